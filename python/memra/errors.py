@@ -1,0 +1,62 @@
+"""memra's exceptions: one class per status band (DESIGN.md "Status codes").
+
+Every error carries ``.code``, the integer status the C++ runtime returned (0 is never raised):
+
+======================  =======================  ==========================================
+class                   band                     meaning
+======================  =======================  ==========================================
+``CudaError``           10000 + cudaError_t      CUDA runtime failure
+``LibraryError``        20000 + library status   cuBLAS / cuBLASLt declined or failed
+``OutOfMemoryError``    30001                    out of device or host memory
+``CacheFullError``      30002                    a slot's cache is full
+``ContractError``       40000+                   shape / dtype / device / range violation
+``UnsupportedError``    50000+                   no CUDA, or a geometry not instantiated
+======================  =======================  ==========================================
+
+After any of these the Engine stays usable and the Cache is unchanged.
+"""
+
+from __future__ import annotations
+
+
+class MemraError(Exception):
+    """Base class of every memra error. ``code`` is the status code (see the module table)."""
+
+    def __init__(self, message: str, code: int = 0) -> None:
+        super().__init__(message)
+        self.code = int(code)
+
+
+class CudaError(MemraError, RuntimeError):
+    """A CUDA runtime call failed (code 10000 + cudaError_t)."""
+
+
+class LibraryError(MemraError, RuntimeError):
+    """cuBLAS / cuBLASLt declined or failed (code 20000 + library status)."""
+
+
+class OutOfMemoryError(MemraError, MemoryError):
+    """Device or host memory would not fit the request (code 30001)."""
+
+
+class CacheFullError(MemraError, MemoryError):
+    """A cache slot has no room for the tokens asked for (code 30002)."""
+
+
+class ContractError(MemraError, ValueError):
+    """Bad input: wrong shape, dtype, device, stride, range or a missing tensor (code 40000+)."""
+
+
+class UnsupportedError(MemraError, NotImplementedError):
+    """Not supported here: no CUDA build or device, or a geometry not instantiated (50000+)."""
+
+
+__all__ = [
+    "MemraError",
+    "CudaError",
+    "LibraryError",
+    "OutOfMemoryError",
+    "CacheFullError",
+    "ContractError",
+    "UnsupportedError",
+]

@@ -1,0 +1,29 @@
+// Status-code constants, so Python and tests name codes instead of repeating numbers.
+#include "common.h"
+
+namespace memra::py {
+
+void init_errors(nb::module_& m) {
+  nb::module_ s = m.def_submodule("status", "Status codes of memra's bands (DESIGN.md).");
+  s.attr("OK") = kOk;
+  s.attr("CUDA_BASE") = kCudaBase;
+  s.attr("LIBRARY_BASE") = kLibraryBase;
+  s.attr("OUT_OF_MEMORY") = kOutOfMemory;
+  s.attr("CACHE_FULL") = kCacheFull;
+  s.attr("CONTRACT_SHAPE") = kContractShape;
+  s.attr("CONTRACT_ODD_ROPE") = kContractOddRope;
+  s.attr("CONTRACT_QUERY_SUFFIX") = kContractQuerySuffix;
+  s.attr("CONTRACT_POOL") = kContractPool;
+  s.attr("CONTRACT_INDEX_WIDTH") = kContractIndexWidth;
+  s.attr("CONTRACT_DTYPE") = kContractDType;
+  s.attr("CONTRACT_DEVICE") = kContractDevice;
+  s.attr("CONTRACT_STRIDE") = kContractStride;
+  s.attr("CONTRACT_RANGE") = kContractRange;
+  s.attr("CONTRACT_MISSING") = kContractMissing;
+  s.attr("CONTRACT_VALUE") = kContractValue;
+  s.attr("UNSUPPORTED") = kUnsupported;
+  s.attr("UNSUPPORTED_NO_CUDA") = kUnsupportedNoCuda;
+  s.attr("UNSUPPORTED_GEOMETRY") = kUnsupportedGeometry;
+}
+
+}  // namespace memra::py

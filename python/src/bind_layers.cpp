@@ -1,0 +1,6 @@
+// Placeholder.
+#include "common.h"
+
+namespace memra::py {
+void init_layers(nb::module_& m) {}
+}  // namespace memra::py

@@ -1,0 +1,16 @@
+// memra._core: the nanobind extension. One init_<area>() per file (STYLE.md "Bindings one area
+// per file").
+#include "common.h"
+
+NB_MODULE(_core, m) {
+  m.doc() = "memra's C++ runtime: CPU reference ops, Engine, Cache and layer objects.";
+  memra::py::init_errors(m);
+  memra::py::init_weight(m);
+  memra::py::init_ops_basic(m);
+  memra::py::init_ops_kda(m);
+  memra::py::init_ops_mla(m);
+  memra::py::init_ops_ffn(m);
+  memra::py::init_engine(m);
+  memra::py::init_cache(m);
+  memra::py::init_layers(m);
+}

@@ -1,0 +1,30 @@
+# The CUDA backend: a Python-free shared library (libmemra_cuda.so) that the extension module
+# dlopens when a CUDA engine is made, so `import memra` works on machines with no driver
+# (DESIGN.md "One backend interface, two implementations"; ../shared/BUILD.md).
+set(MEMRA_HAVE_CUDA OFF)
+if(MEMRA_CUDA STREQUAL "OFF")
+  message(STATUS "memra: CUDA backend disabled (MEMRA_CUDA=OFF)")
+  return()
+endif()
+
+include(CheckLanguage)
+check_language(CUDA)
+if(NOT CMAKE_CUDA_COMPILER)
+  if(MEMRA_CUDA STREQUAL "ON")
+    message(FATAL_ERROR "memra: MEMRA_CUDA=ON but no CUDA compiler (nvcc) was found")
+  endif()
+  message(STATUS "memra: no nvcc found; building without the CUDA backend (MEMRA_CUDA=AUTO)")
+  return()
+endif()
+
+set(CMAKE_CUDA_ARCHITECTURES ${MEMRA_CUDA_ARCHS})
+enable_language(CUDA)
+find_package(CUDAToolkit REQUIRED)
+file(GLOB MEMRA_CUDA_SOURCES CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/cuda/*.cu)
+add_library(memra_cuda SHARED ${MEMRA_CUDA_SOURCES})
+target_include_directories(memra_cuda PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/cpp/include)
+set_target_properties(memra_cuda PROPERTIES CUDA_STANDARD 17 CUDA_RUNTIME_LIBRARY Static)
+target_link_libraries(memra_cuda PRIVATE CUDA::cudart_static)
+install(TARGETS memra_cuda LIBRARY DESTINATION .)
+set(MEMRA_HAVE_CUDA ON)
+message(STATUS "memra: building the CUDA backend for architectures ${CMAKE_CUDA_ARCHITECTURES}")
