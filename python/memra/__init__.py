@@ -8,6 +8,19 @@ DLPack arrays through :mod:`memra.ops`.
 from __future__ import annotations
 
 from . import _core
+from ._core import (
+    Cache,
+    Engine,
+    HyperConnection,
+    KdaLayer,
+    LayerStateSpec,
+    MlaLayer,
+    MlpLayer,
+    MoeLayer,
+    Weight,
+    cuda_available,
+    cuda_unavailable_reason,
+)
 from .errors import (
     CacheFullError,
     ContractError,
@@ -18,9 +31,25 @@ from .errors import (
     UnsupportedError,
 )
 
+from .model import Model, default_checkpoint, load
+
 __version__ = "0.1.0"
 
 __all__ = [
+    "Cache",
+    "Engine",
+    "HyperConnection",
+    "KdaLayer",
+    "LayerStateSpec",
+    "MlaLayer",
+    "MlpLayer",
+    "Model",
+    "MoeLayer",
+    "Weight",
+    "cuda_available",
+    "cuda_unavailable_reason",
+    "default_checkpoint",
+    "load",
     "CacheFullError",
     "ContractError",
     "CudaError",

@@ -40,6 +40,10 @@ std::string dtype_str(const AnyArray& a) {
 }
 
 bool c_contiguous(const AnyArray& a) {
+  // An array with a zero extent holds no elements: any strides describe it (numpy gives 0s).
+  for (size_t i = 0; i < a.ndim(); ++i) {
+    if (a.shape(i) == 0) return true;
+  }
   int64_t expect = 1;
   for (size_t i = a.ndim(); i-- > 0;) {
     if (a.shape(i) != 1 && a.stride(i) != expect) return false;

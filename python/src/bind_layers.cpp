@@ -1,6 +1,336 @@
-// Placeholder.
+// Layer objects (layers.h) over DLPack arrays: construction from named Weights, stateless
+// forward and cache-backed prefill / decode.
+#include <nanobind/stl/map.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+
+#include <optional>
+#include <set>
+
 #include "common.h"
+#include "memra/engine.h"
+#include "memra/layers.h"
 
 namespace memra::py {
-void init_layers(nb::module_& m) {}
+
+namespace {
+
+using Weights = std::map<std::string, Weight>;
+
+// slots [B] int32: in range and distinct (a slot cannot take two tokens in one decode step).
+const int32_t* slots_arg(const AnyArray& slots, const Cache& cache, const char* op) {
+  const int32_t* s = i32_arg(slots, op, "slots", {-1});
+  std::set<int32_t> seen;
+  for (int64_t b = 0; b < dim(slots, 0); ++b) {
+    check(cache.check_slot(s[b], op));
+    if (!seen.insert(s[b]).second) {
+      raise_contract(kContractValue, std::string(op) + ": slot " + std::to_string(s[b]) +
+                                         " appears twice in one decode step");
+    }
+  }
+  return s;
+}
+
+void require_cpu(const Engine& e, const char* what) {
+  if (e.kind() != DeviceKind::kCpu) {
+    raise_status(Status(kUnsupported, std::string(what) + ": only the CPU backend is available"));
+  }
+}
+
+size_t sz(int64_t v) { return static_cast<size_t>(v); }
+
+}  // namespace
+
+void init_layers(nb::module_& m) {
+  // -------------------------------------------------------------------------------- KdaLayer
+  nb::class_<KdaLayer>(m, "KdaLayer",
+                       "Kimi Delta Attention mixer (reference: transformers "
+                       "Glm5NextTextLinearAttention.forward; KimiDeltaAttention with the softplus "
+                       "gate). Weights named as on disk below 'self_attn.' (layers.h).")
+      .def(
+          "__init__",
+          [](KdaLayer* self, const Engine& engine, Weights weights, int hidden, int heads,
+             int head_dim, int conv_kernel, const std::string& gate, float lower_bound,
+             float rms_eps) {
+            require_cpu(engine, "KdaLayer");
+            KdaConfig c;
+            c.hidden = hidden;
+            c.heads = heads;
+            c.head_dim = head_dim;
+            c.conv_kernel = conv_kernel;
+            if (gate == "lower_bound") {
+              c.gate_form = cpu::KdaGateForm::kLowerBound;
+            } else if (gate == "softplus") {
+              c.gate_form = cpu::KdaGateForm::kSoftplus;
+            } else {
+              raise_contract(kContractValue, "KdaLayer: gate must be 'lower_bound' or 'softplus', got '" + gate + "'");
+            }
+            c.lower_bound = lower_bound;
+            c.rms_eps = rms_eps;
+            WeightMap wm(std::move(weights), "KdaLayer");
+            std::unique_ptr<KdaLayer> l;
+            check(KdaLayer::create(c, wm, &l));
+            new (self) KdaLayer(std::move(*l));
+          },
+          nb::arg("engine"), nb::arg("weights"), nb::kw_only(), nb::arg("hidden"), nb::arg("heads"),
+          nb::arg("head_dim"), nb::arg("conv_kernel"), nb::arg("gate") = "lower_bound",
+          nb::arg("lower_bound") = -5.0f, nb::arg("rms_eps") = 1e-5f)
+      .def("state_spec", &KdaLayer::state_spec)
+      .def(
+          "forward",
+          [](const KdaLayer& l, const AnyArray& x) {
+            const int D = l.config().hidden;
+            const float* xp = f32_arg(x, "KdaLayer.forward", "x", {-1, D});
+            const int T = int(dim(x, 0));
+            NpF32 y = new_f32({sz(T), sz(D)});
+            Status st;
+            {
+              nb::gil_scoped_release nogil;
+              st = l.forward(xp, T, y.data());
+            }
+            check(st);
+            return y;
+          },
+          nb::arg("x"), "x [T, hidden] f32 -> y [T, hidden] from a zero state.")
+      .def(
+          "prefill",
+          [](const KdaLayer& l, Cache& cache, int layer, int slot, const AnyArray& x) {
+            const int D = l.config().hidden;
+            const float* xp = f32_arg(x, "KdaLayer.prefill", "x", {-1, D});
+            const int T = int(dim(x, 0));
+            NpF32 y = new_f32({sz(T), sz(D)});
+            Status st;
+            {
+              nb::gil_scoped_release nogil;
+              st = l.prefill(cache, layer, slot, xp, T, y.data());
+            }
+            check(st);
+            return y;
+          },
+          nb::arg("cache"), nb::arg("layer"), nb::arg("slot"), nb::arg("x"),
+          "Continue `slot` by x [T, hidden]; writes the pending state plane, visible after "
+          "cache.commit(slot, T). CacheFullError when the slot has no room.")
+      .def(
+          "decode",
+          [](const KdaLayer& l, Cache& cache, int layer, const AnyArray& slots, const AnyArray& x) {
+            const int D = l.config().hidden;
+            const int32_t* sp = slots_arg(slots, cache, "KdaLayer.decode");
+            const int B = int(dim(slots, 0));
+            const float* xp = f32_arg(x, "KdaLayer.decode", "x", {B, D});
+            NpF32 y = new_f32({sz(B), sz(D)});
+            Status st;
+            {
+              nb::gil_scoped_release nogil;
+              st = l.decode(cache, layer, sp, B, xp, y.data());
+            }
+            check(st);
+            return y;
+          },
+          nb::arg("cache"), nb::arg("layer"), nb::arg("slots"), nb::arg("x"),
+          "One token for each slot: slots [B] int32, x [B, hidden] -> [B, hidden].");
+
+  // -------------------------------------------------------------------------------- MlaLayer
+  nb::class_<MlaLayer>(m, "MlaLayer",
+                       "Multi-head latent attention (absorbed) with the optional DSA k-pool "
+                       "indexer (reference: transformers Glm5NextTextAttention + "
+                       "Glm5NextTextIndexer). Weights named as on disk below 'self_attn.'.")
+      .def(
+          "__init__",
+          [](MlaLayer* self, const Engine& engine, Weights weights, int hidden, int heads,
+             int q_lora_rank, int kv_rank, int d_nope, int d_rope, int d_v, float rms_eps,
+             bool sparse, int index_heads, int index_head_dim, int kpool, int topk, int tail_rows,
+             bool rotate, float rope_base) {
+            require_cpu(engine, "MlaLayer");
+            MlaConfig c;
+            c.hidden = hidden;
+            c.heads = heads;
+            c.q_lora_rank = q_lora_rank;
+            c.kv_rank = kv_rank;
+            c.d_nope = d_nope;
+            c.d_rope = d_rope;
+            c.d_v = d_v;
+            c.rms_eps = rms_eps;
+            c.sparse = sparse;
+            c.index_heads = index_heads;
+            c.index_head_dim = index_head_dim;
+            c.kpool = kpool;
+            c.topk = topk;
+            c.tail_rows = tail_rows > 0 ? tail_rows : 2 * kpool;
+            c.rotate = rotate;
+            c.rope_base = rope_base;
+            WeightMap wm(std::move(weights), "MlaLayer");
+            std::unique_ptr<MlaLayer> l;
+            check(MlaLayer::create(c, wm, &l));
+            new (self) MlaLayer(std::move(*l));
+          },
+          nb::arg("engine"), nb::arg("weights"), nb::kw_only(), nb::arg("hidden"), nb::arg("heads"),
+          nb::arg("q_lora_rank"), nb::arg("kv_rank"), nb::arg("d_nope"), nb::arg("d_rope"),
+          nb::arg("d_v"), nb::arg("rms_eps") = 1e-5f, nb::arg("sparse") = false,
+          nb::arg("index_heads") = 0, nb::arg("index_head_dim") = 0, nb::arg("kpool") = 0,
+          nb::arg("topk") = 0, nb::arg("tail_rows") = 0, nb::arg("rotate") = false,
+          nb::arg("rope_base") = 10000.0f)
+      .def("state_spec", &MlaLayer::state_spec)
+      .def_prop_ro("index_width", &MlaLayer::index_width, "index_topk + index_kpool - 1.")
+      .def_prop_ro("has_indexer", &MlaLayer::has_indexer)
+      .def(
+          "prefill",
+          [](const MlaLayer& l, Cache& cache, int layer, int slot, const AnyArray& x,
+             std::optional<AnyArray> topk) {
+            const int D = l.config().hidden, W = l.index_width();
+            const float* xp = f32_arg(x, "MlaLayer.prefill", "x", {-1, D});
+            const int T = int(dim(x, 0));
+            const int32_t* tp = topk ? i32_arg(*topk, "MlaLayer.prefill", "topk", {T, W}) : nullptr;
+            NpF32 y = new_f32({sz(T), sz(D)});
+            NpI32 idx = new_i32({sz(T), sz(l.config().sparse ? W : 0)});
+            Status st;
+            {
+              nb::gil_scoped_release nogil;
+              st = l.prefill(cache, layer, slot, xp, T, tp, y.data(),
+                             l.config().sparse ? idx.data() : nullptr);
+            }
+            check(st);
+            return nb::make_tuple(y, idx);
+          },
+          nb::arg("cache"), nb::arg("layer"), nb::arg("slot"), nb::arg("x"),
+          nb::arg("topk") = nb::none(),
+          "Continue `slot` by x [T, hidden] -> (y [T, hidden], index list [T, index_width] int32 "
+          "used by a DSA layer, [T, 0] otherwise). A shared DSA layer takes `topk` from the full "
+          "layer before it. Latent rows land past the slot's length and become visible at "
+          "cache.commit.")
+      .def(
+          "decode",
+          [](const MlaLayer& l, Cache& cache, int layer, const AnyArray& slots, const AnyArray& x,
+             std::optional<AnyArray> topk) {
+            const int D = l.config().hidden, W = l.index_width();
+            const int32_t* sp = slots_arg(slots, cache, "MlaLayer.decode");
+            const int B = int(dim(slots, 0));
+            const float* xp = f32_arg(x, "MlaLayer.decode", "x", {B, D});
+            const int32_t* tp = topk ? i32_arg(*topk, "MlaLayer.decode", "topk", {B, W}) : nullptr;
+            NpF32 y = new_f32({sz(B), sz(D)});
+            NpI32 idx = new_i32({sz(B), sz(l.config().sparse ? W : 0)});
+            Status st;
+            {
+              nb::gil_scoped_release nogil;
+              st = l.decode(cache, layer, sp, B, xp, tp, y.data(),
+                            l.config().sparse ? idx.data() : nullptr);
+            }
+            check(st);
+            return nb::make_tuple(y, idx);
+          },
+          nb::arg("cache"), nb::arg("layer"), nb::arg("slots"), nb::arg("x"),
+          nb::arg("topk") = nb::none(), "One token for each of slots [B]: as prefill with T = 1.");
+
+  // -------------------------------------------------------------------------------- FFN
+  nb::class_<MlpLayer>(m, "MlpLayer",
+                       "Dense SwiGLU MLP with the asymmetric clamp (reference: Glm5NextTextMLP). "
+                       "Weights: gate_proj.weight, up_proj.weight, down_proj.weight.")
+      .def(
+          "__init__",
+          [](MlpLayer* self, const Engine& engine, Weights weights, int hidden, int intermediate,
+             float swiglu_limit) {
+            require_cpu(engine, "MlpLayer");
+            WeightMap wm(std::move(weights), "MlpLayer");
+            std::unique_ptr<MlpLayer> l;
+            check(MlpLayer::create(hidden, intermediate, swiglu_limit, wm, &l));
+            check(wm.finish());
+            new (self) MlpLayer(std::move(*l));
+          },
+          nb::arg("engine"), nb::arg("weights"), nb::kw_only(), nb::arg("hidden"),
+          nb::arg("intermediate"), nb::arg("swiglu_limit"))
+      .def(
+          "forward",
+          [](const MlpLayer& l, const AnyArray& x) {
+            const float* xp = f32_arg(x, "MlpLayer.forward", "x", {-1, l.hidden()});
+            const int T = int(dim(x, 0));
+            NpF32 y = new_f32({sz(T), sz(l.hidden())});
+            {
+              nb::gil_scoped_release nogil;
+              l.forward(xp, T, y.data());
+            }
+            return y;
+          },
+          nb::arg("x"), "x [T, hidden] -> [T, hidden].");
+
+  nb::class_<MoeLayer>(m, "MoeLayer",
+                       "Routed experts + shared expert (reference: Glm5NextTextMoE). Weights: "
+                       "gate.weight, gate.e_score_correction_bias, experts.N.{gate,up,down}_proj."
+                       "weight, shared_experts.{gate,up,down}_proj.weight.")
+      .def(
+          "__init__",
+          [](MoeLayer* self, const Engine& engine, Weights weights, int hidden, int n_experts,
+             int top_k, int n_group, int topk_group, int intermediate, int shared_intermediate,
+             bool norm_topk_prob, float routed_scaling, float swiglu_limit) {
+            require_cpu(engine, "MoeLayer");
+            MoeConfig c;
+            c.hidden = hidden;
+            c.n_experts = n_experts;
+            c.top_k = top_k;
+            c.n_group = n_group;
+            c.topk_group = topk_group;
+            c.intermediate = intermediate;
+            c.shared_intermediate = shared_intermediate;
+            c.norm_topk_prob = norm_topk_prob;
+            c.routed_scaling = routed_scaling;
+            c.swiglu_limit = swiglu_limit;
+            WeightMap wm(std::move(weights), "MoeLayer");
+            std::unique_ptr<MoeLayer> l;
+            check(MoeLayer::create(c, wm, &l));
+            new (self) MoeLayer(std::move(*l));
+          },
+          nb::arg("engine"), nb::arg("weights"), nb::kw_only(), nb::arg("hidden"),
+          nb::arg("n_experts"), nb::arg("top_k"), nb::arg("n_group"), nb::arg("topk_group"),
+          nb::arg("intermediate"), nb::arg("shared_intermediate"), nb::arg("norm_topk_prob"),
+          nb::arg("routed_scaling"), nb::arg("swiglu_limit"))
+      .def(
+          "forward",
+          [](const MoeLayer& l, const AnyArray& x) {
+            const int D = l.config().hidden;
+            const float* xp = f32_arg(x, "MoeLayer.forward", "x", {-1, D});
+            const int T = int(dim(x, 0));
+            NpF32 y = new_f32({sz(T), sz(D)});
+            NpI32 idx = new_i32({sz(T), sz(l.config().top_k)});
+            {
+              nb::gil_scoped_release nogil;
+              l.forward(xp, T, y.data(), idx.data());
+            }
+            return nb::make_tuple(y, idx);
+          },
+          nb::arg("x"), "x [T, hidden] -> (y [T, hidden], chosen experts [T, top_k] int32).");
+
+  nb::class_<HyperConnection>(m, "HyperConnection",
+                              "mHC site (reference: Glm5NextTextHyperConnection). Weights: fn, "
+                              "base, scale (hc_attn_* / hc_ffn_* on disk).")
+      .def(
+          "__init__",
+          [](HyperConnection* self, const Engine& engine, Weights weights, int hidden, int hc_mult,
+             int sinkhorn_iters, float hc_eps, float norm_eps) {
+            require_cpu(engine, "HyperConnection");
+            WeightMap wm(std::move(weights), "HyperConnection");
+            std::unique_ptr<HyperConnection> l;
+            check(HyperConnection::create(hidden, hc_mult, sinkhorn_iters, hc_eps, norm_eps, wm, &l));
+            new (self) HyperConnection(std::move(*l));
+          },
+          nb::arg("engine"), nb::arg("weights"), nb::kw_only(), nb::arg("hidden"),
+          nb::arg("hc_mult"), nb::arg("sinkhorn_iters"), nb::arg("hc_eps"), nb::arg("norm_eps"))
+      .def(
+          "pre",
+          [](const HyperConnection& l, const AnyArray& streams) {
+            const int hc = l.hc(), D = l.hidden();
+            const float* sp = f32_arg(streams, "HyperConnection.pre", "streams", {-1, hc, D});
+            const int T = int(dim(streams, 0));
+            NpF32 post = new_f32({sz(T), sz(hc)});
+            NpF32 comb = new_f32({sz(T), sz(hc), sz(hc)});
+            NpF32 collapsed = new_f32({sz(T), sz(D)});
+            {
+              nb::gil_scoped_release nogil;
+              l.pre(sp, T, post.data(), comb.data(), collapsed.data());
+            }
+            return nb::make_tuple(post, comb, collapsed);
+          },
+          nb::arg("streams"),
+          "streams [T, hc, hidden] -> (post [T, hc], comb [T, hc, hc], collapsed [T, hidden]).");
+}
+
 }  // namespace memra::py

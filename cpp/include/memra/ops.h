@@ -148,10 +148,24 @@ void swiglu_mlp(const float* x, int T, const Weight& gate_w, const Weight& up_w,
 // Sigmoid router with grouped selection and correction bias. x [T, D]; gate_w [E, D];
 // corr_bias [E] or nullptr; topk_idx [T, top_k] (ascending expert id order is NOT implied:
 // sorted by choice score desc, ties to the lower id); topk_w [T, top_k] =
-// renormalised sigmoid scores (when norm) * scaling. Reference: Glm5NextTextTopkRouter.forward.
+// renormalised sigmoid scores (when norm) * scaling. Group score = sum of the two largest choice
+// scores (s + bias) of the group; the topk_group best groups are kept (ties: lower group).
+// Requires E % n_group == 0, 1 <= topk_group <= n_group, 1 <= top_k <= topk_group * E / n_group
+// (the binding checks). Reference: Glm5NextTextTopkRouter.forward.
 void moe_route(const float* x, int T, int D, const Weight& gate_w, const float* corr_bias, int E,
                int top_k, int n_group, int topk_group, bool norm_topk_prob, float scaling,
                int32_t* topk_idx, float* topk_w);
+
+// Routed experts (shared expert NOT included: the caller adds shared(x)). For each token t:
+//   y[t] = sum over j of topk_w[t, j] * expert_{topk_idx[t, j]}(x[t]),
+// expert_e(x) = down_w[e] (silu(min(gate_w[e] x, limit)) * clamp(up_w[e] x, +-limit)).
+// Each term is computed as (down row . h) * w and the terms of a token are added to a zero row in
+// ascending expert id (Glm5NextTextExperts.forward loops over the hit experts in ascending id and
+// index_adds). x, y [T, D]; topk_idx, topk_w [T, top_k] (ids already range-checked to [0, E));
+// gate_w, up_w: E weights [I, D]; down_w: E weights [D, I]. Reference: Glm5NextTextExperts.
+void moe_forward(const float* x, int T, int D, const int32_t* topk_idx, const float* topk_w,
+                 int top_k, const Weight* gate_w, const Weight* up_w, const Weight* down_w, int E,
+                 float limit, float* y);
 
 // ---------------------------------------------------------------- mHC (cpu/mhc.cpp)
 
@@ -175,14 +189,27 @@ void hc_head_mean(const float* streams, int T, int hc, int D, float* out);
 // ---------------------------------------------------------------- sampling (cpu/sample.cpp)
 
 // Counter-based uniform in [0, 1): a pure function of (seed, counter), identical on every
-// backend (splitmix64 of seed ^ golden * counter, top 24 bits).
+// backend. All arithmetic is uint64 modulo 2^64:
+//   z  = seed ^ (0x9E3779B97F4A7C15 * (counter + 1))
+//   z += 0x9E3779B97F4A7C15
+//   z  = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9
+//   z  = (z ^ (z >> 27)) * 0x94D049BB133111EB
+//   z ^= z >> 31                                   (the splitmix64 step)
+//   u  = float(z >> 40) * 2^-24                     (top 24 bits; exact in f32, u < 1)
 float uniform_from_counter(uint64_t seed, uint64_t counter);
 
 // One token per row. logits [B, V]. temperature <= 0 means greedy (argmax, ties to the lower id).
 // Otherwise p = softmax(logits / temperature); keep the top_k most likely (top_k <= 0: all), then
 // the smallest prefix of those (sorted by p desc, ties to the lower id) whose mass reaches top_p
 // (top_p >= 1: all); renormalise; draw with u = uniform_from_counter(seed, counters[b]).
-// out [B].
+// out [B]. Exact f32 arithmetic (the CUDA twin must match it): z_i = logits_i / temperature;
+// m = max z; e_i = exp(z_i - m); s = sum of e_i in ascending id; p_i = e_i / s. Order by
+// (p desc, id asc) and keep the first k (k = top_k, or V when top_k <= 0 or top_k > V);
+// Mk = running sum of their p; q_i = p_i / Mk (so top_p is measured within the top-k, as
+// transformers' TopK-then-TopP warpers and vLLM do). Walk the kept entries with a running sum c
+// of q: top_p < 1 keeps entries up to and including the first where c >= top_p. With M = c at
+// the last kept entry, the token is the first kept entry whose c > u * M (when rounding leaves
+// none, the last kept entry with q > 0). A row whose logits are all -inf (or NaN) gets argmax.
 void sample(const float* logits, int B, int V, float temperature, int top_k, float top_p,
             uint64_t seed, const uint64_t* counters, int32_t* out);
 

@@ -1,0 +1,184 @@
+// Layer objects: each holds its weights and runs one block of a model over the CPU reference
+// ops, statelessly (forward) or against a Cache slot (prefill / decode). Model classes in Python
+// chain them (DESIGN.md "Runtime objects"). Construction goes through create(), which checks
+// every weight's presence and shape (kContractMissing / kContractShape naming the tensor).
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "memra/cache.h"
+#include "memra/ops.h"
+#include "memra/status.h"
+#include "memra/tensor.h"
+
+namespace memra {
+
+// Named weights handed to a layer, consumed by name with a shape check.
+class WeightMap {
+ public:
+  WeightMap(std::map<std::string, Weight> weights, std::string owner)
+      : weights_(std::move(weights)), owner_(std::move(owner)) {}
+  bool has(const std::string& name) const { return weights_.count(name) > 0; }
+  // The tensor `name` with exactly `shape` (kContractMissing / kContractShape otherwise).
+  Status take(const std::string& name, const std::vector<int64_t>& shape, Weight* out);
+  Status take_f32(const std::string& name, const std::vector<int64_t>& shape, std::vector<float>* out);
+  // kContractMissing naming every tensor that was given but not consumed.
+  Status finish() const;
+
+ private:
+  std::map<std::string, Weight> weights_;
+  std::map<std::string, bool> used_;
+  std::string owner_;
+};
+
+// ------------------------------------------------------------------------------------------ KDA
+struct KdaConfig {
+  int hidden = 0, heads = 0, head_dim = 0, conv_kernel = 4;
+  cpu::KdaGateForm gate_form = cpu::KdaGateForm::kLowerBound;
+  float lower_bound = -5.0f;
+  float rms_eps = 1e-5f;  // o_norm epsilon (the l2norm epsilon is fixed at 1e-6)
+};
+
+// Kimi Delta Attention mixer. Reference: Glm5NextTextLinearAttention.forward (glm5_next) and
+// KimiDeltaAttention (kimi_linear, softplus gate). Weight names as on disk below `self_attn.`:
+// q_proj/k_proj/v_proj.weight [qkv, hidden]; q_conv1d/k_conv1d/v_conv1d.weight [qkv, 1, K];
+// f_a_proj.weight [head_dim, hidden]; f_b_proj.weight [qkv, head_dim]; dt_bias [qkv];
+// A_log [heads] (any shape with heads elements); b_proj.weight [heads, hidden];
+// g_a_proj.weight [head_dim, hidden]; g_b_proj.weight [qkv, head_dim]; o_norm.weight [head_dim];
+// o_proj.weight [hidden, qkv].
+class KdaLayer {
+ public:
+  static Status create(const KdaConfig& cfg, WeightMap& w, std::unique_ptr<KdaLayer>* out);
+  const KdaConfig& config() const { return cfg_; }
+  LayerStateSpec state_spec() const;
+
+  // x [T, hidden] -> y [T, hidden], from a zero state.
+  Status forward(const float* x, int T, float* y) const;
+  // Continue `slot` of `cache` (plane `layer`) by T tokens: reads plane cur(slot), writes the
+  // other plane; the caller commits. x, y [T, hidden].
+  Status prefill(Cache& cache, int layer, int slot, const float* x, int T, float* y) const;
+  // One token for each of `slots` [B]: x, y [B, hidden].
+  Status decode(Cache& cache, int layer, const int32_t* slots, int B, const float* x, float* y) const;
+
+ private:
+  // The whole mixer over T tokens with explicit state planes (ring_in/state_in may be nullptr).
+  void run(const float* x, int T, const float* ring_in, float* ring_out, const float* state_in,
+           float* state_out, float* y) const;
+  KdaConfig cfg_;
+  Weight q_proj_, k_proj_, v_proj_, f_a_, f_b_, b_proj_, g_a_, g_b_, o_proj_;
+  std::vector<float> conv_w_;  // fused [3*qkv, K]: q | k | v planes
+  std::vector<float> dt_bias_, a_log_, o_norm_;
+};
+
+// ------------------------------------------------------------------------------------------ MLA
+struct MlaConfig {
+  int hidden = 0, heads = 0, q_lora_rank = 0, kv_rank = 0, d_nope = 0, d_rope = 0, d_v = 0;
+  float rms_eps = 1e-5f;
+  // DSA k-pool indexer (index_heads == 0: none). A "shared" layer has no indexer of its own and
+  // takes the index list of the full layer before it.
+  bool sparse = false;  // attention over an index list (DSA) instead of dense causal
+  int index_heads = 0, index_head_dim = 0, kpool = 0, topk = 0;
+  int tail_rows = 0;    // indexer tail ring rows (multiple of kpool)
+  float rope_base = 10000.0f;
+  bool rotate = false;  // decided by the model family, never inferred from d_rope > 0
+};
+
+// Multi-head latent attention with the optional DSA k-pool indexer. Reference:
+// Glm5NextTextAttention + Glm5NextTextIndexer. Names below `self_attn.`: q_a_proj.weight
+// [q_lora, hidden]; q_a_layernorm.weight [q_lora]; q_b_proj.weight [H*(d_nope+d_rope), q_lora];
+// kv_a_proj_with_mqa.weight [kv_rank+d_rope, hidden]; kv_a_layernorm.weight [kv_rank];
+// kv_b_proj.weight [H*(d_nope+d_v), kv_rank]; o_proj.weight [hidden, H*d_v]; optional biases
+// q_a_proj.bias, kv_a_proj_with_mqa.bias, o_proj.bias; indexer.wq_b.weight [Hi*di, q_lora];
+// indexer.wk.weight [di, hidden]; indexer.k_norm.weight/bias [di];
+// indexer.weights_proj.weight [Hi, hidden]; indexer.index_kpool_compress_ape [kpool, di];
+// indexer.index_kpool_compress_gate [di, hidden].
+class MlaLayer {
+ public:
+  static Status create(const MlaConfig& cfg, WeightMap& w, std::unique_ptr<MlaLayer>* out);
+  const MlaConfig& config() const { return cfg_; }
+  bool has_indexer() const { return cfg_.index_heads > 0; }
+  int index_width() const { return cfg_.topk + cfg_.kpool - 1; }
+  LayerStateSpec state_spec() const;
+
+  // Continue `slot` by T tokens. topk_in [T, index_width] is required for a sparse layer without
+  // its own indexer and ignored otherwise; topk_out [T, index_width] receives the list used
+  // (may be nullptr). x, y [T, hidden].
+  Status prefill(Cache& cache, int layer, int slot, const float* x, int T, const int32_t* topk_in,
+                 float* y, int32_t* topk_out) const;
+  // One token for each of `slots` [B]; topk_in/topk_out [B, index_width].
+  Status decode(Cache& cache, int layer, const int32_t* slots, int B, const float* x,
+                const int32_t* topk_in, float* y, int32_t* topk_out) const;
+
+ private:
+  void indexer(Cache& cache, int layer, int slot, int pos, const float* x, const float* q_resid,
+               int T, int32_t* idx) const;
+  MlaConfig cfg_;
+  Weight q_a_, q_b_, kv_a_, kv_b_, o_proj_;
+  std::vector<float> q_a_bias_, kv_a_bias_, o_bias_, q_a_norm_, kv_a_norm_;
+  Weight wq_b_, wk_, weights_proj_, kpool_gate_;
+  std::vector<float> k_norm_w_, k_norm_b_, kpool_ape_;
+};
+
+// ------------------------------------------------------------------------------------------ FFN
+// Dense SwiGLU MLP with the clamp. Names: gate_proj.weight [I, hidden], up_proj.weight,
+// down_proj.weight [hidden, I]. Reference: Glm5NextTextMLP.
+class MlpLayer {
+ public:
+  static Status create(int hidden, int intermediate, float swiglu_limit, WeightMap& w,
+                       std::unique_ptr<MlpLayer>* out);
+  void forward(const float* x, int T, float* y) const;
+  int hidden() const { return hidden_; }
+
+ private:
+  int hidden_ = 0, intermediate_ = 0;
+  float limit_ = 0.0f;
+  Weight gate_, up_, down_;
+};
+
+struct MoeConfig {
+  int hidden = 0, n_experts = 0, top_k = 0, n_group = 1, topk_group = 1, intermediate = 0;
+  int shared_intermediate = 0;  // 0: no shared expert
+  bool norm_topk_prob = true;
+  float routed_scaling = 1.0f, swiglu_limit = 0.0f;
+};
+
+// Routed experts + shared expert. Names: gate.weight [E, hidden]; gate.e_score_correction_bias
+// [E] (optional); experts.N.{gate,up}_proj.weight [I, hidden], experts.N.down_proj.weight
+// [hidden, I]; shared_experts.{gate,up,down}_proj.weight. Reference: Glm5NextTextMoE.
+class MoeLayer {
+ public:
+  static Status create(const MoeConfig& cfg, WeightMap& w, std::unique_ptr<MoeLayer>* out);
+  // y [T, hidden]; topk_idx [T, top_k] receives the chosen experts when not nullptr.
+  void forward(const float* x, int T, float* y, int32_t* topk_idx) const;
+  const MoeConfig& config() const { return cfg_; }
+
+ private:
+  MoeConfig cfg_;
+  Weight router_;
+  std::vector<float> corr_bias_;
+  std::vector<Weight> gate_, up_, down_;
+  std::unique_ptr<MlpLayer> shared_;
+};
+
+// mHC hyper-connection site (attention or FFN). Names: fn [(2+hc)*hc, hc*hidden], base, scale [3].
+// Reference: Glm5NextTextHyperConnection.
+class HyperConnection {
+ public:
+  static Status create(int hidden, int hc, int sinkhorn_iters, float hc_eps, float norm_eps,
+                       WeightMap& w, std::unique_ptr<HyperConnection>* out);
+  // streams [T, hc, hidden] -> post [T, hc], comb [T, hc, hc], collapsed [T, hidden].
+  void pre(const float* streams, int T, float* post, float* comb, float* collapsed) const;
+  int hc() const { return hc_; }
+  int hidden() const { return hidden_; }
+
+ private:
+  int hidden_ = 0, hc_ = 0, iters_ = 0;
+  float hc_eps_ = 0.0f, norm_eps_ = 0.0f;
+  Weight fn_;
+  std::vector<float> base_, scale_;
+};
+
+}  // namespace memra

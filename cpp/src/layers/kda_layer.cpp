@@ -1,0 +1,147 @@
+// KdaLayer: the KDA mixer over the CPU reference ops. Reference: transformers
+// Glm5NextTextLinearAttention.forward (glm5_next), KimiDeltaAttention (kimi_linear).
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "memra/layers.h"
+
+namespace memra {
+
+namespace {
+constexpr float kL2Eps = 1e-6f;  // FLA's l2norm epsilon, inside the sqrt; not the rms eps
+}
+
+Status KdaLayer::create(const KdaConfig& cfg, WeightMap& w, std::unique_ptr<KdaLayer>* out) {
+  if (cfg.hidden < 1 || cfg.heads < 1 || cfg.head_dim < 1) {
+    return Status(kContractValue, "KdaLayer: hidden, heads and head_dim must be >= 1");
+  }
+  if (cfg.conv_kernel < 1) {
+    return Status(kContractValue,
+                  "KdaLayer: conv_kernel must be >= 1, got " + std::to_string(cfg.conv_kernel));
+  }
+  std::unique_ptr<KdaLayer> l(new KdaLayer());
+  l->cfg_ = cfg;
+  const int64_t D = cfg.hidden, H = cfg.heads, dk = cfg.head_dim, qkv = H * dk, K = cfg.conv_kernel;
+  MEMRA_TRY(w.take("q_proj.weight", {qkv, D}, &l->q_proj_));
+  MEMRA_TRY(w.take("k_proj.weight", {qkv, D}, &l->k_proj_));
+  MEMRA_TRY(w.take("v_proj.weight", {qkv, D}, &l->v_proj_));
+  l->conv_w_.resize(size_t(3 * qkv * K));
+  const char* planes[3] = {"q_conv1d.weight", "k_conv1d.weight", "v_conv1d.weight"};
+  for (int p = 0; p < 3; ++p) {
+    // On disk each plane is [qkv, 1, K]; fused they are the rows p*qkv.. of [3*qkv, K], which is
+    // also the plane's offset in the conv ring.
+    std::vector<float> plane;
+    MEMRA_TRY(w.take_f32(planes[p], {qkv, 1, K}, &plane));
+    std::copy(plane.begin(), plane.end(), l->conv_w_.begin() + p * qkv * K);
+  }
+  MEMRA_TRY(w.take("f_a_proj.weight", {dk, D}, &l->f_a_));
+  MEMRA_TRY(w.take("f_b_proj.weight", {qkv, dk}, &l->f_b_));
+  MEMRA_TRY(w.take_f32("dt_bias", {qkv}, &l->dt_bias_));
+  MEMRA_TRY(w.take_f32("A_log", {H}, &l->a_log_));
+  MEMRA_TRY(w.take("b_proj.weight", {H, D}, &l->b_proj_));
+  MEMRA_TRY(w.take("g_a_proj.weight", {dk, D}, &l->g_a_));
+  MEMRA_TRY(w.take("g_b_proj.weight", {qkv, dk}, &l->g_b_));
+  MEMRA_TRY(w.take_f32("o_norm.weight", {dk}, &l->o_norm_));
+  MEMRA_TRY(w.take("o_proj.weight", {D, qkv}, &l->o_proj_));
+  MEMRA_TRY(w.finish());
+  *out = std::move(l);
+  return Status::Ok();
+}
+
+LayerStateSpec KdaLayer::state_spec() const {
+  LayerStateSpec s;
+  s.kind = LayerStateSpec::Kind::kKda;
+  s.heads = cfg_.heads;
+  s.head_dim = cfg_.head_dim;
+  s.conv_kernel = cfg_.conv_kernel;
+  return s;
+}
+
+void KdaLayer::run(const float* x, int T, const float* ring_in, float* ring_out,
+                   const float* state_in, float* state_out, float* y) const {
+  const int H = cfg_.heads, dk = cfg_.head_dim, qkv = H * dk, C = 3 * qkv, K = cfg_.conv_kernel;
+  const size_t Tq = size_t(T) * qkv;
+  // Projections into the fused channel order q | k | v per token (the conv's channel order).
+  std::vector<float> proj(Tq), mixed(size_t(T) * C);
+  const Weight* w3[3] = {&q_proj_, &k_proj_, &v_proj_};
+  for (int p = 0; p < 3; ++p) {
+    cpu::linear(x, T, *w3[p], nullptr, proj.data());
+    for (int t = 0; t < T; ++t) {
+      std::copy_n(proj.data() + size_t(t) * qkv, qkv, mixed.data() + size_t(t) * C + p * qkv);
+    }
+  }
+  std::vector<float> zero_ring;
+  if (!ring_in) {
+    zero_ring.assign(size_t(C) * (K - 1), 0.0f);
+    ring_in = zero_ring.data();
+  }
+  std::vector<float> conv(size_t(T) * C);
+  if (T == 1) {
+    cpu::kda_conv_decode(mixed.data(), C, conv_w_.data(), K, ring_in, ring_out, conv.data());
+  } else {
+    cpu::kda_conv_prefill(mixed.data(), T, C, conv_w_.data(), K, ring_in, ring_out, conv.data());
+  }
+  std::vector<float> q(Tq), k(Tq), v(Tq);
+  for (int t = 0; t < T; ++t) {
+    const float* c = conv.data() + size_t(t) * C;
+    std::copy_n(c, qkv, q.data() + size_t(t) * qkv);
+    std::copy_n(c + qkv, qkv, k.data() + size_t(t) * qkv);
+    std::copy_n(c + 2 * qkv, qkv, v.data() + size_t(t) * qkv);
+  }
+  cpu::l2norm_heads(q.data(), T, H, dk, kL2Eps);
+  cpu::l2norm_heads(k.data(), T, H, dk, kL2Eps);
+
+  // Forget gate (raw log gate) and beta.
+  std::vector<float> low(size_t(T) * dk), g(Tq), beta(size_t(T) * H);
+  cpu::linear(x, T, f_a_, nullptr, low.data());
+  cpu::linear(low.data(), T, f_b_, nullptr, g.data());
+  cpu::kda_gate(g.data(), dt_bias_.data(), a_log_.data(), T, H, dk, cfg_.gate_form,
+                cfg_.lower_bound, g.data());
+  cpu::linear(x, T, b_proj_, nullptr, beta.data());
+  for (auto& b : beta) b = 1.0f / (1.0f + std::exp(-b));
+
+  std::vector<float> o(Tq);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(dk));
+  cpu::kda_scan(q.data(), k.data(), v.data(), g.data(), beta.data(), T, H, dk, dk, scale, state_in,
+                state_out, o.data());
+
+  // Output gate, sigmoid-gated RMSNorm per head, output projection.
+  std::vector<float> gate(Tq);
+  cpu::linear(x, T, g_a_, nullptr, low.data());
+  cpu::linear(low.data(), T, g_b_, nullptr, gate.data());
+  cpu::rms_norm_gated_sigmoid(o.data(), gate.data(), T * H, dk, o_norm_.data(), cfg_.rms_eps,
+                              o.data());
+  cpu::linear(o.data(), T, o_proj_, nullptr, y);
+}
+
+Status KdaLayer::forward(const float* x, int T, float* y) const {
+  const int64_t C = 3 * int64_t(cfg_.heads) * cfg_.head_dim;
+  std::vector<float> ring_out(size_t(C) * (cfg_.conv_kernel - 1));
+  std::vector<float> state_out(size_t(cfg_.heads) * cfg_.head_dim * cfg_.head_dim);
+  run(x, T, nullptr, ring_out.data(), nullptr, state_out.data(), y);
+  return Status::Ok();
+}
+
+Status KdaLayer::prefill(Cache& cache, int layer, int slot, const float* x, int T, float* y) const {
+  MEMRA_TRY(cache.check_layer(layer, LayerStateSpec::Kind::kKda, "KdaLayer.prefill"));
+  MEMRA_TRY(cache.check_room(slot, T, "KdaLayer.prefill"));
+  const int c = cache.cur(slot);
+  run(x, T, cache.conv(layer, slot, c), cache.conv(layer, slot, c ^ 1), cache.state(layer, slot, c),
+      cache.state(layer, slot, c ^ 1), y);
+  return Status::Ok();
+}
+
+Status KdaLayer::decode(Cache& cache, int layer, const int32_t* slots, int B, const float* x,
+                        float* y) const {
+  MEMRA_TRY(cache.check_layer(layer, LayerStateSpec::Kind::kKda, "KdaLayer.decode"));
+  for (int b = 0; b < B; ++b) MEMRA_TRY(cache.check_room(slots[b], 1, "KdaLayer.decode"));
+  for (int b = 0; b < B; ++b) {
+    const int s = slots[b], c = cache.cur(s);
+    run(x + size_t(b) * cfg_.hidden, 1, cache.conv(layer, s, c), cache.conv(layer, s, c ^ 1),
+        cache.state(layer, s, c), cache.state(layer, s, c ^ 1), y + size_t(b) * cfg_.hidden);
+  }
+  return Status::Ok();
+}
+
+}  // namespace memra

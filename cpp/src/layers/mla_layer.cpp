@@ -1,0 +1,211 @@
+// MlaLayer: multi-head latent attention (absorbed form) with the DSA k-pool indexer, over the CPU
+// reference ops. Reference: transformers Glm5NextTextAttention + Glm5NextTextIndexer.
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "memra/layers.h"
+
+namespace memra {
+
+namespace {
+constexpr float kIndexerNormEps = 1e-6f;  // Glm5NextTextIndexer.k_norm = LayerNorm(eps=1e-6)
+}
+
+Status MlaLayer::create(const MlaConfig& cfg, WeightMap& w, std::unique_ptr<MlaLayer>* out) {
+  if (cfg.hidden < 1 || cfg.heads < 1 || cfg.q_lora_rank < 1 || cfg.kv_rank < 1 || cfg.d_nope < 1 ||
+      cfg.d_v < 1 || cfg.d_rope < 0) {
+    return Status(kContractValue, "MlaLayer: hidden, heads, q_lora_rank, kv_rank, d_nope and d_v "
+                                  "must be >= 1 and d_rope >= 0");
+  }
+  if (cfg.rotate && cfg.d_rope % 2) {
+    return Status(kContractOddRope, "MlaLayer: d_rope must be even to rotate, got " +
+                                        std::to_string(cfg.d_rope));
+  }
+  if (cfg.index_heads > 0 || cfg.sparse) {
+    if (cfg.kpool < 1 || cfg.topk < cfg.kpool || cfg.topk % cfg.kpool) {
+      return Status(kContractPool, "MlaLayer: index_topk (" + std::to_string(cfg.topk) +
+                                       ") must be a positive multiple of index_kpool (" +
+                                       std::to_string(cfg.kpool) + ")");
+    }
+  }
+  if (cfg.index_heads > 0 && (cfg.tail_rows < cfg.kpool || cfg.tail_rows % cfg.kpool)) {
+    return Status(kContractPool, "MlaLayer: indexer tail_rows must be a positive multiple of kpool");
+  }
+  std::unique_ptr<MlaLayer> l(new MlaLayer());
+  l->cfg_ = cfg;
+  const int64_t D = cfg.hidden, H = cfg.heads, ql = cfg.q_lora_rank, R = cfg.kv_rank;
+  const int64_t dq = cfg.d_nope + cfg.d_rope;
+  MEMRA_TRY(w.take("q_a_proj.weight", {ql, D}, &l->q_a_));
+  MEMRA_TRY(w.take_f32("q_a_layernorm.weight", {ql}, &l->q_a_norm_));
+  MEMRA_TRY(w.take("q_b_proj.weight", {H * dq, ql}, &l->q_b_));
+  MEMRA_TRY(w.take("kv_a_proj_with_mqa.weight", {R + cfg.d_rope, D}, &l->kv_a_));
+  MEMRA_TRY(w.take_f32("kv_a_layernorm.weight", {R}, &l->kv_a_norm_));
+  MEMRA_TRY(w.take("kv_b_proj.weight", {H * (cfg.d_nope + cfg.d_v), R}, &l->kv_b_));
+  MEMRA_TRY(w.take("o_proj.weight", {D, H * cfg.d_v}, &l->o_proj_));
+  if (w.has("q_a_proj.bias")) MEMRA_TRY(w.take_f32("q_a_proj.bias", {ql}, &l->q_a_bias_));
+  if (w.has("kv_a_proj_with_mqa.bias")) {
+    MEMRA_TRY(w.take_f32("kv_a_proj_with_mqa.bias", {R + cfg.d_rope}, &l->kv_a_bias_));
+  }
+  if (w.has("o_proj.bias")) MEMRA_TRY(w.take_f32("o_proj.bias", {D}, &l->o_bias_));
+  if (cfg.index_heads > 0) {
+    const int64_t Hi = cfg.index_heads, di = cfg.index_head_dim;
+    MEMRA_TRY(w.take("indexer.wq_b.weight", {Hi * di, ql}, &l->wq_b_));
+    MEMRA_TRY(w.take("indexer.wk.weight", {di, D}, &l->wk_));
+    MEMRA_TRY(w.take_f32("indexer.k_norm.weight", {di}, &l->k_norm_w_));
+    MEMRA_TRY(w.take_f32("indexer.k_norm.bias", {di}, &l->k_norm_b_));
+    MEMRA_TRY(w.take("indexer.weights_proj.weight", {Hi, D}, &l->weights_proj_));
+    MEMRA_TRY(w.take_f32("indexer.index_kpool_compress_ape", {cfg.kpool, di}, &l->kpool_ape_));
+    MEMRA_TRY(w.take("indexer.index_kpool_compress_gate", {di, D}, &l->kpool_gate_));
+  }
+  MEMRA_TRY(w.finish());
+  *out = std::move(l);
+  return Status::Ok();
+}
+
+LayerStateSpec MlaLayer::state_spec() const {
+  LayerStateSpec s;
+  s.kind = LayerStateSpec::Kind::kMla;
+  s.row_width = cfg_.kv_rank + cfg_.d_rope;
+  if (has_indexer()) {
+    s.index_head_dim = cfg_.index_head_dim;
+    s.kpool = cfg_.kpool;
+    s.tail_rows = cfg_.tail_rows;
+  }
+  return s;
+}
+
+// Indexer rows for tokens [pos, pos + T) of `slot`: completes the pool keys of every pool whose
+// last row lands in this call (pools already resident are not recomputed), keeps the newest raw
+// rows in the tail ring, scores the complete pools and writes the index list idx [T, width].
+void MlaLayer::indexer(Cache& cache, int layer, int slot, int pos, const float* x,
+                       const float* q_resid, int T, int32_t* idx) const {
+  const int Hi = cfg_.index_heads, di = cfg_.index_head_dim, P = cfg_.kpool;
+  const int ring = cfg_.tail_rows, end = pos + T;
+  std::vector<float> q(size_t(T) * Hi * di), k(size_t(T) * di), gate(size_t(T) * di),
+      wts(size_t(T) * Hi);
+  cpu::linear(q_resid, T, wq_b_, nullptr, q.data());
+  cpu::linear(x, T, wk_, nullptr, k.data());
+  cpu::layer_norm(k.data(), T, di, k_norm_w_.data(), k_norm_b_.data(), kIndexerNormEps, k.data());
+  cpu::linear(x, T, kpool_gate_, nullptr, gate.data());
+  cpu::linear(x, T, weights_proj_, nullptr, wts.data());
+
+  float* keys = cache.pool_keys(layer, slot);
+  float* tk = cache.tail_k(layer, slot);
+  float* tg = cache.tail_gate(layer, slot);
+  std::vector<float> pk(size_t(P) * di), pg(size_t(P) * di);
+  for (int p = pos / P; p < end / P; ++p) {
+    for (int i = 0; i < P; ++i) {
+      const int r = p * P + i;
+      const float* ks = r < pos ? tk + size_t(r % ring) * di : k.data() + size_t(r - pos) * di;
+      const float* gs = r < pos ? tg + size_t(r % ring) * di : gate.data() + size_t(r - pos) * di;
+      std::copy_n(ks, di, pk.data() + size_t(i) * di);
+      std::copy_n(gs, di, pg.data() + size_t(i) * di);
+    }
+    cpu::kpool_pool_key(pk.data(), pg.data(), kpool_ape_.data(), P, di, keys + size_t(p) * di);
+  }
+  for (int r = std::max(pos, end - ring); r < end; ++r) {
+    std::copy_n(k.data() + size_t(r - pos) * di, di, tk + size_t(r % ring) * di);
+    std::copy_n(gate.data() + size_t(r - pos) * di, di, tg + size_t(r % ring) * di);
+  }
+
+  const int n_pools = end / P;
+  std::vector<float> score(size_t(T) * std::max(n_pools, 1));
+  cpu::kpool_score(q.data(), wts.data(), keys, T, Hi, di, n_pools, P, pos,
+                   1.0f / std::sqrt(static_cast<float>(di)), 1.0f / std::sqrt(static_cast<float>(Hi)),
+                   score.data());
+  // Width is checked at create(); the select cannot refuse here.
+  cpu::kpool_select(score.data(), T, n_pools, P, cfg_.topk / P, index_width(), pos, idx);
+}
+
+Status MlaLayer::prefill(Cache& cache, int layer, int slot, const float* x, int T,
+                         const int32_t* topk_in, float* y, int32_t* topk_out) const {
+  MEMRA_TRY(cache.check_layer(layer, LayerStateSpec::Kind::kMla, "MlaLayer.prefill"));
+  MEMRA_TRY(cache.check_room(slot, T, "MlaLayer.prefill"));
+  if (cache.spec(layer).row_width != cfg_.kv_rank + cfg_.d_rope ||
+      (has_indexer() && cache.spec(layer).index_head_dim != cfg_.index_head_dim)) {
+    return Status(kContractShape, "MlaLayer.prefill: cache layer " + std::to_string(layer) +
+                                      " was not made for this layer's geometry");
+  }
+  const int pos = cache.length(slot), end = pos + T;
+  const int H = cfg_.heads, R = cfg_.kv_rank, dr = cfg_.d_rope, dn = cfg_.d_nope, dv = cfg_.d_v;
+  const int ql = cfg_.q_lora_rank, row = R + dr, W = index_width();
+  if (cfg_.sparse && !has_indexer()) {
+    if (!topk_in) {
+      return Status(kContractMissing, "MlaLayer.prefill: a shared DSA layer needs the index list "
+                                      "of the full DSA layer before it (topk)");
+    }
+    for (int64_t i = 0; i < int64_t(T) * W; ++i) {
+      if (topk_in[i] < -1 || topk_in[i] >= end) {
+        return Status(kContractRange, "MlaLayer.prefill: index list entry " +
+                                          std::to_string(topk_in[i]) + " is outside [-1, " +
+                                          std::to_string(end) + ")");
+      }
+    }
+  }
+
+  // Queries: q_resid = q_a_layernorm(q_a_proj(x)); q = q_b_proj(q_resid) [T, H, d_nope + d_rope].
+  std::vector<float> q_resid(size_t(T) * ql), q(size_t(T) * H * (dn + dr));
+  cpu::linear(x, T, q_a_, q_a_bias_.empty() ? nullptr : q_a_bias_.data(), q_resid.data());
+  cpu::rms_norm(q_resid.data(), T, ql, q_a_norm_.data(), cfg_.rms_eps, q_resid.data());
+  cpu::linear(q_resid.data(), T, q_b_, nullptr, q.data());
+
+  // Latent rows [normalised latent | k_pe] appended at rows [pos, end).
+  std::vector<float> ckv(size_t(T) * row);
+  cpu::linear(x, T, kv_a_, kv_a_bias_.empty() ? nullptr : kv_a_bias_.data(), ckv.data());
+  float* cache_rows = cache.latent(layer, slot);
+  std::vector<int32_t> positions(T);
+  for (int t = 0; t < T; ++t) positions[t] = pos + t;
+  for (int t = 0; t < T; ++t) {
+    float* dst = cache_rows + size_t(pos + t) * row;
+    cpu::rms_norm(ckv.data() + size_t(t) * row, 1, R, kv_a_norm_.data(), cfg_.rms_eps, dst);
+    std::copy_n(ckv.data() + size_t(t) * row + R, dr, dst + R);
+    if (cfg_.rotate) cpu::rope_interleaved(dst + R, &positions[t], 1, 1, dr, cfg_.rope_base);
+  }
+
+  std::vector<float> q_nope(size_t(T) * H * dn), q_pe(size_t(T) * H * dr);
+  for (int64_t th = 0; th < int64_t(T) * H; ++th) {
+    std::copy_n(q.data() + th * (dn + dr), dn, q_nope.data() + th * dn);
+    std::copy_n(q.data() + th * (dn + dr) + dn, dr, q_pe.data() + th * dr);
+  }
+  if (cfg_.rotate) cpu::rope_interleaved(q_pe.data(), positions.data(), T, H, dr, cfg_.rope_base);
+  std::vector<float> q_lat(size_t(T) * H * R), o_lat(size_t(T) * H * R);
+  cpu::mla_absorb_q(q_nope.data(), kv_b_, T, H, dn, dv, q_lat.data());
+
+  const float scale = 1.0f / std::sqrt(static_cast<float>(dn + dr));
+  const float* pe = dr > 0 ? q_pe.data() : nullptr;
+  if (cfg_.sparse) {
+    std::vector<int32_t> own;
+    const int32_t* idx = topk_in;
+    if (has_indexer()) {
+      own.resize(size_t(T) * W);
+      indexer(cache, layer, slot, pos, x, q_resid.data(), T, own.data());
+      idx = own.data();
+    }
+    MEMRA_TRY(cpu::mla_attn_gathered(q_lat.data(), pe, cache_rows, idx, H, R, dr, T, end, W, scale,
+                                     o_lat.data()));
+    if (topk_out) std::copy_n(idx, size_t(T) * W, topk_out);
+  } else {
+    MEMRA_TRY(cpu::mla_attn_absorbed(q_lat.data(), pe, cache_rows, H, R, dr, T, end, scale,
+                                     o_lat.data()));
+  }
+  std::vector<float> attn(size_t(T) * H * dv);
+  cpu::mla_decompress_v(o_lat.data(), kv_b_, T, H, dn, dv, attn.data());
+  cpu::linear(attn.data(), T, o_proj_, o_bias_.empty() ? nullptr : o_bias_.data(), y);
+  return Status::Ok();
+}
+
+Status MlaLayer::decode(Cache& cache, int layer, const int32_t* slots, int B, const float* x,
+                        const int32_t* topk_in, float* y, int32_t* topk_out) const {
+  MEMRA_TRY(cache.check_layer(layer, LayerStateSpec::Kind::kMla, "MlaLayer.decode"));
+  for (int b = 0; b < B; ++b) MEMRA_TRY(cache.check_room(slots[b], 1, "MlaLayer.decode"));
+  const int W = index_width();
+  for (int b = 0; b < B; ++b) {
+    MEMRA_TRY(prefill(cache, layer, slots[b], x + size_t(b) * cfg_.hidden, 1,
+                      topk_in ? topk_in + size_t(b) * W : nullptr, y + size_t(b) * cfg_.hidden,
+                      topk_out ? topk_out + size_t(b) * W : nullptr));
+  }
+  return Status::Ok();
+}
+
+}  // namespace memra

@@ -1,0 +1,58 @@
+#include <sstream>
+
+#include "memra/layers.h"
+
+namespace memra {
+
+namespace {
+std::string shape_of(const std::vector<int64_t>& s) {
+  std::ostringstream os;
+  os << "[";
+  for (size_t i = 0; i < s.size(); ++i) os << (i ? ", " : "") << s[i];
+  os << "]";
+  return os.str();
+}
+}  // namespace
+
+Status WeightMap::take(const std::string& name, const std::vector<int64_t>& shape, Weight* out) {
+  auto it = weights_.find(name);
+  if (it == weights_.end()) {
+    return Status(kContractMissing, owner_ + ": missing tensor '" + name + "' (expected shape " +
+                                        shape_of(shape) + ")");
+  }
+  // A tensor matches when its shape is `shape`, or when `shape` is rank 1 and the element count
+  // agrees (per-head vectors such as A_log are stored as [H] or [1, 1, H, 1] by different
+  // checkpoints).
+  const Weight& w = it->second;
+  int64_t want = 1;
+  for (int64_t s : shape) want *= s;
+  const bool same = w.shape() == shape || (shape.size() == 1 && w.numel() == want);
+  if (!same) {
+    return Status(kContractShape, owner_ + ": tensor '" + name + "' has shape " + w.shape_str() +
+                                      ", expected " + shape_of(shape));
+  }
+  used_[name] = true;
+  *out = w;
+  return Status::Ok();
+}
+
+Status WeightMap::take_f32(const std::string& name, const std::vector<int64_t>& shape,
+                           std::vector<float>* out) {
+  Weight w;
+  MEMRA_TRY(take(name, shape, &w));
+  *out = w.to_f32();
+  return Status::Ok();
+}
+
+Status WeightMap::finish() const {
+  std::string extra;
+  for (const auto& kv : weights_) {
+    if (!used_.count(kv.first)) extra += (extra.empty() ? "'" : ", '") + kv.first + "'";
+  }
+  if (!extra.empty()) {
+    return Status(kContractMissing, owner_ + ": unexpected tensor(s) " + extra);
+  }
+  return Status::Ok();
+}
+
+}  // namespace memra

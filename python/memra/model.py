@@ -1,0 +1,255 @@
+"""``memra.load`` and the user-facing :class:`Model`: logits, prefill/decode over a Cache, and
+generation (greedy or sampled; one prompt, streamed, or a batch of prompts decoded together)."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from . import _core
+from .config import read_config
+from .errors import CacheFullError, ContractError
+from .loader import read_tensors
+from .models import glm5_next
+
+log = logging.getLogger("memra")
+
+
+def _ids(token_ids, what: str) -> np.ndarray:
+    """Token ids as a 1-D int32 array (ContractError for an empty, non-integer or nested input)."""
+    arr = np.asarray(token_ids)
+    if arr.ndim != 1 or arr.size == 0:
+        raise ContractError(f"{what}: token ids must be a non-empty 1-D sequence, got shape {arr.shape}", 40000)
+    if not np.issubdtype(arr.dtype, np.integer):
+        raise ContractError(f"{what}: token ids must be integers, got {arr.dtype}", 40020)
+    return np.ascontiguousarray(arr.astype(np.int32))
+
+
+class Model:
+    """A loaded model on one Engine. Made by :func:`load`.
+
+    Attributes: ``config`` (parsed), ``engine``, ``eos_token_ids``, ``cache`` (the default cache
+    of ``max_batch`` x ``max_len`` used by the generate methods), ``tokenizer`` (a
+    ``tokenizers.Tokenizer`` when the folder has ``tokenizer.json``, else None).
+    """
+
+    def __init__(self, path: Path, engine: _core.Engine, config, net, cache: _core.Cache,
+                 eos_token_ids: list[int], tokenizer) -> None:
+        self.path = path
+        self.engine = engine
+        self.config = config
+        self.net = net
+        self.cache = cache
+        self.eos_token_ids = eos_token_ids
+        self.tokenizer = tokenizer
+
+    # ------------------------------------------------------------------ caches
+    def new_cache(self, max_batch: int, max_len: int) -> _core.Cache:
+        """A fresh Cache with `max_batch` slots of `max_len` tokens each (OutOfMemoryError if it
+        cannot fit, before anything is allocated)."""
+        return _core.Cache(self.engine, self.net.state_specs(), max_batch=max_batch, max_len=max_len)
+
+    # ------------------------------------------------------------------ forward
+    def logits(self, token_ids) -> np.ndarray:
+        """Full prefill of `token_ids` [T] from an empty cache -> logits [T, vocab] float32."""
+        ids = _ids(token_ids, "logits")
+        cache = self.new_cache(1, len(ids))
+        h = self.net.hidden(cache, np.zeros(1, np.int32), ids, decode=False)
+        return self.net.logits_of(h)
+
+    def prefill(self, cache: _core.Cache, slot: int, token_ids) -> np.ndarray:
+        """Append `token_ids` [T] to `slot` (which may already hold tokens: multi-turn) and return
+        the logits of the last one [vocab]. CacheFullError (nothing written) when they do not fit."""
+        ids = _ids(token_ids, "prefill")
+        slots = np.array([slot], np.int32)
+        self._check_room(cache, slots, len(ids), "prefill")
+        h = self.net.hidden(cache, slots, ids, decode=False)
+        cache.commit(int(slot), len(ids))
+        return self.net.logits_of(h[-1:])[0]
+
+    def decode(self, cache: _core.Cache, slots, token_ids) -> np.ndarray:
+        """One token for each of `slots` (distinct) -> logits [len(slots), vocab]."""
+        slots = _ids(slots, "decode")
+        ids = _ids(token_ids, "decode")
+        if len(slots) != len(ids):
+            raise ContractError(f"decode: {len(slots)} slots but {len(ids)} tokens", 40000)
+        self._check_room(cache, slots, 1, "decode")
+        h = self.net.hidden(cache, slots, ids, decode=True)
+        for s in slots:
+            cache.commit(int(s), 1)
+        return self.net.logits_of(h)
+
+    def index_lists(self, token_ids) -> dict[int, np.ndarray]:
+        """The DSA index list [T, index_topk + index_kpool - 1] each full DSA layer uses for a full
+        prefill of `token_ids` (entries -1 are unused), keyed by layer index."""
+        ids = _ids(token_ids, "index_lists")
+        record: dict[int, np.ndarray] = {}
+        self.net.hidden(self.new_cache(1, len(ids)), np.zeros(1, np.int32), ids, decode=False, record=record)
+        return record
+
+    def _check_room(self, cache: _core.Cache, slots: np.ndarray, n: int, what: str) -> None:
+        vocab = self.config.vocab_size
+        for s in slots:
+            if not 0 <= int(s) < cache.max_batch:
+                raise ContractError(f"{what}: slot {int(s)} is outside [0, {cache.max_batch})", 40023)
+            if cache.length(int(s)) + n > cache.max_len:
+                raise CacheFullError(
+                    f"{what}: slot {int(s)} holds {cache.length(int(s))} of {cache.max_len} tokens; "
+                    f"{n} more do not fit", 30002)
+        del vocab
+
+    # ------------------------------------------------------------------ generation
+    def _stop_ids(self, stop_token_ids, ignore_eos: bool) -> set[int]:
+        stops = set() if ignore_eos else set(self.eos_token_ids)
+        if stop_token_ids:
+            stops |= {int(t) for t in stop_token_ids}
+        return stops
+
+    def _pick(self, logits: np.ndarray, temperature: float, top_k, top_p, seed: int, step: int) -> int:
+        return int(_core.sample(np.ascontiguousarray(logits[None, :], np.float32),
+                                np.array([step], np.uint64), temperature=float(temperature),
+                                top_k=int(top_k or 0), top_p=float(1.0 if top_p is None else top_p),
+                                seed=int(seed))[0])
+
+    def stream(self, prompt_ids, max_new_tokens: int, temperature: float = 0.0, top_k: int | None = None,
+               top_p: float | None = None, seed: int | None = None, stop_token_ids=None,
+               ignore_eos: bool = False) -> Iterator[int]:
+        """Yield new tokens one at a time (see :meth:`generate` for the arguments)."""
+        ids = _ids(prompt_ids, "generate")
+        if max_new_tokens < 0:
+            raise ContractError(f"generate: max_new_tokens must be >= 0, got {max_new_tokens}", 40025)
+        if max_new_tokens == 0:
+            return
+        if len(ids) + max_new_tokens - 1 > self.cache.max_len:
+            raise CacheFullError(
+                f"generate: {len(ids)} prompt tokens + {max_new_tokens} new tokens exceed the "
+                f"cache's max_len {self.cache.max_len}", 30002)
+        stops = self._stop_ids(stop_token_ids, ignore_eos)
+        seed = 0 if seed is None else int(seed)
+        cache, slot = self.cache, 0
+        cache.free(slot)
+        try:
+            logits = self.prefill(cache, slot, ids)
+            for step in range(max_new_tokens):
+                tok = self._pick(logits, temperature, top_k, top_p, seed, step)
+                yield tok
+                if tok in stops or step + 1 == max_new_tokens:
+                    return
+                logits = self.decode(cache, [slot], [tok])[0]
+        finally:
+            cache.free(slot)
+
+    def generate(self, prompt_ids, max_new_tokens: int, temperature: float = 0.0, top_k: int | None = None,
+                 top_p: float | None = None, seed: int | None = None, stop_token_ids=None,
+                 ignore_eos: bool = False) -> list[int]:
+        """Generate up to `max_new_tokens` after `prompt_ids`; returns the new tokens only.
+
+        temperature 0 is greedy (argmax, ties to the lower id); otherwise temperature, then
+        top_k, then top_p, drawn with memra's counter-based RNG from `seed` (the same seed gives
+        the same tokens on every backend). Stops after an EOS id of the checkpoint (included in
+        the output, as transformers does) unless `ignore_eos`, or after any of `stop_token_ids`.
+        CacheFullError when prompt + new tokens exceed the cache's max_len.
+        """
+        return list(self.stream(prompt_ids, max_new_tokens, temperature, top_k, top_p, seed,
+                                stop_token_ids, ignore_eos))
+
+    def generate_batch(self, prompts: Sequence, max_new_tokens: int, temperature: float = 0.0,
+                       top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
+                       stop_token_ids=None, ignore_eos: bool = False) -> list[list[int]]:
+        """Generate for several prompts of different lengths, decoding them together (one decode
+        step serves every unfinished prompt). Prompt i samples with seed + i, so each result
+        equals ``generate(prompts[i], seed=seed + i, ...)``. At most ``cache.max_batch`` prompts."""
+        all_ids = [_ids(p, "generate_batch") for p in prompts]
+        n = len(all_ids)
+        if n == 0:
+            return []
+        if n > self.cache.max_batch:
+            raise ContractError(f"generate_batch: {n} prompts exceed the cache's max_batch "
+                                f"{self.cache.max_batch}", 40025)
+        for ids in all_ids:
+            if len(ids) + max_new_tokens - 1 > self.cache.max_len:
+                raise CacheFullError(f"generate_batch: a prompt of {len(ids)} tokens + {max_new_tokens} "
+                                     f"new tokens exceeds max_len {self.cache.max_len}", 30002)
+        if max_new_tokens <= 0:
+            return [[] for _ in range(n)]
+        stops = self._stop_ids(stop_token_ids, ignore_eos)
+        seed = 0 if seed is None else int(seed)
+        cache = self.cache
+        out: list[list[int]] = [[] for _ in range(n)]
+        try:
+            logits = []
+            for i, ids in enumerate(all_ids):
+                cache.free(i)
+                logits.append(self.prefill(cache, i, ids))
+            active = list(range(n))
+            step = 0
+            while active:
+                nxt = []
+                for j, i in enumerate(active):
+                    tok = self._pick(logits[j], temperature, top_k, top_p, seed + i, step)
+                    out[i].append(tok)
+                    if tok not in stops and len(out[i]) < max_new_tokens:
+                        nxt.append(i)
+                if not nxt:
+                    break
+                lg = self.decode(cache, nxt, [out[i][-1] for i in nxt])
+                logits = list(lg)
+                active = nxt
+                step += 1
+        finally:
+            for i in range(n):
+                cache.free(i)
+        return out
+
+
+def _eos_ids(path: Path, config) -> list[int]:
+    eos = None
+    gen = path / "generation_config.json"
+    if gen.exists():
+        try:
+            eos = json.loads(gen.read_text()).get("eos_token_id")
+        except json.JSONDecodeError:
+            eos = None
+    if eos is None:
+        eos = config.eos_token_id
+    if eos is None:
+        return []
+    return [int(eos)] if isinstance(eos, int) else [int(e) for e in eos]
+
+
+def load(path, device: str = "cpu", max_batch: int = 8, max_len: int = 4096, *, progress: bool = True) -> Model:
+    """Load a Hugging Face checkpoint folder (config.json + safetensors) onto `device`.
+
+    The default cache (`max_batch` slots x `max_len` tokens) is sized from the config and
+    allocated before any weight is read: OutOfMemoryError when it cannot fit. ContractError for
+    a missing, extra or mis-shaped tensor (named); UnsupportedError for a model_type or config
+    memra cannot run, or a device it cannot use here.
+    """
+    path = Path(path)
+    if not path.is_dir():
+        raise ContractError(f"load: {path} is not a directory", 40024)
+    model_type, cfg = read_config(path)
+    engine = _core.Engine(device)
+    specs = glm5_next.state_specs_for(cfg)
+    need = _core.Cache.bytes_needed(max_batch, max_len, specs)
+    log.info("memra: cache of %d x %d tokens needs %.1f MiB", max_batch, max_len, need / 2**20)
+    cache = _core.Cache(engine, specs, max_batch=max_batch, max_len=max_len)
+    raw = json.loads((path / "config.json").read_text())
+    tie = bool(raw.get("tie_word_embeddings", cfg.tie_word_embeddings))
+    tensors = read_tensors(path, cfg.num_hidden_layers, progress=progress)
+    net = glm5_next.Glm5NextTextModel(engine, cfg, tensors, tie_word_embeddings=tie)
+    tokenizer = None
+    if (path / "tokenizer.json").exists():
+        from tokenizers import Tokenizer
+
+        tokenizer = Tokenizer.from_file(str(path / "tokenizer.json"))
+    return Model(path, engine, cfg, net, cache, _eos_ids(path, cfg), tokenizer)
+
+
+def default_checkpoint() -> Path:
+    """The tiny glm5_next checkpoint shipped inside the package (random weights; for smoke runs)."""
+    return Path(__file__).parent / "data" / "tiny_glm5_next"
