@@ -1,0 +1,466 @@
+"""
+memra's C++ runtime: CPU reference ops, Engine, Cache and layer objects.
+"""
+
+from collections.abc import Mapping, Sequence
+from typing import Annotated
+
+import numpy
+from numpy.typing import NDArray
+
+
+class status:
+    """
+    Status codes of memra's bands (DESIGN.md); memra.MemraError.code holds one of these.
+    """
+
+    OK: int = 0
+
+    CUDA_BASE: int = 10000
+
+    LIBRARY_BASE: int = 20000
+
+    OUT_OF_MEMORY: int = 30001
+
+    CACHE_FULL: int = 30002
+
+    CONTRACT_SHAPE: int = 40000
+
+    CONTRACT_ODD_ROPE: int = 40001
+
+    CONTRACT_QUERY_SUFFIX: int = 40004
+
+    CONTRACT_POOL: int = 40010
+
+    CONTRACT_INDEX_WIDTH: int = 40014
+
+    CONTRACT_DTYPE: int = 40020
+
+    CONTRACT_DEVICE: int = 40021
+
+    CONTRACT_STRIDE: int = 40022
+
+    CONTRACT_RANGE: int = 40023
+
+    CONTRACT_MISSING: int = 40024
+
+    CONTRACT_VALUE: int = 40025
+
+    UNSUPPORTED: int = 50000
+
+    UNSUPPORTED_NO_CUDA: int = 50001
+
+    UNSUPPORTED_GEOMETRY: int = 50002
+
+class Weight:
+    """
+    A weight tensor (rank 1..4) copied once into memra, kept in its file dtype (float32, float16 or bfloat16) and converted to f32 per row by the ops.
+    """
+
+    def __init__(self, array: Annotated[NDArray, dict(writable=False)], *, dtype: str = '', name: str = 'weight') -> None:
+        """
+        array: host array of float32/float16/bfloat16, or uint16 raw bfloat16 bits with dtype='bfloat16'. Raises ContractError on another dtype, a device array, a non-contiguous array or rank outside 1..4.
+        """
+
+    @property
+    def dtype(self) -> str: ...
+
+    @property
+    def shape(self) -> list[int]: ...
+
+    @property
+    def nbytes(self) -> int: ...
+
+    def to_numpy(self) -> NDArray[numpy.float32]:
+        """The weight converted to a float32 numpy array."""
+
+    def __repr__(self) -> str: ...
+
+def embedding(table: Weight, ids: Annotated[NDArray, dict(writable=False)]) -> NDArray[numpy.float32]:
+    """
+    Rows of `table` [vocab, D] for `ids` [T] int32 -> [T, D] float32. ContractError (CONTRACT_RANGE) for an id outside [0, vocab). Reference: nn.Embedding.
+    """
+
+def linear(x: Annotated[NDArray, dict(writable=False)], w: Weight, bias: Annotated[NDArray, dict(writable=False)] | None = None) -> NDArray[numpy.float32]:
+    """
+    y [T, N] = x [T, K] @ w [N, K]^T (+ bias [N]), f32 accumulation. Reference: nn.Linear.
+    """
+
+def rms_norm(x: Annotated[NDArray, dict(writable=False)], weight: Annotated[NDArray, dict(writable=False)] | None = None, *, eps: float) -> NDArray[numpy.float32]:
+    """
+    RMSNorm over the last dim of x [T, D]; unweighted when weight is None. Reference: Glm5NextTextRMSNorm / Glm5NextTextUnweightedRMSNorm.
+    """
+
+def rms_norm_gated(x: Annotated[NDArray, dict(writable=False)], gate: Annotated[NDArray, dict(writable=False)], weight: Annotated[NDArray, dict(writable=False)], *, eps: float) -> NDArray[numpy.float32]:
+    """
+    weight * rmsnorm(x) * sigmoid(gate); x, gate [T, D], weight [D]. Reference: Glm5NextTextRMSNormGated.
+    """
+
+def layer_norm(x: Annotated[NDArray, dict(writable=False)], weight: Annotated[NDArray, dict(writable=False)], bias: Annotated[NDArray, dict(writable=False)], *, eps: float) -> NDArray[numpy.float32]:
+    """
+    LayerNorm with weight and bias over the last dim of x [T, D]. Reference: nn.LayerNorm.
+    """
+
+def l2norm_heads(x: Annotated[NDArray, dict(writable=False)], *, eps: float = 9.999999974752427e-07) -> NDArray[numpy.float32]:
+    """
+    x [T, H, d] / sqrt(sum(x^2, -1) + eps). Reference: modeling_glm5_next.l2norm.
+    """
+
+def rope_interleaved(x: Annotated[NDArray, dict(writable=False)], positions: Annotated[NDArray, dict(writable=False)], *, base: float = 10000.0) -> NDArray[numpy.float32]:
+    """
+    Interleaved RoPE: rotates pairs (2j, 2j+1) of x [T, n_vec, d_rope] by pos * base^(-2j/d_rope); positions [T] int32. ContractError (CONTRACT_ODD_ROPE) for odd d_rope. Only applied where the model family rotates (glm5_next and Kimi-Linear never do).
+    """
+
+def kda_conv(x: Annotated[NDArray, dict(writable=False)], w: Annotated[NDArray, dict(writable=False)], ring: Annotated[NDArray, dict(writable=False)]) -> tuple[NDArray[numpy.float32], NDArray[numpy.float32]]:
+    """
+    Causal depthwise conv + SiLU over the fused q|k|v channels, continuing from a ring.
+
+    x [T, C] float32 pre-conv projections; w [C, K] float32 taps (tap 0 meets the oldest
+    input); ring [C, K-1] float32, the previous K-1 inputs of each channel, oldest first
+    (zeros for a fresh sequence). Returns (y [T, C], ring_out [C, K-1]) where
+    y = silu(conv(ring ++ x)) and ring_out = the last K-1 inputs of ring ++ x (for T < K-1
+    it still holds some old ring values). T == 1 runs the decode arm, which equals the
+    prefill arm bit for bit, so kda_conv(x[:T-1]) then kda_conv(x[T-1:]) == kda_conv(x).
+    Raises ContractError (CONTRACT_DTYPE / CONTRACT_SHAPE / CONTRACT_STRIDE /
+    CONTRACT_DEVICE) for a non-float32, mis-shaped, non-C-contiguous or device array.
+    Reference: modeling_glm5_next.causal_conv1d_fn / causal_conv1d_update with
+    activation='silu' and the cache's conv state.
+    """
+
+def kda_gate(f: Annotated[NDArray, dict(writable=False)], dt_bias: Annotated[NDArray, dict(writable=False)], A_log: Annotated[NDArray, dict(writable=False)], *, form: str = 'lower_bound', lower_bound: float = -5.0) -> NDArray[numpy.float32]:
+    """
+    KDA log forget gate g [T, H*dk] float32 from f [T, H*dk] = f_b(f_a(x)), dt_bias [H*dk]
+    (per channel) and A_log [H] (per head), all float32.
+
+    form='lower_bound' (glm5_next): g = lower_bound * sigmoid(exp(A_log) * (f + dt_bias)).
+    form='softplus' (kimi_linear): g = -exp(A_log) * softplus(f + dt_bias) with
+    softplus(x) = x if x > 20 else log(1 + exp(x)); lower_bound is ignored.
+    Raises ContractError: CONTRACT_VALUE for another form, CONTRACT_SHAPE when the last dim
+    of f is not a multiple of len(A_log) or dt_bias does not match it, CONTRACT_DTYPE /
+    CONTRACT_STRIDE / CONTRACT_DEVICE as usual. Reference: Glm5NextTextForgetGate.forward.
+    """
+
+def kda_scan(q: Annotated[NDArray, dict(writable=False)], k: Annotated[NDArray, dict(writable=False)], v: Annotated[NDArray, dict(writable=False)], g: Annotated[NDArray, dict(writable=False)], beta: Annotated[NDArray, dict(writable=False)], state: Annotated[NDArray, dict(writable=False)] | None = None, *, scale: float | None = None) -> tuple[NDArray[numpy.float32], NDArray[numpy.float32]]:
+    """
+    KDA delta-rule scan, T steps in order (the recurrent form), from `state` (None = zeros).
+
+    q, k [T, H, dk] float32 (already L2-normalised, see l2norm_heads); v [T, H, dv];
+    g [T, H, dk] log forget gate (kda_gate); beta [T, H] (sigmoid of b_proj);
+    state [H, dk, dv] float32 or None. Per step and head:
+      S = S * exp(g_t)[:, None]; S += k_t (beta_t (v_t - k_t^T S)); o_t = (scale q_t)^T S
+    with scale = dk**-0.5 unless given. Returns (o [T, H, dv], state_out [H, dk, dv]); the
+    input state is not modified. Chaining calls (one T-step call, or T one-step calls
+    passing state_out on) gives the same bits. Raises ContractError (CONTRACT_DTYPE /
+    CONTRACT_SHAPE / CONTRACT_STRIDE / CONTRACT_DEVICE) for a bad argument.
+    Reference: modeling_glm5_next.recurrent_kimi_delta_attention (equal in exact arithmetic
+    to chunk_kimi_delta_attention, which transformers uses for multi-token prefill).
+    """
+
+def mla_absorb_q(q_nope: Annotated[NDArray, dict(writable=False)], kv_b: Weight, *, d_v: int) -> NDArray[numpy.float32]:
+    """
+    Absorb W_uk into the query: q_lat[t, h, :] = W_uk[h]^T q_nope[t, h, :].
+
+    q_nope: [T, H, d_nope] float32, C-contiguous. kv_b: Weight [H*(d_nope+d_v), R] (kv_b_proj.weight; head h's rows are d_nope k rows then d_v v rows). Returns q_lat [T, H, R] float32.
+    Raises ContractError: CONTRACT_DTYPE / CONTRACT_SHAPE / CONTRACT_STRIDE / CONTRACT_DEVICE for a bad q_nope, CONTRACT_SHAPE when kv_b's shape does not match, CONTRACT_VALUE for d_v < 0.
+    Reference: Glm5NextTextAttention.expand_kv (k_nope = W_uk c), folded into q.
+    """
+
+def mla_decompress_v(o_lat: Annotated[NDArray, dict(writable=False)], kv_b: Weight, *, d_nope: int) -> NDArray[numpy.float32]:
+    """
+    Decompress the latent attention output: out[t, h, :] = W_uv[h] o_lat[t, h, :].
+
+    o_lat: [T, H, R] float32. kv_b: Weight [H*(d_nope+d_v), R]. Returns out [T, H, d_v] float32 (d_v = kv_b rows / H - d_nope).
+    Raises ContractError: CONTRACT_DTYPE / CONTRACT_SHAPE / CONTRACT_STRIDE / CONTRACT_DEVICE for a bad o_lat, CONTRACT_SHAPE when kv_b does not match, CONTRACT_VALUE for d_nope < 0.
+    Reference: Glm5NextTextAttention.expand_kv (value_states = W_uv c), folded into the output.
+    """
+
+def mla_attn_absorbed(q_lat: Annotated[NDArray, dict(writable=False)], cache: Annotated[NDArray, dict(writable=False)], q_pe: Annotated[NDArray, dict(writable=False)] | None = None, *, scale: float) -> NDArray[numpy.float32]:
+    """
+    Causal absorbed MLA attention over a latent cache; the queries are the cache's last t_q rows (query i sits at row t_kv - t_q + i and sees rows <= it).
+
+    q_lat: [t_q, H, R] float32 (from mla_absorb_q). cache: [t_kv, R + d_rope] float32 (kv_a_layernorm'd latent, then the rope part). q_pe: [t_q, H, d_rope] float32, required when d_rope > 0. scale: qk_head_dim**-0.5 (qk_head_dim = d_nope + d_rope). Returns o_lat [t_q, H, R] float32; score = (q_lat . c + q_pe . k_pe) * scale, softmax in f32.
+    Raises ContractError: CONTRACT_QUERY_SUFFIX when t_q > t_kv; CONTRACT_MISSING when q_pe is absent but d_rope > 0; CONTRACT_SHAPE / CONTRACT_DTYPE / CONTRACT_STRIDE / CONTRACT_DEVICE for bad arrays; CONTRACT_VALUE for a non-finite scale.
+    Reference: Glm5NextTextAttention.forward with a causal mask (eager_attention_forward).
+    """
+
+def mla_attn_gathered(q_lat: Annotated[NDArray, dict(writable=False)], cache: Annotated[NDArray, dict(writable=False)], idx: Annotated[NDArray, dict(writable=False)], q_pe: Annotated[NDArray, dict(writable=False)] | None = None, *, scale: float) -> NDArray[numpy.float32]:
+    """
+    Absorbed MLA attention where query i attends over the cache rows listed in idx[i, :].
+
+    q_lat: [t_q, H, R] float32. cache: [t_kv, R + d_rope] float32. idx: [t_q, width] int32 (entries -1 are padding; the list is a set: order does not matter and a duplicated row counts once). q_pe: [t_q, H, d_rope] float32, required when d_rope > 0. Returns o_lat [t_q, H, R] float32; a query whose list is all -1 gets zeros.
+    Raises ContractError: CONTRACT_RANGE for an entry >= t_kv or < -1; CONTRACT_MISSING when q_pe is absent but d_rope > 0; CONTRACT_SHAPE / CONTRACT_DTYPE / CONTRACT_STRIDE / CONTRACT_DEVICE for bad arrays (int64 idx is refused, not narrowed); CONTRACT_VALUE for a non-finite scale.
+    Reference: Glm5NextTextAttention.build_attention_mask_from_topk + eager_attention_forward.
+    """
+
+def kpool_pool_keys(k: Annotated[NDArray, dict(writable=False)], gate: Annotated[NDArray, dict(writable=False)], ape: Annotated[NDArray, dict(writable=False)]) -> NDArray[numpy.float32]:
+    """
+    Pool keys of the complete pools of one sequence: pool p holds rows [p*pool, (p+1)*pool); per channel, softmax over the pool's rows of gate + ape weights the rows of k.
+
+    k: [n_rows, d] float32 (k_norm(wk(x))). gate: [n_rows, d] float32 (x @ index_kpool_compress_gate^T). ape: [pool, d] float32 (index_kpool_compress_ape). Returns keys [n_rows // pool, d] float32 (an incomplete last pool is left out).
+    Raises ContractError: CONTRACT_POOL when pool (ape rows) is 0; CONTRACT_SHAPE / CONTRACT_DTYPE / CONTRACT_STRIDE / CONTRACT_DEVICE for bad arrays.
+    Reference: Glm5NextTextIndexer.get_pooled_states (unpadded: first_key = 0).
+    """
+
+def kpool_score(q: Annotated[NDArray, dict(writable=False)], w: Annotated[NDArray, dict(writable=False)], pool_keys: Annotated[NDArray, dict(writable=False)], *, pool: int, first_pos: int, qk_scale: float, head_scale: float) -> NDArray[numpy.float32]:
+    """
+    Head-mixed pool scores: score[i, p] = sum_h w[i, h] * head_scale * relu(qk_scale * q[i, h, :] . pool_keys[p, :]) (h ascending), and -inf where pool p's last row p*pool + pool - 1 is after the query's position first_pos + i.
+
+    q: [t_q, Hi, d] float32 (wq_b(q_resid)). w: [t_q, Hi] float32 (weights_proj(x)). pool_keys: [n_pools, d] float32 (kpool_pool_keys). qk_scale: index_head_dim**-0.5; head_scale: index_n_heads**-0.5. Returns score [t_q, n_pools] float32.
+    Raises ContractError: CONTRACT_POOL for pool < 1; CONTRACT_VALUE for first_pos < 0 or a non-finite scale; CONTRACT_RANGE when first_pos + t_q overflows int32; CONTRACT_SHAPE / CONTRACT_DTYPE / CONTRACT_STRIDE / CONTRACT_DEVICE for bad arrays.
+    Reference: Glm5NextTextIndexer.forward (scores, weights, valid_candidates mask).
+    """
+
+def kpool_select(score: Annotated[NDArray, dict(writable=False)], *, pool: int, select_k: int, width: int, first_pos: int) -> NDArray[numpy.int32]:
+    """
+    Index lists from pool scores: per query i (position first_pos + i), the top select_k pools among the finite scores by (score desc, pool index asc), expanded to their rows in ascending pool order, then the visible tail rows [(pos+1) - (pos+1) % pool, pos], then -1 up to width. Fewer finite pools than select_k leave more -1 padding.
+
+    score: [t_q, n_pools] float32 (kpool_score). select_k: min(index_topk // pool, n_pools); width: index_topk + pool - 1. Returns idx [t_q, width] int32 (a set of rows per query).
+    Raises ContractError: CONTRACT_INDEX_WIDTH when width < select_k*pool + pool - 1; CONTRACT_POOL for pool < 1; CONTRACT_VALUE for select_k < 0 or first_pos < 0; CONTRACT_SHAPE / CONTRACT_DTYPE / CONTRACT_STRIDE / CONTRACT_DEVICE for a bad score.
+    Reference: Glm5NextTextIndexer.forward topk + append_visible_tail (index_kpool_always_select_tail = True), compared as sets.
+    """
+
+def swiglu_mlp(x: Annotated[NDArray, dict(writable=False)], gate_w: Weight, up_w: Weight, down_w: Weight, *, limit: float) -> NDArray[numpy.float32]:
+    """
+    SwiGLU MLP with the clamp: y = (silu(min(x gate_w^T, limit)) * clamp(x up_w^T, +-limit)) down_w^T.
+
+    x [T, D] float32; gate_w, up_w Weight [I, D]; down_w Weight [D, I]; limit > 0 (swiglu_limit). Returns y [T, D] float32.
+    Raises ContractError (CONTRACT_DTYPE, CONTRACT_SHAPE, CONTRACT_STRIDE, CONTRACT_DEVICE; CONTRACT_VALUE for limit <= 0).
+    Reference: transformers Glm5NextTextMLP.forward.
+    """
+
+def moe_route(x: Annotated[NDArray, dict(writable=False)], gate_w: Weight, corr_bias: Annotated[NDArray, dict(writable=False)] | None = None, *, top_k: int, n_group: int, topk_group: int, norm_topk_prob: bool, scaling: float) -> tuple:
+    """
+    Sigmoid router with grouped selection.
+
+    x [T, D] float32; gate_w Weight [E, D]; corr_bias [E] float32 or None (e_score_correction_bias: used only to choose).
+    Logits in f32 -> sigmoid scores s; choice c = s + bias; group score = sum of the top-2 c of each of the n_group groups; keep the best topk_group groups (ties: lower group); top_k experts by c among them (ties: lower id), sorted by c desc. Weights = s of the chosen experts, / (sum + 1e-20) when norm_topk_prob, times scaling.
+    Returns (idx [T, top_k] int32, w [T, top_k] float32).
+    Raises ContractError (CONTRACT_DTYPE, CONTRACT_SHAPE, CONTRACT_STRIDE, CONTRACT_DEVICE; CONTRACT_VALUE when n_group does not divide E, topk_group is outside [1, n_group] or top_k outside [1, topk_group * E / n_group]).
+    Reference: transformers Glm5NextTextTopkRouter.forward.
+    """
+
+def moe_forward(x: Annotated[NDArray, dict(writable=False)], idx: Annotated[NDArray, dict(writable=False)], w: Annotated[NDArray, dict(writable=False)], gate_ws: Sequence[Weight], up_ws: Sequence[Weight], down_ws: Sequence[Weight], *, limit: float) -> NDArray[numpy.float32]:
+    """
+    Routed experts: y[t] = sum_j w[t, j] * expert_{idx[t, j]}(x[t]), each expert the clamped SwiGLU MLP; per token the terms are added in ascending expert id. The shared expert is NOT included (add swiglu_mlp of it).
+
+    x [T, D] float32; idx [T, k] int32 in [0, E); w [T, k] float32; gate_ws, up_ws: lists of E Weights [I, D]; down_ws: E Weights [D, I]. Returns y [T, D] float32.
+    Raises ContractError (CONTRACT_RANGE for an expert id outside [0, E); CONTRACT_SHAPE for a mismatched list or weight; CONTRACT_DTYPE, CONTRACT_STRIDE, CONTRACT_DEVICE; CONTRACT_VALUE for limit <= 0).
+    Reference: transformers Glm5NextTextExperts.forward.
+    """
+
+def mhc_pre(streams: Annotated[NDArray, dict(writable=False)], fn: Weight, base: Annotated[NDArray, dict(writable=False)], scale: Annotated[NDArray, dict(writable=False)], *, sinkhorn_iters: int, hc_eps: float, norm_eps: float) -> tuple:
+    """
+    mHC mapping. streams [T, hc, D] float32; fn Weight [(2+hc)*hc, hc*D]; base [(2+hc)*hc] float32; scale [3] float32.
+    logits = fn(unweighted RMSNorm(norm_eps) of the flattened streams); pre = sigmoid(.*scale[0] + base) + hc_eps; post = 2 sigmoid(.); comb = softmax over the last dim + hc_eps, one column normalisation, then sinkhorn_iters - 1 rounds of row then column normalisation (denominators + hc_eps).
+    Returns (post [T, hc], comb [T, hc, hc], collapsed [T, D] = sum_s pre[s] * streams[:, s]) float32.
+    Raises ContractError (CONTRACT_DTYPE, CONTRACT_SHAPE, CONTRACT_STRIDE, CONTRACT_DEVICE; CONTRACT_VALUE for sinkhorn_iters < 1).
+    Reference: transformers Glm5NextTextHyperConnection.forward.
+    """
+
+def mhc_post(y: Annotated[NDArray, dict(writable=False)], post: Annotated[NDArray, dict(writable=False)], comb: Annotated[NDArray, dict(writable=False)], residual: Annotated[NDArray, dict(writable=False)]) -> NDArray[numpy.float32]:
+    """
+    mHC expansion after a block: out[t, j] = post[t, j] * y[t] + sum_i comb[t, i, j] * residual[t, i].
+
+    y [T, D]; post [T, hc]; comb [T, hc, hc]; residual [T, hc, D]; all float32. Returns out [T, hc, D] float32.
+    Raises ContractError (CONTRACT_DTYPE, CONTRACT_SHAPE, CONTRACT_STRIDE, CONTRACT_DEVICE).
+    Reference: transformers Glm5NextTextDecoderLayer.forward (post * h + comb^T @ residual).
+    """
+
+def hc_head_mean(streams: Annotated[NDArray, dict(writable=False)]) -> NDArray[numpy.float32]:
+    """
+    Final hyper-connection head: the plain mean over the streams.
+
+    streams [T, hc, D] float32 -> [T, D] float32.
+    Raises ContractError (CONTRACT_DTYPE, CONTRACT_SHAPE, CONTRACT_STRIDE, CONTRACT_DEVICE).
+    Reference: transformers Glm5NextTextHyperHead.
+    """
+
+def sample(logits: Annotated[NDArray, dict(writable=False)], counters: Annotated[NDArray, dict(writable=False)], *, temperature: float, top_k: int = 0, top_p: float = 1.0, seed: int = 0) -> NDArray[numpy.int32]:
+    """
+    One token per row.
+
+    logits [B, V] float32; counters [B] uint64 or int64 (>= 0), the per-row draw index. temperature <= 0: argmax (ties to the lower id). Otherwise softmax(logits / temperature) in f32; keep the top_k most likely (0: all), then the shortest prefix in (p desc, id asc) order whose top-k-renormalised mass reaches top_p (>= 1: all); draw by inverse CDF with u = uniform_from_counter(seed, counter) (splitmix64; the exact formula is in ops.h). Returns int32 [B].
+    Raises ContractError (CONTRACT_DTYPE for counters not int64/uint64 or logits not float32, CONTRACT_SHAPE, CONTRACT_STRIDE, CONTRACT_DEVICE, CONTRACT_RANGE for a negative int64 counter, CONTRACT_VALUE for top_p <= 0 or a NaN temperature).
+    Reference: transformers' temperature / TopK / TopP logits warpers followed by multinomial, with a counter-based draw.
+    """
+
+def uniform_from_counter(seed: int, counter: int) -> float:
+    """
+    The counter-based uniform in [0, 1) that sample draws with (exact formula in ops.h).
+    """
+
+def cuda_available() -> bool:
+    """
+    True when memra was built with its CUDA library and a CUDA device is usable here.
+    """
+
+def cuda_unavailable_reason() -> str | None:
+    """
+    None when CUDA is usable, otherwise why not (not built, library missing, no driver, no device).
+    """
+
+class Engine:
+    """
+    Owns one device: 'cpu' (the C++ reference backend) or 'cuda'. Raises UnsupportedError when a CUDA engine cannot be made here, ContractError for an unknown device.
+    """
+
+    def __init__(self, device: str = 'cpu', device_index: int = 0) -> None: ...
+
+    @property
+    def device(self) -> str:
+        """'cpu' or 'cuda:N'."""
+
+    def __repr__(self) -> str: ...
+
+class LayerStateSpec:
+    """What one layer keeps per slot in a Cache (see cache.h)."""
+
+    @staticmethod
+    def none() -> LayerStateSpec:
+        """A layer with no per-slot state."""
+
+    @staticmethod
+    def kda(*, heads: int, head_dim: int, conv_kernel: int) -> LayerStateSpec:
+        """
+        Conv ring [3*heads*head_dim, conv_kernel-1] and state [heads, head_dim, head_dim], both f32 ping-pong pairs.
+        """
+
+    @staticmethod
+    def mla(*, row_width: int, index_head_dim: int = 0, kpool: int = 0, tail_rows: int = 0) -> LayerStateSpec:
+        """
+        Latent rows [max_len, row_width]; with index_head_dim > 0 also the DSA pool keys [max_len // kpool, index_head_dim] and a tail ring of tail_rows raw indexer rows.
+        """
+
+    @property
+    def kind(self) -> str: ...
+
+class Cache:
+    """
+    Per-sequence state of a model: max_batch slots, each with its own length, and one plane per layer. OutOfMemoryError before anything is allocated when it does not fit; ContractError for a bad spec.
+    """
+
+    def __init__(self, engine: Engine, specs: Sequence[LayerStateSpec], *, max_batch: int, max_len: int) -> None: ...
+
+    @staticmethod
+    def bytes_needed(max_batch: int, max_len: int, specs: Sequence[LayerStateSpec]) -> int:
+        """Bytes the planes of such a cache take."""
+
+    @property
+    def max_batch(self) -> int: ...
+
+    @property
+    def max_len(self) -> int: ...
+
+    @property
+    def nbytes(self) -> int: ...
+
+    @property
+    def num_layers(self) -> int: ...
+
+    def length(self, slot: int) -> int:
+        """Tokens held by `slot`."""
+
+    def commit(self, slot: int, n: int) -> None:
+        """
+        Advance `slot` by n tokens after every layer ran the step (flips its ping-pong planes).
+        """
+
+    def free(self, slot: int) -> None:
+        """
+        Forget `slot` (length 0, recurrent state zeroed) without touching other slots.
+        """
+
+    def copy_slot(self, src: int, dst: int) -> None:
+        """Copy the whole state of `src` into `dst` (prefix reuse)."""
+
+    def kda_state(self, layer: int, slot: int) -> NDArray[numpy.float32]:
+        """Copy of the committed recurrent state [H, dk, dv]."""
+
+    def kda_conv(self, layer: int, slot: int) -> NDArray[numpy.float32]:
+        """Copy of the committed conv ring [3*qkv, K-1]."""
+
+    def latent_rows(self, layer: int, slot: int) -> NDArray[numpy.float32]:
+        """Copy of the committed latent rows [length, row_width]."""
+
+    def pool_keys(self, layer: int, slot: int) -> NDArray[numpy.float32]:
+        """Copy of the resident pool keys [length // kpool, d]."""
+
+    def __repr__(self) -> str: ...
+
+class KdaLayer:
+    """
+    Kimi Delta Attention mixer (reference: transformers Glm5NextTextLinearAttention.forward; KimiDeltaAttention with the softplus gate). Weights named as on disk below 'self_attn.' (layers.h).
+    """
+
+    def __init__(self, engine: Engine, weights: Mapping[str, Weight], *, hidden: int, heads: int, head_dim: int, conv_kernel: int, gate: str = 'lower_bound', lower_bound: float = -5.0, rms_eps: float = 9.999999747378752e-06) -> None: ...
+
+    def state_spec(self) -> LayerStateSpec: ...
+
+    def forward(self, x: Annotated[NDArray, dict(writable=False)]) -> NDArray[numpy.float32]:
+        """x [T, hidden] f32 -> y [T, hidden] from a zero state."""
+
+    def prefill(self, cache: Cache, layer: int, slot: int, x: Annotated[NDArray, dict(writable=False)]) -> NDArray[numpy.float32]:
+        """
+        Continue `slot` by x [T, hidden]; writes the pending state plane, visible after cache.commit(slot, T). CacheFullError when the slot has no room.
+        """
+
+    def decode(self, cache: Cache, layer: int, slots: Annotated[NDArray, dict(writable=False)], x: Annotated[NDArray, dict(writable=False)]) -> NDArray[numpy.float32]:
+        """
+        One token for each slot: slots [B] int32, x [B, hidden] -> [B, hidden].
+        """
+
+class MlaLayer:
+    """
+    Multi-head latent attention (absorbed) with the optional DSA k-pool indexer (reference: transformers Glm5NextTextAttention + Glm5NextTextIndexer). Weights named as on disk below 'self_attn.'.
+    """
+
+    def __init__(self, engine: Engine, weights: Mapping[str, Weight], *, hidden: int, heads: int, q_lora_rank: int, kv_rank: int, d_nope: int, d_rope: int, d_v: int, rms_eps: float = 9.999999747378752e-06, sparse: bool = False, index_heads: int = 0, index_head_dim: int = 0, kpool: int = 0, topk: int = 0, tail_rows: int = 0, rotate: bool = False, rope_base: float = 10000.0) -> None: ...
+
+    def state_spec(self) -> LayerStateSpec: ...
+
+    @property
+    def index_width(self) -> int:
+        """index_topk + index_kpool - 1."""
+
+    @property
+    def has_indexer(self) -> bool: ...
+
+    def prefill(self, cache: Cache, layer: int, slot: int, x: Annotated[NDArray, dict(writable=False)], topk: Annotated[NDArray, dict(writable=False)] | None = None) -> tuple:
+        """
+        Continue `slot` by x [T, hidden] -> (y [T, hidden], index list [T, index_width] int32 used by a DSA layer, [T, 0] otherwise). A shared DSA layer takes `topk` from the full layer before it. Latent rows land past the slot's length and become visible at cache.commit.
+        """
+
+    def decode(self, cache: Cache, layer: int, slots: Annotated[NDArray, dict(writable=False)], x: Annotated[NDArray, dict(writable=False)], topk: Annotated[NDArray, dict(writable=False)] | None = None) -> tuple:
+        """One token for each of slots [B]: as prefill with T = 1."""
+
+class MlpLayer:
+    """
+    Dense SwiGLU MLP with the asymmetric clamp (reference: Glm5NextTextMLP). Weights: gate_proj.weight, up_proj.weight, down_proj.weight.
+    """
+
+    def __init__(self, engine: Engine, weights: Mapping[str, Weight], *, hidden: int, intermediate: int, swiglu_limit: float) -> None: ...
+
+    def forward(self, x: Annotated[NDArray, dict(writable=False)]) -> NDArray[numpy.float32]:
+        """x [T, hidden] -> [T, hidden]."""
+
+class MoeLayer:
+    """
+    Routed experts + shared expert (reference: Glm5NextTextMoE). Weights: gate.weight, gate.e_score_correction_bias, experts.N.{gate,up,down}_proj.weight, shared_experts.{gate,up,down}_proj.weight.
+    """
+
+    def __init__(self, engine: Engine, weights: Mapping[str, Weight], *, hidden: int, n_experts: int, top_k: int, n_group: int, topk_group: int, intermediate: int, shared_intermediate: int, norm_topk_prob: bool, routed_scaling: float, swiglu_limit: float) -> None: ...
+
+    def forward(self, x: Annotated[NDArray, dict(writable=False)]) -> tuple:
+        """x [T, hidden] -> (y [T, hidden], chosen experts [T, top_k] int32)."""
+
+class HyperConnection:
+    """
+    mHC site (reference: Glm5NextTextHyperConnection). Weights: fn, base, scale (hc_attn_* / hc_ffn_* on disk).
+    """
+
+    def __init__(self, engine: Engine, weights: Mapping[str, Weight], *, hidden: int, hc_mult: int, sinkhorn_iters: int, hc_eps: float, norm_eps: float) -> None: ...
+
+    def pre(self, streams: Annotated[NDArray, dict(writable=False)]) -> tuple:
+        """
+        streams [T, hc, hidden] -> (post [T, hc], comb [T, hc, hc], collapsed [T, hidden]).
+        """

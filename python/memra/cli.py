@@ -1,0 +1,80 @@
+"""``memra generate``: generate tokens from a checkpoint folder (or the embedded tiny default).
+
+    memra generate [PATH] [--prompt TEXT | --prompt-ids 1,2,3] [--max-new-tokens N]
+                   [--temperature T] [--top-k K] [--top-p P] [--seed S] [--ignore-eos]
+
+Prints the new text (decoded with the folder's tokenizer.json through the ``tokenizers``
+library) or the new token ids, then the generation speed in tokens/s on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from . import load
+from .errors import MemraError
+from .model import default_checkpoint
+
+DEFAULT_PROMPT = "The quick brown fox"
+
+
+def _parse_ids(text: str) -> list[int]:
+    try:
+        return [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--prompt-ids must be comma-separated integers, got {text!r}") from None
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="memra", description="memra: hybrid linear-attention inference")
+    sub = parser.add_subparsers(dest="command", required=True)
+    g = sub.add_parser("generate", help="generate tokens after a prompt")
+    g.add_argument("path", nargs="?", default=None,
+                   help="Hugging Face checkpoint folder (default: the embedded tiny glm5_next)")
+    src = g.add_mutually_exclusive_group()
+    src.add_argument("--prompt", default=None, help=f"prompt text (default: {DEFAULT_PROMPT!r})")
+    src.add_argument("--prompt-ids", type=_parse_ids, default=None, help="prompt token ids, e.g. 1,2,3")
+    g.add_argument("--max-new-tokens", type=int, default=32)
+    g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    g.add_argument("--top-k", type=int, default=None)
+    g.add_argument("--top-p", type=float, default=None)
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--ignore-eos", action="store_true")
+    g.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    args = parser.parse_args(argv)
+
+    path = args.path or default_checkpoint()
+    try:
+        model = load(path, device=args.device, max_batch=1, max_len=4096, progress=True)
+        tok = model.tokenizer
+        if args.prompt_ids is not None:
+            ids = args.prompt_ids
+        else:
+            text = args.prompt if args.prompt is not None else DEFAULT_PROMPT
+            if tok is None:
+                print("memra: this checkpoint has no tokenizer.json; use --prompt-ids", file=sys.stderr)
+                return 2
+            ids = tok.encode(text, add_special_tokens=False).ids
+        start = time.perf_counter()
+        new: list[int] = []
+        for t in model.stream(ids, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+                              top_p=args.top_p, seed=args.seed, ignore_eos=args.ignore_eos):
+            new.append(t)
+        elapsed = time.perf_counter() - start
+    except MemraError as e:
+        print(f"memra: {type(e).__name__} ({e.code}): {e}", file=sys.stderr)
+        return 1
+    if tok is not None and args.prompt_ids is None:
+        print(tok.decode(new, skip_special_tokens=False))
+    else:
+        print(",".join(str(t) for t in new))
+    rate = len(new) / elapsed if elapsed > 0 else float("inf")
+    print(f"memra: {len(new)} tokens in {elapsed:.3f} s ({rate:.1f} tokens/s, prompt {len(ids)} tokens)",
+          file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,27 @@
+"""pytest configuration: the `cuda` marker and --require-cuda (DESIGN.md "Conventions").
+
+A test marked ``@pytest.mark.cuda`` skips, with the reason, where no CUDA device is usable; with
+``--require-cuda`` the same situation fails the test, so a GPU run can never pass by skipping.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--require-cuda", action="store_true", default=False,
+                     help="fail (instead of skip) tests marked cuda when no CUDA device is usable")
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if "cuda" not in item.keywords:
+        return
+    import memra
+
+    if memra.cuda_available():
+        return
+    reason = memra.cuda_unavailable_reason()
+    if item.config.getoption("--require-cuda"):
+        pytest.fail(f"--require-cuda given but CUDA is unavailable: {reason}", pytrace=False)
+    pytest.skip(f"no CUDA: {reason}")
