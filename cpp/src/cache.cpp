@@ -1,9 +1,9 @@
 #include "memra/cache.h"
 
 #include <algorithm>
-#include <fstream>
+#include <cstdio>
 #include <new>
-#include <sstream>
+#include "memra/msg.h"
 #include <string>
 
 namespace memra {
@@ -12,14 +12,16 @@ namespace {
 
 // Host memory the kernel reports as available (MemAvailable), or -1 when unknown.
 int64_t available_host_bytes() {
-  std::ifstream f("/proc/meminfo");
-  std::string key;
-  int64_t kb = 0;
-  std::string unit;
-  while (f >> key >> kb >> unit) {
-    if (key == "MemAvailable:") return kb * 1024;
+  std::FILE* f = std::fopen("/proc/meminfo", "r");
+  if (!f) return -1;
+  char line[256];
+  long long kb = -1;
+  while (std::fgets(line, sizeof line, f)) {
+    if (std::sscanf(line, "MemAvailable: %lld kB", &kb) == 1) break;
+    kb = -1;
   }
-  return -1;
+  std::fclose(f);
+  return kb < 0 ? -1 : static_cast<int64_t>(kb) * 1024;
 }
 
 std::string spec_error(int layer, const std::string& what) {
@@ -70,7 +72,7 @@ Status Cache::create(int max_batch, int max_len, std::vector<LayerStateSpec> spe
   const int64_t need = bytes_needed(max_batch, max_len, specs);
   const int64_t avail = available_host_bytes();
   if (avail >= 0 && need > avail) {
-    std::ostringstream os;
+    Msg os;
     os << "Cache: " << max_batch << " slots x " << max_len << " tokens need " << need
        << " bytes of host memory, but only " << avail << " are available";
     return Status(kOutOfMemory, os.str());

@@ -1,7 +1,7 @@
 #include "memra/tensor.h"
 
 #include <cmath>
-#include <sstream>
+#include "memra/msg.h"
 
 namespace memra {
 
@@ -40,7 +40,7 @@ Weight::Weight(DType dtype, std::vector<int64_t> shape, const void* data)
 }
 
 std::string Weight::shape_str() const {
-  std::ostringstream os;
+  Msg os;
   os << "[";
   for (size_t i = 0; i < shape_.size(); ++i) os << (i ? ", " : "") << shape_[i];
   os << "]";

@@ -224,7 +224,9 @@ def parse_glm5_next(raw: dict[str, Any]) -> Glm5NextConfig:
     text = raw.get("text_config")
     if isinstance(text, dict):
         fields = dict(text)
-        # Glm5NextConfig's own tie_word_embeddings default is False like the text config's.
+        # Glm5NextForConditionalGeneration ties the LM head by the *top-level* tie_word_embeddings
+        # (Glm5NextConfig's own field, default False), never by text_config's.
+        fields["tie_word_embeddings"] = bool(raw.get("tie_word_embeddings", False))
     else:
         fields = {k: v for k, v in raw.items() if k not in ("vision_config", "architectures")}
     fields.pop("model_type", None)

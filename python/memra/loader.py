@@ -109,7 +109,7 @@ def read_tensors(path: Path, num_hidden_layers: int, *, progress: bool = True) -
                     if name.startswith(p):
                         short = name[len(p):]
                         break
-                if name == "lm_head.weight":
+                if short == "lm_head.weight":  # lm_head.weight, or language_model.lm_head.weight
                     out.top["lm_head"] = _to_weight(name, f.get_tensor(name))
                     continue
                 if ".shared_head." in short:

@@ -1,6 +1,6 @@
 // Status -> Python exception, and the DLPack argument checks (common.h).
 #include <cstring>
-#include <sstream>
+#include "memra/msg.h"
 
 #include <nanobind/stl/string.h>
 
@@ -54,7 +54,7 @@ bool c_contiguous(const AnyArray& a) {
 
 void check_common(const AnyArray& a, const char* op, const char* name,
                   std::initializer_list<int64_t> shape, const char* want_dtype, bool dtype_ok) {
-  std::ostringstream os;
+  Msg os;
   if (a.device_type() != nb::device::cpu::value) {
     os << op << ": argument '" << name << "' must live in host memory for the CPU backend, got "
        << "a tensor on DLPack device type " << a.device_type();
@@ -98,7 +98,7 @@ void raise_status(const Status& st) {
 void raise_contract(int code, const std::string& message) { raise_status(Status(code, message)); }
 
 std::string shape_str(const AnyArray& a) {
-  std::ostringstream os;
+  Msg os;
   os << "[";
   for (size_t i = 0; i < a.ndim(); ++i) os << (i ? ", " : "") << a.shape(i);
   os << "]";
@@ -134,7 +134,7 @@ NpI32 new_i32(std::vector<size_t> shape) {
 }
 
 Weight weight_from_array(const AnyArray& a, const std::string& dtype, const char* name) {
-  std::ostringstream os;
+  Msg os;
   if (a.device_type() != nb::device::cpu::value) {
     os << "Weight: tensor '" << name << "' must be given in host memory";
     raise_contract(kContractDevice, os.str());

@@ -8,7 +8,7 @@
 
 #include <cmath>
 #include <optional>
-#include <sstream>
+#include "memra/msg.h"
 #include <string>
 #include <vector>
 
@@ -26,7 +26,7 @@ std::string shape_of(const Weight& w) { return w.shape_str(); }
 // A weight of exactly `rows` x `cols` (as [rows, cols] after folding leading dims).
 void check_weight(const Weight& w, const char* op, const char* name, int64_t rows, int64_t cols) {
   if (w.rows() != rows || w.cols() != cols || w.shape().size() != 2) {
-    std::ostringstream os;
+    Msg os;
     os << op << ": weight '" << name << "' has shape " << shape_of(w) << ", expected [" << rows
        << ", " << cols << "]";
     raise_contract(kContractShape, os.str());
@@ -40,7 +40,7 @@ void check_value(bool ok, const char* op, const std::string& what) {
 // Counters for sampling: int64 or uint64, 1-D [B], C-contiguous, host. int64 values must be
 // non-negative (they are reinterpreted as uint64). common.h's checkers cover f32/i32 only.
 std::vector<uint64_t> counter_arg(const AnyArray& a, const char* op, const char* name, int64_t B) {
-  std::ostringstream os;
+  Msg os;
   if (a.device_type() != nb::device::cpu::value) {
     os << op << ": argument '" << name << "' must live in host memory for the CPU backend, got "
        << "a tensor on DLPack device type " << a.device_type();

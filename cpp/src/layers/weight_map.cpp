@@ -1,4 +1,4 @@
-#include <sstream>
+#include "memra/msg.h"
 
 #include "memra/layers.h"
 
@@ -6,7 +6,7 @@ namespace memra {
 
 namespace {
 std::string shape_of(const std::vector<int64_t>& s) {
-  std::ostringstream os;
+  Msg os;
   os << "[";
   for (size_t i = 0; i < s.size(); ++i) os << (i ? ", " : "") << s[i];
   os << "]";

@@ -1,0 +1,23 @@
+"""The CUDA library probe on a machine with a GPU (marked cuda: skips here with the reason, fails
+under --require-cuda when no device is usable)."""
+
+from __future__ import annotations
+
+import pytest
+
+import memra
+
+
+@pytest.mark.cuda
+def test_cuda_library_loads_and_sees_a_device() -> None:
+    assert memra.cuda_available()
+    assert memra.cuda_unavailable_reason() is None
+    with pytest.raises(memra.ContractError) as e:
+        memra.Engine("cuda", device_index=10_000)
+    assert e.value.code == memra._core.status.CONTRACT_RANGE
+
+
+def test_cpu_engine_is_always_available() -> None:
+    assert memra.Engine("cpu").device == "cpu"
+    reason = memra.cuda_unavailable_reason()
+    assert (reason is None) == memra.cuda_available()
