@@ -6,17 +6,12 @@
 #include <vector>
 
 #include "memra/ops.h"
+#include "test_util.h"
 
 namespace memra {
 namespace {
 
-std::vector<float> randn(size_t n, uint32_t seed, float scale = 1.0f) {
-  std::mt19937 gen(seed);
-  std::normal_distribution<float> d(0.0f, scale);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(gen);
-  return v;
-}
+using memra::testing::randn;
 
 TEST(Basic, LinearBf16MatchesDoubleLoop) {
   const int T = 3, N = 5, K = 7;

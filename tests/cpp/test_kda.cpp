@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "memra/ops.h"
+#include "test_util.h"
 
 namespace memra {
 namespace {
@@ -27,13 +28,7 @@ namespace {
 using Vec = std::vector<float>;
 using DVec = std::vector<double>;
 
-Vec randn(size_t n, uint32_t seed, float scale = 1.0f) {
-  std::mt19937 gen(seed);
-  std::normal_distribution<float> d(0.0f, scale);
-  Vec v(n);
-  for (auto& x : v) x = d(gen);
-  return v;
-}
+using memra::testing::randn;
 
 bool bits_equal(const float* a, const float* b, size_t n) {
   return std::memcmp(a, b, n * sizeof(float)) == 0;

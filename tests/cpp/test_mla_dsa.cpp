@@ -10,17 +10,12 @@
 #include <vector>
 
 #include "memra/ops.h"
+#include "test_util.h"
 
 namespace memra {
 namespace {
 
-std::vector<float> randn(size_t n, uint32_t seed, float scale = 1.0f) {
-  std::mt19937 gen(seed);
-  std::normal_distribution<float> d(0.0f, scale);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(gen);
-  return v;
-}
+using memra::testing::randn;
 
 struct MlaShape {
   int t_q, t_kv, H, R, d_nope, d_v, d_rope;
