@@ -415,3 +415,15 @@ def test_load_not_a_directory(tmp_path):
 
 def test_load_str_path(ref, bf16_logits):
     np.testing.assert_array_equal(_load(str(TINY)).logits(ref["prompt_a"]), bf16_logits)
+
+
+def test_truncated_safetensors_is_a_named_error(tmp_path: Path) -> None:
+    dst = tmp_path / "truncated"
+    dst.mkdir()
+    for f in SIDE_FILES:
+        shutil.copy(TINY / f, dst / f)
+    data = (TINY / "model.safetensors").read_bytes()
+    (dst / "model.safetensors").write_bytes(data[: len(data) // 3])
+    with pytest.raises(memra.ContractError) as e:
+        _load(dst)
+    assert "model.safetensors" in str(e.value)

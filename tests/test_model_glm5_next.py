@@ -245,3 +245,81 @@ def test_cuda_engine_is_refused_with_a_reason_here() -> None:
         memra.Engine("cuda")
     with pytest.raises(memra.ContractError):
         memra.Engine("tpu")
+
+
+# ------------------------------------------------------------------ bad input found by trying to break it
+
+
+def test_layer_refuses_a_cache_of_another_geometry(model: memra.Model) -> None:
+    kda = model.net.blocks[0].mixer
+    for spec in (memra.LayerStateSpec.kda(heads=1, head_dim=64, conv_kernel=4),
+                 memra.LayerStateSpec.kda(heads=4, head_dim=128, conv_kernel=4),
+                 memra.LayerStateSpec.kda(heads=2, head_dim=128, conv_kernel=3)):
+        other = memra.Cache(model.engine, [spec], max_batch=2, max_len=8)
+        x = np.ones((5, model.config.hidden_size), np.float32)
+        with pytest.raises(memra.ContractError) as e:
+            kda.prefill(other, 0, 0, x)
+        assert e.value.code == memra._core.status.CONTRACT_SHAPE
+        with pytest.raises(memra.ContractError):
+            kda.decode(other, 0, np.array([0], np.int32), x[:1])
+    mla = model.net.blocks[2].mixer
+    wrong_pool = memra.LayerStateSpec.mla(row_width=32, index_head_dim=32, kpool=2, tail_rows=4)
+    with pytest.raises(memra.ContractError):
+        mla.prefill(memra.Cache(model.engine, [wrong_pool], max_batch=1, max_len=8), 0, 0,
+                    np.ones((3, model.config.hidden_size), np.float32))
+
+
+def test_shared_layer_refuses_an_index_list_row_the_query_cannot_see(model: memra.Model) -> None:
+    shared = model.net.blocks[3].mixer  # layer 3 reuses layer 2's list
+    cache = model.new_cache(1, 8)
+    topk = np.full((2, shared.index_width), -1, np.int32)
+    topk[0, 0] = 1  # query 0 sits at row 0: row 1 is in its future
+    with pytest.raises(memra.ContractError) as e:
+        shared.prefill(cache, 3, 0, np.ones((2, model.config.hidden_size), np.float32), topk)
+    assert e.value.code == memra._core.status.CONTRACT_RANGE
+
+
+def test_ids_that_do_not_fit_int32_are_refused_not_wrapped(model: memra.Model) -> None:
+    with pytest.raises(memra.ContractError) as e:
+        model.logits(np.array([2**32 + 1], np.int64))
+    assert "4294967297" in str(e.value)
+
+
+def test_concurrent_streams_do_not_share_a_slot(model: memra.Model) -> None:
+    a, b = [1, 2, 3, 4, 5], [9, 8]
+    want_a, want_b = model.generate(a, 6, ignore_eos=True), model.generate(b, 6, ignore_eos=True)
+    s1, s2 = model.stream(a, 6, ignore_eos=True), model.stream(b, 6, ignore_eos=True)
+    got_a, got_b = [], []
+    for _ in range(6):
+        got_a.append(next(s1))
+        got_b.append(next(s2))
+    assert (got_a, got_b) == (want_a, want_b)
+
+
+@pytest.mark.parametrize("kwargs", [dict(seed=-1), dict(seed=2**64), dict(top_k=-1), dict(top_p=0.0),
+                                    dict(temperature=float("nan")), dict(max_new_tokens=-1),
+                                    dict(max_new_tokens=1.5), dict(stop_token_ids="ab")])
+def test_generation_arguments_are_checked_up_front(model: memra.Model, kwargs) -> None:
+    args = dict(max_new_tokens=4)
+    args.update(kwargs)
+    n = args.pop("max_new_tokens")
+    for call in (lambda: model.generate([1, 2], n, **args), lambda: model.stream([1, 2], n, **args),
+                 lambda: model.generate_batch([[1, 2], [3]], n, **args)):
+        with pytest.raises(memra.ContractError):
+            call()
+    assert model.generate([1, 2], 2) == model.generate([1, 2], 2)  # still usable
+
+
+def test_weights_of_the_wrong_rank_are_refused_by_plain_ops() -> None:
+    w3 = memra.Weight(np.ones((3, 4, 1), np.float32))
+    with pytest.raises(memra.ContractError):
+        memra._core.linear(np.ones((2, 1), np.float32), w3)
+    with pytest.raises(memra.ContractError):
+        memra._core.embedding(memra.Weight(np.ones((2, 3, 4), np.float32)), np.array([1], np.int32))
+
+
+def test_cache_sizes_out_of_int32_are_named(model: memra.Model) -> None:
+    with pytest.raises(memra.ContractError):
+        model.new_cache(1, 2**40)
+    with pytest.raises(memra.ContractError):
+        model.prefill(model.new_cache(1, 4), 2**40, [1])

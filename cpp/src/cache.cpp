@@ -130,6 +130,30 @@ Status Cache::check_layer(int layer, LayerStateSpec::Kind kind, const char* op) 
   return Status::Ok();
 }
 
+Status Cache::check_layer(int layer, const LayerStateSpec& want, const char* op) const {
+  MEMRA_TRY(check_layer(layer, want.kind, op));
+  const LayerStateSpec& h = specs_[layer];
+  const bool same = h.heads == want.heads && h.head_dim == want.head_dim &&
+                    h.conv_kernel == want.conv_kernel && h.row_width == want.row_width &&
+                    h.index_head_dim == want.index_head_dim && h.kpool == want.kpool &&
+                    h.tail_rows == want.tail_rows;
+  if (!same) {
+    return Status(kContractShape,
+                  std::string(op) + ": cache layer " + std::to_string(layer) +
+                      " was made for another geometry (cache: heads=" + std::to_string(h.heads) +
+                      " head_dim=" + std::to_string(h.head_dim) + " conv_kernel=" +
+                      std::to_string(h.conv_kernel) + " row_width=" + std::to_string(h.row_width) +
+                      " index_head_dim=" + std::to_string(h.index_head_dim) + " kpool=" +
+                      std::to_string(h.kpool) + " tail_rows=" + std::to_string(h.tail_rows) +
+                      "; layer: heads=" + std::to_string(want.heads) + " head_dim=" +
+                      std::to_string(want.head_dim) + " conv_kernel=" + std::to_string(want.conv_kernel) +
+                      " row_width=" + std::to_string(want.row_width) + " index_head_dim=" +
+                      std::to_string(want.index_head_dim) + " kpool=" + std::to_string(want.kpool) +
+                      " tail_rows=" + std::to_string(want.tail_rows) + ")");
+  }
+  return Status::Ok();
+}
+
 Status Cache::check_room(int slot, int n, const char* op) const {
   MEMRA_TRY(check_slot(slot, op));
   if (n < 1) {

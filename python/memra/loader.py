@@ -98,7 +98,11 @@ def read_tensors(path: Path, num_hidden_layers: int, *, progress: bool = True) -
     notices: dict[str, str] = {}
     bar = tqdm(files, desc="memra: loading shards", unit="shard", disable=not progress or len(files) < 2)
     for file in bar:
-        with safe_open(str(file), framework="numpy") as f:
+        try:
+            handle = safe_open(str(file), framework="numpy")
+        except Exception as e:  # SafetensorError: truncated or not a safetensors file
+            raise ContractError(f"load: {file} is not a readable safetensors file: {e}", 40025) from None
+        with handle as f:
             for name in f.keys():
                 if _VISION.match(name):
                     notices.setdefault("vision", f"skipping vision-tower weights (e.g. {name}): memra runs the text model")

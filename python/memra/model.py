@@ -26,7 +26,19 @@ def _ids(token_ids, what: str) -> np.ndarray:
         raise ContractError(f"{what}: token ids must be a non-empty 1-D sequence, got shape {arr.shape}", 40000)
     if not np.issubdtype(arr.dtype, np.integer):
         raise ContractError(f"{what}: token ids must be integers, got {arr.dtype}", 40020)
+    if arr.min() < -(2**31) or arr.max() >= 2**31:
+        bad = int(arr.max()) if arr.max() >= 2**31 else int(arr.min())
+        raise ContractError(f"{what}: id {bad} does not fit in int32", 40023)
     return np.ascontiguousarray(arr.astype(np.int32))
+
+
+def _count(value, what: str, lo: int, hi: int = 2**31 - 1) -> int:
+    """An integer argument in [lo, hi] (ContractError otherwise, never a TypeError)."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise ContractError(f"{what} must be an integer, got {value!r}", 40025)
+    if not lo <= int(value) <= hi:
+        raise ContractError(f"{what} must be in [{lo}, {hi}], got {int(value)}", 40025)
+    return int(value)
 
 
 class Model:
@@ -46,12 +58,14 @@ class Model:
         self.cache = cache
         self.eos_token_ids = eos_token_ids
         self.tokenizer = tokenizer
+        self._busy: set[int] = set()  # slots of self.cache held by generations in flight
 
     # ------------------------------------------------------------------ caches
     def new_cache(self, max_batch: int, max_len: int) -> _core.Cache:
         """A fresh Cache with `max_batch` slots of `max_len` tokens each (OutOfMemoryError if it
         cannot fit, before anything is allocated)."""
-        return _core.Cache(self.engine, self.net.state_specs(), max_batch=max_batch, max_len=max_len)
+        return _core.Cache(self.engine, self.net.state_specs(), max_batch=_count(max_batch, "max_batch", 1),
+                           max_len=_count(max_len, "max_len", 1))
 
     # ------------------------------------------------------------------ forward
     def logits(self, token_ids) -> np.ndarray:
@@ -65,7 +79,7 @@ class Model:
         """Append `token_ids` [T] to `slot` (which may already hold tokens: multi-turn) and return
         the logits of the last one [vocab]. CacheFullError (nothing written) when they do not fit."""
         ids = _ids(token_ids, "prefill")
-        slots = np.array([slot], np.int32)
+        slots = np.array([_count(slot, "prefill: slot", 0)], np.int32)
         self._check_room(cache, slots, len(ids), "prefill")
         h = self.net.hidden(cache, slots, ids, decode=False)
         cache.commit(int(slot), len(ids))
@@ -105,9 +119,36 @@ class Model:
     # ------------------------------------------------------------------ generation
     def _stop_ids(self, stop_token_ids, ignore_eos: bool) -> set[int]:
         stops = set() if ignore_eos else set(self.eos_token_ids)
-        if stop_token_ids:
-            stops |= {int(t) for t in stop_token_ids}
+        if stop_token_ids is not None and len(stop_token_ids) > 0:
+            stops |= set(_ids(list(stop_token_ids), "generate: stop_token_ids").tolist())
         return stops
+
+    def _sampling_args(self, max_new_tokens, temperature, top_k, top_p, seed) -> int:
+        """Validate generation arguments up front (named errors, nothing run); returns the seed."""
+        _count(max_new_tokens, "generate: max_new_tokens", 0)
+        if not isinstance(temperature, (int, float)) or not np.isfinite(temperature) or temperature < 0:
+            raise ContractError(f"generate: temperature must be a finite number >= 0, got {temperature!r}", 40025)
+        if top_k is not None:
+            _count(top_k, "generate: top_k", 0)
+        if top_p is not None and (not isinstance(top_p, (int, float)) or not 0.0 < top_p <= 1.0):
+            raise ContractError(f"generate: top_p must be in (0, 1], got {top_p!r}", 40025)
+        return 0 if seed is None else _count(seed, "generate: seed", 0, 2**64 - 1)
+
+    def _acquire(self, n: int, what: str) -> list[int]:
+        """Take n free slots of the model's own cache (generations in flight never share one)."""
+        free = [s for s in range(self.cache.max_batch) if s not in self._busy]
+        if len(free) < n:
+            raise ContractError(f"{what}: {n} slot(s) needed but only {len(free)} of the cache's "
+                                f"{self.cache.max_batch} are free (other generations are in flight)", 40025)
+        for s in free[:n]:
+            self.cache.free(s)
+            self._busy.add(s)
+        return free[:n]
+
+    def _release(self, slots: list[int]) -> None:
+        for s in slots:
+            self.cache.free(s)
+            self._busy.discard(s)
 
     def _pick(self, logits: np.ndarray, temperature: float, top_k, top_p, seed: int, step: int) -> int:
         return int(_core.sample(np.ascontiguousarray(logits[None, :], np.float32),
@@ -118,20 +159,25 @@ class Model:
     def stream(self, prompt_ids, max_new_tokens: int, temperature: float = 0.0, top_k: int | None = None,
                top_p: float | None = None, seed: int | None = None, stop_token_ids=None,
                ignore_eos: bool = False) -> Iterator[int]:
-        """Yield new tokens one at a time (see :meth:`generate` for the arguments)."""
+        """New tokens one at a time, as an iterator (see :meth:`generate` for the arguments).
+
+        Arguments are checked here, before iteration starts; the slot of the model's cache is
+        taken at the first token and given back when the iterator finishes or is closed."""
         ids = _ids(prompt_ids, "generate")
-        if max_new_tokens < 0:
-            raise ContractError(f"generate: max_new_tokens must be >= 0, got {max_new_tokens}", 40025)
-        if max_new_tokens == 0:
-            return
+        seed = self._sampling_args(max_new_tokens, temperature, top_k, top_p, seed)
         if len(ids) + max_new_tokens - 1 > self.cache.max_len:
             raise CacheFullError(
                 f"generate: {len(ids)} prompt tokens + {max_new_tokens} new tokens exceed the "
                 f"cache's max_len {self.cache.max_len}", 30002)
         stops = self._stop_ids(stop_token_ids, ignore_eos)
-        seed = 0 if seed is None else int(seed)
-        cache, slot = self.cache, 0
-        cache.free(slot)
+        return self._stream(ids, max_new_tokens, float(temperature), top_k, top_p, seed, stops)
+
+    def _stream(self, ids: np.ndarray, max_new_tokens: int, temperature: float, top_k, top_p, seed: int,
+                stops: set[int]) -> Iterator[int]:
+        if max_new_tokens == 0:
+            return
+        cache = self.cache
+        (slot,) = self._acquire(1, "generate")
         try:
             logits = self.prefill(cache, slot, ids)
             for step in range(max_new_tokens):
@@ -141,7 +187,7 @@ class Model:
                     return
                 logits = self.decode(cache, [slot], [tok])[0]
         finally:
-            cache.free(slot)
+            self._release([slot])
 
     def generate(self, prompt_ids, max_new_tokens: int, temperature: float = 0.0, top_k: int | None = None,
                  top_p: float | None = None, seed: int | None = None, stop_token_ids=None,
@@ -174,17 +220,15 @@ class Model:
             if len(ids) + max_new_tokens - 1 > self.cache.max_len:
                 raise CacheFullError(f"generate_batch: a prompt of {len(ids)} tokens + {max_new_tokens} "
                                      f"new tokens exceeds max_len {self.cache.max_len}", 30002)
-        if max_new_tokens <= 0:
+        seed = self._sampling_args(max_new_tokens, temperature, top_k, top_p, seed)
+        if max_new_tokens == 0:
             return [[] for _ in range(n)]
         stops = self._stop_ids(stop_token_ids, ignore_eos)
-        seed = 0 if seed is None else int(seed)
         cache = self.cache
         out: list[list[int]] = [[] for _ in range(n)]
+        slots = self._acquire(n, "generate_batch")
         try:
-            logits = []
-            for i, ids in enumerate(all_ids):
-                cache.free(i)
-                logits.append(self.prefill(cache, i, ids))
+            logits = [self.prefill(cache, slots[i], ids) for i, ids in enumerate(all_ids)]
             active = list(range(n))
             step = 0
             while active:
@@ -196,13 +240,12 @@ class Model:
                         nxt.append(i)
                 if not nxt:
                     break
-                lg = self.decode(cache, nxt, [out[i][-1] for i in nxt])
+                lg = self.decode(cache, [slots[i] for i in nxt], [out[i][-1] for i in nxt])
                 logits = list(lg)
                 active = nxt
                 step += 1
         finally:
-            for i in range(n):
-                cache.free(i)
+            self._release(slots)
         return out
 
 
@@ -211,9 +254,12 @@ def _eos_ids(path: Path, config) -> list[int]:
     gen = path / "generation_config.json"
     if gen.exists():
         try:
-            eos = json.loads(gen.read_text()).get("eos_token_id")
-        except json.JSONDecodeError:
-            eos = None
+            data = json.loads(gen.read_text())
+        except json.JSONDecodeError as e:
+            raise ContractError(f"load: {gen} is not valid JSON: {e}", 40025) from None
+        if not isinstance(data, dict):
+            raise ContractError(f"load: {gen} must hold a JSON object", 40025)
+        eos = data.get("eos_token_id")
     if eos is None:
         eos = config.eos_token_id
     if eos is None:
@@ -233,6 +279,8 @@ def load(path, device: str = "cpu", max_batch: int = 8, max_len: int = 4096, *, 
     if not path.is_dir():
         raise ContractError(f"load: {path} is not a directory", 40024)
     model_type, cfg = read_config(path)
+    max_batch = _count(max_batch, "load: max_batch", 1)
+    max_len = _count(max_len, "load: max_len", 1)
     engine = _core.Engine(device)
     specs = glm5_next.state_specs_for(cfg)
     need = _core.Cache.bytes_needed(max_batch, max_len, specs)
@@ -246,7 +294,10 @@ def load(path, device: str = "cpu", max_batch: int = 8, max_len: int = 4096, *, 
     if (path / "tokenizer.json").exists():
         from tokenizers import Tokenizer
 
-        tokenizer = Tokenizer.from_file(str(path / "tokenizer.json"))
+        try:
+            tokenizer = Tokenizer.from_file(str(path / "tokenizer.json"))
+        except Exception as e:  # the tokenizers library raises a bare Exception
+            raise ContractError(f"load: {path / 'tokenizer.json'} could not be read: {e}", 40025) from None
     return Model(path, engine, cfg, net, cache, _eos_ids(path, cfg), tokenizer)
 
 

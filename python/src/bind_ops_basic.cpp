@@ -16,6 +16,9 @@ void init_ops_basic(nb::module_& m) {
   m.def(
       "embedding",
       [](const Weight& table, const AnyArray& ids) {
+        if (table.shape().size() != 2) {
+          raise_contract(kContractShape, "embedding: table must be [vocab, D], got shape " + table.shape_str());
+        }
         const int32_t* id = i32_arg(ids, "embedding", "ids", {-1});
         const int T = static_cast<int>(dim(ids, 0));
         for (int t = 0; t < T; ++t) {
@@ -40,6 +43,9 @@ void init_ops_basic(nb::module_& m) {
   m.def(
       "linear",
       [](const AnyArray& x, const Weight& w, std::optional<AnyArray> bias) {
+        if (w.shape().size() != 2) {
+          raise_contract(kContractShape, "linear: weight must be [N, K], got shape " + w.shape_str());
+        }
         const float* xp = f32_arg(x, "linear", "x", {-1, w.cols()});
         const float* bp = bias ? f32_arg(*bias, "linear", "bias", {w.rows()}) : nullptr;
         const int T = static_cast<int>(dim(x, 0));

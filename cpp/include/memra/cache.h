@@ -58,6 +58,10 @@ class Cache {
   // Contract checks shared by every entry point (op names the caller).
   Status check_slot(int slot, const char* op) const;
   Status check_layer(int layer, LayerStateSpec::Kind kind, const char* op) const;
+  // check_layer plus: the plane was made for exactly this geometry (heads, head_dim, kernel,
+  // row width, indexer width, kpool, ring rows). A cache of another geometry is refused before
+  // anything is read or written through it.
+  Status check_layer(int layer, const LayerStateSpec& want, const char* op) const;
   // kCacheFull when slot cannot take n more tokens.
   Status check_room(int slot, int n, const char* op) const;
 

@@ -124,7 +124,7 @@ Status KdaLayer::forward(const float* x, int T, float* y) const {
 }
 
 Status KdaLayer::prefill(Cache& cache, int layer, int slot, const float* x, int T, float* y) const {
-  MEMRA_TRY(cache.check_layer(layer, LayerStateSpec::Kind::kKda, "KdaLayer.prefill"));
+  MEMRA_TRY(cache.check_layer(layer, state_spec(), "KdaLayer.prefill"));
   MEMRA_TRY(cache.check_room(slot, T, "KdaLayer.prefill"));
   const int c = cache.cur(slot);
   run(x, T, cache.conv(layer, slot, c), cache.conv(layer, slot, c ^ 1), cache.state(layer, slot, c),
@@ -134,7 +134,7 @@ Status KdaLayer::prefill(Cache& cache, int layer, int slot, const float* x, int 
 
 Status KdaLayer::decode(Cache& cache, int layer, const int32_t* slots, int B, const float* x,
                         float* y) const {
-  MEMRA_TRY(cache.check_layer(layer, LayerStateSpec::Kind::kKda, "KdaLayer.decode"));
+  MEMRA_TRY(cache.check_layer(layer, state_spec(), "KdaLayer.decode"));
   for (int b = 0; b < B; ++b) MEMRA_TRY(cache.check_room(slots[b], 1, "KdaLayer.decode"));
   for (int b = 0; b < B; ++b) {
     const int s = slots[b], c = cache.cur(s);

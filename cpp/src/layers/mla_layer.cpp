@@ -120,13 +120,8 @@ void MlaLayer::indexer(Cache& cache, int layer, int slot, int pos, const float* 
 
 Status MlaLayer::prefill(Cache& cache, int layer, int slot, const float* x, int T,
                          const int32_t* topk_in, float* y, int32_t* topk_out) const {
-  MEMRA_TRY(cache.check_layer(layer, LayerStateSpec::Kind::kMla, "MlaLayer.prefill"));
+  MEMRA_TRY(cache.check_layer(layer, state_spec(), "MlaLayer.prefill"));
   MEMRA_TRY(cache.check_room(slot, T, "MlaLayer.prefill"));
-  if (cache.spec(layer).row_width != cfg_.kv_rank + cfg_.d_rope ||
-      (has_indexer() && cache.spec(layer).index_head_dim != cfg_.index_head_dim)) {
-    return Status(kContractShape, "MlaLayer.prefill: cache layer " + std::to_string(layer) +
-                                      " was not made for this layer's geometry");
-  }
   const int pos = cache.length(slot), end = pos + T;
   const int H = cfg_.heads, R = cfg_.kv_rank, dr = cfg_.d_rope, dn = cfg_.d_nope, dv = cfg_.d_v;
   const int ql = cfg_.q_lora_rank, row = R + dr, W = index_width();
@@ -135,11 +130,15 @@ Status MlaLayer::prefill(Cache& cache, int layer, int slot, const float* x, int 
       return Status(kContractMissing, "MlaLayer.prefill: a shared DSA layer needs the index list "
                                       "of the full DSA layer before it (topk)");
     }
-    for (int64_t i = 0; i < int64_t(T) * W; ++i) {
-      if (topk_in[i] < -1 || topk_in[i] >= end) {
-        return Status(kContractRange, "MlaLayer.prefill: index list entry " +
-                                          std::to_string(topk_in[i]) + " is outside [-1, " +
-                                          std::to_string(end) + ")");
+    for (int t = 0; t < T; ++t) {
+      for (int j = 0; j < W; ++j) {
+        const int32_t r = topk_in[int64_t(t) * W + j];
+        if (r < -1 || r > pos + t) {
+          return Status(kContractRange, "MlaLayer.prefill: index list entry " + std::to_string(r) +
+                                            " of query " + std::to_string(t) + " (position " +
+                                            std::to_string(pos + t) + ") is outside [-1, " +
+                                            std::to_string(pos + t) + "]: a query sees no later row");
+        }
       }
     }
   }
@@ -197,7 +196,7 @@ Status MlaLayer::prefill(Cache& cache, int layer, int slot, const float* x, int 
 
 Status MlaLayer::decode(Cache& cache, int layer, const int32_t* slots, int B, const float* x,
                         const int32_t* topk_in, float* y, int32_t* topk_out) const {
-  MEMRA_TRY(cache.check_layer(layer, LayerStateSpec::Kind::kMla, "MlaLayer.decode"));
+  MEMRA_TRY(cache.check_layer(layer, state_spec(), "MlaLayer.decode"));
   for (int b = 0; b < B; ++b) MEMRA_TRY(cache.check_room(slots[b], 1, "MlaLayer.decode"));
   const int W = index_width();
   for (int b = 0; b < B; ++b) {
