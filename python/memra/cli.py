@@ -42,12 +42,15 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--top-p", type=float, default=None)
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--ignore-eos", action="store_true")
+    g.add_argument("--max-len", type=int, default=4096, help="cache length in tokens (prompt + new)")
     g.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     args = parser.parse_args(argv)
 
     path = args.path or default_checkpoint()
     try:
-        model = load(path, device=args.device, max_batch=1, max_len=4096, progress=True)
+        model = load(path, device=args.device, max_batch=1, max_len=args.max_len, progress=True)
+        print(f"memra: cache of {model.cache.max_batch} x {model.cache.max_len} tokens takes "
+              f"{model.cache.nbytes / 2**20:.1f} MiB", file=sys.stderr)
         tok = model.tokenizer
         if args.prompt_ids is not None:
             ids = args.prompt_ids

@@ -1,0 +1,89 @@
+"""Basic CPU ops (embedding, linear, RMSNorm variants, LayerNorm, L2 norm, interleaved RoPE)
+against numpy float64 references transcribed from transformers' modules. Tolerance: f32
+arithmetic against a float64 reference, 1e-5 relative on O(1) data."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import memra
+from memra import _core
+
+RNG = np.random.default_rng(7)
+S = _core.status
+
+
+def randn(*shape: int) -> np.ndarray:
+    return RNG.standard_normal(shape).astype(np.float32)
+
+
+@pytest.mark.parametrize("T", [1, 3, 19])
+def test_linear_bf16_and_embedding(T: int) -> None:
+    w = randn(5, 7).astype(ml_dtypes.bfloat16)
+    x = randn(T, 7)
+    b = randn(5)
+    got = _core.linear(x, _core.Weight(w.view(np.uint16), dtype="bfloat16"), b)
+    want = x.astype(np.float64) @ w.astype(np.float64).T + b
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    table = randn(11, 4)
+    ids = np.array([3, 0, 10][:T] * (T // 3 + 1), np.int32)[:T]
+    np.testing.assert_array_equal(_core.embedding(_core.Weight(table), ids), table[ids])
+
+
+def test_norms_match_references() -> None:
+    x, g, w, b = randn(6, 9), randn(6, 9), randn(9), randn(9)
+    x64 = x.astype(np.float64)
+    rms = x64 / np.sqrt((x64**2).mean(-1, keepdims=True) + 1e-5)
+    np.testing.assert_allclose(_core.rms_norm(x, w, eps=1e-5), rms * w, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(_core.rms_norm(x, eps=1e-5), rms, rtol=1e-5, atol=1e-6)
+    sig = 1 / (1 + np.exp(-g.astype(np.float64)))
+    np.testing.assert_allclose(_core.rms_norm_gated(x, g, w, eps=1e-5), w * rms * sig, rtol=1e-5, atol=1e-6)
+    ln = (x64 - x64.mean(-1, keepdims=True)) / np.sqrt(x64.var(-1, keepdims=True) + 1e-6) * w + b
+    np.testing.assert_allclose(_core.layer_norm(x, w, b, eps=1e-6), ln, rtol=1e-5, atol=1e-5)
+    h = randn(2, 3, 8).astype(np.float64)
+    np.testing.assert_allclose(_core.l2norm_heads(h.astype(np.float32)),
+                               h / np.sqrt((h**2).sum(-1, keepdims=True) + 1e-6), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("d_rope", [2, 8, 64])
+def test_rope_interleaved_rotates_pairs(d_rope: int) -> None:
+    T, n = 5, 3
+    x = randn(T, n, d_rope)
+    pos = np.array([0, 1, 7, 100, 4095], np.int32)
+    got = _core.rope_interleaved(x, pos, base=10000.0)
+    j = np.arange(d_rope // 2)
+    ang = pos[:, None].astype(np.float64) * 10000.0 ** (-2.0 * j / d_rope)  # [T, d/2]
+    c, s = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
+    a, b = x[..., 0::2].astype(np.float64), x[..., 1::2].astype(np.float64)
+    want = np.empty_like(x, dtype=np.float64)
+    want[..., 0::2] = a * c - b * s
+    want[..., 1::2] = a * s + b * c
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(got[0], x[0])  # position 0 is the identity
+
+
+def test_rope_refuses_odd_dims_and_is_a_no_op_at_zero() -> None:
+    with pytest.raises(memra.ContractError) as e:
+        _core.rope_interleaved(randn(2, 1, 3), np.zeros(2, np.int32))
+    assert e.value.code == S.CONTRACT_ODD_ROPE
+    assert _core.rope_interleaved(randn(2, 1, 0), np.zeros(2, np.int32)).shape == (2, 1, 0)
+
+
+@pytest.mark.parametrize(
+    "call, code",
+    [
+        (lambda: _core.linear(np.ones((2, 4), np.float64), _core.Weight(randn(3, 4))), S.CONTRACT_DTYPE),
+        (lambda: _core.linear(randn(4, 2).T, _core.Weight(randn(3, 4))), S.CONTRACT_STRIDE),
+        (lambda: _core.linear(randn(2, 5), _core.Weight(randn(3, 4))), S.CONTRACT_SHAPE),
+        (lambda: _core.rms_norm(randn(2, 3, 4), eps=1e-5), S.CONTRACT_SHAPE),
+        (lambda: _core.embedding(_core.Weight(randn(4, 2)), np.array([4], np.int32)), S.CONTRACT_RANGE),
+        (lambda: _core.embedding(_core.Weight(randn(4, 2)), np.array([1], np.int64)), S.CONTRACT_DTYPE),
+        (lambda: _core.Weight(np.ones((2, 2), np.int32)), S.CONTRACT_DTYPE),
+    ],
+)
+def test_bad_input_is_named(call, code: int) -> None:
+    with pytest.raises(memra.ContractError) as e:
+        call()
+    assert e.value.code == code, str(e.value)
