@@ -106,7 +106,8 @@ class Model:
         return record
 
     def _check_room(self, cache: _core.Cache, slots: np.ndarray, n: int, what: str) -> None:
-        vocab = self.config.vocab_size
+        # Every layer checks its own room too; checking here first keeps a step all-or-nothing
+        # (no layer runs when any slot would overflow).
         for s in slots:
             if not 0 <= int(s) < cache.max_batch:
                 raise ContractError(f"{what}: slot {int(s)} is outside [0, {cache.max_batch})", 40023)
@@ -114,7 +115,6 @@ class Model:
                 raise CacheFullError(
                     f"{what}: slot {int(s)} holds {cache.length(int(s))} of {cache.max_len} tokens; "
                     f"{n} more do not fit", 30002)
-        del vocab
 
     # ------------------------------------------------------------------ generation
     def _stop_ids(self, stop_token_ids, ignore_eos: bool) -> set[int]:
