@@ -1,8 +1,8 @@
 // C-ABI entry points of the CUDA library that the extension module resolves with dlsym.
 // Each returns a status in memra's bands (0 ok, 10000 + cudaError_t).
-#include <cuda_runtime.h>
 
-#include "memra/status.h"
+
+#include "common.cuh"
 
 extern "C" {
 

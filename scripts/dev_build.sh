@@ -12,4 +12,5 @@ ninja -C "$b" >&2
 rm -rf "$b/site" && mkdir -p "$b/site"
 cp -r "$root/python/memra" "$b/site/memra"
 cp "$b"/_core*.so "$b/site/memra/"
+cp "$b"/libmemra_cuda.so "$b/site/memra/" 2>/dev/null || true
 echo "$b/site"

@@ -60,6 +60,8 @@ void init_ops_basic(nb::module_& m);
 void init_ops_kda(nb::module_& m);
 void init_ops_mla(nb::module_& m);
 void init_ops_ffn(nb::module_& m);
+void init_ops_mhc(nb::module_& m);
+void init_ops_dsa(nb::module_& m);
 void init_engine(nb::module_& m);
 void init_cache(nb::module_& m);
 void init_layers(nb::module_& m);

@@ -10,6 +10,8 @@ NB_MODULE(_core, m) {
   memra::py::init_ops_kda(m);
   memra::py::init_ops_mla(m);
   memra::py::init_ops_ffn(m);
+  memra::py::init_ops_mhc(m);
+  memra::py::init_ops_dsa(m);
   memra::py::init_engine(m);
   memra::py::init_cache(m);
   memra::py::init_layers(m);

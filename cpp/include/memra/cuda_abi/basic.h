@@ -1,0 +1,40 @@
+// CUDA ABI, basic area (cuda/basic.cu, cuda/gemm.cu, cuda/mhc.cu): the GPU twins of cpu::
+// embedding, linear, norms, RoPE and mHC (ops.h), same arguments, device pointers.
+#pragma once
+
+#define MEMRA_CUDA_BASIC_OPS(X)                                                                   \
+  /* out[T, D] = table[ids[t]] as f32; table [vocab, D] of table_dtype; ids [T] (an id outside     \
+     [0, vocab) gives a zero row; callers range-check on the host first). */                      \
+  X(embedding, (MemraCudaCtx * ctx, const void* table, int table_dtype, int64_t vocab, int D,     \
+                const int32_t* ids, int T, float* out))                                           \
+  /* y[T, N] = x[T, K] w[N, K]^T (+ bias[N]). f32 w: SGEMM with TF32 off. bf16 w: x rounded to   \
+     bf16 (RNE) then a bf16 GEMM with f32 accumulation and f32 output (cuBLAS/cuBLASLt). */       \
+  X(linear, (MemraCudaCtx * ctx, const float* x, int T, int K, const void* w, int w_dtype, int N, \
+             const float* bias, float* y))                                                        \
+  /* cpu::rms_norm: x, y [T, D] (may alias); w [D] or null. */                                    \
+  X(rms_norm, (MemraCudaCtx * ctx, const float* x, int T, int D, const float* w, float eps,       \
+               float* y))                                                                         \
+  /* cpu::rms_norm_gated_sigmoid: x, gate, y [T, D] (y may alias x); w [D]. */                    \
+  X(rms_norm_gated_sigmoid, (MemraCudaCtx * ctx, const float* x, const float* gate, int T, int D, \
+                             const float* w, float eps, float* y))                                \
+  /* cpu::layer_norm: x, y [T, D] (may alias); w, b [D]. */                                       \
+  X(layer_norm, (MemraCudaCtx * ctx, const float* x, int T, int D, const float* w,                \
+                 const float* b, float eps, float* y))                                            \
+  /* cpu::l2norm_heads in place: x [T, H, d]. */                                                  \
+  X(l2norm_heads, (MemraCudaCtx * ctx, float* x, int T, int H, int d, float eps))                 \
+  /* cpu::rope_interleaved in place: x [T, n_vec, d_rope]; positions [T] (device). No launch when  \
+     d_rope == 0; 40001 when d_rope is odd. */                                                    \
+  X(rope_interleaved, (MemraCudaCtx * ctx, float* x, const int32_t* positions, int T, int n_vec,  \
+                       int d_rope, float base))                                                   \
+  /* y[i] = 1 / (1 + exp(-x[i])), n elements (may alias). */                                     \
+  X(sigmoid, (MemraCudaCtx * ctx, const float* x, int64_t n, float* y))                           \
+  /* cpu::mhc_pre: streams [T, hc, D]; fn [(2+hc)*hc, hc*D] (fn_dtype); base [(2+hc)*hc];        \
+     scale [3]; post [T, hc]; comb [T, hc, hc]; collapsed [T, D]. */                              \
+  X(mhc_pre, (MemraCudaCtx * ctx, const float* streams, int T, int hc, int D, const void* fn,     \
+              int fn_dtype, const float* base, const float* scale, int sinkhorn_iters,            \
+              float hc_eps, float norm_eps, float* post, float* comb, float* collapsed))          \
+  /* cpu::mhc_post: y [T, D]; post [T, hc]; comb [T, hc, hc]; residual, out [T, hc, D]. */       \
+  X(mhc_post, (MemraCudaCtx * ctx, const float* y, const float* post, const float* comb,          \
+               const float* residual, int T, int hc, int D, float* out))                          \
+  /* cpu::hc_head_mean: streams [T, hc, D] -> out [T, D]. */                                      \
+  X(hc_head_mean, (MemraCudaCtx * ctx, const float* streams, int T, int hc, int D, float* out))

@@ -1,0 +1,26 @@
+// CUDA ABI, KDA area (cuda/kda.cu): the GPU twins of cpu::kda_conv_prefill / kda_conv_decode /
+// kda_gate / kda_scan (ops.h). Kernels are instantiated for head_dim 128 and conv kernel 2..8;
+// anything else is 50002 (the CPU backend still runs it).
+#pragma once
+
+#define MEMRA_CUDA_KDA_OPS(X)                                                                     \
+  /* One sequence: x [T, C]; w [C, K] f32; ring_in [C, K-1] (null = zeros); ring_out [C, K-1]     \
+     (distinct from ring_in); y [T, C] = silu(conv(ring_in ++ x)). */                             \
+  X(kda_conv_prefill, (MemraCudaCtx * ctx, const float* x, int T, int C, const float* w, int K,   \
+                       const float* ring_in, float* ring_out, float* y))                          \
+  /* B sequences, one token each, one launch (assemble + conv + roll): x [B, C]; ring_in [B] and   \
+     ring_out [B] are DEVICE arrays of pointers to each sequence's [C, K-1] planes; y [B, C].      \
+     Values equal kda_conv_prefill at T = 1 bit for bit. */                                       \
+  X(kda_conv_decode, (MemraCudaCtx * ctx, const float* x, int B, int C, const float* w, int K,    \
+                      const float* const* ring_in, float* const* ring_out, float* y))             \
+  /* f [T, H*dk] -> g [T, H*dk] (may alias); dt_bias [H*dk]; A_log [H]; form 0 = lower bound      \
+     (glm5_next), 1 = softplus (kimi). */                                                         \
+  X(kda_gate, (MemraCudaCtx * ctx, const float* f, const float* dt_bias, const float* A_log,      \
+               int T, int H, int dk, int form, float lower_bound, float* g))                      \
+  /* B sequences of T steps each, one kernel for prefill (B = 1) and decode (T = 1): q, k, g       \
+     [B, T, H, dk]; v, o [B, T, H, dv]; beta [B, T, H]; state_in / state_out DEVICE arrays [B] of \
+     pointers to [H, dk, dv] f32 planes (a null state_in entry = zeros; state_out distinct).       \
+     T one-step launches chained through the planes equal one T-step launch bit for bit. */      \
+  X(kda_scan, (MemraCudaCtx * ctx, const float* q, const float* k, const float* v,                \
+               const float* g, const float* beta, int B, int T, int H, int dk, int dv,            \
+               float scale, const float* const* state_in, float* const* state_out, float* o))

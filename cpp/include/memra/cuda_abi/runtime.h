@@ -1,0 +1,36 @@
+// CUDA ABI, runtime area (cuda/context.cu): context (device, stream, cuBLAS/cuBLASLt handles,
+// stream-ordered memory pool), memory, copies, dtype conversion.
+#pragma once
+
+#define MEMRA_CUDA_RUNTIME_OPS(X)                                                                 \
+  /* A context on `device`: its own non-blocking stream, cuBLAS + cuBLASLt handles (TF32 off). */ \
+  X(ctx_create, (int device, MemraCudaCtx** out))                                                 \
+  /* Synchronises the stream, then frees everything the context owns. */                          \
+  X(ctx_destroy, (MemraCudaCtx * ctx))                                                            \
+  /* Stream-ordered allocation from the device pool (30001 when it cannot be had). */             \
+  X(alloc, (MemraCudaCtx * ctx, size_t bytes, void** out))                                        \
+  X(release, (MemraCudaCtx * ctx, void* ptr))                                                     \
+  /* Async copy on the stream, any direction (cudaMemcpyDefault). A pageable host source may be  \
+     reused once this returns. */                                                                 \
+  X(copy, (MemraCudaCtx * ctx, void* dst, const void* src, size_t bytes))                         \
+  /* Copy device -> host and wait for it (the stream's earlier work included). */                 \
+  X(copy_to_host, (MemraCudaCtx * ctx, void* host_dst, const void* src, size_t bytes))            \
+  X(zero, (MemraCudaCtx * ctx, void* ptr, size_t bytes))                                          \
+  X(synchronize, (MemraCudaCtx * ctx))                                                            \
+  /* n elements src (dtype src_dtype) -> dst (dst_dtype); f32/bf16/f16 -> f32/bf16, RNE. */       \
+  X(convert, (MemraCudaCtx * ctx, const void* src, int src_dtype, void* dst, int dst_dtype,       \
+              int64_t n))                                                                         \
+  /* The context's cudaStream_t (for DLPack consumers and graph capture). */                      \
+  X(stream, (MemraCudaCtx * ctx, void** out))                                                     \
+  X(mem_info, (MemraCudaCtx * ctx, size_t * free_bytes, size_t * total_bytes))
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+// Not context-bound (the probe): device count / error names / device names.
+int memra_cuda_device_count(int* count);
+const char* memra_cuda_error_string(int cuda_error);
+int memra_cuda_device_name(int index, char* buf, int len);
+#ifdef __cplusplus
+}
+#endif

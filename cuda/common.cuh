@@ -1,0 +1,94 @@
+// Shared by the CUDA library's sources: the context, status bands for CUDA / cuBLAS errors,
+// stream-ordered scratch, bf16 helpers, and the prototypes of every C-ABI entry point
+// (cpp/include/memra/cuda_api.h), so a definition that drifts from its declaration fails to
+// compile. Nothing here throws.
+#pragma once
+
+#include <cublasLt.h>
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "memra/cuda_api.h"
+#include "memra/status.h"
+
+struct MemraCudaCtx {
+  int device = 0;
+  cudaStream_t stream = nullptr;
+  cublasHandle_t blas = nullptr;
+  cublasLtHandle_t lt = nullptr;
+  void* lt_workspace = nullptr;  // cuBLASLt workspace (fixed, allocated at create)
+  size_t lt_workspace_bytes = 0;
+  cudaMemPool_t pool = nullptr;  // the device's default pool, release threshold raised
+};
+
+#define MEMRA_CUDA_DECLARE(name, args) extern "C" int memra_cuda_##name args;
+MEMRA_CUDA_ALL_OPS(MEMRA_CUDA_DECLARE)
+#undef MEMRA_CUDA_DECLARE
+
+namespace memra::cuda {
+
+inline int status_of(cudaError_t e) {
+  if (e == cudaSuccess) return kOk;
+  if (e == cudaErrorMemoryAllocation) {
+    cudaGetLastError();
+    return kOutOfMemory;
+  }
+  return kCudaBase + static_cast<int>(e);
+}
+inline int status_of(cublasStatus_t s) {
+  if (s == CUBLAS_STATUS_SUCCESS) return kOk;
+  if (s == CUBLAS_STATUS_ALLOC_FAILED) return kOutOfMemory;
+  return kLibraryBase + static_cast<int>(s);
+}
+// The status of the last launch (configuration errors surface here; async faults later).
+inline int launch_status() { return status_of(cudaGetLastError()); }
+
+// Stream-ordered scratch: allocated on the context's stream, released on it when the object
+// dies, so the memory is reused only by work enqueued after this op. Check ok() / status().
+class Scratch {
+ public:
+  Scratch(MemraCudaCtx* ctx, size_t bytes) : ctx_(ctx) {
+    if (bytes == 0) return;
+    status_ = status_of(cudaMallocAsync(&ptr_, bytes, ctx->stream));
+    if (status_ != kOk) ptr_ = nullptr;
+  }
+  ~Scratch() {
+    if (ptr_) cudaFreeAsync(ptr_, ctx_->stream);
+  }
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  int status() const { return status_; }
+  template <typename T>
+  T* as() const { return static_cast<T*>(ptr_); }
+
+ private:
+  MemraCudaCtx* ctx_;
+  void* ptr_ = nullptr;
+  int status_ = kOk;
+};
+
+// Make the context's device current for this thread (engines on several devices coexist).
+inline int enter(MemraCudaCtx* ctx) {
+  if (!ctx) return kContractValue;
+  return status_of(cudaSetDevice(ctx->device));
+}
+
+// Element loads for templated kernels (weights in f32 / bf16 / f16, converted to f32).
+__device__ __forceinline__ float to_f32(float v) { return v; }
+__device__ __forceinline__ float to_f32(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ float to_f32(__half v) { return __half2float(v); }
+
+inline unsigned ceil_div(long long a, long long b) { return static_cast<unsigned>((a + b - 1) / b); }
+
+}  // namespace memra::cuda
+
+#define MEMRA_CUDA_RETURN_IF(expr)   \
+  do {                               \
+    const int _rc = (expr);          \
+    if (_rc != ::memra::kOk) return _rc; \
+  } while (0)

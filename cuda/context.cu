@@ -1,0 +1,155 @@
+// Runtime entry points of the CUDA library (cpp/include/memra/cuda_abi/runtime.h): the context
+// (device, stream, cuBLAS/cuBLASLt), stream-ordered memory, copies and dtype conversion.
+#include <cstdint>
+#include <algorithm>
+#include <new>
+#include <type_traits>
+
+#include "common.cuh"
+
+using memra::cuda::ceil_div;
+using memra::cuda::enter;
+using memra::cuda::launch_status;
+using memra::cuda::status_of;
+
+namespace {
+
+constexpr size_t kLtWorkspaceBytes = size_t(32) << 20;  // cuBLASLt's recommended size on Hopper
+
+template <typename S, typename D>
+__global__ void convert_kernel(const S* __restrict__ src, D* __restrict__ dst, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const float v = memra::cuda::to_f32(src[i]);
+    if constexpr (std::is_same_v<D, float>) {
+      dst[i] = v;
+    } else {
+      dst[i] = __float2bfloat16_rn(v);
+    }
+  }
+}
+
+template <typename S>
+int launch_convert(MemraCudaCtx* ctx, const void* src, void* dst, int dst_dtype, int64_t n) {
+  const unsigned blocks = std::min<unsigned>(ceil_div(n, 256), 65535u * 8);
+  if (dst_dtype == 0) {
+    convert_kernel<<<blocks, 256, 0, ctx->stream>>>(static_cast<const S*>(src),
+                                                    static_cast<float*>(dst), n);
+  } else {
+    convert_kernel<<<blocks, 256, 0, ctx->stream>>>(static_cast<const S*>(src),
+                                                    static_cast<__nv_bfloat16*>(dst), n);
+  }
+  return launch_status();
+}
+
+}  // namespace
+
+extern "C" {
+
+int memra_cuda_ctx_create(int device, MemraCudaCtx** out) {
+  *out = nullptr;
+  MEMRA_CUDA_RETURN_IF(status_of(cudaSetDevice(device)));
+  MemraCudaCtx* c = new (std::nothrow) MemraCudaCtx();
+  if (!c) return memra::kOutOfMemory;
+  c->device = device;
+  int rc = status_of(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
+  if (rc == 0) rc = status_of(cublasCreate(&c->blas));
+  if (rc == 0) rc = status_of(cublasSetStream(c->blas, c->stream));
+  // TF32 off: f32 GEMMs are requested with CUBLAS_COMPUTE_32F and the default math mode.
+  if (rc == 0) rc = status_of(cublasSetMathMode(c->blas, CUBLAS_DEFAULT_MATH));
+  if (rc == 0) rc = status_of(cublasLtCreate(&c->lt));
+  if (rc == 0) rc = status_of(cudaMalloc(&c->lt_workspace, kLtWorkspaceBytes));
+  if (rc == 0) c->lt_workspace_bytes = kLtWorkspaceBytes;
+  if (rc == 0) rc = status_of(cudaDeviceGetDefaultMemPool(&c->pool, device));
+  if (rc == 0) {
+    // Keep freed blocks in the pool (no return to the driver at every sync): stream-ordered
+    // allocations on the hot path then cost no cudaMalloc after warm-up.
+    uint64_t threshold = UINT64_MAX;
+    rc = status_of(cudaMemPoolSetAttribute(c->pool, cudaMemPoolAttrReleaseThreshold, &threshold));
+  }
+  if (rc != 0) {
+    memra_cuda_ctx_destroy(c);
+    return rc;
+  }
+  *out = c;
+  return memra::kOk;
+}
+
+int memra_cuda_ctx_destroy(MemraCudaCtx* ctx) {
+  if (!ctx) return memra::kOk;
+  cudaSetDevice(ctx->device);
+  int rc = memra::kOk;
+  if (ctx->stream) rc = status_of(cudaStreamSynchronize(ctx->stream));
+  if (ctx->lt_workspace) cudaFree(ctx->lt_workspace);
+  if (ctx->lt) cublasLtDestroy(ctx->lt);
+  if (ctx->blas) cublasDestroy(ctx->blas);
+  if (ctx->stream) cudaStreamDestroy(ctx->stream);
+  delete ctx;
+  return rc;
+}
+
+int memra_cuda_alloc(MemraCudaCtx* ctx, size_t bytes, void** out) {
+  *out = nullptr;
+  MEMRA_CUDA_RETURN_IF(enter(ctx));
+  if (bytes == 0) bytes = 1;  // a valid, distinct pointer for empty tensors
+  const int rc = status_of(cudaMallocAsync(out, bytes, ctx->stream));
+  if (rc != memra::kOk) *out = nullptr;
+  return rc;
+}
+
+int memra_cuda_release(MemraCudaCtx* ctx, void* ptr) {
+  if (!ptr) return memra::kOk;
+  MEMRA_CUDA_RETURN_IF(enter(ctx));
+  return status_of(cudaFreeAsync(ptr, ctx->stream));
+}
+
+int memra_cuda_copy(MemraCudaCtx* ctx, void* dst, const void* src, size_t bytes) {
+  if (bytes == 0) return memra::kOk;
+  MEMRA_CUDA_RETURN_IF(enter(ctx));
+  return status_of(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, ctx->stream));
+}
+
+int memra_cuda_copy_to_host(MemraCudaCtx* ctx, void* host_dst, const void* src, size_t bytes) {
+  MEMRA_CUDA_RETURN_IF(enter(ctx));
+  if (bytes > 0) {
+    MEMRA_CUDA_RETURN_IF(
+        status_of(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDefault, ctx->stream)));
+  }
+  return status_of(cudaStreamSynchronize(ctx->stream));
+}
+
+int memra_cuda_zero(MemraCudaCtx* ctx, void* ptr, size_t bytes) {
+  if (bytes == 0) return memra::kOk;
+  MEMRA_CUDA_RETURN_IF(enter(ctx));
+  return status_of(cudaMemsetAsync(ptr, 0, bytes, ctx->stream));
+}
+
+int memra_cuda_synchronize(MemraCudaCtx* ctx) {
+  MEMRA_CUDA_RETURN_IF(enter(ctx));
+  return status_of(cudaStreamSynchronize(ctx->stream));
+}
+
+int memra_cuda_convert(MemraCudaCtx* ctx, const void* src, int src_dtype, void* dst,
+                       int dst_dtype, int64_t n) {
+  if (n == 0) return memra::kOk;
+  if (dst_dtype != 0 && dst_dtype != 1) return memra::kContractDType;
+  MEMRA_CUDA_RETURN_IF(enter(ctx));
+  switch (src_dtype) {
+    case 0: return launch_convert<float>(ctx, src, dst, dst_dtype, n);
+    case 1: return launch_convert<__nv_bfloat16>(ctx, src, dst, dst_dtype, n);
+    case 2: return launch_convert<__half>(ctx, src, dst, dst_dtype, n);
+    default: return memra::kContractDType;
+  }
+}
+
+int memra_cuda_stream(MemraCudaCtx* ctx, void** out) {
+  *out = ctx ? static_cast<void*>(ctx->stream) : nullptr;
+  return ctx ? memra::kOk : memra::kContractValue;
+}
+
+int memra_cuda_mem_info(MemraCudaCtx* ctx, size_t* free_bytes, size_t* total_bytes) {
+  MEMRA_CUDA_RETURN_IF(enter(ctx));
+  return status_of(cudaMemGetInfo(free_bytes, total_bytes));
+}
+
+}  // extern "C"
