@@ -10,6 +10,7 @@ from __future__ import annotations
 from . import _core
 from ._core import (
     Cache,
+    DeviceWeight,
     Engine,
     HyperConnection,
     KdaLayer,
@@ -37,6 +38,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Cache",
+    "DeviceWeight",
     "Engine",
     "HyperConnection",
     "KdaLayer",

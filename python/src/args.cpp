@@ -52,22 +52,32 @@ bool c_contiguous(const AnyArray& a) {
   return true;
 }
 
-void check_common(const AnyArray& a, const char* op, const char* name,
-                  std::initializer_list<int64_t> shape, const char* want_dtype, bool dtype_ok) {
+}  // namespace
+
+void check_array(const AnyArray& a, const char* op, const char* name,
+                 std::initializer_list<int64_t> shape, const char* want_dtype, bool dtype_ok,
+                 int device_type, int device_id, bool any_shape) {
   Msg os;
-  if (a.device_type() != nb::device::cpu::value) {
+  if (device_type == nb::device::cpu::value && a.device_type() != nb::device::cpu::value) {
     os << op << ": argument '" << name << "' must live in host memory for the CPU backend, got "
        << "a tensor on DLPack device type " << a.device_type();
+    raise_contract(kContractDevice, os.str());
+  }
+  if (device_type != nb::device::cpu::value &&
+      (a.device_type() != device_type || a.device_id() != device_id)) {
+    os << op << ": argument '" << name << "' must live on the engine's device (cuda:" << device_id
+       << "), got a tensor on DLPack device type " << a.device_type() << " id " << a.device_id()
+       << " (move it with engine.to_device())";
     raise_contract(kContractDevice, os.str());
   }
   if (!dtype_ok) {
     os << op << ": argument '" << name << "' must be " << want_dtype << ", got " << dtype_str(a);
     raise_contract(kContractDType, os.str());
   }
-  bool shape_ok = a.ndim() == shape.size();
+  bool shape_ok = any_shape || a.ndim() == shape.size();
   size_t i = 0;
   for (int64_t s : shape) {
-    if (!shape_ok) break;
+    if (!shape_ok || any_shape) break;
     if (s >= 0 && static_cast<int64_t>(a.shape(i)) != s) shape_ok = false;
     ++i;
   }
@@ -84,8 +94,6 @@ void check_common(const AnyArray& a, const char* op, const char* name,
     raise_contract(kContractStride, os.str());
   }
 }
-
-}  // namespace
 
 void raise_status(const Status& st) {
   nb::object errors = nb::module_::import_("memra.errors");
@@ -107,13 +115,15 @@ std::string shape_str(const AnyArray& a) {
 
 const float* f32_arg(const AnyArray& a, const char* op, const char* name,
                      std::initializer_list<int64_t> shape) {
-  check_common(a, op, name, shape, "float32", is_dtype(a, nb::dlpack::dtype_code::Float, 32));
+  check_array(a, op, name, shape, "float32", is_dtype(a, nb::dlpack::dtype_code::Float, 32),
+              nb::device::cpu::value, 0);
   return static_cast<const float*>(a.data());
 }
 
 const int32_t* i32_arg(const AnyArray& a, const char* op, const char* name,
                        std::initializer_list<int64_t> shape) {
-  check_common(a, op, name, shape, "int32", is_dtype(a, nb::dlpack::dtype_code::Int, 32));
+  check_array(a, op, name, shape, "int32", is_dtype(a, nb::dlpack::dtype_code::Int, 32),
+              nb::device::cpu::value, 0);
   return static_cast<const int32_t*>(a.data());
 }
 

@@ -2,9 +2,12 @@
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 
+#include <cstring>
 #include <optional>
+#include <vector>
 
 #include "common.h"
+#include "device_args.h"
 #include "memra/engine.h"
 
 namespace memra::py {
@@ -42,6 +45,53 @@ void init_engine(nb::module_& m) {
           },
           nb::arg("device") = "cpu", nb::arg("device_index") = 0)
       .def_prop_ro("device", &Engine::device, "'cpu' or 'cuda:N'.")
+      .def_prop_ro("is_cuda", &Engine::is_cuda)
+      .def(
+          "to_device",
+          [](const Engine& e, const AnyArray& a) -> nb::object {
+            if (!e.is_cuda()) {
+              raise_status(Status(kUnsupported, "Engine.to_device: a CPU engine uses host arrays"));
+            }
+            check_array(a, "Engine.to_device", "array", {}, "", true, nb::device::cpu::value, 0, true);
+            std::vector<size_t> shape(a.ndim());
+            size_t n = 1;
+            for (size_t i = 0; i < a.ndim(); ++i) n *= (shape[i] = a.shape(i));
+            const size_t bytes = n * (a.dtype().bits / 8) * a.dtype().lanes;
+            auto buf = device_upload(&e, a.data(), bytes);
+            return device_array(std::move(buf), std::move(shape), a.dtype(), e.device_index());
+          },
+          nb::arg("array"),
+          "Copy a C-contiguous host array (any dtype) to this CUDA engine's device; returns a DLPack "
+          "CUDA array of the same shape and dtype. Raises UnsupportedError on a CPU engine, "
+          "ContractError for a device or non-contiguous input.")
+      .def(
+          "to_host",
+          [](const Engine& e, const AnyArray& a) -> nb::object {
+            const int want = e.is_cuda() ? nb::device::cuda::value : nb::device::cpu::value;
+            check_array(a, "Engine.to_host", "array", {}, "", true, want, e.is_cuda() ? e.device_index() : 0, true);
+            std::vector<size_t> shape(a.ndim());
+            size_t n = 1;
+            for (size_t i = 0; i < a.ndim(); ++i) n *= (shape[i] = a.shape(i));
+            const size_t bytes = n * (a.dtype().bits / 8) * a.dtype().lanes;
+            uint8_t* p = new uint8_t[bytes ? bytes : 1]();
+            nb::capsule owner(p, [](void* q) noexcept { delete[] static_cast<uint8_t*>(q); });
+            if (e.is_cuda()) {
+              check_cuda(&e, e.cuda()->api().copy_to_host(e.cuda()->ctx(), p, a.data(), bytes),
+                         "Engine.to_host");
+            } else if (bytes) {
+              std::memcpy(p, a.data(), bytes);
+            }
+            return nb::cast(nb::ndarray<nb::numpy>(p, shape.size(), shape.data(), owner, nullptr, a.dtype()));
+          },
+          nb::arg("array"),
+          "A numpy copy of a C-contiguous array on this engine's device (waits for the engine's "
+          "stream). Raises ContractError for an array on another device.")
+      .def(
+          "synchronize",
+          [](const Engine& e) {
+            if (e.is_cuda()) check_cuda(&e, e.cuda()->api().synchronize(e.cuda()->ctx()), "Engine.synchronize");
+          },
+          "Wait for all work enqueued on this engine's stream.")
       .def("__repr__", [](const Engine& e) { return "Engine(device='" + e.device() + "')"; });
 }
 

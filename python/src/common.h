@@ -42,6 +42,11 @@ const float* f32_arg(const AnyArray& a, const char* op, const char* name,
 // narrowed: they are refused with the dtype named (callers convert with .astype(np.int32)).
 const int32_t* i32_arg(const AnyArray& a, const char* op, const char* name,
                        std::initializer_list<int64_t> shape);
+// The shared DLPack checks (args.cpp): device, dtype, shape (-1 = any extent), C-contiguity.
+void check_array(const AnyArray& a, const char* op, const char* name,
+                 std::initializer_list<int64_t> shape, const char* want_dtype, bool dtype_ok,
+                 int device_type, int device_id, bool any_shape = false);
+
 // Extent `dim` of a checked array.
 inline int64_t dim(const AnyArray& a, size_t i) { return static_cast<int64_t>(a.shape(i)); }
 

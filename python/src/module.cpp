@@ -1,6 +1,7 @@
 // memra._core: the nanobind extension. One init_<area>() per file (STYLE.md "Bindings one area
 // per file").
 #include "common.h"
+#include "device_args.h"
 
 NB_MODULE(_core, m) {
   m.doc() = "memra's C++ runtime: CPU reference ops, Engine, Cache and layer objects.";
@@ -13,6 +14,7 @@ NB_MODULE(_core, m) {
   memra::py::init_ops_mhc(m);
   memra::py::init_ops_dsa(m);
   memra::py::init_engine(m);
+  memra::py::init_device(m);
   memra::py::init_cache(m);
   memra::py::init_layers(m);
 }

@@ -1,11 +1,13 @@
 // Engine: owns one device (DESIGN.md "Runtime objects"). On the CPU it is the reference backend;
 // a CUDA engine loads the CUDA library (libmemra_cuda.so, built when MEMRA_CUDA is on) on first
-// use, so a process without a driver can still import memra and use the CPU.
+// use and owns a CUDA context (stream, cuBLAS handles, memory pool), so a process without a
+// driver can still import memra and use the CPU.
 #pragma once
 
 #include <memory>
 #include <string>
 
+#include "memra/device.h"
 #include "memra/status.h"
 
 namespace memra {
@@ -20,16 +22,21 @@ Status cuda_probe(std::string* reason, int* device_count);
 class Engine {
  public:
   // device: "cpu" or "cuda"; device_index selects the GPU. kUnsupportedNoCuda when a CUDA engine
-  // cannot be made here, kContractValue for an unknown device string or a bad index.
+  // cannot be made here, kContractValue for an unknown device string, kContractRange for a bad
+  // index.
   static Status create(const std::string& device, int device_index, std::unique_ptr<Engine>* out);
   DeviceKind kind() const { return kind_; }
+  bool is_cuda() const { return kind_ == DeviceKind::kCuda; }
   int device_index() const { return index_; }
   std::string device() const { return kind_ == DeviceKind::kCpu ? "cpu" : "cuda:" + std::to_string(index_); }
+  // The CUDA context (nullptr for a CPU engine).
+  const std::shared_ptr<CudaContext>& cuda() const { return cuda_; }
 
  private:
   Engine() = default;
   DeviceKind kind_ = DeviceKind::kCpu;
   int index_ = 0;
+  std::shared_ptr<CudaContext> cuda_;
 };
 
 }  // namespace memra

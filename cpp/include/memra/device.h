@@ -1,0 +1,92 @@
+// The CUDA side of the runtime as seen from memra_core (no CUDA types): the CUDA library's entry
+// points (CudaApi, resolved once by dlsym), a context per CUDA engine, device buffers and device
+// weights. Everything a device allocation needs to free itself holds the context alive, so an
+// array or weight may outlive the Engine object that made it.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "memra/cuda_api.h"
+#include "memra/status.h"
+#include "memra/tensor.h"
+
+namespace memra {
+
+// The CUDA library (loaded once per process). `error` is empty when every entry point resolved.
+struct CudaLibrary {
+  void* handle = nullptr;
+  std::string error;
+  CudaApi api;
+  int (*device_count)(int*) = nullptr;
+  const char* (*error_string)(int) = nullptr;
+};
+const CudaLibrary& cuda_library();
+
+// A CUDA context (stream, cuBLAS handles, memory pool) on one device.
+class CudaContext {
+ public:
+  static Status create(int device, std::shared_ptr<CudaContext>* out);
+  ~CudaContext();
+  CudaContext(const CudaContext&) = delete;
+  CudaContext& operator=(const CudaContext&) = delete;
+
+  const CudaApi& api() const { return *api_; }
+  MemraCudaCtx* ctx() const { return ctx_; }
+  int device() const { return device_; }
+  // rc (a CUDA-library status) as a Status whose message names `op` and the CUDA error.
+  Status status(int rc, const std::string& op) const;
+
+ private:
+  CudaContext() = default;
+  const CudaApi* api_ = nullptr;
+  MemraCudaCtx* ctx_ = nullptr;
+  int device_ = 0;
+};
+
+// One stream-ordered device allocation, released on the context's stream when destroyed.
+class DeviceBuffer {
+ public:
+  static Status create(std::shared_ptr<CudaContext> ctx, size_t bytes, std::shared_ptr<DeviceBuffer>* out);
+  ~DeviceBuffer();
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  void* data() const { return ptr_; }
+  size_t bytes() const { return bytes_; }
+  const std::shared_ptr<CudaContext>& context() const { return ctx_; }
+
+ private:
+  DeviceBuffer() = default;
+  std::shared_ptr<CudaContext> ctx_;
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+// A weight on the device, converted once at load to f32 or bf16 (DESIGN.md "Weight formats").
+// Shape conventions as Weight: [rows, cols] with rows = product of the leading dims.
+struct DeviceWeight {
+  DType dtype = DType::kF32;
+  std::vector<int64_t> shape;
+  int64_t rows = 0, cols = 0;
+  std::shared_ptr<DeviceBuffer> buffer;
+
+  const void* data() const { return buffer ? buffer->data() : nullptr; }
+  int dtype_code() const { return static_cast<int>(dtype); }
+  int64_t numel() const { return rows * cols; }
+  std::string shape_str() const;
+
+  // Upload `w` converted to `target` (kF32 or kBF16). Conversion happens on the device.
+  static Status upload(const std::shared_ptr<CudaContext>& ctx, const Weight& w, DType target,
+                       DeviceWeight* out);
+  // Upload several weights of one shape stacked as [n, rows, cols] (MoE experts).
+  static Status upload_stacked(const std::shared_ptr<CudaContext>& ctx,
+                               const std::vector<const Weight*>& ws, DType target, DeviceWeight* out);
+  // Upload a host f32 vector as an f32 device weight of shape [n].
+  static Status upload_f32(const std::shared_ptr<CudaContext>& ctx, const std::vector<float>& v,
+                           DeviceWeight* out);
+};
+
+}  // namespace memra

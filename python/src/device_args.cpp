@@ -1,0 +1,169 @@
+// device_args.h: dual-backend argument checks and outputs; Engine.to_device / to_host and the
+// DeviceWeight class.
+#include "device_args.h"
+
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <cstring>
+#include <string>
+
+#include "memra/msg.h"
+
+namespace memra::py {
+
+namespace {
+
+bool has_dtype(const AnyArray& a, nb::dlpack::dtype_code c, int bits) {
+  return a.dtype().code == static_cast<uint8_t>(c) && a.dtype().bits == bits && a.dtype().lanes == 1;
+}
+
+int device_type_of(const Engine* e) {
+  return on_cuda(e) ? nb::device::cuda::value : nb::device::cpu::value;
+}
+int device_id_of(const Engine* e) { return on_cuda(e) ? e->device_index() : 0; }
+
+size_t numel(const std::vector<size_t>& shape) {
+  size_t n = 1;
+  for (size_t s : shape) n *= s;
+  return n;
+}
+
+Out out_of(const Engine* engine, std::vector<size_t> shape, nb::dlpack::dtype dtype, size_t item) {
+  Out o;
+  if (!on_cuda(engine)) {
+    const size_t n = numel(shape);
+    void* p = n ? new uint8_t[n * item]() : new uint8_t[1]();
+    nb::capsule owner(p, [](void* q) noexcept { delete[] static_cast<uint8_t*>(q); });
+    o.obj = nb::cast(nb::ndarray<nb::numpy>(p, shape.size(), shape.data(), owner, nullptr, dtype));
+    o.ptr = p;
+    return o;
+  }
+  auto buf = device_scratch(engine, numel(shape) * item);
+  check_cuda(engine, cuda_ctx(engine).api().zero(cuda_ctx(engine).ctx(), buf->data(), buf->bytes()),
+             "output allocation");
+  o.ptr = buf->data();
+  o.obj = device_array(std::move(buf), std::move(shape), dtype, engine->device_index());
+  return o;
+}
+
+nb::dlpack::dtype dtype_of(const AnyArray& a) { return a.dtype(); }
+
+}  // namespace
+
+const float* f32_in(const Engine* engine, const AnyArray& a, const char* op, const char* name,
+                    std::initializer_list<int64_t> shape) {
+  check_array(a, op, name, shape, "float32", has_dtype(a, nb::dlpack::dtype_code::Float, 32),
+              device_type_of(engine), device_id_of(engine));
+  return static_cast<const float*>(a.data());
+}
+
+const int32_t* i32_in(const Engine* engine, const AnyArray& a, const char* op, const char* name,
+                      std::initializer_list<int64_t> shape) {
+  check_array(a, op, name, shape, "int32", has_dtype(a, nb::dlpack::dtype_code::Int, 32),
+              device_type_of(engine), device_id_of(engine));
+  return static_cast<const int32_t*>(a.data());
+}
+
+const uint64_t* u64_in(const Engine* engine, const AnyArray& a, const char* op, const char* name,
+                       std::initializer_list<int64_t> shape) {
+  check_array(a, op, name, shape, "uint64", has_dtype(a, nb::dlpack::dtype_code::UInt, 64),
+              device_type_of(engine), device_id_of(engine));
+  return static_cast<const uint64_t*>(a.data());
+}
+
+nb::object device_array(std::shared_ptr<DeviceBuffer> buffer, std::vector<size_t> shape,
+                        nb::dlpack::dtype dtype, int device_id) {
+  void* p = buffer->data();
+  auto* keep = new std::shared_ptr<DeviceBuffer>(std::move(buffer));
+  nb::capsule owner(keep, [](void* q) noexcept { delete static_cast<std::shared_ptr<DeviceBuffer>*>(q); });
+  return nb::cast(nb::ndarray<>(p, shape.size(), shape.data(), owner, nullptr, dtype,
+                                nb::device::cuda::value, device_id));
+}
+
+Out out_f32(const Engine* engine, std::vector<size_t> shape) {
+  return out_of(engine, std::move(shape), nb::dtype<float>(), sizeof(float));
+}
+Out out_i32(const Engine* engine, std::vector<size_t> shape) {
+  return out_of(engine, std::move(shape), nb::dtype<int32_t>(), sizeof(int32_t));
+}
+
+const CudaContext& cuda_ctx(const Engine* engine) {
+  if (!on_cuda(engine)) raise_status(Status(kUnsupported, "this call needs a CUDA engine"));
+  return *engine->cuda();
+}
+
+void check_cuda(const Engine* engine, int rc, const char* op) {
+  if (rc != kOk) raise_status(cuda_ctx(engine).status(rc, op));
+}
+
+std::shared_ptr<DeviceBuffer> device_scratch(const Engine* engine, size_t bytes) {
+  std::shared_ptr<DeviceBuffer> b;
+  check(DeviceBuffer::create(engine->cuda(), bytes, &b));
+  return b;
+}
+
+std::shared_ptr<DeviceBuffer> device_upload(const Engine* engine, const void* host, size_t bytes) {
+  auto b = device_scratch(engine, bytes);
+  check_cuda(engine, cuda_ctx(engine).api().copy(cuda_ctx(engine).ctx(), b->data(), host, bytes),
+             "host-to-device copy");
+  return b;
+}
+
+const Weight& host_weight(nb::handle w, const char* op, const char* name) {
+  if (!nb::isinstance<Weight>(w)) {
+    raise_contract(nb::isinstance<DeviceWeight>(w) ? kContractDevice : kContractDType,
+                   std::string(op) + ": argument '" + name +
+                       "' must be a memra.Weight (host) for the CPU backend, got " +
+                       nb::type_name(w.type()).c_str());
+  }
+  return nb::cast<const Weight&>(w);
+}
+
+const DeviceWeight& device_weight(const Engine* engine, nb::handle w, const char* op,
+                                  const char* name) {
+  if (!nb::isinstance<DeviceWeight>(w)) {
+    raise_contract(kContractDevice, std::string(op) + ": argument '" + name +
+                                        "' must be a memra.DeviceWeight on the engine's device, got " +
+                                        nb::type_name(w.type()).c_str());
+  }
+  const DeviceWeight& d = nb::cast<const DeviceWeight&>(w);
+  if (!d.buffer || d.buffer->context()->device() != engine->device_index()) {
+    raise_contract(kContractDevice, std::string(op) + ": DeviceWeight '" + name +
+                                        "' lives on another device than the engine");
+  }
+  return d;
+}
+
+void init_device(nb::module_& m) {
+  nb::class_<DeviceWeight>(m, "DeviceWeight",
+                           "A weight on a CUDA engine's device, converted once (on the device) to "
+                           "float32 or bfloat16. Used by the CUDA branch of the functional ops.")
+      .def(
+          "__init__",
+          [](DeviceWeight* self, const Engine& engine, const Weight& weight,
+             std::optional<std::string> dtype) {
+            DType target = weight.dtype() == DType::kF32 ? DType::kF32 : DType::kBF16;
+            if (dtype) {
+              if (*dtype == "float32") target = DType::kF32;
+              else if (*dtype == "bfloat16") target = DType::kBF16;
+              else raise_contract(kContractValue, "DeviceWeight: dtype must be 'float32' or 'bfloat16', got '" + *dtype + "'");
+            }
+            DeviceWeight d;
+            cuda_ctx(&engine);  // raises for a CPU engine
+            check(DeviceWeight::upload(engine.cuda(), weight, target, &d));
+            new (self) DeviceWeight(std::move(d));
+          },
+          nb::arg("engine"), nb::arg("weight"), nb::kw_only(), nb::arg("dtype").none() = nb::none(),
+          "engine: a CUDA Engine; weight: a memra.Weight; dtype: 'float32' or 'bfloat16' (default: "
+          "float32 stays float32, bfloat16/float16 become bfloat16). Raises UnsupportedError for "
+          "a CPU engine, ContractError for another dtype, OutOfMemoryError when it does not fit.")
+      .def_prop_ro("dtype", [](const DeviceWeight& w) { return std::string(dtype_name(w.dtype)); })
+      .def_prop_ro("shape", [](const DeviceWeight& w) { return w.shape; })
+      .def("__repr__", [](const DeviceWeight& w) {
+        return "DeviceWeight(" + std::string(dtype_name(w.dtype)) + ", " + w.shape_str() + ")";
+      });
+}
+
+}  // namespace memra::py

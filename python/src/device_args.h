@@ -1,0 +1,67 @@
+// Binding helpers for ops that run on either backend: array arguments checked against the
+// engine's device (host memory for a CPU engine or none, the engine's CUDA device otherwise),
+// outputs allocated on that device, DeviceWeight arguments, CUDA statuses raised as named errors.
+//
+// Pattern of a dual-backend functional op (keyword-only `engine`, None = CPU):
+//   m.def("rms_norm", [](const AnyArray& x, ..., const Engine* engine) {
+//     const float* xp = f32_in(engine, x, "rms_norm", "x", {-1, -1});
+//     Out y = out_f32(engine, {T, D});
+//     if (on_cuda(engine)) {
+//       const CudaContext& c = cuda_ctx(engine);
+//       check_cuda(engine, c.api().rms_norm(c.ctx(), xp, ..., y.data<float>()), "rms_norm");
+//     } else { nb::gil_scoped_release nogil; cpu::rms_norm(xp, ..., y.data<float>()); }
+//     return y.obj;
+//   }, ..., nb::kw_only(), nb::arg("engine").none() = nb::none());
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "common.h"
+#include "memra/device.h"
+#include "memra/engine.h"
+
+namespace memra::py {
+
+// True for a CUDA engine (nullptr = the CPU backend).
+inline bool on_cuda(const Engine* engine) { return engine && engine->is_cuda(); }
+
+// Checked float32 / int32 / uint64 argument on the engine's device; returns its data pointer.
+const float* f32_in(const Engine* engine, const AnyArray& a, const char* op, const char* name,
+                    std::initializer_list<int64_t> shape);
+const int32_t* i32_in(const Engine* engine, const AnyArray& a, const char* op, const char* name,
+                      std::initializer_list<int64_t> shape);
+const uint64_t* u64_in(const Engine* engine, const AnyArray& a, const char* op, const char* name,
+                       std::initializer_list<int64_t> shape);
+
+// A new zero-filled output on the engine's device: a numpy array on the CPU, a DLPack CUDA
+// array (nanobind ndarray owning a DeviceBuffer) on the GPU. Return `obj` to Python.
+struct Out {
+  nb::object obj;
+  void* ptr = nullptr;
+  template <typename T>
+  T* data() const { return static_cast<T*>(ptr); }
+};
+Out out_f32(const Engine* engine, std::vector<size_t> shape);
+Out out_i32(const Engine* engine, std::vector<size_t> shape);
+// A CUDA array of `shape` viewing an existing buffer (kept alive by the array).
+nb::object device_array(std::shared_ptr<DeviceBuffer> buffer, std::vector<size_t> shape,
+                        nb::dlpack::dtype dtype, int device_id);
+
+// The engine's CUDA context (raises UnsupportedError for a CPU engine).
+const CudaContext& cuda_ctx(const Engine* engine);
+// Raise the named error of a CUDA-library status (no-op for 0).
+void check_cuda(const Engine* engine, int rc, const char* op);
+// Device scratch for the duration of a binding call (freed stream-ordered on return), and a
+// host -> device copy into such scratch (e.g. the per-sequence pointer tables of kda_scan).
+std::shared_ptr<DeviceBuffer> device_scratch(const Engine* engine, size_t bytes);
+std::shared_ptr<DeviceBuffer> device_upload(const Engine* engine, const void* host, size_t bytes);
+
+// Weight arguments: a memra.Weight for the CPU backend, a memra.DeviceWeight on the engine's
+// device for CUDA (ContractError 40021 naming the argument otherwise).
+const Weight& host_weight(nb::handle w, const char* op, const char* name);
+const DeviceWeight& device_weight(const Engine* engine, nb::handle w, const char* op, const char* name);
+
+void init_device(nb::module_& m);
+
+}  // namespace memra::py
