@@ -1,0 +1,376 @@
+// KDA area of the CUDA library (cpp/include/memra/cuda_abi/kda.h): the GPU twins of
+// cpu::kda_conv_prefill / kda_conv_decode / kda_gate / kda_scan (cpp/src/cpu/kda.cpp, the oracle).
+//
+// Rounding: every arithmetic operation is written with an explicit round-to-nearest intrinsic
+// (__fmul_rn / __fadd_rn / __fdiv_rn), which nvcc never contracts into an FMA, so each element
+// sees the operations of the CPU reference (x86-64 without FMA rounds every op). What still
+// differs from the CPU: expf / logf (CUDA's are within 2 ulp, glibc's ~0.5 ulp) and, in the scan,
+// the order of the dk-long sums (partial sums + a warp tree instead of one ascending chain).
+//
+// Bit-exactness between arms is by construction: the conv's prefill and decode kernels call one
+// __device__ function per output; the scan is one kernel whose per-step arithmetic does not
+// depend on where its state came from (registers or f32 memory hold the same bits), so T chained
+// one-step launches equal one T-step launch, and a sequence in a batch equals it alone.
+#include <cstdint>
+#include <type_traits>
+
+#include "common.cuh"
+
+using memra::cuda::enter;
+using memra::cuda::launch_status;
+
+namespace {
+
+// ---------------------------------------------------------------- conv
+
+// Element p of channel c's extended input (ring ++ x): positions [0, K-1) are the ring, oldest
+// first (ring_c == nullptr reads zeros); position K-1+t is x[t, c]. x [T, C]; ring_c [K-1].
+template <int K>
+__device__ __forceinline__ float conv_extended_at(const float* x, int64_t C, const float* ring_c,
+                                                  int p, int64_t c) {
+  if (p < K - 1) return ring_c ? ring_c[p] : 0.0f;
+  return x[static_cast<int64_t>(p - (K - 1)) * C + c];
+}
+
+// One conv output silu(sum_k w_c[k] * ext[t + k]), the taps summed in ascending k from 0.0f as
+// cpu::conv_silu_at does; silu as x / (1 + exp(-x)). Both conv arms call this (bit-exact arms).
+template <int K>
+__device__ __forceinline__ float conv_silu_at(const float* x, int64_t C, const float* ring_c,
+                                              const float* w_c, int t, int64_t c) {
+  float acc = 0.0f;
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    acc = __fadd_rn(acc, __fmul_rn(w_c[k], conv_extended_at<K>(x, C, ring_c, t + k, c)));
+  }
+  return __fdiv_rn(acc, __fadd_rn(1.0f, expf(-acc)));
+}
+
+// Prefill: indices [0, T*C) are outputs y[t, c]; indices [T*C, T*C + C*(K-1)) are the new ring
+// ring_out[c, j] = ext[T + j] (the last K-1 inputs of ring_in ++ x; for T < K-1 it still holds
+// old ring values, shifted to the front). Grid-stride over both ranges, coalesced on c / (c, j).
+template <int K>
+__global__ void conv_prefill_kernel(const float* __restrict__ x, int T, int64_t C,
+                                    const float* __restrict__ w, const float* __restrict__ ring_in,
+                                    float* __restrict__ ring_out, float* __restrict__ y) {
+  constexpr int R = K - 1;
+  const int64_t n_y = static_cast<int64_t>(T) * C;
+  const int64_t n = n_y + C * R;
+  for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < n;
+       idx += int64_t(gridDim.x) * blockDim.x) {
+    if (idx < n_y) {
+      const int t = static_cast<int>(idx / C);
+      const int64_t c = idx - static_cast<int64_t>(t) * C;
+      const float* ring_c = ring_in ? ring_in + c * R : nullptr;
+      y[idx] = conv_silu_at<K>(x, C, ring_c, w + c * K, t, c);
+    } else {
+      const int64_t r = idx - n_y;
+      const int64_t c = r / R;
+      const int j = static_cast<int>(r - c * R);
+      const float* ring_c = ring_in ? ring_in + c * R : nullptr;
+      ring_out[r] = conv_extended_at<K>(x, C, ring_c, T + j, c);
+    }
+  }
+}
+
+// Decode: B sequences of one token. Thread (b, c) computes y[b, c] through the same
+// conv_silu_at as the prefill arm at t = 0 and rolls channel c's ring:
+// ring_out[b][c, j] = ext[1 + j]. A null ring_in[b] reads zeros; a null ring_out[b] is skipped.
+template <int K>
+__global__ void conv_decode_kernel(const float* __restrict__ x, int B, int64_t C,
+                                   const float* __restrict__ w, const float* const* ring_in,
+                                   float* const* ring_out, float* __restrict__ y) {
+  constexpr int R = K - 1;
+  const int64_t n = static_cast<int64_t>(B) * C;
+  for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < n;
+       idx += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t b = idx / C;
+    const int64_t c = idx - b * C;
+    const float* xb = x + b * C;  // this sequence's row, read as x [1, C]
+    const float* rin = ring_in ? ring_in[b] : nullptr;
+    const float* ring_c = rin ? rin + c * R : nullptr;
+    y[idx] = conv_silu_at<K>(xb, C, ring_c, w + c * K, /*t=*/0, c);
+    float* rout = ring_out[b];
+    if (rout) {
+#pragma unroll
+      for (int j = 0; j < R; ++j) rout[c * R + j] = conv_extended_at<K>(xb, C, ring_c, 1 + j, c);
+    }
+  }
+}
+
+unsigned grid_for(int64_t n, int threads) {
+  const int64_t blocks = (n + threads - 1) / threads;
+  return static_cast<unsigned>(blocks < (int64_t(1) << 20) ? blocks : (int64_t(1) << 20));
+}
+
+template <int K>
+void launch_conv_prefill(cudaStream_t s, const float* x, int T, int C, const float* w,
+                         const float* ring_in, float* ring_out, float* y) {
+  const int64_t n = static_cast<int64_t>(T) * C + static_cast<int64_t>(C) * (K - 1);
+  conv_prefill_kernel<K><<<grid_for(n, 256), 256, 0, s>>>(x, T, C, w, ring_in, ring_out, y);
+}
+
+template <int K>
+void launch_conv_decode(cudaStream_t s, const float* x, int B, int C, const float* w,
+                        const float* const* ring_in, float* const* ring_out, float* y) {
+  const int64_t n = static_cast<int64_t>(B) * C;
+  conv_decode_kernel<K><<<grid_for(n, 256), 256, 0, s>>>(x, B, C, w, ring_in, ring_out, y);
+}
+
+// Calls f(std::integral_constant<int, K>) for K in 2..8; false for any other K.
+template <typename F>
+bool dispatch_conv_k(int K, F&& f) {
+  switch (K) {
+    case 2: f(std::integral_constant<int, 2>()); return true;
+    case 3: f(std::integral_constant<int, 3>()); return true;
+    case 4: f(std::integral_constant<int, 4>()); return true;
+    case 5: f(std::integral_constant<int, 5>()); return true;
+    case 6: f(std::integral_constant<int, 6>()); return true;
+    case 7: f(std::integral_constant<int, 7>()); return true;
+    case 8: f(std::integral_constant<int, 8>()); return true;
+    default: return false;
+  }
+}
+
+// ---------------------------------------------------------------- gate
+
+// g[t, h*dk + i] from f[t, h*dk + i] + dt_bias[h*dk + i] and A_log[h], cpu::kda_gate's
+// arithmetic op for op. g may alias f (each element is read, then written, by one thread).
+__global__ void gate_kernel(const float* f, const float* __restrict__ dt_bias,
+                            const float* __restrict__ A_log, int64_t n, int H, int dk, int form,
+                            float lower_bound, float* g) {
+  const int64_t D = static_cast<int64_t>(H) * dk;
+  for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < n;
+       idx += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t col = idx % D;  // h*dk + i
+    const int h = static_cast<int>(col / dk);
+    const float decay_rate = expf(A_log[h]);
+    const float x = __fadd_rn(f[idx], dt_bias[col]);
+    float out;
+    if (form == 0) {
+      // lb * sigmoid(exp(A_log) * x), written as lb * (1 / (1 + exp(-(rate * x)))).
+      out = __fmul_rn(lower_bound,
+                      __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-__fmul_rn(decay_rate, x)))));
+    } else {
+      // transformers' softplus: log(1 + exp(x)) (not log1p), x itself above 20.
+      const float sp = x > 20.0f ? x : logf(__fadd_rn(1.0f, expf(x)));
+      out = __fmul_rn(-decay_rate, sp);
+    }
+    g[idx] = out;
+  }
+}
+
+// ---------------------------------------------------------------- scan
+
+// Geometry of the scan kernel. A warp owns an 8-column tile of one head's [128, 128] state:
+// lane = rg * 8 + c holds column j0 + c, rows i = rg * 32 + r (r < 32), 32 f32 registers. The 4
+// row groups' partial dot products meet in a 2-level shuffle tree. A block is 4 independent warps
+// (32 columns, no block-wide sync); the grid is B * H * (dv / 32) blocks.
+constexpr int kScanDk = 128;
+constexpr int kScanDv = 128;
+constexpr int kTileV = 8;                             // columns per warp
+constexpr int kRowGroups = 32 / kTileV;               // 4
+constexpr int kRowsPerLane = kScanDk / kRowGroups;    // 32
+constexpr int kQuadsPerLane = kRowsPerLane / 4;       // 8 float4 per lane per vector
+constexpr int kWarpsPerBlock = 4;
+constexpr int kScanThreads = 32 * kWarpsPerBlock;
+constexpr int kBlocksPerHead = kScanDv / (kTileV * kWarpsPerBlock);  // 4
+static_assert(kScanDk == 4 * 32, "one float4 of k / q / g per lane per step");
+
+// One step's inputs as a lane loads them: rows 4*lane .. 4*lane+3 of k, q, g (coalesced float4)
+// and this lane's column of v, and beta.
+struct ScanStepIn {
+  float4 k, q, g;
+  float v, beta;
+};
+
+__device__ __forceinline__ ScanStepIn scan_load(const float* __restrict__ q,
+                                                const float* __restrict__ k,
+                                                const float* __restrict__ v,
+                                                const float* __restrict__ g,
+                                                const float* __restrict__ beta, int64_t th, int lane,
+                                                int j) {
+  ScanStepIn s;
+  s.k = __ldg(reinterpret_cast<const float4*>(k + th * kScanDk) + lane);
+  s.q = __ldg(reinterpret_cast<const float4*>(q + th * kScanDk) + lane);
+  s.g = __ldg(reinterpret_cast<const float4*>(g + th * kScanDk) + lane);
+  s.v = __ldg(v + th * kScanDv + j);
+  s.beta = __ldg(beta + th);
+  return s;
+}
+
+// Sum of the 4 row groups' partials (lanes rg*8 + c, fixed c). Float addition is commutative,
+// so every lane of a column ends with the same bits: ((p0 + p1) + (p2 + p3)).
+__device__ __forceinline__ float rowgroup_sum(float p) {
+  p = __fadd_rn(p, __shfl_xor_sync(0xffffffffu, p, 8));
+  p = __fadd_rn(p, __shfl_xor_sync(0xffffffffu, p, 16));
+  return p;
+}
+
+// Per step and head, as cpu::kda_scan:
+//   S[i, :] = S[i, :] * exp(g[i]);  kv = sum_i S[i, :] * k[i]
+//   d = (v - kv) * beta
+//   S[i, :] = S[i, :] + k[i] * d;   o = sum_i S[i, :] * (q[i] * scale)
+// Each lane's 32-row partial is 4 ascending chains (rows 4m + e, e = 0..3) combined as
+// ((e0 + e1) + (e2 + e3)), then the row-group tree. q, k, g [B, T, H, dk]; v, o [B, T, H, dv];
+// beta [B, T, H]; state planes [H, dk, dv].
+__global__ void __launch_bounds__(kScanThreads)
+    scan_kernel(const float* __restrict__ q, const float* __restrict__ k,
+                const float* __restrict__ v, const float* __restrict__ g,
+                const float* __restrict__ beta, int T, int H, float scale,
+                const float* const* state_in, float* const* state_out, float* __restrict__ o) {
+  // Per warp: k, scale * q, exp(g) of the current step, as float4 quads of rows.
+  __shared__ float4 sk[kWarpsPerBlock][kScanDk / 4];
+  __shared__ float4 sq[kWarpsPerBlock][kScanDk / 4];
+  __shared__ float4 se[kWarpsPerBlock][kScanDk / 4];
+
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const int rg = lane / kTileV;
+  const int c = lane % kTileV;
+  const int part = static_cast<int>(blockIdx.x % kBlocksPerHead);
+  const int64_t bh = blockIdx.x / kBlocksPerHead;  // b * H + h
+  const int h = static_cast<int>(bh % H);
+  const int64_t b = bh / H;
+  const int j = (part * kWarpsPerBlock + warp) * kTileV + c;  // this lane's column
+  const int64_t plane_off = static_cast<int64_t>(h) * kScanDk * kScanDv;
+  const int64_t my_off = plane_off + static_cast<int64_t>(rg * kRowsPerLane) * kScanDv + j;
+
+  float S[kRowsPerLane];  // S[r] = state[h, rg*32 + r, j]
+  const float* sin = state_in ? state_in[b] : nullptr;
+  if (sin) {
+#pragma unroll
+    for (int r = 0; r < kRowsPerLane; ++r) S[r] = sin[my_off + static_cast<int64_t>(r) * kScanDv];
+  } else {
+#pragma unroll
+    for (int r = 0; r < kRowsPerLane; ++r) S[r] = 0.0f;
+  }
+
+  const int64_t th0 = b * T * H + h;  // row (b, t = 0, h) of [B, T, H, *]
+  ScanStepIn next;
+  if (T > 0) next = scan_load(q, k, v, g, beta, th0, lane, j);
+  for (int t = 0; t < T; ++t) {
+    const int64_t th = th0 + static_cast<int64_t>(t) * H;
+    const ScanStepIn cur = next;
+    if (t + 1 < T) next = scan_load(q, k, v, g, beta, th + H, lane, j);  // prefetch step t+1
+
+    const float4 e = make_float4(expf(cur.g.x), expf(cur.g.y), expf(cur.g.z), expf(cur.g.w));
+    const float4 qs = make_float4(__fmul_rn(cur.q.x, scale), __fmul_rn(cur.q.y, scale),
+                                  __fmul_rn(cur.q.z, scale), __fmul_rn(cur.q.w, scale));
+    __syncwarp();  // every lane is done reading the previous step's vectors
+    sk[warp][lane] = cur.k;
+    sq[warp][lane] = qs;
+    se[warp][lane] = e;
+    __syncwarp();
+
+    // Decay, and kv = k^T S over the decayed rows.
+    float4 p = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+    for (int m = 0; m < kQuadsPerLane; ++m) {
+      const float4 kk = sk[warp][rg * kQuadsPerLane + m];
+      const float4 ee = se[warp][rg * kQuadsPerLane + m];
+      float* s4 = S + 4 * m;
+      s4[0] = __fmul_rn(s4[0], ee.x);
+      s4[1] = __fmul_rn(s4[1], ee.y);
+      s4[2] = __fmul_rn(s4[2], ee.z);
+      s4[3] = __fmul_rn(s4[3], ee.w);
+      p.x = __fadd_rn(p.x, __fmul_rn(s4[0], kk.x));
+      p.y = __fadd_rn(p.y, __fmul_rn(s4[1], kk.y));
+      p.z = __fadd_rn(p.z, __fmul_rn(s4[2], kk.z));
+      p.w = __fadd_rn(p.w, __fmul_rn(s4[3], kk.w));
+    }
+    const float kv = rowgroup_sum(__fadd_rn(__fadd_rn(p.x, p.y), __fadd_rn(p.z, p.w)));
+    const float d = __fmul_rn(__fsub_rn(cur.v, kv), cur.beta);
+
+    // Rank-1 update, and o = (scale q)^T S over the updated rows.
+    float4 a = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+    for (int m = 0; m < kQuadsPerLane; ++m) {
+      const float4 kk = sk[warp][rg * kQuadsPerLane + m];
+      const float4 qq = sq[warp][rg * kQuadsPerLane + m];
+      float* s4 = S + 4 * m;
+      s4[0] = __fadd_rn(s4[0], __fmul_rn(kk.x, d));
+      s4[1] = __fadd_rn(s4[1], __fmul_rn(kk.y, d));
+      s4[2] = __fadd_rn(s4[2], __fmul_rn(kk.z, d));
+      s4[3] = __fadd_rn(s4[3], __fmul_rn(kk.w, d));
+      a.x = __fadd_rn(a.x, __fmul_rn(s4[0], qq.x));
+      a.y = __fadd_rn(a.y, __fmul_rn(s4[1], qq.y));
+      a.z = __fadd_rn(a.z, __fmul_rn(s4[2], qq.z));
+      a.w = __fadd_rn(a.w, __fmul_rn(s4[3], qq.w));
+    }
+    const float out = rowgroup_sum(__fadd_rn(__fadd_rn(a.x, a.y), __fadd_rn(a.z, a.w)));
+    if (rg == 0) o[th * kScanDv + j] = out;
+  }
+
+  float* sout = state_out[b];
+  if (sout) {
+#pragma unroll
+    for (int r = 0; r < kRowsPerLane; ++r) sout[my_off + static_cast<int64_t>(r) * kScanDv] = S[r];
+  }
+}
+
+}  // namespace
+
+extern "C" {
+
+int memra_cuda_kda_conv_prefill(MemraCudaCtx* ctx, const float* x, int T, int C, const float* w,
+                                int K, const float* ring_in, float* ring_out, float* y) {
+  MEMRA_CUDA_RETURN_IF(enter(ctx));
+  if (T < 0 || C < 0) return memra::kContractShape;
+  if (K < 1) return memra::kContractValue;
+  if (K < 2 || K > 8) return memra::kUnsupportedGeometry;
+  if (T == 0 || C == 0) return memra::kOk;
+  if (!x || !w || !ring_out || !y) return memra::kContractMissing;
+  const bool ok = dispatch_conv_k(K, [&](auto kc) {
+    launch_conv_prefill<decltype(kc)::value>(ctx->stream, x, T, C, w, ring_in, ring_out, y);
+  });
+  if (!ok) return memra::kUnsupportedGeometry;
+  return launch_status();
+}
+
+int memra_cuda_kda_conv_decode(MemraCudaCtx* ctx, const float* x, int B, int C, const float* w,
+                               int K, const float* const* ring_in, float* const* ring_out,
+                               float* y) {
+  MEMRA_CUDA_RETURN_IF(enter(ctx));
+  if (B < 0 || C < 0) return memra::kContractShape;
+  if (K < 1) return memra::kContractValue;
+  if (K < 2 || K > 8) return memra::kUnsupportedGeometry;
+  if (B == 0 || C == 0) return memra::kOk;
+  if (!x || !w || !ring_out || !y) return memra::kContractMissing;
+  const bool ok = dispatch_conv_k(K, [&](auto kc) {
+    launch_conv_decode<decltype(kc)::value>(ctx->stream, x, B, C, w, ring_in, ring_out, y);
+  });
+  if (!ok) return memra::kUnsupportedGeometry;
+  return launch_status();
+}
+
+int memra_cuda_kda_gate(MemraCudaCtx* ctx, const float* f, const float* dt_bias,
+                        const float* A_log, int T, int H, int dk, int form, float lower_bound,
+                        float* g) {
+  MEMRA_CUDA_RETURN_IF(enter(ctx));
+  if (form != 0 && form != 1) return memra::kContractValue;
+  if (T < 0 || H < 0 || dk < 0) return memra::kContractShape;
+  const int64_t n = static_cast<int64_t>(T) * H * dk;
+  if (n == 0) return memra::kOk;
+  if (!f || !dt_bias || !A_log || !g) return memra::kContractMissing;
+  gate_kernel<<<grid_for(n, 256), 256, 0, ctx->stream>>>(f, dt_bias, A_log, n, H, dk, form,
+                                                         lower_bound, g);
+  return launch_status();
+}
+
+int memra_cuda_kda_scan(MemraCudaCtx* ctx, const float* q, const float* k, const float* v,
+                        const float* g, const float* beta, int B, int T, int H, int dk, int dv,
+                        float scale, const float* const* state_in, float* const* state_out,
+                        float* o) {
+  MEMRA_CUDA_RETURN_IF(enter(ctx));
+  if (B < 0 || T < 0 || H < 0 || dk < 1 || dv < 1) return memra::kContractShape;
+  if (dk != kScanDk || dv != kScanDv) return memra::kUnsupportedGeometry;
+  if (B == 0 || T == 0 || H == 0) return memra::kOk;
+  if (!q || !k || !v || !g || !beta || !state_out || !o) return memra::kContractMissing;
+  const int64_t blocks = static_cast<int64_t>(B) * H * kBlocksPerHead;
+  if (blocks > 0x7fffffffLL) return memra::kContractShape;
+  scan_kernel<<<static_cast<unsigned>(blocks), kScanThreads, 0, ctx->stream>>>(
+      q, k, v, g, beta, T, H, scale, state_in, state_out, o);
+  return launch_status();
+}
+
+}  // extern "C"
