@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <new>
 #include "memra/msg.h"
 #include <string>
@@ -30,28 +31,65 @@ std::string spec_error(int layer, const std::string& what) {
 
 }  // namespace
 
-int64_t Cache::bytes_needed(int max_batch, int max_len, const std::vector<LayerStateSpec>& specs) {
-  int64_t floats = 0;
-  for (const auto& s : specs) {
+namespace {
+
+constexpr size_t kAlign = 256;  // every plane starts on a 256-byte boundary (coalesced loads)
+size_t aligned(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+
+// Lay out every plane in one arena; returns its bytes.
+template <typename Plane>
+size_t layout(int max_batch, int max_len, const std::vector<LayerStateSpec>& specs, DType latent,
+              std::vector<Plane>* planes) {
+  size_t off = 0;
+  auto take = [&](int64_t bytes) {
+    const size_t at = off;
+    off += aligned(static_cast<size_t>(bytes));
+    return at;
+  };
+  planes->assign(specs.size(), Plane());
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const auto& s = specs[i];
+    Plane& p = (*planes)[i];
     if (s.kind == LayerStateSpec::Kind::kKda) {
-      floats += 2 * int64_t(max_batch) * (s.conv_floats() + s.state_floats());
+      for (int w = 0; w < 2; ++w) {
+        p.conv[w] = take(int64_t(max_batch) * s.conv_floats() * 4);
+        p.state[w] = take(int64_t(max_batch) * s.state_floats() * 4);
+      }
     } else if (s.kind == LayerStateSpec::Kind::kMla) {
-      floats += int64_t(max_batch) * max_len * s.row_width;
+      p.latent = take(int64_t(max_batch) * max_len * s.row_width * int64_t(dtype_size(latent)));
       if (s.index_head_dim > 0) {
-        floats += int64_t(max_batch) * (max_len / s.kpool) * s.index_head_dim;
-        floats += int64_t(max_batch) * 2 * s.tail_rows * s.index_head_dim;
+        p.pool_keys = take(int64_t(max_batch) * (max_len / s.kpool) * s.index_head_dim * 4);
+        p.tail_k = take(int64_t(max_batch) * s.tail_rows * s.index_head_dim * 4);
+        p.tail_gate = take(int64_t(max_batch) * s.tail_rows * s.index_head_dim * 4);
       }
     }
   }
-  return floats * int64_t(sizeof(float));
+  return off;
+}
+
+}  // namespace
+
+int64_t Cache::bytes_needed(int max_batch, int max_len, const std::vector<LayerStateSpec>& specs,
+                            DType latent_dtype) {
+  std::vector<Plane> planes;
+  return static_cast<int64_t>(layout(max_batch, max_len, specs, latent_dtype, &planes));
 }
 
 Status Cache::create(int max_batch, int max_len, std::vector<LayerStateSpec> specs,
                      std::unique_ptr<Cache>* out) {
+  return create(nullptr, DType::kF32, max_batch, max_len, std::move(specs), out);
+}
+
+Status Cache::create(std::shared_ptr<CudaContext> cuda, DType latent_dtype, int max_batch,
+                     int max_len, std::vector<LayerStateSpec> specs, std::unique_ptr<Cache>* out) {
   if (max_batch < 1 || max_len < 1) {
     return Status(kContractValue, "Cache: max_batch and max_len must be >= 1, got max_batch=" +
                                       std::to_string(max_batch) +
                                       ", max_len=" + std::to_string(max_len));
+  }
+  if (latent_dtype != DType::kF32 && !(cuda && latent_dtype == DType::kBF16)) {
+    return Status(kContractDType, std::string("Cache: latent_dtype ") + dtype_name(latent_dtype) +
+                                      " is not supported here (float32; bfloat16 on CUDA)");
   }
   for (size_t i = 0; i < specs.size(); ++i) {
     const auto& s = specs[i];
@@ -69,45 +107,77 @@ Status Cache::create(int max_batch, int max_len, std::vector<LayerStateSpec> spe
       }
     }
   }
-  const int64_t need = bytes_needed(max_batch, max_len, specs);
+  std::unique_ptr<Cache> c(new Cache());
+  c->cuda_ = std::move(cuda);
+  c->latent_dtype_ = latent_dtype;
+  c->max_batch_ = max_batch;
+  c->max_len_ = max_len;
+  c->specs_ = std::move(specs);
+  c->nbytes_ = static_cast<int64_t>(layout(max_batch, max_len, c->specs_, latent_dtype, &c->planes_));
+  c->lengths_.assign(max_batch, 0);
+  c->cur_.assign(max_batch, 0);
+  MEMRA_TRY(c->allocate());
+  *out = std::move(c);
+  return Status::Ok();
+}
+
+Status Cache::allocate() {
+  const int64_t need = nbytes_;
+  if (cuda_) {
+    size_t free_bytes = 0, total = 0;
+    const int rc = cuda_->api().mem_info(cuda_->ctx(), &free_bytes, &total);
+    if (rc != kOk) return cuda_->status(rc, "Cache");
+    if (need > static_cast<int64_t>(free_bytes)) {
+      Msg os;
+      os << "Cache: " << max_batch_ << " slots x " << max_len_ << " tokens need " << need
+         << " bytes of device memory, but only " << free_bytes << " are free";
+      return Status(kOutOfMemory, os.str());
+    }
+    MEMRA_TRY(DeviceBuffer::create(cuda_, static_cast<size_t>(need), &device_arena_));
+    arena_ptr_ = static_cast<uint8_t*>(device_arena_->data());
+    return fill_zero(arena_ptr_, static_cast<size_t>(need));
+  }
   const int64_t avail = available_host_bytes();
   if (avail >= 0 && need > avail) {
     Msg os;
-    os << "Cache: " << max_batch << " slots x " << max_len << " tokens need " << need
+    os << "Cache: " << max_batch_ << " slots x " << max_len_ << " tokens need " << need
        << " bytes of host memory, but only " << avail << " are available";
     return Status(kOutOfMemory, os.str());
   }
-  std::unique_ptr<Cache> c(new Cache());
-  c->max_batch_ = max_batch;
-  c->max_len_ = max_len;
-  c->nbytes_ = need;
-  c->specs_ = std::move(specs);
-  c->lengths_.assign(max_batch, 0);
-  c->cur_.assign(max_batch, 0);
   try {
-    c->planes_.resize(c->specs_.size());
-    for (size_t i = 0; i < c->specs_.size(); ++i) {
-      const auto& s = c->specs_[i];
-      Plane& p = c->planes_[i];
-      if (s.kind == LayerStateSpec::Kind::kKda) {
-        for (int w = 0; w < 2; ++w) {
-          p.conv[w].assign(size_t(max_batch) * s.conv_floats(), 0.0f);
-          p.state[w].assign(size_t(max_batch) * s.state_floats(), 0.0f);
-        }
-      } else if (s.kind == LayerStateSpec::Kind::kMla) {
-        p.latent.assign(size_t(max_batch) * max_len * s.row_width, 0.0f);
-        if (s.index_head_dim > 0) {
-          p.pool_keys.assign(size_t(max_batch) * (max_len / s.kpool) * s.index_head_dim, 0.0f);
-          p.tail_k.assign(size_t(max_batch) * s.tail_rows * s.index_head_dim, 0.0f);
-          p.tail_gate.assign(size_t(max_batch) * s.tail_rows * s.index_head_dim, 0.0f);
-        }
-      }
-    }
+    host_arena_.assign(static_cast<size_t>(need) / sizeof(float) + 1, 0.0f);
   } catch (const std::bad_alloc&) {
     return Status(kOutOfMemory, "Cache: allocation of " + std::to_string(need) + " bytes failed");
   }
-  *out = std::move(c);
+  arena_ptr_ = reinterpret_cast<uint8_t*>(host_arena_.data());
   return Status::Ok();
+}
+
+Status Cache::fill_zero(void* p, size_t bytes) {
+  if (!cuda_) {
+    std::memset(p, 0, bytes);
+    return Status::Ok();
+  }
+  const int rc = cuda_->api().zero(cuda_->ctx(), p, bytes);
+  return rc == kOk ? Status::Ok() : cuda_->status(rc, "Cache");
+}
+
+Status Cache::copy_bytes(void* dst, const void* src, size_t bytes) {
+  if (!cuda_) {
+    std::memmove(dst, src, bytes);
+    return Status::Ok();
+  }
+  const int rc = cuda_->api().copy(cuda_->ctx(), dst, src, bytes);
+  return rc == kOk ? Status::Ok() : cuda_->status(rc, "Cache");
+}
+
+Status Cache::read(void* host_dst, const void* plane_src, size_t bytes) const {
+  if (!cuda_) {
+    std::memcpy(host_dst, plane_src, bytes);
+    return Status::Ok();
+  }
+  const int rc = cuda_->api().copy_to_host(cuda_->ctx(), host_dst, plane_src, bytes);
+  return rc == kOk ? Status::Ok() : cuda_->status(rc, "Cache.read");
 }
 
 Status Cache::check_slot(int slot, const char* op) const {
@@ -168,27 +238,27 @@ Status Cache::check_room(int slot, int n, const char* op) const {
 }
 
 float* Cache::conv(int layer, int slot, int which) {
-  const auto& s = specs_[layer];
-  return planes_[layer].conv[which].data() + int64_t(slot) * s.conv_floats();
+  return reinterpret_cast<float*>(base() + planes_[layer].conv[which]) + int64_t(slot) * specs_[layer].conv_floats();
 }
 float* Cache::state(int layer, int slot, int which) {
-  const auto& s = specs_[layer];
-  return planes_[layer].state[which].data() + int64_t(slot) * s.state_floats();
+  return reinterpret_cast<float*>(base() + planes_[layer].state[which]) + int64_t(slot) * specs_[layer].state_floats();
 }
-float* Cache::latent(int layer, int slot) {
-  return planes_[layer].latent.data() + int64_t(slot) * max_len_ * specs_[layer].row_width;
+void* Cache::latent_raw(int layer, int slot) {
+  return base() + planes_[layer].latent +
+         size_t(slot) * max_len_ * specs_[layer].row_width * dtype_size(latent_dtype_);
 }
+float* Cache::latent(int layer, int slot) { return static_cast<float*>(latent_raw(layer, slot)); }
 float* Cache::pool_keys(int layer, int slot) {
   const auto& s = specs_[layer];
-  return planes_[layer].pool_keys.data() + int64_t(slot) * (max_len_ / s.kpool) * s.index_head_dim;
+  return reinterpret_cast<float*>(base() + planes_[layer].pool_keys) + int64_t(slot) * (max_len_ / s.kpool) * s.index_head_dim;
 }
 float* Cache::tail_k(int layer, int slot) {
   const auto& s = specs_[layer];
-  return planes_[layer].tail_k.data() + int64_t(slot) * s.tail_rows * s.index_head_dim;
+  return reinterpret_cast<float*>(base() + planes_[layer].tail_k) + int64_t(slot) * s.tail_rows * s.index_head_dim;
 }
 float* Cache::tail_gate(int layer, int slot) {
   const auto& s = specs_[layer];
-  return planes_[layer].tail_gate.data() + int64_t(slot) * s.tail_rows * s.index_head_dim;
+  return reinterpret_cast<float*>(base() + planes_[layer].tail_gate) + int64_t(slot) * s.tail_rows * s.index_head_dim;
 }
 
 Status Cache::commit(int slot, int n) {
@@ -205,8 +275,8 @@ Status Cache::free(int slot) {
   for (int l = 0; l < num_layers(); ++l) {
     if (specs_[l].kind != LayerStateSpec::Kind::kKda) continue;
     for (int w = 0; w < 2; ++w) {
-      std::fill_n(conv(l, slot, w), specs_[l].conv_floats(), 0.0f);
-      std::fill_n(state(l, slot, w), specs_[l].state_floats(), 0.0f);
+      MEMRA_TRY(fill_zero(conv(l, slot, w), size_t(specs_[l].conv_floats()) * 4));
+      MEMRA_TRY(fill_zero(state(l, slot, w), size_t(specs_[l].state_floats()) * 4));
     }
   }
   return Status::Ok();
@@ -220,15 +290,16 @@ Status Cache::copy_slot(int src, int dst) {
     const auto& s = specs_[l];
     if (s.kind == LayerStateSpec::Kind::kKda) {
       for (int w = 0; w < 2; ++w) {
-        std::copy_n(conv(l, src, w), s.conv_floats(), conv(l, dst, w));
-        std::copy_n(state(l, src, w), s.state_floats(), state(l, dst, w));
+        MEMRA_TRY(copy_bytes(conv(l, dst, w), conv(l, src, w), size_t(s.conv_floats()) * 4));
+        MEMRA_TRY(copy_bytes(state(l, dst, w), state(l, src, w), size_t(s.state_floats()) * 4));
       }
     } else if (s.kind == LayerStateSpec::Kind::kMla) {
-      std::copy_n(latent(l, src), int64_t(max_len_) * s.row_width, latent(l, dst));
+      MEMRA_TRY(copy_bytes(latent_raw(l, dst), latent_raw(l, src),
+                           size_t(max_len_) * s.row_width * dtype_size(latent_dtype_)));
       if (s.index_head_dim > 0) {
-        std::copy_n(pool_keys(l, src), int64_t(max_len_ / s.kpool) * s.index_head_dim, pool_keys(l, dst));
-        std::copy_n(tail_k(l, src), int64_t(s.tail_rows) * s.index_head_dim, tail_k(l, dst));
-        std::copy_n(tail_gate(l, src), int64_t(s.tail_rows) * s.index_head_dim, tail_gate(l, dst));
+        MEMRA_TRY(copy_bytes(pool_keys(l, dst), pool_keys(l, src), size_t(max_len_ / s.kpool) * s.index_head_dim * 4));
+        MEMRA_TRY(copy_bytes(tail_k(l, dst), tail_k(l, src), size_t(s.tail_rows) * s.index_head_dim * 4));
+        MEMRA_TRY(copy_bytes(tail_gate(l, dst), tail_gate(l, src), size_t(s.tail_rows) * s.index_head_dim * 4));
       }
     }
   }

@@ -12,11 +12,12 @@ namespace memra::py {
 
 namespace {
 
-NpF32 copy_out(const float* src, std::vector<size_t> shape) {
+// A host float32 copy of a plane (waits for the device on a CUDA cache).
+NpF32 copy_out(const Cache& c, const float* src, std::vector<size_t> shape) {
   NpF32 out = new_f32(shape);
   size_t n = 1;
   for (size_t s : shape) n *= s;
-  std::memcpy(out.data(), src, n * sizeof(float));
+  check(c.read(out.data(), src, n * sizeof(float)));
   return out;
 }
 
@@ -71,18 +72,33 @@ void init_cache(nb::module_& m) {
       .def(
           "__init__",
           [](Cache* self, const Engine& engine, const std::vector<LayerStateSpec>& specs,
-             int max_batch, int max_len) {
+             int max_batch, int max_len, const std::string& latent_dtype) {
+            DType ld = DType::kF32;
+            if (latent_dtype == "bfloat16") {
+              ld = DType::kBF16;
+            } else if (latent_dtype != "float32") {
+              raise_contract(kContractValue, "Cache: latent_dtype must be 'float32' or 'bfloat16', got '" +
+                                                 latent_dtype + "'");
+            }
             std::unique_ptr<Cache> c;
-            check(Cache::create(max_batch, max_len, specs, &c));
+            check(Cache::create(engine.cuda(), ld, max_batch, max_len, specs, &c));
             new (self) Cache(std::move(*c));
           },
           nb::arg("engine"), nb::arg("specs"), nb::kw_only(), nb::arg("max_batch"),
-          nb::arg("max_len"))
-      .def_static("bytes_needed", &Cache::bytes_needed, nb::arg("max_batch"), nb::arg("max_len"),
-                  nb::arg("specs"), "Bytes the planes of such a cache take.")
+          nb::arg("max_len"), nb::arg("latent_dtype") = "float32",
+          "engine: the Engine whose device holds the planes; specs: one LayerStateSpec per layer; "
+          "latent_dtype: 'float32' or 'bfloat16' (CUDA engines only) for the MLA latent rows.")
+      .def_static(
+          "bytes_needed",
+          [](int max_batch, int max_len, const std::vector<LayerStateSpec>& specs) {
+            return Cache::bytes_needed(max_batch, max_len, specs);
+          },
+          nb::arg("max_batch"), nb::arg("max_len"), nb::arg("specs"),
+          "Bytes the planes of such a cache take (float32 latent rows).")
       .def_prop_ro("max_batch", &Cache::max_batch)
       .def_prop_ro("max_len", &Cache::max_len)
       .def_prop_ro("nbytes", &Cache::nbytes)
+      .def_prop_ro("on_device", &Cache::on_device)
       .def_prop_ro("num_layers", &Cache::num_layers)
       .def(
           "length",
@@ -106,7 +122,7 @@ void init_cache(nb::module_& m) {
           [](Cache& c, int layer, int slot) {
             check_plane(c, layer, slot, LayerStateSpec::Kind::kKda, "Cache.kda_state");
             const auto& s = c.spec(layer);
-            return copy_out(c.state(layer, slot, c.cur(slot)),
+            return copy_out(c, c.state(layer, slot, c.cur(slot)),
                             {size_t(s.heads), size_t(s.head_dim), size_t(s.head_dim)});
           },
           nb::arg("layer"), nb::arg("slot"), "Copy of the committed recurrent state [H, dk, dv].")
@@ -115,7 +131,7 @@ void init_cache(nb::module_& m) {
           [](Cache& c, int layer, int slot) {
             check_plane(c, layer, slot, LayerStateSpec::Kind::kKda, "Cache.kda_conv");
             const auto& s = c.spec(layer);
-            return copy_out(c.conv(layer, slot, c.cur(slot)),
+            return copy_out(c, c.conv(layer, slot, c.cur(slot)),
                             {size_t(3 * s.heads * s.head_dim), size_t(s.conv_kernel - 1)});
           },
           nb::arg("layer"), nb::arg("slot"), "Copy of the committed conv ring [3*qkv, K-1].")
@@ -123,8 +139,13 @@ void init_cache(nb::module_& m) {
           "latent_rows",
           [](Cache& c, int layer, int slot) {
             check_plane(c, layer, slot, LayerStateSpec::Kind::kMla, "Cache.latent_rows");
-            return copy_out(c.latent(layer, slot),
-                            {size_t(c.length(slot)), size_t(c.spec(layer).row_width)});
+            const size_t rows = size_t(c.length(slot)), W = size_t(c.spec(layer).row_width);
+            if (c.latent_dtype() == DType::kF32) return copy_out(c, c.latent(layer, slot), {rows, W});
+            std::vector<uint16_t> bits(rows * W);
+            check(c.read(bits.data(), c.latent_raw(layer, slot), bits.size() * 2));
+            NpF32 out = new_f32({rows, W});
+            for (size_t i = 0; i < bits.size(); ++i) out.data()[i] = bf16_to_f32(bits[i]);
+            return out;
           },
           nb::arg("layer"), nb::arg("slot"), "Copy of the committed latent rows [length, row_width].")
       .def(
@@ -133,7 +154,7 @@ void init_cache(nb::module_& m) {
             check_plane(c, layer, slot, LayerStateSpec::Kind::kMla, "Cache.pool_keys");
             const auto& s = c.spec(layer);
             if (s.index_head_dim == 0) raise_contract(kContractValue, "Cache.pool_keys: layer has no indexer state");
-            return copy_out(c.pool_keys(layer, slot),
+            return copy_out(c, c.pool_keys(layer, slot),
                             {size_t(c.length(slot) / s.kpool), size_t(s.index_head_dim)});
           },
           nb::arg("layer"), nb::arg("slot"), "Copy of the resident pool keys [length // kpool, d].")

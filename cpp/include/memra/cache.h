@@ -11,6 +11,10 @@
 //               tail ring of raw indexer rows (k and gate, [tail_rows, d] each) holding the rows
 //               of the incomplete pool; tail_rows is a multiple of kpool so a pool's rows stay
 //               contiguous across the wrap.
+//
+// Storage: one arena holding every plane, in host memory for the CPU backend or one device
+// allocation for a CUDA engine (plane accessors then return device pointers). The MLA latent rows
+// are f32, or bf16 on a CUDA cache made with latent_dtype = bf16; every other plane is f32.
 #pragma once
 
 #include <cstdint>
@@ -18,7 +22,9 @@
 #include <string>
 #include <vector>
 
+#include "memra/device.h"
 #include "memra/status.h"
+#include "memra/tensor.h"
 
 namespace memra {
 
@@ -39,13 +45,20 @@ struct LayerStateSpec {
 
 class Cache {
  public:
-  // Validates the specs, checks the bytes against available memory (kOutOfMemory before
-  // allocating anything) and allocates zeroed planes.
+  // Validates the specs, checks the bytes against available memory (host MemAvailable, or the
+  // device's free memory for a CUDA cache; kOutOfMemory before allocating anything) and allocates
+  // zeroed planes. cuda == nullptr: host arena. latent_dtype: kF32, or kBF16 (CUDA only).
   static Status create(int max_batch, int max_len, std::vector<LayerStateSpec> specs,
                        std::unique_ptr<Cache>* out);
+  static Status create(std::shared_ptr<CudaContext> cuda, DType latent_dtype, int max_batch,
+                       int max_len, std::vector<LayerStateSpec> specs, std::unique_ptr<Cache>* out);
   // Bytes the planes of such a cache take.
-  static int64_t bytes_needed(int max_batch, int max_len, const std::vector<LayerStateSpec>& specs);
+  static int64_t bytes_needed(int max_batch, int max_len, const std::vector<LayerStateSpec>& specs,
+                              DType latent_dtype = DType::kF32);
 
+  bool on_device() const { return cuda_ != nullptr; }
+  const std::shared_ptr<CudaContext>& cuda() const { return cuda_; }
+  DType latent_dtype() const { return latent_dtype_; }
   int max_batch() const { return max_batch_; }
   int max_len() const { return max_len_; }
   int num_layers() const { return static_cast<int>(specs_.size()); }
@@ -68,7 +81,8 @@ class Cache {
   // Planes of (layer, slot). which = 0/1 selects the ping-pong plane (cur or 1 - cur).
   float* conv(int layer, int slot, int which);
   float* state(int layer, int slot, int which);
-  float* latent(int layer, int slot);       // [max_len, row_width]
+  float* latent(int layer, int slot);       // [max_len, row_width] (f32 caches)
+  void* latent_raw(int layer, int slot);    // [max_len, row_width] in latent_dtype()
   float* pool_keys(int layer, int slot);    // [max_len / kpool, index_head_dim]
   float* tail_k(int layer, int slot);       // [tail_rows, index_head_dim]
   float* tail_gate(int layer, int slot);    // [tail_rows, index_head_dim]
@@ -79,13 +93,25 @@ class Cache {
   Status free(int slot);
   // Copy the whole state of src into dst (prefix reuse).
   Status copy_slot(int src, int dst);
+  // Copy `bytes` from a plane pointer into host memory (waits for the device for a CUDA cache).
+  Status read(void* host_dst, const void* plane_src, size_t bytes) const;
 
  private:
   Cache() = default;
+  // Byte offsets of each plane in the arena.
   struct Plane {
-    std::vector<float> conv[2], state[2];  // [max_batch, ...] each
-    std::vector<float> latent, pool_keys, tail_k, tail_gate;
+    size_t conv[2] = {0, 0}, state[2] = {0, 0};  // [max_batch, ...] each
+    size_t latent = 0, pool_keys = 0, tail_k = 0, tail_gate = 0;
   };
+  Status allocate();
+  Status fill_zero(void* p, size_t bytes);
+  Status copy_bytes(void* dst, const void* src, size_t bytes);
+  uint8_t* base() const { return arena_ptr_; }
+  std::shared_ptr<CudaContext> cuda_;
+  DType latent_dtype_ = DType::kF32;
+  std::vector<float> host_arena_;
+  std::shared_ptr<DeviceBuffer> device_arena_;
+  uint8_t* arena_ptr_ = nullptr;
   int max_batch_ = 0, max_len_ = 0;
   int64_t nbytes_ = 0;
   std::vector<LayerStateSpec> specs_;
