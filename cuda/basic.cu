@@ -1,0 +1,369 @@
+// Basic ops of the CUDA backend (cpp/include/memra/cuda_abi/basic.h): embedding, the per-row
+// norms (RMSNorm, sigmoid-gated RMSNorm, LayerNorm, per-head L2 norm), interleaved RoPE and an
+// elementwise sigmoid. The GPU twins of cpu/basic.cpp: same formulas and the same operation
+// order inside each element; only the row reductions are summed in tree order (f32, relative
+// differences ~1e-6 against the sequential CPU sums).
+#include <cmath>
+#include <cstdint>
+#include <type_traits>
+#include <utility>
+
+#include "common.cuh"
+
+using memra::cuda::ceil_div;
+using memra::cuda::enter;
+using memra::cuda::launch_status;
+using memra::cuda::to_f32;
+
+namespace {
+
+// ---------------------------------------------------------------------------------------------
+// Row reductions. A "group" of G threads (G a power of two, 32..1024) owns one row; a block of
+// kBlock(G) = max(G, 256) threads holds kBlock / G rows. Threads stride the row by G, so loads
+// are coalesced; partial sums meet through warp shuffles and (G > 32) one slot per warp in
+// shared memory. Rows past the end still take part in every __syncthreads.
+
+template <int G>
+struct Group {
+  static_assert(G >= 32 && G <= 1024 && (G & (G - 1)) == 0, "G: power of two in [32, 1024]");
+  static constexpr int kBlock = G >= 256 ? G : 256;
+  static constexpr int kRows = kBlock / G;
+  static constexpr int kWarps = kBlock / 32;
+};
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// Sum of `v` over the calling thread's group; every thread of the group gets the total. `red`
+// holds Group<G>::kWarps floats. Contains two __syncthreads when G > 32 (all threads of the
+// block must call it), so `red` can be reused by the next call at once.
+template <int G>
+__device__ __forceinline__ float group_sum(float v, float* red) {
+  v = warp_sum(v);
+  if constexpr (G == 32) {
+    return v;
+  } else {
+    const int warp = threadIdx.x >> 5;
+    if ((threadIdx.x & 31) == 0) red[warp] = v;
+    __syncthreads();
+    const int first = (threadIdx.x / G) * (G / 32);
+    float s = 0.0f;
+#pragma unroll
+    for (int i = 0; i < G / 32; ++i) s += red[first + i];
+    __syncthreads();
+    return s;
+  }
+}
+
+// Threads per row for width D: about 4 elements per thread, 32..1024.
+int group_for(int D) {
+  int g = 32;
+  while (g < 1024 && g * 4 < D) g *= 2;
+  return g;
+}
+
+// Calls f(std::integral_constant<int, G>) for the runtime group size g.
+template <typename F>
+void with_group(int g, F&& f) {
+  switch (g) {
+    case 32: f(std::integral_constant<int, 32>{}); break;
+    case 64: f(std::integral_constant<int, 64>{}); break;
+    case 128: f(std::integral_constant<int, 128>{}); break;
+    case 256: f(std::integral_constant<int, 256>{}); break;
+    case 512: f(std::integral_constant<int, 512>{}); break;
+    default: f(std::integral_constant<int, 1024>{}); break;
+  }
+}
+
+template <int G>
+unsigned row_blocks(int64_t rows) {
+  return ceil_div(rows, Group<G>::kRows);
+}
+
+// cpu::rms_norm: y = (w *) (x * (1 / sqrt(sum(x^2) / D + eps))). x and y may alias: each element
+// is read and then written by the same thread, after the row's reduction.
+template <int G>
+__global__ void __launch_bounds__(Group<G>::kBlock)
+    rms_norm_kernel(const float* x, int64_t rows, int D, const float* w, float eps, float* y) {
+  __shared__ float red[Group<G>::kWarps];
+  const int64_t row = int64_t(blockIdx.x) * Group<G>::kRows + threadIdx.x / G;
+  const int lane = threadIdx.x % G;
+  const bool live = row < rows;
+  const float* xr = x + (live ? row : 0) * D;
+  float ss = 0.0f;
+  if (live) {
+    for (int i = lane; i < D; i += G) {
+      const float v = xr[i];
+      ss += v * v;
+    }
+  }
+  ss = group_sum<G>(ss, red);
+  if (!live) return;
+  const float inv = 1.0f / sqrtf(ss / static_cast<float>(D) + eps);
+  float* yr = y + row * D;
+  for (int i = lane; i < D; i += G) {
+    const float n = __fmul_rn(xr[i], inv);
+    yr[i] = w ? __fmul_rn(w[i], n) : n;
+  }
+}
+
+// cpu::rms_norm_gated_sigmoid: y = w * (x * inv) * sigmoid(gate). y may alias x (or gate).
+template <int G>
+__global__ void __launch_bounds__(Group<G>::kBlock)
+    rms_norm_gated_kernel(const float* x, const float* gate, int64_t rows, int D, const float* w,
+                          float eps, float* y) {
+  __shared__ float red[Group<G>::kWarps];
+  const int64_t row = int64_t(blockIdx.x) * Group<G>::kRows + threadIdx.x / G;
+  const int lane = threadIdx.x % G;
+  const bool live = row < rows;
+  const float* xr = x + (live ? row : 0) * D;
+  float ss = 0.0f;
+  if (live) {
+    for (int i = lane; i < D; i += G) {
+      const float v = xr[i];
+      ss += v * v;
+    }
+  }
+  ss = group_sum<G>(ss, red);
+  if (!live) return;
+  const float inv = 1.0f / sqrtf(ss / static_cast<float>(D) + eps);
+  const float* gr = gate + row * D;
+  float* yr = y + row * D;
+  for (int i = lane; i < D; i += G) {
+    const float sig = 1.0f / (1.0f + expf(-gr[i]));
+    yr[i] = __fmul_rn(__fmul_rn(w[i], __fmul_rn(xr[i], inv)), sig);
+  }
+}
+
+// cpu::layer_norm: two passes as the reference (mean, then the mean of squared deviations).
+template <int G>
+__global__ void __launch_bounds__(Group<G>::kBlock)
+    layer_norm_kernel(const float* x, int64_t rows, int D, const float* w, const float* b,
+                      float eps, float* y) {
+  __shared__ float red[Group<G>::kWarps];
+  const int64_t row = int64_t(blockIdx.x) * Group<G>::kRows + threadIdx.x / G;
+  const int lane = threadIdx.x % G;
+  const bool live = row < rows;
+  const float* xr = x + (live ? row : 0) * D;
+  float s = 0.0f;
+  if (live) {
+    for (int i = lane; i < D; i += G) s += xr[i];
+  }
+  const float mean = group_sum<G>(s, red) / static_cast<float>(D);
+  float v = 0.0f;
+  if (live) {
+    for (int i = lane; i < D; i += G) {
+      const float d = xr[i] - mean;
+      v += d * d;
+    }
+  }
+  const float var = group_sum<G>(v, red) / static_cast<float>(D);
+  if (!live) return;
+  const float inv = 1.0f / sqrtf(var + eps);
+  float* yr = y + row * D;
+  for (int i = lane; i < D; i += G) {
+    yr[i] = __fadd_rn(__fmul_rn(__fmul_rn(xr[i] - mean, inv), w[i]), b[i]);
+  }
+}
+
+// cpu::l2norm_heads in place: v / sqrt(sum(v^2) + eps) per row of d.
+template <int G>
+__global__ void __launch_bounds__(Group<G>::kBlock)
+    l2norm_kernel(float* x, int64_t rows, int d, float eps) {
+  __shared__ float red[Group<G>::kWarps];
+  const int64_t row = int64_t(blockIdx.x) * Group<G>::kRows + threadIdx.x / G;
+  const int lane = threadIdx.x % G;
+  const bool live = row < rows;
+  float* xr = x + (live ? row : 0) * d;
+  float ss = 0.0f;
+  if (live) {
+    for (int i = lane; i < d; i += G) {
+      const float v = xr[i];
+      ss += v * v;
+    }
+  }
+  ss = group_sum<G>(ss, red);
+  if (!live) return;
+  const float n = sqrtf(ss + eps);
+  for (int i = lane; i < d; i += G) xr[i] = xr[i] / n;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Embedding: one block per token; an id outside [0, vocab) gives a zero row.
+
+template <typename W>
+__global__ void embedding_kernel(const W* __restrict__ table, int64_t vocab, int D,
+                                 const int32_t* __restrict__ ids, float* __restrict__ out) {
+  const int64_t t = blockIdx.x;
+  const int32_t id = ids[t];
+  float* o = out + t * D;
+  if (id < 0 || id >= vocab) {
+    for (int i = threadIdx.x; i < D; i += blockDim.x) o[i] = 0.0f;
+    return;
+  }
+  const W* r = table + static_cast<int64_t>(id) * D;
+  for (int i = threadIdx.x; i < D; i += blockDim.x) o[i] = to_f32(r[i]);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Interleaved RoPE. The inverse frequencies are computed on the host in double exactly as
+// cpu::rope_interleaved does (std::pow(base, -2j / d_rope)) and passed by value (captured with
+// the launch in a CUDA graph); pairs past kRopeHostFreqs fall back to the device's pow. The
+// angle pos * inv_freq, its cos and sin are taken in double and rounded once to f32, as on the
+// CPU. Block (32, 8): x walks the pairs j of one token, y the vectors; grid (T, pairs / 32).
+
+constexpr int kRopeHostFreqs = 256;
+struct RopeFreqs {
+  double inv_freq[kRopeHostFreqs];
+};
+
+__global__ void __launch_bounds__(256)
+    rope_kernel(float* x, const int32_t* __restrict__ positions, int n_vec, int d_rope,
+                double base, const RopeFreqs freqs) {
+  const int half = d_rope / 2;
+  const int j = blockIdx.y * 32 + threadIdx.x;
+  if (j >= half) return;
+  const int64_t t = blockIdx.x;
+  const double pos = positions[t];
+  const double inv_freq =
+      j < kRopeHostFreqs ? freqs.inv_freq[j] : pow(base, -2.0 * j / d_rope);
+  double sd, cd;
+  sincos(pos * inv_freq, &sd, &cd);
+  const float c = static_cast<float>(cd), s = static_cast<float>(sd);
+  for (int v = threadIdx.y; v < n_vec; v += blockDim.y) {
+    float* p = x + (t * n_vec + v) * d_rope + 2 * j;
+    const float a = p[0], b = p[1];
+    p[0] = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
+    p[1] = __fadd_rn(__fmul_rn(a, s), __fmul_rn(b, c));
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+
+__global__ void sigmoid_kernel(const float* x, int64_t n, float* y) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    y[i] = 1.0f / (1.0f + expf(-x[i]));
+  }
+}
+
+unsigned grid_stride_blocks(int64_t n, int threads) {
+  const int64_t b = (n + threads - 1) / threads;
+  return static_cast<unsigned>(b < 65535 * 16 ? b : 65535 * 16);
+}
+
+}  // namespace
+
+extern "C" {
+
+int memra_cuda_embedding(MemraCudaCtx* ctx, const void* table, int table_dtype, int64_t vocab,
+                         int D, const int32_t* ids, int T, float* out) {
+  MEMRA_CUDA_RETURN_IF(enter(ctx));
+  if (T < 0 || D < 0 || vocab < 0) return memra::kContractValue;
+  if (table_dtype < 0 || table_dtype > 2) return memra::kContractDType;
+  if (T == 0 || D == 0) return memra::kOk;
+  if (!ids || !out || (!table && vocab > 0)) return memra::kContractMissing;
+  const int threads = D >= 256 ? 256 : (D >= 128 ? 128 : (D >= 64 ? 64 : 32));
+  switch (table_dtype) {
+    case 0:
+      embedding_kernel<<<T, threads, 0, ctx->stream>>>(static_cast<const float*>(table), vocab,
+                                                       D, ids, out);
+      break;
+    case 1:
+      embedding_kernel<<<T, threads, 0, ctx->stream>>>(
+          static_cast<const __nv_bfloat16*>(table), vocab, D, ids, out);
+      break;
+    default:
+      embedding_kernel<<<T, threads, 0, ctx->stream>>>(static_cast<const __half*>(table), vocab,
+                                                       D, ids, out);
+      break;
+  }
+  return launch_status();
+}
+
+int memra_cuda_rms_norm(MemraCudaCtx* ctx, const float* x, int T, int D, const float* w, float eps,
+                        float* y) {
+  MEMRA_CUDA_RETURN_IF(enter(ctx));
+  if (T < 0 || D < 0) return memra::kContractValue;
+  if (T == 0 || D == 0) return memra::kOk;
+  if (!x || !y) return memra::kContractMissing;
+  with_group(group_for(D), [&](auto g) {
+    constexpr int G = decltype(g)::value;
+    rms_norm_kernel<G><<<row_blocks<G>(T), Group<G>::kBlock, 0, ctx->stream>>>(x, T, D, w, eps,
+                                                                               y);
+  });
+  return launch_status();
+}
+
+int memra_cuda_rms_norm_gated_sigmoid(MemraCudaCtx* ctx, const float* x, const float* gate, int T,
+                                      int D, const float* w, float eps, float* y) {
+  MEMRA_CUDA_RETURN_IF(enter(ctx));
+  if (T < 0 || D < 0) return memra::kContractValue;
+  if (T == 0 || D == 0) return memra::kOk;
+  if (!x || !gate || !w || !y) return memra::kContractMissing;
+  with_group(group_for(D), [&](auto g) {
+    constexpr int G = decltype(g)::value;
+    rms_norm_gated_kernel<G><<<row_blocks<G>(T), Group<G>::kBlock, 0, ctx->stream>>>(
+        x, gate, T, D, w, eps, y);
+  });
+  return launch_status();
+}
+
+int memra_cuda_layer_norm(MemraCudaCtx* ctx, const float* x, int T, int D, const float* w,
+                          const float* b, float eps, float* y) {
+  MEMRA_CUDA_RETURN_IF(enter(ctx));
+  if (T < 0 || D < 0) return memra::kContractValue;
+  if (T == 0 || D == 0) return memra::kOk;
+  if (!x || !w || !b || !y) return memra::kContractMissing;
+  with_group(group_for(D), [&](auto g) {
+    constexpr int G = decltype(g)::value;
+    layer_norm_kernel<G><<<row_blocks<G>(T), Group<G>::kBlock, 0, ctx->stream>>>(x, T, D, w, b,
+                                                                                 eps, y);
+  });
+  return launch_status();
+}
+
+int memra_cuda_l2norm_heads(MemraCudaCtx* ctx, float* x, int T, int H, int d, float eps) {
+  MEMRA_CUDA_RETURN_IF(enter(ctx));
+  if (T < 0 || H < 0 || d < 0) return memra::kContractValue;
+  const int64_t rows = static_cast<int64_t>(T) * H;
+  if (rows == 0 || d == 0) return memra::kOk;
+  if (!x) return memra::kContractMissing;
+  with_group(group_for(d), [&](auto g) {
+    constexpr int G = decltype(g)::value;
+    l2norm_kernel<G><<<row_blocks<G>(rows), Group<G>::kBlock, 0, ctx->stream>>>(x, rows, d, eps);
+  });
+  return launch_status();
+}
+
+int memra_cuda_rope_interleaved(MemraCudaCtx* ctx, float* x, const int32_t* positions, int T,
+                                int n_vec, int d_rope, float base) {
+  MEMRA_CUDA_RETURN_IF(enter(ctx));
+  if (d_rope % 2 != 0) return memra::kContractOddRope;
+  if (T < 0 || n_vec < 0 || d_rope < 0) return memra::kContractValue;
+  if (T == 0 || n_vec == 0 || d_rope == 0) return memra::kOk;
+  if (!x || !positions) return memra::kContractMissing;
+  const int half = d_rope / 2;
+  RopeFreqs freqs;
+  for (int j = 0; j < kRopeHostFreqs; ++j) {
+    freqs.inv_freq[j] = j < half ? std::pow(static_cast<double>(base), -2.0 * j / d_rope) : 0.0;
+  }
+  const dim3 grid(static_cast<unsigned>(T), ceil_div(half, 32));
+  rope_kernel<<<grid, dim3(32, 8), 0, ctx->stream>>>(x, positions, n_vec, d_rope,
+                                                     static_cast<double>(base), freqs);
+  return launch_status();
+}
+
+int memra_cuda_sigmoid(MemraCudaCtx* ctx, const float* x, int64_t n, float* y) {
+  MEMRA_CUDA_RETURN_IF(enter(ctx));
+  if (n < 0) return memra::kContractValue;
+  if (n == 0) return memra::kOk;
+  if (!x || !y) return memra::kContractMissing;
+  sigmoid_kernel<<<grid_stride_blocks(n, 256), 256, 0, ctx->stream>>>(x, n, y);
+  return launch_status();
+}
+
+}  // extern "C"

@@ -1,0 +1,128 @@
+// linear (cpp/include/memra/cuda_abi/basic.h): y[T, N] = x[T, K] w[N, K]^T (+ bias[N]) through
+// cuBLAS, the GPU twin of cpu::linear.
+//   f32 w:       SGEMM (cublasGemmEx, CUBLAS_COMPUTE_32F, default math: TF32 off).
+//   bf16 / f16 w: x rounded to the weight's type (RNE) into stream-ordered scratch, then a
+//                bf16 x bf16 (f16 x f16) GEMM with f32 accumulation and f32 output. Products of
+//                two bf16 values are exact in f32, so against cpu::linear on the same weight with
+//                x rounded to bf16 first only the summation order differs.
+//   bias:        added by a small kernel after the GEMM (acc, then + bias[n], as on the CPU).
+// cuBLAS is column-major: the row-major y[T, N] is the column-major N x T matrix
+//   y_cm = w_cm^T x_cm, with w_cm = w viewed as K x N (ld K), x_cm = x viewed as K x T (ld K),
+// i.e. gemm(op(A) = T, op(B) = N, m = N, n = T, k = K, A = w, lda = K, B = x, ldb = K, ldc = N).
+#include <cstdint>
+
+#include "common.cuh"
+
+using memra::cuda::enter;
+using memra::cuda::launch_status;
+using memra::cuda::Scratch;
+using memra::cuda::status_of;
+
+namespace {
+
+unsigned grid_stride_blocks(int64_t n, int threads) {
+  const int64_t b = (n + threads - 1) / threads;
+  return static_cast<unsigned>(b < 65535 * 16 ? b : 65535 * 16);
+}
+
+template <typename H>
+__device__ __forceinline__ H round_to(float v);
+template <>
+__device__ __forceinline__ __nv_bfloat16 round_to<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+template <>
+__device__ __forceinline__ __half round_to<__half>(float v) {
+  return __float2half_rn(v);
+}
+
+// x f32 -> H (RNE), n elements; four at a time when both ends are aligned.
+template <typename H>
+__global__ void round_kernel(const float* __restrict__ x, H* __restrict__ out, int64_t n,
+                             bool vec4) {
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (vec4) {
+    const int64_t n4 = n / 4;
+    for (int64_t q = i; q < n4; q += stride) {
+      const float4 v = reinterpret_cast<const float4*>(x)[q];
+      H* o = out + 4 * q;
+      o[0] = round_to<H>(v.x);
+      o[1] = round_to<H>(v.y);
+      o[2] = round_to<H>(v.z);
+      o[3] = round_to<H>(v.w);
+    }
+    for (int64_t k = 4 * n4 + i; k < n; k += stride) out[k] = round_to<H>(x[k]);
+  } else {
+    for (; i < n; i += stride) out[i] = round_to<H>(x[i]);
+  }
+}
+
+// y[t, n] += bias[n] over T * N elements.
+__global__ void bias_kernel(float* __restrict__ y, const float* __restrict__ bias, int64_t total,
+                            int N) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    y[i] = y[i] + bias[i % N];
+  }
+}
+
+__global__ void bias_fill_kernel(float* __restrict__ y, const float* __restrict__ bias,
+                                 int64_t total, int N) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    y[i] = bias ? bias[i % N] : 0.0f;
+  }
+}
+
+int gemm(MemraCudaCtx* ctx, const void* x, const void* w, cudaDataType_t ab_type, int T, int K,
+         int N, float* y) {
+  const float one = 1.0f, zero = 0.0f;
+  return status_of(cublasGemmEx(ctx->blas, CUBLAS_OP_T, CUBLAS_OP_N, N, T, K, &one, w, ab_type, K,
+                                x, ab_type, K, &zero, y, CUDA_R_32F, N, CUBLAS_COMPUTE_32F,
+                                CUBLAS_GEMM_DEFAULT));
+}
+
+template <typename H>
+int rounded_gemm(MemraCudaCtx* ctx, const float* x, int T, int K, const void* w,
+                 cudaDataType_t ab_type, int N, float* y) {
+  const int64_t n = static_cast<int64_t>(T) * K;
+  Scratch xs(ctx, static_cast<size_t>(n) * sizeof(H));
+  MEMRA_CUDA_RETURN_IF(xs.status());
+  const bool vec4 = (reinterpret_cast<uintptr_t>(x) % 16) == 0;
+  round_kernel<H><<<grid_stride_blocks(vec4 ? n / 4 + 1 : n, 256), 256, 0, ctx->stream>>>(
+      x, xs.as<H>(), n, vec4);
+  MEMRA_CUDA_RETURN_IF(launch_status());
+  return gemm(ctx, xs.as<H>(), w, ab_type, T, K, N, y);
+}
+
+}  // namespace
+
+extern "C" int memra_cuda_linear(MemraCudaCtx* ctx, const float* x, int T, int K, const void* w,
+                                 int w_dtype, int N, const float* bias, float* y) {
+  MEMRA_CUDA_RETURN_IF(enter(ctx));
+  if (T < 0 || K < 0 || N < 0) return memra::kContractValue;
+  if (w_dtype < 0 || w_dtype > 2) return memra::kContractDType;
+  if (T == 0 || N == 0) return memra::kOk;
+  if (!y || (K > 0 && (!x || !w))) return memra::kContractMissing;
+  const int64_t total = static_cast<int64_t>(T) * N;
+  if (K == 0) {  // an empty sum: y = bias (or 0); cuBLAS is not asked about k = 0
+    bias_fill_kernel<<<grid_stride_blocks(total, 256), 256, 0, ctx->stream>>>(y, bias, total, N);
+    return launch_status();
+  }
+  switch (w_dtype) {
+    case 0:
+      MEMRA_CUDA_RETURN_IF(gemm(ctx, x, w, CUDA_R_32F, T, K, N, y));
+      break;
+    case 1:
+      MEMRA_CUDA_RETURN_IF(rounded_gemm<__nv_bfloat16>(ctx, x, T, K, w, CUDA_R_16BF, N, y));
+      break;
+    default:
+      MEMRA_CUDA_RETURN_IF(rounded_gemm<__half>(ctx, x, T, K, w, CUDA_R_16F, N, y));
+      break;
+  }
+  if (bias) {
+    bias_kernel<<<grid_stride_blocks(total, 256), 256, 0, ctx->stream>>>(y, bias, total, N);
+  }
+  return launch_status();
+}
