@@ -1,16 +1,22 @@
-// Functional bindings of the KDA CPU ops (ops.h, cpu/kda.cpp) over DLPack arrays: short conv,
-// forget gate, recurrent scan. Every function checks its arguments (ContractError naming the op
-// and the values), allocates its outputs and releases the GIL while computing.
+// Functional bindings of the KDA ops over DLPack arrays: short conv, forget gate, recurrent scan.
+// CPU backend: ops.h / cpu/kda.cpp (the oracle). CUDA backend (keyword `engine` = a CUDA Engine):
+// cuda/kda.cu through the C ABI of cpp/include/memra/cuda_abi/kda.h. Every function checks its
+// arguments (ContractError naming the op and the values) before anything runs, allocates its
+// outputs on the engine's device and, on the CPU, releases the GIL while computing.
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 
 #include <cmath>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "common.h"
+#include "device_args.h"
+#include "memra/engine.h"
 #include "memra/ops.h"
 
 namespace memra::py {
@@ -19,51 +25,120 @@ namespace {
 
 size_t sz(int64_t n) { return static_cast<size_t>(n); }
 
+// A device table of per-sequence pointers base + b * stride (b < n) for the CUDA entry points
+// that take `const float* const*` / `float* const*` (freed stream-ordered after the call).
+template <typename P>
+std::shared_ptr<DeviceBuffer> pointer_table(const Engine* engine, P* base, int64_t n,
+                                            int64_t stride) {
+  std::vector<P*> host(sz(n));
+  for (int64_t b = 0; b < n; ++b) host[sz(b)] = base + b * stride;
+  return device_upload(engine, host.data(), host.size() * sizeof(P*));
+}
+
+// An async copy on the engine's stream (T == 0: the state / ring passes through unchanged).
+void device_copy(const Engine* engine, void* dst, const void* src, size_t bytes, const char* op) {
+  const CudaContext& c = cuda_ctx(engine);
+  check_cuda(engine, c.api().copy(c.ctx(), dst, src, bytes), op);
+}
+
 }  // namespace
 
 void init_ops_kda(nb::module_& m) {
   m.def(
       "kda_conv",
-      [](const AnyArray& x, const AnyArray& w, const AnyArray& ring) {
-        const float* xp = f32_arg(x, "kda_conv", "x", {-1, -1});
-        const int64_t T = dim(x, 0), C = dim(x, 1);
+      [](const AnyArray& x, const AnyArray& w, const AnyArray& ring, const std::string& arm,
+         bool batch, const Engine* engine) {
+        if (arm != "auto" && arm != "prefill" && arm != "decode") {
+          raise_contract(kContractValue, "kda_conv: arm must be 'auto', 'prefill' or 'decode', got '" +
+                                             arm + "'");
+        }
+        if (batch && arm == "prefill") {
+          raise_contract(kContractValue,
+                         "kda_conv: batch=True runs the decode arm (one token per sequence); "
+                         "arm='prefill' is not available with it");
+        }
+        const float* xp = f32_in(engine, x, "kda_conv", "x", {-1, -1});
+        const int64_t T = dim(x, 0), C = dim(x, 1);  // batch: T is the number of sequences B
         // An empty kernel is refused first: it is a shape error, whatever its strides say.
         if (w.ndim() == 2 && w.shape(1) == 0) {
           raise_contract(kContractShape, "kda_conv: argument 'w' has shape " + shape_str(w) +
                                              ", the conv kernel K must be >= 1");
         }
-        const float* wp = f32_arg(w, "kda_conv", "w", {C, -1});
+        const float* wp = f32_in(engine, w, "kda_conv", "w", {C, -1});
         const int64_t K = dim(w, 1);
-        const float* rp = f32_arg(ring, "kda_conv", "ring", {C, K - 1});
-        NpF32 y = new_f32({sz(T), sz(C)});
-        NpF32 ring_out = new_f32({sz(C), sz(K - 1)});
-        {
-          nb::gil_scoped_release nogil;
-          if (T == 1) {
-            cpu::kda_conv_decode(xp, int(C), wp, int(K), rp, ring_out.data(), y.data());
+        const float* rp = batch ? f32_in(engine, ring, "kda_conv", "ring", {T, C, K - 1})
+                                : f32_in(engine, ring, "kda_conv", "ring", {C, K - 1});
+        const bool decode = batch || arm == "decode" || (arm == "auto" && T == 1);
+        if (decode && !batch && T != 1) {
+          raise_contract(kContractShape, "kda_conv: arm='decode' takes one token, got x of shape " +
+                                             shape_str(x));
+        }
+        const int64_t plane = C * (K - 1);  // one sequence's ring
+        Out y = out_f32(engine, {sz(T), sz(C)});
+        Out ring_out = batch ? out_f32(engine, {sz(T), sz(C), sz(K - 1)})
+                             : out_f32(engine, {sz(C), sz(K - 1)});
+        float* yp = y.data<float>();
+        float* op = ring_out.data<float>();
+        if (on_cuda(engine)) {
+          const CudaContext& c = cuda_ctx(engine);
+          if (decode) {
+            const int64_t B = batch ? T : 1;
+            auto rin = pointer_table(engine, rp, B, plane);
+            auto rout = pointer_table(engine, op, B, plane);
+            check_cuda(engine,
+                       c.api().kda_conv_decode(c.ctx(), xp, int(B), int(C), wp, int(K),
+                                               static_cast<const float* const*>(rin->data()),
+                                               static_cast<float* const*>(rout->data()), yp),
+                       "kda_conv");
           } else {
-            cpu::kda_conv_prefill(xp, int(T), int(C), wp, int(K), rp, ring_out.data(), y.data());
+            check_cuda(engine,
+                       c.api().kda_conv_prefill(c.ctx(), xp, int(T), int(C), wp, int(K), rp, op, yp),
+                       "kda_conv");
+            // Zero steps: the kernel is a no-op and the ring passes through (as on the CPU).
+            if (T == 0 && K >= 2 && K <= 8) {
+              device_copy(engine, op, rp, sz(plane) * sizeof(float), "kda_conv");
+            }
+          }
+        } else {
+          nb::gil_scoped_release nogil;
+          if (batch) {
+            for (int64_t b = 0; b < T; ++b) {
+              cpu::kda_conv_decode(xp + b * C, int(C), wp, int(K), rp + b * plane, op + b * plane,
+                                   yp + b * C);
+            }
+          } else if (decode) {
+            cpu::kda_conv_decode(xp, int(C), wp, int(K), rp, op, yp);
+          } else {
+            cpu::kda_conv_prefill(xp, int(T), int(C), wp, int(K), rp, op, yp);
           }
         }
-        return std::make_pair(y, ring_out);
+        return std::make_pair(y.obj, ring_out.obj);
       },
-      nb::arg("x"), nb::arg("w"), nb::arg("ring"),
+      nb::arg("x"), nb::arg("w"), nb::arg("ring"), nb::kw_only(), nb::arg("arm") = "auto",
+      nb::arg("batch") = false, nb::arg("engine").none() = nb::none(),
       "Causal depthwise conv + SiLU over the fused q|k|v channels, continuing from a ring.\n\n"
       "x [T, C] float32 pre-conv projections; w [C, K] float32 taps (tap 0 meets the oldest\n"
       "input); ring [C, K-1] float32, the previous K-1 inputs of each channel, oldest first\n"
       "(zeros for a fresh sequence). Returns (y [T, C], ring_out [C, K-1]) where\n"
       "y = silu(conv(ring ++ x)) and ring_out = the last K-1 inputs of ring ++ x (for T < K-1\n"
-      "it still holds some old ring values). T == 1 runs the decode arm, which equals the\n"
-      "prefill arm bit for bit, so kda_conv(x[:T-1]) then kda_conv(x[T-1:]) == kda_conv(x).\n"
+      "it still holds some old ring values). arm='auto' runs the decode arm at T == 1 and the\n"
+      "prefill arm otherwise; 'prefill' / 'decode' force one ('decode' needs T == 1). The arms\n"
+      "agree bit for bit, so kda_conv(x[:T-1]) then kda_conv(x[T-1:]) == kda_conv(x).\n"
+      "batch=True: B sequences of one token each through the decode arm (one launch on CUDA):\n"
+      "x [B, C], ring [B, C, K-1] -> (y [B, C], ring_out [B, C, K-1]); row b equals\n"
+      "kda_conv(x[b:b+1], w, ring[b]) bit for bit.\n"
+      "engine: None or a CPU Engine runs the C++ reference on host arrays; a CUDA Engine runs\n"
+      "cuda/kda.cu on arrays of its device and returns CUDA arrays (kernels built for K in\n"
+      "2..8: another K raises UnsupportedError (UNSUPPORTED_GEOMETRY); the CPU takes any K >= 1).\n"
       "Raises ContractError (CONTRACT_DTYPE / CONTRACT_SHAPE / CONTRACT_STRIDE /\n"
-      "CONTRACT_DEVICE) for a non-float32, mis-shaped, non-C-contiguous or device array.\n"
-      "Reference: modeling_glm5_next.causal_conv1d_fn / causal_conv1d_update with\n"
-      "activation='silu' and the cache's conv state.");
+      "CONTRACT_DEVICE) for a non-float32, mis-shaped, non-C-contiguous or wrong-device array,\n"
+      "CONTRACT_VALUE for an unknown arm. Reference: modeling_glm5_next.causal_conv1d_fn /\n"
+      "causal_conv1d_update with activation='silu' and the cache's conv state.");
 
   m.def(
       "kda_gate",
       [](const AnyArray& f, const AnyArray& dt_bias, const AnyArray& A_log,
-         const std::string& form, float lower_bound) {
+         const std::string& form, float lower_bound, const Engine* engine) {
         cpu::KdaGateForm gf;
         if (form == "lower_bound") {
           gf = cpu::KdaGateForm::kLowerBound;
@@ -73,30 +148,39 @@ void init_ops_kda(nb::module_& m) {
           raise_contract(kContractValue, "kda_gate: form must be 'lower_bound' or 'softplus', got '" +
                                              form + "'");
         }
-        const float* fp = f32_arg(f, "kda_gate", "f", {-1, -1});
+        const float* fp = f32_in(engine, f, "kda_gate", "f", {-1, -1});
         const int64_t T = dim(f, 0), D = dim(f, 1);
-        const float* ap = f32_arg(A_log, "kda_gate", "A_log", {-1});
+        const float* ap = f32_in(engine, A_log, "kda_gate", "A_log", {-1});
         const int64_t H = dim(A_log, 0);
         if (H < 1 || D % H != 0) {
           raise_contract(kContractShape, "kda_gate: argument 'f' has shape " + shape_str(f) +
                                              ", its last dim must be H*dk with H = " +
                                              std::to_string(H) + " heads (the length of A_log)");
         }
-        const float* bp = f32_arg(dt_bias, "kda_gate", "dt_bias", {D});
-        NpF32 g = new_f32({sz(T), sz(D)});
-        {
+        const float* bp = f32_in(engine, dt_bias, "kda_gate", "dt_bias", {D});
+        Out g = out_f32(engine, {sz(T), sz(D)});
+        if (on_cuda(engine)) {
+          const CudaContext& c = cuda_ctx(engine);
+          check_cuda(engine,
+                     c.api().kda_gate(c.ctx(), fp, bp, ap, int(T), int(H), int(D / H),
+                                      static_cast<int>(gf), lower_bound, g.data<float>()),
+                     "kda_gate");
+        } else {
           nb::gil_scoped_release nogil;
-          cpu::kda_gate(fp, bp, ap, int(T), int(H), int(D / H), gf, lower_bound, g.data());
+          cpu::kda_gate(fp, bp, ap, int(T), int(H), int(D / H), gf, lower_bound, g.data<float>());
         }
-        return g;
+        return g.obj;
       },
       nb::arg("f"), nb::arg("dt_bias"), nb::arg("A_log"), nb::kw_only(),
       nb::arg("form") = "lower_bound", nb::arg("lower_bound") = -5.0f,
+      nb::arg("engine").none() = nb::none(),
       "KDA log forget gate g [T, H*dk] float32 from f [T, H*dk] = f_b(f_a(x)), dt_bias [H*dk]\n"
       "(per channel) and A_log [H] (per head), all float32.\n\n"
       "form='lower_bound' (glm5_next): g = lower_bound * sigmoid(exp(A_log) * (f + dt_bias)).\n"
       "form='softplus' (kimi_linear): g = -exp(A_log) * softplus(f + dt_bias) with\n"
       "softplus(x) = x if x > 20 else log(1 + exp(x)); lower_bound is ignored.\n"
+      "engine: None or a CPU Engine runs the C++ reference; a CUDA Engine runs cuda/kda.cu on\n"
+      "arrays of its device (any dk; same operations, CUDA's expf/logf within 2 ulp).\n"
       "Raises ContractError: CONTRACT_VALUE for another form, CONTRACT_SHAPE when the last dim\n"
       "of f is not a multiple of len(A_log) or dt_bias does not match it, CONTRACT_DTYPE /\n"
       "CONTRACT_STRIDE / CONTRACT_DEVICE as usual. Reference: Glm5NextTextForgetGate.forward.");
@@ -104,32 +188,72 @@ void init_ops_kda(nb::module_& m) {
   m.def(
       "kda_scan",
       [](const AnyArray& q, const AnyArray& k, const AnyArray& v, const AnyArray& g,
-         const AnyArray& beta, std::optional<AnyArray> state, std::optional<float> scale) {
-        const float* qp = f32_arg(q, "kda_scan", "q", {-1, -1, -1});
-        const int64_t T = dim(q, 0), H = dim(q, 1), dk = dim(q, 2);
-        const float* kp = f32_arg(k, "kda_scan", "k", {T, H, dk});
-        const float* vp = f32_arg(v, "kda_scan", "v", {T, H, -1});
-        const int64_t dv = dim(v, 2);
-        const float* gp = f32_arg(g, "kda_scan", "g", {T, H, dk});
-        const float* bp = f32_arg(beta, "kda_scan", "beta", {T, H});
-        const float* sp = state ? f32_arg(*state, "kda_scan", "state", {H, dk, dv}) : nullptr;
+         const AnyArray& beta, std::optional<AnyArray> state, std::optional<float> scale,
+         bool batch, const Engine* engine) {
+        const char* op = "kda_scan";
+        int64_t B = 1, T, H, dk, dv;
+        const float *qp, *kp, *vp, *gp, *bp, *sp = nullptr;
+        if (batch) {
+          qp = f32_in(engine, q, op, "q", {-1, -1, -1, -1});
+          B = dim(q, 0), T = dim(q, 1), H = dim(q, 2), dk = dim(q, 3);
+          kp = f32_in(engine, k, op, "k", {B, T, H, dk});
+          vp = f32_in(engine, v, op, "v", {B, T, H, -1});
+          dv = dim(v, 3);
+          gp = f32_in(engine, g, op, "g", {B, T, H, dk});
+          bp = f32_in(engine, beta, op, "beta", {B, T, H});
+          if (state) sp = f32_in(engine, *state, op, "state", {B, H, dk, dv});
+        } else {
+          qp = f32_in(engine, q, op, "q", {-1, -1, -1});
+          T = dim(q, 0), H = dim(q, 1), dk = dim(q, 2);
+          kp = f32_in(engine, k, op, "k", {T, H, dk});
+          vp = f32_in(engine, v, op, "v", {T, H, -1});
+          dv = dim(v, 2);
+          gp = f32_in(engine, g, op, "g", {T, H, dk});
+          bp = f32_in(engine, beta, op, "beta", {T, H});
+          if (state) sp = f32_in(engine, *state, op, "state", {H, dk, dv});
+        }
         if (dk < 1 && !scale) {
           raise_contract(kContractShape, "kda_scan: argument 'q' has shape " + shape_str(q) +
                                              ", the default scale dk**-0.5 needs dk >= 1");
         }
         // transformers: scale = 1 / (dk ** 0.5) in double, applied to f32 q as an f32 scalar.
         const float sc = scale ? *scale : static_cast<float>(1.0 / std::sqrt(double(dk)));
-        NpF32 o = new_f32({sz(T), sz(H), sz(dv)});
-        NpF32 state_out = new_f32({sz(H), sz(dk), sz(dv)});
-        {
+        const int64_t plane = H * dk * dv;  // one sequence's state
+        const int64_t seq_o = T * H * dv, seq_qk = T * H * dk, seq_b = T * H;
+        Out o = batch ? out_f32(engine, {sz(B), sz(T), sz(H), sz(dv)})
+                      : out_f32(engine, {sz(T), sz(H), sz(dv)});
+        Out state_out = batch ? out_f32(engine, {sz(B), sz(H), sz(dk), sz(dv)})
+                              : out_f32(engine, {sz(H), sz(dk), sz(dv)});
+        float* op_ = o.data<float>();
+        float* so = state_out.data<float>();
+        if (on_cuda(engine)) {
+          const CudaContext& c = cuda_ctx(engine);
+          // A null table = every sequence starts from zeros.
+          std::shared_ptr<DeviceBuffer> sin_tab;
+          if (sp) sin_tab = pointer_table(engine, sp, B, plane);
+          auto sout_tab = pointer_table(engine, so, B, plane);
+          check_cuda(engine,
+                     c.api().kda_scan(c.ctx(), qp, kp, vp, gp, bp, int(B), int(T), int(H), int(dk),
+                                      int(dv), sc,
+                                      sin_tab ? static_cast<const float* const*>(sin_tab->data())
+                                              : nullptr,
+                                      static_cast<float* const*>(sout_tab->data()), op_),
+                     "kda_scan");
+          // Zero steps: the kernel is a no-op and the state passes through (as on the CPU).
+          if (T == 0 && sp) device_copy(engine, so, sp, sz(B * plane) * sizeof(float), "kda_scan");
+        } else {
           nb::gil_scoped_release nogil;
-          cpu::kda_scan(qp, kp, vp, gp, bp, int(T), int(H), int(dk), int(dv), sc, sp,
-                        state_out.data(), o.data());
+          for (int64_t b = 0; b < B; ++b) {
+            cpu::kda_scan(qp + b * seq_qk, kp + b * seq_qk, vp + b * seq_o, gp + b * seq_qk,
+                          bp + b * seq_b, int(T), int(H), int(dk), int(dv), sc,
+                          sp ? sp + b * plane : nullptr, so + b * plane, op_ + b * seq_o);
+          }
         }
-        return std::make_pair(o, state_out);
+        return std::make_pair(o.obj, state_out.obj);
       },
       nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("g"), nb::arg("beta"),
       nb::arg("state") = nb::none(), nb::kw_only(), nb::arg("scale") = nb::none(),
+      nb::arg("batch") = false, nb::arg("engine").none() = nb::none(),
       "KDA delta-rule scan, T steps in order (the recurrent form), from `state` (None = zeros).\n\n"
       "q, k [T, H, dk] float32 (already L2-normalised, see l2norm_heads); v [T, H, dv];\n"
       "g [T, H, dk] log forget gate (kda_gate); beta [T, H] (sigmoid of b_proj);\n"
@@ -137,8 +261,16 @@ void init_ops_kda(nb::module_& m) {
       "  S = S * exp(g_t)[:, None]; S += k_t (beta_t (v_t - k_t^T S)); o_t = (scale q_t)^T S\n"
       "with scale = dk**-0.5 unless given. Returns (o [T, H, dv], state_out [H, dk, dv]); the\n"
       "input state is not modified. Chaining calls (one T-step call, or T one-step calls\n"
-      "passing state_out on) gives the same bits. Raises ContractError (CONTRACT_DTYPE /\n"
-      "CONTRACT_SHAPE / CONTRACT_STRIDE / CONTRACT_DEVICE) for a bad argument.\n"
+      "passing state_out on) gives the same bits.\n"
+      "batch=True: B sequences in one call (one launch on CUDA): q, k, g [B, T, H, dk];\n"
+      "v [B, T, H, dv]; beta [B, T, H]; state [B, H, dk, dv] or None -> (o [B, T, H, dv],\n"
+      "state_out [B, H, dk, dv]); sequence b equals its own call bit for bit.\n"
+      "engine: None or a CPU Engine runs the C++ reference on host arrays; a CUDA Engine runs\n"
+      "cuda/kda.cu on arrays of its device (built for dk = dv = 128 only: another head size\n"
+      "raises UnsupportedError (UNSUPPORTED_GEOMETRY); its dk-long sums are partial sums plus a\n"
+      "warp tree, so it matches the CPU to ~1e-5 relative, not bit for bit).\n"
+      "Raises ContractError (CONTRACT_DTYPE / CONTRACT_SHAPE / CONTRACT_STRIDE /\n"
+      "CONTRACT_DEVICE) for a bad argument.\n"
       "Reference: modeling_glm5_next.recurrent_kimi_delta_attention (equal in exact arithmetic\n"
       "to chunk_kimi_delta_attention, which transformers uses for multi-token prefill).");
 }

@@ -1,0 +1,461 @@
+"""KDA ops on the CUDA backend (``memra._core.kda_conv`` / ``kda_gate`` / ``kda_scan`` with
+``engine=memra.Engine("cuda")``, kernels in cuda/kda.cu) against the same ops on the CPU backend
+(cpp/src/cpu/kda.cpp, the numeric oracle), plus the bit-exactness contracts between arms and the
+argument contract on the device.
+
+Tolerances (both sides f32):
+- conv: the tap sums are the CPU's operations in the CPU's order (bit-identical pre-activation);
+  only CUDA's expf inside SiLU differs (<= 2 ulp vs glibc's ~0.5): ``rtol=1e-6, atol=1e-7``.
+  The new ring is a copy of inputs: compared with ``np.array_equal``.
+- gate: the same operations, CUDA's expf/logf within 2 ulp: ``rtol=1e-6``; ``atol=3e-6`` covers
+  the softplus branch where one ulp of exp(x) can flip the rounding of 1 + exp(x) (an error of
+  ulp(1) * exp(A_log) ~ 1.2e-7 * 12 at most here).
+- scan: the GPU sums the dk = 128 products of each column as 4 ascending chains plus a warp
+  tree, the CPU as one ascending chain, and CUDA's expf differs by ulps: ``rtol=1e-5, atol=1e-6``
+  (o ~ 0.1, state ~ 1; observed differences ~1e-7 over hundreds of steps, the same bounds as the
+  CPU tests against float64).
+- Arm / chaining / batching contracts run one kernel with identical per-step arithmetic:
+  ``np.array_equal``.
+
+A small shape for ``compute-sanitizer --tool racecheck`` / ``--tool memcheck``:
+``python -m pytest tests/test_cuda_kda.py -k sanitizer``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import memra
+from memra import _core
+
+pytestmark = pytest.mark.cuda
+
+ST = _core.status
+DK = DV = 128  # the only head size the scan kernel is built for
+K = 4  # linear_conv_kernel_dim of glm5_next and Kimi-Linear
+EDGE_T = [1, 2, 3, 63, 65, 200]  # T = 1, T < K-1, T around the 64-row chunk, T long
+
+CONV_TOL = dict(rtol=1e-6, atol=1e-7)
+GATE_TOL = dict(rtol=1e-6, atol=3e-6)
+SCAN_TOL = dict(rtol=1e-5, atol=1e-6)
+
+
+@pytest.fixture(scope="module")
+def e():
+    return memra.Engine("cuda")
+
+
+def rng(seed):
+    return np.random.default_rng(seed)
+
+
+def f32(a):
+    return np.ascontiguousarray(a, dtype=np.float32)
+
+
+def l2norm(x, eps=1e-6):
+    return x / np.sqrt((x * x).sum(-1, keepdims=True) + eps)
+
+
+def close(got, want, tol):
+    assert got.shape == want.shape and got.dtype == np.float32
+    assert np.all(np.isfinite(got))
+    np.testing.assert_allclose(got, want, **tol)
+
+
+# ---------------------------------------------------------------- conv
+
+
+def conv_inputs(T, C=37, k=K, seed=0):
+    r = rng(seed)
+    return (f32(r.standard_normal((T, C))), f32(0.5 * r.standard_normal((C, k))),
+            f32(r.standard_normal((C, k - 1))))
+
+
+def conv_cuda(e, x, w, ring, **kw):
+    y, ring_out = _core.kda_conv(e.to_device(x), e.to_device(w), e.to_device(ring), engine=e, **kw)
+    return e.to_host(y), e.to_host(ring_out)
+
+
+@pytest.mark.parametrize("T", EDGE_T)
+def test_conv_matches_cpu(e, T):
+    x, w, ring = conv_inputs(T, seed=T)
+    y, ring_out = conv_cuda(e, x, w, ring)
+    cy, cring = _core.kda_conv(x, w, ring)
+    close(y, cy, CONV_TOL)
+    np.testing.assert_array_equal(ring_out, cring)  # ring roll: copies, exact (incl. T < K-1)
+
+
+@pytest.mark.parametrize("k", [2, 3, 4, 5, 6, 7, 8])
+@pytest.mark.parametrize("T", [1, 3, 65])
+def test_conv_every_kernel_width(e, k, T):
+    x, w, ring = conv_inputs(T, C=19, k=k, seed=10 * k + T)
+    y, ring_out = conv_cuda(e, x, w, ring, arm="prefill")
+    cy, cring = _core.kda_conv(x, w, ring, arm="prefill")
+    close(y, cy, CONV_TOL)
+    np.testing.assert_array_equal(ring_out, cring)
+
+
+@pytest.mark.parametrize("k", [2, 4, 8])
+def test_conv_decode_arm_equals_prefill_arm_at_t1(e, k):
+    x, w, ring = conv_inputs(1, C=131, k=k, seed=20 + k)
+    yp, rp = conv_cuda(e, x, w, ring, arm="prefill")
+    yd, rd = conv_cuda(e, x, w, ring, arm="decode")
+    np.testing.assert_array_equal(yd, yp)
+    np.testing.assert_array_equal(rd, rp)
+
+
+@pytest.mark.parametrize("T", EDGE_T)
+def test_conv_prefill_then_decode_is_bit_exact(e, T):
+    x, w, ring0 = conv_inputs(T, C=29, seed=100 + T)
+    y_full, ring_full = conv_cuda(e, x, w, ring0)
+    y_head, ring_mid = conv_cuda(e, x[: T - 1], w, ring0)  # T-1 may be 0: the ring passes through
+    y_tail, ring_end = conv_cuda(e, x[T - 1 :], w, ring_mid)  # the decode arm
+    np.testing.assert_array_equal(np.concatenate([y_head, y_tail]), y_full)
+    np.testing.assert_array_equal(ring_end, ring_full)
+
+
+def test_conv_token_by_token_from_fresh_ring(e):
+    T, C = 7, 11
+    x, w, _ = conv_inputs(T, C=C, seed=7)
+    ring = np.zeros((C, K - 1), np.float32)
+    y_full, ring_full = conv_cuda(e, x, w, ring)
+    ys = []
+    for t in range(T):
+        y, ring = conv_cuda(e, x[t : t + 1], w, ring)
+        ys.append(y)
+    np.testing.assert_array_equal(np.concatenate(ys), y_full)
+    np.testing.assert_array_equal(ring, ring_full)
+
+
+@pytest.mark.parametrize("k", [2, 4, 7])
+def test_conv_batched_decode_equals_each_sequence_alone(e, k):
+    B, C = 5, 67
+    r = rng(30 + k)
+    x = f32(r.standard_normal((B, C)))
+    w = f32(0.5 * r.standard_normal((C, k)))
+    rings = f32(r.standard_normal((B, C, k - 1)))
+    y, ring_out = conv_cuda(e, x, w, rings, batch=True)
+    assert y.shape == (B, C) and ring_out.shape == (B, C, k - 1)
+    for b in range(B):
+        yb, rb = conv_cuda(e, x[b : b + 1], w, rings[b])
+        np.testing.assert_array_equal(y[b : b + 1], yb)
+        np.testing.assert_array_equal(ring_out[b], rb)
+    cy, cring = _core.kda_conv(x, w, rings, batch=True)
+    close(y, cy, CONV_TOL)
+    np.testing.assert_array_equal(ring_out, cring)
+
+
+def test_conv_does_not_modify_inputs(e):
+    x, w, ring = conv_inputs(5, seed=40)
+    dx, dw, dr = e.to_device(x), e.to_device(w), e.to_device(ring)
+    _core.kda_conv(dx, dw, dr, engine=e)  # prefill arm
+    _core.kda_conv(e.to_device(x[:1]), dw, dr, engine=e)  # decode arm
+    np.testing.assert_array_equal(e.to_host(dr), ring)
+    np.testing.assert_array_equal(e.to_host(dx), x)
+
+
+@pytest.mark.parametrize("k", [1, 9])
+def test_conv_unbuilt_kernel_width_is_unsupported(e, k):
+    x, w, ring = conv_inputs(3, C=8, k=k, seed=50)
+    for arm in ("prefill", "decode"):
+        xi = x if arm == "prefill" else x[:1]
+        with pytest.raises(memra.UnsupportedError) as ei:
+            conv_cuda(e, xi, w, ring, arm=arm)
+        assert ei.value.code == ST.UNSUPPORTED_GEOMETRY
+        assert "kda_conv" in str(ei.value)
+    _core.kda_conv(x, w, ring)  # the CPU backend still runs it
+
+
+# ---------------------------------------------------------------- gate
+
+
+def gate_inputs(T=13, H=3, dk=128, seed=3):
+    r = rng(seed)
+    f = f32(4.0 * r.standard_normal((T, H * dk)))
+    dt_bias = f32(r.standard_normal(H * dk))
+    A_log = f32(r.standard_normal(H))
+    # The softplus threshold (20) and saturation of both forms: |f + dt_bias| up to 1e4.
+    probes = np.array([19.9, 20.0, 20.1, 25.0, -20.0, -30.0, 1e4, -1e4, 0.0], np.float32)
+    f[0, : probes.size] = probes - dt_bias[: probes.size]
+    return f, dt_bias, A_log
+
+
+def gate_cuda(e, f, dt_bias, A_log, **kw):
+    return e.to_host(_core.kda_gate(e.to_device(f), e.to_device(dt_bias), e.to_device(A_log),
+                                    engine=e, **kw))
+
+
+@pytest.mark.parametrize("form", ["lower_bound", "softplus"])
+@pytest.mark.parametrize("T,H,dk", [(1, 2, 128), (13, 3, 128), (65, 2, 5)])
+def test_gate_matches_cpu(e, form, T, H, dk):
+    f, dt_bias, A_log = gate_inputs(T, H, dk, seed=T + dk)
+    g = gate_cuda(e, f, dt_bias, A_log, form=form, lower_bound=-5.0)
+    close(g, _core.kda_gate(f, dt_bias, A_log, form=form, lower_bound=-5.0), GATE_TOL)
+    assert np.all(g <= 0)
+    if form == "lower_bound":
+        assert np.all(g >= -5.0)
+
+
+def test_gate_bad_form_is_refused(e):
+    f, dt_bias, A_log = gate_inputs(2, 2, 128)
+    with pytest.raises(memra.ContractError) as ei:
+        gate_cuda(e, f, dt_bias, A_log, form="sigmoid")
+    assert ei.value.code == ST.CONTRACT_VALUE
+
+
+# ---------------------------------------------------------------- scan
+
+
+def scan_inputs(T, H=2, B=None, seed=0, with_state=True, g_value=None, beta_value=None):
+    """One sequence ([T, H, ...]) or, with B, a batch ([B, T, H, ...]) of dk = dv = 128."""
+    r = rng(seed)
+    lead = (T, H) if B is None else (B, T, H)
+    q = f32(l2norm(r.standard_normal(lead + (DK,))))
+    k = f32(l2norm(r.standard_normal(lead + (DK,))))
+    v = f32(r.standard_normal(lead + (DV,)))
+    if g_value is None:
+        g = f32(-5.0 / (1.0 + np.exp(-2.0 * r.standard_normal(lead + (DK,)))))
+    else:
+        g = np.full(lead + (DK,), g_value, np.float32)
+    if beta_value is None:
+        beta = f32(1.0 / (1.0 + np.exp(-r.standard_normal(lead))))
+    else:
+        beta = np.full(lead, beta_value, np.float32)
+    slead = (H,) if B is None else (B, H)
+    state = f32(0.3 * r.standard_normal(slead + (DK, DV))) if with_state else None
+    return q, k, v, g, beta, state
+
+
+def scan_cuda(e, q, k, v, g, beta, state=None, **kw):
+    dev = [e.to_device(a) for a in (q, k, v, g, beta)]
+    ds = None if state is None else e.to_device(state)
+    o, s = _core.kda_scan(*dev, ds, engine=e, **kw)
+    return e.to_host(o), e.to_host(s)
+
+
+@pytest.mark.parametrize("T", [1, 3, 63, 65, 200])
+@pytest.mark.parametrize("with_state", [False, True])
+def test_scan_matches_cpu(e, T, with_state):
+    q, k, v, g, beta, state = scan_inputs(T, H=3, seed=T, with_state=with_state)
+    o, s = scan_cuda(e, q, k, v, g, beta, state)
+    co, cs = _core.kda_scan(q, k, v, g, beta, state)
+    close(o, co, SCAN_TOL)
+    close(s, cs, SCAN_TOL)
+
+
+def test_scan_explicit_scale(e):
+    q, k, v, g, beta, state = scan_inputs(9, seed=9)
+    o, s = scan_cuda(e, q, k, v, g, beta, state, scale=0.5)
+    co, cs = _core.kda_scan(q, k, v, g, beta, state, scale=0.5)
+    close(o, co, SCAN_TOL)
+    close(s, cs, SCAN_TOL)
+
+
+@pytest.mark.parametrize("T", [1, 2, 63, 65, 200])
+def test_scan_prefill_then_decode_is_bit_exact(e, T):
+    q, k, v, g, beta, state = scan_inputs(T, seed=200 + T)
+    o_full, s_full = scan_cuda(e, q, k, v, g, beta, state)
+    head, tail = slice(0, T - 1), slice(T - 1, T)
+    o_head, s_mid = scan_cuda(e, q[head], k[head], v[head], g[head], beta[head], state)
+    o_tail, s_end = scan_cuda(e, q[tail], k[tail], v[tail], g[tail], beta[tail], s_mid)
+    np.testing.assert_array_equal(np.concatenate([o_head, o_tail]), o_full)
+    np.testing.assert_array_equal(s_end, s_full)
+
+
+@pytest.mark.parametrize("with_state", [False, True])
+def test_scan_chained_one_step_launches_equal_one_launch(e, with_state):
+    T = 63
+    q, k, v, g, beta, state = scan_inputs(T, seed=300, with_state=with_state)
+    o_full, s_full = scan_cuda(e, q, k, v, g, beta, state)
+    # The state stays on the device between the one-step launches.
+    s = None if state is None else e.to_device(state)
+    for t in range(T):
+        args = [e.to_device(a[t : t + 1]) for a in (q, k, v, g, beta)]
+        o, s = _core.kda_scan(*args, s, engine=e)
+        np.testing.assert_array_equal(e.to_host(o)[0], o_full[t])
+    np.testing.assert_array_equal(e.to_host(s), s_full)
+
+
+def test_scan_zero_steps_passes_the_state_through(e):
+    q, k, v, g, beta, state = scan_inputs(0, seed=310)
+    o, s = scan_cuda(e, q, k, v, g, beta, state)
+    assert o.shape == (0, 2, DV)
+    np.testing.assert_array_equal(s, state)
+    _, s0 = scan_cuda(e, q, k, v, g, beta)
+    np.testing.assert_array_equal(s0, np.zeros_like(state))
+
+
+@pytest.mark.parametrize("T", [1, 3])
+def test_scan_batch_equals_each_sequence_alone(e, T):
+    # Decode shape (T = 1): B sequences with different states in one launch; T = 3 too.
+    B = 6
+    q, k, v, g, beta, state = scan_inputs(T, H=3, B=B, seed=320 + T)
+    o, s = scan_cuda(e, q, k, v, g, beta, state, batch=True)
+    assert o.shape == (B, T, 3, DV) and s.shape == (B, 3, DK, DV)
+    for b in range(B):
+        ob, sb = scan_cuda(e, q[b], k[b], v[b], g[b], beta[b], state[b])
+        np.testing.assert_array_equal(o[b], ob)
+        np.testing.assert_array_equal(s[b], sb)
+    co, cs = _core.kda_scan(q, k, v, g, beta, state, batch=True)  # the CPU batch form
+    close(o, co, SCAN_TOL)
+    close(s, cs, SCAN_TOL)
+
+
+def test_scan_batch_without_state_starts_from_zeros(e):
+    B = 3
+    q, k, v, g, beta, _ = scan_inputs(2, B=B, seed=330, with_state=False)
+    o, s = scan_cuda(e, q, k, v, g, beta, None, batch=True)
+    zeros = np.zeros((B, 2, DK, DV), np.float32)
+    o0, s0 = scan_cuda(e, q, k, v, g, beta, zeros, batch=True)
+    np.testing.assert_array_equal(o, o0)
+    np.testing.assert_array_equal(s, s0)
+
+
+def test_scan_decode_arm_equals_prefill_arm_at_t1(e):
+    # One kernel serves both: a batch of B one-step sequences (decode) and one T = 1 sequence
+    # (prefill) give the same bits for the same sequence.
+    q, k, v, g, beta, state = scan_inputs(1, H=4, seed=340)
+    o1, s1 = scan_cuda(e, q, k, v, g, beta, state)
+    ob, sb = scan_cuda(e, q[None], k[None], v[None], g[None], beta[None], state[None], batch=True)
+    np.testing.assert_array_equal(ob[0], o1)
+    np.testing.assert_array_equal(sb[0], s1)
+
+
+@pytest.mark.parametrize(
+    "T,g_value,beta_value",
+    [
+        (200, 0.0, None),  # g == 0: no decay, the state keeps everything
+        (300, -5.0, None),  # at the lower bound for 300 steps
+        (65, None, 1e-7),  # beta ~ 0: the state barely moves
+        (65, None, 1.0 - 1e-7),  # beta ~ 1
+        (200, 0.0, 1.0),  # pure delta rule, no decay
+    ],
+)
+def test_scan_gate_and_beta_extremes(e, T, g_value, beta_value):
+    q, k, v, g, beta, state = scan_inputs(T, seed=400 + T, g_value=g_value, beta_value=beta_value)
+    o, s = scan_cuda(e, q, k, v, g, beta, state)
+    co, cs = _core.kda_scan(q, k, v, g, beta, state)
+    close(o, co, SCAN_TOL)
+    close(s, cs, SCAN_TOL)
+
+
+def test_saturated_softplus_gate_forgets_the_state(e):
+    # |f + dt_bias| = 1e4 through the softplus gate: exp(g) == 0, each step starts from zero.
+    T, H = 8, 2
+    q, k, v, _, beta, state = scan_inputs(T, H=H, seed=500)
+    f = np.full((T, H * DK), 1e4, np.float32)
+    g = gate_cuda(e, f, np.zeros(H * DK, np.float32), np.zeros(H, np.float32), form="softplus")
+    g = g.reshape(T, H, DK)
+    o, s = scan_cuda(e, q, k, v, g, beta, state)
+    assert np.all(np.isfinite(o)) and np.all(np.isfinite(s))
+    sl = slice(T - 1, T)
+    o1, s1 = scan_cuda(e, q[sl], k[sl], v[sl], g[sl], beta[sl])
+    np.testing.assert_array_equal(o[-1:], o1)
+    np.testing.assert_array_equal(s, s1)
+
+
+def test_scan_does_not_modify_state(e):
+    q, k, v, g, beta, state = scan_inputs(4, seed=10)
+    ds = e.to_device(state)
+    _core.kda_scan(*(e.to_device(a) for a in (q, k, v, g, beta)), ds, engine=e)
+    np.testing.assert_array_equal(e.to_host(ds), state)
+
+
+@pytest.mark.parametrize("dk,dv", [(64, 64), (128, 64), (64, 128)])
+def test_scan_unbuilt_head_size_is_unsupported(e, dk, dv):
+    r = rng(600)
+    T, H = 3, 2
+    q = f32(l2norm(r.standard_normal((T, H, dk))))
+    k = f32(l2norm(r.standard_normal((T, H, dk))))
+    v = f32(r.standard_normal((T, H, dv)))
+    g = np.full((T, H, dk), -0.5, np.float32)
+    beta = np.full((T, H), 0.5, np.float32)
+    state = f32(r.standard_normal((H, dk, dv)))
+    with pytest.raises(memra.UnsupportedError) as ei:
+        scan_cuda(e, q, k, v, g, beta, state)
+    assert ei.value.code == ST.UNSUPPORTED_GEOMETRY
+    assert "kda_scan" in str(ei.value)
+    _core.kda_scan(q, k, v, g, beta, state)  # the CPU backend still runs it
+
+
+# ---------------------------------------------------------------- argument contract on the device
+
+
+def test_host_array_for_cuda_engine_is_refused(e):
+    q, k, v, g, beta, state = scan_inputs(2, seed=700)
+    dev = [e.to_device(a) for a in (q, k, v, g, beta)]
+    dev[2] = v  # a host array where the engine's device is expected
+    ds = e.to_device(state)
+    with pytest.raises(memra.ContractError) as ei:
+        _core.kda_scan(*dev, ds, engine=e)
+    assert ei.value.code == ST.CONTRACT_DEVICE and "'v'" in str(ei.value)
+    np.testing.assert_array_equal(e.to_host(ds), state)  # nothing changed
+    x, w, ring = conv_inputs(3, seed=701)
+    with pytest.raises(memra.ContractError) as ei:
+        _core.kda_conv(e.to_device(x), w, e.to_device(ring), engine=e)
+    assert ei.value.code == ST.CONTRACT_DEVICE
+    f, dt_bias, A_log = gate_inputs(2, 2, 128)
+    with pytest.raises(memra.ContractError) as ei:
+        _core.kda_gate(e.to_device(f), e.to_device(dt_bias), A_log, engine=e)
+    assert ei.value.code == ST.CONTRACT_DEVICE
+
+
+def test_device_array_for_cpu_backend_is_refused(e):
+    x, w, ring = conv_inputs(3, seed=702)
+    with pytest.raises(memra.ContractError) as ei:
+        _core.kda_conv(e.to_device(x), w, ring)
+    assert ei.value.code == ST.CONTRACT_DEVICE
+
+
+def test_wrong_dtype_and_shape_on_device_are_refused(e):
+    q, k, v, g, beta, state = scan_inputs(2, seed=703)
+    dev = [e.to_device(a) for a in (q, k, v, g, beta)]
+    bad = list(dev)
+    bad[3] = e.to_device(g.astype(np.float64))
+    with pytest.raises(memra.ContractError) as ei:
+        _core.kda_scan(*bad, engine=e)
+    assert ei.value.code == ST.CONTRACT_DTYPE
+    with pytest.raises(memra.ContractError) as ei:
+        _core.kda_scan(*dev, e.to_device(state[:, :, :64].copy()), engine=e)
+    assert ei.value.code == ST.CONTRACT_SHAPE
+    with pytest.raises(memra.ContractError) as ei:  # batch=True wants [B, T, H, dk]
+        _core.kda_scan(*dev, engine=e, batch=True)
+    assert ei.value.code == ST.CONTRACT_SHAPE
+    x, w, ring = conv_inputs(3, seed=704)
+    with pytest.raises(memra.ContractError) as ei:
+        conv_cuda(e, x, w, ring, arm="decode")  # the decode arm takes one token
+    assert ei.value.code == ST.CONTRACT_SHAPE
+
+
+def test_engine_stays_usable_after_errors(e):
+    r = rng(705)
+    small = [f32(r.standard_normal((2, 1, 64))) for _ in range(4)]  # q, k, v, g of dk = dv = 64
+    with pytest.raises(memra.UnsupportedError):
+        scan_cuda(e, *small, np.full((2, 1), 0.5, np.float32))
+    q, k, v, g, beta, state = scan_inputs(3, seed=706)
+    o, s = scan_cuda(e, q, k, v, g, beta, state)
+    co, cs = _core.kda_scan(q, k, v, g, beta, state)
+    close(o, co, SCAN_TOL)
+    close(s, cs, SCAN_TOL)
+
+
+# ---------------------------------------------------------------- sanitizer-sized shapes
+
+
+def test_sanitizer_small_shapes(e):
+    """Small enough for compute-sanitizer (racecheck / memcheck / initcheck): every kernel of
+    cuda/kda.cu once, the scan over two steps so the per-warp shared vectors are rewritten."""
+    x, w, ring = conv_inputs(3, C=9, seed=800)
+    conv_cuda(e, x, w, ring, arm="prefill")
+    conv_cuda(e, x[:1], w, ring, arm="decode")
+    conv_cuda(e, x[:2], w, f32(np.stack([ring, ring])), batch=True)
+    f, dt_bias, A_log = gate_inputs(2, 1, 128)
+    gate_cuda(e, f, dt_bias, A_log, form="lower_bound")
+    gate_cuda(e, f, dt_bias, A_log, form="softplus")
+    q, k, v, g, beta, state = scan_inputs(2, H=1, B=2, seed=801)
+    o, s = scan_cuda(e, q, k, v, g, beta, state, batch=True)
+    co, cs = _core.kda_scan(q, k, v, g, beta, state, batch=True)
+    close(o, co, SCAN_TOL)
+    close(s, cs, SCAN_TOL)
