@@ -1,0 +1,357 @@
+// Sampling of the CUDA backend (cpp/include/memra/cuda_abi/ffn.h `sample`): the GPU twin of
+// cpu::sample (ops.h "sampling"), drawing the same token as the CPU for the same seed and counter.
+// ops.h spells the arithmetic out; this file reproduces it operation for operation:
+//   - z_i = logits_i / temperature and p_i = e_i / s are IEEE divisions (__fdiv_rn);
+//   - e_i = exp(z_i - m) uses a port of glibc's expf (the CPU's std::exp on Linux: the table-
+//     driven double-precision algorithm of glibc >= 2.28, in its FMA form), checked on the host to
+//     be bit-identical to glibc 2.36's expf on every float in (-110, 90);
+//   - every running sum the spec orders (s over ascending id; Mk, the top-p mass and the draw's
+//     running c over the sorted order) is summed sequentially by one thread, in that order, from
+//     chunks the block stages in shared memory;
+//   - the order (p desc, id asc) comes from one CUB radix sort of all rows at once on 64-bit keys
+//     (row | ~bits(p) | id): p >= 0, so its bit pattern orders like its value, and the keys are
+//     unique, so no stability is needed.
+// Kernels: greedy rows (temperature <= 0) take a block-wide argmax (the CPU's: ties to the lower
+// id, NaN never wins unless it sits at id 0). Otherwise prep (one block per row: max, sequential
+// s, keys; rows without a distribution take the argmax there), the sort, and select (one block per
+// row: Mk, the top-p cut, the draw).
+#include <cub/device/device_radix_sort.cuh>
+
+#include <climits>
+#include <cmath>
+#include <cstdint>
+
+#include "common.cuh"
+
+using memra::cuda::enter;
+using memra::cuda::launch_status;
+using memra::cuda::Scratch;
+using memra::cuda::status_of;
+
+namespace {
+
+constexpr int kThreads = 512;  // threads per row block (prep, select, argmax)
+constexpr int kChunk = 4096;   // floats staged in shared memory per sequential step
+
+// ------------------------------------------------------------------- glibc expf (bit-exact)
+
+// 2^(i/32) as doubles, minus i << 47 (glibc's __exp2f_data.tab, regenerated: correctly rounded
+// 2^(i/32) with the exponent adjustment removed).
+__device__ const uint64_t kExp2Tab[32] = {
+    0x3ff0000000000000ull, 0x3fefd9b0d3158574ull, 0x3fefb5586cf9890full, 0x3fef9301d0125b51ull,
+    0x3fef72b83c7d517bull, 0x3fef54873168b9aaull, 0x3fef387a6e756238ull, 0x3fef1e9df51fdee1ull,
+    0x3fef06fe0a31b715ull, 0x3feef1a7373aa9cbull, 0x3feedea64c123422ull, 0x3feece086061892dull,
+    0x3feebfdad5362a27ull, 0x3feeb42b569d4f82ull, 0x3feeab07dd485429ull, 0x3feea47eb03a5585ull,
+    0x3feea09e667f3bcdull, 0x3fee9f75e8ec5f74ull, 0x3feea11473eb0187ull, 0x3feea589994cce13ull,
+    0x3feeace5422aa0dbull, 0x3feeb737b0cdc5e5ull, 0x3feec49182a3f090ull, 0x3feed503b23e255dull,
+    0x3feee89f995ad3adull, 0x3feeff76f2fb5e47ull, 0x3fef199bdd85529cull, 0x3fef3720dcef9069ull,
+    0x3fef5818dcfba487ull, 0x3fef7c97337b9b5full, 0x3fefa4afa2a490daull, 0x3fefd0765b6e4540ull};
+
+// exp(x) rounded as glibc's expf: x * 32/ln2 = k + r, exp(x) = 2^(k/32) * poly(r) in double with
+// the FMAs of glibc's x86-64 FMA build, then one rounding to float.
+__device__ __forceinline__ float glibc_expf(float x) {
+  constexpr double kInvLn2N = 0x1.71547652b82fep+0 * 32;
+  constexpr double kC0 = 0x1.c6af84b912394p-5 / 32 / 32 / 32;
+  constexpr double kC1 = 0x1.ebfce50fac4f3p-3 / 32 / 32;
+  constexpr double kC2 = 0x1.62e42ff0c52d6p-1 / 32;
+  const uint32_t ux = __float_as_uint(x);
+  const uint32_t abstop = (ux >> 20) & 0x7ffu;
+  if (abstop >= 0x42bu) {  // |x| >= 88, inf or NaN
+    if (ux == 0xff800000u) return 0.0f;          // -inf
+    if (abstop >= 0x7f8u) return x + x;          // +inf, NaN
+    if (x > 0x1.62e42ep6f) return INFINITY;      // overflow
+    if (x < -0x1.9fe368p6f) return 0.0f;         // underflow
+  }
+  const double xd = static_cast<double>(x);
+  const double z = __dmul_rn(kInvLn2N, xd);
+  const double kd = rint(z);
+  const uint64_t ki = static_cast<uint64_t>(static_cast<int64_t>(kd));
+  const double r = __fma_rn(kInvLn2N, xd, -kd);
+  uint64_t t = kExp2Tab[ki % 32];
+  t += ki << 47;
+  const double s = __longlong_as_double(static_cast<long long>(t));
+  const double zz = __fma_rn(kC0, r, kC1);
+  const double r2 = __dmul_rn(r, r);
+  double y = __fma_rn(kC2, r, 1.0);
+  y = __fma_rn(zz, r2, y);
+  y = __dmul_rn(y, s);
+  return __double2float_rn(y);
+}
+
+// ops.h uniform_from_counter (splitmix64), verbatim.
+__device__ __forceinline__ float uniform_from_counter(uint64_t seed, uint64_t counter) {
+  constexpr uint64_t kGolden = 0x9E3779B97F4A7C15ull;
+  uint64_t z = seed ^ (kGolden * (counter + 1));
+  z += kGolden;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  z ^= z >> 31;
+  return __fmul_rn(static_cast<float>(z >> 40), 1.0f / 16777216.0f);
+}
+
+// ------------------------------------------------------------------------ block helpers
+
+struct ArgBest {
+  float v;
+  int i;  // INT_MAX: none
+};
+
+__device__ __forceinline__ bool better(const ArgBest& a, const ArgBest& b) {
+  if (a.i == INT_MAX) return false;
+  if (b.i == INT_MAX) return true;
+  return a.v > b.v || (a.v == b.v && a.i < b.i);
+}
+
+// cpu argmax over v[0, V) (best = 0; v[i] > v[best] takes i): index 0 when v[0] is NaN, otherwise
+// the lowest index of the largest non-NaN value. Call with the whole block; the result is valid
+// in every thread. `red` holds kThreads / 32 ArgBest.
+__device__ int block_argmax(const float* __restrict__ v, int V, ArgBest* red) {
+  ArgBest b{-INFINITY, INT_MAX};
+  for (int i = threadIdx.x; i < V; i += blockDim.x) {  // ascending per thread: strict > keeps low
+    const float x = v[i];
+    if (!isnan(x) && (b.i == INT_MAX || x > b.v)) b = ArgBest{x, i};
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const ArgBest c{__shfl_xor_sync(0xffffffffu, b.v, o), __shfl_xor_sync(0xffffffffu, b.i, o)};
+    if (better(c, b)) b = c;
+  }
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  if (lane == 0) red[warp] = b;
+  __syncthreads();
+  ArgBest r = red[0];
+  for (int w = 1; w < static_cast<int>(blockDim.x >> 5); ++w) {
+    if (better(red[w], r)) r = red[w];
+  }
+  __syncthreads();  // red may be reused at once
+  if (isnan(v[0]) || r.i == INT_MAX) return 0;
+  return r.i;
+}
+
+// A sequential walk over n values in index order, with the block's help for the loads: the block
+// stages kChunk values val(i) in shared memory, then thread 0 calls step(v) on each in order until
+// step returns true. Returns the index where it stopped, or -1 (the same in every thread). Only
+// thread 0 runs `step`, so its captured state is thread 0's. Call with the whole block.
+template <class Val, class Step>
+__device__ int block_walk(int64_t n, Val val, Step step, float* stage, int* stop) {
+  if (threadIdx.x == 0) *stop = -1;
+  __syncthreads();
+  for (int64_t base = 0; base < n; base += kChunk) {
+    const int len = static_cast<int>(n - base < kChunk ? n - base : kChunk);
+    for (int i = threadIdx.x; i < len; i += blockDim.x) stage[i] = val(base + i);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+#pragma unroll 8
+      for (int i = 0; i < len; ++i) {
+        if (step(stage[i])) {
+          *stop = static_cast<int>(base + i);
+          break;
+        }
+      }
+    }
+    __syncthreads();
+    if (*stop >= 0) break;
+  }
+  const int r = *stop;
+  __syncthreads();  // every thread has read *stop before the next walk resets it
+  return r;
+}
+
+// -------------------------------------------------------------------------------- kernels
+
+__global__ void __launch_bounds__(kThreads)
+    greedy_kernel(const float* __restrict__ logits, int V, int32_t* __restrict__ out) {
+  __shared__ ArgBest red[kThreads / 32];
+  const int64_t b = blockIdx.x;
+  const int best = block_argmax(logits + b * V, V, red);
+  if (threadIdx.x == 0) out[b] = best;
+}
+
+struct KeyBits {
+  int id_bits;   // bits of the id field (the lowest)
+  int row_bits;  // bits of the row field (above the 32 bits of ~p)
+};
+
+// One block per row: m = max z, s = sequential sum of exp(z - m) in ascending id, then either the
+// argmax (no distribution: s not finite or not > 0; done[b] = 1) or the sort keys of the row's
+// p = e / s. Every row writes all its keys (a done row gets p = 0), so rows never mix in the sort.
+__global__ void __launch_bounds__(kThreads)
+    sample_prep_kernel(const float* __restrict__ logits, int V, float temperature, KeyBits kb,
+                       uint64_t* __restrict__ keys, int* __restrict__ done,
+                       int32_t* __restrict__ out) {
+  __shared__ float stage[kChunk];
+  __shared__ ArgBest red[kThreads / 32];
+  __shared__ float red_max[kThreads / 32];
+  __shared__ int stop;
+  __shared__ float s_shared;
+  const int64_t b = blockIdx.x;
+  const float* lb = logits + b * V;
+
+  // m = max of z (NaN z are skipped, as std::max(m, z) does; a NaN row ends in the argmax anyway).
+  float m = -INFINITY;
+  for (int i = threadIdx.x; i < V; i += blockDim.x) m = fmaxf(m, __fdiv_rn(lb[i], temperature));
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+  if ((threadIdx.x & 31) == 0) red_max[threadIdx.x >> 5] = m;
+  __syncthreads();
+  m = red_max[0];
+  for (int w = 1; w < static_cast<int>(blockDim.x >> 5); ++w) m = fmaxf(m, red_max[w]);
+
+  auto e_of = [&](int64_t i) { return glibc_expf(__fsub_rn(__fdiv_rn(lb[i], temperature), m)); };
+  float s = 0.0f;  // thread 0's
+  block_walk(
+      V, e_of,
+      [&](float e) {
+        s = __fadd_rn(s, e);
+        return false;
+      },
+      stage, &stop);
+  if (threadIdx.x == 0) s_shared = s;
+  __syncthreads();
+  s = s_shared;
+
+  const uint64_t row = static_cast<uint64_t>(b) << (32 + kb.id_bits);
+  uint64_t* kr = keys + b * V;
+  if (!(s > 0.0f) || !isfinite(s)) {  // all -inf, or NaN / inf: no distribution to draw from
+    for (int i = threadIdx.x; i < V; i += blockDim.x) {
+      kr[i] = row | (static_cast<uint64_t>(0xffffffffu) << kb.id_bits) | static_cast<uint64_t>(i);
+    }
+    const int best = block_argmax(lb, V, red);
+    if (threadIdx.x == 0) {
+      out[b] = best;
+      done[b] = 1;
+    }
+    return;
+  }
+  for (int i = threadIdx.x; i < V; i += blockDim.x) {
+    const float p = __fdiv_rn(e_of(i), s);
+    const uint32_t inv = ~__float_as_uint(p);  // p >= +0: descending p = ascending ~bits
+    kr[i] = row | (static_cast<uint64_t>(inv) << kb.id_bits) | static_cast<uint64_t>(i);
+  }
+  if (threadIdx.x == 0) done[b] = 0;
+}
+
+// One block per row over the sorted keys: Mk, the top-p cut, and the draw (ops.h, step by step).
+__global__ void __launch_bounds__(kThreads)
+    sample_select_kernel(const uint64_t* __restrict__ keys, int V, int k, float top_p,
+                         uint64_t seed, const uint64_t* __restrict__ counters, KeyBits kb,
+                         const int* __restrict__ done, int32_t* __restrict__ out) {
+  __shared__ float stage[kChunk];
+  __shared__ int stop;
+  __shared__ float mk_shared;
+  __shared__ int last_positive;
+  const int64_t b = blockIdx.x;
+  if (done[b]) return;  // block-uniform
+  const uint64_t* kr = keys + b * V;
+  const uint64_t id_mask = (uint64_t(1) << kb.id_bits) - 1;
+  auto p_of = [&](int64_t i) {
+    return __uint_as_float(~static_cast<uint32_t>(kr[i] >> kb.id_bits));
+  };
+  auto id_of = [&](int64_t i) { return static_cast<int32_t>(kr[i] & id_mask); };
+
+  // Mk = running sum of p over the first k in sorted order.
+  float mk = 0.0f;
+  block_walk(
+      k, p_of,
+      [&](float p) {
+        mk = __fadd_rn(mk, p);
+        return false;
+      },
+      stage, &stop);
+  if (threadIdx.x == 0) mk_shared = mk;
+  __syncthreads();
+  mk = mk_shared;
+  auto q_of = [&](int64_t i) { return __fdiv_rn(p_of(i), mk); };
+
+  // q = p / Mk; top_p < 1 keeps up to and including the first entry where the mass reaches it.
+  float mass = 0.0f;  // thread 0's
+  const int cut = block_walk(
+      k, q_of,
+      [&](float q) {
+        mass = __fadd_rn(mass, q);
+        return top_p < 1.0f && mass >= top_p;
+      },
+      stage, &stop);
+  const int n = cut >= 0 ? cut + 1 : k;
+
+  // The token: the first kept entry whose running c exceeds u * M.
+  float r = 0.0f, c = 0.0f;
+  if (threadIdx.x == 0) r = __fmul_rn(uniform_from_counter(seed, counters[b]), mass);
+  const int pick = block_walk(
+      n, q_of,
+      [&](float q) {
+        c = __fadd_rn(c, q);
+        return c > r;
+      },
+      stage, &stop);
+  if (pick >= 0) {
+    if (threadIdx.x == 0) out[b] = id_of(pick);
+    return;
+  }
+  // Rounding left u * M at the very end: the last kept entry with q > 0 (else the first).
+  if (threadIdx.x == 0) last_positive = -1;
+  __syncthreads();
+  int mine = -1;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    if (q_of(i) > 0.0f) mine = i;
+  }
+  if (mine >= 0) atomicMax(&last_positive, mine);
+  __syncthreads();
+  if (threadIdx.x == 0) out[b] = id_of(last_positive >= 0 ? last_positive : 0);
+}
+
+int bits_for(int64_t n) {  // bits to hold 0 .. n - 1
+  int bits = 0;
+  while (bits < 63 && (int64_t(1) << bits) < n) ++bits;
+  return bits;
+}
+
+size_t align_up(size_t v) { return (v + 255) / 256 * 256; }
+
+}  // namespace
+
+extern "C" int memra_cuda_sample(MemraCudaCtx* ctx, const float* logits, int B, int V,
+                                 float temperature, int top_k, float top_p, uint64_t seed,
+                                 const uint64_t* counters, int32_t* out) {
+  MEMRA_CUDA_RETURN_IF(enter(ctx));
+  if (B < 0 || V < 0) return memra::kContractValue;
+  if (B == 0) return memra::kOk;
+  if (V < 1) return memra::kContractValue;  // as the binding: at least one column
+  if (std::isnan(temperature) || !(top_p > 0.0f)) return memra::kContractValue;
+  if (!logits || !out) return memra::kContractMissing;
+  if (temperature <= 0.0f) {
+    greedy_kernel<<<B, kThreads, 0, ctx->stream>>>(logits, V, out);
+    return launch_status();
+  }
+  if (!counters) return memra::kContractMissing;
+
+  const KeyBits kb{bits_for(V), bits_for(B)};
+  const int end_bit = 32 + kb.id_bits + kb.row_bits;
+  if (end_bit > 64) return memra::kUnsupportedGeometry;
+  const int k = (top_k <= 0 || top_k > V) ? V : top_k;
+  const int64_t total = static_cast<int64_t>(B) * V;
+
+  size_t temp_bytes = 0;
+  cub::DoubleBuffer<uint64_t> probe(nullptr, nullptr);
+  MEMRA_CUDA_RETURN_IF(status_of(cub::DeviceRadixSort::SortKeys(
+      nullptr, temp_bytes, probe, total, 0, end_bit, ctx->stream)));
+  const size_t keys_bytes = align_up(sizeof(uint64_t) * static_cast<size_t>(total));
+  const size_t done_bytes = align_up(sizeof(int) * static_cast<size_t>(B));
+  Scratch scratch(ctx, 2 * keys_bytes + done_bytes + align_up(temp_bytes));
+  MEMRA_CUDA_RETURN_IF(scratch.status());
+  char* base = scratch.as<char>();
+  uint64_t* keys0 = reinterpret_cast<uint64_t*>(base);
+  uint64_t* keys1 = reinterpret_cast<uint64_t*>(base + keys_bytes);
+  int* done = reinterpret_cast<int*>(base + 2 * keys_bytes);
+  void* temp = base + 2 * keys_bytes + done_bytes;
+
+  sample_prep_kernel<<<B, kThreads, 0, ctx->stream>>>(logits, V, temperature, kb, keys0, done,
+                                                      out);
+  MEMRA_CUDA_RETURN_IF(launch_status());
+  cub::DoubleBuffer<uint64_t> sorted(keys0, keys1);
+  MEMRA_CUDA_RETURN_IF(status_of(cub::DeviceRadixSort::SortKeys(
+      temp, temp_bytes, sorted, total, 0, end_bit, ctx->stream)));
+  sample_select_kernel<<<B, kThreads, 0, ctx->stream>>>(sorted.Current(), V, k, top_p, seed,
+                                                        counters, kb, done, out);
+  return launch_status();
+}
