@@ -224,6 +224,16 @@ Status Cache::check_layer(int layer, const LayerStateSpec& want, const char* op)
   return Status::Ok();
 }
 
+Status Cache::check_device(const std::shared_ptr<CudaContext>& cuda, const char* op) const {
+  if (cuda.get() == cuda_.get()) return Status::Ok();
+  auto where = [](const std::shared_ptr<CudaContext>& c) {
+    return c ? "cuda:" + std::to_string(c->device()) + " (engine context)" : std::string("host memory");
+  };
+  return Status(kContractDevice, std::string(op) + ": the cache lives in " + where(cuda_) +
+                                     " but the layer runs on " + where(cuda) +
+                                     " (make the cache with the layer's engine)");
+}
+
 Status Cache::check_room(int slot, int n, const char* op) const {
   MEMRA_TRY(check_slot(slot, op));
   if (n < 1) {

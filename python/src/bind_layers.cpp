@@ -10,6 +10,7 @@
 #include <set>
 
 #include "common.h"
+#include "device_args.h"
 #include "memra/engine.h"
 #include "memra/layers.h"
 
@@ -33,10 +34,18 @@ const int32_t* slots_arg(const AnyArray& slots, const Cache& cache, const char* 
   return s;
 }
 
-void require_cpu(const Engine& e, const char* what) {
-  if (e.kind() != DeviceKind::kCpu) {
-    raise_status(Status(kUnsupported, std::string(what) + ": only the CPU backend is available"));
-  }
+// The compute dtype of a CUDA layer's weights ('float32' or 'bfloat16').
+DType compute_dtype(const std::string& dtype, const char* what) {
+  if (dtype == "float32") return DType::kF32;
+  if (dtype == "bfloat16") return DType::kBF16;
+  raise_contract(kContractValue, std::string(what) + ": dtype must be 'float32' or 'bfloat16', got '" + dtype + "'");
+}
+
+// Place a freshly made layer on the engine's device (no-op for the CPU).
+template <typename L>
+void place(L& l, const Engine& engine, const std::string& dtype, const char* what) {
+  const DType d = compute_dtype(dtype, what);
+  if (engine.is_cuda()) check(l.to_device(engine.cuda(), d));
 }
 
 size_t sz(int64_t v) { return static_cast<size_t>(v); }
@@ -53,8 +62,7 @@ void init_layers(nb::module_& m) {
           "__init__",
           [](KdaLayer* self, const Engine& engine, Weights weights, int hidden, int heads,
              int head_dim, int conv_kernel, const std::string& gate, float lower_bound,
-             float rms_eps) {
-            require_cpu(engine, "KdaLayer");
+             float rms_eps, const std::string& dtype) {
             KdaConfig c;
             c.hidden = hidden;
             c.heads = heads;
@@ -72,42 +80,43 @@ void init_layers(nb::module_& m) {
             WeightMap wm(std::move(weights), "KdaLayer");
             std::unique_ptr<KdaLayer> l;
             check(KdaLayer::create(c, wm, &l));
+            place(*l, engine, dtype, "KdaLayer");
             new (self) KdaLayer(std::move(*l));
           },
           nb::arg("engine"), nb::arg("weights"), nb::kw_only(), nb::arg("hidden"), nb::arg("heads"),
           nb::arg("head_dim"), nb::arg("conv_kernel"), nb::arg("gate") = "lower_bound",
-          nb::arg("lower_bound") = -5.0f, nb::arg("rms_eps") = 1e-5f)
+          nb::arg("lower_bound") = -5.0f, nb::arg("rms_eps") = 1e-5f, nb::arg("dtype") = "bfloat16")
       .def("state_spec", &KdaLayer::state_spec)
       .def(
           "forward",
           [](const KdaLayer& l, const AnyArray& x) {
             const int D = l.config().hidden;
-            const float* xp = f32_arg(x, "KdaLayer.forward", "x", {-1, D});
+            const float* xp = f32_in(l.cuda(), x, "KdaLayer.forward", "x", {-1, D});
             const int T = int(dim(x, 0));
-            NpF32 y = new_f32({sz(T), sz(D)});
+            Out y = out_f32(l.cuda(), {sz(T), sz(D)});
             Status st;
             {
               nb::gil_scoped_release nogil;
-              st = l.forward(xp, T, y.data());
+              st = l.forward(xp, T, y.data<float>());
             }
             check(st);
-            return y;
+            return y.obj;
           },
           nb::arg("x"), "x [T, hidden] f32 -> y [T, hidden] from a zero state.")
       .def(
           "prefill",
           [](const KdaLayer& l, Cache& cache, int layer, int slot, const AnyArray& x) {
             const int D = l.config().hidden;
-            const float* xp = f32_arg(x, "KdaLayer.prefill", "x", {-1, D});
+            const float* xp = f32_in(l.cuda(), x, "KdaLayer.prefill", "x", {-1, D});
             const int T = int(dim(x, 0));
-            NpF32 y = new_f32({sz(T), sz(D)});
+            Out y = out_f32(l.cuda(), {sz(T), sz(D)});
             Status st;
             {
               nb::gil_scoped_release nogil;
-              st = l.prefill(cache, layer, slot, xp, T, y.data());
+              st = l.prefill(cache, layer, slot, xp, T, y.data<float>());
             }
             check(st);
-            return y;
+            return y.obj;
           },
           nb::arg("cache"), nb::arg("layer"), nb::arg("slot"), nb::arg("x"),
           "Continue `slot` by x [T, hidden]; writes the pending state plane, visible after "
@@ -118,15 +127,15 @@ void init_layers(nb::module_& m) {
             const int D = l.config().hidden;
             const int32_t* sp = slots_arg(slots, cache, "KdaLayer.decode");
             const int B = int(dim(slots, 0));
-            const float* xp = f32_arg(x, "KdaLayer.decode", "x", {B, D});
-            NpF32 y = new_f32({sz(B), sz(D)});
+            const float* xp = f32_in(l.cuda(), x, "KdaLayer.decode", "x", {B, D});
+            Out y = out_f32(l.cuda(), {sz(B), sz(D)});
             Status st;
             {
               nb::gil_scoped_release nogil;
-              st = l.decode(cache, layer, sp, B, xp, y.data());
+              st = l.decode(cache, layer, sp, B, xp, y.data<float>());
             }
             check(st);
-            return y;
+            return y.obj;
           },
           nb::arg("cache"), nb::arg("layer"), nb::arg("slots"), nb::arg("x"),
           "One token for each slot: slots [B] int32, x [B, hidden] -> [B, hidden].");
@@ -141,8 +150,7 @@ void init_layers(nb::module_& m) {
           [](MlaLayer* self, const Engine& engine, Weights weights, int hidden, int heads,
              int q_lora_rank, int kv_rank, int d_nope, int d_rope, int d_v, float rms_eps,
              bool sparse, int index_heads, int index_head_dim, int kpool, int topk, int tail_rows,
-             bool rotate, float rope_base) {
-            require_cpu(engine, "MlaLayer");
+             bool rotate, float rope_base, const std::string& dtype) {
             MlaConfig c;
             c.hidden = hidden;
             c.heads = heads;
@@ -163,6 +171,7 @@ void init_layers(nb::module_& m) {
             WeightMap wm(std::move(weights), "MlaLayer");
             std::unique_ptr<MlaLayer> l;
             check(MlaLayer::create(c, wm, &l));
+            place(*l, engine, dtype, "MlaLayer");
             new (self) MlaLayer(std::move(*l));
           },
           nb::arg("engine"), nb::arg("weights"), nb::kw_only(), nb::arg("hidden"), nb::arg("heads"),
@@ -170,7 +179,7 @@ void init_layers(nb::module_& m) {
           nb::arg("d_v"), nb::arg("rms_eps") = 1e-5f, nb::arg("sparse") = false,
           nb::arg("index_heads") = 0, nb::arg("index_head_dim") = 0, nb::arg("kpool") = 0,
           nb::arg("topk") = 0, nb::arg("tail_rows") = 0, nb::arg("rotate") = false,
-          nb::arg("rope_base") = 10000.0f)
+          nb::arg("rope_base") = 10000.0f, nb::arg("dtype") = "bfloat16")
       .def("state_spec", &MlaLayer::state_spec)
       .def_prop_ro("index_width", &MlaLayer::index_width, "index_topk + index_kpool - 1.")
       .def_prop_ro("has_indexer", &MlaLayer::has_indexer)
@@ -179,19 +188,19 @@ void init_layers(nb::module_& m) {
           [](const MlaLayer& l, Cache& cache, int layer, int slot, const AnyArray& x,
              std::optional<AnyArray> topk) {
             const int D = l.config().hidden, W = l.index_width();
-            const float* xp = f32_arg(x, "MlaLayer.prefill", "x", {-1, D});
+            const float* xp = f32_in(l.cuda(), x, "MlaLayer.prefill", "x", {-1, D});
             const int T = int(dim(x, 0));
-            const int32_t* tp = topk ? i32_arg(*topk, "MlaLayer.prefill", "topk", {T, W}) : nullptr;
-            NpF32 y = new_f32({sz(T), sz(D)});
-            NpI32 idx = new_i32({sz(T), sz(l.config().sparse ? W : 0)});
+            const int32_t* tp = topk ? i32_in(l.cuda(), *topk, "MlaLayer.prefill", "topk", {T, W}) : nullptr;
+            Out y = out_f32(l.cuda(), {sz(T), sz(D)});
+            Out idx = out_i32(l.cuda(), {sz(T), sz(l.config().sparse ? W : 0)});
             Status st;
             {
               nb::gil_scoped_release nogil;
-              st = l.prefill(cache, layer, slot, xp, T, tp, y.data(),
-                             l.config().sparse ? idx.data() : nullptr);
+              st = l.prefill(cache, layer, slot, xp, T, tp, y.data<float>(),
+                             l.config().sparse ? idx.data<int32_t>() : nullptr);
             }
             check(st);
-            return nb::make_tuple(y, idx);
+            return nb::make_tuple(y.obj, idx.obj);
           },
           nb::arg("cache"), nb::arg("layer"), nb::arg("slot"), nb::arg("x"),
           nb::arg("topk") = nb::none(),
@@ -206,18 +215,18 @@ void init_layers(nb::module_& m) {
             const int D = l.config().hidden, W = l.index_width();
             const int32_t* sp = slots_arg(slots, cache, "MlaLayer.decode");
             const int B = int(dim(slots, 0));
-            const float* xp = f32_arg(x, "MlaLayer.decode", "x", {B, D});
-            const int32_t* tp = topk ? i32_arg(*topk, "MlaLayer.decode", "topk", {B, W}) : nullptr;
-            NpF32 y = new_f32({sz(B), sz(D)});
-            NpI32 idx = new_i32({sz(B), sz(l.config().sparse ? W : 0)});
+            const float* xp = f32_in(l.cuda(), x, "MlaLayer.decode", "x", {B, D});
+            const int32_t* tp = topk ? i32_in(l.cuda(), *topk, "MlaLayer.decode", "topk", {B, W}) : nullptr;
+            Out y = out_f32(l.cuda(), {sz(B), sz(D)});
+            Out idx = out_i32(l.cuda(), {sz(B), sz(l.config().sparse ? W : 0)});
             Status st;
             {
               nb::gil_scoped_release nogil;
-              st = l.decode(cache, layer, sp, B, xp, tp, y.data(),
-                            l.config().sparse ? idx.data() : nullptr);
+              st = l.decode(cache, layer, sp, B, xp, tp, y.data<float>(),
+                            l.config().sparse ? idx.data<int32_t>() : nullptr);
             }
             check(st);
-            return nb::make_tuple(y, idx);
+            return nb::make_tuple(y.obj, idx.obj);
           },
           nb::arg("cache"), nb::arg("layer"), nb::arg("slots"), nb::arg("x"),
           nb::arg("topk") = nb::none(), "One token for each of slots [B]: as prefill with T = 1.");
@@ -229,27 +238,29 @@ void init_layers(nb::module_& m) {
       .def(
           "__init__",
           [](MlpLayer* self, const Engine& engine, Weights weights, int hidden, int intermediate,
-             float swiglu_limit) {
-            require_cpu(engine, "MlpLayer");
+             float swiglu_limit, const std::string& dtype) {
             WeightMap wm(std::move(weights), "MlpLayer");
             std::unique_ptr<MlpLayer> l;
             check(MlpLayer::create(hidden, intermediate, swiglu_limit, wm, &l));
             check(wm.finish());
+            place(*l, engine, dtype, "MlpLayer");
             new (self) MlpLayer(std::move(*l));
           },
           nb::arg("engine"), nb::arg("weights"), nb::kw_only(), nb::arg("hidden"),
-          nb::arg("intermediate"), nb::arg("swiglu_limit"))
+          nb::arg("intermediate"), nb::arg("swiglu_limit"), nb::arg("dtype") = "bfloat16")
       .def(
           "forward",
           [](const MlpLayer& l, const AnyArray& x) {
-            const float* xp = f32_arg(x, "MlpLayer.forward", "x", {-1, l.hidden()});
+            const float* xp = f32_in(l.cuda(), x, "MlpLayer.forward", "x", {-1, l.hidden()});
             const int T = int(dim(x, 0));
-            NpF32 y = new_f32({sz(T), sz(l.hidden())});
+            Out y = out_f32(l.cuda(), {sz(T), sz(l.hidden())});
+            Status st;
             {
               nb::gil_scoped_release nogil;
-              l.forward(xp, T, y.data());
+              st = l.forward(xp, T, y.data<float>());
             }
-            return y;
+            check(st);
+            return y.obj;
           },
           nb::arg("x"), "x [T, hidden] -> [T, hidden].");
 
@@ -261,8 +272,7 @@ void init_layers(nb::module_& m) {
           "__init__",
           [](MoeLayer* self, const Engine& engine, Weights weights, int hidden, int n_experts,
              int top_k, int n_group, int topk_group, int intermediate, int shared_intermediate,
-             bool norm_topk_prob, float routed_scaling, float swiglu_limit) {
-            require_cpu(engine, "MoeLayer");
+             bool norm_topk_prob, float routed_scaling, float swiglu_limit, const std::string& dtype) {
             MoeConfig c;
             c.hidden = hidden;
             c.n_experts = n_experts;
@@ -277,25 +287,28 @@ void init_layers(nb::module_& m) {
             WeightMap wm(std::move(weights), "MoeLayer");
             std::unique_ptr<MoeLayer> l;
             check(MoeLayer::create(c, wm, &l));
+            place(*l, engine, dtype, "MoeLayer");
             new (self) MoeLayer(std::move(*l));
           },
           nb::arg("engine"), nb::arg("weights"), nb::kw_only(), nb::arg("hidden"),
           nb::arg("n_experts"), nb::arg("top_k"), nb::arg("n_group"), nb::arg("topk_group"),
           nb::arg("intermediate"), nb::arg("shared_intermediate"), nb::arg("norm_topk_prob"),
-          nb::arg("routed_scaling"), nb::arg("swiglu_limit"))
+          nb::arg("routed_scaling"), nb::arg("swiglu_limit"), nb::arg("dtype") = "bfloat16")
       .def(
           "forward",
           [](const MoeLayer& l, const AnyArray& x) {
             const int D = l.config().hidden;
-            const float* xp = f32_arg(x, "MoeLayer.forward", "x", {-1, D});
+            const float* xp = f32_in(l.cuda(), x, "MoeLayer.forward", "x", {-1, D});
             const int T = int(dim(x, 0));
-            NpF32 y = new_f32({sz(T), sz(D)});
-            NpI32 idx = new_i32({sz(T), sz(l.config().top_k)});
+            Out y = out_f32(l.cuda(), {sz(T), sz(D)});
+            Out idx = out_i32(l.cuda(), {sz(T), sz(l.config().top_k)});
+            Status st;
             {
               nb::gil_scoped_release nogil;
-              l.forward(xp, T, y.data(), idx.data());
+              st = l.forward(xp, T, y.data<float>(), idx.data<int32_t>());
             }
-            return nb::make_tuple(y, idx);
+            check(st);
+            return nb::make_tuple(y.obj, idx.obj);
           },
           nb::arg("x"), "x [T, hidden] -> (y [T, hidden], chosen experts [T, top_k] int32).");
 
@@ -305,29 +318,31 @@ void init_layers(nb::module_& m) {
       .def(
           "__init__",
           [](HyperConnection* self, const Engine& engine, Weights weights, int hidden, int hc_mult,
-             int sinkhorn_iters, float hc_eps, float norm_eps) {
-            require_cpu(engine, "HyperConnection");
+             int sinkhorn_iters, float hc_eps, float norm_eps, const std::string& dtype) {
             WeightMap wm(std::move(weights), "HyperConnection");
             std::unique_ptr<HyperConnection> l;
             check(HyperConnection::create(hidden, hc_mult, sinkhorn_iters, hc_eps, norm_eps, wm, &l));
+            place(*l, engine, dtype, "HyperConnection");
             new (self) HyperConnection(std::move(*l));
           },
           nb::arg("engine"), nb::arg("weights"), nb::kw_only(), nb::arg("hidden"),
-          nb::arg("hc_mult"), nb::arg("sinkhorn_iters"), nb::arg("hc_eps"), nb::arg("norm_eps"))
+          nb::arg("hc_mult"), nb::arg("sinkhorn_iters"), nb::arg("hc_eps"), nb::arg("norm_eps"), nb::arg("dtype") = "bfloat16")
       .def(
           "pre",
           [](const HyperConnection& l, const AnyArray& streams) {
             const int hc = l.hc(), D = l.hidden();
-            const float* sp = f32_arg(streams, "HyperConnection.pre", "streams", {-1, hc, D});
+            const float* sp = f32_in(l.cuda(), streams, "HyperConnection.pre", "streams", {-1, hc, D});
             const int T = int(dim(streams, 0));
-            NpF32 post = new_f32({sz(T), sz(hc)});
-            NpF32 comb = new_f32({sz(T), sz(hc), sz(hc)});
-            NpF32 collapsed = new_f32({sz(T), sz(D)});
+            Out post = out_f32(l.cuda(), {sz(T), sz(hc)});
+            Out comb = out_f32(l.cuda(), {sz(T), sz(hc), sz(hc)});
+            Out collapsed = out_f32(l.cuda(), {sz(T), sz(D)});
+            Status st;
             {
               nb::gil_scoped_release nogil;
-              l.pre(sp, T, post.data(), comb.data(), collapsed.data());
+              st = l.pre(sp, T, post.data<float>(), comb.data<float>(), collapsed.data<float>());
             }
-            return nb::make_tuple(post, comb, collapsed);
+            check(st);
+            return nb::make_tuple(post.obj, comb.obj, collapsed.obj);
           },
           nb::arg("streams"),
           "streams [T, hc, hidden] -> (post [T, hc], comb [T, hc, hc], collapsed [T, hidden]).");

@@ -30,9 +30,10 @@ size_t numel(const std::vector<size_t>& shape) {
   return n;
 }
 
-Out out_of(const Engine* engine, std::vector<size_t> shape, nb::dlpack::dtype dtype, size_t item) {
+Out out_on(const std::shared_ptr<CudaContext>& cuda, std::vector<size_t> shape,
+           nb::dlpack::dtype dtype, size_t item) {
   Out o;
-  if (!on_cuda(engine)) {
+  if (!cuda) {
     const size_t n = numel(shape);
     void* p = n ? new uint8_t[n * item]() : new uint8_t[1]();
     nb::capsule owner(p, [](void* q) noexcept { delete[] static_cast<uint8_t*>(q); });
@@ -40,12 +41,17 @@ Out out_of(const Engine* engine, std::vector<size_t> shape, nb::dlpack::dtype dt
     o.ptr = p;
     return o;
   }
-  auto buf = device_scratch(engine, numel(shape) * item);
-  check_cuda(engine, cuda_ctx(engine).api().zero(cuda_ctx(engine).ctx(), buf->data(), buf->bytes()),
-             "output allocation");
+  std::shared_ptr<DeviceBuffer> buf;
+  check(DeviceBuffer::create(cuda, numel(shape) * item, &buf));
+  check(cuda->status(cuda->api().zero(cuda->ctx(), buf->data(), buf->bytes()), "output allocation"));
   o.ptr = buf->data();
-  o.obj = device_array(std::move(buf), std::move(shape), dtype, engine->device_index());
+  o.obj = device_array(std::move(buf), std::move(shape), dtype, cuda->device());
   return o;
+}
+
+Out out_of(const Engine* engine, std::vector<size_t> shape, nb::dlpack::dtype dtype, size_t item) {
+  static const std::shared_ptr<CudaContext> none;
+  return out_on(on_cuda(engine) ? engine->cuda() : none, std::move(shape), dtype, item);
 }
 
 nb::dlpack::dtype dtype_of(const AnyArray& a) { return a.dtype(); }
@@ -80,6 +86,27 @@ nb::object device_array(std::shared_ptr<DeviceBuffer> buffer, std::vector<size_t
   nb::capsule owner(keep, [](void* q) noexcept { delete static_cast<std::shared_ptr<DeviceBuffer>*>(q); });
   return nb::cast(nb::ndarray<>(p, shape.size(), shape.data(), owner, nullptr, dtype,
                                 nb::device::cuda::value, device_id));
+}
+
+Out out_f32(const std::shared_ptr<CudaContext>& cuda, std::vector<size_t> shape) {
+  return out_on(cuda, std::move(shape), nb::dtype<float>(), sizeof(float));
+}
+Out out_i32(const std::shared_ptr<CudaContext>& cuda, std::vector<size_t> shape) {
+  return out_on(cuda, std::move(shape), nb::dtype<int32_t>(), sizeof(int32_t));
+}
+
+const float* f32_in(const std::shared_ptr<CudaContext>& cuda, const AnyArray& a, const char* op,
+                    const char* name, std::initializer_list<int64_t> shape) {
+  check_array(a, op, name, shape, "float32", has_dtype(a, nb::dlpack::dtype_code::Float, 32),
+              cuda ? nb::device::cuda::value : nb::device::cpu::value, cuda ? cuda->device() : 0);
+  return static_cast<const float*>(a.data());
+}
+
+const int32_t* i32_in(const std::shared_ptr<CudaContext>& cuda, const AnyArray& a, const char* op,
+                      const char* name, std::initializer_list<int64_t> shape) {
+  check_array(a, op, name, shape, "int32", has_dtype(a, nb::dlpack::dtype_code::Int, 32),
+              cuda ? nb::device::cuda::value : nb::device::cpu::value, cuda ? cuda->device() : 0);
+  return static_cast<const int32_t*>(a.data());
 }
 
 Out out_f32(const Engine* engine, std::vector<size_t> shape) {

@@ -26,6 +26,12 @@ namespace memra::py {
 // True for a CUDA engine (nullptr = the CPU backend).
 inline bool on_cuda(const Engine* engine) { return engine && engine->is_cuda(); }
 
+// The same for a layer or cache bound to a CUDA context (nullptr = host memory).
+const float* f32_in(const std::shared_ptr<CudaContext>& cuda, const AnyArray& a, const char* op,
+                    const char* name, std::initializer_list<int64_t> shape);
+const int32_t* i32_in(const std::shared_ptr<CudaContext>& cuda, const AnyArray& a, const char* op,
+                      const char* name, std::initializer_list<int64_t> shape);
+
 // Checked float32 / int32 / uint64 argument on the engine's device; returns its data pointer.
 const float* f32_in(const Engine* engine, const AnyArray& a, const char* op, const char* name,
                     std::initializer_list<int64_t> shape);
@@ -44,6 +50,8 @@ struct Out {
 };
 Out out_f32(const Engine* engine, std::vector<size_t> shape);
 Out out_i32(const Engine* engine, std::vector<size_t> shape);
+Out out_f32(const std::shared_ptr<CudaContext>& cuda, std::vector<size_t> shape);
+Out out_i32(const std::shared_ptr<CudaContext>& cuda, std::vector<size_t> shape);
 // A CUDA array of `shape` viewing an existing buffer (kept alive by the array).
 nb::object device_array(std::shared_ptr<DeviceBuffer> buffer, std::vector<size_t> shape,
                         nb::dlpack::dtype dtype, int device_id);

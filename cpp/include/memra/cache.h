@@ -75,6 +75,9 @@ class Cache {
   // row width, indexer width, kpool, ring rows). A cache of another geometry is refused before
   // anything is read or written through it.
   Status check_layer(int layer, const LayerStateSpec& want, const char* op) const;
+  // kContractDevice unless the planes live where a layer on `cuda` runs (the same CUDA context,
+  // hence the same device and stream; nullptr = host).
+  Status check_device(const std::shared_ptr<CudaContext>& cuda, const char* op) const;
   // kCacheFull when slot cannot take n more tokens.
   Status check_room(int slot, int n, const char* op) const;
 

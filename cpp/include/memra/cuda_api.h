@@ -31,6 +31,7 @@ typedef struct MemraCudaCtx MemraCudaCtx;
 #include "memra/cuda_abi/kda.h"
 #include "memra/cuda_abi/mla.h"
 #include "memra/cuda_abi/runtime.h"
+#include "memra/cuda_abi/util.h"
 
 #define MEMRA_CUDA_ALL_OPS(X) \
   MEMRA_CUDA_RUNTIME_OPS(X)   \
@@ -38,7 +39,8 @@ typedef struct MemraCudaCtx MemraCudaCtx;
   MEMRA_CUDA_KDA_OPS(X)       \
   MEMRA_CUDA_MLA_OPS(X)       \
   MEMRA_CUDA_DSA_OPS(X)       \
-  MEMRA_CUDA_FFN_OPS(X)
+  MEMRA_CUDA_FFN_OPS(X)        \
+  MEMRA_CUDA_UTIL_OPS(X)
 
 #ifdef __cplusplus
 namespace memra {

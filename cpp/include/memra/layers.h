@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "memra/cache.h"
+#include "memra/device.h"
 #include "memra/ops.h"
 #include "memra/status.h"
 #include "memra/tensor.h"
@@ -60,10 +61,22 @@ class KdaLayer {
   // Continue `slot` of `cache` (plane `layer`) by T tokens: reads plane cur(slot), writes the
   // other plane; the caller commits. x, y [T, hidden].
   Status prefill(Cache& cache, int layer, int slot, const float* x, int T, float* y) const;
-  // One token for each of `slots` [B]: x, y [B, hidden].
+  // One token for each of `slots` [B]: x, y [B, hidden]. `slots` is a host array.
   Status decode(Cache& cache, int layer, const int32_t* slots, int B, const float* x, float* y) const;
 
+  // Move the weights to a CUDA device, converted once to `dtype` (kF32 or kBF16; norm weights,
+  // biases, conv taps, gate vectors and routers stay f32). From then on the layer runs on that
+  // device only: its array arguments are device pointers and its cache a device cache.
+  // kUnsupportedGeometry names a geometry the CUDA kernels are not instantiated for.
+  Status to_device(std::shared_ptr<CudaContext> cuda, DType dtype);
+  const std::shared_ptr<CudaContext>& cuda() const { return cuda_; }
+
  private:
+  struct Gpu;
+  Status run_cuda(Cache& cache, int layer, const int32_t* slots, int B, int T, const float* x,
+                  float* y) const;
+  std::shared_ptr<CudaContext> cuda_;
+  std::shared_ptr<Gpu> gpu_;
   // The whole mixer over T tokens with explicit state planes (ring_in/state_in may be nullptr).
   void run(const float* x, int T, const float* ring_in, float* ring_out, const float* state_in,
            float* state_out, float* y) const;
@@ -112,7 +125,19 @@ class MlaLayer {
   Status decode(Cache& cache, int layer, const int32_t* slots, int B, const float* x,
                 const int32_t* topk_in, float* y, int32_t* topk_out) const;
 
+  // Move the weights to a CUDA device, converted once to `dtype` (kF32 or kBF16; norm weights,
+  // biases, conv taps, gate vectors and routers stay f32). From then on the layer runs on that
+  // device only: its array arguments are device pointers and its cache a device cache.
+  // kUnsupportedGeometry names a geometry the CUDA kernels are not instantiated for.
+  Status to_device(std::shared_ptr<CudaContext> cuda, DType dtype);
+  const std::shared_ptr<CudaContext>& cuda() const { return cuda_; }
+
  private:
+  struct Gpu;
+  Status prefill_cuda(Cache& cache, int layer, int slot, const float* x, int T,
+                      const int32_t* topk_in, float* y, int32_t* topk_out) const;
+  std::shared_ptr<CudaContext> cuda_;
+  std::shared_ptr<Gpu> gpu_;
   void indexer(Cache& cache, int layer, int slot, int pos, const float* x, const float* q_resid,
                int T, int32_t* idx) const;
   MlaConfig cfg_;
@@ -129,10 +154,21 @@ class MlpLayer {
  public:
   static Status create(int hidden, int intermediate, float swiglu_limit, WeightMap& w,
                        std::unique_ptr<MlpLayer>* out);
-  void forward(const float* x, int T, float* y) const;
+  // x, y [T, hidden] (device pointers after to_device; the CUDA path returns its status).
+  Status forward(const float* x, int T, float* y) const;
   int hidden() const { return hidden_; }
 
+  // Move the weights to a CUDA device, converted once to `dtype` (kF32 or kBF16; norm weights,
+  // biases, conv taps, gate vectors and routers stay f32). From then on the layer runs on that
+  // device only: its array arguments are device pointers and its cache a device cache.
+  // kUnsupportedGeometry names a geometry the CUDA kernels are not instantiated for.
+  Status to_device(std::shared_ptr<CudaContext> cuda, DType dtype);
+  const std::shared_ptr<CudaContext>& cuda() const { return cuda_; }
+
  private:
+  Status forward_cuda(const float* x, int T, float* y) const;
+  std::shared_ptr<CudaContext> cuda_;
+  DeviceWeight d_gate_, d_up_, d_down_;
   int hidden_ = 0, intermediate_ = 0;
   float limit_ = 0.0f;
   Weight gate_, up_, down_;
@@ -152,10 +188,20 @@ class MoeLayer {
  public:
   static Status create(const MoeConfig& cfg, WeightMap& w, std::unique_ptr<MoeLayer>* out);
   // y [T, hidden]; topk_idx [T, top_k] receives the chosen experts when not nullptr.
-  void forward(const float* x, int T, float* y, int32_t* topk_idx) const;
+  Status forward(const float* x, int T, float* y, int32_t* topk_idx) const;
   const MoeConfig& config() const { return cfg_; }
 
+  // Move the weights to a CUDA device, converted once to `dtype` (kF32 or kBF16; norm weights,
+  // biases, conv taps, gate vectors and routers stay f32). From then on the layer runs on that
+  // device only: its array arguments are device pointers and its cache a device cache.
+  // kUnsupportedGeometry names a geometry the CUDA kernels are not instantiated for.
+  Status to_device(std::shared_ptr<CudaContext> cuda, DType dtype);
+  const std::shared_ptr<CudaContext>& cuda() const { return cuda_; }
+
  private:
+  Status forward_cuda(const float* x, int T, float* y, int32_t* topk_idx) const;
+  std::shared_ptr<CudaContext> cuda_;
+  DeviceWeight d_router_, d_corr_, d_gate_, d_up_, d_down_;
   MoeConfig cfg_;
   Weight router_;
   std::vector<float> corr_bias_;
@@ -170,11 +216,21 @@ class HyperConnection {
   static Status create(int hidden, int hc, int sinkhorn_iters, float hc_eps, float norm_eps,
                        WeightMap& w, std::unique_ptr<HyperConnection>* out);
   // streams [T, hc, hidden] -> post [T, hc], comb [T, hc, hc], collapsed [T, hidden].
-  void pre(const float* streams, int T, float* post, float* comb, float* collapsed) const;
+  Status pre(const float* streams, int T, float* post, float* comb, float* collapsed) const;
   int hc() const { return hc_; }
   int hidden() const { return hidden_; }
 
+  // Move the weights to a CUDA device, converted once to `dtype` (kF32 or kBF16; norm weights,
+  // biases, conv taps, gate vectors and routers stay f32). From then on the layer runs on that
+  // device only: its array arguments are device pointers and its cache a device cache.
+  // kUnsupportedGeometry names a geometry the CUDA kernels are not instantiated for.
+  Status to_device(std::shared_ptr<CudaContext> cuda, DType dtype);
+  const std::shared_ptr<CudaContext>& cuda() const { return cuda_; }
+
  private:
+  Status pre_cuda(const float* streams, int T, float* post, float* comb, float* collapsed) const;
+  std::shared_ptr<CudaContext> cuda_;
+  DeviceWeight d_fn_, d_base_, d_scale_;
   int hidden_ = 0, hc_ = 0, iters_ = 0;
   float hc_eps_ = 0.0f, norm_eps_ = 0.0f;
   Weight fn_;

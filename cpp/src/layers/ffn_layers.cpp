@@ -24,8 +24,10 @@ Status MlpLayer::create(int hidden, int intermediate, float swiglu_limit, Weight
   return Status::Ok();
 }
 
-void MlpLayer::forward(const float* x, int T, float* y) const {
+Status MlpLayer::forward(const float* x, int T, float* y) const {
+  if (cuda_) return forward_cuda(x, T, y);
   cpu::swiglu_mlp(x, T, gate_, up_, down_, limit_, y);
+  return Status::Ok();
 }
 
 Status MoeLayer::create(const MoeConfig& cfg, WeightMap& w, std::unique_ptr<MoeLayer>* out) {
@@ -73,7 +75,8 @@ Status MoeLayer::create(const MoeConfig& cfg, WeightMap& w, std::unique_ptr<MoeL
   return Status::Ok();
 }
 
-void MoeLayer::forward(const float* x, int T, float* y, int32_t* topk_idx) const {
+Status MoeLayer::forward(const float* x, int T, float* y, int32_t* topk_idx) const {
+  if (cuda_) return forward_cuda(x, T, y, topk_idx);
   const int D = cfg_.hidden, K = cfg_.top_k;
   std::vector<int32_t> idx(size_t(T) * K);
   std::vector<float> wts(size_t(T) * K);
@@ -84,10 +87,11 @@ void MoeLayer::forward(const float* x, int T, float* y, int32_t* topk_idx) const
                    cfg_.n_experts, cfg_.swiglu_limit, y);
   if (shared_) {
     std::vector<float> s(size_t(T) * D);
-    shared_->forward(x, T, s.data());
+    MEMRA_TRY(shared_->forward(x, T, s.data()));
     for (size_t i = 0; i < s.size(); ++i) y[i] += s[i];
   }
   if (topk_idx) std::copy(idx.begin(), idx.end(), topk_idx);
+  return Status::Ok();
 }
 
 Status HyperConnection::create(int hidden, int hc, int sinkhorn_iters, float hc_eps, float norm_eps,
@@ -110,9 +114,11 @@ Status HyperConnection::create(int hidden, int hc, int sinkhorn_iters, float hc_
   return Status::Ok();
 }
 
-void HyperConnection::pre(const float* streams, int T, float* post, float* comb, float* collapsed) const {
+Status HyperConnection::pre(const float* streams, int T, float* post, float* comb, float* collapsed) const {
+  if (cuda_) return pre_cuda(streams, T, post, comb, collapsed);
   cpu::mhc_pre(streams, T, hc_, hidden_, fn_, base_.data(), scale_.data(), iters_, hc_eps_, norm_eps_,
                post, comb, collapsed);
+  return Status::Ok();
 }
 
 }  // namespace memra

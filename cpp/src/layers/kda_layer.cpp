@@ -116,6 +116,7 @@ void KdaLayer::run(const float* x, int T, const float* ring_in, float* ring_out,
 }
 
 Status KdaLayer::forward(const float* x, int T, float* y) const {
+  if (gpu_) return Status(kUnsupported, "KdaLayer.forward: a CUDA layer runs against a Cache (prefill / decode)");
   const int64_t C = 3 * int64_t(cfg_.heads) * cfg_.head_dim;
   std::vector<float> ring_out(size_t(C) * (cfg_.conv_kernel - 1));
   std::vector<float> state_out(size_t(cfg_.heads) * cfg_.head_dim * cfg_.head_dim);
@@ -125,7 +126,9 @@ Status KdaLayer::forward(const float* x, int T, float* y) const {
 
 Status KdaLayer::prefill(Cache& cache, int layer, int slot, const float* x, int T, float* y) const {
   MEMRA_TRY(cache.check_layer(layer, state_spec(), "KdaLayer.prefill"));
+  MEMRA_TRY(cache.check_device(cuda_, "KdaLayer.prefill"));
   MEMRA_TRY(cache.check_room(slot, T, "KdaLayer.prefill"));
+  if (gpu_) return run_cuda(cache, layer, &slot, 1, T, x, y);
   const int c = cache.cur(slot);
   run(x, T, cache.conv(layer, slot, c), cache.conv(layer, slot, c ^ 1), cache.state(layer, slot, c),
       cache.state(layer, slot, c ^ 1), y);
@@ -135,7 +138,9 @@ Status KdaLayer::prefill(Cache& cache, int layer, int slot, const float* x, int 
 Status KdaLayer::decode(Cache& cache, int layer, const int32_t* slots, int B, const float* x,
                         float* y) const {
   MEMRA_TRY(cache.check_layer(layer, state_spec(), "KdaLayer.decode"));
+  MEMRA_TRY(cache.check_device(cuda_, "KdaLayer.decode"));
   for (int b = 0; b < B; ++b) MEMRA_TRY(cache.check_room(slots[b], 1, "KdaLayer.decode"));
+  if (gpu_) return run_cuda(cache, layer, slots, B, 1, x, y);
   for (int b = 0; b < B; ++b) {
     const int s = slots[b], c = cache.cur(s);
     run(x + size_t(b) * cfg_.hidden, 1, cache.conv(layer, s, c), cache.conv(layer, s, c ^ 1),

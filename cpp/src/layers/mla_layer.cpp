@@ -121,7 +121,17 @@ void MlaLayer::indexer(Cache& cache, int layer, int slot, int pos, const float* 
 Status MlaLayer::prefill(Cache& cache, int layer, int slot, const float* x, int T,
                          const int32_t* topk_in, float* y, int32_t* topk_out) const {
   MEMRA_TRY(cache.check_layer(layer, state_spec(), "MlaLayer.prefill"));
+  MEMRA_TRY(cache.check_device(cuda_, "MlaLayer.prefill"));
   MEMRA_TRY(cache.check_room(slot, T, "MlaLayer.prefill"));
+  if (gpu_) {
+    // Device index lists cannot be read here without a sync; the gathered kernel skips entries
+    // outside [0, query row] instead (host lists are validated by the bindings first).
+    if (cfg_.sparse && !has_indexer() && !topk_in) {
+      return Status(kContractMissing, "MlaLayer.prefill: a shared DSA layer needs the index list "
+                                      "of the full DSA layer before it (topk)");
+    }
+    return prefill_cuda(cache, layer, slot, x, T, topk_in, y, topk_out);
+  }
   const int pos = cache.length(slot), end = pos + T;
   const int H = cfg_.heads, R = cfg_.kv_rank, dr = cfg_.d_rope, dn = cfg_.d_nope, dv = cfg_.d_v;
   const int ql = cfg_.q_lora_rank, row = R + dr, W = index_width();
@@ -197,6 +207,7 @@ Status MlaLayer::prefill(Cache& cache, int layer, int slot, const float* x, int 
 Status MlaLayer::decode(Cache& cache, int layer, const int32_t* slots, int B, const float* x,
                         const int32_t* topk_in, float* y, int32_t* topk_out) const {
   MEMRA_TRY(cache.check_layer(layer, state_spec(), "MlaLayer.decode"));
+  MEMRA_TRY(cache.check_device(cuda_, "MlaLayer.decode"));
   for (int b = 0; b < B; ++b) MEMRA_TRY(cache.check_room(slots[b], 1, "MlaLayer.decode"));
   const int W = index_width();
   for (int b = 0; b < B; ++b) {

@@ -1,0 +1,95 @@
+// MlpLayer, MoeLayer and HyperConnection on a CUDA device (ffn_layers.cpp's chains over the CUDA
+// library's ops). Routers, correction biases and the mHC mapping stay f32 (the router logits
+// are f32 in the reference; the mHC weights are small).
+#include <vector>
+
+#include "gpu_util.h"
+#include "memra/layers.h"
+
+namespace memra {
+
+// ------------------------------------------------------------------------------------ MlpLayer
+Status MlpLayer::to_device(std::shared_ptr<CudaContext> cuda, DType dtype) {
+  MEMRA_TRY(DeviceWeight::upload(cuda, gate_, dtype, &d_gate_));
+  MEMRA_TRY(DeviceWeight::upload(cuda, up_, dtype, &d_up_));
+  MEMRA_TRY(DeviceWeight::upload(cuda, down_, dtype, &d_down_));
+  cuda_ = std::move(cuda);
+  gate_ = up_ = down_ = Weight();
+  return Status::Ok();
+}
+
+Status MlpLayer::forward_cuda(const float* x, int T, float* y) const {
+  const CudaContext& c = *cuda_;
+  MEMRA_GPU(c, c.api().swiglu_mlp(c.ctx(), x, T, hidden_, d_gate_.data(), d_up_.data(), d_down_.data(),
+                                  d_gate_.dtype_code(), intermediate_, limit_, y),
+            "MlpLayer.forward");
+  return Status::Ok();
+}
+
+// ------------------------------------------------------------------------------------ MoeLayer
+Status MoeLayer::to_device(std::shared_ptr<CudaContext> cuda, DType dtype) {
+  MEMRA_TRY(DeviceWeight::upload(cuda, router_, DType::kF32, &d_router_));
+  if (!corr_bias_.empty()) MEMRA_TRY(DeviceWeight::upload_f32(cuda, corr_bias_, &d_corr_));
+  std::vector<const Weight*> g, u, d;
+  for (int e = 0; e < cfg_.n_experts; ++e) {
+    g.push_back(&gate_[e]);
+    u.push_back(&up_[e]);
+    d.push_back(&down_[e]);
+  }
+  MEMRA_TRY(DeviceWeight::upload_stacked(cuda, g, dtype, &d_gate_));
+  MEMRA_TRY(DeviceWeight::upload_stacked(cuda, u, dtype, &d_up_));
+  MEMRA_TRY(DeviceWeight::upload_stacked(cuda, d, dtype, &d_down_));
+  if (shared_) MEMRA_TRY(shared_->to_device(cuda, dtype));
+  cuda_ = std::move(cuda);
+  gate_.clear();
+  up_.clear();
+  down_.clear();
+  return Status::Ok();
+}
+
+Status MoeLayer::forward_cuda(const float* x, int T, float* y, int32_t* topk_idx) const {
+  const CudaContext& c = *cuda_;
+  const char* op = "MoeLayer.forward";
+  const int D = cfg_.hidden, K = cfg_.top_k;
+  gpu::Arena a(cuda_);
+  int32_t* idx;
+  float *wts, *shared;
+  MEMRA_TRY(a.take(int64_t(T) * K, &idx));
+  MEMRA_TRY(a.take(int64_t(T) * K, &wts));
+  MEMRA_GPU(c, c.api().moe_route(c.ctx(), x, T, D, gpu::f32p(d_router_),
+                                 d_corr_.buffer ? gpu::f32p(d_corr_) : nullptr, cfg_.n_experts, K,
+                                 cfg_.n_group, cfg_.topk_group, cfg_.norm_topk_prob ? 1 : 0,
+                                 cfg_.routed_scaling, idx, wts), op);
+  MEMRA_GPU(c, c.api().moe_forward(c.ctx(), x, T, D, idx, wts, K, d_gate_.data(), d_up_.data(),
+                                   d_down_.data(), d_gate_.dtype_code(), cfg_.n_experts,
+                                   cfg_.intermediate, cfg_.swiglu_limit, y), op);
+  if (shared_) {
+    MEMRA_TRY(a.take(int64_t(T) * D, &shared));
+    MEMRA_TRY(shared_->forward(x, T, shared));
+    MEMRA_GPU(c, c.api().add(c.ctx(), y, shared, int64_t(T) * D, y), op);
+  }
+  if (topk_idx) MEMRA_GPU(c, c.api().copy(c.ctx(), topk_idx, idx, size_t(T) * K * sizeof(int32_t)), op);
+  return Status::Ok();
+}
+
+// ----------------------------------------------------------------------------- HyperConnection
+Status HyperConnection::to_device(std::shared_ptr<CudaContext> cuda, DType /*dtype*/) {
+  MEMRA_TRY(DeviceWeight::upload(cuda, fn_, DType::kF32, &d_fn_));
+  MEMRA_TRY(DeviceWeight::upload_f32(cuda, base_, &d_base_));
+  MEMRA_TRY(DeviceWeight::upload_f32(cuda, scale_, &d_scale_));
+  cuda_ = std::move(cuda);
+  fn_ = Weight();
+  return Status::Ok();
+}
+
+Status HyperConnection::pre_cuda(const float* streams, int T, float* post, float* comb,
+                                 float* collapsed) const {
+  const CudaContext& c = *cuda_;
+  MEMRA_GPU(c, c.api().mhc_pre(c.ctx(), streams, T, hc_, hidden_, d_fn_.data(), d_fn_.dtype_code(),
+                               gpu::f32p(d_base_), gpu::f32p(d_scale_), iters_, hc_eps_, norm_eps_,
+                               post, comb, collapsed),
+            "HyperConnection.pre");
+  return Status::Ok();
+}
+
+}  // namespace memra

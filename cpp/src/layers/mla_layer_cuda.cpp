@@ -1,0 +1,127 @@
+// MlaLayer on a CUDA device: the chain of MlaLayer::prefill / MlaLayer::indexer (mla_layer.cpp)
+// over the CUDA library's ops, one sequence per call (decode loops over its slots, as the CPU
+// does). The CUDA path carries no rope columns (d_rope == 0: glm5_next's NoPE MLA).
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "gpu_util.h"
+#include "memra/layers.h"
+
+namespace memra {
+
+namespace {
+constexpr float kIndexerNormEps = 1e-6f;  // as mla_layer.cpp
+}
+
+struct MlaLayer::Gpu {
+  DeviceWeight q_a, q_b, kv_a, kv_b, o_proj;  // compute dtype
+  DeviceWeight q_a_bias, kv_a_bias, o_bias, q_a_norm, kv_a_norm;  // f32 (biases may be empty)
+  DeviceWeight wq_b, wk, weights_proj, kpool_gate;  // compute dtype
+  DeviceWeight k_norm_w, k_norm_b, kpool_ape;       // f32
+};
+
+Status MlaLayer::to_device(std::shared_ptr<CudaContext> cuda, DType dtype) {
+  if (cfg_.d_rope != 0) {
+    return Status(kUnsupportedGeometry, "MlaLayer: the CUDA path carries no rope columns (d_rope must be "
+                                        "0, got " + std::to_string(cfg_.d_rope) + "; the CPU backend runs it)");
+  }
+  auto g = std::make_shared<Gpu>();
+  MEMRA_TRY(DeviceWeight::upload(cuda, q_a_, dtype, &g->q_a));
+  MEMRA_TRY(DeviceWeight::upload(cuda, q_b_, dtype, &g->q_b));
+  MEMRA_TRY(DeviceWeight::upload(cuda, kv_a_, dtype, &g->kv_a));
+  MEMRA_TRY(DeviceWeight::upload(cuda, kv_b_, dtype, &g->kv_b));
+  MEMRA_TRY(DeviceWeight::upload(cuda, o_proj_, dtype, &g->o_proj));
+  if (!q_a_bias_.empty()) MEMRA_TRY(DeviceWeight::upload_f32(cuda, q_a_bias_, &g->q_a_bias));
+  if (!kv_a_bias_.empty()) MEMRA_TRY(DeviceWeight::upload_f32(cuda, kv_a_bias_, &g->kv_a_bias));
+  if (!o_bias_.empty()) MEMRA_TRY(DeviceWeight::upload_f32(cuda, o_bias_, &g->o_bias));
+  MEMRA_TRY(DeviceWeight::upload_f32(cuda, q_a_norm_, &g->q_a_norm));
+  MEMRA_TRY(DeviceWeight::upload_f32(cuda, kv_a_norm_, &g->kv_a_norm));
+  if (has_indexer()) {
+    MEMRA_TRY(DeviceWeight::upload(cuda, wq_b_, dtype, &g->wq_b));
+    MEMRA_TRY(DeviceWeight::upload(cuda, wk_, dtype, &g->wk));
+    MEMRA_TRY(DeviceWeight::upload(cuda, weights_proj_, dtype, &g->weights_proj));
+    MEMRA_TRY(DeviceWeight::upload(cuda, kpool_gate_, dtype, &g->kpool_gate));
+    MEMRA_TRY(DeviceWeight::upload_f32(cuda, k_norm_w_, &g->k_norm_w));
+    MEMRA_TRY(DeviceWeight::upload_f32(cuda, k_norm_b_, &g->k_norm_b));
+    MEMRA_TRY(DeviceWeight::upload_f32(cuda, kpool_ape_, &g->kpool_ape));
+  }
+  gpu_ = std::move(g);
+  cuda_ = std::move(cuda);
+  q_a_ = q_b_ = kv_a_ = kv_b_ = o_proj_ = wq_b_ = wk_ = weights_proj_ = kpool_gate_ = Weight();
+  return Status::Ok();
+}
+
+Status MlaLayer::prefill_cuda(Cache& cache, int layer, int slot, const float* x, int T,
+                              const int32_t* topk_in, float* y, int32_t* topk_out) const {
+  const CudaContext& c = *cuda_;
+  const CudaApi& api = c.api();
+  MemraCudaCtx* ctx = c.ctx();
+  const Gpu& g = *gpu_;
+  const char* op = "MlaLayer.prefill";
+  const int pos = cache.length(slot), end = pos + T;
+  const int H = cfg_.heads, R = cfg_.kv_rank, dn = cfg_.d_nope, dv = cfg_.d_v, ql = cfg_.q_lora_rank;
+  const int W = index_width();
+  auto bias = [](const DeviceWeight& w) { return w.buffer ? gpu::f32p(w) : nullptr; };
+  gpu::Arena a(cuda_);
+  float *q_resid, *q, *ckv, *q_lat, *o_lat, *attn;
+  MEMRA_TRY(a.take(int64_t(T) * ql, &q_resid));
+  MEMRA_TRY(a.take(int64_t(T) * H * dn, &q));
+  MEMRA_TRY(a.take(int64_t(T) * R, &ckv));
+  MEMRA_TRY(a.take(int64_t(T) * H * R, &q_lat));
+  MEMRA_TRY(a.take(int64_t(T) * H * R, &o_lat));
+  MEMRA_TRY(a.take(int64_t(T) * H * dv, &attn));
+
+  // Queries: q_resid = q_a_layernorm(q_a_proj(x)); q = q_b_proj(q_resid) [T, H, d_nope].
+  MEMRA_GPU(c, gpu::linear(c, x, T, g.q_a, bias(g.q_a_bias), q_resid), op);
+  MEMRA_GPU(c, api.rms_norm(ctx, q_resid, T, ql, gpu::f32p(g.q_a_norm), cfg_.rms_eps, q_resid), op);
+  MEMRA_GPU(c, gpu::linear(c, q_resid, T, g.q_b, nullptr, q), op);
+  // Latent rows: kv_a_layernorm(kv_a_proj(x)) appended at rows [pos, end).
+  MEMRA_GPU(c, gpu::linear(c, x, T, g.kv_a, bias(g.kv_a_bias), ckv), op);
+  MEMRA_GPU(c, api.rms_norm(ctx, ckv, T, R, gpu::f32p(g.kv_a_norm), cfg_.rms_eps, ckv), op);
+  void* rows = cache.latent_raw(layer, slot);
+  const int cdt = static_cast<int>(cache.latent_dtype());
+  MEMRA_GPU(c, api.mla_latent_append(ctx, ckv, T, R, rows, cdt, pos), op);
+  MEMRA_GPU(c, api.mla_absorb_q(ctx, q, g.kv_b.data(), g.kv_b.dtype_code(), T, H, dn, dv, R, 0, q_lat), op);
+
+  const float scale = 1.0f / std::sqrt(static_cast<float>(dn));
+  if (cfg_.sparse) {
+    const int32_t* idx = topk_in;
+    if (has_indexer()) {
+      const int Hi = cfg_.index_heads, di = cfg_.index_head_dim, P = cfg_.kpool;
+      float *qi, *k, *gate, *wts, *score;
+      int32_t* own;
+      const int n_pools = end / P;
+      MEMRA_TRY(a.take(int64_t(T) * Hi * di, &qi));
+      MEMRA_TRY(a.take(int64_t(T) * di, &k));
+      MEMRA_TRY(a.take(int64_t(T) * di, &gate));
+      MEMRA_TRY(a.take(int64_t(T) * Hi, &wts));
+      MEMRA_TRY(a.take(int64_t(T) * std::max(n_pools, 1), &score));
+      MEMRA_TRY(a.take(int64_t(T) * W, &own));
+      MEMRA_GPU(c, gpu::linear(c, q_resid, T, g.wq_b, nullptr, qi), op);
+      MEMRA_GPU(c, gpu::linear(c, x, T, g.wk, nullptr, k), op);
+      MEMRA_GPU(c, api.layer_norm(ctx, k, T, di, gpu::f32p(g.k_norm_w), gpu::f32p(g.k_norm_b),
+                                  kIndexerNormEps, k), op);
+      MEMRA_GPU(c, gpu::linear(c, x, T, g.kpool_gate, nullptr, gate), op);
+      MEMRA_GPU(c, gpu::linear(c, x, T, g.weights_proj, nullptr, wts), op);
+      MEMRA_GPU(c, api.kpool_append(ctx, k, gate, T, di, gpu::f32p(g.kpool_ape), P, pos,
+                                    cache.tail_k(layer, slot), cache.tail_gate(layer, slot),
+                                    cfg_.tail_rows, cache.pool_keys(layer, slot)), op);
+      MEMRA_GPU(c, api.kpool_score(ctx, qi, wts, cache.pool_keys(layer, slot), T, Hi, di, n_pools, P,
+                                   pos, 1.0f / std::sqrt(static_cast<float>(di)),
+                                   1.0f / std::sqrt(static_cast<float>(Hi)), 0, score), op);
+      MEMRA_GPU(c, api.kpool_select(ctx, score, T, n_pools, P, cfg_.topk / P, W, pos, 0, own), op);
+      idx = own;
+    }
+    MEMRA_GPU(c, api.mla_attn_gathered(ctx, q_lat, nullptr, rows, cdt, idx, H, R, 0, T, end, W,
+                                       scale, o_lat), op);
+    if (topk_out) MEMRA_GPU(c, api.copy(ctx, topk_out, idx, size_t(T) * W * sizeof(int32_t)), op);
+  } else {
+    MEMRA_GPU(c, api.mla_attn_absorbed(ctx, q_lat, nullptr, rows, cdt, H, R, 0, T, end, scale, o_lat), op);
+  }
+  MEMRA_GPU(c, api.mla_decompress_v(ctx, o_lat, g.kv_b.data(), g.kv_b.dtype_code(), T, H, dn, dv, R, 0, attn), op);
+  MEMRA_GPU(c, gpu::linear(c, attn, T, g.o_proj, bias(g.o_bias), y), op);
+  return Status::Ok();
+}
+
+}  // namespace memra
