@@ -1,149 +1,312 @@
-// Functional bindings of the basic CPU ops (ops.h, cpu/basic.cpp) over DLPack arrays.
-// Every function checks its arguments (ContractError naming the op and the values), allocates
-// its output and releases the GIL while computing.
+// Functional bindings of the basic ops over DLPack arrays. CPU backend (engine None or a CPU
+// Engine): ops.h / cpu/basic.cpp, the oracle. CUDA backend (keyword `engine` = a CUDA Engine):
+// cuda/basic.cu and cuda/gemm.cu through the C ABI of cpp/include/memra/cuda_abi/basic.h; every
+// array argument must then live on the engine's device, weights are memra.DeviceWeight, outputs
+// are allocated there and the work is enqueued on the engine's stream (read results with
+// engine.to_host, which waits). Every function checks its arguments (ContractError naming the op
+// and the values) before anything runs and, on the CPU, releases the GIL while computing.
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 
+#include <cmath>
 #include <cstring>
 #include <optional>
+#include <string>
+#include <vector>
 
 #include "common.h"
+#include "device_args.h"
+#include "memra/engine.h"
 #include "memra/ops.h"
 
 namespace memra::py {
 
+namespace {
+
+size_t sz(int64_t n) { return static_cast<size_t>(n); }
+
+// An async device-to-device copy on the engine's stream.
+void device_copy(const Engine* engine, void* dst, const void* src, size_t bytes, const char* op) {
+  const CudaContext& c = cuda_ctx(engine);
+  check_cuda(engine, c.api().copy(c.ctx(), dst, src, bytes), op);
+}
+
+std::string odd_rope_message(int64_t d_rope) {
+  return "rope_interleaved: d_rope must be even (interleaved pairs (2j, 2j+1) are rotated), got "
+         "d_rope=" + std::to_string(d_rope);
+}
+
+}  // namespace
+
 void init_ops_basic(nb::module_& m) {
   m.def(
       "embedding",
-      [](const Weight& table, const AnyArray& ids) {
-        if (table.shape().size() != 2) {
-          raise_contract(kContractShape, "embedding: table must be [vocab, D], got shape " + table.shape_str());
+      [](nb::handle table, const AnyArray& ids, bool check_range, const Engine* engine) {
+        const char* op = "embedding";
+        int64_t vocab = 0, D = 0;
+        const Weight* hw = nullptr;
+        const DeviceWeight* dw = nullptr;
+        if (on_cuda(engine)) {
+          dw = &device_weight(engine, table, op, "table");
+          if (dw->shape.size() != 2) {
+            raise_contract(kContractShape, "embedding: table must be [vocab, D], got shape " + dw->shape_str());
+          }
+          vocab = dw->rows;
+          D = dw->cols;
+        } else {
+          hw = &host_weight(table, op, "table");
+          if (hw->shape().size() != 2) {
+            raise_contract(kContractShape, "embedding: table must be [vocab, D], got shape " + hw->shape_str());
+          }
+          vocab = hw->rows();
+          D = hw->cols();
         }
-        const int32_t* id = i32_arg(ids, "embedding", "ids", {-1});
+        const int32_t* id = i32_in(engine, ids, op, "ids", {-1});
         const int T = static_cast<int>(dim(ids, 0));
-        for (int t = 0; t < T; ++t) {
-          if (id[t] < 0 || id[t] >= table.rows()) {
-            raise_contract(kContractRange, "embedding: token id " + std::to_string(id[t]) +
-                                               " at position " + std::to_string(t) +
-                                               " is outside the vocabulary [0, " +
-                                               std::to_string(table.rows()) + ")");
+        const int32_t* host_ids = id;
+        std::vector<int32_t> copied;
+        if (on_cuda(engine) && check_range && T > 0) {
+          copied.resize(sz(T));
+          const CudaContext& c = cuda_ctx(engine);
+          check_cuda(engine, c.api().copy_to_host(c.ctx(), copied.data(), id, sizeof(int32_t) * sz(T)), op);
+          host_ids = copied.data();
+        }
+        if (!on_cuda(engine) || check_range) {
+          for (int t = 0; t < T; ++t) {
+            if (host_ids[t] < 0 || host_ids[t] >= vocab) {
+              raise_contract(kContractRange, "embedding: token id " + std::to_string(host_ids[t]) +
+                                                 " at position " + std::to_string(t) +
+                                                 " is outside the vocabulary [0, " +
+                                                 std::to_string(vocab) + ")");
+            }
           }
         }
-        NpF32 out = new_f32({static_cast<size_t>(T), static_cast<size_t>(table.cols())});
-        {
+        Out out = out_f32(engine, {sz(T), sz(D)});
+        if (on_cuda(engine)) {
+          const CudaContext& c = cuda_ctx(engine);
+          check_cuda(engine,
+                     c.api().embedding(c.ctx(), dw->data(), dw->dtype_code(), vocab, int(D), id, T,
+                                       out.data<float>()),
+                     op);
+        } else {
           nb::gil_scoped_release nogil;
-          cpu::embedding(table, id, T, out.data());
+          cpu::embedding(*hw, id, T, out.data<float>());
         }
-        return out;
+        return out.obj;
       },
-      nb::arg("table"), nb::arg("ids"),
-      "Rows of `table` [vocab, D] for `ids` [T] int32 -> [T, D] float32. ContractError "
-      "(CONTRACT_RANGE) for an id outside [0, vocab). Reference: nn.Embedding.");
+      nb::arg("table"), nb::arg("ids"), nb::kw_only(), nb::arg("check_range") = true,
+      nb::arg("engine").none() = nb::none(),
+      "Rows of `table` [vocab, D] for `ids` [T] int32 -> [T, D] float32.\n\n"
+      "table: memra.Weight (CPU) or memra.DeviceWeight (CUDA; float32 or bfloat16, converted "
+      "exactly to float32). ids and the result live on the engine's device.\n"
+      "check_range (CUDA only): copy the ids to the host to range-check them (one wait on the "
+      "engine's stream); with False an id outside the vocabulary gives a zero row. The CPU "
+      "always checks.\nRaises ContractError (CONTRACT_RANGE for an id outside [0, vocab); "
+      "CONTRACT_DTYPE, CONTRACT_SHAPE, CONTRACT_STRIDE, CONTRACT_DEVICE for a bad argument).\n"
+      "Reference: nn.Embedding.");
 
   m.def(
       "linear",
-      [](const AnyArray& x, const Weight& w, std::optional<AnyArray> bias) {
-        if (w.shape().size() != 2) {
-          raise_contract(kContractShape, "linear: weight must be [N, K], got shape " + w.shape_str());
+      [](const AnyArray& x, nb::handle w, std::optional<AnyArray> bias, const Engine* engine) {
+        const char* op = "linear";
+        int64_t N = 0, K = 0;
+        const Weight* hw = nullptr;
+        const DeviceWeight* dw = nullptr;
+        if (on_cuda(engine)) {
+          dw = &device_weight(engine, w, op, "w");
+          if (dw->shape.size() != 2) {
+            raise_contract(kContractShape, "linear: weight must be [N, K], got shape " + dw->shape_str());
+          }
+          N = dw->rows;
+          K = dw->cols;
+        } else {
+          hw = &host_weight(w, op, "w");
+          if (hw->shape().size() != 2) {
+            raise_contract(kContractShape, "linear: weight must be [N, K], got shape " + hw->shape_str());
+          }
+          N = hw->rows();
+          K = hw->cols();
         }
-        const float* xp = f32_arg(x, "linear", "x", {-1, w.cols()});
-        const float* bp = bias ? f32_arg(*bias, "linear", "bias", {w.rows()}) : nullptr;
+        const float* xp = f32_in(engine, x, op, "x", {-1, K});
+        const float* bp = bias ? f32_in(engine, *bias, op, "bias", {N}) : nullptr;
         const int T = static_cast<int>(dim(x, 0));
-        NpF32 y = new_f32({static_cast<size_t>(T), static_cast<size_t>(w.rows())});
-        {
+        Out y = out_f32(engine, {sz(T), sz(N)});
+        if (on_cuda(engine)) {
+          const CudaContext& c = cuda_ctx(engine);
+          check_cuda(engine,
+                     c.api().linear(c.ctx(), xp, T, int(K), dw->data(), dw->dtype_code(), int(N), bp,
+                                    y.data<float>()),
+                     op);
+        } else {
           nb::gil_scoped_release nogil;
-          cpu::linear(xp, T, w, bp, y.data());
+          cpu::linear(xp, T, *hw, bp, y.data<float>());
         }
-        return y;
+        return y.obj;
       },
-      nb::arg("x"), nb::arg("w"), nb::arg("bias") = nb::none(),
-      "y [T, N] = x [T, K] @ w [N, K]^T (+ bias [N]), f32 accumulation. Reference: nn.Linear.");
+      nb::arg("x"), nb::arg("w"), nb::arg("bias") = nb::none(), nb::kw_only(),
+      nb::arg("engine").none() = nb::none(),
+      "y [T, N] = x [T, K] @ w [N, K]^T (+ bias [N]), float32 in and out.\n\n"
+      "CPU: w a memra.Weight (any stored dtype, converted exactly per row), f32 accumulation.\n"
+      "CUDA: w a memra.DeviceWeight; float32 w: SGEMM with TF32 off; bfloat16 w: x is rounded "
+      "to bfloat16 (RNE) and multiplied on the tensor cores with f32 accumulation and output "
+      "(so it equals the CPU op on x rounded to bfloat16 up to the summation order).\n"
+      "Raises ContractError (CONTRACT_DTYPE, CONTRACT_SHAPE, CONTRACT_STRIDE, CONTRACT_DEVICE), "
+      "LibraryError for a cuBLAS failure. Reference: nn.Linear.");
 
   m.def(
       "rms_norm",
-      [](const AnyArray& x, std::optional<AnyArray> weight, float eps) {
-        const float* xp = f32_arg(x, "rms_norm", "x", {-1, -1});
+      [](const AnyArray& x, std::optional<AnyArray> weight, float eps, const Engine* engine) {
+        const char* op = "rms_norm";
+        const float* xp = f32_in(engine, x, op, "x", {-1, -1});
         const int T = static_cast<int>(dim(x, 0)), D = static_cast<int>(dim(x, 1));
-        const float* wp = weight ? f32_arg(*weight, "rms_norm", "weight", {D}) : nullptr;
-        NpF32 y = new_f32({static_cast<size_t>(T), static_cast<size_t>(D)});
-        {
+        const float* wp = weight ? f32_in(engine, *weight, op, "weight", {D}) : nullptr;
+        Out y = out_f32(engine, {sz(T), sz(D)});
+        if (on_cuda(engine)) {
+          const CudaContext& c = cuda_ctx(engine);
+          check_cuda(engine, c.api().rms_norm(c.ctx(), xp, T, D, wp, eps, y.data<float>()), op);
+        } else {
           nb::gil_scoped_release nogil;
-          cpu::rms_norm(xp, T, D, wp, eps, y.data());
+          cpu::rms_norm(xp, T, D, wp, eps, y.data<float>());
         }
-        return y;
+        return y.obj;
       },
       nb::arg("x"), nb::arg("weight") = nb::none(), nb::kw_only(), nb::arg("eps"),
-      "RMSNorm over the last dim of x [T, D]; unweighted when weight is None. "
+      nb::arg("engine").none() = nb::none(),
+      "RMSNorm over the last dim of x [T, D] float32: (weight *) x / sqrt(mean(x^2) + eps); "
+      "unweighted when weight is None. Arrays on the engine's device (host for the CPU).\n"
+      "Raises ContractError (CONTRACT_DTYPE, CONTRACT_SHAPE, CONTRACT_STRIDE, CONTRACT_DEVICE).\n"
       "Reference: Glm5NextTextRMSNorm / Glm5NextTextUnweightedRMSNorm.");
 
   m.def(
       "rms_norm_gated",
-      [](const AnyArray& x, const AnyArray& gate, const AnyArray& weight, float eps) {
-        const float* xp = f32_arg(x, "rms_norm_gated", "x", {-1, -1});
+      [](const AnyArray& x, const AnyArray& gate, const AnyArray& weight, float eps,
+         const Engine* engine) {
+        const char* op = "rms_norm_gated";
+        const float* xp = f32_in(engine, x, op, "x", {-1, -1});
         const int T = static_cast<int>(dim(x, 0)), D = static_cast<int>(dim(x, 1));
-        const float* gp = f32_arg(gate, "rms_norm_gated", "gate", {T, D});
-        const float* wp = f32_arg(weight, "rms_norm_gated", "weight", {D});
-        NpF32 y = new_f32({static_cast<size_t>(T), static_cast<size_t>(D)});
-        {
+        const float* gp = f32_in(engine, gate, op, "gate", {T, D});
+        const float* wp = f32_in(engine, weight, op, "weight", {D});
+        Out y = out_f32(engine, {sz(T), sz(D)});
+        if (on_cuda(engine)) {
+          const CudaContext& c = cuda_ctx(engine);
+          check_cuda(engine,
+                     c.api().rms_norm_gated_sigmoid(c.ctx(), xp, gp, T, D, wp, eps, y.data<float>()),
+                     op);
+        } else {
           nb::gil_scoped_release nogil;
-          cpu::rms_norm_gated_sigmoid(xp, gp, T, D, wp, eps, y.data());
+          cpu::rms_norm_gated_sigmoid(xp, gp, T, D, wp, eps, y.data<float>());
         }
-        return y;
+        return y.obj;
       },
       nb::arg("x"), nb::arg("gate"), nb::arg("weight"), nb::kw_only(), nb::arg("eps"),
-      "weight * rmsnorm(x) * sigmoid(gate); x, gate [T, D], weight [D]. "
-      "Reference: Glm5NextTextRMSNormGated.");
+      nb::arg("engine").none() = nb::none(),
+      "weight * rmsnorm(x) * sigmoid(gate); x, gate [T, D], weight [D], float32 on the engine's "
+      "device.\nRaises ContractError (CONTRACT_DTYPE, CONTRACT_SHAPE, CONTRACT_STRIDE, "
+      "CONTRACT_DEVICE).\nReference: Glm5NextTextRMSNormGated.");
 
   m.def(
       "layer_norm",
-      [](const AnyArray& x, const AnyArray& weight, const AnyArray& bias, float eps) {
-        const float* xp = f32_arg(x, "layer_norm", "x", {-1, -1});
+      [](const AnyArray& x, const AnyArray& weight, const AnyArray& bias, float eps,
+         const Engine* engine) {
+        const char* op = "layer_norm";
+        const float* xp = f32_in(engine, x, op, "x", {-1, -1});
         const int T = static_cast<int>(dim(x, 0)), D = static_cast<int>(dim(x, 1));
-        const float* wp = f32_arg(weight, "layer_norm", "weight", {D});
-        const float* bp = f32_arg(bias, "layer_norm", "bias", {D});
-        NpF32 y = new_f32({static_cast<size_t>(T), static_cast<size_t>(D)});
-        {
+        const float* wp = f32_in(engine, weight, op, "weight", {D});
+        const float* bp = f32_in(engine, bias, op, "bias", {D});
+        Out y = out_f32(engine, {sz(T), sz(D)});
+        if (on_cuda(engine)) {
+          const CudaContext& c = cuda_ctx(engine);
+          check_cuda(engine, c.api().layer_norm(c.ctx(), xp, T, D, wp, bp, eps, y.data<float>()), op);
+        } else {
           nb::gil_scoped_release nogil;
-          cpu::layer_norm(xp, T, D, wp, bp, eps, y.data());
+          cpu::layer_norm(xp, T, D, wp, bp, eps, y.data<float>());
         }
-        return y;
+        return y.obj;
       },
       nb::arg("x"), nb::arg("weight"), nb::arg("bias"), nb::kw_only(), nb::arg("eps"),
-      "LayerNorm with weight and bias over the last dim of x [T, D]. Reference: nn.LayerNorm.");
+      nb::arg("engine").none() = nb::none(),
+      "LayerNorm with weight and bias over the last dim of x [T, D] float32 (two-pass mean and "
+      "variance), arrays on the engine's device.\nRaises ContractError (CONTRACT_DTYPE, "
+      "CONTRACT_SHAPE, CONTRACT_STRIDE, CONTRACT_DEVICE).\nReference: nn.LayerNorm.");
 
   m.def(
       "l2norm_heads",
-      [](const AnyArray& x, float eps) {
-        const float* xp = f32_arg(x, "l2norm_heads", "x", {-1, -1, -1});
+      [](const AnyArray& x, float eps, const Engine* engine) {
+        const char* op = "l2norm_heads";
+        const float* xp = f32_in(engine, x, op, "x", {-1, -1, -1});
         const int T = static_cast<int>(dim(x, 0)), H = static_cast<int>(dim(x, 1)),
                   d = static_cast<int>(dim(x, 2));
-        NpF32 y = new_f32({static_cast<size_t>(T), static_cast<size_t>(H), static_cast<size_t>(d)});
-        std::memcpy(y.data(), xp, sizeof(float) * T * H * d);
-        {
+        Out y = out_f32(engine, {sz(T), sz(H), sz(d)});
+        const size_t bytes = sizeof(float) * sz(T) * sz(H) * sz(d);
+        if (on_cuda(engine)) {
+          const CudaContext& c = cuda_ctx(engine);
+          device_copy(engine, y.ptr, xp, bytes, op);
+          check_cuda(engine, c.api().l2norm_heads(c.ctx(), y.data<float>(), T, H, d, eps), op);
+        } else {
+          std::memcpy(y.ptr, xp, bytes);
           nb::gil_scoped_release nogil;
-          cpu::l2norm_heads(y.data(), T, H, d, eps);
+          cpu::l2norm_heads(y.data<float>(), T, H, d, eps);
         }
-        return y;
+        return y.obj;
       },
-      nb::arg("x"), nb::kw_only(), nb::arg("eps") = 1e-6f,
-      "x [T, H, d] / sqrt(sum(x^2, -1) + eps). Reference: modeling_glm5_next.l2norm.");
+      nb::arg("x"), nb::kw_only(), nb::arg("eps") = 1e-6f, nb::arg("engine").none() = nb::none(),
+      "x [T, H, d] / sqrt(sum(x^2, -1) + eps), float32 on the engine's device (a new array).\n"
+      "Raises ContractError (CONTRACT_DTYPE, CONTRACT_SHAPE, CONTRACT_STRIDE, CONTRACT_DEVICE).\n"
+      "Reference: modeling_glm5_next.l2norm.");
 
   m.def(
       "rope_interleaved",
-      [](const AnyArray& x, const AnyArray& positions, float base) {
-        const float* xp = f32_arg(x, "rope_interleaved", "x", {-1, -1, -1});
+      [](const AnyArray& x, const AnyArray& positions, float base, const Engine* engine) {
+        const char* op = "rope_interleaved";
+        const float* xp = f32_in(engine, x, op, "x", {-1, -1, -1});
         const int T = static_cast<int>(dim(x, 0)), n = static_cast<int>(dim(x, 1)),
                   d = static_cast<int>(dim(x, 2));
-        const int32_t* pp = i32_arg(positions, "rope_interleaved", "positions", {T});
-        NpF32 y = new_f32({static_cast<size_t>(T), static_cast<size_t>(n), static_cast<size_t>(d)});
-        std::memcpy(y.data(), xp, sizeof(float) * T * n * d);
-        check(cpu::rope_interleaved(y.data(), pp, T, n, d, base));
-        return y;
+        const int32_t* pp = i32_in(engine, positions, op, "positions", {T});
+        Out y = out_f32(engine, {sz(T), sz(n), sz(d)});
+        const size_t bytes = sizeof(float) * sz(T) * sz(n) * sz(d);
+        if (on_cuda(engine)) {
+          const CudaContext& c = cuda_ctx(engine);
+          // Rotated in place on a copy (the input is never written; on error the copy is
+          // dropped). The entry point refuses an odd d_rope before launching (40001).
+          device_copy(engine, y.ptr, xp, bytes, op);
+          const int rc = c.api().rope_interleaved(c.ctx(), y.data<float>(), pp, T, n, d, base);
+          if (rc == kContractOddRope) raise_contract(rc, odd_rope_message(d));
+          check_cuda(engine, rc, op);
+        } else {
+          std::memcpy(y.ptr, xp, bytes);
+          check(cpu::rope_interleaved(y.data<float>(), pp, T, n, d, base));
+        }
+        return y.obj;
       },
       nb::arg("x"), nb::arg("positions"), nb::kw_only(), nb::arg("base") = 10000.0f,
-      "Interleaved RoPE: rotates pairs (2j, 2j+1) of x [T, n_vec, d_rope] by "
-      "pos * base^(-2j/d_rope); positions [T] int32. ContractError (CONTRACT_ODD_ROPE) for odd "
-      "d_rope. Only applied where the model family rotates (glm5_next and Kimi-Linear never do).");
+      nb::arg("engine").none() = nb::none(),
+      "Interleaved RoPE: rotates pairs (2j, 2j+1) of x [T, n_vec, d_rope] float32 by "
+      "pos * base^(-2j/d_rope) (angles in double, rounded once); positions [T] int32; both on the "
+      "engine's device. Returns a new array. ContractError (CONTRACT_ODD_ROPE, 40001) for odd "
+      "d_rope; d_rope == 0 returns the input unchanged. Only applied where the model family "
+      "rotates (glm5_next and Kimi-Linear never do).");
+
+  m.def(
+      "sigmoid",
+      [](const AnyArray& x, const Engine* engine) {
+        const char* op = "sigmoid";
+        const float* xp = f32_in(engine, x, op, "x", {-1});
+        const int64_t n = dim(x, 0);
+        Out y = out_f32(engine, {sz(n)});
+        if (on_cuda(engine)) {
+          const CudaContext& c = cuda_ctx(engine);
+          check_cuda(engine, c.api().sigmoid(c.ctx(), xp, n, y.data<float>()), op);
+        } else {
+          float* yp = y.data<float>();
+          nb::gil_scoped_release nogil;
+          for (int64_t i = 0; i < n; ++i) yp[i] = 1.0f / (1.0f + std::exp(-xp[i]));
+        }
+        return y.obj;
+      },
+      nb::arg("x"), nb::kw_only(), nb::arg("engine").none() = nb::none(),
+      "y = 1 / (1 + exp(-x)) elementwise; x [n] float32 (reshape(-1) first) on the engine's "
+      "device.\nRaises ContractError (CONTRACT_DTYPE, CONTRACT_SHAPE, CONTRACT_STRIDE, "
+      "CONTRACT_DEVICE). Reference: torch.sigmoid.");
 }
 
 }  // namespace memra::py

@@ -1,6 +1,9 @@
-// Functional bindings of the mHC ops (ops.h, cpu/mhc.cpp) over DLPack arrays: the hyper-
-// connection mapping, the post-block expansion and the head mean. Arguments are checked
-// (ContractError naming the op and the values); the GIL is released while computing.
+// Functional bindings of the mHC ops over DLPack arrays: the hyper-connection mapping, the
+// post-block expansion and the head mean. CPU backend (engine None or a CPU Engine): ops.h /
+// cpu/mhc.cpp, the oracle. CUDA backend (keyword `engine` = a CUDA Engine): cuda/mhc.cu through
+// the C ABI of cpp/include/memra/cuda_abi/basic.h, arrays on the engine's device, fn a
+// memra.DeviceWeight, outputs allocated there. Arguments are checked (ContractError naming the
+// op and the values) before anything runs; the GIL is released while the CPU computes.
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
@@ -13,6 +16,8 @@
 #include <vector>
 
 #include "common.h"
+#include "device_args.h"
+#include "memra/engine.h"
 #include "memra/ops.h"
 
 namespace memra::py {
@@ -28,6 +33,15 @@ void check_weight(const Weight& w, const char* op, const char* name, int64_t row
   if (w.rows() != rows || w.cols() != cols || w.shape().size() != 2) {
     Msg os;
     os << op << ": weight '" << name << "' has shape " << shape_of(w) << ", expected [" << rows
+       << ", " << cols << "]";
+    raise_contract(kContractShape, os.str());
+  }
+}
+void check_weight(const DeviceWeight& w, const char* op, const char* name, int64_t rows,
+                  int64_t cols) {
+  if (w.rows != rows || w.cols != cols || w.shape.size() != 2) {
+    Msg os;
+    os << op << ": weight '" << name << "' has shape " << w.shape_str() << ", expected [" << rows
        << ", " << cols << "]";
     raise_contract(kContractShape, os.str());
   }
@@ -89,83 +103,118 @@ size_t sz(int64_t v) { return static_cast<size_t>(v); }
 void init_ops_mhc(nb::module_& m) {
   m.def(
       "mhc_pre",
-      [](const AnyArray& streams, const Weight& fn, const AnyArray& base, const AnyArray& scale,
-         int sinkhorn_iters, float hc_eps, float norm_eps) {
+      [](const AnyArray& streams, nb::handle fn, const AnyArray& base, const AnyArray& scale,
+         int sinkhorn_iters, float hc_eps, float norm_eps, const Engine* engine) {
         const char* op = "mhc_pre";
-        const float* sp = f32_arg(streams, op, "streams", {-1, -1, -1});
+        const float* sp = f32_in(engine, streams, op, "streams", {-1, -1, -1});
         const int64_t T = dim(streams, 0), hc = dim(streams, 1), D = dim(streams, 2);
         const int64_t mix = (2 + hc) * hc;
-        check_weight(fn, op, "fn", mix, hc * D);
-        const float* bp = f32_arg(base, op, "base", {mix});
-        const float* cp = f32_arg(scale, op, "scale", {3});
+        const Weight* hw = nullptr;
+        const DeviceWeight* dw = nullptr;
+        if (on_cuda(engine)) {
+          dw = &device_weight(engine, fn, op, "fn");
+          check_weight(*dw, op, "fn", mix, hc * D);
+        } else {
+          hw = &host_weight(fn, op, "fn");
+          check_weight(*hw, op, "fn", mix, hc * D);
+        }
+        const float* bp = f32_in(engine, base, op, "base", {mix});
+        const float* cp = f32_in(engine, scale, op, "scale", {3});
         check_value(hc >= 1, op, "hc (streams.shape[1]) must be >= 1");
         check_value(sinkhorn_iters >= 1, op,
                     "sinkhorn_iters must be >= 1, got " + std::to_string(sinkhorn_iters));
-        NpF32 post = new_f32({sz(T), sz(hc)});
-        NpF32 comb = new_f32({sz(T), sz(hc), sz(hc)});
-        NpF32 collapsed = new_f32({sz(T), sz(D)});
-        {
+        Out post = out_f32(engine, {sz(T), sz(hc)});
+        Out comb = out_f32(engine, {sz(T), sz(hc), sz(hc)});
+        Out collapsed = out_f32(engine, {sz(T), sz(D)});
+        if (on_cuda(engine)) {
+          const CudaContext& c = cuda_ctx(engine);
+          check_cuda(engine,
+                     c.api().mhc_pre(c.ctx(), sp, int(T), int(hc), int(D), dw->data(),
+                                     dw->dtype_code(), bp, cp, sinkhorn_iters, hc_eps, norm_eps,
+                                     post.data<float>(), comb.data<float>(),
+                                     collapsed.data<float>()),
+                     op);
+        } else {
           nb::gil_scoped_release nogil;
-          cpu::mhc_pre(sp, static_cast<int>(T), static_cast<int>(hc), static_cast<int>(D), fn, bp,
-                       cp, sinkhorn_iters, hc_eps, norm_eps, post.data(), comb.data(),
-                       collapsed.data());
+          cpu::mhc_pre(sp, static_cast<int>(T), static_cast<int>(hc), static_cast<int>(D), *hw, bp,
+                       cp, sinkhorn_iters, hc_eps, norm_eps, post.data<float>(),
+                       comb.data<float>(), collapsed.data<float>());
         }
-        return nb::make_tuple(post, comb, collapsed);
+        return nb::make_tuple(post.obj, comb.obj, collapsed.obj);
       },
       nb::arg("streams"), nb::arg("fn"), nb::arg("base"), nb::arg("scale"), nb::kw_only(),
       nb::arg("sinkhorn_iters"), nb::arg("hc_eps"), nb::arg("norm_eps"),
-      "mHC mapping. streams [T, hc, D] float32; fn Weight [(2+hc)*hc, hc*D]; base "
-      "[(2+hc)*hc] float32; scale [3] float32.\nlogits = fn(unweighted RMSNorm(norm_eps) of the "
+      nb::arg("engine").none() = nb::none(),
+      "mHC mapping. streams [T, hc, D] float32; fn [(2+hc)*hc, hc*D] (memra.Weight on the CPU, "
+      "memra.DeviceWeight on CUDA); base [(2+hc)*hc] float32; scale [3] float32; arrays on the "
+      "engine's device.\nlogits = fn(unweighted RMSNorm(norm_eps) of the "
       "flattened streams); pre = sigmoid(.*scale[0] + base) + hc_eps; post = 2 sigmoid(.); comb "
       "= softmax over the last dim + hc_eps, one column normalisation, then sinkhorn_iters - 1 "
       "rounds of row then column normalisation (denominators + hc_eps).\nReturns (post [T, hc], "
-      "comb [T, hc, hc], collapsed [T, D] = sum_s pre[s] * streams[:, s]) float32.\nRaises "
+      "comb [T, hc, hc], collapsed [T, D] = sum_s pre[s] * streams[:, s]) float32.\nCUDA: the "
+      "RMS factor is applied to the GEMM's output (fn(x * r) = r * fn(x)); a bfloat16 fn "
+      "multiplies the streams rounded to bfloat16. hc up to 64.\nRaises "
       "ContractError (CONTRACT_DTYPE, CONTRACT_SHAPE, CONTRACT_STRIDE, CONTRACT_DEVICE; "
-      "CONTRACT_VALUE for sinkhorn_iters < 1).\nReference: transformers "
-      "Glm5NextTextHyperConnection.forward.");
+      "CONTRACT_VALUE for sinkhorn_iters < 1), UnsupportedError (CUDA, hc > 64).\nReference: "
+      "transformers Glm5NextTextHyperConnection.forward.");
 
   m.def(
       "mhc_post",
-      [](const AnyArray& y, const AnyArray& post, const AnyArray& comb, const AnyArray& residual) {
+      [](const AnyArray& y, const AnyArray& post, const AnyArray& comb, const AnyArray& residual,
+         const Engine* engine) {
         const char* op = "mhc_post";
-        const float* rp = f32_arg(residual, op, "residual", {-1, -1, -1});
+        const float* rp = f32_in(engine, residual, op, "residual", {-1, -1, -1});
         const int64_t T = dim(residual, 0), hc = dim(residual, 1), D = dim(residual, 2);
-        const float* yp = f32_arg(y, op, "y", {T, D});
-        const float* pp = f32_arg(post, op, "post", {T, hc});
-        const float* cp = f32_arg(comb, op, "comb", {T, hc, hc});
-        NpF32 out = new_f32({sz(T), sz(hc), sz(D)});
-        {
+        const float* yp = f32_in(engine, y, op, "y", {T, D});
+        const float* pp = f32_in(engine, post, op, "post", {T, hc});
+        const float* cp = f32_in(engine, comb, op, "comb", {T, hc, hc});
+        Out out = out_f32(engine, {sz(T), sz(hc), sz(D)});
+        if (on_cuda(engine)) {
+          const CudaContext& c = cuda_ctx(engine);
+          check_cuda(engine,
+                     c.api().mhc_post(c.ctx(), yp, pp, cp, rp, int(T), int(hc), int(D),
+                                      out.data<float>()),
+                     op);
+        } else {
           nb::gil_scoped_release nogil;
           cpu::mhc_post(yp, pp, cp, rp, static_cast<int>(T), static_cast<int>(hc),
-                        static_cast<int>(D), out.data());
+                        static_cast<int>(D), out.data<float>());
         }
-        return out;
+        return out.obj;
       },
-      nb::arg("y"), nb::arg("post"), nb::arg("comb"), nb::arg("residual"),
+      nb::arg("y"), nb::arg("post"), nb::arg("comb"), nb::arg("residual"), nb::kw_only(),
+      nb::arg("engine").none() = nb::none(),
       "mHC expansion after a block: out[t, j] = post[t, j] * y[t] + sum_i comb[t, i, j] * "
       "residual[t, i].\n\ny [T, D]; post [T, hc]; comb [T, hc, hc]; residual [T, hc, D]; all "
-      "float32. Returns out [T, hc, D] float32.\nRaises ContractError (CONTRACT_DTYPE, "
+      "float32 on the engine's device. Returns out [T, hc, D] float32 (CUDA: bit-identical to "
+      "the CPU).\nRaises ContractError (CONTRACT_DTYPE, "
       "CONTRACT_SHAPE, CONTRACT_STRIDE, CONTRACT_DEVICE).\nReference: transformers "
       "Glm5NextTextDecoderLayer.forward (post * h + comb^T @ residual).");
 
   m.def(
       "hc_head_mean",
-      [](const AnyArray& streams) {
+      [](const AnyArray& streams, const Engine* engine) {
         const char* op = "hc_head_mean";
-        const float* sp = f32_arg(streams, op, "streams", {-1, -1, -1});
+        const float* sp = f32_in(engine, streams, op, "streams", {-1, -1, -1});
         const int64_t T = dim(streams, 0), hc = dim(streams, 1), D = dim(streams, 2);
         check_value(hc >= 1, op, "hc (streams.shape[1]) must be >= 1");
-        NpF32 out = new_f32({sz(T), sz(D)});
-        {
+        Out out = out_f32(engine, {sz(T), sz(D)});
+        if (on_cuda(engine)) {
+          const CudaContext& c = cuda_ctx(engine);
+          check_cuda(engine,
+                     c.api().hc_head_mean(c.ctx(), sp, int(T), int(hc), int(D), out.data<float>()),
+                     op);
+        } else {
           nb::gil_scoped_release nogil;
           cpu::hc_head_mean(sp, static_cast<int>(T), static_cast<int>(hc), static_cast<int>(D),
-                            out.data());
+                            out.data<float>());
         }
-        return out;
+        return out.obj;
       },
-      nb::arg("streams"),
+      nb::arg("streams"), nb::kw_only(), nb::arg("engine").none() = nb::none(),
       "Final hyper-connection head: the plain mean over the streams.\n\nstreams [T, hc, D] "
-      "float32 -> [T, D] float32.\nRaises ContractError (CONTRACT_DTYPE, CONTRACT_SHAPE, "
+      "float32 -> [T, D] float32, on the engine's device (CUDA: bit-identical to the CPU).\n"
+      "Raises ContractError (CONTRACT_DTYPE, CONTRACT_SHAPE, "
       "CONTRACT_STRIDE, CONTRACT_DEVICE).\nReference: transformers Glm5NextTextHyperHead.");
 
 }
