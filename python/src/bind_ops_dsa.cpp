@@ -1,15 +1,23 @@
-// Functional bindings of the DSA k-pool indexer ops (ops.h, cpu/dsa.cpp) over DLPack arrays:
-// pool keys, head-mixed scores, top-k pool selection. Arguments are checked (ContractError
-// naming the op and the values); the GIL is released while computing.
+// Functional bindings of the DSA k-pool indexer ops over DLPack arrays: pool keys, the indexer's
+// row bookkeeping (kpool_append), head-mixed scores, top-k pool selection. CPU backend: ops.h /
+// cpu/dsa.cpp (the oracle) and MlaLayer::indexer's bookkeeping (cpp/src/layers/mla_layer.cpp).
+// CUDA backend (keyword `engine` = a CUDA Engine): cuda/dsa.cu through the C ABI of
+// cpp/include/memra/cuda_abi/dsa.h. Arguments are checked (ContractError naming the op and the
+// values) before anything runs; outputs live on the engine's device; the CPU releases the GIL.
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
 
+#include <algorithm>
 #include <climits>
 #include <cmath>
-#include <optional>
+#include <cstring>
 #include <string>
+#include <vector>
 
 #include "common.h"
+#include "device_args.h"
+#include "memra/engine.h"
 #include "memra/ops.h"
 
 namespace memra::py {
@@ -17,16 +25,6 @@ namespace memra::py {
 namespace {
 
 size_t z(int64_t n) { return static_cast<size_t>(n); }
-
-// kv_b must be [H * (d_nope + d_v), R]: the per-head [k_nope | v] row blocks of kv_b_proj.
-void check_kv_b(const Weight& kv_b, const char* op, int64_t H, int64_t d_nope, int64_t d_v) {
-  if (kv_b.shape().size() != 2 || kv_b.rows() != H * (d_nope + d_v) || kv_b.cols() < 1) {
-    raise_contract(kContractShape,
-                   std::string(op) + ": kv_b has shape " + kv_b.shape_str() +
-                       ", expected [H*(d_nope+d_v), R] = [" + std::to_string(H) + "*(" +
-                       std::to_string(d_nope) + "+" + std::to_string(d_v) + "), R >= 1]");
-  }
-}
 
 void check_nonneg(int64_t v, const char* op, const char* name, int code = kContractValue) {
   if (v < 0) {
@@ -57,144 +55,292 @@ void check_positions(int64_t first_pos, int64_t t_q, const char* op) {
   }
 }
 
-// Shared argument walk of the two attention ops: returns (H, R, d_rope) and the q_pe pointer.
-struct AttnArgs {
-  const float* q_lat;
-  const float* q_pe;
-  const float* cache;
-  int t_q, H, R, d_rope, t_kv;
-};
-
-AttnArgs attn_args(const AnyArray& q_lat, const AnyArray& cache,
-                   const std::optional<AnyArray>& q_pe, float scale, const char* op) {
-  AttnArgs a;
-  a.q_lat = f32_arg(q_lat, op, "q_lat", {-1, -1, -1});
-  a.t_q = static_cast<int>(dim(q_lat, 0));
-  a.H = static_cast<int>(dim(q_lat, 1));
-  a.R = static_cast<int>(dim(q_lat, 2));
-  a.cache = f32_arg(cache, op, "cache", {-1, -1});
-  a.t_kv = static_cast<int>(dim(cache, 0));
-  a.d_rope = static_cast<int>(dim(cache, 1)) - a.R;
-  if (a.d_rope < 0) {
-    raise_contract(kContractShape, std::string(op) + ": cache has shape " + shape_str(cache) +
-                                       ", expected [t_kv, R + d_rope] with R=" +
-                                       std::to_string(a.R) + " (from q_lat " + shape_str(q_lat) +
-                                       ")");
+// MlaLayer::indexer's bookkeeping for rows [pos, pos + T) (mla_layer.cpp, verbatim): the key of
+// every pool whose last row lands in [pos, pos + T), its rows from the ring (r < pos) or the new
+// rows (r >= pos); then the newest min(T, tail_rows) rows into the ring at r % tail_rows.
+void kpool_append_cpu(const float* k, const float* gate, int T, int d, const float* ape, int P,
+                      int pos, float* tk, float* tg, int ring, float* keys) {
+  const int end = pos + T;
+  std::vector<float> pk(z(int64_t(P) * d)), pg(z(int64_t(P) * d));
+  for (int p = pos / P; p < end / P; ++p) {
+    for (int i = 0; i < P; ++i) {
+      const int r = p * P + i;
+      const float* ks = r < pos ? tk + z(r % ring) * d : k + z(r - pos) * d;
+      const float* gs = r < pos ? tg + z(r % ring) * d : gate + z(r - pos) * d;
+      std::copy_n(ks, d, pk.data() + z(i) * d);
+      std::copy_n(gs, d, pg.data() + z(i) * d);
+    }
+    cpu::kpool_pool_key(pk.data(), pg.data(), ape, P, d, keys + z(p) * d);
   }
-  a.q_pe = nullptr;
-  if (q_pe) {
-    a.q_pe = f32_arg(*q_pe, op, "q_pe", {a.t_q, a.H, a.d_rope});
-  } else if (a.d_rope > 0) {
-    raise_contract(kContractMissing, std::string(op) + ": the cache carries d_rope=" +
-                                         std::to_string(a.d_rope) +
-                                         " rope columns, so q_pe [t_q, H, d_rope] is required");
+  for (int r = std::max(pos, end - ring); r < end; ++r) {
+    std::copy_n(k + z(r - pos) * d, d, tk + z(r % ring) * d);
+    std::copy_n(gate + z(r - pos) * d, d, tg + z(r % ring) * d);
   }
-  check_scale(scale, op, "scale");
-  return a;
 }
+
+// A copy of `src` (n floats, on the engine's device) into `dst` of the same device.
+void copy_f32(const Engine* engine, float* dst, const float* src, int64_t n, const char* op) {
+  if (n == 0) return;
+  if (on_cuda(engine)) {
+    const CudaContext& c = cuda_ctx(engine);
+    check_cuda(engine, c.api().copy(c.ctx(), dst, src, z(n) * sizeof(float)), op);
+  } else {
+    std::memcpy(dst, src, z(n) * sizeof(float));
+  }
+}
+
+const char* kEngineDoc =
+    "engine: None or a CPU Engine runs the C++ reference on host arrays; a CUDA Engine runs "
+    "cuda/dsa.cu on arrays of its device (ContractError CONTRACT_DEVICE otherwise) and returns "
+    "CUDA arrays.";
 
 }  // namespace
 
 void init_ops_dsa(nb::module_& m) {
   m.def(
       "kpool_pool_keys",
-      [](const AnyArray& k, const AnyArray& gate, const AnyArray& ape) {
+      [](const AnyArray& k, const AnyArray& gate, const AnyArray& ape, const Engine* engine) {
         const char* op = "kpool_pool_keys";
-        const float* ap = f32_arg(ape, op, "ape", {-1, -1});
+        const float* ap = f32_in(engine, ape, op, "ape", {-1, -1});
         const int pool = static_cast<int>(dim(ape, 0)), d = static_cast<int>(dim(ape, 1));
         check_pool(pool, op);
-        const float* kp = f32_arg(k, op, "k", {-1, d});
+        const float* kp = f32_in(engine, k, op, "k", {-1, d});
         const int64_t n_rows = dim(k, 0);
-        const float* gp = f32_arg(gate, op, "gate", {n_rows, d});
+        const float* gp = f32_in(engine, gate, op, "gate", {n_rows, d});
+        if (n_rows > INT32_MAX) {
+          raise_contract(kContractRange, std::string(op) + ": n_rows=" + std::to_string(n_rows) +
+                                             " overflows int32");
+        }
         const int64_t n_pools = n_rows / pool;
-        NpF32 keys = new_f32({z(n_pools), z(d)});
-        {
+        Out keys = out_f32(engine, {z(n_pools), z(d)});
+        if (on_cuda(engine)) {
+          if (n_pools > 0 && d > 0) {
+            // One kpool_append from position 0 over every row: each pool key from its own rows
+            // (the bytes the incremental path gives); the ring it also fills is thrown away.
+            const CudaContext& c = cuda_ctx(engine);
+            auto ring = device_scratch(engine, z(2 * int64_t(pool) * d) * sizeof(float));
+            float* rk = static_cast<float*>(ring->data());
+            check_cuda(engine,
+                       c.api().kpool_append(c.ctx(), kp, gp, int(n_rows), d, ap, pool, 0, rk,
+                                            rk + int64_t(pool) * d, pool, keys.data<float>()),
+                       op);
+          }
+        } else {
           nb::gil_scoped_release nogil;
           for (int64_t p = 0; p < n_pools; ++p) {
             const int64_t off = p * pool * d;
-            cpu::kpool_pool_key(kp + off, gp + off, ap, pool, d, keys.data() + p * d);
+            cpu::kpool_pool_key(kp + off, gp + off, ap, pool, d, keys.data<float>() + p * d);
           }
         }
-        return keys;
+        return keys.obj;
       },
-      nb::arg("k"), nb::arg("gate"), nb::arg("ape"),
-      "Pool keys of the complete pools of one sequence: pool p holds rows [p*pool, (p+1)*pool); "
-      "per channel, softmax over the pool's rows of gate + ape weights the rows of k.\n\n"
-      "k: [n_rows, d] float32 (k_norm(wk(x))). gate: [n_rows, d] float32 "
-      "(x @ index_kpool_compress_gate^T). ape: [pool, d] float32 (index_kpool_compress_ape). "
-      "Returns keys [n_rows // pool, d] float32 (an incomplete last pool is left out).\n"
-      "Raises ContractError: CONTRACT_POOL when pool (ape rows) is 0; CONTRACT_SHAPE / "
-      "CONTRACT_DTYPE / CONTRACT_STRIDE / CONTRACT_DEVICE for bad arrays.\n"
-      "Reference: Glm5NextTextIndexer.get_pooled_states (unpadded: first_key = 0).");
+      nb::arg("k"), nb::arg("gate"), nb::arg("ape"), nb::kw_only(),
+      nb::arg("engine").none() = nb::none(),
+      (std::string("Pool keys of the complete pools of one sequence: pool p holds rows "
+                   "[p*pool, (p+1)*pool); per channel, softmax over the pool's rows of gate + ape "
+                   "weights the rows of k.\n\n"
+                   "k: [n_rows, d] float32 (k_norm(wk(x))). gate: [n_rows, d] float32 "
+                   "(x @ index_kpool_compress_gate^T). ape: [pool, d] float32 "
+                   "(index_kpool_compress_ape). Returns keys [n_rows // pool, d] float32 (an "
+                   "incomplete last pool is left out).\n") +
+       kEngineDoc +
+       " On CUDA each key is the same bytes kpool_append gives it (one device routine); it "
+       "differs from the CPU only through exp (CUDA expf vs the C library's).\n"
+       "Raises ContractError: CONTRACT_POOL when pool (ape rows) is 0; CONTRACT_RANGE when "
+       "n_rows overflows int32; CONTRACT_SHAPE / CONTRACT_DTYPE / CONTRACT_STRIDE / "
+       "CONTRACT_DEVICE for bad arrays.\n"
+       "Reference: Glm5NextTextIndexer.get_pooled_states (unpadded: first_key = 0).")
+          .c_str());
+
+  m.def(
+      "kpool_append",
+      [](const AnyArray& k, const AnyArray& gate, const AnyArray& ape, const AnyArray& tail_k,
+         const AnyArray& tail_gate, const AnyArray& pool_keys, int pos, const Engine* engine) {
+        const char* op = "kpool_append";
+        const float* ap = f32_in(engine, ape, op, "ape", {-1, -1});
+        const int pool = static_cast<int>(dim(ape, 0)), d = static_cast<int>(dim(ape, 1));
+        check_pool(pool, op);
+        if (d < 1) {
+          raise_contract(kContractShape, std::string(op) + ": ape has shape " + shape_str(ape) +
+                                             ", expected [pool, d >= 1]");
+        }
+        const float* kp = f32_in(engine, k, op, "k", {-1, d});
+        const int64_t T = dim(k, 0);
+        const float* gp = f32_in(engine, gate, op, "gate", {T, d});
+        const float* tkp = f32_in(engine, tail_k, op, "tail_k", {-1, d});
+        const int64_t ring = dim(tail_k, 0);
+        const float* tgp = f32_in(engine, tail_gate, op, "tail_gate", {ring, d});
+        const float* pkp = f32_in(engine, pool_keys, op, "pool_keys", {-1, d});
+        const int64_t max_pools = dim(pool_keys, 0);
+        if (ring < pool || ring % pool != 0) {
+          raise_contract(kContractPool, std::string(op) + ": the tail ring has " +
+                                            std::to_string(ring) +
+                                            " rows, expected a positive multiple of pool=" +
+                                            std::to_string(pool));
+        }
+        check_positions(pos, T, op);
+        if ((pos + T) / pool > max_pools) {
+          raise_contract(kContractShape,
+                         std::string(op) + ": pool_keys has " + std::to_string(max_pools) +
+                             " rows, but rows [" + std::to_string(pos) + ", " +
+                             std::to_string(pos + T) + ") complete pools up to " +
+                             std::to_string((pos + T) / pool) + " (pool=" + std::to_string(pool) +
+                             ")");
+        }
+        Out tk = out_f32(engine, {z(ring), z(d)});
+        Out tg = out_f32(engine, {z(ring), z(d)});
+        Out keys = out_f32(engine, {z(max_pools), z(d)});
+        copy_f32(engine, tk.data<float>(), tkp, ring * d, op);
+        copy_f32(engine, tg.data<float>(), tgp, ring * d, op);
+        copy_f32(engine, keys.data<float>(), pkp, max_pools * d, op);
+        if (on_cuda(engine)) {
+          const CudaContext& c = cuda_ctx(engine);
+          check_cuda(engine,
+                     c.api().kpool_append(c.ctx(), kp, gp, int(T), d, ap, pool, pos,
+                                          tk.data<float>(), tg.data<float>(), int(ring),
+                                          keys.data<float>()),
+                     op);
+        } else {
+          nb::gil_scoped_release nogil;
+          kpool_append_cpu(kp, gp, int(T), d, ap, pool, pos, tk.data<float>(), tg.data<float>(),
+                           int(ring), keys.data<float>());
+        }
+        return nb::make_tuple(tk.obj, tg.obj, keys.obj);
+      },
+      nb::arg("k"), nb::arg("gate"), nb::arg("ape"), nb::arg("tail_k"), nb::arg("tail_gate"),
+      nb::arg("pool_keys"), nb::kw_only(), nb::arg("pos"), nb::arg("engine").none() = nb::none(),
+      (std::string("The DSA indexer's per-sequence bookkeeping for rows [pos, pos + T), as "
+                   "MlaLayer::indexer keeps it in the Cache: the key of every pool whose last row "
+                   "lands in [pos, pos + T) (rows before pos come from the tail ring; pools before "
+                   "pos // pool are resident and untouched), then the newest min(T, tail_rows) "
+                   "rows into the ring at row % tail_rows.\n\n"
+                   "k, gate: [T, d] float32, the new rows (as kpool_pool_keys). ape: [pool, d] "
+                   "float32. tail_k, tail_gate: [tail_rows, d] float32, the ring (tail_rows a "
+                   "positive multiple of pool). pool_keys: [max_pools, d] float32, "
+                   "max_pools >= (pos + T) // pool. pos: rows the sequence held before. Returns "
+                   "new (tail_k, tail_gate, pool_keys) arrays; the inputs are not modified. "
+                   "Feeding a sequence in chunks gives the same arrays as one call.\n") +
+       kEngineDoc +
+       " CUDA pool keys equal kpool_pool_keys(engine=that engine) bytes for bytes.\n"
+       "Raises ContractError: CONTRACT_POOL for pool < 1 or a bad ring size; CONTRACT_SHAPE "
+       "when pool_keys is too short or d == 0; CONTRACT_VALUE for pos < 0; CONTRACT_RANGE when "
+       "pos + T overflows int32; CONTRACT_DTYPE / CONTRACT_STRIDE / CONTRACT_DEVICE for bad "
+       "arrays.\nReference: MlaLayer::indexer (cpp/src/layers/mla_layer.cpp).")
+          .c_str());
 
   m.def(
       "kpool_score",
       [](const AnyArray& q, const AnyArray& w, const AnyArray& pool_keys, int pool, int first_pos,
-         float qk_scale, float head_scale) {
+         float qk_scale, float head_scale, bool reference, const Engine* engine) {
         const char* op = "kpool_score";
-        const float* qp = f32_arg(q, op, "q", {-1, -1, -1});
+        const float* qp = f32_in(engine, q, op, "q", {-1, -1, -1});
         const int t_q = static_cast<int>(dim(q, 0)), Hi = static_cast<int>(dim(q, 1)),
                   d = static_cast<int>(dim(q, 2));
-        const float* wp = f32_arg(w, op, "w", {t_q, Hi});
-        const float* kp = f32_arg(pool_keys, op, "pool_keys", {-1, d});
+        const float* wp = f32_in(engine, w, op, "w", {t_q, Hi});
+        const float* kp = f32_in(engine, pool_keys, op, "pool_keys", {-1, d});
         const int n_pools = static_cast<int>(dim(pool_keys, 0));
         check_pool(pool, op);
         check_positions(first_pos, t_q, op);
         check_scale(qk_scale, op, "qk_scale");
         check_scale(head_scale, op, "head_scale");
-        NpF32 score = new_f32({z(t_q), z(n_pools)});
-        {
+        Out score = out_f32(engine, {z(t_q), z(n_pools)});
+        if (on_cuda(engine)) {
+          const CudaContext& c = cuda_ctx(engine);
+          check_cuda(engine,
+                     c.api().kpool_score(c.ctx(), qp, wp, kp, t_q, Hi, d, n_pools, pool,
+                                         first_pos, qk_scale, head_scale, reference ? 1 : 0,
+                                         score.data<float>()),
+                     op);
+        } else {
           nb::gil_scoped_release nogil;
           cpu::kpool_score(qp, wp, kp, t_q, Hi, d, n_pools, pool, first_pos, qk_scale, head_scale,
-                           score.data());
+                           score.data<float>());
         }
-        return score;
+        return score.obj;
       },
       nb::arg("q"), nb::arg("w"), nb::arg("pool_keys"), nb::kw_only(), nb::arg("pool"),
       nb::arg("first_pos"), nb::arg("qk_scale"), nb::arg("head_scale"),
-      "Head-mixed pool scores: score[i, p] = sum_h w[i, h] * head_scale * relu(qk_scale * "
-      "q[i, h, :] . pool_keys[p, :]) (h ascending), and -inf where pool p's last row "
-      "p*pool + pool - 1 is after the query's position first_pos + i.\n\n"
-      "q: [t_q, Hi, d] float32 (wq_b(q_resid)). w: [t_q, Hi] float32 (weights_proj(x)). "
-      "pool_keys: [n_pools, d] float32 (kpool_pool_keys). qk_scale: index_head_dim**-0.5; "
-      "head_scale: index_n_heads**-0.5. Returns score [t_q, n_pools] float32.\n"
-      "Raises ContractError: CONTRACT_POOL for pool < 1; CONTRACT_VALUE for first_pos < 0 or a "
-      "non-finite scale; CONTRACT_RANGE when first_pos + t_q overflows int32; CONTRACT_SHAPE / "
-      "CONTRACT_DTYPE / CONTRACT_STRIDE / CONTRACT_DEVICE for bad arrays.\n"
-      "Reference: Glm5NextTextIndexer.forward (scores, weights, valid_candidates mask).");
+      nb::arg("reference") = false, nb::arg("engine").none() = nb::none(),
+      (std::string("Head-mixed pool scores: score[i, p] = sum_h w[i, h] * head_scale * "
+                   "relu(qk_scale * q[i, h, :] . pool_keys[p, :]) (h ascending), and -inf where "
+                   "pool p's last row p*pool + pool - 1 is after the query's position "
+                   "first_pos + i.\n\n"
+                   "q: [t_q, Hi, d] float32 (wq_b(q_resid)). w: [t_q, Hi] float32 "
+                   "(weights_proj(x)). pool_keys: [n_pools, d] float32 (kpool_pool_keys). "
+                   "qk_scale: index_head_dim**-0.5; head_scale: index_n_heads**-0.5. Returns "
+                   "score [t_q, n_pools] float32.\n") +
+       kEngineDoc +
+       " CUDA reproduces the CPU's sequential sums without FMA (the same bytes as an x86 CPU "
+       "build); reference=True runs the one-thread-per-score CUDA scorer instead of the tiled "
+       "one (same bytes; ignored on the CPU).\n"
+       "Raises ContractError: CONTRACT_POOL for pool < 1; CONTRACT_VALUE for first_pos < 0 or a "
+       "non-finite scale; CONTRACT_RANGE when first_pos + t_q overflows int32; CONTRACT_SHAPE / "
+       "CONTRACT_DTYPE / CONTRACT_STRIDE / CONTRACT_DEVICE for bad arrays.\n"
+       "Reference: Glm5NextTextIndexer.forward (scores, weights, valid_candidates mask).")
+          .c_str());
 
   m.def(
       "kpool_select",
-      [](const AnyArray& score, int pool, int select_k, int width, int first_pos) {
+      [](const AnyArray& score, int pool, int select_k, int width, int first_pos, bool reference,
+         const Engine* engine) {
         const char* op = "kpool_select";
-        const float* sp = f32_arg(score, op, "score", {-1, -1});
+        const float* sp = f32_in(engine, score, op, "score", {-1, -1});
         const int t_q = static_cast<int>(dim(score, 0)),
                   n_pools = static_cast<int>(dim(score, 1));
         check_pool(pool, op);
         check_positions(first_pos, t_q, op);
         check_nonneg(select_k, op, "select_k");
-        NpI32 idx = new_i32({z(t_q), z(width > 0 ? width : 0)});
-        Status st;
-        {
-          nb::gil_scoped_release nogil;
-          st = cpu::kpool_select(sp, t_q, n_pools, pool, select_k, width, first_pos, idx.data());
+        Out idx = out_i32(engine, {z(t_q), z(width > 0 ? width : 0)});
+        if (on_cuda(engine)) {
+          const int64_t need = int64_t(select_k) * pool + pool - 1;
+          if (width < need) {  // the CPU's message (the kernel returns the same code)
+            raise_contract(kContractIndexWidth,
+                           std::string(op) + ": index width " + std::to_string(width) +
+                               " is narrower than select_k*pool + pool - 1 = " +
+                               std::to_string(need));
+          }
+          if (int64_t(n_pools) * pool > INT32_MAX) {
+            raise_contract(kContractRange, std::string(op) + ": n_pools*pool = " +
+                                               std::to_string(int64_t(n_pools) * pool) +
+                                               " overflows int32");
+          }
+          const CudaContext& c = cuda_ctx(engine);
+          check_cuda(engine,
+                     c.api().kpool_select(c.ctx(), sp, t_q, n_pools, pool, select_k, width,
+                                          first_pos, reference ? 1 : 0, idx.data<int32_t>()),
+                     op);
+        } else {
+          Status st;
+          {
+            nb::gil_scoped_release nogil;
+            st = cpu::kpool_select(sp, t_q, n_pools, pool, select_k, width, first_pos,
+                                   idx.data<int32_t>());
+          }
+          check(st);
         }
-        check(st);
-        return idx;
+        return idx.obj;
       },
       nb::arg("score"), nb::kw_only(), nb::arg("pool"), nb::arg("select_k"), nb::arg("width"),
-      nb::arg("first_pos"),
-      "Index lists from pool scores: per query i (position first_pos + i), the top select_k "
-      "pools among the finite scores by (score desc, pool index asc), expanded to their rows in "
-      "ascending pool order, then the visible tail rows [(pos+1) - (pos+1) % pool, pos], then "
-      "-1 up to width. Fewer finite pools than select_k leave more -1 padding.\n\n"
-      "score: [t_q, n_pools] float32 (kpool_score). select_k: min(index_topk // pool, n_pools); "
-      "width: index_topk + pool - 1. Returns idx [t_q, width] int32 (a set of rows per query).\n"
-      "Raises ContractError: CONTRACT_INDEX_WIDTH when width < select_k*pool + pool - 1; "
-      "CONTRACT_POOL for pool < 1; CONTRACT_VALUE for select_k < 0 or first_pos < 0; "
-      "CONTRACT_SHAPE / CONTRACT_DTYPE / CONTRACT_STRIDE / CONTRACT_DEVICE for a bad score.\n"
-      "Reference: Glm5NextTextIndexer.forward topk + append_visible_tail "
-      "(index_kpool_always_select_tail = True), compared as sets.");
+      nb::arg("first_pos"), nb::arg("reference") = false, nb::arg("engine").none() = nb::none(),
+      (std::string("Index lists from pool scores: per query i (position first_pos + i), the top "
+                   "select_k pools among the finite scores by (score desc, pool index asc), "
+                   "expanded to their rows in ascending pool order, then the visible tail rows "
+                   "[(pos+1) - (pos+1) % pool, pos], then -1 up to width. Fewer finite pools "
+                   "than select_k leave more -1 padding.\n\n"
+                   "score: [t_q, n_pools] float32 (kpool_score). select_k: "
+                   "min(index_topk // pool, n_pools); width: index_topk + pool - 1. Returns idx "
+                   "[t_q, width] int32 (a set of rows per query).\n") +
+       kEngineDoc +
+       " CUDA gives the CPU's lists exactly: a radix select over (score desc, pool asc) keys per "
+       "query, or with reference=True a rank-counting select (same bytes; ignored on the "
+       "CPU).\n"
+       "Raises ContractError: CONTRACT_INDEX_WIDTH when width < select_k*pool + pool - 1; "
+       "CONTRACT_POOL for pool < 1; CONTRACT_VALUE for select_k < 0 or first_pos < 0; "
+       "CONTRACT_RANGE when positions overflow int32; CONTRACT_SHAPE / CONTRACT_DTYPE / "
+       "CONTRACT_STRIDE / CONTRACT_DEVICE for a bad score.\n"
+       "Reference: Glm5NextTextIndexer.forward topk + append_visible_tail "
+       "(index_kpool_always_select_tail = True), compared as sets.")
+          .c_str());
 }
 
 }  // namespace memra::py
