@@ -18,6 +18,16 @@ macro(memra_cuda_unavailable why)
   return()
 endmacro()
 
+# A CUDA library built elsewhere (e.g. on a machine with more cores) installed as is.
+set(MEMRA_CUDA_PREBUILT "" CACHE FILEPATH "Use this libmemra_cuda.so instead of compiling cuda/")
+if(MEMRA_CUDA_PREBUILT)
+  install(FILES "${MEMRA_CUDA_PREBUILT}" DESTINATION .)
+  get_filename_component(MEMRA_CUDA_LIBRARY_FILE "${MEMRA_CUDA_PREBUILT}" NAME)
+  set(MEMRA_HAVE_CUDA ON)
+  message(STATUS "memra: using the prebuilt CUDA library ${MEMRA_CUDA_PREBUILT}")
+  return()
+endif()
+
 include(CheckLanguage)
 check_language(CUDA)
 if(NOT CMAKE_CUDA_COMPILER)
@@ -72,5 +82,6 @@ set_target_properties(memra_cuda PROPERTIES
 target_compile_options(memra_cuda PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:--expt-relaxed-constexpr -lineinfo>)
 target_link_libraries(memra_cuda PRIVATE CUDA::cudart_static ${MEMRA_CUBLAS} ${MEMRA_CUBLASLT})
 install(TARGETS memra_cuda LIBRARY DESTINATION .)
+set(MEMRA_CUDA_LIBRARY_FILE "$<TARGET_FILE_NAME:memra_cuda>")
 set(MEMRA_HAVE_CUDA ON)
 message(STATUS "memra: building the CUDA backend for ${CMAKE_CUDA_ARCHITECTURES} (cuBLAS: ${MEMRA_CUBLAS})")

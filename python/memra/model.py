@@ -12,7 +12,7 @@ import numpy as np
 
 from . import _core
 from .config import read_config
-from .errors import CacheFullError, ContractError
+from .errors import CacheFullError, ContractError, UnsupportedError
 from .loader import read_tensors
 from .models import glm5_next
 
@@ -65,7 +65,12 @@ class Model:
         """A fresh Cache with `max_batch` slots of `max_len` tokens each (OutOfMemoryError if it
         cannot fit, before anything is allocated)."""
         return _core.Cache(self.engine, self.net.state_specs(), max_batch=_count(max_batch, "max_batch", 1),
-                           max_len=_count(max_len, "max_len", 1))
+                           max_len=_count(max_len, "max_len", 1), latent_dtype=self.dtype)
+
+    @property
+    def dtype(self) -> str:
+        """Compute dtype of the weights: 'float32' (CPU, or CUDA f32) or 'bfloat16' (CUDA)."""
+        return self.net.dtype
 
     # ------------------------------------------------------------------ forward
     def logits(self, token_ids) -> np.ndarray:
@@ -73,20 +78,29 @@ class Model:
         ids = _ids(token_ids, "logits")
         cache = self.new_cache(1, len(ids))
         h = self.net.hidden(cache, np.zeros(1, np.int32), ids, decode=False)
-        return self.net.logits_of(h)
+        return self.net.to_host(self.net.logits_of(h))
 
     def prefill(self, cache: _core.Cache, slot: int, token_ids) -> np.ndarray:
         """Append `token_ids` [T] to `slot` (which may already hold tokens: multi-turn) and return
-        the logits of the last one [vocab]. CacheFullError (nothing written) when they do not fit."""
+        the logits of the last one [vocab] (numpy float32). CacheFullError (nothing written) when
+        they do not fit."""
+        return self.net.to_host(self._prefill(cache, slot, token_ids))[0]
+
+    def _prefill(self, cache: _core.Cache, slot: int, token_ids):
+        """prefill, leaving the logits [1, vocab] on the engine's device."""
         ids = _ids(token_ids, "prefill")
         slots = np.array([_count(slot, "prefill: slot", 0)], np.int32)
         self._check_room(cache, slots, len(ids), "prefill")
         h = self.net.hidden(cache, slots, ids, decode=False)
         cache.commit(int(slot), len(ids))
-        return self.net.logits_of(h[-1:])[0]
+        return self.net.logits_of(self.net.last_row(h))
 
     def decode(self, cache: _core.Cache, slots, token_ids) -> np.ndarray:
-        """One token for each of `slots` (distinct) -> logits [len(slots), vocab]."""
+        """One token for each of `slots` (distinct) -> logits [len(slots), vocab] (numpy float32)."""
+        return self.net.to_host(self._decode(cache, slots, token_ids))
+
+    def _decode(self, cache: _core.Cache, slots, token_ids):
+        """decode, leaving the logits [B, vocab] on the engine's device."""
         slots = _ids(slots, "decode")
         ids = _ids(token_ids, "decode")
         if len(slots) != len(ids):
@@ -150,11 +164,16 @@ class Model:
             self.cache.free(s)
             self._busy.discard(s)
 
-    def _pick(self, logits: np.ndarray, temperature: float, top_k, top_p, seed: int, step: int) -> int:
-        return int(_core.sample(np.ascontiguousarray(logits[None, :], np.float32),
-                                np.array([step], np.uint64), temperature=float(temperature),
-                                top_k=int(top_k or 0), top_p=float(1.0 if top_p is None else top_p),
-                                seed=int(seed))[0])
+    def _pick(self, logits, row: int, temperature: float, top_k, top_p, seed: int, step: int) -> int:
+        """Sample row `row` of logits [B, vocab] (on the engine's device) with memra's sampler;
+        on a CUDA engine the sampling runs there and only the token comes back."""
+        e = self.net._e
+        one = logits if logits.shape[0] == 1 else _core.take_rows(logits, row, 1, engine=e)
+        counters = np.array([step], np.uint64)
+        tok = _core.sample(one, e.to_device(counters) if e else counters, temperature=float(temperature),
+                           top_k=int(top_k or 0), top_p=float(1.0 if top_p is None else top_p),
+                           seed=int(seed), engine=e)
+        return int(self.net.to_host(tok)[0])
 
     def stream(self, prompt_ids, max_new_tokens: int, temperature: float = 0.0, top_k: int | None = None,
                top_p: float | None = None, seed: int | None = None, stop_token_ids=None,
@@ -179,13 +198,13 @@ class Model:
         cache = self.cache
         (slot,) = self._acquire(1, "generate")
         try:
-            logits = self.prefill(cache, slot, ids)
+            logits = self._prefill(cache, slot, ids)
             for step in range(max_new_tokens):
-                tok = self._pick(logits, temperature, top_k, top_p, seed, step)
+                tok = self._pick(logits, 0, temperature, top_k, top_p, seed, step)
                 yield tok
                 if tok in stops or step + 1 == max_new_tokens:
                     return
-                logits = self.decode(cache, [slot], [tok])[0]
+                logits = self._decode(cache, [slot], [tok])
         finally:
             self._release([slot])
 
@@ -228,20 +247,20 @@ class Model:
         out: list[list[int]] = [[] for _ in range(n)]
         slots = self._acquire(n, "generate_batch")
         try:
-            logits = [self.prefill(cache, slots[i], ids) for i, ids in enumerate(all_ids)]
+            firsts = [self._prefill(cache, slots[i], ids) for i, ids in enumerate(all_ids)]
             active = list(range(n))
             step = 0
             while active:
                 nxt = []
                 for j, i in enumerate(active):
-                    tok = self._pick(logits[j], temperature, top_k, top_p, seed + i, step)
+                    lg, row = (firsts[i], 0) if step == 0 else (logits, j)
+                    tok = self._pick(lg, row, temperature, top_k, top_p, seed + i, step)
                     out[i].append(tok)
                     if tok not in stops and len(out[i]) < max_new_tokens:
                         nxt.append(i)
                 if not nxt:
                     break
-                lg = self.decode(cache, [slots[i] for i in nxt], [out[i][-1] for i in nxt])
-                logits = list(lg)
+                logits = self._decode(cache, [slots[i] for i in nxt], [out[i][-1] for i in nxt])
                 active = nxt
                 step += 1
         finally:
@@ -267,8 +286,14 @@ def _eos_ids(path: Path, config) -> list[int]:
     return [int(eos)] if isinstance(eos, int) else [int(e) for e in eos]
 
 
-def load(path, device: str = "cpu", max_batch: int = 8, max_len: int = 4096, *, progress: bool = True) -> Model:
+def load(path, device: str = "cpu", max_batch: int = 8, max_len: int = 4096, *, dtype: str | None = None,
+         progress: bool = True) -> Model:
     """Load a Hugging Face checkpoint folder (config.json + safetensors) onto `device`.
+
+    device: "cpu" (the f32 reference backend) or "cuda" (memra's kernels on GPU 0; "cuda:N" for
+    another). dtype: the compute dtype of the weights: "float32" (the only one on the CPU) or
+    "bfloat16" (the default on CUDA: bf16 weights converted once at load, f32 accumulation and
+    recurrent state, bf16 latent cache).
 
     The default cache (`max_batch` slots x `max_len` tokens) is sized from the config and
     allocated before any weight is read: OutOfMemoryError when it cannot fit. ContractError for
@@ -281,15 +306,26 @@ def load(path, device: str = "cpu", max_batch: int = 8, max_len: int = 4096, *, 
     model_type, cfg = read_config(path)
     max_batch = _count(max_batch, "load: max_batch", 1)
     max_len = _count(max_len, "load: max_len", 1)
-    engine = _core.Engine(device)
+    if not isinstance(device, str):
+        raise ContractError(f"load: device must be a string such as 'cpu' or 'cuda', got {device!r}", 40025)
+    kind, _, index = device.partition(":")
+    if index and not index.isdigit():
+        raise ContractError(f"load: bad device {device!r} (expected 'cpu', 'cuda' or 'cuda:N')", 40025)
+    engine = _core.Engine(kind, int(index or 0))
+    if dtype is None:
+        dtype = "bfloat16" if engine.is_cuda else "float32"
+    if dtype not in ("float32", "bfloat16"):
+        raise ContractError(f"load: dtype must be 'float32' or 'bfloat16', got {dtype!r}", 40025)
+    if dtype == "bfloat16" and not engine.is_cuda:
+        raise UnsupportedError("load: the CPU backend computes in float32 only (dtype='float32')", 50000)
     specs = glm5_next.state_specs_for(cfg)
     need = _core.Cache.bytes_needed(max_batch, max_len, specs)
     log.info("memra: cache of %d x %d tokens needs %.1f MiB", max_batch, max_len, need / 2**20)
-    cache = _core.Cache(engine, specs, max_batch=max_batch, max_len=max_len)
+    cache = _core.Cache(engine, specs, max_batch=max_batch, max_len=max_len, latent_dtype=dtype)
     raw = json.loads((path / "config.json").read_text())
     tie = bool(raw.get("tie_word_embeddings", cfg.tie_word_embeddings))
     tensors = read_tensors(path, cfg.num_hidden_layers, progress=progress)
-    net = glm5_next.Glm5NextTextModel(engine, cfg, tensors, tie_word_embeddings=tie)
+    net = glm5_next.Glm5NextTextModel(engine, cfg, tensors, tie_word_embeddings=tie, dtype=dtype)
     tokenizer = None
     if (path / "tokenizer.json").exists():
         from tokenizers import Tokenizer

@@ -71,5 +71,6 @@ const Weight& host_weight(nb::handle w, const char* op, const char* name);
 const DeviceWeight& device_weight(const Engine* engine, nb::handle w, const char* op, const char* name);
 
 void init_device(nb::module_& m);
+void init_ops_util(nb::module_& m);
 
 }  // namespace memra::py

@@ -61,9 +61,12 @@ class Glm5NextTextModel:
     """
 
     def __init__(self, engine: _core.Engine, cfg: Glm5NextConfig, tensors: CheckpointTensors,
-                 *, tie_word_embeddings: bool) -> None:
+                 *, tie_word_embeddings: bool, dtype: str = "float32") -> None:
         self.engine = engine
         self.cfg = cfg
+        self.dtype = dtype
+        # Functional ops take engine=None for the CPU backend, the engine itself for CUDA.
+        self._e = engine if engine.is_cuda else None
         D = cfg.hidden_size
         extra_layers = sorted(set(tensors.layers) - set(range(cfg.num_hidden_layers)))
         if extra_layers:
@@ -90,6 +93,15 @@ class Glm5NextTextModel:
                 f"load: lm_head.weight has shape {list(self.lm_head.shape)}, expected [{cfg.vocab_size}, {D}]",
                 40000)
         self.blocks: list[_Block] = [self._block(i, tensors.layers.get(i, {})) for i in range(cfg.num_hidden_layers)]
+        if self._e is not None:
+            # Embedding and LM head converted once to the compute dtype; norm weights to the device.
+            tied = self.lm_head is self.embed
+            self.embed = _core.DeviceWeight(engine, self.embed, dtype=dtype)
+            self.lm_head = self.embed if tied else _core.DeviceWeight(engine, self.lm_head, dtype=dtype)
+            self.final_norm = engine.to_device(self.final_norm)
+            for b in self.blocks:
+                b.input_norm = engine.to_device(b.input_norm)
+                b.post_norm = engine.to_device(b.post_norm)
 
     # ------------------------------------------------------------------ construction
     def _block(self, i: int, groups: dict[str, dict[str, _core.Weight]]) -> _Block:
@@ -103,7 +115,7 @@ class Glm5NextTextModel:
             hc[site] = _located(
                 f"{p}.hc_{site[:-3]}_*", _core.HyperConnection, e, dict(groups.get(site, {})),
                 hidden=D, hc_mult=cfg.hc_mult, sinkhorn_iters=cfg.hc_sinkhorn_iters,
-                hc_eps=cfg.hc_eps, norm_eps=cfg.rms_norm_eps)
+                hc_eps=cfg.hc_eps, norm_eps=cfg.rms_norm_eps, dtype=self.dtype)
         mixer_w = dict(groups.get("mixer", {}))
         kind = "kda" if cfg.layer_types[i] == "linear_attention" else "mla"
         indexer = ""
@@ -112,7 +124,8 @@ class Glm5NextTextModel:
                 f"{p}.self_attn", _core.KdaLayer, e, mixer_w, hidden=D, heads=cfg.linear_num_heads,
                 head_dim=cfg.linear_head_dim, conv_kernel=cfg.linear_conv_kernel_dim,
                 gate="lower_bound" if cfg.linear_lower_bound is not None else "softplus",
-                lower_bound=float(cfg.linear_lower_bound or 0.0), rms_eps=cfg.rms_norm_eps)
+                lower_bound=float(cfg.linear_lower_bound or 0.0), rms_eps=cfg.rms_norm_eps,
+                dtype=self.dtype)
         else:
             indexer = cfg.indexer_types[i]
             full = indexer == "full"
@@ -122,7 +135,7 @@ class Glm5NextTextModel:
                 d_rope=cfg.qk_rope_head_dim, d_v=cfg.v_head_dim, rms_eps=cfg.rms_norm_eps, sparse=True,
                 index_heads=cfg.index_n_heads if full else 0,
                 index_head_dim=cfg.index_head_dim if full else 0, kpool=cfg.index_kpool,
-                topk=cfg.index_topk, tail_rows=2 * cfg.index_kpool, rotate=False)
+                topk=cfg.index_topk, tail_rows=2 * cfg.index_kpool, rotate=False, dtype=self.dtype)
         mlp_w = dict(groups.get("mlp", {}))
         sparse = cfg.mlp_layer_types[i] == "sparse"
         if sparse:
@@ -132,10 +145,11 @@ class Glm5NextTextModel:
                 intermediate=cfg.moe_intermediate_size,
                 shared_intermediate=cfg.moe_intermediate_size * cfg.n_shared_experts,
                 norm_topk_prob=cfg.norm_topk_prob, routed_scaling=cfg.routed_scaling_factor,
-                swiglu_limit=cfg.swiglu_limit)
+                swiglu_limit=cfg.swiglu_limit, dtype=self.dtype)
         else:
             mlp = _located(f"{p}.mlp", _core.MlpLayer, e, mlp_w, hidden=D,
-                           intermediate=cfg.intermediate_size, swiglu_limit=cfg.swiglu_limit)
+                           intermediate=cfg.intermediate_size, swiglu_limit=cfg.swiglu_limit,
+                           dtype=self.dtype)
         return _Block(
             kind=kind, indexer=indexer, attn_hc=hc["attn_hc"],
             input_norm=_norm_vector(f"{p}.input_layernorm", groups.get("input_layernorm", {}), D),
@@ -149,21 +163,23 @@ class Glm5NextTextModel:
 
     # ------------------------------------------------------------------ forward
     def hidden(self, cache: _core.Cache, slots: np.ndarray, ids: np.ndarray, *, decode: bool,
-               record: dict[int, np.ndarray] | None = None) -> np.ndarray:
+               record: dict[int, np.ndarray] | None = None):
         """Final hidden states after the mixer + FFN stack; does NOT commit the cache.
 
         prefill (decode=False): slots [1], ids [T] -> [T, hidden].
         decode (decode=True): slots [B], ids [B] (one token each) -> [B, hidden].
-        `record`, when given, receives the index list each full DSA layer used.
+        slots and ids are host int32 arrays; the result lives on the engine's device (numpy on
+        the CPU, a DLPack CUDA array on a GPU). `record`, when given, receives the index list each
+        full DSA layer used (as host arrays).
         """
-        cfg = self.cfg
+        cfg, e = self.cfg, self._e
         eps = cfg.rms_norm_eps
-        x = _core.embedding(self.embed, ids)
-        streams = np.ascontiguousarray(np.repeat(x[:, None, :], cfg.hc_mult, axis=1))
+        x = _core.embedding(self.embed, e.to_device(ids) if e else ids, engine=e)
+        streams = _core.hc_expand(x, cfg.hc_mult, engine=e)
         topk = None
         for i, b in enumerate(self.blocks):
             post, comb, h = b.attn_hc.pre(streams)
-            h = _core.rms_norm(h, b.input_norm, eps=eps)
+            h = _core.rms_norm(h, b.input_norm, eps=eps, engine=e)
             if b.kind == "kda":
                 h = b.mixer.decode(cache, i, slots, h) if decode else b.mixer.prefill(cache, i, int(slots[0]), h)
             else:
@@ -175,17 +191,25 @@ class Glm5NextTextModel:
                 if b.indexer == "full":
                     topk = idx
                     if record is not None:
-                        record[i] = idx
-            streams = _core.mhc_post(h, post, comb, streams)
+                        record[i] = self.engine.to_host(idx) if e else idx
+            streams = _core.mhc_post(h, post, comb, streams, engine=e)
             post, comb, h = b.ffn_hc.pre(streams)
-            h = _core.rms_norm(h, b.post_norm, eps=eps)
+            h = _core.rms_norm(h, b.post_norm, eps=eps, engine=e)
             h = b.mlp.forward(h)[0] if b.sparse_mlp else b.mlp.forward(h)
-            streams = _core.mhc_post(h, post, comb, streams)
-        return _core.rms_norm(_core.hc_head_mean(streams), self.final_norm, eps=eps)
+            streams = _core.mhc_post(h, post, comb, streams, engine=e)
+        return _core.rms_norm(_core.hc_head_mean(streams, engine=e), self.final_norm, eps=eps, engine=e)
 
-    def logits_of(self, hidden: np.ndarray) -> np.ndarray:
-        """LM head: hidden [N, hidden] -> logits [N, vocab] float32."""
-        return _core.linear(np.ascontiguousarray(hidden), self.lm_head)
+    def logits_of(self, hidden):
+        """LM head: hidden [N, hidden] -> logits [N, vocab] float32 on the engine's device."""
+        return _core.linear(hidden, self.lm_head, engine=self._e)
+
+    def last_row(self, hidden):
+        """The last row [1, hidden] of hidden [T, hidden], on the engine's device."""
+        return _core.take_rows(hidden, int(hidden.shape[0]) - 1, 1, engine=self._e)
+
+    def to_host(self, arr) -> np.ndarray:
+        """A numpy copy (waits for the device) of an array from this model's backend."""
+        return self.engine.to_host(arr) if self._e is not None else arr
 
 
 def state_specs_for(cfg: Glm5NextConfig) -> list[_core.LayerStateSpec]:

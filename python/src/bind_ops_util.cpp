@@ -1,0 +1,59 @@
+// Functional bindings of the small data movements the model chains between layers, on either
+// backend: hc_expand (residual streams from the embedding) and take_rows (a row range, e.g. the
+// last prefill position before the LM head).
+#include <cstring>
+
+#include "device_args.h"
+
+namespace memra::py {
+
+void init_ops_util(nb::module_& m) {
+  m.def(
+      "hc_expand",
+      [](const AnyArray& x, int n, const Engine* engine) {
+        const float* xp = f32_in(engine, x, "hc_expand", "x", {-1, -1});
+        const int64_t T = dim(x, 0), D = dim(x, 1);
+        if (n < 1) raise_contract(kContractValue, "hc_expand: n must be >= 1, got " + std::to_string(n));
+        Out y = out_f32(engine, {size_t(T), size_t(n), size_t(D)});
+        if (on_cuda(engine)) {
+          const CudaContext& c = cuda_ctx(engine);
+          check_cuda(engine, c.api().hc_expand(c.ctx(), xp, int(T), int(D), n, y.data<float>()), "hc_expand");
+        } else {
+          for (int64_t t = 0; t < T; ++t) {
+            for (int s = 0; s < n; ++s) std::memcpy(y.data<float>() + (t * n + s) * D, xp + t * D, D * 4);
+          }
+        }
+        return y.obj;
+      },
+      nb::arg("x"), nb::arg("n"), nb::kw_only(), nb::arg("engine").none() = nb::none(),
+      "x [T, D] float32 -> [T, n, D]: every residual stream starts as x (reference: "
+      "Glm5NextTextModel.forward, hidden_states.unsqueeze(2).expand(..., hc_mult, ...)). On a CUDA "
+      "engine x must live on its device. Raises ContractError for a bad array or n < 1.");
+
+  m.def(
+      "take_rows",
+      [](const AnyArray& x, int64_t start, int64_t count, const Engine* engine) {
+        const float* xp = f32_in(engine, x, "take_rows", "x", {-1, -1});
+        const int64_t T = dim(x, 0), D = dim(x, 1);
+        if (start < 0 || count < 0 || start + count > T) {
+          raise_contract(kContractRange, "take_rows: rows [" + std::to_string(start) + ", " +
+                                             std::to_string(start + count) + ") are outside [0, " +
+                                             std::to_string(T) + ")");
+        }
+        Out y = out_f32(engine, {size_t(count), size_t(D)});
+        const size_t bytes = size_t(count) * D * 4;
+        if (on_cuda(engine)) {
+          const CudaContext& c = cuda_ctx(engine);
+          check_cuda(engine, c.api().copy(c.ctx(), y.data<float>(), xp + start * D, bytes), "take_rows");
+        } else if (bytes) {
+          std::memcpy(y.data<float>(), xp + start * D, bytes);
+        }
+        return y.obj;
+      },
+      nb::arg("x"), nb::arg("start"), nb::arg("count"), nb::kw_only(),
+      nb::arg("engine").none() = nb::none(),
+      "Rows [start, start + count) of x [T, D] float32 as a new [count, D] array on the same "
+      "backend. Raises ContractError for rows outside x.");
+}
+
+}  // namespace memra::py

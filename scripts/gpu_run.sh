@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# On the GPU machine (see ../shared/BUILD.md): build memra there (nvcc + the cuBLAS of the
+# machine's torch wheels), run the CUDA tests, the whole suite and compute-sanitizer, logs in $OUT.
+#   bash scripts/gpu_run.sh [pytest args for the cuda run]
+set -uo pipefail
+OUT=${OUT:-/tmp/memra-out}; mkdir -p "$OUT"
+cd "$(dirname "$0")/.."
+nvlib=$(python3 -c "import nvidia,os;print(os.path.join(list(nvidia.__path__)[0],'cu13'))")
+export LD_LIBRARY_PATH="$nvlib/lib:${LD_LIBRARY_PATH:-}"
+t0=$(date +%s)
+site=$(bash scripts/dev_build.sh gpu -DMEMRA_CUDA=ON -DMEMRA_CUBLAS_ROOT="$nvlib" -DPython_EXECUTABLE=$(command -v python3) 2>"$OUT/build.log" | tail -1)
+echo "build: $(( $(date +%s) - t0 )) s -> $site" | tee -a "$OUT/summary.txt"
+export PYTHONPATH="$site"
+python3 -c "import memra;print('cuda', memra.cuda_available(), memra.cuda_unavailable_reason())" 2>&1 | tee -a "$OUT/summary.txt"
+python3 -m pytest -m cuda --require-cuda -q -rf "$@" tests > "$OUT/pytest_cuda.log" 2>&1
+echo "pytest -m cuda: rc=$? $(tail -1 "$OUT/pytest_cuda.log")" | tee -a "$OUT/summary.txt"
