@@ -1,0 +1,525 @@
+"""FFN and sampling ops on the CUDA backend (``memra._core.swiglu_mlp`` / ``moe_route`` /
+``moe_forward`` / ``sample`` with ``engine=memra.Engine("cuda")``, kernels in cuda/ffn.cu and
+cuda/sample.cu) against the same ops on the CPU backend (cpp/src/cpu/ffn.cpp, cpu/sample.cpp, the
+numeric oracle), plus the argument contract on the device.
+
+Tolerances (both sides f32 unless said):
+- swiglu_mlp, float32 weights: cuBLAS SGEMM (TF32 off) against the CPU's sequential dots; only the
+  summation order differs (K <= 200 terms, |error| ~ K * eps * sum |terms|), and CUDA's expf in
+  SiLU is within 2 ulp: ``rtol=1e-5, atol=1e-5 * max|y|``.
+- swiglu_mlp, bfloat16 weights: the GPU rounds x to bf16 before gate/up and the hidden h before
+  down (memra_cuda_linear's bf16 GEMM). Against a CPU emulation of exactly that (CPU linear on the
+  same bf16 weights, x and h rounded to bf16 with RNE): only the summation order differs, except
+  that an f32 ulp of difference in h can flip its bf16 rounding (one bf16 ulp = 2^-8 relative on a
+  single term of a sum of I terms): ``rtol=1e-4, atol=2e-3 * max|y|``. Against the plain CPU op
+  on the same weights with x rounded (h not rounded) the bf16 rounding of h is a relative error of
+  ~2^-9 per term: ``atol=1e-2 * max|y|``.
+- moe_route: router logits made exact on both sides (gate_w = identity, so every dot is one
+  product by 1), values drawn with gaps >= 1e-3, so the choice of experts has clear margins and
+  the indices must be identical (np.array_equal). Weights: CUDA's expf is within 2 ulp of glibc's,
+  a few more ulps through the renormalisation: ``rtol=1e-6, atol=1e-6``. Ties (equal logits,
+  equal biases) must go to the lower group / expert id on both. With a dense random gate_w the
+  logits differ by the GEMM's summation order: tokens whose CPU choice has a margin > 1e-4 must
+  match exactly.
+- moe_forward: activations stay f32 on the GPU (bf16 weights widened, x not rounded), like the
+  CPU; only the dot products' summation order differs: ``rtol=1e-5, atol=1e-5 * max|y|`` for
+  float32 and bfloat16 weights alike (the same bf16 values on both sides).
+- sample: the GPU reproduces the CPU's f32 arithmetic operation for operation (glibc's expf bit
+  for bit, sequential sums in the spec's order): identical tokens (np.array_equal).
+
+A small shape for ``compute-sanitizer --tool racecheck`` / ``--tool memcheck``:
+``python -m pytest tests/test_cuda_ffn.py -k sanitizer``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import memra
+from memra import _core
+
+pytestmark = pytest.mark.cuda
+
+ST = _core.status
+
+
+@pytest.fixture(scope="module")
+def e():
+    return memra.Engine("cuda")
+
+
+def rng(seed):
+    return np.random.default_rng(seed)
+
+
+def f32(a):
+    return np.ascontiguousarray(a, dtype=np.float32)
+
+
+def randn(r, *shape, scale=1.0):
+    return f32(r.standard_normal(shape) * scale)
+
+
+def bf16_round(a):
+    """f32 -> nearest bf16 (RNE), returned as f32 (finite inputs)."""
+    u = f32(a).view(np.uint32).astype(np.uint64)
+    u = (u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000
+    return u.astype(np.uint32).view(np.float32)
+
+
+def weight(a):
+    return _core.Weight(f32(a))
+
+
+def dweight(e, a, dtype=None):
+    return memra.DeviceWeight(e, weight(a), dtype=dtype)
+
+
+def scaled_close(got, want, rtol, atol_rel):
+    assert got.shape == want.shape and got.dtype == np.float32
+    assert np.all(np.isfinite(got))
+    np.testing.assert_allclose(got, want, rtol=rtol, atol=atol_rel * float(np.abs(want).max()))
+
+
+def expect_contract(code, fn, *args, **kwargs):
+    with pytest.raises(memra.ContractError) as ei:
+        fn(*args, **kwargs)
+    assert ei.value.code == code, str(ei.value)
+    return ei.value
+
+
+EDGE_T = [1, 5, 63, 65, 200]
+
+# ---------------------------------------------------------------- swiglu_mlp
+
+
+def mlp_weights(r, D, I, dtype="float32"):
+    g, u, d = randn(r, I, D, scale=0.3), randn(r, I, D, scale=0.3), randn(r, D, I, scale=0.3)
+    if dtype == "bfloat16":
+        g, u, d = bf16_round(g), bf16_round(u), bf16_round(d)
+    return g, u, d
+
+
+@pytest.mark.parametrize("D,I", [(64, 96), (13, 21), (200, 40)])
+@pytest.mark.parametrize("T", EDGE_T)
+def test_swiglu_mlp_f32_matches_cpu(e, T, D, I):
+    r = rng(T * 1000 + D)
+    g, u, d = mlp_weights(r, D, I)
+    x = randn(r, T, D, scale=2.0)
+    limit = 1.25  # the pre-activations spread to ~+-6: both clamps bind on many elements
+    want = _core.swiglu_mlp(x, weight(g), weight(u), weight(d), limit=limit)
+    got = _core.swiglu_mlp(e.to_device(x), dweight(e, g), dweight(e, u), dweight(e, d),
+                           limit=limit, engine=e)
+    scaled_close(e.to_host(got), want, rtol=1e-5, atol_rel=1e-5)
+
+
+@pytest.mark.parametrize("T", [1, 65, 200])
+def test_swiglu_mlp_bf16_matches_cpu_emulation(e, T):
+    r = rng(T + 7)
+    D, I, limit = 64, 96, 1.25
+    g, u, d = mlp_weights(r, D, I, "bfloat16")
+    x = randn(r, T, D, scale=2.0)
+    got = e.to_host(_core.swiglu_mlp(e.to_device(x), dweight(e, g, "bfloat16"),
+                                     dweight(e, u, "bfloat16"), dweight(e, d, "bfloat16"),
+                                     limit=limit, engine=e))
+    # Emulation of the GPU's roundings with the CPU ops (same bf16 values as f32 weights).
+    xb = bf16_round(x)
+    gl = _core.linear(xb, weight(g))
+    ul = _core.linear(xb, weight(u))
+    gate = np.minimum(gl, np.float32(limit))
+    up = np.clip(ul, -np.float32(limit), np.float32(limit))
+    h = f32(gate / (1.0 + np.exp(-gate)) * up)
+    want = _core.linear(bf16_round(h), weight(d))
+    scaled_close(got, want, rtol=1e-4, atol_rel=2e-3)
+    # The plain CPU op on the same weights and the bf16-rounded x (h kept f32 there).
+    plain = _core.swiglu_mlp(xb, weight(g), weight(u), weight(d), limit=limit)
+    scaled_close(got, plain, rtol=0.0, atol_rel=1e-2)
+
+
+def test_swiglu_mlp_no_clamp_and_zero_rows(e):
+    r = rng(3)
+    D, I = 32, 40
+    g, u, d = mlp_weights(r, D, I)
+    x = randn(r, 6, D)
+    x[2] = 0.0  # a zero row gives exactly zero
+    want = _core.swiglu_mlp(x, weight(g), weight(u), weight(d), limit=float("inf"))
+    got = e.to_host(_core.swiglu_mlp(e.to_device(x), dweight(e, g), dweight(e, u), dweight(e, d),
+                                     limit=float("inf"), engine=e))
+    scaled_close(got, want, rtol=1e-5, atol_rel=1e-5)
+    assert np.all(got[2] == 0.0)
+
+
+def test_swiglu_mlp_contract_errors(e):
+    r = rng(4)
+    D, I = 8, 12
+    g, u, d = mlp_weights(r, D, I)
+    dg, du, dd = dweight(e, g), dweight(e, u), dweight(e, d)
+    x = e.to_device(randn(r, 3, D))
+    f = _core.swiglu_mlp
+    expect_contract(ST.CONTRACT_DEVICE, f, randn(r, 3, D), dg, du, dd, limit=1.0, engine=e)
+    expect_contract(ST.CONTRACT_DEVICE, f, x, weight(g), du, dd, limit=1.0, engine=e)
+    expect_contract(ST.CONTRACT_SHAPE, f, x, dg, du, dg, limit=1.0, engine=e)
+    expect_contract(ST.CONTRACT_SHAPE, f, e.to_device(randn(r, 3, D + 1)), dg, du, dd, limit=1.0,
+                    engine=e)
+    expect_contract(ST.CONTRACT_DTYPE, f, x, dg, dweight(e, u, "bfloat16"), dd, limit=1.0,
+                    engine=e)
+    expect_contract(ST.CONTRACT_DTYPE, f, e.to_device(randn(r, 3, D).astype(np.float64)), dg, du,
+                    dd, limit=1.0, engine=e)
+    expect_contract(ST.CONTRACT_VALUE, f, x, dg, du, dd, limit=0.0, engine=e)
+    # The engine is still usable afterwards.
+    y = e.to_host(f(x, dg, du, dd, limit=1.0, engine=e))
+    assert np.all(np.isfinite(y))
+
+
+# ---------------------------------------------------------------- moe_route
+
+
+def separated_values(r, n, lo=-2.0, hi=2.0):
+    """n distinct values in [lo, hi] in random order: a grid of step (hi - lo) / (n - 1) with a
+    jitter of at most a quarter step, so neighbours stay >= half a step apart (sigmoid' >= 0.1
+    on [-2, 2]: the scores keep gaps >= 0.05 * step)."""
+    step = (hi - lo) / max(n - 1, 1)
+    v = np.linspace(lo, hi, n) + r.uniform(-0.25 * step, 0.25 * step, n)
+    return f32(r.permutation(v))
+
+
+def route_margin(logits, bias, top_k, n_group, topk_group):
+    """Smallest gap (float64) at the two cuts of the CPU's selection: group scores around the
+    topk_group cut and choice scores around the top_k cut."""
+    s = 1.0 / (1.0 + np.exp(-logits.astype(np.float64)))
+    c = s + (0.0 if bias is None else bias.astype(np.float64))
+    T, E = c.shape
+    per = E // n_group
+    m = np.inf
+    for t in range(T):
+        grp = c[t].reshape(n_group, per)
+        gs = np.sort(grp, axis=1)[:, ::-1][:, : min(2, per)].sum(1)
+        order = np.sort(gs)[::-1]
+        if topk_group < n_group:
+            m = min(m, order[topk_group - 1] - order[topk_group])
+        keep = np.argsort(-gs, kind="stable")[:topk_group]
+        kept = np.concatenate([c[t, g * per : (g + 1) * per] for g in keep])
+        ko = np.sort(kept)[::-1]
+        if top_k < len(ko):
+            m = min(m, ko[top_k - 1] - ko[top_k])
+    return m
+
+
+ROUTE_CASES = [  # E, top_k, n_group, topk_group
+    (16, 4, 4, 2),
+    (16, 3, 1, 1),
+    (64, 6, 8, 3),
+    (288, 8, 8, 4),  # GLM-5.3-Flash's 288 experts (grouping for coverage)
+    (288, 8, 1, 1),
+]
+
+
+@pytest.mark.parametrize("E,top_k,n_group,topk_group", ROUTE_CASES)
+@pytest.mark.parametrize("T", [1, 5, 200])
+@pytest.mark.parametrize("with_bias,norm", [(False, True), (True, True), (True, False)])
+def test_moe_route_exact_logits_match_cpu(e, T, E, top_k, n_group, topk_group, with_bias, norm):
+    r = rng(T * 7 + E + top_k + 31 * with_bias + norm)
+    gate = np.eye(E, dtype=np.float32)  # logits == x exactly on both backends
+    # A bias of 0 or 1: the biased experts are chosen first whatever their score, and the
+    # choice keeps the scores' gaps (s + 1 rounds to ulp(1) ~ 1.2e-7, far below them).
+    bias = f32(r.integers(0, 2, E)) if with_bias else None
+    rows = []
+    while len(rows) < T:  # redraw the rare row whose two group scores nearly tie at the cut
+        row = separated_values(r, E)[None]
+        if route_margin(row, bias, top_k, n_group, topk_group) > 1e-5:  # clear margins
+            rows.append(row[0])
+    x = f32(np.stack(rows))
+    kw = dict(top_k=top_k, n_group=n_group, topk_group=topk_group, norm_topk_prob=norm,
+              scaling=2.5)
+    want_i, want_w = _core.moe_route(x, weight(gate), bias, **kw)
+    got_i, got_w = _core.moe_route(e.to_device(x), dweight(e, gate),
+                                   None if bias is None else e.to_device(bias), engine=e, **kw)
+    got_i, got_w = e.to_host(got_i), e.to_host(got_w)
+    assert got_i.dtype == np.int32 and got_i.shape == (T, top_k)
+    np.testing.assert_array_equal(got_i, want_i)
+    np.testing.assert_allclose(got_w, want_w, rtol=1e-6, atol=1e-6)
+
+
+def test_moe_route_ties_go_to_lower_ids(e):
+    E, n_group, topk_group, top_k = 32, 4, 2, 5
+    T = 4
+    x = np.zeros((T, E), np.float32)  # all logits 0: every score 0.5, every group ties
+    x[1, [3, 9, 20, 21]] = 1.0       # equal winners in groups 0, 1, 2
+    x[2, :] = np.repeat(f32([0.5, 0.25, 0.5, 0.25]), 8)  # groups 0 and 2 tie
+    x[3, ::2] = -1.0
+    bias = np.zeros(E, np.float32)
+    bias[[5, 6, 30, 31]] = 0.125       # equal bias bumps
+    gate = np.eye(E, dtype=np.float32)
+    for b in (None, bias):
+        kw = dict(top_k=top_k, n_group=n_group, topk_group=topk_group, norm_topk_prob=True,
+                  scaling=1.0)
+        want_i, want_w = _core.moe_route(x, weight(gate), b, **kw)
+        got_i, got_w = _core.moe_route(e.to_device(x), dweight(e, gate),
+                                       None if b is None else e.to_device(b), engine=e, **kw)
+        np.testing.assert_array_equal(e.to_host(got_i), want_i)
+        np.testing.assert_allclose(e.to_host(got_w), want_w, rtol=1e-6, atol=1e-6)
+    # Row 0 without bias: groups 0 and 1 kept (lower groups), experts 0..4 in id order.
+    i0, _ = _core.moe_route(e.to_device(x), dweight(e, gate), engine=e, top_k=top_k,
+                            n_group=n_group, topk_group=topk_group, norm_topk_prob=True,
+                            scaling=1.0)
+    assert e.to_host(i0)[0].tolist() == [0, 1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("T", [1, 200])
+def test_moe_route_dense_gate_matches_cpu_where_margins_are_clear(e, T):
+    r = rng(40 + T)
+    E, D, top_k, n_group, topk_group = 64, 48, 6, 8, 3
+    x = randn(r, T, D)
+    gate = randn(r, E, D, scale=0.5)
+    bias = f32(r.uniform(-0.05, 0.05, E))
+    kw = dict(top_k=top_k, n_group=n_group, topk_group=topk_group, norm_topk_prob=True,
+              scaling=2.5)
+    want_i, want_w = _core.moe_route(x, weight(gate), bias, **kw)
+    got_i, got_w = _core.moe_route(e.to_device(x), dweight(e, gate), e.to_device(bias), engine=e,
+                                   **kw)
+    got_i, got_w = e.to_host(got_i), e.to_host(got_w)
+    logits = x.astype(np.float64) @ gate.T.astype(np.float64)
+    checked = 0
+    for t in range(T):
+        if route_margin(logits[t : t + 1], bias, top_k, n_group, topk_group) > 1e-4:
+            np.testing.assert_array_equal(got_i[t], want_i[t])
+            # logits differ by the GEMM's summation order (~1e-6 relative): weights to 1e-5
+            np.testing.assert_allclose(got_w[t], want_w[t], rtol=1e-5, atol=1e-6)
+            checked += 1
+    assert checked >= max(1, (9 * T) // 10)
+
+
+def test_moe_route_contract_errors(e):
+    r = rng(5)
+    E, D = 8, 6
+    gate = randn(r, E, D)
+    x = e.to_device(randn(r, 2, D))
+    dg = dweight(e, gate)
+    f = _core.moe_route
+    kw = dict(top_k=2, n_group=2, topk_group=1, norm_topk_prob=True, scaling=1.0)
+    expect_contract(ST.CONTRACT_DTYPE, f, x, dweight(e, gate, "bfloat16"), engine=e, **kw)
+    expect_contract(ST.CONTRACT_DEVICE, f, x, weight(gate), engine=e, **kw)
+    expect_contract(ST.CONTRACT_DEVICE, f, x, dg, randn(r, E), engine=e, **kw)
+    expect_contract(ST.CONTRACT_SHAPE, f, x, dg, e.to_device(randn(r, E + 1)), engine=e, **kw)
+    expect_contract(ST.CONTRACT_VALUE, f, x, dg, engine=e, **{**kw, "n_group": 3})
+    expect_contract(ST.CONTRACT_VALUE, f, x, dg, engine=e, **{**kw, "topk_group": 3})
+    expect_contract(ST.CONTRACT_VALUE, f, x, dg, engine=e, **{**kw, "top_k": 5})
+    i, w = f(x, dg, engine=e, **kw)
+    assert e.to_host(i).shape == (2, 2)
+
+
+# ---------------------------------------------------------------- moe_forward
+
+
+def experts(r, E, D, I, dtype="float32"):
+    g = randn(r, E, I, D, scale=0.3)
+    u = randn(r, E, I, D, scale=0.3)
+    d = randn(r, E, D, I, scale=0.3)
+    if dtype == "bfloat16":
+        g, u, d = bf16_round(g), bf16_round(u), bf16_round(d)
+    return g, u, d
+
+
+def moe_cpu(x, idx, w, g, u, d, limit):
+    return _core.moe_forward(x, idx, w, [weight(a) for a in g], [weight(a) for a in u],
+                             [weight(a) for a in d], limit=limit)
+
+
+def moe_gpu(e, x, idx, w, g, u, d, limit, dtype=None):
+    y = _core.moe_forward(e.to_device(x), e.to_device(idx), e.to_device(w), dweight(e, g, dtype),
+                          dweight(e, u, dtype), dweight(e, d, dtype), limit=limit, engine=e)
+    return e.to_host(y)
+
+
+def random_routing(r, T, E, k):
+    idx = np.stack([r.permutation(E)[:k] for _ in range(T)]).astype(np.int32)
+    w = f32(r.uniform(0.05, 1.0, (T, k)))
+    return idx, w
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("E,D,I,k", [(8, 64, 48, 4), (7, 13, 21, 3)])  # vector / scalar paths
+@pytest.mark.parametrize("T", [1, 5, 63, 200])
+def test_moe_forward_matches_cpu(e, T, E, D, I, k, dtype):
+    r = rng(T * 13 + D + (dtype == "bfloat16"))
+    g, u, d = experts(r, E, D, I, dtype)
+    x = randn(r, T, D, scale=2.0)
+    idx, w = random_routing(r, T, E, k)
+    limit = 1.5
+    want = moe_cpu(x, idx, w, g, u, d, limit)
+    got = moe_gpu(e, x, idx, w, g, u, d, limit, dtype)
+    scaled_close(got, want, rtol=1e-5, atol_rel=1e-5)
+
+
+def test_moe_forward_routed_by_moe_route_and_repeated_ids(e):
+    r = rng(77)
+    T, E, D, I, k = 9, 6, 32, 24, 3
+    g, u, d = experts(r, E, D, I)
+    x = randn(r, T, D)
+    gate = randn(r, E, D)
+    idx, w = _core.moe_route(x, weight(gate), top_k=k, n_group=1, topk_group=1,
+                             norm_topk_prob=True, scaling=2.5)
+    idx[0] = [4, 4, 1]  # a repeated id: its terms in slot order, after expert 1's
+    idx[1] = [5, 0, 0]
+    want = moe_cpu(x, idx, w, g, u, d, 2.0)
+    got = moe_gpu(e, x, idx, w, g, u, d, 2.0)
+    scaled_close(got, want, rtol=1e-5, atol_rel=1e-5)
+
+
+def test_moe_forward_contract_errors(e):
+    r = rng(8)
+    E, D, I, k = 3, 8, 16, 2
+    g, u, d = experts(r, E, D, I)
+    dg, du, dd = dweight(e, g), dweight(e, u), dweight(e, d)
+    x = e.to_device(randn(r, 2, D))
+    idx = np.array([[0, 2], [1, 0]], np.int32)
+    w = e.to_device(f32(r.uniform(0, 1, (2, k))))
+    f = _core.moe_forward
+    expect_contract(ST.CONTRACT_RANGE, f, x, e.to_device(np.array([[0, 3], [1, 0]], np.int32)), w,
+                    dg, du, dd, limit=1.0, engine=e)
+    expect_contract(ST.CONTRACT_RANGE, f, x, e.to_device(np.array([[0, -1], [1, 0]], np.int32)),
+                    w, dg, du, dd, limit=1.0, engine=e)
+    di = e.to_device(idx)
+    expect_contract(ST.CONTRACT_DEVICE, f, x, idx, w, dg, du, dd, limit=1.0, engine=e)
+    expect_contract(ST.CONTRACT_DTYPE, f, x, e.to_device(idx.astype(np.int64)), w, dg, du, dd,
+                    limit=1.0, engine=e)
+    expect_contract(ST.CONTRACT_DEVICE, f, x, di, w, [weight(a) for a in g], du, dd, limit=1.0,
+                    engine=e)
+    expect_contract(ST.CONTRACT_SHAPE, f, x, di, w, dg, du, dg, limit=1.0, engine=e)
+    expect_contract(ST.CONTRACT_SHAPE, f, x, di, w, dweight(e, g[0]), du, dd, limit=1.0, engine=e)
+    expect_contract(ST.CONTRACT_DTYPE, f, x, di, w, dg, dweight(e, u, "bfloat16"), dd, limit=1.0,
+                    engine=e)
+    expect_contract(ST.CONTRACT_SHAPE, f, x, di, e.to_device(f32(np.ones((2, 1)))), dg, du, dd,
+                    limit=1.0, engine=e)
+    expect_contract(ST.CONTRACT_VALUE, f, x, di, w, dg, du, dd, limit=-1.0, engine=e)
+    y = e.to_host(f(x, di, w, dg, du, dd, limit=1.0, engine=e))
+    assert np.all(np.isfinite(y))
+
+
+# ---------------------------------------------------------------- sample
+
+
+def sample_both(e, logits, ctr, **kw):
+    want = _core.sample(logits, ctr, **kw)
+    got = e.to_host(_core.sample(e.to_device(logits), e.to_device(ctr), engine=e, **kw))
+    assert got.dtype == np.int32 and got.shape == want.shape
+    return got, want
+
+
+SAMPLE_CASES = [  # temperature, top_k, top_p
+    (1.0, 0, 1.0), (0.7, 5, 1.0), (1.3, 0, 0.9), (0.9, 12, 0.6), (2.0, 1, 1.0), (0.5, 0, 1e-7),
+    (1.0, 1000, 0.95), (0.05, 0, 0.5),
+]
+
+
+@pytest.mark.parametrize("temperature,top_k,top_p", SAMPLE_CASES)
+@pytest.mark.parametrize("V", [1, 2, 101, 4097, 20000])
+def test_sample_identical_tokens(e, V, temperature, top_k, top_p):
+    r = rng(V + int(temperature * 100) + top_k)
+    B = 48
+    logits = randn(r, B, V, scale=3.0)
+    for seed in (0, 77, 2**63 + 5):
+        ctr = np.arange(seed % 1000, seed % 1000 + B, dtype=np.uint64) * np.uint64(3)
+        got, want = sample_both(e, logits, ctr, temperature=temperature, top_k=top_k,
+                                top_p=top_p, seed=seed)
+        np.testing.assert_array_equal(got, want)
+
+
+def test_sample_many_counters_one_row(e):
+    # One row drawn 4096 times (counters 0..4095) in one batched call: every draw identical.
+    r = rng(11)
+    V = 300
+    row = randn(r, 1, V, scale=2.0)
+    logits = f32(np.repeat(row, 4096, axis=0))
+    ctr = np.arange(4096, dtype=np.uint64)
+    for kw in (dict(temperature=1.0), dict(temperature=0.8, top_k=40, top_p=0.9)):
+        got, want = sample_both(e, logits, ctr, seed=123, **kw)
+        np.testing.assert_array_equal(got, want)
+        assert len(np.unique(got)) > 10
+
+
+def test_sample_large_vocab(e):
+    r = rng(12)
+    B, V = 3, 160000
+    logits = randn(r, B, V, scale=4.0)
+    ctr = np.array([5, 2**40, 2**64 - 1], np.uint64)
+    for kw in (dict(temperature=1.0), dict(temperature=0.6, top_p=0.9),
+               dict(temperature=1.0, top_k=50), dict(temperature=1.5, top_k=100000, top_p=0.99)):
+        got, want = sample_both(e, logits, ctr, seed=9, **kw)
+        np.testing.assert_array_equal(got, want)
+
+
+def test_sample_ties_quantised_logits(e):
+    # Integer logits: many exactly equal probabilities, so (p desc, id asc) decides the order.
+    r = rng(13)
+    B, V = 64, 500
+    logits = f32(r.integers(-3, 4, (B, V)))
+    ctr = np.arange(B, dtype=np.uint64) + np.uint64(1000)
+    for kw in (dict(temperature=1.0, top_k=7), dict(temperature=0.5, top_p=0.3),
+               dict(temperature=1.0, top_k=150, top_p=0.8), dict(temperature=1e-3)):
+        got, want = sample_both(e, logits, ctr, seed=4, **kw)
+        np.testing.assert_array_equal(got, want)
+
+
+def test_sample_greedy_and_degenerate_rows(e):
+    r = rng(14)
+    B, V = 8, 64
+    logits = randn(r, B, V)
+    logits[0, [3, 17]] = 9.0                # greedy tie: the lower id
+    logits[1, :] = -np.inf                  # no distribution: argmax = 0
+    logits[2, :] = -np.inf
+    logits[2, 40] = 0.0                     # a single finite entry
+    logits[3, 0] = np.nan                   # NaN at id 0: the CPU's argmax keeps 0
+    logits[4, 5] = np.nan                   # NaN elsewhere: never wins
+    logits[4, 6] = 7.0
+    logits[5, 9] = np.inf                   # +inf: no distribution, argmax = the inf
+    logits[6, :] = 1.5                      # all equal
+    ctr = np.arange(B, dtype=np.uint64)
+    for kw in (dict(temperature=0.0), dict(temperature=-1.0), dict(temperature=1.0),
+               dict(temperature=0.7, top_k=3, top_p=0.5), dict(temperature=1.0, top_k=1)):
+        got, want = sample_both(e, logits, ctr, seed=3, **kw)
+        np.testing.assert_array_equal(got, want)
+    got, _ = sample_both(e, logits, ctr, temperature=0.0)
+    assert got[0] == 3 and got[1] == 0 and got[2] == 40 and got[3] == 0 and got[4] == 6
+    assert got[5] == 9 and got[6] == 0
+
+
+def test_sample_contract_errors(e):
+    r = rng(15)
+    logits = e.to_device(randn(r, 3, 10))
+    ctr = e.to_device(np.arange(3, dtype=np.uint64))
+    f = _core.sample
+    expect_contract(ST.CONTRACT_DEVICE, f, randn(r, 3, 10), ctr, temperature=1.0, engine=e)
+    expect_contract(ST.CONTRACT_DEVICE, f, logits, np.arange(3, dtype=np.uint64), temperature=1.0,
+                    engine=e)
+    expect_contract(ST.CONTRACT_DTYPE, f, logits, e.to_device(np.arange(3, dtype=np.int64)),
+                    temperature=1.0, engine=e)
+    expect_contract(ST.CONTRACT_SHAPE, f, logits, e.to_device(np.arange(2, dtype=np.uint64)),
+                    temperature=1.0, engine=e)
+    expect_contract(ST.CONTRACT_VALUE, f, logits, ctr, temperature=1.0, top_p=0.0, engine=e)
+    expect_contract(ST.CONTRACT_VALUE, f, logits, ctr, temperature=float("nan"), engine=e)
+    assert e.to_host(f(logits, ctr, temperature=1.0, engine=e)).shape == (3,)
+
+
+# ---------------------------------------------------------------- sanitizer-sized
+
+
+def test_sanitizer_small_shapes(e):
+    """One small call of every entry point (for compute-sanitizer racecheck / memcheck)."""
+    r = rng(16)
+    D, I, E, T, k = 16, 24, 8, 3, 2
+    g, u, d = mlp_weights(r, D, I)
+    x = randn(r, T, D)
+    y = _core.swiglu_mlp(e.to_device(x), dweight(e, g), dweight(e, u), dweight(e, d), limit=1.0,
+                         engine=e)
+    gate = randn(r, E, D)
+    i, w = _core.moe_route(e.to_device(x), dweight(e, gate), engine=e, top_k=k, n_group=2,
+                           topk_group=1, norm_topk_prob=True, scaling=1.0)
+    eg, eu, ed = experts(r, E, D, I)
+    y2 = _core.moe_forward(e.to_device(x), i, w, dweight(e, eg), dweight(e, eu), dweight(e, ed),
+                           limit=1.0, engine=e)
+    s = _core.sample(e.to_device(randn(r, 2, 5000)), e.to_device(np.arange(2, dtype=np.uint64)),
+                     temperature=1.0, top_p=0.9, engine=e)
+    assert np.all(np.isfinite(e.to_host(y))) and np.all(np.isfinite(e.to_host(y2)))
+    assert e.to_host(s).shape == (2,)
