@@ -27,93 +27,111 @@ namespace {
 // first (ring_c == nullptr reads zeros); position K-1+t is x[t, c]. x [T, C]; ring_c [K-1].
 template <int K>
 __device__ __forceinline__ float conv_extended_at(const float* x, int64_t C, const float* ring_c,
-                                                  int p, int64_t c) {
+                                                  int64_t p, int64_t c) {
   if (p < K - 1) return ring_c ? ring_c[p] : 0.0f;
-  return x[static_cast<int64_t>(p - (K - 1)) * C + c];
+  return x[(p - (K - 1)) * C + c];
 }
 
-// One conv output silu(sum_k w_c[k] * ext[t + k]), the taps summed in ascending k from 0.0f as
-// cpu::conv_silu_at does; silu as x / (1 + exp(-x)). Both conv arms call this (bit-exact arms).
+// One conv output silu(sum_k w[k] * win[k]) over the K-wide window win (oldest first), the taps
+// summed in ascending k from 0.0f as cpu::conv_silu_at does; silu as x / (1 + exp(-x)). Both conv
+// arms call this, which makes decode == prefill(T = 1) bit for bit.
 template <int K>
-__device__ __forceinline__ float conv_silu_at(const float* x, int64_t C, const float* ring_c,
-                                              const float* w_c, int t, int64_t c) {
+__device__ __forceinline__ float conv_silu_window(const float (&win)[K], const float (&w)[K]) {
   float acc = 0.0f;
 #pragma unroll
-  for (int k = 0; k < K; ++k) {
-    acc = __fadd_rn(acc, __fmul_rn(w_c[k], conv_extended_at<K>(x, C, ring_c, t + k, c)));
-  }
+  for (int k = 0; k < K; ++k) acc = __fadd_rn(acc, __fmul_rn(w[k], win[k]));
   return __fdiv_rn(acc, __fadd_rn(1.0f, expf(-acc)));
 }
 
-// Prefill: indices [0, T*C) are outputs y[t, c]; indices [T*C, T*C + C*(K-1)) are the new ring
-// ring_out[c, j] = ext[T + j] (the last K-1 inputs of ring_in ++ x; for T < K-1 it still holds
-// old ring values, shifted to the front). Grid-stride over both ranges, coalesced on c / (c, j).
+// Prefill: thread (c, chunk) walks tokens [t0, t0 + chunk) of channel c with a sliding window in
+// registers, so each input is read once (plus K-1 halo per chunk); loads and stores coalesced
+// over c. The blocks of chunk 0 also write the new ring ring_out[c, j] = ext[T + j] (the last
+// K-1 inputs of ring_in ++ x; for T < K-1 it still holds old ring values, shifted to the front).
+// Grid: x over channels, y (strided) over chunks.
 template <int K>
-__global__ void conv_prefill_kernel(const float* __restrict__ x, int T, int64_t C,
+__global__ void conv_prefill_kernel(const float* __restrict__ x, int T, int C, int chunk,
                                     const float* __restrict__ w, const float* __restrict__ ring_in,
                                     float* __restrict__ ring_out, float* __restrict__ y) {
   constexpr int R = K - 1;
-  const int64_t n_y = static_cast<int64_t>(T) * C;
-  const int64_t n = n_y + C * R;
-  for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < n;
-       idx += int64_t(gridDim.x) * blockDim.x) {
-    if (idx < n_y) {
-      const int t = static_cast<int>(idx / C);
-      const int64_t c = idx - static_cast<int64_t>(t) * C;
-      const float* ring_c = ring_in ? ring_in + c * R : nullptr;
-      y[idx] = conv_silu_at<K>(x, C, ring_c, w + c * K, t, c);
-    } else {
-      const int64_t r = idx - n_y;
-      const int64_t c = r / R;
-      const int j = static_cast<int>(r - c * R);
-      const float* ring_c = ring_in ? ring_in + c * R : nullptr;
-      ring_out[r] = conv_extended_at<K>(x, C, ring_c, T + j, c);
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= C) return;
+  const float* ring_c = ring_in ? ring_in + static_cast<int64_t>(c) * R : nullptr;
+  float wr[K];
+#pragma unroll
+  for (int k = 0; k < K; ++k) wr[k] = w[static_cast<int64_t>(c) * K + k];
+  const int n_chunks = (T + chunk - 1) / chunk;
+  for (int ch = blockIdx.y; ch < n_chunks; ch += gridDim.y) {
+    const int t0 = ch * chunk;
+    const int t1 = min(T, t0 + chunk);
+    float win[K];
+#pragma unroll
+    for (int k = 0; k < R; ++k) win[k] = conv_extended_at<K>(x, C, ring_c, int64_t(t0) + k, c);
+    for (int t = t0; t < t1; ++t) {
+      win[R] = x[static_cast<int64_t>(t) * C + c];
+      y[static_cast<int64_t>(t) * C + c] = conv_silu_window<K>(win, wr);
+#pragma unroll
+      for (int k = 0; k < R; ++k) win[k] = win[k + 1];
+    }
+  }
+  if (blockIdx.y == 0) {
+#pragma unroll
+    for (int j = 0; j < R; ++j) {
+      ring_out[static_cast<int64_t>(c) * R + j] =
+          conv_extended_at<K>(x, C, ring_c, int64_t(T) + j, c);
     }
   }
 }
 
-// Decode: B sequences of one token. Thread (b, c) computes y[b, c] through the same
-// conv_silu_at as the prefill arm at t = 0 and rolls channel c's ring:
-// ring_out[b][c, j] = ext[1 + j]. A null ring_in[b] reads zeros; a null ring_out[b] is skipped.
+// Decode: B sequences of one token. Thread (c, b) computes y[b, c] through the same
+// conv_silu_window as the prefill arm, its window being ring_in[b][c, :] ++ x[b, c], and rolls
+// channel c's ring: ring_out[b][c, j] = window[1 + j]. A null ring_in[b] reads zeros; a null
+// ring_out[b] is skipped. Grid: x over channels, y (strided) over sequences.
 template <int K>
-__global__ void conv_decode_kernel(const float* __restrict__ x, int B, int64_t C,
+__global__ void conv_decode_kernel(const float* __restrict__ x, int B, int C,
                                    const float* __restrict__ w, const float* const* ring_in,
                                    float* const* ring_out, float* __restrict__ y) {
   constexpr int R = K - 1;
-  const int64_t n = static_cast<int64_t>(B) * C;
-  for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < n;
-       idx += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t b = idx / C;
-    const int64_t c = idx - b * C;
-    const float* xb = x + b * C;  // this sequence's row, read as x [1, C]
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= C) return;
+  float wr[K];
+#pragma unroll
+  for (int k = 0; k < K; ++k) wr[k] = w[static_cast<int64_t>(c) * K + k];
+  for (int b = blockIdx.y; b < B; b += gridDim.y) {
     const float* rin = ring_in ? ring_in[b] : nullptr;
-    const float* ring_c = rin ? rin + c * R : nullptr;
-    y[idx] = conv_silu_at<K>(xb, C, ring_c, w + c * K, /*t=*/0, c);
+    const float* ring_c = rin ? rin + static_cast<int64_t>(c) * R : nullptr;
+    const int64_t xi = static_cast<int64_t>(b) * C + c;
+    float win[K];
+#pragma unroll
+    for (int k = 0; k < R; ++k) win[k] = ring_c ? ring_c[k] : 0.0f;
+    win[R] = x[xi];
+    y[xi] = conv_silu_window<K>(win, wr);
     float* rout = ring_out[b];
     if (rout) {
 #pragma unroll
-      for (int j = 0; j < R; ++j) rout[c * R + j] = conv_extended_at<K>(xb, C, ring_c, 1 + j, c);
+      for (int j = 0; j < R; ++j) rout[static_cast<int64_t>(c) * R + j] = win[1 + j];
     }
   }
 }
 
-unsigned grid_for(int64_t n, int threads) {
-  const int64_t blocks = (n + threads - 1) / threads;
-  return static_cast<unsigned>(blocks < (int64_t(1) << 20) ? blocks : (int64_t(1) << 20));
-}
+constexpr int kConvThreads = 128;
+constexpr int kConvChunk = 16;   // tokens per thread in the prefill arm
+constexpr int kMaxGridY = 65535;
 
 template <int K>
 void launch_conv_prefill(cudaStream_t s, const float* x, int T, int C, const float* w,
                          const float* ring_in, float* ring_out, float* y) {
-  const int64_t n = static_cast<int64_t>(T) * C + static_cast<int64_t>(C) * (K - 1);
-  conv_prefill_kernel<K><<<grid_for(n, 256), 256, 0, s>>>(x, T, C, w, ring_in, ring_out, y);
+  const int n_chunks = (T + kConvChunk - 1) / kConvChunk;
+  const dim3 grid(memra::cuda::ceil_div(C, kConvThreads),
+                  n_chunks < kMaxGridY ? n_chunks : kMaxGridY);
+  conv_prefill_kernel<K><<<grid, kConvThreads, 0, s>>>(x, T, C, kConvChunk, w, ring_in, ring_out,
+                                                       y);
 }
 
 template <int K>
 void launch_conv_decode(cudaStream_t s, const float* x, int B, int C, const float* w,
                         const float* const* ring_in, float* const* ring_out, float* y) {
-  const int64_t n = static_cast<int64_t>(B) * C;
-  conv_decode_kernel<K><<<grid_for(n, 256), 256, 0, s>>>(x, B, C, w, ring_in, ring_out, y);
+  const dim3 grid(memra::cuda::ceil_div(C, kConvThreads), B < kMaxGridY ? B : kMaxGridY);
+  conv_decode_kernel<K><<<grid, kConvThreads, 0, s>>>(x, B, C, w, ring_in, ring_out, y);
 }
 
 // Calls f(std::integral_constant<int, K>) for K in 2..8; false for any other K.
@@ -134,17 +152,18 @@ bool dispatch_conv_k(int K, F&& f) {
 // ---------------------------------------------------------------- gate
 
 // g[t, h*dk + i] from f[t, h*dk + i] + dt_bias[h*dk + i] and A_log[h], cpu::kda_gate's
-// arithmetic op for op. g may alias f (each element is read, then written, by one thread).
+// arithmetic op for op. Thread = one column (its head's rate and its bias loaded once), rows
+// strided over grid.y. g may alias f (each element is read, then written, by one thread).
 __global__ void gate_kernel(const float* f, const float* __restrict__ dt_bias,
-                            const float* __restrict__ A_log, int64_t n, int H, int dk, int form,
+                            const float* __restrict__ A_log, int T, int D, int dk, int form,
                             float lower_bound, float* g) {
-  const int64_t D = static_cast<int64_t>(H) * dk;
-  for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < n;
-       idx += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t col = idx % D;  // h*dk + i
-    const int h = static_cast<int>(col / dk);
-    const float decay_rate = expf(A_log[h]);
-    const float x = __fadd_rn(f[idx], dt_bias[col]);
+  const int col = blockIdx.x * blockDim.x + threadIdx.x;  // h*dk + i
+  if (col >= D) return;
+  const float decay_rate = expf(A_log[col / dk]);
+  const float bias = dt_bias[col];
+  for (int t = blockIdx.y; t < T; t += gridDim.y) {
+    const int64_t idx = static_cast<int64_t>(t) * D + col;
+    const float x = __fadd_rn(f[idx], bias);
     float out;
     if (form == 0) {
       // lb * sigmoid(exp(A_log) * x), written as lb * (1 / (1 + exp(-(rate * x)))).
@@ -159,22 +178,33 @@ __global__ void gate_kernel(const float* f, const float* __restrict__ dt_bias,
   }
 }
 
+constexpr int kGateThreads = 256;
+constexpr int kGateRowsPerBlock = 8;
+
 // ---------------------------------------------------------------- scan
 
 // Geometry of the scan kernel. A warp owns an 8-column tile of one head's [128, 128] state:
-// lane = rg * 8 + c holds column j0 + c, rows i = rg * 32 + r (r < 32), 32 f32 registers. The 4
-// row groups' partial dot products meet in a 2-level shuffle tree. A block is 4 independent warps
-// (32 columns, no block-wide sync); the grid is B * H * (dv / 32) blocks.
+// lane = rg * 8 + c holds column j0 + c, rows i = rg * 32 + r (r < 32), 32 f32 registers. A block
+// is 4 independent warps (32 columns, no block-wide sync); the grid is B * H * (dv / 32) blocks.
+//
+// The order of every dk-long sum (k^T S and q^T S of one column) is fixed, independent of the
+// tiling: the 128 rows form 8 groups of 16; a group's partial is 4 ascending chains (rows 4m + e,
+// m < 4, one chain per e) combined as ((e0 + e1) + (e2 + e3)); the 8 partials meet in a pairwise
+// tree ((P0 + P1) + (P2 + P3)) + ((P4 + P5) + (P6 + P7)). Here a lane holds groups 2rg and 2rg+1
+// (first tree level in registers) and two shuffles finish the tree; a 4-column tile (16 rows per
+// lane, three shuffles) would give the same bits, so a later retiling keeps the chaining contract.
 constexpr int kScanDk = 128;
 constexpr int kScanDv = 128;
 constexpr int kTileV = 8;                             // columns per warp
 constexpr int kRowGroups = 32 / kTileV;               // 4
 constexpr int kRowsPerLane = kScanDk / kRowGroups;    // 32
 constexpr int kQuadsPerLane = kRowsPerLane / 4;       // 8 float4 per lane per vector
+constexpr int kQuadsPerGroup = 4;                     // a 16-row group = 4 float4
 constexpr int kWarpsPerBlock = 4;
 constexpr int kScanThreads = 32 * kWarpsPerBlock;
 constexpr int kBlocksPerHead = kScanDv / (kTileV * kWarpsPerBlock);  // 4
 static_assert(kScanDk == 4 * 32, "one float4 of k / q / g per lane per step");
+static_assert(kQuadsPerLane == 2 * kQuadsPerGroup, "a lane holds two 16-row groups");
 
 // One step's inputs as a lane loads them: rows 4*lane .. 4*lane+3 of k, q, g (coalesced float4)
 // and this lane's column of v, and beta.
@@ -187,8 +217,8 @@ __device__ __forceinline__ ScanStepIn scan_load(const float* __restrict__ q,
                                                 const float* __restrict__ k,
                                                 const float* __restrict__ v,
                                                 const float* __restrict__ g,
-                                                const float* __restrict__ beta, int64_t th, int lane,
-                                                int j) {
+                                                const float* __restrict__ beta, int64_t th,
+                                                int lane, int j) {
   ScanStepIn s;
   s.k = __ldg(reinterpret_cast<const float4*>(k + th * kScanDk) + lane);
   s.q = __ldg(reinterpret_cast<const float4*>(q + th * kScanDk) + lane);
@@ -206,13 +236,20 @@ __device__ __forceinline__ float rowgroup_sum(float p) {
   return p;
 }
 
+// The full column sum from a lane's two 16-row group partials (chains e = x, y, z, w), in the
+// fixed order described at the geometry constants.
+__device__ __forceinline__ float lane_sum(const float4 (&p)[2]) {
+  const float lo = __fadd_rn(__fadd_rn(p[0].x, p[0].y), __fadd_rn(p[0].z, p[0].w));
+  const float hi = __fadd_rn(__fadd_rn(p[1].x, p[1].y), __fadd_rn(p[1].z, p[1].w));
+  return rowgroup_sum(__fadd_rn(lo, hi));
+}
+
 // Per step and head, as cpu::kda_scan:
 //   S[i, :] = S[i, :] * exp(g[i]);  kv = sum_i S[i, :] * k[i]
 //   d = (v - kv) * beta
 //   S[i, :] = S[i, :] + k[i] * d;   o = sum_i S[i, :] * (q[i] * scale)
-// Each lane's 32-row partial is 4 ascending chains (rows 4m + e, e = 0..3) combined as
-// ((e0 + e1) + (e2 + e3)), then the row-group tree. q, k, g [B, T, H, dk]; v, o [B, T, H, dv];
-// beta [B, T, H]; state planes [H, dk, dv].
+// The sums run in the fixed order of the geometry comment. q, k, g [B, T, H, dk];
+// v, o [B, T, H, dv]; beta [B, T, H]; state planes [H, dk, dv].
 __global__ void __launch_bounds__(kScanThreads)
     scan_kernel(const float* __restrict__ q, const float* __restrict__ k,
                 const float* __restrict__ v, const float* __restrict__ g,
@@ -263,9 +300,10 @@ __global__ void __launch_bounds__(kScanThreads)
     __syncwarp();
 
     // Decay, and kv = k^T S over the decayed rows.
-    float4 p = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    float4 p[2] = {make_float4(0.0f, 0.0f, 0.0f, 0.0f), make_float4(0.0f, 0.0f, 0.0f, 0.0f)};
 #pragma unroll
     for (int m = 0; m < kQuadsPerLane; ++m) {
+      float4& pm = p[m / kQuadsPerGroup];
       const float4 kk = sk[warp][rg * kQuadsPerLane + m];
       const float4 ee = se[warp][rg * kQuadsPerLane + m];
       float* s4 = S + 4 * m;
@@ -273,18 +311,19 @@ __global__ void __launch_bounds__(kScanThreads)
       s4[1] = __fmul_rn(s4[1], ee.y);
       s4[2] = __fmul_rn(s4[2], ee.z);
       s4[3] = __fmul_rn(s4[3], ee.w);
-      p.x = __fadd_rn(p.x, __fmul_rn(s4[0], kk.x));
-      p.y = __fadd_rn(p.y, __fmul_rn(s4[1], kk.y));
-      p.z = __fadd_rn(p.z, __fmul_rn(s4[2], kk.z));
-      p.w = __fadd_rn(p.w, __fmul_rn(s4[3], kk.w));
+      pm.x = __fadd_rn(pm.x, __fmul_rn(s4[0], kk.x));
+      pm.y = __fadd_rn(pm.y, __fmul_rn(s4[1], kk.y));
+      pm.z = __fadd_rn(pm.z, __fmul_rn(s4[2], kk.z));
+      pm.w = __fadd_rn(pm.w, __fmul_rn(s4[3], kk.w));
     }
-    const float kv = rowgroup_sum(__fadd_rn(__fadd_rn(p.x, p.y), __fadd_rn(p.z, p.w)));
+    const float kv = lane_sum(p);
     const float d = __fmul_rn(__fsub_rn(cur.v, kv), cur.beta);
 
     // Rank-1 update, and o = (scale q)^T S over the updated rows.
-    float4 a = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    float4 a[2] = {make_float4(0.0f, 0.0f, 0.0f, 0.0f), make_float4(0.0f, 0.0f, 0.0f, 0.0f)};
 #pragma unroll
     for (int m = 0; m < kQuadsPerLane; ++m) {
+      float4& am = a[m / kQuadsPerGroup];
       const float4 kk = sk[warp][rg * kQuadsPerLane + m];
       const float4 qq = sq[warp][rg * kQuadsPerLane + m];
       float* s4 = S + 4 * m;
@@ -292,12 +331,12 @@ __global__ void __launch_bounds__(kScanThreads)
       s4[1] = __fadd_rn(s4[1], __fmul_rn(kk.y, d));
       s4[2] = __fadd_rn(s4[2], __fmul_rn(kk.z, d));
       s4[3] = __fadd_rn(s4[3], __fmul_rn(kk.w, d));
-      a.x = __fadd_rn(a.x, __fmul_rn(s4[0], qq.x));
-      a.y = __fadd_rn(a.y, __fmul_rn(s4[1], qq.y));
-      a.z = __fadd_rn(a.z, __fmul_rn(s4[2], qq.z));
-      a.w = __fadd_rn(a.w, __fmul_rn(s4[3], qq.w));
+      am.x = __fadd_rn(am.x, __fmul_rn(s4[0], qq.x));
+      am.y = __fadd_rn(am.y, __fmul_rn(s4[1], qq.y));
+      am.z = __fadd_rn(am.z, __fmul_rn(s4[2], qq.z));
+      am.w = __fadd_rn(am.w, __fmul_rn(s4[3], qq.w));
     }
-    const float out = rowgroup_sum(__fadd_rn(__fadd_rn(a.x, a.y), __fadd_rn(a.z, a.w)));
+    const float out = lane_sum(a);
     if (rg == 0) o[th * kScanDv + j] = out;
   }
 
@@ -349,11 +388,15 @@ int memra_cuda_kda_gate(MemraCudaCtx* ctx, const float* f, const float* dt_bias,
   MEMRA_CUDA_RETURN_IF(enter(ctx));
   if (form != 0 && form != 1) return memra::kContractValue;
   if (T < 0 || H < 0 || dk < 0) return memra::kContractShape;
-  const int64_t n = static_cast<int64_t>(T) * H * dk;
-  if (n == 0) return memra::kOk;
+  const int64_t D = static_cast<int64_t>(H) * dk;
+  if (D > 0x7fffffffLL) return memra::kContractShape;
+  if (T == 0 || D == 0) return memra::kOk;
   if (!f || !dt_bias || !A_log || !g) return memra::kContractMissing;
-  gate_kernel<<<grid_for(n, 256), 256, 0, ctx->stream>>>(f, dt_bias, A_log, n, H, dk, form,
-                                                         lower_bound, g);
+  const int row_blocks = static_cast<int>(memra::cuda::ceil_div(T, kGateRowsPerBlock));
+  const dim3 grid(memra::cuda::ceil_div(D, kGateThreads),
+                  row_blocks < kMaxGridY ? row_blocks : kMaxGridY);
+  gate_kernel<<<grid, kGateThreads, 0, ctx->stream>>>(f, dt_bias, A_log, T, static_cast<int>(D),
+                                                      dk, form, lower_bound, g);
   return launch_status();
 }
 

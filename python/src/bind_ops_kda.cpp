@@ -49,8 +49,8 @@ void init_ops_kda(nb::module_& m) {
       [](const AnyArray& x, const AnyArray& w, const AnyArray& ring, const std::string& arm,
          bool batch, const Engine* engine) {
         if (arm != "auto" && arm != "prefill" && arm != "decode") {
-          raise_contract(kContractValue, "kda_conv: arm must be 'auto', 'prefill' or 'decode', got '" +
-                                             arm + "'");
+          raise_contract(kContractValue,
+                         "kda_conv: arm must be 'auto', 'prefill' or 'decode', got '" + arm + "'");
         }
         if (batch && arm == "prefill") {
           raise_contract(kContractValue,
@@ -92,7 +92,8 @@ void init_ops_kda(nb::module_& m) {
                        "kda_conv");
           } else {
             check_cuda(engine,
-                       c.api().kda_conv_prefill(c.ctx(), xp, int(T), int(C), wp, int(K), rp, op, yp),
+                       c.api().kda_conv_prefill(c.ctx(), xp, int(T), int(C), wp, int(K), rp, op,
+                                                yp),
                        "kda_conv");
             // Zero steps: the kernel is a no-op and the ring passes through (as on the CPU).
             if (T == 0 && K >= 2 && K <= 8) {
