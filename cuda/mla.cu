@@ -14,12 +14,18 @@
 //   0 auto: Lt for bf16 weights at T >= 64 (falling back to arm 1 when cuBLASLt declines), else
 //     the split arm when the per-position grid would not fill the GPU, else arm 1.
 //
+// The projections' arms 1 and 2 do the CPU's arithmetic operation for operation (sequential
+// sums in the CPU's order, products and sums rounded separately, no FMA), so with f32 or bf16
+// kv_b they equal cpu::mla_absorb_q / mla_decompress_v byte for byte where the CPU build does not
+// contract into FMAs (x86-64 without -march).
+//
 // Attention: a block owns (query, group of HB heads, KV split); cache rows stream through shared
 // memory in tiles of 32; scores are one sequential dot per (head, row) in the CPU's order
 // (latent then rope part); softmax is online in f32 (running max, rescale by exp(m_old - m_new),
-// exp(s - m)); the split-KV partials (unnormalised o, m, l) are merged by a combine kernel.
-// Gathered lists are first compacted per query (entries -1, < 0 or after the query row dropped,
-// duplicates counted once, first occurrence kept, list order otherwise preserved).
+// exp(s - m) with a port of glibc's expf); the split-KV partials (unnormalised o, m, l) are merged
+// by a combine kernel. A query whose rows fit one tile, without a split, gets the CPU's bytes.
+// Gathered lists are first compacted per query into the CPU's row list (entries -1, < 0 or after
+// the query row dropped, duplicates counted once, ascending).
 #include <cfloat>
 #include <climits>
 #include <cstdint>
@@ -61,11 +67,6 @@ __device__ __forceinline__ float warp_max(float v) {
   for (int off = 16; off > 0; off >>= 1) v = fmaxf(v, __shfl_xor_sync(kFull, v, off));
   return v;
 }
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(kFull, v, off);
-  return v;
-}
 
 template <typename D>
 __device__ __forceinline__ D from_f32(float v);
@@ -95,9 +96,10 @@ int launch_convert(MemraCudaCtx* ctx, const float* src, D* dst, int64_t n) {
 
 // ---------------------------------------------------------------- absorb / decompress kernels
 
-// THE dot routine of absorb (arms 1 and 2): acc[p] = sum_n q[p, n] * W[n, r] for n ascending,
-// one fma chain per position starting from 0. qs [P, d_nope] in shared memory (rows past the
-// last position zero-filled); w points at W_uk[h][0, r] with row stride R.
+// THE dot routine of absorb (arms 1 and 2): acc[p] = sum_n q[p, n] * W[n, r], n ascending from
+// 0, each product and sum rounded separately (the CPU's `out[r] += a * row[r]` without FMA), one
+// chain per position. qs [P, d_nope] in shared memory (rows past the last position zero-filled);
+// w points at W_uk[h][0, r] with row stride R.
 template <int P, typename Tw>
 __device__ __forceinline__ void absorb_dot(const float* qs, int d_nope, const Tw* __restrict__ w,
                                            int64_t R, float (&acc)[P]) {
@@ -107,7 +109,7 @@ __device__ __forceinline__ void absorb_dot(const float* qs, int d_nope, const Tw
   for (int n = 0; n < d_nope; ++n) {
     const float wv = to_f32(w[n * R]);
 #pragma unroll
-    for (int p = 0; p < P; ++p) acc[p] = __fmaf_rn(qs[p * d_nope + n], wv, acc[p]);
+    for (int p = 0; p < P; ++p) acc[p] = __fadd_rn(acc[p], __fmul_rn(qs[p * d_nope + n], wv));
   }
 }
 
@@ -143,33 +145,46 @@ __global__ void absorb_kernel(const float* __restrict__ q_nope, const Tw* __rest
   }
 }
 
-// THE dot routine of decompress (arms 1 and 2), one warp per output: lane l accumulates
-// W[v, r] * o[p, r] over r = l, l + 32, ... (fma chain from 0), then a butterfly sum over the
-// lanes (every lane ends with the same bits). os [P, R] in shared memory.
-template <int P, typename Tw>
+// THE dot routine of decompress (arms 1 and 2), one thread per output: acc[p] = sum_r W[v, r] *
+// o[p, r], r ascending from 0, products and sums rounded separately (the CPU's
+// `acc += row[r] * o[r]`). kVec: the row is read 16 bytes at a time (R * sizeof(Tw) a multiple
+// of 16 and kv_b 16-byte aligned); the arithmetic is the same either way. os [P, R] in shared
+// memory (every thread reads the same word: a broadcast).
+template <int P, bool kVec, typename Tw>
 __device__ __forceinline__ void decompress_dot(const float* os, int R, const Tw* __restrict__ wrow,
-                                               int lane, float (&acc)[P]) {
+                                               float (&acc)[P]) {
 #pragma unroll
   for (int p = 0; p < P; ++p) acc[p] = 0.0f;
-#pragma unroll 4
-  for (int r = lane; r < R; r += 32) {
-    const float wv = to_f32(wrow[r]);
+  int r = 0;
+  if constexpr (kVec) {
+    constexpr int V = 16 / sizeof(Tw);
+    for (; r + V <= R; r += V) {
+      const uint4 raw = __ldg(reinterpret_cast<const uint4*>(wrow + r));
+      Tw wv[V];
+      memcpy(wv, &raw, sizeof(raw));
 #pragma unroll
-    for (int p = 0; p < P; ++p) acc[p] = __fmaf_rn(wv, os[p * R + r], acc[p]);
+      for (int e = 0; e < V; ++e) {
+        const float w = to_f32(wv[e]);
+#pragma unroll
+        for (int p = 0; p < P; ++p) acc[p] = __fadd_rn(acc[p], __fmul_rn(w, os[p * R + r + e]));
+      }
+    }
   }
+  for (; r < R; ++r) {
+    const float w = to_f32(wrow[r]);
 #pragma unroll
-  for (int p = 0; p < P; ++p) acc[p] = warp_sum(acc[p]);
+    for (int p = 0; p < P; ++p) acc[p] = __fadd_rn(acc[p], __fmul_rn(w, os[p * R + r]));
+  }
 }
 
-// out[t, h, v] for v in [blockIdx.x * v_chunk, +v_chunk), warps striding over v. Grid
-// (ceil(d_v / v_chunk), H, tiles); blockDim a multiple of 32.
-template <int P, typename Tw>
+// out[t, h, v] for v in [blockIdx.x * v_chunk, +v_chunk), threads striding over v. Grid
+// (ceil(d_v / v_chunk), H, tiles).
+template <int P, bool kVec, typename Tw>
 __global__ void decompress_kernel(const float* __restrict__ o_lat, const Tw* __restrict__ kv_b,
                                   int T, int H, int d_nope, int d_v, int R, int v_chunk,
                                   float* __restrict__ out) {
   extern __shared__ float os[];  // [P, R]
   const int h = blockIdx.y;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
   const int v_begin = blockIdx.x * v_chunk;
   const int v_end = min(d_v, v_begin + v_chunk);
   const Tw* wv = kv_b + (static_cast<int64_t>(h) * (d_nope + d_v) + d_nope) * R;
@@ -182,12 +197,12 @@ __global__ void decompress_kernel(const float* __restrict__ o_lat, const Tw* __r
       os[k] = p < np ? o_lat[(static_cast<int64_t>(t0 + p) * H + h) * R + r] : 0.0f;
     }
     __syncthreads();
-    for (int v = v_begin + warp; v < v_end; v += nwarps) {
+    for (int v = v_begin + threadIdx.x; v < v_end; v += blockDim.x) {
       float acc[P];
-      decompress_dot<P>(os, R, wv + static_cast<int64_t>(v) * R, lane, acc);
+      decompress_dot<P, kVec>(os, R, wv + static_cast<int64_t>(v) * R, acc);
 #pragma unroll
       for (int p = 0; p < P; ++p) {
-        if (p < np && lane == p) out[(static_cast<int64_t>(t0 + p) * H + h) * d_v + v] = acc[p];
+        if (p < np) out[(static_cast<int64_t>(t0 + p) * H + h) * d_v + v] = acc[p];
       }
     }
     __syncthreads();
@@ -195,7 +210,7 @@ __global__ void decompress_kernel(const float* __restrict__ o_lat, const Tw* __r
 }
 
 constexpr int kAbsorbSplitChunk = 32;     // arm 2: outputs (of R) per block, one warp
-constexpr int kDecompressSplitChunk = 8;  // arm 2: outputs (of d_v) per block, 4 warps
+constexpr int kDecompressSplitChunk = 32;  // arm 2: outputs (of d_v) per block, one warp
 
 enum class Proj { kAbsorb, kDecompress };
 
@@ -213,18 +228,25 @@ int launch_proj_p(MemraCudaCtx* ctx, Proj which, const float* x, const void* kv_
     absorb_kernel<P, Tw><<<grid, threads, smem, ctx->stream>>>(x, w, T, H, d_nope, d_v, R, chunk, y);
   } else {
     const size_t smem = sizeof(float) * P * static_cast<size_t>(R);
-    MEMRA_CUDA_RETURN_IF(allow_smem(ctx, decompress_kernel<P, Tw>, smem));
     const int chunk = split ? kDecompressSplitChunk : d_v;
-    const int threads = split ? 128 : 256;
+    const int threads = split ? 32 : 256;
     const dim3 grid(ceil_div(d_v, chunk), H, tiles);
-    decompress_kernel<P, Tw><<<grid, threads, smem, ctx->stream>>>(x, w, T, H, d_nope, d_v, R, chunk,
-                                                                  y);
+    const bool vec = reinterpret_cast<uintptr_t>(kv_b) % 16 == 0 && (R * sizeof(Tw)) % 16 == 0;
+    if (vec) {
+      MEMRA_CUDA_RETURN_IF(allow_smem(ctx, decompress_kernel<P, true, Tw>, smem));
+      decompress_kernel<P, true, Tw><<<grid, threads, smem, ctx->stream>>>(x, w, T, H, d_nope, d_v,
+                                                                          R, chunk, y);
+    } else {
+      MEMRA_CUDA_RETURN_IF(allow_smem(ctx, decompress_kernel<P, false, Tw>, smem));
+      decompress_kernel<P, false, Tw><<<grid, threads, smem, ctx->stream>>>(x, w, T, H, d_nope, d_v,
+                                                                           R, chunk, y);
+    }
   }
   return launch_status();
 }
 
 // Positions per block: P depends on T only (never on the arm), though the bytes of an output do
-// not depend on P either (one independent fma chain per position).
+// not depend on P either (one independent chain per position).
 template <typename Tw>
 int launch_proj(MemraCudaCtx* ctx, Proj which, const float* x, const void* kv_b, int T, int H,
                 int d_nope, int d_v, int R, bool split, float* y) {
@@ -339,15 +361,16 @@ int lt_proj(MemraCudaCtx* ctx, Proj which, const float* x, const void* kv_b, int
   const int64_t xw = absorb ? d_nope : R;   // activation row per (t, h)
   const __nv_bfloat16* w = static_cast<const __nv_bfloat16*>(kv_b);
   const __nv_bfloat16* a = absorb ? w : w + static_cast<int64_t>(d_nope) * R;
+  const int64_t n = static_cast<int64_t>(T) * H * xw;
+  Scratch xb(ctx, sizeof(__nv_bfloat16) * static_cast<size_t>(n));
+  MEMRA_CUDA_RETURN_IF(xb.status());
   const uint32_t al_a = alignment(reinterpret_cast<uintptr_t>(a), 2 * int64_t(R), 2 * blk);
-  const uint32_t al_b = alignment(0, 2 * H * xw, 2 * xw);  // Scratch: 256-byte aligned base
+  const uint32_t al_b = alignment(reinterpret_cast<uintptr_t>(xb.as<void>()), 2 * H * xw, 2 * xw);
   const uint32_t al_d = alignment(reinterpret_cast<uintptr_t>(y), 4 * H * m, 4 * m);
   LtPlan plan;
   MEMRA_CUDA_RETURN_IF(lt_plan(ctx, plan, /*transa=*/!absorb, m, T, k, R, blk, al_a, H * xw, xw,
                                al_b, H * m, m, al_d, H, declined));
-  const int64_t n = static_cast<int64_t>(T) * H * xw;
-  Scratch xb(ctx, sizeof(__nv_bfloat16) * static_cast<size_t>(n));
-  MEMRA_CUDA_RETURN_IF(xb.status());
+  // Planned: only now round the activations (a decline leaves nothing enqueued but the free).
   MEMRA_CUDA_RETURN_IF(launch_convert(ctx, x, xb.as<__nv_bfloat16>(), n));
   return lt_run(ctx, plan, a, xb.as<__nv_bfloat16>(), y);
 }
@@ -399,31 +422,84 @@ __global__ void latent_append_kernel(const float* __restrict__ rows, int64_t n,
 
 // ---------------------------------------------------------------- attention
 
+// 2^(i/32) as doubles, minus i << 47 (glibc's __exp2f_data.tab). Copied from cuda/sample.cu.
+__device__ const uint64_t kExp2Tab[32] = {
+    0x3ff0000000000000ull, 0x3fefd9b0d3158574ull, 0x3fefb5586cf9890full, 0x3fef9301d0125b51ull,
+    0x3fef72b83c7d517bull, 0x3fef54873168b9aaull, 0x3fef387a6e756238ull, 0x3fef1e9df51fdee1ull,
+    0x3fef06fe0a31b715ull, 0x3feef1a7373aa9cbull, 0x3feedea64c123422ull, 0x3feece086061892dull,
+    0x3feebfdad5362a27ull, 0x3feeb42b569d4f82ull, 0x3feeab07dd485429ull, 0x3feea47eb03a5585ull,
+    0x3feea09e667f3bcdull, 0x3fee9f75e8ec5f74ull, 0x3feea11473eb0187ull, 0x3feea589994cce13ull,
+    0x3feeace5422aa0dbull, 0x3feeb737b0cdc5e5ull, 0x3feec49182a3f090ull, 0x3feed503b23e255dull,
+    0x3feee89f995ad3adull, 0x3feeff76f2fb5e47ull, 0x3fef199bdd85529cull, 0x3fef3720dcef9069ull,
+    0x3fef5818dcfba487ull, 0x3fef7c97337b9b5full, 0x3fefa4afa2a490daull, 0x3fefd0765b6e4540ull};
+
+// exp(x) rounded as glibc's expf (the CPU oracle's std::exp), a copy of cuda/sample.cu's port
+// (checked there to be bit-identical to glibc 2.36 on every float in (-110, 90)); exp(-inf) = 0.
+__device__ __forceinline__ float glibc_expf(float x) {
+  constexpr double kInvLn2N = 0x1.71547652b82fep+0 * 32;
+  constexpr double kC0 = 0x1.c6af84b912394p-5 / 32 / 32 / 32;
+  constexpr double kC1 = 0x1.ebfce50fac4f3p-3 / 32 / 32;
+  constexpr double kC2 = 0x1.62e42ff0c52d6p-1 / 32;
+  const uint32_t ux = __float_as_uint(x);
+  const uint32_t abstop = (ux >> 20) & 0x7ffu;
+  if (abstop >= 0x42bu) {  // |x| >= 88, inf or NaN
+    if (ux == 0xff800000u) return 0.0f;          // -inf
+    if (abstop >= 0x7f8u) return x + x;          // +inf, NaN
+    if (x > 0x1.62e42ep6f) return INFINITY;      // overflow
+    if (x < -0x1.9fe368p6f) return 0.0f;         // underflow
+  }
+  const double xd = static_cast<double>(x);
+  const double z = __dmul_rn(kInvLn2N, xd);
+  const double kd = rint(z);
+  const uint64_t ki = static_cast<uint64_t>(static_cast<int64_t>(kd));
+  const double r = __fma_rn(kInvLn2N, xd, -kd);
+  uint64_t t = kExp2Tab[ki % 32];
+  t += ki << 47;
+  const double s = __longlong_as_double(static_cast<long long>(t));
+  const double zz = __fma_rn(kC0, r, kC1);
+  const double r2 = __dmul_rn(r, r);
+  double y = __fma_rn(kC2, r, 1.0);
+  y = __fma_rn(zz, r2, y);
+  y = __dmul_rn(y, s);
+  return __double2float_rn(y);
+}
+
 constexpr int kAttnThreads = 256;  // 8 warps
+constexpr int kWarps = kAttnThreads / 32;
 constexpr int kTile = 32;          // cache rows per shared-memory tile (= warp size)
 constexpr int kMaxAcc = 32;        // accumulators per thread: HB * R <= 256 * 32
 constexpr int kMaxHeadsPerBlock = 32;
 
 struct AttnGeom {
   int H, R, d_rope, t_q, t_kv;
-  int hb;       // heads per block
-  int groups;   // ceil(H / hb)
-  int chunk;    // rows (or list entries) per split, a multiple of kTile
+  int hb;      // heads per block
+  int groups;  // ceil(H / hb)
+  int chunk;   // rows (or list entries) per split, a multiple of kTile
   int nsplit;
   float scale;
 };
 
+// Odd row stride: lane j reads word j * Wp + w, on bank (j * Wp + w) % 32, distinct per lane.
+__host__ __device__ __forceinline__ int padded(int W) { return W | 1; }
+
 size_t attn_smem_bytes(int hb, int kh, int W) {
-  const int Wp = W | 1;  // odd row stride: row j at bank (j * Wp + w) % 32, distinct per lane
-  return sizeof(float) * (static_cast<size_t>(8 * kh + kTile) * Wp + static_cast<size_t>(hb) * kTile +
-                          3 * static_cast<size_t>(hb));
+  const size_t Wp = static_cast<size_t>(padded(W));
+  return sizeof(float) * ((static_cast<size_t>(kWarps * kh) + kTile) * Wp +
+                          static_cast<size_t>(hb) * kTile + 3 * static_cast<size_t>(hb));
 }
 
 // One block: query i, heads [h0, h0 + nh), rows (or compacted list entries) [begin, end) of that
-// query. list == nullptr: causal absorbed (row j = j); otherwise row j = list[i * width + j].
-// Writes o_lat directly (nsplit == 1) or the unnormalised partials (po, pm, pl).
-// Shared memory: qs [8*KH, Wp] (rows >= nh zero), cs [kTile, Wp], ps [hb, kTile], ms/ls/alphas
-// [hb]. KH = heads per thread in the score stage (heads h = warp + 8k).
+// query. list == nullptr: causal absorbed (entry j = row j); otherwise entry j = list[i * width
+// + j] (ascending, unique). Writes o_lat (nsplit == 1) or the unnormalised partials (po, pm, pl).
+//
+// The arithmetic is the CPU's attend_rows, operation for operation, with the softmax made online
+// over tiles of 32 rows: s = (sum_w q[w] * c[w]) * scale as one sequential chain of separately
+// rounded products and sums over [latent | rope]; m = running max; p = expf(s - m) (glibc's);
+// l = l * alpha + p_j and o = o * alpha + p_j c_j (j ascending), alpha = expf(m_old - m_new);
+// o *= 1 / l at the end. Rows of one tile, no split: the CPU's bytes.
+//
+// Shared memory: qs [8*KH, Wp] (rows >= nh zero), cs [kTile, Wp], ps [hb, kTile], ms / ls /
+// alphas [hb]. KH = heads per thread in the score stage (heads warp + 8k).
 template <int KH, typename Tc>
 __global__ void __launch_bounds__(kAttnThreads, 2)
     attn_kernel(const float* __restrict__ q_lat, const float* __restrict__ q_pe,
@@ -431,9 +507,9 @@ __global__ void __launch_bounds__(kAttnThreads, 2)
                 const int* __restrict__ counts, int width, AttnGeom g, float* __restrict__ o_lat,
                 float* __restrict__ po, float* __restrict__ pm, float* __restrict__ pl) {
   extern __shared__ float smem[];
-  const int R = g.R, W = g.R + g.d_rope, Wp = W | 1, hb = g.hb;
+  const int R = g.R, W = g.R + g.d_rope, Wp = padded(W), hb = g.hb;
   float* qs = smem;
-  float* cs = qs + static_cast<size_t>(8 * KH) * Wp;
+  float* cs = qs + static_cast<size_t>(kWarps * KH) * Wp;
   float* ps = cs + static_cast<size_t>(kTile) * Wp;
   float* ms = ps + hb * kTile;
   float* ls = ms + hb;
@@ -449,7 +525,7 @@ __global__ void __launch_bounds__(kAttnThreads, 2)
   const int end = min(n_rows, begin + g.chunk);
 
   // Queries [q_lat | q_pe] per head; rows past nh zero (read by idle score slots only).
-  for (int k = tid; k < 8 * KH * W; k += kAttnThreads) {
+  for (int k = tid; k < kWarps * KH * W; k += kAttnThreads) {
     const int h = k / W, w = k - h * W;
     float v = 0.0f;
     if (h < nh) {
@@ -467,15 +543,16 @@ __global__ void __launch_bounds__(kAttnThreads, 2)
   float acc[kMaxAcc];
 #pragma unroll
   for (int u = 0; u < kMaxAcc; ++u) acc[u] = 0.0f;
+  // Element u of this thread: e = tid + 256 u = (head eh, column er), walked incrementally.
   const int step_h = kAttnThreads / R, step_r = kAttnThreads - step_h * R;
-  const int64_t row_base = list ? static_cast<int64_t>(i) * width : 0;
+  const int64_t list_base = list ? static_cast<int64_t>(i) * width : 0;
   __syncthreads();
 
   for (int t0 = begin; t0 < end; t0 += kTile) {
     const int nvalid = min(kTile, end - t0);
     // Load the tile: warp w copies rows w, w + 8, ...; lanes stride over the columns.
-    for (int j = warp; j < nvalid; j += kAttnThreads / 32) {
-      const int64_t row = list ? list[row_base + t0 + j] : t0 + j;
+    for (int j = warp; j < nvalid; j += kWarps) {
+      const int64_t row = list ? list[list_base + t0 + j] : t0 + j;
       const Tc* src = cache + row * W;
       float* dst = cs + j * Wp;
 #pragma unroll 2
@@ -483,7 +560,7 @@ __global__ void __launch_bounds__(kAttnThreads, 2)
     }
     __syncthreads();
 
-    // Scores: lane = row j, heads warp + 8k; one sequential fma chain over [latent | rope].
+    // Scores: lane = row j, heads warp + 8k.
     if (lane < nvalid && warp < nh) {
       float s[KH];
 #pragma unroll
@@ -494,44 +571,48 @@ __global__ void __launch_bounds__(kAttnThreads, 2)
       for (int w = 0; w < W; ++w) {
         const float cv = c[w];
 #pragma unroll
-        for (int k = 0; k < KH; ++k) s[k] = fmaf(q[k * 8 * Wp + w], cv, s[k]);
+        for (int k = 0; k < KH; ++k) s[k] = __fadd_rn(s[k], __fmul_rn(q[k * kWarps * Wp + w], cv));
       }
 #pragma unroll
       for (int k = 0; k < KH; ++k) {
-        const int h = warp + 8 * k;
-        if (h < nh) ps[h * kTile + lane] = s[k] * g.scale;
+        const int h = warp + kWarps * k;
+        if (h < nh) ps[h * kTile + lane] = __fmul_rn(s[k], g.scale);
       }
     }
     __syncthreads();
 
-    // Online softmax, one warp per head: p = exp(s - m_new), l = l * alpha + sum p.
-    for (int h = warp; h < nh; h += kAttnThreads / 32) {
+    // Online softmax, one warp per head: lanes compute p_j = expf(s_j - m_new); lane 0 then
+    // carries l = l * alpha + p_0 + p_1 + ... sequentially.
+    for (int h = warp; h < nh; h += kWarps) {
       const float s = lane < nvalid ? ps[h * kTile + lane] : -INFINITY;
       const float m_old = ms[h];
       const float m_new = fmaxf(m_old, warp_max(s));
-      const float alpha = m_new == -INFINITY ? 1.0f : expf(m_old - m_new);
-      const float p = lane < nvalid ? expf(s - m_new) : 0.0f;
+      const float p = lane < nvalid ? glibc_expf(__fsub_rn(s, m_new)) : 0.0f;
       ps[h * kTile + lane] = p;
-      const float psum = warp_sum(p);
       __syncwarp();
       if (lane == 0) {
-        ls[h] = ls[h] * alpha + psum;
+        // m_new is finite (nvalid >= 1 finite scores); m_old = -inf gives alpha = 0.
+        const float alpha = glibc_expf(__fsub_rn(m_old, m_new));
+        float l = __fmul_rn(ls[h], alpha);
+        for (int j = 0; j < nvalid; ++j) l = __fadd_rn(l, ps[h * kTile + j]);
+        ls[h] = l;
         ms[h] = m_new;
         alphas[h] = alpha;
       }
+      __syncwarp();
     }
     __syncthreads();
 
-    // o[h, r] = o[h, r] * alpha[h] + sum_j p[h, j] c[j, r], j ascending.
+    // o[h, r] = o[h, r] * alpha[h] + p[h, 0] c[0, r] + p[h, 1] c[1, r] + ...
     {
       int eh = tid / R, er = tid - (tid / R) * R;
 #pragma unroll
       for (int u = 0; u < kMaxAcc; ++u) {
         if (eh < nh) {
-          float a = acc[u] * alphas[eh];
+          float a = __fmul_rn(acc[u], alphas[eh]);
           const float* pr = ps + eh * kTile;
 #pragma unroll 4
-          for (int j = 0; j < nvalid; ++j) a = fmaf(pr[j], cs[j * Wp + er], a);
+          for (int j = 0; j < nvalid; ++j) a = __fadd_rn(a, __fmul_rn(pr[j], cs[j * Wp + er]));
           acc[u] = a;
         }
         er += step_r;
@@ -554,9 +635,9 @@ __global__ void __launch_bounds__(kAttnThreads, 2)
       if (po) {
         po[(static_cast<int64_t>(split) * g.t_q * g.H + qh) * R + er] = acc[u];
       } else {
-        const float l = ls[eh];
-        const float inv = l > 0.0f ? 1.0f / l : 0.0f;  // l >= 1 once any row was seen
-        o_lat[qh * R + er] = acc[u] * inv;
+        const float l = ls[eh];  // >= 1 once any row was seen (the max row contributes 1)
+        const float inv = l > 0.0f ? __fdiv_rn(1.0f, l) : 0.0f;
+        o_lat[qh * R + er] = __fmul_rn(acc[u], inv);
       }
     }
     er += step_r;
@@ -567,14 +648,16 @@ __global__ void __launch_bounds__(kAttnThreads, 2)
     }
   }
   if (po && tid < nh) {
-    const int64_t k = static_cast<int64_t>(split) * g.t_q * g.H + static_cast<int64_t>(i) * g.H + h0 + tid;
+    const int64_t k =
+        static_cast<int64_t>(split) * g.t_q * g.H + static_cast<int64_t>(i) * g.H + h0 + tid;
     pm[k] = ms[tid];
     pl[k] = ls[tid];
   }
 }
 
 // Merge the split partials of one (query, head): o = sum_s w_s o_s / sum_s w_s l_s with
-// w_s = exp(m_s - max m); zeros when no split saw a row. Grid t_q * H; shared w [nsplit].
+// w_s = expf(m_s - max m), s ascending; zeros when no split saw a row. Grid t_q * H; shared
+// w [nsplit].
 __global__ void attn_combine_kernel(const float* __restrict__ po, const float* __restrict__ pm,
                                     const float* __restrict__ pl, int nsplit, int64_t n_qh, int R,
                                     float* __restrict__ o_lat) {
@@ -583,88 +666,71 @@ __global__ void attn_combine_kernel(const float* __restrict__ po, const float* _
   float M = -INFINITY;
   for (int s = 0; s < nsplit; ++s) M = fmaxf(M, pm[s * n_qh + qh]);
   float* out = o_lat + qh * R;
-  if (M == -INFINITY) {
+  if (M == -INFINITY) {  // uniform over the block
     for (int r = threadIdx.x; r < R; r += blockDim.x) out[r] = 0.0f;
     return;
   }
   for (int s = threadIdx.x; s < nsplit; s += blockDim.x) {
-    const float m = pm[s * n_qh + qh];
-    wsm[s] = m == -INFINITY ? 0.0f : expf(m - M);
+    wsm[s] = glibc_expf(__fsub_rn(pm[s * n_qh + qh], M));  // m_s = -inf: 0
   }
   __syncthreads();
   float L = 0.0f;
-  for (int s = 0; s < nsplit; ++s) L = fmaf(wsm[s], pl[s * n_qh + qh], L);
-  const float inv = 1.0f / L;
+  for (int s = 0; s < nsplit; ++s) L = __fadd_rn(L, __fmul_rn(wsm[s], pl[s * n_qh + qh]));
+  const float inv = __fdiv_rn(1.0f, L);
   for (int r = threadIdx.x; r < R; r += blockDim.x) {
     float o = 0.0f;
-    for (int s = 0; s < nsplit; ++s) o = fmaf(wsm[s], po[(s * n_qh + qh) * R + r], o);
-    out[r] = o * inv;
+    for (int s = 0; s < nsplit; ++s) o = __fadd_rn(o, __fmul_rn(wsm[s], po[(s * n_qh + qh) * R + r]));
+    out[r] = __fmul_rn(o, inv);
   }
 }
 
-// Compact query i's index list: keep entries r with 0 <= r <= the query row (t_kv - t_q + i),
-// each row once (its first occurrence), in list order. Shared: open-addressing table of
-// `hs` = 2^log2_hs slots (keys, first position), warp totals. Grid t_q, kAttnThreads threads.
+// Compact query i's index list into the CPU's row list: the rows r with 0 <= r <= the query's
+// row (t_kv - t_q + i) that the list names, each once, ascending. A bitmap of the visible rows in
+// shared memory (atomicOr marks; duplicates collapse), then a block-wide exclusive scan of the
+// words' popcounts writes each word's rows in order. Grid t_q; kAttnThreads threads; shared
+// [ceil(t_kv / 32)] words + kWarps totals.
 __global__ void __launch_bounds__(kAttnThreads)
     gather_compact_kernel(const int32_t* __restrict__ idx, int t_q, int t_kv, int width,
-                          int log2_hs, int32_t* __restrict__ list, int* __restrict__ counts) {
-  extern __shared__ int tab[];
-  const int hs = 1 << log2_hs;
-  int* keys = tab;
-  int* first = tab + hs;
-  int* warp_tot = first + hs;  // [8]
+                          int32_t* __restrict__ list, int* __restrict__ counts) {
+  extern __shared__ unsigned bm[];
   const int i = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int qrow = t_kv - t_q + i;
+  const int qrow = t_kv - t_q + i;  // >= 0 (t_q <= t_kv)
+  const int nwords = (qrow + 1 + 31) / 32;
+  unsigned* warp_tot = bm + (t_kv + 31) / 32;
   const int32_t* row = idx + static_cast<int64_t>(i) * width;
-  const unsigned mask = static_cast<unsigned>(hs - 1);
-  auto hash = [&](int r) {
-    return log2_hs == 0 ? 0u : (static_cast<unsigned>(r) * 0x9E3779B1u) >> (32 - log2_hs);
-  };
+  int32_t* out = list + static_cast<int64_t>(i) * width;
 
-  for (int k = tid; k < hs; k += kAttnThreads) {
-    keys[k] = -1;
-    first[k] = INT_MAX;
-  }
+  for (int k = tid; k < nwords; k += kAttnThreads) bm[k] = 0u;
   __syncthreads();
   for (int e = tid; e < width; e += kAttnThreads) {
     const int r = row[e];
-    if (r < 0 || r > qrow) continue;
-    unsigned slot = hash(r);
-    while (true) {
-      const int prev = atomicCAS(&keys[slot], -1, r);
-      if (prev == -1 || prev == r) {
-        atomicMin(&first[slot], e);
-        break;
-      }
-      slot = (slot + 1) & mask;
-    }
+    if (r >= 0 && r <= qrow) atomicOr(&bm[r >> 5], 1u << (r & 31));
   }
   __syncthreads();
 
   int running = 0;
-  for (int base = 0; base < width; base += kAttnThreads) {
-    const int e = base + tid;
-    bool keep = false;
-    int r = -1;
-    if (e < width) {
-      r = row[e];
-      if (r >= 0 && r <= qrow) {
-        unsigned slot = hash(r);
-        while (keys[slot] != r) slot = (slot + 1) & mask;
-        keep = first[slot] == e;
-      }
+  for (int base = 0; base < nwords; base += kAttnThreads) {
+    const int k = base + tid;
+    unsigned bits = k < nwords ? bm[k] : 0u;
+    const int c = __popc(bits);
+    int incl = c;  // inclusive scan over the warp
+#pragma unroll
+    for (int off = 1; off < 32; off <<= 1) {
+      const int v = __shfl_up_sync(kFull, incl, off);
+      if (lane >= off) incl += v;
     }
-    const unsigned ballot = __ballot_sync(kFull, keep);
-    if (lane == 0) warp_tot[warp] = __popc(ballot);
+    if (lane == 31) warp_tot[warp] = static_cast<unsigned>(incl);
     __syncthreads();
-    int off = running, tot = 0;
-    for (int w = 0; w < kAttnThreads / 32; ++w) {
-      if (w < warp) off += warp_tot[w];
-      tot += warp_tot[w];
+    int pos = running + incl - c, tot = 0;
+    for (int w = 0; w < kWarps; ++w) {
+      const int t = static_cast<int>(warp_tot[w]);
+      if (w < warp) pos += t;
+      tot += t;
     }
-    if (keep) {
-      const int pos = off + __popc(ballot & ((1u << lane) - 1u));
-      list[static_cast<int64_t>(i) * width + pos] = r;
+    while (bits) {
+      const int b = __ffs(bits) - 1;
+      bits &= bits - 1u;
+      out[pos++] = k * 32 + b;
     }
     running += tot;
     __syncthreads();  // warp_tot is rewritten by the next round
@@ -680,7 +746,7 @@ int attn_shape(MemraCudaCtx* ctx, int H, int R, int W, int* hb_out, int* kh_out,
   MEMRA_CUDA_RETURN_IF(device_attr(ctx, cudaDevAttrMaxSharedMemoryPerBlockOptin, &optin));
   int hb = std::min({H, kMaxHeadsPerBlock, kAttnThreads * kMaxAcc / R});
   while (true) {
-    const int kh = hb <= 8 ? 1 : (hb <= 16 ? 2 : 4);
+    const int kh = hb <= kWarps ? 1 : (hb <= 2 * kWarps ? 2 : 4);
     const size_t bytes = attn_smem_bytes(hb, kh, W);
     if (bytes <= static_cast<size_t>(optin)) {
       *hb_out = hb;
@@ -853,21 +919,18 @@ int memra_cuda_mla_attn_gathered(MemraCudaCtx* ctx, const float* q_lat, const fl
                                      ctx->stream));
   }
   if (!idx) return memra::kContractMissing;
-  // Table of >= 1.5 * width slots (load <= 2/3): keys + first positions, then 8 warp totals.
-  int log2_hs = 5;
-  while ((1LL << log2_hs) < static_cast<int64_t>(width) + width / 2 + 1) ++log2_hs;
-  if (log2_hs > 24) return memra::kUnsupportedGeometry;
-  const size_t tab_bytes = sizeof(int) * ((size_t(2) << log2_hs) + kAttnThreads / 32);
-  MEMRA_CUDA_RETURN_IF(allow_smem(ctx, gather_compact_kernel, tab_bytes));
+  // Bitmap of the t_kv rows (the last query sees them all) plus the warp totals.
+  const size_t bm_bytes = sizeof(unsigned) * (ceil_div(t_kv, 32) + kWarps);
+  MEMRA_CUDA_RETURN_IF(allow_smem(ctx, gather_compact_kernel, bm_bytes));
   Scratch lists(ctx, sizeof(int32_t) * (static_cast<size_t>(t_q) * width + t_q));
   MEMRA_CUDA_RETURN_IF(lists.status());
   int32_t* list = lists.as<int32_t>();
   int* counts = list + static_cast<int64_t>(t_q) * width;
-  gather_compact_kernel<<<t_q, kAttnThreads, tab_bytes, ctx->stream>>>(idx, t_q, t_kv, width,
-                                                                       log2_hs, list, counts);
+  gather_compact_kernel<<<t_q, kAttnThreads, bm_bytes, ctx->stream>>>(idx, t_q, t_kv, width, list,
+                                                                      counts);
   MEMRA_CUDA_RETURN_IF(launch_status());
   return run_attn(ctx, q_lat, q_pe, cache, cache_dtype, list, counts, width, H, R, d_rope, t_q,
-                  t_kv, width, scale, o_lat);
+                  t_kv, std::min(width, t_kv), scale, o_lat);
 }
 
 }  // extern "C"

@@ -23,8 +23,8 @@
                         const void* cache, int cache_dtype, int H, int R, int d_rope, int t_q,    \
                         int t_kv, float scale, float* o_lat))                                     \
   /* idx [t_q, width] rows (-1 skipped; entries outside [0, query row] are skipped too: the GPU    \
-     cannot refuse without a host sync, callers validate host lists first); a query with no row  \
-     gets zeros. */                                                                               \
+     cannot refuse without a host sync, callers validate host lists first; a row listed twice    \
+     counts once); a query with no row gets zeros. 40004 when t_q > t_kv. */                     \
   X(mla_attn_gathered, (MemraCudaCtx * ctx, const float* q_lat, const float* q_pe,                \
                         const void* cache, int cache_dtype, const int32_t* idx, int H, int R,     \
                         int d_rope, int t_q, int t_kv, int width, float scale, float* o_lat))
