@@ -1,6 +1,6 @@
 // CUDA ABI, KDA area (cuda/kda.cu): the GPU twins of cpu::kda_conv_prefill / kda_conv_decode /
 // kda_gate / kda_scan (ops.h). Kernels are instantiated for head_dim 128 and conv kernel 2..8;
-// anything else is 50002 (the CPU backend still runs it).
+// anything else is 50002 (the CPU backend still runs it). The gate is elementwise: any dk.
 #pragma once
 
 #define MEMRA_CUDA_KDA_OPS(X)                                                                     \
@@ -9,7 +9,8 @@
   X(kda_conv_prefill, (MemraCudaCtx * ctx, const float* x, int T, int C, const float* w, int K,   \
                        const float* ring_in, float* ring_out, float* y))                          \
   /* B sequences, one token each, one launch (assemble + conv + roll): x [B, C]; ring_in [B] and   \
-     ring_out [B] are DEVICE arrays of pointers to each sequence's [C, K-1] planes; y [B, C].      \
+     ring_out [B] are DEVICE arrays of pointers to each sequence's [C, K-1] planes (ring_in null   \
+     or a null entry = zeros; a null ring_out entry is not written); y [B, C].                    \
      Values equal kda_conv_prefill at T = 1 bit for bit. */                                       \
   X(kda_conv_decode, (MemraCudaCtx * ctx, const float* x, int B, int C, const float* w, int K,    \
                       const float* const* ring_in, float* const* ring_out, float* y))             \
@@ -19,8 +20,9 @@
                int T, int H, int dk, int form, float lower_bound, float* g))                      \
   /* B sequences of T steps each, one kernel for prefill (B = 1) and decode (T = 1): q, k, g       \
      [B, T, H, dk]; v, o [B, T, H, dv]; beta [B, T, H]; state_in / state_out DEVICE arrays [B] of \
-     pointers to [H, dk, dv] f32 planes (a null state_in entry = zeros; state_out distinct).       \
-     T one-step launches chained through the planes equal one T-step launch bit for bit. */      \
+     pointers to [H, dk, dv] f32 planes (state_in null or a null entry = zeros; a null state_out  \
+     entry is not written; state_out distinct). T one-step launches chained through the planes    \
+     equal one T-step launch bit for bit. T == 0 or B == 0 is a no-op (state_out not written). */ \
   X(kda_scan, (MemraCudaCtx * ctx, const float* q, const float* k, const float* v,                \
                const float* g, const float* beta, int B, int T, int H, int dk, int dv,            \
                float scale, const float* const* state_in, float* const* state_out, float* o))
