@@ -10,6 +10,7 @@ from __future__ import annotations
 from . import _core
 from ._core import (
     Cache,
+    DeviceArray,
     DeviceWeight,
     Engine,
     HyperConnection,
@@ -38,6 +39,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Cache",
+    "DeviceArray",
     "DeviceWeight",
     "Engine",
     "HyperConnection",

@@ -81,11 +81,12 @@ const uint64_t* u64_in(const Engine* engine, const AnyArray& a, const char* op, 
 
 nb::object device_array(std::shared_ptr<DeviceBuffer> buffer, std::vector<size_t> shape,
                         nb::dlpack::dtype dtype, int device_id) {
-  void* p = buffer->data();
-  auto* keep = new std::shared_ptr<DeviceBuffer>(std::move(buffer));
-  nb::capsule owner(keep, [](void* q) noexcept { delete static_cast<std::shared_ptr<DeviceBuffer>*>(q); });
-  return nb::cast(nb::ndarray<>(p, shape.size(), shape.data(), owner, nullptr, dtype,
-                                nb::device::cuda::value, device_id));
+  DeviceArray a;
+  a.buffer = std::move(buffer);
+  a.shape = std::move(shape);
+  a.dtype = dtype;
+  a.device = device_id;
+  return nb::cast(std::move(a));
 }
 
 Out out_f32(const std::shared_ptr<CudaContext>& cuda, std::vector<size_t> shape) {
@@ -163,7 +164,63 @@ const DeviceWeight& device_weight(const Engine* engine, nb::handle w, const char
   return d;
 }
 
+namespace {
+
+std::string dtype_name_of(nb::dlpack::dtype d) {
+  switch (static_cast<nb::dlpack::dtype_code>(d.code)) {
+    case nb::dlpack::dtype_code::Float: return "float" + std::to_string(d.bits);
+    case nb::dlpack::dtype_code::Int: return "int" + std::to_string(d.bits);
+    case nb::dlpack::dtype_code::UInt: return "uint" + std::to_string(d.bits);
+    case nb::dlpack::dtype_code::Bfloat: return "bfloat" + std::to_string(d.bits);
+    default: return "?" + std::to_string(d.bits);
+  }
+}
+
+}  // namespace
+
 void init_device(nb::module_& m) {
+  nb::class_<DeviceArray>(m, "DeviceArray",
+                          "A C-contiguous array in a CUDA engine's device memory, as memra's ops "
+                          "return it. Consumed zero-copy through DLPack (torch.from_dlpack, "
+                          "cupy.from_dlpack, or any memra op on the same engine); "
+                          "engine.to_host(a) copies it to numpy. The memory stays alive while "
+                          "any consumer holds a view.")
+      .def_prop_ro("shape", [](const DeviceArray& a) {
+        nb::list l;
+        for (size_t s : a.shape) l.append(s);
+        return nb::tuple(l);
+      })
+      .def_prop_ro("dtype", [](const DeviceArray& a) { return dtype_name_of(a.dtype); })
+      .def_prop_ro("device", [](const DeviceArray& a) { return "cuda:" + std::to_string(a.device); })
+      .def("__len__", [](const DeviceArray& a) { return a.shape.empty() ? size_t(0) : a.shape[0]; })
+      .def(
+          "__dlpack__",
+          [](nb::handle self, nb::handle stream, nb::handle max_version, nb::handle dl_device,
+             nb::handle copy) {
+            const DeviceArray& a = nb::cast<const DeviceArray&>(self);
+            if (!copy.is_none() && nb::cast<bool>(copy)) {
+              raise_contract(kContractValue, "DeviceArray.__dlpack__: copy=True is not supported");
+            }
+            // A consumer on another stream must not read before memra's stream has written:
+            // wait for the engine's stream whenever the consumer names a stream.
+            if (!stream.is_none()) {
+              const auto& c = a.buffer->context();
+              check(c->status(c->api().synchronize(c->ctx()), "DeviceArray.__dlpack__"));
+            }
+            nb::ndarray<> view(a.buffer->data(), a.shape.size(), a.shape.data(), self, nullptr,
+                               a.dtype, nb::device::cuda::value, a.device);
+            return nb::cast(view);  // a fresh DLPack capsule per call
+          },
+          nb::kw_only(), nb::arg("stream").none() = nb::none(), nb::arg("max_version").none() = nb::none(),
+          nb::arg("dl_device").none() = nb::none(), nb::arg("copy").none() = nb::none())
+      .def("__dlpack_device__", [](const DeviceArray& a) { return nb::make_tuple(2, a.device); })
+      .def("__repr__", [](const DeviceArray& a) {
+        std::string s = "DeviceArray(shape=(";
+        for (size_t i = 0; i < a.shape.size(); ++i) s += (i ? ", " : "") + std::to_string(a.shape[i]);
+        return s + (a.shape.size() == 1 ? ",)" : ")") + ", dtype=" + dtype_name_of(a.dtype) +
+               ", device=cuda:" + std::to_string(a.device) + ")";
+      });
+
   nb::class_<DeviceWeight>(m, "DeviceWeight",
                            "A weight on a CUDA engine's device, converted once (on the device) to "
                            "float32 or bfloat16. Used by the CUDA branch of the functional ops.")

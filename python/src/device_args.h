@@ -52,7 +52,14 @@ Out out_f32(const Engine* engine, std::vector<size_t> shape);
 Out out_i32(const Engine* engine, std::vector<size_t> shape);
 Out out_f32(const std::shared_ptr<CudaContext>& cuda, std::vector<size_t> shape);
 Out out_i32(const std::shared_ptr<CudaContext>& cuda, std::vector<size_t> shape);
-// A CUDA array of `shape` viewing an existing buffer (kept alive by the array).
+// memra.DeviceArray: a device buffer with a shape and dtype, exported through __dlpack__.
+struct DeviceArray {
+  std::shared_ptr<DeviceBuffer> buffer;
+  std::vector<size_t> shape;
+  nb::dlpack::dtype dtype;
+  int device = 0;
+};
+// A memra.DeviceArray of `shape` viewing an existing buffer (kept alive by the array).
 nb::object device_array(std::shared_ptr<DeviceBuffer> buffer, std::vector<size_t> shape,
                         nb::dlpack::dtype dtype, int device_id);
 
