@@ -26,6 +26,9 @@ Tolerances and byte-identity claims (both sides f32 unless said):
 - latent append: a copy, bf16 by round-to-nearest-even (ml_dtypes' astype is RNE):
   ``np.array_equal`` on the bits.
 
+Device arrays from ``engine.to_device`` and the ops are single-use DLPack capsules: every call
+gets a fresh one (``mla_latent_append`` returns a new capsule of the written cache).
+
 A small shape for ``compute-sanitizer --tool racecheck`` / ``memcheck``:
 ``python -m pytest tests/test_cuda_mla.py -k sanitizer``.
 """
@@ -161,15 +164,15 @@ def test_proj_kernels_match_cpu(e, which, wdtype, arm, T, geom):
 @pytest.mark.parametrize("T", [1, 3])
 @pytest.mark.parametrize("geom", [TINY, ODD, REAL_HEAD], ids=["tiny", "odd", "real_head"])
 def test_split_arm_equals_per_position_bytes(e, which, wdtype, T, geom):
-    x = e.to_device(proj_input(which, T, geom, seed=11 + T))
+    x = proj_input(which, T, geom, seed=11 + T)
     dw = memra.DeviceWeight(e, host_weight(kv_b_of(*geom, seed=12), wdtype))
     H, R, dn, dv = geom
     if which == "absorb":
-        a1 = e.to_host(_core.mla_absorb_q(x, dw, d_v=dv, arm=1, engine=e))
-        a2 = e.to_host(_core.mla_absorb_q(x, dw, d_v=dv, arm=2, engine=e))
+        a1 = e.to_host(_core.mla_absorb_q(e.to_device(x), dw, d_v=dv, arm=1, engine=e))
+        a2 = e.to_host(_core.mla_absorb_q(e.to_device(x), dw, d_v=dv, arm=2, engine=e))
     else:
-        a1 = e.to_host(_core.mla_decompress_v(x, dw, d_nope=dn, arm=1, engine=e))
-        a2 = e.to_host(_core.mla_decompress_v(x, dw, d_nope=dn, arm=2, engine=e))
+        a1 = e.to_host(_core.mla_decompress_v(e.to_device(x), dw, d_nope=dn, arm=1, engine=e))
+        a2 = e.to_host(_core.mla_decompress_v(e.to_device(x), dw, d_nope=dn, arm=2, engine=e))
     assert np.all(np.isfinite(a1))
     np.testing.assert_array_equal(a2, a1)
 
@@ -256,18 +259,19 @@ def test_proj_errors(e):
     hw = host_weight(kv_b_of(*TINY, seed=8), "float32")
     dw = memra.DeviceWeight(e, hw)
     q = f32(np.zeros((2, H, dn)))
-    dq = e.to_device(q)
     expect(memra.ContractError, ST.CONTRACT_DEVICE, _core.mla_absorb_q, q, dw, d_v=dv, engine=e)
-    expect(memra.ContractError, ST.CONTRACT_DEVICE, _core.mla_absorb_q, dq, hw, d_v=dv, engine=e)
+    expect(memra.ContractError, ST.CONTRACT_DEVICE, _core.mla_absorb_q, e.to_device(q), hw, d_v=dv, engine=e)
     expect(memra.ContractError, ST.CONTRACT_DEVICE, _core.mla_absorb_q, q, dw, d_v=dv)  # CPU + device weight
-    expect(memra.ContractError, ST.CONTRACT_VALUE, _core.mla_absorb_q, dq, dw, d_v=dv, arm=4, engine=e)
-    expect(memra.ContractError, ST.CONTRACT_SHAPE, _core.mla_absorb_q, dq, dw, d_v=dv + 1, engine=e)
+    expect(memra.ContractError, ST.CONTRACT_VALUE, _core.mla_absorb_q, e.to_device(q), dw, d_v=dv, arm=4,
+           engine=e)
+    expect(memra.ContractError, ST.CONTRACT_SHAPE, _core.mla_absorb_q, e.to_device(q), dw, d_v=dv + 1,
+           engine=e)
     expect(memra.ContractError, ST.CONTRACT_DTYPE, _core.mla_absorb_q,
            e.to_device(np.zeros((2, H, dn), np.float64)), dw, d_v=dv, engine=e)
     expect(memra.ContractError, ST.CONTRACT_SHAPE, _core.mla_decompress_v,
            e.to_device(f32(np.zeros((2, H, R + 1)))), dw, d_nope=dn, engine=e)
     # The engine is still usable.
-    assert e.to_host(_core.mla_absorb_q(dq, dw, d_v=dv, engine=e)).shape == (2, H, R)
+    assert e.to_host(_core.mla_absorb_q(e.to_device(q), dw, d_v=dv, engine=e)).shape == (2, H, R)
 
 
 # ---------------------------------------------------------------- latent append
@@ -281,40 +285,66 @@ def test_latent_append(e, cache_dtype, T, start):
     rows = f32(r.standard_normal((T, W)) * 3)
     init = f32(r.standard_normal((max_len, W)))
     host = bf16_bits(init) if cache_dtype == "bfloat16" else init
-    cache = e.to_device(host)
-    _core.mla_latent_append(e.to_device(rows), cache, start=start, engine=e)
+    cache = _core.mla_latent_append(e.to_device(rows), e.to_device(host), start=start, engine=e)
     got = e.to_host(cache)
     want = host.copy()
     want[start:start + T] = bf16_bits(rows) if cache_dtype == "bfloat16" else rows
     np.testing.assert_array_equal(got, want)
     # The CPU op: a copy into a writable host f32 cache.
     cpu = init.copy()
-    _core.mla_latent_append(rows, cpu, start=start)
+    assert _core.mla_latent_append(rows, cpu, start=start) is cpu
     np.testing.assert_array_equal(cpu[start:start + T], rows)
+    np.testing.assert_array_equal(cpu[:start], init[:start])
+    np.testing.assert_array_equal(cpu[start + T:], init[start + T:])
 
 
 def test_latent_append_bf16_rounding_ties(e):
     """Round to nearest even on exact ties (1 + 2^-8 -> 1, 1 + 3 * 2^-8 -> 1 + 2^-6)."""
     rows = f32([[1 + 2**-8, 1 + 3 * 2**-8, -(1 + 2**-8), 3.0e38, 1e-40, 0.0]])
-    cache = e.to_device(np.zeros((2, 6), np.uint16))
-    _core.mla_latent_append(e.to_device(rows), cache, start=1, engine=e)
+    cache = _core.mla_latent_append(e.to_device(rows), e.to_device(np.zeros((2, 6), np.uint16)), start=1,
+                                    engine=e)
     got = e.to_host(cache)
     np.testing.assert_array_equal(got[1], bf16_bits(rows)[0])
     np.testing.assert_array_equal(got[0], np.zeros(6, np.uint16))
 
 
-def test_latent_append_errors_change_nothing(e):
+def test_latent_append_errors(e):
     W = 8
     init = f32(np.arange(4 * W).reshape(4, W))
-    cache = e.to_device(init)
-    rows = e.to_device(f32(np.ones((3, W))))
-    expect(memra.ContractError, ST.CONTRACT_RANGE, _core.mla_latent_append, rows, cache, start=2, engine=e)
-    expect(memra.ContractError, ST.CONTRACT_RANGE, _core.mla_latent_append, rows, cache, start=-1, engine=e)
+    rows = f32(np.ones((3, W)))
+    for start in (2, -1):
+        expect(memra.ContractError, ST.CONTRACT_RANGE, _core.mla_latent_append, e.to_device(rows),
+               e.to_device(init), start=start, engine=e)
     expect(memra.ContractError, ST.CONTRACT_SHAPE, _core.mla_latent_append,
-           e.to_device(f32(np.ones((1, W + 1)))), cache, start=0, engine=e)
-    expect(memra.ContractError, ST.CONTRACT_DTYPE, _core.mla_latent_append, rows,
+           e.to_device(f32(np.ones((1, W + 1)))), e.to_device(init), start=0, engine=e)
+    expect(memra.ContractError, ST.CONTRACT_DTYPE, _core.mla_latent_append, e.to_device(rows),
            e.to_device(np.zeros((4, W), np.float64)), start=0, engine=e)
-    np.testing.assert_array_equal(e.to_host(cache), init)
+    expect(memra.ContractError, ST.CONTRACT_DEVICE, _core.mla_latent_append, rows, e.to_device(init),
+           start=0, engine=e)
+    cpu = init.copy()
+    expect(memra.ContractError, ST.CONTRACT_RANGE, _core.mla_latent_append, rows, cpu, start=2)
+    np.testing.assert_array_equal(cpu, init)  # nothing written
+
+
+def test_latent_append_refused_call_changes_nothing(e):
+    """A reusable device buffer (CuPy) read back after refused calls: nothing was written."""
+    cp = pytest.importorskip("cupy")
+    W = 8
+    init = f32(np.arange(4 * W).reshape(4, W))
+    with cp.cuda.Device(0):  # the engine's device (Engine('cuda') = device_index 0)
+        cache = cp.asarray(init)
+        rows = cp.ones((3, W), cp.float32)
+        cp.cuda.Device().synchronize()  # memra's stream does not wait for CuPy's
+        for start in (2, -1):
+            with pytest.raises(memra.ContractError):
+                _core.mla_latent_append(rows, cache, start=start, engine=e)
+        with pytest.raises(memra.ContractError):
+            _core.mla_latent_append(cp.ones((3, W + 1), cp.float32), cache, start=0, engine=e)
+        _core.mla_latent_append(rows[:1], cache, start=3, engine=e)  # one accepted call
+        e.synchronize()
+        want = init.copy()
+        want[3] = 1.0
+        np.testing.assert_array_equal(cp.asnumpy(cache), want)
 
 
 # ---------------------------------------------------------------- attention
@@ -386,21 +416,27 @@ def test_absorbed_extreme_scores(e):
 
 def test_absorbed_errors(e):
     H, R = TINY[:2]
+    D = e.to_device
     q_lat, _, cache, scale = attn_inputs(5, 4, H, R, 0, seed=1)
-    dq, dc = e.to_device(q_lat), e.to_device(cache)
-    expect(memra.ContractError, ST.CONTRACT_QUERY_SUFFIX, _core.mla_attn_absorbed, dq, dc, scale=scale, engine=e)
-    q_lat, _, cache, _ = attn_inputs(2, 4, H, R, 8, seed=2)
-    dq, dc = e.to_device(q_lat), e.to_device(cache)
-    expect(memra.ContractError, ST.CONTRACT_MISSING, _core.mla_attn_absorbed, dq, dc, scale=scale, engine=e)
-    expect(memra.ContractError, ST.CONTRACT_DEVICE, _core.mla_attn_absorbed, q_lat, dc,
-           e.to_device(f32(np.zeros((2, H, 8)))), scale=scale, engine=e)
-    expect(memra.ContractError, ST.CONTRACT_SHAPE, _core.mla_attn_absorbed, dq, dc,
-           e.to_device(f32(np.zeros((2, H, 7)))), scale=scale, engine=e)
-    expect(memra.ContractError, ST.CONTRACT_DTYPE, _core.mla_attn_absorbed, dq,
-           e.to_device(np.zeros((4, R + 8), np.float64)), e.to_device(f32(np.zeros((2, H, 8)))),
+    expect(memra.ContractError, ST.CONTRACT_QUERY_SUFFIX, _core.mla_attn_absorbed, D(q_lat), D(cache),
            scale=scale, engine=e)
-    expect(memra.ContractError, ST.CONTRACT_VALUE, _core.mla_attn_absorbed, dq, dc,
-           e.to_device(f32(np.zeros((2, H, 8)))), scale=float("nan"), engine=e)
+    q_lat, _, cache, _ = attn_inputs(2, 4, H, R, 8, seed=2)
+    pe = f32(np.zeros((2, H, 8)))
+    expect(memra.ContractError, ST.CONTRACT_MISSING, _core.mla_attn_absorbed, D(q_lat), D(cache),
+           scale=scale, engine=e)
+    expect(memra.ContractError, ST.CONTRACT_DEVICE, _core.mla_attn_absorbed, q_lat, D(cache), D(pe),
+           scale=scale, engine=e)
+    expect(memra.ContractError, ST.CONTRACT_DEVICE, _core.mla_attn_absorbed, D(q_lat), D(cache), D(pe),
+           scale=scale)  # device arrays on the CPU backend
+    expect(memra.ContractError, ST.CONTRACT_SHAPE, _core.mla_attn_absorbed, D(q_lat), D(cache),
+           D(f32(np.zeros((2, H, 7)))), scale=scale, engine=e)
+    expect(memra.ContractError, ST.CONTRACT_DTYPE, _core.mla_attn_absorbed, D(q_lat),
+           D(np.zeros((4, R + 8), np.float64)), D(pe), scale=scale, engine=e)
+    expect(memra.ContractError, ST.CONTRACT_VALUE, _core.mla_attn_absorbed, D(q_lat), D(cache), D(pe),
+           scale=float("nan"), engine=e)
+    # The engine is still usable.
+    got, want = run_absorbed(e, q_lat, pe, cache, scale)
+    attn_close(got, want, exact=True)
 
 
 # ---------------------------------------------------------------- gathered
@@ -485,9 +521,9 @@ def test_gathered_full_list_equals_absorbed_bytes(e):
         for i in range(t_q):
             vis = t_kv - t_q + i + 1
             idx[i, :vis] = rng(i).permutation(vis)  # order does not matter
-        dq, dc = e.to_device(q_lat), e.to_device(cache)
-        gathered = e.to_host(_core.mla_attn_gathered(dq, dc, e.to_device(idx), scale=scale, engine=e))
-        absorbed = e.to_host(_core.mla_attn_absorbed(dq, dc, scale=scale, engine=e))
+        D = e.to_device
+        gathered = e.to_host(_core.mla_attn_gathered(D(q_lat), D(cache), D(idx), scale=scale, engine=e))
+        absorbed = e.to_host(_core.mla_attn_absorbed(D(q_lat), D(cache), scale=scale, engine=e))
         np.testing.assert_array_equal(gathered, absorbed)
 
 
@@ -504,29 +540,29 @@ def test_gathered_real_geometry(e):
 
 def test_gathered_range_checks(e):
     H, R = TINY[:2]
+    D = e.to_device
     t_q, t_kv, width = 3, 20, 6
     q_lat, q_pe, cache, scale = attn_inputs(t_q, t_kv, H, R, 0, seed=4)
-    dq, dc = e.to_device(q_lat), e.to_device(cache)
     good = random_lists(t_q, t_kv, width, seed=5)
     for bad_value in (t_kv, -2, t_kv - 1):  # beyond the cache, below -1, after query 0's row
         bad = good.copy()
         bad[0, 2] = bad_value
-        expect(memra.ContractError, ST.CONTRACT_RANGE, _core.mla_attn_gathered, dq, dc, e.to_device(bad),
+        expect(memra.ContractError, ST.CONTRACT_RANGE, _core.mla_attn_gathered, D(q_lat), D(cache), D(bad),
                scale=scale, engine=e)
         # Unchecked, the device skips the entry: the CPU on the list without it.
-        got = e.to_host(_core.mla_attn_gathered(dq, dc, e.to_device(bad), scale=scale, check_range=False,
+        got = e.to_host(_core.mla_attn_gathered(D(q_lat), D(cache), D(bad), scale=scale, check_range=False,
                                                 engine=e))
         fixed = bad.copy()
         fixed[0, 2] = -1
         want = _core.mla_attn_gathered(q_lat, cache, fixed, scale=scale)
         attn_close(got, want, exact=True)
-    expect(memra.ContractError, ST.CONTRACT_DTYPE, _core.mla_attn_gathered, dq, dc,
-           e.to_device(good.astype(np.int64)), scale=scale, engine=e)
-    expect(memra.ContractError, ST.CONTRACT_SHAPE, _core.mla_attn_gathered, dq, dc,
-           e.to_device(good[:2]), scale=scale, engine=e)
-    q5 = e.to_device(f32(np.zeros((25, H, R))))
-    expect(memra.ContractError, ST.CONTRACT_QUERY_SUFFIX, _core.mla_attn_gathered, q5, dc,
-           e.to_device(np.full((25, width), -1, np.int32)), scale=scale, engine=e)
+    expect(memra.ContractError, ST.CONTRACT_DTYPE, _core.mla_attn_gathered, D(q_lat), D(cache),
+           D(good.astype(np.int64)), scale=scale, engine=e)
+    expect(memra.ContractError, ST.CONTRACT_SHAPE, _core.mla_attn_gathered, D(q_lat), D(cache),
+           D(good[:2]), scale=scale, engine=e)
+    expect(memra.ContractError, ST.CONTRACT_QUERY_SUFFIX, _core.mla_attn_gathered,
+           D(f32(np.zeros((25, H, R)))), D(cache), D(np.full((25, width), -1, np.int32)), scale=scale,
+           engine=e)
 
 
 # ---------------------------------------------------------------- chain and sanitizer
@@ -543,8 +579,8 @@ def test_chain_absorb_attend_decompress(e):
     q_nope = f32(r.standard_normal((T, H, dn)))
     rows = f32(r.standard_normal((T, R)))
     scale = dn**-0.5
-    cache = e.to_device(f32(np.zeros((max_len, R))))
-    _core.mla_latent_append(e.to_device(rows), cache, start=0, engine=e)
+    cache = _core.mla_latent_append(e.to_device(rows), e.to_device(f32(np.zeros((max_len, R)))), start=0,
+                                    engine=e)
     q_lat = _core.mla_absorb_q(e.to_device(q_nope), dw, d_v=dv, engine=e)
     # The first T rows of the cache (a view of the device cache is not available: copy back).
     used = e.to_device(e.to_host(cache)[:T])
@@ -559,20 +595,20 @@ def test_sanitizer_small_shapes(e):
     """One call of every entry point and arm on small odd shapes (for compute-sanitizer runs)."""
     H, R, dn, dv = 3, 37, 5, 7
     r = rng(99)
+    D = e.to_device
     dw = memra.DeviceWeight(e, host_weight(kv_b_of(H, R, dn, dv, seed=98), "bfloat16"))
     for T in (1, 3, 66):
-        q = e.to_device(f32(r.standard_normal((T, H, dn))))
-        o = e.to_device(f32(r.standard_normal((T, H, R))))
+        q = f32(r.standard_normal((T, H, dn)))
+        o = f32(r.standard_normal((T, H, R)))
         for arm in (0, 1, 2):
-            _core.mla_absorb_q(q, dw, d_v=dv, arm=arm, engine=e)
-            _core.mla_decompress_v(o, dw, d_nope=dn, arm=arm, engine=e)
+            _core.mla_absorb_q(D(q), dw, d_v=dv, arm=arm, engine=e)
+            _core.mla_decompress_v(D(o), dw, d_nope=dn, arm=arm, engine=e)
     t_q, t_kv, d_rope = 3, 70, 4
     q_lat, q_pe, cache, scale = attn_inputs(t_q, t_kv, H, R, d_rope, seed=97)
-    dcache = e.to_device(np.zeros((t_kv, R + d_rope), np.uint16))
-    _core.mla_latent_append(e.to_device(cache), dcache, start=0, engine=e)
+    bits = e.to_host(_core.mla_latent_append(D(cache), D(np.zeros((t_kv, R + d_rope), np.uint16)), start=0,
+                                             engine=e))
     idx = random_lists(t_q, t_kv, 40, seed=96, dup=True)
-    for c in (e.to_device(cache), dcache):
-        _core.mla_attn_absorbed(e.to_device(q_lat), c, e.to_device(q_pe), scale=scale, engine=e)
-        _core.mla_attn_gathered(e.to_device(q_lat), c, e.to_device(idx), e.to_device(q_pe), scale=scale,
-                                engine=e)
+    for c in (cache, bits):
+        _core.mla_attn_absorbed(D(q_lat), D(c), D(q_pe), scale=scale, engine=e)
+        _core.mla_attn_gathered(D(q_lat), D(c), D(idx), D(q_pe), scale=scale, engine=e)
     e.synchronize()

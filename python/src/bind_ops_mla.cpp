@@ -269,13 +269,18 @@ void init_ops_mla(nb::module_& m) {
         } else if (T > 0) {
           std::memcpy(static_cast<float*>(cp) + int64_t(start) * W, rp, sizeof(float) * z(T * W));
         }
+        // The array object itself, or, for a (single-use) DLPack capsule, a new capsule viewing
+        // the same buffer, so the written cache can be used again.
+        return nb::cast(cache, nb::rv_policy::reference);
       },
       nb::arg("rows"), nb::arg("cache"), nb::kw_only(), nb::arg("start"),
       nb::arg("engine").none() = nb::none(),
       "Write latent rows into a cache in place: cache[start + t, :] = rows[t, :].\n\n"
       "rows: [T, W] float32; cache: [max_len, W], float32 (CPU: a writable host array), or on "
       "CUDA float32 or bfloat16 (a DLPack bfloat16 array or uint16 raw bits; the rows are "
-      "rounded to nearest even). Both on the engine's device. Returns None.\n"
+      "rounded to nearest even). Both on the engine's device. Returns the cache (the same array "
+      "object; for a single-use DLPack capsule, such as engine.to_device returns, a new capsule "
+      "viewing the same buffer).\n"
       "Raises ContractError: CONTRACT_RANGE when [start, start + T) does not fit max_len; "
       "CONTRACT_DTYPE / CONTRACT_SHAPE / CONTRACT_STRIDE / CONTRACT_DEVICE for bad arrays. Nothing "
       "is written on error.\nReference: MlaLayer (cpp/src/layers/mla_layer.cpp), the latent rows "
