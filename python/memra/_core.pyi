@@ -76,42 +76,65 @@ class Weight:
 
     def __repr__(self) -> str: ...
 
-def embedding(table: Weight, ids: Annotated[NDArray, dict(writable=False)]) -> NDArray[numpy.float32]:
+def embedding(table: object, ids: Annotated[NDArray, dict(writable=False)], *, check_range: bool = True, engine: Engine | None = None) -> object:
     """
-    Rows of `table` [vocab, D] for `ids` [T] int32 -> [T, D] float32. ContractError (CONTRACT_RANGE) for an id outside [0, vocab). Reference: nn.Embedding.
+    Rows of `table` [vocab, D] for `ids` [T] int32 -> [T, D] float32.
+
+    table: memra.Weight (CPU) or memra.DeviceWeight (CUDA; float32 or bfloat16, converted exactly to float32). ids and the result live on the engine's device.
+    check_range (CUDA only): copy the ids to the host to range-check them (one wait on the engine's stream); with False an id outside the vocabulary gives a zero row. The CPU always checks.
+    Raises ContractError (CONTRACT_RANGE for an id outside [0, vocab); CONTRACT_DTYPE, CONTRACT_SHAPE, CONTRACT_STRIDE, CONTRACT_DEVICE for a bad argument).
+    Reference: nn.Embedding.
     """
 
-def linear(x: Annotated[NDArray, dict(writable=False)], w: Weight, bias: Annotated[NDArray, dict(writable=False)] | None = None) -> NDArray[numpy.float32]:
+def linear(x: Annotated[NDArray, dict(writable=False)], w: object, bias: Annotated[NDArray, dict(writable=False)] | None = None, *, engine: Engine | None = None) -> object:
     """
-    y [T, N] = x [T, K] @ w [N, K]^T (+ bias [N]), f32 accumulation. Reference: nn.Linear.
+    y [T, N] = x [T, K] @ w [N, K]^T (+ bias [N]), float32 in and out.
+
+    CPU: w a memra.Weight (any stored dtype, converted exactly per row), f32 accumulation.
+    CUDA: w a memra.DeviceWeight; float32 w: SGEMM with TF32 off; bfloat16 w: x is rounded to bfloat16 (RNE) and multiplied on the tensor cores with f32 accumulation and output (so it equals the CPU op on x rounded to bfloat16 up to the summation order).
+    Raises ContractError (CONTRACT_DTYPE, CONTRACT_SHAPE, CONTRACT_STRIDE, CONTRACT_DEVICE), LibraryError for a cuBLAS failure. Reference: nn.Linear.
     """
 
-def rms_norm(x: Annotated[NDArray, dict(writable=False)], weight: Annotated[NDArray, dict(writable=False)] | None = None, *, eps: float) -> NDArray[numpy.float32]:
+def rms_norm(x: Annotated[NDArray, dict(writable=False)], weight: Annotated[NDArray, dict(writable=False)] | None = None, *, eps: float, engine: Engine | None = None) -> object:
     """
-    RMSNorm over the last dim of x [T, D]; unweighted when weight is None. Reference: Glm5NextTextRMSNorm / Glm5NextTextUnweightedRMSNorm.
-    """
-
-def rms_norm_gated(x: Annotated[NDArray, dict(writable=False)], gate: Annotated[NDArray, dict(writable=False)], weight: Annotated[NDArray, dict(writable=False)], *, eps: float) -> NDArray[numpy.float32]:
-    """
-    weight * rmsnorm(x) * sigmoid(gate); x, gate [T, D], weight [D]. Reference: Glm5NextTextRMSNormGated.
+    RMSNorm over the last dim of x [T, D] float32: (weight *) x / sqrt(mean(x^2) + eps); unweighted when weight is None. Arrays on the engine's device (host for the CPU).
+    Raises ContractError (CONTRACT_DTYPE, CONTRACT_SHAPE, CONTRACT_STRIDE, CONTRACT_DEVICE).
+    Reference: Glm5NextTextRMSNorm / Glm5NextTextUnweightedRMSNorm.
     """
 
-def layer_norm(x: Annotated[NDArray, dict(writable=False)], weight: Annotated[NDArray, dict(writable=False)], bias: Annotated[NDArray, dict(writable=False)], *, eps: float) -> NDArray[numpy.float32]:
+def rms_norm_gated(x: Annotated[NDArray, dict(writable=False)], gate: Annotated[NDArray, dict(writable=False)], weight: Annotated[NDArray, dict(writable=False)], *, eps: float, engine: Engine | None = None) -> object:
     """
-    LayerNorm with weight and bias over the last dim of x [T, D]. Reference: nn.LayerNorm.
-    """
-
-def l2norm_heads(x: Annotated[NDArray, dict(writable=False)], *, eps: float = 9.999999974752427e-07) -> NDArray[numpy.float32]:
-    """
-    x [T, H, d] / sqrt(sum(x^2, -1) + eps). Reference: modeling_glm5_next.l2norm.
+    weight * rmsnorm(x) * sigmoid(gate); x, gate [T, D], weight [D], float32 on the engine's device.
+    Raises ContractError (CONTRACT_DTYPE, CONTRACT_SHAPE, CONTRACT_STRIDE, CONTRACT_DEVICE).
+    Reference: Glm5NextTextRMSNormGated.
     """
 
-def rope_interleaved(x: Annotated[NDArray, dict(writable=False)], positions: Annotated[NDArray, dict(writable=False)], *, base: float = 10000.0) -> NDArray[numpy.float32]:
+def layer_norm(x: Annotated[NDArray, dict(writable=False)], weight: Annotated[NDArray, dict(writable=False)], bias: Annotated[NDArray, dict(writable=False)], *, eps: float, engine: Engine | None = None) -> object:
     """
-    Interleaved RoPE: rotates pairs (2j, 2j+1) of x [T, n_vec, d_rope] by pos * base^(-2j/d_rope); positions [T] int32. ContractError (CONTRACT_ODD_ROPE) for odd d_rope. Only applied where the model family rotates (glm5_next and Kimi-Linear never do).
+    LayerNorm with weight and bias over the last dim of x [T, D] float32 (two-pass mean and variance), arrays on the engine's device.
+    Raises ContractError (CONTRACT_DTYPE, CONTRACT_SHAPE, CONTRACT_STRIDE, CONTRACT_DEVICE).
+    Reference: nn.LayerNorm.
     """
 
-def kda_conv(x: Annotated[NDArray, dict(writable=False)], w: Annotated[NDArray, dict(writable=False)], ring: Annotated[NDArray, dict(writable=False)]) -> tuple[NDArray[numpy.float32], NDArray[numpy.float32]]:
+def l2norm_heads(x: Annotated[NDArray, dict(writable=False)], *, eps: float = 9.999999974752427e-07, engine: Engine | None = None) -> object:
+    """
+    x [T, H, d] / sqrt(sum(x^2, -1) + eps), float32 on the engine's device (a new array).
+    Raises ContractError (CONTRACT_DTYPE, CONTRACT_SHAPE, CONTRACT_STRIDE, CONTRACT_DEVICE).
+    Reference: modeling_glm5_next.l2norm.
+    """
+
+def rope_interleaved(x: Annotated[NDArray, dict(writable=False)], positions: Annotated[NDArray, dict(writable=False)], *, base: float = 10000.0, engine: Engine | None = None) -> object:
+    """
+    Interleaved RoPE: rotates pairs (2j, 2j+1) of x [T, n_vec, d_rope] float32 by pos * base^(-2j/d_rope) (angles in double, rounded once); positions [T] int32; both on the engine's device. Returns a new array. ContractError (CONTRACT_ODD_ROPE, 40001) for odd d_rope; d_rope == 0 returns the input unchanged. Only applied where the model family rotates (glm5_next and Kimi-Linear never do).
+    """
+
+def sigmoid(x: Annotated[NDArray, dict(writable=False)], *, engine: Engine | None = None) -> object:
+    """
+    y = 1 / (1 + exp(-x)) elementwise; x [n] float32 (reshape(-1) first) on the engine's device.
+    Raises ContractError (CONTRACT_DTYPE, CONTRACT_SHAPE, CONTRACT_STRIDE, CONTRACT_DEVICE). Reference: torch.sigmoid.
+    """
+
+def kda_conv(x: Annotated[NDArray, dict(writable=False)], w: Annotated[NDArray, dict(writable=False)], ring: Annotated[NDArray, dict(writable=False)], *, arm: str = 'auto', batch: bool = False, engine: Engine | None = None) -> tuple[object, object]:
     """
     Causal depthwise conv + SiLU over the fused q|k|v channels, continuing from a ring.
 
@@ -119,15 +142,22 @@ def kda_conv(x: Annotated[NDArray, dict(writable=False)], w: Annotated[NDArray, 
     input); ring [C, K-1] float32, the previous K-1 inputs of each channel, oldest first
     (zeros for a fresh sequence). Returns (y [T, C], ring_out [C, K-1]) where
     y = silu(conv(ring ++ x)) and ring_out = the last K-1 inputs of ring ++ x (for T < K-1
-    it still holds some old ring values). T == 1 runs the decode arm, which equals the
-    prefill arm bit for bit, so kda_conv(x[:T-1]) then kda_conv(x[T-1:]) == kda_conv(x).
+    it still holds some old ring values). arm='auto' runs the decode arm at T == 1 and the
+    prefill arm otherwise; 'prefill' / 'decode' force one ('decode' needs T == 1). The arms
+    agree bit for bit, so kda_conv(x[:T-1]) then kda_conv(x[T-1:]) == kda_conv(x).
+    batch=True: B sequences of one token each through the decode arm (one launch on CUDA):
+    x [B, C], ring [B, C, K-1] -> (y [B, C], ring_out [B, C, K-1]); row b equals
+    kda_conv(x[b:b+1], w, ring[b]) bit for bit.
+    engine: None or a CPU Engine runs the C++ reference on host arrays; a CUDA Engine runs
+    cuda/kda.cu on arrays of its device and returns CUDA arrays (kernels built for K in
+    2..8: another K raises UnsupportedError (UNSUPPORTED_GEOMETRY); the CPU takes any K >= 1).
     Raises ContractError (CONTRACT_DTYPE / CONTRACT_SHAPE / CONTRACT_STRIDE /
-    CONTRACT_DEVICE) for a non-float32, mis-shaped, non-C-contiguous or device array.
-    Reference: modeling_glm5_next.causal_conv1d_fn / causal_conv1d_update with
-    activation='silu' and the cache's conv state.
+    CONTRACT_DEVICE) for a non-float32, mis-shaped, non-C-contiguous or wrong-device array,
+    CONTRACT_VALUE for an unknown arm. Reference: modeling_glm5_next.causal_conv1d_fn /
+    causal_conv1d_update with activation='silu' and the cache's conv state.
     """
 
-def kda_gate(f: Annotated[NDArray, dict(writable=False)], dt_bias: Annotated[NDArray, dict(writable=False)], A_log: Annotated[NDArray, dict(writable=False)], *, form: str = 'lower_bound', lower_bound: float = -5.0) -> NDArray[numpy.float32]:
+def kda_gate(f: Annotated[NDArray, dict(writable=False)], dt_bias: Annotated[NDArray, dict(writable=False)], A_log: Annotated[NDArray, dict(writable=False)], *, form: str = 'lower_bound', lower_bound: float = -5.0, engine: Engine | None = None) -> object:
     """
     KDA log forget gate g [T, H*dk] float32 from f [T, H*dk] = f_b(f_a(x)), dt_bias [H*dk]
     (per channel) and A_log [H] (per head), all float32.
@@ -135,12 +165,14 @@ def kda_gate(f: Annotated[NDArray, dict(writable=False)], dt_bias: Annotated[NDA
     form='lower_bound' (glm5_next): g = lower_bound * sigmoid(exp(A_log) * (f + dt_bias)).
     form='softplus' (kimi_linear): g = -exp(A_log) * softplus(f + dt_bias) with
     softplus(x) = x if x > 20 else log(1 + exp(x)); lower_bound is ignored.
+    engine: None or a CPU Engine runs the C++ reference; a CUDA Engine runs cuda/kda.cu on
+    arrays of its device (any dk; same operations, CUDA's expf/logf within 2 ulp).
     Raises ContractError: CONTRACT_VALUE for another form, CONTRACT_SHAPE when the last dim
     of f is not a multiple of len(A_log) or dt_bias does not match it, CONTRACT_DTYPE /
     CONTRACT_STRIDE / CONTRACT_DEVICE as usual. Reference: Glm5NextTextForgetGate.forward.
     """
 
-def kda_scan(q: Annotated[NDArray, dict(writable=False)], k: Annotated[NDArray, dict(writable=False)], v: Annotated[NDArray, dict(writable=False)], g: Annotated[NDArray, dict(writable=False)], beta: Annotated[NDArray, dict(writable=False)], state: Annotated[NDArray, dict(writable=False)] | None = None, *, scale: float | None = None) -> tuple[NDArray[numpy.float32], NDArray[numpy.float32]]:
+def kda_scan(q: Annotated[NDArray, dict(writable=False)], k: Annotated[NDArray, dict(writable=False)], v: Annotated[NDArray, dict(writable=False)], g: Annotated[NDArray, dict(writable=False)], beta: Annotated[NDArray, dict(writable=False)], state: Annotated[NDArray, dict(writable=False)] | None = None, *, scale: float | None = None, batch: bool = False, engine: Engine | None = None) -> tuple[object, object]:
     """
     KDA delta-rule scan, T steps in order (the recurrent form), from `state` (None = zeros).
 
@@ -150,143 +182,193 @@ def kda_scan(q: Annotated[NDArray, dict(writable=False)], k: Annotated[NDArray, 
       S = S * exp(g_t)[:, None]; S += k_t (beta_t (v_t - k_t^T S)); o_t = (scale q_t)^T S
     with scale = dk**-0.5 unless given. Returns (o [T, H, dv], state_out [H, dk, dv]); the
     input state is not modified. Chaining calls (one T-step call, or T one-step calls
-    passing state_out on) gives the same bits. Raises ContractError (CONTRACT_DTYPE /
-    CONTRACT_SHAPE / CONTRACT_STRIDE / CONTRACT_DEVICE) for a bad argument.
+    passing state_out on) gives the same bits.
+    batch=True: B sequences in one call (one launch on CUDA): q, k, g [B, T, H, dk];
+    v [B, T, H, dv]; beta [B, T, H]; state [B, H, dk, dv] or None -> (o [B, T, H, dv],
+    state_out [B, H, dk, dv]); sequence b equals its own call bit for bit.
+    engine: None or a CPU Engine runs the C++ reference on host arrays; a CUDA Engine runs
+    cuda/kda.cu on arrays of its device (built for dk = dv = 128 only: another head size
+    raises UnsupportedError (UNSUPPORTED_GEOMETRY); its dk-long sums are partial sums plus a
+    warp tree, so it matches the CPU to ~1e-5 relative, not bit for bit).
+    Raises ContractError (CONTRACT_DTYPE / CONTRACT_SHAPE / CONTRACT_STRIDE /
+    CONTRACT_DEVICE) for a bad argument.
     Reference: modeling_glm5_next.recurrent_kimi_delta_attention (equal in exact arithmetic
     to chunk_kimi_delta_attention, which transformers uses for multi-token prefill).
     """
 
-def mla_absorb_q(q_nope: Annotated[NDArray, dict(writable=False)], kv_b: Weight, *, d_v: int) -> NDArray[numpy.float32]:
+def mla_absorb_q(q_nope: Annotated[NDArray, dict(writable=False)], kv_b: object, *, d_v: int, arm: int = 0, engine: Engine | None = None) -> object:
     """
     Absorb W_uk into the query: q_lat[t, h, :] = W_uk[h]^T q_nope[t, h, :].
 
-    q_nope: [T, H, d_nope] float32, C-contiguous. kv_b: Weight [H*(d_nope+d_v), R] (kv_b_proj.weight; head h's rows are d_nope k rows then d_v v rows). Returns q_lat [T, H, R] float32.
-    Raises ContractError: CONTRACT_DTYPE / CONTRACT_SHAPE / CONTRACT_STRIDE / CONTRACT_DEVICE for a bad q_nope, CONTRACT_SHAPE when kv_b's shape does not match, CONTRACT_VALUE for d_v < 0.
+    q_nope: [T, H, d_nope] float32, C-contiguous, on the engine's device (host for the CPU). kv_b: [H*(d_nope+d_v), R] (kv_b_proj.weight; head h's rows are d_nope k rows then d_v v rows): a memra.Weight for the CPU, a memra.DeviceWeight (float32 or bfloat16) for CUDA. Returns q_lat [T, H, R] float32 on the same device.
+    arm (CUDA only; the CPU ignores it): 0 auto, 1 per-position kernel, 2 output-range split (bytes equal to arm 1), 3 cuBLASLt bf16 GEMM batched over heads (bf16 kv_b only; q_nope is rounded to bfloat16). Auto takes 3 for bf16 kv_b at T >= 64 (1 when cuBLASLt declines), else 2 or 1. Arms 1/2 accumulate in f32 in the CPU's order (n ascending) with fused multiply-adds: f32 kv_b agrees with the CPU to ~1e-6 relative.
+    Raises ContractError: CONTRACT_DTYPE / CONTRACT_SHAPE / CONTRACT_STRIDE / CONTRACT_DEVICE for a bad q_nope, CONTRACT_SHAPE when kv_b's shape does not match, CONTRACT_DEVICE for a kv_b of the wrong kind, CONTRACT_VALUE for d_v < 0 or an arm outside 0..3; UnsupportedError for arm 3 with float32 kv_b; LibraryError when cuBLASLt declines arm 3.
     Reference: Glm5NextTextAttention.expand_kv (k_nope = W_uk c), folded into q.
     """
 
-def mla_decompress_v(o_lat: Annotated[NDArray, dict(writable=False)], kv_b: Weight, *, d_nope: int) -> NDArray[numpy.float32]:
+def mla_decompress_v(o_lat: Annotated[NDArray, dict(writable=False)], kv_b: object, *, d_nope: int, arm: int = 0, engine: Engine | None = None) -> object:
     """
     Decompress the latent attention output: out[t, h, :] = W_uv[h] o_lat[t, h, :].
 
-    o_lat: [T, H, R] float32. kv_b: Weight [H*(d_nope+d_v), R]. Returns out [T, H, d_v] float32 (d_v = kv_b rows / H - d_nope).
-    Raises ContractError: CONTRACT_DTYPE / CONTRACT_SHAPE / CONTRACT_STRIDE / CONTRACT_DEVICE for a bad o_lat, CONTRACT_SHAPE when kv_b does not match, CONTRACT_VALUE for d_nope < 0.
+    o_lat: [T, H, R] float32 on the engine's device (host for the CPU). kv_b: [H*(d_nope+d_v), R], memra.Weight (CPU) or memra.DeviceWeight (CUDA). Returns out [T, H, d_v] float32 (d_v = kv_b rows / H - d_nope) on the same device.
+    arm (CUDA only; the CPU ignores it): as mla_absorb_q (3: o_lat rounded to bfloat16, cuBLASLt over heads). Arms 1/2: one warp per output, lane-strided f32 sums then a butterfly over the lanes (~1e-6 relative to the CPU with f32 kv_b).
+    Raises ContractError: CONTRACT_DTYPE / CONTRACT_SHAPE / CONTRACT_STRIDE / CONTRACT_DEVICE for a bad o_lat, CONTRACT_SHAPE when kv_b does not match, CONTRACT_VALUE for d_nope < 0 or an arm outside 0..3; UnsupportedError for arm 3 with float32 kv_b; LibraryError when cuBLASLt declines arm 3.
     Reference: Glm5NextTextAttention.expand_kv (value_states = W_uv c), folded into the output.
     """
 
-def mla_attn_absorbed(q_lat: Annotated[NDArray, dict(writable=False)], cache: Annotated[NDArray, dict(writable=False)], q_pe: Annotated[NDArray, dict(writable=False)] | None = None, *, scale: float) -> NDArray[numpy.float32]:
+def mla_latent_append(rows: Annotated[NDArray, dict(writable=False)], cache: Annotated[NDArray, dict(writable=False)], *, start: int, engine: Engine | None = None) -> object:
+    """
+    Write latent rows into a cache in place: cache[start + t, :] = rows[t, :].
+
+    rows: [T, W] float32; cache: [max_len, W], float32 (CPU: a writable host array), or on CUDA float32 or bfloat16 (a DLPack bfloat16 array or uint16 raw bits; the rows are rounded to nearest even). Both on the engine's device. Returns the cache (the same array object; for a single-use DLPack capsule, such as engine.to_device returns, a new capsule viewing the same buffer).
+    Raises ContractError: CONTRACT_RANGE when [start, start + T) does not fit max_len; CONTRACT_DTYPE / CONTRACT_SHAPE / CONTRACT_STRIDE / CONTRACT_DEVICE for bad arrays. Nothing is written on error.
+    Reference: MlaLayer (cpp/src/layers/mla_layer.cpp), the latent rows [normalised latent | k_pe] appended at rows [pos, pos + T).
+    """
+
+def mla_attn_absorbed(q_lat: Annotated[NDArray, dict(writable=False)], cache: Annotated[NDArray, dict(writable=False)], q_pe: Annotated[NDArray, dict(writable=False)] | None = None, *, scale: float, engine: Engine | None = None) -> object:
     """
     Causal absorbed MLA attention over a latent cache; the queries are the cache's last t_q rows (query i sits at row t_kv - t_q + i and sees rows <= it).
 
-    q_lat: [t_q, H, R] float32 (from mla_absorb_q). cache: [t_kv, R + d_rope] float32 (kv_a_layernorm'd latent, then the rope part). q_pe: [t_q, H, d_rope] float32, required when d_rope > 0. scale: qk_head_dim**-0.5 (qk_head_dim = d_nope + d_rope). Returns o_lat [t_q, H, R] float32; score = (q_lat . c + q_pe . k_pe) * scale, softmax in f32.
-    Raises ContractError: CONTRACT_QUERY_SUFFIX when t_q > t_kv; CONTRACT_MISSING when q_pe is absent but d_rope > 0; CONTRACT_SHAPE / CONTRACT_DTYPE / CONTRACT_STRIDE / CONTRACT_DEVICE for bad arrays; CONTRACT_VALUE for a non-finite scale.
+    q_lat: [t_q, H, R] float32 (from mla_absorb_q). cache: [t_kv, R + d_rope] (kv_a_layernorm'd latent, then the rope part): float32, or on CUDA also bfloat16 (DLPack bfloat16 or uint16 raw bits). q_pe: [t_q, H, d_rope] float32, required when d_rope > 0. All on the engine's device. scale: qk_head_dim**-0.5 (qk_head_dim = d_nope + d_rope). Returns o_lat [t_q, H, R] float32; score = (q_lat . c + q_pe . k_pe) * scale, softmax in f32 (CUDA: online over tiles of 32 rows, split over the rows when the queries alone do not fill the GPU; ~1e-5 relative to the CPU).
+    Raises ContractError: CONTRACT_QUERY_SUFFIX when t_q > t_kv; CONTRACT_MISSING when q_pe is absent but d_rope > 0; CONTRACT_SHAPE / CONTRACT_DTYPE / CONTRACT_STRIDE / CONTRACT_DEVICE for bad arrays; CONTRACT_VALUE for a non-finite scale. UnsupportedError (CUDA) for R > 8192 or rows too wide for shared memory.
     Reference: Glm5NextTextAttention.forward with a causal mask (eager_attention_forward).
     """
 
-def mla_attn_gathered(q_lat: Annotated[NDArray, dict(writable=False)], cache: Annotated[NDArray, dict(writable=False)], idx: Annotated[NDArray, dict(writable=False)], q_pe: Annotated[NDArray, dict(writable=False)] | None = None, *, scale: float) -> NDArray[numpy.float32]:
+def mla_attn_gathered(q_lat: Annotated[NDArray, dict(writable=False)], cache: Annotated[NDArray, dict(writable=False)], idx: Annotated[NDArray, dict(writable=False)], q_pe: Annotated[NDArray, dict(writable=False)] | None = None, *, scale: float, check_range: bool = True, engine: Engine | None = None) -> object:
     """
     Absorbed MLA attention where query i attends over the cache rows listed in idx[i, :].
 
-    q_lat: [t_q, H, R] float32. cache: [t_kv, R + d_rope] float32. idx: [t_q, width] int32 (entries -1 are padding; the list is a set: order does not matter and a duplicated row counts once). q_pe: [t_q, H, d_rope] float32, required when d_rope > 0. Returns o_lat [t_q, H, R] float32; a query whose list is all -1 gets zeros.
-    Raises ContractError: CONTRACT_RANGE for an entry >= t_kv or < -1; CONTRACT_MISSING when q_pe is absent but d_rope > 0; CONTRACT_SHAPE / CONTRACT_DTYPE / CONTRACT_STRIDE / CONTRACT_DEVICE for bad arrays (int64 idx is refused, not narrowed); CONTRACT_VALUE for a non-finite scale.
+    q_lat: [t_q, H, R] float32. cache: [t_kv, R + d_rope] float32, or on CUDA also bfloat16 (DLPack bfloat16 or uint16 raw bits). idx: [t_q, width] int32 (entries -1 are padding; the list is a set: order does not matter and a duplicated row counts once). q_pe: [t_q, H, d_rope] float32, required when d_rope > 0. All on the engine's device. Returns o_lat [t_q, H, R] float32; a query whose list is all -1 gets zeros.
+    check_range (CUDA only): copy idx to the host first and refuse an entry outside [-1, t_kv) or after its query's row (t_kv - t_q + i) (one wait on the engine's stream); with False such entries are skipped on the device. CUDA also requires t_q <= t_kv (queries are the cache's last rows).
+    Raises ContractError: CONTRACT_RANGE for an entry >= t_kv or < -1 (CUDA: or after the query row); CONTRACT_QUERY_SUFFIX (CUDA) when t_q > t_kv; CONTRACT_MISSING when q_pe is absent but d_rope > 0; CONTRACT_SHAPE / CONTRACT_DTYPE / CONTRACT_STRIDE / CONTRACT_DEVICE for bad arrays (int64 idx is refused, not narrowed); CONTRACT_VALUE for a non-finite scale.
     Reference: Glm5NextTextAttention.build_attention_mask_from_topk + eager_attention_forward.
     """
 
-def kpool_pool_keys(k: Annotated[NDArray, dict(writable=False)], gate: Annotated[NDArray, dict(writable=False)], ape: Annotated[NDArray, dict(writable=False)]) -> NDArray[numpy.float32]:
-    """
-    Pool keys of the complete pools of one sequence: pool p holds rows [p*pool, (p+1)*pool); per channel, softmax over the pool's rows of gate + ape weights the rows of k.
-
-    k: [n_rows, d] float32 (k_norm(wk(x))). gate: [n_rows, d] float32 (x @ index_kpool_compress_gate^T). ape: [pool, d] float32 (index_kpool_compress_ape). Returns keys [n_rows // pool, d] float32 (an incomplete last pool is left out).
-    Raises ContractError: CONTRACT_POOL when pool (ape rows) is 0; CONTRACT_SHAPE / CONTRACT_DTYPE / CONTRACT_STRIDE / CONTRACT_DEVICE for bad arrays.
-    Reference: Glm5NextTextIndexer.get_pooled_states (unpadded: first_key = 0).
-    """
-
-def kpool_score(q: Annotated[NDArray, dict(writable=False)], w: Annotated[NDArray, dict(writable=False)], pool_keys: Annotated[NDArray, dict(writable=False)], *, pool: int, first_pos: int, qk_scale: float, head_scale: float) -> NDArray[numpy.float32]:
-    """
-    Head-mixed pool scores: score[i, p] = sum_h w[i, h] * head_scale * relu(qk_scale * q[i, h, :] . pool_keys[p, :]) (h ascending), and -inf where pool p's last row p*pool + pool - 1 is after the query's position first_pos + i.
-
-    q: [t_q, Hi, d] float32 (wq_b(q_resid)). w: [t_q, Hi] float32 (weights_proj(x)). pool_keys: [n_pools, d] float32 (kpool_pool_keys). qk_scale: index_head_dim**-0.5; head_scale: index_n_heads**-0.5. Returns score [t_q, n_pools] float32.
-    Raises ContractError: CONTRACT_POOL for pool < 1; CONTRACT_VALUE for first_pos < 0 or a non-finite scale; CONTRACT_RANGE when first_pos + t_q overflows int32; CONTRACT_SHAPE / CONTRACT_DTYPE / CONTRACT_STRIDE / CONTRACT_DEVICE for bad arrays.
-    Reference: Glm5NextTextIndexer.forward (scores, weights, valid_candidates mask).
-    """
-
-def kpool_select(score: Annotated[NDArray, dict(writable=False)], *, pool: int, select_k: int, width: int, first_pos: int) -> NDArray[numpy.int32]:
-    """
-    Index lists from pool scores: per query i (position first_pos + i), the top select_k pools among the finite scores by (score desc, pool index asc), expanded to their rows in ascending pool order, then the visible tail rows [(pos+1) - (pos+1) % pool, pos], then -1 up to width. Fewer finite pools than select_k leave more -1 padding.
-
-    score: [t_q, n_pools] float32 (kpool_score). select_k: min(index_topk // pool, n_pools); width: index_topk + pool - 1. Returns idx [t_q, width] int32 (a set of rows per query).
-    Raises ContractError: CONTRACT_INDEX_WIDTH when width < select_k*pool + pool - 1; CONTRACT_POOL for pool < 1; CONTRACT_VALUE for select_k < 0 or first_pos < 0; CONTRACT_SHAPE / CONTRACT_DTYPE / CONTRACT_STRIDE / CONTRACT_DEVICE for a bad score.
-    Reference: Glm5NextTextIndexer.forward topk + append_visible_tail (index_kpool_always_select_tail = True), compared as sets.
-    """
-
-def swiglu_mlp(x: Annotated[NDArray, dict(writable=False)], gate_w: Weight, up_w: Weight, down_w: Weight, *, limit: float) -> NDArray[numpy.float32]:
+def swiglu_mlp(x: Annotated[NDArray, dict(writable=False)], gate_w: object, up_w: object, down_w: object, *, limit: float, engine: Engine | None = None) -> object:
     """
     SwiGLU MLP with the clamp: y = (silu(min(x gate_w^T, limit)) * clamp(x up_w^T, +-limit)) down_w^T.
 
-    x [T, D] float32; gate_w, up_w Weight [I, D]; down_w Weight [D, I]; limit > 0 (swiglu_limit). Returns y [T, D] float32.
-    Raises ContractError (CONTRACT_DTYPE, CONTRACT_SHAPE, CONTRACT_STRIDE, CONTRACT_DEVICE; CONTRACT_VALUE for limit <= 0).
+    x [T, D] float32; gate_w, up_w [I, D]; down_w [D, I]; limit > 0 (swiglu_limit; inf for no clamp). Returns y [T, D] float32.
+    engine: None or a CPU Engine: memra.Weight arguments, host arrays, the C++ reference (f32 accumulation over the weights widened to f32).
+    A CUDA Engine: memra.DeviceWeight arguments of one dtype, arrays on its device; three cuBLAS GEMMs (float32 weights: SGEMM, TF32 off; bfloat16 weights: x and the hidden activation rounded to bfloat16 before each GEMM, f32 accumulation) around the CPU's elementwise clamp/SiLU formula.
+    Raises ContractError (CONTRACT_DTYPE, CONTRACT_SHAPE, CONTRACT_STRIDE, CONTRACT_DEVICE; CONTRACT_VALUE for limit <= 0), LibraryError for a cuBLAS failure.
     Reference: transformers Glm5NextTextMLP.forward.
     """
 
-def moe_route(x: Annotated[NDArray, dict(writable=False)], gate_w: Weight, corr_bias: Annotated[NDArray, dict(writable=False)] | None = None, *, top_k: int, n_group: int, topk_group: int, norm_topk_prob: bool, scaling: float) -> tuple:
+def moe_route(x: Annotated[NDArray, dict(writable=False)], gate_w: object, corr_bias: Annotated[NDArray, dict(writable=False)] | None = None, *, top_k: int, n_group: int, topk_group: int, norm_topk_prob: bool, scaling: float, engine: Engine | None = None) -> tuple:
     """
     Sigmoid router with grouped selection.
 
-    x [T, D] float32; gate_w Weight [E, D]; corr_bias [E] float32 or None (e_score_correction_bias: used only to choose).
+    x [T, D] float32; gate_w [E, D]; corr_bias [E] float32 or None (e_score_correction_bias: used only to choose).
     Logits in f32 -> sigmoid scores s; choice c = s + bias; group score = sum of the top-2 c of each of the n_group groups; keep the best topk_group groups (ties: lower group); top_k experts by c among them (ties: lower id), sorted by c desc. Weights = s of the chosen experts, / (sum + 1e-20) when norm_topk_prob, times scaling.
     Returns (idx [T, top_k] int32, w [T, top_k] float32).
-    Raises ContractError (CONTRACT_DTYPE, CONTRACT_SHAPE, CONTRACT_STRIDE, CONTRACT_DEVICE; CONTRACT_VALUE when n_group does not divide E, topk_group is outside [1, n_group] or top_k outside [1, topk_group * E / n_group]).
+    engine: None or a CPU Engine: gate_w a memra.Weight, host arrays. A CUDA Engine: gate_w a float32 memra.DeviceWeight, arrays on its device; logits by SGEMM (TF32 off), then one warp per token with the CPU's selection rules (sigmoid with CUDA's expf, within 2 ulp).
+    Raises ContractError (CONTRACT_DTYPE, also for a bfloat16 DeviceWeight; CONTRACT_SHAPE, CONTRACT_STRIDE, CONTRACT_DEVICE; CONTRACT_VALUE when n_group does not divide E, topk_group is outside [1, n_group] or top_k outside [1, topk_group * E / n_group]).
     Reference: transformers Glm5NextTextTopkRouter.forward.
     """
 
-def moe_forward(x: Annotated[NDArray, dict(writable=False)], idx: Annotated[NDArray, dict(writable=False)], w: Annotated[NDArray, dict(writable=False)], gate_ws: Sequence[Weight], up_ws: Sequence[Weight], down_ws: Sequence[Weight], *, limit: float) -> NDArray[numpy.float32]:
+def moe_forward(x: Annotated[NDArray, dict(writable=False)], idx: Annotated[NDArray, dict(writable=False)], w: Annotated[NDArray, dict(writable=False)], gate_ws: object, up_ws: object, down_ws: object, *, limit: float, engine: Engine | None = None) -> object:
     """
     Routed experts: y[t] = sum_j w[t, j] * expert_{idx[t, j]}(x[t]), each expert the clamped SwiGLU MLP; per token the terms are added in ascending expert id. The shared expert is NOT included (add swiglu_mlp of it).
 
-    x [T, D] float32; idx [T, k] int32 in [0, E); w [T, k] float32; gate_ws, up_ws: lists of E Weights [I, D]; down_ws: E Weights [D, I]. Returns y [T, D] float32.
+    x [T, D] float32; idx [T, k] int32 in [0, E); w [T, k] float32. Returns y [T, D] float32.
+    engine: None or a CPU Engine: gate_ws, up_ws: lists of E memra.Weight [I, D]; down_ws: E memra.Weight [D, I]; host arrays.
+    A CUDA Engine: gate_ws, up_ws: one stacked memra.DeviceWeight [E, I, D] each, down_ws one [E, D, I], all of one dtype (float32 or bfloat16); arrays on its device. The ids are copied to the host for the range check (one synchronisation). Kernels read the stacked weights directly (decode-shaped: one warp per expert row and token slot), activations stay float32 (bfloat16 weights are widened, x is not rounded), so only the dot products' summation order differs from the CPU.
     Raises ContractError (CONTRACT_RANGE for an expert id outside [0, E); CONTRACT_SHAPE for a mismatched list or weight; CONTRACT_DTYPE, CONTRACT_STRIDE, CONTRACT_DEVICE; CONTRACT_VALUE for limit <= 0).
     Reference: transformers Glm5NextTextExperts.forward.
     """
 
-def mhc_pre(streams: Annotated[NDArray, dict(writable=False)], fn: Weight, base: Annotated[NDArray, dict(writable=False)], scale: Annotated[NDArray, dict(writable=False)], *, sinkhorn_iters: int, hc_eps: float, norm_eps: float) -> tuple:
-    """
-    mHC mapping. streams [T, hc, D] float32; fn Weight [(2+hc)*hc, hc*D]; base [(2+hc)*hc] float32; scale [3] float32.
-    logits = fn(unweighted RMSNorm(norm_eps) of the flattened streams); pre = sigmoid(.*scale[0] + base) + hc_eps; post = 2 sigmoid(.); comb = softmax over the last dim + hc_eps, one column normalisation, then sinkhorn_iters - 1 rounds of row then column normalisation (denominators + hc_eps).
-    Returns (post [T, hc], comb [T, hc, hc], collapsed [T, D] = sum_s pre[s] * streams[:, s]) float32.
-    Raises ContractError (CONTRACT_DTYPE, CONTRACT_SHAPE, CONTRACT_STRIDE, CONTRACT_DEVICE; CONTRACT_VALUE for sinkhorn_iters < 1).
-    Reference: transformers Glm5NextTextHyperConnection.forward.
-    """
-
-def mhc_post(y: Annotated[NDArray, dict(writable=False)], post: Annotated[NDArray, dict(writable=False)], comb: Annotated[NDArray, dict(writable=False)], residual: Annotated[NDArray, dict(writable=False)]) -> NDArray[numpy.float32]:
-    """
-    mHC expansion after a block: out[t, j] = post[t, j] * y[t] + sum_i comb[t, i, j] * residual[t, i].
-
-    y [T, D]; post [T, hc]; comb [T, hc, hc]; residual [T, hc, D]; all float32. Returns out [T, hc, D] float32.
-    Raises ContractError (CONTRACT_DTYPE, CONTRACT_SHAPE, CONTRACT_STRIDE, CONTRACT_DEVICE).
-    Reference: transformers Glm5NextTextDecoderLayer.forward (post * h + comb^T @ residual).
-    """
-
-def hc_head_mean(streams: Annotated[NDArray, dict(writable=False)]) -> NDArray[numpy.float32]:
-    """
-    Final hyper-connection head: the plain mean over the streams.
-
-    streams [T, hc, D] float32 -> [T, D] float32.
-    Raises ContractError (CONTRACT_DTYPE, CONTRACT_SHAPE, CONTRACT_STRIDE, CONTRACT_DEVICE).
-    Reference: transformers Glm5NextTextHyperHead.
-    """
-
-def sample(logits: Annotated[NDArray, dict(writable=False)], counters: Annotated[NDArray, dict(writable=False)], *, temperature: float, top_k: int = 0, top_p: float = 1.0, seed: int = 0) -> NDArray[numpy.int32]:
+def sample(logits: Annotated[NDArray, dict(writable=False)], counters: Annotated[NDArray, dict(writable=False)], *, temperature: float, top_k: int = 0, top_p: float = 1.0, seed: int = 0, engine: Engine | None = None) -> object:
     """
     One token per row.
 
-    logits [B, V] float32; counters [B] uint64 or int64 (>= 0), the per-row draw index. temperature <= 0: argmax (ties to the lower id). Otherwise softmax(logits / temperature) in f32; keep the top_k most likely (0: all), then the shortest prefix in (p desc, id asc) order whose top-k-renormalised mass reaches top_p (>= 1: all); draw by inverse CDF with u = uniform_from_counter(seed, counter) (splitmix64; the exact formula is in ops.h). Returns int32 [B].
-    Raises ContractError (CONTRACT_DTYPE for counters not int64/uint64 or logits not float32, CONTRACT_SHAPE, CONTRACT_STRIDE, CONTRACT_DEVICE, CONTRACT_RANGE for a negative int64 counter, CONTRACT_VALUE for top_p <= 0 or a NaN temperature).
+    logits [B, V] float32; counters [B], the per-row draw index. temperature <= 0: argmax (ties to the lower id). Otherwise softmax(logits / temperature) in f32; keep the top_k most likely (0: all), then the shortest prefix in (p desc, id asc) order whose top-k-renormalised mass reaches top_p (>= 1: all); draw by inverse CDF with u = uniform_from_counter(seed, counter) (splitmix64; the exact formula is in ops.h). Returns int32 [B].
+    engine: None or a CPU Engine: host arrays, counters uint64 or int64 (>= 0). A CUDA Engine: arrays on its device, counters uint64; the same f32 arithmetic as the CPU (glibc's expf reproduced bit for bit, the running sums in the spec's order), so the same seed and counter give the same token.
+    Raises ContractError (CONTRACT_DTYPE for counters not int64/uint64 (uint64 on CUDA) or logits not float32, CONTRACT_SHAPE, CONTRACT_STRIDE, CONTRACT_DEVICE, CONTRACT_RANGE for a negative int64 counter, CONTRACT_VALUE for top_p <= 0 or a NaN temperature).
     Reference: transformers' temperature / TopK / TopP logits warpers followed by multinomial, with a counter-based draw.
     """
 
 def uniform_from_counter(seed: int, counter: int) -> float:
     """
     The counter-based uniform in [0, 1) that sample draws with (exact formula in ops.h).
+    """
+
+def mhc_pre(streams: Annotated[NDArray, dict(writable=False)], fn: object, base: Annotated[NDArray, dict(writable=False)], scale: Annotated[NDArray, dict(writable=False)], *, sinkhorn_iters: int, hc_eps: float, norm_eps: float, engine: Engine | None = None) -> tuple:
+    """
+    mHC mapping. streams [T, hc, D] float32; fn [(2+hc)*hc, hc*D] (memra.Weight on the CPU, memra.DeviceWeight on CUDA); base [(2+hc)*hc] float32; scale [3] float32; arrays on the engine's device.
+    logits = fn(unweighted RMSNorm(norm_eps) of the flattened streams); pre = sigmoid(.*scale[0] + base) + hc_eps; post = 2 sigmoid(.); comb = softmax over the last dim + hc_eps, one column normalisation, then sinkhorn_iters - 1 rounds of row then column normalisation (denominators + hc_eps).
+    Returns (post [T, hc], comb [T, hc, hc], collapsed [T, D] = sum_s pre[s] * streams[:, s]) float32.
+    CUDA: the RMS factor is applied to the GEMM's output (fn(x * r) = r * fn(x)); a bfloat16 fn multiplies the streams rounded to bfloat16. hc up to 64.
+    Raises ContractError (CONTRACT_DTYPE, CONTRACT_SHAPE, CONTRACT_STRIDE, CONTRACT_DEVICE; CONTRACT_VALUE for sinkhorn_iters < 1), UnsupportedError (CUDA, hc > 64).
+    Reference: transformers Glm5NextTextHyperConnection.forward.
+    """
+
+def mhc_post(y: Annotated[NDArray, dict(writable=False)], post: Annotated[NDArray, dict(writable=False)], comb: Annotated[NDArray, dict(writable=False)], residual: Annotated[NDArray, dict(writable=False)], *, engine: Engine | None = None) -> object:
+    """
+    mHC expansion after a block: out[t, j] = post[t, j] * y[t] + sum_i comb[t, i, j] * residual[t, i].
+
+    y [T, D]; post [T, hc]; comb [T, hc, hc]; residual [T, hc, D]; all float32 on the engine's device. Returns out [T, hc, D] float32 (CUDA: bit-identical to the CPU).
+    Raises ContractError (CONTRACT_DTYPE, CONTRACT_SHAPE, CONTRACT_STRIDE, CONTRACT_DEVICE).
+    Reference: transformers Glm5NextTextDecoderLayer.forward (post * h + comb^T @ residual).
+    """
+
+def hc_head_mean(streams: Annotated[NDArray, dict(writable=False)], *, engine: Engine | None = None) -> object:
+    """
+    Final hyper-connection head: the plain mean over the streams.
+
+    streams [T, hc, D] float32 -> [T, D] float32, on the engine's device (CUDA: bit-identical to the CPU).
+    Raises ContractError (CONTRACT_DTYPE, CONTRACT_SHAPE, CONTRACT_STRIDE, CONTRACT_DEVICE).
+    Reference: transformers Glm5NextTextHyperHead.
+    """
+
+def kpool_pool_keys(k: Annotated[NDArray, dict(writable=False)], gate: Annotated[NDArray, dict(writable=False)], ape: Annotated[NDArray, dict(writable=False)], *, engine: Engine | None = None) -> object:
+    """
+    Pool keys of the complete pools of one sequence: pool p holds rows [p*pool, (p+1)*pool); per channel, softmax over the pool's rows of gate + ape weights the rows of k.
+
+    k: [n_rows, d] float32 (k_norm(wk(x))). gate: [n_rows, d] float32 (x @ index_kpool_compress_gate^T). ape: [pool, d] float32 (index_kpool_compress_ape). Returns keys [n_rows // pool, d] float32 (an incomplete last pool is left out).
+    engine: None or a CPU Engine runs the C++ reference on host arrays; a CUDA Engine runs cuda/dsa.cu on arrays of its device (ContractError CONTRACT_DEVICE otherwise) and returns CUDA arrays. On CUDA each key is the same bytes kpool_append gives it (one device routine); it differs from the CPU only through exp (CUDA expf vs the C library's).
+    Raises ContractError: CONTRACT_POOL when pool (ape rows) is 0; CONTRACT_RANGE when n_rows overflows int32; CONTRACT_SHAPE / CONTRACT_DTYPE / CONTRACT_STRIDE / CONTRACT_DEVICE for bad arrays.
+    Reference: Glm5NextTextIndexer.get_pooled_states (unpadded: first_key = 0).
+    """
+
+def kpool_append(k: Annotated[NDArray, dict(writable=False)], gate: Annotated[NDArray, dict(writable=False)], ape: Annotated[NDArray, dict(writable=False)], tail_k: Annotated[NDArray, dict(writable=False)], tail_gate: Annotated[NDArray, dict(writable=False)], pool_keys: Annotated[NDArray, dict(writable=False)], *, pos: int, engine: Engine | None = None) -> tuple:
+    """
+    The DSA indexer's per-sequence bookkeeping for rows [pos, pos + T), as MlaLayer::indexer keeps it in the Cache: the key of every pool whose last row lands in [pos, pos + T) (rows before pos come from the tail ring; pools before pos // pool are resident and untouched), then the newest min(T, tail_rows) rows into the ring at row % tail_rows.
+
+    k, gate: [T, d] float32, the new rows (as kpool_pool_keys). ape: [pool, d] float32. tail_k, tail_gate: [tail_rows, d] float32, the ring (tail_rows a positive multiple of pool). pool_keys: [max_pools, d] float32, max_pools >= (pos + T) // pool. pos: rows the sequence held before. Returns new (tail_k, tail_gate, pool_keys) arrays; the inputs are not modified. Feeding a sequence in chunks gives the same arrays as one call.
+    engine: None or a CPU Engine runs the C++ reference on host arrays; a CUDA Engine runs cuda/dsa.cu on arrays of its device (ContractError CONTRACT_DEVICE otherwise) and returns CUDA arrays. CUDA pool keys equal kpool_pool_keys(engine=that engine) bytes for bytes.
+    Raises ContractError: CONTRACT_POOL for pool < 1 or a bad ring size; CONTRACT_SHAPE when pool_keys is too short or d == 0; CONTRACT_VALUE for pos < 0; CONTRACT_RANGE when pos + T overflows int32; CONTRACT_DTYPE / CONTRACT_STRIDE / CONTRACT_DEVICE for bad arrays.
+    Reference: MlaLayer::indexer (cpp/src/layers/mla_layer.cpp).
+    """
+
+def kpool_score(q: Annotated[NDArray, dict(writable=False)], w: Annotated[NDArray, dict(writable=False)], pool_keys: Annotated[NDArray, dict(writable=False)], *, pool: int, first_pos: int, qk_scale: float, head_scale: float, reference: bool = False, engine: Engine | None = None) -> object:
+    """
+    Head-mixed pool scores: score[i, p] = sum_h w[i, h] * head_scale * relu(qk_scale * q[i, h, :] . pool_keys[p, :]) (h ascending), and -inf where pool p's last row p*pool + pool - 1 is after the query's position first_pos + i.
+
+    q: [t_q, Hi, d] float32 (wq_b(q_resid)). w: [t_q, Hi] float32 (weights_proj(x)). pool_keys: [n_pools, d] float32 (kpool_pool_keys). qk_scale: index_head_dim**-0.5; head_scale: index_n_heads**-0.5. Returns score [t_q, n_pools] float32.
+    engine: None or a CPU Engine runs the C++ reference on host arrays; a CUDA Engine runs cuda/dsa.cu on arrays of its device (ContractError CONTRACT_DEVICE otherwise) and returns CUDA arrays. CUDA reproduces the CPU's sequential sums without FMA (the same bytes as an x86 CPU build); reference=True runs the one-thread-per-score CUDA scorer instead of the tiled one (same bytes; ignored on the CPU).
+    Raises ContractError: CONTRACT_POOL for pool < 1; CONTRACT_VALUE for first_pos < 0 or a non-finite scale; CONTRACT_RANGE when first_pos + t_q overflows int32; CONTRACT_SHAPE / CONTRACT_DTYPE / CONTRACT_STRIDE / CONTRACT_DEVICE for bad arrays.
+    Reference: Glm5NextTextIndexer.forward (scores, weights, valid_candidates mask).
+    """
+
+def kpool_select(score: Annotated[NDArray, dict(writable=False)], *, pool: int, select_k: int, width: int, first_pos: int, reference: bool = False, engine: Engine | None = None) -> object:
+    """
+    Index lists from pool scores: per query i (position first_pos + i), the top select_k pools among the finite scores by (score desc, pool index asc), expanded to their rows in ascending pool order, then the visible tail rows [(pos+1) - (pos+1) % pool, pos], then -1 up to width. Fewer finite pools than select_k leave more -1 padding.
+
+    score: [t_q, n_pools] float32 (kpool_score). select_k: min(index_topk // pool, n_pools); width: index_topk + pool - 1. Returns idx [t_q, width] int32 (a set of rows per query).
+    engine: None or a CPU Engine runs the C++ reference on host arrays; a CUDA Engine runs cuda/dsa.cu on arrays of its device (ContractError CONTRACT_DEVICE otherwise) and returns CUDA arrays. CUDA gives the CPU's lists exactly: a radix select over (score desc, pool asc) keys per query, or with reference=True a rank-counting select (same bytes; ignored on the CPU).
+    Raises ContractError: CONTRACT_INDEX_WIDTH when width < select_k*pool + pool - 1; CONTRACT_POOL for pool < 1; CONTRACT_VALUE for select_k < 0 or first_pos < 0; CONTRACT_RANGE when positions overflow int32; CONTRACT_SHAPE / CONTRACT_DTYPE / CONTRACT_STRIDE / CONTRACT_DEVICE for a bad score.
+    Reference: Glm5NextTextIndexer.forward topk + append_visible_tail (index_kpool_always_select_tail = True), compared as sets.
+    """
+
+def hc_expand(x: Annotated[NDArray, dict(writable=False)], n: int, *, engine: Engine | None = None) -> object:
+    """
+    x [T, D] float32 -> [T, n, D]: every residual stream starts as x (reference: Glm5NextTextModel.forward, hidden_states.unsqueeze(2).expand(..., hc_mult, ...)). On a CUDA engine x must live on its device. Raises ContractError for a bad array or n < 1.
+    """
+
+def take_rows(x: Annotated[NDArray, dict(writable=False)], start: int, count: int, *, engine: Engine | None = None) -> object:
+    """
+    Rows [start, start + count) of x [T, D] float32 as a new [count, D] array on the same backend. Raises ContractError for rows outside x.
     """
 
 def cuda_available() -> bool:
@@ -309,6 +391,62 @@ class Engine:
     @property
     def device(self) -> str:
         """'cpu' or 'cuda:N'."""
+
+    @property
+    def is_cuda(self) -> bool: ...
+
+    def to_device(self, array: Annotated[NDArray, dict(writable=False)]) -> object:
+        """
+        Copy a C-contiguous host array (any dtype) to this CUDA engine's device; returns a DLPack CUDA array of the same shape and dtype. Raises UnsupportedError on a CPU engine, ContractError for a device or non-contiguous input.
+        """
+
+    def to_host(self, array: Annotated[NDArray, dict(writable=False)]) -> object:
+        """
+        A numpy copy of a C-contiguous array on this engine's device (waits for the engine's stream). Raises ContractError for an array on another device.
+        """
+
+    def synchronize(self) -> None:
+        """Wait for all work enqueued on this engine's stream."""
+
+    def __repr__(self) -> str: ...
+
+class DeviceArray:
+    """
+    A C-contiguous array in a CUDA engine's device memory, as memra's ops return it. Consumed zero-copy through DLPack (torch.from_dlpack, cupy.from_dlpack, or any memra op on the same engine); engine.to_host(a) copies it to numpy. The memory stays alive while any consumer holds a view.
+    """
+
+    @property
+    def shape(self) -> tuple: ...
+
+    @property
+    def dtype(self) -> str: ...
+
+    @property
+    def device(self) -> str: ...
+
+    def __len__(self) -> int: ...
+
+    def __dlpack__(self, *, stream: object | None = None, max_version: object | None = None, dl_device: object | None = None, copy: object | None = None) -> object: ...
+
+    def __dlpack_device__(self) -> tuple: ...
+
+    def __repr__(self) -> str: ...
+
+class DeviceWeight:
+    """
+    A weight on a CUDA engine's device, converted once (on the device) to float32 or bfloat16. Used by the CUDA branch of the functional ops.
+    """
+
+    def __init__(self, engine: Engine, weight: Weight, *, dtype: str | None = None) -> None:
+        """
+        engine: a CUDA Engine; weight: a memra.Weight; dtype: 'float32' or 'bfloat16' (default: float32 stays float32, bfloat16/float16 become bfloat16). Raises UnsupportedError for a CPU engine, ContractError for another dtype, OutOfMemoryError when it does not fit.
+        """
+
+    @property
+    def dtype(self) -> str: ...
+
+    @property
+    def shape(self) -> list[int]: ...
 
     def __repr__(self) -> str: ...
 
@@ -339,11 +477,14 @@ class Cache:
     Per-sequence state of a model: max_batch slots, each with its own length, and one plane per layer. OutOfMemoryError before anything is allocated when it does not fit; ContractError for a bad spec.
     """
 
-    def __init__(self, engine: Engine, specs: Sequence[LayerStateSpec], *, max_batch: int, max_len: int) -> None: ...
+    def __init__(self, engine: Engine, specs: Sequence[LayerStateSpec], *, max_batch: int, max_len: int, latent_dtype: str = 'float32') -> None:
+        """
+        engine: the Engine whose device holds the planes; specs: one LayerStateSpec per layer; latent_dtype: 'float32' or 'bfloat16' (CUDA engines only) for the MLA latent rows.
+        """
 
     @staticmethod
     def bytes_needed(max_batch: int, max_len: int, specs: Sequence[LayerStateSpec]) -> int:
-        """Bytes the planes of such a cache take."""
+        """Bytes the planes of such a cache take (float32 latent rows)."""
 
     @property
     def max_batch(self) -> int: ...
@@ -353,6 +494,9 @@ class Cache:
 
     @property
     def nbytes(self) -> int: ...
+
+    @property
+    def on_device(self) -> bool: ...
 
     @property
     def num_layers(self) -> int: ...
@@ -392,19 +536,19 @@ class KdaLayer:
     Kimi Delta Attention mixer (reference: transformers Glm5NextTextLinearAttention.forward; KimiDeltaAttention with the softplus gate). Weights named as on disk below 'self_attn.' (layers.h).
     """
 
-    def __init__(self, engine: Engine, weights: Mapping[str, Weight], *, hidden: int, heads: int, head_dim: int, conv_kernel: int, gate: str = 'lower_bound', lower_bound: float = -5.0, rms_eps: float = 9.999999747378752e-06) -> None: ...
+    def __init__(self, engine: Engine, weights: Mapping[str, Weight], *, hidden: int, heads: int, head_dim: int, conv_kernel: int, gate: str = 'lower_bound', lower_bound: float = -5.0, rms_eps: float = 9.999999747378752e-06, dtype: str = 'bfloat16') -> None: ...
 
     def state_spec(self) -> LayerStateSpec: ...
 
-    def forward(self, x: Annotated[NDArray, dict(writable=False)]) -> NDArray[numpy.float32]:
+    def forward(self, x: Annotated[NDArray, dict(writable=False)]) -> object:
         """x [T, hidden] f32 -> y [T, hidden] from a zero state."""
 
-    def prefill(self, cache: Cache, layer: int, slot: int, x: Annotated[NDArray, dict(writable=False)]) -> NDArray[numpy.float32]:
+    def prefill(self, cache: Cache, layer: int, slot: int, x: Annotated[NDArray, dict(writable=False)]) -> object:
         """
         Continue `slot` by x [T, hidden]; writes the pending state plane, visible after cache.commit(slot, T). CacheFullError when the slot has no room.
         """
 
-    def decode(self, cache: Cache, layer: int, slots: Annotated[NDArray, dict(writable=False)], x: Annotated[NDArray, dict(writable=False)]) -> NDArray[numpy.float32]:
+    def decode(self, cache: Cache, layer: int, slots: Annotated[NDArray, dict(writable=False)], x: Annotated[NDArray, dict(writable=False)]) -> object:
         """
         One token for each slot: slots [B] int32, x [B, hidden] -> [B, hidden].
         """
@@ -414,7 +558,7 @@ class MlaLayer:
     Multi-head latent attention (absorbed) with the optional DSA k-pool indexer (reference: transformers Glm5NextTextAttention + Glm5NextTextIndexer). Weights named as on disk below 'self_attn.'.
     """
 
-    def __init__(self, engine: Engine, weights: Mapping[str, Weight], *, hidden: int, heads: int, q_lora_rank: int, kv_rank: int, d_nope: int, d_rope: int, d_v: int, rms_eps: float = 9.999999747378752e-06, sparse: bool = False, index_heads: int = 0, index_head_dim: int = 0, kpool: int = 0, topk: int = 0, tail_rows: int = 0, rotate: bool = False, rope_base: float = 10000.0) -> None: ...
+    def __init__(self, engine: Engine, weights: Mapping[str, Weight], *, hidden: int, heads: int, q_lora_rank: int, kv_rank: int, d_nope: int, d_rope: int, d_v: int, rms_eps: float = 9.999999747378752e-06, sparse: bool = False, index_heads: int = 0, index_head_dim: int = 0, kpool: int = 0, topk: int = 0, tail_rows: int = 0, rotate: bool = False, rope_base: float = 10000.0, dtype: str = 'bfloat16') -> None: ...
 
     def state_spec(self) -> LayerStateSpec: ...
 
@@ -438,9 +582,9 @@ class MlpLayer:
     Dense SwiGLU MLP with the asymmetric clamp (reference: Glm5NextTextMLP). Weights: gate_proj.weight, up_proj.weight, down_proj.weight.
     """
 
-    def __init__(self, engine: Engine, weights: Mapping[str, Weight], *, hidden: int, intermediate: int, swiglu_limit: float) -> None: ...
+    def __init__(self, engine: Engine, weights: Mapping[str, Weight], *, hidden: int, intermediate: int, swiglu_limit: float, dtype: str = 'bfloat16') -> None: ...
 
-    def forward(self, x: Annotated[NDArray, dict(writable=False)]) -> NDArray[numpy.float32]:
+    def forward(self, x: Annotated[NDArray, dict(writable=False)]) -> object:
         """x [T, hidden] -> [T, hidden]."""
 
 class MoeLayer:
@@ -448,7 +592,7 @@ class MoeLayer:
     Routed experts + shared expert (reference: Glm5NextTextMoE). Weights: gate.weight, gate.e_score_correction_bias, experts.N.{gate,up,down}_proj.weight, shared_experts.{gate,up,down}_proj.weight.
     """
 
-    def __init__(self, engine: Engine, weights: Mapping[str, Weight], *, hidden: int, n_experts: int, top_k: int, n_group: int, topk_group: int, intermediate: int, shared_intermediate: int, norm_topk_prob: bool, routed_scaling: float, swiglu_limit: float) -> None: ...
+    def __init__(self, engine: Engine, weights: Mapping[str, Weight], *, hidden: int, n_experts: int, top_k: int, n_group: int, topk_group: int, intermediate: int, shared_intermediate: int, norm_topk_prob: bool, routed_scaling: float, swiglu_limit: float, dtype: str = 'bfloat16') -> None: ...
 
     def forward(self, x: Annotated[NDArray, dict(writable=False)]) -> tuple:
         """x [T, hidden] -> (y [T, hidden], chosen experts [T, top_k] int32)."""
@@ -458,7 +602,7 @@ class HyperConnection:
     mHC site (reference: Glm5NextTextHyperConnection). Weights: fn, base, scale (hc_attn_* / hc_ffn_* on disk).
     """
 
-    def __init__(self, engine: Engine, weights: Mapping[str, Weight], *, hidden: int, hc_mult: int, sinkhorn_iters: int, hc_eps: float, norm_eps: float) -> None: ...
+    def __init__(self, engine: Engine, weights: Mapping[str, Weight], *, hidden: int, hc_mult: int, sinkhorn_iters: int, hc_eps: float, norm_eps: float, dtype: str = 'bfloat16') -> None: ...
 
     def pre(self, streams: Annotated[NDArray, dict(writable=False)]) -> tuple:
         """
