@@ -230,6 +230,88 @@ __global__ void __launch_bounds__((BQ / MQ) * (BP / MP), 1)
   }
 }
 
+// reference = 0 for a few queries (decode, short suffixes) with d <= kResMaxD: the block's key
+// tile stays in shared memory for every head and channel (one load, one barrier), each thread
+// owns one pool and MQ queries at a time (MQ independent chains), and reads q / w as
+// block-uniform broadcast loads. The same per-score operations in the same order as the other
+// scorers. Few queries leave little parallelism (n_pools chains of Hi*d dependent adds), so the
+// channel loop loads the operands of 8 steps ahead of their adds.
+constexpr int kResBP = 64;     // pools per block = threads per block
+constexpr int kResMaxD = 128;  // key tile [kResBP][d + 1] fits the static 48 KB
+
+template <int kResMQ>
+__global__ void __launch_bounds__(kResBP)
+    score_resident_kernel(const float* __restrict__ q, const float* __restrict__ w,
+                          const float* __restrict__ keys, int t_q, int Hi, int d, int n_pools,
+                          int pool, int first_pos, float qk_scale, float head_scale,
+                          float* __restrict__ score) {
+  __shared__ float ks[kResBP][kResMaxD + 1];  // [pool][channel]: (tid + c) % 32 banks
+  const int tid = threadIdx.x;
+  const int64_t p0 = int64_t(blockIdx.x) * kResBP, p = p0 + tid;
+  if (!pool_visible(p0, pool, int64_t(first_pos) + t_q - 1)) {  // no query sees any pool here
+    if (p < n_pools) {
+      for (int64_t i = 0; i < t_q; ++i) score[i * n_pools + p] = -INFINITY;
+    }
+    return;
+  }
+  for (int e = tid; e < kResBP * d; e += kResBP) {
+    const int row = e / d, col = e % d;
+    ks[row][col] = p0 + row < n_pools ? keys[(p0 + row) * d + col] : 0.0f;
+  }
+  __syncthreads();
+  const float* kt = ks[tid];
+  for (int i0 = 0; i0 < t_q; i0 += kResMQ) {
+    // Rows past t_q repeat the last query (in-bounds loads); their results are not written.
+    int64_t qi[kResMQ];
+#pragma unroll
+    for (int m = 0; m < kResMQ; ++m) qi[m] = i0 + m < t_q ? i0 + m : t_q - 1;
+    float acc[kResMQ];
+#pragma unroll
+    for (int m = 0; m < kResMQ; ++m) acc[m] = 0.0f;
+    for (int h = 0; h < Hi; ++h) {
+      const float* qh[kResMQ];
+#pragma unroll
+      for (int m = 0; m < kResMQ; ++m) qh[m] = q + (qi[m] * Hi + h) * d;
+      float dot[kResMQ];
+#pragma unroll
+      for (int m = 0; m < kResMQ; ++m) dot[m] = 0.0f;
+      int c = 0;
+      for (; c + 8 <= d; c += 8) {  // operands of 8 steps loaded ahead of their adds
+        float kv[8], qv[kResMQ][8];
+#pragma unroll
+        for (int u = 0; u < 8; ++u) kv[u] = kt[c + u];
+#pragma unroll
+        for (int m = 0; m < kResMQ; ++m)
+#pragma unroll
+          for (int u = 0; u < 8; ++u) qv[m][u] = __ldg(qh[m] + c + u);
+#pragma unroll
+        for (int u = 0; u < 8; ++u)
+#pragma unroll
+          for (int m = 0; m < kResMQ; ++m) dot[m] = __fadd_rn(dot[m], __fmul_rn(qv[m][u], kv[u]));
+      }
+      for (; c < d; ++c) {
+        const float kv = kt[c];
+#pragma unroll
+        for (int m = 0; m < kResMQ; ++m) dot[m] = __fadd_rn(dot[m], __fmul_rn(qh[m][c], kv));
+      }
+#pragma unroll
+      for (int m = 0; m < kResMQ; ++m) {
+        const float wh = __fmul_rn(w[qi[m] * Hi + h], head_scale);
+        acc[m] = __fadd_rn(acc[m], __fmul_rn(wh, relu_cpu(__fmul_rn(dot[m], qk_scale))));
+      }
+    }
+    if (p < n_pools) {
+#pragma unroll
+      for (int m = 0; m < kResMQ; ++m) {
+        const int64_t i = i0 + m;
+        if (i < t_q) {
+          score[i * n_pools + p] = pool_visible(p, pool, first_pos + i) ? acc[m] : -INFINITY;
+        }
+      }
+    }
+  }
+}
+
 template <int BQ, int BP, int MQ, int MP, int DC>
 void launch_score_tiled(MemraCudaCtx* ctx, const float* q, const float* w, const float* keys,
                         int t_q, int Hi, int d, int n_pools, int pool, int first_pos,
@@ -454,8 +536,17 @@ int memra_cuda_kpool_score(MemraCudaCtx* ctx, const float* q, const float* w,
     score_reference_kernel<<<blocks, 256, 0, ctx->stream>>>(q, w, pool_keys, t_q, Hi, d, n_pools,
                                                             pool, first_pos, qk_scale, head_scale,
                                                             score);
+  } else if (t_q < 16 && d <= kResMaxD) {
+    // Decode / short suffix: resident key tiles, one pool per thread.
+    if (t_q == 1) {
+      score_resident_kernel<1><<<ceil_div(n_pools, kResBP), kResBP, 0, ctx->stream>>>(
+          q, w, pool_keys, t_q, Hi, d, n_pools, pool, first_pos, qk_scale, head_scale, score);
+    } else {
+      score_resident_kernel<4><<<ceil_div(n_pools, kResBP), kResBP, 0, ctx->stream>>>(
+          q, w, pool_keys, t_q, Hi, d, n_pools, pool, first_pos, qk_scale, head_scale, score);
+    }
   } else if (t_q < 16) {
-    // Decode / short suffix: 4 queries x 128 pools, one score per thread.
+    // Few queries with d > kResMaxD: 4 queries x 128 pools, one score per thread.
     launch_score_tiled<4, 128, 1, 1, 32>(ctx, q, w, pool_keys, t_q, Hi, d, n_pools, pool,
                                          first_pos, qk_scale, head_scale, score);
   } else {

@@ -129,10 +129,9 @@ def append_run(k, gate, ape, tail_rows, max_pools, schedule, engine=None):
     tk = dev(np.zeros((tail_rows, d), np.float32))
     tg = dev(np.zeros((tail_rows, d), np.float32))
     pk = dev(np.full((max_pools, d), SENTINEL, np.float32))
-    ape_d = dev(ape)
     for pos, t in chunks(k.shape[0], schedule):
-        tk, tg, pk = _core.kpool_append(dev(k[pos:pos + t]), dev(gate[pos:pos + t]), ape_d, tk, tg,
-                                        pk, pos=pos, engine=engine)
+        tk, tg, pk = _core.kpool_append(dev(k[pos:pos + t]), dev(gate[pos:pos + t]), dev(ape), tk,
+                                        tg, pk, pos=pos, engine=engine)
     return back(tk), back(tg), back(pk)
 
 
@@ -178,15 +177,15 @@ def test_kpool_append_leaves_resident_pools_alone(e):
     tk, tg, pk = append_run(k[:20], gate[:20], ape, tail_rows, 8, None, engine=e)
     pk[:5] = -3.0  # pools 0..4 (rows < 20) are resident from here on
     state = (e.to_device(tk), e.to_device(tg), e.to_device(pk))
-    ape_d = e.to_device(ape)
     # Rows 20, 21, then 22..26: pool 5 (rows 20..23) straddles the second call.
-    state = _core.kpool_append(e.to_device(k[20:22]), e.to_device(gate[20:22]), ape_d, *state,
+    state = _core.kpool_append(e.to_device(k[20:22]), e.to_device(gate[20:22]), e.to_device(ape), *state,
                                pos=20, engine=e)
-    state = _core.kpool_append(e.to_device(k[22:]), e.to_device(gate[22:]), ape_d, *state,
+    state = _core.kpool_append(e.to_device(k[22:]), e.to_device(gate[22:]), e.to_device(ape), *state,
                                pos=22, engine=e)
     got = e.to_host(state[2])
     assert (got[:5] == -3.0).all()
-    want = e.to_host(_core.kpool_pool_keys(e.to_device(k), e.to_device(gate), ape_d, engine=e))
+    want = e.to_host(_core.kpool_pool_keys(e.to_device(k), e.to_device(gate), e.to_device(ape),
+                                          engine=e))
     np.testing.assert_array_equal(got[5], want[5])
     assert (got[6:] == SENTINEL).all()  # rows 24..26: no complete pool yet
 
@@ -249,33 +248,35 @@ def test_kpool_append_matches_mla_layer_bookkeeping(e, schedule):
     np.testing.assert_array_equal(e.to_host(gpu_state[1]), cpu_state[1])
 
 
-def test_kpool_append_bad_arguments_raise_and_change_nothing(e):
+def test_kpool_append_bad_arguments_raise(e):
+    """Each refusal names its code; the engine stays usable. (Device arrays are DLPack capsules,
+    consumed by the call, and kpool_append returns new arrays: inputs are never written.)"""
     pool, d = 4, 32
     g = rng(3)
     k, gate = f32(g.standard_normal((5, d))), f32(g.standard_normal((5, d)))
     ape = f32(g.standard_normal((pool, d)))
-    tk, tg = np.ones((8, d), np.float32), np.ones((8, d), np.float32)
+    ring = np.ones((8, d), np.float32)
     pk = np.full((4, d), SENTINEL, np.float32)
-    dk, dg, da = e.to_device(k), e.to_device(gate), e.to_device(ape)
-    dtk, dtg, dpk = e.to_device(tk), e.to_device(tg), e.to_device(pk)
-    bad_ring = e.to_device(np.ones((6, d), np.float32))  # not a multiple of pool
-    with pytest.raises(memra.ContractError) as err:
-        _core.kpool_append(dk, dg, da, bad_ring, bad_ring, dpk, pos=0, engine=e)
-    assert err.value.code == ST.CONTRACT_POOL
-    with pytest.raises(memra.ContractError) as err:  # pools up to (14 + 5) // 4 = 4 > 3 rows
-        _core.kpool_append(dk, dg, da, dtk, dtg, e.to_device(pk[:3]), pos=14, engine=e)
-    assert err.value.code == ST.CONTRACT_SHAPE
-    with pytest.raises(memra.ContractError) as err:
-        _core.kpool_append(dk, dg, da, dtk, dtg, dpk, pos=-1, engine=e)
-    assert err.value.code == ST.CONTRACT_VALUE
-    with pytest.raises(memra.ContractError) as err:  # a host array on a CUDA engine
-        _core.kpool_append(k, dg, da, dtk, dtg, dpk, pos=0, engine=e)
-    assert err.value.code == ST.CONTRACT_DEVICE
-    for dev, host in [(dtk, tk), (dtg, tg), (dpk, pk)]:
-        np.testing.assert_array_equal(e.to_host(dev), host)
-    # The engine is still usable.
-    out = _core.kpool_append(dk, dg, da, dtk, dtg, dpk, pos=0, engine=e)
-    assert e.to_host(out[2])[0].shape == (d,)
+
+    def call(k=k, ring_k=ring, ring_g=ring, pk=pk, pos=0, host_k=False):
+        return _core.kpool_append(k if host_k else e.to_device(k), e.to_device(gate),
+                                  e.to_device(ape), e.to_device(ring_k), e.to_device(ring_g),
+                                  e.to_device(pk), pos=pos, engine=e)
+
+    bad_ring = np.ones((6, d), np.float32)  # not a multiple of pool
+    for kwargs, code in [(dict(ring_k=bad_ring, ring_g=bad_ring), ST.CONTRACT_POOL),
+                         (dict(pk=pk[:3], pos=14), ST.CONTRACT_SHAPE),  # pools up to 19 // 4 = 4
+                         (dict(pos=-1), ST.CONTRACT_VALUE),
+                         (dict(ring_g=ring[:4]), ST.CONTRACT_SHAPE),
+                         (dict(k=f32(k[:, :5])), ST.CONTRACT_SHAPE),
+                         (dict(k=k.astype(np.float64)), ST.CONTRACT_DTYPE),
+                         (dict(host_k=True), ST.CONTRACT_DEVICE)]:
+        with pytest.raises(memra.ContractError) as err:
+            call(**kwargs)
+        assert err.value.code == code, kwargs
+    tk, tg, keys = (e.to_host(a) for a in call(pos=2))
+    np.testing.assert_array_equal(tk[2:7], k)  # rows 2..6 at r % 8
+    assert (keys[0] != SENTINEL).all() and (keys[2:] == SENTINEL).all()
 
 
 # ---------------------------------------------------------------- scores
@@ -293,9 +294,9 @@ def scores_all(e, q, w, keys, pool, first_pos):
     Hi, d = q.shape[1], q.shape[2]
     kw = dict(pool=pool, first_pos=first_pos, qk_scale=d ** -0.5, head_scale=Hi ** -0.5)
     want = _core.kpool_score(q, w, keys, **kw)
-    dq, dw, dk = e.to_device(q), e.to_device(w), e.to_device(keys)
-    fast = e.to_host(_core.kpool_score(dq, dw, dk, engine=e, **kw))
-    ref = e.to_host(_core.kpool_score(dq, dw, dk, reference=True, engine=e, **kw))
+    dev = e.to_device  # device arrays are DLPack capsules: one per call
+    fast = e.to_host(_core.kpool_score(dev(q), dev(w), dev(keys), engine=e, **kw))
+    ref = e.to_host(_core.kpool_score(dev(q), dev(w), dev(keys), reference=True, engine=e, **kw))
     return fast, ref, want
 
 
@@ -328,10 +329,12 @@ def test_score_causal_prefill_and_edges(e, t_q, n_pools, first_pos):
     assert_vs_cpu_scores(fast, want)
 
 
-def test_score_odd_dims(e):
-    """d not a multiple of the 32-channel slice, Hi = 1, pool 3."""
-    for Hi, d, pool in [(1, 33, 3), (3, 70, 1), (5, 7, 16)]:
-        q, w, keys = score_inputs(Hi * d, 19, Hi, d, 41)
+@pytest.mark.parametrize("t_q", [1, 7, 19])
+def test_score_odd_dims(e, t_q):
+    """d not a multiple of the 32-channel slice, d above the resident tile's 128 (the sliced
+    kernel for few queries), Hi = 1, pool 1 / 3 / 16; each scorer kind (t_q < 16 or not)."""
+    for Hi, d, pool in [(1, 33, 3), (3, 70, 1), (5, 7, 16), (2, 160, 4), (3, 129, 2)]:
+        q, w, keys = score_inputs(Hi * d + t_q, t_q, Hi, d, 41)
         fast, ref, want = scores_all(e, q, w, keys, pool, first_pos=41 * pool - 10)
         np.testing.assert_array_equal(fast, ref)
         assert_vs_cpu_scores(fast, want)
@@ -343,9 +346,8 @@ def test_score_odd_dims(e):
 def select_all(e, score, pool, select_k, width, first_pos):
     kw = dict(pool=pool, select_k=select_k, width=width, first_pos=first_pos)
     want = _core.kpool_select(score, **kw)
-    ds = e.to_device(score)
-    radix = e.to_host(_core.kpool_select(ds, engine=e, **kw))
-    ref = e.to_host(_core.kpool_select(ds, reference=True, engine=e, **kw))
+    radix = e.to_host(_core.kpool_select(e.to_device(score), engine=e, **kw))
+    ref = e.to_host(_core.kpool_select(e.to_device(score), reference=True, engine=e, **kw))
     return radix, ref, want
 
 
@@ -430,16 +432,16 @@ def test_select_pool_one_and_odd_pool(e):
 @pytest.mark.parametrize("reference", [False, True])
 def test_select_width_too_small_raises(e, reference):
     pool, select_k = 4, 2
-    score = e.to_device(f32(rng(1).standard_normal((3, 10))))
+    score = f32(rng(1).standard_normal((3, 10)))
     with pytest.raises(memra.ContractError) as err:
-        _core.kpool_select(score, pool=pool, select_k=select_k, width=select_k * pool + pool - 2,
+        _core.kpool_select(e.to_device(score), pool=pool, select_k=select_k, width=select_k * pool + pool - 2,
                            first_pos=40, reference=reference, engine=e)
     assert err.value.code == ST.CONTRACT_INDEX_WIDTH == 40014
     with pytest.raises(memra.ContractError) as err:
-        _core.kpool_select(score, pool=0, select_k=select_k, width=20, first_pos=40, engine=e)
+        _core.kpool_select(e.to_device(score), pool=0, select_k=select_k, width=20, first_pos=40, engine=e)
     assert err.value.code == ST.CONTRACT_POOL
     # The engine is still usable.
-    out = e.to_host(_core.kpool_select(score, pool=pool, select_k=select_k,
+    out = e.to_host(_core.kpool_select(e.to_device(score), pool=pool, select_k=select_k,
                                        width=select_k * pool + pool - 1, first_pos=40,
                                        reference=reference, engine=e))
     assert out.shape == (3, select_k * pool + pool - 1)
@@ -447,17 +449,20 @@ def test_select_width_too_small_raises(e, reference):
 
 def test_score_bad_arguments_raise(e):
     q, w, keys = score_inputs(0, 3, 2, 8, 5)
-    dq, dw, dk = e.to_device(q), e.to_device(w), e.to_device(keys)
+    dev = e.to_device
     kw = dict(first_pos=20, qk_scale=0.3, head_scale=0.7)
     with pytest.raises(memra.ContractError) as err:
-        _core.kpool_score(dq, dw, dk, pool=0, engine=e, **kw)
+        _core.kpool_score(dev(q), dev(w), dev(keys), pool=0, engine=e, **kw)
     assert err.value.code == ST.CONTRACT_POOL
     with pytest.raises(memra.ContractError) as err:
-        _core.kpool_score(q, dw, dk, pool=4, engine=e, **kw)
+        _core.kpool_score(q, dev(w), dev(keys), pool=4, engine=e, **kw)
     assert err.value.code == ST.CONTRACT_DEVICE
     with pytest.raises(memra.ContractError) as err:
-        _core.kpool_score(dq, dw, dk, pool=4, engine=e, first_pos=20, qk_scale=float("nan"),
-                          head_scale=0.7)
+        _core.kpool_score(dev(q), dev(f32(w[:, :1])), dev(keys), pool=4, engine=e, **kw)
+    assert err.value.code == ST.CONTRACT_SHAPE
+    with pytest.raises(memra.ContractError) as err:
+        _core.kpool_score(dev(q), dev(w), dev(keys), pool=4, engine=e, first_pos=20,
+                          qk_scale=float("nan"), head_scale=0.7)
     assert err.value.code == ST.CONTRACT_VALUE
 
 
@@ -467,9 +472,9 @@ def test_score_bad_arguments_raise(e):
 @pytest.mark.parametrize("geom,t_kv,t_q", [("tiny", 203, 203), ("tiny", 203, 1), ("tiny", 64, 65 - 1),
                                            ("real", 4099, 1), ("real", 2600, 9)])
 def test_indexer_pipeline_matches_cpu(e, geom, t_kv, t_q):
-    """keys -> scores -> lists on the GPU against the CPU ops: pool keys differ by expf's ulps,
-    which may reorder near-tied scores, so the lists are compared where the CPU's own lists on
-    the GPU's keys agree exactly (the GPU's select on the CPU's scores is exact, tested above)."""
+    """keys -> scores -> lists on the GPU against the CPU ops, stage by stage: keys within expf's
+    ulps (which may reorder near-tied pools, so later stages take the GPU's previous output as
+    their CPU input), scores as assert_vs_cpu_scores, lists exactly."""
     Hi, d, pool, topk = TINY if geom == "tiny" else REAL
     g = rng(t_kv + t_q)
     k, gate = f32(g.standard_normal((t_kv, d))), f32(g.standard_normal((t_kv, d)))
@@ -477,19 +482,18 @@ def test_indexer_pipeline_matches_cpu(e, geom, t_kv, t_q):
     q, w = f32(g.standard_normal((t_q, Hi, d))), f32(g.standard_normal((t_q, Hi)) + 0.5)
     first_pos = t_kv - t_q
     kw = dict(pool=pool, first_pos=first_pos, qk_scale=d ** -0.5, head_scale=Hi ** -0.5)
-    keys = _core.kpool_pool_keys(e.to_device(k), e.to_device(gate), e.to_device(ape), engine=e)
-    score = _core.kpool_score(e.to_device(q), e.to_device(w), keys, engine=e, **kw)
+    keys_h = e.to_host(_core.kpool_pool_keys(e.to_device(k), e.to_device(gate), e.to_device(ape),
+                                             engine=e))
+    score_h = e.to_host(_core.kpool_score(e.to_device(q), e.to_device(w), e.to_device(keys_h),
+                                          engine=e, **kw))
     n_pools = t_kv // pool
     sel = dict(pool=pool, select_k=min(topk // pool, n_pools), width=topk + pool - 1,
                first_pos=first_pos)
-    idx = e.to_host(_core.kpool_select(score, engine=e, **sel))
-    # CPU score and select on the GPU's keys: exactly the GPU's lists.
-    keys_h = e.to_host(keys)
-    want_score = _core.kpool_score(q, w, keys_h, **kw)
-    assert_vs_cpu_scores(e.to_host(score), want_score)
-    np.testing.assert_array_equal(idx, _core.kpool_select(want_score, **sel))
-    # And the GPU keys are the CPU's within expf.
+    idx = e.to_host(_core.kpool_select(e.to_device(score_h), engine=e, **sel))
     np.testing.assert_allclose(keys_h, _core.kpool_pool_keys(k, gate, ape), **KEY_TOL)
+    assert_vs_cpu_scores(score_h, _core.kpool_score(q, w, keys_h, **kw))
+    np.testing.assert_array_equal(idx, _core.kpool_select(score_h, **sel))
+    assert ((idx >= 0).sum(1) <= topk + pool - 1).all()
 
 
 def test_sanitizer_small(e):
