@@ -96,12 +96,14 @@ def test_f32_prefill_then_decode_equals_prefill(gpu32: memra.Model) -> None:
         else:
             last = gpu32.prefill(split, 0, ids[:1])
         assert rel_err(last, full) < 1e-5, T
+        # States relative to each plane's magnitude (the ring holds pre-conv projections, whose
+        # GEMM shape differs between the two runs).
         for i, spec in enumerate(gpu32.net.state_specs()):
             if spec.kind == "kda":
-                np.testing.assert_allclose(split.kda_state(i, 0), whole.kda_state(i, 0), rtol=1e-5, atol=1e-6)
-                np.testing.assert_allclose(split.kda_conv(i, 0), whole.kda_conv(i, 0), rtol=1e-5, atol=1e-6)
+                assert rel_err(split.kda_state(i, 0), whole.kda_state(i, 0)) < 1e-5, (T, i)
+                assert rel_err(split.kda_conv(i, 0), whole.kda_conv(i, 0)) < 1e-5, (T, i)
             else:
-                np.testing.assert_allclose(split.latent_rows(i, 0), whole.latent_rows(i, 0), rtol=1e-5, atol=1e-6)
+                assert rel_err(split.latent_rows(i, 0), whole.latent_rows(i, 0)) < 1e-5, (T, i)
 
 
 def test_f32_two_prompts_batched_equal_each_alone(gpu32: memra.Model) -> None:
