@@ -24,6 +24,11 @@ struct MemraCudaCtx {
   void* lt_workspace = nullptr;  // cuBLASLt workspace (fixed, allocated at create)
   size_t lt_workspace_bytes = 0;
   cudaMemPool_t pool = nullptr;  // the device's default pool, release threshold raised
+  // Pinned staging ring for small host -> device copies (pointer tables, ids): a pageable
+  // source would make cudaMemcpyAsync wait for the stream; a pinned one keeps it asynchronous.
+  uint8_t* staging = nullptr;
+  size_t staging_bytes = 0, staging_off = 0;
+  cudaEvent_t staging_done = nullptr;  // recorded after every staged copy
 };
 
 #define MEMRA_CUDA_DECLARE(name, args) extern "C" int memra_cuda_##name args;

@@ -2,6 +2,7 @@
 // (device, stream, cuBLAS/cuBLASLt), stream-ordered memory, copies and dtype conversion.
 #include <cstdint>
 #include <algorithm>
+#include <cstring>
 #include <new>
 #include <type_traits>
 
@@ -15,6 +16,8 @@ using memra::cuda::status_of;
 namespace {
 
 constexpr size_t kLtWorkspaceBytes = size_t(32) << 20;  // cuBLASLt's recommended size on Hopper
+constexpr size_t kStagingBytes = size_t(4) << 20;       // pinned ring for small uploads
+constexpr size_t kStagedMax = size_t(64) << 10;         // copies up to this size are staged
 
 template <typename S, typename D>
 __global__ void convert_kernel(const S* __restrict__ src, D* __restrict__ dst, int64_t n) {
@@ -60,6 +63,9 @@ int memra_cuda_ctx_create(int device, MemraCudaCtx** out) {
   if (rc == 0) rc = status_of(cublasLtCreate(&c->lt));
   if (rc == 0) rc = status_of(cudaMalloc(&c->lt_workspace, kLtWorkspaceBytes));
   if (rc == 0) c->lt_workspace_bytes = kLtWorkspaceBytes;
+  if (rc == 0) rc = status_of(cudaMallocHost(reinterpret_cast<void**>(&c->staging), kStagingBytes));
+  if (rc == 0) c->staging_bytes = kStagingBytes;
+  if (rc == 0) rc = status_of(cudaEventCreateWithFlags(&c->staging_done, cudaEventDisableTiming));
   if (rc == 0) rc = status_of(cudaDeviceGetDefaultMemPool(&c->pool, device));
   if (rc == 0) {
     // Keep freed blocks in the pool (no return to the driver at every sync): stream-ordered
@@ -81,6 +87,8 @@ int memra_cuda_ctx_destroy(MemraCudaCtx* ctx) {
   int rc = memra::kOk;
   if (ctx->stream) rc = status_of(cudaStreamSynchronize(ctx->stream));
   if (ctx->lt_workspace) cudaFree(ctx->lt_workspace);
+  if (ctx->staging) cudaFreeHost(ctx->staging);
+  if (ctx->staging_done) cudaEventDestroy(ctx->staging_done);
   if (ctx->lt) cublasLtDestroy(ctx->lt);
   if (ctx->blas) cublasDestroy(ctx->blas);
   if (ctx->stream) cudaStreamDestroy(ctx->stream);
@@ -106,7 +114,25 @@ int memra_cuda_release(MemraCudaCtx* ctx, void* ptr) {
 int memra_cuda_copy(MemraCudaCtx* ctx, void* dst, const void* src, size_t bytes) {
   if (bytes == 0) return memra::kOk;
   MEMRA_CUDA_RETURN_IF(enter(ctx));
-  return status_of(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, ctx->stream));
+  cudaPointerAttributes attr;
+  const bool pageable = cudaPointerGetAttributes(&attr, src) == cudaSuccess &&
+                        attr.type == cudaMemoryTypeUnregistered;
+  cudaGetLastError();
+  if (!pageable || bytes > kStagedMax || !ctx->staging) {
+    return status_of(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, ctx->stream));
+  }
+  // Stage through the pinned ring; before the ring wraps, wait for every earlier staged copy
+  // (one host wait per kStagingBytes of small uploads, instead of one per upload).
+  const size_t need = (bytes + 255) / 256 * 256;
+  if (ctx->staging_off + need > ctx->staging_bytes) {
+    MEMRA_CUDA_RETURN_IF(status_of(cudaEventSynchronize(ctx->staging_done)));
+    ctx->staging_off = 0;
+  }
+  uint8_t* slot = ctx->staging + ctx->staging_off;
+  ctx->staging_off += need;
+  std::memcpy(slot, src, bytes);
+  MEMRA_CUDA_RETURN_IF(status_of(cudaMemcpyAsync(dst, slot, bytes, cudaMemcpyHostToDevice, ctx->stream)));
+  return status_of(cudaEventRecord(ctx->staging_done, ctx->stream));
 }
 
 int memra_cuda_copy_to_host(MemraCudaCtx* ctx, void* host_dst, const void* src, size_t bytes) {
