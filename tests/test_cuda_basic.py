@@ -453,6 +453,12 @@ def test_sanitizer_small_shapes(e):
     _core.rms_norm_gated(dx, dx, w, eps=1e-6, engine=e)
     _core.layer_norm(dx, w, w, eps=1e-6, engine=e)
     _core.l2norm_heads(e.to_device(x[:, None, :]), engine=e)
+    for width in (200, 4096):  # several rows per block (64 threads a row); one 1024-thread row
+        xw = e.to_device(f32(r.standard_normal((5, width))))
+        ww = e.to_device(f32(r.standard_normal(width)))
+        _core.rms_norm(xw, ww, eps=1e-6, engine=e)
+        _core.rms_norm_gated(xw, xw, ww, eps=1e-6, engine=e)
+        _core.layer_norm(xw, ww, ww, eps=1e-6, engine=e)
     _core.rope_interleaved(e.to_device(f32(r.standard_normal((T, 2, 6)))), e.to_device(np.arange(T, dtype=np.int32)),
                            engine=e)
     _core.sigmoid(e.to_device(x.reshape(-1)), engine=e)
