@@ -7,7 +7,9 @@
 //     be bit-identical to glibc 2.36's expf on every float in (-110, 90);
 //   - every running sum the spec orders (s over ascending id; Mk, the top-p mass and the draw's
 //     running c over the sorted order) is summed sequentially by one thread, in that order, from
-//     chunks the block stages in shared memory;
+//     chunks the rest of the block stages in shared memory (double-buffered; see
+//     block_running_sum): exact, but latency-bound (~4 cycles per term, four walks over up to V
+//     terms when top_k = 0 and top_p = 1);
 //   - the order (p desc, id asc) comes from one CUB radix sort of all rows at once on 64-bit keys
 //     (row | ~bits(p) | id): p >= 0, so its bit pattern orders like its value, and the keys are
 //     unique, so no stability is needed.
@@ -107,9 +109,22 @@ __device__ __forceinline__ bool better(const ArgBest& a, const ArgBest& b) {
 // in every thread. `red` holds kThreads / 32 ArgBest.
 __device__ int block_argmax(const float* __restrict__ v, int V, ArgBest* red) {
   ArgBest b{-INFINITY, INT_MAX};
-  for (int i = threadIdx.x; i < V; i += blockDim.x) {  // ascending per thread: strict > keeps low
-    const float x = v[i];
-    if (!isnan(x) && (b.i == INT_MAX || x > b.v)) b = ArgBest{x, i};
+  // Each thread visits its ids in ascending order, so a strict > keeps the lowest of equal values.
+  if ((V & 3) == 0 && (reinterpret_cast<uintptr_t>(v) & 15) == 0) {
+    const float4* v4 = reinterpret_cast<const float4*>(v);
+    for (int j = threadIdx.x; j < (V >> 2); j += blockDim.x) {
+      const float4 q = v4[j];
+      const float x[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        if (!isnan(x[k]) && (b.i == INT_MAX || x[k] > b.v)) b = ArgBest{x[k], 4 * j + k};
+      }
+    }
+  } else {
+    for (int i = threadIdx.x; i < V; i += blockDim.x) {
+      const float x = v[i];
+      if (!isnan(x) && (b.i == INT_MAX || x > b.v)) b = ArgBest{x, i};
+    }
   }
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) {
@@ -128,33 +143,80 @@ __device__ int block_argmax(const float* __restrict__ v, int V, ArgBest* red) {
   return r.i;
 }
 
-// A sequential walk over n values in index order, with the block's help for the loads: the block
-// stages kChunk values val(i) in shared memory, then thread 0 calls step(v) on each in order until
-// step returns true. Returns the index where it stopped, or -1 (the same in every thread). Only
-// thread 0 runs `step`, so its captured state is thread 0's. Call with the whole block.
-template <class Val, class Step>
-__device__ int block_walk(int64_t n, Val val, Step step, float* stage, int* stop) {
-  if (threadIdx.x == 0) *stop = -1;
-  __syncthreads();
-  for (int64_t base = 0; base < n; base += kChunk) {
+// A sequential f32 running sum over val(0), val(1), ... val(n-1), in that order, by thread 0, with
+// the rest of the block staging the values in shared memory, double-buffered: warps 1.. fill chunk
+// c + 1 while thread 0 adds chunk c, one __syncthreads per chunk. The walk stops at the first
+// index whose running sum satisfies `done` (evaluated by thread 0 only; it must be monotone in the
+// sum, which holds for running sums of non-negative terms: sum >= x, sum > x, or never), so thread
+// 0 adds eight values back to back and only then looks at the eighth sum. Returns that index (-1
+// when none) in every thread; *total gets the running sum there (or the whole sum). Needs
+// blockDim.x >= 64; call with the whole block. `stage` holds 2 * kChunk floats, `stop` 2 ints.
+struct Walk {
+  int found;    // the index where the walk stopped, or -1
+  float total;  // the running sum there (or over all n values)
+};
+
+template <class Val, class Done>
+__device__ Walk block_running_sum(int64_t n, Val val, Done done, float* stage, int* stop,
+                                  float* total) {
+  const int tid = threadIdx.x;
+  const int stagers = static_cast<int>(blockDim.x) - 32;
+  auto fill = [&](int64_t base, float* buf) {
     const int len = static_cast<int>(n - base < kChunk ? n - base : kChunk);
-    for (int i = threadIdx.x; i < len; i += blockDim.x) stage[i] = val(base + i);
-    __syncthreads();
-    if (threadIdx.x == 0) {
-#pragma unroll 8
-      for (int i = 0; i < len; ++i) {
-        if (step(stage[i])) {
-          *stop = static_cast<int>(base + i);
-          break;
+    for (int j = tid - 32; j < len; j += stagers) buf[j] = val(base + j);
+  };
+  if (tid == 0) stop[0] = stop[1] = -1;
+  if (tid >= 32 && n > 0) fill(0, stage);
+  __syncthreads();
+  float acc = 0.0f;  // thread 0's
+  int found = -1;
+  int c = 0;
+  for (int64_t base = 0; base < n; base += kChunk, ++c) {
+    if (tid >= 32) {
+      if (base + kChunk < n) fill(base + kChunk, stage + ((c + 1) & 1) * kChunk);
+    } else if (tid == 0) {
+      const float* v = stage + (c & 1) * kChunk;
+      const int len = static_cast<int>(n - base < kChunk ? n - base : kChunk);
+      int hit = -1;
+      int i = 0;
+      for (; i + 8 <= len && hit < 0; i += 8) {
+        const float4 a = *reinterpret_cast<const float4*>(v + i);
+        const float4 b = *reinterpret_cast<const float4*>(v + i + 4);
+        const float in[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+        float run[8];
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+          acc = __fadd_rn(acc, in[k]);
+          run[k] = acc;
+        }
+        if (done(acc)) {  // monotone: the first of the eight that is done
+#pragma unroll
+          for (int k = 7; k >= 0; --k) {
+            if (done(run[k])) {
+              hit = i + k;
+              acc = run[k];
+            }
+          }
         }
       }
+      for (; i < len && hit < 0; ++i) {
+        acc = __fadd_rn(acc, v[i]);
+        if (done(acc)) hit = i;
+      }
+      // A slot per parity: the slot read after this sync is not rewritten before the next one.
+      stop[c & 1] = hit >= 0 ? static_cast<int>(base + hit) : -1;
     }
     __syncthreads();
-    if (*stop >= 0) break;
+    if (stop[c & 1] >= 0) {
+      found = stop[c & 1];
+      break;
+    }
   }
-  const int r = *stop;
-  __syncthreads();  // every thread has read *stop before the next walk resets it
-  return r;
+  if (tid == 0) *total = acc;
+  __syncthreads();
+  const Walk w{found, *total};
+  __syncthreads();  // every thread has read stop / total / stage before the next walk reuses them
+  return w;
 }
 
 // -------------------------------------------------------------------------------- kernels
@@ -179,17 +241,26 @@ __global__ void __launch_bounds__(kThreads)
     sample_prep_kernel(const float* __restrict__ logits, int V, float temperature, KeyBits kb,
                        uint64_t* __restrict__ keys, int* __restrict__ done,
                        int32_t* __restrict__ out) {
-  __shared__ float stage[kChunk];
+  __shared__ __align__(16) float stage[2 * kChunk];
   __shared__ ArgBest red[kThreads / 32];
   __shared__ float red_max[kThreads / 32];
-  __shared__ int stop;
-  __shared__ float s_shared;
+  __shared__ int stop[2];
+  __shared__ float total;
   const int64_t b = blockIdx.x;
   const float* lb = logits + b * V;
 
   // m = max of z (NaN z are skipped, as std::max(m, z) does; a NaN row ends in the argmax anyway).
   float m = -INFINITY;
-  for (int i = threadIdx.x; i < V; i += blockDim.x) m = fmaxf(m, __fdiv_rn(lb[i], temperature));
+  if ((V & 3) == 0 && (reinterpret_cast<uintptr_t>(lb) & 15) == 0) {
+    const float4* l4 = reinterpret_cast<const float4*>(lb);
+    for (int i = threadIdx.x; i < (V >> 2); i += blockDim.x) {
+      const float4 q = l4[i];
+      m = fmaxf(fmaxf(fmaxf(m, __fdiv_rn(q.x, temperature)), __fdiv_rn(q.y, temperature)),
+                fmaxf(__fdiv_rn(q.z, temperature), __fdiv_rn(q.w, temperature)));
+    }
+  } else {
+    for (int i = threadIdx.x; i < V; i += blockDim.x) m = fmaxf(m, __fdiv_rn(lb[i], temperature));
+  }
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
   if ((threadIdx.x & 31) == 0) red_max[threadIdx.x >> 5] = m;
@@ -197,18 +268,9 @@ __global__ void __launch_bounds__(kThreads)
   m = red_max[0];
   for (int w = 1; w < static_cast<int>(blockDim.x >> 5); ++w) m = fmaxf(m, red_max[w]);
 
+  // s = e_0 + e_1 + ... in ascending id, one rounding per addition (the CPU's loop).
   auto e_of = [&](int64_t i) { return glibc_expf(__fsub_rn(__fdiv_rn(lb[i], temperature), m)); };
-  float s = 0.0f;  // thread 0's
-  block_walk(
-      V, e_of,
-      [&](float e) {
-        s = __fadd_rn(s, e);
-        return false;
-      },
-      stage, &stop);
-  if (threadIdx.x == 0) s_shared = s;
-  __syncthreads();
-  s = s_shared;
+  const float s = block_running_sum(V, e_of, [](float) { return false; }, stage, stop, &total).total;
 
   const uint64_t row = static_cast<uint64_t>(b) << (32 + kb.id_bits);
   uint64_t* kr = keys + b * V;
@@ -236,9 +298,9 @@ __global__ void __launch_bounds__(kThreads)
     sample_select_kernel(const uint64_t* __restrict__ keys, int V, int k, float top_p,
                          uint64_t seed, const uint64_t* __restrict__ counters, KeyBits kb,
                          const int* __restrict__ done, int32_t* __restrict__ out) {
-  __shared__ float stage[kChunk];
-  __shared__ int stop;
-  __shared__ float mk_shared;
+  __shared__ __align__(16) float stage[2 * kChunk];
+  __shared__ int stop[2];
+  __shared__ float total;
   __shared__ int last_positive;
   const int64_t b = blockIdx.x;
   if (done[b]) return;  // block-uniform
@@ -248,42 +310,23 @@ __global__ void __launch_bounds__(kThreads)
     return __uint_as_float(~static_cast<uint32_t>(kr[i] >> kb.id_bits));
   };
   auto id_of = [&](int64_t i) { return static_cast<int32_t>(kr[i] & id_mask); };
+  auto never = [](float) { return false; };
 
   // Mk = running sum of p over the first k in sorted order.
-  float mk = 0.0f;
-  block_walk(
-      k, p_of,
-      [&](float p) {
-        mk = __fadd_rn(mk, p);
-        return false;
-      },
-      stage, &stop);
-  if (threadIdx.x == 0) mk_shared = mk;
-  __syncthreads();
-  mk = mk_shared;
+  const float mk = block_running_sum(k, p_of, never, stage, stop, &total).total;
   auto q_of = [&](int64_t i) { return __fdiv_rn(p_of(i), mk); };
 
   // q = p / Mk; top_p < 1 keeps up to and including the first entry where the mass reaches it.
-  float mass = 0.0f;  // thread 0's
-  const int cut = block_walk(
-      k, q_of,
-      [&](float q) {
-        mass = __fadd_rn(mass, q);
-        return top_p < 1.0f && mass >= top_p;
-      },
-      stage, &stop);
-  const int n = cut >= 0 ? cut + 1 : k;
+  const Walk cut = block_running_sum(
+      k, q_of, [top_p](float mass) { return top_p < 1.0f && mass >= top_p; }, stage, stop,
+      &total);
+  const int n = cut.found >= 0 ? cut.found + 1 : k;
+  const float mass = cut.total;
 
-  // The token: the first kept entry whose running c exceeds u * M.
-  float r = 0.0f, c = 0.0f;
-  if (threadIdx.x == 0) r = __fmul_rn(uniform_from_counter(seed, counters[b]), mass);
-  const int pick = block_walk(
-      n, q_of,
-      [&](float q) {
-        c = __fadd_rn(c, q);
-        return c > r;
-      },
-      stage, &stop);
+  // The token: the first kept entry whose running c exceeds r = u * M.
+  const float r = __fmul_rn(uniform_from_counter(seed, counters[b]), mass);
+  const int pick =
+      block_running_sum(n, q_of, [r](float c) { return c > r; }, stage, stop, &total).found;
   if (pick >= 0) {
     if (threadIdx.x == 0) out[b] = id_of(pick);
     return;

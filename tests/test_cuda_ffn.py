@@ -155,20 +155,22 @@ def test_swiglu_mlp_contract_errors(e):
     D, I = 8, 12
     g, u, d = mlp_weights(r, D, I)
     dg, du, dd = dweight(e, g), dweight(e, u), dweight(e, d)
-    x = e.to_device(randn(r, 3, D))
+    xh = randn(r, 3, D)
     f = _core.swiglu_mlp
-    expect_contract(ST.CONTRACT_DEVICE, f, randn(r, 3, D), dg, du, dd, limit=1.0, engine=e)
-    expect_contract(ST.CONTRACT_DEVICE, f, x, weight(g), du, dd, limit=1.0, engine=e)
-    expect_contract(ST.CONTRACT_SHAPE, f, x, dg, du, dg, limit=1.0, engine=e)
+    # A device array is a one-shot DLPack capsule: every call gets a fresh one.
+    expect_contract(ST.CONTRACT_DEVICE, f, xh, dg, du, dd, limit=1.0, engine=e)
+    expect_contract(ST.CONTRACT_DEVICE, f, e.to_device(xh), weight(g), du, dd, limit=1.0,
+                    engine=e)
+    expect_contract(ST.CONTRACT_SHAPE, f, e.to_device(xh), dg, du, dg, limit=1.0, engine=e)
     expect_contract(ST.CONTRACT_SHAPE, f, e.to_device(randn(r, 3, D + 1)), dg, du, dd, limit=1.0,
                     engine=e)
-    expect_contract(ST.CONTRACT_DTYPE, f, x, dg, dweight(e, u, "bfloat16"), dd, limit=1.0,
-                    engine=e)
-    expect_contract(ST.CONTRACT_DTYPE, f, e.to_device(randn(r, 3, D).astype(np.float64)), dg, du,
-                    dd, limit=1.0, engine=e)
-    expect_contract(ST.CONTRACT_VALUE, f, x, dg, du, dd, limit=0.0, engine=e)
-    # The engine is still usable afterwards.
-    y = e.to_host(f(x, dg, du, dd, limit=1.0, engine=e))
+    expect_contract(ST.CONTRACT_DTYPE, f, e.to_device(xh), dg, dweight(e, u, "bfloat16"), dd,
+                    limit=1.0, engine=e)
+    expect_contract(ST.CONTRACT_DTYPE, f, e.to_device(xh.astype(np.float64)), dg, du, dd,
+                    limit=1.0, engine=e)
+    expect_contract(ST.CONTRACT_VALUE, f, e.to_device(xh), dg, du, dd, limit=0.0, engine=e)
+    # The engine and the weights are still usable afterwards.
+    y = e.to_host(f(e.to_device(xh), dg, du, dd, limit=1.0, engine=e))
     assert np.all(np.isfinite(y))
 
 
@@ -294,18 +296,22 @@ def test_moe_route_contract_errors(e):
     r = rng(5)
     E, D = 8, 6
     gate = randn(r, E, D)
-    x = e.to_device(randn(r, 2, D))
+    xh = randn(r, 2, D)
     dg = dweight(e, gate)
     f = _core.moe_route
     kw = dict(top_k=2, n_group=2, topk_group=1, norm_topk_prob=True, scaling=1.0)
-    expect_contract(ST.CONTRACT_DTYPE, f, x, dweight(e, gate, "bfloat16"), engine=e, **kw)
-    expect_contract(ST.CONTRACT_DEVICE, f, x, weight(gate), engine=e, **kw)
-    expect_contract(ST.CONTRACT_DEVICE, f, x, dg, randn(r, E), engine=e, **kw)
-    expect_contract(ST.CONTRACT_SHAPE, f, x, dg, e.to_device(randn(r, E + 1)), engine=e, **kw)
-    expect_contract(ST.CONTRACT_VALUE, f, x, dg, engine=e, **{**kw, "n_group": 3})
-    expect_contract(ST.CONTRACT_VALUE, f, x, dg, engine=e, **{**kw, "topk_group": 3})
-    expect_contract(ST.CONTRACT_VALUE, f, x, dg, engine=e, **{**kw, "top_k": 5})
-    i, w = f(x, dg, engine=e, **kw)
+
+    def x():  # a fresh one-shot device array per call
+        return e.to_device(xh)
+
+    expect_contract(ST.CONTRACT_DTYPE, f, x(), dweight(e, gate, "bfloat16"), engine=e, **kw)
+    expect_contract(ST.CONTRACT_DEVICE, f, x(), weight(gate), engine=e, **kw)
+    expect_contract(ST.CONTRACT_DEVICE, f, x(), dg, randn(r, E), engine=e, **kw)
+    expect_contract(ST.CONTRACT_SHAPE, f, x(), dg, e.to_device(randn(r, E + 1)), engine=e, **kw)
+    expect_contract(ST.CONTRACT_VALUE, f, x(), dg, engine=e, **{**kw, "n_group": 3})
+    expect_contract(ST.CONTRACT_VALUE, f, x(), dg, engine=e, **{**kw, "topk_group": 3})
+    expect_contract(ST.CONTRACT_VALUE, f, x(), dg, engine=e, **{**kw, "top_k": 5})
+    i, w = f(x(), dg, engine=e, **kw)
     assert e.to_host(i).shape == (2, 2)
 
 
@@ -372,28 +378,38 @@ def test_moe_forward_contract_errors(e):
     E, D, I, k = 3, 8, 16, 2
     g, u, d = experts(r, E, D, I)
     dg, du, dd = dweight(e, g), dweight(e, u), dweight(e, d)
-    x = e.to_device(randn(r, 2, D))
+    xh = randn(r, 2, D)
     idx = np.array([[0, 2], [1, 0]], np.int32)
-    w = e.to_device(f32(r.uniform(0, 1, (2, k))))
+    wh = f32(r.uniform(0, 1, (2, k)))
     f = _core.moe_forward
-    expect_contract(ST.CONTRACT_RANGE, f, x, e.to_device(np.array([[0, 3], [1, 0]], np.int32)), w,
-                    dg, du, dd, limit=1.0, engine=e)
-    expect_contract(ST.CONTRACT_RANGE, f, x, e.to_device(np.array([[0, -1], [1, 0]], np.int32)),
-                    w, dg, du, dd, limit=1.0, engine=e)
-    di = e.to_device(idx)
-    expect_contract(ST.CONTRACT_DEVICE, f, x, idx, w, dg, du, dd, limit=1.0, engine=e)
-    expect_contract(ST.CONTRACT_DTYPE, f, x, e.to_device(idx.astype(np.int64)), w, dg, du, dd,
+
+    def x():  # fresh one-shot device arrays per call
+        return e.to_device(xh)
+
+    def w():
+        return e.to_device(wh)
+
+    def di():
+        return e.to_device(idx)
+
+    expect_contract(ST.CONTRACT_RANGE, f, x(), e.to_device(np.array([[0, 3], [1, 0]], np.int32)),
+                    w(), dg, du, dd, limit=1.0, engine=e)
+    expect_contract(ST.CONTRACT_RANGE, f, x(), e.to_device(np.array([[0, -1], [1, 0]], np.int32)),
+                    w(), dg, du, dd, limit=1.0, engine=e)
+    expect_contract(ST.CONTRACT_DEVICE, f, x(), idx, w(), dg, du, dd, limit=1.0, engine=e)
+    expect_contract(ST.CONTRACT_DTYPE, f, x(), e.to_device(idx.astype(np.int64)), w(), dg, du, dd,
                     limit=1.0, engine=e)
-    expect_contract(ST.CONTRACT_DEVICE, f, x, di, w, [weight(a) for a in g], du, dd, limit=1.0,
-                    engine=e)
-    expect_contract(ST.CONTRACT_SHAPE, f, x, di, w, dg, du, dg, limit=1.0, engine=e)
-    expect_contract(ST.CONTRACT_SHAPE, f, x, di, w, dweight(e, g[0]), du, dd, limit=1.0, engine=e)
-    expect_contract(ST.CONTRACT_DTYPE, f, x, di, w, dg, dweight(e, u, "bfloat16"), dd, limit=1.0,
-                    engine=e)
-    expect_contract(ST.CONTRACT_SHAPE, f, x, di, e.to_device(f32(np.ones((2, 1)))), dg, du, dd,
+    expect_contract(ST.CONTRACT_DEVICE, f, x(), di(), w(), [weight(a) for a in g], du, dd,
                     limit=1.0, engine=e)
-    expect_contract(ST.CONTRACT_VALUE, f, x, di, w, dg, du, dd, limit=-1.0, engine=e)
-    y = e.to_host(f(x, di, w, dg, du, dd, limit=1.0, engine=e))
+    expect_contract(ST.CONTRACT_SHAPE, f, x(), di(), w(), dg, du, dg, limit=1.0, engine=e)
+    expect_contract(ST.CONTRACT_SHAPE, f, x(), di(), w(), dweight(e, g[0]), du, dd, limit=1.0,
+                    engine=e)
+    expect_contract(ST.CONTRACT_DTYPE, f, x(), di(), w(), dg, dweight(e, u, "bfloat16"), dd,
+                    limit=1.0, engine=e)
+    expect_contract(ST.CONTRACT_SHAPE, f, x(), di(), e.to_device(f32(np.ones((2, 1)))), dg, du,
+                    dd, limit=1.0, engine=e)
+    expect_contract(ST.CONTRACT_VALUE, f, x(), di(), w(), dg, du, dd, limit=-1.0, engine=e)
+    y = e.to_host(f(x(), di(), w(), dg, du, dd, limit=1.0, engine=e))
     assert np.all(np.isfinite(y))
 
 
@@ -487,19 +503,25 @@ def test_sample_greedy_and_degenerate_rows(e):
 
 def test_sample_contract_errors(e):
     r = rng(15)
-    logits = e.to_device(randn(r, 3, 10))
-    ctr = e.to_device(np.arange(3, dtype=np.uint64))
+    lh = randn(r, 3, 10)
+    ch = np.arange(3, dtype=np.uint64)
     f = _core.sample
-    expect_contract(ST.CONTRACT_DEVICE, f, randn(r, 3, 10), ctr, temperature=1.0, engine=e)
-    expect_contract(ST.CONTRACT_DEVICE, f, logits, np.arange(3, dtype=np.uint64), temperature=1.0,
+
+    def logits():  # fresh one-shot device arrays per call
+        return e.to_device(lh)
+
+    def ctr():
+        return e.to_device(ch)
+
+    expect_contract(ST.CONTRACT_DEVICE, f, lh, ctr(), temperature=1.0, engine=e)
+    expect_contract(ST.CONTRACT_DEVICE, f, logits(), ch, temperature=1.0, engine=e)
+    expect_contract(ST.CONTRACT_DTYPE, f, logits(), e.to_device(ch.astype(np.int64)),
+                    temperature=1.0, engine=e)
+    expect_contract(ST.CONTRACT_SHAPE, f, logits(), e.to_device(ch[:2].copy()), temperature=1.0,
                     engine=e)
-    expect_contract(ST.CONTRACT_DTYPE, f, logits, e.to_device(np.arange(3, dtype=np.int64)),
-                    temperature=1.0, engine=e)
-    expect_contract(ST.CONTRACT_SHAPE, f, logits, e.to_device(np.arange(2, dtype=np.uint64)),
-                    temperature=1.0, engine=e)
-    expect_contract(ST.CONTRACT_VALUE, f, logits, ctr, temperature=1.0, top_p=0.0, engine=e)
-    expect_contract(ST.CONTRACT_VALUE, f, logits, ctr, temperature=float("nan"), engine=e)
-    assert e.to_host(f(logits, ctr, temperature=1.0, engine=e)).shape == (3,)
+    expect_contract(ST.CONTRACT_VALUE, f, logits(), ctr(), temperature=1.0, top_p=0.0, engine=e)
+    expect_contract(ST.CONTRACT_VALUE, f, logits(), ctr(), temperature=float("nan"), engine=e)
+    assert e.to_host(f(logits(), ctr(), temperature=1.0, engine=e)).shape == (3,)
 
 
 # ---------------------------------------------------------------- sanitizer-sized
