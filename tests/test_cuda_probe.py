@@ -32,4 +32,6 @@ def test_cuda_library_is_built_where_nvcc_is() -> None:
 
     if shutil.which("nvcc") is None or os.environ.get("MEMRA_CUDA", "AUTO").upper() == "OFF":
         pytest.skip("no nvcc here (or MEMRA_CUDA=OFF): the CUDA library is not built")
-    assert (Path(memra.__file__).parent / "libmemra_cuda.so").exists()
+    assert (Path(memra._core.__file__).parent / "libmemra_cuda.so").exists()
+    reason = memra.cuda_unavailable_reason() or ""
+    assert "built without" not in reason and "could not be loaded" not in reason, reason
