@@ -46,6 +46,16 @@ void init_engine(nb::module_& m) {
           nb::arg("device") = "cpu", nb::arg("device_index") = 0)
       .def_prop_ro("device", &Engine::device, "'cpu' or 'cuda:N'.")
       .def_prop_ro("is_cuda", &Engine::is_cuda)
+      .def_prop_ro(
+          "cuda_stream",
+          [](const Engine& e) -> uintptr_t {
+            if (!e.is_cuda()) return 0;
+            void* s = nullptr;
+            check_cuda(&e, e.cuda()->api().stream(e.cuda()->ctx(), &s), "Engine.cuda_stream");
+            return reinterpret_cast<uintptr_t>(s);
+          },
+          "The engine's cudaStream_t as an integer (0 on the CPU), e.g. for "
+          "torch.cuda.ExternalStream: memra enqueues all of its work there.")
       .def(
           "to_device",
           [](const Engine& e, const AnyArray& a) -> nb::object {
