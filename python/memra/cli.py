@@ -43,12 +43,15 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--ignore-eos", action="store_true")
     g.add_argument("--max-len", type=int, default=4096, help="cache length in tokens (prompt + new)")
-    g.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    g.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    g.add_argument("--dtype", default=None, choices=["float32", "bfloat16"],
+                   help="compute dtype (default: float32 on the CPU, bfloat16 on CUDA)")
     args = parser.parse_args(argv)
 
     path = args.path or default_checkpoint()
     try:
-        model = load(path, device=args.device, max_batch=1, max_len=args.max_len, progress=True)
+        model = load(path, device=args.device, max_batch=1, max_len=args.max_len, dtype=args.dtype,
+                     progress=True)
         print(f"memra: cache of {model.cache.max_batch} x {model.cache.max_len} tokens takes "
               f"{model.cache.nbytes / 2**20:.1f} MiB", file=sys.stderr)
         tok = model.tokenizer
