@@ -130,6 +130,9 @@ def test_cache_full_and_bad_input_change_nothing(gpu32: memra.Model) -> None:
         gpu32.prefill(cache, 0, list(range(6)))
     with pytest.raises(memra.ContractError):
         gpu32.prefill(cache, 0, [1, 2**40])
+    with pytest.raises(memra.ContractError) as e:
+        gpu32.prefill(cache, 0, [1, gpu32.config.vocab_size])
+    assert e.value.code == memra._core.status.CONTRACT_RANGE
     assert cache.length(0) == 3
     np.testing.assert_array_equal(cache.kda_state(0, 0), before)
     assert np.isfinite(gpu32.decode(cache, [0], [4])).all()  # still usable

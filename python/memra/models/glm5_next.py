@@ -174,7 +174,14 @@ class Glm5NextTextModel:
         """
         cfg, e = self.cfg, self._e
         eps = cfg.rms_norm_eps
-        x = _core.embedding(self.embed, e.to_device(ids) if e else ids, engine=e)
+        if e is None:
+            x = _core.embedding(self.embed, ids)
+        else:
+            # Range-checked here on the host copy, so the device gather needs no host round trip.
+            if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= cfg.vocab_size):
+                bad = int(ids.min()) if int(ids.min()) < 0 else int(ids.max())
+                raise ContractError(f"embedding: token id {bad} is outside [0, {cfg.vocab_size})", 40023)
+            x = _core.embedding(self.embed, e.to_device(ids), engine=e, check_range=False)
         streams = _core.hc_expand(x, cfg.hc_mult, engine=e)
         topk = None
         for i, b in enumerate(self.blocks):
