@@ -1,0 +1,139 @@
+#!/usr/bin/env python3
+"""KDA decode step (T = 1) over B sequences: memra vs fla, same inputs, same run.
+
+memra: memra._core.kda_scan(q, k, v, g, beta, state, scale=, batch=True, engine=e)
+       -> (o [B, 1, H, 128], state_out [B, H, 128, 128]), one launch, input state untouched.
+peer:  fla.ops.kda.fused_recurrent_kda(q, k, v, g, beta, scale=, initial_state=state,
+       output_final_state=True, use_qk_l2norm_in_kernel=False) (flash-linear-attention 0.6.0)
+       -> (o, final_state), a new final state (not in place), so both read and write the state.
+Inputs (float32, torch CUDA tensors, both ops take them as they are): q, k L2-normalised
+[B, 1, H, 128]; v [B, 1, H, 128]; g = logsigmoid(randn) (log decay) [B, 1, H, 128];
+beta = sigmoid(randn) [B, 1, H]; state 0.1 randn [B, H, 128, 128].
+bytes = state traffic, 2 * B * H * 128 * 128 * 4 (read + write); q/k/v/g/o are < 1 % of it.
+max_rel_err: memra vs fla (max |diff| / max |fla| over o and the state); max_rel_err_ref and
+peer_max_rel_err_ref: memra / fla vs a float32 torch evaluation of the same step.
+
+    python3 benchmarks/bench_kda_decode.py [--quick]
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from common import Bench, base_parser, log, rel_err, to_torch  # noqa: E402
+
+D = 128
+SHAPES = [(64, 1), (64, 64), (64, 256), (32, 1), (32, 64), (32, 256)]  # (H, B)
+SMOKE_SHAPES = [(2, 1), (2, 3)]  # --device cpu
+PEER = "fla.ops.kda.fused_recurrent_kda (flash-linear-attention 0.6.0)"
+
+
+def load_fla():
+    """(fused_recurrent_kda, None) or (None, why it is unavailable)."""
+    try:
+        import fla  # noqa: F401
+        from fla.ops.kda import fused_recurrent_kda
+        ver = getattr(fla, "__version__", "?")
+        if ver != "0.6.0":
+            log(f"kda_decode: fla version {ver}, the reference table used 0.6.0")
+        return fused_recurrent_kda, None
+    except Exception as e:  # noqa: BLE001 - any import failure means: no peer
+        return None, f"{type(e).__name__}: {e}"
+
+
+def make_inputs(torch, dev, B, H, seed=0):
+    F = torch.nn.functional
+    gen = torch.Generator(device=dev).manual_seed(seed)
+
+    def r(*shape):
+        return torch.randn(*shape, device=dev, dtype=torch.float32, generator=gen)
+
+    q = F.normalize(r(B, 1, H, D), dim=-1).contiguous()
+    k = F.normalize(r(B, 1, H, D), dim=-1).contiguous()
+    v = r(B, 1, H, D)
+    g = F.logsigmoid(r(B, 1, H, D))
+    beta = torch.sigmoid(r(B, 1, H))
+    state = 0.1 * r(B, H, D, D)
+    return q, k, v, g, beta, state
+
+
+def reference(torch, q, k, v, g, beta, state, scale):
+    """One step of S = S exp(g)[:, None]; S += k (beta (v - k^T S)); o = (scale q)^T S, in f32."""
+    q0, k0, v0, g0, b0 = q[:, 0], k[:, 0], v[:, 0], g[:, 0], beta[:, 0]
+    S = state * torch.exp(g0)[..., None]
+    kS = torch.einsum("bhk,bhkv->bhv", k0, S)
+    u = b0[..., None] * (v0 - kS)
+    S = S + k0[..., None] * u[..., None, :]
+    o = torch.einsum("bhk,bhkv->bhv", q0 * scale, S)
+    return o[:, None], S
+
+
+def main() -> int:
+    p = base_parser(__doc__.split("\n\n")[0])
+    args = p.parse_args()
+    b = Bench(args, "kda_decode")
+    torch = b.torch
+    from memra import _core
+
+    fused_recurrent_kda, why = (None, "no peer in the --device cpu smoke test") if not b.cuda else load_fla()
+    if why:
+        log(f"kda_decode: peer unavailable: {why}")
+    scale = D ** -0.5
+    for H, B in (SHAPES if b.cuda else SMOKE_SHAPES):
+        shape = {"H": H, "B": B, "T": 1, "dk": D, "dv": D, "dtype": "float32"}
+        nbytes = 2 * B * H * D * D * 4
+        extra = {"memra_op": "kda_scan(batch=True)"}
+        log(f"kda_decode: H={H} B={B}")
+        x = make_inputs(torch, b.dev, B, H)
+        q, k, v, g, beta, state = x
+
+        def run_memra():
+            return _core.kda_scan(q, k, v, g, beta, state, scale=scale, batch=True, engine=b.engine)
+
+        def run_peer():
+            return fused_recurrent_kda(q, k, v, g, beta, scale=scale, initial_state=state,
+                                       output_final_state=True, use_qk_l2norm_in_kernel=False)
+
+        # Correctness first (also the first, compiling call of each side).
+        o_ref, s_ref = reference(torch, *x, scale)
+        memra_us = peer_us = None
+        try:
+            b.sync()
+            o_m, s_m = (to_torch(t, b.engine, b.dev) for t in run_memra())
+            b.sync()
+            extra["max_rel_err_ref"] = max(rel_err(o_m, o_ref), rel_err(s_m, s_ref))
+        except Exception as e:  # noqa: BLE001
+            extra["memra_error"] = f"{type(e).__name__}: {e}"
+            o_m = s_m = None
+        if fused_recurrent_kda is not None:
+            try:
+                o_f, s_f = run_peer()
+                b.sync()
+                extra["peer_max_rel_err_ref"] = max(rel_err(o_f, o_ref), rel_err(s_f, s_ref))
+                if o_m is not None:
+                    extra["max_rel_err"] = max(rel_err(o_m, o_f), rel_err(s_m, s_f))
+                del o_f, s_f
+            except Exception as e:  # noqa: BLE001
+                why_shape = f"{type(e).__name__}: {e}"
+                extra["peer_unavailable"] = why_shape
+                log(f"kda_decode: peer failed at H={H} B={B}: {why_shape}")
+        else:
+            extra["peer_unavailable"] = why
+        del o_ref, s_ref, o_m, s_m
+        b.release()
+
+        if "memra_error" not in extra:
+            memra_us = b.time_memra(run_memra)
+        if fused_recurrent_kda is not None and "peer_unavailable" not in extra:
+            peer_us = b.time_torch(run_peer)
+        b.emit(shape, memra_us, PEER, peer_us, nbytes, **extra)
+        del x, q, k, v, g, beta, state
+        b.release()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

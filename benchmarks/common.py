@@ -1,0 +1,213 @@
+"""Shared helpers for memra's benchmarks (DESIGN.md, Conventions: CUDA events after warm-up,
+medians, the peer's figure from the same run beside ours).
+
+- ``Bench`` owns the device, the memra Engine and the timers:
+  ``time_torch(fn)`` records CUDA events on torch's current stream around ``fn``;
+  ``time_memra(fn)`` records them on memra's stream (``Engine.cuda_stream`` wrapped in
+  ``torch.cuda.ExternalStream``), where memra enqueues all of its work.
+  Both warm up, synchronise the device, then time ``reps`` calls, one event pair per call, and
+  return the median in microseconds. One call per event pair includes the host's launch cost
+  whenever it exceeds the GPU's work (small shapes): that is what a decode step pays.
+- ``copy_TBps``: a measured device-to-device copy bandwidth (torch, 2 GiB; bytes read + written
+  / time), the yardstick for ``frac_of_copy``.
+- ``emit(...)``: one JSON object per measured shape on stdout (progress goes to stderr).
+
+``--device cpu`` is a smoke test of the wiring (CPU engine, tiny shapes, wall-clock timing, no
+peer): it checks signatures and the numerics of the comparison on a machine without a GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+
+
+def base_parser(description: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--quick", action="store_true",
+                   help="short run: 3 warm-up calls and 20 timed calls per measurement "
+                        "(default 10 / 100)")
+    p.add_argument("--warmup", type=int, default=None, help="warm-up calls (overrides --quick)")
+    p.add_argument("--reps", type=int, default=None, help="timed calls (overrides --quick)")
+    p.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
+                   help="cpu: smoke test of the wiring on tiny shapes (wall clock, no peer)")
+    p.add_argument("--device-index", type=int, default=0)
+    p.add_argument("--copy-gib", type=float, default=None,
+                   help="size of the copy that measures the bandwidth yardstick (default 2)")
+    return p
+
+
+def log(*a) -> None:
+    print(*a, file=sys.stderr, flush=True)
+
+
+def _finite(x):
+    """JSON has no NaN/inf: keep them visible as strings."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return repr(x)
+    return x
+
+
+def rel_err(a, b) -> float:
+    """max |a - b| / max |b| (both torch tensors, compared in float64 on a's device)."""
+    a = a.double().reshape(-1)
+    b = b.double().reshape(-1).to(a.device)
+    den = b.abs().max().item()
+    num = (a - b).abs().max().item()
+    r = num / den if den > 0 else num
+    return r if math.isfinite(r) else math.inf  # a NaN must not vanish inside max()
+
+
+def to_torch(x, engine=None, device=None):
+    """A memra result (DLPack CUDA DeviceArray, or a host array for the CPU engine) as a torch
+    tensor, zero-copy. DeviceArray.__dlpack__ waits for memra's stream when torch names one;
+    should DLPack fail, a copy through engine.to_host (CUDA) or numpy (host)."""
+    import numpy as np
+    import torch
+    if isinstance(x, torch.Tensor):
+        return x
+    try:
+        return torch.from_dlpack(x)
+    except Exception as e:  # noqa: BLE001
+        if engine is not None and engine.is_cuda:
+            log(f"to_torch: DLPack import failed ({type(e).__name__}: {e}); copying via to_host")
+            return torch.from_numpy(np.asarray(engine.to_host(x))).to(device)
+        return torch.from_numpy(np.asarray(x))
+
+
+class Bench:
+    def __init__(self, args: argparse.Namespace, bench: str):
+        import torch
+        import memra
+
+        self.torch = torch
+        self.bench = bench
+        self.cuda = args.device == "cuda"
+        self.warmup = args.warmup if args.warmup is not None else (3 if args.quick else 10)
+        self.reps = args.reps if args.reps is not None else (20 if args.quick else 100)
+        torch.set_grad_enabled(False)
+        self.memra_stream = None
+        self.memra_timer = "cpu-wall"
+        if self.cuda:
+            if not torch.cuda.is_available():
+                raise SystemExit(f"{bench}: torch sees no CUDA device (use --device cpu for a smoke test)")
+            if not memra.cuda_available():
+                raise SystemExit(f"{bench}: memra has no CUDA here: {memra.cuda_unavailable_reason()}")
+            torch.cuda.set_device(args.device_index)
+            self.dev = torch.device("cuda", args.device_index)
+            self.device_name = torch.cuda.get_device_name(self.dev)
+            self.engine = memra.Engine("cuda", args.device_index)
+            sp = getattr(self.engine, "cuda_stream", None)
+            if sp:
+                self.memra_stream = torch.cuda.ExternalStream(sp, device=self.dev)
+                self.memra_timer = "cuda-events"
+            else:  # a build older than Engine.cuda_stream: wall clock around a synchronised call
+                self.memra_timer = "wall+sync (memra build lacks Engine.cuda_stream)"
+                log(f"{bench}: WARNING memra.Engine has no cuda_stream; memra timed by wall clock")
+            # f32 references must not run in TF32.
+            torch.set_float32_matmul_precision("highest")
+            torch.backends.cuda.matmul.allow_tf32 = False
+            torch.backends.cudnn.allow_tf32 = False
+        else:
+            self.dev = torch.device("cpu")
+            self.device_name = "cpu (smoke test)"
+            self.engine = memra.Engine("cpu")
+        gib = args.copy_gib if args.copy_gib is not None else 2.0
+        if not self.cuda:
+            gib = min(gib, 1 / 16)
+        self.copy_TBps = self.measure_copy(gib)
+        log(f"{bench}: {self.device_name}, copy {gib:g} GiB: {self.copy_TBps:.3f} TB/s; "
+            f"warmup {self.warmup}, reps {self.reps}, memra timer {self.memra_timer}")
+
+    # -------------------------------------------------------------------------------- timing
+    def sync(self) -> None:
+        if self.cuda:
+            self.torch.cuda.synchronize(self.dev)  # waits for every stream of the device
+            self.engine.synchronize()
+
+    def _events(self, fn, stream) -> float:
+        torch = self.torch
+        self.sync()  # inputs made on torch's stream are complete before memra reads them
+        for _ in range(self.warmup):
+            fn()
+        self.sync()
+        ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+              for _ in range(self.reps)]
+        for s, e in ev:
+            s.record(stream)
+            fn()
+            e.record(stream)
+        self.sync()
+        return statistics.median(s.elapsed_time(e) * 1e3 for s, e in ev)
+
+    def _wall(self, fn) -> float:
+        self.sync()
+        for _ in range(self.warmup):
+            fn()
+        self.sync()
+        ts = []
+        for _ in range(self.reps):
+            t0 = time.perf_counter()
+            fn()
+            self.sync()
+            ts.append((time.perf_counter() - t0) * 1e6)
+        return statistics.median(ts)
+
+    def time_torch(self, fn) -> float:
+        """Median microseconds per call of torch (or Triton) work on torch's current stream."""
+        if not self.cuda:
+            return self._wall(fn)
+        return self._events(fn, self.torch.cuda.current_stream(self.dev))
+
+    def time_memra(self, fn) -> float:
+        """Median microseconds per call of memra work on memra's stream."""
+        if not self.cuda or self.memra_stream is None:
+            return self._wall(fn)
+        return self._events(fn, self.memra_stream)
+
+    def measure_copy(self, gib: float) -> float:
+        """Device-to-device copy bandwidth in TB/s (bytes read + written / median time)."""
+        torch = self.torch
+        n = int(gib * 2**30)
+        src = torch.ones(n, dtype=torch.uint8, device=self.dev)
+        dst = torch.empty_like(src)
+        us = self.time_torch(lambda: dst.copy_(src))
+        del src, dst
+        if self.cuda:
+            torch.cuda.empty_cache()
+        return 2 * n / us / 1e6
+
+    def release(self) -> None:
+        """Between shapes: finish all work, return torch's cached blocks."""
+        self.sync()
+        if self.cuda:
+            self.torch.cuda.empty_cache()
+
+    # ---------------------------------------------------------------------------- reporting
+    def emit(self, shape: dict, memra_us, peer: str, peer_us, nbytes: int, **extra) -> dict:
+        memra_TBps = nbytes / memra_us / 1e6 if memra_us else None
+        rec = {
+            "bench": self.bench,
+            "shape": shape,
+            "memra_us": round(memra_us, 3) if memra_us else memra_us,
+            "peer": peer,
+            "peer_us": round(peer_us, 3) if peer_us else peer_us,
+            "ratio": round(peer_us / memra_us, 4) if (peer_us and memra_us) else None,
+            "bytes": int(nbytes),
+            "memra_TBps": round(memra_TBps, 4) if memra_TBps else None,
+            "peer_TBps": round(nbytes / peer_us / 1e6, 4) if peer_us else None,
+            "frac_of_copy": round(memra_TBps / self.copy_TBps, 4) if memra_TBps else None,
+            "copy_TBps": round(self.copy_TBps, 4),
+            "device": self.device_name,
+            "warmup": self.warmup,
+            "reps": self.reps,
+            "memra_timer": self.memra_timer,
+        }
+        for k, v in extra.items():
+            rec[k] = _finite(v)
+        print(json.dumps(rec), flush=True)
+        return rec
