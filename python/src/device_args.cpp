@@ -31,7 +31,7 @@ size_t numel(const std::vector<size_t>& shape) {
 }
 
 Out out_on(const std::shared_ptr<CudaContext>& cuda, std::vector<size_t> shape,
-           nb::dlpack::dtype dtype, size_t item) {
+           nb::dlpack::dtype dtype, size_t item, bool zero = true) {
   Out o;
   if (!cuda) {
     const size_t n = numel(shape);
@@ -43,15 +43,16 @@ Out out_on(const std::shared_ptr<CudaContext>& cuda, std::vector<size_t> shape,
   }
   std::shared_ptr<DeviceBuffer> buf;
   check(DeviceBuffer::create(cuda, numel(shape) * item, &buf));
-  check(cuda->status(cuda->api().zero(cuda->ctx(), buf->data(), buf->bytes()), "output allocation"));
+  if (zero) check(cuda->status(cuda->api().zero(cuda->ctx(), buf->data(), buf->bytes()), "output allocation"));
   o.ptr = buf->data();
   o.obj = device_array(std::move(buf), std::move(shape), dtype, cuda->device());
   return o;
 }
 
-Out out_of(const Engine* engine, std::vector<size_t> shape, nb::dlpack::dtype dtype, size_t item) {
+Out out_of(const Engine* engine, std::vector<size_t> shape, nb::dlpack::dtype dtype, size_t item,
+           bool zero = true) {
   static const std::shared_ptr<CudaContext> none;
-  return out_on(on_cuda(engine) ? engine->cuda() : none, std::move(shape), dtype, item);
+  return out_on(on_cuda(engine) ? engine->cuda() : none, std::move(shape), dtype, item, zero);
 }
 
 nb::dlpack::dtype dtype_of(const AnyArray& a) { return a.dtype(); }
@@ -112,6 +113,9 @@ const int32_t* i32_in(const std::shared_ptr<CudaContext>& cuda, const AnyArray& 
 
 Out out_f32(const Engine* engine, std::vector<size_t> shape) {
   return out_of(engine, std::move(shape), nb::dtype<float>(), sizeof(float));
+}
+Out out_f32_uninit(const Engine* engine, std::vector<size_t> shape) {
+  return out_of(engine, std::move(shape), nb::dtype<float>(), sizeof(float), false);
 }
 Out out_i32(const Engine* engine, std::vector<size_t> shape) {
   return out_of(engine, std::move(shape), nb::dtype<int32_t>(), sizeof(int32_t));

@@ -50,6 +50,8 @@ struct Out {
 };
 Out out_f32(const Engine* engine, std::vector<size_t> shape);
 Out out_i32(const Engine* engine, std::vector<size_t> shape);
+// An output the op overwrites entirely: no zero-fill on the device (host arrays are still zeroed).
+Out out_f32_uninit(const Engine* engine, std::vector<size_t> shape);
 Out out_f32(const std::shared_ptr<CudaContext>& cuda, std::vector<size_t> shape);
 Out out_i32(const std::shared_ptr<CudaContext>& cuda, std::vector<size_t> shape);
 // memra.DeviceArray: a device buffer with a shape and dtype, exported through __dlpack__.
