@@ -395,6 +395,12 @@ class Engine:
     @property
     def is_cuda(self) -> bool: ...
 
+    @property
+    def cuda_stream(self) -> int:
+        """
+        The engine's cudaStream_t as an integer (0 on the CPU), e.g. for torch.cuda.ExternalStream: memra enqueues all of its work there.
+        """
+
     def to_device(self, array: Annotated[NDArray, dict(writable=False)]) -> object:
         """
         Copy a C-contiguous host array (any dtype) to this CUDA engine's device; returns a DLPack CUDA array of the same shape and dtype. Raises UnsupportedError on a CPU engine, ContractError for a device or non-contiguous input.
