@@ -8,9 +8,36 @@
 // the order of the dk-long sums (partial sums + a warp tree instead of one ascending chain).
 //
 // Bit-exactness between arms is by construction: the conv's prefill and decode kernels call one
-// __device__ function per output; the scan is one kernel whose per-step arithmetic does not
-// depend on where its state came from (registers or f32 memory hold the same bits), so T chained
-// one-step launches equal one T-step launch, and a sequence in a batch equals it alone.
+// __device__ function per output; the scan's per-step arithmetic does not depend on where its
+// state came from (registers or f32 memory hold the same bits), so T chained one-step launches
+// equal one T-step launch, and a sequence in a batch equals it alone. The scan has two kernels:
+// scan_kernel (any T; a warp per 8 columns, the latency-bound prefill) and scan_decode_kernel
+// (T == 1; a warp per 16 columns, shaped for bandwidth). Both perform each element's operations
+// in the same order, including every dk-long sum's fixed order (see the geometry comments), so
+// they agree bit for bit at T = 1, which the tests assert.
+//
+// Decode bandwidth (scan_decode_kernel): the step moves 2 * 64 KB of state per (b, h) and little
+// else, so it is judged against a device-to-device copy. What makes it copy-like:
+// - every state access is a 16-byte load (ld.global.cs) or store (st.global.cs), a warp
+//   instruction covering 8 rows x 64 contiguous bytes (whole 32-byte sectors; the other half of
+//   each 128-byte line is read by the neighbouring warp of the same block at the same time);
+// - all 16 state loads of a lane, and the step's vectors, are issued before anything waits on
+//   memory (checked in the SASS: one wait per warp, not a chain of them): 8 KB per warp, and at
+//   128 registers 4 blocks (16 warps) per SM fit, up to 128 KB of reads in flight per SM against
+//   the ~25-35 KB Little's law asks at 4.3 TB/s (16 GB/s of reads per SM x ~1.5-2 us of loaded
+//   latency); even with half of the warps in their arithmetic or store phase, ~64 KB remain;
+// - no block barrier and no shared-memory traffic for the state: warps drift apart, so an SM
+//   overlaps some warps' loads with others' arithmetic and fire-and-forget stores, as a copy
+//   kernel's warps do; the per-warp vectors (1.8 KB) are written once behind a __syncwarp;
+// - arithmetic: ~1000 instructions per warp per 16 KB of traffic, ~25 % of an SM's issue rate
+//   at 4.3 TB/s, so the SM never becomes the limit;
+// - grid: B * H * 2 blocks, ordered (b, h, column half), so consecutive blocks stream
+//   consecutive 64 KB planes; at B = 64, H = 64 that is 8192 blocks over 528 resident slots
+//   (~15 waves; the ramp and tail cost about one block lifetime, ~3 us of ~130 us).
+// Left over against the copy: launch ramp, tail, and the extra q/k/g/v/o traffic (< 1 %), so
+// >= 0.92 of the measured copy bandwidth is expected at B >= 64. At B = 1 (512 warps, ~4 per
+// SM) the kernel is latency-bound: one load round trip + ~1000 dependent-ish instructions +
+// the stores, a few microseconds.
 #include <cstdint>
 #include <type_traits>
 
@@ -347,6 +374,219 @@ __global__ void __launch_bounds__(kScanThreads)
   }
 }
 
+// ---------------------------------------------------------------- scan: the decode step (T == 1)
+
+// A decode step reads and writes each state plane once (64 KB each way per head) with ~7 flops
+// per element: a stream, so the kernel is shaped like a copy. A warp owns a 16-column slice of
+// one head, all 128 rows; lane = hg * 16 + e * 4 + cq holds columns j0 .. j0 + 3
+// (j0 = 16 * warp-slice + 4 cq) of rows 16 g + 4 m + e for the groups g = 4 hg + gl (gl < 4,
+// m < 4): 16 float4 registers, one 16-byte load and one 16-byte store per (gl, m). A warp
+// instruction covers 8 rows x 64 contiguous bytes (the neighbouring slice, in the same block,
+// takes the other half of each 128-byte line at the same time), so every state access is
+// 16-byte vectorised and whole-sector coalesced. The state never touches shared memory and no
+// warp waits on another (no block barrier): warps drift apart, and an SM interleaves the load
+// phase of some with the arithmetic and the fire-and-forget stores of others, as in a copy.
+//
+// The lane's rows of group g, m ascending, are exactly chain e of the fixed order (see the
+// scan_kernel geometry), summed in registers in the same order; two xor-shuffles over e give
+// the group partial ((e0 + e1) + (e2 + e3)), the lane combines its four groups as
+// ((P0 + P1) + (P2 + P3)) (or P4..P7), and one xor-shuffle over hg finishes the tree. Every
+// element sees scan_kernel's operations at T = 1 (the same expf, the same __f*_rn), so the
+// bits are identical (the tests assert it against the T-step kernel).
+//
+// k, scale * q and exp(g) reach the lanes through a per-warp transposed copy in shared memory,
+// vec[e][n] = x[4 n + e]: the lane's four rows of group g are one float4 at vec[e][4 g]. A warp
+// reads 8 distinct float4 (e, hg) per access; the padded e-row stride (36 words) lays them on
+// all 32 banks once (conflict-free). The copy is written once per launch, while the state loads
+// (issued first) are in flight, and is guarded by __syncwarp only.
+constexpr int kDecCols = 16;                         // columns per warp: 4 quads
+constexpr int kDecWarps = 4;
+constexpr int kDecThreads = 32 * kDecWarps;
+constexpr int kDecBlocksPerHead = kScanDv / (kDecCols * kDecWarps);  // 2
+constexpr int kDecGroups = kScanDk / 16;             // 8 groups of 16 rows
+constexpr int kDecLaneGroups = kDecGroups / 2;       // 4 per lane (half hg)
+constexpr int kDecChain = 4;                         // rows per chain in a group
+constexpr int kVecStride = 36;                       // words per e-row of a transposed vector
+static_assert(kDecCols == 4 * 4, "4 column quads x 4 chains (e) x 2 group halves = 32 lanes");
+static_assert(kVecStride % 4 == 0 && kVecStride >= kScanDk / 4, "float4-aligned padded rows");
+
+// One warp's step inputs in shared memory. v, beta and the output plane pass through here too,
+// although every lane could load them itself: ptxas issues a load just ahead of its first use,
+// which for these would be after the vectors' round trip, adding a second memory latency to
+// the warp's life (less state in flight per SM); stored here, they are loaded with k, q, g.
+struct DecodeStage {
+  float k[4][kVecStride];  // k[e][n] = k[4 n + e]
+  float q[4][kVecStride];  // scale * q, same layout
+  float e[4][kVecStride];  // exp(g), same layout
+  float4 v[4];             // v of the warp's 16 columns
+  float* sout;             // the sequence's state_out plane (null: not written)
+  float beta;
+};
+
+// The group partial ((e0 + e1) + (e2 + e3)) from this lane's chain e of one column; the lanes
+// of the four chains end with the same bits (fadd_rn is commutative).
+__device__ __forceinline__ float chain_combine(float x) {
+  x = __fadd_rn(x, __shfl_xor_sync(0xffffffffu, x, 4));
+  return __fadd_rn(x, __shfl_xor_sync(0xffffffffu, x, 8));
+}
+
+// The column sum from the lane's four group partials: ((P0 + P1) + (P2 + P3)) in registers,
+// then + the other half's (lane ^ 16): the tree of the fixed order.
+__device__ __forceinline__ float column_sum(const float (&P)[kDecLaneGroups]) {
+  const float half = __fadd_rn(__fadd_rn(P[0], P[1]), __fadd_rn(P[2], P[3]));
+  return __fadd_rn(half, __shfl_xor_sync(0xffffffffu, half, 16));
+}
+
+// One decode step of B sequences (T = 1), scan_kernel's arithmetic in its order (see above).
+// q, k, g [B, 1, H, dk]; v, o [B, 1, H, dv]; beta [B, 1, H]; state planes [H, dk, dv]; every
+// base 16-byte aligned (the entry point checks q, k, g, v, o; the planes' owners guarantee it).
+// Grid: B * H * 2 blocks, block = (b, h, half of the columns).
+__global__ void __launch_bounds__(kDecThreads, 4)
+    scan_decode_kernel(const float* __restrict__ q, const float* __restrict__ k,
+                       const float* __restrict__ v, const float* __restrict__ g,
+                       const float* __restrict__ beta, int H, float scale,
+                       const float* const* state_in, float* const* state_out,
+                       float* __restrict__ o) {
+  __shared__ __align__(16) DecodeStage stage[kDecWarps];
+
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const int cq = lane & 3;         // column quad within the warp's slice
+  const int e = (lane >> 2) & 3;   // chain: rows = e (mod 4)
+  const int hg = lane >> 4;        // groups 4 hg .. 4 hg + 3
+  const int part = static_cast<int>(blockIdx.x % kDecBlocksPerHead);
+  const int64_t bh = blockIdx.x / kDecBlocksPerHead;  // b * H + h = the row of [B, 1, H, *]
+  const int h = static_cast<int>(bh % H);
+  const int64_t b = bh / H;
+  const int j0 = (part * kDecWarps + warp) * kDecCols + 4 * cq;
+  // (row 64 hg + e, column j0) of the plane; row 16 (4 hg + gl) + 4 m + e is (16 gl + 4 m) rows on.
+  const int64_t my_off = static_cast<int64_t>(h) * kScanDk * kScanDv +
+                         static_cast<int64_t>(64 * hg + e) * kScanDv + j0;
+
+  // The state first, so its 8 KB per warp is in flight while the vectors are prepared.
+  // S[gl][m][c] = state[h, 16 (4 hg + gl) + 4 m + e, j0 + c]
+  float S[kDecLaneGroups][kDecChain][4];
+  const float* sin = state_in ? state_in[b] : nullptr;
+  if (sin) {
+#pragma unroll
+    for (int gl = 0; gl < kDecLaneGroups; ++gl) {
+#pragma unroll
+      for (int m = 0; m < kDecChain; ++m) {
+        const float4 t = __ldcs(reinterpret_cast<const float4*>(
+            sin + my_off + static_cast<int64_t>(16 * gl + 4 * m) * kScanDv));
+        S[gl][m][0] = t.x;
+        S[gl][m][1] = t.y;
+        S[gl][m][2] = t.z;
+        S[gl][m][3] = t.w;
+      }
+    }
+  } else {
+#pragma unroll
+    for (int gl = 0; gl < kDecLaneGroups; ++gl) {
+#pragma unroll
+      for (int m = 0; m < kDecChain; ++m) {
+#pragma unroll
+        for (int c = 0; c < 4; ++c) S[gl][m][c] = 0.0f;
+      }
+    }
+  }
+
+  // Every load is issued before anything waits on memory: the __syncwarp()s keep ptxas from
+  // moving the stage stores below (each waits for its data) between the loads.
+  __syncwarp();
+  const float4 kl = __ldg(reinterpret_cast<const float4*>(k + bh * kScanDk) + lane);
+  const float4 ql = __ldg(reinterpret_cast<const float4*>(q + bh * kScanDk) + lane);
+  const float4 gv = __ldg(reinterpret_cast<const float4*>(g + bh * kScanDk) + lane);
+  float4 vl = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  if (lane < 4) vl = __ldg(reinterpret_cast<const float4*>(v + bh * kScanDv + j0));
+  float* so = nullptr;
+  float bt = 0.0f;
+  if (lane == 0) {
+    so = state_out[b];
+    bt = __ldg(beta + bh);
+  }
+  __syncwarp();
+  DecodeStage& st = stage[warp];
+  if (lane < 4) st.v[lane] = vl;
+  if (lane == 0) {
+    st.sout = so;
+    st.beta = bt;
+  }
+  float(*vk)[kVecStride] = st.k;
+  float(*vq)[kVecStride] = st.q;
+  float(*ve)[kVecStride] = st.e;
+  vk[0][lane] = kl.x;
+  vk[1][lane] = kl.y;
+  vk[2][lane] = kl.z;
+  vk[3][lane] = kl.w;
+  vq[0][lane] = __fmul_rn(ql.x, scale);
+  vq[1][lane] = __fmul_rn(ql.y, scale);
+  vq[2][lane] = __fmul_rn(ql.z, scale);
+  vq[3][lane] = __fmul_rn(ql.w, scale);
+  ve[0][lane] = expf(gv.x);
+  ve[1][lane] = expf(gv.y);
+  ve[2][lane] = expf(gv.z);
+  ve[3][lane] = expf(gv.w);
+  __syncwarp();
+  const int n0 = 16 * hg;  // vec column of the lane's first group
+
+  // Decay, and kv = k^T S over the decayed rows.
+  float P[4][kDecLaneGroups];  // P[c][gl]: group (4 hg + gl)'s partial of column j0 + c
+#pragma unroll
+  for (int gl = 0; gl < kDecLaneGroups; ++gl) {
+    const float4 kk4 = *reinterpret_cast<const float4*>(&vk[e][n0 + 4 * gl]);
+    const float4 ee4 = *reinterpret_cast<const float4*>(&ve[e][n0 + 4 * gl]);
+    const float kk[kDecChain] = {kk4.x, kk4.y, kk4.z, kk4.w};
+    const float ee[kDecChain] = {ee4.x, ee4.y, ee4.z, ee4.w};
+    float ch[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int m = 0; m < kDecChain; ++m) {
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        S[gl][m][c] = __fmul_rn(S[gl][m][c], ee[m]);
+        ch[c] = __fadd_rn(ch[c], __fmul_rn(S[gl][m][c], kk[m]));
+      }
+    }
+#pragma unroll
+    for (int c = 0; c < 4; ++c) P[c][gl] = chain_combine(ch[c]);
+  }
+  const float4 vs = st.v[cq];
+  const float vv[4] = {vs.x, vs.y, vs.z, vs.w};
+  const float beta_t = st.beta;
+  float d[4];
+#pragma unroll
+  for (int c = 0; c < 4; ++c) d[c] = __fmul_rn(__fsub_rn(vv[c], column_sum(P[c])), beta_t);
+  float* const sout = st.sout;
+
+  // Rank-1 update (each row quad stored as soon as it is final), and o = (scale q)^T S.
+#pragma unroll
+  for (int gl = 0; gl < kDecLaneGroups; ++gl) {
+    const float4 kk4 = *reinterpret_cast<const float4*>(&vk[e][n0 + 4 * gl]);
+    const float4 qq4 = *reinterpret_cast<const float4*>(&vq[e][n0 + 4 * gl]);
+    const float kk[kDecChain] = {kk4.x, kk4.y, kk4.z, kk4.w};
+    const float qq[kDecChain] = {qq4.x, qq4.y, qq4.z, qq4.w};
+    float ch[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int m = 0; m < kDecChain; ++m) {
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        S[gl][m][c] = __fadd_rn(S[gl][m][c], __fmul_rn(kk[m], d[c]));
+        ch[c] = __fadd_rn(ch[c], __fmul_rn(S[gl][m][c], qq[m]));
+      }
+      if (sout) {
+        __stcs(reinterpret_cast<float4*>(sout + my_off +
+                                         static_cast<int64_t>(16 * gl + 4 * m) * kScanDv),
+               make_float4(S[gl][m][0], S[gl][m][1], S[gl][m][2], S[gl][m][3]));
+      }
+    }
+#pragma unroll
+    for (int c = 0; c < 4; ++c) P[c][gl] = chain_combine(ch[c]);
+  }
+  const float4 out = make_float4(column_sum(P[0]), column_sum(P[1]), column_sum(P[2]),
+                                 column_sum(P[3]));
+  if (lane < 4) *reinterpret_cast<float4*>(o + bh * kScanDv + j0) = out;  // e == 0, hg == 0
+}
+
 }  // namespace
 
 extern "C" {
@@ -409,6 +649,19 @@ int memra_cuda_kda_scan(MemraCudaCtx* ctx, const float* q, const float* k, const
   if (dk != kScanDk || dv != kScanDv) return memra::kUnsupportedGeometry;
   if (B == 0 || T == 0 || H == 0) return memra::kOk;
   if (!q || !k || !v || !g || !beta || !state_out || !o) return memra::kContractMissing;
+  // float4 loads of q, k, g (both kernels) and of v / stores of o (decode kernel).
+  for (const void* p : {static_cast<const void*>(q), static_cast<const void*>(k),
+                        static_cast<const void*>(v), static_cast<const void*>(g),
+                        static_cast<const void*>(o)}) {
+    if (reinterpret_cast<uintptr_t>(p) & 15u) return memra::kContractStride;
+  }
+  if (T == 1) {  // the decode step: same bits as scan_kernel at T = 1, at stream bandwidth
+    const int64_t blocks = static_cast<int64_t>(B) * H * kDecBlocksPerHead;
+    if (blocks > 0x7fffffffLL) return memra::kContractShape;
+    scan_decode_kernel<<<static_cast<unsigned>(blocks), kDecThreads, 0, ctx->stream>>>(
+        q, k, v, g, beta, H, scale, state_in, state_out, o);
+    return launch_status();
+  }
   const int64_t blocks = static_cast<int64_t>(B) * H * kBlocksPerHead;
   if (blocks > 0x7fffffffLL) return memra::kContractShape;
   scan_kernel<<<static_cast<unsigned>(blocks), kScanThreads, 0, ctx->stream>>>(

@@ -14,8 +14,12 @@ Tolerances (both sides f32):
   tree, the CPU as one ascending chain, and CUDA's expf differs by ulps: ``rtol=1e-5, atol=1e-6``
   (o ~ 0.1, state ~ 1; observed differences ~1e-7 over hundreds of steps, the same bounds as the
   CPU tests against float64).
-- Arm / chaining / batching contracts run one kernel with identical per-step arithmetic:
-  ``np.array_equal``.
+- Arm / chaining / batching contracts: ``np.array_equal``. The conv arms share one device
+  function per output; the scan's two kernels (scan_kernel for T >= 2, scan_decode_kernel for
+  T == 1) do each element's operations in the same order, so one-step launches (decode kernel)
+  chained equal one T-step launch bit for bit.
+- Outputs the kernels overwrite are allocated without a zero fill: two runs over different
+  garbage left in the memory pool (large finite values, then NaNs) must agree and be finite.
 
 A small shape for ``compute-sanitizer --tool racecheck`` / ``--tool memcheck``:
 ``python -m pytest tests/test_cuda_kda.py -k sanitizer``.
@@ -314,6 +318,25 @@ def test_scan_decode_arm_equals_prefill_arm_at_t1(e):
     np.testing.assert_array_equal(sb[0], s1)
 
 
+@pytest.mark.parametrize("with_state", [False, True])
+def test_scan_decode_kernel_equals_the_t_step_kernel(e, with_state):
+    # T == 1 runs scan_decode_kernel, T >= 2 scan_kernel: the decode shape (B = 64, odd H) step
+    # by step must give the T-step kernel's bits, o of each step and the final state.
+    B, H, T = 64, 3, 2
+    q, k, v, g, beta, state = scan_inputs(T, H=H, B=B, seed=345 + with_state,
+                                          with_state=with_state)
+    o_full, s_full = scan_cuda(e, q, k, v, g, beta, state, batch=True)
+    s = None if state is None else e.to_device(state)
+    for t in range(T):
+        args = [e.to_device(np.ascontiguousarray(a[:, t : t + 1])) for a in (q, k, v, g, beta)]
+        o, s = _core.kda_scan(*args, s, engine=e, batch=True)
+        np.testing.assert_array_equal(e.to_host(o)[:, 0], o_full[:, t])
+    np.testing.assert_array_equal(e.to_host(s), s_full)
+    co, cs = _core.kda_scan(q, k, v, g, beta, state, batch=True)
+    close(o_full, co, SCAN_TOL)
+    close(s_full, cs, SCAN_TOL)
+
+
 @pytest.mark.parametrize(
     "T,g_value,beta_value",
     [
@@ -456,12 +479,118 @@ def test_engine_stays_usable_after_errors(e):
     close(s, cs, SCAN_TOL)
 
 
+# ---------------------------------------------------------------- outputs allocated without a fill
+
+
+def poison_pool(e, shapes, value):
+    """Leave `value` in the engine's stream-ordered memory pool where the next allocations of
+    these shapes are likely to land (a freed block goes back to the pool and is handed to the
+    next request on the stream), so an output element a kernel forgets to write shows."""
+    bufs = [e.to_device(np.full(s, value, np.float32)) for s in shapes]
+    e.synchronize()
+    del bufs
+
+
+def run_twice_over_garbage(e, call, shapes):
+    """call() -> tuple of device outputs of `shapes`; returns the host copies of two runs, the
+    first over a pool poisoned with large finite values, the second with NaNs."""
+    runs = []
+    for value in (-3.0e38, np.nan):
+        poison_pool(e, shapes, value)
+        runs.append([e.to_host(a) for a in call()])
+    return runs
+
+
+def test_uninitialised_outputs_are_fully_written(e):
+    """o, state_out, y, ring_out and g come from the memory pool without a zero fill (the
+    kernels overwrite them): two runs over different garbage must agree bit for bit and be
+    finite; state_out of a zero-step scan without a state still reads zeros."""
+    cases = []
+    # Scan: the decode kernel (B = 64, T = 1), the T-step kernel, with and without a state.
+    for T, B, with_state in [(1, 64, True), (1, 64, False), (5, 3, True), (5, 3, False)]:
+        q, k, v, g, beta, state = scan_inputs(T, H=2, B=B, seed=900 + T, with_state=with_state)
+        dev = [e.to_device(a) for a in (q, k, v, g, beta)]
+        ds = None if state is None else e.to_device(state)
+        cases.append((f"scan T={T} B={B} state={with_state}",
+                      lambda dev=dev, ds=ds: _core.kda_scan(*dev, ds, engine=e, batch=True),
+                      [(B, T, 2, DV), (B, 2, DK, DV)]))
+    # Zero steps: state_out is the state passed through, or zeros without one.
+    q, k, v, g, beta, state = scan_inputs(0, H=2, seed=910)
+    dev0 = [e.to_device(a) for a in (q, k, v, g, beta)]
+    ds0 = e.to_device(state)
+    cases.append(("scan T=0 state", lambda: _core.kda_scan(*dev0, ds0, engine=e),
+                  [(0, 2, DV), (2, DK, DV)]))
+    cases.append(("scan T=0 no state", lambda: _core.kda_scan(*dev0, None, engine=e),
+                  [(0, 2, DV), (2, DK, DV)]))
+    # Conv: prefill (T = 0 passes the ring through), decode, batched decode.
+    C = 37
+    for T, arm in [(65, "prefill"), (2, "prefill"), (0, "prefill"), (1, "decode")]:
+        x, w, ring = conv_inputs(T, C=C, seed=920 + T)
+        dx, dw, dr = e.to_device(x), e.to_device(w), e.to_device(ring)
+        cases.append((f"conv T={T} {arm}",
+                      lambda dx=dx, dw=dw, dr=dr, arm=arm: _core.kda_conv(dx, dw, dr, arm=arm,
+                                                                          engine=e),
+                      [(T, C), (C, K - 1)]))
+    x, w, ring = conv_inputs(7, C=C, seed=930)
+    rings = f32(np.stack([ring] * 7))
+    dx, dw, drs = e.to_device(x), e.to_device(w), e.to_device(rings)
+    cases.append(("conv batch", lambda: _core.kda_conv(dx, dw, drs, batch=True, engine=e),
+                  [(7, C), (7, C, K - 1)]))
+    # Gate.
+    f, dt_bias, A_log = gate_inputs(13, 3, 128, seed=940)
+    df, db, da = e.to_device(f), e.to_device(dt_bias), e.to_device(A_log)
+    cases.append(("gate", lambda: (_core.kda_gate(df, db, da, engine=e),), [(13, 3 * 128)]))
+
+    for name, call, shapes in cases:
+        first, second = run_twice_over_garbage(e, call, shapes)
+        for i, (a, b) in enumerate(zip(first, second)):
+            assert a.shape == tuple(shapes[i]), name
+            assert np.all(np.isfinite(a)) and np.all(np.isfinite(b)), f"{name}: output {i}"
+            np.testing.assert_array_equal(a, b, err_msg=f"{name}: output {i}")
+    zeros_case = dict((n, c) for n, c, _ in cases)["scan T=0 no state"]
+    poison_pool(e, [(0, 2, DV), (2, DK, DV)], np.nan)
+    _, s0 = zeros_case()
+    np.testing.assert_array_equal(e.to_host(s0), np.zeros((2, DK, DV), np.float32))
+
+
+def test_misaligned_scan_arrays_are_refused(e):
+    """The scan kernels load q / k / g / v and the state planes as float4: a device view that
+    does not start on 16 bytes is refused by name (ContractError CONTRACT_STRIDE) instead of
+    faulting; the engine stays usable."""
+    cp = pytest.importorskip("cupy")
+    with cp.cuda.Device(0):
+        host = dict(zip(("q", "k", "v", "g", "beta", "state"),
+                        scan_inputs(1, H=2, B=4, seed=950)))
+
+        def shifted(a):  # the same values one float into a larger buffer: contiguous, misaligned
+            buf = cp.zeros(a.size + 1, cp.float32)
+            buf[1:] = cp.asarray(a.ravel())
+            return buf[1:].reshape(a.shape)
+
+        for name in ("q", "v", "state"):
+            d = {n: cp.asarray(a) for n, a in host.items()}
+            d[name] = shifted(host[name])
+            cp.cuda.Device().synchronize()  # memra's stream does not wait for CuPy's
+            with pytest.raises(memra.ContractError) as ei:
+                _core.kda_scan(d["q"], d["k"], d["v"], d["g"], d["beta"], d["state"], engine=e,
+                               batch=True)
+            assert ei.value.code == ST.CONTRACT_STRIDE and f"'{name}'" in str(ei.value)
+        d = {n: cp.asarray(a) for n, a in host.items()}
+        cp.cuda.Device().synchronize()
+        o, s = _core.kda_scan(d["q"], d["k"], d["v"], d["g"], d["beta"], d["state"], engine=e,
+                              batch=True)
+        co, cs = _core.kda_scan(*host.values(), batch=True)
+        close(e.to_host(o), co, SCAN_TOL)
+        close(e.to_host(s), cs, SCAN_TOL)
+
+
 # ---------------------------------------------------------------- sanitizer-sized shapes
 
 
 def test_sanitizer_small_shapes(e):
     """Small enough for compute-sanitizer (racecheck / memcheck / initcheck): every kernel of
-    cuda/kda.cu once, the scan over two steps so the per-warp shared vectors are rewritten."""
+    cuda/kda.cu once; scan_kernel over two steps so its per-warp shared vectors are rewritten,
+    and scan_decode_kernel (T = 1)."""
     x, w, ring = conv_inputs(3, C=9, seed=800)
     conv_cuda(e, x, w, ring, arm="prefill")
     conv_cuda(e, x[:1], w, ring, arm="decode")
@@ -469,8 +598,9 @@ def test_sanitizer_small_shapes(e):
     f, dt_bias, A_log = gate_inputs(2, 1, 128)
     gate_cuda(e, f, dt_bias, A_log, form="lower_bound")
     gate_cuda(e, f, dt_bias, A_log, form="softplus")
-    q, k, v, g, beta, state = scan_inputs(2, H=1, B=2, seed=801)
-    o, s = scan_cuda(e, q, k, v, g, beta, state, batch=True)
-    co, cs = _core.kda_scan(q, k, v, g, beta, state, batch=True)
-    close(o, co, SCAN_TOL)
-    close(s, cs, SCAN_TOL)
+    for T in (2, 1):  # scan_kernel, scan_decode_kernel
+        q, k, v, g, beta, state = scan_inputs(T, H=1, B=2, seed=801 + T)
+        o, s = scan_cuda(e, q, k, v, g, beta, state, batch=True)
+        co, cs = _core.kda_scan(q, k, v, g, beta, state, batch=True)
+        close(o, co, SCAN_TOL)
+        close(s, cs, SCAN_TOL)

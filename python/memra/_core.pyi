@@ -191,7 +191,8 @@ def kda_scan(q: Annotated[NDArray, dict(writable=False)], k: Annotated[NDArray, 
     raises UnsupportedError (UNSUPPORTED_GEOMETRY); its dk-long sums are partial sums plus a
     warp tree, so it matches the CPU to ~1e-5 relative, not bit for bit).
     Raises ContractError (CONTRACT_DTYPE / CONTRACT_SHAPE / CONTRACT_STRIDE /
-    CONTRACT_DEVICE) for a bad argument.
+    CONTRACT_DEVICE) for a bad argument; CONTRACT_STRIDE also for a CUDA array (q, k, v, g,
+    state) whose data does not start on a 16-byte boundary.
     Reference: modeling_glm5_next.recurrent_kimi_delta_attention (equal in exact arithmetic
     to chunk_kimi_delta_attention, which transformers uses for multi-token prefill).
     """

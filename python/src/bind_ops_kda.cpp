@@ -8,6 +8,8 @@
 #include <nanobind/stl/string.h>
 
 #include <cmath>
+#include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <optional>
 #include <string>
@@ -25,14 +27,40 @@ namespace {
 
 size_t sz(int64_t n) { return static_cast<size_t>(n); }
 
-// A device table of per-sequence pointers base + b * stride (b < n) for the CUDA entry points
-// that take `const float* const*` / `float* const*` (freed stream-ordered after the call).
-template <typename P>
-std::shared_ptr<DeviceBuffer> pointer_table(const Engine* engine, P* base, int64_t n,
-                                            int64_t stride) {
-  std::vector<P*> host(sz(n));
-  for (int64_t b = 0; b < n; ++b) host[sz(b)] = base + b * stride;
-  return device_upload(engine, host.data(), host.size() * sizeof(P*));
+// Device tables of per-sequence pointers for the CUDA entry points that take
+// `const float* const*` / `float* const*`: table i holds bases[i] + b * stride (b < n). All
+// tables share one upload (one staged copy per call, not one per table), freed stream-ordered
+// after the call; a null base gives a null table (table(i) == nullptr) and takes no space.
+struct PointerTables {
+  std::shared_ptr<DeviceBuffer> buf;
+  std::vector<int64_t> start;  // element offset of table i in buf, -1 for a null base
+  float* const* table(size_t i) const {
+    return start[i] < 0 ? nullptr : static_cast<float* const*>(buf->data()) + start[i];
+  }
+};
+
+PointerTables pointer_tables(const Engine* engine, std::initializer_list<const float*> bases,
+                             int64_t n, int64_t stride) {
+  PointerTables t;
+  std::vector<float*> host;
+  for (const float* base : bases) {
+    t.start.push_back(base ? static_cast<int64_t>(host.size()) : -1);
+    for (int64_t b = 0; base && b < n; ++b) host.push_back(const_cast<float*>(base) + b * stride);
+  }
+  t.buf = device_upload(engine, host.data(), host.size() * sizeof(float*));
+  return t;
+}
+
+// The CUDA scan kernels access q / k / g / v and the state planes as float4: a device array
+// whose data pointer is not 16-byte aligned (a view at an odd element offset) is refused here
+// with its name, before anything runs (the entry point would refuse q / k / g / v too, with
+// less to say; it cannot see the planes behind the pointer table).
+void require_aligned16(const Engine* engine, const void* p, const char* op, const char* name) {
+  if (on_cuda(engine) && (reinterpret_cast<uintptr_t>(p) & 15u) != 0) {
+    raise_contract(kContractStride, std::string(op) + ": argument '" + name +
+                                        "' must start on a 16-byte boundary on the device "
+                                        "(the CUDA kernels load it as float4)");
+  }
 }
 
 // An async copy on the engine's stream (T == 0: the state / ring passes through unchanged).
@@ -74,21 +102,21 @@ void init_ops_kda(nb::module_& m) {
                                              shape_str(x));
         }
         const int64_t plane = C * (K - 1);  // one sequence's ring
-        Out y = out_f32(engine, {sz(T), sz(C)});
-        Out ring_out = batch ? out_f32(engine, {sz(T), sz(C), sz(K - 1)})
-                             : out_f32(engine, {sz(C), sz(K - 1)});
+        // Both kernels write every element of y and ring_out; at T == 0 (prefill) ring_out is
+        // the copy below, and an error discards them.
+        Out y = out_f32_uninit(engine, {sz(T), sz(C)});
+        Out ring_out = batch ? out_f32_uninit(engine, {sz(T), sz(C), sz(K - 1)})
+                             : out_f32_uninit(engine, {sz(C), sz(K - 1)});
         float* yp = y.data<float>();
         float* op = ring_out.data<float>();
         if (on_cuda(engine)) {
           const CudaContext& c = cuda_ctx(engine);
           if (decode) {
             const int64_t B = batch ? T : 1;
-            auto rin = pointer_table(engine, rp, B, plane);
-            auto rout = pointer_table(engine, op, B, plane);
+            const PointerTables tabs = pointer_tables(engine, {rp, op}, B, plane);
             check_cuda(engine,
                        c.api().kda_conv_decode(c.ctx(), xp, int(B), int(C), wp, int(K),
-                                               static_cast<const float* const*>(rin->data()),
-                                               static_cast<float* const*>(rout->data()), yp),
+                                               tabs.table(0), tabs.table(1), yp),
                        "kda_conv");
           } else {
             check_cuda(engine,
@@ -159,7 +187,7 @@ void init_ops_kda(nb::module_& m) {
                                              std::to_string(H) + " heads (the length of A_log)");
         }
         const float* bp = f32_in(engine, dt_bias, "kda_gate", "dt_bias", {D});
-        Out g = out_f32(engine, {sz(T), sz(D)});
+        Out g = out_f32_uninit(engine, {sz(T), sz(D)});  // the kernel writes every element
         if (on_cuda(engine)) {
           const CudaContext& c = cuda_ctx(engine);
           check_cuda(engine,
@@ -219,26 +247,32 @@ void init_ops_kda(nb::module_& m) {
         }
         // transformers: scale = 1 / (dk ** 0.5) in double, applied to f32 q as an f32 scalar.
         const float sc = scale ? *scale : static_cast<float>(1.0 / std::sqrt(double(dk)));
+        for (auto [p, name] : {std::pair<const void*, const char*>{qp, "q"}, {kp, "k"},
+                               {vp, "v"}, {gp, "g"}, {sp, "state"}}) {
+          require_aligned16(engine, p, op, name);
+        }
         const int64_t plane = H * dk * dv;  // one sequence's state
         const int64_t seq_o = T * H * dv, seq_qk = T * H * dk, seq_b = T * H;
-        Out o = batch ? out_f32(engine, {sz(B), sz(T), sz(H), sz(dv)})
-                      : out_f32(engine, {sz(T), sz(H), sz(dv)});
-        Out state_out = batch ? out_f32(engine, {sz(B), sz(H), sz(dk), sz(dv)})
-                              : out_f32(engine, {sz(H), sz(dk), sz(dv)});
+        // The kernels write every element of o and of each state_out plane (T >= 1); at T == 0
+        // state_out is the input state (copied below) or zeros, the one case that needs the fill.
+        const bool fill = T == 0 && !sp;
+        auto state_shaped = [&](std::vector<size_t> shape) {
+          return fill ? out_f32(engine, std::move(shape))
+                      : out_f32_uninit(engine, std::move(shape));
+        };
+        Out o = batch ? out_f32_uninit(engine, {sz(B), sz(T), sz(H), sz(dv)})
+                      : out_f32_uninit(engine, {sz(T), sz(H), sz(dv)});
+        Out state_out = batch ? state_shaped({sz(B), sz(H), sz(dk), sz(dv)})
+                              : state_shaped({sz(H), sz(dk), sz(dv)});
         float* op_ = o.data<float>();
         float* so = state_out.data<float>();
         if (on_cuda(engine)) {
           const CudaContext& c = cuda_ctx(engine);
-          // A null table = every sequence starts from zeros.
-          std::shared_ptr<DeviceBuffer> sin_tab;
-          if (sp) sin_tab = pointer_table(engine, sp, B, plane);
-          auto sout_tab = pointer_table(engine, so, B, plane);
+          // A null state_in table = every sequence starts from zeros.
+          const PointerTables tabs = pointer_tables(engine, {sp, so}, B, plane);
           check_cuda(engine,
                      c.api().kda_scan(c.ctx(), qp, kp, vp, gp, bp, int(B), int(T), int(H), int(dk),
-                                      int(dv), sc,
-                                      sin_tab ? static_cast<const float* const*>(sin_tab->data())
-                                              : nullptr,
-                                      static_cast<float* const*>(sout_tab->data()), op_),
+                                      int(dv), sc, tabs.table(0), tabs.table(1), op_),
                      "kda_scan");
           // Zero steps: the kernel is a no-op and the state passes through (as on the CPU).
           if (T == 0 && sp) device_copy(engine, so, sp, sz(B * plane) * sizeof(float), "kda_scan");
@@ -271,7 +305,8 @@ void init_ops_kda(nb::module_& m) {
       "raises UnsupportedError (UNSUPPORTED_GEOMETRY); its dk-long sums are partial sums plus a\n"
       "warp tree, so it matches the CPU to ~1e-5 relative, not bit for bit).\n"
       "Raises ContractError (CONTRACT_DTYPE / CONTRACT_SHAPE / CONTRACT_STRIDE /\n"
-      "CONTRACT_DEVICE) for a bad argument.\n"
+      "CONTRACT_DEVICE) for a bad argument; CONTRACT_STRIDE also for a CUDA array (q, k, v, g,\n"
+      "state) whose data does not start on a 16-byte boundary.\n"
       "Reference: modeling_glm5_next.recurrent_kimi_delta_attention (equal in exact arithmetic\n"
       "to chunk_kimi_delta_attention, which transformers uses for multi-token prefill).");
 }
