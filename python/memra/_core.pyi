@@ -245,6 +245,25 @@ def mla_attn_gathered(q_lat: Annotated[NDArray, dict(writable=False)], cache: An
     Reference: Glm5NextTextAttention.build_attention_mask_from_topk + eager_attention_forward.
     """
 
+def mla_attn_decode(q_lat: Annotated[NDArray, dict(writable=False)], caches: object, t_kv: object, *, idx: Annotated[NDArray, dict(writable=False)] | None = None, scale: float, max_t_kv: int | None = None, engine: Engine | None = None) -> object:
+    """
+    Batched absorbed MLA decode: B sequences, one query each, in one launch plan on CUDA.
+
+    q_lat: [B, H, R] float32 (from mla_absorb_q). caches: a list of B arrays [L_b, R] (latent rows, d_rope == 0), all float32 or (CUDA) all bfloat16 (DLPack bfloat16 or uint16 raw bits; 16-byte aligned), on the engine's device. t_kv: rows visible to each sequence (its query sits at row t_kv[b] - 1): a host list / int array (checked: 0 <= t_kv[b] <= L_b), or on CUDA a device int32 [B] array (unchecked: t_kv[b] must be <= L_b; values above max_t_kv are clamped). t_kv[b] == 0 is an idle row: o_lat[b] = 0, nothing of it is read. idx: optional [B, width] int32 index lists (gathered attention: -1 and entries outside [0, t_kv[b]) skipped, a row listed twice counts once, an empty list gives zeros). scale: qk_head_dim**-0.5. max_t_kv: the host bound the launch is sized from (default max(t_kv) for host t_kv, max L_b for device t_kv); keep it fixed to replay a captured graph at any position. Returns o_lat [B, H, R] float32 on the same device.
+    CUDA: a bfloat16 cache with R in {128, 256, 512} runs on tensor cores: q_lat and the softmax weights are rounded to bfloat16 for the two products, scores, softmax and accumulation are float32 (3e-3..6e-3 of max|o| against the float32 CPU op on the same cache); float32 caches (and other R <= 1024) run an exact float32 CUDA-core kernel (~1e-6 relative). The CPU backend runs mla_attn_absorbed / mla_attn_gathered per sequence.
+    Raises ContractError: CONTRACT_SHAPE when len(caches) != B or a cache's width differs; CONTRACT_RANGE for a host t_kv outside [0, L_b]; CONTRACT_DTYPE / CONTRACT_SHAPE / CONTRACT_STRIDE / CONTRACT_DEVICE for bad arrays (CONTRACT_STRIDE also for a bfloat16 cache not 16-byte aligned); CONTRACT_VALUE for a non-finite scale or max_t_kv below max(t_kv). UnsupportedError (UNSUPPORTED_GEOMETRY) for caches with rope columns (width > R) or, on CUDA, R > 1024 outside the tensor-core shapes.
+    Reference: Glm5NextTextAttention.forward at decode (one query per sequence), as mla_attn_absorbed / mla_attn_gathered with t_q = 1.
+    """
+
+def mla_latent_append_decode(rows: Annotated[NDArray, dict(writable=False)], caches: object, pos: object, *, engine: Engine | None = None) -> None:
+    """
+    Write one latent row per sequence in place: caches[b][pos[b], :] = rows[b, :].
+
+    rows: [B, W] float32. caches: a list of B arrays [L_b, W], all float32 (CPU: writable host arrays) or, on CUDA, all bfloat16 (DLPack bfloat16 or uint16 raw bits; rounded to nearest even). pos: a host list / int array (checked: pos[b] < L_b) or on CUDA a device int32 [B] array (unchecked); pos[b] < 0 is an idle row: nothing written. One launch on CUDA. Returns None.
+    Raises ContractError: CONTRACT_RANGE for a host pos[b] >= L_b (nothing written); CONTRACT_SHAPE when len(caches) != B or widths differ; CONTRACT_DTYPE / CONTRACT_STRIDE / CONTRACT_DEVICE for bad arrays.
+    Reference: mla_latent_append per sequence with T = 1.
+    """
+
 def swiglu_mlp(x: Annotated[NDArray, dict(writable=False)], gate_w: object, up_w: object, down_w: object, *, limit: float, engine: Engine | None = None) -> object:
     """
     SwiGLU MLP with the clamp: y = (silu(min(x gate_w^T, limit)) * clamp(x up_w^T, +-limit)) down_w^T.

@@ -1,6 +1,7 @@
 // CUDA ABI, MLA area (cuda/mla.cu): the GPU twins of cpu::mla_absorb_q / mla_decompress_v /
 // mla_attn_absorbed / mla_attn_gathered (ops.h) plus the latent append. One sequence per call;
-// the latent cache is f32 or bf16 (cache_dtype).
+// the latent cache is f32 or bf16 (cache_dtype). mla_attn_decode / mla_latent_append_decode
+// (cuda/mla_decode.cu) serve B sequences of one query each per call.
 #pragma once
 
 // arm for absorb / decompress: 0 auto (cuBLASLt strided-batched bf16 GEMM at prefill widths with
@@ -27,4 +28,24 @@
      counts once); a query with no row gets zeros. 40004 when t_q > t_kv. */                     \
   X(mla_attn_gathered, (MemraCudaCtx * ctx, const float* q_lat, const float* q_pe,                \
                         const void* cache, int cache_dtype, const int32_t* idx, int H, int R,     \
-                        int d_rope, int t_q, int t_kv, int width, float scale, float* o_lat))
+                        int d_rope, int t_q, int t_kv, int width, float scale, float* o_lat))      \
+  /* Batched decode (cuda/mla_decode.cu): B sequences, one query each, one launch plan. q_lat [B,  \
+     H, R]; caches [B] (a device array of device pointers) to per-sequence latent caches           \
+     [max_len_b, R] (cache_dtype; latent-only rows, d_rope == 0: callers with rope columns use     \
+     mla_attn_absorbed), 16-byte aligned; t_kv [B] device: rows visible to sequence b (its query   \
+     sits at row t_kv[b] - 1), clamped to [0, max_t_kv]; t_kv[b] == 0 marks an idle row: o_lat[b]  \
+     = 0 and nothing of it is read (caches[b] may be null). idx: null (dense) or [B, width]        \
+     device index lists (-1 and entries outside [0, t_kv[b]) skipped, a row listed twice counts    \
+     once; an empty list gives zeros). max_t_kv: a host upper bound of t_kv, the only thing (with  \
+     B, H, R, width, dtype) the launch shape depends on, so a captured graph replays at any t_kv   \
+     <= max_t_kv. o_lat [B, H, R]. bf16 cache with R in {128, 256, 512}: tensor cores (q_lat and   \
+     p rounded to bf16, f32 softmax and accumulation); otherwise f32 CUDA cores (R <= 1024, else   \
+     50002). */                                                                                    \
+  X(mla_attn_decode, (MemraCudaCtx * ctx, const float* q_lat, const void* const* caches,         \
+                      int cache_dtype, const int32_t* t_kv, const int32_t* idx, int width, int B, \
+                      int H, int R, int max_t_kv, float scale, float* o_lat))                     \
+  /* rows [B, W] f32 -> caches[b][pos[b], :] (caches [B] device pointers, cache_dtype; bf16 by    \
+     round-to-nearest-even); pos [B] device, pos[b] < 0 = idle row (nothing written). The device \
+     cannot check pos[b] against a cache's length: callers do. */                                \
+  X(mla_latent_append_decode, (MemraCudaCtx * ctx, const float* rows, int B, int W,               \
+                               void* const* caches, int cache_dtype, const int32_t* pos))
