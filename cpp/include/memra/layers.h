@@ -17,6 +17,10 @@
 
 namespace memra {
 
+namespace gpu {
+class Arena;
+}
+
 // Named weights handed to a layer, consumed by name with a shape check.
 class WeightMap {
  public:
@@ -134,8 +138,17 @@ class MlaLayer {
 
  private:
   struct Gpu;
+  struct IndexerRows {
+    float *q = nullptr, *k = nullptr, *gate = nullptr, *w = nullptr;
+  };
   Status prefill_cuda(Cache& cache, int layer, int slot, const float* x, int T,
                       const int32_t* topk_in, float* y, int32_t* topk_out) const;
+  Status decode_cuda(Cache& cache, int layer, const int32_t* slots, int B, const float* x,
+                     const int32_t* topk_in, float* y, int32_t* topk_out) const;
+  Status indexer_rows_cuda(gpu::Arena& a, const float* x, const float* q_resid, int N,
+                           IndexerRows* out) const;
+  Status indexer_cuda(gpu::Arena& a, Cache& cache, int layer, int slot, int pos,
+                      const IndexerRows& rows, int row0, int T, int32_t* idx) const;
   std::shared_ptr<CudaContext> cuda_;
   std::shared_ptr<Gpu> gpu_;
   void indexer(Cache& cache, int layer, int slot, int pos, const float* x, const float* q_resid,

@@ -209,6 +209,13 @@ Status MlaLayer::decode(Cache& cache, int layer, const int32_t* slots, int B, co
   MEMRA_TRY(cache.check_layer(layer, state_spec(), "MlaLayer.decode"));
   MEMRA_TRY(cache.check_device(cuda_, "MlaLayer.decode"));
   for (int b = 0; b < B; ++b) MEMRA_TRY(cache.check_room(slots[b], 1, "MlaLayer.decode"));
+  if (gpu_) {
+    if (cfg_.sparse && !has_indexer() && !topk_in) {
+      return Status(kContractMissing, "MlaLayer.decode: a shared DSA layer needs the index list "
+                                      "of the full DSA layer before it (topk)");
+    }
+    return decode_cuda(cache, layer, slots, B, x, topk_in, y, topk_out);
+  }
   const int W = index_width();
   for (int b = 0; b < B; ++b) {
     MEMRA_TRY(prefill(cache, layer, slots[b], x + size_t(b) * cfg_.hidden, 1,

@@ -52,6 +52,50 @@ Status MlaLayer::to_device(std::shared_ptr<CudaContext> cuda, DType dtype) {
   return Status::Ok();
 }
 
+// The indexer's projections of N rows (one launch each for the whole batch).
+Status MlaLayer::indexer_rows_cuda(gpu::Arena& a, const float* x, const float* q_resid, int N,
+                                   IndexerRows* out) const {
+  const CudaContext& c = *cuda_;
+  const Gpu& g = *gpu_;
+  const char* op = "MlaLayer indexer";
+  const int Hi = cfg_.index_heads, di = cfg_.index_head_dim;
+  MEMRA_TRY(a.take(int64_t(N) * Hi * di, &out->q));
+  MEMRA_TRY(a.take(int64_t(N) * di, &out->k));
+  MEMRA_TRY(a.take(int64_t(N) * di, &out->gate));
+  MEMRA_TRY(a.take(int64_t(N) * Hi, &out->w));
+  MEMRA_GPU(c, gpu::linear(c, q_resid, N, g.wq_b, nullptr, out->q), op);
+  MEMRA_GPU(c, gpu::linear(c, x, N, g.wk, nullptr, out->k), op);
+  MEMRA_GPU(c, c.api().layer_norm(c.ctx(), out->k, N, di, gpu::f32p(g.k_norm_w), gpu::f32p(g.k_norm_b),
+                                  kIndexerNormEps, out->k), op);
+  MEMRA_GPU(c, gpu::linear(c, x, N, g.kpool_gate, nullptr, out->gate), op);
+  MEMRA_GPU(c, gpu::linear(c, x, N, g.weights_proj, nullptr, out->w), op);
+  return Status::Ok();
+}
+
+// Rows [row0, row0 + T) of `rows` are tokens [pos, pos + T) of `slot`: pool keys, tail ring,
+// scores and the index list idx [T, index_width] (as MlaLayer::indexer on the CPU).
+Status MlaLayer::indexer_cuda(gpu::Arena& a, Cache& cache, int layer, int slot, int pos,
+                              const IndexerRows& rows, int row0, int T, int32_t* idx) const {
+  const CudaContext& c = *cuda_;
+  const CudaApi& api = c.api();
+  const Gpu& g = *gpu_;
+  const char* op = "MlaLayer indexer";
+  const int Hi = cfg_.index_heads, di = cfg_.index_head_dim, P = cfg_.kpool;
+  const int n_pools = (pos + T) / P;
+  float* score;
+  MEMRA_TRY(a.take(int64_t(T) * std::max(n_pools, 1), &score));
+  MEMRA_GPU(c, api.kpool_append(c.ctx(), rows.k + int64_t(row0) * di, rows.gate + int64_t(row0) * di, T, di,
+                                gpu::f32p(g.kpool_ape), P, pos, cache.tail_k(layer, slot),
+                                cache.tail_gate(layer, slot), cfg_.tail_rows,
+                                cache.pool_keys(layer, slot)), op);
+  MEMRA_GPU(c, api.kpool_score(c.ctx(), rows.q + int64_t(row0) * Hi * di, rows.w + int64_t(row0) * Hi,
+                               cache.pool_keys(layer, slot), T, Hi, di, n_pools, P, pos,
+                               1.0f / std::sqrt(static_cast<float>(di)),
+                               1.0f / std::sqrt(static_cast<float>(Hi)), 0, score), op);
+  MEMRA_GPU(c, api.kpool_select(c.ctx(), score, T, n_pools, P, cfg_.topk / P, index_width(), pos, 0, idx), op);
+  return Status::Ok();
+}
+
 Status MlaLayer::prefill_cuda(Cache& cache, int layer, int slot, const float* x, int T,
                               const int32_t* topk_in, float* y, int32_t* topk_out) const {
   const CudaContext& c = *cuda_;
@@ -88,29 +132,11 @@ Status MlaLayer::prefill_cuda(Cache& cache, int layer, int slot, const float* x,
   if (cfg_.sparse) {
     const int32_t* idx = topk_in;
     if (has_indexer()) {
-      const int Hi = cfg_.index_heads, di = cfg_.index_head_dim, P = cfg_.kpool;
-      float *qi, *k, *gate, *wts, *score;
       int32_t* own;
-      const int n_pools = end / P;
-      MEMRA_TRY(a.take(int64_t(T) * Hi * di, &qi));
-      MEMRA_TRY(a.take(int64_t(T) * di, &k));
-      MEMRA_TRY(a.take(int64_t(T) * di, &gate));
-      MEMRA_TRY(a.take(int64_t(T) * Hi, &wts));
-      MEMRA_TRY(a.take(int64_t(T) * std::max(n_pools, 1), &score));
       MEMRA_TRY(a.take(int64_t(T) * W, &own));
-      MEMRA_GPU(c, gpu::linear(c, q_resid, T, g.wq_b, nullptr, qi), op);
-      MEMRA_GPU(c, gpu::linear(c, x, T, g.wk, nullptr, k), op);
-      MEMRA_GPU(c, api.layer_norm(ctx, k, T, di, gpu::f32p(g.k_norm_w), gpu::f32p(g.k_norm_b),
-                                  kIndexerNormEps, k), op);
-      MEMRA_GPU(c, gpu::linear(c, x, T, g.kpool_gate, nullptr, gate), op);
-      MEMRA_GPU(c, gpu::linear(c, x, T, g.weights_proj, nullptr, wts), op);
-      MEMRA_GPU(c, api.kpool_append(ctx, k, gate, T, di, gpu::f32p(g.kpool_ape), P, pos,
-                                    cache.tail_k(layer, slot), cache.tail_gate(layer, slot),
-                                    cfg_.tail_rows, cache.pool_keys(layer, slot)), op);
-      MEMRA_GPU(c, api.kpool_score(ctx, qi, wts, cache.pool_keys(layer, slot), T, Hi, di, n_pools, P,
-                                   pos, 1.0f / std::sqrt(static_cast<float>(di)),
-                                   1.0f / std::sqrt(static_cast<float>(Hi)), 0, score), op);
-      MEMRA_GPU(c, api.kpool_select(ctx, score, T, n_pools, P, cfg_.topk / P, W, pos, 0, own), op);
+      IndexerRows rows;
+      MEMRA_TRY(indexer_rows_cuda(a, x, q_resid, T, &rows));
+      MEMRA_TRY(indexer_cuda(a, cache, layer, slot, pos, rows, 0, T, own));
       idx = own;
     }
     MEMRA_GPU(c, api.mla_attn_gathered(ctx, q_lat, nullptr, rows, cdt, idx, H, R, 0, T, end, W,
@@ -121,6 +147,76 @@ Status MlaLayer::prefill_cuda(Cache& cache, int layer, int slot, const float* x,
   }
   MEMRA_GPU(c, api.mla_decompress_v(ctx, o_lat, g.kv_b.data(), g.kv_b.dtype_code(), T, H, dn, dv, R, 0, attn), op);
   MEMRA_GPU(c, gpu::linear(c, attn, T, g.o_proj, bias(g.o_bias), y), op);
+  return Status::Ok();
+}
+
+// One token for each of `slots` [B] (host): the projections, absorb, decompress and output GEMMs
+// run once over the B rows; the latent rows land through one batched append and the attention
+// is one batched decode launch over per-sequence cache pointers and lengths kept on the device
+// (the shape a CUDA graph replays); the indexer's per-sequence bookkeeping runs per slot.
+Status MlaLayer::decode_cuda(Cache& cache, int layer, const int32_t* slots, int B, const float* x,
+                             const int32_t* topk_in, float* y, int32_t* topk_out) const {
+  const CudaContext& c = *cuda_;
+  const CudaApi& api = c.api();
+  MemraCudaCtx* ctx = c.ctx();
+  const Gpu& g = *gpu_;
+  const char* op = "MlaLayer.decode";
+  const int H = cfg_.heads, R = cfg_.kv_rank, dn = cfg_.d_nope, dv = cfg_.d_v, ql = cfg_.q_lora_rank;
+  const int W = index_width();
+  auto bias = [](const DeviceWeight& w) { return w.buffer ? gpu::f32p(w) : nullptr; };
+  gpu::Arena a(cuda_);
+  float *q_resid, *q, *ckv, *q_lat, *o_lat, *attn;
+  MEMRA_TRY(a.take(int64_t(B) * ql, &q_resid));
+  MEMRA_TRY(a.take(int64_t(B) * H * dn, &q));
+  MEMRA_TRY(a.take(int64_t(B) * R, &ckv));
+  MEMRA_TRY(a.take(int64_t(B) * H * R, &q_lat));
+  MEMRA_TRY(a.take(int64_t(B) * H * R, &o_lat));
+  MEMRA_TRY(a.take(int64_t(B) * H * dv, &attn));
+
+  MEMRA_GPU(c, gpu::linear(c, x, B, g.q_a, bias(g.q_a_bias), q_resid), op);
+  MEMRA_GPU(c, api.rms_norm(ctx, q_resid, B, ql, gpu::f32p(g.q_a_norm), cfg_.rms_eps, q_resid), op);
+  MEMRA_GPU(c, gpu::linear(c, q_resid, B, g.q_b, nullptr, q), op);
+  MEMRA_GPU(c, gpu::linear(c, x, B, g.kv_a, bias(g.kv_a_bias), ckv), op);
+  MEMRA_GPU(c, api.rms_norm(ctx, ckv, B, R, gpu::f32p(g.kv_a_norm), cfg_.rms_eps, ckv), op);
+
+  std::vector<const void*> caches(B);
+  std::vector<int32_t> pos(B), t_kv(B);
+  int max_t_kv = 1;
+  for (int b = 0; b < B; ++b) {
+    caches[b] = cache.latent_raw(layer, slots[b]);
+    pos[b] = cache.length(slots[b]);
+    t_kv[b] = pos[b] + 1;
+    max_t_kv = std::max(max_t_kv, t_kv[b]);
+  }
+  const void** caches_d;
+  int32_t *pos_d, *t_kv_d;
+  MEMRA_TRY(a.upload(caches, &caches_d));
+  MEMRA_TRY(a.upload(pos, &pos_d));
+  MEMRA_TRY(a.upload(t_kv, &t_kv_d));
+  const int cdt = static_cast<int>(cache.latent_dtype());
+  MEMRA_GPU(c, api.mla_latent_append_decode(ctx, ckv, B, R, const_cast<void* const*>(caches_d), cdt, pos_d), op);
+  MEMRA_GPU(c, api.mla_absorb_q(ctx, q, g.kv_b.data(), g.kv_b.dtype_code(), B, H, dn, dv, R, 0, q_lat), op);
+
+  const int32_t* idx = nullptr;
+  if (cfg_.sparse) {
+    idx = topk_in;
+    if (has_indexer()) {
+      int32_t* own;
+      MEMRA_TRY(a.take(int64_t(B) * W, &own));
+      IndexerRows rows;
+      MEMRA_TRY(indexer_rows_cuda(a, x, q_resid, B, &rows));
+      for (int b = 0; b < B; ++b) {
+        MEMRA_TRY(indexer_cuda(a, cache, layer, slots[b], pos[b], rows, b, 1, own + int64_t(b) * W));
+      }
+      idx = own;
+    }
+  }
+  const float scale = 1.0f / std::sqrt(static_cast<float>(dn));
+  MEMRA_GPU(c, api.mla_attn_decode(ctx, q_lat, caches_d, cdt, t_kv_d, idx, cfg_.sparse ? W : 0, B, H, R,
+                                   max_t_kv, scale, o_lat), op);
+  if (topk_out && idx) MEMRA_GPU(c, api.copy(ctx, topk_out, idx, size_t(B) * W * sizeof(int32_t)), op);
+  MEMRA_GPU(c, api.mla_decompress_v(ctx, o_lat, g.kv_b.data(), g.kv_b.dtype_code(), B, H, dn, dv, R, 0, attn), op);
+  MEMRA_GPU(c, gpu::linear(c, attn, B, g.o_proj, bias(g.o_bias), y), op);
   return Status::Ok();
 }
 
