@@ -1,0 +1,24 @@
+"""Driver for ncu: three KDA decode steps (B = 64, 256 at 64 heads) and three batched MLA decode
+launches (B = 64, L = 4096) on CUDA; see benchmarks/results/2026-11-29-h200-ncu.md."""
+import torch, memra
+from memra import _core
+e = memra.Engine("cuda")
+for B in (64, 256):
+    H = 64
+    q = torch.nn.functional.normalize(torch.randn(B, 1, H, 128, device="cuda"), dim=-1)
+    k = torch.nn.functional.normalize(torch.randn(B, 1, H, 128, device="cuda"), dim=-1)
+    v = torch.randn(B, 1, H, 128, device="cuda"); g = -torch.rand(B, 1, H, 128, device="cuda")
+    beta = torch.rand(B, 1, H, device="cuda"); s = torch.randn(B, H, 128, 128, device="cuda")
+    torch.cuda.synchronize()
+    for _ in range(3):
+        o, so = _core.kda_scan(q, k, v, g, beta, s, batch=True, engine=e)
+    e.synchronize()
+    del o, so
+B, L = 64, 4096
+cache = [torch.randn(L, 512, device="cuda").to(torch.bfloat16) for _ in range(B)]
+ql = torch.randn(B, 64, 512, device="cuda"); t = torch.full((B,), L, dtype=torch.int32, device="cuda")
+torch.cuda.synchronize()
+for _ in range(3):
+    o = _core.mla_attn_decode(ql, cache, t, scale=0.07, max_t_kv=L, engine=e)
+e.synchronize()
+print("done")
