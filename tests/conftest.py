@@ -25,3 +25,11 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     if item.config.getoption("--require-cuda"):
         pytest.fail(f"--require-cuda given but CUDA is unavailable: {reason}", pytrace=False)
     pytest.skip(f"no CUDA: {reason}")
+
+
+@pytest.fixture(scope="module")
+def e():
+    """A CUDA Engine for the tests of one module (tests marked cuda only reach it with a device)."""
+    import memra
+
+    return memra.Engine("cuda")

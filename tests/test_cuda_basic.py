@@ -43,6 +43,7 @@ import pytest
 
 import memra
 from memra import _core
+from cuda_helpers import bf16_round, bf16_weight, f32, rng
 
 pytestmark = pytest.mark.cuda
 
@@ -54,28 +55,6 @@ WIDTHS = [16, 33, 128, 200, 4096]  # odd, one warp, several warps, hidden, ...
 NORM_TOL = dict(rtol=1e-5, atol=1e-5)
 ROPE_TOL = dict(rtol=0, atol=1e-6)
 SIG_TOL = dict(rtol=1e-6, atol=1e-7)
-
-
-@pytest.fixture(scope="module")
-def e():
-    return memra.Engine("cuda")
-
-
-def rng(seed):
-    return np.random.default_rng(seed)
-
-
-def f32(a):
-    return np.ascontiguousarray(a, dtype=np.float32)
-
-
-def bf16_round(x):
-    return f32(np.asarray(x, np.float32).astype(BF16).astype(np.float32))
-
-
-def bf16_weight(w):
-    return _core.Weight(np.ascontiguousarray(np.asarray(w, np.float32).astype(BF16)).view(np.uint16),
-                        dtype="bfloat16")
 
 
 def dev_weight(e, w, dtype=None):

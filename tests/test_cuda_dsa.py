@@ -28,6 +28,7 @@ import pytest
 
 import memra
 from memra import _core
+from cuda_helpers import f32, rng
 
 pytestmark = pytest.mark.cuda
 
@@ -39,19 +40,6 @@ CPU_EXACT = platform.machine() in ("x86_64", "AMD64")
 # (Hi, d, pool, topk): tiny test geometry and the GLM-5.3-Flash indexer.
 TINY = (16, 32, 4, 8)
 REAL = (32, 128, 4, 2048)
-
-
-@pytest.fixture(scope="module")
-def e():
-    return memra.Engine("cuda")
-
-
-def rng(seed):
-    return np.random.default_rng(seed)
-
-
-def f32(a):
-    return np.ascontiguousarray(a, dtype=np.float32)
 
 
 def causal_first_pos(n_pools, pool, t_q):

@@ -38,23 +38,11 @@ import pytest
 
 import memra
 from memra import _core
+from cuda_helpers import f32, rng
 
 pytestmark = pytest.mark.cuda
 
 ST = _core.status
-
-
-@pytest.fixture(scope="module")
-def e():
-    return memra.Engine("cuda")
-
-
-def rng(seed):
-    return np.random.default_rng(seed)
-
-
-def f32(a):
-    return np.ascontiguousarray(a, dtype=np.float32)
 
 
 def randn(r, *shape, scale=1.0):

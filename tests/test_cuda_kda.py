@@ -32,6 +32,7 @@ import pytest
 
 import memra
 from memra import _core
+from cuda_helpers import f32, rng
 
 pytestmark = pytest.mark.cuda
 
@@ -43,19 +44,6 @@ EDGE_T = [1, 2, 3, 63, 65, 200]  # T = 1, T < K-1, T around the 64-row chunk, T 
 CONV_TOL = dict(rtol=1e-6, atol=1e-7)
 GATE_TOL = dict(rtol=1e-6, atol=3e-6)
 SCAN_TOL = dict(rtol=1e-5, atol=1e-6)
-
-
-@pytest.fixture(scope="module")
-def e():
-    return memra.Engine("cuda")
-
-
-def rng(seed):
-    return np.random.default_rng(seed)
-
-
-def f32(a):
-    return np.ascontiguousarray(a, dtype=np.float32)
 
 
 def l2norm(x, eps=1e-6):

@@ -43,6 +43,7 @@ import pytest
 
 import memra
 from memra import _core
+from cuda_helpers import bf16_round, f32, rng
 
 pytestmark = pytest.mark.cuda
 
@@ -58,23 +59,6 @@ EDGE_T = [1, 7, 65, 200]
 TINY = (4, 32, 16, 16)
 ODD = (3, 200, 24, 40)
 REAL_HEAD = (8, 512, 256, 256)
-
-
-@pytest.fixture(scope="module")
-def e():
-    return memra.Engine("cuda")
-
-
-def rng(seed):
-    return np.random.default_rng(seed)
-
-
-def f32(a):
-    return np.ascontiguousarray(a, dtype=np.float32)
-
-
-def bf16_round(x):
-    return f32(np.asarray(x, np.float32).astype(BF16).astype(np.float32))
 
 
 def bf16_bits(x):

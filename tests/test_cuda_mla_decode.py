@@ -44,6 +44,7 @@ import pytest
 
 import memra
 from memra import _core
+from cuda_helpers import bf16_round, f32, rng
 
 pytestmark = pytest.mark.cuda
 
@@ -54,23 +55,6 @@ BF16_REL = 1e-2
 BF16_QROUND_REL = 5e-3
 # t_kv per sequence, cycled over the batch (0 = idle row).
 PATTERN = [1, 7, 33, 4096]
-
-
-@pytest.fixture(scope="module")
-def e():
-    return memra.Engine("cuda")
-
-
-def rng(seed):
-    return np.random.default_rng(seed)
-
-
-def f32(a):
-    return np.ascontiguousarray(a, dtype=np.float32)
-
-
-def bf16_round(x):
-    return f32(np.asarray(x, np.float32).astype(BF16).astype(np.float32))
 
 
 def bf16_bits(x):

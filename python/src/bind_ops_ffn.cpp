@@ -24,18 +24,6 @@ namespace memra::py {
 
 namespace {
 
-std::string shape_of(const Weight& w) { return w.shape_str(); }
-
-// A weight of exactly `rows` x `cols` (as [rows, cols] after folding leading dims).
-void check_weight(const Weight& w, const char* op, const char* name, int64_t rows, int64_t cols) {
-  if (w.rows() != rows || w.cols() != cols || w.shape().size() != 2) {
-    Msg os;
-    os << op << ": weight '" << name << "' has shape " << shape_of(w) << ", expected [" << rows
-       << ", " << cols << "]";
-    raise_contract(kContractShape, os.str());
-  }
-}
-
 // The same for a DeviceWeight, with an exact shape (2-D [rows, cols] or stacked [n, rows, cols]).
 void check_dweight(const DeviceWeight& w, const char* op, const char* name,
                    const std::vector<int64_t>& want) {
@@ -46,10 +34,6 @@ void check_dweight(const DeviceWeight& w, const char* op, const char* name,
     os << "]";
     raise_contract(kContractShape, os.str());
   }
-}
-
-void check_value(bool ok, const char* op, const std::string& what) {
-  if (!ok) raise_contract(kContractValue, std::string(op) + ": " + what);
 }
 
 // Counters for sampling: int64 or uint64, 1-D [B], C-contiguous, host. int64 values must be
@@ -153,9 +137,9 @@ void init_ops_ffn(nb::module_& m) {
         const Weight& u = host_weight(up_w, op, "up_w");
         const Weight& d = host_weight(down_w, op, "down_w");
         const int64_t I = g.rows();
-        check_weight(g, op, "gate_w", I, D);
-        check_weight(u, op, "up_w", I, D);
-        check_weight(d, op, "down_w", D, I);
+        check_weight_2d(g, op, "gate_w", I, D);
+        check_weight_2d(u, op, "up_w", I, D);
+        check_weight_2d(d, op, "down_w", D, I);
         check_value(limit > 0.0f, op, "limit must be > 0, got " + std::to_string(limit));
         Out y = out_f32(engine, {sz(T), sz(D)});
         {
@@ -201,7 +185,7 @@ void init_ops_ffn(nb::module_& m) {
         } else {
           hw = &host_weight(gate_w, op, "gate_w");
           E = hw->rows();
-          check_weight(*hw, op, "gate_w", E, D);
+          check_weight_2d(*hw, op, "gate_w", E, D);
         }
         const float* bp = corr_bias ? f32_in(engine, *corr_bias, op, "corr_bias", {E}) : nullptr;
         check_value(n_group >= 1 && E % n_group == 0, op,
@@ -324,9 +308,9 @@ void init_ops_ffn(nb::module_& m) {
           const std::string g = "gate_ws[" + std::to_string(e) + "]",
                             u = "up_ws[" + std::to_string(e) + "]",
                             d = "down_ws[" + std::to_string(e) + "]";
-          check_weight(gw[sz(e)], op, g.c_str(), I, D);
-          check_weight(uw[sz(e)], op, u.c_str(), I, D);
-          check_weight(dw[sz(e)], op, d.c_str(), D, I);
+          check_weight_2d(gw[sz(e)], op, g.c_str(), I, D);
+          check_weight_2d(uw[sz(e)], op, u.c_str(), I, D);
+          check_weight_2d(dw[sz(e)], op, d.c_str(), D, I);
         }
         for (int64_t r = 0; r < T * K; ++r) {
           if (ip[r] < 0 || ip[r] >= E) {

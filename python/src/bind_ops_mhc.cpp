@@ -24,78 +24,6 @@ namespace memra::py {
 
 namespace {
 
-using NpU64 = nb::ndarray<nb::numpy, uint64_t>;
-
-std::string shape_of(const Weight& w) { return w.shape_str(); }
-
-// A weight of exactly `rows` x `cols` (as [rows, cols] after folding leading dims).
-void check_weight(const Weight& w, const char* op, const char* name, int64_t rows, int64_t cols) {
-  if (w.rows() != rows || w.cols() != cols || w.shape().size() != 2) {
-    Msg os;
-    os << op << ": weight '" << name << "' has shape " << shape_of(w) << ", expected [" << rows
-       << ", " << cols << "]";
-    raise_contract(kContractShape, os.str());
-  }
-}
-void check_weight(const DeviceWeight& w, const char* op, const char* name, int64_t rows,
-                  int64_t cols) {
-  if (w.rows != rows || w.cols != cols || w.shape.size() != 2) {
-    Msg os;
-    os << op << ": weight '" << name << "' has shape " << w.shape_str() << ", expected [" << rows
-       << ", " << cols << "]";
-    raise_contract(kContractShape, os.str());
-  }
-}
-
-void check_value(bool ok, const char* op, const std::string& what) {
-  if (!ok) raise_contract(kContractValue, std::string(op) + ": " + what);
-}
-
-// Counters for sampling: int64 or uint64, 1-D [B], C-contiguous, host. int64 values must be
-// non-negative (they are reinterpreted as uint64). common.h's checkers cover f32/i32 only.
-std::vector<uint64_t> counter_arg(const AnyArray& a, const char* op, const char* name, int64_t B) {
-  Msg os;
-  if (a.device_type() != nb::device::cpu::value) {
-    os << op << ": argument '" << name << "' must live in host memory for the CPU backend, got "
-       << "a tensor on DLPack device type " << a.device_type();
-    raise_contract(kContractDevice, os.str());
-  }
-  const auto code = static_cast<nb::dlpack::dtype_code>(a.dtype().code);
-  const bool is_i64 = code == nb::dlpack::dtype_code::Int && a.dtype().bits == 64;
-  const bool is_u64 = code == nb::dlpack::dtype_code::UInt && a.dtype().bits == 64;
-  if (!(is_i64 || is_u64) || a.dtype().lanes != 1) {
-    os << op << ": argument '" << name << "' must be int64 or uint64, got a "
-       << static_cast<int>(a.dtype().bits) << "-bit array of DLPack type code "
-       << static_cast<int>(a.dtype().code);
-    raise_contract(kContractDType, os.str());
-  }
-  if (a.ndim() != 1 || static_cast<int64_t>(a.shape(0)) != B) {
-    os << op << ": argument '" << name << "' has shape " << shape_str(a) << ", expected [" << B
-       << "]";
-    raise_contract(kContractShape, os.str());
-  }
-  if (B > 1 && a.stride(0) != 1) {
-    os << op << ": argument '" << name << "' with shape " << shape_str(a)
-       << " must be C-contiguous (call np.ascontiguousarray first)";
-    raise_contract(kContractStride, os.str());
-  }
-  std::vector<uint64_t> out(static_cast<size_t>(B));
-  for (int64_t b = 0; b < B; ++b) {
-    if (is_i64) {
-      const int64_t v = static_cast<const int64_t*>(a.data())[b];
-      if (v < 0) {
-        os << op << ": argument '" << name << "' holds the negative counter " << v
-           << " at row " << b;
-        raise_contract(kContractRange, os.str());
-      }
-      out[b] = static_cast<uint64_t>(v);
-    } else {
-      out[b] = static_cast<const uint64_t*>(a.data())[b];
-    }
-  }
-  return out;
-}
-
 size_t sz(int64_t v) { return static_cast<size_t>(v); }
 
 }  // namespace
@@ -113,10 +41,10 @@ void init_ops_mhc(nb::module_& m) {
         const DeviceWeight* dw = nullptr;
         if (on_cuda(engine)) {
           dw = &device_weight(engine, fn, op, "fn");
-          check_weight(*dw, op, "fn", mix, hc * D);
+          check_weight_2d(*dw, op, "fn", mix, hc * D);
         } else {
           hw = &host_weight(fn, op, "fn");
-          check_weight(*hw, op, "fn", mix, hc * D);
+          check_weight_2d(*hw, op, "fn", mix, hc * D);
         }
         const float* bp = f32_in(engine, base, op, "base", {mix});
         const float* cp = f32_in(engine, scale, op, "scale", {3});

@@ -143,6 +143,26 @@ std::shared_ptr<DeviceBuffer> device_upload(const Engine* engine, const void* ho
   return b;
 }
 
+void check_weight_2d(const Weight& w, const char* op, const char* name, int64_t rows, int64_t cols) {
+  if (w.rows() != rows || w.cols() != cols || w.shape().size() != 2) {
+    raise_contract(kContractShape, std::string(op) + ": weight '" + name + "' has shape " + w.shape_str() +
+                                       ", expected [" + std::to_string(rows) + ", " + std::to_string(cols) + "]");
+  }
+}
+
+void check_weight_2d(const DeviceWeight& w, const char* op, const char* name, int64_t rows,
+                     int64_t cols) {
+  if (w.rows != rows || w.cols != cols || w.shape.size() != 2) {
+    raise_contract(kContractShape, std::string(op) + ": DeviceWeight '" + name + "' has shape " +
+                                       w.shape_str() + ", expected [" + std::to_string(rows) + ", " +
+                                       std::to_string(cols) + "]");
+  }
+}
+
+void check_value(bool ok, const char* op, const std::string& what) {
+  if (!ok) raise_contract(kContractValue, std::string(op) + ": " + what);
+}
+
 const Weight& host_weight(nb::handle w, const char* op, const char* name) {
   if (!nb::isinstance<Weight>(w)) {
     raise_contract(nb::isinstance<DeviceWeight>(w) ? kContractDevice : kContractDType,

@@ -79,6 +79,13 @@ std::shared_ptr<DeviceBuffer> device_upload(const Engine* engine, const void* ho
 const Weight& host_weight(nb::handle w, const char* op, const char* name);
 const DeviceWeight& device_weight(const Engine* engine, nb::handle w, const char* op, const char* name);
 
+// ContractError (40000) naming the weight unless it is exactly [rows, cols].
+void check_weight_2d(const Weight& w, const char* op, const char* name, int64_t rows, int64_t cols);
+void check_weight_2d(const DeviceWeight& w, const char* op, const char* name, int64_t rows,
+                     int64_t cols);
+// ContractError (40025) "op: what" unless ok.
+void check_value(bool ok, const char* op, const std::string& what);
+
 void init_device(nb::module_& m);
 void init_ops_util(nb::module_& m);
 
