@@ -38,6 +38,9 @@ const CudaLibrary& cuda_library() {
     if (!l.handle) {
       const char* e = dlerror();
       l.error = "the CUDA library could not be loaded from " + path + ": " + (e ? e : "unknown error");
+      if (e && std::strstr(e, "libcublas")) {
+        l.error += " (cuBLAS comes from the nvidia-cublas wheel: pip install 'memra[cuda]')";
+      }
       return l;
     }
     std::string missing;
