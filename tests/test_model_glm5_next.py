@@ -323,3 +323,34 @@ def test_cache_sizes_out_of_int32_are_named(model: memra.Model) -> None:
         model.new_cache(1, 2**40)
     with pytest.raises(memra.ContractError):
         model.prefill(model.new_cache(1, 4), 2**40, [1])
+
+
+def test_generation_arguments_accept_numpy_scalars_and_refuse_bad_types(model: memra.Model) -> None:
+    ids = REF["prompt_b"]
+    kw = dict(top_k=20, seed=3, ignore_eos=True)
+    assert model.generate(ids, 3, temperature=np.float32(0.5), top_p=np.float64(0.9), **kw) == \
+        model.generate(ids, 3, temperature=0.5, top_p=0.9, **kw)
+    # A single stop id may be given as an int.
+    first = model.generate(ids, 1, ignore_eos=True)[0]
+    assert model.generate(ids, 5, stop_token_ids=first, ignore_eos=True) == [first]
+    for bad in ("5", None, -1):
+        with pytest.raises(memra.ContractError):
+            model.generate_batch([[1], [2, 3]], bad)
+
+
+def test_read_only_cache_and_absurd_cache_sizes_are_refused(tmp_path) -> None:
+    from memra import _core
+
+    path = tmp_path / "c.npy"
+    np.save(path, np.zeros((4, 8), np.float32))
+    ro = np.load(path, mmap_mode="r")
+    with pytest.raises(memra.ContractError):
+        _core.mla_latent_append(np.ones((2, 8), np.float32), ro, start=0)
+    w = np.zeros((4, 8), np.float32)
+    assert _core.mla_latent_append(np.ones((2, 8), np.float32), w, start=1) is w
+    assert w[1:3].sum() == 16 and w[0].sum() == 0 and w[3].sum() == 0
+    spec = [_core.LayerStateSpec.mla(row_width=8)]
+    for mb, ml in ((2**29, 2**30), (2**31 - 1, 2**31 - 1)):
+        assert _core.Cache.bytes_needed(mb, ml, spec) == 2**63 - 1  # saturates, never wraps
+        with pytest.raises(memra.OutOfMemoryError):
+            _core.Cache(memra.Engine("cpu"), spec, max_batch=mb, max_len=ml)

@@ -1,6 +1,8 @@
 #include "memra/cache.h"
 
 #include <algorithm>
+#include <climits>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <new>
@@ -34,37 +36,41 @@ std::string spec_error(int layer, const std::string& what) {
 namespace {
 
 constexpr size_t kAlign = 256;  // every plane starts on a 256-byte boundary (coalesced loads)
-size_t aligned(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 
-// Lay out every plane in one arena; returns its bytes.
+// Lay out every plane in one arena; returns its bytes, or -1 when the count overflows 2^62
+// (absurd sizes must become OutOfMemoryError, never a wrapped, too-small arena).
 template <typename Plane>
-size_t layout(int max_batch, int max_len, const std::vector<LayerStateSpec>& specs, DType latent,
-              std::vector<Plane>* planes) {
-  size_t off = 0;
-  auto take = [&](int64_t bytes) {
-    const size_t at = off;
-    off += aligned(static_cast<size_t>(bytes));
-    return at;
+int64_t layout(int max_batch, int max_len, const std::vector<LayerStateSpec>& specs, DType latent,
+               std::vector<Plane>* planes) {
+  constexpr unsigned __int128 kLimit = (unsigned __int128)1 << 62;
+  unsigned __int128 off = 0;
+  bool overflow = false;
+  auto take = [&](unsigned __int128 bytes) {
+    const size_t at = static_cast<size_t>(off);
+    off += (bytes + kAlign - 1) / kAlign * kAlign;
+    if (off > kLimit) overflow = true;
+    return overflow ? size_t(0) : at;
   };
+  using U = unsigned __int128;
   planes->assign(specs.size(), Plane());
-  for (size_t i = 0; i < specs.size(); ++i) {
+  for (size_t i = 0; i < specs.size() && !overflow; ++i) {
     const auto& s = specs[i];
     Plane& p = (*planes)[i];
     if (s.kind == LayerStateSpec::Kind::kKda) {
       for (int w = 0; w < 2; ++w) {
-        p.conv[w] = take(int64_t(max_batch) * s.conv_floats() * 4);
-        p.state[w] = take(int64_t(max_batch) * s.state_floats() * 4);
+        p.conv[w] = take(U(max_batch) * U(s.conv_floats()) * 4);
+        p.state[w] = take(U(max_batch) * U(s.state_floats()) * 4);
       }
     } else if (s.kind == LayerStateSpec::Kind::kMla) {
-      p.latent = take(int64_t(max_batch) * max_len * s.row_width * int64_t(dtype_size(latent)));
+      p.latent = take(U(max_batch) * U(max_len) * U(s.row_width) * U(dtype_size(latent)));
       if (s.index_head_dim > 0) {
-        p.pool_keys = take(int64_t(max_batch) * (max_len / s.kpool) * s.index_head_dim * 4);
-        p.tail_k = take(int64_t(max_batch) * s.tail_rows * s.index_head_dim * 4);
-        p.tail_gate = take(int64_t(max_batch) * s.tail_rows * s.index_head_dim * 4);
+        p.pool_keys = take(U(max_batch) * U(max_len / s.kpool) * U(s.index_head_dim) * 4);
+        p.tail_k = take(U(max_batch) * U(s.tail_rows) * U(s.index_head_dim) * 4);
+        p.tail_gate = take(U(max_batch) * U(s.tail_rows) * U(s.index_head_dim) * 4);
       }
     }
   }
-  return off;
+  return overflow ? -1 : static_cast<int64_t>(off);
 }
 
 }  // namespace
@@ -72,7 +78,8 @@ size_t layout(int max_batch, int max_len, const std::vector<LayerStateSpec>& spe
 int64_t Cache::bytes_needed(int max_batch, int max_len, const std::vector<LayerStateSpec>& specs,
                             DType latent_dtype) {
   std::vector<Plane> planes;
-  return static_cast<int64_t>(layout(max_batch, max_len, specs, latent_dtype, &planes));
+  const int64_t n = layout(max_batch, max_len, specs, latent_dtype, &planes);
+  return n < 0 ? INT64_MAX : n;  // saturates: such a cache never fits
 }
 
 Status Cache::create(int max_batch, int max_len, std::vector<LayerStateSpec> specs,
@@ -113,10 +120,19 @@ Status Cache::create(std::shared_ptr<CudaContext> cuda, DType latent_dtype, int 
   c->max_batch_ = max_batch;
   c->max_len_ = max_len;
   c->specs_ = std::move(specs);
-  c->nbytes_ = static_cast<int64_t>(layout(max_batch, max_len, c->specs_, latent_dtype, &c->planes_));
-  c->lengths_.assign(max_batch, 0);
-  c->cur_.assign(max_batch, 0);
+  c->nbytes_ = layout(max_batch, max_len, c->specs_, latent_dtype, &c->planes_);
+  if (c->nbytes_ < 0) {
+    return Status(kOutOfMemory, "Cache: " + std::to_string(max_batch) + " slots x " +
+                                    std::to_string(max_len) + " tokens need more than 2^62 bytes");
+  }
   MEMRA_TRY(c->allocate());
+  try {
+    c->lengths_.assign(max_batch, 0);
+    c->cur_.assign(max_batch, 0);
+  } catch (const std::bad_alloc&) {
+    return Status(kOutOfMemory, "Cache: per-slot bookkeeping for " + std::to_string(max_batch) +
+                                    " slots does not fit in host memory");
+  }
   *out = std::move(c);
   return Status::Ok();
 }

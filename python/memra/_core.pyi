@@ -217,7 +217,7 @@ def mla_decompress_v(o_lat: Annotated[NDArray, dict(writable=False)], kv_b: obje
     Reference: Glm5NextTextAttention.expand_kv (value_states = W_uv c), folded into the output.
     """
 
-def mla_latent_append(rows: Annotated[NDArray, dict(writable=False)], cache: Annotated[NDArray, dict(writable=False)], *, start: int, engine: Engine | None = None) -> object:
+def mla_latent_append(rows: Annotated[NDArray, dict(writable=False)], cache: object, *, start: int, engine: Engine | None = None) -> object:
     """
     Write latent rows into a cache in place: cache[start + t, :] = rows[t, :].
 

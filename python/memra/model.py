@@ -133,6 +133,8 @@ class Model:
     # ------------------------------------------------------------------ generation
     def _stop_ids(self, stop_token_ids, ignore_eos: bool) -> set[int]:
         stops = set() if ignore_eos else set(self.eos_token_ids)
+        if isinstance(stop_token_ids, (int, np.integer)) and not isinstance(stop_token_ids, bool):
+            stop_token_ids = [int(stop_token_ids)]
         if stop_token_ids is not None and len(stop_token_ids) > 0:
             stops |= set(_ids(list(stop_token_ids), "generate: stop_token_ids").tolist())
         return stops
@@ -140,11 +142,14 @@ class Model:
     def _sampling_args(self, max_new_tokens, temperature, top_k, top_p, seed) -> int:
         """Validate generation arguments up front (named errors, nothing run); returns the seed."""
         _count(max_new_tokens, "generate: max_new_tokens", 0)
-        if not isinstance(temperature, (int, float)) or not np.isfinite(temperature) or temperature < 0:
+        number = (int, float, np.integer, np.floating)
+        if isinstance(temperature, bool) or not isinstance(temperature, number) or not np.isfinite(temperature) \
+                or temperature < 0:
             raise ContractError(f"generate: temperature must be a finite number >= 0, got {temperature!r}", 40025)
         if top_k is not None:
             _count(top_k, "generate: top_k", 0)
-        if top_p is not None and (not isinstance(top_p, (int, float)) or not 0.0 < top_p <= 1.0):
+        if top_p is not None and (isinstance(top_p, bool) or not isinstance(top_p, number)
+                                  or not 0.0 < top_p <= 1.0):
             raise ContractError(f"generate: top_p must be in (0, 1], got {top_p!r}", 40025)
         return 0 if seed is None else _count(seed, "generate: seed", 0, 2**64 - 1)
 
@@ -235,11 +240,11 @@ class Model:
         if n > self.cache.max_batch:
             raise ContractError(f"generate_batch: {n} prompts exceed the cache's max_batch "
                                 f"{self.cache.max_batch}", 40025)
+        seed = self._sampling_args(max_new_tokens, temperature, top_k, top_p, seed)
         for ids in all_ids:
             if len(ids) + max_new_tokens - 1 > self.cache.max_len:
                 raise CacheFullError(f"generate_batch: a prompt of {len(ids)} tokens + {max_new_tokens} "
                                      f"new tokens exceeds max_len {self.cache.max_len}", 30002)
-        seed = self._sampling_args(max_new_tokens, temperature, top_k, top_p, seed)
         if max_new_tokens == 0:
             return [[] for _ in range(n)]
         stops = self._stop_ids(stop_token_ids, ignore_eos)

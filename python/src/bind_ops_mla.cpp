@@ -223,7 +223,9 @@ struct CacheList {
   int dtype = 0;
 };
 
-CacheList cache_list_arg(const Engine* engine, nb::handle caches, int64_t B, const char* op) {
+// writable: the op writes into the caches (each must accept writes).
+CacheList cache_list_arg(const Engine* engine, nb::handle caches, int64_t B, const char* op,
+                         bool writable = false) {
   if (nb::hasattr(caches, "__dlpack__") || !nb::isinstance<nb::sequence>(caches) ||
       nb::isinstance<nb::str>(caches)) {
     raise_contract(kContractDType, std::string(op) +
@@ -240,6 +242,7 @@ CacheList cache_list_arg(const Engine* engine, nb::handle caches, int64_t B, con
       raise_contract(kContractDType, std::string(op) + ": " + name + " must be an array, got " +
                                          std::string(nb::type_name(h.type()).c_str()));
     }
+    if (writable) require_writable(h, op, name.c_str());
     int dt = 0;
     const void* ptr = cache_arg(engine, a, op, &dt);
     if (b > 0 && dt != c.dtype) {
@@ -364,8 +367,14 @@ void init_ops_mla(nb::module_& m) {
 
   m.def(
       "mla_latent_append",
-      [](const AnyArray& rows, const AnyArray& cache, int start, const Engine* engine) {
+      [](const AnyArray& rows, nb::object cache_obj, int start, const Engine* engine) {
         const char* op = "mla_latent_append";
+        AnyArray cache;
+        if (!nb::try_cast(cache_obj, cache)) {
+          raise_contract(kContractDType, std::string(op) + ": argument 'cache' must be an array, got " +
+                                             std::string(nb::type_name(cache_obj.type()).c_str()));
+        }
+        require_writable(cache_obj, op, "cache");
         int cdt = 0;
         void* cp = const_cast<void*>(cache_arg(engine, cache, op, &cdt));
         const int64_t max_len = dim(cache, 0), W = dim(cache, 1);
@@ -389,9 +398,7 @@ void init_ops_mla(nb::module_& m) {
         } else if (T > 0) {
           std::memcpy(static_cast<float*>(cp) + int64_t(start) * W, rp, sizeof(float) * z(T * W));
         }
-        // The array object itself, or, for a (single-use) DLPack capsule, a new capsule viewing
-        // the same buffer, so the written cache can be used again.
-        return nb::cast(cache, nb::rv_policy::reference);
+        return cache_obj;  // the same array object, written in place
       },
       nb::arg("rows"), nb::arg("cache"), nb::kw_only(), nb::arg("start"),
       nb::arg("engine").none() = nb::none(),
@@ -669,7 +676,7 @@ void init_ops_mla(nb::module_& m) {
           raise_contract(kContractShape, std::string(op) + ": rows has shape " + shape_str(rows) +
                                              ", expected [B, W >= 1]");
         }
-        CacheList c = cache_list_arg(engine, caches, B, op);
+        CacheList c = cache_list_arg(engine, caches, B, op, /*writable=*/true);
         if (B > 0 && c.W != W) {
           raise_contract(kContractShape, std::string(op) + ": the caches are " +
                                              std::to_string(c.W) + " wide, rows " +

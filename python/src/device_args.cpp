@@ -159,6 +159,16 @@ void check_weight_2d(const DeviceWeight& w, const char* op, const char* name, in
   }
 }
 
+void require_writable(nb::handle obj, const char* op, const char* name) {
+  if (!nb::hasattr(obj, "flags")) return;  // torch / cupy / memra.DeviceArray: writable
+  nb::object flags = obj.attr("flags");
+  if (nb::hasattr(flags, "writeable") && !nb::cast<bool>(flags.attr("writeable"))) {
+    raise_contract(kContractValue, std::string(op) + ": argument '" + name +
+                                       "' is written in place but is a read-only array "
+                                       "(flags.writeable is False)");
+  }
+}
+
 void check_value(bool ok, const char* op, const std::string& what) {
   if (!ok) raise_contract(kContractValue, std::string(op) + ": " + what);
 }

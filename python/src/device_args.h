@@ -83,6 +83,9 @@ const DeviceWeight& device_weight(const Engine* engine, nb::handle w, const char
 void check_weight_2d(const Weight& w, const char* op, const char* name, int64_t rows, int64_t cols);
 void check_weight_2d(const DeviceWeight& w, const char* op, const char* name, int64_t rows,
                      int64_t cols);
+// ContractError (40025) when `obj` is an array an op would write into but that refuses writes
+// (a numpy array with flags.writeable False, e.g. a read-only memory map).
+void require_writable(nb::handle obj, const char* op, const char* name);
 // ContractError (40025) "op: what" unless ok.
 void check_value(bool ok, const char* op, const std::string& what);
 
