@@ -87,3 +87,16 @@ def test_bad_input_is_named(call, code: int) -> None:
     with pytest.raises(memra.ContractError) as e:
         call()
     assert e.value.code == code, str(e.value)
+
+
+@pytest.mark.parametrize("eps", [-1.0, float("nan"), float("inf")])
+def test_norm_eps_outside_its_domain_is_refused(eps: float) -> None:
+    x = np.ones((2, 8), np.float32)
+    w = np.ones(8, np.float32)
+    for call in (lambda: _core.rms_norm(x, None, eps=eps),
+                 lambda: _core.rms_norm_gated(x, x, w, eps=eps),
+                 lambda: _core.layer_norm(x, w, w, eps=eps),
+                 lambda: _core.l2norm_heads(x.reshape(2, 1, 8), eps=eps)):
+        with pytest.raises(memra.ContractError) as e:
+            call()
+        assert e.value.code == _core.status.CONTRACT_VALUE

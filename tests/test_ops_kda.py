@@ -380,3 +380,9 @@ def test_bad_gate_form_is_refused():
         lambda: _core.kda_gate(a["f"], a["dt_bias"], a["A_log"], form="sigmoid"),
         ST.CONTRACT_VALUE, "kda_gate",
     )
+
+
+def test_scan_refuses_a_non_finite_scale() -> None:
+    q = np.ones((1, 1, 128), np.float32)
+    with pytest.raises(memra.ContractError):
+        _core.kda_scan(q, q, q, q * 0, np.ones((1, 1), np.float32), scale=float("nan"))
