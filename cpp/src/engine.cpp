@@ -42,10 +42,12 @@ Status Engine::create(const std::string& device, int device_index, std::unique_p
     int count = 0;
     const Status st = cuda_probe(&reason, &count);
     if (!st.ok()) {
-      return Status(kUnsupportedNoCuda, "Engine(device='cuda'): CUDA is not available: " + reason);
+      return Status(kUnsupportedNoCuda, "Engine(device='cuda', device_index=" + std::to_string(device_index) +
+                                            "): CUDA is not available: " + reason);
     }
     if (device_index < 0 || device_index >= count) {
-      return Status(kContractRange, "Engine(device='cuda'): device_index " + std::to_string(device_index) +
+      return Status(kContractRange, "Engine(device='cuda', device_index=" + std::to_string(device_index) +
+                                        "): device_index " + std::to_string(device_index) +
                                         " is outside [0, " + std::to_string(count) + ")");
     }
     e->kind_ = DeviceKind::kCuda;

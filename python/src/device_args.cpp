@@ -269,7 +269,10 @@ void init_device(nb::module_& m) {
               else raise_contract(kContractValue, "DeviceWeight: dtype must be 'float32' or 'bfloat16', got '" + *dtype + "'");
             }
             DeviceWeight d;
-            cuda_ctx(&engine);  // raises for a CPU engine
+            if (!engine.is_cuda()) {
+              raise_status(Status(kUnsupported, "DeviceWeight: needs a CUDA engine, got " + engine.device() +
+                                                    " (the CPU backend takes memra.Weight directly)"));
+            }
             check(DeviceWeight::upload(engine.cuda(), weight, target, &d));
             new (self) DeviceWeight(std::move(d));
           },
