@@ -21,10 +21,6 @@ const char* error_class_for(int code) {
   return "MemraError";
 }
 
-bool is_dtype(const AnyArray& a, nb::dlpack::dtype_code c, int bits) {
-  return a.dtype().code == static_cast<uint8_t>(c) && a.dtype().bits == bits &&
-         a.dtype().lanes == 1;
-}
 
 std::string dtype_str(const AnyArray& a) {
   const char* kind = "?";
@@ -95,6 +91,11 @@ void check_array(const AnyArray& a, const char* op, const char* name,
   }
 }
 
+bool has_dtype(const AnyArray& a, nb::dlpack::dtype_code c, int bits) {
+  return a.dtype().code == static_cast<uint8_t>(c) && a.dtype().bits == bits &&
+         a.dtype().lanes == 1;
+}
+
 void raise_status(const Status& st) {
   nb::object errors = nb::module_::import_("memra.errors");
   nb::object cls = errors.attr(error_class_for(st.code));
@@ -115,14 +116,14 @@ std::string shape_str(const AnyArray& a) {
 
 const float* f32_arg(const AnyArray& a, const char* op, const char* name,
                      std::initializer_list<int64_t> shape) {
-  check_array(a, op, name, shape, "float32", is_dtype(a, nb::dlpack::dtype_code::Float, 32),
+  check_array(a, op, name, shape, "float32", has_dtype(a, nb::dlpack::dtype_code::Float, 32),
               nb::device::cpu::value, 0);
   return static_cast<const float*>(a.data());
 }
 
 const int32_t* i32_arg(const AnyArray& a, const char* op, const char* name,
                        std::initializer_list<int64_t> shape) {
-  check_array(a, op, name, shape, "int32", is_dtype(a, nb::dlpack::dtype_code::Int, 32),
+  check_array(a, op, name, shape, "int32", has_dtype(a, nb::dlpack::dtype_code::Int, 32),
               nb::device::cpu::value, 0);
   return static_cast<const int32_t*>(a.data());
 }
@@ -158,13 +159,13 @@ Weight weight_from_array(const AnyArray& a, const std::string& dtype, const char
     raise_contract(kContractShape, os.str());
   }
   DType dt;
-  if (is_dtype(a, nb::dlpack::dtype_code::Float, 32)) {
+  if (has_dtype(a, nb::dlpack::dtype_code::Float, 32)) {
     dt = DType::kF32;
-  } else if (is_dtype(a, nb::dlpack::dtype_code::Float, 16)) {
+  } else if (has_dtype(a, nb::dlpack::dtype_code::Float, 16)) {
     dt = DType::kF16;
-  } else if (is_dtype(a, nb::dlpack::dtype_code::Bfloat, 16)) {
+  } else if (has_dtype(a, nb::dlpack::dtype_code::Bfloat, 16)) {
     dt = DType::kBF16;
-  } else if (is_dtype(a, nb::dlpack::dtype_code::UInt, 16) && dtype == "bfloat16") {
+  } else if (has_dtype(a, nb::dlpack::dtype_code::UInt, 16) && dtype == "bfloat16") {
     dt = DType::kBF16;
   } else {
     os << "Weight: tensor '" << name << "' has unsupported dtype " << dtype_str(a)

@@ -23,6 +23,12 @@ namespace memra::py {
 
 namespace {
 
+// Norm epsilons: finite and >= 0 (a NaN or negative one would turn the output into NaN).
+void check_eps(float eps, const char* op) {
+  check_value(std::isfinite(eps) && eps >= 0.0f, op,
+              "eps must be a finite number >= 0, got " + std::to_string(eps));
+}
+
 size_t sz(int64_t n) { return static_cast<size_t>(n); }
 
 // An async device-to-device copy on the engine's stream.
@@ -157,7 +163,7 @@ void init_ops_basic(nb::module_& m) {
       "rms_norm",
       [](const AnyArray& x, std::optional<AnyArray> weight, float eps, const Engine* engine) {
         const char* op = "rms_norm";
-        check_value(std::isfinite(eps) && eps >= 0.0f, op, "eps must be a finite number >= 0, got " + std::to_string(eps));
+        check_eps(eps, op);
         const float* xp = f32_in(engine, x, op, "x", {-1, -1});
         const int T = static_cast<int>(dim(x, 0)), D = static_cast<int>(dim(x, 1));
         const float* wp = weight ? f32_in(engine, *weight, op, "weight", {D}) : nullptr;
@@ -183,7 +189,7 @@ void init_ops_basic(nb::module_& m) {
       [](const AnyArray& x, const AnyArray& gate, const AnyArray& weight, float eps,
          const Engine* engine) {
         const char* op = "rms_norm_gated";
-        check_value(std::isfinite(eps) && eps >= 0.0f, op, "eps must be a finite number >= 0, got " + std::to_string(eps));
+        check_eps(eps, op);
         const float* xp = f32_in(engine, x, op, "x", {-1, -1});
         const int T = static_cast<int>(dim(x, 0)), D = static_cast<int>(dim(x, 1));
         const float* gp = f32_in(engine, gate, op, "gate", {T, D});
@@ -211,7 +217,7 @@ void init_ops_basic(nb::module_& m) {
       [](const AnyArray& x, const AnyArray& weight, const AnyArray& bias, float eps,
          const Engine* engine) {
         const char* op = "layer_norm";
-        check_value(std::isfinite(eps) && eps >= 0.0f, op, "eps must be a finite number >= 0, got " + std::to_string(eps));
+        check_eps(eps, op);
         const float* xp = f32_in(engine, x, op, "x", {-1, -1});
         const int T = static_cast<int>(dim(x, 0)), D = static_cast<int>(dim(x, 1));
         const float* wp = f32_in(engine, weight, op, "weight", {D});
@@ -236,7 +242,7 @@ void init_ops_basic(nb::module_& m) {
       "l2norm_heads",
       [](const AnyArray& x, float eps, const Engine* engine) {
         const char* op = "l2norm_heads";
-        check_value(std::isfinite(eps) && eps >= 0.0f, op, "eps must be a finite number >= 0, got " + std::to_string(eps));
+        check_eps(eps, op);
         const float* xp = f32_in(engine, x, op, "x", {-1, -1, -1});
         const int T = static_cast<int>(dim(x, 0)), H = static_cast<int>(dim(x, 1)),
                   d = static_cast<int>(dim(x, 2));

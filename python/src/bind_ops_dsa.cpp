@@ -26,19 +26,6 @@ namespace {
 
 size_t z(int64_t n) { return static_cast<size_t>(n); }
 
-void check_nonneg(int64_t v, const char* op, const char* name, int code = kContractValue) {
-  if (v < 0) {
-    raise_contract(code, std::string(op) + ": " + name + " must be >= 0, got " + std::to_string(v));
-  }
-}
-
-void check_scale(float v, const char* op, const char* name) {
-  if (!std::isfinite(v)) {
-    raise_contract(kContractValue,
-                   std::string(op) + ": " + name + " must be finite, got " + std::to_string(v));
-  }
-}
-
 void check_pool(int pool, const char* op) {
   if (pool < 1) {
     raise_contract(kContractPool, std::string(op) + ": pool must be >= 1, got pool=" +
@@ -241,8 +228,8 @@ void init_ops_dsa(nb::module_& m) {
         const int n_pools = static_cast<int>(dim(pool_keys, 0));
         check_pool(pool, op);
         check_positions(first_pos, t_q, op);
-        check_scale(qk_scale, op, "qk_scale");
-        check_scale(head_scale, op, "head_scale");
+        check_finite(qk_scale, op, "qk_scale");
+        check_finite(head_scale, op, "head_scale");
         Out score = out_f32(engine, {z(t_q), z(n_pools)});
         if (on_cuda(engine)) {
           const CudaContext& c = cuda_ctx(engine);

@@ -246,9 +246,7 @@ void init_ops_kda(nb::module_& m) {
                                              ", the default scale dk**-0.5 needs dk >= 1");
         }
         // transformers: scale = 1 / (dk ** 0.5) in double, applied to f32 q as an f32 scalar.
-        if (scale && !std::isfinite(*scale)) {
-          raise_contract(kContractValue, "kda_scan: scale must be finite, got " + std::to_string(*scale));
-        }
+        if (scale) check_finite(*scale, "kda_scan", "scale");
         const float sc = scale ? *scale : static_cast<float>(1.0 / std::sqrt(double(dk)));
         for (auto [p, name] : {std::pair<const void*, const char*>{qp, "q"}, {kp, "k"},
                                {vp, "v"}, {gp, "g"}, {sp, "state"}}) {

@@ -28,10 +28,6 @@ namespace {
 
 size_t z(int64_t n) { return static_cast<size_t>(n); }
 
-bool has_dtype(const AnyArray& a, nb::dlpack::dtype_code c, int bits) {
-  return a.dtype().code == static_cast<uint8_t>(c) && a.dtype().bits == bits && a.dtype().lanes == 1;
-}
-
 // kv_b as seen by either backend: a host Weight (CPU) or a DeviceWeight (CUDA).
 struct KvB {
   const Weight* host = nullptr;
@@ -64,19 +60,6 @@ void check_kv_b(const KvB& kv_b, const char* op, int64_t H, int64_t d_nope, int6
                    std::string(op) + ": kv_b has shape " + kv_b.shape_str() +
                        ", expected [H*(d_nope+d_v), R] = [" + std::to_string(H) + "*(" +
                        std::to_string(d_nope) + "+" + std::to_string(d_v) + "), R >= 1]");
-  }
-}
-
-void check_nonneg(int64_t v, const char* op, const char* name, int code = kContractValue) {
-  if (v < 0) {
-    raise_contract(code, std::string(op) + ": " + name + " must be >= 0, got " + std::to_string(v));
-  }
-}
-
-void check_scale(float v, const char* op, const char* name) {
-  if (!std::isfinite(v)) {
-    raise_contract(kContractValue,
-                   std::string(op) + ": " + name + " must be finite, got " + std::to_string(v));
   }
 }
 
@@ -138,7 +121,7 @@ AttnArgs attn_args(const Engine* engine, const AnyArray& q_lat, const AnyArray& 
                                          std::to_string(a.d_rope) +
                                          " rope columns, so q_pe [t_q, H, d_rope] is required");
   }
-  check_scale(scale, op, "scale");
+  check_finite(scale, op, "scale");
   return a;
 }
 
@@ -547,7 +530,7 @@ void init_ops_mla(nb::module_& m) {
                              " (from q_lat " + shape_str(q_lat) + ")");
         }
         const int d_rope = static_cast<int>(W - R);
-        check_scale(scale, op, "scale");
+        check_finite(scale, op, "scale");
         const int32_t* ip = nullptr;
         int width = 0;
         if (idx) {

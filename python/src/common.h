@@ -33,6 +33,8 @@ inline void check(const Status& st) {
 [[noreturn]] void raise_contract(int code, const std::string& message);
 
 std::string shape_str(const AnyArray& a);
+// True when `a` holds scalars of DLPack type `c` with `bits` bits (one lane).
+bool has_dtype(const AnyArray& a, nb::dlpack::dtype_code c, int bits);
 
 // Check that `a` is a C-contiguous host float32 array whose shape matches `shape` (-1 = any
 // extent) and return its data. `op` and `name` go into the error message.

@@ -6,6 +6,7 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <cmath>
 #include <cstring>
 #include <string>
 
@@ -14,10 +15,6 @@
 namespace memra::py {
 
 namespace {
-
-bool has_dtype(const AnyArray& a, nb::dlpack::dtype_code c, int bits) {
-  return a.dtype().code == static_cast<uint8_t>(c) && a.dtype().bits == bits && a.dtype().lanes == 1;
-}
 
 int device_type_of(const Engine* e) {
   return on_cuda(e) ? nb::device::cuda::value : nb::device::cpu::value;
@@ -166,6 +163,19 @@ void require_writable(nb::handle obj, const char* op, const char* name) {
     raise_contract(kContractValue, std::string(op) + ": argument '" + name +
                                        "' is written in place but is a read-only array "
                                        "(flags.writeable is False)");
+  }
+}
+
+void check_nonneg(int64_t v, const char* op, const char* name, int code) {
+  if (v < 0) {
+    raise_contract(code, std::string(op) + ": " + name + " must be >= 0, got " + std::to_string(v));
+  }
+}
+
+void check_finite(float v, const char* op, const char* name) {
+  if (!std::isfinite(v)) {
+    raise_contract(kContractValue,
+                   std::string(op) + ": " + name + " must be finite, got " + std::to_string(v));
   }
 }
 

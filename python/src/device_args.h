@@ -86,6 +86,9 @@ void check_weight_2d(const DeviceWeight& w, const char* op, const char* name, in
 // ContractError (40025) when `obj` is an array an op would write into but that refuses writes
 // (a numpy array with flags.writeable False, e.g. a read-only memory map).
 void require_writable(nb::handle obj, const char* op, const char* name);
+// ContractError (`code`, default 40025) unless v >= 0; ContractError (40025) unless v is finite.
+void check_nonneg(int64_t v, const char* op, const char* name, int code = kContractValue);
+void check_finite(float v, const char* op, const char* name);
 // ContractError (40025) "op: what" unless ok.
 void check_value(bool ok, const char* op, const std::string& what);
 
