@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ml_dtypes
 import numpy as np
+import pytest
 
 from memra import _core
 
@@ -26,7 +27,36 @@ def bf16_round(x) -> np.ndarray:
     return f32(np.asarray(x, np.float32).astype(BF16).astype(np.float32))
 
 
+def bf16_bits(x) -> np.ndarray:
+    """x rounded to bfloat16, as the raw uint16 bits memra takes for bf16 arrays."""
+    return np.ascontiguousarray(np.asarray(x, np.float32).astype(BF16)).view(np.uint16)
+
+
 def bf16_weight(w) -> _core.Weight:
     """A memra Weight holding `w` rounded to bfloat16."""
     return _core.Weight(np.ascontiguousarray(np.asarray(w, np.float32).astype(BF16)).view(np.uint16),
                         dtype="bfloat16")
+
+
+def close(got, want, tol) -> None:
+    """Finite float32 `got` within np.testing.assert_allclose(**tol) of `want`."""
+    assert got.shape == want.shape and got.dtype == np.float32
+    assert np.all(np.isfinite(got))
+    np.testing.assert_allclose(got, want, **tol)
+
+
+def close_scaled(got, want, rel) -> None:
+    """|got - want| <= rel * max|want| elementwise (sums and GEMMs: the error scales with the row)."""
+    assert got.shape == want.shape and got.dtype == np.float32
+    assert np.all(np.isfinite(got))
+    scale = max(float(np.abs(want).max()), 1e-30)
+    err = float(np.abs(got.astype(np.float64) - want.astype(np.float64)).max())
+    assert err <= rel * scale, f"max |d| = {err:.3g} > {rel:g} * max|y| = {rel * scale:.3g}"
+
+
+def expect(cls, code, fn, *args, **kwargs):
+    """fn(*args, **kwargs) raises `cls` with `.code == code`; returns the exception."""
+    with pytest.raises(cls) as ei:
+        fn(*args, **kwargs)
+    assert ei.value.code == code, str(ei.value)
+    return ei.value

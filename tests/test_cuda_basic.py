@@ -43,7 +43,7 @@ import pytest
 
 import memra
 from memra import _core
-from cuda_helpers import bf16_round, bf16_weight, f32, rng
+from cuda_helpers import bf16_round, bf16_weight, close, close_scaled, expect, f32, rng
 
 pytestmark = pytest.mark.cuda
 
@@ -59,28 +59,6 @@ SIG_TOL = dict(rtol=1e-6, atol=1e-7)
 
 def dev_weight(e, w, dtype=None):
     return memra.DeviceWeight(e, w, dtype=dtype)
-
-
-def close(got, want, tol):
-    assert got.shape == want.shape and got.dtype == np.float32
-    assert np.all(np.isfinite(got))
-    np.testing.assert_allclose(got, want, **tol)
-
-
-def close_scaled(got, want, rel):
-    """|got - want| <= rel * max|want| elementwise (GEMM outputs: the error scales with the row)."""
-    assert got.shape == want.shape and got.dtype == np.float32
-    assert np.all(np.isfinite(got))
-    scale = max(float(np.abs(want).max()), 1e-30)
-    err = float(np.abs(got.astype(np.float64) - want.astype(np.float64)).max())
-    assert err <= rel * scale, f"max |d| = {err:.3g} > {rel:g} * max|y| = {rel * scale:.3g}"
-
-
-def expect(cls, code, fn, *args, **kwargs):
-    with pytest.raises(cls) as ei:
-        fn(*args, **kwargs)
-    assert ei.value.code == code, str(ei.value)
-    return ei.value
 
 
 # ---------------------------------------------------------------- embedding

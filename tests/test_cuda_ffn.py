@@ -38,7 +38,7 @@ import pytest
 
 import memra
 from memra import _core
-from cuda_helpers import f32, rng
+from cuda_helpers import expect, f32, rng
 
 pytestmark = pytest.mark.cuda
 
@@ -68,13 +68,6 @@ def scaled_close(got, want, rtol, atol_rel):
     assert got.shape == want.shape and got.dtype == np.float32
     assert np.all(np.isfinite(got))
     np.testing.assert_allclose(got, want, rtol=rtol, atol=atol_rel * float(np.abs(want).max()))
-
-
-def expect_contract(code, fn, *args, **kwargs):
-    with pytest.raises(memra.ContractError) as ei:
-        fn(*args, **kwargs)
-    assert ei.value.code == code, str(ei.value)
-    return ei.value
 
 
 EDGE_T = [1, 5, 63, 65, 200]
@@ -146,17 +139,17 @@ def test_swiglu_mlp_contract_errors(e):
     xh = randn(r, 3, D)
     f = _core.swiglu_mlp
     # A device array is a one-shot DLPack capsule: every call gets a fresh one.
-    expect_contract(ST.CONTRACT_DEVICE, f, xh, dg, du, dd, limit=1.0, engine=e)
-    expect_contract(ST.CONTRACT_DEVICE, f, e.to_device(xh), weight(g), du, dd, limit=1.0,
+    expect(memra.ContractError, ST.CONTRACT_DEVICE, f, xh, dg, du, dd, limit=1.0, engine=e)
+    expect(memra.ContractError, ST.CONTRACT_DEVICE, f, e.to_device(xh), weight(g), du, dd, limit=1.0,
                     engine=e)
-    expect_contract(ST.CONTRACT_SHAPE, f, e.to_device(xh), dg, du, dg, limit=1.0, engine=e)
-    expect_contract(ST.CONTRACT_SHAPE, f, e.to_device(randn(r, 3, D + 1)), dg, du, dd, limit=1.0,
+    expect(memra.ContractError, ST.CONTRACT_SHAPE, f, e.to_device(xh), dg, du, dg, limit=1.0, engine=e)
+    expect(memra.ContractError, ST.CONTRACT_SHAPE, f, e.to_device(randn(r, 3, D + 1)), dg, du, dd, limit=1.0,
                     engine=e)
-    expect_contract(ST.CONTRACT_DTYPE, f, e.to_device(xh), dg, dweight(e, u, "bfloat16"), dd,
+    expect(memra.ContractError, ST.CONTRACT_DTYPE, f, e.to_device(xh), dg, dweight(e, u, "bfloat16"), dd,
                     limit=1.0, engine=e)
-    expect_contract(ST.CONTRACT_DTYPE, f, e.to_device(xh.astype(np.float64)), dg, du, dd,
+    expect(memra.ContractError, ST.CONTRACT_DTYPE, f, e.to_device(xh.astype(np.float64)), dg, du, dd,
                     limit=1.0, engine=e)
-    expect_contract(ST.CONTRACT_VALUE, f, e.to_device(xh), dg, du, dd, limit=0.0, engine=e)
+    expect(memra.ContractError, ST.CONTRACT_VALUE, f, e.to_device(xh), dg, du, dd, limit=0.0, engine=e)
     # The engine and the weights are still usable afterwards.
     y = e.to_host(f(e.to_device(xh), dg, du, dd, limit=1.0, engine=e))
     assert np.all(np.isfinite(y))
@@ -292,13 +285,13 @@ def test_moe_route_contract_errors(e):
     def x():  # a fresh one-shot device array per call
         return e.to_device(xh)
 
-    expect_contract(ST.CONTRACT_DTYPE, f, x(), dweight(e, gate, "bfloat16"), engine=e, **kw)
-    expect_contract(ST.CONTRACT_DEVICE, f, x(), weight(gate), engine=e, **kw)
-    expect_contract(ST.CONTRACT_DEVICE, f, x(), dg, randn(r, E), engine=e, **kw)
-    expect_contract(ST.CONTRACT_SHAPE, f, x(), dg, e.to_device(randn(r, E + 1)), engine=e, **kw)
-    expect_contract(ST.CONTRACT_VALUE, f, x(), dg, engine=e, **{**kw, "n_group": 3})
-    expect_contract(ST.CONTRACT_VALUE, f, x(), dg, engine=e, **{**kw, "topk_group": 3})
-    expect_contract(ST.CONTRACT_VALUE, f, x(), dg, engine=e, **{**kw, "top_k": 5})
+    expect(memra.ContractError, ST.CONTRACT_DTYPE, f, x(), dweight(e, gate, "bfloat16"), engine=e, **kw)
+    expect(memra.ContractError, ST.CONTRACT_DEVICE, f, x(), weight(gate), engine=e, **kw)
+    expect(memra.ContractError, ST.CONTRACT_DEVICE, f, x(), dg, randn(r, E), engine=e, **kw)
+    expect(memra.ContractError, ST.CONTRACT_SHAPE, f, x(), dg, e.to_device(randn(r, E + 1)), engine=e, **kw)
+    expect(memra.ContractError, ST.CONTRACT_VALUE, f, x(), dg, engine=e, **{**kw, "n_group": 3})
+    expect(memra.ContractError, ST.CONTRACT_VALUE, f, x(), dg, engine=e, **{**kw, "topk_group": 3})
+    expect(memra.ContractError, ST.CONTRACT_VALUE, f, x(), dg, engine=e, **{**kw, "top_k": 5})
     i, w = f(x(), dg, engine=e, **kw)
     assert e.to_host(i).shape == (2, 2)
 
@@ -380,23 +373,23 @@ def test_moe_forward_contract_errors(e):
     def di():
         return e.to_device(idx)
 
-    expect_contract(ST.CONTRACT_RANGE, f, x(), e.to_device(np.array([[0, 3], [1, 0]], np.int32)),
+    expect(memra.ContractError, ST.CONTRACT_RANGE, f, x(), e.to_device(np.array([[0, 3], [1, 0]], np.int32)),
                     w(), dg, du, dd, limit=1.0, engine=e)
-    expect_contract(ST.CONTRACT_RANGE, f, x(), e.to_device(np.array([[0, -1], [1, 0]], np.int32)),
+    expect(memra.ContractError, ST.CONTRACT_RANGE, f, x(), e.to_device(np.array([[0, -1], [1, 0]], np.int32)),
                     w(), dg, du, dd, limit=1.0, engine=e)
-    expect_contract(ST.CONTRACT_DEVICE, f, x(), idx, w(), dg, du, dd, limit=1.0, engine=e)
-    expect_contract(ST.CONTRACT_DTYPE, f, x(), e.to_device(idx.astype(np.int64)), w(), dg, du, dd,
+    expect(memra.ContractError, ST.CONTRACT_DEVICE, f, x(), idx, w(), dg, du, dd, limit=1.0, engine=e)
+    expect(memra.ContractError, ST.CONTRACT_DTYPE, f, x(), e.to_device(idx.astype(np.int64)), w(), dg, du, dd,
                     limit=1.0, engine=e)
-    expect_contract(ST.CONTRACT_DEVICE, f, x(), di(), w(), [weight(a) for a in g], du, dd,
+    expect(memra.ContractError, ST.CONTRACT_DEVICE, f, x(), di(), w(), [weight(a) for a in g], du, dd,
                     limit=1.0, engine=e)
-    expect_contract(ST.CONTRACT_SHAPE, f, x(), di(), w(), dg, du, dg, limit=1.0, engine=e)
-    expect_contract(ST.CONTRACT_SHAPE, f, x(), di(), w(), dweight(e, g[0]), du, dd, limit=1.0,
+    expect(memra.ContractError, ST.CONTRACT_SHAPE, f, x(), di(), w(), dg, du, dg, limit=1.0, engine=e)
+    expect(memra.ContractError, ST.CONTRACT_SHAPE, f, x(), di(), w(), dweight(e, g[0]), du, dd, limit=1.0,
                     engine=e)
-    expect_contract(ST.CONTRACT_DTYPE, f, x(), di(), w(), dg, dweight(e, u, "bfloat16"), dd,
+    expect(memra.ContractError, ST.CONTRACT_DTYPE, f, x(), di(), w(), dg, dweight(e, u, "bfloat16"), dd,
                     limit=1.0, engine=e)
-    expect_contract(ST.CONTRACT_SHAPE, f, x(), di(), e.to_device(f32(np.ones((2, 1)))), dg, du,
+    expect(memra.ContractError, ST.CONTRACT_SHAPE, f, x(), di(), e.to_device(f32(np.ones((2, 1)))), dg, du,
                     dd, limit=1.0, engine=e)
-    expect_contract(ST.CONTRACT_VALUE, f, x(), di(), w(), dg, du, dd, limit=-1.0, engine=e)
+    expect(memra.ContractError, ST.CONTRACT_VALUE, f, x(), di(), w(), dg, du, dd, limit=-1.0, engine=e)
     y = e.to_host(f(x(), di(), w(), dg, du, dd, limit=1.0, engine=e))
     assert np.all(np.isfinite(y))
 
@@ -501,14 +494,14 @@ def test_sample_contract_errors(e):
     def ctr():
         return e.to_device(ch)
 
-    expect_contract(ST.CONTRACT_DEVICE, f, lh, ctr(), temperature=1.0, engine=e)
-    expect_contract(ST.CONTRACT_DEVICE, f, logits(), ch, temperature=1.0, engine=e)
-    expect_contract(ST.CONTRACT_DTYPE, f, logits(), e.to_device(ch.astype(np.int64)),
+    expect(memra.ContractError, ST.CONTRACT_DEVICE, f, lh, ctr(), temperature=1.0, engine=e)
+    expect(memra.ContractError, ST.CONTRACT_DEVICE, f, logits(), ch, temperature=1.0, engine=e)
+    expect(memra.ContractError, ST.CONTRACT_DTYPE, f, logits(), e.to_device(ch.astype(np.int64)),
                     temperature=1.0, engine=e)
-    expect_contract(ST.CONTRACT_SHAPE, f, logits(), e.to_device(ch[:2].copy()), temperature=1.0,
+    expect(memra.ContractError, ST.CONTRACT_SHAPE, f, logits(), e.to_device(ch[:2].copy()), temperature=1.0,
                     engine=e)
-    expect_contract(ST.CONTRACT_VALUE, f, logits(), ctr(), temperature=1.0, top_p=0.0, engine=e)
-    expect_contract(ST.CONTRACT_VALUE, f, logits(), ctr(), temperature=float("nan"), engine=e)
+    expect(memra.ContractError, ST.CONTRACT_VALUE, f, logits(), ctr(), temperature=1.0, top_p=0.0, engine=e)
+    expect(memra.ContractError, ST.CONTRACT_VALUE, f, logits(), ctr(), temperature=float("nan"), engine=e)
     assert e.to_host(f(logits(), ctr(), temperature=1.0, engine=e)).shape == (3,)
 
 

@@ -32,7 +32,7 @@ import pytest
 
 import memra
 from memra import _core
-from cuda_helpers import f32, rng
+from cuda_helpers import close, f32, rng
 
 pytestmark = pytest.mark.cuda
 
@@ -48,12 +48,6 @@ SCAN_TOL = dict(rtol=1e-5, atol=1e-6)
 
 def l2norm(x, eps=1e-6):
     return x / np.sqrt((x * x).sum(-1, keepdims=True) + eps)
-
-
-def close(got, want, tol):
-    assert got.shape == want.shape and got.dtype == np.float32
-    assert np.all(np.isfinite(got))
-    np.testing.assert_allclose(got, want, **tol)
 
 
 # ---------------------------------------------------------------- conv

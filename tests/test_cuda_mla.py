@@ -43,7 +43,7 @@ import pytest
 
 import memra
 from memra import _core
-from cuda_helpers import bf16_round, f32, rng
+from cuda_helpers import bf16_bits, bf16_round, close_scaled, expect, f32, rng
 
 pytestmark = pytest.mark.cuda
 
@@ -61,10 +61,6 @@ ODD = (3, 200, 24, 40)
 REAL_HEAD = (8, 512, 256, 256)
 
 
-def bf16_bits(x):
-    return np.ascontiguousarray(np.asarray(x, np.float32).astype(BF16)).view(np.uint16)
-
-
 def host_weight(w, dtype):
     if dtype == "bfloat16":
         return _core.Weight(bf16_bits(w), dtype="bfloat16")
@@ -73,15 +69,6 @@ def host_weight(w, dtype):
 
 def kv_b_of(H, R, dn, dv, seed):
     return f32(rng(seed).standard_normal((H * (dn + dv), R)) / np.sqrt(max(dn, 1)))
-
-
-def close_scaled(got, want, rel):
-    """|got - want| <= rel * max|want| elementwise (sums: the error scales with the row)."""
-    assert got.shape == want.shape and got.dtype == np.float32
-    assert np.all(np.isfinite(got))
-    scale = max(float(np.abs(want).max()), 1e-30)
-    err = float(np.abs(got.astype(np.float64) - want.astype(np.float64)).max())
-    assert err <= rel * scale, f"max |d| = {err:.3g} > {rel:g} * max|y| = {rel * scale:.3g}"
 
 
 def same_as_cpu(got, want):
@@ -100,13 +87,6 @@ def attn_close(got, want, exact=False):
         np.testing.assert_array_equal(got, want)
     else:
         np.testing.assert_allclose(got, want, **ATTN_TOL)
-
-
-def expect(cls, code, fn, *args, **kwargs):
-    with pytest.raises(cls) as ei:
-        fn(*args, **kwargs)
-    assert ei.value.code == code, str(ei.value)
-    return ei.value
 
 
 def proj(e, which, x, kv, geom, wdtype, arm):

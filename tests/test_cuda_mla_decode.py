@@ -44,7 +44,7 @@ import pytest
 
 import memra
 from memra import _core
-from cuda_helpers import bf16_round, f32, rng
+from cuda_helpers import bf16_bits, bf16_round, expect, f32, rng
 
 pytestmark = pytest.mark.cuda
 
@@ -55,17 +55,6 @@ BF16_REL = 1e-2
 BF16_QROUND_REL = 5e-3
 # t_kv per sequence, cycled over the batch (0 = idle row).
 PATTERN = [1, 7, 33, 4096]
-
-
-def bf16_bits(x):
-    return np.ascontiguousarray(np.asarray(x, np.float32).astype(BF16)).view(np.uint16)
-
-
-def expect(cls, code, fn, *args, **kwargs):
-    with pytest.raises(cls) as ei:
-        fn(*args, **kwargs)
-    assert ei.value.code == code, str(ei.value)
-    return ei.value
 
 
 def close_per_seq(got, want, rel):
