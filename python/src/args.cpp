@@ -114,13 +114,6 @@ std::string shape_str(const AnyArray& a) {
   return os.str();
 }
 
-const float* f32_arg(const AnyArray& a, const char* op, const char* name,
-                     std::initializer_list<int64_t> shape) {
-  check_array(a, op, name, shape, "float32", has_dtype(a, nb::dlpack::dtype_code::Float, 32),
-              nb::device::cpu::value, 0);
-  return static_cast<const float*>(a.data());
-}
-
 const int32_t* i32_arg(const AnyArray& a, const char* op, const char* name,
                        std::initializer_list<int64_t> shape) {
   check_array(a, op, name, shape, "int32", has_dtype(a, nb::dlpack::dtype_code::Int, 32),
@@ -134,14 +127,6 @@ NpF32 new_f32(std::vector<size_t> shape) {
   float* data = new float[n > 0 ? n : 1]();
   nb::capsule owner(data, [](void* p) noexcept { delete[] static_cast<float*>(p); });
   return NpF32(data, shape.size(), shape.data(), owner);
-}
-
-NpI32 new_i32(std::vector<size_t> shape) {
-  size_t n = 1;
-  for (size_t s : shape) n *= s;
-  int32_t* data = new int32_t[n > 0 ? n : 1]();
-  nb::capsule owner(data, [](void* p) noexcept { delete[] static_cast<int32_t*>(p); });
-  return NpI32(data, shape.size(), shape.data(), owner);
 }
 
 Weight weight_from_array(const AnyArray& a, const std::string& dtype, const char* name) {

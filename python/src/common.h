@@ -22,7 +22,6 @@ namespace nb = nanobind;
 using AnyArray = nb::ndarray<nb::ro>;
 // A fresh C-contiguous host array handed back to Python as numpy.
 using NpF32 = nb::ndarray<nb::numpy, float>;
-using NpI32 = nb::ndarray<nb::numpy, int32_t>;
 
 // Raise the memra.errors class for `st.code`'s band with `st.message` (never returns).
 [[noreturn]] void raise_status(const Status& st);
@@ -36,12 +35,9 @@ std::string shape_str(const AnyArray& a);
 // True when `a` holds scalars of DLPack type `c` with `bits` bits (one lane).
 bool has_dtype(const AnyArray& a, nb::dlpack::dtype_code c, int bits);
 
-// Check that `a` is a C-contiguous host float32 array whose shape matches `shape` (-1 = any
-// extent) and return its data. `op` and `name` go into the error message.
-const float* f32_arg(const AnyArray& a, const char* op, const char* name,
-                     std::initializer_list<int64_t> shape);
-// The same for int32 arrays (token ids, slots, index lists). int64 arrays are NOT silently
-// narrowed: they are refused with the dtype named (callers convert with .astype(np.int32)).
+// Check that `a` is a C-contiguous host int32 array whose shape matches `shape` (-1 = any extent)
+// and return its data (host-side slot lists); `op` and `name` go into the error message. int64
+// arrays are NOT silently narrowed. Arrays on either backend: f32_in / i32_in (device_args.h).
 const int32_t* i32_arg(const AnyArray& a, const char* op, const char* name,
                        std::initializer_list<int64_t> shape);
 // The shared DLPack checks (args.cpp): device, dtype, shape (-1 = any extent), C-contiguity.
@@ -54,7 +50,6 @@ inline int64_t dim(const AnyArray& a, size_t i) { return static_cast<int64_t>(a.
 
 // New zero-filled host arrays owned by Python.
 NpF32 new_f32(std::vector<size_t> shape);
-NpI32 new_i32(std::vector<size_t> shape);
 
 // Build a Weight from a host array of float32, float16, or bfloat16. bfloat16 arrives either as
 // a DLPack bfloat16 tensor (torch) or as a uint16 array holding the raw bits with
