@@ -560,6 +560,26 @@ class Cache:
     def length(self, slot: int) -> int:
         """Tokens held by `slot`."""
 
+    def cur(self, slot: int) -> int:
+        """
+        Which KDA ping-pong plane (0 or 1) holds `slot`'s committed state; every commit flips it.
+        """
+
+    def device_lengths(self) -> NDArray[numpy.int32] | None:
+        """
+        A host int32 [max_batch] copy of the cache's device mirror of the slot lengths (waits for the device; the decode graph reads the mirror); None on a CPU cache.
+        """
+
+    def device_cur(self) -> NDArray[numpy.int32] | None:
+        """
+        A host int32 [max_batch] copy of the device mirror of the ping-pong flags (see cur); None on a CPU cache.
+        """
+
+    def kda_plane_addresses(self, layer: int, slot: int) -> tuple[int, int, int, int]:
+        """
+        (conv plane 0, conv plane 1, state plane 0, state plane 1) addresses of `slot` in a KDA layer (device addresses on a CUDA cache), for tests of kda_tables.
+        """
+
     def commit(self, slot: int, n: int) -> None:
         """
         Advance `slot` by n tokens after every layer ran the step (flips its ping-pong planes).
@@ -586,6 +606,16 @@ class Cache:
         """Copy of the resident pool keys [length // kpool, d]."""
 
     def __repr__(self) -> str: ...
+
+def kda_tables(cache: Cache, layer: int, slots: Annotated[NDArray, dict(writable=False)], cur: Annotated[NDArray, dict(writable=False)] | None = None, *, group: int = 0, sink_slot: int | None = None) -> tuple[object, object, object, object]:
+    """
+    CUDA caches only (UnsupportedError for a CPU cache): the per-sequence pointer tables of KDA layer `layer` computed on the device (cuda/graph_tables.cu), as KdaLayer builds them on the host: returns (ring_in, ring_out, state_in, state_out), uint64 device arrays [B] of addresses. slots: device int32 [B], slots[b] < 0 an idle row (valid slots unchecked: keep them in [0, max_batch)); cur: device int32 [max_batch] ping-pong flags (None: the cache's own device mirror, Cache.device_cur); group: the channel group (q 0, k 1, v 2) whose conv ring offset is added; sink_slot: idle rows point at plane 0 of that slot (None: null entries). Row b with s = slots[b] >= 0 reads plane cur[s] and writes plane 1 - cur[s].
+    """
+
+def commit_decode(slots: Annotated[NDArray, dict(writable=False)], lengths: object, cur: object, *, engine: Engine | None = None) -> None:
+    """
+    CUDA only (UnsupportedError otherwise): the decode step's commit on the device (cuda/graph_tables.cu), in place: lengths[s] += 1 and cur[s] ^= 1 for each s = slots[b] >= 0 (slots < 0 are idle rows; a repeated slot counts once per occurrence). slots: device int32 [B]; lengths, cur: device int32 [max_batch] (valid slots unchecked: keep them below max_batch; no capacity check). Cache.commit(s, 1) for the same slots gives the same values on the host.
+    """
 
 class KdaLayer:
     """
