@@ -37,11 +37,12 @@ namespace {
 
 constexpr size_t kAlign = 256;  // every plane starts on a 256-byte boundary (coalesced loads)
 
-// Lay out every plane in one arena; returns its bytes, or -1 when the count overflows 2^62
+// Lay out every plane in one arena, then (device == true) the int32 mirrors lengths_d and
+// cur_d [max_batch] each at *mirror_off; returns its bytes, or -1 when the count overflows 2^62
 // (absurd sizes must become OutOfMemoryError, never a wrapped, too-small arena).
 template <typename Plane>
 int64_t layout(int max_batch, int max_len, const std::vector<LayerStateSpec>& specs, DType latent,
-               std::vector<Plane>* planes) {
+               bool device, std::vector<Plane>* planes, size_t* mirror_off) {
   constexpr unsigned __int128 kLimit = (unsigned __int128)1 << 62;
   unsigned __int128 off = 0;
   bool overflow = false;
@@ -70,15 +71,18 @@ int64_t layout(int max_batch, int max_len, const std::vector<LayerStateSpec>& sp
       }
     }
   }
+  *mirror_off = 0;
+  if (device && !overflow) *mirror_off = take(U(2) * U(max_batch) * sizeof(int32_t));
   return overflow ? -1 : static_cast<int64_t>(off);
 }
 
 }  // namespace
 
 int64_t Cache::bytes_needed(int max_batch, int max_len, const std::vector<LayerStateSpec>& specs,
-                            DType latent_dtype) {
+                            DType latent_dtype, bool device) {
   std::vector<Plane> planes;
-  const int64_t n = layout(max_batch, max_len, specs, latent_dtype, &planes);
+  size_t mirror_off = 0;
+  const int64_t n = layout(max_batch, max_len, specs, latent_dtype, device, &planes, &mirror_off);
   return n < 0 ? INT64_MAX : n;  // saturates: such a cache never fits
 }
 
@@ -120,7 +124,8 @@ Status Cache::create(std::shared_ptr<CudaContext> cuda, DType latent_dtype, int 
   c->max_batch_ = max_batch;
   c->max_len_ = max_len;
   c->specs_ = std::move(specs);
-  c->nbytes_ = layout(max_batch, max_len, c->specs_, latent_dtype, &c->planes_);
+  c->nbytes_ = layout(max_batch, max_len, c->specs_, latent_dtype, c->cuda_ != nullptr, &c->planes_,
+                      &c->mirror_off_);
   if (c->nbytes_ < 0) {
     return Status(kOutOfMemory, "Cache: " + std::to_string(max_batch) + " slots x " +
                                     std::to_string(max_len) + " tokens need more than 2^62 bytes");
@@ -185,6 +190,16 @@ Status Cache::copy_bytes(void* dst, const void* src, size_t bytes) {
   }
   const int rc = cuda_->api().copy(cuda_->ctx(), dst, src, bytes);
   return rc == kOk ? Status::Ok() : cuda_->status(rc, "Cache");
+}
+
+Status Cache::sync_mirror(int slot, int length, int cur) {
+  if (!cuda_) return Status::Ok();
+  // Staged through the context's pinned ring (memra_cuda_copy): the values are taken now, the
+  // copies run in stream order; no host wait.
+  const int32_t len32 = length, cur32 = cur;
+  int rc = cuda_->api().copy(cuda_->ctx(), lengths_d() + slot, &len32, sizeof len32);
+  if (rc == kOk) rc = cuda_->api().copy(cuda_->ctx(), cur_d() + slot, &cur32, sizeof cur32);
+  return rc == kOk ? Status::Ok() : cuda_->status(rc, "Cache (device lengths / ping-pong flags)");
 }
 
 Status Cache::read(void* host_dst, const void* plane_src, size_t bytes) const {
@@ -289,6 +304,7 @@ float* Cache::tail_gate(int layer, int slot) {
 
 Status Cache::commit(int slot, int n) {
   MEMRA_TRY(check_room(slot, n, "Cache.commit"));
+  MEMRA_TRY(sync_mirror(slot, lengths_[slot] + n, cur_[slot] ^ 1));
   lengths_[slot] += n;
   cur_[slot] ^= 1;
   return Status::Ok();
@@ -296,6 +312,7 @@ Status Cache::commit(int slot, int n) {
 
 Status Cache::free(int slot) {
   MEMRA_TRY(check_slot(slot, "Cache.free"));
+  MEMRA_TRY(sync_mirror(slot, 0, 0));
   lengths_[slot] = 0;
   cur_[slot] = 0;
   for (int l = 0; l < num_layers(); ++l) {
@@ -329,6 +346,7 @@ Status Cache::copy_slot(int src, int dst) {
       }
     }
   }
+  MEMRA_TRY(sync_mirror(dst, lengths_[src], cur_[src]));
   lengths_[dst] = lengths_[src];
   cur_[dst] = cur_[src];
   return Status::Ok();

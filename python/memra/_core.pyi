@@ -381,6 +381,36 @@ def kpool_select(score: Annotated[NDArray, dict(writable=False)], *, pool: int, 
     Reference: Glm5NextTextIndexer.forward topk + append_visible_tail (index_kpool_always_select_tail = True), compared as sets.
     """
 
+def kpool_append_decode(k: Annotated[NDArray, dict(writable=False)], gate: Annotated[NDArray, dict(writable=False)], ape: Annotated[NDArray, dict(writable=False)], tail_k: object, tail_gate: object, pool_keys: object, pos: object, *, engine: Engine | None = None) -> None:
+    """
+    kpool_append for B sequences of one new row each, in place: for each active row b the key of the pool that row pos[b] completes ((pos[b] + 1) % pool == 0; its earlier rows from the ring), then row pos[b] into ring slot pos[b] % tail_rows. The bytes kpool_append(k[b:b+1], gate[b:b+1], ape, ..., pos=pos[b]) gives that sequence.
+
+    k, gate: [B, d] float32 (the new rows). ape: [pool, d] float32. tail_k, tail_gate: lists of B distinct writable [tail_rows, d] float32 rings (one tail_rows, a positive multiple of pool). pool_keys: a list of B writable [max_pools_b, d] float32 arrays, max_pools_b >= (pos[b] + 1) // pool. An idle row's arrays are neither read nor written. Returns None.
+    CUDA only (engine: a CUDA Engine; UnsupportedError otherwise): cuda/dsa_decode.cu, one launch for the B sequences, per-sequence arrays reached through a device pointer table. pos: a host list / int array [B] (checked, then uploaded) or a device int32 [B] array (unchecked: the caller keeps each sequence's arrays large enough), pos[b] = tokens sequence b held before this one; pos[b] < 0 is an idle row. Launch shapes depend on B, d, Hi and max_pools only, so a captured CUDA graph replays at any position.
+    Raises ContractError: CONTRACT_POOL for pool < 1 or a bad ring size; CONTRACT_SHAPE when a list's length is not B, ring sizes differ, d == 0, or (host pos) a pool_keys array is too short; CONTRACT_RANGE for a host pos of 2^31 - 1 or outside int32; CONTRACT_DTYPE / CONTRACT_STRIDE / CONTRACT_DEVICE for bad arrays; CONTRACT_VALUE for a read-only array. Nothing is written when it raises.
+    Reference: kpool_append per sequence with T = 1 (MlaLayer::indexer's bookkeeping).
+    """
+
+def kpool_score_decode(q: Annotated[NDArray, dict(writable=False)], w: Annotated[NDArray, dict(writable=False)], pool_keys: object, pos: object, *, pool: int, qk_scale: float, head_scale: float, max_pools: int | None = None, engine: Engine | None = None) -> object:
+    """
+    kpool_score for B sequences of one query each: row b scores the pools the token at pos[b] sees, p < n_b = (pos[b] + 1) // pool (the bytes of kpool_score(q[b:b+1], w[b:b+1], pool_keys[b][:n_b], first_pos=pos[b]), the same summation order), and is -inf for p >= n_b (an idle row: all -inf).
+
+    q: [B, Hi, d] float32. w: [B, Hi] float32. pool_keys: a list of B [rows_b, d] float32 arrays (rows_b >= n_b). qk_scale: index_head_dim**-0.5; head_scale: index_n_heads**-0.5. max_pools: the score width and the host bound the launch is sized from (default: the longest pool_keys array); device positions that see more pools are clamped to it. Returns score [B, max_pools] float32.
+    CUDA only (engine: a CUDA Engine; UnsupportedError otherwise): cuda/dsa_decode.cu, one launch for the B sequences, per-sequence arrays reached through a device pointer table. pos: a host list / int array [B] (checked, then uploaded) or a device int32 [B] array (unchecked: the caller keeps each sequence's arrays large enough), pos[b] = tokens sequence b held before this one; pos[b] < 0 is an idle row. Launch shapes depend on B, d, Hi and max_pools only, so a captured CUDA graph replays at any position.
+    Raises ContractError: CONTRACT_POOL for pool < 1; CONTRACT_VALUE for a non-finite scale, max_pools outside [0, 2^31) or (host pos) below a row's n_b; CONTRACT_RANGE when (host pos) a pool_keys array is shorter than n_b or pos is 2^31 - 1; CONTRACT_SHAPE / CONTRACT_DTYPE / CONTRACT_STRIDE / CONTRACT_DEVICE for bad arrays or a list whose length is not B.
+    Reference: kpool_score per sequence with t_q = 1 (Glm5NextTextIndexer.forward at decode).
+    """
+
+def kpool_select_decode(score: Annotated[NDArray, dict(writable=False)], pos: object, *, pool: int, select_k: int, width: int, engine: Engine | None = None) -> object:
+    """
+    kpool_select for B sequences of one query each: row b is kpool_select(score[b:b+1, :n_b], first_pos=pos[b]) with n_b = (pos[b] + 1) // pool, bytes for bytes: the top select_k pools by (score desc, pool asc) among the finite scores, expanded to rows in ascending pool order, the visible tail rows, then -1 up to width. An idle row is all -1.
+
+    score: [B, max_pools] float32 (kpool_score_decode). select_k: index_topk // pool; width: index_topk + pool - 1. Returns idx [B, width] int32.
+    CUDA only (engine: a CUDA Engine; UnsupportedError otherwise): cuda/dsa_decode.cu, one launch for the B sequences, per-sequence arrays reached through a device pointer table. pos: a host list / int array [B] (checked, then uploaded) or a device int32 [B] array (unchecked: the caller keeps each sequence's arrays large enough), pos[b] = tokens sequence b held before this one; pos[b] < 0 is an idle row. Launch shapes depend on B, d, Hi and max_pools only, so a captured CUDA graph replays at any position.
+    Raises ContractError: CONTRACT_INDEX_WIDTH when width < select_k*pool + pool - 1; CONTRACT_POOL for pool < 1; CONTRACT_VALUE for select_k < 0; CONTRACT_RANGE when max_pools*pool overflows int32 or (host pos) a row sees more pools than score has columns or pos is 2^31 - 1; CONTRACT_SHAPE / CONTRACT_DTYPE / CONTRACT_STRIDE / CONTRACT_DEVICE for bad arrays.
+    Reference: kpool_select per sequence with t_q = 1.
+    """
+
 def hc_expand(x: Annotated[NDArray, dict(writable=False)], n: int, *, engine: Engine | None = None) -> object:
     """
     x [T, D] float32 -> [T, n, D]: every residual stream starts as x (reference: Glm5NextTextModel.forward, hidden_states.unsqueeze(2).expand(..., hc_mult, ...)). On a CUDA engine x must live on its device. Raises ContractError for a bad array or n < 1.
@@ -530,6 +560,26 @@ class Cache:
     def length(self, slot: int) -> int:
         """Tokens held by `slot`."""
 
+    def cur(self, slot: int) -> int:
+        """
+        Which KDA ping-pong plane (0 or 1) holds `slot`'s committed state; every commit flips it.
+        """
+
+    def device_lengths(self) -> NDArray[numpy.int32] | None:
+        """
+        A host int32 [max_batch] copy of the cache's device mirror of the slot lengths (waits for the device; the decode graph reads the mirror); None on a CPU cache.
+        """
+
+    def device_cur(self) -> NDArray[numpy.int32] | None:
+        """
+        A host int32 [max_batch] copy of the device mirror of the ping-pong flags (see cur); None on a CPU cache.
+        """
+
+    def kda_plane_addresses(self, layer: int, slot: int) -> tuple[int, int, int, int]:
+        """
+        (conv plane 0, conv plane 1, state plane 0, state plane 1) addresses of `slot` in a KDA layer (device addresses on a CUDA cache), for tests of kda_tables.
+        """
+
     def commit(self, slot: int, n: int) -> None:
         """
         Advance `slot` by n tokens after every layer ran the step (flips its ping-pong planes).
@@ -556,6 +606,16 @@ class Cache:
         """Copy of the resident pool keys [length // kpool, d]."""
 
     def __repr__(self) -> str: ...
+
+def kda_tables(cache: Cache, layer: int, slots: Annotated[NDArray, dict(writable=False)], cur: Annotated[NDArray, dict(writable=False)] | None = None, *, group: int = 0, sink_slot: int | None = None) -> tuple[object, object, object, object]:
+    """
+    CUDA caches only (UnsupportedError for a CPU cache): the per-sequence pointer tables of KDA layer `layer` computed on the device (cuda/graph_tables.cu), as KdaLayer builds them on the host: returns (ring_in, ring_out, state_in, state_out), uint64 device arrays [B] of addresses. slots: device int32 [B], slots[b] < 0 an idle row (valid slots unchecked: keep them in [0, max_batch)); cur: device int32 [max_batch] ping-pong flags (None: the cache's own device mirror, Cache.device_cur); group: the channel group (q 0, k 1, v 2) whose conv ring offset is added; sink_slot: idle rows point at plane 0 of that slot (None: null entries). Row b with s = slots[b] >= 0 reads plane cur[s] and writes plane 1 - cur[s].
+    """
+
+def commit_decode(slots: Annotated[NDArray, dict(writable=False)], lengths: object, cur: object, *, engine: Engine | None = None) -> None:
+    """
+    CUDA only (UnsupportedError otherwise): the decode step's commit on the device (cuda/graph_tables.cu), in place: lengths[s] += 1 and cur[s] ^= 1 for each s = slots[b] >= 0 (slots < 0 are idle rows; a repeated slot counts once per occurrence). slots: device int32 [B]; lengths, cur: device int32 [max_batch] (valid slots unchecked: keep them below max_batch; no capacity check). Cache.commit(s, 1) for the same slots gives the same values on the host.
+    """
 
 class KdaLayer:
     """

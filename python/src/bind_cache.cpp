@@ -1,10 +1,17 @@
-// memra._core.Cache and LayerStateSpec (cache.h).
+// memra._core.Cache and LayerStateSpec (cache.h), and the decode-graph bookkeeping ops on a
+// cache's state (kda_tables, commit_decode: cuda/graph_tables.cu, CUDA only).
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
+#include <climits>
 #include <cstring>
+#include <optional>
+#include <tuple>
 
 #include "common.h"
+#include "device_args.h"
 #include "memra/cache.h"
 #include "memra/engine.h"
 
@@ -24,6 +31,32 @@ NpF32 copy_out(const Cache& c, const float* src, std::vector<size_t> shape) {
 void check_plane(Cache& c, int layer, int slot, LayerStateSpec::Kind kind, const char* op) {
   check(c.check_layer(layer, kind, op));
   check(c.check_slot(slot, op));
+}
+
+// A host int32 copy of a device mirror [max_batch] (None on a CPU cache; waits for the device).
+std::optional<NpI32> mirror_copy(const Cache& c, const int32_t* mirror) {
+  if (!mirror) return std::nullopt;
+  NpI32 out = new_i32({size_t(c.max_batch())});
+  check(c.read(out.data(), mirror, size_t(c.max_batch()) * sizeof(int32_t)));
+  return out;
+}
+
+// UnsupportedError naming `op` unless `on_cuda`.
+void require_cuda(bool on_cuda, const char* op, const char* what) {
+  if (!on_cuda) {
+    raise_status(Status(kUnsupported, std::string(op) + ": needs " + what +
+                                          " (the CPU backend keeps this bookkeeping on the host)"));
+  }
+}
+
+// A new uint64 [n] device array on the cache's device, left uninitialised (the op writes it all).
+Out out_u64(const std::shared_ptr<CudaContext>& cuda, size_t n) {
+  std::shared_ptr<DeviceBuffer> buf;
+  check(DeviceBuffer::create(cuda, n * sizeof(uint64_t), &buf));
+  Out o;
+  o.ptr = buf->data();
+  o.obj = device_array(std::move(buf), {n}, nb::dtype<uint64_t>(), cuda->device());
+  return o;
 }
 
 }  // namespace
@@ -108,6 +141,33 @@ void init_cache(nb::module_& m) {
           },
           nb::arg("slot"), "Tokens held by `slot`.")
       .def(
+          "cur",
+          [](const Cache& c, int slot) {
+            check(c.check_slot(slot, "Cache.cur"));
+            return c.cur(slot);
+          },
+          nb::arg("slot"),
+          "Which KDA ping-pong plane (0 or 1) holds `slot`'s committed state; every commit flips it.")
+      .def(
+          "device_lengths", [](const Cache& c) { return mirror_copy(c, c.lengths_d()); },
+          "A host int32 [max_batch] copy of the cache's device mirror of the slot lengths (waits "
+          "for the device; the decode graph reads the mirror); None on a CPU cache.")
+      .def(
+          "device_cur", [](const Cache& c) { return mirror_copy(c, c.cur_d()); },
+          "A host int32 [max_batch] copy of the device mirror of the ping-pong flags (see cur); "
+          "None on a CPU cache.")
+      .def(
+          "kda_plane_addresses",
+          [](Cache& c, int layer, int slot) {
+            check_plane(c, layer, slot, LayerStateSpec::Kind::kKda, "Cache.kda_plane_addresses");
+            auto addr = [](const float* p) { return static_cast<uint64_t>(reinterpret_cast<uintptr_t>(p)); };
+            return std::make_tuple(addr(c.conv(layer, slot, 0)), addr(c.conv(layer, slot, 1)),
+                                   addr(c.state(layer, slot, 0)), addr(c.state(layer, slot, 1)));
+          },
+          nb::arg("layer"), nb::arg("slot"),
+          "(conv plane 0, conv plane 1, state plane 0, state plane 1) addresses of `slot` in a KDA "
+          "layer (device addresses on a CUDA cache), for tests of kda_tables.")
+      .def(
           "commit", [](Cache& c, int slot, int n) { check(c.commit(slot, n)); }, nb::arg("slot"),
           nb::arg("n"),
           "Advance `slot` by n tokens after every layer ran the step (flips its ping-pong planes).")
@@ -163,6 +223,81 @@ void init_cache(nb::module_& m) {
                std::to_string(c.max_len()) + ", layers=" + std::to_string(c.num_layers()) +
                ", nbytes=" + std::to_string(c.nbytes()) + ")";
       });
+
+  // ---------------------------------------------------------------- decode-graph bookkeeping
+
+  m.def(
+      "kda_tables",
+      [](Cache& cache, int layer, const AnyArray& slots, std::optional<AnyArray> cur, int group,
+         std::optional<int> sink_slot) {
+        const char* op = "kda_tables";
+        require_cuda(cache.on_device(), op, "a cache of a CUDA engine");
+        check(cache.check_layer(layer, LayerStateSpec::Kind::kKda, op));
+        const auto& cuda = cache.cuda();
+        const int32_t* sp = i32_in(cuda, slots, op, "slots", {-1});
+        const int64_t B = dim(slots, 0);
+        if (B > INT32_MAX) raise_contract(kContractRange, std::string(op) + ": B overflows int32");
+        const int32_t* cp = cache.cur_d();
+        if (cur) cp = i32_in(cuda, *cur, op, "cur", {cache.max_batch()});
+        const LayerStateSpec& s = cache.spec(layer);
+        check_value(group >= 0 && group < 3, op,
+                    "group must be 0, 1 or 2 (q, k, v channel group), got " + std::to_string(group));
+        float *sink_conv = nullptr, *sink_state = nullptr;
+        if (sink_slot) {
+          check(cache.check_slot(*sink_slot, op));
+          sink_conv = cache.conv(layer, *sink_slot, 0);
+          sink_state = cache.state(layer, *sink_slot, 0);
+        }
+        const int64_t plane_offset = int64_t(group) * s.heads * s.head_dim * (s.conv_kernel - 1);
+        Out ri = out_u64(cuda, size_t(B)), ro = out_u64(cuda, size_t(B)), si = out_u64(cuda, size_t(B)),
+            so = out_u64(cuda, size_t(B));
+        check(cuda->status(
+            cuda->api().kda_tables(cuda->ctx(), sp, cp, int(B), cache.conv(layer, 0, 0),
+                                   cache.conv(layer, 0, 1), cache.state(layer, 0, 0),
+                                   cache.state(layer, 0, 1), s.conv_floats(), s.state_floats(),
+                                   plane_offset, ri.data<const float*>(), ro.data<float*>(),
+                                   si.data<const float*>(), so.data<float*>(), sink_conv, sink_state),
+            op));
+        return std::make_tuple(ri.obj, ro.obj, si.obj, so.obj);
+      },
+      nb::arg("cache"), nb::arg("layer"), nb::arg("slots"), nb::arg("cur").none() = nb::none(),
+      nb::kw_only(), nb::arg("group") = 0, nb::arg("sink_slot").none() = nb::none(),
+      "CUDA caches only (UnsupportedError for a CPU cache): the per-sequence pointer tables of KDA "
+      "layer `layer` computed on the device (cuda/graph_tables.cu), as KdaLayer builds them on the "
+      "host: returns (ring_in, ring_out, state_in, state_out), uint64 device arrays [B] of "
+      "addresses. slots: device int32 [B], slots[b] < 0 an idle row (valid slots unchecked: keep "
+      "them in [0, max_batch)); cur: device int32 [max_batch] ping-pong flags (None: the cache's "
+      "own device mirror, Cache.device_cur); group: the channel group (q 0, k 1, v 2) whose conv "
+      "ring offset is added; sink_slot: idle rows point at plane 0 of that slot (None: null "
+      "entries). Row b with s = slots[b] >= 0 reads plane cur[s] and writes plane 1 - cur[s].");
+
+  m.def(
+      "commit_decode",
+      [](const AnyArray& slots, nb::handle lengths, nb::handle cur, const Engine* engine) {
+        const char* op = "commit_decode";
+        require_cuda(on_cuda(engine), op, "a CUDA engine (engine=memra.Engine('cuda'))");
+        const int32_t* sp = i32_in(engine, slots, op, "slots", {-1});
+        const int64_t B = dim(slots, 0);
+        if (B > INT32_MAX) raise_contract(kContractRange, std::string(op) + ": B overflows int32");
+        AnyArray la, ca;
+        if (!nb::try_cast(lengths, la) || !nb::try_cast(cur, ca)) {
+          raise_contract(kContractDType, std::string(op) + ": lengths and cur must be int32 device arrays");
+        }
+        require_writable(lengths, op, "lengths");
+        require_writable(cur, op, "cur");
+        int32_t* lp = const_cast<int32_t*>(i32_in(engine, la, op, "lengths", {-1}));
+        int32_t* cp = const_cast<int32_t*>(i32_in(engine, ca, op, "cur", {dim(la, 0)}));
+        const CudaContext& c = cuda_ctx(engine);
+        check_cuda(engine, c.api().commit_decode(c.ctx(), sp, int(B), lp, cp), op);
+      },
+      nb::arg("slots"), nb::arg("lengths"), nb::arg("cur"), nb::kw_only(),
+      nb::arg("engine").none() = nb::none(),
+      "CUDA only (UnsupportedError otherwise): the decode step's commit on the device "
+      "(cuda/graph_tables.cu), in place: lengths[s] += 1 and cur[s] ^= 1 for each s = slots[b] >= "
+      "0 (slots < 0 are idle rows; a repeated slot counts once per occurrence). slots: device "
+      "int32 [B]; lengths, cur: device int32 [max_batch] (valid slots unchecked: keep them below "
+      "max_batch; no capacity check). Cache.commit(s, 1) for the same slots gives the same values "
+      "on the host.");
 }
 
 }  // namespace memra::py

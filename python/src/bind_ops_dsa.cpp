@@ -4,6 +4,9 @@
 // CUDA backend (keyword `engine` = a CUDA Engine): cuda/dsa.cu through the C ABI of
 // cpp/include/memra/cuda_abi/dsa.h. Arguments are checked (ContractError naming the op and the
 // values) before anything runs; outputs live on the engine's device; the CPU releases the GIL.
+// The batched decode forms (kpool_append_decode / kpool_score_decode / kpool_select_decode: B
+// sequences of one token, lists of per-sequence device arrays, positions on the host or the
+// device) are CUDA only: cuda/dsa_decode.cu.
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
@@ -12,6 +15,8 @@
 #include <climits>
 #include <cmath>
 #include <cstring>
+#include <initializer_list>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -75,6 +80,146 @@ void copy_f32(const Engine* engine, float* dst, const float* src, int64_t n, con
     std::memcpy(dst, src, z(n) * sizeof(float));
   }
 }
+
+// ---------------------------------------------------------------- batched decode arguments
+
+bool is_dtype(const AnyArray& a, nb::dlpack::dtype_code c, int bits) {
+  return a.dtype().code == static_cast<uint8_t>(c) && a.dtype().bits == bits &&
+         a.dtype().lanes == 1;
+}
+
+// pos of a batched decode call: a host list / tuple of ints or a host int32 / int64 array (values
+// known here, checked by the caller, uploaded), or a device int32 [B] array (values unknown to
+// the host; unchecked).
+struct DecodePos {
+  bool host = false;
+  std::vector<int32_t> values;   // host values (host == true)
+  const int32_t* dev = nullptr;  // device int32 [B]: the caller's array or the upload
+  std::shared_ptr<DeviceBuffer> upload;
+};
+
+DecodePos decode_pos_arg(const Engine* engine, nb::handle h, int64_t B, const char* op) {
+  DecodePos p;
+  const std::string arg = std::string(op) + ": argument 'pos'";
+  auto push = [&](int64_t v) {
+    if (v < INT32_MIN || v > INT32_MAX) {
+      raise_contract(kContractRange, arg + " holds " + std::to_string(v) + ", outside int32");
+    }
+    p.values.push_back(static_cast<int32_t>(v));
+  };
+  if (!nb::hasattr(h, "__dlpack__") && nb::isinstance<nb::sequence>(h) &&
+      !nb::isinstance<nb::str>(h)) {
+    for (nb::handle x : h) {
+      int64_t v = 0;
+      if (!nb::try_cast(x, v)) {
+        raise_contract(kContractDType, arg + " must hold ints, got " +
+                                           std::string(nb::type_name(x.type()).c_str()));
+      }
+      push(v);
+    }
+    p.host = true;
+  } else {
+    AnyArray a;
+    if (!nb::try_cast(h, a)) {
+      raise_contract(kContractDType, arg + " must be a list of ints or an int32 array [B], got " +
+                                         std::string(nb::type_name(h.type()).c_str()));
+    }
+    if (a.device_type() == nb::device::cpu::value) {
+      const bool i32 = is_dtype(a, nb::dlpack::dtype_code::Int, 32);
+      const bool i64 = is_dtype(a, nb::dlpack::dtype_code::Int, 64);
+      check_array(a, op, "pos", {B}, "int32 or int64 (host) / int32 (device)", i32 || i64,
+                  nb::device::cpu::value, 0);
+      for (int64_t b = 0; b < B; ++b) {
+        push(i32 ? static_cast<const int32_t*>(a.data())[b]
+                 : static_cast<const int64_t*>(a.data())[b]);
+      }
+      p.host = true;
+    } else {
+      p.dev = i32_in(engine, a, op, "pos", {B});
+    }
+  }
+  if (p.host && static_cast<int64_t>(p.values.size()) != B) {
+    raise_contract(kContractShape, arg + " has " + std::to_string(p.values.size()) +
+                                       " entries, expected B=" + std::to_string(B));
+  }
+  if (p.host) {
+    for (int64_t b = 0; b < B; ++b) {
+      if (p.values[z(b)] == INT32_MAX) {
+        raise_contract(kContractRange, std::string(op) + ": pos[" + std::to_string(b) +
+                                           "]=" + std::to_string(INT32_MAX) +
+                                           ": pos + 1 overflows int32");
+      }
+    }
+    if (B > 0) {
+      p.upload = device_upload(engine, p.values.data(), sizeof(int32_t) * z(B));
+      p.dev = static_cast<const int32_t*>(p.upload->data());
+    }
+  }
+  return p;
+}
+
+// A list of B per-sequence float32 arrays [rows_b, d] on the engine's device (rows_b == rows
+// unless rows == -1); writable: the op writes into them.
+struct StateList {
+  std::vector<float*> ptr;
+  std::vector<int64_t> rows;
+};
+
+StateList state_list_arg(const Engine* engine, nb::handle list, int64_t B, int64_t rows,
+                         int64_t d, const char* op, const char* name, bool writable) {
+  if (nb::hasattr(list, "__dlpack__") || !nb::isinstance<nb::sequence>(list) ||
+      nb::isinstance<nb::str>(list)) {
+    raise_contract(kContractDType, std::string(op) + ": argument '" + name +
+                                       "' must be a list of arrays (one per sequence), got " +
+                                       std::string(nb::type_name(list.type()).c_str()));
+  }
+  StateList s;
+  int64_t b = 0;
+  for (nb::handle h : list) {
+    const std::string item = std::string(name) + "[" + std::to_string(b) + "]";
+    AnyArray a;
+    if (!nb::try_cast(h, a)) {
+      raise_contract(kContractDType, std::string(op) + ": " + item + " must be an array, got " +
+                                         std::string(nb::type_name(h.type()).c_str()));
+    }
+    if (writable) require_writable(h, op, item.c_str());
+    s.ptr.push_back(const_cast<float*>(f32_in(engine, a, op, item.c_str(), {rows, d})));
+    s.rows.push_back(dim(a, 0));
+    ++b;
+  }
+  if (b != B) {
+    raise_contract(kContractShape, std::string(op) + ": argument '" + name + "' has " +
+                                       std::to_string(b) + " arrays, expected B=" +
+                                       std::to_string(B) + " (one per sequence)");
+  }
+  return s;
+}
+
+// The CUDA context of a decode form's engine (UnsupportedError naming the op otherwise).
+const CudaContext& decode_ctx(const Engine* engine, const char* op) {
+  if (!on_cuda(engine)) {
+    raise_status(Status(kUnsupported, std::string(op) +
+                                          ": needs a CUDA engine (engine=memra.Engine('cuda')); "
+                                          "on the CPU run the per-sequence op for each sequence"));
+  }
+  return cuda_ctx(engine);
+}
+
+// One device table of the concatenated pointer lists (freed stream-ordered on return).
+std::shared_ptr<DeviceBuffer> pointer_table(const Engine* engine,
+                                            std::initializer_list<const StateList*> lists) {
+  std::vector<const float*> host;
+  for (const StateList* l : lists) host.insert(host.end(), l->ptr.begin(), l->ptr.end());
+  return device_upload(engine, host.data(), host.size() * sizeof(const float*));
+}
+
+const char* kDecodeDoc =
+    "CUDA only (engine: a CUDA Engine; UnsupportedError otherwise): cuda/dsa_decode.cu, one "
+    "launch for the B sequences, per-sequence arrays reached through a device pointer table. pos: "
+    "a host list / int array [B] (checked, then uploaded) or a device int32 [B] array (unchecked: "
+    "the caller keeps each sequence's arrays large enough), pos[b] = tokens sequence b held "
+    "before this one; pos[b] < 0 is an idle row. Launch shapes depend on B, d, Hi and max_pools "
+    "only, so a captured CUDA graph replays at any position.";
 
 const char* kEngineDoc =
     "engine: None or a CPU Engine runs the C++ reference on host arrays; a CUDA Engine runs "
@@ -327,6 +472,237 @@ void init_ops_dsa(nb::module_& m) {
        "CONTRACT_STRIDE / CONTRACT_DEVICE for a bad score.\n"
        "Reference: Glm5NextTextIndexer.forward topk + append_visible_tail "
        "(index_kpool_always_select_tail = True), compared as sets.")
+          .c_str());
+
+  // ---------------------------------------------------------------- batched decode forms
+
+  m.def(
+      "kpool_append_decode",
+      [](const AnyArray& k, const AnyArray& gate, const AnyArray& ape, nb::handle tail_k,
+         nb::handle tail_gate, nb::handle pool_keys, nb::handle pos, const Engine* engine) {
+        const char* op = "kpool_append_decode";
+        const CudaContext& c = decode_ctx(engine, op);
+        const float* ap = f32_in(engine, ape, op, "ape", {-1, -1});
+        const int pool = static_cast<int>(dim(ape, 0)), d = static_cast<int>(dim(ape, 1));
+        check_pool(pool, op);
+        if (d < 1) {
+          raise_contract(kContractShape, std::string(op) + ": ape has shape " + shape_str(ape) +
+                                             ", expected [pool, d >= 1]");
+        }
+        const float* kp = f32_in(engine, k, op, "k", {-1, d});
+        const int64_t B = dim(k, 0);
+        const float* gp = f32_in(engine, gate, op, "gate", {B, d});
+        if (B > INT32_MAX) raise_contract(kContractRange, std::string(op) + ": B overflows int32");
+        StateList tk = state_list_arg(engine, tail_k, B, -1, d, op, "tail_k", true);
+        const int64_t ring = B > 0 ? tk.rows[0] : pool;
+        StateList tg = state_list_arg(engine, tail_gate, B, ring, d, op, "tail_gate", true);
+        for (int64_t b = 1; b < B; ++b) {
+          if (tk.rows[z(b)] != ring) {
+            raise_contract(kContractShape, std::string(op) + ": tail_k[" + std::to_string(b) +
+                                               "] has " + std::to_string(tk.rows[z(b)]) +
+                                               " rows, expected " + std::to_string(ring) +
+                                               " (those of tail_k[0]; one ring size)");
+          }
+        }
+        if (ring < pool || ring % pool != 0 || ring > INT32_MAX) {
+          raise_contract(kContractPool, std::string(op) + ": the tail ring has " +
+                                            std::to_string(ring) +
+                                            " rows, expected a positive multiple of pool=" +
+                                            std::to_string(pool));
+        }
+        StateList pk = state_list_arg(engine, pool_keys, B, -1, d, op, "pool_keys", true);
+        DecodePos p = decode_pos_arg(engine, pos, B, op);
+        if (p.host) {
+          for (int64_t b = 0; b < B; ++b) {
+            const int64_t v = p.values[z(b)];
+            if (v >= 0 && (v + 1) / pool > pk.rows[z(b)]) {
+              raise_contract(kContractShape,
+                             std::string(op) + ": pool_keys[" + std::to_string(b) + "] has " +
+                                 std::to_string(pk.rows[z(b)]) + " rows, but row pos[" +
+                                 std::to_string(b) + "]=" + std::to_string(v) +
+                                 " completes pools up to " + std::to_string((v + 1) / pool) +
+                                 " (pool=" + std::to_string(pool) + ")");
+            }
+          }
+        }
+        if (B == 0) return;
+        auto table = pointer_table(engine, {&tk, &tg, &pk});
+        float* const* t = static_cast<float* const*>(table->data());
+        check_cuda(engine,
+                   c.api().kpool_append_decode(c.ctx(), kp, gp, static_cast<int>(B), d, ap, pool,
+                                               p.dev, t, t + B, static_cast<int>(ring), t + 2 * B),
+                   op);
+      },
+      nb::arg("k"), nb::arg("gate"), nb::arg("ape"), nb::arg("tail_k"), nb::arg("tail_gate"),
+      nb::arg("pool_keys"), nb::arg("pos"), nb::kw_only(), nb::arg("engine").none() = nb::none(),
+      (std::string("kpool_append for B sequences of one new row each, in place: for each active "
+                   "row b the key of the pool that row pos[b] completes ((pos[b] + 1) % pool == "
+                   "0; its earlier rows from the ring), then row pos[b] into ring slot pos[b] % "
+                   "tail_rows. The bytes kpool_append(k[b:b+1], gate[b:b+1], ape, ..., "
+                   "pos=pos[b]) gives that sequence.\n\n"
+                   "k, gate: [B, d] float32 (the new rows). ape: [pool, d] float32. tail_k, "
+                   "tail_gate: lists of B distinct writable [tail_rows, d] float32 rings (one "
+                   "tail_rows, a positive multiple of pool). pool_keys: a list of B writable "
+                   "[max_pools_b, d] float32 arrays, max_pools_b >= (pos[b] + 1) // pool. An idle "
+                   "row's arrays are neither read nor written. Returns None.\n") +
+       kDecodeDoc +
+       "\nRaises ContractError: CONTRACT_POOL for pool < 1 or a bad ring size; CONTRACT_SHAPE "
+       "when a list's length is not B, ring sizes differ, d == 0, or (host pos) a pool_keys "
+       "array is too short; CONTRACT_RANGE for a host pos of 2^31 - 1 or outside int32; "
+       "CONTRACT_DTYPE / CONTRACT_STRIDE / CONTRACT_DEVICE for bad arrays; CONTRACT_VALUE for a "
+       "read-only array. Nothing is written when it raises.\n"
+       "Reference: kpool_append per sequence with T = 1 (MlaLayer::indexer's bookkeeping).")
+          .c_str());
+
+  m.def(
+      "kpool_score_decode",
+      [](const AnyArray& q, const AnyArray& w, nb::handle pool_keys, nb::handle pos, int pool,
+         float qk_scale, float head_scale, std::optional<int64_t> max_pools,
+         const Engine* engine) {
+        const char* op = "kpool_score_decode";
+        const CudaContext& c = decode_ctx(engine, op);
+        const float* qp = f32_in(engine, q, op, "q", {-1, -1, -1});
+        const int64_t B = dim(q, 0), Hi = dim(q, 1), d = dim(q, 2);
+        const float* wp = f32_in(engine, w, op, "w", {B, Hi});
+        if (B > INT32_MAX || Hi > INT32_MAX || d > INT32_MAX) {
+          raise_contract(kContractRange, std::string(op) + ": q " + shape_str(q) +
+                                             " has an extent past int32");
+        }
+        StateList pk = state_list_arg(engine, pool_keys, B, -1, d, op, "pool_keys", false);
+        check_pool(pool, op);
+        check_scale(qk_scale, op, "qk_scale");
+        check_scale(head_scale, op, "head_scale");
+        DecodePos p = decode_pos_arg(engine, pos, B, op);
+        int64_t bound = 0;  // the score width: max_pools, else the longest pool_keys array
+        for (int64_t r : pk.rows) bound = std::max(bound, r);
+        if (max_pools) {
+          if (*max_pools < 0 || *max_pools > INT32_MAX) {
+            raise_contract(kContractValue, std::string(op) + ": max_pools=" +
+                                               std::to_string(*max_pools) +
+                                               " is outside [0, 2^31)");
+          }
+          bound = *max_pools;
+        }
+        if (bound > INT32_MAX) {
+          raise_contract(kContractRange, std::string(op) + ": pool_keys arrays of " +
+                                             std::to_string(bound) +
+                                             " rows overflow int32 (pass max_pools)");
+        }
+        if (p.host) {
+          for (int64_t b = 0; b < B; ++b) {
+            const int64_t v = p.values[z(b)];
+            const int64_t n = v < 0 ? 0 : (v + 1) / pool;
+            if (n > pk.rows[z(b)]) {
+              raise_contract(kContractRange,
+                             std::string(op) + ": pos[" + std::to_string(b) + "]=" +
+                                 std::to_string(v) + " sees " + std::to_string(n) +
+                                 " pools, but pool_keys[" + std::to_string(b) + "] has " +
+                                 std::to_string(pk.rows[z(b)]) + " rows");
+            }
+            if (n > bound) {
+              raise_contract(kContractValue,
+                             std::string(op) + ": max_pools=" + std::to_string(bound) +
+                                 " is below the " + std::to_string(n) + " pools pos[" +
+                                 std::to_string(b) + "]=" + std::to_string(v) + " sees");
+            }
+          }
+        }
+        Out score = out_f32_uninit(engine, {z(B), z(bound)});
+        if (B == 0 || bound == 0) return score.obj;
+        auto table = pointer_table(engine, {&pk});
+        check_cuda(engine,
+                   c.api().kpool_score_decode(c.ctx(), qp, wp,
+                                              static_cast<const float* const*>(table->data()),
+                                              p.dev, static_cast<int>(B), static_cast<int>(Hi),
+                                              static_cast<int>(d), pool, static_cast<int>(bound),
+                                              qk_scale, head_scale, score.data<float>()),
+                   op);
+        return score.obj;
+      },
+      nb::arg("q"), nb::arg("w"), nb::arg("pool_keys"), nb::arg("pos"), nb::kw_only(),
+      nb::arg("pool"), nb::arg("qk_scale"), nb::arg("head_scale"),
+      nb::arg("max_pools").none() = nb::none(), nb::arg("engine").none() = nb::none(),
+      (std::string("kpool_score for B sequences of one query each: row b scores the pools the "
+                   "token at pos[b] sees, p < n_b = (pos[b] + 1) // pool (the bytes of "
+                   "kpool_score(q[b:b+1], w[b:b+1], pool_keys[b][:n_b], first_pos=pos[b]), the "
+                   "same summation order), and is -inf for p >= n_b (an idle row: all -inf).\n\n"
+                   "q: [B, Hi, d] float32. w: [B, Hi] float32. pool_keys: a list of B [rows_b, d] "
+                   "float32 arrays (rows_b >= n_b). qk_scale: index_head_dim**-0.5; head_scale: "
+                   "index_n_heads**-0.5. max_pools: the score width and the host bound the launch "
+                   "is sized from (default: the longest pool_keys array); device positions that "
+                   "see more pools are clamped to it. Returns score [B, max_pools] float32.\n") +
+       kDecodeDoc +
+       "\nRaises ContractError: CONTRACT_POOL for pool < 1; CONTRACT_VALUE for a non-finite "
+       "scale, max_pools outside [0, 2^31) or (host pos) below a row's n_b; CONTRACT_RANGE when "
+       "(host pos) a pool_keys array is shorter than n_b or pos is 2^31 - 1; CONTRACT_SHAPE / "
+       "CONTRACT_DTYPE / CONTRACT_STRIDE / CONTRACT_DEVICE for bad arrays or a list whose "
+       "length is not B.\n"
+       "Reference: kpool_score per sequence with t_q = 1 (Glm5NextTextIndexer.forward at "
+       "decode).")
+          .c_str());
+
+  m.def(
+      "kpool_select_decode",
+      [](const AnyArray& score, nb::handle pos, int pool, int select_k, int width,
+         const Engine* engine) {
+        const char* op = "kpool_select_decode";
+        const CudaContext& c = decode_ctx(engine, op);
+        const float* sp = f32_in(engine, score, op, "score", {-1, -1});
+        const int64_t B = dim(score, 0), max_pools = dim(score, 1);
+        check_pool(pool, op);
+        check_nonneg(select_k, op, "select_k");
+        const int64_t need = int64_t(select_k) * pool + pool - 1;
+        if (width < need) {
+          raise_contract(kContractIndexWidth,
+                         std::string(op) + ": index width " + std::to_string(width) +
+                             " is narrower than select_k*pool + pool - 1 = " +
+                             std::to_string(need));
+        }
+        if (B > INT32_MAX || max_pools * pool > INT32_MAX) {
+          raise_contract(kContractRange, std::string(op) + ": score " + shape_str(score) +
+                                             " with pool=" + std::to_string(pool) +
+                                             " overflows int32");
+        }
+        DecodePos p = decode_pos_arg(engine, pos, B, op);
+        if (p.host) {
+          for (int64_t b = 0; b < B; ++b) {
+            const int64_t v = p.values[z(b)];
+            const int64_t n = v < 0 ? 0 : (v + 1) / pool;
+            if (n > max_pools) {
+              raise_contract(kContractRange,
+                             std::string(op) + ": pos[" + std::to_string(b) + "]=" +
+                                 std::to_string(v) + " sees " + std::to_string(n) +
+                                 " pools, but score has " + std::to_string(max_pools) +
+                                 " columns");
+            }
+          }
+        }
+        Out idx = out_i32(engine, {z(B), z(width)});
+        if (B == 0 || width == 0) return idx.obj;
+        check_cuda(engine,
+                   c.api().kpool_select_decode(c.ctx(), sp, p.dev, static_cast<int>(B),
+                                               static_cast<int>(max_pools), pool, select_k, width,
+                                               idx.data<int32_t>()),
+                   op);
+        return idx.obj;
+      },
+      nb::arg("score"), nb::arg("pos"), nb::kw_only(), nb::arg("pool"), nb::arg("select_k"),
+      nb::arg("width"), nb::arg("engine").none() = nb::none(),
+      (std::string("kpool_select for B sequences of one query each: row b is kpool_select("
+                   "score[b:b+1, :n_b], first_pos=pos[b]) with n_b = (pos[b] + 1) // pool, bytes "
+                   "for bytes: the top select_k pools by (score desc, pool asc) among the finite "
+                   "scores, expanded to rows in ascending pool order, the visible tail rows, then "
+                   "-1 up to width. An idle row is all -1.\n\n"
+                   "score: [B, max_pools] float32 (kpool_score_decode). select_k: "
+                   "index_topk // pool; width: index_topk + pool - 1. Returns idx [B, width] "
+                   "int32.\n") +
+       kDecodeDoc +
+       "\nRaises ContractError: CONTRACT_INDEX_WIDTH when width < select_k*pool + pool - 1; "
+       "CONTRACT_POOL for pool < 1; CONTRACT_VALUE for select_k < 0; CONTRACT_RANGE when "
+       "max_pools*pool overflows int32 or (host pos) a row sees more pools than score has "
+       "columns or pos is 2^31 - 1; CONTRACT_SHAPE / CONTRACT_DTYPE / CONTRACT_STRIDE / "
+       "CONTRACT_DEVICE for bad arrays.\n"
+       "Reference: kpool_select per sequence with t_q = 1.")
           .c_str());
 }
 

@@ -15,6 +15,14 @@
 // Storage: one arena holding every plane, in host memory for the CPU backend or one device
 // allocation for a CUDA engine (plane accessors then return device pointers). The MLA latent rows
 // are f32, or bf16 on a CUDA cache made with latent_dtype = bf16; every other plane is f32.
+//
+// Device mirrors (CUDA caches only; docs/decode_graphs.md): the arena also holds int32
+// lengths_d [max_batch] and cur_d [max_batch], equal to length(s) / cur(s). Every host-side
+// mutation (commit, free, copy_slot) updates the host vectors and enqueues small async copies of
+// the changed entries on the context's stream (no host sync), so work enqueued after it (a
+// captured decode graph reading slots' lengths and ping-pong flags) sees the host's values.
+// A device-side commit (memra_cuda_commit_decode) followed by the same Cache::commit leaves both
+// equal (the copies write absolute values).
 #pragma once
 
 #include <cstdint>
@@ -53,8 +61,9 @@ class Cache {
   static Status create(std::shared_ptr<CudaContext> cuda, DType latent_dtype, int max_batch,
                        int max_len, std::vector<LayerStateSpec> specs, std::unique_ptr<Cache>* out);
   // Bytes the planes of such a cache take.
+  // device: include the device mirrors (a CUDA cache; a few hundred bytes more).
   static int64_t bytes_needed(int max_batch, int max_len, const std::vector<LayerStateSpec>& specs,
-                              DType latent_dtype = DType::kF32);
+                              DType latent_dtype = DType::kF32, bool device = false);
 
   bool on_device() const { return cuda_ != nullptr; }
   const std::shared_ptr<CudaContext>& cuda() const { return cuda_; }
@@ -67,6 +76,10 @@ class Cache {
 
   int length(int slot) const { return lengths_[slot]; }
   int cur(int slot) const { return cur_[slot]; }
+  // Device mirrors of the lengths and ping-pong flags, int32 [max_batch] each (nullptr on a CPU
+  // cache). Written by the host-side mutations below; a device commit may write them too.
+  int32_t* lengths_d() const { return mirror(0); }
+  int32_t* cur_d() const { return mirror(1); }
 
   // Contract checks shared by every entry point (op names the caller).
   Status check_slot(int slot, const char* op) const;
@@ -109,6 +122,12 @@ class Cache {
   Status allocate();
   Status fill_zero(void* p, size_t bytes);
   Status copy_bytes(void* dst, const void* src, size_t bytes);
+  // Enqueue the host's length and flag of `slot` into the device mirrors (no-op on the host).
+  Status sync_mirror(int slot, int length, int cur);
+  int32_t* mirror(int which) const {
+    return cuda_ ? reinterpret_cast<int32_t*>(arena_ptr_ + mirror_off_) + size_t(which) * max_batch_
+                 : nullptr;
+  }
   uint8_t* base() const { return arena_ptr_; }
   std::shared_ptr<CudaContext> cuda_;
   DType latent_dtype_ = DType::kF32;
@@ -119,6 +138,7 @@ class Cache {
   int64_t nbytes_ = 0;
   std::vector<LayerStateSpec> specs_;
   std::vector<Plane> planes_;
+  size_t mirror_off_ = 0;  // byte offset of lengths_d (cur_d follows); CUDA caches only
   std::vector<int> lengths_;
   std::vector<int> cur_;
 };

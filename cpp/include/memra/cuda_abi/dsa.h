@@ -21,4 +21,27 @@
      select; 0 the radix select on (score desc, pool asc) (same bytes). 40014 when width is too   \
      small. */                                                                                    \
   X(kpool_select, (MemraCudaCtx * ctx, const float* score, int t_q, int n_pools, int pool,        \
-                   int select_k, int width, int first_pos, int reference, int32_t* idx))
+                   int select_k, int width, int first_pos, int reference, int32_t* idx))            \
+  /* Batched decode forms (cuda/dsa_decode.cu): B sequences, one token each, one launch per op;   \
+     per-sequence state through DEVICE arrays [B] of device pointers, pos [B] DEVICE int32: the   \
+     tokens sequence b held before this one; pos[b] < 0 marks an idle row (nothing of it read or  \
+     written; its score row -inf, its idx row all -1). Launch shapes depend on B, d, Hi,          \
+     max_pools only (never on pos), so a captured graph replays at any position. The device      \
+     cannot check pos against the per-sequence buffers: callers do. Per sequence the bytes equal  \
+     the per-sequence op with T = t_q = 1, first_pos = pos, n_pools = (pos + 1) / pool.           \
+     kpool_append_decode: k, gate [B, d]; tail_k, tail_gate [B] -> [tail_rows, d];               \
+     pool_keys [B] -> [>= (pos + 1) / pool, d]. */                                                  \
+  X(kpool_append_decode, (MemraCudaCtx * ctx, const float* k, const float* gate, int B, int d,    \
+                          const float* ape, int pool, const int32_t* pos, float* const* tail_k,    \
+                          float* const* tail_gate, int tail_rows, float* const* pool_keys))        \
+  /* q [B, Hi, d]; w [B, Hi]; pool_keys [B] -> [>= n_pools_b, d]; score [B, max_pools]:          \
+     row b scores pools [0, n_pools_b), n_pools_b = min((pos[b] + 1) / pool, max_pools) (0 for an  \
+     idle row), -inf past them. max_pools: a host bound (the launch is sized from it). */          \
+  X(kpool_score_decode, (MemraCudaCtx * ctx, const float* q, const float* w,                      \
+                         const float* const* pool_keys, const int32_t* pos, int B, int Hi, int d,  \
+                         int pool, int max_pools, float qk_scale, float head_scale, float* score)) \
+  /* score [B, max_pools] (kpool_score_decode); idx [B, width]: per row kpool_select over pools   \
+     [0, n_pools_b) at first_pos = pos[b] (radix select on (score desc, pool asc), the visible     \
+     tail rows, -1 padding); an idle row is all -1. 40014 when width is too small. */             \
+  X(kpool_select_decode, (MemraCudaCtx * ctx, const float* score, const int32_t* pos, int B,      \
+                          int max_pools, int pool, int select_k, int width, int32_t* idx))

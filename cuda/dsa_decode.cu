@@ -1,0 +1,462 @@
+// Batched decode forms of the DSA k-pool indexer (cpp/include/memra/cuda_abi/dsa.h:
+// kpool_append_decode, kpool_score_decode, kpool_select_decode): B sequences, one token each, in
+// one launch per op. Per-sequence state is reached through device arrays of device pointers and
+// the positions live on the device (pos[b] = tokens sequence b held before this one; pos[b] < 0
+// marks an idle row), so a captured CUDA graph replays at any position: every grid below depends
+// on the host bounds B, d, max_pools only, never on a position.
+//
+// Bytes: each op gives, per sequence, exactly the bytes of the per-sequence op of cuda/dsa.cu with
+// T = t_q = 1 (kpool_append at pos; kpool_score / kpool_select with first_pos = pos and
+// n_pools = (pos + 1) / pool). The device routines below are copies of dsa.cu's (that file keeps
+// its kernels in an anonymous namespace): the pool key's softmax over a pool's rows (max, sum of
+// exps, weighted sum; explicitly rounded, never contracted into FMAs), each score's sum over heads
+// ascending of w * head_scale * relu(qk_scale * dot) with the dot over channels ascending, and the
+// select's (score desc, pool asc) order. Keep them in step with dsa.cu.
+//
+// Plans (all on ctx->stream, no host sync, no allocation):
+//   append: grid (ceil(d / 128), B); thread (b, c): when the token completes a pool
+//     ((pos + 1) % pool == 0) channel c of that pool's key (rows before pos from the ring, row pos
+//     from k[b]), then channel c of row pos into ring slot pos % tail_rows. The slot written is
+//     none of the ring slots the key reads (tail_rows is a multiple of pool >= pool), and one
+//     thread owns channel c of a sequence, so one kernel does both without a barrier.
+//   score: grid (ceil(max_pools / 64), B), 64 threads, d <= 128: the block's 64 keys stay in
+//     shared memory ([64][d + 1]: conflict-free per-thread rows), each thread owns one pool and
+//     runs 4 heads' dot chains at once (4 independent add chains; the head sum is still taken in
+//     h order), q read as block-uniform broadcast loads (float4 when q is 16-byte aligned and
+//     d % 4 == 0). A block whose pools are all past the sequence's n_pools writes -inf and exits
+//     (reading no key). d > 128: one thread per (sequence, pool), keys read from global.
+//   select: one block (512 threads) per sequence: dsa.cu's radix select over the visible pools
+//     [0, n_pools) (8-bit digits of a 64-bit key, most significant first), a block scan in pool
+//     order, then the tail rows and -1 padding; an idle row writes width -1s.
+//
+// Speed (GLM-5.3-Flash indexer: Hi = 32, d = 128, pool = 4): append is a few KB per sequence
+// (launch-bound, ~3 us). Scores do Hi * d = 4096 multiply-adds per (sequence, visible pool) as
+// separate FMUL + FADD (no FMA, for the CPU's bytes): B = 8 at 32 K tokens (8192 pools each) is
+// 268 M multiply-adds = 537 M FP32 instructions, ~20-30 us on an H200 (issue-bound; keys are 4 MB
+// per sequence, read once). Select: 16 candidates per thread and pass, ~10-20 us at 8192 pools,
+// all sequences in parallel.
+#include <algorithm>
+#include <climits>
+#include <cmath>
+#include <cstdint>
+
+#include "common.cuh"
+
+using memra::cuda::ceil_div;
+using memra::cuda::enter;
+using memra::cuda::launch_status;
+
+namespace {
+
+constexpr unsigned kMaxGridY = 65535u;  // sequences past it: grid-stride over blockIdx.y
+
+// -------------------------------------------------------------------------------- append
+
+// dsa.cu's PoolRows for T = 1: row r < pos from the ring (slot r % tail_rows), row pos from k.
+struct DecodeRows {
+  const float* k;          // [d], the new row (row pos)
+  const float* gate;       // [d]
+  const float* tail_k;     // [tail_rows, d]
+  const float* tail_gate;  // [tail_rows, d]
+  int64_t pos;
+  int d, tail_rows;
+
+  __device__ __forceinline__ const float* k_row(int64_t r) const {
+    return r < pos ? tail_k + (r % tail_rows) * d : k + (r - pos) * d;
+  }
+  __device__ __forceinline__ const float* gate_row(int64_t r) const {
+    return r < pos ? tail_gate + (r % tail_rows) * d : gate + (r - pos) * d;
+  }
+};
+
+// Channel c of pool p's key: dsa.cu's pool_key_channel (cpu::kpool_pool_key's order, no FMA).
+__device__ __forceinline__ float pool_key_channel(const DecodeRows& rows,
+                                                  const float* __restrict__ ape, int64_t p,
+                                                  int pool, int d, int c) {
+  const int64_t r0 = p * pool;
+  float m = -INFINITY;
+  for (int r = 0; r < pool; ++r) {
+    const float v = __fadd_rn(rows.gate_row(r0 + r)[c], ape[int64_t(r) * d + c]);
+    m = (m < v) ? v : m;  // std::max(m, v)
+  }
+  float l = 0.0f;
+  for (int r = 0; r < pool; ++r) {
+    const float v = __fadd_rn(rows.gate_row(r0 + r)[c], ape[int64_t(r) * d + c]);
+    l = __fadd_rn(l, expf(__fsub_rn(v, m)));
+  }
+  float acc = 0.0f;
+  for (int r = 0; r < pool; ++r) {
+    const float v = __fadd_rn(rows.gate_row(r0 + r)[c], ape[int64_t(r) * d + c]);
+    const float pr = __fdiv_rn(expf(__fsub_rn(v, m)), l);
+    acc = __fadd_rn(acc, __fmul_rn(pr, rows.k_row(r0 + r)[c]));
+  }
+  return acc;
+}
+
+constexpr int kAppendThreads = 128;
+
+// (No __launch_bounds__: with it ptxas caps the kernel at 64 registers and spills 8 bytes.)
+__global__ void append_decode_kernel(const float* __restrict__ k, const float* __restrict__ gate,
+                                     int B, int d, const float* __restrict__ ape, int pool,
+                                     const int32_t* __restrict__ pos, float* const* tail_k,
+                                     float* const* tail_gate, int tail_rows,
+                                     float* const* pool_keys) {
+  for (int b = blockIdx.y; b < B; b += gridDim.y) {
+    const int64_t p = pos[b];
+    if (p < 0) continue;  // idle row: nothing read or written
+    float* tk = tail_k[b];
+    float* tg = tail_gate[b];
+    const float* kb = k + int64_t(b) * d;
+    const float* gb = gate + int64_t(b) * d;
+    const DecodeRows rows{kb, gb, tk, tg, p, d, tail_rows};
+    const bool completes = (p + 1) % pool == 0;
+    const int64_t pool_idx = p / pool;
+    const int64_t slot = (p % tail_rows) * d;
+    for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < d; c += gridDim.x * blockDim.x) {
+      if (completes) {
+        pool_keys[b][pool_idx * d + c] = pool_key_channel(rows, ape, pool_idx, pool, d, c);
+      }
+      // After this thread's key reads (the slot is none of the ones the key read anyway).
+      tk[slot + c] = kb[c];
+      tg[slot + c] = gb[c];
+    }
+  }
+}
+
+// -------------------------------------------------------------------------------- scores
+
+// relu as std::max(v, 0.0f) evaluates it: (v < 0) ? 0 : v (keeps -0 and NaN as the CPU does).
+__device__ __forceinline__ float relu_cpu(float v) { return (v < 0.0f) ? 0.0f : v; }
+
+// Pools of sequence b that the token at pos sees: [0, (pos + 1) / pool), at most max_pools; none
+// for an idle row.
+__device__ __forceinline__ int visible_pools(int64_t pos, int pool, int max_pools) {
+  if (pos < 0) return 0;
+  const int64_t n = (pos + 1) / pool;
+  return n < max_pools ? static_cast<int>(n) : max_pools;
+}
+
+// One score's contribution of head h: w * head_scale * relu(dot * qk_scale), the reference's
+// operations.
+__device__ __forceinline__ float head_term(float dot, float w, float qk_scale, float head_scale) {
+  return __fmul_rn(__fmul_rn(w, head_scale), relu_cpu(__fmul_rn(dot, qk_scale)));
+}
+
+constexpr int kDecBP = 64;     // pools per block = threads per block
+constexpr int kDecMaxD = 128;  // key tile [kDecBP][d + 1] fits the static 48 KB
+constexpr int kDecMH = 4;      // heads whose dot chains run at once
+
+// q[h][c .. c + 8) of one head into v (block-uniform addresses: broadcast loads).
+template <bool kVec>
+__device__ __forceinline__ void load_q8(const float* __restrict__ qh, int c, float (&v)[8]) {
+  if constexpr (kVec) {
+    const float4 a = __ldg(reinterpret_cast<const float4*>(qh + c));
+    const float4 b = __ldg(reinterpret_cast<const float4*>(qh + c + 4));
+    v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w;
+    v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
+  } else {
+#pragma unroll
+    for (int u = 0; u < 8; ++u) v[u] = __ldg(qh + c + u);
+  }
+}
+
+// Dot products of NH heads' queries (qh[m], [d]) with one key row kt (shared memory), each over
+// c ascending with the reference's multiply and add; the NH chains are independent.
+template <int NH, bool kVec>
+__device__ __forceinline__ void dots(const float* const (&qh)[NH], const float* kt, int d,
+                                     float (&dot)[NH]) {
+#pragma unroll
+  for (int m = 0; m < NH; ++m) dot[m] = 0.0f;
+  int c = 0;
+  for (; c + 8 <= d; c += 8) {  // the operands of 8 steps loaded ahead of their adds
+    float kv[8], qv[NH][8];
+#pragma unroll
+    for (int u = 0; u < 8; ++u) kv[u] = kt[c + u];
+#pragma unroll
+    for (int m = 0; m < NH; ++m) load_q8<kVec>(qh[m], c, qv[m]);
+#pragma unroll
+    for (int u = 0; u < 8; ++u)
+#pragma unroll
+      for (int m = 0; m < NH; ++m) dot[m] = __fadd_rn(dot[m], __fmul_rn(qv[m][u], kv[u]));
+  }
+  for (; c < d; ++c) {
+    const float kv = kt[c];
+#pragma unroll
+    for (int m = 0; m < NH; ++m) dot[m] = __fadd_rn(dot[m], __fmul_rn(__ldg(qh[m] + c), kv));
+  }
+}
+
+// d <= kDecMaxD: grid (ceil(max_pools / kDecBP), B'), kDecBP threads; thread tid owns pool
+// blockIdx.x * kDecBP + tid of each sequence b = blockIdx.y, blockIdx.y + gridDim.y, ...
+template <bool kVec>
+__global__ void __launch_bounds__(kDecBP)
+    score_decode_kernel(const float* __restrict__ q, const float* __restrict__ w,
+                        const float* const* __restrict__ pool_keys,
+                        const int32_t* __restrict__ pos, int B, int Hi, int d, int pool,
+                        int max_pools, float qk_scale, float head_scale,
+                        float* __restrict__ score) {
+  __shared__ float ks[kDecBP][kDecMaxD + 1];  // [pool][channel]: (tid + c) % 32 banks
+  const int tid = threadIdx.x;
+  const int64_t p0 = int64_t(blockIdx.x) * kDecBP, p = p0 + tid;
+  for (int b = blockIdx.y; b < B; b += gridDim.y) {
+    const int n = visible_pools(pos[b], pool, max_pools);  // block-uniform
+    float* srow = score + int64_t(b) * max_pools;
+    if (p0 >= n) {  // no pool of this block is visible: -inf, no key read
+      if (p < max_pools) srow[p] = -INFINITY;
+      continue;
+    }
+    const float* keys = pool_keys[b];
+    __syncthreads();  // the previous sequence's tile is no longer read
+    for (int e = tid; e < kDecBP * d; e += kDecBP) {
+      const int row = e / d, col = e % d;
+      ks[row][col] = p0 + row < n ? keys[(p0 + row) * d + col] : 0.0f;
+    }
+    __syncthreads();
+    const float* kt = ks[tid];
+    const float* qb = q + int64_t(b) * Hi * d;
+    const float* wb = w + int64_t(b) * Hi;
+    float acc = 0.0f;
+    int h = 0;
+    for (; h + kDecMH <= Hi; h += kDecMH) {
+      const float* qh[kDecMH];
+#pragma unroll
+      for (int m = 0; m < kDecMH; ++m) qh[m] = qb + int64_t(h + m) * d;
+      float dot[kDecMH];
+      dots<kDecMH, kVec>(qh, kt, d, dot);
+#pragma unroll
+      for (int m = 0; m < kDecMH; ++m) {  // heads ascending
+        acc = __fadd_rn(acc, head_term(dot[m], __ldg(wb + h + m), qk_scale, head_scale));
+      }
+    }
+    for (; h < Hi; ++h) {
+      const float* qh[1] = {qb + int64_t(h) * d};
+      float dot[1];
+      dots<1, kVec>(qh, kt, d, dot);
+      acc = __fadd_rn(acc, head_term(dot[0], __ldg(wb + h), qk_scale, head_scale));
+    }
+    if (p < max_pools) srow[p] = p < n ? acc : -INFINITY;
+  }
+}
+
+// Any d: one thread per (sequence, pool), dsa.cu's score_reference_kernel for one query.
+constexpr int kSimpleThreads = 128;
+
+__global__ void __launch_bounds__(kSimpleThreads)
+    score_decode_simple_kernel(const float* __restrict__ q, const float* __restrict__ w,
+                               const float* const* __restrict__ pool_keys,
+                               const int32_t* __restrict__ pos, int B, int Hi, int d, int pool,
+                               int max_pools, float qk_scale, float head_scale,
+                               float* __restrict__ score) {
+  const int64_t p = int64_t(blockIdx.x) * kSimpleThreads + threadIdx.x;
+  if (p >= max_pools) return;
+  for (int b = blockIdx.y; b < B; b += gridDim.y) {
+    const int n = visible_pools(pos[b], pool, max_pools);
+    float* srow = score + int64_t(b) * max_pools;
+    if (p >= n) {
+      srow[p] = -INFINITY;
+      continue;
+    }
+    const float* key = pool_keys[b] + p * d;
+    const float* qb = q + int64_t(b) * Hi * d;
+    float acc = 0.0f;
+    for (int h = 0; h < Hi; ++h) {
+      const float* qh = qb + int64_t(h) * d;
+      float dot = 0.0f;
+      for (int c = 0; c < d; ++c) dot = __fadd_rn(dot, __fmul_rn(qh[c], key[c]));
+      acc = __fadd_rn(acc, head_term(dot, w[int64_t(b) * Hi + h], qk_scale, head_scale));
+    }
+    srow[p] = acc;
+  }
+}
+
+// -------------------------------------------------------------------------------- selection
+
+constexpr int kSelectThreads = 512;
+
+// A 64-bit key whose unsigned order is the CPU's order (score desc, pool index asc), larger =
+// earlier (dsa.cu's order_key): monotonic float bits, -0 folded onto +0, complemented pool index.
+__device__ __forceinline__ uint64_t order_key(float s, int64_t p) {
+  uint32_t u = __float_as_uint(s == 0.0f ? 0.0f : s);
+  u = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+  return (uint64_t(u) << 32) | uint64_t(0xFFFFFFFFu - static_cast<uint32_t>(p));
+}
+
+// Rows of the visible tail [(pos+1) - (pos+1) % pool, pos] from slot `start` of `out`, then -1
+// up to width (block-strided). pos >= 0.
+__device__ __forceinline__ void write_tail(int32_t* out, int64_t start, int width, int64_t pos,
+                                           int pool, int tid, int nt) {
+  const int64_t tail0 = (pos + 1) - (pos + 1) % pool, n_tail = pos + 1 - tail0;
+  for (int64_t j = start + tid; j < width; j += nt) {
+    const int64_t t = j - start;
+    out[j] = t < n_tail ? static_cast<int32_t>(tail0 + t) : -1;
+  }
+}
+
+// One block per sequence (grid-stride over b). Pools [0, n) are exactly the ones the
+// per-sequence select's is_candidate admits by position (p * pool + pool - 1 <= pos); among
+// them the finite scores are the candidates. dsa.cu's select_radix_kernel otherwise.
+__global__ void __launch_bounds__(kSelectThreads)
+    select_decode_kernel(const float* __restrict__ score, const int32_t* __restrict__ pos, int B,
+                         int max_pools, int pool, int select_k, int width,
+                         int32_t* __restrict__ idx) {
+  constexpr int kWarps = kSelectThreads / 32;
+  __shared__ unsigned hist[256];
+  __shared__ int warp_count[kWarps];
+  __shared__ uint64_t s_prefix;
+  __shared__ int s_shift, s_mode, s_need;  // mode: 0 none, 1 all candidates, 2 key prefix
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+
+  for (int b = blockIdx.x; b < B; b += gridDim.x) {
+    const int64_t ps = pos[b];  // block-uniform
+    int32_t* out = idx + int64_t(b) * width;
+    if (ps < 0) {  // idle row
+      for (int j = tid; j < width; j += kSelectThreads) out[j] = -1;
+      continue;
+    }
+    const int n = visible_pools(ps, pool, max_pools);
+    const float* s = score + int64_t(b) * max_pools;
+
+    if (tid == 0) {
+      s_prefix = 0;
+      s_shift = 64;
+      s_need = select_k;
+      s_mode = select_k == 0 ? 0 : -1;  // -1: undecided
+    }
+    __syncthreads();
+    for (int pass = 0; pass < 8 && s_mode < 0; ++pass) {
+      const int shift = 56 - 8 * pass;
+      const uint64_t prefix = s_prefix;
+      for (int x = tid; x < 256; x += kSelectThreads) hist[x] = 0;
+      __syncthreads();
+      for (int64_t p = tid; p < n; p += kSelectThreads) {
+        const float v = s[p];
+        if (!isfinite(v)) continue;
+        const uint64_t key = order_key(v, p);
+        if (pass == 0 || (key >> (shift + 8)) == prefix) {
+          atomicAdd(&hist[(key >> shift) & 0xFF], 1u);
+        }
+      }
+      __syncthreads();
+      if (tid == 0) {
+        int need = s_need;
+        bool decided = false;
+        if (pass == 0) {
+          long long n_cand = 0;
+          for (int x = 0; x < 256; ++x) n_cand += hist[x];
+          if (n_cand <= need) {
+            s_mode = 1;
+            decided = true;
+          }
+        }
+        if (!decided) {
+          // The bucket (digits from high to low) that holds the need-th largest key.
+          int x = 255;
+          for (; x > 0 && static_cast<unsigned>(need) > hist[x]; --x) {
+            need -= static_cast<int>(hist[x]);
+          }
+          s_prefix = (prefix << 8) | uint64_t(x);
+          s_shift = shift;
+          s_need = need;
+          if (static_cast<unsigned>(need) == hist[x]) s_mode = 2;
+        }
+      }
+      __syncthreads();
+    }
+    const int mode = s_mode;
+    const int shift = s_shift;
+    const uint64_t prefix = s_prefix;
+
+    // Compaction in ascending pool order: the rows of the j-th selected pool go to
+    // [j * pool, (j + 1) * pool).
+    int64_t base = 0;
+    for (int64_t p0 = 0; p0 < n; p0 += kSelectThreads) {
+      const int64_t p = p0 + tid;
+      bool sel = false;
+      if (mode != 0 && p < n) {
+        const float v = s[p];
+        if (isfinite(v)) sel = mode == 1 || (order_key(v, p) >> shift) >= prefix;
+      }
+      const unsigned ballot = __ballot_sync(0xFFFFFFFFu, sel);
+      if (lane == 0) warp_count[warp] = __popc(ballot);
+      __syncthreads();
+      int before = 0, total = 0;
+      for (int x = 0; x < kWarps; ++x) {
+        const int c = warp_count[x];
+        before += x < warp ? c : 0;
+        total += c;
+      }
+      if (sel) {
+        const int64_t j = base + before + __popc(ballot & ((1u << lane) - 1u));
+        for (int r = 0; r < pool; ++r) out[j * pool + r] = static_cast<int32_t>(p * pool + r);
+      }
+      base += total;
+      __syncthreads();  // warp_count is rewritten by the next chunk
+    }
+    write_tail(out, base * pool, width, ps, pool, tid, kSelectThreads);
+    __syncthreads();  // the shared state is reset for the next sequence
+  }
+}
+
+}  // namespace
+
+extern "C" {
+
+int memra_cuda_kpool_append_decode(MemraCudaCtx* ctx, const float* k, const float* gate, int B,
+                                   int d, const float* ape, int pool, const int32_t* pos,
+                                   float* const* tail_k, float* const* tail_gate, int tail_rows,
+                                   float* const* pool_keys) {
+  MEMRA_CUDA_RETURN_IF(enter(ctx));
+  if (pool < 1 || tail_rows < pool || tail_rows % pool != 0) return memra::kContractPool;
+  if (B < 0 || d < 1) return memra::kContractValue;
+  if (B == 0) return memra::kOk;
+  const dim3 grid(ceil_div(d, kAppendThreads), std::min(static_cast<unsigned>(B), kMaxGridY));
+  append_decode_kernel<<<grid, kAppendThreads, 0, ctx->stream>>>(
+      k, gate, B, d, ape, pool, pos, tail_k, tail_gate, tail_rows, pool_keys);
+  return launch_status();
+}
+
+int memra_cuda_kpool_score_decode(MemraCudaCtx* ctx, const float* q, const float* w,
+                                  const float* const* pool_keys, const int32_t* pos, int B, int Hi,
+                                  int d, int pool, int max_pools, float qk_scale, float head_scale,
+                                  float* score) {
+  MEMRA_CUDA_RETURN_IF(enter(ctx));
+  if (pool < 1) return memra::kContractPool;
+  if (B < 0 || Hi < 0 || d < 0 || max_pools < 0) return memra::kContractValue;
+  if (!std::isfinite(qk_scale) || !std::isfinite(head_scale)) return memra::kContractValue;
+  if (B == 0 || max_pools == 0) return memra::kOk;
+  const unsigned gy = std::min(static_cast<unsigned>(B), kMaxGridY);
+  if (d <= kDecMaxD) {
+    const dim3 grid(ceil_div(max_pools, kDecBP), gy);
+    const bool vec = d % 4 == 0 && reinterpret_cast<uintptr_t>(q) % 16 == 0;
+    if (vec) {
+      score_decode_kernel<true><<<grid, kDecBP, 0, ctx->stream>>>(
+          q, w, pool_keys, pos, B, Hi, d, pool, max_pools, qk_scale, head_scale, score);
+    } else {
+      score_decode_kernel<false><<<grid, kDecBP, 0, ctx->stream>>>(
+          q, w, pool_keys, pos, B, Hi, d, pool, max_pools, qk_scale, head_scale, score);
+    }
+  } else {
+    const dim3 grid(ceil_div(max_pools, kSimpleThreads), gy);
+    score_decode_simple_kernel<<<grid, kSimpleThreads, 0, ctx->stream>>>(
+        q, w, pool_keys, pos, B, Hi, d, pool, max_pools, qk_scale, head_scale, score);
+  }
+  return launch_status();
+}
+
+int memra_cuda_kpool_select_decode(MemraCudaCtx* ctx, const float* score, const int32_t* pos,
+                                   int B, int max_pools, int pool, int select_k, int width,
+                                   int32_t* idx) {
+  MEMRA_CUDA_RETURN_IF(enter(ctx));
+  // Checks in kpool_select's order.
+  if (pool < 1) return memra::kContractPool;
+  if (select_k < 0 || B < 0 || max_pools < 0) return memra::kContractValue;
+  if (int64_t(width) < int64_t(select_k) * pool + pool - 1) return memra::kContractIndexWidth;
+  if (int64_t(max_pools) * pool > INT_MAX) return memra::kContractRange;
+  if (B == 0 || width == 0) return memra::kOk;
+  const unsigned blocks = std::min(static_cast<unsigned>(B), 65535u * 16u);
+  select_decode_kernel<<<blocks, kSelectThreads, 0, ctx->stream>>>(score, pos, B, max_pools, pool,
+                                                                   select_k, width, idx);
+  return launch_status();
+}
+
+}  // extern "C"
