@@ -129,6 +129,14 @@ NpF32 new_f32(std::vector<size_t> shape) {
   return NpF32(data, shape.size(), shape.data(), owner);
 }
 
+NpI32 new_i32(std::vector<size_t> shape) {
+  size_t n = 1;
+  for (size_t s : shape) n *= s;
+  int32_t* data = new int32_t[n > 0 ? n : 1]();
+  nb::capsule owner(data, [](void* p) noexcept { delete[] static_cast<int32_t*>(p); });
+  return NpI32(data, shape.size(), shape.data(), owner);
+}
+
 Weight weight_from_array(const AnyArray& a, const std::string& dtype, const char* name) {
   Msg os;
   if (a.device_type() != nb::device::cpu::value) {

@@ -570,8 +570,8 @@ void init_ops_dsa(nb::module_& m) {
         }
         StateList pk = state_list_arg(engine, pool_keys, B, -1, d, op, "pool_keys", false);
         check_pool(pool, op);
-        check_scale(qk_scale, op, "qk_scale");
-        check_scale(head_scale, op, "head_scale");
+        check_finite(qk_scale, op, "qk_scale");
+        check_finite(head_scale, op, "head_scale");
         DecodePos p = decode_pos_arg(engine, pos, B, op);
         int64_t bound = 0;  // the score width: max_pools, else the longest pool_keys array
         for (int64_t r : pk.rows) bound = std::max(bound, r);

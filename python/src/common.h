@@ -22,6 +22,7 @@ namespace nb = nanobind;
 using AnyArray = nb::ndarray<nb::ro>;
 // A fresh C-contiguous host array handed back to Python as numpy.
 using NpF32 = nb::ndarray<nb::numpy, float>;
+using NpI32 = nb::ndarray<nb::numpy, int32_t>;
 
 // Raise the memra.errors class for `st.code`'s band with `st.message` (never returns).
 [[noreturn]] void raise_status(const Status& st);
@@ -50,6 +51,7 @@ inline int64_t dim(const AnyArray& a, size_t i) { return static_cast<int64_t>(a.
 
 // New zero-filled host arrays owned by Python.
 NpF32 new_f32(std::vector<size_t> shape);
+NpI32 new_i32(std::vector<size_t> shape);
 
 // Build a Weight from a host array of float32, float16, or bfloat16. bfloat16 arrives either as
 // a DLPack bfloat16 tensor (torch) or as a uint16 array holding the raw bits with
