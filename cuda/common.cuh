@@ -12,6 +12,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "memra/cuda_api.h"
 #include "memra/status.h"
@@ -29,6 +30,11 @@ struct MemraCudaCtx {
   uint8_t* staging = nullptr;
   size_t staging_bytes = 0, staging_off = 0;
   cudaEvent_t staging_done = nullptr;  // recorded after every staged copy
+  void* blas_workspace = nullptr;  // cuBLAS workspace (fixed: no allocation inside a capture)
+  // Graph capture (graph_begin .. graph_end): the allocations made during the capture (their
+  // releases become graph nodes) and the releases of older memory, deferred to graph_end.
+  bool capturing = false;
+  std::vector<void*> capture_allocs, deferred_releases;
 };
 
 #define MEMRA_CUDA_DECLARE(name, args) extern "C" int memra_cuda_##name args;

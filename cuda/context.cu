@@ -16,6 +16,7 @@ using memra::cuda::status_of;
 namespace {
 
 constexpr size_t kLtWorkspaceBytes = size_t(32) << 20;  // cuBLASLt's recommended size on Hopper
+constexpr size_t kBlasWorkspaceBytes = size_t(32) << 20;  // fixed cuBLAS workspace (graph capture)
 constexpr size_t kStagingBytes = size_t(4) << 20;       // pinned ring for small uploads
 constexpr size_t kStagedMax = size_t(64) << 10;         // copies up to this size are staged
 
@@ -60,6 +61,10 @@ int memra_cuda_ctx_create(int device, MemraCudaCtx** out) {
   if (rc == 0) rc = status_of(cublasSetStream(c->blas, c->stream));
   // TF32 off: f32 GEMMs are requested with CUBLAS_COMPUTE_32F and the default math mode.
   if (rc == 0) rc = status_of(cublasSetMathMode(c->blas, CUBLAS_DEFAULT_MATH));
+  // A fixed cuBLAS workspace (after cublasSetStream, which resets it): cuBLAS then never
+  // allocates on its own, which a graph capture would refuse.
+  if (rc == 0) rc = status_of(cudaMalloc(&c->blas_workspace, kBlasWorkspaceBytes));
+  if (rc == 0) rc = status_of(cublasSetWorkspace(c->blas, c->blas_workspace, kBlasWorkspaceBytes));
   if (rc == 0) rc = status_of(cublasLtCreate(&c->lt));
   if (rc == 0) rc = status_of(cudaMalloc(&c->lt_workspace, kLtWorkspaceBytes));
   if (rc == 0) c->lt_workspace_bytes = kLtWorkspaceBytes;
@@ -86,7 +91,9 @@ int memra_cuda_ctx_destroy(MemraCudaCtx* ctx) {
   cudaSetDevice(ctx->device);
   int rc = memra::kOk;
   if (ctx->stream) rc = status_of(cudaStreamSynchronize(ctx->stream));
+  if (ctx->capturing) memra_cuda_graph_abort(ctx);
   if (ctx->lt_workspace) cudaFree(ctx->lt_workspace);
+  if (ctx->blas_workspace) cudaFree(ctx->blas_workspace);
   if (ctx->staging) cudaFreeHost(ctx->staging);
   if (ctx->staging_done) cudaEventDestroy(ctx->staging_done);
   if (ctx->lt) cublasLtDestroy(ctx->lt);
@@ -102,12 +109,22 @@ int memra_cuda_alloc(MemraCudaCtx* ctx, size_t bytes, void** out) {
   if (bytes == 0) bytes = 1;  // a valid, distinct pointer for empty tensors
   const int rc = status_of(cudaMallocAsync(out, bytes, ctx->stream));
   if (rc != memra::kOk) *out = nullptr;
+  if (rc == memra::kOk && ctx->capturing) ctx->capture_allocs.push_back(*out);
   return rc;
 }
 
 int memra_cuda_release(MemraCudaCtx* ctx, void* ptr) {
   if (!ptr) return memra::kOk;
   MEMRA_CUDA_RETURN_IF(enter(ctx));
+  if (ctx->capturing) {
+    // Memory from before the capture (an array Python let go of meanwhile) is not the graph's:
+    // release it once the capture ends, outside the graph.
+    auto& mine = ctx->capture_allocs;
+    if (std::find(mine.begin(), mine.end(), ptr) == mine.end()) {
+      ctx->deferred_releases.push_back(ptr);
+      return memra::kOk;
+    }
+  }
   return status_of(cudaFreeAsync(ptr, ctx->stream));
 }
 
@@ -115,6 +132,17 @@ int memra_cuda_copy(MemraCudaCtx* ctx, void* dst, const void* src, size_t bytes)
   if (bytes == 0) return memra::kOk;
   MEMRA_CUDA_RETURN_IF(enter(ctx));
   cudaPointerAttributes attr;
+  if (ctx->capturing) {
+    // Device -> device only: a captured host copy would replay whatever the host buffer holds
+    // at replay time.
+    const bool dst_dev = cudaPointerGetAttributes(&attr, dst) == cudaSuccess &&
+                         attr.type == cudaMemoryTypeDevice;
+    const bool src_dev = cudaPointerGetAttributes(&attr, src) == cudaSuccess &&
+                         attr.type == cudaMemoryTypeDevice;
+    cudaGetLastError();
+    if (!dst_dev || !src_dev) return memra::kUnsupportedInCapture;
+    return status_of(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, ctx->stream));
+  }
   const bool pageable = cudaPointerGetAttributes(&attr, src) == cudaSuccess &&
                         attr.type == cudaMemoryTypeUnregistered;
   cudaGetLastError();
@@ -137,6 +165,7 @@ int memra_cuda_copy(MemraCudaCtx* ctx, void* dst, const void* src, size_t bytes)
 
 int memra_cuda_copy_to_host(MemraCudaCtx* ctx, void* host_dst, const void* src, size_t bytes) {
   MEMRA_CUDA_RETURN_IF(enter(ctx));
+  if (ctx->capturing) return memra::kUnsupportedInCapture;
   if (bytes > 0) {
     MEMRA_CUDA_RETURN_IF(
         status_of(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDefault, ctx->stream)));
@@ -152,6 +181,7 @@ int memra_cuda_zero(MemraCudaCtx* ctx, void* ptr, size_t bytes) {
 
 int memra_cuda_synchronize(MemraCudaCtx* ctx) {
   MEMRA_CUDA_RETURN_IF(enter(ctx));
+  if (ctx->capturing) return memra::kUnsupportedInCapture;
   return status_of(cudaStreamSynchronize(ctx->stream));
 }
 
@@ -176,6 +206,75 @@ int memra_cuda_stream(MemraCudaCtx* ctx, void** out) {
 int memra_cuda_mem_info(MemraCudaCtx* ctx, size_t* free_bytes, size_t* total_bytes) {
   MEMRA_CUDA_RETURN_IF(enter(ctx));
   return status_of(cudaMemGetInfo(free_bytes, total_bytes));
+}
+
+// ---------------------------------------------------------------------------------- graphs
+
+int memra_cuda_graph_begin(MemraCudaCtx* ctx) {
+  MEMRA_CUDA_RETURN_IF(enter(ctx));
+  if (ctx->capturing) return memra::kContractValue;
+  // Thread-local mode: only this thread's unsafe calls (a cudaMalloc, a synchronisation) break
+  // the capture; other threads' CUDA work goes on.
+  MEMRA_CUDA_RETURN_IF(status_of(cudaStreamBeginCapture(ctx->stream, cudaStreamCaptureModeThreadLocal)));
+  ctx->capturing = true;
+  ctx->capture_allocs.clear();
+  ctx->deferred_releases.clear();
+  return memra::kOk;
+}
+
+namespace {
+// Leave capture mode: the releases deferred during it run now, outside the graph.
+int finish_capture(MemraCudaCtx* ctx, cudaGraph_t* graph) {
+  const cudaError_t e = cudaStreamEndCapture(ctx->stream, graph);
+  ctx->capturing = false;
+  ctx->capture_allocs.clear();
+  for (void* p : ctx->deferred_releases) cudaFreeAsync(p, ctx->stream);
+  ctx->deferred_releases.clear();
+  return status_of(e);
+}
+}  // namespace
+
+int memra_cuda_graph_end(MemraCudaCtx* ctx, void** exec) {
+  *exec = nullptr;
+  MEMRA_CUDA_RETURN_IF(enter(ctx));
+  if (!ctx->capturing) return memra::kContractValue;
+  cudaGraph_t graph = nullptr;
+  int rc = finish_capture(ctx, &graph);
+  if (rc == memra::kOk) {
+    cudaGraphExec_t ge = nullptr;
+    rc = status_of(cudaGraphInstantiate(&ge, graph, 0));
+    if (rc == memra::kOk) *exec = ge;
+  }
+  if (graph) cudaGraphDestroy(graph);
+  return rc;
+}
+
+int memra_cuda_graph_abort(MemraCudaCtx* ctx) {
+  MEMRA_CUDA_RETURN_IF(enter(ctx));
+  if (!ctx->capturing) return memra::kContractValue;
+  cudaGraph_t graph = nullptr;
+  finish_capture(ctx, &graph);
+  if (graph) cudaGraphDestroy(graph);
+  cudaGetLastError();  // an invalidated capture leaves a sticky-free error behind
+  return memra::kOk;
+}
+
+int memra_cuda_graph_launch(MemraCudaCtx* ctx, void* exec) {
+  MEMRA_CUDA_RETURN_IF(enter(ctx));
+  if (!exec) return memra::kContractMissing;
+  if (ctx->capturing) return memra::kUnsupportedInCapture;
+  return status_of(cudaGraphLaunch(static_cast<cudaGraphExec_t>(exec), ctx->stream));
+}
+
+int memra_cuda_graph_destroy(MemraCudaCtx* ctx, void* exec) {
+  if (!exec) return memra::kOk;
+  MEMRA_CUDA_RETURN_IF(enter(ctx));
+  return status_of(cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(exec)));
+}
+
+int memra_cuda_capturing(MemraCudaCtx* ctx, int* out) {
+  *out = ctx && ctx->capturing ? 1 : 0;
+  return ctx ? memra::kOk : memra::kContractValue;
 }
 
 }  // extern "C"

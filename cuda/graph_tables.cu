@@ -54,6 +54,25 @@ __global__ void commit_decode_kernel(const int32_t* __restrict__ slots, int B, i
   atomicXor(cur + s, 1);
 }
 
+__global__ void slot_table_kernel(const int32_t* __restrict__ slots, int B, uint8_t* base,
+                                  int64_t stride_bytes, void** __restrict__ out) {
+  const int b = blockIdx.x * blockDim.x + threadIdx.x;
+  if (b >= B) return;
+  const int s = slots[b];
+  out[b] = s < 0 ? nullptr : static_cast<void*>(base + static_cast<int64_t>(s) * stride_bytes);
+}
+
+__global__ void decode_positions_kernel(const int32_t* __restrict__ slots, int B,
+                                        const int32_t* __restrict__ lengths,
+                                        int32_t* __restrict__ pos, int32_t* __restrict__ t_kv) {
+  const int b = blockIdx.x * blockDim.x + threadIdx.x;
+  if (b >= B) return;
+  const int s = slots[b];
+  const int len = s < 0 ? -1 : lengths[s];
+  pos[b] = len;
+  t_kv[b] = len + 1;
+}
+
 }  // namespace
 
 extern "C" {
@@ -87,6 +106,28 @@ int memra_cuda_commit_decode(MemraCudaCtx* ctx, const int32_t* slots, int B, int
   if (!slots || !lengths || !cur) return memra::kContractMissing;
   commit_decode_kernel<<<ceil_div(B, kRowThreads), kRowThreads, 0, ctx->stream>>>(slots, B,
                                                                                    lengths, cur);
+  return launch_status();
+}
+
+int memra_cuda_slot_table(MemraCudaCtx* ctx, const int32_t* slots, int B, void* base,
+                          int64_t stride_bytes, void** out) {
+  MEMRA_CUDA_RETURN_IF(enter(ctx));
+  if (B < 0 || stride_bytes < 0) return memra::kContractValue;
+  if (B == 0) return memra::kOk;
+  if (!slots || !base || !out) return memra::kContractMissing;
+  slot_table_kernel<<<ceil_div(B, kRowThreads), kRowThreads, 0, ctx->stream>>>(
+      slots, B, static_cast<uint8_t*>(base), stride_bytes, out);
+  return launch_status();
+}
+
+int memra_cuda_decode_positions(MemraCudaCtx* ctx, const int32_t* slots, int B,
+                                const int32_t* lengths, int32_t* pos, int32_t* t_kv) {
+  MEMRA_CUDA_RETURN_IF(enter(ctx));
+  if (B < 0) return memra::kContractValue;
+  if (B == 0) return memra::kOk;
+  if (!slots || !lengths || !pos || !t_kv) return memra::kContractMissing;
+  decode_positions_kernel<<<ceil_div(B, kRowThreads), kRowThreads, 0, ctx->stream>>>(
+      slots, B, lengths, pos, t_kv);
   return launch_status();
 }
 

@@ -253,7 +253,8 @@ __global__ void __launch_bounds__(kThreads)
 // One block per row over the sorted keys: Mk, the top-p cut, and the draw (ops.h, step by step).
 __global__ void __launch_bounds__(kThreads)
     sample_select_kernel(const uint64_t* __restrict__ keys, int V, int k, float top_p,
-                         uint64_t seed, const uint64_t* __restrict__ counters, KeyBits kb,
+                         uint64_t seed, const uint64_t* __restrict__ seeds,
+                         const uint64_t* __restrict__ counters, KeyBits kb,
                          const int* __restrict__ done, int32_t* __restrict__ out) {
   __shared__ __align__(16) float stage[2 * kChunk];
   __shared__ int stop[2];
@@ -281,7 +282,7 @@ __global__ void __launch_bounds__(kThreads)
   const float mass = cut.total;
 
   // The token: the first kept entry whose running c exceeds r = u * M.
-  const float r = __fmul_rn(uniform_from_counter(seed, counters[b]), mass);
+  const float r = __fmul_rn(uniform_from_counter(seeds ? seeds[b] : seed, counters[b]), mass);
   const int pick =
       block_running_sum(n, q_of, [r](float c) { return c > r; }, stage, stop, &total).found;
   if (pick >= 0) {
@@ -312,7 +313,7 @@ size_t align_up(size_t v) { return (v + 255) / 256 * 256; }
 
 extern "C" int memra_cuda_sample(MemraCudaCtx* ctx, const float* logits, int B, int V,
                                  float temperature, int top_k, float top_p, uint64_t seed,
-                                 const uint64_t* counters, int32_t* out) {
+                                 const uint64_t* seeds, const uint64_t* counters, int32_t* out) {
   MEMRA_CUDA_RETURN_IF(enter(ctx));
   if (B < 0 || V < 0) return memra::kContractValue;
   if (B == 0) return memra::kOk;
@@ -352,6 +353,6 @@ extern "C" int memra_cuda_sample(MemraCudaCtx* ctx, const float* logits, int B, 
   MEMRA_CUDA_RETURN_IF(status_of(cub::DeviceRadixSort::SortKeys(
       temp, temp_bytes, sorted, total, 0, end_bit, ctx->stream)));
   sample_select_kernel<<<B, kThreads, 0, ctx->stream>>>(sorted.Current(), V, k, top_p, seed,
-                                                        counters, kb, done, out);
+                                                        seeds, counters, kb, done, out);
   return launch_status();
 }

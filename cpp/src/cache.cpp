@@ -302,6 +302,19 @@ float* Cache::tail_gate(int layer, int slot) {
   return reinterpret_cast<float*>(base() + planes_[layer].tail_gate) + int64_t(slot) * s.tail_rows * s.index_head_dim;
 }
 
+Status Cache::commit_decode(const int32_t* slots_d, int B) {
+  if (!cuda_) return Status(kUnsupported, "Cache.commit_decode: needs a CUDA cache");
+  const int rc = cuda_->api().commit_decode(cuda_->ctx(), slots_d, B, lengths_d(), cur_d());
+  return rc == kOk ? Status::Ok() : cuda_->status(rc, "Cache.commit_decode");
+}
+
+Status Cache::commit_host(int slot, int n) {
+  MEMRA_TRY(check_room(slot, n, "Cache.commit_host"));
+  lengths_[slot] += n;
+  cur_[slot] ^= 1;
+  return Status::Ok();
+}
+
 Status Cache::commit(int slot, int n) {
   MEMRA_TRY(check_room(slot, n, "Cache.commit"));
   MEMRA_TRY(sync_mirror(slot, lengths_[slot] + n, cur_[slot] ^ 1));

@@ -3,7 +3,7 @@ memra's C++ runtime: CPU reference ops, Engine, Cache and layer objects.
 """
 
 from collections.abc import Mapping, Sequence
-from typing import Annotated
+from typing import Annotated, overload
 
 import numpy
 from numpy.typing import NDArray
@@ -298,11 +298,11 @@ def moe_forward(x: Annotated[NDArray, dict(writable=False)], idx: Annotated[NDAr
     Reference: transformers Glm5NextTextExperts.forward.
     """
 
-def sample(logits: Annotated[NDArray, dict(writable=False)], counters: Annotated[NDArray, dict(writable=False)], *, temperature: float, top_k: int = 0, top_p: float = 1.0, seed: int = 0, engine: Engine | None = None) -> object:
+def sample(logits: Annotated[NDArray, dict(writable=False)], counters: Annotated[NDArray, dict(writable=False)], *, temperature: float, top_k: int = 0, top_p: float = 1.0, seed: int = 0, seeds: Annotated[NDArray, dict(writable=False)] | None = None, engine: Engine | None = None) -> object:
     """
     One token per row.
 
-    logits [B, V] float32; counters [B], the per-row draw index. temperature <= 0: argmax (ties to the lower id). Otherwise softmax(logits / temperature) in f32; keep the top_k most likely (0: all), then the shortest prefix in (p desc, id asc) order whose top-k-renormalised mass reaches top_p (>= 1: all); draw by inverse CDF with u = uniform_from_counter(seed, counter) (splitmix64; the exact formula is in ops.h). Returns int32 [B].
+    logits [B, V] float32; counters [B], the per-row draw index; seeds [B] (same dtype rules as counters), when given, the per-row seed replacing `seed`. temperature <= 0: argmax (ties to the lower id). Otherwise softmax(logits / temperature) in f32; keep the top_k most likely (0: all), then the shortest prefix in (p desc, id asc) order whose top-k-renormalised mass reaches top_p (>= 1: all); draw by inverse CDF with u = uniform_from_counter(seed, counter) (splitmix64; the exact formula is in ops.h). Returns int32 [B].
     engine: None or a CPU Engine: host arrays, counters uint64 or int64 (>= 0). A CUDA Engine: arrays on its device, counters uint64; the same f32 arithmetic as the CPU (glibc's expf reproduced bit for bit, the running sums in the spec's order), so the same seed and counter give the same token.
     Raises ContractError (CONTRACT_DTYPE for counters not int64/uint64 (uint64 on CUDA) or logits not float32, CONTRACT_SHAPE, CONTRACT_STRIDE, CONTRACT_DEVICE, CONTRACT_RANGE for a negative int64 counter, CONTRACT_VALUE for top_p <= 0 or a NaN temperature).
     Reference: transformers' temperature / TopK / TopP logits warpers followed by multinomial, with a counter-based draw.
@@ -421,6 +421,40 @@ def take_rows(x: Annotated[NDArray, dict(writable=False)], start: int, count: in
     Rows [start, start + count) of x [T, D] float32 as a new [count, D] array on the same backend. Raises ContractError for rows outside x.
     """
 
+class DecodeSlots:
+    """
+    A decode batch's slot ids on a CUDA cache's device, at a fixed address (what a captured decode step reads): `size` rows, each a slot or idle (-1). Layers' decode(cache, layer, slots, x) accepts it in place of a host slot array: the rows' positions then come from the cache's device lengths and nothing is copied from the host, so the step can be captured into a CUDA graph (Engine.begin_capture). Idle rows read and write no state. Raises UnsupportedError on a CPU cache, ContractError for size < 1.
+    """
+
+    def __init__(self, cache: Cache, size: int) -> None: ...
+
+    def set(self, slots: Annotated[NDArray, dict(writable=False)]) -> None:
+        """
+        Rows [0, n) take slots [n] (host int32, distinct, in [0, max_batch)); the other rows become idle. Uploaded asynchronously when they changed (not while capturing). Raises ContractError (CONTRACT_SHAPE for more slots than rows, CONTRACT_RANGE for a slot outside the cache, CONTRACT_VALUE for a repeated slot); nothing changes on a refusal.
+        """
+
+    @property
+    def size(self) -> int:
+        """Rows (the batch bucket)."""
+
+    @property
+    def active(self) -> int:
+        """Rows set by the last set() (the rest idle)."""
+
+    @property
+    def slots(self) -> NDArray[numpy.int32]:
+        """A host copy of the rows' slots [size] int32 (-1 = idle)."""
+
+class CudaGraph:
+    """
+    A CUDA graph captured from an engine's stream (Engine.begin_capture / end_capture): replay() enqueues the recorded work again, reading whatever the captured device buffers hold at replay time.
+    """
+
+    def replay(self) -> None:
+        """
+        Enqueue the graph on the engine's stream (asynchronous; Engine.synchronize or a host copy waits for it).
+        """
+
 def cuda_available() -> bool:
     """
     True when memra was built with its CUDA library and a CUDA device is usable here.
@@ -463,6 +497,30 @@ class Engine:
 
     def synchronize(self) -> None:
         """Wait for all work enqueued on this engine's stream."""
+
+    def copy_into(self, dst: object, src: Annotated[NDArray, dict(writable=False)]) -> None:
+        """
+        Copy src (a host array, or a device array of this engine) into the existing device array dst (same dtype and element count; shapes may differ), asynchronously on the engine's stream. While capturing only device -> device copies are allowed (UnsupportedError 50003 otherwise: a captured host copy would replay stale bytes). Raises ContractError for a dtype / size / device mismatch.
+        """
+
+    def begin_capture(self) -> None:
+        """
+        Start recording this engine's stream into a CUDA graph: memra ops called from now on are recorded, not run, until end_capture() (or abort_capture() after an error). While recording, host <-> device copies and synchronisation raise UnsupportedError 50003; scratch allocated and released inside becomes the graph's own memory. Arrays an op returns while recording must be dropped before end_capture() (copy results into arrays made before the capture with copy_into). ContractError when already recording.
+        """
+
+    def end_capture(self) -> CudaGraph:
+        """
+        Finish the recording and return it as a memra.CudaGraph (ContractError when not recording; a CUDA error when the recording was invalidated).
+        """
+
+    def abort_capture(self) -> None:
+        """
+        Discard a running recording (no-op when none runs); the engine is usable again.
+        """
+
+    @property
+    def capturing(self) -> bool:
+        """True while this engine's stream is being recorded."""
 
     def __repr__(self) -> str: ...
 
@@ -585,6 +643,16 @@ class Cache:
         Advance `slot` by n tokens after every layer ran the step (flips its ping-pong planes).
         """
 
+    def commit_decode(self, slots: DecodeSlots) -> None:
+        """
+        A decode step's commit on the device (CUDA caches): the device lengths of the active rows of `slots` (memra.DecodeSlots) advance by one and their ping-pong flags flip, with no host round trip (capturable). The host's view is NOT advanced: call commit_host(slot, 1) for each active slot after enqueuing the step. UnsupportedError on a CPU cache.
+        """
+
+    def commit_host(self, slot: int, n: int) -> None:
+        """
+        The host half of commit_decode: advance the host's length of `slot` by n and flip its flag without writing the device (which a device commit already advanced). CacheFullError as commit.
+        """
+
     def free(self, slot: int) -> None:
         """
         Forget `slot` (length 0, recurrent state zeroed) without touching other slots.
@@ -634,9 +702,16 @@ class KdaLayer:
         Continue `slot` by x [T, hidden]; writes the pending state plane, visible after cache.commit(slot, T). CacheFullError when the slot has no room.
         """
 
+    @overload
     def decode(self, cache: Cache, layer: int, slots: Annotated[NDArray, dict(writable=False)], x: Annotated[NDArray, dict(writable=False)]) -> object:
         """
         One token for each slot: slots [B] int32, x [B, hidden] -> [B, hidden].
+        """
+
+    @overload
+    def decode(self, cache: Cache, layer: int, slots: DecodeSlots, x: Annotated[NDArray, dict(writable=False)]) -> object:
+        """
+        The same with the rows' slots on the device (memra.DecodeSlots of `cache`, CUDA): x [slots.size, hidden]; idle rows touch no state and give meaningless finite rows. Capturable into a CUDA graph (no host round trip).
         """
 
 class MlaLayer:
@@ -660,8 +735,15 @@ class MlaLayer:
         Continue `slot` by x [T, hidden] -> (y [T, hidden], index list [T, index_width] int32 used by a DSA layer, [T, 0] otherwise). A shared DSA layer takes `topk` from the full layer before it. Latent rows land past the slot's length and become visible at cache.commit.
         """
 
+    @overload
     def decode(self, cache: Cache, layer: int, slots: Annotated[NDArray, dict(writable=False)], x: Annotated[NDArray, dict(writable=False)], topk: Annotated[NDArray, dict(writable=False)] | None = None) -> tuple:
         """One token for each of slots [B]: as prefill with T = 1."""
+
+    @overload
+    def decode(self, cache: Cache, layer: int, slots: DecodeSlots, x: Annotated[NDArray, dict(writable=False)], topk: Annotated[NDArray, dict(writable=False)] | None = None) -> tuple:
+        """
+        The same with the rows' slots on the device (memra.DecodeSlots of `cache`, CUDA): each row's position comes from the cache's device length; an idle row appends nothing, gets a zero attention output and an all -1 index list. Capturable into a CUDA graph.
+        """
 
 class MlpLayer:
     """

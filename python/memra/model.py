@@ -12,6 +12,7 @@ import numpy as np
 
 from . import _core
 from .config import read_config
+from .decode_graph import DecodeRunner, Sampling
 from .errors import CacheFullError, ContractError, UnsupportedError
 from .loader import read_tensors
 from .models import glm5_next
@@ -47,10 +48,13 @@ class Model:
     Attributes: ``config`` (parsed), ``engine``, ``eos_token_ids``, ``cache`` (the default cache
     of ``max_batch`` x ``max_len`` used by the generate methods), ``tokenizer`` (a
     ``tokenizers.Tokenizer`` when the folder has ``tokenizer.json``, else None).
+
+    On a CUDA engine, decode steps over ``cache`` (generation, and :meth:`decode` on it) run as
+    CUDA graphs replayed per batch bucket (memra.decode_graph); the bytes equal eager steps.
     """
 
     def __init__(self, path: Path, engine: _core.Engine, config, net, cache: _core.Cache,
-                 eos_token_ids: list[int], tokenizer) -> None:
+                 eos_token_ids: list[int], tokenizer, *, cuda_graphs: bool = True) -> None:
         self.path = path
         self.engine = engine
         self.config = config
@@ -59,6 +63,9 @@ class Model:
         self.eos_token_ids = eos_token_ids
         self.tokenizer = tokenizer
         self._busy: set[int] = set()  # slots of self.cache held by generations in flight
+        # CUDA: decode steps over self.cache through device-resident batches, captured once per
+        # batch bucket and replayed (cuda_graphs=False: the same steps run eagerly).
+        self._runner = DecodeRunner(net, cache, graphs=cuda_graphs) if engine.is_cuda else None
 
     # ------------------------------------------------------------------ caches
     def new_cache(self, max_batch: int, max_len: int) -> _core.Cache:
@@ -106,10 +113,39 @@ class Model:
         if len(slots) != len(ids):
             raise ContractError(f"decode: {len(slots)} slots but {len(ids)} tokens", 40000)
         self._check_room(cache, slots, 1, "decode")
+        if self._runner is not None and cache is self.cache:
+            self._check_vocab(ids, "decode")
+            b = self._runner.step(slots, ids)
+            return _core.take_rows(b.logits, 0, len(slots), engine=self.engine)
         h = self.net.hidden(cache, slots, ids, decode=True)
         for s in slots:
             cache.commit(int(s), 1)
         return self.net.logits_of(h)
+
+    def _check_vocab(self, ids: np.ndarray, what: str) -> None:
+        V = self.config.vocab_size
+        if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= V):
+            bad = int(ids.min()) if int(ids.min()) < 0 else int(ids.max())
+            raise ContractError(f"{what}: token id {bad} is outside [0, {V})", 40023)
+
+    def _decode_sampled(self, slots: list[int], toks: list[int], temperature: float, top_k, top_p,
+                        seeds: list[int], step: int) -> list[int]:
+        """One decode step over self.cache that also draws the next token of every row (on a CUDA
+        engine inside the step's graph): row j feeds toks[j] to slots[j] and draws with seed
+        seeds[j] and counter `step` -- what _decode + _pick per row give."""
+        if self._runner is None:
+            logits = self._decode(self.cache, slots, toks)
+            return [self._pick(logits, j, temperature, top_k, top_p, seeds[j], step) for j in range(len(slots))]
+        slots_a = _ids(slots, "decode")
+        ids = _ids(toks, "decode")
+        self._check_room(self.cache, slots_a, 1, "decode")
+        self._check_vocab(ids, "decode")
+        sampling = Sampling(0.0, 0, 1.0) if temperature <= 0 else \
+            Sampling(float(temperature), int(top_k or 0), float(1.0 if top_p is None else top_p))
+        n = len(slots)
+        b = self._runner.step(slots_a, ids, sampling, counters=np.full(n, step, np.uint64),
+                              seeds=np.array(seeds, np.uint64))
+        return [int(t) for t in self.engine.to_host(b.tokens)[:n]]
 
     def index_lists(self, token_ids) -> dict[int, np.ndarray]:
         """The DSA index list [T, index_topk + index_kpool - 1] each full DSA layer uses for a full
@@ -204,12 +240,12 @@ class Model:
         (slot,) = self._acquire(1, "generate")
         try:
             logits = self._prefill(cache, slot, ids)
+            tok = self._pick(logits, 0, temperature, top_k, top_p, seed, 0)
             for step in range(max_new_tokens):
-                tok = self._pick(logits, 0, temperature, top_k, top_p, seed, step)
                 yield tok
                 if tok in stops or step + 1 == max_new_tokens:
                     return
-                logits = self._decode(cache, [slot], [tok])
+                (tok,) = self._decode_sampled([slot], [tok], temperature, top_k, top_p, [seed], step + 1)
         finally:
             self._release([slot])
 
@@ -252,22 +288,24 @@ class Model:
         out: list[list[int]] = [[] for _ in range(n)]
         slots = self._acquire(n, "generate_batch")
         try:
-            firsts = [self._prefill(cache, slots[i], ids) for i, ids in enumerate(all_ids)]
+            toks = []
+            for i, ids in enumerate(all_ids):
+                logits = self._prefill(cache, slots[i], ids)
+                toks.append(self._pick(logits, 0, temperature, top_k, top_p, seed + i, 0))
             active = list(range(n))
             step = 0
             while active:
                 nxt = []
                 for j, i in enumerate(active):
-                    lg, row = (firsts[i], 0) if step == 0 else (logits, j)
-                    tok = self._pick(lg, row, temperature, top_k, top_p, seed + i, step)
-                    out[i].append(tok)
-                    if tok not in stops and len(out[i]) < max_new_tokens:
+                    out[i].append(toks[j])
+                    if toks[j] not in stops and len(out[i]) < max_new_tokens:
                         nxt.append(i)
                 if not nxt:
                     break
-                logits = self._decode(cache, [slots[i] for i in nxt], [out[i][-1] for i in nxt])
-                active = nxt
                 step += 1
+                toks = self._decode_sampled([slots[i] for i in nxt], [out[i][-1] for i in nxt], temperature,
+                                            top_k, top_p, [seed + i for i in nxt], step)
+                active = nxt
         finally:
             self._release(slots)
         return out
@@ -292,13 +330,14 @@ def _eos_ids(path: Path, config) -> list[int]:
 
 
 def load(path, device: str = "cpu", max_batch: int = 8, max_len: int = 4096, *, dtype: str | None = None,
-         progress: bool = True) -> Model:
+         progress: bool = True, cuda_graphs: bool = True) -> Model:
     """Load a Hugging Face checkpoint folder (config.json + safetensors) onto `device`.
 
     device: "cpu" (the f32 reference backend) or "cuda" (memra's kernels on GPU 0; "cuda:N" for
     another). dtype: the compute dtype of the weights: "float32" (the only one on the CPU) or
     "bfloat16" (the default on CUDA: bf16 weights converted once at load, f32 accumulation and
-    recurrent state, bf16 latent cache).
+    recurrent state, bf16 latent cache). cuda_graphs: on CUDA, replay decode steps from CUDA
+    graphs captured per batch bucket (False: run them eagerly; the same bytes, slower).
 
     The default cache (`max_batch` slots x `max_len` tokens) is sized from the config and
     allocated before any weight is read: OutOfMemoryError when it cannot fit. ContractError for
@@ -339,7 +378,7 @@ def load(path, device: str = "cpu", max_batch: int = 8, max_len: int = 4096, *, 
             tokenizer = Tokenizer.from_file(str(path / "tokenizer.json"))
         except Exception as e:  # the tokenizers library raises a bare Exception
             raise ContractError(f"load: {path / 'tokenizer.json'} could not be read: {e}", 40025) from None
-    return Model(path, engine, cfg, net, cache, _eos_ids(path, cfg), tokenizer)
+    return Model(path, engine, cfg, net, cache, _eos_ids(path, cfg), tokenizer, cuda_graphs=bool(cuda_graphs))
 
 
 def default_checkpoint() -> Path:

@@ -13,6 +13,7 @@
 #include "common.h"
 #include "device_args.h"
 #include "memra/cache.h"
+#include "memra/decode_step.h"
 #include "memra/engine.h"
 
 namespace memra::py {
@@ -171,6 +172,24 @@ void init_cache(nb::module_& m) {
           "commit", [](Cache& c, int slot, int n) { check(c.commit(slot, n)); }, nb::arg("slot"),
           nb::arg("n"),
           "Advance `slot` by n tokens after every layer ran the step (flips its ping-pong planes).")
+      .def(
+          "commit_decode",
+          [](Cache& c, const DecodeSlots& slots) {
+            check_value(slots.cache() == &c, "Cache.commit_decode", "the DecodeSlots belong to another cache");
+            check(c.commit_decode(slots.data(), slots.size()));
+          },
+          nb::arg("slots"),
+          "A decode step's commit on the device (CUDA caches): the device lengths of the active "
+          "rows of `slots` (memra.DecodeSlots) advance by one and their ping-pong flags flip, with "
+          "no host round trip (capturable). The host's view is NOT advanced: call "
+          "commit_host(slot, 1) for each active slot after enqueuing the step. UnsupportedError on "
+          "a CPU cache.")
+      .def(
+          "commit_host", [](Cache& c, int slot, int n) { check(c.commit_host(slot, n)); },
+          nb::arg("slot"), nb::arg("n"),
+          "The host half of commit_decode: advance the host's length of `slot` by n and flip its "
+          "flag without writing the device (which a device commit already advanced). "
+          "CacheFullError as commit.")
       .def(
           "free", [](Cache& c, int slot) { check(c.free(slot)); }, nb::arg("slot"),
           "Forget `slot` (length 0, recurrent state zeroed) without touching other slots.")

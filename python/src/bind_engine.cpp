@@ -1,6 +1,7 @@
-// memra._core.Engine and the CUDA availability probe.
+// memra._core.Engine (with its CUDA-graph capture and copies) and the CUDA availability probe.
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/unique_ptr.h>
 
 #include <cstring>
 #include <optional>
@@ -8,6 +9,7 @@
 
 #include "common.h"
 #include "device_args.h"
+#include "memra/decode_step.h"
 #include "memra/engine.h"
 
 namespace memra::py {
@@ -102,6 +104,61 @@ void init_engine(nb::module_& m) {
             if (e.is_cuda()) check_cuda(&e, e.cuda()->api().synchronize(e.cuda()->ctx()), "Engine.synchronize");
           },
           "Wait for all work enqueued on this engine's stream.")
+      .def(
+          "copy_into",
+          [](const Engine& e, nb::handle dst, const AnyArray& src) {
+            const char* op = "Engine.copy_into";
+            if (!e.is_cuda()) raise_status(Status(kUnsupported, std::string(op) + ": needs a CUDA engine"));
+            const AnyArray d = nb::cast<AnyArray>(dst);
+            check_array(d, op, "dst", {}, "", true, nb::device::cuda::value, e.device_index(), true);
+            const int src_dev = src.device_type() == nb::device::cuda::value ? nb::device::cuda::value
+                                                                              : nb::device::cpu::value;
+            check_array(src, op, "src", {}, "", true, src_dev, src_dev == nb::device::cuda::value ? e.device_index() : 0, true);
+            check_value(d.dtype() == src.dtype(), op, "dst and src must have the same dtype");
+            size_t nd = 1, ns = 1;
+            for (size_t i = 0; i < d.ndim(); ++i) nd *= d.shape(i);
+            for (size_t i = 0; i < src.ndim(); ++i) ns *= src.shape(i);
+            check_value(nd == ns, op, "dst has " + std::to_string(nd) + " elements, src " + std::to_string(ns));
+            const size_t bytes = nd * (d.dtype().bits / 8) * d.dtype().lanes;
+            check_cuda(&e, e.cuda()->api().copy(e.cuda()->ctx(), const_cast<void*>(d.data()), src.data(), bytes), op);
+          },
+          nb::arg("dst"), nb::arg("src"),
+          "Copy src (a host array, or a device array of this engine) into the existing device "
+          "array dst (same dtype and element count; shapes may differ), asynchronously on the "
+          "engine's stream. While capturing only device -> device copies are allowed "
+          "(UnsupportedError 50003 otherwise: a captured host copy would replay stale bytes). "
+          "Raises ContractError for a dtype / size / device mismatch.")
+      .def(
+          "begin_capture",
+          [](const Engine& e) {
+            if (!e.is_cuda()) raise_status(Status(kUnsupported, "Engine.begin_capture: needs a CUDA engine"));
+            check(CudaGraph::begin(e.cuda()));
+          },
+          "Start recording this engine's stream into a CUDA graph: memra ops called from now on "
+          "are recorded, not run, until end_capture() (or abort_capture() after an error). While "
+          "recording, host <-> device copies and synchronisation raise UnsupportedError 50003; "
+          "scratch allocated and released inside becomes the graph's own memory. Arrays an op "
+          "returns while recording must be dropped before end_capture() (copy results into "
+          "arrays made before the capture with copy_into). ContractError when already recording.")
+      .def(
+          "end_capture",
+          [](const Engine& e) {
+            if (!e.is_cuda()) raise_status(Status(kUnsupported, "Engine.end_capture: needs a CUDA engine"));
+            std::unique_ptr<CudaGraph> g;
+            check(CudaGraph::end(e.cuda(), &g));
+            return g;
+          },
+          "Finish the recording and return it as a memra.CudaGraph (ContractError when not "
+          "recording; a CUDA error when the recording was invalidated).")
+      .def(
+          "abort_capture",
+          [](const Engine& e) {
+            if (e.is_cuda() && CudaGraph::capturing(e.cuda())) check(CudaGraph::abort(e.cuda()));
+          },
+          "Discard a running recording (no-op when none runs); the engine is usable again.")
+      .def_prop_ro(
+          "capturing", [](const Engine& e) { return e.is_cuda() && CudaGraph::capturing(e.cuda()); },
+          "True while this engine's stream is being recorded.")
       .def("__repr__", [](const Engine& e) { return "Engine(device='" + e.device() + "')"; });
 }
 

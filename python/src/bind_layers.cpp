@@ -11,6 +11,7 @@
 
 #include "common.h"
 #include "device_args.h"
+#include "memra/decode_step.h"
 #include "memra/engine.h"
 #include "memra/layers.h"
 
@@ -32,6 +33,17 @@ const int32_t* slots_arg(const AnyArray& slots, const Cache& cache, const char* 
     }
   }
   return s;
+}
+
+// A DecodeSlots argument: made for `cache`, and every active slot has room for one more token
+// (checked on the host copy; the device-driven layers cannot check).
+void check_decode_slots(const DecodeSlots& slots, const Cache& cache, const char* op) {
+  if (slots.cache() != &cache) {
+    raise_contract(kContractValue, std::string(op) + ": the DecodeSlots belong to another cache");
+  }
+  for (int32_t s : slots.host()) {
+    if (s >= 0) check(cache.check_room(s, 1, op));
+  }
 }
 
 // The compute dtype of a CUDA layer's weights ('float32' or 'bfloat16').
@@ -138,7 +150,22 @@ void init_layers(nb::module_& m) {
             return y.obj;
           },
           nb::arg("cache"), nb::arg("layer"), nb::arg("slots"), nb::arg("x"),
-          "One token for each slot: slots [B] int32, x [B, hidden] -> [B, hidden].");
+          "One token for each slot: slots [B] int32, x [B, hidden] -> [B, hidden].")
+      .def(
+          "decode",
+          [](const KdaLayer& l, Cache& cache, int layer, const DecodeSlots& slots, const AnyArray& x) {
+            const char* op = "KdaLayer.decode";
+            const int D = l.config().hidden, B = slots.size();
+            check_decode_slots(slots, cache, op);
+            const float* xp = f32_in(l.cuda(), x, op, "x", {B, D});
+            Out y = out_f32(l.cuda(), {sz(B), sz(D)});
+            check(l.decode_device(cache, layer, slots.data(), B, xp, y.data<float>()));
+            return y.obj;
+          },
+          nb::arg("cache"), nb::arg("layer"), nb::arg("slots"), nb::arg("x"),
+          "The same with the rows' slots on the device (memra.DecodeSlots of `cache`, CUDA): x "
+          "[slots.size, hidden]; idle rows touch no state and give meaningless finite rows. "
+          "Capturable into a CUDA graph (no host round trip).");
 
   // -------------------------------------------------------------------------------- MlaLayer
   nb::class_<MlaLayer>(m, "MlaLayer",
@@ -229,7 +256,27 @@ void init_layers(nb::module_& m) {
             return nb::make_tuple(y.obj, idx.obj);
           },
           nb::arg("cache"), nb::arg("layer"), nb::arg("slots"), nb::arg("x"),
-          nb::arg("topk") = nb::none(), "One token for each of slots [B]: as prefill with T = 1.");
+          nb::arg("topk") = nb::none(), "One token for each of slots [B]: as prefill with T = 1.")
+      .def(
+          "decode",
+          [](const MlaLayer& l, Cache& cache, int layer, const DecodeSlots& slots, const AnyArray& x,
+             std::optional<AnyArray> topk) {
+            const char* op = "MlaLayer.decode";
+            const int D = l.config().hidden, W = l.index_width(), B = slots.size();
+            check_decode_slots(slots, cache, op);
+            const float* xp = f32_in(l.cuda(), x, op, "x", {B, D});
+            const int32_t* tp = topk ? i32_in(l.cuda(), *topk, op, "topk", {B, W}) : nullptr;
+            Out y = out_f32(l.cuda(), {sz(B), sz(D)});
+            Out idx = out_i32(l.cuda(), {sz(B), sz(l.config().sparse ? W : 0)});
+            check(l.decode_device(cache, layer, slots.data(), B, xp, tp, y.data<float>(),
+                                  l.config().sparse ? idx.data<int32_t>() : nullptr));
+            return nb::make_tuple(y.obj, idx.obj);
+          },
+          nb::arg("cache"), nb::arg("layer"), nb::arg("slots"), nb::arg("x"),
+          nb::arg("topk") = nb::none(),
+          "The same with the rows' slots on the device (memra.DecodeSlots of `cache`, CUDA): each "
+          "row's position comes from the cache's device length; an idle row appends nothing, "
+          "gets a zero attention output and an all -1 index list. Capturable into a CUDA graph.");
 
   // -------------------------------------------------------------------------------- FFN
   nb::class_<MlpLayer>(m, "MlpLayer",

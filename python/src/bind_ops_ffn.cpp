@@ -351,7 +351,7 @@ void init_ops_ffn(nb::module_& m) {
   m.def(
       "sample",
       [](const AnyArray& logits, const AnyArray& counters, float temperature, int top_k,
-         float top_p, uint64_t seed, const Engine* engine) {
+         float top_p, uint64_t seed, std::optional<AnyArray> seeds, const Engine* engine) {
         const char* op = "sample";
         const float* lp = f32_in(engine, logits, op, "logits", {-1, -1});
         const int64_t B = dim(logits, 0), V = dim(logits, 1);
@@ -360,27 +360,39 @@ void init_ops_ffn(nb::module_& m) {
         check_value(top_p > 0.0f, op, "top_p must be > 0, got " + std::to_string(top_p));
         if (on_cuda(engine)) {
           const uint64_t* cp = u64_in(engine, counters, op, "counters", {B});
+          const uint64_t* sp = seeds ? u64_in(engine, *seeds, op, "seeds", {B}) : nullptr;
           Out out = out_i32(engine, {sz(B)});
           const CudaContext& c = cuda_ctx(engine);
           check_cuda(engine,
                      c.api().sample(c.ctx(), lp, int(B), int(V), temperature, top_k, top_p, seed,
-                                    cp, out.data<int32_t>()),
+                                    sp, cp, out.data<int32_t>()),
                      op);
           return out.obj;
         }
         std::vector<uint64_t> ctr = counter_arg(counters, op, "counters", B);
+        std::vector<uint64_t> row_seeds;
+        if (seeds) row_seeds = counter_arg(*seeds, op, "seeds", B);
         Out out = out_i32(engine, {sz(B)});
         {
           nb::gil_scoped_release nogil;
-          cpu::sample(lp, static_cast<int>(B), static_cast<int>(V), temperature, top_k, top_p,
-                      seed, ctr.data(), out.data<int32_t>());
+          if (row_seeds.empty()) {
+            cpu::sample(lp, static_cast<int>(B), static_cast<int>(V), temperature, top_k, top_p,
+                        seed, ctr.data(), out.data<int32_t>());
+          } else {
+            // One row at a time with its own seed (cpu::sample takes one seed per call).
+            for (int64_t b = 0; b < B; ++b) {
+              cpu::sample(lp + b * V, 1, static_cast<int>(V), temperature, top_k, top_p,
+                          row_seeds[size_t(b)], ctr.data() + b, out.data<int32_t>() + b);
+            }
+          }
         }
         return out.obj;
       },
       nb::arg("logits"), nb::arg("counters"), nb::kw_only(), nb::arg("temperature"),
       nb::arg("top_k") = 0, nb::arg("top_p") = 1.0f, nb::arg("seed") = 0,
-      nb::arg("engine").none() = nb::none(),
-      "One token per row.\n\nlogits [B, V] float32; counters [B], the per-row draw index. "
+      nb::arg("seeds").none() = nb::none(), nb::arg("engine").none() = nb::none(),
+      "One token per row.\n\nlogits [B, V] float32; counters [B], the per-row draw index; seeds "
+      "[B] (same dtype rules as counters), when given, the per-row seed replacing `seed`. "
       "temperature <= 0: argmax (ties to the lower id). Otherwise "
       "softmax(logits / temperature) in f32; keep the top_k most likely (0: all), then the "
       "shortest prefix in (p desc, id asc) order whose top-k-renormalised mass reaches top_p "

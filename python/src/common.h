@@ -67,6 +67,7 @@ void init_ops_ffn(nb::module_& m);
 void init_ops_mhc(nb::module_& m);
 void init_ops_dsa(nb::module_& m);
 void init_engine(nb::module_& m);
+void init_graph(nb::module_& m);
 void init_cache(nb::module_& m);
 void init_layers(nb::module_& m);
 

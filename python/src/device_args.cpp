@@ -10,6 +10,7 @@
 #include <cstring>
 #include <string>
 
+#include "memra/decode_step.h"
 #include "memra/msg.h"
 
 namespace memra::py {
@@ -246,10 +247,18 @@ void init_device(nb::module_& m) {
               raise_contract(kContractValue, "DeviceArray.__dlpack__: copy=True is not supported");
             }
             // A consumer on another stream must not read before memra's stream has written:
-            // wait for the engine's stream whenever the consumer names a stream.
+            // wait for the engine's stream whenever the consumer names a stream -- except its
+            // own stream, and while that stream is being captured into a graph (the consumer is
+            // then a memra op recorded on the same stream, and a wait would break the capture).
             if (!stream.is_none()) {
               const auto& c = a.buffer->context();
-              check(c->status(c->api().synchronize(c->ctx()), "DeviceArray.__dlpack__"));
+              void* own = nullptr;
+              c->api().stream(c->ctx(), &own);
+              const bool same = nb::isinstance<nb::int_>(stream) &&
+                                nb::cast<uintptr_t>(stream) == reinterpret_cast<uintptr_t>(own);
+              if (!same && !CudaGraph::capturing(c)) {
+                check(c->status(c->api().synchronize(c->ctx()), "DeviceArray.__dlpack__"));
+              }
             }
             nb::ndarray<> view(a.buffer->data(), a.shape.size(), a.shape.data(), self, nullptr,
                                a.dtype, nb::device::cuda::value, a.device);

@@ -105,6 +105,14 @@ class Cache {
 
   // Advance slot by n tokens and flip its ping-pong planes (after every layer ran the step).
   Status commit(int slot, int n);
+  // A decode step's commit on the device (CUDA caches): lengths_d[s] += 1 and cur_d[s] ^= 1 for
+  // every row of slots_d [B] (device int32, -1 = idle row skipped); enqueued on the stream, no
+  // host round trip (it can be captured into a graph). The host copies are NOT touched: follow
+  // with commit_host(s, 1) for each active slot once the step is enqueued.
+  Status commit_decode(const int32_t* slots_d, int B);
+  // The host half of commit_decode: advance the host's length and flag of `slot` by n tokens
+  // without writing the device mirrors (a device commit already did). kCacheFull as commit.
+  Status commit_host(int slot, int n);
   // Forget a slot: length 0, recurrent planes zeroed.
   Status free(int slot);
   // Copy the whole state of src into dst (prefix reuse).

@@ -67,6 +67,13 @@ class KdaLayer {
   Status prefill(Cache& cache, int layer, int slot, const float* x, int T, float* y) const;
   // One token for each of `slots` [B]: x, y [B, hidden]. `slots` is a host array.
   Status decode(Cache& cache, int layer, const int32_t* slots, int B, const float* x, float* y) const;
+  // The same on a CUDA layer with the slots on the device: slots_d [B] device int32, distinct,
+  // in [0, max_batch) or -1 for an idle row (nothing of its state read or written; its output
+  // row is finite and meaningless). Unchecked on the device: callers validate the host copy
+  // (memra::DecodeSlots) and the room of every slot. No host round trip, no host->device copy:
+  // the call can be captured into a CUDA graph and replayed at any position.
+  Status decode_device(Cache& cache, int layer, const int32_t* slots_d, int B, const float* x,
+                       float* y) const;
 
   // Move the weights to a CUDA device, converted once to `dtype` (kF32 or kBF16; norm weights,
   // biases, conv taps, gate vectors and routers stay f32). From then on the layer runs on that
@@ -77,7 +84,9 @@ class KdaLayer {
 
  private:
   struct Gpu;
-  Status run_cuda(Cache& cache, int layer, const int32_t* slots, int B, int T, const float* x,
+  struct Planes;
+  Status prefill_cuda(Cache& cache, int layer, int slot, const float* x, int T, float* y) const;
+  Status run_cuda(Cache& cache, int layer, int B, int T, const Planes& planes, const float* x,
                   float* y) const;
   std::shared_ptr<CudaContext> cuda_;
   std::shared_ptr<Gpu> gpu_;
@@ -128,6 +137,11 @@ class MlaLayer {
   // One token for each of `slots` [B]; topk_in/topk_out [B, index_width].
   Status decode(Cache& cache, int layer, const int32_t* slots, int B, const float* x,
                 const int32_t* topk_in, float* y, int32_t* topk_out) const;
+  // The same on a CUDA layer with the slots on the device (see KdaLayer::decode_device): each
+  // row's position comes from the cache's device lengths; an idle row (-1) appends nothing,
+  // attends to nothing (zero attention output) and gets an all -1 index list.
+  Status decode_device(Cache& cache, int layer, const int32_t* slots_d, int B, const float* x,
+                       const int32_t* topk_in, float* y, int32_t* topk_out) const;
 
   // Move the weights to a CUDA device, converted once to `dtype` (kF32 or kBF16; norm weights,
   // biases, conv taps, gate vectors and routers stay f32). From then on the layer runs on that
@@ -143,12 +157,15 @@ class MlaLayer {
   };
   Status prefill_cuda(Cache& cache, int layer, int slot, const float* x, int T,
                       const int32_t* topk_in, float* y, int32_t* topk_out) const;
-  Status decode_cuda(Cache& cache, int layer, const int32_t* slots, int B, const float* x,
+  Status decode_cuda(Cache& cache, int layer, const int32_t* slots_d, int B, const float* x,
                      const int32_t* topk_in, float* y, int32_t* topk_out) const;
   Status indexer_rows_cuda(gpu::Arena& a, const float* x, const float* q_resid, int N,
                            IndexerRows* out) const;
   Status indexer_cuda(gpu::Arena& a, Cache& cache, int layer, int slot, int pos,
                       const IndexerRows& rows, int row0, int T, int32_t* idx) const;
+  Status indexer_decode_cuda(gpu::Arena& a, Cache& cache, int layer, const int32_t* slots_d,
+                             const int32_t* pos_d, const IndexerRows& rows, int B,
+                             int32_t* idx) const;
   std::shared_ptr<CudaContext> cuda_;
   std::shared_ptr<Gpu> gpu_;
   void indexer(Cache& cache, int layer, int slot, int pos, const float* x, const float* q_resid,

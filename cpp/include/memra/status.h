@@ -32,6 +32,7 @@ constexpr int kContractValue = 40025;      // a scalar argument out of its domai
 constexpr int kUnsupported = 50000;        // feature or configuration not supported
 constexpr int kUnsupportedNoCuda = 50001;  // no CUDA build or no usable device
 constexpr int kUnsupportedGeometry = 50002;  // geometry not instantiated by the kernels
+constexpr int kUnsupportedInCapture = 50003;  // a host copy / wait inside a CUDA graph capture
 
 // A code plus a message that names the op and the offending values.
 struct Status {

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <vector>
 
+#include "gpu_util.h"
 #include "memra/layers.h"
 
 namespace memra {
@@ -128,7 +129,7 @@ Status KdaLayer::prefill(Cache& cache, int layer, int slot, const float* x, int 
   MEMRA_TRY(cache.check_layer(layer, state_spec(), "KdaLayer.prefill"));
   MEMRA_TRY(cache.check_device(cuda_, "KdaLayer.prefill"));
   MEMRA_TRY(cache.check_room(slot, T, "KdaLayer.prefill"));
-  if (gpu_) return run_cuda(cache, layer, &slot, 1, T, x, y);
+  if (gpu_) return prefill_cuda(cache, layer, slot, x, T, y);
   const int c = cache.cur(slot);
   run(x, T, cache.conv(layer, slot, c), cache.conv(layer, slot, c ^ 1), cache.state(layer, slot, c),
       cache.state(layer, slot, c ^ 1), y);
@@ -140,7 +141,12 @@ Status KdaLayer::decode(Cache& cache, int layer, const int32_t* slots, int B, co
   MEMRA_TRY(cache.check_layer(layer, state_spec(), "KdaLayer.decode"));
   MEMRA_TRY(cache.check_device(cuda_, "KdaLayer.decode"));
   for (int b = 0; b < B; ++b) MEMRA_TRY(cache.check_room(slots[b], 1, "KdaLayer.decode"));
-  if (gpu_) return run_cuda(cache, layer, slots, B, 1, x, y);
+  if (gpu_) {
+    int32_t* slots_d = nullptr;
+    gpu::Arena a(cuda_);
+    MEMRA_TRY(a.upload(std::vector<int32_t>(slots, slots + B), &slots_d));
+    return decode_device(cache, layer, slots_d, B, x, y);
+  }
   for (int b = 0; b < B; ++b) {
     const int s = slots[b], c = cache.cur(s);
     run(x + size_t(b) * cfg_.hidden, 1, cache.conv(layer, s, c), cache.conv(layer, s, c ^ 1),

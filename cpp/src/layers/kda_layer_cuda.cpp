@@ -50,8 +50,40 @@ Status KdaLayer::to_device(std::shared_ptr<CudaContext> cuda, DType dtype) {
   return Status::Ok();
 }
 
-// slots [B] (host); prefill: B == 1 and T tokens; decode: T == 1 and B sequences.
-Status KdaLayer::run_cuda(Cache& cache, int layer, const int32_t* slots, int B, int T,
+// The recurrent planes the N = B * T rows read and write: a prefill (B == 1) names the slot's
+// planes directly; a decode step (T == 1) names its rows' slots on the device (slots_d [B],
+// -1 = idle row) and the tables are built there from the cache's ping-pong flags, so nothing in
+// the step depends on host-side cache state (the shape a CUDA graph replays).
+struct KdaLayer::Planes {
+  const float* ring_in = nullptr;
+  float* ring_out = nullptr;
+  const float* state_in = nullptr;
+  float* state_out = nullptr;
+  const int32_t* slots_d = nullptr;
+};
+
+Status KdaLayer::prefill_cuda(Cache& cache, int layer, int slot, const float* x, int T,
+                              float* y) const {
+  const int cur = cache.cur(slot);
+  Planes p;
+  p.ring_in = cache.conv(layer, slot, cur);
+  p.ring_out = cache.conv(layer, slot, cur ^ 1);
+  p.state_in = cache.state(layer, slot, cur);
+  p.state_out = cache.state(layer, slot, cur ^ 1);
+  return run_cuda(cache, layer, 1, T, p, x, y);
+}
+
+Status KdaLayer::decode_device(Cache& cache, int layer, const int32_t* slots_d, int B,
+                               const float* x, float* y) const {
+  MEMRA_TRY(cache.check_layer(layer, state_spec(), "KdaLayer.decode"));
+  MEMRA_TRY(cache.check_device(cuda_, "KdaLayer.decode"));
+  if (!gpu_) return Status(kUnsupported, "KdaLayer.decode: device slots need a CUDA layer");
+  Planes p;
+  p.slots_d = slots_d;
+  return run_cuda(cache, layer, B, 1, p, x, y);
+}
+
+Status KdaLayer::run_cuda(Cache& cache, int layer, int B, int T, const Planes& planes,
                           const float* x, float* y) const {
   const CudaContext& c = *cuda_;
   const CudaApi& api = c.api();
@@ -59,7 +91,8 @@ Status KdaLayer::run_cuda(Cache& cache, int layer, const int32_t* slots, int B, 
   const Gpu& g = *gpu_;
   const int H = cfg_.heads, dk = cfg_.head_dim, qkv = H * dk, K = cfg_.conv_kernel;
   const int N = B * T;
-  const char* op = T > 1 || B == 1 ? "KdaLayer.prefill" : "KdaLayer.decode";
+  const bool decode = planes.slots_d != nullptr;
+  const char* op = decode ? "KdaLayer.decode" : "KdaLayer.prefill";
   gpu::Arena a(cuda_);
   float *raw[3], *act[3], *low, *gate_f, *beta, *o, *gate_o;
   for (int p = 0; p < 3; ++p) {
@@ -72,31 +105,46 @@ Status KdaLayer::run_cuda(Cache& cache, int layer, const int32_t* slots, int B, 
   MEMRA_TRY(a.take(int64_t(N) * qkv, &o));
   MEMRA_TRY(a.take(int64_t(N) * qkv, &gate_o));
 
+  // Decode: the rows' pointer tables, built on the device (idle rows get null entries, which
+  // the conv and the scan read as zeros and never write).
+  const float** ring_in[3] = {nullptr, nullptr, nullptr};
+  float** ring_out[3] = {nullptr, nullptr, nullptr};
+  const float** state_in = nullptr;
+  float** state_out = nullptr;
+  if (decode) {
+    const LayerStateSpec spec = state_spec();
+    const int64_t ring_plane = int64_t(qkv) * (K - 1);
+    for (int p = 0; p < 3; ++p) {
+      const float** sin;
+      float** sout;
+      MEMRA_TRY(a.take(B, &ring_in[p]));
+      MEMRA_TRY(a.take(B, &ring_out[p]));
+      MEMRA_TRY(a.take(B, &sin));
+      MEMRA_TRY(a.take(B, &sout));
+      MEMRA_GPU(c, api.kda_tables(ctx, planes.slots_d, cache.cur_d(), B, cache.conv(layer, 0, 0),
+                                  cache.conv(layer, 0, 1), cache.state(layer, 0, 0),
+                                  cache.state(layer, 0, 1), spec.conv_floats(), spec.state_floats(),
+                                  p * ring_plane, ring_in[p], ring_out[p], sin, sout, nullptr,
+                                  nullptr), op);
+      if (p == 0) {
+        state_in = sin;
+        state_out = sout;
+      }
+    }
+  }
+
   // Projections and the causal conv + SiLU per channel group.
   const int64_t ring_plane = int64_t(qkv) * (K - 1);
-  std::vector<const float*> ring_in(size_t(3) * B), state_in(B);
-  std::vector<float*> ring_out(size_t(3) * B), state_out(B);
-  for (int b = 0; b < B; ++b) {
-    const int cur = cache.cur(slots[b]);
-    for (int p = 0; p < 3; ++p) {
-      ring_in[size_t(p) * B + b] = cache.conv(layer, slots[b], cur) + p * ring_plane;
-      ring_out[size_t(p) * B + b] = cache.conv(layer, slots[b], cur ^ 1) + p * ring_plane;
-    }
-    state_in[b] = cache.state(layer, slots[b], cur);
-    state_out[b] = cache.state(layer, slots[b], cur ^ 1);
-  }
   const float* conv_w = gpu::f32p(g.conv_w);
   for (int p = 0; p < 3; ++p) {
     MEMRA_GPU(c, gpu::linear(c, x, N, g.proj[p], nullptr, raw[p]), op);
     const float* w = conv_w + int64_t(p) * qkv * K;
-    if (B == 1) {
-      MEMRA_GPU(c, api.kda_conv_prefill(ctx, raw[p], T, qkv, w, K, ring_in[p], ring_out[p], act[p]), op);
+    if (decode) {
+      MEMRA_GPU(c, api.kda_conv_decode(ctx, raw[p], B, qkv, w, K, ring_in[p], ring_out[p], act[p]), op);
     } else {
-      const float** rin;
-      float** rout;
-      MEMRA_TRY(a.upload(std::vector<const float*>(ring_in.begin() + p * B, ring_in.begin() + (p + 1) * B), &rin));
-      MEMRA_TRY(a.upload(std::vector<float*>(ring_out.begin() + p * B, ring_out.begin() + (p + 1) * B), &rout));
-      MEMRA_GPU(c, api.kda_conv_decode(ctx, raw[p], B, qkv, w, K, rin, rout, act[p]), op);
+      MEMRA_GPU(c, api.kda_conv_prefill(ctx, raw[p], T, qkv, w, K,
+                                        planes.ring_in ? planes.ring_in + p * ring_plane : nullptr,
+                                        planes.ring_out + p * ring_plane, act[p]), op);
     }
   }
   MEMRA_GPU(c, api.l2norm_heads(ctx, act[0], N, H, dk, kL2Eps), op);
@@ -111,13 +159,17 @@ Status KdaLayer::run_cuda(Cache& cache, int layer, const int32_t* slots, int B, 
   MEMRA_GPU(c, api.sigmoid(ctx, beta, int64_t(N) * H, beta), op);
 
   // The delta-rule scan: B sequences of T steps, state planes cur -> 1 - cur.
-  const float** sin;
-  float** sout;
-  MEMRA_TRY(a.upload(state_in, &sin));
-  MEMRA_TRY(a.upload(state_out, &sout));
+  if (!decode) {
+    const float** sin;
+    float** sout;
+    MEMRA_TRY(a.upload(std::vector<const float*>{planes.state_in}, &sin));
+    MEMRA_TRY(a.upload(std::vector<float*>{planes.state_out}, &sout));
+    state_in = sin;
+    state_out = sout;
+  }
   const float scale = 1.0f / std::sqrt(static_cast<float>(dk));
-  MEMRA_GPU(c, api.kda_scan(ctx, act[0], act[1], act[2], gate_f, beta, B, T, H, dk, dk, scale, sin,
-                            sout, o), op);
+  MEMRA_GPU(c, api.kda_scan(ctx, act[0], act[1], act[2], gate_f, beta, B, T, H, dk, dk, scale,
+                            state_in, state_out, o), op);
 
   // Output gate, sigmoid-gated RMSNorm per head, output projection.
   MEMRA_GPU(c, gpu::linear(c, x, N, g.g_a, nullptr, low), op);

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <vector>
 
+#include "gpu_util.h"
 #include "memra/layers.h"
 
 namespace memra {
@@ -204,6 +205,19 @@ Status MlaLayer::prefill(Cache& cache, int layer, int slot, const float* x, int 
   return Status::Ok();
 }
 
+Status MlaLayer::decode_device(Cache& cache, int layer, const int32_t* slots_d, int B,
+                               const float* x, const int32_t* topk_in, float* y,
+                               int32_t* topk_out) const {
+  MEMRA_TRY(cache.check_layer(layer, state_spec(), "MlaLayer.decode"));
+  MEMRA_TRY(cache.check_device(cuda_, "MlaLayer.decode"));
+  if (!gpu_) return Status(kUnsupported, "MlaLayer.decode: device slots need a CUDA layer");
+  if (cfg_.sparse && !has_indexer() && !topk_in) {
+    return Status(kContractMissing, "MlaLayer.decode: a shared DSA layer needs the index list "
+                                    "of the full DSA layer before it (topk)");
+  }
+  return decode_cuda(cache, layer, slots_d, B, x, topk_in, y, topk_out);
+}
+
 Status MlaLayer::decode(Cache& cache, int layer, const int32_t* slots, int B, const float* x,
                         const int32_t* topk_in, float* y, int32_t* topk_out) const {
   MEMRA_TRY(cache.check_layer(layer, state_spec(), "MlaLayer.decode"));
@@ -214,7 +228,10 @@ Status MlaLayer::decode(Cache& cache, int layer, const int32_t* slots, int B, co
       return Status(kContractMissing, "MlaLayer.decode: a shared DSA layer needs the index list "
                                       "of the full DSA layer before it (topk)");
     }
-    return decode_cuda(cache, layer, slots, B, x, topk_in, y, topk_out);
+    int32_t* slots_d = nullptr;
+    gpu::Arena a(cuda_);
+    MEMRA_TRY(a.upload(std::vector<int32_t>(slots, slots + B), &slots_d));
+    return decode_cuda(cache, layer, slots_d, B, x, topk_in, y, topk_out);
   }
   const int W = index_width();
   for (int b = 0; b < B; ++b) {

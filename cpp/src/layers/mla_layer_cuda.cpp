@@ -150,11 +150,14 @@ Status MlaLayer::prefill_cuda(Cache& cache, int layer, int slot, const float* x,
   return Status::Ok();
 }
 
-// One token for each of `slots` [B] (host): the projections, absorb, decompress and output GEMMs
-// run once over the B rows; the latent rows land through one batched append and the attention
-// is one batched decode launch over per-sequence cache pointers and lengths kept on the device
-// (the shape a CUDA graph replays); the indexer's per-sequence bookkeeping runs per slot.
-Status MlaLayer::decode_cuda(Cache& cache, int layer, const int32_t* slots, int B, const float* x,
+// One token for each of the B rows of slots_d (device; -1 = idle row): the projections, absorb,
+// decompress and output GEMMs run once over the B rows; positions come from the cache's device
+// lengths, the latent rows land through one batched append, the DSA indexer runs its batched
+// decode forms and the attention is one batched decode launch over per-sequence cache pointers.
+// Every launch shape depends on B and the cache's capacity only (never on a length), and nothing
+// is copied from the host: the shape a CUDA graph replays. The attention's split over the
+// sequence is sized from max_len, so a row's bytes do not depend on the other rows' lengths.
+Status MlaLayer::decode_cuda(Cache& cache, int layer, const int32_t* slots_d, int B, const float* x,
                              const int32_t* topk_in, float* y, int32_t* topk_out) const {
   const CudaContext& c = *cuda_;
   const CudaApi& api = c.api();
@@ -179,22 +182,20 @@ Status MlaLayer::decode_cuda(Cache& cache, int layer, const int32_t* slots, int 
   MEMRA_GPU(c, gpu::linear(c, x, B, g.kv_a, bias(g.kv_a_bias), ckv), op);
   MEMRA_GPU(c, api.rms_norm(ctx, ckv, B, R, gpu::f32p(g.kv_a_norm), cfg_.rms_eps, ckv), op);
 
-  std::vector<const void*> caches(B);
-  std::vector<int32_t> pos(B), t_kv(B);
-  int max_t_kv = 1;
-  for (int b = 0; b < B; ++b) {
-    caches[b] = cache.latent_raw(layer, slots[b]);
-    pos[b] = cache.length(slots[b]);
-    t_kv[b] = pos[b] + 1;
-    max_t_kv = std::max(max_t_kv, t_kv[b]);
-  }
-  const void** caches_d;
+  // Per-row positions and plane tables from the device slots (idle rows: pos -1, t_kv 0, null).
   int32_t *pos_d, *t_kv_d;
-  MEMRA_TRY(a.upload(caches, &caches_d));
-  MEMRA_TRY(a.upload(pos, &pos_d));
-  MEMRA_TRY(a.upload(t_kv, &t_kv_d));
+  void** caches_d;
+  MEMRA_TRY(a.take(B, &pos_d));
+  MEMRA_TRY(a.take(B, &t_kv_d));
+  MEMRA_TRY(a.take(B, &caches_d));
+  MEMRA_GPU(c, api.decode_positions(ctx, slots_d, B, cache.lengths_d(), pos_d, t_kv_d), op);
+  auto stride = [](const void* p0, const void* p1) {
+    return static_cast<int64_t>(static_cast<const uint8_t*>(p1) - static_cast<const uint8_t*>(p0));
+  };
+  void* lat0 = cache.latent_raw(layer, 0);
+  MEMRA_GPU(c, api.slot_table(ctx, slots_d, B, lat0, stride(lat0, cache.latent_raw(layer, 1)), caches_d), op);
   const int cdt = static_cast<int>(cache.latent_dtype());
-  MEMRA_GPU(c, api.mla_latent_append_decode(ctx, ckv, B, R, const_cast<void* const*>(caches_d), cdt, pos_d), op);
+  MEMRA_GPU(c, api.mla_latent_append_decode(ctx, ckv, B, R, caches_d, cdt, pos_d), op);
   MEMRA_GPU(c, api.mla_absorb_q(ctx, q, g.kv_b.data(), g.kv_b.dtype_code(), B, H, dn, dv, R, 0, q_lat), op);
 
   const int32_t* idx = nullptr;
@@ -205,18 +206,54 @@ Status MlaLayer::decode_cuda(Cache& cache, int layer, const int32_t* slots, int 
       MEMRA_TRY(a.take(int64_t(B) * W, &own));
       IndexerRows rows;
       MEMRA_TRY(indexer_rows_cuda(a, x, q_resid, B, &rows));
-      for (int b = 0; b < B; ++b) {
-        MEMRA_TRY(indexer_cuda(a, cache, layer, slots[b], pos[b], rows, b, 1, own + int64_t(b) * W));
-      }
+      MEMRA_TRY(indexer_decode_cuda(a, cache, layer, slots_d, pos_d, rows, B, own));
       idx = own;
     }
   }
   const float scale = 1.0f / std::sqrt(static_cast<float>(dn));
-  MEMRA_GPU(c, api.mla_attn_decode(ctx, q_lat, caches_d, cdt, t_kv_d, idx, cfg_.sparse ? W : 0, B, H, R,
-                                   max_t_kv, scale, o_lat), op);
+  MEMRA_GPU(c, api.mla_attn_decode(ctx, q_lat, const_cast<const void* const*>(caches_d), cdt, t_kv_d, idx,
+                                   cfg_.sparse ? W : 0, B, H, R, cache.max_len(), scale, o_lat), op);
   if (topk_out && idx) MEMRA_GPU(c, api.copy(ctx, topk_out, idx, size_t(B) * W * sizeof(int32_t)), op);
   MEMRA_GPU(c, api.mla_decompress_v(ctx, o_lat, g.kv_b.data(), g.kv_b.dtype_code(), B, H, dn, dv, R, 0, attn), op);
   MEMRA_GPU(c, gpu::linear(c, attn, B, g.o_proj, bias(g.o_bias), y), op);
+  return Status::Ok();
+}
+
+// The indexer's decode step for the B rows of slots_d at device positions pos_d: pool keys and
+// tail ring appended, pools scored and selected (the batched DSA decode forms, cuda/dsa_decode.cu;
+// per row the bytes of indexer_cuda with T = 1).
+Status MlaLayer::indexer_decode_cuda(gpu::Arena& a, Cache& cache, int layer, const int32_t* slots_d,
+                                     const int32_t* pos_d, const IndexerRows& rows, int B,
+                                     int32_t* idx) const {
+  const CudaContext& c = *cuda_;
+  const CudaApi& api = c.api();
+  MemraCudaCtx* ctx = c.ctx();
+  const Gpu& g = *gpu_;
+  const char* op = "MlaLayer indexer";
+  const int Hi = cfg_.index_heads, di = cfg_.index_head_dim, P = cfg_.kpool;
+  const int max_pools = std::max(cache.max_len() / P, 1);
+  void **tail_k, **tail_gate, **pool_keys;
+  float* score;
+  MEMRA_TRY(a.take(B, &tail_k));
+  MEMRA_TRY(a.take(B, &tail_gate));
+  MEMRA_TRY(a.take(B, &pool_keys));
+  MEMRA_TRY(a.take(int64_t(B) * max_pools, &score));
+  auto table = [&](float* p0, float* p1, void** out) {
+    const int64_t stride = static_cast<int64_t>(reinterpret_cast<uint8_t*>(p1) - reinterpret_cast<uint8_t*>(p0));
+    return api.slot_table(ctx, slots_d, B, p0, stride, out);
+  };
+  MEMRA_GPU(c, table(cache.tail_k(layer, 0), cache.tail_k(layer, 1), tail_k), op);
+  MEMRA_GPU(c, table(cache.tail_gate(layer, 0), cache.tail_gate(layer, 1), tail_gate), op);
+  MEMRA_GPU(c, table(cache.pool_keys(layer, 0), cache.pool_keys(layer, 1), pool_keys), op);
+  MEMRA_GPU(c, api.kpool_append_decode(ctx, rows.k, rows.gate, B, di, gpu::f32p(g.kpool_ape), P, pos_d,
+                                       reinterpret_cast<float* const*>(tail_k),
+                                       reinterpret_cast<float* const*>(tail_gate), cfg_.tail_rows,
+                                       reinterpret_cast<float* const*>(pool_keys)), op);
+  MEMRA_GPU(c, api.kpool_score_decode(ctx, rows.q, rows.w, reinterpret_cast<const float* const*>(pool_keys),
+                                      pos_d, B, Hi, di, P, max_pools,
+                                      1.0f / std::sqrt(static_cast<float>(di)),
+                                      1.0f / std::sqrt(static_cast<float>(Hi)), score), op);
+  MEMRA_GPU(c, api.kpool_select_decode(ctx, score, pos_d, B, max_pools, P, cfg_.topk / P, index_width(), idx), op);
   return Status::Ok();
 }
 

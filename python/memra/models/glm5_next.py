@@ -168,8 +168,10 @@ class Glm5NextTextModel:
 
         prefill (decode=False): slots [1], ids [T] -> [T, hidden].
         decode (decode=True): slots [B], ids [B] (one token each) -> [B, hidden].
-        slots and ids are host int32 arrays; the result lives on the engine's device (numpy on
-        the CPU, a DLPack CUDA array on a GPU). `record`, when given, receives the index list each
+        slots and ids are host int32 arrays; on a CUDA engine a decode may instead take a
+        memra.DecodeSlots and device ids already range-checked (decode_graph.DecodeRunner: no host
+        round trip, so the step can be captured). The result lives on the engine's device (numpy
+        on the CPU, a DLPack CUDA array on a GPU). `record`, when given, receives the index list each
         full DSA layer used (as host arrays).
         """
         cfg, e = self.cfg, self._e
@@ -177,11 +179,13 @@ class Glm5NextTextModel:
         if e is None:
             x = _core.embedding(self.embed, ids)
         else:
-            # Range-checked here on the host copy, so the device gather needs no host round trip.
-            if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= cfg.vocab_size):
-                bad = int(ids.min()) if int(ids.min()) < 0 else int(ids.max())
-                raise ContractError(f"embedding: token id {bad} is outside [0, {cfg.vocab_size})", 40023)
-            x = _core.embedding(self.embed, e.to_device(ids), engine=e, check_range=False)
+            if isinstance(ids, np.ndarray):
+                # Range-checked here on the host copy, so the device gather needs no host round trip.
+                if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= cfg.vocab_size):
+                    bad = int(ids.min()) if int(ids.min()) < 0 else int(ids.max())
+                    raise ContractError(f"embedding: token id {bad} is outside [0, {cfg.vocab_size})", 40023)
+                ids = e.to_device(ids)
+            x = _core.embedding(self.embed, ids, engine=e, check_range=False)
         streams = _core.hc_expand(x, cfg.hc_mult, engine=e)
         topk = None
         for i, b in enumerate(self.blocks):

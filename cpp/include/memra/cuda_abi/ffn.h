@@ -16,6 +16,9 @@
   X(moe_forward, (MemraCudaCtx * ctx, const float* x, int T, int D, const int32_t* topk_idx,      \
                   const float* topk_w, int top_k, const void* gate_w, const void* up_w,           \
                   const void* down_w, int w_dtype, int E, int I, float limit, float* y))          \
-  /* cpu::sample: logits [B, V]; counters [B] (device, uint64); out [B] int32. */                 \
+  /* cpu::sample: logits [B, V]; counters [B] (device, uint64); out [B] int32. Row b draws with  \
+     seeds[b] when seeds [B] (device, uint64) is given, else with `seed` (a batch of sequences   \
+     with their own seeds samples in one launch). */                                             \
   X(sample, (MemraCudaCtx * ctx, const float* logits, int B, int V, float temperature, int top_k, \
-             float top_p, uint64_t seed, const uint64_t* counters, int32_t* out))
+             float top_p, uint64_t seed, const uint64_t* seeds, const uint64_t* counters,          \
+             int32_t* out))

@@ -22,7 +22,23 @@
               int64_t n))                                                                         \
   /* The context's cudaStream_t (for DLPack consumers and graph capture). */                      \
   X(stream, (MemraCudaCtx * ctx, void** out))                                                     \
-  X(mem_info, (MemraCudaCtx * ctx, size_t * free_bytes, size_t * total_bytes))
+  X(mem_info, (MemraCudaCtx * ctx, size_t * free_bytes, size_t * total_bytes))                  \
+  /* CUDA graphs of the context's stream (docs/decode_graphs.md). graph_begin starts capturing   \
+     the stream (thread-local mode): until graph_end / graph_abort every op enqueues into the     \
+     graph instead of running. While capturing, host <-> device copies and synchronisation are   \
+     refused with 50003 (a captured host copy would replay stale bytes); stream-ordered scratch   \
+     allocated and released inside becomes graph memory; memory allocated before the capture and \
+     released during it is released after graph_end. graph_end instantiates the capture into     \
+     *exec (an opaque cudaGraphExec_t); graph_abort discards it (the stream is usable again).    \
+     graph_launch replays exec on the stream; graph_destroy frees it. 40025 for graph_begin while \
+     capturing or graph_end / graph_abort when not. */                                             \
+  X(graph_begin, (MemraCudaCtx * ctx))                                                            \
+  X(graph_end, (MemraCudaCtx * ctx, void** exec))                                                 \
+  X(graph_abort, (MemraCudaCtx * ctx))                                                            \
+  X(graph_launch, (MemraCudaCtx * ctx, void* exec))                                               \
+  X(graph_destroy, (MemraCudaCtx * ctx, void* exec))                                              \
+  /* *out = 1 while the context's stream is being captured, else 0. */                            \
+  X(capturing, (MemraCudaCtx * ctx, int* out))
 
 #ifdef __cplusplus
 extern "C" {

@@ -1,0 +1,134 @@
+"""The decode step on a CUDA engine, eager or replayed from a CUDA graph (docs/decode_graphs.md).
+
+A step feeds one token to each of up to ``cache.max_batch`` sequences. Its batch is padded to a
+*bucket* (1, 2, 4, ... capped at ``max_batch``) whose rows live on the device at fixed addresses
+(:class:`memra._core.DecodeSlots`, token ids, sampling counters and seeds); idle rows read and
+write no state. Everything a step needs from the cache (positions, ping-pong planes) is read on
+the device, and the step commits on the device (``Cache.commit_decode``), so the work it
+enqueues is the same at every position: captured once per (bucket, sampling arguments), the
+graph is replayed for any slots and lengths. Eager and replayed steps run the same kernels on
+the same buffers, hence the same bytes (tests/test_cuda_decode_graph.py checks it).
+
+The first step of a bucket runs eagerly (it also warms cuBLAS' heuristics and loads kernels
+lazily, which a capture must not do); later steps capture once, then replay.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import _core
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Sampling arguments baked into a captured step (memra._core.sample's)."""
+
+    temperature: float
+    top_k: int
+    top_p: float
+
+
+@dataclass
+class _Bucket:
+    slots: _core.DecodeSlots
+    ids: object  # device int32 [size]
+    counters: object  # device uint64 [size]
+    seeds: object  # device uint64 [size]
+    logits: object  # device float32 [size, vocab]
+    tokens: object  # device int32 [size]
+    graphs: dict = field(default_factory=dict)  # Sampling | None -> CudaGraph
+    eager_steps: dict = field(default_factory=dict)  # Sampling | None -> steps run eagerly
+
+
+class DecodeRunner:
+    """Decode steps of one glm5_next network over one CUDA cache.
+
+    ``graphs=False`` runs every step eagerly (the same kernels, for comparison and debugging).
+    """
+
+    def __init__(self, net, cache: _core.Cache, *, graphs: bool = True) -> None:
+        self.net = net
+        self.cache = cache
+        self.engine = net.engine
+        self.graphs = graphs
+        self._buckets: dict[int, _Bucket] = {}
+
+    def bucket_size(self, n: int) -> int:
+        """The smallest power of two >= n, capped at the cache's max_batch."""
+        size = 1
+        while size < n:
+            size *= 2
+        return min(size, self.cache.max_batch)
+
+    def _bucket(self, n: int) -> _Bucket:
+        size = self.bucket_size(n)
+        b = self._buckets.get(size)
+        if b is None:
+            e, vocab = self.engine, self.net.cfg.vocab_size
+            b = _Bucket(slots=_core.DecodeSlots(self.cache, size),
+                        ids=e.to_device(np.zeros(size, np.int32)),
+                        counters=e.to_device(np.zeros(size, np.uint64)),
+                        seeds=e.to_device(np.zeros(size, np.uint64)),
+                        logits=e.to_device(np.zeros((size, vocab), np.float32)),
+                        tokens=e.to_device(np.zeros(size, np.int32)))
+            self._buckets[size] = b
+        return b
+
+    def _body(self, b: _Bucket, sampling: Sampling | None) -> None:
+        """The step's work on the device (what a graph records): layers, head, sample, commit."""
+        e = self.engine
+        h = self.net.hidden(self.cache, b.slots, b.ids, decode=True)
+        logits = self.net.logits_of(h)
+        e.copy_into(b.logits, logits)
+        if sampling is not None:
+            tok = _core.sample(logits, b.counters, temperature=sampling.temperature, top_k=sampling.top_k,
+                               top_p=sampling.top_p, seeds=b.seeds, engine=e)
+            e.copy_into(b.tokens, tok)
+        self.cache.commit_decode(b.slots)
+
+    def step(self, slots: np.ndarray, ids: np.ndarray, sampling: Sampling | None = None,
+             counters: np.ndarray | None = None, seeds: np.ndarray | None = None) -> _Bucket:
+        """One token for each of `slots` [n] (host int32, distinct, validated and with room: the
+        caller checks): ids [n] int32 in range; counters / seeds [n] uint64 (the draw index and
+        seed of each row; used when `sampling` is given). Enqueues the step and advances the
+        cache (device and host); returns the bucket whose ``logits[:n]`` (and ``tokens[:n]``
+        when sampling) hold the results once the stream reaches them."""
+        n = len(slots)
+        b = self._bucket(n)
+        size = b.slots.size
+        e = self.engine
+        b.slots.set(slots)
+        pad = np.zeros(size, np.int32)
+        pad[:n] = ids
+        e.copy_into(b.ids, pad)
+        if sampling is not None:
+            for dst, src in ((b.counters, counters), (b.seeds, seeds)):
+                row = np.zeros(size, np.uint64)
+                row[:n] = src
+                e.copy_into(dst, row)
+        graph = b.graphs.get(sampling)
+        if graph is None and self.graphs and b.eager_steps.get(sampling, 0) >= 1:
+            graph = self._capture(b, sampling)
+        if graph is not None:
+            graph.replay()
+        else:
+            self._body(b, sampling)
+            b.eager_steps[sampling] = b.eager_steps.get(sampling, 0) + 1
+        for s in slots:
+            self.cache.commit_host(int(s), 1)
+        return b
+
+    def _capture(self, b: _Bucket, sampling: Sampling | None):
+        e = self.engine
+        e.begin_capture()
+        try:
+            self._body(b, sampling)
+        except BaseException:
+            e.abort_capture()
+            raise
+        graph = e.end_capture()
+        b.graphs[sampling] = graph
+        return graph

@@ -1,0 +1,184 @@
+"""Decode steps replayed from CUDA graphs (memra.decode_graph, docs/decode_graphs.md) against the
+same steps run eagerly, on the tiny glm5_next checkpoints (marked cuda).
+
+Both models run the same kernels on the same bucket-padded buffers, so every comparison here is
+byte-exact (np.array_equal): a kernel missing from the graph, a table built on the host and
+baked into it, or a position read on the host would show as a difference at the next step.
+The prompts cross k-pool boundaries and the DSA selection (topk 8 = 2 pools of 4) during the
+steps; three sequences in a bucket of four leave one idle row, and a fourth slot holding its own
+prompt must come out untouched.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import memra
+from memra import _core
+from memra.errors import ContractError, UnsupportedError
+
+pytestmark = pytest.mark.cuda
+
+ROOT = Path(__file__).resolve().parents[1]
+BF16_DIR = ROOT / "tests" / "fixtures" / "tiny_glm5_next_bf16"
+PROMPTS = [[3, 17, 5, 9, 200, 41, 7, 7, 12], [11, 2, 98, 31, 4, 4, 60, 5, 19, 23, 71, 8, 1], [90, 14, 6, 33, 2]]
+IDLE_PROMPT = [5, 6, 7, 8, 9, 10]
+STEPS = 8
+
+
+def _load(graphs: bool, dtype: str) -> memra.Model:
+    path = memra.default_checkpoint() if dtype == "float32" else BF16_DIR
+    return memra.load(path, device="cuda", dtype=dtype, max_batch=4, max_len=64, progress=False,
+                      cuda_graphs=graphs)
+
+
+@pytest.fixture(scope="module", params=["float32", "bfloat16"])
+def pair(request):
+    return _load(True, request.param), _load(False, request.param)
+
+
+def _state(m: memra.Model, slot: int) -> list[np.ndarray]:
+    """Every plane of `slot` as host arrays (recurrent state, conv ring, latent rows, pool keys)."""
+    c, out = m.cache, [np.array([m.cache.length(slot)])]
+    for i, spec in enumerate(m.net.state_specs()):
+        if spec.kind == "kda":
+            out += [c.kda_state(i, slot), c.kda_conv(i, slot)]
+        else:
+            out.append(np.asarray(c.latent_rows(i, slot)))
+            if m.net.blocks[i].indexer == "full":
+                out.append(c.pool_keys(i, slot))
+    return out
+
+
+def _run(m: memra.Model, steps: int = STEPS):
+    """Prefill the three prompts (slots 0-2) and the idle prompt (slot 3), then greedy decode
+    steps over slots 0-2 only; returns the logits of every step and the final tokens."""
+    c = m.cache
+    for s in range(4):
+        c.free(s)
+    firsts = [m.prefill(c, s, p) for s, p in enumerate(PROMPTS)]
+    m.prefill(c, 3, IDLE_PROMPT)
+    toks = [int(np.argmax(f)) for f in firsts]
+    logits = []
+    for _ in range(steps):
+        lg = m.decode(c, [0, 1, 2], toks)
+        logits.append(lg)
+        toks = [int(t) for t in np.argmax(lg, axis=1)]
+    return logits, toks
+
+
+def test_replay_equals_eager_bytes(pair) -> None:
+    graph, eager = pair
+    lg_g, _ = _run(graph)
+    lg_e, _ = _run(eager)
+    # The graph model captured its bucket-4 step and replayed it from the second step on.
+    assert graph._runner._buckets[4].graphs, "no graph was captured"
+    assert not eager._runner._buckets[4].graphs
+    for step, (a, b) in enumerate(zip(lg_g, lg_e)):
+        assert np.array_equal(a, b), f"step {step}: replayed logits differ from eager"
+    for s in range(4):
+        for k, (a, b) in enumerate(zip(_state(graph, s), _state(eager, s))):
+            assert np.array_equal(a, b), f"slot {s} plane {k}: replayed cache differs from eager"
+        assert graph.cache.length(s) == eager.cache.length(s)
+    # The device mirrors followed the host's view.
+    assert np.array_equal(graph.cache.device_lengths(), np.array([graph.cache.length(s) for s in range(4)]))
+    assert np.array_equal(graph.cache.device_cur(), np.array([graph.cache.cur(s) for s in range(4)]))
+
+
+def test_idle_rows_and_other_slots_untouched(pair) -> None:
+    graph, _ = pair
+    c = graph.cache
+    for s in range(4):
+        c.free(s)
+    for s, p in enumerate(PROMPTS):
+        graph.prefill(c, s, p)
+    graph.prefill(c, 3, IDLE_PROMPT)
+    before = _state(graph, 3)
+    toks = [1, 2, 3]
+    for _ in range(4):
+        toks = [int(t) for t in np.argmax(graph.decode(c, [0, 1, 2], toks), axis=1)]
+    for k, (a, b) in enumerate(zip(before, _state(graph, 3))):
+        assert np.array_equal(a, b), f"idle slot 3 plane {k} changed"
+    # One row in a bucket of one, then back to the bucket of four with another slot order.
+    graph.decode(c, [1], [toks[1]])
+    graph.decode(c, [2, 0, 1], [toks[2], toks[0], toks[1]])
+    assert [c.length(s) for s in range(4)] == [len(PROMPTS[0]) + 5, len(PROMPTS[1]) + 6,
+                                               len(PROMPTS[2]) + 5, len(IDLE_PROMPT)]
+
+
+def test_decode_is_bit_identical_run_to_run(pair) -> None:
+    graph, _ = pair
+    a, ta = _run(graph)
+    b, tb = _run(graph)
+    assert ta == tb
+    for x, y in zip(a, b):
+        assert np.array_equal(x, y)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_generation_through_graph_equals_eager(pair, temperature: float) -> None:
+    graph, eager = pair
+    kw = dict(max_new_tokens=10, temperature=temperature, top_k=20, top_p=0.9, seed=7, ignore_eos=True)
+    got = graph.generate_batch(PROMPTS, **kw)
+    want = eager.generate_batch(PROMPTS, **kw)
+    assert got == want
+    assert graph.generate(PROMPTS[1], **kw) == eager.generate(PROMPTS[1], **kw)
+    # generate_batch's contract: prompt i equals generate(prompt i, seed + i).
+    one = dict(kw, seed=kw["seed"] + 2)
+    assert got[2] == graph.generate(PROMPTS[2], **one)
+
+
+def test_capture_refuses_host_copies_and_recovers(e) -> None:
+    x = e.to_device(np.ones((2, 8), np.float32))
+    w = e.to_device(np.ones(8, np.float32))
+    e.begin_capture()
+    assert e.capturing
+    try:
+        with pytest.raises(UnsupportedError) as info:
+            e.to_device(np.zeros(4, np.float32))
+        assert info.value.code == 50003
+        with pytest.raises(UnsupportedError):
+            e.to_host(x)
+        with pytest.raises(ContractError):
+            e.begin_capture()
+    finally:
+        e.abort_capture()
+    assert not e.capturing
+    # The engine works after the aborted capture, and a captured op replays.
+    out = e.to_device(np.zeros((2, 8), np.float32))
+    e.begin_capture()
+    y = _core.rms_norm(x, w, eps=1e-5, engine=e)
+    e.copy_into(out, y)
+    del y
+    g = e.end_capture()
+    assert np.array_equal(e.to_host(out), np.zeros((2, 8), np.float32))  # recorded, not run
+    g.replay()
+    want = _core.rms_norm(np.ones((2, 8), np.float32), np.ones(8, np.float32), eps=1e-5)
+    np.testing.assert_allclose(e.to_host(out), want, rtol=1e-6)
+    with pytest.raises(ContractError):
+        e.end_capture()
+
+
+def test_decode_slots_validation(pair) -> None:
+    graph, _ = pair
+    c = graph.cache
+    ds = _core.DecodeSlots(c, 4)
+    assert list(ds.slots) == [-1, -1, -1, -1]
+    ds.set(np.array([2, 0], np.int32))
+    assert list(ds.slots) == [2, 0, -1, -1] and ds.active == 2
+    for bad, code in (([0, 0], 40025), ([4], 40023), ([-1], 40023), ([0, 1, 2, 3, 0], 40000)):
+        with pytest.raises(ContractError) as info:
+            ds.set(np.array(bad, np.int32))
+        assert info.value.code == code
+        assert list(ds.slots) == [2, 0, -1, -1]  # unchanged by the refusal
+    with pytest.raises(ContractError):
+        _core.DecodeSlots(c, 0)
+    other = graph.new_cache(2, 16)
+    with pytest.raises(ContractError):
+        other.commit_decode(ds)
+    cpu = memra.load(memra.default_checkpoint(), max_batch=2, max_len=16, progress=False)
+    with pytest.raises(UnsupportedError):
+        _core.DecodeSlots(cpu.cache, 2)
