@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# On the GPU machine: build memra (as scripts/gpu_run.sh) and run the named CUDA test files (all
+# of tests/ when none are named), one pytest log per file under $OUT; a summary line per file.
+#   bash scripts/gpu_tests.sh [test files...]
+set -uo pipefail
+OUT=${OUT:-/tmp/memra-out}; mkdir -p "$OUT"
+cd "$(dirname "$0")/.."
+nvlib=$(python3 -c "import nvidia,os;print(os.path.join(list(nvidia.__path__)[0],'cu13'))")
+export LD_LIBRARY_PATH="$nvlib/lib:${LD_LIBRARY_PATH:-}"
+t0=$(date +%s)
+site=$(bash scripts/dev_build.sh gpu -DMEMRA_CUDA=ON -DMEMRA_CUBLAS_ROOT="$nvlib" -DMEMRA_BUILD_TESTS=OFF \
+       -DPython_EXECUTABLE="$(command -v python3)" 2>"$OUT/build.log" | tail -1)
+echo "build: $(( $(date +%s) - t0 )) s -> $site" | tee -a "$OUT/summary.txt"
+[ -n "$site" ] || { tail -30 "$OUT/build.log"; exit 1; }
+export PYTHONPATH="$site"
+files=("$@"); [ ${#files[@]} -gt 0 ] || files=(tests)
+for f in "${files[@]}"; do
+  name=$(basename "$f" .py)
+  t1=$(date +%s)
+  timeout 300 python3 -m pytest -m cuda --require-cuda -q -rf -s -p no:cacheprovider "$f" > "$OUT/$name.log" 2>&1
+  echo "$f: rc=$? $(( $(date +%s) - t1 )) s: $(tail -1 "$OUT/$name.log")" | tee -a "$OUT/summary.txt"
+done
