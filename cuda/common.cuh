@@ -12,6 +12,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "memra/cuda_api.h"
@@ -34,7 +35,8 @@ struct MemraCudaCtx {
   // Graph capture (graph_begin .. graph_end): the allocations made during the capture (their
   // releases become graph nodes) and the releases of older memory, deferred to graph_end.
   bool capturing = false;
-  std::vector<void*> capture_allocs, deferred_releases;
+  std::vector<std::pair<uintptr_t, size_t>> capture_allocs;  // (address, bytes)
+  std::vector<void*> deferred_releases;
 };
 
 #define MEMRA_CUDA_DECLARE(name, args) extern "C" int memra_cuda_##name args;

@@ -109,7 +109,9 @@ int memra_cuda_alloc(MemraCudaCtx* ctx, size_t bytes, void** out) {
   if (bytes == 0) bytes = 1;  // a valid, distinct pointer for empty tensors
   const int rc = status_of(cudaMallocAsync(out, bytes, ctx->stream));
   if (rc != memra::kOk) *out = nullptr;
-  if (rc == memra::kOk && ctx->capturing) ctx->capture_allocs.push_back(*out);
+  if (rc == memra::kOk && ctx->capturing) {
+    ctx->capture_allocs.emplace_back(reinterpret_cast<uintptr_t>(*out), bytes);
+  }
   return rc;
 }
 
@@ -119,8 +121,9 @@ int memra_cuda_release(MemraCudaCtx* ctx, void* ptr) {
   if (ctx->capturing) {
     // Memory from before the capture (an array Python let go of meanwhile) is not the graph's:
     // release it once the capture ends, outside the graph.
-    auto& mine = ctx->capture_allocs;
-    if (std::find(mine.begin(), mine.end(), ptr) == mine.end()) {
+    const auto& mine = ctx->capture_allocs;
+    const uintptr_t p = reinterpret_cast<uintptr_t>(ptr);
+    if (std::none_of(mine.begin(), mine.end(), [p](const auto& a) { return a.first == p; })) {
       ctx->deferred_releases.push_back(ptr);
       return memra::kOk;
     }
@@ -134,13 +137,19 @@ int memra_cuda_copy(MemraCudaCtx* ctx, void* dst, const void* src, size_t bytes)
   cudaPointerAttributes attr;
   if (ctx->capturing) {
     // Device -> device only: a captured host copy would replay whatever the host buffer holds
-    // at replay time.
-    const bool dst_dev = cudaPointerGetAttributes(&attr, dst) == cudaSuccess &&
-                         attr.type == cudaMemoryTypeDevice;
-    const bool src_dev = cudaPointerGetAttributes(&attr, src) == cudaSuccess &&
-                         attr.type == cudaMemoryTypeDevice;
-    cudaGetLastError();
-    if (!dst_dev || !src_dev) return memra::kUnsupportedInCapture;
+    // at replay time. Memory allocated during the capture is not mapped yet (the pointer
+    // attributes do not know it): it counts as device memory by its recorded range.
+    auto on_device = [&](const void* q) {
+      const uintptr_t a = reinterpret_cast<uintptr_t>(q);
+      for (const auto& r : ctx->capture_allocs) {
+        if (a >= r.first && a < r.first + r.second) return true;
+      }
+      const bool dev = cudaPointerGetAttributes(&attr, q) == cudaSuccess &&
+                       (attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged);
+      cudaGetLastError();
+      return dev;
+    };
+    if (!on_device(dst) || !on_device(src)) return memra::kUnsupportedInCapture;
     return status_of(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, ctx->stream));
   }
   const bool pageable = cudaPointerGetAttributes(&attr, src) == cudaSuccess &&

@@ -442,7 +442,7 @@ class DecodeSlots:
         """Rows set by the last set() (the rest idle)."""
 
     @property
-    def slots(self) -> NDArray[numpy.int32]:
+    def slots(self) -> object:
         """A host copy of the rows' slots [size] int32 (-1 = idle)."""
 
 class CudaGraph:

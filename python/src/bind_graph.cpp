@@ -44,10 +44,10 @@ void init_graph(nb::module_& m) {
       .def_prop_ro("active", &DecodeSlots::active, "Rows set by the last set() (the rest idle).")
       .def_prop_ro(
           "slots",
-          [](const DecodeSlots& d) {
+          [](const DecodeSlots& d) -> nb::object {
             NpI32 out = new_i32({size_t(d.size())});
             std::copy(d.host().begin(), d.host().end(), out.data());
-            return out;
+            return nb::cast(out);
           },
           "A host copy of the rows' slots [size] int32 (-1 = idle).");
 
