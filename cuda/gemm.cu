@@ -6,15 +6,9 @@
 //                two bf16 values are exact in f32, so against cpu::linear on the same weight with
 //                x rounded to bf16 first only the summation order differs.
 //   bias:        added by a small kernel after the GEMM (acc, then + bias[n], as on the CPU).
-//   decode rows: bf16 w with T <= 4 rows (a decode step at small batch), K % 8 == 0 and the
-//                rounded x fitting shared memory: skinny_bf16_kernel instead of cuBLAS, a GEMV
-//                that streams each weight row once at the bandwidth limit (cuBLAS' GEMM tiles
-//                waste most of their work and bandwidth at T = 1). Same arithmetic (x rounded
-//                to bf16, exact products, f32 sums); only the summation order differs.
 // cuBLAS is column-major: the row-major y[T, N] is the column-major N x T matrix
 //   y_cm = w_cm^T x_cm, with w_cm = w viewed as K x N (ld K), x_cm = x viewed as K x T (ld K),
 // i.e. gemm(op(A) = T, op(B) = N, m = N, n = T, k = K, A = w, lda = K, B = x, ldb = K, ldc = N).
-#include <atomic>
 #include <cstdint>
 
 #include "common.cuh"
@@ -102,102 +96,6 @@ int rounded_gemm(MemraCudaCtx* ctx, const float* x, int T, int K, const void* w,
   return gemm(ctx, xs.as<H>(), w, ab_type, T, K, N, y);
 }
 
-// ------------------------------------------------------------------------- decode-row GEMV
-constexpr int kSkinnyThreads = 256;  // 8 warps, one weight row per warp at a time
-constexpr int kSkinnyWarps = kSkinnyThreads / 32;
-constexpr int kSkinnyMaxT = 4;
-constexpr size_t kSkinnySmemMax = size_t(96) << 10;  // the rounded x [T, K] bf16
-constexpr int kSkinnyUnroll = 4;  // 16-byte weight loads in flight per lane
-
-// Accumulate one 16-byte chunk (8 bf16 weights at columns 8c .. 8c + 7) into acc[t].
-template <int TT>
-__device__ __forceinline__ void skinny_chunk(const uint4& wv, const __nv_bfloat16* xs, int K,
-                                             int c, float (&acc)[TT]) {
-  const uint32_t wq[4] = {wv.x, wv.y, wv.z, wv.w};
-#pragma unroll
-  for (int t = 0; t < TT; ++t) {
-    const uint4 xv = *reinterpret_cast<const uint4*>(xs + static_cast<int64_t>(t) * K + 8 * c);
-    const uint32_t xq[4] = {xv.x, xv.y, xv.z, xv.w};
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      // bf16 -> f32 is the bits shifted up; each product of two bf16 values is exact in f32.
-      acc[t] = fmaf(__uint_as_float(wq[j] << 16), __uint_as_float(xq[j] << 16), acc[t]);
-      acc[t] = fmaf(__uint_as_float(wq[j] & 0xffff0000u), __uint_as_float(xq[j] & 0xffff0000u), acc[t]);
-    }
-  }
-}
-
-// y[t, n] = sum_k bf16(x[t, k]) * w[n, k] for t < TT: the block rounds x into shared memory, then
-// each warp walks rows n = blockIdx.x * 8 + warp, + gridDim.x * 8, ... reading the row with
-// 16-byte streaming loads (kSkinnyUnroll in flight per lane) and reducing across the warp.
-template <int TT>
-__global__ void __launch_bounds__(kSkinnyThreads)
-    skinny_bf16_kernel(const float* __restrict__ x, int K, const __nv_bfloat16* __restrict__ w,
-                       int N, float* __restrict__ y) {
-  extern __shared__ __align__(16) __nv_bfloat16 xs[];  // [TT, K]
-  for (int i = threadIdx.x; i < TT * K; i += kSkinnyThreads) xs[i] = __float2bfloat16_rn(x[i]);
-  __syncthreads();
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int chunks = K / 8;
-  for (int64_t n = static_cast<int64_t>(blockIdx.x) * kSkinnyWarps + warp; n < N;
-       n += static_cast<int64_t>(gridDim.x) * kSkinnyWarps) {
-    const uint4* wr = reinterpret_cast<const uint4*>(w + n * K);
-    float acc[TT];
-#pragma unroll
-    for (int t = 0; t < TT; ++t) acc[t] = 0.0f;
-    int c = lane;
-    for (; c + 32 * (kSkinnyUnroll - 1) < chunks; c += 32 * kSkinnyUnroll) {
-      uint4 v[kSkinnyUnroll];
-#pragma unroll
-      for (int u = 0; u < kSkinnyUnroll; ++u) v[u] = __ldcs(wr + c + 32 * u);
-#pragma unroll
-      for (int u = 0; u < kSkinnyUnroll; ++u) skinny_chunk<TT>(v[u], xs, K, c + 32 * u, acc);
-    }
-    for (; c < chunks; c += 32) skinny_chunk<TT>(__ldcs(wr + c), xs, K, c, acc);
-#pragma unroll
-    for (int t = 0; t < TT; ++t) {
-      float v = acc[t];
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-      if (lane == 0) y[static_cast<int64_t>(t) * N + n] = v;
-    }
-  }
-}
-
-template <int TT>
-int launch_skinny(MemraCudaCtx* ctx, const float* x, int K, const void* w, int N, float* y) {
-  const size_t smem = size_t(TT) * K * sizeof(__nv_bfloat16);
-  // The shared-memory opt-in, once per instantiation and device (the first call runs outside
-  // any capture: a decode step runs eagerly before it is captured).
-  static std::atomic<uint64_t> attr_set{0};
-  const uint64_t bit = uint64_t(1) << (ctx->device & 63);
-  if (!(attr_set.load() & bit)) {
-    MEMRA_CUDA_RETURN_IF(status_of(cudaFuncSetAttribute(
-        skinny_bf16_kernel<TT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-        static_cast<int>(kSkinnySmemMax))));
-    attr_set.fetch_or(bit);
-  }
-  const int64_t rows_blocks = (static_cast<int64_t>(N) + kSkinnyWarps - 1) / kSkinnyWarps;
-  const unsigned blocks = static_cast<unsigned>(rows_blocks < 2048 ? rows_blocks : 2048);
-  skinny_bf16_kernel<TT><<<blocks, kSkinnyThreads, smem, ctx->stream>>>(
-      x, K, static_cast<const __nv_bfloat16*>(w), N, y);
-  return launch_status();
-}
-
-// The decode-row GEMV when it applies (see the file comment); -1 when it does not.
-int skinny_linear(MemraCudaCtx* ctx, const float* x, int T, int K, const void* w, int N, float* y) {
-  if (T > kSkinnyMaxT || K % 8 != 0 || size_t(T) * K * sizeof(__nv_bfloat16) > kSkinnySmemMax ||
-      (reinterpret_cast<uintptr_t>(w) & 15u) != 0) {
-    return -1;
-  }
-  switch (T) {
-    case 1: return launch_skinny<1>(ctx, x, K, w, N, y);
-    case 2: return launch_skinny<2>(ctx, x, K, w, N, y);
-    case 3: return launch_skinny<3>(ctx, x, K, w, N, y);
-    default: return launch_skinny<4>(ctx, x, K, w, N, y);
-  }
-}
-
 }  // namespace
 
 extern "C" int memra_cuda_linear(MemraCudaCtx* ctx, const float* x, int T, int K, const void* w,
@@ -216,12 +114,9 @@ extern "C" int memra_cuda_linear(MemraCudaCtx* ctx, const float* x, int T, int K
     case 0:
       MEMRA_CUDA_RETURN_IF(gemm(ctx, x, w, CUDA_R_32F, T, K, N, y));
       break;
-    case 1: {
-      const int rc = skinny_linear(ctx, x, T, K, w, N, y);
-      if (rc > 0) return rc;
-      if (rc < 0) MEMRA_CUDA_RETURN_IF(rounded_gemm<__nv_bfloat16>(ctx, x, T, K, w, CUDA_R_16BF, N, y));
+    case 1:
+      MEMRA_CUDA_RETURN_IF(rounded_gemm<__nv_bfloat16>(ctx, x, T, K, w, CUDA_R_16BF, N, y));
       break;
-    }
     default:
       MEMRA_CUDA_RETURN_IF(rounded_gemm<__half>(ctx, x, T, K, w, CUDA_R_16F, N, y));
       break;

@@ -113,9 +113,7 @@ def test_embedding_zero_tokens(e):
 # ---------------------------------------------------------------- linear
 
 
-# T <= 4 with K % 8 == 0 takes the decode-row GEMV for bf16 weights (K = 4104: a tail of chunks
-# past the unrolled loop; K = 16384: the widest x that fits shared memory at T = 2; N = 5000: more
-# rows than the grid's warps); the others cuBLAS.
+# Decode-shaped rows (T <= 4) at several K and N besides the prefill shapes.
 LINEAR_SHAPES = [(1, 33, 7), (2, 200, 65), (63, 128, 33), (65, 1024, 200), (200, 4096, 96),
                  (1, 4096, 4096), (1, 8, 3), (3, 4104, 70), (4, 2048, 5000), (2, 16384, 40),
                  (4, 16384, 16)]
