@@ -1,17 +1,27 @@
 #!/usr/bin/env python3
 """MLA absorbed decode (one query row per sequence) over a bf16 latent cache: memra vs torch.
 
-memra: memra._core.mla_attn_absorbed(q_lat [1, H, R] f32, cache [L, R] bf16, scale=, engine=e)
-       -> o_lat [1, H, R] f32. The current ABI takes one sequence per call, so at B > 1 the
-       timed region holds B calls (B host-side launches; see the JSON "note").
+memra: memra._core.mla_attn_decode(q_lat [B, H, R] f32, caches (B device bf16 [L, R] arrays),
+       t_kv (device int32 [B]), scale=, max_t_kv=L, engine=e) -> o_lat [B, H, R] f32: the batched
+       op, one launch plan for the B sequences (the decode graph's call). --per-sequence adds
+       mla_attn_absorbed(q_lat [1, H, R], cache [L, R]) once per sequence, B calls per timed
+       region (memra_op names which).
 peer:  torch, batched: q_lat [B, H, R] bf16 @ cache^T [B, R, L] -> scores * scale in f32 ->
        softmax (f32) -> bf16 @ cache [B, L, R] -> [B, H, R].
 H = 64 heads, rank R = 512, no rope columns (d_rope = 0), scale = 192**-0.5 (a
 qk_head_dim of 128 + 64). bytes = B * L * R * 2 (the cache, read once).
+memra_us / peer_us: CUDA-event medians per call (common.Bench); memra_kernel_us /
+peer_kernel_us: the summed device time of the kernels one call launches (torch.profiler over
+--profile-calls calls, memsets and copies excluded; common.Bench.kernel_us where present), so
+launch gaps and host overhead drop out;
+kernel_frac_of_copy = bytes / memra_kernel_us against the copy yardstick.
 max_rel_err_ref / peer_max_rel_err_ref: memra / torch vs a float32 evaluation over the same
 bf16 cache (max |diff| / max |ref|, all B sequences); max_rel_err: memra vs the peer.
+MEMRA_MLA_DECODE_VARIANT (the arm knob of cuda/mla_decode.cu): "all" times 0, 1 and 2 in turn
+(the peer once per shape, its figures repeated on each line); any other value is used as is;
+`variant` in each line says which ("default" when unset).
 
-    python3 benchmarks/bench_mla_decode.py [--quick]
+    python3 benchmarks/bench_mla_decode.py [--quick] [--per-sequence] [--profile-calls N]
 """
 
 from __future__ import annotations
@@ -28,10 +38,58 @@ SCALE = 192 ** -0.5
 SHAPES = [(64, 4096), (8, 32768)]  # (B, L)
 SMOKE = (4, [(2, 64), (3, 33)])  # --device cpu: (H, [(B, L)]), float32 cache
 PEER = "torch bmm + softmax(f32) + bmm (bf16)"
+KNOB = "MEMRA_MLA_DECODE_VARIANT"
+
+
+def variants() -> list[str | None]:
+    v = os.environ.get(KNOB)
+    if v == "all":
+        return ["0", "1", "2"]
+    return [v]
+
+
+def kernel_time(b, fn, calls: int):
+    """Device time (us) of the kernels one call of fn launches: common.Bench.kernel_us where this
+    checkout has it, else kernel_us below."""
+    if hasattr(b, "kernel_us"):
+        us = b.kernel_us(fn, calls)
+        if us is None:
+            raise RuntimeError("the profiler recorded no kernels")
+        return us
+    return kernel_us(b.torch, fn, calls)
+
+
+def kernel_us(torch, fn, calls: int):
+    """Summed device time (us) of the kernels one call of fn launches: torch.profiler (CUPTI sees
+    every stream of the process, memra's included) over `calls` calls after one warm-up call."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    total = 0.0
+    n = 0
+    for evt in prof.events():
+        if evt.device_type != torch.autograd.DeviceType.CUDA:
+            continue
+        if evt.name.startswith(("Memcpy", "Memset")):
+            continue
+        total += evt.time_range.elapsed_us()
+        n += 1
+    if n == 0:
+        raise RuntimeError("the profiler recorded no kernels")
+    return total / calls
 
 
 def main() -> int:
     p = base_parser(__doc__.split("\n\n")[0])
+    p.add_argument("--per-sequence", action="store_true",
+                   help="also time mla_attn_absorbed once per sequence (B calls per region)")
+    p.add_argument("--profile-calls", type=int, default=20,
+                   help="calls inside the torch.profiler region for the kernel-only times")
     args = p.parse_args()
     b = Bench(args, "mla_decode")
     torch = b.torch
@@ -40,17 +98,11 @@ def main() -> int:
     heads, shapes = (H, SHAPES) if b.cuda else SMOKE
     # memra's CPU op takes a float32 cache only (bf16 is a CUDA path).
     cdt = torch.bfloat16 if b.cuda else torch.float32
-    ops = ["mla_attn_decode", "mla_attn_absorbed"] if b.cuda else ["mla_attn_absorbed"]
-    for (B, L), op in [(bl, op) for bl in shapes for op in ops]:
-        shape = {"B": B, "L": L, "H": heads, "R": R, "d_rope": 0, "cache_dtype": str(cdt)[6:]}
-        nbytes = B * L * R * cache_elem_bytes(torch, cdt)
-        extra = {"memra_op": op}
-        if B > 1 and op == "mla_attn_absorbed":
-            extra["note"] = (f"memra: {B} mla_attn_absorbed calls (t_q=1, one sequence each) inside "
-                             "each timed region; peer: one batched call")
-        if op == "mla_attn_decode":
-            extra["note"] = ("memra: one batched decode launch plan (device lengths and cache "
-                             "pointers; q rounded to bf16 for the tensor-core products)")
+    ops = ["mla_attn_decode"]
+    if args.per_sequence or not b.cuda:
+        ops.append("mla_attn_absorbed")
+    knob_before = os.environ.get(KNOB)
+    for B, L in shapes:
         log(f"mla_decode: B={B} L={L}")
         gen = torch.Generator(device=b.dev).manual_seed(0)
         cache = torch.randn(B, L, R, device=b.dev, dtype=torch.float32, generator=gen).to(cdt)
@@ -58,65 +110,102 @@ def main() -> int:
         qp = q32[:, 0].to(cdt)  # the peer's query [B, H, R]
         qs = [q32[i] for i in range(B)]  # [1, H, R] f32 views, contiguous
         cs = [cache[i] for i in range(B)]  # [L, R] views, contiguous
-
-        if op == "mla_attn_decode":
-            q_b = q32[:, 0].contiguous()  # [B, H, R]
-            t_kv = torch.full((B,), L, dtype=torch.int32, device=b.dev)
-
-            def run_memra():
-                o = _core.mla_attn_decode(q_b, cs, t_kv, scale=SCALE, max_t_kv=L, engine=b.engine)
-                return [o]
-        else:
-            def run_memra():
-                return [_core.mla_attn_absorbed(qs[i], cs[i], scale=SCALE, engine=b.engine) for i in range(B)]
+        q_b = q32[:, 0].contiguous()  # [B, H, R]
+        t_kv = torch.full((B,), L, dtype=torch.int32, device=b.dev)
+        refs = []
+        for i in range(B):
+            c = cache[i].float()
+            refs.append(torch.softmax((q32[i, 0] @ c.T) * SCALE, dim=-1) @ c)
 
         def run_peer():
             s = torch.bmm(qp, cache.transpose(1, 2)).float().mul_(SCALE)
             pr = torch.softmax(s, dim=-1).to(cdt)
             return torch.bmm(pr, cache)
 
-        # Correctness: memra and the peer against float32 over the same cache values.
-        memra_us = peer_us = None
-        try:
-            b.sync()
-            if op == "mla_attn_decode":
-                o_m = to_torch(run_memra()[0], b.engine, b.dev)  # [B, H, R]
-            else:
-                o_m = torch.stack([to_torch(o, b.engine, b.dev)[0] for o in run_memra()])  # [B, H, R]
-            b.sync()
-        except Exception as e:  # noqa: BLE001
-            extra["memra_error"] = f"{type(e).__name__}: {e}"
-            o_m = None
+        peer = {}
         try:
             o_p = run_peer().float()
+            peer["err"] = max(rel_err(o_p[i], refs[i]) for i in range(B))
+            peer["out"] = o_p
         except Exception as e:  # noqa: BLE001
-            extra["peer_unavailable"] = f"{type(e).__name__}: {e}"
-            o_p = None
-        err_m = err_p = err_mp = 0.0
-        for i in range(B):
-            c = cache[i].float()
-            ref = torch.softmax((q32[i, 0] @ c.T) * SCALE, dim=-1) @ c
-            if o_m is not None:
-                err_m = max(err_m, rel_err(o_m[i], ref))
-            if o_p is not None:
-                err_p = max(err_p, rel_err(o_p[i], ref))
-            if o_m is not None and o_p is not None:
-                err_mp = max(err_mp, rel_err(o_m[i], o_p[i]))
-        if o_m is not None:
-            extra["max_rel_err_ref"] = err_m
-        if o_p is not None:
-            extra["peer_max_rel_err_ref"] = err_p
-        if o_m is not None and o_p is not None:
-            extra["max_rel_err"] = err_mp
-        del o_m, o_p
-        b.release()
+            peer["unavailable"] = f"{type(e).__name__}: {e}"
 
-        if "memra_error" not in extra:
-            memra_us = b.time_memra(run_memra)
-        if "peer_unavailable" not in extra:
-            peer_us = b.time_torch(run_peer)
-        b.emit(shape, memra_us, PEER, peer_us, nbytes, **extra)
-        del cache, q32, qp, qs, cs
+        for op in ops:
+            for var in (variants() if op == "mla_attn_decode" else ["n/a"]):
+                if var not in (None, "n/a"):
+                    os.environ[KNOB] = var
+                shape = {"B": B, "L": L, "H": heads, "R": R, "d_rope": 0,
+                         "cache_dtype": str(cdt)[6:]}
+                nbytes = B * L * R * cache_elem_bytes(torch, cdt)
+                extra = {"memra_op": op, "variant": var if var is not None else "default"}
+                if op == "mla_attn_decode":
+                    extra["note"] = ("memra: one batched decode launch plan (device lengths and "
+                                     "cache pointers; q rounded to bf16 for the tensor-core "
+                                     "products)")
+
+                    def run_memra():
+                        return [_core.mla_attn_decode(q_b, cs, t_kv, scale=SCALE, max_t_kv=L,
+                                                      engine=b.engine)]
+                else:
+                    extra["note"] = (f"memra: {B} mla_attn_absorbed calls (t_q=1, one sequence "
+                                     "each) inside each timed region; peer: one batched call")
+
+                    def run_memra():
+                        return [_core.mla_attn_absorbed(qs[i], cs[i], scale=SCALE, engine=b.engine)
+                                for i in range(B)]
+
+                memra_us = None
+                try:
+                    b.sync()
+                    outs = run_memra()
+                    if op == "mla_attn_decode":
+                        o_m = to_torch(outs[0], b.engine, b.dev)  # [B, H, R]
+                    else:
+                        o_m = torch.stack([to_torch(o, b.engine, b.dev)[0] for o in outs])
+                    b.sync()
+                    extra["max_rel_err_ref"] = max(rel_err(o_m[i], refs[i]) for i in range(B))
+                    if "out" in peer:
+                        extra["max_rel_err"] = max(rel_err(o_m[i], peer["out"][i])
+                                                   for i in range(B))
+                    del o_m, outs
+                except Exception as e:  # noqa: BLE001
+                    extra["memra_error"] = f"{type(e).__name__}: {e}"
+                if "unavailable" in peer:
+                    extra["peer_unavailable"] = peer["unavailable"]
+                else:
+                    extra["peer_max_rel_err_ref"] = peer["err"]
+                b.release()
+
+                if "memra_error" not in extra:
+                    memra_us = b.time_memra(run_memra)
+                if "unavailable" not in peer and "us" not in peer:
+                    peer["us"] = b.time_torch(run_peer)
+                if b.cuda:
+                    if "memra_error" not in extra:
+                        try:
+                            k_us = kernel_time(b, run_memra, args.profile_calls)
+                            extra["memra_kernel_us"] = round(k_us, 3)
+                            extra["kernel_frac_of_copy"] = round(
+                                nbytes / k_us / 1e6 / b.copy_TBps, 4)
+                        except Exception as e:  # noqa: BLE001
+                            extra["memra_kernel_us"] = None
+                            extra["profiler_error"] = f"{type(e).__name__}: {e}"
+                    if "unavailable" not in peer:
+                        if "kernel_us" not in peer:
+                            try:
+                                peer["kernel_us"] = round(
+                                    kernel_time(b, run_peer, args.profile_calls), 3)
+                            except Exception as e:  # noqa: BLE001
+                                peer["kernel_us"] = None
+                                extra["profiler_error"] = f"{type(e).__name__}: {e}"
+                        extra["peer_kernel_us"] = peer["kernel_us"]
+                b.emit(shape, memra_us, PEER, peer.get("us"), nbytes, **extra)
+                b.release()
+        if knob_before is None:
+            os.environ.pop(KNOB, None)
+        else:
+            os.environ[KNOB] = knob_before
+        del cache, q32, qp, qs, cs, q_b, t_kv, refs, peer
         b.release()
     return 0
 

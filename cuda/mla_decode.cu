@@ -16,6 +16,11 @@
 //   combine: one block per (head, sequence) with >= 2 active splits merges the partials
 //     (o = sum_s w_s o_s / sum_s w_s l_s, w_s = exp(m_s - max m)).
 //
+// Dense bf16 cache at H = 64, R = 512 (GLM-5.3-Flash): when MEMRA_MLA_DECODE_VARIANT selects it
+//   (see decode_variant), the sm_90a wgmma kernel of cuda/mla_decode_sm90.cu with its own
+//   combine; same roundings, splits from the same cost model in its tile size. Everything below
+//   serves every other case and stays the reference arm (variant 0).
+//
 // bf16 cache, R in {128, 256, 512}: tensor-core kernel (mma.sync.m16n8k16 bf16 -> f32).
 //   All HB = 16 * MT heads of a block (MT = 4 m-tiles for H > 32, else 2) share each cache row:
 //   the row is read from HBM once per (sequence, split) and feeds both products.
@@ -73,9 +78,21 @@
 #include <climits>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <algorithm>
 
 #include "common.cuh"
+
+namespace memra::cuda {
+// cuda/mla_decode_sm90.cu: the wgmma arm for dense bf16 caches at H = 64, R = 512.
+int mla_decode_sm90_tile_rows(int variant);  // rows per tile (a split's chunk is a multiple)
+int mla_decode_sm90_max_splits();
+// kOk, a launch / scratch status, or kUnsupportedGeometry (the device lacks the shared memory;
+// the caller falls back to the mma.sync kernel).
+int mla_decode_sm90(MemraCudaCtx* ctx, int variant, const float* q_lat, const void* const* caches,
+                    const int32_t* t_kv, int B, int max_t_kv, int chunk, int nsplit, float scale,
+                    float* o_lat);
+}  // namespace memra::cuda
 
 using memra::cuda::ceil_div;
 using memra::cuda::enter;
@@ -92,6 +109,24 @@ constexpr int kWarps = kThreads / 32;
 constexpr int kTileRows = 64;  // rows per tile; split chunks are multiples of it
 constexpr int kStages = 2;
 constexpr float kLog2e = 1.4426950408889634f;
+
+// MEMRA_MLA_DECODE_VARIANT: an arm override for tests and benchmarks, read on every call (a
+// captured graph keeps the arm it was captured with). 0: the kernels of this file for every
+// shape; 1 / 2: the sm_90a wgmma kernel of cuda/mla_decode_sm90.cu (64-row tiles x 2 stages /
+// 48-row tiles x 3 stages) for dense bf16 caches at H = 64, R = 512 (every other case stays
+// here). Unset, empty or anything else: kDefaultVariant = 1, measured on the H200 at 0.55-0.59
+// of copy bandwidth against 0.35-0.38 for arm 0 and 0.52-0.53 for arm 2
+// (benchmarks/results/2026-11-29-h200-session3-run3.jsonl).
+constexpr int kDefaultVariant = 1;
+
+int decode_variant() {
+  const char* v = std::getenv("MEMRA_MLA_DECODE_VARIANT");
+  if (!v || !v[0] || v[1]) return kDefaultVariant;
+  if (v[0] == '0') return 0;
+  if (v[0] == '1') return 1;
+  if (v[0] == '2') return 2;
+  return kDefaultVariant;
+}
 
 int device_attr(MemraCudaCtx* ctx, cudaDeviceAttr attr, int* out) {
   return status_of(cudaDeviceGetAttribute(out, attr, ctx->device));
@@ -808,6 +843,27 @@ int memra_cuda_mla_attn_decode(MemraCudaCtx* ctx, const float* q_lat, const void
   if (!tc && R > 32 * kFAcc) return memra::kUnsupportedGeometry;  // R > 1024
   int sms = 0;
   MEMRA_CUDA_RETURN_IF(device_attr(ctx, cudaDevAttrMultiProcessorCount, &sms));
+
+  // Dense bf16 at H = 64, R = 512 with 16-byte aligned q_lat / o_lat: the wgmma arm when the knob
+  // selects it. Splits from the same cost model in units of its tiles (the q read, 64 x 512 f32 =
+  // 128 KiB, is 128 / tile_rows tiles); B = 64, L = 4096: 2 splits; B = 8, L = 32768: 16.
+  const int variant = decode_variant();
+  const bool aligned = reinterpret_cast<uintptr_t>(q_lat) % 16 == 0 &&
+                       reinterpret_cast<uintptr_t>(o_lat) % 16 == 0;
+  if (variant != 0 && !gather && cache_dtype == 1 && H == 64 && R == 512 && aligned) {
+    const int tr = memra::cuda::mla_decode_sm90_tile_rows(variant);
+    const int64_t wtiles = (static_cast<int64_t>(max_t_kv) + tr - 1) / tr;
+    const double ovh = 128.0 / tr;
+    int ns = choose_nsplit(B, wtiles, sms, 1, ovh, ovh);
+    ns = std::min(ns, memra::cuda::mla_decode_sm90_max_splits());
+    const int64_t chunk = (wtiles + ns - 1) / ns * tr;
+    if (chunk <= INT_MAX) {
+      ns = static_cast<int>((max_t_kv + chunk - 1) / chunk);
+      const int rc = memra::cuda::mla_decode_sm90(ctx, variant, q_lat, caches, t_kv, B, max_t_kv,
+                                                  static_cast<int>(chunk), ns, scale, o_lat);
+      if (rc != memra::kUnsupportedGeometry) return rc;
+    }
+  }
 
   DecodeArgs a{};
   a.q_lat = q_lat;

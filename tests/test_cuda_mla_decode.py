@@ -34,6 +34,19 @@ device int32 [B] array (a host list works too, at the cost of one small upload p
 
 A small shape for ``compute-sanitizer --tool racecheck`` / ``memcheck``:
 ``python -m pytest tests/test_cuda_mla_decode.py -k sanitizer``.
+
+The sm_90a wgmma arm (cuda/mla_decode_sm90.cu: dense bf16 caches at H = 64, R = 512, selected by
+the temporary knob MEMRA_MLA_DECODE_VARIANT = 1 (64-row tiles x 2 stages) or 2 (48-row tiles x 3
+stages); 0 = the mma.sync kernel) is tested under both values (``-k wgmma``), against the CPU with
+the bf16 limits above and against the mma.sync kernel on the same inputs with WGMMA_VS_MMA_REL =
+5e-3: both arms round q and p to bf16 the same way and differ only in the order of the f32 sums
+inside the tensor cores (a score moves by ~1e-7 relative, so now and then a p rounds to the
+neighbouring bf16 value in one arm and not the other); each arm is 0.9e-3..1.3e-3 from the CPU on
+the bf16-rounded q (float64 emulation above), so their difference stays below ~2.6e-3.
+Diagnostic tests isolate the two products: q = 0 makes every weight exactly 1, so the output is
+the mean of the visible rows whatever S is (the PV product and its N-major operand); q_h = c_{r_h}
+makes row r_h win by > 200 in log2 units, every other weight underflows to exactly 0 and the output
+is c_{r_h} bit for bit (the QK product and its K-major operands).
 """
 
 from __future__ import annotations
@@ -432,4 +445,184 @@ def test_sanitizer_small_shapes(e):
         dev = bt.caches(e)
         _core.mla_latent_append_decode(e.to_device(f32(np.ones((4, R)))), dev, [3, -1, 0, 64],
                                        engine=e)
+    e.synchronize()
+
+
+# ---------------------------------------------------------------- wgmma arm (mla_decode_sm90.cu)
+
+KNOB = "MEMRA_MLA_DECODE_VARIANT"
+WGMMA_VARIANTS = ["1", "2"]  # 64-row tiles x 2 stages, 48-row tiles x 3 stages
+WGMMA_VS_MMA_REL = 5e-3
+# t_kv per case, chosen around both tile sizes (48, 64) and the split chunks; 0 = idle row.
+WGMMA_EDGES = [1, 63, 64, 65, 4095, 4096, 0, 47, 48, 49, 95, 96, 97, 200, 2047, 2049]
+WGMMA_CASES = {
+    "b1_4096": [4096],
+    "b1_1": [1],
+    "b3_tile_edges": [63, 64, 65],
+    "b3_long_one_idle": [4095, 1, 0],
+    "b64_mixed": [WGMMA_EDGES[(b * 5) % len(WGMMA_EDGES)] for b in range(64)],
+}
+_wgmma_cpu = {}  # (case, rounded q) -> CPU output: the oracle is the slow part, shared by variants
+
+
+@pytest.fixture(params=WGMMA_VARIANTS, ids=lambda v: f"v{v}")
+def variant(request):
+    return request.param
+
+
+def run_with(monkeypatch, knob_value, fn):
+    monkeypatch.setenv(KNOB, knob_value)
+    return fn()
+
+
+def wgmma_batch(case, seed):
+    return Batch(WGMMA_CASES[case], 64, 512, "bfloat16", seed=seed)
+
+
+def check_exact_rows(got, bt):
+    """t_kv = 1: o = the row bit for bit; t_kv = 0: zeros."""
+    for b, t in enumerate(bt.t_kv):
+        if t == 0:
+            np.testing.assert_array_equal(got[b], np.zeros((bt.H, bt.R), np.float32))
+        elif t == 1:
+            np.testing.assert_array_equal(got[b], np.broadcast_to(bt.rows[b][0], (bt.H, bt.R)))
+
+
+@pytest.mark.parametrize("bound", ["max_t_kv", "max_len"])
+@pytest.mark.parametrize("case", list(WGMMA_CASES))
+def test_wgmma_dense_matches_cpu_and_mma_kernel(e, monkeypatch, variant, case, bound):
+    """The wgmma arm against the CPU (q as given and bf16-rounded) and against the mma.sync arm;
+    bound max_len: max_t_kv = max(t_kv) + 3001 (a decode graph passes the cache length), so the
+    split plan differs and every row ends before the plan's last split."""
+    bt = wgmma_batch(case, seed=len(case) * 7 + len(WGMMA_CASES[case]))
+    kw = {"max_t_kv": max(bt.t_kv) + 3001} if bound == "max_len" else {}
+    got = run_with(monkeypatch, variant, lambda: bt.gpu(e, **kw))
+    mma = run_with(monkeypatch, "0", lambda: bt.gpu(e, **kw))
+    check_exact_rows(got, bt)
+    if (case, False) not in _wgmma_cpu:
+        _wgmma_cpu[(case, False)] = bt.cpu()
+        _wgmma_cpu[(case, True)] = bt.cpu(q=bf16_round(bt.q))
+    close_per_seq(got, _wgmma_cpu[(case, False)], BF16_REL)
+    close_per_seq(got, _wgmma_cpu[(case, True)], BF16_QROUND_REL)
+    close_per_seq(got, mma, WGMMA_VS_MMA_REL)
+
+
+def test_wgmma_arm_is_selected(e, monkeypatch, variant):
+    """The knob switches arms: long rows give different f32 bits (another summation order),
+    each arm is deterministic, and the default (unset) is the 64-row wgmma arm (variant 1)."""
+    bt = Batch([4096, 300, 65], 64, 512, "bfloat16", seed=81)
+    new = run_with(monkeypatch, variant, lambda: bt.gpu(e))
+    again = run_with(monkeypatch, variant, lambda: bt.gpu(e))
+    old = run_with(monkeypatch, "0", lambda: bt.gpu(e))
+    np.testing.assert_array_equal(new, again)
+    assert not np.array_equal(new, old), "MEMRA_MLA_DECODE_VARIANT did not select the wgmma arm"
+    arm1 = run_with(monkeypatch, "1", lambda: bt.gpu(e))
+    monkeypatch.delenv(KNOB, raising=False)
+    default = bt.gpu(e)
+    np.testing.assert_array_equal(default, arm1)
+
+
+def test_wgmma_uniform_weights_isolate_pv(e, monkeypatch, variant):
+    """q = 0: every score is 0 and every weight exactly 1, so o = the mean of the visible rows
+    whatever the QK product reads; a wrong row or column of the PV operand shows as O(1)."""
+    t_kv = [1, 63, 64, 65, 100, 4096, 47, 49]
+    bt = Batch(t_kv, 64, 512, "bfloat16", seed=82)
+    q = np.zeros_like(bt.q)
+    for kw in ({}, {"max_t_kv": 9000}):
+        got = run_with(monkeypatch, variant, lambda: bt.gpu(e, q=q, **kw))
+        want = np.stack([np.broadcast_to(r.astype(np.float64).mean(0), (64, 512)) for r in bt.rows])
+        close_per_seq(got, f32(want), 1e-3)  # f32 sums of up to 4096 rows / n
+        np.testing.assert_array_equal(got[0], np.broadcast_to(bt.rows[0][0], (64, 512)))
+
+
+def test_wgmma_peaked_scores_isolate_qk(e, monkeypatch, variant):
+    """q_h = c_{r_h} (bf16 values, exact after rounding) with scale 1: row r_h beats every other
+    row by > 200 (log2 units), every other weight is exactly 0 and o_h = c_{r_h} bit for bit; a
+    wrong row or column of the QK operands selects another row."""
+    t_kv = [4096, 65, 150, 48]
+    bt = Batch(t_kv, 64, 512, "bfloat16", seed=83)
+    q = np.zeros_like(bt.q)
+    pick = np.zeros((len(t_kv), 64), np.int64)
+    for b, t in enumerate(t_kv):
+        pick[b] = (np.arange(64) * 37 + 5 * b + 3) % t
+        q[b] = bt.rows[b][pick[b]]
+        s = (q[b].astype(np.float64) @ bt.rows[b].astype(np.float64).T) * np.log2(np.e)
+        top = s[np.arange(64), pick[b]]
+        s[np.arange(64), pick[b]] = -np.inf
+        assert (top - s.max(1)).min() > 200, "inputs do not separate the rows enough"
+    for kw in ({}, {"max_t_kv": 9000}):
+        got = run_with(monkeypatch, variant,
+                       lambda: e.to_host(_core.mla_attn_decode(e.to_device(q), bt.caches(e), t_kv,
+                                                                scale=1.0, engine=e, **kw)))
+        for b in range(len(t_kv)):
+            np.testing.assert_array_equal(got[b], bt.rows[b][pick[b]], err_msg=f"sequence {b}")
+
+
+def test_wgmma_long_row(e, monkeypatch, variant):
+    """32768 rows (many splits and the combine over them) beside a short and an idle row."""
+    bt = Batch([32768, 9, 0], 64, 512, "bfloat16", seed=84)
+    got = run_with(monkeypatch, variant, lambda: bt.gpu(e))
+    mma = run_with(monkeypatch, "0", lambda: bt.gpu(e))
+    close_per_seq(got, bt.cpu(), BF16_REL)
+    close_per_seq(got, bt.cpu(q=bf16_round(bt.q)), BF16_QROUND_REL)
+    close_per_seq(got, mma, WGMMA_VS_MMA_REL)
+    check_exact_rows(got, bt)
+
+
+def test_wgmma_graph_form_device_t_kv(e, monkeypatch, variant):
+    """The decode-graph call: device t_kv, max_t_kv = the cache length; the same bytes as host
+    t_kv under the same bound, idle rows zero and without effect on the other rows' bytes, a
+    later step under the same bound still matches the CPU."""
+    t_kv = [300, 1, 0, 4096, 129, 64, 65, 2000]
+    max_len = 4200
+    bt = Batch(t_kv, 64, 512, "bfloat16", seed=85, slack=max_len - 4096)
+    dev = run_with(monkeypatch, variant,
+                   lambda: bt.gpu(e, t_kv=e.to_device(np.array(t_kv, np.int32)), max_t_kv=max_len))
+    host = run_with(monkeypatch, variant, lambda: bt.gpu(e, max_t_kv=max_len))
+    np.testing.assert_array_equal(dev, host)
+    close_per_seq(dev, bt.cpu(), BF16_REL)
+    check_exact_rows(dev, bt)
+    idle = [0, 4, 6]
+    t_idle = [0 if b in idle else t for b, t in enumerate(t_kv)]
+    q = bt.q.copy()
+    q[idle] = np.nan  # nothing of an idle row is read
+    got = run_with(monkeypatch, variant,
+                   lambda: bt.gpu(e, t_kv=e.to_device(np.array(t_idle, np.int32)), q=q,
+                                  max_t_kv=max_len))
+    for b in range(len(t_kv)):
+        want = np.zeros((64, 512), np.float32) if b in idle else dev[b]
+        np.testing.assert_array_equal(got[b], want)
+    moved = [t + 1 if t else 0 for t in t_kv]
+    bt2 = Batch(moved, 64, 512, "bfloat16", seed=86, slack=max_len - 4097)
+    dev2 = run_with(monkeypatch, variant,
+                    lambda: bt2.gpu(e, t_kv=e.to_device(np.array(moved, np.int32)),
+                                    max_t_kv=max_len))
+    close_per_seq(dev2, bt2.cpu(), BF16_REL)
+
+
+def test_wgmma_knob_leaves_other_forms(e, monkeypatch, variant):
+    """Gathered lists, float32 caches and other H / R run the mma.sync / f32 kernels whatever the
+    knob says: the same bytes as under 0."""
+    t_kv = [200, 0, 65]
+    cases = [
+        (Batch(t_kv, 64, 512, "bfloat16", seed=87), random_lists(t_kv, 70, seed=88)),
+        (Batch(t_kv, 64, 512, "float32", seed=89), None),
+        (Batch(t_kv, 16, 128, "bfloat16", seed=90), None),
+        (Batch(t_kv, 64, 256, "bfloat16", seed=91), None),
+    ]
+    for bt, idx in cases:
+        got = run_with(monkeypatch, variant, lambda: bt.gpu(e, idx=idx))
+        want = run_with(monkeypatch, "0", lambda: bt.gpu(e, idx=idx))
+        np.testing.assert_array_equal(got, want)
+
+
+def test_sanitizer_wgmma_small_shapes(e, monkeypatch):
+    """compute-sanitizer target for the wgmma arm: both variants, one split and many (+ combine),
+    idle and one-row sequences."""
+    t_kv = [200, 0, 1, 65]
+    bt = Batch(t_kv, 64, 512, "bfloat16", seed=92)
+    for v in WGMMA_VARIANTS:
+        run_with(monkeypatch, v, lambda: bt.gpu(e))
+        run_with(monkeypatch, v, lambda: bt.gpu(e, t_kv=e.to_device(np.array(t_kv, np.int32)),
+                                                max_t_kv=205))
     e.synchronize()
