@@ -127,8 +127,17 @@ def main() -> int:
 
         if "memra_error" not in extra:
             memra_us = b.time_memra(run_memra)
+            # The kernels alone: what the step costs inside a CUDA graph (at B = 1 the event
+            # timer above measures the binding's host work, pointer tables included).
+            extra["memra_kernel_us"] = b.kernel_us(run_memra)
         if fused_recurrent_kda is not None and "peer_unavailable" not in extra:
             peer_us = b.time_torch(run_peer)
+            extra["peer_kernel_us"] = b.kernel_us(run_peer)
+        mk, pk = extra.get("memra_kernel_us"), extra.get("peer_kernel_us")
+        if mk:
+            extra["kernel_frac_of_copy"] = round(nbytes / mk / 1e6 / b.copy_TBps, 4)
+            if pk:
+                extra["kernel_ratio"] = round(pk / mk, 4)
         b.emit(shape, memra_us, PEER, peer_us, nbytes, **extra)
         del x, q, k, v, g, beta, state
         b.release()

@@ -10,6 +10,9 @@ medians, the peer's figure from the same run beside ours).
   whenever it exceeds the GPU's work (small shapes): that is what a decode step pays.
 - ``copy_TBps``: a measured device-to-device copy bandwidth (torch, 2 GiB; bytes read + written
   / time), the yardstick for ``frac_of_copy``.
+- ``kernel_us(fn)``: the GPU kernels alone (torch.profiler, CUDA activity): per call the sum of
+  the durations of the kernels it launched, median over calls; no host overhead, which is what a
+  call costs inside a CUDA graph (at small shapes the event timers above measure the host).
 - ``emit(...)``: one JSON object per measured shape on stdout (progress goes to stderr).
 
 ``--device cpu`` is a smoke test of the wiring (CPU engine, tiny shapes, wall-clock timing, no
@@ -21,8 +24,10 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import statistics
 import sys
+import tempfile
 import time
 
 
@@ -169,6 +174,32 @@ class Bench:
             return self._wall(fn)
         return self._events(fn, self.memra_stream)
 
+    def kernel_us(self, fn, reps: int | None = None):
+        """Median over `reps` calls of fn of the summed durations of the CUDA kernels each call
+        launched (torch.profiler with CUDA activity; copies and memsets are not kernels), in
+        microseconds; None on the CPU or when the profiler records no kernels. Every call must
+        launch the same number of kernels (true of the benchmarked ops); otherwise the mean."""
+        if not self.cuda:
+            return None
+        from torch.profiler import ProfilerActivity, profile
+        n = reps if reps is not None else self.reps
+        self.sync()
+        for _ in range(self.warmup):
+            fn()
+        self.sync()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(n):
+                fn()
+            self.sync()
+        durs = kernel_durations(prof)
+        if not durs:
+            return None
+        per_call, rem = divmod(len(durs), n)
+        if per_call == 0 or rem:
+            log(f"{self.bench}: {len(durs)} kernels over {n} calls; reporting the mean per call")
+            return sum(durs) / n
+        return statistics.median(sum(durs[i * per_call:(i + 1) * per_call]) for i in range(n))
+
     def measure_copy(self, gib: float) -> float:
         """Device-to-device copy bandwidth in TB/s (bytes read + written / median time)."""
         torch = self.torch
@@ -211,3 +242,42 @@ class Bench:
             rec[k] = _finite(v)
         print(json.dumps(rec), flush=True)
         return rec
+
+
+def _finite_deep(x):
+    """_finite through dicts and lists (nested records)."""
+    if isinstance(x, dict):
+        return {k: _finite_deep(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_finite_deep(v) for v in x]
+    return _finite(x)
+
+
+def emit_record(rec: dict) -> dict:
+    """Print one JSON object (a whole record made by the caller, e.g. a whole-model figure that does
+    not fit Bench.emit's per-op fields) on stdout; NaN/inf anywhere in it become strings."""
+    rec = _finite_deep(rec)
+    print(json.dumps(rec), flush=True)
+    return rec
+
+
+def kernel_durations(prof, names: bool = False) -> list:
+    """Durations (us) of the GPU kernels a finished torch.profiler run recorded, in start order,
+    read from its Chrome trace (stable across torch versions: events of category 'kernel');
+    names=True: (name, duration) pairs."""
+    fd, path = tempfile.mkstemp(suffix=".json")
+    os.close(fd)
+    try:
+        prof.export_chrome_trace(path)
+        with open(path) as f:
+            events = json.load(f)
+    finally:
+        os.unlink(path)
+    if isinstance(events, dict):
+        events = events.get("traceEvents", [])
+    ks = [e for e in events
+          if isinstance(e, dict) and str(e.get("cat", "")).lower() == "kernel" and "dur" in e]
+    ks.sort(key=lambda e: float(e.get("ts", 0.0)))
+    if names:
+        return [(str(e.get("name", "?")), float(e["dur"])) for e in ks]
+    return [float(e["dur"]) for e in ks]
