@@ -28,7 +28,9 @@ using memra::cuda::Scratch;
 namespace {
 
 constexpr int kMaxHc = 64;            // comb [hc, hc] lives in shared memory
-constexpr int kMapThreads = 256;
+// 1024 threads: at decode (T = 1, one block) the sum of squares over hc * D values and the
+// collapsed row are latency-bound loops; a wide block keeps most of them in flight at once.
+constexpr int kMapThreads = 1024;
 constexpr size_t kNormChunkBytes = size_t(64) << 20;
 
 __device__ __forceinline__ float sigmoidf(float x) { return 1.0f / (1.0f + expf(-x)); }
@@ -59,7 +61,18 @@ __global__ void __launch_bounds__(kMapThreads)
   float inv = 1.0f;
   if (fold && flat > 0) {
     float ss = 0.0f;
-    for (int64_t k = tid; k < flat; k += kMapThreads) {
+    int64_t k0 = 0;
+    if ((reinterpret_cast<uintptr_t>(st) & 15u) == 0) {  // 16-byte loads, four in flight
+      const int64_t n4 = flat / 4;
+      const float4* s4 = reinterpret_cast<const float4*>(st);
+#pragma unroll 4
+      for (int64_t q = tid; q < n4; q += kMapThreads) {
+        const float4 v = s4[q];
+        ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+      }
+      k0 = 4 * n4;
+    }
+    for (int64_t k = k0 + tid; k < flat; k += kMapThreads) {
       const float v = st[k];
       ss += v * v;
     }

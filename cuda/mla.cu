@@ -107,8 +107,21 @@ __device__ __forceinline__ void absorb_dot(const float* qs, int d_nope, const Tw
                                            int64_t R, float (&acc)[P]) {
 #pragma unroll
   for (int p = 0; p < P; ++p) acc[p] = 0.0f;
-#pragma unroll 4
-  for (int n = 0; n < d_nope; ++n) {
+  // Sixteen weights loaded before any is used (the chain of sums stays in order): at decode the
+  // loop is bound by load latency, not by the adds.
+  constexpr int kAhead = 16;
+  int n = 0;
+  for (; n + kAhead <= d_nope; n += kAhead) {
+    float wv[kAhead];
+#pragma unroll
+    for (int j = 0; j < kAhead; ++j) wv[j] = to_f32(__ldg(w + static_cast<int64_t>(n + j) * R));
+#pragma unroll
+    for (int j = 0; j < kAhead; ++j) {
+#pragma unroll
+      for (int p = 0; p < P; ++p) acc[p] = __fadd_rn(acc[p], __fmul_rn(qs[p * d_nope + n + j], wv[j]));
+    }
+  }
+  for (; n < d_nope; ++n) {
     const float wv = to_f32(w[n * R]);
 #pragma unroll
     for (int p = 0; p < P; ++p) acc[p] = __fadd_rn(acc[p], __fmul_rn(qs[p * d_nope + n], wv));
@@ -160,6 +173,23 @@ __device__ __forceinline__ void decompress_dot(const float* os, int R, const Tw*
   int r = 0;
   if constexpr (kVec) {
     constexpr int V = 16 / sizeof(Tw);
+    constexpr int kAhead = 4;  // 16-byte loads in flight before the first is used
+    for (; r + kAhead * V <= R; r += kAhead * V) {
+      uint4 raw[kAhead];
+#pragma unroll
+      for (int u = 0; u < kAhead; ++u) raw[u] = __ldg(reinterpret_cast<const uint4*>(wrow + r + u * V));
+#pragma unroll
+      for (int u = 0; u < kAhead; ++u) {
+        Tw wv[V];
+        memcpy(wv, &raw[u], sizeof(raw[u]));
+#pragma unroll
+        for (int e = 0; e < V; ++e) {
+          const float w = to_f32(wv[e]);
+#pragma unroll
+          for (int p = 0; p < P; ++p) acc[p] = __fadd_rn(acc[p], __fmul_rn(w, os[p * R + r + u * V + e]));
+        }
+      }
+    }
     for (; r + V <= R; r += V) {
       const uint4 raw = __ldg(reinterpret_cast<const uint4*>(wrow + r));
       Tw wv[V];

@@ -105,7 +105,7 @@ void init_layers(nb::module_& m) {
             const int D = l.config().hidden;
             const float* xp = f32_in(l.cuda(), x, "KdaLayer.forward", "x", {-1, D});
             const int T = int(dim(x, 0));
-            Out y = out_f32(l.cuda(), {sz(T), sz(D)});
+            Out y = out_f32(l.cuda(), {sz(T), sz(D)}, false);
             Status st;
             {
               nb::gil_scoped_release nogil;
@@ -121,7 +121,7 @@ void init_layers(nb::module_& m) {
             const int D = l.config().hidden;
             const float* xp = f32_in(l.cuda(), x, "KdaLayer.prefill", "x", {-1, D});
             const int T = int(dim(x, 0));
-            Out y = out_f32(l.cuda(), {sz(T), sz(D)});
+            Out y = out_f32(l.cuda(), {sz(T), sz(D)}, false);
             Status st;
             {
               nb::gil_scoped_release nogil;
@@ -140,7 +140,7 @@ void init_layers(nb::module_& m) {
             const int32_t* sp = slots_arg(slots, cache, "KdaLayer.decode");
             const int B = int(dim(slots, 0));
             const float* xp = f32_in(l.cuda(), x, "KdaLayer.decode", "x", {B, D});
-            Out y = out_f32(l.cuda(), {sz(B), sz(D)});
+            Out y = out_f32(l.cuda(), {sz(B), sz(D)}, false);
             Status st;
             {
               nb::gil_scoped_release nogil;
@@ -158,7 +158,7 @@ void init_layers(nb::module_& m) {
             const int D = l.config().hidden, B = slots.size();
             check_decode_slots(slots, cache, op);
             const float* xp = f32_in(l.cuda(), x, op, "x", {B, D});
-            Out y = out_f32(l.cuda(), {sz(B), sz(D)});
+            Out y = out_f32(l.cuda(), {sz(B), sz(D)}, false);
             check(l.decode_device(cache, layer, slots.data(), B, xp, y.data<float>()));
             return y.obj;
           },
@@ -218,8 +218,8 @@ void init_layers(nb::module_& m) {
             const float* xp = f32_in(l.cuda(), x, "MlaLayer.prefill", "x", {-1, D});
             const int T = int(dim(x, 0));
             const int32_t* tp = topk ? i32_in(l.cuda(), *topk, "MlaLayer.prefill", "topk", {T, W}) : nullptr;
-            Out y = out_f32(l.cuda(), {sz(T), sz(D)});
-            Out idx = out_i32(l.cuda(), {sz(T), sz(l.config().sparse ? W : 0)});
+            Out y = out_f32(l.cuda(), {sz(T), sz(D)}, false);
+            Out idx = out_i32(l.cuda(), {sz(T), sz(l.config().sparse ? W : 0)}, false);
             Status st;
             {
               nb::gil_scoped_release nogil;
@@ -244,8 +244,8 @@ void init_layers(nb::module_& m) {
             const int B = int(dim(slots, 0));
             const float* xp = f32_in(l.cuda(), x, "MlaLayer.decode", "x", {B, D});
             const int32_t* tp = topk ? i32_in(l.cuda(), *topk, "MlaLayer.decode", "topk", {B, W}) : nullptr;
-            Out y = out_f32(l.cuda(), {sz(B), sz(D)});
-            Out idx = out_i32(l.cuda(), {sz(B), sz(l.config().sparse ? W : 0)});
+            Out y = out_f32(l.cuda(), {sz(B), sz(D)}, false);
+            Out idx = out_i32(l.cuda(), {sz(B), sz(l.config().sparse ? W : 0)}, false);
             Status st;
             {
               nb::gil_scoped_release nogil;
@@ -266,8 +266,8 @@ void init_layers(nb::module_& m) {
             check_decode_slots(slots, cache, op);
             const float* xp = f32_in(l.cuda(), x, op, "x", {B, D});
             const int32_t* tp = topk ? i32_in(l.cuda(), *topk, op, "topk", {B, W}) : nullptr;
-            Out y = out_f32(l.cuda(), {sz(B), sz(D)});
-            Out idx = out_i32(l.cuda(), {sz(B), sz(l.config().sparse ? W : 0)});
+            Out y = out_f32(l.cuda(), {sz(B), sz(D)}, false);
+            Out idx = out_i32(l.cuda(), {sz(B), sz(l.config().sparse ? W : 0)}, false);
             check(l.decode_device(cache, layer, slots.data(), B, xp, tp, y.data<float>(),
                                   l.config().sparse ? idx.data<int32_t>() : nullptr));
             return nb::make_tuple(y.obj, idx.obj);
@@ -300,7 +300,7 @@ void init_layers(nb::module_& m) {
           [](const MlpLayer& l, const AnyArray& x) {
             const float* xp = f32_in(l.cuda(), x, "MlpLayer.forward", "x", {-1, l.hidden()});
             const int T = int(dim(x, 0));
-            Out y = out_f32(l.cuda(), {sz(T), sz(l.hidden())});
+            Out y = out_f32(l.cuda(), {sz(T), sz(l.hidden())}, false);
             Status st;
             {
               nb::gil_scoped_release nogil;
@@ -347,8 +347,8 @@ void init_layers(nb::module_& m) {
             const int D = l.config().hidden;
             const float* xp = f32_in(l.cuda(), x, "MoeLayer.forward", "x", {-1, D});
             const int T = int(dim(x, 0));
-            Out y = out_f32(l.cuda(), {sz(T), sz(D)});
-            Out idx = out_i32(l.cuda(), {sz(T), sz(l.config().top_k)});
+            Out y = out_f32(l.cuda(), {sz(T), sz(D)}, false);
+            Out idx = out_i32(l.cuda(), {sz(T), sz(l.config().top_k)}, false);
             Status st;
             {
               nb::gil_scoped_release nogil;
@@ -380,9 +380,9 @@ void init_layers(nb::module_& m) {
             const int hc = l.hc(), D = l.hidden();
             const float* sp = f32_in(l.cuda(), streams, "HyperConnection.pre", "streams", {-1, hc, D});
             const int T = int(dim(streams, 0));
-            Out post = out_f32(l.cuda(), {sz(T), sz(hc)});
-            Out comb = out_f32(l.cuda(), {sz(T), sz(hc), sz(hc)});
-            Out collapsed = out_f32(l.cuda(), {sz(T), sz(D)});
+            Out post = out_f32(l.cuda(), {sz(T), sz(hc)}, false);
+            Out comb = out_f32(l.cuda(), {sz(T), sz(hc), sz(hc)}, false);
+            Out collapsed = out_f32(l.cuda(), {sz(T), sz(D)}, false);
             Status st;
             {
               nb::gil_scoped_release nogil;

@@ -136,7 +136,7 @@ void init_ops_basic(nb::module_& m) {
         const float* xp = f32_in(engine, x, op, "x", {-1, K});
         const float* bp = bias ? f32_in(engine, *bias, op, "bias", {N}) : nullptr;
         const int T = static_cast<int>(dim(x, 0));
-        Out y = out_f32(engine, {sz(T), sz(N)});
+        Out y = out_f32_uninit(engine, {sz(T), sz(N)});
         if (on_cuda(engine)) {
           const CudaContext& c = cuda_ctx(engine);
           check_cuda(engine,
@@ -167,7 +167,7 @@ void init_ops_basic(nb::module_& m) {
         const float* xp = f32_in(engine, x, op, "x", {-1, -1});
         const int T = static_cast<int>(dim(x, 0)), D = static_cast<int>(dim(x, 1));
         const float* wp = weight ? f32_in(engine, *weight, op, "weight", {D}) : nullptr;
-        Out y = out_f32(engine, {sz(T), sz(D)});
+        Out y = out_f32_uninit(engine, {sz(T), sz(D)});
         if (on_cuda(engine)) {
           const CudaContext& c = cuda_ctx(engine);
           check_cuda(engine, c.api().rms_norm(c.ctx(), xp, T, D, wp, eps, y.data<float>()), op);

@@ -96,7 +96,7 @@ void init_ops_mhc(nb::module_& m) {
         const float* yp = f32_in(engine, y, op, "y", {T, D});
         const float* pp = f32_in(engine, post, op, "post", {T, hc});
         const float* cp = f32_in(engine, comb, op, "comb", {T, hc, hc});
-        Out out = out_f32(engine, {sz(T), sz(hc), sz(D)});
+        Out out = out_f32_uninit(engine, {sz(T), sz(hc), sz(D)});
         if (on_cuda(engine)) {
           const CudaContext& c = cuda_ctx(engine);
           check_cuda(engine,
@@ -126,7 +126,7 @@ void init_ops_mhc(nb::module_& m) {
         const float* sp = f32_in(engine, streams, op, "streams", {-1, -1, -1});
         const int64_t T = dim(streams, 0), hc = dim(streams, 1), D = dim(streams, 2);
         check_value(hc >= 1, op, "hc (streams.shape[1]) must be >= 1");
-        Out out = out_f32(engine, {sz(T), sz(D)});
+        Out out = out_f32_uninit(engine, {sz(T), sz(D)});
         if (on_cuda(engine)) {
           const CudaContext& c = cuda_ctx(engine);
           check_cuda(engine,

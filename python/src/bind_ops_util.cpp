@@ -14,7 +14,7 @@ void init_ops_util(nb::module_& m) {
         const float* xp = f32_in(engine, x, "hc_expand", "x", {-1, -1});
         const int64_t T = dim(x, 0), D = dim(x, 1);
         if (n < 1) raise_contract(kContractValue, "hc_expand: n must be >= 1, got " + std::to_string(n));
-        Out y = out_f32(engine, {size_t(T), size_t(n), size_t(D)});
+        Out y = out_f32_uninit(engine, {size_t(T), size_t(n), size_t(D)});
         if (on_cuda(engine)) {
           const CudaContext& c = cuda_ctx(engine);
           check_cuda(engine, c.api().hc_expand(c.ctx(), xp, int(T), int(D), n, y.data<float>()), "hc_expand");
@@ -40,7 +40,7 @@ void init_ops_util(nb::module_& m) {
                                              std::to_string(start + count) + ") are outside [0, " +
                                              std::to_string(T) + ")");
         }
-        Out y = out_f32(engine, {size_t(count), size_t(D)});
+        Out y = out_f32_uninit(engine, {size_t(count), size_t(D)});
         const size_t bytes = size_t(count) * D * 4;
         if (on_cuda(engine)) {
           const CudaContext& c = cuda_ctx(engine);

@@ -88,11 +88,11 @@ nb::object device_array(std::shared_ptr<DeviceBuffer> buffer, std::vector<size_t
   return nb::cast(std::move(a));
 }
 
-Out out_f32(const std::shared_ptr<CudaContext>& cuda, std::vector<size_t> shape) {
-  return out_on(cuda, std::move(shape), nb::dtype<float>(), sizeof(float));
+Out out_f32(const std::shared_ptr<CudaContext>& cuda, std::vector<size_t> shape, bool zero) {
+  return out_on(cuda, std::move(shape), nb::dtype<float>(), sizeof(float), zero);
 }
-Out out_i32(const std::shared_ptr<CudaContext>& cuda, std::vector<size_t> shape) {
-  return out_on(cuda, std::move(shape), nb::dtype<int32_t>(), sizeof(int32_t));
+Out out_i32(const std::shared_ptr<CudaContext>& cuda, std::vector<size_t> shape, bool zero) {
+  return out_on(cuda, std::move(shape), nb::dtype<int32_t>(), sizeof(int32_t), zero);
 }
 
 const float* f32_in(const std::shared_ptr<CudaContext>& cuda, const AnyArray& a, const char* op,
@@ -117,6 +117,9 @@ Out out_f32_uninit(const Engine* engine, std::vector<size_t> shape) {
 }
 Out out_i32(const Engine* engine, std::vector<size_t> shape) {
   return out_of(engine, std::move(shape), nb::dtype<int32_t>(), sizeof(int32_t));
+}
+Out out_i32_uninit(const Engine* engine, std::vector<size_t> shape) {
+  return out_of(engine, std::move(shape), nb::dtype<int32_t>(), sizeof(int32_t), false);
 }
 
 const CudaContext& cuda_ctx(const Engine* engine) {

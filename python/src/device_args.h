@@ -51,9 +51,12 @@ struct Out {
 Out out_f32(const Engine* engine, std::vector<size_t> shape);
 Out out_i32(const Engine* engine, std::vector<size_t> shape);
 // An output the op overwrites entirely: no zero-fill on the device (host arrays are still zeroed).
+// The decode step's hot ops use these: a zero-fill is a launch (and a graph node) per output.
 Out out_f32_uninit(const Engine* engine, std::vector<size_t> shape);
-Out out_f32(const std::shared_ptr<CudaContext>& cuda, std::vector<size_t> shape);
-Out out_i32(const std::shared_ptr<CudaContext>& cuda, std::vector<size_t> shape);
+Out out_i32_uninit(const Engine* engine, std::vector<size_t> shape);
+// For a layer's CUDA context; zero = false for outputs the layer writes entirely.
+Out out_f32(const std::shared_ptr<CudaContext>& cuda, std::vector<size_t> shape, bool zero = true);
+Out out_i32(const std::shared_ptr<CudaContext>& cuda, std::vector<size_t> shape, bool zero = true);
 // memra.DeviceArray: a device buffer with a shape and dtype, exported through __dlpack__.
 struct DeviceArray {
   std::shared_ptr<DeviceBuffer> buffer;
