@@ -1,7 +1,14 @@
-"""Driver for ncu: three KDA decode steps (B = 64, 256 at 64 heads) and three batched MLA decode
-launches (B = 64, L = 4096) on CUDA; see benchmarks/results/2026-11-29-h200-ncu.md."""
+"""Driver for ncu: three KDA decode steps (B = 64, 256 at 64 heads), three batched MLA decode
+launches (B = 64, L = 4096; the default arm) and three DSA decode steps (append, score, select,
+gathered attention; L = 32768, B = 1 and 8) on CUDA; see benchmarks/results/*-ncu.md."""
+import os
+import sys
+
 import torch, memra
 from memra import _core
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_dsa_decode import GLM, MemraDsa, Step  # noqa: E402
 e = memra.Engine("cuda")
 for B in (64, 256):
     H = 64
@@ -21,4 +28,13 @@ torch.cuda.synchronize()
 for _ in range(3):
     o = _core.mla_attn_decode(ql, cache, t, scale=0.07, max_t_kv=L, engine=e)
 e.synchronize()
+del o, cache
+for B in (1, 8):
+    st = Step(torch, torch.device("cuda"), True, GLM, 32768, B)
+    dsa = MemraDsa(st, e, _core)
+    torch.cuda.synchronize()
+    for _ in range(3):
+        dsa.step()
+    e.synchronize()
+    del dsa, st
 print("done")
