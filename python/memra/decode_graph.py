@@ -104,7 +104,7 @@ class DecodeRunner:
         pad = np.zeros(size, np.int32)
         pad[:n] = ids
         e.copy_into(b.ids, pad)
-        if sampling is not None:
+        if sampling is not None and sampling.temperature > 0:  # greedy reads neither
             for dst, src in ((b.counters, counters), (b.seeds, seeds)):
                 row = np.zeros(size, np.uint64)
                 row[:n] = src
