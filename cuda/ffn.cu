@@ -13,19 +13,10 @@
 //                (down row . h) * w in ascending expert id, as the CPU does. Activations stay f32
 //                (bf16 weights are widened, x is not rounded), so against cpu::moe_forward on the
 //                same weights only the dot products' summation order differs.
-//                From T = kGroupedMinT tokens on (vector case) the same sums run grouped by
-//                expert, so each expert's rows are read once per step rather than once per token:
-//                a one-block bucketing kernel lists every expert's slots (ascending slot), kernel
-//                A' loads a gate/up row once for all of an expert's slots, kernel B' a down row
-//                once and writes each term (down row . h[p]) * w[p], and kernel C adds a token's
-//                terms in B's order. Every dot keeps kernel A/B's lane layout, fma order and
-//                warp_sum tree, so the result is bit-identical to the per-token kernels.
 #include <climits>
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
-
-#include <cub/block/block_scan.cuh>
 
 #include "common.cuh"
 
@@ -268,26 +259,9 @@ __global__ void __launch_bounds__(kWarps * 32)
   if (lane == 0) h[p * I + i] = clamped_swiglu(ag, au, limit);
 }
 
-// One thread: order[0, n) = the token's valid slots j (ids it[j] in [0, E)) by (expert id, slot),
-// order[top_k] = n. The CPU visits experts in ascending id and, for a repeated id, the slots in
-// ascending order.
-__device__ void order_token_slots(const int32_t* it, int top_k, int E, int* order) {
-  int n = 0;
-  for (int j = 0; j < top_k; ++j) {
-    const int e = it[j];
-    if (e < 0 || e >= E) continue;
-    int pos = n++;  // insertion sort by (id, slot); slots arrive ascending
-    while (pos > 0 && it[order[pos - 1]] > e) {
-      order[pos] = order[pos - 1];
-      --pos;
-    }
-    order[pos] = j;
-  }
-  order[top_k] = n;
-}
-
 // Kernel B. grid (T, ceil(D / kWarps)); dynamic shared memory: top_k + 1 ints. Thread 0 orders
-// the token's valid slots (order_token_slots); warp w then computes output row
+// the token's valid slots by (expert id, slot) (the CPU visits experts in ascending id and, for a
+// repeated id, the slots in ascending order); warp w then computes output row
 // d = by * kWarps + w: y[t, d] = 0 + sum over the ordered slots of (down_w[e, d] . h[p]) * w[p],
 // each product and sum rounded separately as on the CPU.
 template <typename W, bool VEC>
@@ -298,7 +272,20 @@ __global__ void __launch_bounds__(kWarps * 32)
   extern __shared__ int order[];  // [top_k] ordered slots, then the count
   const int64_t t = blockIdx.x;
   const int32_t* it = topk_idx + t * top_k;
-  if (threadIdx.x == 0) order_token_slots(it, top_k, E, order);
+  if (threadIdx.x == 0) {
+    int n = 0;
+    for (int j = 0; j < top_k; ++j) {
+      const int e = it[j];
+      if (e < 0 || e >= E) continue;
+      int pos = n++;  // insertion sort by (id, slot); slots arrive ascending
+      while (pos > 0 && it[order[pos - 1]] > e) {
+        order[pos] = order[pos - 1];
+        --pos;
+      }
+      order[pos] = j;
+    }
+    order[top_k] = n;
+  }
   __syncthreads();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int d = blockIdx.y * kWarps + warp;
@@ -330,273 +317,6 @@ __global__ void __launch_bounds__(kWarps * 32)
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
-// ---------------------------------------------------------------- moe_forward, grouped by expert
-
-constexpr int kGroupedMinT = 2;       // from this many tokens on, the grouped path (vector case)
-constexpr int kGroupedChunkT = 512;   // tokens per grouped pass (bounds the terms scratch)
-constexpr int kBucketThreads = 256;
-constexpr int kBucketMaxE = 8192;     // counters in shared memory: 32 KiB
-constexpr int kRowsA = 2, kSlotsA = 8;  // kernel A': rows of I per warp, slots per pass
-constexpr int kRowsB = 2, kSlotsB = 8;  // kernel B': rows of D per warp, slots per pass
-constexpr int kCombineThreads = 256;
-
-// Bucketing, one block; dynamic shared memory: E ints. From topk_idx [P] (P = T * top_k slots)
-// writes off [E + 1] (expert e's slots are slots[off[e], off[e + 1])) and slots [P] (the slots p
-// with topk_idx[p] in [0, E), grouped by expert, ascending p within an expert). The counts are
-// order-free (shared atomics); the placement is one warp walking p in ascending order, so the
-// lists are deterministic.
-__global__ void __launch_bounds__(kBucketThreads)
-    moe_bucket_kernel(const int32_t* __restrict__ topk_idx, int P, int E, int* __restrict__ off,
-                      int* __restrict__ slots) {
-  extern __shared__ int cursor[];  // [E]: counts, then each expert's next free position
-  using Scan = cub::BlockScan<int, kBucketThreads>;
-  __shared__ typename Scan::TempStorage scan_tmp;
-  for (int e = threadIdx.x; e < E; e += kBucketThreads) cursor[e] = 0;
-  __syncthreads();
-  for (int p = threadIdx.x; p < P; p += kBucketThreads) {
-    const int e = topk_idx[p];
-    if (e >= 0 && e < E) atomicAdd(&cursor[e], 1);
-  }
-  __syncthreads();
-  int carry = 0;  // the same in every thread (block aggregates)
-  for (int base = 0; base < E; base += kBucketThreads) {
-    const int e = base + static_cast<int>(threadIdx.x);
-    const int v = e < E ? cursor[e] : 0;
-    int excl, total;
-    Scan(scan_tmp).ExclusiveSum(v, excl, total);
-    __syncthreads();  // scan_tmp is reused by the next tile
-    if (e < E) {
-      cursor[e] = carry + excl;
-      off[e] = carry + excl;
-    }
-    carry += total;
-  }
-  if (threadIdx.x == 0) off[E] = carry;
-  __syncthreads();
-  if (threadIdx.x >= 32) return;
-  const int lane = threadIdx.x;
-  for (int base = 0; base < P; base += 32) {
-    const int p = base + lane;
-    int e = p < P ? topk_idx[p] : -1;
-    if (e < 0 || e >= E) e = -1;
-    const unsigned peers = __match_any_sync(0xffffffffu, e);  // lanes with the same id
-    const int leader = __ffs(peers) - 1;
-    int pos = 0;
-    if (e >= 0 && lane == leader) pos = cursor[e];
-    pos = __shfl_sync(0xffffffffu, pos, leader);
-    if (e >= 0) slots[pos + __popc(peers & ((1u << lane) - 1u))] = p;
-    __syncwarp();
-    if (e >= 0 && lane == leader) cursor[e] = pos + __popc(peers);
-    __syncwarp();
-  }
-}
-
-// Kernel A' (vector case only). grid (E, ceil(I / (kWarps * kRowsA))); warp w of block (e, by)
-// owns rows i0 .. i0 + kRowsA - 1 of I (i0 = (by * kWarps + w) * kRowsA) and, kSlotsA of expert
-// e's slots at a time, computes h[p, i] for each: the weight chunks are loaded once per pass and
-// used for every slot. Per (p, i) the arithmetic is kernel A's: lane l accumulates chunks
-// c = l * 8 + 256 m in ascending m, fmaf over k ascending, then warp_sum and clamped_swiglu.
-template <typename W>
-__global__ void __launch_bounds__(kWarps * 32)
-    moe_gate_up_grouped_kernel(const float* __restrict__ x, int D, int top_k,
-                               const int* __restrict__ off, const int* __restrict__ slots,
-                               const W* __restrict__ gate_w, const W* __restrict__ up_w, int I,
-                               float limit, float* __restrict__ h) {
-  const int e = blockIdx.x;
-  const int begin = off[e], end = off[e + 1];
-  if (begin == end) return;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int i0 = (blockIdx.y * kWarps + warp) * kRowsA;
-  if (i0 >= I) return;
-  const int nr = min(kRowsA, I - i0);
-  const int64_t row0 = (static_cast<int64_t>(e) * I + i0) * D;
-  const W* g = gate_w + row0;
-  const W* u = up_w + row0;
-  for (int b = begin; b < end; b += kSlotsA) {
-    const int ns = min(kSlotsA, end - b);
-    int ps[kSlotsA];
-    const float* xs[kSlotsA];
-#pragma unroll
-    for (int s = 0; s < kSlotsA; ++s) {
-      ps[s] = s < ns ? slots[b + s] : 0;
-      xs[s] = x + static_cast<int64_t>(ps[s] / top_k) * D;
-    }
-    float ag[kRowsA][kSlotsA], au[kRowsA][kSlotsA];
-#pragma unroll
-    for (int r = 0; r < kRowsA; ++r) {
-#pragma unroll
-      for (int s = 0; s < kSlotsA; ++s) ag[r][s] = au[r][s] = 0.0f;
-    }
-    for (int c = lane * 8; c < D; c += 32 * 8) {
-      float gv[kRowsA][8], uv[kRowsA][8];
-#pragma unroll
-      for (int r = 0; r < kRowsA; ++r) {
-        if (r < nr) {
-          load8<W>(g + static_cast<int64_t>(r) * D + c, gv[r]);
-          load8<W>(u + static_cast<int64_t>(r) * D + c, uv[r]);
-        } else {
-#pragma unroll
-          for (int k = 0; k < 8; ++k) gv[r][k] = uv[r][k] = 0.0f;
-        }
-      }
-#pragma unroll
-      for (int s = 0; s < kSlotsA; ++s) {
-        if (s < ns) {
-          float xv[8];
-          load8x(xs[s] + c, xv);
-#pragma unroll
-          for (int r = 0; r < kRowsA; ++r) {
-#pragma unroll
-            for (int k = 0; k < 8; ++k) {
-              ag[r][s] = fmaf(gv[r][k], xv[k], ag[r][s]);
-              au[r][s] = fmaf(uv[r][k], xv[k], au[r][s]);
-            }
-          }
-        }
-      }
-    }
-#pragma unroll
-    for (int r = 0; r < kRowsA; ++r) {
-#pragma unroll
-      for (int s = 0; s < kSlotsA; ++s) {
-        if (r < nr && s < ns) {  // warp-uniform
-          const float a = warp_sum(ag[r][s]);
-          const float v = warp_sum(au[r][s]);
-          if (lane == 0) h[static_cast<int64_t>(ps[s]) * I + i0 + r] = clamped_swiglu(a, v, limit);
-        }
-      }
-    }
-  }
-}
-
-// Kernel B' (vector case only). grid (E, ceil(D / (kWarps * kRowsB))); warp w of block (e, by)
-// owns rows d0 .. d0 + kRowsB - 1 of D and, kSlotsB of expert e's slots at a time, writes the
-// terms terms[p, d] = (down_w[e, d] . h[p]) * w[p] with kernel B's dot (lane layout, fmaf order,
-// warp_sum) and kernel B's rounded product.
-template <typename W>
-__global__ void __launch_bounds__(kWarps * 32)
-    moe_down_grouped_kernel(const float* __restrict__ h, const float* __restrict__ topk_w,
-                            const int* __restrict__ off, const int* __restrict__ slots,
-                            const W* __restrict__ down_w, int I, int D,
-                            float* __restrict__ terms) {
-  const int e = blockIdx.x;
-  const int begin = off[e], end = off[e + 1];
-  if (begin == end) return;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int d0 = (blockIdx.y * kWarps + warp) * kRowsB;
-  if (d0 >= D) return;
-  const int nr = min(kRowsB, D - d0);
-  const W* wr = down_w + (static_cast<int64_t>(e) * D + d0) * I;
-  for (int b = begin; b < end; b += kSlotsB) {
-    const int ns = min(kSlotsB, end - b);
-    int ps[kSlotsB];
-#pragma unroll
-    for (int s = 0; s < kSlotsB; ++s) ps[s] = s < ns ? slots[b + s] : 0;
-    float acc[kRowsB][kSlotsB];
-#pragma unroll
-    for (int r = 0; r < kRowsB; ++r) {
-#pragma unroll
-      for (int s = 0; s < kSlotsB; ++s) acc[r][s] = 0.0f;
-    }
-    for (int c = lane * 8; c < I; c += 32 * 8) {
-      float wv[kRowsB][8];
-#pragma unroll
-      for (int r = 0; r < kRowsB; ++r) {
-        if (r < nr) {
-          load8<W>(wr + static_cast<int64_t>(r) * I + c, wv[r]);
-        } else {
-#pragma unroll
-          for (int k = 0; k < 8; ++k) wv[r][k] = 0.0f;
-        }
-      }
-#pragma unroll
-      for (int s = 0; s < kSlotsB; ++s) {
-        if (s < ns) {
-          float hv[8];
-          load8x(h + static_cast<int64_t>(ps[s]) * I + c, hv);
-#pragma unroll
-          for (int r = 0; r < kRowsB; ++r) {
-#pragma unroll
-            for (int k = 0; k < 8; ++k) acc[r][s] = fmaf(wv[r][k], hv[k], acc[r][s]);
-          }
-        }
-      }
-    }
-#pragma unroll
-    for (int r = 0; r < kRowsB; ++r) {
-#pragma unroll
-      for (int s = 0; s < kSlotsB; ++s) {
-        if (r < nr && s < ns) {  // warp-uniform
-          const float a = warp_sum(acc[r][s]);
-          if (lane == 0) {
-            terms[static_cast<int64_t>(ps[s]) * D + d0 + r] = __fmul_rn(a, topk_w[ps[s]]);
-          }
-        }
-      }
-    }
-  }
-}
-
-// Kernel C. grid (T, ceil(D / kCombineThreads)); dynamic shared memory: top_k + 1 ints.
-// y[t, d] = 0 + sum over the token's valid slots in kernel B's order of terms[p, d], each sum
-// rounded (kernel B's acc = acc + a * w, with the product already rounded in terms).
-__global__ void __launch_bounds__(kCombineThreads)
-    moe_combine_kernel(const float* __restrict__ terms, const int32_t* __restrict__ topk_idx,
-                       int top_k, int E, int D, float* __restrict__ y) {
-  extern __shared__ int order[];  // [top_k] ordered slots, then the count
-  const int64_t t = blockIdx.x;
-  if (threadIdx.x == 0) order_token_slots(topk_idx + t * top_k, top_k, E, order);
-  __syncthreads();
-  const int d = blockIdx.y * kCombineThreads + threadIdx.x;
-  if (d >= D) return;
-  const int n = order[top_k];
-  float acc = 0.0f;
-  for (int s = 0; s < n; ++s) acc = __fadd_rn(acc, terms[(t * top_k + order[s]) * D + d]);
-  y[t * D + d] = acc;
-}
-
-// The grouped path over tokens [0, T) in chunks of kGroupedChunkT (tokens are independent, so
-// chunking changes no bits; it bounds the scratch). h: [T * top_k, I] scratch (16-byte aligned).
-template <typename W>
-int launch_moe_grouped(MemraCudaCtx* ctx, const float* x, int T, int D, const int32_t* topk_idx,
-                       const float* topk_w, int top_k, const W* g, const W* u, const W* dw, int E,
-                       int I, float limit, float* h, float* y) {
-  const int Tc = T < kGroupedChunkT ? T : kGroupedChunkT;
-  const int64_t Pc = static_cast<int64_t>(Tc) * top_k;
-  Scratch lists(ctx, sizeof(int) * (static_cast<size_t>(E) + 1 + static_cast<size_t>(Pc)));
-  MEMRA_CUDA_RETURN_IF(lists.status());
-  Scratch terms(ctx, sizeof(float) * static_cast<size_t>(Pc) * static_cast<size_t>(D));
-  MEMRA_CUDA_RETURN_IF(terms.status());
-  int* off = lists.as<int>();
-  int* slots = off + E + 1;
-  const dim3 block(kWarps * 32);
-  const dim3 grid_a(static_cast<unsigned>(E), ceil_div(I, kWarps * kRowsA));
-  const dim3 grid_b(static_cast<unsigned>(E), ceil_div(D, kWarps * kRowsB));
-  const size_t smem_order = sizeof(int) * (static_cast<size_t>(top_k) + 1);
-  for (int t0 = 0; t0 < T; t0 += Tc) {
-    const int n = T - t0 < Tc ? T - t0 : Tc;
-    const int P = n * top_k;
-    const int32_t* idx = topk_idx + static_cast<int64_t>(t0) * top_k;
-    const float* w = topk_w + static_cast<int64_t>(t0) * top_k;
-    const float* xc = x + static_cast<int64_t>(t0) * D;
-    float* yc = y + static_cast<int64_t>(t0) * D;
-    moe_bucket_kernel<<<1, kBucketThreads, sizeof(int) * static_cast<size_t>(E), ctx->stream>>>(
-        idx, P, E, off, slots);
-    MEMRA_CUDA_RETURN_IF(launch_status());
-    moe_gate_up_grouped_kernel<W><<<grid_a, block, 0, ctx->stream>>>(xc, D, top_k, off, slots, g,
-                                                                     u, I, limit, h);
-    MEMRA_CUDA_RETURN_IF(launch_status());
-    moe_down_grouped_kernel<W><<<grid_b, block, 0, ctx->stream>>>(h, w, off, slots, dw, I, D,
-                                                                  terms.as<float>());
-    MEMRA_CUDA_RETURN_IF(launch_status());
-    const dim3 grid_c(static_cast<unsigned>(n), ceil_div(D, kCombineThreads));
-    moe_combine_kernel<<<grid_c, kCombineThreads, smem_order, ctx->stream>>>(
-        terms.as<float>(), idx, top_k, E, D, yc);
-    MEMRA_CUDA_RETURN_IF(launch_status());
-  }
-  return memra::kOk;
-}
-
 template <typename W>
 int launch_moe(MemraCudaCtx* ctx, const float* x, int T, int D, const int32_t* topk_idx,
                const float* topk_w, int top_k, const void* gate_w, const void* up_w,
@@ -605,14 +325,9 @@ int launch_moe(MemraCudaCtx* ctx, const float* x, int T, int D, const int32_t* t
   const W* u = static_cast<const W*>(up_w);
   const W* dw = static_cast<const W*>(down_w);
   const int64_t P = static_cast<int64_t>(T) * top_k;
-  const bool vec_a = D % 8 == 0 && aligned16(x) && aligned16(g) && aligned16(u);
-  const bool vec_b = I % 8 == 0 && aligned16(h) && aligned16(dw);
-  if (T >= kGroupedMinT && vec_a && vec_b && E <= kBucketMaxE) {
-    return launch_moe_grouped<W>(ctx, x, T, D, topk_idx, topk_w, top_k, g, u, dw, E, I, limit, h,
-                                 y);
-  }
   const dim3 block(kWarps * 32);
   const dim3 grid_a(static_cast<unsigned>(P), ceil_div(I, kWarps));
+  const bool vec_a = D % 8 == 0 && aligned16(x) && aligned16(g) && aligned16(u);
   if (vec_a) {
     moe_gate_up_kernel<W, true><<<grid_a, block, 0, ctx->stream>>>(x, D, topk_idx, top_k, g, u, E,
                                                                      I, limit, h);
@@ -623,6 +338,7 @@ int launch_moe(MemraCudaCtx* ctx, const float* x, int T, int D, const int32_t* t
   MEMRA_CUDA_RETURN_IF(launch_status());
   const dim3 grid_b(static_cast<unsigned>(T), ceil_div(D, kWarps));
   const size_t smem = sizeof(int) * (static_cast<size_t>(top_k) + 1);
+  const bool vec_b = I % 8 == 0 && aligned16(h) && aligned16(dw);
   if (vec_b) {
     moe_down_kernel<W, true><<<grid_b, block, smem, ctx->stream>>>(h, topk_idx, topk_w, top_k, dw,
                                                                    E, I, D, y);

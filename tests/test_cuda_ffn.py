@@ -23,9 +23,7 @@ Tolerances (both sides f32 unless said):
   match exactly.
 - moe_forward: activations stay f32 on the GPU (bf16 weights widened, x not rounded), like the
   CPU; only the dot products' summation order differs: ``rtol=1e-5, atol=1e-5 * max|y|`` for
-  float32 and bfloat16 weights alike (the same bf16 values on both sides). From T = 2 on (D and I
-  multiples of 8) the kernels run grouped by expert with the per-token kernels' arithmetic: bit
-  for bit equal to T = 1 calls token by token (np.array_equal on the bits).
+  float32 and bfloat16 weights alike (the same bf16 values on both sides).
 - sample: the GPU reproduces the CPU's f32 arithmetic operation for operation (glibc's expf bit
   for bit, sequential sums in the spec's order): identical tokens (np.array_equal).
 
@@ -354,80 +352,6 @@ def test_moe_forward_routed_by_moe_route_and_repeated_ids(e):
     want = moe_cpu(x, idx, w, g, u, d, 2.0)
     got = moe_gpu(e, x, idx, w, g, u, d, 2.0)
     scaled_close(got, want, rtol=1e-5, atol_rel=1e-5)
-
-
-# The grouped path (T >= 2 with D and I multiples of 8: bucketing by expert, each expert's rows
-# read once for all its slots) keeps every sum of the per-token kernels in the same order, so its
-# output must equal theirs bit for bit. The per-token result: T = 1 calls, one per token (the
-# per-token kernels compute each token independently). Ids outside [0, E) cannot be sent through
-# this binding (it range-checks them); the kernels skip them like the per-token ones.
-
-
-def moe_gpu_per_token(e, x, idx, w, g, u, d, limit, dtype=None):
-    dg, du, dd = dweight(e, g, dtype), dweight(e, u, dtype), dweight(e, d, dtype)
-    rows = []
-    for t in range(x.shape[0]):
-        y = _core.moe_forward(e.to_device(f32(x[t:t + 1])),
-                              e.to_device(np.ascontiguousarray(idx[t:t + 1])),
-                              e.to_device(f32(w[t:t + 1])), dg, du, dd, limit=limit, engine=e)
-        rows.append(e.to_host(y))
-    return np.concatenate(rows)
-
-
-def grouped_routing(r, T, E, k):
-    """Random distinct ids per token, then: token 0 sends every slot to one expert, token 1 repeats
-    an expert, and every other token's last slot goes to expert E - 1 (more than one pass of
-    slots for that expert at large T)."""
-    idx, w = random_routing(r, T, E, k)
-    idx[0, :] = idx[0, 0]
-    if T > 1 and k > 1:
-        idx[1, 1] = idx[1, 0]
-    idx[2::2, -1] = E - 1
-    return idx, w
-
-
-def assert_same_bits(got, want):
-    assert got.shape == want.shape and got.dtype == np.float32 and want.dtype == np.float32
-    diff = got.view(np.uint32) != want.view(np.uint32)
-    assert not diff.any(), (f"{int(diff.sum())} of {diff.size} differ, first at "
-                            f"{np.argwhere(diff)[0].tolist()}")
-
-
-GROUPED_SHAPES = [  # E, D, I, k: D, I multiples of 8, below / above one 256-wide lane sweep
-    (8, 72, 40, 2),
-    (8, 520, 264, 8),
-    (32, 64, 48, 2),
-    (32, 264, 136, 8),
-]
-
-
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("E,D,I,k", GROUPED_SHAPES)
-@pytest.mark.parametrize("T", [2, 3, 32, 100])
-def test_moe_forward_grouped_bit_identical_to_per_token(e, T, E, D, I, k, dtype):
-    r = rng(T * 31 + E * 7 + D + k + (dtype == "bfloat16"))
-    g, u, d = experts(r, E, D, I, dtype)
-    x = randn(r, T, D, scale=2.0)
-    idx, w = grouped_routing(r, T, E, k)
-    limit = 1.5
-    got = moe_gpu(e, x, idx, w, g, u, d, limit, dtype)
-    assert_same_bits(got, moe_gpu_per_token(e, x, idx, w, g, u, d, limit, dtype))
-    scaled_close(got, moe_cpu(x, idx, w, g, u, d, limit), rtol=1e-5, atol_rel=1e-5)
-
-
-def test_moe_forward_grouped_bit_identical_glm_shape(e):
-    """GLM-5.3-Flash's routed experts (D 4096, I 2048, E 32, top_k 8) at a T = 32 decode step."""
-    r = rng(4096)
-    T, E, D, I, k = 32, 32, 4096, 2048, 8
-    g = bf16_round(r.standard_normal((E, I, D), dtype=np.float32) * np.float32(0.02))
-    u = bf16_round(r.standard_normal((E, I, D), dtype=np.float32) * np.float32(0.02))
-    d = bf16_round(r.standard_normal((E, D, I), dtype=np.float32) * np.float32(0.02))
-    x = randn(r, T, D)
-    idx, w = grouped_routing(r, T, E, k)
-    limit = 10.0
-    got = moe_gpu(e, x, idx, w, g, u, d, limit, "bfloat16")
-    assert_same_bits(got, moe_gpu_per_token(e, x, idx, w, g, u, d, limit, "bfloat16"))
-    scaled_close(got, moe_cpu(x, idx, w, g, u, d, limit), rtol=1e-5, atol_rel=1e-5)
 
 
 def test_moe_forward_contract_errors(e):
