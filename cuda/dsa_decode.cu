@@ -19,12 +19,14 @@
 //     from k[b]), then channel c of row pos into ring slot pos % tail_rows. The slot written is
 //     none of the ring slots the key reads (tail_rows is a multiple of pool >= pool), and one
 //     thread owns channel c of a sequence, so one kernel does both without a barrier.
-//   score: grid (ceil(max_pools / 64), B), 64 threads, d <= 128: the block's 64 keys stay in
-//     shared memory ([64][d + 1]: conflict-free per-thread rows), each thread owns one pool and
-//     runs 4 heads' dot chains at once (4 independent add chains; the head sum is still taken in
-//     h order), q read as block-uniform broadcast loads (float4 when q is 16-byte aligned and
-//     d % 4 == 0). A block whose pools are all past the sequence's n_pools writes -inf and exits
-//     (reading no key). d > 128: one thread per (sequence, pool), keys read from global.
+//   score: grid (ceil(max_pools / 64), B), 512 threads, d <= 128 and Hi <= 32: the block's 64
+//     keys stay in shared memory ([64][d + 1]: conflict-free per-thread rows); 8 head groups per
+//     pool, each thread running 4 heads' dot chains at once and writing their terms to shared
+//     memory, then one thread per pool sums the terms in h order (the reference's bytes); q read
+//     as block-uniform broadcast loads (float4 when q is 16-byte aligned and d % 4 == 0). A block
+//     whose pools are all past the sequence's n_pools writes -inf and exits (reading no key).
+//     (One thread per pool for all heads, as first written, left 2 warps per SM at B = 1: 91 us
+//     at 32 K tokens, ncu 5 % SM.) Otherwise: one thread per (sequence, pool), keys from global.
 //   select: one block (512 threads) per sequence: dsa.cu's radix select over the visible pools
 //     [0, n_pools) (8-bit digits of a 64-bit key, most significant first), a block scan in pool
 //     order, then the tail rows and -1 padding; an idle row writes width -1s.
@@ -142,9 +144,11 @@ __device__ __forceinline__ float head_term(float dot, float w, float qk_scale, f
   return __fmul_rn(__fmul_rn(w, head_scale), relu_cpu(__fmul_rn(dot, qk_scale)));
 }
 
-constexpr int kDecBP = 64;     // pools per block = threads per block
-constexpr int kDecMaxD = 128;  // key tile [kDecBP][d + 1] fits the static 48 KB
-constexpr int kDecMH = 4;      // heads whose dot chains run at once
+constexpr int kDecBP = 64;     // pools per block
+constexpr int kDecGroups = 8;  // head groups per pool: kDecGroups * kDecBP threads per block
+constexpr int kDecMaxD = 128;  // key tile [kDecBP][d + 1] + terms fit the static 48 KB
+constexpr int kDecMaxHi = 32;  // terms [kDecBP][Hi + 1]
+constexpr int kDecMH = 4;      // heads whose dot chains run at once per thread
 
 // q[h][c .. c + 8) of one head into v (block-uniform addresses: broadcast loads).
 template <bool kVec>
@@ -186,55 +190,67 @@ __device__ __forceinline__ void dots(const float* const (&qh)[NH], const float* 
   }
 }
 
-// d <= kDecMaxD: grid (ceil(max_pools / kDecBP), B'), kDecBP threads; thread tid owns pool
-// blockIdx.x * kDecBP + tid of each sequence b = blockIdx.y, blockIdx.y + gridDim.y, ...
+// d <= kDecMaxD, Hi <= kDecMaxHi: grid (ceil(max_pools / kDecBP), B'), kDecGroups * kDecBP
+// threads. Thread (g = tid / kDecBP, i = tid % kDecBP) owns pool p0 + i of each sequence b =
+// blockIdx.y, + gridDim.y, ... and the heads of chunks g, g + kDecGroups, ... (chunks of kDecMH
+// heads): it writes each head's term w * head_scale * relu(qk_scale * dot) into shared memory;
+// then thread (0, i) sums the pool's Hi terms in ascending h, the reference's order. A warp holds
+// 32 pools of one head group: q loads are block-uniform broadcasts, key rows conflict-free.
 template <bool kVec>
-__global__ void __launch_bounds__(kDecBP)
+__global__ void __launch_bounds__(kDecGroups * kDecBP)
     score_decode_kernel(const float* __restrict__ q, const float* __restrict__ w,
                         const float* const* __restrict__ pool_keys,
                         const int32_t* __restrict__ pos, int B, int Hi, int d, int pool,
                         int max_pools, float qk_scale, float head_scale,
                         float* __restrict__ score) {
-  __shared__ float ks[kDecBP][kDecMaxD + 1];  // [pool][channel]: (tid + c) % 32 banks
+  __shared__ float ks[kDecBP][kDecMaxD + 1];      // [pool][channel]: (i + c) % 32 banks
+  __shared__ float terms[kDecBP][kDecMaxHi + 1];  // [pool][head]
   const int tid = threadIdx.x;
-  const int64_t p0 = int64_t(blockIdx.x) * kDecBP, p = p0 + tid;
+  const int g = tid / kDecBP, i = tid % kDecBP;
+  const int64_t p0 = int64_t(blockIdx.x) * kDecBP, p = p0 + i;
   for (int b = blockIdx.y; b < B; b += gridDim.y) {
     const int n = visible_pools(pos[b], pool, max_pools);  // block-uniform
     float* srow = score + int64_t(b) * max_pools;
     if (p0 >= n) {  // no pool of this block is visible: -inf, no key read
-      if (p < max_pools) srow[p] = -INFINITY;
+      if (g == 0 && p < max_pools) srow[p] = -INFINITY;
       continue;
     }
     const float* keys = pool_keys[b];
-    __syncthreads();  // the previous sequence's tile is no longer read
-    for (int e = tid; e < kDecBP * d; e += kDecBP) {
+    __syncthreads();  // the previous sequence's tiles are no longer read
+    for (int e = tid; e < kDecBP * d; e += kDecGroups * kDecBP) {
       const int row = e / d, col = e % d;
       ks[row][col] = p0 + row < n ? keys[(p0 + row) * d + col] : 0.0f;
     }
     __syncthreads();
-    const float* kt = ks[tid];
+    const float* kt = ks[i];
     const float* qb = q + int64_t(b) * Hi * d;
     const float* wb = w + int64_t(b) * Hi;
-    float acc = 0.0f;
-    int h = 0;
-    for (; h + kDecMH <= Hi; h += kDecMH) {
-      const float* qh[kDecMH];
+    for (int h0 = g * kDecMH; h0 < Hi; h0 += kDecGroups * kDecMH) {
+      if (h0 + kDecMH <= Hi) {
+        const float* qh[kDecMH];
 #pragma unroll
-      for (int m = 0; m < kDecMH; ++m) qh[m] = qb + int64_t(h + m) * d;
-      float dot[kDecMH];
-      dots<kDecMH, kVec>(qh, kt, d, dot);
+        for (int m = 0; m < kDecMH; ++m) qh[m] = qb + int64_t(h0 + m) * d;
+        float dot[kDecMH];
+        dots<kDecMH, kVec>(qh, kt, d, dot);
 #pragma unroll
-      for (int m = 0; m < kDecMH; ++m) {  // heads ascending
-        acc = __fadd_rn(acc, head_term(dot[m], __ldg(wb + h + m), qk_scale, head_scale));
+        for (int m = 0; m < kDecMH; ++m) {
+          terms[i][h0 + m] = head_term(dot[m], __ldg(wb + h0 + m), qk_scale, head_scale);
+        }
+      } else {
+        for (int h = h0; h < Hi; ++h) {
+          const float* qh[1] = {qb + int64_t(h) * d};
+          float dot[1];
+          dots<1, kVec>(qh, kt, d, dot);
+          terms[i][h] = head_term(dot[0], __ldg(wb + h), qk_scale, head_scale);
+        }
       }
     }
-    for (; h < Hi; ++h) {
-      const float* qh[1] = {qb + int64_t(h) * d};
-      float dot[1];
-      dots<1, kVec>(qh, kt, d, dot);
-      acc = __fadd_rn(acc, head_term(dot[0], __ldg(wb + h), qk_scale, head_scale));
+    __syncthreads();
+    if (g == 0 && p < max_pools) {
+      float acc = 0.0f;
+      for (int h = 0; h < Hi; ++h) acc = __fadd_rn(acc, terms[i][h]);  // heads ascending
+      srow[p] = p < n ? acc : -INFINITY;
     }
-    if (p < max_pools) srow[p] = p < n ? acc : -INFINITY;
   }
 }
 
@@ -425,14 +441,15 @@ int memra_cuda_kpool_score_decode(MemraCudaCtx* ctx, const float* q, const float
   if (!std::isfinite(qk_scale) || !std::isfinite(head_scale)) return memra::kContractValue;
   if (B == 0 || max_pools == 0) return memra::kOk;
   const unsigned gy = std::min(static_cast<unsigned>(B), kMaxGridY);
-  if (d <= kDecMaxD) {
+  if (d <= kDecMaxD && Hi <= kDecMaxHi) {
     const dim3 grid(ceil_div(max_pools, kDecBP), gy);
     const bool vec = d % 4 == 0 && reinterpret_cast<uintptr_t>(q) % 16 == 0;
+    constexpr int threads = kDecGroups * kDecBP;
     if (vec) {
-      score_decode_kernel<true><<<grid, kDecBP, 0, ctx->stream>>>(
+      score_decode_kernel<true><<<grid, threads, 0, ctx->stream>>>(
           q, w, pool_keys, pos, B, Hi, d, pool, max_pools, qk_scale, head_scale, score);
     } else {
-      score_decode_kernel<false><<<grid, kDecBP, 0, ctx->stream>>>(
+      score_decode_kernel<false><<<grid, threads, 0, ctx->stream>>>(
           q, w, pool_keys, pos, B, Hi, d, pool, max_pools, qk_scale, head_scale, score);
     }
   } else {

@@ -236,7 +236,7 @@ class ScoreBatch:
         return gpu[0], _core.kpool_score(*args, **kw)[0]
 
 
-SCORE_GEOMS = [(16, 32), (32, 128), (5, 36), (3, 33), (2, 160), (1, 7)]
+SCORE_GEOMS = [(16, 32), (32, 128), (5, 36), (3, 33), (2, 160), (1, 7), (40, 64)]  # Hi > 32: other kernel
 
 
 @pytest.mark.parametrize("batch", list(BATCHES))
