@@ -354,3 +354,39 @@ def test_read_only_cache_and_absurd_cache_sizes_are_refused(tmp_path) -> None:
         assert _core.Cache.bytes_needed(mb, ml, spec) == 2**63 - 1  # saturates, never wraps
         with pytest.raises(memra.OutOfMemoryError):
             _core.Cache(memra.Engine("cpu"), spec, max_batch=mb, max_len=ml)
+
+
+def test_stream_gives_its_slot_back_with_the_last_token() -> None:
+    # max_batch 1: the next generation needs the slot as soon as the last token is out, without
+    # another next() (the breaker's case: zip() stops pulling from the second stream).
+    m = memra.load(memra.default_checkpoint(), max_batch=1, max_len=64, progress=False)
+    it = m.stream([1, 2, 3], 3, ignore_eos=True)
+    toks = [next(it) for _ in range(3)]
+    assert m.generate([1, 2, 3], 3, ignore_eos=True) == toks
+    first = m.generate([1, 2, 3], 1)[0]
+    it = m.stream([1, 2, 3], 5, stop_token_ids=[first])
+    assert next(it) == first  # a stop token: the slot is back already
+    assert m.generate([4, 5], 2, ignore_eos=True)
+    with pytest.raises(StopIteration):
+        next(it)
+
+
+def test_generate_batch_checks_every_argument_first(model: memra.Model) -> None:
+    bad = [
+        dict(prompts=[], max_new_tokens=-1),
+        dict(prompts=[], max_new_tokens=3, temperature=-1.0),
+        dict(prompts=[[1]], max_new_tokens=0, stop_token_ids=[2**40]),
+        dict(prompts=[[1], [2]], max_new_tokens=2, seed=2**64 - 1),  # seed + 1 overflows
+        dict(prompts=[[1], [2], [model.config.vocab_size]], max_new_tokens=2),  # before any prefill
+    ]
+    for kw in bad:
+        with pytest.raises(memra.errors.ContractError):
+            model.generate_batch(kw.pop("prompts"), **kw)
+    assert not model._busy
+    assert model.generate_batch([[1], [2]], 2, seed=2**64 - 2) == [
+        model.generate([1], 2, seed=2**64 - 2), model.generate([2], 2, seed=2**64 - 1)]
+
+
+def test_load_refuses_a_non_bool_cuda_graphs() -> None:
+    with pytest.raises(memra.errors.ContractError):
+        memra.load(memra.default_checkpoint(), cuda_graphs="false", progress=False)

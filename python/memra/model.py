@@ -238,16 +238,21 @@ class Model:
             return
         cache = self.cache
         (slot,) = self._acquire(1, "generate")
+        held = True  # the slot goes back before the last token is yielded, and only once
         try:
             logits = self._prefill(cache, slot, ids)
             tok = self._pick(logits, 0, temperature, top_k, top_p, seed, 0)
             for step in range(max_new_tokens):
-                yield tok
                 if tok in stops or step + 1 == max_new_tokens:
+                    self._release([slot])
+                    held = False
+                    yield tok
                     return
+                yield tok
                 (tok,) = self._decode_sampled([slot], [tok], temperature, top_k, top_p, [seed], step + 1)
         finally:
-            self._release([slot])
+            if held:
+                self._release([slot])
 
     def generate(self, prompt_ids, max_new_tokens: int, temperature: float = 0.0, top_k: int | None = None,
                  top_p: float | None = None, seed: int | None = None, stop_token_ids=None,
@@ -271,19 +276,24 @@ class Model:
         equals ``generate(prompts[i], seed=seed + i, ...)``. At most ``cache.max_batch`` prompts."""
         all_ids = [_ids(p, "generate_batch") for p in prompts]
         n = len(all_ids)
-        if n == 0:
-            return []
+        # Every argument is checked before anything runs, also when there is nothing to do.
+        seed = self._sampling_args(max_new_tokens, temperature, top_k, top_p, seed)
+        stops = self._stop_ids(stop_token_ids, ignore_eos)
         if n > self.cache.max_batch:
             raise ContractError(f"generate_batch: {n} prompts exceed the cache's max_batch "
                                 f"{self.cache.max_batch}", 40025)
-        seed = self._sampling_args(max_new_tokens, temperature, top_k, top_p, seed)
+        if n > 0 and seed + n - 1 > 2**64 - 1:
+            raise ContractError(f"generate_batch: prompt i samples with seed + i, and seed {seed} + "
+                                f"{n - 1} does not fit in 64 bits", 40025)
         for ids in all_ids:
             if len(ids) + max_new_tokens - 1 > self.cache.max_len:
                 raise CacheFullError(f"generate_batch: a prompt of {len(ids)} tokens + {max_new_tokens} "
                                      f"new tokens exceeds max_len {self.cache.max_len}", 30002)
+            self._check_vocab(ids, "generate_batch")
+        if n == 0:
+            return []
         if max_new_tokens == 0:
             return [[] for _ in range(n)]
-        stops = self._stop_ids(stop_token_ids, ignore_eos)
         cache = self.cache
         out: list[list[int]] = [[] for _ in range(n)]
         slots = self._acquire(n, "generate_batch")
@@ -344,6 +354,9 @@ def load(path, device: str = "cpu", max_batch: int = 8, max_len: int = 4096, *, 
     a missing, extra or mis-shaped tensor (named); UnsupportedError for a model_type or config
     memra cannot run, or a device it cannot use here.
     """
+    if not isinstance(cuda_graphs, (bool, np.bool_)):
+        raise ContractError(f"load: cuda_graphs must be True or False, got {cuda_graphs!r}", 40025)
+    cuda_graphs = bool(cuda_graphs)
     path = Path(path)
     if not path.is_dir():
         raise ContractError(f"load: {path} is not a directory", 40024)
@@ -378,7 +391,7 @@ def load(path, device: str = "cpu", max_batch: int = 8, max_len: int = 4096, *, 
             tokenizer = Tokenizer.from_file(str(path / "tokenizer.json"))
         except Exception as e:  # the tokenizers library raises a bare Exception
             raise ContractError(f"load: {path / 'tokenizer.json'} could not be read: {e}", 40025) from None
-    return Model(path, engine, cfg, net, cache, _eos_ids(path, cfg), tokenizer, cuda_graphs=bool(cuda_graphs))
+    return Model(path, engine, cfg, net, cache, _eos_ids(path, cfg), tokenizer, cuda_graphs=cuda_graphs)
 
 
 def default_checkpoint() -> Path:

@@ -69,7 +69,7 @@ std::vector<uint64_t> counter_arg(const AnyArray& a, const char* op, const char*
     if (is_i64) {
       const int64_t v = static_cast<const int64_t*>(a.data())[b];
       if (v < 0) {
-        os << op << ": argument '" << name << "' holds the negative counter " << v
+        os << op << ": argument '" << name << "' holds the negative value " << v
            << " at row " << b;
         raise_contract(kContractRange, os.str());
       }
