@@ -12,6 +12,7 @@
 #include <cmath>
 
 #include "common.cuh"
+#include "dsa_common.cuh"
 
 using memra::cuda::ceil_div;
 using memra::cuda::enter;
@@ -19,6 +20,13 @@ using memra::cuda::launch_status;
 using memra::cuda::Scratch;
 
 namespace {
+
+using memra::cuda::dsa::kSelectThreads;
+using memra::cuda::dsa::kSelectWarps;
+using memra::cuda::dsa::pool_key_channel;
+using memra::cuda::dsa::radix_select_row;
+using memra::cuda::dsa::relu_cpu;
+using memra::cuda::dsa::write_tail;
 
 constexpr unsigned kMaxGrid = 65535u * 16u;  // grid-stride loops cover the rest
 
@@ -43,31 +51,6 @@ struct PoolRows {
     return (r < pos ? tail_gate : gate) + offset(r);
   }
 };
-
-// Channel c of pool p's key: cpu::kpool_pool_key's softmax over the pool's rows of gate + ape,
-// weighting k, in its order (max, then the sum of exps, then the weighted sum; no FMA). The one
-// routine every pool key goes through, so a key is the same bytes however its rows arrived.
-__device__ __forceinline__ float pool_key_channel(const PoolRows& rows, const float* __restrict__ ape,
-                                                  int64_t p, int pool, int d, int c) {
-  const int64_t r0 = p * pool;
-  float m = -INFINITY;
-  for (int r = 0; r < pool; ++r) {
-    const float v = __fadd_rn(rows.gate_row(r0 + r)[c], ape[int64_t(r) * d + c]);
-    m = (m < v) ? v : m;  // std::max(m, v)
-  }
-  float l = 0.0f;
-  for (int r = 0; r < pool; ++r) {
-    const float v = __fadd_rn(rows.gate_row(r0 + r)[c], ape[int64_t(r) * d + c]);
-    l = __fadd_rn(l, expf(__fsub_rn(v, m)));
-  }
-  float acc = 0.0f;
-  for (int r = 0; r < pool; ++r) {
-    const float v = __fadd_rn(rows.gate_row(r0 + r)[c], ape[int64_t(r) * d + c]);
-    const float pr = __fdiv_rn(expf(__fsub_rn(v, m)), l);
-    acc = __fadd_rn(acc, __fmul_rn(pr, rows.k_row(r0 + r)[c]));
-  }
-  return acc;
-}
 
 // Keys of pools [first_pool, first_pool + n_new): one thread per (pool, channel), channels
 // fastest so the row reads are coalesced.
@@ -101,8 +84,6 @@ __global__ void ring_write_kernel(const float* __restrict__ k, const float* __re
 
 // -------------------------------------------------------------------------------- scores
 
-// relu as std::max(v, 0.0f) evaluates it: (v < 0) ? 0 : v (keeps -0 and NaN as the CPU does).
-__device__ __forceinline__ float relu_cpu(float v) { return (v < 0.0f) ? 0.0f : v; }
 
 __device__ __forceinline__ bool pool_visible(int64_t p, int pool, int64_t pos) {
   return p * pool + pool - 1 <= pos;
@@ -324,31 +305,10 @@ void launch_score_tiled(MemraCudaCtx* ctx, const float* q, const float* w, const
 
 // -------------------------------------------------------------------------------- selection
 
-constexpr int kSelectThreads = 512;
 
 // cpu::kpool_select's candidate test: a finite score of a pool whose last row is visible.
 __device__ __forceinline__ bool is_candidate(float s, int64_t p, int pool, int64_t pos) {
   return isfinite(s) && pool_visible(p, pool, pos);
-}
-
-// A 64-bit key whose unsigned order is the CPU's order (score desc, pool index asc), larger =
-// earlier: the float bits made monotonic (sign-flipped), -0 folded onto +0 (they compare equal
-// on the CPU, so the index must break that tie), then the complemented pool index.
-__device__ __forceinline__ uint64_t order_key(float s, int64_t p) {
-  uint32_t u = __float_as_uint(s == 0.0f ? 0.0f : s);
-  u = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-  return (uint64_t(u) << 32) | uint64_t(0xFFFFFFFFu - static_cast<uint32_t>(p));
-}
-
-// Rows of the visible tail [(pos+1) - (pos+1) % pool, pos] from slot `start` of `out`, then -1
-// up to width (block-strided).
-__device__ __forceinline__ void write_tail(int32_t* out, int64_t start, int width, int64_t pos,
-                                           int pool, int tid, int nt) {
-  const int64_t tail0 = (pos + 1) - (pos + 1) % pool, n_tail = pos + 1 - tail0;
-  for (int64_t j = start + tid; j < width; j += nt) {
-    const int64_t t = j - start;
-    out[j] = t < n_tail ? static_cast<int32_t>(tail0 + t) : -1;
-  }
 }
 
 // reference = 0: one block per query. A radix select (8-bit digits, most significant first) over
@@ -359,95 +319,16 @@ __device__ __forceinline__ void write_tail(int32_t* out, int64_t start, int widt
 __global__ void __launch_bounds__(kSelectThreads)
     select_radix_kernel(const float* __restrict__ score, int t_q, int n_pools, int pool,
                         int select_k, int width, int first_pos, int32_t* __restrict__ idx) {
-  constexpr int kWarps = kSelectThreads / 32;
   __shared__ unsigned hist[256];
-  __shared__ int warp_count[kWarps];
+  __shared__ int warp_count[kSelectWarps];
   __shared__ uint64_t s_prefix;
-  __shared__ int s_shift, s_mode, s_need;  // mode: 0 none, 1 all candidates, 2 key prefix
+  __shared__ int s_shift, s_mode, s_need;
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
-
   for (int64_t i = blockIdx.x; i < t_q; i += gridDim.x) {
     const int64_t pos = first_pos + i;
-    const float* s = score + i * n_pools;
-    int32_t* out = idx + i * width;
-
-    if (tid == 0) {
-      s_prefix = 0;
-      s_shift = 64;
-      s_need = select_k;
-      s_mode = select_k == 0 ? 0 : -1;  // -1: undecided
-    }
-    __syncthreads();
-    for (int pass = 0; pass < 8 && s_mode < 0; ++pass) {
-      const int shift = 56 - 8 * pass;
-      const uint64_t prefix = s_prefix;
-      for (int b = tid; b < 256; b += kSelectThreads) hist[b] = 0;
-      __syncthreads();
-      for (int64_t p = tid; p < n_pools; p += kSelectThreads) {
-        const float v = s[p];
-        if (!is_candidate(v, p, pool, pos)) continue;
-        const uint64_t key = order_key(v, p);
-        if (pass == 0 || (key >> (shift + 8)) == prefix) {
-          atomicAdd(&hist[(key >> shift) & 0xFF], 1u);
-        }
-      }
-      __syncthreads();
-      if (tid == 0) {
-        int need = s_need;
-        bool decided = false;
-        if (pass == 0) {
-          long long n_cand = 0;
-          for (int b = 0; b < 256; ++b) n_cand += hist[b];
-          if (n_cand <= need) {
-            s_mode = 1;
-            decided = true;
-          }
-        }
-        if (!decided) {
-          // The bucket (digits from high to low) that holds the need-th largest key.
-          int b = 255;
-          for (; b > 0 && static_cast<unsigned>(need) > hist[b]; --b) need -= static_cast<int>(hist[b]);
-          s_prefix = (prefix << 8) | uint64_t(b);
-          s_shift = shift;
-          s_need = need;
-          if (static_cast<unsigned>(need) == hist[b]) s_mode = 2;
-        }
-      }
-      __syncthreads();
-    }
-    const int mode = s_mode;
-    const int shift = s_shift;
-    const uint64_t prefix = s_prefix;
-
-    // Compaction in ascending pool order: rows of selected pool number j go to [j*pool, (j+1)*pool).
-    int64_t base = 0;
-    for (int64_t p0 = 0; p0 < n_pools; p0 += kSelectThreads) {
-      const int64_t p = p0 + tid;
-      bool sel = false;
-      if (mode != 0 && p < n_pools) {
-        const float v = s[p];
-        if (is_candidate(v, p, pool, pos)) {
-          sel = mode == 1 || (order_key(v, p) >> shift) >= prefix;
-        }
-      }
-      const unsigned ballot = __ballot_sync(0xFFFFFFFFu, sel);
-      if (lane == 0) warp_count[warp] = __popc(ballot);
-      __syncthreads();
-      int before = 0, total = 0;
-      for (int k = 0; k < kWarps; ++k) {
-        const int c = warp_count[k];
-        before += k < warp ? c : 0;
-        total += c;
-      }
-      if (sel) {
-        const int64_t j = base + before + __popc(ballot & ((1u << lane) - 1u));
-        for (int r = 0; r < pool; ++r) out[j * pool + r] = static_cast<int32_t>(p * pool + r);
-      }
-      base += total;
-      __syncthreads();  // warp_count is rewritten by the next chunk
-    }
-    write_tail(out, base * pool, width, pos, pool, tid, kSelectThreads);
-    __syncthreads();  // the shared state is reset for the next query
+    radix_select_row(score + i * n_pools, n_pools, pool, select_k, width, pos, idx + i * width,
+                     [&](float v, int64_t p) { return is_candidate(v, p, pool, pos); }, tid, lane, warp, hist, warp_count, s_prefix,
+                     s_shift, s_mode, s_need);
   }
 }
 

@@ -7,11 +7,9 @@
 //
 // Bytes: each op gives, per sequence, exactly the bytes of the per-sequence op of cuda/dsa.cu with
 // T = t_q = 1 (kpool_append at pos; kpool_score / kpool_select with first_pos = pos and
-// n_pools = (pos + 1) / pool). The device routines below are copies of dsa.cu's (that file keeps
-// its kernels in an anonymous namespace): the pool key's softmax over a pool's rows (max, sum of
-// exps, weighted sum; explicitly rounded, never contracted into FMAs), each score's sum over heads
-// ascending of w * head_scale * relu(qk_scale * dot) with the dot over channels ascending, and the
-// select's (score desc, pool asc) order. Keep them in step with dsa.cu.
+// n_pools = (pos + 1) / pool): the pool key's softmax, relu and the radix select come from
+// cuda/dsa_common.cuh, shared with dsa.cu; each score is the sum over heads ascending of
+// w * head_scale * relu(qk_scale * dot) with the dot over channels ascending, as there.
 //
 // Plans (all on ctx->stream, no host sync, no allocation):
 //   append: grid (ceil(d / 128), B); thread (b, c): when the token completes a pool
@@ -43,12 +41,19 @@
 #include <cstdint>
 
 #include "common.cuh"
+#include "dsa_common.cuh"
 
 using memra::cuda::ceil_div;
 using memra::cuda::enter;
 using memra::cuda::launch_status;
 
 namespace {
+
+using memra::cuda::dsa::kSelectThreads;
+using memra::cuda::dsa::kSelectWarps;
+using memra::cuda::dsa::pool_key_channel;
+using memra::cuda::dsa::radix_select_row;
+using memra::cuda::dsa::relu_cpu;
 
 constexpr unsigned kMaxGridY = 65535u;  // sequences past it: grid-stride over blockIdx.y
 
@@ -70,30 +75,6 @@ struct DecodeRows {
     return r < pos ? tail_gate + (r % tail_rows) * d : gate + (r - pos) * d;
   }
 };
-
-// Channel c of pool p's key: dsa.cu's pool_key_channel (cpu::kpool_pool_key's order, no FMA).
-__device__ __forceinline__ float pool_key_channel(const DecodeRows& rows,
-                                                  const float* __restrict__ ape, int64_t p,
-                                                  int pool, int d, int c) {
-  const int64_t r0 = p * pool;
-  float m = -INFINITY;
-  for (int r = 0; r < pool; ++r) {
-    const float v = __fadd_rn(rows.gate_row(r0 + r)[c], ape[int64_t(r) * d + c]);
-    m = (m < v) ? v : m;  // std::max(m, v)
-  }
-  float l = 0.0f;
-  for (int r = 0; r < pool; ++r) {
-    const float v = __fadd_rn(rows.gate_row(r0 + r)[c], ape[int64_t(r) * d + c]);
-    l = __fadd_rn(l, expf(__fsub_rn(v, m)));
-  }
-  float acc = 0.0f;
-  for (int r = 0; r < pool; ++r) {
-    const float v = __fadd_rn(rows.gate_row(r0 + r)[c], ape[int64_t(r) * d + c]);
-    const float pr = __fdiv_rn(expf(__fsub_rn(v, m)), l);
-    acc = __fadd_rn(acc, __fmul_rn(pr, rows.k_row(r0 + r)[c]));
-  }
-  return acc;
-}
 
 constexpr int kAppendThreads = 128;
 
@@ -127,8 +108,6 @@ __global__ void append_decode_kernel(const float* __restrict__ k, const float* _
 
 // -------------------------------------------------------------------------------- scores
 
-// relu as std::max(v, 0.0f) evaluates it: (v < 0) ? 0 : v (keeps -0 and NaN as the CPU does).
-__device__ __forceinline__ float relu_cpu(float v) { return (v < 0.0f) ? 0.0f : v; }
 
 // Pools of sequence b that the token at pos sees: [0, (pos + 1) / pool), at most max_pools; none
 // for an idle row.
@@ -287,41 +266,18 @@ __global__ void __launch_bounds__(kSimpleThreads)
 
 // -------------------------------------------------------------------------------- selection
 
-constexpr int kSelectThreads = 512;
-
-// A 64-bit key whose unsigned order is the CPU's order (score desc, pool index asc), larger =
-// earlier (dsa.cu's order_key): monotonic float bits, -0 folded onto +0, complemented pool index.
-__device__ __forceinline__ uint64_t order_key(float s, int64_t p) {
-  uint32_t u = __float_as_uint(s == 0.0f ? 0.0f : s);
-  u = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-  return (uint64_t(u) << 32) | uint64_t(0xFFFFFFFFu - static_cast<uint32_t>(p));
-}
-
-// Rows of the visible tail [(pos+1) - (pos+1) % pool, pos] from slot `start` of `out`, then -1
-// up to width (block-strided). pos >= 0.
-__device__ __forceinline__ void write_tail(int32_t* out, int64_t start, int width, int64_t pos,
-                                           int pool, int tid, int nt) {
-  const int64_t tail0 = (pos + 1) - (pos + 1) % pool, n_tail = pos + 1 - tail0;
-  for (int64_t j = start + tid; j < width; j += nt) {
-    const int64_t t = j - start;
-    out[j] = t < n_tail ? static_cast<int32_t>(tail0 + t) : -1;
-  }
-}
-
 // One block per sequence (grid-stride over b). Pools [0, n) are exactly the ones the
 // per-sequence select's is_candidate admits by position (p * pool + pool - 1 <= pos); among
-// them the finite scores are the candidates. dsa.cu's select_radix_kernel otherwise.
+// them the finite scores are the candidates; the rest is dsa.cu's select (radix_select_row).
 __global__ void __launch_bounds__(kSelectThreads)
     select_decode_kernel(const float* __restrict__ score, const int32_t* __restrict__ pos, int B,
                          int max_pools, int pool, int select_k, int width,
                          int32_t* __restrict__ idx) {
-  constexpr int kWarps = kSelectThreads / 32;
   __shared__ unsigned hist[256];
-  __shared__ int warp_count[kWarps];
+  __shared__ int warp_count[kSelectWarps];
   __shared__ uint64_t s_prefix;
-  __shared__ int s_shift, s_mode, s_need;  // mode: 0 none, 1 all candidates, 2 key prefix
+  __shared__ int s_shift, s_mode, s_need;
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
-
   for (int b = blockIdx.x; b < B; b += gridDim.x) {
     const int64_t ps = pos[b];  // block-uniform
     int32_t* out = idx + int64_t(b) * width;
@@ -330,86 +286,9 @@ __global__ void __launch_bounds__(kSelectThreads)
       continue;
     }
     const int n = visible_pools(ps, pool, max_pools);
-    const float* s = score + int64_t(b) * max_pools;
-
-    if (tid == 0) {
-      s_prefix = 0;
-      s_shift = 64;
-      s_need = select_k;
-      s_mode = select_k == 0 ? 0 : -1;  // -1: undecided
-    }
-    __syncthreads();
-    for (int pass = 0; pass < 8 && s_mode < 0; ++pass) {
-      const int shift = 56 - 8 * pass;
-      const uint64_t prefix = s_prefix;
-      for (int x = tid; x < 256; x += kSelectThreads) hist[x] = 0;
-      __syncthreads();
-      for (int64_t p = tid; p < n; p += kSelectThreads) {
-        const float v = s[p];
-        if (!isfinite(v)) continue;
-        const uint64_t key = order_key(v, p);
-        if (pass == 0 || (key >> (shift + 8)) == prefix) {
-          atomicAdd(&hist[(key >> shift) & 0xFF], 1u);
-        }
-      }
-      __syncthreads();
-      if (tid == 0) {
-        int need = s_need;
-        bool decided = false;
-        if (pass == 0) {
-          long long n_cand = 0;
-          for (int x = 0; x < 256; ++x) n_cand += hist[x];
-          if (n_cand <= need) {
-            s_mode = 1;
-            decided = true;
-          }
-        }
-        if (!decided) {
-          // The bucket (digits from high to low) that holds the need-th largest key.
-          int x = 255;
-          for (; x > 0 && static_cast<unsigned>(need) > hist[x]; --x) {
-            need -= static_cast<int>(hist[x]);
-          }
-          s_prefix = (prefix << 8) | uint64_t(x);
-          s_shift = shift;
-          s_need = need;
-          if (static_cast<unsigned>(need) == hist[x]) s_mode = 2;
-        }
-      }
-      __syncthreads();
-    }
-    const int mode = s_mode;
-    const int shift = s_shift;
-    const uint64_t prefix = s_prefix;
-
-    // Compaction in ascending pool order: the rows of the j-th selected pool go to
-    // [j * pool, (j + 1) * pool).
-    int64_t base = 0;
-    for (int64_t p0 = 0; p0 < n; p0 += kSelectThreads) {
-      const int64_t p = p0 + tid;
-      bool sel = false;
-      if (mode != 0 && p < n) {
-        const float v = s[p];
-        if (isfinite(v)) sel = mode == 1 || (order_key(v, p) >> shift) >= prefix;
-      }
-      const unsigned ballot = __ballot_sync(0xFFFFFFFFu, sel);
-      if (lane == 0) warp_count[warp] = __popc(ballot);
-      __syncthreads();
-      int before = 0, total = 0;
-      for (int x = 0; x < kWarps; ++x) {
-        const int c = warp_count[x];
-        before += x < warp ? c : 0;
-        total += c;
-      }
-      if (sel) {
-        const int64_t j = base + before + __popc(ballot & ((1u << lane) - 1u));
-        for (int r = 0; r < pool; ++r) out[j * pool + r] = static_cast<int32_t>(p * pool + r);
-      }
-      base += total;
-      __syncthreads();  // warp_count is rewritten by the next chunk
-    }
-    write_tail(out, base * pool, width, ps, pool, tid, kSelectThreads);
-    __syncthreads();  // the shared state is reset for the next sequence
+    radix_select_row(score + int64_t(b) * max_pools, n, pool, select_k, width, ps, out,
+                     [](float v, int64_t) { return static_cast<bool>(isfinite(v)); }, tid, lane, warp, hist, warp_count, s_prefix,
+                     s_shift, s_mode, s_need);
   }
 }
 
