@@ -32,6 +32,7 @@
 #include <algorithm>
 
 #include "common.cuh"
+#include "gather_compact.cuh"
 #include "glibc_expf.cuh"
 
 using memra::cuda::ceil_div;
@@ -685,46 +686,9 @@ __global__ void __launch_bounds__(kAttnThreads)
   extern __shared__ unsigned bm[];
   const int i = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int qrow = t_kv - t_q + i;  // >= 0 (t_q <= t_kv)
-  const int nwords = (qrow + 1 + 31) / 32;
-  unsigned* warp_tot = bm + (t_kv + 31) / 32;
-  const int32_t* row = idx + static_cast<int64_t>(i) * width;
-  int32_t* out = list + static_cast<int64_t>(i) * width;
-
-  for (int k = tid; k < nwords; k += kAttnThreads) bm[k] = 0u;
-  __syncthreads();
-  for (int e = tid; e < width; e += kAttnThreads) {
-    const int r = row[e];
-    if (r >= 0 && r <= qrow) atomicOr(&bm[r >> 5], 1u << (r & 31));
-  }
-  __syncthreads();
-
-  int running = 0;
-  for (int base = 0; base < nwords; base += kAttnThreads) {
-    const int k = base + tid;
-    unsigned bits = k < nwords ? bm[k] : 0u;
-    const int c = __popc(bits);
-    int incl = c;  // inclusive scan over the warp
-#pragma unroll
-    for (int off = 1; off < 32; off <<= 1) {
-      const int v = __shfl_up_sync(kFull, incl, off);
-      if (lane >= off) incl += v;
-    }
-    if (lane == 31) warp_tot[warp] = static_cast<unsigned>(incl);
-    __syncthreads();
-    int pos = running + incl - c, tot = 0;
-    for (int w = 0; w < kWarps; ++w) {
-      const int t = static_cast<int>(warp_tot[w]);
-      if (w < warp) pos += t;
-      tot += t;
-    }
-    while (bits) {
-      const int b = __ffs(bits) - 1;
-      bits &= bits - 1u;
-      out[pos++] = k * 32 + b;
-    }
-    running += tot;
-    __syncthreads();  // warp_tot is rewritten by the next round
-  }
+  const int running = memra::cuda::compact_rows<kAttnThreads>(
+      idx + static_cast<int64_t>(i) * width, width, qrow + 1, bm, bm + (t_kv + 31) / 32,
+      list + static_cast<int64_t>(i) * width, tid, lane, warp);
   if (tid == 0) counts[i] = running;
 }
 

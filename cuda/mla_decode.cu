@@ -82,6 +82,7 @@
 #include <algorithm>
 
 #include "common.cuh"
+#include "gather_compact.cuh"
 
 namespace memra::cuda {
 // cuda/mla_decode_sm90.cu: the wgmma arm for dense bf16 caches at H = 64, R = 512.
@@ -671,46 +672,9 @@ __global__ void __launch_bounds__(kThreads)
   extern __shared__ unsigned bm[];
   const int b = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int n = min(max(t_kv[b], 0), max_t_kv);
-  const int nwords = (n + 31) / 32;
-  unsigned* warp_tot = bm + (max_t_kv + 31) / 32;
-  const int32_t* row = idx + static_cast<int64_t>(b) * width;
-  int32_t* out = list + static_cast<int64_t>(b) * width;
-
-  for (int k = tid; k < nwords; k += kThreads) bm[k] = 0u;
-  __syncthreads();
-  for (int e = tid; e < width; e += kThreads) {
-    const int r = row[e];
-    if (r >= 0 && r < n) atomicOr(&bm[r >> 5], 1u << (r & 31));
-  }
-  __syncthreads();
-
-  int running = 0;
-  for (int base = 0; base < nwords; base += kThreads) {
-    const int k = base + tid;
-    unsigned bits = k < nwords ? bm[k] : 0u;
-    const int c = __popc(bits);
-    int incl = c;
-#pragma unroll
-    for (int off = 1; off < 32; off <<= 1) {
-      const int v = __shfl_up_sync(kFull, incl, off);
-      if (lane >= off) incl += v;
-    }
-    if (lane == 31) warp_tot[warp] = static_cast<unsigned>(incl);
-    __syncthreads();
-    int pos = running + incl - c, tot = 0;
-    for (int w = 0; w < kWarps; ++w) {
-      const int tw = static_cast<int>(warp_tot[w]);
-      if (w < warp) pos += tw;
-      tot += tw;
-    }
-    while (bits) {
-      const int bit = __ffs(bits) - 1;
-      bits &= bits - 1u;
-      out[pos++] = k * 32 + bit;
-    }
-    running += tot;
-    __syncthreads();  // warp_tot is rewritten by the next round
-  }
+  const int running = memra::cuda::compact_rows<kThreads>(
+      idx + static_cast<int64_t>(b) * width, width, n, bm, bm + (max_t_kv + 31) / 32,
+      list + static_cast<int64_t>(b) * width, tid, lane, warp);
   if (tid == 0) counts[b] = running;
 }
 
