@@ -41,6 +41,16 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
+// One row or column of the Sinkhorn matrix c: the hc entries c[first + k * step], k ascending,
+// divided by their sum (in that order) + eps, as cpu/mhc.cpp does.
+__device__ __forceinline__ void normalize_line(float* c, int hc, int first, int step,
+                                               float hc_eps) {
+  float s = 0.0f;
+  for (int k = 0; k < hc; ++k) s += c[first + k * step];
+  const float d = s + hc_eps;
+  for (int k = 0; k < hc; ++k) c[first + k * step] = c[first + k * step] / d;
+}
+
 // One block (kMapThreads) per token. Shared: pre [hc], c [hc, hc] (dynamic).
 __global__ void __launch_bounds__(kMapThreads)
     mhc_map_kernel(const float* __restrict__ streams, const float* __restrict__ logits, int hc,
@@ -144,30 +154,12 @@ __global__ void __launch_bounds__(kMapThreads)
   } else {
     // One column normalisation, then (iters - 1) rounds of rows then columns; thread k owns
     // column (row) k and sums it in ascending order, as the CPU does.
-    if (tid < hc) {
-      const int j = tid;
-      float s = 0.0f;
-      for (int i = 0; i < hc; ++i) s += c[i * hc + j];
-      const float d = s + hc_eps;
-      for (int i = 0; i < hc; ++i) c[i * hc + j] = c[i * hc + j] / d;
-    }
+    if (tid < hc) normalize_line(c, hc, tid, hc, hc_eps);  // column tid
     __syncthreads();
     for (int it = 1; it < sinkhorn_iters; ++it) {
-      if (tid < hc) {
-        const int i = tid;
-        float s = 0.0f;
-        for (int j = 0; j < hc; ++j) s += c[i * hc + j];
-        const float d = s + hc_eps;
-        for (int j = 0; j < hc; ++j) c[i * hc + j] = c[i * hc + j] / d;
-      }
+      if (tid < hc) normalize_line(c, hc, tid * hc, 1, hc_eps);  // row tid
       __syncthreads();
-      if (tid < hc) {
-        const int j = tid;
-        float s = 0.0f;
-        for (int i = 0; i < hc; ++i) s += c[i * hc + j];
-        const float d = s + hc_eps;
-        for (int i = 0; i < hc; ++i) c[i * hc + j] = c[i * hc + j] / d;
-      }
+      if (tid < hc) normalize_line(c, hc, tid, hc, hc_eps);
       __syncthreads();
     }
   }
