@@ -83,6 +83,21 @@ unsigned row_blocks(int64_t rows) {
   return ceil_div(rows, Group<G>::kRows);
 }
 
+// The sum of x[i]^2 over the row (group-strided, then group_sum; 0 for a dead row), shared by the
+// RMS norms. Every thread of the block calls it (group_sum has barriers).
+template <int G>
+__device__ __forceinline__ float row_sum_squares(const float* xr, bool live, int lane, int D,
+                                                 float* red) {
+  float ss = 0.0f;
+  if (live) {
+    for (int i = lane; i < D; i += G) {
+      const float v = xr[i];
+      ss += v * v;
+    }
+  }
+  return group_sum<G>(ss, red);
+}
+
 // cpu::rms_norm: y = (w *) (x * (1 / sqrt(sum(x^2) / D + eps))). x and y may alias: each element
 // is read and then written by the same thread, after the row's reduction.
 template <int G>
@@ -93,14 +108,7 @@ __global__ void __launch_bounds__(Group<G>::kBlock)
   const int lane = threadIdx.x % G;
   const bool live = row < rows;
   const float* xr = x + (live ? row : 0) * D;
-  float ss = 0.0f;
-  if (live) {
-    for (int i = lane; i < D; i += G) {
-      const float v = xr[i];
-      ss += v * v;
-    }
-  }
-  ss = group_sum<G>(ss, red);
+  const float ss = row_sum_squares<G>(xr, live, lane, D, red);
   if (!live) return;
   const float inv = 1.0f / sqrtf(ss / static_cast<float>(D) + eps);
   float* yr = y + row * D;
@@ -120,14 +128,7 @@ __global__ void __launch_bounds__(Group<G>::kBlock)
   const int lane = threadIdx.x % G;
   const bool live = row < rows;
   const float* xr = x + (live ? row : 0) * D;
-  float ss = 0.0f;
-  if (live) {
-    for (int i = lane; i < D; i += G) {
-      const float v = xr[i];
-      ss += v * v;
-    }
-  }
-  ss = group_sum<G>(ss, red);
+  const float ss = row_sum_squares<G>(xr, live, lane, D, red);
   if (!live) return;
   const float inv = 1.0f / sqrtf(ss / static_cast<float>(D) + eps);
   const float* gr = gate + row * D;
