@@ -83,76 +83,14 @@ void copy_f32(const Engine* engine, float* dst, const float* src, int64_t n, con
 
 // ---------------------------------------------------------------- batched decode arguments
 
-bool is_dtype(const AnyArray& a, nb::dlpack::dtype_code c, int bits) {
-  return a.dtype().code == static_cast<uint8_t>(c) && a.dtype().bits == bits &&
-         a.dtype().lanes == 1;
-}
-
-// pos of a batched decode call: a host list / tuple of ints or a host int32 / int64 array (values
-// known here, checked by the caller, uploaded), or a device int32 [B] array (values unknown to
-// the host; unchecked).
-struct DecodePos {
-  bool host = false;
-  std::vector<int32_t> values;   // host values (host == true)
-  const int32_t* dev = nullptr;  // device int32 [B]: the caller's array or the upload
-  std::shared_ptr<DeviceBuffer> upload;
-};
-
-DecodePos decode_pos_arg(const Engine* engine, nb::handle h, int64_t B, const char* op) {
-  DecodePos p;
-  const std::string arg = std::string(op) + ": argument 'pos'";
-  auto push = [&](int64_t v) {
-    if (v < INT32_MIN || v > INT32_MAX) {
-      raise_contract(kContractRange, arg + " holds " + std::to_string(v) + ", outside int32");
-    }
-    p.values.push_back(static_cast<int32_t>(v));
-  };
-  if (!nb::hasattr(h, "__dlpack__") && nb::isinstance<nb::sequence>(h) &&
-      !nb::isinstance<nb::str>(h)) {
-    for (nb::handle x : h) {
-      int64_t v = 0;
-      if (!nb::try_cast(x, v)) {
-        raise_contract(kContractDType, arg + " must hold ints, got " +
-                                           std::string(nb::type_name(x.type()).c_str()));
-      }
-      push(v);
-    }
-    p.host = true;
-  } else {
-    AnyArray a;
-    if (!nb::try_cast(h, a)) {
-      raise_contract(kContractDType, arg + " must be a list of ints or an int32 array [B], got " +
-                                         std::string(nb::type_name(h.type()).c_str()));
-    }
-    if (a.device_type() == nb::device::cpu::value) {
-      const bool i32 = is_dtype(a, nb::dlpack::dtype_code::Int, 32);
-      const bool i64 = is_dtype(a, nb::dlpack::dtype_code::Int, 64);
-      check_array(a, op, "pos", {B}, "int32 or int64 (host) / int32 (device)", i32 || i64,
-                  nb::device::cpu::value, 0);
-      for (int64_t b = 0; b < B; ++b) {
-        push(i32 ? static_cast<const int32_t*>(a.data())[b]
-                 : static_cast<const int64_t*>(a.data())[b]);
-      }
-      p.host = true;
-    } else {
-      p.dev = i32_in(engine, a, op, "pos", {B});
-    }
-  }
-  if (p.host && static_cast<int64_t>(p.values.size()) != B) {
-    raise_contract(kContractShape, arg + " has " + std::to_string(p.values.size()) +
-                                       " entries, expected B=" + std::to_string(B));
-  }
-  if (p.host) {
-    for (int64_t b = 0; b < B; ++b) {
-      if (p.values[z(b)] == INT32_MAX) {
-        raise_contract(kContractRange, std::string(op) + ": pos[" + std::to_string(b) +
-                                           "]=" + std::to_string(INT32_MAX) +
-                                           ": pos + 1 overflows int32");
-      }
-    }
-    if (B > 0) {
-      p.upload = device_upload(engine, p.values.data(), sizeof(int32_t) * z(B));
-      p.dev = static_cast<const int32_t*>(p.upload->data());
+// pos of a batched decode call (per_seq_arg), with pos + 1 fitting int32 for the host values
+// (device values are unknown to the host and unchecked).
+PerSeq decode_pos_arg(const Engine* engine, nb::handle h, int64_t B, const char* op) {
+  PerSeq p = per_seq_arg(engine, h, B, op, "pos");
+  for (size_t b = 0; p.host && b < p.values.size(); ++b) {
+    if (p.values[b] == INT32_MAX) {
+      raise_contract(kContractRange, std::string(op) + ": pos[" + std::to_string(b) + "]=" +
+                                         std::to_string(INT32_MAX) + ": pos + 1 overflows int32");
     }
   }
   return p;
@@ -511,7 +449,7 @@ void init_ops_dsa(nb::module_& m) {
                                             std::to_string(pool));
         }
         StateList pk = state_list_arg(engine, pool_keys, B, -1, d, op, "pool_keys", true);
-        DecodePos p = decode_pos_arg(engine, pos, B, op);
+        PerSeq p = decode_pos_arg(engine, pos, B, op);
         if (p.host) {
           for (int64_t b = 0; b < B; ++b) {
             const int64_t v = p.values[z(b)];
@@ -572,7 +510,7 @@ void init_ops_dsa(nb::module_& m) {
         check_pool(pool, op);
         check_finite(qk_scale, op, "qk_scale");
         check_finite(head_scale, op, "head_scale");
-        DecodePos p = decode_pos_arg(engine, pos, B, op);
+        PerSeq p = decode_pos_arg(engine, pos, B, op);
         int64_t bound = 0;  // the score width: max_pools, else the longest pool_keys array
         for (int64_t r : pk.rows) bound = std::max(bound, r);
         if (max_pools) {
@@ -663,7 +601,7 @@ void init_ops_dsa(nb::module_& m) {
                                              " with pool=" + std::to_string(pool) +
                                              " overflows int32");
         }
-        DecodePos p = decode_pos_arg(engine, pos, B, op);
+        PerSeq p = decode_pos_arg(engine, pos, B, op);
         if (p.host) {
           for (int64_t b = 0; b < B; ++b) {
             const int64_t v = p.values[z(b)];

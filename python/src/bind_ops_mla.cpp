@@ -136,67 +136,6 @@ void check_suffix(const AttnArgs& a, const char* op) {
 
 // ---------------------------------------------------------------- batched decode arguments
 
-// A per-sequence int argument (t_kv, pos): a host list / tuple of ints or host integer array
-// (values known here), or on CUDA a device int32 [B] array (values unknown to the host).
-struct PerSeq {
-  bool host = false;
-  std::vector<int32_t> values;  // host values (host == true)
-  const int32_t* dev = nullptr;  // device int32 [B] (CUDA: the caller's array or the upload)
-  std::shared_ptr<DeviceBuffer> upload;
-};
-
-PerSeq per_seq_arg(const Engine* engine, nb::handle h, int64_t B, const char* op,
-                   const char* name) {
-  PerSeq p;
-  const std::string arg = std::string(op) + ": argument '" + name + "'";
-  auto push = [&](int64_t v) {
-    if (v < INT32_MIN || v > INT32_MAX) {
-      raise_contract(kContractRange, arg + " holds " + std::to_string(v) + ", outside int32");
-    }
-    p.values.push_back(static_cast<int32_t>(v));
-  };
-  if (!nb::hasattr(h, "__dlpack__") && nb::isinstance<nb::sequence>(h) &&
-      !nb::isinstance<nb::str>(h)) {
-    for (nb::handle x : h) {
-      int64_t v = 0;
-      if (!nb::try_cast(x, v)) {
-        raise_contract(kContractDType, arg + " must hold ints, got " +
-                                           std::string(nb::type_name(x.type()).c_str()));
-      }
-      push(v);
-    }
-    p.host = true;
-  } else {
-    AnyArray a;
-    if (!nb::try_cast(h, a)) {
-      raise_contract(kContractDType, arg + " must be a list of ints or an int32 array [B], got " +
-                                         std::string(nb::type_name(h.type()).c_str()));
-    }
-    if (a.device_type() == nb::device::cpu::value) {
-      const bool i32 = has_dtype(a, nb::dlpack::dtype_code::Int, 32);
-      const bool i64 = has_dtype(a, nb::dlpack::dtype_code::Int, 64);
-      check_array(a, op, name, {B}, "int32 or int64 (host) / int32 (device)", i32 || i64,
-                  nb::device::cpu::value, 0);
-      for (int64_t b = 0; b < B; ++b) {
-        push(i32 ? static_cast<const int32_t*>(a.data())[b]
-                 : static_cast<const int64_t*>(a.data())[b]);
-      }
-      p.host = true;
-    } else {
-      p.dev = i32_in(engine, a, op, name, {B});  // CONTRACT_DEVICE on the CPU backend
-    }
-  }
-  if (p.host && static_cast<int64_t>(p.values.size()) != B) {
-    raise_contract(kContractShape, arg + " has " + std::to_string(p.values.size()) +
-                                       " entries, expected B=" + std::to_string(B));
-  }
-  if (p.host && on_cuda(engine) && B > 0) {
-    p.upload = device_upload(engine, p.values.data(), sizeof(int32_t) * z(B));
-    p.dev = static_cast<const int32_t*>(p.upload->data());
-  }
-  return p;
-}
-
 // The caches of a batched call: B arrays [L_b, W] of one dtype (float32; on CUDA also bfloat16
 // or uint16 raw bits) on the engine's device. W == -1: any width, the same for all.
 struct CacheList {

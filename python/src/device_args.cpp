@@ -6,6 +6,7 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <climits>
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -307,6 +308,58 @@ void init_device(nb::module_& m) {
       .def("__repr__", [](const DeviceWeight& w) {
         return "DeviceWeight(" + std::string(dtype_name(w.dtype)) + ", " + w.shape_str() + ")";
       });
+}
+
+PerSeq per_seq_arg(const Engine* engine, nb::handle h, int64_t B, const char* op,
+                   const char* name) {
+  PerSeq p;
+  const std::string arg = std::string(op) + ": argument '" + name + "'";
+  auto push = [&](int64_t v) {
+    if (v < INT32_MIN || v > INT32_MAX) {
+      raise_contract(kContractRange, arg + " holds " + std::to_string(v) + ", outside int32");
+    }
+    p.values.push_back(static_cast<int32_t>(v));
+  };
+  if (!nb::hasattr(h, "__dlpack__") && nb::isinstance<nb::sequence>(h) &&
+      !nb::isinstance<nb::str>(h)) {
+    for (nb::handle x : h) {
+      int64_t v = 0;
+      if (!nb::try_cast(x, v)) {
+        raise_contract(kContractDType, arg + " must hold ints, got " +
+                                           std::string(nb::type_name(x.type()).c_str()));
+      }
+      push(v);
+    }
+    p.host = true;
+  } else {
+    AnyArray a;
+    if (!nb::try_cast(h, a)) {
+      raise_contract(kContractDType, arg + " must be a list of ints or an int32 array [B], got " +
+                                         std::string(nb::type_name(h.type()).c_str()));
+    }
+    if (a.device_type() == nb::device::cpu::value) {
+      const bool i32 = has_dtype(a, nb::dlpack::dtype_code::Int, 32);
+      const bool i64 = has_dtype(a, nb::dlpack::dtype_code::Int, 64);
+      check_array(a, op, name, {B}, "int32 or int64 (host) / int32 (device)", i32 || i64,
+                  nb::device::cpu::value, 0);
+      for (int64_t b = 0; b < B; ++b) {
+        push(i32 ? static_cast<const int32_t*>(a.data())[b]
+                 : static_cast<const int64_t*>(a.data())[b]);
+      }
+      p.host = true;
+    } else {
+      p.dev = i32_in(engine, a, op, name, {B});  // CONTRACT_DEVICE on the CPU backend
+    }
+  }
+  if (p.host && static_cast<int64_t>(p.values.size()) != B) {
+    raise_contract(kContractShape, arg + " has " + std::to_string(p.values.size()) +
+                                       " entries, expected B=" + std::to_string(B));
+  }
+  if (p.host && on_cuda(engine) && B > 0) {
+    p.upload = device_upload(engine, p.values.data(), sizeof(int32_t) * static_cast<size_t>(B));
+    p.dev = static_cast<const int32_t*>(p.upload->data());
+  }
+  return p;
 }
 
 }  // namespace memra::py

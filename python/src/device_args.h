@@ -95,6 +95,18 @@ void check_finite(float v, const char* op, const char* name);
 // ContractError (40025) "op: what" unless ok.
 void check_value(bool ok, const char* op, const std::string& what);
 
+// A per-sequence int argument of a batched op (t_kv, pos): a host list / tuple of ints or host
+// int32 / int64 array [B] (values known here, checked against int32, uploaded on CUDA), or on CUDA
+// a device int32 [B] array (values unknown to the host). ContractError names `op` and `name`.
+struct PerSeq {
+  bool host = false;
+  std::vector<int32_t> values;   // host values (host == true)
+  const int32_t* dev = nullptr;  // device int32 [B] (CUDA: the caller's array or the upload)
+  std::shared_ptr<DeviceBuffer> upload;
+};
+PerSeq per_seq_arg(const Engine* engine, nb::handle h, int64_t B, const char* op,
+                   const char* name);
+
 void init_device(nb::module_& m);
 void init_ops_util(nb::module_& m);
 
