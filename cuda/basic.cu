@@ -14,6 +14,7 @@ using memra::cuda::ceil_div;
 using memra::cuda::enter;
 using memra::cuda::launch_status;
 using memra::cuda::to_f32;
+using memra::cuda::warp_sum;
 
 namespace {
 
@@ -30,12 +31,6 @@ struct Group {
   static constexpr int kRows = kBlock / G;
   static constexpr int kWarps = kBlock / 32;
 };
-
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
 
 // Sum of `v` over the calling thread's group; every thread of the group gets the total. `red`
 // holds Group<G>::kWarps floats. Contains two __syncthreads when G > 32 (all threads of the

@@ -26,16 +26,11 @@ using memra::cuda::launch_status;
 using memra::cuda::Scratch;
 using memra::cuda::status_of;
 using memra::cuda::to_f32;
+using memra::cuda::warp_sum;
 
 namespace {
 
 constexpr int kWarps = 8;  // warps per block of the expert kernels (one row each)
-
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
 
 // cpu clamped_swiglu for one element, with std::min / std::max spelled out (NaN handling as the
 // CPU's: std::min(a, b) is (b < a) ? b : a).

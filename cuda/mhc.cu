@@ -24,6 +24,7 @@ using memra::cuda::ceil_div;
 using memra::cuda::enter;
 using memra::cuda::launch_status;
 using memra::cuda::Scratch;
+using memra::cuda::warp_sum;
 
 namespace {
 
@@ -34,12 +35,6 @@ constexpr int kMapThreads = 1024;
 constexpr size_t kNormChunkBytes = size_t(64) << 20;
 
 __device__ __forceinline__ float sigmoidf(float x) { return 1.0f / (1.0f + expf(-x)); }
-
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
 
 // One row or column of the Sinkhorn matrix c: the hc entries c[first + k * step], k ascending,
 // divided by their sum (in that order) + eps, as cpu/mhc.cpp does.

@@ -37,11 +37,13 @@
 
 using memra::cuda::ceil_div;
 using memra::cuda::enter;
+using memra::cuda::from_f32;
 using memra::cuda::glibc_expf;
 using memra::cuda::launch_status;
 using memra::cuda::Scratch;
 using memra::cuda::status_of;
 using memra::cuda::to_f32;
+using memra::cuda::warp_max;
 
 namespace {
 
@@ -63,21 +65,6 @@ int allow_smem(MemraCudaCtx* ctx, K* kernel, size_t bytes) {
   if (bytes > static_cast<size_t>(optin)) return memra::kUnsupportedGeometry;
   return status_of(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         static_cast<int>(bytes)));
-}
-
-__device__ __forceinline__ float warp_max(float v) {
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) v = fmaxf(v, __shfl_xor_sync(kFull, v, off));
-  return v;
-}
-
-template <typename D>
-__device__ __forceinline__ D from_f32(float v);
-template <>
-__device__ __forceinline__ float from_f32<float>(float v) { return v; }
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float v) {
-  return __float2bfloat16_rn(v);
 }
 
 // dst[i] = src[i] converted (bf16 with round-to-nearest-even).

@@ -97,10 +97,13 @@ int mla_decode_sm90(MemraCudaCtx* ctx, int variant, const float* q_lat, const vo
 
 using memra::cuda::ceil_div;
 using memra::cuda::enter;
+using memra::cuda::from_f32;
 using memra::cuda::launch_status;
 using memra::cuda::Scratch;
 using memra::cuda::status_of;
 using memra::cuda::to_f32;
+using memra::cuda::warp_max;
+using memra::cuda::warp_sum;
 
 namespace {
 
@@ -146,18 +149,6 @@ int allow_smem(MemraCudaCtx* ctx, K* kernel, size_t bytes) {
   if (bytes > static_cast<size_t>(optin)) return memra::kUnsupportedGeometry;
   return status_of(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         static_cast<int>(bytes)));
-}
-
-__device__ __forceinline__ float warp_max(float v) {
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) v = fmaxf(v, __shfl_xor_sync(kFull, v, off));
-  return v;
-}
-
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(kFull, v, off);
-  return v;
 }
 
 // ---------------------------------------------------------------- launch arguments
@@ -679,15 +670,6 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // ---------------------------------------------------------------- latent append (batched)
-
-template <typename Tc>
-__device__ __forceinline__ Tc from_f32(float v);
-template <>
-__device__ __forceinline__ float from_f32<float>(float v) { return v; }
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float v) {
-  return __float2bfloat16_rn(v);
-}
 
 // Block b: caches[b][pos[b], :] = rows[b, :] (pos < 0: nothing).
 template <typename Tcache>
