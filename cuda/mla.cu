@@ -47,7 +47,6 @@ using memra::cuda::warp_max;
 
 namespace {
 
-constexpr unsigned kFull = 0xffffffffu;
 
 // ---------------------------------------------------------------- device helpers
 
