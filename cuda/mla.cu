@@ -47,7 +47,6 @@ using memra::cuda::warp_max;
 
 namespace {
 
-
 // ---------------------------------------------------------------- device helpers
 
 int device_attr(MemraCudaCtx* ctx, cudaDeviceAttr attr, int* out) {
