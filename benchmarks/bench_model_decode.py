@@ -446,7 +446,7 @@ def run_memra(args, folder: Path, engine_dev: str, dtype: str, prompts, batches,
     import memra
     from memra import _core
 
-    max_len = args.prompt_len + max(warmup + steps, gen_steps + 1, 5) + 8
+    max_len = args.prompt_len + max(warmup + steps + args.profile_steps + kReplaySteps + 1, gen_steps + 1, 5) + 8
     info = {}
     with RssPeak() as rss:
         t0 = time.perf_counter()
@@ -508,13 +508,14 @@ def run_memra(args, folder: Path, engine_dev: str, dtype: str, prompts, batches,
                 toks = step(toks)
                 times.append(time.perf_counter() - t)
                 seq0.append(int(toks[0]))
-            for s in slots:
-                cache.free(s)
             r["memra_tok_s"] = B * steps / sum(times)
             r["memra_step_ms_median"] = round(statistics.median(times) * 1e3, 4)
             if e is not None and args.profile_steps > 0:
                 toks, prof = profile_steps(step, toks, args.profile_steps)
                 r.update(prof)
+                r.update(replay_only(m, B, e))
+            for s in slots:
+                cache.free(s)
             r["tokens"] = seq0[:max(match_steps, 1)]
             log(f"model_decode: memra B={B}: {r['memra_tok_s']:.2f} tok/s (median step "
                 f"{r['memra_step_ms_median']} ms)")
@@ -576,13 +577,40 @@ def profile_steps(step, toks, n: int):
         per[name][0] += us
         per[name][1] += 1
         total += us
-    top = sorted(per.items(), key=lambda kv: -kv[1][0])[:25]
+    top = sorted(per.items(), key=lambda kv: -kv[1][0])
     out = {"memra_gpu_us_per_step": round(total / n, 2),
+           "memra_launches_per_step": round(sum(v[1] for v in per.values()) / n, 1),
            "memra_kernels_top": [[k, round(v[0] / n, 2), round(v[1] / n, 2)] for k, v in top]}
     log(f"model_decode: GPU time {total / n:.1f} us per step; top kernels (us/step, launches/step):")
     for k, v in top:
         log(f"  {v[0] / n:9.1f} {v[1] / n:6.1f}  {k}")
     return toks, out
+
+
+kReplaySteps = 21  # graph replays in replay_only (the cache needs room for them)
+
+
+def replay_only(m, B: int, e) -> dict:
+    """GPU time of the greedy step alone: its captured graph replayed back to back (no host work
+    between steps; the cache is not committed host-side, so run it last). memra_replay_us_per_step
+    minus memra_gpu_us_per_step is the time between the graph's kernels."""
+    runner = getattr(m, "_runner", None)
+    if runner is None:
+        return {}
+    b = runner._buckets.get(runner.bucket_size(B))
+    graph = None if b is None else next((g for s, g in b.graphs.items() if s is not None), None)
+    if graph is None:
+        return {}
+    n = kReplaySteps - 1
+    graph.replay()
+    e.synchronize()
+    t = time.perf_counter()
+    for _ in range(n):
+        graph.replay()
+    e.synchronize()
+    us = (time.perf_counter() - t) / n * 1e6
+    log(f"model_decode: graph replay alone {us:.1f} us per step")
+    return {"memra_replay_us_per_step": round(us, 2)}
 
 
 # ============================================================================ main
