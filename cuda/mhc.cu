@@ -2,7 +2,11 @@
 // cpu/mhc.cpp: the mapping (pre / post / Sinkhorn comb + the collapsed input), the post-block
 // expansion and the final head mean. Oracle: transformers Glm5NextTextHyperConnection.
 //
-// mhc_pre = one GEMM (memra_cuda_linear) + one mapping kernel (a block per token):
+// mhc_pre at decode (T <= 32 rows, f32 / bf16 fn, 16-byte aligned rows): two kernels, a split-K
+//   pass computing every row's raw logits and sum of squares (f32 products: the streams are
+//   not rounded to the fn dtype) and a finishing kernel that reduces them in a fixed order and
+//   maps (details above mhc_partial_kernel).
+// mhc_pre otherwise = one GEMM (memra_cuda_linear) + one mapping kernel (a block per token):
 //   f32 / bf16 fn: logits_raw = streams[T, hc*D] fn^T straight from the streams, and the
 //     mapping kernel scales each token's logits by its unweighted-RMS factor
 //     inv = 1 / sqrt(sum(x^2) / (hc*D) + norm_eps) (linearity: fn(x * inv) = inv * fn(x)), so the
@@ -44,6 +48,83 @@ __device__ __forceinline__ void normalize_line(float* c, int hc, int first, int 
   for (int k = 0; k < hc; ++k) s += c[first + k * step];
   const float d = s + hc_eps;
   for (int k = 0; k < hc; ++k) c[first + k * step] = c[first + k * step] / d;
+}
+
+// The mapping of one token from its logits lt [mix] (pre-RMS when fold: each scaled by inv):
+// threads tid < hc write pre[tid] (shared), post_t[tid] when post_t is given, and row tid of the
+// softmaxed comb c [hc, hc] (shared) when c is given. The CPU's operations in its order.
+__device__ __forceinline__ void map_rows(const float* lt, float inv, bool fold, int hc,
+                                         const float* __restrict__ base,
+                                         const float* __restrict__ scale, float hc_eps, float* pre,
+                                         float* post_t, float* c, int tid) {
+  if (tid >= hc) return;
+  const float s0 = scale[0], s1 = scale[1], s2 = scale[2];
+  const int s = tid;
+  const float l_pre = fold ? __fmul_rn(lt[s], inv) : lt[s];
+  pre[s] = __fadd_rn(sigmoidf(__fadd_rn(__fmul_rn(l_pre, s0), base[s])), hc_eps);
+  if (post_t) {
+    const float l_post = fold ? __fmul_rn(lt[hc + s], inv) : lt[hc + s];
+    post_t[s] = 2.0f * sigmoidf(__fadd_rn(__fmul_rn(l_post, s1), base[hc + s]));
+  }
+  if (!c) return;
+  // Row i = tid of comb: softmax over j, + eps.
+  const int i = tid;
+  float* row = c + i * hc;
+  const float* lc = lt + 2 * hc + i * hc;
+  const float* bc = base + 2 * hc + i * hc;
+  for (int j = 0; j < hc; ++j) {
+    const float l = fold ? __fmul_rn(lc[j], inv) : lc[j];
+    row[j] = __fadd_rn(__fmul_rn(l, s2), bc[j]);
+  }
+  float m = row[0];
+  for (int j = 1; j < hc; ++j) m = fmaxf(m, row[j]);
+  float sum = 0.0f;
+  for (int j = 0; j < hc; ++j) {
+    row[j] = expf(row[j] - m);
+    sum += row[j];
+  }
+  for (int j = 0; j < hc; ++j) row[j] = __fadd_rn(row[j] / sum, hc_eps);
+}
+
+// Sinkhorn for hc * hc <= 32 (GLM: 4), called by one whole warp: lane i * hc + j holds c[i, j]
+// in a register; each row / column sum is gathered by shuffles and added in ascending order, so
+// the bits are those of sinkhorn_block (which pays two block barriers per half-iteration).
+__device__ __forceinline__ void sinkhorn_warp(float* c, int hc, int iters, float hc_eps, int lane) {
+  const bool own = lane < hc * hc;
+  const int i = own ? lane / hc : 0, j = own ? lane % hc : 0;
+  float v = own ? c[lane] : 0.0f;
+  // Half-iteration h: h = 0 and every even h a column normalisation, odd h a row one.
+  for (int h = 0; h < 2 * iters - 1; ++h) {
+    const bool col = (h & 1) == 0;
+    float s = 0.0f;
+    for (int r = 0; r < hc; ++r) s += __shfl_sync(0xffffffffu, v, col ? r * hc + j : i * hc + r);
+    v = v / (s + hc_eps);
+  }
+  if (own) c[lane] = v;
+}
+
+// Sinkhorn for any hc <= kMaxHc by the whole block: one column normalisation, then (iters - 1)
+// rounds of rows then columns; thread k owns column (row) k and sums it in ascending order, as
+// the CPU does. Every thread of the block must call it.
+__device__ __forceinline__ void sinkhorn_block(float* c, int hc, int iters, float hc_eps, int tid) {
+  if (tid < hc) normalize_line(c, hc, tid, hc, hc_eps);  // column tid
+  __syncthreads();
+  for (int it = 1; it < iters; ++it) {
+    if (tid < hc) normalize_line(c, hc, tid * hc, 1, hc_eps);  // row tid
+    __syncthreads();
+    if (tid < hc) normalize_line(c, hc, tid, hc, hc_eps);
+    __syncthreads();
+  }
+}
+
+// collapsed[d] = sum over streams (ascending) of pre[s] * st[s, d] for d = d0 + k * step < d1.
+__device__ __forceinline__ void collapse(const float* __restrict__ st, const float* pre, int hc,
+                                         int D, int d0, int d1, int step, float* __restrict__ out) {
+  for (int d = d0; d < d1; d += step) {
+    float acc = 0.0f;
+    for (int s = 0; s < hc; ++s) acc = __fadd_rn(acc, __fmul_rn(pre[s], st[int64_t(s) * D + d]));
+    out[d] = acc;
+  }
 }
 
 // One block (kMapThreads) per token. Shared: pre [hc], c [hc, hc] (dynamic).
@@ -90,83 +171,118 @@ __global__ void __launch_bounds__(kMapThreads)
     inv = 1.0f / sqrtf(s / static_cast<float>(flat) + norm_eps);
   }
 
-  const float* lt = logits + t * mix;
-  const float s0 = scale[0], s1 = scale[1], s2 = scale[2];
-  if (tid < hc) {
-    const int s = tid;
-    const float l_pre = fold ? __fmul_rn(lt[s], inv) : lt[s];
-    const float l_post = fold ? __fmul_rn(lt[hc + s], inv) : lt[hc + s];
-    pre[s] = __fadd_rn(sigmoidf(__fadd_rn(__fmul_rn(l_pre, s0), base[s])), hc_eps);
-    post[t * hc + s] = 2.0f * sigmoidf(__fadd_rn(__fmul_rn(l_post, s1), base[hc + s]));
-    // Row i = tid of comb: softmax over j, + eps.
-    const int i = tid;
-    float* row = c + i * hc;
-    const float* lc = lt + 2 * hc + i * hc;
-    const float* bc = base + 2 * hc + i * hc;
-    for (int j = 0; j < hc; ++j) {
-      const float l = fold ? __fmul_rn(lc[j], inv) : lc[j];
-      row[j] = __fadd_rn(__fmul_rn(l, s2), bc[j]);
-    }
-    float m = row[0];
-    for (int j = 1; j < hc; ++j) m = fmaxf(m, row[j]);
-    float sum = 0.0f;
-    for (int j = 0; j < hc; ++j) {
-      row[j] = expf(row[j] - m);
-      sum += row[j];
-    }
-    for (int j = 0; j < hc; ++j) row[j] = __fadd_rn(row[j] / sum, hc_eps);
-  }
+  map_rows(logits + t * mix, inv, fold, hc, base, scale, hc_eps, pre, post + t * hc, c, tid);
   __syncthreads();
   if (hc * hc <= 32) {
-    // Small hc (GLM: 4): the whole Sinkhorn in warp 0's registers, lane i * hc + j holding
-    // c[i, j]; each row / column sum is gathered by shuffles and added in ascending order, so
-    // the bits are those of the shared-memory loops below (which pay two block barriers per
-    // half-iteration: ~20 us per call at T = 1).
-    if (tid < 32) {
-      const bool own = tid < hc * hc;
-      const int i = own ? tid / hc : 0, j = own ? tid % hc : 0;
-      float v = own ? c[tid] : 0.0f;
-      auto col_norm = [&]() {
-        float s = 0.0f;
-        for (int r = 0; r < hc; ++r) s += __shfl_sync(0xffffffffu, v, r * hc + j);
-        const float d = s + hc_eps;
-        v = v / d;
-      };
-      auto row_norm = [&]() {
-        float s = 0.0f;
-        for (int q = 0; q < hc; ++q) s += __shfl_sync(0xffffffffu, v, i * hc + q);
-        const float d = s + hc_eps;
-        v = v / d;
-      };
-      col_norm();
-      for (int it = 1; it < sinkhorn_iters; ++it) {
-        row_norm();
-        col_norm();
-      }
-      if (own) c[tid] = v;
-    }
+    if (tid < 32) sinkhorn_warp(c, hc, sinkhorn_iters, hc_eps, tid);
     __syncthreads();
   } else {
-    // One column normalisation, then (iters - 1) rounds of rows then columns; thread k owns
-    // column (row) k and sums it in ascending order, as the CPU does.
-    if (tid < hc) normalize_line(c, hc, tid, hc, hc_eps);  // column tid
-    __syncthreads();
-    for (int it = 1; it < sinkhorn_iters; ++it) {
-      if (tid < hc) normalize_line(c, hc, tid * hc, 1, hc_eps);  // row tid
-      __syncthreads();
-      if (tid < hc) normalize_line(c, hc, tid, hc, hc_eps);
-      __syncthreads();
-    }
+    sinkhorn_block(c, hc, sinkhorn_iters, hc_eps, tid);
   }
   float* ct = comb + t * hc * hc;
   for (int k = tid; k < hc * hc; k += kMapThreads) ct[k] = c[k];
-  // collapsed = sum over streams (ascending) of pre[s] * streams[s].
-  float* out = collapsed + t * D;
-  for (int d = tid; d < D; d += kMapThreads) {
-    float acc = 0.0f;
-    for (int s = 0; s < hc; ++s) acc = __fadd_rn(acc, __fmul_rn(pre[s], st[int64_t(s) * D + d]));
-    out[d] = acc;
+  collapse(st, pre, hc, D, tid, D, kMapThreads, collapsed + t * D);
+}
+
+// ---- The split path for decode rows (T <= kSplitMaxT, fold, 16-byte aligned rows): the logits
+// GEMM and the RMS sum are one split-K pass over many blocks (one block per kSplitK values of
+// the flat row reads them once for all T rows), and a second kernel reduces the partials in a
+// fixed order and maps; it spreads `collapsed` over blocks and overlaps the Sinkhorn with it.
+// Three launches (cuBLAS GEMV + its reduction + the one-block-per-token map) become two, and no
+// single block walks the whole 16384-value row. Deterministic: fixed-order sums, no atomics.
+constexpr int kSplitMaxT = 32;
+constexpr int kSplitK = 128;          // flat values per partial block: 32 lanes x 4
+constexpr int kSplitThreads = 256;
+constexpr int kSplitMaxOut = 64;      // mix + 1 partial outputs (logits + the sum of squares)
+constexpr int kFinishD = 256;         // collapsed columns per finishing block
+
+__device__ __forceinline__ float4 load4(const float* p) {
+  return *reinterpret_cast<const float4*>(p);
+}
+__device__ __forceinline__ float4 load4(const __nv_bfloat16* p) {
+  const uint2 u = *reinterpret_cast<const uint2*>(p);
+  const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.x));
+  const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.y));
+  return make_float4(a.x, a.y, b.x, b.y);
+}
+
+// Block s, lane l: the 4 flat values k = s * kSplitK + 4 l of every row t; warp w computes the
+// partial outputs m = w, w + 8, ...: m < mix the dot with fn row m, m == mix the sum of squares.
+// part [T, S, mix + 1].
+template <typename W>
+__global__ void __launch_bounds__(kSplitThreads)
+    mhc_partial_kernel(const float* __restrict__ streams, int T, int flat,
+                       const W* __restrict__ fn, int mix, float* __restrict__ part) {
+  const int s = blockIdx.x, S = gridDim.x;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int k = s * kSplitK + 4 * lane;
+  const bool in = k < flat;  // flat % 4 == 0: a lane's four values are all in or all out
+  for (int t = 0; t < T; ++t) {
+    const float4 x = in ? load4(streams + int64_t(t) * flat + k) : make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int m = warp; m <= mix; m += kSplitThreads / 32) {
+      float d;
+      if (m == mix) {
+        d = x.x * x.x + x.y * x.y + x.z * x.z + x.w * x.w;
+      } else {
+        const float4 w = in ? load4(fn + int64_t(m) * flat + k) : make_float4(0.f, 0.f, 0.f, 0.f);
+        d = w.x * x.x + w.y * x.y + w.z * x.z + w.w * x.w;
+      }
+      d = warp_sum(d);
+      if (lane == 0) part[(int64_t(t) * S + s) * (mix + 1) + m] = d;
+    }
   }
+}
+
+// Block (x, t): reduce token t's partials (every block of the row, the same fixed order), then
+// pre; block x == 0 also writes post and the Sinkhorn comb (one warp, while the other warps
+// collapse); each block collapses columns [x * kFinishD, (x + 1) * kFinishD).
+__global__ void __launch_bounds__(kSplitThreads)
+    mhc_finish_kernel(const float* __restrict__ streams, const float* __restrict__ part, int S,
+                      int hc, int D, const float* __restrict__ base,
+                      const float* __restrict__ scale, int sinkhorn_iters, float hc_eps,
+                      float norm_eps, float* __restrict__ post, float* __restrict__ comb,
+                      float* __restrict__ collapsed) {
+  extern __shared__ float sm[];  // pre [hc], c [hc, hc]
+  __shared__ float lt[kSplitMaxOut];
+  float* pre = sm;
+  float* c = sm + hc;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int t = blockIdx.y;
+  const int mix = (2 + hc) * hc;
+  const int64_t flat = static_cast<int64_t>(hc) * D;
+  const float* pt = part + int64_t(t) * S * (mix + 1);
+  for (int m = warp; m <= mix; m += kSplitThreads / 32) {
+    float a = 0.0f;
+    for (int s = lane; s < S; s += 32) a += pt[int64_t(s) * (mix + 1) + m];
+    a = warp_sum(a);
+    if (lane == 0) lt[m] = a;
+  }
+  __syncthreads();
+  const float inv = 1.0f / sqrtf(lt[mix] / static_cast<float>(flat) + norm_eps);
+  const bool head = blockIdx.x == 0;
+  map_rows(lt, inv, true, hc, base, scale, hc_eps, pre, head ? post + int64_t(t) * hc : nullptr,
+           head ? c : nullptr, tid);
+  __syncthreads();
+  int first = 0;  // the first thread that collapses
+  if (head) {
+    float* ct = comb + int64_t(t) * hc * hc;
+    if (hc * hc <= 32) {
+      if (warp == 0) {
+        sinkhorn_warp(c, hc, sinkhorn_iters, hc_eps, lane);
+        __syncwarp();
+        if (lane < hc * hc) ct[lane] = c[lane];
+      }
+      first = 32;
+    } else {
+      sinkhorn_block(c, hc, sinkhorn_iters, hc_eps, tid);
+      for (int k = tid; k < hc * hc; k += kSplitThreads) ct[k] = c[k];
+    }
+  }
+  if (tid < first) return;
+  const int d0 = blockIdx.x * kFinishD;
+  const int d1 = d0 + kFinishD < D ? d0 + kFinishD : D;
+  collapse(streams + int64_t(t) * flat, pre, hc, D, d0 + tid - first, d1, kSplitThreads - first,
+           collapsed + int64_t(t) * D);
 }
 
 // out[t, j, d] = post[t, j] * y[t, d] + sum_i comb[t, i, j] * residual[t, i, d]. Block x walks
@@ -225,9 +341,32 @@ int memra_cuda_mhc_pre(MemraCudaCtx* ctx, const float* streams, int T, int hc, i
     return memra::kContractMissing;
   }
   const int mix = (2 + hc) * hc;
+  const bool fold = fn_dtype != 2 || flat == 0;
+  const uintptr_t fn_align = fn_dtype == 0 ? 15u : 7u;  // four weights per load
+  if (fold && flat > 0 && T <= kSplitMaxT && mix + 1 <= kSplitMaxOut && flat % 4 == 0 &&
+      (reinterpret_cast<uintptr_t>(streams) & 15u) == 0 &&
+      (reinterpret_cast<uintptr_t>(fn) & fn_align) == 0) {
+    const int S = static_cast<int>(ceil_div(flat, kSplitK));
+    Scratch part(ctx, static_cast<size_t>(T) * S * (mix + 1) * sizeof(float));
+    MEMRA_CUDA_RETURN_IF(part.status());
+    if (fn_dtype == 0) {
+      mhc_partial_kernel<float><<<S, kSplitThreads, 0, ctx->stream>>>(
+          streams, T, static_cast<int>(flat), static_cast<const float*>(fn), mix, part.as<float>());
+    } else {
+      mhc_partial_kernel<__nv_bfloat16><<<S, kSplitThreads, 0, ctx->stream>>>(
+          streams, T, static_cast<int>(flat), static_cast<const __nv_bfloat16*>(fn), mix,
+          part.as<float>());
+    }
+    MEMRA_CUDA_RETURN_IF(launch_status());
+    const size_t smem = sizeof(float) * (static_cast<size_t>(hc) + static_cast<size_t>(hc) * hc);
+    const dim3 grid(static_cast<unsigned>(ceil_div(D, kFinishD)), static_cast<unsigned>(T));
+    mhc_finish_kernel<<<grid, kSplitThreads, smem, ctx->stream>>>(
+        streams, part.as<float>(), S, hc, D, base, scale, sinkhorn_iters, hc_eps, norm_eps, post,
+        comb, collapsed);
+    return launch_status();
+  }
   Scratch logits(ctx, static_cast<size_t>(T) * mix * sizeof(float));
   MEMRA_CUDA_RETURN_IF(logits.status());
-  const bool fold = fn_dtype != 2 || flat == 0;
   if (fold) {
     MEMRA_CUDA_RETURN_IF(memra_cuda_linear(ctx, streams, T, static_cast<int>(flat), fn, fn_dtype,
                                            mix, nullptr, logits.as<float>()));

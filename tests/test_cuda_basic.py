@@ -324,9 +324,12 @@ def mhc_both(e, streams, fw, base, scale, **kw):
     return [e.to_host(g) for g in got], want
 
 
-@pytest.mark.parametrize("T", [1, 2, 65, 200])
+# T <= 32 with 16-byte rows (hc * D % 4 == 0) and (2 + hc) * hc < 64 takes the split decode path
+# (cuda/mhc.cu mhc_partial_kernel + mhc_finish_kernel; hc = 6, 7: the block Sinkhorn there);
+# larger T, odd rows and wider hc the GEMM + one-block-per-token mapping.
+@pytest.mark.parametrize("T", [1, 2, 32, 33, 65, 200])
 @pytest.mark.parametrize("hc,D,iters", [(4, 33, 20), (4, 200, 20), (4, 1024, 20), (3, 5, 1),
-                                        (1, 16, 3), (2, 9, 3)])
+                                        (1, 16, 3), (2, 9, 3), (6, 70, 5), (7, 4, 4), (8, 16, 3)])
 def test_mhc_pre_f32_matches_cpu(e, T, hc, D, iters):
     streams, fw, base, scale = mhc_inputs(T, hc, D, seed=T * 100 + hc * 10 + D)
     kw = dict(sinkhorn_iters=iters, hc_eps=1e-6, norm_eps=1e-5)
@@ -336,9 +339,11 @@ def test_mhc_pre_f32_matches_cpu(e, T, hc, D, iters):
     close(col, wcol, dict(rtol=0, atol=1e-5 * float(np.abs(streams).max())))
 
 
-def test_mhc_pre_glm_width(e):
-    # GLM-5.3-Flash: hc = 4 streams of hidden 4096 (the RMS over 16384 values per token).
-    streams, fw, base, scale = mhc_inputs(3, 4, 4096, seed=77)
+@pytest.mark.parametrize("T", [1, 3, 32, 40])
+def test_mhc_pre_glm_width(e, T):
+    # GLM-5.3-Flash: hc = 4 streams of hidden 4096 (the RMS over 16384 values per token); T <= 32
+    # the split decode path, T = 40 the GEMM + mapping kernel.
+    streams, fw, base, scale = mhc_inputs(T, 4, 4096, seed=77)
     kw = dict(sinkhorn_iters=20, hc_eps=1e-6, norm_eps=1e-6)
     (post, comb, col), (wpost, wcomb, wcol) = mhc_both(e, streams, fw, base, scale, **kw)
     close(post, wpost, dict(rtol=0, atol=1e-5))
@@ -346,7 +351,7 @@ def test_mhc_pre_glm_width(e):
     close(col, wcol, dict(rtol=0, atol=1e-5 * float(np.abs(streams).max())))
 
 
-@pytest.mark.parametrize("T,D", [(1, 33), (65, 256)])
+@pytest.mark.parametrize("T,D", [(1, 33), (2, 4096), (65, 256)])
 def test_mhc_pre_bf16_fn_matches_cpu(e, T, D):
     streams, fw, base, scale = mhc_inputs(T, 4, D, seed=T + D, fn_dtype="bfloat16")
     kw = dict(sinkhorn_iters=20, hc_eps=1e-6, norm_eps=1e-5)
