@@ -26,6 +26,7 @@
 #include "common.cuh"
 #include "glibc_expf.cuh"
 
+using memra::cuda::ceil_div;
 using memra::cuda::enter;
 using memra::cuda::glibc_expf;
 using memra::cuda::launch_status;
@@ -61,15 +62,17 @@ __device__ __forceinline__ bool better(const ArgBest& a, const ArgBest& b) {
   return a.v > b.v || (a.v == b.v && a.i < b.i);
 }
 
-// cpu argmax over v[0, V) (best = 0; v[i] > v[best] takes i): index 0 when v[0] is NaN, otherwise
-// the lowest index of the largest non-NaN value. Call with the whole block; the result is valid
-// in every thread. `red` holds kThreads / 32 ArgBest.
-__device__ int block_argmax(const float* __restrict__ v, int V, ArgBest* red) {
+// The best entry of v[lo, hi) (the largest non-NaN value, the lowest id among equal ones;
+// {-inf, INT_MAX} when every entry is NaN or the range is empty). Call with the whole block; the
+// result is valid in every thread. `red` holds blockDim.x / 32 ArgBest.
+__device__ ArgBest block_best(const float* __restrict__ v, int lo, int hi, ArgBest* red) {
   ArgBest b{-INFINITY, INT_MAX};
   // Each thread visits its ids in ascending order, so a strict > keeps the lowest of equal values.
-  if ((V & 3) == 0 && (reinterpret_cast<uintptr_t>(v) & 15) == 0) {
+  int rest = lo;
+  if ((lo & 3) == 0 && (reinterpret_cast<uintptr_t>(v) & 15) == 0) {
     const float4* v4 = reinterpret_cast<const float4*>(v);
-    for (int j = threadIdx.x; j < (V >> 2); j += blockDim.x) {
+    const int end4 = hi >> 2;
+    for (int j = (lo >> 2) + threadIdx.x; j < end4; j += blockDim.x) {
       const float4 q = v4[j];
       const float x[4] = {q.x, q.y, q.z, q.w};
 #pragma unroll
@@ -77,11 +80,11 @@ __device__ int block_argmax(const float* __restrict__ v, int V, ArgBest* red) {
         if (!isnan(x[k]) && (b.i == INT_MAX || x[k] > b.v)) b = ArgBest{x[k], 4 * j + k};
       }
     }
-  } else {
-    for (int i = threadIdx.x; i < V; i += blockDim.x) {
-      const float x = v[i];
-      if (!isnan(x) && (b.i == INT_MAX || x > b.v)) b = ArgBest{x, i};
-    }
+    rest = end4 > (lo >> 2) ? 4 * end4 : lo;
+  }
+  for (int i = rest + threadIdx.x; i < hi; i += blockDim.x) {
+    const float x = v[i];
+    if (!isnan(x) && (b.i == INT_MAX || x > b.v)) b = ArgBest{x, i};
   }
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) {
@@ -96,6 +99,14 @@ __device__ int block_argmax(const float* __restrict__ v, int V, ArgBest* red) {
     if (better(red[w], r)) r = red[w];
   }
   __syncthreads();  // red may be reused at once
+  return r;
+}
+
+// cpu argmax over v[0, V) (best = 0; v[i] > v[best] takes i): index 0 when v[0] is NaN, otherwise
+// the lowest index of the largest non-NaN value. Call with the whole block; the result is valid
+// in every thread. `red` holds kThreads / 32 ArgBest.
+__device__ int block_argmax(const float* __restrict__ v, int V, ArgBest* red) {
+  const ArgBest r = block_best(v, 0, V, red);
   if (isnan(v[0]) || r.i == INT_MAX) return 0;
   return r.i;
 }
@@ -184,6 +195,41 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t b = blockIdx.x;
   const int best = block_argmax(logits + b * V, V, red);
   if (threadIdx.x == 0) out[b] = best;
+}
+
+// Greedy over a large vocabulary at a few rows: one block per row streams V floats with one
+// block's worth of loads in flight (21 us at V = 154880); split, block (s, b) finds the best of
+// its kGreedyChunk ids of row b and one warp per row combines the partials (better() is
+// associative and commutative, so the split gives the same id as the single block).
+constexpr int kGreedyChunk = 2048;
+constexpr int kGreedyThreads = 256;
+
+__global__ void __launch_bounds__(kGreedyThreads)
+    greedy_partial_kernel(const float* __restrict__ logits, int V, ArgBest* __restrict__ part) {
+  __shared__ ArgBest red[kGreedyThreads / 32];
+  const int s = blockIdx.x;
+  const int64_t b = blockIdx.y;
+  const int lo = s * kGreedyChunk;
+  const int hi = V - lo < kGreedyChunk ? V : lo + kGreedyChunk;
+  const ArgBest r = block_best(logits + b * V, lo, hi, red);
+  if (threadIdx.x == 0) part[b * gridDim.x + s] = r;
+}
+
+__global__ void greedy_final_kernel(const float* __restrict__ logits, int V,
+                                    const ArgBest* __restrict__ part, int S,
+                                    int32_t* __restrict__ out) {
+  const int64_t b = blockIdx.x;
+  const int lane = threadIdx.x;
+  ArgBest r{-INFINITY, INT_MAX};
+  for (int s = lane; s < S; s += 32) {
+    if (better(part[b * S + s], r)) r = part[b * S + s];
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const ArgBest c{__shfl_xor_sync(0xffffffffu, r.v, o), __shfl_xor_sync(0xffffffffu, r.i, o)};
+    if (better(c, r)) r = c;
+  }
+  if (lane == 0) out[b] = (isnan(logits[b * V]) || r.i == INT_MAX) ? 0 : r.i;
 }
 
 struct KeyBits {
@@ -321,7 +367,17 @@ extern "C" int memra_cuda_sample(MemraCudaCtx* ctx, const float* logits, int B, 
   if (std::isnan(temperature) || !(top_p > 0.0f)) return memra::kContractValue;
   if (!logits || !out) return memra::kContractMissing;
   if (temperature <= 0.0f) {
-    greedy_kernel<<<B, kThreads, 0, ctx->stream>>>(logits, V, out);
+    if (V <= 4 * kGreedyChunk) {
+      greedy_kernel<<<B, kThreads, 0, ctx->stream>>>(logits, V, out);
+      return launch_status();
+    }
+    const int S = static_cast<int>(ceil_div(V, kGreedyChunk));
+    Scratch part(ctx, sizeof(ArgBest) * static_cast<size_t>(S) * B);
+    MEMRA_CUDA_RETURN_IF(part.status());
+    greedy_partial_kernel<<<dim3(S, B), kGreedyThreads, 0, ctx->stream>>>(logits, V,
+                                                                        part.as<ArgBest>());
+    MEMRA_CUDA_RETURN_IF(launch_status());
+    greedy_final_kernel<<<B, 32, 0, ctx->stream>>>(logits, V, part.as<ArgBest>(), S, out);
     return launch_status();
   }
   if (!counters) return memra::kContractMissing;

@@ -23,7 +23,13 @@ Tolerances (both sides f32 unless said):
   match exactly.
 - moe_forward: activations stay f32 on the GPU (bf16 weights widened, x not rounded), like the
   CPU; only the dot products' summation order differs: ``rtol=1e-5, atol=1e-5 * max|y|`` for
-  float32 and bfloat16 weights alike (the same bf16 values on both sides).
+  float32 and bfloat16 weights alike (the same bf16 values on both sides). From T = 2 on the GPU
+  runs the grouped-by-expert kernels, whose every dot product and sum is the per-pair kernels'
+  own: the T >= 2 result equals, bit for bit, the rows run one at a time (T = 1) and the
+  per-pair kernels forced at the same T (MEMRA_MOE_GROUPED_MIN_T).
+- MlpLayer on CUDA uploads gate and up as one [2I, D] weight and runs them as one GEMM
+  (N = 2I): against swiglu_mlp over separate gate / up weights (two GEMMs) only cuBLAS's
+  summation order may differ (the same tolerances as against the CPU).
 - sample: the GPU reproduces the CPU's f32 arithmetic operation for operation (glibc's expf bit
   for bit, sequential sums in the spec's order): identical tokens (np.array_equal).
 
@@ -129,6 +135,38 @@ def test_swiglu_mlp_no_clamp_and_zero_rows(e):
                                      limit=float("inf"), engine=e))
     scaled_close(got, want, rtol=1e-5, atol_rel=1e-5)
     assert np.all(got[2] == 0.0)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("D,I", [(64, 96), (13, 21)])
+@pytest.mark.parametrize("T", [1, 5, 65])
+def test_mlp_layer_fused_gate_up_matches_separate(e, T, D, I, dtype):
+    """MlpLayer's contiguous gate|up ([2, I, D] on the device, one GEMM with N = 2I) against
+    swiglu_mlp over separate gate and up DeviceWeights (two GEMMs) and against the CPU."""
+    r = rng(T * 31 + D + (dtype == "bfloat16"))
+    limit = 1.25
+    g, u, d = mlp_weights(r, D, I, dtype)
+    x = randn(r, T, D, scale=2.0)
+    layer = memra.MlpLayer(e, {"gate_proj.weight": weight(g), "up_proj.weight": weight(u),
+                               "down_proj.weight": weight(d)},
+                           hidden=D, intermediate=I, swiglu_limit=limit, dtype=dtype)
+    got = e.to_host(layer.forward(e.to_device(x)))
+    sep = e.to_host(_core.swiglu_mlp(e.to_device(x), dweight(e, g, dtype), dweight(e, u, dtype),
+                                     dweight(e, d, dtype), limit=limit, engine=e))
+    if dtype == "float32":
+        scaled_close(got, sep, rtol=1e-5, atol_rel=1e-5)
+        want = _core.swiglu_mlp(x, weight(g), weight(u), weight(d), limit=limit)
+        scaled_close(got, want, rtol=1e-5, atol_rel=1e-5)
+    else:
+        # Both round x and h to bf16; an f32 ulp of difference in g or u may flip one h's bf16
+        # rounding (see the module docstring): the emulation's tolerance.
+        scaled_close(got, sep, rtol=1e-4, atol_rel=2e-3)
+        xb = bf16_round(x)
+        gate = np.minimum(_core.linear(xb, weight(g)), np.float32(limit))
+        up = np.clip(_core.linear(xb, weight(u)), -np.float32(limit), np.float32(limit))
+        h = f32(gate / (1.0 + np.exp(-gate)) * up)
+        want = _core.linear(bf16_round(h), weight(d))
+        scaled_close(got, want, rtol=1e-4, atol_rel=2e-3)
 
 
 def test_swiglu_mlp_contract_errors(e):
@@ -325,9 +363,19 @@ def random_routing(r, T, E, k):
     return idx, w
 
 
+MOE_SHAPES = [  # E, D, I, top_k
+    (8, 64, 48, 4),     # vector path (D, I multiples of 8), one 256-column step
+    (7, 13, 21, 3),     # scalar path
+    (32, 64, 48, 8),    # GLM-5.3-Flash's expert count and top_k, narrow
+    (8, 64, 48, 2),
+    (32, 520, 264, 8),  # several 256-column steps, the last one partial (vector path)
+    (5, 300, 37, 2),    # several steps, scalar path (I odd)
+]
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("E,D,I,k", [(8, 64, 48, 4), (7, 13, 21, 3)])  # vector / scalar paths
-@pytest.mark.parametrize("T", [1, 5, 63, 200])
+@pytest.mark.parametrize("E,D,I,k", MOE_SHAPES)
+@pytest.mark.parametrize("T", [1, 2, 5, 32, 63, 64, 200])
 def test_moe_forward_matches_cpu(e, T, E, D, I, k, dtype):
     r = rng(T * 13 + D + (dtype == "bfloat16"))
     g, u, d = experts(r, E, D, I, dtype)
@@ -352,6 +400,79 @@ def test_moe_forward_routed_by_moe_route_and_repeated_ids(e):
     want = moe_cpu(x, idx, w, g, u, d, 2.0)
     got = moe_gpu(e, x, idx, w, g, u, d, 2.0)
     scaled_close(got, want, rtol=1e-5, atol_rel=1e-5)
+
+
+def skewed_routing(r, T, E, k):
+    """Routing that exercises the grouped path's corners: every token's slot 0 is expert 3 (one
+    expert with T pairs: several passes of 16 / 8 from T = 17 on), experts 0 and E - 1 get no
+    pairs, token 1 repeats one id in all its slots and token 2 repeats one id twice."""
+    pool = np.array([i for i in range(E) if i not in (0, 3, E - 1)])
+    idx = np.zeros((T, k), np.int32)
+    for t in range(T):
+        idx[t, 0] = 3
+        if k > 1:
+            idx[t, 1:] = r.permutation(pool)[: k - 1]
+    if T > 1:
+        idx[1, :] = pool[0]
+    if T > 2 and k > 2:
+        idx[2, 2] = idx[2, 1]
+    w = f32(r.uniform(0.05, 1.0, (T, k)))
+    return idx, w
+
+
+GROUPED_SHAPES = [(32, 64, 48, 8), (8, 64, 48, 2), (7, 13, 21, 3), (32, 520, 264, 8),
+                  (5, 300, 37, 2)]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("E,D,I,k", GROUPED_SHAPES)
+@pytest.mark.parametrize("T", [2, 5, 32, 64])
+def test_moe_forward_grouped_equals_rows_one_at_a_time(e, T, E, D, I, k, dtype):
+    """The grouped kernels (T >= 2) give, bit for bit, what the per-pair kernels give for each
+    row alone (T = 1), with repeated ids and experts nobody chose; and the CPU's values."""
+    r = rng(T * 17 + E + D + (dtype == "bfloat16"))
+    g, u, d = experts(r, E, D, I, dtype)
+    x = randn(r, T, D, scale=2.0)
+    idx, w = skewed_routing(r, T, E, k)
+    limit = 1.5
+    dg, du, dd = dweight(e, g, dtype), dweight(e, u, dtype), dweight(e, d, dtype)
+
+    def run(xs, ids, ws):
+        return e.to_host(_core.moe_forward(e.to_device(xs), e.to_device(ids), e.to_device(ws),
+                                           dg, du, dd, limit=limit, engine=e))
+
+    got = run(x, idx, w)
+    for t in range(T):
+        row = run(x[t : t + 1], idx[t : t + 1], w[t : t + 1])
+        np.testing.assert_array_equal(got[t : t + 1], row, err_msg=f"row {t}")
+    want = moe_cpu(x, idx, w, g, u, d, limit)
+    scaled_close(got, want, rtol=1e-5, atol_rel=1e-5)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("E,D,I,k,T", [(32, 64, 48, 8, 64), (7, 13, 21, 3, 9),
+                                       (8, 64, 48, 4, 600)])  # T = 600: three token chunks
+def test_moe_forward_grouped_equals_per_pair_kernels(e, monkeypatch, E, D, I, k, T, dtype):
+    """At the same T, the grouped path equals the per-pair kernels (forced with the
+    MEMRA_MOE_GROUPED_MIN_T knob, read on every call) bit for bit."""
+    r = rng(T + E + D + (dtype == "bfloat16"))
+    g, u, d = experts(r, E, D, I, dtype)
+    x = randn(r, T, D, scale=2.0)
+    idx, w = skewed_routing(r, T, E, k)
+    dg, du, dd = dweight(e, g, dtype), dweight(e, u, dtype), dweight(e, d, dtype)
+
+    def run():
+        return e.to_host(_core.moe_forward(e.to_device(x), e.to_device(idx), e.to_device(w),
+                                           dg, du, dd, limit=1.5, engine=e))
+
+    monkeypatch.delenv("MEMRA_MOE_GROUPED_MIN_T", raising=False)
+    grouped = run()
+    monkeypatch.setenv("MEMRA_MOE_GROUPED_MIN_T", str(10**9))
+    per_pair = run()
+    monkeypatch.delenv("MEMRA_MOE_GROUPED_MIN_T")
+    np.testing.assert_array_equal(grouped, per_pair)
+    np.testing.assert_array_equal(run(), grouped)  # deterministic from call to call
+    scaled_close(grouped, moe_cpu(x, idx, w, g, u, d, 1.5), rtol=1e-5, atol_rel=1e-5)
 
 
 def test_moe_forward_contract_errors(e):
@@ -480,6 +601,30 @@ def test_sample_greedy_and_degenerate_rows(e):
     got, _ = sample_both(e, logits, ctr, temperature=0.0)
     assert got[0] == 3 and got[1] == 0 and got[2] == 40 and got[3] == 0 and got[4] == 6
     assert got[5] == 9 and got[6] == 0
+
+
+@pytest.mark.parametrize("V", [8193, 154880, 160001])
+def test_sample_greedy_large_vocab_split(e, V):
+    # V > 4 * 2048: greedy runs split over 2048-id blocks and one warp per row combines them
+    # (cuda/sample.cu greedy_partial_kernel / greedy_final_kernel): the same ids as the CPU's
+    # argmax, including ties across block boundaries, NaN rows and rows without a finite value.
+    r = rng(15)
+    B = 9
+    logits = randn(r, B, V, scale=3.0)
+    logits[0, [2047, 2048, V - 1]] = 50.0          # ties straddling a block edge: the lowest id
+    logits[1, :] = -np.inf                          # nothing finite: 0
+    logits[2, 0] = np.nan                           # NaN at id 0: the CPU keeps 0
+    logits[3, 1::7] = np.nan                        # NaNs elsewhere never win
+    logits[3, V - 2] = 60.0
+    logits[4, :] = 1.25                             # all equal: 0
+    logits[5, V - 1] = np.inf                       # +inf in the last (partial) block
+    logits[6, 4095] = 70.0
+    logits[6, 6144] = 70.0
+    logits[7, :] = np.nan                           # all NaN: 0
+    got, want = sample_both(e, logits, np.arange(B, dtype=np.uint64), temperature=0.0)
+    np.testing.assert_array_equal(got, want)
+    assert got[0] == 2047 and got[1] == 0 and got[2] == 0 and got[3] == V - 2
+    assert got[4] == 0 and got[5] == V - 1 and got[6] == 4095 and got[7] == 0
 
 
 def test_sample_contract_errors(e):
