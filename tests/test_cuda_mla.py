@@ -8,7 +8,9 @@ Tolerances and byte-identity claims (both sides f32 unless said):
   sums rounded separately (no FMA), bf16 weights widened exactly: ``np.array_equal`` with the CPU
   where the CPU build does not contract into FMAs (x86-64 without -march; CPU_EXACT), else
   ``|d| <= 1e-5 * max|y|`` (K <= 512 ascending terms, each side within ~K * 2^-24 of the sum of
-  |terms|). Arm 2 == arm 1 always (one device routine per output): ``np.array_equal``.
+  |terms|). Arm 2 (the streaming kernel, or its fallback) == arm 1 always (every output one
+  chain summed by one thread in the same order): ``np.array_equal``. Arm 0 below T = 64 is
+  arm 2: ``np.array_equal``.
 - arm 3 (cuBLASLt, bf16 weights): the activations are rounded to bf16; (a) against arm 1 on the
   bf16-rounded activations the products are exact in f32 on both sides and only the
   accumulation differs (tensor-core partial sums): ``|d| <= 1e-4 * max|y|``; (b) against the CPU
@@ -53,12 +55,23 @@ BF16 = np.dtype(ml_dtypes.bfloat16)
 CPU_EXACT = platform.machine() in ("x86_64", "AMD64")
 ATTN_TOL = dict(rtol=1e-5, atol=1e-5)
 EDGE_T = [1, 7, 65, 200]
+# Decode batch sizes for the projections (the streaming arm's position tiles are 4P / 8P
+# positions: 1 and 2 fit one, 8 one or two, 33 several with a partial last tile).
+DECODE_T = [1, 2, 8, 33]
+PROJ_T = sorted(set(EDGE_T + DECODE_T))
 
 # (H, R, d_nope, d_v): the tiny test geometry, an odd one (R not a multiple of 8: scalar loads,
 # several split chunks with a tail), and GLM-5.3-Flash's head (64 heads would make the CPU slow).
 TINY = (4, 32, 16, 16)
 ODD = (3, 200, 24, 40)
+# R = 37: kv_b rows not a multiple of 16 bytes (the streaming arm copies its tiles element by
+# element, a bf16 lane's word straddles the last column, decompress rows end in a scalar tail);
+# d_nope = 13 (q not staged 16 bytes at a time, absorb ends in a scalar row); d_v = 11 (a
+# partial tile of rows); 40 heads so that at T = 200 a block loops over several position tiles.
+ODD_UNALIGNED = (40, 37, 13, 11)
 REAL_HEAD = (8, 512, 256, 256)
+# GLM-5.3-Flash's MLA head: 64 heads, kv_rank 512, qk_nope_head_dim = v_head_dim = 128.
+GLM = (64, 512, 128, 128)
 
 
 def host_weight(w, dtype):
@@ -114,8 +127,8 @@ def proj_input(which, T, geom, seed):
 @pytest.mark.parametrize("which", ["absorb", "decompress"])
 @pytest.mark.parametrize("wdtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("arm", [1, 2])
-@pytest.mark.parametrize("T", EDGE_T)
-@pytest.mark.parametrize("geom", [TINY, ODD], ids=["tiny", "odd"])
+@pytest.mark.parametrize("T", PROJ_T)
+@pytest.mark.parametrize("geom", [TINY, ODD, ODD_UNALIGNED], ids=["tiny", "odd", "odd_unaligned"])
 def test_proj_kernels_match_cpu(e, which, wdtype, arm, T, geom):
     x = proj_input(which, T, geom, seed=T * 7 + arm)
     kv = kv_b_of(*geom, seed=T + 1)
@@ -125,8 +138,9 @@ def test_proj_kernels_match_cpu(e, which, wdtype, arm, T, geom):
 
 @pytest.mark.parametrize("which", ["absorb", "decompress"])
 @pytest.mark.parametrize("wdtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("T", [1, 3])
-@pytest.mark.parametrize("geom", [TINY, ODD, REAL_HEAD], ids=["tiny", "odd", "real_head"])
+@pytest.mark.parametrize("T", [1, 3, 8, 33])
+@pytest.mark.parametrize("geom", [TINY, ODD, ODD_UNALIGNED, REAL_HEAD],
+                         ids=["tiny", "odd", "odd_unaligned", "real_head"])
 def test_split_arm_equals_per_position_bytes(e, which, wdtype, T, geom):
     x = proj_input(which, T, geom, seed=11 + T)
     dw = memra.DeviceWeight(e, host_weight(kv_b_of(*geom, seed=12), wdtype))
@@ -161,8 +175,9 @@ def test_lt_arm_vs_per_position(e, which, T, geom):
 @pytest.mark.parametrize("wdtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("T", [1, 7, 65, 200])
 def test_auto_arm(e, which, wdtype, T):
-    """Arm 0: split / per-position (CPU bytes) below T = 64 or for f32 weights; cuBLASLt for bf16
-    weights at T >= 64 (or the per-position kernel when cuBLASLt declines)."""
+    """Arm 0: the streaming arm below T = 64, and the streaming or per-position arm for f32
+    weights (CPU bytes); cuBLASLt for bf16 weights at T >= 64 (or the per-position kernel when
+    cuBLASLt declines)."""
     x = proj_input(which, T, TINY, seed=31 + T)
     got, want = proj(e, which, x, kv_b_of(*TINY, seed=32), TINY, wdtype, 0)
     if wdtype == "bfloat16" and T >= 64:
@@ -200,13 +215,37 @@ def test_lt_arm_refuses_f32_weights(e):
 
 
 def test_proj_real_geometry_decode(e):
-    """GLM-5.3-Flash's 64 heads at decode (T = 1): auto takes the split arm; CPU bytes."""
+    """64 heads with 256-wide heads at decode (T = 1): auto takes the streaming arm; CPU bytes."""
     geom = (64, 512, 256, 256)
     kv = kv_b_of(*geom, seed=51)
     for which in ("absorb", "decompress"):
         x = proj_input(which, 1, geom, seed=52)
         got, want = proj(e, which, x, kv, geom, "bfloat16", 0)
         same_as_cpu(got, want)
+
+
+@pytest.mark.parametrize("which", ["absorb", "decompress"])
+@pytest.mark.parametrize("wdtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("T", DECODE_T)
+def test_proj_glm_decode_shapes(e, which, wdtype, T):
+    """GLM-5.3-Flash's head (H = 64, R = 512, d_nope = d_v = 128) at decode batch sizes: the
+    streaming arm (2) gives the CPU's bytes, auto (0) takes it (the same bytes), and the
+    per-position kernel (1) agrees byte for byte."""
+    geom = GLM
+    H, R, dn, dv = geom
+    kv = kv_b_of(*geom, seed=71)
+    x = proj_input(which, T, geom, seed=72 + T)
+    got, want = proj(e, which, x, kv, geom, wdtype, 2)
+    same_as_cpu(got, want)
+    dw = memra.DeviceWeight(e, host_weight(kv, wdtype))
+    kw = dict(d_v=dv) if which == "absorb" else dict(d_nope=dn)
+    fn = _core.mla_absorb_q if which == "absorb" else _core.mla_decompress_v
+    for arm in (0, 1):
+        other = e.to_host(fn(e.to_device(x), dw, arm=arm, engine=e, **kw))
+        np.testing.assert_array_equal(other, got)
+    # Deterministic: a second call of arm 2 gives the same bytes.
+    again = e.to_host(fn(e.to_device(x), dw, arm=2, engine=e, **kw))
+    np.testing.assert_array_equal(again, got)
 
 
 def test_proj_zero_tokens(e):
@@ -557,16 +596,18 @@ def test_chain_absorb_attend_decompress(e):
 
 def test_sanitizer_small_shapes(e):
     """One call of every entry point and arm on small odd shapes (for compute-sanitizer runs)."""
-    H, R, dn, dv = 3, 37, 5, 7
     r = rng(99)
     D = e.to_device
-    dw = memra.DeviceWeight(e, host_weight(kv_b_of(H, R, dn, dv, seed=98), "bfloat16"))
-    for T in (1, 3, 66):
-        q = f32(r.standard_normal((T, H, dn)))
-        o = f32(r.standard_normal((T, H, R)))
-        for arm in (0, 1, 2):
-            _core.mla_absorb_q(D(q), dw, d_v=dv, arm=arm, engine=e)
-            _core.mla_decompress_v(D(o), dw, d_nope=dn, arm=arm, engine=e)
+    # R = 64: the streaming arm's 16-byte cp.async tiles; R = 37: its element-wise copies.
+    for H, R, dn, dv in ((3, 64, 8, 24), (3, 37, 5, 7)):
+        dw = memra.DeviceWeight(e, host_weight(kv_b_of(H, R, dn, dv, seed=98), "bfloat16"))
+        for T in (1, 3, 17, 66):
+            q = f32(r.standard_normal((T, H, dn)))
+            o = f32(r.standard_normal((T, H, R)))
+            for arm in (0, 1, 2):
+                _core.mla_absorb_q(D(q), dw, d_v=dv, arm=arm, engine=e)
+                _core.mla_decompress_v(D(o), dw, d_nope=dn, arm=arm, engine=e)
+    H, R, dn, dv = 3, 37, 5, 7
     t_q, t_kv, d_rope = 3, 70, 4
     q_lat, q_pe, cache, scale = attn_inputs(t_q, t_kv, H, R, d_rope, seed=97)
     bits = e.to_host(_core.mla_latent_append(D(cache), D(np.zeros((t_kv, R + d_rope), np.uint16)), start=0,

@@ -5,9 +5,10 @@
 #pragma once
 
 // arm for absorb / decompress: 0 auto (cuBLASLt strided-batched bf16 GEMM at prefill widths with
-// a fallback to the per-position kernel when cuBLASLt declines; the split arm when T is small),
-// 1 per-position kernel, 2 output-range split kernel (bytes equal to arm 1), 3 cuBLASLt only
-// (returns its 2xxxx decline instead of falling back).
+// a fallback to the per-position kernel when cuBLASLt declines; the streaming arm when T is
+// small), 1 per-position kernel, 2 streaming kernel (a head's output tile with its weights held
+// in shared memory over all positions; bytes equal to arm 1), 3 cuBLASLt only (returns its 2xxxx
+// decline instead of falling back).
 #define MEMRA_CUDA_MLA_OPS(X)                                                                     \
   /* q_nope [T, H, d_nope]; kv_b [H*(d_nope+d_v), R] (w_dtype); q_lat [T, H, R]. */               \
   X(mla_absorb_q, (MemraCudaCtx * ctx, const float* q_nope, const void* kv_b, int w_dtype, int T, \
