@@ -9,6 +9,11 @@
 // cuBLAS is column-major: the row-major y[T, N] is the column-major N x T matrix
 //   y_cm = w_cm^T x_cm, with w_cm = w viewed as K x N (ld K), x_cm = x viewed as K x T (ld K),
 // i.e. gemm(op(A) = T, op(B) = N, m = N, n = T, k = K, A = w, lda = K, B = x, ldb = K, ldc = N).
+//
+// linear_ex: the same GEMM over an input whose rows are ldx elements apart (ldb = ldx) and which
+// may already be in the weight's type (a layer rounds one activation once and feeds several
+// GEMMs with it, or reads a column slice of a wider activation); an f32 input against a bf16 /
+// f16 weight is rounded as in linear (row by row into packed scratch when ldx != K).
 #include <cstdint>
 
 #include "common.cuh"
@@ -58,6 +63,18 @@ __global__ void round_kernel(const float* __restrict__ x, H* __restrict__ out, i
   }
 }
 
+// x f32 [T, K] with rows ldx apart -> packed out [T, K] (RNE): the round_kernel of a strided x.
+template <typename H>
+__global__ void round_strided_kernel(const float* __restrict__ x, int64_t ldx, H* __restrict__ out,
+                                     int64_t T, int K) {
+  const int64_t n = T * K;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t t = i / K, k = i - t * K;
+    out[i] = round_to<H>(x[t * ldx + k]);
+  }
+}
+
 // y[t, n] += bias[n] over T * N elements.
 __global__ void bias_kernel(float* __restrict__ y, const float* __restrict__ bias, int64_t total,
                             int N) {
@@ -75,25 +92,57 @@ __global__ void bias_fill_kernel(float* __restrict__ y, const float* __restrict_
   }
 }
 
-int gemm(MemraCudaCtx* ctx, const void* x, const void* w, cudaDataType_t ab_type, int T, int K,
-         int N, float* y) {
+int gemm(MemraCudaCtx* ctx, const void* x, int64_t ldx, const void* w, cudaDataType_t ab_type,
+         int T, int K, int N, float* y) {
   const float one = 1.0f, zero = 0.0f;
   return status_of(cublasGemmEx(ctx->blas, CUBLAS_OP_T, CUBLAS_OP_N, N, T, K, &one, w, ab_type, K,
-                                x, ab_type, K, &zero, y, CUDA_R_32F, N, CUBLAS_COMPUTE_32F,
-                                CUBLAS_GEMM_DEFAULT));
+                                x, ab_type, static_cast<int>(ldx), &zero, y, CUDA_R_32F, N,
+                                CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
 template <typename H>
-int rounded_gemm(MemraCudaCtx* ctx, const float* x, int T, int K, const void* w,
+int rounded_gemm(MemraCudaCtx* ctx, const float* x, int64_t ldx, int T, int K, const void* w,
                  cudaDataType_t ab_type, int N, float* y) {
   const int64_t n = static_cast<int64_t>(T) * K;
   Scratch xs(ctx, static_cast<size_t>(n) * sizeof(H));
   MEMRA_CUDA_RETURN_IF(xs.status());
-  const bool vec4 = (reinterpret_cast<uintptr_t>(x) % 16) == 0;
-  round_kernel<H><<<grid_stride_blocks(vec4 ? n / 4 + 1 : n, 256), 256, 0, ctx->stream>>>(
-      x, xs.as<H>(), n, vec4);
+  if (ldx == K || T == 1) {  // packed rows (linear's case): one flat pass, float4 when aligned
+    const bool vec4 = (reinterpret_cast<uintptr_t>(x) % 16) == 0;
+    round_kernel<H><<<grid_stride_blocks(vec4 ? n / 4 + 1 : n, 256), 256, 0, ctx->stream>>>(
+        x, xs.as<H>(), n, vec4);
+  } else {
+    round_strided_kernel<H><<<grid_stride_blocks(n, 256), 256, 0, ctx->stream>>>(
+        x, ldx, xs.as<H>(), T, K);
+  }
   MEMRA_CUDA_RETURN_IF(launch_status());
-  return gemm(ctx, xs.as<H>(), w, ab_type, T, K, N, y);
+  return gemm(ctx, xs.as<H>(), K, w, ab_type, T, K, N, y);
+}
+
+cudaDataType_t ab_type_of(int dtype) {
+  return dtype == 0 ? CUDA_R_32F : dtype == 1 ? CUDA_R_16BF : CUDA_R_16F;
+}
+
+// The shared body of linear and linear_ex (arguments validated by the callers).
+int linear_impl(MemraCudaCtx* ctx, const void* x, int x_dtype, int64_t ldx, int T, int K,
+                const void* w, int w_dtype, int N, const float* bias, float* y) {
+  const int64_t total = static_cast<int64_t>(T) * N;
+  if (K == 0) {  // an empty sum: y = bias (or 0); cuBLAS is not asked about k = 0
+    bias_fill_kernel<<<grid_stride_blocks(total, 256), 256, 0, ctx->stream>>>(y, bias, total, N);
+    return launch_status();
+  }
+  if (x_dtype == w_dtype) {
+    MEMRA_CUDA_RETURN_IF(gemm(ctx, x, ldx, w, ab_type_of(w_dtype), T, K, N, y));
+  } else if (w_dtype == 1) {  // x f32 (the callers refuse any other pair)
+    MEMRA_CUDA_RETURN_IF(rounded_gemm<__nv_bfloat16>(ctx, static_cast<const float*>(x), ldx, T, K,
+                                                     w, CUDA_R_16BF, N, y));
+  } else {
+    MEMRA_CUDA_RETURN_IF(rounded_gemm<__half>(ctx, static_cast<const float*>(x), ldx, T, K, w,
+                                              CUDA_R_16F, N, y));
+  }
+  if (bias) {
+    bias_kernel<<<grid_stride_blocks(total, 256), 256, 0, ctx->stream>>>(y, bias, total, N);
+  }
+  return launch_status();
 }
 
 }  // namespace
@@ -105,24 +154,18 @@ extern "C" int memra_cuda_linear(MemraCudaCtx* ctx, const float* x, int T, int K
   if (w_dtype < 0 || w_dtype > 2) return memra::kContractDType;
   if (T == 0 || N == 0) return memra::kOk;
   if (!y || (K > 0 && (!x || !w))) return memra::kContractMissing;
-  const int64_t total = static_cast<int64_t>(T) * N;
-  if (K == 0) {  // an empty sum: y = bias (or 0); cuBLAS is not asked about k = 0
-    bias_fill_kernel<<<grid_stride_blocks(total, 256), 256, 0, ctx->stream>>>(y, bias, total, N);
-    return launch_status();
-  }
-  switch (w_dtype) {
-    case 0:
-      MEMRA_CUDA_RETURN_IF(gemm(ctx, x, w, CUDA_R_32F, T, K, N, y));
-      break;
-    case 1:
-      MEMRA_CUDA_RETURN_IF(rounded_gemm<__nv_bfloat16>(ctx, x, T, K, w, CUDA_R_16BF, N, y));
-      break;
-    default:
-      MEMRA_CUDA_RETURN_IF(rounded_gemm<__half>(ctx, x, T, K, w, CUDA_R_16F, N, y));
-      break;
-  }
-  if (bias) {
-    bias_kernel<<<grid_stride_blocks(total, 256), 256, 0, ctx->stream>>>(y, bias, total, N);
-  }
-  return launch_status();
+  return linear_impl(ctx, x, 0, K, T, K, w, w_dtype, N, bias, y);
+}
+
+extern "C" int memra_cuda_linear_ex(MemraCudaCtx* ctx, const void* x, int x_dtype, int64_t ldx,
+                                    int T, int K, const void* w, int w_dtype, int N,
+                                    const float* bias, float* y) {
+  MEMRA_CUDA_RETURN_IF(enter(ctx));
+  if (T < 0 || K < 0 || N < 0) return memra::kContractValue;
+  if (w_dtype < 0 || w_dtype > 2 || x_dtype < 0 || x_dtype > 2) return memra::kContractDType;
+  if (x_dtype != w_dtype && x_dtype != 0) return memra::kContractDType;  // f32 x is rounded
+  if (ldx < K || ldx > 0x7fffffffLL) return memra::kContractStride;
+  if (T == 0 || N == 0) return memra::kOk;
+  if (!y || (K > 0 && (!x || !w))) return memra::kContractMissing;
+  return linear_impl(ctx, x, x_dtype, ldx, T, K, w, w_dtype, N, bias, y);
 }

@@ -59,6 +59,15 @@ __device__ __forceinline__ float conv_extended_at(const float* x, int64_t C, con
   return x[(p - (K - 1)) * C + c];
 }
 
+// Where channel c's output row 0 lands when the C channels are split into groups of G (C % G ==
+// 0) and the output is the groups' [rows, G] tensors one after another: y[(c / G) * rows * G +
+// r * G + c % G] for row r. G == C gives the plain [rows, C] layout (y[r * C + c]); KdaLayer
+// passes G = qkv so that one launch over the fused q|k|v channels leaves q, k and v contiguous.
+__device__ __forceinline__ int64_t y_group_at(int c, int rows, int G) {
+  const int grp = c / G;
+  return static_cast<int64_t>(grp) * rows * G + (c - grp * G);
+}
+
 // One conv output silu(sum_k w[k] * win[k]) over the K-wide window win (oldest first), the taps
 // summed in ascending k from 0.0f as cpu::conv_silu_at does; silu as x / (1 + exp(-x)). Both conv
 // arms call this, which makes decode == prefill(T = 1) bit for bit.
@@ -74,15 +83,18 @@ __device__ __forceinline__ float conv_silu_window(const float (&win)[K], const f
 // registers, so each input is read once (plus K-1 halo per chunk); loads and stores coalesced
 // over c. The blocks of chunk 0 also write the new ring ring_out[c, j] = ext[T + j] (the last
 // K-1 inputs of ring_in ++ x; for T < K-1 it still holds old ring values, shifted to the front).
-// Grid: x over channels, y (strided) over chunks.
+// Output (t, c) lands at y_group_at(c, T, G) + t * G (the channel groups of width G split into
+// consecutive [T, G] tensors; G == C is the plain [T, C] layout). Grid: x over channels, y
+// (strided) over chunks.
 template <int K>
-__global__ void conv_prefill_kernel(const float* __restrict__ x, int T, int C, int chunk,
+__global__ void conv_prefill_kernel(const float* __restrict__ x, int T, int C, int G, int chunk,
                                     const float* __restrict__ w, const float* __restrict__ ring_in,
                                     float* __restrict__ ring_out, float* __restrict__ y) {
   constexpr int R = K - 1;
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
   if (c >= C) return;
   const float* ring_c = ring_in ? ring_in + static_cast<int64_t>(c) * R : nullptr;
+  float* y_c = y + y_group_at(c, T, G);
   float wr[K];
 #pragma unroll
   for (int k = 0; k < K; ++k) wr[k] = w[static_cast<int64_t>(c) * K + k];
@@ -95,7 +107,7 @@ __global__ void conv_prefill_kernel(const float* __restrict__ x, int T, int C, i
     for (int k = 0; k < R; ++k) win[k] = conv_extended_at<K>(x, C, ring_c, int64_t(t0) + k, c);
     for (int t = t0; t < t1; ++t) {
       win[R] = x[static_cast<int64_t>(t) * C + c];
-      y[static_cast<int64_t>(t) * C + c] = conv_silu_window<K>(win, wr);
+      y_c[static_cast<int64_t>(t) * G] = conv_silu_window<K>(win, wr);
 #pragma unroll
       for (int k = 0; k < R; ++k) win[k] = win[k + 1];
     }
@@ -112,14 +124,16 @@ __global__ void conv_prefill_kernel(const float* __restrict__ x, int T, int C, i
 // Decode: B sequences of one token. Thread (c, b) computes y[b, c] through the same
 // conv_silu_window as the prefill arm, its window being ring_in[b][c, :] ++ x[b, c], and rolls
 // channel c's ring: ring_out[b][c, j] = window[1 + j]. A null ring_in[b] reads zeros; a null
-// ring_out[b] is skipped. Grid: x over channels, y (strided) over sequences.
+// ring_out[b] is skipped. y (b, c) at y_group_at(c, B, G) + b * G, as the prefill arm's (t, c).
+// Grid: x over channels, y (strided) over sequences.
 template <int K>
-__global__ void conv_decode_kernel(const float* __restrict__ x, int B, int C,
+__global__ void conv_decode_kernel(const float* __restrict__ x, int B, int C, int G,
                                    const float* __restrict__ w, const float* const* ring_in,
                                    float* const* ring_out, float* __restrict__ y) {
   constexpr int R = K - 1;
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
   if (c >= C) return;
+  float* y_c = y + y_group_at(c, B, G);
   float wr[K];
 #pragma unroll
   for (int k = 0; k < K; ++k) wr[k] = w[static_cast<int64_t>(c) * K + k];
@@ -131,7 +145,7 @@ __global__ void conv_decode_kernel(const float* __restrict__ x, int B, int C,
 #pragma unroll
     for (int k = 0; k < R; ++k) win[k] = ring_c ? ring_c[k] : 0.0f;
     win[R] = x[xi];
-    y[xi] = conv_silu_window<K>(win, wr);
+    y_c[static_cast<int64_t>(b) * G] = conv_silu_window<K>(win, wr);
     float* rout = ring_out[b];
     if (rout) {
 #pragma unroll
@@ -145,20 +159,20 @@ constexpr int kConvChunk = 16;   // tokens per thread in the prefill arm
 constexpr int kMaxGridY = 65535;
 
 template <int K>
-void launch_conv_prefill(cudaStream_t s, const float* x, int T, int C, const float* w,
+void launch_conv_prefill(cudaStream_t s, const float* x, int T, int C, int G, const float* w,
                          const float* ring_in, float* ring_out, float* y) {
   const int n_chunks = (T + kConvChunk - 1) / kConvChunk;
   const dim3 grid(memra::cuda::ceil_div(C, kConvThreads),
                   n_chunks < kMaxGridY ? n_chunks : kMaxGridY);
-  conv_prefill_kernel<K><<<grid, kConvThreads, 0, s>>>(x, T, C, kConvChunk, w, ring_in, ring_out,
-                                                       y);
+  conv_prefill_kernel<K><<<grid, kConvThreads, 0, s>>>(x, T, C, G, kConvChunk, w, ring_in,
+                                                       ring_out, y);
 }
 
 template <int K>
-void launch_conv_decode(cudaStream_t s, const float* x, int B, int C, const float* w,
+void launch_conv_decode(cudaStream_t s, const float* x, int B, int C, int G, const float* w,
                         const float* const* ring_in, float* const* ring_out, float* y) {
   const dim3 grid(memra::cuda::ceil_div(C, kConvThreads), B < kMaxGridY ? B : kMaxGridY);
-  conv_decode_kernel<K><<<grid, kConvThreads, 0, s>>>(x, B, C, w, ring_in, ring_out, y);
+  conv_decode_kernel<K><<<grid, kConvThreads, 0, s>>>(x, B, C, G, w, ring_in, ring_out, y);
 }
 
 // Calls f(std::integral_constant<int, K>) for K in 2..8; false for any other K.
@@ -591,32 +605,35 @@ __global__ void __launch_bounds__(kDecThreads, 4)
 
 extern "C" {
 
-int memra_cuda_kda_conv_prefill(MemraCudaCtx* ctx, const float* x, int T, int C, const float* w,
-                                int K, const float* ring_in, float* ring_out, float* y) {
+int memra_cuda_kda_conv_prefill(MemraCudaCtx* ctx, const float* x, int T, int C, int G,
+                                const float* w, int K, const float* ring_in, float* ring_out,
+                                float* y) {
   MEMRA_CUDA_RETURN_IF(enter(ctx));
   if (T < 0 || C < 0) return memra::kContractShape;
+  if (C > 0 && (G < 1 || C % G != 0)) return memra::kContractShape;
   if (K < 1) return memra::kContractValue;
   if (K < 2 || K > 8) return memra::kUnsupportedGeometry;
   if (T == 0 || C == 0) return memra::kOk;
   if (!x || !w || !ring_out || !y) return memra::kContractMissing;
   const bool ok = dispatch_conv_k(K, [&](auto kc) {
-    launch_conv_prefill<decltype(kc)::value>(ctx->stream, x, T, C, w, ring_in, ring_out, y);
+    launch_conv_prefill<decltype(kc)::value>(ctx->stream, x, T, C, G, w, ring_in, ring_out, y);
   });
   if (!ok) return memra::kUnsupportedGeometry;
   return launch_status();
 }
 
-int memra_cuda_kda_conv_decode(MemraCudaCtx* ctx, const float* x, int B, int C, const float* w,
-                               int K, const float* const* ring_in, float* const* ring_out,
-                               float* y) {
+int memra_cuda_kda_conv_decode(MemraCudaCtx* ctx, const float* x, int B, int C, int G,
+                               const float* w, int K, const float* const* ring_in,
+                               float* const* ring_out, float* y) {
   MEMRA_CUDA_RETURN_IF(enter(ctx));
   if (B < 0 || C < 0) return memra::kContractShape;
+  if (C > 0 && (G < 1 || C % G != 0)) return memra::kContractShape;
   if (K < 1) return memra::kContractValue;
   if (K < 2 || K > 8) return memra::kUnsupportedGeometry;
   if (B == 0 || C == 0) return memra::kOk;
   if (!x || !w || !ring_out || !y) return memra::kContractMissing;
   const bool ok = dispatch_conv_k(K, [&](auto kc) {
-    launch_conv_decode<decltype(kc)::value>(ctx->stream, x, B, C, w, ring_in, ring_out, y);
+    launch_conv_decode<decltype(kc)::value>(ctx->stream, x, B, C, G, w, ring_in, ring_out, y);
   });
   if (!ok) return memra::kUnsupportedGeometry;
   return launch_status();

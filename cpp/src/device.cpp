@@ -4,6 +4,7 @@
 
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 
@@ -162,6 +163,49 @@ Status DeviceWeight::upload_stacked(const std::shared_ptr<CudaContext>& ctx,
                               static_cast<int>(target), per);
     }
     if (rc != kOk) return ctx->status(rc, "DeviceWeight upload");
+  }
+  *out = std::move(d);
+  return Status::Ok();
+}
+
+Status DeviceWeight::upload_rows(const std::shared_ptr<CudaContext>& ctx,
+                                 const std::vector<const Weight*>& ws, DType target,
+                                 DeviceWeight* out) {
+  if (target != DType::kF32 && target != DType::kBF16) {
+    return Status(kContractDType, "DeviceWeight: the device dtype must be float32 or bfloat16");
+  }
+  if (ws.empty()) return Status(kContractShape, "DeviceWeight: no weights to upload");
+  const int64_t cols = ws[0]->cols();
+  int64_t rows = 0;
+  size_t stage_bytes = 0;
+  for (const Weight* w : ws) {
+    if (w->cols() != cols) {
+      return Status(kContractShape, "DeviceWeight: weights concatenated along rows differ in "
+                                    "columns (" + w->shape_str() + " vs " + ws[0]->shape_str() + ")");
+    }
+    rows += w->rows();
+    stage_bytes = std::max(stage_bytes, w->nbytes());
+  }
+  DeviceWeight d;
+  d.dtype = target;
+  d.shape = {rows, cols};
+  d.rows = rows;
+  d.cols = cols;
+  MEMRA_TRY(DeviceBuffer::create(ctx, size_t(rows * cols) * dtype_size(target), &d.buffer));
+  // Stage each weight in its file dtype, convert on the device into its row block (the copies and
+  // conversions are ordered on the stream, so one stage buffer serves them all).
+  std::shared_ptr<DeviceBuffer> stage;
+  MEMRA_TRY(DeviceBuffer::create(ctx, stage_bytes, &stage));
+  int64_t row0 = 0;
+  for (const Weight* w : ws) {
+    char* dst = static_cast<char*>(d.buffer->data()) + size_t(row0 * cols) * dtype_size(target);
+    int rc = ctx->api().copy(ctx->ctx(), stage->data(), w->data(), w->nbytes());
+    if (rc == kOk) {
+      rc = ctx->api().convert(ctx->ctx(), stage->data(), static_cast<int>(w->dtype()), dst,
+                              static_cast<int>(target), w->numel());
+    }
+    if (rc != kOk) return ctx->status(rc, "DeviceWeight upload");
+    row0 += w->rows();
   }
   *out = std::move(d);
   return Status::Ok();

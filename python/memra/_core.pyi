@@ -95,6 +95,13 @@ def linear(x: Annotated[NDArray, dict(writable=False)], w: object, bias: Annotat
     Raises ContractError (CONTRACT_DTYPE, CONTRACT_SHAPE, CONTRACT_STRIDE, CONTRACT_DEVICE), LibraryError for a cuBLAS failure. Reference: nn.Linear.
     """
 
+def linear_ex(x: Annotated[NDArray, dict(writable=False)], w: object, bias: Annotated[NDArray, dict(writable=False)] | None = None, *, col0: int = 0, engine: Engine | None = None) -> object:
+    """
+    CUDA only: y [T, N] = x[:, col0:col0+K] @ w [N, K]^T (+ bias [N]) read in place from the rows of x [T, L] (row stride L; the layers' GEMM over a column block of a fused projection's output, or over an input rounded once for several GEMMs).
+
+    x: float32, bfloat16 (DLPack bfloat16 or uint16 raw bits) or float16, C-contiguous on the engine's device. w: memra.DeviceWeight. x in w's dtype is multiplied as it is (no rounding); float32 x against a bfloat16 w is rounded to bfloat16 (RNE) first, as linear does; any other pair raises ContractError (CONTRACT_DTYPE). Raises ContractError (CONTRACT_SHAPE when the columns do not fit in x, CONTRACT_STRIDE, CONTRACT_DEVICE), UnsupportedError without a CUDA engine.
+    """
+
 def rms_norm(x: Annotated[NDArray, dict(writable=False)], weight: Annotated[NDArray, dict(writable=False)] | None = None, *, eps: float, engine: Engine | None = None) -> object:
     """
     RMSNorm over the last dim of x [T, D] float32: (weight *) x / sqrt(mean(x^2) + eps); unweighted when weight is None. Arrays on the engine's device (host for the CPU).
@@ -202,7 +209,7 @@ def mla_absorb_q(q_nope: Annotated[NDArray, dict(writable=False)], kv_b: object,
     Absorb W_uk into the query: q_lat[t, h, :] = W_uk[h]^T q_nope[t, h, :].
 
     q_nope: [T, H, d_nope] float32, C-contiguous, on the engine's device (host for the CPU). kv_b: [H*(d_nope+d_v), R] (kv_b_proj.weight; head h's rows are d_nope k rows then d_v v rows): a memra.Weight for the CPU, a memra.DeviceWeight (float32 or bfloat16) for CUDA. Returns q_lat [T, H, R] float32 on the same device.
-    arm (CUDA only; the CPU ignores it): 0 auto, 1 per-position kernel, 2 output-range split (bytes equal to arm 1), 3 cuBLASLt bf16 GEMM batched over heads (bf16 kv_b only; q_nope is rounded to bfloat16). Auto takes 3 for bf16 kv_b at T >= 64 (1 when cuBLASLt declines), else 2 or 1. Arms 1/2 accumulate in f32 in the CPU's order (n ascending) with fused multiply-adds: f32 kv_b agrees with the CPU to ~1e-6 relative.
+    arm (CUDA only; the CPU ignores it): 0 auto, 1 per-position kernel, 2 streaming kernel (weights of a head's output tile held in shared memory over all positions; bytes equal to arm 1), 3 cuBLASLt bf16 GEMM batched over heads (bf16 kv_b only; q_nope is rounded to bfloat16). Auto takes 3 for bf16 kv_b at T >= 64 (1 when cuBLASLt declines), else 2 or 1. Arms 1/2 do the CPU's operations in its order (n ascending, products and sums rounded separately): the CPU's bytes where the CPU build does not contract into FMAs.
     Raises ContractError: CONTRACT_DTYPE / CONTRACT_SHAPE / CONTRACT_STRIDE / CONTRACT_DEVICE for a bad q_nope, CONTRACT_SHAPE when kv_b's shape does not match, CONTRACT_DEVICE for a kv_b of the wrong kind, CONTRACT_VALUE for d_v < 0 or an arm outside 0..3; UnsupportedError for arm 3 with float32 kv_b; LibraryError when cuBLASLt declines arm 3.
     Reference: Glm5NextTextAttention.expand_kv (k_nope = W_uk c), folded into q.
     """
@@ -212,7 +219,7 @@ def mla_decompress_v(o_lat: Annotated[NDArray, dict(writable=False)], kv_b: obje
     Decompress the latent attention output: out[t, h, :] = W_uv[h] o_lat[t, h, :].
 
     o_lat: [T, H, R] float32 on the engine's device (host for the CPU). kv_b: [H*(d_nope+d_v), R], memra.Weight (CPU) or memra.DeviceWeight (CUDA). Returns out [T, H, d_v] float32 (d_v = kv_b rows / H - d_nope) on the same device.
-    arm (CUDA only; the CPU ignores it): as mla_absorb_q (3: o_lat rounded to bfloat16, cuBLASLt over heads). Arms 1/2: one warp per output, lane-strided f32 sums then a butterfly over the lanes (~1e-6 relative to the CPU with f32 kv_b).
+    arm (CUDA only; the CPU ignores it): as mla_absorb_q (3: o_lat rounded to bfloat16, cuBLASLt over heads). Arms 1/2: one thread per output summing r ascending, products and sums rounded separately (the CPU's bytes where the CPU build does not contract).
     Raises ContractError: CONTRACT_DTYPE / CONTRACT_SHAPE / CONTRACT_STRIDE / CONTRACT_DEVICE for a bad o_lat, CONTRACT_SHAPE when kv_b does not match, CONTRACT_VALUE for d_nope < 0 or an arm outside 0..3; UnsupportedError for arm 3 with float32 kv_b; LibraryError when cuBLASLt declines arm 3.
     Reference: Glm5NextTextAttention.expand_kv (value_states = W_uv c), folded into the output.
     """
@@ -293,7 +300,7 @@ def moe_forward(x: Annotated[NDArray, dict(writable=False)], idx: Annotated[NDAr
 
     x [T, D] float32; idx [T, k] int32 in [0, E); w [T, k] float32. Returns y [T, D] float32.
     engine: None or a CPU Engine: gate_ws, up_ws: lists of E memra.Weight [I, D]; down_ws: E memra.Weight [D, I]; host arrays.
-    A CUDA Engine: gate_ws, up_ws: one stacked memra.DeviceWeight [E, I, D] each, down_ws one [E, D, I], all of one dtype (float32 or bfloat16); arrays on its device. The ids are copied to the host for the range check (one synchronisation). Kernels read the stacked weights directly (decode-shaped: one warp per expert row and token slot), activations stay float32 (bfloat16 weights are widened, x is not rounded), so only the dot products' summation order differs from the CPU.
+    A CUDA Engine: gate_ws, up_ws: one stacked memra.DeviceWeight [E, I, D] each, down_ws one [E, D, I], all of one dtype (float32 or bfloat16); arrays on its device. The ids are copied to the host for the range check (one synchronisation). Kernels read the stacked weights directly: T == 1 one warp per expert row and token slot; T >= 2 grouped by expert (each selected expert's weights are read once per call, its tokens staged in shared memory), bit-identical to running the rows one at a time. Activations stay float32 (bfloat16 weights are widened, x is not rounded), so only the dot products' summation order differs from the CPU.
     Raises ContractError (CONTRACT_RANGE for an expert id outside [0, E); CONTRACT_SHAPE for a mismatched list or weight; CONTRACT_DTYPE, CONTRACT_STRIDE, CONTRACT_DEVICE; CONTRACT_VALUE for limit <= 0).
     Reference: transformers Glm5NextTextExperts.forward.
     """

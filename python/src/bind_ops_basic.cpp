@@ -160,6 +160,51 @@ void init_ops_basic(nb::module_& m) {
       "LibraryError for a cuBLAS failure. Reference: nn.Linear.");
 
   m.def(
+      "linear_ex",
+      [](const AnyArray& x, nb::handle w, std::optional<AnyArray> bias, int64_t col0,
+         const Engine* engine) {
+        const char* op = "linear_ex";
+        const CudaContext& c = cuda_ctx(engine);
+        const DeviceWeight& dw = device_weight(engine, w, op, "w");
+        if (dw.shape.size() != 2) {
+          raise_contract(kContractShape, "linear_ex: weight must be [N, K], got shape " + dw.shape_str());
+        }
+        const int64_t N = dw.rows, K = dw.cols;
+        const bool f32 = has_dtype(x, nb::dlpack::dtype_code::Float, 32);
+        const bool f16 = has_dtype(x, nb::dlpack::dtype_code::Float, 16);
+        const bool bf16 = has_dtype(x, nb::dlpack::dtype_code::Bfloat, 16) ||
+                          has_dtype(x, nb::dlpack::dtype_code::UInt, 16);
+        check_array(x, op, "x", {-1, -1}, "float32, bfloat16 (uint16 raw bits accepted) or float16",
+                    f32 || f16 || bf16, nb::device::cuda::value, engine->device_index());
+        const int x_dtype = f32 ? 0 : bf16 ? 1 : 2;
+        const int64_t T = dim(x, 0), ldx = dim(x, 1);
+        if (col0 < 0 || col0 + K > ldx) {
+          raise_contract(kContractShape, "linear_ex: columns [" + std::to_string(col0) + ", " +
+                                             std::to_string(col0 + K) + ") of x " + shape_str(x) +
+                                             " do not fit (w is " + dw.shape_str() + ")");
+        }
+        const float* bp = bias ? f32_in(engine, *bias, op, "bias", {N}) : nullptr;
+        Out y = out_f32_uninit(engine, {sz(T), sz(N)});
+        const char* xp = static_cast<const char*>(x.data()) + col0 * (f32 ? 4 : 2);
+        check_cuda(engine,
+                   c.api().linear_ex(c.ctx(), xp, x_dtype, ldx, int(T), int(K), dw.data(),
+                                     dw.dtype_code(), int(N), bp, y.data<float>()),
+                   op);
+        return y.obj;
+      },
+      nb::arg("x"), nb::arg("w"), nb::arg("bias") = nb::none(), nb::kw_only(),
+      nb::arg("col0") = 0, nb::arg("engine").none() = nb::none(),
+      "CUDA only: y [T, N] = x[:, col0:col0+K] @ w [N, K]^T (+ bias [N]) read in place from the "
+      "rows of x [T, L] (row stride L; the layers' GEMM over a column block of a fused "
+      "projection's output, or over an input rounded once for several GEMMs).\n\n"
+      "x: float32, bfloat16 (DLPack bfloat16 or uint16 raw bits) or float16, C-contiguous on the "
+      "engine's device. w: memra.DeviceWeight. x in w's dtype is multiplied as it is (no "
+      "rounding); float32 x against a bfloat16 w is rounded to bfloat16 (RNE) first, as linear "
+      "does; any other pair raises ContractError (CONTRACT_DTYPE). Raises ContractError "
+      "(CONTRACT_SHAPE when the columns do not fit in x, CONTRACT_STRIDE, CONTRACT_DEVICE), "
+      "UnsupportedError without a CUDA engine.");
+
+  m.def(
       "rms_norm",
       [](const AnyArray& x, std::optional<AnyArray> weight, float eps, const Engine* engine) {
         const char* op = "rms_norm";

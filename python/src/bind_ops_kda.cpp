@@ -115,13 +115,13 @@ void init_ops_kda(nb::module_& m) {
             const int64_t B = batch ? T : 1;
             const PointerTables tabs = pointer_tables(engine, {rp, op}, B, plane);
             check_cuda(engine,
-                       c.api().kda_conv_decode(c.ctx(), xp, int(B), int(C), wp, int(K),
+                       c.api().kda_conv_decode(c.ctx(), xp, int(B), int(C), int(C), wp, int(K),
                                                tabs.table(0), tabs.table(1), yp),
                        "kda_conv");
           } else {
             check_cuda(engine,
-                       c.api().kda_conv_prefill(c.ctx(), xp, int(T), int(C), wp, int(K), rp, op,
-                                                yp),
+                       c.api().kda_conv_prefill(c.ctx(), xp, int(T), int(C), int(C), wp, int(K),
+                                                rp, op, yp),
                        "kda_conv");
             // Zero steps: the kernel is a no-op and the ring passes through (as on the CPU).
             if (T == 0 && K >= 2 && K <= 8) {

@@ -72,8 +72,19 @@ struct DeviceWeight {
   std::vector<int64_t> shape;
   int64_t rows = 0, cols = 0;
   std::shared_ptr<DeviceBuffer> buffer;
+  size_t offset = 0;  // bytes into buffer (a row view of a fused weight)
 
-  const void* data() const { return buffer ? buffer->data() : nullptr; }
+  const void* data() const {
+    return buffer ? static_cast<const char*>(buffer->data()) + offset : nullptr;
+  }
+  // Rows [row0, row0 + n) of a 2-D weight as a weight of its own, sharing the buffer.
+  DeviceWeight row_view(int64_t row0, int64_t n) const {
+    DeviceWeight v = *this;
+    v.offset = offset + size_t(row0 * cols) * dtype_size(dtype);
+    v.rows = n;
+    v.shape = {n, cols};
+    return v;
+  }
   int dtype_code() const { return static_cast<int>(dtype); }
   int64_t numel() const { return rows * cols; }
   std::string shape_str() const;
@@ -84,6 +95,11 @@ struct DeviceWeight {
   // Upload several weights of one shape stacked as [n, rows, cols] (MoE experts).
   static Status upload_stacked(const std::shared_ptr<CudaContext>& ctx,
                                const std::vector<const Weight*>& ws, DType target, DeviceWeight* out);
+  // Upload weights of one column count concatenated along rows as one [sum of rows, cols] weight
+  // (fused projections of one input: row block i is ws[i], converted to `target` as upload does;
+  // the file dtypes may differ). ContractError 40000 when the column counts differ.
+  static Status upload_rows(const std::shared_ptr<CudaContext>& ctx,
+                            const std::vector<const Weight*>& ws, DType target, DeviceWeight* out);
   // Upload a host f32 vector as an f32 device weight of shape [n].
   static Status upload_f32(const std::shared_ptr<CudaContext>& ctx, const std::vector<float>& v,
                            DeviceWeight* out);

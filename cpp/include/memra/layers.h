@@ -159,8 +159,11 @@ class MlaLayer {
                       const int32_t* topk_in, float* y, int32_t* topk_out) const;
   Status decode_cuda(Cache& cache, int layer, const int32_t* slots_d, int B, const float* x,
                      const int32_t* topk_in, float* y, int32_t* topk_out) const;
-  Status indexer_rows_cuda(gpu::Arena& a, const float* x, const float* q_resid, int N,
-                           IndexerRows* out) const;
+  struct Projected {  // project_cuda's outputs for N rows
+    float *q_resid = nullptr, *q = nullptr, *ckv = nullptr;
+    IndexerRows rows;  // with an own indexer
+  };
+  Status project_cuda(gpu::Arena& a, const float* x, int N, Projected* out) const;
   Status indexer_cuda(gpu::Arena& a, Cache& cache, int layer, int slot, int pos,
                       const IndexerRows& rows, int row0, int T, int32_t* idx) const;
   Status indexer_decode_cuda(gpu::Arena& a, Cache& cache, int layer, const int32_t* slots_d,
@@ -198,7 +201,7 @@ class MlpLayer {
  private:
   Status forward_cuda(const float* x, int T, float* y) const;
   std::shared_ptr<CudaContext> cuda_;
-  DeviceWeight d_gate_, d_up_, d_down_;
+  DeviceWeight d_gate_up_, d_down_;  // gate and up stacked: [2, intermediate, hidden]
   int hidden_ = 0, intermediate_ = 0;
   float limit_ = 0.0f;
   Weight gate_, up_, down_;

@@ -9,9 +9,18 @@
 namespace memra {
 
 // ------------------------------------------------------------------------------------ MlpLayer
+// gate and up go up as one stacked weight [2, I, hidden]: up's rows follow gate's in memory, and
+// swiglu_mlp then runs them as one GEMM with N = 2I. (Stacking needs one file dtype: a pair
+// stored in two dtypes is widened to f32 on the host first, exactly, so the device values are
+// the same.)
 Status MlpLayer::to_device(std::shared_ptr<CudaContext> cuda, DType dtype) {
-  MEMRA_TRY(DeviceWeight::upload(cuda, gate_, dtype, &d_gate_));
-  MEMRA_TRY(DeviceWeight::upload(cuda, up_, dtype, &d_up_));
+  if (gate_.dtype() == up_.dtype()) {
+    MEMRA_TRY(DeviceWeight::upload_stacked(cuda, {&gate_, &up_}, dtype, &d_gate_up_));
+  } else {
+    const Weight g(DType::kF32, gate_.shape(), gate_.to_f32().data());
+    const Weight u(DType::kF32, up_.shape(), up_.to_f32().data());
+    MEMRA_TRY(DeviceWeight::upload_stacked(cuda, {&g, &u}, dtype, &d_gate_up_));
+  }
   MEMRA_TRY(DeviceWeight::upload(cuda, down_, dtype, &d_down_));
   cuda_ = std::move(cuda);
   gate_ = up_ = down_ = Weight();
@@ -20,8 +29,10 @@ Status MlpLayer::to_device(std::shared_ptr<CudaContext> cuda, DType dtype) {
 
 Status MlpLayer::forward_cuda(const float* x, int T, float* y) const {
   const CudaContext& c = *cuda_;
-  MEMRA_GPU(c, c.api().swiglu_mlp(c.ctx(), x, T, hidden_, d_gate_.data(), d_up_.data(), d_down_.data(),
-                                  d_gate_.dtype_code(), intermediate_, limit_, y),
+  const char* gate = static_cast<const char*>(d_gate_up_.data());
+  const char* up = gate + size_t(intermediate_) * size_t(hidden_) * dtype_size(d_gate_up_.dtype);
+  MEMRA_GPU(c, c.api().swiglu_mlp(c.ctx(), x, T, hidden_, gate, up, d_down_.data(),
+                                  d_gate_up_.dtype_code(), intermediate_, limit_, y),
             "MlpLayer.forward");
   return Status::Ok();
 }

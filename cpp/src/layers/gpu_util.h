@@ -1,7 +1,9 @@
 // Helpers of the layers' CUDA paths (host code calling the CUDA library through CudaApi): per-call
-// scratch, pointer tables, and the GEMM call shape.
+// scratch, pointer tables, and the GEMM call shapes (linear; round_input + linear_in for inputs
+// shared by several GEMMs or read as a column block).
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -51,5 +53,44 @@ inline int linear(const CudaContext& c, const float* x, int T, const DeviceWeigh
 }
 
 inline const float* f32p(const DeviceWeight& w) { return static_cast<const float*>(w.data()); }
+
+// A GEMM input in the compute dtype: rows `ld` elements apart. Several GEMMs of one activation
+// share one rounding of it (round_input) instead of each rounding it again (linear).
+struct Rounded {
+  const void* data = nullptr;
+  DType dtype = DType::kF32;
+  int64_t ld = 0;
+  // The same rows starting at column `col` (a column block of a fused projection's output).
+  Rounded cols_from(int64_t col) const {
+    return Rounded{static_cast<const char*>(data) + col * int64_t(dtype_size(dtype)), dtype, ld};
+  }
+};
+
+// x [N, K] f32 (C-contiguous) as a GEMM input of compute dtype `dtype`: f32 is x itself (no
+// launch); bf16 is x rounded (RNE, the rounding linear applies) into `a`'s scratch, one launch.
+inline Status round_input(const CudaContext& c, Arena& a, const float* x, int64_t N, int64_t K,
+                          DType dtype, Rounded* out, const char* op) {
+  *out = Rounded{x, DType::kF32, K};
+  if (dtype == DType::kF32) return Status::Ok();
+  if (dtype != DType::kBF16) {
+    return Status(kContractDType, std::string(op) + ": GEMM inputs are rounded to bfloat16 only");
+  }
+  uint16_t* h = nullptr;
+  MEMRA_TRY(a.take(N * K, &h));
+  const int rc = c.api().convert(c.ctx(), x, static_cast<int>(DType::kF32), h,
+                                 static_cast<int>(dtype), N * K);
+  if (rc != kOk) return c.status(rc, op);
+  *out = Rounded{h, dtype, K};
+  return Status::Ok();
+}
+
+// y[N, w.rows] = x[N, w.cols] w^T (+ bias) over a rounded input (linear_ex: no rounding when x is
+// in w's dtype; an f32 x against a bf16 w is rounded as linear does).
+inline int linear_in(const CudaContext& c, const Rounded& x, int N, const DeviceWeight& w,
+                     const float* bias, float* y) {
+  return c.api().linear_ex(c.ctx(), x.data, static_cast<int>(x.dtype), x.ld, N,
+                           static_cast<int>(w.cols), w.data(), w.dtype_code(),
+                           static_cast<int>(w.rows), bias, y);
+}
 
 }  // namespace memra::gpu

@@ -1,7 +1,18 @@
 // KdaLayer on a CUDA device: the same chain as KdaLayer::run (kda_layer.cpp) over the CUDA
-// library's ops. q, k and v are projected and convolved as three channel groups (the conv is
-// depthwise, so the fused ring's planes p*qkv.. are independent), which keeps each of them a
-// contiguous [N, H, dk] tensor for the L2 norm and the scan.
+// library's ops, with the launches of one call fused where the arithmetic allows it:
+// - x is rounded to the compute dtype once and read by the three GEMMs of x (linear_in);
+// - q | k | v is one [3*qkv, D] weight, one GEMM into the fused channel order of the conv
+//   (raw [N, 3*qkv], as KdaLayer::run's `mixed`), and one conv launch over the 3*qkv channels
+//   with group width qkv, which writes q, k and v as three contiguous [N, H, dk] tensors (the
+//   conv is depthwise and the cache's ring is [3*qkv, K-1], so this is the arithmetic of three
+//   per-group launches); the L2 norm of q and k is one launch over their 2N adjacent rows;
+// - f_a | g_a | b_proj is one [rank_f + rank_g + H, D] weight; f_a | g_a (a row view) is one
+//   GEMM into low [N, rank_f + rank_g], rounded once; f_b and g_b read its two column blocks
+//   (row stride rank_f + rank_g); at N == 1 (a decode step of one sequence) b_proj rides in the
+//   same GEMM, beta's logits being the row's last H columns;
+// - a decode step builds its ring and state tables with one kda_tables launch.
+// Only the GEMMs' summation order can differ from separate projections (cuBLAS may pick other
+// kernels for the wider shapes).
 #include <cmath>
 #include <vector>
 
@@ -15,8 +26,11 @@ constexpr float kL2Eps = 1e-6f;  // as kda_layer.cpp
 }
 
 struct KdaLayer::Gpu {
-  DeviceWeight proj[3];  // q, k, v projections [qkv, D] in the compute dtype
-  DeviceWeight f_a, f_b, b_proj, g_a, g_b, o_proj;
+  DeviceWeight qkv;   // q | k | v projections [3*qkv, D] in the compute dtype
+  DeviceWeight x_small;  // f_a | g_a | b_proj [rank_f + rank_g + H, D]: x's small GEMMs
+  DeviceWeight fg_a;     // f_a | g_a: a row view of x_small (the gates' low-rank halves)
+  int64_t rank_f = 0;    // f_a's rows: g_b's input starts at this column of fg_a's output
+  DeviceWeight f_b, b_proj, g_b, o_proj;  // b_proj: a row view of x_small
   DeviceWeight conv_w;                  // [3*qkv, K] f32
   DeviceWeight dt_bias, a_log, o_norm;  // f32
 };
@@ -31,12 +45,13 @@ Status KdaLayer::to_device(std::shared_ptr<CudaContext> cuda, DType dtype) {
                                             std::to_string(cfg_.conv_kernel) + " (the CPU backend runs it)");
   }
   auto g = std::make_shared<Gpu>();
-  const Weight* p3[3] = {&q_proj_, &k_proj_, &v_proj_};
-  for (int p = 0; p < 3; ++p) MEMRA_TRY(DeviceWeight::upload(cuda, *p3[p], dtype, &g->proj[p]));
-  MEMRA_TRY(DeviceWeight::upload(cuda, f_a_, dtype, &g->f_a));
+  MEMRA_TRY(DeviceWeight::upload_rows(cuda, {&q_proj_, &k_proj_, &v_proj_}, dtype, &g->qkv));
+  // f_a, g_a and b_proj all read x ([rank, D], [rank, D], [H, D]; concatenated along rows).
+  MEMRA_TRY(DeviceWeight::upload_rows(cuda, {&f_a_, &g_a_, &b_proj_}, dtype, &g->x_small));
+  g->rank_f = f_a_.rows();
+  g->fg_a = g->x_small.row_view(0, f_a_.rows() + g_a_.rows());
+  g->b_proj = g->x_small.row_view(g->fg_a.rows, b_proj_.rows());
   MEMRA_TRY(DeviceWeight::upload(cuda, f_b_, dtype, &g->f_b));
-  MEMRA_TRY(DeviceWeight::upload(cuda, b_proj_, dtype, &g->b_proj));
-  MEMRA_TRY(DeviceWeight::upload(cuda, g_a_, dtype, &g->g_a));
   MEMRA_TRY(DeviceWeight::upload(cuda, g_b_, dtype, &g->g_b));
   MEMRA_TRY(DeviceWeight::upload(cuda, o_proj_, dtype, &g->o_proj));
   MEMRA_TRY(DeviceWeight::upload_f32(cuda, conv_w_, &g->conv_w));
@@ -89,91 +104,97 @@ Status KdaLayer::run_cuda(Cache& cache, int layer, int B, int T, const Planes& p
   const CudaApi& api = c.api();
   MemraCudaCtx* ctx = c.ctx();
   const Gpu& g = *gpu_;
-  const int H = cfg_.heads, dk = cfg_.head_dim, qkv = H * dk, K = cfg_.conv_kernel;
+  const int H = cfg_.heads, dk = cfg_.head_dim, qkv = H * dk, C = 3 * qkv, K = cfg_.conv_kernel;
   const int N = B * T;
+  const int64_t n_low = g.fg_a.rows;  // rank_f + rank_g
   const bool decode = planes.slots_d != nullptr;
   const char* op = decode ? "KdaLayer.decode" : "KdaLayer.prefill";
   gpu::Arena a(cuda_);
-  float *raw[3], *act[3], *low, *gate_f, *beta, *o, *gate_o;
-  for (int p = 0; p < 3; ++p) {
-    MEMRA_TRY(a.take(int64_t(N) * qkv, &raw[p]));
-    MEMRA_TRY(a.take(int64_t(N) * qkv, &act[p]));
-  }
-  MEMRA_TRY(a.take(int64_t(N) * dk, &low));
+  float *raw = nullptr, *act = nullptr, *low = nullptr, *gate_f = nullptr, *beta = nullptr,
+        *o = nullptr, *gate_o = nullptr;
+  MEMRA_TRY(a.take(int64_t(N) * C, &raw));
+  MEMRA_TRY(a.take(int64_t(N) * C, &act));  // q [N, qkv] | k [N, qkv] | v [N, qkv]
+  // N == 1: low and beta are one row [f | g | beta] of the x_small GEMM; else beta apart.
+  MEMRA_TRY(a.take(int64_t(N) * (N == 1 ? g.x_small.rows : n_low), &low));
   MEMRA_TRY(a.take(int64_t(N) * qkv, &gate_f));
-  MEMRA_TRY(a.take(int64_t(N) * H, &beta));
+  if (N == 1) {
+    beta = low + n_low;
+  } else {
+    MEMRA_TRY(a.take(int64_t(N) * H, &beta));
+  }
   MEMRA_TRY(a.take(int64_t(N) * qkv, &o));
   MEMRA_TRY(a.take(int64_t(N) * qkv, &gate_o));
+  const float* q = act;
+  const float* k = act + int64_t(N) * qkv;
+  const float* v = act + 2 * int64_t(N) * qkv;
 
   // Decode: the rows' pointer tables, built on the device (idle rows get null entries, which
-  // the conv and the scan read as zeros and never write).
-  const float** ring_in[3] = {nullptr, nullptr, nullptr};
-  float** ring_out[3] = {nullptr, nullptr, nullptr};
+  // the conv and the scan read as zeros and never write). The ring entries name each slot's
+  // whole [3*qkv, K-1] ring (plane offset 0), which the fused conv reads channel by channel.
+  const float** ring_in = nullptr;
+  float** ring_out = nullptr;
   const float** state_in = nullptr;
   float** state_out = nullptr;
   if (decode) {
     const LayerStateSpec spec = state_spec();
-    const int64_t ring_plane = int64_t(qkv) * (K - 1);
-    for (int p = 0; p < 3; ++p) {
-      const float** sin;
-      float** sout;
-      MEMRA_TRY(a.take(B, &ring_in[p]));
-      MEMRA_TRY(a.take(B, &ring_out[p]));
-      MEMRA_TRY(a.take(B, &sin));
-      MEMRA_TRY(a.take(B, &sout));
-      MEMRA_GPU(c, api.kda_tables(ctx, planes.slots_d, cache.cur_d(), B, cache.conv(layer, 0, 0),
-                                  cache.conv(layer, 0, 1), cache.state(layer, 0, 0),
-                                  cache.state(layer, 0, 1), spec.conv_floats(), spec.state_floats(),
-                                  p * ring_plane, ring_in[p], ring_out[p], sin, sout, nullptr,
-                                  nullptr), op);
-      if (p == 0) {
-        state_in = sin;
-        state_out = sout;
-      }
-    }
+    const float** sin = nullptr;
+    float** sout = nullptr;
+    MEMRA_TRY(a.take(B, &ring_in));
+    MEMRA_TRY(a.take(B, &ring_out));
+    MEMRA_TRY(a.take(B, &sin));
+    MEMRA_TRY(a.take(B, &sout));
+    MEMRA_GPU(c, api.kda_tables(ctx, planes.slots_d, cache.cur_d(), B, cache.conv(layer, 0, 0),
+                                cache.conv(layer, 0, 1), cache.state(layer, 0, 0),
+                                cache.state(layer, 0, 1), spec.conv_floats(), spec.state_floats(),
+                                0, ring_in, ring_out, sin, sout, nullptr, nullptr), op);
+    state_in = sin;
+    state_out = sout;
   }
 
-  // Projections and the causal conv + SiLU per channel group.
-  const int64_t ring_plane = int64_t(qkv) * (K - 1);
+  // x in the compute dtype, once for the three GEMMs that read it.
+  gpu::Rounded xr;
+  MEMRA_TRY(gpu::round_input(c, a, x, N, cfg_.hidden, g.qkv.dtype, &xr, op));
+
+  // Projections (fused channel order q | k | v per row) and the causal conv + SiLU, split back
+  // into q, k, v by the conv's group width qkv.
   const float* conv_w = gpu::f32p(g.conv_w);
-  for (int p = 0; p < 3; ++p) {
-    MEMRA_GPU(c, gpu::linear(c, x, N, g.proj[p], nullptr, raw[p]), op);
-    const float* w = conv_w + int64_t(p) * qkv * K;
-    if (decode) {
-      MEMRA_GPU(c, api.kda_conv_decode(ctx, raw[p], B, qkv, w, K, ring_in[p], ring_out[p], act[p]), op);
-    } else {
-      MEMRA_GPU(c, api.kda_conv_prefill(ctx, raw[p], T, qkv, w, K,
-                                        planes.ring_in ? planes.ring_in + p * ring_plane : nullptr,
-                                        planes.ring_out + p * ring_plane, act[p]), op);
-    }
+  MEMRA_GPU(c, gpu::linear_in(c, xr, N, g.qkv, nullptr, raw), op);
+  if (decode) {
+    MEMRA_GPU(c, api.kda_conv_decode(ctx, raw, B, C, qkv, conv_w, K, ring_in, ring_out, act), op);
+  } else {
+    MEMRA_GPU(c, api.kda_conv_prefill(ctx, raw, T, C, qkv, conv_w, K, planes.ring_in,
+                                      planes.ring_out, act), op);
   }
-  MEMRA_GPU(c, api.l2norm_heads(ctx, act[0], N, H, dk, kL2Eps), op);
-  MEMRA_GPU(c, api.l2norm_heads(ctx, act[1], N, H, dk, kL2Eps), op);
+  MEMRA_GPU(c, api.l2norm_heads(ctx, act, 2 * N, H, dk, kL2Eps), op);  // q and k: 2N rows
+
+  // Both gates' low-rank halves in one GEMM (N == 1: with beta's logits), rounded once for f_b
+  // and g_b (the rows of N > 1 would interleave beta's columns with the next row's).
+  MEMRA_GPU(c, gpu::linear_in(c, xr, N, N == 1 ? g.x_small : g.fg_a, nullptr, low), op);
+  gpu::Rounded lowr;
+  MEMRA_TRY(gpu::round_input(c, a, low, N, n_low, g.f_b.dtype, &lowr, op));
 
   // Forget gate (raw log gate) and beta.
-  MEMRA_GPU(c, gpu::linear(c, x, N, g.f_a, nullptr, low), op);
-  MEMRA_GPU(c, gpu::linear(c, low, N, g.f_b, nullptr, gate_f), op);
+  MEMRA_GPU(c, gpu::linear_in(c, lowr, N, g.f_b, nullptr, gate_f), op);
   MEMRA_GPU(c, api.kda_gate(ctx, gate_f, gpu::f32p(g.dt_bias), gpu::f32p(g.a_log), N, H, dk,
                             static_cast<int>(cfg_.gate_form), cfg_.lower_bound, gate_f), op);
-  MEMRA_GPU(c, gpu::linear(c, x, N, g.b_proj, nullptr, beta), op);
+  if (N != 1) MEMRA_GPU(c, gpu::linear_in(c, xr, N, g.b_proj, nullptr, beta), op);
   MEMRA_GPU(c, api.sigmoid(ctx, beta, int64_t(N) * H, beta), op);
 
   // The delta-rule scan: B sequences of T steps, state planes cur -> 1 - cur.
   if (!decode) {
-    const float** sin;
-    float** sout;
+    const float** sin = nullptr;
+    float** sout = nullptr;
     MEMRA_TRY(a.upload(std::vector<const float*>{planes.state_in}, &sin));
     MEMRA_TRY(a.upload(std::vector<float*>{planes.state_out}, &sout));
     state_in = sin;
     state_out = sout;
   }
   const float scale = 1.0f / std::sqrt(static_cast<float>(dk));
-  MEMRA_GPU(c, api.kda_scan(ctx, act[0], act[1], act[2], gate_f, beta, B, T, H, dk, dk, scale,
-                            state_in, state_out, o), op);
+  MEMRA_GPU(c, api.kda_scan(ctx, q, k, v, gate_f, beta, B, T, H, dk, dk, scale, state_in,
+                            state_out, o), op);
 
-  // Output gate, sigmoid-gated RMSNorm per head, output projection.
-  MEMRA_GPU(c, gpu::linear(c, x, N, g.g_a, nullptr, low), op);
-  MEMRA_GPU(c, gpu::linear(c, low, N, g.g_b, nullptr, gate_o), op);
+  // Output gate (g_b over low's second block), sigmoid-gated RMSNorm per head, output projection.
+  MEMRA_GPU(c, gpu::linear_in(c, lowr.cols_from(g.rank_f), N, g.g_b, nullptr, gate_o), op);
   MEMRA_GPU(c, api.rms_norm_gated_sigmoid(ctx, o, gate_o, N * H, dk, gpu::f32p(g.o_norm), cfg_.rms_eps, o), op);
   MEMRA_GPU(c, gpu::linear(c, o, N, g.o_proj, nullptr, y), op);
   return Status::Ok();

@@ -15,7 +15,11 @@ constexpr float kIndexerNormEps = 1e-6f;  // as mla_layer.cpp
 }
 
 struct MlaLayer::Gpu {
-  DeviceWeight q_a, q_b, kv_a, kv_b, o_proj;  // compute dtype
+  // Compute dtype. x's projections are one weight in_proj = q_a | kv_a [| wk | kpool_gate |
+  // weights_proj] and q_resid's one weight qb_proj = q_b [| wq_b]; the named weights are row
+  // views of them (see project_cuda).
+  DeviceWeight in_proj, qb_proj;
+  DeviceWeight q_a, q_b, kv_a, kv_b, o_proj;
   DeviceWeight q_a_bias, kv_a_bias, o_bias, q_a_norm, kv_a_norm;  // f32 (biases may be empty)
   DeviceWeight wq_b, wk, weights_proj, kpool_gate;  // compute dtype
   DeviceWeight k_norm_w, k_norm_b, kpool_ape;       // f32
@@ -27,9 +31,29 @@ Status MlaLayer::to_device(std::shared_ptr<CudaContext> cuda, DType dtype) {
                                         "0, got " + std::to_string(cfg_.d_rope) + "; the CPU backend runs it)");
   }
   auto g = std::make_shared<Gpu>();
-  MEMRA_TRY(DeviceWeight::upload(cuda, q_a_, dtype, &g->q_a));
-  MEMRA_TRY(DeviceWeight::upload(cuda, q_b_, dtype, &g->q_b));
-  MEMRA_TRY(DeviceWeight::upload(cuda, kv_a_, dtype, &g->kv_a));
+  std::vector<const Weight*> in = {&q_a_, &kv_a_}, qb = {&q_b_};
+  if (has_indexer()) {
+    in.insert(in.end(), {&wk_, &kpool_gate_, &weights_proj_});
+    qb.push_back(&wq_b_);
+  }
+  MEMRA_TRY(DeviceWeight::upload_rows(cuda, in, dtype, &g->in_proj));
+  MEMRA_TRY(DeviceWeight::upload_rows(cuda, qb, dtype, &g->qb_proj));
+  int64_t r = 0;
+  auto view = [&](const DeviceWeight& w, const Weight& part) {
+    DeviceWeight v = w.row_view(r, part.rows());
+    r += part.rows();
+    return v;
+  };
+  g->q_a = view(g->in_proj, q_a_);
+  g->kv_a = view(g->in_proj, kv_a_);
+  if (has_indexer()) {
+    g->wk = view(g->in_proj, wk_);
+    g->kpool_gate = view(g->in_proj, kpool_gate_);
+    g->weights_proj = view(g->in_proj, weights_proj_);
+  }
+  r = 0;
+  g->q_b = view(g->qb_proj, q_b_);
+  if (has_indexer()) g->wq_b = view(g->qb_proj, wq_b_);
   MEMRA_TRY(DeviceWeight::upload(cuda, kv_b_, dtype, &g->kv_b));
   MEMRA_TRY(DeviceWeight::upload(cuda, o_proj_, dtype, &g->o_proj));
   if (!q_a_bias_.empty()) MEMRA_TRY(DeviceWeight::upload_f32(cuda, q_a_bias_, &g->q_a_bias));
@@ -38,10 +62,6 @@ Status MlaLayer::to_device(std::shared_ptr<CudaContext> cuda, DType dtype) {
   MEMRA_TRY(DeviceWeight::upload_f32(cuda, q_a_norm_, &g->q_a_norm));
   MEMRA_TRY(DeviceWeight::upload_f32(cuda, kv_a_norm_, &g->kv_a_norm));
   if (has_indexer()) {
-    MEMRA_TRY(DeviceWeight::upload(cuda, wq_b_, dtype, &g->wq_b));
-    MEMRA_TRY(DeviceWeight::upload(cuda, wk_, dtype, &g->wk));
-    MEMRA_TRY(DeviceWeight::upload(cuda, weights_proj_, dtype, &g->weights_proj));
-    MEMRA_TRY(DeviceWeight::upload(cuda, kpool_gate_, dtype, &g->kpool_gate));
     MEMRA_TRY(DeviceWeight::upload_f32(cuda, k_norm_w_, &g->k_norm_w));
     MEMRA_TRY(DeviceWeight::upload_f32(cuda, k_norm_b_, &g->k_norm_b));
     MEMRA_TRY(DeviceWeight::upload_f32(cuda, kpool_ape_, &g->kpool_ape));
@@ -52,23 +72,76 @@ Status MlaLayer::to_device(std::shared_ptr<CudaContext> cuda, DType dtype) {
   return Status::Ok();
 }
 
-// The indexer's projections of N rows (one launch each for the whole batch).
-Status MlaLayer::indexer_rows_cuda(gpu::Arena& a, const float* x, const float* q_resid, int N,
-                                   IndexerRows* out) const {
+// The input projections of N rows (MlaLayer::prefill's chain up to the latent rows):
+//   q_resid = q_a_layernorm(q_a_proj(x)) [N, ql], q = q_b_proj(q_resid) [N, H * d_nope],
+//   ckv = kv_a_layernorm(kv_a_proj(x)) [N, R], and with an own indexer its rows: q = wq_b(q_resid),
+//   k = k_norm(wk(x)), gate = kpool_gate(x), w = weights_proj(x).
+// x is rounded to the compute dtype once, q_resid once. N == 1 without biases (a decode step of
+// one sequence; GLM): x's GEMMs are one GEMM over in_proj and q_resid's one over qb_proj, a row's
+// outputs being contiguous column blocks of theirs (at T = 1 a GEMM pays a fixed ramp: one
+// 20 MB GEMM instead of five small ones saves ~28 us per layer on the H200). N > 1: one GEMM per
+// projection over the row views (the column blocks of N rows interleave).
+Status MlaLayer::project_cuda(gpu::Arena& a, const float* x, int N, Projected* out) const {
   const CudaContext& c = *cuda_;
+  const CudaApi& api = c.api();
+  MemraCudaCtx* ctx = c.ctx();
   const Gpu& g = *gpu_;
-  const char* op = "MlaLayer indexer";
+  const char* op = "MlaLayer projections";
+  const int H = cfg_.heads, R = cfg_.kv_rank, dn = cfg_.d_nope, ql = cfg_.q_lora_rank;
   const int Hi = cfg_.index_heads, di = cfg_.index_head_dim;
-  MEMRA_TRY(a.take(int64_t(N) * Hi * di, &out->q));
-  MEMRA_TRY(a.take(int64_t(N) * di, &out->k));
-  MEMRA_TRY(a.take(int64_t(N) * di, &out->gate));
-  MEMRA_TRY(a.take(int64_t(N) * Hi, &out->w));
-  MEMRA_GPU(c, gpu::linear(c, q_resid, N, g.wq_b, nullptr, out->q), op);
-  MEMRA_GPU(c, gpu::linear(c, x, N, g.wk, nullptr, out->k), op);
-  MEMRA_GPU(c, c.api().layer_norm(c.ctx(), out->k, N, di, gpu::f32p(g.k_norm_w), gpu::f32p(g.k_norm_b),
-                                  kIndexerNormEps, out->k), op);
-  MEMRA_GPU(c, gpu::linear(c, x, N, g.kpool_gate, nullptr, out->gate), op);
-  MEMRA_GPU(c, gpu::linear(c, x, N, g.weights_proj, nullptr, out->w), op);
+  const bool idx = has_indexer();
+  auto bias = [](const DeviceWeight& w) { return w.buffer ? gpu::f32p(w) : nullptr; };
+  const bool fused = N == 1 && !g.q_a_bias.buffer && !g.kv_a_bias.buffer;
+  IndexerRows& rows = out->rows;
+
+  gpu::Rounded xr;
+  MEMRA_TRY(gpu::round_input(c, a, x, N, cfg_.hidden, g.in_proj.dtype, &xr, op));
+  if (fused) {
+    float* in_out = nullptr;  // [1, ql | R | di | di | Hi]
+    MEMRA_TRY(a.take(g.in_proj.rows, &in_out));
+    MEMRA_GPU(c, gpu::linear_in(c, xr, 1, g.in_proj, nullptr, in_out), op);
+    out->q_resid = in_out;
+    out->ckv = in_out + ql;
+    if (idx) {
+      rows.k = out->ckv + R;
+      rows.gate = rows.k + di;
+      rows.w = rows.gate + di;
+    }
+  } else {
+    MEMRA_TRY(a.take(int64_t(N) * ql, &out->q_resid));
+    MEMRA_TRY(a.take(int64_t(N) * R, &out->ckv));
+    MEMRA_GPU(c, gpu::linear_in(c, xr, N, g.q_a, bias(g.q_a_bias), out->q_resid), op);
+    MEMRA_GPU(c, gpu::linear_in(c, xr, N, g.kv_a, bias(g.kv_a_bias), out->ckv), op);
+    if (idx) {
+      MEMRA_TRY(a.take(int64_t(N) * di, &rows.k));
+      MEMRA_TRY(a.take(int64_t(N) * di, &rows.gate));
+      MEMRA_TRY(a.take(int64_t(N) * Hi, &rows.w));
+      MEMRA_GPU(c, gpu::linear_in(c, xr, N, g.wk, nullptr, rows.k), op);
+      MEMRA_GPU(c, gpu::linear_in(c, xr, N, g.kpool_gate, nullptr, rows.gate), op);
+      MEMRA_GPU(c, gpu::linear_in(c, xr, N, g.weights_proj, nullptr, rows.w), op);
+    }
+  }
+  MEMRA_GPU(c, api.rms_norm(ctx, out->q_resid, N, ql, gpu::f32p(g.q_a_norm), cfg_.rms_eps, out->q_resid), op);
+  MEMRA_GPU(c, api.rms_norm(ctx, out->ckv, N, R, gpu::f32p(g.kv_a_norm), cfg_.rms_eps, out->ckv), op);
+  if (idx) {
+    MEMRA_GPU(c, api.layer_norm(ctx, rows.k, N, di, gpu::f32p(g.k_norm_w), gpu::f32p(g.k_norm_b),
+                                kIndexerNormEps, rows.k), op);
+  }
+
+  gpu::Rounded qr;
+  MEMRA_TRY(gpu::round_input(c, a, out->q_resid, N, ql, g.qb_proj.dtype, &qr, op));
+  if (fused) {
+    MEMRA_TRY(a.take(g.qb_proj.rows, &out->q));  // [1, H * dn | Hi * di]
+    MEMRA_GPU(c, gpu::linear_in(c, qr, 1, g.qb_proj, nullptr, out->q), op);
+    if (idx) rows.q = out->q + int64_t(H) * dn;
+  } else {
+    MEMRA_TRY(a.take(int64_t(N) * H * dn, &out->q));
+    MEMRA_GPU(c, gpu::linear_in(c, qr, N, g.q_b, nullptr, out->q), op);
+    if (idx) {
+      MEMRA_TRY(a.take(int64_t(N) * Hi * di, &rows.q));
+      MEMRA_GPU(c, gpu::linear_in(c, qr, N, g.wq_b, nullptr, rows.q), op);
+    }
+  }
   return Status::Ok();
 }
 
@@ -104,25 +177,19 @@ Status MlaLayer::prefill_cuda(Cache& cache, int layer, int slot, const float* x,
   const Gpu& g = *gpu_;
   const char* op = "MlaLayer.prefill";
   const int pos = cache.length(slot), end = pos + T;
-  const int H = cfg_.heads, R = cfg_.kv_rank, dn = cfg_.d_nope, dv = cfg_.d_v, ql = cfg_.q_lora_rank;
+  const int H = cfg_.heads, R = cfg_.kv_rank, dn = cfg_.d_nope, dv = cfg_.d_v;
   const int W = index_width();
   auto bias = [](const DeviceWeight& w) { return w.buffer ? gpu::f32p(w) : nullptr; };
   gpu::Arena a(cuda_);
-  float *q_resid, *q, *ckv, *q_lat, *o_lat, *attn;
-  MEMRA_TRY(a.take(int64_t(T) * ql, &q_resid));
-  MEMRA_TRY(a.take(int64_t(T) * H * dn, &q));
-  MEMRA_TRY(a.take(int64_t(T) * R, &ckv));
+  float *q_lat = nullptr, *o_lat = nullptr, *attn = nullptr;
   MEMRA_TRY(a.take(int64_t(T) * H * R, &q_lat));
   MEMRA_TRY(a.take(int64_t(T) * H * R, &o_lat));
   MEMRA_TRY(a.take(int64_t(T) * H * dv, &attn));
-
-  // Queries: q_resid = q_a_layernorm(q_a_proj(x)); q = q_b_proj(q_resid) [T, H, d_nope].
-  MEMRA_GPU(c, gpu::linear(c, x, T, g.q_a, bias(g.q_a_bias), q_resid), op);
-  MEMRA_GPU(c, api.rms_norm(ctx, q_resid, T, ql, gpu::f32p(g.q_a_norm), cfg_.rms_eps, q_resid), op);
-  MEMRA_GPU(c, gpu::linear(c, q_resid, T, g.q_b, nullptr, q), op);
+  Projected p;
+  MEMRA_TRY(project_cuda(a, x, T, &p));
+  const float* q = p.q;
+  const float* ckv = p.ckv;
   // Latent rows: kv_a_layernorm(kv_a_proj(x)) appended at rows [pos, end).
-  MEMRA_GPU(c, gpu::linear(c, x, T, g.kv_a, bias(g.kv_a_bias), ckv), op);
-  MEMRA_GPU(c, api.rms_norm(ctx, ckv, T, R, gpu::f32p(g.kv_a_norm), cfg_.rms_eps, ckv), op);
   void* rows = cache.latent_raw(layer, slot);
   const int cdt = static_cast<int>(cache.latent_dtype());
   MEMRA_GPU(c, api.mla_latent_append(ctx, ckv, T, R, rows, cdt, pos), op);
@@ -132,11 +199,9 @@ Status MlaLayer::prefill_cuda(Cache& cache, int layer, int slot, const float* x,
   if (cfg_.sparse) {
     const int32_t* idx = topk_in;
     if (has_indexer()) {
-      int32_t* own;
+      int32_t* own = nullptr;
       MEMRA_TRY(a.take(int64_t(T) * W, &own));
-      IndexerRows rows;
-      MEMRA_TRY(indexer_rows_cuda(a, x, q_resid, T, &rows));
-      MEMRA_TRY(indexer_cuda(a, cache, layer, slot, pos, rows, 0, T, own));
+      MEMRA_TRY(indexer_cuda(a, cache, layer, slot, pos, p.rows, 0, T, own));
       idx = own;
     }
     MEMRA_GPU(c, api.mla_attn_gathered(ctx, q_lat, nullptr, rows, cdt, idx, H, R, 0, T, end, W,
@@ -164,26 +229,21 @@ Status MlaLayer::decode_cuda(Cache& cache, int layer, const int32_t* slots_d, in
   MemraCudaCtx* ctx = c.ctx();
   const Gpu& g = *gpu_;
   const char* op = "MlaLayer.decode";
-  const int H = cfg_.heads, R = cfg_.kv_rank, dn = cfg_.d_nope, dv = cfg_.d_v, ql = cfg_.q_lora_rank;
+  const int H = cfg_.heads, R = cfg_.kv_rank, dn = cfg_.d_nope, dv = cfg_.d_v;
   const int W = index_width();
   auto bias = [](const DeviceWeight& w) { return w.buffer ? gpu::f32p(w) : nullptr; };
   gpu::Arena a(cuda_);
-  float *q_resid, *q, *ckv, *q_lat, *o_lat, *attn;
-  MEMRA_TRY(a.take(int64_t(B) * ql, &q_resid));
-  MEMRA_TRY(a.take(int64_t(B) * H * dn, &q));
-  MEMRA_TRY(a.take(int64_t(B) * R, &ckv));
+  float *q_lat = nullptr, *o_lat = nullptr, *attn = nullptr;
   MEMRA_TRY(a.take(int64_t(B) * H * R, &q_lat));
   MEMRA_TRY(a.take(int64_t(B) * H * R, &o_lat));
   MEMRA_TRY(a.take(int64_t(B) * H * dv, &attn));
-
-  MEMRA_GPU(c, gpu::linear(c, x, B, g.q_a, bias(g.q_a_bias), q_resid), op);
-  MEMRA_GPU(c, api.rms_norm(ctx, q_resid, B, ql, gpu::f32p(g.q_a_norm), cfg_.rms_eps, q_resid), op);
-  MEMRA_GPU(c, gpu::linear(c, q_resid, B, g.q_b, nullptr, q), op);
-  MEMRA_GPU(c, gpu::linear(c, x, B, g.kv_a, bias(g.kv_a_bias), ckv), op);
-  MEMRA_GPU(c, api.rms_norm(ctx, ckv, B, R, gpu::f32p(g.kv_a_norm), cfg_.rms_eps, ckv), op);
+  Projected p;
+  MEMRA_TRY(project_cuda(a, x, B, &p));
+  const float* q = p.q;
+  const float* ckv = p.ckv;
 
   // Per-row positions and plane tables from the device slots (idle rows: pos -1, t_kv 0, null).
-  int32_t *pos_d, *t_kv_d;
+  int32_t *pos_d = nullptr, *t_kv_d = nullptr;
   void** caches_d;
   MEMRA_TRY(a.take(B, &pos_d));
   MEMRA_TRY(a.take(B, &t_kv_d));
@@ -202,11 +262,9 @@ Status MlaLayer::decode_cuda(Cache& cache, int layer, const int32_t* slots_d, in
   if (cfg_.sparse) {
     idx = topk_in;
     if (has_indexer()) {
-      int32_t* own;
+      int32_t* own = nullptr;
       MEMRA_TRY(a.take(int64_t(B) * W, &own));
-      IndexerRows rows;
-      MEMRA_TRY(indexer_rows_cuda(a, x, q_resid, B, &rows));
-      MEMRA_TRY(indexer_decode_cuda(a, cache, layer, slots_d, pos_d, rows, B, own));
+      MEMRA_TRY(indexer_decode_cuda(a, cache, layer, slots_d, pos_d, p.rows, B, own));
       idx = own;
     }
   }

@@ -11,6 +11,13 @@
      bf16 (RNE) then a bf16 GEMM with f32 accumulation and f32 output (cuBLAS/cuBLASLt). */       \
   X(linear, (MemraCudaCtx * ctx, const float* x, int T, int K, const void* w, int w_dtype, int N, \
              const float* bias, float* y))                                                        \
+  /* linear over an input already in the GEMM's type and/or with a row stride: x [T, K] of       \
+     x_dtype (0 f32, 1 bf16, 2 f16), row t at x + t*ldx elements (K <= ldx < 2^31); w, bias, y   \
+     as linear. x_dtype == w_dtype: the GEMM reads x in place (ldb = ldx; no rounding). x f32     \
+     and w bf16 / f16: x rounded (RNE) into packed scratch first, as linear (which equals         \
+     linear_ex(x, 0, K, ...)). Any other pair is 40020; ldx out of range is 40022. */            \
+  X(linear_ex, (MemraCudaCtx * ctx, const void* x, int x_dtype, int64_t ldx, int T, int K,        \
+                const void* w, int w_dtype, int N, const float* bias, float* y))                  \
   /* cpu::rms_norm: x, y [T, D] (may alias); w [D] or null. */                                    \
   X(rms_norm, (MemraCudaCtx * ctx, const float* x, int T, int D, const float* w, float eps,       \
                float* y))                                                                         \

@@ -5,15 +5,19 @@
 
 #define MEMRA_CUDA_KDA_OPS(X)                                                                     \
   /* One sequence: x [T, C]; w [C, K] f32; ring_in [C, K-1] (null = zeros); ring_out [C, K-1]     \
-     (distinct from ring_in); y [T, C] = silu(conv(ring_in ++ x)). */                             \
-  X(kda_conv_prefill, (MemraCudaCtx * ctx, const float* x, int T, int C, const float* w, int K,   \
-                       const float* ring_in, float* ring_out, float* y))                          \
+     (distinct from ring_in); y = silu(conv(ring_in ++ x)) split into C / G channel groups of     \
+     width G: output (t, c) at y[(c / G) * T * G + t * G + c % G], i.e. the groups' [T, G]         \
+     tensors one after another (G == C: y [T, C]; KdaLayer's G = qkv: q | k | v). C % G != 0 or  \
+     G < 1 (C > 0) is 40000. */                                                                   \
+  X(kda_conv_prefill, (MemraCudaCtx * ctx, const float* x, int T, int C, int G, const float* w,   \
+                       int K, const float* ring_in, float* ring_out, float* y))                   \
   /* B sequences, one token each, one launch (assemble + conv + roll): x [B, C]; ring_in [B] and   \
      ring_out [B] are DEVICE arrays of pointers to each sequence's [C, K-1] planes (ring_in null   \
-     or a null entry = zeros; a null ring_out entry is not written); y [B, C].                    \
+     or a null entry = zeros; a null ring_out entry is not written); y grouped as the prefill    \
+     arm's with B rows: (b, c) at y[(c / G) * B * G + b * G + c % G] (G == C: y [B, C]).           \
      Values equal kda_conv_prefill at T = 1 bit for bit. */                                       \
-  X(kda_conv_decode, (MemraCudaCtx * ctx, const float* x, int B, int C, const float* w, int K,    \
-                      const float* const* ring_in, float* const* ring_out, float* y))             \
+  X(kda_conv_decode, (MemraCudaCtx * ctx, const float* x, int B, int C, int G, const float* w,    \
+                      int K, const float* const* ring_in, float* const* ring_out, float* y))      \
   /* f [T, H*dk] -> g [T, H*dk] (may alias); dt_bias [H*dk]; A_log [H]; form 0 = lower bound      \
      (glm5_next), 1 = softplus (kimi). */                                                         \
   X(kda_gate, (MemraCudaCtx * ctx, const float* f, const float* dt_bias, const float* A_log,      \
