@@ -60,14 +60,21 @@ __global__ void swiglu_act_kernel(float* __restrict__ g, const float* __restrict
 
 // h[t, i] = clamped_swiglu(gu[t, i], gu[t, I + i]) over T * I elements: the activation of the
 // fused gate|up GEMM's output [T, 2I], written as [T, I] for the down GEMM.
+// H = float, or the down weight's 16-bit dtype: h is then written already rounded (RNE, the
+// rounding memra_cuda_linear would apply to an f32 h), so the down GEMM reads it as it is.
+__device__ __forceinline__ void store_h(float* p, float v) { *p = v; }
+__device__ __forceinline__ void store_h(__nv_bfloat16* p, float v) { *p = __float2bfloat16_rn(v); }
+__device__ __forceinline__ void store_h(__half* p, float v) { *p = __float2half_rn(v); }
+
+template <typename H>
 __global__ void swiglu_pair_kernel(const float* __restrict__ gu, int64_t T, int I, float limit,
-                                   float* __restrict__ h) {
+                                   H* __restrict__ h) {
   const int64_t n = T * I;
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   for (int64_t k = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; k < n; k += stride) {
     const int64_t t = k / I, i = k - t * I;
     const float* row = gu + t * 2 * I;
-    h[k] = clamped_swiglu(row[i], row[I + i], limit);
+    store_h(h + k, clamped_swiglu(row[i], row[I + i], limit));
   }
 }
 
@@ -907,11 +914,20 @@ int memra_cuda_swiglu_mlp(MemraCudaCtx* ctx, const float* x, int T, int D, const
     Scratch buf(ctx, sizeof(float) * 3 * static_cast<size_t>(n));  // gu [T, 2I], h [T, I]
     MEMRA_CUDA_RETURN_IF(buf.status());
     float* gu = buf.as<float>();
-    float* h = gu + 2 * n;
+    float* h = gu + 2 * n;  // f32, or the 16-bit down dtype in its first half
     MEMRA_CUDA_RETURN_IF(memra_cuda_linear(ctx, x, T, D, gate_w, w_dtype, 2 * I, nullptr, gu));
-    swiglu_pair_kernel<<<act_blocks(n), 256, 0, ctx->stream>>>(gu, T, I, limit, h);
+    if (w_dtype == 0) {
+      swiglu_pair_kernel<<<act_blocks(n), 256, 0, ctx->stream>>>(gu, T, I, limit, h);
+    } else if (w_dtype == 1) {
+      swiglu_pair_kernel<<<act_blocks(n), 256, 0, ctx->stream>>>(
+          gu, T, I, limit, reinterpret_cast<__nv_bfloat16*>(h));
+    } else {
+      swiglu_pair_kernel<<<act_blocks(n), 256, 0, ctx->stream>>>(gu, T, I, limit,
+                                                                  reinterpret_cast<__half*>(h));
+    }
     MEMRA_CUDA_RETURN_IF(launch_status());
-    return memra_cuda_linear(ctx, h, T, I, down_w, w_dtype, D, nullptr, y);
+    // h already in the down weight's dtype: no rounding launch before the GEMM.
+    return memra_cuda_linear_ex(ctx, h, w_dtype, I, T, I, down_w, w_dtype, D, nullptr, y);
   }
   Scratch gu(ctx, sizeof(float) * 2 * static_cast<size_t>(n));
   MEMRA_CUDA_RETURN_IF(gu.status());
