@@ -192,9 +192,15 @@ __global__ void __launch_bounds__(kMapThreads)
 // single block walks the whole 16384-value row. Deterministic: fixed-order sums, no atomics.
 constexpr int kSplitMaxT = 32;
 constexpr int kSplitK = 128;          // flat values per partial block: 32 lanes x 4
-constexpr int kSplitThreads = 256;
+constexpr int kPartThreads = 1024;    // partial kernel: a warp per output (m < 32), two above
 constexpr int kSplitMaxOut = 64;      // mix + 1 partial outputs (logits + the sum of squares)
-constexpr int kFinishD = 256;         // collapsed columns per finishing block
+constexpr int kPartOuts = kSplitMaxOut / (kPartThreads / 32);  // outputs per warp (2)
+constexpr int kFinishThreads = 256;
+constexpr int kFinishOuts = kSplitMaxOut / (kFinishThreads / 32);  // outputs per warp (8)
+constexpr int kFinishD = 256;         // collapsed columns per finishing block: one per thread
+static_assert(kFinishD == kFinishThreads, "mhc_finish_kernel: one collapsed column per thread");
+constexpr int kFinishUnroll = 4;      // partials in flight per lane and output
+constexpr int kMaxCollapseHc = 7;     // mix + 1 <= 64 implies hc <= 7: a thread's stream values
 
 __device__ __forceinline__ float4 load4(const float* p) {
   return *reinterpret_cast<const float4*>(p);
@@ -207,36 +213,65 @@ __device__ __forceinline__ float4 load4(const __nv_bfloat16* p) {
 }
 
 // Block s, lane l: the 4 flat values k = s * kSplitK + 4 l of every row t; warp w computes the
-// partial outputs m = w, w + 8, ...: m < mix the dot with fn row m, m == mix the sum of squares.
-// part [T, S, mix + 1].
+// partial outputs m = w and w + 32 (when <= mix): m < mix the dot with fn row m, m == mix the
+// sum of squares. A warp's fn values are loaded once, before the rows, so every load of a block
+// is in flight at once (the kernel is one memory round trip per row, not one per output).
+// part [T, mix + 1, S] (S = gridDim.x; an output's partials contiguous for the reduction).
 template <typename W>
-__global__ void __launch_bounds__(kSplitThreads)
+__global__ void __launch_bounds__(kPartThreads)
     mhc_partial_kernel(const float* __restrict__ streams, int T, int flat,
                        const W* __restrict__ fn, int mix, float* __restrict__ part) {
   const int s = blockIdx.x, S = gridDim.x;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int k = s * kSplitK + 4 * lane;
   const bool in = k < flat;  // flat % 4 == 0: a lane's four values are all in or all out
+  float4 w[kPartOuts];
+#pragma unroll
+  for (int j = 0; j < kPartOuts; ++j) {
+    const int m = warp + 32 * j;
+    w[j] = (in && m < mix) ? load4(fn + int64_t(m) * flat + k) : make_float4(0.f, 0.f, 0.f, 0.f);
+  }
   for (int t = 0; t < T; ++t) {
     const float4 x = in ? load4(streams + int64_t(t) * flat + k) : make_float4(0.f, 0.f, 0.f, 0.f);
-    for (int m = warp; m <= mix; m += kSplitThreads / 32) {
-      float d;
-      if (m == mix) {
-        d = x.x * x.x + x.y * x.y + x.z * x.z + x.w * x.w;
-      } else {
-        const float4 w = in ? load4(fn + int64_t(m) * flat + k) : make_float4(0.f, 0.f, 0.f, 0.f);
-        d = w.x * x.x + w.y * x.y + w.z * x.z + w.w * x.w;
-      }
-      d = warp_sum(d);
-      if (lane == 0) part[(int64_t(t) * S + s) * (mix + 1) + m] = d;
+#pragma unroll
+    for (int j = 0; j < kPartOuts; ++j) {
+      const int m = warp + 32 * j;
+      if (m > mix) break;
+      const float4 v = m == mix ? x : w[j];
+      const float d = warp_sum(v.x * x.x + v.y * x.y + v.z * x.z + v.w * x.w);
+      if (lane == 0) part[(int64_t(t) * (mix + 1) + m) * S + s] = d;
     }
   }
 }
 
-// Block (x, t): reduce token t's partials (every block of the row, the same fixed order), then
-// pre; block x == 0 also writes post and the Sinkhorn comb (one warp, while the other warps
-// collapse); each block collapses columns [x * kFinishD, (x + 1) * kFinishD).
-__global__ void __launch_bounds__(kSplitThreads)
+// Sinkhorn of sinkhorn_warp at a compile-time hc (HC * HC <= 32): the gathers of a row / column
+// are independent shuffles, added in ascending order as in the generic loop (same bits).
+template <int HC>
+__device__ __forceinline__ void sinkhorn_warp_fixed(float* c, int iters, float hc_eps, int lane) {
+  const bool own = lane < HC * HC;
+  const int i = own ? lane / HC : 0, j = own ? lane % HC : 0;
+  float v = own ? c[lane] : 0.0f;
+  for (int h = 0; h < 2 * iters - 1; ++h) {
+    const bool col = (h & 1) == 0;
+    float g[HC];
+#pragma unroll
+    for (int r = 0; r < HC; ++r) g[r] = __shfl_sync(0xffffffffu, v, col ? r * HC + j : i * HC + r);
+    float s = 0.0f;
+#pragma unroll
+    for (int r = 0; r < HC; ++r) s += g[r];
+    v = v / (s + hc_eps);
+  }
+  if (own) c[lane] = v;
+}
+
+// Block (x, t), x >= 1: columns [(x - 1) * kFinishD, x * kFinishD) of token t's collapsed row;
+// x == 0: token t's post and Sinkhorn comb. Every load a block needs is issued at its start, all
+// independent (the partials, base and scale, and a collapsing thread's hc stream values), so the
+// block waits for one memory round trip instead of a chain of them (cold in L2 between layers,
+// each would cost a DRAM latency). Then: reduce the partials (every block the same fixed order:
+// lanes stride the splits, then the warp's butterfly), pre (and post / comb rows in block 0),
+// then the Sinkhorn (block 0) or the collapse.
+__global__ void __launch_bounds__(kFinishThreads)
     mhc_finish_kernel(const float* __restrict__ streams, const float* __restrict__ part, int S,
                       int hc, int D, const float* __restrict__ base,
                       const float* __restrict__ scale, int sinkhorn_iters, float hc_eps,
@@ -244,45 +279,84 @@ __global__ void __launch_bounds__(kSplitThreads)
                       float* __restrict__ collapsed) {
   extern __shared__ float sm[];  // pre [hc], c [hc, hc]
   __shared__ float lt[kSplitMaxOut];
+  __shared__ float sbase[kSplitMaxOut + 3];  // base [mix], then scale [3]
   float* pre = sm;
   float* c = sm + hc;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int t = blockIdx.y;
   const int mix = (2 + hc) * hc;
   const int64_t flat = static_cast<int64_t>(hc) * D;
-  const float* pt = part + int64_t(t) * S * (mix + 1);
-  for (int m = warp; m <= mix; m += kSplitThreads / 32) {
-    float a = 0.0f;
-    for (int s = lane; s < S; s += 32) a += pt[int64_t(s) * (mix + 1) + m];
-    a = warp_sum(a);
-    if (lane == 0) lt[m] = a;
+  const bool head = blockIdx.x == 0;
+  const float* pt = part + int64_t(t) * (mix + 1) * S;
+
+  // Issue every load first.
+  if (tid < mix) sbase[tid] = base[tid];
+  if (tid < 3) sbase[mix + tid] = scale[tid];
+  const int d = head ? D : (blockIdx.x - 1) * kFinishD + tid;  // this thread's column
+  const float* st = streams + int64_t(t) * flat;
+  float xs[kMaxCollapseHc];
+  if (d < D) {
+#pragma unroll
+    for (int q = 0; q < kMaxCollapseHc; ++q) xs[q] = q < hc ? st[int64_t(q) * D + d] : 0.0f;
+  }
+  float acc[kFinishOuts];
+#pragma unroll
+  for (int j = 0; j < kFinishOuts; ++j) acc[j] = 0.0f;
+  for (int s0 = lane; s0 < S; s0 += 32 * kFinishUnroll) {
+    float v[kFinishOuts][kFinishUnroll];
+#pragma unroll
+    for (int j = 0; j < kFinishOuts; ++j) {
+      const int m = warp + (kFinishThreads / 32) * j;
+#pragma unroll
+      for (int u = 0; u < kFinishUnroll; ++u) {
+        const int sp = s0 + 32 * u;
+        v[j][u] = (m <= mix && sp < S) ? pt[int64_t(m) * S + sp] : 0.0f;
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kFinishOuts; ++j) {
+#pragma unroll
+      for (int u = 0; u < kFinishUnroll; ++u) acc[j] += v[j][u];
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < kFinishOuts; ++j) {
+    const int m = warp + (kFinishThreads / 32) * j;
+    const float a = warp_sum(acc[j]);
+    if (lane == 0 && m <= mix) lt[m] = a;
   }
   __syncthreads();
   const float inv = 1.0f / sqrtf(lt[mix] / static_cast<float>(flat) + norm_eps);
-  const bool head = blockIdx.x == 0;
-  map_rows(lt, inv, true, hc, base, scale, hc_eps, pre, head ? post + int64_t(t) * hc : nullptr,
-           head ? c : nullptr, tid);
+  map_rows(lt, inv, true, hc, sbase, sbase + mix, hc_eps, pre,
+           head ? post + int64_t(t) * hc : nullptr, head ? c : nullptr, tid);
   __syncthreads();
-  int first = 0;  // the first thread that collapses
   if (head) {
     float* ct = comb + int64_t(t) * hc * hc;
     if (hc * hc <= 32) {
       if (warp == 0) {
-        sinkhorn_warp(c, hc, sinkhorn_iters, hc_eps, lane);
+        if (hc == 4) {
+          sinkhorn_warp_fixed<4>(c, sinkhorn_iters, hc_eps, lane);
+        } else {
+          sinkhorn_warp(c, hc, sinkhorn_iters, hc_eps, lane);
+        }
         __syncwarp();
         if (lane < hc * hc) ct[lane] = c[lane];
       }
-      first = 32;
     } else {
       sinkhorn_block(c, hc, sinkhorn_iters, hc_eps, tid);
-      for (int k = tid; k < hc * hc; k += kSplitThreads) ct[k] = c[k];
+      for (int k = tid; k < hc * hc; k += kFinishThreads) ct[k] = c[k];
     }
+    return;
   }
-  if (tid < first) return;
-  const int d0 = blockIdx.x * kFinishD;
-  const int d1 = d0 + kFinishD < D ? d0 + kFinishD : D;
-  collapse(streams + int64_t(t) * flat, pre, hc, D, d0 + tid - first, d1, kSplitThreads - first,
-           collapsed + int64_t(t) * D);
+  if (d < D) {
+    // collapse()'s arithmetic on the prefetched values: pre[s] * x[s], summed s ascending.
+    float a = 0.0f;
+#pragma unroll
+    for (int q = 0; q < kMaxCollapseHc; ++q) {
+      if (q < hc) a = __fadd_rn(a, __fmul_rn(pre[q], xs[q]));
+    }
+    collapsed[int64_t(t) * D + d] = a;
+  }
 }
 
 // out[t, j, d] = post[t, j] * y[t, d] + sum_i comb[t, i, j] * residual[t, i, d]. Block x walks
@@ -350,17 +424,18 @@ int memra_cuda_mhc_pre(MemraCudaCtx* ctx, const float* streams, int T, int hc, i
     Scratch part(ctx, static_cast<size_t>(T) * S * (mix + 1) * sizeof(float));
     MEMRA_CUDA_RETURN_IF(part.status());
     if (fn_dtype == 0) {
-      mhc_partial_kernel<float><<<S, kSplitThreads, 0, ctx->stream>>>(
+      mhc_partial_kernel<float><<<S, kPartThreads, 0, ctx->stream>>>(
           streams, T, static_cast<int>(flat), static_cast<const float*>(fn), mix, part.as<float>());
     } else {
-      mhc_partial_kernel<__nv_bfloat16><<<S, kSplitThreads, 0, ctx->stream>>>(
+      mhc_partial_kernel<__nv_bfloat16><<<S, kPartThreads, 0, ctx->stream>>>(
           streams, T, static_cast<int>(flat), static_cast<const __nv_bfloat16*>(fn), mix,
           part.as<float>());
     }
     MEMRA_CUDA_RETURN_IF(launch_status());
     const size_t smem = sizeof(float) * (static_cast<size_t>(hc) + static_cast<size_t>(hc) * hc);
-    const dim3 grid(static_cast<unsigned>(ceil_div(D, kFinishD)), static_cast<unsigned>(T));
-    mhc_finish_kernel<<<grid, kSplitThreads, smem, ctx->stream>>>(
+    // Block 0 of a token: post and comb; blocks 1..: kFinishD columns of collapsed each.
+    const dim3 grid(1 + static_cast<unsigned>(ceil_div(D, kFinishD)), static_cast<unsigned>(T));
+    mhc_finish_kernel<<<grid, kFinishThreads, smem, ctx->stream>>>(
         streams, part.as<float>(), S, hc, D, base, scale, sinkhorn_iters, hc_eps, norm_eps, post,
         comb, collapsed);
     return launch_status();

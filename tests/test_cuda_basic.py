@@ -436,4 +436,10 @@ def test_sanitizer_small_shapes(e):
                                     engine=e)
     _core.mhc_post(col, post, comb, e.to_device(streams), engine=e)
     _core.hc_head_mean(e.to_device(streams), engine=e)
+    # mhc_pre's split path with two collapse blocks and the block Sinkhorn (hc = 6), and the
+    # GEMM + mapping path (T > 32).
+    for t, hc, dd in ((2, 4, 300), (1, 6, 70), (40, 4, 8)):
+        s2, f2, b2, c2 = mhc_inputs(t, hc, dd, seed=97)
+        _core.mhc_pre(e.to_device(s2), dev_weight(e, f2), e.to_device(b2), e.to_device(c2),
+                      sinkhorn_iters=3, hc_eps=1e-6, norm_eps=1e-6, engine=e)
     e.synchronize()
