@@ -31,7 +31,8 @@ Tolerances (both sides f32 unless said):
   (N = 2I): against swiglu_mlp over separate gate / up weights (two GEMMs) only cuBLAS's
   summation order may differ (the same tolerances as against the CPU).
 - sample: the GPU reproduces the CPU's f32 arithmetic operation for operation (glibc's expf bit
-  for bit, sequential sums in the spec's order): identical tokens (np.array_equal).
+  for bit, every sum in ops.h's blocked order: L-block sums left to right, then the block sums
+  left to right): identical tokens (np.array_equal).
 
 A small shape for ``compute-sanitizer --tool racecheck`` / ``--tool memcheck``:
 ``python -m pytest tests/test_cuda_ffn.py -k sanitizer``.
@@ -578,6 +579,60 @@ def test_sample_ties_quantised_logits(e):
                dict(temperature=1.0, top_k=150, top_p=0.8), dict(temperature=1e-3)):
         got, want = sample_both(e, logits, ctr, seed=4, **kw)
         np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("V", [511, 512, 513, 4095, 4096, 4097, 8192, 8193, 12289])
+def test_sample_block_edges(e, V):
+    # ops.h's blocks (kSampleBlock = 512) and the kernels' spans (8 blocks): V and k on and
+    # around their edges, flat rows so the top-p cut and the draws land in later blocks; a few
+    # rows without a distribution (argmax from span 0, every span's keys) or with one entry.
+    r = rng(V + 7)
+    B = 24
+    logits = randn(r, B, V, scale=0.4)
+    logits[0, :] = -np.inf
+    logits[0, V - 1] = 0.5                  # a single finite entry, in the last block
+    logits[1, V - 2] = np.nan               # NaN in the last span: argmax
+    logits[2, :] = -np.inf                  # nothing finite: argmax = 0
+    logits[3, :] = 2.0                      # all equal: p = 1 / V, ids in order
+    logits[4, V // 2] = np.inf              # +inf: argmax
+    ctr = np.arange(B, dtype=np.uint64) * np.uint64(7) + np.uint64(V)
+    for kw in (dict(temperature=1.0), dict(temperature=0.8, top_p=0.9),
+               dict(temperature=1.0, top_k=512), dict(temperature=1.0, top_k=513, top_p=0.99),
+               dict(temperature=1.1, top_k=4096, top_p=0.95), dict(temperature=0.9, top_k=4097),
+               dict(temperature=1.0, top_k=V - 1, top_p=0.999)):
+        got, want = sample_both(e, logits, ctr, seed=21, **kw)
+        np.testing.assert_array_equal(got, want)
+
+
+def uniform_np(seed, counters):
+    """ops.h uniform_from_counter over a uint64 array (numpy's uint64 arithmetic wraps)."""
+    g = np.uint64(0x9E3779B97F4A7C15)
+    with np.errstate(over="ignore"):
+        z = np.uint64(seed) ^ (g * (counters + np.uint64(1)))
+        z = z + g
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    z ^= z >> np.uint64(31)
+    return (z >> np.uint64(40)).astype(np.float64) / float(1 << 24)
+
+
+def test_sample_tail_row_later_blocks(e):
+    # One large entry then tiny equal ones, each below half an ulp of a running sum near 1: only
+    # the blocked order lets them add up (blocks 1.. sum their own terms from 0). The counters
+    # with u near 1 draw from the tail (sorted position = id there), and top_p = 0.99996 cuts in
+    # a later block; GPU and CPU must agree on every one.
+    V, seed = 20000, 3
+    row = np.full(V, -17.5, np.float32)
+    row[0] = 0.0
+    ctr_all = np.arange(1 << 20, dtype=np.uint64)
+    u = uniform_np(seed, ctr_all)
+    ctr = np.concatenate([ctr_all[u > 1 - 4e-4][:40], ctr_all[:24]])
+    logits = f32(np.repeat(row[None], len(ctr), axis=0))
+    for kw in (dict(temperature=1.0), dict(temperature=1.0, top_p=0.99996),
+               dict(temperature=1.0, top_k=9000), dict(temperature=1.0, top_k=4100, top_p=0.99998)):
+        got, want = sample_both(e, logits, ctr, seed=seed, **kw)
+        np.testing.assert_array_equal(got, want)
+        assert (got[:40] >= 512).sum() >= 5
 
 
 def test_sample_greedy_and_degenerate_rows(e):

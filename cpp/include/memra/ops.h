@@ -205,11 +205,30 @@ float uniform_from_counter(uint64_t seed, uint64_t counter);
 // out [B]. Exact f32 arithmetic (the CUDA twin must match it): z_i = logits_i / temperature;
 // m = max z; e_i = exp(z_i - m); s = sum of e_i in ascending id; p_i = e_i / s. Order by
 // (p desc, id asc) and keep the first k (k = top_k, or V when top_k <= 0 or top_k > V);
-// Mk = running sum of their p; q_i = p_i / Mk (so top_p is measured within the top-k, as
-// transformers' TopK-then-TopP warpers and vLLM do). Walk the kept entries with a running sum c
-// of q: top_p < 1 keeps entries up to and including the first where c >= top_p. With M = c at
-// the last kept entry, the token is the first kept entry whose c > u * M (when rounding leaves
-// none, the last kept entry with q > 0). A row whose logits are all -inf (or NaN) gets argmax.
+// Mk = sum of their p in that order; q_i = p_i / Mk (so top_p is measured within the top-k, as
+// transformers' TopK-then-TopP warpers and vLLM do). Walk the kept entries in that order with
+// the running sum c of q: top_p < 1 keeps entries up to and including the first where
+// c >= top_p. With M = c at the last kept entry, the token is the first kept entry whose
+// c > u * M (u * M rounded once; when rounding leaves none, the last kept entry with q > 0).
+// A row whose logits are all -inf (or hold a NaN or +inf: s not finite or not > 0) gets argmax.
+//
+// The blocked order. Every sum and running sum above (s; Mk; the top-p mass and the draw's c,
+// which are one running sum) is an f32 sum over terms t_0 .. t_{n-1} in the order named
+// (ascending id for s, the sorted order for the others), cut into blocks of L = kSampleBlock
+// terms (block b holds the indices [bL, min(bL + L, n))). Every + below is one f32 addition
+// rounded to nearest (no fused or wider accumulation), taken left to right:
+//   W_i = ((0 + t_{bL}) + t_{bL+1}) + ... + t_i   for i in block b          (within the block)
+//   S_b = W at the last index of block b                                    (the block sum)
+//   P_0 = 0,  P_{b+1} = P_b + S_b                                           (over the blocks)
+//   c_i = P_b + W_i, b = i / L                    (the running sum at index i, one rounding)
+//   sum = P_nb, nb = ceil(n / L)                  (= c_{n-1})
+// c never decreases (the terms are >= 0) and c at the last index of block b is P_{b+1}, so the
+// first index whose c reaches a threshold lies in the first block whose P_{b+1} does. M is c at
+// the cut (the sum over all k when nothing is cut); the draw reads the same c_i, i < n. L is part
+// of the spec (both backends use this constant): the blocks are what the CUDA twin sums in
+// parallel, so every sequential chain is at most max(L, n / L) additions long.
+inline constexpr int kSampleBlock = 512;
+
 void sample(const float* logits, int B, int V, float temperature, int top_k, float top_p,
             uint64_t seed, const uint64_t* counters, int32_t* out);
 

@@ -1,5 +1,6 @@
 // Counter-based RNG and temperature / top-k / top-p sampling: the CPU reference (ops.h
-// "sampling"). The arithmetic is spelled out in ops.h so the CUDA twin draws the same tokens.
+// "sampling"). The arithmetic is spelled out in ops.h so the CUDA twin draws the same tokens;
+// every sum runs in the spec's blocked order (kSampleBlock terms per block).
 #include <algorithm>
 #include <cmath>
 #include <numeric>
@@ -21,6 +22,31 @@ int32_t argmax(const float* v, int V) {
   return best;
 }
 
+struct Walk {
+  int found;  // the first index whose running sum is done, or -1
+  float sum;  // the running sum there, or the whole sum when found < 0
+};
+
+// ops.h's blocked sum of term(0), ..., term(n - 1): block b holds the terms [b L, b L + L) and is
+// summed left to right from 0 (w); the running sum at index i of block b is P_b + w, where P_b is
+// the sum of the block sums 0 .. b - 1 left to right (P_0 = 0); the whole sum is P over every
+// block. Stops at the first index whose running sum satisfies `done`.
+template <class Term, class Done>
+Walk blocked_walk(int n, Term term, Done done) {
+  float prefix = 0.0f;  // P_b
+  for (int lo = 0; lo < n; lo += kSampleBlock) {
+    const int hi = std::min(n, lo + kSampleBlock);
+    float w = 0.0f;
+    for (int i = lo; i < hi; ++i) {
+      w += term(i);
+      const float run = prefix + w;
+      if (done(run)) return Walk{i, run};
+    }
+    prefix += w;  // P_{b+1} = P_b + S_b: the running sum at the block's last index
+  }
+  return Walk{-1, prefix};
+}
+
 }  // namespace
 
 float uniform_from_counter(uint64_t seed, uint64_t counter) {
@@ -36,6 +62,7 @@ void sample(const float* logits, int B, int V, float temperature, int top_k, flo
             uint64_t seed, const uint64_t* counters, int32_t* out) {
   std::vector<float> p(V);
   std::vector<int32_t> order(V);
+  auto never = [](float) { return false; };
   for (int b = 0; b < B; ++b) {
     const float* lb = logits + static_cast<int64_t>(b) * V;
     if (temperature <= 0.0f) {
@@ -47,12 +74,10 @@ void sample(const float* logits, int B, int V, float temperature, int top_k, flo
       p[i] = lb[i] / temperature;
       m = std::max(m, p[i]);
     }
-    float s = 0.0f;
-    for (int i = 0; i < V; ++i) {
-      p[i] = std::exp(p[i] - m);
-      s += p[i];
-    }
-    if (!(s > 0.0f) || !std::isfinite(s)) {  // all -inf, or NaN: no distribution to draw from
+    for (int i = 0; i < V; ++i) p[i] = std::exp(p[i] - m);
+    // s = blocked sum of e over ascending id.
+    const float s = blocked_walk(V, [&](int i) { return p[i]; }, never).sum;
+    if (!(s > 0.0f) || !std::isfinite(s)) {  // all -inf, or NaN / inf: no distribution to draw from
       out[b] = argmax(lb, V);
       continue;
     }
@@ -64,29 +89,19 @@ void sample(const float* logits, int B, int V, float temperature, int top_k, flo
     std::partial_sort(order.begin(), order.begin() + k, order.end(), [pp](int32_t a, int32_t c) {
       return pp[a] > pp[c] || (pp[a] == pp[c] && a < c);
     });
-    float mk = 0.0f;
-    for (int i = 0; i < k; ++i) mk += p[order[i]];
-    // q = p / mk over the kept top-k; top_p keeps the shortest prefix whose q-mass reaches it.
-    int n = k;
-    float mass = 0.0f;
-    for (int i = 0; i < k; ++i) {
-      p[order[i]] = p[order[i]] / mk;
-      mass += p[order[i]];
-      if (top_p < 1.0f && mass >= top_p) {
-        n = i + 1;
-        break;
-      }
-    }
+    // Mk = blocked sum of p over the first k in sorted order; q = p / Mk over them.
+    const float mk = blocked_walk(k, [&](int i) { return p[order[i]]; }, never).sum;
+    for (int i = 0; i < k; ++i) p[order[i]] = p[order[i]] / mk;
+    auto q_at = [&](int i) { return p[order[i]]; };
+    // top_p keeps up to and including the first entry whose running q-mass reaches it.
+    const Walk cut =
+        blocked_walk(k, q_at, [top_p](float mass) { return top_p < 1.0f && mass >= top_p; });
+    const int n = cut.found >= 0 ? cut.found + 1 : k;
+    const float mass = cut.sum;  // M: the running sum at n - 1
     const float r = uniform_from_counter(seed, counters[b]) * mass;
-    int32_t pick = -1;
-    float c = 0.0f;
-    for (int i = 0; i < n; ++i) {
-      c += p[order[i]];
-      if (c > r) {
-        pick = order[i];
-        break;
-      }
-    }
+    // The draw: the first kept entry whose running c (the same blocked running sum) exceeds r.
+    const Walk draw = blocked_walk(n, q_at, [r](float c) { return c > r; });
+    int32_t pick = draw.found >= 0 ? order[draw.found] : -1;
     if (pick < 0) {  // rounding left u * M at the very end: the last kept entry with q > 0
       pick = order[0];
       for (int i = n; i-- > 0;) {
