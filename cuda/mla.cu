@@ -245,15 +245,19 @@ int launch_proj_p(MemraCudaCtx* ctx, Proj which, const float* x, const void* kv_
                   int d_nope, int d_v, int R, bool split, float* y) {
   const Tw* w = static_cast<const Tw*>(kv_b);
   const unsigned tiles = std::min<unsigned>(ceil_div(T, P), 65535u);
+  // + kSmemPad floats: compute-sanitizer's memcheck saw absorb_dot's unrolled tail read 12 bytes
+  // past a 20-byte qs (d_nope = 5, P = 1; loads the code never uses, merged by the compiler), so
+  // the window ends at least 16 bytes after the last element.
+  constexpr size_t kSmemPad = 4;
   if (which == Proj::kAbsorb) {
-    const size_t smem = sizeof(float) * P * static_cast<size_t>(d_nope);
+    const size_t smem = sizeof(float) * (P * static_cast<size_t>(d_nope) + kSmemPad);
     MEMRA_CUDA_RETURN_IF(allow_smem(ctx, absorb_kernel<P, Tw>, smem));
     const int chunk = split ? kAbsorbSplitChunk : R;
     const int threads = split ? 32 : 256;
     const dim3 grid(ceil_div(R, chunk), H, tiles);
     absorb_kernel<P, Tw><<<grid, threads, smem, ctx->stream>>>(x, w, T, H, d_nope, d_v, R, chunk, y);
   } else {
-    const size_t smem = sizeof(float) * P * static_cast<size_t>(R);
+    const size_t smem = sizeof(float) * (P * static_cast<size_t>(R) + kSmemPad);
     const int chunk = split ? kDecompressSplitChunk : d_v;
     const int threads = split ? 32 : 256;
     const dim3 grid(ceil_div(d_v, chunk), H, tiles);
@@ -1346,7 +1350,9 @@ int run_attn(MemraCudaCtx* ctx, const float* q_lat, const float* q_pe, const voi
     MEMRA_CUDA_RETURN_IF(launch_attn_tc<__nv_bfloat16>(ctx, kh, q_lat, q_pe, cache, list, counts,
                                                        width, g, smem, o_lat, po, pm, pl));
   }
-  attn_combine_kernel<<<static_cast<unsigned>(n_qh), 128, sizeof(float) * nsplit, ctx->stream>>>(
+  // + 4 floats: memcheck saw the unrolled split loop read 12 bytes past an 8-byte window (loads
+  // the compiler merged; their values are never used).
+  attn_combine_kernel<<<static_cast<unsigned>(n_qh), 128, sizeof(float) * (nsplit + 4), ctx->stream>>>(
       po, pm, pl, nsplit, n_qh, R, o_lat);
   return launch_status();
 }

@@ -875,7 +875,7 @@ int memra_cuda_mla_attn_decode(MemraCudaCtx* ctx, const float* q_lat, const void
   }
   if (a.nsplit > 1) {
     const dim3 grid(static_cast<unsigned>(H), static_cast<unsigned>(B));
-    const size_t wbytes = sizeof(float) * a.nsplit;
+    const size_t wbytes = sizeof(float) * (a.nsplit + 4);  // + 4: as mla.cu's attn_combine
     if (tc) {
       MEMRA_CUDA_RETURN_IF(allow_smem(ctx, decode_combine_kernel<true>, wbytes));
       decode_combine_kernel<true><<<grid, 128, wbytes, ctx->stream>>>(a);
