@@ -92,7 +92,10 @@ __device__ __forceinline__ void map_rows(const float* lt, float inv, bool fold, 
 __device__ __forceinline__ void sinkhorn_warp(float* c, int hc, int iters, float hc_eps, int lane) {
   const bool own = lane < hc * hc;
   const int i = own ? lane / hc : 0, j = own ? lane % hc : 0;
-  float v = own ? c[lane] : 0.0f;
+  // Idle lanes hold 1, not 0: a zero dividend sends v / d down the IEEE division's slow-path
+  // subroutine, which the whole warp then waits for at every half-iteration (ncu: 39 calls per
+  // token, ~10 us of the finishing kernel's 12). Their values are never read or stored.
+  float v = own ? c[lane] : 1.0f;
   // Half-iteration h: h = 0 and every even h a column normalisation, odd h a row one.
   for (int h = 0; h < 2 * iters - 1; ++h) {
     const bool col = (h & 1) == 0;
@@ -250,7 +253,7 @@ template <int HC>
 __device__ __forceinline__ void sinkhorn_warp_fixed(float* c, int iters, float hc_eps, int lane) {
   const bool own = lane < HC * HC;
   const int i = own ? lane / HC : 0, j = own ? lane % HC : 0;
-  float v = own ? c[lane] : 0.0f;
+  float v = own ? c[lane] : 1.0f;  // not 0: a zero dividend takes the IEEE division's slow path
   for (int h = 0; h < 2 * iters - 1; ++h) {
     const bool col = (h & 1) == 0;
     float g[HC];
