@@ -298,7 +298,8 @@ def test_concurrent_streams_do_not_share_a_slot(model: memra.Model) -> None:
 
 @pytest.mark.parametrize("kwargs", [dict(seed=-1), dict(seed=2**64), dict(top_k=-1), dict(top_p=0.0),
                                     dict(temperature=float("nan")), dict(max_new_tokens=-1),
-                                    dict(max_new_tokens=1.5), dict(stop_token_ids="ab")])
+                                    dict(max_new_tokens=1.5), dict(stop_token_ids="ab"),
+                                    dict(temperature=10**400), dict(temperature=float("inf"))])
 def test_generation_arguments_are_checked_up_front(model: memra.Model, kwargs) -> None:
     args = dict(max_new_tokens=4)
     args.update(kwargs)
@@ -308,6 +309,34 @@ def test_generation_arguments_are_checked_up_front(model: memra.Model, kwargs) -
         with pytest.raises(memra.ContractError):
             call()
     assert model.generate([1, 2], 2) == model.generate([1, 2], 2)  # still usable
+
+
+def test_stream_checks_prompt_ids_before_iterating(model: memra.Model) -> None:
+    # The error comes from stream() itself, not from the first next() of its iterator.
+    V = model.config.vocab_size
+    for bad in ([V], [1, -1]):
+        with pytest.raises(memra.ContractError):
+            model.stream(bad, 4)
+    assert model.generate([1, 2], 2) == model.generate([1, 2], 2)  # still usable
+
+
+def test_load_refuses_a_dtype_that_is_not_a_string() -> None:
+    with pytest.raises(memra.ContractError):
+        memra.load(memra.default_checkpoint(), device="cpu", dtype=np.dtype("float32"))
+
+
+def test_mhc_pre_refuses_negative_or_non_finite_eps() -> None:
+    from memra import _core
+
+    hc, D = 2, 4
+    streams = np.ones((1, hc, D), np.float32)
+    fn = memra.Weight(np.ones(((2 + hc) * hc, hc * D), np.float32))
+    base = np.zeros((2 + hc) * hc, np.float32)
+    scale = np.ones(3, np.float32)
+    for hc_eps, norm_eps in ((float("nan"), 1e-6), (-1.0, 1e-6), (1e-6, -1.0), (1e-6, float("inf"))):
+        with pytest.raises(memra.ContractError):
+            _core.mhc_pre(streams, fn, base, scale, sinkhorn_iters=3, hc_eps=hc_eps, norm_eps=norm_eps)
+    _core.mhc_pre(streams, fn, base, scale, sinkhorn_iters=3, hc_eps=0.0, norm_eps=0.0)
 
 
 def test_weights_of_the_wrong_rank_are_refused_by_plain_ops() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -179,8 +180,12 @@ class Model:
         """Validate generation arguments up front (named errors, nothing run); returns the seed."""
         _count(max_new_tokens, "generate: max_new_tokens", 0)
         number = (int, float, np.integer, np.floating)
-        if isinstance(temperature, bool) or not isinstance(temperature, number) or not np.isfinite(temperature) \
-                or temperature < 0:
+        try:  # a Python int beyond float's range overflows float(): not a finite number either
+            finite = not isinstance(temperature, bool) and isinstance(temperature, number) \
+                and math.isfinite(float(temperature))
+        except OverflowError:
+            finite = False
+        if not finite or temperature < 0:
             raise ContractError(f"generate: temperature must be a finite number >= 0, got {temperature!r}", 40025)
         if top_k is not None:
             _count(top_k, "generate: top_k", 0)
@@ -224,6 +229,8 @@ class Model:
         Arguments are checked here, before iteration starts; the slot of the model's cache is
         taken at the first token and given back when the iterator finishes or is closed."""
         ids = _ids(prompt_ids, "generate")
+        if len(ids):
+            self._check_vocab(ids, "generate")
         seed = self._sampling_args(max_new_tokens, temperature, top_k, top_p, seed)
         if len(ids) + max_new_tokens - 1 > self.cache.max_len:
             raise CacheFullError(
@@ -371,7 +378,7 @@ def load(path, device: str = "cpu", max_batch: int = 8, max_len: int = 4096, *, 
     engine = _core.Engine(kind, int(index or 0))
     if dtype is None:
         dtype = "bfloat16" if engine.is_cuda else "float32"
-    if dtype not in ("float32", "bfloat16"):
+    if not isinstance(dtype, str) or dtype not in ("float32", "bfloat16"):
         raise ContractError(f"load: dtype must be 'float32' or 'bfloat16', got {dtype!r}", 40025)
     if dtype == "bfloat16" and not engine.is_cuda:
         raise UnsupportedError("load: the CPU backend computes in float32 only (dtype='float32')", 50000)

@@ -9,6 +9,7 @@
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
+#include <climits>
 #include <cmath>
 #include <optional>
 #include <string>
@@ -357,6 +358,10 @@ void init_ops_ffn(nb::module_& m) {
         const char* op = "sample";
         const float* lp = f32_in(engine, logits, op, "logits", {-1, -1});
         const int64_t B = dim(logits, 0), V = dim(logits, 1);
+        if (B > INT_MAX || V > INT_MAX) {  // the kernels and the CPU op index rows and ids in int
+          raise_contract(kContractShape, "sample: logits of shape " + shape_str(logits) +
+                                             " exceed 2^31 - 1 rows or columns");
+        }
         check_value(V >= 1, op, "logits must have at least one column");
         check_value(!std::isnan(temperature), op, "temperature is NaN");
         check_value(top_p > 0.0f, op, "top_p must be > 0, got " + std::to_string(top_p));
@@ -395,7 +400,8 @@ void init_ops_ffn(nb::module_& m) {
       nb::arg("seeds").none() = nb::none(), nb::arg("engine").none() = nb::none(),
       "One token per row.\n\nlogits [B, V] float32; counters [B], the per-row draw index; seeds "
       "[B] (same dtype rules as counters), when given, the per-row seed replacing `seed`. "
-      "temperature <= 0: argmax (ties to the lower id). Otherwise "
+      "temperature <= 0: argmax (ties to the lower id; a NaN never wins unless it sits at id 0, "
+      "which then keeps the row: the CPU scan's v[i] > v[best]). Otherwise "
       "softmax(logits / temperature) in f32; keep the top_k most likely (0: all), then the "
       "shortest prefix in (p desc, id asc) order whose top-k-renormalised mass reaches top_p "
       "(>= 1: all); draw by inverse CDF with u = uniform_from_counter(seed, counter) (splitmix64; "

@@ -51,6 +51,10 @@ void init_ops_mhc(nb::module_& m) {
         check_value(hc >= 1, op, "hc (streams.shape[1]) must be >= 1");
         check_value(sinkhorn_iters >= 1, op,
                     "sinkhorn_iters must be >= 1, got " + std::to_string(sinkhorn_iters));
+        check_value(std::isfinite(hc_eps) && hc_eps >= 0.0f, op,
+                    "hc_eps must be finite and >= 0, got " + std::to_string(hc_eps));
+        check_value(std::isfinite(norm_eps) && norm_eps >= 0.0f, op,
+                    "norm_eps must be finite and >= 0, got " + std::to_string(norm_eps));
         Out post = out_f32(engine, {sz(T), sz(hc)});
         Out comb = out_f32(engine, {sz(T), sz(hc), sz(hc)});
         Out collapsed = out_f32(engine, {sz(T), sz(D)});
@@ -80,10 +84,12 @@ void init_ops_mhc(nb::module_& m) {
       "= softmax over the last dim + hc_eps, one column normalisation, then sinkhorn_iters - 1 "
       "rounds of row then column normalisation (denominators + hc_eps).\nReturns (post [T, hc], "
       "comb [T, hc, hc], collapsed [T, D] = sum_s pre[s] * streams[:, s]) float32.\nCUDA: the "
-      "RMS factor is applied to the GEMM's output (fn(x * r) = r * fn(x)); a bfloat16 fn "
-      "multiplies the streams rounded to bfloat16. hc up to 64.\nRaises "
-      "ContractError (CONTRACT_DTYPE, CONTRACT_SHAPE, CONTRACT_STRIDE, CONTRACT_DEVICE; "
-      "CONTRACT_VALUE for sinkhorn_iters < 1), UnsupportedError (CUDA, hc > 64).\nReference: "
+      "RMS factor is applied to the logits (fn(x * r) = r * fn(x)); T <= 32 (decode rows, "
+      "(2 + hc) * hc < 64, 16-byte rows): a split-K pass over the f32 streams (a bfloat16 fn is "
+      "widened), otherwise a GEMM that rounds the streams to a bfloat16 fn's dtype. hc up to "
+      "64.\nRaises ContractError (CONTRACT_DTYPE, CONTRACT_SHAPE, CONTRACT_STRIDE, "
+      "CONTRACT_DEVICE; CONTRACT_VALUE for sinkhorn_iters < 1 or an eps that is negative or not "
+      "finite), UnsupportedError (CUDA, hc > 64).\nReference: "
       "transformers Glm5NextTextHyperConnection.forward.");
 
   m.def(

@@ -198,7 +198,9 @@ void hc_head_mean(const float* streams, int T, int hc, int D, float* out);
 //   u  = float(z >> 40) * 2^-24                     (top 24 bits; exact in f32, u < 1)
 float uniform_from_counter(uint64_t seed, uint64_t counter);
 
-// One token per row. logits [B, V]. temperature <= 0 means greedy (argmax, ties to the lower id).
+// One token per row. logits [B, V]. temperature <= 0 means greedy: argmax, ties to the lower id;
+// a NaN never wins except at id 0, which then keeps the row (the comparisons v[i] > v[best] of a
+// left-to-right scan starting at id 0).
 // Otherwise p = softmax(logits / temperature); keep the top_k most likely (top_k <= 0: all), then
 // the smallest prefix of those (sorted by p desc, ties to the lower id) whose mass reaches top_p
 // (top_p >= 1: all); renormalise; draw with u = uniform_from_counter(seed, counters[b]).

@@ -17,7 +17,9 @@ constexpr uint64_t kGolden = 0x9E3779B97F4A7C15ull;
 int32_t argmax(const float* v, int V) {
   int32_t best = 0;
   for (int i = 1; i < V; ++i) {
-    if (v[i] > v[best]) best = i;  // strict: ties keep the lower id (NaN never wins)
+    // strict: ties keep the lower id; a NaN never takes the lead, and a NaN at id 0 keeps it
+    // (every comparison with it is false)
+    if (v[i] > v[best]) best = i;
   }
   return best;
 }
