@@ -25,6 +25,7 @@
 // the draw). Every sequential chain is at most max(L, V / L) additions long.
 #include <cub/device/device_radix_sort.cuh>
 
+#include <cfloat>
 #include <climits>
 #include <cmath>
 #include <cstdint>
@@ -67,6 +68,15 @@ __device__ __forceinline__ float uniform_from_counter(uint64_t seed, uint64_t co
 }
 
 // ------------------------------------------------------------------------ block helpers
+
+// a / b rounded to nearest, as __fdiv_rn, but a zero dividend over a positive finite b returns a
+// (its exact quotient, sign included) without entering the division's slow-path subroutine,
+// which a zero dividend takes (~hundreds of cycles; underflowed e_i and cut p are zeros).
+__device__ __forceinline__ float div_rn(float a, float b) {
+  return (a == 0.0f && b > 0.0f && b <= FLT_MAX) ? a : __fdiv_rn(a, b);
+}
+
+
 
 struct ArgBest {
   float v;
@@ -389,7 +399,7 @@ __global__ void __launch_bounds__(kSpanThreads)
   }
   const float* eb = e + b * V;
   for (int i = lo + threadIdx.x; i < hi; i += blockDim.x) {
-    const float p = __fdiv_rn(eb[i], s);
+    const float p = div_rn(eb[i], s);
     const uint32_t inv = ~__float_as_uint(p);  // p >= +0: descending p = ascending ~bits
     kr[i] = row | (static_cast<uint64_t>(inv) << kb.id_bits) | static_cast<uint64_t>(i);
   }
@@ -441,7 +451,7 @@ __global__ void __launch_bounds__(kSpanThreads)
   const uint64_t* kr = keys + b * V;
   for (int i = threadIdx.x; i < kSpan; i += blockDim.x) {
     buf[(i / kL) * kRowStride + i % kL] =
-        lo + i < k ? __fdiv_rn(p_of_key(kr[lo + i], kb), mkb) : 0.0f;
+        lo + i < k ? div_rn(p_of_key(kr[lo + i], kb), mkb) : 0.0f;
   }
   __syncthreads();
   const int blk = c * kBlocksPerSpan + static_cast<int>(threadIdx.x);
@@ -513,7 +523,7 @@ __global__ void __launch_bounds__(kThreads)
   __syncthreads();
   int mine = -1;
   for (int i = threadIdx.x; i < n; i += blockDim.x) {
-    if (__fdiv_rn(p_of_key(kr[i], kb), mkb) > 0.0f) mine = i;
+    if (div_rn(p_of_key(kr[i], kb), mkb) > 0.0f) mine = i;
   }
   if (mine >= 0) atomicMax(&last_positive, mine);
   __syncthreads();
