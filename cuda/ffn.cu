@@ -27,6 +27,10 @@
 #include "common.cuh"
 
 using memra::cuda::ceil_div;
+using memra::cuda::cp_async_16;
+using memra::cuda::cp_async_4;
+using memra::cuda::cp_async_commit;
+using memra::cuda::cp_async_wait_all;
 using memra::cuda::enter;
 using memra::cuda::launch_status;
 using memra::cuda::Scratch;
@@ -280,6 +284,24 @@ __global__ void __launch_bounds__(kWarps * 32)
   if (lane == 0) h[p * I + i] = clamped_swiglu(ag, au, limit);
 }
 
+// One token's valid slots (ids in [0, E)) ordered by (expert id, slot), as the CPU visits
+// them (experts ascending; a repeated id's slots ascending): order [top_k] gets the slots and
+// order[top_k] their count. Insertion sort by one thread (slots arrive ascending, top_k small).
+__device__ __forceinline__ void order_slots(const int32_t* it, int top_k, int E, int* order) {
+  int n = 0;
+  for (int j = 0; j < top_k; ++j) {
+    const int e = it[j];
+    if (e < 0 || e >= E) continue;
+    int pos = n++;
+    while (pos > 0 && it[order[pos - 1]] > e) {
+      order[pos] = order[pos - 1];
+      --pos;
+    }
+    order[pos] = j;
+  }
+  order[top_k] = n;
+}
+
 // Kernel B. grid (T, ceil(D / kWarps)); dynamic shared memory: top_k + 1 ints. Thread 0 orders
 // the token's valid slots by (expert id, slot) (the CPU visits experts in ascending id and, for a
 // repeated id, the slots in ascending order); warp w then computes output row
@@ -293,20 +315,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   extern __shared__ int order[];  // [top_k] ordered slots, then the count
   const int64_t t = blockIdx.x;
   const int32_t* it = topk_idx + t * top_k;
-  if (threadIdx.x == 0) {
-    int n = 0;
-    for (int j = 0; j < top_k; ++j) {
-      const int e = it[j];
-      if (e < 0 || e >= E) continue;
-      int pos = n++;  // insertion sort by (id, slot); slots arrive ascending
-      while (pos > 0 && it[order[pos - 1]] > e) {
-        order[pos] = order[pos - 1];
-        --pos;
-      }
-      order[pos] = j;
-    }
-    order[top_k] = n;
-  }
+  if (threadIdx.x == 0) order_slots(it, top_k, E, order);
   __syncthreads();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int d = blockIdx.y * kWarps + warp;
@@ -406,27 +415,6 @@ constexpr size_t g_smem_bytes(int nt) {
   return 2 * static_cast<size_t>(nt) * kGSub * sizeof(float);
 }
 constexpr int kGChunkT = 256;  // tokens per launch sequence (bounds h and o: P x (I + D) f32)
-
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-// Async global -> shared copies; src_bytes == 0 zero-fills without reading global memory.
-__device__ __forceinline__ void cp_async_16(void* dst, const void* src, int src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src),
-               "r"(src_bytes)
-               : "memory");
-}
-__device__ __forceinline__ void cp_async_4(void* dst, const void* src, int src_bytes) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_u32(dst)), "l"(src),
-               "r"(src_bytes)
-               : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() {
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-__device__ __forceinline__ void cp_async_wait_all() {
-  asm volatile("cp.async.wait_group 0;\n" ::: "memory");
-}
 
 // One lane's eight weights of one row for one 256-column step, as loaded (VEC: 16 or 32 bytes
 // at column s * 256 + lane * 8) or, scalar, already widened (columns s * 256 + lane + 32 q).
@@ -764,20 +752,7 @@ __global__ void moe_combine_kernel(const float* __restrict__ o,
   extern __shared__ int order[];  // [top_k] ordered slots, then the count
   const int64_t t = blockIdx.x;
   const int32_t* it = topk_idx + t * top_k;
-  if (threadIdx.x == 0) {
-    int n = 0;
-    for (int j = 0; j < top_k; ++j) {
-      const int e = it[j];
-      if (e < 0 || e >= E) continue;
-      int pos = n++;  // insertion sort by (id, slot), as kernel B
-      while (pos > 0 && it[order[pos - 1]] > e) {
-        order[pos] = order[pos - 1];
-        --pos;
-      }
-      order[pos] = j;
-    }
-    order[top_k] = n;
-  }
+  if (threadIdx.x == 0) order_slots(it, top_k, E, order);
   __syncthreads();
   const int d = blockIdx.y * blockDim.x + threadIdx.x;
   if (d >= D) return;

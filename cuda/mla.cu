@@ -43,6 +43,10 @@
 #include "glibc_expf.cuh"
 
 using memra::cuda::ceil_div;
+using memra::cuda::cp_async_16;
+using memra::cuda::cp_async_4;
+using memra::cuda::cp_async_commit;
+using memra::cuda::cp_async_wait;
 using memra::cuda::enter;
 using memra::cuda::from_f32;
 using memra::cuda::glibc_expf;
@@ -336,24 +340,6 @@ constexpr size_t kStreamSmemCap = 112 * 1024;  // larger tiles: the per-position
 constexpr int kStreamAutoMaxT = 64;  // arm 0 takes arm 2 below this T (and Lt from it, bf16)
 static_assert(kStreamStages == 4, "cp_async_wait_stage is written for 4 stages");
 
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-__device__ __forceinline__ void cp_async_16(void* dst, const void* src) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr(dst)), "l"(src)
-               : "memory");
-}
-__device__ __forceinline__ void cp_async_4(void* dst, const void* src) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(smem_addr(dst)), "l"(src)
-               : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() {
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
 // This thread's commit groups 0..s have landed (kStreamStages groups were committed).
 __device__ __forceinline__ void cp_async_wait_stage(int s) {
   switch (kStreamStages - 1 - s) {

@@ -96,10 +96,14 @@ int mla_decode_sm90(MemraCudaCtx* ctx, int variant, const float* q_lat, const vo
 }  // namespace memra::cuda
 
 using memra::cuda::ceil_div;
+using memra::cuda::cp_async_16;
+using memra::cuda::cp_async_commit;
+using memra::cuda::cp_async_wait_all;
 using memra::cuda::enter;
 using memra::cuda::from_f32;
 using memra::cuda::launch_status;
 using memra::cuda::Scratch;
+using memra::cuda::smem_u32;
 using memra::cuda::status_of;
 using memra::cuda::to_f32;
 using memra::cuda::warp_max;
@@ -189,23 +193,6 @@ __device__ __forceinline__ void zero_heads(const DecodeArgs& a, int b, int h0, i
 }
 
 // ---------------------------------------------------------------- PTX helpers
-
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// 16-byte async copy global -> shared; src_bytes == 0 zero-fills without reading global memory.
-__device__ __forceinline__ void cp_async_16(void* dst, const void* src, int src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src),
-               "r"(src_bytes)
-               : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() {
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-__device__ __forceinline__ void cp_async_wait_all() {
-  asm volatile("cp.async.wait_group 0;\n" ::: "memory");
-}
 
 __device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void* p) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"

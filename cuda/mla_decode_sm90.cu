@@ -66,8 +66,12 @@
 
 #include "common.cuh"
 
+using memra::cuda::cp_async_16;
+using memra::cuda::cp_async_commit;
+using memra::cuda::cp_async_wait;
 using memra::cuda::launch_status;
 using memra::cuda::Scratch;
+using memra::cuda::smem_u32;
 using memra::cuda::status_of;
 
 namespace {
@@ -113,22 +117,6 @@ struct Cfg {
   static_assert(kLoads * kThreads == TR * 64, "whole tiles per pass");
 };
 
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, int src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-               "r"(src_bytes)
-               : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() {
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
 // Generic-proxy writes to shared memory (cp.async, st.shared) made visible to the async proxy
 // (wgmma operand reads); each writing thread fences before the barrier that publishes them.
 __device__ __forceinline__ void fence_proxy_async() {
