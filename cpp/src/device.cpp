@@ -138,32 +138,15 @@ Status DeviceWeight::upload_stacked(const std::shared_ptr<CudaContext>& ctx,
       return Status(kContractShape, "DeviceWeight: stacked weights differ in shape (" +
                                         w->shape_str() + " vs " + first.shape_str() + ")");
     }
-  }
-  const int64_t per = first.numel();
-  const int64_t n = per * static_cast<int64_t>(ws.size());
-  DeviceWeight d;
-  d.dtype = target;
-  d.shape = first.shape();
-  if (ws.size() > 1) d.shape.insert(d.shape.begin(), static_cast<int64_t>(ws.size()));
-  d.rows = first.rows() * static_cast<int64_t>(ws.size());
-  d.cols = first.cols();
-  MEMRA_TRY(DeviceBuffer::create(ctx, size_t(n) * dtype_size(target), &d.buffer));
-  // Stage each weight in its file dtype, convert on the device into place.
-  std::shared_ptr<DeviceBuffer> stage;
-  MEMRA_TRY(DeviceBuffer::create(ctx, size_t(per) * dtype_size(first.dtype()), &stage));
-  for (size_t i = 0; i < ws.size(); ++i) {
-    const Weight& w = *ws[i];
-    if (w.dtype() != first.dtype()) {
+    if (w->dtype() != first.dtype()) {
       return Status(kContractDType, "DeviceWeight: stacked weights differ in dtype");
     }
-    char* dst = static_cast<char*>(d.buffer->data()) + size_t(i) * per * dtype_size(target);
-    int rc = ctx->api().copy(ctx->ctx(), stage->data(), w.data(), w.nbytes());
-    if (rc == kOk) {
-      rc = ctx->api().convert(ctx->ctx(), stage->data(), static_cast<int>(w.dtype()), dst,
-                              static_cast<int>(target), per);
-    }
-    if (rc != kOk) return ctx->status(rc, "DeviceWeight upload");
   }
+  // Equal shapes concatenated along rows are the stack [n, rows, cols] in memory.
+  DeviceWeight d;
+  MEMRA_TRY(upload_rows(ctx, ws, target, &d));
+  d.shape = first.shape();
+  if (ws.size() > 1) d.shape.insert(d.shape.begin(), static_cast<int64_t>(ws.size()));
   *out = std::move(d);
   return Status::Ok();
 }

@@ -201,7 +201,7 @@ class MlpLayer {
  private:
   Status forward_cuda(const float* x, int T, float* y) const;
   std::shared_ptr<CudaContext> cuda_;
-  DeviceWeight d_gate_up_, d_down_;  // gate and up stacked: [2, intermediate, hidden]
+  DeviceWeight d_gate_up_, d_down_;  // gate | up: [2 * intermediate, hidden]
   int hidden_ = 0, intermediate_ = 0;
   float limit_ = 0.0f;
   Weight gate_, up_, down_;

@@ -9,18 +9,11 @@
 namespace memra {
 
 // ------------------------------------------------------------------------------------ MlpLayer
-// gate and up go up as one stacked weight [2, I, hidden]: up's rows follow gate's in memory, and
-// swiglu_mlp then runs them as one GEMM with N = 2I. (Stacking needs one file dtype: a pair
-// stored in two dtypes is widened to f32 on the host first, exactly, so the device values are
-// the same.)
+// gate and up go up as one weight [2I, hidden] (upload_rows converts each from its own file
+// dtype): up's rows follow gate's in memory, and swiglu_mlp then runs them as one GEMM with
+// N = 2I.
 Status MlpLayer::to_device(std::shared_ptr<CudaContext> cuda, DType dtype) {
-  if (gate_.dtype() == up_.dtype()) {
-    MEMRA_TRY(DeviceWeight::upload_stacked(cuda, {&gate_, &up_}, dtype, &d_gate_up_));
-  } else {
-    const Weight g(DType::kF32, gate_.shape(), gate_.to_f32().data());
-    const Weight u(DType::kF32, up_.shape(), up_.to_f32().data());
-    MEMRA_TRY(DeviceWeight::upload_stacked(cuda, {&g, &u}, dtype, &d_gate_up_));
-  }
+  MEMRA_TRY(DeviceWeight::upload_rows(cuda, {&gate_, &up_}, dtype, &d_gate_up_));
   MEMRA_TRY(DeviceWeight::upload(cuda, down_, dtype, &d_down_));
   cuda_ = std::move(cuda);
   gate_ = up_ = down_ = Weight();
