@@ -125,6 +125,17 @@ __device__ __forceinline__ void absorb_dot(const float* qs, int d_nope, const Tw
   }
 }
 
+// Arm 1's activation tile: dst [P, width] (shared memory) row p < np gets head h's row of
+// position t0 + p of x [T, H, width], rows np..P-1 zeros; the whole block strides over it.
+template <int P>
+__device__ __forceinline__ void stage_positions(float* dst, const float* __restrict__ x, int t0,
+                                                int np, int H, int h, int width) {
+  for (int k = threadIdx.x; k < P * width; k += blockDim.x) {
+    const int p = k / width, n = k - p * width;
+    dst[k] = p < np ? x[(static_cast<int64_t>(t0 + p) * H + h) * width + n] : 0.0f;
+  }
+}
+
 // q_lat[t, h, r] for r in this block's output range [blockIdx.x * r_chunk, +r_chunk) and the
 // positions of tile blockIdx.z (grid-stride over tiles). Grid (ceil(R / r_chunk), H, tiles).
 template <int P, typename Tw>
@@ -140,10 +151,7 @@ __global__ void absorb_kernel(const float* __restrict__ q_nope, const Tw* __rest
   for (int tile = blockIdx.z; tile < tiles; tile += gridDim.z) {
     const int t0 = tile * P;
     const int np = min(P, T - t0);
-    for (int k = threadIdx.x; k < P * d_nope; k += blockDim.x) {
-      const int p = k / d_nope, n = k - p * d_nope;
-      qs[k] = p < np ? q_nope[(static_cast<int64_t>(t0 + p) * H + h) * d_nope + n] : 0.0f;
-    }
+    stage_positions<P>(qs, q_nope, t0, np, H, h, d_nope);
     __syncthreads();
     for (int r = r_begin + threadIdx.x; r < r_end; r += blockDim.x) {
       float acc[P];
@@ -221,10 +229,7 @@ __global__ void decompress_kernel(const float* __restrict__ o_lat, const Tw* __r
   for (int tile = blockIdx.z; tile < tiles; tile += gridDim.z) {
     const int t0 = tile * P;
     const int np = min(P, T - t0);
-    for (int k = threadIdx.x; k < P * R; k += blockDim.x) {
-      const int p = k / R, r = k - p * R;
-      os[k] = p < np ? o_lat[(static_cast<int64_t>(t0 + p) * H + h) * R + r] : 0.0f;
-    }
+    stage_positions<P>(os, o_lat, t0, np, H, h, R);
     __syncthreads();
     for (int v = v_begin + threadIdx.x; v < v_end; v += blockDim.x) {
       float acc[P];
@@ -347,6 +352,18 @@ __device__ __forceinline__ void cp_async_wait_stage(int s) {
     case 1: cp_async_wait<1>(); break;
     case 2: cp_async_wait<2>(); break;
     default: cp_async_wait<3>(); break;
+  }
+}
+
+// Before the streaming kernels consume stage s: a block's first position tile waits for its
+// own copies of stage s and then the barrier publishes everyone's; later tiles (the weights are
+// all in place) only need the barrier once, at s == 0, for the re-staged activations.
+__device__ __forceinline__ void stage_landed(int s, bool first) {
+  if (first) {
+    cp_async_wait_stage(s);
+    __syncthreads();
+  } else if (s == 0) {
+    __syncthreads();
   }
 }
 
@@ -489,12 +506,7 @@ __global__ void __launch_bounds__(kStreamThreads)
     }
 #pragma unroll 1
     for (int s = 0; s < kStreamStages; ++s) {
-      if (first) {
-        cp_async_wait_stage(s);
-        __syncthreads();
-      } else if (s == 0) {
-        __syncthreads();
-      }
+      stage_landed(s, first);
       if (!on) continue;
       int nb, ne;
       stage_range(s, d_nope, 4, &nb, &ne);
@@ -652,12 +664,7 @@ __global__ void __launch_bounds__(kStreamThreads)
     for (int p = 0; p < P; ++p) acc[p] = 0.0f;
 #pragma unroll 1
     for (int s = 0; s < kStreamStages; ++s) {
-      if (first) {
-        cp_async_wait_stage(s);
-        __syncthreads();
-      } else if (s == 0) {
-        __syncthreads();
-      }
+      stage_landed(s, first);
       if (!on) continue;
       int rb, re;
       stage_range(s, R, V, &rb, &re);
