@@ -96,6 +96,11 @@ bool has_dtype(const AnyArray& a, nb::dlpack::dtype_code c, int bits) {
          a.dtype().lanes == 1;
 }
 
+bool has_bf16(const AnyArray& a) {
+  return has_dtype(a, nb::dlpack::dtype_code::Bfloat, 16) ||
+         has_dtype(a, nb::dlpack::dtype_code::UInt, 16);
+}
+
 void raise_status(const Status& st) {
   nb::object errors = nb::module_::import_("memra.errors");
   nb::object cls = errors.attr(error_class_for(st.code));

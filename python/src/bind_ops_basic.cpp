@@ -172,8 +172,7 @@ void init_ops_basic(nb::module_& m) {
         const int64_t N = dw.rows, K = dw.cols;
         const bool f32 = has_dtype(x, nb::dlpack::dtype_code::Float, 32);
         const bool f16 = has_dtype(x, nb::dlpack::dtype_code::Float, 16);
-        const bool bf16 = has_dtype(x, nb::dlpack::dtype_code::Bfloat, 16) ||
-                          has_dtype(x, nb::dlpack::dtype_code::UInt, 16);
+        const bool bf16 = has_bf16(x);
         check_array(x, op, "x", {-1, -1}, "float32, bfloat16 (uint16 raw bits accepted) or float16",
                     f32 || f16 || bf16, nb::device::cuda::value, engine->device_index());
         const int x_dtype = f32 ? 0 : bf16 ? 1 : 2;

@@ -38,6 +38,20 @@ void check_pool(int pool, const char* op) {
   }
 }
 
+// The pool-key position embedding ape [pool, d] of the append ops: pool >= 1, d >= 1.
+const float* ape_arg(const Engine* engine, const AnyArray& ape, const char* op, int* pool,
+                     int* d) {
+  const float* ap = f32_in(engine, ape, op, "ape", {-1, -1});
+  *pool = static_cast<int>(dim(ape, 0));
+  *d = static_cast<int>(dim(ape, 1));
+  check_pool(*pool, op);
+  if (*d < 1) {
+    raise_contract(kContractShape, std::string(op) + ": ape has shape " + shape_str(ape) +
+                                       ", expected [pool, d >= 1]");
+  }
+  return ap;
+}
+
 // The absolute positions first_pos .. first_pos + t_q - 1 must fit int32 (index lists are int32).
 void check_positions(int64_t first_pos, int64_t t_q, const char* op) {
   check_nonneg(first_pos, op, "first_pos");
@@ -227,13 +241,8 @@ void init_ops_dsa(nb::module_& m) {
       [](const AnyArray& k, const AnyArray& gate, const AnyArray& ape, const AnyArray& tail_k,
          const AnyArray& tail_gate, const AnyArray& pool_keys, int pos, const Engine* engine) {
         const char* op = "kpool_append";
-        const float* ap = f32_in(engine, ape, op, "ape", {-1, -1});
-        const int pool = static_cast<int>(dim(ape, 0)), d = static_cast<int>(dim(ape, 1));
-        check_pool(pool, op);
-        if (d < 1) {
-          raise_contract(kContractShape, std::string(op) + ": ape has shape " + shape_str(ape) +
-                                             ", expected [pool, d >= 1]");
-        }
+        int pool = 0, d = 0;
+        const float* ap = ape_arg(engine, ape, op, &pool, &d);
         const float* kp = f32_in(engine, k, op, "k", {-1, d});
         const int64_t T = dim(k, 0);
         const float* gp = f32_in(engine, gate, op, "gate", {T, d});
@@ -420,13 +429,8 @@ void init_ops_dsa(nb::module_& m) {
          nb::handle tail_gate, nb::handle pool_keys, nb::handle pos, const Engine* engine) {
         const char* op = "kpool_append_decode";
         const CudaContext& c = decode_ctx(engine, op);
-        const float* ap = f32_in(engine, ape, op, "ape", {-1, -1});
-        const int pool = static_cast<int>(dim(ape, 0)), d = static_cast<int>(dim(ape, 1));
-        check_pool(pool, op);
-        if (d < 1) {
-          raise_contract(kContractShape, std::string(op) + ": ape has shape " + shape_str(ape) +
-                                             ", expected [pool, d >= 1]");
-        }
+        int pool = 0, d = 0;
+        const float* ap = ape_arg(engine, ape, op, &pool, &d);
         const float* kp = f32_in(engine, k, op, "k", {-1, d});
         const int64_t B = dim(k, 0);
         const float* gp = f32_in(engine, gate, op, "gate", {B, d});

@@ -76,8 +76,7 @@ void check_arm(int arm, const char* op) {
 // (0 f32, 1 bf16).
 const void* cache_arg(const Engine* engine, const AnyArray& a, const char* op, int* dtype) {
   const bool f32 = has_dtype(a, nb::dlpack::dtype_code::Float, 32);
-  const bool bf16 = has_dtype(a, nb::dlpack::dtype_code::Bfloat, 16) ||
-                    has_dtype(a, nb::dlpack::dtype_code::UInt, 16);
+  const bool bf16 = has_bf16(a);
   if (on_cuda(engine)) {
     check_array(a, op, "cache", {-1, -1}, "float32 or bfloat16 (uint16 raw bits accepted)", f32 || bf16,
                 nb::device::cuda::value, engine->device_index());

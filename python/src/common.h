@@ -35,6 +35,8 @@ inline void check(const Status& st) {
 std::string shape_str(const AnyArray& a);
 // True when `a` holds scalars of DLPack type `c` with `bits` bits (one lane).
 bool has_dtype(const AnyArray& a, nb::dlpack::dtype_code c, int bits);
+// True when `a` holds bfloat16: DLPack bfloat16, or uint16 carrying the raw bfloat16 bits.
+bool has_bf16(const AnyArray& a);
 
 // Check that `a` is a C-contiguous host int32 array whose shape matches `shape` (-1 = any extent)
 // and return its data (host-side slot lists); `op` and `name` go into the error message. int64
