@@ -1,7 +1,8 @@
 // Sampling of the CUDA backend (cpp/include/memra/cuda_abi/ffn.h `sample`): the GPU twin of
 // cpu::sample (ops.h "sampling"), drawing the same token as the CPU for the same seed and counter.
 // ops.h spells the arithmetic out; this file reproduces it operation for operation:
-//   - z_i = logits_i / temperature and p_i = e_i / s are IEEE divisions (__fdiv_rn);
+//   - z_i = logits_i / temperature and p_i = e_i / s are IEEE divisions (__fdiv_rn; div_rn
+//     returns a zero dividend itself, the same quotient without the division's slow path);
 //   - e_i = exp(z_i - m) uses a port of glibc's expf (the CPU's std::exp on Linux: the table-
 //     driven double-precision algorithm of glibc >= 2.28, in its FMA form), checked on the host to
 //     be bit-identical to glibc 2.36's expf on every float in (-110, 90);
@@ -16,8 +17,9 @@
 //   - the order (p desc, id asc) comes from one CUB radix sort of all rows at once on 64-bit keys
 //     (row | ~bits(p) | id): p >= 0, so its bit pattern orders like its value, and the keys are
 //     unique, so no stability is needed.
-// Kernels: greedy rows (temperature <= 0) take a block-wide argmax (the CPU's: ties to the lower
-// id, NaN never wins unless it sits at id 0). Otherwise, per row split over kSpan-term spans
+// Kernels: greedy rows (temperature <= 0) take the CPU's argmax (ties to the lower id, NaN never
+// wins unless it sits at id 0): one block per row up to V = 8192, above it split over 2048-id
+// blocks and combined by one warp per row. Otherwise, per row split over kSpan-term spans
 // (grid [B, spans]): max (partial maxima of z), esum (m; e and its L-block sums), keys (s from the
 // block sums; the sort keys of p, or the argmax for a row without a distribution); the sort;
 // psum (the L-block sums of the sorted p over the first k), qsum (Mk; q = p / Mk, its in-block
