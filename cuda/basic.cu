@@ -98,6 +98,7 @@ __device__ __forceinline__ float row_sum_squares(const float* xr, bool live, int
 template <int G>
 __global__ void __launch_bounds__(Group<G>::kBlock)
     rms_norm_kernel(const float* x, int64_t rows, int D, const float* w, float eps, float* y) {
+  memra::cuda::pdl_trigger();
   __shared__ float red[Group<G>::kWarps];
   const int64_t row = int64_t(blockIdx.x) * Group<G>::kRows + threadIdx.x / G;
   const int lane = threadIdx.x % G;
@@ -118,6 +119,7 @@ template <int G>
 __global__ void __launch_bounds__(Group<G>::kBlock)
     rms_norm_gated_kernel(const float* x, const float* gate, int64_t rows, int D, const float* w,
                           float eps, float* y) {
+  memra::cuda::pdl_trigger();
   __shared__ float red[Group<G>::kWarps];
   const int64_t row = int64_t(blockIdx.x) * Group<G>::kRows + threadIdx.x / G;
   const int lane = threadIdx.x % G;
@@ -139,6 +141,7 @@ template <int G>
 __global__ void __launch_bounds__(Group<G>::kBlock)
     layer_norm_kernel(const float* x, int64_t rows, int D, const float* w, const float* b,
                       float eps, float* y) {
+  memra::cuda::pdl_trigger();
   __shared__ float red[Group<G>::kWarps];
   const int64_t row = int64_t(blockIdx.x) * Group<G>::kRows + threadIdx.x / G;
   const int lane = threadIdx.x % G;
@@ -169,6 +172,7 @@ __global__ void __launch_bounds__(Group<G>::kBlock)
 template <int G>
 __global__ void __launch_bounds__(Group<G>::kBlock)
     l2norm_kernel(float* x, int64_t rows, int d, float eps) {
+  memra::cuda::pdl_trigger();
   __shared__ float red[Group<G>::kWarps];
   const int64_t row = int64_t(blockIdx.x) * Group<G>::kRows + threadIdx.x / G;
   const int lane = threadIdx.x % G;
@@ -193,6 +197,7 @@ __global__ void __launch_bounds__(Group<G>::kBlock)
 template <typename W>
 __global__ void embedding_kernel(const W* __restrict__ table, int64_t vocab, int D,
                                  const int32_t* __restrict__ ids, float* __restrict__ out) {
+  memra::cuda::pdl_trigger();
   const int64_t t = blockIdx.x;
   const int32_t id = ids[t];
   float* o = out + t * D;
@@ -219,6 +224,7 @@ struct RopeFreqs {
 __global__ void __launch_bounds__(256)
     rope_kernel(float* x, const int32_t* __restrict__ positions, int n_vec, int d_rope,
                 double base, const RopeFreqs freqs) {
+  memra::cuda::pdl_trigger();
   const int half = d_rope / 2;
   const int j = blockIdx.y * 32 + threadIdx.x;
   if (j >= half) return;
@@ -240,6 +246,7 @@ __global__ void __launch_bounds__(256)
 // ---------------------------------------------------------------------------------------------
 
 __global__ void sigmoid_kernel(const float* x, int64_t n, float* y) {
+  memra::cuda::pdl_trigger();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
     y[i] = 1.0f / (1.0f + expf(-x[i]));

@@ -37,6 +37,15 @@ struct MemraCudaCtx {
   bool capturing = false;
   std::vector<std::pair<uintptr_t, size_t>> capture_allocs;  // (address, bytes)
   std::vector<void*> deferred_releases;
+  // Decode GEMV and programmatic dependent launch (cuda/gemv.cu; knobs read at ctx_create):
+  // MEMRA_PDL=0 turns programmatic dependent launch off, MEMRA_GEMV=0 sends every GEMM to
+  // cuBLAS, MEMRA_GEMV_ROWS=R forces R weight rows per GEMV block (benchmarks).
+  bool pdl = true;
+  bool gemv = true;
+  int gemv_rows = 0;  // 0: chosen from N
+  // > 0 while a layer runs GEMMs over its own uploaded weights (resident_weights): no queued
+  // kernel writes them, so a GEMV may start reading them before its predecessor finishes.
+  int resident_weights = 0;
 };
 
 #define MEMRA_CUDA_DECLARE(name, args) extern "C" int memra_cuda_##name args;
@@ -116,6 +125,41 @@ __device__ __forceinline__ float warp_max(float v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
   return v;
+}
+
+// Programmatic dependent launch (sm_90, docs/decode_graphs.md). A kernel launched with
+// launch(..., pdl = true, ...) may start while the kernel before it on the stream is still
+// running: it must call pdl_wait() before it reads anything that kernel (or any earlier work)
+// writes, and before it writes anything at all; pdl_wait() returns once the predecessor has
+// completed and its memory is visible. pdl_trigger() lets the *next* kernel launch early (it has
+// no effect on memory ordering). Both are no-ops in a kernel launched without the attribute.
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
+// Launch `kernel` on the context's stream; with pdl (and the context's MEMRA_PDL on) as a
+// programmatic dependent of the stream's previous kernel (the kernel must pdl_wait(), above).
+template <typename... P, typename... A>
+inline int launch(MemraCudaCtx* ctx, bool pdl, void (*kernel)(P...), dim3 grid, dim3 block,
+                  size_t smem, A... args) {
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = (pdl && ctx->pdl) ? 1 : 0;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = ctx->stream;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return status_of(cudaLaunchKernelEx(&cfg, kernel, static_cast<P>(args)...));
 }
 
 inline unsigned ceil_div(long long a, long long b) { return static_cast<unsigned>((a + b - 1) / b); }

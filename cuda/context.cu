@@ -2,6 +2,7 @@
 // (device, stream, cuBLAS/cuBLASLt), stream-ordered memory, copies and dtype conversion.
 #include <cstdint>
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <new>
 #include <type_traits>
@@ -22,6 +23,7 @@ constexpr size_t kStagedMax = size_t(64) << 10;         // copies up to this siz
 
 template <typename S, typename D>
 __global__ void convert_kernel(const S* __restrict__ src, D* __restrict__ dst, int64_t n) {
+  memra::cuda::pdl_trigger();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
     const float v = memra::cuda::to_f32(src[i]);
@@ -56,6 +58,10 @@ int memra_cuda_ctx_create(int device, MemraCudaCtx** out) {
   MemraCudaCtx* c = new (std::nothrow) MemraCudaCtx();
   if (!c) return memra::kOutOfMemory;
   c->device = device;
+  // Knobs for A/B runs (tests and benchmarks compare both arms in one process).
+  if (const char* v = std::getenv("MEMRA_PDL")) c->pdl = std::strcmp(v, "0") != 0;
+  if (const char* v = std::getenv("MEMRA_GEMV")) c->gemv = std::strcmp(v, "0") != 0;
+  if (const char* v = std::getenv("MEMRA_GEMV_ROWS")) c->gemv_rows = std::atoi(v);
   int rc = status_of(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
   if (rc == 0) rc = status_of(cublasCreate(&c->blas));
   if (rc == 0) rc = status_of(cublasSetStream(c->blas, c->stream));
@@ -101,6 +107,13 @@ int memra_cuda_ctx_destroy(MemraCudaCtx* ctx) {
   if (ctx->stream) cudaStreamDestroy(ctx->stream);
   delete ctx;
   return rc;
+}
+
+int memra_cuda_resident_weights(MemraCudaCtx* ctx, int delta) {
+  if (!ctx || (delta != 1 && delta != -1)) return memra::kContractValue;
+  if (delta < 0 && ctx->resident_weights == 0) return memra::kContractValue;
+  ctx->resident_weights += delta;
+  return memra::kOk;
 }
 
 int memra_cuda_alloc(MemraCudaCtx* ctx, size_t bytes, void** out) {

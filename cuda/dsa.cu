@@ -56,6 +56,7 @@ struct PoolRows {
 // fastest so the row reads are coalesced.
 __global__ void pool_keys_kernel(PoolRows rows, const float* __restrict__ ape, int pool,
                                  int first_pool, int n_new, float* __restrict__ pool_keys) {
+  memra::cuda::pdl_trigger();
   const int d = rows.d;
   const int64_t total = int64_t(n_new) * d;
   for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < total;
@@ -71,6 +72,7 @@ __global__ void pool_keys_kernel(PoolRows rows, const float* __restrict__ ape, i
 __global__ void ring_write_kernel(const float* __restrict__ k, const float* __restrict__ gate,
                                   int d, int pos, int r0, int n_rows, int tail_rows,
                                   float* __restrict__ tail_k, float* __restrict__ tail_gate) {
+  memra::cuda::pdl_trigger();
   const int64_t total = int64_t(n_rows) * d;
   for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < total;
        e += int64_t(gridDim.x) * blockDim.x) {
@@ -94,6 +96,7 @@ __global__ void score_reference_kernel(const float* __restrict__ q, const float*
                                        const float* __restrict__ keys, int t_q, int Hi, int d,
                                        int n_pools, int pool, int first_pos, float qk_scale,
                                        float head_scale, float* __restrict__ score) {
+  memra::cuda::pdl_trigger();
   const int64_t total = int64_t(t_q) * n_pools;
   for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < total;
        e += int64_t(gridDim.x) * blockDim.x) {
@@ -128,6 +131,7 @@ __global__ void __launch_bounds__((BQ / MQ) * (BP / MP), 1)
                        const float* __restrict__ keys, int t_q, int Hi, int d, int n_pools,
                        int pool, int first_pos, float qk_scale, float head_scale,
                        float* __restrict__ score) {
+  memra::cuda::pdl_trigger();
   constexpr int TX = BP / MP, TY = BQ / MQ, NT = TX * TY;
   __shared__ float qs[DC][BQ + 1];  // [channel][query] (+1: conflict-free transposed stores)
   __shared__ float ks[DC][BP + 1];  // [channel][pool]
@@ -226,6 +230,7 @@ __global__ void __launch_bounds__(kResBP)
                           const float* __restrict__ keys, int t_q, int Hi, int d, int n_pools,
                           int pool, int first_pos, float qk_scale, float head_scale,
                           float* __restrict__ score) {
+  memra::cuda::pdl_trigger();
   __shared__ float ks[kResBP][kResMaxD + 1];  // [pool][channel]: (tid + c) % 32 banks
   const int tid = threadIdx.x;
   const int64_t p0 = int64_t(blockIdx.x) * kResBP, p = p0 + tid;
@@ -319,6 +324,7 @@ __device__ __forceinline__ bool is_candidate(float s, int64_t p, int pool, int64
 __global__ void __launch_bounds__(kSelectThreads)
     select_radix_kernel(const float* __restrict__ score, int t_q, int n_pools, int pool,
                         int select_k, int width, int first_pos, int32_t* __restrict__ idx) {
+  memra::cuda::pdl_trigger();
   __shared__ unsigned hist[256];
   __shared__ int warp_count[kSelectWarps];
   __shared__ uint64_t s_prefix;
@@ -340,6 +346,7 @@ __global__ void __launch_bounds__(kSelectThreads)
     select_reference_kernel(const float* __restrict__ score, int t_q, int n_pools, int pool,
                             int select_k, int width, int first_pos, uint8_t* __restrict__ flags,
                             int32_t* __restrict__ idx) {
+  memra::cuda::pdl_trigger();
   const int tid = threadIdx.x;
   uint8_t* f = flags + int64_t(blockIdx.x) * n_pools;
   for (int64_t i = blockIdx.x; i < t_q; i += gridDim.x) {

@@ -84,6 +84,7 @@ __global__ void append_decode_kernel(const float* __restrict__ k, const float* _
                                      const int32_t* __restrict__ pos, float* const* tail_k,
                                      float* const* tail_gate, int tail_rows,
                                      float* const* pool_keys) {
+  memra::cuda::pdl_trigger();
   for (int b = blockIdx.y; b < B; b += gridDim.y) {
     const int64_t p = pos[b];
     if (p < 0) continue;  // idle row: nothing read or written
@@ -182,6 +183,7 @@ __global__ void __launch_bounds__(kDecGroups * kDecBP)
                         const int32_t* __restrict__ pos, int B, int Hi, int d, int pool,
                         int max_pools, float qk_scale, float head_scale,
                         float* __restrict__ score) {
+  memra::cuda::pdl_trigger();
   __shared__ float ks[kDecBP][kDecMaxD + 1];      // [pool][channel]: (i + c) % 32 banks
   __shared__ float terms[kDecBP][kDecMaxHi + 1];  // [pool][head]
   const int tid = threadIdx.x;
@@ -242,6 +244,7 @@ __global__ void __launch_bounds__(kSimpleThreads)
                                const int32_t* __restrict__ pos, int B, int Hi, int d, int pool,
                                int max_pools, float qk_scale, float head_scale,
                                float* __restrict__ score) {
+  memra::cuda::pdl_trigger();
   const int64_t p = int64_t(blockIdx.x) * kSimpleThreads + threadIdx.x;
   if (p >= max_pools) return;
   for (int b = blockIdx.y; b < B; b += gridDim.y) {
@@ -273,6 +276,7 @@ __global__ void __launch_bounds__(kSelectThreads)
     select_decode_kernel(const float* __restrict__ score, const int32_t* __restrict__ pos, int B,
                          int max_pools, int pool, int select_k, int width,
                          int32_t* __restrict__ idx) {
+  memra::cuda::pdl_trigger();
   __shared__ unsigned hist[256];
   __shared__ int warp_count[kSelectWarps];
   __shared__ uint64_t s_prefix;

@@ -56,6 +56,7 @@ __device__ __forceinline__ float clamped_swiglu(float g, float u, float limit) {
 // g[i] = clamped_swiglu(g[i], u[i]) over n elements (in place over g).
 __global__ void swiglu_act_kernel(float* __restrict__ g, const float* __restrict__ u, int64_t n,
                                   float limit) {
+  memra::cuda::pdl_trigger();
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += stride) {
     g[i] = clamped_swiglu(g[i], u[i], limit);
@@ -73,6 +74,7 @@ __device__ __forceinline__ void store_h(__half* p, float v) { *p = __float2half_
 template <typename H>
 __global__ void swiglu_pair_kernel(const float* __restrict__ gu, int64_t T, int I, float limit,
                                    H* __restrict__ h) {
+  memra::cuda::pdl_trigger();
   const int64_t n = T * I;
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   for (int64_t k = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; k < n; k += stride) {
@@ -134,6 +136,7 @@ __global__ void moe_route_kernel(const float* __restrict__ logits, const float* 
                                  int T, int E, int top_k, int G, int topk_group, int norm,
                                  float scaling, RouteLayout layout, int32_t* __restrict__ topk_idx,
                                  float* __restrict__ topk_w) {
+  memra::cuda::pdl_trigger();
   extern __shared__ __align__(16) unsigned char smem[];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t t = int64_t(blockIdx.x) * (blockDim.x >> 5) + warp;
@@ -249,6 +252,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     moe_gate_up_kernel(const float* __restrict__ x, int D, const int32_t* __restrict__ topk_idx,
                        int top_k, const W* __restrict__ gate_w, const W* __restrict__ up_w,
                        int E, int I, float limit, float* __restrict__ h) {
+  memra::cuda::pdl_trigger();
   const int64_t p = blockIdx.x;
   const int e = topk_idx[p];
   if (e < 0 || e >= E) return;
@@ -312,6 +316,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     moe_down_kernel(const float* __restrict__ h, const int32_t* __restrict__ topk_idx,
                     const float* __restrict__ topk_w, int top_k, const W* __restrict__ down_w,
                     int E, int I, int D, float* __restrict__ y) {
+  memra::cuda::pdl_trigger();
   extern __shared__ int order[];  // [top_k] ordered slots, then the count
   const int64_t t = blockIdx.x;
   const int32_t* it = topk_idx + t * top_k;
@@ -496,6 +501,7 @@ struct PairGroups {
 __global__ void moe_group_kernel(const int32_t* __restrict__ topk_idx, int P, int E,
                                  int* __restrict__ n_active, int* __restrict__ active_e,
                                  int* __restrict__ active_off, int* __restrict__ pairs) {
+  memra::cuda::pdl_trigger();
   extern __shared__ int gsm[];
   const int warps = blockDim.x >> 5;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -582,6 +588,7 @@ __global__ void __launch_bounds__(kGThreads, 1)
     moe_grouped_kernel(const float* __restrict__ src, int src_div, int K, PairGroups g,
                        const W* __restrict__ w0, const W* __restrict__ w1, int rows, float limit,
                        float* __restrict__ out) {
+  memra::cuda::pdl_trigger();
   extern __shared__ __align__(16) float xs[];
   __shared__ int ps[NT];
   const int slot = blockIdx.y;
@@ -749,6 +756,7 @@ __global__ void moe_combine_kernel(const float* __restrict__ o,
                                    const int32_t* __restrict__ topk_idx,
                                    const float* __restrict__ topk_w, int top_k, int E, int D,
                                    float* __restrict__ y) {
+  memra::cuda::pdl_trigger();
   extern __shared__ int order[];  // [top_k] ordered slots, then the count
   const int64_t t = blockIdx.x;
   const int32_t* it = topk_idx + t * top_k;

@@ -10,6 +10,9 @@
 //   y_cm = w_cm^T x_cm, with w_cm = w viewed as K x N (ld K), x_cm = x viewed as K x T (ld K),
 // i.e. gemm(op(A) = T, op(B) = N, m = N, n = T, k = K, A = w, lda = K, B = x, ldb = K, ldc = N).
 //
+// T <= 4 rows (decode) with a bf16 or f32 weight: the GEMV of cuda/gemv.cu instead (same
+// rounding of x, f32 accumulation in another order, bias in its epilogue).
+//
 // linear_ex: the same GEMM over an input whose rows are ldx elements apart (ldb = ldx) and which
 // may already be in the weight's type (a layer rounds one activation once and feeds several
 // GEMMs with it, or reads a column slice of a wider activation); an f32 input against a bf16 /
@@ -17,6 +20,7 @@
 #include <cstdint>
 
 #include "common.cuh"
+#include "gemv.cuh"
 
 using memra::cuda::enter;
 using memra::cuda::launch_status;
@@ -45,6 +49,7 @@ __device__ __forceinline__ __half round_to<__half>(float v) {
 template <typename H>
 __global__ void round_kernel(const float* __restrict__ x, H* __restrict__ out, int64_t n,
                              bool vec4) {
+  memra::cuda::pdl_trigger();
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (vec4) {
@@ -67,6 +72,7 @@ __global__ void round_kernel(const float* __restrict__ x, H* __restrict__ out, i
 template <typename H>
 __global__ void round_strided_kernel(const float* __restrict__ x, int64_t ldx, H* __restrict__ out,
                                      int64_t T, int K) {
+  memra::cuda::pdl_trigger();
   const int64_t n = T * K;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
@@ -78,6 +84,7 @@ __global__ void round_strided_kernel(const float* __restrict__ x, int64_t ldx, H
 // y[t, n] += bias[n] over T * N elements.
 __global__ void bias_kernel(float* __restrict__ y, const float* __restrict__ bias, int64_t total,
                             int N) {
+  memra::cuda::pdl_trigger();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
        i += int64_t(gridDim.x) * blockDim.x) {
     y[i] = y[i] + bias[i % N];
@@ -86,6 +93,7 @@ __global__ void bias_kernel(float* __restrict__ y, const float* __restrict__ bia
 
 __global__ void bias_fill_kernel(float* __restrict__ y, const float* __restrict__ bias,
                                  int64_t total, int N) {
+  memra::cuda::pdl_trigger();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
        i += int64_t(gridDim.x) * blockDim.x) {
     y[i] = bias ? bias[i % N] : 0.0f;
@@ -130,6 +138,10 @@ int linear_impl(MemraCudaCtx* ctx, const void* x, int x_dtype, int64_t ldx, int 
     bias_fill_kernel<<<grid_stride_blocks(total, 256), 256, 0, ctx->stream>>>(y, bias, total, N);
     return launch_status();
   }
+  bool handled = false;
+  MEMRA_CUDA_RETURN_IF(memra::cuda::gemv(ctx, x, x_dtype, ldx, T, K, w, w_dtype, N, bias, y,
+                                         &handled));
+  if (handled) return memra::kOk;
   if (x_dtype == w_dtype) {
     MEMRA_CUDA_RETURN_IF(gemm(ctx, x, ldx, w, ab_type_of(w_dtype), T, K, N, y));
   } else if (w_dtype == 1) {  // x f32 (the callers refuse any other pair)

@@ -22,6 +22,7 @@ __global__ void kda_tables_kernel(const int32_t* __restrict__ slots, const int32
                                   float** __restrict__ ring_out, const float** __restrict__ state_in,
                                   float** __restrict__ state_out, float* sink_conv,
                                   float* sink_state) {
+  memra::cuda::pdl_trigger();
   const int b = blockIdx.x * blockDim.x + threadIdx.x;
   if (b >= B) return;
   const int s = slots[b];
@@ -46,6 +47,7 @@ __global__ void kda_tables_kernel(const int32_t* __restrict__ slots, const int32
 // counted once per occurrence instead of racing).
 __global__ void commit_decode_kernel(const int32_t* __restrict__ slots, int B, int32_t* lengths,
                                      int32_t* cur) {
+  memra::cuda::pdl_trigger();
   const int b = blockIdx.x * blockDim.x + threadIdx.x;
   if (b >= B) return;
   const int s = slots[b];
@@ -56,6 +58,7 @@ __global__ void commit_decode_kernel(const int32_t* __restrict__ slots, int B, i
 
 __global__ void slot_table_kernel(const int32_t* __restrict__ slots, int B, uint8_t* base,
                                   int64_t stride_bytes, void** __restrict__ out) {
+  memra::cuda::pdl_trigger();
   const int b = blockIdx.x * blockDim.x + threadIdx.x;
   if (b >= B) return;
   const int s = slots[b];
@@ -65,6 +68,7 @@ __global__ void slot_table_kernel(const int32_t* __restrict__ slots, int B, uint
 __global__ void decode_positions_kernel(const int32_t* __restrict__ slots, int B,
                                         const int32_t* __restrict__ lengths,
                                         int32_t* __restrict__ pos, int32_t* __restrict__ t_kv) {
+  memra::cuda::pdl_trigger();
   const int b = blockIdx.x * blockDim.x + threadIdx.x;
   if (b >= B) return;
   const int s = slots[b];

@@ -90,6 +90,7 @@ template <int K>
 __global__ void conv_prefill_kernel(const float* __restrict__ x, int T, int C, int G, int chunk,
                                     const float* __restrict__ w, const float* __restrict__ ring_in,
                                     float* __restrict__ ring_out, float* __restrict__ y) {
+  memra::cuda::pdl_trigger();
   constexpr int R = K - 1;
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
   if (c >= C) return;
@@ -130,6 +131,7 @@ template <int K>
 __global__ void conv_decode_kernel(const float* __restrict__ x, int B, int C, int G,
                                    const float* __restrict__ w, const float* const* ring_in,
                                    float* const* ring_out, float* __restrict__ y) {
+  memra::cuda::pdl_trigger();
   constexpr int R = K - 1;
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
   if (c >= C) return;
@@ -198,6 +200,7 @@ bool dispatch_conv_k(int K, F&& f) {
 __global__ void gate_kernel(const float* f, const float* __restrict__ dt_bias,
                             const float* __restrict__ A_log, int T, int D, int dk, int form,
                             float lower_bound, float* g) {
+  memra::cuda::pdl_trigger();
   const int col = blockIdx.x * blockDim.x + threadIdx.x;  // h*dk + i
   if (col >= D) return;
   const float decay_rate = expf(A_log[col / dk]);
@@ -296,6 +299,7 @@ __global__ void __launch_bounds__(kScanThreads)
                 const float* __restrict__ v, const float* __restrict__ g,
                 const float* __restrict__ beta, int T, int H, float scale,
                 const float* const* state_in, float* const* state_out, float* __restrict__ o) {
+  memra::cuda::pdl_trigger();
   // Per warp: k, scale * q, exp(g) of the current step, as float4 quads of rows.
   __shared__ float4 sk[kWarpsPerBlock][kScanDk / 4];
   __shared__ float4 sq[kWarpsPerBlock][kScanDk / 4];
@@ -461,6 +465,7 @@ __global__ void __launch_bounds__(kDecThreads, 4)
                        const float* __restrict__ beta, int H, float scale,
                        const float* const* state_in, float* const* state_out,
                        float* __restrict__ o) {
+  memra::cuda::pdl_trigger();
   __shared__ __align__(16) DecodeStage stage[kDecWarps];
 
   const int lane = threadIdx.x & 31;

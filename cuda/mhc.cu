@@ -137,6 +137,7 @@ __global__ void __launch_bounds__(kMapThreads)
                    int sinkhorn_iters, float hc_eps, float norm_eps, bool fold,
                    float* __restrict__ post, float* __restrict__ comb,
                    float* __restrict__ collapsed) {
+  memra::cuda::pdl_trigger();
   extern __shared__ float sm[];
   __shared__ float red[kMapThreads / 32];
   float* pre = sm;
@@ -224,6 +225,7 @@ template <typename W>
 __global__ void __launch_bounds__(kPartThreads)
     mhc_partial_kernel(const float* __restrict__ streams, int T, int flat,
                        const W* __restrict__ fn, int mix, float* __restrict__ part) {
+  memra::cuda::pdl_trigger();
   const int s = blockIdx.x, S = gridDim.x;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int k = s * kSplitK + 4 * lane;
@@ -280,6 +282,7 @@ __global__ void __launch_bounds__(kFinishThreads)
                       const float* __restrict__ scale, int sinkhorn_iters, float hc_eps,
                       float norm_eps, float* __restrict__ post, float* __restrict__ comb,
                       float* __restrict__ collapsed) {
+  memra::cuda::pdl_trigger();
   extern __shared__ float sm[];  // pre [hc], c [hc, hc]
   __shared__ float lt[kSplitMaxOut];
   __shared__ float sbase[kSplitMaxOut + 3];  // base [mix], then scale [3]
@@ -367,6 +370,7 @@ __global__ void __launch_bounds__(kFinishThreads)
 __global__ void mhc_post_kernel(const float* __restrict__ y, const float* __restrict__ post,
                                 const float* __restrict__ comb, const float* __restrict__ residual,
                                 int64_t rows, int hc, int D, float* __restrict__ out) {
+  memra::cuda::pdl_trigger();
   const int d = blockIdx.x * blockDim.x + threadIdx.x;
   if (d >= D) return;
   for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
@@ -383,6 +387,7 @@ __global__ void mhc_post_kernel(const float* __restrict__ y, const float* __rest
 // out[t, d] = (sum_s streams[t, s, d]) / hc.
 __global__ void hc_head_mean_kernel(const float* __restrict__ streams, int64_t T, int hc, int D,
                                     float* __restrict__ out) {
+  memra::cuda::pdl_trigger();
   const int d = blockIdx.x * blockDim.x + threadIdx.x;
   if (d >= D) return;
   for (int64_t t = blockIdx.y; t < T; t += gridDim.y) {

@@ -79,6 +79,7 @@ int allow_smem(MemraCudaCtx* ctx, K* kernel, size_t bytes) {
 // dst[i] = src[i] converted (bf16 with round-to-nearest-even).
 template <typename D>
 __global__ void convert_f32_kernel(const float* __restrict__ src, D* __restrict__ dst, int64_t n) {
+  memra::cuda::pdl_trigger();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
     dst[i] = from_f32<D>(src[i]);
@@ -142,6 +143,7 @@ template <int P, typename Tw>
 __global__ void absorb_kernel(const float* __restrict__ q_nope, const Tw* __restrict__ kv_b, int T,
                               int H, int d_nope, int d_v, int R, int r_chunk,
                               float* __restrict__ q_lat) {
+  memra::cuda::pdl_trigger();
   extern __shared__ float qs[];  // [P, d_nope]
   const int h = blockIdx.y;
   const int r_begin = blockIdx.x * r_chunk;
@@ -220,6 +222,7 @@ template <int P, bool kVec, typename Tw>
 __global__ void decompress_kernel(const float* __restrict__ o_lat, const Tw* __restrict__ kv_b,
                                   int T, int H, int d_nope, int d_v, int R, int v_chunk,
                                   float* __restrict__ out) {
+  memra::cuda::pdl_trigger();
   extern __shared__ float os[];  // [P, R]
   const int h = blockIdx.y;
   const int v_begin = blockIdx.x * v_chunk;
@@ -440,6 +443,7 @@ __global__ void __launch_bounds__(kStreamThreads)
     absorb_stream_kernel(const float* __restrict__ q_nope, const Tw* __restrict__ kv_b, int T,
                          int H, int d_nope, int d_v, int R, int qstride, int qrows, bool xvec,
                          float* __restrict__ q_lat) {
+  memra::cuda::pdl_trigger();
   constexpr int OC = kAbsorbTileBytes / static_cast<int>(sizeof(Tw));
   constexpr int E = 4 / static_cast<int>(sizeof(Tw));  // columns per lane (one 32-bit word)
   constexpr int V = 16 / static_cast<int>(sizeof(Tw));
@@ -600,6 +604,7 @@ __global__ void __launch_bounds__(kStreamThreads)
     decompress_stream_kernel(const float* __restrict__ o_lat, const Tw* __restrict__ kv_b, int T,
                              int H, int d_nope, int d_v, int R, int wstride, int ostride,
                              int orows, bool xvec, float* __restrict__ out) {
+  memra::cuda::pdl_trigger();
   constexpr int OC = kDecompressRows;
   constexpr int V = 16 / static_cast<int>(sizeof(Tw));
   constexpr int V4 = V / 4;
@@ -992,6 +997,7 @@ int proj_entry(MemraCudaCtx* ctx, Proj which, const float* x, const void* kv_b, 
 template <typename Tc>
 __global__ void latent_append_kernel(const float* __restrict__ rows, int64_t n,
                                      Tc* __restrict__ dst) {
+  memra::cuda::pdl_trigger();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
     dst[i] = from_f32<Tc>(rows[i]);
@@ -1042,6 +1048,7 @@ __global__ void __launch_bounds__(kAttnThreads, 2)
                 const Tc* __restrict__ cache, const int32_t* __restrict__ list,
                 const int* __restrict__ counts, int width, AttnGeom g, float* __restrict__ o_lat,
                 float* __restrict__ po, float* __restrict__ pm, float* __restrict__ pl) {
+  memra::cuda::pdl_trigger();
   extern __shared__ float smem[];
   const int R = g.R, W = g.R + g.d_rope, Wp = padded(W), hb = g.hb;
   float* qs = smem;
@@ -1197,6 +1204,7 @@ __global__ void __launch_bounds__(kAttnThreads, 2)
 __global__ void attn_combine_kernel(const float* __restrict__ po, const float* __restrict__ pm,
                                     const float* __restrict__ pl, int nsplit, int64_t n_qh, int R,
                                     float* __restrict__ o_lat) {
+  memra::cuda::pdl_trigger();
   extern __shared__ float wsm[];
   const int64_t qh = blockIdx.x;
   float M = -INFINITY;
@@ -1228,6 +1236,7 @@ __global__ void attn_combine_kernel(const float* __restrict__ po, const float* _
 __global__ void __launch_bounds__(kAttnThreads)
     gather_compact_kernel(const int32_t* __restrict__ idx, int t_q, int t_kv, int width,
                           int32_t* __restrict__ list, int* __restrict__ counts) {
+  memra::cuda::pdl_trigger();
   extern __shared__ unsigned bm[];
   const int i = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int qrow = t_kv - t_q + i;  // >= 0 (t_q <= t_kv)

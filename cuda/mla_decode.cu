@@ -253,6 +253,7 @@ struct Tc {
 // Block (split blockIdx.x, sequence blockIdx.y, head group blockIdx.z). See the file comment.
 template <int MT, int R, bool kGather>
 __global__ void __launch_bounds__(kThreads, 1) decode_tc_kernel(DecodeArgs a) {
+  memra::cuda::pdl_trigger();
   using S = Tc<MT, R>;
   extern __shared__ __align__(128) unsigned char smem[];
   __nv_bfloat16* qs = reinterpret_cast<__nv_bfloat16*>(smem + S::q_off);
@@ -518,6 +519,7 @@ size_t f32_smem_bytes(int R) {
 // 32 u) = o[r] * alpha + sum_j p_j c_j[r], j ascending, p_j broadcast from lane j by shuffle.
 template <typename Tcache, bool kGather>
 __global__ void __launch_bounds__(kThreads, 2) decode_f32_kernel(DecodeArgs a) {
+  memra::cuda::pdl_trigger();
   extern __shared__ float fsm[];
   const int R = a.R, Rp = a.R | 1;
   float* qs = fsm;               // [8][R]
@@ -615,6 +617,7 @@ __global__ void __launch_bounds__(kThreads, 2) decode_f32_kernel(DecodeArgs a) {
 // at least two (others were written by the attention kernel). kLog2: m in the log2 domain.
 template <bool kLog2>
 __global__ void decode_combine_kernel(DecodeArgs a) {
+  memra::cuda::pdl_trigger();
   extern __shared__ float wsm[];  // [nsplit]
   const int h = blockIdx.x, b = blockIdx.y;
   const int n = rows_of(a, b);
@@ -647,6 +650,7 @@ __global__ void __launch_bounds__(kThreads)
     decode_compact_kernel(const int32_t* __restrict__ idx, const int32_t* __restrict__ t_kv,
                           int width, int max_t_kv, int32_t* __restrict__ list,
                           int* __restrict__ counts) {
+  memra::cuda::pdl_trigger();
   extern __shared__ unsigned bm[];
   const int b = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int n = min(max(t_kv[b], 0), max_t_kv);
@@ -663,6 +667,7 @@ template <typename Tcache>
 __global__ void append_decode_kernel(const float* __restrict__ rows, int W,
                                      void* const* __restrict__ caches,
                                      const int32_t* __restrict__ pos) {
+  memra::cuda::pdl_trigger();
   const int b = blockIdx.x;
   const int p = pos[b];
   if (p < 0) return;

@@ -256,6 +256,7 @@ __device__ int block_first(int lo, int hi, Pred pred, int* slot) {
 
 __global__ void __launch_bounds__(kThreads)
     greedy_kernel(const float* __restrict__ logits, int V, int32_t* __restrict__ out) {
+  memra::cuda::pdl_trigger();
   __shared__ ArgBest red[kThreads / 32];
   const int64_t b = blockIdx.x;
   const int best = block_argmax(logits + b * V, V, red);
@@ -271,6 +272,7 @@ constexpr int kGreedyThreads = 256;
 
 __global__ void __launch_bounds__(kGreedyThreads)
     greedy_partial_kernel(const float* __restrict__ logits, int V, ArgBest* __restrict__ part) {
+  memra::cuda::pdl_trigger();
   __shared__ ArgBest red[kGreedyThreads / 32];
   const int s = blockIdx.x;
   const int64_t b = blockIdx.y;
@@ -283,6 +285,7 @@ __global__ void __launch_bounds__(kGreedyThreads)
 __global__ void greedy_final_kernel(const float* __restrict__ logits, int V,
                                     const ArgBest* __restrict__ part, int S,
                                     int32_t* __restrict__ out) {
+  memra::cuda::pdl_trigger();
   const int64_t b = blockIdx.x;
   const int lane = threadIdx.x;
   ArgBest r{-INFINITY, INT_MAX};
@@ -311,6 +314,7 @@ struct KeyBits {
 __global__ void __launch_bounds__(kSpanThreads)
     sample_max_kernel(const float* __restrict__ logits, int V, float temperature,
                       float* __restrict__ part) {
+  memra::cuda::pdl_trigger();
   __shared__ float red[kSpanThreads / 32];
   const int c = blockIdx.y;
   const int64_t b = blockIdx.x;
@@ -336,6 +340,7 @@ __global__ void __launch_bounds__(kSpanThreads)
     sample_esum_kernel(const float* __restrict__ logits, int V, float temperature,
                        const float* __restrict__ part, int nb, float* __restrict__ e,
                        float* __restrict__ se) {
+  memra::cuda::pdl_trigger();
   __shared__ __align__(16) float buf[kBlocksPerSpan * kRowStride];
   __shared__ float m_shared;
   const int c = blockIdx.y;
@@ -375,6 +380,7 @@ __global__ void __launch_bounds__(kSpanThreads)
                        const float* __restrict__ se, int nb, KeyBits kb,
                        uint64_t* __restrict__ keys, int* __restrict__ done,
                        int32_t* __restrict__ out) {
+  memra::cuda::pdl_trigger();
   __shared__ __align__(16) float stage[kStage];
   __shared__ ArgBest red[kSpanThreads / 32];
   __shared__ float result;
@@ -417,6 +423,7 @@ __device__ __forceinline__ float p_of_key(uint64_t key, KeyBits kb) {
 __global__ void __launch_bounds__(kSpanThreads)
     sample_psum_kernel(const uint64_t* __restrict__ keys, int V, int k, KeyBits kb, int nb,
                        const int* __restrict__ done, float* __restrict__ sp) {
+  memra::cuda::pdl_trigger();
   __shared__ __align__(16) float buf[kBlocksPerSpan * kRowStride];
   const int c = blockIdx.y;
   const int64_t b = blockIdx.x;
@@ -440,6 +447,7 @@ __global__ void __launch_bounds__(kSpanThreads)
     sample_qsum_kernel(const uint64_t* __restrict__ keys, int V, int k, KeyBits kb, int nb,
                        const int* __restrict__ done, const float* __restrict__ sp,
                        float* __restrict__ mk, float* __restrict__ w, float* __restrict__ sq) {
+  memra::cuda::pdl_trigger();
   __shared__ __align__(16) float buf[kBlocksPerSpan * kRowStride];
   __shared__ float result;
   static_assert(kBlocksPerSpan * kRowStride >= kStage, "buf doubles as the prefix stage");
@@ -477,6 +485,7 @@ __global__ void __launch_bounds__(kThreads)
                          const int* __restrict__ done, const float* __restrict__ sq,
                          const float* __restrict__ mk, const float* __restrict__ w, float* pg,
                          int32_t* __restrict__ out) {
+  memra::cuda::pdl_trigger();
   __shared__ __align__(16) float stage[kStage];
   __shared__ float result;
   __shared__ int slot;

@@ -12,6 +12,7 @@ using memra::cuda::status_of;
 namespace {
 
 __global__ void add_kernel(const float* a, const float* b, int64_t n, float* y) {
+  memra::cuda::pdl_trigger();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
     y[i] = a[i] + b[i];

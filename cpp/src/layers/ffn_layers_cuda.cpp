@@ -22,6 +22,7 @@ Status MlpLayer::to_device(std::shared_ptr<CudaContext> cuda, DType dtype) {
 
 Status MlpLayer::forward_cuda(const float* x, int T, float* y) const {
   const CudaContext& c = *cuda_;
+  gpu::ResidentWeights resident(c);
   const char* gate = static_cast<const char*>(d_gate_up_.data());
   const char* up = gate + size_t(intermediate_) * size_t(hidden_) * dtype_size(d_gate_up_.dtype);
   MEMRA_GPU(c, c.api().swiglu_mlp(c.ctx(), x, T, hidden_, gate, up, d_down_.data(),
@@ -53,6 +54,7 @@ Status MoeLayer::to_device(std::shared_ptr<CudaContext> cuda, DType dtype) {
 
 Status MoeLayer::forward_cuda(const float* x, int T, float* y, int32_t* topk_idx) const {
   const CudaContext& c = *cuda_;
+  gpu::ResidentWeights resident(c);
   const char* op = "MoeLayer.forward";
   const int D = cfg_.hidden, K = cfg_.top_k;
   gpu::Arena a(cuda_);
@@ -89,6 +91,7 @@ Status HyperConnection::to_device(std::shared_ptr<CudaContext> cuda, DType /*dty
 Status HyperConnection::pre_cuda(const float* streams, int T, float* post, float* comb,
                                  float* collapsed) const {
   const CudaContext& c = *cuda_;
+  gpu::ResidentWeights resident(c);
   MEMRA_GPU(c, c.api().mhc_pre(c.ctx(), streams, T, hc_, hidden_, d_fn_.data(), d_fn_.dtype_code(),
                                gpu::f32p(d_base_), gpu::f32p(d_scale_), iters_, hc_eps_, norm_eps_,
                                post, comb, collapsed),

@@ -45,6 +45,25 @@ class Arena {
   std::vector<std::shared_ptr<DeviceBuffer>> bufs_;
 };
 
+// The scope of a layer call whose GEMMs read only the layer's own uploaded weights: inside it
+// the decode GEMV may start streaming a weight before the previous kernel ends (resident_weights
+// ABI, cuda/gemv.cu). Weights are written only by their upload, which precedes every layer call.
+class ResidentWeights {
+ public:
+  explicit ResidentWeights(const CudaContext& c) : c_(c) {
+    on_ = c.api().resident_weights(c.ctx(), 1) == kOk;
+  }
+  ~ResidentWeights() {
+    if (on_) c_.api().resident_weights(c_.ctx(), -1);
+  }
+  ResidentWeights(const ResidentWeights&) = delete;
+  ResidentWeights& operator=(const ResidentWeights&) = delete;
+
+ private:
+  const CudaContext& c_;
+  bool on_ = false;
+};
+
 // y[T, w.rows] = x[T, w.cols] w^T (+ bias).
 inline int linear(const CudaContext& c, const float* x, int T, const DeviceWeight& w,
                   const float* bias, float* y) {
@@ -67,11 +86,16 @@ struct Rounded {
 };
 
 // x [N, K] f32 (C-contiguous) as a GEMM input of compute dtype `dtype`: f32 is x itself (no
-// launch); bf16 is x rounded (RNE, the rounding linear applies) into `a`'s scratch, one launch.
+// launch); bf16 is x rounded (RNE, the rounding linear applies) into `a`'s scratch, one launch,
+// except at N <= MEMRA_GEMV_MAX_ROWS, where x stays f32 and each GEMM rounds it on the fly
+// (the same values: linear_ex rounds an f32 x against a bf16 weight).
 inline Status round_input(const CudaContext& c, Arena& a, const float* x, int64_t N, int64_t K,
                           DType dtype, Rounded* out, const char* op) {
   *out = Rounded{x, DType::kF32, K};
-  if (dtype == DType::kF32) return Status::Ok();
+  // f32 weights read x as it is; decode-sized inputs are rounded inside the GEMV.
+  if (dtype == DType::kF32 || (dtype == DType::kBF16 && N <= MEMRA_GEMV_MAX_ROWS)) {
+    return Status::Ok();
+  }
   if (dtype != DType::kBF16) {
     return Status(kContractDType, std::string(op) + ": GEMM inputs are rounded to bfloat16 only");
   }

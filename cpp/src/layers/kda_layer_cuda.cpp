@@ -101,6 +101,7 @@ Status KdaLayer::decode_device(Cache& cache, int layer, const int32_t* slots_d, 
 Status KdaLayer::run_cuda(Cache& cache, int layer, int B, int T, const Planes& planes,
                           const float* x, float* y) const {
   const CudaContext& c = *cuda_;
+  gpu::ResidentWeights resident(c);
   const CudaApi& api = c.api();
   MemraCudaCtx* ctx = c.ctx();
   const Gpu& g = *gpu_;

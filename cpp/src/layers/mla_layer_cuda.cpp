@@ -172,6 +172,7 @@ Status MlaLayer::indexer_cuda(gpu::Arena& a, Cache& cache, int layer, int slot, 
 Status MlaLayer::prefill_cuda(Cache& cache, int layer, int slot, const float* x, int T,
                               const int32_t* topk_in, float* y, int32_t* topk_out) const {
   const CudaContext& c = *cuda_;
+  gpu::ResidentWeights resident(c);
   const CudaApi& api = c.api();
   MemraCudaCtx* ctx = c.ctx();
   const Gpu& g = *gpu_;
@@ -225,6 +226,7 @@ Status MlaLayer::prefill_cuda(Cache& cache, int layer, int slot, const float* x,
 Status MlaLayer::decode_cuda(Cache& cache, int layer, const int32_t* slots_d, int B, const float* x,
                              const int32_t* topk_in, float* y, int32_t* topk_out) const {
   const CudaContext& c = *cuda_;
+  gpu::ResidentWeights resident(c);
   const CudaApi& api = c.api();
   MemraCudaCtx* ctx = c.ctx();
   const Gpu& g = *gpu_;

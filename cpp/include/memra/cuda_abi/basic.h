@@ -2,6 +2,11 @@
 // embedding, linear, norms, RoPE and mHC (ops.h), same arguments, device pointers.
 #pragma once
 
+/* linear / linear_ex with at most this many rows (a decode step at batch 1) run the GEMV of cuda/gemv.cu (bf16 or
+   f32 weights, 16-byte aligned rows), which rounds an f32 x to bf16 itself: callers need not
+   round such inputs first (gpu::round_input). */
+#define MEMRA_GEMV_MAX_ROWS 1
+
 #define MEMRA_CUDA_BASIC_OPS(X)                                                                   \
   /* out[T, D] = table[ids[t]] as f32; table [vocab, D] of table_dtype; ids [T] (an id outside     \
      [0, vocab) gives a zero row; callers range-check on the host first). */                      \

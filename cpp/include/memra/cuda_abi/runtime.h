@@ -7,6 +7,11 @@
   X(ctx_create, (int device, MemraCudaCtx** out))                                                 \
   /* Synchronises the stream, then frees everything the context owns. */                          \
   X(ctx_destroy, (MemraCudaCtx * ctx))                                                            \
+  /* delta +1 / -1: enter / leave a scope in which the weights handed to linear / linear_ex are \
+     resident (uploaded before the scope; no queued kernel writes them), so the decode GEMV may \
+     read them before the previous kernel on the stream has finished (cuda/gemv.cu). Scopes     \
+     nest; -1 outside any scope, or another delta, is 40025. */                                 \
+  X(resident_weights, (MemraCudaCtx * ctx, int delta))                                            \
   /* Stream-ordered allocation from the device pool (30001 when it cannot be had). */             \
   X(alloc, (MemraCudaCtx * ctx, size_t bytes, void** out))                                        \
   X(release, (MemraCudaCtx * ctx, void* ptr))                                                     \

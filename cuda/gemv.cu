@@ -1,0 +1,242 @@
+// The decode GEMV behind linear / linear_ex (cuda/gemm.cu) at T = 1 row (kGemvMaxT):
+// y[1, N] = x[1, K] w[N, K]^T (+ bias[N]) with w bf16 (x f32 rounded to bf16 in registers, RNE,
+// or x already bf16) or w f32 (x f32), f32 accumulation and f32 output -- cpu::linear's
+// arithmetic on the same rounded inputs, summed in another order (as cuBLAS' is).
+//
+// Why not cuBLAS at T = 1: a decode step is a chain of weight-streaming GEMMs between small
+// latency-bound kernels. cuBLAS picks split-K kernels plus a reduction launch for the tall-K
+// shapes (0.72-0.80 of copy bandwidth on the H200), needs a separate rounding launch for an f32
+// x, and cannot start before the previous kernel ends. This kernel reads each weight byte once
+// with 16-byte streaming loads, rounds x itself, and when the weights are resident (uploaded
+// layer weights, MemraCudaCtx::resident_weights) issues its first weight loads *before* waiting
+// for the previous kernel (programmatic dependent launch): the weight stream overlaps the
+// norm / activation / mHC kernel in front of it. benchmarks/bench_gemv.py measures it against
+// cuBLAS in the same run; bench_model_decode with MEMRA_GEMV=0 / MEMRA_PDL=0 the whole step.
+//
+// Layout: a block of kGemvThreads threads owns R consecutive weight rows over the whole K, many
+// blocks per SM and several waves, so the scheduler evens out SMs that start late. Thread i reads
+// the 16-byte vectors i, i + 256, i + 512, ... of each row (a warp reads 512 contiguous bytes),
+// kGemvP per row in flight per chunk, and keeps R partial sums; a warp butterfly, then the 8 warps
+// in order in shared memory, give each output. That order is fixed by K alone: the bytes do not
+// depend on R, the run, or programmatic launch.
+//
+// Measured and dropped (2026-11-29, H200): a persistent one-wave variant streaming tiles through
+// a cp.async shared-memory ring reached 0.78-0.99 of copy alone but made the whole decode step
+// slower (a block that starts late holds up the whole grid); at T = 4 both forms ran at 0.35-0.5
+// of copy (x re-read per chunk), below cuBLAS, so T > 1 stays with cuBLAS.
+#include "gemv.cuh"
+
+#include <cstdint>
+
+using memra::cuda::launch;
+using memra::cuda::pdl_trigger;
+using memra::cuda::pdl_wait;
+using memra::cuda::warp_sum;
+
+namespace {
+
+constexpr int kGemvThreads = 256;
+constexpr int kGemvWarps = kGemvThreads / 32;
+constexpr int kGemvP = 2;  // 16-byte weight vectors per row and thread per chunk
+
+// A 16-byte weight load that skips L1 (each weight byte is read once per call).
+__device__ __forceinline__ uint4 ld_stream(const uint4* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+
+__device__ __forceinline__ float bf16_lo(uint32_t u) { return __uint_as_float(u << 16); }
+__device__ __forceinline__ float bf16_hi(uint32_t u) { return __uint_as_float(u & 0xffff0000u); }
+// f32 -> bf16 (RNE) -> f32: the value cpu::linear multiplies after rounding x.
+__device__ __forceinline__ float round_bf16(float v) {
+  return __bfloat162float(__float2bfloat16_rn(v));
+}
+
+// The E = 16 / sizeof(W) x values of row t at vector v, as f32 (rounded to bf16 for a bf16 w).
+template <typename W, typename X>
+__device__ __forceinline__ void load_x(const X* __restrict__ xr, int v, float* out);
+template <>
+__device__ __forceinline__ void load_x<__nv_bfloat16, float>(const float* __restrict__ xr, int v,
+                                                             float* out) {
+  const float4 a = reinterpret_cast<const float4*>(xr)[2 * v];
+  const float4 b = reinterpret_cast<const float4*>(xr)[2 * v + 1];
+  out[0] = round_bf16(a.x);
+  out[1] = round_bf16(a.y);
+  out[2] = round_bf16(a.z);
+  out[3] = round_bf16(a.w);
+  out[4] = round_bf16(b.x);
+  out[5] = round_bf16(b.y);
+  out[6] = round_bf16(b.z);
+  out[7] = round_bf16(b.w);
+}
+template <>
+__device__ __forceinline__ void load_x<__nv_bfloat16, __nv_bfloat16>(
+    const __nv_bfloat16* __restrict__ xr, int v, float* out) {
+  const uint4 u = reinterpret_cast<const uint4*>(xr)[v];
+  out[0] = bf16_lo(u.x);
+  out[1] = bf16_hi(u.x);
+  out[2] = bf16_lo(u.y);
+  out[3] = bf16_hi(u.y);
+  out[4] = bf16_lo(u.z);
+  out[5] = bf16_hi(u.z);
+  out[6] = bf16_lo(u.w);
+  out[7] = bf16_hi(u.w);
+}
+template <>
+__device__ __forceinline__ void load_x<float, float>(const float* __restrict__ xr, int v,
+                                                     float* out) {
+  const float4 a = reinterpret_cast<const float4*>(xr)[v];
+  out[0] = a.x;
+  out[1] = a.y;
+  out[2] = a.z;
+  out[3] = a.w;
+}
+
+// acc += dot(weight vector wv, xs[0 .. E)).
+template <typename W>
+__device__ __forceinline__ float dot16(uint4 wv, const float* xs, float acc);
+template <>
+__device__ __forceinline__ float dot16<__nv_bfloat16>(uint4 wv, const float* xs, float acc) {
+  acc = fmaf(bf16_lo(wv.x), xs[0], acc);
+  acc = fmaf(bf16_hi(wv.x), xs[1], acc);
+  acc = fmaf(bf16_lo(wv.y), xs[2], acc);
+  acc = fmaf(bf16_hi(wv.y), xs[3], acc);
+  acc = fmaf(bf16_lo(wv.z), xs[4], acc);
+  acc = fmaf(bf16_hi(wv.z), xs[5], acc);
+  acc = fmaf(bf16_lo(wv.w), xs[6], acc);
+  acc = fmaf(bf16_hi(wv.w), xs[7], acc);
+  return acc;
+}
+template <>
+__device__ __forceinline__ float dot16<float>(uint4 wv, const float* xs, float acc) {
+  acc = fmaf(__uint_as_float(wv.x), xs[0], acc);
+  acc = fmaf(__uint_as_float(wv.y), xs[1], acc);
+  acc = fmaf(__uint_as_float(wv.z), xs[2], acc);
+  acc = fmaf(__uint_as_float(wv.w), xs[3], acc);
+  return acc;
+}
+
+// Block b: weight rows [b * R, b * R + R) of w [N, K] (row-major, K % E == 0, 16-byte aligned)
+// over the whole K, in chunks of kGemvP * kGemvThreads vectors; x [1, K] (ldx unused at one
+// row), y [1, N]. prefetch: the first chunk's weights are loaded before pdl_wait (the caller
+// guarantees no queued kernel writes w), so they stream while the previous kernel finishes.
+template <typename W, typename X, int R>
+__global__ void __launch_bounds__(kGemvThreads)
+    gemv_kernel(const X* __restrict__ x, const W* __restrict__ w, int K, int N,
+                const float* __restrict__ bias, float* __restrict__ y, int prefetch) {
+  constexpr int E = 16 / sizeof(W);
+  constexpr int kChunk = kGemvP * kGemvThreads;  // vectors per row per chunk
+  __shared__ float red[kGemvWarps][R];
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int KV = K / E;
+  const int n0 = blockIdx.x * R;
+  const uint4* rows[R];
+  bool row_in[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    row_in[r] = n0 + r < N;
+    rows[r] = reinterpret_cast<const uint4*>(w + int64_t(row_in[r] ? n0 + r : n0) * K);
+  }
+  uint4 wv[R][kGemvP];
+  auto load_chunk = [&](int base) {
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+#pragma unroll
+      for (int p = 0; p < kGemvP; ++p) {
+        const int v = base + p * kGemvThreads + tid;
+        wv[r][p] = (row_in[r] && v < KV) ? ld_stream(rows[r] + v) : make_uint4(0, 0, 0, 0);
+      }
+    }
+  };
+  if (prefetch) load_chunk(0);
+  pdl_wait();  // x and y belong to the stream's earlier work
+  pdl_trigger();
+  if (!prefetch) load_chunk(0);
+
+  float acc[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) acc[r] = 0.0f;
+  for (int base = 0; base < KV; base += kChunk) {
+    if (base > 0) load_chunk(base);
+#pragma unroll
+    for (int p = 0; p < kGemvP; ++p) {
+      const int v = base + p * kGemvThreads + tid;
+      if (v >= KV) break;
+      float xs[E];
+      load_x<W, X>(x, v, xs);
+#pragma unroll
+      for (int r = 0; r < R; ++r) acc[r] = dot16<W>(wv[r][p], xs, acc[r]);
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const float s = warp_sum(acc[r]);
+    if (lane == 0) red[warp][r] = s;
+  }
+  __syncthreads();
+  if (tid < R && n0 + tid < N) {
+    float s = 0.0f;
+#pragma unroll
+    for (int k = 0; k < kGemvWarps; ++k) s += red[k][tid];
+    if (bias) s += bias[n0 + tid];
+    y[n0 + tid] = s;
+  }
+}
+
+// Weight rows per block (MEMRA_GEMV_ROWS overrides): enough blocks for several waves at every
+// N, so that the scheduler evens out SMs that start late (busy with the previous kernel).
+int rows_for(const MemraCudaCtx* ctx, int N) {
+  const int r = ctx->gemv_rows;
+  if (r == 1 || r == 2 || r == 4 || r == 8) return r;
+  return N >= 16384 ? 8 : N >= 2048 ? 4 : N >= 512 ? 2 : 1;
+}
+
+template <typename W, typename X>
+int launch_t(MemraCudaCtx* ctx, const void* x, const void* w, int K, int N, const float* bias,
+             float* y, int prefetch) {
+  const X* xp = static_cast<const X*>(x);
+  const W* wp = static_cast<const W*>(w);
+  const int R = rows_for(ctx, N);
+  const unsigned grid = static_cast<unsigned>((N + R - 1) / R);
+  switch (R) {
+    case 1:
+      return launch(ctx, true, gemv_kernel<W, X, 1>, grid, kGemvThreads, 0, xp, wp, K, N, bias, y,
+                    prefetch);
+    case 2:
+      return launch(ctx, true, gemv_kernel<W, X, 2>, grid, kGemvThreads, 0, xp, wp, K, N, bias, y,
+                    prefetch);
+    case 4:
+      return launch(ctx, true, gemv_kernel<W, X, 4>, grid, kGemvThreads, 0, xp, wp, K, N, bias, y,
+                    prefetch);
+    default:
+      return launch(ctx, true, gemv_kernel<W, X, 8>, grid, kGemvThreads, 0, xp, wp, K, N, bias, y,
+                    prefetch);
+  }
+}
+
+bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+}  // namespace
+
+namespace memra::cuda {
+
+int gemv(MemraCudaCtx* ctx, const void* x, int x_dtype, int64_t ldx, int T, int K, const void* w,
+         int w_dtype, int N, const float* bias, float* y, bool* handled) {
+  *handled = false;
+  if (!ctx->gemv || T < 1 || T > kGemvMaxT || K < 1 || N < 1) return kOk;
+  if (w_dtype != 0 && w_dtype != 1) return kOk;            // f16: cuBLAS
+  if (x_dtype != w_dtype && x_dtype != 0) return kOk;      // (the callers refuse these)
+  const int E = w_dtype == 1 ? 8 : 4;                      // weights per 16-byte vector
+  (void)ldx;                                               // one row: its stride is unused
+  if (K % E != 0 || !aligned16(w) || !aligned16(x)) return kOk;
+  *handled = true;
+  const int prefetch = ctx->resident_weights > 0 ? 1 : 0;
+  if (w_dtype == 0) return launch_t<float, float>(ctx, x, w, K, N, bias, y, prefetch);
+  if (x_dtype == 1) return launch_t<__nv_bfloat16, __nv_bfloat16>(ctx, x, w, K, N, bias, y, prefetch);
+  return launch_t<__nv_bfloat16, float>(ctx, x, w, K, N, bias, y, prefetch);
+}
+
+}  // namespace memra::cuda

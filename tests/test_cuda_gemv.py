@@ -1,0 +1,155 @@
+"""The decode GEMV (cuda/gemv.cu) behind ``memra._core.linear`` / ``linear_ex`` at T = 1 row,
+against the CPU backend's linear (cpp/src/cpu/basic.cpp, the numeric oracle) and against cuBLAS
+(an Engine made with MEMRA_GEMV=0 runs the same calls through cuBLAS), plus programmatic
+dependent launch (an Engine made with MEMRA_PDL=0 runs the same decode without it).
+
+Tolerances:
+- bf16 weights: against the CPU op on the same bf16 weight with x rounded to bf16 first, the
+  products are exact in f32 on both sides and only the f32 accumulation order differs (the GEMV
+  sums 8-element fma chains per thread, then a butterfly and the 8 warps):
+  ``|d| <= 1e-5 * max|y|`` at K <= 16384 (random-sign rounding errors of ~2^-24 per add).
+- f32 weights: the same bound (both sides f32 products, different order).
+- Bytes: the per-output summation order does not depend on how many weight rows a block owns
+  (MEMRA_GEMV_ROWS), nor on the run, nor on programmatic dependent launch, so those comparisons
+  are ``np.array_equal``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import memra
+from memra import _core
+from cuda_helpers import bf16_bits, bf16_round, bf16_weight, close_scaled, f32, rng
+
+pytestmark = pytest.mark.cuda
+
+# (K, N): a chunk's worth of K (2 x 256 threads x 8 bf16 = 4096), a ragged chunk tail, tall K,
+# a single row, N not a multiple of any row tile, tiny K, a wide N (R = 8 blocks).
+SHAPES = [(4096, 4096), (4104, 70), (12288, 300), (8, 1), (200, 33), (16, 5000), (1024, 20000)]
+
+
+def _engine(monkeypatch, **env) -> memra.Engine:
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    try:
+        return memra.Engine("cuda")
+    finally:
+        for k in env:
+            monkeypatch.delenv(k)
+
+
+@pytest.mark.parametrize("T", [1, 2])  # T = 2: past MEMRA_GEMV_MAX_ROWS, cuBLAS (the boundary)
+@pytest.mark.parametrize("K,N", SHAPES)
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_gemv_bf16_matches_cpu(e, T, K, N, with_bias):
+    r = rng(T * 1000 + K + N)
+    x = f32(r.standard_normal((T, K)))
+    w = bf16_weight(r.standard_normal((N, K)) / np.sqrt(K))
+    b = f32(r.standard_normal(N)) if with_bias else None
+    got = e.to_host(_core.linear(e.to_device(x), memra.DeviceWeight(e, w),
+                                 None if b is None else e.to_device(b), engine=e))
+    close_scaled(got, _core.linear(bf16_round(x), w, b), 1e-5)
+
+
+@pytest.mark.parametrize("T", [1, 2])
+@pytest.mark.parametrize("K,N", [(4096, 4096), (4100, 70), (12, 3)])
+def test_gemv_f32_matches_cpu(e, T, K, N):
+    r = rng(T + K + N)
+    x = f32(r.standard_normal((T, K)))
+    w = _core.Weight(f32(r.standard_normal((N, K)) / np.sqrt(K)))
+    got = e.to_host(_core.linear(e.to_device(x), memra.DeviceWeight(e, w, dtype="float32"), engine=e))
+    close_scaled(got, _core.linear(x, w), 1e-5)
+
+
+@pytest.mark.parametrize("T", [1, 2])
+def test_gemv_strided_and_bf16_rows(e, T):
+    # linear_ex: a column block of wider rows, f32 (rounded in the kernel) and bf16 (read as is),
+    # and a misaligned column offset (col0 = 3: not 16-byte aligned) that falls back to cuBLAS.
+    K, N, L = 256, 96, 520
+    r = rng(40 + T)
+    x = f32(r.standard_normal((T, L)))
+    w = r.standard_normal((N, K)) / np.sqrt(K)
+    dw = memra.DeviceWeight(e, _core.Weight(f32(w)), dtype="bfloat16")
+    for col0 in (0, 256, 3):
+        want = _core.linear(bf16_round(x[:, col0:col0 + K]), bf16_weight(w))
+        got = e.to_host(_core.linear_ex(e.to_device(x), dw, col0=col0, engine=e))
+        close_scaled(got, want, 1e-5 if col0 != 3 else 1e-4)
+        c = col0 - col0 % 8  # bf16 rows at an aligned offset
+        got16 = e.to_host(_core.linear_ex(e.to_device(bf16_bits(x)), dw, col0=c, engine=e))
+        close_scaled(got16, _core.linear(bf16_round(x[:, c:c + K]), bf16_weight(w)), 1e-5)
+
+
+def test_gemv_equals_cublas_closely_and_bytes_do_not_depend_on_row_tiles(e, monkeypatch):
+    K, N = 4104, 1000
+    r = rng(77)
+    x = f32(r.standard_normal((1, K)))
+    w = bf16_weight(r.standard_normal((N, K)) / np.sqrt(K))
+    b = f32(r.standard_normal(N))
+
+    def run(eng):
+        return eng.to_host(_core.linear(eng.to_device(x), memra.DeviceWeight(eng, w), eng.to_device(b),
+                                        engine=eng))
+
+    ours = run(e)
+    assert np.array_equal(ours, run(e)), "the GEMV is not deterministic run to run"
+    cublas = run(_engine(monkeypatch, MEMRA_GEMV="0"))
+    close_scaled(ours, cublas, 1e-5)
+    assert not np.array_equal(ours, cublas), "MEMRA_GEMV=0 did not reach cuBLAS (same bytes)"
+    for rows in ("1", "2", "4", "8"):
+        got = run(_engine(monkeypatch, MEMRA_GEMV_ROWS=rows))
+        assert np.array_equal(got, ours), f"MEMRA_GEMV_ROWS={rows} changed the bytes"
+
+
+def test_gemv_edge_values(e):
+    # Large magnitudes stay finite (bf16 has f32's exponent range); zero rows give zeros.
+    r = rng(5)
+    x = f32(r.standard_normal((2, 64)) * 1e30)
+    w = bf16_weight(r.standard_normal((8, 64)) * 1e-30)
+    got = e.to_host(_core.linear(e.to_device(x), memra.DeviceWeight(e, w), engine=e))
+    close_scaled(got, _core.linear(bf16_round(x), w), 1e-5)
+    z = e.to_host(_core.linear(e.to_device(np.zeros((1, 64), np.float32)), memra.DeviceWeight(e, w), engine=e))
+    assert np.array_equal(z, np.zeros((1, 8), np.float32))
+
+
+def test_decode_with_and_without_pdl_is_bytewise_equal(monkeypatch):
+    # Programmatic dependent launch changes when kernels start, never what they compute: a kernel
+    # reading its predecessor's output before it lands (a missing pdl_wait) shows up here.
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "tiny_glm5_next_bf16"
+    prompts = [[3, 17, 5, 9, 200, 41, 7, 7, 12], [11, 2, 98, 31]]
+
+    def run():
+        m = memra.load(path, device="cuda", dtype="bfloat16", max_batch=4, max_len=64, progress=False)
+        out = []
+        for p in prompts:  # bucket 1 (T = 1 GEMVs)
+            out.append(m.generate(p, max_new_tokens=6, ignore_eos=True))
+        out.append(m.generate_batch(prompts + [[9, 9, 9]], max_new_tokens=6, ignore_eos=True))  # bucket 4
+        c = m.cache
+        c.free(0)
+        first = m.prefill(c, 0, prompts[0])
+        lg = m.decode(c, [0], [int(np.argmax(first))])
+        return out, lg
+
+    monkeypatch.setenv("MEMRA_PDL", "1")
+    toks_on, lg_on = run()
+    monkeypatch.setenv("MEMRA_PDL", "0")
+    toks_off, lg_off = run()
+    assert toks_on == toks_off
+    assert np.array_equal(lg_on, lg_off)
+
+
+def test_sanitizer_gemv_small(e):
+    # A small shape for ``compute-sanitizer --tool memcheck`` (-k sanitizer): a ragged chunk
+    # tail, N not a multiple of the row tile, a bias, and bf16 rows read in place.
+    r = rng(3)
+    K, N = 4104, 37
+    x = f32(r.standard_normal((1, K)))
+    w = bf16_weight(r.standard_normal((N, K)) / np.sqrt(K))
+    b = f32(r.standard_normal(N))
+    got = e.to_host(_core.linear(e.to_device(x), memra.DeviceWeight(e, w), e.to_device(b), engine=e))
+    close_scaled(got, _core.linear(bf16_round(x), w, b), 1e-5)
+    got16 = e.to_host(_core.linear_ex(e.to_device(bf16_bits(x)), memra.DeviceWeight(e, w), engine=e))
+    close_scaled(got16, _core.linear(bf16_round(x), w), 1e-5)
