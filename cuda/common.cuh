@@ -159,13 +159,7 @@ inline int launch(MemraCudaCtx* ctx, bool pdl, void (*kernel)(P...), dim3 grid, 
   cfg.stream = ctx->stream;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
-  cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, static_cast<P>(args)...);
-  if (e != cudaSuccess && attr[0].val.programmaticStreamSerializationAllowed) {
-    cudaGetLastError();  // refused as a programmatic dependent: an ordinary launch instead
-    cfg.numAttrs = 0;
-    e = cudaLaunchKernelEx(&cfg, kernel, static_cast<P>(args)...);
-  }
-  return status_of(e);
+  return status_of(cudaLaunchKernelEx(&cfg, kernel, static_cast<P>(args)...));
 }
 
 inline unsigned ceil_div(long long a, long long b) { return static_cast<unsigned>((a + b - 1) / b); }

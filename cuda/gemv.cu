@@ -235,9 +235,7 @@ int gemv(MemraCudaCtx* ctx, const void* x, int x_dtype, int64_t ldx, int T, int 
   *handled = true;
   const int prefetch = ctx->resident_weights > 0 ? 1 : 0;
   if (w_dtype == 0) return launch_t<float, float>(ctx, x, w, K, N, bias, y, prefetch);
-  if (x_dtype == 1) {
-    return launch_t<__nv_bfloat16, __nv_bfloat16>(ctx, x, w, K, N, bias, y, prefetch);
-  }
+  if (x_dtype == 1) return launch_t<__nv_bfloat16, __nv_bfloat16>(ctx, x, w, K, N, bias, y, prefetch);
   return launch_t<__nv_bfloat16, float>(ctx, x, w, K, N, bias, y, prefetch);
 }
 

@@ -90,7 +90,6 @@ template <int K>
 __global__ void conv_prefill_kernel(const float* __restrict__ x, int T, int C, int G, int chunk,
                                     const float* __restrict__ w, const float* __restrict__ ring_in,
                                     float* __restrict__ ring_out, float* __restrict__ y) {
-  memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
   memra::cuda::pdl_trigger();
   constexpr int R = K - 1;
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
@@ -132,7 +131,6 @@ template <int K>
 __global__ void conv_decode_kernel(const float* __restrict__ x, int B, int C, int G,
                                    const float* __restrict__ w, const float* const* ring_in,
                                    float* const* ring_out, float* __restrict__ y) {
-  memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
   memra::cuda::pdl_trigger();
   constexpr int R = K - 1;
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
@@ -163,21 +161,20 @@ constexpr int kConvChunk = 16;   // tokens per thread in the prefill arm
 constexpr int kMaxGridY = 65535;
 
 template <int K>
-void launch_conv_prefill(MemraCudaCtx* ctx, const float* x, int T, int C, int G, const float* w,
+void launch_conv_prefill(cudaStream_t s, const float* x, int T, int C, int G, const float* w,
                          const float* ring_in, float* ring_out, float* y) {
   const int n_chunks = (T + kConvChunk - 1) / kConvChunk;
   const dim3 grid(memra::cuda::ceil_div(C, kConvThreads),
                   n_chunks < kMaxGridY ? n_chunks : kMaxGridY);
-  memra::cuda::launch(ctx, true, conv_prefill_kernel<K>, dim3(grid), dim3(kConvThreads), 0, x, T, C,
-      G, kConvChunk, w, ring_in, ring_out, y);
+  conv_prefill_kernel<K><<<grid, kConvThreads, 0, s>>>(x, T, C, G, kConvChunk, w, ring_in,
+                                                       ring_out, y);
 }
 
 template <int K>
-void launch_conv_decode(MemraCudaCtx* ctx, const float* x, int B, int C, int G, const float* w,
+void launch_conv_decode(cudaStream_t s, const float* x, int B, int C, int G, const float* w,
                         const float* const* ring_in, float* const* ring_out, float* y) {
   const dim3 grid(memra::cuda::ceil_div(C, kConvThreads), B < kMaxGridY ? B : kMaxGridY);
-  memra::cuda::launch(ctx, true, conv_decode_kernel<K>, dim3(grid), dim3(kConvThreads), 0, x, B, C,
-      G, w, ring_in, ring_out, y);
+  conv_decode_kernel<K><<<grid, kConvThreads, 0, s>>>(x, B, C, G, w, ring_in, ring_out, y);
 }
 
 // Calls f(std::integral_constant<int, K>) for K in 2..8; false for any other K.
@@ -203,7 +200,6 @@ bool dispatch_conv_k(int K, F&& f) {
 __global__ void gate_kernel(const float* f, const float* __restrict__ dt_bias,
                             const float* __restrict__ A_log, int T, int D, int dk, int form,
                             float lower_bound, float* g) {
-  memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
   memra::cuda::pdl_trigger();
   const int col = blockIdx.x * blockDim.x + threadIdx.x;  // h*dk + i
   if (col >= D) return;
@@ -303,7 +299,6 @@ __global__ void __launch_bounds__(kScanThreads)
                 const float* __restrict__ v, const float* __restrict__ g,
                 const float* __restrict__ beta, int T, int H, float scale,
                 const float* const* state_in, float* const* state_out, float* __restrict__ o) {
-  memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
   memra::cuda::pdl_trigger();
   // Per warp: k, scale * q, exp(g) of the current step, as float4 quads of rows.
   __shared__ float4 sk[kWarpsPerBlock][kScanDk / 4];
@@ -470,7 +465,6 @@ __global__ void __launch_bounds__(kDecThreads, 4)
                        const float* __restrict__ beta, int H, float scale,
                        const float* const* state_in, float* const* state_out,
                        float* __restrict__ o) {
-  memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
   memra::cuda::pdl_trigger();
   __shared__ __align__(16) DecodeStage stage[kDecWarps];
 
@@ -627,7 +621,7 @@ int memra_cuda_kda_conv_prefill(MemraCudaCtx* ctx, const float* x, int T, int C,
   if (T == 0 || C == 0) return memra::kOk;
   if (!x || !w || !ring_out || !y) return memra::kContractMissing;
   const bool ok = dispatch_conv_k(K, [&](auto kc) {
-    launch_conv_prefill<decltype(kc)::value>(ctx, x, T, C, G, w, ring_in, ring_out, y);
+    launch_conv_prefill<decltype(kc)::value>(ctx->stream, x, T, C, G, w, ring_in, ring_out, y);
   });
   if (!ok) return memra::kUnsupportedGeometry;
   return launch_status();
@@ -644,7 +638,7 @@ int memra_cuda_kda_conv_decode(MemraCudaCtx* ctx, const float* x, int B, int C, 
   if (B == 0 || C == 0) return memra::kOk;
   if (!x || !w || !ring_out || !y) return memra::kContractMissing;
   const bool ok = dispatch_conv_k(K, [&](auto kc) {
-    launch_conv_decode<decltype(kc)::value>(ctx, x, B, C, G, w, ring_in, ring_out, y);
+    launch_conv_decode<decltype(kc)::value>(ctx->stream, x, B, C, G, w, ring_in, ring_out, y);
   });
   if (!ok) return memra::kUnsupportedGeometry;
   return launch_status();
@@ -663,8 +657,8 @@ int memra_cuda_kda_gate(MemraCudaCtx* ctx, const float* f, const float* dt_bias,
   const int row_blocks = static_cast<int>(memra::cuda::ceil_div(T, kGateRowsPerBlock));
   const dim3 grid(memra::cuda::ceil_div(D, kGateThreads),
                   row_blocks < kMaxGridY ? row_blocks : kMaxGridY);
-  memra::cuda::launch(ctx, true, gate_kernel, dim3(grid), dim3(kGateThreads), 0, f, dt_bias, A_log,
-      T, static_cast<int>(D), dk, form, lower_bound, g);
+  gate_kernel<<<grid, kGateThreads, 0, ctx->stream>>>(f, dt_bias, A_log, T, static_cast<int>(D),
+                                                      dk, form, lower_bound, g);
   return launch_status();
 }
 
@@ -686,14 +680,14 @@ int memra_cuda_kda_scan(MemraCudaCtx* ctx, const float* q, const float* k, const
   if (T == 1) {  // the decode step: same bits as scan_kernel at T = 1, at stream bandwidth
     const int64_t blocks = static_cast<int64_t>(B) * H * kDecBlocksPerHead;
     if (blocks > 0x7fffffffLL) return memra::kContractShape;
-    memra::cuda::launch(ctx, true, scan_decode_kernel, dim3(static_cast<unsigned>(blocks)),
-        dim3(kDecThreads), 0, q, k, v, g, beta, H, scale, state_in, state_out, o);
+    scan_decode_kernel<<<static_cast<unsigned>(blocks), kDecThreads, 0, ctx->stream>>>(
+        q, k, v, g, beta, H, scale, state_in, state_out, o);
     return launch_status();
   }
   const int64_t blocks = static_cast<int64_t>(B) * H * kBlocksPerHead;
   if (blocks > 0x7fffffffLL) return memra::kContractShape;
-  memra::cuda::launch(ctx, true, scan_kernel, dim3(static_cast<unsigned>(blocks)),
-      dim3(kScanThreads), 0, q, k, v, g, beta, T, H, scale, state_in, state_out, o);
+  scan_kernel<<<static_cast<unsigned>(blocks), kScanThreads, 0, ctx->stream>>>(
+      q, k, v, g, beta, T, H, scale, state_in, state_out, o);
   return launch_status();
 }
 

@@ -79,7 +79,6 @@ int allow_smem(MemraCudaCtx* ctx, K* kernel, size_t bytes) {
 // dst[i] = src[i] converted (bf16 with round-to-nearest-even).
 template <typename D>
 __global__ void convert_f32_kernel(const float* __restrict__ src, D* __restrict__ dst, int64_t n) {
-  memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
   memra::cuda::pdl_trigger();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
@@ -91,7 +90,7 @@ template <typename D>
 int launch_convert(MemraCudaCtx* ctx, const float* src, D* dst, int64_t n) {
   if (n == 0) return memra::kOk;
   const unsigned blocks = std::min<unsigned>(ceil_div(n, 256), 65535u * 8);
-  memra::cuda::launch(ctx, true, convert_f32_kernel<D>, dim3(blocks), dim3(256), 0, src, dst, n);
+  convert_f32_kernel<D><<<blocks, 256, 0, ctx->stream>>>(src, dst, n);
   return launch_status();
 }
 
@@ -144,7 +143,6 @@ template <int P, typename Tw>
 __global__ void absorb_kernel(const float* __restrict__ q_nope, const Tw* __restrict__ kv_b, int T,
                               int H, int d_nope, int d_v, int R, int r_chunk,
                               float* __restrict__ q_lat) {
-  memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
   memra::cuda::pdl_trigger();
   extern __shared__ float qs[];  // [P, d_nope]
   const int h = blockIdx.y;
@@ -224,7 +222,6 @@ template <int P, bool kVec, typename Tw>
 __global__ void decompress_kernel(const float* __restrict__ o_lat, const Tw* __restrict__ kv_b,
                                   int T, int H, int d_nope, int d_v, int R, int v_chunk,
                                   float* __restrict__ out) {
-  memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
   memra::cuda::pdl_trigger();
   extern __shared__ float os[];  // [P, R]
   const int h = blockIdx.y;
@@ -270,8 +267,7 @@ int launch_proj_p(MemraCudaCtx* ctx, Proj which, const float* x, const void* kv_
     const int chunk = split ? kAbsorbSplitChunk : R;
     const int threads = split ? 32 : 256;
     const dim3 grid(ceil_div(R, chunk), H, tiles);
-    memra::cuda::launch(ctx, true, absorb_kernel<P, Tw>, dim3(grid), dim3(threads), smem, x, w, T,
-        H, d_nope, d_v, R, chunk, y);
+    absorb_kernel<P, Tw><<<grid, threads, smem, ctx->stream>>>(x, w, T, H, d_nope, d_v, R, chunk, y);
   } else {
     const size_t smem = sizeof(float) * (P * static_cast<size_t>(R) + kSmemPad);
     const int chunk = split ? kDecompressSplitChunk : d_v;
@@ -280,12 +276,12 @@ int launch_proj_p(MemraCudaCtx* ctx, Proj which, const float* x, const void* kv_
     const bool vec = reinterpret_cast<uintptr_t>(kv_b) % 16 == 0 && (R * sizeof(Tw)) % 16 == 0;
     if (vec) {
       MEMRA_CUDA_RETURN_IF(allow_smem(ctx, decompress_kernel<P, true, Tw>, smem));
-      memra::cuda::launch(ctx, true, decompress_kernel<P, true, Tw>, dim3(grid), dim3(threads),
-          smem, x, w, T, H, d_nope, d_v, R, chunk, y);
+      decompress_kernel<P, true, Tw><<<grid, threads, smem, ctx->stream>>>(x, w, T, H, d_nope, d_v,
+                                                                          R, chunk, y);
     } else {
       MEMRA_CUDA_RETURN_IF(allow_smem(ctx, decompress_kernel<P, false, Tw>, smem));
-      memra::cuda::launch(ctx, true, decompress_kernel<P, false, Tw>, dim3(grid), dim3(threads),
-          smem, x, w, T, H, d_nope, d_v, R, chunk, y);
+      decompress_kernel<P, false, Tw><<<grid, threads, smem, ctx->stream>>>(x, w, T, H, d_nope, d_v,
+                                                                           R, chunk, y);
     }
   }
   return launch_status();
@@ -447,7 +443,6 @@ __global__ void __launch_bounds__(kStreamThreads)
     absorb_stream_kernel(const float* __restrict__ q_nope, const Tw* __restrict__ kv_b, int T,
                          int H, int d_nope, int d_v, int R, int qstride, int qrows, bool xvec,
                          float* __restrict__ q_lat) {
-  memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
   memra::cuda::pdl_trigger();
   constexpr int OC = kAbsorbTileBytes / static_cast<int>(sizeof(Tw));
   constexpr int E = 4 / static_cast<int>(sizeof(Tw));  // columns per lane (one 32-bit word)
@@ -609,7 +604,6 @@ __global__ void __launch_bounds__(kStreamThreads)
     decompress_stream_kernel(const float* __restrict__ o_lat, const Tw* __restrict__ kv_b, int T,
                              int H, int d_nope, int d_v, int R, int wstride, int ostride,
                              int orows, bool xvec, float* __restrict__ out) {
-  memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
   memra::cuda::pdl_trigger();
   constexpr int OC = kDecompressRows;
   constexpr int V = 16 / static_cast<int>(sizeof(Tw));
@@ -784,8 +778,8 @@ int launch_absorb_stream(MemraCudaCtx* ctx, const float* x, const Tw* w, int T, 
                          int d_v, int R, const StreamShape& s, bool wvec, bool xvec, float* y) {
   auto* k = wvec ? absorb_stream_kernel<P, true, Tw> : absorb_stream_kernel<P, false, Tw>;
   MEMRA_CUDA_RETURN_IF(allow_smem(ctx, k, s.smem));
-  memra::cuda::launch(ctx, true, k, dim3(s.grid), dim3(kStreamThreads), s.smem, x, w, T, H, d_nope,
-      d_v, R, s.xstride, s.rows, xvec, y);
+  k<<<s.grid, kStreamThreads, s.smem, ctx->stream>>>(x, w, T, H, d_nope, d_v, R, s.xstride, s.rows,
+                                                      xvec, y);
   return launch_status();
 }
 
@@ -795,8 +789,8 @@ int launch_decompress_stream(MemraCudaCtx* ctx, const float* x, const Tw* w, int
                              float* y) {
   auto* k = wvec ? decompress_stream_kernel<P, true, Tw> : decompress_stream_kernel<P, false, Tw>;
   MEMRA_CUDA_RETURN_IF(allow_smem(ctx, k, s.smem));
-  memra::cuda::launch(ctx, true, k, dim3(s.grid), dim3(kStreamThreads), s.smem, x, w, T, H, d_nope,
-      d_v, R, s.wstride, s.xstride, s.rows, xvec, y);
+  k<<<s.grid, kStreamThreads, s.smem, ctx->stream>>>(x, w, T, H, d_nope, d_v, R, s.wstride,
+                                                      s.xstride, s.rows, xvec, y);
   return launch_status();
 }
 
@@ -1003,7 +997,6 @@ int proj_entry(MemraCudaCtx* ctx, Proj which, const float* x, const void* kv_b, 
 template <typename Tc>
 __global__ void latent_append_kernel(const float* __restrict__ rows, int64_t n,
                                      Tc* __restrict__ dst) {
-  memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
   memra::cuda::pdl_trigger();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
@@ -1055,7 +1048,6 @@ __global__ void __launch_bounds__(kAttnThreads, 2)
                 const Tc* __restrict__ cache, const int32_t* __restrict__ list,
                 const int* __restrict__ counts, int width, AttnGeom g, float* __restrict__ o_lat,
                 float* __restrict__ po, float* __restrict__ pm, float* __restrict__ pl) {
-  memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
   memra::cuda::pdl_trigger();
   extern __shared__ float smem[];
   const int R = g.R, W = g.R + g.d_rope, Wp = padded(W), hb = g.hb;
@@ -1212,7 +1204,6 @@ __global__ void __launch_bounds__(kAttnThreads, 2)
 __global__ void attn_combine_kernel(const float* __restrict__ po, const float* __restrict__ pm,
                                     const float* __restrict__ pl, int nsplit, int64_t n_qh, int R,
                                     float* __restrict__ o_lat) {
-  memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
   memra::cuda::pdl_trigger();
   extern __shared__ float wsm[];
   const int64_t qh = blockIdx.x;
@@ -1245,7 +1236,6 @@ __global__ void attn_combine_kernel(const float* __restrict__ po, const float* _
 __global__ void __launch_bounds__(kAttnThreads)
     gather_compact_kernel(const int32_t* __restrict__ idx, int t_q, int t_kv, int width,
                           int32_t* __restrict__ list, int* __restrict__ counts) {
-  memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
   memra::cuda::pdl_trigger();
   extern __shared__ unsigned bm[];
   const int i = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -1283,8 +1273,8 @@ int launch_attn_kh(MemraCudaCtx* ctx, const float* q_lat, const float* q_pe, con
                    size_t smem, float* o_lat, float* po, float* pm, float* pl) {
   MEMRA_CUDA_RETURN_IF(allow_smem(ctx, attn_kernel<KH, Tc>, smem));
   const dim3 grid(static_cast<unsigned>(static_cast<int64_t>(g.t_q) * g.groups), g.nsplit);
-  memra::cuda::launch(ctx, true, attn_kernel<KH, Tc>, dim3(grid), dim3(kAttnThreads), smem, q_lat,
-      q_pe, static_cast<const Tc*>(cache), list, counts, width, g, o_lat, po, pm, pl);
+  attn_kernel<KH, Tc><<<grid, kAttnThreads, smem, ctx->stream>>>(
+      q_lat, q_pe, static_cast<const Tc*>(cache), list, counts, width, g, o_lat, po, pm, pl);
   return launch_status();
 }
 
@@ -1364,8 +1354,8 @@ int run_attn(MemraCudaCtx* ctx, const float* q_lat, const float* q_pe, const voi
   }
   // + 4 floats: memcheck saw the unrolled split loop read 12 bytes past an 8-byte window (loads
   // the compiler merged; their values are never used).
-  memra::cuda::launch(ctx, true, attn_combine_kernel, dim3(static_cast<unsigned>(n_qh)), dim3(128),
-      sizeof(float) * (nsplit + 4), po, pm, pl, nsplit, n_qh, R, o_lat);
+  attn_combine_kernel<<<static_cast<unsigned>(n_qh), 128, sizeof(float) * (nsplit + 4), ctx->stream>>>(
+      po, pm, pl, nsplit, n_qh, R, o_lat);
   return launch_status();
 }
 
@@ -1405,10 +1395,10 @@ int memra_cuda_mla_latent_append(MemraCudaCtx* ctx, const float* rows, int T, in
   const int64_t off = static_cast<int64_t>(start) * W;
   const unsigned blocks = std::min<unsigned>(ceil_div(n, 256), 65535u * 8);
   if (cache_dtype == 0) {
-    memra::cuda::launch(ctx, true, latent_append_kernel<float>, dim3(blocks), dim3(256), 0, rows, n,
-        static_cast<float*>(cache) + off);
+    latent_append_kernel<float><<<blocks, 256, 0, ctx->stream>>>(rows, n,
+                                                                 static_cast<float*>(cache) + off);
   } else {
-    memra::cuda::launch(ctx, true, latent_append_kernel<__nv_bfloat16>, dim3(blocks), dim3(256), 0,
+    latent_append_kernel<__nv_bfloat16><<<blocks, 256, 0, ctx->stream>>>(
         rows, n, static_cast<__nv_bfloat16*>(cache) + off);
   }
   return launch_status();
@@ -1446,8 +1436,8 @@ int memra_cuda_mla_attn_gathered(MemraCudaCtx* ctx, const float* q_lat, const fl
   MEMRA_CUDA_RETURN_IF(lists.status());
   int32_t* list = lists.as<int32_t>();
   int* counts = list + static_cast<int64_t>(t_q) * width;
-  memra::cuda::launch(ctx, true, gather_compact_kernel, dim3(t_q), dim3(kAttnThreads), bm_bytes,
-      idx, t_q, t_kv, width, list, counts);
+  gather_compact_kernel<<<t_q, kAttnThreads, bm_bytes, ctx->stream>>>(idx, t_q, t_kv, width, list,
+                                                                      counts);
   MEMRA_CUDA_RETURN_IF(launch_status());
   return run_attn(ctx, q_lat, q_pe, cache, cache_dtype, list, counts, width, H, R, d_rope, t_q,
                   t_kv, std::min(width, t_kv), scale, o_lat);

@@ -248,7 +248,7 @@ __device__ __forceinline__ void wgmma_rs_n256_tb(float (&d)[128], const uint32_t
 // Block (split blockIdx.x, sequence blockIdx.y). See the file comment.
 template <int TR, int NST>
 __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_kernel(const Sm90Args a) {
-  memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh); triggers below
+  memra::cuda::pdl_trigger();
   using C = Cfg<TR, NST>;
   extern __shared__ unsigned char smem_raw[];
   const uint32_t raw = smem_u32(smem_raw);
@@ -483,11 +483,11 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_kernel(const Sm9
 // w_s = exp2(m_s - max m) and 1 / sum_s w_s l_s; thread t then writes columns 4t .. 4t + 3 of
 // the 4 heads. Shared: weights [4][nsplit] + inverse sums [4].
 __global__ void __launch_bounds__(128) mla_combine_kernel(const Sm90Args a) {
-  // Launched as a programmatic dependent: wait until the attention grid has completed and its
-  // writes are visible (returns at once for an ordinary launch).
-  memra::cuda::pdl_wait();
   memra::cuda::pdl_trigger();
   extern __shared__ float wsm[];
+  // Launched with programmatic stream serialization: wait until the attention grid has completed
+  // and its writes are visible (returns at once for an ordinary launch).
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
   const int b = blockIdx.y, h0 = blockIdx.x * kCombineHeads;
   const int n = min(max(a.t_kv[b], 0), a.max_t_kv);
   const int nsb = n > 0 ? (n + a.chunk - 1) / a.chunk : 0;
@@ -549,8 +549,7 @@ int launch(MemraCudaCtx* ctx, const Sm90Args& a, int B) {
   MEMRA_CUDA_RETURN_IF(status_of(cudaFuncSetAttribute(
       mla_decode_wgmma_kernel<TR, NST>, cudaFuncAttributeMaxDynamicSharedMemorySize, C::bytes)));
   const dim3 grid(static_cast<unsigned>(a.nsplit), static_cast<unsigned>(B));
-  memra::cuda::launch(ctx, true, mla_decode_wgmma_kernel<TR, NST>, grid, dim3(kThreads), C::bytes,
-                      a);
+  mla_decode_wgmma_kernel<TR, NST><<<grid, kThreads, C::bytes, ctx->stream>>>(a);
   return launch_status();
 }
 
@@ -590,10 +589,23 @@ int mla_decode_sm90(MemraCudaCtx* ctx, int variant, const float* q_lat, const vo
   if (rc != kOk) return rc;
   if (nsplit > 1) {
     // A programmatic dependent launch: the combine's launch overlaps the attention grid's tail
-    // (its blocks wait in griddepcontrol.wait).
+    // (its blocks wait in griddepcontrol.wait); an ordinary launch where that is refused.
     const dim3 grid(kH / kCombineHeads, static_cast<unsigned>(B));
     const size_t smem = sizeof(float) * kCombineHeads * (static_cast<size_t>(nsplit) + 1);
-    memra::cuda::launch(ctx, true, mla_combine_kernel, grid, dim3(128), smem, a);
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = dim3(128);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = ctx->stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    if (cudaLaunchKernelEx(&cfg, mla_combine_kernel, a) != cudaSuccess) {
+      cudaGetLastError();
+      mla_combine_kernel<<<grid, 128, smem, ctx->stream>>>(a);
+    }
     MEMRA_CUDA_RETURN_IF(launch_status());
   }
   return kOk;

@@ -12,7 +12,6 @@ using memra::cuda::status_of;
 namespace {
 
 __global__ void add_kernel(const float* a, const float* b, int64_t n, float* y) {
-  memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
   memra::cuda::pdl_trigger();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
@@ -28,7 +27,7 @@ int memra_cuda_add(MemraCudaCtx* ctx, const float* a, const float* b, int64_t n,
   MEMRA_CUDA_RETURN_IF(enter(ctx));
   if (n <= 0) return memra::kOk;
   const unsigned blocks = std::min<unsigned>(ceil_div(n, 256), 4096u);
-  memra::cuda::launch(ctx, true, add_kernel, dim3(blocks), dim3(256), 0, a, b, n, y);
+  add_kernel<<<blocks, 256, 0, ctx->stream>>>(a, b, n, y);
   return launch_status();
 }
 
