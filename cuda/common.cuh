@@ -145,7 +145,8 @@ __device__ __forceinline__ void pdl_trigger() {
 }
 
 // Launch `kernel` on the context's stream; with pdl (and the context's MEMRA_PDL on) as a
-// programmatic dependent of the stream's previous kernel (the kernel must pdl_wait(), above).
+// programmatic dependent of the stream's previous kernel (the kernel must pdl_wait(), above),
+// falling back to an ordinary launch where that attribute is refused.
 template <typename... P, typename... A>
 inline int launch(MemraCudaCtx* ctx, bool pdl, void (*kernel)(P...), dim3 grid, dim3 block,
                   size_t smem, A... args) {
@@ -159,7 +160,13 @@ inline int launch(MemraCudaCtx* ctx, bool pdl, void (*kernel)(P...), dim3 grid, 
   cfg.stream = ctx->stream;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
-  return status_of(cudaLaunchKernelEx(&cfg, kernel, static_cast<P>(args)...));
+  cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, static_cast<P>(args)...);
+  if (e != cudaSuccess && attr[0].val.programmaticStreamSerializationAllowed) {
+    cudaGetLastError();  // refused as a programmatic dependent: an ordinary launch instead
+    cfg.numAttrs = 0;
+    e = cudaLaunchKernelEx(&cfg, kernel, static_cast<P>(args)...);
+  }
+  return status_of(e);
 }
 
 inline unsigned ceil_div(long long a, long long b) { return static_cast<unsigned>((a + b - 1) / b); }

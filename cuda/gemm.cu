@@ -10,8 +10,9 @@
 //   y_cm = w_cm^T x_cm, with w_cm = w viewed as K x N (ld K), x_cm = x viewed as K x T (ld K),
 // i.e. gemm(op(A) = T, op(B) = N, m = N, n = T, k = K, A = w, lda = K, B = x, ldb = K, ldc = N).
 //
-// T <= 4 rows (decode) with a bf16 or f32 weight: the GEMV of cuda/gemv.cu instead (same
-// rounding of x, f32 accumulation in another order, bias in its epilogue).
+// T = 1 row (MEMRA_GEMV_MAX_ROWS) with a bf16 or f32 weight, K % (16 / sizeof w) == 0 and
+// 16-byte aligned x and w: the GEMV of cuda/gemv.cu instead (same rounding of x, f32
+// accumulation in another order, bias in its epilogue).
 //
 // linear_ex: the same GEMM over an input whose rows are ldx elements apart (ldb = ldx) and which
 // may already be in the weight's type (a layer rounds one activation once and feeds several

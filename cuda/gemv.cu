@@ -223,6 +223,8 @@ bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) ==
 
 namespace memra::cuda {
 
+static_assert(kGemvMaxT == 1, "gemv_kernel computes one row of x (it ignores T and ldx)");
+
 int gemv(MemraCudaCtx* ctx, const void* x, int x_dtype, int64_t ldx, int T, int K, const void* w,
          int w_dtype, int N, const float* bias, float* y, bool* handled) {
   *handled = false;

@@ -248,7 +248,6 @@ __device__ __forceinline__ void wgmma_rs_n256_tb(float (&d)[128], const uint32_t
 // Block (split blockIdx.x, sequence blockIdx.y). See the file comment.
 template <int TR, int NST>
 __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_kernel(const Sm90Args a) {
-  memra::cuda::pdl_trigger();
   using C = Cfg<TR, NST>;
   extern __shared__ unsigned char smem_raw[];
   const uint32_t raw = smem_u32(smem_raw);
@@ -589,23 +588,11 @@ int mla_decode_sm90(MemraCudaCtx* ctx, int variant, const float* q_lat, const vo
   if (rc != kOk) return rc;
   if (nsplit > 1) {
     // A programmatic dependent launch: the combine's launch overlaps the attention grid's tail
-    // (its blocks wait in griddepcontrol.wait); an ordinary launch where that is refused.
+    // (its blocks wait in griddepcontrol.wait); an ordinary launch where that is refused or
+    // MEMRA_PDL=0.
     const dim3 grid(kH / kCombineHeads, static_cast<unsigned>(B));
     const size_t smem = sizeof(float) * kCombineHeads * (static_cast<size_t>(nsplit) + 1);
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = grid;
-    cfg.blockDim = dim3(128);
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = ctx->stream;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    if (cudaLaunchKernelEx(&cfg, mla_combine_kernel, a) != cudaSuccess) {
-      cudaGetLastError();
-      mla_combine_kernel<<<grid, 128, smem, ctx->stream>>>(a);
-    }
+    memra::cuda::launch(ctx, true, mla_combine_kernel, grid, dim3(128), smem, a);
     MEMRA_CUDA_RETURN_IF(launch_status());
   }
   return kOk;

@@ -190,6 +190,11 @@ Status DeviceWeight::upload_rows(const std::shared_ptr<CudaContext>& ctx,
     if (rc != kOk) return ctx->status(rc, "DeviceWeight upload");
     row0 += w->rows();
   }
+  // The bytes are final before the weight is handed out: inside a layer call the decode GEMV may
+  // read a weight before the kernel in front of it has finished (gpu::ResidentWeights), which is
+  // safe only if no conversion into it is still queued. (Uploads happen once, at load.)
+  const int rc = ctx->api().synchronize(ctx->ctx());
+  if (rc != kOk) return ctx->status(rc, "DeviceWeight upload");
   *out = std::move(d);
   return Status::Ok();
 }

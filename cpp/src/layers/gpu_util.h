@@ -47,7 +47,9 @@ class Arena {
 
 // The scope of a layer call whose GEMMs read only the layer's own uploaded weights: inside it
 // the decode GEMV may start streaming a weight before the previous kernel ends (resident_weights
-// ABI, cuda/gemv.cu). Weights are written only by their upload, which precedes every layer call.
+// ABI, cuda/gemv.cu). A GEMM's weight is written only by its upload (DeviceWeight::upload_rows,
+// behind upload / upload_stacked), which synchronises before the DeviceWeight exists, so no
+// queued kernel writes it.
 class ResidentWeights {
  public:
   explicit ResidentWeights(const CudaContext& c) : c_(c) {

@@ -1,6 +1,7 @@
 // KdaLayer on a CUDA device: the same chain as KdaLayer::run (kda_layer.cpp) over the CUDA
 // library's ops, with the launches of one call fused where the arithmetic allows it:
-// - x is rounded to the compute dtype once and read by the three GEMMs of x (linear_in);
+// - x is rounded to the compute dtype once and read by the three GEMMs of x (linear_in; at
+//   N = 1 each GEMM rounds it itself, gpu::round_input);
 // - q | k | v is one [3*qkv, D] weight, one GEMM into the fused channel order of the conv
 //   (raw [N, 3*qkv], as KdaLayer::run's `mixed`), and one conv launch over the 3*qkv channels
 //   with group width qkv, which writes q, k and v as three contiguous [N, H, dk] tensors (the

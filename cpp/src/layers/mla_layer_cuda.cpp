@@ -76,11 +76,12 @@ Status MlaLayer::to_device(std::shared_ptr<CudaContext> cuda, DType dtype) {
 //   q_resid = q_a_layernorm(q_a_proj(x)) [N, ql], q = q_b_proj(q_resid) [N, H * d_nope],
 //   ckv = kv_a_layernorm(kv_a_proj(x)) [N, R], and with an own indexer its rows: q = wq_b(q_resid),
 //   k = k_norm(wk(x)), gate = kpool_gate(x), w = weights_proj(x).
-// x is rounded to the compute dtype once, q_resid once. N == 1 without biases (a decode step of
-// one sequence; GLM): x's GEMMs are one GEMM over in_proj and q_resid's one over qb_proj, a row's
-// outputs being contiguous column blocks of theirs (at T = 1 a GEMM pays a fixed ramp: one
-// 20 MB GEMM instead of five small ones saves ~28 us per layer on the H200). N > 1: one GEMM per
-// projection over the row views (the column blocks of N rows interleave).
+// x is rounded to the compute dtype once, q_resid once (at N == 1 inside each GEMV instead,
+// gpu::round_input). N == 1 without biases (a decode step of one sequence; GLM): x's GEMMs are
+// one GEMM over in_proj and q_resid's one over qb_proj, a row's outputs being contiguous column
+// blocks of theirs (at T = 1 a GEMM pays a fixed ramp: one 20 MB GEMM instead of five small ones
+// saves ~28 us per layer on the H200). N > 1: one GEMM per projection over the row views (the
+// column blocks of N rows interleave).
 Status MlaLayer::project_cuda(gpu::Arena& a, const float* x, int N, Projected* out) const {
   const CudaContext& c = *cuda_;
   const CudaApi& api = c.api();
