@@ -169,6 +169,9 @@ inline int launch(MemraCudaCtx* ctx, bool pdl, void (*kernel)(P...), dim3 grid, 
   return status_of(e);
 }
 
+// A pointer fit for 16-byte vector loads (host-side dispatch checks).
+inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
 inline unsigned ceil_div(long long a, long long b) { return static_cast<unsigned>((a + b - 1) / b); }
 
 // Asynchronous global -> shared copies (sm_80+ cp.async). The forms with src_bytes zero-fill the

@@ -26,6 +26,7 @@
 
 #include "common.cuh"
 
+using memra::cuda::aligned16;
 using memra::cuda::ceil_div;
 using memra::cuda::cp_async_16;
 using memra::cuda::cp_async_4;
@@ -350,7 +351,6 @@ __global__ void __launch_bounds__(kWarps * 32)
   if (lane == 0) y[t * D + d] = acc;
 }
 
-bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
 template <typename W>
 int launch_moe(MemraCudaCtx* ctx, const float* x, int T, int D, const int32_t* topk_idx,

@@ -116,7 +116,7 @@ int rounded_gemm(MemraCudaCtx* ctx, const float* x, int64_t ldx, int T, int K, c
   Scratch xs(ctx, static_cast<size_t>(n) * sizeof(H));
   MEMRA_CUDA_RETURN_IF(xs.status());
   if (ldx == K || T == 1) {  // packed rows (linear's case): one flat pass, float4 when aligned
-    const bool vec4 = (reinterpret_cast<uintptr_t>(x) % 16) == 0;
+    const bool vec4 = memra::cuda::aligned16(x);
     round_kernel<H><<<grid_stride_blocks(vec4 ? n / 4 + 1 : n, 256), 256, 0, ctx->stream>>>(
         x, xs.as<H>(), n, vec4);
   } else {
@@ -140,8 +140,7 @@ int linear_impl(MemraCudaCtx* ctx, const void* x, int x_dtype, int64_t ldx, int 
     return launch_status();
   }
   bool handled = false;
-  MEMRA_CUDA_RETURN_IF(memra::cuda::gemv(ctx, x, x_dtype, ldx, T, K, w, w_dtype, N, bias, y,
-                                         &handled));
+  MEMRA_CUDA_RETURN_IF(memra::cuda::gemv(ctx, x, x_dtype, T, K, w, w_dtype, N, bias, y, &handled));
   if (handled) return memra::kOk;
   if (x_dtype == w_dtype) {
     MEMRA_CUDA_RETURN_IF(gemm(ctx, x, ldx, w, ab_type_of(w_dtype), T, K, N, y));

@@ -28,6 +28,7 @@
 
 #include <cstdint>
 
+using memra::cuda::aligned16;
 using memra::cuda::launch;
 using memra::cuda::pdl_trigger;
 using memra::cuda::pdl_wait;
@@ -217,27 +218,26 @@ int launch_t(MemraCudaCtx* ctx, const void* x, const void* w, int K, int N, cons
   }
 }
 
-bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
-
 }  // namespace
 
 namespace memra::cuda {
 
 static_assert(kGemvMaxT == 1, "gemv_kernel computes one row of x (it ignores T and ldx)");
 
-int gemv(MemraCudaCtx* ctx, const void* x, int x_dtype, int64_t ldx, int T, int K, const void* w,
-         int w_dtype, int N, const float* bias, float* y, bool* handled) {
+int gemv(MemraCudaCtx* ctx, const void* x, int x_dtype, int T, int K, const void* w, int w_dtype,
+         int N, const float* bias, float* y, bool* handled) {
   *handled = false;
   if (!ctx->gemv || T < 1 || T > kGemvMaxT || K < 1 || N < 1) return kOk;
   if (w_dtype != 0 && w_dtype != 1) return kOk;            // f16: cuBLAS
   if (x_dtype != w_dtype && x_dtype != 0) return kOk;      // (the callers refuse these)
   const int E = w_dtype == 1 ? 8 : 4;                      // weights per 16-byte vector
-  (void)ldx;                                               // one row: its stride is unused
   if (K % E != 0 || !aligned16(w) || !aligned16(x)) return kOk;
   *handled = true;
   const int prefetch = ctx->resident_weights > 0 ? 1 : 0;
   if (w_dtype == 0) return launch_t<float, float>(ctx, x, w, K, N, bias, y, prefetch);
-  if (x_dtype == 1) return launch_t<__nv_bfloat16, __nv_bfloat16>(ctx, x, w, K, N, bias, y, prefetch);
+  if (x_dtype == 1) {
+    return launch_t<__nv_bfloat16, __nv_bfloat16>(ctx, x, w, K, N, bias, y, prefetch);
+  }
   return launch_t<__nv_bfloat16, float>(ctx, x, w, K, N, bias, y, prefetch);
 }
 

@@ -8,11 +8,12 @@ namespace memra::cuda {
 // Rows of x the GEMV takes; linear_ex sends longer inputs to cuBLAS.
 constexpr int kGemvMaxT = MEMRA_GEMV_MAX_ROWS;
 
-// y[T, N] = x[T, K] w[N, K]^T (+ bias[N]) (arguments already validated by linear / linear_ex):
-// *handled = true when the GEMV took the call (w bf16 or f32, x f32 or in w's dtype,
-// 1 <= T <= kGemvMaxT, 16-byte aligned rows), false when the caller must run cuBLAS instead
-// (nothing was enqueued). Returns the launch status.
-int gemv(MemraCudaCtx* ctx, const void* x, int x_dtype, int64_t ldx, int T, int K, const void* w,
-         int w_dtype, int N, const float* bias, float* y, bool* handled);
+// y[T, N] = x[T, K] w[N, K]^T (+ bias[N]) (arguments already validated by linear / linear_ex;
+// T <= kGemvMaxT = 1, so x's row stride never matters): *handled = true when the GEMV took the
+// call (w bf16 or f32, x f32 or in w's dtype, 16-byte aligned x and w, K a multiple of 16 bytes
+// of w), false when the caller must run cuBLAS instead (nothing was enqueued). Returns the launch
+// status.
+int gemv(MemraCudaCtx* ctx, const void* x, int x_dtype, int T, int K, const void* w, int w_dtype,
+         int N, const float* bias, float* y, bool* handled);
 
 }  // namespace memra::cuda

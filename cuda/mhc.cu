@@ -426,7 +426,7 @@ int memra_cuda_mhc_pre(MemraCudaCtx* ctx, const float* streams, int T, int hc, i
   const bool fold = fn_dtype != 2 || flat == 0;
   const uintptr_t fn_align = fn_dtype == 0 ? 15u : 7u;  // four weights per load
   if (fold && flat > 0 && T <= kSplitMaxT && mix + 1 <= kSplitMaxOut && flat % 4 == 0 &&
-      (reinterpret_cast<uintptr_t>(streams) & 15u) == 0 &&
+      memra::cuda::aligned16(streams) &&
       (reinterpret_cast<uintptr_t>(fn) & fn_align) == 0) {
     const int S = static_cast<int>(ceil_div(flat, kSplitK));
     Scratch part(ctx, static_cast<size_t>(T) * S * (mix + 1) * sizeof(float));
