@@ -13,8 +13,9 @@
 // norm / activation / mHC kernel in front of it. benchmarks/bench_gemv.py measures it against
 // cuBLAS in the same run; bench_model_decode with MEMRA_GEMV=0 / MEMRA_PDL=0 the whole step.
 //
-// Layout: a block of kGemvThreads threads owns R consecutive weight rows over the whole K, many
-// blocks per SM and several waves, so the scheduler evens out SMs that start late. Thread i reads
+// Layout (rows of more than 32 vectors; gemv_short_kernel below takes the shorter ones): a block
+// of kGemvThreads threads owns R consecutive weight rows over the whole K, many blocks per SM
+// and several waves, so the scheduler evens out SMs that start late. Thread i reads
 // the 16-byte vectors i, i + 256, i + 512, ... of each row (a warp reads 512 contiguous bytes),
 // kGemvP per row in flight per chunk, and keeps R partial sums; a warp butterfly, then the 8 warps
 // in order in shared memory, give each output. That order is fixed by K alone: the bytes do not
@@ -187,6 +188,53 @@ __global__ void __launch_bounds__(kGemvThreads)
   }
 }
 
+// Short rows (K <= kShortMaxV vectors; the KDA f_b / g_b up-projections have K = 128 bf16 = 16):
+// gemv_kernel would leave all but KV of a block's 256 threads idle and need N / R blocks of
+// almost no work (8 us for 2 MB, ncu 2026-11-29). Here L = KV rounded up to a power of two lanes
+// share a row, lane j holding vector j, so a block covers 256 / L rows with one load per thread,
+// and the L partial dots meet in a butterfly. Chosen by K alone: a row's order still depends on
+// K only (not on N or MEMRA_GEMV_ROWS).
+constexpr int kShortMaxV = 32;
+
+template <typename W, typename X, int L>
+__global__ void __launch_bounds__(kGemvThreads)
+    gemv_short_kernel(const X* __restrict__ x, const W* __restrict__ w, int K, int N,
+                      const float* __restrict__ bias, float* __restrict__ y, int prefetch) {
+  static_assert(L >= 1 && L <= 32 && (L & (L - 1)) == 0, "L: a power of two <= 32");
+  constexpr int E = 16 / sizeof(W);
+  const int tid = threadIdx.x, lane = tid % L;
+  const int n = blockIdx.x * (kGemvThreads / L) + tid / L;
+  const int KV = K / E;
+  const bool in = n < N && lane < KV;
+  const uint4* row = reinterpret_cast<const uint4*>(w + int64_t(n < N ? n : 0) * K);
+  uint4 wv = make_uint4(0, 0, 0, 0);
+  if (prefetch && in) wv = ld_stream(row + lane);
+  pdl_wait();  // x and y belong to the stream's earlier work
+  pdl_trigger();
+  if (!prefetch && in) wv = ld_stream(row + lane);
+  float acc = 0.0f;
+  if (in) {
+    float xs[E];
+    load_x<W, X>(x, lane, xs);
+    acc = dot16<W>(wv, xs, 0.0f);
+  }
+#pragma unroll
+  for (int o = L / 2; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+  if (lane == 0 && n < N) {
+    if (bias) acc += bias[n];
+    y[n] = acc;
+  }
+}
+
+template <typename W, typename X, int L>
+int launch_short(MemraCudaCtx* ctx, const X* x, const W* w, int K, int N, const float* bias,
+                 float* y, int prefetch) {
+  constexpr int kRowsPerBlock = kGemvThreads / L;
+  const unsigned grid = static_cast<unsigned>((N + kRowsPerBlock - 1) / kRowsPerBlock);
+  return launch(ctx, true, gemv_short_kernel<W, X, L>, grid, kGemvThreads, 0, x, w, K, N, bias,
+                y, prefetch);
+}
+
 // Weight rows per block (MEMRA_GEMV_ROWS overrides): enough blocks for several waves at every
 // N, so that the scheduler evens out SMs that start late (busy with the previous kernel).
 int rows_for(const MemraCudaCtx* ctx, int N) {
@@ -200,6 +248,15 @@ int launch_t(MemraCudaCtx* ctx, const void* x, const void* w, int K, int N, cons
              float* y, int prefetch) {
   const X* xp = static_cast<const X*>(x);
   const W* wp = static_cast<const W*>(w);
+  const int KV = K / (16 / static_cast<int>(sizeof(W)));
+  if (KV <= kShortMaxV) {
+    if (KV <= 1) return launch_short<W, X, 1>(ctx, xp, wp, K, N, bias, y, prefetch);
+    if (KV <= 2) return launch_short<W, X, 2>(ctx, xp, wp, K, N, bias, y, prefetch);
+    if (KV <= 4) return launch_short<W, X, 4>(ctx, xp, wp, K, N, bias, y, prefetch);
+    if (KV <= 8) return launch_short<W, X, 8>(ctx, xp, wp, K, N, bias, y, prefetch);
+    if (KV <= 16) return launch_short<W, X, 16>(ctx, xp, wp, K, N, bias, y, prefetch);
+    return launch_short<W, X, 32>(ctx, xp, wp, K, N, bias, y, prefetch);
+  }
   const int R = rows_for(ctx, N);
   const unsigned grid = static_cast<unsigned>((N + R - 1) / R);
   switch (R) {

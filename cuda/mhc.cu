@@ -19,16 +19,22 @@
 // and collapsed up to expf's last-bit differences from the host's libm.
 // mhc_post and hc_head_mean use no transcendental and sum in the CPU's order without
 // contraction: their outputs are bit-identical to cpu::mhc_post / cpu::hc_head_mean.
+#include <cfloat>
 #include <climits>
 #include <cstdint>
 
 #include "common.cuh"
+#include "row_group.cuh"
 
 using memra::cuda::ceil_div;
 using memra::cuda::enter;
 using memra::cuda::launch_status;
 using memra::cuda::Scratch;
 using memra::cuda::warp_sum;
+using memra::cuda::rowsum::Group;
+using memra::cuda::rowsum::group_for;
+using memra::cuda::rowsum::group_sum;
+using memra::cuda::rowsum::with_group;
 
 namespace {
 
@@ -200,7 +206,6 @@ constexpr int kPartThreads = 1024;    // partial kernel: a warp per output (m < 
 constexpr int kSplitMaxOut = 64;      // mix + 1 partial outputs (logits + the sum of squares)
 constexpr int kPartOuts = kSplitMaxOut / (kPartThreads / 32);  // outputs per warp (2)
 constexpr int kFinishThreads = 256;
-constexpr int kFinishOuts = kSplitMaxOut / (kFinishThreads / 32);  // outputs per warp (8)
 constexpr int kFinishD = 256;         // collapsed columns per finishing block: one per thread
 static_assert(kFinishD == kFinishThreads, "mhc_finish_kernel: one collapsed column per thread");
 constexpr int kFinishUnroll = 4;      // partials in flight per lane and output
@@ -269,6 +274,64 @@ __device__ __forceinline__ void sinkhorn_warp_fixed(float* c, int iters, float h
   if (own) c[lane] = v;
 }
 
+// lt[m] (m <= mix): the sum of one token's partials pt [mix + 1, S] in a fixed order. Lane l adds
+// splits l, l + 32, l + 64, ... in turn, then the warp's butterfly; warp w reduces outputs w,
+// w + kWarps, ... The order of an output's sum does not depend on kWarps, so both finishing
+// kernels get the same logits from the same partials.
+template <int kWarps>
+__device__ __forceinline__ void reduce_partials(const float* __restrict__ pt, int S, int mix,
+                                                float* lt, int warp, int lane) {
+  constexpr int kOuts = (kSplitMaxOut + kWarps - 1) / kWarps;
+  float acc[kOuts];
+#pragma unroll
+  for (int j = 0; j < kOuts; ++j) acc[j] = 0.0f;
+  for (int s0 = lane; s0 < S; s0 += 32 * kFinishUnroll) {
+    float v[kOuts][kFinishUnroll];
+#pragma unroll
+    for (int j = 0; j < kOuts; ++j) {
+      const int m = warp + kWarps * j;
+#pragma unroll
+      for (int u = 0; u < kFinishUnroll; ++u) {
+        const int sp = s0 + 32 * u;
+        v[j][u] = (m <= mix && sp < S) ? pt[int64_t(m) * S + sp] : 0.0f;
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kOuts; ++j) {
+#pragma unroll
+      for (int u = 0; u < kFinishUnroll; ++u) acc[j] += v[j][u];
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < kOuts; ++j) {
+    const int m = warp + kWarps * j;
+    const float a = warp_sum(acc[j]);
+    if (lane == 0 && m <= mix) lt[m] = a;
+  }
+}
+
+// Token t's Sinkhorn comb from the softmaxed rows in c [hc, hc] (shared), stored to ct; every
+// thread of the block calls it (sinkhorn_block has barriers when hc * hc > 32).
+__device__ __forceinline__ void finish_comb(float* c, float* __restrict__ ct, int hc,
+                                            int sinkhorn_iters, float hc_eps, int tid,
+                                            int threads) {
+  const int warp = tid >> 5, lane = tid & 31;
+  if (hc * hc <= 32) {
+    if (warp == 0) {
+      if (hc == 4) {
+        sinkhorn_warp_fixed<4>(c, sinkhorn_iters, hc_eps, lane);
+      } else {
+        sinkhorn_warp(c, hc, sinkhorn_iters, hc_eps, lane);
+      }
+      __syncwarp();
+      if (lane < hc * hc) ct[lane] = c[lane];
+    }
+  } else {
+    sinkhorn_block(c, hc, sinkhorn_iters, hc_eps, tid);
+    for (int k = tid; k < hc * hc; k += threads) ct[k] = c[k];
+  }
+}
+
 // Block (x, t), x >= 1: columns [(x - 1) * kFinishD, x * kFinishD) of token t's collapsed row;
 // x == 0: token t's post and Sinkhorn comb. Every load a block needs is issued at its start, all
 // independent (the partials, base and scale, and a collapsing thread's hc stream values), so the
@@ -305,53 +368,14 @@ __global__ void __launch_bounds__(kFinishThreads)
 #pragma unroll
     for (int q = 0; q < kMaxCollapseHc; ++q) xs[q] = q < hc ? st[int64_t(q) * D + d] : 0.0f;
   }
-  float acc[kFinishOuts];
-#pragma unroll
-  for (int j = 0; j < kFinishOuts; ++j) acc[j] = 0.0f;
-  for (int s0 = lane; s0 < S; s0 += 32 * kFinishUnroll) {
-    float v[kFinishOuts][kFinishUnroll];
-#pragma unroll
-    for (int j = 0; j < kFinishOuts; ++j) {
-      const int m = warp + (kFinishThreads / 32) * j;
-#pragma unroll
-      for (int u = 0; u < kFinishUnroll; ++u) {
-        const int sp = s0 + 32 * u;
-        v[j][u] = (m <= mix && sp < S) ? pt[int64_t(m) * S + sp] : 0.0f;
-      }
-    }
-#pragma unroll
-    for (int j = 0; j < kFinishOuts; ++j) {
-#pragma unroll
-      for (int u = 0; u < kFinishUnroll; ++u) acc[j] += v[j][u];
-    }
-  }
-#pragma unroll
-  for (int j = 0; j < kFinishOuts; ++j) {
-    const int m = warp + (kFinishThreads / 32) * j;
-    const float a = warp_sum(acc[j]);
-    if (lane == 0 && m <= mix) lt[m] = a;
-  }
+  reduce_partials<kFinishThreads / 32>(pt, S, mix, lt, warp, lane);
   __syncthreads();
   const float inv = 1.0f / sqrtf(lt[mix] / static_cast<float>(flat) + norm_eps);
   map_rows(lt, inv, true, hc, sbase, sbase + mix, hc_eps, pre,
            head ? post + int64_t(t) * hc : nullptr, head ? c : nullptr, tid);
   __syncthreads();
   if (head) {
-    float* ct = comb + int64_t(t) * hc * hc;
-    if (hc * hc <= 32) {
-      if (warp == 0) {
-        if (hc == 4) {
-          sinkhorn_warp_fixed<4>(c, sinkhorn_iters, hc_eps, lane);
-        } else {
-          sinkhorn_warp(c, hc, sinkhorn_iters, hc_eps, lane);
-        }
-        __syncwarp();
-        if (lane < hc * hc) ct[lane] = c[lane];
-      }
-    } else {
-      sinkhorn_block(c, hc, sinkhorn_iters, hc_eps, tid);
-      for (int k = tid; k < hc * hc; k += kFinishThreads) ct[k] = c[k];
-    }
+    finish_comb(c, comb + int64_t(t) * hc * hc, hc, sinkhorn_iters, hc_eps, tid, kFinishThreads);
     return;
   }
   if (d < D) {
@@ -362,6 +386,93 @@ __global__ void __launch_bounds__(kFinishThreads)
       if (q < hc) a = __fadd_rn(a, __fmul_rn(pre[q], xs[q]));
     }
     collapsed[int64_t(t) * D + d] = a;
+  }
+}
+
+// mhc_pre at decode with the layer's input RMSNorm fused (memra_cuda_mhc_pre_norm): grid (2, T),
+// blocks of Group<G>::kBlock threads, G = group_for(D), D <= kNormCols * G.
+// Block (0, t): token t's post and Sinkhorn comb, as mhc_finish_kernel's block 0.
+// Block (1, t): token t's collapsed row, RMS-normalised in registers. Thread g < G owns columns
+// g + G k (k < kNormCols): rms_norm_kernel<G>'s columns, sum of squares and group reduction over
+// the collapsed values, so `out` equals rms_norm(collapsed) byte for byte. The two blocks run side
+// by side: the Sinkhorn (2 iters - 1 dependent steps) no longer precedes the collapse, and the
+// norm's launch and its round trip through memory are gone.
+constexpr int kNormCols = 4;
+
+template <int G>
+__global__ void __launch_bounds__(Group<G>::kBlock)
+    mhc_finish_norm_kernel(const float* __restrict__ streams, const float* __restrict__ part,
+                           int S, int hc, int D, const float* __restrict__ base,
+                           const float* __restrict__ scale, int sinkhorn_iters, float hc_eps,
+                           float norm_eps, const float* __restrict__ rms_w, float rms_eps,
+                           float* __restrict__ post, float* __restrict__ comb,
+                           float* __restrict__ out) {
+  memra::cuda::pdl_trigger();
+  constexpr int kThreads = Group<G>::kBlock;
+  extern __shared__ float sm[];  // pre [hc], c [hc, hc]
+  __shared__ float lt[kSplitMaxOut];
+  __shared__ float sbase[kSplitMaxOut + 3];  // base [mix], then scale [3]
+  __shared__ float red[Group<G>::kWarps];
+  float* pre = sm;
+  float* c = sm + hc;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int t = blockIdx.y;
+  const int mix = (2 + hc) * hc;
+  const int64_t flat = static_cast<int64_t>(hc) * D;
+  const bool head = blockIdx.x == 0;
+  const bool live = !head && tid < G;  // a thread of block 1's row group
+
+  // Issue every load first (see mhc_finish_kernel).
+  if (tid < mix) sbase[tid] = base[tid];
+  if (tid < 3) sbase[mix + tid] = scale[tid];
+  const float* st = streams + int64_t(t) * flat;
+  float xs[kNormCols][kMaxCollapseHc];
+  float wv[kNormCols];
+#pragma unroll
+  for (int k = 0; k < kNormCols; ++k) {
+    const int d = tid + G * k;
+    const bool in = live && d < D;
+#pragma unroll
+    for (int q = 0; q < kMaxCollapseHc; ++q) xs[k][q] = in && q < hc ? st[int64_t(q) * D + d] : 0.0f;
+    wv[k] = in && rms_w ? rms_w[d] : 0.0f;
+  }
+  reduce_partials<Group<G>::kWarps>(part + int64_t(t) * (mix + 1) * S, S, mix, lt, warp, lane);
+  __syncthreads();
+  const float inv = 1.0f / sqrtf(lt[mix] / static_cast<float>(flat) + norm_eps);
+  map_rows(lt, inv, true, hc, sbase, sbase + mix, hc_eps, pre,
+           head ? post + int64_t(t) * hc : nullptr, head ? c : nullptr, tid);
+  __syncthreads();
+  if (head) {
+    finish_comb(c, comb + int64_t(t) * hc * hc, hc, sinkhorn_iters, hc_eps, tid, kThreads);
+    return;
+  }
+  // collapse()'s arithmetic, then row_sum_squares' (columns ascending) and rms_norm_kernel's.
+  float h[kNormCols];
+  float ss = 0.0f;
+#pragma unroll
+  for (int k = 0; k < kNormCols; ++k) {
+    h[k] = 0.0f;
+    if (live && tid + G * k < D) {
+      float a = 0.0f;
+#pragma unroll
+      for (int q = 0; q < kMaxCollapseHc; ++q) {
+        if (q < hc) a = __fadd_rn(a, __fmul_rn(pre[q], xs[k][q]));
+      }
+      h[k] = a;
+      ss += a * a;
+    }
+  }
+  ss = group_sum<G>(ss, red);  // every thread of the block: it has barriers
+  if (!live) return;
+  const float r = 1.0f / sqrtf(ss / static_cast<float>(D) + rms_eps);
+  float* ot = out + int64_t(t) * D;
+#pragma unroll
+  for (int k = 0; k < kNormCols; ++k) {
+    const int d = tid + G * k;
+    if (d < D) {
+      const float n = __fmul_rn(h[k], r);
+      ot[d] = rms_w ? __fmul_rn(wv[k], n) : n;
+    }
   }
 }
 
@@ -404,15 +515,15 @@ dim3 rows_grid(int D, int64_t rows, int threads) {
 
 int threads_for(int D) { return D >= 256 ? 256 : (D >= 128 ? 128 : (D >= 64 ? 64 : 32)); }
 
-}  // namespace
-
-extern "C" {
-
-int memra_cuda_mhc_pre(MemraCudaCtx* ctx, const float* streams, int T, int hc, int D,
-                       const void* fn, int fn_dtype, const float* base, const float* scale,
-                       int sinkhorn_iters, float hc_eps, float norm_eps, float* post, float* comb,
-                       float* collapsed) {
+// memra_cuda_mhc_pre, and with rms (memra_cuda_mhc_pre_norm) `collapsed` replaced by
+// rms_norm(collapsed, rms_w, rms_eps): fused into the finishing kernel on the decode path when
+// D <= kNormCols * 1024, otherwise memra_cuda_rms_norm in place after the mapping.
+int mhc_pre_impl(MemraCudaCtx* ctx, const float* streams, int T, int hc, int D, const void* fn,
+                 int fn_dtype, const float* base, const float* scale, int sinkhorn_iters,
+                 float hc_eps, float norm_eps, bool rms, const float* rms_w, float rms_eps,
+                 float* post, float* comb, float* collapsed) {
   MEMRA_CUDA_RETURN_IF(enter(ctx));
+  if (rms && !(rms_eps >= 0.0f && rms_eps <= FLT_MAX)) return memra::kContractValue;
   if (T < 0 || D < 0 || hc < 1 || sinkhorn_iters < 1) return memra::kContractValue;
   if (fn_dtype < 0 || fn_dtype > 2) return memra::kContractDType;
   const int64_t flat = static_cast<int64_t>(hc) * D;
@@ -441,12 +552,23 @@ int memra_cuda_mhc_pre(MemraCudaCtx* ctx, const float* streams, int T, int hc, i
     }
     MEMRA_CUDA_RETURN_IF(launch_status());
     const size_t smem = sizeof(float) * (static_cast<size_t>(hc) + static_cast<size_t>(hc) * hc);
+    if (rms && D <= kNormCols * 1024) {
+      with_group(group_for(D), [&](auto g) {
+        constexpr int G = decltype(g)::value;
+        mhc_finish_norm_kernel<G><<<dim3(2, static_cast<unsigned>(T)), Group<G>::kBlock, smem,
+                                    ctx->stream>>>(streams, part.as<float>(), S, hc, D, base,
+                                                   scale, sinkhorn_iters, hc_eps, norm_eps, rms_w,
+                                                   rms_eps, post, comb, collapsed);
+      });
+      return launch_status();
+    }
     // Block 0 of a token: post and comb; blocks 1..: kFinishD columns of collapsed each.
     const dim3 grid(1 + static_cast<unsigned>(ceil_div(D, kFinishD)), static_cast<unsigned>(T));
     mhc_finish_kernel<<<grid, kFinishThreads, smem, ctx->stream>>>(
         streams, part.as<float>(), S, hc, D, base, scale, sinkhorn_iters, hc_eps, norm_eps, post,
         comb, collapsed);
-    return launch_status();
+    MEMRA_CUDA_RETURN_IF(launch_status());
+    return rms ? memra_cuda_rms_norm(ctx, collapsed, T, D, rms_w, rms_eps, collapsed) : memra::kOk;
   }
   Scratch logits(ctx, static_cast<size_t>(T) * mix * sizeof(float));
   MEMRA_CUDA_RETURN_IF(logits.status());
@@ -472,7 +594,28 @@ int memra_cuda_mhc_pre(MemraCudaCtx* ctx, const float* streams, int T, int hc, i
   mhc_map_kernel<<<static_cast<unsigned>(T), kMapThreads, smem, ctx->stream>>>(
       streams, logits.as<float>(), hc, D, base, scale, sinkhorn_iters, hc_eps, norm_eps, fold,
       post, comb, collapsed);
-  return launch_status();
+  MEMRA_CUDA_RETURN_IF(launch_status());
+  return rms ? memra_cuda_rms_norm(ctx, collapsed, T, D, rms_w, rms_eps, collapsed) : memra::kOk;
+}
+
+}  // namespace
+
+extern "C" {
+
+int memra_cuda_mhc_pre(MemraCudaCtx* ctx, const float* streams, int T, int hc, int D,
+                       const void* fn, int fn_dtype, const float* base, const float* scale,
+                       int sinkhorn_iters, float hc_eps, float norm_eps, float* post, float* comb,
+                       float* collapsed) {
+  return mhc_pre_impl(ctx, streams, T, hc, D, fn, fn_dtype, base, scale, sinkhorn_iters, hc_eps,
+                      norm_eps, false, nullptr, 0.0f, post, comb, collapsed);
+}
+
+int memra_cuda_mhc_pre_norm(MemraCudaCtx* ctx, const float* streams, int T, int hc, int D,
+                            const void* fn, int fn_dtype, const float* base, const float* scale,
+                            int sinkhorn_iters, float hc_eps, float norm_eps, const float* rms_w,
+                            float rms_eps, float* post, float* comb, float* out) {
+  return mhc_pre_impl(ctx, streams, T, hc, D, fn, fn_dtype, base, scale, sinkhorn_iters, hc_eps,
+                      norm_eps, true, rms_w, rms_eps, post, comb, out);
 }
 
 int memra_cuda_mhc_post(MemraCudaCtx* ctx, const float* y, const float* post, const float* comb,

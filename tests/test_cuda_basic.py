@@ -361,6 +361,50 @@ def test_mhc_pre_bf16_fn_matches_cpu(e, T, D):
     close(col, wcol, dict(rtol=0, atol=3e-2 * float(np.abs(streams).max())))
 
 
+# mhc_pre with the block's input norm (rms_eps / rms_weight): at decode rows (T <= 32, D <= 4096)
+# cuda/mhc.cu fuses the RMSNorm into mhc_finish_norm_kernel<G>, which must give the bytes of
+# mhc_pre followed by rms_norm on the same engine (same columns per thread, same reduction); past
+# those bounds the op runs the two kernels. Against the CPU (mhc_pre then rms_norm): the
+# collapsed row's tolerance above, through a norm of O(1) gain.
+@pytest.mark.parametrize("T", [1, 3, 32, 33])
+@pytest.mark.parametrize("hc,D", [(4, 4096), (4, 200), (4, 33), (1, 16), (7, 4), (6, 70), (8, 16),
+                                  (2, 4100)])
+@pytest.mark.parametrize("weighted", [True, False])
+def test_mhc_pre_norm_equals_mhc_pre_then_rms_norm(e, T, hc, D, weighted):
+    streams, fw, base, scale = mhc_inputs(T, hc, D, seed=T * 7 + hc * 3 + D)
+    kw = dict(sinkhorn_iters=20, hc_eps=1e-6, norm_eps=1e-5)
+    w = f32(rng(D).standard_normal(D)) if weighted else None
+    ds, dfw, db, dsc = e.to_device(streams), dev_weight(e, fw), e.to_device(base), e.to_device(scale)
+    dw = None if w is None else e.to_device(w)
+    post, comb, col = _core.mhc_pre(ds, dfw, db, dsc, engine=e, **kw)
+    want = e.to_host(_core.rms_norm(col, dw, eps=1e-6, engine=e))
+    fpost, fcomb, fout = (e.to_host(a) for a in
+                          _core.mhc_pre(ds, dfw, db, dsc, rms_weight=dw, rms_eps=1e-6, engine=e, **kw))
+    np.testing.assert_array_equal(fpost, e.to_host(post))
+    np.testing.assert_array_equal(fcomb, e.to_host(comb))
+    np.testing.assert_array_equal(fout, want)
+    cpost, ccomb, cout = _core.mhc_pre(streams, fw, base, scale, rms_weight=w, rms_eps=1e-6, **kw)
+    close(fpost, cpost, dict(rtol=0, atol=1e-5))
+    close(fcomb, ccomb, dict(rtol=0, atol=1e-5))
+    close(fout, cout, dict(rtol=0, atol=1e-4 * max(1.0, float(np.abs(cout).max()))))
+
+
+def test_mhc_pre_norm_contract(e):
+    streams, fw, base, scale = mhc_inputs(1, 4, 64, seed=92)
+    ds, dfw, db, dsc = e.to_device(streams), dev_weight(e, fw), e.to_device(base), e.to_device(scale)
+    kw = dict(sinkhorn_iters=20, hc_eps=1e-6, norm_eps=1e-6)
+    w = e.to_device(f32(np.ones(64)))
+    for bad in (-1.0, float("inf"), float("nan")):
+        expect(memra.ContractError, ST.CONTRACT_VALUE, _core.mhc_pre, ds, dfw, db, dsc, engine=e,
+               rms_weight=w, rms_eps=bad, **kw)
+    expect(memra.ContractError, ST.CONTRACT_VALUE, _core.mhc_pre, ds, dfw, db, dsc, engine=e,
+           rms_weight=w, **kw)
+    expect(memra.ContractError, ST.CONTRACT_SHAPE, _core.mhc_pre, ds, dfw, db, dsc, engine=e,
+           rms_weight=e.to_device(f32(np.ones(63))), rms_eps=1e-6, **kw)
+    expect(memra.ContractError, ST.CONTRACT_DEVICE, _core.mhc_pre, ds, dfw, db, dsc, engine=e,
+           rms_weight=f32(np.ones(64)), rms_eps=1e-6, **kw)
+
+
 def test_mhc_pre_contract(e):
     streams, fw, base, scale = mhc_inputs(2, 4, 3, seed=90)
     ds, dfw, db, dsc = e.to_device(streams), dev_weight(e, fw), e.to_device(base), e.to_device(scale)

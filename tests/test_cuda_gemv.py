@@ -81,6 +81,40 @@ def test_gemv_strided_and_bf16_rows(e, T):
         close_scaled(got16, _core.linear(bf16_round(x[:, c:c + K]), bf16_weight(w)), 1e-5)
 
 
+# Rows of at most 32 vectors take gemv_short_kernel (K = 128 bf16: KDA's f_b / g_b): every lane
+# count L = 1..32, a ragged N, bias, f32 weights (4 per vector).
+@pytest.mark.parametrize("K", [8, 16, 24, 64, 128, 200, 256])
+@pytest.mark.parametrize("N", [1, 15, 8192])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_gemv_short_rows_match_cpu(e, K, N, with_bias):
+    r = rng(K * 7 + N)
+    x = f32(r.standard_normal((1, K)))
+    w = bf16_weight(r.standard_normal((N, K)) / np.sqrt(K))
+    b = f32(r.standard_normal(N)) if with_bias else None
+    got = e.to_host(_core.linear(e.to_device(x), memra.DeviceWeight(e, w),
+                                 None if b is None else e.to_device(b), engine=e))
+    close_scaled(got, _core.linear(bf16_round(x), w, b), 1e-5)
+    wf = _core.Weight(f32(r.standard_normal((N, K // 2)) / np.sqrt(K)))
+    got = e.to_host(_core.linear(e.to_device(x[:, :K // 2].copy()), memra.DeviceWeight(e, wf, dtype="float32"),
+                                 engine=e))
+    close_scaled(got, _core.linear(x[:, :K // 2].copy(), wf), 1e-5)
+
+
+def test_gemv_short_rows_bytes_do_not_depend_on_row_tiles(e, monkeypatch):
+    r = rng(78)
+    x = f32(r.standard_normal((1, 128)))
+    w = bf16_weight(r.standard_normal((8192, 128)) / np.sqrt(128))
+
+    def run(eng):
+        return eng.to_host(_core.linear(eng.to_device(x), memra.DeviceWeight(eng, w), engine=eng))
+
+    ours = run(e)
+    assert np.array_equal(ours, run(e))
+    for rows in ("1", "8"):
+        assert np.array_equal(run(_engine(monkeypatch, MEMRA_GEMV_ROWS=rows)), ours)
+    close_scaled(ours, run(_engine(monkeypatch, MEMRA_GEMV="0")), 1e-5)
+
+
 def test_gemv_equals_cublas_closely_and_bytes_do_not_depend_on_row_tiles(e, monkeypatch):
     K, N = 4104, 1000
     r = rng(77)

@@ -264,6 +264,35 @@ def test_mhc_pre_matches_reference(T, hc, D, iters):
         np.testing.assert_allclose(comb.sum(-1), 1.0, atol=3e-2)
 
 
+def test_mhc_pre_with_input_norm_is_mhc_pre_then_rms_norm():
+    # The block's input norm folded into the mHC call (rms_eps / HyperConnection.pre(norm=, eps=)):
+    # on the CPU literally the two ops; the reference's RMSNorm in float64 bounds them.
+    r = rng(9)
+    T, hc, D = 3, 4, 33
+    mix = (2 + hc) * hc
+    streams = randn(r, T, hc, D)
+    fn, base = randn(r, mix, hc * D, scale=0.3), randn(r, mix, scale=0.5)
+    scale, w = np.array([0.7, 1.3, 0.5], np.float32), randn(r, D)
+    kw = dict(sinkhorn_iters=20, hc_eps=1e-6, norm_eps=1e-5)
+    post, comb, col = _core.mhc_pre(streams, weight(fn), base, scale, **kw)
+    for wt in (w, None):
+        p2, c2, out = _core.mhc_pre(streams, weight(fn), base, scale, rms_weight=wt, rms_eps=1e-6, **kw)
+        np.testing.assert_array_equal(p2, post)
+        np.testing.assert_array_equal(c2, comb)
+        np.testing.assert_array_equal(out, _core.rms_norm(col, wt, eps=1e-6))
+        c64 = col.astype(np.float64)
+        ref = c64 / np.sqrt((c64 * c64).mean(-1, keepdims=True) + 1e-6) * (1.0 if wt is None else wt)
+        np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-6)
+    hcl = _core.HyperConnection(_core.Engine("cpu"), {"fn": weight(fn), "base": weight(base), "scale": weight(scale)},
+                                hidden=D, hc_mult=hc,
+                                sinkhorn_iters=20, hc_eps=1e-6, norm_eps=1e-5, dtype="float32")
+    np.testing.assert_array_equal(hcl.pre(streams, norm=w, eps=1e-6)[2], _core.rms_norm(col, w, eps=1e-6))
+    np.testing.assert_array_equal(hcl.pre(streams)[2], col)
+    for bad in (dict(norm=w), dict(norm=w, eps=-1.0), dict(eps=float("nan")), dict(norm=w[:-1].copy(), eps=1e-6)):
+        with pytest.raises(memra.ContractError):
+            hcl.pre(streams, **bad)
+
+
 def test_mhc_post_and_head_mean_match_reference():
     r = rng(3)
     T, hc, D = 3, 4, 11

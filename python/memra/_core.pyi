@@ -320,13 +320,13 @@ def uniform_from_counter(seed: int, counter: int) -> float:
     The counter-based uniform in [0, 1) that sample draws with (exact formula in ops.h).
     """
 
-def mhc_pre(streams: Annotated[NDArray, dict(writable=False)], fn: object, base: Annotated[NDArray, dict(writable=False)], scale: Annotated[NDArray, dict(writable=False)], *, sinkhorn_iters: int, hc_eps: float, norm_eps: float, engine: Engine | None = None) -> tuple:
+def mhc_pre(streams: Annotated[NDArray, dict(writable=False)], fn: object, base: Annotated[NDArray, dict(writable=False)], scale: Annotated[NDArray, dict(writable=False)], *, sinkhorn_iters: int, hc_eps: float, norm_eps: float, rms_weight: Annotated[NDArray, dict(writable=False)] | None = None, rms_eps: float | None = None, engine: Engine | None = None) -> tuple:
     """
     mHC mapping. streams [T, hc, D] float32; fn [(2+hc)*hc, hc*D] (memra.Weight on the CPU, memra.DeviceWeight on CUDA); base [(2+hc)*hc] float32; scale [3] float32; arrays on the engine's device.
     logits = fn(unweighted RMSNorm(norm_eps) of the flattened streams); pre = sigmoid(.*scale[0] + base) + hc_eps; post = 2 sigmoid(.); comb = softmax over the last dim + hc_eps, one column normalisation, then sinkhorn_iters - 1 rounds of row then column normalisation (denominators + hc_eps).
-    Returns (post [T, hc], comb [T, hc, hc], collapsed [T, D] = sum_s pre[s] * streams[:, s]) float32.
+    Returns (post [T, hc], comb [T, hc, hc], collapsed [T, D] = sum_s pre[s] * streams[:, s]) float32. With rms_eps (and optionally rms_weight [D] float32) the third output is rms_norm(collapsed, rms_weight, eps=rms_eps) instead, the block's input norm (on CUDA at decode rows fused into the mapping's last kernel, byte for byte the two ops).
     CUDA: the RMS factor is applied to the logits (fn(x * r) = r * fn(x)); T <= 32 (decode rows, (2 + hc) * hc < 64, 16-byte rows): a split-K pass over the f32 streams (a bfloat16 fn is widened), otherwise a GEMM that rounds the streams to a bfloat16 fn's dtype. hc up to 64.
-    Raises ContractError (CONTRACT_DTYPE, CONTRACT_SHAPE, CONTRACT_STRIDE, CONTRACT_DEVICE; CONTRACT_VALUE for sinkhorn_iters < 1 or an eps that is negative or not finite), UnsupportedError (CUDA, hc > 64).
+    Raises ContractError (CONTRACT_DTYPE, CONTRACT_SHAPE, CONTRACT_STRIDE, CONTRACT_DEVICE; CONTRACT_VALUE for sinkhorn_iters < 1, an eps that is negative or not finite, or rms_weight without rms_eps), UnsupportedError (CUDA, hc > 64).
     Reference: transformers Glm5NextTextHyperConnection.forward.
     """
 
@@ -779,7 +779,10 @@ class HyperConnection:
 
     def __init__(self, engine: Engine, weights: Mapping[str, Weight], *, hidden: int, hc_mult: int, sinkhorn_iters: int, hc_eps: float, norm_eps: float, dtype: str = 'bfloat16') -> None: ...
 
-    def pre(self, streams: Annotated[NDArray, dict(writable=False)]) -> tuple:
+    def pre(self, streams: Annotated[NDArray, dict(writable=False)], *, norm: Annotated[NDArray, dict(writable=False)] | None = None, eps: float | None = None) -> tuple:
         """
-        streams [T, hc, hidden] -> (post [T, hc], comb [T, hc, hc], collapsed [T, hidden]).
+        streams [T, hc, hidden] float32 -> (post [T, hc], comb [T, hc, hc], collapsed [T, hidden]) float32, on the layer's device.
+        With eps (and optionally norm [hidden] float32), the third output is the block's input RMSNorm of collapsed, (norm *) collapsed / sqrt(mean(collapsed^2) + eps): on CUDA at decode rows fused into the mapping's last kernel, byte for byte rms_norm(collapsed, norm, eps=eps).
+        Raises ContractError (CONTRACT_SHAPE / DTYPE / DEVICE of streams or norm; CONTRACT_VALUE for a norm without eps or an eps that is negative or not finite).
+        Reference: Glm5NextTextHyperConnection.forward, then Glm5NextTextRMSNorm.
         """

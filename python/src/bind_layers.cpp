@@ -6,6 +6,7 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
 
+#include <cmath>
 #include <optional>
 #include <set>
 
@@ -376,9 +377,17 @@ void init_layers(nb::module_& m) {
           nb::arg("hc_mult"), nb::arg("sinkhorn_iters"), nb::arg("hc_eps"), nb::arg("norm_eps"), nb::arg("dtype") = "bfloat16")
       .def(
           "pre",
-          [](const HyperConnection& l, const AnyArray& streams) {
+          [](const HyperConnection& l, const AnyArray& streams, std::optional<AnyArray> norm,
+             std::optional<float> eps) {
+            const char* op = "HyperConnection.pre";
             const int hc = l.hc(), D = l.hidden();
-            const float* sp = f32_in(l.cuda(), streams, "HyperConnection.pre", "streams", {-1, hc, D});
+            const float* sp = f32_in(l.cuda(), streams, op, "streams", {-1, hc, D});
+            const float* np = norm ? f32_in(l.cuda(), *norm, op, "norm", {D}) : nullptr;
+            check_value(eps || !norm, op, "a norm weight needs its eps");
+            if (eps) {
+              check_value(std::isfinite(*eps) && *eps >= 0.0f, op,
+                          "eps must be finite and >= 0, got " + std::to_string(*eps));
+            }
             const int T = int(dim(streams, 0));
             Out post = out_f32(l.cuda(), {sz(T), sz(hc)}, false);
             Out comb = out_f32(l.cuda(), {sz(T), sz(hc), sz(hc)}, false);
@@ -386,13 +395,24 @@ void init_layers(nb::module_& m) {
             Status st;
             {
               nb::gil_scoped_release nogil;
-              st = l.pre(sp, T, post.data<float>(), comb.data<float>(), collapsed.data<float>());
+              st = eps ? l.pre_norm(sp, T, np, *eps, post.data<float>(), comb.data<float>(),
+                                    collapsed.data<float>())
+                       : l.pre(sp, T, post.data<float>(), comb.data<float>(),
+                               collapsed.data<float>());
             }
             check(st);
             return nb::make_tuple(post.obj, comb.obj, collapsed.obj);
           },
-          nb::arg("streams"),
-          "streams [T, hc, hidden] -> (post [T, hc], comb [T, hc, hc], collapsed [T, hidden]).");
+          nb::arg("streams"), nb::kw_only(), nb::arg("norm").none() = nb::none(),
+          nb::arg("eps").none() = nb::none(),
+          "streams [T, hc, hidden] float32 -> (post [T, hc], comb [T, hc, hc], collapsed [T, "
+          "hidden]) float32, on the layer's device.\nWith eps (and optionally norm [hidden] "
+          "float32), the third output is the block's input RMSNorm of collapsed, "
+          "(norm *) collapsed / sqrt(mean(collapsed^2) + eps): on CUDA at decode rows fused into "
+          "the mapping's last kernel, byte for byte rms_norm(collapsed, norm, eps=eps).\nRaises "
+          "ContractError (CONTRACT_SHAPE / DTYPE / DEVICE of streams or norm; CONTRACT_VALUE for "
+          "a norm without eps or an eps that is negative or not finite).\nReference: "
+          "Glm5NextTextHyperConnection.forward, then Glm5NextTextRMSNorm.");
 }
 
 }  // namespace memra::py

@@ -32,7 +32,8 @@ void init_ops_mhc(nb::module_& m) {
   m.def(
       "mhc_pre",
       [](const AnyArray& streams, nb::handle fn, const AnyArray& base, const AnyArray& scale,
-         int sinkhorn_iters, float hc_eps, float norm_eps, const Engine* engine) {
+         int sinkhorn_iters, float hc_eps, float norm_eps, std::optional<AnyArray> rms_weight,
+         std::optional<float> rms_eps, const Engine* engine) {
         const char* op = "mhc_pre";
         const float* sp = f32_in(engine, streams, op, "streams", {-1, -1, -1});
         const int64_t T = dim(streams, 0), hc = dim(streams, 1), D = dim(streams, 2);
@@ -55,27 +56,43 @@ void init_ops_mhc(nb::module_& m) {
                     "hc_eps must be finite and >= 0, got " + std::to_string(hc_eps));
         check_value(std::isfinite(norm_eps) && norm_eps >= 0.0f, op,
                     "norm_eps must be finite and >= 0, got " + std::to_string(norm_eps));
+        const float* rw = rms_weight ? f32_in(engine, *rms_weight, op, "rms_weight", {D}) : nullptr;
+        check_value(rms_eps || !rms_weight, op, "rms_weight needs rms_eps");
+        if (rms_eps) {
+          check_value(std::isfinite(*rms_eps) && *rms_eps >= 0.0f, op,
+                      "rms_eps must be finite and >= 0, got " + std::to_string(*rms_eps));
+        }
         Out post = out_f32(engine, {sz(T), sz(hc)});
         Out comb = out_f32(engine, {sz(T), sz(hc), sz(hc)});
         Out collapsed = out_f32(engine, {sz(T), sz(D)});
         if (on_cuda(engine)) {
           const CudaContext& c = cuda_ctx(engine);
           check_cuda(engine,
-                     c.api().mhc_pre(c.ctx(), sp, int(T), int(hc), int(D), dw->data(),
-                                     dw->dtype_code(), bp, cp, sinkhorn_iters, hc_eps, norm_eps,
-                                     post.data<float>(), comb.data<float>(),
-                                     collapsed.data<float>()),
+                     rms_eps ? c.api().mhc_pre_norm(c.ctx(), sp, int(T), int(hc), int(D),
+                                                    dw->data(), dw->dtype_code(), bp, cp,
+                                                    sinkhorn_iters, hc_eps, norm_eps, rw, *rms_eps,
+                                                    post.data<float>(), comb.data<float>(),
+                                                    collapsed.data<float>())
+                             : c.api().mhc_pre(c.ctx(), sp, int(T), int(hc), int(D), dw->data(),
+                                               dw->dtype_code(), bp, cp, sinkhorn_iters, hc_eps,
+                                               norm_eps, post.data<float>(), comb.data<float>(),
+                                               collapsed.data<float>()),
                      op);
         } else {
           nb::gil_scoped_release nogil;
           cpu::mhc_pre(sp, static_cast<int>(T), static_cast<int>(hc), static_cast<int>(D), *hw, bp,
                        cp, sinkhorn_iters, hc_eps, norm_eps, post.data<float>(),
                        comb.data<float>(), collapsed.data<float>());
+          if (rms_eps) {
+            cpu::rms_norm(collapsed.data<float>(), static_cast<int>(T), static_cast<int>(D), rw,
+                          *rms_eps, collapsed.data<float>());
+          }
         }
         return nb::make_tuple(post.obj, comb.obj, collapsed.obj);
       },
       nb::arg("streams"), nb::arg("fn"), nb::arg("base"), nb::arg("scale"), nb::kw_only(),
       nb::arg("sinkhorn_iters"), nb::arg("hc_eps"), nb::arg("norm_eps"),
+      nb::arg("rms_weight").none() = nb::none(), nb::arg("rms_eps").none() = nb::none(),
       nb::arg("engine").none() = nb::none(),
       "mHC mapping. streams [T, hc, D] float32; fn [(2+hc)*hc, hc*D] (memra.Weight on the CPU, "
       "memra.DeviceWeight on CUDA); base [(2+hc)*hc] float32; scale [3] float32; arrays on the "
@@ -83,13 +100,16 @@ void init_ops_mhc(nb::module_& m) {
       "flattened streams); pre = sigmoid(.*scale[0] + base) + hc_eps; post = 2 sigmoid(.); comb "
       "= softmax over the last dim + hc_eps, one column normalisation, then sinkhorn_iters - 1 "
       "rounds of row then column normalisation (denominators + hc_eps).\nReturns (post [T, hc], "
-      "comb [T, hc, hc], collapsed [T, D] = sum_s pre[s] * streams[:, s]) float32.\nCUDA: the "
+      "comb [T, hc, hc], collapsed [T, D] = sum_s pre[s] * streams[:, s]) float32. With rms_eps "
+      "(and optionally rms_weight [D] float32) the third output is rms_norm(collapsed, "
+      "rms_weight, eps=rms_eps) instead, the block's input norm (on CUDA at decode rows fused "
+      "into the mapping's last kernel, byte for byte the two ops).\nCUDA: the "
       "RMS factor is applied to the logits (fn(x * r) = r * fn(x)); T <= 32 (decode rows, "
       "(2 + hc) * hc < 64, 16-byte rows): a split-K pass over the f32 streams (a bfloat16 fn is "
       "widened), otherwise a GEMM that rounds the streams to a bfloat16 fn's dtype. hc up to "
       "64.\nRaises ContractError (CONTRACT_DTYPE, CONTRACT_SHAPE, CONTRACT_STRIDE, "
-      "CONTRACT_DEVICE; CONTRACT_VALUE for sinkhorn_iters < 1 or an eps that is negative or not "
-      "finite), UnsupportedError (CUDA, hc > 64).\nReference: "
+      "CONTRACT_DEVICE; CONTRACT_VALUE for sinkhorn_iters < 1, an eps that is negative or not "
+      "finite, or rms_weight without rms_eps), UnsupportedError (CUDA, hc > 64).\nReference: "
       "transformers Glm5NextTextHyperConnection.forward.");
 
   m.def(

@@ -250,6 +250,11 @@ class HyperConnection {
                        WeightMap& w, std::unique_ptr<HyperConnection>* out);
   // streams [T, hc, hidden] -> post [T, hc], comb [T, hc, hc], collapsed [T, hidden].
   Status pre(const float* streams, int T, float* post, float* comb, float* collapsed) const;
+  // pre, then the block's input RMSNorm: out [T, hidden] = cpu::rms_norm(collapsed, rms_w, rms_eps)
+  // with rms_w [hidden] (on the layer's device) or null. On CUDA at decode rows the norm runs
+  // inside the mapping's finishing kernel, with the bytes of pre followed by rms_norm.
+  Status pre_norm(const float* streams, int T, const float* rms_w, float rms_eps, float* post,
+                  float* comb, float* out) const;
   int hc() const { return hc_; }
   int hidden() const { return hidden_; }
 
@@ -261,7 +266,9 @@ class HyperConnection {
   const std::shared_ptr<CudaContext>& cuda() const { return cuda_; }
 
  private:
-  Status pre_cuda(const float* streams, int T, float* post, float* comb, float* collapsed) const;
+  // rms: out = rms_norm(collapsed, rms_w, rms_eps) (memra_cuda_mhc_pre_norm).
+  Status pre_cuda(const float* streams, int T, bool rms, const float* rms_w, float rms_eps,
+                  float* post, float* comb, float* collapsed) const;
   std::shared_ptr<CudaContext> cuda_;
   DeviceWeight d_fn_, d_base_, d_scale_;
   int hidden_ = 0, hc_ = 0, iters_ = 0;

@@ -2,6 +2,7 @@
 // hyper-connection site. References: Glm5NextTextMLP, Glm5NextTextMoE,
 // Glm5NextTextHyperConnection (transformers 5.17, modeling_glm5_next.py).
 #include <algorithm>
+#include <cmath>
 #include <vector>
 
 #include "memra/layers.h"
@@ -115,9 +116,20 @@ Status HyperConnection::create(int hidden, int hc, int sinkhorn_iters, float hc_
 }
 
 Status HyperConnection::pre(const float* streams, int T, float* post, float* comb, float* collapsed) const {
-  if (cuda_) return pre_cuda(streams, T, post, comb, collapsed);
+  if (cuda_) return pre_cuda(streams, T, false, nullptr, 0.0f, post, comb, collapsed);
   cpu::mhc_pre(streams, T, hc_, hidden_, fn_, base_.data(), scale_.data(), iters_, hc_eps_, norm_eps_,
                post, comb, collapsed);
+  return Status::Ok();
+}
+
+Status HyperConnection::pre_norm(const float* streams, int T, const float* rms_w, float rms_eps,
+                                 float* post, float* comb, float* out) const {
+  if (!(rms_eps >= 0.0f && std::isfinite(rms_eps))) {
+    return Status(kContractValue, "HyperConnection.pre: the norm's eps must be finite and >= 0");
+  }
+  if (cuda_) return pre_cuda(streams, T, true, rms_w, rms_eps, post, comb, out);
+  MEMRA_TRY(pre(streams, T, post, comb, out));
+  cpu::rms_norm(out, T, hidden_, rms_w, rms_eps, out);
   return Status::Ok();
 }
 

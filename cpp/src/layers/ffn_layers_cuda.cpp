@@ -88,10 +88,18 @@ Status HyperConnection::to_device(std::shared_ptr<CudaContext> cuda, DType /*dty
   return Status::Ok();
 }
 
-Status HyperConnection::pre_cuda(const float* streams, int T, float* post, float* comb,
-                                 float* collapsed) const {
+Status HyperConnection::pre_cuda(const float* streams, int T, bool rms, const float* rms_w,
+                                 float rms_eps, float* post, float* comb, float* collapsed) const {
   const CudaContext& c = *cuda_;
   gpu::ResidentWeights resident(c);
+  if (rms) {
+    MEMRA_GPU(c, c.api().mhc_pre_norm(c.ctx(), streams, T, hc_, hidden_, d_fn_.data(),
+                                      d_fn_.dtype_code(), gpu::f32p(d_base_), gpu::f32p(d_scale_),
+                                      iters_, hc_eps_, norm_eps_, rms_w, rms_eps, post, comb,
+                                      collapsed),
+              "HyperConnection.pre");
+    return Status::Ok();
+  }
   MEMRA_GPU(c, c.api().mhc_pre(c.ctx(), streams, T, hc_, hidden_, d_fn_.data(), d_fn_.dtype_code(),
                                gpu::f32p(d_base_), gpu::f32p(d_scale_), iters_, hc_eps_, norm_eps_,
                                post, comb, collapsed),

@@ -189,8 +189,8 @@ class Glm5NextTextModel:
         streams = _core.hc_expand(x, cfg.hc_mult, engine=e)
         topk = None
         for i, b in enumerate(self.blocks):
-            post, comb, h = b.attn_hc.pre(streams)
-            h = _core.rms_norm(h, b.input_norm, eps=eps, engine=e)
+            # The mHC mapping and the block's input norm in one call (fused on CUDA decode rows).
+            post, comb, h = b.attn_hc.pre(streams, norm=b.input_norm, eps=eps)
             if b.kind == "kda":
                 h = b.mixer.decode(cache, i, slots, h) if decode else b.mixer.prefill(cache, i, int(slots[0]), h)
             else:
@@ -204,8 +204,7 @@ class Glm5NextTextModel:
                     if record is not None:
                         record[i] = self.engine.to_host(idx) if e else idx
             streams = _core.mhc_post(h, post, comb, streams, engine=e)
-            post, comb, h = b.ffn_hc.pre(streams)
-            h = _core.rms_norm(h, b.post_norm, eps=eps, engine=e)
+            post, comb, h = b.ffn_hc.pre(streams, norm=b.post_norm, eps=eps)
             h = b.mlp.forward(h)[0] if b.sparse_mlp else b.mlp.forward(h)
             streams = _core.mhc_post(h, post, comb, streams, engine=e)
         return _core.rms_norm(_core.hc_head_mean(streams, engine=e), self.final_norm, eps=eps, engine=e)

@@ -45,6 +45,13 @@
   X(mhc_pre, (MemraCudaCtx * ctx, const float* streams, int T, int hc, int D, const void* fn,     \
               int fn_dtype, const float* base, const float* scale, int sinkhorn_iters,            \
               float hc_eps, float norm_eps, float* post, float* comb, float* collapsed))          \
+  /* mhc_pre, then cpu::rms_norm of collapsed: out [T, D] = rms_norm(collapsed, rms_w [D] or     \
+     null, rms_eps); equal byte for byte to mhc_pre followed by rms_norm. 40001 for a negative or \
+     non-finite rms_eps. */                                                                       \
+  X(mhc_pre_norm, (MemraCudaCtx * ctx, const float* streams, int T, int hc, int D, const void* fn,\
+                   int fn_dtype, const float* base, const float* scale, int sinkhorn_iters,       \
+                   float hc_eps, float norm_eps, const float* rms_w, float rms_eps, float* post,  \
+                   float* comb, float* out))                                                      \
   /* cpu::mhc_post: y [T, D]; post [T, hc]; comb [T, hc, hc]; residual, out [T, hc, D]. */       \
   X(mhc_post, (MemraCudaCtx * ctx, const float* y, const float* post, const float* comb,          \
                const float* residual, int T, int hc, int D, float* out))                          \

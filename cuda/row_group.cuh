@@ -1,0 +1,88 @@
+// Row reductions shared by the per-row norms (cuda/basic.cu) and the fused mHC + RMSNorm
+// finishing kernel (cuda/mhc.cu): one reduction order, so a norm fused into another kernel gives
+// the bytes of the standalone norm kernel.
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+
+#include "common.cuh"
+
+namespace memra::cuda::rowsum {
+
+// ---------------------------------------------------------------------------------------------
+// Row reductions. A "group" of G threads (G a power of two, 32..1024) owns one row; a block of
+// kBlock(G) = max(G, 256) threads holds kBlock / G rows. Threads stride the row by G, so loads
+// are coalesced; partial sums meet through warp shuffles and (G > 32) one slot per warp in
+// shared memory. Rows past the end still take part in every __syncthreads.
+
+template <int G>
+struct Group {
+  static_assert(G >= 32 && G <= 1024 && (G & (G - 1)) == 0, "G: power of two in [32, 1024]");
+  static constexpr int kBlock = G >= 256 ? G : 256;
+  static constexpr int kRows = kBlock / G;
+  static constexpr int kWarps = kBlock / 32;
+};
+
+// Sum of `v` over the calling thread's group; every thread of the group gets the total. `red`
+// holds Group<G>::kWarps floats. Contains two __syncthreads when G > 32 (all threads of the
+// block must call it), so `red` can be reused by the next call at once.
+template <int G>
+__device__ __forceinline__ float group_sum(float v, float* red) {
+  v = warp_sum(v);
+  if constexpr (G == 32) {
+    return v;
+  } else {
+    const int warp = threadIdx.x >> 5;
+    if ((threadIdx.x & 31) == 0) red[warp] = v;
+    __syncthreads();
+    const int first = (threadIdx.x / G) * (G / 32);
+    float s = 0.0f;
+#pragma unroll
+    for (int i = 0; i < G / 32; ++i) s += red[first + i];
+    __syncthreads();
+    return s;
+  }
+}
+
+// Threads per row for width D: about 4 elements per thread, 32..1024.
+inline int group_for(int D) {
+  int g = 32;
+  while (g < 1024 && g * 4 < D) g *= 2;
+  return g;
+}
+
+// Calls f(std::integral_constant<int, G>) for the runtime group size g.
+template <typename F>
+void with_group(int g, F&& f) {
+  switch (g) {
+    case 32: f(std::integral_constant<int, 32>{}); break;
+    case 64: f(std::integral_constant<int, 64>{}); break;
+    case 128: f(std::integral_constant<int, 128>{}); break;
+    case 256: f(std::integral_constant<int, 256>{}); break;
+    case 512: f(std::integral_constant<int, 512>{}); break;
+    default: f(std::integral_constant<int, 1024>{}); break;
+  }
+}
+
+template <int G>
+unsigned row_blocks(int64_t rows) {
+  return ceil_div(rows, Group<G>::kRows);
+}
+
+// The sum of x[i]^2 over the row (group-strided, then group_sum; 0 for a dead row), shared by the
+// RMS norms. Every thread of the block calls it (group_sum has barriers).
+template <int G>
+__device__ __forceinline__ float row_sum_squares(const float* xr, bool live, int lane, int D,
+                                                 float* red) {
+  float ss = 0.0f;
+  if (live) {
+    for (int i = lane; i < D; i += G) {
+      const float v = xr[i];
+      ss += v * v;
+    }
+  }
+  return group_sum<G>(ss, red);
+}
+
+}  // namespace memra::cuda::rowsum
