@@ -15,7 +15,7 @@ rotation). bytes = the weight, read once; frac_of_copy = bytes / memra_us over t
 Extra fields: max_rel_err_cpu (memra vs a float64 product of the same bf16 operands),
 gemv_rows (env MEMRA_GEMV_ROWS, when set).
 
-    python3 benchmarks/bench_gemv.py [--quick]
+    python3 benchmarks/bench_gemv.py [--quick] [--only kda_o,mla_o] [--rows 1]
 """
 
 from __future__ import annotations
@@ -40,6 +40,8 @@ PEER = "torch F.linear (bf16, cuBLAS)"
 
 def main() -> int:
     p = base_parser(__doc__.split("\n\n")[0])
+    p.add_argument("--only", default=None, help="comma-separated shape names (default: all)")
+    p.add_argument("--rows", default=None, help="comma-separated T values (default 1,4)")
     args = p.parse_args()
     b = Bench(args, "gemv")
     torch = b.torch
@@ -48,6 +50,10 @@ def main() -> int:
     from memra import _core
 
     shapes, rows = (SHAPES, ROWS) if b.cuda else SMOKE
+    if args.only:
+        shapes = [sh for sh in shapes if sh[0] in args.only.split(",")]
+    if args.rows:
+        rows = [int(v) for v in args.rows.split(",")]
     e = b.engine
 
     def engine_with(**env):

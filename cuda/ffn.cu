@@ -879,9 +879,16 @@ int launch_moe_grouped(MemraCudaCtx* ctx, const float* x, int T, int D, const in
 
 extern "C" {
 
-int memra_cuda_swiglu_mlp(MemraCudaCtx* ctx, const float* x, int T, int D, const void* gate_w,
-                          const void* up_w, const void* down_w, int w_dtype, int I, float limit,
-                          float* y) {
+}  // extern "C"
+
+namespace {
+
+// memra_cuda_swiglu_mlp, plus add [T, D] (or null) summed into y: at T = 1 as the down GEMV's bias
+// (its s += bias[n] after the row's sum: mlp + add, the same bits as the add kernel's a + b in
+// either order), otherwise memra_cuda_add after the down GEMM.
+int swiglu_mlp_impl(MemraCudaCtx* ctx, const float* x, int T, int D, const void* gate_w,
+                    const void* up_w, const void* down_w, int w_dtype, int I, float limit,
+                    const float* add, float* y) {
   MEMRA_CUDA_RETURN_IF(enter(ctx));
   if (T < 0 || D < 0 || I < 0) return memra::kContractValue;
   if (w_dtype < 0 || w_dtype > 2) return memra::kContractDType;
@@ -910,7 +917,10 @@ int memra_cuda_swiglu_mlp(MemraCudaCtx* ctx, const float* x, int T, int D, const
     }
     MEMRA_CUDA_RETURN_IF(launch_status());
     // h already in the down weight's dtype: no rounding launch before the GEMM.
-    return memra_cuda_linear_ex(ctx, h, w_dtype, I, T, I, down_w, w_dtype, D, nullptr, y);
+    const bool bias = add && T == 1;
+    MEMRA_CUDA_RETURN_IF(
+        memra_cuda_linear_ex(ctx, h, w_dtype, I, T, I, down_w, w_dtype, D, bias ? add : nullptr, y));
+    return add && !bias ? memra_cuda_add(ctx, y, add, static_cast<int64_t>(T) * D, y) : memra::kOk;
   }
   Scratch gu(ctx, sizeof(float) * 2 * static_cast<size_t>(n));
   MEMRA_CUDA_RETURN_IF(gu.status());
@@ -923,7 +933,24 @@ int memra_cuda_swiglu_mlp(MemraCudaCtx* ctx, const float* x, int T, int D, const
     MEMRA_CUDA_RETURN_IF(launch_status());
   }
   // I == 0: linear writes y = 0 (an empty sum), as cpu::linear does.
-  return memra_cuda_linear(ctx, g, T, I, down_w, w_dtype, D, nullptr, y);
+  MEMRA_CUDA_RETURN_IF(memra_cuda_linear(ctx, g, T, I, down_w, w_dtype, D, nullptr, y));
+  return add ? memra_cuda_add(ctx, y, add, static_cast<int64_t>(T) * D, y) : memra::kOk;
+}
+
+}  // namespace
+
+extern "C" {
+
+int memra_cuda_swiglu_mlp(MemraCudaCtx* ctx, const float* x, int T, int D, const void* gate_w,
+                          const void* up_w, const void* down_w, int w_dtype, int I, float limit,
+                          float* y) {
+  return swiglu_mlp_impl(ctx, x, T, D, gate_w, up_w, down_w, w_dtype, I, limit, nullptr, y);
+}
+
+int memra_cuda_swiglu_mlp_add(MemraCudaCtx* ctx, const float* x, int T, int D, const void* gate_w,
+                              const void* up_w, const void* down_w, int w_dtype, int I,
+                              float limit, const float* add, float* y) {
+  return swiglu_mlp_impl(ctx, x, T, D, gate_w, up_w, down_w, w_dtype, I, limit, add, y);
 }
 
 int memra_cuda_moe_route(MemraCudaCtx* ctx, const float* x, int T, int D, const float* gate_w,

@@ -136,6 +136,22 @@ def test_gemv_equals_cublas_closely_and_bytes_do_not_depend_on_row_tiles(e, monk
         assert np.array_equal(got, ours), f"MEMRA_GEMV_ROWS={rows} changed the bytes"
 
 
+@pytest.mark.parametrize("K", [8192, 12296])  # tall rows: two and three chunks (and a ragged one)
+def test_gemv_tall_rows_match_cpu_and_bytes_do_not_depend_on_row_tiles(e, monkeypatch, K):
+    N = 300
+    r = rng(K)
+    x = f32(r.standard_normal((1, K)))
+    w = bf16_weight(r.standard_normal((N, K)) / np.sqrt(K))
+
+    def run(eng):
+        return eng.to_host(_core.linear(eng.to_device(x), memra.DeviceWeight(eng, w), engine=eng))
+
+    ours = run(e)
+    close_scaled(ours, _core.linear(bf16_round(x), w), 1e-5)
+    for env in (dict(MEMRA_GEMV_ROWS="1"), dict(MEMRA_GEMV_ROWS="8")):
+        assert np.array_equal(run(_engine(monkeypatch, **env)), ours), f"{env} changed the bytes"
+
+
 def test_gemv_edge_values(e):
     # Large magnitudes stay finite (bf16 has f32's exponent range); zero rows give zeros.
     r = rng(5)

@@ -189,6 +189,9 @@ class MlpLayer {
                        std::unique_ptr<MlpLayer>* out);
   // x, y [T, hidden] (device pointers after to_device; the CUDA path returns its status).
   Status forward(const float* x, int T, float* y) const;
+  // y = forward(x) + add, add [T, hidden] not aliasing y (MoeLayer: the shared expert plus the
+  // routed sum; on CUDA at T = 1 the add is the down GEMV's bias, no extra launch).
+  Status forward_add(const float* x, int T, const float* add, float* y) const;
   int hidden() const { return hidden_; }
 
   // Move the weights to a CUDA device, converted once to `dtype` (kF32 or kBF16; norm weights,
@@ -199,7 +202,7 @@ class MlpLayer {
   const std::shared_ptr<CudaContext>& cuda() const { return cuda_; }
 
  private:
-  Status forward_cuda(const float* x, int T, float* y) const;
+  Status forward_cuda(const float* x, int T, const float* add, float* y) const;
   std::shared_ptr<CudaContext> cuda_;
   DeviceWeight d_gate_up_, d_down_;  // gate | up: [2 * intermediate, hidden]
   int hidden_ = 0, intermediate_ = 0;

@@ -26,8 +26,16 @@ Status MlpLayer::create(int hidden, int intermediate, float swiglu_limit, Weight
 }
 
 Status MlpLayer::forward(const float* x, int T, float* y) const {
-  if (cuda_) return forward_cuda(x, T, y);
+  if (cuda_) return forward_cuda(x, T, nullptr, y);
   cpu::swiglu_mlp(x, T, gate_, up_, down_, limit_, y);
+  return Status::Ok();
+}
+
+Status MlpLayer::forward_add(const float* x, int T, const float* add, float* y) const {
+  if (cuda_) return forward_cuda(x, T, add, y);
+  cpu::swiglu_mlp(x, T, gate_, up_, down_, limit_, y);
+  const int64_t n = int64_t(T) * hidden_;
+  for (int64_t i = 0; i < n; ++i) y[i] += add[i];
   return Status::Ok();
 }
 

@@ -20,11 +20,17 @@ Status MlpLayer::to_device(std::shared_ptr<CudaContext> cuda, DType dtype) {
   return Status::Ok();
 }
 
-Status MlpLayer::forward_cuda(const float* x, int T, float* y) const {
+Status MlpLayer::forward_cuda(const float* x, int T, const float* add, float* y) const {
   const CudaContext& c = *cuda_;
   gpu::ResidentWeights resident(c);
   const char* gate = static_cast<const char*>(d_gate_up_.data());
   const char* up = gate + size_t(intermediate_) * size_t(hidden_) * dtype_size(d_gate_up_.dtype);
+  if (add) {
+    MEMRA_GPU(c, c.api().swiglu_mlp_add(c.ctx(), x, T, hidden_, gate, up, d_down_.data(),
+                                        d_gate_up_.dtype_code(), intermediate_, limit_, add, y),
+              "MlpLayer.forward");
+    return Status::Ok();
+  }
   MEMRA_GPU(c, c.api().swiglu_mlp(c.ctx(), x, T, hidden_, gate, up, d_down_.data(),
                                   d_gate_up_.dtype_code(), intermediate_, limit_, y),
             "MlpLayer.forward");
@@ -59,21 +65,21 @@ Status MoeLayer::forward_cuda(const float* x, int T, float* y, int32_t* topk_idx
   const int D = cfg_.hidden, K = cfg_.top_k;
   gpu::Arena a(cuda_);
   int32_t* idx;
-  float *wts, *shared;
+  float* wts;
   MEMRA_TRY(a.take(int64_t(T) * K, &idx));
   MEMRA_TRY(a.take(int64_t(T) * K, &wts));
   MEMRA_GPU(c, c.api().moe_route(c.ctx(), x, T, D, gpu::f32p(d_router_),
                                  d_corr_.buffer ? gpu::f32p(d_corr_) : nullptr, cfg_.n_experts, K,
                                  cfg_.n_group, cfg_.topk_group, cfg_.norm_topk_prob ? 1 : 0,
                                  cfg_.routed_scaling, idx, wts), op);
+  // With a shared expert the routed sum goes to scratch and rides into y on the shared expert's
+  // down projection (y = shared + routed; the same bits as routed + shared).
+  float* routed = y;
+  if (shared_) MEMRA_TRY(a.take(int64_t(T) * D, &routed));
   MEMRA_GPU(c, c.api().moe_forward(c.ctx(), x, T, D, idx, wts, K, d_gate_.data(), d_up_.data(),
                                    d_down_.data(), d_gate_.dtype_code(), cfg_.n_experts,
-                                   cfg_.intermediate, cfg_.swiglu_limit, y), op);
-  if (shared_) {
-    MEMRA_TRY(a.take(int64_t(T) * D, &shared));
-    MEMRA_TRY(shared_->forward(x, T, shared));
-    MEMRA_GPU(c, c.api().add(c.ctx(), y, shared, int64_t(T) * D, y), op);
-  }
+                                   cfg_.intermediate, cfg_.swiglu_limit, routed), op);
+  if (shared_) MEMRA_TRY(shared_->forward_add(x, T, routed, y));
   if (topk_idx) MEMRA_GPU(c, c.api().copy(c.ctx(), topk_idx, idx, size_t(T) * K * sizeof(int32_t)), op);
   return Status::Ok();
 }

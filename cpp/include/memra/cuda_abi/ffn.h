@@ -6,6 +6,10 @@
   /* x [T, D]; gate_w, up_w [I, D]; down_w [D, I] (all w_dtype); y [T, D]. */                     \
   X(swiglu_mlp, (MemraCudaCtx * ctx, const float* x, int T, int D, const void* gate_w,            \
                  const void* up_w, const void* down_w, int w_dtype, int I, float limit, float* y)) \
+  /* swiglu_mlp + add: y = swiglu_mlp(x) + add, add [T, D] (may not alias y). */                  \
+  X(swiglu_mlp_add, (MemraCudaCtx * ctx, const float* x, int T, int D, const void* gate_w,        \
+                     const void* up_w, const void* down_w, int w_dtype, int I, float limit,       \
+                     const float* add, float* y))                                                 \
   /* Router on f32 logits: gate_w [E, D] f32; corr_bias [E] or null; topk_idx, topk_w [T, top_k]. \
      Same order and values as cpu::moe_route. */                                                  \
   X(moe_route, (MemraCudaCtx * ctx, const float* x, int T, int D, const float* gate_w,            \
