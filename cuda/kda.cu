@@ -127,14 +127,25 @@ __global__ void conv_prefill_kernel(const float* __restrict__ x, int T, int C, i
 // channel c's ring: ring_out[b][c, j] = window[1 + j]. A null ring_in[b] reads zeros; a null
 // ring_out[b] is skipped. y (b, c) at y_group_at(c, B, G) + b * G, as the prefill arm's (t, c).
 // Grid: x over channels, y (strided) over sequences.
-template <int K>
+// L2 (memra_cuda_kda_conv_decode_l2; C % kConvThreads == 0): a block's kConvThreads channels
+// below l2_channels are one head of q or k (dk == kConvThreads), L2-normalised before the store
+// with l2norm_kernel<32>'s arithmetic (warp 0: lane l sums the squares of channels l, l + 32,
+// ..., then the butterfly; sqrt(ss + eps); each value divided by it), so the bytes are those of
+// the conv followed by l2norm_heads, and the prefill path (which runs the two) still agrees.
+constexpr int kConvThreads = 128;
+
+template <int K, bool L2>
 __global__ void conv_decode_kernel(const float* __restrict__ x, int B, int C, int G,
                                    const float* __restrict__ w, const float* const* ring_in,
-                                   float* const* ring_out, float* __restrict__ y) {
+                                   float* const* ring_out, float* __restrict__ y, int l2_channels,
+                                   float l2_eps) {
   memra::cuda::pdl_trigger();
   constexpr int R = K - 1;
+  __shared__ float ys[L2 ? kConvThreads : 1];
+  __shared__ float norm;
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
-  if (c >= C) return;
+  if (!L2 && c >= C) return;  // L2: every thread is a channel (and takes the barriers)
+  const bool l2 = L2 && static_cast<int>(blockIdx.x) * kConvThreads < l2_channels;  // block-uniform
   float* y_c = y + y_group_at(c, B, G);
   float wr[K];
 #pragma unroll
@@ -147,7 +158,23 @@ __global__ void conv_decode_kernel(const float* __restrict__ x, int B, int C, in
 #pragma unroll
     for (int k = 0; k < R; ++k) win[k] = ring_c ? ring_c[k] : 0.0f;
     win[R] = x[xi];
-    y_c[static_cast<int64_t>(b) * G] = conv_silu_window<K>(win, wr);
+    float v = conv_silu_window<K>(win, wr);
+    if (l2) {
+      ys[threadIdx.x] = v;
+      __syncthreads();
+      if (threadIdx.x < 32) {
+        float ss = 0.0f;
+        for (int i = threadIdx.x; i < kConvThreads; i += 32) {
+          const float u = ys[i];
+          ss += u * u;
+        }
+        ss = memra::cuda::warp_sum(ss);
+        if (threadIdx.x == 0) norm = sqrtf(ss + l2_eps);
+      }
+      __syncthreads();
+      v = v / norm;
+    }
+    y_c[static_cast<int64_t>(b) * G] = v;
     float* rout = ring_out[b];
     if (rout) {
 #pragma unroll
@@ -156,7 +183,6 @@ __global__ void conv_decode_kernel(const float* __restrict__ x, int B, int C, in
   }
 }
 
-constexpr int kConvThreads = 128;
 constexpr int kConvChunk = 16;   // tokens per thread in the prefill arm
 constexpr int kMaxGridY = 65535;
 
@@ -172,9 +198,16 @@ void launch_conv_prefill(cudaStream_t s, const float* x, int T, int C, int G, co
 
 template <int K>
 void launch_conv_decode(cudaStream_t s, const float* x, int B, int C, int G, const float* w,
-                        const float* const* ring_in, float* const* ring_out, float* y) {
+                        const float* const* ring_in, float* const* ring_out, float* y,
+                        int l2_channels, float l2_eps) {
   const dim3 grid(memra::cuda::ceil_div(C, kConvThreads), B < kMaxGridY ? B : kMaxGridY);
-  conv_decode_kernel<K><<<grid, kConvThreads, 0, s>>>(x, B, C, G, w, ring_in, ring_out, y);
+  if (l2_channels > 0) {
+    conv_decode_kernel<K, true><<<grid, kConvThreads, 0, s>>>(x, B, C, G, w, ring_in, ring_out, y,
+                                                              l2_channels, l2_eps);
+  } else {
+    conv_decode_kernel<K, false><<<grid, kConvThreads, 0, s>>>(x, B, C, G, w, ring_in, ring_out,
+                                                               y, 0, 0.0f);
+  }
 }
 
 // Calls f(std::integral_constant<int, K>) for K in 2..8; false for any other K.
@@ -197,10 +230,17 @@ bool dispatch_conv_k(int K, F&& f) {
 // g[t, h*dk + i] from f[t, h*dk + i] + dt_bias[h*dk + i] and A_log[h], cpu::kda_gate's
 // arithmetic op for op. Thread = one column (its head's rate and its bias loaded once), rows
 // strided over grid.y. g may alias f (each element is read, then written, by one thread).
+// beta (memra_cuda_kda_gate_beta): block (0, 0) also turns the nbeta logits beta into
+// 1 / (1 + exp(-beta)) in place, memra_cuda_sigmoid's arithmetic (one launch less per step).
 __global__ void gate_kernel(const float* f, const float* __restrict__ dt_bias,
                             const float* __restrict__ A_log, int T, int D, int dk, int form,
-                            float lower_bound, float* g) {
+                            float lower_bound, float* g, float* beta, int64_t nbeta) {
   memra::cuda::pdl_trigger();
+  if (beta && blockIdx.x == 0 && blockIdx.y == 0) {
+    for (int64_t i = threadIdx.x; i < nbeta; i += blockDim.x) {
+      beta[i] = 1.0f / (1.0f + expf(-beta[i]));
+    }
+  }
   const int col = blockIdx.x * blockDim.x + threadIdx.x;  // h*dk + i
   if (col >= D) return;
   const float decay_rate = expf(A_log[col / dk]);
@@ -627,26 +667,60 @@ int memra_cuda_kda_conv_prefill(MemraCudaCtx* ctx, const float* x, int T, int C,
   return launch_status();
 }
 
-int memra_cuda_kda_conv_decode(MemraCudaCtx* ctx, const float* x, int B, int C, int G,
-                               const float* w, int K, const float* const* ring_in,
-                               float* const* ring_out, float* y) {
+}  // extern "C"
+
+namespace {
+
+// memra_cuda_kda_conv_decode, then (l2_groups > 0) l2norm_heads over the first l2_groups channel
+// groups of y, as rows of dk: in the conv kernel when a block's channels are exactly one head
+// (dk == kConvThreads, G and C multiples of it), else memra_cuda_l2norm_heads after it.
+int conv_decode_impl(MemraCudaCtx* ctx, const float* x, int B, int C, int G, const float* w,
+                     int K, const float* const* ring_in, float* const* ring_out, float* y,
+                     int l2_groups, int dk, float eps) {
   MEMRA_CUDA_RETURN_IF(enter(ctx));
   if (B < 0 || C < 0) return memra::kContractShape;
   if (C > 0 && (G < 1 || C % G != 0)) return memra::kContractShape;
+  if (l2_groups > 0 && (dk < 1 || G % dk != 0 || int64_t(l2_groups) * G > C)) {
+    return memra::kContractShape;
+  }
   if (K < 1) return memra::kContractValue;
   if (K < 2 || K > 8) return memra::kUnsupportedGeometry;
   if (B == 0 || C == 0) return memra::kOk;
   if (!x || !w || !ring_out || !y) return memra::kContractMissing;
+  const bool fused = l2_groups > 0 && dk == kConvThreads && G % kConvThreads == 0;
+  const int l2_channels = fused ? l2_groups * G : 0;
   const bool ok = dispatch_conv_k(K, [&](auto kc) {
-    launch_conv_decode<decltype(kc)::value>(ctx->stream, x, B, C, G, w, ring_in, ring_out, y);
+    launch_conv_decode<decltype(kc)::value>(ctx->stream, x, B, C, G, w, ring_in, ring_out, y,
+                                            l2_channels, eps);
   });
   if (!ok) return memra::kUnsupportedGeometry;
-  return launch_status();
+  MEMRA_CUDA_RETURN_IF(launch_status());
+  if (l2_groups > 0 && !fused) {
+    return memra_cuda_l2norm_heads(ctx, y, l2_groups * B, G / dk, dk, eps);
+  }
+  return memra::kOk;
 }
 
-int memra_cuda_kda_gate(MemraCudaCtx* ctx, const float* f, const float* dt_bias,
-                        const float* A_log, int T, int H, int dk, int form, float lower_bound,
-                        float* g) {
+}  // namespace
+
+extern "C" {
+
+int memra_cuda_kda_conv_decode(MemraCudaCtx* ctx, const float* x, int B, int C, int G,
+                               const float* w, int K, const float* const* ring_in,
+                               float* const* ring_out, float* y) {
+  return conv_decode_impl(ctx, x, B, C, G, w, K, ring_in, ring_out, y, 0, 0, 0.0f);
+}
+
+int memra_cuda_kda_conv_decode_l2(MemraCudaCtx* ctx, const float* x, int B, int C, int G,
+                                  const float* w, int K, const float* const* ring_in,
+                                  float* const* ring_out, float* y, int l2_groups, int dk,
+                                  float eps) {
+  return conv_decode_impl(ctx, x, B, C, G, w, K, ring_in, ring_out, y, l2_groups, dk, eps);
+}
+
+int memra_cuda_kda_gate_beta(MemraCudaCtx* ctx, const float* f, const float* dt_bias,
+                             const float* A_log, int T, int H, int dk, int form,
+                             float lower_bound, float* g, float* beta, int64_t nbeta) {
   MEMRA_CUDA_RETURN_IF(enter(ctx));
   if (form != 0 && form != 1) return memra::kContractValue;
   if (T < 0 || H < 0 || dk < 0) return memra::kContractShape;
@@ -654,12 +728,20 @@ int memra_cuda_kda_gate(MemraCudaCtx* ctx, const float* f, const float* dt_bias,
   if (D > 0x7fffffffLL) return memra::kContractShape;
   if (T == 0 || D == 0) return memra::kOk;
   if (!f || !dt_bias || !A_log || !g) return memra::kContractMissing;
+  if (nbeta < 0 || (nbeta > 0 && !beta)) return memra::kContractValue;
   const int row_blocks = static_cast<int>(memra::cuda::ceil_div(T, kGateRowsPerBlock));
   const dim3 grid(memra::cuda::ceil_div(D, kGateThreads),
                   row_blocks < kMaxGridY ? row_blocks : kMaxGridY);
   gate_kernel<<<grid, kGateThreads, 0, ctx->stream>>>(f, dt_bias, A_log, T, static_cast<int>(D),
-                                                      dk, form, lower_bound, g);
+                                                      dk, form, lower_bound, g, beta, nbeta);
   return launch_status();
+}
+
+int memra_cuda_kda_gate(MemraCudaCtx* ctx, const float* f, const float* dt_bias,
+                        const float* A_log, int T, int H, int dk, int form, float lower_bound,
+                        float* g) {
+  return memra_cuda_kda_gate_beta(ctx, f, dt_bias, A_log, T, H, dk, form, lower_bound, g, nullptr,
+                                  0);
 }
 
 int memra_cuda_kda_scan(MemraCudaCtx* ctx, const float* q, const float* k, const float* v,

@@ -161,13 +161,16 @@ Status KdaLayer::run_cuda(Cache& cache, int layer, int B, int T, const Planes& p
   // into q, k, v by the conv's group width qkv.
   const float* conv_w = gpu::f32p(g.conv_w);
   MEMRA_GPU(c, gpu::linear_in(c, xr, N, g.qkv, nullptr, raw), op);
+  // Then q and k (the first 2 channel groups, 2N rows of [H, dk]) L2-normalised: inside the conv
+  // kernel at decode (the bytes of the two launches prefill runs).
   if (decode) {
-    MEMRA_GPU(c, api.kda_conv_decode(ctx, raw, B, C, qkv, conv_w, K, ring_in, ring_out, act), op);
+    MEMRA_GPU(c, api.kda_conv_decode_l2(ctx, raw, B, C, qkv, conv_w, K, ring_in, ring_out, act, 2,
+                                        dk, kL2Eps), op);
   } else {
     MEMRA_GPU(c, api.kda_conv_prefill(ctx, raw, T, C, qkv, conv_w, K, planes.ring_in,
                                       planes.ring_out, act), op);
+    MEMRA_GPU(c, api.l2norm_heads(ctx, act, 2 * N, H, dk, kL2Eps), op);
   }
-  MEMRA_GPU(c, api.l2norm_heads(ctx, act, 2 * N, H, dk, kL2Eps), op);  // q and k: 2N rows
 
   // Both gates' low-rank halves in one GEMM (N == 1: with beta's logits), rounded once for f_b
   // and g_b (the rows of N > 1 would interleave beta's columns with the next row's).
@@ -175,12 +178,12 @@ Status KdaLayer::run_cuda(Cache& cache, int layer, int B, int T, const Planes& p
   gpu::Rounded lowr;
   MEMRA_TRY(gpu::round_input(c, a, low, N, n_low, g.f_b.dtype, &lowr, op));
 
-  // Forget gate (raw log gate) and beta.
+  // Forget gate (raw log gate) and beta (its sigmoid in the gate's launch).
   MEMRA_GPU(c, gpu::linear_in(c, lowr, N, g.f_b, nullptr, gate_f), op);
-  MEMRA_GPU(c, api.kda_gate(ctx, gate_f, gpu::f32p(g.dt_bias), gpu::f32p(g.a_log), N, H, dk,
-                            static_cast<int>(cfg_.gate_form), cfg_.lower_bound, gate_f), op);
   if (N != 1) MEMRA_GPU(c, gpu::linear_in(c, xr, N, g.b_proj, nullptr, beta), op);
-  MEMRA_GPU(c, api.sigmoid(ctx, beta, int64_t(N) * H, beta), op);
+  MEMRA_GPU(c, api.kda_gate_beta(ctx, gate_f, gpu::f32p(g.dt_bias), gpu::f32p(g.a_log), N, H, dk,
+                                 static_cast<int>(cfg_.gate_form), cfg_.lower_bound, gate_f, beta,
+                                 int64_t(N) * H), op);
 
   // The delta-rule scan: B sequences of T steps, state planes cur -> 1 - cur.
   if (!decode) {

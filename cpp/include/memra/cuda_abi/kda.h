@@ -18,10 +18,19 @@
      Values equal kda_conv_prefill at T = 1 bit for bit. */                                       \
   X(kda_conv_decode, (MemraCudaCtx * ctx, const float* x, int B, int C, int G, const float* w,    \
                       int K, const float* const* ring_in, float* const* ring_out, float* y))      \
+  /* kda_conv_decode, then cpu::l2norm_heads(eps) of the first l2_groups channel groups of y as   \
+     rows of dk (KDA's q and k), fused into the conv at dk = 128: the bytes of the two ops. */      \
+  X(kda_conv_decode_l2, (MemraCudaCtx * ctx, const float* x, int B, int C, int G, const float* w, \
+                         int K, const float* const* ring_in, float* const* ring_out, float* y,    \
+                         int l2_groups, int dk, float eps))                                       \
   /* f [T, H*dk] -> g [T, H*dk] (may alias); dt_bias [H*dk]; A_log [H]; form 0 = lower bound      \
      (glm5_next), 1 = softplus (kimi). */                                                         \
   X(kda_gate, (MemraCudaCtx * ctx, const float* f, const float* dt_bias, const float* A_log,      \
                int T, int H, int dk, int form, float lower_bound, float* g))                      \
+  /* kda_gate, and beta [nbeta] = 1 / (1 + exp(-beta)) in place (sigmoid's bytes). */           \
+  X(kda_gate_beta, (MemraCudaCtx * ctx, const float* f, const float* dt_bias, const float* A_log, \
+                    int T, int H, int dk, int form, float lower_bound, float* g, float* beta,     \
+                    int64_t nbeta))                                                               \
   /* B sequences of T steps each, one kernel for prefill (B = 1) and decode (T = 1): q, k, g       \
      [B, T, H, dk]; v, o [B, T, H, dv]; beta [B, T, H]; state_in / state_out DEVICE arrays [B] of \
      pointers to [H, dk, dv] f32 planes (state_in null or a null entry = zeros; a null state_out  \
