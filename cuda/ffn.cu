@@ -11,9 +11,8 @@
 //                sequential renormalisation, times scaling. Same indices and order as the CPU.
 //   moe_forward: the decode-shaped path over stacked weights [E, I, D] / [E, D, I]: kernel A puts
 //                one warp on each (token slot, row of I) for gate and up at once and writes h;
-//                kernel B puts a block on each (token, output row d), a warp on each of the
-//                token's expert slots, and adds the terms (down row . h) * w in ascending expert
-//                id, as the CPU does. Activations stay f32
+//                kernel B puts one warp on each (token, output row d) and adds the token's terms
+//                (down row . h) * w in ascending expert id, as the CPU does. Activations stay f32
 //                (bf16 weights are widened, x is not rounded), so against cpu::moe_forward on the
 //                same weights only the dot products' summation order differs. From T = 2 on, the
 //                same dot products grouped by expert (each expert's weights streamed once per
@@ -308,58 +307,48 @@ __device__ __forceinline__ void order_slots(const int32_t* it, int top_k, int E,
   order[top_k] = n;
 }
 
-// Kernel B. grid (D, min(T, 65535)), kWarps warps; dynamic shared memory: top_k + 1 ints, then
-// top_k floats. Thread 0 orders the token's valid slots by (expert id, slot) (the CPU visits
-// experts in ascending id and, for a repeated id, the slots in ascending order); warp w computes
-// the dots of ordered slots s = w, w + kWarps, ... for output row d = blockIdx.x, c[s] =
-// (down_w[e_s, d] . h[p_s]) * w[p_s], and thread 0 sums y[t, d] = 0 + c[0] + c[1] + ... in slot
-// order, each product and sum rounded separately as on the CPU. A block's warps stream their
-// experts' rows at once (one memory round trip per block at top_k <= kWarps), and 4096 one-row
-// blocks at D = 4096 spread evenly over the SMs (8 rows per block with the slots walked one after
-// another ran at 0.78 of copy bandwidth: 8 round trips per block, 3.9 blocks per SM).
+// Kernel B. grid (T, ceil(D / kWarps)); dynamic shared memory: top_k + 1 ints. Thread 0 orders
+// the token's valid slots by (expert id, slot) (the CPU visits experts in ascending id and, for a
+// repeated id, the slots in ascending order); warp w then computes output row
+// d = by * kWarps + w: y[t, d] = 0 + sum over the ordered slots of (down_w[e, d] . h[p]) * w[p],
+// each product and sum rounded separately as on the CPU.
 template <typename W, bool VEC>
 __global__ void __launch_bounds__(kWarps * 32)
     moe_down_kernel(const float* __restrict__ h, const int32_t* __restrict__ topk_idx,
-                    const float* __restrict__ topk_w, int T, int top_k,
-                    const W* __restrict__ down_w, int E, int I, int D, float* __restrict__ y) {
+                    const float* __restrict__ topk_w, int top_k, const W* __restrict__ down_w,
+                    int E, int I, int D, float* __restrict__ y) {
   memra::cuda::pdl_trigger();
-  extern __shared__ int order[];  // [top_k] ordered slots, then the count, then c [top_k]
-  float* contrib = reinterpret_cast<float*>(order + top_k + 1);
+  extern __shared__ int order[];  // [top_k] ordered slots, then the count
+  const int64_t t = blockIdx.x;
+  const int32_t* it = topk_idx + t * top_k;
+  if (threadIdx.x == 0) order_slots(it, top_k, E, order);
+  __syncthreads();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int d = blockIdx.x;
-  for (int64_t t = blockIdx.y; t < T; t += gridDim.y) {
-    const int32_t* it = topk_idx + t * top_k;
-    __syncthreads();  // the previous token's order and contributions are no longer read
-    if (threadIdx.x == 0) order_slots(it, top_k, E, order);
-    __syncthreads();
-    const int n = order[top_k];
-    for (int s = warp; s < n; s += kWarps) {
-      const int j = order[s];
-      const int64_t p = t * top_k + j;
-      const float* hp = h + p * I;
-      const W* wr = down_w + (static_cast<int64_t>(it[j]) * D + d) * I;
-      float a = 0.0f;
-      if constexpr (VEC) {
-        for (int c = lane * 8; c < I; c += 32 * 8) {
-          float hv[8], wv[8];
-          load8x(hp + c, hv);
-          load8<W>(wr + c, wv);
+  const int d = blockIdx.y * kWarps + warp;
+  if (d >= D) return;
+  const int n = order[top_k];
+  float acc = 0.0f;
+  for (int s = 0; s < n; ++s) {
+    const int j = order[s];
+    const int64_t p = t * top_k + j;
+    const float* hp = h + p * I;
+    const W* wr = down_w + (static_cast<int64_t>(it[j]) * D + d) * I;
+    float a = 0.0f;
+    if constexpr (VEC) {
+      for (int c = lane * 8; c < I; c += 32 * 8) {
+        float hv[8], wv[8];
+        load8x(hp + c, hv);
+        load8<W>(wr + c, wv);
 #pragma unroll
-          for (int k = 0; k < 8; ++k) a = fmaf(wv[k], hv[k], a);
-        }
-      } else {
-        for (int c = lane; c < I; c += 32) a = fmaf(to_f32(wr[c]), hp[c], a);
+        for (int k = 0; k < 8; ++k) a = fmaf(wv[k], hv[k], a);
       }
-      a = warp_sum(a);
-      if (lane == 0) contrib[s] = __fmul_rn(a, topk_w[p]);
+    } else {
+      for (int c = lane; c < I; c += 32) a = fmaf(to_f32(wr[c]), hp[c], a);
     }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      float acc = 0.0f;
-      for (int s = 0; s < n; ++s) acc = __fadd_rn(acc, contrib[s]);
-      y[t * D + d] = acc;
-    }
+    a = warp_sum(a);
+    acc = __fadd_rn(acc, __fmul_rn(a, topk_w[p]));
   }
+  if (lane == 0) y[t * D + d] = acc;
 }
 
 
@@ -382,15 +371,14 @@ int launch_moe(MemraCudaCtx* ctx, const float* x, int T, int D, const int32_t* t
                                                                       E, I, limit, h);
   }
   MEMRA_CUDA_RETURN_IF(launch_status());
-  const dim3 grid_b(static_cast<unsigned>(D), static_cast<unsigned>(T < 65535 ? T : 65535));
-  const size_t smem = sizeof(int) * (static_cast<size_t>(top_k) + 1) +
-                      sizeof(float) * static_cast<size_t>(top_k);
+  const dim3 grid_b(static_cast<unsigned>(T), ceil_div(D, kWarps));
+  const size_t smem = sizeof(int) * (static_cast<size_t>(top_k) + 1);
   const bool vec_b = I % 8 == 0 && aligned16(h) && aligned16(dw);
   if (vec_b) {
-    moe_down_kernel<W, true><<<grid_b, block, smem, ctx->stream>>>(h, topk_idx, topk_w, T, top_k,
-                                                                   dw, E, I, D, y);
+    moe_down_kernel<W, true><<<grid_b, block, smem, ctx->stream>>>(h, topk_idx, topk_w, top_k, dw,
+                                                                   E, I, D, y);
   } else {
-    moe_down_kernel<W, false><<<grid_b, block, smem, ctx->stream>>>(h, topk_idx, topk_w, T, top_k,
+    moe_down_kernel<W, false><<<grid_b, block, smem, ctx->stream>>>(h, topk_idx, topk_w, top_k,
                                                                     dw, E, I, D, y);
   }
   return launch_status();
@@ -1012,7 +1000,7 @@ int memra_cuda_moe_forward(MemraCudaCtx* ctx, const float* x, int T, int D,
   if (static_cast<int64_t>(T) * top_k > 0x7fffffffLL) return memra::kUnsupportedGeometry;
   if (ceil_div(I, kWarps) > 65535u || ceil_div(D, kWarps) > 65535u)
     return memra::kUnsupportedGeometry;
-  if (sizeof(int) * (static_cast<size_t>(top_k) + 1) + sizeof(float) * top_k > 48 * 1024)
+  if (sizeof(int) * (static_cast<size_t>(top_k) + 1) > 48 * 1024)
     return memra::kUnsupportedGeometry;
   if (T >= grouped_min_t() && grouped_fits(T, top_k, E)) {
     switch (w_dtype) {
