@@ -486,4 +486,9 @@ def test_sanitizer_small_shapes(e):
         s2, f2, b2, c2 = mhc_inputs(t, hc, dd, seed=97)
         _core.mhc_pre(e.to_device(s2), dev_weight(e, f2), e.to_device(b2), e.to_device(c2),
                       sinkhorn_iters=3, hc_eps=1e-6, norm_eps=1e-6, engine=e)
+        # ... with the input norm fused (mhc_finish_norm_kernel<G>), weighted and not.
+        for rw in (e.to_device(f32(r.standard_normal(dd))), None):
+            _core.mhc_pre(e.to_device(s2), dev_weight(e, f2), e.to_device(b2), e.to_device(c2),
+                          sinkhorn_iters=3, hc_eps=1e-6, norm_eps=1e-6, rms_weight=rw, rms_eps=1e-6,
+                          engine=e)
     e.synchronize()

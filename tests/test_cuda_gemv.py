@@ -203,3 +203,7 @@ def test_sanitizer_gemv_small(e):
     close_scaled(got, _core.linear(bf16_round(x), w, b), 1e-5)
     got16 = e.to_host(_core.linear_ex(e.to_device(bf16_bits(x)), memra.DeviceWeight(e, w), engine=e))
     close_scaled(got16, _core.linear(bf16_round(x), w), 1e-5)
+    # Short rows (gemv_short_kernel): 16 lanes a row, a ragged N.
+    ws = bf16_weight(r.standard_normal((37, 128)) / np.sqrt(128))
+    got = e.to_host(_core.linear(e.to_device(x[:, :128].copy()), memra.DeviceWeight(e, ws), engine=e))
+    close_scaled(got, _core.linear(bf16_round(x[:, :128].copy()), ws), 1e-5)
