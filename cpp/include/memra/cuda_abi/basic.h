@@ -46,7 +46,7 @@
               int fn_dtype, const float* base, const float* scale, int sinkhorn_iters,            \
               float hc_eps, float norm_eps, float* post, float* comb, float* collapsed))          \
   /* mhc_pre, then cpu::rms_norm of collapsed: out [T, D] = rms_norm(collapsed, rms_w [D] or     \
-     null, rms_eps); equal byte for byte to mhc_pre followed by rms_norm. 40001 for a negative or \
+     null, rms_eps); equal byte for byte to mhc_pre followed by rms_norm. 40025 for a negative or \
      non-finite rms_eps. */                                                                       \
   X(mhc_pre_norm, (MemraCudaCtx * ctx, const float* streams, int T, int hc, int D, const void* fn,\
                    int fn_dtype, const float* base, const float* scale, int sinkhorn_iters,       \
