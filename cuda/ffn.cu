@@ -875,14 +875,6 @@ int launch_moe_grouped(MemraCudaCtx* ctx, const float* x, int T, int D, const in
   return memra::kOk;
 }
 
-}  // namespace
-
-extern "C" {
-
-}  // extern "C"
-
-namespace {
-
 // memra_cuda_swiglu_mlp, plus add [T, D] (or null) summed into y: at T = 1 as the down GEMV's bias
 // (its s += bias[n] after the row's sum: mlp + add, the same bits as the add kernel's a + b in
 // either order), otherwise memra_cuda_add after the down GEMM.

@@ -42,9 +42,11 @@
 #include <type_traits>
 
 #include "common.cuh"
+#include "row_group.cuh"
 
 using memra::cuda::enter;
 using memra::cuda::launch_status;
+using memra::cuda::rowsum::row_sum_squares;
 
 namespace {
 
@@ -129,8 +131,8 @@ __global__ void conv_prefill_kernel(const float* __restrict__ x, int T, int C, i
 // Grid: x over channels, y (strided) over sequences.
 // L2 (memra_cuda_kda_conv_decode_l2; C % kConvThreads == 0): a block's kConvThreads channels
 // below l2_channels are one head of q or k (dk == kConvThreads), L2-normalised before the store
-// with l2norm_kernel<32>'s arithmetic (warp 0: lane l sums the squares of channels l, l + 32,
-// ..., then the butterfly; sqrt(ss + eps); each value divided by it), so the bytes are those of
+// with l2norm_kernel<32>'s arithmetic (warp 0: row_sum_squares<32> over the block's channels;
+// sqrt(ss + eps); each value divided by it), so the bytes are those of
 // the conv followed by l2norm_heads, and the prefill path (which runs the two) still agrees.
 constexpr int kConvThreads = 128;
 
@@ -162,13 +164,8 @@ __global__ void conv_decode_kernel(const float* __restrict__ x, int B, int C, in
     if (l2) {
       ys[threadIdx.x] = v;
       __syncthreads();
-      if (threadIdx.x < 32) {
-        float ss = 0.0f;
-        for (int i = threadIdx.x; i < kConvThreads; i += 32) {
-          const float u = ys[i];
-          ss += u * u;
-        }
-        ss = memra::cuda::warp_sum(ss);
+      if (threadIdx.x < 32) {  // one 32-lane group: no barrier inside (red unused)
+        const float ss = row_sum_squares<32>(ys, true, threadIdx.x, kConvThreads, nullptr);
         if (threadIdx.x == 0) norm = sqrtf(ss + l2_eps);
       }
       __syncthreads();

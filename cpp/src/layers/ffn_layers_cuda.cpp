@@ -25,14 +25,8 @@ Status MlpLayer::forward_cuda(const float* x, int T, const float* add, float* y)
   gpu::ResidentWeights resident(c);
   const char* gate = static_cast<const char*>(d_gate_up_.data());
   const char* up = gate + size_t(intermediate_) * size_t(hidden_) * dtype_size(d_gate_up_.dtype);
-  if (add) {
-    MEMRA_GPU(c, c.api().swiglu_mlp_add(c.ctx(), x, T, hidden_, gate, up, d_down_.data(),
-                                        d_gate_up_.dtype_code(), intermediate_, limit_, add, y),
-              "MlpLayer.forward");
-    return Status::Ok();
-  }
-  MEMRA_GPU(c, c.api().swiglu_mlp(c.ctx(), x, T, hidden_, gate, up, d_down_.data(),
-                                  d_gate_up_.dtype_code(), intermediate_, limit_, y),
+  MEMRA_GPU(c, c.api().swiglu_mlp_add(c.ctx(), x, T, hidden_, gate, up, d_down_.data(),
+                                      d_gate_up_.dtype_code(), intermediate_, limit_, add, y),
             "MlpLayer.forward");
   return Status::Ok();
 }

@@ -6,7 +6,7 @@
   /* x [T, D]; gate_w, up_w [I, D]; down_w [D, I] (all w_dtype); y [T, D]. */                     \
   X(swiglu_mlp, (MemraCudaCtx * ctx, const float* x, int T, int D, const void* gate_w,            \
                  const void* up_w, const void* down_w, int w_dtype, int I, float limit, float* y)) \
-  /* swiglu_mlp + add: y = swiglu_mlp(x) + add, add [T, D] (may not alias y). */                  \
+  /* y = swiglu_mlp(x) + add, add [T, D] (not aliasing y) or null (swiglu_mlp itself). */        \
   X(swiglu_mlp_add, (MemraCudaCtx * ctx, const float* x, int T, int D, const void* gate_w,        \
                      const void* up_w, const void* down_w, int w_dtype, int I, float limit,       \
                      const float* add, float* y))                                                 \
