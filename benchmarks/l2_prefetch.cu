@@ -22,14 +22,7 @@
 #include <cstdlib>
 #include <vector>
 
-#define CK(x)                                                                    \
-  do {                                                                           \
-    auto _e = (x);                                                               \
-    if (static_cast<int>(_e) != 0) {                                             \
-      std::fprintf(stderr, "%s:%d %s -> %d\n", __FILE__, __LINE__, #x, int(_e)); \
-      std::exit(1);                                                              \
-    }                                                                            \
-  } while (0)
+#include "check.h"
 
 constexpr int kPiece = 1 << 20;  // bytes per bulk prefetch instruction
 constexpr int kTile = 64 << 10;  // bytes per read block
