@@ -60,12 +60,15 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# The checkpoint's random-weight rules are the test fixture's (tests/fixtures/glm5_next_init.py).
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "fixtures"))
 
 # Before fla / transformers are imported: let Triton keep autotune results on disk, so a second run
 # on the same machine skips fla's (long) chunk_kda autotune.
 os.environ.setdefault("TRITON_CACHE_AUTOTUNING", "1")
 
 from common import Bench, base_parser, emit_record, kernel_durations, log  # noqa: E402
+from glm5_next_init import init_rule, init_targets  # noqa: E402
 
 MARKER = "memra_bench_build.json"
 BUILD_VERSION = 1  # bump when the weights recipe changes (a folder of another version is rebuilt)
@@ -111,51 +114,18 @@ def _fill(t, gen, std: float, mean: float = 0.0) -> None:
 
 def init_weights(model, seed: int, torch) -> None:
     """Every parameter (and the e_score_correction_bias buffers) drawn at random with an
-    O(1)-activation scale, on the model's device: the rules of make_glm5_next_fixtures.init_weights."""
+    O(1)-activation scale, on the model's device: tests/fixtures/glm5_next_init.py's rules, the
+    ones of memra's test fixture."""
     dev = next(model.parameters()).device
     gen = torch.Generator(device=dev).manual_seed(seed)
     h = model.config.text_config.hidden_size
-    items = sorted(model.named_parameters()) + sorted(
-        (n, b) for n, b in model.named_buffers() if "e_score_correction_bias" in n)
     with torch.no_grad():
-        for name, p in items:
-            leaf = name.rsplit(".", 1)[-1]
-            if name.startswith("model.visual."):
-                _fill(p, gen, 0.05, 1.0 if ("norm" in name and leaf == "weight") else 0.0)
-            elif "embed_tokens" in name:
-                _fill(p, gen, 1.0)
-            elif name == "lm_head.weight":
-                _fill(p, gen, 2.0 / math.sqrt(h))
-            elif leaf == "e_score_correction_bias":
-                _fill(p, gen, 0.1)
-            elif leaf == "A_log":
-                _fill(p, gen, 0.5)
-            elif leaf == "dt_bias":
-                _fill(p, gen, 0.5, mean=-1.5)
-            elif "conv1d" in name:
-                _fill(p, gen, 0.5)
-            elif name.endswith("_hc.fn"):
-                _fill(p, gen, 1.0 / math.sqrt(p.shape[1]))
-            elif name.endswith("_hc.base"):
-                _fill(p, gen, 0.5)
-            elif name.endswith("_hc.scale"):
+        for name, p in init_targets(model):
+            kind, std, mean = init_rule(name, p.shape, h)
+            if kind == "rand+0.5":
                 p.copy_(torch.rand(p.shape, generator=gen, device=dev) + 0.5)
-            elif leaf == "index_kpool_compress_ape":
-                _fill(p, gen, 0.5)
-            elif leaf == "index_kpool_compress_gate":
-                _fill(p, gen, 1.0 / math.sqrt(p.shape[1]))
-            elif "k_norm" in name and leaf == "bias":
-                _fill(p, gen, 0.2)
-            elif p.ndim == 1 and leaf == "weight":  # RMSNorm / LayerNorm / gated-norm weights
-                _fill(p, gen, 0.2, mean=1.0)
-            elif name.endswith("mlp.experts.gate_up_proj") or name.endswith("mlp.experts.down_proj"):
-                _fill(p, gen, 1.0 / math.sqrt(p.shape[2]))
-            elif name.endswith("mlp.gate.weight"):
-                _fill(p, gen, 1.5 / math.sqrt(p.shape[1]))  # router logits of std ~1.5: spread choices
-            elif p.ndim == 2:
-                _fill(p, gen, 1.0 / math.sqrt(p.shape[1]))  # nn.Linear [out, in]
             else:
-                raise RuntimeError(f"no init rule for {name} {tuple(p.shape)}")
+                _fill(p, gen, std, mean)
 
 
 def to_checkpoint_dtype(model, torch) -> None:
