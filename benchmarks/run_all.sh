@@ -4,21 +4,18 @@
 # each script's stderr (progress, warnings, tracebacks) goes to $OUT/<script>.log.
 #   bash benchmarks/run_all.sh [--quick]          (arguments pass through to every script)
 # memra: MEMRA_SITE=<dir> uses an importable package there (PYTHONPATH); otherwise it is built
-# (incrementally) into build/dev-gpu the way scripts/gpu_run.sh does.
+# (incrementally) into build/dev-gpu by scripts/gpu_env.sh's gpu_build.
 # fla (the KDA peer): installed from .carry/*.whl with pip --no-deps when not importable.
 set -uo pipefail
 OUT=${OUT:-/tmp/memra-bench}; mkdir -p "$OUT"
 cd "$(dirname "$0")/.."
 
-nvlib=$(python3 -c "import nvidia,os;print(os.path.join(list(nvidia.__path__)[0],'cu13'))" 2>/dev/null || true)
-[ -n "$nvlib" ] && export LD_LIBRARY_PATH="$nvlib/lib:${LD_LIBRARY_PATH:-}"
+source scripts/gpu_env.sh
 if [ -n "${MEMRA_SITE:-}" ]; then
   site=$MEMRA_SITE
 else
-  t0=$(date +%s)
-  site=$(bash scripts/dev_build.sh gpu -DMEMRA_CUDA=ON -DMEMRA_CUBLAS_ROOT="$nvlib" \
-         -DPython_EXECUTABLE="$(command -v python3)" 2>"$OUT/build.log" | tail -1)
-  echo "build: $(( $(date +%s) - t0 )) s -> $site (log $OUT/build.log)" >&2
+  gpu_build
+  echo "build: $build_s s -> $site (log $OUT/build.log)" >&2
 fi
 export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
 if ! python3 -c "import memra,sys; sys.exit(0 if memra.cuda_available() else 1)"; then

@@ -5,11 +5,9 @@
 set -uo pipefail
 OUT=${OUT:-/tmp/memra-out}; mkdir -p "$OUT"
 cd "$(dirname "$0")/.."
-nvlib=$(python3 -c "import nvidia,os;print(os.path.join(list(nvidia.__path__)[0],'cu13'))")
-export LD_LIBRARY_PATH="$nvlib/lib:${LD_LIBRARY_PATH:-}"
-t0=$(date +%s)
-site=$(bash scripts/dev_build.sh gpu -DMEMRA_CUDA=ON -DMEMRA_CUBLAS_ROOT="$nvlib" -DPython_EXECUTABLE=$(command -v python3) 2>"$OUT/build.log" | tail -1)
-echo "build: $(( $(date +%s) - t0 )) s -> $site" | tee -a "$OUT/summary.txt"
+source scripts/gpu_env.sh
+gpu_build
+echo "build: $build_s s -> $site" | tee -a "$OUT/summary.txt"
 export PYTHONPATH="$site"
 python3 -c "import memra;print('cuda', memra.cuda_available(), memra.cuda_unavailable_reason())" 2>&1 | tee -a "$OUT/summary.txt"
 python3 -m pytest -m cuda --require-cuda -q -rf "$@" tests > "$OUT/pytest_cuda.log" 2>&1

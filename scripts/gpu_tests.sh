@@ -1,16 +1,13 @@
 #!/usr/bin/env bash
-# On the GPU machine: build memra (as scripts/gpu_run.sh) and run the named CUDA test files (all
+# On the GPU machine: build memra (scripts/gpu_env.sh) and run the named CUDA test files (all
 # of tests/ when none are named), one pytest log per file under $OUT; a summary line per file.
 #   bash scripts/gpu_tests.sh [test files...]
 set -uo pipefail
 OUT=${OUT:-/tmp/memra-out}; mkdir -p "$OUT"
 cd "$(dirname "$0")/.."
-nvlib=$(python3 -c "import nvidia,os;print(os.path.join(list(nvidia.__path__)[0],'cu13'))")
-export LD_LIBRARY_PATH="$nvlib/lib:${LD_LIBRARY_PATH:-}"
-t0=$(date +%s)
-site=$(bash scripts/dev_build.sh gpu -DMEMRA_CUDA=ON -DMEMRA_CUBLAS_ROOT="$nvlib" -DMEMRA_BUILD_TESTS=OFF \
-       -DPython_EXECUTABLE="$(command -v python3)" 2>"$OUT/build.log" | tail -1)
-echo "build: $(( $(date +%s) - t0 )) s -> $site" | tee -a "$OUT/summary.txt"
+source scripts/gpu_env.sh
+gpu_build -DMEMRA_BUILD_TESTS=OFF
+echo "build: $build_s s -> $site" | tee -a "$OUT/summary.txt"
 [ -n "$site" ] || { tail -30 "$OUT/build.log"; exit 1; }
 export PYTHONPATH="$site"
 files=("$@"); [ ${#files[@]} -gt 0 ] || files=(tests)
