@@ -51,6 +51,15 @@ class UnsupportedError(MemraError, NotImplementedError):
     """Not supported here: no CUDA build or device, or a geometry not instantiated (50000+)."""
 
 
+def check_token_ids(ids, vocab_size: int, what: str) -> None:
+    """ContractError (40023, CONTRACT_RANGE) naming the first bad id when a numpy array of token
+    ids holds one outside [0, vocab_size): the host-side check that lets a device embedding gather
+    skip its own."""
+    if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= vocab_size):
+        bad = int(ids.min()) if int(ids.min()) < 0 else int(ids.max())
+        raise ContractError(f"{what}: token id {bad} is outside [0, {vocab_size})", 40023)
+
+
 __all__ = [
     "MemraError",
     "CudaError",

@@ -14,7 +14,7 @@ import numpy as np
 from . import _core
 from .config import read_config
 from .decode_graph import DecodeRunner, Sampling
-from .errors import CacheFullError, ContractError, UnsupportedError
+from .errors import CacheFullError, ContractError, UnsupportedError, check_token_ids
 from .loader import read_tensors
 from .models import glm5_next
 
@@ -124,10 +124,7 @@ class Model:
         return self.net.logits_of(h)
 
     def _check_vocab(self, ids: np.ndarray, what: str) -> None:
-        V = self.config.vocab_size
-        if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= V):
-            bad = int(ids.min()) if int(ids.min()) < 0 else int(ids.max())
-            raise ContractError(f"{what}: token id {bad} is outside [0, {V})", 40023)
+        check_token_ids(ids, self.config.vocab_size, what)
 
     def _decode_sampled(self, slots: list[int], toks: list[int], temperature: float, top_k, top_p,
                         seeds: list[int], step: int) -> list[int]:

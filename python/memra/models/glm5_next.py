@@ -17,7 +17,7 @@ import numpy as np
 
 from .. import _core
 from ..config import Glm5NextConfig
-from ..errors import ContractError, MemraError
+from ..errors import ContractError, MemraError, check_token_ids
 from ..loader import CheckpointTensors
 
 
@@ -181,9 +181,7 @@ class Glm5NextTextModel:
         else:
             if isinstance(ids, np.ndarray):
                 # Range-checked here on the host copy, so the device gather needs no host round trip.
-                if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= cfg.vocab_size):
-                    bad = int(ids.min()) if int(ids.min()) < 0 else int(ids.max())
-                    raise ContractError(f"embedding: token id {bad} is outside [0, {cfg.vocab_size})", 40023)
+                check_token_ids(ids, cfg.vocab_size, "embedding")
                 ids = e.to_device(ids)
             x = _core.embedding(self.embed, ids, engine=e, check_range=False)
         streams = _core.hc_expand(x, cfg.hc_mult, engine=e)
