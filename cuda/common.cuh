@@ -32,6 +32,11 @@ struct MemraCudaCtx {
   size_t staging_bytes = 0, staging_off = 0;
   cudaEvent_t staging_done = nullptr;  // recorded after every staged copy
   void* blas_workspace = nullptr;  // cuBLAS workspace (fixed: no allocation inside a capture)
+  // Arrival counters of the "last block finishes" kernels (memra::cuda::last_block below), one
+  // per kernel family (Ticket), zero between launches: the last block's atomicInc wraps its
+  // counter back to 0. One stream per context, and those kernels are never programmatic
+  // dependents of each other, so two launches never share a counter at the same time.
+  unsigned* tickets = nullptr;
   // Graph capture (graph_begin .. graph_end): the allocations made during the capture (their
   // releases become graph nodes) and the releases of older memory, deferred to graph_end.
   bool capturing = false;
@@ -142,6 +147,32 @@ __device__ __forceinline__ void pdl_trigger() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
+}
+
+// "The last block finishes": a grid whose blocks each write partial results, and whose final
+// step (a fixed-order reduction of those partials) runs in the block that arrives last, in the
+// same launch, instead of in a second kernel. Each kernel family owns one counter of
+// MemraCudaCtx::tickets (zero between launches).
+enum Ticket : int { kTicketMhcSite = 0, kTicketCount = 4 };
+
+// Every thread of every block calls it once, after the global stores the finishing block will
+// read. Returns true in exactly one block: the last to arrive, which then sees every block's
+// stores (each thread fences its own stores before the block's barrier; the finishing block
+// fences again once it knows it is last, and must read those stores through L2, ld.global.cg,
+// since its L1 is not coherent with other SMs). atomicInc wraps the counter back to 0 in that
+// block, so the next launch (or graph replay) starts from 0.
+__device__ __forceinline__ bool last_block(unsigned* ticket) {
+  __shared__ unsigned arrived_last;
+  const unsigned blocks = gridDim.x * gridDim.y * gridDim.z;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0 && threadIdx.y == 0 && threadIdx.z == 0) {
+    arrived_last = atomicInc(ticket, blocks - 1) == blocks - 1 ? 1u : 0u;
+  }
+  __syncthreads();
+  const bool last = arrived_last != 0;
+  if (last) __threadfence();
+  return last;
 }
 
 // Launch `kernel` on the context's stream; with pdl (and the context's MEMRA_PDL on) as a

@@ -77,6 +77,8 @@ int memra_cuda_ctx_create(int device, MemraCudaCtx** out) {
   if (rc == 0) rc = status_of(cudaMallocHost(reinterpret_cast<void**>(&c->staging), kStagingBytes));
   if (rc == 0) c->staging_bytes = kStagingBytes;
   if (rc == 0) rc = status_of(cudaEventCreateWithFlags(&c->staging_done, cudaEventDisableTiming));
+  if (rc == 0) rc = status_of(cudaMalloc(&c->tickets, sizeof(unsigned) * memra::cuda::kTicketCount));
+  if (rc == 0) rc = status_of(cudaMemset(c->tickets, 0, sizeof(unsigned) * memra::cuda::kTicketCount));
   if (rc == 0) rc = status_of(cudaDeviceGetDefaultMemPool(&c->pool, device));
   if (rc == 0) {
     // Keep freed blocks in the pool (no return to the driver at every sync): stream-ordered
@@ -99,6 +101,7 @@ int memra_cuda_ctx_destroy(MemraCudaCtx* ctx) {
   if (ctx->stream) rc = status_of(cudaStreamSynchronize(ctx->stream));
   if (ctx->capturing) memra_cuda_graph_abort(ctx);
   if (ctx->lt_workspace) cudaFree(ctx->lt_workspace);
+  if (ctx->tickets) cudaFree(ctx->tickets);
   if (ctx->blas_workspace) cudaFree(ctx->blas_workspace);
   if (ctx->staging) cudaFreeHost(ctx->staging);
   if (ctx->staging_done) cudaEventDestroy(ctx->staging_done);

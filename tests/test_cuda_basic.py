@@ -389,6 +389,96 @@ def test_mhc_pre_norm_equals_mhc_pre_then_rms_norm(e, T, hc, D, weighted):
     close(fout, cout, dict(rtol=0, atol=1e-4 * max(1.0, float(np.abs(cout).max()))))
 
 
+# HyperConnection.post_pre: the previous site's mhc_post, then this site's pre with the block's
+# input norm. At one decode row with hc = 4 (D % 4 == 0, D <= 4096; GLM-5.3) cuda/mhc.cu runs it
+# as one launch (mhc_site_kernel: the split partials, then the block that finishes last maps,
+# collapses, normalises and runs the Sinkhorn), and pre(norm=, eps=) at that row the same kernel
+# without the expansion. Both must give the bytes of the separate kernels on the same engine:
+# mhc_post, pre without a norm (mhc_partial_kernel + mhc_finish_kernel), then rms_norm. Other
+# shapes (T > 1, odd D, D > 4096, hc != 4) run the separate kernels inside the call. Against
+# the CPU layer: the tolerances of test_mhc_pre_norm_equals_mhc_pre_then_rms_norm.
+def hc_layer(e, fw, base, scale, hc, D, dtype="float32"):
+    w = {"fn": fw, "base": _core.Weight(base), "scale": _core.Weight(scale)}
+    kw = dict(hidden=D, hc_mult=hc, sinkhorn_iters=20, hc_eps=1e-6, norm_eps=1e-5, dtype=dtype)
+    return _core.HyperConnection(e, w, **kw), _core.HyperConnection(_core.Engine("cpu"), w, **kw)
+
+
+@pytest.mark.parametrize("T,hc,D", [(1, 4, 4096), (1, 4, 2048), (1, 4, 1020), (1, 4, 200),
+                                    (1, 4, 36), (1, 4, 4), (1, 4, 33), (1, 4, 4100), (3, 4, 4096),
+                                    (33, 4, 64), (1, 2, 64), (1, 6, 70)])
+@pytest.mark.parametrize("weighted", [True, False])
+@pytest.mark.parametrize("fn_dtype", ["float32", "bfloat16"])
+def test_hc_post_pre_equals_separate_kernels(e, T, hc, D, weighted, fn_dtype):
+    streams, fw, base, scale = mhc_inputs(T, hc, D, seed=T * 5 + hc * 11 + D, fn_dtype=fn_dtype)
+    r = rng(D + 3)
+    y = f32(r.standard_normal((T, D)) * 2)
+    post_prev = f32(r.uniform(0.1, 2.0, (T, hc)))
+    comb_prev = f32(r.uniform(0.0, 0.5, (T, hc, hc)))
+    w = f32(r.standard_normal(D)) if weighted else None
+    gpu, cpu = hc_layer(e, fw, base, scale, hc, D, dtype=fn_dtype)
+    dy, dp, dc, ds = (e.to_device(a) for a in (y, post_prev, comb_prev, streams))
+    dw = None if w is None else e.to_device(w)
+    got = [e.to_host(a) for a in gpu.post_pre(dy, dp, dc, ds, norm=dw, eps=1e-6)]
+    new = _core.mhc_post(dy, dp, dc, ds, engine=e)
+    post, comb, col = gpu.pre(new)
+    want = [e.to_host(new), e.to_host(post), e.to_host(comb),
+            e.to_host(_core.rms_norm(col, dw, eps=1e-6, engine=e))]
+    for g, wt in zip(got, want):
+        np.testing.assert_array_equal(g, wt)
+    # pre(norm=, eps=) on the new streams: the site kernel without the expansion at one row.
+    for g, wt in zip(gpu.pre(new, norm=dw, eps=1e-6), want[1:]):
+        np.testing.assert_array_equal(e.to_host(g), wt)
+    cst, cpost, ccomb, cout = cpu.post_pre(y, post_prev, comb_prev, streams, norm=w, eps=1e-6)
+    np.testing.assert_array_equal(got[0], cst)  # mhc_post is bit-identical to the CPU
+    atol = 1e-5 if fn_dtype == "float32" else 1e-2
+    close(got[1], cpost, dict(rtol=0, atol=atol))
+    close(got[2], ccomb, dict(rtol=0, atol=atol))
+    otol = 1e-4 if fn_dtype == "float32" else 3e-2
+    close(got[3], cout, dict(rtol=0, atol=otol * max(1.0, float(np.abs(cout).max()))))
+
+
+def test_hc_post_pre_repeated_and_interleaved(e):
+    # The site kernel's arrival counter must be back at 0 after every launch: alternate two
+    # widths (128 and 2 splits) and a captured-graph-free loop, and compare every result with the
+    # first of its width.
+    cases = []
+    for D in (4096, 4, 2048):
+        streams, fw, base, scale = mhc_inputs(1, 4, D, seed=D)
+        gpu, _ = hc_layer(e, fw, base, scale, 4, D)
+        r = rng(D)
+        args = [e.to_device(f32(a)) for a in (r.standard_normal((1, D)), r.uniform(0.1, 2, (1, 4)),
+                                              r.uniform(0, 0.5, (1, 4, 4)), streams)]
+        cases.append((gpu, args, e.to_device(f32(r.standard_normal(D)))))
+    first = {}
+    for rep in range(4):
+        for i, (gpu, args, w) in enumerate(cases):
+            got = [e.to_host(a) for a in gpu.post_pre(*args, norm=w, eps=1e-6)]
+            got += [e.to_host(a) for a in gpu.pre(args[3], norm=w, eps=1e-6)]
+            if rep == 0:
+                first[i] = got
+            for g, f in zip(got, first[i]):
+                np.testing.assert_array_equal(g, f)
+
+
+def test_hc_post_pre_contract(e):
+    streams, fw, base, scale = mhc_inputs(1, 4, 64, seed=93)
+    gpu, _ = hc_layer(e, fw, base, scale, 4, 64)
+    y, p, c = f32(np.ones((1, 64))), f32(np.ones((1, 4))), f32(np.ones((1, 4, 4)))
+    dy, dp, dc, ds = (e.to_device(a) for a in (y, p, c, streams))
+    for bad in (-1.0, float("inf"), float("nan")):
+        expect(memra.ContractError, ST.CONTRACT_VALUE, gpu.post_pre, dy, dp, dc, ds, eps=bad)
+    expect(memra.ContractError, ST.CONTRACT_SHAPE, gpu.post_pre, e.to_device(f32(np.ones((2, 64)))),
+           dp, dc, ds, eps=1e-6)
+    expect(memra.ContractError, ST.CONTRACT_SHAPE, gpu.post_pre, dy, dp, e.to_device(f32(np.ones((1, 4, 3)))),
+           ds, eps=1e-6)
+    expect(memra.ContractError, ST.CONTRACT_DEVICE, gpu.post_pre, y, dp, dc, ds, eps=1e-6)
+    expect(memra.ContractError, ST.CONTRACT_SHAPE, gpu.post_pre, dy, dp, dc, ds,
+           norm=e.to_device(f32(np.ones(63))), eps=1e-6)
+    # Nothing changed: the call still works and matches the separate kernels.
+    got = gpu.post_pre(dy, dp, dc, ds, eps=1e-6)
+    np.testing.assert_array_equal(e.to_host(got[0]), e.to_host(_core.mhc_post(dy, dp, dc, ds, engine=e)))
+
+
 def test_mhc_pre_norm_contract(e):
     streams, fw, base, scale = mhc_inputs(1, 4, 64, seed=92)
     ds, dfw, db, dsc = e.to_device(streams), dev_weight(e, fw), e.to_device(base), e.to_device(scale)
@@ -491,4 +581,13 @@ def test_sanitizer_small_shapes(e):
             _core.mhc_pre(e.to_device(s2), dev_weight(e, f2), e.to_device(b2), e.to_device(c2),
                           sinkhorn_iters=3, hc_eps=1e-6, norm_eps=1e-6, rms_weight=rw, rms_eps=1e-6,
                           engine=e)
+    # The single-launch site (hc = 4, one row): the widest norm group, a one-warp group, bf16 fn.
+    for dd, fdt in ((4096, "float32"), (4, "float32"), (200, "bfloat16")):
+        s2, f2, b2, c2 = mhc_inputs(1, 4, dd, seed=96, fn_dtype=fdt)
+        gpu, _ = hc_layer(e, f2, b2, c2, 4, dd, dtype=fdt)
+        ds2 = e.to_device(s2)
+        rw = e.to_device(f32(r.standard_normal(dd)))
+        gpu.pre(ds2, norm=rw, eps=1e-6)
+        gpu.post_pre(e.to_device(f32(r.standard_normal((1, dd)))), e.to_device(f32(np.ones((1, 4)))),
+                     e.to_device(f32(np.full((1, 4, 4), 0.25))), ds2, norm=None, eps=1e-6)
     e.synchronize()

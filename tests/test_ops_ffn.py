@@ -291,6 +291,18 @@ def test_mhc_pre_with_input_norm_is_mhc_pre_then_rms_norm():
     for bad in (dict(norm=w), dict(norm=w, eps=-1.0), dict(eps=float("nan")), dict(norm=w[:-1].copy(), eps=1e-6)):
         with pytest.raises(memra.ContractError):
             hcl.pre(streams, **bad)
+    # post_pre: the previous site's mhc_post, then pre(norm=, eps=) of the new streams.
+    y, pp, cp = randn(r, T, D), randn(r, T, hc), randn(r, T, hc, hc)
+    new = _core.mhc_post(y, pp, cp, streams)
+    got = hcl.post_pre(y, pp, cp, streams, norm=w, eps=1e-6)
+    np.testing.assert_array_equal(got[0], new)
+    for g, want in zip(got[1:], hcl.pre(new, norm=w, eps=1e-6)):
+        np.testing.assert_array_equal(g, want)
+    for bad in (dict(eps=-1.0), dict(eps=float("inf")), dict(norm=w[:-1].copy(), eps=1e-6)):
+        with pytest.raises(memra.ContractError):
+            hcl.post_pre(y, pp, cp, streams, **bad)
+    with pytest.raises(memra.ContractError):
+        hcl.post_pre(y[:, :-1].copy(), pp, cp, streams, eps=1e-6)
 
 
 def test_mhc_post_and_head_mean_match_reference():

@@ -786,3 +786,11 @@ class HyperConnection:
         Raises ContractError (CONTRACT_SHAPE / DTYPE / DEVICE of streams or norm; CONTRACT_VALUE for a norm without eps or an eps that is negative or not finite).
         Reference: Glm5NextTextHyperConnection.forward, then Glm5NextTextRMSNorm.
         """
+
+    def post_pre(self, y: Annotated[NDArray, dict(writable=False)], post: Annotated[NDArray, dict(writable=False)], comb: Annotated[NDArray, dict(writable=False)], streams: Annotated[NDArray, dict(writable=False)], *, norm: Annotated[NDArray, dict(writable=False)] | None = None, eps: float) -> tuple:
+        """
+        The previous site's expansion, then this site's pre with the block's input norm: new = mhc_post(y, post, comb, streams), then pre(new, norm=norm, eps=eps).
+        y [T, hidden]; post [T, hc] and comb [T, hc, hc] (the previous site's pre outputs); streams [T, hc, hidden] (the residual streams before the sublayer); norm [hidden] or None; all float32 on the layer's device. Returns (new streams [T, hc, hidden], post [T, hc], comb [T, hc, hc], normed [T, hidden]) float32, byte for byte mhc_post followed by pre(norm=, eps=); on CUDA at one decode row (hc 4) one launch.
+        Raises ContractError (CONTRACT_SHAPE / DTYPE / DEVICE / STRIDE of any array; CONTRACT_VALUE for an eps that is negative or not finite).
+        Reference: Glm5NextTextDecoderLayer.forward (post * h + comb^T @ residual), then Glm5NextTextHyperConnection.forward and Glm5NextTextRMSNorm.
+        """

@@ -412,7 +412,48 @@ void init_layers(nb::module_& m) {
           "the mapping's last kernel, byte for byte rms_norm(collapsed, norm, eps=eps).\nRaises "
           "ContractError (CONTRACT_SHAPE / DTYPE / DEVICE of streams or norm; CONTRACT_VALUE for "
           "a norm without eps or an eps that is negative or not finite).\nReference: "
-          "Glm5NextTextHyperConnection.forward, then Glm5NextTextRMSNorm.");
+          "Glm5NextTextHyperConnection.forward, then Glm5NextTextRMSNorm.")
+      .def(
+          "post_pre",
+          [](const HyperConnection& l, const AnyArray& y, const AnyArray& post_prev,
+             const AnyArray& comb_prev, const AnyArray& streams, std::optional<AnyArray> norm,
+             float eps) {
+            const char* op = "HyperConnection.post_pre";
+            const int hc = l.hc(), D = l.hidden();
+            const float* rp = f32_in(l.cuda(), streams, op, "streams", {-1, hc, D});
+            const int64_t T = dim(streams, 0);
+            const float* yp = f32_in(l.cuda(), y, op, "y", {T, D});
+            const float* pp = f32_in(l.cuda(), post_prev, op, "post", {T, hc});
+            const float* cp = f32_in(l.cuda(), comb_prev, op, "comb", {T, hc, hc});
+            const float* np = norm ? f32_in(l.cuda(), *norm, op, "norm", {D}) : nullptr;
+            check_value(std::isfinite(eps) && eps >= 0.0f, op,
+                        "eps must be finite and >= 0, got " + std::to_string(eps));
+            Out st_out = out_f32(l.cuda(), {sz(T), sz(hc), sz(D)}, false);
+            Out post = out_f32(l.cuda(), {sz(T), sz(hc)}, false);
+            Out comb = out_f32(l.cuda(), {sz(T), sz(hc), sz(hc)}, false);
+            Out h = out_f32(l.cuda(), {sz(T), sz(D)}, false);
+            Status st;
+            {
+              nb::gil_scoped_release nogil;
+              st = l.post_pre_norm(yp, pp, cp, rp, int(T), np, eps, st_out.data<float>(),
+                                   post.data<float>(), comb.data<float>(), h.data<float>());
+            }
+            check(st);
+            return nb::make_tuple(st_out.obj, post.obj, comb.obj, h.obj);
+          },
+          nb::arg("y"), nb::arg("post"), nb::arg("comb"), nb::arg("streams"), nb::kw_only(),
+          nb::arg("norm").none() = nb::none(), nb::arg("eps"),
+          "The previous site's expansion, then this site's pre with the block's input norm: "
+          "new = mhc_post(y, post, comb, streams), then pre(new, norm=norm, eps=eps).\n"
+          "y [T, hidden]; post [T, hc] and comb [T, hc, hc] (the previous site's pre outputs); "
+          "streams [T, hc, hidden] (the residual streams before the sublayer); norm [hidden] or "
+          "None; all float32 on the layer's device. Returns (new streams [T, hc, hidden], "
+          "post [T, hc], comb [T, hc, hc], normed [T, hidden]) float32, byte for byte "
+          "mhc_post followed by pre(norm=, eps=); on CUDA at one decode row (hc 4) one launch.\n"
+          "Raises ContractError (CONTRACT_SHAPE / DTYPE / DEVICE / STRIDE of any array; "
+          "CONTRACT_VALUE for an eps that is negative or not finite).\nReference: "
+          "Glm5NextTextDecoderLayer.forward (post * h + comb^T @ residual), then "
+          "Glm5NextTextHyperConnection.forward and Glm5NextTextRMSNorm.");
 }
 
 }  // namespace memra::py

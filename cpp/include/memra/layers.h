@@ -258,6 +258,14 @@ class HyperConnection {
   // inside the mapping's finishing kernel, with the bytes of pre followed by rms_norm.
   Status pre_norm(const float* streams, int T, const float* rms_w, float rms_eps, float* post,
                   float* comb, float* out) const;
+  // The previous site's expansion, then this site's pre_norm: streams [T, hc, hidden] =
+  // cpu::mhc_post(y [T, hidden], post_prev [T, hc], comb_prev [T, hc, hc], residual [T, hc,
+  // hidden]), then pre_norm(streams) into post, comb, out. streams must not overlap residual.
+  // On CUDA at one decode row the two are one launch (memra_cuda_mhc_post_pre_norm), with the
+  // bytes of the two calls.
+  Status post_pre_norm(const float* y, const float* post_prev, const float* comb_prev,
+                       const float* residual, int T, const float* rms_w, float rms_eps,
+                       float* streams, float* post, float* comb, float* out) const;
   int hc() const { return hc_; }
   int hidden() const { return hidden_; }
 
@@ -272,6 +280,9 @@ class HyperConnection {
   // rms: out = rms_norm(collapsed, rms_w, rms_eps) (memra_cuda_mhc_pre_norm).
   Status pre_cuda(const float* streams, int T, bool rms, const float* rms_w, float rms_eps,
                   float* post, float* comb, float* collapsed) const;
+  Status post_pre_cuda(const float* y, const float* post_prev, const float* comb_prev,
+                       const float* residual, int T, const float* rms_w, float rms_eps,
+                       float* streams, float* post, float* comb, float* out) const;
   std::shared_ptr<CudaContext> cuda_;
   DeviceWeight d_fn_, d_base_, d_scale_;
   int hidden_ = 0, hc_ = 0, iters_ = 0;

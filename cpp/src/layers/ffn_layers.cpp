@@ -141,4 +141,23 @@ Status HyperConnection::pre_norm(const float* streams, int T, const float* rms_w
   return Status::Ok();
 }
 
+Status HyperConnection::post_pre_norm(const float* y, const float* post_prev, const float* comb_prev,
+                                      const float* residual, int T, const float* rms_w,
+                                      float rms_eps, float* streams, float* post, float* comb,
+                                      float* out) const {
+  if (!(rms_eps >= 0.0f && std::isfinite(rms_eps))) {
+    return Status(kContractValue, "HyperConnection.post_pre: the norm's eps must be finite and >= 0");
+  }
+  const size_t n = size_t(T) * hc_ * hidden_;
+  if (n > 0 && streams < residual + n && residual < streams + n) {
+    return Status(kContractValue, "HyperConnection.post_pre: the new streams overlap the residual");
+  }
+  if (cuda_) {
+    return post_pre_cuda(y, post_prev, comb_prev, residual, T, rms_w, rms_eps, streams, post, comb,
+                         out);
+  }
+  cpu::mhc_post(y, post_prev, comb_prev, residual, T, hc_, hidden_, streams);
+  return pre_norm(streams, T, rms_w, rms_eps, post, comb, out);
+}
+
 }  // namespace memra

@@ -186,9 +186,15 @@ class Glm5NextTextModel:
             x = _core.embedding(self.embed, ids, engine=e, check_range=False)
         streams = _core.hc_expand(x, cfg.hc_mult, engine=e)
         topk = None
+        h = post = comb = None
         for i, b in enumerate(self.blocks):
-            # The mHC mapping and the block's input norm in one call (fused on CUDA decode rows).
-            post, comb, h = b.attn_hc.pre(streams, norm=b.input_norm, eps=eps)
+            # Each mHC site: the previous site's expansion, this site's mapping and the block's
+            # input norm in one call (one launch on CUDA at a decode row of batch 1).
+            if h is None:
+                post, comb, h = b.attn_hc.pre(streams, norm=b.input_norm, eps=eps)
+            else:
+                streams, post, comb, h = b.attn_hc.post_pre(h, post, comb, streams,
+                                                            norm=b.input_norm, eps=eps)
             if b.kind == "kda":
                 h = b.mixer.decode(cache, i, slots, h) if decode else b.mixer.prefill(cache, i, int(slots[0]), h)
             else:
@@ -201,10 +207,10 @@ class Glm5NextTextModel:
                     topk = idx
                     if record is not None:
                         record[i] = self.engine.to_host(idx) if e else idx
-            streams = _core.mhc_post(h, post, comb, streams, engine=e)
-            post, comb, h = b.ffn_hc.pre(streams, norm=b.post_norm, eps=eps)
+            streams, post, comb, h = b.ffn_hc.post_pre(h, post, comb, streams,
+                                                       norm=b.post_norm, eps=eps)
             h = b.mlp.forward(h)[0] if b.sparse_mlp else b.mlp.forward(h)
-            streams = _core.mhc_post(h, post, comb, streams, engine=e)
+        streams = _core.mhc_post(h, post, comb, streams, engine=e)
         return _core.rms_norm(_core.hc_head_mean(streams, engine=e), self.final_norm, eps=eps, engine=e)
 
     def logits_of(self, hidden):
