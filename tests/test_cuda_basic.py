@@ -210,6 +210,10 @@ def test_rms_norm_wide_rows(e, D):
     x = f32(rng(D).standard_normal((3, D)) * 5)
     close(e.to_host(_core.rms_norm(e.to_device(x), eps=1e-6, engine=e)), _core.rms_norm(x, eps=1e-6),
           NORM_TOL)
+    # rms_norm_gated past 4 values per thread (D > 4096): the looped arm of the kernel.
+    g, w = f32(rng(D + 1).standard_normal((3, D))), f32(rng(D + 2).standard_normal(D))
+    close(e.to_host(_core.rms_norm_gated(e.to_device(x), e.to_device(g), e.to_device(w), eps=1e-6, engine=e)),
+          _core.rms_norm_gated(x, g, w, eps=1e-6), NORM_TOL)
 
 
 @pytest.mark.parametrize("T", EDGE_T)
