@@ -37,6 +37,8 @@ struct MemraCudaCtx {
   // counter back to 0. One stream per context, and those kernels are never programmatic
   // dependents of each other, so two launches never share a counter at the same time.
   unsigned* tickets = nullptr;
+  // MEMRA_MHC_SITE=0: mHC sites at a batch-1 row run as separate kernels (A/B arm).
+  bool mhc_site = true;
   // Graph capture (graph_begin .. graph_end): the allocations made during the capture (their
   // releases become graph nodes) and the releases of older memory, deferred to graph_end.
   bool capturing = false;
@@ -157,22 +159,26 @@ enum Ticket : int { kTicketMhcSite = 0, kTicketCount = 4 };
 
 // Every thread of every block calls it once, after the global stores the finishing block will
 // read. Returns true in exactly one block: the last to arrive, which then sees every block's
-// stores (each thread fences its own stores before the block's barrier; the finishing block
-// fences again once it knows it is last, and must read those stores through L2, ld.global.cg,
-// since its L1 is not coherent with other SMs). atomicInc wraps the counter back to 0 in that
-// block, so the next launch (or graph replay) starts from 0.
+// stores. CUTLASS's semaphore pattern: the block's barrier orders its threads' stores before
+// thread 0's fence.acq_rel.gpu (cumulative) and the counter's atomic; the last block's thread 0
+// fences again before the barrier that releases its threads, which must read those stores
+// through L2 (ld.global.cg: an SM's L1 is not coherent with the others). atomicInc wraps the
+// counter back to 0 in that block, so the next launch (or graph replay) starts from 0.
+__device__ __forceinline__ void fence_acq_rel_gpu() {
+  asm volatile("fence.acq_rel.gpu;\n" ::: "memory");
+}
 __device__ __forceinline__ bool last_block(unsigned* ticket) {
   __shared__ unsigned arrived_last;
   const unsigned blocks = gridDim.x * gridDim.y * gridDim.z;
-  __threadfence();
   __syncthreads();
   if (threadIdx.x == 0 && threadIdx.y == 0 && threadIdx.z == 0) {
-    arrived_last = atomicInc(ticket, blocks - 1) == blocks - 1 ? 1u : 0u;
+    fence_acq_rel_gpu();
+    const bool last = atomicInc(ticket, blocks - 1) == blocks - 1;
+    if (last) fence_acq_rel_gpu();
+    arrived_last = last ? 1u : 0u;
   }
   __syncthreads();
-  const bool last = arrived_last != 0;
-  if (last) __threadfence();
-  return last;
+  return arrived_last != 0;
 }
 
 // Launch `kernel` on the context's stream; with pdl (and the context's MEMRA_PDL on) as a

@@ -198,9 +198,23 @@ __global__ void __launch_bounds__(kDecGroups * kDecBP)
     }
     const float* keys = pool_keys[b];
     __syncthreads();  // the previous sequence's tiles are no longer read
-    for (int e = tid; e < kDecBP * d; e += kDecGroups * kDecBP) {
-      const int row = e / d, col = e % d;
-      ks[row][col] = p0 + row < n ? keys[(p0 + row) * d + col] : 0.0f;
+    {
+      // Every key value of the block's tile loaded before any is stored (kFill per thread):
+      // one memory round trip instead of one per value (~13 K cycles of a one-block step).
+      constexpr int kFill = kDecBP * kDecMaxD / (kDecGroups * kDecBP);
+      float kv[kFill];
+#pragma unroll
+      for (int u = 0; u < kFill; ++u) {
+        const int e = tid + u * kDecGroups * kDecBP;
+        const int row = e / d, col = e - row * d;
+        kv[u] = e < kDecBP * d && p0 + row < n ? keys[(p0 + row) * d + col] : 0.0f;
+      }
+#pragma unroll
+      for (int u = 0; u < kFill; ++u) {
+        const int e = tid + u * kDecGroups * kDecBP;
+        const int row = e / d, col = e - row * d;
+        if (e < kDecBP * d) ks[row][col] = kv[u];
+      }
     }
     __syncthreads();
     const float* kt = ks[i];

@@ -160,50 +160,56 @@ __global__ void moe_route_kernel(const float* __restrict__ logits, const float* 
   }
   for (int g = lane; g < G; g += 32) kept[g] = 0;
   __syncwarp();
-  // Group score: the sum of the two largest choice scores (the CPU's loop, verbatim).
-  for (int g = lane; g < G; g += 32) {
-    const float* c = choice + static_cast<int64_t>(g) * per_group;
-    float best = neg_inf, second = neg_inf;
-    for (int i = 0; i < per_group; ++i) {
-      if (c[i] > best) {
-        second = best;
-        best = c[i];
-      } else if (c[i] > second) {
-        second = c[i];
+  // Group-limited routing only when it can drop a group: with topk_group == G every group is
+  // kept and the group scores choose nothing (GLM-5.3: G = 1), so their serial loop is skipped.
+  if (topk_group < G) {
+    // Group score: the sum of the two largest choice scores (the CPU's loop, verbatim).
+    for (int g = lane; g < G; g += 32) {
+      const float* c = choice + static_cast<int64_t>(g) * per_group;
+      float best = neg_inf, second = neg_inf;
+      for (int i = 0; i < per_group; ++i) {
+        if (c[i] > best) {
+          second = best;
+          best = c[i];
+        } else if (c[i] > second) {
+          second = c[i];
+        }
       }
+      group_score[g] = per_group >= 2 ? __fadd_rn(best, second) : best;
     }
-    group_score[g] = per_group >= 2 ? __fadd_rn(best, second) : best;
-  }
-  __syncwarp();
-  for (int r = 0; r < topk_group; ++r) {
-    const int g = warp_argmax_unflagged(group_score, kept, G, lane);
-    if (lane == 0) kept[g] = 1;
+    __syncwarp();
+    for (int r = 0; r < topk_group; ++r) {
+      const int g = warp_argmax_unflagged(group_score, kept, G, lane);
+      if (lane == 0) kept[g] = 1;
+      __syncwarp();
+    }
+    for (int e = lane; e < E; e += 32) {
+      if (!kept[e / per_group]) choice[e] = neg_inf;
+    }
     __syncwarp();
   }
-  for (int e = lane; e < E; e += 32) {
-    if (!kept[e / per_group]) choice[e] = neg_inf;
-  }
-  __syncwarp();
   int32_t* idx = topk_idx + t * top_k;
   float* w = topk_w + t * top_k;
+  // Lane j % 32 keeps the j-th choice for j < 32 (mine), so the weights are finished in
+  // parallel from registers; lane 0 adds the chosen scores in order j ascending, as the CPU.
   float sum = 0.0f;
+  int mine = 0;
   for (int j = 0; j < top_k; ++j) {
     const int e = warp_argmax_unflagged(choice, taken, E, lane);
+    if (lane == j) mine = e;
     if (lane == 0) {
       taken[e] = 1;
       idx[j] = e;
-      w[j] = scores[e];  // the unbiased score: the bias only chooses
       sum = __fadd_rn(sum, scores[e]);
     }
     __syncwarp();
   }
-  if (lane == 0) {
-    const float denom = __fadd_rn(sum, 1e-20f);
-    for (int j = 0; j < top_k; ++j) {
-      float v = w[j];
-      if (norm) v = __fdiv_rn(v, denom);
-      w[j] = __fmul_rn(v, scaling);
-    }
+  const float denom = __shfl_sync(0xffffffffu, __fadd_rn(sum, 1e-20f), 0);
+  for (int j = lane; j < top_k; j += 32) {
+    // j >= 32 (top_k > 32): the choice read back from idx, which lane 0 wrote above.
+    float v = scores[j < 32 ? mine : idx[j]];  // the unbiased score: the bias only chooses
+    if (norm) v = __fdiv_rn(v, denom);
+    w[j] = __fmul_rn(v, scaling);
   }
 }
 

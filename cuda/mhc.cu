@@ -693,10 +693,11 @@ int threads_for(int D) { return D >= 256 ? 256 : (D >= 128 ? 128 : (D >= 64 ? 64
 
 // The single-launch site (mhc_site_kernel) takes one decode row of GLM's geometry: f32 / bf16 fn
 // (fold), hc == kSiteHc, D % 4 == 0 (a lane's four values in one stream), the norm's row group
-// in one block (D <= kNormCols * 1024), 16-byte aligned rows.
-bool site_fits(int T, int hc, int D, int fn_dtype, const void* fn, const float* streams) {
+// in one block (D <= kNormCols * 1024), 16-byte aligned rows; MEMRA_MHC_SITE=0 turns it off.
+bool site_fits(const MemraCudaCtx* ctx, int T, int hc, int D, int fn_dtype, const void* fn,
+               const float* streams) {
   const uintptr_t fn_align = fn_dtype == 0 ? 15u : 7u;
-  return T == 1 && hc == kSiteHc && fn_dtype != 2 && D > 0 && D % 4 == 0 &&
+  return ctx->mhc_site && T == 1 && hc == kSiteHc && fn_dtype != 2 && D > 0 && D % 4 == 0 &&
          D <= kNormCols * 1024 && (reinterpret_cast<uintptr_t>(fn) & fn_align) == 0 &&
          memra::cuda::aligned16(streams);
 }
@@ -757,7 +758,7 @@ int mhc_pre_impl(MemraCudaCtx* ctx, const float* streams, int T, int hc, int D, 
   if (!streams || !fn || !base || !scale || !post || !comb || !collapsed) {
     return memra::kContractMissing;
   }
-  if (rms && site_fits(T, hc, D, fn_dtype, fn, streams)) {
+  if (rms && site_fits(ctx, T, hc, D, fn_dtype, fn, streams)) {
     SiteArgs a = site_args(D, fn, base, scale, sinkhorn_iters, hc_eps, norm_eps, rms_w, rms_eps,
                            post, comb, collapsed);
     a.streams = streams;
@@ -864,7 +865,7 @@ int memra_cuda_mhc_post_pre_norm(MemraCudaCtx* ctx, const float* y, const float*
   const size_t bytes = sizeof(float) * static_cast<size_t>(T) * hc * D;
   const uintptr_t o0 = reinterpret_cast<uintptr_t>(streams), r0 = reinterpret_cast<uintptr_t>(residual);
   if (bytes > 0 && o0 < r0 + bytes && r0 < o0 + bytes) return memra::kContractValue;
-  if (site_fits(T, hc, D, fn_dtype, fn, streams) && memra::cuda::aligned16(y) &&
+  if (site_fits(ctx, T, hc, D, fn_dtype, fn, streams) && memra::cuda::aligned16(y) &&
       memra::cuda::aligned16(residual) && fn && base && scale && post && comb && out) {
     SiteArgs a = site_args(D, fn, base, scale, sinkhorn_iters, hc_eps, norm_eps, rms_w, rms_eps,
                            post, comb, out);

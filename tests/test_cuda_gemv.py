@@ -1,7 +1,8 @@
 """The decode GEMV (cuda/gemv.cu) behind ``memra._core.linear`` / ``linear_ex`` at T = 1 row,
 against the CPU backend's linear (cpp/src/cpu/basic.cpp, the numeric oracle) and against cuBLAS
 (an Engine made with MEMRA_GEMV=0 runs the same calls through cuBLAS), plus programmatic
-dependent launch (an Engine made with MEMRA_PDL=0 runs the same decode without it).
+dependent launch (an Engine made with MEMRA_PDL=0 runs the same decode without it) and the
+single-launch mHC site (MEMRA_MHC_SITE=0: the separate kernels).
 
 Tolerances:
 - bf16 weights: against the CPU op on the same bf16 weight with x rounded to bf16 first, the
@@ -163,9 +164,12 @@ def test_gemv_edge_values(e):
     assert np.array_equal(z, np.zeros((1, 8), np.float32))
 
 
-def test_decode_with_and_without_pdl_is_bytewise_equal(monkeypatch):
+@pytest.mark.parametrize("knob", ["MEMRA_PDL", "MEMRA_MHC_SITE"])
+def test_decode_with_and_without_knob_is_bytewise_equal(monkeypatch, knob):
     # Programmatic dependent launch changes when kernels start, never what they compute: a kernel
-    # reading its predecessor's output before it lands (a missing pdl_wait) shows up here.
+    # reading its predecessor's output before it lands (a missing pdl_wait) shows up here. The
+    # single-launch mHC site (cuda/mhc.cu mhc_site_kernel, batch-1 rows) computes what the
+    # separate mHC kernels compute, in the same order.
     from pathlib import Path
 
     path = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "tiny_glm5_next_bf16"
@@ -183,9 +187,9 @@ def test_decode_with_and_without_pdl_is_bytewise_equal(monkeypatch):
         lg = m.decode(c, [0], [int(np.argmax(first))])
         return out, lg
 
-    monkeypatch.setenv("MEMRA_PDL", "1")
+    monkeypatch.setenv(knob, "1")
     toks_on, lg_on = run()
-    monkeypatch.setenv("MEMRA_PDL", "0")
+    monkeypatch.setenv(knob, "0")
     toks_off, lg_off = run()
     assert toks_on == toks_off
     assert np.array_equal(lg_on, lg_off)
