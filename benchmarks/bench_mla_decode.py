@@ -90,12 +90,16 @@ def main() -> int:
                    help="also time mla_attn_absorbed once per sequence (B calls per region)")
     p.add_argument("--profile-calls", type=int, default=20,
                    help="calls inside the torch.profiler region for the kernel-only times")
+    p.add_argument("--shapes", default=None,
+                   help="B:L pairs, comma-separated (default 64:4096,8:32768)")
     args = p.parse_args()
     b = Bench(args, "mla_decode")
     torch = b.torch
     from memra import _core
 
     heads, shapes = (H, SHAPES) if b.cuda else SMOKE
+    if args.shapes:
+        shapes = [tuple(int(v) for v in bl.split(":")) for bl in args.shapes.split(",")]
     # memra's CPU op takes a float32 cache only (bf16 is a CUDA path).
     cdt = torch.bfloat16 if b.cuda else torch.float32
     ops = ["mla_attn_decode"]
@@ -137,7 +141,9 @@ def main() -> int:
                 shape = {"B": B, "L": L, "H": heads, "R": R, "d_rope": 0,
                          "cache_dtype": str(cdt)[6:]}
                 nbytes = B * L * R * cache_elem_bytes(torch, cdt)
-                extra = {"memra_op": op, "variant": var if var is not None else "default"}
+                extra = {"memra_op": op, "variant": var if var is not None else "default",
+                         "knobs": {k: os.environ.get(k) for k in ("MEMRA_MLA_TC_MT",
+                                                                   "MEMRA_MLA_SPLIT_TILES")}}
                 if op == "mla_attn_decode":
                     extra["note"] = ("memra: one batched decode launch plan (device lengths and "
                                      "cache pointers; q rounded to bf16 for the tensor-core "

@@ -136,6 +136,14 @@ int decode_variant() {
   return kDefaultVariant;
 }
 
+// Benchmark knobs of the tensor-core arm (bench_mla_decode.py): MEMRA_MLA_TC_MT=2 or 4 heads
+// tiles of 16 per block (default: 4 above 32 heads), MEMRA_MLA_SPLIT_TILES=n rows of n 64-row
+// tiles per split (default: the cost model). 0 when unset.
+int env_int(const char* name) {
+  const char* v = std::getenv(name);
+  return v && v[0] ? std::atoi(v) : 0;
+}
+
 int device_attr(MemraCudaCtx* ctx, cudaDeviceAttr attr, int* out) {
   return status_of(cudaDeviceGetAttribute(out, attr, ctx->device));
 }
@@ -847,6 +855,7 @@ int memra_cuda_mla_attn_decode(MemraCudaCtx* ctx, const float* q_lat, const void
   size_t f32_smem = 0;
   if (tc) {
     mt = H > 32 ? 4 : 2;
+    if (env_int("MEMRA_MLA_TC_MT") == 2) mt = 2;
     groups = static_cast<int>(ceil_div(H, 16 * mt));
     const double ovh = 16.0 * mt / 32.0;  // HB x R f32 = HB / 32 tiles of 64 bf16 rows
     a.nsplit = choose_nsplit(static_cast<int64_t>(B) * groups, tiles, sms, 1, ovh, ovh);
@@ -858,6 +867,9 @@ int memra_cuda_mla_attn_decode(MemraCudaCtx* ctx, const float* q_lat, const void
     f32_smem = f32_smem_bytes(R);
     const double ovh = static_cast<double>(kFHeads) / kTileRows;  // 8 x R f32 / (64 x R f32)
     a.nsplit = choose_nsplit(static_cast<int64_t>(B) * groups, tiles, sms, 2, ovh, ovh);
+  }
+  if (const int st = env_int("MEMRA_MLA_SPLIT_TILES"); st > 0) {
+    a.nsplit = static_cast<int>(ceil_div(tiles, st));
   }
   a.chunk = static_cast<int>(ceil_div(tiles, a.nsplit)) * kTileRows;
   a.nsplit = static_cast<int>(ceil_div(max_rows, a.chunk));

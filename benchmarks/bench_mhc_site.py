@@ -1,0 +1,123 @@
+#!/usr/bin/env python3
+"""One mHC site at a batch-1 decode row: memra's single launch against its separate kernels and a
+torch peer.
+
+memra: HyperConnection.post_pre(y [1, D], post [1, hc], comb [1, hc, hc], streams [1, hc, D],
+       norm=w, eps=) (cuda/mhc.cu mhc_site_kernel: the previous site's expansion, the split-K
+       logits, and in the block that finishes last the mapping, the collapse + RMSNorm and the
+       Sinkhorn). memra_kernel_us: the kernels of one call (common.Bench.kernel_us, what a CUDA
+       graph step pays). separate_kernel_us: the same call on an Engine made with
+       MEMRA_MHC_SITE=0 (mhc_post, mhc_partial, mhc_finish_norm). sinkhorn1_kernel_us: the single
+       launch with one Sinkhorn iteration instead of hc_sinkhorn_iters (20), which bounds what the
+       Sinkhorn's dependent chain costs inside the launch.
+peer:  torch (f32): post * y + comb^T @ streams, then the reference mapping (RMS-scaled logits,
+       sigmoids, softmax, 20 Sinkhorn rounds, collapse, RMSNorm) as eager ops; time per call with
+       CUDA events (launch-bound, as eager torch is at this size).
+GLM-5.3-Flash geometry: hc = 4 streams of D = 4096, f32 fn [24, 16384].
+
+    python3 benchmarks/bench_mhc_site.py [--quick]
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from common import Bench, base_parser, log, rel_err, to_torch  # noqa: E402
+
+HC, D, ITERS, EPS = 4, 4096, 20, 1e-6
+PEER = "torch eager f32 (mhc_post + mapping + Sinkhorn + collapse + RMSNorm)"
+
+
+def main() -> int:
+    p = base_parser(__doc__.split("\n\n")[0])
+    args = p.parse_args()
+    b = Bench(args, "mhc_site")
+    if not b.cuda:
+        log("mhc_site: CUDA only (the single launch is a CUDA path)")
+        return 0
+    torch = b.torch
+    import numpy as np
+
+    import memra
+    from memra import _core
+
+    mix = (2 + HC) * HC
+    rng = np.random.default_rng(0)
+    fn = (rng.standard_normal((mix, HC * D)) / np.sqrt(HC * D)).astype(np.float32)
+    base = (rng.standard_normal(mix) * 0.5).astype(np.float32)
+    scale = np.array([0.7, 1.3, 0.5], np.float32)
+    w = rng.standard_normal(D).astype(np.float32)
+    streams = (rng.standard_normal((1, HC, D)) * 3).astype(np.float32)
+    y = rng.standard_normal((1, D)).astype(np.float32)
+    post = rng.uniform(0.1, 2.0, (1, HC)).astype(np.float32)
+    comb = rng.uniform(0.0, 0.5, (1, HC, HC)).astype(np.float32)
+    weights = {"fn": _core.Weight(fn), "base": _core.Weight(base), "scale": _core.Weight(scale)}
+
+    def layer(engine, iters):
+        return _core.HyperConnection(engine, weights, hidden=D, hc_mult=HC, sinkhorn_iters=iters,
+                                     hc_eps=EPS, norm_eps=1e-6, dtype="float32")
+
+    old = os.environ.get("MEMRA_MHC_SITE")
+    os.environ["MEMRA_MHC_SITE"] = "0"
+    e_sep = memra.Engine("cuda")
+    if old is None:
+        del os.environ["MEMRA_MHC_SITE"]
+    else:
+        os.environ["MEMRA_MHC_SITE"] = old
+
+    def runner(engine, iters):
+        hc = layer(engine, iters)
+        a = [engine.to_device(v) for v in (y, post, comb, streams, w)]
+        return lambda: hc.post_pre(a[0], a[1], a[2], a[3], norm=a[4], eps=1e-6)
+
+    e = b.engine
+    fused, sep, fused1 = runner(e, ITERS), runner(e_sep, ITERS), runner(e, 1)
+    got = [to_torch(t, e, b.dev) for t in fused()]
+    want = [to_torch(t, e_sep, b.dev) for t in sep()]
+    identical = all(bool(torch.equal(g, h)) for g, h in zip(got, want))
+
+    # The peer, in torch f32 on the same device.
+    dev = b.dev
+    tf, tb, ts = (torch.as_tensor(v, device=dev) for v in (fn, base, scale))
+    tw, tst, ty, tp, tc = (torch.as_tensor(v, device=dev) for v in (w, streams, y, post, comb))
+
+    def run_peer():
+        new = tp[..., None] * ty[:, None, :] + torch.matmul(tc.transpose(1, 2), tst)
+        flat = new.reshape(1, -1)
+        inv = torch.rsqrt(flat.pow(2).mean(-1, keepdim=True) + 1e-6)
+        lg = (flat @ tf.T) * inv
+        pre = torch.sigmoid(lg[:, :HC] * ts[0] + tb[:HC]) + EPS
+        pst = 2 * torch.sigmoid(lg[:, HC:2 * HC] * ts[1] + tb[HC:2 * HC])
+        c = torch.softmax((lg[:, 2 * HC:] * ts[2] + tb[2 * HC:]).view(1, HC, HC), -1) + EPS
+        c = c / (c.sum(-2, keepdim=True) + EPS)
+        for _ in range(ITERS - 1):
+            c = c / (c.sum(-1, keepdim=True) + EPS)
+            c = c / (c.sum(-2, keepdim=True) + EPS)
+        h = (pre[..., None] * new).sum(1)
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6) * tw
+        return new, pst, c, h
+
+    ref = run_peer()
+    err = max(rel_err(g, r) for g, r in zip(got, ref))
+    shape = {"T": 1, "hc": HC, "D": D, "sinkhorn_iters": ITERS, "fn_dtype": "float32"}
+    memra_us = b.time_memra(fused)
+    peer_us = b.time_torch(run_peer)
+    extra = {
+        "memra_kernel_us": b.kernel_us(fused),
+        "separate_kernel_us": b.kernel_us(sep),
+        "sinkhorn1_kernel_us": b.kernel_us(fused1),
+        "bytes_identical_to_separate": identical,
+        "max_rel_err_vs_peer": err,
+        "note": "memra_us / peer_us: CUDA events per call (host launch included); *_kernel_us: "
+                "device time of the kernels of one call",
+    }
+    nbytes = fn.nbytes + 3 * streams.nbytes + y.nbytes  # fn, residual read, new streams written + read
+    b.emit(shape, memra_us, PEER, peer_us, nbytes, **extra)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
