@@ -22,7 +22,7 @@
 //   serves every other case and stays the reference arm (variant 0).
 //
 // bf16 cache, R in {128, 256, 512}: tensor-core kernel (mma.sync.m16n8k16 bf16 -> f32).
-//   All HB = 16 * MT heads of a block (MT = 4 m-tiles for H > 32, else 2) share each cache row:
+//   All HB = 16 * MT heads of a block (MT = 4 m-tiles for H > 32 at B >= 32, else 2) share each cache row:
 //   the row is read from HBM once per (sequence, split) and feeds both products.
 //   Tiles: 64 rows; 8 warps. QK: warp w computes S[16 heads (m-tile w % MT) x 8 * MT rows
 //   (row group w / MT)] over the whole rank: per 16-wide k-step one ldmatrix.x4 of Q (A), MT / 2
@@ -136,9 +136,9 @@ int decode_variant() {
   return kDefaultVariant;
 }
 
-// Benchmark knobs of the tensor-core arm (bench_mla_decode.py): MEMRA_MLA_TC_MT=2 or 4 heads
-// tiles of 16 per block (default: 4 above 32 heads), MEMRA_MLA_SPLIT_TILES=n rows of n 64-row
-// tiles per split (default: the cost model). 0 when unset.
+// Benchmark knobs of the tensor-core arm (bench_mla_decode.py): MEMRA_MLA_TC_MT=2 or 4 head
+// tiles of 16 per block (default: below), MEMRA_MLA_SPLIT_TILES=n 64-row tiles per split
+// (default: the cost model). env_int gives 0 when unset.
 int env_int(const char* name) {
   const char* v = std::getenv(name);
   return v && v[0] ? std::atoi(v) : 0;
@@ -854,8 +854,12 @@ int memra_cuda_mla_attn_decode(MemraCudaCtx* ctx, const float* q_lat, const void
   int groups = 0, mt = 0;
   size_t f32_smem = 0;
   if (tc) {
-    mt = H > 32 ? 4 : 2;
-    if (env_int("MEMRA_MLA_TC_MT") == 2) mt = 2;
+    // 32 heads per block below 32 sequences, 64 above: at B = 1 and 8 (150 / 600 rows) the
+    // 64-head block took 18-20 us, two 32-head blocks 12-16 us (bench_mla_decode, MEMRA_MLA_TC_MT;
+    // results/2026-11-29-h200-session7-mla-mt.jsonl). The heads sharing a block do not change a
+    // head's arithmetic: at the same row split the bytes do not depend on it.
+    mt = H > 32 && B >= 32 ? 4 : 2;
+    if (const int want = env_int("MEMRA_MLA_TC_MT"); want == 2 || want == 4) mt = H > 32 ? want : 2;
     groups = static_cast<int>(ceil_div(H, 16 * mt));
     const double ovh = 16.0 * mt / 32.0;  // HB x R f32 = HB / 32 tiles of 64 bf16 rows
     a.nsplit = choose_nsplit(static_cast<int64_t>(B) * groups, tiles, sms, 1, ovh, ovh);

@@ -19,6 +19,20 @@ __global__ void add_kernel(const float* a, const float* b, int64_t n, float* y) 
   }
 }
 
+// out[t, s, d] = x[t, d] for s < n: block (x, y) covers 256 columns of rows y, y + gridDim.y.
+// One launch where n strided copies took n graph nodes (~1 us each at decode).
+__global__ void hc_expand_kernel(const float* __restrict__ x, int64_t T, int D, int n,
+                                 float* __restrict__ out) {
+  memra::cuda::pdl_trigger();
+  const int d = blockIdx.x * blockDim.x + threadIdx.x;
+  if (d >= D) return;
+  for (int64_t t = blockIdx.y; t < T; t += gridDim.y) {
+    const float v = x[t * D + d];
+    float* o = out + t * n * D + d;
+    for (int s = 0; s < n; ++s) o[int64_t(s) * D] = v;
+  }
+}
+
 }  // namespace
 
 extern "C" {
@@ -42,11 +56,11 @@ int memra_cuda_copy_2d(MemraCudaCtx* ctx, void* dst, size_t dst_pitch, const voi
 int memra_cuda_hc_expand(MemraCudaCtx* ctx, const float* x, int T, int D, int n, float* out) {
   MEMRA_CUDA_RETURN_IF(enter(ctx));
   if (T < 0 || D < 0 || n < 0) return memra::kContractValue;
-  for (int s = 0; s < n; ++s) {
-    MEMRA_CUDA_RETURN_IF(memra_cuda_copy_2d(ctx, out + size_t(s) * D, size_t(n) * D * 4, x,
-                                            size_t(D) * 4, size_t(D) * 4, size_t(T)));
-  }
-  return memra::kOk;
+  if (T == 0 || D == 0 || n == 0) return memra::kOk;
+  if (!x || !out) return memra::kContractMissing;
+  const dim3 grid(ceil_div(D, 256), static_cast<unsigned>(T < 65535 ? T : 65535));
+  hc_expand_kernel<<<grid, 256, 0, ctx->stream>>>(x, T, D, n, out);
+  return launch_status();
 }
 
 }  // extern "C"

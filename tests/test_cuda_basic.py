@@ -441,6 +441,14 @@ def test_hc_post_pre_equals_separate_kernels(e, T, hc, D, weighted, fn_dtype):
     close(got[3], cout, dict(rtol=0, atol=otol * max(1.0, float(np.abs(cout).max()))))
 
 
+@pytest.mark.parametrize("T,D,n", [(1, 4096, 4), (3, 33, 4), (2, 7, 1), (70000, 3, 2)])
+def test_hc_expand_matches_cpu(e, T, D, n):
+    # One kernel (cuda/util.cu hc_expand_kernel; T past 65535 rows strides the grid).
+    x = f32(rng(T + D).standard_normal((T, D)))
+    got = e.to_host(_core.hc_expand(e.to_device(x), n, engine=e))
+    np.testing.assert_array_equal(got, _core.hc_expand(x, n))
+
+
 def test_hc_post_pre_repeated_and_interleaved(e):
     # The site kernel's arrival counter must be back at 0 after every launch: alternate two
     # widths (128 and 2 splits) and a captured-graph-free loop, and compare every result with the

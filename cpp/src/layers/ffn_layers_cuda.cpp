@@ -58,9 +58,10 @@ Status MoeLayer::forward_cuda(const float* x, int T, float* y, int32_t* topk_idx
   const char* op = "MoeLayer.forward";
   const int D = cfg_.hidden, K = cfg_.top_k;
   gpu::Arena a(cuda_);
-  int32_t* idx;
+  // The chosen experts go straight into the caller's topk_idx when it wants them (no copy).
+  int32_t* idx = topk_idx;
   float* wts;
-  MEMRA_TRY(a.take(int64_t(T) * K, &idx));
+  if (!idx) MEMRA_TRY(a.take(int64_t(T) * K, &idx));
   MEMRA_TRY(a.take(int64_t(T) * K, &wts));
   MEMRA_GPU(c, c.api().moe_route(c.ctx(), x, T, D, gpu::f32p(d_router_),
                                  d_corr_.buffer ? gpu::f32p(d_corr_) : nullptr, cfg_.n_experts, K,
@@ -74,7 +75,6 @@ Status MoeLayer::forward_cuda(const float* x, int T, float* y, int32_t* topk_idx
                                    d_down_.data(), d_gate_.dtype_code(), cfg_.n_experts,
                                    cfg_.intermediate, cfg_.swiglu_limit, routed), op);
   if (shared_) MEMRA_TRY(shared_->forward_add(x, T, routed, y));
-  if (topk_idx) MEMRA_GPU(c, c.api().copy(c.ctx(), topk_idx, idx, size_t(T) * K * sizeof(int32_t)), op);
   return Status::Ok();
 }
 

@@ -201,14 +201,17 @@ Status MlaLayer::prefill_cuda(Cache& cache, int layer, int slot, const float* x,
   if (cfg_.sparse) {
     const int32_t* idx = topk_in;
     if (has_indexer()) {
-      int32_t* own = nullptr;
-      MEMRA_TRY(a.take(int64_t(T) * W, &own));
+      // The index lists go straight into the caller's topk_out when it wants them (no copy).
+      int32_t* own = topk_out;
+      if (!own) MEMRA_TRY(a.take(int64_t(T) * W, &own));
       MEMRA_TRY(indexer_cuda(a, cache, layer, slot, pos, p.rows, 0, T, own));
       idx = own;
     }
     MEMRA_GPU(c, api.mla_attn_gathered(ctx, q_lat, nullptr, rows, cdt, idx, H, R, 0, T, end, W,
                                        scale, o_lat), op);
-    if (topk_out) MEMRA_GPU(c, api.copy(ctx, topk_out, idx, size_t(T) * W * sizeof(int32_t)), op);
+    if (topk_out && idx != topk_out) {
+      MEMRA_GPU(c, api.copy(ctx, topk_out, idx, size_t(T) * W * sizeof(int32_t)), op);
+    }
   } else {
     MEMRA_GPU(c, api.mla_attn_absorbed(ctx, q_lat, nullptr, rows, cdt, H, R, 0, T, end, scale, o_lat), op);
   }
@@ -265,8 +268,8 @@ Status MlaLayer::decode_cuda(Cache& cache, int layer, const int32_t* slots_d, in
   if (cfg_.sparse) {
     idx = topk_in;
     if (has_indexer()) {
-      int32_t* own = nullptr;
-      MEMRA_TRY(a.take(int64_t(B) * W, &own));
+      int32_t* own = topk_out;  // straight into the caller's lists when it wants them
+      if (!own) MEMRA_TRY(a.take(int64_t(B) * W, &own));
       MEMRA_TRY(indexer_decode_cuda(a, cache, layer, slots_d, pos_d, p.rows, B, own));
       idx = own;
     }
@@ -274,7 +277,9 @@ Status MlaLayer::decode_cuda(Cache& cache, int layer, const int32_t* slots_d, in
   const float scale = 1.0f / std::sqrt(static_cast<float>(dn));
   MEMRA_GPU(c, api.mla_attn_decode(ctx, q_lat, const_cast<const void* const*>(caches_d), cdt, t_kv_d, idx,
                                    cfg_.sparse ? W : 0, B, H, R, cache.max_len(), scale, o_lat), op);
-  if (topk_out && idx) MEMRA_GPU(c, api.copy(ctx, topk_out, idx, size_t(B) * W * sizeof(int32_t)), op);
+  if (topk_out && idx && idx != topk_out) {
+    MEMRA_GPU(c, api.copy(ctx, topk_out, idx, size_t(B) * W * sizeof(int32_t)), op);
+  }
   MEMRA_GPU(c, api.mla_decompress_v(ctx, o_lat, g.kv_b.data(), g.kv_b.dtype_code(), B, H, dn, dv, R, 0, attn), op);
   MEMRA_GPU(c, gpu::linear(c, attn, B, g.o_proj, bias(g.o_bias), y), op);
   return Status::Ok();
