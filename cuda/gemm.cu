@@ -181,3 +181,28 @@ extern "C" int memra_cuda_linear_ex(MemraCudaCtx* ctx, const void* x, int x_dtyp
   if (!y || (K > 0 && (!x || !w))) return memra::kContractMissing;
   return linear_impl(ctx, x, x_dtype, ldx, T, K, w, w_dtype, N, bias, y);
 }
+
+extern "C" int memra_cuda_linear_ex_pair(MemraCudaCtx* ctx, const void* x0, const void* x1,
+                                         int x_dtype, int64_t ldx, int T, int K, const void* w0,
+                                         const void* w1, int w_dtype, int N0, int N1,
+                                         const float* bias0, const float* bias1, float* y0,
+                                         float* y1) {
+  MEMRA_CUDA_RETURN_IF(enter(ctx));
+  if (T < 0 || K < 0 || N0 < 0 || N1 < 0) return memra::kContractValue;
+  if (w_dtype < 0 || w_dtype > 2 || x_dtype < 0 || x_dtype > 2) return memra::kContractDType;
+  if (x_dtype != w_dtype && x_dtype != 0) return memra::kContractDType;
+  if (ldx < K || ldx > 0x7fffffffLL) return memra::kContractStride;
+  if (T == 0) return memra::kOk;
+  if ((N0 > 0 && (!y0 || (K > 0 && (!x0 || !w0)))) || (N1 > 0 && (!y1 || (K > 0 && (!x1 || !w1))))) {
+    return memra::kContractMissing;
+  }
+  if (T == 1 && K > 0) {
+    bool handled = false;
+    MEMRA_CUDA_RETURN_IF(memra::cuda::gemv_short_pair(ctx, x0, x1, x_dtype, K, w0, w1, w_dtype, N0,
+                                                      N1, bias0, bias1, y0, y1, &handled));
+    if (handled) return memra::kOk;
+  }
+  if (N0 > 0) MEMRA_CUDA_RETURN_IF(linear_impl(ctx, x0, x_dtype, ldx, T, K, w0, w_dtype, N0, bias0, y0));
+  if (N1 > 0) return linear_impl(ctx, x1, x_dtype, ldx, T, K, w1, w_dtype, N1, bias1, y1);
+  return memra::kOk;
+}

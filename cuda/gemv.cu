@@ -196,17 +196,30 @@ __global__ void __launch_bounds__(kGemvThreads)
 // K only (not on N or MEMRA_GEMV_ROWS).
 constexpr int kShortMaxV = 32;
 
+// One short-row problem: y[N] = w[N, K] x (+ bias), K shared by the launch.
+template <typename W, typename X>
+struct ShortRows {
+  const X* x;
+  const W* w;
+  const float* bias;
+  float* y;
+  int N;
+};
+
+// Blocks [0, blocks0) take problem p0 and the rest p1 (p1.N == 0 for a single GEMV): two GEMVs
+// of the same K in one launch (linear_ex_pair) compute each row as a launch of their own would.
 template <typename W, typename X, int L>
 __global__ void __launch_bounds__(kGemvThreads)
-    gemv_short_kernel(const X* __restrict__ x, const W* __restrict__ w, int K, int N,
-                      const float* __restrict__ bias, float* __restrict__ y, int prefetch) {
+    gemv_short_kernel(ShortRows<W, X> p0, ShortRows<W, X> p1, int blocks0, int K, int prefetch) {
   static_assert(L >= 1 && L <= 32 && (L & (L - 1)) == 0, "L: a power of two <= 32");
   constexpr int E = 16 / sizeof(W);
+  const bool second = static_cast<int>(blockIdx.x) >= blocks0;
+  const ShortRows<W, X>& p = second ? p1 : p0;
   const int tid = threadIdx.x, lane = tid % L;
-  const int n = blockIdx.x * (kGemvThreads / L) + tid / L;
+  const int n = (blockIdx.x - (second ? blocks0 : 0)) * (kGemvThreads / L) + tid / L;
   const int KV = K / E;
-  const bool in = n < N && lane < KV;
-  const uint4* row = reinterpret_cast<const uint4*>(w + int64_t(n < N ? n : 0) * K);
+  const bool in = n < p.N && lane < KV;
+  const uint4* row = reinterpret_cast<const uint4*>(p.w + int64_t(n < p.N ? n : 0) * K);
   uint4 wv = make_uint4(0, 0, 0, 0);
   if (prefetch && in) wv = ld_stream(row + lane);
   pdl_wait();  // x and y belong to the stream's earlier work
@@ -215,24 +228,36 @@ __global__ void __launch_bounds__(kGemvThreads)
   float acc = 0.0f;
   if (in) {
     float xs[E];
-    load_x<W, X>(x, lane, xs);
+    load_x<W, X>(p.x, lane, xs);
     acc = dot16<W>(wv, xs, 0.0f);
   }
 #pragma unroll
   for (int o = L / 2; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
-  if (lane == 0 && n < N) {
-    if (bias) acc += bias[n];
-    y[n] = acc;
+  if (lane == 0 && n < p.N) {
+    if (p.bias) acc += p.bias[n];
+    p.y[n] = acc;
   }
 }
 
 template <typename W, typename X, int L>
-int launch_short(MemraCudaCtx* ctx, const X* x, const W* w, int K, int N, const float* bias,
-                 float* y, int prefetch) {
+int launch_short(MemraCudaCtx* ctx, ShortRows<W, X> p0, ShortRows<W, X> p1, int K, int prefetch) {
   constexpr int kRowsPerBlock = kGemvThreads / L;
-  const unsigned grid = static_cast<unsigned>((N + kRowsPerBlock - 1) / kRowsPerBlock);
-  return launch(ctx, true, gemv_short_kernel<W, X, L>, grid, kGemvThreads, 0, x, w, K, N, bias,
-                y, prefetch);
+  const int blocks0 = (p0.N + kRowsPerBlock - 1) / kRowsPerBlock;
+  const unsigned grid = static_cast<unsigned>(blocks0 + (p1.N + kRowsPerBlock - 1) / kRowsPerBlock);
+  return launch(ctx, true, gemv_short_kernel<W, X, L>, grid, kGemvThreads, 0, p0, p1, blocks0, K,
+                prefetch);
+}
+
+template <typename W, typename X>
+int launch_short_any(MemraCudaCtx* ctx, ShortRows<W, X> p0, ShortRows<W, X> p1, int K,
+                     int prefetch) {
+  const int KV = K / (16 / static_cast<int>(sizeof(W)));
+  if (KV <= 1) return launch_short<W, X, 1>(ctx, p0, p1, K, prefetch);
+  if (KV <= 2) return launch_short<W, X, 2>(ctx, p0, p1, K, prefetch);
+  if (KV <= 4) return launch_short<W, X, 4>(ctx, p0, p1, K, prefetch);
+  if (KV <= 8) return launch_short<W, X, 8>(ctx, p0, p1, K, prefetch);
+  if (KV <= 16) return launch_short<W, X, 16>(ctx, p0, p1, K, prefetch);
+  return launch_short<W, X, 32>(ctx, p0, p1, K, prefetch);
 }
 
 // Weight rows per block (MEMRA_GEMV_ROWS overrides): enough blocks for several waves at every
@@ -250,12 +275,8 @@ int launch_t(MemraCudaCtx* ctx, const void* x, const void* w, int K, int N, cons
   const W* wp = static_cast<const W*>(w);
   const int KV = K / (16 / static_cast<int>(sizeof(W)));
   if (KV <= kShortMaxV) {
-    if (KV <= 1) return launch_short<W, X, 1>(ctx, xp, wp, K, N, bias, y, prefetch);
-    if (KV <= 2) return launch_short<W, X, 2>(ctx, xp, wp, K, N, bias, y, prefetch);
-    if (KV <= 4) return launch_short<W, X, 4>(ctx, xp, wp, K, N, bias, y, prefetch);
-    if (KV <= 8) return launch_short<W, X, 8>(ctx, xp, wp, K, N, bias, y, prefetch);
-    if (KV <= 16) return launch_short<W, X, 16>(ctx, xp, wp, K, N, bias, y, prefetch);
-    return launch_short<W, X, 32>(ctx, xp, wp, K, N, bias, y, prefetch);
+    const ShortRows<W, X> p0{xp, wp, bias, y, N}, none{xp, wp, nullptr, y, 0};
+    return launch_short_any<W, X>(ctx, p0, none, K, prefetch);
   }
   const int R = rows_for(ctx, N);
   const unsigned grid = static_cast<unsigned>((N + R - 1) / R);
@@ -296,6 +317,34 @@ int gemv(MemraCudaCtx* ctx, const void* x, int x_dtype, int T, int K, const void
     return launch_t<__nv_bfloat16, __nv_bfloat16>(ctx, x, w, K, N, bias, y, prefetch);
   }
   return launch_t<__nv_bfloat16, float>(ctx, x, w, K, N, bias, y, prefetch);
+}
+
+int gemv_short_pair(MemraCudaCtx* ctx, const void* x0, const void* x1, int x_dtype, int K,
+                    const void* w0, const void* w1, int w_dtype, int N0, int N1,
+                    const float* bias0, const float* bias1, float* y0, float* y1, bool* handled) {
+  *handled = false;
+  if (!ctx->gemv || K < 1 || N0 < 1 || N1 < 1) return kOk;
+  if (w_dtype != 0 && w_dtype != 1) return kOk;
+  if (x_dtype != w_dtype && x_dtype != 0) return kOk;
+  const int E = w_dtype == 1 ? 8 : 4;
+  if (K % E != 0 || K / E > kShortMaxV) return kOk;
+  if (!aligned16(w0) || !aligned16(w1) || !aligned16(x0) || !aligned16(x1)) return kOk;
+  *handled = true;
+  const int prefetch = ctx->resident_weights > 0 ? 1 : 0;
+  if (w_dtype == 0) {
+    return launch_short_any<float, float>(
+        ctx, {static_cast<const float*>(x0), static_cast<const float*>(w0), bias0, y0, N0},
+        {static_cast<const float*>(x1), static_cast<const float*>(w1), bias1, y1, N1}, K, prefetch);
+  }
+  using B16 = __nv_bfloat16;
+  if (x_dtype == 1) {
+    return launch_short_any<B16, B16>(
+        ctx, {static_cast<const B16*>(x0), static_cast<const B16*>(w0), bias0, y0, N0},
+        {static_cast<const B16*>(x1), static_cast<const B16*>(w1), bias1, y1, N1}, K, prefetch);
+  }
+  return launch_short_any<B16, float>(
+      ctx, {static_cast<const float*>(x0), static_cast<const B16*>(w0), bias0, y0, N0},
+      {static_cast<const float*>(x1), static_cast<const B16*>(w1), bias1, y1, N1}, K, prefetch);
 }
 
 }  // namespace memra::cuda

@@ -153,6 +153,26 @@ def test_gemv_tall_rows_match_cpu_and_bytes_do_not_depend_on_row_tiles(e, monkey
         assert np.array_equal(run(_engine(monkeypatch, **env)), ours), f"{env} changed the bytes"
 
 
+@pytest.mark.parametrize("K,N0,N1", [(128, 8192, 8192), (64, 15, 1000), (256, 1, 2), (8, 300, 7)])
+@pytest.mark.parametrize("x_kind", ["float32", "bfloat16"])
+def test_linear_ex_pair_equals_two_calls(e, K, N0, N1, x_kind):
+    # Two short-row GEMVs in one launch (KDA's f_b and g_b over the column blocks of one row):
+    # each output the bytes of its own linear_ex call; at T = 3 the pair is two cuBLAS calls.
+    r = rng(K + N0)
+    w0 = memra.DeviceWeight(e, bf16_weight(r.standard_normal((N0, K)) / np.sqrt(K)))
+    w1 = memra.DeviceWeight(e, bf16_weight(r.standard_normal((N1, K)) / np.sqrt(K)))
+    for T in (1, 3):
+        x = f32(r.standard_normal((T, 2 * K + 8)))
+        dx = e.to_device(x if x_kind == "float32" else bf16_bits(x))
+        y0, y1 = _core.linear_ex_pair(dx, w0, w1, col0=0, col1=K + 8, engine=e)
+        np.testing.assert_array_equal(e.to_host(y0), e.to_host(_core.linear_ex(dx, w0, col0=0, engine=e)))
+        np.testing.assert_array_equal(e.to_host(y1), e.to_host(_core.linear_ex(dx, w1, col0=K + 8, engine=e)))
+    with pytest.raises(memra.ContractError):
+        _core.linear_ex_pair(dx, w0, memra.DeviceWeight(e, bf16_weight(np.ones((3, K + 8)))), engine=e)
+    with pytest.raises(memra.ContractError):
+        _core.linear_ex_pair(dx, w0, w1, col1=K + 9, engine=e)
+
+
 def test_gemv_edge_values(e):
     # Large magnitudes stay finite (bf16 has f32's exponent range); zero rows give zeros.
     r = rng(5)

@@ -102,6 +102,13 @@ def linear_ex(x: Annotated[NDArray, dict(writable=False)], w: object, bias: Anno
     x: float32, bfloat16 (DLPack bfloat16 or uint16 raw bits) or float16, C-contiguous on the engine's device. w: memra.DeviceWeight. x in w's dtype is multiplied as it is (no rounding); float32 x against a bfloat16 w is rounded to bfloat16 (RNE) first, as linear does; any other pair raises ContractError (CONTRACT_DTYPE). Raises ContractError (CONTRACT_SHAPE when the columns do not fit in x, CONTRACT_STRIDE, CONTRACT_DEVICE), UnsupportedError without a CUDA engine.
     """
 
+def linear_ex_pair(x: Annotated[NDArray, dict(writable=False)], w0: object, w1: object, *, col0: int = 0, col1: int = 0, engine: Engine | None = None) -> tuple:
+    """
+    CUDA only: (linear_ex(x, w0, col0=col0), linear_ex(x, w1, col1=col1)) -> (y0 [T, N0], y1 [T, N1]) float32 with the bytes of the two calls; one launch at a single row when both weights have short rows (K <= 32 vectors of 16 bytes; KDA's f_b and g_b).
+
+    x, w0, w1 as linear_ex (w0 [N0, K] and w1 [N1, K], one dtype). Raises ContractError (CONTRACT_SHAPE when the weights differ in K or dtype or the columns do not fit in x, CONTRACT_DTYPE, CONTRACT_STRIDE, CONTRACT_DEVICE), UnsupportedError without a CUDA engine.
+    """
+
 def rms_norm(x: Annotated[NDArray, dict(writable=False)], weight: Annotated[NDArray, dict(writable=False)] | None = None, *, eps: float, engine: Engine | None = None) -> object:
     """
     RMSNorm over the last dim of x [T, D] float32: (weight *) x / sqrt(mean(x^2) + eps); unweighted when weight is None. Arrays on the engine's device (host for the CPU).

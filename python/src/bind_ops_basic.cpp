@@ -204,6 +204,55 @@ void init_ops_basic(nb::module_& m) {
       "UnsupportedError without a CUDA engine.");
 
   m.def(
+      "linear_ex_pair",
+      [](const AnyArray& x, nb::handle w0, nb::handle w1, int64_t col0, int64_t col1,
+         const Engine* engine) {
+        const char* op = "linear_ex_pair";
+        const CudaContext& c = cuda_ctx(engine);
+        const DeviceWeight& d0 = device_weight(engine, w0, op, "w0");
+        const DeviceWeight& d1 = device_weight(engine, w1, op, "w1");
+        if (d0.shape.size() != 2 || d1.shape.size() != 2 || d0.cols != d1.cols ||
+            d0.dtype_code() != d1.dtype_code()) {
+          raise_contract(kContractShape, "linear_ex_pair: w0 and w1 must be [N0, K] and [N1, K] of "
+                                         "one dtype, got " + d0.shape_str() + " and " + d1.shape_str());
+        }
+        const int64_t K = d0.cols;
+        const bool f32 = has_dtype(x, nb::dlpack::dtype_code::Float, 32);
+        const bool f16 = has_dtype(x, nb::dlpack::dtype_code::Float, 16);
+        const bool bf16 = has_bf16(x);
+        check_array(x, op, "x", {-1, -1}, "float32, bfloat16 (uint16 raw bits accepted) or float16",
+                    f32 || f16 || bf16, nb::device::cuda::value, engine->device_index());
+        const int x_dtype = f32 ? 0 : bf16 ? 1 : 2;
+        const int64_t T = dim(x, 0), ldx = dim(x, 1);
+        for (int64_t col : {col0, col1}) {
+          if (col < 0 || col + K > ldx) {
+            raise_contract(kContractShape, "linear_ex_pair: columns [" + std::to_string(col) + ", " +
+                                               std::to_string(col + K) + ") of x " + shape_str(x) +
+                                               " do not fit (K is " + std::to_string(K) + ")");
+          }
+        }
+        Out y0 = out_f32_uninit(engine, {sz(T), sz(d0.rows)});
+        Out y1 = out_f32_uninit(engine, {sz(T), sz(d1.rows)});
+        const size_t es = f32 ? 4 : 2;
+        const char* xp = static_cast<const char*>(x.data());
+        check_cuda(engine,
+                   c.api().linear_ex_pair(c.ctx(), xp + col0 * es, xp + col1 * es, x_dtype, ldx,
+                                          int(T), int(K), d0.data(), d1.data(), d0.dtype_code(),
+                                          int(d0.rows), int(d1.rows), nullptr, nullptr,
+                                          y0.data<float>(), y1.data<float>()),
+                   op);
+        return nb::make_tuple(y0.obj, y1.obj);
+      },
+      nb::arg("x"), nb::arg("w0"), nb::arg("w1"), nb::kw_only(), nb::arg("col0") = 0,
+      nb::arg("col1") = 0, nb::arg("engine").none() = nb::none(),
+      "CUDA only: (linear_ex(x, w0, col0=col0), linear_ex(x, w1, col1=col1)) -> (y0 [T, N0], "
+      "y1 [T, N1]) float32 with the bytes of the two calls; one launch at a single row when both "
+      "weights have short rows (K <= 32 vectors of 16 bytes; KDA's f_b and g_b).\n\nx, w0, w1 as "
+      "linear_ex (w0 [N0, K] and w1 [N1, K], one dtype). Raises ContractError (CONTRACT_SHAPE when "
+      "the weights differ in K or dtype or the columns do not fit in x, CONTRACT_DTYPE, "
+      "CONTRACT_STRIDE, CONTRACT_DEVICE), UnsupportedError without a CUDA engine.");
+
+  m.def(
       "rms_norm",
       [](const AnyArray& x, std::optional<AnyArray> weight, float eps, const Engine* engine) {
         const char* op = "rms_norm";

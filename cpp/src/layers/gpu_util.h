@@ -119,4 +119,19 @@ inline int linear_in(const CudaContext& c, const Rounded& x, int N, const Device
                            static_cast<int>(w.rows), bias, y);
 }
 
+// linear_in(x0, w0 -> y0) and linear_in(x1, w1 -> y1): one launch at a decode row when both are
+// short-row GEMVs of the same shape class (linear_ex_pair), else the two calls.
+inline int linear_in_pair(const CudaContext& c, const Rounded& x0, const Rounded& x1, int N,
+                          const DeviceWeight& w0, const DeviceWeight& w1, float* y0, float* y1) {
+  if (x0.dtype != x1.dtype || x0.ld != x1.ld || w0.cols != w1.cols ||
+      w0.dtype_code() != w1.dtype_code()) {
+    const int rc = linear_in(c, x0, N, w0, nullptr, y0);
+    return rc != kOk ? rc : linear_in(c, x1, N, w1, nullptr, y1);
+  }
+  return c.api().linear_ex_pair(c.ctx(), x0.data, x1.data, static_cast<int>(x0.dtype), x0.ld, N,
+                                static_cast<int>(w0.cols), w0.data(), w1.data(), w0.dtype_code(),
+                                static_cast<int>(w0.rows), static_cast<int>(w1.rows), nullptr,
+                                nullptr, y0, y1);
+}
+
 }  // namespace memra::gpu

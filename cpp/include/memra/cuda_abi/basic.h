@@ -23,6 +23,13 @@
      linear_ex(x, 0, K, ...)). Any other pair is 40020; ldx out of range is 40022. */            \
   X(linear_ex, (MemraCudaCtx * ctx, const void* x, int x_dtype, int64_t ldx, int T, int K,        \
                 const void* w, int w_dtype, int N, const float* bias, float* y))                  \
+  /* linear_ex(x0, w0, N0, bias0, y0) and linear_ex(x1, w1, N1, bias1, y1) over inputs of the    \
+     same x_dtype, ldx, T, K and w_dtype, with the bytes of those two calls: one launch when     \
+     both take the short-row GEMV (T == 1, K <= 32 vectors of 16 bytes; KDA's f_b and g_b). */  \
+  X(linear_ex_pair, (MemraCudaCtx * ctx, const void* x0, const void* x1, int x_dtype,            \
+                     int64_t ldx, int T, int K, const void* w0, const void* w1, int w_dtype,     \
+                     int N0, int N1, const float* bias0, const float* bias1, float* y0,          \
+                     float* y1))                                                                  \
   /* cpu::rms_norm: x, y [T, D] (may alias); w [D] or null. */                                    \
   X(rms_norm, (MemraCudaCtx * ctx, const float* x, int T, int D, const float* w, float eps,       \
                float* y))                                                                         \
