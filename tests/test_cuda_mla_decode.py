@@ -271,9 +271,10 @@ def test_device_t_kv_default_bound_is_cache_length(e):
 @pytest.mark.parametrize("B", [1, 3, 40])
 def test_tensor_core_heads_per_block_both_match_cpu(e, monkeypatch, B):
     # cuda/mla_decode.cu puts 32 heads in a block below 32 sequences and 64 from there on
-    # (MEMRA_MLA_TC_MT forces either). The softmax sums are split over 8 / MT row groups, so the
-    # two differ in the last bits (measured 2.4e-7 relative); each must match the CPU, dense and
-    # gathered.
+    # (MEMRA_MLA_TC_MT forces either). The softmax sums are split over 8 / MT row groups, and the
+    # split count's cost model counts blocks, so the two may split the rows differently (p is
+    # rounded to bf16 against each split's running max: ~1e-3 apart at B = 1); each must match
+    # the CPU, dense and gathered.
     t_kv = [150, 33, 600][:B] if B <= 3 else pattern(B)
     bt = Batch(t_kv, 64, 512, "bfloat16", seed=B + 77)
     idx = random_lists(t_kv, 300, seed=B)
@@ -285,7 +286,7 @@ def test_tensor_core_heads_per_block_both_match_cpu(e, monkeypatch, B):
         close_per_seq(got[mt][0], bt.cpu(), BF16_REL)
         close_per_seq(got[mt][1], bt.cpu(idx=idx), BF16_REL)
     for a, b in zip(got["2"], got["4"]):
-        close_per_seq(a, b, 1e-5)
+        close_per_seq(a, b, BF16_REL)
 
 
 @pytest.mark.parametrize("cache_dtype", ["float32", "bfloat16"])
