@@ -318,11 +318,7 @@ __device__ __forceinline__ void order_slots(const int32_t* it, int top_k, int E,
 // repeated id, the slots in ascending order); warp w then computes output row
 // d = by * kWarps + w: y[t, d] = 0 + sum over the ordered slots of (down_w[e, d] . h[p]) * w[p],
 // each product and sum rounded separately as on the CPU.
-// VEC: GS slots at a time: their chunk loads are issued together, so a warp waits for one memory
-// round trip per chunk step of GS experts instead of one per expert (GS = 1: one after another,
-// 0.79 of copy at batch 1). Each slot's dot still accumulates its chunks in the same order and
-// the slots are still added in order, so GS does not change the bytes (MEMRA_MOE_DOWN_GROUP).
-template <typename W, bool VEC, int GS>
+template <typename W, bool VEC>
 __global__ void __launch_bounds__(kWarps * 32)
     moe_down_kernel(const float* __restrict__ h, const int32_t* __restrict__ topk_idx,
                     const float* __restrict__ topk_w, int top_k, const W* __restrict__ down_w,
@@ -338,61 +334,29 @@ __global__ void __launch_bounds__(kWarps * 32)
   if (d >= D) return;
   const int n = order[top_k];
   float acc = 0.0f;
-  for (int s0 = 0; s0 < n; s0 += GS) {
-    const float* hp[GS];
-    const W* wr[GS];
-    float a[GS];
-#pragma unroll
-    for (int g = 0; g < GS; ++g) {
-      const int j = order[s0 + g < n ? s0 + g : s0];
-      const int64_t p = t * top_k + j;
-      hp[g] = h + p * I;
-      wr[g] = down_w + (static_cast<int64_t>(it[j]) * D + d) * I;
-      a[g] = 0.0f;
-    }
+  for (int s = 0; s < n; ++s) {
+    const int j = order[s];
+    const int64_t p = t * top_k + j;
+    const float* hp = h + p * I;
+    const W* wr = down_w + (static_cast<int64_t>(it[j]) * D + d) * I;
+    float a = 0.0f;
     if constexpr (VEC) {
       for (int c = lane * 8; c < I; c += 32 * 8) {
-        float hv[GS][8], wv[GS][8];
+        float hv[8], wv[8];
+        load8x(hp + c, hv);
+        load8<W>(wr + c, wv);
 #pragma unroll
-        for (int g = 0; g < GS; ++g) {
-          if (s0 + g < n) {
-            load8x(hp[g] + c, hv[g]);
-            load8<W>(wr[g] + c, wv[g]);
-          }
-        }
-#pragma unroll
-        for (int g = 0; g < GS; ++g) {
-          if (s0 + g < n) {
-#pragma unroll
-            for (int k = 0; k < 8; ++k) a[g] = fmaf(wv[g][k], hv[g][k], a[g]);
-          }
-        }
+        for (int k = 0; k < 8; ++k) a = fmaf(wv[k], hv[k], a);
       }
     } else {
-#pragma unroll
-      for (int g = 0; g < GS; ++g) {
-        if (s0 + g < n) {
-          for (int c = lane; c < I; c += 32) a[g] = fmaf(to_f32(wr[g][c]), hp[g][c], a[g]);
-        }
-      }
+      for (int c = lane; c < I; c += 32) a = fmaf(to_f32(wr[c]), hp[c], a);
     }
-#pragma unroll
-    for (int g = 0; g < GS; ++g) {
-      if (s0 + g < n) {  // uniform over the warp
-        const float r = warp_sum(a[g]);
-        acc = __fadd_rn(acc, __fmul_rn(r, topk_w[t * top_k + order[s0 + g]]));
-      }
-    }
+    a = warp_sum(a);
+    acc = __fadd_rn(acc, __fmul_rn(a, topk_w[p]));
   }
   if (lane == 0) y[t * D + d] = acc;
 }
 
-// Slots per group of moe_down_kernel: MEMRA_MOE_DOWN_GROUP = 1, 2 or 4 (A/B knob), default 4.
-int down_group() {
-  const char* v = std::getenv("MEMRA_MOE_DOWN_GROUP");
-  if (v && (v[0] == '1' || v[0] == '2') && !v[1]) return v[0] - '0';
-  return 4;
-}
 
 template <typename W>
 int launch_moe(MemraCudaCtx* ctx, const float* x, int T, int D, const int32_t* topk_idx,
@@ -416,12 +380,13 @@ int launch_moe(MemraCudaCtx* ctx, const float* x, int T, int D, const int32_t* t
   const dim3 grid_b(static_cast<unsigned>(T), ceil_div(D, kWarps));
   const size_t smem = sizeof(int) * (static_cast<size_t>(top_k) + 1);
   const bool vec_b = I % 8 == 0 && aligned16(h) && aligned16(dw);
-  const int gs = down_group();
-  auto* kb = vec_b ? (gs == 4 ? moe_down_kernel<W, true, 4>
-                              : gs == 2 ? moe_down_kernel<W, true, 2> : moe_down_kernel<W, true, 1>)
-                   : (gs == 4 ? moe_down_kernel<W, false, 4>
-                              : gs == 2 ? moe_down_kernel<W, false, 2> : moe_down_kernel<W, false, 1>);
-  kb<<<grid_b, block, smem, ctx->stream>>>(h, topk_idx, topk_w, top_k, dw, E, I, D, y);
+  if (vec_b) {
+    moe_down_kernel<W, true><<<grid_b, block, smem, ctx->stream>>>(h, topk_idx, topk_w, top_k, dw,
+                                                                   E, I, D, y);
+  } else {
+    moe_down_kernel<W, false><<<grid_b, block, smem, ctx->stream>>>(h, topk_idx, topk_w, top_k,
+                                                                    dw, E, I, D, y);
+  }
   return launch_status();
 }
 

@@ -476,31 +476,6 @@ def test_moe_forward_grouped_equals_per_pair_kernels(e, monkeypatch, E, D, I, k,
     scaled_close(grouped, moe_cpu(x, idx, w, g, u, d, 1.5), rtol=1e-5, atol_rel=1e-5)
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("E,D,I,k", [(32, 64, 48, 8), (7, 13, 21, 3), (8, 64, 48, 2),
-                                     (32, 520, 264, 8), (8, 300, 37, 5)])
-def test_moe_down_slot_groups_do_not_change_bytes(e, monkeypatch, E, D, I, k, dtype):
-    """The per-pair down kernel loads MEMRA_MOE_DOWN_GROUP slots' chunks together (1, 2 or 4,
-    read on every call); each slot's dot and the sum over slots keep their order, so every group
-    size gives the same bytes, with repeated and invalid ids and top_k not a multiple of it."""
-    r = rng(E * D + k + (dtype == "bfloat16"))
-    g, u, d = experts(r, E, D, I, dtype)
-    T = 3
-    x = randn(r, T, D, scale=2.0)
-    idx, w = skewed_routing(r, T, E, k)
-    idx[1, 0] = -1  # an invalid id is skipped
-    dg, du, dd = dweight(e, g, dtype), dweight(e, u, dtype), dweight(e, d, dtype)
-    monkeypatch.setenv("MEMRA_MOE_GROUPED_MIN_T", str(10**9))  # the per-pair kernels at T = 3
-    outs = {}
-    for gs in ("1", "2", "4"):
-        monkeypatch.setenv("MEMRA_MOE_DOWN_GROUP", gs)
-        outs[gs] = e.to_host(_core.moe_forward(e.to_device(x), e.to_device(idx), e.to_device(w),
-                                               dg, du, dd, limit=1.5, engine=e))
-    np.testing.assert_array_equal(outs["2"], outs["1"])
-    np.testing.assert_array_equal(outs["4"], outs["1"])
-    scaled_close(outs["4"], moe_cpu(x, idx, w, g, u, d, 1.5), rtol=1e-5, atol_rel=1e-5)
-
-
 def test_moe_forward_contract_errors(e):
     r = rng(8)
     E, D, I, k = 3, 8, 16, 2

@@ -184,13 +184,12 @@ def test_gemv_edge_values(e):
     assert np.array_equal(z, np.zeros((1, 8), np.float32))
 
 
-@pytest.mark.parametrize("knob", ["MEMRA_PDL", "MEMRA_MHC_SITE", "MEMRA_MHC_DEFER"])
+@pytest.mark.parametrize("knob", ["MEMRA_PDL", "MEMRA_MHC_SITE"])
 def test_decode_with_and_without_knob_is_bytewise_equal(monkeypatch, knob):
     # Programmatic dependent launch changes when kernels start, never what they compute: a kernel
     # reading its predecessor's output before it lands (a missing pdl_wait) shows up here. The
     # single-launch mHC site (cuda/mhc.cu mhc_site_kernel, batch-1 rows) computes what the
-    # separate mHC kernels compute, in the same order, and its deferred comb (finished on the side
-    # stream) what the site kernel finishes itself.
+    # separate mHC kernels compute, in the same order.
     from pathlib import Path
 
     path = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "tiny_glm5_next_bf16"
