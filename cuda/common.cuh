@@ -39,9 +39,6 @@ struct MemraCudaCtx {
   unsigned* tickets = nullptr;
   // MEMRA_MHC_SITE=0: mHC sites at a batch-1 row run as separate kernels (A/B arm).
   bool mhc_site = true;
-  // MEMRA_MHC_DEFER=0: a deferred comb (mhc_post_pre_norm's defer_comb) is finished in the site
-  // kernel as usual (A/B arm of the side-stream Sinkhorn).
-  bool mhc_defer = true;
   // A side stream for work whose result only a later, known consumer reads (the mHC Sinkhorn of
   // a deferred comb, cuda/mhc.cu): side_fork makes it wait for the stream's work so far,
   // side_done marks what it enqueued, side_join makes the stream wait for that. Captured into a

@@ -941,7 +941,7 @@ int memra_cuda_mhc_post_pre_norm(MemraCudaCtx* ctx, const float* y, const float*
     a.comb_prev = comb_prev;
     a.residual = residual;
     a.streams_out = streams;
-    return defer_comb && ctx->mhc_defer ? launch_site<true, true>(ctx, a, fn_dtype)
+    return defer_comb ? launch_site<true, true>(ctx, a, fn_dtype)
                       : launch_site<true, false>(ctx, a, fn_dtype);
   }
   MEMRA_CUDA_RETURN_IF(memra_cuda_mhc_post(ctx, y, post_prev, comb_prev, residual, T, hc, D, streams));
