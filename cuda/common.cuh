@@ -39,15 +39,6 @@ struct MemraCudaCtx {
   unsigned* tickets = nullptr;
   // MEMRA_MHC_SITE=0: mHC sites at a batch-1 row run as separate kernels (A/B arm).
   bool mhc_site = true;
-  // A side stream for work whose result only a later, known consumer reads (the mHC Sinkhorn of
-  // a deferred comb, cuda/mhc.cu): side_fork makes it wait for the stream's work so far,
-  // side_done marks what it enqueued, side_join makes the stream wait for that. Captured into a
-  // graph, the side work becomes a parallel branch. Joined by its consumers and by every host
-  // read, synchronisation, stream export and graph end.
-  cudaStream_t side = nullptr;
-  cudaEvent_t fork_ev = nullptr, join_ev = nullptr;
-  bool side_pending = false;
-  void* side_ptr = nullptr;  // the buffer the pending side work writes (release joins first)
   // Graph capture (graph_begin .. graph_end): the allocations made during the capture (their
   // releases become graph nodes) and the releases of older memory, deferred to graph_end.
   bool capturing = false;
@@ -114,28 +105,6 @@ class Scratch {
 inline int enter(MemraCudaCtx* ctx) {
   if (!ctx) return kContractValue;
   return status_of(cudaSetDevice(ctx->device));
-}
-
-// The stream waits for the side stream's pending work (a no-op when none is pending).
-inline int side_join(MemraCudaCtx* ctx) {
-  if (!ctx->side_pending) return kOk;
-  ctx->side_pending = false;
-  return status_of(cudaStreamWaitEvent(ctx->stream, ctx->join_ev, 0));
-}
-// The side stream waits for the stream's work so far (earlier side work joined first).
-inline int side_fork(MemraCudaCtx* ctx) {
-  const int rc = side_join(ctx);
-  if (rc != kOk) return rc;
-  const cudaError_t e = cudaEventRecord(ctx->fork_ev, ctx->stream);
-  if (e != cudaSuccess) return status_of(e);
-  return status_of(cudaStreamWaitEvent(ctx->side, ctx->fork_ev, 0));
-}
-// Marks the side stream's work so far as pending for the next side_join.
-inline int side_done(MemraCudaCtx* ctx) {
-  const cudaError_t e = cudaEventRecord(ctx->join_ev, ctx->side);
-  if (e != cudaSuccess) return status_of(e);
-  ctx->side_pending = true;
-  return kOk;
 }
 
 // Element loads for templated kernels (weights in f32 / bf16 / f16, converted to f32).

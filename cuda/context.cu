@@ -78,9 +78,6 @@ int memra_cuda_ctx_create(int device, MemraCudaCtx** out) {
   if (rc == 0) rc = status_of(cudaMallocHost(reinterpret_cast<void**>(&c->staging), kStagingBytes));
   if (rc == 0) c->staging_bytes = kStagingBytes;
   if (rc == 0) rc = status_of(cudaEventCreateWithFlags(&c->staging_done, cudaEventDisableTiming));
-  if (rc == 0) rc = status_of(cudaStreamCreateWithFlags(&c->side, cudaStreamNonBlocking));
-  if (rc == 0) rc = status_of(cudaEventCreateWithFlags(&c->fork_ev, cudaEventDisableTiming));
-  if (rc == 0) rc = status_of(cudaEventCreateWithFlags(&c->join_ev, cudaEventDisableTiming));
   if (rc == 0) rc = status_of(cudaMalloc(&c->tickets, sizeof(unsigned) * memra::cuda::kTicketCount));
   if (rc == 0) rc = status_of(cudaMemset(c->tickets, 0, sizeof(unsigned) * memra::cuda::kTicketCount));
   if (rc == 0) rc = status_of(cudaDeviceGetDefaultMemPool(&c->pool, device));
@@ -102,17 +99,8 @@ int memra_cuda_ctx_destroy(MemraCudaCtx* ctx) {
   if (!ctx) return memra::kOk;
   cudaSetDevice(ctx->device);
   int rc = memra::kOk;
+  if (ctx->stream) rc = status_of(cudaStreamSynchronize(ctx->stream));
   if (ctx->capturing) memra_cuda_graph_abort(ctx);
-  if (ctx->stream) {
-    if (memra::cuda::side_join(ctx) != memra::kOk) cudaGetLastError();
-    rc = status_of(cudaStreamSynchronize(ctx->stream));
-  }
-  if (ctx->side) {
-    cudaStreamSynchronize(ctx->side);
-    cudaStreamDestroy(ctx->side);
-  }
-  if (ctx->fork_ev) cudaEventDestroy(ctx->fork_ev);
-  if (ctx->join_ev) cudaEventDestroy(ctx->join_ev);
   if (ctx->lt_workspace) cudaFree(ctx->lt_workspace);
   if (ctx->tickets) cudaFree(ctx->tickets);
   if (ctx->blas_workspace) cudaFree(ctx->blas_workspace);
@@ -147,8 +135,6 @@ int memra_cuda_alloc(MemraCudaCtx* ctx, size_t bytes, void** out) {
 int memra_cuda_release(MemraCudaCtx* ctx, void* ptr) {
   if (!ptr) return memra::kOk;
   MEMRA_CUDA_RETURN_IF(enter(ctx));
-  // The side stream may still write this buffer (a deferred mHC comb): let it finish first.
-  if (ctx->side_pending && ptr == ctx->side_ptr) MEMRA_CUDA_RETURN_IF(memra::cuda::side_join(ctx));
   if (ctx->capturing) {
     // Memory from before the capture (an array Python let go of meanwhile) is not the graph's:
     // release it once the capture ends, outside the graph.
@@ -206,7 +192,6 @@ int memra_cuda_copy(MemraCudaCtx* ctx, void* dst, const void* src, size_t bytes)
 int memra_cuda_copy_to_host(MemraCudaCtx* ctx, void* host_dst, const void* src, size_t bytes) {
   MEMRA_CUDA_RETURN_IF(enter(ctx));
   if (ctx->capturing) return memra::kUnsupportedInCapture;
-  MEMRA_CUDA_RETURN_IF(memra::cuda::side_join(ctx));
   if (bytes > 0) {
     MEMRA_CUDA_RETURN_IF(
         status_of(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDefault, ctx->stream)));
@@ -223,7 +208,6 @@ int memra_cuda_zero(MemraCudaCtx* ctx, void* ptr, size_t bytes) {
 int memra_cuda_synchronize(MemraCudaCtx* ctx) {
   MEMRA_CUDA_RETURN_IF(enter(ctx));
   if (ctx->capturing) return memra::kUnsupportedInCapture;
-  MEMRA_CUDA_RETURN_IF(memra::cuda::side_join(ctx));
   return status_of(cudaStreamSynchronize(ctx->stream));
 }
 
@@ -242,10 +226,7 @@ int memra_cuda_convert(MemraCudaCtx* ctx, const void* src, int src_dtype, void* 
 
 int memra_cuda_stream(MemraCudaCtx* ctx, void** out) {
   *out = ctx ? static_cast<void*>(ctx->stream) : nullptr;
-  if (!ctx) return memra::kContractValue;
-  // A consumer about to use the stream sees the side stream's pending work too.
-  MEMRA_CUDA_RETURN_IF(enter(ctx));
-  return memra::cuda::side_join(ctx);
+  return ctx ? memra::kOk : memra::kContractValue;
 }
 
 int memra_cuda_mem_info(MemraCudaCtx* ctx, size_t* free_bytes, size_t* total_bytes) {
@@ -270,9 +251,7 @@ int memra_cuda_graph_begin(MemraCudaCtx* ctx) {
 namespace {
 // Leave capture mode: the releases deferred during it run now, outside the graph.
 int finish_capture(MemraCudaCtx* ctx, cudaGraph_t* graph) {
-  const int joined = memra::cuda::side_join(ctx);  // side work forked in the capture rejoins it
   const cudaError_t e = cudaStreamEndCapture(ctx->stream, graph);
-  if (joined != memra::kOk) cudaGetLastError();
   ctx->capturing = false;
   ctx->capture_allocs.clear();
   for (void* p : ctx->deferred_releases) cudaFreeAsync(p, ctx->stream);

@@ -56,18 +56,6 @@ __device__ __forceinline__ void normalize_line(float* c, int hc, int first, int 
   for (int k = 0; k < hc; ++k) c[first + k * step] = c[first + k * step] / d;
 }
 
-// Row i of comb from its scaled logits row [hc]: softmax over j, + eps (the CPU's order).
-__device__ __forceinline__ void softmax_row(float* row, int hc, float hc_eps) {
-  float m = row[0];
-  for (int j = 1; j < hc; ++j) m = fmaxf(m, row[j]);
-  float sum = 0.0f;
-  for (int j = 0; j < hc; ++j) {
-    row[j] = expf(row[j] - m);
-    sum += row[j];
-  }
-  for (int j = 0; j < hc; ++j) row[j] = __fadd_rn(row[j] / sum, hc_eps);
-}
-
 // The mapping of one token from its logits lt [mix] (pre-RMS when fold: each scaled by inv):
 // threads tid < hc write pre[tid] (shared), post_t[tid] when post_t is given, and row tid of the
 // softmaxed comb c [hc, hc] (shared) when c is given. The CPU's operations in its order.
@@ -94,7 +82,14 @@ __device__ __forceinline__ void map_rows(const float* lt, float inv, bool fold, 
     const float l = fold ? __fmul_rn(lc[j], inv) : lc[j];
     row[j] = __fadd_rn(__fmul_rn(l, s2), bc[j]);
   }
-  softmax_row(row, hc, hc_eps);
+  float m = row[0];
+  for (int j = 1; j < hc; ++j) m = fmaxf(m, row[j]);
+  float sum = 0.0f;
+  for (int j = 0; j < hc; ++j) {
+    row[j] = expf(row[j] - m);
+    sum += row[j];
+  }
+  for (int j = 0; j < hc; ++j) row[j] = __fadd_rn(row[j] / sum, hc_eps);
 }
 
 // Sinkhorn for hc * hc <= 32 (GLM: 4), called by one whole warp: lane i * hc + j holds c[i, j]
@@ -530,9 +525,7 @@ __device__ __forceinline__ unsigned long long gtime() {
 #define SITE_T(i)
 #endif
 
-// DEFER: comb gets the rows' scaled logits (map_rows' values before the softmax) and
-// mhc_comb_kernel, on the side stream, finishes it (softmax, Sinkhorn) off the critical path.
-template <typename W, bool POST, bool DEFER, int G>
+template <typename W, bool POST, int G>
 __global__ void __launch_bounds__(kPartThreads) mhc_site_kernel(SiteArgs a) {
   memra::cuda::pdl_trigger();
 #ifdef MEMRA_SITE_TIMING
@@ -622,11 +615,7 @@ __global__ void __launch_bounds__(kPartThreads) mhc_site_kernel(SiteArgs a) {
   __syncthreads();
   SITE_T(3);
   const float inv = 1.0f / sqrtf(lt[mix] / static_cast<float>(flat) + a.norm_eps);
-  map_rows(lt, inv, true, HC, sbase, sbase + mix, a.hc_eps, pre, a.post, DEFER ? nullptr : c, tid);
-  if (DEFER && warp == 0 && lane < HC * HC) {  // map_rows' comb row values, before the softmax
-    const float l = __fmul_rn(lt[2 * HC + lane], inv);
-    a.comb[lane] = __fadd_rn(__fmul_rn(l, sbase[mix + 2]), sbase[2 * HC + lane]);
-  }
+  map_rows(lt, inv, true, HC, sbase, sbase + mix, a.hc_eps, pre, a.post, c, tid);
   __syncthreads();
   SITE_T(4);
   // collapse()'s arithmetic, then row_sum_squares' column order and group_sum<G>'s warp order.
@@ -651,7 +640,6 @@ __global__ void __launch_bounds__(kPartThreads) mhc_site_kernel(SiteArgs a) {
 #pragma unroll
     for (int kk = 0; kk < kNormCols; ++kk) h0[kk][lane] = h[kk];
     asm volatile("bar.arrive 1, %0;\n" ::"r"(kPartThreads) : "memory");
-    if (DEFER) return;
     // finish_comb's warp path.
     sinkhorn_warp_fixed<HC>(c, a.sinkhorn_iters, a.hc_eps, lane);
     __syncwarp();
@@ -690,23 +678,6 @@ __global__ void __launch_bounds__(kPartThreads) mhc_site_kernel(SiteArgs a) {
   SITE_T(6);
   if (tid == 32) printf("site norm_end %llu\n", tt[6] - tt[0]);
 #endif
-}
-
-// The deferred comb of one row (mhc_site_kernel<..., DEFER = true>): comb [HC, HC] holds the rows'
-// scaled logits; softmax_row per row, then the Sinkhorn (finish_comb's warp path), in place. One
-// warp, on the side stream.
-template <int HC>
-__global__ void __launch_bounds__(32) mhc_comb_kernel(float* __restrict__ comb, int sinkhorn_iters,
-                                                     float hc_eps) {
-  __shared__ float c[HC * HC];
-  const int lane = threadIdx.x;
-  if (lane < HC * HC) c[lane] = comb[lane];
-  __syncwarp();
-  if (lane < HC) softmax_row(c + lane * HC, HC, hc_eps);
-  __syncwarp();
-  sinkhorn_warp_fixed<HC>(c, sinkhorn_iters, hc_eps, lane);
-  __syncwarp();
-  if (lane < HC * HC) comb[lane] = c[lane];
 }
 
 // out[t, j, d] = post[t, j] * y[t, d] + sum_i comb[t, i, j] * residual[t, i, d]. Block x walks
@@ -759,7 +730,7 @@ bool site_fits(const MemraCudaCtx* ctx, int T, int hc, int D, int fn_dtype, cons
          memra::cuda::aligned16(streams);
 }
 
-template <bool POST, bool DEFER>
+template <bool POST>
 int launch_site(MemraCudaCtx* ctx, SiteArgs a, int fn_dtype) {
   constexpr int mix = (2 + kSiteHc) * kSiteHc;
   const int S = static_cast<int>(ceil_div(int64_t(kSiteHc) * a.D, kSplitK));
@@ -770,20 +741,12 @@ int launch_site(MemraCudaCtx* ctx, SiteArgs a, int fn_dtype) {
   with_group(group_for(a.D), [&](auto g) {
     constexpr int G = decltype(g)::value;
     if (fn_dtype == 0) {
-      mhc_site_kernel<float, POST, DEFER, G><<<S, kPartThreads, 0, ctx->stream>>>(a);
+      mhc_site_kernel<float, POST, G><<<S, kPartThreads, 0, ctx->stream>>>(a);
     } else {
-      mhc_site_kernel<__nv_bfloat16, POST, DEFER, G><<<S, kPartThreads, 0, ctx->stream>>>(a);
+      mhc_site_kernel<__nv_bfloat16, POST, G><<<S, kPartThreads, 0, ctx->stream>>>(a);
     }
   });
-  MEMRA_CUDA_RETURN_IF(launch_status());
-  if (!DEFER) return memra::kOk;
-  // The comb's softmax and Sinkhorn on the side stream; its consumers (mhc_post,
-  // mhc_post_pre_norm) and every host read or synchronisation join it (memra::cuda::side_join).
-  MEMRA_CUDA_RETURN_IF(memra::cuda::side_fork(ctx));
-  mhc_comb_kernel<kSiteHc><<<1, 32, 0, ctx->side>>>(a.comb, a.sinkhorn_iters, a.hc_eps);
-  MEMRA_CUDA_RETURN_IF(launch_status());
-  ctx->side_ptr = a.comb;
-  return memra::cuda::side_done(ctx);
+  return launch_status();
 }
 
 SiteArgs site_args(int D, const void* fn, const float* base, const float* scale,
@@ -827,7 +790,7 @@ int mhc_pre_impl(MemraCudaCtx* ctx, const float* streams, int T, int hc, int D, 
     SiteArgs a = site_args(D, fn, base, scale, sinkhorn_iters, hc_eps, norm_eps, rms_w, rms_eps,
                            post, comb, collapsed);
     a.streams = streams;
-    return launch_site<false, false>(ctx, a, fn_dtype);
+    return launch_site<false>(ctx, a, fn_dtype);
   }
   const int mix = (2 + hc) * hc;
   const bool fold = fn_dtype != 2 || flat == 0;
@@ -919,10 +882,8 @@ int memra_cuda_mhc_post_pre_norm(MemraCudaCtx* ctx, const float* y, const float*
                                  int D, const void* fn, int fn_dtype, const float* base,
                                  const float* scale, int sinkhorn_iters, float hc_eps,
                                  float norm_eps, const float* rms_w, float rms_eps,
-                                 float* streams, float* post, float* comb, float* out,
-                                 int defer_comb) {
+                                 float* streams, float* post, float* comb, float* out) {
   MEMRA_CUDA_RETURN_IF(enter(ctx));
-  MEMRA_CUDA_RETURN_IF(memra::cuda::side_join(ctx));  // comb_prev may be a deferred comb
   if (T < 0 || D < 0 || hc < 1 || sinkhorn_iters < 1) return memra::kContractValue;
   if (!(rms_eps >= 0.0f && rms_eps <= FLT_MAX)) return memra::kContractValue;
   if (static_cast<int64_t>(hc) * D > INT_MAX) return memra::kContractValue;
@@ -941,8 +902,7 @@ int memra_cuda_mhc_post_pre_norm(MemraCudaCtx* ctx, const float* y, const float*
     a.comb_prev = comb_prev;
     a.residual = residual;
     a.streams_out = streams;
-    return defer_comb ? launch_site<true, true>(ctx, a, fn_dtype)
-                      : launch_site<true, false>(ctx, a, fn_dtype);
+    return launch_site<true>(ctx, a, fn_dtype);
   }
   MEMRA_CUDA_RETURN_IF(memra_cuda_mhc_post(ctx, y, post_prev, comb_prev, residual, T, hc, D, streams));
   return mhc_pre_impl(ctx, streams, T, hc, D, fn, fn_dtype, base, scale, sinkhorn_iters, hc_eps,
@@ -952,7 +912,6 @@ int memra_cuda_mhc_post_pre_norm(MemraCudaCtx* ctx, const float* y, const float*
 int memra_cuda_mhc_post(MemraCudaCtx* ctx, const float* y, const float* post, const float* comb,
                         const float* residual, int T, int hc, int D, float* out) {
   MEMRA_CUDA_RETURN_IF(enter(ctx));
-  MEMRA_CUDA_RETURN_IF(memra::cuda::side_join(ctx));  // comb may be a deferred comb
   if (T < 0 || hc < 0 || D < 0) return memra::kContractValue;
   const int64_t rows = static_cast<int64_t>(T) * hc;
   if (rows == 0 || D == 0) return memra::kOk;

@@ -794,11 +794,10 @@ class HyperConnection:
         Reference: Glm5NextTextHyperConnection.forward, then Glm5NextTextRMSNorm.
         """
 
-    def post_pre(self, y: Annotated[NDArray, dict(writable=False)], post: Annotated[NDArray, dict(writable=False)], comb: Annotated[NDArray, dict(writable=False)], streams: Annotated[NDArray, dict(writable=False)], *, norm: Annotated[NDArray, dict(writable=False)] | None = None, eps: float, defer_comb: bool = False) -> tuple:
+    def post_pre(self, y: Annotated[NDArray, dict(writable=False)], post: Annotated[NDArray, dict(writable=False)], comb: Annotated[NDArray, dict(writable=False)], streams: Annotated[NDArray, dict(writable=False)], *, norm: Annotated[NDArray, dict(writable=False)] | None = None, eps: float) -> tuple:
         """
         The previous site's expansion, then this site's pre with the block's input norm: new = mhc_post(y, post, comb, streams), then pre(new, norm=norm, eps=eps).
         y [T, hidden]; post [T, hc] and comb [T, hc, hc] (the previous site's pre outputs); streams [T, hc, hidden] (the residual streams before the sublayer); norm [hidden] or None; all float32 on the layer's device. Returns (new streams [T, hc, hidden], post [T, hc], comb [T, hc, hc], normed [T, hidden]) float32, byte for byte mhc_post followed by pre(norm=, eps=); on CUDA at one decode row (hc 4) one launch.
-        defer_comb=True (CUDA, that one-launch path): comb's softmax and Sinkhorn run on the engine's side stream, off the decode step's critical path; only mhc_post / post_pre on this engine, a host read (to_host), synchronize() and DLPack export wait for it, so pass comb to nothing else before one of those (the decode step passes it to the next site).
         Raises ContractError (CONTRACT_SHAPE / DTYPE / DEVICE / STRIDE of any array; CONTRACT_VALUE for an eps that is negative or not finite).
         Reference: Glm5NextTextDecoderLayer.forward (post * h + comb^T @ residual), then Glm5NextTextHyperConnection.forward and Glm5NextTextRMSNorm.
         """

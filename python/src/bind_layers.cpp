@@ -417,7 +417,7 @@ void init_layers(nb::module_& m) {
           "post_pre",
           [](const HyperConnection& l, const AnyArray& y, const AnyArray& post_prev,
              const AnyArray& comb_prev, const AnyArray& streams, std::optional<AnyArray> norm,
-             float eps, bool defer_comb) {
+             float eps) {
             const char* op = "HyperConnection.post_pre";
             const int hc = l.hc(), D = l.hidden();
             const float* rp = f32_in(l.cuda(), streams, op, "streams", {-1, hc, D});
@@ -436,14 +436,13 @@ void init_layers(nb::module_& m) {
             {
               nb::gil_scoped_release nogil;
               st = l.post_pre_norm(yp, pp, cp, rp, int(T), np, eps, st_out.data<float>(),
-                                   post.data<float>(), comb.data<float>(), h.data<float>(),
-                                   defer_comb);
+                                   post.data<float>(), comb.data<float>(), h.data<float>());
             }
             check(st);
             return nb::make_tuple(st_out.obj, post.obj, comb.obj, h.obj);
           },
           nb::arg("y"), nb::arg("post"), nb::arg("comb"), nb::arg("streams"), nb::kw_only(),
-          nb::arg("norm").none() = nb::none(), nb::arg("eps"), nb::arg("defer_comb") = false,
+          nb::arg("norm").none() = nb::none(), nb::arg("eps"),
           "The previous site's expansion, then this site's pre with the block's input norm: "
           "new = mhc_post(y, post, comb, streams), then pre(new, norm=norm, eps=eps).\n"
           "y [T, hidden]; post [T, hc] and comb [T, hc, hc] (the previous site's pre outputs); "
@@ -451,11 +450,6 @@ void init_layers(nb::module_& m) {
           "None; all float32 on the layer's device. Returns (new streams [T, hc, hidden], "
           "post [T, hc], comb [T, hc, hc], normed [T, hidden]) float32, byte for byte "
           "mhc_post followed by pre(norm=, eps=); on CUDA at one decode row (hc 4) one launch.\n"
-          "defer_comb=True (CUDA, that one-launch path): comb's softmax and Sinkhorn run on the "
-          "engine's side stream, off the decode step's critical path; only mhc_post / post_pre "
-          "on this engine, a host read (to_host), synchronize() and DLPack export wait for it, so "
-          "pass comb to nothing else before one of those (the decode step passes it to the next "
-          "site).\n"
           "Raises ContractError (CONTRACT_SHAPE / DTYPE / DEVICE / STRIDE of any array; "
           "CONTRACT_VALUE for an eps that is negative or not finite).\nReference: "
           "Glm5NextTextDecoderLayer.forward (post * h + comb^T @ residual), then "

@@ -262,12 +262,10 @@ class HyperConnection {
   // cpu::mhc_post(y [T, hidden], post_prev [T, hc], comb_prev [T, hc, hc], residual [T, hc,
   // hidden]), then pre_norm(streams) into post, comb, out. streams must not overlap residual.
   // On CUDA at one decode row the two are one launch (memra_cuda_mhc_post_pre_norm), with the
-  // bytes of the two calls; defer_comb there finishes comb on the context's side stream, which
-  // only mhc_post / post_pre_norm and host reads or synchronisation wait for.
+  // bytes of the two calls.
   Status post_pre_norm(const float* y, const float* post_prev, const float* comb_prev,
                        const float* residual, int T, const float* rms_w, float rms_eps,
-                       float* streams, float* post, float* comb, float* out,
-                       bool defer_comb = false) const;
+                       float* streams, float* post, float* comb, float* out) const;
   int hc() const { return hc_; }
   int hidden() const { return hidden_; }
 
@@ -284,8 +282,7 @@ class HyperConnection {
                   float* post, float* comb, float* collapsed) const;
   Status post_pre_cuda(const float* y, const float* post_prev, const float* comb_prev,
                        const float* residual, int T, const float* rms_w, float rms_eps,
-                       float* streams, float* post, float* comb, float* out,
-                       bool defer_comb) const;
+                       float* streams, float* post, float* comb, float* out) const;
   std::shared_ptr<CudaContext> cuda_;
   DeviceWeight d_fn_, d_base_, d_scale_;
   int hidden_ = 0, hc_ = 0, iters_ = 0;

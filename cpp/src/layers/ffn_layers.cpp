@@ -144,7 +144,7 @@ Status HyperConnection::pre_norm(const float* streams, int T, const float* rms_w
 Status HyperConnection::post_pre_norm(const float* y, const float* post_prev, const float* comb_prev,
                                       const float* residual, int T, const float* rms_w,
                                       float rms_eps, float* streams, float* post, float* comb,
-                                      float* out, bool defer_comb) const {
+                                      float* out) const {
   if (!(rms_eps >= 0.0f && std::isfinite(rms_eps))) {
     return Status(kContractValue, "HyperConnection.post_pre: the norm's eps must be finite and >= 0");
   }
@@ -154,7 +154,7 @@ Status HyperConnection::post_pre_norm(const float* y, const float* post_prev, co
   }
   if (cuda_) {
     return post_pre_cuda(y, post_prev, comb_prev, residual, T, rms_w, rms_eps, streams, post, comb,
-                         out, defer_comb);
+                         out);
   }
   cpu::mhc_post(y, post_prev, comb_prev, residual, T, hc_, hidden_, streams);
   return pre_norm(streams, T, rms_w, rms_eps, post, comb, out);

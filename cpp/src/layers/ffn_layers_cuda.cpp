@@ -110,15 +110,13 @@ Status HyperConnection::pre_cuda(const float* streams, int T, bool rms, const fl
 Status HyperConnection::post_pre_cuda(const float* y, const float* post_prev,
                                       const float* comb_prev, const float* residual, int T,
                                       const float* rms_w, float rms_eps, float* streams,
-                                      float* post, float* comb, float* out,
-                                      bool defer_comb) const {
+                                      float* post, float* comb, float* out) const {
   const CudaContext& c = *cuda_;
   gpu::ResidentWeights resident(c);
   MEMRA_GPU(c, c.api().mhc_post_pre_norm(c.ctx(), y, post_prev, comb_prev, residual, T, hc_,
                                          hidden_, d_fn_.data(), d_fn_.dtype_code(),
                                          gpu::f32p(d_base_), gpu::f32p(d_scale_), iters_, hc_eps_,
-                                         norm_eps_, rms_w, rms_eps, streams, post, comb, out,
-                                         defer_comb ? 1 : 0),
+                                         norm_eps_, rms_w, rms_eps, streams, post, comb, out),
             "HyperConnection.post_pre");
   return Status::Ok();
 }

@@ -187,17 +187,14 @@ class Glm5NextTextModel:
         streams = _core.hc_expand(x, cfg.hc_mult, engine=e)
         topk = None
         h = post = comb = None
-        defer = e is not None
         for i, b in enumerate(self.blocks):
             # Each mHC site: the previous site's expansion, this site's mapping and the block's
             # input norm in one call (one launch on CUDA at a decode row of batch 1).
-            # On CUDA each comb is finished on a side stream (defer_comb) and waited for by the
-            # next site, which is its only reader.
             if h is None:
                 post, comb, h = b.attn_hc.pre(streams, norm=b.input_norm, eps=eps)
             else:
-                streams, post, comb, h = b.attn_hc.post_pre(h, post, comb, streams, norm=b.input_norm,
-                                                            eps=eps, defer_comb=defer)
+                streams, post, comb, h = b.attn_hc.post_pre(h, post, comb, streams,
+                                                            norm=b.input_norm, eps=eps)
             if b.kind == "kda":
                 h = b.mixer.decode(cache, i, slots, h) if decode else b.mixer.prefill(cache, i, int(slots[0]), h)
             else:
@@ -210,8 +207,8 @@ class Glm5NextTextModel:
                     topk = idx
                     if record is not None:
                         record[i] = self.engine.to_host(idx) if e else idx
-            streams, post, comb, h = b.ffn_hc.post_pre(h, post, comb, streams, norm=b.post_norm,
-                                                       eps=eps, defer_comb=defer)
+            streams, post, comb, h = b.ffn_hc.post_pre(h, post, comb, streams,
+                                                       norm=b.post_norm, eps=eps)
             h = b.mlp.forward(h)[0] if b.sparse_mlp else b.mlp.forward(h)
         streams = _core.mhc_post(h, post, comb, streams, engine=e)
         return _core.rms_norm(_core.hc_head_mean(streams, engine=e), self.final_norm, eps=eps, engine=e)

@@ -63,15 +63,12 @@
      post_prev [T, hc], comb_prev [T, hc, hc], residual [T, hc, D]), then post, comb, out as      \
      mhc_pre_norm of streams; the bytes of those two calls (at one decode row of hc 4, one        \
      launch). streams must not overlap residual (40025), nor rms_eps be negative / not finite.   \
-     defer_comb != 0 (that one-launch path only): comb's softmax and Sinkhorn run on the         \
-     context's side stream; mhc_post / mhc_post_pre_norm and every host read, synchronize and    \
-     stream export wait for them, nothing else does (keep comb alive until one of those ran). */ \
+   */                                                                                            \
   X(mhc_post_pre_norm, (MemraCudaCtx * ctx, const float* y, const float* post_prev,              \
                         const float* comb_prev, const float* residual, int T, int hc, int D,     \
                         const void* fn, int fn_dtype, const float* base, const float* scale,     \
                         int sinkhorn_iters, float hc_eps, float norm_eps, const float* rms_w,    \
-                        float rms_eps, float* streams, float* post, float* comb, float* out,     \
-                        int defer_comb))                                                         \
+                        float rms_eps, float* streams, float* post, float* comb, float* out))    \
   /* cpu::mhc_post: y [T, D]; post [T, hc]; comb [T, hc, hc]; residual, out [T, hc, D]. */       \
   X(mhc_post, (MemraCudaCtx * ctx, const float* y, const float* post, const float* comb,          \
                const float* residual, int T, int hc, int D, float* out))                          \
