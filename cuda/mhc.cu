@@ -514,24 +514,9 @@ struct SiteArgs {
   float hc_eps, norm_eps, rms_eps;
 };
 
-#ifdef MEMRA_SITE_TIMING
-__device__ __forceinline__ unsigned long long gtime() {
-  unsigned long long t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
-#define SITE_T(i) if (threadIdx.x == 0 || threadIdx.x == 32) tt[i] = gtime()
-#else
-#define SITE_T(i)
-#endif
-
 template <typename W, bool POST, int G>
 __global__ void __launch_bounds__(kPartThreads) mhc_site_kernel(SiteArgs a) {
   memra::cuda::pdl_trigger();
-#ifdef MEMRA_SITE_TIMING
-  unsigned long long tt[8] = {};
-  SITE_T(0);
-#endif
   constexpr int HC = kSiteHc;
   constexpr int mix = (2 + HC) * HC;
   const int s = blockIdx.x, S = gridDim.x;
@@ -583,9 +568,7 @@ __global__ void __launch_bounds__(kPartThreads) mhc_site_kernel(SiteArgs a) {
   }
 
   // -- The last block: mhc_finish_norm_kernel's blocks 0 and 1 side by side.
-  SITE_T(1);
   if (!memra::cuda::last_block(a.ticket)) return;
-  SITE_T(2);
   __shared__ float lt[kSplitMaxOut];
   __shared__ float sbase[kSplitMaxOut + 3];  // base [mix], then scale [3]
   __shared__ float pre[HC], c[HC * HC];
@@ -613,11 +596,9 @@ __global__ void __launch_bounds__(kPartThreads) mhc_site_kernel(SiteArgs a) {
   }
   reduce_partials<kPartThreads / 32>(a.part, S, mix, lt, warp, lane);
   __syncthreads();
-  SITE_T(3);
   const float inv = 1.0f / sqrtf(lt[mix] / static_cast<float>(flat) + a.norm_eps);
   map_rows(lt, inv, true, HC, sbase, sbase + mix, a.hc_eps, pre, a.post, c, tid);
   __syncthreads();
-  SITE_T(4);
   // collapse()'s arithmetic, then row_sum_squares' column order and group_sum<G>'s warp order.
   float h[kNormCols];
   float ss = 0.0f;
@@ -644,11 +625,6 @@ __global__ void __launch_bounds__(kPartThreads) mhc_site_kernel(SiteArgs a) {
     sinkhorn_warp_fixed<HC>(c, a.sinkhorn_iters, a.hc_eps, lane);
     __syncwarp();
     if (lane < HC * HC) a.comb[lane] = c[lane];
-#ifdef MEMRA_SITE_TIMING
-    SITE_T(5);
-    if (lane == 0) printf("site T0 %llu A %llu last %llu reduce %llu map %llu sinkhorn_end %llu\n",
-                          tt[0], tt[1] - tt[0], tt[2] - tt[0], tt[3] - tt[0], tt[4] - tt[0], tt[5] - tt[0]);
-#endif
     return;
   }
   asm volatile("bar.sync 1, %0;\n" ::"r"(kPartThreads) : "memory");  // red and h0 are complete
@@ -674,10 +650,6 @@ __global__ void __launch_bounds__(kPartThreads) mhc_site_kernel(SiteArgs a) {
       a.out[d0] = a.rms_w ? __fmul_rn(wv0[kk], n) : n;
     }
   }
-#ifdef MEMRA_SITE_TIMING
-  SITE_T(6);
-  if (tid == 32) printf("site norm_end %llu\n", tt[6] - tt[0]);
-#endif
 }
 
 // out[t, j, d] = post[t, j] * y[t, d] + sum_i comb[t, i, j] * residual[t, i, d]. Block x walks
