@@ -303,6 +303,22 @@ def test_mhc_pre_with_input_norm_is_mhc_pre_then_rms_norm():
             hcl.post_pre(y, pp, cp, streams, **bad)
     with pytest.raises(memra.ContractError):
         hcl.post_pre(y[:, :-1].copy(), pp, cp, streams, eps=1e-6)
+    # A T mismatch names the argument that disagrees with the streams (and mhc_post's residual).
+    with pytest.raises(memra.ContractError, match="y has 3 rows but streams has T = 4"):
+        hcl.post_pre(y, pp, cp, np.zeros((4, hc, D), np.float32), eps=1e-6)
+    with pytest.raises(memra.ContractError, match="comb has 2 rows but residual has T = 3"):
+        _core.mhc_post(y, pp, cp[:2].copy(), streams)
+
+
+def test_hc_expand_copies_the_row_into_every_stream():
+    # Glm5NextTextModel.forward: hidden_states.unsqueeze(2).expand(..., hc_mult, ...).
+    x = randn(rng(5), 3, 7)
+    for n in (1, 4):
+        got = _core.hc_expand(x, n)
+        np.testing.assert_array_equal(got, np.broadcast_to(x[:, None, :], (3, n, 7)))
+    for bad in (0, -1, 2**31):
+        with pytest.raises(memra.ContractError):
+            _core.hc_expand(x, bad)
 
 
 def test_mhc_post_and_head_mean_match_reference():

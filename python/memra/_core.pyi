@@ -427,7 +427,7 @@ def kpool_select_decode(score: Annotated[NDArray, dict(writable=False)], pos: ob
 
 def hc_expand(x: Annotated[NDArray, dict(writable=False)], n: int, *, engine: Engine | None = None) -> object:
     """
-    x [T, D] float32 -> [T, n, D]: every residual stream starts as x (reference: Glm5NextTextModel.forward, hidden_states.unsqueeze(2).expand(..., hc_mult, ...)). On a CUDA engine x must live on its device. Raises ContractError for a bad array or n < 1.
+    x [T, D] float32 -> [T, n, D]: every residual stream starts as x (reference: Glm5NextTextModel.forward, hidden_states.unsqueeze(2).expand(..., hc_mult, ...)). On a CUDA engine x must live on its device. Raises ContractError for a bad array or n outside [1, 2^31).
     """
 
 def take_rows(x: Annotated[NDArray, dict(writable=False)], start: int, count: int, *, engine: Engine | None = None) -> object:

@@ -422,6 +422,8 @@ void init_layers(nb::module_& m) {
             const int hc = l.hc(), D = l.hidden();
             const float* rp = f32_in(l.cuda(), streams, op, "streams", {-1, hc, D});
             const int64_t T = dim(streams, 0);
+            check_rows(op, "streams", T,
+                       {{"y", &y, 2}, {"post", &post_prev, 2}, {"comb", &comb_prev, 3}});
             const float* yp = f32_in(l.cuda(), y, op, "y", {T, D});
             const float* pp = f32_in(l.cuda(), post_prev, op, "post", {T, hc});
             const float* cp = f32_in(l.cuda(), comb_prev, op, "comb", {T, hc, hc});

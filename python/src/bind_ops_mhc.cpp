@@ -119,6 +119,7 @@ void init_ops_mhc(nb::module_& m) {
         const char* op = "mhc_post";
         const float* rp = f32_in(engine, residual, op, "residual", {-1, -1, -1});
         const int64_t T = dim(residual, 0), hc = dim(residual, 1), D = dim(residual, 2);
+        check_rows(op, "residual", T, {{"y", &y, 2}, {"post", &post, 2}, {"comb", &comb, 3}});
         const float* yp = f32_in(engine, y, op, "y", {T, D});
         const float* pp = f32_in(engine, post, op, "post", {T, hc});
         const float* cp = f32_in(engine, comb, op, "comb", {T, hc, hc});

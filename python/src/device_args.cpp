@@ -188,6 +188,16 @@ void check_value(bool ok, const char* op, const std::string& what) {
   if (!ok) raise_contract(kContractValue, std::string(op) + ": " + what);
 }
 
+void check_rows(const char* op, const char* ref, int64_t T, std::initializer_list<RowArg> args) {
+  for (const RowArg& a : args) {
+    if (a.array->ndim() == a.rank && dim(*a.array, 0) != T) {
+      raise_contract(kContractShape, std::string(op) + ": " + a.name + " has " +
+                                         std::to_string(dim(*a.array, 0)) + " rows but " + ref +
+                                         " has T = " + std::to_string(T));
+    }
+  }
+}
+
 const Weight& host_weight(nb::handle w, const char* op, const char* name) {
   if (!nb::isinstance<Weight>(w)) {
     raise_contract(nb::isinstance<DeviceWeight>(w) ? kContractDevice : kContractDType,

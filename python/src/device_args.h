@@ -94,6 +94,15 @@ void check_nonneg(int64_t v, const char* op, const char* name, int code = kContr
 void check_finite(float v, const char* op, const char* name);
 // ContractError (40025) "op: what" unless ok.
 void check_value(bool ok, const char* op, const std::string& what);
+// The arguments of one op that share its row count T (given by the argument `ref`): each
+// (name, array, rank) whose rank is right but whose first dimension is not T raises
+// ContractError (40000) naming both, before the per-argument shape checks name only one.
+struct RowArg {
+  const char* name;
+  const AnyArray* array;
+  size_t rank;
+};
+void check_rows(const char* op, const char* ref, int64_t T, std::initializer_list<RowArg> args);
 
 // A per-sequence int argument of a batched op (t_kv, pos): a host list / tuple of ints or host
 // int32 / int64 array [B] (values known here, checked against int32, uploaded on CUDA), or on CUDA
