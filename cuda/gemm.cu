@@ -131,6 +131,16 @@ cudaDataType_t ab_type_of(int dtype) {
   return dtype == 0 ? CUDA_R_32F : dtype == 1 ? CUDA_R_16BF : CUDA_R_16F;
 }
 
+// The argument contract linear_ex and linear_ex_pair share (x of x_dtype with row stride ldx,
+// T rows of K against w of w_dtype with N0 (and N1) outputs), in linear_ex's order of checks.
+int ex_contract(int x_dtype, int64_t ldx, int T, int K, int w_dtype, int N0, int N1) {
+  if (T < 0 || K < 0 || N0 < 0 || N1 < 0) return memra::kContractValue;
+  if (w_dtype < 0 || w_dtype > 2 || x_dtype < 0 || x_dtype > 2) return memra::kContractDType;
+  if (x_dtype != w_dtype && x_dtype != 0) return memra::kContractDType;  // f32 x is rounded
+  if (ldx < K || ldx > 0x7fffffffLL) return memra::kContractStride;
+  return memra::kOk;
+}
+
 // The shared body of linear and linear_ex (arguments validated by the callers).
 int linear_impl(MemraCudaCtx* ctx, const void* x, int x_dtype, int64_t ldx, int T, int K,
                 const void* w, int w_dtype, int N, const float* bias, float* y) {
@@ -173,10 +183,7 @@ extern "C" int memra_cuda_linear_ex(MemraCudaCtx* ctx, const void* x, int x_dtyp
                                     int T, int K, const void* w, int w_dtype, int N,
                                     const float* bias, float* y) {
   MEMRA_CUDA_RETURN_IF(enter(ctx));
-  if (T < 0 || K < 0 || N < 0) return memra::kContractValue;
-  if (w_dtype < 0 || w_dtype > 2 || x_dtype < 0 || x_dtype > 2) return memra::kContractDType;
-  if (x_dtype != w_dtype && x_dtype != 0) return memra::kContractDType;  // f32 x is rounded
-  if (ldx < K || ldx > 0x7fffffffLL) return memra::kContractStride;
+  MEMRA_CUDA_RETURN_IF(ex_contract(x_dtype, ldx, T, K, w_dtype, N, 0));
   if (T == 0 || N == 0) return memra::kOk;
   if (!y || (K > 0 && (!x || !w))) return memra::kContractMissing;
   return linear_impl(ctx, x, x_dtype, ldx, T, K, w, w_dtype, N, bias, y);
@@ -188,10 +195,7 @@ extern "C" int memra_cuda_linear_ex_pair(MemraCudaCtx* ctx, const void* x0, cons
                                          const float* bias0, const float* bias1, float* y0,
                                          float* y1) {
   MEMRA_CUDA_RETURN_IF(enter(ctx));
-  if (T < 0 || K < 0 || N0 < 0 || N1 < 0) return memra::kContractValue;
-  if (w_dtype < 0 || w_dtype > 2 || x_dtype < 0 || x_dtype > 2) return memra::kContractDType;
-  if (x_dtype != w_dtype && x_dtype != 0) return memra::kContractDType;
-  if (ldx < K || ldx > 0x7fffffffLL) return memra::kContractStride;
+  MEMRA_CUDA_RETURN_IF(ex_contract(x_dtype, ldx, T, K, w_dtype, N0, N1));
   if (T == 0) return memra::kOk;
   if ((N0 > 0 && (!y0 || (K > 0 && (!x0 || !w0)))) || (N1 > 0 && (!y1 || (K > 0 && (!x1 || !w1))))) {
     return memra::kContractMissing;

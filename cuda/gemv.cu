@@ -301,6 +301,25 @@ int launch_t(MemraCudaCtx* ctx, const void* x, const void* w, int K, int N, cons
   }
 }
 
+// The GEMV takes one row of x against w when w is bf16 or f32 (f16: cuBLAS), x is f32 or in w's
+// dtype (the callers refuse other pairs), K is a whole number of 16-byte vectors of w, and x and
+// w are 16-byte aligned.
+bool takes(const MemraCudaCtx* ctx, const void* x, int x_dtype, int K, const void* w, int w_dtype) {
+  if (!ctx->gemv || K < 1) return false;
+  if (w_dtype != 0 && w_dtype != 1) return false;
+  if (x_dtype != w_dtype && x_dtype != 0) return false;
+  const int E = w_dtype == 1 ? 8 : 4;  // weights per 16-byte vector
+  return K % E == 0 && aligned16(w) && aligned16(x);
+}
+
+// f(W{}, X{}) with the weight and input element types of a pair takes() accepted.
+template <typename F>
+int with_types(int w_dtype, int x_dtype, F&& f) {
+  if (w_dtype == 0) return f(float{}, float{});
+  if (x_dtype == 1) return f(__nv_bfloat16{}, __nv_bfloat16{});
+  return f(__nv_bfloat16{}, float{});
+}
+
 }  // namespace
 
 namespace memra::cuda {
@@ -310,46 +329,31 @@ static_assert(kGemvMaxT == 1, "gemv_kernel computes one row of x (it ignores T a
 int gemv(MemraCudaCtx* ctx, const void* x, int x_dtype, int T, int K, const void* w, int w_dtype,
          int N, const float* bias, float* y, bool* handled) {
   *handled = false;
-  if (!ctx->gemv || T < 1 || T > kGemvMaxT || K < 1 || N < 1) return kOk;
-  if (w_dtype != 0 && w_dtype != 1) return kOk;            // f16: cuBLAS
-  if (x_dtype != w_dtype && x_dtype != 0) return kOk;      // (the callers refuse these)
-  const int E = w_dtype == 1 ? 8 : 4;                      // weights per 16-byte vector
-  if (K % E != 0 || !aligned16(w) || !aligned16(x)) return kOk;
+  if (T < 1 || T > kGemvMaxT || N < 1 || !takes(ctx, x, x_dtype, K, w, w_dtype)) return kOk;
   *handled = true;
   const int prefetch = ctx->resident_weights > 0 ? 1 : 0;
-  if (w_dtype == 0) return launch_t<float, float>(ctx, x, w, K, N, bias, y, prefetch);
-  if (x_dtype == 1) {
-    return launch_t<__nv_bfloat16, __nv_bfloat16>(ctx, x, w, K, N, bias, y, prefetch);
-  }
-  return launch_t<__nv_bfloat16, float>(ctx, x, w, K, N, bias, y, prefetch);
+  return with_types(w_dtype, x_dtype, [&](auto wt, auto xt) {
+    return launch_t<decltype(wt), decltype(xt)>(ctx, x, w, K, N, bias, y, prefetch);
+  });
 }
 
 int gemv_short_pair(MemraCudaCtx* ctx, const void* x0, const void* x1, int x_dtype, int K,
                     const void* w0, const void* w1, int w_dtype, int N0, int N1,
                     const float* bias0, const float* bias1, float* y0, float* y1, bool* handled) {
   *handled = false;
-  if (!ctx->gemv || K < 1 || N0 < 1 || N1 < 1) return kOk;
-  if (w_dtype != 0 && w_dtype != 1) return kOk;
-  if (x_dtype != w_dtype && x_dtype != 0) return kOk;
-  const int E = w_dtype == 1 ? 8 : 4;
-  if (K % E != 0 || K / E > kShortMaxV) return kOk;
-  if (!aligned16(w0) || !aligned16(w1) || !aligned16(x0) || !aligned16(x1)) return kOk;
+  if (N0 < 1 || N1 < 1 || !takes(ctx, x0, x_dtype, K, w0, w_dtype) ||
+      !takes(ctx, x1, x_dtype, K, w1, w_dtype) || K / (w_dtype == 1 ? 8 : 4) > kShortMaxV) {
+    return kOk;
+  }
   *handled = true;
   const int prefetch = ctx->resident_weights > 0 ? 1 : 0;
-  if (w_dtype == 0) {
-    return launch_short_any<float, float>(
-        ctx, {static_cast<const float*>(x0), static_cast<const float*>(w0), bias0, y0, N0},
-        {static_cast<const float*>(x1), static_cast<const float*>(w1), bias1, y1, N1}, K, prefetch);
-  }
-  using B16 = __nv_bfloat16;
-  if (x_dtype == 1) {
-    return launch_short_any<B16, B16>(
-        ctx, {static_cast<const B16*>(x0), static_cast<const B16*>(w0), bias0, y0, N0},
-        {static_cast<const B16*>(x1), static_cast<const B16*>(w1), bias1, y1, N1}, K, prefetch);
-  }
-  return launch_short_any<B16, float>(
-      ctx, {static_cast<const float*>(x0), static_cast<const B16*>(w0), bias0, y0, N0},
-      {static_cast<const float*>(x1), static_cast<const B16*>(w1), bias1, y1, N1}, K, prefetch);
+  return with_types(w_dtype, x_dtype, [&](auto wt, auto xt) {
+    using W = decltype(wt);
+    using X = decltype(xt);
+    return launch_short_any<W, X>(
+        ctx, {static_cast<const X*>(x0), static_cast<const W*>(w0), bias0, y0, N0},
+        {static_cast<const X*>(x1), static_cast<const W*>(w1), bias1, y1, N1}, K, prefetch);
+  });
 }
 
 }  // namespace memra::cuda
