@@ -1,5 +1,5 @@
-// Utility entry points (cpp/include/memra/cuda_abi/util.h): elementwise add, strided copies and
-// the mHC stream expansion the layers chain between ops.
+// Utility entry points (cpp/include/memra/cuda_abi/util.h): elementwise add and the mHC stream
+// expansion the layers chain between ops.
 #include <algorithm>
 
 #include "common.cuh"
@@ -7,7 +7,6 @@
 using memra::cuda::ceil_div;
 using memra::cuda::enter;
 using memra::cuda::launch_status;
-using memra::cuda::status_of;
 
 namespace {
 
@@ -43,14 +42,6 @@ int memra_cuda_add(MemraCudaCtx* ctx, const float* a, const float* b, int64_t n,
   const unsigned blocks = std::min<unsigned>(ceil_div(n, 256), 4096u);
   add_kernel<<<blocks, 256, 0, ctx->stream>>>(a, b, n, y);
   return launch_status();
-}
-
-int memra_cuda_copy_2d(MemraCudaCtx* ctx, void* dst, size_t dst_pitch, const void* src,
-                       size_t src_pitch, size_t width_bytes, size_t rows) {
-  MEMRA_CUDA_RETURN_IF(enter(ctx));
-  if (rows == 0 || width_bytes == 0) return memra::kOk;
-  return status_of(cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, width_bytes, rows,
-                                     cudaMemcpyDefault, ctx->stream));
 }
 
 int memra_cuda_hc_expand(MemraCudaCtx* ctx, const float* x, int T, int D, int n, float* out) {
