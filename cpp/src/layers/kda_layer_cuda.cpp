@@ -178,14 +178,10 @@ Status KdaLayer::run_cuda(Cache& cache, int layer, int B, int T, const Planes& p
   gpu::Rounded lowr;
   MEMRA_TRY(gpu::round_input(c, a, low, N, n_low, g.f_b.dtype, &lowr, op));
 
-  // Forget gate (raw log gate) and beta (its sigmoid in the gate's launch). At a decode row the
-  // output gate's g_b runs in f_b's launch (linear_ex_pair); it is read after the scan.
-  if (N == 1) {
-    MEMRA_GPU(c, gpu::linear_in_pair(c, lowr, lowr.cols_from(g.rank_f), N, g.f_b, g.g_b, gate_f,
-                                     gate_o), op);
-  } else {
-    MEMRA_GPU(c, gpu::linear_in(c, lowr, N, g.f_b, nullptr, gate_f), op);
-  }
+  // Forget gate (raw log gate) and beta (its sigmoid in the gate's launch); the output gate's
+  // g_b, read after the scan, in the same call (linear_ex_pair: one launch at a decode row).
+  MEMRA_GPU(c, gpu::linear_in_pair(c, lowr, lowr.cols_from(g.rank_f), N, g.f_b, g.g_b, gate_f,
+                                   gate_o), op);
   if (N != 1) MEMRA_GPU(c, gpu::linear_in(c, xr, N, g.b_proj, nullptr, beta), op);
   MEMRA_GPU(c, api.kda_gate_beta(ctx, gate_f, gpu::f32p(g.dt_bias), gpu::f32p(g.a_log), N, H, dk,
                                  static_cast<int>(cfg_.gate_form), cfg_.lower_bound, gate_f, beta,
@@ -204,8 +200,8 @@ Status KdaLayer::run_cuda(Cache& cache, int layer, int B, int T, const Planes& p
   MEMRA_GPU(c, api.kda_scan(ctx, q, k, v, gate_f, beta, B, T, H, dk, dk, scale, state_in,
                             state_out, o), op);
 
-  // Output gate (g_b over low's second block), sigmoid-gated RMSNorm per head, output projection.
-  if (N != 1) MEMRA_GPU(c, gpu::linear_in(c, lowr.cols_from(g.rank_f), N, g.g_b, nullptr, gate_o), op);
+  // The sigmoid-gated RMSNorm per head (gate_o: g_b over low's second block, above), output
+  // projection.
   MEMRA_GPU(c, api.rms_norm_gated_sigmoid(ctx, o, gate_o, N * H, dk, gpu::f32p(g.o_norm), cfg_.rms_eps, o), op);
   MEMRA_GPU(c, gpu::linear(c, o, N, g.o_proj, nullptr, y), op);
   return Status::Ok();
