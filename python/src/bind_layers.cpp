@@ -6,7 +6,6 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
 
-#include <cmath>
 #include <optional>
 #include <set>
 
@@ -384,10 +383,7 @@ void init_layers(nb::module_& m) {
             const float* sp = f32_in(l.cuda(), streams, op, "streams", {-1, hc, D});
             const float* np = norm ? f32_in(l.cuda(), *norm, op, "norm", {D}) : nullptr;
             check_value(eps || !norm, op, "a norm weight needs its eps");
-            if (eps) {
-              check_value(std::isfinite(*eps) && *eps >= 0.0f, op,
-                          "eps must be finite and >= 0, got " + std::to_string(*eps));
-            }
+            if (eps) check_eps(*eps, op);
             const int T = int(dim(streams, 0));
             Out post = out_f32(l.cuda(), {sz(T), sz(hc)}, false);
             Out comb = out_f32(l.cuda(), {sz(T), sz(hc), sz(hc)}, false);
@@ -428,8 +424,7 @@ void init_layers(nb::module_& m) {
             const float* pp = f32_in(l.cuda(), post_prev, op, "post", {T, hc});
             const float* cp = f32_in(l.cuda(), comb_prev, op, "comb", {T, hc, hc});
             const float* np = norm ? f32_in(l.cuda(), *norm, op, "norm", {D}) : nullptr;
-            check_value(std::isfinite(eps) && eps >= 0.0f, op,
-                        "eps must be finite and >= 0, got " + std::to_string(eps));
+            check_eps(eps, op);
             Out st_out = out_f32(l.cuda(), {sz(T), sz(hc), sz(D)}, false);
             Out post = out_f32(l.cuda(), {sz(T), sz(hc)}, false);
             Out comb = out_f32(l.cuda(), {sz(T), sz(hc), sz(hc)}, false);

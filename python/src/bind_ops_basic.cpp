@@ -23,13 +23,33 @@ namespace memra::py {
 
 namespace {
 
-// Norm epsilons: finite and >= 0 (a NaN or negative one would turn the output into NaN).
-void check_eps(float eps, const char* op) {
-  check_value(std::isfinite(eps) && eps >= 0.0f, op,
-              "eps must be a finite number >= 0, got " + std::to_string(eps));
-}
-
 size_t sz(int64_t n) { return static_cast<size_t>(n); }
+
+// x of linear_ex / linear_ex_pair: rows [T, ldx] of float32, bfloat16 (uint16 raw bits accepted)
+// or float16 on the engine's device, read from column `col` on for K columns.
+struct ExInput {
+  int dtype;  // 0 f32, 1 bf16, 2 f16
+  int64_t T, ldx;
+  const char* at(const AnyArray& x, int64_t col) const {
+    return static_cast<const char*>(x.data()) + col * (dtype == 0 ? 4 : 2);
+  }
+};
+ExInput ex_input(const AnyArray& x, const char* op, const Engine* engine) {
+  const bool f32 = has_dtype(x, nb::dlpack::dtype_code::Float, 32);
+  const bool f16 = has_dtype(x, nb::dlpack::dtype_code::Float, 16);
+  const bool bf16 = has_bf16(x);
+  check_array(x, op, "x", {-1, -1}, "float32, bfloat16 (uint16 raw bits accepted) or float16",
+              f32 || f16 || bf16, nb::device::cuda::value, engine->device_index());
+  return ExInput{f32 ? 0 : bf16 ? 1 : 2, dim(x, 0), dim(x, 1)};
+}
+// CONTRACT_SHAPE unless columns [col, col + K) lie in x's rows; `what` ends the message.
+void check_cols(const char* op, const AnyArray& x, int64_t col, int64_t K, const std::string& what) {
+  if (col < 0 || col + K > dim(x, 1)) {
+    raise_contract(kContractShape, std::string(op) + ": columns [" + std::to_string(col) + ", " +
+                                       std::to_string(col + K) + ") of x " + shape_str(x) +
+                                       " do not fit (" + what + ")");
+  }
+}
 
 // An async device-to-device copy on the engine's stream.
 void device_copy(const Engine* engine, void* dst, const void* src, size_t bytes, const char* op) {
@@ -170,24 +190,13 @@ void init_ops_basic(nb::module_& m) {
           raise_contract(kContractShape, "linear_ex: weight must be [N, K], got shape " + dw.shape_str());
         }
         const int64_t N = dw.rows, K = dw.cols;
-        const bool f32 = has_dtype(x, nb::dlpack::dtype_code::Float, 32);
-        const bool f16 = has_dtype(x, nb::dlpack::dtype_code::Float, 16);
-        const bool bf16 = has_bf16(x);
-        check_array(x, op, "x", {-1, -1}, "float32, bfloat16 (uint16 raw bits accepted) or float16",
-                    f32 || f16 || bf16, nb::device::cuda::value, engine->device_index());
-        const int x_dtype = f32 ? 0 : bf16 ? 1 : 2;
-        const int64_t T = dim(x, 0), ldx = dim(x, 1);
-        if (col0 < 0 || col0 + K > ldx) {
-          raise_contract(kContractShape, "linear_ex: columns [" + std::to_string(col0) + ", " +
-                                             std::to_string(col0 + K) + ") of x " + shape_str(x) +
-                                             " do not fit (w is " + dw.shape_str() + ")");
-        }
+        const ExInput xi = ex_input(x, op, engine);
+        check_cols(op, x, col0, K, "w is " + dw.shape_str());
         const float* bp = bias ? f32_in(engine, *bias, op, "bias", {N}) : nullptr;
-        Out y = out_f32_uninit(engine, {sz(T), sz(N)});
-        const char* xp = static_cast<const char*>(x.data()) + col0 * (f32 ? 4 : 2);
+        Out y = out_f32_uninit(engine, {sz(xi.T), sz(N)});
         check_cuda(engine,
-                   c.api().linear_ex(c.ctx(), xp, x_dtype, ldx, int(T), int(K), dw.data(),
-                                     dw.dtype_code(), int(N), bp, y.data<float>()),
+                   c.api().linear_ex(c.ctx(), xi.at(x, col0), xi.dtype, xi.ldx, int(xi.T), int(K),
+                                     dw.data(), dw.dtype_code(), int(N), bp, y.data<float>()),
                    op);
         return y.obj;
       },
@@ -217,29 +226,15 @@ void init_ops_basic(nb::module_& m) {
                                          "one dtype, got " + d0.shape_str() + " and " + d1.shape_str());
         }
         const int64_t K = d0.cols;
-        const bool f32 = has_dtype(x, nb::dlpack::dtype_code::Float, 32);
-        const bool f16 = has_dtype(x, nb::dlpack::dtype_code::Float, 16);
-        const bool bf16 = has_bf16(x);
-        check_array(x, op, "x", {-1, -1}, "float32, bfloat16 (uint16 raw bits accepted) or float16",
-                    f32 || f16 || bf16, nb::device::cuda::value, engine->device_index());
-        const int x_dtype = f32 ? 0 : bf16 ? 1 : 2;
-        const int64_t T = dim(x, 0), ldx = dim(x, 1);
-        for (int64_t col : {col0, col1}) {
-          if (col < 0 || col + K > ldx) {
-            raise_contract(kContractShape, "linear_ex_pair: columns [" + std::to_string(col) + ", " +
-                                               std::to_string(col + K) + ") of x " + shape_str(x) +
-                                               " do not fit (K is " + std::to_string(K) + ")");
-          }
-        }
-        Out y0 = out_f32_uninit(engine, {sz(T), sz(d0.rows)});
-        Out y1 = out_f32_uninit(engine, {sz(T), sz(d1.rows)});
-        const size_t es = f32 ? 4 : 2;
-        const char* xp = static_cast<const char*>(x.data());
+        const ExInput xi = ex_input(x, op, engine);
+        for (int64_t col : {col0, col1}) check_cols(op, x, col, K, "K is " + std::to_string(K));
+        Out y0 = out_f32_uninit(engine, {sz(xi.T), sz(d0.rows)});
+        Out y1 = out_f32_uninit(engine, {sz(xi.T), sz(d1.rows)});
         check_cuda(engine,
-                   c.api().linear_ex_pair(c.ctx(), xp + col0 * es, xp + col1 * es, x_dtype, ldx,
-                                          int(T), int(K), d0.data(), d1.data(), d0.dtype_code(),
-                                          int(d0.rows), int(d1.rows), nullptr, nullptr,
-                                          y0.data<float>(), y1.data<float>()),
+                   c.api().linear_ex_pair(c.ctx(), xi.at(x, col0), xi.at(x, col1), xi.dtype,
+                                          xi.ldx, int(xi.T), int(K), d0.data(), d1.data(),
+                                          d0.dtype_code(), int(d0.rows), int(d1.rows), nullptr,
+                                          nullptr, y0.data<float>(), y1.data<float>()),
                    op);
         return nb::make_tuple(y0.obj, y1.obj);
       },

@@ -9,7 +9,6 @@
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
-#include <cmath>
 #include <optional>
 #include "memra/msg.h"
 #include <string>
@@ -52,16 +51,11 @@ void init_ops_mhc(nb::module_& m) {
         check_value(hc >= 1, op, "hc (streams.shape[1]) must be >= 1");
         check_value(sinkhorn_iters >= 1, op,
                     "sinkhorn_iters must be >= 1, got " + std::to_string(sinkhorn_iters));
-        check_value(std::isfinite(hc_eps) && hc_eps >= 0.0f, op,
-                    "hc_eps must be finite and >= 0, got " + std::to_string(hc_eps));
-        check_value(std::isfinite(norm_eps) && norm_eps >= 0.0f, op,
-                    "norm_eps must be finite and >= 0, got " + std::to_string(norm_eps));
+        check_eps(hc_eps, op, "hc_eps");
+        check_eps(norm_eps, op, "norm_eps");
         const float* rw = rms_weight ? f32_in(engine, *rms_weight, op, "rms_weight", {D}) : nullptr;
         check_value(rms_eps || !rms_weight, op, "rms_weight needs rms_eps");
-        if (rms_eps) {
-          check_value(std::isfinite(*rms_eps) && *rms_eps >= 0.0f, op,
-                      "rms_eps must be finite and >= 0, got " + std::to_string(*rms_eps));
-        }
+        if (rms_eps) check_eps(*rms_eps, op, "rms_eps");
         Out post = out_f32(engine, {sz(T), sz(hc)});
         Out comb = out_f32(engine, {sz(T), sz(hc), sz(hc)});
         Out collapsed = out_f32(engine, {sz(T), sz(D)});

@@ -188,6 +188,11 @@ void check_value(bool ok, const char* op, const std::string& what) {
   if (!ok) raise_contract(kContractValue, std::string(op) + ": " + what);
 }
 
+void check_eps(float eps, const char* op, const char* name) {
+  check_value(std::isfinite(eps) && eps >= 0.0f, op,
+              std::string(name) + " must be finite and >= 0, got " + std::to_string(eps));
+}
+
 void check_rows(const char* op, const char* ref, int64_t T, std::initializer_list<RowArg> args) {
   for (const RowArg& a : args) {
     if (a.array->ndim() == a.rank && dim(*a.array, 0) != T) {

@@ -94,6 +94,9 @@ void check_nonneg(int64_t v, const char* op, const char* name, int code = kContr
 void check_finite(float v, const char* op, const char* name);
 // ContractError (40025) "op: what" unless ok.
 void check_value(bool ok, const char* op, const std::string& what);
+// A norm or mixing epsilon: ContractError (40025) unless finite and >= 0 (a NaN or negative one
+// would turn the output into NaN).
+void check_eps(float eps, const char* op, const char* name = "eps");
 // The arguments of one op that share its row count T (given by the argument `ref`): each
 // (name, array, rank) whose rank is right but whose first dimension is not T raises
 // ContractError (40000) naming both, before the per-argument shape checks name only one.
