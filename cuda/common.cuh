@@ -155,7 +155,7 @@ __device__ __forceinline__ void pdl_trigger() {
 // step (a fixed-order reduction of those partials) runs in the block that arrives last, in the
 // same launch, instead of in a second kernel. Each kernel family owns one counter of
 // MemraCudaCtx::tickets (zero between launches).
-enum Ticket : int { kTicketMhcSite = 0, kTicketCount = 4 };
+enum Ticket : int { kTicketMhcSite = 0, kTicketCount };
 
 // Every thread of every block calls it once, after the global stores the finishing block will
 // read. Returns true in exactly one block: the last to arrive, which then sees every block's

@@ -488,9 +488,10 @@ __global__ void __launch_bounds__(Group<G>::kBlock)
 // first computing its 128 stream values as mhc_post_kernel does, from the previous site's y,
 // post and comb, and storing them as the new streams); the block that arrives last
 // (memra::cuda::last_block) then does mhc_finish_norm_kernel's two blocks' work at once: the
-// collapse and the RMSNorm in warps 0..G/32-1, the Sinkhorn in warp 0 beside the norm's tail. Same operations in the same order as
-// [mhc_post +] mhc_partial + mhc_finish_norm, so the same bytes, in one launch instead of three
-// (at batch 1 each site was ~11 us of mostly launch and round-trip latency).
+// collapse and the RMSNorm in warps 0..G/32-1, the Sinkhorn in warp 0 beside the norm's tail.
+// Same operations in the same order as [mhc_post +] mhc_partial + mhc_finish_norm, so the same
+// bytes, in one launch instead of three (at batch 1 each site was ~11 us of mostly launch and
+// round-trip latency).
 constexpr int kSiteHc = 4;  // GLM-5.3; other hc take the multi-kernel path
 
 struct SiteArgs {
