@@ -22,8 +22,8 @@
 //   serves every other case and stays the reference arm (variant 0).
 //
 // bf16 cache, R in {128, 256, 512}: tensor-core kernel (mma.sync.m16n8k16 bf16 -> f32).
-//   All HB = 16 * MT heads of a block (MT = 4 m-tiles for H > 32 at B >= 32, else 2) share each cache row:
-//   the row is read from HBM once per (sequence, split) and feeds both products.
+//   All HB = 16 * MT heads of a block (MT = 4 m-tiles for H > 32 at B >= 32, else 2) share each
+//   cache row: the row is read from HBM once per (sequence, split) and feeds both products.
 //   Tiles: 64 rows; 8 warps. QK: warp w computes S[16 heads (m-tile w % MT) x 8 * MT rows
 //   (row group w / MT)] over the whole rank: per 16-wide k-step one ldmatrix.x4 of Q (A), MT / 2
 //   ldmatrix.x4 of the cache rows (B, non-transposed), MT mma. Softmax: per-warp row maxima are

@@ -186,11 +186,10 @@ class Glm5NextTextModel:
             x = _core.embedding(self.embed, ids, engine=e, check_range=False)
         streams = _core.hc_expand(x, cfg.hc_mult, engine=e)
         topk = None
-        h = post = comb = None
         for i, b in enumerate(self.blocks):
             # Each mHC site: the previous site's expansion, this site's mapping and the block's
             # input norm in one call (one launch on CUDA at a decode row of batch 1).
-            if h is None:
+            if i == 0:
                 post, comb, h = b.attn_hc.pre(streams, norm=b.input_norm, eps=eps)
             else:
                 streams, post, comb, h = b.attn_hc.post_pre(h, post, comb, streams,
