@@ -31,6 +31,15 @@ struct MemraCudaCtx {
   uint8_t* staging = nullptr;
   size_t staging_bytes = 0, staging_off = 0;
   cudaEvent_t staging_done = nullptr;  // recorded after every staged copy
+  // Readbacks that do not wait (read_start / read_wait): kReadSlots pinned slots used round
+  // robin, each with the event recorded after its copy, the ticket it holds and its size.
+  static constexpr int kReadSlots = MEMRA_CUDA_READ_SLOTS;
+  static constexpr size_t kReadSlotBytes = MEMRA_CUDA_READ_SLOT_BYTES;
+  uint8_t* readback = nullptr;  // [kReadSlots][kReadSlotBytes] pinned
+  cudaEvent_t read_done[kReadSlots] = {};
+  uint64_t read_ticket[kReadSlots] = {};  // 0: never used
+  size_t read_bytes[kReadSlots] = {};
+  uint64_t read_next = 1;
   void* blas_workspace = nullptr;  // cuBLAS workspace (fixed: no allocation inside a capture)
   // Arrival counters of the "last block finishes" kernels (memra::cuda::last_block below), one
   // per kernel family (Ticket), zero between launches: the last block's atomicInc wraps its

@@ -78,6 +78,13 @@ int memra_cuda_ctx_create(int device, MemraCudaCtx** out) {
   if (rc == 0) rc = status_of(cudaMallocHost(reinterpret_cast<void**>(&c->staging), kStagingBytes));
   if (rc == 0) c->staging_bytes = kStagingBytes;
   if (rc == 0) rc = status_of(cudaEventCreateWithFlags(&c->staging_done, cudaEventDisableTiming));
+  if (rc == 0) {
+    rc = status_of(cudaMallocHost(reinterpret_cast<void**>(&c->readback),
+                                  MemraCudaCtx::kReadSlots * MemraCudaCtx::kReadSlotBytes));
+  }
+  for (int i = 0; rc == 0 && i < MemraCudaCtx::kReadSlots; ++i) {
+    rc = status_of(cudaEventCreateWithFlags(&c->read_done[i], cudaEventDisableTiming));
+  }
   if (rc == 0) rc = status_of(cudaMalloc(&c->tickets, sizeof(unsigned) * memra::cuda::kTicketCount));
   if (rc == 0) rc = status_of(cudaMemset(c->tickets, 0, sizeof(unsigned) * memra::cuda::kTicketCount));
   if (rc == 0) rc = status_of(cudaDeviceGetDefaultMemPool(&c->pool, device));
@@ -106,6 +113,10 @@ int memra_cuda_ctx_destroy(MemraCudaCtx* ctx) {
   if (ctx->blas_workspace) cudaFree(ctx->blas_workspace);
   if (ctx->staging) cudaFreeHost(ctx->staging);
   if (ctx->staging_done) cudaEventDestroy(ctx->staging_done);
+  if (ctx->readback) cudaFreeHost(ctx->readback);
+  for (cudaEvent_t e : ctx->read_done) {
+    if (e) cudaEventDestroy(e);
+  }
   if (ctx->lt) cublasLtDestroy(ctx->lt);
   if (ctx->blas) cublasDestroy(ctx->blas);
   if (ctx->stream) cudaStreamDestroy(ctx->stream);
@@ -197,6 +208,41 @@ int memra_cuda_copy_to_host(MemraCudaCtx* ctx, void* host_dst, const void* src, 
         status_of(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDefault, ctx->stream)));
   }
   return status_of(cudaStreamSynchronize(ctx->stream));
+}
+
+int memra_cuda_read_start(MemraCudaCtx* ctx, const void* src, size_t bytes, uint64_t* ticket) {
+  MEMRA_CUDA_RETURN_IF(enter(ctx));
+  if (!ticket) return memra::kContractMissing;
+  *ticket = 0;
+  if (ctx->capturing) return memra::kUnsupportedInCapture;
+  if (bytes > MemraCudaCtx::kReadSlotBytes) return memra::kContractShape;
+  if (bytes > 0 && !src) return memra::kContractMissing;
+  const uint64_t t = ctx->read_next;
+  const int slot = static_cast<int>(t % MemraCudaCtx::kReadSlots);
+  uint8_t* dst = ctx->readback + slot * MemraCudaCtx::kReadSlotBytes;
+  // A slot's previous copy is ordered before this one on the stream, so reusing it needs no wait.
+  if (bytes > 0) {
+    MEMRA_CUDA_RETURN_IF(
+        status_of(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, ctx->stream)));
+  }
+  MEMRA_CUDA_RETURN_IF(status_of(cudaEventRecord(ctx->read_done[slot], ctx->stream)));
+  ctx->read_ticket[slot] = t;
+  ctx->read_bytes[slot] = bytes;
+  ctx->read_next = t + 1;
+  *ticket = t;
+  return memra::kOk;
+}
+
+int memra_cuda_read_wait(MemraCudaCtx* ctx, uint64_t ticket, void* host_dst, size_t bytes) {
+  MEMRA_CUDA_RETURN_IF(enter(ctx));
+  const int slot = static_cast<int>(ticket % MemraCudaCtx::kReadSlots);
+  if (ticket == 0 || ctx->read_ticket[slot] != ticket || bytes > ctx->read_bytes[slot]) {
+    return memra::kContractValue;
+  }
+  if (bytes > 0 && !host_dst) return memra::kContractMissing;
+  MEMRA_CUDA_RETURN_IF(status_of(cudaEventSynchronize(ctx->read_done[slot])));
+  if (bytes > 0) std::memcpy(host_dst, ctx->readback + slot * MemraCudaCtx::kReadSlotBytes, bytes);
+  return memra::kOk;
 }
 
 int memra_cuda_zero(MemraCudaCtx* ctx, void* ptr, size_t bytes) {

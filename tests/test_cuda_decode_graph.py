@@ -182,3 +182,66 @@ def test_decode_slots_validation(pair) -> None:
     cpu = memra.load(memra.default_checkpoint(), max_batch=2, max_len=16, progress=False)
     with pytest.raises(UnsupportedError):
         _core.DecodeSlots(cpu.cache, 2)
+
+
+def test_to_host_async_reads_behind_earlier_work_only(e) -> None:
+    a = e.to_device(np.arange(1000, dtype=np.int32))
+    r = e.to_host_async(a)
+    e.copy_into(a, np.zeros(1000, np.int32))  # enqueued after the read: must not show in it
+    assert np.array_equal(r.wait(), np.arange(1000))
+    assert np.array_equal(e.to_host(a), np.zeros(1000))
+    # Slots are reused READ_SLOTS reads later: the oldest ticket is then refused, not misread.
+    reads = [e.to_host_async(a) for _ in range(_core.Engine.READ_SLOTS + 1)]
+    with pytest.raises(ContractError) as info:
+        reads[0].wait()
+    assert info.value.code == 40025
+    assert np.array_equal(reads[-1].wait(), np.zeros(1000))
+    with pytest.raises(ContractError) as info:
+        e.to_host_async(e.to_device(np.zeros(64 * 1024 // 4 + 1, np.float32)))
+    assert info.value.code == 40000
+    e.begin_capture()
+    try:
+        with pytest.raises(UnsupportedError) as info:
+            e.to_host_async(a)
+        assert info.value.code == 50003
+    finally:
+        e.abort_capture()
+
+
+def _one_step_at_a_time(m: memra.Model, prompts, n: int, stops: set[int], kw) -> list[list[int]]:
+    """generate_batch's tokens from unpipelined steps (Model._decode_sampled: each waits for its
+    tokens before the next is launched)."""
+    c = m.cache
+    slots = list(range(len(prompts)))
+    out = []
+    for s, p in zip(slots, prompts):
+        c.free(s)
+        out.append([m._pick(m._prefill(c, s, p), 0, kw["temperature"], kw["top_k"], kw["top_p"],
+                            kw["seed"] + s, 0)])
+    active = [i for i in slots if out[i][-1] not in stops]
+    step = 0
+    while active:
+        step += 1
+        toks = m._decode_sampled(active, [out[i][-1] for i in active], kw["temperature"], kw["top_k"],
+                                 kw["top_p"], [kw["seed"] + i for i in active], step)
+        for i, t in zip(active, toks):
+            out[i].append(t)
+        active = [i for i in active if out[i][-1] not in stops and len(out[i]) < n]
+    for s in slots:
+        c.free(s)
+    return out
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_pipelined_generation_equals_one_step_at_a_time(pair, temperature: float) -> None:
+    # Chained steps (ids drawn on the device), rows leaving the batch at a stop token with a step
+    # already in flight, and at max_new_tokens, against steps that each wait for their tokens.
+    graph, _ = pair
+    kw = dict(temperature=temperature, top_k=20, top_p=0.9, seed=7)
+    free = _one_step_at_a_time(graph, PROMPTS, 10, set(), kw)
+    assert graph.generate_batch(PROMPTS, 10, ignore_eos=True, **kw) == free
+    stop = free[1][4]
+    want = _one_step_at_a_time(graph, PROMPTS, 10, {stop}, kw)
+    assert want[1][-1] == stop and len(want[1]) <= 5
+    assert graph.generate_batch(PROMPTS, 10, stop_token_ids=[stop], ignore_eos=True, **kw) == want
+    assert graph.generate(PROMPTS[1], 10, stop_token_ids=[stop], ignore_eos=True, **dict(kw, seed=8)) == want[1]

@@ -419,3 +419,31 @@ def test_generate_batch_checks_every_argument_first(model: memra.Model) -> None:
 def test_load_refuses_a_non_bool_cuda_graphs() -> None:
     with pytest.raises(memra.errors.ContractError):
         memra.load(memra.default_checkpoint(), cuda_graphs="false", progress=False)
+
+
+def test_to_host_async_on_a_cpu_engine_is_a_copy() -> None:
+    e = memra.Engine("cpu")
+    a = np.arange(6, dtype=np.int32).reshape(2, 3)
+    r = e.to_host_async(a)
+    a[:] = -1  # the copy was taken at the call
+    got = r.wait()
+    assert got.dtype == np.int32 and got.shape == (2, 3)
+    assert np.array_equal(got, np.arange(6).reshape(2, 3))
+    assert r.wait() is got
+
+
+def test_generation_with_stops_equals_one_step_at_a_time() -> None:
+    # The generate loop (memra.Model._decode_rows) against a plain loop of _decode_sampled steps:
+    # rows stopping at different steps (a stop token, max_new_tokens) drop out of the batch.
+    m = memra.load(memra.default_checkpoint(), max_batch=3, max_len=64, progress=False)
+    prompts = [[3, 17, 5, 9], [11, 2, 98, 31, 4], [90, 14]]
+    kw = dict(temperature=0.8, top_k=20, top_p=0.9, seed=5)
+    free = m.generate_batch(prompts, 8, ignore_eos=True, **kw)
+    stop = free[1][3]  # row 1 stops at its 4th token at the latest
+    got = m.generate_batch(prompts, 8, stop_token_ids=[stop], ignore_eos=True, **kw)
+    want = []
+    for i, row in enumerate(free):
+        cut = next((k + 1 for k, t in enumerate(row) if t == stop), len(row))
+        want.append(row[:cut])
+    assert got == want
+    assert m.generate(prompts[1], 8, stop_token_ids=[stop], ignore_eos=True, **dict(kw, seed=6)) == want[1]

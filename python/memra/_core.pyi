@@ -3,7 +3,7 @@ memra's C++ runtime: CPU reference ops, Engine, Cache and layer objects.
 """
 
 from collections.abc import Mapping, Sequence
-from typing import Annotated, overload
+from typing import Annotated, Final, overload
 
 import numpy
 from numpy.typing import NDArray
@@ -469,6 +469,16 @@ class CudaGraph:
         Enqueue the graph on the engine's stream (asynchronous; Engine.synchronize or a host copy waits for it).
         """
 
+class HostRead:
+    """
+    A device -> host copy in flight, from Engine.to_host_async: wait() returns the numpy array.
+    """
+
+    def wait(self) -> object:
+        """
+        The copy as a numpy array (waits for that copy only, not for work enqueued after it; later calls return the same array). ContractError 40025 when the engine has made Engine.READ_SLOTS newer reads since this one (its slot was reused).
+        """
+
 def cuda_available() -> bool:
     """
     True when memra was built with its CUDA library and a CUDA device is usable here.
@@ -508,6 +518,16 @@ class Engine:
         """
         A numpy copy of a C-contiguous array on this engine's device (waits for the engine's stream). Raises ContractError for an array on another device.
         """
+
+    def to_host_async(self, array: Annotated[NDArray, dict(writable=False)]) -> HostRead:
+        """
+        Start copying a C-contiguous array of this engine (at most 64 KiB: token ids, not logits) to the host behind the work already enqueued, without waiting; returns a memra.HostRead whose wait() gives the numpy array. Work enqueued after this call does not delay wait(), which is what lets a decode loop queue its next step before reading this one's tokens. Raises ContractError for an array on another device (40021) or over 64 KiB (40000), UnsupportedError 50003 while capturing.
+        """
+
+    READ_SLOTS: Final[int] = ...
+    """
+    How many to_host_async reads may be pending at once: the next one reuses the oldest one's slot.
+    """
 
     def synchronize(self) -> None:
         """Wait for all work enqueued on this engine's stream."""

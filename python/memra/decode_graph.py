@@ -11,6 +11,12 @@ the same buffers, hence the same bytes (tests/test_cuda_decode_graph.py checks i
 
 The first step of a bucket runs eagerly (it also warms cuBLAS' heuristics and loads kernels
 lazily, which a capture must not do); later steps capture once, then replay.
+
+A sampling step writes its tokens over the bucket's ids (``tokens`` is ``ids``), so the next
+step of the same rows can be *chained*: enqueued with ``ids=None`` before the host has read
+anything, reading its ids on the device. Generation (memra.model) queues step k + 1 that way
+and only then waits for step k's tokens (Engine.to_host_async), so the device never idles
+while the host reads a token, checks it and launches the next graph.
 """
 
 from __future__ import annotations
@@ -38,9 +44,11 @@ class _Bucket:
     counters: object  # device uint64 [size]
     seeds: object  # device uint64 [size]
     logits: object  # device float32 [size, vocab]
-    tokens: object  # device int32 [size]
+    tokens: object  # device int32 [size]: the same array as ids (a step's draws feed the next)
     graphs: dict = field(default_factory=dict)  # Sampling | None -> CudaGraph
     eager_steps: dict = field(default_factory=dict)  # Sampling | None -> steps run eagerly
+    # The slots of the last step when it sampled (its tokens are in ids), else None.
+    chain: tuple | None = None
 
 
 class DecodeRunner:
@@ -68,12 +76,12 @@ class DecodeRunner:
         b = self._buckets.get(size)
         if b is None:
             e, vocab = self.engine, self.net.cfg.vocab_size
-            b = _Bucket(slots=_core.DecodeSlots(self.cache, size),
-                        ids=e.to_device(np.zeros(size, np.int32)),
+            ids = e.to_device(np.zeros(size, np.int32))
+            b = _Bucket(slots=_core.DecodeSlots(self.cache, size), ids=ids,
                         counters=e.to_device(np.zeros(size, np.uint64)),
                         seeds=e.to_device(np.zeros(size, np.uint64)),
                         logits=e.to_device(np.zeros((size, vocab), np.float32)),
-                        tokens=e.to_device(np.zeros(size, np.int32)))
+                        tokens=ids)
             self._buckets[size] = b
         return b
 
@@ -89,21 +97,29 @@ class DecodeRunner:
             e.copy_into(b.tokens, tok)
         self.cache.commit_decode(b.slots)
 
-    def step(self, slots: np.ndarray, ids: np.ndarray, sampling: Sampling | None = None,
+    def step(self, slots: np.ndarray, ids: np.ndarray | None, sampling: Sampling | None = None,
              counters: np.ndarray | None = None, seeds: np.ndarray | None = None) -> _Bucket:
         """One token for each of `slots` [n] (host int32, distinct, validated and with room: the
-        caller checks): ids [n] int32 in range; counters / seeds [n] uint64 (the draw index and
-        seed of each row; used when `sampling` is given). Enqueues the step and advances the
-        cache (device and host); returns the bucket whose ``logits[:n]`` (and ``tokens[:n]``
-        when sampling) hold the results once the stream reaches them."""
+        caller checks): ids [n] int32 in range, or None to chain (the ids are the tokens the
+        previous step of these same slots drew, still on the device: ValueError when that step
+        had other slots or did not sample); counters / seeds [n] uint64 (the draw index and seed
+        of each row; used when `sampling` is given). Enqueues the step and advances the cache
+        (device and host); returns the bucket whose ``logits[:n]`` (and ``tokens[:n]`` when
+        sampling) hold the results once the stream reaches them, until the bucket's next step."""
         n = len(slots)
         b = self._bucket(n)
         size = b.slots.size
         e = self.engine
-        b.slots.set(slots)
-        pad = np.zeros(size, np.int32)
-        pad[:n] = ids
-        e.copy_into(b.ids, pad)
+        key = tuple(int(s) for s in slots)
+        if ids is None:
+            if b.chain != key:
+                raise ValueError(f"DecodeRunner.step: cannot chain slots {list(key)}: the bucket's last "
+                                 f"step {'sampled ' + str(list(b.chain)) if b.chain else 'did not sample'}")
+        else:
+            b.slots.set(slots)
+            pad = np.zeros(size, np.int32)
+            pad[:n] = ids
+            e.copy_into(b.ids, pad)
         if sampling is not None and sampling.temperature > 0:  # greedy reads neither
             for dst, src in ((b.counters, counters), (b.seeds, seeds)):
                 row = np.zeros(size, np.uint64)
@@ -112,6 +128,7 @@ class DecodeRunner:
         graph = b.graphs.get(sampling)
         if graph is None and self.graphs and b.eager_steps.get(sampling, 0) >= 1:
             graph = self._capture(b, sampling)
+        b.chain = None  # until the step is enqueued (a failure leaves nothing to chain from)
         if graph is not None:
             graph.replay()
         else:
@@ -119,6 +136,7 @@ class DecodeRunner:
             b.eager_steps[sampling] = b.eager_steps.get(sampling, 0) + 1
         for s in slots:
             self.cache.commit_host(int(s), 1)
+        b.chain = key if sampling is not None else None
         return b
 
     def _capture(self, b: _Bucket, sampling: Sampling | None):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+from collections import deque
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -138,8 +139,7 @@ class Model:
         ids = _ids(toks, "decode")
         self._check_room(self.cache, slots_a, 1, "decode")
         self._check_vocab(ids, "decode")
-        sampling = Sampling(0.0, 0, 1.0) if temperature <= 0 else \
-            Sampling(float(temperature), int(top_k or 0), float(1.0 if top_p is None else top_p))
+        sampling = self._sampling(temperature, top_k, top_p)
         n = len(slots)
         b = self._runner.step(slots_a, ids, sampling, counters=np.full(n, step, np.uint64),
                               seeds=np.array(seeds, np.uint64))
@@ -245,15 +245,15 @@ class Model:
         held = True  # the slot goes back before the last token is yielded, and only once
         try:
             logits = self._prefill(cache, slot, ids)
-            tok = self._pick(logits, 0, temperature, top_k, top_p, seed, 0)
-            for step in range(max_new_tokens):
-                if tok in stops or step + 1 == max_new_tokens:
+            first = self._pick(logits, 0, temperature, top_k, top_p, seed, 0)
+            rows = self._decode_rows([slot], [first], max_new_tokens, stops, temperature, top_k, top_p, [seed])
+            for _, tok, last in rows:
+                if last:
                     self._release([slot])
                     held = False
                     yield tok
                     return
                 yield tok
-                (tok,) = self._decode_sampled([slot], [tok], temperature, top_k, top_p, [seed], step + 1)
         finally:
             if held:
                 self._release([slot])
@@ -306,23 +306,83 @@ class Model:
             for i, ids in enumerate(all_ids):
                 logits = self._prefill(cache, slots[i], ids)
                 toks.append(self._pick(logits, 0, temperature, top_k, top_p, seed + i, 0))
-            active = list(range(n))
-            step = 0
-            while active:
-                nxt = []
-                for j, i in enumerate(active):
-                    out[i].append(toks[j])
-                    if toks[j] not in stops and len(out[i]) < max_new_tokens:
-                        nxt.append(i)
-                if not nxt:
-                    break
-                step += 1
-                toks = self._decode_sampled([slots[i] for i in nxt], [out[i][-1] for i in nxt], temperature,
-                                            top_k, top_p, [seed + i for i in nxt], step)
-                active = nxt
+            for i, tok, _ in self._decode_rows(slots, toks, max_new_tokens, stops, temperature, top_k, top_p,
+                                               [seed + i for i in range(n)]):
+                out[i].append(tok)
         finally:
             self._release(slots)
         return out
+
+    def _decode_rows(self, slots: list[int], first: list[int], max_new_tokens: int, stops: set[int],
+                     temperature: float, top_k, top_p, seeds: list[int]) -> Iterator[tuple[int, int, bool]]:
+        """The tokens of rows i = 0..n-1 decoding together over self.cache (slots[i] prefilled,
+        first[i] its first token, drawn with counter 0), as (i, token, last) in the order they
+        are produced: first tokens, then one per unfinished row per step. A row is finished
+        after a token in `stops` or its max_new_tokens-th token (last = True on that one); its
+        k-th token (from 0) is drawn with seeds[i] and counter k.
+
+        On a CUDA engine the steps are pipelined: while the rows stay the same, step k + 1 is
+        enqueued (chained on the device: its ids are step k's draws) before step k's tokens are
+        read back (Engine.to_host_async), so the device does not wait for the host between
+        steps. A row that stops on a token then has one step too many in flight: that draw is
+        dropped, and the slot's extra cached token goes when the slot is freed. The tokens are
+        those of one synchronous step at a time."""
+        n = len(slots)
+        count, finished, last = [0] * n, [False] * n, [0] * n
+
+        def take(i: int, tok: int) -> tuple[int, int, bool]:
+            count[i] += 1
+            last[i] = tok
+            finished[i] = tok in stops or count[i] == max_new_tokens
+            return i, tok, finished[i]
+
+        for i in range(n):
+            yield take(i, int(first[i]))
+        rows = [i for i in range(n) if not finished[i]]
+        runner = self._runner
+        if runner is None:  # CPU: one synchronous step at a time (every row has count[i] tokens)
+            while rows:
+                toks = self._decode_sampled([slots[i] for i in rows], [last[i] for i in rows], temperature,
+                                            top_k, top_p, [seeds[i] for i in rows], count[rows[0]])
+                for j, i in enumerate(rows):
+                    yield take(i, toks[j])
+                rows = [i for i in rows if not finished[i]]
+            return
+        sampling = self._sampling(temperature, top_k, top_p)
+        seeds_a = np.array(seeds, np.uint64)
+
+        def launch(rows: list[int], chained: bool) -> tuple[list[int], _core.HostRead]:
+            # The rows' draw index: tokens taken so far, plus the one in flight when chained.
+            slots_a = np.array([slots[i] for i in rows], np.int32)
+            self._check_room(self.cache, slots_a, 1, "decode")
+            counters = np.array([count[i] + chained for i in rows], np.uint64)
+            ids = None if chained else np.array([last[i] for i in rows], np.int32)
+            b = runner.step(slots_a, ids, sampling, counters=counters, seeds=seeds_a[rows])
+            return rows, self.engine.to_host_async(b.tokens)
+
+        pending = deque([launch(rows, False)]) if rows else deque()
+        while pending:
+            rows_k = pending[0][0]
+            # Queue the next step of the same rows first, when every one of them still needs a
+            # token after the one in flight (unless that one stops it).
+            if len(pending) == 1 and all(not finished[i] and count[i] + 2 <= max_new_tokens for i in rows_k):
+                pending.append(launch(rows_k, True))
+            _, read = pending.popleft()
+            toks = read.wait()
+            for j, i in enumerate(rows_k):
+                if not finished[i]:
+                    yield take(i, int(toks[j]))
+            if not pending:
+                rows = [i for i in rows_k if not finished[i]]
+                if rows:
+                    pending.append(launch(rows, False))
+
+    @staticmethod
+    def _sampling(temperature: float, top_k, top_p) -> Sampling:
+        """The Sampling a decode graph bakes in (temperature 0: greedy)."""
+        if temperature <= 0:
+            return Sampling(0.0, 0, 1.0)
+        return Sampling(float(temperature), int(top_k or 0), float(1.0 if top_p is None else top_p))
 
 
 def _eos_ids(path: Path, config) -> list[int]:

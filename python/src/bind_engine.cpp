@@ -14,7 +14,48 @@
 
 namespace memra::py {
 
+namespace {
+
+// A device -> host copy in flight (Engine.to_host_async): the ticket of the engine's readback
+// slot, or, on a CPU engine, the copy itself.
+struct HostRead {
+  nb::object engine;  // keeps the Engine (and its context's slots) alive
+  uint64_t ticket = 0;
+  std::vector<size_t> shape;
+  nb::dlpack::dtype dtype;
+  size_t bytes = 0;
+  nb::object done;  // the numpy result once waited for (or from the start on a CPU engine)
+};
+
+nb::object numpy_of(uint8_t* p, const std::vector<size_t>& shape, nb::dlpack::dtype dtype) {
+  nb::capsule owner(p, [](void* q) noexcept { delete[] static_cast<uint8_t*>(q); });
+  return nb::cast(nb::ndarray<nb::numpy>(p, shape.size(), shape.data(), owner, nullptr, dtype));
+}
+
+}  // namespace
+
 void init_engine(nb::module_& m) {
+  nb::class_<HostRead>(m, "HostRead",
+                       "A device -> host copy in flight, from Engine.to_host_async: wait() returns "
+                       "the numpy array.")
+      .def(
+          "wait",
+          [](HostRead& r) -> nb::object {
+            if (!r.done.is_valid()) {
+              const Engine& e = nb::cast<const Engine&>(r.engine);
+              uint8_t* p = new uint8_t[r.bytes ? r.bytes : 1]();
+              const int rc = e.cuda()->api().read_wait(e.cuda()->ctx(), r.ticket, p, r.bytes);
+              if (rc != kOk) delete[] p;
+              check_cuda(&e, rc, "HostRead.wait");
+              r.done = numpy_of(p, r.shape, r.dtype);
+            }
+            return r.done;
+          },
+          "The copy as a numpy array (waits for that copy only, not for work enqueued after it; "
+          "later calls return the same array). ContractError 40025 when the engine has made "
+          "Engine.READ_SLOTS newer reads since this one (its slot was reused).");
+
+
   m.def(
       "cuda_available",
       [] {
@@ -98,6 +139,42 @@ void init_engine(nb::module_& m) {
           nb::arg("array"),
           "A numpy copy of a C-contiguous array on this engine's device (waits for the engine's "
           "stream). Raises ContractError for an array on another device.")
+      .def(
+          "to_host_async",
+          [](nb::object self, const AnyArray& a) -> HostRead {
+            const Engine& e = nb::cast<const Engine&>(self);
+            const char* op = "Engine.to_host_async";
+            const int want = e.is_cuda() ? nb::device::cuda::value : nb::device::cpu::value;
+            check_array(a, op, "array", {}, "", true, want, e.is_cuda() ? e.device_index() : 0, true);
+            HostRead r;
+            size_t n = 1;
+            for (size_t i = 0; i < a.ndim(); ++i) {
+              r.shape.push_back(a.shape(i));
+              n *= a.shape(i);
+            }
+            r.dtype = a.dtype();
+            r.bytes = n * (a.dtype().bits / 8) * a.dtype().lanes;
+            if (!e.is_cuda()) {
+              uint8_t* p = new uint8_t[r.bytes ? r.bytes : 1]();
+              if (r.bytes) std::memcpy(p, a.data(), r.bytes);
+              r.done = numpy_of(p, r.shape, r.dtype);
+              return r;
+            }
+            check_cuda(&e, e.cuda()->api().read_start(e.cuda()->ctx(), a.data(), r.bytes, &r.ticket), op);
+            r.engine = self;
+            return r;
+          },
+          nb::arg("array"),
+          "Start copying a C-contiguous array of this engine (at most 64 KiB: token ids, not "
+          "logits) to the host behind the work already enqueued, without waiting; returns a "
+          "memra.HostRead whose wait() gives the numpy array. Work enqueued after this call "
+          "does not delay wait(), which is what lets a decode loop queue its next step before "
+          "reading this one's tokens. Raises ContractError for an array on another device "
+          "(40021) or over 64 KiB (40000), UnsupportedError 50003 while capturing.")
+      .def_prop_ro_static(
+          "READ_SLOTS", [](nb::handle) { return MEMRA_CUDA_READ_SLOTS; },
+          "How many to_host_async reads may be pending at once: the next one reuses the oldest "
+          "one's slot.")
       .def(
           "synchronize",
           [](const Engine& e) {

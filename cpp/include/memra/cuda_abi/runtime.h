@@ -2,6 +2,10 @@
 // stream-ordered memory pool), memory, copies, dtype conversion.
 #pragma once
 
+// Pinned slots of the readbacks that do not wait (read_start / read_wait), and their size.
+#define MEMRA_CUDA_READ_SLOTS 8
+#define MEMRA_CUDA_READ_SLOT_BYTES ((size_t)64 << 10)
+
 #define MEMRA_CUDA_RUNTIME_OPS(X)                                                                 \
   /* A context on `device`: its own non-blocking stream, cuBLAS + cuBLASLt handles (TF32 off). */ \
   X(ctx_create, (int device, MemraCudaCtx** out))                                                 \
@@ -20,6 +24,14 @@
   X(copy, (MemraCudaCtx * ctx, void* dst, const void* src, size_t bytes))                         \
   /* Copy device -> host and wait for it (the stream's earlier work included). */                 \
   X(copy_to_host, (MemraCudaCtx * ctx, void* host_dst, const void* src, size_t bytes))            \
+  /* Device -> host readback that does not wait: read_start copies `bytes` (<= 64 KiB) of src  \
+     into one of the context's MEMRA_CUDA_READ_SLOTS pinned slots behind the stream's earlier   \
+     work and records an event; *ticket names the read. read_wait waits for that copy only (not \
+     for work enqueued after it) and copies its first `bytes` into host_dst. A slot is reused   \
+     by the READ_SLOTS-th later read: waiting on a reused (or unknown) ticket, or for more bytes \
+     than were read, is 40025; bytes over 64 KiB 40000; read_start while capturing 50003. */    \
+  X(read_start, (MemraCudaCtx * ctx, const void* src, size_t bytes, uint64_t* ticket))            \
+  X(read_wait, (MemraCudaCtx * ctx, uint64_t ticket, void* host_dst, size_t bytes))               \
   X(zero, (MemraCudaCtx * ctx, void* ptr, size_t bytes))                                          \
   X(synchronize, (MemraCudaCtx * ctx))                                                            \
   /* n elements src (dtype src_dtype) -> dst (dst_dtype); f32/bf16/f16 -> f32/bf16, RNE. */       \
