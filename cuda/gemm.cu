@@ -202,8 +202,8 @@ extern "C" int memra_cuda_linear_ex_pair(MemraCudaCtx* ctx, const void* x0, cons
   }
   if (T == 1 && K > 0) {
     bool handled = false;
-    MEMRA_CUDA_RETURN_IF(memra::cuda::gemv_short_pair(ctx, x0, x1, x_dtype, K, w0, w1, w_dtype, N0,
-                                                      N1, bias0, bias1, y0, y1, &handled));
+    MEMRA_CUDA_RETURN_IF(memra::cuda::gemv_pair(ctx, x0, x1, x_dtype, K, w0, w1, w_dtype, N0, N1,
+                                                 bias0, bias1, y0, y1, &handled));
     if (handled) return memra::kOk;
   }
   if (N0 > 0) MEMRA_CUDA_RETURN_IF(linear_impl(ctx, x0, x_dtype, ldx, T, K, w0, w_dtype, N0, bias0, y0));

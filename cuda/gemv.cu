@@ -121,20 +121,20 @@ __device__ __forceinline__ float dot16<float>(uint4 wv, const float* xs, float a
   return acc;
 }
 
-// Block b: weight rows [b * R, b * R + R) of w [N, K] (row-major, K % E == 0, 16-byte aligned)
-// over the whole K, in chunks of kGemvP * kGemvThreads vectors; x [1, K] (ldx unused at one
-// row), y [1, N]. prefetch: the first chunk's weights are loaded before pdl_wait (the caller
+// Block `blk`: weight rows [blk * R, blk * R + R) of w [N, K] (row-major, K % E == 0, 16-byte
+// aligned) over the whole K, in chunks of kGemvP * kGemvThreads vectors; x [1, K] (ldx unused at
+// one row), y [1, N]. prefetch: the first chunk's weights are loaded before pdl_wait (the caller
 // guarantees no queued kernel writes w), so they stream while the previous kernel finishes.
 template <typename W, typename X, int R>
-__global__ void __launch_bounds__(kGemvThreads)
-    gemv_kernel(const X* __restrict__ x, const W* __restrict__ w, int K, int N,
-                const float* __restrict__ bias, float* __restrict__ y, int prefetch) {
+__device__ __forceinline__ void gemv_rows(const X* __restrict__ x, const W* __restrict__ w, int K,
+                                          int N, const float* __restrict__ bias,
+                                          float* __restrict__ y, int prefetch, int blk) {
   constexpr int E = 16 / sizeof(W);
   constexpr int kChunk = kGemvP * kGemvThreads;  // vectors per row per chunk
   __shared__ float red[kGemvWarps][R];
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int KV = K / E;
-  const int n0 = blockIdx.x * R;
+  const int n0 = blk * R;
   const uint4* rows[R];
   bool row_in[R];
 #pragma unroll
@@ -188,6 +188,36 @@ __global__ void __launch_bounds__(kGemvThreads)
   }
 }
 
+template <typename W, typename X, int R>
+__global__ void __launch_bounds__(kGemvThreads)
+    gemv_kernel(const X* __restrict__ x, const W* __restrict__ w, int K, int N,
+                const float* __restrict__ bias, float* __restrict__ y, int prefetch) {
+  gemv_rows<W, X, R>(x, w, K, N, bias, y, prefetch, blockIdx.x);
+}
+
+// One GEMV problem of a launch: y[N] = w[N, K] x (+ bias), K shared by the launch.
+template <typename W, typename X>
+struct GemvRows {
+  const X* x;
+  const W* w;
+  const float* bias;
+  float* y;
+  int N;
+};
+
+// Blocks [0, blocks0) take problem p0 and the rest p1: two GEMVs of the same K and dtypes in one
+// launch (linear_ex_pair; KDA's q|k|v and f_a|g_a|beta projections of one x), each row computed
+// as gemv_kernel computes it (the order depends on K alone).
+template <typename W, typename X, int R>
+__global__ void __launch_bounds__(kGemvThreads)
+    gemv_pair_kernel(GemvRows<W, X> p0, GemvRows<W, X> p1, int blocks0, int K, int prefetch) {
+  // Field by field (a reference to either parameter struct would copy both to the stack).
+  const bool second = static_cast<int>(blockIdx.x) >= blocks0;
+  gemv_rows<W, X, R>(second ? p1.x : p0.x, second ? p1.w : p0.w, K, second ? p1.N : p0.N,
+                     second ? p1.bias : p0.bias, second ? p1.y : p0.y, prefetch,
+                     static_cast<int>(blockIdx.x) - (second ? blocks0 : 0));
+}
+
 // Short rows (K <= kShortMaxV vectors; the KDA f_b / g_b up-projections have K = 128 bf16 = 16):
 // gemv_kernel would leave all but KV of a block's 256 threads idle and need N / R blocks of
 // almost no work (8 us for 2 MB, ncu 2026-11-29). Here L = KV rounded up to a power of two lanes
@@ -196,21 +226,11 @@ __global__ void __launch_bounds__(kGemvThreads)
 // K only (not on N or MEMRA_GEMV_ROWS).
 constexpr int kShortMaxV = 32;
 
-// One short-row problem: y[N] = w[N, K] x (+ bias), K shared by the launch.
-template <typename W, typename X>
-struct ShortRows {
-  const X* x;
-  const W* w;
-  const float* bias;
-  float* y;
-  int N;
-};
-
 // Blocks [0, blocks0) take problem p0 and the rest p1 (p1.N == 0 for a single GEMV): two GEMVs
 // of the same K in one launch (linear_ex_pair) compute each row as a launch of their own would.
 template <typename W, typename X, int L>
 __global__ void __launch_bounds__(kGemvThreads)
-    gemv_short_kernel(ShortRows<W, X> p0, ShortRows<W, X> p1, int blocks0, int K, int prefetch) {
+    gemv_short_kernel(GemvRows<W, X> p0, GemvRows<W, X> p1, int blocks0, int K, int prefetch) {
   static_assert(L >= 1 && L <= 32 && (L & (L - 1)) == 0, "L: a power of two <= 32");
   constexpr int E = 16 / sizeof(W);
   // Field by field (a reference to either parameter struct would copy both to the stack).
@@ -245,7 +265,7 @@ __global__ void __launch_bounds__(kGemvThreads)
 }
 
 template <typename W, typename X, int L>
-int launch_short(MemraCudaCtx* ctx, ShortRows<W, X> p0, ShortRows<W, X> p1, int K, int prefetch) {
+int launch_short(MemraCudaCtx* ctx, GemvRows<W, X> p0, GemvRows<W, X> p1, int K, int prefetch) {
   constexpr int kRowsPerBlock = kGemvThreads / L;
   const int blocks0 = (p0.N + kRowsPerBlock - 1) / kRowsPerBlock;
   const unsigned grid = static_cast<unsigned>(blocks0 + (p1.N + kRowsPerBlock - 1) / kRowsPerBlock);
@@ -254,7 +274,7 @@ int launch_short(MemraCudaCtx* ctx, ShortRows<W, X> p0, ShortRows<W, X> p1, int 
 }
 
 template <typename W, typename X>
-int launch_short_any(MemraCudaCtx* ctx, ShortRows<W, X> p0, ShortRows<W, X> p1, int K,
+int launch_short_any(MemraCudaCtx* ctx, GemvRows<W, X> p0, GemvRows<W, X> p1, int K,
                      int prefetch) {
   const int KV = K / (16 / static_cast<int>(sizeof(W)));
   if (KV <= 1) return launch_short<W, X, 1>(ctx, p0, p1, K, prefetch);
@@ -273,6 +293,25 @@ int rows_for(const MemraCudaCtx* ctx, int N) {
   return N >= 16384 ? 8 : N >= 2048 ? 4 : N >= 512 ? 2 : 1;
 }
 
+template <typename W, typename X, int R>
+int launch_pair_r(MemraCudaCtx* ctx, GemvRows<W, X> p0, GemvRows<W, X> p1, int K, int prefetch) {
+  const int blocks0 = (p0.N + R - 1) / R;
+  const unsigned grid = static_cast<unsigned>(blocks0 + (p1.N + R - 1) / R);
+  return launch(ctx, true, gemv_pair_kernel<W, X, R>, grid, kGemvThreads, 0, p0, p1, blocks0, K,
+                prefetch);
+}
+
+// Both problems take the rows per block of their total N (the bytes do not depend on R).
+template <typename W, typename X>
+int launch_pair(MemraCudaCtx* ctx, GemvRows<W, X> p0, GemvRows<W, X> p1, int K, int prefetch) {
+  switch (rows_for(ctx, p0.N + p1.N)) {
+    case 1: return launch_pair_r<W, X, 1>(ctx, p0, p1, K, prefetch);
+    case 2: return launch_pair_r<W, X, 2>(ctx, p0, p1, K, prefetch);
+    case 4: return launch_pair_r<W, X, 4>(ctx, p0, p1, K, prefetch);
+    default: return launch_pair_r<W, X, 8>(ctx, p0, p1, K, prefetch);
+  }
+}
+
 template <typename W, typename X>
 int launch_t(MemraCudaCtx* ctx, const void* x, const void* w, int K, int N, const float* bias,
              float* y, int prefetch) {
@@ -280,7 +319,7 @@ int launch_t(MemraCudaCtx* ctx, const void* x, const void* w, int K, int N, cons
   const W* wp = static_cast<const W*>(w);
   const int KV = K / (16 / static_cast<int>(sizeof(W)));
   if (KV <= kShortMaxV) {
-    const ShortRows<W, X> p0{xp, wp, bias, y, N}, none{xp, wp, nullptr, y, 0};
+    const GemvRows<W, X> p0{xp, wp, bias, y, N}, none{xp, wp, nullptr, y, 0};
     return launch_short_any<W, X>(ctx, p0, none, K, prefetch);
   }
   const int R = rows_for(ctx, N);
@@ -337,12 +376,12 @@ int gemv(MemraCudaCtx* ctx, const void* x, int x_dtype, int T, int K, const void
   });
 }
 
-int gemv_short_pair(MemraCudaCtx* ctx, const void* x0, const void* x1, int x_dtype, int K,
-                    const void* w0, const void* w1, int w_dtype, int N0, int N1,
-                    const float* bias0, const float* bias1, float* y0, float* y1, bool* handled) {
+int gemv_pair(MemraCudaCtx* ctx, const void* x0, const void* x1, int x_dtype, int K,
+              const void* w0, const void* w1, int w_dtype, int N0, int N1, const float* bias0,
+              const float* bias1, float* y0, float* y1, bool* handled) {
   *handled = false;
   if (N0 < 1 || N1 < 1 || !takes(ctx, x0, x_dtype, K, w0, w_dtype) ||
-      !takes(ctx, x1, x_dtype, K, w1, w_dtype) || K / (w_dtype == 1 ? 8 : 4) > kShortMaxV) {
+      !takes(ctx, x1, x_dtype, K, w1, w_dtype)) {
     return kOk;
   }
   *handled = true;
@@ -350,9 +389,12 @@ int gemv_short_pair(MemraCudaCtx* ctx, const void* x0, const void* x1, int x_dty
   return with_types(w_dtype, x_dtype, [&](auto wt, auto xt) {
     using W = decltype(wt);
     using X = decltype(xt);
-    return launch_short_any<W, X>(
-        ctx, {static_cast<const X*>(x0), static_cast<const W*>(w0), bias0, y0, N0},
-        {static_cast<const X*>(x1), static_cast<const W*>(w1), bias1, y1, N1}, K, prefetch);
+    const GemvRows<W, X> p0{static_cast<const X*>(x0), static_cast<const W*>(w0), bias0, y0, N0};
+    const GemvRows<W, X> p1{static_cast<const X*>(x1), static_cast<const W*>(w1), bias1, y1, N1};
+    if (K / (16 / static_cast<int>(sizeof(W))) <= kShortMaxV) {
+      return launch_short_any<W, X>(ctx, p0, p1, K, prefetch);
+    }
+    return launch_pair<W, X>(ctx, p0, p1, K, prefetch);
   });
 }
 

@@ -16,11 +16,12 @@ constexpr int kGemvMaxT = MEMRA_GEMV_MAX_ROWS;
 int gemv(MemraCudaCtx* ctx, const void* x, int x_dtype, int T, int K, const void* w, int w_dtype,
          int N, const float* bias, float* y, bool* handled);
 
-// Two GEMVs of one row and the same K, dtypes and short rows (K <= 32 vectors of 16 bytes) in
-// one launch: y0 = x0 w0^T (+ bias0) [N0], y1 = x1 w1^T (+ bias1) [N1], each row computed as
-// gemv() computes it. *handled = false (nothing enqueued) when the pair does not qualify.
-int gemv_short_pair(MemraCudaCtx* ctx, const void* x0, const void* x1, int x_dtype, int K,
-                    const void* w0, const void* w1, int w_dtype, int N0, int N1,
-                    const float* bias0, const float* bias1, float* y0, float* y1, bool* handled);
+// Two GEMVs of one row, the same K and the same dtypes in one launch: y0 = x0 w0^T (+ bias0)
+// [N0], y1 = x1 w1^T (+ bias1) [N1], each row computed as gemv() computes it (short rows, K <= 32
+// vectors of 16 bytes: KDA's f_b / g_b; longer ones: its q|k|v and f_a|g_a|beta of one x).
+// *handled = false (nothing enqueued) when the pair does not qualify.
+int gemv_pair(MemraCudaCtx* ctx, const void* x0, const void* x1, int x_dtype, int K,
+              const void* w0, const void* w1, int w_dtype, int N0, int N1, const float* bias0,
+              const float* bias1, float* y0, float* y1, bool* handled);
 
 }  // namespace memra::cuda

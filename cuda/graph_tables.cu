@@ -77,6 +77,32 @@ __global__ void decode_positions_kernel(const int32_t* __restrict__ slots, int B
   t_kv[b] = len + 1;
 }
 
+// decode_positions and up to kMaxTables slot tables in one launch (memra_cuda_decode_tables).
+constexpr int kMaxTables = 8;
+struct SlotTables {
+  uint8_t* base[kMaxTables];
+  int64_t stride[kMaxTables];
+  void** out[kMaxTables];
+  int n;
+};
+
+__global__ void decode_tables_kernel(const int32_t* __restrict__ slots, int B,
+                                     const int32_t* __restrict__ lengths, int32_t* __restrict__ pos,
+                                     int32_t* __restrict__ t_kv, SlotTables t) {
+  memra::cuda::pdl_trigger();
+  const int b = blockIdx.x * blockDim.x + threadIdx.x;
+  if (b >= B) return;
+  const int s = slots[b];
+  if (pos) {
+    const int len = s < 0 ? -1 : lengths[s];
+    pos[b] = len;
+    t_kv[b] = len + 1;
+  }
+  for (int j = 0; j < t.n; ++j) {
+    t.out[j][b] = s < 0 ? nullptr : static_cast<void*>(t.base[j] + static_cast<int64_t>(s) * t.stride[j]);
+  }
+}
+
 }  // namespace
 
 extern "C" {
@@ -132,6 +158,29 @@ int memra_cuda_decode_positions(MemraCudaCtx* ctx, const int32_t* slots, int B,
   if (!slots || !lengths || !pos || !t_kv) return memra::kContractMissing;
   decode_positions_kernel<<<ceil_div(B, kRowThreads), kRowThreads, 0, ctx->stream>>>(
       slots, B, lengths, pos, t_kv);
+  return launch_status();
+}
+
+int memra_cuda_decode_tables(MemraCudaCtx* ctx, const int32_t* slots, int B,
+                             const int32_t* lengths, int32_t* pos, int32_t* t_kv, int n,
+                             void* const* bases, const int64_t* strides, void** const* outs) {
+  MEMRA_CUDA_RETURN_IF(enter(ctx));
+  if (B < 0 || n < 0 || n > kMaxTables) return memra::kContractValue;
+  if ((pos == nullptr) != (t_kv == nullptr)) return memra::kContractMissing;
+  if (n > 0 && (!bases || !strides || !outs)) return memra::kContractMissing;
+  SlotTables t{};
+  t.n = n;
+  for (int j = 0; j < n; ++j) {
+    if (!bases[j] || !outs[j]) return memra::kContractMissing;
+    if (strides[j] < 0) return memra::kContractValue;
+    t.base[j] = static_cast<uint8_t*>(bases[j]);
+    t.stride[j] = strides[j];
+    t.out[j] = outs[j];
+  }
+  if (B == 0 || (n == 0 && !pos)) return memra::kOk;
+  if (!slots || (pos && !lengths)) return memra::kContractMissing;
+  decode_tables_kernel<<<ceil_div(B, kRowThreads), kRowThreads, 0, ctx->stream>>>(slots, B, lengths,
+                                                                                pos, t_kv, t);
   return launch_status();
 }
 

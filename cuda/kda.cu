@@ -229,14 +229,29 @@ bool dispatch_conv_k(int K, F&& f) {
 // strided over grid.y. g may alias f (each element is read, then written, by one thread).
 // beta (memra_cuda_kda_gate_beta): block (0, 0) also turns the nbeta logits beta into
 // 1 / (1 + exp(-beta)) in place, memra_cuda_sigmoid's arithmetic (one launch less per step).
+// One gate value from f + dt_bias (cpu::kda_gate's arithmetic; decay_rate = exp(A_log[h])).
+__device__ __forceinline__ float gate_value(float f, float bias, float decay_rate, int form,
+                                           float lower_bound) {
+  const float x = __fadd_rn(f, bias);
+  if (form == 0) {
+    // lb * sigmoid(exp(A_log) * x), written as lb * (1 / (1 + exp(-(rate * x)))).
+    return __fmul_rn(lower_bound,
+                     __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-__fmul_rn(decay_rate, x)))));
+  }
+  // transformers' softplus: log(1 + exp(x)) (not log1p), x itself above 20.
+  const float sp = x > 20.0f ? x : logf(__fadd_rn(1.0f, expf(x)));
+  return __fmul_rn(-decay_rate, sp);
+}
+
+// beta from its logit (memra_cuda_sigmoid's arithmetic).
+__device__ __forceinline__ float beta_value(float logit) { return 1.0f / (1.0f + expf(-logit)); }
+
 __global__ void gate_kernel(const float* f, const float* __restrict__ dt_bias,
                             const float* __restrict__ A_log, int T, int D, int dk, int form,
                             float lower_bound, float* g, float* beta, int64_t nbeta) {
   memra::cuda::pdl_trigger();
   if (beta && blockIdx.x == 0 && blockIdx.y == 0) {
-    for (int64_t i = threadIdx.x; i < nbeta; i += blockDim.x) {
-      beta[i] = 1.0f / (1.0f + expf(-beta[i]));
-    }
+    for (int64_t i = threadIdx.x; i < nbeta; i += blockDim.x) beta[i] = beta_value(beta[i]);
   }
   const int col = blockIdx.x * blockDim.x + threadIdx.x;  // h*dk + i
   if (col >= D) return;
@@ -244,18 +259,7 @@ __global__ void gate_kernel(const float* f, const float* __restrict__ dt_bias,
   const float bias = dt_bias[col];
   for (int t = blockIdx.y; t < T; t += gridDim.y) {
     const int64_t idx = static_cast<int64_t>(t) * D + col;
-    const float x = __fadd_rn(f[idx], bias);
-    float out;
-    if (form == 0) {
-      // lb * sigmoid(exp(A_log) * x), written as lb * (1 / (1 + exp(-(rate * x)))).
-      out = __fmul_rn(lower_bound,
-                      __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-__fmul_rn(decay_rate, x)))));
-    } else {
-      // transformers' softplus: log(1 + exp(x)) (not log1p), x itself above 20.
-      const float sp = x > 20.0f ? x : logf(__fadd_rn(1.0f, expf(x)));
-      out = __fmul_rn(-decay_rate, sp);
-    }
-    g[idx] = out;
+    g[idx] = gate_value(f[idx], bias, decay_rate, form, lower_bound);
   }
 }
 
@@ -492,16 +496,28 @@ __device__ __forceinline__ float column_sum(const float (&P)[kDecLaneGroups]) {
   return __fadd_rn(half, __shfl_xor_sync(0xffffffffu, half, 16));
 }
 
+// The gates of memra_cuda_kda_gate_scan_decode: g and beta arrive raw (f, beta's logits) and the
+// scan applies gate_kernel's arithmetic to them as it loads them.
+struct RawGates {
+  const float* dt_bias;  // [H * dk], 16-byte aligned
+  const float* A_log;    // [H]
+  int form;
+  float lower_bound;
+};
+
 // One decode step of B sequences (T = 1), scan_kernel's arithmetic in its order (see above).
 // q, k, g [B, 1, H, dk]; v, o [B, 1, H, dv]; beta [B, 1, H]; state planes [H, dk, dv]; every
 // base 16-byte aligned (the entry point checks q, k, g, v, o; the planes' owners guarantee it).
-// Grid: B * H * 2 blocks, block = (b, h, half of the columns).
+// Grid: B * H * 2 blocks, block = (b, h, half of the columns). RAW: g holds f and beta the logits
+// (kda_gate_beta's inputs); each lane turns its four f into gates, and lane 0 its beta, with
+// gate_kernel's functions, so the bits are those of kda_gate_beta followed by kda_scan.
+template <bool RAW>
 __global__ void __launch_bounds__(kDecThreads, 4)
     scan_decode_kernel(const float* __restrict__ q, const float* __restrict__ k,
                        const float* __restrict__ v, const float* __restrict__ g,
                        const float* __restrict__ beta, int H, float scale,
                        const float* const* state_in, float* const* state_out,
-                       float* __restrict__ o) {
+                       float* __restrict__ o, RawGates raw) {
   memra::cuda::pdl_trigger();
   __shared__ __align__(16) DecodeStage stage[kDecWarps];
 
@@ -552,7 +568,13 @@ __global__ void __launch_bounds__(kDecThreads, 4)
   __syncwarp();
   const float4 kl = __ldg(reinterpret_cast<const float4*>(k + bh * kScanDk) + lane);
   const float4 ql = __ldg(reinterpret_cast<const float4*>(q + bh * kScanDk) + lane);
-  const float4 gv = __ldg(reinterpret_cast<const float4*>(g + bh * kScanDk) + lane);
+  float4 gv = __ldg(reinterpret_cast<const float4*>(g + bh * kScanDk) + lane);
+  float4 dtb = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  float a_log = 0.0f;
+  if constexpr (RAW) {
+    dtb = __ldg(reinterpret_cast<const float4*>(raw.dt_bias + h * kScanDk) + lane);
+    a_log = __ldg(raw.A_log + h);
+  }
   float4 vl = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   if (lane < 4) vl = __ldg(reinterpret_cast<const float4*>(v + bh * kScanDv + j0));
   float* so = nullptr;
@@ -562,6 +584,14 @@ __global__ void __launch_bounds__(kDecThreads, 4)
     bt = __ldg(beta + bh);
   }
   __syncwarp();
+  if constexpr (RAW) {
+    const float rate = expf(a_log);
+    gv.x = gate_value(gv.x, dtb.x, rate, raw.form, raw.lower_bound);
+    gv.y = gate_value(gv.y, dtb.y, rate, raw.form, raw.lower_bound);
+    gv.z = gate_value(gv.z, dtb.z, rate, raw.form, raw.lower_bound);
+    gv.w = gate_value(gv.w, dtb.w, rate, raw.form, raw.lower_bound);
+    if (lane == 0) bt = beta_value(bt);
+  }
   DecodeStage& st = stage[warp];
   if (lane < 4) st.v[lane] = vl;
   if (lane == 0) {
@@ -759,14 +789,41 @@ int memra_cuda_kda_scan(MemraCudaCtx* ctx, const float* q, const float* k, const
   if (T == 1) {  // the decode step: same bits as scan_kernel at T = 1, at stream bandwidth
     const int64_t blocks = static_cast<int64_t>(B) * H * kDecBlocksPerHead;
     if (blocks > 0x7fffffffLL) return memra::kContractShape;
-    scan_decode_kernel<<<static_cast<unsigned>(blocks), kDecThreads, 0, ctx->stream>>>(
-        q, k, v, g, beta, H, scale, state_in, state_out, o);
+    scan_decode_kernel<false><<<static_cast<unsigned>(blocks), kDecThreads, 0, ctx->stream>>>(
+        q, k, v, g, beta, H, scale, state_in, state_out, o, RawGates{});
     return launch_status();
   }
   const int64_t blocks = static_cast<int64_t>(B) * H * kBlocksPerHead;
   if (blocks > 0x7fffffffLL) return memra::kContractShape;
   scan_kernel<<<static_cast<unsigned>(blocks), kScanThreads, 0, ctx->stream>>>(
       q, k, v, g, beta, T, H, scale, state_in, state_out, o);
+  return launch_status();
+}
+
+int memra_cuda_kda_gate_scan_decode(MemraCudaCtx* ctx, const float* q, const float* k,
+                                    const float* v, const float* f, const float* dt_bias,
+                                    const float* A_log, int form, float lower_bound,
+                                    const float* beta_logits, int B, int H, int dk, int dv,
+                                    float scale, const float* const* state_in,
+                                    float* const* state_out, float* o) {
+  MEMRA_CUDA_RETURN_IF(enter(ctx));
+  if (form != 0 && form != 1) return memra::kContractValue;
+  if (B < 0 || H < 0 || dk < 1 || dv < 1) return memra::kContractShape;
+  if (dk != kScanDk || dv != kScanDv) return memra::kUnsupportedGeometry;
+  if (B == 0 || H == 0) return memra::kOk;
+  if (!q || !k || !v || !f || !dt_bias || !A_log || !beta_logits || !state_out || !o) {
+    return memra::kContractMissing;
+  }
+  for (const void* p : {static_cast<const void*>(q), static_cast<const void*>(k),
+                        static_cast<const void*>(v), static_cast<const void*>(f),
+                        static_cast<const void*>(dt_bias), static_cast<const void*>(o)}) {
+    if (reinterpret_cast<uintptr_t>(p) & 15u) return memra::kContractStride;
+  }
+  const int64_t blocks = static_cast<int64_t>(B) * H * kDecBlocksPerHead;
+  if (blocks > 0x7fffffffLL) return memra::kContractShape;
+  scan_decode_kernel<true><<<static_cast<unsigned>(blocks), kDecThreads, 0, ctx->stream>>>(
+      q, k, v, f, beta_logits, H, scale, state_in, state_out, o,
+      RawGates{dt_bias, A_log, form, lower_bound});
   return launch_status();
 }
 

@@ -153,11 +153,13 @@ def test_gemv_tall_rows_match_cpu_and_bytes_do_not_depend_on_row_tiles(e, monkey
         assert np.array_equal(run(_engine(monkeypatch, **env)), ours), f"{env} changed the bytes"
 
 
-@pytest.mark.parametrize("K,N0,N1", [(128, 8192, 8192), (64, 15, 1000), (256, 1, 2), (8, 300, 7)])
+@pytest.mark.parametrize("K,N0,N1", [(128, 8192, 8192), (64, 15, 1000), (256, 1, 2), (8, 300, 7),
+                                     (4096, 3000, 320), (1032, 7, 2049), (8192, 1, 1)])
 @pytest.mark.parametrize("x_kind", ["float32", "bfloat16"])
 def test_linear_ex_pair_equals_two_calls(e, K, N0, N1, x_kind):
-    # Two short-row GEMVs in one launch (KDA's f_b and g_b over the column blocks of one row):
-    # each output the bytes of its own linear_ex call; at T = 3 the pair is two cuBLAS calls.
+    # Two GEMVs in one launch, short rows (KDA's f_b and g_b over the column blocks of one row)
+    # and long ones (its q|k|v and f_a|g_a|beta of one x; ragged row blocks at both ends): each
+    # output the bytes of its own linear_ex call; at T = 3 the pair is two cuBLAS calls.
     r = rng(K + N0)
     w0 = memra.DeviceWeight(e, bf16_weight(r.standard_normal((N0, K)) / np.sqrt(K)))
     w1 = memra.DeviceWeight(e, bf16_weight(r.standard_normal((N1, K)) / np.sqrt(K)))

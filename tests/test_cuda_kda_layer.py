@@ -259,6 +259,31 @@ def test_kda_layer_prefill_then_decode_equals_prefill_f32(e):
     close_scaled(split.kda_conv(0, 0), whole.kda_conv(0, 0), 1e-5)
 
 
+@pytest.mark.parametrize("gate", ["lower_bound", "softplus"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_kda_layer_decode_equals_one_token_prefill_bytes(e, gate, dtype):
+    # A decode step (the gates computed inside the scan's launch, kda_gate_scan_decode; the
+    # q|k|v and f_a|g_a|beta GEMVs in one launch) against a one-token prefill from the same
+    # state (kda_gate_beta, then kda_scan; the same GEMVs at N = 1): the same bytes.
+    g = rng(23)
+    x = f32(g.standard_normal((10, D)))
+    layer = memra.KdaLayer(e, kda_weights(dtype, seed=3), hidden=D, heads=H, head_dim=DK,
+                           conv_kernel=KCONV, gate=gate, dtype=dtype)
+    caches = [memra.Cache(e, [layer.state_spec()], max_batch=2, max_len=16) for _ in range(2)]
+    for c in caches:
+        layer.prefill(c, 0, 1, e.to_device(x[:8]))
+        c.commit(1, 8)
+    for t in (8, 9):
+        y_pre = e.to_host(layer.prefill(caches[0], 0, 1, e.to_device(x[t:t + 1])))
+        caches[0].commit(1, 1)
+        y_dec = e.to_host(layer.decode(caches[1], 0, np.array([1], np.int32), e.to_device(x[t:t + 1])))
+        caches[1].commit(1, 1)
+        assert np.isfinite(y_dec).all()
+        assert np.array_equal(y_dec, y_pre), f"step {t}"
+        assert np.array_equal(caches[1].kda_state(0, 1), caches[0].kda_state(0, 1))
+        assert np.array_equal(caches[1].kda_conv(0, 1), caches[0].kda_conv(0, 1))
+
+
 # ---------------------------------------------------------------- MlaLayer (x rounded once)
 
 MLA = dict(hidden=64, heads=4, q_lora_rank=32, kv_rank=32, d_nope=16, d_rope=0, d_v=16,

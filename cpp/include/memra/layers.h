@@ -166,8 +166,12 @@ class MlaLayer {
   Status project_cuda(gpu::Arena& a, const float* x, int N, Projected* out) const;
   Status indexer_cuda(gpu::Arena& a, Cache& cache, int layer, int slot, int pos,
                       const IndexerRows& rows, int row0, int T, int32_t* idx) const;
-  Status indexer_decode_cuda(gpu::Arena& a, Cache& cache, int layer, const int32_t* slots_d,
-                             const int32_t* pos_d, const IndexerRows& rows, int B,
+  // The indexer's per-row plane tables at decode (built with the layer's other tables).
+  struct IndexerTables {
+    void **tail_k = nullptr, **tail_gate = nullptr, **pool_keys = nullptr;
+  };
+  Status indexer_decode_cuda(gpu::Arena& a, const Cache& cache, const int32_t* pos_d,
+                             const IndexerRows& rows, const IndexerTables& tabs, int B,
                              int32_t* idx) const;
   std::shared_ptr<CudaContext> cuda_;
   std::shared_ptr<Gpu> gpu_;

@@ -119,8 +119,8 @@ inline int linear_in(const CudaContext& c, const Rounded& x, int N, const Device
                            static_cast<int>(w.rows), bias, y);
 }
 
-// linear_in(x0, w0 -> y0) and linear_in(x1, w1 -> y1): one launch at a decode row when both are
-// short-row GEMVs of the same shape class (linear_ex_pair), else the two calls.
+// linear_in(x0, w0 -> y0) and linear_in(x1, w1 -> y1): one launch at a decode row when both take
+// the decode GEMV (linear_ex_pair), else the two calls.
 inline int linear_in_pair(const CudaContext& c, const Rounded& x0, const Rounded& x1, int N,
                           const DeviceWeight& w0, const DeviceWeight& w1, float* y0, float* y1) {
   if (x0.dtype != x1.dtype || x0.ld != x1.ld || w0.cols != w1.cols ||

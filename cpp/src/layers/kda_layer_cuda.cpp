@@ -10,8 +10,10 @@
 // - f_a | g_a | b_proj is one [rank_f + rank_g + H, D] weight; f_a | g_a (a row view) is one
 //   GEMM into low [N, rank_f + rank_g], rounded once; f_b and g_b read its two column blocks
 //   (row stride rank_f + rank_g); at N == 1 (a decode step of one sequence) b_proj rides in the
-//   same GEMM, beta's logits being the row's last H columns;
-// - a decode step builds its ring and state tables with one kda_tables launch.
+//   same GEMM, beta's logits being the row's last H columns, and that GEMM shares q|k|v's launch
+//   (linear_ex_pair: two problems of one x in one GEMV grid);
+// - a decode step builds its ring and state tables with one kda_tables launch, and its scan
+//   turns f and beta's logits into gates as it loads them (kda_gate_scan_decode).
 // Only the GEMMs' summation order can differ from separate projections (cuBLAS may pick other
 // kernels for the wider shapes).
 #include <cmath>
@@ -159,8 +161,13 @@ Status KdaLayer::run_cuda(Cache& cache, int layer, int B, int T, const Planes& p
 
   // Projections (fused channel order q | k | v per row) and the causal conv + SiLU, split back
   // into q, k, v by the conv's group width qkv.
+  // At N == 1 the x_small GEMM (f_a | g_a | beta's logits, below) rides in the same launch.
   const float* conv_w = gpu::f32p(g.conv_w);
-  MEMRA_GPU(c, gpu::linear_in(c, xr, N, g.qkv, nullptr, raw), op);
+  if (N == 1) {
+    MEMRA_GPU(c, gpu::linear_in_pair(c, xr, xr, N, g.qkv, g.x_small, raw, low), op);
+  } else {
+    MEMRA_GPU(c, gpu::linear_in(c, xr, N, g.qkv, nullptr, raw), op);
+  }
   // Then q and k (the first 2 channel groups, 2N rows of [H, dk]) L2-normalised: inside the conv
   // kernel at decode (the bytes of the two launches prefill runs).
   if (decode) {
@@ -172,33 +179,37 @@ Status KdaLayer::run_cuda(Cache& cache, int layer, int B, int T, const Planes& p
     MEMRA_GPU(c, api.l2norm_heads(ctx, act, 2 * N, H, dk, kL2Eps), op);
   }
 
-  // Both gates' low-rank halves in one GEMM (N == 1: with beta's logits), rounded once for f_b
-  // and g_b (the rows of N > 1 would interleave beta's columns with the next row's).
-  MEMRA_GPU(c, gpu::linear_in(c, xr, N, N == 1 ? g.x_small : g.fg_a, nullptr, low), op);
+  // Both gates' low-rank halves in one GEMM (N == 1: with beta's logits, launched above with
+  // q|k|v), rounded once for f_b and g_b (the rows of N > 1 would interleave beta's columns with
+  // the next row's).
+  if (N != 1) MEMRA_GPU(c, gpu::linear_in(c, xr, N, g.fg_a, nullptr, low), op);
   gpu::Rounded lowr;
   MEMRA_TRY(gpu::round_input(c, a, low, N, n_low, g.f_b.dtype, &lowr, op));
 
-  // Forget gate (raw log gate) and beta (its sigmoid in the gate's launch); the output gate's
-  // g_b, read after the scan, in the same call (linear_ex_pair: one launch at a decode row).
+  // The forget gate's f_b; the output gate's g_b, read after the scan, in the same call
+  // (linear_ex_pair: one launch at a decode row).
   MEMRA_GPU(c, gpu::linear_in_pair(c, lowr, lowr.cols_from(g.rank_f), N, g.f_b, g.g_b, gate_f,
                                    gate_o), op);
   if (N != 1) MEMRA_GPU(c, gpu::linear_in(c, xr, N, g.b_proj, nullptr, beta), op);
-  MEMRA_GPU(c, api.kda_gate_beta(ctx, gate_f, gpu::f32p(g.dt_bias), gpu::f32p(g.a_log), N, H, dk,
-                                 static_cast<int>(cfg_.gate_form), cfg_.lower_bound, gate_f, beta,
-                                 int64_t(N) * H), op);
-
-  // The delta-rule scan: B sequences of T steps, state planes cur -> 1 - cur.
-  if (!decode) {
+  const float scale = 1.0f / std::sqrt(static_cast<float>(dk));
+  const int form = static_cast<int>(cfg_.gate_form);
+  if (decode) {
+    // One step: the gates (forget gate and beta's sigmoid) inside the scan's launch, with the
+    // bytes of the two launches prefill runs; state planes cur -> 1 - cur.
+    MEMRA_GPU(c, api.kda_gate_scan_decode(ctx, q, k, v, gate_f, gpu::f32p(g.dt_bias),
+                                          gpu::f32p(g.a_log), form, cfg_.lower_bound, beta, B, H,
+                                          dk, dk, scale, state_in, state_out, o), op);
+  } else {
+    MEMRA_GPU(c, api.kda_gate_beta(ctx, gate_f, gpu::f32p(g.dt_bias), gpu::f32p(g.a_log), N, H,
+                                   dk, form, cfg_.lower_bound, gate_f, beta, int64_t(N) * H), op);
+    // The delta-rule scan: one sequence of T steps, state planes cur -> 1 - cur.
     const float** sin = nullptr;
     float** sout = nullptr;
     MEMRA_TRY(a.upload(std::vector<const float*>{planes.state_in}, &sin));
     MEMRA_TRY(a.upload(std::vector<float*>{planes.state_out}, &sout));
-    state_in = sin;
-    state_out = sout;
+    MEMRA_GPU(c, api.kda_scan(ctx, q, k, v, gate_f, beta, B, T, H, dk, dk, scale, sin, sout, o),
+              op);
   }
-  const float scale = 1.0f / std::sqrt(static_cast<float>(dk));
-  MEMRA_GPU(c, api.kda_scan(ctx, q, k, v, gate_f, beta, B, T, H, dk, dk, scale, state_in,
-                            state_out, o), op);
 
   // The sigmoid-gated RMSNorm per head (gate_o: g_b over low's second block, above), output
   // projection.

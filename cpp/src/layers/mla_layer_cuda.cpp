@@ -248,18 +248,35 @@ Status MlaLayer::decode_cuda(Cache& cache, int layer, const int32_t* slots_d, in
   const float* q = p.q;
   const float* ckv = p.ckv;
 
-  // Per-row positions and plane tables from the device slots (idle rows: pos -1, t_kv 0, null).
+  // Per-row positions and plane tables from the device slots (idle rows: pos -1, t_kv 0, null),
+  // the indexer's included, in one launch.
   int32_t *pos_d = nullptr, *t_kv_d = nullptr;
   void** caches_d;
   MEMRA_TRY(a.take(B, &pos_d));
   MEMRA_TRY(a.take(B, &t_kv_d));
   MEMRA_TRY(a.take(B, &caches_d));
-  MEMRA_GPU(c, api.decode_positions(ctx, slots_d, B, cache.lengths_d(), pos_d, t_kv_d), op);
-  auto stride = [](const void* p0, const void* p1) {
-    return static_cast<int64_t>(static_cast<const uint8_t*>(p1) - static_cast<const uint8_t*>(p0));
+  std::vector<void*> bases;
+  std::vector<int64_t> strides;
+  std::vector<void**> outs;
+  auto table = [&](void* p0, void* p1, void** out) {
+    bases.push_back(p0);
+    strides.push_back(static_cast<int64_t>(static_cast<uint8_t*>(p1) - static_cast<uint8_t*>(p0)));
+    outs.push_back(out);
   };
-  void* lat0 = cache.latent_raw(layer, 0);
-  MEMRA_GPU(c, api.slot_table(ctx, slots_d, B, lat0, stride(lat0, cache.latent_raw(layer, 1)), caches_d), op);
+  table(cache.latent_raw(layer, 0), cache.latent_raw(layer, 1), caches_d);
+  const bool indexer = cfg_.sparse && has_indexer();
+  IndexerTables tabs;
+  if (indexer) {
+    MEMRA_TRY(a.take(B, &tabs.tail_k));
+    MEMRA_TRY(a.take(B, &tabs.tail_gate));
+    MEMRA_TRY(a.take(B, &tabs.pool_keys));
+    table(cache.tail_k(layer, 0), cache.tail_k(layer, 1), tabs.tail_k);
+    table(cache.tail_gate(layer, 0), cache.tail_gate(layer, 1), tabs.tail_gate);
+    table(cache.pool_keys(layer, 0), cache.pool_keys(layer, 1), tabs.pool_keys);
+  }
+  MEMRA_GPU(c, api.decode_tables(ctx, slots_d, B, cache.lengths_d(), pos_d, t_kv_d,
+                                 static_cast<int>(bases.size()), bases.data(), strides.data(),
+                                 outs.data()), op);
   const int cdt = static_cast<int>(cache.latent_dtype());
   MEMRA_GPU(c, api.mla_latent_append_decode(ctx, ckv, B, R, caches_d, cdt, pos_d), op);
   MEMRA_GPU(c, api.mla_absorb_q(ctx, q, g.kv_b.data(), g.kv_b.dtype_code(), B, H, dn, dv, R, 0, q_lat), op);
@@ -267,10 +284,10 @@ Status MlaLayer::decode_cuda(Cache& cache, int layer, const int32_t* slots_d, in
   const int32_t* idx = nullptr;
   if (cfg_.sparse) {
     idx = topk_in;
-    if (has_indexer()) {
+    if (indexer) {
       int32_t* own = topk_out;  // straight into the caller's lists when it wants them
       if (!own) MEMRA_TRY(a.take(int64_t(B) * W, &own));
-      MEMRA_TRY(indexer_decode_cuda(a, cache, layer, slots_d, pos_d, p.rows, B, own));
+      MEMRA_TRY(indexer_decode_cuda(a, cache, pos_d, p.rows, tabs, B, own));
       idx = own;
     }
   }
@@ -285,11 +302,11 @@ Status MlaLayer::decode_cuda(Cache& cache, int layer, const int32_t* slots_d, in
   return Status::Ok();
 }
 
-// The indexer's decode step for the B rows of slots_d at device positions pos_d: pool keys and
-// tail ring appended, pools scored and selected (the batched DSA decode forms, cuda/dsa_decode.cu;
-// per row the bytes of indexer_cuda with T = 1).
-Status MlaLayer::indexer_decode_cuda(gpu::Arena& a, Cache& cache, int layer, const int32_t* slots_d,
-                                     const int32_t* pos_d, const IndexerRows& rows, int B,
+// The indexer's decode step for the B rows at device positions pos_d, over the rows' plane
+// tables: pool keys and tail ring appended, pools scored and selected (the batched DSA decode
+// forms, cuda/dsa_decode.cu; per row the bytes of indexer_cuda with T = 1).
+Status MlaLayer::indexer_decode_cuda(gpu::Arena& a, const Cache& cache, const int32_t* pos_d,
+                                     const IndexerRows& rows, const IndexerTables& tabs, int B,
                                      int32_t* idx) const {
   const CudaContext& c = *cuda_;
   const CudaApi& api = c.api();
@@ -298,19 +315,11 @@ Status MlaLayer::indexer_decode_cuda(gpu::Arena& a, Cache& cache, int layer, con
   const char* op = "MlaLayer indexer";
   const int Hi = cfg_.index_heads, di = cfg_.index_head_dim, P = cfg_.kpool;
   const int max_pools = std::max(cache.max_len() / P, 1);
-  void **tail_k, **tail_gate, **pool_keys;
   float* score;
-  MEMRA_TRY(a.take(B, &tail_k));
-  MEMRA_TRY(a.take(B, &tail_gate));
-  MEMRA_TRY(a.take(B, &pool_keys));
   MEMRA_TRY(a.take(int64_t(B) * max_pools, &score));
-  auto table = [&](float* p0, float* p1, void** out) {
-    const int64_t stride = static_cast<int64_t>(reinterpret_cast<uint8_t*>(p1) - reinterpret_cast<uint8_t*>(p0));
-    return api.slot_table(ctx, slots_d, B, p0, stride, out);
-  };
-  MEMRA_GPU(c, table(cache.tail_k(layer, 0), cache.tail_k(layer, 1), tail_k), op);
-  MEMRA_GPU(c, table(cache.tail_gate(layer, 0), cache.tail_gate(layer, 1), tail_gate), op);
-  MEMRA_GPU(c, table(cache.pool_keys(layer, 0), cache.pool_keys(layer, 1), pool_keys), op);
+  void** tail_k = tabs.tail_k;
+  void** tail_gate = tabs.tail_gate;
+  void** pool_keys = tabs.pool_keys;
   MEMRA_GPU(c, api.kpool_append_decode(ctx, rows.k, rows.gate, B, di, gpu::f32p(g.kpool_ape), P, pos_d,
                                        reinterpret_cast<float* const*>(tail_k),
                                        reinterpret_cast<float* const*>(tail_gate), cfg_.tail_rows,

@@ -25,7 +25,7 @@
                 const void* w, int w_dtype, int N, const float* bias, float* y))                  \
   /* linear_ex(x0, w0, N0, bias0, y0) and linear_ex(x1, w1, N1, bias1, y1) over inputs of the    \
      same x_dtype, ldx, T, K and w_dtype, with the bytes of those two calls: one launch when     \
-     both take the short-row GEMV (T == 1, K <= 32 vectors of 16 bytes; KDA's f_b and g_b). */  \
+     both take the decode GEMV (T == 1; KDA's f_b and g_b, and its q|k|v and f_a|g_a|beta). */   \
   X(linear_ex_pair, (MemraCudaCtx * ctx, const void* x0, const void* x1, int x_dtype,            \
                      int64_t ldx, int T, int K, const void* w0, const void* w1, int w_dtype,     \
                      int N0, int N1, const float* bias0, const float* bias1, float* y0,          \

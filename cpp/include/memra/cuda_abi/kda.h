@@ -38,4 +38,12 @@
      equal one T-step launch bit for bit. T == 0 or B == 0 is a no-op (state_out not written). */ \
   X(kda_scan, (MemraCudaCtx * ctx, const float* q, const float* k, const float* v,                \
                const float* g, const float* beta, int B, int T, int H, int dk, int dv,            \
-               float scale, const float* const* state_in, float* const* state_out, float* o))
+               float scale, const float* const* state_in, float* const* state_out, float* o))     \
+  /* One decode step (T = 1) of kda_gate_beta over f [B, H*dk] (dt_bias [H*dk], A_log [H], form, \
+     lower_bound) and beta_logits [B, H], then kda_scan, in one launch with the bytes of those   \
+     two calls; f and beta_logits are only read. q, k, v, f, dt_bias, o 16-byte aligned (40022). */ \
+  X(kda_gate_scan_decode, (MemraCudaCtx * ctx, const float* q, const float* k, const float* v,    \
+                           const float* f, const float* dt_bias, const float* A_log, int form,    \
+                           float lower_bound, const float* beta_logits, int B, int H, int dk,     \
+                           int dv, float scale, const float* const* state_in,                     \
+                           float* const* state_out, float* o))

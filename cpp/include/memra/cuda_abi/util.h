@@ -37,4 +37,10 @@
      the sequence held before this step) and t_kv[b] = lengths[s] + 1; an idle row gets pos = -1 \
      and t_kv = 0. slots, pos, t_kv [B] and lengths [max_batch] device int32. One launch. */       \
   X(decode_positions, (MemraCudaCtx * ctx, const int32_t* slots, int B, const int32_t* lengths,    \
-                       int32_t* pos, int32_t* t_kv))
+                       int32_t* pos, int32_t* t_kv))                                               \
+  /* decode_positions (when pos and t_kv are given; both null: skipped) and n <= 8 slot tables   \
+     (table j: slot_table(bases[j], strides[j]) into outs[j]; bases / strides / outs host arrays  \
+     of n) in one launch, with the bytes of those calls. n out of [0, 8] is 40025. */            \
+  X(decode_tables, (MemraCudaCtx * ctx, const int32_t* slots, int B, const int32_t* lengths,       \
+                    int32_t* pos, int32_t* t_kv, int n, void* const* bases,                       \
+                    const int64_t* strides, void** const* outs))
