@@ -30,6 +30,7 @@ namespace {
 template <int G>
 __global__ void __launch_bounds__(Group<G>::kBlock)
     rms_norm_kernel(const float* x, int64_t rows, int D, const float* w, float eps, float* y) {
+  memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
   memra::cuda::pdl_trigger();
   __shared__ float red[Group<G>::kWarps];
   const int64_t row = int64_t(blockIdx.x) * Group<G>::kRows + threadIdx.x / G;
@@ -58,6 +59,7 @@ template <int G>
 __global__ void __launch_bounds__(Group<G>::kBlock)
     rms_norm_gated_kernel(const float* x, const float* gate, int64_t rows, int D, const float* w,
                           float eps, float* y) {
+  memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
   memra::cuda::pdl_trigger();
   __shared__ float red[Group<G>::kWarps];
   const int64_t row = int64_t(blockIdx.x) * Group<G>::kRows + threadIdx.x / G;
@@ -107,6 +109,7 @@ template <int G>
 __global__ void __launch_bounds__(Group<G>::kBlock)
     layer_norm_kernel(const float* x, int64_t rows, int D, const float* w, const float* b,
                       float eps, float* y) {
+  memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
   memra::cuda::pdl_trigger();
   __shared__ float red[Group<G>::kWarps];
   const int64_t row = int64_t(blockIdx.x) * Group<G>::kRows + threadIdx.x / G;
@@ -138,6 +141,7 @@ __global__ void __launch_bounds__(Group<G>::kBlock)
 template <int G>
 __global__ void __launch_bounds__(Group<G>::kBlock)
     l2norm_kernel(float* x, int64_t rows, int d, float eps) {
+  memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
   memra::cuda::pdl_trigger();
   __shared__ float red[Group<G>::kWarps];
   const int64_t row = int64_t(blockIdx.x) * Group<G>::kRows + threadIdx.x / G;
@@ -163,6 +167,7 @@ __global__ void __launch_bounds__(Group<G>::kBlock)
 template <typename W>
 __global__ void embedding_kernel(const W* __restrict__ table, int64_t vocab, int D,
                                  const int32_t* __restrict__ ids, float* __restrict__ out) {
+  memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
   memra::cuda::pdl_trigger();
   const int64_t t = blockIdx.x;
   const int32_t id = ids[t];
@@ -190,6 +195,7 @@ struct RopeFreqs {
 __global__ void __launch_bounds__(256)
     rope_kernel(float* x, const int32_t* __restrict__ positions, int n_vec, int d_rope,
                 double base, const RopeFreqs freqs) {
+  memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
   memra::cuda::pdl_trigger();
   const int half = d_rope / 2;
   const int j = blockIdx.y * 32 + threadIdx.x;
@@ -212,6 +218,7 @@ __global__ void __launch_bounds__(256)
 // ---------------------------------------------------------------------------------------------
 
 __global__ void sigmoid_kernel(const float* x, int64_t n, float* y) {
+  memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
   memra::cuda::pdl_trigger();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
@@ -238,16 +245,16 @@ int memra_cuda_embedding(MemraCudaCtx* ctx, const void* table, int table_dtype, 
   const int threads = D >= 256 ? 256 : (D >= 128 ? 128 : (D >= 64 ? 64 : 32));
   switch (table_dtype) {
     case 0:
-      embedding_kernel<<<T, threads, 0, ctx->stream>>>(static_cast<const float*>(table), vocab,
-                                                       D, ids, out);
+      memra::cuda::launch(ctx, true, embedding_kernel<float>, dim3(T), dim3(threads), 0,
+          static_cast<const float*>(table), vocab, D, ids, out);
       break;
     case 1:
-      embedding_kernel<<<T, threads, 0, ctx->stream>>>(
+      memra::cuda::launch(ctx, true, embedding_kernel<__nv_bfloat16>, dim3(T), dim3(threads), 0,
           static_cast<const __nv_bfloat16*>(table), vocab, D, ids, out);
       break;
     default:
-      embedding_kernel<<<T, threads, 0, ctx->stream>>>(static_cast<const __half*>(table), vocab,
-                                                       D, ids, out);
+      memra::cuda::launch(ctx, true, embedding_kernel<__half>, dim3(T), dim3(threads), 0,
+          static_cast<const __half*>(table), vocab, D, ids, out);
       break;
   }
   return launch_status();
@@ -261,8 +268,8 @@ int memra_cuda_rms_norm(MemraCudaCtx* ctx, const float* x, int T, int D, const f
   if (!x || !y) return memra::kContractMissing;
   with_group(group_for(D), [&](auto g) {
     constexpr int G = decltype(g)::value;
-    rms_norm_kernel<G><<<row_blocks<G>(T), Group<G>::kBlock, 0, ctx->stream>>>(x, T, D, w, eps,
-                                                                               y);
+    memra::cuda::launch(ctx, true, rms_norm_kernel<G>, dim3(row_blocks<G>(T)),
+        dim3(Group<G>::kBlock), 0, x, T, D, w, eps, y);
   });
   return launch_status();
 }
@@ -275,8 +282,8 @@ int memra_cuda_rms_norm_gated_sigmoid(MemraCudaCtx* ctx, const float* x, const f
   if (!x || !gate || !w || !y) return memra::kContractMissing;
   with_group(group_for(D), [&](auto g) {
     constexpr int G = decltype(g)::value;
-    rms_norm_gated_kernel<G><<<row_blocks<G>(T), Group<G>::kBlock, 0, ctx->stream>>>(
-        x, gate, T, D, w, eps, y);
+    memra::cuda::launch(ctx, true, rms_norm_gated_kernel<G>, dim3(row_blocks<G>(T)),
+        dim3(Group<G>::kBlock), 0, x, gate, T, D, w, eps, y);
   });
   return launch_status();
 }
@@ -289,8 +296,8 @@ int memra_cuda_layer_norm(MemraCudaCtx* ctx, const float* x, int T, int D, const
   if (!x || !w || !b || !y) return memra::kContractMissing;
   with_group(group_for(D), [&](auto g) {
     constexpr int G = decltype(g)::value;
-    layer_norm_kernel<G><<<row_blocks<G>(T), Group<G>::kBlock, 0, ctx->stream>>>(x, T, D, w, b,
-                                                                                 eps, y);
+    memra::cuda::launch(ctx, true, layer_norm_kernel<G>, dim3(row_blocks<G>(T)),
+        dim3(Group<G>::kBlock), 0, x, T, D, w, b, eps, y);
   });
   return launch_status();
 }
@@ -303,7 +310,8 @@ int memra_cuda_l2norm_heads(MemraCudaCtx* ctx, float* x, int T, int H, int d, fl
   if (!x) return memra::kContractMissing;
   with_group(group_for(d), [&](auto g) {
     constexpr int G = decltype(g)::value;
-    l2norm_kernel<G><<<row_blocks<G>(rows), Group<G>::kBlock, 0, ctx->stream>>>(x, rows, d, eps);
+    memra::cuda::launch(ctx, true, l2norm_kernel<G>, dim3(row_blocks<G>(rows)),
+        dim3(Group<G>::kBlock), 0, x, rows, d, eps);
   });
   return launch_status();
 }
@@ -321,8 +329,8 @@ int memra_cuda_rope_interleaved(MemraCudaCtx* ctx, float* x, const int32_t* posi
     freqs.inv_freq[j] = j < half ? std::pow(static_cast<double>(base), -2.0 * j / d_rope) : 0.0;
   }
   const dim3 grid(static_cast<unsigned>(T), ceil_div(half, 32));
-  rope_kernel<<<grid, dim3(32, 8), 0, ctx->stream>>>(x, positions, n_vec, d_rope,
-                                                     static_cast<double>(base), freqs);
+  memra::cuda::launch(ctx, true, rope_kernel, dim3(grid), dim3(dim3(32, 8)), 0, x, positions, n_vec,
+      d_rope, static_cast<double>(base), freqs);
   return launch_status();
 }
 
@@ -331,7 +339,8 @@ int memra_cuda_sigmoid(MemraCudaCtx* ctx, const float* x, int64_t n, float* y) {
   if (n < 0) return memra::kContractValue;
   if (n == 0) return memra::kOk;
   if (!x || !y) return memra::kContractMissing;
-  sigmoid_kernel<<<grid_stride_blocks(n, 256), 256, 0, ctx->stream>>>(x, n, y);
+  memra::cuda::launch(ctx, true, sigmoid_kernel, dim3(grid_stride_blocks(n, 256)), dim3(256), 0, x,
+      n, y);
   return launch_status();
 }
 

@@ -23,6 +23,7 @@ constexpr size_t kStagedMax = size_t(64) << 10;         // copies up to this siz
 
 template <typename S, typename D>
 __global__ void convert_kernel(const S* __restrict__ src, D* __restrict__ dst, int64_t n) {
+  memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
   memra::cuda::pdl_trigger();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
@@ -39,11 +40,11 @@ template <typename S>
 int launch_convert(MemraCudaCtx* ctx, const void* src, void* dst, int dst_dtype, int64_t n) {
   const unsigned blocks = std::min<unsigned>(ceil_div(n, 256), 65535u * 8);
   if (dst_dtype == 0) {
-    convert_kernel<<<blocks, 256, 0, ctx->stream>>>(static_cast<const S*>(src),
-                                                    static_cast<float*>(dst), n);
+    memra::cuda::launch(ctx, true, convert_kernel<S, float>, dim3(blocks), dim3(256), 0,
+        static_cast<const S*>(src), static_cast<float*>(dst), n);
   } else {
-    convert_kernel<<<blocks, 256, 0, ctx->stream>>>(static_cast<const S*>(src),
-                                                    static_cast<__nv_bfloat16*>(dst), n);
+    memra::cuda::launch(ctx, true, convert_kernel<S, __nv_bfloat16>, dim3(blocks), dim3(256), 0,
+        static_cast<const S*>(src), static_cast<__nv_bfloat16*>(dst), n);
   }
   return launch_status();
 }

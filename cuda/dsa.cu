@@ -56,6 +56,7 @@ struct PoolRows {
 // fastest so the row reads are coalesced.
 __global__ void pool_keys_kernel(PoolRows rows, const float* __restrict__ ape, int pool,
                                  int first_pool, int n_new, float* __restrict__ pool_keys) {
+  memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
   memra::cuda::pdl_trigger();
   const int d = rows.d;
   const int64_t total = int64_t(n_new) * d;
@@ -72,6 +73,7 @@ __global__ void pool_keys_kernel(PoolRows rows, const float* __restrict__ ape, i
 __global__ void ring_write_kernel(const float* __restrict__ k, const float* __restrict__ gate,
                                   int d, int pos, int r0, int n_rows, int tail_rows,
                                   float* __restrict__ tail_k, float* __restrict__ tail_gate) {
+  memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
   memra::cuda::pdl_trigger();
   const int64_t total = int64_t(n_rows) * d;
   for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < total;
@@ -96,6 +98,7 @@ __global__ void score_reference_kernel(const float* __restrict__ q, const float*
                                        const float* __restrict__ keys, int t_q, int Hi, int d,
                                        int n_pools, int pool, int first_pos, float qk_scale,
                                        float head_scale, float* __restrict__ score) {
+  memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
   memra::cuda::pdl_trigger();
   const int64_t total = int64_t(t_q) * n_pools;
   for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < total;
@@ -131,6 +134,7 @@ __global__ void __launch_bounds__((BQ / MQ) * (BP / MP), 1)
                        const float* __restrict__ keys, int t_q, int Hi, int d, int n_pools,
                        int pool, int first_pos, float qk_scale, float head_scale,
                        float* __restrict__ score) {
+  memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
   memra::cuda::pdl_trigger();
   constexpr int TX = BP / MP, TY = BQ / MQ, NT = TX * TY;
   __shared__ float qs[DC][BQ + 1];  // [channel][query] (+1: conflict-free transposed stores)
@@ -230,6 +234,7 @@ __global__ void __launch_bounds__(kResBP)
                           const float* __restrict__ keys, int t_q, int Hi, int d, int n_pools,
                           int pool, int first_pos, float qk_scale, float head_scale,
                           float* __restrict__ score) {
+  memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
   memra::cuda::pdl_trigger();
   __shared__ float ks[kResBP][kResMaxD + 1];  // [pool][channel]: (tid + c) % 32 banks
   const int tid = threadIdx.x;
@@ -304,8 +309,8 @@ void launch_score_tiled(MemraCudaCtx* ctx, const float* q, const float* w, const
                         float qk_scale, float head_scale, float* score) {
   constexpr int NT = (BQ / MQ) * (BP / MP);
   const dim3 grid(ceil_div(n_pools, BP), std::min(ceil_div(t_q, BQ), 65535u));
-  score_tiled_kernel<BQ, BP, MQ, MP, DC><<<grid, NT, 0, ctx->stream>>>(
-      q, w, keys, t_q, Hi, d, n_pools, pool, first_pos, qk_scale, head_scale, score);
+  memra::cuda::launch(ctx, true, score_tiled_kernel<BQ, BP, MQ, MP, DC>, dim3(grid), dim3(NT), 0, q,
+      w, keys, t_q, Hi, d, n_pools, pool, first_pos, qk_scale, head_scale, score);
 }
 
 // -------------------------------------------------------------------------------- selection
@@ -324,6 +329,7 @@ __device__ __forceinline__ bool is_candidate(float s, int64_t p, int pool, int64
 __global__ void __launch_bounds__(kSelectThreads)
     select_radix_kernel(const float* __restrict__ score, int t_q, int n_pools, int pool,
                         int select_k, int width, int first_pos, int32_t* __restrict__ idx) {
+  memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
   memra::cuda::pdl_trigger();
   __shared__ unsigned hist[256];
   __shared__ int warp_count[kSelectWarps];
@@ -346,6 +352,7 @@ __global__ void __launch_bounds__(kSelectThreads)
     select_reference_kernel(const float* __restrict__ score, int t_q, int n_pools, int pool,
                             int select_k, int width, int first_pos, uint8_t* __restrict__ flags,
                             int32_t* __restrict__ idx) {
+  memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
   memra::cuda::pdl_trigger();
   const int tid = threadIdx.x;
   uint8_t* f = flags + int64_t(blockIdx.x) * n_pools;
@@ -397,14 +404,14 @@ int memra_cuda_kpool_append(MemraCudaCtx* ctx, const float* k, const float* gate
   if (n_new > 0) {
     const PoolRows rows{k, gate, tail_k, tail_gate, d, pos, tail_rows};
     const unsigned blocks = std::min(ceil_div(int64_t(n_new) * d, 256), kMaxGrid);
-    pool_keys_kernel<<<blocks, 256, 0, ctx->stream>>>(rows, ape, pool, first_pool, n_new,
-                                                      pool_keys);
+    memra::cuda::launch(ctx, true, pool_keys_kernel, dim3(blocks), dim3(256), 0, rows, ape, pool,
+        first_pool, n_new, pool_keys);
     MEMRA_CUDA_RETURN_IF(launch_status());
   }
   const int r0 = std::max(pos, end - tail_rows);
   const unsigned blocks = std::min(ceil_div(int64_t(end - r0) * d, 256), kMaxGrid);
-  ring_write_kernel<<<blocks, 256, 0, ctx->stream>>>(k, gate, d, pos, r0, end - r0, tail_rows,
-                                                     tail_k, tail_gate);
+  memra::cuda::launch(ctx, true, ring_write_kernel, dim3(blocks), dim3(256), 0, k, gate, d, pos, r0,
+      end - r0, tail_rows, tail_k, tail_gate);
   return launch_status();
 }
 
@@ -421,17 +428,18 @@ int memra_cuda_kpool_score(MemraCudaCtx* ctx, const float* q, const float* w,
   if (t_q == 0 || n_pools == 0) return memra::kOk;
   if (reference) {
     const unsigned blocks = std::min(ceil_div(int64_t(t_q) * n_pools, 256), kMaxGrid);
-    score_reference_kernel<<<blocks, 256, 0, ctx->stream>>>(q, w, pool_keys, t_q, Hi, d, n_pools,
-                                                            pool, first_pos, qk_scale, head_scale,
-                                                            score);
+    memra::cuda::launch(ctx, true, score_reference_kernel, dim3(blocks), dim3(256), 0, q, w,
+        pool_keys, t_q, Hi, d, n_pools, pool, first_pos, qk_scale, head_scale, score);
   } else if (t_q < 16 && d <= kResMaxD) {
     // Decode / short suffix: resident key tiles, one pool per thread.
     if (t_q == 1) {
-      score_resident_kernel<1><<<ceil_div(n_pools, kResBP), kResBP, 0, ctx->stream>>>(
-          q, w, pool_keys, t_q, Hi, d, n_pools, pool, first_pos, qk_scale, head_scale, score);
+      memra::cuda::launch(ctx, true, score_resident_kernel<1>, dim3(ceil_div(n_pools, kResBP)),
+          dim3(kResBP), 0, q, w, pool_keys, t_q, Hi, d, n_pools, pool, first_pos, qk_scale,
+          head_scale, score);
     } else {
-      score_resident_kernel<4><<<ceil_div(n_pools, kResBP), kResBP, 0, ctx->stream>>>(
-          q, w, pool_keys, t_q, Hi, d, n_pools, pool, first_pos, qk_scale, head_scale, score);
+      memra::cuda::launch(ctx, true, score_resident_kernel<4>, dim3(ceil_div(n_pools, kResBP)),
+          dim3(kResBP), 0, q, w, pool_keys, t_q, Hi, d, n_pools, pool, first_pos, qk_scale,
+          head_scale, score);
     }
   } else if (t_q < 16) {
     // Few queries with d > kResMaxD: 4 queries x 128 pools, one score per thread.
@@ -461,11 +469,11 @@ int memra_cuda_kpool_select(MemraCudaCtx* ctx, const float* score, int t_q, int 
     const unsigned blocks = std::min<unsigned>(static_cast<unsigned>(t_q), 1024u);
     Scratch flags(ctx, size_t(blocks) * size_t(n_pools));
     MEMRA_CUDA_RETURN_IF(flags.status());
-    select_reference_kernel<<<blocks, kSelectThreads, 0, ctx->stream>>>(
+    memra::cuda::launch(ctx, true, select_reference_kernel, dim3(blocks), dim3(kSelectThreads), 0,
         score, t_q, n_pools, pool, select_k, width, first_pos, flags.as<uint8_t>(), idx);
   } else {
     const unsigned blocks = std::min<unsigned>(static_cast<unsigned>(t_q), kMaxGrid);
-    select_radix_kernel<<<blocks, kSelectThreads, 0, ctx->stream>>>(
+    memra::cuda::launch(ctx, true, select_radix_kernel, dim3(blocks), dim3(kSelectThreads), 0,
         score, t_q, n_pools, pool, select_k, width, first_pos, idx);
   }
   return launch_status();

@@ -84,6 +84,7 @@ __global__ void append_decode_kernel(const float* __restrict__ k, const float* _
                                      const int32_t* __restrict__ pos, float* const* tail_k,
                                      float* const* tail_gate, int tail_rows,
                                      float* const* pool_keys) {
+  memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
   memra::cuda::pdl_trigger();
   for (int b = blockIdx.y; b < B; b += gridDim.y) {
     const int64_t p = pos[b];
@@ -183,6 +184,7 @@ __global__ void __launch_bounds__(kDecGroups * kDecBP)
                         const int32_t* __restrict__ pos, int B, int Hi, int d, int pool,
                         int max_pools, float qk_scale, float head_scale,
                         float* __restrict__ score) {
+  memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
   memra::cuda::pdl_trigger();
   __shared__ float ks[kDecBP][kDecMaxD + 1];      // [pool][channel]: (i + c) % 32 banks
   __shared__ float terms[kDecBP][kDecMaxHi + 1];  // [pool][head]
@@ -258,6 +260,7 @@ __global__ void __launch_bounds__(kSimpleThreads)
                                const int32_t* __restrict__ pos, int B, int Hi, int d, int pool,
                                int max_pools, float qk_scale, float head_scale,
                                float* __restrict__ score) {
+  memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
   memra::cuda::pdl_trigger();
   const int64_t p = int64_t(blockIdx.x) * kSimpleThreads + threadIdx.x;
   if (p >= max_pools) return;
@@ -290,6 +293,7 @@ __global__ void __launch_bounds__(kSelectThreads)
     select_decode_kernel(const float* __restrict__ score, const int32_t* __restrict__ pos, int B,
                          int max_pools, int pool, int select_k, int width,
                          int32_t* __restrict__ idx) {
+  memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
   memra::cuda::pdl_trigger();
   __shared__ unsigned hist[256];
   __shared__ int warp_count[kSelectWarps];
@@ -323,8 +327,8 @@ int memra_cuda_kpool_append_decode(MemraCudaCtx* ctx, const float* k, const floa
   if (B < 0 || d < 1) return memra::kContractValue;
   if (B == 0) return memra::kOk;
   const dim3 grid(ceil_div(d, kAppendThreads), std::min(static_cast<unsigned>(B), kMaxGridY));
-  append_decode_kernel<<<grid, kAppendThreads, 0, ctx->stream>>>(
-      k, gate, B, d, ape, pool, pos, tail_k, tail_gate, tail_rows, pool_keys);
+  memra::cuda::launch(ctx, true, append_decode_kernel, dim3(grid), dim3(kAppendThreads), 0, k, gate,
+      B, d, ape, pool, pos, tail_k, tail_gate, tail_rows, pool_keys);
   return launch_status();
 }
 
@@ -343,15 +347,15 @@ int memra_cuda_kpool_score_decode(MemraCudaCtx* ctx, const float* q, const float
     const bool vec = d % 4 == 0 && reinterpret_cast<uintptr_t>(q) % 16 == 0;
     constexpr int threads = kDecGroups * kDecBP;
     if (vec) {
-      score_decode_kernel<true><<<grid, threads, 0, ctx->stream>>>(
-          q, w, pool_keys, pos, B, Hi, d, pool, max_pools, qk_scale, head_scale, score);
+      memra::cuda::launch(ctx, true, score_decode_kernel<true>, dim3(grid), dim3(threads), 0, q, w,
+          pool_keys, pos, B, Hi, d, pool, max_pools, qk_scale, head_scale, score);
     } else {
-      score_decode_kernel<false><<<grid, threads, 0, ctx->stream>>>(
-          q, w, pool_keys, pos, B, Hi, d, pool, max_pools, qk_scale, head_scale, score);
+      memra::cuda::launch(ctx, true, score_decode_kernel<false>, dim3(grid), dim3(threads), 0, q, w,
+          pool_keys, pos, B, Hi, d, pool, max_pools, qk_scale, head_scale, score);
     }
   } else {
     const dim3 grid(ceil_div(max_pools, kSimpleThreads), gy);
-    score_decode_simple_kernel<<<grid, kSimpleThreads, 0, ctx->stream>>>(
+    memra::cuda::launch(ctx, true, score_decode_simple_kernel, dim3(grid), dim3(kSimpleThreads), 0,
         q, w, pool_keys, pos, B, Hi, d, pool, max_pools, qk_scale, head_scale, score);
   }
   return launch_status();
@@ -368,8 +372,8 @@ int memra_cuda_kpool_select_decode(MemraCudaCtx* ctx, const float* score, const 
   if (int64_t(max_pools) * pool > INT_MAX) return memra::kContractRange;
   if (B == 0 || width == 0) return memra::kOk;
   const unsigned blocks = std::min(static_cast<unsigned>(B), 65535u * 16u);
-  select_decode_kernel<<<blocks, kSelectThreads, 0, ctx->stream>>>(score, pos, B, max_pools, pool,
-                                                                   select_k, width, idx);
+  memra::cuda::launch(ctx, true, select_decode_kernel, dim3(blocks), dim3(kSelectThreads), 0, score,
+      pos, B, max_pools, pool, select_k, width, idx);
   return launch_status();
 }
 

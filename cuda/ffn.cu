@@ -57,6 +57,7 @@ __device__ __forceinline__ float clamped_swiglu(float g, float u, float limit) {
 // g[i] = clamped_swiglu(g[i], u[i]) over n elements (in place over g).
 __global__ void swiglu_act_kernel(float* __restrict__ g, const float* __restrict__ u, int64_t n,
                                   float limit) {
+  memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
   memra::cuda::pdl_trigger();
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += stride) {
@@ -75,6 +76,7 @@ __device__ __forceinline__ void store_h(__half* p, float v) { *p = __float2half_
 template <typename H>
 __global__ void swiglu_pair_kernel(const float* __restrict__ gu, int64_t T, int I, float limit,
                                    H* __restrict__ h) {
+  memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
   memra::cuda::pdl_trigger();
   const int64_t n = T * I;
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
@@ -137,6 +139,7 @@ __global__ void moe_route_kernel(const float* __restrict__ logits, const float* 
                                  int T, int E, int top_k, int G, int topk_group, int norm,
                                  float scaling, RouteLayout layout, int32_t* __restrict__ topk_idx,
                                  float* __restrict__ topk_w) {
+  memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
   memra::cuda::pdl_trigger();
   extern __shared__ __align__(16) unsigned char smem[];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -259,6 +262,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     moe_gate_up_kernel(const float* __restrict__ x, int D, const int32_t* __restrict__ topk_idx,
                        int top_k, const W* __restrict__ gate_w, const W* __restrict__ up_w,
                        int E, int I, float limit, float* __restrict__ h) {
+  memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
   memra::cuda::pdl_trigger();
   const int64_t p = blockIdx.x;
   const int e = topk_idx[p];
@@ -323,6 +327,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     moe_down_kernel(const float* __restrict__ h, const int32_t* __restrict__ topk_idx,
                     const float* __restrict__ topk_w, int top_k, const W* __restrict__ down_w,
                     int E, int I, int D, float* __restrict__ y) {
+  memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
   memra::cuda::pdl_trigger();
   extern __shared__ int order[];  // [top_k] ordered slots, then the count
   const int64_t t = blockIdx.x;
@@ -370,22 +375,22 @@ int launch_moe(MemraCudaCtx* ctx, const float* x, int T, int D, const int32_t* t
   const dim3 grid_a(static_cast<unsigned>(P), ceil_div(I, kWarps));
   const bool vec_a = D % 8 == 0 && aligned16(x) && aligned16(g) && aligned16(u);
   if (vec_a) {
-    moe_gate_up_kernel<W, true><<<grid_a, block, 0, ctx->stream>>>(x, D, topk_idx, top_k, g, u, E,
-                                                                     I, limit, h);
+    memra::cuda::launch(ctx, true, moe_gate_up_kernel<W, true>, dim3(grid_a), dim3(block), 0, x, D,
+        topk_idx, top_k, g, u, E, I, limit, h);
   } else {
-    moe_gate_up_kernel<W, false><<<grid_a, block, 0, ctx->stream>>>(x, D, topk_idx, top_k, g, u,
-                                                                      E, I, limit, h);
+    memra::cuda::launch(ctx, true, moe_gate_up_kernel<W, false>, dim3(grid_a), dim3(block), 0, x, D,
+        topk_idx, top_k, g, u, E, I, limit, h);
   }
   MEMRA_CUDA_RETURN_IF(launch_status());
   const dim3 grid_b(static_cast<unsigned>(T), ceil_div(D, kWarps));
   const size_t smem = sizeof(int) * (static_cast<size_t>(top_k) + 1);
   const bool vec_b = I % 8 == 0 && aligned16(h) && aligned16(dw);
   if (vec_b) {
-    moe_down_kernel<W, true><<<grid_b, block, smem, ctx->stream>>>(h, topk_idx, topk_w, top_k, dw,
-                                                                   E, I, D, y);
+    memra::cuda::launch(ctx, true, moe_down_kernel<W, true>, dim3(grid_b), dim3(block), smem, h,
+        topk_idx, topk_w, top_k, dw, E, I, D, y);
   } else {
-    moe_down_kernel<W, false><<<grid_b, block, smem, ctx->stream>>>(h, topk_idx, topk_w, top_k,
-                                                                    dw, E, I, D, y);
+    memra::cuda::launch(ctx, true, moe_down_kernel<W, false>, dim3(grid_b), dim3(block), smem, h,
+        topk_idx, topk_w, top_k, dw, E, I, D, y);
   }
   return launch_status();
 }
@@ -507,6 +512,7 @@ struct PairGroups {
 __global__ void moe_group_kernel(const int32_t* __restrict__ topk_idx, int P, int E,
                                  int* __restrict__ n_active, int* __restrict__ active_e,
                                  int* __restrict__ active_off, int* __restrict__ pairs) {
+  memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
   memra::cuda::pdl_trigger();
   extern __shared__ int gsm[];
   const int warps = blockDim.x >> 5;
@@ -594,6 +600,7 @@ __global__ void __launch_bounds__(kGThreads, 1)
     moe_grouped_kernel(const float* __restrict__ src, int src_div, int K, PairGroups g,
                        const W* __restrict__ w0, const W* __restrict__ w1, int rows, float limit,
                        float* __restrict__ out) {
+  memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
   memra::cuda::pdl_trigger();
   extern __shared__ __align__(16) float xs[];
   __shared__ int ps[NT];
@@ -762,6 +769,7 @@ __global__ void moe_combine_kernel(const float* __restrict__ o,
                                    const int32_t* __restrict__ topk_idx,
                                    const float* __restrict__ topk_w, int top_k, int E, int D,
                                    float* __restrict__ y) {
+  memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
   memra::cuda::pdl_trigger();
   extern __shared__ int order[];  // [top_k] ordered slots, then the count
   const int64_t t = blockIdx.x;
@@ -809,8 +817,8 @@ int launch_grouped(MemraCudaCtx* ctx, const float* src, int src_div, int K, cons
   constexpr int NT = g_tok<W, VEC>();
   constexpr int rows_per_block = kGWarps * (GU ? kGRows / 2 : kGRows);
   const dim3 grid(ceil_div(rows, rows_per_block), static_cast<unsigned>(S));
-  moe_grouped_kernel<W, VEC, GU, NT><<<grid, kGThreads, g_smem_bytes(NT), ctx->stream>>>(
-      src, src_div, K, pg, w0, w1, rows, limit, out);
+  memra::cuda::launch(ctx, true, moe_grouped_kernel<W, VEC, GU, NT>, dim3(grid), dim3(kGThreads),
+      g_smem_bytes(NT), src, src_div, K, pg, w0, w1, rows, limit, out);
   return launch_status();
 }
 
@@ -854,8 +862,9 @@ int launch_moe_grouped(MemraCudaCtx* ctx, const float* x, int T, int D, const in
     const int P = tn * top_k;
     const int S = E < P ? E : P;
     const int32_t* idx = topk_idx + static_cast<int64_t>(t0) * top_k;
-    moe_group_kernel<<<1, warps * 32, sizeof(int) * static_cast<size_t>(warps + 1) * E,
-                       ctx->stream>>>(idx, P, E, n_active, active_e, active_off, pairs);
+    memra::cuda::launch(ctx, true, moe_group_kernel, dim3(1), dim3(warps * 32),
+        sizeof(int) * static_cast<size_t>(warps + 1) * E, idx, P, E, n_active, active_e, active_off,
+        pairs);
     MEMRA_CUDA_RETURN_IF(launch_status());
     const float* xc = x + static_cast<int64_t>(t0) * D;
     if (vec_a) {
@@ -873,7 +882,7 @@ int launch_moe_grouped(MemraCudaCtx* ctx, const float* x, int T, int D, const in
                                                             nullptr, D, 0.0f, o.as<float>())));
     }
     const dim3 grid_c(static_cast<unsigned>(tn), ceil_div(D, 256));
-    moe_combine_kernel<<<grid_c, 256, combine_smem, ctx->stream>>>(
+    memra::cuda::launch(ctx, true, moe_combine_kernel, dim3(grid_c), dim3(256), combine_smem,
         o.as<float>(), idx, topk_w + static_cast<int64_t>(t0) * top_k, top_k, E, D,
         y + static_cast<int64_t>(t0) * D);
     MEMRA_CUDA_RETURN_IF(launch_status());
@@ -905,13 +914,14 @@ int swiglu_mlp_impl(MemraCudaCtx* ctx, const float* x, int T, int D, const void*
     float* h = gu + 2 * n;  // f32, or the 16-bit down dtype in its first half
     MEMRA_CUDA_RETURN_IF(memra_cuda_linear(ctx, x, T, D, gate_w, w_dtype, 2 * I, nullptr, gu));
     if (w_dtype == 0) {
-      swiglu_pair_kernel<<<act_blocks(n), 256, 0, ctx->stream>>>(gu, T, I, limit, h);
+      memra::cuda::launch(ctx, true, swiglu_pair_kernel<float>, dim3(act_blocks(n)), dim3(256), 0,
+          gu, T, I, limit, h);
     } else if (w_dtype == 1) {
-      swiglu_pair_kernel<<<act_blocks(n), 256, 0, ctx->stream>>>(
-          gu, T, I, limit, reinterpret_cast<__nv_bfloat16*>(h));
+      memra::cuda::launch(ctx, true, swiglu_pair_kernel<__nv_bfloat16>, dim3(act_blocks(n)),
+          dim3(256), 0, gu, T, I, limit, reinterpret_cast<__nv_bfloat16*>(h));
     } else {
-      swiglu_pair_kernel<<<act_blocks(n), 256, 0, ctx->stream>>>(gu, T, I, limit,
-                                                                  reinterpret_cast<__half*>(h));
+      memra::cuda::launch(ctx, true, swiglu_pair_kernel<__half>, dim3(act_blocks(n)), dim3(256),
+          0, gu, T, I, limit, reinterpret_cast<__half*>(h));
     }
     MEMRA_CUDA_RETURN_IF(launch_status());
     // h already in the down weight's dtype: no rounding launch before the GEMM.
@@ -927,7 +937,8 @@ int swiglu_mlp_impl(MemraCudaCtx* ctx, const float* x, int T, int D, const void*
   MEMRA_CUDA_RETURN_IF(memra_cuda_linear(ctx, x, T, D, gate_w, w_dtype, I, nullptr, g));
   MEMRA_CUDA_RETURN_IF(memra_cuda_linear(ctx, x, T, D, up_w, w_dtype, I, nullptr, u));
   if (n > 0) {
-    swiglu_act_kernel<<<act_blocks(n), 256, 0, ctx->stream>>>(g, u, n, limit);
+    memra::cuda::launch(ctx, true, swiglu_act_kernel, dim3(act_blocks(n)), dim3(256), 0, g, u, n,
+        limit);
     MEMRA_CUDA_RETURN_IF(launch_status());
   }
   // I == 0: linear writes y = 0 (an empty sum), as cpu::linear does.
@@ -973,10 +984,9 @@ int memra_cuda_moe_route(MemraCudaCtx* ctx, const float* x, int T, int D, const 
   // Router logits in f32 (transformers computes them in f32): an SGEMM with TF32 off.
   MEMRA_CUDA_RETURN_IF(memra_cuda_linear(ctx, x, T, D, gate_w, 0, E, nullptr, logits.as<float>()));
   const unsigned blocks = ceil_div(T, warps);
-  moe_route_kernel<<<blocks, warps * 32, static_cast<size_t>(warps) * layout.warp_bytes,
-                     ctx->stream>>>(logits.as<float>(), corr_bias, T, E, top_k, n_group,
-                                    topk_group, norm_topk_prob ? 1 : 0, scaling, layout, topk_idx,
-                                    topk_w);
+  memra::cuda::launch(ctx, true, moe_route_kernel, dim3(blocks), dim3(warps * 32),
+      static_cast<size_t>(warps) * layout.warp_bytes, logits.as<float>(), corr_bias, T, E, top_k,
+      n_group, topk_group, norm_topk_prob ? 1 : 0, scaling, layout, topk_idx, topk_w);
   return launch_status();
 }
 

@@ -50,6 +50,7 @@ __device__ __forceinline__ __half round_to<__half>(float v) {
 template <typename H>
 __global__ void round_kernel(const float* __restrict__ x, H* __restrict__ out, int64_t n,
                              bool vec4) {
+  memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
   memra::cuda::pdl_trigger();
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
@@ -73,6 +74,7 @@ __global__ void round_kernel(const float* __restrict__ x, H* __restrict__ out, i
 template <typename H>
 __global__ void round_strided_kernel(const float* __restrict__ x, int64_t ldx, H* __restrict__ out,
                                      int64_t T, int K) {
+  memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
   memra::cuda::pdl_trigger();
   const int64_t n = T * K;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
@@ -85,6 +87,7 @@ __global__ void round_strided_kernel(const float* __restrict__ x, int64_t ldx, H
 // y[t, n] += bias[n] over T * N elements.
 __global__ void bias_kernel(float* __restrict__ y, const float* __restrict__ bias, int64_t total,
                             int N) {
+  memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
   memra::cuda::pdl_trigger();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
        i += int64_t(gridDim.x) * blockDim.x) {
@@ -94,6 +97,7 @@ __global__ void bias_kernel(float* __restrict__ y, const float* __restrict__ bia
 
 __global__ void bias_fill_kernel(float* __restrict__ y, const float* __restrict__ bias,
                                  int64_t total, int N) {
+  memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
   memra::cuda::pdl_trigger();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
        i += int64_t(gridDim.x) * blockDim.x) {
@@ -117,11 +121,11 @@ int rounded_gemm(MemraCudaCtx* ctx, const float* x, int64_t ldx, int T, int K, c
   MEMRA_CUDA_RETURN_IF(xs.status());
   if (ldx == K || T == 1) {  // packed rows (linear's case): one flat pass, float4 when aligned
     const bool vec4 = memra::cuda::aligned16(x);
-    round_kernel<H><<<grid_stride_blocks(vec4 ? n / 4 + 1 : n, 256), 256, 0, ctx->stream>>>(
-        x, xs.as<H>(), n, vec4);
+    memra::cuda::launch(ctx, true, round_kernel<H>,
+        dim3(grid_stride_blocks(vec4 ? n / 4 + 1 : n, 256)), dim3(256), 0, x, xs.as<H>(), n, vec4);
   } else {
-    round_strided_kernel<H><<<grid_stride_blocks(n, 256), 256, 0, ctx->stream>>>(
-        x, ldx, xs.as<H>(), T, K);
+    memra::cuda::launch(ctx, true, round_strided_kernel<H>, dim3(grid_stride_blocks(n, 256)),
+        dim3(256), 0, x, ldx, xs.as<H>(), T, K);
   }
   MEMRA_CUDA_RETURN_IF(launch_status());
   return gemm(ctx, xs.as<H>(), K, w, ab_type, T, K, N, y);
@@ -146,7 +150,8 @@ int linear_impl(MemraCudaCtx* ctx, const void* x, int x_dtype, int64_t ldx, int 
                 const void* w, int w_dtype, int N, const float* bias, float* y) {
   const int64_t total = static_cast<int64_t>(T) * N;
   if (K == 0) {  // an empty sum: y = bias (or 0); cuBLAS is not asked about k = 0
-    bias_fill_kernel<<<grid_stride_blocks(total, 256), 256, 0, ctx->stream>>>(y, bias, total, N);
+    memra::cuda::launch(ctx, true, bias_fill_kernel, dim3(grid_stride_blocks(total, 256)),
+        dim3(256), 0, y, bias, total, N);
     return launch_status();
   }
   bool handled = false;
@@ -162,7 +167,8 @@ int linear_impl(MemraCudaCtx* ctx, const void* x, int x_dtype, int64_t ldx, int 
                                               CUDA_R_16F, N, y));
   }
   if (bias) {
-    bias_kernel<<<grid_stride_blocks(total, 256), 256, 0, ctx->stream>>>(y, bias, total, N);
+    memra::cuda::launch(ctx, true, bias_kernel, dim3(grid_stride_blocks(total, 256)), dim3(256), 0,
+        y, bias, total, N);
   }
   return launch_status();
 }

@@ -22,6 +22,7 @@ __global__ void kda_tables_kernel(const int32_t* __restrict__ slots, const int32
                                   float** __restrict__ ring_out, const float** __restrict__ state_in,
                                   float** __restrict__ state_out, float* sink_conv,
                                   float* sink_state) {
+  memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
   memra::cuda::pdl_trigger();
   const int b = blockIdx.x * blockDim.x + threadIdx.x;
   if (b >= B) return;
@@ -47,6 +48,7 @@ __global__ void kda_tables_kernel(const int32_t* __restrict__ slots, const int32
 // counted once per occurrence instead of racing).
 __global__ void commit_decode_kernel(const int32_t* __restrict__ slots, int B, int32_t* lengths,
                                      int32_t* cur) {
+  memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
   memra::cuda::pdl_trigger();
   const int b = blockIdx.x * blockDim.x + threadIdx.x;
   if (b >= B) return;
@@ -58,6 +60,7 @@ __global__ void commit_decode_kernel(const int32_t* __restrict__ slots, int B, i
 
 __global__ void slot_table_kernel(const int32_t* __restrict__ slots, int B, uint8_t* base,
                                   int64_t stride_bytes, void** __restrict__ out) {
+  memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
   memra::cuda::pdl_trigger();
   const int b = blockIdx.x * blockDim.x + threadIdx.x;
   if (b >= B) return;
@@ -68,6 +71,7 @@ __global__ void slot_table_kernel(const int32_t* __restrict__ slots, int B, uint
 __global__ void decode_positions_kernel(const int32_t* __restrict__ slots, int B,
                                         const int32_t* __restrict__ lengths,
                                         int32_t* __restrict__ pos, int32_t* __restrict__ t_kv) {
+  memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
   memra::cuda::pdl_trigger();
   const int b = blockIdx.x * blockDim.x + threadIdx.x;
   if (b >= B) return;
@@ -89,6 +93,7 @@ struct SlotTables {
 __global__ void decode_tables_kernel(const int32_t* __restrict__ slots, int B,
                                      const int32_t* __restrict__ lengths, int32_t* __restrict__ pos,
                                      int32_t* __restrict__ t_kv, SlotTables t) {
+  memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
   memra::cuda::pdl_trigger();
   const int b = blockIdx.x * blockDim.x + threadIdx.x;
   if (b >= B) return;
@@ -122,9 +127,10 @@ int memra_cuda_kda_tables(MemraCudaCtx* ctx, const int32_t* slots, const int32_t
       !ring_out || !state_in || !state_out) {
     return memra::kContractMissing;
   }
-  kda_tables_kernel<<<ceil_div(B, kRowThreads), kRowThreads, 0, ctx->stream>>>(
-      slots, cur, B, conv_base0, conv_base1, state_base0, state_base1, conv_floats, state_floats,
-      plane_offset, ring_in, ring_out, state_in, state_out, sink_conv, sink_state);
+  memra::cuda::launch(ctx, true, kda_tables_kernel, dim3(ceil_div(B, kRowThreads)),
+      dim3(kRowThreads), 0, slots, cur, B, conv_base0, conv_base1, state_base0, state_base1,
+      conv_floats, state_floats, plane_offset, ring_in, ring_out, state_in, state_out, sink_conv,
+      sink_state);
   return launch_status();
 }
 
@@ -134,8 +140,8 @@ int memra_cuda_commit_decode(MemraCudaCtx* ctx, const int32_t* slots, int B, int
   if (B < 0) return memra::kContractValue;
   if (B == 0) return memra::kOk;
   if (!slots || !lengths || !cur) return memra::kContractMissing;
-  commit_decode_kernel<<<ceil_div(B, kRowThreads), kRowThreads, 0, ctx->stream>>>(slots, B,
-                                                                                   lengths, cur);
+  memra::cuda::launch(ctx, true, commit_decode_kernel, dim3(ceil_div(B, kRowThreads)),
+      dim3(kRowThreads), 0, slots, B, lengths, cur);
   return launch_status();
 }
 
@@ -145,8 +151,8 @@ int memra_cuda_slot_table(MemraCudaCtx* ctx, const int32_t* slots, int B, void* 
   if (B < 0 || stride_bytes < 0) return memra::kContractValue;
   if (B == 0) return memra::kOk;
   if (!slots || !base || !out) return memra::kContractMissing;
-  slot_table_kernel<<<ceil_div(B, kRowThreads), kRowThreads, 0, ctx->stream>>>(
-      slots, B, static_cast<uint8_t*>(base), stride_bytes, out);
+  memra::cuda::launch(ctx, true, slot_table_kernel, dim3(ceil_div(B, kRowThreads)),
+      dim3(kRowThreads), 0, slots, B, static_cast<uint8_t*>(base), stride_bytes, out);
   return launch_status();
 }
 
@@ -156,8 +162,8 @@ int memra_cuda_decode_positions(MemraCudaCtx* ctx, const int32_t* slots, int B,
   if (B < 0) return memra::kContractValue;
   if (B == 0) return memra::kOk;
   if (!slots || !lengths || !pos || !t_kv) return memra::kContractMissing;
-  decode_positions_kernel<<<ceil_div(B, kRowThreads), kRowThreads, 0, ctx->stream>>>(
-      slots, B, lengths, pos, t_kv);
+  memra::cuda::launch(ctx, true, decode_positions_kernel, dim3(ceil_div(B, kRowThreads)),
+      dim3(kRowThreads), 0, slots, B, lengths, pos, t_kv);
   return launch_status();
 }
 
@@ -179,8 +185,8 @@ int memra_cuda_decode_tables(MemraCudaCtx* ctx, const int32_t* slots, int B,
   }
   if (B == 0 || (n == 0 && !pos)) return memra::kOk;
   if (!slots || (pos && !lengths)) return memra::kContractMissing;
-  decode_tables_kernel<<<ceil_div(B, kRowThreads), kRowThreads, 0, ctx->stream>>>(slots, B, lengths,
-                                                                                pos, t_kv, t);
+  memra::cuda::launch(ctx, true, decode_tables_kernel, dim3(ceil_div(B, kRowThreads)),
+                      dim3(kRowThreads), 0, slots, B, lengths, pos, t_kv, t);
   return launch_status();
 }
 

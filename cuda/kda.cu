@@ -92,6 +92,7 @@ template <int K>
 __global__ void conv_prefill_kernel(const float* __restrict__ x, int T, int C, int G, int chunk,
                                     const float* __restrict__ w, const float* __restrict__ ring_in,
                                     float* __restrict__ ring_out, float* __restrict__ y) {
+  memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
   memra::cuda::pdl_trigger();
   constexpr int R = K - 1;
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
@@ -141,6 +142,7 @@ __global__ void conv_decode_kernel(const float* __restrict__ x, int B, int C, in
                                    const float* __restrict__ w, const float* const* ring_in,
                                    float* const* ring_out, float* __restrict__ y, int l2_channels,
                                    float l2_eps) {
+  memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
   memra::cuda::pdl_trigger();
   constexpr int R = K - 1;
   __shared__ float ys[L2 ? kConvThreads : 1];
@@ -184,26 +186,26 @@ constexpr int kConvChunk = 16;   // tokens per thread in the prefill arm
 constexpr int kMaxGridY = 65535;
 
 template <int K>
-void launch_conv_prefill(cudaStream_t s, const float* x, int T, int C, int G, const float* w,
+void launch_conv_prefill(MemraCudaCtx* ctx, const float* x, int T, int C, int G, const float* w,
                          const float* ring_in, float* ring_out, float* y) {
   const int n_chunks = (T + kConvChunk - 1) / kConvChunk;
   const dim3 grid(memra::cuda::ceil_div(C, kConvThreads),
                   n_chunks < kMaxGridY ? n_chunks : kMaxGridY);
-  conv_prefill_kernel<K><<<grid, kConvThreads, 0, s>>>(x, T, C, G, kConvChunk, w, ring_in,
-                                                       ring_out, y);
+  memra::cuda::launch(ctx, true, conv_prefill_kernel<K>, dim3(grid), dim3(kConvThreads), 0, x, T, C,
+      G, kConvChunk, w, ring_in, ring_out, y);
 }
 
 template <int K>
-void launch_conv_decode(cudaStream_t s, const float* x, int B, int C, int G, const float* w,
+void launch_conv_decode(MemraCudaCtx* ctx, const float* x, int B, int C, int G, const float* w,
                         const float* const* ring_in, float* const* ring_out, float* y,
                         int l2_channels, float l2_eps) {
   const dim3 grid(memra::cuda::ceil_div(C, kConvThreads), B < kMaxGridY ? B : kMaxGridY);
   if (l2_channels > 0) {
-    conv_decode_kernel<K, true><<<grid, kConvThreads, 0, s>>>(x, B, C, G, w, ring_in, ring_out, y,
-                                                              l2_channels, l2_eps);
+    memra::cuda::launch(ctx, true, conv_decode_kernel<K, true>, grid, dim3(kConvThreads), 0, x, B,
+                        C, G, w, ring_in, ring_out, y, l2_channels, l2_eps);
   } else {
-    conv_decode_kernel<K, false><<<grid, kConvThreads, 0, s>>>(x, B, C, G, w, ring_in, ring_out,
-                                                               y, 0, 0.0f);
+    memra::cuda::launch(ctx, true, conv_decode_kernel<K, false>, grid, dim3(kConvThreads), 0, x, B,
+                        C, G, w, ring_in, ring_out, y, 0, 0.0f);
   }
 }
 
@@ -249,6 +251,7 @@ __device__ __forceinline__ float beta_value(float logit) { return 1.0f / (1.0f +
 __global__ void gate_kernel(const float* f, const float* __restrict__ dt_bias,
                             const float* __restrict__ A_log, int T, int D, int dk, int form,
                             float lower_bound, float* g, float* beta, int64_t nbeta) {
+  memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
   memra::cuda::pdl_trigger();
   if (beta && blockIdx.x == 0 && blockIdx.y == 0) {
     for (int64_t i = threadIdx.x; i < nbeta; i += blockDim.x) beta[i] = beta_value(beta[i]);
@@ -340,6 +343,7 @@ __global__ void __launch_bounds__(kScanThreads)
                 const float* __restrict__ v, const float* __restrict__ g,
                 const float* __restrict__ beta, int T, int H, float scale,
                 const float* const* state_in, float* const* state_out, float* __restrict__ o) {
+  memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
   memra::cuda::pdl_trigger();
   // Per warp: k, scale * q, exp(g) of the current step, as float4 quads of rows.
   __shared__ float4 sk[kWarpsPerBlock][kScanDk / 4];
@@ -518,6 +522,7 @@ __global__ void __launch_bounds__(kDecThreads, 4)
                        const float* __restrict__ beta, int H, float scale,
                        const float* const* state_in, float* const* state_out,
                        float* __restrict__ o, RawGates raw) {
+  memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
   memra::cuda::pdl_trigger();
   __shared__ __align__(16) DecodeStage stage[kDecWarps];
 
@@ -688,7 +693,7 @@ int memra_cuda_kda_conv_prefill(MemraCudaCtx* ctx, const float* x, int T, int C,
   if (T == 0 || C == 0) return memra::kOk;
   if (!x || !w || !ring_out || !y) return memra::kContractMissing;
   const bool ok = dispatch_conv_k(K, [&](auto kc) {
-    launch_conv_prefill<decltype(kc)::value>(ctx->stream, x, T, C, G, w, ring_in, ring_out, y);
+    launch_conv_prefill<decltype(kc)::value>(ctx, x, T, C, G, w, ring_in, ring_out, y);
   });
   if (!ok) return memra::kUnsupportedGeometry;
   return launch_status();
@@ -717,7 +722,7 @@ int conv_decode_impl(MemraCudaCtx* ctx, const float* x, int B, int C, int G, con
   const bool fused = l2_groups > 0 && dk == kConvThreads && G % kConvThreads == 0;
   const int l2_channels = fused ? l2_groups * G : 0;
   const bool ok = dispatch_conv_k(K, [&](auto kc) {
-    launch_conv_decode<decltype(kc)::value>(ctx->stream, x, B, C, G, w, ring_in, ring_out, y,
+    launch_conv_decode<decltype(kc)::value>(ctx, x, B, C, G, w, ring_in, ring_out, y,
                                             l2_channels, eps);
   });
   if (!ok) return memra::kUnsupportedGeometry;
@@ -759,8 +764,8 @@ int memra_cuda_kda_gate_beta(MemraCudaCtx* ctx, const float* f, const float* dt_
   const int row_blocks = static_cast<int>(memra::cuda::ceil_div(T, kGateRowsPerBlock));
   const dim3 grid(memra::cuda::ceil_div(D, kGateThreads),
                   row_blocks < kMaxGridY ? row_blocks : kMaxGridY);
-  gate_kernel<<<grid, kGateThreads, 0, ctx->stream>>>(f, dt_bias, A_log, T, static_cast<int>(D),
-                                                      dk, form, lower_bound, g, beta, nbeta);
+  memra::cuda::launch(ctx, true, gate_kernel, dim3(grid), dim3(kGateThreads), 0, f, dt_bias, A_log,
+                      T, static_cast<int>(D), dk, form, lower_bound, g, beta, nbeta);
   return launch_status();
 }
 
@@ -789,14 +794,15 @@ int memra_cuda_kda_scan(MemraCudaCtx* ctx, const float* q, const float* k, const
   if (T == 1) {  // the decode step: same bits as scan_kernel at T = 1, at stream bandwidth
     const int64_t blocks = static_cast<int64_t>(B) * H * kDecBlocksPerHead;
     if (blocks > 0x7fffffffLL) return memra::kContractShape;
-    scan_decode_kernel<false><<<static_cast<unsigned>(blocks), kDecThreads, 0, ctx->stream>>>(
-        q, k, v, g, beta, H, scale, state_in, state_out, o, RawGates{});
+    memra::cuda::launch(ctx, true, scan_decode_kernel<false>, dim3(static_cast<unsigned>(blocks)),
+                        dim3(kDecThreads), 0, q, k, v, g, beta, H, scale, state_in, state_out, o,
+                        RawGates{});
     return launch_status();
   }
   const int64_t blocks = static_cast<int64_t>(B) * H * kBlocksPerHead;
   if (blocks > 0x7fffffffLL) return memra::kContractShape;
-  scan_kernel<<<static_cast<unsigned>(blocks), kScanThreads, 0, ctx->stream>>>(
-      q, k, v, g, beta, T, H, scale, state_in, state_out, o);
+  memra::cuda::launch(ctx, true, scan_kernel, dim3(static_cast<unsigned>(blocks)),
+      dim3(kScanThreads), 0, q, k, v, g, beta, T, H, scale, state_in, state_out, o);
   return launch_status();
 }
 
@@ -821,9 +827,9 @@ int memra_cuda_kda_gate_scan_decode(MemraCudaCtx* ctx, const float* q, const flo
   }
   const int64_t blocks = static_cast<int64_t>(B) * H * kDecBlocksPerHead;
   if (blocks > 0x7fffffffLL) return memra::kContractShape;
-  scan_decode_kernel<true><<<static_cast<unsigned>(blocks), kDecThreads, 0, ctx->stream>>>(
-      q, k, v, f, beta_logits, H, scale, state_in, state_out, o,
-      RawGates{dt_bias, A_log, form, lower_bound});
+  memra::cuda::launch(ctx, true, scan_decode_kernel<true>, dim3(static_cast<unsigned>(blocks)),
+                      dim3(kDecThreads), 0, q, k, v, f, beta_logits, H, scale, state_in, state_out,
+                      o, RawGates{dt_bias, A_log, form, lower_bound});
   return launch_status();
 }
 

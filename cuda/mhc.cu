@@ -143,6 +143,7 @@ __global__ void __launch_bounds__(kMapThreads)
                    int sinkhorn_iters, float hc_eps, float norm_eps, bool fold,
                    float* __restrict__ post, float* __restrict__ comb,
                    float* __restrict__ collapsed) {
+  memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
   memra::cuda::pdl_trigger();
   extern __shared__ float sm[];
   __shared__ float red[kMapThreads / 32];
@@ -236,6 +237,7 @@ template <typename W>
 __global__ void __launch_bounds__(kPartThreads)
     mhc_partial_kernel(const float* __restrict__ streams, int T, int flat,
                        const W* __restrict__ fn, int mix, float* __restrict__ part) {
+  memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
   memra::cuda::pdl_trigger();
   const int s = blockIdx.x, S = gridDim.x;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -351,6 +353,7 @@ __global__ void __launch_bounds__(kFinishThreads)
                       const float* __restrict__ scale, int sinkhorn_iters, float hc_eps,
                       float norm_eps, float* __restrict__ post, float* __restrict__ comb,
                       float* __restrict__ collapsed) {
+  memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
   memra::cuda::pdl_trigger();
   extern __shared__ float sm[];  // pre [hc], c [hc, hc]
   __shared__ float lt[kSplitMaxOut];
@@ -413,6 +416,7 @@ __global__ void __launch_bounds__(Group<G>::kBlock)
                            float norm_eps, const float* __restrict__ rms_w, float rms_eps,
                            float* __restrict__ post, float* __restrict__ comb,
                            float* __restrict__ out) {
+  memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
   memra::cuda::pdl_trigger();
   constexpr int kThreads = Group<G>::kBlock;
   extern __shared__ float sm[];  // pre [hc], c [hc, hc]
@@ -517,6 +521,7 @@ struct SiteArgs {
 
 template <typename W, bool POST, int G>
 __global__ void __launch_bounds__(kPartThreads) mhc_site_kernel(SiteArgs a) {
+  memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
   memra::cuda::pdl_trigger();
   constexpr int HC = kSiteHc;
   constexpr int mix = (2 + HC) * HC;
@@ -658,6 +663,7 @@ __global__ void __launch_bounds__(kPartThreads) mhc_site_kernel(SiteArgs a) {
 __global__ void mhc_post_kernel(const float* __restrict__ y, const float* __restrict__ post,
                                 const float* __restrict__ comb, const float* __restrict__ residual,
                                 int64_t rows, int hc, int D, float* __restrict__ out) {
+  memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
   memra::cuda::pdl_trigger();
   const int d = blockIdx.x * blockDim.x + threadIdx.x;
   if (d >= D) return;
@@ -675,6 +681,7 @@ __global__ void mhc_post_kernel(const float* __restrict__ y, const float* __rest
 // out[t, d] = (sum_s streams[t, s, d]) / hc.
 __global__ void hc_head_mean_kernel(const float* __restrict__ streams, int64_t T, int hc, int D,
                                     float* __restrict__ out) {
+  memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
   memra::cuda::pdl_trigger();
   const int d = blockIdx.x * blockDim.x + threadIdx.x;
   if (d >= D) return;
@@ -714,9 +721,10 @@ int launch_site(MemraCudaCtx* ctx, SiteArgs a, int fn_dtype) {
   with_group(group_for(a.D), [&](auto g) {
     constexpr int G = decltype(g)::value;
     if (fn_dtype == 0) {
-      mhc_site_kernel<float, POST, G><<<S, kPartThreads, 0, ctx->stream>>>(a);
+      memra::cuda::launch(ctx, true, mhc_site_kernel<float, POST, G>, dim3(S), dim3(kPartThreads), 0, a);
     } else {
-      mhc_site_kernel<__nv_bfloat16, POST, G><<<S, kPartThreads, 0, ctx->stream>>>(a);
+      memra::cuda::launch(ctx, true, mhc_site_kernel<__nv_bfloat16, POST, G>, dim3(S),
+                          dim3(kPartThreads), 0, a);
     }
   });
   return launch_status();
@@ -775,11 +783,11 @@ int mhc_pre_impl(MemraCudaCtx* ctx, const float* streams, int T, int hc, int D, 
     Scratch part(ctx, static_cast<size_t>(T) * S * (mix + 1) * sizeof(float));
     MEMRA_CUDA_RETURN_IF(part.status());
     if (fn_dtype == 0) {
-      mhc_partial_kernel<float><<<S, kPartThreads, 0, ctx->stream>>>(
+      memra::cuda::launch(ctx, true, mhc_partial_kernel<float>, dim3(S), dim3(kPartThreads), 0,
           streams, T, static_cast<int>(flat), static_cast<const float*>(fn), mix, part.as<float>());
     } else {
-      mhc_partial_kernel<__nv_bfloat16><<<S, kPartThreads, 0, ctx->stream>>>(
-          streams, T, static_cast<int>(flat), static_cast<const __nv_bfloat16*>(fn), mix,
+      memra::cuda::launch(ctx, true, mhc_partial_kernel<__nv_bfloat16>, dim3(S), dim3(kPartThreads),
+          0, streams, T, static_cast<int>(flat), static_cast<const __nv_bfloat16*>(fn), mix,
           part.as<float>());
     }
     MEMRA_CUDA_RETURN_IF(launch_status());
@@ -787,16 +795,16 @@ int mhc_pre_impl(MemraCudaCtx* ctx, const float* streams, int T, int hc, int D, 
     if (rms && D <= kNormCols * 1024) {
       with_group(group_for(D), [&](auto g) {
         constexpr int G = decltype(g)::value;
-        mhc_finish_norm_kernel<G><<<dim3(2, static_cast<unsigned>(T)), Group<G>::kBlock, smem,
-                                    ctx->stream>>>(streams, part.as<float>(), S, hc, D, base,
-                                                   scale, sinkhorn_iters, hc_eps, norm_eps, rms_w,
-                                                   rms_eps, post, comb, collapsed);
+        memra::cuda::launch(ctx, true, mhc_finish_norm_kernel<G>, dim3(2, static_cast<unsigned>(T)),
+                            dim3(Group<G>::kBlock), smem, streams, part.as<float>(), S, hc, D, base,
+                            scale, sinkhorn_iters, hc_eps, norm_eps, rms_w, rms_eps, post, comb,
+                            collapsed);
       });
       return launch_status();
     }
     // Block 0 of a token: post and comb; blocks 1..: kFinishD columns of collapsed each.
     const dim3 grid(1 + static_cast<unsigned>(ceil_div(D, kFinishD)), static_cast<unsigned>(T));
-    mhc_finish_kernel<<<grid, kFinishThreads, smem, ctx->stream>>>(
+    memra::cuda::launch(ctx, true, mhc_finish_kernel, dim3(grid), dim3(kFinishThreads), smem,
         streams, part.as<float>(), S, hc, D, base, scale, sinkhorn_iters, hc_eps, norm_eps, post,
         comb, collapsed);
     MEMRA_CUDA_RETURN_IF(launch_status());
@@ -823,8 +831,8 @@ int mhc_pre_impl(MemraCudaCtx* ctx, const float* streams, int T, int hc, int D, 
     }
   }
   const size_t smem = sizeof(float) * (static_cast<size_t>(hc) + static_cast<size_t>(hc) * hc);
-  mhc_map_kernel<<<static_cast<unsigned>(T), kMapThreads, smem, ctx->stream>>>(
-      streams, logits.as<float>(), hc, D, base, scale, sinkhorn_iters, hc_eps, norm_eps, fold,
+  memra::cuda::launch(ctx, true, mhc_map_kernel, dim3(static_cast<unsigned>(T)), dim3(kMapThreads),
+      smem, streams, logits.as<float>(), hc, D, base, scale, sinkhorn_iters, hc_eps, norm_eps, fold,
       post, comb, collapsed);
   MEMRA_CUDA_RETURN_IF(launch_status());
   return rms ? memra_cuda_rms_norm(ctx, collapsed, T, D, rms_w, rms_eps, collapsed) : memra::kOk;
@@ -890,8 +898,8 @@ int memra_cuda_mhc_post(MemraCudaCtx* ctx, const float* y, const float* post, co
   if (rows == 0 || D == 0) return memra::kOk;
   if (!y || !post || !comb || !residual || !out) return memra::kContractMissing;
   const int threads = threads_for(D);
-  mhc_post_kernel<<<rows_grid(D, rows, threads), threads, 0, ctx->stream>>>(
-      y, post, comb, residual, rows, hc, D, out);
+  memra::cuda::launch(ctx, true, mhc_post_kernel, dim3(rows_grid(D, rows, threads)), dim3(threads),
+      0, y, post, comb, residual, rows, hc, D, out);
   return launch_status();
 }
 
@@ -902,8 +910,8 @@ int memra_cuda_hc_head_mean(MemraCudaCtx* ctx, const float* streams, int T, int 
   if (T == 0 || D == 0) return memra::kOk;
   if (!streams || !out) return memra::kContractMissing;
   const int threads = threads_for(D);
-  hc_head_mean_kernel<<<rows_grid(D, T, threads), threads, 0, ctx->stream>>>(streams, T, hc, D,
-                                                                            out);
+  memra::cuda::launch(ctx, true, hc_head_mean_kernel, dim3(rows_grid(D, T, threads)), dim3(threads),
+      0, streams, T, hc, D, out);
   return launch_status();
 }
 

@@ -79,6 +79,7 @@ int allow_smem(MemraCudaCtx* ctx, K* kernel, size_t bytes) {
 // dst[i] = src[i] converted (bf16 with round-to-nearest-even).
 template <typename D>
 __global__ void convert_f32_kernel(const float* __restrict__ src, D* __restrict__ dst, int64_t n) {
+  memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
   memra::cuda::pdl_trigger();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
@@ -90,7 +91,7 @@ template <typename D>
 int launch_convert(MemraCudaCtx* ctx, const float* src, D* dst, int64_t n) {
   if (n == 0) return memra::kOk;
   const unsigned blocks = std::min<unsigned>(ceil_div(n, 256), 65535u * 8);
-  convert_f32_kernel<D><<<blocks, 256, 0, ctx->stream>>>(src, dst, n);
+  memra::cuda::launch(ctx, true, convert_f32_kernel<D>, dim3(blocks), dim3(256), 0, src, dst, n);
   return launch_status();
 }
 
@@ -143,6 +144,7 @@ template <int P, typename Tw>
 __global__ void absorb_kernel(const float* __restrict__ q_nope, const Tw* __restrict__ kv_b, int T,
                               int H, int d_nope, int d_v, int R, int r_chunk,
                               float* __restrict__ q_lat) {
+  memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
   memra::cuda::pdl_trigger();
   extern __shared__ float qs[];  // [P, d_nope]
   const int h = blockIdx.y;
@@ -222,6 +224,7 @@ template <int P, bool kVec, typename Tw>
 __global__ void decompress_kernel(const float* __restrict__ o_lat, const Tw* __restrict__ kv_b,
                                   int T, int H, int d_nope, int d_v, int R, int v_chunk,
                                   float* __restrict__ out) {
+  memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
   memra::cuda::pdl_trigger();
   extern __shared__ float os[];  // [P, R]
   const int h = blockIdx.y;
@@ -267,7 +270,8 @@ int launch_proj_p(MemraCudaCtx* ctx, Proj which, const float* x, const void* kv_
     const int chunk = split ? kAbsorbSplitChunk : R;
     const int threads = split ? 32 : 256;
     const dim3 grid(ceil_div(R, chunk), H, tiles);
-    absorb_kernel<P, Tw><<<grid, threads, smem, ctx->stream>>>(x, w, T, H, d_nope, d_v, R, chunk, y);
+    memra::cuda::launch(ctx, true, absorb_kernel<P, Tw>, dim3(grid), dim3(threads), smem, x, w, T,
+        H, d_nope, d_v, R, chunk, y);
   } else {
     const size_t smem = sizeof(float) * (P * static_cast<size_t>(R) + kSmemPad);
     const int chunk = split ? kDecompressSplitChunk : d_v;
@@ -276,12 +280,12 @@ int launch_proj_p(MemraCudaCtx* ctx, Proj which, const float* x, const void* kv_
     const bool vec = reinterpret_cast<uintptr_t>(kv_b) % 16 == 0 && (R * sizeof(Tw)) % 16 == 0;
     if (vec) {
       MEMRA_CUDA_RETURN_IF(allow_smem(ctx, decompress_kernel<P, true, Tw>, smem));
-      decompress_kernel<P, true, Tw><<<grid, threads, smem, ctx->stream>>>(x, w, T, H, d_nope, d_v,
-                                                                          R, chunk, y);
+      memra::cuda::launch(ctx, true, decompress_kernel<P, true, Tw>, dim3(grid), dim3(threads),
+          smem, x, w, T, H, d_nope, d_v, R, chunk, y);
     } else {
       MEMRA_CUDA_RETURN_IF(allow_smem(ctx, decompress_kernel<P, false, Tw>, smem));
-      decompress_kernel<P, false, Tw><<<grid, threads, smem, ctx->stream>>>(x, w, T, H, d_nope, d_v,
-                                                                           R, chunk, y);
+      memra::cuda::launch(ctx, true, decompress_kernel<P, false, Tw>, dim3(grid), dim3(threads),
+          smem, x, w, T, H, d_nope, d_v, R, chunk, y);
     }
   }
   return launch_status();
@@ -442,8 +446,7 @@ template <int P, bool kVec, typename Tw>
 __global__ void __launch_bounds__(kStreamThreads)
     absorb_stream_kernel(const float* __restrict__ q_nope, const Tw* __restrict__ kv_b, int T,
                          int H, int d_nope, int d_v, int R, int qstride, int qrows, bool xvec,
-                         float* __restrict__ q_lat) {
-  memra::cuda::pdl_trigger();
+                         float* __restrict__ q_lat, int prefetch) {
   constexpr int OC = kAbsorbTileBytes / static_cast<int>(sizeof(Tw));
   constexpr int E = 4 / static_cast<int>(sizeof(Tw));  // columns per lane (one 32-bit word)
   constexpr int V = 16 / static_cast<int>(sizeof(Tw));
@@ -459,9 +462,8 @@ __global__ void __launch_bounds__(kStreamThreads)
   const int64_t qld = static_cast<int64_t>(H) * d_nope;  // position stride of q_nope
   const int tiles = (T + PT - 1) / PT;
 
-  // The whole weight tile in flight, one commit group a stage; the first tile's q in group 0.
-#pragma unroll 1
-  for (int s = 0; s < kStreamStages; ++s) {
+  // The weights of stage s (rows n of the tile), requested.
+  auto issue_weights = [&](int s) {
     int nb, ne;
     stage_range(s, d_nope, 4, &nb, &ne);
     if constexpr (kVec) {
@@ -480,20 +482,43 @@ __global__ void __launch_bounds__(kStreamThreads)
         dst[n * OC + c] = c < ncols ? src[static_cast<int64_t>(n) * R + c] : B(0);
       }
     }
-    if (s == 0) {
-      const int t0 = blockIdx.z * PT;
-      stage_act(qs, qstride, q_nope + (static_cast<int64_t>(t0) * H + h) * d_nope, qld,
-                min(PT, T - t0), qrows, d_nope, xvec);
-    }
+  };
+  auto stage_first_q = [&] {
+    const int t0 = blockIdx.z * PT;
+    stage_act(qs, qstride, q_nope + (static_cast<int64_t>(t0) * H + h) * d_nope, qld,
+              min(PT, T - t0), qrows, d_nope, xvec);
+  };
+  // The whole weight tile in flight, one commit group a stage; the first tile's q in group 0.
+  // prefetch (resident weights: no queued kernel writes kv_b): the weights are requested before
+  // pdl_wait, streaming under the previous kernel, and everything has landed before the first
+  // tile's arithmetic.
+  if (prefetch) {
+#pragma unroll 1
+    for (int s = 0; s < kStreamStages; ++s) issue_weights(s);
+  }
+  memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
+  memra::cuda::pdl_trigger();
+  if (prefetch) {
+    stage_first_q();
     cp_async_commit();
+    cp_async_wait<0>();
+    __syncthreads();
+  } else {
+#pragma unroll 1
+    for (int s = 0; s < kStreamStages; ++s) {
+      issue_weights(s);
+      if (s == 0) stage_first_q();
+      cp_async_commit();
+    }
   }
 
   const uint32_t* wcol = reinterpret_cast<const uint32_t*>(ws) + lane;  // row n: wcol[n * 32]
   const int pb = grp * P;  // this warp's first position in the tile
   for (int tile = blockIdx.z; tile < tiles; tile += gridDim.z) {
     const int t0 = tile * PT, np = min(PT, T - t0);
-    const bool first = tile == static_cast<int>(blockIdx.z);
-    if (!first) {
+    const bool staged = tile == static_cast<int>(blockIdx.z);  // q staged above
+    const bool first = staged && !prefetch;  // the weights still landing stage by stage
+    if (!staged) {
       __syncthreads();  // every thread is done with the previous tile's qs
       stage_act(qs, qstride, q_nope + (static_cast<int64_t>(t0) * H + h) * d_nope, qld, np, qrows,
                 d_nope, xvec);
@@ -603,8 +628,7 @@ template <int P, bool kVec, typename Tw>
 __global__ void __launch_bounds__(kStreamThreads)
     decompress_stream_kernel(const float* __restrict__ o_lat, const Tw* __restrict__ kv_b, int T,
                              int H, int d_nope, int d_v, int R, int wstride, int ostride,
-                             int orows, bool xvec, float* __restrict__ out) {
-  memra::cuda::pdl_trigger();
+                             int orows, bool xvec, float* __restrict__ out, int prefetch) {
   constexpr int OC = kDecompressRows;
   constexpr int V = 16 / static_cast<int>(sizeof(Tw));
   constexpr int V4 = V / 4;
@@ -620,9 +644,8 @@ __global__ void __launch_bounds__(kStreamThreads)
   const int64_t old = static_cast<int64_t>(H) * R;  // position stride of o_lat
   const int tiles = (T + PT - 1) / PT;
 
-  // The whole weight tile in flight, one commit group a stage; the first tile's o in group 0.
-#pragma unroll 1
-  for (int s = 0; s < kStreamStages; ++s) {
+  // The weights of stage s (columns r of the tile's rows), requested.
+  auto issue_weights = [&](int s) {
     int rb, re;
     stage_range(s, R, V, &rb, &re);
     const int w = re - rb;
@@ -642,20 +665,41 @@ __global__ void __launch_bounds__(kStreamThreads)
         dst[j * wstride + r] = src[static_cast<int64_t>(j) * R + r];
       }
     }
-    if (s == 0) {
-      const int t0 = blockIdx.z * PT;
-      stage_act(os, ostride, o_lat + (static_cast<int64_t>(t0) * H + h) * R, old,
-                min(PT, T - t0), orows, R, xvec);
-    }
+  };
+  auto stage_first_o = [&] {
+    const int t0 = blockIdx.z * PT;
+    stage_act(os, ostride, o_lat + (static_cast<int64_t>(t0) * H + h) * R, old, min(PT, T - t0),
+              orows, R, xvec);
+  };
+  // The whole weight tile in flight, one commit group a stage; the first tile's o in group 0.
+  // prefetch: as absorb_stream_kernel (weights requested before pdl_wait).
+  if (prefetch) {
+#pragma unroll 1
+    for (int s = 0; s < kStreamStages; ++s) issue_weights(s);
+  }
+  memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
+  memra::cuda::pdl_trigger();
+  if (prefetch) {
+    stage_first_o();
     cp_async_commit();
+    cp_async_wait<0>();
+    __syncthreads();
+  } else {
+#pragma unroll 1
+    for (int s = 0; s < kStreamStages; ++s) {
+      issue_weights(s);
+      if (s == 0) stage_first_o();
+      cp_async_commit();
+    }
   }
 
   const int v = tid % OC, pb = (tid / OC) * P;
   const Tw* wrow = ws + v * wstride;
   for (int tile = blockIdx.z; tile < tiles; tile += gridDim.z) {
     const int t0 = tile * PT, np = min(PT, T - t0);
-    const bool first = tile == static_cast<int>(blockIdx.z);
-    if (!first) {
+    const bool staged = tile == static_cast<int>(blockIdx.z);  // o staged above
+    const bool first = staged && !prefetch;  // the weights still landing stage by stage
+    if (!staged) {
       __syncthreads();  // every thread is done with the previous tile's os
       stage_act(os, ostride, o_lat + (static_cast<int64_t>(t0) * H + h) * R, old, np, orows, R,
                 xvec);
@@ -778,8 +822,9 @@ int launch_absorb_stream(MemraCudaCtx* ctx, const float* x, const Tw* w, int T, 
                          int d_v, int R, const StreamShape& s, bool wvec, bool xvec, float* y) {
   auto* k = wvec ? absorb_stream_kernel<P, true, Tw> : absorb_stream_kernel<P, false, Tw>;
   MEMRA_CUDA_RETURN_IF(allow_smem(ctx, k, s.smem));
-  k<<<s.grid, kStreamThreads, s.smem, ctx->stream>>>(x, w, T, H, d_nope, d_v, R, s.xstride, s.rows,
-                                                      xvec, y);
+  const int prefetch = ctx->resident_weights > 0 ? 1 : 0;  // kv_b is the layer's own upload
+  memra::cuda::launch(ctx, true, k, dim3(s.grid), dim3(kStreamThreads), s.smem, x, w, T, H, d_nope,
+      d_v, R, s.xstride, s.rows, xvec, y, prefetch);
   return launch_status();
 }
 
@@ -789,8 +834,9 @@ int launch_decompress_stream(MemraCudaCtx* ctx, const float* x, const Tw* w, int
                              float* y) {
   auto* k = wvec ? decompress_stream_kernel<P, true, Tw> : decompress_stream_kernel<P, false, Tw>;
   MEMRA_CUDA_RETURN_IF(allow_smem(ctx, k, s.smem));
-  k<<<s.grid, kStreamThreads, s.smem, ctx->stream>>>(x, w, T, H, d_nope, d_v, R, s.wstride,
-                                                      s.xstride, s.rows, xvec, y);
+  const int prefetch = ctx->resident_weights > 0 ? 1 : 0;  // kv_b is the layer's own upload
+  memra::cuda::launch(ctx, true, k, dim3(s.grid), dim3(kStreamThreads), s.smem, x, w, T, H, d_nope,
+      d_v, R, s.wstride, s.xstride, s.rows, xvec, y, prefetch);
   return launch_status();
 }
 
@@ -997,6 +1043,7 @@ int proj_entry(MemraCudaCtx* ctx, Proj which, const float* x, const void* kv_b, 
 template <typename Tc>
 __global__ void latent_append_kernel(const float* __restrict__ rows, int64_t n,
                                      Tc* __restrict__ dst) {
+  memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
   memra::cuda::pdl_trigger();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
@@ -1048,6 +1095,7 @@ __global__ void __launch_bounds__(kAttnThreads, 2)
                 const Tc* __restrict__ cache, const int32_t* __restrict__ list,
                 const int* __restrict__ counts, int width, AttnGeom g, float* __restrict__ o_lat,
                 float* __restrict__ po, float* __restrict__ pm, float* __restrict__ pl) {
+  memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
   memra::cuda::pdl_trigger();
   extern __shared__ float smem[];
   const int R = g.R, W = g.R + g.d_rope, Wp = padded(W), hb = g.hb;
@@ -1204,6 +1252,7 @@ __global__ void __launch_bounds__(kAttnThreads, 2)
 __global__ void attn_combine_kernel(const float* __restrict__ po, const float* __restrict__ pm,
                                     const float* __restrict__ pl, int nsplit, int64_t n_qh, int R,
                                     float* __restrict__ o_lat) {
+  memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
   memra::cuda::pdl_trigger();
   extern __shared__ float wsm[];
   const int64_t qh = blockIdx.x;
@@ -1236,6 +1285,7 @@ __global__ void attn_combine_kernel(const float* __restrict__ po, const float* _
 __global__ void __launch_bounds__(kAttnThreads)
     gather_compact_kernel(const int32_t* __restrict__ idx, int t_q, int t_kv, int width,
                           int32_t* __restrict__ list, int* __restrict__ counts) {
+  memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
   memra::cuda::pdl_trigger();
   extern __shared__ unsigned bm[];
   const int i = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -1273,8 +1323,8 @@ int launch_attn_kh(MemraCudaCtx* ctx, const float* q_lat, const float* q_pe, con
                    size_t smem, float* o_lat, float* po, float* pm, float* pl) {
   MEMRA_CUDA_RETURN_IF(allow_smem(ctx, attn_kernel<KH, Tc>, smem));
   const dim3 grid(static_cast<unsigned>(static_cast<int64_t>(g.t_q) * g.groups), g.nsplit);
-  attn_kernel<KH, Tc><<<grid, kAttnThreads, smem, ctx->stream>>>(
-      q_lat, q_pe, static_cast<const Tc*>(cache), list, counts, width, g, o_lat, po, pm, pl);
+  memra::cuda::launch(ctx, true, attn_kernel<KH, Tc>, dim3(grid), dim3(kAttnThreads), smem, q_lat,
+      q_pe, static_cast<const Tc*>(cache), list, counts, width, g, o_lat, po, pm, pl);
   return launch_status();
 }
 
@@ -1354,8 +1404,8 @@ int run_attn(MemraCudaCtx* ctx, const float* q_lat, const float* q_pe, const voi
   }
   // + 4 floats: memcheck saw the unrolled split loop read 12 bytes past an 8-byte window (loads
   // the compiler merged; their values are never used).
-  attn_combine_kernel<<<static_cast<unsigned>(n_qh), 128, sizeof(float) * (nsplit + 4), ctx->stream>>>(
-      po, pm, pl, nsplit, n_qh, R, o_lat);
+  memra::cuda::launch(ctx, true, attn_combine_kernel, dim3(static_cast<unsigned>(n_qh)), dim3(128),
+      sizeof(float) * (nsplit + 4), po, pm, pl, nsplit, n_qh, R, o_lat);
   return launch_status();
 }
 
@@ -1395,10 +1445,10 @@ int memra_cuda_mla_latent_append(MemraCudaCtx* ctx, const float* rows, int T, in
   const int64_t off = static_cast<int64_t>(start) * W;
   const unsigned blocks = std::min<unsigned>(ceil_div(n, 256), 65535u * 8);
   if (cache_dtype == 0) {
-    latent_append_kernel<float><<<blocks, 256, 0, ctx->stream>>>(rows, n,
-                                                                 static_cast<float*>(cache) + off);
+    memra::cuda::launch(ctx, true, latent_append_kernel<float>, dim3(blocks), dim3(256), 0, rows, n,
+        static_cast<float*>(cache) + off);
   } else {
-    latent_append_kernel<__nv_bfloat16><<<blocks, 256, 0, ctx->stream>>>(
+    memra::cuda::launch(ctx, true, latent_append_kernel<__nv_bfloat16>, dim3(blocks), dim3(256), 0,
         rows, n, static_cast<__nv_bfloat16*>(cache) + off);
   }
   return launch_status();
@@ -1436,8 +1486,8 @@ int memra_cuda_mla_attn_gathered(MemraCudaCtx* ctx, const float* q_lat, const fl
   MEMRA_CUDA_RETURN_IF(lists.status());
   int32_t* list = lists.as<int32_t>();
   int* counts = list + static_cast<int64_t>(t_q) * width;
-  gather_compact_kernel<<<t_q, kAttnThreads, bm_bytes, ctx->stream>>>(idx, t_q, t_kv, width, list,
-                                                                      counts);
+  memra::cuda::launch(ctx, true, gather_compact_kernel, dim3(t_q), dim3(kAttnThreads), bm_bytes,
+      idx, t_q, t_kv, width, list, counts);
   MEMRA_CUDA_RETURN_IF(launch_status());
   return run_attn(ctx, q_lat, q_pe, cache, cache_dtype, list, counts, width, H, R, d_rope, t_q,
                   t_kv, std::min(width, t_kv), scale, o_lat);

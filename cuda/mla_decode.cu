@@ -261,6 +261,7 @@ struct Tc {
 // Block (split blockIdx.x, sequence blockIdx.y, head group blockIdx.z). See the file comment.
 template <int MT, int R, bool kGather>
 __global__ void __launch_bounds__(kThreads, 1) decode_tc_kernel(DecodeArgs a) {
+  memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
   memra::cuda::pdl_trigger();
   using S = Tc<MT, R>;
   extern __shared__ __align__(128) unsigned char smem[];
@@ -540,6 +541,7 @@ size_t f32_smem_bytes(int R) {
 // 32 u) = o[r] * alpha + sum_j p_j c_j[r], j ascending, p_j broadcast from lane j by shuffle.
 template <typename Tcache, bool kGather>
 __global__ void __launch_bounds__(kThreads, 2) decode_f32_kernel(DecodeArgs a) {
+  memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
   memra::cuda::pdl_trigger();
   extern __shared__ float fsm[];
   const int R = a.R, Rp = a.R | 1;
@@ -638,6 +640,7 @@ __global__ void __launch_bounds__(kThreads, 2) decode_f32_kernel(DecodeArgs a) {
 // at least two (others were written by the attention kernel). kLog2: m in the log2 domain.
 template <bool kLog2>
 __global__ void decode_combine_kernel(DecodeArgs a) {
+  memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
   memra::cuda::pdl_trigger();
   extern __shared__ float wsm[];  // [nsplit]
   const int h = blockIdx.x, b = blockIdx.y;
@@ -671,6 +674,7 @@ __global__ void __launch_bounds__(kThreads)
     decode_compact_kernel(const int32_t* __restrict__ idx, const int32_t* __restrict__ t_kv,
                           int width, int max_t_kv, int32_t* __restrict__ list,
                           int* __restrict__ counts) {
+  memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
   memra::cuda::pdl_trigger();
   extern __shared__ unsigned bm[];
   const int b = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -688,6 +692,7 @@ template <typename Tcache>
 __global__ void append_decode_kernel(const float* __restrict__ rows, int W,
                                      void* const* __restrict__ caches,
                                      const int32_t* __restrict__ pos) {
+  memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
   memra::cuda::pdl_trigger();
   const int b = blockIdx.x;
   const int p = pos[b];
@@ -733,10 +738,12 @@ int launch_tc(MemraCudaCtx* ctx, const DecodeArgs& a, int groups) {
                   static_cast<unsigned>(groups));
   if (a.list) {
     MEMRA_CUDA_RETURN_IF(allow_smem(ctx, decode_tc_kernel<MT, R, true>, S::bytes));
-    decode_tc_kernel<MT, R, true><<<grid, kThreads, S::bytes, ctx->stream>>>(a);
+    memra::cuda::launch(ctx, true, decode_tc_kernel<MT, R, true>, dim3(grid), dim3(kThreads),
+        S::bytes, a);
   } else {
     MEMRA_CUDA_RETURN_IF(allow_smem(ctx, decode_tc_kernel<MT, R, false>, S::bytes));
-    decode_tc_kernel<MT, R, false><<<grid, kThreads, S::bytes, ctx->stream>>>(a);
+    memra::cuda::launch(ctx, true, decode_tc_kernel<MT, R, false>, dim3(grid), dim3(kThreads),
+        S::bytes, a);
   }
   return launch_status();
 }
@@ -769,10 +776,12 @@ int launch_f32(MemraCudaCtx* ctx, const DecodeArgs& a, int groups, size_t smem) 
                   static_cast<unsigned>(groups));
   if (a.list) {
     MEMRA_CUDA_RETURN_IF(allow_smem(ctx, decode_f32_kernel<Tcache, true>, smem));
-    decode_f32_kernel<Tcache, true><<<grid, kThreads, smem, ctx->stream>>>(a);
+    memra::cuda::launch(ctx, true, decode_f32_kernel<Tcache, true>, dim3(grid), dim3(kThreads),
+        smem, a);
   } else {
     MEMRA_CUDA_RETURN_IF(allow_smem(ctx, decode_f32_kernel<Tcache, false>, smem));
-    decode_f32_kernel<Tcache, false><<<grid, kThreads, smem, ctx->stream>>>(a);
+    memra::cuda::launch(ctx, true, decode_f32_kernel<Tcache, false>, dim3(grid), dim3(kThreads),
+        smem, a);
   }
   return launch_status();
 }
@@ -844,9 +853,8 @@ int memra_cuda_mla_attn_decode(MemraCudaCtx* ctx, const float* q_lat, const void
     MEMRA_CUDA_RETURN_IF(allow_smem(ctx, decode_compact_kernel, bm_bytes));
     a.list = lists.as<int32_t>();
     a.counts = lists.as<int32_t>() + static_cast<int64_t>(B) * width;
-    decode_compact_kernel<<<B, kThreads, bm_bytes, ctx->stream>>>(idx, t_kv, width, max_t_kv,
-                                                                 const_cast<int32_t*>(a.list),
-                                                                 const_cast<int*>(a.counts));
+    memra::cuda::launch(ctx, true, decode_compact_kernel, dim3(B), dim3(kThreads), bm_bytes, idx,
+        t_kv, width, max_t_kv, const_cast<int32_t*>(a.list), const_cast<int*>(a.counts));
     MEMRA_CUDA_RETURN_IF(launch_status());
   }
 
@@ -899,10 +907,11 @@ int memra_cuda_mla_attn_decode(MemraCudaCtx* ctx, const float* q_lat, const void
     const size_t wbytes = sizeof(float) * (a.nsplit + 4);  // + 4: as mla.cu's attn_combine
     if (tc) {
       MEMRA_CUDA_RETURN_IF(allow_smem(ctx, decode_combine_kernel<true>, wbytes));
-      decode_combine_kernel<true><<<grid, 128, wbytes, ctx->stream>>>(a);
+      memra::cuda::launch(ctx, true, decode_combine_kernel<true>, dim3(grid), dim3(128), wbytes, a);
     } else {
       MEMRA_CUDA_RETURN_IF(allow_smem(ctx, decode_combine_kernel<false>, wbytes));
-      decode_combine_kernel<false><<<grid, 128, wbytes, ctx->stream>>>(a);
+      memra::cuda::launch(ctx, true, decode_combine_kernel<false>, dim3(grid), dim3(128), wbytes,
+          a);
     }
     MEMRA_CUDA_RETURN_IF(launch_status());
   }
@@ -918,9 +927,11 @@ int memra_cuda_mla_latent_append_decode(MemraCudaCtx* ctx, const float* rows, in
   if (!rows || !caches || !pos) return memra::kContractMissing;
   const int threads = std::min(256, ((W + 31) / 32) * 32);
   if (cache_dtype == 0) {
-    append_decode_kernel<float><<<B, threads, 0, ctx->stream>>>(rows, W, caches, pos);
+    memra::cuda::launch(ctx, true, append_decode_kernel<float>, dim3(B), dim3(threads), 0, rows, W,
+        caches, pos);
   } else {
-    append_decode_kernel<__nv_bfloat16><<<B, threads, 0, ctx->stream>>>(rows, W, caches, pos);
+    memra::cuda::launch(ctx, true, append_decode_kernel<__nv_bfloat16>, dim3(B), dim3(threads), 0,
+        rows, W, caches, pos);
   }
   return launch_status();
 }

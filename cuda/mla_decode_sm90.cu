@@ -248,6 +248,7 @@ __device__ __forceinline__ void wgmma_rs_n256_tb(float (&d)[128], const uint32_t
 // Block (split blockIdx.x, sequence blockIdx.y). See the file comment.
 template <int TR, int NST>
 __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_kernel(const Sm90Args a) {
+  memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh); triggers below
   using C = Cfg<TR, NST>;
   extern __shared__ unsigned char smem_raw[];
   const uint32_t raw = smem_u32(smem_raw);
@@ -482,11 +483,11 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_kernel(const Sm9
 // w_s = exp2(m_s - max m) and 1 / sum_s w_s l_s; thread t then writes columns 4t .. 4t + 3 of
 // the 4 heads. Shared: weights [4][nsplit] + inverse sums [4].
 __global__ void __launch_bounds__(128) mla_combine_kernel(const Sm90Args a) {
+  // Launched as a programmatic dependent: wait until the attention grid has completed and its
+  // writes are visible (returns at once for an ordinary launch).
+  memra::cuda::pdl_wait();
   memra::cuda::pdl_trigger();
   extern __shared__ float wsm[];
-  // Launched with programmatic stream serialization: wait until the attention grid has completed
-  // and its writes are visible (returns at once for an ordinary launch).
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
   const int b = blockIdx.y, h0 = blockIdx.x * kCombineHeads;
   const int n = min(max(a.t_kv[b], 0), a.max_t_kv);
   const int nsb = n > 0 ? (n + a.chunk - 1) / a.chunk : 0;
@@ -548,7 +549,8 @@ int launch(MemraCudaCtx* ctx, const Sm90Args& a, int B) {
   MEMRA_CUDA_RETURN_IF(status_of(cudaFuncSetAttribute(
       mla_decode_wgmma_kernel<TR, NST>, cudaFuncAttributeMaxDynamicSharedMemorySize, C::bytes)));
   const dim3 grid(static_cast<unsigned>(a.nsplit), static_cast<unsigned>(B));
-  mla_decode_wgmma_kernel<TR, NST><<<grid, kThreads, C::bytes, ctx->stream>>>(a);
+  memra::cuda::launch(ctx, true, mla_decode_wgmma_kernel<TR, NST>, grid, dim3(kThreads), C::bytes,
+                      a);
   return launch_status();
 }
 

@@ -256,6 +256,7 @@ __device__ int block_first(int lo, int hi, Pred pred, int* slot) {
 
 __global__ void __launch_bounds__(kThreads)
     greedy_kernel(const float* __restrict__ logits, int V, int32_t* __restrict__ out) {
+  memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
   memra::cuda::pdl_trigger();
   __shared__ ArgBest red[kThreads / 32];
   const int64_t b = blockIdx.x;
@@ -272,6 +273,7 @@ constexpr int kGreedyThreads = 256;
 
 __global__ void __launch_bounds__(kGreedyThreads)
     greedy_partial_kernel(const float* __restrict__ logits, int V, ArgBest* __restrict__ part) {
+  memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
   memra::cuda::pdl_trigger();
   __shared__ ArgBest red[kGreedyThreads / 32];
   const int s = blockIdx.x;
@@ -285,6 +287,7 @@ __global__ void __launch_bounds__(kGreedyThreads)
 __global__ void greedy_final_kernel(const float* __restrict__ logits, int V,
                                     const ArgBest* __restrict__ part, int S,
                                     int32_t* __restrict__ out) {
+  memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
   memra::cuda::pdl_trigger();
   const int64_t b = blockIdx.x;
   const int lane = threadIdx.x;
@@ -314,6 +317,7 @@ struct KeyBits {
 __global__ void __launch_bounds__(kSpanThreads)
     sample_max_kernel(const float* __restrict__ logits, int V, float temperature,
                       float* __restrict__ part) {
+  memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
   memra::cuda::pdl_trigger();
   __shared__ float red[kSpanThreads / 32];
   const int c = blockIdx.y;
@@ -340,6 +344,7 @@ __global__ void __launch_bounds__(kSpanThreads)
     sample_esum_kernel(const float* __restrict__ logits, int V, float temperature,
                        const float* __restrict__ part, int nb, float* __restrict__ e,
                        float* __restrict__ se) {
+  memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
   memra::cuda::pdl_trigger();
   __shared__ __align__(16) float buf[kBlocksPerSpan * kRowStride];
   __shared__ float m_shared;
@@ -380,6 +385,7 @@ __global__ void __launch_bounds__(kSpanThreads)
                        const float* __restrict__ se, int nb, KeyBits kb,
                        uint64_t* __restrict__ keys, int* __restrict__ done,
                        int32_t* __restrict__ out) {
+  memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
   memra::cuda::pdl_trigger();
   __shared__ __align__(16) float stage[kStage];
   __shared__ ArgBest red[kSpanThreads / 32];
@@ -423,6 +429,7 @@ __device__ __forceinline__ float p_of_key(uint64_t key, KeyBits kb) {
 __global__ void __launch_bounds__(kSpanThreads)
     sample_psum_kernel(const uint64_t* __restrict__ keys, int V, int k, KeyBits kb, int nb,
                        const int* __restrict__ done, float* __restrict__ sp) {
+  memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
   memra::cuda::pdl_trigger();
   __shared__ __align__(16) float buf[kBlocksPerSpan * kRowStride];
   const int c = blockIdx.y;
@@ -447,6 +454,7 @@ __global__ void __launch_bounds__(kSpanThreads)
     sample_qsum_kernel(const uint64_t* __restrict__ keys, int V, int k, KeyBits kb, int nb,
                        const int* __restrict__ done, const float* __restrict__ sp,
                        float* __restrict__ mk, float* __restrict__ w, float* __restrict__ sq) {
+  memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
   memra::cuda::pdl_trigger();
   __shared__ __align__(16) float buf[kBlocksPerSpan * kRowStride];
   __shared__ float result;
@@ -485,6 +493,7 @@ __global__ void __launch_bounds__(kThreads)
                          const int* __restrict__ done, const float* __restrict__ sq,
                          const float* __restrict__ mk, const float* __restrict__ w, float* pg,
                          int32_t* __restrict__ out) {
+  memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
   memra::cuda::pdl_trigger();
   __shared__ __align__(16) float stage[kStage];
   __shared__ float result;
@@ -562,16 +571,17 @@ extern "C" int memra_cuda_sample(MemraCudaCtx* ctx, const float* logits, int B, 
   if (!logits || !out) return memra::kContractMissing;
   if (temperature <= 0.0f) {
     if (V <= 4 * kGreedyChunk) {
-      greedy_kernel<<<B, kThreads, 0, ctx->stream>>>(logits, V, out);
+      memra::cuda::launch(ctx, true, greedy_kernel, dim3(B), dim3(kThreads), 0, logits, V, out);
       return launch_status();
     }
     const int S = static_cast<int>(ceil_div(V, kGreedyChunk));
     Scratch part(ctx, sizeof(ArgBest) * static_cast<size_t>(S) * B);
     MEMRA_CUDA_RETURN_IF(part.status());
-    greedy_partial_kernel<<<dim3(S, B), kGreedyThreads, 0, ctx->stream>>>(logits, V,
-                                                                        part.as<ArgBest>());
+    memra::cuda::launch(ctx, true, greedy_partial_kernel, dim3(dim3(S, B)), dim3(kGreedyThreads), 0,
+        logits, V, part.as<ArgBest>());
     MEMRA_CUDA_RETURN_IF(launch_status());
-    greedy_final_kernel<<<B, 32, 0, ctx->stream>>>(logits, V, part.as<ArgBest>(), S, out);
+    memra::cuda::launch(ctx, true, greedy_final_kernel, dim3(B), dim3(32), 0, logits, V,
+        part.as<ArgBest>(), S, out);
     return launch_status();
   }
   if (!counters) return memra::kContractMissing;
@@ -620,25 +630,25 @@ extern "C" int memra_cuda_sample(MemraCudaCtx* ctx, const float* logits, int B, 
   void* temp = take(align_up(temp_bytes));
 
   const dim3 grid(B, spans);
-  sample_max_kernel<<<grid, kSpanThreads, 0, ctx->stream>>>(logits, V, temperature, part);
+  memra::cuda::launch(ctx, true, sample_max_kernel, dim3(grid), dim3(kSpanThreads), 0, logits, V,
+      temperature, part);
   MEMRA_CUDA_RETURN_IF(launch_status());
-  sample_esum_kernel<<<grid, kSpanThreads, 0, ctx->stream>>>(logits, V, temperature, part, nb,
-                                                             vals, se);
+  memra::cuda::launch(ctx, true, sample_esum_kernel, dim3(grid), dim3(kSpanThreads), 0, logits, V,
+      temperature, part, nb, vals, se);
   MEMRA_CUDA_RETURN_IF(launch_status());
-  sample_keys_kernel<<<grid, kSpanThreads, 0, ctx->stream>>>(logits, V, vals, se, nb, kb, keys0,
-                                                             done, out);
+  memra::cuda::launch(ctx, true, sample_keys_kernel, dim3(grid), dim3(kSpanThreads), 0, logits, V,
+      vals, se, nb, kb, keys0, done, out);
   MEMRA_CUDA_RETURN_IF(launch_status());
   cub::DoubleBuffer<uint64_t> sorted(keys0, keys1);
   MEMRA_CUDA_RETURN_IF(status_of(cub::DeviceRadixSort::SortKeys(
       temp, temp_bytes, sorted, total, 0, end_bit, ctx->stream)));
-  sample_psum_kernel<<<grid, kSpanThreads, 0, ctx->stream>>>(sorted.Current(), V, k, kb, nb, done,
-                                                             sp);
+  memra::cuda::launch(ctx, true, sample_psum_kernel, dim3(grid), dim3(kSpanThreads), 0,
+      sorted.Current(), V, k, kb, nb, done, sp);
   MEMRA_CUDA_RETURN_IF(launch_status());
-  sample_qsum_kernel<<<grid, kSpanThreads, 0, ctx->stream>>>(sorted.Current(), V, k, kb, nb, done,
-                                                             sp, mk, vals, sq);
+  memra::cuda::launch(ctx, true, sample_qsum_kernel, dim3(grid), dim3(kSpanThreads), 0,
+      sorted.Current(), V, k, kb, nb, done, sp, mk, vals, sq);
   MEMRA_CUDA_RETURN_IF(launch_status());
-  sample_select_kernel<<<B, kThreads, 0, ctx->stream>>>(sorted.Current(), V, k, top_p, seed,
-                                                        seeds, counters, kb, nb, done, sq, mk,
-                                                        vals, pg, out);
+  memra::cuda::launch(ctx, true, sample_select_kernel, dim3(B), dim3(kThreads), 0, sorted.Current(),
+      V, k, top_p, seed, seeds, counters, kb, nb, done, sq, mk, vals, pg, out);
   return launch_status();
 }

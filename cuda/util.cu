@@ -11,6 +11,7 @@ using memra::cuda::launch_status;
 namespace {
 
 __global__ void add_kernel(const float* a, const float* b, int64_t n, float* y) {
+  memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
   memra::cuda::pdl_trigger();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
@@ -22,6 +23,7 @@ __global__ void add_kernel(const float* a, const float* b, int64_t n, float* y) 
 // One launch where n strided copies took n graph nodes (~1 us each at decode).
 __global__ void hc_expand_kernel(const float* __restrict__ x, int64_t T, int D, int n,
                                  float* __restrict__ out) {
+  memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
   memra::cuda::pdl_trigger();
   const int d = blockIdx.x * blockDim.x + threadIdx.x;
   if (d >= D) return;
@@ -40,7 +42,7 @@ int memra_cuda_add(MemraCudaCtx* ctx, const float* a, const float* b, int64_t n,
   MEMRA_CUDA_RETURN_IF(enter(ctx));
   if (n <= 0) return memra::kOk;
   const unsigned blocks = std::min<unsigned>(ceil_div(n, 256), 4096u);
-  add_kernel<<<blocks, 256, 0, ctx->stream>>>(a, b, n, y);
+  memra::cuda::launch(ctx, true, add_kernel, dim3(blocks), dim3(256), 0, a, b, n, y);
   return launch_status();
 }
 
@@ -50,7 +52,7 @@ int memra_cuda_hc_expand(MemraCudaCtx* ctx, const float* x, int T, int D, int n,
   if (T == 0 || D == 0 || n == 0) return memra::kOk;
   if (!x || !out) return memra::kContractMissing;
   const dim3 grid(ceil_div(D, 256), static_cast<unsigned>(T < 65535 ? T : 65535));
-  hc_expand_kernel<<<grid, 256, 0, ctx->stream>>>(x, T, D, n, out);
+  memra::cuda::launch(ctx, true, hc_expand_kernel, grid, dim3(256), 0, x, T, D, n, out);
   return launch_status();
 }
 
