@@ -317,12 +317,14 @@ __device__ __forceinline__ void order_slots(const int32_t* it, int top_k, int E,
   order[top_k] = n;
 }
 
-// Kernel B. grid (T, ceil(D / kWarps)); dynamic shared memory: top_k + 1 ints. Thread 0 orders
-// the token's valid slots by (expert id, slot) (the CPU visits experts in ascending id and, for a
-// repeated id, the slots in ascending order); warp w then computes output row
-// d = by * kWarps + w: y[t, d] = 0 + sum over the ordered slots of (down_w[e, d] . h[p]) * w[p],
-// each product and sum rounded separately as on the CPU.
-template <typename W, bool VEC>
+// Kernel B. grid (T, ceil(D / (kWarps * RPW))); dynamic shared memory: top_k + 1 ints. Thread 0
+// orders the token's valid slots by (expert id, slot) (the CPU visits experts in ascending id
+// and, for a repeated id, the slots in ascending order); warp w then computes the RPW output rows
+// d = (by * kWarps + w) * RPW + r: y[t, d] = 0 + sum over the ordered slots of
+// (down_w[e, d] . h[p]) * w[p], each product and sum rounded separately as on the CPU. A warp's
+// rows share each load of h[p] (h is f32 and re-read by every warp: with one row a warp, its
+// reads doubled the weight's bytes through L1); every row's chain is the same at any RPW.
+template <typename W, bool VEC, int RPW>
 __global__ void __launch_bounds__(kWarps * 32)
     moe_down_kernel(const float* __restrict__ h, const int32_t* __restrict__ topk_idx,
                     const float* __restrict__ topk_w, int top_k, const W* __restrict__ down_w,
@@ -335,33 +337,73 @@ __global__ void __launch_bounds__(kWarps * 32)
   if (threadIdx.x == 0) order_slots(it, top_k, E, order);
   __syncthreads();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int d = blockIdx.y * kWarps + warp;
-  if (d >= D) return;
+  const int d0 = (blockIdx.y * kWarps + warp) * RPW;
+  if (d0 >= D) return;
   const int n = order[top_k];
-  float acc = 0.0f;
+  float acc[RPW];
+#pragma unroll
+  for (int r = 0; r < RPW; ++r) acc[r] = 0.0f;
   for (int s = 0; s < n; ++s) {
     const int j = order[s];
     const int64_t p = t * top_k + j;
     const float* hp = h + p * I;
-    const W* wr = down_w + (static_cast<int64_t>(it[j]) * D + d) * I;
-    float a = 0.0f;
+    const W* wr[RPW];
+#pragma unroll
+    for (int r = 0; r < RPW; ++r) {
+      // Rows past D (a ragged last warp) re-read row d0 and are never stored.
+      wr[r] = down_w + (static_cast<int64_t>(it[j]) * D + (d0 + r < D ? d0 + r : d0)) * I;
+    }
+    float a[RPW];
+#pragma unroll
+    for (int r = 0; r < RPW; ++r) a[r] = 0.0f;
     if constexpr (VEC) {
       for (int c = lane * 8; c < I; c += 32 * 8) {
-        float hv[8], wv[8];
+        float hv[8], wv[RPW][8];
         load8x(hp + c, hv);
-        load8<W>(wr + c, wv);
 #pragma unroll
-        for (int k = 0; k < 8; ++k) a = fmaf(wv[k], hv[k], a);
+        for (int r = 0; r < RPW; ++r) load8<W>(wr[r] + c, wv[r]);
+#pragma unroll
+        for (int r = 0; r < RPW; ++r) {
+#pragma unroll
+          for (int k = 0; k < 8; ++k) a[r] = fmaf(wv[r][k], hv[k], a[r]);
+        }
       }
     } else {
-      for (int c = lane; c < I; c += 32) a = fmaf(to_f32(wr[c]), hp[c], a);
+      for (int c = lane; c < I; c += 32) {
+        const float hc = hp[c];
+#pragma unroll
+        for (int r = 0; r < RPW; ++r) a[r] = fmaf(to_f32(wr[r][c]), hc, a[r]);
+      }
     }
-    a = warp_sum(a);
-    acc = __fadd_rn(acc, __fmul_rn(a, topk_w[p]));
+    const float wp = topk_w[p];
+#pragma unroll
+    for (int r = 0; r < RPW; ++r) acc[r] = __fadd_rn(acc[r], __fmul_rn(warp_sum(a[r]), wp));
   }
-  if (lane == 0) y[t * D + d] = acc;
+  if (lane == 0) {
+#pragma unroll
+    for (int r = 0; r < RPW; ++r) {
+      if (d0 + r < D) y[t * D + d0 + r] = acc[r];
+    }
+  }
 }
 
+// Kernel B at RPW rows a warp (MEMRA_MOE_DOWN_ROWS: 1, 2 or 4; else 2).
+template <typename W, bool VEC>
+int launch_moe_down(MemraCudaCtx* ctx, int T, int top_k, const float* h, const int32_t* topk_idx,
+                    const float* topk_w, const W* dw, int E, int I, int D, float* y) {
+  const size_t smem = sizeof(int) * (static_cast<size_t>(top_k) + 1);
+  auto go = [&](auto rpw) {
+    constexpr int RPW = decltype(rpw)::value;
+    const dim3 grid(static_cast<unsigned>(T), ceil_div(D, kWarps * RPW));
+    return memra::cuda::launch(ctx, true, moe_down_kernel<W, VEC, RPW>, grid, dim3(kWarps * 32),
+                               smem, h, topk_idx, topk_w, top_k, dw, E, I, D, y);
+  };
+  switch (ctx->moe_down_rows) {
+    case 1: return go(std::integral_constant<int, 1>());
+    case 4: return go(std::integral_constant<int, 4>());
+    default: return go(std::integral_constant<int, 2>());
+  }
+}
 
 template <typename W>
 int launch_moe(MemraCudaCtx* ctx, const float* x, int T, int D, const int32_t* topk_idx,
@@ -382,16 +424,10 @@ int launch_moe(MemraCudaCtx* ctx, const float* x, int T, int D, const int32_t* t
         topk_idx, top_k, g, u, E, I, limit, h);
   }
   MEMRA_CUDA_RETURN_IF(launch_status());
-  const dim3 grid_b(static_cast<unsigned>(T), ceil_div(D, kWarps));
-  const size_t smem = sizeof(int) * (static_cast<size_t>(top_k) + 1);
   const bool vec_b = I % 8 == 0 && aligned16(h) && aligned16(dw);
-  if (vec_b) {
-    memra::cuda::launch(ctx, true, moe_down_kernel<W, true>, dim3(grid_b), dim3(block), smem, h,
-        topk_idx, topk_w, top_k, dw, E, I, D, y);
-  } else {
-    memra::cuda::launch(ctx, true, moe_down_kernel<W, false>, dim3(grid_b), dim3(block), smem, h,
-        topk_idx, topk_w, top_k, dw, E, I, D, y);
-  }
+  const int rc = vec_b ? launch_moe_down<W, true>(ctx, T, top_k, h, topk_idx, topk_w, dw, E, I, D, y)
+                      : launch_moe_down<W, false>(ctx, T, top_k, h, topk_idx, topk_w, dw, E, I, D, y);
+  MEMRA_CUDA_RETURN_IF(rc);
   return launch_status();
 }
 

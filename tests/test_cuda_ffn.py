@@ -476,6 +476,27 @@ def test_moe_forward_grouped_equals_per_pair_kernels(e, monkeypatch, E, D, I, k,
     scaled_close(grouped, moe_cpu(x, idx, w, g, u, d, 1.5), rtol=1e-5, atol_rel=1e-5)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("E,D,I,k", [(32, 520, 264, 8), (7, 13, 21, 3), (8, 61, 48, 4)])
+def test_moe_down_rows_per_warp_keep_the_bytes(monkeypatch, E, D, I, k, dtype):
+    """The per-pair down kernel at 1, 2 and 4 output rows a warp (MEMRA_MOE_DOWN_ROWS, read when
+    an Engine is made; D = 61, 13: a ragged last warp), with repeated ids: the same bytes."""
+    r = rng(E + D + I + (dtype == "bfloat16"))
+    g, u, d = experts(r, E, D, I, dtype)
+    x = randn(r, 1, D, scale=2.0)
+    idx, w = skewed_routing(r, 1, E, k)
+    idx[0, -1] = idx[0, 0]  # a repeated id
+    outs = []
+    for rows in ("1", "2", "4"):
+        monkeypatch.setenv("MEMRA_MOE_DOWN_ROWS", rows)
+        eng = memra.Engine("cuda")
+        monkeypatch.delenv("MEMRA_MOE_DOWN_ROWS")
+        outs.append(moe_gpu(eng, x, idx, w, g, u, d, 1.5, dtype))
+    np.testing.assert_array_equal(outs[1], outs[0])
+    np.testing.assert_array_equal(outs[2], outs[0])
+    scaled_close(outs[0], moe_cpu(x, idx, w, g, u, d, 1.5), rtol=1e-5, atol_rel=1e-5)
+
+
 def test_moe_forward_contract_errors(e):
     r = rng(8)
     E, D, I, k = 3, 8, 16, 2
