@@ -253,27 +253,52 @@ __device__ __forceinline__ void load8<__half>(const __half* p, float (&o)[8]) {
 // Eight consecutive activations (f32, 16-byte aligned).
 __device__ __forceinline__ void load8x(const float* p, float (&o)[8]) { load8<float>(p, o); }
 
+// v rounded to W (RNE) and back: what a GEMM over W weights multiplies (identity for f32).
+template <typename W>
+__device__ __forceinline__ float round_to_w(float v) { return v; }
+template <>
+__device__ __forceinline__ float round_to_w<__nv_bfloat16>(float v) {
+  return __bfloat162float(__float2bfloat16_rn(v));
+}
+template <>
+__device__ __forceinline__ float round_to_w<__half>(float v) { return __half2float(__float2half_rn(v)); }
+
+// The shared expert riding in the per-pair kernels as one more slot per token
+// (memra_cuda_moe_forward_shared): gate, up [I, D]; down [D, I]; its own limit. down == null: none.
+// Its inputs are rounded to W as swiglu_mlp's GEMMs round them (x, and h before the down GEMM).
+template <typename W>
+struct SharedExpert {
+  const W* gate = nullptr;
+  const W* up = nullptr;
+  const W* down = nullptr;
+  float limit = 0.0f;
+};
+
 // Kernel A. grid (P = T * top_k, ceil(I / kWarps)); warp w of block (p, by) computes row
 // i = by * kWarps + w of slot p: h[p, i] = clamped_swiglu(gate_w[e, i] . x_t, up_w[e, i] . x_t)
 // with e = topk_idx[p], t = p / top_k. Slots with an id outside [0, E) are skipped (h unused).
 // VEC: D % 8 == 0 and 16-byte aligned bases: each lane reads 8 weights per row per step.
+// Slots p >= P (= T * top_k) are the shared expert of token p - P (sh.down set; x and h rounded
+// to W).
 template <typename W, bool VEC>
 __global__ void __launch_bounds__(kWarps * 32)
     moe_gate_up_kernel(const float* __restrict__ x, int D, const int32_t* __restrict__ topk_idx,
                        int top_k, const W* __restrict__ gate_w, const W* __restrict__ up_w,
-                       int E, int I, float limit, float* __restrict__ h) {
+                       int E, int I, float limit, float* __restrict__ h, int64_t P,
+                       SharedExpert<W> sh) {
   memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
   memra::cuda::pdl_trigger();
   const int64_t p = blockIdx.x;
-  const int e = topk_idx[p];
+  const bool shared = p >= P;
+  const int e = shared ? 0 : topk_idx[p];
   if (e < 0 || e >= E) return;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int i = blockIdx.y * kWarps + warp;
   if (i >= I) return;
-  const float* xt = x + (p / top_k) * D;
+  const float* xt = x + (shared ? p - P : p / top_k) * D;
   const int64_t row = (static_cast<int64_t>(e) * I + i) * D;
-  const W* g = gate_w + row;
-  const W* u = up_w + row;
+  const W* g = shared ? sh.gate + static_cast<int64_t>(i) * D : gate_w + row;
+  const W* u = shared ? sh.up + static_cast<int64_t>(i) * D : up_w + row;
   float ag = 0.0f, au = 0.0f;
   if constexpr (VEC) {
     for (int c = lane * 8; c < D; c += 32 * 8) {
@@ -281,6 +306,10 @@ __global__ void __launch_bounds__(kWarps * 32)
       load8x(xt + c, xv);
       load8<W>(g + c, gv);
       load8<W>(u + c, uv);
+      if (shared) {
+#pragma unroll
+        for (int k = 0; k < 8; ++k) xv[k] = round_to_w<W>(xv[k]);
+      }
 #pragma unroll
       for (int k = 0; k < 8; ++k) {
         ag = fmaf(gv[k], xv[k], ag);
@@ -289,14 +318,17 @@ __global__ void __launch_bounds__(kWarps * 32)
     }
   } else {
     for (int c = lane; c < D; c += 32) {
-      const float xv = xt[c];
+      const float xv = shared ? round_to_w<W>(xt[c]) : xt[c];
       ag = fmaf(to_f32(g[c]), xv, ag);
       au = fmaf(to_f32(u[c]), xv, au);
     }
   }
   ag = warp_sum(ag);
   au = warp_sum(au);
-  if (lane == 0) h[p * I + i] = clamped_swiglu(ag, au, limit);
+  if (lane == 0) {
+    h[p * I + i] = shared ? round_to_w<W>(clamped_swiglu(ag, au, sh.limit))
+                          : clamped_swiglu(ag, au, limit);
+  }
 }
 
 // One token's valid slots (ids in [0, E)) ordered by (expert id, slot), as the CPU visits
@@ -324,11 +356,13 @@ __device__ __forceinline__ void order_slots(const int32_t* it, int top_k, int E,
 // (down_w[e, d] . h[p]) * w[p], each product and sum rounded separately as on the CPU. A warp's
 // rows share each load of h[p] (h is f32 and re-read by every warp: with one row a warp, its
 // reads doubled the weight's bytes through L1); every row's chain is the same at any RPW.
+// With a shared expert (sh.down), y[t, d] = (sh.down[d] . h[P + t]) + that routed sum, the
+// shared expert's output plus the routed one (swiglu_mlp_add's s + bias).
 template <typename W, bool VEC, int RPW>
 __global__ void __launch_bounds__(kWarps * 32)
     moe_down_kernel(const float* __restrict__ h, const int32_t* __restrict__ topk_idx,
                     const float* __restrict__ topk_w, int top_k, const W* __restrict__ down_w,
-                    int E, int I, int D, float* __restrict__ y) {
+                    int E, int I, int D, float* __restrict__ y, int64_t P, SharedExpert<W> sh) {
   memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
   memra::cuda::pdl_trigger();
   extern __shared__ int order[];  // [top_k] ordered slots, then the count
@@ -343,15 +377,19 @@ __global__ void __launch_bounds__(kWarps * 32)
   float acc[RPW];
 #pragma unroll
   for (int r = 0; r < RPW; ++r) acc[r] = 0.0f;
-  for (int s = 0; s < n; ++s) {
-    const int j = order[s];
-    const int64_t p = t * top_k + j;
+  // Slot s < n: routed slot order[s] (weight topk_w); s == n: the shared expert (weight-free).
+  const int slots = n + (sh.down ? 1 : 0);
+  for (int s = 0; s < slots; ++s) {
+    const bool shared = s == n;
+    const int j = shared ? 0 : order[s];
+    const int64_t p = shared ? P + t : t * top_k + j;
     const float* hp = h + p * I;
     const W* wr[RPW];
 #pragma unroll
     for (int r = 0; r < RPW; ++r) {
       // Rows past D (a ragged last warp) re-read row d0 and are never stored.
-      wr[r] = down_w + (static_cast<int64_t>(it[j]) * D + (d0 + r < D ? d0 + r : d0)) * I;
+      const int64_t d = d0 + r < D ? d0 + r : d0;
+      wr[r] = shared ? sh.down + d * I : down_w + (static_cast<int64_t>(it[j]) * D + d) * I;
     }
     float a[RPW];
 #pragma unroll
@@ -375,9 +413,14 @@ __global__ void __launch_bounds__(kWarps * 32)
         for (int r = 0; r < RPW; ++r) a[r] = fmaf(to_f32(wr[r][c]), hc, a[r]);
       }
     }
-    const float wp = topk_w[p];
+    if (shared) {
 #pragma unroll
-    for (int r = 0; r < RPW; ++r) acc[r] = __fadd_rn(acc[r], __fmul_rn(warp_sum(a[r]), wp));
+      for (int r = 0; r < RPW; ++r) acc[r] = __fadd_rn(warp_sum(a[r]), acc[r]);
+    } else {
+      const float wp = topk_w[p];
+#pragma unroll
+      for (int r = 0; r < RPW; ++r) acc[r] = __fadd_rn(acc[r], __fmul_rn(warp_sum(a[r]), wp));
+    }
   }
   if (lane == 0) {
 #pragma unroll
@@ -390,13 +433,15 @@ __global__ void __launch_bounds__(kWarps * 32)
 // Kernel B at RPW rows a warp (MEMRA_MOE_DOWN_ROWS: 1, 2 or 4; else 2).
 template <typename W, bool VEC>
 int launch_moe_down(MemraCudaCtx* ctx, int T, int top_k, const float* h, const int32_t* topk_idx,
-                    const float* topk_w, const W* dw, int E, int I, int D, float* y) {
+                    const float* topk_w, const W* dw, int E, int I, int D, float* y,
+                    const SharedExpert<W>& sh) {
   const size_t smem = sizeof(int) * (static_cast<size_t>(top_k) + 1);
   auto go = [&](auto rpw) {
     constexpr int RPW = decltype(rpw)::value;
     const dim3 grid(static_cast<unsigned>(T), ceil_div(D, kWarps * RPW));
     return memra::cuda::launch(ctx, true, moe_down_kernel<W, VEC, RPW>, grid, dim3(kWarps * 32),
-                               smem, h, topk_idx, topk_w, top_k, dw, E, I, D, y);
+                               smem, h, topk_idx, topk_w, top_k, dw, E, I, D, y,
+                               static_cast<int64_t>(T) * top_k, sh);
   };
   switch (ctx->moe_down_rows) {
     case 1: return go(std::integral_constant<int, 1>());
@@ -405,28 +450,31 @@ int launch_moe_down(MemraCudaCtx* ctx, int T, int top_k, const float* h, const i
   }
 }
 
+// h [T * top_k (+ T with a shared expert), I] f32 scratch.
 template <typename W>
 int launch_moe(MemraCudaCtx* ctx, const float* x, int T, int D, const int32_t* topk_idx,
                const float* topk_w, int top_k, const void* gate_w, const void* up_w,
-               const void* down_w, int E, int I, float limit, float* h, float* y) {
+               const void* down_w, int E, int I, float limit, float* h, float* y,
+               const SharedExpert<W>& sh = {}) {
   const W* g = static_cast<const W*>(gate_w);
   const W* u = static_cast<const W*>(up_w);
   const W* dw = static_cast<const W*>(down_w);
   const int64_t P = static_cast<int64_t>(T) * top_k;
   const dim3 block(kWarps * 32);
-  const dim3 grid_a(static_cast<unsigned>(P), ceil_div(I, kWarps));
-  const bool vec_a = D % 8 == 0 && aligned16(x) && aligned16(g) && aligned16(u);
+  const dim3 grid_a(static_cast<unsigned>(P + (sh.down ? T : 0)), ceil_div(I, kWarps));
+  const bool vec_a = D % 8 == 0 && aligned16(x) && aligned16(g) && aligned16(u) &&
+                     (!sh.down || (aligned16(sh.gate) && aligned16(sh.up)));
   if (vec_a) {
     memra::cuda::launch(ctx, true, moe_gate_up_kernel<W, true>, dim3(grid_a), dim3(block), 0, x, D,
-        topk_idx, top_k, g, u, E, I, limit, h);
+        topk_idx, top_k, g, u, E, I, limit, h, P, sh);
   } else {
     memra::cuda::launch(ctx, true, moe_gate_up_kernel<W, false>, dim3(grid_a), dim3(block), 0, x, D,
-        topk_idx, top_k, g, u, E, I, limit, h);
+        topk_idx, top_k, g, u, E, I, limit, h, P, sh);
   }
   MEMRA_CUDA_RETURN_IF(launch_status());
-  const bool vec_b = I % 8 == 0 && aligned16(h) && aligned16(dw);
-  const int rc = vec_b ? launch_moe_down<W, true>(ctx, T, top_k, h, topk_idx, topk_w, dw, E, I, D, y)
-                      : launch_moe_down<W, false>(ctx, T, top_k, h, topk_idx, topk_w, dw, E, I, D, y);
+  const bool vec_b = I % 8 == 0 && aligned16(h) && aligned16(dw) && (!sh.down || aligned16(sh.down));
+  const int rc = vec_b ? launch_moe_down<W, true>(ctx, T, top_k, h, topk_idx, topk_w, dw, E, I, D, y, sh)
+                      : launch_moe_down<W, false>(ctx, T, top_k, h, topk_idx, topk_w, dw, E, I, D, y, sh);
   MEMRA_CUDA_RETURN_IF(rc);
   return launch_status();
 }
@@ -1071,6 +1119,55 @@ int memra_cuda_moe_forward(MemraCudaCtx* ctx, const float* x, int T, int D,
     default:
       return launch_moe<__half>(ctx, x, T, D, topk_idx, topk_w, top_k, gate_w, up_w, down_w, E,
                                 I, limit, h.as<float>(), y);
+  }
+}
+
+int memra_cuda_moe_forward_shared(MemraCudaCtx* ctx, const float* x, int T, int D,
+                                  const int32_t* topk_idx, const float* topk_w, int top_k,
+                                  const void* gate_w, const void* up_w, const void* down_w,
+                                  int w_dtype, int E, int I, float limit,
+                                  const void* shared_gate_w, const void* shared_up_w,
+                                  const void* shared_down_w, int shared_I, float shared_limit,
+                                  float* y) {
+  MEMRA_CUDA_RETURN_IF(enter(ctx));
+  if (T < 0 || D < 0 || I < 0 || E < 0 || top_k < 0 || shared_I < 0) return memra::kContractValue;
+  if (w_dtype < 0 || w_dtype > 2) return memra::kContractDType;
+  if (!(limit > 0.0f) || !(shared_limit > 0.0f)) return memra::kContractValue;
+  if (T == 0 || D == 0) return memra::kOk;
+  if (!x || !y || !shared_gate_w || !shared_up_w || !shared_down_w) return memra::kContractMissing;
+  // One more slot per token in the per-pair kernels: the path moe_forward takes at this T, the
+  // shared expert as wide as a routed one, and something routed to add it to.
+  const bool fused = top_k > 0 && I > 0 && E > 0 && shared_I == I && topk_idx && topk_w &&
+                     gate_w && up_w && down_w &&
+                     !(T >= grouped_min_t() && grouped_fits(T, top_k, E)) &&
+                     static_cast<int64_t>(T) * (top_k + 1) <= 0x7fffffffLL &&
+                     ceil_div(I, kWarps) <= 65535u && ceil_div(D, kWarps) <= 65535u &&
+                     sizeof(int) * (static_cast<size_t>(top_k) + 1) <= 48 * 1024;
+  if (!fused) {
+    Scratch routed(ctx, sizeof(float) * static_cast<size_t>(T) * D);
+    MEMRA_CUDA_RETURN_IF(routed.status());
+    MEMRA_CUDA_RETURN_IF(memra_cuda_moe_forward(ctx, x, T, D, topk_idx, topk_w, top_k, gate_w,
+                                                up_w, down_w, w_dtype, E, I, limit,
+                                                routed.as<float>()));
+    return memra_cuda_swiglu_mlp_add(ctx, x, T, D, shared_gate_w, shared_up_w, shared_down_w,
+                                     w_dtype, shared_I, shared_limit, routed.as<float>(), y);
+  }
+  Scratch h(ctx, sizeof(float) * static_cast<size_t>(T) * (top_k + 1) * I);
+  MEMRA_CUDA_RETURN_IF(h.status());
+  auto run = [&](auto wt) {
+    using W = decltype(wt);
+    SharedExpert<W> sh;
+    sh.gate = static_cast<const W*>(shared_gate_w);
+    sh.up = static_cast<const W*>(shared_up_w);
+    sh.down = static_cast<const W*>(shared_down_w);
+    sh.limit = shared_limit;
+    return launch_moe<W>(ctx, x, T, D, topk_idx, topk_w, top_k, gate_w, up_w, down_w, E, I, limit,
+                         h.as<float>(), y, sh);
+  };
+  switch (w_dtype) {
+    case 0: return run(float{});
+    case 1: return run(__nv_bfloat16{});
+    default: return run(__half{});
   }
 }
 

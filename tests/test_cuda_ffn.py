@@ -45,7 +45,7 @@ import pytest
 
 import memra
 from memra import _core
-from cuda_helpers import expect, f32, rng
+from cuda_helpers import bf16_weight, close_scaled, expect, f32, rng
 
 pytestmark = pytest.mark.cuda
 
@@ -495,6 +495,45 @@ def test_moe_down_rows_per_warp_keep_the_bytes(monkeypatch, E, D, I, k, dtype):
     np.testing.assert_array_equal(outs[1], outs[0])
     np.testing.assert_array_equal(outs[2], outs[0])
     scaled_close(outs[0], moe_cpu(x, idx, w, g, u, d, 1.5), rtol=1e-5, atol_rel=1e-5)
+
+
+def moe_layer_weights(r, E, D, I, I_s, dtype):
+    """MoeLayer weights: bf16 Weights when dtype is bfloat16 (the CPU layer then rounds its GEMM
+    inputs as the GPU does), else f32."""
+    wt = bf16_weight if dtype == "bfloat16" else weight
+    w = {"gate.weight": weight(randn(r, E, D, scale=0.5)),
+         "gate.e_score_correction_bias": weight(randn(r, E, scale=0.1))}
+    for n in range(E):
+        w[f"experts.{n}.gate_proj.weight"] = wt(randn(r, I, D, scale=0.3))
+        w[f"experts.{n}.up_proj.weight"] = wt(randn(r, I, D, scale=0.3))
+        w[f"experts.{n}.down_proj.weight"] = wt(randn(r, D, I, scale=0.3))
+    w["shared_experts.gate_proj.weight"] = wt(randn(r, I_s, D, scale=0.3))
+    w["shared_experts.up_proj.weight"] = wt(randn(r, I_s, D, scale=0.3))
+    w["shared_experts.down_proj.weight"] = wt(randn(r, D, I_s, scale=0.3))
+    return w
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("E,D,I,I_s,k", [(8, 64, 48, 48, 4), (32, 520, 264, 264, 8), (7, 13, 21, 21, 3),
+                                         (8, 64, 48, 32, 4)])
+@pytest.mark.parametrize("T", [1, 3])
+def test_moe_layer_with_shared_expert_matches_cpu(e, T, E, D, I, I_s, k, dtype):
+    # The shared expert as one more slot of the per-pair expert kernels (moe_forward_shared at
+    # T = 1 with I_s == I: its x and h rounded to the weights' dtype as the separate MLP's GEMMs
+    # round them), or the separate MLP after the routed experts (I_s != I, the grouped path at
+    # T = 3), against the CPU layer; repeated calls give the same bytes.
+    r = rng(T + E + D + I_s + (dtype == "bfloat16"))
+    w = moe_layer_weights(r, E, D, I, I_s, dtype)
+    kw = dict(hidden=D, n_experts=E, top_k=k, n_group=1, topk_group=1, intermediate=I,
+              shared_intermediate=I_s, norm_topk_prob=True, routed_scaling=2.5, swiglu_limit=1.5)
+    x = randn(r, T, D, scale=2.0)
+    want, want_idx = memra.MoeLayer(memra.Engine("cpu"), w, dtype=dtype, **kw).forward(x)
+    layer = memra.MoeLayer(e, w, dtype=dtype, **kw)
+    got, idx = layer.forward(e.to_device(x))
+    got = e.to_host(got)
+    assert np.array_equal(e.to_host(idx), want_idx)
+    close_scaled(got, want, 1e-5 if dtype == "float32" else 3e-3)
+    assert np.array_equal(e.to_host(layer.forward(e.to_device(x))[0]), got)
 
 
 def test_moe_forward_contract_errors(e):

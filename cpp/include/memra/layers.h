@@ -205,6 +205,15 @@ class MlpLayer {
   Status to_device(std::shared_ptr<CudaContext> cuda, DType dtype);
   const std::shared_ptr<CudaContext>& cuda() const { return cuda_; }
 
+  // The uploaded weights (after to_device), for kernels that run this MLP inside a larger op
+  // (MoeLayer: the shared expert as one more expert slot, moe_forward_shared).
+  struct DeviceView {
+    const void *gate = nullptr, *up = nullptr, *down = nullptr;  // [I, hidden] x2, [hidden, I]
+    int dtype = 0, intermediate = 0;
+    float limit = 0.0f;
+  };
+  DeviceView device_view() const;
+
  private:
   Status forward_cuda(const float* x, int T, const float* add, float* y) const;
   std::shared_ptr<CudaContext> cuda_;

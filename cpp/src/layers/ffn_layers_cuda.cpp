@@ -20,13 +20,24 @@ Status MlpLayer::to_device(std::shared_ptr<CudaContext> cuda, DType dtype) {
   return Status::Ok();
 }
 
+MlpLayer::DeviceView MlpLayer::device_view() const {
+  DeviceView v;
+  const char* gate = static_cast<const char*>(d_gate_up_.data());
+  v.gate = gate;
+  v.up = gate + size_t(intermediate_) * size_t(hidden_) * dtype_size(d_gate_up_.dtype);
+  v.down = d_down_.data();
+  v.dtype = d_gate_up_.dtype_code();
+  v.intermediate = intermediate_;
+  v.limit = limit_;
+  return v;
+}
+
 Status MlpLayer::forward_cuda(const float* x, int T, const float* add, float* y) const {
   const CudaContext& c = *cuda_;
   gpu::ResidentWeights resident(c);
-  const char* gate = static_cast<const char*>(d_gate_up_.data());
-  const char* up = gate + size_t(intermediate_) * size_t(hidden_) * dtype_size(d_gate_up_.dtype);
-  MEMRA_GPU(c, c.api().swiglu_mlp_add(c.ctx(), x, T, hidden_, gate, up, d_down_.data(),
-                                      d_gate_up_.dtype_code(), intermediate_, limit_, add, y),
+  const DeviceView v = device_view();
+  MEMRA_GPU(c, c.api().swiglu_mlp_add(c.ctx(), x, T, hidden_, v.gate, v.up, v.down, v.dtype,
+                                      intermediate_, limit_, add, y),
             "MlpLayer.forward");
   return Status::Ok();
 }
@@ -67,14 +78,20 @@ Status MoeLayer::forward_cuda(const float* x, int T, float* y, int32_t* topk_idx
                                  d_corr_.buffer ? gpu::f32p(d_corr_) : nullptr, cfg_.n_experts, K,
                                  cfg_.n_group, cfg_.topk_group, cfg_.norm_topk_prob ? 1 : 0,
                                  cfg_.routed_scaling, idx, wts), op);
-  // With a shared expert the routed sum goes to scratch and rides into y on the shared expert's
-  // down projection (y = shared + routed; the same bits as routed + shared).
-  float* routed = y;
-  if (shared_) MEMRA_TRY(a.take(int64_t(T) * D, &routed));
+  // With a shared expert: y = shared + routed in one op (at decode rows the shared expert is one
+  // more slot of the expert kernels; otherwise the routed sum rides into y on the shared
+  // expert's down projection).
+  if (shared_) {
+    const MlpLayer::DeviceView s = shared_->device_view();
+    MEMRA_GPU(c, c.api().moe_forward_shared(c.ctx(), x, T, D, idx, wts, K, d_gate_.data(),
+                                            d_up_.data(), d_down_.data(), d_gate_.dtype_code(),
+                                            cfg_.n_experts, cfg_.intermediate, cfg_.swiglu_limit,
+                                            s.gate, s.up, s.down, s.intermediate, s.limit, y), op);
+    return Status::Ok();
+  }
   MEMRA_GPU(c, c.api().moe_forward(c.ctx(), x, T, D, idx, wts, K, d_gate_.data(), d_up_.data(),
                                    d_down_.data(), d_gate_.dtype_code(), cfg_.n_experts,
-                                   cfg_.intermediate, cfg_.swiglu_limit, routed), op);
-  if (shared_) MEMRA_TRY(shared_->forward_add(x, T, routed, y));
+                                   cfg_.intermediate, cfg_.swiglu_limit, y), op);
   return Status::Ok();
 }
 

@@ -20,6 +20,18 @@
   X(moe_forward, (MemraCudaCtx * ctx, const float* x, int T, int D, const int32_t* topk_idx,      \
                   const float* topk_w, int top_k, const void* gate_w, const void* up_w,           \
                   const void* down_w, int w_dtype, int E, int I, float limit, float* y))          \
+  /* y = swiglu_mlp(x; shared_*) + moe_forward(x) (a MoE layer with its shared expert: gate,   \
+     up [shared_I, D], down [D, shared_I], w_dtype, shared_limit). Where moe_forward takes its    \
+     per-pair kernels (decode rows) and shared_I == I, the shared expert is one more slot of     \
+     them per token, its x and h rounded to w_dtype as swiglu_mlp's GEMMs round them (the dot   \
+     products summed in the expert kernels' order): one launch fewer for each of its three     \
+     GEMMs and its activation. Otherwise moe_forward, then swiglu_mlp_add. */                    \
+  X(moe_forward_shared, (MemraCudaCtx * ctx, const float* x, int T, int D,                        \
+                         const int32_t* topk_idx, const float* topk_w, int top_k,                 \
+                         const void* gate_w, const void* up_w, const void* down_w, int w_dtype,   \
+                         int E, int I, float limit, const void* shared_gate_w,                    \
+                         const void* shared_up_w, const void* shared_down_w, int shared_I,        \
+                         float shared_limit, float* y))                                           \
   /* cpu::sample: logits [B, V]; counters [B] (device, uint64); out [B] int32. Row b draws with  \
      seeds[b] when seeds [B] (device, uint64) is given, else with `seed` (a batch of sequences   \
      with their own seeds samples in one launch). */                                             \
