@@ -532,7 +532,7 @@ def test_moe_layer_with_shared_expert_matches_cpu(e, T, E, D, I, I_s, k, dtype):
     got, idx = layer.forward(e.to_device(x))
     got = e.to_host(got)
     assert np.array_equal(e.to_host(idx), want_idx)
-    close_scaled(got, want, 1e-5 if dtype == "float32" else 3e-3)
+    close_scaled(got, want, 1e-5 if dtype == "float32" else 2e-2)
     assert np.array_equal(e.to_host(layer.forward(e.to_device(x))[0]), got)
 
 
