@@ -18,6 +18,21 @@
 #include "memra/cuda_api.h"
 #include "memra/status.h"
 
+namespace memra::cuda {
+// A deferred mHC Sinkhorn (cuda/mhc.cu; MEMRA_MHC_DEFER=0 turns deferral off): the one-row site
+// kernel stores comb's softmaxed rows and leaves the Sinkhorn (20 iterations of one warp, the
+// last ~2 us of the site's critical path) to a later launch on the stream: the next decode GEMV
+// runs it in one extra block (cuda/gemv.cu), which overlaps the GEMV's weight stream; any other
+// entry point runs it first in a one-warp launch of its own (enter() below), so whatever reads
+// comb later on the stream, or on the host, sees the finished matrix.
+constexpr int kSinkHc = 4;  // the site kernel's hc
+struct SinkTask {
+  float* comb = nullptr;  // [kSinkHc, kSinkHc]: softmaxed rows in, Sinkhorn out (in place)
+  int iters = 0;
+  float eps = 0.0f;
+};
+}  // namespace memra::cuda
+
 struct MemraCudaCtx {
   int device = 0;
   cudaStream_t stream = nullptr;
@@ -48,6 +63,9 @@ struct MemraCudaCtx {
   unsigned* tickets = nullptr;
   // MEMRA_MHC_SITE=0: mHC sites at a batch-1 row run as separate kernels (A/B arm).
   bool mhc_site = true;
+  // MEMRA_MHC_DEFER=0: the site kernel runs its Sinkhorn itself; else it is left pending here.
+  bool mhc_defer = true;
+  memra::cuda::SinkTask pending;
   // Graph capture (graph_begin .. graph_end): the allocations made during the capture (their
   // releases become graph nodes) and the releases of older memory, deferred to graph_end.
   bool capturing = false;
@@ -112,9 +130,36 @@ class Scratch {
 };
 
 // Make the context's device current for this thread (engines on several devices coexist).
-inline int enter(MemraCudaCtx* ctx) {
+// Runs a pending deferred Sinkhorn in a launch of its own (cuda/mhc.cu); kOk when none is.
+int flush_pending(MemraCudaCtx* ctx);
+
+// The pending deferred Sinkhorn, handed to a kernel that runs it (and no longer pending).
+inline SinkTask take_pending(MemraCudaCtx* ctx) {
+  const SinkTask t = ctx->pending;
+  ctx->pending = SinkTask{};
+  return t;
+}
+
+// Every entry point starts here: the context's device, and any deferred Sinkhorn run first (the
+// entry may read its comb). enter_keep: for the entries that cannot read a comb before their
+// decode GEMV takes the task (linear*, alloc, the KDA tables, the router, the MLP).
+inline int enter_keep(MemraCudaCtx* ctx) {
   if (!ctx) return kContractValue;
   return status_of(cudaSetDevice(ctx->device));
+}
+inline int enter(MemraCudaCtx* ctx) {
+  const int rc = enter_keep(ctx);
+  if (rc != kOk || !ctx->pending.comb) return rc;
+  return flush_pending(ctx);
+}
+// After enter_keep: runs the pending Sinkhorn now when [p, p + bytes) overlaps its comb (an
+// argument of the entry that a kernel reads).
+inline int flush_if_reads(MemraCudaCtx* ctx, const void* p, size_t bytes) {
+  if (!ctx->pending.comb || !p) return kOk;
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  const uintptr_t c = reinterpret_cast<uintptr_t>(ctx->pending.comb);
+  if (a < c + sizeof(float) * kSinkHc * kSinkHc && c < a + bytes) return flush_pending(ctx);
+  return kOk;
 }
 
 // Element loads for templated kernels (weights in f32 / bf16 / f16, converted to f32).

@@ -11,6 +11,7 @@
 
 using memra::cuda::ceil_div;
 using memra::cuda::enter;
+using memra::cuda::enter_keep;
 using memra::cuda::launch_status;
 using memra::cuda::status_of;
 
@@ -65,6 +66,7 @@ int memra_cuda_ctx_create(int device, MemraCudaCtx** out) {
   if (const char* v = std::getenv("MEMRA_GEMV_ROWS")) c->gemv_rows = std::atoi(v);
   if (const char* v = std::getenv("MEMRA_MHC_SITE")) c->mhc_site = std::strcmp(v, "0") != 0;
   if (const char* v = std::getenv("MEMRA_MOE_DOWN_ROWS")) c->moe_down_rows = std::atoi(v);
+  if (const char* v = std::getenv("MEMRA_MHC_DEFER")) c->mhc_defer = std::strcmp(v, "0") != 0;
   int rc = status_of(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
   if (rc == 0) rc = status_of(cublasCreate(&c->blas));
   if (rc == 0) rc = status_of(cublasSetStream(c->blas, c->stream));
@@ -135,7 +137,7 @@ int memra_cuda_resident_weights(MemraCudaCtx* ctx, int delta) {
 
 int memra_cuda_alloc(MemraCudaCtx* ctx, size_t bytes, void** out) {
   *out = nullptr;
-  MEMRA_CUDA_RETURN_IF(enter(ctx));
+  MEMRA_CUDA_RETURN_IF(enter_keep(ctx));
   if (bytes == 0) bytes = 1;  // a valid, distinct pointer for empty tensors
   const int rc = status_of(cudaMallocAsync(out, bytes, ctx->stream));
   if (rc != memra::kOk) *out = nullptr;
@@ -147,7 +149,9 @@ int memra_cuda_alloc(MemraCudaCtx* ctx, size_t bytes, void** out) {
 
 int memra_cuda_release(MemraCudaCtx* ctx, void* ptr) {
   if (!ptr) return memra::kOk;
-  MEMRA_CUDA_RETURN_IF(enter(ctx));
+  MEMRA_CUDA_RETURN_IF(enter_keep(ctx));
+  // A deferred Sinkhorn still to run over this buffer runs first.
+  if (ptr == ctx->pending.comb) MEMRA_CUDA_RETURN_IF(memra::cuda::flush_pending(ctx));
   if (ctx->capturing) {
     // Memory from before the capture (an array Python let go of meanwhile) is not the graph's:
     // release it once the capture ends, outside the graph.
@@ -236,7 +240,7 @@ int memra_cuda_read_start(MemraCudaCtx* ctx, const void* src, size_t bytes, uint
 }
 
 int memra_cuda_read_wait(MemraCudaCtx* ctx, uint64_t ticket, void* host_dst, size_t bytes) {
-  MEMRA_CUDA_RETURN_IF(enter(ctx));
+  MEMRA_CUDA_RETURN_IF(enter_keep(ctx));  // a wait launches nothing
   const int slot = static_cast<int>(ticket % MemraCudaCtx::kReadSlots);
   if (ticket == 0 || ctx->read_ticket[slot] != ticket || bytes > ctx->read_bytes[slot]) {
     return memra::kContractValue;
@@ -274,7 +278,8 @@ int memra_cuda_convert(MemraCudaCtx* ctx, const void* src, int src_dtype, void* 
 
 int memra_cuda_stream(MemraCudaCtx* ctx, void** out) {
   *out = ctx ? static_cast<void*>(ctx->stream) : nullptr;
-  return ctx ? memra::kOk : memra::kContractValue;
+  // A consumer about to use the stream sees a deferred Sinkhorn finished.
+  return enter(ctx);
 }
 
 int memra_cuda_mem_info(MemraCudaCtx* ctx, size_t* free_bytes, size_t* total_bytes) {
@@ -324,7 +329,8 @@ int memra_cuda_graph_end(MemraCudaCtx* ctx, void** exec) {
 }
 
 int memra_cuda_graph_abort(MemraCudaCtx* ctx) {
-  MEMRA_CUDA_RETURN_IF(enter(ctx));
+  MEMRA_CUDA_RETURN_IF(enter_keep(ctx));
+  ctx->pending = memra::cuda::SinkTask{};  // its buffer was the discarded capture's
   if (!ctx->capturing) return memra::kContractValue;
   cudaGraph_t graph = nullptr;
   finish_capture(ctx, &graph);

@@ -980,7 +980,11 @@ int launch_moe_grouped(MemraCudaCtx* ctx, const float* x, int T, int D, const in
 int swiglu_mlp_impl(MemraCudaCtx* ctx, const float* x, int T, int D, const void* gate_w,
                     const void* up_w, const void* down_w, int w_dtype, int I, float limit,
                     const float* add, float* y) {
-  MEMRA_CUDA_RETURN_IF(enter(ctx));
+  // A deferred mHC Sinkhorn rides on the gate|up GEMV (common.cuh) unless it reads the comb.
+  MEMRA_CUDA_RETURN_IF(memra::cuda::enter_keep(ctx));
+  const size_t rows = sizeof(float) * size_t(T > 0 ? T : 0) * size_t(D > 0 ? D : 0);
+  MEMRA_CUDA_RETURN_IF(memra::cuda::flush_if_reads(ctx, x, rows));
+  MEMRA_CUDA_RETURN_IF(memra::cuda::flush_if_reads(ctx, add, rows));
   if (T < 0 || D < 0 || I < 0) return memra::kContractValue;
   if (w_dtype < 0 || w_dtype > 2) return memra::kContractDType;
   if (!(limit > 0.0f)) return memra::kContractValue;  // as the binding: swiglu_limit > 0 (inf ok)
@@ -1049,7 +1053,10 @@ int memra_cuda_swiglu_mlp_add(MemraCudaCtx* ctx, const float* x, int T, int D, c
 int memra_cuda_moe_route(MemraCudaCtx* ctx, const float* x, int T, int D, const float* gate_w,
                          const float* corr_bias, int E, int top_k, int n_group, int topk_group,
                          int norm_topk_prob, float scaling, int32_t* topk_idx, float* topk_w) {
-  MEMRA_CUDA_RETURN_IF(enter(ctx));
+  // A deferred mHC Sinkhorn rides on the router's GEMV (common.cuh) unless it reads the comb.
+  MEMRA_CUDA_RETURN_IF(memra::cuda::enter_keep(ctx));
+  MEMRA_CUDA_RETURN_IF(memra::cuda::flush_if_reads(ctx, x, sizeof(float) * size_t(T > 0 ? T : 0) * size_t(D > 0 ? D : 0)));
+  MEMRA_CUDA_RETURN_IF(memra::cuda::flush_if_reads(ctx, corr_bias, sizeof(float) * size_t(E > 0 ? E : 0)));
   if (T < 0 || D < 0 || E <= 0) return memra::kContractValue;
   if (n_group < 1 || E % n_group != 0) return memra::kContractValue;
   if (topk_group < 1 || topk_group > n_group) return memra::kContractValue;

@@ -149,7 +149,8 @@ int ex_contract(int x_dtype, int64_t ldx, int T, int K, int w_dtype, int N0, int
 int linear_impl(MemraCudaCtx* ctx, const void* x, int x_dtype, int64_t ldx, int T, int K,
                 const void* w, int w_dtype, int N, const float* bias, float* y) {
   const int64_t total = static_cast<int64_t>(T) * N;
-  if (K == 0) {  // an empty sum: y = bias (or 0); cuBLAS is not asked about k = 0
+  if (K == 0) {
+    MEMRA_CUDA_RETURN_IF(memra::cuda::flush_pending(ctx));  // an empty sum: y = bias (or 0); cuBLAS is not asked about k = 0
     memra::cuda::launch(ctx, true, bias_fill_kernel, dim3(grid_stride_blocks(total, 256)),
         dim3(256), 0, y, bias, total, N);
     return launch_status();
@@ -157,6 +158,7 @@ int linear_impl(MemraCudaCtx* ctx, const void* x, int x_dtype, int64_t ldx, int 
   bool handled = false;
   MEMRA_CUDA_RETURN_IF(memra::cuda::gemv(ctx, x, x_dtype, T, K, w, w_dtype, N, bias, y, &handled));
   if (handled) return memra::kOk;
+  MEMRA_CUDA_RETURN_IF(memra::cuda::flush_pending(ctx));  // cuBLAS cannot run a deferred Sinkhorn
   if (x_dtype == w_dtype) {
     MEMRA_CUDA_RETURN_IF(gemm(ctx, x, ldx, w, ab_type_of(w_dtype), T, K, N, y));
   } else if (w_dtype == 1) {  // x f32 (the callers refuse any other pair)
@@ -175,9 +177,27 @@ int linear_impl(MemraCudaCtx* ctx, const void* x, int x_dtype, int64_t ldx, int 
 
 }  // namespace
 
+namespace {
+
+// The GEMM entries leave a deferred mHC Sinkhorn to the decode GEMV (common.cuh), unless one of
+// their inputs is that comb.
+int keep_pending(MemraCudaCtx* ctx, const void* x, size_t x_bytes, const void* w, size_t w_bytes,
+                 const float* bias, int N) {
+  MEMRA_CUDA_RETURN_IF(memra::cuda::enter_keep(ctx));
+  MEMRA_CUDA_RETURN_IF(memra::cuda::flush_if_reads(ctx, x, x_bytes));
+  MEMRA_CUDA_RETURN_IF(memra::cuda::flush_if_reads(ctx, w, w_bytes));
+  return memra::cuda::flush_if_reads(ctx, bias, sizeof(float) * static_cast<size_t>(N));
+}
+
+size_t elt(int dtype) { return dtype == 0 ? 4 : 2; }
+
+}  // namespace
+
 extern "C" int memra_cuda_linear(MemraCudaCtx* ctx, const float* x, int T, int K, const void* w,
                                  int w_dtype, int N, const float* bias, float* y) {
-  MEMRA_CUDA_RETURN_IF(enter(ctx));
+  MEMRA_CUDA_RETURN_IF(keep_pending(ctx, x, sizeof(float) * size_t(T > 0 ? T : 0) * size_t(K > 0 ? K : 0),
+                                    w, elt(w_dtype) * size_t(N > 0 ? N : 0) * size_t(K > 0 ? K : 0),
+                                    bias, N));
   if (T < 0 || K < 0 || N < 0) return memra::kContractValue;
   if (w_dtype < 0 || w_dtype > 2) return memra::kContractDType;
   if (T == 0 || N == 0) return memra::kOk;
@@ -188,8 +208,9 @@ extern "C" int memra_cuda_linear(MemraCudaCtx* ctx, const float* x, int T, int K
 extern "C" int memra_cuda_linear_ex(MemraCudaCtx* ctx, const void* x, int x_dtype, int64_t ldx,
                                     int T, int K, const void* w, int w_dtype, int N,
                                     const float* bias, float* y) {
-  MEMRA_CUDA_RETURN_IF(enter(ctx));
   MEMRA_CUDA_RETURN_IF(ex_contract(x_dtype, ldx, T, K, w_dtype, N, 0));
+  MEMRA_CUDA_RETURN_IF(keep_pending(ctx, x, elt(x_dtype) * size_t(ldx) * size_t(T),
+                                    w, elt(w_dtype) * size_t(N) * size_t(K), bias, N));
   if (T == 0 || N == 0) return memra::kOk;
   if (!y || (K > 0 && (!x || !w))) return memra::kContractMissing;
   return linear_impl(ctx, x, x_dtype, ldx, T, K, w, w_dtype, N, bias, y);
@@ -200,8 +221,11 @@ extern "C" int memra_cuda_linear_ex_pair(MemraCudaCtx* ctx, const void* x0, cons
                                          const void* w1, int w_dtype, int N0, int N1,
                                          const float* bias0, const float* bias1, float* y0,
                                          float* y1) {
-  MEMRA_CUDA_RETURN_IF(enter(ctx));
   MEMRA_CUDA_RETURN_IF(ex_contract(x_dtype, ldx, T, K, w_dtype, N0, N1));
+  MEMRA_CUDA_RETURN_IF(keep_pending(ctx, x0, elt(x_dtype) * size_t(ldx) * size_t(T),
+                                    w0, elt(w_dtype) * size_t(N0) * size_t(K), bias0, N0));
+  MEMRA_CUDA_RETURN_IF(keep_pending(ctx, x1, elt(x_dtype) * size_t(ldx) * size_t(T),
+                                    w1, elt(w_dtype) * size_t(N1) * size_t(K), bias1, N1));
   if (T == 0) return memra::kOk;
   if ((N0 > 0 && (!y0 || (K > 0 && (!x0 || !w0)))) || (N1 > 0 && (!y1 || (K > 0 && (!x1 || !w1))))) {
     return memra::kContractMissing;

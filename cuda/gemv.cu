@@ -26,6 +26,7 @@
 // slower (a block that starts late holds up the whole grid); at T = 4 both forms ran at 0.35-0.5
 // of copy (x re-read per chunk), below cuBLAS, so T > 1 stays with cuBLAS.
 #include "gemv.cuh"
+#include "sinkhorn.cuh"
 
 #include <cstdint>
 
@@ -33,6 +34,9 @@ using memra::cuda::aligned16;
 using memra::cuda::launch;
 using memra::cuda::pdl_trigger;
 using memra::cuda::pdl_wait;
+using memra::cuda::run_sink_task;
+using memra::cuda::SinkTask;
+using memra::cuda::take_pending;
 using memra::cuda::warp_sum;
 
 namespace {
@@ -191,8 +195,12 @@ __device__ __forceinline__ void gemv_rows(const X* __restrict__ x, const W* __re
 template <typename W, typename X, int R>
 __global__ void __launch_bounds__(kGemvThreads)
     gemv_kernel(const X* __restrict__ x, const W* __restrict__ w, int K, int N,
-                const float* __restrict__ bias, float* __restrict__ y, int prefetch) {
-  gemv_rows<W, X, R>(x, w, K, N, bias, y, prefetch, blockIdx.x);
+                const float* __restrict__ bias, float* __restrict__ y, int prefetch,
+                SinkTask task) {
+  // A deferred Sinkhorn's block comes first (scheduled with the first wave, it overlaps the
+  // weight stream instead of trailing the last one).
+  if (task.comb && blockIdx.x == 0) return run_sink_task(task);
+  gemv_rows<W, X, R>(x, w, K, N, bias, y, prefetch, blockIdx.x - (task.comb ? 1 : 0));
 }
 
 // One GEMV problem of a launch: y[N] = w[N, K] x (+ bias), K shared by the launch.
@@ -210,12 +218,15 @@ struct GemvRows {
 // as gemv_kernel computes it (the order depends on K alone).
 template <typename W, typename X, int R>
 __global__ void __launch_bounds__(kGemvThreads)
-    gemv_pair_kernel(GemvRows<W, X> p0, GemvRows<W, X> p1, int blocks0, int K, int prefetch) {
+    gemv_pair_kernel(GemvRows<W, X> p0, GemvRows<W, X> p1, int blocks0, int K, int prefetch,
+                     SinkTask task) {
+  if (task.comb && blockIdx.x == 0) return run_sink_task(task);  // first, as in gemv_kernel
+  const int bid = static_cast<int>(blockIdx.x) - (task.comb ? 1 : 0);
   // Field by field (a reference to either parameter struct would copy both to the stack).
-  const bool second = static_cast<int>(blockIdx.x) >= blocks0;
+  const bool second = bid >= blocks0;
   gemv_rows<W, X, R>(second ? p1.x : p0.x, second ? p1.w : p0.w, K, second ? p1.N : p0.N,
                      second ? p1.bias : p0.bias, second ? p1.y : p0.y, prefetch,
-                     static_cast<int>(blockIdx.x) - (second ? blocks0 : 0));
+                     bid - (second ? blocks0 : 0));
 }
 
 // Short rows (K <= kShortMaxV vectors; the KDA f_b / g_b up-projections have K = 128 bf16 = 16):
@@ -230,18 +241,21 @@ constexpr int kShortMaxV = 32;
 // of the same K in one launch (linear_ex_pair) compute each row as a launch of their own would.
 template <typename W, typename X, int L>
 __global__ void __launch_bounds__(kGemvThreads)
-    gemv_short_kernel(GemvRows<W, X> p0, GemvRows<W, X> p1, int blocks0, int K, int prefetch) {
+    gemv_short_kernel(GemvRows<W, X> p0, GemvRows<W, X> p1, int blocks0, int K, int prefetch,
+                      SinkTask task) {
+  if (task.comb && blockIdx.x == 0) return run_sink_task(task);  // first, as in gemv_kernel
+  const int bid = static_cast<int>(blockIdx.x) - (task.comb ? 1 : 0);
   static_assert(L >= 1 && L <= 32 && (L & (L - 1)) == 0, "L: a power of two <= 32");
   constexpr int E = 16 / sizeof(W);
   // Field by field (a reference to either parameter struct would copy both to the stack).
-  const bool second = static_cast<int>(blockIdx.x) >= blocks0;
+  const bool second = bid >= blocks0;
   const X* x = second ? p1.x : p0.x;
   const W* w = second ? p1.w : p0.w;
   const float* bias = second ? p1.bias : p0.bias;
   float* y = second ? p1.y : p0.y;
   const int N = second ? p1.N : p0.N;
   const int tid = threadIdx.x, lane = tid % L;
-  const int n = (blockIdx.x - (second ? blocks0 : 0)) * (kGemvThreads / L) + tid / L;
+  const int n = (bid - (second ? blocks0 : 0)) * (kGemvThreads / L) + tid / L;
   const int KV = K / E;
   const bool in = n < N && lane < KV;
   const uint4* row = reinterpret_cast<const uint4*>(w + int64_t(n < N ? n : 0) * K);
@@ -264,13 +278,18 @@ __global__ void __launch_bounds__(kGemvThreads)
   }
 }
 
+// A pending deferred Sinkhorn (common.cuh) rides in a GEMV launch as one extra block, block 0.
+unsigned with_task(unsigned blocks, const SinkTask& task) { return blocks + (task.comb ? 1u : 0u); }
+
 template <typename W, typename X, int L>
 int launch_short(MemraCudaCtx* ctx, GemvRows<W, X> p0, GemvRows<W, X> p1, int K, int prefetch) {
   constexpr int kRowsPerBlock = kGemvThreads / L;
   const int blocks0 = (p0.N + kRowsPerBlock - 1) / kRowsPerBlock;
-  const unsigned grid = static_cast<unsigned>(blocks0 + (p1.N + kRowsPerBlock - 1) / kRowsPerBlock);
+  const SinkTask task = take_pending(ctx);
+  const unsigned grid = with_task(
+      static_cast<unsigned>(blocks0 + (p1.N + kRowsPerBlock - 1) / kRowsPerBlock), task);
   return launch(ctx, true, gemv_short_kernel<W, X, L>, grid, kGemvThreads, 0, p0, p1, blocks0, K,
-                prefetch);
+                prefetch, task);
 }
 
 template <typename W, typename X>
@@ -296,9 +315,10 @@ int rows_for(const MemraCudaCtx* ctx, int N) {
 template <typename W, typename X, int R>
 int launch_pair_r(MemraCudaCtx* ctx, GemvRows<W, X> p0, GemvRows<W, X> p1, int K, int prefetch) {
   const int blocks0 = (p0.N + R - 1) / R;
-  const unsigned grid = static_cast<unsigned>(blocks0 + (p1.N + R - 1) / R);
+  const SinkTask task = take_pending(ctx);
+  const unsigned grid = with_task(static_cast<unsigned>(blocks0 + (p1.N + R - 1) / R), task);
   return launch(ctx, true, gemv_pair_kernel<W, X, R>, grid, kGemvThreads, 0, p0, p1, blocks0, K,
-                prefetch);
+                prefetch, task);
 }
 
 // Both problems take the rows per block of their total N (the bytes do not depend on R).
@@ -323,20 +343,21 @@ int launch_t(MemraCudaCtx* ctx, const void* x, const void* w, int K, int N, cons
     return launch_short_any<W, X>(ctx, p0, none, K, prefetch);
   }
   const int R = rows_for(ctx, N);
-  const unsigned grid = static_cast<unsigned>((N + R - 1) / R);
+  const SinkTask task = take_pending(ctx);
+  const unsigned grid = with_task(static_cast<unsigned>((N + R - 1) / R), task);
   switch (R) {
     case 1:
       return launch(ctx, true, gemv_kernel<W, X, 1>, grid, kGemvThreads, 0, xp, wp, K, N, bias, y,
-                    prefetch);
+                    prefetch, task);
     case 2:
       return launch(ctx, true, gemv_kernel<W, X, 2>, grid, kGemvThreads, 0, xp, wp, K, N, bias, y,
-                    prefetch);
+                    prefetch, task);
     case 4:
       return launch(ctx, true, gemv_kernel<W, X, 4>, grid, kGemvThreads, 0, xp, wp, K, N, bias, y,
-                    prefetch);
+                    prefetch, task);
     default:
       return launch(ctx, true, gemv_kernel<W, X, 8>, grid, kGemvThreads, 0, xp, wp, K, N, bias, y,
-                    prefetch);
+                    prefetch, task);
   }
 }
 

@@ -118,7 +118,10 @@ int memra_cuda_kda_tables(MemraCudaCtx* ctx, const int32_t* slots, const int32_t
                           int64_t plane_offset, const float** ring_in, float** ring_out,
                           const float** state_in, float** state_out, float* sink_conv,
                           float* sink_state) {
-  MEMRA_CUDA_RETURN_IF(enter(ctx));
+  // A deferred mHC Sinkhorn waits for the layer's first GEMV (common.cuh) unless it reads here.
+  MEMRA_CUDA_RETURN_IF(memra::cuda::enter_keep(ctx));
+  MEMRA_CUDA_RETURN_IF(memra::cuda::flush_if_reads(ctx, slots, sizeof(int32_t) * size_t(B > 0 ? B : 0)));
+  MEMRA_CUDA_RETURN_IF(memra::cuda::flush_if_reads(ctx, cur, sizeof(int32_t)));
   if (B < 0 || conv_floats < 0 || state_floats < 0 || plane_offset < 0) {
     return memra::kContractValue;
   }

@@ -25,6 +25,7 @@
 
 #include "common.cuh"
 #include "row_group.cuh"
+#include "sinkhorn.cuh"
 
 using memra::cuda::ceil_div;
 using memra::cuda::enter;
@@ -35,6 +36,8 @@ using memra::cuda::rowsum::Group;
 using memra::cuda::rowsum::group_for;
 using memra::cuda::rowsum::group_sum;
 using memra::cuda::rowsum::with_group;
+
+using memra::cuda::sinkhorn_warp_fixed;
 
 namespace {
 
@@ -259,26 +262,6 @@ __global__ void __launch_bounds__(kPartThreads)
       if (lane == 0) part[(int64_t(t) * (mix + 1) + m) * S + s] = d;
     }
   }
-}
-
-// Sinkhorn of sinkhorn_warp at a compile-time hc (HC * HC <= 32): the gathers of a row / column
-// are independent shuffles, added in ascending order as in the generic loop (same bits).
-template <int HC>
-__device__ __forceinline__ void sinkhorn_warp_fixed(float* c, int iters, float hc_eps, int lane) {
-  const bool own = lane < HC * HC;
-  const int i = own ? lane / HC : 0, j = own ? lane % HC : 0;
-  float v = own ? c[lane] : 1.0f;  // not 0: a zero dividend takes the IEEE division's slow path
-  for (int h = 0; h < 2 * iters - 1; ++h) {
-    const bool col = (h & 1) == 0;
-    float g[HC];
-#pragma unroll
-    for (int r = 0; r < HC; ++r) g[r] = __shfl_sync(0xffffffffu, v, col ? r * HC + j : i * HC + r);
-    float s = 0.0f;
-#pragma unroll
-    for (int r = 0; r < HC; ++r) s += g[r];
-    v = v / (s + hc_eps);
-  }
-  if (own) c[lane] = v;
 }
 
 // lt[m] (m <= mix): the sum of one token's partials pt [mix + 1, S] in a fixed order. Lane l adds
@@ -517,6 +500,7 @@ struct SiteArgs {
   int D;
   int sinkhorn_iters;
   float hc_eps, norm_eps, rms_eps;
+  int defer_comb;  // store comb's softmaxed rows and leave the Sinkhorn pending (common.cuh)
 };
 
 template <typename W, bool POST, int G>
@@ -627,8 +611,8 @@ __global__ void __launch_bounds__(kPartThreads) mhc_site_kernel(SiteArgs a) {
 #pragma unroll
     for (int kk = 0; kk < kNormCols; ++kk) h0[kk][lane] = h[kk];
     asm volatile("bar.arrive 1, %0;\n" ::"r"(kPartThreads) : "memory");
-    // finish_comb's warp path.
-    sinkhorn_warp_fixed<HC>(c, a.sinkhorn_iters, a.hc_eps, lane);
+    // finish_comb's warp path (deferred: a later launch runs it over the stored rows).
+    if (!a.defer_comb) sinkhorn_warp_fixed<HC>(c, a.sinkhorn_iters, a.hc_eps, lane);
     __syncwarp();
     if (lane < HC * HC) a.comb[lane] = c[lane];
     return;
@@ -718,6 +702,8 @@ int launch_site(MemraCudaCtx* ctx, SiteArgs a, int fn_dtype) {
   MEMRA_CUDA_RETURN_IF(part.status());
   a.part = part.as<float>();
   a.ticket = ctx->tickets + memra::cuda::kTicketMhcSite;
+  a.defer_comb = ctx->mhc_defer ? 1 : 0;
+  static_assert(kSiteHc == memra::cuda::kSinkHc, "the deferred Sinkhorn is the site's");
   with_group(group_for(a.D), [&](auto g) {
     constexpr int G = decltype(g)::value;
     if (fn_dtype == 0) {
@@ -727,7 +713,9 @@ int launch_site(MemraCudaCtx* ctx, SiteArgs a, int fn_dtype) {
                           dim3(kPartThreads), 0, a);
     }
   });
-  return launch_status();
+  MEMRA_CUDA_RETURN_IF(launch_status());
+  if (a.defer_comb) ctx->pending = memra::cuda::SinkTask{a.comb, a.sinkhorn_iters, a.hc_eps};
+  return memra::kOk;
 }
 
 SiteArgs site_args(int D, const void* fn, const float* base, const float* scale,
@@ -838,7 +826,23 @@ int mhc_pre_impl(MemraCudaCtx* ctx, const float* streams, int T, int hc, int D, 
   return rms ? memra_cuda_rms_norm(ctx, collapsed, T, D, rms_w, rms_eps, collapsed) : memra::kOk;
 }
 
+// A deferred Sinkhorn in a launch of its own (memra::cuda::flush_pending).
+__global__ void __launch_bounds__(32) sink_task_kernel(memra::cuda::SinkTask task) {
+  memra::cuda::run_sink_task(task);
+}
+
 }  // namespace
+
+namespace memra::cuda {
+
+int flush_pending(MemraCudaCtx* ctx) {
+  if (!ctx->pending.comb) return kOk;
+  const SinkTask task = take_pending(ctx);
+  const int rc = launch(ctx, true, sink_task_kernel, dim3(1), dim3(32), 0, task);
+  return rc != kOk ? rc : launch_status();
+}
+
+}  // namespace memra::cuda
 
 extern "C" {
 

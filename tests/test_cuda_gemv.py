@@ -186,12 +186,14 @@ def test_gemv_edge_values(e):
     assert np.array_equal(z, np.zeros((1, 8), np.float32))
 
 
-@pytest.mark.parametrize("knob", ["MEMRA_PDL", "MEMRA_MHC_SITE"])
+@pytest.mark.parametrize("knob", ["MEMRA_PDL", "MEMRA_MHC_SITE", "MEMRA_MHC_DEFER"])
 def test_decode_with_and_without_knob_is_bytewise_equal(monkeypatch, knob):
     # Programmatic dependent launch changes when kernels start, never what they compute: a kernel
     # reading its predecessor's output before it lands (a missing pdl_wait) shows up here. The
     # single-launch mHC site (cuda/mhc.cu mhc_site_kernel, batch-1 rows) computes what the
-    # separate mHC kernels compute, in the same order.
+    # separate mHC kernels compute, in the same order; its deferred Sinkhorn (run by the next
+    # decode GEMV's extra block, or alone before any other entry point) is the same function on
+    # the same rows.
     from pathlib import Path
 
     path = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "tiny_glm5_next_bf16"
@@ -233,3 +235,36 @@ def test_sanitizer_gemv_small(e):
     ws = bf16_weight(r.standard_normal((37, 128)) / np.sqrt(128))
     got = e.to_host(_core.linear(e.to_device(x[:, :128].copy()), memra.DeviceWeight(e, ws), engine=e))
     close_scaled(got, _core.linear(bf16_round(x[:, :128].copy()), ws), 1e-5)
+
+
+def test_deferred_sinkhorn_rides_on_the_next_gemv(e, monkeypatch):
+    # A one-row mHC site leaves comb's Sinkhorn pending (common.cuh SinkTask); the next decode
+    # GEMV runs it in its block 0, and any other entry point (here mhc_post, which reads comb)
+    # runs it first on its own. comb, and what reads it, equal an engine that never defers.
+    from test_cuda_basic import hc_layer, mhc_inputs
+
+    D = 256
+    streams, fw, base, scale = mhc_inputs(1, 4, D, seed=7)
+    r = rng(8)
+    wn = f32(r.standard_normal(D))
+    wg = r.standard_normal((300, 16)) / 4
+    x = f32(r.standard_normal((1, 16)))
+    y = f32(r.standard_normal((1, D)))
+
+    def run(eng, gemv_first):
+        gpu, _ = hc_layer(eng, fw, base, scale, 4, D)
+        post, comb, out = gpu.pre(eng.to_device(streams), norm=eng.to_device(wn), eps=1e-6)
+        outs = []
+        if gemv_first:  # takes the pending Sinkhorn into its launch
+            outs.append(_core.linear(eng.to_device(x), memra.DeviceWeight(eng, bf16_weight(wg)), engine=eng))
+        outs.append(_core.mhc_post(eng.to_device(y), post, comb, eng.to_device(streams), engine=eng))
+        return [eng.to_host(a) for a in [post, comb, out] + outs]
+
+    monkeypatch.setenv("MEMRA_MHC_DEFER", "0")
+    plain = memra.Engine("cuda")
+    monkeypatch.delenv("MEMRA_MHC_DEFER")
+    for gemv_first in (True, False):
+        got, want = run(e, gemv_first), run(plain, gemv_first)
+        assert len(got) == len(want)
+        for g, wt in zip(got, want):
+            np.testing.assert_array_equal(g, wt)
