@@ -31,7 +31,7 @@ from common import Bench, base_parser, log, rel_err, to_torch  # noqa: E402
 SHAPES = [
     ("kda_qkv", 4096, 24576), ("kda_o", 8192, 4096), ("mlp_gate_up", 4096, 24576),
     ("mlp_down", 12288, 4096), ("shared_gate_up", 4096, 4096), ("shared_down", 2048, 4096),
-    ("mla_o", 16384, 4096), ("mla_in", 4096, 2816), ("mla_qb", 2048, 20480), ("lm_head", 4096, 154880),
+    ("mla_o", 16384, 4096), ("mla_in", 4096, 2336), ("mla_qb", 1536, 20480), ("lm_head", 4096, 154880),
 ]
 ROWS = [1, 4]
 SMOKE = ([("tiny", 64, 48)], [1, 3])

@@ -77,6 +77,7 @@ struct MemraCudaCtx {
   bool pdl = true;
   bool gemv = true;
   int gemv_rows = 0;  // 0: chosen from N
+  int gemv_tall_rows = 0;  // MEMRA_GEMV_TALL_ROWS: rows a block for K past one chunk (0: from N)
   int moe_down_rows = 2;  // MEMRA_MOE_DOWN_ROWS: output rows a warp of the per-pair down kernel
   // > 0 while a layer runs GEMMs over its own uploaded weights (resident_weights): no queued
   // kernel writes them, so a GEMV may start reading them before its predecessor finishes.

@@ -306,9 +306,13 @@ int launch_short_any(MemraCudaCtx* ctx, GemvRows<W, X> p0, GemvRows<W, X> p1, in
 
 // Weight rows per block (MEMRA_GEMV_ROWS overrides): enough blocks for several waves at every
 // N, so that the scheduler evens out SMs that start late (busy with the previous kernel).
-int rows_for(const MemraCudaCtx* ctx, int N) {
+int rows_for(const MemraCudaCtx* ctx, int N, int KV) {
   const int r = ctx->gemv_rows;
   if (r == 1 || r == 2 || r == 4 || r == 8) return r;
+  // Rows longer than one chunk (K > 4096 bf16: the o / down projections) take several load
+  // rounds a block; MEMRA_GEMV_TALL_ROWS (1, 2, 4, 8) sets their rows a block (A/B arm).
+  const int t = ctx->gemv_tall_rows;
+  if (KV > kGemvP * kGemvThreads && (t == 1 || t == 2 || t == 4 || t == 8)) return t;
   return N >= 16384 ? 8 : N >= 2048 ? 4 : N >= 512 ? 2 : 1;
 }
 
@@ -324,7 +328,7 @@ int launch_pair_r(MemraCudaCtx* ctx, GemvRows<W, X> p0, GemvRows<W, X> p1, int K
 // Both problems take the rows per block of their total N (the bytes do not depend on R).
 template <typename W, typename X>
 int launch_pair(MemraCudaCtx* ctx, GemvRows<W, X> p0, GemvRows<W, X> p1, int K, int prefetch) {
-  switch (rows_for(ctx, p0.N + p1.N)) {
+  switch (rows_for(ctx, p0.N + p1.N, K / (16 / static_cast<int>(sizeof(W))))) {
     case 1: return launch_pair_r<W, X, 1>(ctx, p0, p1, K, prefetch);
     case 2: return launch_pair_r<W, X, 2>(ctx, p0, p1, K, prefetch);
     case 4: return launch_pair_r<W, X, 4>(ctx, p0, p1, K, prefetch);
@@ -342,7 +346,7 @@ int launch_t(MemraCudaCtx* ctx, const void* x, const void* w, int K, int N, cons
     const GemvRows<W, X> p0{xp, wp, bias, y, N}, none{xp, wp, nullptr, y, 0};
     return launch_short_any<W, X>(ctx, p0, none, K, prefetch);
   }
-  const int R = rows_for(ctx, N);
+  const int R = rows_for(ctx, N, KV);
   const SinkTask task = take_pending(ctx);
   const unsigned grid = with_task(static_cast<unsigned>((N + R - 1) / R), task);
   switch (R) {
