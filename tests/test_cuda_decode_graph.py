@@ -245,3 +245,19 @@ def test_pipelined_generation_equals_one_step_at_a_time(pair, temperature: float
     assert want[1][-1] == stop and len(want[1]) <= 5
     assert graph.generate_batch(PROMPTS, 10, stop_token_ids=[stop], ignore_eos=True, **kw) == want
     assert graph.generate(PROMPTS[1], 10, stop_token_ids=[stop], ignore_eos=True, **dict(kw, seed=8)) == want[1]
+
+
+def test_interleaved_streams_through_graphs(pair) -> None:
+    # Two streams of one bucket size advanced alternately: each one's chained step (ids drawn on
+    # the device) must not follow the other stream's step, so after a foreign step a stream waits
+    # for its token and uploads it. Both give their own generate()'s tokens.
+    graph, _ = pair
+    kw = dict(temperature=0.8, top_k=20, top_p=0.9, ignore_eos=True)
+    want = [graph.generate(PROMPTS[0], 9, seed=3, **kw), graph.generate(PROMPTS[1], 9, seed=4, **kw)]
+    a = graph.stream(PROMPTS[0], 9, seed=3, **kw)
+    b = graph.stream(PROMPTS[1], 9, seed=4, **kw)
+    got = [[], []]
+    for _ in range(9):
+        got[0].append(next(a))
+        got[1].append(next(b))
+    assert got == want

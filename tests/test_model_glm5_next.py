@@ -447,3 +447,15 @@ def test_generation_with_stops_equals_one_step_at_a_time() -> None:
         want.append(row[:cut])
     assert got == want
     assert m.generate(prompts[1], 8, stop_token_ids=[stop], ignore_eos=True, **dict(kw, seed=6)) == want[1]
+
+
+def test_generation_argument_types_are_named_errors() -> None:
+    m = memra.load(memra.default_checkpoint(), max_batch=1, max_len=32, progress=False)
+    first = m.generate([1, 2, 3], 1)[0]
+    assert m.generate([1, 2, 3], 4, stop_token_ids=np.array(first)) == [first]  # 0-d array: one id
+    for bad in (float(first), True, "7", (t for t in [first])):
+        with pytest.raises(memra.ContractError):
+            m.generate([1, 2, 3], 4, stop_token_ids=bad)
+    with pytest.raises(memra.ContractError) as info:
+        memra.Engine("cpu").to_host_async(np.zeros(64 * 1024 // 4 + 1, np.float32))
+    assert info.value.code == 40000

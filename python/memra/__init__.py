@@ -2,7 +2,7 @@
 
 ``memra.load(path)`` reads a Hugging Face checkpoint folder (config.json + safetensors) and
 returns a model that prefills, decodes and generates. Every op is also usable on its own over
-DLPack arrays through :mod:`memra.ops`.
+DLPack arrays through :mod:`memra._core` (``memra._core.rms_norm``, ``kda_scan``, ...).
 """
 
 from __future__ import annotations

@@ -521,7 +521,7 @@ class Engine:
 
     def to_host_async(self, array: Annotated[NDArray, dict(writable=False)]) -> HostRead:
         """
-        Start copying a C-contiguous array of this engine (on a CUDA engine at most 64 KiB: token ids, not logits) to the host behind the work already enqueued, without waiting (a CPU engine copies at once); returns a memra.HostRead whose wait() gives the numpy array. Work enqueued after this call does not delay wait(), which is what lets a decode loop queue its next step before reading this one's tokens. Raises ContractError for an array on another device (40021) or over 64 KiB (40000), UnsupportedError 50003 while capturing.
+        Start copying a C-contiguous array of this engine (at most 64 KiB: token ids, not logits) to the host behind the work already enqueued, without waiting (a CPU engine copies at once); returns a memra._core.HostRead whose wait() gives the numpy array. Work enqueued after this call does not delay wait(), which is what lets a decode loop queue its next step before reading this one's tokens. Raises ContractError for an array on another device (40021) or over 64 KiB (40000), UnsupportedError 50003 while capturing.
         """
 
     READ_SLOTS: Final[int] = ...
@@ -544,7 +544,7 @@ class Engine:
 
     def end_capture(self) -> CudaGraph:
         """
-        Finish the recording and return it as a memra.CudaGraph (ContractError when not recording; a CUDA error when the recording was invalidated).
+        Finish the recording and return it as a memra._core.CudaGraph (ContractError when not recording; a CUDA error when the recording was invalidated).
         """
 
     def abort_capture(self) -> None:

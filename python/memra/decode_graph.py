@@ -21,6 +21,7 @@ while the host reads a token, checks it and launches the next graph.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -63,6 +64,9 @@ class DecodeRunner:
         self.engine = net.engine
         self.graphs = graphs
         self._buckets: dict[int, _Bucket] = {}
+        # Held while a caller enqueues a step and its readback: a bucket's buffers and its chain
+        # are shared by every generation that uses the bucket (interleaved streams, threads).
+        self.lock = threading.RLock()
 
     def bucket_size(self, n: int) -> int:
         """The smallest power of two >= n, capped at the cache's max_batch."""
@@ -96,6 +100,13 @@ class DecodeRunner:
                                top_p=sampling.top_p, seeds=b.seeds, engine=e)
             e.copy_into(b.tokens, tok)
         self.cache.commit_decode(b.slots)
+
+    def can_chain(self, slots) -> bool:
+        """Whether the last step of the bucket for len(slots) rows sampled exactly `slots`, so a
+        step of them may take its ids from the device (step(ids=None)). Another generation's
+        step on the same bucket in between (an interleaved stream) ends the chain."""
+        b = self._buckets.get(self.bucket_size(len(slots)))
+        return b is not None and b.chain == tuple(int(s) for s in slots)
 
     def step(self, slots: np.ndarray, ids: np.ndarray | None, sampling: Sampling | None = None,
              counters: np.ndarray | None = None, seeds: np.ndarray | None = None) -> _Bucket:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import threading
 from collections import deque
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -65,6 +66,7 @@ class Model:
         self.eos_token_ids = eos_token_ids
         self.tokenizer = tokenizer
         self._busy: set[int] = set()  # slots of self.cache held by generations in flight
+        self._busy_lock = threading.Lock()  # generations on several threads take distinct slots
         # CUDA: decode steps over self.cache through device-resident batches, captured once per
         # batch bucket and replayed (cuda_graphs=False: the same steps run eagerly).
         self._runner = DecodeRunner(net, cache, graphs=cuda_graphs) if engine.is_cuda else None
@@ -117,8 +119,9 @@ class Model:
         self._check_room(cache, slots, 1, "decode")
         if self._runner is not None and cache is self.cache:
             self._check_vocab(ids, "decode")
-            b = self._runner.step(slots, ids)
-            return _core.take_rows(b.logits, 0, len(slots), engine=self.engine)
+            with self._runner.lock:  # the bucket's logits are copied before another step
+                b = self._runner.step(slots, ids)
+                return _core.take_rows(b.logits, 0, len(slots), engine=self.engine)
         h = self.net.hidden(cache, slots, ids, decode=True)
         for s in slots:
             cache.commit(int(s), 1)
@@ -141,9 +144,10 @@ class Model:
         self._check_vocab(ids, "decode")
         sampling = self._sampling(temperature, top_k, top_p)
         n = len(slots)
-        b = self._runner.step(slots_a, ids, sampling, counters=np.full(n, step, np.uint64),
-                              seeds=np.array(seeds, np.uint64))
-        return [int(t) for t in self.engine.to_host(b.tokens)[:n]]
+        with self._runner.lock:  # the bucket's tokens are read before another step
+            b = self._runner.step(slots_a, ids, sampling, counters=np.full(n, step, np.uint64),
+                                  seeds=np.array(seeds, np.uint64))
+            return [int(t) for t in self.engine.to_host(b.tokens)[:n]]
 
     def index_lists(self, token_ids) -> dict[int, np.ndarray]:
         """The DSA index list [T, index_topk + index_kpool - 1] each full DSA layer uses for a full
@@ -167,10 +171,19 @@ class Model:
     # ------------------------------------------------------------------ generation
     def _stop_ids(self, stop_token_ids, ignore_eos: bool) -> set[int]:
         stops = set() if ignore_eos else set(self.eos_token_ids)
+        what = "generate: stop_token_ids"
+        if stop_token_ids is None:
+            return stops
         if isinstance(stop_token_ids, (int, np.integer)) and not isinstance(stop_token_ids, bool):
             stop_token_ids = [int(stop_token_ids)]
-        if stop_token_ids is not None and len(stop_token_ids) > 0:
-            stops |= set(_ids(list(stop_token_ids), "generate: stop_token_ids").tolist())
+        elif isinstance(stop_token_ids, np.ndarray) and stop_token_ids.ndim == 0:
+            stop_token_ids = stop_token_ids.reshape(1)
+        elif isinstance(stop_token_ids, (bool, float, str, bytes)) or not isinstance(
+                stop_token_ids, (Sequence, set, frozenset, np.ndarray)):
+            raise ContractError(f"{what} must be an integer id or a sequence of ids, got "
+                                f"{type(stop_token_ids).__name__}", 40025)
+        if len(stop_token_ids) > 0:
+            stops |= set(_ids(list(stop_token_ids), what).tolist())
         return stops
 
     def _sampling_args(self, max_new_tokens, temperature, top_k, top_p, seed) -> int:
@@ -193,19 +206,22 @@ class Model:
 
     def _acquire(self, n: int, what: str) -> list[int]:
         """Take n free slots of the model's own cache (generations in flight never share one)."""
-        free = [s for s in range(self.cache.max_batch) if s not in self._busy]
-        if len(free) < n:
-            raise ContractError(f"{what}: {n} slot(s) needed but only {len(free)} of the cache's "
-                                f"{self.cache.max_batch} are free (other generations are in flight)", 40025)
-        for s in free[:n]:
-            self.cache.free(s)
-            self._busy.add(s)
-        return free[:n]
+        with self._busy_lock:
+            free = [s for s in range(self.cache.max_batch) if s not in self._busy]
+            if len(free) < n:
+                raise ContractError(f"{what}: {n} slot(s) needed but only {len(free)} of the cache's "
+                                    f"{self.cache.max_batch} are free (other generations are in flight)",
+                                    40025)
+            for s in free[:n]:
+                self.cache.free(s)
+                self._busy.add(s)
+            return free[:n]
 
     def _release(self, slots: list[int]) -> None:
-        for s in slots:
-            self.cache.free(s)
-            self._busy.discard(s)
+        with self._busy_lock:
+            for s in slots:
+                self.cache.free(s)
+                self._busy.discard(s)
 
     def _pick(self, logits, row: int, temperature: float, top_k, top_p, seed: int, step: int) -> int:
         """Sample row `row` of logits [B, vocab] (on the engine's device) with memra's sampler;
@@ -265,9 +281,12 @@ class Model:
 
         temperature 0 is greedy (argmax, ties to the lower id); otherwise temperature, then
         top_k, then top_p, drawn with memra's counter-based RNG from `seed` (the same seed gives
-        the same tokens on every backend). Stops after an EOS id of the checkpoint (included in
-        the output, as transformers does) unless `ignore_eos`, or after any of `stop_token_ids`.
-        CacheFullError when prompt + new tokens exceed the cache's max_len.
+        the same tokens on every backend; None is seed 0, so unseeded sampling repeats itself).
+        Stops after an EOS id of the checkpoint (included in the output, as transformers does)
+        unless `ignore_eos`, or after any of `stop_token_ids` (an id or a sequence of ids).
+        CacheFullError when prompt + new tokens exceed the cache's max_len. On a CUDA engine the
+        steps are pipelined (the next one is queued before this one's token is read); the tokens
+        are those of one step at a time.
         """
         return list(self.stream(prompt_ids, max_new_tokens, temperature, top_k, top_p, seed,
                                 stop_token_ids, ignore_eos))
@@ -276,8 +295,9 @@ class Model:
                        top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
                        stop_token_ids=None, ignore_eos: bool = False) -> list[list[int]]:
         """Generate for several prompts of different lengths, decoding them together (one decode
-        step serves every unfinished prompt). Prompt i samples with seed + i, so each result
-        equals ``generate(prompts[i], seed=seed + i, ...)``. At most ``cache.max_batch`` prompts."""
+        step serves every unfinished prompt). Prompt i samples with seed + i (seed None: 0), so
+        each result equals ``generate(prompts[i], seed=seed + i, ...)``. At most
+        ``cache.max_batch`` prompts."""
         all_ids = [_ids(p, "generate_batch") for p in prompts]
         n = len(all_ids)
         # Every argument is checked before anything runs, also when there is nothing to do.
@@ -351,14 +371,20 @@ class Model:
         sampling = self._sampling(temperature, top_k, top_p)
         seeds_a = np.array(seeds, np.uint64)
 
-        def launch(rows: list[int], chained: bool) -> tuple[list[int], _core.HostRead]:
+        def launch(rows: list[int], chained: bool):
+            """Enqueue the rows' next step and the readback of its tokens -> (rows, HostRead); a
+            chained step (ids = the draws of the step in flight) only while the bucket's last
+            step is still that one (else None: wait for its tokens first)."""
             # The rows' draw index: tokens taken so far, plus the one in flight when chained.
             slots_a = np.array([slots[i] for i in rows], np.int32)
-            self._check_room(self.cache, slots_a, 1, "decode")
-            counters = np.array([count[i] + chained for i in rows], np.uint64)
-            ids = None if chained else np.array([last[i] for i in rows], np.int32)
-            b = runner.step(slots_a, ids, sampling, counters=counters, seeds=seeds_a[rows])
-            return rows, self.engine.to_host_async(b.tokens)
+            with runner.lock:
+                if chained and not runner.can_chain(slots_a):
+                    return None
+                self._check_room(self.cache, slots_a, 1, "decode")
+                counters = np.array([count[i] + chained for i in rows], np.uint64)
+                ids = None if chained else np.array([last[i] for i in rows], np.int32)
+                b = runner.step(slots_a, ids, sampling, counters=counters, seeds=seeds_a[rows])
+                return rows, self.engine.to_host_async(b.tokens)
 
         pending = deque([launch(rows, False)]) if rows else deque()
         while pending:
@@ -366,7 +392,9 @@ class Model:
             # Queue the next step of the same rows first, when every one of them still needs a
             # token after the one in flight (unless that one stops it).
             if len(pending) == 1 and all(not finished[i] and count[i] + 2 <= max_new_tokens for i in rows_k):
-                pending.append(launch(rows_k, True))
+                nxt = launch(rows_k, True)
+                if nxt is not None:
+                    pending.append(nxt)
             _, read = pending.popleft()
             toks = read.wait()
             for j, i in enumerate(rows_k):

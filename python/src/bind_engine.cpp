@@ -154,6 +154,14 @@ void init_engine(nb::module_& m) {
             }
             r.dtype = a.dtype();
             r.bytes = n * (a.dtype().bits / 8) * a.dtype().lanes;
+            // The CUDA engine's readback slots bound a read; the CPU engine keeps the same bound,
+            // so code tried on the CPU behaves alike on a GPU.
+            if (r.bytes > MEMRA_CUDA_READ_SLOT_BYTES) {
+              raise_contract(kContractShape, std::string(op) + ": " + std::to_string(r.bytes) +
+                                                 " bytes; at most " +
+                                                 std::to_string(MEMRA_CUDA_READ_SLOT_BYTES) +
+                                                 " a read (use to_host for more)");
+            }
             if (!e.is_cuda()) {
               uint8_t* p = new uint8_t[r.bytes ? r.bytes : 1]();
               if (r.bytes) std::memcpy(p, a.data(), r.bytes);
@@ -165,10 +173,10 @@ void init_engine(nb::module_& m) {
             return r;
           },
           nb::arg("array"),
-          "Start copying a C-contiguous array of this engine (on a CUDA engine at most 64 KiB: "
-          "token ids, not logits) to the host behind the work already enqueued, without "
-          "waiting (a CPU engine copies at once); returns a "
-          "memra.HostRead whose wait() gives the numpy array. Work enqueued after this call "
+          "Start copying a C-contiguous array of this engine (at most 64 KiB: token ids, not "
+          "logits) to the host behind the work already enqueued, without waiting (a CPU engine "
+          "copies at once); returns a "
+          "memra._core.HostRead whose wait() gives the numpy array. Work enqueued after this call "
           "does not delay wait(), which is what lets a decode loop queue its next step before "
           "reading this one's tokens. Raises ContractError for an array on another device "
           "(40021) or over 64 KiB (40000), UnsupportedError 50003 while capturing.")
@@ -226,7 +234,7 @@ void init_engine(nb::module_& m) {
             check(CudaGraph::end(e.cuda(), &g));
             return g;
           },
-          "Finish the recording and return it as a memra.CudaGraph (ContractError when not "
+          "Finish the recording and return it as a memra._core.CudaGraph (ContractError when not "
           "recording; a CUDA error when the recording was invalidated).")
       .def(
           "abort_capture",
