@@ -525,3 +525,19 @@ def test_pipelined_loop_with_chaining_stand_in() -> None:
         got[0].append(next(a))
         got[1].append(next(b))
     assert got == want
+
+
+def test_slots_held_by_a_generation_are_refused_to_prefill_and_decode() -> None:
+    m = memra.load(memra.default_checkpoint(), max_batch=2, max_len=32, progress=False)
+    it = m.stream([1, 2, 3], 5, ignore_eos=True)
+    next(it)  # the stream holds slot 0
+    before = m.cache.length(0)
+    with pytest.raises(memra.ContractError):
+        m.prefill(m.cache, 0, [4, 5])
+    with pytest.raises(memra.ContractError):
+        m.decode(m.cache, [0], [4])
+    assert m.cache.length(0) == before
+    m.prefill(m.cache, 1, [4, 5])  # a free slot is the caller's
+    rest = list(it)
+    assert len(rest) == 4
+    m.prefill(m.cache, 0, [4, 5])  # free again after the stream ended

@@ -94,7 +94,9 @@ class Model:
     def prefill(self, cache: _core.Cache, slot: int, token_ids) -> np.ndarray:
         """Append `token_ids` [T] to `slot` (which may already hold tokens: multi-turn) and return
         the logits of the last one [vocab] (numpy float32). CacheFullError (nothing written) when
-        they do not fit."""
+        they do not fit; ContractError for a slot of the model's own cache that a generation in
+        flight holds (use new_cache() for slots of your own)."""
+        self._check_not_held(cache, [slot], "prefill")
         return self.net.to_host(self._prefill(cache, slot, token_ids))[0]
 
     def _prefill(self, cache: _core.Cache, slot: int, token_ids):
@@ -107,8 +109,19 @@ class Model:
         return self.net.logits_of(self.net.last_row(h))
 
     def decode(self, cache: _core.Cache, slots, token_ids) -> np.ndarray:
-        """One token for each of `slots` (distinct) -> logits [len(slots), vocab] (numpy float32)."""
+        """One token for each of `slots` (distinct) -> logits [len(slots), vocab] (numpy float32).
+        ContractError for a slot of the model's own cache that a generation in flight holds."""
+        self._check_not_held(cache, slots, "decode")
         return self.net.to_host(self._decode(cache, slots, token_ids))
+
+    def _check_not_held(self, cache: _core.Cache, slots, what: str) -> None:
+        if cache is not self.cache or not self._busy:
+            return
+        held = sorted({int(s) for s in np.atleast_1d(np.asarray(slots)).ravel()
+                       if isinstance(s, (int, np.integer)) and int(s) in self._busy})
+        if held:
+            raise ContractError(f"{what}: slot(s) {held} of the model's cache are held by a generation "
+                                f"in flight; use model.new_cache() for slots of your own", 40025)
 
     def _decode(self, cache: _core.Cache, slots, token_ids):
         """decode, leaving the logits [B, vocab] on the engine's device."""
