@@ -456,6 +456,8 @@ def test_generation_argument_types_are_named_errors() -> None:
     for bad in (float(first), True, "7", (t for t in [first])):
         with pytest.raises(memra.ContractError):
             m.generate([1, 2, 3], 4, stop_token_ids=bad)
+    with pytest.raises(memra.ContractError):
+        m.generate([1, 2, 3], 4, ignore_eos="no")
     with pytest.raises(memra.ContractError) as info:
         memra.Engine("cpu").to_host_async(np.zeros(64 * 1024 // 4 + 1, np.float32))
     assert info.value.code == 40000

@@ -183,6 +183,8 @@ class Model:
 
     # ------------------------------------------------------------------ generation
     def _stop_ids(self, stop_token_ids, ignore_eos: bool) -> set[int]:
+        if not isinstance(ignore_eos, (bool, np.bool_)):
+            raise ContractError(f"generate: ignore_eos must be True or False, got {ignore_eos!r}", 40025)
         stops = set() if ignore_eos else set(self.eos_token_ids)
         what = "generate: stop_token_ids"
         if stop_token_ids is None:
