@@ -213,6 +213,17 @@ struct GemvRows {
   int N;
 };
 
+// A block of a two-problem launch: false for block 0 when a deferred Sinkhorn rides in the launch
+// (the caller then runs it); else *bid is the block's index among the problems' blocks and
+// *second whether it serves p1 (blocks [0, blocks0) take p0).
+__device__ __forceinline__ bool problem_block(const SinkTask& task, int blocks0, int* bid,
+                                              bool* second) {
+  if (task.comb && blockIdx.x == 0) return false;
+  *bid = static_cast<int>(blockIdx.x) - (task.comb ? 1 : 0);
+  *second = *bid >= blocks0;
+  return true;
+}
+
 // Blocks [0, blocks0) take problem p0 and the rest p1: two GEMVs of the same K and dtypes in one
 // launch (linear_ex_pair; KDA's q|k|v and f_a|g_a|beta projections of one x), each row computed
 // as gemv_kernel computes it (the order depends on K alone).
@@ -220,10 +231,10 @@ template <typename W, typename X, int R>
 __global__ void __launch_bounds__(kGemvThreads)
     gemv_pair_kernel(GemvRows<W, X> p0, GemvRows<W, X> p1, int blocks0, int K, int prefetch,
                      SinkTask task) {
-  if (task.comb && blockIdx.x == 0) return run_sink_task(task);  // first, as in gemv_kernel
-  const int bid = static_cast<int>(blockIdx.x) - (task.comb ? 1 : 0);
+  int bid;
+  bool second;
+  if (!problem_block(task, blocks0, &bid, &second)) return run_sink_task(task);
   // Field by field (a reference to either parameter struct would copy both to the stack).
-  const bool second = bid >= blocks0;
   gemv_rows<W, X, R>(second ? p1.x : p0.x, second ? p1.w : p0.w, K, second ? p1.N : p0.N,
                      second ? p1.bias : p0.bias, second ? p1.y : p0.y, prefetch,
                      bid - (second ? blocks0 : 0));
@@ -243,12 +254,12 @@ template <typename W, typename X, int L>
 __global__ void __launch_bounds__(kGemvThreads)
     gemv_short_kernel(GemvRows<W, X> p0, GemvRows<W, X> p1, int blocks0, int K, int prefetch,
                       SinkTask task) {
-  if (task.comb && blockIdx.x == 0) return run_sink_task(task);  // first, as in gemv_kernel
-  const int bid = static_cast<int>(blockIdx.x) - (task.comb ? 1 : 0);
   static_assert(L >= 1 && L <= 32 && (L & (L - 1)) == 0, "L: a power of two <= 32");
+  int bid;
+  bool second;
+  if (!problem_block(task, blocks0, &bid, &second)) return run_sink_task(task);
   constexpr int E = 16 / sizeof(W);
   // Field by field (a reference to either parameter struct would copy both to the stack).
-  const bool second = bid >= blocks0;
   const X* x = second ? p1.x : p0.x;
   const W* w = second ? p1.w : p0.w;
   const float* bias = second ? p1.bias : p0.bias;

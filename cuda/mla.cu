@@ -417,6 +417,35 @@ __device__ __forceinline__ void stage_range(int s, int n, int unit, int* b, int*
   *e = min(n, (s + 1) * units / kStreamStages * unit);
 }
 
+// The streaming kernels' prologue: the weight tile requested in kStreamStages commit groups
+// (issue_weights(s)), the first position tile's activations with group 0 (stage_first()). With
+// prefetch (resident weights: no queued kernel writes kv_b) the weights are requested before
+// pdl_wait, streaming under the previous kernel, and everything has landed before the first
+// tile's arithmetic; without, after it, stage by stage.
+template <typename IssueWeights, typename StageFirst>
+__device__ __forceinline__ void stream_prologue(int prefetch, IssueWeights&& issue_weights,
+                                                StageFirst&& stage_first) {
+  if (prefetch) {
+#pragma unroll 1
+    for (int s = 0; s < kStreamStages; ++s) issue_weights(s);
+  }
+  memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
+  memra::cuda::pdl_trigger();
+  if (prefetch) {
+    stage_first();
+    cp_async_commit();
+    cp_async_wait<0>();
+    __syncthreads();
+  } else {
+#pragma unroll 1
+    for (int s = 0; s < kStreamStages; ++s) {
+      issue_weights(s);
+      if (s == 0) stage_first();
+      cp_async_commit();
+    }
+  }
+}
+
 // Absorb: the terms of rows n..n+3 for one lane (its 32-bit word of each row, E columns) and P
 // positions, n ascending within every chain.
 template <int P, typename Tw>
@@ -489,28 +518,7 @@ __global__ void __launch_bounds__(kStreamThreads)
               min(PT, T - t0), qrows, d_nope, xvec);
   };
   // The whole weight tile in flight, one commit group a stage; the first tile's q in group 0.
-  // prefetch (resident weights: no queued kernel writes kv_b): the weights are requested before
-  // pdl_wait, streaming under the previous kernel, and everything has landed before the first
-  // tile's arithmetic.
-  if (prefetch) {
-#pragma unroll 1
-    for (int s = 0; s < kStreamStages; ++s) issue_weights(s);
-  }
-  memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
-  memra::cuda::pdl_trigger();
-  if (prefetch) {
-    stage_first_q();
-    cp_async_commit();
-    cp_async_wait<0>();
-    __syncthreads();
-  } else {
-#pragma unroll 1
-    for (int s = 0; s < kStreamStages; ++s) {
-      issue_weights(s);
-      if (s == 0) stage_first_q();
-      cp_async_commit();
-    }
-  }
+  stream_prologue(prefetch, issue_weights, stage_first_q);
 
   const uint32_t* wcol = reinterpret_cast<const uint32_t*>(ws) + lane;  // row n: wcol[n * 32]
   const int pb = grp * P;  // this warp's first position in the tile
@@ -672,26 +680,7 @@ __global__ void __launch_bounds__(kStreamThreads)
               orows, R, xvec);
   };
   // The whole weight tile in flight, one commit group a stage; the first tile's o in group 0.
-  // prefetch: as absorb_stream_kernel (weights requested before pdl_wait).
-  if (prefetch) {
-#pragma unroll 1
-    for (int s = 0; s < kStreamStages; ++s) issue_weights(s);
-  }
-  memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
-  memra::cuda::pdl_trigger();
-  if (prefetch) {
-    stage_first_o();
-    cp_async_commit();
-    cp_async_wait<0>();
-    __syncthreads();
-  } else {
-#pragma unroll 1
-    for (int s = 0; s < kStreamStages; ++s) {
-      issue_weights(s);
-      if (s == 0) stage_first_o();
-      cp_async_commit();
-    }
-  }
+  stream_prologue(prefetch, issue_weights, stage_first_o);
 
   const int v = tid % OC, pb = (tid / OC) * P;
   const Tw* wrow = ws + v * wstride;
