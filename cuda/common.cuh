@@ -140,6 +140,11 @@ inline SinkTask take_pending(MemraCudaCtx* ctx) {
   ctx->pending = SinkTask{};
   return t;
 }
+// After the launch that took `t` (status rc): a failed launch hands the task back, pending.
+inline int settle_pending(MemraCudaCtx* ctx, const SinkTask& t, int rc) {
+  if (rc != kOk && t.comb) ctx->pending = t;
+  return rc;
+}
 
 // Every entry point starts here: the context's device, and any deferred Sinkhorn run first (the
 // entry may read its comb). enter_keep: for the entries that cannot read a comb before their

@@ -227,7 +227,10 @@ int memra_cuda_read_start(MemraCudaCtx* ctx, const void* src, size_t bytes, uint
   const uint64_t t = ctx->read_next;
   const int slot = static_cast<int>(t % MemraCudaCtx::kReadSlots);
   uint8_t* dst = ctx->readback + slot * MemraCudaCtx::kReadSlotBytes;
-  // A slot's previous copy is ordered before this one on the stream, so reusing it needs no wait.
+  // The slot's older read is gone from here on, whatever happens below (a failed record must not
+  // leave it readable over the bytes being copied in). Its copy is ordered before this one on
+  // the stream, so reusing the slot needs no wait.
+  ctx->read_ticket[slot] = 0;
   if (bytes > 0) {
     MEMRA_CUDA_RETURN_IF(
         status_of(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, ctx->stream)));
@@ -331,7 +334,8 @@ int memra_cuda_graph_end(MemraCudaCtx* ctx, void** exec) {
 
 int memra_cuda_graph_abort(MemraCudaCtx* ctx) {
   MEMRA_CUDA_RETURN_IF(enter_keep(ctx));
-  ctx->pending = memra::cuda::SinkTask{};  // its buffer was the discarded capture's
+  // A task pending in a capture was the capture's own (an eager one was run at graph_begin).
+  if (ctx->capturing) ctx->pending = memra::cuda::SinkTask{};
   if (!ctx->capturing) return memra::kContractValue;
   cudaGraph_t graph = nullptr;
   finish_capture(ctx, &graph);

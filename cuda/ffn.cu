@@ -985,6 +985,7 @@ int swiglu_mlp_impl(MemraCudaCtx* ctx, const float* x, int T, int D, const void*
   const size_t rows = sizeof(float) * size_t(T > 0 ? T : 0) * size_t(D > 0 ? D : 0);
   MEMRA_CUDA_RETURN_IF(memra::cuda::flush_if_reads(ctx, x, rows));
   MEMRA_CUDA_RETURN_IF(memra::cuda::flush_if_reads(ctx, add, rows));
+  MEMRA_CUDA_RETURN_IF(memra::cuda::flush_if_reads(ctx, y, rows));
   if (T < 0 || D < 0 || I < 0) return memra::kContractValue;
   if (w_dtype < 0 || w_dtype > 2) return memra::kContractDType;
   if (!(limit > 0.0f)) return memra::kContractValue;  // as the binding: swiglu_limit > 0 (inf ok)
@@ -1057,6 +1058,9 @@ int memra_cuda_moe_route(MemraCudaCtx* ctx, const float* x, int T, int D, const 
   MEMRA_CUDA_RETURN_IF(memra::cuda::enter_keep(ctx));
   MEMRA_CUDA_RETURN_IF(memra::cuda::flush_if_reads(ctx, x, sizeof(float) * size_t(T > 0 ? T : 0) * size_t(D > 0 ? D : 0)));
   MEMRA_CUDA_RETURN_IF(memra::cuda::flush_if_reads(ctx, corr_bias, sizeof(float) * size_t(E > 0 ? E : 0)));
+  const size_t picks = size_t(T > 0 ? T : 0) * size_t(top_k > 0 ? top_k : 0);
+  MEMRA_CUDA_RETURN_IF(memra::cuda::flush_if_reads(ctx, topk_idx, sizeof(int32_t) * picks));
+  MEMRA_CUDA_RETURN_IF(memra::cuda::flush_if_reads(ctx, topk_w, sizeof(float) * picks));
   if (T < 0 || D < 0 || E <= 0) return memra::kContractValue;
   if (n_group < 1 || E % n_group != 0) return memra::kContractValue;
   if (topk_group < 1 || topk_group > n_group) return memra::kContractValue;

@@ -180,13 +180,15 @@ int linear_impl(MemraCudaCtx* ctx, const void* x, int x_dtype, int64_t ldx, int 
 namespace {
 
 // The GEMM entries leave a deferred mHC Sinkhorn to the decode GEMV (common.cuh), unless one of
-// their inputs is that comb.
+// their arguments (x, w, bias, or the output y [T, N]) overlaps that comb.
 int keep_pending(MemraCudaCtx* ctx, const void* x, size_t x_bytes, const void* w, size_t w_bytes,
-                 const float* bias, int N) {
+                 const float* bias, int N, const float* y, int T) {
   MEMRA_CUDA_RETURN_IF(memra::cuda::enter_keep(ctx));
   MEMRA_CUDA_RETURN_IF(memra::cuda::flush_if_reads(ctx, x, x_bytes));
   MEMRA_CUDA_RETURN_IF(memra::cuda::flush_if_reads(ctx, w, w_bytes));
-  return memra::cuda::flush_if_reads(ctx, bias, sizeof(float) * static_cast<size_t>(N));
+  MEMRA_CUDA_RETURN_IF(memra::cuda::flush_if_reads(ctx, y, sizeof(float) * size_t(T > 0 ? T : 0) *
+                                                               size_t(N > 0 ? N : 0)));
+  return memra::cuda::flush_if_reads(ctx, bias, sizeof(float) * static_cast<size_t>(N > 0 ? N : 0));
 }
 
 size_t elt(int dtype) { return dtype == 0 ? 4 : 2; }
@@ -197,7 +199,7 @@ extern "C" int memra_cuda_linear(MemraCudaCtx* ctx, const float* x, int T, int K
                                  int w_dtype, int N, const float* bias, float* y) {
   MEMRA_CUDA_RETURN_IF(keep_pending(ctx, x, sizeof(float) * size_t(T > 0 ? T : 0) * size_t(K > 0 ? K : 0),
                                     w, elt(w_dtype) * size_t(N > 0 ? N : 0) * size_t(K > 0 ? K : 0),
-                                    bias, N));
+                                    bias, N, y, T));
   if (T < 0 || K < 0 || N < 0) return memra::kContractValue;
   if (w_dtype < 0 || w_dtype > 2) return memra::kContractDType;
   if (T == 0 || N == 0) return memra::kOk;
@@ -210,7 +212,7 @@ extern "C" int memra_cuda_linear_ex(MemraCudaCtx* ctx, const void* x, int x_dtyp
                                     const float* bias, float* y) {
   MEMRA_CUDA_RETURN_IF(ex_contract(x_dtype, ldx, T, K, w_dtype, N, 0));
   MEMRA_CUDA_RETURN_IF(keep_pending(ctx, x, elt(x_dtype) * size_t(ldx) * size_t(T),
-                                    w, elt(w_dtype) * size_t(N) * size_t(K), bias, N));
+                                    w, elt(w_dtype) * size_t(N) * size_t(K), bias, N, y, T));
   if (T == 0 || N == 0) return memra::kOk;
   if (!y || (K > 0 && (!x || !w))) return memra::kContractMissing;
   return linear_impl(ctx, x, x_dtype, ldx, T, K, w, w_dtype, N, bias, y);
@@ -223,9 +225,9 @@ extern "C" int memra_cuda_linear_ex_pair(MemraCudaCtx* ctx, const void* x0, cons
                                          float* y1) {
   MEMRA_CUDA_RETURN_IF(ex_contract(x_dtype, ldx, T, K, w_dtype, N0, N1));
   MEMRA_CUDA_RETURN_IF(keep_pending(ctx, x0, elt(x_dtype) * size_t(ldx) * size_t(T),
-                                    w0, elt(w_dtype) * size_t(N0) * size_t(K), bias0, N0));
+                                    w0, elt(w_dtype) * size_t(N0) * size_t(K), bias0, N0, y0, T));
   MEMRA_CUDA_RETURN_IF(keep_pending(ctx, x1, elt(x_dtype) * size_t(ldx) * size_t(T),
-                                    w1, elt(w_dtype) * size_t(N1) * size_t(K), bias1, N1));
+                                    w1, elt(w_dtype) * size_t(N1) * size_t(K), bias1, N1, y1, T));
   if (T == 0) return memra::kOk;
   if ((N0 > 0 && (!y0 || (K > 0 && (!x0 || !w0)))) || (N1 > 0 && (!y1 || (K > 0 && (!x1 || !w1))))) {
     return memra::kContractMissing;

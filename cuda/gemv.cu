@@ -35,6 +35,7 @@ using memra::cuda::launch;
 using memra::cuda::pdl_trigger;
 using memra::cuda::pdl_wait;
 using memra::cuda::run_sink_task;
+using memra::cuda::settle_pending;
 using memra::cuda::SinkTask;
 using memra::cuda::take_pending;
 using memra::cuda::warp_sum;
@@ -299,8 +300,8 @@ int launch_short(MemraCudaCtx* ctx, GemvRows<W, X> p0, GemvRows<W, X> p1, int K,
   const SinkTask task = take_pending(ctx);
   const unsigned grid = with_task(
       static_cast<unsigned>(blocks0 + (p1.N + kRowsPerBlock - 1) / kRowsPerBlock), task);
-  return launch(ctx, true, gemv_short_kernel<W, X, L>, grid, kGemvThreads, 0, p0, p1, blocks0, K,
-                prefetch, task);
+  return settle_pending(ctx, task, launch(ctx, true, gemv_short_kernel<W, X, L>, grid,
+                                          kGemvThreads, 0, p0, p1, blocks0, K, prefetch, task));
 }
 
 template <typename W, typename X>
@@ -332,8 +333,8 @@ int launch_pair_r(MemraCudaCtx* ctx, GemvRows<W, X> p0, GemvRows<W, X> p1, int K
   const int blocks0 = (p0.N + R - 1) / R;
   const SinkTask task = take_pending(ctx);
   const unsigned grid = with_task(static_cast<unsigned>(blocks0 + (p1.N + R - 1) / R), task);
-  return launch(ctx, true, gemv_pair_kernel<W, X, R>, grid, kGemvThreads, 0, p0, p1, blocks0, K,
-                prefetch, task);
+  return settle_pending(ctx, task, launch(ctx, true, gemv_pair_kernel<W, X, R>, grid,
+                                          kGemvThreads, 0, p0, p1, blocks0, K, prefetch, task));
 }
 
 // Both problems take the rows per block of their total N (the bytes do not depend on R).
@@ -360,19 +361,15 @@ int launch_t(MemraCudaCtx* ctx, const void* x, const void* w, int K, int N, cons
   const int R = rows_for(ctx, N, KV);
   const SinkTask task = take_pending(ctx);
   const unsigned grid = with_task(static_cast<unsigned>((N + R - 1) / R), task);
+  auto go = [&](auto kernel) {
+    return settle_pending(ctx, task, launch(ctx, true, kernel, grid, kGemvThreads, 0, xp, wp, K, N,
+                                            bias, y, prefetch, task));
+  };
   switch (R) {
-    case 1:
-      return launch(ctx, true, gemv_kernel<W, X, 1>, grid, kGemvThreads, 0, xp, wp, K, N, bias, y,
-                    prefetch, task);
-    case 2:
-      return launch(ctx, true, gemv_kernel<W, X, 2>, grid, kGemvThreads, 0, xp, wp, K, N, bias, y,
-                    prefetch, task);
-    case 4:
-      return launch(ctx, true, gemv_kernel<W, X, 4>, grid, kGemvThreads, 0, xp, wp, K, N, bias, y,
-                    prefetch, task);
-    default:
-      return launch(ctx, true, gemv_kernel<W, X, 8>, grid, kGemvThreads, 0, xp, wp, K, N, bias, y,
-                    prefetch, task);
+    case 1: return go(gemv_kernel<W, X, 1>);
+    case 2: return go(gemv_kernel<W, X, 2>);
+    case 4: return go(gemv_kernel<W, X, 4>);
+    default: return go(gemv_kernel<W, X, 8>);
   }
 }
 

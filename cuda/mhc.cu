@@ -839,7 +839,7 @@ int flush_pending(MemraCudaCtx* ctx) {
   if (!ctx->pending.comb) return kOk;
   const SinkTask task = take_pending(ctx);
   const int rc = launch(ctx, true, sink_task_kernel, dim3(1), dim3(32), 0, task);
-  return rc != kOk ? rc : launch_status();
+  return settle_pending(ctx, task, rc != kOk ? rc : launch_status());
 }
 
 }  // namespace memra::cuda

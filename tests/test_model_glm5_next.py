@@ -543,3 +543,35 @@ def test_slots_held_by_a_generation_are_refused_to_prefill_and_decode() -> None:
     rest = list(it)
     assert len(rest) == 4
     m.prefill(m.cache, 0, [4, 5])  # free again after the stream ended
+
+
+def test_generations_on_threads_take_distinct_slots_and_give_their_tokens() -> None:
+    # Model._acquire used to read the free slots and mark them busy in two steps: threads could
+    # share a slot (wrong tokens, or an indexer error). The model's lock makes it one step.
+    import sys
+    import threading
+
+    m = memra.load(memra.default_checkpoint(), max_batch=4, max_len=64, progress=False)
+    prompts = [[i + 1, 2 * i + 3, 5] for i in range(4)]
+    want = [m.generate(p, 16, ignore_eos=True) for p in prompts]
+    wrong, errors = [], []
+
+    def work(i):
+        try:
+            for _ in range(3):
+                if m.generate(prompts[i], 16, ignore_eos=True) != want[i]:
+                    wrong.append(i)
+        except Exception as ex:  # noqa: BLE001
+            errors.append(ex)
+
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # many thread switches inside each generation
+    try:
+        threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(old)
+    assert not errors and not wrong

@@ -58,7 +58,7 @@ class DecodeRunner:
     ``graphs=False`` runs every step eagerly (the same kernels, for comparison and debugging).
     """
 
-    def __init__(self, net, cache: _core.Cache, *, graphs: bool = True) -> None:
+    def __init__(self, net, cache: _core.Cache, *, graphs: bool = True, lock=None) -> None:
         self.net = net
         self.cache = cache
         self.engine = net.engine
@@ -66,7 +66,8 @@ class DecodeRunner:
         self._buckets: dict[int, _Bucket] = {}
         # Held while a caller enqueues a step and its readback: a bucket's buffers and its chain
         # are shared by every generation that uses the bucket (interleaved streams, threads).
-        self.lock = threading.RLock()
+        # The Model passes its own engine lock (one context serves all of its work).
+        self.lock = lock if lock is not None else threading.RLock()
 
     def bucket_size(self, n: int) -> int:
         """The smallest power of two >= n, capped at the cache's max_batch."""

@@ -66,10 +66,12 @@ class Model:
         self.eos_token_ids = eos_token_ids
         self.tokenizer = tokenizer
         self._busy: set[int] = set()  # slots of self.cache held by generations in flight
-        self._busy_lock = threading.Lock()  # generations on several threads take distinct slots
+        # Every use of the engine (enqueues, host reads, slot bookkeeping) holds this lock: the
+        # engine's context is not thread-safe, and generations on several threads share it.
+        self._lock = threading.RLock()
         # CUDA: decode steps over self.cache through device-resident batches, captured once per
         # batch bucket and replayed (cuda_graphs=False: the same steps run eagerly).
-        self._runner = DecodeRunner(net, cache, graphs=cuda_graphs) if engine.is_cuda else None
+        self._runner = DecodeRunner(net, cache, graphs=cuda_graphs, lock=self._lock) if engine.is_cuda else None
 
     # ------------------------------------------------------------------ caches
     def new_cache(self, max_batch: int, max_len: int) -> _core.Cache:
@@ -86,33 +88,37 @@ class Model:
     # ------------------------------------------------------------------ forward
     def logits(self, token_ids) -> np.ndarray:
         """Full prefill of `token_ids` [T] from an empty cache -> logits [T, vocab] float32."""
-        ids = _ids(token_ids, "logits")
-        cache = self.new_cache(1, len(ids))
-        h = self.net.hidden(cache, np.zeros(1, np.int32), ids, decode=False)
-        return self.net.to_host(self.net.logits_of(h))
+        with self._lock:
+            ids = _ids(token_ids, "logits")
+            cache = self.new_cache(1, len(ids))
+            h = self.net.hidden(cache, np.zeros(1, np.int32), ids, decode=False)
+            return self.net.to_host(self.net.logits_of(h))
 
     def prefill(self, cache: _core.Cache, slot: int, token_ids) -> np.ndarray:
         """Append `token_ids` [T] to `slot` (which may already hold tokens: multi-turn) and return
         the logits of the last one [vocab] (numpy float32). CacheFullError (nothing written) when
         they do not fit; ContractError for a slot of the model's own cache that a generation in
         flight holds (use new_cache() for slots of your own)."""
-        self._check_not_held(cache, [slot], "prefill")
-        return self.net.to_host(self._prefill(cache, slot, token_ids))[0]
+        with self._lock:
+            self._check_not_held(cache, [slot], "prefill")
+            return self.net.to_host(self._prefill(cache, slot, token_ids))[0]
 
     def _prefill(self, cache: _core.Cache, slot: int, token_ids):
         """prefill, leaving the logits [1, vocab] on the engine's device."""
-        ids = _ids(token_ids, "prefill")
-        slots = np.array([_count(slot, "prefill: slot", 0)], np.int32)
-        self._check_room(cache, slots, len(ids), "prefill")
-        h = self.net.hidden(cache, slots, ids, decode=False)
-        cache.commit(int(slot), len(ids))
-        return self.net.logits_of(self.net.last_row(h))
+        with self._lock:
+            ids = _ids(token_ids, "prefill")
+            slots = np.array([_count(slot, "prefill: slot", 0)], np.int32)
+            self._check_room(cache, slots, len(ids), "prefill")
+            h = self.net.hidden(cache, slots, ids, decode=False)
+            cache.commit(int(slot), len(ids))
+            return self.net.logits_of(self.net.last_row(h))
 
     def decode(self, cache: _core.Cache, slots, token_ids) -> np.ndarray:
         """One token for each of `slots` (distinct) -> logits [len(slots), vocab] (numpy float32).
         ContractError for a slot of the model's own cache that a generation in flight holds."""
-        self._check_not_held(cache, slots, "decode")
-        return self.net.to_host(self._decode(cache, slots, token_ids))
+        with self._lock:
+            self._check_not_held(cache, slots, "decode")
+            return self.net.to_host(self._decode(cache, slots, token_ids))
 
     def _check_not_held(self, cache: _core.Cache, slots, what: str) -> None:
         if cache is not self.cache or not self._busy:
@@ -125,20 +131,21 @@ class Model:
 
     def _decode(self, cache: _core.Cache, slots, token_ids):
         """decode, leaving the logits [B, vocab] on the engine's device."""
-        slots = _ids(slots, "decode")
-        ids = _ids(token_ids, "decode")
-        if len(slots) != len(ids):
-            raise ContractError(f"decode: {len(slots)} slots but {len(ids)} tokens", 40000)
-        self._check_room(cache, slots, 1, "decode")
-        if self._runner is not None and cache is self.cache:
-            self._check_vocab(ids, "decode")
-            with self._runner.lock:  # the bucket's logits are copied before another step
-                b = self._runner.step(slots, ids)
-                return _core.take_rows(b.logits, 0, len(slots), engine=self.engine)
-        h = self.net.hidden(cache, slots, ids, decode=True)
-        for s in slots:
-            cache.commit(int(s), 1)
-        return self.net.logits_of(h)
+        with self._lock:
+            slots = _ids(slots, "decode")
+            ids = _ids(token_ids, "decode")
+            if len(slots) != len(ids):
+                raise ContractError(f"decode: {len(slots)} slots but {len(ids)} tokens", 40000)
+            self._check_room(cache, slots, 1, "decode")
+            if self._runner is not None and cache is self.cache:
+                self._check_vocab(ids, "decode")
+                with self._runner.lock:  # the bucket's logits are copied before another step
+                    b = self._runner.step(slots, ids)
+                    return _core.take_rows(b.logits, 0, len(slots), engine=self.engine)
+            h = self.net.hidden(cache, slots, ids, decode=True)
+            for s in slots:
+                cache.commit(int(s), 1)
+            return self.net.logits_of(h)
 
     def _check_vocab(self, ids: np.ndarray, what: str) -> None:
         check_token_ids(ids, self.config.vocab_size, what)
@@ -165,10 +172,11 @@ class Model:
     def index_lists(self, token_ids) -> dict[int, np.ndarray]:
         """The DSA index list [T, index_topk + index_kpool - 1] each full DSA layer uses for a full
         prefill of `token_ids` (entries -1 are unused), keyed by layer index."""
-        ids = _ids(token_ids, "index_lists")
-        record: dict[int, np.ndarray] = {}
-        self.net.hidden(self.new_cache(1, len(ids)), np.zeros(1, np.int32), ids, decode=False, record=record)
-        return record
+        with self._lock:
+            ids = _ids(token_ids, "index_lists")
+            record: dict[int, np.ndarray] = {}
+            self.net.hidden(self.new_cache(1, len(ids)), np.zeros(1, np.int32), ids, decode=False, record=record)
+            return record
 
     def _check_room(self, cache: _core.Cache, slots: np.ndarray, n: int, what: str) -> None:
         # Every layer checks its own room too; checking here first keeps a step all-or-nothing
@@ -221,7 +229,7 @@ class Model:
 
     def _acquire(self, n: int, what: str) -> list[int]:
         """Take n free slots of the model's own cache (generations in flight never share one)."""
-        with self._busy_lock:
+        with self._lock:
             free = [s for s in range(self.cache.max_batch) if s not in self._busy]
             if len(free) < n:
                 raise ContractError(f"{what}: {n} slot(s) needed but only {len(free)} of the cache's "
@@ -233,7 +241,7 @@ class Model:
             return free[:n]
 
     def _release(self, slots: list[int]) -> None:
-        with self._busy_lock:
+        with self._lock:
             for s in slots:
                 self.cache.free(s)
                 self._busy.discard(s)
@@ -241,13 +249,14 @@ class Model:
     def _pick(self, logits, row: int, temperature: float, top_k, top_p, seed: int, step: int) -> int:
         """Sample row `row` of logits [B, vocab] (on the engine's device) with memra's sampler;
         on a CUDA engine the sampling runs there and only the token comes back."""
-        e = self.net._e
-        one = logits if logits.shape[0] == 1 else _core.take_rows(logits, row, 1, engine=e)
-        counters = np.array([step], np.uint64)
-        tok = _core.sample(one, e.to_device(counters) if e else counters, temperature=float(temperature),
-                           top_k=int(top_k or 0), top_p=float(1.0 if top_p is None else top_p),
-                           seed=int(seed), engine=e)
-        return int(self.net.to_host(tok)[0])
+        with self._lock:
+            e = self.net._e
+            one = logits if logits.shape[0] == 1 else _core.take_rows(logits, row, 1, engine=e)
+            counters = np.array([step], np.uint64)
+            tok = _core.sample(one, e.to_device(counters) if e else counters, temperature=float(temperature),
+                               top_k=int(top_k or 0), top_p=float(1.0 if top_p is None else top_p),
+                               seed=int(seed), engine=e)
+            return int(self.net.to_host(tok)[0])
 
     def stream(self, prompt_ids, max_new_tokens: int, temperature: float = 0.0, top_k: int | None = None,
                top_p: float | None = None, seed: int | None = None, stop_token_ids=None,
@@ -411,7 +420,8 @@ class Model:
                 if nxt is not None:
                     pending.append(nxt)
             _, read = pending.popleft()
-            toks = read.wait()
+            with self._lock:  # the context's readback slots are shared with other threads
+                toks = read.wait()
             for j, i in enumerate(rows_k):
                 if not finished[i]:
                     yield take(i, int(toks[j]))

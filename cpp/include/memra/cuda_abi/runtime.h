@@ -3,7 +3,7 @@
 #pragma once
 
 // Pinned slots of the readbacks that do not wait (read_start / read_wait), and their size.
-#define MEMRA_CUDA_READ_SLOTS 8
+#define MEMRA_CUDA_READ_SLOTS 32
 #define MEMRA_CUDA_READ_SLOT_BYTES ((size_t)64 << 10)
 
 #define MEMRA_CUDA_RUNTIME_OPS(X)                                                                 \
