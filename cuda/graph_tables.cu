@@ -1,6 +1,6 @@
 // Decode-graph bookkeeping entry points (cpp/include/memra/cuda_abi/util.h; plan in
-// docs/decode_graphs.md): the per-sequence pointer tables of a KDA layer and the decode step's
-// commit, computed on the device from device slots, ping-pong flags and lengths, so a captured
+// docs/decode_graphs.md): the per-sequence pointer tables of a KDA layer, the MLA layer's
+// positions and plane tables, and the decode step's commit, computed on the device from device slots, ping-pong flags and lengths, so a captured
 // CUDA graph replays for any batch composition and position. One thread per batch row; launch
 // shapes depend on B only; no allocation, no host synchronisation.
 #include "common.cuh"
@@ -58,30 +58,7 @@ __global__ void commit_decode_kernel(const int32_t* __restrict__ slots, int B, i
   atomicXor(cur + s, 1);
 }
 
-__global__ void slot_table_kernel(const int32_t* __restrict__ slots, int B, uint8_t* base,
-                                  int64_t stride_bytes, void** __restrict__ out) {
-  memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
-  memra::cuda::pdl_trigger();
-  const int b = blockIdx.x * blockDim.x + threadIdx.x;
-  if (b >= B) return;
-  const int s = slots[b];
-  out[b] = s < 0 ? nullptr : static_cast<void*>(base + static_cast<int64_t>(s) * stride_bytes);
-}
-
-__global__ void decode_positions_kernel(const int32_t* __restrict__ slots, int B,
-                                        const int32_t* __restrict__ lengths,
-                                        int32_t* __restrict__ pos, int32_t* __restrict__ t_kv) {
-  memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
-  memra::cuda::pdl_trigger();
-  const int b = blockIdx.x * blockDim.x + threadIdx.x;
-  if (b >= B) return;
-  const int s = slots[b];
-  const int len = s < 0 ? -1 : lengths[s];
-  pos[b] = len;
-  t_kv[b] = len + 1;
-}
-
-// decode_positions and up to kMaxTables slot tables in one launch (memra_cuda_decode_tables).
+// A decode step's positions and up to kMaxTables plane tables (memra_cuda_decode_tables).
 constexpr int kMaxTables = 8;
 struct SlotTables {
   uint8_t* base[kMaxTables];
@@ -145,28 +122,6 @@ int memra_cuda_commit_decode(MemraCudaCtx* ctx, const int32_t* slots, int B, int
   if (!slots || !lengths || !cur) return memra::kContractMissing;
   memra::cuda::launch(ctx, true, commit_decode_kernel, dim3(ceil_div(B, kRowThreads)),
       dim3(kRowThreads), 0, slots, B, lengths, cur);
-  return launch_status();
-}
-
-int memra_cuda_slot_table(MemraCudaCtx* ctx, const int32_t* slots, int B, void* base,
-                          int64_t stride_bytes, void** out) {
-  MEMRA_CUDA_RETURN_IF(enter(ctx));
-  if (B < 0 || stride_bytes < 0) return memra::kContractValue;
-  if (B == 0) return memra::kOk;
-  if (!slots || !base || !out) return memra::kContractMissing;
-  memra::cuda::launch(ctx, true, slot_table_kernel, dim3(ceil_div(B, kRowThreads)),
-      dim3(kRowThreads), 0, slots, B, static_cast<uint8_t*>(base), stride_bytes, out);
-  return launch_status();
-}
-
-int memra_cuda_decode_positions(MemraCudaCtx* ctx, const int32_t* slots, int B,
-                                const int32_t* lengths, int32_t* pos, int32_t* t_kv) {
-  MEMRA_CUDA_RETURN_IF(enter(ctx));
-  if (B < 0) return memra::kContractValue;
-  if (B == 0) return memra::kOk;
-  if (!slots || !lengths || !pos || !t_kv) return memra::kContractMissing;
-  memra::cuda::launch(ctx, true, decode_positions_kernel, dim3(ceil_div(B, kRowThreads)),
-      dim3(kRowThreads), 0, slots, B, lengths, pos, t_kv);
   return launch_status();
 }
 

@@ -29,18 +29,12 @@
      [max_batch] device int32, updated in place; no capacity check (the host checks room before   \
      the step). B == 0 is a no-op; one launch, shape from B only. */                              \
   X(commit_decode, (MemraCudaCtx * ctx, const int32_t* slots, int B, int32_t* lengths, int32_t* cur)) \
-  /* Per-sequence plane table: out[b] = base + slots[b] * stride_bytes for slots[b] >= 0, null for \
-     an idle row (slots[b] < 0). slots [B] device int32; out [B] device pointers. One launch. */     \
-  X(slot_table, (MemraCudaCtx * ctx, const int32_t* slots, int B, void* base, int64_t stride_bytes, \
-                 void** out))                                                                     \
-  /* Decode positions from the device lengths: for s = slots[b] >= 0, pos[b] = lengths[s] (tokens \
-     the sequence held before this step) and t_kv[b] = lengths[s] + 1; an idle row gets pos = -1 \
-     and t_kv = 0. slots, pos, t_kv [B] and lengths [max_batch] device int32. One launch. */       \
-  X(decode_positions, (MemraCudaCtx * ctx, const int32_t* slots, int B, const int32_t* lengths,    \
-                       int32_t* pos, int32_t* t_kv))                                               \
-  /* decode_positions (when pos and t_kv are given; both null: skipped) and n <= 8 slot tables   \
-     (table j: slot_table(bases[j], strides[j]) into outs[j]; bases / strides / outs host arrays  \
-     of n) in one launch, with the bytes of those calls. n out of [0, 8] is 40025. */            \
+  /* A decode step's positions and plane tables from the device slots, in one launch. With pos and \
+     t_kv (both null: skipped): for s = slots[b] >= 0, pos[b] = lengths[s] (tokens the sequence   \
+     held before this step) and t_kv[b] = lengths[s] + 1; an idle row (s < 0) gets pos = -1 and   \
+     t_kv = 0. Table j < n (n <= 8; bases / strides / outs host arrays of n): outs[j][b] =        \
+     bases[j] + s * strides[j] bytes, null for an idle row. slots, pos, t_kv [B] and lengths      \
+     [max_batch] device int32; outs[j] [B] device pointers. n out of [0, 8] is 40025. */          \
   X(decode_tables, (MemraCudaCtx * ctx, const int32_t* slots, int B, const int32_t* lengths,       \
                     int32_t* pos, int32_t* t_kv, int n, void* const* bases,                       \
                     const int64_t* strides, void** const* outs))
