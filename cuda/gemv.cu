@@ -29,6 +29,7 @@
 #include "sinkhorn.cuh"
 
 #include <cstdint>
+#include <type_traits>
 
 using memra::cuda::aligned16;
 using memra::cuda::launch;
@@ -290,18 +291,35 @@ __global__ void __launch_bounds__(kGemvThreads)
   }
 }
 
-// A pending deferred Sinkhorn (common.cuh) rides in a GEMV launch as one extra block, block 0.
-unsigned with_task(unsigned blocks, const SinkTask& task) { return blocks + (task.comb ? 1u : 0u); }
+// Launches a GEMV kernel (its last parameter a SinkTask) over `blocks` blocks of kGemvThreads;
+// a pending deferred Sinkhorn (common.cuh) rides in the launch as one extra block, block 0, and
+// is pending again if the launch fails.
+template <typename... P, typename... A>
+int launch_gemv(MemraCudaCtx* ctx, void (*kernel)(P...), int blocks, A... args) {
+  const SinkTask task = take_pending(ctx);
+  const unsigned grid = static_cast<unsigned>(blocks) + (task.comb ? 1u : 0u);
+  return settle_pending(ctx, task,
+                        launch(ctx, true, kernel, dim3(grid), dim3(kGemvThreads), 0, args..., task));
+}
+
+// f(std::integral_constant<int, R>{}) for the rows a block R (1, 2, 4, 8; others as 8).
+template <typename F>
+int with_rows(int R, F&& f) {
+  switch (R) {
+    case 1: return f(std::integral_constant<int, 1>{});
+    case 2: return f(std::integral_constant<int, 2>{});
+    case 4: return f(std::integral_constant<int, 4>{});
+    default: return f(std::integral_constant<int, 8>{});
+  }
+}
 
 template <typename W, typename X, int L>
 int launch_short(MemraCudaCtx* ctx, GemvRows<W, X> p0, GemvRows<W, X> p1, int K, int prefetch) {
   constexpr int kRowsPerBlock = kGemvThreads / L;
   const int blocks0 = (p0.N + kRowsPerBlock - 1) / kRowsPerBlock;
-  const SinkTask task = take_pending(ctx);
-  const unsigned grid = with_task(
-      static_cast<unsigned>(blocks0 + (p1.N + kRowsPerBlock - 1) / kRowsPerBlock), task);
-  return settle_pending(ctx, task, launch(ctx, true, gemv_short_kernel<W, X, L>, grid,
-                                          kGemvThreads, 0, p0, p1, blocks0, K, prefetch, task));
+  return launch_gemv(ctx, gemv_short_kernel<W, X, L>,
+                     blocks0 + (p1.N + kRowsPerBlock - 1) / kRowsPerBlock, p0, p1, blocks0, K,
+                     prefetch);
 }
 
 template <typename W, typename X>
@@ -328,24 +346,16 @@ int rows_for(const MemraCudaCtx* ctx, int N, int KV) {
   return N >= 16384 ? 8 : N >= 2048 ? 4 : N >= 512 ? 2 : 1;
 }
 
-template <typename W, typename X, int R>
-int launch_pair_r(MemraCudaCtx* ctx, GemvRows<W, X> p0, GemvRows<W, X> p1, int K, int prefetch) {
-  const int blocks0 = (p0.N + R - 1) / R;
-  const SinkTask task = take_pending(ctx);
-  const unsigned grid = with_task(static_cast<unsigned>(blocks0 + (p1.N + R - 1) / R), task);
-  return settle_pending(ctx, task, launch(ctx, true, gemv_pair_kernel<W, X, R>, grid,
-                                          kGemvThreads, 0, p0, p1, blocks0, K, prefetch, task));
-}
-
 // Both problems take the rows per block of their total N (the bytes do not depend on R).
 template <typename W, typename X>
 int launch_pair(MemraCudaCtx* ctx, GemvRows<W, X> p0, GemvRows<W, X> p1, int K, int prefetch) {
-  switch (rows_for(ctx, p0.N + p1.N, K / (16 / static_cast<int>(sizeof(W))))) {
-    case 1: return launch_pair_r<W, X, 1>(ctx, p0, p1, K, prefetch);
-    case 2: return launch_pair_r<W, X, 2>(ctx, p0, p1, K, prefetch);
-    case 4: return launch_pair_r<W, X, 4>(ctx, p0, p1, K, prefetch);
-    default: return launch_pair_r<W, X, 8>(ctx, p0, p1, K, prefetch);
-  }
+  const int KV = K / (16 / static_cast<int>(sizeof(W)));
+  return with_rows(rows_for(ctx, p0.N + p1.N, KV), [&](auto r) {
+    constexpr int R = decltype(r)::value;
+    const int blocks0 = (p0.N + R - 1) / R;
+    return launch_gemv(ctx, gemv_pair_kernel<W, X, R>, blocks0 + (p1.N + R - 1) / R, p0, p1,
+                       blocks0, K, prefetch);
+  });
 }
 
 template <typename W, typename X>
@@ -358,19 +368,10 @@ int launch_t(MemraCudaCtx* ctx, const void* x, const void* w, int K, int N, cons
     const GemvRows<W, X> p0{xp, wp, bias, y, N}, none{xp, wp, nullptr, y, 0};
     return launch_short_any<W, X>(ctx, p0, none, K, prefetch);
   }
-  const int R = rows_for(ctx, N, KV);
-  const SinkTask task = take_pending(ctx);
-  const unsigned grid = with_task(static_cast<unsigned>((N + R - 1) / R), task);
-  auto go = [&](auto kernel) {
-    return settle_pending(ctx, task, launch(ctx, true, kernel, grid, kGemvThreads, 0, xp, wp, K, N,
-                                            bias, y, prefetch, task));
-  };
-  switch (R) {
-    case 1: return go(gemv_kernel<W, X, 1>);
-    case 2: return go(gemv_kernel<W, X, 2>);
-    case 4: return go(gemv_kernel<W, X, 4>);
-    default: return go(gemv_kernel<W, X, 8>);
-  }
+  return with_rows(rows_for(ctx, N, KV), [&](auto r) {
+    constexpr int R = decltype(r)::value;
+    return launch_gemv(ctx, gemv_kernel<W, X, R>, (N + R - 1) / R, xp, wp, K, N, bias, y, prefetch);
+  });
 }
 
 // The GEMV takes one row of x against w when w is bf16 or f32 (f16: cuBLAS), x is f32 or in w's
