@@ -172,7 +172,8 @@ inline int flush_if_reads(MemraCudaCtx* ctx, const void* p, size_t bytes) {
 __device__ __forceinline__ float to_f32(float v) { return v; }
 __device__ __forceinline__ float to_f32(__nv_bfloat16 v) { return __bfloat162float(v); }
 __device__ __forceinline__ float to_f32(__half v) { return __half2float(v); }
-// f32 -> the storage type (bf16 with round-to-nearest-even).
+
+// f32 -> the storage type (bf16 / f16 with round-to-nearest-even).
 template <typename D>
 __device__ __forceinline__ D from_f32(float v);
 template <>
@@ -180,6 +181,14 @@ __device__ __forceinline__ float from_f32<float>(float v) { return v; }
 template <>
 __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float v) {
   return __float2bfloat16_rn(v);
+}
+template <>
+__device__ __forceinline__ __half from_f32<__half>(float v) { return __float2half_rn(v); }
+// v rounded to D and widened back to f32 (identity for f32): what a GEMM over D operands
+// multiplies an f32 input as.
+template <typename D>
+__device__ __forceinline__ float rounded(float v) {
+  return to_f32(from_f32<D>(v));
 }
 
 // Butterfly reductions over a full warp (every lane gets the result; the xor order fixes the

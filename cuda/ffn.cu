@@ -253,16 +253,6 @@ __device__ __forceinline__ void load8<__half>(const __half* p, float (&o)[8]) {
 // Eight consecutive activations (f32, 16-byte aligned).
 __device__ __forceinline__ void load8x(const float* p, float (&o)[8]) { load8<float>(p, o); }
 
-// v rounded to W (RNE) and back: what a GEMM over W weights multiplies (identity for f32).
-template <typename W>
-__device__ __forceinline__ float round_to_w(float v) { return v; }
-template <>
-__device__ __forceinline__ float round_to_w<__nv_bfloat16>(float v) {
-  return __bfloat162float(__float2bfloat16_rn(v));
-}
-template <>
-__device__ __forceinline__ float round_to_w<__half>(float v) { return __half2float(__float2half_rn(v)); }
-
 // The shared expert riding in the per-pair kernels as one more slot per token
 // (memra_cuda_moe_forward_shared): gate, up [I, D]; down [D, I]; its own limit. down == null: none.
 // Its inputs are rounded to W as swiglu_mlp's GEMMs round them (x, and h before the down GEMM).
@@ -308,7 +298,7 @@ __global__ void __launch_bounds__(kWarps * 32)
       load8<W>(u + c, uv);
       if (shared) {
 #pragma unroll
-        for (int k = 0; k < 8; ++k) xv[k] = round_to_w<W>(xv[k]);
+        for (int k = 0; k < 8; ++k) xv[k] = memra::cuda::rounded<W>(xv[k]);
       }
 #pragma unroll
       for (int k = 0; k < 8; ++k) {
@@ -318,7 +308,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     }
   } else {
     for (int c = lane; c < D; c += 32) {
-      const float xv = shared ? round_to_w<W>(xt[c]) : xt[c];
+      const float xv = shared ? memra::cuda::rounded<W>(xt[c]) : xt[c];
       ag = fmaf(to_f32(g[c]), xv, ag);
       au = fmaf(to_f32(u[c]), xv, au);
     }
@@ -326,7 +316,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   ag = warp_sum(ag);
   au = warp_sum(au);
   if (lane == 0) {
-    h[p * I + i] = shared ? round_to_w<W>(clamped_swiglu(ag, au, sh.limit))
+    h[p * I + i] = shared ? memra::cuda::rounded<W>(clamped_swiglu(ag, au, sh.limit))
                           : clamped_swiglu(ag, au, limit);
   }
 }

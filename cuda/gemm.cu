@@ -28,6 +28,8 @@ using memra::cuda::launch_status;
 using memra::cuda::Scratch;
 using memra::cuda::status_of;
 
+using memra::cuda::from_f32;
+
 namespace {
 
 unsigned grid_stride_blocks(int64_t n, int threads) {
@@ -35,16 +37,6 @@ unsigned grid_stride_blocks(int64_t n, int threads) {
   return static_cast<unsigned>(b < 65535 * 16 ? b : 65535 * 16);
 }
 
-template <typename H>
-__device__ __forceinline__ H round_to(float v);
-template <>
-__device__ __forceinline__ __nv_bfloat16 round_to<__nv_bfloat16>(float v) {
-  return __float2bfloat16_rn(v);
-}
-template <>
-__device__ __forceinline__ __half round_to<__half>(float v) {
-  return __float2half_rn(v);
-}
 
 // x f32 -> H (RNE), n elements; four at a time when both ends are aligned.
 template <typename H>
@@ -59,14 +51,14 @@ __global__ void round_kernel(const float* __restrict__ x, H* __restrict__ out, i
     for (int64_t q = i; q < n4; q += stride) {
       const float4 v = reinterpret_cast<const float4*>(x)[q];
       H* o = out + 4 * q;
-      o[0] = round_to<H>(v.x);
-      o[1] = round_to<H>(v.y);
-      o[2] = round_to<H>(v.z);
-      o[3] = round_to<H>(v.w);
+      o[0] = from_f32<H>(v.x);
+      o[1] = from_f32<H>(v.y);
+      o[2] = from_f32<H>(v.z);
+      o[3] = from_f32<H>(v.w);
     }
-    for (int64_t k = 4 * n4 + i; k < n; k += stride) out[k] = round_to<H>(x[k]);
+    for (int64_t k = 4 * n4 + i; k < n; k += stride) out[k] = from_f32<H>(x[k]);
   } else {
-    for (; i < n; i += stride) out[i] = round_to<H>(x[i]);
+    for (; i < n; i += stride) out[i] = from_f32<H>(x[i]);
   }
 }
 
@@ -80,7 +72,7 @@ __global__ void round_strided_kernel(const float* __restrict__ x, int64_t ldx, H
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t t = i / K, k = i - t * K;
-    out[i] = round_to<H>(x[t * ldx + k]);
+    out[i] = from_f32<H>(x[t * ldx + k]);
   }
 }
 
@@ -149,8 +141,8 @@ int ex_contract(int x_dtype, int64_t ldx, int T, int K, int w_dtype, int N0, int
 int linear_impl(MemraCudaCtx* ctx, const void* x, int x_dtype, int64_t ldx, int T, int K,
                 const void* w, int w_dtype, int N, const float* bias, float* y) {
   const int64_t total = static_cast<int64_t>(T) * N;
-  if (K == 0) {
-    MEMRA_CUDA_RETURN_IF(memra::cuda::flush_pending(ctx));  // an empty sum: y = bias (or 0); cuBLAS is not asked about k = 0
+  if (K == 0) {  // an empty sum: y = bias (or 0); cuBLAS is not asked about k = 0
+    MEMRA_CUDA_RETURN_IF(memra::cuda::flush_pending(ctx));  // no GEMV to carry a deferred Sinkhorn
     memra::cuda::launch(ctx, true, bias_fill_kernel, dim3(grid_stride_blocks(total, 256)),
         dim3(256), 0, y, bias, total, N);
     return launch_status();

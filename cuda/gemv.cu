@@ -59,9 +59,7 @@ __device__ __forceinline__ uint4 ld_stream(const uint4* p) {
 __device__ __forceinline__ float bf16_lo(uint32_t u) { return __uint_as_float(u << 16); }
 __device__ __forceinline__ float bf16_hi(uint32_t u) { return __uint_as_float(u & 0xffff0000u); }
 // f32 -> bf16 (RNE) -> f32: the value cpu::linear multiplies after rounding x.
-__device__ __forceinline__ float round_bf16(float v) {
-  return __bfloat162float(__float2bfloat16_rn(v));
-}
+__device__ __forceinline__ float round_bf16(float v) { return memra::cuda::rounded<__nv_bfloat16>(v); }
 
 // The E = 16 / sizeof(W) x values of row t at vector v, as f32 (rounded to bf16 for a bf16 w).
 template <typename W, typename X>
