@@ -470,12 +470,9 @@ class _CpuRunner:
     pipelined generation loop (Model._decode_rows) run here, as it does on a CUDA engine."""
 
     def __init__(self, model: memra.Model) -> None:
-        import threading
-
         from memra.decode_graph import DecodeRunner
 
         self.m = model
-        self.lock = threading.RLock()
         self.bucket_size = DecodeRunner.bucket_size.__get__(self)
         self.cache = model.cache
         self.buckets: dict[int, dict] = {}

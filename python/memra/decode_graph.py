@@ -21,7 +21,6 @@ while the host reads a token, checks it and launches the next graph.
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -56,18 +55,16 @@ class DecodeRunner:
     """Decode steps of one glm5_next network over one CUDA cache.
 
     ``graphs=False`` runs every step eagerly (the same kernels, for comparison and debugging).
+    Not thread-safe: its buckets and chains are shared by every caller (memra.Model serializes
+    its steps and their readbacks under its engine lock).
     """
 
-    def __init__(self, net, cache: _core.Cache, *, graphs: bool = True, lock=None) -> None:
+    def __init__(self, net, cache: _core.Cache, *, graphs: bool = True) -> None:
         self.net = net
         self.cache = cache
         self.engine = net.engine
         self.graphs = graphs
         self._buckets: dict[int, _Bucket] = {}
-        # Held while a caller enqueues a step and its readback: a bucket's buffers and its chain
-        # are shared by every generation that uses the bucket (interleaved streams, threads).
-        # The Model passes its own engine lock (one context serves all of its work).
-        self.lock = lock if lock is not None else threading.RLock()
 
     def bucket_size(self, n: int) -> int:
         """The smallest power of two >= n, capped at the cache's max_batch."""

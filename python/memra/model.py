@@ -71,7 +71,7 @@ class Model:
         self._lock = threading.RLock()
         # CUDA: decode steps over self.cache through device-resident batches, captured once per
         # batch bucket and replayed (cuda_graphs=False: the same steps run eagerly).
-        self._runner = DecodeRunner(net, cache, graphs=cuda_graphs, lock=self._lock) if engine.is_cuda else None
+        self._runner = DecodeRunner(net, cache, graphs=cuda_graphs) if engine.is_cuda else None
 
     # ------------------------------------------------------------------ caches
     def new_cache(self, max_batch: int, max_len: int) -> _core.Cache:
@@ -139,9 +139,8 @@ class Model:
             self._check_room(cache, slots, 1, "decode")
             if self._runner is not None and cache is self.cache:
                 self._check_vocab(ids, "decode")
-                with self._runner.lock:  # the bucket's logits are copied before another step
-                    b = self._runner.step(slots, ids)
-                    return _core.take_rows(b.logits, 0, len(slots), engine=self.engine)
+                b = self._runner.step(slots, ids)  # (under the lock: copied before another step)
+                return _core.take_rows(b.logits, 0, len(slots), engine=self.engine)
             h = self.net.hidden(cache, slots, ids, decode=True)
             for s in slots:
                 cache.commit(int(s), 1)
@@ -164,7 +163,7 @@ class Model:
         self._check_vocab(ids, "decode")
         sampling = self._sampling(temperature, top_k, top_p)
         n = len(slots)
-        with self._runner.lock:  # the bucket's tokens are read before another step
+        with self._lock:  # the bucket's tokens are read before another step
             b = self._runner.step(slots_a, ids, sampling, counters=np.full(n, step, np.uint64),
                                   seeds=np.array(seeds, np.uint64))
             return [int(t) for t in self.engine.to_host(b.tokens)[:n]]
@@ -401,7 +400,7 @@ class Model:
             step is still that one (else None: wait for its tokens first)."""
             # The rows' draw index: tokens taken so far, plus the one in flight when chained.
             slots_a = np.array([slots[i] for i in rows], np.int32)
-            with runner.lock:
+            with self._lock:
                 if chained and not runner.can_chain(slots_a):
                     return None
                 self._check_room(self.cache, slots_a, 1, "decode")
