@@ -861,6 +861,14 @@ __global__ void moe_combine_kernel(const float* __restrict__ o,
   y[t * D + d] = acc;
 }
 
+// The per-pair kernels' launch limits for T tokens of `slots` expert slots each (top_k, or
+// top_k + 1 with a shared expert): the slot count fits a grid's x, the row blocks of I and D its
+// y, the ordered slots one block's static shared memory.
+bool per_pair_fits(int T, int slots, int top_k, int I, int D) {
+  return static_cast<int64_t>(T) * slots <= 0x7fffffffLL && ceil_div(I, kWarps) <= 65535u &&
+         ceil_div(D, kWarps) <= 65535u && sizeof(int) * (static_cast<size_t>(top_k) + 1) <= 48 * 1024;
+}
+
 // The row at which the grouped path takes over: kGroupedMinT, or MEMRA_MOE_GROUPED_MIN_T (a
 // tuning knob read on every call: a positive integer; a large value keeps the per-pair kernels
 // at every T, for comparisons).
@@ -1090,11 +1098,7 @@ int memra_cuda_moe_forward(MemraCudaCtx* ctx, const float* x, int T, int D,
                                      ctx->stream));
   }
   if (!topk_idx || !topk_w || !gate_w || !up_w || !down_w) return memra::kContractMissing;
-  if (static_cast<int64_t>(T) * top_k > 0x7fffffffLL) return memra::kUnsupportedGeometry;
-  if (ceil_div(I, kWarps) > 65535u || ceil_div(D, kWarps) > 65535u)
-    return memra::kUnsupportedGeometry;
-  if (sizeof(int) * (static_cast<size_t>(top_k) + 1) > 48 * 1024)
-    return memra::kUnsupportedGeometry;
+  if (!per_pair_fits(T, top_k, top_k, I, D)) return memra::kUnsupportedGeometry;
   if (T >= grouped_min_t() && grouped_fits(T, top_k, E)) {
     switch (w_dtype) {
       case 0:
@@ -1141,9 +1145,7 @@ int memra_cuda_moe_forward_shared(MemraCudaCtx* ctx, const float* x, int T, int 
   const bool fused = top_k > 0 && I > 0 && E > 0 && shared_I == I && topk_idx && topk_w &&
                      gate_w && up_w && down_w &&
                      !(T >= grouped_min_t() && grouped_fits(T, top_k, E)) &&
-                     static_cast<int64_t>(T) * (top_k + 1) <= 0x7fffffffLL &&
-                     ceil_div(I, kWarps) <= 65535u && ceil_div(D, kWarps) <= 65535u &&
-                     sizeof(int) * (static_cast<size_t>(top_k) + 1) <= 48 * 1024;
+                     per_pair_fits(T, top_k + 1, top_k, I, D);
   if (!fused) {
     Scratch routed(ctx, sizeof(float) * static_cast<size_t>(T) * D);
     MEMRA_CUDA_RETURN_IF(routed.status());
