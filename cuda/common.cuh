@@ -77,6 +77,8 @@ struct MemraCudaCtx {
   bool pdl = true;
   bool gemv = true;
   int gemv_rows = 0;  // 0: chosen from N
+  int moe_down_split = 1;  // MEMRA_MOE_DOWN_SPLIT=0: one token's MoE down without the slot split
+  int gemv_occ = 4;        // MEMRA_GEMV_OCC=0: P = 2 GEMVs of R <= 4 not sized for 4 blocks an SM
   int gemv_tall_rows = 0;  // MEMRA_GEMV_TALL_ROWS: rows a block for K past one chunk (0: from N)
   int moe_down_rows = 2;  // MEMRA_MOE_DOWN_ROWS: output rows a warp of the per-pair down kernel
   // > 0 while a layer runs GEMMs over its own uploaded weights (resident_weights): no queued
@@ -225,7 +227,13 @@ __device__ __forceinline__ void pdl_trigger() {
 // step (a fixed-order reduction of those partials) runs in the block that arrives last, in the
 // same launch, instead of in a second kernel. Each kernel family owns one counter of
 // MemraCudaCtx::tickets (zero between launches).
-enum Ticket : int { kTicketMhcSite = 0, kTicketCount };
+// kTicketMoeDown starts kMoeDownTickets counters, one per row group of the split MoE down kernel.
+constexpr int kMoeDownTickets = 4096;
+enum Ticket : int {
+  kTicketMhcSite = 0,
+  kTicketMoeDown = 1,
+  kTicketCount = kTicketMoeDown + kMoeDownTickets
+};
 
 // Every thread of every block calls it once, after the global stores the finishing block will
 // read. Returns true in exactly one block: the last to arrive, which then sees every block's
@@ -237,9 +245,10 @@ enum Ticket : int { kTicketMhcSite = 0, kTicketCount };
 __device__ __forceinline__ void fence_acq_rel_gpu() {
   asm volatile("fence.acq_rel.gpu;\n" ::: "memory");
 }
-__device__ __forceinline__ bool last_block(unsigned* ticket) {
+// last_block(ticket, blocks): the same among `blocks` blocks that share the ticket (a subset of
+// the grid, e.g. one column of it).
+__device__ __forceinline__ bool last_block(unsigned* ticket, unsigned blocks) {
   __shared__ unsigned arrived_last;
-  const unsigned blocks = gridDim.x * gridDim.y * gridDim.z;
   __syncthreads();
   if (threadIdx.x == 0 && threadIdx.y == 0 && threadIdx.z == 0) {
     fence_acq_rel_gpu();
@@ -249,6 +258,9 @@ __device__ __forceinline__ bool last_block(unsigned* ticket) {
   }
   __syncthreads();
   return arrived_last != 0;
+}
+__device__ __forceinline__ bool last_block(unsigned* ticket) {
+  return last_block(ticket, gridDim.x * gridDim.y * gridDim.z);
 }
 
 // Launch `kernel` on the context's stream; with pdl (and the context's MEMRA_PDL on) as a

@@ -339,6 +339,36 @@ __device__ __forceinline__ void order_slots(const int32_t* it, int top_k, int E,
   order[top_k] = n;
 }
 
+// One slot's down products for a warp's RPW rows: a[r] = lane's partial of wr[r] . hp (h [I] f32,
+// wr[r] a row of I weights), lane l taking columns l * 8 + 256 s (VEC) or l + 32 s, in ascending
+// order with fmaf; the caller's warp_sum finishes each. Shared by both forms of kernel B, so
+// their products are the same bits.
+template <typename W, bool VEC, int RPW>
+__device__ __forceinline__ void down_dots(const float* __restrict__ hp, const W* const (&wr)[RPW],
+                                          int I, int lane, float (&a)[RPW]) {
+#pragma unroll
+  for (int r = 0; r < RPW; ++r) a[r] = 0.0f;
+  if constexpr (VEC) {
+    for (int c = lane * 8; c < I; c += 32 * 8) {
+      float hv[8], wv[RPW][8];
+      load8x(hp + c, hv);
+#pragma unroll
+      for (int r = 0; r < RPW; ++r) load8<W>(wr[r] + c, wv[r]);
+#pragma unroll
+      for (int r = 0; r < RPW; ++r) {
+#pragma unroll
+        for (int k = 0; k < 8; ++k) a[r] = fmaf(wv[r][k], hv[k], a[r]);
+      }
+    }
+  } else {
+    for (int c = lane; c < I; c += 32) {
+      const float hc = hp[c];
+#pragma unroll
+      for (int r = 0; r < RPW; ++r) a[r] = fmaf(to_f32(wr[r][c]), hc, a[r]);
+    }
+  }
+}
+
 // Kernel B. grid (T, ceil(D / (kWarps * RPW))); dynamic shared memory: top_k + 1 ints. Thread 0
 // orders the token's valid slots by (expert id, slot) (the CPU visits experts in ascending id
 // and, for a repeated id, the slots in ascending order); warp w then computes the RPW output rows
@@ -382,27 +412,7 @@ __global__ void __launch_bounds__(kWarps * 32)
       wr[r] = shared ? sh.down + d * I : down_w + (static_cast<int64_t>(it[j]) * D + d) * I;
     }
     float a[RPW];
-#pragma unroll
-    for (int r = 0; r < RPW; ++r) a[r] = 0.0f;
-    if constexpr (VEC) {
-      for (int c = lane * 8; c < I; c += 32 * 8) {
-        float hv[8], wv[RPW][8];
-        load8x(hp + c, hv);
-#pragma unroll
-        for (int r = 0; r < RPW; ++r) load8<W>(wr[r] + c, wv[r]);
-#pragma unroll
-        for (int r = 0; r < RPW; ++r) {
-#pragma unroll
-          for (int k = 0; k < 8; ++k) a[r] = fmaf(wv[r][k], hv[k], a[r]);
-        }
-      }
-    } else {
-      for (int c = lane; c < I; c += 32) {
-        const float hc = hp[c];
-#pragma unroll
-        for (int r = 0; r < RPW; ++r) a[r] = fmaf(to_f32(wr[r][c]), hc, a[r]);
-      }
-    }
+    down_dots<W, VEC, RPW>(hp, wr, I, lane, a);
     if (shared) {
 #pragma unroll
       for (int r = 0; r < RPW; ++r) acc[r] = __fadd_rn(warp_sum(a[r]), acc[r]);
@@ -420,6 +430,60 @@ __global__ void __launch_bounds__(kWarps * 32)
   }
 }
 
+// Kernel B split by slot, at one token (T == 1; MEMRA_MOE_DOWN_SPLIT=0 turns it off): grid
+// (S = top_k (+ 1 with a shared expert), G = ceil(D / (kWarps * RPW))). Block (j, g) computes slot
+// j's products for the rows of group g (moe_down_kernel's warp and row layout, down_dots) into
+// dots [S, D]; the last of the group's S blocks to arrive (a ticket per group) adds them up as
+// moe_down_kernel does: the valid slots ordered by (expert id, slot), each product times its
+// weight and each sum rounded apart, then the shared expert's product in front. Same bytes.
+// Why: moe_down_kernel's G = 256 blocks each walk the 9 slots one after another, a warp holding
+// one slot's loads in flight at a time (ncu: 0.80 of copy); here 9 x 256 blocks of one slot each,
+// as kernel A (0.95).
+template <typename W, bool VEC, int RPW>
+__global__ void __launch_bounds__(kWarps * 32)
+    moe_down_split_kernel(const float* __restrict__ h, const int32_t* __restrict__ topk_idx,
+                          const float* __restrict__ topk_w, int top_k, const W* __restrict__ down_w,
+                          int E, int I, int D, float* __restrict__ y, SharedExpert<W> sh,
+                          float* __restrict__ dots, unsigned* __restrict__ tickets) {
+  memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
+  memra::cuda::pdl_trigger();
+  extern __shared__ int order[];  // [top_k] ordered slots, then the count (the last block's)
+  const int j = blockIdx.x;
+  const bool shared = j == top_k;
+  const int e = shared ? 0 : topk_idx[j];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int d0 = (blockIdx.y * kWarps + warp) * RPW;
+  if ((shared || (e >= 0 && e < E)) && d0 < D) {
+    const float* hp = h + static_cast<int64_t>(j) * I;  // T == 1: slot j's row, the shared one last
+    const W* wr[RPW];
+#pragma unroll
+    for (int r = 0; r < RPW; ++r) {
+      const int64_t d = d0 + r < D ? d0 + r : d0;  // a ragged last warp re-reads row d0
+      wr[r] = shared ? sh.down + d * I : down_w + (static_cast<int64_t>(e) * D + d) * I;
+    }
+    float a[RPW];
+    down_dots<W, VEC, RPW>(hp, wr, I, lane, a);
+#pragma unroll
+    for (int r = 0; r < RPW; ++r) {
+      const float v = warp_sum(a[r]);
+      if (lane == 0 && d0 + r < D) dots[static_cast<int64_t>(j) * D + d0 + r] = v;
+    }
+  }
+  if (!memra::cuda::last_block(tickets + blockIdx.y, gridDim.x)) return;
+  if (threadIdx.x == 0) order_slots(topk_idx, top_k, E, order);
+  __syncthreads();
+  const int d = blockIdx.y * kWarps * RPW + threadIdx.x;
+  if (threadIdx.x >= kWarps * RPW || d >= D) return;
+  const int n = order[top_k];
+  float acc = 0.0f;
+  for (int s = 0; s < n; ++s) {
+    const int js = order[s];
+    acc = __fadd_rn(acc, __fmul_rn(__ldcg(dots + static_cast<int64_t>(js) * D + d), topk_w[js]));
+  }
+  if (sh.down) acc = __fadd_rn(__ldcg(dots + static_cast<int64_t>(top_k) * D + d), acc);
+  y[d] = acc;
+}
+
 // Kernel B at RPW rows a warp (MEMRA_MOE_DOWN_ROWS: 1, 2 or 4; else 2).
 template <typename W, bool VEC>
 int launch_moe_down(MemraCudaCtx* ctx, int T, int top_k, const float* h, const int32_t* topk_idx,
@@ -428,7 +492,17 @@ int launch_moe_down(MemraCudaCtx* ctx, int T, int top_k, const float* h, const i
   const size_t smem = sizeof(int) * (static_cast<size_t>(top_k) + 1);
   auto go = [&](auto rpw) {
     constexpr int RPW = decltype(rpw)::value;
-    const dim3 grid(static_cast<unsigned>(T), ceil_div(D, kWarps * RPW));
+    const unsigned groups = ceil_div(D, kWarps * RPW);
+    if (T == 1 && ctx->moe_down_split && groups <= memra::cuda::kMoeDownTickets) {
+      const int slots = top_k + (sh.down ? 1 : 0);
+      Scratch dots(ctx, sizeof(float) * static_cast<size_t>(slots) * D);
+      MEMRA_CUDA_RETURN_IF(dots.status());
+      return memra::cuda::launch(ctx, true, moe_down_split_kernel<W, VEC, RPW>,
+                                 dim3(static_cast<unsigned>(slots), groups), dim3(kWarps * 32),
+                                 smem, h, topk_idx, topk_w, top_k, dw, E, I, D, y, sh,
+                                 dots.as<float>(), ctx->tickets + memra::cuda::kTicketMoeDown);
+    }
+    const dim3 grid(static_cast<unsigned>(T), groups);
     return memra::cuda::launch(ctx, true, moe_down_kernel<W, VEC, RPW>, grid, dim3(kWarps * 32),
                                smem, h, topk_idx, topk_w, top_k, dw, E, I, D, y,
                                static_cast<int64_t>(T) * top_k, sh);

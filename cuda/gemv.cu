@@ -46,6 +46,13 @@ namespace {
 constexpr int kGemvThreads = 256;
 constexpr int kGemvWarps = kGemvThreads / 32;
 constexpr int kGemvP = 2;  // 16-byte weight vectors per row and thread per chunk
+// Rows of at most kGemvThreads vectors (K <= 2048 bf16: MLA's q_b, K 1536) take P = 1: the
+// second vector of every row was never loaded, but its registers halved the blocks an SM holds
+// (ncu 2026-11-29: q_b at 0.66 of copy, R = 8). The loads and sums are the same at P = 1 and 2
+// (one chunk, vector tid), so are the bytes.
+__host__ __device__ constexpr int vectors_per_chunk_thread(int KV) {
+  return KV <= kGemvThreads ? 1 : kGemvP;
+}
 
 // A 16-byte weight load that skips L1 (each weight byte is read once per call).
 __device__ __forceinline__ uint4 ld_stream(const uint4* p) {
@@ -126,15 +133,15 @@ __device__ __forceinline__ float dot16<float>(uint4 wv, const float* xs, float a
 }
 
 // Block `blk`: weight rows [blk * R, blk * R + R) of w [N, K] (row-major, K % E == 0, 16-byte
-// aligned) over the whole K, in chunks of kGemvP * kGemvThreads vectors; x [1, K] (ldx unused at
+// aligned) over the whole K, in chunks of P * kGemvThreads vectors (P: vectors_per_chunk_thread); x [1, K] (ldx unused at
 // one row), y [1, N]. prefetch: the first chunk's weights are loaded before pdl_wait (the caller
 // guarantees no queued kernel writes w), so they stream while the previous kernel finishes.
-template <typename W, typename X, int R>
+template <typename W, typename X, int R, int P>
 __device__ __forceinline__ void gemv_rows(const X* __restrict__ x, const W* __restrict__ w, int K,
                                           int N, const float* __restrict__ bias,
                                           float* __restrict__ y, int prefetch, int blk) {
   constexpr int E = 16 / sizeof(W);
-  constexpr int kChunk = kGemvP * kGemvThreads;  // vectors per row per chunk
+  constexpr int kChunk = P * kGemvThreads;  // vectors per row per chunk
   __shared__ float red[kGemvWarps][R];
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int KV = K / E;
@@ -146,12 +153,12 @@ __device__ __forceinline__ void gemv_rows(const X* __restrict__ x, const W* __re
     row_in[r] = n0 + r < N;
     rows[r] = reinterpret_cast<const uint4*>(w + int64_t(row_in[r] ? n0 + r : n0) * K);
   }
-  uint4 wv[R][kGemvP];
+  uint4 wv[R][P];
   auto load_chunk = [&](int base) {
 #pragma unroll
     for (int r = 0; r < R; ++r) {
 #pragma unroll
-      for (int p = 0; p < kGemvP; ++p) {
+      for (int p = 0; p < P; ++p) {
         const int v = base + p * kGemvThreads + tid;
         wv[r][p] = (row_in[r] && v < KV) ? ld_stream(rows[r] + v) : make_uint4(0, 0, 0, 0);
       }
@@ -168,7 +175,7 @@ __device__ __forceinline__ void gemv_rows(const X* __restrict__ x, const W* __re
   for (int base = 0; base < KV; base += kChunk) {
     if (base > 0) load_chunk(base);
 #pragma unroll
-    for (int p = 0; p < kGemvP; ++p) {
+    for (int p = 0; p < P; ++p) {
       const int v = base + p * kGemvThreads + tid;
       if (v >= KV) break;
       float xs[E];
@@ -192,15 +199,20 @@ __device__ __forceinline__ void gemv_rows(const X* __restrict__ x, const W* __re
   }
 }
 
-template <typename W, typename X, int R>
-__global__ void __launch_bounds__(kGemvThreads)
+// MB: the resident blocks an SM the registers are sized for (0: the compiler's choice). 4 at
+// P = 1 (64 registers at R = 8) and at P = 2 for R <= 4 (64 instead of 77 registers at R = 4:
+// 4 blocks an SM instead of 3; the tall-K o / down projections: step replay 2039 -> 2019 us,
+// H200 2026-11-29); MEMRA_GEMV_OCC=0 gives P = 2 the compiler's choice (A/B arm). R = 8 at P = 2
+// would spill at 3 blocks an SM, so it keeps 2.
+template <typename W, typename X, int R, int P, int MB>
+__global__ void __launch_bounds__(kGemvThreads, MB)
     gemv_kernel(const X* __restrict__ x, const W* __restrict__ w, int K, int N,
                 const float* __restrict__ bias, float* __restrict__ y, int prefetch,
                 SinkTask task) {
   // A deferred Sinkhorn's block comes first (scheduled with the first wave, it overlaps the
   // weight stream instead of trailing the last one).
   if (task.comb && blockIdx.x == 0) return run_sink_task(task);
-  gemv_rows<W, X, R>(x, w, K, N, bias, y, prefetch, blockIdx.x - (task.comb ? 1 : 0));
+  gemv_rows<W, X, R, P>(x, w, K, N, bias, y, prefetch, blockIdx.x - (task.comb ? 1 : 0));
 }
 
 // One GEMV problem of a launch: y[N] = w[N, K] x (+ bias), K shared by the launch.
@@ -227,7 +239,7 @@ __device__ __forceinline__ bool problem_block(const SinkTask& task, int blocks0,
 // Blocks [0, blocks0) take problem p0 and the rest p1: two GEMVs of the same K and dtypes in one
 // launch (linear_ex_pair; KDA's q|k|v and f_a|g_a|beta projections of one x), each row computed
 // as gemv_kernel computes it (the order depends on K alone).
-template <typename W, typename X, int R>
+template <typename W, typename X, int R, int P>
 __global__ void __launch_bounds__(kGemvThreads)
     gemv_pair_kernel(GemvRows<W, X> p0, GemvRows<W, X> p1, int blocks0, int K, int prefetch,
                      SinkTask task) {
@@ -235,7 +247,7 @@ __global__ void __launch_bounds__(kGemvThreads)
   bool second;
   if (!problem_block(task, blocks0, &bid, &second)) return run_sink_task(task);
   // Field by field (a reference to either parameter struct would copy both to the stack).
-  gemv_rows<W, X, R>(second ? p1.x : p0.x, second ? p1.w : p0.w, K, second ? p1.N : p0.N,
+  gemv_rows<W, X, R, P>(second ? p1.x : p0.x, second ? p1.w : p0.w, K, second ? p1.N : p0.N,
                      second ? p1.bias : p0.bias, second ? p1.y : p0.y, prefetch,
                      bid - (second ? blocks0 : 0));
 }
@@ -300,15 +312,20 @@ int launch_gemv(MemraCudaCtx* ctx, void (*kernel)(P...), int blocks, A... args) 
                         launch(ctx, true, kernel, dim3(grid), dim3(kGemvThreads), 0, args..., task));
 }
 
-// f(std::integral_constant<int, R>{}) for the rows a block R (1, 2, 4, 8; others as 8).
+// f(std::integral_constant<int, R>{}, std::integral_constant<int, P>{}) for the rows a block R
+// (1, 2, 4, 8; others as 8) and P = vectors_per_chunk_thread(KV).
 template <typename F>
-int with_rows(int R, F&& f) {
-  switch (R) {
-    case 1: return f(std::integral_constant<int, 1>{});
-    case 2: return f(std::integral_constant<int, 2>{});
-    case 4: return f(std::integral_constant<int, 4>{});
-    default: return f(std::integral_constant<int, 8>{});
-  }
+int with_rows(int R, int KV, F&& f) {
+  auto rows = [&](auto p) {
+    switch (R) {
+      case 1: return f(std::integral_constant<int, 1>{}, p);
+      case 2: return f(std::integral_constant<int, 2>{}, p);
+      case 4: return f(std::integral_constant<int, 4>{}, p);
+      default: return f(std::integral_constant<int, 8>{}, p);
+    }
+  };
+  if (vectors_per_chunk_thread(KV) == 1) return rows(std::integral_constant<int, 1>{});
+  return rows(std::integral_constant<int, kGemvP>{});
 }
 
 template <typename W, typename X, int L>
@@ -348,10 +365,10 @@ int rows_for(const MemraCudaCtx* ctx, int N, int KV) {
 template <typename W, typename X>
 int launch_pair(MemraCudaCtx* ctx, GemvRows<W, X> p0, GemvRows<W, X> p1, int K, int prefetch) {
   const int KV = K / (16 / static_cast<int>(sizeof(W)));
-  return with_rows(rows_for(ctx, p0.N + p1.N, KV), [&](auto r) {
-    constexpr int R = decltype(r)::value;
+  return with_rows(rows_for(ctx, p0.N + p1.N, KV), KV, [&](auto r, auto p) {
+    constexpr int R = decltype(r)::value, P = decltype(p)::value;
     const int blocks0 = (p0.N + R - 1) / R;
-    return launch_gemv(ctx, gemv_pair_kernel<W, X, R>, blocks0 + (p1.N + R - 1) / R, p0, p1,
+    return launch_gemv(ctx, gemv_pair_kernel<W, X, R, P>, blocks0 + (p1.N + R - 1) / R, p0, p1,
                        blocks0, K, prefetch);
   });
 }
@@ -366,9 +383,20 @@ int launch_t(MemraCudaCtx* ctx, const void* x, const void* w, int K, int N, cons
     const GemvRows<W, X> p0{xp, wp, bias, y, N}, none{xp, wp, nullptr, y, 0};
     return launch_short_any<W, X>(ctx, p0, none, K, prefetch);
   }
-  return with_rows(rows_for(ctx, N, KV), [&](auto r) {
-    constexpr int R = decltype(r)::value;
-    return launch_gemv(ctx, gemv_kernel<W, X, R>, (N + R - 1) / R, xp, wp, K, N, bias, y, prefetch);
+  return with_rows(rows_for(ctx, N, KV), KV, [&](auto r, auto p) {
+    constexpr int R = decltype(r)::value, P = decltype(p)::value;
+    const unsigned blocks = (N + R - 1) / R;
+    if constexpr (P == 1) {
+      return launch_gemv(ctx, gemv_kernel<W, X, R, P, 4>, blocks, xp, wp, K, N, bias, y, prefetch);
+    } else {
+      if constexpr (R <= 4) {
+        if (ctx->gemv_occ == 4) {
+          return launch_gemv(ctx, gemv_kernel<W, X, R, P, 4>, blocks, xp, wp, K, N, bias, y,
+                             prefetch);
+        }
+      }
+      return launch_gemv(ctx, gemv_kernel<W, X, R, P, 0>, blocks, xp, wp, K, N, bias, y, prefetch);
+    }
   });
 }
 

@@ -480,7 +480,8 @@ def test_moe_forward_grouped_equals_per_pair_kernels(e, monkeypatch, E, D, I, k,
 @pytest.mark.parametrize("E,D,I,k", [(32, 520, 264, 8), (7, 13, 21, 3), (8, 61, 48, 4)])
 def test_moe_down_rows_per_warp_keep_the_bytes(monkeypatch, E, D, I, k, dtype):
     """The per-pair down kernel at 1, 2 and 4 output rows a warp (MEMRA_MOE_DOWN_ROWS, read when
-    an Engine is made; D = 61, 13: a ragged last warp), with repeated ids: the same bytes."""
+    an Engine is made; D = 61, 13: a ragged last warp), split by slot (the default at one token)
+    and not (MEMRA_MOE_DOWN_SPLIT=0), with a repeated id: the same bytes."""
     r = rng(E + D + I + (dtype == "bfloat16"))
     g, u, d = experts(r, E, D, I, dtype)
     x = randn(r, 1, D, scale=2.0)
@@ -488,13 +489,40 @@ def test_moe_down_rows_per_warp_keep_the_bytes(monkeypatch, E, D, I, k, dtype):
     idx[0, -1] = idx[0, 0]  # a repeated id
     outs = []
     for rows in ("1", "2", "4"):
-        monkeypatch.setenv("MEMRA_MOE_DOWN_ROWS", rows)
-        eng = memra.Engine("cuda")
-        monkeypatch.delenv("MEMRA_MOE_DOWN_ROWS")
-        outs.append(moe_gpu(eng, x, idx, w, g, u, d, 1.5, dtype))
-    np.testing.assert_array_equal(outs[1], outs[0])
-    np.testing.assert_array_equal(outs[2], outs[0])
+        for split in ("1", "0"):
+            monkeypatch.setenv("MEMRA_MOE_DOWN_ROWS", rows)
+            monkeypatch.setenv("MEMRA_MOE_DOWN_SPLIT", split)
+            eng = memra.Engine("cuda")
+            monkeypatch.delenv("MEMRA_MOE_DOWN_ROWS")
+            monkeypatch.delenv("MEMRA_MOE_DOWN_SPLIT")
+            outs.append(moe_gpu(eng, x, idx, w, g, u, d, 1.5, dtype))
+            assert np.array_equal(moe_gpu(eng, x, idx, w, g, u, d, 1.5, dtype), outs[-1])
+    for o in outs[1:]:
+        np.testing.assert_array_equal(o, outs[0])
     scaled_close(outs[0], moe_cpu(x, idx, w, g, u, d, 1.5), rtol=1e-5, atol_rel=1e-5)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("E,D,I,k", [(32, 520, 264, 8), (8, 61, 48, 4)])
+def test_moe_layer_down_split_keeps_the_bytes(monkeypatch, E, D, I, k, dtype):
+    """One token through MoeLayer with its shared expert riding in the expert kernels: the down
+    kernel split by slot (default) and not (MEMRA_MOE_DOWN_SPLIT=0) give the same bytes, and
+    match the CPU layer."""
+    r = rng(E + D + 7 * I + (dtype == "bfloat16"))
+    w = moe_layer_weights(r, E, D, I, I, dtype)
+    kw = dict(hidden=D, n_experts=E, top_k=k, n_group=1, topk_group=1, intermediate=I,
+              shared_intermediate=I, norm_topk_prob=True, routed_scaling=2.5, swiglu_limit=1.5)
+    x = randn(r, 1, D, scale=2.0)
+    outs = []
+    for split in ("1", "0"):
+        monkeypatch.setenv("MEMRA_MOE_DOWN_SPLIT", split)
+        eng = memra.Engine("cuda")
+        monkeypatch.delenv("MEMRA_MOE_DOWN_SPLIT")
+        layer = memra.MoeLayer(eng, w, dtype=dtype, **kw)
+        outs.append(eng.to_host(layer.forward(eng.to_device(x))[0]))
+    np.testing.assert_array_equal(outs[1], outs[0])
+    want, _ = memra.MoeLayer(memra.Engine("cpu"), w, dtype=dtype, **kw).forward(x)
+    close_scaled(outs[0], want, 1e-5 if dtype == "float32" else 2e-2)
 
 
 def moe_layer_weights(r, E, D, I, I_s, dtype):

@@ -149,7 +149,28 @@ def test_gemv_tall_rows_match_cpu_and_bytes_do_not_depend_on_row_tiles(e, monkey
 
     ours = run(e)
     close_scaled(ours, _core.linear(bf16_round(x), w), 1e-5)
-    for env in (dict(MEMRA_GEMV_ROWS="1"), dict(MEMRA_GEMV_ROWS="8")):
+    for env in (dict(MEMRA_GEMV_ROWS="1"), dict(MEMRA_GEMV_ROWS="8"), dict(MEMRA_GEMV_OCC="0")):
+        assert np.array_equal(run(_engine(monkeypatch, **env)), ours), f"{env} changed the bytes"
+
+
+@pytest.mark.parametrize("K", [1536, 2048, 2056])  # one chunk of P = 1 (MLA q_b: 1536), and past it
+@pytest.mark.parametrize("wdt", ["bfloat16", "float32"])
+def test_gemv_medium_rows_match_cpu_and_bytes_do_not_depend_on_the_tiling(e, monkeypatch, K, wdt):
+    # Rows of at most 256 16-byte vectors take one vector a thread (P = 1, 4 blocks an SM); the
+    # bytes do not depend on the rows a block or on MEMRA_GEMV_OCC (registers only).
+    N = 2100
+    r = rng(K + (wdt == "float32"))
+    x = f32(r.standard_normal((1, K)))
+    wf = r.standard_normal((N, K)) / np.sqrt(K)
+    w = bf16_weight(wf) if wdt == "bfloat16" else _core.Weight(f32(wf))
+
+    def run(eng):
+        return eng.to_host(_core.linear(eng.to_device(x), memra.DeviceWeight(eng, w, dtype=wdt), engine=eng))
+
+    ours = run(e)
+    close_scaled(ours, _core.linear(bf16_round(x) if wdt == "bfloat16" else x, w), 1e-5)
+    for env in (dict(MEMRA_GEMV_ROWS="1"), dict(MEMRA_GEMV_ROWS="2"), dict(MEMRA_GEMV_ROWS="8"),
+                dict(MEMRA_GEMV_OCC="0"), dict(MEMRA_GEMV_OCC="0", MEMRA_GEMV_ROWS="4")):
         assert np.array_equal(run(_engine(monkeypatch, **env)), ours), f"{env} changed the bytes"
 
 
@@ -186,14 +207,16 @@ def test_gemv_edge_values(e):
     assert np.array_equal(z, np.zeros((1, 8), np.float32))
 
 
-@pytest.mark.parametrize("knob", ["MEMRA_PDL", "MEMRA_MHC_SITE", "MEMRA_MHC_DEFER"])
-def test_decode_with_and_without_knob_is_bytewise_equal(monkeypatch, knob):
+@pytest.mark.parametrize("knob,on", [("MEMRA_PDL", "1"), ("MEMRA_MHC_SITE", "1"), ("MEMRA_MHC_DEFER", "1"),
+                                     ("MEMRA_MOE_DOWN_SPLIT", "1"), ("MEMRA_GEMV_OCC", "4")])  # off: "0"
+def test_decode_with_and_without_knob_is_bytewise_equal(monkeypatch, knob, on):
     # Programmatic dependent launch changes when kernels start, never what they compute: a kernel
     # reading its predecessor's output before it lands (a missing pdl_wait) shows up here. The
     # single-launch mHC site (cuda/mhc.cu mhc_site_kernel, batch-1 rows) computes what the
     # separate mHC kernels compute, in the same order; its deferred Sinkhorn (run by the next
     # decode GEMV's extra block, or alone before any other entry point) is the same function on
-    # the same rows.
+    # the same rows. The one-token MoE down kernel split by slot sums the same products in the
+    # same order; MEMRA_GEMV_OCC only sizes registers.
     from pathlib import Path
 
     path = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "tiny_glm5_next_bf16"
@@ -211,7 +234,7 @@ def test_decode_with_and_without_knob_is_bytewise_equal(monkeypatch, knob):
         lg = m.decode(c, [0], [int(np.argmax(first))])
         return out, lg
 
-    monkeypatch.setenv(knob, "1")
+    monkeypatch.setenv(knob, on)
     toks_on, lg_on = run()
     monkeypatch.setenv(knob, "0")
     toks_off, lg_off = run()
