@@ -3,6 +3,7 @@
 // elementwise sigmoid. The GPU twins of cpu/basic.cpp: same formulas and the same operation
 // order inside each element; only the row reductions are summed in tree order (f32, relative
 // differences ~1e-6 against the sequential CPU sums).
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
@@ -22,19 +23,18 @@ using memra::cuda::rowsum::group_sum;
 using memra::cuda::rowsum::row_blocks;
 using memra::cuda::rowsum::row_sum_squares;
 using memra::cuda::rowsum::with_group;
+using memra::cuda::rowsum::with_group_device;
 
 namespace {
 
 // cpu::rms_norm: y = (w *) (x * (1 / sqrt(sum(x^2) / D + eps))). x and y may alias: each element
-// is read and then written by the same thread, after the row's reduction.
+// is read and then written by the same thread, after the row's reduction. The body of row
+// `row` (lane `lane` of its group of G threads) is shared with norm_rows_kernel; every thread of
+// the block calls it (group_sum has barriers), `red` holds a float per warp of the block.
 template <int G>
-__global__ void __launch_bounds__(Group<G>::kBlock)
-    rms_norm_kernel(const float* x, int64_t rows, int D, const float* w, float eps, float* y) {
-  memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
-  memra::cuda::pdl_trigger();
-  __shared__ float red[Group<G>::kWarps];
-  const int64_t row = int64_t(blockIdx.x) * Group<G>::kRows + threadIdx.x / G;
-  const int lane = threadIdx.x % G;
+__device__ __forceinline__ void rms_norm_row(const float* x, int64_t rows, int D, const float* w,
+                                             float eps, float* y, int64_t row, int lane,
+                                             float* red) {
   const bool live = row < rows;
   const float* xr = x + (live ? row : 0) * D;
   const float ss = row_sum_squares<G>(xr, live, lane, D, red);
@@ -45,6 +45,16 @@ __global__ void __launch_bounds__(Group<G>::kBlock)
     const float n = __fmul_rn(xr[i], inv);
     yr[i] = w ? __fmul_rn(w[i], n) : n;
   }
+}
+
+template <int G>
+__global__ void __launch_bounds__(Group<G>::kBlock)
+    rms_norm_kernel(const float* x, int64_t rows, int D, const float* w, float eps, float* y) {
+  memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
+  memra::cuda::pdl_trigger();
+  __shared__ float red[Group<G>::kWarps];
+  rms_norm_row<G>(x, rows, D, w, eps, y, int64_t(blockIdx.x) * Group<G>::kRows + threadIdx.x / G,
+                  threadIdx.x % G, red);
 }
 
 // cpu::rms_norm_gated_sigmoid: y = w * (x * inv) * sigmoid(gate). y may alias x (or gate).
@@ -104,16 +114,12 @@ __global__ void __launch_bounds__(Group<G>::kBlock)
   }
 }
 
-// cpu::layer_norm: two passes as the reference (mean, then the mean of squared deviations).
+// cpu::layer_norm: two passes as the reference (mean, then the mean of squared deviations). The
+// row body is shared with norm_rows_kernel, as rms_norm_row.
 template <int G>
-__global__ void __launch_bounds__(Group<G>::kBlock)
-    layer_norm_kernel(const float* x, int64_t rows, int D, const float* w, const float* b,
-                      float eps, float* y) {
-  memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
-  memra::cuda::pdl_trigger();
-  __shared__ float red[Group<G>::kWarps];
-  const int64_t row = int64_t(blockIdx.x) * Group<G>::kRows + threadIdx.x / G;
-  const int lane = threadIdx.x % G;
+__device__ __forceinline__ void layer_norm_row(const float* x, int64_t rows, int D, const float* w,
+                                               const float* b, float eps, float* y, int64_t row,
+                                               int lane, float* red) {
   const bool live = row < rows;
   const float* xr = x + (live ? row : 0) * D;
   float s = 0.0f;
@@ -135,6 +141,52 @@ __global__ void __launch_bounds__(Group<G>::kBlock)
   for (int i = lane; i < D; i += G) {
     yr[i] = __fadd_rn(__fmul_rn(__fmul_rn(xr[i] - mean, inv), w[i]), b[i]);
   }
+}
+
+template <int G>
+__global__ void __launch_bounds__(Group<G>::kBlock)
+    layer_norm_kernel(const float* x, int64_t rows, int D, const float* w, const float* b,
+                      float eps, float* y) {
+  memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
+  memra::cuda::pdl_trigger();
+  __shared__ float red[Group<G>::kWarps];
+  layer_norm_row<G>(x, rows, D, w, b, eps, y,
+                    int64_t(blockIdx.x) * Group<G>::kRows + threadIdx.x / G, threadIdx.x % G, red);
+}
+
+// Up to kNormRows one-row norms in one launch (memra_cuda_norm_rows; the MLA projections' at a
+// decode row): block i runs task i's row with that task's group G (group_for(D)), so each row
+// gets the bytes of its own rms_norm / layer_norm launch; the block is as wide as the widest
+// task's, the other tasks' extra groups are dead rows (they join the barriers only).
+constexpr int kNormRows = 3;
+struct NormRow {
+  const float* x;  // [D]
+  const float* w;  // [D] (null: an unweighted RMSNorm)
+  const float* b;  // [D]: a LayerNorm; null: an RMSNorm
+  float* y;        // [D] (may alias x)
+  int D;
+  int G;
+  float eps;
+};
+struct NormRows {
+  NormRow row[kNormRows];
+};
+
+__global__ void __launch_bounds__(1024) norm_rows_kernel(NormRows t) {
+  memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
+  memra::cuda::pdl_trigger();
+  __shared__ float red[32];
+  const NormRow& r = t.row[blockIdx.x];
+  with_group_device(r.G, [&](auto g) {
+    constexpr int G = decltype(g)::value;
+    const int64_t row = threadIdx.x / G;
+    const int lane = threadIdx.x % G;
+    if (r.b) {
+      layer_norm_row<G>(r.x, 1, r.D, r.w, r.b, r.eps, r.y, row, lane, red);
+    } else {
+      rms_norm_row<G>(r.x, 1, r.D, r.w, r.eps, r.y, row, lane, red);
+    }
+  });
 }
 
 // cpu::l2norm_heads in place: v / sqrt(sum(v^2) + eps) per row of d.
@@ -299,6 +351,39 @@ int memra_cuda_layer_norm(MemraCudaCtx* ctx, const float* x, int T, int D, const
     memra::cuda::launch(ctx, true, layer_norm_kernel<G>, dim3(row_blocks<G>(T)),
         dim3(Group<G>::kBlock), 0, x, T, D, w, b, eps, y);
   });
+  return launch_status();
+}
+
+int memra_cuda_norm_rows(MemraCudaCtx* ctx, const float* x0, int D0, const float* w0, float eps0,
+                         float* y0, const float* x1, int D1, const float* w1, float eps1,
+                         float* y1, const float* x2, int D2, const float* w2, const float* b2,
+                         float eps2, float* y2) {
+  MEMRA_CUDA_RETURN_IF(enter(ctx));
+  if (D0 < 0 || D1 < 0 || D2 < 0) return memra::kContractValue;
+  if ((D0 > 0 && (!x0 || !y0)) || (D1 > 0 && (!x1 || !y1))) return memra::kContractMissing;
+  if (x2 && D2 > 0 && (!w2 || !b2 || !y2)) return memra::kContractMissing;
+  NormRows t{};
+  int n = 0, block = 0;
+  auto add = [&](const float* x, int D, const float* w, const float* b, float eps, float* y) {
+    if (!x || D == 0) return;
+    const int g = group_for(D);
+    t.row[n++] = NormRow{x, w, b, y, D, g, eps};
+    block = std::max(block, std::max(g, 256));
+  };
+  add(x0, D0, w0, nullptr, eps0, y0);
+  add(x1, D1, w1, nullptr, eps1, y1);
+  add(x2, D2, w2, b2, eps2, y2);
+  if (n == 0) return memra::kOk;
+  if (!ctx->norm_rows_fused) {  // MEMRA_NORM_ROWS_FUSED=0: the separate launches (A/B arm)
+    for (int i = 0; i < n; ++i) {
+      const NormRow& r = t.row[i];
+      const int rc = r.b ? memra_cuda_layer_norm(ctx, r.x, 1, r.D, r.w, r.b, r.eps, r.y)
+                         : memra_cuda_rms_norm(ctx, r.x, 1, r.D, r.w, r.eps, r.y);
+      MEMRA_CUDA_RETURN_IF(rc);
+    }
+    return memra::kOk;
+  }
+  memra::cuda::launch(ctx, true, norm_rows_kernel, dim3(n), dim3(block), 0, t);
   return launch_status();
 }
 

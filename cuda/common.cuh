@@ -77,7 +77,9 @@ struct MemraCudaCtx {
   bool pdl = true;
   bool gemv = true;
   int gemv_rows = 0;  // 0: chosen from N
-  int moe_down_split = 1;  // MEMRA_MOE_DOWN_SPLIT=0: one token's MoE down without the slot split
+  int mhc_prefetch = 1;     // MEMRA_MHC_PREFETCH=0: the mHC site loads fn after its wait
+  int route_fused = 1;      // MEMRA_ROUTE_FUSED=0: the one-token router GEMV and routing apart
+  int norm_rows_fused = 1;  // MEMRA_NORM_ROWS_FUSED=0: norm_rows as separate launches
   int gemv_occ = 4;        // MEMRA_GEMV_OCC=0: P = 2 GEMVs of R <= 4 not sized for 4 blocks an SM
   int gemv_tall_rows = 0;  // MEMRA_GEMV_TALL_ROWS: rows a block for K past one chunk (0: from N)
   int moe_down_rows = 2;  // MEMRA_MOE_DOWN_ROWS: output rows a warp of the per-pair down kernel
@@ -227,13 +229,7 @@ __device__ __forceinline__ void pdl_trigger() {
 // step (a fixed-order reduction of those partials) runs in the block that arrives last, in the
 // same launch, instead of in a second kernel. Each kernel family owns one counter of
 // MemraCudaCtx::tickets (zero between launches).
-// kTicketMoeDown starts kMoeDownTickets counters, one per row group of the split MoE down kernel.
-constexpr int kMoeDownTickets = 4096;
-enum Ticket : int {
-  kTicketMhcSite = 0,
-  kTicketMoeDown = 1,
-  kTicketCount = kTicketMoeDown + kMoeDownTickets
-};
+enum Ticket : int { kTicketMhcSite = 0, kTicketMoeRoute, kTicketCount };
 
 // Every thread of every block calls it once, after the global stores the finishing block will
 // read. Returns true in exactly one block: the last to arrive, which then sees every block's

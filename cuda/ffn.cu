@@ -25,6 +25,8 @@
 #include <type_traits>
 
 #include "common.cuh"
+#include "gemv.cuh"
+#include "gemv_rows.cuh"
 
 using memra::cuda::aligned16;
 using memra::cuda::ceil_div;
@@ -36,6 +38,7 @@ using memra::cuda::enter;
 using memra::cuda::launch_status;
 using memra::cuda::Scratch;
 using memra::cuda::status_of;
+namespace grow = memra::cuda::gemv_rows_detail;  // the decode GEMV's row body
 using memra::cuda::to_f32;
 using memra::cuda::warp_sum;
 
@@ -133,30 +136,26 @@ RouteLayout route_layout(int E, int G) {
   return l;
 }
 
-// One warp per token; each warp owns warp_bytes of dynamic shared memory. No __syncthreads, so a
-// warp past the last token may return at once.
-__global__ void moe_route_kernel(const float* __restrict__ logits, const float* __restrict__ bias,
-                                 int T, int E, int top_k, int G, int topk_group, int norm,
-                                 float scaling, RouteLayout layout, int32_t* __restrict__ topk_idx,
-                                 float* __restrict__ topk_w) {
-  memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
-  memra::cuda::pdl_trigger();
-  extern __shared__ __align__(16) unsigned char smem[];
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int64_t t = int64_t(blockIdx.x) * (blockDim.x >> 5) + warp;
-  if (t >= T) return;
-  unsigned char* base = smem + static_cast<size_t>(warp) * layout.warp_bytes;
+// One token's routing by one whole warp (lane `lane`): lt [E] its logits, base its warp_bytes of
+// shared memory; idx, w [top_k] its choices. Load: LOAD_CG reads lt through L2 (other blocks'
+// stores of the same launch).
+template <bool LOAD_CG>
+__device__ __forceinline__ void route_token(const float* lt, const float* __restrict__ bias, int E,
+                                            int top_k, int G, int topk_group, int norm,
+                                            float scaling, const RouteLayout& layout,
+                                            unsigned char* base, int32_t* __restrict__ idx,
+                                            float* __restrict__ w, int lane) {
   float* scores = reinterpret_cast<float*>(base);
   float* choice = scores + E;
   float* group_score = choice + E;
   unsigned char* taken = base + layout.floats_bytes;
   unsigned char* kept = taken + E;
-  const float* lt = logits + t * E;
   const int per_group = E / G;
   const float neg_inf = -INFINITY;
 
   for (int e = lane; e < E; e += 32) {
-    const float s = __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-lt[e])));
+    const float l = LOAD_CG ? __ldcg(lt + e) : lt[e];
+    const float s = __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-l)));
     scores[e] = s;
     choice[e] = bias ? __fadd_rn(s, bias[e]) : s;
     taken[e] = 0;
@@ -191,8 +190,6 @@ __global__ void moe_route_kernel(const float* __restrict__ logits, const float* 
     }
     __syncwarp();
   }
-  int32_t* idx = topk_idx + t * top_k;
-  float* w = topk_w + t * top_k;
   // Lane j % 32 keeps the j-th choice for j < 32 (mine), so the weights are finished in
   // parallel from registers; lane 0 adds the chosen scores in order j ascending, as the CPU.
   float sum = 0.0f;
@@ -213,6 +210,46 @@ __global__ void moe_route_kernel(const float* __restrict__ logits, const float* 
     float v = scores[j < 32 ? mine : idx[j]];  // the unbiased score: the bias only chooses
     if (norm) v = __fdiv_rn(v, denom);
     w[j] = __fmul_rn(v, scaling);
+  }
+}
+
+// One warp per token; each warp owns warp_bytes of dynamic shared memory. No __syncthreads, so a
+// warp past the last token may return at once.
+__global__ void moe_route_kernel(const float* __restrict__ logits, const float* __restrict__ bias,
+                                 int T, int E, int top_k, int G, int topk_group, int norm,
+                                 float scaling, RouteLayout layout, int32_t* __restrict__ topk_idx,
+                                 float* __restrict__ topk_w) {
+  memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
+  memra::cuda::pdl_trigger();
+  extern __shared__ __align__(16) unsigned char smem[];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int64_t t = int64_t(blockIdx.x) * (blockDim.x >> 5) + warp;
+  if (t >= T) return;
+  route_token<false>(logits + t * E, bias, E, top_k, G, topk_group, norm, scaling, layout,
+                     smem + static_cast<size_t>(warp) * layout.warp_bytes, topk_idx + t * top_k,
+                     topk_w + t * top_k, lane);
+}
+
+// The router and the routing of one token in one launch (memra_cuda_moe_route at T == 1 where the
+// decode GEMV takes the router: f32 gate_w [E, D] and x, 16-byte aligned, D % 4 == 0;
+// MEMRA_ROUTE_FUSED=0 turns it off): block e computes logit e as the router's GEMV launch does
+// (gemv_rows, one row a block: the same bits) into logits [E]; the block that finishes last runs
+// moe_route_kernel's warp on them. A deferred Sinkhorn rides in block 0, as on the GEMV.
+template <int P>
+__global__ void __launch_bounds__(grow::kGemvThreads)
+    route_decode_kernel(const float* __restrict__ x, const float* __restrict__ gate_w, int D,
+                        const float* __restrict__ bias, int E, int top_k, int G, int topk_group,
+                        int norm, float scaling, RouteLayout layout, float* __restrict__ logits,
+                        unsigned* __restrict__ ticket, int32_t* __restrict__ topk_idx,
+                        float* __restrict__ topk_w, int prefetch, memra::cuda::SinkTask task) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  if (task.comb && blockIdx.x == 0) return memra::cuda::run_sink_task(task);
+  const int e = blockIdx.x - (task.comb ? 1 : 0);
+  grow::gemv_rows<float, float, 1, P>(x, gate_w, D, E, nullptr, logits, prefetch, e);
+  if (!memra::cuda::last_block(ticket, static_cast<unsigned>(E))) return;
+  if (threadIdx.x < 32) {
+    route_token<true>(logits, bias, E, top_k, G, topk_group, norm, scaling, layout, smem, topk_idx,
+                      topk_w, threadIdx.x);
   }
 }
 
@@ -341,8 +378,7 @@ __device__ __forceinline__ void order_slots(const int32_t* it, int top_k, int E,
 
 // One slot's down products for a warp's RPW rows: a[r] = lane's partial of wr[r] . hp (h [I] f32,
 // wr[r] a row of I weights), lane l taking columns l * 8 + 256 s (VEC) or l + 32 s, in ascending
-// order with fmaf; the caller's warp_sum finishes each. Shared by both forms of kernel B, so
-// their products are the same bits.
+// order with fmaf; the caller's warp_sum finishes each.
 template <typename W, bool VEC, int RPW>
 __device__ __forceinline__ void down_dots(const float* __restrict__ hp, const W* const (&wr)[RPW],
                                           int I, int lane, float (&a)[RPW]) {
@@ -430,60 +466,6 @@ __global__ void __launch_bounds__(kWarps * 32)
   }
 }
 
-// Kernel B split by slot, at one token (T == 1; MEMRA_MOE_DOWN_SPLIT=0 turns it off): grid
-// (S = top_k (+ 1 with a shared expert), G = ceil(D / (kWarps * RPW))). Block (j, g) computes slot
-// j's products for the rows of group g (moe_down_kernel's warp and row layout, down_dots) into
-// dots [S, D]; the last of the group's S blocks to arrive (a ticket per group) adds them up as
-// moe_down_kernel does: the valid slots ordered by (expert id, slot), each product times its
-// weight and each sum rounded apart, then the shared expert's product in front. Same bytes.
-// Why: moe_down_kernel's G = 256 blocks each walk the 9 slots one after another, a warp holding
-// one slot's loads in flight at a time (ncu: 0.80 of copy); here 9 x 256 blocks of one slot each,
-// as kernel A (0.95).
-template <typename W, bool VEC, int RPW>
-__global__ void __launch_bounds__(kWarps * 32)
-    moe_down_split_kernel(const float* __restrict__ h, const int32_t* __restrict__ topk_idx,
-                          const float* __restrict__ topk_w, int top_k, const W* __restrict__ down_w,
-                          int E, int I, int D, float* __restrict__ y, SharedExpert<W> sh,
-                          float* __restrict__ dots, unsigned* __restrict__ tickets) {
-  memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
-  memra::cuda::pdl_trigger();
-  extern __shared__ int order[];  // [top_k] ordered slots, then the count (the last block's)
-  const int j = blockIdx.x;
-  const bool shared = j == top_k;
-  const int e = shared ? 0 : topk_idx[j];
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int d0 = (blockIdx.y * kWarps + warp) * RPW;
-  if ((shared || (e >= 0 && e < E)) && d0 < D) {
-    const float* hp = h + static_cast<int64_t>(j) * I;  // T == 1: slot j's row, the shared one last
-    const W* wr[RPW];
-#pragma unroll
-    for (int r = 0; r < RPW; ++r) {
-      const int64_t d = d0 + r < D ? d0 + r : d0;  // a ragged last warp re-reads row d0
-      wr[r] = shared ? sh.down + d * I : down_w + (static_cast<int64_t>(e) * D + d) * I;
-    }
-    float a[RPW];
-    down_dots<W, VEC, RPW>(hp, wr, I, lane, a);
-#pragma unroll
-    for (int r = 0; r < RPW; ++r) {
-      const float v = warp_sum(a[r]);
-      if (lane == 0 && d0 + r < D) dots[static_cast<int64_t>(j) * D + d0 + r] = v;
-    }
-  }
-  if (!memra::cuda::last_block(tickets + blockIdx.y, gridDim.x)) return;
-  if (threadIdx.x == 0) order_slots(topk_idx, top_k, E, order);
-  __syncthreads();
-  const int d = blockIdx.y * kWarps * RPW + threadIdx.x;
-  if (threadIdx.x >= kWarps * RPW || d >= D) return;
-  const int n = order[top_k];
-  float acc = 0.0f;
-  for (int s = 0; s < n; ++s) {
-    const int js = order[s];
-    acc = __fadd_rn(acc, __fmul_rn(__ldcg(dots + static_cast<int64_t>(js) * D + d), topk_w[js]));
-  }
-  if (sh.down) acc = __fadd_rn(__ldcg(dots + static_cast<int64_t>(top_k) * D + d), acc);
-  y[d] = acc;
-}
-
 // Kernel B at RPW rows a warp (MEMRA_MOE_DOWN_ROWS: 1, 2 or 4; else 2).
 template <typename W, bool VEC>
 int launch_moe_down(MemraCudaCtx* ctx, int T, int top_k, const float* h, const int32_t* topk_idx,
@@ -492,17 +474,7 @@ int launch_moe_down(MemraCudaCtx* ctx, int T, int top_k, const float* h, const i
   const size_t smem = sizeof(int) * (static_cast<size_t>(top_k) + 1);
   auto go = [&](auto rpw) {
     constexpr int RPW = decltype(rpw)::value;
-    const unsigned groups = ceil_div(D, kWarps * RPW);
-    if (T == 1 && ctx->moe_down_split && groups <= memra::cuda::kMoeDownTickets) {
-      const int slots = top_k + (sh.down ? 1 : 0);
-      Scratch dots(ctx, sizeof(float) * static_cast<size_t>(slots) * D);
-      MEMRA_CUDA_RETURN_IF(dots.status());
-      return memra::cuda::launch(ctx, true, moe_down_split_kernel<W, VEC, RPW>,
-                                 dim3(static_cast<unsigned>(slots), groups), dim3(kWarps * 32),
-                                 smem, h, topk_idx, topk_w, top_k, dw, E, I, D, y, sh,
-                                 dots.as<float>(), ctx->tickets + memra::cuda::kTicketMoeDown);
-    }
-    const dim3 grid(static_cast<unsigned>(T), groups);
+    const dim3 grid(static_cast<unsigned>(T), ceil_div(D, kWarps * RPW));
     return memra::cuda::launch(ctx, true, moe_down_kernel<W, VEC, RPW>, grid, dim3(kWarps * 32),
                                smem, h, topk_idx, topk_w, top_k, dw, E, I, D, y,
                                static_cast<int64_t>(T) * top_k, sh);
@@ -1148,6 +1120,23 @@ int memra_cuda_moe_route(MemraCudaCtx* ctx, const float* x, int T, int D, const 
 
   Scratch logits(ctx, sizeof(float) * static_cast<size_t>(T) * E);
   MEMRA_CUDA_RETURN_IF(logits.status());
+  // One token whose router the GEMV's row body takes (not its short-row kernel, whose sums go
+  // in another order): router and routing in one launch.
+  if (T == 1 && ctx->route_fused && memra::cuda::gemv_takes(ctx, x, 0, D, gate_w, 0) &&
+      D / 4 > grow::kShortMaxV) {
+    const int KV = D / 4;
+    const int prefetch = ctx->resident_weights > 0 ? 1 : 0;
+    auto go = [&](auto p) {
+      constexpr int P = decltype(p)::value;
+      return grow::launch_gemv_smem(
+          ctx, route_decode_kernel<P>, E, static_cast<size_t>(layout.warp_bytes), x, gate_w, D,
+          corr_bias, E, top_k, n_group, topk_group, norm_topk_prob ? 1 : 0, scaling, layout,
+          logits.as<float>(), ctx->tickets + memra::cuda::kTicketMoeRoute, topk_idx, topk_w,
+          prefetch);
+    };
+    if (grow::vectors_per_chunk_thread(KV) == 1) return go(std::integral_constant<int, 1>());
+    return go(std::integral_constant<int, grow::kGemvP>());
+  }
   // Router logits in f32 (transformers computes them in f32): an SGEMM with TF32 off.
   MEMRA_CUDA_RETURN_IF(memra_cuda_linear(ctx, x, T, D, gate_w, 0, E, nullptr, logits.as<float>()));
   const unsigned blocks = ceil_div(T, warps);

@@ -26,6 +26,7 @@
 // slower (a block that starts late holds up the whole grid); at T = 4 both forms ran at 0.35-0.5
 // of copy (x re-read per chunk), below cuBLAS, so T > 1 stays with cuBLAS.
 #include "gemv.cuh"
+#include "gemv_rows.cuh"
 #include "sinkhorn.cuh"
 
 #include <cstdint>
@@ -40,164 +41,9 @@ using memra::cuda::settle_pending;
 using memra::cuda::SinkTask;
 using memra::cuda::take_pending;
 using memra::cuda::warp_sum;
+using namespace memra::cuda::gemv_rows_detail;
 
 namespace {
-
-constexpr int kGemvThreads = 256;
-constexpr int kGemvWarps = kGemvThreads / 32;
-constexpr int kGemvP = 2;  // 16-byte weight vectors per row and thread per chunk
-// Rows of at most kGemvThreads vectors (K <= 2048 bf16: MLA's q_b, K 1536) take P = 1: the
-// second vector of every row was never loaded, but its registers halved the blocks an SM holds
-// (ncu 2026-11-29: q_b at 0.66 of copy, R = 8). The loads and sums are the same at P = 1 and 2
-// (one chunk, vector tid), so are the bytes.
-__host__ __device__ constexpr int vectors_per_chunk_thread(int KV) {
-  return KV <= kGemvThreads ? 1 : kGemvP;
-}
-
-// A 16-byte weight load that skips L1 (each weight byte is read once per call).
-__device__ __forceinline__ uint4 ld_stream(const uint4* p) {
-  uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
-  return v;
-}
-
-__device__ __forceinline__ float bf16_lo(uint32_t u) { return __uint_as_float(u << 16); }
-__device__ __forceinline__ float bf16_hi(uint32_t u) { return __uint_as_float(u & 0xffff0000u); }
-// f32 -> bf16 (RNE) -> f32: the value cpu::linear multiplies after rounding x.
-__device__ __forceinline__ float round_bf16(float v) { return memra::cuda::rounded<__nv_bfloat16>(v); }
-
-// The E = 16 / sizeof(W) x values of row t at vector v, as f32 (rounded to bf16 for a bf16 w).
-template <typename W, typename X>
-__device__ __forceinline__ void load_x(const X* __restrict__ xr, int v, float* out);
-template <>
-__device__ __forceinline__ void load_x<__nv_bfloat16, float>(const float* __restrict__ xr, int v,
-                                                             float* out) {
-  const float4 a = reinterpret_cast<const float4*>(xr)[2 * v];
-  const float4 b = reinterpret_cast<const float4*>(xr)[2 * v + 1];
-  out[0] = round_bf16(a.x);
-  out[1] = round_bf16(a.y);
-  out[2] = round_bf16(a.z);
-  out[3] = round_bf16(a.w);
-  out[4] = round_bf16(b.x);
-  out[5] = round_bf16(b.y);
-  out[6] = round_bf16(b.z);
-  out[7] = round_bf16(b.w);
-}
-template <>
-__device__ __forceinline__ void load_x<__nv_bfloat16, __nv_bfloat16>(
-    const __nv_bfloat16* __restrict__ xr, int v, float* out) {
-  const uint4 u = reinterpret_cast<const uint4*>(xr)[v];
-  out[0] = bf16_lo(u.x);
-  out[1] = bf16_hi(u.x);
-  out[2] = bf16_lo(u.y);
-  out[3] = bf16_hi(u.y);
-  out[4] = bf16_lo(u.z);
-  out[5] = bf16_hi(u.z);
-  out[6] = bf16_lo(u.w);
-  out[7] = bf16_hi(u.w);
-}
-template <>
-__device__ __forceinline__ void load_x<float, float>(const float* __restrict__ xr, int v,
-                                                     float* out) {
-  const float4 a = reinterpret_cast<const float4*>(xr)[v];
-  out[0] = a.x;
-  out[1] = a.y;
-  out[2] = a.z;
-  out[3] = a.w;
-}
-
-// acc += dot(weight vector wv, xs[0 .. E)).
-template <typename W>
-__device__ __forceinline__ float dot16(uint4 wv, const float* xs, float acc);
-template <>
-__device__ __forceinline__ float dot16<__nv_bfloat16>(uint4 wv, const float* xs, float acc) {
-  acc = fmaf(bf16_lo(wv.x), xs[0], acc);
-  acc = fmaf(bf16_hi(wv.x), xs[1], acc);
-  acc = fmaf(bf16_lo(wv.y), xs[2], acc);
-  acc = fmaf(bf16_hi(wv.y), xs[3], acc);
-  acc = fmaf(bf16_lo(wv.z), xs[4], acc);
-  acc = fmaf(bf16_hi(wv.z), xs[5], acc);
-  acc = fmaf(bf16_lo(wv.w), xs[6], acc);
-  acc = fmaf(bf16_hi(wv.w), xs[7], acc);
-  return acc;
-}
-template <>
-__device__ __forceinline__ float dot16<float>(uint4 wv, const float* xs, float acc) {
-  acc = fmaf(__uint_as_float(wv.x), xs[0], acc);
-  acc = fmaf(__uint_as_float(wv.y), xs[1], acc);
-  acc = fmaf(__uint_as_float(wv.z), xs[2], acc);
-  acc = fmaf(__uint_as_float(wv.w), xs[3], acc);
-  return acc;
-}
-
-// Block `blk`: weight rows [blk * R, blk * R + R) of w [N, K] (row-major, K % E == 0, 16-byte
-// aligned) over the whole K, in chunks of P * kGemvThreads vectors (P: vectors_per_chunk_thread); x [1, K] (ldx unused at
-// one row), y [1, N]. prefetch: the first chunk's weights are loaded before pdl_wait (the caller
-// guarantees no queued kernel writes w), so they stream while the previous kernel finishes.
-template <typename W, typename X, int R, int P>
-__device__ __forceinline__ void gemv_rows(const X* __restrict__ x, const W* __restrict__ w, int K,
-                                          int N, const float* __restrict__ bias,
-                                          float* __restrict__ y, int prefetch, int blk) {
-  constexpr int E = 16 / sizeof(W);
-  constexpr int kChunk = P * kGemvThreads;  // vectors per row per chunk
-  __shared__ float red[kGemvWarps][R];
-  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  const int KV = K / E;
-  const int n0 = blk * R;
-  const uint4* rows[R];
-  bool row_in[R];
-#pragma unroll
-  for (int r = 0; r < R; ++r) {
-    row_in[r] = n0 + r < N;
-    rows[r] = reinterpret_cast<const uint4*>(w + int64_t(row_in[r] ? n0 + r : n0) * K);
-  }
-  uint4 wv[R][P];
-  auto load_chunk = [&](int base) {
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-#pragma unroll
-      for (int p = 0; p < P; ++p) {
-        const int v = base + p * kGemvThreads + tid;
-        wv[r][p] = (row_in[r] && v < KV) ? ld_stream(rows[r] + v) : make_uint4(0, 0, 0, 0);
-      }
-    }
-  };
-  if (prefetch) load_chunk(0);
-  pdl_wait();  // x and y belong to the stream's earlier work
-  pdl_trigger();
-  if (!prefetch) load_chunk(0);
-
-  float acc[R];
-#pragma unroll
-  for (int r = 0; r < R; ++r) acc[r] = 0.0f;
-  for (int base = 0; base < KV; base += kChunk) {
-    if (base > 0) load_chunk(base);
-#pragma unroll
-    for (int p = 0; p < P; ++p) {
-      const int v = base + p * kGemvThreads + tid;
-      if (v >= KV) break;
-      float xs[E];
-      load_x<W, X>(x, v, xs);
-#pragma unroll
-      for (int r = 0; r < R; ++r) acc[r] = dot16<W>(wv[r][p], xs, acc[r]);
-    }
-  }
-#pragma unroll
-  for (int r = 0; r < R; ++r) {
-    const float s = warp_sum(acc[r]);
-    if (lane == 0) red[warp][r] = s;
-  }
-  __syncthreads();
-  if (tid < R && n0 + tid < N) {
-    float s = 0.0f;
-#pragma unroll
-    for (int k = 0; k < kGemvWarps; ++k) s += red[k][tid];
-    if (bias) s += bias[n0 + tid];
-    y[n0 + tid] = s;
-  }
-}
 
 // MB: the resident blocks an SM the registers are sized for (0: the compiler's choice). 4 at
 // P = 1 (64 registers at R = 8) and at P = 2 for R <= 4 (64 instead of 77 registers at R = 4:
@@ -258,7 +104,6 @@ __global__ void __launch_bounds__(kGemvThreads)
 // share a row, lane j holding vector j, so a block covers 256 / L rows with one load per thread,
 // and the L partial dots meet in a butterfly. Chosen by K alone: a row's order still depends on
 // K only (not on N or MEMRA_GEMV_ROWS).
-constexpr int kShortMaxV = 32;
 
 // Blocks [0, blocks0) take problem p0 and the rest p1 (p1.N == 0 for a single GEMV): two GEMVs
 // of the same K in one launch (linear_ex_pair) compute each row as a launch of their own would.
@@ -299,17 +144,6 @@ __global__ void __launch_bounds__(kGemvThreads)
     if (bias) acc += bias[n];
     y[n] = acc;
   }
-}
-
-// Launches a GEMV kernel (its last parameter a SinkTask) over `blocks` blocks of kGemvThreads;
-// a pending deferred Sinkhorn (common.cuh) rides in the launch as one extra block, block 0, and
-// is pending again if the launch fails.
-template <typename... P, typename... A>
-int launch_gemv(MemraCudaCtx* ctx, void (*kernel)(P...), int blocks, A... args) {
-  const SinkTask task = take_pending(ctx);
-  const unsigned grid = static_cast<unsigned>(blocks) + (task.comb ? 1u : 0u);
-  return settle_pending(ctx, task,
-                        launch(ctx, true, kernel, dim3(grid), dim3(kGemvThreads), 0, args..., task));
 }
 
 // f(std::integral_constant<int, R>{}, std::integral_constant<int, P>{}) for the rows a block R
@@ -424,6 +258,11 @@ int with_types(int w_dtype, int x_dtype, F&& f) {
 namespace memra::cuda {
 
 static_assert(kGemvMaxT == 1, "gemv_kernel computes one row of x (it ignores T and ldx)");
+
+bool gemv_takes(const MemraCudaCtx* ctx, const void* x, int x_dtype, int K, const void* w,
+                int w_dtype) {
+  return takes(ctx, x, x_dtype, K, w, w_dtype);
+}
 
 int gemv(MemraCudaCtx* ctx, const void* x, int x_dtype, int T, int K, const void* w, int w_dtype,
          int N, const float* bias, float* y, bool* handled) {

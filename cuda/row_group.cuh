@@ -65,6 +65,19 @@ void with_group(int g, F&& f) {
   }
 }
 
+// The same in device code (a block-uniform g): one instantiation of f per group size.
+template <typename F>
+__device__ __forceinline__ void with_group_device(int g, F&& f) {
+  switch (g) {
+    case 32: f(std::integral_constant<int, 32>{}); break;
+    case 64: f(std::integral_constant<int, 64>{}); break;
+    case 128: f(std::integral_constant<int, 128>{}); break;
+    case 256: f(std::integral_constant<int, 256>{}); break;
+    case 512: f(std::integral_constant<int, 512>{}); break;
+    default: f(std::integral_constant<int, 1024>{}); break;
+  }
+}
+
 template <int G>
 unsigned row_blocks(int64_t rows) {
   return ceil_div(rows, Group<G>::kRows);

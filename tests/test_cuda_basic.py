@@ -226,6 +226,37 @@ def test_layer_norm_matches_cpu(e, T, D):
     close(e.to_host(got), _core.layer_norm(x, w, b, eps=1e-6), NORM_TOL)
 
 
+@pytest.mark.parametrize("D0,D1,D2", [(1536, 512, 128), (32, 32, 32), (5000, 33, 7), (4096, 1, 0),
+                                      (100, 2048, 1500)])
+@pytest.mark.parametrize("fused", ["1", "0"])
+def test_norm_rows_equal_their_own_launches(monkeypatch, D0, D1, D2, fused):
+    # The MLA projections' norms of a decode row in one launch (block i: row i with its own
+    # row group; the GLM widths 1536 / 512 / 128 take groups of 512 / 128 / 32 in a block of
+    # 512): each row's bytes are its own rms_norm / layer_norm launch's. D2 == 0: no third row.
+    monkeypatch.setenv("MEMRA_NORM_ROWS_FUSED", fused)
+    e = memra.Engine("cuda")
+    monkeypatch.delenv("MEMRA_NORM_ROWS_FUSED")
+    r = rng(D0 + 3 * D1 + 7 * D2)
+    x0, x1 = f32(r.standard_normal((1, D0)) * 2), f32(r.standard_normal((1, D1)) + 0.5)
+    w0 = f32(r.standard_normal(D0))
+    x2 = f32(r.standard_normal((1, D2)) * 2 + 1.5) if D2 else None
+    w2, b2 = (f32(r.standard_normal(D2)), f32(r.standard_normal(D2))) if D2 else (None, None)
+    dev = lambda a: None if a is None else e.to_device(a)  # noqa: E731
+    got = _core.norm_rows(dev(x0), dev(w0), dev(x1), None, dev(x2), dev(w2), dev(b2), eps0=1e-6,
+                          eps1=1e-5, eps2=1e-6, engine=e)
+    got = [e.to_host(a) for a in got]
+    want = [e.to_host(_core.rms_norm(dev(x0), dev(w0), eps=1e-6, engine=e)),
+            e.to_host(_core.rms_norm(dev(x1), eps=1e-5, engine=e))]
+    if D2:
+        want.append(e.to_host(_core.layer_norm(dev(x2), dev(w2), dev(b2), eps=1e-6, engine=e)))
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
+    assert got[2].shape == (1, D2)
+    cpu = _core.norm_rows(x0, w0, x1, None, x2, w2, b2, eps0=1e-6, eps1=1e-5, eps2=1e-6)
+    for g, c in zip(got, cpu):
+        close(g, c, NORM_TOL)
+
+
 @pytest.mark.parametrize("T", [1, 65])
 @pytest.mark.parametrize("H,d", [(4, 16), (3, 33), (64, 128), (2, 200)])
 def test_l2norm_heads_matches_cpu(e, T, H, d):

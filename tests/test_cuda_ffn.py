@@ -312,6 +312,38 @@ def test_moe_route_dense_gate_matches_cpu_where_margins_are_clear(e, T):
     assert checked >= max(1, (9 * T) // 10)
 
 
+@pytest.mark.parametrize("D", [200, 1024, 4096])  # the router's rows: P = 1, and 2 chunks of P = 2
+@pytest.mark.parametrize("E,top_k,n_group,topk_group", [(32, 8, 1, 1), (288, 8, 8, 4), (64, 6, 8, 3)])
+def test_moe_route_one_token_in_one_launch_keeps_the_bytes(monkeypatch, D, E, top_k, n_group,
+                                                            topk_group):
+    # At one token the router GEMV and the routing run in one launch (the last block routes):
+    # the same bytes as the two launches (MEMRA_ROUTE_FUSED=0), and the CPU's choice where its
+    # margins are clear.
+    r = rng(D + E + top_k)
+    x = randn(r, 1, D)
+    gate = randn(r, E, D, scale=0.5)
+    bias = f32(r.uniform(-0.05, 0.05, E))
+    kw = dict(top_k=top_k, n_group=n_group, topk_group=topk_group, norm_topk_prob=True,
+              scaling=2.5)
+    outs = []
+    for fused in ("1", "0"):
+        monkeypatch.setenv("MEMRA_ROUTE_FUSED", fused)
+        eng = memra.Engine("cuda")
+        monkeypatch.delenv("MEMRA_ROUTE_FUSED")
+        for _ in range(2):  # the ticket is back at 0 after a launch
+            i, w = _core.moe_route(eng.to_device(x), dweight(eng, gate), eng.to_device(bias),
+                                   engine=eng, **kw)
+            outs.append((eng.to_host(i), eng.to_host(w)))
+    for i, w in outs[1:]:
+        np.testing.assert_array_equal(i, outs[0][0])
+        np.testing.assert_array_equal(w, outs[0][1])
+    want_i, want_w = _core.moe_route(x, weight(gate), bias, **kw)
+    logits = x.astype(np.float64) @ gate.T.astype(np.float64)
+    if route_margin(logits, bias, top_k, n_group, topk_group) > 1e-4:
+        np.testing.assert_array_equal(outs[0][0], want_i)
+        np.testing.assert_allclose(outs[0][1], want_w, rtol=1e-5, atol=1e-6)
+
+
 def test_moe_route_contract_errors(e):
     r = rng(5)
     E, D = 8, 6
@@ -480,8 +512,7 @@ def test_moe_forward_grouped_equals_per_pair_kernels(e, monkeypatch, E, D, I, k,
 @pytest.mark.parametrize("E,D,I,k", [(32, 520, 264, 8), (7, 13, 21, 3), (8, 61, 48, 4)])
 def test_moe_down_rows_per_warp_keep_the_bytes(monkeypatch, E, D, I, k, dtype):
     """The per-pair down kernel at 1, 2 and 4 output rows a warp (MEMRA_MOE_DOWN_ROWS, read when
-    an Engine is made; D = 61, 13: a ragged last warp), split by slot (the default at one token)
-    and not (MEMRA_MOE_DOWN_SPLIT=0), with a repeated id: the same bytes."""
+    an Engine is made; D = 61, 13: a ragged last warp), with repeated ids: the same bytes."""
     r = rng(E + D + I + (dtype == "bfloat16"))
     g, u, d = experts(r, E, D, I, dtype)
     x = randn(r, 1, D, scale=2.0)
@@ -489,40 +520,13 @@ def test_moe_down_rows_per_warp_keep_the_bytes(monkeypatch, E, D, I, k, dtype):
     idx[0, -1] = idx[0, 0]  # a repeated id
     outs = []
     for rows in ("1", "2", "4"):
-        for split in ("1", "0"):
-            monkeypatch.setenv("MEMRA_MOE_DOWN_ROWS", rows)
-            monkeypatch.setenv("MEMRA_MOE_DOWN_SPLIT", split)
-            eng = memra.Engine("cuda")
-            monkeypatch.delenv("MEMRA_MOE_DOWN_ROWS")
-            monkeypatch.delenv("MEMRA_MOE_DOWN_SPLIT")
-            outs.append(moe_gpu(eng, x, idx, w, g, u, d, 1.5, dtype))
-            assert np.array_equal(moe_gpu(eng, x, idx, w, g, u, d, 1.5, dtype), outs[-1])
+        monkeypatch.setenv("MEMRA_MOE_DOWN_ROWS", rows)
+        eng = memra.Engine("cuda")
+        monkeypatch.delenv("MEMRA_MOE_DOWN_ROWS")
+        outs.append(moe_gpu(eng, x, idx, w, g, u, d, 1.5, dtype))
     for o in outs[1:]:
         np.testing.assert_array_equal(o, outs[0])
     scaled_close(outs[0], moe_cpu(x, idx, w, g, u, d, 1.5), rtol=1e-5, atol_rel=1e-5)
-
-
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("E,D,I,k", [(32, 520, 264, 8), (8, 61, 48, 4)])
-def test_moe_layer_down_split_keeps_the_bytes(monkeypatch, E, D, I, k, dtype):
-    """One token through MoeLayer with its shared expert riding in the expert kernels: the down
-    kernel split by slot (default) and not (MEMRA_MOE_DOWN_SPLIT=0) give the same bytes, and
-    match the CPU layer."""
-    r = rng(E + D + 7 * I + (dtype == "bfloat16"))
-    w = moe_layer_weights(r, E, D, I, I, dtype)
-    kw = dict(hidden=D, n_experts=E, top_k=k, n_group=1, topk_group=1, intermediate=I,
-              shared_intermediate=I, norm_topk_prob=True, routed_scaling=2.5, swiglu_limit=1.5)
-    x = randn(r, 1, D, scale=2.0)
-    outs = []
-    for split in ("1", "0"):
-        monkeypatch.setenv("MEMRA_MOE_DOWN_SPLIT", split)
-        eng = memra.Engine("cuda")
-        monkeypatch.delenv("MEMRA_MOE_DOWN_SPLIT")
-        layer = memra.MoeLayer(eng, w, dtype=dtype, **kw)
-        outs.append(eng.to_host(layer.forward(eng.to_device(x))[0]))
-    np.testing.assert_array_equal(outs[1], outs[0])
-    want, _ = memra.MoeLayer(memra.Engine("cpu"), w, dtype=dtype, **kw).forward(x)
-    close_scaled(outs[0], want, 1e-5 if dtype == "float32" else 2e-2)
 
 
 def moe_layer_weights(r, E, D, I, I_s, dtype):

@@ -208,15 +208,18 @@ def test_gemv_edge_values(e):
 
 
 @pytest.mark.parametrize("knob,on", [("MEMRA_PDL", "1"), ("MEMRA_MHC_SITE", "1"), ("MEMRA_MHC_DEFER", "1"),
-                                     ("MEMRA_MOE_DOWN_SPLIT", "1"), ("MEMRA_GEMV_OCC", "4")])  # off: "0"
+                                     ("MEMRA_GEMV_OCC", "4"), ("MEMRA_NORM_ROWS_FUSED", "1"),
+                                     ("MEMRA_ROUTE_FUSED", "1"), ("MEMRA_MHC_PREFETCH", "1")])  # off: "0"
 def test_decode_with_and_without_knob_is_bytewise_equal(monkeypatch, knob, on):
     # Programmatic dependent launch changes when kernels start, never what they compute: a kernel
     # reading its predecessor's output before it lands (a missing pdl_wait) shows up here. The
     # single-launch mHC site (cuda/mhc.cu mhc_site_kernel, batch-1 rows) computes what the
     # separate mHC kernels compute, in the same order; its deferred Sinkhorn (run by the next
     # decode GEMV's extra block, or alone before any other entry point) is the same function on
-    # the same rows. The one-token MoE down kernel split by slot sums the same products in the
-    # same order; MEMRA_GEMV_OCC only sizes registers.
+    # the same rows. MEMRA_GEMV_OCC only sizes registers; MEMRA_MHC_PREFETCH only moves the
+    # site's weight loads before its wait. The MLA projections' norms in one
+    # launch run each row as its own launch would. (The tiny model's router rows are short:
+    # the fused router is checked in test_cuda_ffn.py.)
     from pathlib import Path
 
     path = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "tiny_glm5_next_bf16"
@@ -274,20 +277,27 @@ def test_deferred_sinkhorn_rides_on_the_next_gemv(e, monkeypatch):
     x = f32(r.standard_normal((1, 16)))
     y = f32(r.standard_normal((1, D)))
 
-    def run(eng, gemv_first):
+    xr = f32(r.standard_normal((1, 512)))
+    wr = f32(r.standard_normal((32, 512)) / 8)
+
+    def run(eng, first):
         gpu, _ = hc_layer(eng, fw, base, scale, 4, D)
         post, comb, out = gpu.pre(eng.to_device(streams), norm=eng.to_device(wn), eps=1e-6)
         outs = []
-        if gemv_first:  # takes the pending Sinkhorn into its launch
+        if first == "gemv":  # takes the pending Sinkhorn into its launch
             outs.append(_core.linear(eng.to_device(x), memra.DeviceWeight(eng, bf16_weight(wg)), engine=eng))
+        elif first == "route":  # the one-token router + routing launch takes it too
+            outs.extend(_core.moe_route(eng.to_device(xr), memra.DeviceWeight(eng, _core.Weight(wr)),
+                                        engine=eng, top_k=4, n_group=1, topk_group=1,
+                                        norm_topk_prob=True, scaling=1.0))
         outs.append(_core.mhc_post(eng.to_device(y), post, comb, eng.to_device(streams), engine=eng))
         return [eng.to_host(a) for a in [post, comb, out] + outs]
 
     monkeypatch.setenv("MEMRA_MHC_DEFER", "0")
     plain = memra.Engine("cuda")
     monkeypatch.delenv("MEMRA_MHC_DEFER")
-    for gemv_first in (True, False):
-        got, want = run(e, gemv_first), run(plain, gemv_first)
+    for first in ("gemv", "route", None):
+        got, want = run(e, first), run(plain, first)
         assert len(got) == len(want)
         for g, wt in zip(got, want):
             np.testing.assert_array_equal(g, wt)

@@ -47,6 +47,24 @@ def test_norms_match_references() -> None:
                                h / np.sqrt((h**2).sum(-1, keepdims=True) + 1e-6), rtol=1e-5, atol=1e-6)
 
 
+def test_norm_rows_are_the_three_norms() -> None:
+    r = np.random.default_rng(11)
+    x0, x1, x2 = (r.standard_normal((1, n)).astype(np.float32) for n in (48, 16, 8))
+    w0, w2, b2 = (r.standard_normal(n).astype(np.float32) for n in (48, 8, 8))
+    y0, y1, y2 = _core.norm_rows(x0, w0, x1, None, x2, w2, b2, eps0=1e-6, eps1=1e-5, eps2=1e-3)
+    ref = [_core.rms_norm(x0, w0, eps=1e-6), _core.rms_norm(x1, eps=1e-5), _core.layer_norm(x2, w2, b2, eps=1e-3)]
+    for got, want in zip((y0, y1, y2), ref):
+        np.testing.assert_array_equal(got, want)
+    # the references' formulas, in float64
+    np.testing.assert_allclose(y1[0], x1[0] / np.sqrt(np.mean(x1[0].astype(np.float64) ** 2) + 1e-5), rtol=1e-5)
+    assert _core.norm_rows(x0, w0, x1, None, eps0=1e-6, eps1=1e-5)[2].shape == (1, 0)
+    with pytest.raises(memra.ContractError) as ei:
+        _core.norm_rows(x0, w0, x1, None, x2, w2, eps0=1e-6, eps1=1e-5)
+    assert ei.value.code == S.CONTRACT_MISSING
+    with pytest.raises(memra.ContractError):
+        _core.norm_rows(np.zeros((2, 48), np.float32), w0, x1, None, eps0=1e-6, eps1=1e-5)
+
+
 @pytest.mark.parametrize("d_rope", [2, 8, 64])
 def test_rope_interleaved_rotates_pairs(d_rope: int) -> None:
     T, n = 5, 3

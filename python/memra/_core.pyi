@@ -130,6 +130,13 @@ def layer_norm(x: Annotated[NDArray, dict(writable=False)], weight: Annotated[ND
     Reference: nn.LayerNorm.
     """
 
+def norm_rows(x0: Annotated[NDArray, dict(writable=False)], w0: Annotated[NDArray, dict(writable=False)] | None, x1: Annotated[NDArray, dict(writable=False)], w1: Annotated[NDArray, dict(writable=False)] | None, x2: Annotated[NDArray, dict(writable=False)] | None = None, w2: Annotated[NDArray, dict(writable=False)] | None = None, b2: Annotated[NDArray, dict(writable=False)] | None = None, *, eps0: float, eps1: float, eps2: float = 9.999999974752427e-07, engine: Engine | None = None) -> tuple:
+    """
+    The MLA projections' norms of one decode row in one launch: (rms_norm(x0, w0, eps0), rms_norm(x1, w1, eps1), layer_norm(x2, w2, b2, eps2)) -> (y0 [1, D0], y1 [1, D1], y2 [1, D2]) float32, each the bytes of its own rms_norm / layer_norm call; x_i [1, D_i] float32 on the engine's device, w0 / w1 may be None (unweighted), x2 None: no third row (y2 [1, 0]).
+    Raises ContractError (CONTRACT_MISSING when x2, w2, b2 do not come together, CONTRACT_DTYPE, CONTRACT_SHAPE, CONTRACT_STRIDE, CONTRACT_DEVICE).
+    Reference: Glm5NextTextRMSNorm (q_a_layernorm, kv_a_layernorm) and nn.LayerNorm (the indexer's k_norm).
+    """
+
 def l2norm_heads(x: Annotated[NDArray, dict(writable=False)], *, eps: float = 9.999999974752427e-07, engine: Engine | None = None) -> object:
     """
     x [T, H, d] / sqrt(sum(x^2, -1) + eps), float32 on the engine's device (a new array).

@@ -327,6 +327,57 @@ void init_ops_basic(nb::module_& m) {
       "CONTRACT_SHAPE, CONTRACT_STRIDE, CONTRACT_DEVICE).\nReference: nn.LayerNorm.");
 
   m.def(
+      "norm_rows",
+      [](const AnyArray& x0, std::optional<AnyArray> w0, const AnyArray& x1,
+         std::optional<AnyArray> w1, std::optional<AnyArray> x2, std::optional<AnyArray> w2,
+         std::optional<AnyArray> b2, float eps0, float eps1, float eps2, const Engine* engine) {
+        const char* op = "norm_rows";
+        check_eps(eps0, op);
+        check_eps(eps1, op);
+        check_eps(eps2, op);
+        if (x2.has_value() != w2.has_value() || x2.has_value() != b2.has_value()) {
+          raise_contract(kContractMissing, std::string(op) + ": x2, w2 and b2 come together");
+        }
+        const float* p0 = f32_in(engine, x0, op, "x0", {1, -1});
+        const float* p1 = f32_in(engine, x1, op, "x1", {1, -1});
+        const int D0 = static_cast<int>(dim(x0, 1)), D1 = static_cast<int>(dim(x1, 1));
+        const float* q0 = w0 ? f32_in(engine, *w0, op, "w0", {D0}) : nullptr;
+        const float* q1 = w1 ? f32_in(engine, *w1, op, "w1", {D1}) : nullptr;
+        const float* p2 = x2 ? f32_in(engine, *x2, op, "x2", {1, -1}) : nullptr;
+        const int D2 = x2 ? static_cast<int>(dim(*x2, 1)) : 0;
+        const float* q2 = x2 ? f32_in(engine, *w2, op, "w2", {D2}) : nullptr;
+        const float* c2 = x2 ? f32_in(engine, *b2, op, "b2", {D2}) : nullptr;
+        Out y0 = out_f32(engine, {1, sz(D0)});
+        Out y1 = out_f32(engine, {1, sz(D1)});
+        Out y2 = out_f32(engine, {1, sz(D2)});
+        if (on_cuda(engine)) {
+          const CudaContext& c = cuda_ctx(engine);
+          check_cuda(engine,
+                     c.api().norm_rows(c.ctx(), p0, D0, q0, eps0, y0.data<float>(), p1, D1, q1,
+                                       eps1, y1.data<float>(), p2, D2, q2, c2, eps2,
+                                       x2 ? y2.data<float>() : nullptr),
+                     op);
+        } else {
+          nb::gil_scoped_release nogil;
+          cpu::rms_norm(p0, 1, D0, q0, eps0, y0.data<float>());
+          cpu::rms_norm(p1, 1, D1, q1, eps1, y1.data<float>());
+          if (x2) cpu::layer_norm(p2, 1, D2, q2, c2, eps2, y2.data<float>());
+        }
+        return nb::make_tuple(y0.obj, y1.obj, y2.obj);
+      },
+      nb::arg("x0"), nb::arg("w0").none(), nb::arg("x1"), nb::arg("w1").none(),
+      nb::arg("x2").none() = nb::none(), nb::arg("w2").none() = nb::none(),
+      nb::arg("b2").none() = nb::none(), nb::kw_only(), nb::arg("eps0"), nb::arg("eps1"),
+      nb::arg("eps2") = 1e-6f, nb::arg("engine").none() = nb::none(),
+      "The MLA projections' norms of one decode row in one launch: (rms_norm(x0, w0, eps0), "
+      "rms_norm(x1, w1, eps1), layer_norm(x2, w2, b2, eps2)) -> (y0 [1, D0], y1 [1, D1], y2 [1, "
+      "D2]) float32, each the bytes of its own rms_norm / layer_norm call; x_i [1, D_i] float32 on "
+      "the engine's device, w0 / w1 may be None (unweighted), x2 None: no third row (y2 [1, 0]).\n"
+      "Raises ContractError (CONTRACT_MISSING when x2, w2, b2 do not come together, "
+      "CONTRACT_DTYPE, CONTRACT_SHAPE, CONTRACT_STRIDE, CONTRACT_DEVICE).\nReference: "
+      "Glm5NextTextRMSNorm (q_a_layernorm, kv_a_layernorm) and nn.LayerNorm (the indexer's k_norm).");
+
+  m.def(
       "l2norm_heads",
       [](const AnyArray& x, float eps, const Engine* engine) {
         const char* op = "l2norm_heads";

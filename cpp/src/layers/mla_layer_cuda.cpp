@@ -122,11 +122,20 @@ Status MlaLayer::project_cuda(gpu::Arena& a, const float* x, int N, Projected* o
       MEMRA_GPU(c, gpu::linear_in(c, xr, N, g.weights_proj, nullptr, rows.w), op);
     }
   }
-  MEMRA_GPU(c, api.rms_norm(ctx, out->q_resid, N, ql, gpu::f32p(g.q_a_norm), cfg_.rms_eps, out->q_resid), op);
-  MEMRA_GPU(c, api.rms_norm(ctx, out->ckv, N, R, gpu::f32p(g.kv_a_norm), cfg_.rms_eps, out->ckv), op);
-  if (idx) {
-    MEMRA_GPU(c, api.layer_norm(ctx, rows.k, N, di, gpu::f32p(g.k_norm_w), gpu::f32p(g.k_norm_b),
-                                kIndexerNormEps, rows.k), op);
+  if (N == 1) {  // one launch for the row's two or three norms (the bytes of the three below)
+    MEMRA_GPU(c, api.norm_rows(ctx, out->q_resid, ql, gpu::f32p(g.q_a_norm), cfg_.rms_eps,
+                               out->q_resid, out->ckv, R, gpu::f32p(g.kv_a_norm), cfg_.rms_eps,
+                               out->ckv, idx ? rows.k : nullptr, idx ? di : 0,
+                               idx ? gpu::f32p(g.k_norm_w) : nullptr,
+                               idx ? gpu::f32p(g.k_norm_b) : nullptr, kIndexerNormEps,
+                               idx ? rows.k : nullptr), op);
+  } else {
+    MEMRA_GPU(c, api.rms_norm(ctx, out->q_resid, N, ql, gpu::f32p(g.q_a_norm), cfg_.rms_eps, out->q_resid), op);
+    MEMRA_GPU(c, api.rms_norm(ctx, out->ckv, N, R, gpu::f32p(g.kv_a_norm), cfg_.rms_eps, out->ckv), op);
+    if (idx) {
+      MEMRA_GPU(c, api.layer_norm(ctx, rows.k, N, di, gpu::f32p(g.k_norm_w), gpu::f32p(g.k_norm_b),
+                                  kIndexerNormEps, rows.k), op);
+    }
   }
 
   gpu::Rounded qr;

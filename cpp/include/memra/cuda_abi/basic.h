@@ -39,6 +39,13 @@
   /* cpu::layer_norm: x, y [T, D] (may alias); w, b [D]. */                                       \
   X(layer_norm, (MemraCudaCtx * ctx, const float* x, int T, int D, const float* w,                \
                  const float* b, float eps, float* y))                                            \
+  /* Three one-row norms in one launch (the MLA projections' at a decode row): y0 [D0] =        \
+     rms_norm(x0, w0, eps0), y1 [D1] = rms_norm(x1, w1, eps1), y2 [D2] = layer_norm(x2, w2, b2,  \
+     eps2), each the bytes of its own rms_norm / layer_norm call at T = 1 (x_i and y_i may       \
+     alias; a null x_i or D_i == 0 skips that row; w0, w1 may be null). */                        \
+  X(norm_rows, (MemraCudaCtx * ctx, const float* x0, int D0, const float* w0, float eps0,         \
+                float* y0, const float* x1, int D1, const float* w1, float eps1, float* y1,       \
+                const float* x2, int D2, const float* w2, const float* b2, float eps2, float* y2)) \
   /* cpu::l2norm_heads in place: x [T, H, d]. */                                                  \
   X(l2norm_heads, (MemraCudaCtx * ctx, float* x, int T, int H, int d, float eps))                 \
   /* cpu::rope_interleaved in place: x [T, n_vec, d_rope]; positions [T] (device). No launch when  \
