@@ -77,7 +77,6 @@ struct MemraCudaCtx {
   bool pdl = true;
   bool gemv = true;
   int gemv_rows = 0;  // 0: chosen from N
-  int mhc_prefetch = 1;     // MEMRA_MHC_PREFETCH=0: the mHC site loads fn after its wait
   int route_fused = 1;      // MEMRA_ROUTE_FUSED=0: the one-token router GEMV and routing apart
   int norm_rows_fused = 1;  // MEMRA_NORM_ROWS_FUSED=0: norm_rows as separate launches
   int gemv_occ = 4;        // MEMRA_GEMV_OCC=0: P = 2 GEMVs of R <= 4 not sized for 4 blocks an SM

@@ -68,7 +68,6 @@ int memra_cuda_ctx_create(int device, MemraCudaCtx** out) {
   if (const char* v = std::getenv("MEMRA_GEMV_OCC")) c->gemv_occ = std::atoi(v);
   if (const char* v = std::getenv("MEMRA_MHC_SITE")) c->mhc_site = std::strcmp(v, "0") != 0;
   if (const char* v = std::getenv("MEMRA_MOE_DOWN_ROWS")) c->moe_down_rows = std::atoi(v);
-  if (const char* v = std::getenv("MEMRA_MHC_PREFETCH")) c->mhc_prefetch = std::strcmp(v, "0") != 0;
   if (const char* v = std::getenv("MEMRA_ROUTE_FUSED")) c->route_fused = std::strcmp(v, "0") != 0;
   if (const char* v = std::getenv("MEMRA_NORM_ROWS_FUSED")) c->norm_rows_fused = std::strcmp(v, "0") != 0;
   if (const char* v = std::getenv("MEMRA_MHC_DEFER")) c->mhc_defer = std::strcmp(v, "0") != 0;

@@ -501,35 +501,28 @@ struct SiteArgs {
   int sinkhorn_iters;
   float hc_eps, norm_eps, rms_eps;
   int defer_comb;  // store comb's softmaxed rows and leave the Sinkhorn pending (common.cuh)
-  int prefetch_fn;  // fn is resident (MemraCudaCtx::resident_weights): load it before the wait
 };
 
 template <typename W, bool POST, int G>
 __global__ void __launch_bounds__(kPartThreads) mhc_site_kernel(SiteArgs a) {
+  memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
+  memra::cuda::pdl_trigger();
   constexpr int HC = kSiteHc;
   constexpr int mix = (2 + HC) * HC;
   const int s = blockIdx.x, S = gridDim.x;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int D = a.D, flat = HC * D;
 
-  // -- Every block: its split of the flat row (mhc_partial_kernel at T = 1). fn is a resident
-  // weight when a.prefetch_fn (no queued kernel writes it): its loads go before the wait, so
-  // their DRAM round trip overlaps the previous kernel's tail instead of opening the site's.
+  // -- Every block: its split of the flat row (mhc_partial_kernel at T = 1).
   const int k = s * kSplitK + 4 * lane;
   const bool in = k < flat;
   const W* fn = static_cast<const W*>(a.fn);
   float4 w[kPartOuts];
-  auto load_fn = [&] {
 #pragma unroll
-    for (int j = 0; j < kPartOuts; ++j) {
-      const int m = warp + 32 * j;
-      w[j] = (in && m < mix) ? load4(fn + int64_t(m) * flat + k) : make_float4(0.f, 0.f, 0.f, 0.f);
-    }
-  };
-  if (a.prefetch_fn) load_fn();
-  memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
-  memra::cuda::pdl_trigger();
-  if (!a.prefetch_fn) load_fn();
+  for (int j = 0; j < kPartOuts; ++j) {
+    const int m = warp + 32 * j;
+    w[j] = (in && m < mix) ? load4(fn + int64_t(m) * flat + k) : make_float4(0.f, 0.f, 0.f, 0.f);
+  }
   float4 x = make_float4(0.f, 0.f, 0.f, 0.f);
   if (in) {
     if constexpr (POST) {
@@ -710,7 +703,6 @@ int launch_site(MemraCudaCtx* ctx, SiteArgs a, int fn_dtype) {
   a.part = part.as<float>();
   a.ticket = ctx->tickets + memra::cuda::kTicketMhcSite;
   a.defer_comb = ctx->mhc_defer ? 1 : 0;
-  a.prefetch_fn = ctx->resident_weights > 0 && ctx->mhc_prefetch ? 1 : 0;
   static_assert(kSiteHc == memra::cuda::kSinkHc, "the deferred Sinkhorn is the site's");
   with_group(group_for(a.D), [&](auto g) {
     constexpr int G = decltype(g)::value;

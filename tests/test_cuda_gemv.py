@@ -209,15 +209,14 @@ def test_gemv_edge_values(e):
 
 @pytest.mark.parametrize("knob,on", [("MEMRA_PDL", "1"), ("MEMRA_MHC_SITE", "1"), ("MEMRA_MHC_DEFER", "1"),
                                      ("MEMRA_GEMV_OCC", "4"), ("MEMRA_NORM_ROWS_FUSED", "1"),
-                                     ("MEMRA_ROUTE_FUSED", "1"), ("MEMRA_MHC_PREFETCH", "1")])  # off: "0"
+                                     ("MEMRA_ROUTE_FUSED", "1")])  # off: "0"
 def test_decode_with_and_without_knob_is_bytewise_equal(monkeypatch, knob, on):
     # Programmatic dependent launch changes when kernels start, never what they compute: a kernel
     # reading its predecessor's output before it lands (a missing pdl_wait) shows up here. The
     # single-launch mHC site (cuda/mhc.cu mhc_site_kernel, batch-1 rows) computes what the
     # separate mHC kernels compute, in the same order; its deferred Sinkhorn (run by the next
     # decode GEMV's extra block, or alone before any other entry point) is the same function on
-    # the same rows. MEMRA_GEMV_OCC only sizes registers; MEMRA_MHC_PREFETCH only moves the
-    # site's weight loads before its wait. The MLA projections' norms in one
+    # the same rows. MEMRA_GEMV_OCC only sizes registers. The MLA projections' norms in one
     # launch run each row as its own launch would. (The tiny model's router rows are short:
     # the fused router is checked in test_cuda_ffn.py.)
     from pathlib import Path
