@@ -360,7 +360,9 @@ int memra_cuda_norm_rows(MemraCudaCtx* ctx, const float* x0, int D0, const float
                          float eps2, float* y2) {
   MEMRA_CUDA_RETURN_IF(enter(ctx));
   if (D0 < 0 || D1 < 0 || D2 < 0) return memra::kContractValue;
-  if ((D0 > 0 && (!x0 || !y0)) || (D1 > 0 && (!x1 || !y1))) return memra::kContractMissing;
+  // A row is skipped when its x is null or its D is 0 (the ABI's contract); a row that runs
+  // needs its y (and row 2 its LayerNorm weight and bias).
+  if ((x0 && D0 > 0 && !y0) || (x1 && D1 > 0 && !y1)) return memra::kContractMissing;
   if (x2 && D2 > 0 && (!w2 || !b2 || !y2)) return memra::kContractMissing;
   NormRows t{};
   int n = 0, block = 0;

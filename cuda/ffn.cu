@@ -1122,8 +1122,14 @@ int memra_cuda_moe_route(MemraCudaCtx* ctx, const float* x, int T, int D, const 
   MEMRA_CUDA_RETURN_IF(logits.status());
   // One token whose router the GEMV's row body takes (not its short-row kernel, whose sums go
   // in another order): router and routing in one launch.
+  // (Its static shared memory, the GEMV's partial sums and the ticket flag, comes on top of the
+  // routing's warp_bytes.)
+  constexpr int kFusedStaticSmem = 256;
   if (T == 1 && ctx->route_fused && memra::cuda::gemv_takes(ctx, x, 0, D, gate_w, 0) &&
-      D / 4 > grow::kShortMaxV) {
+      D / 4 > grow::kShortMaxV && layout.warp_bytes + kFusedStaticSmem <= kSmemLimit) {
+    // The router GEMV's own check (memra_cuda_linear): a weight that overlaps a pending comb.
+    MEMRA_CUDA_RETURN_IF(
+        memra::cuda::flush_if_reads(ctx, gate_w, sizeof(float) * size_t(E) * size_t(D)));
     const int KV = D / 4;
     const int prefetch = ctx->resident_weights > 0 ? 1 : 0;
     auto go = [&](auto p) {

@@ -13,13 +13,13 @@ constexpr int kGemvMaxT = MEMRA_GEMV_MAX_ROWS;
 // call (w bf16 or f32, x f32 or in w's dtype, 16-byte aligned x and w, K a multiple of 16 bytes
 // of w), false when the caller must run cuBLAS instead (nothing was enqueued). Returns the launch
 // status.
+int gemv(MemraCudaCtx* ctx, const void* x, int x_dtype, int T, int K, const void* w, int w_dtype,
+         int N, const float* bias, float* y, bool* handled);
+
 // Whether gemv() takes one row of x [K] (x_dtype) against w (w_dtype): the GEMV is on, w bf16
 // or f32, x f32 or in w's dtype, K a whole number of 16-byte vectors of w, x and w 16-byte aligned.
 bool gemv_takes(const MemraCudaCtx* ctx, const void* x, int x_dtype, int K, const void* w,
                 int w_dtype);
-
-int gemv(MemraCudaCtx* ctx, const void* x, int x_dtype, int T, int K, const void* w, int w_dtype,
-         int N, const float* bias, float* y, bool* handled);
 
 // Two GEMVs of one row, the same K and the same dtypes in one launch: y0 = x0 w0^T (+ bias0)
 // [N0], y1 = x1 w1^T (+ bias1) [N1], each row computed as gemv() computes it (short rows, K <= 32

@@ -40,6 +40,8 @@ A small shape for ``compute-sanitizer --tool racecheck`` / ``--tool memcheck``:
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -342,6 +344,40 @@ def test_moe_route_one_token_in_one_launch_keeps_the_bytes(monkeypatch, D, E, to
     if route_margin(logits, bias, top_k, n_group, topk_group) > 1e-4:
         np.testing.assert_array_equal(outs[0][0], want_i)
         np.testing.assert_allclose(outs[0][1], want_w, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("fused", ["1", "0"])
+def test_moe_route_one_token_takes_the_one_launch_path(monkeypatch, tmp_path, fused):
+    # Which kernels one token's routing launches (torch.profiler, CUDA activity): the router +
+    # routing kernel alone at D = 1024, the GEMV and the routing kernel with MEMRA_ROUTE_FUSED=0;
+    # short rows (D = 64: the GEMV's short-row kernel) never take the fused path.
+    torch = pytest.importorskip("torch")
+    from torch.profiler import ProfilerActivity, profile
+
+    monkeypatch.setenv("MEMRA_ROUTE_FUSED", fused)
+    eng = memra.Engine("cuda")
+    monkeypatch.delenv("MEMRA_ROUTE_FUSED")
+    r = rng(5)
+    kw = dict(top_k=4, n_group=1, topk_group=1, norm_topk_prob=True, scaling=1.0)
+
+    def kernels(D):
+        x, gate = eng.to_device(randn(r, 1, D)), dweight(eng, randn(r, 32, D, scale=0.1))
+        eng.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            _core.moe_route(x, gate, engine=eng, **kw)
+            eng.synchronize()
+            torch.cuda.synchronize()
+        path = tmp_path / f"trace{D}.json"  # the Chrome trace: kernels are events of category "kernel"
+        prof.export_chrome_trace(str(path))
+        events = json.loads(path.read_text())
+        events = events.get("traceEvents", []) if isinstance(events, dict) else events
+        return " ".join(str(ev.get("name")) for ev in events
+                        if isinstance(ev, dict) and str(ev.get("cat", "")).lower() == "kernel")
+
+    long_rows, short_rows = kernels(1024), kernels(64)
+    assert ("route_decode_kernel" in long_rows) == (fused == "1"), long_rows
+    assert ("moe_route_kernel" in long_rows) == (fused == "0"), long_rows
+    assert "route_decode_kernel" not in short_rows and "moe_route_kernel" in short_rows, short_rows
 
 
 def test_moe_route_contract_errors(e):

@@ -153,7 +153,9 @@ def test_gemv_tall_rows_match_cpu_and_bytes_do_not_depend_on_row_tiles(e, monkey
         assert np.array_equal(run(_engine(monkeypatch, **env)), ours), f"{env} changed the bytes"
 
 
-@pytest.mark.parametrize("K", [1536, 2048, 2056])  # one chunk of P = 1 (MLA q_b: 1536), and past it
+# bf16: 1536 (MLA q_b), 2048 and 1024 are one chunk of P = 1, 2056 past it; f32: 1024 is one
+# chunk of P = 1 (256 vectors), 1032 and the others past it.
+@pytest.mark.parametrize("K", [1024, 1032, 1536, 2048, 2056])
 @pytest.mark.parametrize("wdt", ["bfloat16", "float32"])
 def test_gemv_medium_rows_match_cpu_and_bytes_do_not_depend_on_the_tiling(e, monkeypatch, K, wdt):
     # Rows of at most 256 16-byte vectors take one vector a thread (P = 1, 4 blocks an SM); the
@@ -208,17 +210,16 @@ def test_gemv_edge_values(e):
 
 
 @pytest.mark.parametrize("knob,on", [("MEMRA_PDL", "1"), ("MEMRA_MHC_SITE", "1"), ("MEMRA_MHC_DEFER", "1"),
-                                     ("MEMRA_GEMV_OCC", "4"), ("MEMRA_NORM_ROWS_FUSED", "1"),
-                                     ("MEMRA_ROUTE_FUSED", "1")])  # off: "0"
+                                     ("MEMRA_NORM_ROWS_FUSED", "1")])  # off: "0"
 def test_decode_with_and_without_knob_is_bytewise_equal(monkeypatch, knob, on):
     # Programmatic dependent launch changes when kernels start, never what they compute: a kernel
     # reading its predecessor's output before it lands (a missing pdl_wait) shows up here. The
     # single-launch mHC site (cuda/mhc.cu mhc_site_kernel, batch-1 rows) computes what the
     # separate mHC kernels compute, in the same order; its deferred Sinkhorn (run by the next
     # decode GEMV's extra block, or alone before any other entry point) is the same function on
-    # the same rows. MEMRA_GEMV_OCC only sizes registers. The MLA projections' norms in one
-    # launch run each row as its own launch would. (The tiny model's router rows are short:
-    # the fused router is checked in test_cuda_ffn.py.)
+    # the same rows. The MLA projections' norms in one launch run each row as its own launch
+    # would. (The tiny model's rows are short: MEMRA_GEMV_OCC and the one-launch router, which
+    # only long rows take, are checked in the GEMV tests below and in test_cuda_ffn.py.)
     from pathlib import Path
 
     path = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "tiny_glm5_next_bf16"

@@ -303,7 +303,7 @@ def moe_route(x: Annotated[NDArray, dict(writable=False)], gate_w: object, corr_
     x [T, D] float32; gate_w [E, D]; corr_bias [E] float32 or None (e_score_correction_bias: used only to choose).
     Logits in f32 -> sigmoid scores s; choice c = s + bias; group score = sum of the top-2 c of each of the n_group groups; keep the best topk_group groups (ties: lower group); top_k experts by c among them (ties: lower id), sorted by c desc. Weights = s of the chosen experts, / (sum + 1e-20) when norm_topk_prob, times scaling.
     Returns (idx [T, top_k] int32, w [T, top_k] float32).
-    engine: None or a CPU Engine: gate_w a memra.Weight, host arrays. A CUDA Engine: gate_w a float32 memra.DeviceWeight, arrays on its device; logits by SGEMM (TF32 off), then one warp per token with the CPU's selection rules (sigmoid with CUDA's expf, within 2 ulp).
+    engine: None or a CPU Engine: gate_w a memra.Weight, host arrays. A CUDA Engine: gate_w a float32 memra.DeviceWeight, arrays on its device; logits by SGEMM (TF32 off; at one token the decode GEMV, in the same launch as the routing), then one warp per token with the CPU's selection rules (sigmoid with CUDA's expf, within 2 ulp).
     Raises ContractError (CONTRACT_DTYPE, also for a bfloat16 DeviceWeight; CONTRACT_SHAPE, CONTRACT_STRIDE, CONTRACT_DEVICE; CONTRACT_VALUE when n_group does not divide E, topk_group is outside [1, n_group] or top_k outside [1, topk_group * E / n_group]).
     Reference: transformers Glm5NextTextTopkRouter.forward.
     """
