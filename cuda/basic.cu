@@ -23,7 +23,6 @@ using memra::cuda::rowsum::group_sum;
 using memra::cuda::rowsum::row_blocks;
 using memra::cuda::rowsum::row_sum_squares;
 using memra::cuda::rowsum::with_group;
-using memra::cuda::rowsum::with_group_device;
 
 namespace {
 
@@ -177,7 +176,7 @@ __global__ void __launch_bounds__(1024) norm_rows_kernel(NormRows t) {
   memra::cuda::pdl_trigger();
   __shared__ float red[32];
   const NormRow& r = t.row[blockIdx.x];
-  with_group_device(r.G, [&](auto g) {
+  with_group(r.G, [&](auto g) {
     constexpr int G = decltype(g)::value;
     const int64_t row = threadIdx.x / G;
     const int lane = threadIdx.x % G;

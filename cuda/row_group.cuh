@@ -52,22 +52,11 @@ inline int group_for(int D) {
   return g;
 }
 
-// Calls f(std::integral_constant<int, G>) for the runtime group size g.
+// Calls f(std::integral_constant<int, G>) for the runtime group size g, in host code (a launch
+// per group size) or device code (g uniform across the block: one instantiation of f each).
+#pragma nv_exec_check_disable
 template <typename F>
-void with_group(int g, F&& f) {
-  switch (g) {
-    case 32: f(std::integral_constant<int, 32>{}); break;
-    case 64: f(std::integral_constant<int, 64>{}); break;
-    case 128: f(std::integral_constant<int, 128>{}); break;
-    case 256: f(std::integral_constant<int, 256>{}); break;
-    case 512: f(std::integral_constant<int, 512>{}); break;
-    default: f(std::integral_constant<int, 1024>{}); break;
-  }
-}
-
-// The same in device code (a block-uniform g): one instantiation of f per group size.
-template <typename F>
-__device__ __forceinline__ void with_group_device(int g, F&& f) {
+__host__ __device__ __forceinline__ void with_group(int g, F&& f) {
   switch (g) {
     case 32: f(std::integral_constant<int, 32>{}); break;
     case 64: f(std::integral_constant<int, 64>{}); break;
