@@ -63,6 +63,24 @@ def test_norm_rows_are_the_three_norms() -> None:
     assert ei.value.code == S.CONTRACT_MISSING
     with pytest.raises(memra.ContractError):
         _core.norm_rows(np.zeros((2, 48), np.float32), w0, x1, None, eps0=1e-6, eps1=1e-5)
+    with pytest.raises(memra.ContractError, match="eps1"):
+        _core.norm_rows(x0, w0, x1, None, eps0=1e-6, eps1=-1.0)
+
+
+def test_norms_refuse_rows_past_int32(tmp_path) -> None:
+    # A row of 2^31 + 16 values (a sparse file: nothing is read) is refused, not normalised over
+    # the 16 values a narrowing cast would leave.
+    x = np.memmap(tmp_path / "row.f32", np.float32, "w+", shape=(1, 2**31 + 16))
+    small = np.ones((1, 4), np.float32)
+    for call in (lambda: _core.rms_norm(x, eps=1e-6),
+                 lambda: _core.layer_norm(x, np.ones(16, np.float32), np.ones(16, np.float32), eps=1e-6),
+                 lambda: _core.norm_rows(x, None, small, None, eps0=1e-6, eps1=1e-6),
+                 lambda: _core.norm_rows(small, None, small, None, x, np.ones(16, np.float32),
+                                         np.ones(16, np.float32), eps0=1e-6, eps1=1e-6)):
+        with pytest.raises(memra.ContractError) as ei:
+            call()
+        assert ei.value.code == S.CONTRACT_SHAPE
+    del x
 
 
 @pytest.mark.parametrize("d_rope", [2, 8, 64])

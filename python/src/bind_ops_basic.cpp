@@ -8,6 +8,7 @@
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 
+#include <climits>
 #include <cmath>
 #include <cstring>
 #include <optional>
@@ -60,6 +61,21 @@ void device_copy(const Engine* engine, void* dst, const void* src, size_t bytes,
 std::string odd_rope_message(int64_t d_rope) {
   return "rope_interleaved: d_rope must be even (interleaved pairs (2j, 2j+1) are rotated), got "
          "d_rope=" + std::to_string(d_rope);
+}
+
+}  // namespace
+
+namespace {
+
+// Extent i of a as the int the kernels and the CPU ops index with; a larger one is CONTRACT_SHAPE
+// (a narrowing cast would normalise a prefix of the row and report a wrong shape).
+int int_extent(const AnyArray& a, size_t i, const char* op, const char* name) {
+  const int64_t n = dim(a, i);
+  if (n > INT_MAX) {
+    raise_contract(kContractShape, std::string(op) + ": " + name + " of shape " + shape_str(a) +
+                                       " has an extent past 2^31 - 1");
+  }
+  return static_cast<int>(n);
 }
 
 }  // namespace
@@ -253,7 +269,7 @@ void init_ops_basic(nb::module_& m) {
         const char* op = "rms_norm";
         check_eps(eps, op);
         const float* xp = f32_in(engine, x, op, "x", {-1, -1});
-        const int T = static_cast<int>(dim(x, 0)), D = static_cast<int>(dim(x, 1));
+        const int T = int_extent(x, 0, op, "x"), D = int_extent(x, 1, op, "x");
         const float* wp = weight ? f32_in(engine, *weight, op, "weight", {D}) : nullptr;
         Out y = out_f32_uninit(engine, {sz(T), sz(D)});
         if (on_cuda(engine)) {
@@ -279,7 +295,7 @@ void init_ops_basic(nb::module_& m) {
         const char* op = "rms_norm_gated";
         check_eps(eps, op);
         const float* xp = f32_in(engine, x, op, "x", {-1, -1});
-        const int T = static_cast<int>(dim(x, 0)), D = static_cast<int>(dim(x, 1));
+        const int T = int_extent(x, 0, op, "x"), D = int_extent(x, 1, op, "x");
         const float* gp = f32_in(engine, gate, op, "gate", {T, D});
         const float* wp = f32_in(engine, weight, op, "weight", {D});
         Out y = out_f32(engine, {sz(T), sz(D)});
@@ -307,7 +323,7 @@ void init_ops_basic(nb::module_& m) {
         const char* op = "layer_norm";
         check_eps(eps, op);
         const float* xp = f32_in(engine, x, op, "x", {-1, -1});
-        const int T = static_cast<int>(dim(x, 0)), D = static_cast<int>(dim(x, 1));
+        const int T = int_extent(x, 0, op, "x"), D = int_extent(x, 1, op, "x");
         const float* wp = f32_in(engine, weight, op, "weight", {D});
         const float* bp = f32_in(engine, bias, op, "bias", {D});
         Out y = out_f32(engine, {sz(T), sz(D)});
@@ -332,19 +348,19 @@ void init_ops_basic(nb::module_& m) {
          std::optional<AnyArray> w1, std::optional<AnyArray> x2, std::optional<AnyArray> w2,
          std::optional<AnyArray> b2, float eps0, float eps1, float eps2, const Engine* engine) {
         const char* op = "norm_rows";
-        check_eps(eps0, op);
-        check_eps(eps1, op);
-        check_eps(eps2, op);
+        check_eps(eps0, op, "eps0");
+        check_eps(eps1, op, "eps1");
+        check_eps(eps2, op, "eps2");
         if (x2.has_value() != w2.has_value() || x2.has_value() != b2.has_value()) {
           raise_contract(kContractMissing, std::string(op) + ": x2, w2 and b2 come together");
         }
         const float* p0 = f32_in(engine, x0, op, "x0", {1, -1});
         const float* p1 = f32_in(engine, x1, op, "x1", {1, -1});
-        const int D0 = static_cast<int>(dim(x0, 1)), D1 = static_cast<int>(dim(x1, 1));
+        const int D0 = int_extent(x0, 1, op, "x0"), D1 = int_extent(x1, 1, op, "x1");
         const float* q0 = w0 ? f32_in(engine, *w0, op, "w0", {D0}) : nullptr;
         const float* q1 = w1 ? f32_in(engine, *w1, op, "w1", {D1}) : nullptr;
         const float* p2 = x2 ? f32_in(engine, *x2, op, "x2", {1, -1}) : nullptr;
-        const int D2 = x2 ? static_cast<int>(dim(*x2, 1)) : 0;
+        const int D2 = x2 ? int_extent(*x2, 1, op, "x2") : 0;
         const float* q2 = x2 ? f32_in(engine, *w2, op, "w2", {D2}) : nullptr;
         const float* c2 = x2 ? f32_in(engine, *b2, op, "b2", {D2}) : nullptr;
         Out y0 = out_f32(engine, {1, sz(D0)});
