@@ -391,6 +391,31 @@ __global__ void __launch_bounds__(kFinishThreads)
 // norm's launch and its round trip through memory are gone.
 constexpr int kNormCols = 4;
 
+// collapse()'s arithmetic over a thread's columns d = tid + G * k < D of its row group (none
+// when !live): h[k] = the sum over streams q < hc, ascending, of pre[q] * xs[k][q] (h[k] = 0
+// elsewhere); returns the sum of the h[k]^2 in column order, row_sum_squares' order. Shared by
+// the two finishing forms (mhc_finish_norm_kernel, mhc_site_kernel), so their bytes agree.
+template <int G, int Q>
+__device__ __forceinline__ float collapse_cols(const float* pre, const float (&xs)[kNormCols][Q],
+                                               int hc, bool live, int tid, int D,
+                                               float (&h)[kNormCols]) {
+  float ss = 0.0f;
+#pragma unroll
+  for (int k = 0; k < kNormCols; ++k) {
+    h[k] = 0.0f;
+    if (live && tid + G * k < D) {
+      float a = 0.0f;
+#pragma unroll
+      for (int q = 0; q < Q; ++q) {
+        if (q < hc) a = __fadd_rn(a, __fmul_rn(pre[q], xs[k][q]));
+      }
+      h[k] = a;
+      ss += a * a;
+    }
+  }
+  return ss;
+}
+
 template <int G>
 __global__ void __launch_bounds__(Group<G>::kBlock)
     mhc_finish_norm_kernel(const float* __restrict__ streams, const float* __restrict__ part,
@@ -441,20 +466,7 @@ __global__ void __launch_bounds__(Group<G>::kBlock)
   }
   // collapse()'s arithmetic, then row_sum_squares' (columns ascending) and rms_norm_kernel's.
   float h[kNormCols];
-  float ss = 0.0f;
-#pragma unroll
-  for (int k = 0; k < kNormCols; ++k) {
-    h[k] = 0.0f;
-    if (live && tid + G * k < D) {
-      float a = 0.0f;
-#pragma unroll
-      for (int q = 0; q < kMaxCollapseHc; ++q) {
-        if (q < hc) a = __fadd_rn(a, __fmul_rn(pre[q], xs[k][q]));
-      }
-      h[k] = a;
-      ss += a * a;
-    }
-  }
+  float ss = collapse_cols<G>(pre, xs, hc, live, tid, D, h);
   ss = group_sum<G>(ss, red);  // every thread of the block: it has barriers
   if (!live) return;
   const float r = 1.0f / sqrtf(ss / static_cast<float>(D) + rms_eps);
@@ -591,18 +603,7 @@ __global__ void __launch_bounds__(kPartThreads) mhc_site_kernel(SiteArgs a) {
   __syncthreads();
   // collapse()'s arithmetic, then row_sum_squares' column order and group_sum<G>'s warp order.
   float h[kNormCols];
-  float ss = 0.0f;
-#pragma unroll
-  for (int kk = 0; kk < kNormCols; ++kk) {
-    h[kk] = 0.0f;
-    if (norm_warp && tid + G * kk < D) {
-      float v = 0.0f;
-#pragma unroll
-      for (int q = 0; q < HC; ++q) v = __fadd_rn(v, __fmul_rn(pre[q], xs[kk][q]));
-      h[kk] = v;
-      ss += v * v;
-    }
-  }
+  float ss = collapse_cols<G>(pre, xs, HC, norm_warp, tid, D, h);
   if (norm_warp) {  // uniform per warp
     ss = warp_sum(ss);
     if (lane == 0) red[warp] = ss;
