@@ -104,9 +104,10 @@ __device__ __forceinline__ float dot16<float>(uint4 wv, const float* xs, float a
 }
 
 // Block `blk`: weight rows [blk * R, blk * R + R) of w [N, K] (row-major, K % E == 0, 16-byte
-// aligned) over the whole K, in chunks of P * kGemvThreads vectors (P: vectors_per_chunk_thread); x [1, K] (ldx unused at
-// one row), y [1, N]. prefetch: the first chunk's weights are loaded before pdl_wait (the caller
-// guarantees no queued kernel writes w), so they stream while the previous kernel finishes.
+// aligned) over the whole K, in chunks of P * kGemvThreads vectors (P: vectors_per_chunk_thread);
+// x [1, K] (ldx unused at one row), y [1, N]. prefetch: the first chunk's weights are loaded
+// before pdl_wait (the caller guarantees no queued kernel writes w), so they stream while the
+// previous kernel finishes.
 template <typename W, typename X, int R, int P>
 __device__ __forceinline__ void gemv_rows(const X* __restrict__ x, const W* __restrict__ w, int K,
                                           int N, const float* __restrict__ bias,
