@@ -4,6 +4,10 @@
 // compile. Nothing here throws.
 #pragma once
 
+#ifndef MEMRA_TRACE
+#define MEMRA_TRACE 0
+#endif
+
 #include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
@@ -213,9 +217,35 @@ __device__ __forceinline__ float warp_max(float v) {
 // writes, and before it writes anything at all; pdl_wait() returns once the predecessor has
 // completed and its memory is visible. pdl_trigger() lets the *next* kernel launch early (it has
 // no effect on memory ordering). Both are no-ops in a kernel launched without the attribute.
+#if MEMRA_TRACE
+// The trace build (CMake MEMRA_TRACE=ON, cuda/trace.cu, benchmarks/trace_model_step.py): thread 0
+// of block (0, 0, 0) of every kernel records when its pdl_wait returned, i.e. when the kernel in
+// front of it completed, with its grid and block sizes. Consecutive records of a chain give each
+// kernel's cost on the critical path inside a programmatic chain (ncu times kernels alone).
+struct TraceRec {
+  unsigned long long t_ns;
+  unsigned blocks, threads;
+};
+extern __device__ TraceRec* g_trace;
+extern __device__ unsigned g_trace_cap;
+extern __device__ unsigned g_trace_n;
+__device__ __forceinline__ void trace_wait_return() {
+  if (blockIdx.x | blockIdx.y | blockIdx.z | threadIdx.x | threadIdx.y | threadIdx.z) return;
+  TraceRec* t = g_trace;
+  if (!t) return;
+  const unsigned i = atomicAdd(&g_trace_n, 1u);
+  if (i >= g_trace_cap) return;
+  unsigned long long now;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+  t[i] = TraceRec{now, gridDim.x * gridDim.y * gridDim.z, blockDim.x * blockDim.y * blockDim.z};
+}
+#endif
 __device__ __forceinline__ void pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+#if MEMRA_TRACE
+  trace_wait_return();
 #endif
 }
 __device__ __forceinline__ void pdl_trigger() {

@@ -80,6 +80,12 @@ set_target_properties(memra_cuda PROPERTIES
   INSTALL_RPATH "$ORIGIN/../nvidia/cu13/lib;${MEMRA_CUBLAS_ROOT}/lib"
   BUILD_RPATH "${MEMRA_CUBLAS_ROOT}/lib")
 target_compile_options(memra_cuda PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:--expt-relaxed-constexpr -lineinfo>)
+option(MEMRA_TRACE "Kernels record when their pdl_wait returns (cuda/trace.cu; diagnostics only)" OFF)
+if(MEMRA_TRACE)
+  # The recorder's device globals are shared by every translation unit: relocatable device code.
+  target_compile_definitions(memra_cuda PRIVATE MEMRA_TRACE=1)
+  set_target_properties(memra_cuda PROPERTIES CUDA_SEPARABLE_COMPILATION ON CUDA_RESOLVE_DEVICE_SYMBOLS ON)
+endif()
 target_link_libraries(memra_cuda PRIVATE CUDA::cudart_static ${MEMRA_CUBLAS} ${MEMRA_CUBLASLT})
 install(TARGETS memra_cuda LIBRARY DESTINATION .)
 set(MEMRA_CUDA_LIBRARY_FILE "$<TARGET_FILE_NAME:memra_cuda>")
