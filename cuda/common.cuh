@@ -83,6 +83,10 @@ struct MemraCudaCtx {
   int gemv_rows = 0;  // 0: chosen from N
   int route_fused = 1;      // MEMRA_ROUTE_FUSED=0: the one-token router GEMV and routing apart
   int norm_rows_fused = 1;  // MEMRA_NORM_ROWS_FUSED=0: norm_rows as separate launches
+  // MEMRA_GEMV_P1: 1 (default) every GEMV at one 16-byte vector a thread per chunk (4 blocks an
+  // SM at <= 64 registers); 0 two vectors for rows past 256 of them (as before session 10); 2
+  // also tall rows at R = 8.
+  int gemv_p1 = 1;
   int gemv_occ = 4;        // MEMRA_GEMV_OCC=0: P = 2 GEMVs of R <= 4 not sized for 4 blocks an SM
   int gemv_tall_rows = 0;  // MEMRA_GEMV_TALL_ROWS: rows a block for K past one chunk (0: from N)
   int moe_down_rows = 2;  // MEMRA_MOE_DOWN_ROWS: output rows a warp of the per-pair down kernel

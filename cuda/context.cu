@@ -65,6 +65,7 @@ int memra_cuda_ctx_create(int device, MemraCudaCtx** out) {
   if (const char* v = std::getenv("MEMRA_GEMV")) c->gemv = std::strcmp(v, "0") != 0;
   if (const char* v = std::getenv("MEMRA_GEMV_ROWS")) c->gemv_rows = std::atoi(v);
   if (const char* v = std::getenv("MEMRA_GEMV_TALL_ROWS")) c->gemv_tall_rows = std::atoi(v);
+  if (const char* v = std::getenv("MEMRA_GEMV_P1")) c->gemv_p1 = std::atoi(v);
   if (const char* v = std::getenv("MEMRA_GEMV_OCC")) c->gemv_occ = std::atoi(v);
   if (const char* v = std::getenv("MEMRA_MHC_SITE")) c->mhc_site = std::strcmp(v, "0") != 0;
   if (const char* v = std::getenv("MEMRA_MOE_DOWN_ROWS")) c->moe_down_rows = std::atoi(v);

@@ -86,7 +86,7 @@ __device__ __forceinline__ bool problem_block(const SinkTask& task, int blocks0,
 // launch (linear_ex_pair; KDA's q|k|v and f_a|g_a|beta projections of one x), each row computed
 // as gemv_kernel computes it (the order depends on K alone).
 template <typename W, typename X, int R, int P>
-__global__ void __launch_bounds__(kGemvThreads)
+__global__ void __launch_bounds__(kGemvThreads, P == 1 ? 4 : 0)
     gemv_pair_kernel(GemvRows<W, X> p0, GemvRows<W, X> p1, int blocks0, int K, int prefetch,
                      SinkTask task) {
   int bid;
@@ -148,8 +148,10 @@ __global__ void __launch_bounds__(kGemvThreads)
 
 // f(std::integral_constant<int, R>{}, std::integral_constant<int, P>{}) for the rows a block R
 // (1, 2, 4, 8; others as 8) and P = vectors_per_chunk_thread(KV).
+// p1 (MEMRA_GEMV_P1, default 1): P = 1 at any KV (a thread's vectors and their order are the same
+// at P = 1 and 2: tid, tid + 256, tid + 512, ...; 4 blocks an SM at 64 registers).
 template <typename F>
-int with_rows(int R, int KV, F&& f) {
+int with_rows(int R, int KV, bool p1, F&& f) {
   auto rows = [&](auto p) {
     switch (R) {
       case 1: return f(std::integral_constant<int, 1>{}, p);
@@ -158,7 +160,7 @@ int with_rows(int R, int KV, F&& f) {
       default: return f(std::integral_constant<int, 8>{}, p);
     }
   };
-  if (vectors_per_chunk_thread(KV) == 1) return rows(std::integral_constant<int, 1>{});
+  if (p1 || vectors_per_chunk_thread(KV) == 1) return rows(std::integral_constant<int, 1>{});
   return rows(std::integral_constant<int, kGemvP>{});
 }
 
@@ -192,6 +194,8 @@ int rows_for(const MemraCudaCtx* ctx, int N, int KV) {
   // rounds a block; MEMRA_GEMV_TALL_ROWS (1, 2, 4, 8) sets their rows a block (A/B arm).
   const int t = ctx->gemv_tall_rows;
   if (KV > kGemvP * kGemvThreads && (t == 1 || t == 2 || t == 4 || t == 8)) return t;
+  // MEMRA_GEMV_P1=2: tall rows at P = 1 and 8 rows a block (KDA o: 512 blocks, one wave of 4 an SM).
+  if (KV > kGemvP * kGemvThreads && ctx->gemv_p1 == 2) return 8;
   return N >= 16384 ? 8 : N >= 2048 ? 4 : N >= 512 ? 2 : 1;
 }
 
@@ -199,7 +203,7 @@ int rows_for(const MemraCudaCtx* ctx, int N, int KV) {
 template <typename W, typename X>
 int launch_pair(MemraCudaCtx* ctx, GemvRows<W, X> p0, GemvRows<W, X> p1, int K, int prefetch) {
   const int KV = K / (16 / static_cast<int>(sizeof(W)));
-  return with_rows(rows_for(ctx, p0.N + p1.N, KV), KV, [&](auto r, auto p) {
+  return with_rows(rows_for(ctx, p0.N + p1.N, KV), KV, ctx->gemv_p1 != 0, [&](auto r, auto p) {
     constexpr int R = decltype(r)::value, P = decltype(p)::value;
     const int blocks0 = (p0.N + R - 1) / R;
     return launch_gemv(ctx, gemv_pair_kernel<W, X, R, P>, blocks0 + (p1.N + R - 1) / R, p0, p1,
@@ -217,7 +221,7 @@ int launch_t(MemraCudaCtx* ctx, const void* x, const void* w, int K, int N, cons
     const GemvRows<W, X> p0{xp, wp, bias, y, N}, none{xp, wp, nullptr, y, 0};
     return launch_short_any<W, X>(ctx, p0, none, K, prefetch);
   }
-  return with_rows(rows_for(ctx, N, KV), KV, [&](auto r, auto p) {
+  return with_rows(rows_for(ctx, N, KV), KV, ctx->gemv_p1 != 0, [&](auto r, auto p) {
     constexpr int R = decltype(r)::value, P = decltype(p)::value;
     const unsigned blocks = (N + R - 1) / R;
     if constexpr (P == 1) {

@@ -135,6 +135,7 @@ def test_gemv_equals_cublas_closely_and_bytes_do_not_depend_on_row_tiles(e, monk
     for rows in ("1", "2", "4", "8"):
         got = run(_engine(monkeypatch, MEMRA_GEMV_ROWS=rows))
         assert np.array_equal(got, ours), f"MEMRA_GEMV_ROWS={rows} changed the bytes"
+    assert np.array_equal(run(_engine(monkeypatch, MEMRA_GEMV_P1="0")), ours), "MEMRA_GEMV_P1 changed the bytes"
 
 
 @pytest.mark.parametrize("K", [8192, 12296])  # tall rows: two and three chunks (and a ragged one)
@@ -149,7 +150,8 @@ def test_gemv_tall_rows_match_cpu_and_bytes_do_not_depend_on_row_tiles(e, monkey
 
     ours = run(e)
     close_scaled(ours, _core.linear(bf16_round(x), w), 1e-5)
-    for env in (dict(MEMRA_GEMV_ROWS="1"), dict(MEMRA_GEMV_ROWS="8"), dict(MEMRA_GEMV_OCC="0")):
+    for env in (dict(MEMRA_GEMV_ROWS="1"), dict(MEMRA_GEMV_ROWS="8"), dict(MEMRA_GEMV_P1="0"),
+                dict(MEMRA_GEMV_P1="0", MEMRA_GEMV_OCC="0"), dict(MEMRA_GEMV_P1="2")):
         assert np.array_equal(run(_engine(monkeypatch, **env)), ours), f"{env} changed the bytes"
 
 
@@ -159,7 +161,7 @@ def test_gemv_tall_rows_match_cpu_and_bytes_do_not_depend_on_row_tiles(e, monkey
 @pytest.mark.parametrize("wdt", ["bfloat16", "float32"])
 def test_gemv_medium_rows_match_cpu_and_bytes_do_not_depend_on_the_tiling(e, monkeypatch, K, wdt):
     # Rows of at most 256 16-byte vectors take one vector a thread (P = 1, 4 blocks an SM); the
-    # bytes do not depend on the rows a block or on MEMRA_GEMV_OCC (registers only).
+    # bytes do not depend on the rows a block, MEMRA_GEMV_P1 or MEMRA_GEMV_OCC (registers only).
     N = 2100
     r = rng(K + (wdt == "float32"))
     x = f32(r.standard_normal((1, K)))
@@ -172,7 +174,8 @@ def test_gemv_medium_rows_match_cpu_and_bytes_do_not_depend_on_the_tiling(e, mon
     ours = run(e)
     close_scaled(ours, _core.linear(bf16_round(x) if wdt == "bfloat16" else x, w), 1e-5)
     for env in (dict(MEMRA_GEMV_ROWS="1"), dict(MEMRA_GEMV_ROWS="2"), dict(MEMRA_GEMV_ROWS="8"),
-                dict(MEMRA_GEMV_OCC="0"), dict(MEMRA_GEMV_OCC="0", MEMRA_GEMV_ROWS="4")):
+                dict(MEMRA_GEMV_P1="0"), dict(MEMRA_GEMV_P1="0", MEMRA_GEMV_OCC="0"),
+                dict(MEMRA_GEMV_P1="0", MEMRA_GEMV_OCC="0", MEMRA_GEMV_ROWS="4")):
         assert np.array_equal(run(_engine(monkeypatch, **env)), ours), f"{env} changed the bytes"
 
 
@@ -196,6 +199,28 @@ def test_linear_ex_pair_equals_two_calls(e, K, N0, N1, x_kind):
         _core.linear_ex_pair(dx, w0, memra.DeviceWeight(e, bf16_weight(np.ones((3, K + 8)))), engine=e)
     with pytest.raises(memra.ContractError):
         _core.linear_ex_pair(dx, w0, w1, col1=K + 9, engine=e)
+
+
+@pytest.mark.parametrize("K", [4096, 8200])
+def test_gemv_one_vector_a_thread_keeps_the_bytes(e, monkeypatch, K):
+    # MEMRA_GEMV_P1 (default 1: every GEMV and pair at one 16-byte vector a thread per chunk; 0:
+    # two for rows past 256 vectors): a thread's vectors and their order do not change, nor do
+    # the bytes.
+    r = rng(K + 3)
+    x = f32(r.standard_normal((1, K)))
+    w0 = bf16_weight(r.standard_normal((3000, K)) / np.sqrt(K))
+    w1 = bf16_weight(r.standard_normal((320, K)) / np.sqrt(K))
+
+    def run(eng):
+        d0, d1 = memra.DeviceWeight(eng, w0), memra.DeviceWeight(eng, w1)
+        y0, y1 = _core.linear_ex_pair(eng.to_device(x), d0, d1, engine=eng)
+        y = _core.linear(eng.to_device(x), d0, engine=eng)
+        return [eng.to_host(a) for a in (y0, y1, y)]
+
+    ours = run(e)
+    for arm in ("0", "2"):
+        for got, want in zip(run(_engine(monkeypatch, MEMRA_GEMV_P1=arm)), ours):
+            np.testing.assert_array_equal(got, want)
 
 
 def test_gemv_edge_values(e):
