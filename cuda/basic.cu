@@ -19,7 +19,9 @@ using memra::cuda::to_f32;
 using memra::cuda::warp_sum;
 using memra::cuda::rowsum::Group;
 using memra::cuda::rowsum::group_for;
+using memra::cuda::rowsum::gated_norm_short_row;
 using memra::cuda::rowsum::group_sum;
+using memra::cuda::rowsum::kGatedCols;
 using memra::cuda::rowsum::row_blocks;
 using memra::cuda::rowsum::row_sum_squares;
 using memra::cuda::rowsum::with_group;
@@ -61,8 +63,8 @@ __global__ void __launch_bounds__(Group<G>::kBlock)
 // output norm: 64 heads of 128) load x, gate and w into registers before anything else, so the
 // row costs one memory round trip: loaded in the loop, each element's loads waited for the
 // previous element's store (y may alias them), ~6 us per call at batch 1 (session 6 profile).
-// Element i is still read before it is written, and the sums and products are the same.
-constexpr int kGatedCols = 4;
+// Element i is still read before it is written, and the sums and products are the same
+// (the row body, gated_norm_short_row, is cuda/row_group.cuh's: the KDA decode scan fuses it).
 
 template <int G>
 __global__ void __launch_bounds__(Group<G>::kBlock)
@@ -86,21 +88,7 @@ __global__ void __launch_bounds__(Group<G>::kBlock)
       sig[c] = in ? gr[i] : 0.0f;
       wv[c] = in ? w[i] : 0.0f;
     }
-    float ss = 0.0f;  // row_sum_squares' order: columns lane, lane + G, ...
-#pragma unroll
-    for (int c = 0; c < kGatedCols; ++c) {
-      if (live && lane + G * c < D) ss += xv[c] * xv[c];
-      sig[c] = 1.0f / (1.0f + expf(-sig[c]));
-    }
-    ss = group_sum<G>(ss, red);
-    if (!live) return;
-    const float inv = 1.0f / sqrtf(ss / static_cast<float>(D) + eps);
-    float* yr = y + row * D;
-#pragma unroll
-    for (int c = 0; c < kGatedCols; ++c) {
-      const int i = lane + G * c;
-      if (i < D) yr[i] = __fmul_rn(__fmul_rn(wv[c], __fmul_rn(xv[c], inv)), sig[c]);
-    }
+    gated_norm_short_row<G>(xv, sig, wv, live, lane, D, eps, red, y + (live ? row : 0) * D);
     return;
   }
   const float ss = row_sum_squares<G>(xr, live, lane, D, red);
@@ -213,7 +201,9 @@ __global__ void __launch_bounds__(Group<G>::kBlock)
 }
 
 // ---------------------------------------------------------------------------------------------
-// Embedding: one block per token; an id outside [0, vocab) gives a zero row.
+// Embedding: grid (token, column chunk of blockDim.x values); an id outside [0, vocab) gives a
+// zero row. A block per chunk, not per token, so that a decode row (one token, D = 4096) costs
+// one memory round trip, not D / blockDim.x of them in a row (7.6 -> ~2 us in the decode step).
 
 template <typename W>
 __global__ void embedding_kernel(const W* __restrict__ table, int64_t vocab, int D,
@@ -223,12 +213,12 @@ __global__ void embedding_kernel(const W* __restrict__ table, int64_t vocab, int
   const int64_t t = blockIdx.x;
   const int32_t id = ids[t];
   float* o = out + t * D;
-  if (id < 0 || id >= vocab) {
-    for (int i = threadIdx.x; i < D; i += blockDim.x) o[i] = 0.0f;
-    return;
+  const bool valid = id >= 0 && id < vocab;
+  const W* r = valid ? table + static_cast<int64_t>(id) * D : table;
+  for (int64_t i = int64_t(blockIdx.y) * blockDim.x + threadIdx.x; i < D;
+       i += int64_t(gridDim.y) * blockDim.x) {
+    o[i] = valid ? to_f32(r[i]) : 0.0f;
   }
-  const W* r = table + static_cast<int64_t>(id) * D;
-  for (int i = threadIdx.x; i < D; i += blockDim.x) o[i] = to_f32(r[i]);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -294,17 +284,19 @@ int memra_cuda_embedding(MemraCudaCtx* ctx, const void* table, int table_dtype, 
   if (T == 0 || D == 0) return memra::kOk;
   if (!ids || !out || (!table && vocab > 0)) return memra::kContractMissing;
   const int threads = D >= 256 ? 256 : (D >= 128 ? 128 : (D >= 64 ? 64 : 32));
+  const int64_t chunks = ceil_div(D, threads);
+  const dim3 grid(T, static_cast<unsigned>(chunks < 65535 ? chunks : 65535));
   switch (table_dtype) {
     case 0:
-      memra::cuda::launch(ctx, true, embedding_kernel<float>, dim3(T), dim3(threads), 0,
+      memra::cuda::launch(ctx, true, embedding_kernel<float>, grid, dim3(threads), 0,
           static_cast<const float*>(table), vocab, D, ids, out);
       break;
     case 1:
-      memra::cuda::launch(ctx, true, embedding_kernel<__nv_bfloat16>, dim3(T), dim3(threads), 0,
+      memra::cuda::launch(ctx, true, embedding_kernel<__nv_bfloat16>, grid, dim3(threads), 0,
           static_cast<const __nv_bfloat16*>(table), vocab, D, ids, out);
       break;
     default:
-      memra::cuda::launch(ctx, true, embedding_kernel<__half>, dim3(T), dim3(threads), 0,
+      memra::cuda::launch(ctx, true, embedding_kernel<__half>, grid, dim3(threads), 0,
           static_cast<const __half*>(table), vocab, D, ids, out);
       break;
   }
