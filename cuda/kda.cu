@@ -47,6 +47,7 @@
 using memra::cuda::enter;
 using memra::cuda::launch_status;
 using memra::cuda::rowsum::row_sum_squares;
+namespace rowsum = memra::cuda::rowsum;
 
 namespace {
 
@@ -125,10 +126,49 @@ __global__ void conv_prefill_kernel(const float* __restrict__ x, int T, int C, i
   }
 }
 
+// The per-row planes a decode kernel reads and writes (a conv ring or a scan state): the [B]
+// pointer tables kda_tables builds (in null or a null entry = zeros; a null out entry is not
+// written), or, with slots set (the *_slots entry points), resolved in the kernel from the device
+// slots with kda_tables' arithmetic, which needs neither its launch nor its tables: row b with
+// s = slots[b] >= 0 and c = cur[s] & 1 reads base<c> + s * floats + offset and writes
+// base<1 - c> + s * floats + offset; an idle row (s < 0) reads zeros and writes nothing.
+// early: slots, cur, the input planes and the kernel's weights are read before its pdl_wait (the
+// caller guarantees the launch in front of it writes none of them), so their latency is spent
+// under that launch instead of on the step's critical path.
+struct RowPlanes {
+  const float* const* in = nullptr;
+  float* const* out = nullptr;
+  const int32_t* slots = nullptr;
+  const int32_t* cur = nullptr;
+  float* base0 = nullptr;
+  float* base1 = nullptr;
+  int64_t floats = 0;
+  int64_t offset = 0;
+  bool early = false;
+
+  __device__ __forceinline__ void at(int64_t b, const float** pin, float** pout) const {
+    if (slots) {  // through L2 (__ldcg): an early read before pdl_wait sees no stale L1 line
+      const int s = __ldcg(slots + b);
+      if (s < 0) {
+        *pin = nullptr;
+        *pout = nullptr;
+        return;
+      }
+      const bool one = (__ldcg(cur + s) & 1) != 0;
+      const int64_t off = static_cast<int64_t>(s) * floats + offset;
+      *pin = (one ? base1 : base0) + off;
+      *pout = (one ? base0 : base1) + off;
+      return;
+    }
+    *pin = in ? in[b] : nullptr;
+    *pout = out[b];
+  }
+};
+
 // Decode: B sequences of one token. Thread (c, b) computes y[b, c] through the same
 // conv_silu_window as the prefill arm, its window being ring_in[b][c, :] ++ x[b, c], and rolls
-// channel c's ring: ring_out[b][c, j] = window[1 + j]. A null ring_in[b] reads zeros; a null
-// ring_out[b] is skipped. y (b, c) at y_group_at(c, B, G) + b * G, as the prefill arm's (t, c).
+// channel c's ring: ring_out[b][c, j] = window[1 + j] (ring: RowPlanes). y (b, c) at
+// y_group_at(c, B, G) + b * G, as the prefill arm's (t, c).
 // Grid: x over channels, y (strided) over sequences.
 // L2 (memra_cuda_kda_conv_decode_l2; C % kConvThreads == 0): a block's kConvThreads channels
 // below l2_channels are one head of q or k (dk == kConvThreads), L2-normalised before the store
@@ -139,28 +179,41 @@ constexpr int kConvThreads = 128;
 
 template <int K, bool L2>
 __global__ void conv_decode_kernel(const float* __restrict__ x, int B, int C, int G,
-                                   const float* __restrict__ w, const float* const* ring_in,
-                                   float* const* ring_out, float* __restrict__ y, int l2_channels,
-                                   float l2_eps) {
-  memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
-  memra::cuda::pdl_trigger();
+                                   const float* __restrict__ w, RowPlanes ring,
+                                   float* __restrict__ y, int l2_channels, float l2_eps) {
   constexpr int R = K - 1;
   __shared__ float ys[L2 ? kConvThreads : 1];
   __shared__ float norm;
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
-  if (!L2 && c >= C) return;  // L2: every thread is a channel (and takes the barriers)
-  const bool l2 = L2 && static_cast<int>(blockIdx.x) * kConvThreads < l2_channels;  // block-uniform
-  float* y_c = y + y_group_at(c, B, G);
+  const bool active = L2 || c < C;  // L2: every thread is a channel (and takes the barriers)
   float wr[K];
+  float win[K];
+  const float* rin = nullptr;
+  float* rout = nullptr;
+  auto load_w = [&] {
 #pragma unroll
-  for (int k = 0; k < K; ++k) wr[k] = w[static_cast<int64_t>(c) * K + k];
-  for (int b = blockIdx.y; b < B; b += gridDim.y) {
-    const float* rin = ring_in ? ring_in[b] : nullptr;
+    for (int k = 0; k < K; ++k) wr[k] = w[static_cast<int64_t>(c) * K + k];
+  };
+  auto load_ring = [&](int b) {  // the window's first R values, and the row's output plane
+    ring.at(b, &rin, &rout);
     const float* ring_c = rin ? rin + static_cast<int64_t>(c) * R : nullptr;
-    const int64_t xi = static_cast<int64_t>(b) * C + c;
-    float win[K];
 #pragma unroll
     for (int k = 0; k < R; ++k) win[k] = ring_c ? ring_c[k] : 0.0f;
+  };
+  const int b0 = blockIdx.y;
+  if (ring.early && active) {
+    load_w();
+    if (b0 < B) load_ring(b0);
+  }
+  memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
+  memra::cuda::pdl_trigger();
+  if (!active) return;
+  if (!ring.early) load_w();
+  const bool l2 = L2 && static_cast<int>(blockIdx.x) * kConvThreads < l2_channels;  // block-uniform
+  float* y_c = y + y_group_at(c, B, G);
+  for (int b = b0; b < B; b += gridDim.y) {
+    if (!ring.early || b != b0) load_ring(b);
+    const int64_t xi = static_cast<int64_t>(b) * C + c;
     win[R] = x[xi];
     float v = conv_silu_window<K>(win, wr);
     if (l2) {
@@ -174,7 +227,6 @@ __global__ void conv_decode_kernel(const float* __restrict__ x, int B, int C, in
       v = v / norm;
     }
     y_c[static_cast<int64_t>(b) * G] = v;
-    float* rout = ring_out[b];
     if (rout) {
 #pragma unroll
       for (int j = 0; j < R; ++j) rout[static_cast<int64_t>(c) * R + j] = win[1 + j];
@@ -197,15 +249,14 @@ void launch_conv_prefill(MemraCudaCtx* ctx, const float* x, int T, int C, int G,
 
 template <int K>
 void launch_conv_decode(MemraCudaCtx* ctx, const float* x, int B, int C, int G, const float* w,
-                        const float* const* ring_in, float* const* ring_out, float* y,
-                        int l2_channels, float l2_eps) {
+                        const RowPlanes& ring, float* y, int l2_channels, float l2_eps) {
   const dim3 grid(memra::cuda::ceil_div(C, kConvThreads), B < kMaxGridY ? B : kMaxGridY);
   if (l2_channels > 0) {
     memra::cuda::launch(ctx, true, conv_decode_kernel<K, true>, grid, dim3(kConvThreads), 0, x, B,
-                        C, G, w, ring_in, ring_out, y, l2_channels, l2_eps);
+                        C, G, w, ring, y, l2_channels, l2_eps);
   } else {
     memra::cuda::launch(ctx, true, conv_decode_kernel<K, false>, grid, dim3(kConvThreads), 0, x, B,
-                        C, G, w, ring_in, ring_out, y, 0, 0.0f);
+                        C, G, w, ring, y, 0, 0.0f);
   }
 }
 
@@ -463,9 +514,11 @@ __global__ void __launch_bounds__(kScanThreads)
 // all 32 banks once (conflict-free). The copy is written once per launch, while the state loads
 // (issued first) are in flight, and is guarded by __syncwarp only.
 constexpr int kDecCols = 16;                         // columns per warp: 4 quads
+// Warps per block: 4 (two blocks per head), or 8 (a whole head: the fused gated norm).
 constexpr int kDecWarps = 4;
-constexpr int kDecThreads = 32 * kDecWarps;
-constexpr int kDecBlocksPerHead = kScanDv / (kDecCols * kDecWarps);  // 2
+constexpr int kDecNormWarps = kScanDv / kDecCols;    // 8
+template <int WARPS>
+constexpr int dec_blocks_per_head() { return kScanDv / (kDecCols * WARPS); }
 constexpr int kDecGroups = kScanDk / 16;             // 8 groups of 16 rows
 constexpr int kDecLaneGroups = kDecGroups / 2;       // 4 per lane (half hg)
 constexpr int kDecChain = 4;                         // rows per chain in a group
@@ -512,61 +565,81 @@ struct RawGates {
 // One decode step of B sequences (T = 1), scan_kernel's arithmetic in its order (see above).
 // q, k, g [B, 1, H, dk]; v, o [B, 1, H, dv]; beta [B, 1, H]; state planes [H, dk, dv]; every
 // base 16-byte aligned (the entry point checks q, k, g, v, o; the planes' owners guarantee it).
-// Grid: B * H * 2 blocks, block = (b, h, half of the columns). RAW: g holds f and beta the logits
-// (kda_gate_beta's inputs); each lane turns its four f into gates, and lane 0 its beta, with
-// gate_kernel's functions, so the bits are those of kda_gate_beta followed by kda_scan.
-template <bool RAW>
-__global__ void __launch_bounds__(kDecThreads, 4)
+// Grid: B * H * (kScanDv / (16 WARPS)) blocks, block = (b, h, a slice of the columns). RAW: g
+// holds f and beta the logits (kda_gate_beta's inputs); each lane turns its four f into gates,
+// and lane 0 its beta, with gate_kernel's functions, so the bits are those of kda_gate_beta
+// followed by kda_scan. NORM (WARPS = 8, a whole head a block): o is written through
+// rms_norm_gated_sigmoid over the head's row (gate_o [B, H, dv], w [dv], eps: the row body of
+// rms_norm_gated_kernel<32>, gated_norm_short_row), the bytes of the scan then that launch.
+struct GatedNorm {
+  const float* gate;  // [B * H, dv]
+  const float* w;     // [dv]
+  float eps;
+};
+
+template <bool RAW, int WARPS, bool NORM>
+__global__ void __launch_bounds__(32 * WARPS, 16 / WARPS)
     scan_decode_kernel(const float* __restrict__ q, const float* __restrict__ k,
                        const float* __restrict__ v, const float* __restrict__ g,
-                       const float* __restrict__ beta, int H, float scale,
-                       const float* const* state_in, float* const* state_out,
-                       float* __restrict__ o, RawGates raw) {
-  memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
-  memra::cuda::pdl_trigger();
-  __shared__ __align__(16) DecodeStage stage[kDecWarps];
+                       const float* __restrict__ beta, int H, float scale, RowPlanes state,
+                       float* __restrict__ o, RawGates raw, GatedNorm norm) {
+  static_assert(!NORM || WARPS == kDecNormWarps, "the fused norm needs the whole head a block");
+  constexpr int kBlocksPerHead = dec_blocks_per_head<WARPS>();
+  __shared__ __align__(16) DecodeStage stage[WARPS];
+  __shared__ __align__(16) float orow[NORM ? kScanDv : 4];
+  __shared__ float nrow[NORM ? 2 * kScanDv : 1];  // NORM: gate [dv] | w [dv]
+  static_assert(!NORM || 32 * WARPS == 2 * kScanDv, "one gate or weight value a thread");
 
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
   const int cq = lane & 3;         // column quad within the warp's slice
   const int e = (lane >> 2) & 3;   // chain: rows = e (mod 4)
   const int hg = lane >> 4;        // groups 4 hg .. 4 hg + 3
-  const int part = static_cast<int>(blockIdx.x % kDecBlocksPerHead);
-  const int64_t bh = blockIdx.x / kDecBlocksPerHead;  // b * H + h = the row of [B, 1, H, *]
+  const int part = static_cast<int>(blockIdx.x % kBlocksPerHead);
+  const int64_t bh = blockIdx.x / kBlocksPerHead;  // b * H + h = the row of [B, 1, H, *]
   const int h = static_cast<int>(bh % H);
   const int64_t b = bh / H;
-  const int j0 = (part * kDecWarps + warp) * kDecCols + 4 * cq;
+  const int j0 = (part * WARPS + warp) * kDecCols + 4 * cq;
   // (row 64 hg + e, column j0) of the plane; row 16 (4 hg + gl) + 4 m + e is (16 gl + 4 m) rows on.
   const int64_t my_off = static_cast<int64_t>(h) * kScanDk * kScanDv +
                          static_cast<int64_t>(64 * hg + e) * kScanDv + j0;
 
-  // The state first, so its 8 KB per warp is in flight while the vectors are prepared.
+  // The state first, so its 8 KB per warp is in flight while the vectors are prepared (with
+  // state.early, already under the launch in front of this one).
   // S[gl][m][c] = state[h, 16 (4 hg + gl) + 4 m + e, j0 + c]
   float S[kDecLaneGroups][kDecChain][4];
-  const float* sin = state_in ? state_in[b] : nullptr;
-  if (sin) {
+  float* so_row = nullptr;
+  auto load_state = [&] {
+    const float* sin = nullptr;
+    state.at(b, &sin, &so_row);
+    if (sin) {
 #pragma unroll
-    for (int gl = 0; gl < kDecLaneGroups; ++gl) {
+      for (int gl = 0; gl < kDecLaneGroups; ++gl) {
 #pragma unroll
-      for (int m = 0; m < kDecChain; ++m) {
-        const float4 t = __ldcs(reinterpret_cast<const float4*>(
-            sin + my_off + static_cast<int64_t>(16 * gl + 4 * m) * kScanDv));
-        S[gl][m][0] = t.x;
-        S[gl][m][1] = t.y;
-        S[gl][m][2] = t.z;
-        S[gl][m][3] = t.w;
+        for (int m = 0; m < kDecChain; ++m) {
+          const float4 t = __ldcs(reinterpret_cast<const float4*>(
+              sin + my_off + static_cast<int64_t>(16 * gl + 4 * m) * kScanDv));
+          S[gl][m][0] = t.x;
+          S[gl][m][1] = t.y;
+          S[gl][m][2] = t.z;
+          S[gl][m][3] = t.w;
+        }
+      }
+    } else {
+#pragma unroll
+      for (int gl = 0; gl < kDecLaneGroups; ++gl) {
+#pragma unroll
+        for (int m = 0; m < kDecChain; ++m) {
+#pragma unroll
+          for (int c = 0; c < 4; ++c) S[gl][m][c] = 0.0f;
+        }
       }
     }
-  } else {
-#pragma unroll
-    for (int gl = 0; gl < kDecLaneGroups; ++gl) {
-#pragma unroll
-      for (int m = 0; m < kDecChain; ++m) {
-#pragma unroll
-        for (int c = 0; c < 4; ++c) S[gl][m][c] = 0.0f;
-      }
-    }
-  }
+  };
+  if (state.early) load_state();
+  memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
+  memra::cuda::pdl_trigger();
+  if (!state.early) load_state();
 
   // Every load is issued before anything waits on memory: the __syncwarp()s keep ptxas from
   // moving the stage stores below (each waits for its data) between the loads.
@@ -585,8 +658,14 @@ __global__ void __launch_bounds__(kDecThreads, 4)
   float* so = nullptr;
   float bt = 0.0f;
   if (lane == 0) {
-    so = state_out[b];
+    so = so_row;
     bt = __ldg(beta + bh);
+  }
+  // NORM: the head's gate row and the norm weight, one value a thread (256 = 2 dv), staged in
+  // shared memory for the norm at the end (held in registers they would spill the state).
+  if constexpr (NORM) {
+    const int t = threadIdx.x;
+    nrow[t] = t < kScanDv ? __ldg(norm.gate + bh * kScanDv + t) : __ldg(norm.w + t - kScanDv);
   }
   __syncwarp();
   if constexpr (RAW) {
@@ -675,7 +754,25 @@ __global__ void __launch_bounds__(kDecThreads, 4)
   }
   const float4 out = make_float4(column_sum(P[0]), column_sum(P[1]), column_sum(P[2]),
                                  column_sum(P[3]));
-  if (lane < 4) *reinterpret_cast<float4*>(o + bh * kScanDv + j0) = out;  // e == 0, hg == 0
+  if constexpr (NORM) {
+    // The head's row meets in shared memory; warp 0 normalises it (rms_norm_gated_kernel<32>'s
+    // row: lane reads columns lane + 32 c) and writes o.
+    if (lane < 4) *reinterpret_cast<float4*>(&orow[j0]) = out;  // e == 0, hg == 0
+    __syncthreads();
+    if (warp == 0) {
+      float xv[rowsum::kGatedCols], sig[rowsum::kGatedCols], wv[rowsum::kGatedCols];
+#pragma unroll
+      for (int c = 0; c < rowsum::kGatedCols; ++c) {
+        xv[c] = orow[lane + 32 * c];
+        sig[c] = nrow[lane + 32 * c];
+        wv[c] = nrow[kScanDv + lane + 32 * c];
+      }
+      rowsum::gated_norm_short_row<32>(xv, sig, wv, true, lane, kScanDv, norm.eps, nullptr,
+                                       o + bh * kScanDv);
+    }
+  } else {
+    if (lane < 4) *reinterpret_cast<float4*>(o + bh * kScanDv + j0) = out;  // e == 0, hg == 0
+  }
 }
 
 }  // namespace
@@ -706,9 +803,9 @@ namespace {
 // memra_cuda_kda_conv_decode, then (l2_groups > 0) l2norm_heads over the first l2_groups channel
 // groups of y, as rows of dk: in the conv kernel when a block's channels are exactly one head
 // (dk == kConvThreads, G and C multiples of it), else memra_cuda_l2norm_heads after it.
+// ring: the tables (ring.out checked non-null) or the device slots (ring.slots, cur and bases).
 int conv_decode_impl(MemraCudaCtx* ctx, const float* x, int B, int C, int G, const float* w,
-                     int K, const float* const* ring_in, float* const* ring_out, float* y,
-                     int l2_groups, int dk, float eps) {
+                     int K, const RowPlanes& ring, float* y, int l2_groups, int dk, float eps) {
   MEMRA_CUDA_RETURN_IF(enter(ctx));
   if (B < 0 || C < 0) return memra::kContractShape;
   if (C > 0 && (G < 1 || C % G != 0)) return memra::kContractShape;
@@ -717,13 +814,16 @@ int conv_decode_impl(MemraCudaCtx* ctx, const float* x, int B, int C, int G, con
   }
   if (K < 1) return memra::kContractValue;
   if (K < 2 || K > 8) return memra::kUnsupportedGeometry;
+  if (ring.slots && (ring.floats < 0 || ring.offset < 0)) return memra::kContractValue;
   if (B == 0 || C == 0) return memra::kOk;
-  if (!x || !w || !ring_out || !y) return memra::kContractMissing;
+  if (!x || !w || !y) return memra::kContractMissing;
+  if (ring.slots ? (!ring.cur || !ring.base0 || !ring.base1) : !ring.out) {
+    return memra::kContractMissing;
+  }
   const bool fused = l2_groups > 0 && dk == kConvThreads && G % kConvThreads == 0;
   const int l2_channels = fused ? l2_groups * G : 0;
   const bool ok = dispatch_conv_k(K, [&](auto kc) {
-    launch_conv_decode<decltype(kc)::value>(ctx, x, B, C, G, w, ring_in, ring_out, y,
-                                            l2_channels, eps);
+    launch_conv_decode<decltype(kc)::value>(ctx, x, B, C, G, w, ring, y, l2_channels, eps);
   });
   if (!ok) return memra::kUnsupportedGeometry;
   MEMRA_CUDA_RETURN_IF(launch_status());
@@ -733,6 +833,26 @@ int conv_decode_impl(MemraCudaCtx* ctx, const float* x, int B, int C, int G, con
   return memra::kOk;
 }
 
+RowPlanes table_planes(const float* const* in, float* const* out) {
+  RowPlanes p;
+  p.in = in;
+  p.out = out;
+  return p;
+}
+
+RowPlanes slot_planes(const int32_t* slots, const int32_t* cur, float* base0, float* base1,
+                      int64_t floats, int64_t offset, int early) {
+  RowPlanes p;
+  p.slots = slots;
+  p.cur = cur;
+  p.base0 = base0;
+  p.base1 = base1;
+  p.floats = floats;
+  p.offset = offset;
+  p.early = early != 0;
+  return p;
+}
+
 }  // namespace
 
 extern "C" {
@@ -740,14 +860,27 @@ extern "C" {
 int memra_cuda_kda_conv_decode(MemraCudaCtx* ctx, const float* x, int B, int C, int G,
                                const float* w, int K, const float* const* ring_in,
                                float* const* ring_out, float* y) {
-  return conv_decode_impl(ctx, x, B, C, G, w, K, ring_in, ring_out, y, 0, 0, 0.0f);
+  return conv_decode_impl(ctx, x, B, C, G, w, K, table_planes(ring_in, ring_out), y, 0, 0, 0.0f);
 }
 
 int memra_cuda_kda_conv_decode_l2(MemraCudaCtx* ctx, const float* x, int B, int C, int G,
                                   const float* w, int K, const float* const* ring_in,
                                   float* const* ring_out, float* y, int l2_groups, int dk,
                                   float eps) {
-  return conv_decode_impl(ctx, x, B, C, G, w, K, ring_in, ring_out, y, l2_groups, dk, eps);
+  return conv_decode_impl(ctx, x, B, C, G, w, K, table_planes(ring_in, ring_out), y, l2_groups,
+                          dk, eps);
+}
+
+int memra_cuda_kda_conv_decode_slots(MemraCudaCtx* ctx, const float* x, int B, int C, int G,
+                                     const float* w, int K, const int32_t* slots,
+                                     const int32_t* cur, float* ring_base0, float* ring_base1,
+                                     int64_t ring_floats, int64_t ring_offset, int early, float* y,
+                                     int l2_groups, int dk, float eps) {
+  // Null slots leave ring as a table form without tables: kContractMissing (B > 0).
+  return conv_decode_impl(ctx, x, B, C, G, w, K,
+                          slot_planes(slots, cur, ring_base0, ring_base1, ring_floats, ring_offset,
+                                      early),
+                          y, l2_groups, dk, eps);
 }
 
 int memra_cuda_kda_gate_beta(MemraCudaCtx* ctx, const float* f, const float* dt_bias,
@@ -792,11 +925,12 @@ int memra_cuda_kda_scan(MemraCudaCtx* ctx, const float* q, const float* k, const
     if (reinterpret_cast<uintptr_t>(p) & 15u) return memra::kContractStride;
   }
   if (T == 1) {  // the decode step: same bits as scan_kernel at T = 1, at stream bandwidth
-    const int64_t blocks = static_cast<int64_t>(B) * H * kDecBlocksPerHead;
+    const int64_t blocks = static_cast<int64_t>(B) * H * dec_blocks_per_head<kDecWarps>();
     if (blocks > 0x7fffffffLL) return memra::kContractShape;
-    memra::cuda::launch(ctx, true, scan_decode_kernel<false>, dim3(static_cast<unsigned>(blocks)),
-                        dim3(kDecThreads), 0, q, k, v, g, beta, H, scale, state_in, state_out, o,
-                        RawGates{});
+    memra::cuda::launch(ctx, true, scan_decode_kernel<false, kDecWarps, false>,
+                        dim3(static_cast<unsigned>(blocks)), dim3(32 * kDecWarps), 0, q, k, v, g,
+                        beta, H, scale, table_planes(state_in, state_out), o, RawGates{},
+                        GatedNorm{});
     return launch_status();
   }
   const int64_t blocks = static_cast<int64_t>(B) * H * kBlocksPerHead;
@@ -806,31 +940,79 @@ int memra_cuda_kda_scan(MemraCudaCtx* ctx, const float* q, const float* k, const
   return launch_status();
 }
 
+}  // extern "C"
+
+namespace {
+
+// memra_cuda_kda_gate_scan_decode over either form of the state planes (RowPlanes).
+int gate_scan_decode_impl(MemraCudaCtx* ctx, const float* q, const float* k, const float* v,
+                          const float* f, const float* dt_bias, const float* A_log, int form,
+                          float lower_bound, const float* beta_logits, int B, int H, int dk,
+                          int dv, float scale, const RowPlanes& state, const GatedNorm& norm,
+                          float* o) {
+  MEMRA_CUDA_RETURN_IF(enter(ctx));
+  if (form != 0 && form != 1) return memra::kContractValue;
+  if (B < 0 || H < 0 || dk < 1 || dv < 1) return memra::kContractShape;
+  if (dk != kScanDk || dv != kScanDv) return memra::kUnsupportedGeometry;
+  if (state.slots && state.floats < 0) return memra::kContractValue;
+  if (B == 0 || H == 0) return memra::kOk;
+  if (!q || !k || !v || !f || !dt_bias || !A_log || !beta_logits || !o) {
+    return memra::kContractMissing;
+  }
+  if (state.slots ? (!state.cur || !state.base0 || !state.base1) : !state.out) {
+    return memra::kContractMissing;
+  }
+  if (norm.gate && !norm.w) return memra::kContractMissing;
+  for (const void* p : {static_cast<const void*>(q), static_cast<const void*>(k),
+                        static_cast<const void*>(v), static_cast<const void*>(f),
+                        static_cast<const void*>(dt_bias), static_cast<const void*>(o)}) {
+    if (reinterpret_cast<uintptr_t>(p) & 15u) return memra::kContractStride;
+  }
+  const RawGates gates{dt_bias, A_log, form, lower_bound};
+  if (norm.gate) {  // a whole head a block, o through the gated norm
+    const int64_t blocks = static_cast<int64_t>(B) * H;
+    if (blocks > 0x7fffffffLL) return memra::kContractShape;
+    memra::cuda::launch(ctx, true, scan_decode_kernel<true, kDecNormWarps, true>,
+                        dim3(static_cast<unsigned>(blocks)), dim3(32 * kDecNormWarps), 0, q, k, v,
+                        f, beta_logits, H, scale, state, o, gates, norm);
+    return launch_status();
+  }
+  const int64_t blocks = static_cast<int64_t>(B) * H * dec_blocks_per_head<kDecWarps>();
+  if (blocks > 0x7fffffffLL) return memra::kContractShape;
+  memra::cuda::launch(ctx, true, scan_decode_kernel<true, kDecWarps, false>,
+                      dim3(static_cast<unsigned>(blocks)), dim3(32 * kDecWarps), 0, q, k, v, f,
+                      beta_logits, H, scale, state, o, gates, GatedNorm{});
+  return launch_status();
+}
+
+}  // namespace
+
+extern "C" {
+
 int memra_cuda_kda_gate_scan_decode(MemraCudaCtx* ctx, const float* q, const float* k,
                                     const float* v, const float* f, const float* dt_bias,
                                     const float* A_log, int form, float lower_bound,
                                     const float* beta_logits, int B, int H, int dk, int dv,
                                     float scale, const float* const* state_in,
                                     float* const* state_out, float* o) {
-  MEMRA_CUDA_RETURN_IF(enter(ctx));
-  if (form != 0 && form != 1) return memra::kContractValue;
-  if (B < 0 || H < 0 || dk < 1 || dv < 1) return memra::kContractShape;
-  if (dk != kScanDk || dv != kScanDv) return memra::kUnsupportedGeometry;
-  if (B == 0 || H == 0) return memra::kOk;
-  if (!q || !k || !v || !f || !dt_bias || !A_log || !beta_logits || !state_out || !o) {
-    return memra::kContractMissing;
-  }
-  for (const void* p : {static_cast<const void*>(q), static_cast<const void*>(k),
-                        static_cast<const void*>(v), static_cast<const void*>(f),
-                        static_cast<const void*>(dt_bias), static_cast<const void*>(o)}) {
-    if (reinterpret_cast<uintptr_t>(p) & 15u) return memra::kContractStride;
-  }
-  const int64_t blocks = static_cast<int64_t>(B) * H * kDecBlocksPerHead;
-  if (blocks > 0x7fffffffLL) return memra::kContractShape;
-  memra::cuda::launch(ctx, true, scan_decode_kernel<true>, dim3(static_cast<unsigned>(blocks)),
-                      dim3(kDecThreads), 0, q, k, v, f, beta_logits, H, scale, state_in, state_out,
-                      o, RawGates{dt_bias, A_log, form, lower_bound});
-  return launch_status();
+  return gate_scan_decode_impl(ctx, q, k, v, f, dt_bias, A_log, form, lower_bound, beta_logits, B,
+                               H, dk, dv, scale, table_planes(state_in, state_out), GatedNorm{},
+                               o);
+}
+
+int memra_cuda_kda_gate_scan_decode_slots(MemraCudaCtx* ctx, const float* q, const float* k,
+                                          const float* v, const float* f, const float* dt_bias,
+                                          const float* A_log, int form, float lower_bound,
+                                          const float* beta_logits, int B, int H, int dk, int dv,
+                                          float scale, const int32_t* slots, const int32_t* cur,
+                                          float* state_base0, float* state_base1,
+                                          int64_t state_floats, int early, const float* gate_o,
+                                          const float* o_norm, float norm_eps, float* o) {
+  return gate_scan_decode_impl(ctx, q, k, v, f, dt_bias, A_log, form, lower_bound, beta_logits, B,
+                               H, dk, dv, scale,
+                               slot_planes(slots, cur, state_base0, state_base1, state_floats, 0,
+                                           early),
+                               GatedNorm{gate_o, o_norm, norm_eps}, o);
 }
 
 }  // extern "C"

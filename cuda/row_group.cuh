@@ -87,4 +87,33 @@ __device__ __forceinline__ float row_sum_squares(const float* xr, bool live, int
   return group_sum<G>(ss, red);
 }
 
+// cpu::rms_norm_gated_sigmoid of one row of at most kGatedCols * G values already in registers
+// (column lane + G c of x, gate and w; zeros past D): yr[i] = w * (x * inv) * sigmoid(gate).
+// The short-row path of rms_norm_gated_kernel (cuda/basic.cu), shared with the KDA decode scan
+// that fuses the norm (cuda/kda.cu), so both give the standalone kernel's bytes. Every thread of
+// the block calls it (group_sum has barriers when G > 32); a dead row (live false) writes nothing.
+constexpr int kGatedCols = 4;
+
+template <int G>
+__device__ __forceinline__ void gated_norm_short_row(const float (&xv)[kGatedCols],
+                                                     float (&sig)[kGatedCols],
+                                                     const float (&wv)[kGatedCols], bool live,
+                                                     int lane, int D, float eps, float* red,
+                                                     float* yr) {
+  float ss = 0.0f;  // row_sum_squares' order: columns lane, lane + G, ...
+#pragma unroll
+  for (int c = 0; c < kGatedCols; ++c) {
+    if (live && lane + G * c < D) ss += xv[c] * xv[c];
+    sig[c] = 1.0f / (1.0f + expf(-sig[c]));
+  }
+  ss = group_sum<G>(ss, red);
+  if (!live) return;
+  const float inv = 1.0f / sqrtf(ss / static_cast<float>(D) + eps);
+#pragma unroll
+  for (int c = 0; c < kGatedCols; ++c) {
+    const int i = lane + G * c;
+    if (i < D) yr[i] = __fmul_rn(__fmul_rn(wv[c], __fmul_rn(xv[c], inv)), sig[c]);
+  }
+}
+
 }  // namespace memra::cuda::rowsum

@@ -186,6 +186,12 @@ def kda_inputs(steps: list) -> dict:
 
 STEPS = [[2], [2, 0, -1], [0, 2, -1], [0]]  # B = 1 host slots, B = 3 with an idle row, ...
 
+# Decode arms (read when the layer is made): by default the conv and the scan resolve each
+# row's planes from the device slots and the scan runs the gated norm (kda_conv_decode_slots,
+# kda_gate_scan_decode_slots); MEMRA_KDA_NORM_FUSED=0 keeps the norm's own launch;
+# MEMRA_KDA_SLOTS=0 builds the pointer tables with kda_tables as before.
+KDA_ARMS = [{}, {"MEMRA_KDA_NORM_FUSED": "0"}, {"MEMRA_KDA_SLOTS": "0"}]
+
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_kda_layer_prefill_and_decode_match_cpu(e, dtype):
@@ -207,8 +213,11 @@ def test_kda_layer_prefill_and_decode_match_cpu(e, dtype):
                 close_scaled(a, b, TOL[dtype])
 
 
+@pytest.mark.parametrize("arm", KDA_ARMS, ids=["default", "norm0", "slots0"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_kda_layer_idle_rows_and_other_slots_untouched(e, dtype):
+def test_kda_layer_idle_rows_and_other_slots_untouched(e, monkeypatch, arm, dtype):
+    for k, v in arm.items():
+        monkeypatch.setenv(k, v)
     layer = kda_layer(e, dtype)
     cache = memra.Cache(e, [layer.state_spec()], max_batch=4, max_len=64)
     g = rng(3)
@@ -259,12 +268,16 @@ def test_kda_layer_prefill_then_decode_equals_prefill_f32(e):
     close_scaled(split.kda_conv(0, 0), whole.kda_conv(0, 0), 1e-5)
 
 
+@pytest.mark.parametrize("arm", KDA_ARMS, ids=["default", "norm0", "slots0"])
 @pytest.mark.parametrize("gate", ["lower_bound", "softplus"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_kda_layer_decode_equals_one_token_prefill_bytes(e, gate, dtype):
+def test_kda_layer_decode_equals_one_token_prefill_bytes(e, monkeypatch, arm, gate, dtype):
     # A decode step (the gates computed inside the scan's launch, kda_gate_scan_decode; the
     # q|k|v and f_a|g_a|beta GEMVs in one launch) against a one-token prefill from the same
-    # state (kda_gate_beta, then kda_scan; the same GEMVs at N = 1): the same bytes.
+    # state (kda_gate_beta, then kda_scan, then the gated norm's own launch; the same GEMVs at
+    # N = 1): the same bytes, in every decode arm.
+    for k, v in arm.items():
+        monkeypatch.setenv(k, v)
     g = rng(23)
     x = f32(g.standard_normal((10, D)))
     layer = memra.KdaLayer(e, kda_weights(dtype, seed=3), hidden=D, heads=H, head_dim=DK,

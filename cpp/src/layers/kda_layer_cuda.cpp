@@ -12,11 +12,16 @@
 //   (row stride rank_f + rank_g); at N == 1 (a decode step of one sequence) b_proj rides in the
 //   same GEMM, beta's logits being the row's last H columns, and that GEMM shares q|k|v's launch
 //   (linear_ex_pair: two problems of one x in one GEMV grid);
-// - a decode step builds its ring and state tables with one kda_tables launch, and its scan
-//   turns f and beta's logits into gates as it loads them (kda_gate_scan_decode).
+// - a decode step's conv and scan find each row's ring and state planes from the device slots
+//   themselves (kda_conv_decode_slots / kda_gate_scan_decode_slots), and read them before they
+//   wait for the GEMV in front of them; MEMRA_KDA_SLOTS=0 (read at to_device, an A/B arm)
+//   builds the tables with one kda_tables launch instead, as before. The scan turns f and beta's
+//   logits into gates as it loads them.
 // Only the GEMMs' summation order can differ from separate projections (cuBLAS may pick other
 // kernels for the wider shapes).
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <vector>
 
 #include "gpu_util.h"
@@ -36,6 +41,8 @@ struct KdaLayer::Gpu {
   DeviceWeight f_b, b_proj, g_b, o_proj;  // b_proj: a row view of x_small
   DeviceWeight conv_w;                  // [3*qkv, K] f32
   DeviceWeight dt_bias, a_log, o_norm;  // f32
+  bool slot_planes = true;  // decode: planes from the device slots (MEMRA_KDA_SLOTS=0: tables)
+  bool norm_fused = true;   // decode with slot planes: the gated norm in the scan (MEMRA_KDA_NORM_FUSED=0)
 };
 
 Status KdaLayer::to_device(std::shared_ptr<CudaContext> cuda, DType dtype) {
@@ -61,6 +68,9 @@ Status KdaLayer::to_device(std::shared_ptr<CudaContext> cuda, DType dtype) {
   MEMRA_TRY(DeviceWeight::upload_f32(cuda, dt_bias_, &g->dt_bias));
   MEMRA_TRY(DeviceWeight::upload_f32(cuda, a_log_, &g->a_log));
   MEMRA_TRY(DeviceWeight::upload_f32(cuda, o_norm_, &g->o_norm));
+  // A/B knobs of the decode path, read here (each model load reads them once).
+  if (const char* v = std::getenv("MEMRA_KDA_SLOTS")) g->slot_planes = std::strcmp(v, "0") != 0;
+  if (const char* v = std::getenv("MEMRA_KDA_NORM_FUSED")) g->norm_fused = std::strcmp(v, "0") != 0;
   gpu_ = std::move(g);
   cuda_ = std::move(cuda);
   // The host copies are no longer used; drop them (a real model's weights live once, on the GPU).
@@ -132,15 +142,17 @@ Status KdaLayer::run_cuda(Cache& cache, int layer, int B, int T, const Planes& p
   const float* k = act + int64_t(N) * qkv;
   const float* v = act + 2 * int64_t(N) * qkv;
 
-  // Decode: the rows' pointer tables, built on the device (idle rows get null entries, which
-  // the conv and the scan read as zeros and never write). The ring entries name each slot's
-  // whole [3*qkv, K-1] ring (plane offset 0), which the fused conv reads channel by channel.
+  // Decode with MEMRA_KDA_SLOTS=0: the rows' pointer tables, built on the device (idle rows get
+  // null entries, which the conv and the scan read as zeros and never write). The ring entries
+  // name each slot's whole [3*qkv, K-1] ring (plane offset 0), which the fused conv reads channel
+  // by channel. (By default the conv and the scan resolve the same planes from the slots.)
+  const LayerStateSpec spec = state_spec();
+  const bool tables = decode && !g.slot_planes;
   const float** ring_in = nullptr;
   float** ring_out = nullptr;
   const float** state_in = nullptr;
   float** state_out = nullptr;
-  if (decode) {
-    const LayerStateSpec spec = state_spec();
+  if (tables) {
     const float** sin = nullptr;
     float** sout = nullptr;
     MEMRA_TRY(a.take(B, &ring_in));
@@ -170,7 +182,14 @@ Status KdaLayer::run_cuda(Cache& cache, int layer, int B, int T, const Planes& p
   }
   // Then q and k (the first 2 channel groups, 2N rows of [H, dk]) L2-normalised: inside the conv
   // kernel at decode (the bytes of the two launches prefill runs).
-  if (decode) {
+  // early = 1: the launch in front of the conv (the q|k|v GEMV) and of the scan (f_b | g_b)
+  // write none of the planes, slots or flags they read before their wait.
+  if (decode && !tables) {
+    MEMRA_GPU(c, api.kda_conv_decode_slots(ctx, raw, B, C, qkv, conv_w, K, planes.slots_d,
+                                           cache.cur_d(), cache.conv(layer, 0, 0),
+                                           cache.conv(layer, 0, 1), spec.conv_floats(), 0, 1, act,
+                                           2, dk, kL2Eps), op);
+  } else if (decode) {
     MEMRA_GPU(c, api.kda_conv_decode_l2(ctx, raw, B, C, qkv, conv_w, K, ring_in, ring_out, act, 2,
                                         dk, kL2Eps), op);
   } else {
@@ -193,9 +212,19 @@ Status KdaLayer::run_cuda(Cache& cache, int layer, int B, int T, const Planes& p
   if (N != 1) MEMRA_GPU(c, gpu::linear_in(c, xr, N, g.b_proj, nullptr, beta), op);
   const float scale = 1.0f / std::sqrt(static_cast<float>(dk));
   const int form = static_cast<int>(cfg_.gate_form);
-  if (decode) {
+  const bool norm_fused = decode && !tables && g.norm_fused;
+  if (decode && !tables) {
     // One step: the gates (forget gate and beta's sigmoid) inside the scan's launch, with the
-    // bytes of the two launches prefill runs; state planes cur -> 1 - cur.
+    // bytes of the two launches prefill runs; state planes cur -> 1 - cur; and (norm_fused) the
+    // gated norm below, with the bytes of its own launch.
+    MEMRA_GPU(c, api.kda_gate_scan_decode_slots(ctx, q, k, v, gate_f, gpu::f32p(g.dt_bias),
+                                                gpu::f32p(g.a_log), form, cfg_.lower_bound, beta,
+                                                B, H, dk, dk, scale, planes.slots_d, cache.cur_d(),
+                                                cache.state(layer, 0, 0), cache.state(layer, 0, 1),
+                                                spec.state_floats(), 1,
+                                                norm_fused ? gate_o : nullptr,
+                                                gpu::f32p(g.o_norm), cfg_.rms_eps, o), op);
+  } else if (decode) {
     MEMRA_GPU(c, api.kda_gate_scan_decode(ctx, q, k, v, gate_f, gpu::f32p(g.dt_bias),
                                           gpu::f32p(g.a_log), form, cfg_.lower_bound, beta, B, H,
                                           dk, dk, scale, state_in, state_out, o), op);
@@ -213,7 +242,10 @@ Status KdaLayer::run_cuda(Cache& cache, int layer, int B, int T, const Planes& p
 
   // The sigmoid-gated RMSNorm per head (gate_o: g_b over low's second block, above), output
   // projection.
-  MEMRA_GPU(c, api.rms_norm_gated_sigmoid(ctx, o, gate_o, N * H, dk, gpu::f32p(g.o_norm), cfg_.rms_eps, o), op);
+  if (!norm_fused) {
+    MEMRA_GPU(c, api.rms_norm_gated_sigmoid(ctx, o, gate_o, N * H, dk, gpu::f32p(g.o_norm),
+                                            cfg_.rms_eps, o), op);
+  }
   MEMRA_GPU(c, gpu::linear(c, o, N, g.o_proj, nullptr, y), op);
   return Status::Ok();
 }

@@ -23,6 +23,19 @@
   X(kda_conv_decode_l2, (MemraCudaCtx * ctx, const float* x, int B, int C, int G, const float* w, \
                          int K, const float* const* ring_in, float* const* ring_out, float* y,    \
                          int l2_groups, int dk, float eps))                                       \
+  /* kda_conv_decode_l2 (l2_groups 0: kda_conv_decode) with each row's ring planes resolved in    \
+     the kernel from the device slots instead of kda_tables' tables (the same arithmetic, without \
+     that launch): row b with s = slots[b] >= 0 and c = cur[s] & 1 reads ring_base<c> +          \
+     s*ring_floats + ring_offset and writes ring_base<1-c> + the same; an idle row (s < 0) reads  \
+     zeros and writes nothing. slots [B], cur [max_batch] device int32 (slots < max_batch,        \
+     unchecked). early != 0: slots, cur, the input rings and w are read before the kernel waits  \
+     for the launch in front of it, which must write none of them (KdaLayer's decode: that launch \
+     is a GEMV). Same bytes as kda_tables + kda_conv_decode_l2. */                                 \
+  X(kda_conv_decode_slots, (MemraCudaCtx * ctx, const float* x, int B, int C, int G,               \
+                            const float* w, int K, const int32_t* slots, const int32_t* cur,      \
+                            float* ring_base0, float* ring_base1, int64_t ring_floats,            \
+                            int64_t ring_offset, int early, float* y, int l2_groups, int dk,      \
+                            float eps))                                                           \
   /* f [T, H*dk] -> g [T, H*dk] (may alias); dt_bias [H*dk]; A_log [H]; form 0 = lower bound      \
      (glm5_next), 1 = softplus (kimi). */                                                         \
   X(kda_gate, (MemraCudaCtx * ctx, const float* f, const float* dt_bias, const float* A_log,      \
@@ -46,4 +59,18 @@
                            const float* f, const float* dt_bias, const float* A_log, int form,    \
                            float lower_bound, const float* beta_logits, int B, int H, int dk,     \
                            int dv, float scale, const float* const* state_in,                     \
-                           float* const* state_out, float* o))
+                           float* const* state_out, float* o))                                    \
+  /* kda_gate_scan_decode with each row's state planes resolved from the device slots as         \
+     kda_conv_decode_slots' rings (state_base<c> + s*state_floats; idle rows read zeros, write     \
+     nothing); early != 0: slots, cur and the input states are read before the kernel waits for   \
+     the launch in front of it, which must write none of them. gate_o non-null: o is written      \
+     through rms_norm_gated_sigmoid(o, gate_o [B, H*dv], o_norm [dv], norm_eps) in the same      \
+     launch (a block per head), the bytes of that op after the scan; null: o as the scan's. */     \
+  X(kda_gate_scan_decode_slots, (MemraCudaCtx * ctx, const float* q, const float* k,              \
+                                 const float* v, const float* f, const float* dt_bias,            \
+                                 const float* A_log, int form, float lower_bound,                 \
+                                 const float* beta_logits, int B, int H, int dk, int dv,          \
+                                 float scale, const int32_t* slots, const int32_t* cur,           \
+                                 float* state_base0, float* state_base1, int64_t state_floats,    \
+                                 int early, const float* gate_o, const float* o_norm,             \
+                                 float norm_eps, float* o))
