@@ -181,6 +181,7 @@ struct DecodeArgs {
   float* po;                   // partials [B, nsplit, H, R] (nsplit > 1)
   float* pm;                   // [B, nsplit, H]
   float* pl;                   // [B, nsplit, H]
+  int combine_fast;            // the combine's one-round-trip form (MEMRA_MLA_COMBINE_FAST=0: off)
 };
 
 // Rows (dense) or list entries (gathered) sequence b attends over.
@@ -638,6 +639,13 @@ __global__ void __launch_bounds__(kThreads, 2) decode_f32_kernel(DecodeArgs a) {
 
 // Block (head blockIdx.x, sequence blockIdx.y): merge the active splits of a sequence that has
 // at least two (others were written by the attention kernel). kLog2: m in the log2 domain.
+// Up to kCombineFast splits and R <= kCombineR * blockDim.x (the batch-1 decode step): every
+// partial the thread needs is loaded at once, one memory round trip instead of three in a row
+// (m, then l, then o); each thread forms the split weights itself. The same operations in the
+// same order as the general loop below, so the same bits.
+constexpr int kCombineFast = 8;
+constexpr int kCombineR = 4;
+
 template <bool kLog2>
 __global__ void decode_combine_kernel(DecodeArgs a) {
   memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
@@ -647,6 +655,52 @@ __global__ void decode_combine_kernel(DecodeArgs a) {
   const int n = rows_of(a, b);
   const int nsb = n > 0 ? (n + a.chunk - 1) / a.chunk : 0;
   if (nsb <= 1) return;
+  if (a.combine_fast && nsb <= kCombineFast && a.R <= kCombineR * static_cast<int>(blockDim.x)) {
+    float pmv[kCombineFast], plv[kCombineFast], pov[kCombineFast][kCombineR];
+#pragma unroll
+    for (int s = 0; s < kCombineFast; ++s) {
+      if (s < nsb) {
+        const int64_t k = partial_index(a, b, s, h);
+        pmv[s] = a.pm[k];
+        plv[s] = a.pl[k];
+#pragma unroll
+        for (int u = 0; u < kCombineR; ++u) {
+          const int r = threadIdx.x + u * blockDim.x;
+          pov[s][u] = r < a.R ? a.po[k * a.R + r] : 0.0f;
+        }
+      }
+    }
+    float M = -INFINITY;
+#pragma unroll
+    for (int s = 0; s < kCombineFast; ++s) {
+      if (s < nsb) M = fmaxf(M, pmv[s]);
+    }
+    float wv[kCombineFast];
+    float L = 0.0f;
+#pragma unroll
+    for (int s = 0; s < kCombineFast; ++s) {
+      if (s < nsb) {
+        const float d = pmv[s] - M;
+        wv[s] = kLog2 ? exp2f(d) : expf(d);
+        L = fmaf(wv[s], plv[s], L);
+      }
+    }
+    const float inv = 1.0f / L;
+    float* out = a.o_lat + (static_cast<int64_t>(b) * a.H + h) * a.R;
+#pragma unroll
+    for (int u = 0; u < kCombineR; ++u) {
+      const int r = threadIdx.x + u * blockDim.x;
+      if (r < a.R) {
+        float v = 0.0f;
+#pragma unroll
+        for (int s = 0; s < kCombineFast; ++s) {
+          if (s < nsb) v = fmaf(wv[s], pov[s][u], v);
+        }
+        out[r] = v * inv;
+      }
+    }
+    return;
+  }
   float M = -INFINITY;
   for (int s = 0; s < nsb; ++s) M = fmaxf(M, a.pm[partial_index(a, b, s, h)]);
   for (int s = threadIdx.x; s < nsb; s += blockDim.x) {
@@ -844,6 +898,8 @@ int memra_cuda_mla_attn_decode(MemraCudaCtx* ctx, const float* q_lat, const void
   a.max_t_kv = max_t_kv;
   a.scale = scale;
   a.o_lat = o_lat;
+  const char* fast = std::getenv("MEMRA_MLA_COMBINE_FAST");  // "0": the general loop (A/B arm)
+  a.combine_fast = !(fast && fast[0] == '0' && fast[1] == '\0');
 
   // Gathered: the compacted lists first (the attention kernels read list / counts).
   Scratch lists(ctx, gather ? sizeof(int32_t) * (static_cast<size_t>(B) * width + B) : 0);
@@ -925,7 +981,9 @@ int memra_cuda_mla_latent_append_decode(MemraCudaCtx* ctx, const float* rows, in
   if (cache_dtype != 0 && cache_dtype != 1) return memra::kContractDType;
   if (B == 0) return memra::kOk;
   if (!rows || !caches || !pos) return memra::kContractMissing;
-  const int threads = std::min(256, ((W + 31) / 32) * 32);
+  // A thread a value up to 1024 (the latent row, 576, in one pass: with 256 threads each pass
+  // waited for the previous one's store, ~5 us of the batch-1 step for three round trips).
+  const int threads = std::min(1024, ((W + 31) / 32) * 32);
   if (cache_dtype == 0) {
     memra::cuda::launch(ctx, true, append_decode_kernel<float>, dim3(B), dim3(threads), 0, rows, W,
         caches, pos);

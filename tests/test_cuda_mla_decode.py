@@ -265,6 +265,26 @@ def test_device_t_kv_default_bound_is_cache_length(e):
     close_per_seq(got, bt.cpu(), BF16_REL)
 
 
+@pytest.mark.parametrize("cache_dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("gathered", [False, True], ids=["dense", "gathered"])
+def test_combine_fast_form_equals_general_loop(e, monkeypatch, cache_dtype, gathered):
+    # The combine loads every partial of a sequence at once up to 8 splits (the batch-1 step's
+    # case) and loops over them past that; both form the same weights and sums in the same
+    # order (MEMRA_MLA_COMBINE_FAST=0 forces the loop). One 64-row tile a split: 150 rows make
+    # 3 splits, 300 make 5, 700 make 11 (the loop in both arms), 1 row none.
+    t_kv = [150, 300, 700, 1]
+    H, R = (64, 512) if cache_dtype == "bfloat16" else (8, 512)
+    bt = Batch(t_kv, H, R, cache_dtype, seed=31)
+    idx = random_lists(t_kv, 600, seed=4) if gathered else None
+    monkeypatch.setenv("MEMRA_MLA_DECODE_VARIANT", "0")
+    monkeypatch.setenv("MEMRA_MLA_SPLIT_TILES", "1")
+    fast = bt.gpu(e, idx=idx)
+    monkeypatch.setenv("MEMRA_MLA_COMBINE_FAST", "0")
+    loop = bt.gpu(e, idx=idx)
+    np.testing.assert_array_equal(fast, loop)
+    close_per_seq(fast, bt.cpu(idx=idx), BF16_REL if cache_dtype == "bfloat16" else F32_REL)
+
+
 # ---------------------------------------------------------------- gathered
 
 
