@@ -32,12 +32,43 @@ namespace {
 // is read and then written by the same thread, after the row's reduction. The body of row
 // `row` (lane `lane` of its group of G threads) is shared with norm_rows_kernel; every thread of
 // the block calls it (group_sum has barriers), `red` holds a float per warp of the block.
+// Rows of at most kGatedCols * G values keep x (and w) in registers from one load: the output
+// pass re-read them after the reduction, one more memory round trip (y may alias x, so those
+// loads waited for each store); the same sums in the same order, the same products.
 template <int G>
 __device__ __forceinline__ void rms_norm_row(const float* x, int64_t rows, int D, const float* w,
                                              float eps, float* y, int64_t row, int lane,
                                              float* red) {
   const bool live = row < rows;
   const float* xr = x + (live ? row : 0) * D;
+  if (D <= kGatedCols * G) {
+    float xv[kGatedCols], wv[kGatedCols];
+#pragma unroll
+    for (int c = 0; c < kGatedCols; ++c) {
+      const int i = lane + G * c;
+      const bool in = live && i < D;
+      xv[c] = in ? xr[i] : 0.0f;
+      wv[c] = in && w ? w[i] : 0.0f;
+    }
+    float ss = 0.0f;  // row_sum_squares' order: columns lane, lane + G, ...
+#pragma unroll
+    for (int c = 0; c < kGatedCols; ++c) {
+      if (live && lane + G * c < D) ss += xv[c] * xv[c];
+    }
+    ss = group_sum<G>(ss, red);
+    if (!live) return;
+    const float inv = 1.0f / sqrtf(ss / static_cast<float>(D) + eps);
+    float* yr = y + row * D;
+#pragma unroll
+    for (int c = 0; c < kGatedCols; ++c) {
+      const int i = lane + G * c;
+      if (i < D) {
+        const float n = __fmul_rn(xv[c], inv);
+        yr[i] = w ? __fmul_rn(wv[c], n) : n;
+      }
+    }
+    return;
+  }
   const float ss = row_sum_squares<G>(xr, live, lane, D, red);
   if (!live) return;
   const float inv = 1.0f / sqrtf(ss / static_cast<float>(D) + eps);
@@ -109,6 +140,41 @@ __device__ __forceinline__ void layer_norm_row(const float* x, int64_t rows, int
                                                int lane, float* red) {
   const bool live = row < rows;
   const float* xr = x + (live ? row : 0) * D;
+  if (D <= kGatedCols * G) {  // x, w and b in registers from one load (as rms_norm_row)
+    float xv[kGatedCols], wv[kGatedCols], bv[kGatedCols];
+#pragma unroll
+    for (int c = 0; c < kGatedCols; ++c) {
+      const int i = lane + G * c;
+      const bool in = live && i < D;
+      xv[c] = in ? xr[i] : 0.0f;
+      wv[c] = in ? w[i] : 0.0f;
+      bv[c] = in ? b[i] : 0.0f;
+    }
+    float s = 0.0f;
+#pragma unroll
+    for (int c = 0; c < kGatedCols; ++c) {
+      if (live && lane + G * c < D) s += xv[c];
+    }
+    const float mean = group_sum<G>(s, red) / static_cast<float>(D);
+    float v = 0.0f;
+#pragma unroll
+    for (int c = 0; c < kGatedCols; ++c) {
+      if (live && lane + G * c < D) {
+        const float d = xv[c] - mean;
+        v += d * d;
+      }
+    }
+    const float var = group_sum<G>(v, red) / static_cast<float>(D);
+    if (!live) return;
+    const float inv = 1.0f / sqrtf(var + eps);
+    float* yr = y + row * D;
+#pragma unroll
+    for (int c = 0; c < kGatedCols; ++c) {
+      const int i = lane + G * c;
+      if (i < D) yr[i] = __fadd_rn(__fmul_rn(__fmul_rn(xv[c] - mean, inv), wv[c]), bv[c]);
+    }
+    return;
+  }
   float s = 0.0f;
   if (live) {
     for (int i = lane; i < D; i += G) s += xr[i];
