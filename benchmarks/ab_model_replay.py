@@ -2,12 +2,13 @@
 
 Replays of one build move ~1 % between machines and runs, which is as large as most single
 changes; separate bench_model_decode runs per arm cannot tell them apart. Here every arm is its
-own memra.load of the same checkpoint (the MEMRA_* knobs are read when an Engine's CUDA context
-is created, cuda/context.cu), all loaded side by side, and the rounds alternate between them in a
-shuffled order, so drift (clocks, temperature, other tenants) hits every arm alike.
+own memra.load of the same checkpoint, loaded and captured with the arm's MEMRA_* knobs set
+(some are read when an Engine's CUDA context is created, others when a step is enqueued), all
+side by side, and the rounds alternate between them in a shuffled order, so drift (clocks,
+temperature, other tenants) hits every arm alike.
 
     PYTHONPATH=build/dev-gpu/site python3 benchmarks/ab_model_replay.py \\
-        base moeold:MEMRA_MOE_STREAM=0,MEMRA_MOE_DOWN_L2=0 [--rounds 12] [--steps 40]
+        new old:MEMRA_GEMV_P1=0,MEMRA_KDA_SLOTS=0 [--rounds 12] [--steps 40]
 
 An arm is NAME or NAME:VAR=VALUE,VAR=VALUE (the first arm is the reference). Needs the
 bench_model_decode checkpoint (its --quick run builds it). Prints one JSON line per arm: median
@@ -36,12 +37,23 @@ def parse_arm(s: str) -> tuple[str, dict]:
     return name, env
 
 
-def load_arm(folder: str, env: dict, max_len: int):
+def load_arm(folder: str, env: dict, max_len: int, prompt: list):
+    """memra.load, prefill and the first decode steps (eager, capture, replays) with the arm's
+    environment set: knobs read at context creation and knobs read when a step is enqueued
+    (captured into the graph) both take effect. Returns the model, its greedy tokens and the
+    captured graph of the batch-1 bucket."""
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:
-        return memra.load(folder, device="cuda", dtype="bfloat16", max_batch=1, max_len=max_len,
-                          progress=False)
+        m = memra.load(folder, device="cuda", dtype="bfloat16", max_batch=1, max_len=max_len,
+                       progress=False)
+        tok = int(np.argmax(m.prefill(m.cache, 0, prompt)))
+        toks = [tok]
+        for i in range(4):  # eager, capture, then replays
+            tok = int(np.asarray(m._decode_sampled([0], [tok], 0.0, None, None, [0], i + 1))[0])
+            toks.append(tok)
+        graph = next(g for s, g in m._runner._buckets[1].graphs.items() if s is not None)
+        return m, toks, graph
     finally:
         for k, v in saved.items():
             if v is None:
@@ -65,14 +77,7 @@ def main() -> None:
     runs = []
     for name, env in arms:
         t = time.perf_counter()
-        m = load_arm(a.folder, env, max_len)
-        tok = int(np.argmax(m.prefill(m.cache, 0, prompt)))
-        toks = [tok]
-        for i in range(4):  # eager, capture, then replays
-            tok = int(np.asarray(m._decode_sampled([0], [tok], 0.0, None, None, [0], i + 1))[0])
-            toks.append(tok)
-        b = m._runner._buckets[1]
-        graph = next(g for s, g in b.graphs.items() if s is not None)
+        m, toks, graph = load_arm(a.folder, env, max_len, prompt)
         print(f"ab: loaded {name} {env} in {time.perf_counter() - t:.1f} s", file=sys.stderr, flush=True)
         runs.append({"name": name, "env": env, "m": m, "graph": graph, "toks": toks, "us": []})
     order = random.Random(a.seed)
