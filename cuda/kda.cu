@@ -577,33 +577,18 @@ struct GatedNorm {
   float eps;
 };
 
-// CONV: the decode conv inside the scan (memra_cuda_kda_conv_scan_decode_slots): x the q|k|v
-// projections [B, 3 * H * dk], w the taps [3 * H * dk, kFusedConvK] f32, ring the rolling windows
-// ([3 * H * dk, kFusedConvK - 1] a row), the L2 norm's eps for q and k.
-constexpr int kFusedConvK = 4;  // the conv width of the shipped KDA models; others: two launches
-struct ConvIn {
-  const float* x;
-  const float* w;
-  RowPlanes ring;
-  float l2_eps;
-};
-
-template <bool RAW, int WARPS, bool NORM, bool CONV>
+template <bool RAW, int WARPS, bool NORM>
 __global__ void __launch_bounds__(32 * WARPS, 16 / WARPS)
     scan_decode_kernel(const float* __restrict__ q, const float* __restrict__ k,
                        const float* __restrict__ v, const float* __restrict__ g,
                        const float* __restrict__ beta, int H, float scale, RowPlanes state,
-                       float* __restrict__ o, RawGates raw, GatedNorm norm, ConvIn conv) {
+                       float* __restrict__ o, RawGates raw, GatedNorm norm) {
   static_assert(!NORM || WARPS == kDecNormWarps, "the fused norm needs the whole head a block");
-  static_assert(!CONV || (NORM && RAW), "the conv is fused into the whole-layer form only");
   constexpr int kBlocksPerHead = dec_blocks_per_head<WARPS>();
   __shared__ __align__(16) DecodeStage stage[WARPS];
   __shared__ __align__(16) float orow[NORM ? kScanDv : 4];
   __shared__ float nrow[NORM ? 2 * kScanDv : 1];  // NORM: gate [dv] | w [dv]
   static_assert(!NORM || 32 * WARPS == 2 * kScanDv, "one gate or weight value a thread");
-  // CONV: the head's conv outputs q | k | v (q and k L2-normalised), and the two norms.
-  __shared__ __align__(16) float cvs[CONV ? 3 * kScanDk : 4];
-  __shared__ float cnorm[2];
 
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
@@ -651,69 +636,16 @@ __global__ void __launch_bounds__(32 * WARPS, 16 / WARPS)
       }
     }
   };
-  // CONV: conv_decode_kernel<kFusedConvK, true>'s arithmetic for this head's channels (thread t:
-  // q | k channel t, and v channel t for t < 128), the ring rolled, q and k L2-normalised by warps
-  // 0 and 1 with the same reduction, all in shared memory (cvs). With conv.ring.early it runs
-  // before the wait (x was written two launches back), under the state's loads.
-  auto run_conv = [&] {
-    constexpr int R = kFusedConvK - 1;
-    const float* rin = nullptr;
-    float* rout = nullptr;
-    conv.ring.at(b, &rin, &rout);
-    const int t = threadIdx.x;
-    const int64_t qkv = static_cast<int64_t>(H) * kScanDk;
-    const float* xrow = conv.x + b * 3 * qkv;
-#pragma unroll
-    for (int u = 0; u < 2; ++u) {
-      const int ci = t + 256 * u;  // 0..383: q | k | v of this head
-      if (ci < 3 * kScanDk) {
-        const int grp = ci / kScanDk;
-        const int64_t c = grp * qkv + static_cast<int64_t>(h) * kScanDk + (ci - grp * kScanDk);
-        float wr[kFusedConvK], win[kFusedConvK];
-#pragma unroll
-        for (int kk = 0; kk < kFusedConvK; ++kk) wr[kk] = conv.w[c * kFusedConvK + kk];
-        const float* ring_c = rin ? rin + c * R : nullptr;
-#pragma unroll
-        for (int kk = 0; kk < R; ++kk) win[kk] = ring_c ? ring_c[kk] : 0.0f;
-        win[R] = __ldcg(xrow + c);
-        cvs[ci] = conv_silu_window<kFusedConvK>(win, wr);
-        if (rout) {
-#pragma unroll
-          for (int j = 0; j < R; ++j) rout[c * R + j] = win[1 + j];
-        }
-      }
-    }
-    __syncthreads();
-    if (warp < 2) {  // q (warp 0) and k (warp 1): conv_decode_kernel's L2 norm of one head
-      const float ss = row_sum_squares<32>(cvs + warp * kScanDk, true, lane, kScanDk, nullptr);
-      if (lane == 0) cnorm[warp] = sqrtf(ss + conv.l2_eps);
-    }
-    __syncthreads();
-    if (t < 2 * kScanDk) cvs[t] = cvs[t] / cnorm[t / kScanDk];
-    __syncthreads();
-  };
-  if (state.early) load_state();  // first: its 64 KB a block are in flight during the conv
-  if constexpr (CONV) {
-    if (conv.ring.early) run_conv();
-  }
+  if (state.early) load_state();
   memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
   memra::cuda::pdl_trigger();
   if (!state.early) load_state();
-  if constexpr (CONV) {
-    if (!conv.ring.early) run_conv();
-  }
 
   // Every load is issued before anything waits on memory: the __syncwarp()s keep ptxas from
   // moving the stage stores below (each waits for its data) between the loads.
   __syncwarp();
-  float4 kl, ql;
-  if constexpr (CONV) {
-    kl = reinterpret_cast<const float4*>(cvs + kScanDk)[lane];
-    ql = reinterpret_cast<const float4*>(cvs)[lane];
-  } else {
-    kl = __ldg(reinterpret_cast<const float4*>(k + bh * kScanDk) + lane);
-    ql = __ldg(reinterpret_cast<const float4*>(q + bh * kScanDk) + lane);
-  }
+  const float4 kl = __ldg(reinterpret_cast<const float4*>(k + bh * kScanDk) + lane);
+  const float4 ql = __ldg(reinterpret_cast<const float4*>(q + bh * kScanDk) + lane);
   float4 gv = __ldg(reinterpret_cast<const float4*>(g + bh * kScanDk) + lane);
   float4 dtb = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   float a_log = 0.0f;
@@ -722,11 +654,7 @@ __global__ void __launch_bounds__(32 * WARPS, 16 / WARPS)
     a_log = __ldg(raw.A_log + h);
   }
   float4 vl = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  if constexpr (CONV) {
-    if (lane < 4) vl = *reinterpret_cast<const float4*>(cvs + 2 * kScanDk + j0);
-  } else {
-    if (lane < 4) vl = __ldg(reinterpret_cast<const float4*>(v + bh * kScanDv + j0));
-  }
+  if (lane < 4) vl = __ldg(reinterpret_cast<const float4*>(v + bh * kScanDv + j0));
   float* so = nullptr;
   float bt = 0.0f;
   if (lane == 0) {
@@ -999,10 +927,10 @@ int memra_cuda_kda_scan(MemraCudaCtx* ctx, const float* q, const float* k, const
   if (T == 1) {  // the decode step: same bits as scan_kernel at T = 1, at stream bandwidth
     const int64_t blocks = static_cast<int64_t>(B) * H * dec_blocks_per_head<kDecWarps>();
     if (blocks > 0x7fffffffLL) return memra::kContractShape;
-    memra::cuda::launch(ctx, true, scan_decode_kernel<false, kDecWarps, false, false>,
+    memra::cuda::launch(ctx, true, scan_decode_kernel<false, kDecWarps, false>,
                         dim3(static_cast<unsigned>(blocks)), dim3(32 * kDecWarps), 0, q, k, v, g,
                         beta, H, scale, table_planes(state_in, state_out), o, RawGates{},
-                        GatedNorm{}, ConvIn{});
+                        GatedNorm{});
     return launch_status();
   }
   const int64_t blocks = static_cast<int64_t>(B) * H * kBlocksPerHead;
@@ -1016,59 +944,44 @@ int memra_cuda_kda_scan(MemraCudaCtx* ctx, const float* q, const float* k, const
 
 namespace {
 
-// memra_cuda_kda_gate_scan_decode over either form of the state planes (RowPlanes); with
-// norm.gate the gated norm in the same launch, and with conv.x (and the norm) the conv too (q, k
-// and v are then unused: the conv's outputs never leave the block).
+// memra_cuda_kda_gate_scan_decode over either form of the state planes (RowPlanes).
 int gate_scan_decode_impl(MemraCudaCtx* ctx, const float* q, const float* k, const float* v,
                           const float* f, const float* dt_bias, const float* A_log, int form,
                           float lower_bound, const float* beta_logits, int B, int H, int dk,
                           int dv, float scale, const RowPlanes& state, const GatedNorm& norm,
-                          const ConvIn& conv, float* o) {
+                          float* o) {
   MEMRA_CUDA_RETURN_IF(enter(ctx));
   if (form != 0 && form != 1) return memra::kContractValue;
   if (B < 0 || H < 0 || dk < 1 || dv < 1) return memra::kContractShape;
   if (dk != kScanDk || dv != kScanDv) return memra::kUnsupportedGeometry;
   if (state.slots && state.floats < 0) return memra::kContractValue;
-  if (conv.ring.slots && conv.ring.floats < 0) return memra::kContractValue;
   if (B == 0 || H == 0) return memra::kOk;
-  const bool fused_conv = conv.x != nullptr;
-  if ((!fused_conv && (!q || !k || !v)) || !f || !dt_bias || !A_log || !beta_logits || !o) {
+  if (!q || !k || !v || !f || !dt_bias || !A_log || !beta_logits || !o) {
     return memra::kContractMissing;
   }
   if (state.slots ? (!state.cur || !state.base0 || !state.base1) : !state.out) {
     return memra::kContractMissing;
   }
   if (norm.gate && !norm.w) return memra::kContractMissing;
-  if (fused_conv && (!norm.gate || !conv.w || !conv.ring.slots || !conv.ring.cur ||
-                     !conv.ring.base0 || !conv.ring.base1)) {
-    return memra::kContractMissing;
-  }
-  for (const void* p : {static_cast<const void*>(fused_conv ? f : q),
-                        static_cast<const void*>(fused_conv ? f : k),
-                        static_cast<const void*>(fused_conv ? f : v), static_cast<const void*>(f),
+  for (const void* p : {static_cast<const void*>(q), static_cast<const void*>(k),
+                        static_cast<const void*>(v), static_cast<const void*>(f),
                         static_cast<const void*>(dt_bias), static_cast<const void*>(o)}) {
     if (reinterpret_cast<uintptr_t>(p) & 15u) return memra::kContractStride;
   }
   const RawGates gates{dt_bias, A_log, form, lower_bound};
-  if (norm.gate) {  // a whole head a block, o through the gated norm (and the conv first)
+  if (norm.gate) {  // a whole head a block, o through the gated norm
     const int64_t blocks = static_cast<int64_t>(B) * H;
     if (blocks > 0x7fffffffLL) return memra::kContractShape;
-    if (fused_conv) {
-      memra::cuda::launch(ctx, true, scan_decode_kernel<true, kDecNormWarps, true, true>,
-                          dim3(static_cast<unsigned>(blocks)), dim3(32 * kDecNormWarps), 0, q, k,
-                          v, f, beta_logits, H, scale, state, o, gates, norm, conv);
-    } else {
-      memra::cuda::launch(ctx, true, scan_decode_kernel<true, kDecNormWarps, true, false>,
-                          dim3(static_cast<unsigned>(blocks)), dim3(32 * kDecNormWarps), 0, q, k,
-                          v, f, beta_logits, H, scale, state, o, gates, norm, ConvIn{});
-    }
+    memra::cuda::launch(ctx, true, scan_decode_kernel<true, kDecNormWarps, true>,
+                        dim3(static_cast<unsigned>(blocks)), dim3(32 * kDecNormWarps), 0, q, k, v,
+                        f, beta_logits, H, scale, state, o, gates, norm);
     return launch_status();
   }
   const int64_t blocks = static_cast<int64_t>(B) * H * dec_blocks_per_head<kDecWarps>();
   if (blocks > 0x7fffffffLL) return memra::kContractShape;
-  memra::cuda::launch(ctx, true, scan_decode_kernel<true, kDecWarps, false, false>,
+  memra::cuda::launch(ctx, true, scan_decode_kernel<true, kDecWarps, false>,
                       dim3(static_cast<unsigned>(blocks)), dim3(32 * kDecWarps), 0, q, k, v, f,
-                      beta_logits, H, scale, state, o, gates, GatedNorm{}, ConvIn{});
+                      beta_logits, H, scale, state, o, gates, GatedNorm{});
   return launch_status();
 }
 
@@ -1084,7 +997,7 @@ int memra_cuda_kda_gate_scan_decode(MemraCudaCtx* ctx, const float* q, const flo
                                     float* const* state_out, float* o) {
   return gate_scan_decode_impl(ctx, q, k, v, f, dt_bias, A_log, form, lower_bound, beta_logits, B,
                                H, dk, dv, scale, table_planes(state_in, state_out), GatedNorm{},
-                               ConvIn{}, o);
+                               o);
 }
 
 int memra_cuda_kda_gate_scan_decode_slots(MemraCudaCtx* ctx, const float* q, const float* k,
@@ -1099,26 +1012,7 @@ int memra_cuda_kda_gate_scan_decode_slots(MemraCudaCtx* ctx, const float* q, con
                                H, dk, dv, scale,
                                slot_planes(slots, cur, state_base0, state_base1, state_floats, 0,
                                            early),
-                               GatedNorm{gate_o, o_norm, norm_eps}, ConvIn{}, o);
-}
-
-int memra_cuda_kda_conv_scan_decode_slots(
-    MemraCudaCtx* ctx, const float* x, const float* conv_w, int K, float l2_eps, const float* f,
-    const float* dt_bias, const float* A_log, int form, float lower_bound,
-    const float* beta_logits, int B, int H, int dk, int dv, float scale, const int32_t* slots,
-    const int32_t* cur, float* ring_base0, float* ring_base1, int64_t ring_floats,
-    float* state_base0, float* state_base1, int64_t state_floats, int early,
-    const float* gate_o, const float* o_norm, float norm_eps, float* o) {
-  if (K < 1) return memra::kContractValue;
-  if (K != kFusedConvK) return memra::kUnsupportedGeometry;
-  if (B > 0 && H > 0 && (!x || !gate_o || !slots)) return memra::kContractMissing;
-  return gate_scan_decode_impl(
-      ctx, nullptr, nullptr, nullptr, f, dt_bias, A_log, form, lower_bound, beta_logits, B, H, dk,
-      dv, scale, slot_planes(slots, cur, state_base0, state_base1, state_floats, 0, early),
-      GatedNorm{gate_o, o_norm, norm_eps},
-      ConvIn{x, conv_w, slot_planes(slots, cur, ring_base0, ring_base1, ring_floats, 0, early),
-             l2_eps},
-      o);
+                               GatedNorm{gate_o, o_norm, norm_eps}, o);
 }
 
 }  // extern "C"

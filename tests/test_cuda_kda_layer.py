@@ -186,14 +186,11 @@ def kda_inputs(steps: list) -> dict:
 
 STEPS = [[2], [2, 0, -1], [0, 2, -1], [0]]  # B = 1 host slots, B = 3 with an idle row, ...
 
-# Decode arms (read when the layer is made): by default one launch runs the conv, the gates, the
-# scan and the gated norm, resolving each row's planes from the device slots
-# (kda_conv_scan_decode_slots); MEMRA_KDA_CONV_FUSED=0 keeps the conv's own launch
-# (kda_conv_decode_slots, kda_gate_scan_decode_slots); MEMRA_KDA_NORM_FUSED=0 the norm's too;
+# Decode arms (read when the layer is made): by default the conv and the scan resolve each
+# row's planes from the device slots and the scan runs the gated norm (kda_conv_decode_slots,
+# kda_gate_scan_decode_slots); MEMRA_KDA_NORM_FUSED=0 keeps the norm's own launch;
 # MEMRA_KDA_SLOTS=0 builds the pointer tables with kda_tables as before.
-KDA_ARMS = [{}, {"MEMRA_KDA_CONV_FUSED": "0"}, {"MEMRA_KDA_NORM_FUSED": "0"},
-            {"MEMRA_KDA_SLOTS": "0"}]
-KDA_ARM_IDS = ["default", "conv0", "norm0", "slots0"]
+KDA_ARMS = [{}, {"MEMRA_KDA_NORM_FUSED": "0"}, {"MEMRA_KDA_SLOTS": "0"}]
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
@@ -216,7 +213,7 @@ def test_kda_layer_prefill_and_decode_match_cpu(e, dtype):
                 close_scaled(a, b, TOL[dtype])
 
 
-@pytest.mark.parametrize("arm", KDA_ARMS, ids=KDA_ARM_IDS)
+@pytest.mark.parametrize("arm", KDA_ARMS, ids=["default", "norm0", "slots0"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_kda_layer_idle_rows_and_other_slots_untouched(e, monkeypatch, arm, dtype):
     for k, v in arm.items():
@@ -271,7 +268,7 @@ def test_kda_layer_prefill_then_decode_equals_prefill_f32(e):
     close_scaled(split.kda_conv(0, 0), whole.kda_conv(0, 0), 1e-5)
 
 
-@pytest.mark.parametrize("arm", KDA_ARMS, ids=KDA_ARM_IDS)
+@pytest.mark.parametrize("arm", KDA_ARMS, ids=["default", "norm0", "slots0"])
 @pytest.mark.parametrize("gate", ["lower_bound", "softplus"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_kda_layer_decode_equals_one_token_prefill_bytes(e, monkeypatch, arm, gate, dtype):

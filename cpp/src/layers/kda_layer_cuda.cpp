@@ -43,7 +43,6 @@ struct KdaLayer::Gpu {
   DeviceWeight dt_bias, a_log, o_norm;  // f32
   bool slot_planes = true;  // decode: planes from the device slots (MEMRA_KDA_SLOTS=0: tables)
   bool norm_fused = true;   // decode with slot planes: the gated norm in the scan (MEMRA_KDA_NORM_FUSED=0)
-  bool conv_fused = true;   // ... and the conv too, at conv_kernel 4 (MEMRA_KDA_CONV_FUSED=0)
 };
 
 Status KdaLayer::to_device(std::shared_ptr<CudaContext> cuda, DType dtype) {
@@ -72,7 +71,6 @@ Status KdaLayer::to_device(std::shared_ptr<CudaContext> cuda, DType dtype) {
   // A/B knobs of the decode path, read here (each model load reads them once).
   if (const char* v = std::getenv("MEMRA_KDA_SLOTS")) g->slot_planes = std::strcmp(v, "0") != 0;
   if (const char* v = std::getenv("MEMRA_KDA_NORM_FUSED")) g->norm_fused = std::strcmp(v, "0") != 0;
-  if (const char* v = std::getenv("MEMRA_KDA_CONV_FUSED")) g->conv_fused = std::strcmp(v, "0") != 0;
   gpu_ = std::move(g);
   cuda_ = std::move(cuda);
   // The host copies are no longer used; drop them (a real model's weights live once, on the GPU).
@@ -184,14 +182,9 @@ Status KdaLayer::run_cuda(Cache& cache, int layer, int B, int T, const Planes& p
   }
   // Then q and k (the first 2 channel groups, 2N rows of [H, dk]) L2-normalised: inside the conv
   // kernel at decode (the bytes of the two launches prefill runs).
-  // The whole recurrence (conv, gates, scan, gated norm) in one launch after f_b | g_b: decode
-  // from slot planes at conv width 4 (kda_conv_scan_decode_slots), unless the knobs say not.
-  const bool whole = decode && !tables && g.norm_fused && g.conv_fused && K == 4;
   // early = 1: the launch in front of the conv (the q|k|v GEMV) and of the scan (f_b | g_b)
   // write none of the planes, slots or flags they read before their wait.
-  if (whole) {
-    // the conv runs inside the scan below
-  } else if (decode && !tables) {
+  if (decode && !tables) {
     MEMRA_GPU(c, api.kda_conv_decode_slots(ctx, raw, B, C, qkv, conv_w, K, planes.slots_d,
                                            cache.cur_d(), cache.conv(layer, 0, 0),
                                            cache.conv(layer, 0, 1), spec.conv_floats(), 0, 1, act,
@@ -220,16 +213,7 @@ Status KdaLayer::run_cuda(Cache& cache, int layer, int B, int T, const Planes& p
   const float scale = 1.0f / std::sqrt(static_cast<float>(dk));
   const int form = static_cast<int>(cfg_.gate_form);
   const bool norm_fused = decode && !tables && g.norm_fused;
-  if (whole) {
-    // raw was written two launches back (the q|k|v GEMV, before f_b | g_b): early is safe.
-    MEMRA_GPU(c, api.kda_conv_scan_decode_slots(
-                     ctx, raw, conv_w, K, kL2Eps, gate_f, gpu::f32p(g.dt_bias), gpu::f32p(g.a_log),
-                     form, cfg_.lower_bound, beta, B, H, dk, dk, scale, planes.slots_d,
-                     cache.cur_d(), cache.conv(layer, 0, 0), cache.conv(layer, 0, 1),
-                     spec.conv_floats(), cache.state(layer, 0, 0), cache.state(layer, 0, 1),
-                     spec.state_floats(), 1, gate_o, gpu::f32p(g.o_norm), cfg_.rms_eps, o),
-              op);
-  } else if (decode && !tables) {
+  if (decode && !tables) {
     // One step: the gates (forget gate and beta's sigmoid) inside the scan's launch, with the
     // bytes of the two launches prefill runs; state planes cur -> 1 - cur; and (norm_fused) the
     // gated norm below, with the bytes of its own launch.

@@ -73,20 +73,4 @@
                                  float scale, const int32_t* slots, const int32_t* cur,           \
                                  float* state_base0, float* state_base1, int64_t state_floats,    \
                                  int early, const float* gate_o, const float* o_norm,             \
-                                 float norm_eps, float* o))                                       \
-  /* A whole KDA decode recurrence in one launch (a block per head): kda_conv_decode_slots over   \
-     x [B, 3*H*dk] (q | k | v projections; conv_w [3*H*dk, K] f32, q and k L2-normalised with    \
-     l2_eps), then kda_gate_scan_decode_slots with the gated norm (gate_o required), with the     \
-     bytes of those calls; the conv's outputs never reach memory. K other than 4 is 50002 (two    \
-     launches run it). early != 0: slots, cur, the rings, the states, conv_w and x are read before \
-     the kernel waits for the launch in front of it, which must write none of them (x written two \
-     launches back or more). */                                                                    \
-  X(kda_conv_scan_decode_slots, (MemraCudaCtx * ctx, const float* x, const float* conv_w, int K,  \
-                                 float l2_eps, const float* f, const float* dt_bias,              \
-                                 const float* A_log, int form, float lower_bound,                 \
-                                 const float* beta_logits, int B, int H, int dk, int dv,          \
-                                 float scale, const int32_t* slots, const int32_t* cur,           \
-                                 float* ring_base0, float* ring_base1, int64_t ring_floats,      \
-                                 float* state_base0, float* state_base1, int64_t state_floats,    \
-                                 int early, const float* gate_o, const float* o_norm,             \
                                  float norm_eps, float* o))
