@@ -38,6 +38,9 @@
 // >= 0.92 of the measured copy bandwidth is expected at B >= 64. At B = 1 (512 warps, ~4 per
 // SM) the kernel is latency-bound: one load round trip + ~1000 dependent-ish instructions +
 // the stores, a few microseconds.
+// The form with the gated norm fused (kda_gate_scan_decode_slots with gate_o: KdaLayer's decode)
+// runs a whole head per block of 8 warps (B * H blocks, 2 per SM at 128 registers, the same 16
+// warps an SM) and has one block barrier, after the state's last store, for the norm's row.
 #include <cstdint>
 #include <type_traits>
 
@@ -133,8 +136,9 @@ __global__ void conv_prefill_kernel(const float* __restrict__ x, int T, int C, i
 // s = slots[b] >= 0 and c = cur[s] & 1 reads base<c> + s * floats + offset and writes
 // base<1 - c> + s * floats + offset; an idle row (s < 0) reads zeros and writes nothing.
 // early: slots, cur, the input planes and the kernel's weights are read before its pdl_wait (the
-// caller guarantees the launch in front of it writes none of them), so their latency is spent
-// under that launch instead of on the step's critical path.
+// caller guarantees that no kernel that may still be running writes them: with every kernel
+// triggering its dependent after its own wait, that is the launch in front), so their latency is
+// spent under that launch instead of on the step's critical path.
 struct RowPlanes {
   const float* const* in = nullptr;
   float* const* out = nullptr;
@@ -147,7 +151,11 @@ struct RowPlanes {
   bool early = false;
 
   __device__ __forceinline__ void at(int64_t b, const float** pin, float** pout) const {
-    if (slots) {  // through L2 (__ldcg): an early read before pdl_wait sees no stale L1 line
+    // slots and cur through L2 (__ldcg), belt and braces: with early, what is read before the
+    // wait (these, the input planes, the taps) was last written by kernels that completed before
+    // the launch in front of this one began (each kernel triggers its dependent only after its
+    // own wait), so no cache can hold an older copy.
+    if (slots) {
       const int s = __ldcg(slots + b);
       if (s < 0) {
         *pin = nullptr;
@@ -820,6 +828,10 @@ int conv_decode_impl(MemraCudaCtx* ctx, const float* x, int B, int C, int G, con
   if (ring.slots ? (!ring.cur || !ring.base0 || !ring.base1) : !ring.out) {
     return memra::kContractMissing;
   }
+  // A slot's ring [C, K-1] must fit its stride, or one row's output would be another's input.
+  if (ring.slots && ring.offset + static_cast<int64_t>(C) * (K - 1) > ring.floats) {
+    return memra::kContractValue;
+  }
   const bool fused = l2_groups > 0 && dk == kConvThreads && G % kConvThreads == 0;
   const int l2_channels = fused ? l2_groups * G : 0;
   const bool ok = dispatch_conv_k(K, [&](auto kc) {
@@ -963,6 +975,15 @@ int gate_scan_decode_impl(MemraCudaCtx* ctx, const float* q, const float* k, con
     return memra::kContractMissing;
   }
   if (norm.gate && !norm.w) return memra::kContractMissing;
+  if (state.slots) {
+    // A slot's [H, dk, dv] state must fit its stride, and every plane be 16-byte aligned (the
+    // state moves in float4; a misaligned access would end the context, not just the call).
+    if (state.floats < static_cast<int64_t>(H) * dk * dv) return memra::kContractValue;
+    if (((reinterpret_cast<uintptr_t>(state.base0) | reinterpret_cast<uintptr_t>(state.base1)) &
+         15u) || state.floats % 4 != 0) {
+      return memra::kContractStride;
+    }
+  }
   for (const void* p : {static_cast<const void*>(q), static_cast<const void*>(k),
                         static_cast<const void*>(v), static_cast<const void*>(f),
                         static_cast<const void*>(dt_bias), static_cast<const void*>(o)}) {

@@ -7,8 +7,10 @@ What these would catch:
   for f32 rows against a bf16 weight at T > 1);
 - KdaLayer: the fused q|k|v GEMM and the one conv launch over 3*qkv channels writing q, k, v as
   three [N, qkv] tensors (group width qkv), the one-launch L2 norm of q and k, the fused f_a|g_a
-  GEMM read back as two column blocks, the one kda_tables launch over the whole conv ring: any
-  layout slip gives O(1) errors in y or in the cache planes, far above the tolerances below;
+  GEMM read back as two column blocks, the decode's planes resolved from the device slots (or, in
+  the MEMRA_KDA_SLOTS=0 arm, the one kda_tables launch over the whole conv ring), the gated norm
+  inside the scan: any layout slip gives O(1) errors in y or in the cache planes, far above the
+  tolerances below;
 - MlaLayer: x rounded once for q_a, kv_a and the indexer's wk, kpool_gate, weights_proj.
 
 Tolerances (|got - want| <= rel * max|want|): float32 1e-4 (cuBLAS vs the CPU's ascending sums
@@ -272,7 +274,7 @@ def test_kda_layer_prefill_then_decode_equals_prefill_f32(e):
 @pytest.mark.parametrize("gate", ["lower_bound", "softplus"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_kda_layer_decode_equals_one_token_prefill_bytes(e, monkeypatch, arm, gate, dtype):
-    # A decode step (the gates computed inside the scan's launch, kda_gate_scan_decode; the
+    # A decode step (the gates computed inside the scan's launch, kda_gate_scan_decode_slots; the
     # q|k|v and f_a|g_a|beta GEMVs in one launch) against a one-token prefill from the same
     # state (kda_gate_beta, then kda_scan, then the gated norm's own launch; the same GEMVs at
     # N = 1): the same bytes, in every decode arm.

@@ -14,9 +14,10 @@
 //   (linear_ex_pair: two problems of one x in one GEMV grid);
 // - a decode step's conv and scan find each row's ring and state planes from the device slots
 //   themselves (kda_conv_decode_slots / kda_gate_scan_decode_slots), and read them before they
-//   wait for the GEMV in front of them; MEMRA_KDA_SLOTS=0 (read at to_device, an A/B arm)
+//   wait for the launch in front of them; MEMRA_KDA_SLOTS=0 (read at to_device, an A/B arm)
 //   builds the tables with one kda_tables launch instead, as before. The scan turns f and beta's
-//   logits into gates as it loads them.
+//   logits into gates as it loads them, and runs the per-head gated RMSNorm before it stores o
+//   (MEMRA_KDA_NORM_FUSED=0: the norm's own launch, the same bytes).
 // Only the GEMMs' summation order can differ from separate projections (cuBLAS may pick other
 // kernels for the wider shapes).
 #include <cmath>
@@ -80,8 +81,9 @@ Status KdaLayer::to_device(std::shared_ptr<CudaContext> cuda, DType dtype) {
 
 // The recurrent planes the N = B * T rows read and write: a prefill (B == 1) names the slot's
 // planes directly; a decode step (T == 1) names its rows' slots on the device (slots_d [B],
-// -1 = idle row) and the tables are built there from the cache's ping-pong flags, so nothing in
-// the step depends on host-side cache state (the shape a CUDA graph replays).
+// -1 = idle row) and the conv and the scan find the planes there from the cache's ping-pong
+// flags (or kda_tables builds pointer tables from them: MEMRA_KDA_SLOTS=0), so nothing in the
+// step depends on host-side cache state (the shape a CUDA graph replays).
 struct KdaLayer::Planes {
   const float* ring_in = nullptr;
   float* ring_out = nullptr;
@@ -182,8 +184,9 @@ Status KdaLayer::run_cuda(Cache& cache, int layer, int B, int T, const Planes& p
   }
   // Then q and k (the first 2 channel groups, 2N rows of [H, dk]) L2-normalised: inside the conv
   // kernel at decode (the bytes of the two launches prefill runs).
-  // early = 1: the launch in front of the conv (the q|k|v GEMV) and of the scan (f_b | g_b)
-  // write none of the planes, slots or flags they read before their wait.
+  // early = 1: the launch in front of the conv (the q|k|v projection) and of the scan (f_b | g_b
+  // at N = 1, b_proj above) write none of the planes, slots or flags they read before their
+  // wait, and every kernel before those has completed by then.
   if (decode && !tables) {
     MEMRA_GPU(c, api.kda_conv_decode_slots(ctx, raw, B, C, qkv, conv_w, K, planes.slots_d,
                                            cache.cur_d(), cache.conv(layer, 0, 0),

@@ -28,9 +28,11 @@
      that launch): row b with s = slots[b] >= 0 and c = cur[s] & 1 reads ring_base<c> +          \
      s*ring_floats + ring_offset and writes ring_base<1-c> + the same; an idle row (s < 0) reads  \
      zeros and writes nothing. slots [B], cur [max_batch] device int32 (slots < max_batch,        \
-     unchecked). early != 0: slots, cur, the input rings and w are read before the kernel waits  \
-     for the launch in front of it, which must write none of them (KdaLayer's decode: that launch \
-     is a GEMV). Same bytes as kda_tables + kda_conv_decode_l2. */                                 \
+     unchecked); ring_offset + C*(K-1) > ring_floats is 40025. early != 0: slots, cur, the input  \
+     rings and w are read before the kernel waits for the launch in front of it, so no kernel     \
+     that may still be running (that launch: each kernel triggers its dependent after its own     \
+     wait) may write them; KdaLayer's decode: the q|k|v projection. Same bytes as kda_tables +    \
+     kda_conv_decode_l2. */                                                                        \
   X(kda_conv_decode_slots, (MemraCudaCtx * ctx, const float* x, int B, int C, int G,               \
                             const float* w, int K, const int32_t* slots, const int32_t* cur,      \
                             float* ring_base0, float* ring_base1, int64_t ring_floats,            \
@@ -62,10 +64,13 @@
                            float* const* state_out, float* o))                                    \
   /* kda_gate_scan_decode with each row's state planes resolved from the device slots as         \
      kda_conv_decode_slots' rings (state_base<c> + s*state_floats; idle rows read zeros, write     \
-     nothing); early != 0: slots, cur and the input states are read before the kernel waits for   \
-     the launch in front of it, which must write none of them. gate_o non-null: o is written      \
-     through rms_norm_gated_sigmoid(o, gate_o [B, H*dv], o_norm [dv], norm_eps) in the same      \
-     launch (a block per head), the bytes of that op after the scan; null: o as the scan's. */     \
+     nothing); the bases 16-byte aligned and state_floats a multiple of 4 (else 40022), at least  \
+     H*dk*dv (else 40025). early != 0: slots, cur and the input states are read before the       \
+     kernel waits for the launch in front of it, as kda_conv_decode_slots' rings (KdaLayer's      \
+     decode: f_b | g_b at B = 1, b_proj at B > 1). gate_o non-null: o is written through          \
+     rms_norm_gated_sigmoid(o, gate_o [B, H*dv], o_norm [dv], norm_eps) in the same launch (a     \
+     block per head), the bytes of that op after the scan; null: o as the scan's. o must not      \
+     alias q, k, v, f or gate_o. */                                                                \
   X(kda_gate_scan_decode_slots, (MemraCudaCtx * ctx, const float* q, const float* k,              \
                                  const float* v, const float* f, const float* dt_bias,            \
                                  const float* A_log, int form, float lower_bound,                 \
