@@ -22,8 +22,10 @@ using memra::cuda::rowsum::group_for;
 using memra::cuda::rowsum::gated_norm_short_row;
 using memra::cuda::rowsum::group_sum;
 using memra::cuda::rowsum::kGatedCols;
+using memra::cuda::rowsum::load_row_cols;
 using memra::cuda::rowsum::row_blocks;
 using memra::cuda::rowsum::row_sum_squares;
+using memra::cuda::rowsum::store_rms_cols;
 using memra::cuda::rowsum::with_group;
 
 namespace {
@@ -43,13 +45,8 @@ __device__ __forceinline__ void rms_norm_row(const float* x, int64_t rows, int D
   const float* xr = x + (live ? row : 0) * D;
   if (D <= kGatedCols * G) {
     float xv[kGatedCols], wv[kGatedCols];
-#pragma unroll
-    for (int c = 0; c < kGatedCols; ++c) {
-      const int i = lane + G * c;
-      const bool in = live && i < D;
-      xv[c] = in ? xr[i] : 0.0f;
-      wv[c] = in && w ? w[i] : 0.0f;
-    }
+    load_row_cols<G>(xr, live, lane, D, xv);
+    load_row_cols<G>(w, live, lane, D, wv);
     float ss = 0.0f;  // row_sum_squares' order: columns lane, lane + G, ...
 #pragma unroll
     for (int c = 0; c < kGatedCols; ++c) {
@@ -58,15 +55,7 @@ __device__ __forceinline__ void rms_norm_row(const float* x, int64_t rows, int D
     ss = group_sum<G>(ss, red);
     if (!live) return;
     const float inv = 1.0f / sqrtf(ss / static_cast<float>(D) + eps);
-    float* yr = y + row * D;
-#pragma unroll
-    for (int c = 0; c < kGatedCols; ++c) {
-      const int i = lane + G * c;
-      if (i < D) {
-        const float n = __fmul_rn(xv[c], inv);
-        yr[i] = w ? __fmul_rn(wv[c], n) : n;
-      }
-    }
+    store_rms_cols<G>(xv, inv, wv, w != nullptr, lane, D, y + row * D);
     return;
   }
   const float ss = row_sum_squares<G>(xr, live, lane, D, red);
@@ -111,14 +100,9 @@ __global__ void __launch_bounds__(Group<G>::kBlock)
   const float* gr = gate + (live ? row : 0) * D;
   if (D <= kGatedCols * G) {
     float xv[kGatedCols], sig[kGatedCols], wv[kGatedCols];
-#pragma unroll
-    for (int c = 0; c < kGatedCols; ++c) {
-      const int i = lane + G * c;
-      const bool in = live && i < D;
-      xv[c] = in ? xr[i] : 0.0f;
-      sig[c] = in ? gr[i] : 0.0f;
-      wv[c] = in ? w[i] : 0.0f;
-    }
+    load_row_cols<G>(xr, live, lane, D, xv);
+    load_row_cols<G>(gr, live, lane, D, sig);
+    load_row_cols<G>(w, live, lane, D, wv);
     gated_norm_short_row<G>(xv, sig, wv, live, lane, D, eps, red, y + (live ? row : 0) * D);
     return;
   }
@@ -142,14 +126,9 @@ __device__ __forceinline__ void layer_norm_row(const float* x, int64_t rows, int
   const float* xr = x + (live ? row : 0) * D;
   if (D <= kGatedCols * G) {  // x, w and b in registers from one load (as rms_norm_row)
     float xv[kGatedCols], wv[kGatedCols], bv[kGatedCols];
-#pragma unroll
-    for (int c = 0; c < kGatedCols; ++c) {
-      const int i = lane + G * c;
-      const bool in = live && i < D;
-      xv[c] = in ? xr[i] : 0.0f;
-      wv[c] = in ? w[i] : 0.0f;
-      bv[c] = in ? b[i] : 0.0f;
-    }
+    load_row_cols<G>(xr, live, lane, D, xv);
+    load_row_cols<G>(w, live, lane, D, wv);
+    load_row_cols<G>(b, live, lane, D, bv);
     float s = 0.0f;
 #pragma unroll
     for (int c = 0; c < kGatedCols; ++c) {

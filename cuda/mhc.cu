@@ -35,6 +35,7 @@ using memra::cuda::warp_sum;
 using memra::cuda::rowsum::Group;
 using memra::cuda::rowsum::group_for;
 using memra::cuda::rowsum::group_sum;
+using memra::cuda::rowsum::store_rms_cols;
 using memra::cuda::rowsum::with_group;
 
 using memra::cuda::sinkhorn_warp_fixed;
@@ -470,15 +471,7 @@ __global__ void __launch_bounds__(Group<G>::kBlock)
   ss = group_sum<G>(ss, red);  // every thread of the block: it has barriers
   if (!live) return;
   const float r = 1.0f / sqrtf(ss / static_cast<float>(D) + rms_eps);
-  float* ot = out + int64_t(t) * D;
-#pragma unroll
-  for (int k = 0; k < kNormCols; ++k) {
-    const int d = tid + G * k;
-    if (d < D) {
-      const float n = __fmul_rn(h[k], r);
-      ot[d] = rms_w ? __fmul_rn(wv[k], n) : n;
-    }
-  }
+  store_rms_cols<G>(h, r, wv, rms_w != nullptr, tid, D, out + int64_t(t) * D);
 }
 
 // ---- One launch per mHC site at a single decode row (T == 1, hc == kSiteHc, D % 4 == 0,

@@ -87,12 +87,40 @@ __device__ __forceinline__ float row_sum_squares(const float* xr, bool live, int
   return group_sum<G>(ss, red);
 }
 
+// yr[lane + G c] = (wv[c] *) (v[c] * inv) for the row's columns below D (weighted: with wv): the
+// RMS norm's output step over a row held in registers (rms_norm_row, the mHC finish + norm).
+template <int G, int N>
+__device__ __forceinline__ void store_rms_cols(const float (&v)[N], float inv,
+                                               const float (&wv)[N], bool weighted, int lane,
+                                               int D, float* yr) {
+#pragma unroll
+  for (int c = 0; c < N; ++c) {
+    const int i = lane + G * c;
+    if (i < D) {
+      const float n = __fmul_rn(v[c], inv);
+      yr[i] = weighted ? __fmul_rn(wv[c], n) : n;
+    }
+  }
+}
+
 // cpu::rms_norm_gated_sigmoid of one row of at most kGatedCols * G values already in registers
 // (column lane + G c of x, gate and w; zeros past D): yr[i] = w * (x * inv) * sigmoid(gate).
 // The short-row path of rms_norm_gated_kernel (cuda/basic.cu), shared with the KDA decode scan
 // that fuses the norm (cuda/kda.cu), so both give the standalone kernel's bytes. Every thread of
 // the block calls it (group_sum has barriers when G > 32); a dead row (live false) writes nothing.
 constexpr int kGatedCols = 4;
+
+// v[c] = p[lane + G c] for the columns of a row of D values (0 past D or for a dead row; a null p
+// gives zeros): the register form of a row of at most kGatedCols * G values.
+template <int G>
+__device__ __forceinline__ void load_row_cols(const float* p, bool live, int lane, int D,
+                                              float (&v)[kGatedCols]) {
+#pragma unroll
+  for (int c = 0; c < kGatedCols; ++c) {
+    const int i = lane + G * c;
+    v[c] = live && p && i < D ? p[i] : 0.0f;
+  }
+}
 
 template <int G>
 __device__ __forceinline__ void gated_norm_short_row(const float (&xv)[kGatedCols],
