@@ -1,4 +1,4 @@
-"""A/B of decode knobs on the B = 1 graph replay, arms interleaved in one process.
+"""A/B of decode knobs on the graph replay (B = 1 by default), arms interleaved in one process.
 
 Replays of one build move ~1 % between machines and runs, which is as large as most single
 changes; separate bench_model_decode runs per arm cannot tell them apart. Here every arm is its
@@ -37,22 +37,24 @@ def parse_arm(s: str) -> tuple[str, dict]:
     return name, env
 
 
-def load_arm(folder: str, env: dict, max_len: int, prompt: list):
-    """memra.load, prefill and the first decode steps (eager, capture, replays) with the arm's
-    environment set: knobs read at context creation and knobs read when a step is enqueued
-    (captured into the graph) both take effect. Returns the model, its greedy tokens and the
-    captured graph of the batch-1 bucket."""
+def load_arm(folder: str, env: dict, max_len: int, prompt: list, batch: int):
+    """memra.load, prefill of `batch` sequences and the first decode steps (eager, capture,
+    replays) with the arm's environment set: knobs read at context creation and knobs read when
+    a step is enqueued (captured into the graph) both take effect. Returns the model, its greedy
+    tokens (every row's, step by step) and the captured graph of the batch's bucket."""
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:
-        m = memra.load(folder, device="cuda", dtype="bfloat16", max_batch=1, max_len=max_len,
+        m = memra.load(folder, device="cuda", dtype="bfloat16", max_batch=batch, max_len=max_len,
                        progress=False)
-        tok = int(np.argmax(m.prefill(m.cache, 0, prompt)))
-        toks = [tok]
+        slots = list(range(batch))
+        last = [int(np.argmax(m.prefill(m.cache, s, prompt))) for s in slots]
+        toks = [list(last)]
         for i in range(4):  # eager, capture, then replays
-            tok = int(np.asarray(m._decode_sampled([0], [tok], 0.0, None, None, [0], i + 1))[0])
-            toks.append(tok)
-        graph = next(g for s, g in m._runner._buckets[1].graphs.items() if s is not None)
+            last = [int(t) for t in m._decode_sampled(slots, last, 0.0, None, None, [0] * batch, i + 1)]
+            toks.append(list(last))
+        bucket = m._runner._buckets[m._runner.bucket_size(batch)]
+        graph = next(g for s, g in bucket.graphs.items() if s is not None)
         return m, toks, graph
     finally:
         for k, v in saved.items():
@@ -69,6 +71,7 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=12)
     p.add_argument("--steps", type=int, default=40, help="replays timed per arm and round")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--batch", type=int, default=1, help="sequences a step (the graph's bucket)")
     a = p.parse_args()
     arms = [parse_arm(s) for s in a.arms]
     max_len = 128 + 8 + a.rounds * (a.steps + 1) + 8
@@ -77,7 +80,7 @@ def main() -> None:
     runs = []
     for name, env in arms:
         t = time.perf_counter()
-        m, toks, graph = load_arm(a.folder, env, max_len, prompt)
+        m, toks, graph = load_arm(a.folder, env, max_len, prompt, a.batch)
         print(f"ab: loaded {name} {env} in {time.perf_counter() - t:.1f} s", file=sys.stderr, flush=True)
         runs.append({"name": name, "env": env, "m": m, "graph": graph, "toks": toks, "us": []})
     order = random.Random(a.seed)
@@ -98,6 +101,7 @@ def main() -> None:
     for run in runs:
         med = statistics.median(run["us"])
         print(json.dumps({"bench": "ab_model_replay", "arm": run["name"], "env": run["env"],
+                          "batch": a.batch,
                           "replay_us_median": round(med, 1), "replay_us_min": round(min(run["us"]), 1),
                           "delta_us_vs_first": round(med - ref, 1), "rounds": a.rounds,
                           "steps_per_round": a.steps,
