@@ -21,52 +21,16 @@ using memra::cuda::rowsum::Group;
 using memra::cuda::rowsum::group_for;
 using memra::cuda::rowsum::gated_norm_short_row;
 using memra::cuda::rowsum::group_sum;
+using memra::cuda::rowsum::layer_norm_row;
 using memra::cuda::rowsum::kGatedCols;
 using memra::cuda::rowsum::load_row_cols;
 using memra::cuda::rowsum::row_blocks;
+using memra::cuda::rowsum::rms_norm_row;
 using memra::cuda::rowsum::row_sum_squares;
 using memra::cuda::rowsum::store_rms_cols;
 using memra::cuda::rowsum::with_group;
 
 namespace {
-
-// cpu::rms_norm: y = (w *) (x * (1 / sqrt(sum(x^2) / D + eps))). x and y may alias: each element
-// is read and then written by the same thread, after the row's reduction. The body of row
-// `row` (lane `lane` of its group of G threads) is shared with norm_rows_kernel; every thread of
-// the block calls it (group_sum has barriers), `red` holds a float per warp of the block.
-// Rows of at most kGatedCols * G values keep x (and w) in registers from one load: the output
-// pass re-read them after the reduction, one more memory round trip (y may alias x, so those
-// loads waited for each store); the same sums in the same order, the same products.
-template <int G>
-__device__ __forceinline__ void rms_norm_row(const float* x, int64_t rows, int D, const float* w,
-                                             float eps, float* y, int64_t row, int lane,
-                                             float* red) {
-  const bool live = row < rows;
-  const float* xr = x + (live ? row : 0) * D;
-  if (D <= kGatedCols * G) {
-    float xv[kGatedCols], wv[kGatedCols];
-    load_row_cols<G>(xr, live, lane, D, xv);
-    load_row_cols<G>(w, live, lane, D, wv);
-    float ss = 0.0f;  // row_sum_squares' order: columns lane, lane + G, ...
-#pragma unroll
-    for (int c = 0; c < kGatedCols; ++c) {
-      if (live && lane + G * c < D) ss += xv[c] * xv[c];
-    }
-    ss = group_sum<G>(ss, red);
-    if (!live) return;
-    const float inv = 1.0f / sqrtf(ss / static_cast<float>(D) + eps);
-    store_rms_cols<G>(xv, inv, wv, w != nullptr, lane, D, y + row * D);
-    return;
-  }
-  const float ss = row_sum_squares<G>(xr, live, lane, D, red);
-  if (!live) return;
-  const float inv = 1.0f / sqrtf(ss / static_cast<float>(D) + eps);
-  float* yr = y + row * D;
-  for (int i = lane; i < D; i += G) {
-    const float n = __fmul_rn(xr[i], inv);
-    yr[i] = w ? __fmul_rn(w[i], n) : n;
-  }
-}
 
 template <int G>
 __global__ void __launch_bounds__(Group<G>::kBlock)
@@ -113,65 +77,6 @@ __global__ void __launch_bounds__(Group<G>::kBlock)
   for (int i = lane; i < D; i += G) {
     const float sig = 1.0f / (1.0f + expf(-gr[i]));
     yr[i] = __fmul_rn(__fmul_rn(w[i], __fmul_rn(xr[i], inv)), sig);
-  }
-}
-
-// cpu::layer_norm: two passes as the reference (mean, then the mean of squared deviations). The
-// row body is shared with norm_rows_kernel, as rms_norm_row.
-template <int G>
-__device__ __forceinline__ void layer_norm_row(const float* x, int64_t rows, int D, const float* w,
-                                               const float* b, float eps, float* y, int64_t row,
-                                               int lane, float* red) {
-  const bool live = row < rows;
-  const float* xr = x + (live ? row : 0) * D;
-  if (D <= kGatedCols * G) {  // x, w and b in registers from one load (as rms_norm_row)
-    float xv[kGatedCols], wv[kGatedCols], bv[kGatedCols];
-    load_row_cols<G>(xr, live, lane, D, xv);
-    load_row_cols<G>(w, live, lane, D, wv);
-    load_row_cols<G>(b, live, lane, D, bv);
-    float s = 0.0f;
-#pragma unroll
-    for (int c = 0; c < kGatedCols; ++c) {
-      if (live && lane + G * c < D) s += xv[c];
-    }
-    const float mean = group_sum<G>(s, red) / static_cast<float>(D);
-    float v = 0.0f;
-#pragma unroll
-    for (int c = 0; c < kGatedCols; ++c) {
-      if (live && lane + G * c < D) {
-        const float d = xv[c] - mean;
-        v += d * d;
-      }
-    }
-    const float var = group_sum<G>(v, red) / static_cast<float>(D);
-    if (!live) return;
-    const float inv = 1.0f / sqrtf(var + eps);
-    float* yr = y + row * D;
-#pragma unroll
-    for (int c = 0; c < kGatedCols; ++c) {
-      const int i = lane + G * c;
-      if (i < D) yr[i] = __fadd_rn(__fmul_rn(__fmul_rn(xv[c] - mean, inv), wv[c]), bv[c]);
-    }
-    return;
-  }
-  float s = 0.0f;
-  if (live) {
-    for (int i = lane; i < D; i += G) s += xr[i];
-  }
-  const float mean = group_sum<G>(s, red) / static_cast<float>(D);
-  float v = 0.0f;
-  if (live) {
-    for (int i = lane; i < D; i += G) {
-      const float d = xr[i] - mean;
-      v += d * d;
-    }
-  }
-  const float var = group_sum<G>(v, red) / static_cast<float>(D);
-  if (!live) return;
-  const float inv = 1.0f / sqrtf(var + eps);
-  float* yr = y + row * D;
-  for (int i = lane; i < D; i += G) {
-    yr[i] = __fadd_rn(__fmul_rn(__fmul_rn(xr[i] - mean, inv), w[i]), b[i]);
   }
 }
 

@@ -39,6 +39,45 @@ __device__ __forceinline__ float pool_key_channel(const Rows& rows, const float*
   return acc;
 }
 
+// dsa.cu's PoolRows for T = 1: row r < pos from the ring (slot r % tail_rows), row pos from k.
+struct DecodeRows {
+  const float* k;          // [d], the new row (row pos)
+  const float* gate;       // [d]
+  const float* tail_k;     // [tail_rows, d]
+  const float* tail_gate;  // [tail_rows, d]
+  int64_t pos;
+  int d, tail_rows;
+
+  __device__ __forceinline__ const float* k_row(int64_t r) const {
+    return r < pos ? tail_k + (r % tail_rows) * d : k + (r - pos) * d;
+  }
+  __device__ __forceinline__ const float* gate_row(int64_t r) const {
+    return r < pos ? tail_gate + (r % tail_rows) * d : gate + (r - pos) * d;
+  }
+};
+
+// Channel c of the decode append of one sequence at position rows.pos (cuda/dsa_decode.cu's
+// append_decode_kernel, the MLA decode prologue of cuda/mla_prologue.cu): when the token
+// completes a pool ((pos + 1) % pool == 0), channel c of that pool's key into pool_keys (rows
+// before pos from the ring, row pos from rows.k); then (ring) channel c of row pos into ring slot
+// pos % tail_rows (tail_k, tail_gate: the rows' ring planes), k and gate. The slot written is none
+// of the ring slots the key reads (tail_rows is a multiple of pool >= pool). ring_k false: the
+// caller stores the ring's k itself.
+__device__ __forceinline__ void append_decode_channel(const DecodeRows& rows,
+                                                      const float* __restrict__ ape, int pool,
+                                                      float* pool_keys, float* tail_k,
+                                                      float* tail_gate, int c, bool ring_k) {
+  const int64_t p = rows.pos;
+  if ((p + 1) % pool == 0) {
+    const int64_t pool_idx = p / pool;
+    pool_keys[pool_idx * rows.d + c] = pool_key_channel(rows, ape, pool_idx, pool, rows.d, c);
+  }
+  // After this thread's key reads (the slot is none of the ones the key read anyway).
+  const int64_t slot = (p % rows.tail_rows) * rows.d;
+  if (ring_k) tail_k[slot + c] = rows.k[c];
+  tail_gate[slot + c] = rows.gate[c];
+}
+
 constexpr int kSelectThreads = 512;
 constexpr int kSelectWarps = kSelectThreads / 32;
 

@@ -49,6 +49,8 @@ using memra::cuda::launch_status;
 
 namespace {
 
+using memra::cuda::dsa::append_decode_channel;
+using memra::cuda::dsa::DecodeRows;
 using memra::cuda::dsa::kSelectThreads;
 using memra::cuda::dsa::kSelectWarps;
 using memra::cuda::dsa::pool_key_channel;
@@ -58,23 +60,6 @@ using memra::cuda::dsa::relu_cpu;
 constexpr unsigned kMaxGridY = 65535u;  // sequences past it: grid-stride over blockIdx.y
 
 // -------------------------------------------------------------------------------- append
-
-// dsa.cu's PoolRows for T = 1: row r < pos from the ring (slot r % tail_rows), row pos from k.
-struct DecodeRows {
-  const float* k;          // [d], the new row (row pos)
-  const float* gate;       // [d]
-  const float* tail_k;     // [tail_rows, d]
-  const float* tail_gate;  // [tail_rows, d]
-  int64_t pos;
-  int d, tail_rows;
-
-  __device__ __forceinline__ const float* k_row(int64_t r) const {
-    return r < pos ? tail_k + (r % tail_rows) * d : k + (r - pos) * d;
-  }
-  __device__ __forceinline__ const float* gate_row(int64_t r) const {
-    return r < pos ? tail_gate + (r % tail_rows) * d : gate + (r - pos) * d;
-  }
-};
 
 constexpr int kAppendThreads = 128;
 
@@ -94,16 +79,8 @@ __global__ void append_decode_kernel(const float* __restrict__ k, const float* _
     const float* kb = k + int64_t(b) * d;
     const float* gb = gate + int64_t(b) * d;
     const DecodeRows rows{kb, gb, tk, tg, p, d, tail_rows};
-    const bool completes = (p + 1) % pool == 0;
-    const int64_t pool_idx = p / pool;
-    const int64_t slot = (p % tail_rows) * d;
     for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < d; c += gridDim.x * blockDim.x) {
-      if (completes) {
-        pool_keys[b][pool_idx * d + c] = pool_key_channel(rows, ape, pool_idx, pool, d, c);
-      }
-      // After this thread's key reads (the slot is none of the ones the key read anyway).
-      tk[slot + c] = kb[c];
-      tg[slot + c] = gb[c];
+      append_decode_channel(rows, ape, pool, pool_keys[b], tk, tg, c, true);
     }
   }
 }

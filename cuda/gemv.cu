@@ -61,16 +61,6 @@ __global__ void __launch_bounds__(kGemvThreads, MB)
   gemv_rows<W, X, R, P>(x, w, K, N, bias, y, prefetch, blockIdx.x - (task.comb ? 1 : 0));
 }
 
-// One GEMV problem of a launch: y[N] = w[N, K] x (+ bias), K shared by the launch.
-template <typename W, typename X>
-struct GemvRows {
-  const X* x;
-  const W* w;
-  const float* bias;
-  float* y;
-  int N;
-};
-
 // A block of a two-problem launch: false for block 0 when a deferred Sinkhorn rides in the launch
 // (the caller then runs it); else *bid is the block's index among the problems' blocks and
 // *second whether it serves p1 (blocks [0, blocks0) take p0).
@@ -98,52 +88,24 @@ __global__ void __launch_bounds__(kGemvThreads, P == 1 ? 4 : 0)
                      bid - (second ? blocks0 : 0));
 }
 
-// Short rows (K <= kShortMaxV vectors; the KDA f_b / g_b up-projections have K = 128 bf16 = 16):
-// gemv_kernel would leave all but KV of a block's 256 threads idle and need N / R blocks of
-// almost no work (8 us for 2 MB, ncu 2026-11-29). Here L = KV rounded up to a power of two lanes
-// share a row, lane j holding vector j, so a block covers 256 / L rows with one load per thread,
-// and the L partial dots meet in a butterfly. Chosen by K alone: a row's order still depends on
-// K only (not on N or MEMRA_GEMV_ROWS).
-
+// Short rows (K <= kShortMaxV vectors): gemv_kernel would leave all but KV of a block's 256
+// threads idle and need N / R blocks of almost no work (8 us for 2 MB, ncu 2026-11-29). Here
+// gemv_short_rows (gemv_rows.cuh) at 256 threads and one pass: 256 / L rows a block, one load a
+// thread. Chosen by K alone: a row's order still depends on K only (not on N or MEMRA_GEMV_ROWS).
 // Blocks [0, blocks0) take problem p0 and the rest p1 (p1.N == 0 for a single GEMV): two GEMVs
 // of the same K in one launch (linear_ex_pair) compute each row as a launch of their own would.
 template <typename W, typename X, int L>
 __global__ void __launch_bounds__(kGemvThreads)
     gemv_short_kernel(GemvRows<W, X> p0, GemvRows<W, X> p1, int blocks0, int K, int prefetch,
                       SinkTask task) {
-  static_assert(L >= 1 && L <= 32 && (L & (L - 1)) == 0, "L: a power of two <= 32");
   int bid;
   bool second;
   if (!problem_block(task, blocks0, &bid, &second)) return run_sink_task(task);
-  constexpr int E = 16 / sizeof(W);
   // Field by field (a reference to either parameter struct would copy both to the stack).
-  const X* x = second ? p1.x : p0.x;
-  const W* w = second ? p1.w : p0.w;
-  const float* bias = second ? p1.bias : p0.bias;
-  float* y = second ? p1.y : p0.y;
-  const int N = second ? p1.N : p0.N;
-  const int tid = threadIdx.x, lane = tid % L;
-  const int n = (bid - (second ? blocks0 : 0)) * (kGemvThreads / L) + tid / L;
-  const int KV = K / E;
-  const bool in = n < N && lane < KV;
-  const uint4* row = reinterpret_cast<const uint4*>(w + int64_t(n < N ? n : 0) * K);
-  uint4 wv = make_uint4(0, 0, 0, 0);
-  if (prefetch && in) wv = ld_stream(row + lane);
-  pdl_wait();  // x and y belong to the stream's earlier work
-  pdl_trigger();
-  if (!prefetch && in) wv = ld_stream(row + lane);
-  float acc = 0.0f;
-  if (in) {
-    float xs[E];
-    load_x<W, X>(x, lane, xs);
-    acc = dot16<W>(wv, xs, 0.0f);
-  }
-#pragma unroll
-  for (int o = L / 2; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
-  if (lane == 0 && n < N) {
-    if (bias) acc += bias[n];
-    y[n] = acc;
-  }
+  gemv_short_rows<W, X, L, kGemvThreads, 1>(second ? p1.x : p0.x, second ? p1.w : p0.w,
+                                            second ? p1.bias : p0.bias, second ? p1.y : p0.y,
+                                            second ? p1.N : p0.N, K, prefetch,
+                                            bid - (second ? blocks0 : 0));
 }
 
 // f(std::integral_constant<int, R>{}, std::integral_constant<int, P>{}) for the rows a block R

@@ -171,6 +171,64 @@ __device__ __forceinline__ void gemv_rows(const X* __restrict__ x, const W* __re
   }
 }
 
+// One GEMV problem of a launch: y[N] = w[N, K] x (+ bias), K shared by the launch.
+template <typename W, typename X>
+struct GemvRows {
+  const X* x;
+  const W* w;
+  const float* bias;
+  float* y;
+  int N;
+};
+
+// Short rows (K <= kShortMaxV vectors; the KDA f_b / g_b up-projections have K = 128 bf16 = 16):
+// L = KV rounded up to a power of two lanes share a row, lane j holding vector j; a block of
+// THREADS threads covers THREADS / L rows a pass and RPT passes, block `blk` rows
+// (blk * RPT + r) * (THREADS / L) + tid / L (r < RPT), with one load a row and thread. A row's
+// L partial dots (each from 0, E products in order) meet in the L-lane butterfly: the order
+// depends on K alone, not on THREADS, RPT or N. The body of gemv_short_kernel (cuda/gemv.cu) and
+// of the KDA decode conv's launch that carries f_b | g_b (cuda/kda.cu). Every thread of the block
+// calls it (pdl_wait / trigger inside).
+template <typename W, typename X, int L, int THREADS, int RPT>
+__device__ __forceinline__ void gemv_short_rows(const X* __restrict__ x, const W* __restrict__ w,
+                                                const float* __restrict__ bias,
+                                                float* __restrict__ y, int N, int K, int prefetch,
+                                                int blk) {
+  static_assert(L >= 1 && L <= 32 && (L & (L - 1)) == 0, "L: a power of two <= 32");
+  constexpr int E = 16 / sizeof(W);
+  constexpr int kRows = THREADS / L;
+  const int tid = threadIdx.x, lane = tid % L;
+  const int KV = K / E;
+  int n[RPT];
+  uint4 wv[RPT];
+  const uint4* row[RPT];
+#pragma unroll
+  for (int r = 0; r < RPT; ++r) {
+    n[r] = (blk * RPT + r) * kRows + tid / L;
+    row[r] = reinterpret_cast<const uint4*>(w + int64_t(n[r] < N ? n[r] : 0) * K);
+    wv[r] = make_uint4(0, 0, 0, 0);
+    if (prefetch && n[r] < N && lane < KV) wv[r] = ld_stream(row[r] + lane);
+  }
+  pdl_wait();  // x and y belong to the stream's earlier work
+  pdl_trigger();
+#pragma unroll
+  for (int r = 0; r < RPT; ++r) {
+    if (!prefetch && n[r] < N && lane < KV) wv[r] = ld_stream(row[r] + lane);
+  }
+  float xs[E];
+  if (lane < KV) load_x<W, X>(x, lane, xs);
+#pragma unroll
+  for (int r = 0; r < RPT; ++r) {
+    float acc = n[r] < N && lane < KV ? dot16<W>(wv[r], xs, 0.0f) : 0.0f;
+#pragma unroll
+    for (int o = L / 2; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+    if (lane == 0 && n[r] < N) {
+      if (bias) acc += bias[n[r]];
+      y[n[r]] = acc;
+    }
+  }
+}
+
 // Launches a GEMV kernel (its last parameter a SinkTask) over `blocks` blocks of kGemvThreads;
 // a pending deferred Sinkhorn (common.cuh) rides in the launch as one extra block, block 0, and
 // is pending again if the launch fails.

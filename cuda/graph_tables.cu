@@ -4,10 +4,12 @@
 // CUDA graph replays for any batch composition and position. One thread per batch row; launch
 // shapes depend on B only; no allocation, no host synchronisation.
 #include "common.cuh"
+#include "slot_tables.cuh"
 
 using memra::cuda::ceil_div;
 using memra::cuda::enter;
 using memra::cuda::launch_status;
+using memra::cuda::SlotTables;
 
 namespace {
 
@@ -58,15 +60,8 @@ __global__ void commit_decode_kernel(const int32_t* __restrict__ slots, int B, i
   atomicXor(cur + s, 1);
 }
 
-// A decode step's positions and up to kMaxTables plane tables (memra_cuda_decode_tables).
-constexpr int kMaxTables = 8;
-struct SlotTables {
-  uint8_t* base[kMaxTables];
-  int64_t stride[kMaxTables];
-  void** out[kMaxTables];
-  int n;
-};
-
+// A decode step's positions and up to kMaxTables plane tables (memra_cuda_decode_tables):
+// cuda/slot_tables.cuh's row entries, one thread a row.
 __global__ void decode_tables_kernel(const int32_t* __restrict__ slots, int B,
                                      const int32_t* __restrict__ lengths, int32_t* __restrict__ pos,
                                      int32_t* __restrict__ t_kv, SlotTables t) {
@@ -75,14 +70,7 @@ __global__ void decode_tables_kernel(const int32_t* __restrict__ slots, int B,
   const int b = blockIdx.x * blockDim.x + threadIdx.x;
   if (b >= B) return;
   const int s = slots[b];
-  if (pos) {
-    const int len = s < 0 ? -1 : lengths[s];
-    pos[b] = len;
-    t_kv[b] = len + 1;
-  }
-  for (int j = 0; j < t.n; ++j) {
-    t.out[j][b] = s < 0 ? nullptr : static_cast<void*>(t.base[j] + static_cast<int64_t>(s) * t.stride[j]);
-  }
+  memra::cuda::decode_table_row(b, s, pos && s >= 0 ? lengths[s] : -1, pos, t_kv, t);
 }
 
 }  // namespace
@@ -129,18 +117,10 @@ int memra_cuda_decode_tables(MemraCudaCtx* ctx, const int32_t* slots, int B,
                              const int32_t* lengths, int32_t* pos, int32_t* t_kv, int n,
                              void* const* bases, const int64_t* strides, void** const* outs) {
   MEMRA_CUDA_RETURN_IF(enter(ctx));
-  if (B < 0 || n < 0 || n > kMaxTables) return memra::kContractValue;
+  if (B < 0) return memra::kContractValue;
   if ((pos == nullptr) != (t_kv == nullptr)) return memra::kContractMissing;
-  if (n > 0 && (!bases || !strides || !outs)) return memra::kContractMissing;
-  SlotTables t{};
-  t.n = n;
-  for (int j = 0; j < n; ++j) {
-    if (!bases[j] || !outs[j]) return memra::kContractMissing;
-    if (strides[j] < 0) return memra::kContractValue;
-    t.base[j] = static_cast<uint8_t*>(bases[j]);
-    t.stride[j] = strides[j];
-    t.out[j] = outs[j];
-  }
+  SlotTables t;
+  MEMRA_CUDA_RETURN_IF(memra::cuda::make_slot_tables(n, bases, strides, outs, &t));
   if (B == 0 || (n == 0 && !pos)) return memra::kOk;
   if (!slots || (pos && !lengths)) return memra::kContractMissing;
   memra::cuda::launch(ctx, true, decode_tables_kernel, dim3(ceil_div(B, kRowThreads)),

@@ -45,6 +45,8 @@
 #include <type_traits>
 
 #include "common.cuh"
+#include "gemv.cuh"
+#include "gemv_rows.cuh"
 #include "row_group.cuh"
 
 using memra::cuda::enter;
@@ -185,14 +187,18 @@ struct RowPlanes {
 // the conv followed by l2norm_heads, and the prefill path (which runs the two) still agrees.
 constexpr int kConvThreads = 128;
 
+// The body of block (bx, by) of a grid with gy blocks in y (conv_decode_kernel, and the conv
+// blocks of conv_pair_decode_kernel below). Every thread of the block calls it.
 template <int K, bool L2>
-__global__ void conv_decode_kernel(const float* __restrict__ x, int B, int C, int G,
-                                   const float* __restrict__ w, RowPlanes ring,
-                                   float* __restrict__ y, int l2_channels, float l2_eps) {
+__device__ __forceinline__ void conv_decode_block(const float* __restrict__ x, int B, int C, int G,
+                                                  const float* __restrict__ w,
+                                                  const RowPlanes& ring, float* __restrict__ y,
+                                                  int l2_channels, float l2_eps, int bx, int by,
+                                                  int gy) {
   constexpr int R = K - 1;
   __shared__ float ys[L2 ? kConvThreads : 1];
   __shared__ float norm;
-  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  const int c = bx * blockDim.x + threadIdx.x;
   const bool active = L2 || c < C;  // L2: every thread is a channel (and takes the barriers)
   float wr[K];
   float win[K];
@@ -208,7 +214,7 @@ __global__ void conv_decode_kernel(const float* __restrict__ x, int B, int C, in
 #pragma unroll
     for (int k = 0; k < R; ++k) win[k] = ring_c ? ring_c[k] : 0.0f;
   };
-  const int b0 = blockIdx.y;
+  const int b0 = by;
   if (ring.early && active) {
     load_w();
     if (b0 < B) load_ring(b0);
@@ -217,9 +223,9 @@ __global__ void conv_decode_kernel(const float* __restrict__ x, int B, int C, in
   memra::cuda::pdl_trigger();
   if (!active) return;
   if (!ring.early) load_w();
-  const bool l2 = L2 && static_cast<int>(blockIdx.x) * kConvThreads < l2_channels;  // block-uniform
+  const bool l2 = L2 && bx * kConvThreads < l2_channels;  // block-uniform
   float* y_c = y + y_group_at(c, B, G);
-  for (int b = b0; b < B; b += gridDim.y) {
+  for (int b = b0; b < B; b += gy) {
     if (!ring.early || b != b0) load_ring(b);
     const int64_t xi = static_cast<int64_t>(b) * C + c;
     win[R] = x[xi];
@@ -240,6 +246,14 @@ __global__ void conv_decode_kernel(const float* __restrict__ x, int B, int C, in
       for (int j = 0; j < R; ++j) rout[static_cast<int64_t>(c) * R + j] = win[1 + j];
     }
   }
+}
+
+template <int K, bool L2>
+__global__ void conv_decode_kernel(const float* __restrict__ x, int B, int C, int G,
+                                   const float* __restrict__ w, RowPlanes ring,
+                                   float* __restrict__ y, int l2_channels, float l2_eps) {
+  conv_decode_block<K, L2>(x, B, C, G, w, ring, y, l2_channels, l2_eps, blockIdx.x, blockIdx.y,
+                           gridDim.y);
 }
 
 constexpr int kConvChunk = 16;   // tokens per thread in the prefill arm
@@ -812,9 +826,11 @@ namespace {
 // groups of y, as rows of dk: in the conv kernel when a block's channels are exactly one head
 // (dk == kConvThreads, G and C multiples of it), else memra_cuda_l2norm_heads after it.
 // ring: the tables (ring.out checked non-null) or the device slots (ring.slots, cur and bases).
-int conv_decode_impl(MemraCudaCtx* ctx, const float* x, int B, int C, int G, const float* w,
-                     int K, const RowPlanes& ring, float* y, int l2_groups, int dk, float eps) {
-  MEMRA_CUDA_RETURN_IF(enter(ctx));
+// conv_decode_impl's argument checks (after enter): kOk with *run false when there is nothing
+// to do (B == 0 or C == 0).
+int conv_decode_check(const float* x, int B, int C, int G, const float* w, int K,
+                      const RowPlanes& ring, const float* y, int l2_groups, int dk, bool* run) {
+  *run = false;
   if (B < 0 || C < 0) return memra::kContractShape;
   if (C > 0 && (G < 1 || C % G != 0)) return memra::kContractShape;
   if (l2_groups > 0 && (dk < 1 || G % dk != 0 || int64_t(l2_groups) * G > C)) {
@@ -832,7 +848,23 @@ int conv_decode_impl(MemraCudaCtx* ctx, const float* x, int B, int C, int G, con
   if (ring.slots && ring.offset + static_cast<int64_t>(C) * (K - 1) > ring.floats) {
     return memra::kContractValue;
   }
-  const bool fused = l2_groups > 0 && dk == kConvThreads && G % kConvThreads == 0;
+  *run = true;
+  return memra::kOk;
+}
+
+// The conv's L2 form (the q and k heads normalised in the conv kernel): a block's channels are
+// exactly one head (dk == kConvThreads, G a multiple of it).
+bool conv_l2_fused(int l2_groups, int G, int dk) {
+  return l2_groups > 0 && dk == kConvThreads && G % kConvThreads == 0;
+}
+
+int conv_decode_impl(MemraCudaCtx* ctx, const float* x, int B, int C, int G, const float* w,
+                     int K, const RowPlanes& ring, float* y, int l2_groups, int dk, float eps) {
+  MEMRA_CUDA_RETURN_IF(enter(ctx));
+  bool run = false;
+  MEMRA_CUDA_RETURN_IF(conv_decode_check(x, B, C, G, w, K, ring, y, l2_groups, dk, &run));
+  if (!run) return memra::kOk;
+  const bool fused = conv_l2_fused(l2_groups, G, dk);
   const int l2_channels = fused ? l2_groups * G : 0;
   const bool ok = dispatch_conv_k(K, [&](auto kc) {
     launch_conv_decode<decltype(kc)::value>(ctx, x, B, C, G, w, ring, y, l2_channels, eps);
@@ -865,6 +897,63 @@ RowPlanes slot_planes(const int32_t* slots, const int32_t* cur, float* base0, fl
   return p;
 }
 
+// ---- The decode conv with the gates' up-projections in its launch (one row, B == 1;
+// memra_cuda_kda_conv_decode_slots_pair): blocks [0, conv_blocks) are conv_decode_kernel's
+// blocks (the L2 form), the rest gemv_short_kernel's rows of the pair (f_b | g_b) at
+// kConvThreads threads a block and kPairPasses rows a thread, with the bytes of either (the
+// short rows' order depends on K alone). Both read only the q|k|v projection's outputs, so the
+// step's chain loses a launch (the GEMV's ~2 us at batch 1, six KDA layers).
+using memra::cuda::gemv_rows_detail::GemvRows;
+using memra::cuda::gemv_rows_detail::gemv_short_rows;
+using memra::cuda::gemv_rows_detail::kShortMaxV;
+constexpr int kPairPasses = 2;
+
+template <int K, typename W, int L>
+__global__ void __launch_bounds__(kConvThreads)
+    conv_pair_decode_kernel(const float* __restrict__ x, int C, int G, const float* __restrict__ w,
+                            RowPlanes ring, float* __restrict__ y, int l2_channels, float l2_eps,
+                            int conv_blocks, GemvRows<W, float> p0, GemvRows<W, float> p1,
+                            int blocks0, int Kg, int prefetch) {
+  const int bx = blockIdx.x;
+  if (bx < conv_blocks) {
+    conv_decode_block<K, true>(x, 1, C, G, w, ring, y, l2_channels, l2_eps, bx, 0, 1);
+    return;
+  }
+  const int bid = bx - conv_blocks;
+  const bool second = bid >= blocks0;
+  // Field by field (a reference to either parameter struct would copy both to the stack).
+  gemv_short_rows<W, float, L, kConvThreads, kPairPasses>(
+      second ? p1.x : p0.x, second ? p1.w : p0.w, second ? p1.bias : p0.bias,
+      second ? p1.y : p0.y, second ? p1.N : p0.N, Kg, prefetch, bid - (second ? blocks0 : 0));
+}
+
+template <int K, typename W, int L>
+int launch_conv_pair(MemraCudaCtx* ctx, const float* x, int C, int G, const float* w,
+                     const RowPlanes& ring, float* y, int l2_channels, float eps,
+                     GemvRows<W, float> p0, GemvRows<W, float> p1, int Kg) {
+  constexpr int kRows = kConvThreads / L * kPairPasses;  // GEMV rows a block
+  const int conv_blocks = C / kConvThreads;
+  const int blocks0 = (p0.N + kRows - 1) / kRows;
+  const int blocks = conv_blocks + blocks0 + (p1.N + kRows - 1) / kRows;
+  const int prefetch = ctx->resident_weights > 0 ? 1 : 0;
+  memra::cuda::launch(ctx, true, conv_pair_decode_kernel<K, W, L>, dim3(blocks),
+                      dim3(kConvThreads), 0, x, C, G, w, ring, y, l2_channels, eps, conv_blocks, p0,
+                      p1, blocks0, Kg, prefetch);
+  return launch_status();
+}
+
+// f(std::integral_constant<int, L>) for the lanes a short row of KV vectors takes
+// (gemv.cu's launch_short_any).
+template <typename F>
+int with_short_lanes(int KV, F&& f) {
+  if (KV <= 1) return f(std::integral_constant<int, 1>());
+  if (KV <= 2) return f(std::integral_constant<int, 2>());
+  if (KV <= 4) return f(std::integral_constant<int, 4>());
+  if (KV <= 8) return f(std::integral_constant<int, 8>());
+  if (KV <= 16) return f(std::integral_constant<int, 16>());
+  return f(std::integral_constant<int, 32>());
+}
+
 }  // namespace
 
 extern "C" {
@@ -893,6 +982,50 @@ int memra_cuda_kda_conv_decode_slots(MemraCudaCtx* ctx, const float* x, int B, i
                           slot_planes(slots, cur, ring_base0, ring_base1, ring_floats, ring_offset,
                                       early),
                           y, l2_groups, dk, eps);
+}
+
+int memra_cuda_kda_conv_decode_slots_pair(
+    MemraCudaCtx* ctx, const float* x, int B, int C, int G, const float* w, int K,
+    const int32_t* slots, const int32_t* cur, float* ring_base0, float* ring_base1,
+    int64_t ring_floats, int64_t ring_offset, int early, float* y, int l2_groups, int dk, float eps,
+    const float* gx0, const float* gx1, int gK, const void* gw0, const void* gw1, int w_dtype,
+    int N0, int N1, float* gy0, float* gy1) {
+  MEMRA_CUDA_RETURN_IF(enter(ctx));
+  const RowPlanes ring =
+      slot_planes(slots, cur, ring_base0, ring_base1, ring_floats, ring_offset, early);
+  const int E = w_dtype == 1 ? 8 : 4;  // weights a 16-byte vector (gemv_takes: bf16 or f32)
+  const bool one = B == 1 && C > 0 && conv_l2_fused(l2_groups, G, dk) && N0 > 0 && N1 > 0 &&
+                   gK > 0 && gK / E <= kShortMaxV && gy0 && gy1 &&
+                   memra::cuda::gemv_takes(ctx, gx0, 0, gK, gw0, w_dtype) &&
+                   memra::cuda::gemv_takes(ctx, gx1, 0, gK, gw1, w_dtype);
+  if (!one) {
+    MEMRA_CUDA_RETURN_IF(memra_cuda_kda_conv_decode_slots(
+        ctx, x, B, C, G, w, K, slots, cur, ring_base0, ring_base1, ring_floats, ring_offset, early,
+        y, l2_groups, dk, eps));
+    return memra_cuda_linear_ex_pair(ctx, gx0, gx1, 0, gK, 1, gK, gw0, gw1, w_dtype, N0, N1,
+                                     nullptr, nullptr, gy0, gy1);
+  }
+  bool run = false;
+  MEMRA_CUDA_RETURN_IF(conv_decode_check(x, B, C, G, w, K, ring, y, l2_groups, dk, &run));
+  const int l2_channels = l2_groups * G;
+  int rc = memra::kUnsupportedGeometry;
+  dispatch_conv_k(K, [&](auto kc) {
+    constexpr int KC = decltype(kc)::value;
+    rc = with_short_lanes(gK / E, [&](auto lanes) {
+      constexpr int L = decltype(lanes)::value;
+      if (w_dtype == 1) {
+        using W = __nv_bfloat16;
+        const GemvRows<W, float> p0{gx0, static_cast<const W*>(gw0), nullptr, gy0, N0};
+        const GemvRows<W, float> p1{gx1, static_cast<const W*>(gw1), nullptr, gy1, N1};
+        return launch_conv_pair<KC, W, L>(ctx, x, C, G, w, ring, y, l2_channels, eps, p0, p1, gK);
+      }
+      const GemvRows<float, float> p0{gx0, static_cast<const float*>(gw0), nullptr, gy0, N0};
+      const GemvRows<float, float> p1{gx1, static_cast<const float*>(gw1), nullptr, gy1, N1};
+      return launch_conv_pair<KC, float, L>(ctx, x, C, G, w, ring, y, l2_channels, eps, p0, p1,
+                                            gK);
+    });
+  });
+  return rc;
 }
 
 int memra_cuda_kda_gate_beta(MemraCudaCtx* ctx, const float* f, const float* dt_bias,

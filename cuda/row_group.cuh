@@ -1,5 +1,6 @@
-// Row reductions shared by the per-row norms (cuda/basic.cu) and the fused mHC + RMSNorm
-// finishing kernel (cuda/mhc.cu): one reduction order, so a norm fused into another kernel gives
+// Row reductions and row bodies shared by the per-row norms (cuda/basic.cu), the fused mHC +
+// RMSNorm finishing kernel (cuda/mhc.cu), the KDA decode scan's gated norm (cuda/kda.cu) and the
+// MLA decode prologue (cuda/mla_prologue.cu): one reduction order, so a norm fused into another kernel gives
 // the bytes of the standalone norm kernel.
 #pragma once
 
@@ -89,16 +90,20 @@ __device__ __forceinline__ float row_sum_squares(const float* xr, bool live, int
 
 // yr[lane + G c] = (wv[c] *) (v[c] * inv) for the row's columns below D (weighted: with wv): the
 // RMS norm's output step over a row held in registers (rms_norm_row, the mHC finish + norm).
-template <int G, int N>
+// mirror (optional): the same values also stored there as M (from_f32: the MLA decode's latent
+// cache row, written by the norm that produces it; cuda/mla_prologue.cu).
+template <int G, int N, typename M = float>
 __device__ __forceinline__ void store_rms_cols(const float (&v)[N], float inv,
                                                const float (&wv)[N], bool weighted, int lane,
-                                               int D, float* yr) {
+                                               int D, float* yr, M* mirror = nullptr) {
 #pragma unroll
   for (int c = 0; c < N; ++c) {
     const int i = lane + G * c;
     if (i < D) {
       const float n = __fmul_rn(v[c], inv);
-      yr[i] = weighted ? __fmul_rn(wv[c], n) : n;
+      const float o = weighted ? __fmul_rn(wv[c], n) : n;
+      yr[i] = o;
+      if (mirror) mirror[i] = from_f32<M>(o);
     }
   }
 }
@@ -141,6 +146,117 @@ __device__ __forceinline__ void gated_norm_short_row(const float (&xv)[kGatedCol
   for (int c = 0; c < kGatedCols; ++c) {
     const int i = lane + G * c;
     if (i < D) yr[i] = __fmul_rn(__fmul_rn(wv[c], __fmul_rn(xv[c], inv)), sig[c]);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// One-row norm bodies (the group of G threads of row `row`, lane `lane`), shared by the per-row
+// norm kernels and norm_rows (cuda/basic.cu) and the MLA decode prologue (cuda/mla_prologue.cu),
+// so each fused form gives the bytes of the standalone kernel. mirror (optional, not aliasing
+// y): the row's outputs also stored there (as M), from the same registers.
+
+// cpu::rms_norm: y = (w *) (x * (1 / sqrt(sum(x^2) / D + eps))). x and y may alias: each element
+// is read and then written by the same thread, after the row's reduction. The body of row
+// `row` (lane `lane` of its group of G threads) is shared with norm_rows_kernel; every thread of
+// the block calls it (group_sum has barriers), `red` holds a float per warp of the block.
+// Rows of at most kGatedCols * G values keep x (and w) in registers from one load: the output
+// pass re-read them after the reduction, one more memory round trip (y may alias x, so those
+// loads waited for each store); the same sums in the same order, the same products.
+template <int G, typename M = float>
+__device__ __forceinline__ void rms_norm_row(const float* x, int64_t rows, int D, const float* w,
+                                             float eps, float* y, int64_t row, int lane,
+                                             float* red, M* mirror = nullptr) {
+  const bool live = row < rows;
+  const float* xr = x + (live ? row : 0) * D;
+  if (D <= kGatedCols * G) {
+    float xv[kGatedCols], wv[kGatedCols];
+    load_row_cols<G>(xr, live, lane, D, xv);
+    load_row_cols<G>(w, live, lane, D, wv);
+    float ss = 0.0f;  // row_sum_squares' order: columns lane, lane + G, ...
+#pragma unroll
+    for (int c = 0; c < kGatedCols; ++c) {
+      if (live && lane + G * c < D) ss += xv[c] * xv[c];
+    }
+    ss = group_sum<G>(ss, red);
+    if (!live) return;
+    const float inv = 1.0f / sqrtf(ss / static_cast<float>(D) + eps);
+    store_rms_cols<G>(xv, inv, wv, w != nullptr, lane, D, y + row * D, mirror);
+    return;
+  }
+  const float ss = row_sum_squares<G>(xr, live, lane, D, red);
+  if (!live) return;
+  const float inv = 1.0f / sqrtf(ss / static_cast<float>(D) + eps);
+  float* yr = y + row * D;
+  for (int i = lane; i < D; i += G) {
+    const float n = __fmul_rn(xr[i], inv);
+    const float o = w ? __fmul_rn(w[i], n) : n;
+    yr[i] = o;
+    if (mirror) mirror[i] = from_f32<M>(o);
+  }
+}
+
+// cpu::layer_norm: two passes as the reference (mean, then the mean of squared deviations). The
+// row body is shared with norm_rows_kernel, as rms_norm_row.
+template <int G>
+__device__ __forceinline__ void layer_norm_row(const float* x, int64_t rows, int D, const float* w,
+                                               const float* b, float eps, float* y, int64_t row,
+                                               int lane, float* red, float* mirror = nullptr) {
+  const bool live = row < rows;
+  const float* xr = x + (live ? row : 0) * D;
+  if (D <= kGatedCols * G) {  // x, w and b in registers from one load (as rms_norm_row)
+    float xv[kGatedCols], wv[kGatedCols], bv[kGatedCols];
+    load_row_cols<G>(xr, live, lane, D, xv);
+    load_row_cols<G>(w, live, lane, D, wv);
+    load_row_cols<G>(b, live, lane, D, bv);
+    float s = 0.0f;
+#pragma unroll
+    for (int c = 0; c < kGatedCols; ++c) {
+      if (live && lane + G * c < D) s += xv[c];
+    }
+    const float mean = group_sum<G>(s, red) / static_cast<float>(D);
+    float v = 0.0f;
+#pragma unroll
+    for (int c = 0; c < kGatedCols; ++c) {
+      if (live && lane + G * c < D) {
+        const float d = xv[c] - mean;
+        v += d * d;
+      }
+    }
+    const float var = group_sum<G>(v, red) / static_cast<float>(D);
+    if (!live) return;
+    const float inv = 1.0f / sqrtf(var + eps);
+    float* yr = y + row * D;
+#pragma unroll
+    for (int c = 0; c < kGatedCols; ++c) {
+      const int i = lane + G * c;
+      if (i < D) {
+        const float o = __fadd_rn(__fmul_rn(__fmul_rn(xv[c] - mean, inv), wv[c]), bv[c]);
+        yr[i] = o;
+        if (mirror) mirror[i] = o;
+      }
+    }
+    return;
+  }
+  float s = 0.0f;
+  if (live) {
+    for (int i = lane; i < D; i += G) s += xr[i];
+  }
+  const float mean = group_sum<G>(s, red) / static_cast<float>(D);
+  float v = 0.0f;
+  if (live) {
+    for (int i = lane; i < D; i += G) {
+      const float d = xr[i] - mean;
+      v += d * d;
+    }
+  }
+  const float var = group_sum<G>(v, red) / static_cast<float>(D);
+  if (!live) return;
+  const float inv = 1.0f / sqrtf(var + eps);
+  float* yr = y + row * D;
+  for (int i = lane; i < D; i += G) {
+    const float o = __fadd_rn(__fmul_rn(__fmul_rn(xr[i] - mean, inv), w[i]), b[i]);
+    yr[i] = o;
+    if (mirror) mirror[i] = o;
   }
 }
 

@@ -192,7 +192,10 @@ STEPS = [[2], [2, 0, -1], [0, 2, -1], [0]]  # B = 1 host slots, B = 3 with an id
 # row's planes from the device slots and the scan runs the gated norm (kda_conv_decode_slots,
 # kda_gate_scan_decode_slots); MEMRA_KDA_NORM_FUSED=0 keeps the norm's own launch;
 # MEMRA_KDA_SLOTS=0 builds the pointer tables with kda_tables as before.
-KDA_ARMS = [{}, {"MEMRA_KDA_NORM_FUSED": "0"}, {"MEMRA_KDA_SLOTS": "0"}]
+# At B = 1 the gates' f_b | g_b ride in the conv's launch (kda_conv_decode_slots_pair);
+# MEMRA_KDA_CONV_PAIR=0 gives the GEMV its own launch.
+KDA_ARMS = [{}, {"MEMRA_KDA_NORM_FUSED": "0"}, {"MEMRA_KDA_SLOTS": "0"}, {"MEMRA_KDA_CONV_PAIR": "0"}]
+ARM_IDS = ["default", "norm0", "slots0", "pair0"]
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
@@ -215,7 +218,7 @@ def test_kda_layer_prefill_and_decode_match_cpu(e, dtype):
                 close_scaled(a, b, TOL[dtype])
 
 
-@pytest.mark.parametrize("arm", KDA_ARMS, ids=["default", "norm0", "slots0"])
+@pytest.mark.parametrize("arm", KDA_ARMS, ids=ARM_IDS)
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_kda_layer_idle_rows_and_other_slots_untouched(e, monkeypatch, arm, dtype):
     for k, v in arm.items():
@@ -236,6 +239,15 @@ def test_kda_layer_idle_rows_and_other_slots_untouched(e, monkeypatch, arm, dtyp
         cache.commit_host(2, 1)
         cache.commit_host(0, 1)
     for s, (st, cv) in before.items():
+        assert np.array_equal(cache.kda_state(0, s), st) and np.array_equal(cache.kda_conv(0, s), cv)
+    # A bucket of one idle row (the B = 1 forms: the conv with f_b | g_b in its launch) writes
+    # no slot.
+    every = {s: (cache.kda_state(0, s), cache.kda_conv(0, s)) for s in range(4)}
+    one = _core.DecodeSlots(cache, 1)
+    one.set(np.array([], np.int32))
+    y = e.to_host(layer.decode(cache, 0, one, e.to_device(f32(g.standard_normal((1, D))))))
+    assert np.isfinite(y).all()
+    for s, (st, cv) in every.items():
         assert np.array_equal(cache.kda_state(0, s), st) and np.array_equal(cache.kda_conv(0, s), cv)
 
 
@@ -270,7 +282,7 @@ def test_kda_layer_prefill_then_decode_equals_prefill_f32(e):
     close_scaled(split.kda_conv(0, 0), whole.kda_conv(0, 0), 1e-5)
 
 
-@pytest.mark.parametrize("arm", KDA_ARMS, ids=["default", "norm0", "slots0"])
+@pytest.mark.parametrize("arm", KDA_ARMS, ids=ARM_IDS)
 @pytest.mark.parametrize("gate", ["lower_bound", "softplus"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_kda_layer_decode_equals_one_token_prefill_bytes(e, monkeypatch, arm, gate, dtype):
@@ -377,3 +389,69 @@ def test_mla_layer_prefill_and_decode_match_cpu(e, dtype):
         for a, b in zip(res["gpu"][1], res["cpu"][1]):
             for ra, rb in zip(a, b):
                 assert set(ra.tolist()) == set(rb.tolist())
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_mla_layer_one_row_decode_prologue(e, monkeypatch, dtype):
+    # At B = 1 the decode's norms, position tables, latent append and k-pool append are one
+    # launch (mla_norm_append_decode, cuda/mla_prologue.cu); MEMRA_MLA_NORM_APPEND=0 runs the
+    # four launches of B > 1. The same bytes in the outputs, index lists, latent rows and pool
+    # keys (steps 7..12 complete pools 2 and 3 of 4 rows), both close to the CPU layer; an idle
+    # row then writes nothing.
+    g = rng(31)
+    xp = f32(g.standard_normal((7, 64)))
+    xd = [f32(g.standard_normal((1, 64))) for _ in range(6)]
+
+    def run(engine, env):
+        for k in ("MEMRA_MLA_NORM_APPEND",):
+            monkeypatch.delenv(k, raising=False)
+        for k, v in env.items():
+            monkeypatch.setenv(k, v)
+        on_gpu = engine is e
+        if on_gpu and env:
+            engine = memra.Engine("cuda")  # the knob is read when an engine is made
+        host = engine.to_host if on_gpu else (lambda a: a)
+        dev = engine.to_device if on_gpu else (lambda a: a)
+        layer = _core.MlaLayer(engine, mla_weights(dtype), **MLA, dtype=dtype)
+        cache = memra.Cache(engine, [layer.state_spec()], max_batch=2, max_len=32)
+        y, _ = layer.prefill(cache, 0, 1, dev(xp))
+        cache.commit(1, len(xp))
+        outs, idx = [], []
+        ds = _core.DecodeSlots(cache, 1) if on_gpu else None
+        if on_gpu:
+            ds.set(np.array([1], np.int32))
+        for x in xd:
+            if on_gpu:
+                y, ix = layer.decode(cache, 0, ds, dev(x))
+                cache.commit_decode(ds)
+                cache.commit_host(1, 1)
+            else:
+                y, ix = layer.decode(cache, 0, np.array([1], np.int32), x)
+                cache.commit(1, 1)
+            outs.append(host(y))
+            idx.append(host(ix))
+        state = (cache.latent_rows(0, 1), cache.pool_keys(0, 1))
+        if on_gpu:  # an idle row: no cache row written, zeros out
+            ds.set(np.array([], np.int32))
+            y, ix = layer.decode(cache, 0, ds, dev(xd[0]))
+            assert not host(y).any() and (host(ix) == -1).all()
+            assert cache.length(1) == len(xp) + len(xd)
+            after = (cache.latent_rows(0, 1), cache.pool_keys(0, 1))
+            assert all(np.array_equal(a, b) for a, b in zip(after, state))
+        return outs, idx, state
+
+    fused = run(e, {})
+    apart = run(e, {"MEMRA_MLA_NORM_APPEND": "0"})
+    for a, b in zip(fused[0] + fused[1] + list(fused[2]), apart[0] + apart[1] + list(apart[2])):
+        assert np.array_equal(a, b)
+    cpu = run(memra.Engine("cpu"), {})
+    for i, (a, b) in enumerate(zip(fused[0], cpu[0])):
+        try:
+            close_scaled(a, b, TOL[dtype])
+        except AssertionError as err:
+            raise AssertionError(f"step {i}: {err}") from None
+    close_scaled(fused[2][0], cpu[2][0], TOL[dtype])
+    close_scaled(fused[2][1], cpu[2][1], TOL[dtype])
+    if dtype == "float32":
+        for a, b in zip(fused[1], cpu[1]):
+            assert set(a.ravel().tolist()) == set(b.ravel().tolist())

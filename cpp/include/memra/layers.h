@@ -163,7 +163,21 @@ class MlaLayer {
     float *q_resid = nullptr, *q = nullptr, *ckv = nullptr;
     IndexerRows rows;  // with an own indexer
   };
-  Status project_cuda(gpu::Arena& a, const float* x, int N, Projected* out) const;
+  // A decode row's tables and cache appends, done by the projections' norm launch
+  // (mla_norm_append_decode) when project_cuda gets one (N == 1).
+  struct NormAppend {
+    const int32_t* slots = nullptr;
+    const int32_t* lengths = nullptr;
+    int32_t* pos = nullptr;
+    int32_t* t_kv = nullptr;
+    int n = 0;  // tables: latent (and tail_k, tail_gate, pool_keys)
+    void* const* bases = nullptr;
+    const int64_t* strides = nullptr;
+    void** const* outs = nullptr;
+    int cache_dtype = 0;
+  };
+  Status project_cuda(gpu::Arena& a, const float* x, int N, Projected* out,
+                      const NormAppend* append = nullptr) const;
   Status indexer_cuda(gpu::Arena& a, Cache& cache, int layer, int slot, int pos,
                       const IndexerRows& rows, int row0, int T, int32_t* idx) const;
   // The indexer's per-row plane tables at decode (built with the layer's other tables).
@@ -172,7 +186,7 @@ class MlaLayer {
   };
   Status indexer_decode_cuda(gpu::Arena& a, const Cache& cache, const int32_t* pos_d,
                              const IndexerRows& rows, const IndexerTables& tabs, int B,
-                             int32_t* idx) const;
+                             bool appended, int32_t* idx) const;
   std::shared_ptr<CudaContext> cuda_;
   std::shared_ptr<Gpu> gpu_;
   void indexer(Cache& cache, int layer, int slot, int pos, const float* x, const float* q_resid,

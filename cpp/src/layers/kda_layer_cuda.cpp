@@ -17,7 +17,9 @@
 //   wait for the launch in front of them; MEMRA_KDA_SLOTS=0 (read at to_device, an A/B arm)
 //   builds the tables with one kda_tables launch instead, as before. The scan turns f and beta's
 //   logits into gates as it loads them, and runs the per-head gated RMSNorm before it stores o
-//   (MEMRA_KDA_NORM_FUSED=0: the norm's own launch, the same bytes).
+//   (MEMRA_KDA_NORM_FUSED=0: the norm's own launch, the same bytes); at B == 1 the gates'
+//   up-projections f_b | g_b ride in the conv's launch (kda_conv_decode_slots_pair; both read
+//   only the projection's outputs; MEMRA_KDA_CONV_PAIR=0: the GEMV's own launch, the same bytes).
 // Only the GEMMs' summation order can differ from separate projections (cuBLAS may pick other
 // kernels for the wider shapes).
 #include <cmath>
@@ -44,6 +46,7 @@ struct KdaLayer::Gpu {
   DeviceWeight dt_bias, a_log, o_norm;  // f32
   bool slot_planes = true;  // decode: planes from the device slots (MEMRA_KDA_SLOTS=0: tables)
   bool norm_fused = true;   // decode with slot planes: the gated norm in the scan (MEMRA_KDA_NORM_FUSED=0)
+  bool conv_pair = true;    // decode at B == 1: f_b | g_b in the conv's launch (MEMRA_KDA_CONV_PAIR=0)
 };
 
 Status KdaLayer::to_device(std::shared_ptr<CudaContext> cuda, DType dtype) {
@@ -72,6 +75,7 @@ Status KdaLayer::to_device(std::shared_ptr<CudaContext> cuda, DType dtype) {
   // A/B knobs of the decode path, read here (each model load reads them once).
   if (const char* v = std::getenv("MEMRA_KDA_SLOTS")) g->slot_planes = std::strcmp(v, "0") != 0;
   if (const char* v = std::getenv("MEMRA_KDA_NORM_FUSED")) g->norm_fused = std::strcmp(v, "0") != 0;
+  if (const char* v = std::getenv("MEMRA_KDA_CONV_PAIR")) g->conv_pair = std::strcmp(v, "0") != 0;
   gpu_ = std::move(g);
   cuda_ = std::move(cuda);
   // The host copies are no longer used; drop them (a real model's weights live once, on the GPU).
@@ -187,7 +191,21 @@ Status KdaLayer::run_cuda(Cache& cache, int layer, int B, int T, const Planes& p
   // early = 1: the launch in front of the conv (the q|k|v projection) and of the scan (f_b | g_b
   // at N = 1, b_proj above) write none of the planes, slots or flags they read before their
   // wait, and every kernel before those has completed by then.
-  if (decode && !tables) {
+  // N == 1 (and the knob): the forget and output gates' up-projections f_b | g_b over x_small's
+  // f | g columns ride in the conv's launch (kda_conv_decode_slots_pair, the bytes of the conv
+  // and linear_in_pair below; both read only the projection's outputs).
+  gpu::Rounded lowr;  // N == 1: low itself, rounded in the GEMV (no launch); N > 1: below
+  if (N == 1) MEMRA_TRY(gpu::round_input(c, a, low, N, n_low, g.f_b.dtype, &lowr, op));
+  const bool pair = decode && !tables && N == 1 && g.conv_pair && lowr.dtype == DType::kF32 &&
+                    g.f_b.cols == g.g_b.cols && g.f_b.dtype_code() == g.g_b.dtype_code();
+  if (pair) {
+    MEMRA_GPU(c, api.kda_conv_decode_slots_pair(
+                     ctx, raw, B, C, qkv, conv_w, K, planes.slots_d, cache.cur_d(),
+                     cache.conv(layer, 0, 0), cache.conv(layer, 0, 1), spec.conv_floats(), 0, 1,
+                     act, 2, dk, kL2Eps, low, low + g.rank_f, static_cast<int>(g.f_b.cols),
+                     g.f_b.data(), g.g_b.data(), g.f_b.dtype_code(), static_cast<int>(g.f_b.rows),
+                     static_cast<int>(g.g_b.rows), gate_f, gate_o), op);
+  } else if (decode && !tables) {
     MEMRA_GPU(c, api.kda_conv_decode_slots(ctx, raw, B, C, qkv, conv_w, K, planes.slots_d,
                                            cache.cur_d(), cache.conv(layer, 0, 0),
                                            cache.conv(layer, 0, 1), spec.conv_floats(), 0, 1, act,
@@ -204,14 +222,17 @@ Status KdaLayer::run_cuda(Cache& cache, int layer, int B, int T, const Planes& p
   // Both gates' low-rank halves in one GEMM (N == 1: with beta's logits, launched above with
   // q|k|v), rounded once for f_b and g_b (the rows of N > 1 would interleave beta's columns with
   // the next row's).
-  if (N != 1) MEMRA_GPU(c, gpu::linear_in(c, xr, N, g.fg_a, nullptr, low), op);
-  gpu::Rounded lowr;
-  MEMRA_TRY(gpu::round_input(c, a, low, N, n_low, g.f_b.dtype, &lowr, op));
+  if (N != 1) {
+    MEMRA_GPU(c, gpu::linear_in(c, xr, N, g.fg_a, nullptr, low), op);
+    MEMRA_TRY(gpu::round_input(c, a, low, N, n_low, g.f_b.dtype, &lowr, op));
+  }
 
   // The forget gate's f_b; the output gate's g_b, read after the scan, in the same call
-  // (linear_ex_pair: one launch at a decode row).
-  MEMRA_GPU(c, gpu::linear_in_pair(c, lowr, lowr.cols_from(g.rank_f), N, g.f_b, g.g_b, gate_f,
-                                   gate_o), op);
+  // (linear_ex_pair: one launch at a decode row; with `pair`, done in the conv's launch).
+  if (!pair) {
+    MEMRA_GPU(c, gpu::linear_in_pair(c, lowr, lowr.cols_from(g.rank_f), N, g.f_b, g.g_b, gate_f,
+                                     gate_o), op);
+  }
   if (N != 1) MEMRA_GPU(c, gpu::linear_in(c, xr, N, g.b_proj, nullptr, beta), op);
   const float scale = 1.0f / std::sqrt(static_cast<float>(dk));
   const int form = static_cast<int>(cfg_.gate_form);

@@ -82,7 +82,8 @@ Status MlaLayer::to_device(std::shared_ptr<CudaContext> cuda, DType dtype) {
 // blocks of theirs (at T = 1 a GEMM pays a fixed ramp: one 20 MB GEMM instead of five small ones
 // saves ~28 us per layer on the H200). N > 1: one GEMM per projection over the row views (the
 // column blocks of N rows interleave).
-Status MlaLayer::project_cuda(gpu::Arena& a, const float* x, int N, Projected* out) const {
+Status MlaLayer::project_cuda(gpu::Arena& a, const float* x, int N, Projected* out,
+                              const NormAppend* append) const {
   const CudaContext& c = *cuda_;
   const CudaApi& api = c.api();
   MemraCudaCtx* ctx = c.ctx();
@@ -122,7 +123,18 @@ Status MlaLayer::project_cuda(gpu::Arena& a, const float* x, int N, Projected* o
       MEMRA_GPU(c, gpu::linear_in(c, xr, N, g.weights_proj, nullptr, rows.w), op);
     }
   }
-  if (N == 1) {  // one launch for the row's two or three norms (the bytes of the three below)
+  if (N == 1 && append) {  // the norms, with the decode row's tables and cache appends
+    const NormAppend& ap = *append;
+    const bool ring = idx && ap.n == 4;  // the indexer's planes are in the tables (sparse)
+    MEMRA_GPU(c, api.mla_norm_append_decode(
+                     ctx, out->q_resid, ql, gpu::f32p(g.q_a_norm), cfg_.rms_eps, out->q_resid,
+                     out->ckv, R, gpu::f32p(g.kv_a_norm), cfg_.rms_eps, out->ckv,
+                     ring ? rows.k : nullptr, ring ? di : 0, ring ? gpu::f32p(g.k_norm_w) : nullptr,
+                     ring ? gpu::f32p(g.k_norm_b) : nullptr, kIndexerNormEps,
+                     ring ? rows.k : nullptr, ap.slots, ap.lengths, ap.pos, ap.t_kv, ap.n, ap.bases,
+                     ap.strides, ap.outs, ap.cache_dtype, ring ? rows.gate : nullptr,
+                     ring ? gpu::f32p(g.kpool_ape) : nullptr, cfg_.kpool, cfg_.tail_rows), op);
+  } else if (N == 1) {  // one launch for the row's two or three norms (the bytes of the three below)
     MEMRA_GPU(c, api.norm_rows(ctx, out->q_resid, ql, gpu::f32p(g.q_a_norm), cfg_.rms_eps,
                                out->q_resid, out->ckv, R, gpu::f32p(g.kv_a_norm), cfg_.rms_eps,
                                out->ckv, idx ? rows.k : nullptr, idx ? di : 0,
@@ -252,13 +264,10 @@ Status MlaLayer::decode_cuda(Cache& cache, int layer, const int32_t* slots_d, in
   MEMRA_TRY(a.take(int64_t(B) * H * R, &q_lat));
   MEMRA_TRY(a.take(int64_t(B) * H * R, &o_lat));
   MEMRA_TRY(a.take(int64_t(B) * H * dv, &attn));
-  Projected p;
-  MEMRA_TRY(project_cuda(a, x, B, &p));
-  const float* q = p.q;
-  const float* ckv = p.ckv;
-
   // Per-row positions and plane tables from the device slots (idle rows: pos -1, t_kv 0, null),
-  // the indexer's included, in one launch.
+  // the indexer's included, in one launch; at B == 1 inside the projections' norm launch, with
+  // the latent and k-pool appends (mla_norm_append_decode: four launches fewer on the step's
+  // critical path).
   int32_t *pos_d = nullptr, *t_kv_d = nullptr;
   void** caches_d;
   MEMRA_TRY(a.take(B, &pos_d));
@@ -283,11 +292,26 @@ Status MlaLayer::decode_cuda(Cache& cache, int layer, const int32_t* slots_d, in
     table(cache.tail_gate(layer, 0), cache.tail_gate(layer, 1), tabs.tail_gate);
     table(cache.pool_keys(layer, 0), cache.pool_keys(layer, 1), tabs.pool_keys);
   }
-  MEMRA_GPU(c, api.decode_tables(ctx, slots_d, B, cache.lengths_d(), pos_d, t_kv_d,
-                                 static_cast<int>(bases.size()), bases.data(), strides.data(),
-                                 outs.data()), op);
   const int cdt = static_cast<int>(cache.latent_dtype());
-  MEMRA_GPU(c, api.mla_latent_append_decode(ctx, ckv, B, R, caches_d, cdt, pos_d), op);
+  const bool fused = B == 1;
+  NormAppend na;
+  na.slots = slots_d;
+  na.lengths = cache.lengths_d();
+  na.pos = pos_d;
+  na.t_kv = t_kv_d;
+  na.n = static_cast<int>(bases.size());
+  na.bases = bases.data();
+  na.strides = strides.data();
+  na.outs = outs.data();
+  na.cache_dtype = cdt;
+  Projected p;
+  MEMRA_TRY(project_cuda(a, x, B, &p, fused ? &na : nullptr));
+  const float* q = p.q;
+  if (!fused) {
+    MEMRA_GPU(c, api.decode_tables(ctx, slots_d, B, cache.lengths_d(), pos_d, t_kv_d, na.n,
+                                   na.bases, na.strides, na.outs), op);
+    MEMRA_GPU(c, api.mla_latent_append_decode(ctx, p.ckv, B, R, caches_d, cdt, pos_d), op);
+  }
   MEMRA_GPU(c, api.mla_absorb_q(ctx, q, g.kv_b.data(), g.kv_b.dtype_code(), B, H, dn, dv, R, 0, q_lat), op);
 
   const int32_t* idx = nullptr;
@@ -296,7 +320,7 @@ Status MlaLayer::decode_cuda(Cache& cache, int layer, const int32_t* slots_d, in
     if (indexer) {
       int32_t* own = topk_out;  // straight into the caller's lists when it wants them
       if (!own) MEMRA_TRY(a.take(int64_t(B) * W, &own));
-      MEMRA_TRY(indexer_decode_cuda(a, cache, pos_d, p.rows, tabs, B, own));
+      MEMRA_TRY(indexer_decode_cuda(a, cache, pos_d, p.rows, tabs, B, fused, own));
       idx = own;
     }
   }
@@ -316,7 +340,7 @@ Status MlaLayer::decode_cuda(Cache& cache, int layer, const int32_t* slots_d, in
 // forms, cuda/dsa_decode.cu; per row the bytes of indexer_cuda with T = 1).
 Status MlaLayer::indexer_decode_cuda(gpu::Arena& a, const Cache& cache, const int32_t* pos_d,
                                      const IndexerRows& rows, const IndexerTables& tabs, int B,
-                                     int32_t* idx) const {
+                                     bool appended, int32_t* idx) const {
   const CudaContext& c = *cuda_;
   const CudaApi& api = c.api();
   MemraCudaCtx* ctx = c.ctx();
@@ -329,10 +353,13 @@ Status MlaLayer::indexer_decode_cuda(gpu::Arena& a, const Cache& cache, const in
   void** tail_k = tabs.tail_k;
   void** tail_gate = tabs.tail_gate;
   void** pool_keys = tabs.pool_keys;
-  MEMRA_GPU(c, api.kpool_append_decode(ctx, rows.k, rows.gate, B, di, gpu::f32p(g.kpool_ape), P, pos_d,
-                                       reinterpret_cast<float* const*>(tail_k),
-                                       reinterpret_cast<float* const*>(tail_gate), cfg_.tail_rows,
-                                       reinterpret_cast<float* const*>(pool_keys)), op);
+  if (!appended) {  // (else done by the projections' norm launch, mla_norm_append_decode)
+    MEMRA_GPU(c, api.kpool_append_decode(ctx, rows.k, rows.gate, B, di, gpu::f32p(g.kpool_ape), P,
+                                         pos_d, reinterpret_cast<float* const*>(tail_k),
+                                         reinterpret_cast<float* const*>(tail_gate),
+                                         cfg_.tail_rows, reinterpret_cast<float* const*>(pool_keys)),
+              op);
+  }
   MEMRA_GPU(c, api.kpool_score_decode(ctx, rows.q, rows.w, reinterpret_cast<const float* const*>(pool_keys),
                                       pos_d, B, Hi, di, P, max_pools,
                                       1.0f / std::sqrt(static_cast<float>(di)),

@@ -38,6 +38,19 @@
                             float* ring_base0, float* ring_base1, int64_t ring_floats,            \
                             int64_t ring_offset, int early, float* y, int l2_groups, int dk,      \
                             float eps))                                                           \
+  /* kda_conv_decode_slots(x .. eps), then linear_ex_pair(gx0, gx1, 0, gK, 1, gK, gw0, gw1,       \
+     w_dtype, N0, N1, null, null, gy0, gy1) (x f32 [gK]: KDA's f_b and g_b over the gates'        \
+     low-rank rows), the bytes of those two calls: one launch at B == 1 when the conv takes its   \
+     L2 form (dk == 128, G a multiple of it) and the pair the decode GEMV's short rows (w bf16 or  \
+     f32, gK at most 32 vectors of 16 bytes, 16-byte aligned), else the two calls. The GEMV's     \
+     inputs must not be the conv's outputs (y, the rings). Errors: as those calls. */              \
+  X(kda_conv_decode_slots_pair, (MemraCudaCtx * ctx, const float* x, int B, int C, int G,          \
+                                 const float* w, int K, const int32_t* slots, const int32_t* cur, \
+                                 float* ring_base0, float* ring_base1, int64_t ring_floats,       \
+                                 int64_t ring_offset, int early, float* y, int l2_groups, int dk, \
+                                 float eps, const float* gx0, const float* gx1, int gK,           \
+                                 const void* gw0, const void* gw1, int w_dtype, int N0, int N1,   \
+                                 float* gy0, float* gy1))                                         \
   /* f [T, H*dk] -> g [T, H*dk] (may alias); dt_bias [H*dk]; A_log [H]; form 0 = lower bound      \
      (glm5_next), 1 = softplus (kimi). */                                                         \
   X(kda_gate, (MemraCudaCtx * ctx, const float* f, const float* dt_bias, const float* A_log,      \

@@ -49,4 +49,22 @@
      round-to-nearest-even); pos [B] device, pos[b] < 0 = idle row (nothing written). The device \
      cannot check pos[b] against a cache's length: callers do. */                                \
   X(mla_latent_append_decode, (MemraCudaCtx * ctx, const float* rows, int B, int W,               \
-                               void* const* caches, int cache_dtype, const int32_t* pos))
+                               void* const* caches, int cache_dtype, const int32_t* pos))          \
+  /* One decode row's MLA prologue in one launch (cuda/mla_prologue.cu), the bytes of:            \
+     norm_rows(x0, D0, w0, eps0, y0, x1, D1, w1, eps1, y1, x2, D2, w2, b2, eps2, y2) (row 0 the q  \
+     low-rank row, row 1 the latent row, row 2 the indexer's k or x2 null for none), then         \
+     decode_tables(slots, 1, lengths, pos, t_kv, n, bases, strides, outs), then                   \
+     mla_latent_append_decode(y1, 1, D1, outs[0], cache_dtype, pos) and, with row 2 (n == 4:       \
+     tables 1, 2, 3 the tail_k, tail_gate and pool_keys planes; without it n == 1),               \
+     kpool_append_decode(y2, gate, 1, D2, ape, pool, pos, outs[1], outs[2], tail_rows, outs[3]).   \
+     y1 and y2 must not overlap a cache plane. MEMRA_MLA_NORM_APPEND=0 runs those four calls.      \
+     Errors: as those calls (40024 missing pointers, 40025 values, 40020 cache_dtype, 40010       \
+     pool / tail_rows), and 40025 for n other than 1 (no row 2) / 4 (row 2). */                      \
+  X(mla_norm_append_decode, (MemraCudaCtx * ctx, const float* x0, int D0, const float* w0,        \
+                             float eps0, float* y0, const float* x1, int D1, const float* w1,      \
+                             float eps1, float* y1, const float* x2, int D2, const float* w2,      \
+                             const float* b2, float eps2, float* y2, const int32_t* slots,         \
+                             const int32_t* lengths, int32_t* pos, int32_t* t_kv, int n,           \
+                             void* const* bases, const int64_t* strides, void** const* outs,       \
+                             int cache_dtype, const float* gate, const float* ape, int pool,       \
+                             int tail_rows))

@@ -1,0 +1,178 @@
+// The MLA decode prologue of one row in one launch (memra_cuda_mla_norm_append_decode,
+// cpp/include/memra/cuda_abi/mla.h): the projections' norms (norm_rows), the step's positions
+// and plane tables (decode_tables), the latent append and the indexer's k-pool append.
+//
+// Why: at batch 1 those were four launches in a row on the step's critical path (norm_rows 7.6,
+// decode_tables 1.5, latent append 5.2, k-pool append 2.9 us in-graph; session-10 trace), each
+// mostly a launch and a memory round trip. Here the latent and ring rows are stored from the
+// registers that hold the normalised values, and the slot and length are read before the
+// launch's wait, so the appends add stores, not round trips, to the norm launch.
+//
+// Grid: one block per norm row (2, or 3 with the indexer), as norm_rows_kernel (cuda/basic.cu).
+//   block 0: row 0 (q's low-rank row), and thread 0 writes the tables (cuda/slot_tables.cuh);
+//   block 1: row 1 (the latent row), its outputs mirrored into the latent cache at row pos;
+//   block 2: row 2 (the indexer's k, a LayerNorm), mirrored into ring slot pos % tail_rows; then,
+//     after a barrier (channel c's pool key reads row pos's k[c], which another thread stored),
+//     dsa_common.cuh's append_decode_channel: the pool key when the token completes a pool, and
+//     the gate's ring row.
+// Bytes: each norm is rms_norm_row / layer_norm_row (cuda/row_group.cuh), the bodies of the
+// standalone kernels; the cache rows get from_f32 of the same registers the outputs are stored
+// from; the key is the same routine over the same rows. An idle row (slot < 0) gets the norms
+// and the idle tables, and writes no cache row.
+#include <algorithm>
+#include <cstdint>
+
+#include "common.cuh"
+#include "dsa_common.cuh"
+#include "row_group.cuh"
+#include "slot_tables.cuh"
+
+using memra::cuda::enter;
+using memra::cuda::launch_status;
+using memra::cuda::SlotTables;
+using memra::cuda::rowsum::group_for;
+using memra::cuda::rowsum::layer_norm_row;
+using memra::cuda::rowsum::rms_norm_row;
+using memra::cuda::rowsum::with_group;
+
+namespace {
+
+struct PrologueRow {
+  const float* x;  // [D]
+  const float* w;  // [D] or null
+  const float* b;  // [D]: a LayerNorm (row 2); null: an RMSNorm
+  float* y;        // [D] (may alias x)
+  int D;
+  int G;
+  float eps;
+};
+
+struct PrologueArgs {
+  PrologueRow row[3];
+  const int32_t* slots;    // [1]
+  const int32_t* lengths;  // [slots]
+  int32_t* pos;            // [1]
+  int32_t* t_kv;           // [1]
+  SlotTables tables;       // 0 latent; with the indexer 1 tail_k, 2 tail_gate, 3 pool_keys
+  int cache_dtype;         // 0 f32, 1 bf16
+  const float* gate;       // [D2] the indexer's gate row
+  const float* ape;        // [pool, D2]
+  int pool, tail_rows;
+};
+
+template <typename Tc>
+__device__ __forceinline__ Tc* latent_row(const PrologueArgs& a, int s, int p) {
+  return reinterpret_cast<Tc*>(a.tables.base[0] + static_cast<int64_t>(s) * a.tables.stride[0]) +
+         static_cast<int64_t>(p) * a.row[1].D;
+}
+
+__device__ __forceinline__ float* plane_row(const PrologueArgs& a, int j, int s) {
+  return reinterpret_cast<float*>(a.tables.base[j] + static_cast<int64_t>(s) * a.tables.stride[j]);
+}
+
+__global__ void __launch_bounds__(1024) mla_norm_append_kernel(PrologueArgs a) {
+  // Early (before the wait): the slot and its length were written by the host or by an earlier
+  // step's commit, by nothing that may still be running (each kernel triggers its dependent only
+  // after its own wait).
+  const int s = __ldcg(a.slots);
+  const int p = s < 0 ? -1 : __ldcg(a.lengths + s);
+  memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
+  memra::cuda::pdl_trigger();
+  __shared__ float red[32];
+  const int blk = blockIdx.x;
+  const PrologueRow& r = a.row[blk];
+  if (blk == 0 && threadIdx.x == 0) memra::cuda::decode_table_row(0, s, p, a.pos, a.t_kv, a.tables);
+  with_group(r.G, [&](auto g) {
+    constexpr int G = decltype(g)::value;
+    const int64_t row = threadIdx.x / G;
+    const int lane = threadIdx.x % G;
+    if (blk == 2) {
+      float* ring = p >= 0 ? plane_row(a, 1, s) + static_cast<int64_t>(p % a.tail_rows) * r.D : nullptr;
+      layer_norm_row<G>(r.x, 1, r.D, r.w, r.b, r.eps, r.y, row, lane, red, ring);
+    } else if (blk == 1 && p >= 0) {
+      if (a.cache_dtype == 1) {
+        rms_norm_row<G>(r.x, 1, r.D, r.w, r.eps, r.y, row, lane, red,
+                        latent_row<__nv_bfloat16>(a, s, p));
+      } else {
+        rms_norm_row<G>(r.x, 1, r.D, r.w, r.eps, r.y, row, lane, red, latent_row<float>(a, s, p));
+      }
+    } else {
+      rms_norm_row<G>(r.x, 1, r.D, r.w, r.eps, r.y, row, lane, red);
+    }
+  });
+  if (blk != 2 || p < 0) return;
+  __syncthreads();  // row pos's k (r.y) is stored by the row group's threads
+  const memra::cuda::dsa::DecodeRows rows{r.y, a.gate, plane_row(a, 1, s), plane_row(a, 2, s), p,
+                                          r.D, a.tail_rows};
+  for (int c = threadIdx.x; c < r.D; c += blockDim.x) {
+    memra::cuda::dsa::append_decode_channel(rows, a.ape, a.pool, plane_row(a, 3, s),
+                                            plane_row(a, 1, s), plane_row(a, 2, s), c, false);
+  }
+}
+
+}  // namespace
+
+extern "C" {
+
+int memra_cuda_mla_norm_append_decode(MemraCudaCtx* ctx, const float* x0, int D0, const float* w0,
+                                      float eps0, float* y0, const float* x1, int D1,
+                                      const float* w1, float eps1, float* y1, const float* x2,
+                                      int D2, const float* w2, const float* b2, float eps2,
+                                      float* y2, const int32_t* slots, const int32_t* lengths,
+                                      int32_t* pos, int32_t* t_kv, int n, void* const* bases,
+                                      const int64_t* strides, void** const* outs, int cache_dtype,
+                                      const float* gate, const float* ape, int pool,
+                                      int tail_rows) {
+  MEMRA_CUDA_RETURN_IF(enter(ctx));
+  const bool indexer = x2 != nullptr;
+  if (D0 < 1 || D1 < 1 || (indexer && D2 < 1)) return memra::kContractValue;
+  if (n != (indexer ? 4 : 1)) return memra::kContractValue;
+  if (cache_dtype != 0 && cache_dtype != 1) return memra::kContractDType;
+  if (indexer && (pool < 1 || tail_rows < pool || tail_rows % pool != 0)) {
+    return memra::kContractPool;
+  }
+  if (!x0 || !y0 || !x1 || !y1 || !slots || !lengths || !pos || !t_kv) {
+    return memra::kContractMissing;
+  }
+  if (indexer && (!w2 || !b2 || !y2 || !gate || !ape)) return memra::kContractMissing;
+  SlotTables t;
+  MEMRA_CUDA_RETURN_IF(memra::cuda::make_slot_tables(n, bases, strides, outs, &t));
+  if (!ctx->mla_norm_append) {  // MEMRA_MLA_NORM_APPEND=0: the four launches (A/B arm)
+    MEMRA_CUDA_RETURN_IF(memra_cuda_norm_rows(ctx, x0, D0, w0, eps0, y0, x1, D1, w1, eps1, y1,
+                                              x2, indexer ? D2 : 0, w2, b2, eps2, y2));
+    MEMRA_CUDA_RETURN_IF(memra_cuda_decode_tables(ctx, slots, 1, lengths, pos, t_kv, n, bases,
+                                                  strides, outs));
+    MEMRA_CUDA_RETURN_IF(memra_cuda_mla_latent_append_decode(ctx, y1, 1, D1, outs[0],
+                                                             cache_dtype, pos));
+    if (!indexer) return memra::kOk;
+    return memra_cuda_kpool_append_decode(ctx, y2, gate, 1, D2, ape, pool, pos,
+                                          reinterpret_cast<float* const*>(outs[1]),
+                                          reinterpret_cast<float* const*>(outs[2]), tail_rows,
+                                          reinterpret_cast<float* const*>(outs[3]));
+  }
+  PrologueArgs a{};
+  int block = 0;
+  auto add = [&](int i, const float* x, int D, const float* w, const float* b, float eps,
+                 float* y) {
+    const int g = group_for(D);
+    a.row[i] = PrologueRow{x, w, b, y, D, g, eps};
+    block = std::max(block, std::max(g, 256));
+  };
+  add(0, x0, D0, w0, nullptr, eps0, y0);
+  add(1, x1, D1, w1, nullptr, eps1, y1);
+  if (indexer) add(2, x2, D2, w2, b2, eps2, y2);
+  a.slots = slots;
+  a.lengths = lengths;
+  a.pos = pos;
+  a.t_kv = t_kv;
+  a.tables = t;
+  a.cache_dtype = cache_dtype;
+  a.gate = gate;
+  a.ape = ape;
+  a.pool = pool;
+  a.tail_rows = tail_rows;
+  memra::cuda::launch(ctx, true, mla_norm_append_kernel, dim3(indexer ? 3 : 2), dim3(block), 0, a);
+  return launch_status();
+}
+
+}  // extern "C"
