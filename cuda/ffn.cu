@@ -90,6 +90,74 @@ __global__ void swiglu_pair_kernel(const float* __restrict__ gu, int64_t T, int 
   }
 }
 
+// The gate|up GEMV with the SwiGLU in its epilogue (one row, T == 1; MEMRA_SWIGLU_FUSED=0 turns
+// it off): grow::SwigluRows makes block b sum gate rows b * R/2 .. and their up rows, each as
+// the decode GEMV sums a row, and store h = swiglu_pair_kernel's value of that pair, so h (and
+// the down GEMV after it) has the bytes of the GEMV, then swiglu_pair_kernel: one launch (and
+// one memory round trip) fewer per dense MLP at batch 1. A deferred Sinkhorn rides in block 0,
+// as on the GEMV.
+template <typename H>
+struct SwigluStore {
+  float limit;
+  __device__ __forceinline__ void operator()(H* p, float g, float u) const {
+    store_h(p, clamped_swiglu(g, u, limit));
+  }
+};
+
+template <typename W, typename X, typename H, int R, int P>
+__global__ void __launch_bounds__(grow::kGemvThreads, P == 1 ? 4 : 0)
+    gemv_swiglu_kernel(const X* __restrict__ x, const W* __restrict__ w, int K, int I,
+                       float limit, H* __restrict__ h, int prefetch, memra::cuda::SinkTask task) {
+  if (task.comb && blockIdx.x == 0) return memra::cuda::run_sink_task(task);
+  const grow::SwigluRows<H, SwigluStore<H>> out{h, I, SwigluStore<H>{limit}};
+  grow::gemv_rows<W, X, R, P>(x, w, K, 2 * I, nullptr, nullptr, prefetch,
+                              blockIdx.x - (task.comb ? 1 : 0), out);
+}
+
+// h [I] (H: f32, or bf16 for bf16 weights) = swiglu over the fused gate|up GEMV of one row x [K]
+// f32 against w [2I, K] (f32 or bf16): *handled = false (nothing enqueued) when the decode GEMV
+// would not take the GEMV (gemv_takes, rows past the short-row form) or the fusion is off.
+template <typename H>
+int gemv_swiglu(MemraCudaCtx* ctx, const float* x, int K, const void* w, int w_dtype, int I,
+                float limit, H* h, bool* handled) {
+  *handled = false;
+  const int E = w_dtype == 0 ? 4 : 8;
+  if (!ctx->swiglu_fused || I < 1 || !memra::cuda::gemv_takes(ctx, x, 0, K, w, w_dtype) ||
+      K / E <= grow::kShortMaxV || (w_dtype == 0) != std::is_same_v<H, float>) {
+    return memra::kOk;
+  }
+  // The GEMV's own check (memra_cuda_linear): a weight that overlaps a pending comb.
+  MEMRA_CUDA_RETURN_IF(memra::cuda::flush_if_reads(ctx, w, 16 * size_t(K / E) * 2 * size_t(I)));
+  *handled = true;
+  const int KV = K / E;
+  const int prefetch = ctx->resident_weights > 0 ? 1 : 0;
+  const int N = 2 * I;  // the decode GEMV's rows a block for N (gemv.cu rows_for), even
+  const int R = N >= 16384 ? 8 : N >= 2048 ? 4 : 2;
+  auto go = [&](auto wt, auto r, auto p) {
+    using W = decltype(wt);
+    constexpr int RR = decltype(r)::value, P = decltype(p)::value;
+    return grow::launch_gemv(ctx, gemv_swiglu_kernel<W, float, H, RR, P>,
+                             (I + RR / 2 - 1) / (RR / 2), x, static_cast<const W*>(w), K, I,
+                             limit, h, prefetch);
+  };
+  auto with_p = [&](auto wt, auto r) {
+    if (ctx->gemv_p1 != 0 || grow::vectors_per_chunk_thread(KV) == 1) {
+      return go(wt, r, std::integral_constant<int, 1>());
+    }
+    return go(wt, r, std::integral_constant<int, grow::kGemvP>());
+  };
+  auto with_r = [&](auto wt) {
+    if (R == 8) return with_p(wt, std::integral_constant<int, 8>());
+    if (R == 4) return with_p(wt, std::integral_constant<int, 4>());
+    return with_p(wt, std::integral_constant<int, 2>());
+  };
+  if constexpr (std::is_same_v<H, float>) {
+    return with_r(float{});
+  } else {
+    return with_r(__nv_bfloat16{});
+  }
+}
+
 unsigned act_blocks(int64_t n) {
   const int64_t b = (n + 255) / 256;
   return static_cast<unsigned>(b < 65535 * 16 ? b : 65535 * 16);
@@ -1045,16 +1113,25 @@ int swiglu_mlp_impl(MemraCudaCtx* ctx, const float* x, int T, int D, const void*
     MEMRA_CUDA_RETURN_IF(buf.status());
     float* gu = buf.as<float>();
     float* h = gu + 2 * n;  // f32, or the 16-bit down dtype in its first half
-    MEMRA_CUDA_RETURN_IF(memra_cuda_linear(ctx, x, T, D, gate_w, w_dtype, 2 * I, nullptr, gu));
-    if (w_dtype == 0) {
-      memra::cuda::launch(ctx, true, swiglu_pair_kernel<float>, dim3(act_blocks(n)), dim3(256), 0,
-          gu, T, I, limit, h);
-    } else if (w_dtype == 1) {
-      memra::cuda::launch(ctx, true, swiglu_pair_kernel<__nv_bfloat16>, dim3(act_blocks(n)),
-          dim3(256), 0, gu, T, I, limit, reinterpret_cast<__nv_bfloat16*>(h));
-    } else {
-      memra::cuda::launch(ctx, true, swiglu_pair_kernel<__half>, dim3(act_blocks(n)), dim3(256),
-          0, gu, T, I, limit, reinterpret_cast<__half*>(h));
+    bool fused = false;
+    if (T == 1 && w_dtype == 0) {
+      MEMRA_CUDA_RETURN_IF(gemv_swiglu(ctx, x, D, gate_w, w_dtype, I, limit, h, &fused));
+    } else if (T == 1 && w_dtype == 1) {
+      MEMRA_CUDA_RETURN_IF(gemv_swiglu(ctx, x, D, gate_w, w_dtype, I, limit,
+                                       reinterpret_cast<__nv_bfloat16*>(h), &fused));
+    }
+    if (!fused) {  // the GEMM, then the activation's own launch
+      MEMRA_CUDA_RETURN_IF(memra_cuda_linear(ctx, x, T, D, gate_w, w_dtype, 2 * I, nullptr, gu));
+      if (w_dtype == 0) {
+        memra::cuda::launch(ctx, true, swiglu_pair_kernel<float>, dim3(act_blocks(n)), dim3(256),
+                            0, gu, T, I, limit, h);
+      } else if (w_dtype == 1) {
+        memra::cuda::launch(ctx, true, swiglu_pair_kernel<__nv_bfloat16>, dim3(act_blocks(n)),
+                            dim3(256), 0, gu, T, I, limit, reinterpret_cast<__nv_bfloat16*>(h));
+      } else {
+        memra::cuda::launch(ctx, true, swiglu_pair_kernel<__half>, dim3(act_blocks(n)),
+                            dim3(256), 0, gu, T, I, limit, reinterpret_cast<__half*>(h));
+      }
     }
     MEMRA_CUDA_RETURN_IF(launch_status());
     // h already in the down weight's dtype: no rounding launch before the GEMM.

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "common.cuh"
 #include "sinkhorn.cuh"
@@ -108,10 +109,18 @@ __device__ __forceinline__ float dot16<float>(uint4 wv, const float* xs, float a
 // x [1, K] (ldx unused at one row), y [1, N]. prefetch: the first chunk's weights are loaded
 // before pdl_wait (the caller guarantees no queued kernel writes w), so they stream while the
 // previous kernel finishes.
-template <typename W, typename X, int R, int P>
+// Out: the block's rows and what becomes of their sums: PlainRows (rows [blk * R, blk * R + R),
+// y[n] = sum (+ bias[n])) or SwigluRows (below).
+struct PlainRows {
+  __device__ __forceinline__ int row(int blk, int r, int R) const { return blk * R + r; }
+  __device__ __forceinline__ bool in(int blk, int r, int R, int N) const { return blk * R + r < N; }
+};
+
+template <typename W, typename X, int R, int P, typename Out = PlainRows>
 __device__ __forceinline__ void gemv_rows(const X* __restrict__ x, const W* __restrict__ w, int K,
                                           int N, const float* __restrict__ bias,
-                                          float* __restrict__ y, int prefetch, int blk) {
+                                          float* __restrict__ y, int prefetch, int blk,
+                                          const Out& out = Out()) {
   constexpr int E = 16 / sizeof(W);
   constexpr int kChunk = P * kGemvThreads;  // vectors per row per chunk
   __shared__ float red[kGemvWarps][R];
@@ -122,8 +131,9 @@ __device__ __forceinline__ void gemv_rows(const X* __restrict__ x, const W* __re
   bool row_in[R];
 #pragma unroll
   for (int r = 0; r < R; ++r) {
-    row_in[r] = n0 + r < N;
-    rows[r] = reinterpret_cast<const uint4*>(w + int64_t(row_in[r] ? n0 + r : n0) * K);
+    row_in[r] = out.in(blk, r, R, N);
+    rows[r] = reinterpret_cast<const uint4*>(w + int64_t(row_in[r] ? out.row(blk, r, R)
+                                                                   : out.row(blk, 0, R)) * K);
   }
   uint4 wv[R][P];
   auto load_chunk = [&](int base) {
@@ -162,14 +172,50 @@ __device__ __forceinline__ void gemv_rows(const X* __restrict__ x, const W* __re
     if (lane == 0) red[warp][r] = s;
   }
   __syncthreads();
-  if (tid < R && n0 + tid < N) {
-    float s = 0.0f;
+  if constexpr (std::is_same_v<Out, PlainRows>) {
+    if (tid < R && n0 + tid < N) {
+      float s = 0.0f;
 #pragma unroll
-    for (int k = 0; k < kGemvWarps; ++k) s += red[k][tid];
-    if (bias) s += bias[n0 + tid];
-    y[n0 + tid] = s;
+      for (int k = 0; k < kGemvWarps; ++k) s += red[k][tid];
+      if (bias) s += bias[n0 + tid];
+      y[n0 + tid] = s;
+    }
+  } else {
+    out.store(red, tid, blk);
   }
 }
+
+// The fused gate|up GEMV of a SwiGLU MLP at one row (memra_cuda_swiglu_mlp(_add) at T = 1):
+// w = [gate; up] [2I, D]; block blk takes gate rows i = blk * R/2 + r and the up rows I + i
+// (r < R/2), each summed as a PlainRows row is (warps in order, no bias), and thread r < R/2
+// stores h[i] = act(gate, up) (Act: the MLP's clamped SwiGLU, rounded to H as swiglu_pair_kernel
+// stores it), so h's bytes are those of the GEMV then swiglu_pair_kernel.
+template <typename H, typename Act>
+struct SwigluRows {
+  H* h;
+  int I;
+  Act act;
+  __device__ __forceinline__ int row(int blk, int r, int R) const {
+    const int i = blk * (R / 2) + (r < R / 2 ? r : r - R / 2);
+    return r < R / 2 ? i : I + i;
+  }
+  __device__ __forceinline__ bool in(int blk, int r, int R, int) const {
+    return blk * (R / 2) + (r < R / 2 ? r : r - R / 2) < I;
+  }
+  template <int R>
+  __device__ __forceinline__ void store(const float (&red)[kGemvWarps][R], int tid,
+                                        int blk) const {
+    const int i = blk * (R / 2) + tid;
+    if (tid < R / 2 && i < I) {
+      float g = 0.0f, u = 0.0f;
+#pragma unroll
+      for (int k = 0; k < kGemvWarps; ++k) g += red[k][tid];
+#pragma unroll
+      for (int k = 0; k < kGemvWarps; ++k) u += red[k][tid + R / 2];
+      act(h + i, g, u);
+    }
+  }
+};
 
 // One GEMV problem of a launch: y[N] = w[N, K] x (+ bias), K shared by the launch.
 template <typename W, typename X>

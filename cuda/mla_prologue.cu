@@ -47,6 +47,11 @@ struct PrologueRow {
   float eps;
 };
 
+// Block 2's rows held by one pass of its threads (a block is at least 256 threads): the indexer's
+// k row (128 on GLM-5.3) at most this wide.
+constexpr int kMaxStagedD = 256;
+constexpr int kMaxStageBytes = 32 * 1024;  // the staged pool rows (dynamic shared memory)
+
 struct PrologueArgs {
   PrologueRow row[3];
   const int32_t* slots;    // [1]
@@ -58,6 +63,7 @@ struct PrologueArgs {
   const float* gate;       // [D2] the indexer's gate row
   const float* ape;        // [pool, D2]
   int pool, tail_rows;
+  int staged;              // block 2 stages a completing pool's rows in shared memory
 };
 
 template <typename Tc>
@@ -70,25 +76,64 @@ __device__ __forceinline__ float* plane_row(const PrologueArgs& a, int j, int s)
   return reinterpret_cast<float*>(a.tables.base[j] + static_cast<int64_t>(s) * a.tables.stride[j]);
 }
 
+// Row pos's pool key inputs staged in shared memory (block 2, a step that completes a pool):
+// the ring rows r0 .. pos - 1 of k and gate and the pool's ape rows, read before the wait (the
+// ring was written by earlier steps, ape is a weight), then row pos (k from the norm's registers,
+// gate after the wait) at index pool - 1. Read from global in the key's loops instead, each of
+// its 3 passes waited for a load per row: ~20 us at pool 4 (session-11 trace).
+struct StagedRows {
+  const float* ks;  // [pool, d]
+  const float* gs;  // [pool, d]
+  int64_t r0;
+  int d;
+  __device__ __forceinline__ const float* k_row(int64_t r) const { return ks + (r - r0) * d; }
+  __device__ __forceinline__ const float* gate_row(int64_t r) const { return gs + (r - r0) * d; }
+};
+
 __global__ void __launch_bounds__(1024) mla_norm_append_kernel(PrologueArgs a) {
+  extern __shared__ float stage[];  // block 2 with a.staged: ks, gs, ape [pool, d] each
   // Early (before the wait): the slot and its length were written by the host or by an earlier
   // step's commit, by nothing that may still be running (each kernel triggers its dependent only
   // after its own wait).
+  const int blk = blockIdx.x;
+  const PrologueRow& r = a.row[blk];
   const int s = __ldcg(a.slots);
   const int p = s < 0 ? -1 : __ldcg(a.lengths + s);
+  const bool ring = blk == 2 && p >= 0;                          // block-uniform
+  const bool completes = ring && (p + 1) % a.pool == 0;
+  const int d = r.D;
+  float* ks = stage;
+  float* gs = stage + a.pool * d;
+  float* ape_s = stage + 2 * a.pool * d;
+  const int64_t r0 = static_cast<int64_t>(p) + 1 - a.pool;  // the pool's first row (completes)
+  if (completes && a.staged) {
+    const float* tk = plane_row(a, 1, s);
+    const float* tg = plane_row(a, 2, s);
+    for (int c = threadIdx.x; c < d; c += blockDim.x) {
+      for (int j = 0; j < a.pool; ++j) {
+        const int64_t slot = ((r0 + j) % a.tail_rows) * d;
+        if (j + 1 < a.pool) {  // rows before pos, from the ring
+          ks[j * d + c] = __ldcg(tk + slot + c);
+          gs[j * d + c] = __ldcg(tg + slot + c);
+        }
+        ape_s[j * d + c] = a.ape[static_cast<int64_t>(j) * d + c];
+      }
+    }
+  }
   memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
   memra::cuda::pdl_trigger();
   __shared__ float red[32];
-  const int blk = blockIdx.x;
-  const PrologueRow& r = a.row[blk];
+  __shared__ float k_pos[kMaxStagedD];  // block 2: row pos's normalised k (the norm's mirror)
   if (blk == 0 && threadIdx.x == 0) memra::cuda::decode_table_row(0, s, p, a.pos, a.t_kv, a.tables);
+  // Row pos's gate, loaded now so that its latency hides under the norm's.
+  const int c0 = threadIdx.x;
+  const float g_pos = ring && c0 < d ? a.gate[c0] : 0.0f;
   with_group(r.G, [&](auto g) {
     constexpr int G = decltype(g)::value;
     const int64_t row = threadIdx.x / G;
     const int lane = threadIdx.x % G;
     if (blk == 2) {
-      float* ring = p >= 0 ? plane_row(a, 1, s) + static_cast<int64_t>(p % a.tail_rows) * r.D : nullptr;
-      layer_norm_row<G>(r.x, 1, r.D, r.w, r.b, r.eps, r.y, row, lane, red, ring);
+      layer_norm_row<G>(r.x, 1, r.D, r.w, r.b, r.eps, r.y, row, lane, red, ring ? k_pos : nullptr);
     } else if (blk == 1 && p >= 0) {
       if (a.cache_dtype == 1) {
         rms_norm_row<G>(r.x, 1, r.D, r.w, r.eps, r.y, row, lane, red,
@@ -100,13 +145,31 @@ __global__ void __launch_bounds__(1024) mla_norm_append_kernel(PrologueArgs a) {
       rms_norm_row<G>(r.x, 1, r.D, r.w, r.eps, r.y, row, lane, red);
     }
   });
-  if (blk != 2 || p < 0) return;
-  __syncthreads();  // row pos's k (r.y) is stored by the row group's threads
-  const memra::cuda::dsa::DecodeRows rows{r.y, a.gate, plane_row(a, 1, s), plane_row(a, 2, s), p,
-                                          r.D, a.tail_rows};
-  for (int c = threadIdx.x; c < r.D; c += blockDim.x) {
-    memra::cuda::dsa::append_decode_channel(rows, a.ape, a.pool, plane_row(a, 3, s),
-                                            plane_row(a, 1, s), plane_row(a, 2, s), c, false);
+  if (!ring) return;
+  __syncthreads();  // k_pos is stored by the norm's row group
+  float* tk = plane_row(a, 1, s);
+  float* tg = plane_row(a, 2, s);
+  const int64_t slot = (p % a.tail_rows) * static_cast<int64_t>(d);
+  // dsa_common.cuh's append_decode_channel, over the staged rows: the key when the token
+  // completes a pool, then row pos into ring slot pos % tail_rows (none the key reads).
+  if (c0 < d) {
+    const int c = c0;
+    if (completes) {
+      const int64_t pool_idx = p / a.pool;
+      float key;
+      if (a.staged) {
+        ks[(a.pool - 1) * d + c] = k_pos[c];
+        gs[(a.pool - 1) * d + c] = g_pos;
+        key = memra::cuda::dsa::pool_key_channel(StagedRows{ks, gs, r0, d}, ape_s, pool_idx,
+                                                 a.pool, d, c);
+      } else {
+        const memra::cuda::dsa::DecodeRows rows{r.y, a.gate, tk, tg, p, d, a.tail_rows};
+        key = memra::cuda::dsa::pool_key_channel(rows, a.ape, pool_idx, a.pool, d, c);
+      }
+      plane_row(a, 3, s)[pool_idx * d + c] = key;
+    }
+    tk[slot + c] = k_pos[c];
+    tg[slot + c] = g_pos;
   }
 }
 
@@ -137,7 +200,9 @@ int memra_cuda_mla_norm_append_decode(MemraCudaCtx* ctx, const float* x0, int D0
   if (indexer && (!w2 || !b2 || !y2 || !gate || !ape)) return memra::kContractMissing;
   SlotTables t;
   MEMRA_CUDA_RETURN_IF(memra::cuda::make_slot_tables(n, bases, strides, outs, &t));
-  if (!ctx->mla_norm_append) {  // MEMRA_MLA_NORM_APPEND=0: the four launches (A/B arm)
+  // MEMRA_MLA_NORM_APPEND=0 (an A/B arm), or an indexer row wider than the fused form keeps in
+  // one pass of a block: the four launches.
+  if (!ctx->mla_norm_append || (indexer && D2 > kMaxStagedD)) {
     MEMRA_CUDA_RETURN_IF(memra_cuda_norm_rows(ctx, x0, D0, w0, eps0, y0, x1, D1, w1, eps1, y1,
                                               x2, indexer ? D2 : 0, w2, b2, eps2, y2));
     MEMRA_CUDA_RETURN_IF(memra_cuda_decode_tables(ctx, slots, 1, lengths, pos, t_kv, n, bases,
@@ -171,7 +236,10 @@ int memra_cuda_mla_norm_append_decode(MemraCudaCtx* ctx, const float* x0, int D0
   a.ape = ape;
   a.pool = pool;
   a.tail_rows = tail_rows;
-  memra::cuda::launch(ctx, true, mla_norm_append_kernel, dim3(indexer ? 3 : 2), dim3(block), 0, a);
+  const size_t stage = indexer ? sizeof(float) * 3 * static_cast<size_t>(pool) * D2 : 0;
+  a.staged = stage <= kMaxStageBytes ? 1 : 0;
+  memra::cuda::launch(ctx, true, mla_norm_append_kernel, dim3(indexer ? 3 : 2), dim3(block),
+                      a.staged ? stage : 0, a);
   return launch_status();
 }
 

@@ -172,6 +172,38 @@ def test_mlp_layer_fused_gate_up_matches_separate(e, T, D, I, dtype):
         scaled_close(got, want, rtol=1e-4, atol_rel=2e-3)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("D,I", [(512, 96), (512, 1101), (4104, 8195)])
+def test_mlp_layer_one_row_swiglu_in_the_gemv_keeps_the_bytes(monkeypatch, D, I, dtype):
+    """At one row the gate|up GEMV stores h = swiglu(gate, up) from its epilogue (block b: gate
+    rows b R/2 .., and their up rows; ffn.cu gemv_swiglu_kernel): the bytes of the GEMV, then
+    swiglu_pair_kernel's launch (MEMRA_SWIGLU_FUSED=0), for ragged I at R = 2, 4, 8 and a K of
+    two chunks with a ragged tail (4104); and close to the CPU."""
+    r = rng(D + I + (dtype == "bfloat16"))
+    limit = 1.25
+    g, u, d = mlp_weights(r, D, I, dtype)
+    x = randn(r, 1, D, scale=2.0 / np.sqrt(D / 64))
+    ws = {"gate_proj.weight": weight(g), "up_proj.weight": weight(u), "down_proj.weight": weight(d)}
+    outs = []
+    for fused in ("1", "0"):
+        monkeypatch.setenv("MEMRA_SWIGLU_FUSED", fused)
+        eng = memra.Engine("cuda")
+        monkeypatch.delenv("MEMRA_SWIGLU_FUSED")
+        layer = memra.MlpLayer(eng, ws, hidden=D, intermediate=I, swiglu_limit=limit, dtype=dtype)
+        outs.append(eng.to_host(layer.forward(eng.to_device(x))))
+    np.testing.assert_array_equal(outs[0], outs[1])
+    if dtype == "float32":
+        want = _core.swiglu_mlp(x, weight(g), weight(u), weight(d), limit=limit)
+        scaled_close(outs[0], want, rtol=1e-4, atol_rel=1e-4)
+    else:
+        xb = bf16_round(x)
+        gate = np.minimum(_core.linear(xb, weight(g)), np.float32(limit))
+        up = np.clip(_core.linear(xb, weight(u)), -np.float32(limit), np.float32(limit))
+        h = f32(gate / (1.0 + np.exp(-gate)) * up)
+        want = _core.linear(bf16_round(h), weight(d))
+        scaled_close(outs[0], want, rtol=1e-4, atol_rel=2e-3)
+
+
 def test_swiglu_mlp_contract_errors(e):
     r = rng(4)
     D, I = 8, 12
