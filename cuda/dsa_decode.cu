@@ -160,20 +160,9 @@ __global__ void __launch_bounds__(kDecGroups * kDecBP)
                         const float* const* __restrict__ pool_keys,
                         const int32_t* __restrict__ pos, int B, int Hi, int d, int pool,
                         int max_pools, float qk_scale, float head_scale,
-                        float* __restrict__ score, int early) {
-  // early (memra_cuda_kpool_score_decode_early): pos, the key table, the keys, q and w are read
-  // before the wait (the caller guarantees that the launch in front writes none of them), so a
-  // short context's one-block step waits for no memory round trip after it. Outputs are still
-  // written after it.
-  bool waited = false;
-  auto wait_once = [&] {
-    if (!waited) {
-      memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
-      memra::cuda::pdl_trigger();
-      waited = true;
-    }
-  };
-  if (!early) wait_once();
+                        float* __restrict__ score) {
+  memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
+  memra::cuda::pdl_trigger();
   __shared__ float ks[kDecBP][kDecMaxD + 1];      // [pool][channel]: (i + c) % 32 banks
   __shared__ float terms[kDecBP][kDecMaxHi + 1];  // [pool][head]
   const int tid = threadIdx.x;
@@ -183,18 +172,10 @@ __global__ void __launch_bounds__(kDecGroups * kDecBP)
     const int n = visible_pools(pos[b], pool, max_pools);  // block-uniform
     float* srow = score + int64_t(b) * max_pools;
     if (p0 >= n) {  // no pool of this block is visible: -inf, no key read
-      wait_once();
       if (g == 0 && p < max_pools) srow[p] = -INFINITY;
       continue;
     }
     const float* keys = pool_keys[b];
-    if (early && !waited) {  // q's and w's lines into L1 for the dots below
-      const char* qb = reinterpret_cast<const char*>(q + int64_t(b) * Hi * d);
-      for (int64_t o = int64_t(tid) * 128; o < int64_t(Hi) * d * 4; o += 128 * kDecGroups * kDecBP) {
-        asm volatile("prefetch.global.L1 [%0];\n" ::"l"(qb + o));
-      }
-      if (tid == 0) asm volatile("prefetch.global.L1 [%0];\n" ::"l"(w + int64_t(b) * Hi));
-    }
     __syncthreads();  // the previous sequence's tiles are no longer read
     {
       // Every key value of the block's tile loaded before any is stored (kFill per thread):
@@ -214,7 +195,6 @@ __global__ void __launch_bounds__(kDecGroups * kDecBP)
         if (e < kDecBP * d) ks[row][col] = kv[u];
       }
     }
-    wait_once();
     __syncthreads();
     const float* kt = ks[i];
     const float* qb = q + int64_t(b) * Hi * d;
@@ -329,14 +309,10 @@ int memra_cuda_kpool_append_decode(MemraCudaCtx* ctx, const float* k, const floa
   return launch_status();
 }
 
-}  // extern "C"
-
-namespace {
-
-int score_decode_impl(MemraCudaCtx* ctx, const float* q, const float* w,
-                      const float* const* pool_keys, const int32_t* pos, int B, int Hi, int d,
-                      int pool, int max_pools, float qk_scale, float head_scale, float* score,
-                      int early) {
+int memra_cuda_kpool_score_decode(MemraCudaCtx* ctx, const float* q, const float* w,
+                                  const float* const* pool_keys, const int32_t* pos, int B, int Hi,
+                                  int d, int pool, int max_pools, float qk_scale, float head_scale,
+                                  float* score) {
   MEMRA_CUDA_RETURN_IF(enter(ctx));
   if (pool < 1) return memra::kContractPool;
   if (B < 0 || Hi < 0 || d < 0 || max_pools < 0) return memra::kContractValue;
@@ -349,10 +325,10 @@ int score_decode_impl(MemraCudaCtx* ctx, const float* q, const float* w,
     constexpr int threads = kDecGroups * kDecBP;
     if (vec) {
       memra::cuda::launch(ctx, true, score_decode_kernel<true>, dim3(grid), dim3(threads), 0, q, w,
-          pool_keys, pos, B, Hi, d, pool, max_pools, qk_scale, head_scale, score, early);
+          pool_keys, pos, B, Hi, d, pool, max_pools, qk_scale, head_scale, score);
     } else {
       memra::cuda::launch(ctx, true, score_decode_kernel<false>, dim3(grid), dim3(threads), 0, q, w,
-          pool_keys, pos, B, Hi, d, pool, max_pools, qk_scale, head_scale, score, early);
+          pool_keys, pos, B, Hi, d, pool, max_pools, qk_scale, head_scale, score);
     }
   } else {
     const dim3 grid(ceil_div(max_pools, kSimpleThreads), gy);
@@ -360,26 +336,6 @@ int score_decode_impl(MemraCudaCtx* ctx, const float* q, const float* w,
         q, w, pool_keys, pos, B, Hi, d, pool, max_pools, qk_scale, head_scale, score);
   }
   return launch_status();
-}
-
-}  // namespace
-
-extern "C" {
-
-int memra_cuda_kpool_score_decode(MemraCudaCtx* ctx, const float* q, const float* w,
-                                  const float* const* pool_keys, const int32_t* pos, int B, int Hi,
-                                  int d, int pool, int max_pools, float qk_scale, float head_scale,
-                                  float* score) {
-  return score_decode_impl(ctx, q, w, pool_keys, pos, B, Hi, d, pool, max_pools, qk_scale,
-                           head_scale, score, 0);
-}
-
-int memra_cuda_kpool_score_decode_early(MemraCudaCtx* ctx, const float* q, const float* w,
-                                        const float* const* pool_keys, const int32_t* pos, int B,
-                                        int Hi, int d, int pool, int max_pools, float qk_scale,
-                                        float head_scale, float* score) {
-  return score_decode_impl(ctx, q, w, pool_keys, pos, B, Hi, d, pool, max_pools, qk_scale,
-                           head_scale, score, 1);
 }
 
 int memra_cuda_kpool_select_decode(MemraCudaCtx* ctx, const float* score, const int32_t* pos,

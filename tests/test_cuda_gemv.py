@@ -237,7 +237,7 @@ def test_gemv_edge_values(e):
 @pytest.mark.parametrize("knob,on", [("MEMRA_PDL", "1"), ("MEMRA_MHC_SITE", "1"), ("MEMRA_MHC_DEFER", "1"),
                                      ("MEMRA_NORM_ROWS_FUSED", "1"), ("MEMRA_KDA_SLOTS", "1"),
                                      ("MEMRA_KDA_NORM_FUSED", "1"), ("MEMRA_KDA_CONV_PAIR", "1"),
-                                     ("MEMRA_MLA_NORM_APPEND", "1"), ("MEMRA_DSA_SCORE_EARLY", "1")])  # off: "0"
+                                     ("MEMRA_MLA_NORM_APPEND", "1")])  # off: "0"
 def test_decode_with_and_without_knob_is_bytewise_equal(monkeypatch, knob, on):
     # Programmatic dependent launch changes when kernels start, never what they compute: a kernel
     # reading its predecessor's output before it lands (a missing pdl_wait) shows up here. The

@@ -3,8 +3,6 @@
 // does). The CUDA path carries no rope columns (d_rope == 0: glm5_next's NoPE MLA).
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
-#include <cstring>
 #include <vector>
 
 #include "gpu_util.h"
@@ -25,9 +23,6 @@ struct MlaLayer::Gpu {
   DeviceWeight q_a_bias, kv_a_bias, o_bias, q_a_norm, kv_a_norm;  // f32 (biases may be empty)
   DeviceWeight wq_b, wk, weights_proj, kpool_gate;  // compute dtype
   DeviceWeight k_norm_w, k_norm_b, kpool_ape;       // f32
-  // One-row decode: the indexer's scores read their inputs before their wait
-  // (kpool_score_decode_early; MEMRA_DSA_SCORE_EARLY=0, read here, an A/B arm).
-  bool score_early = true;
 };
 
 Status MlaLayer::to_device(std::shared_ptr<CudaContext> cuda, DType dtype) {
@@ -71,7 +66,6 @@ Status MlaLayer::to_device(std::shared_ptr<CudaContext> cuda, DType dtype) {
     MEMRA_TRY(DeviceWeight::upload_f32(cuda, k_norm_b_, &g->k_norm_b));
     MEMRA_TRY(DeviceWeight::upload_f32(cuda, kpool_ape_, &g->kpool_ape));
   }
-  if (const char* v = std::getenv("MEMRA_DSA_SCORE_EARLY")) g->score_early = std::strcmp(v, "0") != 0;
   gpu_ = std::move(g);
   cuda_ = std::move(cuda);
   q_a_ = q_b_ = kv_a_ = kv_b_ = o_proj_ = wq_b_ = wk_ = weights_proj_ = kpool_gate_ = Weight();
@@ -366,12 +360,7 @@ Status MlaLayer::indexer_decode_cuda(gpu::Arena& a, const Cache& cache, const in
                                          cfg_.tail_rows, reinterpret_cast<float* const*>(pool_keys)),
               op);
   }
-  // `appended` (B == 1): the launch in front of the score is absorb, which writes none of its
-  // inputs (the keys and tables come from the norm launch, q from q_b's): they are read before
-  // its wait.
-  auto score_decode = appended && g.score_early ? api.kpool_score_decode_early
-                                               : api.kpool_score_decode;
-  MEMRA_GPU(c, score_decode(ctx, rows.q, rows.w, reinterpret_cast<const float* const*>(pool_keys),
+  MEMRA_GPU(c, api.kpool_score_decode(ctx, rows.q, rows.w, reinterpret_cast<const float* const*>(pool_keys),
                                       pos_d, B, Hi, di, P, max_pools,
                                       1.0f / std::sqrt(static_cast<float>(di)),
                                       1.0f / std::sqrt(static_cast<float>(Hi)), score), op);

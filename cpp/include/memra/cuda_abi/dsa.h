@@ -40,14 +40,6 @@
   X(kpool_score_decode, (MemraCudaCtx * ctx, const float* q, const float* w,                      \
                          const float* const* pool_keys, const int32_t* pos, int B, int Hi, int d,  \
                          int pool, int max_pools, float qk_scale, float head_scale, float* score)) \
-  /* kpool_score_decode with pos, the key table, the keys, q and w read before the kernel waits  \
-     for the launch in front of it (the short-context step then waits for no memory after it):   \
-     the caller guarantees that launch writes none of them (MlaLayer's one-row decode: absorb,    \
-     after the norm launch that appends the keys). The same bytes. */                            \
-  X(kpool_score_decode_early, (MemraCudaCtx * ctx, const float* q, const float* w,                \
-                               const float* const* pool_keys, const int32_t* pos, int B, int Hi,  \
-                               int d, int pool, int max_pools, float qk_scale, float head_scale,  \
-                               float* score))                                                     \
   /* score [B, max_pools] (kpool_score_decode); idx [B, width]: per row kpool_select over pools   \
      [0, n_pools_b) at first_pos = pos[b] (radix select on (score desc, pool asc), the visible     \
      tail rows, -1 padding); an idle row is all -1. 40014 when width is too small. */             \
