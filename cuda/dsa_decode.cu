@@ -42,6 +42,7 @@
 
 #include "common.cuh"
 #include "dsa_common.cuh"
+#include "gather_compact.cuh"
 
 using memra::cuda::ceil_div;
 using memra::cuda::enter;
@@ -266,12 +267,23 @@ __global__ void __launch_bounds__(kSimpleThreads)
 // One block per sequence (grid-stride over b). Pools [0, n) are exactly the ones the
 // per-sequence select's is_candidate admits by position (p * pool + pool - 1 <= pos); among
 // them the finite scores are the candidates; the rest is dsa.cu's select (radix_select_row).
+// With c.list (memra_cuda_kpool_select_compact_decode), each block then compacts its row's list
+// as the MLA decode attention's compaction does (gather_compact.cuh, n = t_kv[b] clamped to
+// [0, max_t_kv]) into c.list / c.counts, which mla_attn_decode_listed reads: one launch fewer.
+struct CompactOut {
+  const int32_t* t_kv;  // [B]
+  int max_t_kv;
+  int32_t* list;        // [B, width] or null (no compaction)
+  int* counts;          // [B]
+};
+
 __global__ void __launch_bounds__(kSelectThreads)
     select_decode_kernel(const float* __restrict__ score, const int32_t* __restrict__ pos, int B,
                          int max_pools, int pool, int select_k, int width,
-                         int32_t* __restrict__ idx) {
+                         int32_t* __restrict__ idx, CompactOut c) {
   memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
   memra::cuda::pdl_trigger();
+  extern __shared__ unsigned bm[];  // with c.list: the compaction's bitmap and warp totals
   __shared__ unsigned hist[256];
   __shared__ int warp_count[kSelectWarps];
   __shared__ uint64_t s_prefix;
@@ -282,12 +294,20 @@ __global__ void __launch_bounds__(kSelectThreads)
     int32_t* out = idx + int64_t(b) * width;
     if (ps < 0) {  // idle row
       for (int j = tid; j < width; j += kSelectThreads) out[j] = -1;
-      continue;
+    } else {
+      const int n = visible_pools(ps, pool, max_pools);
+      radix_select_row(score + int64_t(b) * max_pools, n, pool, select_k, width, ps, out,
+                       [](float v, int64_t) { return static_cast<bool>(isfinite(v)); }, tid, lane, warp, hist, warp_count, s_prefix,
+                       s_shift, s_mode, s_need);
     }
-    const int n = visible_pools(ps, pool, max_pools);
-    radix_select_row(score + int64_t(b) * max_pools, n, pool, select_k, width, ps, out,
-                     [](float v, int64_t) { return static_cast<bool>(isfinite(v)); }, tid, lane, warp, hist, warp_count, s_prefix,
-                     s_shift, s_mode, s_need);
+    if (c.list) {
+      __syncthreads();  // the row's list is written (read back through L2)
+      const int n_kv = min(max(c.t_kv[b], 0), c.max_t_kv);
+      const int running = memra::cuda::compact_rows<kSelectThreads, true>(
+          out, width, n_kv, bm, bm + (c.max_t_kv + 31) / 32, c.list + int64_t(b) * width, tid,
+          lane, warp);
+      if (tid == 0) c.counts[b] = running;
+    }
   }
 }
 
@@ -338,20 +358,50 @@ int memra_cuda_kpool_score_decode(MemraCudaCtx* ctx, const float* q, const float
   return launch_status();
 }
 
-int memra_cuda_kpool_select_decode(MemraCudaCtx* ctx, const float* score, const int32_t* pos,
-                                   int B, int max_pools, int pool, int select_k, int width,
-                                   int32_t* idx) {
+}  // extern "C"
+
+namespace {
+
+int select_decode_impl(MemraCudaCtx* ctx, const float* score, const int32_t* pos, int B,
+                       int max_pools, int pool, int select_k, int width, int32_t* idx,
+                       const CompactOut& c) {
   MEMRA_CUDA_RETURN_IF(enter(ctx));
   // Checks in kpool_select's order.
   if (pool < 1) return memra::kContractPool;
   if (select_k < 0 || B < 0 || max_pools < 0) return memra::kContractValue;
   if (int64_t(width) < int64_t(select_k) * pool + pool - 1) return memra::kContractIndexWidth;
   if (int64_t(max_pools) * pool > INT_MAX) return memra::kContractRange;
+  if (c.list && c.max_t_kv < 0) return memra::kContractValue;
   if (B == 0 || width == 0) return memra::kOk;
+  if (c.list && (!c.counts || !c.t_kv)) return memra::kContractMissing;
+  // The compaction's bitmap [ceil(max_t_kv / 32)] and warp totals (mla_decode.cu's layout).
+  const size_t smem = c.list ? sizeof(unsigned) * (ceil_div(c.max_t_kv, 32) + kSelectWarps) : 0;
+  if (smem > 40 * 1024) return memra::kUnsupportedGeometry;  // max_t_kv past ~1.3 M rows
   const unsigned blocks = std::min(static_cast<unsigned>(B), 65535u * 16u);
-  memra::cuda::launch(ctx, true, select_decode_kernel, dim3(blocks), dim3(kSelectThreads), 0, score,
-      pos, B, max_pools, pool, select_k, width, idx);
+  memra::cuda::launch(ctx, true, select_decode_kernel, dim3(blocks), dim3(kSelectThreads), smem,
+                      score, pos, B, max_pools, pool, select_k, width, idx, c);
   return launch_status();
+}
+
+}  // namespace
+
+extern "C" {
+
+int memra_cuda_kpool_select_decode(MemraCudaCtx* ctx, const float* score, const int32_t* pos,
+                                   int B, int max_pools, int pool, int select_k, int width,
+                                   int32_t* idx) {
+  return select_decode_impl(ctx, score, pos, B, max_pools, pool, select_k, width, idx,
+                            CompactOut{});
+}
+
+int memra_cuda_kpool_select_compact_decode(MemraCudaCtx* ctx, const float* score,
+                                           const int32_t* pos, int B, int max_pools, int pool,
+                                           int select_k, int width, int32_t* idx,
+                                           const int32_t* t_kv, int max_t_kv, int32_t* list,
+                                           int* counts) {
+  if (!list) return memra::kContractMissing;
+  return select_decode_impl(ctx, score, pos, B, max_pools, pool, select_k, width, idx,
+                            CompactOut{t_kv, max_t_kv, list, counts});
 }
 
 }  // extern "C"

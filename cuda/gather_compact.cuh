@@ -12,7 +12,9 @@ namespace memra::cuda {
 // in shared memory bm [ceil(n / 32)] (atomicOr marks; duplicates collapse), then a block-wide
 // exclusive scan of the words' popcounts (warp_tot [kThreads / 32], shared) writes each word's
 // rows in order to out. Returns the row count (every thread gets it); ends with a barrier.
-template <int kThreads>
+// CG: the list is read through L2 (__ldcg): the caller's block wrote it just before (the DSA
+// select that compacts its own lists, cuda/dsa_decode.cu).
+template <int kThreads, bool CG = false>
 __device__ __forceinline__ int compact_rows(const int32_t* __restrict__ row, int width, int n,
                                             unsigned* bm, unsigned* warp_tot,
                                             int32_t* __restrict__ out, int tid, int lane,
@@ -22,7 +24,7 @@ __device__ __forceinline__ int compact_rows(const int32_t* __restrict__ row, int
   for (int k = tid; k < nwords; k += kThreads) bm[k] = 0u;
   __syncthreads();
   for (int e = tid; e < width; e += kThreads) {
-    const int r = row[e];
+    const int r = CG ? __ldcg(row + e) : row[e];
     if (r >= 0 && r < n) atomicOr(&bm[r >> 5], 1u << (r & 31));
   }
   __syncthreads();

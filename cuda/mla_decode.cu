@@ -844,17 +844,23 @@ int launch_f32(MemraCudaCtx* ctx, const DecodeArgs& a, int groups, size_t smem) 
 
 extern "C" {
 
-int memra_cuda_mla_attn_decode(MemraCudaCtx* ctx, const float* q_lat, const void* const* caches,
-                               int cache_dtype, const int32_t* t_kv, const int32_t* idx,
-                               int width, int B, int H, int R, int max_t_kv, float scale,
-                               float* o_lat) {
+}  // extern "C"
+
+namespace {
+
+// mla_attn_decode over idx (compacted here) or over lists compacted already (list, counts).
+int attn_decode_impl(MemraCudaCtx* ctx, const float* q_lat, const void* const* caches,
+                     int cache_dtype, const int32_t* t_kv, const int32_t* idx,
+                     const int32_t* listed, const int* listed_counts, int width, int B, int H,
+                     int R, int max_t_kv, float scale, float* o_lat) {
   MEMRA_CUDA_RETURN_IF(enter(ctx));
   if (B < 0 || H < 0 || R < 1 || max_t_kv < 0 || width < 0) return memra::kContractValue;
   if (cache_dtype != 0 && cache_dtype != 1) return memra::kContractDType;
   if (B == 0 || H == 0) return memra::kOk;
   if (!q_lat || !caches || !t_kv || !o_lat) return memra::kContractMissing;
+  if (listed && !listed_counts) return memra::kContractMissing;
   if (B > 65535 || H > 65535) return memra::kUnsupportedGeometry;
-  const bool gather = idx != nullptr;
+  const bool gather = idx != nullptr || listed != nullptr;
   const int max_rows = gather ? std::min(width, max_t_kv) : max_t_kv;
   if (max_rows == 0) {  // every row idle or every list empty: zeros, nothing read
     return status_of(cudaMemsetAsync(o_lat, 0, sizeof(float) * static_cast<size_t>(B) * H * R,
@@ -902,9 +908,12 @@ int memra_cuda_mla_attn_decode(MemraCudaCtx* ctx, const float* q_lat, const void
   a.combine_fast = !(fast && fast[0] == '0' && fast[1] == '\0');
 
   // Gathered: the compacted lists first (the attention kernels read list / counts).
-  Scratch lists(ctx, gather ? sizeof(int32_t) * (static_cast<size_t>(B) * width + B) : 0);
+  Scratch lists(ctx, gather && !listed ? sizeof(int32_t) * (static_cast<size_t>(B) * width + B) : 0);
   MEMRA_CUDA_RETURN_IF(lists.status());
-  if (gather) {
+  if (listed) {
+    a.list = listed;
+    a.counts = listed_counts;
+  } else if (gather) {
     const size_t bm_bytes = sizeof(unsigned) * (ceil_div(max_t_kv, 32) + kWarps);
     MEMRA_CUDA_RETURN_IF(allow_smem(ctx, decode_compact_kernel, bm_bytes));
     a.list = lists.as<int32_t>();
@@ -972,6 +981,28 @@ int memra_cuda_mla_attn_decode(MemraCudaCtx* ctx, const float* q_lat, const void
     MEMRA_CUDA_RETURN_IF(launch_status());
   }
   return memra::kOk;
+}
+
+}  // namespace
+
+extern "C" {
+
+int memra_cuda_mla_attn_decode(MemraCudaCtx* ctx, const float* q_lat, const void* const* caches,
+                               int cache_dtype, const int32_t* t_kv, const int32_t* idx,
+                               int width, int B, int H, int R, int max_t_kv, float scale,
+                               float* o_lat) {
+  return attn_decode_impl(ctx, q_lat, caches, cache_dtype, t_kv, idx, nullptr, nullptr, width, B,
+                          H, R, max_t_kv, scale, o_lat);
+}
+
+int memra_cuda_mla_attn_decode_listed(MemraCudaCtx* ctx, const float* q_lat,
+                                      const void* const* caches, int cache_dtype,
+                                      const int32_t* t_kv, const int32_t* list, const int* counts,
+                                      int width, int B, int H, int R, int max_t_kv, float scale,
+                                      float* o_lat) {
+  if (!list) return memra::kContractMissing;
+  return attn_decode_impl(ctx, q_lat, caches, cache_dtype, t_kv, nullptr, list, counts, width, B,
+                          H, R, max_t_kv, scale, o_lat);
 }
 
 int memra_cuda_mla_latent_append_decode(MemraCudaCtx* ctx, const float* rows, int B, int W,

@@ -184,9 +184,16 @@ class MlaLayer {
   struct IndexerTables {
     void **tail_k = nullptr, **tail_gate = nullptr, **pool_keys = nullptr;
   };
+  // The selection's lists compacted for the attention (kpool_select_compact_decode).
+  struct Listed {
+    int32_t* list = nullptr;  // [B, index_width]
+    int* counts = nullptr;    // [B]
+    const int32_t* t_kv = nullptr;
+    int max_t_kv = 0;
+  };
   Status indexer_decode_cuda(gpu::Arena& a, const Cache& cache, const int32_t* pos_d,
                              const IndexerRows& rows, const IndexerTables& tabs, int B,
-                             bool appended, int32_t* idx) const;
+                             bool appended, int32_t* idx, const Listed* listed) const;
   std::shared_ptr<CudaContext> cuda_;
   std::shared_ptr<Gpu> gpu_;
   void indexer(Cache& cache, int layer, int slot, int pos, const float* x, const float* q_resid,

@@ -3,6 +3,8 @@
 // does). The CUDA path carries no rope columns (d_rope == 0: glm5_next's NoPE MLA).
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <vector>
 
 #include "gpu_util.h"
@@ -23,6 +25,10 @@ struct MlaLayer::Gpu {
   DeviceWeight q_a_bias, kv_a_bias, o_bias, q_a_norm, kv_a_norm;  // f32 (biases may be empty)
   DeviceWeight wq_b, wk, weights_proj, kpool_gate;  // compute dtype
   DeviceWeight k_norm_w, k_norm_b, kpool_ape;       // f32
+  // Decode: the indexer's selection compacts its lists for the attention in its own launch
+  // (kpool_select_compact_decode + mla_attn_decode_listed; MEMRA_DSA_SELECT_COMPACT=0, read
+  // here: the attention's compaction launch, an A/B arm).
+  bool select_compact = true;
 };
 
 Status MlaLayer::to_device(std::shared_ptr<CudaContext> cuda, DType dtype) {
@@ -65,6 +71,9 @@ Status MlaLayer::to_device(std::shared_ptr<CudaContext> cuda, DType dtype) {
     MEMRA_TRY(DeviceWeight::upload_f32(cuda, k_norm_w_, &g->k_norm_w));
     MEMRA_TRY(DeviceWeight::upload_f32(cuda, k_norm_b_, &g->k_norm_b));
     MEMRA_TRY(DeviceWeight::upload_f32(cuda, kpool_ape_, &g->kpool_ape));
+  }
+  if (const char* v = std::getenv("MEMRA_DSA_SELECT_COMPACT")) {
+    g->select_compact = std::strcmp(v, "0") != 0;
   }
   gpu_ = std::move(g);
   cuda_ = std::move(cuda);
@@ -315,18 +324,33 @@ Status MlaLayer::decode_cuda(Cache& cache, int layer, const int32_t* slots_d, in
   MEMRA_GPU(c, api.mla_absorb_q(ctx, q, g.kv_b.data(), g.kv_b.dtype_code(), B, H, dn, dv, R, 0, q_lat), op);
 
   const int32_t* idx = nullptr;
+  Listed listed;
   if (cfg_.sparse) {
     idx = topk_in;
     if (indexer) {
       int32_t* own = topk_out;  // straight into the caller's lists when it wants them
       if (!own) MEMRA_TRY(a.take(int64_t(B) * W, &own));
-      MEMRA_TRY(indexer_decode_cuda(a, cache, pos_d, p.rows, tabs, B, fused, own));
+      if (g.select_compact) {  // the selection compacts its lists for the attention itself
+        MEMRA_TRY(a.take(int64_t(B) * W, &listed.list));
+        MEMRA_TRY(a.take(B, &listed.counts));
+        listed.t_kv = t_kv_d;
+        listed.max_t_kv = cache.max_len();
+      }
+      MEMRA_TRY(indexer_decode_cuda(a, cache, pos_d, p.rows, tabs, B, fused, own,
+                                    g.select_compact ? &listed : nullptr));
       idx = own;
     }
   }
   const float scale = 1.0f / std::sqrt(static_cast<float>(dn));
-  MEMRA_GPU(c, api.mla_attn_decode(ctx, q_lat, const_cast<const void* const*>(caches_d), cdt, t_kv_d, idx,
-                                   cfg_.sparse ? W : 0, B, H, R, cache.max_len(), scale, o_lat), op);
+  if (listed.list) {
+    MEMRA_GPU(c, api.mla_attn_decode_listed(ctx, q_lat, const_cast<const void* const*>(caches_d),
+                                            cdt, t_kv_d, listed.list, listed.counts, W, B, H, R,
+                                            cache.max_len(), scale, o_lat), op);
+  } else {
+    MEMRA_GPU(c, api.mla_attn_decode(ctx, q_lat, const_cast<const void* const*>(caches_d), cdt,
+                                     t_kv_d, idx, cfg_.sparse ? W : 0, B, H, R, cache.max_len(),
+                                     scale, o_lat), op);
+  }
   if (topk_out && idx && idx != topk_out) {
     MEMRA_GPU(c, api.copy(ctx, topk_out, idx, size_t(B) * W * sizeof(int32_t)), op);
   }
@@ -340,7 +364,7 @@ Status MlaLayer::decode_cuda(Cache& cache, int layer, const int32_t* slots_d, in
 // forms, cuda/dsa_decode.cu; per row the bytes of indexer_cuda with T = 1).
 Status MlaLayer::indexer_decode_cuda(gpu::Arena& a, const Cache& cache, const int32_t* pos_d,
                                      const IndexerRows& rows, const IndexerTables& tabs, int B,
-                                     bool appended, int32_t* idx) const {
+                                     bool appended, int32_t* idx, const Listed* listed) const {
   const CudaContext& c = *cuda_;
   const CudaApi& api = c.api();
   MemraCudaCtx* ctx = c.ctx();
@@ -364,7 +388,15 @@ Status MlaLayer::indexer_decode_cuda(gpu::Arena& a, const Cache& cache, const in
                                       pos_d, B, Hi, di, P, max_pools,
                                       1.0f / std::sqrt(static_cast<float>(di)),
                                       1.0f / std::sqrt(static_cast<float>(Hi)), score), op);
-  MEMRA_GPU(c, api.kpool_select_decode(ctx, score, pos_d, B, max_pools, P, cfg_.topk / P, index_width(), idx), op);
+  if (listed) {  // and each row's list compacted for mla_attn_decode_listed, in the same launch
+    MEMRA_GPU(c, api.kpool_select_compact_decode(ctx, score, pos_d, B, max_pools, P, cfg_.topk / P,
+                                                 index_width(), idx, listed->t_kv,
+                                                 listed->max_t_kv, listed->list, listed->counts),
+              op);
+  } else {
+    MEMRA_GPU(c, api.kpool_select_decode(ctx, score, pos_d, B, max_pools, P, cfg_.topk / P,
+                                         index_width(), idx), op);
+  }
   return Status::Ok();
 }
 

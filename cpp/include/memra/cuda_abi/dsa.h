@@ -44,4 +44,12 @@
      [0, n_pools_b) at first_pos = pos[b] (radix select on (score desc, pool asc), the visible     \
      tail rows, -1 padding); an idle row is all -1. 40014 when width is too small. */             \
   X(kpool_select_decode, (MemraCudaCtx * ctx, const float* score, const int32_t* pos, int B,      \
-                          int max_pools, int pool, int select_k, int width, int32_t* idx))
+                          int max_pools, int pool, int select_k, int width, int32_t* idx))        \
+  /* kpool_select_decode, then in the same launch each row's list compacted as mla_attn_decode    \
+     compacts it (the rows r in [0, n_b) it names, each once, ascending, n_b = t_kv[b] clamped to  \
+     [0, max_t_kv]) into list [B, width] and counts [B], for mla_attn_decode_listed. 50002 when   \
+     the bitmap of max_t_kv rows passes 40 KB (max_t_kv past ~1.3 M). */                          \
+  X(kpool_select_compact_decode, (MemraCudaCtx * ctx, const float* score, const int32_t* pos,     \
+                                  int B, int max_pools, int pool, int select_k, int width,         \
+                                  int32_t* idx, const int32_t* t_kv, int max_t_kv, int32_t* list,  \
+                                  int* counts))

@@ -48,6 +48,12 @@
   /* rows [B, W] f32 -> caches[b][pos[b], :] (caches [B] device pointers, cache_dtype; bf16 by    \
      round-to-nearest-even); pos [B] device, pos[b] < 0 = idle row (nothing written). The device \
      cannot check pos[b] against a cache's length: callers do. */                                \
+  /* mla_attn_decode over index lists already compacted (kpool_select_compact_decode's list      \
+     [B, width] and counts [B]) instead of idx: the same bytes, without its compaction launch. */  \
+  X(mla_attn_decode_listed, (MemraCudaCtx * ctx, const float* q_lat, const void* const* caches,    \
+                             int cache_dtype, const int32_t* t_kv, const int32_t* list,            \
+                             const int* counts, int width, int B, int H, int R, int max_t_kv,      \
+                             float scale, float* o_lat))                                           \
   X(mla_latent_append_decode, (MemraCudaCtx * ctx, const float* rows, int B, int W,               \
                                void* const* caches, int cache_dtype, const int32_t* pos))          \
   /* One decode row's MLA prologue in one launch (cuda/mla_prologue.cu), the bytes of:            \
