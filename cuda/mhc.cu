@@ -21,6 +21,7 @@
 // contraction: their outputs are bit-identical to cpu::mhc_post / cpu::hc_head_mean.
 #include <cfloat>
 #include <climits>
+#include <cmath>
 #include <cstdint>
 
 #include "common.cuh"
@@ -35,6 +36,9 @@ using memra::cuda::warp_sum;
 using memra::cuda::rowsum::Group;
 using memra::cuda::rowsum::group_for;
 using memra::cuda::rowsum::group_sum;
+using memra::cuda::rowsum::kGatedCols;
+using memra::cuda::rowsum::load_row_cols;
+using memra::cuda::rowsum::row_blocks;
 using memra::cuda::rowsum::store_rms_cols;
 using memra::cuda::rowsum::with_group;
 
@@ -671,6 +675,64 @@ __global__ void hc_head_mean_kernel(const float* __restrict__ streams, int64_t T
   }
 }
 
+// The model's head at the last block (memra_cuda_mhc_post_head_norm): out[t] =
+// rms_norm(hc_head_mean(mhc_post(y, post, comb, residual))[t], w, eps), one block per row of
+// Group<G> threads (G = group_for(D), D <= kGatedCols * G): thread g's columns g + G c hold the
+// hc stream values (mhc_post_kernel's arithmetic), their mean (hc_head_mean_kernel's) and then
+// rms_norm_row's short form over them, so out has the bytes of the three launches in one, and
+// the expanded streams never go to memory (a decode step's last three launches before the LM
+// head were ~6 us of its critical path at batch 1).
+constexpr int kHeadMaxHc = 8;
+
+template <int G>
+__global__ void __launch_bounds__(Group<G>::kBlock)
+    mhc_head_norm_kernel(const float* __restrict__ y, const float* __restrict__ post,
+                         const float* __restrict__ comb, const float* __restrict__ residual,
+                         int64_t T, int hc, int D, const float* __restrict__ w, float eps,
+                         float* __restrict__ out) {
+  memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
+  memra::cuda::pdl_trigger();
+  __shared__ float red[Group<G>::kWarps];
+  const int64_t t = int64_t(blockIdx.x) * Group<G>::kRows + threadIdx.x / G;
+  const int lane = threadIdx.x % G;
+  const bool live = t < T;
+  const int64_t tt = live ? t : 0;
+  const float* ct = comb + tt * hc * hc;
+  const float* pt = post + tt * hc;
+  const float* rt = residual + tt * hc * D;
+  float mean[kGatedCols], wv[kGatedCols];
+  load_row_cols<G>(w, live, lane, D, wv);
+#pragma unroll
+  for (int c = 0; c < kGatedCols; ++c) {
+    const int d = lane + G * c;
+    mean[c] = 0.0f;
+    if (!live || d >= D) continue;
+    float r[kHeadMaxHc];
+#pragma unroll
+    for (int i = 0; i < kHeadMaxHc; ++i) r[i] = i < hc ? rt[int64_t(i) * D + d] : 0.0f;
+    const float yv = y[tt * D + d];
+    float acc_mean = 0.0f;
+    for (int j = 0; j < hc; ++j) {
+      float acc = 0.0f;  // mhc_post_kernel: sum over i ascending, then post * y + it
+#pragma unroll
+      for (int i = 0; i < kHeadMaxHc; ++i) {
+        if (i < hc) acc = __fadd_rn(acc, __fmul_rn(ct[i * hc + j], r[i]));
+      }
+      acc_mean += __fadd_rn(__fmul_rn(pt[j], yv), acc);  // hc_head_mean_kernel: s ascending
+    }
+    mean[c] = acc_mean / static_cast<float>(hc);
+  }
+  float ss = 0.0f;  // rms_norm_row's short form: columns lane, lane + G, ...
+#pragma unroll
+  for (int c = 0; c < kGatedCols; ++c) {
+    if (live && lane + G * c < D) ss += mean[c] * mean[c];
+  }
+  ss = group_sum<G>(ss, red);
+  if (!live) return;
+  const float inv = 1.0f / sqrtf(ss / static_cast<float>(D) + eps);
+  store_rms_cols<G>(mean, inv, wv, w != nullptr, lane, D, out + t * D);
+}
+
 dim3 rows_grid(int D, int64_t rows, int threads) {
   return dim3(ceil_div(D, threads), static_cast<unsigned>(rows < 65535 ? rows : 65535));
 }
@@ -898,6 +960,33 @@ int memra_cuda_mhc_post(MemraCudaCtx* ctx, const float* y, const float* post, co
   const int threads = threads_for(D);
   memra::cuda::launch(ctx, true, mhc_post_kernel, dim3(rows_grid(D, rows, threads)), dim3(threads),
       0, y, post, comb, residual, rows, hc, D, out);
+  return launch_status();
+}
+
+int memra_cuda_mhc_post_head_norm(MemraCudaCtx* ctx, const float* y, const float* post,
+                                  const float* comb, const float* residual, int T, int hc, int D,
+                                  const float* rms_w, float eps, float* out) {
+  MEMRA_CUDA_RETURN_IF(enter(ctx));
+  if (T < 0 || hc < 1 || D < 0) return memra::kContractValue;
+  if (!(eps >= 0.0f) || !std::isfinite(eps)) return memra::kContractValue;
+  if (T == 0 || D == 0) return memra::kOk;
+  if (!y || !post || !comb || !residual || !out) return memra::kContractMissing;
+  const int g = group_for(D);
+  if (hc > kHeadMaxHc || D > kGatedCols * g) {  // the three launches
+    Scratch buf(ctx, sizeof(float) * (static_cast<size_t>(T) * hc * D + static_cast<size_t>(T) * D));
+    MEMRA_CUDA_RETURN_IF(buf.status());
+    float* streams = buf.as<float>();
+    float* mean = streams + static_cast<size_t>(T) * hc * D;
+    MEMRA_CUDA_RETURN_IF(memra_cuda_mhc_post(ctx, y, post, comb, residual, T, hc, D, streams));
+    MEMRA_CUDA_RETURN_IF(memra_cuda_hc_head_mean(ctx, streams, T, hc, D, mean));
+    return memra_cuda_rms_norm(ctx, mean, T, D, rms_w, eps, out);
+  }
+  with_group(g, [&](auto gc) {
+    constexpr int G = decltype(gc)::value;
+    memra::cuda::launch(ctx, true, mhc_head_norm_kernel<G>, dim3(row_blocks<G>(T)),
+                        dim3(Group<G>::kBlock), 0, y, post, comb, residual,
+                        static_cast<int64_t>(T), hc, D, rms_w, eps, out);
+  });
   return launch_status();
 }
 

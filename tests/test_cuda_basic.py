@@ -567,6 +567,32 @@ def test_mhc_post_and_head_mean_are_bit_identical(e, T, hc, D):
     np.testing.assert_array_equal(got, _core.hc_head_mean(res))
 
 
+@pytest.mark.parametrize("T,hc,D,weighted", [(1, 4, 4096, True), (1, 4, 33, False), (3, 1, 7, True),
+                                              (65, 4, 200, True), (2, 9, 64, True), (1, 4, 5000, True)])
+def test_mhc_post_head_norm_is_the_three_ops(e, T, hc, D, weighted):
+    # The model's head in one launch (hc <= 8, D <= 4096; hc = 9 and D = 5000 take the three
+    # launches): the bytes of mhc_post, hc_head_mean and rms_norm on the GPU, and close to the
+    # CPU (the norm's sum order differs).
+    r = rng(T * 7 + hc + D)
+    y, post = f32(r.standard_normal((T, D))), f32(r.standard_normal((T, hc)))
+    comb, res = f32(r.standard_normal((T, hc, hc))), f32(r.standard_normal((T, hc, D)))
+    w = f32(1.0 + 0.1 * r.standard_normal(D)) if weighted else None
+    dev = [e.to_device(a) for a in (y, post, comb, res)]
+    dw = e.to_device(w) if weighted else None
+    got = e.to_host(_core.mhc_post_head_norm(*dev, dw, eps=1e-5, engine=e))
+    three = _core.rms_norm(_core.hc_head_mean(_core.mhc_post(*dev, engine=e), engine=e), dw,
+                           eps=1e-5, engine=e)
+    np.testing.assert_array_equal(got, e.to_host(three))
+    want = _core.mhc_post_head_norm(y, post, comb, res, w, eps=1e-5)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * float(np.abs(want).max()))
+    expect(memra.ContractError, ST.CONTRACT_VALUE, _core.mhc_post_head_norm, *dev, dw, eps=-1.0,
+           engine=e)
+    expect(memra.ContractError, ST.CONTRACT_SHAPE, _core.mhc_post_head_norm, dev[0],
+           e.to_device(post[:, :1].copy()), *dev[2:], dw, eps=1e-5, engine=e)
+    expect(memra.ContractError, ST.CONTRACT_DEVICE, _core.mhc_post_head_norm, y, *dev[1:], dw,
+           eps=1e-5, engine=e)
+
+
 def test_mhc_post_contract(e):
     r = rng(95)
     T, hc, D = 2, 4, 3

@@ -333,6 +333,25 @@ def test_mhc_post_and_head_mean_match_reference():
     np.testing.assert_allclose(_core.hc_head_mean(res), res.astype(np.float64).mean(1), atol=1e-6)
 
 
+def test_mhc_post_head_norm_is_the_three_ops():
+    r = rng(5)
+    T, hc, D = 3, 4, 11
+    y, post, comb, res = randn(r, T, D), randn(r, T, hc), randn(r, T, hc, hc), randn(r, T, hc, D)
+    w = randn(r, D)
+    got = _core.mhc_post_head_norm(y, post, comb, res, w, eps=1e-6)
+    want = _core.rms_norm(_core.hc_head_mean(_core.mhc_post(y, post, comb, res)), w, eps=1e-6)
+    np.testing.assert_array_equal(got, want)
+    # The reference in float64: the mean of post * y + comb^T @ residual, then the RMS norm.
+    s = post[:, :, None].astype(np.float64) * y[:, None, :] + np.matmul(
+        comb.transpose(0, 2, 1).astype(np.float64), res.astype(np.float64))
+    m = s.mean(1)
+    ref = w * m / np.sqrt((m * m).mean(-1, keepdims=True) + 1e-6)
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
+    expect_contract(S.CONTRACT_SHAPE, _core.mhc_post_head_norm, y, post[:, :2].copy(), comb, res, w,
+                    eps=1e-6)
+    expect_contract(S.CONTRACT_VALUE, _core.mhc_post_head_norm, y, post, comb, res, w, eps=float("nan"))
+
+
 def test_mhc_contract_errors():
     r = rng(4)
     T, hc, D = 2, 4, 3

@@ -353,6 +353,15 @@ def mhc_post(y: Annotated[NDArray, dict(writable=False)], post: Annotated[NDArra
     Reference: transformers Glm5NextTextDecoderLayer.forward (post * h + comb^T @ residual).
     """
 
+def mhc_post_head_norm(y: Annotated[NDArray, dict(writable=False)], post: Annotated[NDArray, dict(writable=False)], comb: Annotated[NDArray, dict(writable=False)], residual: Annotated[NDArray, dict(writable=False)], weight: Annotated[NDArray, dict(writable=False)] | None = None, *, eps: float, engine: Engine | None = None) -> object:
+    """
+    The model's head after the last block: rms_norm(hc_head_mean(mhc_post(y, post, comb, residual)), weight, eps=eps), the bytes of those three ops.
+
+    y [T, D]; post [T, hc]; comb [T, hc, hc]; residual [T, hc, D]; weight [D] or None; all float32 on the engine's device. Returns [T, D] float32 (CUDA: one launch for hc <= 8 and D <= 4096, the expanded streams never written).
+    Raises ContractError (CONTRACT_DTYPE, CONTRACT_SHAPE, CONTRACT_STRIDE, CONTRACT_DEVICE; CONTRACT_VALUE for a negative or non-finite eps, hc < 1).
+    Reference: transformers Glm5NextTextModel.forward (the hyper head's mean, then the final norm).
+    """
+
 def hc_head_mean(streams: Annotated[NDArray, dict(writable=False)], *, engine: Engine | None = None) -> object:
     """
     Final hyper-connection head: the plain mean over the streams.

@@ -141,6 +141,55 @@ void init_ops_mhc(nb::module_& m) {
       "Glm5NextTextDecoderLayer.forward (post * h + comb^T @ residual).");
 
   m.def(
+      "mhc_post_head_norm",
+      [](const AnyArray& y, const AnyArray& post, const AnyArray& comb, const AnyArray& residual,
+         std::optional<AnyArray> weight, float eps, const Engine* engine) {
+        const char* op = "mhc_post_head_norm";
+        check_eps(eps, op);
+        const float* rp = f32_in(engine, residual, op, "residual", {-1, -1, -1});
+        const int64_t T = dim(residual, 0), hc = dim(residual, 1), D = dim(residual, 2);
+        check_value(hc >= 1, op, "hc (residual.shape[1]) must be >= 1");
+        check_rows(op, "residual", T, {{"y", &y, 2}, {"post", &post, 2}, {"comb", &comb, 3}});
+        const float* yp = f32_in(engine, y, op, "y", {T, D});
+        const float* pp = f32_in(engine, post, op, "post", {T, hc});
+        const float* cp = f32_in(engine, comb, op, "comb", {T, hc, hc});
+        const float* wp = weight ? f32_in(engine, *weight, op, "weight", {D}) : nullptr;
+        if (T > INT32_MAX || hc > INT32_MAX || D > INT32_MAX) {
+          raise_contract(kContractRange, std::string(op) + ": residual " + shape_str(residual) +
+                                             " has an extent past int32");
+        }
+        Out out = out_f32_uninit(engine, {sz(T), sz(D)});
+        if (on_cuda(engine)) {
+          const CudaContext& c = cuda_ctx(engine);
+          check_cuda(engine,
+                     c.api().mhc_post_head_norm(c.ctx(), yp, pp, cp, rp, int(T), int(hc), int(D),
+                                                wp, eps, out.data<float>()),
+                     op);
+        } else {
+          nb::gil_scoped_release nogil;
+          std::vector<float> streams(sz(T) * sz(hc) * sz(D)), mean(sz(T) * sz(D));
+          cpu::mhc_post(yp, pp, cp, rp, static_cast<int>(T), static_cast<int>(hc),
+                        static_cast<int>(D), streams.data());
+          cpu::hc_head_mean(streams.data(), static_cast<int>(T), static_cast<int>(hc),
+                            static_cast<int>(D), mean.data());
+          cpu::rms_norm(mean.data(), static_cast<int>(T), static_cast<int>(D), wp, eps,
+                        out.data<float>());
+        }
+        return out.obj;
+      },
+      nb::arg("y"), nb::arg("post"), nb::arg("comb"), nb::arg("residual"),
+      nb::arg("weight") = nb::none(), nb::kw_only(), nb::arg("eps"),
+      nb::arg("engine").none() = nb::none(),
+      "The model's head after the last block: rms_norm(hc_head_mean(mhc_post(y, post, comb, "
+      "residual)), weight, eps=eps), the bytes of those three ops.\n\ny [T, D]; post [T, hc]; "
+      "comb [T, hc, hc]; residual [T, hc, D]; weight [D] or None; all float32 on the engine's "
+      "device. Returns [T, D] float32 (CUDA: one launch for hc <= 8 and D <= 4096, the expanded "
+      "streams never written).\nRaises ContractError (CONTRACT_DTYPE, CONTRACT_SHAPE, "
+      "CONTRACT_STRIDE, CONTRACT_DEVICE; CONTRACT_VALUE for a negative or non-finite eps, hc < "
+      "1).\nReference: transformers Glm5NextTextModel.forward (the hyper head's mean, then the "
+      "final norm).");
+
+  m.def(
       "hc_head_mean",
       [](const AnyArray& streams, const Engine* engine) {
         const char* op = "hc_head_mean";

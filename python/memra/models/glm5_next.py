@@ -209,8 +209,8 @@ class Glm5NextTextModel:
             streams, post, comb, h = b.ffn_hc.post_pre(h, post, comb, streams,
                                                        norm=b.post_norm, eps=eps)
             h = b.mlp.forward(h)[0] if b.sparse_mlp else b.mlp.forward(h)
-        streams = _core.mhc_post(h, post, comb, streams, engine=e)
-        return _core.rms_norm(_core.hc_head_mean(streams, engine=e), self.final_norm, eps=eps, engine=e)
+        # The last expansion, the hyper head's mean and the final norm (one launch on CUDA).
+        return _core.mhc_post_head_norm(h, post, comb, streams, self.final_norm, eps=eps, engine=e)
 
     def logits_of(self, hidden):
         """LM head: hidden [N, hidden] -> logits [N, vocab] float32 on the engine's device."""

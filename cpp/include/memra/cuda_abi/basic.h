@@ -82,5 +82,11 @@
   /* cpu::mhc_post: y [T, D]; post [T, hc]; comb [T, hc, hc]; residual, out [T, hc, D]. */       \
   X(mhc_post, (MemraCudaCtx * ctx, const float* y, const float* post, const float* comb,          \
                const float* residual, int T, int hc, int D, float* out))                          \
+  /* The model's head: out [T, D] = rms_norm(hc_head_mean(mhc_post(y, post, comb, residual)),    \
+     rms_w [D] or null, eps), the bytes of those three calls (one launch for hc <= 8, D <= 4096;   \
+     the expanded streams are not written). 40025 for a negative or non-finite eps. */             \
+  X(mhc_post_head_norm, (MemraCudaCtx * ctx, const float* y, const float* post, const float* comb, \
+                         const float* residual, int T, int hc, int D, const float* rms_w,          \
+                         float eps, float* out))                                                   \
   /* cpu::hc_head_mean: streams [T, hc, D] -> out [T, D]. */                                      \
   X(hc_head_mean, (MemraCudaCtx * ctx, const float* streams, int T, int hc, int D, float* out))
