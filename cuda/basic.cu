@@ -156,18 +156,22 @@ __global__ void __launch_bounds__(Group<G>::kBlock)
 // one memory round trip, not D / blockDim.x of them in a row (7.6 -> ~2 us in the decode step).
 
 template <typename W>
+// hc > 1 (memra_cuda_embedding_expand): the row written to hc consecutive rows of out, as
+// hc_expand(embedding(...), hc) (the residual streams of a hyper-connection model), one launch.
 __global__ void embedding_kernel(const W* __restrict__ table, int64_t vocab, int D,
-                                 const int32_t* __restrict__ ids, float* __restrict__ out) {
+                                 const int32_t* __restrict__ ids, float* __restrict__ out,
+                                 int hc) {
   memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
   memra::cuda::pdl_trigger();
   const int64_t t = blockIdx.x;
   const int32_t id = ids[t];
-  float* o = out + t * D;
+  float* o = out + t * hc * D;
   const bool valid = id >= 0 && id < vocab;
   const W* r = valid ? table + static_cast<int64_t>(id) * D : table;
   for (int64_t i = int64_t(blockIdx.y) * blockDim.x + threadIdx.x; i < D;
        i += int64_t(gridDim.y) * blockDim.x) {
-    o[i] = valid ? to_f32(r[i]) : 0.0f;
+    const float v = valid ? to_f32(r[i]) : 0.0f;
+    for (int j = 0; j < hc; ++j) o[int64_t(j) * D + i] = v;
   }
 }
 
@@ -226,10 +230,11 @@ unsigned grid_stride_blocks(int64_t n, int threads) {
 
 extern "C" {
 
-int memra_cuda_embedding(MemraCudaCtx* ctx, const void* table, int table_dtype, int64_t vocab,
-                         int D, const int32_t* ids, int T, float* out) {
+int memra_cuda_embedding_expand(MemraCudaCtx* ctx, const void* table, int table_dtype,
+                                int64_t vocab, int D, const int32_t* ids, int T, int hc,
+                                float* out) {
   MEMRA_CUDA_RETURN_IF(enter(ctx));
-  if (T < 0 || D < 0 || vocab < 0) return memra::kContractValue;
+  if (T < 0 || D < 0 || vocab < 0 || hc < 1) return memra::kContractValue;
   if (table_dtype < 0 || table_dtype > 2) return memra::kContractDType;
   if (T == 0 || D == 0) return memra::kOk;
   if (!ids || !out || (!table && vocab > 0)) return memra::kContractMissing;
@@ -239,18 +244,23 @@ int memra_cuda_embedding(MemraCudaCtx* ctx, const void* table, int table_dtype, 
   switch (table_dtype) {
     case 0:
       memra::cuda::launch(ctx, true, embedding_kernel<float>, grid, dim3(threads), 0,
-          static_cast<const float*>(table), vocab, D, ids, out);
+          static_cast<const float*>(table), vocab, D, ids, out, hc);
       break;
     case 1:
       memra::cuda::launch(ctx, true, embedding_kernel<__nv_bfloat16>, grid, dim3(threads), 0,
-          static_cast<const __nv_bfloat16*>(table), vocab, D, ids, out);
+          static_cast<const __nv_bfloat16*>(table), vocab, D, ids, out, hc);
       break;
     default:
       memra::cuda::launch(ctx, true, embedding_kernel<__half>, grid, dim3(threads), 0,
-          static_cast<const __half*>(table), vocab, D, ids, out);
+          static_cast<const __half*>(table), vocab, D, ids, out, hc);
       break;
   }
   return launch_status();
+}
+
+int memra_cuda_embedding(MemraCudaCtx* ctx, const void* table, int table_dtype, int64_t vocab,
+                         int D, const int32_t* ids, int T, float* out) {
+  return memra_cuda_embedding_expand(ctx, table, table_dtype, vocab, D, ids, T, 1, out);
 }
 
 int memra_cuda_rms_norm(MemraCudaCtx* ctx, const float* x, int T, int D, const float* w, float eps,

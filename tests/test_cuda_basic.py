@@ -79,6 +79,29 @@ def test_embedding_matches_cpu(e, dtype, T, D):
     np.testing.assert_array_equal(got, want)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("T,D,hc", [(1, 4096, 4), (65, 33, 3), (2, 16, 1)])
+def test_embedding_expand_is_hc_expand_of_the_rows(e, dtype, T, D, hc):
+    # expand = hc: the rows written to the hc residual streams in the gather's launch, the bytes
+    # of hc_expand(embedding(...)); an unchecked id outside the vocabulary gives zero streams.
+    r = rng(T * 3 + D + hc)
+    vocab = 97
+    table = f32(r.standard_normal((vocab, D)))
+    w = _core.Weight(table) if dtype == "float32" else bf16_weight(table)
+    ids = r.integers(0, vocab, T).astype(np.int32)
+    dw, di = dev_weight(e, w), e.to_device(ids)
+    got = e.to_host(_core.embedding(dw, di, expand=hc, engine=e))
+    two = _core.hc_expand(_core.embedding(dw, di, engine=e), hc, engine=e)
+    assert got.shape == (T, hc, D)
+    np.testing.assert_array_equal(got, e.to_host(two))
+    np.testing.assert_array_equal(got, _core.embedding(w, ids, expand=hc))
+    ids[0] = vocab
+    got = e.to_host(_core.embedding(dw, e.to_device(ids), expand=hc, check_range=False, engine=e))
+    assert not got[0].any()
+    for bad in (0, -2):
+        expect(memra.ContractError, ST.CONTRACT_VALUE, _core.embedding, dw, di, expand=bad, engine=e)
+
+
 def test_embedding_f32_table_stored_as_bf16_on_device(e):
     # DeviceWeight(dtype="bfloat16") of an f32 table equals the CPU op on the bf16-rounded table.
     r = rng(5)

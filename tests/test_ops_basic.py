@@ -30,6 +30,9 @@ def test_linear_bf16_and_embedding(T: int) -> None:
     table = randn(11, 4)
     ids = np.array([3, 0, 10][:T] * (T // 3 + 1), np.int32)[:T]
     np.testing.assert_array_equal(_core.embedding(_core.Weight(table), ids), table[ids])
+    # expand = hc: each row repeated over hc residual streams (hc_expand of the rows).
+    got = _core.embedding(_core.Weight(table), ids, expand=3)
+    np.testing.assert_array_equal(got, np.repeat(table[ids][:, None, :], 3, axis=1))
 
 
 def test_norms_match_references() -> None:

@@ -76,13 +76,13 @@ class Weight:
 
     def __repr__(self) -> str: ...
 
-def embedding(table: object, ids: Annotated[NDArray, dict(writable=False)], *, check_range: bool = True, engine: Engine | None = None) -> object:
+def embedding(table: object, ids: Annotated[NDArray, dict(writable=False)], *, check_range: bool = True, expand: int | None = None, engine: Engine | None = None) -> object:
     """
-    Rows of `table` [vocab, D] for `ids` [T] int32 -> [T, D] float32.
+    Rows of `table` [vocab, D] for `ids` [T] int32 -> [T, D] float32 (with expand = hc: [T, hc, D], each row repeated hc times, hc_expand(embedding(...), hc) in one launch: a hyper-connection model's residual streams).
 
     table: memra.Weight (CPU) or memra.DeviceWeight (CUDA; float32 or bfloat16, converted exactly to float32). ids and the result live on the engine's device.
     check_range (CUDA only): copy the ids to the host to range-check them (one wait on the engine's stream); with False an id outside the vocabulary gives a zero row. The CPU always checks.
-    Raises ContractError (CONTRACT_RANGE for an id outside [0, vocab); CONTRACT_DTYPE, CONTRACT_SHAPE, CONTRACT_STRIDE, CONTRACT_DEVICE for a bad argument).
+    Raises ContractError (CONTRACT_RANGE for an id outside [0, vocab); CONTRACT_VALUE for expand outside [1, 2^31); CONTRACT_DTYPE, CONTRACT_SHAPE, CONTRACT_STRIDE, CONTRACT_DEVICE for a bad argument).
     Reference: nn.Embedding.
     """
 

@@ -8,6 +8,7 @@
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 
+#include <algorithm>
 #include <climits>
 #include <cmath>
 #include <cstring>
@@ -83,8 +84,14 @@ int int_extent(const AnyArray& a, size_t i, const char* op, const char* name) {
 void init_ops_basic(nb::module_& m) {
   m.def(
       "embedding",
-      [](nb::handle table, const AnyArray& ids, bool check_range, const Engine* engine) {
+      [](nb::handle table, const AnyArray& ids, bool check_range, std::optional<int64_t> expand,
+         const Engine* engine) {
         const char* op = "embedding";
+        if (expand && (*expand < 1 || *expand > INT32_MAX)) {
+          raise_contract(kContractValue, "embedding: expand must be in [1, 2^31), got " +
+                                             std::to_string(*expand));
+        }
+        const int hc = expand ? static_cast<int>(*expand) : 1;
         int64_t vocab = 0, D = 0;
         const Weight* hw = nullptr;
         const DeviceWeight* dw = nullptr;
@@ -123,27 +130,37 @@ void init_ops_basic(nb::module_& m) {
             }
           }
         }
-        Out out = out_f32(engine, {sz(T), sz(D)});
+        Out out = expand ? out_f32(engine, {sz(T), sz(hc), sz(D)}) : out_f32(engine, {sz(T), sz(D)});
         if (on_cuda(engine)) {
           const CudaContext& c = cuda_ctx(engine);
           check_cuda(engine,
-                     c.api().embedding(c.ctx(), dw->data(), dw->dtype_code(), vocab, int(D), id, T,
-                                       out.data<float>()),
+                     c.api().embedding_expand(c.ctx(), dw->data(), dw->dtype_code(), vocab, int(D),
+                                              id, T, hc, out.data<float>()),
                      op);
         } else {
           nb::gil_scoped_release nogil;
-          cpu::embedding(*hw, id, T, out.data<float>());
+          std::vector<float> rows(hc > 1 ? sz(T) * sz(D) : 0);
+          float* x = hc > 1 ? rows.data() : out.data<float>();
+          cpu::embedding(*hw, id, T, x);
+          for (int64_t t = 0; hc > 1 && t < T; ++t) {
+            for (int j = 0; j < hc; ++j) {
+              std::copy(x + t * D, x + (t + 1) * D, out.data<float>() + (t * hc + j) * D);
+            }
+          }
         }
         return out.obj;
       },
       nb::arg("table"), nb::arg("ids"), nb::kw_only(), nb::arg("check_range") = true,
-      nb::arg("engine").none() = nb::none(),
-      "Rows of `table` [vocab, D] for `ids` [T] int32 -> [T, D] float32.\n\n"
+      nb::arg("expand").none() = nb::none(), nb::arg("engine").none() = nb::none(),
+      "Rows of `table` [vocab, D] for `ids` [T] int32 -> [T, D] float32 (with expand = hc: [T, "
+      "hc, D], each row repeated hc times, hc_expand(embedding(...), hc) in one launch: a "
+      "hyper-connection model's residual streams).\n\n"
       "table: memra.Weight (CPU) or memra.DeviceWeight (CUDA; float32 or bfloat16, converted "
       "exactly to float32). ids and the result live on the engine's device.\n"
       "check_range (CUDA only): copy the ids to the host to range-check them (one wait on the "
       "engine's stream); with False an id outside the vocabulary gives a zero row. The CPU "
       "always checks.\nRaises ContractError (CONTRACT_RANGE for an id outside [0, vocab); "
+      "CONTRACT_VALUE for expand outside [1, 2^31); "
       "CONTRACT_DTYPE, CONTRACT_SHAPE, CONTRACT_STRIDE, CONTRACT_DEVICE for a bad argument).\n"
       "Reference: nn.Embedding.");
 

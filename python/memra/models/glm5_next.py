@@ -176,15 +176,15 @@ class Glm5NextTextModel:
         """
         cfg, e = self.cfg, self._e
         eps = cfg.rms_norm_eps
+        # The embedding rows expanded into the hc residual streams (hc_expand), in one launch.
         if e is None:
-            x = _core.embedding(self.embed, ids)
+            streams = _core.embedding(self.embed, ids, expand=cfg.hc_mult)
         else:
             if isinstance(ids, np.ndarray):
                 # Range-checked here on the host copy, so the device gather needs no host round trip.
                 check_token_ids(ids, cfg.vocab_size, "embedding")
                 ids = e.to_device(ids)
-            x = _core.embedding(self.embed, ids, engine=e, check_range=False)
-        streams = _core.hc_expand(x, cfg.hc_mult, engine=e)
+            streams = _core.embedding(self.embed, ids, engine=e, check_range=False, expand=cfg.hc_mult)
         topk = None
         for i, b in enumerate(self.blocks):
             # Each mHC site: the previous site's expansion, this site's mapping and the block's

@@ -12,6 +12,10 @@
      [0, vocab) gives a zero row; callers range-check on the host first). */                      \
   X(embedding, (MemraCudaCtx * ctx, const void* table, int table_dtype, int64_t vocab, int D,     \
                 const int32_t* ids, int T, float* out))                                           \
+  /* embedding, each row written to hc consecutive rows: out [T, hc, D], the bytes of           \
+     hc_expand(embedding(...), hc) in one launch (hc >= 1, else 40025). */                        \
+  X(embedding_expand, (MemraCudaCtx * ctx, const void* table, int table_dtype, int64_t vocab,     \
+                       int D, const int32_t* ids, int T, int hc, float* out))                     \
   /* y[T, N] = x[T, K] w[N, K]^T (+ bias[N]). f32 w: SGEMM with TF32 off. bf16 w: x rounded to   \
      bf16 (RNE) then a bf16 GEMM with f32 accumulation and f32 output (cuBLAS/cuBLASLt). */       \
   X(linear, (MemraCudaCtx * ctx, const float* x, int T, int K, const void* w, int w_dtype, int N, \
