@@ -85,7 +85,6 @@ struct MemraCudaCtx {
   int norm_rows_fused = 1;  // MEMRA_NORM_ROWS_FUSED=0: norm_rows as separate launches
   int mla_norm_append = 1;  // MEMRA_MLA_NORM_APPEND=0: mla_norm_append_decode as four launches
   int swiglu_fused = 1;     // MEMRA_SWIGLU_FUSED=0: the one-row SwiGLU MLP's activation apart
-  int moe_shared_first = 1;  // MEMRA_MOE_SHARED_FIRST=0: the one-token shared expert not first
   // MEMRA_GEMV_P1: 1 (default) every GEMV at one 16-byte vector a thread per chunk (4 blocks an
   // SM at <= 64 registers); 0 two vectors for rows past 256 of them (as before session 10); 2
   // also tall rows at R = 8.

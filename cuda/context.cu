@@ -73,7 +73,6 @@ int memra_cuda_ctx_create(int device, MemraCudaCtx** out) {
   if (const char* v = std::getenv("MEMRA_NORM_ROWS_FUSED")) c->norm_rows_fused = std::strcmp(v, "0") != 0;
   if (const char* v = std::getenv("MEMRA_MLA_NORM_APPEND")) c->mla_norm_append = std::strcmp(v, "0") != 0;
   if (const char* v = std::getenv("MEMRA_SWIGLU_FUSED")) c->swiglu_fused = std::strcmp(v, "0") != 0;
-  if (const char* v = std::getenv("MEMRA_MOE_SHARED_FIRST")) c->moe_shared_first = std::strcmp(v, "0") != 0;
   if (const char* v = std::getenv("MEMRA_MHC_DEFER")) c->mhc_defer = std::strcmp(v, "0") != 0;
   int rc = status_of(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
   if (rc == 0) rc = status_of(cublasCreate(&c->blas));

@@ -375,37 +375,20 @@ struct SharedExpert {
 // VEC: D % 8 == 0 and 16-byte aligned bases: each lane reads 8 weights per row per step.
 // Slots p >= P (= T * top_k) are the shared expert of token p - P (sh.down set; x and h rounded
 // to W).
-//
-// shared_first (MEMRA_MOE_SHARED_FIRST, with a shared expert; the resident weights): grid
-// (ceil(I / kWarps), P + 1), slot y = 0 the shared expert (p = P) and y = 1 + p the routed
-// ones, so the shared expert's blocks are the first scheduled; before their wait they ask L2 for
-// their gate and up rows (prefetch.global.L2), which no routing decides: its 2 I D weights
-// stream while the router (the launch in front) runs, instead of after it. The same rows and
-// sums, so the same bytes.
 template <typename W, bool VEC>
 __global__ void __launch_bounds__(kWarps * 32)
     moe_gate_up_kernel(const float* __restrict__ x, int D, const int32_t* __restrict__ topk_idx,
                        int top_k, const W* __restrict__ gate_w, const W* __restrict__ up_w,
                        int E, int I, float limit, float* __restrict__ h, int64_t P,
-                       SharedExpert<W> sh, int shared_first) {
-  const int64_t p = shared_first ? (blockIdx.y == 0 ? P : int64_t(blockIdx.y) - 1) : blockIdx.x;
-  const int row_block = shared_first ? blockIdx.x : blockIdx.y;
-  const bool shared = p >= P;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int i = row_block * kWarps + warp;
-  if (shared_first && shared && i < I) {
-    const char* g = reinterpret_cast<const char*>(sh.gate + static_cast<int64_t>(i) * D);
-    const char* u = reinterpret_cast<const char*>(sh.up + static_cast<int64_t>(i) * D);
-    const int64_t row_bytes = static_cast<int64_t>(D) * sizeof(W);
-    for (int64_t o = int64_t(lane) * 128; o < row_bytes; o += 32 * 128) {
-      asm volatile("prefetch.global.L2 [%0];\n" ::"l"(g + o));
-      asm volatile("prefetch.global.L2 [%0];\n" ::"l"(u + o));
-    }
-  }
+                       SharedExpert<W> sh) {
   memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
   memra::cuda::pdl_trigger();
+  const int64_t p = blockIdx.x;
+  const bool shared = p >= P;
   const int e = shared ? 0 : topk_idx[p];
   if (e < 0 || e >= E) return;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int i = blockIdx.y * kWarps + warp;
   if (i >= I) return;
   const float* xt = x + (shared ? p - P : p / top_k) * D;
   const int64_t row = (static_cast<int64_t>(e) * I + i) * D;
@@ -582,21 +565,15 @@ int launch_moe(MemraCudaCtx* ctx, const float* x, int T, int D, const int32_t* t
   const W* dw = static_cast<const W*>(down_w);
   const int64_t P = static_cast<int64_t>(T) * top_k;
   const dim3 block(kWarps * 32);
-  // MEMRA_MOE_SHARED_FIRST: one token's shared expert first, its rows prefetched to L2 before
-  // the wait (resident weights only: no queued kernel writes them).
-  const int shared_first = ctx->moe_shared_first && sh.down && T == 1 && ctx->resident_weights > 0 &&
-                           P + 1 <= 65535 ? 1 : 0;
-  const dim3 grid_a = shared_first
-                          ? dim3(ceil_div(I, kWarps), static_cast<unsigned>(P + 1))
-                          : dim3(static_cast<unsigned>(P + (sh.down ? T : 0)), ceil_div(I, kWarps));
+  const dim3 grid_a(static_cast<unsigned>(P + (sh.down ? T : 0)), ceil_div(I, kWarps));
   const bool vec_a = D % 8 == 0 && aligned16(x) && aligned16(g) && aligned16(u) &&
                      (!sh.down || (aligned16(sh.gate) && aligned16(sh.up)));
   if (vec_a) {
     memra::cuda::launch(ctx, true, moe_gate_up_kernel<W, true>, dim3(grid_a), dim3(block), 0, x, D,
-        topk_idx, top_k, g, u, E, I, limit, h, P, sh, shared_first);
+        topk_idx, top_k, g, u, E, I, limit, h, P, sh);
   } else {
     memra::cuda::launch(ctx, true, moe_gate_up_kernel<W, false>, dim3(grid_a), dim3(block), 0, x, D,
-        topk_idx, top_k, g, u, E, I, limit, h, P, sh, shared_first);
+        topk_idx, top_k, g, u, E, I, limit, h, P, sh);
   }
   MEMRA_CUDA_RETURN_IF(launch_status());
   const bool vec_b = I % 8 == 0 && aligned16(h) && aligned16(dw) && (!sh.down || aligned16(sh.down));

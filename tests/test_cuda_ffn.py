@@ -636,27 +636,6 @@ def test_moe_layer_with_shared_expert_matches_cpu(e, T, E, D, I, I_s, k, dtype):
     assert np.array_equal(e.to_host(layer.forward(e.to_device(x))[0]), got)
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("E,D,I,k", [(32, 520, 264, 8), (8, 64, 48, 4)])
-def test_moe_layer_one_token_shared_expert_first_keeps_the_bytes(monkeypatch, E, D, I, k, dtype):
-    # One token's shared expert blocks first, their rows asked of L2 before the wait
-    # (MEMRA_MOE_SHARED_FIRST, default on): the bytes of the grid without it.
-    r = rng(E + D + (dtype == "bfloat16"))
-    w = moe_layer_weights(r, E, D, I, I, dtype)
-    kw = dict(hidden=D, n_experts=E, top_k=k, n_group=1, topk_group=1, intermediate=I,
-              shared_intermediate=I, norm_topk_prob=True, routed_scaling=2.5, swiglu_limit=1.5)
-    x = randn(r, 1, D, scale=2.0)
-    outs = []
-    for first in ("1", "0"):
-        monkeypatch.setenv("MEMRA_MOE_SHARED_FIRST", first)
-        eng = memra.Engine("cuda")
-        monkeypatch.delenv("MEMRA_MOE_SHARED_FIRST")
-        got, idx = memra.MoeLayer(eng, w, dtype=dtype, **kw).forward(eng.to_device(x))
-        outs.append((eng.to_host(got), eng.to_host(idx)))
-    np.testing.assert_array_equal(outs[0][0], outs[1][0])
-    np.testing.assert_array_equal(outs[0][1], outs[1][1])
-
-
 def test_moe_forward_contract_errors(e):
     r = rng(8)
     E, D, I, k = 3, 8, 16, 2

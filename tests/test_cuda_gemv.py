@@ -237,8 +237,7 @@ def test_gemv_edge_values(e):
 @pytest.mark.parametrize("knob,on", [("MEMRA_PDL", "1"), ("MEMRA_MHC_SITE", "1"), ("MEMRA_MHC_DEFER", "1"),
                                      ("MEMRA_NORM_ROWS_FUSED", "1"), ("MEMRA_KDA_SLOTS", "1"),
                                      ("MEMRA_KDA_NORM_FUSED", "1"), ("MEMRA_KDA_CONV_PAIR", "1"),
-                                     ("MEMRA_MLA_NORM_APPEND", "1"), ("MEMRA_DSA_SELECT_COMPACT", "1"),
-                                     ("MEMRA_MOE_SHARED_FIRST", "1")])  # off: "0"
+                                     ("MEMRA_MLA_NORM_APPEND", "1"), ("MEMRA_DSA_SELECT_COMPACT", "1")])  # off: "0"
 def test_decode_with_and_without_knob_is_bytewise_equal(monkeypatch, knob, on):
     # Programmatic dependent launch changes when kernels start, never what they compute: a kernel
     # reading its predecessor's output before it lands (a missing pdl_wait) shows up here. The
@@ -250,8 +249,7 @@ def test_decode_with_and_without_knob_is_bytewise_equal(monkeypatch, knob, on):
     # scan runs the gated norm) with the bytes of the tables and the norm's own launch; at
     # batch 1 the gates' f_b | g_b ride in the conv's launch, and the MLA layer's norms, tables,
     # latent and k-pool appends are one launch (the bytes of their own launches); the indexer's
-    # selection compacts the attention's row lists in its own launch; the one-token MoE's shared
-    # expert blocks come first and ask L2 for their rows before their wait. (The
+    # selection compacts the attention's row lists in its own launch. (The
     # tiny model's rows are short: MEMRA_GEMV_OCC and the one-launch router, which
     # only long rows take, are checked in the GEMV tests below and in test_cuda_ffn.py.)
     from pathlib import Path
