@@ -734,7 +734,11 @@ def main() -> int:
                                           if mr.get("memra_generate_tok_s") else None),
             "copy_TBps": round(b.copy_TBps, 4),
             "target_frac_at_B1": TARGET_FRAC if B == 1 else None,
-            "meets_target": (mt / roof >= TARGET_FRAC if mt else False) if B == 1 else None,
+            # The target is read on the public decode API's throughput (generate, pipelined: what
+            # a user gets and what the peer's figure is), frac_of_roofline being the synchronous
+            # step's (a host read every step); the synchronous figure when generate failed.
+            "meets_target": ((mr["memra_generate_tok_s"] / roof if mr.get("memra_generate_tok_s")
+                              else (mt / roof if mt else 0.0)) >= TARGET_FRAC) if B == 1 else None,
             "B1_weight_bytes": r1["weights"],
             "inventory_bytes": rb["inventory"],
             "checkpoint_text_bytes": ckpt_bytes,
