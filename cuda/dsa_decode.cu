@@ -375,8 +375,10 @@ int select_decode_impl(MemraCudaCtx* ctx, const float* score, const int32_t* pos
   if (B == 0 || width == 0) return memra::kOk;
   if (c.list && (!c.counts || !c.t_kv)) return memra::kContractMissing;
   // The compaction's bitmap [ceil(max_t_kv / 32)] and warp totals (mla_decode.cu's layout).
+  if (c.list && c.max_t_kv > MEMRA_SELECT_COMPACT_MAX_ROWS) return memra::kUnsupportedGeometry;
   const size_t smem = c.list ? sizeof(unsigned) * (ceil_div(c.max_t_kv, 32) + kSelectWarps) : 0;
-  if (smem > 40 * 1024) return memra::kUnsupportedGeometry;  // max_t_kv past ~1.3 M rows
+  static_assert(4 * (MEMRA_SELECT_COMPACT_MAX_ROWS / 32 + kSelectWarps) <= 40 * 1024,
+                "the compaction's bitmap and warp totals within 40 KB");
   const unsigned blocks = std::min(static_cast<unsigned>(B), 65535u * 16u);
   memra::cuda::launch(ctx, true, select_decode_kernel, dim3(blocks), dim3(kSelectThreads), smem,
                       score, pos, B, max_pools, pool, select_k, width, idx, c);

@@ -191,7 +191,7 @@ __device__ __forceinline__ void gemv_rows(const X* __restrict__ x, const W* __re
 // stores h[i] = act(gate, up) (Act: the MLP's clamped SwiGLU, rounded to H as swiglu_pair_kernel
 // stores it), so h's bytes are those of the GEMV then swiglu_pair_kernel.
 template <typename H, typename Act>
-struct SwigluRows {
+struct SwigluRows {  // R (the block's rows): even, >= 2 (a gate row and its up row in one block)
   H* h;
   int I;
   Act act;
@@ -205,6 +205,7 @@ struct SwigluRows {
   template <int R>
   __device__ __forceinline__ void store(const float (&red)[kGemvWarps][R], int tid,
                                         int blk) const {
+    static_assert(R >= 2 && R % 2 == 0, "SwigluRows: gate and up rows in pairs");
     const int i = blk * (R / 2) + tid;
     if (tid < R / 2 && i < I) {
       float g = 0.0f, u = 0.0f;

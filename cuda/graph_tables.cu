@@ -117,7 +117,7 @@ int memra_cuda_decode_tables(MemraCudaCtx* ctx, const int32_t* slots, int B,
                              const int32_t* lengths, int32_t* pos, int32_t* t_kv, int n,
                              void* const* bases, const int64_t* strides, void** const* outs) {
   MEMRA_CUDA_RETURN_IF(enter(ctx));
-  if (B < 0) return memra::kContractValue;
+  if (B < 0 || n < 0 || n > memra::cuda::kMaxTables) return memra::kContractValue;
   if ((pos == nullptr) != (t_kv == nullptr)) return memra::kContractMissing;
   SlotTables t;
   MEMRA_CUDA_RETURN_IF(memra::cuda::make_slot_tables(n, bases, strides, outs, &t));

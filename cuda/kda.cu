@@ -995,7 +995,7 @@ int memra_cuda_kda_conv_decode_slots_pair(
       slot_planes(slots, cur, ring_base0, ring_base1, ring_floats, ring_offset, early);
   const int E = w_dtype == 1 ? 8 : 4;  // weights a 16-byte vector (gemv_takes: bf16 or f32)
   const bool one = B == 1 && C > 0 && conv_l2_fused(l2_groups, G, dk) && N0 > 0 && N1 > 0 &&
-                   gK > 0 && gK / E <= kShortMaxV && gy0 && gy1 &&
+                   gK > 0 && gK / E <= kShortMaxV && gy0 && gy1 && gx0 && gx1 && gw0 && gw1 &&
                    memra::cuda::gemv_takes(ctx, gx0, 0, gK, gw0, w_dtype) &&
                    memra::cuda::gemv_takes(ctx, gx1, 0, gK, gw1, w_dtype);
   if (!one) {

@@ -328,14 +328,17 @@ Status MlaLayer::decode_cuda(Cache& cache, int layer, const int32_t* slots_d, in
     if (indexer) {
       int32_t* own = topk_out;  // straight into the caller's lists when it wants them
       if (!own) MEMRA_TRY(a.take(int64_t(B) * W, &own));
-      if (g.select_compact) {  // the selection compacts its lists for the attention itself
+      // The selection compacts its lists for the attention itself (its bitmap bounds the length:
+      // longer caches take the attention's own compaction).
+      const bool compact = g.select_compact && cache.max_len() <= MEMRA_SELECT_COMPACT_MAX_ROWS;
+      if (compact) {
         MEMRA_TRY(a.take(int64_t(B) * W, &listed.list));
         MEMRA_TRY(a.take(B, &listed.counts));
         listed.t_kv = t_kv_d;
         listed.max_t_kv = cache.max_len();
       }
       MEMRA_TRY(indexer_decode_cuda(a, cache, pos_d, p.rows, tabs, B, fused, own,
-                                    g.select_compact ? &listed : nullptr));
+                                    compact ? &listed : nullptr));
       idx = own;
     }
   }

@@ -3,6 +3,10 @@
 // (cpp/src/layers/mla_layer.cpp). One sequence per call.
 #pragma once
 
+/* The longest cache (rows) kpool_select_compact_decode compacts: its bitmap of ceil(rows / 32)
+   words and 16 warp totals within 40 KB of shared memory. */
+#define MEMRA_SELECT_COMPACT_MAX_ROWS 327168
+
 #define MEMRA_CUDA_DSA_OPS(X)                                                                     \
   /* Rows [pos, pos + T) of a sequence: k, gate [T, d] (the new rows); tail_k, tail_gate           \
      [tail_rows, d] the ring (row r at r % tail_rows); pool_keys [max_pools, d]. Writes the key of \
@@ -48,7 +52,8 @@
   /* kpool_select_decode, then in the same launch each row's list compacted as mla_attn_decode    \
      compacts it (the rows r in [0, n_b) it names, each once, ascending, n_b = t_kv[b] clamped to  \
      [0, max_t_kv]) into list [B, width] and counts [B], for mla_attn_decode_listed. 50002 when   \
-     the bitmap of max_t_kv rows passes 40 KB (max_t_kv past ~1.3 M). */                          \
+     max_t_kv > MEMRA_SELECT_COMPACT_MAX_ROWS (the bitmap in shared memory; callers fall back to   \
+     kpool_select_decode + mla_attn_decode, which take any length). */                             \
   X(kpool_select_compact_decode, (MemraCudaCtx * ctx, const float* score, const int32_t* pos,     \
                                   int B, int max_pools, int pool, int select_k, int width,         \
                                   int32_t* idx, const int32_t* t_kv, int max_t_kv, int32_t* list,  \
