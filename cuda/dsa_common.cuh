@@ -56,26 +56,27 @@ struct DecodeRows {
   }
 };
 
-// Channel c of the decode append of one sequence at position rows.pos (cuda/dsa_decode.cu's
-// append_decode_kernel, the MLA decode prologue of cuda/mla_prologue.cu): when the token
-// completes a pool ((pos + 1) % pool == 0), channel c of that pool's key into pool_keys (rows
-// before pos from the ring, row pos from rows.k); then (ring) channel c of row pos into ring slot
-// pos % tail_rows (tail_k, tail_gate: the rows' ring planes), k and gate. The slot written is none
-// of the ring slots the key reads (tail_rows is a multiple of pool >= pool). ring_k false: the
-// caller stores the ring's k itself.
-__device__ __forceinline__ void append_decode_channel(const DecodeRows& rows,
-                                                      const float* __restrict__ ape, int pool,
+// Channel c of the decode append of one sequence at position p (cuda/dsa_decode.cu's
+// append_decode_kernel; the MLA decode prologue of cuda/mla_prologue.cu, over rows staged in
+// shared memory): when the token completes a pool ((p + 1) % pool == 0), channel c of that pool's
+// key into pool_keys (Rows: the pool's rows, before p from the ring, row p the new one); then
+// channel c of row p (k_c, g_c) into ring slot p % tail_rows of tail_k, tail_gate. The slot
+// written is none of the ring slots the key reads (tail_rows is a multiple of pool >= pool).
+template <class Rows>
+__device__ __forceinline__ void append_decode_channel(const Rows& rows,
+                                                      const float* __restrict__ ape, int64_t p,
+                                                      int pool, int d, int tail_rows,
                                                       float* pool_keys, float* tail_k,
-                                                      float* tail_gate, int c, bool ring_k) {
-  const int64_t p = rows.pos;
+                                                      float* tail_gate, int c, float k_c,
+                                                      float g_c) {
   if ((p + 1) % pool == 0) {
     const int64_t pool_idx = p / pool;
-    pool_keys[pool_idx * rows.d + c] = pool_key_channel(rows, ape, pool_idx, pool, rows.d, c);
+    pool_keys[pool_idx * d + c] = pool_key_channel(rows, ape, pool_idx, pool, d, c);
   }
   // After this thread's key reads (the slot is none of the ones the key read anyway).
-  const int64_t slot = (p % rows.tail_rows) * rows.d;
-  if (ring_k) tail_k[slot + c] = rows.k[c];
-  tail_gate[slot + c] = rows.gate[c];
+  const int64_t slot = (p % tail_rows) * d;
+  tail_k[slot + c] = k_c;
+  tail_gate[slot + c] = g_c;
 }
 
 constexpr int kSelectThreads = 512;

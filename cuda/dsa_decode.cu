@@ -81,7 +81,8 @@ __global__ void append_decode_kernel(const float* __restrict__ k, const float* _
     const float* gb = gate + int64_t(b) * d;
     const DecodeRows rows{kb, gb, tk, tg, p, d, tail_rows};
     for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < d; c += gridDim.x * blockDim.x) {
-      append_decode_channel(rows, ape, pool, pool_keys[b], tk, tg, c, true);
+      append_decode_channel(rows, ape, p, pool, d, tail_rows, pool_keys[b], tk, tg, c, kb[c],
+                            gb[c]);
     }
   }
 }

@@ -139,12 +139,9 @@ template <typename W, typename X>
 int launch_short_any(MemraCudaCtx* ctx, GemvRows<W, X> p0, GemvRows<W, X> p1, int K,
                      int prefetch) {
   const int KV = K / (16 / static_cast<int>(sizeof(W)));
-  if (KV <= 1) return launch_short<W, X, 1>(ctx, p0, p1, K, prefetch);
-  if (KV <= 2) return launch_short<W, X, 2>(ctx, p0, p1, K, prefetch);
-  if (KV <= 4) return launch_short<W, X, 4>(ctx, p0, p1, K, prefetch);
-  if (KV <= 8) return launch_short<W, X, 8>(ctx, p0, p1, K, prefetch);
-  if (KV <= 16) return launch_short<W, X, 16>(ctx, p0, p1, K, prefetch);
-  return launch_short<W, X, 32>(ctx, p0, p1, K, prefetch);
+  return with_short_lanes(KV, [&](auto lanes) {
+    return launch_short<W, X, decltype(lanes)::value>(ctx, p0, p1, K, prefetch);
+  });
 }
 
 // Weight rows per block (MEMRA_GEMV_ROWS overrides): enough blocks for several waves at every

@@ -228,6 +228,18 @@ struct GemvRows {
   int N;
 };
 
+// f(std::integral_constant<int, L>) for the lanes a short row of KV vectors takes: KV rounded up
+// to a power of two, at most 32 (gemv_short_rows' L).
+template <typename F>
+int with_short_lanes(int KV, F&& f) {
+  if (KV <= 1) return f(std::integral_constant<int, 1>());
+  if (KV <= 2) return f(std::integral_constant<int, 2>());
+  if (KV <= 4) return f(std::integral_constant<int, 4>());
+  if (KV <= 8) return f(std::integral_constant<int, 8>());
+  if (KV <= 16) return f(std::integral_constant<int, 16>());
+  return f(std::integral_constant<int, 32>());
+}
+
 // Short rows (K <= kShortMaxV vectors; the KDA f_b / g_b up-projections have K = 128 bf16 = 16):
 // L = KV rounded up to a power of two lanes share a row, lane j holding vector j; a block of
 // THREADS threads covers THREADS / L rows a pass and RPT passes, block `blk` rows

@@ -906,6 +906,7 @@ RowPlanes slot_planes(const int32_t* slots, const int32_t* cur, float* base0, fl
 using memra::cuda::gemv_rows_detail::GemvRows;
 using memra::cuda::gemv_rows_detail::gemv_short_rows;
 using memra::cuda::gemv_rows_detail::kShortMaxV;
+using memra::cuda::gemv_rows_detail::with_short_lanes;
 constexpr int kPairPasses = 2;
 
 template <int K, typename W, int L>
@@ -940,18 +941,6 @@ int launch_conv_pair(MemraCudaCtx* ctx, const float* x, int C, int G, const floa
                       dim3(kConvThreads), 0, x, C, G, w, ring, y, l2_channels, eps, conv_blocks, p0,
                       p1, blocks0, Kg, prefetch);
   return launch_status();
-}
-
-// f(std::integral_constant<int, L>) for the lanes a short row of KV vectors takes
-// (gemv.cu's launch_short_any).
-template <typename F>
-int with_short_lanes(int KV, F&& f) {
-  if (KV <= 1) return f(std::integral_constant<int, 1>());
-  if (KV <= 2) return f(std::integral_constant<int, 2>());
-  if (KV <= 4) return f(std::integral_constant<int, 4>());
-  if (KV <= 8) return f(std::integral_constant<int, 8>());
-  if (KV <= 16) return f(std::integral_constant<int, 16>());
-  return f(std::integral_constant<int, 32>());
 }
 
 }  // namespace

@@ -38,6 +38,7 @@ using memra::cuda::rowsum::group_for;
 using memra::cuda::rowsum::group_sum;
 using memra::cuda::rowsum::kGatedCols;
 using memra::cuda::rowsum::load_row_cols;
+using memra::cuda::rowsum::rms_norm_cols;
 using memra::cuda::rowsum::row_blocks;
 using memra::cuda::rowsum::store_rms_cols;
 using memra::cuda::rowsum::with_group;
@@ -722,15 +723,7 @@ __global__ void __launch_bounds__(Group<G>::kBlock)
     }
     mean[c] = acc_mean / static_cast<float>(hc);
   }
-  float ss = 0.0f;  // rms_norm_row's short form: columns lane, lane + G, ...
-#pragma unroll
-  for (int c = 0; c < kGatedCols; ++c) {
-    if (live && lane + G * c < D) ss += mean[c] * mean[c];
-  }
-  ss = group_sum<G>(ss, red);
-  if (!live) return;
-  const float inv = 1.0f / sqrtf(ss / static_cast<float>(D) + eps);
-  store_rms_cols<G>(mean, inv, wv, w != nullptr, lane, D, out + t * D);
+  rms_norm_cols<G>(mean, wv, w != nullptr, live, lane, D, eps, red, out + tt * D);
 }
 
 dim3 rows_grid(int D, int64_t rows, int threads) {

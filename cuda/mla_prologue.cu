@@ -149,27 +149,23 @@ __global__ void __launch_bounds__(1024) mla_norm_append_kernel(PrologueArgs a) {
   __syncthreads();  // k_pos is stored by the norm's row group
   float* tk = plane_row(a, 1, s);
   float* tg = plane_row(a, 2, s);
-  const int64_t slot = (p % a.tail_rows) * static_cast<int64_t>(d);
-  // dsa_common.cuh's append_decode_channel, over the staged rows: the key when the token
-  // completes a pool, then row pos into ring slot pos % tail_rows (none the key reads).
+  float* keys = plane_row(a, 3, s);
+  // dsa_common.cuh's append_decode_channel: the key when the token completes a pool (over the
+  // staged rows, row pos put in place first), then row pos into ring slot pos % tail_rows.
   if (c0 < d) {
     const int c = c0;
-    if (completes) {
-      const int64_t pool_idx = p / a.pool;
-      float key;
-      if (a.staged) {
+    if (a.staged) {
+      if (completes) {
         ks[(a.pool - 1) * d + c] = k_pos[c];
         gs[(a.pool - 1) * d + c] = g_pos;
-        key = memra::cuda::dsa::pool_key_channel(StagedRows{ks, gs, r0, d}, ape_s, pool_idx,
-                                                 a.pool, d, c);
-      } else {
-        const memra::cuda::dsa::DecodeRows rows{r.y, a.gate, tk, tg, p, d, a.tail_rows};
-        key = memra::cuda::dsa::pool_key_channel(rows, a.ape, pool_idx, a.pool, d, c);
       }
-      plane_row(a, 3, s)[pool_idx * d + c] = key;
+      memra::cuda::dsa::append_decode_channel(StagedRows{ks, gs, r0, d}, ape_s, p, a.pool, d,
+                                              a.tail_rows, keys, tk, tg, c, k_pos[c], g_pos);
+    } else {
+      const memra::cuda::dsa::DecodeRows rows{r.y, a.gate, tk, tg, p, d, a.tail_rows};
+      memra::cuda::dsa::append_decode_channel(rows, a.ape, p, a.pool, d, a.tail_rows, keys, tk, tg,
+                                              c, k_pos[c], g_pos);
     }
-    tk[slot + c] = k_pos[c];
-    tg[slot + c] = g_pos;
   }
 }
 

@@ -155,6 +155,27 @@ __device__ __forceinline__ void gated_norm_short_row(const float (&xv)[kGatedCol
 // so each fused form gives the bytes of the standalone kernel. mirror (optional, not aliasing
 // y): the row's outputs also stored there (as M), from the same registers.
 
+// rms_norm_row's short form over a row already in registers (xv[c], wv[c]: column lane + G c;
+// zeros past D): the sum of squares in row_sum_squares' column order, group_sum, then
+// store_rms_cols into yr (and mirror). Every thread of the block calls it (group_sum has
+// barriers); a dead row (live false) writes nothing. Shared with the model head's fused kernel
+// (cuda/mhc.cu mhc_head_norm_kernel), so its bytes are the standalone norm's.
+template <int G, typename M = float>
+__device__ __forceinline__ void rms_norm_cols(const float (&xv)[kGatedCols],
+                                              const float (&wv)[kGatedCols], bool weighted,
+                                              bool live, int lane, int D, float eps, float* red,
+                                              float* yr, M* mirror = nullptr) {
+  float ss = 0.0f;  // row_sum_squares' order: columns lane, lane + G, ...
+#pragma unroll
+  for (int c = 0; c < kGatedCols; ++c) {
+    if (live && lane + G * c < D) ss += xv[c] * xv[c];
+  }
+  ss = group_sum<G>(ss, red);
+  if (!live) return;
+  const float inv = 1.0f / sqrtf(ss / static_cast<float>(D) + eps);
+  store_rms_cols<G>(xv, inv, wv, weighted, lane, D, yr, mirror);
+}
+
 // cpu::rms_norm: y = (w *) (x * (1 / sqrt(sum(x^2) / D + eps))). x and y may alias: each element
 // is read and then written by the same thread, after the row's reduction. The body of row
 // `row` (lane `lane` of its group of G threads) is shared with norm_rows_kernel; every thread of
@@ -172,15 +193,8 @@ __device__ __forceinline__ void rms_norm_row(const float* x, int64_t rows, int D
     float xv[kGatedCols], wv[kGatedCols];
     load_row_cols<G>(xr, live, lane, D, xv);
     load_row_cols<G>(w, live, lane, D, wv);
-    float ss = 0.0f;  // row_sum_squares' order: columns lane, lane + G, ...
-#pragma unroll
-    for (int c = 0; c < kGatedCols; ++c) {
-      if (live && lane + G * c < D) ss += xv[c] * xv[c];
-    }
-    ss = group_sum<G>(ss, red);
-    if (!live) return;
-    const float inv = 1.0f / sqrtf(ss / static_cast<float>(D) + eps);
-    store_rms_cols<G>(xv, inv, wv, w != nullptr, lane, D, y + row * D, mirror);
+    rms_norm_cols<G>(xv, wv, w != nullptr, live, lane, D, eps, red, y + (live ? row : 0) * D,
+                     mirror);
     return;
   }
   const float ss = row_sum_squares<G>(xr, live, lane, D, red);
