@@ -153,11 +153,10 @@ __global__ void __launch_bounds__(Group<G>::kBlock)
 // ---------------------------------------------------------------------------------------------
 // Embedding: grid (token, column chunk of blockDim.x values); an id outside [0, vocab) gives a
 // zero row. A block per chunk, not per token, so that a decode row (one token, D = 4096) costs
-// one memory round trip, not D / blockDim.x of them in a row (7.6 -> ~2 us in the decode step).
-
+// one memory round trip, not D / blockDim.x of them in a row. hc > 1: the row written to hc
+// consecutive rows of out, as hc_expand(embedding(...), hc) (the residual streams of a
+// hyper-connection model), in the same launch.
 template <typename W>
-// hc > 1 (memra_cuda_embedding_expand): the row written to hc consecutive rows of out, as
-// hc_expand(embedding(...), hc) (the residual streams of a hyper-connection model), one launch.
 __global__ void embedding_kernel(const W* __restrict__ table, int64_t vocab, int D,
                                  const int32_t* __restrict__ ids, float* __restrict__ out,
                                  int hc) {
@@ -230,37 +229,35 @@ unsigned grid_stride_blocks(int64_t n, int threads) {
 
 extern "C" {
 
-int memra_cuda_embedding_expand(MemraCudaCtx* ctx, const void* table, int table_dtype,
-                                int64_t vocab, int D, const int32_t* ids, int T, int hc,
-                                float* out) {
+int memra_cuda_embedding(MemraCudaCtx* ctx, const MemraEmbeddingParams* p) {
   MEMRA_CUDA_RETURN_IF(enter(ctx));
+  if (!p) return memra::kContractMissing;
+  const int T = p->T, D = p->D, hc = p->hc, table_dtype = p->table_dtype;
+  const int64_t vocab = p->vocab;
+  const int32_t* ids = p->ids;
+  float* out = p->out;
   if (T < 0 || D < 0 || vocab < 0 || hc < 1) return memra::kContractValue;
   if (table_dtype < 0 || table_dtype > 2) return memra::kContractDType;
   if (T == 0 || D == 0) return memra::kOk;
-  if (!ids || !out || (!table && vocab > 0)) return memra::kContractMissing;
+  if (!ids || !out || (!p->table && vocab > 0)) return memra::kContractMissing;
   const int threads = D >= 256 ? 256 : (D >= 128 ? 128 : (D >= 64 ? 64 : 32));
   const int64_t chunks = ceil_div(D, threads);
   const dim3 grid(T, static_cast<unsigned>(chunks < 65535 ? chunks : 65535));
   switch (table_dtype) {
     case 0:
       memra::cuda::launch(ctx, true, embedding_kernel<float>, grid, dim3(threads), 0,
-          static_cast<const float*>(table), vocab, D, ids, out, hc);
+          static_cast<const float*>(p->table), vocab, D, ids, out, hc);
       break;
     case 1:
       memra::cuda::launch(ctx, true, embedding_kernel<__nv_bfloat16>, grid, dim3(threads), 0,
-          static_cast<const __nv_bfloat16*>(table), vocab, D, ids, out, hc);
+          static_cast<const __nv_bfloat16*>(p->table), vocab, D, ids, out, hc);
       break;
     default:
       memra::cuda::launch(ctx, true, embedding_kernel<__half>, grid, dim3(threads), 0,
-          static_cast<const __half*>(table), vocab, D, ids, out, hc);
+          static_cast<const __half*>(p->table), vocab, D, ids, out, hc);
       break;
   }
   return launch_status();
-}
-
-int memra_cuda_embedding(MemraCudaCtx* ctx, const void* table, int table_dtype, int64_t vocab,
-                         int D, const int32_t* ids, int T, float* out) {
-  return memra_cuda_embedding_expand(ctx, table, table_dtype, vocab, D, ids, T, 1, out);
 }
 
 int memra_cuda_rms_norm(MemraCudaCtx* ctx, const float* x, int T, int D, const float* w, float eps,

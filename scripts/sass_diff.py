@@ -26,13 +26,21 @@ def listing(path: str) -> str:
     return subprocess.run(["cuobjdump", "-sass", path], check=True, capture_output=True, text=True).stdout
 
 
+# Kernels in an anonymous namespace carry a hash of their file in the mangled name
+# (_GLOBAL__N__<hash>_<n>_<file>_<hash>): dropped, so a kernel compares equal after its file changed
+# or it moved to another file (a name that then appears twice is reported as ambiguous).
+ANON = re.compile(r"\d+_GLOBAL__N__[0-9a-f]+_\d+_\w+?_[0-9a-f]{8}")
+
+
 def kernels(text: str) -> dict[str, list[str]]:
     out: dict[str, list[str]] = {}
     name = None
     for line in text.splitlines():
         m = re.match(r"\s*Function : (\S+)", line)
         if m:
-            name = m.group(1)
+            name = ANON.sub("ANON", m.group(1))
+            if name in out:
+                name += "#ambiguous"
             out[name] = []
             continue
         if name is None:

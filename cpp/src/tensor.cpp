@@ -47,20 +47,20 @@ std::string Weight::shape_str() const {
   return os.str();
 }
 
-void Weight::read_f32(int64_t r, int64_t c0, int64_t n, float* out) const {
-  const int64_t off = r * cols_ + c0;
-  switch (dtype_) {
+void WeightView::read_f32(int64_t r, int64_t c0, int64_t n, float* out) const {
+  const int64_t off = r * cols + c0;
+  switch (dtype) {
     case DType::kF32: {
-      std::memcpy(out, reinterpret_cast<const float*>(bytes_->data()) + off, n * sizeof(float));
+      std::memcpy(out, static_cast<const float*>(data) + off, n * sizeof(float));
       break;
     }
     case DType::kBF16: {
-      const uint16_t* p = reinterpret_cast<const uint16_t*>(bytes_->data()) + off;
+      const uint16_t* p = static_cast<const uint16_t*>(data) + off;
       for (int64_t i = 0; i < n; ++i) out[i] = bf16_to_f32(p[i]);
       break;
     }
     case DType::kF16: {
-      const uint16_t* p = reinterpret_cast<const uint16_t*>(bytes_->data()) + off;
+      const uint16_t* p = static_cast<const uint16_t*>(data) + off;
       for (int64_t i = 0; i < n; ++i) out[i] = f16_to_f32(p[i]);
       break;
     }

@@ -19,6 +19,7 @@
 #include "common.h"
 #include "device_args.h"
 #include "memra/engine.h"
+#include "memra/op/basic.h"
 #include "memra/ops.h"
 
 namespace memra::py {
@@ -131,22 +132,13 @@ void init_ops_basic(nb::module_& m) {
           }
         }
         Out out = expand ? out_f32(engine, {sz(T), sz(hc), sz(D)}) : out_f32(engine, {sz(T), sz(D)});
-        if (on_cuda(engine)) {
-          const CudaContext& c = cuda_ctx(engine);
-          check_cuda(engine,
-                     c.api().embedding_expand(c.ctx(), dw->data(), dw->dtype_code(), vocab, int(D),
-                                              id, T, hc, out.data<float>()),
-                     op);
-        } else {
-          nb::gil_scoped_release nogil;
-          std::vector<float> rows(hc > 1 ? sz(T) * sz(D) : 0);
-          float* x = hc > 1 ? rows.data() : out.data<float>();
-          cpu::embedding(*hw, id, T, x);
-          for (int64_t t = 0; hc > 1 && t < T; ++t) {
-            for (int j = 0; j < hc; ++j) {
-              std::copy(x + t * D, x + (t + 1) * D, out.data<float>() + (t * hc + j) * D);
-            }
-          }
+        const MemraEmbeddingParams p{dw ? dw->data() : hw->data(),
+                                     dw ? dw->dtype_code() : static_cast<int>(hw->dtype()),
+                                     vocab, int(D), id, T, hc, out.data<float>()};
+        {
+          std::optional<nb::gil_scoped_release> nogil;
+          if (!on_cuda(engine)) nogil.emplace();
+          check(op::embedding(backend(engine), p));
         }
         return out.obj;
       },

@@ -328,8 +328,8 @@ void init_ops_ffn(nb::module_& m) {
         {
           nb::gil_scoped_release nogil;
           cpu::moe_forward(xp, static_cast<int>(T), static_cast<int>(D), ip, wp,
-                           static_cast<int>(K), gw.data(), uw.data(), dw.data(),
-                           static_cast<int>(E), limit, y.data<float>());
+                           static_cast<int>(K), views_of(gw).data(), views_of(uw).data(),
+                           views_of(dw).data(),                           static_cast<int>(E), limit, y.data<float>());
         }
         return y.obj;
       },

@@ -132,6 +132,10 @@ void check_cuda(const Engine* engine, int rc, const char* op) {
   if (rc != kOk) raise_status(cuda_ctx(engine).status(rc, op));
 }
 
+op::Backend backend(const Engine* engine) {
+  return {on_cuda(engine) ? &cuda_ctx(engine) : nullptr};
+}
+
 std::shared_ptr<DeviceBuffer> device_scratch(const Engine* engine, size_t bytes) {
   std::shared_ptr<DeviceBuffer> b;
   check(DeviceBuffer::create(engine->cuda(), bytes, &b));

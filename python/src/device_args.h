@@ -20,6 +20,7 @@
 #include "common.h"
 #include "memra/device.h"
 #include "memra/engine.h"
+#include "memra/op/backend.h"
 
 namespace memra::py {
 
@@ -72,6 +73,8 @@ nb::object device_array(std::shared_ptr<DeviceBuffer> buffer, std::vector<size_t
 const CudaContext& cuda_ctx(const Engine* engine);
 // Raise the named error of a CUDA-library status (no-op for 0).
 void check_cuda(const Engine* engine, int rc, const char* op);
+// The backend memra::op functions run on for `engine` (None or a CPU engine: the CPU reference).
+op::Backend backend(const Engine* engine);
 // Device scratch for the duration of a binding call (freed stream-ordered on return), and a
 // host -> device copy into such scratch (e.g. the per-sequence pointer tables of kda_scan).
 std::shared_ptr<DeviceBuffer> device_scratch(const Engine* engine, size_t bytes);

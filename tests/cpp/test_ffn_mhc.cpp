@@ -196,8 +196,8 @@ TEST(FfnMoe, ForwardMatchesDoubleLoopInExpertOrder) {
   const std::vector<int32_t> idx = {3, 0, 1, 1, 2, 0, 0, 3, 2, 2, 1, 3, 0, 1, 2, 3, 2, 1};
   auto wv = randn(T * top_k, 9, 0.5f);
   std::vector<float> y(T * D);
-  cpu::moe_forward(x.data(), T, D, idx.data(), wv.data(), top_k, gw.data(), uw.data(), dw.data(),
-                   E, limit, y.data());
+  cpu::moe_forward(x.data(), T, D, idx.data(), wv.data(), top_k, views_of(gw).data(),
+                   views_of(uw).data(), views_of(dw).data(), E, limit, y.data());
   ClampStats st;
   double max_err = 0;
   for (int t = 0; t < T; ++t) {
@@ -230,8 +230,8 @@ TEST(FfnMoe, SumsInAscendingExpertIdPerToken) {
   const std::vector<int32_t> idx = {3, 1};
   const std::vector<float> w = {1.0f / 64.0f, 1.0f};
   float y = 0.0f;
-  cpu::moe_forward(one.data(), 1, D, idx.data(), w.data(), 2, gw.data(), uw.data(), dw.data(), E,
-                   1e9f, &y);
+  cpu::moe_forward(one.data(), 1, D, idx.data(), w.data(), 2, views_of(gw).data(),
+                   views_of(uw).data(), views_of(dw).data(), E, 1e9f, &y);
   const float term1 = (1e8f * (g / (1.0f + std::exp(-g)))) * 1.0f;
   const float term3 = (1.0f * (g / (1.0f + std::exp(-g)))) * (1.0f / 64.0f);
   EXPECT_EQ(y, (0.0f + term1) + term3);

@@ -18,10 +18,10 @@ namespace memra::cpu {
 // ---------------------------------------------------------------- basic (cpu/basic.cpp)
 
 // out[t, :] = table[ids[t], :]. table [vocab, D]; ids [T] (already range-checked); out [T, D].
-void embedding(const Weight& table, const int32_t* ids, int T, float* out);
+void embedding(const WeightView& table, const int32_t* ids, int T, float* out);
 
 // y[T, N] = x[T, K] @ w[N, K]^T (+ bias[N] when bias != nullptr). Reference: nn.Linear.
-void linear(const float* x, int T, const Weight& w, const float* bias, float* y);
+void linear(const float* x, int T, const WeightView& w, const float* bias, float* y);
 
 // RMSNorm over the last dim: y = x * rsqrt(mean(x^2) + eps) (* w when w != nullptr).
 // x, y [T, D] (may alias); w [D] or nullptr (unweighted). Reference: Glm5NextTextRMSNorm,
@@ -87,12 +87,12 @@ void kda_scan(const float* q, const float* k, const float* v, const float* g, co
 // Absorb: q_lat[t, h, :] = W_uk[h]^T q_nope[t, h, :], where W_uk[h] = kv_b rows
 // [h*(d_nope+d_v), h*(d_nope+d_v)+d_nope). q_nope [T, H, d_nope]; kv_b [H*(d_nope+d_v), R];
 // q_lat [T, H, R].
-void mla_absorb_q(const float* q_nope, const Weight& kv_b, int T, int H, int d_nope, int d_v,
+void mla_absorb_q(const float* q_nope, const WeightView& kv_b, int T, int H, int d_nope, int d_v,
                   float* q_lat);
 
 // Decompress: out[t, h, :] = W_uv[h] o_lat[t, h, :], W_uv[h] = kv_b rows
 // [h*(d_nope+d_v)+d_nope, (h+1)*(d_nope+d_v)). o_lat [T, H, R]; out [T, H, d_v].
-void mla_decompress_v(const float* o_lat, const Weight& kv_b, int T, int H, int d_nope, int d_v,
+void mla_decompress_v(const float* o_lat, const WeightView& kv_b, int T, int H, int d_nope, int d_v,
                       float* out);
 
 // Absorbed causal attention over a latent cache. cache [t_kv, R + d_rope] (normalised latent,
@@ -142,8 +142,8 @@ Status kpool_select(const float* score, int t_q, int n_pools, int pool, int sele
 // SwiGLU MLP with the asymmetric clamp: gate = min(x W_g^T, limit), up = clamp(x W_u^T, +-limit),
 // y = (silu(gate) * up) W_d^T. x [T, D]; gate_w, up_w [I, D]; down_w [D, I]; y [T, D].
 // Reference: Glm5NextTextMLP.forward.
-void swiglu_mlp(const float* x, int T, const Weight& gate_w, const Weight& up_w,
-                const Weight& down_w, float limit, float* y);
+void swiglu_mlp(const float* x, int T, const WeightView& gate_w, const WeightView& up_w,
+                const WeightView& down_w, float limit, float* y);
 
 // Sigmoid router with grouped selection and correction bias. x [T, D]; gate_w [E, D];
 // corr_bias [E] or nullptr; topk_idx [T, top_k] (ascending expert id order is NOT implied:
@@ -152,7 +152,7 @@ void swiglu_mlp(const float* x, int T, const Weight& gate_w, const Weight& up_w,
 // scores (s + bias) of the group; the topk_group best groups are kept (ties: lower group).
 // Requires E % n_group == 0, 1 <= topk_group <= n_group, 1 <= top_k <= topk_group * E / n_group
 // (the binding checks). Reference: Glm5NextTextTopkRouter.forward.
-void moe_route(const float* x, int T, int D, const Weight& gate_w, const float* corr_bias, int E,
+void moe_route(const float* x, int T, int D, const WeightView& gate_w, const float* corr_bias, int E,
                int top_k, int n_group, int topk_group, bool norm_topk_prob, float scaling,
                int32_t* topk_idx, float* topk_w);
 
@@ -164,7 +164,7 @@ void moe_route(const float* x, int T, int D, const Weight& gate_w, const float* 
 // index_adds). x, y [T, D]; topk_idx, topk_w [T, top_k] (ids already range-checked to [0, E));
 // gate_w, up_w: E weights [I, D]; down_w: E weights [D, I]. Reference: Glm5NextTextExperts.
 void moe_forward(const float* x, int T, int D, const int32_t* topk_idx, const float* topk_w,
-                 int top_k, const Weight* gate_w, const Weight* up_w, const Weight* down_w, int E,
+                 int top_k, const WeightView* gate_w, const WeightView* up_w, const WeightView* down_w, int E,
                  float limit, float* y);
 
 // ---------------------------------------------------------------- mHC (cpu/mhc.cpp)
@@ -173,7 +173,7 @@ void moe_forward(const float* x, int T, int D, const int32_t* topk_idx, const fl
 // scale [3]; post [T, hc]; comb [T, hc, hc]; collapsed [T, D] = sum_s pre[s] * streams[s].
 // norm_eps = rms_norm_eps (unweighted RMSNorm of the flattened streams), hc_eps for the
 // sigmoid floor and the Sinkhorn denominators. Reference: Glm5NextTextHyperConnection.forward.
-void mhc_pre(const float* streams, int T, int hc, int D, const Weight& fn, const float* base,
+void mhc_pre(const float* streams, int T, int hc, int D, const WeightView& fn, const float* base,
              const float* scale, int sinkhorn_iters, float hc_eps, float norm_eps, float* post,
              float* comb, float* collapsed);
 

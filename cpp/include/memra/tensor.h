@@ -33,6 +33,24 @@ inline uint16_t f32_to_bf16(float f) {
 }
 float f16_to_f32(uint16_t h);
 
+// A non-owning [rows, cols] row-major view of weight bytes in their stored dtype: what the CPU
+// reference ops read (a Weight converts to one implicitly), and what an op's parameter struct
+// names on either backend (a host pointer on the CPU, a device pointer on CUDA).
+struct WeightView {
+  const void* data = nullptr;
+  DType dtype = DType::kF32;
+  int64_t rows = 0, cols = 0;
+  // Convert `n` elements starting at row `r`, column `c0` to f32 (host data only).
+  void read_f32(int64_t r, int64_t c0, int64_t n, float* out) const;
+  // Whole row `r` as f32 (cols values).
+  void row_f32(int64_t r, float* out) const { read_f32(r, 0, cols, out); }
+  // Rows [row0, row0 + n) as a view of their own (an expert of a stacked [E * rows, cols] weight).
+  WeightView row_view(int64_t row0, int64_t n) const {
+    return {static_cast<const char*>(data) + static_cast<size_t>(row0 * cols) * dtype_size(dtype), dtype, n,
+            cols};
+  }
+};
+
 // A weight tensor of rank 1..3, stored as [rows, cols] row-major where rows = product of all
 // leading dims and cols = the last dim. Owns its bytes (copied once at load).
 class Weight {
@@ -51,8 +69,11 @@ class Weight {
   bool empty() const { return !bytes_; }
   std::string shape_str() const;
 
+  // The bytes as a non-owning view (valid while this Weight, or a copy of it, lives).
+  WeightView view() const { return {data(), dtype_, rows_, cols_}; }
+  operator WeightView() const { return view(); }  // NOLINT: a Weight is usable wherever a view is
   // Convert `n` elements starting at row `r`, column `c0` to f32.
-  void read_f32(int64_t r, int64_t c0, int64_t n, float* out) const;
+  void read_f32(int64_t r, int64_t c0, int64_t n, float* out) const { view().read_f32(r, c0, n, out); }
   // Whole row `r` as f32 (cols() values).
   void row_f32(int64_t r, float* out) const { read_f32(r, 0, cols_, out); }
   // The whole tensor as f32 (numel() values), for small vectors (norm weights, biases).
@@ -64,5 +85,13 @@ class Weight {
   int64_t rows_ = 0, cols_ = 0;
   std::shared_ptr<std::vector<uint8_t>> bytes_;
 };
+
+// Views of several weights (a MoE layer's experts), for the CPU ops that take an array of them.
+inline std::vector<WeightView> views_of(const std::vector<Weight>& ws) {
+  std::vector<WeightView> out;
+  out.reserve(ws.size());
+  for (const Weight& w : ws) out.push_back(w.view());
+  return out;
+}
 
 }  // namespace memra

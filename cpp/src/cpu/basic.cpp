@@ -7,13 +7,13 @@
 
 namespace memra::cpu {
 
-void embedding(const Weight& table, const int32_t* ids, int T, float* out) {
-  const int64_t D = table.cols();
+void embedding(const WeightView& table, const int32_t* ids, int T, float* out) {
+  const int64_t D = table.cols;
   for (int t = 0; t < T; ++t) table.row_f32(ids[t], out + static_cast<int64_t>(t) * D);
 }
 
-void linear(const float* x, int T, const Weight& w, const float* bias, float* y) {
-  const int64_t N = w.rows(), K = w.cols();
+void linear(const float* x, int T, const WeightView& w, const float* bias, float* y) {
+  const int64_t N = w.rows, K = w.cols;
   std::vector<float> row(static_cast<size_t>(K));
   // Weight-row outer loop: each row is converted from its file dtype once per call and reused
   // for every token (the "converted per tile" rule for the reference backend).

@@ -31,9 +31,9 @@ struct Desc {
 
 }  // namespace
 
-void swiglu_mlp(const float* x, int T, const Weight& gate_w, const Weight& up_w,
-                const Weight& down_w, float limit, float* y) {
-  const int64_t I = gate_w.rows();
+void swiglu_mlp(const float* x, int T, const WeightView& gate_w, const WeightView& up_w,
+                const WeightView& down_w, float limit, float* y) {
+  const int64_t I = gate_w.rows;
   std::vector<float> g(static_cast<size_t>(T) * I), u(static_cast<size_t>(T) * I);
   linear(x, T, gate_w, nullptr, g.data());
   linear(x, T, up_w, nullptr, u.data());
@@ -41,7 +41,7 @@ void swiglu_mlp(const float* x, int T, const Weight& gate_w, const Weight& up_w,
   linear(g.data(), T, down_w, nullptr, y);
 }
 
-void moe_route(const float* x, int T, int D, const Weight& gate_w, const float* corr_bias, int E,
+void moe_route(const float* x, int T, int D, const WeightView& gate_w, const float* corr_bias, int E,
                int top_k, int n_group, int topk_group, bool norm_topk_prob, float scaling,
                int32_t* topk_idx, float* topk_w) {
   const int per_group = E / n_group;
@@ -102,7 +102,7 @@ void moe_route(const float* x, int T, int D, const Weight& gate_w, const float* 
 }
 
 void moe_forward(const float* x, int T, int D, const int32_t* topk_idx, const float* topk_w,
-                 int top_k, const Weight* gate_w, const Weight* up_w, const Weight* down_w, int E,
+                 int top_k, const WeightView* gate_w, const WeightView* up_w, const WeightView* down_w, int E,
                  float limit, float* y) {
   std::fill(y, y + static_cast<int64_t>(T) * D, 0.0f);
   // Bucket the (token, slot) pairs by expert; visiting experts in ascending id gives every token
@@ -115,7 +115,7 @@ void moe_forward(const float* x, int T, int D, const int32_t* topk_idx, const fl
     const std::vector<int64_t>& h = hits[e];
     if (h.empty()) continue;
     const int n = static_cast<int>(h.size());
-    const int64_t I = gate_w[e].rows();
+    const int64_t I = gate_w[e].rows;
     xs.resize(static_cast<size_t>(n) * D);
     g.resize(static_cast<size_t>(n) * I);
     u.resize(static_cast<size_t>(n) * I);

@@ -34,7 +34,7 @@ void normalise_rows(float* c, int hc, float eps) {
 
 }  // namespace
 
-void mhc_pre(const float* streams, int T, int hc, int D, const Weight& fn, const float* base,
+void mhc_pre(const float* streams, int T, int hc, int D, const WeightView& fn, const float* base,
              const float* scale, int sinkhorn_iters, float hc_eps, float norm_eps, float* post,
              float* comb, float* collapsed) {
   const int64_t flat = static_cast<int64_t>(hc) * D;

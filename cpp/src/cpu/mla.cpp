@@ -46,9 +46,9 @@ void attend_rows(const float* q_lat, const float* q_pe, const float* cache, int 
 
 }  // namespace
 
-void mla_absorb_q(const float* q_nope, const Weight& kv_b, int T, int H, int d_nope, int d_v,
+void mla_absorb_q(const float* q_nope, const WeightView& kv_b, int T, int H, int d_nope, int d_v,
                   float* q_lat) {
-  const int64_t R = kv_b.cols();
+  const int64_t R = kv_b.cols;
   std::fill(q_lat, q_lat + static_cast<int64_t>(T) * H * R, 0.0f);
   std::vector<float> row(static_cast<size_t>(R));
   // Weight-row outer loop (each W_uk row converted once per call): q_lat[t,h,:] accumulates
@@ -65,9 +65,9 @@ void mla_absorb_q(const float* q_nope, const Weight& kv_b, int T, int H, int d_n
   }
 }
 
-void mla_decompress_v(const float* o_lat, const Weight& kv_b, int T, int H, int d_nope, int d_v,
+void mla_decompress_v(const float* o_lat, const WeightView& kv_b, int T, int H, int d_nope, int d_v,
                       float* out) {
-  const int64_t R = kv_b.cols();
+  const int64_t R = kv_b.cols;
   std::vector<float> row(static_cast<size_t>(R));
   for (int h = 0; h < H; ++h) {
     for (int v = 0; v < d_v; ++v) {

@@ -92,8 +92,8 @@ Status MoeLayer::forward(const float* x, int T, float* y, int32_t* topk_idx) con
   cpu::moe_route(x, T, D, router_, corr_bias_.empty() ? nullptr : corr_bias_.data(), cfg_.n_experts,
                  K, cfg_.n_group, cfg_.topk_group, cfg_.norm_topk_prob, cfg_.routed_scaling,
                  idx.data(), wts.data());
-  cpu::moe_forward(x, T, D, idx.data(), wts.data(), K, gate_.data(), up_.data(), down_.data(),
-                   cfg_.n_experts, cfg_.swiglu_limit, y);
+  cpu::moe_forward(x, T, D, idx.data(), wts.data(), K, views_of(gate_).data(),
+                   views_of(up_).data(), views_of(down_).data(), cfg_.n_experts, cfg_.swiglu_limit, y);
   if (shared_) {
     std::vector<float> s(size_t(T) * D);
     MEMRA_TRY(shared_->forward(x, T, s.data()));

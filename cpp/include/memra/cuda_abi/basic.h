@@ -7,15 +7,23 @@
    round such inputs first (gpu::round_input). */
 #define MEMRA_GEMV_MAX_ROWS 1
 
+/* Token embedding: out[t, j, :] = table[ids[t], :] as f32 for j < hc (hc_expand's layout: the
+   residual streams of a hyper-connection model in the same launch; hc == 1 is plain [T, D]). */
+typedef struct MemraEmbeddingParams {
+  const void* table; /* [vocab, D], dtype table_dtype (memra::DType code: 0 f32, 1 bf16, 2 f16) */
+  int table_dtype;
+  int64_t vocab;     /* rows of table */
+  int D;             /* columns of table */
+  const int32_t* ids; /* [T] int32; an id outside [0, vocab) gives zero rows on CUDA (callers
+                         range-check on the host: the device cannot refuse without a sync) */
+  int T;
+  int hc;            /* copies of each row, >= 1 (else 40025) */
+  float* out;        /* [T, hc, D] f32 */
+} MemraEmbeddingParams;
+
 #define MEMRA_CUDA_BASIC_OPS(X)                                                                   \
-  /* out[T, D] = table[ids[t]] as f32; table [vocab, D] of table_dtype; ids [T] (an id outside     \
-     [0, vocab) gives a zero row; callers range-check on the host first). */                      \
-  X(embedding, (MemraCudaCtx * ctx, const void* table, int table_dtype, int64_t vocab, int D,     \
-                const int32_t* ids, int T, float* out))                                           \
-  /* embedding, each row written to hc consecutive rows: out [T, hc, D], the bytes of           \
-     hc_expand(embedding(...), hc) in one launch (hc >= 1, else 40025). */                        \
-  X(embedding_expand, (MemraCudaCtx * ctx, const void* table, int table_dtype, int64_t vocab,     \
-                       int D, const int32_t* ids, int T, int hc, float* out))                     \
+  /* cpu::embedding, each row written p->hc times (MemraEmbeddingParams). */                     \
+  X(embedding, (MemraCudaCtx * ctx, const MemraEmbeddingParams* p))                               \
   /* y[T, N] = x[T, K] w[N, K]^T (+ bias[N]). f32 w: SGEMM with TF32 off. bf16 w: x rounded to   \
      bf16 (RNE) then a bf16 GEMM with f32 accumulation and f32 output (cuBLAS/cuBLASLt). */       \
   X(linear, (MemraCudaCtx * ctx, const float* x, int T, int K, const void* w, int w_dtype, int N, \
