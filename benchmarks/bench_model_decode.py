@@ -632,6 +632,7 @@ def main() -> int:
                    help="memra generate-API timed steps (default 32, --quick 16; cpu 3)")
     p.add_argument("--match-steps", type=int, default=8, help="greedy steps compared with transformers")
     p.add_argument("--skip-peer", action="store_true")
+    p.add_argument("--build-only", action="store_true", help="make the checkpoint folder (if missing) and exit")
     p.add_argument("--seed", type=int, default=0)
     p.epilog = ("--warmup / --reps set memra's warm-up decode steps (at least 3) and timed decode steps "
                 "(defaults 10 / 100, --quick 3 / 20).")
@@ -665,6 +666,8 @@ def main() -> int:
         build_s = round(build_checkpoint(folder, args, tc, dev, torch), 2)
     else:
         log(f"model_decode: reusing {folder}")
+    if args.build_only:
+        return 0
 
     from memra.config import read_config
     _, cfg = read_config(folder)
