@@ -208,7 +208,7 @@ class Glm5NextTextModel:
                         record[i] = self.engine.to_host(idx) if e else idx
             streams, post, comb, h = b.ffn_hc.post_pre(h, post, comb, streams,
                                                        norm=b.post_norm, eps=eps)
-            h = b.mlp.forward(h)[0] if b.sparse_mlp else b.mlp.forward(h)
+            h = b.mlp.forward(h)  # every FFN returns y [T, hidden]
         # The last expansion, the hyper head's mean and the final norm (one launch on CUDA).
         return _core.mhc_post_head_norm(h, post, comb, streams, self.final_norm, eps=eps, engine=e)
 
