@@ -238,7 +238,7 @@ def checkpoint_text_bytes(folder: Path) -> tuple[int, int, int]:
 # ============================================================================ roofline
 def decode_bytes(cfg, B: int, ctx: float) -> dict:
     """Bytes one decode step of B tokens reads (and the state it writes), by component, for a
-    parsed glm5_next config (memra.config.Glm5NextConfig). Weights at checkpoint dtypes: bf16, the
+    parsed glm5_next config (memra.models.glm5_next.Glm5NextConfig). Weights at checkpoint dtypes: bf16, the
     fp32-strict tensors (conv taps, dt_bias, A_log, e_score_correction_bias) 4 bytes. `ctx`: the
     context (cached tokens) at which the attention/indexer cache reads are counted."""
     W, F = 2, 4

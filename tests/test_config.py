@@ -1,7 +1,9 @@
-"""memra.config: the glm5_next config.json parse against transformers' own parse, and refusals.
+"""memra.config: reading config.json and refusing wrongly typed values by name (CPU only).
 
-CPU only; no torch / transformers (the expected parses are recorded in
-tests/fixtures/glm5_next_config_cases.json by tests/fixtures/make_glm5_next_fixtures.py).
+The typed field tables themselves belong to the families (tests/test_config_<family>.py check
+each family's parse against transformers); here the generic machinery: the type language of
+check_fields, config.json / generation_config.json that are not JSON objects, and the refusals
+reaching memra.load before anything is allocated.
 """
 
 from __future__ import annotations
@@ -9,159 +11,107 @@ from __future__ import annotations
 import copy
 import json
 import shutil
-from pathlib import Path
+from typing import Any, TypedDict
 
 import pytest
 
 import memra
-from memra.config import Glm5NextConfig, parse_glm5_next, read_config
+from memra.config import check_fields, describe, field_defaults, field_table, read_config
+from memra.models.glm5_next import Glm5NextConfig
 
-FIXTURES = Path(__file__).resolve().parent / "fixtures"
-CASES = json.loads((FIXTURES / "glm5_next_config_cases.json").read_text())
 TINY = memra.default_checkpoint()
 TINY_RAW = json.loads((TINY / "config.json").read_text())
 
 
-def _same(got, want) -> bool:
-    """Exact equality that also keeps None, bool and int/float apart (True != 1 here)."""
-    if want is None:
-        return got is None
-    if isinstance(want, bool):
-        return isinstance(got, bool) and got is want
-    if isinstance(want, float):
-        # transformers keeps the float parsed from JSON as is: compare the doubles exactly.
-        return isinstance(got, (int, float)) and not isinstance(got, bool) and float(got) == want
-    if isinstance(want, int):
-        return isinstance(got, int) and not isinstance(got, bool) and got == want
-    if isinstance(want, list):
-        return isinstance(got, (list, tuple)) and len(got) == len(want) and all(
-            _same(g, w) for g, w in zip(got, want))
-    if isinstance(want, dict):
-        return isinstance(got, dict) and set(got) == set(want) and all(_same(got[k], want[k]) for k in want)
-    return type(got) is type(want) and got == want
+class _Sub(TypedDict, total=False):
+    n: int
+    on: bool
 
 
-def test_cases_file_is_not_empty():
-    assert len(CASES) >= 10
-    assert all({"name", "config", "parsed"} <= set(c) for c in CASES)
+TABLE = {
+    "i": int,
+    "f": float,
+    "b": bool,
+    "s": str,
+    "oi": int | None,
+    "li": list[int],
+    "ids": int | list[int] | None,
+    "sub": _Sub | None,
+    "any": Any,
+}
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c["name"] for c in CASES])
-def test_parse_matches_transformers(case):
-    raw = copy.deepcopy(case["config"])
-    cfg = parse_glm5_next(raw)
-    assert isinstance(cfg, Glm5NextConfig)
-    assert raw == case["config"], "parse_glm5_next must not modify its input"
-    fields = cfg.as_dict()
-    bad = {}
-    for key, want in case["parsed"].items():
-        assert key in fields, f"{case['name']}: memra's config has no field {key!r}"
-        if not _same(fields[key], want):
-            bad[key] = (fields[key], want)
-    assert not bad, f"{case['name']}: (memra, transformers) differ: {bad}"
+@pytest.mark.parametrize("values", [
+    {},
+    {"i": 3, "f": 1.5, "b": False, "s": "x", "oi": None, "li": [], "ids": [1, 2], "sub": {"n": 1}, "any": [None]},
+    {"f": 2, "oi": -7, "ids": 5, "sub": None, "unlisted": "anything"},
+    {"i": 2**31 - 1, "f": -1e300, "sub": {"other": "free"}},
+])
+def test_values_of_the_right_type_pass(values):
+    before = copy.deepcopy(values)
+    check_fields(values, TABLE)
+    assert values == before
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c["name"] for c in CASES])
-def test_read_config_from_folder(tmp_path, case):
-    (tmp_path / "config.json").write_text(json.dumps(case["config"]))
-    model_type, cfg = read_config(tmp_path)
-    assert model_type == "glm5_next"
-    assert cfg.num_hidden_layers == case["parsed"]["num_hidden_layers"]
-    assert cfg.layer_types == case["parsed"]["layer_types"]
+@pytest.mark.parametrize("key,value,words", [
+    ("i", 64.0, "an integer"),
+    ("i", True, "an integer"),
+    ("i", "3", "an integer"),
+    ("i", 2**31, "an integer (fitting in int32)"),
+    ("f", True, "a finite number"),
+    ("f", float("nan"), "a finite number"),
+    ("f", float("inf"), "a finite number"),
+    ("f", "0.5", "a finite number"),
+    ("b", 1, "true or false"),
+    ("b", "true", "true or false"),
+    ("s", 3, "a string"),
+    ("oi", 1.0, "an integer or null"),
+    ("li", [1, 2.5], "a list of integers"),
+    ("li", (1, 2), "a list of integers"),
+    ("ids", "x", "an integer, a list of integers or null"),
+    ("ids", [1, None], "an integer, a list of integers or null"),
+    ("sub", [1], "a JSON object or null"),
+])
+def test_a_wrong_type_is_refused_naming_the_key(key, value, words):
+    with pytest.raises(memra.ContractError) as ei:
+        check_fields({key: value}, TABLE, "text_config.")
+    assert str(ei.value).startswith(f"config: text_config.{key} must be {words}, got "), str(ei.value)
+    assert ei.value.code == 40025
 
 
-def _tiny_text(**changes) -> dict:
-    raw = copy.deepcopy(TINY_RAW)
-    raw["text_config"].update(changes)
-    return raw
+def test_a_typed_dict_names_its_inner_key():
+    with pytest.raises(memra.ContractError, match=r"config: sub\.on must be true or false, got 'yes'"):
+        check_fields({"sub": {"n": 1, "on": "yes"}}, TABLE)
 
 
-def test_tiny_checkpoint_config_parses():
-    cfg = parse_glm5_next(TINY_RAW)
-    assert cfg.index_kpool_always_select_tail is True
-    assert cfg.num_hidden_layers == 6
+def test_long_values_are_shortened_in_the_message():
+    with pytest.raises(memra.ContractError) as ei:
+        check_fields({"s": list(range(1000))}, TABLE)
+    assert len(str(ei.value)) < 200
 
 
-def test_select_tail_false_is_unsupported_at_parse():
-    with pytest.raises(memra.UnsupportedError, match="index_kpool_always_select_tail") as ei:
-        parse_glm5_next(_tiny_text(index_kpool_always_select_tail=False))
-    assert ei.value.code >= 50000
+def test_describe_words():
+    assert describe(int | list[int] | None) == "an integer, a list of integers or null"
+    assert describe(list[str]) == "a list of strings"
+    with pytest.raises(TypeError):
+        describe(dict)
 
 
-def test_select_tail_false_is_unsupported_at_load(tmp_path):
-    dst = tmp_path / "ckpt"
-    shutil.copytree(TINY, dst)
-    (dst / "config.json").write_text(json.dumps(_tiny_text(index_kpool_always_select_tail=False)))
-    with pytest.raises(memra.UnsupportedError, match="index_kpool_always_select_tail"):
-        memra.load(dst, max_batch=1, max_len=16, progress=False)
+def test_field_table_is_the_family_dataclass():
+    table, defaults = field_table(Glm5NextConfig), field_defaults(Glm5NextConfig)
+    assert "model_type" not in table and "extra" not in table
+    assert table["hidden_size"] is int and defaults["hidden_size"] == 4096
+    assert set(defaults) == set(table)
 
 
-def test_select_tail_false_flat_form_is_unsupported():
-    flat = next(c for c in CASES if c["name"] == "flat")["config"]
-    raw = dict(flat, index_kpool_always_select_tail=False)
-    with pytest.raises(memra.UnsupportedError):
-        parse_glm5_next(raw)
-
-
-@pytest.mark.parametrize("topk,kpool", [(10, 4), (8, 3), (6, 4)])
-def test_topk_not_multiple_of_kpool(topk, kpool):
-    with pytest.raises(memra.ContractError, match="index_topk") as ei:
-        parse_glm5_next(_tiny_text(index_topk=topk, index_kpool=kpool))
-    assert 40000 <= ei.value.code < 50000
-
-
-def test_kpool_not_positive():
-    with pytest.raises(memra.ContractError, match="index_kpool"):
-        parse_glm5_next(_tiny_text(index_kpool=0))
-
-
-def test_shared_dsa_after_linear_layer():
-    # layer 2 is the first DSA layer (layer 1 is linear attention): it cannot be "shared".
-    raw = _tiny_text(indexer_types=["full", "full", "shared", "full", "full", "full"])
-    with pytest.raises(memra.ContractError, match="layer 2 is a shared DSA layer"):
-        parse_glm5_next(raw)
-
-
-def test_shared_dsa_as_first_layer():
-    raw = _tiny_text(
-        layer_types=["deepseek_sparse_attention"] + ["linear_attention"] * 5,
-        indexer_types=["shared"] + ["full"] * 5,
-    )
-    with pytest.raises(memra.ContractError, match="layer 0 is a shared DSA layer"):
-        parse_glm5_next(raw)
-
-
-def test_shared_dsa_via_pattern_after_linear_layer():
-    flat = next(c for c in CASES if c["name"] == "flat_index_topk_pattern")["config"]
-    raw = copy.deepcopy(flat)
-    raw["index_topk_pattern"] = "FFSSFS"  # layer 2 is DSA after linear layer 1
-    with pytest.raises(memra.ContractError, match="shared DSA"):
-        parse_glm5_next(raw)
-
-
-def test_shared_linear_layer_is_fine():
-    # "shared" on a linear-attention layer means nothing (transformers ignores it there).
-    cfg = parse_glm5_next(_tiny_text(indexer_types=["shared", "shared", "full", "shared", "shared", "full"]))
-    assert cfg.indexer_types[3] == "shared"
-
-
-def test_unknown_model_type(tmp_path):
-    raw = copy.deepcopy(TINY_RAW)
-    raw["model_type"] = "llama"
-    (tmp_path / "config.json").write_text(json.dumps(raw))
-    with pytest.raises(memra.UnsupportedError, match="llama") as ei:
+# ------------------------------------------------------------------ files
+@pytest.mark.parametrize("text,kind", [("[1, 2]", "list"), ('"glm5_next"', "str"), ("3", "int"),
+                                       ("null", "NoneType")])
+def test_config_json_that_is_not_an_object(tmp_path, text, kind):
+    (tmp_path / "config.json").write_text(text)
+    with pytest.raises(memra.ContractError, match=f"must hold a JSON object, got a {kind}") as ei:
         read_config(tmp_path)
-    assert ei.value.code >= 50000
-    with pytest.raises(memra.UnsupportedError, match="llama"):
-        memra.load(tmp_path, max_batch=1, max_len=16, progress=False)
-
-
-def test_missing_model_type(tmp_path):
-    raw = copy.deepcopy(TINY_RAW)
-    del raw["model_type"]
-    (tmp_path / "config.json").write_text(json.dumps(raw))
-    with pytest.raises(memra.UnsupportedError):
-        read_config(tmp_path)
+    assert ei.value.code == 40025
 
 
 def test_missing_config_json(tmp_path):
@@ -172,18 +122,57 @@ def test_missing_config_json(tmp_path):
         memra.load(tmp_path, max_batch=1, max_len=16, progress=False)
 
 
-def test_config_json_not_json(tmp_path):
-    (tmp_path / "config.json").write_text("{not json")
-    with pytest.raises(memra.ContractError):
+@pytest.mark.parametrize("text", ["{not json", "\xff\xfe"])
+def test_config_json_not_json(tmp_path, text):
+    (tmp_path / "config.json").write_bytes(text.encode("latin-1"))
+    with pytest.raises(memra.ContractError, match="not valid JSON"):
         read_config(tmp_path)
 
 
-def test_unknown_layer_type_is_unsupported():
-    raw = _tiny_text(layer_types=["linear_attention", "sliding_attention"] + ["linear_attention"] * 4)
-    with pytest.raises(memra.UnsupportedError, match="sliding_attention"):
-        parse_glm5_next(raw)
+def _copy(tmp_path, edit=None, gen=None):
+    dst = tmp_path / "ckpt"
+    shutil.copytree(TINY, dst)
+    if edit is not None:
+        raw = copy.deepcopy(TINY_RAW)
+        edit(raw)
+        (dst / "config.json").write_text(json.dumps(raw))
+    if gen is not None:
+        (dst / "generation_config.json").write_text(gen)
+    return dst
 
 
-def test_too_short_schedule():
-    with pytest.raises(memra.ContractError, match="mlp_layer_types"):
-        parse_glm5_next(_tiny_text(mlp_layer_types=["dense"] * 3))
+@pytest.mark.parametrize("key,value", [("hidden_size", 64.0), ("num_hidden_layers", True), ("eos_token_id", "x")])
+def test_load_refuses_a_wrongly_typed_value_by_name(tmp_path, key, value):
+    path = _copy(tmp_path, lambda raw: raw["text_config"].__setitem__(key, value))
+    with pytest.raises(memra.ContractError, match=f"text_config.{key} must be"):
+        memra.load(path, max_batch=1, max_len=16, progress=False)
+
+
+def test_load_refuses_a_list_config(tmp_path):
+    path = _copy(tmp_path)
+    (path / "config.json").write_text(json.dumps([TINY_RAW]))
+    with pytest.raises(memra.ContractError, match="JSON object"):
+        memra.load(path, max_batch=1, max_len=16, progress=False)
+
+
+@pytest.mark.parametrize("gen,match", [
+    ('{"eos_token_id": "x"}', "load: generation_config.json: eos_token_id must be an integer, a list"),
+    ('{"eos_token_id": [256, 1.5]}', "eos_token_id must be"),
+    ("[256]", "must hold a JSON object"),
+    ("{broken", "not valid JSON"),
+])
+def test_load_refuses_a_bad_generation_config(tmp_path, gen, match):
+    with pytest.raises(memra.ContractError, match=match):
+        memra.load(_copy(tmp_path, gen=gen), max_batch=1, max_len=16, progress=False)
+
+
+def test_generation_config_eos_list_is_taken(tmp_path):
+    m = memra.load(_copy(tmp_path, gen='{"eos_token_id": [5, 7]}'), max_batch=1, max_len=16, progress=False)
+    assert m.eos_token_ids == [5, 7]
+
+
+@pytest.mark.parametrize("key", ["vocab_size", "hidden_size", "num_hidden_layers"])
+def test_a_shared_size_below_one_is_refused(tmp_path, key):
+    path = _copy(tmp_path, lambda raw: raw["text_config"].__setitem__(key, 0))
+    with pytest.raises(memra.ContractError, match=f"config: {key} must be at least 1, got 0"):
+        memra.load(path, max_batch=1, max_len=16, progress=False)

@@ -228,6 +228,24 @@ def test_rms_norms_match_cpu(e, T, D):
           _core.rms_norm_gated(x, g, w, eps=1e-5), NORM_TOL)
 
 
+@pytest.mark.parametrize("T", EDGE_T)
+@pytest.mark.parametrize("D", WIDTHS)
+def test_add_rms_norm_is_add_then_rms_norm(e, T, D):
+    # The plain residual's step: the sum exactly x + y (f32), the norm the bytes of the device's
+    # own rms_norm of that sum, and both within NORM_TOL of the CPU op.
+    r = rng(T * 19 + D)
+    x, y = f32(r.standard_normal((T, D)) * 2), f32(r.standard_normal((T, D)))
+    w = f32(r.standard_normal(D))
+    dx, dy, dw = e.to_device(x), e.to_device(y), e.to_device(w)
+    s, h = _core.add_rms_norm(dx, dy, dw, eps=1e-5, engine=e)
+    np.testing.assert_array_equal(e.to_host(s), x + y)
+    np.testing.assert_array_equal(e.to_host(h), e.to_host(_core.rms_norm(s, dw, eps=1e-5, engine=e)))
+    close(e.to_host(h), _core.add_rms_norm(x, y, w, eps=1e-5)[1], NORM_TOL)
+    expect(memra.ContractError, ST.CONTRACT_DEVICE, _core.add_rms_norm, dx, y, dw, eps=1e-5, engine=e)
+    expect(memra.ContractError, ST.CONTRACT_SHAPE, _core.add_rms_norm, dx, e.to_device(f32(np.ones((T, D + 1)))),
+           eps=1e-5, engine=e)
+
+
 @pytest.mark.parametrize("D", [8192, 16384])  # mHC's RMS runs over hc * D = 16384
 def test_rms_norm_wide_rows(e, D):
     x = f32(rng(D).standard_normal((3, D)) * 5)

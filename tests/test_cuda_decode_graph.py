@@ -48,7 +48,7 @@ def _state(m: memra.Model, slot: int) -> list[np.ndarray]:
             out += [c.kda_state(i, slot), c.kda_conv(i, slot)]
         else:
             out.append(np.asarray(c.latent_rows(i, slot)))
-            if m.net.blocks[i].indexer == "full":
+            if m.net.plan[i].options.get("indexer") == "full":
                 out.append(c.pool_keys(i, slot))
     return out
 

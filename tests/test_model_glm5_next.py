@@ -251,7 +251,7 @@ def test_cuda_engine_is_refused_with_a_reason_here() -> None:
 
 
 def test_layer_refuses_a_cache_of_another_geometry(model: memra.Model) -> None:
-    kda = model.net.blocks[0].mixer
+    kda = model.net.blocks[0].mixer.layer
     for spec in (memra.LayerStateSpec.kda(heads=1, head_dim=64, conv_kernel=4),
                  memra.LayerStateSpec.kda(heads=4, head_dim=128, conv_kernel=4),
                  memra.LayerStateSpec.kda(heads=2, head_dim=128, conv_kernel=3)):
@@ -262,7 +262,7 @@ def test_layer_refuses_a_cache_of_another_geometry(model: memra.Model) -> None:
         assert e.value.code == memra._core.status.CONTRACT_SHAPE
         with pytest.raises(memra.ContractError):
             kda.decode(other, 0, np.array([0], np.int32), x[:1])
-    mla = model.net.blocks[2].mixer
+    mla = model.net.blocks[2].mixer.layer
     wrong_pool = memra.LayerStateSpec.mla(row_width=32, index_head_dim=32, kpool=2, tail_rows=4)
     with pytest.raises(memra.ContractError):
         mla.prefill(memra.Cache(model.engine, [wrong_pool], max_batch=1, max_len=8), 0, 0,
@@ -270,7 +270,7 @@ def test_layer_refuses_a_cache_of_another_geometry(model: memra.Model) -> None:
 
 
 def test_shared_layer_refuses_an_index_list_row_the_query_cannot_see(model: memra.Model) -> None:
-    shared = model.net.blocks[3].mixer  # layer 3 reuses layer 2's list
+    shared = model.net.blocks[3].mixer.layer  # layer 3 reuses layer 2's list
     cache = model.new_cache(1, 8)
     topk = np.full((2, shared.index_width), -1, np.int32)
     topk[0, 0] = 1  # query 0 sits at row 0: row 1 is in its future

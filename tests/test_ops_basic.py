@@ -50,6 +50,25 @@ def test_norms_match_references() -> None:
                                h / np.sqrt((h**2).sum(-1, keepdims=True) + 1e-6), rtol=1e-5, atol=1e-6)
 
 
+def test_add_rms_norm_is_the_plain_residual_step() -> None:
+    # transformers' pre-norm decoder layer: residual = residual + hidden_states, then RMSNorm.
+    x, y, w = randn(5, 24), randn(5, 24), randn(24)
+    s, h = _core.add_rms_norm(x, y, w, eps=1e-6)
+    np.testing.assert_array_equal(s, x + y)  # one f32 addition per element
+    np.testing.assert_array_equal(h, _core.rms_norm(x + y, w, eps=1e-6))
+    s64 = x.astype(np.float64) + y
+    np.testing.assert_allclose(h, s64 / np.sqrt((s64**2).mean(-1, keepdims=True) + 1e-6) * w, rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(_core.add_rms_norm(x, y, eps=1e-6)[1], _core.rms_norm(x + y, eps=1e-6))
+    with pytest.raises(memra.ContractError) as ei:
+        _core.add_rms_norm(x, y[:4], w, eps=1e-6)
+    assert ei.value.code == S.CONTRACT_SHAPE
+    with pytest.raises(memra.ContractError) as ei:
+        _core.add_rms_norm(x, y, w[:3], eps=1e-6)
+    assert ei.value.code == S.CONTRACT_SHAPE
+    with pytest.raises(memra.ContractError, match="eps"):
+        _core.add_rms_norm(x, y, w, eps=float("nan"))
+
+
 def test_norm_rows_are_the_three_norms() -> None:
     r = np.random.default_rng(11)
     x0, x1, x2 = (r.standard_normal((1, n)).astype(np.float32) for n in (48, 16, 8))

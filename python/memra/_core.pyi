@@ -116,6 +116,13 @@ def rms_norm(x: Annotated[NDArray, dict(writable=False)], weight: Annotated[NDAr
     Reference: Glm5NextTextRMSNorm / Glm5NextTextUnweightedRMSNorm.
     """
 
+def add_rms_norm(x: Annotated[NDArray, dict(writable=False)], y: Annotated[NDArray, dict(writable=False)], weight: Annotated[NDArray, dict(writable=False)] | None = None, *, eps: float, engine: Engine | None = None) -> tuple:
+    """
+    The plain pre-norm residual step: (residual, normed) = (x + y, rms_norm(x + y, weight, eps)), both [T, D] float32, the bytes of an f32 add followed by rms_norm. x (the residual stream) and y (a sublayer's output) [T, D] float32 and weight [D] (None: unweighted) on the engine's device.
+    Raises ContractError (CONTRACT_DTYPE, CONTRACT_SHAPE, CONTRACT_STRIDE, CONTRACT_DEVICE; CONTRACT_VALUE for an eps that is negative or not finite).
+    Reference: the decoder layers of transformers' Kimi-Linear and Qwen3.5 (residual + hidden_states, then the next RMSNorm).
+    """
+
 def rms_norm_gated(x: Annotated[NDArray, dict(writable=False)], gate: Annotated[NDArray, dict(writable=False)], weight: Annotated[NDArray, dict(writable=False)], *, eps: float, engine: Engine | None = None) -> object:
     """
     weight * rmsnorm(x) * sigmoid(gate); x, gate [T, D], weight [D], float32 on the engine's device.
@@ -812,8 +819,15 @@ class MoeLayer:
 
     def __init__(self, engine: Engine, weights: Mapping[str, Weight], *, hidden: int, n_experts: int, top_k: int, n_group: int, topk_group: int, intermediate: int, shared_intermediate: int, norm_topk_prob: bool, routed_scaling: float, swiglu_limit: float, dtype: str = 'bfloat16') -> None: ...
 
-    def forward(self, x: Annotated[NDArray, dict(writable=False)]) -> tuple:
-        """x [T, hidden] -> (y [T, hidden], chosen experts [T, top_k] int32)."""
+    def forward(self, x: Annotated[NDArray, dict(writable=False)]) -> object:
+        """
+        x [T, hidden] float32 -> y [T, hidden] float32, on the layer's device: the same kind of result as MlpLayer.forward, so a decoder loop calls every FFN alike (forward_with_experts also returns the chosen experts).
+        """
+
+    def forward_with_experts(self, x: Annotated[NDArray, dict(writable=False)]) -> tuple:
+        """
+        x [T, hidden] -> (y [T, hidden] float32, chosen experts [T, top_k] int32): forward's y byte for byte, and the router's choice.
+        """
 
 class HyperConnection:
     """

@@ -1,259 +1,153 @@
-"""Model configuration read from a Hugging Face ``config.json``.
+"""Reading a Hugging Face ``config.json``, and the typing of its values.
 
-:func:`parse_glm5_next` reproduces ``Glm5NextTextConfig.__post_init__`` and
-``Glm5NextConfig.__post_init__`` of transformers 5.17 (``models/glm5_next/configuration_glm5_next.py``):
-the nested ``text_config`` and the flat form, the default layer and MLP schedules,
-``index_topk_pattern`` / ``index_topk_freq`` / ``index_skip_topk_offset``, ``linear_attn_config``,
-and ``"full_attention"`` renamed to ``"deepseek_sparse_attention"``. The result is tested against
-transformers' own parse (tests/fixtures/glm5_next_config_cases.json).
+:func:`read_config` reads ``path/config.json``, picks the model family from its ``model_type``
+(:func:`memra.models.family_for`) and returns the family's parse. Each family declares its fields
+as a typed table (a dataclass whose annotations and defaults are transformers'; see
+``memra/models/glm5_next.py``); :func:`check_fields` refuses a value of the wrong JSON type with a
+ContractError naming the key (``hidden_size: 64.0``, ``num_hidden_layers: true``,
+``eos_token_id: "x"``), before anything reads it.
+
+The type language of a table is a small part of Python's: ``int`` (a JSON integer that fits in
+int32, never a boolean), ``float`` (a finite JSON number; integers included), ``bool``, ``str``,
+``None``, ``list[T]``, unions ``A | B``, ``Any``, and ``TypedDict`` classes (a JSON object whose
+listed keys, where present, have their types; other keys are free).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-from dataclasses import dataclass, field
+import math
+import types
+import typing
 from pathlib import Path
 from typing import Any
 
-from .errors import ContractError, UnsupportedError
+from .errors import ContractError
 
-# Defaults of Glm5NextTextConfig (transformers 5.17).
-_GLM5_TEXT_DEFAULTS: dict[str, Any] = dict(
-    vocab_size=154880,
-    hidden_size=4096,
-    intermediate_size=12288,
-    moe_intermediate_size=2048,
-    num_hidden_layers=45,
-    num_attention_heads=64,
-    num_key_value_heads=64,
-    n_shared_experts=1,
-    n_routed_experts=288,
-    routed_scaling_factor=2.5,
-    kv_lora_rank=512,
-    q_lora_rank=1536,
-    qk_rope_head_dim=0,
-    v_head_dim=256,
-    qk_nope_head_dim=256,
-    n_group=1,
-    topk_group=1,
-    num_experts_per_tok=8,
-    norm_topk_prob=True,
-    hidden_act="silu",
-    max_position_embeddings=1048576,
-    rms_norm_eps=1e-5,
-    pad_token_id=154820,
-    bos_token_id=None,
-    eos_token_id=None,
-    tie_word_embeddings=False,
-    mlp_layer_types=None,
-    attention_bias=False,
-    index_topk=2048,
-    index_head_dim=128,
-    index_n_heads=32,
-    layer_types=None,
-    indexer_types=None,
-    swiglu_limit=10.0,
-    linear_head_dim=128,
-    linear_num_heads=64,
-    linear_conv_kernel_dim=4,
-    linear_lower_bound=-5.0,
-    hc_mult=4,
-    hc_eps=1e-6,
-    hc_sinkhorn_iters=20,
-    index_kpool=16,
-    index_kpool_always_select_tail=True,
-)
+_INT32 = (-(2**31), 2**31 - 1)
+_PLURAL = {int: "integers", float: "numbers", bool: "booleans", str: "strings"}
 
 
-@dataclass
-class Glm5NextConfig:
-    """The text model of GLM-5.3-Flash (``glm5_next``), as transformers parses it."""
-
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    moe_intermediate_size: int
-    num_hidden_layers: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    n_shared_experts: int
-    n_routed_experts: int
-    routed_scaling_factor: float
-    kv_lora_rank: int
-    q_lora_rank: int
-    qk_rope_head_dim: int
-    v_head_dim: int
-    qk_nope_head_dim: int
-    n_group: int
-    topk_group: int
-    num_experts_per_tok: int
-    norm_topk_prob: bool
-    hidden_act: str
-    max_position_embeddings: int
-    rms_norm_eps: float
-    pad_token_id: int | None
-    bos_token_id: int | None
-    eos_token_id: int | list[int] | None
-    tie_word_embeddings: bool
-    mlp_layer_types: list[str]
-    attention_bias: bool
-    index_topk: int
-    index_head_dim: int
-    index_n_heads: int
-    layer_types: list[str]
-    indexer_types: list[str]
-    swiglu_limit: float
-    linear_head_dim: int
-    linear_num_heads: int
-    linear_conv_kernel_dim: int
-    linear_lower_bound: float | None
-    hc_mult: int
-    hc_eps: float
-    hc_sinkhorn_iters: int
-    index_kpool: int
-    index_kpool_always_select_tail: bool
-    model_type: str = "glm5_next"
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    def as_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+def describe(tp: Any) -> str:
+    """The words for a type of the table language, as an error message uses them."""
+    if tp is Any:
+        return "any value"
+    if tp is int:
+        return "an integer"
+    if tp is float:
+        return "a finite number"
+    if tp is bool:
+        return "true or false"
+    if tp is str:
+        return "a string"
+    if tp is type(None):
+        return "null"
+    if typing.is_typeddict(tp):
+        return "a JSON object"
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is list:
+        return f"a list of {_PLURAL.get(args[0], 'values') if args else 'values'}"
+    if origin in (typing.Union, types.UnionType):
+        words = [describe(a) for a in args]
+        return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " or " + words[-1]
+    raise TypeError(f"describe: {tp!r} is not a type of the config table language")
 
 
-def _post_init(text: dict[str, Any]) -> dict[str, Any]:
-    """Glm5NextTextConfig.__post_init__ on a dict of text fields (returns the parsed fields)."""
-    known = {k: text[k] for k in _GLM5_TEXT_DEFAULTS if k in text}
-    kwargs = {k: v for k, v in text.items() if k not in _GLM5_TEXT_DEFAULTS}
-    c = dict(_GLM5_TEXT_DEFAULTS)
-    c.update(known)
-    n = c["num_hidden_layers"]
-    if c["num_key_value_heads"] is None:
-        c["num_key_value_heads"] = c["num_attention_heads"]
-    if c["mlp_layer_types"] is None:
-        c["mlp_layer_types"] = ["dense"] * min(3, n) + ["sparse"] * (n - 3)
-    if c["layer_types"] is None:
-        c["layer_types"] = [
-            "linear_attention" if i % 4 != 3 else "deepseek_sparse_attention" for i in range(n)
-        ]
-    c["layer_types"] = [
-        "deepseek_sparse_attention" if t == "full_attention" else t for t in c["layer_types"]
-    ]
-    if c["indexer_types"] is None:
-        pattern = kwargs.get("index_topk_pattern")
-        if pattern is not None:
-            c["indexer_types"] = (
-                [{"F": "full", "S": "shared"}[ch] for ch in pattern]
-                if isinstance(pattern, str)
-                else list(pattern)
-            )
-        else:
-            freq = max(kwargs.get("index_topk_freq", 1), 1)
-            offset = kwargs.get("index_skip_topk_offset", 2)
-            c["indexer_types"] = [
-                "full" if (max(i - offset + 1, 0) % freq) == 0 else "shared" for i in range(n)
-            ]
-    lac = kwargs.get("linear_attn_config")
-    if lac is not None:
-        c["linear_head_dim"] = lac.get("head_dim", c["linear_head_dim"])
-        c["linear_num_heads"] = lac.get("num_heads", c["linear_num_heads"])
-        c["linear_conv_kernel_dim"] = lac.get("short_conv_kernel_size", c["linear_conv_kernel_dim"])
-        c["linear_lower_bound"] = lac.get("gate_lower_bound", c["linear_lower_bound"])
-        if lac.get("safe_gate", True) and c["linear_lower_bound"] is None:
-            c["linear_lower_bound"] = -5.0
-    c["extra"] = {k: v for k, v in kwargs.items()}
-    return c
+def _fits(value: Any, tp: Any, where: str, what: str) -> bool:
+    """Whether `value` (parsed JSON) has type `tp`. A TypedDict's own bad key raises directly, so
+    the message names the innermost key."""
+    if tp is Any:
+        return True
+    if tp is int:
+        return isinstance(value, int) and not isinstance(value, bool) and _INT32[0] <= value <= _INT32[1]
+    if tp is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if tp is bool:
+        return isinstance(value, bool)
+    if tp is str:
+        return isinstance(value, str)
+    if tp is type(None):
+        return value is None
+    if typing.is_typeddict(tp):
+        if not isinstance(value, dict):
+            return False
+        check_fields(value, typing.get_type_hints(tp), where + ".", what)
+        return True
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is list:
+        return isinstance(value, list) and all(_fits(v, args[0], f"{where}[{i}]", what) for i, v in enumerate(value))
+    if origin in (typing.Union, types.UnionType):
+        return any(_fits(value, a, where, what) for a in args)
+    raise TypeError(f"check_fields: {tp!r} is not a type of the config table language")
 
 
-def _validate(c: dict[str, Any]) -> None:
-    """Glm5NextTextConfig.validate_architecture, plus memra's own refusals."""
-    if c["num_attention_heads"] != c["num_key_value_heads"]:
-        raise ContractError(
-            f"config: num_attention_heads ({c['num_attention_heads']}) must equal "
-            f"num_key_value_heads ({c['num_key_value_heads']})",
-            40025,
-        )
-    if c["index_kpool"] < 1:
-        raise ContractError(f"config: index_kpool must be positive, got {c['index_kpool']}", 40010)
-    if c["index_topk"] % c["index_kpool"] != 0:
-        raise ContractError(
-            f"config: index_topk ({c['index_topk']}) must be divisible by index_kpool "
-            f"({c['index_kpool']})",
-            40010,
-        )
-    if c["q_lora_rank"] is None:
-        raise ContractError("config: q_lora_rank is required for the DSA attention layers", 40025)
-    if c["qk_rope_head_dim"] > 0:
-        raise ContractError(
-            f"config: glm5_next expects NoPE attention, got qk_rope_head_dim={c['qk_rope_head_dim']}",
-            40025,
-        )
-    if not c["index_kpool_always_select_tail"]:
-        raise UnsupportedError(
-            "config: index_kpool_always_select_tail = false is not supported (queries before the "
-            "first complete pool would have an empty candidate set)",
-            50000,
-        )
-    n = c["num_hidden_layers"]
-    for name in ("layer_types", "mlp_layer_types", "indexer_types"):
-        if len(c[name]) < n:
-            raise ContractError(f"config: {name} has {len(c[name])} entries for {n} layers", 40025)
-    for i, t in enumerate(c["layer_types"][:n]):
-        if t not in ("linear_attention", "deepseek_sparse_attention"):
-            raise UnsupportedError(f"config: layer {i} has unknown layer type {t!r}", 50000)
-        if t == "deepseek_sparse_attention" and c["indexer_types"][i] == "shared":
-            prev = i - 1
-            if prev < 0 or c["layer_types"][prev] != "deepseek_sparse_attention" or (
-                c["indexer_types"][prev] != "full"
-            ):
-                raise ContractError(
-                    f"config: layer {i} is a shared DSA layer, but layer {prev} before it is not a "
-                    "full DSA layer",
-                    40025,
-                )
-    for i, t in enumerate(c["mlp_layer_types"][:n]):
-        if t not in ("dense", "sparse"):
-            raise UnsupportedError(f"config: layer {i} has unknown mlp type {t!r}", 50000)
+def check_fields(values: dict[str, Any], table: dict[str, Any], prefix: str = "", what: str = "config") -> None:
+    """Refuse a value of `values` whose key is in `table` and whose JSON type is not the table's.
 
-
-def parse_glm5_next(raw: dict[str, Any]) -> Glm5NextConfig:
-    """Parse a glm5_next ``config.json`` dict (nested ``text_config`` or flat) into the text config.
-
-    Raises ContractError for an inconsistent config and UnsupportedError for one memra refuses
-    (``index_kpool_always_select_tail = false``).
+    values: a parsed JSON object; table: key -> type (see the module docstring); prefix: the
+    path of `values` inside config.json (``"text_config."``), so the message names the key as it
+    sits in the file; what: the message's first word (the file). Keys absent from the table pass
+    (transformers keeps them as extra kwargs). Raises ContractError (40025)
+    ``config: <key> must be <type>, got <value>``.
     """
-    text = raw.get("text_config")
-    if isinstance(text, dict):
-        fields = dict(text)
-        # Glm5NextForConditionalGeneration ties the LM head by the *top-level* tie_word_embeddings
-        # (Glm5NextConfig's own field, default False), never by text_config's.
-        fields["tie_word_embeddings"] = bool(raw.get("tie_word_embeddings", False))
-    else:
-        fields = {k: v for k, v in raw.items() if k not in ("vision_config", "architectures")}
-    fields.pop("model_type", None)
-    for k in ("transformers_version", "dtype", "torch_dtype", "architectures", "head_dim",
-              "qk_head_dim", "_name_or_path"):
-        fields.pop(k, None)
-    c = _post_init(fields)
-    _validate(c)
-    return Glm5NextConfig(**c)
+    for key, tp in table.items():
+        if key not in values:
+            continue
+        value = values[key]
+        if not _fits(value, tp, prefix + key, what):
+            shown = repr(value) if len(repr(value)) <= 80 else repr(value)[:77] + "..."
+            big = isinstance(value, int) and not isinstance(value, bool) and not _INT32[0] <= value <= _INT32[1]
+            extra = " (fitting in int32)" if big and _mentions_int(tp) else ""
+            raise ContractError(f"{what}: {prefix}{key} must be {describe(tp)}{extra}, got {shown}", 40025)
 
 
-def read_config(path: str | Path) -> tuple[str, Glm5NextConfig]:
-    """Read ``path/config.json``; returns (model_type, parsed config).
+def _mentions_int(tp: Any) -> bool:
+    return tp is int or any(_mentions_int(a) for a in typing.get_args(tp))
 
-    Raises ContractError when the file is missing or not JSON, UnsupportedError for a model_type
-    memra cannot run yet.
-    """
-    p = Path(path) / "config.json"
+
+def field_table(cls: type) -> dict[str, Any]:
+    """key -> type of a family's config dataclass (its annotations), without ``model_type`` and
+    ``extra`` (which config.json does not set as typed fields)."""
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls) if f.name not in ("model_type", "extra")}
+
+
+def field_defaults(cls: type) -> dict[str, Any]:
+    """key -> default of a family's config dataclass (transformers' defaults), as field_table."""
+    return {f.name: f.default for f in dataclasses.fields(cls)
+            if f.name not in ("model_type", "extra") and f.default is not dataclasses.MISSING}
+
+
+def read_json_object(path: Path, what: str) -> dict[str, Any]:
+    """A JSON file that must hold an object (ContractError naming the file otherwise)."""
     try:
-        raw = json.loads(p.read_text())
+        raw = json.loads(path.read_text())
     except FileNotFoundError:
-        raise ContractError(f"load: no config.json in {Path(path)}", 40024) from None
-    except json.JSONDecodeError as e:
-        raise ContractError(f"load: {p} is not valid JSON: {e}", 40025) from None
-    model_type = raw.get("model_type")
-    if model_type in ("glm5_next", "glm5_next_text"):
-        return "glm5_next", parse_glm5_next(raw)
-    raise UnsupportedError(
-        f"load: model_type {model_type!r} is not supported yet (supported: glm5_next)", 50000
-    )
+        raise ContractError(f"{what}: no {path.name} in {path.parent}", 40024) from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ContractError(f"{what}: {path} is not valid JSON: {e}", 40025) from None
+    if not isinstance(raw, dict):
+        raise ContractError(f"{what}: {path} must hold a JSON object, got a {type(raw).__name__}", 40025)
+    return raw
+
+
+def read_config(path: str | Path):
+    """Read ``path/config.json``; returns (family, parsed config).
+
+    family is the :class:`memra.models.Family` whose ``model_types`` hold the config's
+    ``model_type`` (or its ``text_config``'s). Raises ContractError when the file is missing,
+    not JSON, not an object or holds a wrongly typed value (named), UnsupportedError for a
+    model_type no family accepts (naming the supported ones).
+    """
+    from .models import family_for  # the families import this module
+
+    raw = read_json_object(Path(path) / "config.json", "load")
+    family = family_for(raw)
+    cfg = family.parse_config(raw)
+    # The shared code (cache, loop, head) reads these of every family's config.
+    for key in ("vocab_size", "hidden_size", "num_hidden_layers"):
+        value = getattr(cfg, key)
+        if value < 1:
+            raise ContractError(f"config: {key} must be at least 1, got {value}", 40025)
+    return family, cfg

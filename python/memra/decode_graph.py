@@ -52,7 +52,10 @@ class _Bucket:
 
 
 class DecodeRunner:
-    """Decode steps of one glm5_next network over one CUDA cache.
+    """Decode steps of one network (memra.models.DecoderModel, any family) over one CUDA cache.
+
+    It uses only the network's shared surface: ``engine``, ``vocab_size``,
+    ``hidden(cache, slots, ids, decode=True)`` and ``logits_of``.
 
     ``graphs=False`` runs every step eagerly (the same kernels, for comparison and debugging).
     Not thread-safe: its buckets and chains are shared by every caller (memra.Model serializes
@@ -77,7 +80,7 @@ class DecodeRunner:
         size = self.bucket_size(n)
         b = self._buckets.get(size)
         if b is None:
-            e, vocab = self.engine, self.net.cfg.vocab_size
+            e, vocab = self.engine, self.net.vocab_size
             ids = e.to_device(np.zeros(size, np.int32))
             b = _Bucket(slots=_core.DecodeSlots(self.cache, size), ids=ids,
                         counters=e.to_device(np.zeros(size, np.uint64)),

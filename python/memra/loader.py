@@ -6,10 +6,11 @@ Tensors are read with the ``safetensors`` library (numpy framework; bfloat16 thr
 :class:`memra._core.Weight` and the shard's arrays are dropped before the next shard opens, so a
 sharded checkpoint never sits in memory twice.
 
-Names on disk are routed to memra's layers by :data:`ROUTES` (one table). Vision-tower weights,
-the multi-token-prediction layer ``layers.<num_hidden_layers>.*`` and ``*.shared_head.*`` are
-skipped with one notice each (transformers ignores them too); anything else that no route claims
-is a ContractError naming it.
+Names on disk are routed to memra's layer groups by the family's :class:`NameTable` (its text
+prefixes and routes). Vision-tower weights, the multi-token-prediction layer
+``layers.<num_hidden_layers>.*`` (and any other name the table marks as MTP) and
+``*.shared_head.*`` are skipped with one notice each (transformers ignores them too); anything
+else that no route claims is a ContractError naming it.
 """
 
 from __future__ import annotations
@@ -31,21 +32,72 @@ from .errors import ContractError
 
 log = logging.getLogger("memra")
 
-# Prefixes of the text model's tensors in the layouts transformers writes: the multimodal
-# Glm5NextForConditionalGeneration (model.language_model.*) and flat text-only checkpoints.
-_TEXT_PREFIXES = ("model.language_model.", "language_model.model.", "language_model.", "model.")
-_VISION = re.compile(r"^(model\.)?(visual|vision_tower|vision_model|multi_modal_projector)\.")
+_NOTICES = {
+    "vision": "skipping vision-tower weights (e.g. {name}): memra runs the text model",
+    "mtp": "skipping the multi-token-prediction layer (e.g. {name}), as transformers does",
+    "shared_head": "skipping shared_head weights (e.g. {name}), as transformers does",
+}
+_LAYER = re.compile(r"^layers\.(\d+)\.")
 
-# Routes from a name on disk (text prefix stripped) to (group, key). Groups:
-#   ("layer", i, part) with part in mixer | mlp | input_layernorm | post_attention_layernorm |
-#   attn_hc | ffn_hc;  ("top", name) for embed_tokens / norm / lm_head.
-ROUTES: list[tuple[re.Pattern[str], str]] = [
-    (re.compile(r"^layers\.(\d+)\.self_attn\.(.+)$"), "mixer"),
-    (re.compile(r"^layers\.(\d+)\.mlp\.(.+)$"), "mlp"),
-    (re.compile(r"^layers\.(\d+)\.(input_layernorm|post_attention_layernorm)\.weight$"), "norm"),
-    (re.compile(r"^layers\.(\d+)\.hc_(attn|ffn)_(fn|base|scale)$"), "hc"),
-    (re.compile(r"^(embed_tokens|norm)\.weight$"), "top"),
-]
+
+@dataclass(frozen=True)
+class Route:
+    """One rule of a :class:`NameTable`: a name on disk (text prefix stripped) matching
+    ``pattern`` goes to ``group`` under ``key``.
+
+    group ``"top"`` is a model-level tensor (key ``embed_tokens``, ``norm`` or ``lm_head``);
+    any other group is a layer group (``mixer``, ``mlp``, ``input_layernorm``, ...), and the
+    pattern then has a named group ``layer`` holding the layer index. ``group`` and ``key`` are
+    ``re.Match.expand`` templates (the default key is the pattern's group ``key``).
+    """
+
+    pattern: str
+    group: str
+    key: str = r"\g<key>"
+
+
+@dataclass(frozen=True)
+class NameTable:
+    """A family's checkpoint names: Hugging Face names -> memra layer groups.
+
+    prefixes: the text model's prefixes in the layouts transformers writes, tried in order, the
+    first that matches is stripped (``model.language_model.`` for conditional generation,
+    ``model.`` for a causal LM). routes: :class:`Route` rules, first match wins. vision: a
+    pattern on the full name for the vision tower's tensors (skipped). mtp: patterns on the
+    stripped name for multi-token-prediction weights stored outside ``layers.N`` (skipped; the
+    layers ``N >= num_hidden_layers`` are always skipped).
+    """
+
+    prefixes: tuple[str, ...]
+    routes: tuple[Route, ...]
+    vision: str = r"^(model\.)?(visual|vision_tower|vision_model|multi_modal_projector)\."
+    mtp: tuple[str, ...] = ()
+
+    def route(self, name: str, num_hidden_layers: int) -> tuple:
+        """Where the tensor `name` goes: ``("skip", kind)`` with kind in vision | mtp |
+        shared_head, ``("top", key)``, or ``("layer", i, group, key)``. ContractError (40024)
+        naming a tensor no route takes."""
+        if re.match(self.vision, name):
+            return ("skip", "vision")
+        short = name
+        for p in self.prefixes:
+            if name.startswith(p):
+                short = name[len(p):]
+                break
+        if ".shared_head." in short:
+            return ("skip", "shared_head")
+        m = _LAYER.match(short)
+        if (m and int(m.group(1)) >= num_hidden_layers) or any(re.match(p, short) for p in self.mtp):
+            return ("skip", "mtp")
+        for r in self.routes:
+            m = re.match(r.pattern, short)
+            if m is None:
+                continue
+            group, key = m.expand(r.group), m.expand(r.key)
+            if r.group == "top":
+                return ("top", key)
+            return ("layer", int(m.group("layer")), group, key)
+        raise ContractError(f"load: unexpected tensor {name!r} (no layer of the model takes it)", 40024)
 
 
 @dataclass
@@ -65,7 +117,9 @@ def shard_files(path: Path) -> list[Path]:
     if index.exists():
         try:
             weight_map = json.loads(index.read_text())["weight_map"]
-        except (json.JSONDecodeError, KeyError) as e:
+            if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+                raise TypeError("weight_map must map tensor names to file names")
+        except (json.JSONDecodeError, KeyError, TypeError, UnicodeDecodeError) as e:
             raise ContractError(f"load: {index} is not a safetensors index: {e}", 40025) from None
         files = list(dict.fromkeys(weight_map.values()))
         missing = [f for f in files if not (path / f).exists()]
@@ -91,8 +145,11 @@ def _to_weight(name: str, arr: np.ndarray) -> _core.Weight:
     )
 
 
-def read_tensors(path: Path, num_hidden_layers: int, *, progress: bool = True) -> CheckpointTensors:
-    """Read every tensor of the checkpoint at `path` and route it (see module docstring)."""
+def read_tensors(path: Path, num_hidden_layers: int, *, names: NameTable,
+                 progress: bool = True) -> CheckpointTensors:
+    """Read every tensor of the checkpoint at `path` and route it by the family's `names` (see
+    the module docstring). ContractError for an unreadable file, a tensor no route takes or a
+    dtype memra does not read (each named)."""
     out = CheckpointTensors()
     files = shard_files(path)
     notices: dict[str, str] = {}
@@ -104,46 +161,15 @@ def read_tensors(path: Path, num_hidden_layers: int, *, progress: bool = True) -
             raise ContractError(f"load: {file} is not a readable safetensors file: {e}", 40025) from None
         with handle as f:
             for name in f.keys():
-                if _VISION.match(name):
-                    notices.setdefault("vision", f"skipping vision-tower weights (e.g. {name}): memra runs the text model")
-                    out.skipped["vision"] = out.skipped.get("vision", 0) + 1
-                    continue
-                short = name
-                for p in _TEXT_PREFIXES:
-                    if name.startswith(p):
-                        short = name[len(p):]
-                        break
-                if short == "lm_head.weight":  # lm_head.weight, or language_model.lm_head.weight
-                    out.top["lm_head"] = _to_weight(name, f.get_tensor(name))
-                    continue
-                if ".shared_head." in short:
-                    notices.setdefault("shared_head", f"skipping shared_head weights (e.g. {name}), as transformers does")
-                    out.skipped["shared_head"] = out.skipped.get("shared_head", 0) + 1
-                    continue
-                m = re.match(r"^layers\.(\d+)\.", short)
-                if m and int(m.group(1)) >= num_hidden_layers:
-                    notices.setdefault("mtp", f"skipping the multi-token-prediction layer (e.g. {name}), as transformers does")
-                    out.skipped["mtp"] = out.skipped.get("mtp", 0) + 1
-                    continue
-                _route(out, name, short, f)
+                where = names.route(name, num_hidden_layers)
+                if where[0] == "skip":
+                    notices.setdefault(where[1], _NOTICES[where[1]].format(name=name))
+                    out.skipped[where[1]] = out.skipped.get(where[1], 0) + 1
+                elif where[0] == "top":
+                    out.top[where[1]] = _to_weight(name, f.get_tensor(name))
+                else:
+                    _, i, group, key = where
+                    out.layers[i][group][key] = _to_weight(name, f.get_tensor(name))
     for msg in notices.values():
         log.warning("memra: %s", msg)
     return out
-
-
-def _route(out: CheckpointTensors, name: str, short: str, f) -> None:
-    for pattern, kind in ROUTES:
-        m = pattern.match(short)
-        if not m:
-            continue
-        if kind == "top":
-            out.top[m.group(1)] = _to_weight(name, f.get_tensor(name))
-        elif kind == "hc":
-            i, site, key = int(m.group(1)), m.group(2), m.group(3)
-            out.layers[i][f"{site}_hc"][key] = _to_weight(name, f.get_tensor(name))
-        elif kind == "norm":
-            out.layers[int(m.group(1))][m.group(2)]["weight"] = _to_weight(name, f.get_tensor(name))
-        else:
-            out.layers[int(m.group(1))][kind][m.group(2)] = _to_weight(name, f.get_tensor(name))
-        return
-    raise ContractError(f"load: unexpected tensor {name!r} (no layer of the model takes it)", 40024)

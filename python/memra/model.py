@@ -3,7 +3,6 @@ generation (greedy or sampled; one prompt, streamed, or a batch of prompts decod
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import threading
@@ -14,11 +13,11 @@ from pathlib import Path
 import numpy as np
 
 from . import _core
-from .config import read_config
+from .config import check_fields, read_config, read_json_object
 from .decode_graph import DecodeRunner, Sampling
 from .errors import CacheFullError, ContractError, UnsupportedError, check_token_ids
 from .loader import read_tensors
-from .models import glm5_next
+from .models import DecoderModel
 
 log = logging.getLogger("memra")
 
@@ -249,7 +248,7 @@ class Model:
         """Sample row `row` of logits [B, vocab] (on the engine's device) with memra's sampler;
         on a CUDA engine the sampling runs there and only the token comes back."""
         with self._lock:
-            e = self.net._e
+            e = self.net.op_engine
             one = logits if logits.shape[0] == 1 else _core.take_rows(logits, row, 1, engine=e)
             counters = np.array([step], np.uint64)
             tok = _core.sample(one, e.to_device(counters) if e else counters, temperature=float(temperature),
@@ -438,15 +437,13 @@ class Model:
 
 
 def _eos_ids(path: Path, config) -> list[int]:
+    """The checkpoint's EOS ids: generation_config.json's eos_token_id, else the config's
+    (ContractError naming a wrongly typed one)."""
     eos = None
     gen = path / "generation_config.json"
     if gen.exists():
-        try:
-            data = json.loads(gen.read_text())
-        except json.JSONDecodeError as e:
-            raise ContractError(f"load: {gen} is not valid JSON: {e}", 40025) from None
-        if not isinstance(data, dict):
-            raise ContractError(f"load: {gen} must hold a JSON object", 40025)
+        data = read_json_object(gen, "load")
+        check_fields(data, {"eos_token_id": int | list[int] | None}, what=f"load: {gen.name}")
         eos = data.get("eos_token_id")
     if eos is None:
         eos = config.eos_token_id
@@ -476,7 +473,7 @@ def load(path, device: str = "cpu", max_batch: int = 8, max_len: int = 4096, *, 
     path = Path(path)
     if not path.is_dir():
         raise ContractError(f"load: {path} is not a directory", 40024)
-    model_type, cfg = read_config(path)
+    family, cfg = read_config(path)
     max_batch = _count(max_batch, "load: max_batch", 1)
     max_len = _count(max_len, "load: max_len", 1)
     if not isinstance(device, str):
@@ -491,14 +488,13 @@ def load(path, device: str = "cpu", max_batch: int = 8, max_len: int = 4096, *, 
         raise ContractError(f"load: dtype must be 'float32' or 'bfloat16', got {dtype!r}", 40025)
     if dtype == "bfloat16" and not engine.is_cuda:
         raise UnsupportedError("load: the CPU backend computes in float32 only (dtype='float32')", 50000)
-    specs = glm5_next.state_specs_for(cfg)
+    plan = family.layer_plan(cfg)  # decided once: the cache's planes and the blocks
+    specs = [p.state for p in plan]
     need = _core.Cache.bytes_needed(max_batch, max_len, specs)
     log.info("memra: cache of %d x %d tokens needs %.1f MiB", max_batch, max_len, need / 2**20)
     cache = _core.Cache(engine, specs, max_batch=max_batch, max_len=max_len, latent_dtype=dtype)
-    raw = json.loads((path / "config.json").read_text())
-    tie = bool(raw.get("tie_word_embeddings", cfg.tie_word_embeddings))
-    tensors = read_tensors(path, cfg.num_hidden_layers, progress=progress)
-    net = glm5_next.Glm5NextTextModel(engine, cfg, tensors, tie_word_embeddings=tie, dtype=dtype)
+    tensors = read_tensors(path, cfg.num_hidden_layers, names=family.names, progress=progress)
+    net = DecoderModel(engine, family, cfg, plan, tensors, dtype=dtype)
     tokenizer = None
     if (path / "tokenizer.json").exists():
         from tokenizers import Tokenizer

@@ -62,6 +62,23 @@ void place(L& l, const Engine& engine, const std::string& dtype, const char* wha
 
 size_t sz(int64_t v) { return static_cast<size_t>(v); }
 
+// MoeLayer.forward's work: y [T, hidden] and the chosen experts [T, top_k] (both bindings run the
+// same call with the same outputs, so forward and forward_with_experts give the same bytes).
+std::pair<Out, Out> moe_forward(const MoeLayer& l, const AnyArray& x, const char* op) {
+  const int D = l.config().hidden;
+  const float* xp = f32_in(l.cuda(), x, op, "x", {-1, D});
+  const int T = int(dim(x, 0));
+  Out y = out_f32(l.cuda(), {sz(T), sz(D)}, false);
+  Out idx = out_i32(l.cuda(), {sz(T), sz(l.config().top_k)}, false);
+  Status st;
+  {
+    nb::gil_scoped_release nogil;
+    st = l.forward(xp, T, y.data<float>(), idx.data<int32_t>());
+  }
+  check(st);
+  return {std::move(y), std::move(idx)};
+}
+
 }  // namespace
 
 void init_layers(nb::module_& m) {
@@ -344,20 +361,21 @@ void init_layers(nb::module_& m) {
       .def(
           "forward",
           [](const MoeLayer& l, const AnyArray& x) {
-            const int D = l.config().hidden;
-            const float* xp = f32_in(l.cuda(), x, "MoeLayer.forward", "x", {-1, D});
-            const int T = int(dim(x, 0));
-            Out y = out_f32(l.cuda(), {sz(T), sz(D)}, false);
-            Out idx = out_i32(l.cuda(), {sz(T), sz(l.config().top_k)}, false);
-            Status st;
-            {
-              nb::gil_scoped_release nogil;
-              st = l.forward(xp, T, y.data<float>(), idx.data<int32_t>());
-            }
-            check(st);
+            return moe_forward(l, x, "MoeLayer.forward").first.obj;
+          },
+          nb::arg("x"),
+          "x [T, hidden] float32 -> y [T, hidden] float32, on the layer's device: the same kind "
+          "of result as MlpLayer.forward, so a decoder loop calls every FFN alike "
+          "(forward_with_experts also returns the chosen experts).")
+      .def(
+          "forward_with_experts",
+          [](const MoeLayer& l, const AnyArray& x) {
+            auto [y, idx] = moe_forward(l, x, "MoeLayer.forward_with_experts");
             return nb::make_tuple(y.obj, idx.obj);
           },
-          nb::arg("x"), "x [T, hidden] -> (y [T, hidden], chosen experts [T, top_k] int32).");
+          nb::arg("x"),
+          "x [T, hidden] -> (y [T, hidden] float32, chosen experts [T, top_k] int32): forward's "
+          "y byte for byte, and the router's choice.");
 
   nb::class_<HyperConnection>(m, "HyperConnection",
                               "mHC site (reference: Glm5NextTextHyperConnection). Weights: fn, "

@@ -298,6 +298,41 @@ void init_ops_basic(nb::module_& m) {
       "Reference: Glm5NextTextRMSNorm / Glm5NextTextUnweightedRMSNorm.");
 
   m.def(
+      "add_rms_norm",
+      [](const AnyArray& x, const AnyArray& y, std::optional<AnyArray> weight, float eps,
+         const Engine* engine) {
+        const char* op = "add_rms_norm";
+        check_eps(eps, op);
+        const float* xp = f32_in(engine, x, op, "x", {-1, -1});
+        const int T = int_extent(x, 0, op, "x"), D = int_extent(x, 1, op, "x");
+        const float* yp = f32_in(engine, y, op, "y", {T, D});
+        const float* wp = weight ? f32_in(engine, *weight, op, "weight", {D}) : nullptr;
+        Out sum = out_f32_uninit(engine, {sz(T), sz(D)});
+        Out h = out_f32_uninit(engine, {sz(T), sz(D)});
+        if (on_cuda(engine)) {
+          const CudaContext& c = cuda_ctx(engine);
+          check_cuda(engine, c.api().add(c.ctx(), xp, yp, int64_t(T) * D, sum.data<float>()), op);
+          check_cuda(engine, c.api().rms_norm(c.ctx(), sum.data<float>(), T, D, wp, eps, h.data<float>()),
+                     op);
+        } else {
+          nb::gil_scoped_release nogil;
+          float* sp = sum.data<float>();
+          for (int64_t i = 0; i < int64_t(T) * D; ++i) sp[i] = xp[i] + yp[i];
+          cpu::rms_norm(sp, T, D, wp, eps, h.data<float>());
+        }
+        return nb::make_tuple(sum.obj, h.obj);
+      },
+      nb::arg("x"), nb::arg("y"), nb::arg("weight") = nb::none(), nb::kw_only(), nb::arg("eps"),
+      nb::arg("engine").none() = nb::none(),
+      "The plain pre-norm residual step: (residual, normed) = (x + y, rms_norm(x + y, weight, "
+      "eps)), both [T, D] float32, the bytes of an f32 add followed by rms_norm. x (the residual "
+      "stream) and y (a sublayer's output) [T, D] float32 and weight [D] (None: unweighted) on "
+      "the engine's device.\nRaises ContractError (CONTRACT_DTYPE, CONTRACT_SHAPE, CONTRACT_STRIDE, "
+      "CONTRACT_DEVICE; CONTRACT_VALUE for an eps that is negative or not finite).\nReference: "
+      "the decoder layers of transformers' Kimi-Linear and Qwen3.5 (residual + hidden_states, then "
+      "the next RMSNorm).");
+
+  m.def(
       "rms_norm_gated",
       [](const AnyArray& x, const AnyArray& gate, const AnyArray& weight, float eps,
          const Engine* engine) {

@@ -1,1 +1,40 @@
-"""Model families: each module builds memra layer objects from a checkpoint and chains them."""
+"""Model families and the machinery they share (docs/architecture.md).
+
+- :mod:`.registry`: :class:`Family`, :class:`LayerPlan`, :class:`Block` and the registry keyed by
+  config.json's ``model_type`` (:func:`family_for`).
+- :mod:`.decoder`: :class:`DecoderModel`, the one decoder loop.
+- :mod:`.residual`: the residual kinds (plain pre-norm; mHC hyper-connections).
+- :mod:`.layers`: the mixer interface, :class:`StepContext` and helpers for block builders.
+- one module per family (:mod:`.glm5_next`), registered here.
+"""
+
+from __future__ import annotations
+
+from . import glm5_next
+from .decoder import DecoderModel
+from .layers import KdaMixer, MlaMixer, StepContext
+from .registry import Block, BuildArgs, Family, LayerPlan, family_for, register, supported_model_types
+from .residual import MhcResidual, MhcSite, NormSite, PlainResidual
+
+FAMILIES: tuple[Family, ...] = (glm5_next.FAMILY,)
+for _family in FAMILIES:
+    register(_family)
+
+__all__ = [
+    "FAMILIES",
+    "Block",
+    "BuildArgs",
+    "DecoderModel",
+    "Family",
+    "KdaMixer",
+    "LayerPlan",
+    "MhcResidual",
+    "MhcSite",
+    "MlaMixer",
+    "NormSite",
+    "PlainResidual",
+    "StepContext",
+    "family_for",
+    "register",
+    "supported_model_types",
+]

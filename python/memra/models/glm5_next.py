@@ -1,242 +1,349 @@
-"""GLM-5.3-Flash (``glm5_next``) text model over memra's layer objects.
+"""GLM-5.3-Flash (``glm5_next``): the family's config, layer plan, checkpoint names and blocks.
 
-Reference: transformers 5.17 ``models/glm5_next/modeling_glm5_next.py``
-(``Glm5NextTextModel.forward`` and ``Glm5NextTextDecoderLayer.forward``): token embedding copied
-into ``hc_mult`` residual streams; per layer an mHC site around the mixer (KDA or MLA with the
-DSA k-pool indexer; a "shared" DSA layer reuses the index list of the full DSA layer before it)
-and an mHC site around the FFN (dense SwiGLU MLP or MoE); then the plain mean over the streams,
-the final RMSNorm and the LM head.
+Reference: transformers 5.17 ``models/glm5_next`` (``configuration_glm5_next.py``,
+``modeling_glm5_next.py``). The text model: token embedding copied into ``hc_mult`` residual
+streams (mHC, memra.models.residual.MhcResidual); per layer an mHC site around the mixer (KDA,
+or MLA with the DSA k-pool indexer, where a "shared" DSA layer reuses the index list of the full
+DSA layer before it) and an mHC site around the FFN (dense SwiGLU MLP or MoE); then the plain
+mean over the streams, the final RMSNorm and the LM head.
+
+:func:`parse_config` reproduces ``Glm5NextTextConfig.__post_init__`` and
+``Glm5NextConfig.__post_init__``: the nested ``text_config`` and the flat form, the default
+layer and MLP schedules, ``index_topk_pattern`` / ``index_topk_freq`` /
+``index_skip_topk_offset``, ``linear_attn_config``, and ``"full_attention"`` renamed to
+``"deepseek_sparse_attention"``. It is tested against transformers' own parse
+(tests/fixtures/glm5_next_config_cases.json).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
-
-import numpy as np
+import dataclasses
+import typing
+from dataclasses import dataclass, field
+from typing import Any, TypedDict
 
 from .. import _core
-from ..config import Glm5NextConfig
-from ..errors import ContractError, MemraError, check_token_ids
-from ..loader import CheckpointTensors
+from ..config import check_fields, field_defaults, field_table
+from ..errors import ContractError, UnsupportedError
+from ..loader import NameTable, Route
+from .layers import KdaMixer, MlaMixer, check_groups, located, norm_vector
+from .registry import Block, BuildArgs, Family, LayerPlan
+from .residual import MhcResidual, MhcSite
 
 
 @dataclass
-class _Block:
-    kind: str  # "kda" | "mla"
-    indexer: str  # "full" | "shared" | "" (KDA)
-    attn_hc: _core.HyperConnection
-    input_norm: np.ndarray
-    mixer: Any
-    ffn_hc: _core.HyperConnection
-    post_norm: np.ndarray
-    mlp: Any
-    sparse_mlp: bool
+class Glm5NextConfig:
+    """The text model of GLM-5.3-Flash (``glm5_next``), as transformers parses it.
 
-
-def _located(where: str, fn, *args, **kwargs):
-    """Run a layer constructor; re-raise its error with the checkpoint location prefixed."""
-    try:
-        return fn(*args, **kwargs)
-    except MemraError as e:
-        raise type(e)(f"{where}: {e}", e.code) from None
-
-
-def _norm_vector(where: str, group: dict[str, _core.Weight], size: int) -> np.ndarray:
-    w = group.get("weight")
-    if w is None:
-        raise ContractError(f"{where}: missing tensor 'weight' (expected shape [{size}])", 40024)
-    if list(w.shape) != [size]:
-        raise ContractError(f"{where}: tensor 'weight' has shape {list(w.shape)}, expected [{size}]", 40000)
-    if len(group) != 1:
-        raise ContractError(f"{where}: unexpected tensor(s) {sorted(set(group) - {'weight'})}", 40024)
-    return w.to_numpy()
-
-
-class Glm5NextTextModel:
-    """The glm5_next text model on one Engine.
-
-    Built from a parsed :class:`~memra.config.Glm5NextConfig` and the checkpoint's tensors;
-    raises ContractError naming any missing, extra or mis-shaped tensor.
+    The annotations are the typed field table of config.json (memra.config.check_fields) and
+    the defaults are ``Glm5NextTextConfig``'s; after :func:`parse_config` the schedules
+    (``layer_types``, ``mlp_layer_types``, ``indexer_types``) are lists of num_hidden_layers or
+    more entries and ``num_key_value_heads`` is set. ``extra`` keeps the keys transformers takes
+    as kwargs.
     """
 
-    def __init__(self, engine: _core.Engine, cfg: Glm5NextConfig, tensors: CheckpointTensors,
-                 *, tie_word_embeddings: bool, dtype: str = "float32") -> None:
-        self.engine = engine
-        self.cfg = cfg
-        self.dtype = dtype
-        # Functional ops take engine=None for the CPU backend, the engine itself for CUDA.
-        self._e = engine if engine.is_cuda else None
-        D = cfg.hidden_size
-        extra_layers = sorted(set(tensors.layers) - set(range(cfg.num_hidden_layers)))
-        if extra_layers:
-            raise ContractError(f"load: tensors for layers {extra_layers} beyond num_hidden_layers", 40024)
-        top = dict(tensors.top)
-        if "embed_tokens" not in top:
-            raise ContractError("load: missing tensor 'embed_tokens.weight'", 40024)
-        self.embed = top.pop("embed_tokens")
-        if list(self.embed.shape) != [cfg.vocab_size, D]:
-            raise ContractError(
-                f"load: embed_tokens.weight has shape {list(self.embed.shape)}, expected "
-                f"[{cfg.vocab_size}, {D}]", 40000)
-        if "norm" not in top:
-            raise ContractError("load: missing tensor 'norm.weight'", 40024)
-        self.final_norm = _norm_vector("norm", {"weight": top.pop("norm")}, D)
-        if "lm_head" in top:
-            self.lm_head = top.pop("lm_head")
-        elif tie_word_embeddings:
-            self.lm_head = self.embed
+    vocab_size: int = 154880
+    hidden_size: int = 4096
+    intermediate_size: int = 12288
+    moe_intermediate_size: int = 2048
+    num_hidden_layers: int = 45
+    num_attention_heads: int = 64
+    num_key_value_heads: int | None = 64
+    n_shared_experts: int = 1
+    n_routed_experts: int = 288
+    routed_scaling_factor: float = 2.5
+    kv_lora_rank: int = 512
+    q_lora_rank: int | None = 1536
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 256
+    qk_nope_head_dim: int = 256
+    n_group: int = 1
+    topk_group: int = 1
+    num_experts_per_tok: int = 8
+    norm_topk_prob: bool = True
+    hidden_act: str = "silu"
+    max_position_embeddings: int = 1048576
+    rms_norm_eps: float = 1e-5
+    pad_token_id: int | None = 154820
+    bos_token_id: int | None = None
+    eos_token_id: int | list[int] | None = None
+    tie_word_embeddings: bool = False
+    mlp_layer_types: list[str] | None = None
+    attention_bias: bool = False
+    index_topk: int = 2048
+    index_head_dim: int = 128
+    index_n_heads: int = 32
+    layer_types: list[str] | None = None
+    indexer_types: list[str] | None = None
+    swiglu_limit: float = 10.0
+    linear_head_dim: int = 128
+    linear_num_heads: int = 64
+    linear_conv_kernel_dim: int = 4
+    linear_lower_bound: float | None = -5.0
+    hc_mult: int = 4
+    hc_eps: float = 1e-6
+    hc_sinkhorn_iters: int = 20
+    index_kpool: int = 16
+    index_kpool_always_select_tail: bool = True
+    model_type: str = "glm5_next"
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        """Every field as a plain dict (``extra`` included)."""
+        return dataclasses.asdict(self)
+
+
+class _LinearAttnConfig(TypedDict, total=False):
+    head_dim: int
+    num_heads: int
+    short_conv_kernel_size: int
+    gate_lower_bound: float | None
+    safe_gate: bool
+
+
+class _Kwargs(TypedDict, total=False):
+    """Keys outside the dataclass that the parse reads (transformers' kwargs)."""
+
+    index_topk_pattern: str | list[str] | None
+    index_topk_freq: int
+    index_skip_topk_offset: int
+    linear_attn_config: _LinearAttnConfig | None
+
+
+_FIELDS = field_table(Glm5NextConfig)
+_DEFAULTS = field_defaults(Glm5NextConfig)
+_KWARG_TYPES = typing.get_type_hints(_Kwargs)
+
+
+def _post_init(text: dict[str, Any]) -> dict[str, Any]:
+    """Glm5NextTextConfig.__post_init__ on a dict of text fields (returns the parsed fields)."""
+    known = {k: text[k] for k in _DEFAULTS if k in text}
+    kwargs = {k: v for k, v in text.items() if k not in _DEFAULTS}
+    c = dict(_DEFAULTS)
+    c.update(known)
+    n = c["num_hidden_layers"]
+    if c["num_key_value_heads"] is None:
+        c["num_key_value_heads"] = c["num_attention_heads"]
+    if c["mlp_layer_types"] is None:
+        c["mlp_layer_types"] = ["dense"] * min(3, n) + ["sparse"] * (n - 3)
+    if c["layer_types"] is None:
+        c["layer_types"] = [
+            "linear_attention" if i % 4 != 3 else "deepseek_sparse_attention" for i in range(n)
+        ]
+    c["layer_types"] = [
+        "deepseek_sparse_attention" if t == "full_attention" else t for t in c["layer_types"]
+    ]
+    if c["indexer_types"] is None:
+        pattern = kwargs.get("index_topk_pattern")
+        if pattern is not None:
+            if isinstance(pattern, str) and not set(pattern) <= {"F", "S"}:
+                raise ContractError(f"config: index_topk_pattern may hold only 'F' and 'S', got {pattern!r}",
+                                    40025)
+            c["indexer_types"] = (
+                [{"F": "full", "S": "shared"}[ch] for ch in pattern]
+                if isinstance(pattern, str)
+                else list(pattern)
+            )
         else:
-            raise ContractError("load: missing tensor 'lm_head.weight' (tie_word_embeddings is false)", 40024)
-        if list(self.lm_head.shape) != [cfg.vocab_size, D]:
-            raise ContractError(
-                f"load: lm_head.weight has shape {list(self.lm_head.shape)}, expected [{cfg.vocab_size}, {D}]",
-                40000)
-        self.blocks: list[_Block] = [self._block(i, tensors.layers.get(i, {})) for i in range(cfg.num_hidden_layers)]
-        if self._e is not None:
-            # Embedding and LM head converted once to the compute dtype; norm weights to the device.
-            tied = self.lm_head is self.embed
-            self.embed = _core.DeviceWeight(engine, self.embed, dtype=dtype)
-            self.lm_head = self.embed if tied else _core.DeviceWeight(engine, self.lm_head, dtype=dtype)
-            self.final_norm = engine.to_device(self.final_norm)
-            for b in self.blocks:
-                b.input_norm = engine.to_device(b.input_norm)
-                b.post_norm = engine.to_device(b.post_norm)
-
-    # ------------------------------------------------------------------ construction
-    def _block(self, i: int, groups: dict[str, dict[str, _core.Weight]]) -> _Block:
-        cfg, e, D = self.cfg, self.engine, self.cfg.hidden_size
-        p = f"model.layers.{i}"
-        unknown = set(groups) - {"mixer", "mlp", "input_layernorm", "post_attention_layernorm", "attn_hc", "ffn_hc"}
-        if unknown:
-            raise ContractError(f"{p}: unexpected tensor group(s) {sorted(unknown)}", 40024)
-        hc = {}
-        for site in ("attn_hc", "ffn_hc"):
-            hc[site] = _located(
-                f"{p}.hc_{site[:-3]}_*", _core.HyperConnection, e, dict(groups.get(site, {})),
-                hidden=D, hc_mult=cfg.hc_mult, sinkhorn_iters=cfg.hc_sinkhorn_iters,
-                hc_eps=cfg.hc_eps, norm_eps=cfg.rms_norm_eps, dtype=self.dtype)
-        mixer_w = dict(groups.get("mixer", {}))
-        kind = "kda" if cfg.layer_types[i] == "linear_attention" else "mla"
-        indexer = ""
-        if kind == "kda":
-            mixer = _located(
-                f"{p}.self_attn", _core.KdaLayer, e, mixer_w, hidden=D, heads=cfg.linear_num_heads,
-                head_dim=cfg.linear_head_dim, conv_kernel=cfg.linear_conv_kernel_dim,
-                gate="lower_bound" if cfg.linear_lower_bound is not None else "softplus",
-                lower_bound=float(cfg.linear_lower_bound or 0.0), rms_eps=cfg.rms_norm_eps,
-                dtype=self.dtype)
-        else:
-            indexer = cfg.indexer_types[i]
-            full = indexer == "full"
-            mixer = _located(
-                f"{p}.self_attn", _core.MlaLayer, e, mixer_w, hidden=D, heads=cfg.num_attention_heads,
-                q_lora_rank=cfg.q_lora_rank, kv_rank=cfg.kv_lora_rank, d_nope=cfg.qk_nope_head_dim,
-                d_rope=cfg.qk_rope_head_dim, d_v=cfg.v_head_dim, rms_eps=cfg.rms_norm_eps, sparse=True,
-                index_heads=cfg.index_n_heads if full else 0,
-                index_head_dim=cfg.index_head_dim if full else 0, kpool=cfg.index_kpool,
-                topk=cfg.index_topk, tail_rows=2 * cfg.index_kpool, rotate=False, dtype=self.dtype)
-        mlp_w = dict(groups.get("mlp", {}))
-        sparse = cfg.mlp_layer_types[i] == "sparse"
-        if sparse:
-            mlp = _located(
-                f"{p}.mlp", _core.MoeLayer, e, mlp_w, hidden=D, n_experts=cfg.n_routed_experts,
-                top_k=cfg.num_experts_per_tok, n_group=cfg.n_group, topk_group=cfg.topk_group,
-                intermediate=cfg.moe_intermediate_size,
-                shared_intermediate=cfg.moe_intermediate_size * cfg.n_shared_experts,
-                norm_topk_prob=cfg.norm_topk_prob, routed_scaling=cfg.routed_scaling_factor,
-                swiglu_limit=cfg.swiglu_limit, dtype=self.dtype)
-        else:
-            mlp = _located(f"{p}.mlp", _core.MlpLayer, e, mlp_w, hidden=D,
-                           intermediate=cfg.intermediate_size, swiglu_limit=cfg.swiglu_limit,
-                           dtype=self.dtype)
-        return _Block(
-            kind=kind, indexer=indexer, attn_hc=hc["attn_hc"],
-            input_norm=_norm_vector(f"{p}.input_layernorm", groups.get("input_layernorm", {}), D),
-            mixer=mixer, ffn_hc=hc["ffn_hc"],
-            post_norm=_norm_vector(f"{p}.post_attention_layernorm", groups.get("post_attention_layernorm", {}), D),
-            mlp=mlp, sparse_mlp=sparse)
-
-    def state_specs(self) -> list[_core.LayerStateSpec]:
-        """One cache plane per layer, in layer order."""
-        return [b.mixer.state_spec() for b in self.blocks]
-
-    # ------------------------------------------------------------------ forward
-    def hidden(self, cache: _core.Cache, slots: np.ndarray, ids: np.ndarray, *, decode: bool,
-               record: dict[int, np.ndarray] | None = None):
-        """Final hidden states after the mixer + FFN stack; does NOT commit the cache.
-
-        prefill (decode=False): slots [1], ids [T] -> [T, hidden].
-        decode (decode=True): slots [B], ids [B] (one token each) -> [B, hidden].
-        slots and ids are host int32 arrays; on a CUDA engine a decode may instead take a
-        memra.DecodeSlots and device ids already range-checked (decode_graph.DecodeRunner: no host
-        round trip, so the step can be captured). The result lives on the engine's device (numpy
-        on the CPU, a DLPack CUDA array on a GPU). `record`, when given, receives the index list each
-        full DSA layer used (as host arrays).
-        """
-        cfg, e = self.cfg, self._e
-        eps = cfg.rms_norm_eps
-        # The embedding rows expanded into the hc residual streams (hc_expand), in one launch.
-        if e is None:
-            streams = _core.embedding(self.embed, ids, expand=cfg.hc_mult)
-        else:
-            if isinstance(ids, np.ndarray):
-                # Range-checked here on the host copy, so the device gather needs no host round trip.
-                check_token_ids(ids, cfg.vocab_size, "embedding")
-                ids = e.to_device(ids)
-            streams = _core.embedding(self.embed, ids, engine=e, check_range=False, expand=cfg.hc_mult)
-        topk = None
-        for i, b in enumerate(self.blocks):
-            # Each mHC site: the previous site's expansion, this site's mapping and the block's
-            # input norm in one call (one launch on CUDA at a decode row of batch 1).
-            if i == 0:
-                post, comb, h = b.attn_hc.pre(streams, norm=b.input_norm, eps=eps)
-            else:
-                streams, post, comb, h = b.attn_hc.post_pre(h, post, comb, streams,
-                                                            norm=b.input_norm, eps=eps)
-            if b.kind == "kda":
-                h = b.mixer.decode(cache, i, slots, h) if decode else b.mixer.prefill(cache, i, int(slots[0]), h)
-            else:
-                given = topk if b.indexer == "shared" else None
-                if decode:
-                    h, idx = b.mixer.decode(cache, i, slots, h, given)
-                else:
-                    h, idx = b.mixer.prefill(cache, i, int(slots[0]), h, given)
-                if b.indexer == "full":
-                    topk = idx
-                    if record is not None:
-                        record[i] = self.engine.to_host(idx) if e else idx
-            streams, post, comb, h = b.ffn_hc.post_pre(h, post, comb, streams,
-                                                       norm=b.post_norm, eps=eps)
-            h = b.mlp.forward(h)[0] if b.sparse_mlp else b.mlp.forward(h)
-        # The last expansion, the hyper head's mean and the final norm (one launch on CUDA).
-        return _core.mhc_post_head_norm(h, post, comb, streams, self.final_norm, eps=eps, engine=e)
-
-    def logits_of(self, hidden):
-        """LM head: hidden [N, hidden] -> logits [N, vocab] float32 on the engine's device."""
-        return _core.linear(hidden, self.lm_head, engine=self._e)
-
-    def last_row(self, hidden):
-        """The last row [1, hidden] of hidden [T, hidden], on the engine's device."""
-        return _core.take_rows(hidden, int(hidden.shape[0]) - 1, 1, engine=self._e)
-
-    def to_host(self, arr) -> np.ndarray:
-        """A numpy copy (waits for the device) of an array from this model's backend."""
-        return self.engine.to_host(arr) if self._e is not None else arr
+            freq = max(kwargs.get("index_topk_freq", 1), 1)
+            offset = kwargs.get("index_skip_topk_offset", 2)
+            c["indexer_types"] = [
+                "full" if (max(i - offset + 1, 0) % freq) == 0 else "shared" for i in range(n)
+            ]
+    lac = kwargs.get("linear_attn_config")
+    if lac is not None:
+        c["linear_head_dim"] = lac.get("head_dim", c["linear_head_dim"])
+        c["linear_num_heads"] = lac.get("num_heads", c["linear_num_heads"])
+        c["linear_conv_kernel_dim"] = lac.get("short_conv_kernel_size", c["linear_conv_kernel_dim"])
+        c["linear_lower_bound"] = lac.get("gate_lower_bound", c["linear_lower_bound"])
+        if lac.get("safe_gate", True) and c["linear_lower_bound"] is None:
+            c["linear_lower_bound"] = -5.0
+    c["extra"] = {k: v for k, v in kwargs.items()}
+    return c
 
 
-def state_specs_for(cfg: Glm5NextConfig) -> list[_core.LayerStateSpec]:
-    """The cache planes a glm5_next model needs, from its config alone (so a cache can be sized
-    and refused before any weight is read)."""
-    specs = []
+def _validate(c: dict[str, Any]) -> None:
+    """Glm5NextTextConfig.validate_architecture, plus memra's own refusals."""
+    if c["num_attention_heads"] != c["num_key_value_heads"]:
+        raise ContractError(
+            f"config: num_attention_heads ({c['num_attention_heads']}) must equal "
+            f"num_key_value_heads ({c['num_key_value_heads']})",
+            40025,
+        )
+    if c["index_kpool"] < 1:
+        raise ContractError(f"config: index_kpool must be positive, got {c['index_kpool']}", 40010)
+    if c["index_topk"] % c["index_kpool"] != 0:
+        raise ContractError(
+            f"config: index_topk ({c['index_topk']}) must be divisible by index_kpool "
+            f"({c['index_kpool']})",
+            40010,
+        )
+    if c["q_lora_rank"] is None:
+        raise ContractError("config: q_lora_rank is required for the DSA attention layers", 40025)
+    if c["qk_rope_head_dim"] > 0:
+        raise ContractError(
+            f"config: glm5_next expects NoPE attention, got qk_rope_head_dim={c['qk_rope_head_dim']}",
+            40025,
+        )
+    if not c["index_kpool_always_select_tail"]:
+        raise UnsupportedError(
+            "config: index_kpool_always_select_tail = false is not supported (queries before the "
+            "first complete pool would have an empty candidate set)",
+            50000,
+        )
+    n = c["num_hidden_layers"]
+    for name in ("layer_types", "mlp_layer_types", "indexer_types"):
+        if len(c[name]) < n:
+            raise ContractError(f"config: {name} has {len(c[name])} entries for {n} layers", 40025)
+    for i, t in enumerate(c["layer_types"][:n]):
+        if t not in ("linear_attention", "deepseek_sparse_attention"):
+            raise UnsupportedError(f"config: layer {i} has unknown layer type {t!r}", 50000)
+        if t != "deepseek_sparse_attention":
+            continue
+        if c["indexer_types"][i] not in ("full", "shared"):
+            raise UnsupportedError(f"config: layer {i} has unknown indexer type {c['indexer_types'][i]!r}", 50000)
+        if c["indexer_types"][i] == "shared":
+            prev = i - 1
+            if prev < 0 or c["layer_types"][prev] != "deepseek_sparse_attention" or (
+                c["indexer_types"][prev] != "full"
+            ):
+                raise ContractError(
+                    f"config: layer {i} is a shared DSA layer, but layer {prev} before it is not a "
+                    "full DSA layer",
+                    40025,
+                )
+    for i, t in enumerate(c["mlp_layer_types"][:n]):
+        if t not in ("dense", "sparse"):
+            raise UnsupportedError(f"config: layer {i} has unknown mlp type {t!r}", 50000)
+
+
+def parse_config(raw: dict[str, Any]) -> Glm5NextConfig:
+    """Parse a glm5_next ``config.json`` dict (nested ``text_config`` or flat) into the text config.
+
+    Raises ContractError naming a wrongly typed key or an inconsistent config, and
+    UnsupportedError for one memra refuses (``index_kpool_always_select_tail = false``, an
+    unknown layer, indexer or MLP type). Does not modify `raw`.
+    """
+    if not isinstance(raw, dict):
+        raise ContractError(f"config: config.json must hold a JSON object, got a {type(raw).__name__}", 40025)
+    text = raw.get("text_config")
+    if text is not None and not isinstance(text, dict):
+        raise ContractError(f"config: text_config must be a JSON object or null, got {text!r:.80}", 40025)
+    if text is not None:
+        check_fields(text, _FIELDS, "text_config.")
+        check_fields(text, _KWARG_TYPES, "text_config.")
+        check_fields(raw, {"tie_word_embeddings": bool})
+        fields = dict(text)
+        # Glm5NextForConditionalGeneration ties the LM head by the *top-level* tie_word_embeddings
+        # (Glm5NextConfig's own field, default False), never by text_config's.
+        fields["tie_word_embeddings"] = bool(raw.get("tie_word_embeddings", False))
+    else:
+        check_fields(raw, _FIELDS)
+        check_fields(raw, _KWARG_TYPES)
+        fields = {k: v for k, v in raw.items() if k not in ("vision_config", "architectures")}
+    fields.pop("model_type", None)
+    for k in ("transformers_version", "dtype", "torch_dtype", "architectures", "head_dim",
+              "qk_head_dim", "_name_or_path"):
+        fields.pop(k, None)
+    c = _post_init(fields)
+    _validate(c)
+    return Glm5NextConfig(**c)
+
+
+def layer_plan(cfg: Glm5NextConfig) -> list[LayerPlan]:
+    """Per layer: KDA or MLA (with its indexer role), dense or sparse FFN, and its cache plane."""
+    plan = []
     for i in range(cfg.num_hidden_layers):
+        ffn = "sparse" if cfg.mlp_layer_types[i] == "sparse" else "dense"
         if cfg.layer_types[i] == "linear_attention":
-            specs.append(_core.LayerStateSpec.kda(heads=cfg.linear_num_heads, head_dim=cfg.linear_head_dim,
-                                                  conv_kernel=cfg.linear_conv_kernel_dim))
-        elif cfg.indexer_types[i] == "full":
-            specs.append(_core.LayerStateSpec.mla(row_width=cfg.kv_lora_rank + cfg.qk_rope_head_dim,
-                                                  index_head_dim=cfg.index_head_dim, kpool=cfg.index_kpool,
-                                                  tail_rows=2 * cfg.index_kpool))
+            state = _core.LayerStateSpec.kda(heads=cfg.linear_num_heads, head_dim=cfg.linear_head_dim,
+                                             conv_kernel=cfg.linear_conv_kernel_dim)
+            plan.append(LayerPlan("kda", ffn, state))
+            continue
+        indexer = cfg.indexer_types[i]
+        row_width = cfg.kv_lora_rank + cfg.qk_rope_head_dim
+        if indexer == "full":
+            state = _core.LayerStateSpec.mla(row_width=row_width, index_head_dim=cfg.index_head_dim,
+                                             kpool=cfg.index_kpool, tail_rows=2 * cfg.index_kpool)
         else:
-            specs.append(_core.LayerStateSpec.mla(row_width=cfg.kv_lora_rank + cfg.qk_rope_head_dim))
-    return specs
+            state = _core.LayerStateSpec.mla(row_width=row_width)
+        plan.append(LayerPlan("mla", ffn, state, {"indexer": indexer}))
+    return plan
+
+
+# Names on disk: Glm5NextForConditionalGeneration (model.language_model.*), the older VLM layout
+# (language_model.model.*, language_model.lm_head.weight) and flat text-only checkpoints (model.*).
+NAMES = NameTable(
+    prefixes=("model.language_model.", "language_model.model.", "language_model.", "model."),
+    routes=(
+        Route(r"^layers\.(?P<layer>\d+)\.self_attn\.(?P<key>.+)$", "mixer"),
+        Route(r"^layers\.(?P<layer>\d+)\.mlp\.(?P<key>.+)$", "mlp"),
+        Route(r"^layers\.(?P<layer>\d+)\.(?P<norm>input_layernorm|post_attention_layernorm)\.weight$",
+              r"\g<norm>", "weight"),
+        Route(r"^layers\.(?P<layer>\d+)\.hc_(?P<site>attn|ffn)_(?P<key>fn|base|scale)$", r"\g<site>_hc"),
+        Route(r"^(?P<key>embed_tokens|norm|lm_head)\.weight$", "top"),
+    ),
+)
+
+_GROUPS = {"mixer", "mlp", "input_layernorm", "post_attention_layernorm", "attn_hc", "ffn_hc"}
+
+
+def build_block(a: BuildArgs) -> Block:
+    """Layer a.index's mHC sites, mixer and FFN from its tensor groups (ContractError naming a
+    missing, extra or mis-shaped tensor under ``model.layers.<i>``)."""
+    cfg, e, D, p, dtype, groups = a.config, a.engine, a.config.hidden_size, a.where, a.dtype, a.groups
+    check_groups(p, groups, _GROUPS)
+    hc = {}
+    for site in ("attn_hc", "ffn_hc"):
+        hc[site] = located(
+            f"{p}.hc_{site[:-3]}_*", _core.HyperConnection, e, dict(groups.get(site, {})),
+            hidden=D, hc_mult=cfg.hc_mult, sinkhorn_iters=cfg.hc_sinkhorn_iters,
+            hc_eps=cfg.hc_eps, norm_eps=cfg.rms_norm_eps, dtype=dtype)
+    mixer_w = dict(groups.get("mixer", {}))
+    if a.plan.mixer == "kda":
+        mixer = KdaMixer(located(
+            f"{p}.self_attn", _core.KdaLayer, e, mixer_w, hidden=D, heads=cfg.linear_num_heads,
+            head_dim=cfg.linear_head_dim, conv_kernel=cfg.linear_conv_kernel_dim,
+            gate="lower_bound" if cfg.linear_lower_bound is not None else "softplus",
+            lower_bound=float(cfg.linear_lower_bound or 0.0), rms_eps=cfg.rms_norm_eps, dtype=dtype))
+    else:
+        indexer = a.plan.options["indexer"]
+        full = indexer == "full"
+        mixer = MlaMixer(located(
+            f"{p}.self_attn", _core.MlaLayer, e, mixer_w, hidden=D, heads=cfg.num_attention_heads,
+            q_lora_rank=cfg.q_lora_rank, kv_rank=cfg.kv_lora_rank, d_nope=cfg.qk_nope_head_dim,
+            d_rope=cfg.qk_rope_head_dim, d_v=cfg.v_head_dim, rms_eps=cfg.rms_norm_eps, sparse=True,
+            index_heads=cfg.index_n_heads if full else 0,
+            index_head_dim=cfg.index_head_dim if full else 0, kpool=cfg.index_kpool,
+            topk=cfg.index_topk, tail_rows=2 * cfg.index_kpool, rotate=False, dtype=dtype), indexer)
+    mlp_w = dict(groups.get("mlp", {}))
+    if a.plan.ffn == "sparse":
+        ffn = located(
+            f"{p}.mlp", _core.MoeLayer, e, mlp_w, hidden=D, n_experts=cfg.n_routed_experts,
+            top_k=cfg.num_experts_per_tok, n_group=cfg.n_group, topk_group=cfg.topk_group,
+            intermediate=cfg.moe_intermediate_size,
+            shared_intermediate=cfg.moe_intermediate_size * cfg.n_shared_experts,
+            norm_topk_prob=cfg.norm_topk_prob, routed_scaling=cfg.routed_scaling_factor,
+            swiglu_limit=cfg.swiglu_limit, dtype=dtype)
+    else:
+        ffn = located(f"{p}.mlp", _core.MlpLayer, e, mlp_w, hidden=D, intermediate=cfg.intermediate_size,
+                      swiglu_limit=cfg.swiglu_limit, dtype=dtype)
+    return Block(
+        mixer_site=MhcSite(hc["attn_hc"], norm_vector(f"{p}.input_layernorm",
+                                                      groups.get("input_layernorm", {}), D)),
+        mixer=mixer,
+        ffn_site=MhcSite(hc["ffn_hc"], norm_vector(f"{p}.post_attention_layernorm",
+                                                   groups.get("post_attention_layernorm", {}), D)),
+        ffn=ffn)
+
+
+FAMILY = Family(
+    name="glm5_next",
+    model_types=("glm5_next", "glm5_next_text"),
+    reference="transformers 5.17 models/glm5_next",
+    parse_config=parse_config,
+    layer_plan=layer_plan,
+    names=NAMES,
+    residual=lambda cfg: MhcResidual(cfg.hc_mult, cfg.rms_norm_eps),
+    build_block=build_block,
+)
