@@ -4,6 +4,7 @@ bfloat16 conversions, bf16 Weights, CUDA engines made with given kernel options.
 
 from __future__ import annotations
 
+import atexit
 import functools
 
 import ml_dtypes
@@ -68,6 +69,9 @@ def expect(cls, code, fn, *args, **kwargs):
 @functools.lru_cache(maxsize=None)
 def _engine_with(fields: tuple) -> memra.Engine:
     return memra.Engine("cuda", options=memra.KernelOptions(**dict(fields)))
+
+
+atexit.register(_engine_with.cache_clear)  # the engines go before the interpreter tears down
 
 
 def engine_with(**fields) -> memra.Engine:
