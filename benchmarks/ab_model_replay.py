@@ -1,19 +1,21 @@
-"""A/B of decode knobs on the graph replay (B = 1 by default), arms interleaved in one process.
+"""A/B of kernel options on the decode graph replay (B = 1 by default), arms interleaved in one
+process.
 
 Replays of one build move ~1 % between machines and runs, which is as large as most single
 changes; separate bench_model_decode runs per arm cannot tell them apart. Here every arm is its
-own memra.load of the same checkpoint, loaded and captured with the arm's MEMRA_* knobs set
-(some are read when an Engine's CUDA context is created, others when a step is enqueued), all
-side by side, and the rounds alternate between them in a shuffled order, so drift (clocks,
-temperature, other tenants) hits every arm alike.
+own memra.load of the same checkpoint with the arm's memra.KernelOptions (its engine is made
+with them), all side by side, and the rounds alternate between them in a shuffled order, so
+drift (clocks, temperature, other tenants) hits every arm alike. Two builds are compared by
+running this once per build on one machine, alternating.
 
     PYTHONPATH=build/dev-gpu/site python3 benchmarks/ab_model_replay.py \\
-        new old:MEMRA_GEMV_P1=0,MEMRA_KDA_SLOTS=0 [--rounds 12] [--steps 40]
+        new nopdl:pdl=0 rows1:gemv_rows=1,gemv_tall_rows=1 [--rounds 12] [--steps 40]
 
-An arm is NAME or NAME:VAR=VALUE,VAR=VALUE (the first arm is the reference). Needs the
-bench_model_decode checkpoint (its --quick run builds it). Prints one JSON line per arm: median
-and min over rounds of the per-step replay time (µs), the difference of medians from the first
-arm, and the greedy tokens' agreement with the first arm (knobs must not change the bytes).
+An arm is NAME or NAME:FIELD=VALUE,FIELD=VALUE with KernelOptions fields (switches take 0 / 1 /
+true / false; the first arm is the reference). Needs the bench_model_decode checkpoint (its
+--quick run builds it). Prints one JSON line per arm: median and min over rounds of the per-step
+replay time (µs), the difference of medians from the first arm, and the greedy tokens'
+agreement with the first arm (options documented as speed only must not change the bytes).
 """
 
 from __future__ import annotations
@@ -30,38 +32,31 @@ import numpy as np
 
 import memra
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import kernel_option_fields  # noqa: E402
+
 
 def parse_arm(s: str) -> tuple[str, dict]:
+    """NAME[:FIELD=VALUE,...] -> (NAME, {field: typed value}), checked before any load."""
     name, _, rest = s.partition(":")
-    env = dict(kv.split("=", 1) for kv in rest.split(",") if kv)
-    return name, env
+    return name, kernel_option_fields(rest)
 
 
-def load_arm(folder: str, env: dict, max_len: int, prompt: list, batch: int):
-    """memra.load, prefill of `batch` sequences and the first decode steps (eager, capture,
-    replays) with the arm's environment set: knobs read at context creation and knobs read when
-    a step is enqueued (captured into the graph) both take effect. Returns the model, its greedy
-    tokens (every row's, step by step) and the captured graph of the batch's bucket."""
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
-        m = memra.load(folder, device="cuda", dtype="bfloat16", max_batch=batch, max_len=max_len,
-                       progress=False)
-        slots = list(range(batch))
-        last = [int(np.argmax(m.prefill(m.cache, s, prompt))) for s in slots]
-        toks = [list(last)]
-        for i in range(4):  # eager, capture, then replays
-            last = [int(t) for t in m._decode_sampled(slots, last, 0.0, None, None, [0] * batch, i + 1)]
-            toks.append(list(last))
-        bucket = m._runner._buckets[m._runner.bucket_size(batch)]
-        graph = next(g for s, g in bucket.graphs.items() if s is not None)
-        return m, toks, graph
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+def load_arm(folder: str, fields: dict, max_len: int, prompt: list, batch: int):
+    """memra.load with the arm's kernel options, prefill of `batch` sequences and the first
+    decode steps (eager, capture, replays). Returns the model, its greedy tokens (every row's,
+    step by step) and the captured graph of the batch's bucket."""
+    m = memra.load(folder, device="cuda", dtype="bfloat16", max_batch=batch, max_len=max_len,
+                   progress=False, kernel_options=memra.KernelOptions(**fields))
+    slots = list(range(batch))
+    last = [int(np.argmax(m.prefill(m.cache, s, prompt))) for s in slots]
+    toks = [list(last)]
+    for i in range(4):  # eager, capture, then replays
+        last = [int(t) for t in m._decode_sampled(slots, last, 0.0, None, None, [0] * batch, i + 1)]
+        toks.append(list(last))
+    bucket = m._runner._buckets[m._runner.bucket_size(batch)]
+    graph = next(g for s, g in bucket.graphs.items() if s is not None)
+    return m, toks, graph
 
 
 def main() -> None:
@@ -78,11 +73,11 @@ def main() -> None:
     rng = np.random.default_rng(a.seed)
     prompt = rng.integers(0, 1000, 128).astype(np.int64).tolist()
     runs = []
-    for name, env in arms:
+    for name, fields in arms:
         t = time.perf_counter()
-        m, toks, graph = load_arm(a.folder, env, max_len, prompt, a.batch)
-        print(f"ab: loaded {name} {env} in {time.perf_counter() - t:.1f} s", file=sys.stderr, flush=True)
-        runs.append({"name": name, "env": env, "m": m, "graph": graph, "toks": toks, "us": []})
+        m, toks, graph = load_arm(a.folder, fields, max_len, prompt, a.batch)
+        print(f"ab: loaded {name} {fields} in {time.perf_counter() - t:.1f} s", file=sys.stderr, flush=True)
+        runs.append({"name": name, "options": fields, "m": m, "graph": graph, "toks": toks, "us": []})
     order = random.Random(a.seed)
     for r in range(a.rounds):
         idx = list(range(len(runs)))
@@ -100,7 +95,7 @@ def main() -> None:
     ref = statistics.median(runs[0]["us"])
     for run in runs:
         med = statistics.median(run["us"])
-        print(json.dumps({"bench": "ab_model_replay", "arm": run["name"], "env": run["env"],
+        print(json.dumps({"bench": "ab_model_replay", "arm": run["name"], "options": run["options"],
                           "batch": a.batch,
                           "replay_us_median": round(med, 1), "replay_us_min": round(min(run["us"]), 1),
                           "delta_us_vs_first": round(med - ref, 1), "rounds": a.rounds,

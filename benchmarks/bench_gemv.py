@@ -1,21 +1,22 @@
 #!/usr/bin/env python3
 """Decode GEMMs (T = 1 and 4 rows) at the GLM-5.3-Flash widths of bench_model_decode: memra's
-GEMV (cuda/gemv.cu) vs cuBLAS through memra (an Engine made with MEMRA_GEMV=0: the same call,
-x rounded to bf16 by a separate launch, then cublasGemmEx) vs torch F.linear on bf16 (peer).
+GEMV (cuda/gemv.cu) vs cuBLAS through memra (an Engine made with KernelOptions(gemv=False): the
+same call, x rounded to bf16 by a separate launch, then cublasGemmEx) vs torch F.linear on bf16
+(peer).
 
 memra: memra._core.linear(x [T, K] f32, w bf16 DeviceWeight [N, K], engine=e) -> y [T, N] f32.
 peer:  torch.nn.functional.linear(x bf16, w bf16) -> bf16 (cuBLAS).
 memra_us / cublas_kernel_us / peer_us are the kernels alone (torch.profiler; what a CUDA-graph step
-pays); memra's are measured on an Engine made with MEMRA_PDL=0, because with programmatic
-dependent launch a kernel starts before its predecessor ends and its profiled duration includes
+pays); memra's are measured on an Engine made with KernelOptions(pdl=False), because with
+programmatic dependent launch a kernel starts before its predecessor ends and its profiled duration includes
 that wait. memra_chain_us: events around 20 back-to-back calls / 20 with launch on (a chain of
 GEMMs as in a decode step; host launch cost included, which hides under GPU time from ~10 us up).
 Weights are rotated over enough copies that every call reads DRAM, not L2 (> 200 MB per
 rotation). bytes = the weight, read once; frac_of_copy = bytes / memra_us over the copy rate.
 Extra fields: max_rel_err_cpu (memra vs a float64 product of the same bf16 operands),
-gemv_rows (env MEMRA_GEMV_ROWS, when set).
+gemv_rows (--gemv-rows: KernelOptions.gemv_rows of every memra engine here; 0 = from N).
 
-    python3 benchmarks/bench_gemv.py [--quick] [--only kda_o,mla_o] [--rows 1]
+    python3 benchmarks/bench_gemv.py [--quick] [--only kda_o,mla_o] [--rows 1] [--gemv-rows 4]
 """
 
 from __future__ import annotations
@@ -42,11 +43,14 @@ def main() -> int:
     p = base_parser(__doc__.split("\n\n")[0])
     p.add_argument("--only", default=None, help="comma-separated shape names (default: all)")
     p.add_argument("--rows", default=None, help="comma-separated T values (default 1,4)")
+    p.add_argument("--gemv-rows", type=int, default=0,
+                   help="KernelOptions.gemv_rows of the memra engines: 1, 2, 4, 8 (0: from N)")
     args = p.parse_args()
-    b = Bench(args, "gemv")
+    import memra
+
+    b = Bench(args, "gemv", kernel_options=memra.KernelOptions(gemv_rows=args.gemv_rows))
     torch = b.torch
     import numpy as np
-    import memra
     from memra import _core
 
     shapes, rows = (SHAPES, ROWS) if b.cuda else SMOKE
@@ -54,22 +58,13 @@ def main() -> int:
         shapes = [sh for sh in shapes if sh[0] in args.only.split(",")]
     if args.rows:
         rows = [int(v) for v in args.rows.split(",")]
+    def engine_with(**fields):
+        opts = memra.KernelOptions(gemv_rows=args.gemv_rows, **fields)
+        return memra.Engine("cuda", args.device_index, options=opts)
+
     e = b.engine
-
-    def engine_with(**env):
-        old = {k: os.environ.get(k) for k in env}
-        os.environ.update(env)
-        try:
-            return memra.Engine("cuda", args.device_index)
-        finally:
-            for k, v in old.items():
-                if v is None:
-                    del os.environ[k]
-                else:
-                    os.environ[k] = v
-
-    e_blas = engine_with(MEMRA_GEMV="0", MEMRA_PDL="0") if b.cuda else None
-    e_flat = engine_with(MEMRA_PDL="0") if b.cuda else None
+    e_blas = engine_with(gemv=False, pdl=False) if b.cuda else None
+    e_flat = engine_with(pdl=False) if b.cuda else None
     for name, K, N in shapes:
         nbytes = 2 * K * N
         copies = max(1, -(-200_000_000 // nbytes)) if b.cuda else 1
@@ -125,7 +120,7 @@ def main() -> int:
                    chain_frac_of_copy=(nbytes / chain_us / 1e6 / b.copy_TBps) if chain_us else None,
                    cublas_kernel_us=blas_k,
                    cublas_frac_of_copy=(nbytes / blas_k / 1e6 / b.copy_TBps) if blas_k else None,
-                   max_rel_err_cpu=err, gemv_rows=os.environ.get("MEMRA_GEMV_ROWS"))
+                   max_rel_err_cpu=err, gemv_rows=args.gemv_rows or None)
         del dws, dbs, dfs, tws
         b.release()
     return 0

@@ -6,8 +6,10 @@ memra: HyperConnection.post_pre(y [1, D], post [1, hc], comb [1, hc, hc], stream
        norm=w, eps=) (cuda/mhc.cu mhc_site_kernel: the previous site's expansion, the split-K
        logits, and in the block that finishes last the mapping, the collapse + RMSNorm and the
        Sinkhorn). memra_kernel_us: the kernels of one call (common.Bench.kernel_us, what a CUDA
-       graph step pays). separate_kernel_us: the same call on an Engine made with
-       MEMRA_MHC_SITE=0 (mhc_post, mhc_partial, mhc_finish_norm). sinkhorn1_kernel_us: the single
+       graph step pays). separate_kernel_us: the same site as the unfused ops through their own
+       bindings on the same engine (mhc_post, HyperConnection.pre without a norm: mhc_partial +
+       mhc_finish, then rms_norm; bytes_identical_to_separate compares them). sinkhorn1_kernel_us:
+       the single
        launch with one Sinkhorn iteration instead of hc_sinkhorn_iters (20), which bounds what the
        Sinkhorn's dependent chain costs inside the launch.
 peer:  torch (f32): post * y + comb^T @ streams, then the reference mapping (RMS-scaled logits,
@@ -41,7 +43,6 @@ def main() -> int:
     torch = b.torch
     import numpy as np
 
-    import memra
     from memra import _core
 
     mix = (2 + HC) * HC
@@ -60,23 +61,25 @@ def main() -> int:
         return _core.HyperConnection(engine, weights, hidden=D, hc_mult=HC, sinkhorn_iters=iters,
                                      hc_eps=EPS, norm_eps=1e-6, dtype="float32")
 
-    old = os.environ.get("MEMRA_MHC_SITE")
-    os.environ["MEMRA_MHC_SITE"] = "0"
-    e_sep = memra.Engine("cuda")
-    if old is None:
-        del os.environ["MEMRA_MHC_SITE"]
-    else:
-        os.environ["MEMRA_MHC_SITE"] = old
-
     def runner(engine, iters):
         hc = layer(engine, iters)
         a = [engine.to_device(v) for v in (y, post, comb, streams, w)]
         return lambda: hc.post_pre(a[0], a[1], a[2], a[3], norm=a[4], eps=1e-6)
 
+    def separate(engine):
+        hc = layer(engine, ITERS)
+        a = [engine.to_device(v) for v in (y, post, comb, streams, w)]
+
+        def run():
+            new = _core.mhc_post(a[0], a[1], a[2], a[3], engine=engine)
+            pst, cmb, col = hc.pre(new)
+            return new, pst, cmb, _core.rms_norm(col, a[4], eps=1e-6, engine=engine)
+        return run
+
     e = b.engine
-    fused, sep, fused1 = runner(e, ITERS), runner(e_sep, ITERS), runner(e, 1)
+    fused, sep, fused1 = runner(e, ITERS), separate(e), runner(e, 1)
     got = [to_torch(t, e, b.dev) for t in fused()]
-    want = [to_torch(t, e_sep, b.dev) for t in sep()]
+    want = [to_torch(t, e, b.dev) for t in sep()]
     identical = all(bool(torch.equal(g, h)) for g, h in zip(got, want))
 
     # The peer, in torch f32 on the same device.

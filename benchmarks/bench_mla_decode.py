@@ -17,11 +17,14 @@ launch gaps and host overhead drop out;
 kernel_frac_of_copy = bytes / memra_kernel_us against the copy yardstick.
 max_rel_err_ref / peer_max_rel_err_ref: memra / torch vs a float32 evaluation over the same
 bf16 cache (max |diff| / max |ref|, all B sequences); max_rel_err: memra vs the peer.
-MEMRA_MLA_DECODE_VARIANT (the arm knob of cuda/mla_decode.cu): "all" times 0, 1 and 2 in turn
-(the peer once per shape, its figures repeated on each line); any other value is used as is;
-`variant` in each line says which ("default" when unset).
+--variant (KernelOptions.mla_decode_variant of the engine memra runs on): 0, 1 or 2, "all" times
+0, 1 and 2 in turn (the peer once per shape, its figures repeated on each line), "default" the
+engine's default; `variant` in each line says which. --tc-mt / --split-tiles set
+KernelOptions.mla_tc_mt / mla_split_tiles (the mma.sync arm's head tiles a block, 64-row tiles a
+split; 0 = chosen by the op); `options` in each line gives the engine's non-default fields.
 
     python3 benchmarks/bench_mla_decode.py [--quick] [--per-sequence] [--profile-calls N]
+        [--variant all] [--tc-mt 2|4] [--split-tiles N]
 """
 
 from __future__ import annotations
@@ -38,14 +41,14 @@ SCALE = 192 ** -0.5
 SHAPES = [(64, 4096), (8, 32768)]  # (B, L)
 SMOKE = (4, [(2, 64), (3, 33)])  # --device cpu: (H, [(B, L)]), float32 cache
 PEER = "torch bmm + softmax(f32) + bmm (bf16)"
-KNOB = "MEMRA_MLA_DECODE_VARIANT"
 
 
-def variants() -> list[str | None]:
-    v = os.environ.get(KNOB)
-    if v == "all":
+def variants(arg: str) -> list[str]:
+    if arg == "all":
         return ["0", "1", "2"]
-    return [v]
+    if arg not in ("default", "0", "1", "2"):
+        raise SystemExit(f"--variant: 0, 1, 2, all or default, got {arg!r}")
+    return [arg]
 
 
 def kernel_time(b, fn, calls: int):
@@ -92,10 +95,27 @@ def main() -> int:
                    help="calls inside the torch.profiler region for the kernel-only times")
     p.add_argument("--shapes", default=None,
                    help="B:L pairs, comma-separated (default 64:4096,8:32768)")
+    p.add_argument("--variant", default="default",
+                   help="KernelOptions.mla_decode_variant: 0, 1, 2, all (each in turn), default")
+    p.add_argument("--tc-mt", type=int, default=0, help="KernelOptions.mla_tc_mt: 2 or 4 (0: by B)")
+    p.add_argument("--split-tiles", type=int, default=0,
+                   help="KernelOptions.mla_split_tiles: 64-row tiles a split (0: the cost model)")
     args = p.parse_args()
-    b = Bench(args, "mla_decode")
-    torch = b.torch
+    import memra
     from memra import _core
+
+    base = dict(mla_tc_mt=args.tc_mt, mla_split_tiles=args.split_tiles)
+    b = Bench(args, "mla_decode", kernel_options=memra.KernelOptions(**base))
+    torch = b.torch
+    engines = {"default": b.engine}
+
+    def engine_for(var: str):
+        """The engine of a variant arm (one per arm, made once; the same device)."""
+        if var not in engines:
+            opts = memra.KernelOptions(mla_decode_variant=int(var), **base)
+            engines[var] = (memra.Engine("cuda", args.device_index, options=opts) if b.cuda
+                            else memra.Engine("cpu", options=opts))
+        return engines[var]
 
     heads, shapes = (H, SHAPES) if b.cuda else SMOKE
     if args.shapes:
@@ -105,7 +125,6 @@ def main() -> int:
     ops = ["mla_attn_decode"]
     if args.per_sequence or not b.cuda:
         ops.append("mla_attn_absorbed")
-    knob_before = os.environ.get(KNOB)
     for B, L in shapes:
         log(f"mla_decode: B={B} L={L}")
         gen = torch.Generator(device=b.dev).manual_seed(0)
@@ -135,15 +154,15 @@ def main() -> int:
             peer["unavailable"] = f"{type(e).__name__}: {e}"
 
         for op in ops:
-            for var in (variants() if op == "mla_attn_decode" else ["n/a"]):
-                if var not in (None, "n/a"):
-                    os.environ[KNOB] = var
+            for var in (variants(args.variant) if op == "mla_attn_decode" else ["default"]):
+                b.use_engine(engine_for(var))
                 shape = {"B": B, "L": L, "H": heads, "R": R, "d_rope": 0,
                          "cache_dtype": str(cdt)[6:]}
                 nbytes = B * L * R * cache_elem_bytes(torch, cdt)
-                extra = {"memra_op": op, "variant": var if var is not None else "default",
-                         "knobs": {k: os.environ.get(k) for k in ("MEMRA_MLA_TC_MT",
-                                                                   "MEMRA_MLA_SPLIT_TILES")}}
+                defaults = memra.KernelOptions().to_dict()
+                extra = {"memra_op": op, "variant": var,
+                         "options": {k: v for k, v in b.engine.options.to_dict().items()
+                                     if v != defaults[k]}}
                 if op == "mla_attn_decode":
                     extra["note"] = ("memra: one batched decode launch plan (device lengths and "
                                      "cache pointers; q rounded to bf16 for the tensor-core "
@@ -207,10 +226,7 @@ def main() -> int:
                         extra["peer_kernel_us"] = peer["kernel_us"]
                 b.emit(shape, memra_us, PEER, peer.get("us"), nbytes, **extra)
                 b.release()
-        if knob_before is None:
-            os.environ.pop(KNOB, None)
-        else:
-            os.environ[KNOB] = knob_before
+        b.use_engine(engines["default"])
         del cache, q32, qp, qs, cs, q_b, t_kv, refs, peer
         b.release()
     return 0

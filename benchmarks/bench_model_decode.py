@@ -69,7 +69,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 # on the same machine skips fla's (long) chunk_kda autotune.
 os.environ.setdefault("TRITON_CACHE_AUTOTUNING", "1")
 
-from common import Bench, base_parser, emit_record, kernel_durations, log  # noqa: E402
+from common import Bench, base_parser, emit_record, kernel_durations, kernel_option_fields, log  # noqa: E402
 from glm5_next_init import init_rule, init_targets  # noqa: E402
 
 MARKER = "memra_bench_build.json"
@@ -425,10 +425,12 @@ def run_memra(args, folder: Path, engine_dev: str, dtype: str, prompts, batches,
     with RssPeak() as rss:
         t0 = time.perf_counter()
         m = memra.load(folder, device=engine_dev, dtype=dtype, max_batch=max(batches), max_len=max_len,
-                       progress=False)
+                       progress=False,
+                       kernel_options=memra.KernelOptions(**kernel_option_fields(args.kernel_options)))
         if m.engine.is_cuda:
             m.engine.synchronize()
         info["memra_load_s"] = round(time.perf_counter() - t0, 2)
+    info["kernel_options"] = kernel_option_fields(args.kernel_options)  # the non-default fields
     info["memra_load_rss_GiB"] = {"before": round(rss.start / 2**30, 2), "peak": round(rss.peak / 2**30, 2),
                                   "after": round(rss._rss() / 2**30, 2)}
     log(f"model_decode: memra.load {info['memra_load_s']} s, host RSS {info['memra_load_rss_GiB']}")
@@ -633,6 +635,9 @@ def main() -> int:
     p.add_argument("--match-steps", type=int, default=8, help="greedy steps compared with transformers")
     p.add_argument("--skip-peer", action="store_true")
     p.add_argument("--build-only", action="store_true", help="make the checkpoint folder (if missing) and exit")
+    p.add_argument("--kernel-options", default="",
+                   help="memra.KernelOptions fields for memra's engine, FIELD=VALUE,... (e.g. pdl=0); "
+                        "compare arms with ab_model_replay.py, not with separate runs")
     p.add_argument("--seed", type=int, default=0)
     p.epilog = ("--warmup / --reps set memra's warm-up decode steps (at least 3) and timed decode steps "
                 "(defaults 10 / 100, --quick 3 / 20).")

@@ -14,6 +14,8 @@ medians, the peer's figure from the same run beside ours).
   the durations of the kernels it launched, median over calls; no host overhead, which is what a
   call costs inside a CUDA graph (at small shapes the event timers above measure the host).
 - ``emit(...)``: one JSON object per measured shape on stdout (progress goes to stderr).
+- ``kernel_option_fields(text)``: "field=value,..." as typed memra.KernelOptions fields (the
+  benchmarks' way to pick kernel arms; docs/options.md).
 
 ``--device cpu`` is a smoke test of the wiring (CPU engine, tiny shapes, wall-clock timing, no
 peer): it checks signatures and the numerics of the comparison on a machine without a GPU.
@@ -29,6 +31,29 @@ import statistics
 import sys
 import tempfile
 import time
+
+
+def kernel_option_fields(text: str) -> dict:
+    """'FIELD=VALUE,FIELD=VALUE' -> {field: value} typed as memra.KernelOptions' defaults (a
+    switch takes 0 / 1 / true / false, the rest an int); KernelOptions checks names and values
+    (a ContractError naming the field). '' -> {}."""
+    import memra
+
+    defaults = memra.KernelOptions().to_dict()
+    fields = {}
+    for kv in filter(None, text.split(",")):
+        field, _, value = kv.partition("=")
+        if isinstance(defaults.get(field), bool):
+            if value.lower() not in ("0", "1", "false", "true"):
+                raise SystemExit(f"kernel option {field} takes 0 / 1 / true / false, got {value!r}")
+            fields[field] = value.lower() in ("1", "true")
+        else:
+            try:
+                fields[field] = int(value)
+            except ValueError:
+                raise SystemExit(f"kernel option {field} takes an int, got {value!r}") from None
+    memra.KernelOptions(**fields)
+    return fields
 
 
 def base_parser(description: str) -> argparse.ArgumentParser:
@@ -85,7 +110,7 @@ def to_torch(x, engine=None, device=None):
 
 
 class Bench:
-    def __init__(self, args: argparse.Namespace, bench: str):
+    def __init__(self, args: argparse.Namespace, bench: str, kernel_options=None):
         import torch
         import memra
 
@@ -105,7 +130,7 @@ class Bench:
             torch.cuda.set_device(args.device_index)
             self.dev = torch.device("cuda", args.device_index)
             self.device_name = torch.cuda.get_device_name(self.dev)
-            self.engine = memra.Engine("cuda", args.device_index)
+            self.engine = memra.Engine("cuda", args.device_index, options=kernel_options)
             sp = getattr(self.engine, "cuda_stream", None)
             if sp:
                 self.memra_stream = torch.cuda.ExternalStream(sp, device=self.dev)
@@ -120,13 +145,21 @@ class Bench:
         else:
             self.dev = torch.device("cpu")
             self.device_name = "cpu (smoke test)"
-            self.engine = memra.Engine("cpu")
+            self.engine = memra.Engine("cpu", options=kernel_options)
         gib = args.copy_gib if args.copy_gib is not None else 2.0
         if not self.cuda:
             gib = min(gib, 1 / 16)
         self.copy_TBps = self.measure_copy(gib)
         log(f"{bench}: {self.device_name}, copy {gib:g} GiB: {self.copy_TBps:.3f} TB/s; "
             f"warmup {self.warmup}, reps {self.reps}, memra timer {self.memra_timer}")
+
+    def use_engine(self, engine) -> None:
+        """Run, synchronise and time memra's work on `engine` from here on (e.g. an Engine made
+        with other memra.KernelOptions: it has its own stream)."""
+        self.engine = engine
+        if self.cuda:
+            sp = getattr(engine, "cuda_stream", None)
+            self.memra_stream = self.torch.cuda.ExternalStream(sp, device=self.dev) if sp else None
 
     # -------------------------------------------------------------------------------- timing
     def sync(self) -> None:

@@ -324,15 +324,6 @@ int memra_cuda_norm_rows(MemraCudaCtx* ctx, const float* x0, int D0, const float
   add(x1, D1, w1, nullptr, eps1, y1);
   add(x2, D2, w2, b2, eps2, y2);
   if (n == 0) return memra::kOk;
-  if (!ctx->norm_rows_fused) {  // MEMRA_NORM_ROWS_FUSED=0: the separate launches (A/B arm)
-    for (int i = 0; i < n; ++i) {
-      const NormRow& r = t.row[i];
-      const int rc = r.b ? memra_cuda_layer_norm(ctx, r.x, 1, r.D, r.w, r.b, r.eps, r.y)
-                         : memra_cuda_rms_norm(ctx, r.x, 1, r.D, r.w, r.eps, r.y);
-      MEMRA_CUDA_RETURN_IF(rc);
-    }
-    return memra::kOk;
-  }
   memra::cuda::launch(ctx, true, norm_rows_kernel, dim3(n), dim3(block), 0, t);
   return launch_status();
 }

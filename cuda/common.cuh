@@ -23,10 +23,11 @@
 #include "memra/status.h"
 
 namespace memra::cuda {
-// A deferred mHC Sinkhorn (cuda/mhc.cu; MEMRA_MHC_DEFER=0 turns deferral off): the one-row site
-// kernel stores comb's softmaxed rows and leaves the Sinkhorn (20 iterations of one warp, the
-// last ~2 us of the site's critical path) to a later launch on the stream: the next decode GEMV
-// runs it in one extra block (cuda/gemv.cu), which overlaps the GEMV's weight stream; any other
+// A deferred mHC Sinkhorn (cuda/mhc.cu; KernelOptions::mhc_defer = false turns deferral off):
+// the one-row site kernel stores comb's softmaxed rows and leaves the Sinkhorn (20 dependent
+// iterations of one warp, the tail of the site's critical path) to a later launch on the stream:
+// the next decode GEMV runs it in one extra block (cuda/gemv.cu), which overlaps the GEMV's
+// weight stream; any other
 // entry point runs it first in a one-warp launch of its own (enter() below), so whatever reads
 // comb later on the stream, or on the host, sees the finished matrix.
 constexpr int kSinkHc = 4;  // the site kernel's hc
@@ -65,33 +66,16 @@ struct MemraCudaCtx {
   // counter back to 0. One stream per context, and those kernels are never programmatic
   // dependents of each other, so two launches never share a counter at the same time.
   unsigned* tickets = nullptr;
-  // MEMRA_MHC_SITE=0: mHC sites at a batch-1 row run as separate kernels (A/B arm).
-  bool mhc_site = true;
-  // MEMRA_MHC_DEFER=0: the site kernel runs its Sinkhorn itself; else it is left pending here.
-  bool mhc_defer = true;
+  // The kernel options the context was made with (memra/options.h documents each field);
+  // validated by ctx_create, read by the kernels' host code.
+  MemraKernelOptions options = {};
+  // A one-row mHC site's Sinkhorn left pending (options.mhc_defer), for a later launch to run.
   memra::cuda::SinkTask pending;
   // Graph capture (graph_begin .. graph_end): the allocations made during the capture (their
   // releases become graph nodes) and the releases of older memory, deferred to graph_end.
   bool capturing = false;
   std::vector<std::pair<uintptr_t, size_t>> capture_allocs;  // (address, bytes)
   std::vector<void*> deferred_releases;
-  // Decode GEMV and programmatic dependent launch (cuda/gemv.cu; knobs read at ctx_create):
-  // MEMRA_PDL=0 turns programmatic dependent launch off, MEMRA_GEMV=0 sends every GEMM to
-  // cuBLAS, MEMRA_GEMV_ROWS=R forces R weight rows per GEMV block (benchmarks).
-  bool pdl = true;
-  bool gemv = true;
-  int gemv_rows = 0;  // 0: chosen from N
-  int route_fused = 1;      // MEMRA_ROUTE_FUSED=0: the one-token router GEMV and routing apart
-  int norm_rows_fused = 1;  // MEMRA_NORM_ROWS_FUSED=0: norm_rows as separate launches
-  int mla_norm_append = 1;  // MEMRA_MLA_NORM_APPEND=0: mla_norm_append_decode as four launches
-  int swiglu_fused = 1;     // MEMRA_SWIGLU_FUSED=0: the one-row SwiGLU MLP's activation apart
-  // MEMRA_GEMV_P1: 1 (default) every GEMV at one 16-byte vector a thread per chunk (4 blocks an
-  // SM at <= 64 registers); 0 two vectors for rows past 256 of them (as before session 10); 2
-  // also tall rows at R = 8.
-  int gemv_p1 = 1;
-  int gemv_occ = 4;        // MEMRA_GEMV_OCC=0: P = 2 GEMVs of R <= 4 not sized for 4 blocks an SM
-  int gemv_tall_rows = 0;  // MEMRA_GEMV_TALL_ROWS: rows a block for K past one chunk (0: from N)
-  int moe_down_rows = 2;  // MEMRA_MOE_DOWN_ROWS: output rows a warp of the per-pair down kernel
   // > 0 while a layer runs GEMMs over its own uploaded weights (resident_weights): no queued
   // kernel writes them, so a GEMV may start reading them before its predecessor finishes.
   int resident_weights = 0;
@@ -294,7 +278,7 @@ __device__ __forceinline__ bool last_block(unsigned* ticket) {
   return last_block(ticket, gridDim.x * gridDim.y * gridDim.z);
 }
 
-// Launch `kernel` on the context's stream; with pdl (and the context's MEMRA_PDL on) as a
+// Launch `kernel` on the context's stream; with pdl (and the context's options.pdl) as a
 // programmatic dependent of the stream's previous kernel (the kernel must pdl_wait(), above),
 // falling back to an ordinary launch where that attribute is refused.
 template <typename... P, typename... A>
@@ -302,7 +286,7 @@ inline int launch(MemraCudaCtx* ctx, bool pdl, void (*kernel)(P...), dim3 grid, 
                   size_t smem, A... args) {
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = (pdl && ctx->pdl) ? 1 : 0;
+  attr[0].val.programmaticStreamSerializationAllowed = (pdl && ctx->options.pdl) ? 1 : 0;
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
   cfg.blockDim = block;

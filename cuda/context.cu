@@ -2,12 +2,12 @@
 // (device, stream, cuBLAS/cuBLASLt), stream-ordered memory, copies and dtype conversion.
 #include <cstdint>
 #include <algorithm>
-#include <cstdlib>
 #include <cstring>
 #include <new>
 #include <type_traits>
 
 #include "common.cuh"
+#include "memra/options.h"
 
 using memra::cuda::ceil_div;
 using memra::cuda::enter;
@@ -54,26 +54,16 @@ int launch_convert(MemraCudaCtx* ctx, const void* src, void* dst, int dst_dtype,
 
 extern "C" {
 
-int memra_cuda_ctx_create(int device, MemraCudaCtx** out) {
+int memra_cuda_ctx_create(int device, const MemraKernelOptions* options, MemraCudaCtx** out) {
   *out = nullptr;
+  const memra::KernelOptions opts =
+      options ? memra::KernelOptions::from_abi(*options) : memra::KernelOptions{};
+  if (!opts.validate().ok()) return memra::kContractValue;
   MEMRA_CUDA_RETURN_IF(status_of(cudaSetDevice(device)));
   MemraCudaCtx* c = new (std::nothrow) MemraCudaCtx();
   if (!c) return memra::kOutOfMemory;
   c->device = device;
-  // Knobs for A/B runs (tests and benchmarks compare both arms in one process).
-  if (const char* v = std::getenv("MEMRA_PDL")) c->pdl = std::strcmp(v, "0") != 0;
-  if (const char* v = std::getenv("MEMRA_GEMV")) c->gemv = std::strcmp(v, "0") != 0;
-  if (const char* v = std::getenv("MEMRA_GEMV_ROWS")) c->gemv_rows = std::atoi(v);
-  if (const char* v = std::getenv("MEMRA_GEMV_TALL_ROWS")) c->gemv_tall_rows = std::atoi(v);
-  if (const char* v = std::getenv("MEMRA_GEMV_P1")) c->gemv_p1 = std::atoi(v);
-  if (const char* v = std::getenv("MEMRA_GEMV_OCC")) c->gemv_occ = std::atoi(v);
-  if (const char* v = std::getenv("MEMRA_MHC_SITE")) c->mhc_site = std::strcmp(v, "0") != 0;
-  if (const char* v = std::getenv("MEMRA_MOE_DOWN_ROWS")) c->moe_down_rows = std::atoi(v);
-  if (const char* v = std::getenv("MEMRA_ROUTE_FUSED")) c->route_fused = std::strcmp(v, "0") != 0;
-  if (const char* v = std::getenv("MEMRA_NORM_ROWS_FUSED")) c->norm_rows_fused = std::strcmp(v, "0") != 0;
-  if (const char* v = std::getenv("MEMRA_MLA_NORM_APPEND")) c->mla_norm_append = std::strcmp(v, "0") != 0;
-  if (const char* v = std::getenv("MEMRA_SWIGLU_FUSED")) c->swiglu_fused = std::strcmp(v, "0") != 0;
-  if (const char* v = std::getenv("MEMRA_MHC_DEFER")) c->mhc_defer = std::strcmp(v, "0") != 0;
+  c->options = opts.to_abi();
   int rc = status_of(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
   if (rc == 0) rc = status_of(cublasCreate(&c->blas));
   if (rc == 0) rc = status_of(cublasSetStream(c->blas, c->stream));

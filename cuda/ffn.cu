@@ -21,7 +21,6 @@
 #include <climits>
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
 #include <type_traits>
 
 #include "common.cuh"
@@ -90,8 +89,8 @@ __global__ void swiglu_pair_kernel(const float* __restrict__ gu, int64_t T, int 
   }
 }
 
-// The gate|up GEMV with the SwiGLU in its epilogue (one row, T == 1; MEMRA_SWIGLU_FUSED=0 turns
-// it off): grow::SwigluRows makes block b sum gate rows b * R/2 .. and their up rows, each as
+// The gate|up GEMV with the SwiGLU in its epilogue (one row, T == 1): grow::SwigluRows makes
+// block b sum gate rows b * R/2 .. and their up rows, each as
 // the decode GEMV sums a row, and store h = swiglu_pair_kernel's value of that pair, so h (and
 // the down GEMV after it) has the bytes of the GEMV, then swiglu_pair_kernel: one launch (and
 // one memory round trip) fewer per dense MLP at batch 1. A deferred Sinkhorn rides in block 0,
@@ -116,40 +115,34 @@ __global__ void __launch_bounds__(grow::kGemvThreads, P == 1 ? 4 : 0)
 
 // h [I] (H: f32, or bf16 for bf16 weights) = swiglu over the fused gate|up GEMV of one row x [K]
 // f32 against w [2I, K] (f32 or bf16): *handled = false (nothing enqueued) when the decode GEMV
-// would not take the GEMV (gemv_takes, rows past the short-row form) or the fusion is off.
+// would not take the GEMV (gemv_takes, rows past the short-row form).
 template <typename H>
 int gemv_swiglu(MemraCudaCtx* ctx, const float* x, int K, const void* w, int w_dtype, int I,
                 float limit, H* h, bool* handled) {
   *handled = false;
   const int E = w_dtype == 0 ? 4 : 8;
-  if (!ctx->swiglu_fused || I < 1 || !memra::cuda::gemv_takes(ctx, x, 0, K, w, w_dtype) ||
+  if (I < 1 || !memra::cuda::gemv_takes(ctx, x, 0, K, w, w_dtype) ||
       K / E <= grow::kShortMaxV || (w_dtype == 0) != std::is_same_v<H, float>) {
     return memra::kOk;
   }
   // The GEMV's own check (memra_cuda_linear): a weight that overlaps a pending comb.
   MEMRA_CUDA_RETURN_IF(memra::cuda::flush_if_reads(ctx, w, 16 * size_t(K / E) * 2 * size_t(I)));
   *handled = true;
-  const int KV = K / E;
   const int prefetch = ctx->resident_weights > 0 ? 1 : 0;
   const int N = 2 * I;  // the decode GEMV's rows a block for N (gemv.cu rows_for), even
   const int R = N >= 16384 ? 8 : N >= 2048 ? 4 : 2;
-  auto go = [&](auto wt, auto r, auto p) {
+  // One 16-byte vector a thread per row and chunk (P = 1), as the decode GEMV.
+  auto go = [&](auto wt, auto r) {
     using W = decltype(wt);
-    constexpr int RR = decltype(r)::value, P = decltype(p)::value;
-    return grow::launch_gemv(ctx, gemv_swiglu_kernel<W, float, H, RR, P>,
+    constexpr int RR = decltype(r)::value;
+    return grow::launch_gemv(ctx, gemv_swiglu_kernel<W, float, H, RR, 1>,
                              (I + RR / 2 - 1) / (RR / 2), x, static_cast<const W*>(w), K, I,
                              limit, h, prefetch);
   };
-  auto with_p = [&](auto wt, auto r) {
-    if (ctx->gemv_p1 != 0 || grow::vectors_per_chunk_thread(KV) == 1) {
-      return go(wt, r, std::integral_constant<int, 1>());
-    }
-    return go(wt, r, std::integral_constant<int, grow::kGemvP>());
-  };
   auto with_r = [&](auto wt) {
-    if (R == 8) return with_p(wt, std::integral_constant<int, 8>());
-    if (R == 4) return with_p(wt, std::integral_constant<int, 4>());
-    return with_p(wt, std::integral_constant<int, 2>());
+    if (R == 8) return go(wt, std::integral_constant<int, 8>());
+    if (R == 4) return go(wt, std::integral_constant<int, 4>());
+    return go(wt, std::integral_constant<int, 2>());
   };
   if constexpr (std::is_same_v<H, float>) {
     return with_r(float{});
@@ -299,8 +292,8 @@ __global__ void moe_route_kernel(const float* __restrict__ logits, const float* 
 }
 
 // The router and the routing of one token in one launch (memra_cuda_moe_route at T == 1 where the
-// decode GEMV takes the router: f32 gate_w [E, D] and x, 16-byte aligned, D % 4 == 0;
-// MEMRA_ROUTE_FUSED=0 turns it off): block e computes logit e as the router's GEMV launch does
+// decode GEMV takes the router: f32 gate_w [E, D] and x, 16-byte aligned, D % 4 == 0): block e
+// computes logit e as the router's GEMV launch does
 // (gemv_rows, one row a block: the same bits) into logits [E]; the block that finishes last runs
 // moe_route_kernel's warp on them. A deferred Sinkhorn rides in block 0, as on the GEMV.
 template <int P>
@@ -534,24 +527,21 @@ __global__ void __launch_bounds__(kWarps * 32)
   }
 }
 
-// Kernel B at RPW rows a warp (MEMRA_MOE_DOWN_ROWS: 1, 2 or 4; else 2).
+// Kernel B at kDownRowsPerWarp rows a warp: each load of the token's h serves both rows (at one
+// row a warp every warp re-read h, twice the weight's bytes through L1; docs/options.md has the
+// A/B of 1, 2 and 4 rows).
+constexpr int kDownRowsPerWarp = 2;
+
 template <typename W, bool VEC>
 int launch_moe_down(MemraCudaCtx* ctx, int T, int top_k, const float* h, const int32_t* topk_idx,
                     const float* topk_w, const W* dw, int E, int I, int D, float* y,
                     const SharedExpert<W>& sh) {
   const size_t smem = sizeof(int) * (static_cast<size_t>(top_k) + 1);
-  auto go = [&](auto rpw) {
-    constexpr int RPW = decltype(rpw)::value;
-    const dim3 grid(static_cast<unsigned>(T), ceil_div(D, kWarps * RPW));
-    return memra::cuda::launch(ctx, true, moe_down_kernel<W, VEC, RPW>, grid, dim3(kWarps * 32),
-                               smem, h, topk_idx, topk_w, top_k, dw, E, I, D, y,
-                               static_cast<int64_t>(T) * top_k, sh);
-  };
-  switch (ctx->moe_down_rows) {
-    case 1: return go(std::integral_constant<int, 1>());
-    case 4: return go(std::integral_constant<int, 4>());
-    default: return go(std::integral_constant<int, 2>());
-  }
+  constexpr int RPW = kDownRowsPerWarp;
+  const dim3 grid(static_cast<unsigned>(T), ceil_div(D, kWarps * RPW));
+  return memra::cuda::launch(ctx, true, moe_down_kernel<W, VEC, RPW>, grid, dim3(kWarps * 32),
+                             smem, h, topk_idx, topk_w, top_k, dw, E, I, D, y,
+                             static_cast<int64_t>(T) * top_k, sh);
 }
 
 // h [T * top_k (+ T with a shared expert), I] f32 scratch.
@@ -585,9 +575,9 @@ int launch_moe(MemraCudaCtx* ctx, const float* x, int T, int D, const int32_t* t
 
 // --------------------------------------------------------------- moe_forward, grouped by expert
 //
-// For T >= 2 (kGroupedMinT) the routed experts run grouped by expert, so each expert's weights
-// are streamed once per pass of up to 16 (bf16 / f16; f32: 8) of its (token, slot) pairs instead
-// of once per pair, in chunks of up to kGChunkT tokens:
+// For T >= 2 (KernelOptions::moe_grouped_min_t) the routed experts run grouped by expert, so
+// each expert's weights are streamed once per pass of up to 16 (bf16 / f16; f32: 8) of its
+// (token, slot) pairs instead of once per pair, in chunks of up to kGChunkT tokens:
 //   1. moe_group_kernel (one block): the pairs p = t * top_k + j with a valid id, listed per
 //      expert in ascending p (token, then slot), and the experts that have any ("active",
 //      ascending id) with their ranges in that list. Device-side only (no host reads).
@@ -604,7 +594,6 @@ int launch_moe(MemraCudaCtx* ctx, const float* x, int T, int D, const int32_t* t
 // 256 s + l * 8 + k (VEC) or 256 s + l + 32 q (scalar) in ascending order, then warp_sum; so the
 // grouped results equal the per-pair kernels' bit for bit (and those do not depend on T).
 
-constexpr int kGroupedMinT = 2;  // the per-pair kernels below this T (MEMRA_MOE_GROUPED_MIN_T)
 constexpr int kGWarps = 16;      // warps per block of the grouped kernels
 constexpr int kGThreads = kGWarps * 32;
 constexpr int kGRows = 4;     // weight rows per warp (gate_up: gate + up of 2 rows of I; down: 4)
@@ -983,18 +972,9 @@ bool per_pair_fits(int T, int slots, int top_k, int I, int D) {
          ceil_div(D, kWarps) <= 65535u && sizeof(int) * (static_cast<size_t>(top_k) + 1) <= 48 * 1024;
 }
 
-// The row at which the grouped path takes over: kGroupedMinT, or MEMRA_MOE_GROUPED_MIN_T (a
-// tuning knob read on every call: a positive integer; a large value keeps the per-pair kernels
-// at every T, for comparisons).
-int grouped_min_t() {
-  const char* v = std::getenv("MEMRA_MOE_GROUPED_MIN_T");
-  if (v && *v) {
-    char* end = nullptr;
-    const long n = std::strtol(v, &end, 10);
-    if (end && *end == '\0' && n >= 1) return n > INT_MAX ? INT_MAX : static_cast<int>(n);
-  }
-  return kGroupedMinT;
-}
+// The token count from which the grouped path takes over (the context's options; a large
+// value keeps the per-pair kernels at every T, for comparisons).
+int grouped_min_t(const MemraCudaCtx* ctx) { return ctx->options.moe_grouped_min_t; }
 
 // Warps of moe_group_kernel for P pairs over E experts: segments of >= 64 pairs, at most 32 warps,
 // (warps + 1) * E ints of shared memory within 48 KiB; 0 when even one warp does not fit.
@@ -1202,7 +1182,7 @@ int memra_cuda_moe_route(MemraCudaCtx* ctx, const float* x, int T, int D, const 
   // (Its static shared memory, the GEMV's partial sums and the ticket flag, comes on top of the
   // routing's warp_bytes.)
   constexpr int kFusedStaticSmem = 256;
-  if (T == 1 && ctx->route_fused && memra::cuda::gemv_takes(ctx, x, 0, D, gate_w, 0) &&
+  if (T == 1 && memra::cuda::gemv_takes(ctx, x, 0, D, gate_w, 0) &&
       D / 4 > grow::kShortMaxV && layout.warp_bytes + kFusedStaticSmem <= kSmemLimit) {
     // The router GEMV's own check (memra_cuda_linear): a weight that overlaps a pending comb.
     MEMRA_CUDA_RETURN_IF(
@@ -1245,7 +1225,7 @@ int memra_cuda_moe_forward(MemraCudaCtx* ctx, const float* x, int T, int D,
   }
   if (!topk_idx || !topk_w || !gate_w || !up_w || !down_w) return memra::kContractMissing;
   if (!per_pair_fits(T, top_k, top_k, I, D)) return memra::kUnsupportedGeometry;
-  if (T >= grouped_min_t() && grouped_fits(T, top_k, E)) {
+  if (T >= grouped_min_t(ctx) && grouped_fits(T, top_k, E)) {
     switch (w_dtype) {
       case 0:
         return launch_moe_grouped<float>(ctx, x, T, D, topk_idx, topk_w, top_k, gate_w, up_w,
@@ -1290,7 +1270,7 @@ int memra_cuda_moe_forward_shared(MemraCudaCtx* ctx, const float* x, int T, int 
   // shared expert as wide as a routed one, and something routed to add it to.
   const bool fused = top_k > 0 && I > 0 && E > 0 && shared_I == I && topk_idx && topk_w &&
                      gate_w && up_w && down_w &&
-                     !(T >= grouped_min_t() && grouped_fits(T, top_k, E)) &&
+                     !(T >= grouped_min_t(ctx) && grouped_fits(T, top_k, E)) &&
                      per_pair_fits(T, top_k + 1, top_k, I, D);
   if (!fused) {
     Scratch routed(ctx, sizeof(float) * static_cast<size_t>(T) * D);

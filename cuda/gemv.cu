@@ -5,26 +5,22 @@
 //
 // Why not cuBLAS at T = 1: a decode step is a chain of weight-streaming GEMMs between small
 // latency-bound kernels. cuBLAS picks split-K kernels plus a reduction launch for the tall-K
-// shapes (0.72-0.80 of copy bandwidth on the H200), needs a separate rounding launch for an f32
-// x, and cannot start before the previous kernel ends. This kernel reads each weight byte once
-// with 16-byte streaming loads, rounds x itself, and when the weights are resident (uploaded
-// layer weights, MemraCudaCtx::resident_weights) issues its first weight loads *before* waiting
-// for the previous kernel (programmatic dependent launch): the weight stream overlaps the
-// norm / activation / mHC kernel in front of it. benchmarks/bench_gemv.py measures it against
-// cuBLAS in the same run; bench_model_decode with MEMRA_GEMV=0 / MEMRA_PDL=0 the whole step.
+// shapes, needs a separate rounding launch for an f32 x, and cannot start before the previous
+// kernel ends. This kernel reads each weight byte once with 16-byte streaming loads, rounds x
+// itself, and when the weights are resident (uploaded layer weights,
+// MemraCudaCtx::resident_weights) issues its first weight loads *before* waiting for the
+// previous kernel (programmatic dependent launch): the weight stream overlaps the norm /
+// activation / mHC kernel in front of it. benchmarks/bench_gemv.py measures it against cuBLAS
+// (KernelOptions::gemv = false) in the same run; docs/decode_graphs.md has the figures.
 //
 // Layout (rows of more than 32 vectors; gemv_short_kernel below takes the shorter ones): a block
 // of kGemvThreads threads owns R consecutive weight rows over the whole K, many blocks per SM
 // and several waves, so the scheduler evens out SMs that start late. Thread i reads
 // the 16-byte vectors i, i + 256, i + 512, ... of each row (a warp reads 512 contiguous bytes),
-// kGemvP per row in flight per chunk, and keeps R partial sums; a warp butterfly, then the 8 warps
-// in order in shared memory, give each output. That order is fixed by K alone: the bytes do not
-// depend on R, the run, or programmatic launch.
-//
-// Measured and dropped (2026-11-29, H200): a persistent one-wave variant streaming tiles through
-// a cp.async shared-memory ring reached 0.78-0.99 of copy alone but made the whole decode step
-// slower (a block that starts late holds up the whole grid); at T = 4 both forms ran at 0.35-0.5
-// of copy (x re-read per chunk), below cuBLAS, so T > 1 stays with cuBLAS.
+// one per row in flight per chunk (P = 1: 4 blocks an SM at <= 64 registers), and keeps R
+// partial sums; a warp butterfly, then the 8 warps in order in shared memory, give each output.
+// That order is fixed by K alone: the bytes do not depend on R, the run, or programmatic launch.
+// A persistent one-wave form and a GEMV at T = 4 were tried and dropped (docs/decode_graphs.md).
 #include "gemv.cuh"
 #include "gemv_rows.cuh"
 #include "sinkhorn.cuh"
@@ -45,11 +41,8 @@ using namespace memra::cuda::gemv_rows_detail;
 
 namespace {
 
-// MB: the resident blocks an SM the registers are sized for (0: the compiler's choice). 4 at
-// P = 1 (64 registers at R = 8) and at P = 2 for R <= 4 (64 instead of 77 registers at R = 4:
-// 4 blocks an SM instead of 3; the tall-K o / down projections: step replay 2039 -> 2019 us,
-// H200 2026-11-29); MEMRA_GEMV_OCC=0 gives P = 2 the compiler's choice (A/B arm). R = 8 at P = 2
-// would spill at 3 blocks an SM, so it keeps 2.
+// P: 16-byte vectors a thread reads per row and chunk (gemv_rows.cuh; every GEMV launches 1);
+// MB: the resident blocks an SM its registers are sized for (4: 64 registers at R = 8).
 template <typename W, typename X, int R, int P, int MB>
 __global__ void __launch_bounds__(kGemvThreads, MB)
     gemv_kernel(const X* __restrict__ x, const W* __restrict__ w, int K, int N,
@@ -89,9 +82,9 @@ __global__ void __launch_bounds__(kGemvThreads, P == 1 ? 4 : 0)
 }
 
 // Short rows (K <= kShortMaxV vectors): gemv_kernel would leave all but KV of a block's 256
-// threads idle and need N / R blocks of almost no work (8 us for 2 MB, ncu 2026-11-29). Here
-// gemv_short_rows (gemv_rows.cuh) at 256 threads and one pass: 256 / L rows a block, one load a
-// thread. Chosen by K alone: a row's order still depends on K only (not on N or MEMRA_GEMV_ROWS).
+// threads idle and need N / R blocks of almost no work. Here gemv_short_rows (gemv_rows.cuh) at
+// 256 threads and one pass: 256 / L rows a block, one load a thread. Chosen by K alone: a row's
+// order still depends on K only (not on N or KernelOptions::gemv_rows).
 // Blocks [0, blocks0) take problem p0 and the rest p1 (p1.N == 0 for a single GEMV): two GEMVs
 // of the same K in one launch (linear_ex_pair) compute each row as a launch of their own would.
 template <typename W, typename X, int L>
@@ -108,22 +101,15 @@ __global__ void __launch_bounds__(kGemvThreads)
                                             bid - (second ? blocks0 : 0));
 }
 
-// f(std::integral_constant<int, R>{}, std::integral_constant<int, P>{}) for the rows a block R
-// (1, 2, 4, 8; others as 8) and P = vectors_per_chunk_thread(KV).
-// p1 (MEMRA_GEMV_P1, default 1): P = 1 at any KV (a thread's vectors and their order are the same
-// at P = 1 and 2: tid, tid + 256, tid + 512, ...; 4 blocks an SM at 64 registers).
+// f(std::integral_constant<int, R>{}) for the rows a block R (1, 2, 4, 8; others as 8).
 template <typename F>
-int with_rows(int R, int KV, bool p1, F&& f) {
-  auto rows = [&](auto p) {
-    switch (R) {
-      case 1: return f(std::integral_constant<int, 1>{}, p);
-      case 2: return f(std::integral_constant<int, 2>{}, p);
-      case 4: return f(std::integral_constant<int, 4>{}, p);
-      default: return f(std::integral_constant<int, 8>{}, p);
-    }
-  };
-  if (p1 || vectors_per_chunk_thread(KV) == 1) return rows(std::integral_constant<int, 1>{});
-  return rows(std::integral_constant<int, kGemvP>{});
+int with_rows(int R, F&& f) {
+  switch (R) {
+    case 1: return f(std::integral_constant<int, 1>{});
+    case 2: return f(std::integral_constant<int, 2>{});
+    case 4: return f(std::integral_constant<int, 4>{});
+    default: return f(std::integral_constant<int, 8>{});
+  }
 }
 
 template <typename W, typename X, int L>
@@ -144,17 +130,18 @@ int launch_short_any(MemraCudaCtx* ctx, GemvRows<W, X> p0, GemvRows<W, X> p1, in
   });
 }
 
-// Weight rows per block (MEMRA_GEMV_ROWS overrides): enough blocks for several waves at every
-// N, so that the scheduler evens out SMs that start late (busy with the previous kernel).
+// Tall rows: more than this many 16-byte vectors (K > 4096 bf16: the o / down projections);
+// KernelOptions::gemv_tall_rows sets their rows a block.
+constexpr int kTallV = kGemvP * kGemvThreads;
+
+// Weight rows per block (KernelOptions::gemv_rows / gemv_tall_rows override): enough blocks for
+// several waves at every N, so that the scheduler evens out SMs that start late (busy with the
+// previous kernel).
 int rows_for(const MemraCudaCtx* ctx, int N, int KV) {
-  const int r = ctx->gemv_rows;
+  const int r = ctx->options.gemv_rows;
   if (r == 1 || r == 2 || r == 4 || r == 8) return r;
-  // Rows longer than one chunk (K > 4096 bf16: the o / down projections) take several load
-  // rounds a block; MEMRA_GEMV_TALL_ROWS (1, 2, 4, 8) sets their rows a block (A/B arm).
-  const int t = ctx->gemv_tall_rows;
-  if (KV > kGemvP * kGemvThreads && (t == 1 || t == 2 || t == 4 || t == 8)) return t;
-  // MEMRA_GEMV_P1=2: tall rows at P = 1 and 8 rows a block (KDA o: 512 blocks, one wave of 4 an SM).
-  if (KV > kGemvP * kGemvThreads && ctx->gemv_p1 == 2) return 8;
+  const int t = ctx->options.gemv_tall_rows;
+  if (KV > kTallV && (t == 1 || t == 2 || t == 4 || t == 8)) return t;
   return N >= 16384 ? 8 : N >= 2048 ? 4 : N >= 512 ? 2 : 1;
 }
 
@@ -162,10 +149,10 @@ int rows_for(const MemraCudaCtx* ctx, int N, int KV) {
 template <typename W, typename X>
 int launch_pair(MemraCudaCtx* ctx, GemvRows<W, X> p0, GemvRows<W, X> p1, int K, int prefetch) {
   const int KV = K / (16 / static_cast<int>(sizeof(W)));
-  return with_rows(rows_for(ctx, p0.N + p1.N, KV), KV, ctx->gemv_p1 != 0, [&](auto r, auto p) {
-    constexpr int R = decltype(r)::value, P = decltype(p)::value;
+  return with_rows(rows_for(ctx, p0.N + p1.N, KV), [&](auto r) {
+    constexpr int R = decltype(r)::value;
     const int blocks0 = (p0.N + R - 1) / R;
-    return launch_gemv(ctx, gemv_pair_kernel<W, X, R, P>, blocks0 + (p1.N + R - 1) / R, p0, p1,
+    return launch_gemv(ctx, gemv_pair_kernel<W, X, R, 1>, blocks0 + (p1.N + R - 1) / R, p0, p1,
                        blocks0, K, prefetch);
   });
 }
@@ -180,20 +167,10 @@ int launch_t(MemraCudaCtx* ctx, const void* x, const void* w, int K, int N, cons
     const GemvRows<W, X> p0{xp, wp, bias, y, N}, none{xp, wp, nullptr, y, 0};
     return launch_short_any<W, X>(ctx, p0, none, K, prefetch);
   }
-  return with_rows(rows_for(ctx, N, KV), KV, ctx->gemv_p1 != 0, [&](auto r, auto p) {
-    constexpr int R = decltype(r)::value, P = decltype(p)::value;
+  return with_rows(rows_for(ctx, N, KV), [&](auto r) {
+    constexpr int R = decltype(r)::value;
     const unsigned blocks = (N + R - 1) / R;
-    if constexpr (P == 1) {
-      return launch_gemv(ctx, gemv_kernel<W, X, R, P, 4>, blocks, xp, wp, K, N, bias, y, prefetch);
-    } else {
-      if constexpr (R <= 4) {
-        if (ctx->gemv_occ == 4) {
-          return launch_gemv(ctx, gemv_kernel<W, X, R, P, 4>, blocks, xp, wp, K, N, bias, y,
-                             prefetch);
-        }
-      }
-      return launch_gemv(ctx, gemv_kernel<W, X, R, P, 0>, blocks, xp, wp, K, N, bias, y, prefetch);
-    }
+    return launch_gemv(ctx, gemv_kernel<W, X, R, 1, 4>, blocks, xp, wp, K, N, bias, y, prefetch);
   });
 }
 
@@ -201,7 +178,7 @@ int launch_t(MemraCudaCtx* ctx, const void* x, const void* w, int K, int N, cons
 // dtype (the callers refuse other pairs), K is a whole number of 16-byte vectors of w, and x and
 // w are 16-byte aligned.
 bool takes(const MemraCudaCtx* ctx, const void* x, int x_dtype, int K, const void* w, int w_dtype) {
-  if (!ctx->gemv || K < 1) return false;
+  if (!ctx->options.gemv || K < 1) return false;
   if (w_dtype != 0 && w_dtype != 1) return false;
   if (x_dtype != w_dtype && x_dtype != 0) return false;
   const int E = w_dtype == 1 ? 8 : 4;  // weights per 16-byte vector

@@ -180,8 +180,9 @@ struct RowPlanes {
 // channel c's ring: ring_out[b][c, j] = window[1 + j] (ring: RowPlanes). y (b, c) at
 // y_group_at(c, B, G) + b * G, as the prefill arm's (t, c).
 // Grid: x over channels, y (strided) over sequences.
-// L2 (memra_cuda_kda_conv_decode_l2; C % kConvThreads == 0): a block's kConvThreads channels
-// below l2_channels are one head of q or k (dk == kConvThreads), L2-normalised before the store
+// L2 (memra_cuda_kda_conv_decode_slots with l2_groups; C % kConvThreads == 0): a block's
+// kConvThreads channels below l2_channels are one head of q or k (dk == kConvThreads),
+// L2-normalised before the store
 // with l2norm_kernel<32>'s arithmetic (warp 0: row_sum_squares<32> over the block's channels;
 // sqrt(ss + eps); each value divided by it), so the bytes are those of
 // the conv followed by l2norm_heads, and the prefill path (which runs the two) still agrees.
@@ -575,8 +576,8 @@ __device__ __forceinline__ float column_sum(const float (&P)[kDecLaneGroups]) {
   return __fadd_rn(half, __shfl_xor_sync(0xffffffffu, half, 16));
 }
 
-// The gates of memra_cuda_kda_gate_scan_decode: g and beta arrive raw (f, beta's logits) and the
-// scan applies gate_kernel's arithmetic to them as it loads them.
+// The gates of memra_cuda_kda_gate_scan_decode_slots: g and beta arrive raw (f, beta's logits)
+// and the scan applies gate_kernel's arithmetic to them as it loads them.
 struct RawGates {
   const float* dt_bias;  // [H * dk], 16-byte aligned
   const float* A_log;    // [H]
@@ -902,7 +903,7 @@ RowPlanes slot_planes(const int32_t* slots, const int32_t* cur, float* base0, fl
 // blocks (the L2 form), the rest gemv_short_kernel's rows of the pair (f_b | g_b) at
 // kConvThreads threads a block and kPairPasses rows a thread, with the bytes of either (the
 // short rows' order depends on K alone). Both read only the q|k|v projection's outputs, so the
-// step's chain loses a launch (the GEMV's ~2 us at batch 1, six KDA layers).
+// step's chain loses a launch a KDA layer at batch 1.
 using memra::cuda::gemv_rows_detail::GemvRows;
 using memra::cuda::gemv_rows_detail::gemv_short_rows;
 using memra::cuda::gemv_rows_detail::kShortMaxV;
@@ -951,14 +952,6 @@ int memra_cuda_kda_conv_decode(MemraCudaCtx* ctx, const float* x, int B, int C, 
                                const float* w, int K, const float* const* ring_in,
                                float* const* ring_out, float* y) {
   return conv_decode_impl(ctx, x, B, C, G, w, K, table_planes(ring_in, ring_out), y, 0, 0, 0.0f);
-}
-
-int memra_cuda_kda_conv_decode_l2(MemraCudaCtx* ctx, const float* x, int B, int C, int G,
-                                  const float* w, int K, const float* const* ring_in,
-                                  float* const* ring_out, float* y, int l2_groups, int dk,
-                                  float eps) {
-  return conv_decode_impl(ctx, x, B, C, G, w, K, table_planes(ring_in, ring_out), y, l2_groups,
-                          dk, eps);
 }
 
 int memra_cuda_kda_conv_decode_slots(MemraCudaCtx* ctx, const float* x, int B, int C, int G,
@@ -1074,75 +1067,6 @@ int memra_cuda_kda_scan(MemraCudaCtx* ctx, const float* q, const float* k, const
   return launch_status();
 }
 
-}  // extern "C"
-
-namespace {
-
-// memra_cuda_kda_gate_scan_decode over either form of the state planes (RowPlanes).
-int gate_scan_decode_impl(MemraCudaCtx* ctx, const float* q, const float* k, const float* v,
-                          const float* f, const float* dt_bias, const float* A_log, int form,
-                          float lower_bound, const float* beta_logits, int B, int H, int dk,
-                          int dv, float scale, const RowPlanes& state, const GatedNorm& norm,
-                          float* o) {
-  MEMRA_CUDA_RETURN_IF(enter(ctx));
-  if (form != 0 && form != 1) return memra::kContractValue;
-  if (B < 0 || H < 0 || dk < 1 || dv < 1) return memra::kContractShape;
-  if (dk != kScanDk || dv != kScanDv) return memra::kUnsupportedGeometry;
-  if (state.slots && state.floats < 0) return memra::kContractValue;
-  if (B == 0 || H == 0) return memra::kOk;
-  if (!q || !k || !v || !f || !dt_bias || !A_log || !beta_logits || !o) {
-    return memra::kContractMissing;
-  }
-  if (state.slots ? (!state.cur || !state.base0 || !state.base1) : !state.out) {
-    return memra::kContractMissing;
-  }
-  if (norm.gate && !norm.w) return memra::kContractMissing;
-  if (state.slots) {
-    // A slot's [H, dk, dv] state must fit its stride, and every plane be 16-byte aligned (the
-    // state moves in float4; a misaligned access would end the context, not just the call).
-    if (state.floats < static_cast<int64_t>(H) * dk * dv) return memra::kContractValue;
-    if (((reinterpret_cast<uintptr_t>(state.base0) | reinterpret_cast<uintptr_t>(state.base1)) &
-         15u) || state.floats % 4 != 0) {
-      return memra::kContractStride;
-    }
-  }
-  for (const void* p : {static_cast<const void*>(q), static_cast<const void*>(k),
-                        static_cast<const void*>(v), static_cast<const void*>(f),
-                        static_cast<const void*>(dt_bias), static_cast<const void*>(o)}) {
-    if (reinterpret_cast<uintptr_t>(p) & 15u) return memra::kContractStride;
-  }
-  const RawGates gates{dt_bias, A_log, form, lower_bound};
-  if (norm.gate) {  // a whole head a block, o through the gated norm
-    const int64_t blocks = static_cast<int64_t>(B) * H;
-    if (blocks > 0x7fffffffLL) return memra::kContractShape;
-    memra::cuda::launch(ctx, true, scan_decode_kernel<true, kDecNormWarps, true>,
-                        dim3(static_cast<unsigned>(blocks)), dim3(32 * kDecNormWarps), 0, q, k, v,
-                        f, beta_logits, H, scale, state, o, gates, norm);
-    return launch_status();
-  }
-  const int64_t blocks = static_cast<int64_t>(B) * H * dec_blocks_per_head<kDecWarps>();
-  if (blocks > 0x7fffffffLL) return memra::kContractShape;
-  memra::cuda::launch(ctx, true, scan_decode_kernel<true, kDecWarps, false>,
-                      dim3(static_cast<unsigned>(blocks)), dim3(32 * kDecWarps), 0, q, k, v, f,
-                      beta_logits, H, scale, state, o, gates, GatedNorm{});
-  return launch_status();
-}
-
-}  // namespace
-
-extern "C" {
-
-int memra_cuda_kda_gate_scan_decode(MemraCudaCtx* ctx, const float* q, const float* k,
-                                    const float* v, const float* f, const float* dt_bias,
-                                    const float* A_log, int form, float lower_bound,
-                                    const float* beta_logits, int B, int H, int dk, int dv,
-                                    float scale, const float* const* state_in,
-                                    float* const* state_out, float* o) {
-  return gate_scan_decode_impl(ctx, q, k, v, f, dt_bias, A_log, form, lower_bound, beta_logits, B,
-                               H, dk, dv, scale, table_planes(state_in, state_out), GatedNorm{},
-                               o);
-}
-
 int memra_cuda_kda_gate_scan_decode_slots(MemraCudaCtx* ctx, const float* q, const float* k,
                                           const float* v, const float* f, const float* dt_bias,
                                           const float* A_log, int form, float lower_bound,
@@ -1151,11 +1075,40 @@ int memra_cuda_kda_gate_scan_decode_slots(MemraCudaCtx* ctx, const float* q, con
                                           float* state_base0, float* state_base1,
                                           int64_t state_floats, int early, const float* gate_o,
                                           const float* o_norm, float norm_eps, float* o) {
-  return gate_scan_decode_impl(ctx, q, k, v, f, dt_bias, A_log, form, lower_bound, beta_logits, B,
-                               H, dk, dv, scale,
-                               slot_planes(slots, cur, state_base0, state_base1, state_floats, 0,
-                                           early),
-                               GatedNorm{gate_o, o_norm, norm_eps}, o);
+  MEMRA_CUDA_RETURN_IF(enter(ctx));
+  if (form != 0 && form != 1) return memra::kContractValue;
+  if (B < 0 || H < 0 || dk < 1 || dv < 1) return memra::kContractShape;
+  if (dk != kScanDk || dv != kScanDv) return memra::kUnsupportedGeometry;
+  if (slots && state_floats < 0) return memra::kContractValue;
+  if (B == 0 || H == 0) return memra::kOk;
+  if (!q || !k || !v || !f || !dt_bias || !A_log || !beta_logits || !o) {
+    return memra::kContractMissing;
+  }
+  if (!slots || !cur || !state_base0 || !state_base1) return memra::kContractMissing;
+  if (!gate_o || !o_norm) return memra::kContractMissing;
+  // A slot's [H, dk, dv] state must fit its stride, and every plane be 16-byte aligned (the
+  // state moves in float4; a misaligned access would end the context, not just the call).
+  if (state_floats < static_cast<int64_t>(H) * dk * dv) return memra::kContractValue;
+  if (((reinterpret_cast<uintptr_t>(state_base0) | reinterpret_cast<uintptr_t>(state_base1)) &
+       15u) || state_floats % 4 != 0) {
+    return memra::kContractStride;
+  }
+  for (const void* p : {static_cast<const void*>(q), static_cast<const void*>(k),
+                        static_cast<const void*>(v), static_cast<const void*>(f),
+                        static_cast<const void*>(dt_bias), static_cast<const void*>(o)}) {
+    if (reinterpret_cast<uintptr_t>(p) & 15u) return memra::kContractStride;
+  }
+  const RowPlanes state =
+      slot_planes(slots, cur, state_base0, state_base1, state_floats, 0, early);
+  const RawGates gates{dt_bias, A_log, form, lower_bound};
+  const GatedNorm norm{gate_o, o_norm, norm_eps};
+  // A whole head a block: the scan, then o through the gated norm.
+  const int64_t blocks = static_cast<int64_t>(B) * H;
+  if (blocks > 0x7fffffffLL) return memra::kContractShape;
+  memra::cuda::launch(ctx, true, scan_decode_kernel<true, kDecNormWarps, true>,
+                      dim3(static_cast<unsigned>(blocks)), dim3(32 * kDecNormWarps), 0, q, k, v,
+                      f, beta_logits, H, scale, state, o, gates, norm);
+  return launch_status();
 }
 
 }  // extern "C"

@@ -108,8 +108,8 @@ __device__ __forceinline__ void sinkhorn_warp(float* c, int hc, int iters, float
   const bool own = lane < hc * hc;
   const int i = own ? lane / hc : 0, j = own ? lane % hc : 0;
   // Idle lanes hold 1, not 0: a zero dividend sends v / d down the IEEE division's slow-path
-  // subroutine, which the whole warp then waits for at every half-iteration (ncu: 39 calls per
-  // token, ~10 us of the finishing kernel's 12). Their values are never read or stored.
+  // subroutine, which the whole warp then waits for at every half-iteration (most of the
+  // finishing kernel's time, by ncu). Their values are never read or stored.
   float v = own ? c[lane] : 1.0f;
   // Half-iteration h: h = 0 and every even h a column normalisation, odd h a row one.
   for (int h = 0; h < 2 * iters - 1; ++h) {
@@ -487,8 +487,8 @@ __global__ void __launch_bounds__(Group<G>::kBlock)
 // (memra::cuda::last_block) then does mhc_finish_norm_kernel's two blocks' work at once: the
 // collapse and the RMSNorm in warps 0..G/32-1, the Sinkhorn in warp 0 beside the norm's tail.
 // Same operations in the same order as [mhc_post +] mhc_partial + mhc_finish_norm, so the same
-// bytes, in one launch instead of three (at batch 1 each site was ~11 us of mostly launch and
-// round-trip latency).
+// bytes, in one launch instead of three (at batch 1 a site is mostly launch and round-trip
+// latency).
 constexpr int kSiteHc = 4;  // GLM-5.3; other hc take the multi-kernel path
 
 struct SiteArgs {
@@ -681,8 +681,8 @@ __global__ void hc_head_mean_kernel(const float* __restrict__ streams, int64_t T
 // Group<G> threads (G = group_for(D), D <= kGatedCols * G): thread g's columns g + G c hold the
 // hc stream values (mhc_post_kernel's arithmetic), their mean (hc_head_mean_kernel's) and then
 // rms_norm_row's short form over them, so out has the bytes of the three launches in one, and
-// the expanded streams never go to memory (a decode step's last three launches before the LM
-// head were ~6 us of its critical path at batch 1).
+// the expanded streams never go to memory (two launches fewer on the decode step's critical path
+// before the LM head).
 constexpr int kHeadMaxHc = 8;
 
 template <int G>
@@ -734,11 +734,10 @@ int threads_for(int D) { return D >= 256 ? 256 : (D >= 128 ? 128 : (D >= 64 ? 64
 
 // The single-launch site (mhc_site_kernel) takes one decode row of GLM's geometry: f32 / bf16 fn
 // (fold), hc == kSiteHc, D % 4 == 0 (a lane's four values in one stream), the norm's row group
-// in one block (D <= kNormCols * 1024), 16-byte aligned rows; MEMRA_MHC_SITE=0 turns it off.
-bool site_fits(const MemraCudaCtx* ctx, int T, int hc, int D, int fn_dtype, const void* fn,
-               const float* streams) {
+// in one block (D <= kNormCols * 1024), 16-byte aligned rows.
+bool site_fits(int T, int hc, int D, int fn_dtype, const void* fn, const float* streams) {
   const uintptr_t fn_align = fn_dtype == 0 ? 15u : 7u;
-  return ctx->mhc_site && T == 1 && hc == kSiteHc && fn_dtype != 2 && D > 0 && D % 4 == 0 &&
+  return T == 1 && hc == kSiteHc && fn_dtype != 2 && D > 0 && D % 4 == 0 &&
          D <= kNormCols * 1024 && (reinterpret_cast<uintptr_t>(fn) & fn_align) == 0 &&
          memra::cuda::aligned16(streams);
 }
@@ -751,7 +750,7 @@ int launch_site(MemraCudaCtx* ctx, SiteArgs a, int fn_dtype) {
   MEMRA_CUDA_RETURN_IF(part.status());
   a.part = part.as<float>();
   a.ticket = ctx->tickets + memra::cuda::kTicketMhcSite;
-  a.defer_comb = ctx->mhc_defer ? 1 : 0;
+  a.defer_comb = ctx->options.mhc_defer ? 1 : 0;
   static_assert(kSiteHc == memra::cuda::kSinkHc, "the deferred Sinkhorn is the site's");
   with_group(group_for(a.D), [&](auto g) {
     constexpr int G = decltype(g)::value;
@@ -804,7 +803,7 @@ int mhc_pre_impl(MemraCudaCtx* ctx, const float* streams, int T, int hc, int D, 
   if (!streams || !fn || !base || !scale || !post || !comb || !collapsed) {
     return memra::kContractMissing;
   }
-  if (rms && site_fits(ctx, T, hc, D, fn_dtype, fn, streams)) {
+  if (rms && site_fits(T, hc, D, fn_dtype, fn, streams)) {
     SiteArgs a = site_args(D, fn, base, scale, sinkhorn_iters, hc_eps, norm_eps, rms_w, rms_eps,
                            post, comb, collapsed);
     a.streams = streams;
@@ -927,7 +926,7 @@ int memra_cuda_mhc_post_pre_norm(MemraCudaCtx* ctx, const float* y, const float*
   const size_t bytes = sizeof(float) * static_cast<size_t>(T) * hc * D;
   const uintptr_t o0 = reinterpret_cast<uintptr_t>(streams), r0 = reinterpret_cast<uintptr_t>(residual);
   if (bytes > 0 && o0 < r0 + bytes && r0 < o0 + bytes) return memra::kContractValue;
-  if (site_fits(ctx, T, hc, D, fn_dtype, fn, streams) && memra::cuda::aligned16(y) &&
+  if (site_fits(T, hc, D, fn_dtype, fn, streams) && memra::cuda::aligned16(y) &&
       memra::cuda::aligned16(residual) && fn && base && scale && post && comb && out) {
     SiteArgs a = site_args(D, fn, base, scale, sinkhorn_iters, hc_eps, norm_eps, rms_w, rms_eps,
                            post, comb, out);

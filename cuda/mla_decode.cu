@@ -16,10 +16,10 @@
 //   combine: one block per (head, sequence) with >= 2 active splits merges the partials
 //     (o = sum_s w_s o_s / sum_s w_s l_s, w_s = exp(m_s - max m)).
 //
-// Dense bf16 cache at H = 64, R = 512 (GLM-5.3-Flash): when MEMRA_MLA_DECODE_VARIANT selects it
-//   (see decode_variant), the sm_90a wgmma kernel of cuda/mla_decode_sm90.cu with its own
-//   combine; same roundings, splits from the same cost model in its tile size. Everything below
-//   serves every other case and stays the reference arm (variant 0).
+// Dense bf16 cache at H = 64, R = 512 (GLM-5.3-Flash): when KernelOptions::mla_decode_variant
+//   selects it (1 or 2, the default 1), the sm_90a wgmma kernel of cuda/mla_decode_sm90.cu with
+//   its own combine; same roundings, splits from the same cost model in its tile size. Everything
+//   below serves every other case and stays the reference arm (variant 0).
 //
 // bf16 cache, R in {128, 256, 512}: tensor-core kernel (mma.sync.m16n8k16 bf16 -> f32).
 //   All HB = 16 * MT heads of a block (MT = 4 m-tiles for H > 32 at B >= 32, else 2) share each
@@ -78,7 +78,6 @@
 #include <climits>
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
 #include <algorithm>
 
 #include "common.cuh"
@@ -118,32 +117,6 @@ constexpr int kTileRows = 64;  // rows per tile; split chunks are multiples of i
 constexpr int kStages = 2;
 constexpr float kLog2e = 1.4426950408889634f;
 
-// MEMRA_MLA_DECODE_VARIANT: an arm override for tests and benchmarks, read on every call (a
-// captured graph keeps the arm it was captured with). 0: the kernels of this file for every
-// shape; 1 / 2: the sm_90a wgmma kernel of cuda/mla_decode_sm90.cu (64-row tiles x 2 stages /
-// 48-row tiles x 3 stages) for dense bf16 caches at H = 64, R = 512 (every other case stays
-// here). Unset, empty or anything else: kDefaultVariant = 1, measured on the H200 at 0.55-0.59
-// of copy bandwidth against 0.35-0.38 for arm 0 and 0.52-0.53 for arm 2
-// (benchmarks/results/2026-11-29-h200-session3-run3.jsonl).
-constexpr int kDefaultVariant = 1;
-
-int decode_variant() {
-  const char* v = std::getenv("MEMRA_MLA_DECODE_VARIANT");
-  if (!v || !v[0] || v[1]) return kDefaultVariant;
-  if (v[0] == '0') return 0;
-  if (v[0] == '1') return 1;
-  if (v[0] == '2') return 2;
-  return kDefaultVariant;
-}
-
-// Benchmark knobs of the tensor-core arm (bench_mla_decode.py): MEMRA_MLA_TC_MT=2 or 4 head
-// tiles of 16 per block (default: below), MEMRA_MLA_SPLIT_TILES=n 64-row tiles per split
-// (default: the cost model). env_int gives 0 when unset.
-int env_int(const char* name) {
-  const char* v = std::getenv(name);
-  return v && v[0] ? std::atoi(v) : 0;
-}
-
 int device_attr(MemraCudaCtx* ctx, cudaDeviceAttr attr, int* out) {
   return status_of(cudaDeviceGetAttribute(out, attr, ctx->device));
 }
@@ -181,7 +154,7 @@ struct DecodeArgs {
   float* po;                   // partials [B, nsplit, H, R] (nsplit > 1)
   float* pm;                   // [B, nsplit, H]
   float* pl;                   // [B, nsplit, H]
-  int combine_fast;            // the combine's one-round-trip form (MEMRA_MLA_COMBINE_FAST=0: off)
+  int combine_fast;            // 1: the combine's one-round-trip form where it applies
 };
 
 // Rows (dense) or list entries (gathered) sequence b attends over.
@@ -311,7 +284,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_tc_kernel(DecodeArgs a) {
 
   // Q rounded to bf16 (heads past nh zero), running max init. Scalar loads (no alignment
   // needed), kQBatch pairs per thread issued before any is stored: one pass per batch instead of
-  // one L2 round trip per pair (64 of them at HB = 64, R = 512: ~20 us of a one-block decode).
+  // one L2 round trip per pair (64 of them at HB = 64, R = 512, in a row).
   {
     const float* qb = a.q_lat + (static_cast<int64_t>(b) * a.H + h0) * R;
     constexpr int kQPer = S::HB * (R / 2) / kThreads;  // pairs per thread
@@ -872,10 +845,11 @@ int attn_decode_impl(MemraCudaCtx* ctx, const float* q_lat, const void* const* c
   int sms = 0;
   MEMRA_CUDA_RETURN_IF(device_attr(ctx, cudaDevAttrMultiProcessorCount, &sms));
 
-  // Dense bf16 at H = 64, R = 512 with 16-byte aligned q_lat / o_lat: the wgmma arm when the knob
-  // selects it. Splits from the same cost model in units of its tiles (the q read, 64 x 512 f32 =
-  // 128 KiB, is 128 / tile_rows tiles); B = 64, L = 4096: 2 splits; B = 8, L = 32768: 16.
-  const int variant = decode_variant();
+  // Dense bf16 at H = 64, R = 512 with 16-byte aligned q_lat / o_lat: the wgmma arm when the
+  // context's options select it (docs/options.md: the arms at the two bench shapes). Splits
+  // from the same cost model in units of its tiles (the q read, 64 x 512 f32 = 128 KiB, is
+  // 128 / tile_rows tiles); B = 64, L = 4096: 2 splits; B = 8, L = 32768: 16.
+  const int variant = ctx->options.mla_decode_variant;
   const bool aligned = reinterpret_cast<uintptr_t>(q_lat) % 16 == 0 &&
                        reinterpret_cast<uintptr_t>(o_lat) % 16 == 0;
   if (variant != 0 && !gather && cache_dtype == 1 && H == 64 && R == 512 && aligned) {
@@ -904,8 +878,7 @@ int attn_decode_impl(MemraCudaCtx* ctx, const float* q_lat, const void* const* c
   a.max_t_kv = max_t_kv;
   a.scale = scale;
   a.o_lat = o_lat;
-  const char* fast = std::getenv("MEMRA_MLA_COMBINE_FAST");  // "0": the general loop (A/B arm)
-  a.combine_fast = !(fast && fast[0] == '0' && fast[1] == '\0');
+  a.combine_fast = 1;  // the one-round-trip combine up to kCombineFast splits
 
   // Gathered: the compacted lists first (the attention kernels read list / counts).
   Scratch lists(ctx, gather && !listed ? sizeof(int32_t) * (static_cast<size_t>(B) * width + B) : 0);
@@ -927,12 +900,12 @@ int attn_decode_impl(MemraCudaCtx* ctx, const float* q_lat, const void* const* c
   int groups = 0, mt = 0;
   size_t f32_smem = 0;
   if (tc) {
-    // 32 heads per block below 32 sequences, 64 above: at B = 1 and 8 (150 / 600 rows) the
-    // 64-head block took 18-20 us, two 32-head blocks 12-16 us (bench_mla_decode, MEMRA_MLA_TC_MT;
-    // results/2026-11-29-h200-session7-mla-mt.jsonl). The softmax sums are split over 8 / MT
+    // 32 heads per block below 32 sequences, 64 above (KernelOptions::mla_tc_mt forces either;
+    // at short decode contexts two 32-head blocks beat one 64-head block, docs/options.md).
+    // The softmax sums are split over 8 / MT
     // row groups, so the two differ in the last bits (both within the tests' CPU tolerance).
     mt = H > 32 && B >= 32 ? 4 : 2;
-    if (const int want = env_int("MEMRA_MLA_TC_MT"); want == 2 || want == 4) mt = H > 32 ? want : 2;
+    if (const int want = ctx->options.mla_tc_mt; want == 2 || want == 4) mt = H > 32 ? want : 2;
     groups = static_cast<int>(ceil_div(H, 16 * mt));
     const double ovh = 16.0 * mt / 32.0;  // HB x R f32 = HB / 32 tiles of 64 bf16 rows
     a.nsplit = choose_nsplit(static_cast<int64_t>(B) * groups, tiles, sms, 1, ovh, ovh);
@@ -945,7 +918,7 @@ int attn_decode_impl(MemraCudaCtx* ctx, const float* q_lat, const void* const* c
     const double ovh = static_cast<double>(kFHeads) / kTileRows;  // 8 x R f32 / (64 x R f32)
     a.nsplit = choose_nsplit(static_cast<int64_t>(B) * groups, tiles, sms, 2, ovh, ovh);
   }
-  if (const int st = env_int("MEMRA_MLA_SPLIT_TILES"); st > 0) {
+  if (const int st = ctx->options.mla_split_tiles; st > 0) {
     a.nsplit = static_cast<int>(ceil_div(tiles, st));
   }
   a.chunk = static_cast<int>(ceil_div(tiles, a.nsplit)) * kTileRows;
@@ -1013,7 +986,7 @@ int memra_cuda_mla_latent_append_decode(MemraCudaCtx* ctx, const float* rows, in
   if (B == 0) return memra::kOk;
   if (!rows || !caches || !pos) return memra::kContractMissing;
   // A thread a value up to 1024 (the latent row, 576, in one pass: with 256 threads each pass
-  // waited for the previous one's store, ~5 us of the batch-1 step for three round trips).
+  // waited for the previous one's store, three round trips in a row).
   const int threads = std::min(1024, ((W + 31) / 32) * 32);
   if (cache_dtype == 0) {
     memra::cuda::launch(ctx, true, append_decode_kernel<float>, dim3(B), dim3(threads), 0, rows, W,

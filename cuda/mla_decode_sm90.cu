@@ -2,7 +2,7 @@
 // memra_cuda_mla_attn_decode (cpp/include/memra/cuda_abi/mla.h): 64 heads, kv rank R = 512, bf16
 // latent caches (the cache row is both K and V), one query row per sequence, no index list.
 // cuda/mla_decode.cu owns the entry point, the split plan and every other shape; it calls
-// mla_decode_sm90() below when MEMRA_MLA_DECODE_VARIANT selects this arm (1 or 2).
+// mla_decode_sm90() below when KernelOptions::mla_decode_variant selects this arm (1 or 2).
 //
 // Block (split blockIdx.x, sequence blockIdx.y) = 2 warpgroups (256 threads), rows
 // [split * chunk, min(n_b, (split + 1) * chunk)) in tiles of TR rows (TR = 64, 2 stages: variant
@@ -591,7 +591,7 @@ int mla_decode_sm90(MemraCudaCtx* ctx, int variant, const float* q_lat, const vo
   if (nsplit > 1) {
     // A programmatic dependent launch: the combine's launch overlaps the attention grid's tail
     // (its blocks wait in griddepcontrol.wait); an ordinary launch where that is refused or
-    // MEMRA_PDL=0.
+    // KernelOptions::pdl is off.
     const dim3 grid(kH / kCombineHeads, static_cast<unsigned>(B));
     const size_t smem = sizeof(float) * kCombineHeads * (static_cast<size_t>(nsplit) + 1);
     memra::cuda::launch(ctx, true, mla_combine_kernel, grid, dim3(128), smem, a);

@@ -2,11 +2,11 @@
 // cpp/include/memra/cuda_abi/mla.h): the projections' norms (norm_rows), the step's positions
 // and plane tables (decode_tables), the latent append and the indexer's k-pool append.
 //
-// Why: at batch 1 those were four launches in a row on the step's critical path (norm_rows 7.6,
-// decode_tables 1.5, latent append 5.2, k-pool append 2.9 us in-graph; session-10 trace), each
-// mostly a launch and a memory round trip. Here the latent and ring rows are stored from the
-// registers that hold the normalised values, and the slot and length are read before the
-// launch's wait, so the appends add stores, not round trips, to the norm launch.
+// Why: at batch 1 those were four launches in a row on the step's critical path, each mostly a
+// launch and a memory round trip (docs/decode_graphs.md, session 11). Here the latent and ring
+// rows are stored from the registers that hold the normalised values, and the slot and length
+// are read before the launch's wait, so the appends add stores, not round trips, to the norm
+// launch.
 //
 // Grid: one block per norm row (2, or 3 with the indexer), as norm_rows_kernel (cuda/basic.cu).
 //   block 0: row 0 (q's low-rank row), and thread 0 writes the tables (cuda/slot_tables.cuh);
@@ -80,7 +80,7 @@ __device__ __forceinline__ float* plane_row(const PrologueArgs& a, int j, int s)
 // the ring rows r0 .. pos - 1 of k and gate and the pool's ape rows, read before the wait (the
 // ring was written by earlier steps, ape is a weight), then row pos (k from the norm's registers,
 // gate after the wait) at index pool - 1. Read from global in the key's loops instead, each of
-// its 3 passes waited for a load per row: ~20 us at pool 4 (session-11 trace).
+// its 3 passes would wait for a load per row (the trace showed it on a completing step).
 struct StagedRows {
   const float* ks;  // [pool, d]
   const float* gs;  // [pool, d]
@@ -196,9 +196,8 @@ int memra_cuda_mla_norm_append_decode(MemraCudaCtx* ctx, const float* x0, int D0
   if (indexer && (!w2 || !b2 || !y2 || !gate || !ape)) return memra::kContractMissing;
   SlotTables t;
   MEMRA_CUDA_RETURN_IF(memra::cuda::make_slot_tables(n, bases, strides, outs, &t));
-  // MEMRA_MLA_NORM_APPEND=0 (an A/B arm), or an indexer row wider than the fused form keeps in
-  // one pass of a block: the four launches.
-  if (!ctx->mla_norm_append || (indexer && D2 > kMaxStagedD)) {
+  // An indexer row wider than the fused form keeps in one pass of a block: the four launches.
+  if (indexer && D2 > kMaxStagedD) {
     MEMRA_CUDA_RETURN_IF(memra_cuda_norm_rows(ctx, x0, D0, w0, eps0, y0, x1, D1, w1, eps1, y1,
                                               x2, indexer ? D2 : 0, w2, b2, eps2, y2));
     MEMRA_CUDA_RETURN_IF(memra_cuda_decode_tables(ctx, slots, 1, lengths, pos, t_kv, n, bases,

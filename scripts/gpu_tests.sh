@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU machine: build memra (scripts/gpu_env.sh) and run the named CUDA test files (all
 # of tests/ when none are named), one pytest log per file under $OUT; a summary line per file.
-# MEMRA_CMAKE_ARGS: extra CMake arguments for the build (e.g. -DMEMRA_PDL_EARLY=ON).
+# MEMRA_CMAKE_ARGS: extra CMake arguments for the build (e.g. -DMEMRA_TRACE=ON).
 #   bash scripts/gpu_tests.sh [test files...]
 set -uo pipefail
 OUT=${OUT:-/tmp/memra-out}; mkdir -p "$OUT"

@@ -1,13 +1,17 @@
 """Shared helpers of the CUDA op tests (tests/test_cuda_*.py): seeded generators, float32 and
-bfloat16 conversions, bf16 Weights. The `e` fixture (a CUDA Engine per module) lives in
-conftest.py."""
+bfloat16 conversions, bf16 Weights, CUDA engines made with given kernel options. The `e` fixture
+(a CUDA Engine per module, default options) lives in conftest.py."""
 
 from __future__ import annotations
+
+import atexit
+import functools
 
 import ml_dtypes
 import numpy as np
 import pytest
 
+import memra
 from memra import _core
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -60,3 +64,18 @@ def expect(cls, code, fn, *args, **kwargs):
         fn(*args, **kwargs)
     assert ei.value.code == code, str(ei.value)
     return ei.value
+
+
+@functools.lru_cache(maxsize=None)
+def _engine_with(fields: tuple) -> memra.Engine:
+    return memra.Engine("cuda", options=memra.KernelOptions(**dict(fields)))
+
+
+atexit.register(_engine_with.cache_clear)  # the engines go before the interpreter tears down
+
+
+def engine_with(**fields) -> memra.Engine:
+    """A CUDA Engine made with memra.KernelOptions(**fields): one per distinct set of fields in
+    the process (a context holds tens of MB of workspaces). Arrays an op reads must come from
+    the engine that runs it (each engine has its own stream)."""
+    return _engine_with(tuple(sorted(fields.items())))

@@ -26,7 +26,7 @@ Tolerances (both sides f32 unless said):
   float32 and bfloat16 weights alike (the same bf16 values on both sides). From T = 2 on the GPU
   runs the grouped-by-expert kernels, whose every dot product and sum is the per-pair kernels'
   own: the T >= 2 result equals, bit for bit, the rows run one at a time (T = 1) and the
-  per-pair kernels forced at the same T (MEMRA_MOE_GROUPED_MIN_T).
+  per-pair kernels forced at the same T (an engine made with KernelOptions(moe_grouped_min_t=)).
 - MlpLayer on CUDA uploads gate and up as one [2I, D] weight and runs them as one GEMM
   (N = 2I): against swiglu_mlp over separate gate / up weights (two GEMMs) only cuBLAS's
   summation order may differ (the same tolerances as against the CPU).
@@ -47,7 +47,7 @@ import pytest
 
 import memra
 from memra import _core
-from cuda_helpers import bf16_weight, close_scaled, expect, f32, rng
+from cuda_helpers import bf16_weight, close_scaled, engine_with, expect, f32, rng
 
 pytestmark = pytest.mark.cuda
 
@@ -174,23 +174,18 @@ def test_mlp_layer_fused_gate_up_matches_separate(e, T, D, I, dtype):
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("D,I", [(512, 96), (512, 1101), (4104, 8195)])
-def test_mlp_layer_one_row_swiglu_in_the_gemv_keeps_the_bytes(monkeypatch, D, I, dtype):
+def test_mlp_layer_one_row_swiglu_in_the_gemv_matches_cpu(e, D, I, dtype):
     """At one row the gate|up GEMV stores h = swiglu(gate, up) from its epilogue (block b: gate
-    rows b R/2 .., and their up rows; ffn.cu gemv_swiglu_kernel): the bytes of the GEMV, then
-    swiglu_pair_kernel's launch (MEMRA_SWIGLU_FUSED=0), for ragged I at R = 2, 4, 8 and a K of
-    two chunks with a ragged tail (4104); and close to the CPU."""
+    rows b R/2 .., and their up rows; ffn.cu gemv_swiglu_kernel), for ragged I at R = 2, 4, 8 and
+    a K of two chunks with a ragged tail (4104): close to the CPU, and the same bytes run to
+    run."""
     r = rng(D + I + (dtype == "bfloat16"))
     limit = 1.25
     g, u, d = mlp_weights(r, D, I, dtype)
     x = randn(r, 1, D, scale=2.0 / np.sqrt(D / 64))
     ws = {"gate_proj.weight": weight(g), "up_proj.weight": weight(u), "down_proj.weight": weight(d)}
-    outs = []
-    for fused in ("1", "0"):
-        monkeypatch.setenv("MEMRA_SWIGLU_FUSED", fused)
-        eng = memra.Engine("cuda")
-        monkeypatch.delenv("MEMRA_SWIGLU_FUSED")
-        layer = memra.MlpLayer(eng, ws, hidden=D, intermediate=I, swiglu_limit=limit, dtype=dtype)
-        outs.append(eng.to_host(layer.forward(eng.to_device(x))))
+    layer = memra.MlpLayer(e, ws, hidden=D, intermediate=I, swiglu_limit=limit, dtype=dtype)
+    outs = [e.to_host(layer.forward(e.to_device(x))) for _ in range(2)]
     np.testing.assert_array_equal(outs[0], outs[1])
     if dtype == "float32":
         want = _core.swiglu_mlp(x, weight(g), weight(u), weight(d), limit=limit)
@@ -348,11 +343,10 @@ def test_moe_route_dense_gate_matches_cpu_where_margins_are_clear(e, T):
 
 @pytest.mark.parametrize("D", [200, 1024, 4096])  # the router's rows: P = 1, and 2 chunks of P = 2
 @pytest.mark.parametrize("E,top_k,n_group,topk_group", [(32, 8, 1, 1), (288, 8, 8, 4), (64, 6, 8, 3)])
-def test_moe_route_one_token_in_one_launch_keeps_the_bytes(monkeypatch, D, E, top_k, n_group,
-                                                            topk_group):
+def test_moe_route_one_token_in_one_launch_matches_cpu(e, D, E, top_k, n_group, topk_group):
     # At one token the router GEMV and the routing run in one launch (the last block routes):
-    # the same bytes as the two launches (MEMRA_ROUTE_FUSED=0), and the CPU's choice where its
-    # margins are clear.
+    # the same bytes from launch to launch (its arrival counter is back at 0 after each), and
+    # the CPU's choice where its margins are clear.
     r = rng(D + E + top_k)
     x = randn(r, 1, D)
     gate = randn(r, E, D, scale=0.5)
@@ -360,14 +354,9 @@ def test_moe_route_one_token_in_one_launch_keeps_the_bytes(monkeypatch, D, E, to
     kw = dict(top_k=top_k, n_group=n_group, topk_group=topk_group, norm_topk_prob=True,
               scaling=2.5)
     outs = []
-    for fused in ("1", "0"):
-        monkeypatch.setenv("MEMRA_ROUTE_FUSED", fused)
-        eng = memra.Engine("cuda")
-        monkeypatch.delenv("MEMRA_ROUTE_FUSED")
-        for _ in range(2):  # the ticket is back at 0 after a launch
-            i, w = _core.moe_route(eng.to_device(x), dweight(eng, gate), eng.to_device(bias),
-                                   engine=eng, **kw)
-            outs.append((eng.to_host(i), eng.to_host(w)))
+    for _ in range(3):
+        i, w = _core.moe_route(e.to_device(x), dweight(e, gate), e.to_device(bias), engine=e, **kw)
+        outs.append((e.to_host(i), e.to_host(w)))
     for i, w in outs[1:]:
         np.testing.assert_array_equal(i, outs[0][0])
         np.testing.assert_array_equal(w, outs[0][1])
@@ -378,26 +367,22 @@ def test_moe_route_one_token_in_one_launch_keeps_the_bytes(monkeypatch, D, E, to
         np.testing.assert_allclose(outs[0][1], want_w, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("fused", ["1", "0"])
-def test_moe_route_one_token_takes_the_one_launch_path(monkeypatch, tmp_path, fused):
+def test_moe_route_one_token_takes_the_one_launch_path(e, tmp_path):
     # Which kernels one token's routing launches (torch.profiler, CUDA activity): the router +
-    # routing kernel alone at D = 1024, the GEMV and the routing kernel with MEMRA_ROUTE_FUSED=0;
-    # short rows (D = 64: the GEMV's short-row kernel) never take the fused path.
+    # routing kernel alone at D = 1024; short rows (D = 64: the GEMV's short-row kernel) take the
+    # GEMV and the routing kernel.
     torch = pytest.importorskip("torch")
     from torch.profiler import ProfilerActivity, profile
 
-    monkeypatch.setenv("MEMRA_ROUTE_FUSED", fused)
-    eng = memra.Engine("cuda")
-    monkeypatch.delenv("MEMRA_ROUTE_FUSED")
     r = rng(5)
     kw = dict(top_k=4, n_group=1, topk_group=1, norm_topk_prob=True, scaling=1.0)
 
     def kernels(D):
-        x, gate = eng.to_device(randn(r, 1, D)), dweight(eng, randn(r, 32, D, scale=0.1))
-        eng.synchronize()
+        x, gate = e.to_device(randn(r, 1, D)), dweight(e, randn(r, 32, D, scale=0.1))
+        e.synchronize()
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            _core.moe_route(x, gate, engine=eng, **kw)
-            eng.synchronize()
+            _core.moe_route(x, gate, engine=e, **kw)
+            e.synchronize()
             torch.cuda.synchronize()
         path = tmp_path / f"trace{D}.json"  # the Chrome trace: kernels are events of category "kernel"
         prof.export_chrome_trace(str(path))
@@ -407,8 +392,7 @@ def test_moe_route_one_token_takes_the_one_launch_path(monkeypatch, tmp_path, fu
                         if isinstance(ev, dict) and str(ev.get("cat", "")).lower() == "kernel")
 
     long_rows, short_rows = kernels(1024), kernels(64)
-    assert ("route_decode_kernel" in long_rows) == (fused == "1"), long_rows
-    assert ("moe_route_kernel" in long_rows) == (fused == "0"), long_rows
+    assert "route_decode_kernel" in long_rows and "moe_route_kernel" not in long_rows, long_rows
     assert "route_decode_kernel" not in short_rows and "moe_route_kernel" in short_rows, short_rows
 
 
@@ -553,48 +537,33 @@ def test_moe_forward_grouped_equals_rows_one_at_a_time(e, T, E, D, I, k, dtype):
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("E,D,I,k,T", [(32, 64, 48, 8, 64), (7, 13, 21, 3, 9),
                                        (8, 64, 48, 4, 600)])  # T = 600: three token chunks
-def test_moe_forward_grouped_equals_per_pair_kernels(e, monkeypatch, E, D, I, k, T, dtype):
-    """At the same T, the grouped path equals the per-pair kernels (forced with the
-    MEMRA_MOE_GROUPED_MIN_T knob, read on every call) bit for bit."""
+def test_moe_forward_grouped_equals_per_pair_kernels(e, E, D, I, k, T, dtype):
+    """At the same T, the grouped path equals the per-pair kernels (forced on an engine made
+    with KernelOptions(moe_grouped_min_t=10**9)) bit for bit."""
     r = rng(T + E + D + (dtype == "bfloat16"))
     g, u, d = experts(r, E, D, I, dtype)
     x = randn(r, T, D, scale=2.0)
     idx, w = skewed_routing(r, T, E, k)
-    dg, du, dd = dweight(e, g, dtype), dweight(e, u, dtype), dweight(e, d, dtype)
 
-    def run():
-        return e.to_host(_core.moe_forward(e.to_device(x), e.to_device(idx), e.to_device(w),
-                                           dg, du, dd, limit=1.5, engine=e))
-
-    monkeypatch.delenv("MEMRA_MOE_GROUPED_MIN_T", raising=False)
-    grouped = run()
-    monkeypatch.setenv("MEMRA_MOE_GROUPED_MIN_T", str(10**9))
-    per_pair = run()
-    monkeypatch.delenv("MEMRA_MOE_GROUPED_MIN_T")
+    grouped = moe_gpu(e, x, idx, w, g, u, d, 1.5, dtype)
+    per_pair = moe_gpu(engine_with(moe_grouped_min_t=10**9), x, idx, w, g, u, d, 1.5, dtype)
     np.testing.assert_array_equal(grouped, per_pair)
-    np.testing.assert_array_equal(run(), grouped)  # deterministic from call to call
+    np.testing.assert_array_equal(moe_gpu(e, x, idx, w, g, u, d, 1.5, dtype), grouped)  # call to call
     scaled_close(grouped, moe_cpu(x, idx, w, g, u, d, 1.5), rtol=1e-5, atol_rel=1e-5)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("E,D,I,k", [(32, 520, 264, 8), (7, 13, 21, 3), (8, 61, 48, 4)])
-def test_moe_down_rows_per_warp_keep_the_bytes(monkeypatch, E, D, I, k, dtype):
-    """The per-pair down kernel at 1, 2 and 4 output rows a warp (MEMRA_MOE_DOWN_ROWS, read when
-    an Engine is made; D = 61, 13: a ragged last warp), with repeated ids: the same bytes."""
+def test_moe_down_ragged_warp_and_repeated_id_match_cpu(e, E, D, I, k, dtype):
+    """The per-pair down kernel at one token (two output rows a warp; D = 61, 13: a ragged last
+    warp), with a repeated id: close to the CPU."""
     r = rng(E + D + I + (dtype == "bfloat16"))
     g, u, d = experts(r, E, D, I, dtype)
     x = randn(r, 1, D, scale=2.0)
     idx, w = skewed_routing(r, 1, E, k)
     idx[0, -1] = idx[0, 0]  # a repeated id
-    outs = []
-    for rows in ("1", "2", "4"):
-        monkeypatch.setenv("MEMRA_MOE_DOWN_ROWS", rows)
-        eng = memra.Engine("cuda")
-        monkeypatch.delenv("MEMRA_MOE_DOWN_ROWS")
-        outs.append(moe_gpu(eng, x, idx, w, g, u, d, 1.5, dtype))
-    for o in outs[1:]:
-        np.testing.assert_array_equal(o, outs[0])
-    scaled_close(outs[0], moe_cpu(x, idx, w, g, u, d, 1.5), rtol=1e-5, atol_rel=1e-5)
+    got = moe_gpu(e, x, idx, w, g, u, d, 1.5, dtype)
+    scaled_close(got, moe_cpu(x, idx, w, g, u, d, 1.5), rtol=1e-5, atol_rel=1e-5)
 
 
 def moe_layer_weights(r, E, D, I, I_s, dtype):

@@ -1,8 +1,9 @@
 """The decode GEMV (cuda/gemv.cu) behind ``memra._core.linear`` / ``linear_ex`` at T = 1 row,
 against the CPU backend's linear (cpp/src/cpu/basic.cpp, the numeric oracle) and against cuBLAS
-(an Engine made with MEMRA_GEMV=0 runs the same calls through cuBLAS), plus programmatic
-dependent launch (an Engine made with MEMRA_PDL=0 runs the same decode without it) and the
-single-launch mHC site (MEMRA_MHC_SITE=0: the separate kernels).
+(an Engine made with KernelOptions(gemv=False) runs the same calls through cuBLAS), plus the
+kernel options that change only speed (programmatic dependent launch, the deferred Sinkhorn,
+the GEMV's row tiling, the grouped experts' threshold): a whole decode with each of them off
+gives the bytes of the default engine.
 
 Tolerances:
 - bf16 weights: against the CPU op on the same bf16 weight with x rounded to bf16 first, the
@@ -11,8 +12,8 @@ Tolerances:
   ``|d| <= 1e-5 * max|y|`` at K <= 16384 (random-sign rounding errors of ~2^-24 per add).
 - f32 weights: the same bound (both sides f32 products, different order).
 - Bytes: the per-output summation order does not depend on how many weight rows a block owns
-  (MEMRA_GEMV_ROWS), nor on the run, nor on programmatic dependent launch, so those comparisons
-  are ``np.array_equal``.
+  (KernelOptions.gemv_rows / gemv_tall_rows), nor on the run, nor on programmatic dependent
+  launch, so those comparisons are ``np.array_equal``.
 """
 
 from __future__ import annotations
@@ -22,23 +23,13 @@ import pytest
 
 import memra
 from memra import _core
-from cuda_helpers import bf16_bits, bf16_round, bf16_weight, close_scaled, f32, rng
+from cuda_helpers import bf16_bits, bf16_round, bf16_weight, close_scaled, engine_with, f32, rng
 
 pytestmark = pytest.mark.cuda
 
 # (K, N): a chunk's worth of K (2 x 256 threads x 8 bf16 = 4096), a ragged chunk tail, tall K,
 # a single row, N not a multiple of any row tile, tiny K, a wide N (R = 8 blocks).
 SHAPES = [(4096, 4096), (4104, 70), (12288, 300), (8, 1), (200, 33), (16, 5000), (1024, 20000)]
-
-
-def _engine(monkeypatch, **env) -> memra.Engine:
-    for k, v in env.items():
-        monkeypatch.setenv(k, v)
-    try:
-        return memra.Engine("cuda")
-    finally:
-        for k in env:
-            monkeypatch.delenv(k)
 
 
 @pytest.mark.parametrize("T", [1, 2])  # T = 2: past MEMRA_GEMV_MAX_ROWS, cuBLAS (the boundary)
@@ -101,7 +92,7 @@ def test_gemv_short_rows_match_cpu(e, K, N, with_bias):
     close_scaled(got, _core.linear(x[:, :K // 2].copy(), wf), 1e-5)
 
 
-def test_gemv_short_rows_bytes_do_not_depend_on_row_tiles(e, monkeypatch):
+def test_gemv_short_rows_bytes_do_not_depend_on_row_tiles(e):
     r = rng(78)
     x = f32(r.standard_normal((1, 128)))
     w = bf16_weight(r.standard_normal((8192, 128)) / np.sqrt(128))
@@ -111,12 +102,12 @@ def test_gemv_short_rows_bytes_do_not_depend_on_row_tiles(e, monkeypatch):
 
     ours = run(e)
     assert np.array_equal(ours, run(e))
-    for rows in ("1", "8"):
-        assert np.array_equal(run(_engine(monkeypatch, MEMRA_GEMV_ROWS=rows)), ours)
-    close_scaled(ours, run(_engine(monkeypatch, MEMRA_GEMV="0")), 1e-5)
+    for rows in (1, 8):
+        assert np.array_equal(run(engine_with(gemv_rows=rows)), ours)
+    close_scaled(ours, run(engine_with(gemv=False)), 1e-5)
 
 
-def test_gemv_equals_cublas_closely_and_bytes_do_not_depend_on_row_tiles(e, monkeypatch):
+def test_gemv_equals_cublas_closely_and_bytes_do_not_depend_on_row_tiles(e):
     K, N = 4104, 1000
     r = rng(77)
     x = f32(r.standard_normal((1, K)))
@@ -129,17 +120,16 @@ def test_gemv_equals_cublas_closely_and_bytes_do_not_depend_on_row_tiles(e, monk
 
     ours = run(e)
     assert np.array_equal(ours, run(e)), "the GEMV is not deterministic run to run"
-    cublas = run(_engine(monkeypatch, MEMRA_GEMV="0"))
+    cublas = run(engine_with(gemv=False))
     close_scaled(ours, cublas, 1e-5)
-    assert not np.array_equal(ours, cublas), "MEMRA_GEMV=0 did not reach cuBLAS (same bytes)"
-    for rows in ("1", "2", "4", "8"):
-        got = run(_engine(monkeypatch, MEMRA_GEMV_ROWS=rows))
-        assert np.array_equal(got, ours), f"MEMRA_GEMV_ROWS={rows} changed the bytes"
-    assert np.array_equal(run(_engine(monkeypatch, MEMRA_GEMV_P1="0")), ours), "MEMRA_GEMV_P1 changed the bytes"
+    assert not np.array_equal(ours, cublas), "gemv=False did not reach cuBLAS (same bytes)"
+    for rows in (1, 2, 4, 8):
+        got = run(engine_with(gemv_rows=rows))
+        assert np.array_equal(got, ours), f"gemv_rows={rows} changed the bytes"
 
 
 @pytest.mark.parametrize("K", [8192, 12296])  # tall rows: two and three chunks (and a ragged one)
-def test_gemv_tall_rows_match_cpu_and_bytes_do_not_depend_on_row_tiles(e, monkeypatch, K):
+def test_gemv_tall_rows_match_cpu_and_bytes_do_not_depend_on_row_tiles(e, K):
     N = 300
     r = rng(K)
     x = f32(r.standard_normal((1, K)))
@@ -150,18 +140,18 @@ def test_gemv_tall_rows_match_cpu_and_bytes_do_not_depend_on_row_tiles(e, monkey
 
     ours = run(e)
     close_scaled(ours, _core.linear(bf16_round(x), w), 1e-5)
-    for env in (dict(MEMRA_GEMV_ROWS="1"), dict(MEMRA_GEMV_ROWS="8"), dict(MEMRA_GEMV_P1="0"),
-                dict(MEMRA_GEMV_P1="0", MEMRA_GEMV_OCC="0"), dict(MEMRA_GEMV_P1="2")):
-        assert np.array_equal(run(_engine(monkeypatch, **env)), ours), f"{env} changed the bytes"
+    for opts in (dict(gemv_rows=1), dict(gemv_rows=8), dict(gemv_tall_rows=1), dict(gemv_tall_rows=2),
+                 dict(gemv_tall_rows=8)):
+        assert np.array_equal(run(engine_with(**opts)), ours), f"{opts} changed the bytes"
 
 
 # bf16: 1536 (MLA q_b), 2048 and 1024 are one chunk of P = 1, 2056 past it; f32: 1024 is one
 # chunk of P = 1 (256 vectors), 1032 and the others past it.
 @pytest.mark.parametrize("K", [1024, 1032, 1536, 2048, 2056])
 @pytest.mark.parametrize("wdt", ["bfloat16", "float32"])
-def test_gemv_medium_rows_match_cpu_and_bytes_do_not_depend_on_the_tiling(e, monkeypatch, K, wdt):
-    # Rows of at most 256 16-byte vectors take one vector a thread (P = 1, 4 blocks an SM); the
-    # bytes do not depend on the rows a block, MEMRA_GEMV_P1 or MEMRA_GEMV_OCC (registers only).
+def test_gemv_medium_rows_match_cpu_and_bytes_do_not_depend_on_the_tiling(e, K, wdt):
+    # Rows around one chunk of 256 16-byte vectors (one vector a thread, 4 blocks an SM): the
+    # bytes do not depend on the rows a block.
     N = 2100
     r = rng(K + (wdt == "float32"))
     x = f32(r.standard_normal((1, K)))
@@ -173,10 +163,8 @@ def test_gemv_medium_rows_match_cpu_and_bytes_do_not_depend_on_the_tiling(e, mon
 
     ours = run(e)
     close_scaled(ours, _core.linear(bf16_round(x) if wdt == "bfloat16" else x, w), 1e-5)
-    for env in (dict(MEMRA_GEMV_ROWS="1"), dict(MEMRA_GEMV_ROWS="2"), dict(MEMRA_GEMV_ROWS="8"),
-                dict(MEMRA_GEMV_P1="0"), dict(MEMRA_GEMV_P1="0", MEMRA_GEMV_OCC="0"),
-                dict(MEMRA_GEMV_P1="0", MEMRA_GEMV_OCC="0", MEMRA_GEMV_ROWS="4")):
-        assert np.array_equal(run(_engine(monkeypatch, **env)), ours), f"{env} changed the bytes"
+    for opts in (dict(gemv_rows=1), dict(gemv_rows=2), dict(gemv_rows=4), dict(gemv_rows=8)):
+        assert np.array_equal(run(engine_with(**opts)), ours), f"{opts} changed the bytes"
 
 
 @pytest.mark.parametrize("K,N0,N1", [(128, 8192, 8192), (64, 15, 1000), (256, 1, 2), (8, 300, 7),
@@ -201,28 +189,6 @@ def test_linear_ex_pair_equals_two_calls(e, K, N0, N1, x_kind):
         _core.linear_ex_pair(dx, w0, w1, col1=K + 9, engine=e)
 
 
-@pytest.mark.parametrize("K", [4096, 8200])
-def test_gemv_one_vector_a_thread_keeps_the_bytes(e, monkeypatch, K):
-    # MEMRA_GEMV_P1 (default 1: every GEMV and pair at one 16-byte vector a thread per chunk; 0:
-    # two for rows past 256 vectors): a thread's vectors and their order do not change, nor do
-    # the bytes.
-    r = rng(K + 3)
-    x = f32(r.standard_normal((1, K)))
-    w0 = bf16_weight(r.standard_normal((3000, K)) / np.sqrt(K))
-    w1 = bf16_weight(r.standard_normal((320, K)) / np.sqrt(K))
-
-    def run(eng):
-        d0, d1 = memra.DeviceWeight(eng, w0), memra.DeviceWeight(eng, w1)
-        y0, y1 = _core.linear_ex_pair(eng.to_device(x), d0, d1, engine=eng)
-        y = _core.linear(eng.to_device(x), d0, engine=eng)
-        return [eng.to_host(a) for a in (y0, y1, y)]
-
-    ours = run(e)
-    for arm in ("0", "2"):
-        for got, want in zip(run(_engine(monkeypatch, MEMRA_GEMV_P1=arm)), ours):
-            np.testing.assert_array_equal(got, want)
-
-
 def test_gemv_edge_values(e):
     # Large magnitudes stay finite (bf16 has f32's exponent range); zero rows give zeros.
     r = rng(5)
@@ -234,31 +200,28 @@ def test_gemv_edge_values(e):
     assert np.array_equal(z, np.zeros((1, 8), np.float32))
 
 
-@pytest.mark.parametrize("knob,on", [("MEMRA_PDL", "1"), ("MEMRA_MHC_SITE", "1"), ("MEMRA_MHC_DEFER", "1"),
-                                     ("MEMRA_NORM_ROWS_FUSED", "1"), ("MEMRA_KDA_SLOTS", "1"),
-                                     ("MEMRA_KDA_NORM_FUSED", "1"), ("MEMRA_KDA_CONV_PAIR", "1"),
-                                     ("MEMRA_MLA_NORM_APPEND", "1"), ("MEMRA_DSA_SELECT_COMPACT", "1")])  # off: "0"
-def test_decode_with_and_without_knob_is_bytewise_equal(monkeypatch, knob, on):
+# The kernel options documented as speed only (memra.KernelOptions' docstrings), each away from
+# its default for a whole tiny-model decode: the same logits and tokens, bit for bit.
+# (gemv_tall_rows: the tiny model has no rows that long; the GEMV tests above cover it.)
+SPEED_ONLY = [dict(pdl=False), dict(mhc_defer=False), dict(gemv_rows=1)]
+
+
+@pytest.mark.parametrize("opts", SPEED_ONLY, ids=[next(iter(o)) for o in SPEED_ONLY])
+def test_decode_bytes_do_not_depend_on_speed_only_options(opts):
     # Programmatic dependent launch changes when kernels start, never what they compute: a kernel
     # reading its predecessor's output before it lands (a missing pdl_wait) shows up here. The
-    # single-launch mHC site (cuda/mhc.cu mhc_site_kernel, batch-1 rows) computes what the
-    # separate mHC kernels compute, in the same order; its deferred Sinkhorn (run by the next
-    # decode GEMV's extra block, or alone before any other entry point) is the same function on
-    # the same rows. The MLA projections' norms in one launch run each row as its own launch
-    # would. The KDA decode's conv and scan resolve their planes from the device slots (and the
-    # scan runs the gated norm) with the bytes of the tables and the norm's own launch; at
-    # batch 1 the gates' f_b | g_b ride in the conv's launch, and the MLA layer's norms, tables,
-    # latent and k-pool appends are one launch (the bytes of their own launches); the indexer's
-    # selection compacts the attention's row lists in its own launch. (The
-    # tiny model's rows are short: MEMRA_GEMV_OCC and the one-launch router, which
-    # only long rows take, are checked in the GEMV tests below and in test_cuda_ffn.py.)
+    # deferred Sinkhorn (run by the next decode GEMV's extra block, or alone before any other
+    # entry point) is the same function on the same rows as the site kernel's own. The GEMV's
+    # rows a block do not change a row's order.
     from pathlib import Path
 
     path = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "tiny_glm5_next_bf16"
     prompts = [[3, 17, 5, 9, 200, 41, 7, 7, 12], [11, 2, 98, 31]]
 
-    def run():
-        m = memra.load(path, device="cuda", dtype="bfloat16", max_batch=4, max_len=64, progress=False)
+    def run(options):
+        m = memra.load(path, device="cuda", dtype="bfloat16", max_batch=4, max_len=64, progress=False,
+                       kernel_options=options)
+        assert m.engine.options == (options or memra.KernelOptions())
         out = []
         for p in prompts:  # bucket 1 (T = 1 GEMVs)
             out.append(m.generate(p, max_new_tokens=6, ignore_eos=True))
@@ -269,12 +232,10 @@ def test_decode_with_and_without_knob_is_bytewise_equal(monkeypatch, knob, on):
         lg = m.decode(c, [0], [int(np.argmax(first))])
         return out, lg
 
-    monkeypatch.setenv(knob, on)
-    toks_on, lg_on = run()
-    monkeypatch.setenv(knob, "0")
-    toks_off, lg_off = run()
-    assert toks_on == toks_off
-    assert np.array_equal(lg_on, lg_off)
+    toks_default, lg_default = run(None)
+    toks_off, lg_off = run(memra.KernelOptions(**opts))
+    assert toks_default == toks_off
+    assert np.array_equal(lg_default, lg_off)
 
 
 def test_sanitizer_gemv_small(e):
@@ -295,7 +256,7 @@ def test_sanitizer_gemv_small(e):
     close_scaled(got, _core.linear(bf16_round(x[:, :128].copy()), ws), 1e-5)
 
 
-def test_deferred_sinkhorn_rides_on_the_next_gemv(e, monkeypatch):
+def test_deferred_sinkhorn_rides_on_the_next_gemv(e):
     # A one-row mHC site leaves comb's Sinkhorn pending (common.cuh SinkTask); the next decode
     # GEMV runs it in its block 0, and any other entry point (here mhc_post, which reads comb)
     # runs it first on its own. comb, and what reads it, equal an engine that never defers.
@@ -325,9 +286,7 @@ def test_deferred_sinkhorn_rides_on_the_next_gemv(e, monkeypatch):
         outs.append(_core.mhc_post(eng.to_device(y), post, comb, eng.to_device(streams), engine=eng))
         return [eng.to_host(a) for a in [post, comb, out] + outs]
 
-    monkeypatch.setenv("MEMRA_MHC_DEFER", "0")
-    plain = memra.Engine("cuda")
-    monkeypatch.delenv("MEMRA_MHC_DEFER")
+    plain = engine_with(mhc_defer=False)
     for first in ("gemv", "route", None):
         got, want = run(e, first), run(plain, first)
         assert len(got) == len(want)

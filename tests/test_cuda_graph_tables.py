@@ -1,8 +1,8 @@
 """Decode-graph bookkeeping on the device (``memra._core.kda_tables`` / ``commit_decode``, kernels
 in cuda/graph_tables.cu; plan in docs/decode_graphs.md).
 
-kda_tables must give, read back as uint64, exactly the addresses KdaLayer::run_cuda builds on the
-host: for row b with s = slots[b] >= 0, ring_in = conv plane cur[s] of slot s + group * qkv*(K-1)
+kda_tables must give, read back as uint64, exactly the cache's plane addresses (the arithmetic the
+KDA decode ops' slot forms use in their kernels): for row b with s = slots[b] >= 0, ring_in = conv plane cur[s] of slot s + group * qkv*(K-1)
 floats, ring_out = conv plane 1 - cur[s] (same offset), state_in / state_out = state planes
 cur[s] / 1 - cur[s]; an idle row (s < 0) points at the sink (plane 0 of sink_slot, the ring with
 the group offset) for input and output alike, or holds 0 when there is no sink. The reference is

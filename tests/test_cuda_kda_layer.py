@@ -7,10 +7,9 @@ What these would catch:
   for f32 rows against a bf16 weight at T > 1);
 - KdaLayer: the fused q|k|v GEMM and the one conv launch over 3*qkv channels writing q, k, v as
   three [N, qkv] tensors (group width qkv), the one-launch L2 norm of q and k, the fused f_a|g_a
-  GEMM read back as two column blocks, the decode's planes resolved from the device slots (or, in
-  the MEMRA_KDA_SLOTS=0 arm, the one kda_tables launch over the whole conv ring), the gated norm
-  inside the scan: any layout slip gives O(1) errors in y or in the cache planes, far above the
-  tolerances below;
+  GEMM read back as two column blocks, the decode's planes resolved from the device slots, the
+  gated norm inside the scan: any layout slip gives O(1) errors in y or in the cache planes, far
+  above the tolerances below;
 - MlaLayer: x rounded once for q_a, kv_a and the indexer's wk, kpool_gate, weights_proj.
 
 Tolerances (|got - want| <= rel * max|want|): float32 1e-4 (cuBLAS vs the CPU's ascending sums
@@ -188,14 +187,9 @@ def kda_inputs(steps: list) -> dict:
 
 STEPS = [[2], [2, 0, -1], [0, 2, -1], [0]]  # B = 1 host slots, B = 3 with an idle row, ...
 
-# Decode arms (read when the layer is made): by default the conv and the scan resolve each
-# row's planes from the device slots and the scan runs the gated norm (kda_conv_decode_slots,
-# kda_gate_scan_decode_slots); MEMRA_KDA_NORM_FUSED=0 keeps the norm's own launch;
-# MEMRA_KDA_SLOTS=0 builds the pointer tables with kda_tables as before.
-# At B = 1 the gates' f_b | g_b ride in the conv's launch (kda_conv_decode_slots_pair);
-# MEMRA_KDA_CONV_PAIR=0 gives the GEMV its own launch.
-KDA_ARMS = [{}, {"MEMRA_KDA_NORM_FUSED": "0"}, {"MEMRA_KDA_SLOTS": "0"}, {"MEMRA_KDA_CONV_PAIR": "0"}]
-ARM_IDS = ["default", "norm0", "slots0", "pair0"]
+# Decode: the conv and the scan resolve each row's planes from the device slots and the scan
+# runs the gated norm (kda_conv_decode_slots, kda_gate_scan_decode_slots); at B = 1 the gates'
+# f_b | g_b ride in the conv's launch (kda_conv_decode_slots_pair).
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
@@ -218,11 +212,8 @@ def test_kda_layer_prefill_and_decode_match_cpu(e, dtype):
                 close_scaled(a, b, TOL[dtype])
 
 
-@pytest.mark.parametrize("arm", KDA_ARMS, ids=ARM_IDS)
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_kda_layer_idle_rows_and_other_slots_untouched(e, monkeypatch, arm, dtype):
-    for k, v in arm.items():
-        monkeypatch.setenv(k, v)
+def test_kda_layer_idle_rows_and_other_slots_untouched(e, dtype):
     layer = kda_layer(e, dtype)
     cache = memra.Cache(e, [layer.state_spec()], max_batch=4, max_len=64)
     g = rng(3)
@@ -282,16 +273,14 @@ def test_kda_layer_prefill_then_decode_equals_prefill_f32(e):
     close_scaled(split.kda_conv(0, 0), whole.kda_conv(0, 0), 1e-5)
 
 
-@pytest.mark.parametrize("arm", KDA_ARMS, ids=ARM_IDS)
 @pytest.mark.parametrize("gate", ["lower_bound", "softplus"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_kda_layer_decode_equals_one_token_prefill_bytes(e, monkeypatch, arm, gate, dtype):
-    # A decode step (the gates computed inside the scan's launch, kda_gate_scan_decode_slots; the
-    # q|k|v and f_a|g_a|beta GEMVs in one launch) against a one-token prefill from the same
-    # state (kda_gate_beta, then kda_scan, then the gated norm's own launch; the same GEMVs at
-    # N = 1): the same bytes, in every decode arm.
-    for k, v in arm.items():
-        monkeypatch.setenv(k, v)
+def test_kda_layer_decode_equals_one_token_prefill_bytes(e, gate, dtype):
+    # A decode step (the planes from the device slots; the gates and the gated norm inside the
+    # scan's launch, kda_gate_scan_decode_slots; f_b | g_b in the conv's launch; the q|k|v and
+    # f_a|g_a|beta GEMVs in one launch) against a one-token prefill from the same state (the
+    # conv, l2norm_heads, kda_gate_beta, kda_scan and the gated norm as launches of their own;
+    # the same GEMVs at N = 1): the same bytes.
     g = rng(23)
     x = f32(g.standard_normal((10, D)))
     layer = memra.KdaLayer(e, kda_weights(dtype, seed=3), hidden=D, heads=H, head_dim=DK,
@@ -392,24 +381,18 @@ def test_mla_layer_prefill_and_decode_match_cpu(e, dtype):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_mla_layer_one_row_decode_prologue(e, monkeypatch, dtype):
+def test_mla_layer_one_row_decode_prologue(e, dtype):
     # At B = 1 the decode's norms, position tables, latent append and k-pool append are one
-    # launch (mla_norm_append_decode, cuda/mla_prologue.cu); MEMRA_MLA_NORM_APPEND=0 runs the
-    # four launches of B > 1. The same bytes in the outputs, index lists, latent rows and pool
-    # keys (steps 7..12 complete pools 2 and 3 of 4 rows), both close to the CPU layer; an idle
-    # row then writes nothing.
+    # launch (mla_norm_append_decode, cuda/mla_prologue.cu), and the indexer's selection
+    # compacts the attention's index lists (kpool_select_compact_decode): the outputs, latent
+    # rows and pool keys (steps 7..12 complete pools 2 and 3 of 4 rows) close to the CPU layer,
+    # the index lists equal to its as sets (f32); an idle row then writes nothing.
     g = rng(31)
     xp = f32(g.standard_normal((7, 64)))
     xd = [f32(g.standard_normal((1, 64))) for _ in range(6)]
 
-    def run(engine, env):
-        for k in ("MEMRA_MLA_NORM_APPEND", "MEMRA_DSA_SELECT_COMPACT"):
-            monkeypatch.delenv(k, raising=False)
-        for k, v in env.items():
-            monkeypatch.setenv(k, v)
+    def run(engine):
         on_gpu = engine is e
-        if on_gpu and env:
-            engine = memra.Engine("cuda")  # the knob is read when an engine is made
         host = engine.to_host if on_gpu else (lambda a: a)
         dev = engine.to_device if on_gpu else (lambda a: a)
         layer = _core.MlaLayer(engine, mla_weights(dtype), **MLA, dtype=dtype)
@@ -440,13 +423,11 @@ def test_mla_layer_one_row_decode_prologue(e, monkeypatch, dtype):
             assert all(np.array_equal(a, b) for a, b in zip(after, state))
         return outs, idx, state
 
-    fused = run(e, {})
-    # MEMRA_DSA_SELECT_COMPACT=0: the attention compacts the index lists in a launch of its own.
-    for env in ({"MEMRA_MLA_NORM_APPEND": "0"}, {"MEMRA_DSA_SELECT_COMPACT": "0"}):
-        apart = run(e, env)
-        for a, b in zip(fused[0] + fused[1] + list(fused[2]), apart[0] + apart[1] + list(apart[2])):
-            assert np.array_equal(a, b), env
-    cpu = run(memra.Engine("cpu"), {})
+    fused = run(e)
+    again = run(e)  # the same bytes run to run
+    for a, b in zip(fused[0] + fused[1] + list(fused[2]), again[0] + again[1] + list(again[2])):
+        assert np.array_equal(a, b)
+    cpu = run(memra.Engine("cpu"))
     for i, (a, b) in enumerate(zip(fused[0], cpu[0])):
         try:
             close_scaled(a, b, TOL[dtype])

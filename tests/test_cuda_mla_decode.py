@@ -36,8 +36,9 @@ A small shape for ``compute-sanitizer --tool racecheck`` / ``memcheck``:
 ``python -m pytest tests/test_cuda_mla_decode.py -k sanitizer``.
 
 The sm_90a wgmma arm (cuda/mla_decode_sm90.cu: dense bf16 caches at H = 64, R = 512, selected by
-the temporary knob MEMRA_MLA_DECODE_VARIANT = 1 (64-row tiles x 2 stages) or 2 (48-row tiles x 3
-stages); 0 = the mma.sync kernel) is tested under both values (``-k wgmma``), against the CPU with
+KernelOptions.mla_decode_variant = 1 (64-row tiles x 2 stages, the default) or 2 (48-row tiles x
+3 stages); 0 = the mma.sync kernel) is tested under both values on engines made with those
+options (``-k wgmma``), against the CPU with
 the bf16 limits above and against the mma.sync kernel on the same inputs with WGMMA_VS_MMA_REL =
 5e-3: both arms round q and p to bf16 the same way and differ only in the order of the f32 sums
 inside the tensor cores (a score moves by ~1e-7 relative, so now and then a p rounds to the
@@ -57,7 +58,7 @@ import pytest
 
 import memra
 from memra import _core
-from cuda_helpers import bf16_bits, bf16_round, expect, f32, rng
+from cuda_helpers import bf16_bits, bf16_round, engine_with, expect, f32, rng
 
 pytestmark = pytest.mark.cuda
 
@@ -267,45 +268,41 @@ def test_device_t_kv_default_bound_is_cache_length(e):
 
 @pytest.mark.parametrize("cache_dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("gathered", [False, True], ids=["dense", "gathered"])
-def test_combine_fast_form_equals_general_loop(e, monkeypatch, cache_dtype, gathered):
+def test_combine_of_many_splits_matches_cpu(cache_dtype, gathered):
     # The combine loads every partial of a sequence at once up to 8 splits (the batch-1 step's
-    # case) and loops over them past that; both form the same weights and sums in the same
-    # order (MEMRA_MLA_COMBINE_FAST=0 forces the loop). One 64-row tile a split: 150 rows make
-    # 3 splits, 300 make 5, 700 make 11 (the loop in both arms), 1 row none.
+    # case) and loops over them past that. One 64-row tile a split (an engine made with
+    # KernelOptions(mla_split_tiles=1), the mma.sync / f32 kernels): 150 rows make 3 splits, 300
+    # make 5, 700 make 11 (the loop), 1 row none.
     t_kv = [150, 300, 700, 1]
     H, R = (64, 512) if cache_dtype == "bfloat16" else (8, 512)
     bt = Batch(t_kv, H, R, cache_dtype, seed=31)
     idx = random_lists(t_kv, 600, seed=4) if gathered else None
-    monkeypatch.setenv("MEMRA_MLA_DECODE_VARIANT", "0")
-    monkeypatch.setenv("MEMRA_MLA_SPLIT_TILES", "1")
-    fast = bt.gpu(e, idx=idx)
-    monkeypatch.setenv("MEMRA_MLA_COMBINE_FAST", "0")
-    loop = bt.gpu(e, idx=idx)
-    np.testing.assert_array_equal(fast, loop)
-    close_per_seq(fast, bt.cpu(idx=idx), BF16_REL if cache_dtype == "bfloat16" else F32_REL)
+    eng = engine_with(mla_decode_variant=0, mla_split_tiles=1)
+    got = bt.gpu(eng, idx=idx)
+    np.testing.assert_array_equal(bt.gpu(eng, idx=idx), got)
+    close_per_seq(got, bt.cpu(idx=idx), BF16_REL if cache_dtype == "bfloat16" else F32_REL)
 
 
 # ---------------------------------------------------------------- gathered
 
 
 @pytest.mark.parametrize("B", [1, 3, 40])
-def test_tensor_core_heads_per_block_both_match_cpu(e, monkeypatch, B):
+def test_tensor_core_heads_per_block_both_match_cpu(B):
     # cuda/mla_decode.cu puts 32 heads in a block below 32 sequences and 64 from there on
-    # (MEMRA_MLA_TC_MT forces either). The softmax sums are split over 8 / MT row groups, and the
+    # (KernelOptions.mla_tc_mt forces either). The softmax sums are split over 8 / MT row groups, and the
     # split count's cost model counts blocks, so the two may split the rows differently (p is
     # rounded to bf16 against each split's running max: ~1e-3 apart at B = 1); each must match
     # the CPU, dense and gathered.
     t_kv = [150, 33, 600][:B] if B <= 3 else pattern(B)
     bt = Batch(t_kv, 64, 512, "bfloat16", seed=B + 77)
     idx = random_lists(t_kv, 300, seed=B)
-    monkeypatch.setenv("MEMRA_MLA_DECODE_VARIANT", "0")
     got = {}
-    for mt in ("2", "4"):
-        monkeypatch.setenv("MEMRA_MLA_TC_MT", mt)
-        got[mt] = (bt.gpu(e), bt.gpu(e, idx=idx))
+    for mt in (2, 4):
+        eng = engine_with(mla_decode_variant=0, mla_tc_mt=mt)
+        got[mt] = (bt.gpu(eng), bt.gpu(eng, idx=idx))
         close_per_seq(got[mt][0], bt.cpu(), BF16_REL)
         close_per_seq(got[mt][1], bt.cpu(idx=idx), BF16_REL)
-    for a, b in zip(got["2"], got["4"]):
+    for a, b in zip(got[2], got[4]):
         close_per_seq(a, b, BF16_REL)
 
 
@@ -491,8 +488,7 @@ def test_sanitizer_small_shapes(e):
 
 # ---------------------------------------------------------------- wgmma arm (mla_decode_sm90.cu)
 
-KNOB = "MEMRA_MLA_DECODE_VARIANT"
-WGMMA_VARIANTS = ["1", "2"]  # 64-row tiles x 2 stages, 48-row tiles x 3 stages
+WGMMA_VARIANTS = [1, 2]  # 64-row tiles x 2 stages, 48-row tiles x 3 stages
 WGMMA_VS_MMA_REL = 5e-3
 # t_kv per case, chosen around both tile sizes (48, 64) and the split chunks; 0 = idle row.
 WGMMA_EDGES = [1, 63, 64, 65, 4095, 4096, 0, 47, 48, 49, 95, 96, 97, 200, 2047, 2049]
@@ -511,9 +507,9 @@ def variant(request):
     return request.param
 
 
-def run_with(monkeypatch, knob_value, fn):
-    monkeypatch.setenv(KNOB, knob_value)
-    return fn()
+def arm(variant: int) -> memra.Engine:
+    """A CUDA engine whose dense bf16 H 64 R 512 decode runs arm `variant` (0: mma.sync)."""
+    return engine_with(mla_decode_variant=variant)
 
 
 def wgmma_batch(case, seed):
@@ -531,14 +527,14 @@ def check_exact_rows(got, bt):
 
 @pytest.mark.parametrize("bound", ["max_t_kv", "max_len"])
 @pytest.mark.parametrize("case", list(WGMMA_CASES))
-def test_wgmma_dense_matches_cpu_and_mma_kernel(e, monkeypatch, variant, case, bound):
+def test_wgmma_dense_matches_cpu_and_mma_kernel(variant, case, bound):
     """The wgmma arm against the CPU (q as given and bf16-rounded) and against the mma.sync arm;
     bound max_len: max_t_kv = max(t_kv) + 3001 (a decode graph passes the cache length), so the
     split plan differs and every row ends before the plan's last split."""
     bt = wgmma_batch(case, seed=len(case) * 7 + len(WGMMA_CASES[case]))
     kw = {"max_t_kv": max(bt.t_kv) + 3001} if bound == "max_len" else {}
-    got = run_with(monkeypatch, variant, lambda: bt.gpu(e, **kw))
-    mma = run_with(monkeypatch, "0", lambda: bt.gpu(e, **kw))
+    got = bt.gpu(arm(variant), **kw)
+    mma = bt.gpu(arm(0), **kw)
     check_exact_rows(got, bt)
     if (case, False) not in _wgmma_cpu:
         _wgmma_cpu[(case, False)] = bt.cpu()
@@ -548,35 +544,32 @@ def test_wgmma_dense_matches_cpu_and_mma_kernel(e, monkeypatch, variant, case, b
     close_per_seq(got, mma, WGMMA_VS_MMA_REL)
 
 
-def test_wgmma_arm_is_selected(e, monkeypatch, variant):
-    """The knob switches arms: long rows give different f32 bits (another summation order),
-    each arm is deterministic, and the default (unset) is the 64-row wgmma arm (variant 1)."""
+def test_wgmma_arm_is_selected(e, variant):
+    """The option switches arms: long rows give different f32 bits (another summation order),
+    each arm is deterministic, and the default engine runs the 64-row wgmma arm (variant 1)."""
     bt = Batch([4096, 300, 65], 64, 512, "bfloat16", seed=81)
-    new = run_with(monkeypatch, variant, lambda: bt.gpu(e))
-    again = run_with(monkeypatch, variant, lambda: bt.gpu(e))
-    old = run_with(monkeypatch, "0", lambda: bt.gpu(e))
+    new = bt.gpu(arm(variant))
+    again = bt.gpu(arm(variant))
+    old = bt.gpu(arm(0))
     np.testing.assert_array_equal(new, again)
-    assert not np.array_equal(new, old), "MEMRA_MLA_DECODE_VARIANT did not select the wgmma arm"
-    arm1 = run_with(monkeypatch, "1", lambda: bt.gpu(e))
-    monkeypatch.delenv(KNOB, raising=False)
-    default = bt.gpu(e)
-    np.testing.assert_array_equal(default, arm1)
+    assert not np.array_equal(new, old), "mla_decode_variant did not select the wgmma arm"
+    np.testing.assert_array_equal(bt.gpu(e), bt.gpu(arm(1)))
 
 
-def test_wgmma_uniform_weights_isolate_pv(e, monkeypatch, variant):
+def test_wgmma_uniform_weights_isolate_pv(variant):
     """q = 0: every score is 0 and every weight exactly 1, so o = the mean of the visible rows
     whatever the QK product reads; a wrong row or column of the PV operand shows as O(1)."""
     t_kv = [1, 63, 64, 65, 100, 4096, 47, 49]
     bt = Batch(t_kv, 64, 512, "bfloat16", seed=82)
     q = np.zeros_like(bt.q)
     for kw in ({}, {"max_t_kv": 9000}):
-        got = run_with(monkeypatch, variant, lambda: bt.gpu(e, q=q, **kw))
+        got = bt.gpu(arm(variant), q=q, **kw)
         want = np.stack([np.broadcast_to(r.astype(np.float64).mean(0), (64, 512)) for r in bt.rows])
         close_per_seq(got, f32(want), 1e-3)  # f32 sums of up to 4096 rows / n
         np.testing.assert_array_equal(got[0], np.broadcast_to(bt.rows[0][0], (64, 512)))
 
 
-def test_wgmma_peaked_scores_isolate_qk(e, monkeypatch, variant):
+def test_wgmma_peaked_scores_isolate_qk(variant):
     """q_h = c_{r_h} (bf16 values, exact after rounding) with scale 1: row r_h beats every other
     row by > 200 (log2 units), every other weight is exactly 0 and o_h = c_{r_h} bit for bit; a
     wrong row or column of the QK operands selects another row."""
@@ -591,35 +584,35 @@ def test_wgmma_peaked_scores_isolate_qk(e, monkeypatch, variant):
         top = s[np.arange(64), pick[b]]
         s[np.arange(64), pick[b]] = -np.inf
         assert (top - s.max(1)).min() > 200, "inputs do not separate the rows enough"
+    eng = arm(variant)
     for kw in ({}, {"max_t_kv": 9000}):
-        got = run_with(monkeypatch, variant,
-                       lambda: e.to_host(_core.mla_attn_decode(e.to_device(q), bt.caches(e), t_kv,
-                                                                scale=1.0, engine=e, **kw)))
+        got = eng.to_host(_core.mla_attn_decode(eng.to_device(q), bt.caches(eng), t_kv, scale=1.0,
+                                                engine=eng, **kw))
         for b in range(len(t_kv)):
             np.testing.assert_array_equal(got[b], bt.rows[b][pick[b]], err_msg=f"sequence {b}")
 
 
-def test_wgmma_long_row(e, monkeypatch, variant):
+def test_wgmma_long_row(variant):
     """32768 rows (many splits and the combine over them) beside a short and an idle row."""
     bt = Batch([32768, 9, 0], 64, 512, "bfloat16", seed=84)
-    got = run_with(monkeypatch, variant, lambda: bt.gpu(e))
-    mma = run_with(monkeypatch, "0", lambda: bt.gpu(e))
+    got = bt.gpu(arm(variant))
+    mma = bt.gpu(arm(0))
     close_per_seq(got, bt.cpu(), BF16_REL)
     close_per_seq(got, bt.cpu(q=bf16_round(bt.q)), BF16_QROUND_REL)
     close_per_seq(got, mma, WGMMA_VS_MMA_REL)
     check_exact_rows(got, bt)
 
 
-def test_wgmma_graph_form_device_t_kv(e, monkeypatch, variant):
+def test_wgmma_graph_form_device_t_kv(variant):
     """The decode-graph call: device t_kv, max_t_kv = the cache length; the same bytes as host
     t_kv under the same bound, idle rows zero and without effect on the other rows' bytes, a
     later step under the same bound still matches the CPU."""
     t_kv = [300, 1, 0, 4096, 129, 64, 65, 2000]
     max_len = 4200
+    eng = arm(variant)
     bt = Batch(t_kv, 64, 512, "bfloat16", seed=85, slack=max_len - 4096)
-    dev = run_with(monkeypatch, variant,
-                   lambda: bt.gpu(e, t_kv=e.to_device(np.array(t_kv, np.int32)), max_t_kv=max_len))
-    host = run_with(monkeypatch, variant, lambda: bt.gpu(e, max_t_kv=max_len))
+    dev = bt.gpu(eng, t_kv=eng.to_device(np.array(t_kv, np.int32)), max_t_kv=max_len)
+    host = bt.gpu(eng, max_t_kv=max_len)
     np.testing.assert_array_equal(dev, host)
     close_per_seq(dev, bt.cpu(), BF16_REL)
     check_exact_rows(dev, bt)
@@ -627,23 +620,19 @@ def test_wgmma_graph_form_device_t_kv(e, monkeypatch, variant):
     t_idle = [0 if b in idle else t for b, t in enumerate(t_kv)]
     q = bt.q.copy()
     q[idle] = np.nan  # nothing of an idle row is read
-    got = run_with(monkeypatch, variant,
-                   lambda: bt.gpu(e, t_kv=e.to_device(np.array(t_idle, np.int32)), q=q,
-                                  max_t_kv=max_len))
+    got = bt.gpu(eng, t_kv=eng.to_device(np.array(t_idle, np.int32)), q=q, max_t_kv=max_len)
     for b in range(len(t_kv)):
         want = np.zeros((64, 512), np.float32) if b in idle else dev[b]
         np.testing.assert_array_equal(got[b], want)
     moved = [t + 1 if t else 0 for t in t_kv]
     bt2 = Batch(moved, 64, 512, "bfloat16", seed=86, slack=max_len - 4097)
-    dev2 = run_with(monkeypatch, variant,
-                    lambda: bt2.gpu(e, t_kv=e.to_device(np.array(moved, np.int32)),
-                                    max_t_kv=max_len))
+    dev2 = bt2.gpu(eng, t_kv=eng.to_device(np.array(moved, np.int32)), max_t_kv=max_len)
     close_per_seq(dev2, bt2.cpu(), BF16_REL)
 
 
-def test_wgmma_knob_leaves_other_forms(e, monkeypatch, variant):
-    """Gathered lists, float32 caches and other H / R run the mma.sync / f32 kernels whatever the
-    knob says: the same bytes as under 0."""
+def test_wgmma_option_leaves_other_forms(variant):
+    """Gathered lists, float32 caches and other H / R run the mma.sync / f32 kernels whatever
+    mla_decode_variant says: the same bytes as under 0."""
     t_kv = [200, 0, 65]
     cases = [
         (Batch(t_kv, 64, 512, "bfloat16", seed=87), random_lists(t_kv, 70, seed=88)),
@@ -652,18 +641,18 @@ def test_wgmma_knob_leaves_other_forms(e, monkeypatch, variant):
         (Batch(t_kv, 64, 256, "bfloat16", seed=91), None),
     ]
     for bt, idx in cases:
-        got = run_with(monkeypatch, variant, lambda: bt.gpu(e, idx=idx))
-        want = run_with(monkeypatch, "0", lambda: bt.gpu(e, idx=idx))
+        got = bt.gpu(arm(variant), idx=idx)
+        want = bt.gpu(arm(0), idx=idx)
         np.testing.assert_array_equal(got, want)
 
 
-def test_sanitizer_wgmma_small_shapes(e, monkeypatch):
+def test_sanitizer_wgmma_small_shapes():
     """compute-sanitizer target for the wgmma arm: both variants, one split and many (+ combine),
     idle and one-row sequences."""
     t_kv = [200, 0, 1, 65]
     bt = Batch(t_kv, 64, 512, "bfloat16", seed=92)
     for v in WGMMA_VARIANTS:
-        run_with(monkeypatch, v, lambda: bt.gpu(e))
-        run_with(monkeypatch, v, lambda: bt.gpu(e, t_kv=e.to_device(np.array(t_kv, np.int32)),
-                                                max_t_kv=205))
-    e.synchronize()
+        eng = arm(v)
+        bt.gpu(eng)
+        bt.gpu(eng, t_kv=eng.to_device(np.array(t_kv, np.int32)), max_t_kv=205)
+        eng.synchronize()

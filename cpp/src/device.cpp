@@ -60,13 +60,17 @@ const CudaLibrary& cuda_library() {
 }
 
 // ------------------------------------------------------------------------------ CudaContext
-Status CudaContext::create(int device, std::shared_ptr<CudaContext>* out) {
+Status CudaContext::create(int device, const KernelOptions& options,
+                           std::shared_ptr<CudaContext>* out) {
+  MEMRA_TRY(options.validate());
   const CudaLibrary& lib = cuda_library();
   if (!lib.error.empty()) return Status(kUnsupportedNoCuda, lib.error);
   std::shared_ptr<CudaContext> c(new CudaContext());
   c->api_ = &lib.api;
   c->device_ = device;
-  const int rc = lib.api.ctx_create(device, &c->ctx_);
+  c->options_ = options;
+  const MemraKernelOptions abi = options.to_abi();
+  const int rc = lib.api.ctx_create(device, &abi, &c->ctx_);
   if (rc != kOk) return c->status(rc, "Engine(device='cuda')");
   *out = std::move(c);
   return Status::Ok();

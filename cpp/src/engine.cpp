@@ -29,8 +29,11 @@ Status cuda_probe(std::string* reason, int* device_count) {
   return Status::Ok();
 }
 
-Status Engine::create(const std::string& device, int device_index, std::unique_ptr<Engine>* out) {
+Status Engine::create(const std::string& device, int device_index, const KernelOptions& options,
+                      std::unique_ptr<Engine>* out) {
+  MEMRA_TRY(options.validate());
   std::unique_ptr<Engine> e(new Engine());
+  e->options_ = options;
   if (device == "cpu") {
     if (device_index != 0) {
       return Status(kContractRange, "Engine(device='cpu'): device_index must be 0, got " +
@@ -51,7 +54,7 @@ Status Engine::create(const std::string& device, int device_index, std::unique_p
                                         " is outside [0, " + std::to_string(count) + ")");
     }
     e->kind_ = DeviceKind::kCuda;
-    MEMRA_TRY(CudaContext::create(device_index, &e->cuda_));
+    MEMRA_TRY(CudaContext::create(device_index, options, &e->cuda_));
   } else {
     return Status(kContractValue, "Engine: unknown device '" + device + "' (expected 'cpu' or 'cuda')");
   }

@@ -492,6 +492,85 @@ class CudaGraph:
         Enqueue the graph on the engine's stream (asynchronous; Engine.synchronize or a host copy waits for it).
         """
 
+class KernelOptions:
+    """
+    The CUDA kernels' arms an Engine runs with, chosen once when it is made (Engine(..., options=), memra.load(..., kernel_options=)); immutable. Keyword construction; every field defaults to the arm the A/B runs kept (docs/options.md), so KernelOptions() changes nothing. Fields that change numerics (the logits' bytes): gemv, mla_decode_variant, mla_tc_mt, mla_split_tiles, moe_grouped_min_t; pdl, gemv_rows, gemv_tall_rows and mhc_defer change only speed. An unknown field, a value of the wrong type (switches take bool, the rest int) or out of its domain is a ContractError (40025) naming the field and the value. A CPU engine keeps the options and ignores them.
+    """
+
+    def __init__(self, *, pdl: bool = True, gemv: bool = True, gemv_rows: int = 0, gemv_tall_rows: int = 0, mhc_defer: bool = True, mla_decode_variant: int = 1, mla_tc_mt: int = 0, mla_split_tiles: int = 0, moe_grouped_min_t: int = 2) -> None: ...
+
+    def replace(self, **fields: bool | int) -> KernelOptions:
+        """
+        A copy with the named fields replaced (validated as the constructor does).
+        """
+
+    def to_dict(self) -> dict[str, bool | int]:
+        """
+        The fields as a dict, in declaration order (KernelOptions(**d) makes the same value).
+        """
+
+    def __repr__(self) -> str: ...
+
+    def __eq__(self, other: object, /) -> bool: ...
+
+    def __ne__(self, other: object, /) -> bool: ...
+
+    def __hash__(self) -> int: ...
+
+    @property
+    def pdl(self) -> bool:
+        """
+        Speed only. Programmatic dependent launch: each kernel may start while the one in front of it finishes (the decode GEMV streams its first weight chunk meanwhile); False launches them one after another (the profiling arm: each kernel's own time, no overlap). The bytes are the same either way.
+        """
+
+    @property
+    def gemv(self) -> bool:
+        """
+        Changes numerics. The decode GEMV for the one-row GEMMs it takes (bf16 / f32 weights, 16-byte aligned rows); False sends them to cuBLAS, which sums in another order.
+        """
+
+    @property
+    def gemv_rows(self) -> int:
+        """
+        Speed only. Weight rows a decode-GEMV block owns: 0 chooses them from the output width; 1, 2, 4 or 8 force that count (a row's sum order depends on K alone).
+        """
+
+    @property
+    def gemv_tall_rows(self) -> int:
+        """
+        Speed only. Rows a block of the decode GEMVs over tall rows (K > 4096 bf16 / 2048 f32: the o / down projections): 0 chooses them from the output width; 1, 2, 4 or 8 force that count (gemv_rows, when set, applies instead).
+        """
+
+    @property
+    def mhc_defer(self) -> bool:
+        """
+        Speed only. A one-row mHC site leaves its comb's Sinkhorn pending, run by the next decode GEMV in an extra block (or in a launch of its own before any other op); False runs it inside the site's kernel. The same function on the same rows: the same bytes.
+        """
+
+    @property
+    def mla_decode_variant(self) -> int:
+        """
+        Changes numerics. The MLA decode kernel over a dense bfloat16 cache at 64 heads and rank 512: 1 the sm_90a wgmma kernel (64-row tiles, 2 stages), 2 the same with 48-row tiles and 3 stages, 0 the mma.sync kernel that every other shape runs.
+        """
+
+    @property
+    def mla_tc_mt(self) -> int:
+        """
+        Changes numerics (last bits). Head tiles of 16 a block of the mma.sync MLA decode kernel: 0 chooses from the batch (2 below 32 sequences, 4 from there); 2 or 4 force it (4 only where there are more than 32 heads).
+        """
+
+    @property
+    def mla_split_tiles(self) -> int:
+        """
+        Changes numerics. 64-row tiles a split of the mma.sync / f32 MLA decode kernels: 0 chooses the splits from the cost model; n > 0 gives ceil(tiles / n) splits.
+        """
+
+    @property
+    def moe_grouped_min_t(self) -> int:
+        """
+        Changes numerics (MoE layers with a shared expert). Tokens from which moe_forward runs the routed experts grouped by expert instead of one (token, slot) pair at a time (a large value keeps the per-pair kernels). moe_forward's own bytes do not change (the grouped kernels' every product and sum is the per-pair kernels'); but below this token count an MoE layer's shared expert rides in the per-pair kernels, and from it runs as an MLP of its own (cuBLAS above one row), which sums in another order.
+        """
+
 class HostRead:
     """
     A device -> host copy in flight, from Engine.to_host_async: wait() returns the numpy array.
@@ -514,14 +593,18 @@ def cuda_unavailable_reason() -> str | None:
 
 class Engine:
     """
-    Owns one device: 'cpu' (the C++ reference backend) or 'cuda'. Raises UnsupportedError when a CUDA engine cannot be made here, ContractError for an unknown device.
+    Owns one device: 'cpu' (the C++ reference backend) or 'cuda'. options: the CUDA kernels' arms (memra.KernelOptions; None: the defaults), fixed for the engine's life. Raises UnsupportedError when a CUDA engine cannot be made here, ContractError for an unknown device or options that are not a KernelOptions.
     """
 
-    def __init__(self, device: str = 'cpu', device_index: int = 0) -> None: ...
+    def __init__(self, device: str = 'cpu', device_index: int = 0, *, options: KernelOptions | None = None) -> None: ...
 
     @property
     def device(self) -> str:
         """'cpu' or 'cuda:N'."""
+
+    @property
+    def options(self) -> KernelOptions:
+        """The KernelOptions this engine was made with (a copy; immutable)."""
 
     @property
     def is_cuda(self) -> bool: ...

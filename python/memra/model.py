@@ -453,7 +453,8 @@ def _eos_ids(path: Path, config) -> list[int]:
 
 
 def load(path, device: str = "cpu", max_batch: int = 8, max_len: int = 4096, *, dtype: str | None = None,
-         progress: bool = True, cuda_graphs: bool = True) -> Model:
+         progress: bool = True, cuda_graphs: bool = True,
+         kernel_options: _core.KernelOptions | None = None) -> Model:
     """Load a Hugging Face checkpoint folder (config.json + safetensors) onto `device`.
 
     device: "cpu" (the f32 reference backend) or "cuda" (memra's kernels on GPU 0; "cuda:N" for
@@ -461,6 +462,8 @@ def load(path, device: str = "cpu", max_batch: int = 8, max_len: int = 4096, *, 
     "bfloat16" (the default on CUDA: bf16 weights converted once at load, f32 accumulation and
     recurrent state, bf16 latent cache). cuda_graphs: on CUDA, replay decode steps from CUDA
     graphs captured per batch bucket (False: run them eagerly; the same bytes, slower).
+    kernel_options: the CUDA kernels' arms (memra.KernelOptions; None: the defaults), given to
+    the model's Engine (``model.engine.options``); a CPU engine ignores them.
 
     The default cache (`max_batch` slots x `max_len` tokens) is sized from the config and
     allocated before any weight is read: OutOfMemoryError when it cannot fit. ContractError for
@@ -481,7 +484,10 @@ def load(path, device: str = "cpu", max_batch: int = 8, max_len: int = 4096, *, 
     kind, _, index = device.partition(":")
     if index and not index.isdigit():
         raise ContractError(f"load: bad device {device!r} (expected 'cpu', 'cuda' or 'cuda:N')", 40025)
-    engine = _core.Engine(kind, int(index or 0))
+    if kernel_options is not None and not isinstance(kernel_options, _core.KernelOptions):
+        raise ContractError(f"load: kernel_options must be a memra.KernelOptions or None, got {kernel_options!r}",
+                            40025)
+    engine = _core.Engine(kind, int(index or 0), options=kernel_options)
     if dtype is None:
         dtype = "bfloat16" if engine.is_cuda else "float32"
     if not isinstance(dtype, str) or dtype not in ("float32", "bfloat16"):

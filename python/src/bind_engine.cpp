@@ -7,6 +7,7 @@
 #include <optional>
 #include <vector>
 
+#include "bind_options.h"
 #include "common.h"
 #include "device_args.h"
 #include "memra/decode_step.h"
@@ -76,18 +77,27 @@ void init_engine(nb::module_& m) {
       "device).");
 
   nb::class_<Engine>(m, "Engine",
-                     "Owns one device: 'cpu' (the C++ reference backend) or 'cuda'. Raises "
-                     "UnsupportedError when a CUDA engine cannot be made here, ContractError for "
-                     "an unknown device.")
+                     "Owns one device: 'cpu' (the C++ reference backend) or 'cuda'. options: the "
+                     "CUDA kernels' arms (memra.KernelOptions; None: the defaults), fixed for the "
+                     "engine's life. Raises UnsupportedError when a CUDA engine cannot be made "
+                     "here, ContractError for an unknown device or options that are not a "
+                     "KernelOptions.")
       .def(
           "__init__",
-          [](Engine* self, const std::string& device, int device_index) {
+          [](Engine* self, const std::string& device, int device_index, nb::handle options) {
+            const KernelOptions o = options_arg(options, "Engine", "options");
             std::unique_ptr<Engine> e;
-            check(Engine::create(device, device_index, &e));
+            check(Engine::create(device, device_index, o, &e));
             new (self) Engine(std::move(*e));
           },
-          nb::arg("device") = "cpu", nb::arg("device_index") = 0)
+          nb::arg("device") = "cpu", nb::arg("device_index") = 0, nb::kw_only(),
+          nb::arg("options").none() = nb::none(),
+          nb::sig("def __init__(self, device: str = 'cpu', device_index: int = 0, *, "
+                  "options: KernelOptions | None = None) -> None"))
       .def_prop_ro("device", &Engine::device, "'cpu' or 'cuda:N'.")
+      .def_prop_ro(
+          "options", [](const Engine& e) { return e.options(); },
+          "The KernelOptions this engine was made with (a copy; immutable).")
       .def_prop_ro("is_cuda", &Engine::is_cuda)
       .def_prop_ro(
           "cuda_stream",

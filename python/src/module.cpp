@@ -1,5 +1,6 @@
 // memra._core: the nanobind extension. One init_<area>() per file (STYLE.md "Bindings one area
 // per file").
+#include "bind_options.h"
 #include "common.h"
 #include "device_args.h"
 
@@ -15,6 +16,7 @@ NB_MODULE(_core, m) {
   memra::py::init_ops_dsa(m);
   memra::py::init_ops_util(m);
   memra::py::init_graph(m);
+  memra::py::init_options(m);
   memra::py::init_engine(m);
   memra::py::init_device(m);
   memra::py::init_cache(m);

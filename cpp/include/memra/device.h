@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "memra/cuda_api.h"
+#include "memra/options.h"
 #include "memra/status.h"
 #include "memra/tensor.h"
 
@@ -26,10 +27,11 @@ struct CudaLibrary {
 };
 const CudaLibrary& cuda_library();
 
-// A CUDA context (stream, cuBLAS handles, memory pool) on one device.
+// A CUDA context (stream, cuBLAS handles, memory pool) on one device, with the kernel options
+// its ops run with (validated by the caller; the CUDA library checks them again).
 class CudaContext {
  public:
-  static Status create(int device, std::shared_ptr<CudaContext>* out);
+  static Status create(int device, const KernelOptions& options, std::shared_ptr<CudaContext>* out);
   ~CudaContext();
   CudaContext(const CudaContext&) = delete;
   CudaContext& operator=(const CudaContext&) = delete;
@@ -37,6 +39,7 @@ class CudaContext {
   const CudaApi& api() const { return *api_; }
   MemraCudaCtx* ctx() const { return ctx_; }
   int device() const { return device_; }
+  const KernelOptions& options() const { return options_; }
   // rc (a CUDA-library status) as a Status whose message names `op` and the CUDA error.
   Status status(int rc, const std::string& op) const;
 
@@ -45,6 +48,7 @@ class CudaContext {
   const CudaApi* api_ = nullptr;
   MemraCudaCtx* ctx_ = nullptr;
   int device_ = 0;
+  KernelOptions options_;
 };
 
 // One stream-ordered device allocation, released on the context's stream when destroyed.

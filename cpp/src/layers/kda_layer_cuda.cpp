@@ -14,17 +14,14 @@
 //   (linear_ex_pair: two problems of one x in one GEMV grid);
 // - a decode step's conv and scan find each row's ring and state planes from the device slots
 //   themselves (kda_conv_decode_slots / kda_gate_scan_decode_slots), and read them before they
-//   wait for the launch in front of them; MEMRA_KDA_SLOTS=0 (read at to_device, an A/B arm)
-//   builds the tables with one kda_tables launch instead, as before. The scan turns f and beta's
-//   logits into gates as it loads them, and runs the per-head gated RMSNorm before it stores o
-//   (MEMRA_KDA_NORM_FUSED=0: the norm's own launch, the same bytes); at B == 1 the gates'
-//   up-projections f_b | g_b ride in the conv's launch (kda_conv_decode_slots_pair; both read
-//   only the projection's outputs; MEMRA_KDA_CONV_PAIR=0: the GEMV's own launch, the same bytes).
+//   wait for the launch in front of them. The scan turns f and beta's logits into gates as it
+//   loads them, and runs the per-head gated RMSNorm before it stores o (the bytes of the norm's
+//   own launch); at B == 1 the gates' up-projections f_b | g_b ride in the conv's launch
+//   (kda_conv_decode_slots_pair; both read only the projection's outputs; the bytes of the
+//   GEMV's own launch).
 // Only the GEMMs' summation order can differ from separate projections (cuBLAS may pick other
 // kernels for the wider shapes).
 #include <cmath>
-#include <cstdlib>
-#include <cstring>
 #include <vector>
 
 #include "gpu_util.h"
@@ -44,9 +41,6 @@ struct KdaLayer::Gpu {
   DeviceWeight f_b, b_proj, g_b, o_proj;  // b_proj: a row view of x_small
   DeviceWeight conv_w;                  // [3*qkv, K] f32
   DeviceWeight dt_bias, a_log, o_norm;  // f32
-  bool slot_planes = true;  // decode: planes from the device slots (MEMRA_KDA_SLOTS=0: tables)
-  bool norm_fused = true;   // decode with slot planes: the gated norm in the scan (MEMRA_KDA_NORM_FUSED=0)
-  bool conv_pair = true;    // decode at B == 1: f_b | g_b in the conv's launch (MEMRA_KDA_CONV_PAIR=0)
 };
 
 Status KdaLayer::to_device(std::shared_ptr<CudaContext> cuda, DType dtype) {
@@ -72,10 +66,6 @@ Status KdaLayer::to_device(std::shared_ptr<CudaContext> cuda, DType dtype) {
   MEMRA_TRY(DeviceWeight::upload_f32(cuda, dt_bias_, &g->dt_bias));
   MEMRA_TRY(DeviceWeight::upload_f32(cuda, a_log_, &g->a_log));
   MEMRA_TRY(DeviceWeight::upload_f32(cuda, o_norm_, &g->o_norm));
-  // A/B knobs of the decode path, read here (each model load reads them once).
-  if (const char* v = std::getenv("MEMRA_KDA_SLOTS")) g->slot_planes = std::strcmp(v, "0") != 0;
-  if (const char* v = std::getenv("MEMRA_KDA_NORM_FUSED")) g->norm_fused = std::strcmp(v, "0") != 0;
-  if (const char* v = std::getenv("MEMRA_KDA_CONV_PAIR")) g->conv_pair = std::strcmp(v, "0") != 0;
   gpu_ = std::move(g);
   cuda_ = std::move(cuda);
   // The host copies are no longer used; drop them (a real model's weights live once, on the GPU).
@@ -86,8 +76,8 @@ Status KdaLayer::to_device(std::shared_ptr<CudaContext> cuda, DType dtype) {
 // The recurrent planes the N = B * T rows read and write: a prefill (B == 1) names the slot's
 // planes directly; a decode step (T == 1) names its rows' slots on the device (slots_d [B],
 // -1 = idle row) and the conv and the scan find the planes there from the cache's ping-pong
-// flags (or kda_tables builds pointer tables from them: MEMRA_KDA_SLOTS=0), so nothing in the
-// step depends on host-side cache state (the shape a CUDA graph replays).
+// flags, so nothing in the step depends on host-side cache state (the shape a CUDA graph
+// replays).
 struct KdaLayer::Planes {
   const float* ring_in = nullptr;
   float* ring_out = nullptr;
@@ -148,30 +138,9 @@ Status KdaLayer::run_cuda(Cache& cache, int layer, int B, int T, const Planes& p
   const float* k = act + int64_t(N) * qkv;
   const float* v = act + 2 * int64_t(N) * qkv;
 
-  // Decode with MEMRA_KDA_SLOTS=0: the rows' pointer tables, built on the device (idle rows get
-  // null entries, which the conv and the scan read as zeros and never write). The ring entries
-  // name each slot's whole [3*qkv, K-1] ring (plane offset 0), which the fused conv reads channel
-  // by channel. (By default the conv and the scan resolve the same planes from the slots.)
+  // Decode: the ring entries name each slot's whole [3*qkv, K-1] ring (plane offset 0), which
+  // the fused conv reads channel by channel.
   const LayerStateSpec spec = state_spec();
-  const bool tables = decode && !g.slot_planes;
-  const float** ring_in = nullptr;
-  float** ring_out = nullptr;
-  const float** state_in = nullptr;
-  float** state_out = nullptr;
-  if (tables) {
-    const float** sin = nullptr;
-    float** sout = nullptr;
-    MEMRA_TRY(a.take(B, &ring_in));
-    MEMRA_TRY(a.take(B, &ring_out));
-    MEMRA_TRY(a.take(B, &sin));
-    MEMRA_TRY(a.take(B, &sout));
-    MEMRA_GPU(c, api.kda_tables(ctx, planes.slots_d, cache.cur_d(), B, cache.conv(layer, 0, 0),
-                                cache.conv(layer, 0, 1), cache.state(layer, 0, 0),
-                                cache.state(layer, 0, 1), spec.conv_floats(), spec.state_floats(),
-                                0, ring_in, ring_out, sin, sout, nullptr, nullptr), op);
-    state_in = sin;
-    state_out = sout;
-  }
 
   // x in the compute dtype, once for the three GEMMs that read it.
   gpu::Rounded xr;
@@ -191,12 +160,12 @@ Status KdaLayer::run_cuda(Cache& cache, int layer, int B, int T, const Planes& p
   // early = 1: the launch in front of the conv (the q|k|v projection) and of the scan (f_b | g_b
   // at N = 1, b_proj above) write none of the planes, slots or flags they read before their
   // wait, and every kernel before those has completed by then.
-  // N == 1 (and the knob): the forget and output gates' up-projections f_b | g_b over x_small's
+  // N == 1: the forget and output gates' up-projections f_b | g_b over x_small's
   // f | g columns ride in the conv's launch (kda_conv_decode_slots_pair, the bytes of the conv
   // and linear_in_pair below; both read only the projection's outputs).
   gpu::Rounded lowr;  // N == 1: low itself, rounded in the GEMV (no launch); N > 1: below
   if (N == 1) MEMRA_TRY(gpu::round_input(c, a, low, N, n_low, g.f_b.dtype, &lowr, op));
-  const bool pair = decode && !tables && N == 1 && g.conv_pair && lowr.dtype == DType::kF32 &&
+  const bool pair = decode && N == 1 && lowr.dtype == DType::kF32 &&
                     g.f_b.cols == g.g_b.cols && g.f_b.dtype_code() == g.g_b.dtype_code();
   if (pair) {
     MEMRA_GPU(c, api.kda_conv_decode_slots_pair(
@@ -205,14 +174,11 @@ Status KdaLayer::run_cuda(Cache& cache, int layer, int B, int T, const Planes& p
                      act, 2, dk, kL2Eps, low, low + g.rank_f, static_cast<int>(g.f_b.cols),
                      g.f_b.data(), g.g_b.data(), g.f_b.dtype_code(), static_cast<int>(g.f_b.rows),
                      static_cast<int>(g.g_b.rows), gate_f, gate_o), op);
-  } else if (decode && !tables) {
+  } else if (decode) {
     MEMRA_GPU(c, api.kda_conv_decode_slots(ctx, raw, B, C, qkv, conv_w, K, planes.slots_d,
                                            cache.cur_d(), cache.conv(layer, 0, 0),
                                            cache.conv(layer, 0, 1), spec.conv_floats(), 0, 1, act,
                                            2, dk, kL2Eps), op);
-  } else if (decode) {
-    MEMRA_GPU(c, api.kda_conv_decode_l2(ctx, raw, B, C, qkv, conv_w, K, ring_in, ring_out, act, 2,
-                                        dk, kL2Eps), op);
   } else {
     MEMRA_GPU(c, api.kda_conv_prefill(ctx, raw, T, C, qkv, conv_w, K, planes.ring_in,
                                       planes.ring_out, act), op);
@@ -236,22 +202,16 @@ Status KdaLayer::run_cuda(Cache& cache, int layer, int B, int T, const Planes& p
   if (N != 1) MEMRA_GPU(c, gpu::linear_in(c, xr, N, g.b_proj, nullptr, beta), op);
   const float scale = 1.0f / std::sqrt(static_cast<float>(dk));
   const int form = static_cast<int>(cfg_.gate_form);
-  const bool norm_fused = decode && !tables && g.norm_fused;
-  if (decode && !tables) {
+  if (decode) {
     // One step: the gates (forget gate and beta's sigmoid) inside the scan's launch, with the
-    // bytes of the two launches prefill runs; state planes cur -> 1 - cur; and (norm_fused) the
-    // gated norm below, with the bytes of its own launch.
+    // bytes of the two launches prefill runs; state planes cur -> 1 - cur; and the gated norm
+    // below, with the bytes of its own launch.
     MEMRA_GPU(c, api.kda_gate_scan_decode_slots(ctx, q, k, v, gate_f, gpu::f32p(g.dt_bias),
                                                 gpu::f32p(g.a_log), form, cfg_.lower_bound, beta,
                                                 B, H, dk, dk, scale, planes.slots_d, cache.cur_d(),
                                                 cache.state(layer, 0, 0), cache.state(layer, 0, 1),
-                                                spec.state_floats(), 1,
-                                                norm_fused ? gate_o : nullptr,
+                                                spec.state_floats(), 1, gate_o,
                                                 gpu::f32p(g.o_norm), cfg_.rms_eps, o), op);
-  } else if (decode) {
-    MEMRA_GPU(c, api.kda_gate_scan_decode(ctx, q, k, v, gate_f, gpu::f32p(g.dt_bias),
-                                          gpu::f32p(g.a_log), form, cfg_.lower_bound, beta, B, H,
-                                          dk, dk, scale, state_in, state_out, o), op);
   } else {
     MEMRA_GPU(c, api.kda_gate_beta(ctx, gate_f, gpu::f32p(g.dt_bias), gpu::f32p(g.a_log), N, H,
                                    dk, form, cfg_.lower_bound, gate_f, beta, int64_t(N) * H), op);
@@ -264,9 +224,9 @@ Status KdaLayer::run_cuda(Cache& cache, int layer, int B, int T, const Planes& p
               op);
   }
 
-  // The sigmoid-gated RMSNorm per head (gate_o: g_b over low's second block, above), output
-  // projection.
-  if (!norm_fused) {
+  // The sigmoid-gated RMSNorm per head (gate_o: g_b over low's second block, above; at decode
+  // inside the scan), output projection.
+  if (!decode) {
     MEMRA_GPU(c, api.rms_norm_gated_sigmoid(ctx, o, gate_o, N * H, dk, gpu::f32p(g.o_norm),
                                             cfg_.rms_eps, o), op);
   }

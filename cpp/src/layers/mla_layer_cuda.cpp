@@ -3,8 +3,6 @@
 // does). The CUDA path carries no rope columns (d_rope == 0: glm5_next's NoPE MLA).
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
-#include <cstring>
 #include <vector>
 
 #include "gpu_util.h"
@@ -25,10 +23,6 @@ struct MlaLayer::Gpu {
   DeviceWeight q_a_bias, kv_a_bias, o_bias, q_a_norm, kv_a_norm;  // f32 (biases may be empty)
   DeviceWeight wq_b, wk, weights_proj, kpool_gate;  // compute dtype
   DeviceWeight k_norm_w, k_norm_b, kpool_ape;       // f32
-  // Decode: the indexer's selection compacts its lists for the attention in its own launch
-  // (kpool_select_compact_decode + mla_attn_decode_listed; MEMRA_DSA_SELECT_COMPACT=0, read
-  // here: the attention's compaction launch, an A/B arm).
-  bool select_compact = true;
 };
 
 Status MlaLayer::to_device(std::shared_ptr<CudaContext> cuda, DType dtype) {
@@ -72,9 +66,6 @@ Status MlaLayer::to_device(std::shared_ptr<CudaContext> cuda, DType dtype) {
     MEMRA_TRY(DeviceWeight::upload_f32(cuda, k_norm_b_, &g->k_norm_b));
     MEMRA_TRY(DeviceWeight::upload_f32(cuda, kpool_ape_, &g->kpool_ape));
   }
-  if (const char* v = std::getenv("MEMRA_DSA_SELECT_COMPACT")) {
-    g->select_compact = std::strcmp(v, "0") != 0;
-  }
   gpu_ = std::move(g);
   cuda_ = std::move(cuda);
   q_a_ = q_b_ = kv_a_ = kv_b_ = o_proj_ = wq_b_ = wk_ = weights_proj_ = kpool_gate_ = Weight();
@@ -88,8 +79,8 @@ Status MlaLayer::to_device(std::shared_ptr<CudaContext> cuda, DType dtype) {
 // x is rounded to the compute dtype once, q_resid once (at N == 1 inside each GEMV instead,
 // gpu::round_input). N == 1 without biases (a decode step of one sequence; GLM): x's GEMMs are
 // one GEMM over in_proj and q_resid's one over qb_proj, a row's outputs being contiguous column
-// blocks of theirs (at T = 1 a GEMM pays a fixed ramp: one 20 MB GEMM instead of five small ones
-// saves ~28 us per layer on the H200). N > 1: one GEMM per projection over the row views (the
+// blocks of theirs (at T = 1 a GEMM pays a fixed ramp: one large GEMM costs less than five small
+// ones). N > 1: one GEMM per projection over the row views (the
 // column blocks of N rows interleave).
 Status MlaLayer::project_cuda(gpu::Arena& a, const float* x, int N, Projected* out,
                               const NormAppend* append) const {
@@ -328,9 +319,10 @@ Status MlaLayer::decode_cuda(Cache& cache, int layer, const int32_t* slots_d, in
     if (indexer) {
       int32_t* own = topk_out;  // straight into the caller's lists when it wants them
       if (!own) MEMRA_TRY(a.take(int64_t(B) * W, &own));
-      // The selection compacts its lists for the attention itself (its bitmap bounds the length:
+      // The selection compacts its lists for the attention itself, in its own launch
+      // (kpool_select_compact_decode + mla_attn_decode_listed; its bitmap bounds the length:
       // longer caches take the attention's own compaction).
-      const bool compact = g.select_compact && cache.max_len() <= MEMRA_SELECT_COMPACT_MAX_ROWS;
+      const bool compact = cache.max_len() <= MEMRA_SELECT_COMPACT_MAX_ROWS;
       if (compact) {
         MEMRA_TRY(a.take(int64_t(B) * W, &listed.list));
         MEMRA_TRY(a.take(B, &listed.counts));
@@ -344,8 +336,7 @@ Status MlaLayer::decode_cuda(Cache& cache, int layer, const int32_t* slots_d, in
   }
   // The absorb after the indexer (which reads none of it): its 17 MB weight stream, loaded
   // before its wait, then streams under the indexer's latency-bound launches instead of right
-  // behind q_b's stream (at batch 1 it cost ~4.6 us in the step behind the appends, ~6.5 us
-  // right behind q_b).
+  // behind q_b's stream.
   MEMRA_GPU(c, api.mla_absorb_q(ctx, q, g.kv_b.data(), g.kv_b.dtype_code(), B, H, dn, dv, R, 0, q_lat), op);
   const float scale = 1.0f / std::sqrt(static_cast<float>(dn));
   if (listed.list) {

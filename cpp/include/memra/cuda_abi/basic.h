@@ -74,9 +74,9 @@ typedef struct MemraEmbeddingParams {
   /* mhc_pre, then cpu::rms_norm of collapsed: out [T, D] = rms_norm(collapsed, rms_w [D] or     \
      null, rms_eps); equal byte for byte to mhc_pre followed by rms_norm. 40025 for a negative or \
      non-finite rms_eps. At one decode row of hc 4 (this and mhc_post_pre_norm) comb's Sinkhorn   \
-     may be left pending on the context (MEMRA_MHC_DEFER): the next decode GEMV or any other     \
-     entry point runs it before anything later on the stream reads comb; comb must then be its   \
-     own allocation (releasing that pointer runs the pending Sinkhorn first). */                  \
+     may be left pending on the context (KernelOptions::mhc_defer): the next decode GEMV or any  \
+     other entry point runs it before anything later on the stream reads comb; comb must then be \
+     its own allocation (releasing that pointer runs the pending Sinkhorn first). */              \
   X(mhc_pre_norm, (MemraCudaCtx * ctx, const float* streams, int T, int hc, int D, const void* fn,\
                    int fn_dtype, const float* base, const float* scale, int sinkhorn_iters,       \
                    float hc_eps, float norm_eps, const float* rms_w, float rms_eps, float* post,  \

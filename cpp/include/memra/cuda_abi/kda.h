@@ -19,20 +19,16 @@
   X(kda_conv_decode, (MemraCudaCtx * ctx, const float* x, int B, int C, int G, const float* w,    \
                       int K, const float* const* ring_in, float* const* ring_out, float* y))      \
   /* kda_conv_decode, then cpu::l2norm_heads(eps) of the first l2_groups channel groups of y as   \
-     rows of dk (KDA's q and k), fused into the conv at dk = 128: the bytes of the two ops. */      \
-  X(kda_conv_decode_l2, (MemraCudaCtx * ctx, const float* x, int B, int C, int G, const float* w, \
-                         int K, const float* const* ring_in, float* const* ring_out, float* y,    \
-                         int l2_groups, int dk, float eps))                                       \
-  /* kda_conv_decode_l2 (l2_groups 0: kda_conv_decode) with each row's ring planes resolved in    \
-     the kernel from the device slots instead of kda_tables' tables (the same arithmetic, without \
-     that launch): row b with s = slots[b] >= 0 and c = cur[s] & 1 reads ring_base<c> +          \
-     s*ring_floats + ring_offset and writes ring_base<1-c> + the same; an idle row (s < 0) reads  \
-     zeros and writes nothing. slots [B], cur [max_batch] device int32 (slots < max_batch,        \
-     unchecked); ring_offset + C*(K-1) > ring_floats is 40025. early != 0: slots, cur, the input  \
-     rings and w are read before the kernel waits for the launch in front of it, so no kernel     \
-     that may still be running (that launch: each kernel triggers its dependent after its own     \
-     wait) may write them; KdaLayer's decode: the q|k|v projection. Same bytes as kda_tables +    \
-     kda_conv_decode_l2. */                                                                        \
+     rows of dk (KDA's q and k; fused into the conv at dk = 128: the bytes of the two ops; 0: no  \
+     norm), with each row's ring planes resolved in the kernel from the device slots instead of  \
+     pointer tables (kda_tables' arithmetic, without its launch): row b with s = slots[b] >= 0   \
+     and c = cur[s] & 1 reads ring_base<c> + s*ring_floats + ring_offset and writes             \
+     ring_base<1-c> + the same; an idle row (s < 0) reads zeros and writes nothing. slots [B],    \
+     cur [max_batch] device int32 (slots < max_batch, unchecked); ring_offset + C*(K-1) >         \
+     ring_floats is 40025. early != 0: slots, cur, the input rings and w are read before the     \
+     kernel waits for the launch in front of it, so no kernel that may still be running (that    \
+     launch: each kernel triggers its dependent after its own wait) may write them; KdaLayer's   \
+     decode: the q|k|v projection. Same bytes as kda_tables + kda_conv_decode + l2norm_heads. */ \
   X(kda_conv_decode_slots, (MemraCudaCtx * ctx, const float* x, int B, int C, int G,               \
                             const float* w, int K, const int32_t* slots, const int32_t* cur,      \
                             float* ring_base0, float* ring_base1, int64_t ring_floats,            \
@@ -68,22 +64,15 @@
                const float* g, const float* beta, int B, int T, int H, int dk, int dv,            \
                float scale, const float* const* state_in, float* const* state_out, float* o))     \
   /* One decode step (T = 1) of kda_gate_beta over f [B, H*dk] (dt_bias [H*dk], A_log [H], form, \
-     lower_bound) and beta_logits [B, H], then kda_scan, in one launch with the bytes of those   \
-     two calls; f and beta_logits are only read. q, k, v, f, dt_bias, o 16-byte aligned (40022). */ \
-  X(kda_gate_scan_decode, (MemraCudaCtx * ctx, const float* q, const float* k, const float* v,    \
-                           const float* f, const float* dt_bias, const float* A_log, int form,    \
-                           float lower_bound, const float* beta_logits, int B, int H, int dk,     \
-                           int dv, float scale, const float* const* state_in,                     \
-                           float* const* state_out, float* o))                                    \
-  /* kda_gate_scan_decode with each row's state planes resolved from the device slots as         \
-     kda_conv_decode_slots' rings (state_base<c> + s*state_floats; idle rows read zeros, write     \
-     nothing); the bases 16-byte aligned and state_floats a multiple of 4 (else 40022), at least  \
-     H*dk*dv (else 40025). early != 0: slots, cur and the input states are read before the       \
-     kernel waits for the launch in front of it, as kda_conv_decode_slots' rings (KdaLayer's      \
-     decode: f_b | g_b at B = 1, b_proj at B > 1). gate_o non-null: o is written through          \
-     rms_norm_gated_sigmoid(o, gate_o [B, H*dv], o_norm [dv], norm_eps) in the same launch (a     \
-     block per head), the bytes of that op after the scan; null: o as the scan's. o must not      \
-     alias q, k, v, f or gate_o. */                                                                \
+     lower_bound) and beta_logits [B, H], then kda_scan, then rms_norm_gated_sigmoid(o, gate_o    \
+     [B, H*dv], o_norm [dv], norm_eps), in one launch (a block per head) with the bytes of those  \
+     three calls; f and beta_logits are only read. Each row's state planes are resolved from the \
+     device slots as kda_conv_decode_slots' rings (state_base<c> + s*state_floats; idle rows read \
+     zeros, write nothing); the bases 16-byte aligned and state_floats a multiple of 4 (else      \
+     40022), at least H*dk*dv (else 40025). early != 0: slots, cur and the input states are read \
+     before the kernel waits for the launch in front of it, as kda_conv_decode_slots' rings       \
+     (KdaLayer's decode: f_b | g_b at B = 1, b_proj at B > 1). q, k, v, f, dt_bias, o 16-byte     \
+     aligned (40022); gate_o and o_norm required (40024). o must not alias q, k, v, f, gate_o. */ \
   X(kda_gate_scan_decode_slots, (MemraCudaCtx * ctx, const float* q, const float* k,              \
                                  const float* v, const float* f, const float* dt_bias,            \
                                  const float* A_log, int form, float lower_bound,                 \

@@ -63,7 +63,8 @@
      mla_latent_append_decode(y1, 1, D1, outs[0], cache_dtype, pos) and, with row 2 (n == 4:       \
      tables 1, 2, 3 the tail_k, tail_gate and pool_keys planes; without it n == 1),               \
      kpool_append_decode(y2, gate, 1, D2, ape, pool, pos, outs[1], outs[2], tail_rows, outs[3]).   \
-     y1 and y2 must not overlap a cache plane. MEMRA_MLA_NORM_APPEND=0 runs those four calls.      \
+     y1 and y2 must not overlap a cache plane. An indexer row of D2 > 256 (wider than the one  \
+     launch stages) runs those four calls.                                                       \
      Errors: as those calls (40024 missing pointers, 40025 values, 40020 cache_dtype, 40010       \
      pool / tail_rows), and 40025 for n other than 1 (no row 2) / 4 (row 2). */                      \
   X(mla_norm_append_decode, (MemraCudaCtx * ctx, const float* x0, int D0, const float* w0,        \

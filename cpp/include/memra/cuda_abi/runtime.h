@@ -6,9 +6,25 @@
 #define MEMRA_CUDA_READ_SLOTS 32
 #define MEMRA_CUDA_READ_SLOT_BYTES ((size_t)64 << 10)
 
+// The kernel options a context is made with: the C twin of memra::KernelOptions
+// (memra/options.h, which documents each field and its domain). Switches are 0 / 1.
+typedef struct MemraKernelOptions {
+  int pdl;                 /* programmatic dependent launch */
+  int gemv;                /* the decode GEMV for one-row GEMMs (0: cuBLAS) */
+  int gemv_rows;           /* weight rows a GEMV block: 0 (from N), 1, 2, 4, 8 */
+  int gemv_tall_rows;      /* the same for tall rows (K > 4096 bf16): 0, 1, 2, 4, 8 */
+  int mhc_defer;           /* a one-row mHC site's Sinkhorn left to the next GEMV */
+  int mla_decode_variant;  /* dense bf16 H 64 R 512 MLA decode: 0 mma.sync, 1 / 2 wgmma */
+  int mla_tc_mt;           /* head tiles of 16 a block of the mma.sync MLA decode: 0, 2, 4 */
+  int mla_split_tiles;     /* 64-row tiles a split of the MLA decode (0: cost model) */
+  int moe_grouped_min_t;   /* tokens from which the routed experts run grouped, >= 1 */
+} MemraKernelOptions;
+
 #define MEMRA_CUDA_RUNTIME_OPS(X)                                                                 \
-  /* A context on `device`: its own non-blocking stream, cuBLAS + cuBLASLt handles (TF32 off). */ \
-  X(ctx_create, (int device, MemraCudaCtx** out))                                                 \
+  /* A context on `device`: its own non-blocking stream, cuBLAS + cuBLASLt handles (TF32 off), \
+     and the kernel options its ops run with (null: memra::KernelOptions' defaults; a field out \
+     of its domain is 40025). */                                                                \
+  X(ctx_create, (int device, const MemraKernelOptions* options, MemraCudaCtx** out))             \
   /* Synchronises the stream, then frees everything the context owns. */                          \
   X(ctx_destroy, (MemraCudaCtx * ctx))                                                            \
   /* delta +1 / -1: enter / leave a scope in which the weights handed to linear / linear_ex are \

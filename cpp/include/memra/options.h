@@ -1,0 +1,118 @@
+// KernelOptions: the choices between CUDA kernel arms that stay selectable (docs/options.md says
+// which A/B each field is, why it stays, and which arms were settled and deleted instead). Given
+// once, when an Engine is made (Python: Engine(..., options=KernelOptions(...)),
+// memra.load(..., kernel_options=...)), validated there, and handed to the CUDA library as its
+// plain-C twin MemraKernelOptions (cuda_abi/runtime.h), which the context keeps for the kernels'
+// host code. Nothing reads the environment. The defaults are the arms the A/B runs kept.
+#pragma once
+
+#include <string>
+
+#include "memra/cuda_api.h"
+#include "memra/status.h"
+
+namespace memra {
+
+struct KernelOptions {
+  // Programmatic dependent launch: kernels are launched so that each may start while the one in
+  // front of it finishes (the decode GEMV streams its first weight chunk then); false launches
+  // them one after another. Speed only: a kernel reads its predecessor's output only after
+  // griddepcontrol.wait, so the bytes are the same. Off is the profiling arm (a kernel's own
+  // time without overlap).
+  bool pdl = true;
+  // The decode GEMV (cuda/gemv.cu) for the one-row GEMMs it takes (bf16 / f32 weight, 16-byte
+  // aligned rows); false sends them to cuBLAS. Changes numerics: cuBLAS sums in another order.
+  bool gemv = true;
+  // Weight rows a decode-GEMV block owns: 0 chooses from N; 1, 2, 4 or 8 force that count.
+  // Speed only (a row's sum order depends on K alone).
+  int gemv_rows = 0;
+  // Rows a block of the decode GEMVs over tall rows (more than 512 16-byte vectors: K > 4096
+  // bf16 / 2048 f32, the o / down projections): 0 chooses from N; 1, 2, 4 or 8 force that count
+  // (gemv_rows, when set, applies instead). Speed only.
+  int gemv_tall_rows = 0;
+  // A one-row mHC site leaves its comb's Sinkhorn pending on the context, run by the next
+  // decode GEMV in an extra block (or in a launch of its own before any other entry point);
+  // false runs it inside the site kernel. Speed only (the same function on the same rows).
+  bool mhc_defer = true;
+  // The MLA decode kernel over a dense bf16 cache at H = 64, R = 512: 1 the sm_90a wgmma kernel
+  // (64-row tiles x 2 stages), 2 the same with 48-row tiles x 3 stages, 0 the mma.sync kernel
+  // that every other shape runs. Changes numerics (other tiles, other splits).
+  int mla_decode_variant = 1;
+  // Head tiles of 16 a block of the mma.sync MLA decode kernel: 0 chooses from the batch (2
+  // below 32 sequences, 4 from there); 2 or 4 force it (4 only where H > 32). Changes numerics
+  // in the last bits (the softmax sums are split over 8 / tiles row groups).
+  int mla_tc_mt = 0;
+  // 64-row tiles a split of the mma.sync / f32 MLA decode kernels: 0 chooses the splits from
+  // the cost model; n > 0 gives ceil(tiles / n) splits. Changes numerics (the split merge).
+  int mla_split_tiles = 0;
+  // Tokens from which moe_forward runs the routed experts grouped by expert instead of one
+  // (token, slot) pair at a time (a large value keeps the per-pair kernels). moe_forward's bytes
+  // do not change (the grouped kernels' every product and sum is the per-pair kernels'), but
+  // changes numerics of an MoE layer with a shared expert (moe_forward_shared): below this T the
+  // shared expert rides in the per-pair kernels, from it it runs as an MLP of its own (cuBLAS
+  // above one row), which sums in another order.
+  int moe_grouped_min_t = 2;
+
+  // ContractError 40025 naming the first field out of its domain and its value.
+  Status validate() const;
+  MemraKernelOptions to_abi() const;
+  static KernelOptions from_abi(const MemraKernelOptions& o);
+  bool operator==(const KernelOptions& o) const;
+  bool operator!=(const KernelOptions& o) const { return !(*this == o); }
+};
+
+inline Status KernelOptions::validate() const {
+  auto bad = [](const char* field, int value, const char* domain) {
+    return Status(kContractValue, std::string("KernelOptions: ") + field + " must be " + domain +
+                                      ", got " + std::to_string(value));
+  };
+  auto rows = [](int r) { return r == 0 || r == 1 || r == 2 || r == 4 || r == 8; };
+  if (!rows(gemv_rows)) return bad("gemv_rows", gemv_rows, "0, 1, 2, 4 or 8");
+  if (!rows(gemv_tall_rows)) return bad("gemv_tall_rows", gemv_tall_rows, "0, 1, 2, 4 or 8");
+  if (mla_decode_variant < 0 || mla_decode_variant > 2) {
+    return bad("mla_decode_variant", mla_decode_variant, "0, 1 or 2");
+  }
+  if (mla_tc_mt != 0 && mla_tc_mt != 2 && mla_tc_mt != 4) {
+    return bad("mla_tc_mt", mla_tc_mt, "0, 2 or 4");
+  }
+  if (mla_split_tiles < 0) return bad("mla_split_tiles", mla_split_tiles, ">= 0");
+  if (moe_grouped_min_t < 1) return bad("moe_grouped_min_t", moe_grouped_min_t, ">= 1");
+  return Status::Ok();
+}
+
+inline MemraKernelOptions KernelOptions::to_abi() const {
+  MemraKernelOptions o;
+  o.pdl = pdl ? 1 : 0;
+  o.gemv = gemv ? 1 : 0;
+  o.gemv_rows = gemv_rows;
+  o.gemv_tall_rows = gemv_tall_rows;
+  o.mhc_defer = mhc_defer ? 1 : 0;
+  o.mla_decode_variant = mla_decode_variant;
+  o.mla_tc_mt = mla_tc_mt;
+  o.mla_split_tiles = mla_split_tiles;
+  o.moe_grouped_min_t = moe_grouped_min_t;
+  return o;
+}
+
+inline KernelOptions KernelOptions::from_abi(const MemraKernelOptions& o) {
+  KernelOptions k;
+  k.pdl = o.pdl != 0;
+  k.gemv = o.gemv != 0;
+  k.gemv_rows = o.gemv_rows;
+  k.gemv_tall_rows = o.gemv_tall_rows;
+  k.mhc_defer = o.mhc_defer != 0;
+  k.mla_decode_variant = o.mla_decode_variant;
+  k.mla_tc_mt = o.mla_tc_mt;
+  k.mla_split_tiles = o.mla_split_tiles;
+  k.moe_grouped_min_t = o.moe_grouped_min_t;
+  return k;
+}
+
+inline bool KernelOptions::operator==(const KernelOptions& o) const {
+  return pdl == o.pdl && gemv == o.gemv && gemv_rows == o.gemv_rows &&
+         gemv_tall_rows == o.gemv_tall_rows && mhc_defer == o.mhc_defer &&
+         mla_decode_variant == o.mla_decode_variant && mla_tc_mt == o.mla_tc_mt &&
+         mla_split_tiles == o.mla_split_tiles && moe_grouped_min_t == o.moe_grouped_min_t;
+}
+
+}  // namespace memra

@@ -1,0 +1,128 @@
+"""memra.KernelOptions (cpp/include/memra/options.h, python/src/bind_options.cpp): the typed
+options that choose the CUDA kernels' arms, given once when an Engine is made. These run on the
+CPU: construction, defaults, validation (every bad field or value a ContractError naming both),
+the value semantics (repr, equality, hashing, replace, to_dict) and the plumbing through
+Engine(options=) and memra.load(kernel_options=). The arms themselves are exercised by the CUDA
+tests (tests/test_cuda_*.py) through engines made with these options."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import memra
+from memra import KernelOptions
+
+# The documented defaults (docs/options.md): the arms the A/B runs kept. Written out here, not
+# read from the class, so a changed default fails this test.
+DEFAULTS = dict(pdl=True, gemv=True, gemv_rows=0, gemv_tall_rows=0, mhc_defer=True,
+                mla_decode_variant=1, mla_tc_mt=0, mla_split_tiles=0, moe_grouped_min_t=2)
+NUMERICS = {"gemv", "mla_decode_variant", "mla_tc_mt", "mla_split_tiles", "moe_grouped_min_t"}
+
+
+def test_defaults_and_fields() -> None:
+    k = KernelOptions()
+    assert k.to_dict() == DEFAULTS
+    assert list(k.to_dict()) == list(DEFAULTS)
+    for name, value in DEFAULTS.items():
+        got = getattr(k, name)
+        assert got == value and type(got) is type(value), name
+
+
+def test_every_field_says_whether_it_changes_numerics() -> None:
+    for name in DEFAULTS:
+        doc = getattr(KernelOptions, name).__doc__ or ""
+        if name in NUMERICS:
+            assert doc.startswith("Changes numerics"), (name, doc)
+        else:
+            assert doc.startswith("Speed only"), (name, doc)
+    cls_doc = KernelOptions.__doc__ or ""
+    assert all(n in cls_doc for n in NUMERICS)
+
+
+GOOD = [dict(pdl=False), dict(gemv=False), dict(gemv_rows=1), dict(gemv_rows=8),
+        dict(gemv_tall_rows=2), dict(mhc_defer=False), dict(mla_decode_variant=0),
+        dict(mla_decode_variant=2), dict(mla_tc_mt=4), dict(mla_split_tiles=3),
+        dict(moe_grouped_min_t=10**9), dict(gemv_rows=np.int32(4)),
+        dict(pdl=False, gemv_rows=2, mla_tc_mt=2)]
+
+
+@pytest.mark.parametrize("kw", GOOD, ids=[",".join(f"{k}={v}" for k, v in kw.items()) for kw in GOOD])
+def test_keyword_construction(kw) -> None:
+    k = KernelOptions(**kw)
+    want = dict(DEFAULTS, **{n: int(v) if not isinstance(v, bool) else v for n, v in kw.items()})
+    assert k.to_dict() == want
+    assert k != KernelOptions() and not (k == KernelOptions())
+
+
+BAD = [
+    (dict(foo=1), "foo"), (dict(gemv_row=2), "gemv_row"),
+    (dict(pdl=1), "pdl"), (dict(pdl="yes"), "pdl"), (dict(pdl=None), "pdl"),
+    (dict(gemv_rows=3), "gemv_rows"), (dict(gemv_rows=-1), "gemv_rows"), (dict(gemv_rows=16), "gemv_rows"),
+    (dict(gemv_rows=True), "gemv_rows"), (dict(gemv_rows=2.0), "gemv_rows"), (dict(gemv_rows="2"), "gemv_rows"),
+    (dict(gemv_tall_rows=5), "gemv_tall_rows"), (dict(mla_decode_variant=3), "mla_decode_variant"),
+    (dict(mla_decode_variant=-1), "mla_decode_variant"), (dict(mla_tc_mt=1), "mla_tc_mt"),
+    (dict(mla_tc_mt=8), "mla_tc_mt"), (dict(mla_split_tiles=-2), "mla_split_tiles"),
+    (dict(mla_split_tiles=2**31), "mla_split_tiles"), (dict(moe_grouped_min_t=0), "moe_grouped_min_t"),
+    (dict(mhc_defer=np.float32(1)), "mhc_defer"),
+]
+
+
+@pytest.mark.parametrize("kw,field", BAD, ids=[f"{f}-{i}" for i, (_, f) in enumerate(BAD)])
+def test_bad_fields_and_values_are_contract_errors_naming_them(kw, field) -> None:
+    with pytest.raises(memra.ContractError) as ei:
+        KernelOptions(**kw)
+    msg = str(ei.value)
+    assert ei.value.code == 40025
+    assert field in msg, msg
+    value = next(iter(kw.values()))
+    assert repr(value) in msg or str(value) in msg, msg
+    with pytest.raises(memra.ContractError):
+        KernelOptions().replace(**kw)
+
+
+def test_positional_arguments_are_refused() -> None:
+    with pytest.raises((memra.ContractError, TypeError)):
+        KernelOptions(True)  # type: ignore[misc]
+
+
+def test_value_semantics() -> None:
+    k = KernelOptions(pdl=False, mla_split_tiles=5)
+    assert repr(k).startswith("KernelOptions(pdl=False, gemv=True,")
+    assert eval(repr(k), {"KernelOptions": KernelOptions}) == k
+    assert KernelOptions(**k.to_dict()) == k
+    assert hash(k) == hash(KernelOptions(mla_split_tiles=5, pdl=False))
+    assert len({KernelOptions(), KernelOptions(), k}) == 2
+    assert (KernelOptions() == 3) is False and (KernelOptions() != "x") is True
+    r = k.replace(pdl=True)
+    assert r == KernelOptions(mla_split_tiles=5) and k.pdl is False  # k unchanged
+    with pytest.raises(AttributeError):
+        k.pdl = True  # type: ignore[misc]
+
+
+def test_engine_keeps_its_options() -> None:
+    k = KernelOptions(gemv_rows=4, mhc_defer=False)
+    e = memra.Engine("cpu", options=k)
+    assert e.options == k
+    assert memra.Engine("cpu").options == KernelOptions()
+    assert memra.Engine("cpu", 0, options=None).options == KernelOptions()
+
+
+@pytest.mark.parametrize("bad", [{"pdl": False}, "pdl=0", 1, KernelOptions])
+def test_engine_refuses_options_that_are_not_kernel_options(bad) -> None:
+    with pytest.raises(memra.ContractError, match="options"):
+        memra.Engine("cpu", options=bad)
+
+
+def test_load_passes_kernel_options_to_its_engine() -> None:
+    k = KernelOptions(pdl=False, moe_grouped_min_t=7)
+    m = memra.load(memra.default_checkpoint(), max_batch=1, max_len=32, progress=False, kernel_options=k)
+    assert m.engine.options == k
+    m = memra.load(memra.default_checkpoint(), max_batch=1, max_len=32, progress=False)
+    assert m.engine.options == KernelOptions()
+    with pytest.raises(memra.ContractError, match="kernel_options"):
+        memra.load(memra.default_checkpoint(), progress=False, kernel_options={"pdl": False})
+
+
+def test_exported() -> None:
+    assert "KernelOptions" in memra.__all__ and memra.KernelOptions is memra._core.KernelOptions
