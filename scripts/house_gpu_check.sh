@@ -37,13 +37,14 @@ for step in "$@"; do
       PYTHONPATH=$new_site python3 benchmarks/bench_model_decode.py --build-only --folder "$FOLDER" > "$OUT/folder.log" 2>&1
       ;;
     bytes)
+      bench=""; [ -f "$FOLDER/config.json" ] && bench=$FOLDER
       for b in old new; do
         site=$old_site; [ $b = new ] && site=$new_site
         PYTHONPATH=$site nohup python3 scripts/house_bytes.py --device cpu --prompt-len 8 \
-          --out "$SNAP/cpu_$b.npz" $tiny "$FOLDER" > "$SNAP/cpu_$b.log" 2>&1 &
+          --out "$SNAP/cpu_$b.npz" $tiny $bench > "$SNAP/cpu_$b.log" 2>&1 &
         for dt in float32 bfloat16; do
           PYTHONPATH=$site python3 scripts/house_bytes.py --device cuda --dtype $dt \
-            --out "$SNAP/cuda_${dt}_$b.npz" $tiny "$FOLDER" > "$SNAP/cuda_${dt}_$b.log" 2>&1 || echo "cuda $dt $b failed"
+            --out "$SNAP/cuda_${dt}_$b.npz" $tiny $bench > "$SNAP/cuda_${dt}_$b.log" 2>&1 || echo "cuda $dt $b failed"
         done
       done
       for dt in float32 bfloat16; do
