@@ -124,6 +124,7 @@ def without(*names):
     return lambda g, w: [(f"missing {n}", {k: v for k, v in g.items() if k != n}) for n in names]
 
 
+KERNEL_OPTIONS = ["x", 1, True, {"pdl": True}, _OBJ, [], lambda g, w: [("a Cache", w.cache)]]
 WEIGHTS_DICT = [None, "w", 1, [], _OBJ, {"fn": 1}, {1: 2}, {"x": np.zeros(3, np.float32)}]
 ENUM_STR = ["nonsense", "", "FLOAT32"]
 BAD_IDS = [None, "abc", 1.5, 3, [], [[1, 2], [3]], [[1, 2], [3, 4]], [1.5, 2.0], {"a": 1},
@@ -275,7 +276,8 @@ CASES: dict[str, Case] = {
          "device": [None, 1, "gpu", "", "cuda:x", "cuda:-1", b"cpu", ["cpu"], True],
          "max_batch": ints(0, -1, 2**31, True), "max_len": ints(0, -1, 2**31, True),
          "dtype": [1, "float16", "bf16", b"float32", ["float32"], "bfloat16"],
-         "progress": ["yes", 2, 1.5, [], _OBJ], "cuda_graphs": ["yes", 2, None, 1.5]}),
+         "progress": ["yes", 2, 1.5, [], _OBJ], "cuda_graphs": ["yes", 2, None, 1.5],
+         "kernel_options": KERNEL_OPTIONS}),
     "memra.default_checkpoint": Case(lambda w: memra.default_checkpoint, lambda w: {}),
     "memra.cuda_available": Case(lambda w: memra.cuda_available, lambda w: {}),
     "memra.cuda_unavailable_reason": Case(lambda w: memra.cuda_unavailable_reason, lambda w: {}),
@@ -321,7 +323,15 @@ CASES: dict[str, Case] = {
         {"engine": NOT_OBJ, "weight": NOT_OBJ, "dtype": [1, "float16", b"x", ["float32"]]}, cuda_only=True),
     "Engine()": Case(
         lambda w: _core.Engine, lambda w: dict(device="cpu", device_index=0),
-        {"device": [None, 1, "gpu", "", b"cpu", ["cpu"], True, "cpu:0x"], "device_index": ints(-1, 2**31)}),
+        {"device": [None, 1, "gpu", "", b"cpu", ["cpu"], True, "cpu:0x"], "device_index": ints(-1, 2**31),
+         "options": KERNEL_OPTIONS}),
+    "KernelOptions()": Case(
+        lambda w: memra.KernelOptions, lambda w: dict(pdl=True, gemv_rows=2, mla_decode_variant=1),
+        {"pdl": NOT_BOOL, "gemv_rows": ints(3, -1, 16, True), "mla_decode_variant": ints(3, -1, True)}),
+    "KernelOptions.replace": Case(
+        lambda w: memra.KernelOptions().replace, lambda w: dict(gemv=False, mla_split_tiles=2),
+        {"gemv": NOT_BOOL, "mla_split_tiles": ints(-1, True), "moe_grouped_min_t": ints(0, -1)}),
+    "KernelOptions.to_dict": Case(lambda w: memra.KernelOptions().to_dict, lambda w: {}),
     "HyperConnection()": Case(
         lambda w: _core.HyperConnection, lambda w: dict(engine=w.engine, weights=w.hc_weights(0), **w.hc_kw),
         {"engine": NOT_OBJ, "weights": WEIGHTS_DICT + [without("fn", "base", "scale")],
@@ -425,6 +435,8 @@ CASES: dict[str, Case] = {
          "topk": [1.5, "x", np.zeros((1, 11), np.int64), np.zeros((2, 11), np.int32)]}),
     "MlpLayer.forward": Case(lambda w: w.mlp.forward, lambda w: dict(x=w.f32(3, w.D)), {"x": arr(shape(3, 63))}),
     "MoeLayer.forward": Case(lambda w: w.moe.forward, lambda w: dict(x=w.f32(3, w.D)), {"x": arr(shape(3, 63))}),
+    "MoeLayer.forward_with_experts": Case(lambda w: w.moe.forward_with_experts, lambda w: dict(x=w.f32(3, w.D)),
+                                          {"x": arr(shape(3, 63))}),
     "HyperConnection.pre": Case(
         lambda w: w.hc.pre, lambda w: dict(streams=w.f32(2, w.hc_mult, w.D), norm=w.f32(w.D), eps=1e-5),
         {"streams": arr(shape(2, 3, 64)), "norm": opt(arr(shape(63))), "eps": opt(lambda g, w: [(repr(v), v) for v in EPS])}),
@@ -461,6 +473,10 @@ CASES: dict[str, Case] = {
     "_core.rms_norm": Case(
         lambda w: _core.rms_norm, lambda w: dict(x=w.f32(3, 8), weight=w.f32(8), eps=1e-5),
         {"x": arr(shape(3, 7)), "weight": opt(arr(shape(7))), "eps": EPS, **ENGINE_ARG}),
+    "_core.add_rms_norm": Case(
+        lambda w: _core.add_rms_norm, lambda w: dict(x=w.f32(3, 8), y=w.f32(3, 8), weight=w.f32(8), eps=1e-5),
+        {"x": arr(shape(3, 7)), "y": arr(shape(2, 8), shape(3, 7)), "weight": opt(arr(shape(7))), "eps": EPS,
+         **ENGINE_ARG}),
     "_core.rms_norm_gated": Case(
         lambda w: _core.rms_norm_gated, lambda w: dict(x=w.f32(3, 8), gate=w.f32(3, 8), weight=w.f32(8), eps=1e-5),
         {"x": arr(shape(3, 7)), "gate": arr(shape(2, 8)), "weight": arr(shape(7)), "eps": EPS, **ENGINE_ARG}),
