@@ -105,7 +105,8 @@ def test_sampling_and_routing_values():
 
 def test_conversion_errors_name_the_argument_and_the_value():
     x = f32(2, 4)
-    e = raises(ContractError, lambda: _core.hc_expand(x, 2.0), "hc_expand: argument 'n' must be an int, got 2.0 (float)")
+    e = raises(ContractError, lambda: _core.hc_expand(x, 2.0),
+               "hc_expand: argument 'n' must be an int, got 2.0 (float)")
     assert e.code == S.CONTRACT_DTYPE
     raises(ContractError, lambda: _core.hc_expand(x, None), "argument 'n'", "None")
     raises(ContractError, lambda: _core.linear(x, None), "linear: argument 'w'", "None")
@@ -136,7 +137,7 @@ def test_overloads_still_dispatch_on_converted_values():
     """KdaLayer.decode has two overloads (slots as an array, or as a DecodeSlots). An argument
     nanobind converts only in its second pass (a numpy int for the layer) still reaches the array
     one, and a slots value neither overload takes is named with both types."""
-    from fuzz_api_cases import World
+    from fuzz_api_world import World
 
     w = World(seed=3)
     x = f32(1, w.D)

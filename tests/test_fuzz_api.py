@@ -33,7 +33,8 @@ import pytest
 import memra
 from memra.errors import MemraError
 
-from fuzz_api_cases import CASES, EXEMPT, World
+from fuzz_api_cases import CASES, EXEMPT
+from fuzz_api_world import World
 
 ROOT = Path(__file__).resolve().parents[1]
 SEED = 20260117
