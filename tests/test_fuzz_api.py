@@ -70,17 +70,26 @@ def public_callables() -> set[str]:
     return names
 
 
+_PLANES = ("kda_state", "kda_conv", "latent_rows", "pool_keys")
+_readable: dict[int, list[tuple[int, str]]] = {}  # id(cache) -> the (layer, plane) it holds
+
+
 def snapshot(cache) -> list:
-    """Everything a caller can read of a cache: lengths, flags, every state plane of every slot."""
+    """Everything a caller can read of a cache: lengths, flags, every state plane of every slot
+    (which planes a layer holds is found once: reading another kind raises, and always will)."""
+    if id(cache) not in _readable:
+        _readable[id(cache)] = []
+        for layer in range(cache.num_layers):
+            for plane in _PLANES:
+                try:
+                    getattr(cache, plane)(layer, 0)
+                except MemraError:
+                    continue
+                _readable[id(cache)].append((layer, plane))
     out: list = [cache.max_batch, cache.max_len, cache.num_layers]
     for s in range(cache.max_batch):
         out.append((cache.length(s), cache.cur(s)))
-        for layer in range(cache.num_layers):
-            for read in (cache.kda_state, cache.kda_conv, cache.latent_rows, cache.pool_keys):
-                try:
-                    out.append(read(layer, s).tobytes())
-                except MemraError as e:
-                    out.append(e.code)
+        out.extend(getattr(cache, plane)(layer, s).tobytes() for layer, plane in _readable[id(cache)])
     return out
 
 
