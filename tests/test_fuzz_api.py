@@ -244,9 +244,9 @@ def test_good_calls_are_valid():
     """The table's good calls run (so the bad calls' errors come from the bad values)."""
     w = World(SEED + 1)
     for name, case in CASES.items():
-        if case.cuda_only and not memra.cuda_available():
-            # UnsupportedError, or where even the arguments need CUDA (a DecodeSlots) another
-            # memra error about the placeholder.
+        if case.cuda_only:
+            # The world is on the CPU (also on a GPU machine): UnsupportedError, or where even the
+            # arguments need CUDA (a DecodeSlots) another memra error about the placeholder.
             with pytest.raises(MemraError):
                 case.target(w)(**case.good(w))
             continue
