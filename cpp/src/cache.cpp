@@ -6,26 +6,13 @@
 #include <cstdio>
 #include <cstring>
 #include <new>
+#include "memra/host_memory.h"
 #include "memra/msg.h"
 #include <string>
 
 namespace memra {
 
 namespace {
-
-// Host memory the kernel reports as available (MemAvailable), or -1 when unknown.
-int64_t available_host_bytes() {
-  std::FILE* f = std::fopen("/proc/meminfo", "r");
-  if (!f) return -1;
-  char line[256];
-  long long kb = -1;
-  while (std::fgets(line, sizeof line, f)) {
-    if (std::sscanf(line, "MemAvailable: %lld kB", &kb) == 1) break;
-    kb = -1;
-  }
-  std::fclose(f);
-  return kb < 0 ? -1 : static_cast<int64_t>(kb) * 1024;
-}
 
 std::string spec_error(int layer, const std::string& what) {
   return "Cache: layer " + std::to_string(layer) + ": " + what;
@@ -214,7 +201,8 @@ Status Cache::read(void* host_dst, const void* plane_src, size_t bytes) const {
 Status Cache::check_slot(int slot, const char* op) const {
   if (slot < 0 || slot >= max_batch_) {
     return Status(kContractRange, std::string(op) + ": slot " + std::to_string(slot) +
-                                      " is outside [0, " + std::to_string(max_batch_) + ")");
+                                      " is outside the cache's slots [0, " +
+                                      std::to_string(max_batch_) + ")");
   }
   return Status::Ok();
 }

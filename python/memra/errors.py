@@ -51,6 +51,19 @@ class UnsupportedError(MemraError, NotImplementedError):
     """Not supported here: no CUDA build or device, or a geometry not instantiated (50000+)."""
 
 
+def shown(value) -> str:
+    """A value as an error message shows it: a short repr and its type, "[[1, 2], [3]] (list)"."""
+    if value is None:
+        return "None"
+    try:
+        r = repr(value)
+    except Exception:  # noqa: BLE001 - a failing repr still leaves the type to show
+        r = "?"
+    if len(r) > 60:
+        r = r[:57] + "..."
+    return f"{r} ({type(value).__name__})"
+
+
 def check_token_ids(ids, vocab_size: int, what: str) -> None:
     """ContractError (40023, CONTRACT_RANGE) naming the first bad id when a numpy array of token
     ids holds one outside [0, vocab_size): the host-side check that lets a device embedding gather

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import threading
 from collections import deque
 from collections.abc import Iterator, Sequence
@@ -15,24 +16,36 @@ import numpy as np
 from . import _core
 from .config import check_fields, read_config, read_json_object
 from .decode_graph import DecodeRunner, Sampling
-from .errors import CacheFullError, ContractError, UnsupportedError, check_token_ids
+from .errors import CacheFullError, ContractError, UnsupportedError, check_token_ids, shown
 from .loader import read_tensors
 from .models import DecoderModel
 
 log = logging.getLogger("memra")
 
 
-def _ids(token_ids, what: str) -> np.ndarray:
-    """Token ids as a 1-D int32 array (ContractError for an empty, non-integer or nested input)."""
-    arr = np.asarray(token_ids)
+def _ids(token_ids, what: str, arg: str = "token_ids") -> np.ndarray:
+    """Token ids as a 1-D int32 array (ContractError naming `arg` for an empty, non-integer,
+    nested or ragged input)."""
+    try:
+        arr = np.asarray(token_ids)
+    except (ValueError, TypeError):  # ragged nesting
+        arr = np.empty((0, 0))
     if arr.ndim != 1 or arr.size == 0:
-        raise ContractError(f"{what}: token ids must be a non-empty 1-D sequence, got shape {arr.shape}", 40000)
+        raise ContractError(f"{what}: {arg} must be a non-empty 1-D sequence of ints, got {shown(token_ids)}",
+                            40000)
     if not np.issubdtype(arr.dtype, np.integer):
-        raise ContractError(f"{what}: token ids must be integers, got {arr.dtype}", 40020)
+        raise ContractError(f"{what}: {arg} must hold integers, got {arr.dtype} ({shown(token_ids)})", 40020)
     if arr.min() < -(2**31) or arr.max() >= 2**31:
         bad = int(arr.max()) if arr.max() >= 2**31 else int(arr.min())
-        raise ContractError(f"{what}: id {bad} does not fit in int32", 40023)
+        raise ContractError(f"{what}: {arg} holds {bad}, which does not fit in int32", 40023)
     return np.ascontiguousarray(arr.astype(np.int32))
+
+
+def _cache_arg(cache, what: str) -> _core.Cache:
+    """`cache` when it is a memra.Cache (ContractError naming it otherwise)."""
+    if not isinstance(cache, _core.Cache):
+        raise ContractError(f"{what}: cache must be a memra.Cache (model.new_cache()), got {shown(cache)}", 40020)
+    return cache
 
 
 def _count(value, what: str, lo: int, hi: int = 2**31 - 1) -> int:
@@ -99,6 +112,7 @@ class Model:
         they do not fit; ContractError for a slot of the model's own cache that a generation in
         flight holds (use new_cache() for slots of your own)."""
         with self._lock:
+            _cache_arg(cache, "prefill")
             self._check_not_held(cache, [slot], "prefill")
             return self.net.to_host(self._prefill(cache, slot, token_ids))[0]
 
@@ -116,6 +130,7 @@ class Model:
         """One token for each of `slots` (distinct) -> logits [len(slots), vocab] (numpy float32).
         ContractError for a slot of the model's own cache that a generation in flight holds."""
         with self._lock:
+            _cache_arg(cache, "decode")
             self._check_not_held(cache, slots, "decode")
             return self.net.to_host(self._decode(cache, slots, token_ids))
 
@@ -131,7 +146,7 @@ class Model:
     def _decode(self, cache: _core.Cache, slots, token_ids):
         """decode, leaving the logits [B, vocab] on the engine's device."""
         with self._lock:
-            slots = _ids(slots, "decode")
+            slots = _ids(slots, "decode", "slots")
             ids = _ids(token_ids, "decode")
             if len(slots) != len(ids):
                 raise ContractError(f"decode: {len(slots)} slots but {len(ids)} tokens", 40000)
@@ -156,7 +171,7 @@ class Model:
         if self._runner is None:
             logits = self._decode(self.cache, slots, toks)
             return [self._pick(logits, j, temperature, top_k, top_p, seeds[j], step) for j in range(len(slots))]
-        slots_a = _ids(slots, "decode")
+        slots_a = _ids(slots, "decode", "slots")
         ids = _ids(toks, "decode")
         self._check_room(self.cache, slots_a, 1, "decode")
         self._check_vocab(ids, "decode")
@@ -204,7 +219,9 @@ class Model:
             raise ContractError(f"{what} must be an integer id or a sequence of ids, got "
                                 f"{type(stop_token_ids).__name__}", 40025)
         if len(stop_token_ids) > 0:
-            stops |= set(_ids(list(stop_token_ids), what).tolist())
+            ids = _ids(list(stop_token_ids), "generate", "stop_token_ids")
+            check_token_ids(ids, self.config.vocab_size, what)
+            stops |= set(ids.tolist())
         return stops
 
     def _sampling_args(self, max_new_tokens, temperature, top_k, top_p, seed) -> int:
@@ -263,7 +280,7 @@ class Model:
 
         Arguments are checked here, before iteration starts; the slot of the model's cache is
         taken at the first token and given back when the iterator finishes or is closed."""
-        ids = _ids(prompt_ids, "generate")
+        ids = _ids(prompt_ids, "generate", "prompt_ids")
         if len(ids):
             self._check_vocab(ids, "generate")
         seed = self._sampling_args(max_new_tokens, temperature, top_k, top_p, seed)
@@ -320,7 +337,10 @@ class Model:
         step serves every unfinished prompt). Prompt i samples with seed + i (seed None: 0), so
         each result equals ``generate(prompts[i], seed=seed + i, ...)``. At most
         ``cache.max_batch`` prompts."""
-        all_ids = [_ids(p, "generate_batch") for p in prompts]
+        if isinstance(prompts, (str, bytes)) or not isinstance(prompts, (Sequence, np.ndarray)):
+            raise ContractError(f"generate_batch: prompts must be a list of token id lists, got "
+                                f"{shown(prompts)}", 40020)
+        all_ids = [_ids(p, "generate_batch", f"prompts[{i}]") for i, p in enumerate(prompts)]
         n = len(all_ids)
         # Every argument is checked before anything runs, also when there is nothing to do.
         seed = self._sampling_args(max_new_tokens, temperature, top_k, top_p, seed)
@@ -472,10 +492,14 @@ def load(path, device: str = "cpu", max_batch: int = 8, max_len: int = 4096, *, 
     """
     if not isinstance(cuda_graphs, (bool, np.bool_)):
         raise ContractError(f"load: cuda_graphs must be True or False, got {cuda_graphs!r}", 40025)
+    if not isinstance(progress, (bool, np.bool_)):
+        raise ContractError(f"load: progress must be True or False, got {shown(progress)}", 40025)
     cuda_graphs = bool(cuda_graphs)
+    if not isinstance(path, (str, os.PathLike)):
+        raise ContractError(f"load: path must be a folder path (str or os.PathLike), got {shown(path)}", 40020)
     path = Path(path)
     if not path.is_dir():
-        raise ContractError(f"load: {path} is not a directory", 40024)
+        raise ContractError(f"load: path {str(path)!r} is not a directory", 40024)
     family, cfg = read_config(path)
     max_batch = _count(max_batch, "load: max_batch", 1)
     max_len = _count(max_len, "load: max_len", 1)

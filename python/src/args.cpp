@@ -1,10 +1,13 @@
-// Status -> Python exception, and the DLPack argument checks (common.h).
+// Status -> Python exception, the AnyArray caster and the DLPack argument checks (common.h).
 #include <cstring>
-#include "memra/msg.h"
+#include <limits>
+#include <new>
 
 #include <nanobind/stl/string.h>
 
 #include "common.h"
+#include "memra/host_memory.h"
+#include "memra/msg.h"
 
 namespace memra::py {
 
@@ -48,12 +51,149 @@ bool c_contiguous(const AnyArray& a) {
   return true;
 }
 
+// A short, safe repr of a value for an error message: "[[1, 2], [3]] (list)".
+std::string show(nb::handle v) {
+  std::string r;
+  try {
+    r = nb::cast<std::string>(nb::repr(v));
+  } catch (...) {
+    PyErr_Clear();
+    r = "?";
+  }
+  if (r.size() > 60) r = r.substr(0, 57) + "...";
+  return r + " (" + std::string(nb::type_name(v.type()).c_str()) + ")";
+}
+
+// Why `src`, which is no DLPack or buffer-protocol array, cannot be taken as one.
+std::string refusal_of(nb::handle src) {
+  if (nb::hasattr(src, "__array_interface__") && nb::hasattr(src, "dtype")) {
+    nb::object dt = src.attr("dtype");
+    const std::string name = nb::cast<std::string>(dt.attr("name"));
+    if (!nb::cast<bool>(dt.attr("isnative"))) {
+      return "a big-endian " + name + " array (convert it with a.astype(a.dtype.newbyteorder('=')))";
+    }
+    return "an array of dtype " + name + ", which has no DLPack form";
+  }
+  return show(src);
+}
+
+// A numpy array of ml_dtypes bfloat16 (which has no DLPack or buffer form) as a DLPack bfloat16
+// view of the same memory: the view keeps the array alive. False for anything else.
+bool bf16_view(nb::handle src, uint32_t flags, nb::detail::cleanup_list* cleanup, AnyArray* out) {
+  if (!nb::hasattr(src, "__array_interface__") || !nb::hasattr(src, "dtype") ||
+      nb::cast<std::string>(src.attr("dtype").attr("name")) != "bfloat16") {
+    return false;
+  }
+  nb::object bits = src.attr("view")("uint16");
+  nb::detail::make_caster<nb::ndarray<nb::ro>> strict;
+  if (!strict.from_python(bits, flags, cleanup)) return false;
+  const nb::ndarray<nb::ro>& u = strict.value;
+  std::vector<size_t> shape(u.ndim());
+  std::vector<int64_t> strides(u.ndim());
+  for (size_t i = 0; i < u.ndim(); ++i) {
+    shape[i] = u.shape(i);
+    strides[i] = u.stride(i);
+  }
+  const nb::dlpack::dtype bf16{uint8_t(nb::dlpack::dtype_code::Bfloat), 16, 1};
+  *out = AnyArray(nb::ndarray<nb::ro>(u.data(), u.ndim(), shape.data(), bits, strides.data(), bf16,
+                                      u.device_type(), u.device_id()));
+  return true;
+}
+
 }  // namespace
+
+bool array_from_python(nb::handle src, uint32_t flags, nb::detail::cleanup_list* cleanup,
+                       AnyArray* out) noexcept {
+  try {
+    nb::detail::make_caster<nb::ndarray<nb::ro>> strict;
+    if (strict.from_python(src, flags, cleanup)) {
+      *out = AnyArray(std::move(strict.value));
+      return true;
+    }
+    // nanobind's first pass over an overload set converts nothing: take real arrays only, so
+    // that an overload taking the value as it is wins. memra's own objects are never arrays (an
+    // overload taking a DecodeSlots gets them in either pass).
+    if (!(flags & uint32_t(nb::detail::cast_flags::convert)) || nb::inst_check(src)) return false;
+    if (bf16_view(src, flags, cleanup, out)) return true;
+    *out = AnyArray();
+    nb::detail::type_caster<AnyArray>::refuse(out, refusal_of(src));
+    return true;
+  } catch (...) {
+    PyErr_Clear();
+    return false;
+  }
+}
+
+namespace {
+
+// The op whose array arguments were checked last on this thread: every op checks its inputs
+// before it allocates its outputs, so this names the op in an output's OutOfMemoryError without
+// threading the name through every output helper.
+thread_local const char* g_checking = "memra";
+
+constexpr size_t kOverflow = std::numeric_limits<size_t>::max();
+
+// Bytes of an array of `shape` with `item`-byte elements; kOverflow when that overflows.
+size_t bytes_of(const std::vector<size_t>& shape, size_t item) {
+  size_t n = item;
+  for (size_t s : shape) {
+    if (s != 0 && n > kOverflow / s) return kOverflow;
+    n *= s;
+  }
+  return n;
+}
+
+[[noreturn]] void raise_oversized(const std::vector<size_t>& shape, size_t item, const char* where,
+                                  const std::string& why) {
+  Msg os;
+  os << g_checking << ": an output of shape [";
+  for (size_t i = 0; i < shape.size(); ++i) os << (i ? ", " : "") << shape[i];
+  os << "] (" << item << "-byte elements) " << why << " (" << where << ")";
+  raise_status(Status(kOutOfMemory, os.str()));
+}
+
+}  // namespace
+
+size_t host_bytes(const std::vector<size_t>& shape, size_t item) {
+  // Below this size an array is allocated without asking (a failure still becomes
+  // OutOfMemoryError); above it /proc/meminfo is read first (one file read per large array).
+  constexpr size_t kAskAbove = size_t(64) << 20;
+  const size_t n = bytes_of(shape, item);
+  if (n == kOverflow) raise_oversized(shape, item, "host", "overflows size_t");
+  const int64_t avail = n > kAskAbove ? available_host_bytes() : -1;
+  if (avail >= 0 && n > static_cast<size_t>(avail)) {
+    raise_oversized(shape, item, "host", "needs " + std::to_string(n) + " bytes, but only " +
+                                             std::to_string(avail) + " are available");
+  }
+  return n;
+}
+
+size_t device_bytes(const std::vector<size_t>& shape, size_t item) {
+  const size_t n = bytes_of(shape, item);
+  if (n == kOverflow) raise_oversized(shape, item, "device", "overflows size_t");
+  return n;
+}
+
+void* new_host_zeroed(size_t bytes) {
+  void* p = new (std::nothrow) uint8_t[bytes > 0 ? bytes : 1]();
+  if (!p) {
+    raise_status(Status(kOutOfMemory, std::string(g_checking) + ": allocating " +
+                                          std::to_string(bytes) + " bytes of host memory failed"));
+  }
+  return p;
+}
 
 void check_array(const AnyArray& a, const char* op, const char* name,
                  std::initializer_list<int64_t> shape, const char* want_dtype, bool dtype_ok,
                  int device_type, int device_id, bool any_shape) {
+  g_checking = op;
   Msg os;
+  if (!a.is_valid()) {
+    os << op << ": argument '" << name << "' must be "
+       << (want_dtype && *want_dtype ? std::string("a ") + want_dtype + " array" : "an array")
+       << ", got " << a.refusal();
+    raise_contract(kContractDType, os.str());
+  }
   if (device_type == nb::device::cpu::value && a.device_type() != nb::device::cpu::value) {
     os << op << ": argument '" << name << "' must live in host memory for the CPU backend, got "
        << "a tensor on DLPack device type " << a.device_type();
@@ -101,13 +241,19 @@ bool has_bf16(const AnyArray& a) {
          has_dtype(a, nb::dlpack::dtype_code::UInt, 16);
 }
 
-void raise_status(const Status& st) {
+void set_status_error(const Status& st) {
   nb::object errors = nb::module_::import_("memra.errors");
   nb::object cls = errors.attr(error_class_for(st.code));
   nb::object exc = cls(st.message, st.code);
   PyErr_SetObject(cls.ptr(), exc.ptr());
+}
+
+void raise_status(const Status& st) {
+  set_status_error(st);
   throw nb::python_error();
 }
+
+const char* last_checked_op() { return g_checking; }
 
 void raise_contract(int code, const std::string& message) { raise_status(Status(code, message)); }
 
@@ -127,33 +273,35 @@ const int32_t* i32_arg(const AnyArray& a, const char* op, const char* name,
 }
 
 NpF32 new_f32(std::vector<size_t> shape) {
-  size_t n = 1;
-  for (size_t s : shape) n *= s;
-  float* data = new float[n > 0 ? n : 1]();
-  nb::capsule owner(data, [](void* p) noexcept { delete[] static_cast<float*>(p); });
+  float* data = static_cast<float*>(new_host_zeroed(host_bytes(shape, sizeof(float))));
+  nb::capsule owner(data, [](void* p) noexcept { delete[] static_cast<uint8_t*>(p); });
   return NpF32(data, shape.size(), shape.data(), owner);
 }
 
 NpI32 new_i32(std::vector<size_t> shape) {
-  size_t n = 1;
-  for (size_t s : shape) n *= s;
-  int32_t* data = new int32_t[n > 0 ? n : 1]();
-  nb::capsule owner(data, [](void* p) noexcept { delete[] static_cast<int32_t*>(p); });
+  int32_t* data = static_cast<int32_t*>(new_host_zeroed(host_bytes(shape, sizeof(int32_t))));
+  nb::capsule owner(data, [](void* p) noexcept { delete[] static_cast<uint8_t*>(p); });
   return NpI32(data, shape.size(), shape.data(), owner);
 }
 
 Weight weight_from_array(const AnyArray& a, const std::string& dtype, const char* name) {
   Msg os;
+  if (!a.is_valid()) {
+    os << "Weight: argument 'array' (tensor '" << name << "') must be an array, got " << a.refusal();
+    raise_contract(kContractDType, os.str());
+  }
   if (a.device_type() != nb::device::cpu::value) {
-    os << "Weight: tensor '" << name << "' must be given in host memory";
+    os << "Weight: argument 'array' (tensor '" << name << "') must be given in host memory";
     raise_contract(kContractDevice, os.str());
   }
   if (!c_contiguous(a)) {
-    os << "Weight: tensor '" << name << "' with shape " << shape_str(a) << " must be C-contiguous";
+    os << "Weight: argument 'array' (tensor '" << name << "') with shape " << shape_str(a)
+       << " must be C-contiguous";
     raise_contract(kContractStride, os.str());
   }
   if (a.ndim() < 1 || a.ndim() > 4) {
-    os << "Weight: tensor '" << name << "' must have rank 1..4, got shape " << shape_str(a);
+    os << "Weight: argument 'array' (tensor '" << name << "') must have rank 1..4, got shape "
+       << shape_str(a);
     raise_contract(kContractShape, os.str());
   }
   DType dt;
@@ -166,13 +314,13 @@ Weight weight_from_array(const AnyArray& a, const std::string& dtype, const char
   } else if (has_dtype(a, nb::dlpack::dtype_code::UInt, 16) && dtype == "bfloat16") {
     dt = DType::kBF16;
   } else {
-    os << "Weight: tensor '" << name << "' has unsupported dtype " << dtype_str(a)
+    os << "Weight: argument 'array' (tensor '" << name << "') has unsupported dtype " << dtype_str(a)
        << (dtype.empty() ? "" : " (declared " + dtype + ")")
        << "; expected float32, float16, or bfloat16 (raw uint16 bits with dtype='bfloat16')";
     raise_contract(kContractDType, os.str());
   }
   if (!dtype.empty() && dtype != dtype_name(dt)) {
-    os << "Weight: tensor '" << name << "' declared as " << dtype << " but holds "
+    os << "Weight: argument 'array' (tensor '" << name << "') declared as " << dtype << " but holds "
        << dtype_name(dt);
     raise_contract(kContractDType, os.str());
   }

@@ -70,6 +70,10 @@ void init_cache(nb::module_& m) {
       .def_static(
           "kda",
           [](int heads, int head_dim, int conv_kernel) {
+            const char* op = "LayerStateSpec.kda";
+            check_min(heads, 1, op, "heads");
+            check_min(head_dim, 1, op, "head_dim");
+            check_min(conv_kernel, 1, op, "conv_kernel");
             LayerStateSpec s;
             s.kind = LayerStateSpec::Kind::kKda;
             s.heads = heads;
@@ -83,6 +87,17 @@ void init_cache(nb::module_& m) {
       .def_static(
           "mla",
           [](int row_width, int index_head_dim, int kpool, int tail_rows) {
+            const char* op = "LayerStateSpec.mla";
+            check_min(row_width, 1, op, "row_width");
+            check_nonneg(index_head_dim, op, "index_head_dim");
+            check_nonneg(kpool, op, "kpool");
+            check_nonneg(tail_rows, op, "tail_rows");
+            if (index_head_dim > 0 && (kpool < 1 || tail_rows < kpool || tail_rows % kpool)) {
+              raise_contract(kContractPool, std::string(op) + ": with index_head_dim > 0, tail_rows (" +
+                                                std::to_string(tail_rows) +
+                                                ") must be a positive multiple of kpool (" +
+                                                std::to_string(kpool) + ")");
+            }
             LayerStateSpec s;
             s.kind = LayerStateSpec::Kind::kMla;
             s.row_width = row_width;
@@ -125,6 +140,8 @@ void init_cache(nb::module_& m) {
       .def_static(
           "bytes_needed",
           [](int max_batch, int max_len, const std::vector<LayerStateSpec>& specs) {
+            check_min(max_batch, 1, "Cache.bytes_needed", "max_batch");
+            check_min(max_len, 1, "Cache.bytes_needed", "max_len");
             return Cache::bytes_needed(max_batch, max_len, specs);
           },
           nb::arg("max_batch"), nb::arg("max_len"), nb::arg("specs"),

@@ -28,9 +28,14 @@ struct HostRead {
   nb::object done;  // the numpy result once waited for (or from the start on a CPU engine)
 };
 
+// A numpy array owning `p` (new uint8_t[]). numpy has no bfloat16 of its own: bfloat16 data
+// comes back as an ml_dtypes bfloat16 array (the raw bits, viewed), as the loader reads them.
 nb::object numpy_of(uint8_t* p, const std::vector<size_t>& shape, nb::dlpack::dtype dtype) {
   nb::capsule owner(p, [](void* q) noexcept { delete[] static_cast<uint8_t*>(q); });
-  return nb::cast(nb::ndarray<nb::numpy>(p, shape.size(), shape.data(), owner, nullptr, dtype));
+  const bool bf16 = dtype.code == uint8_t(nb::dlpack::dtype_code::Bfloat) && dtype.bits == 16;
+  nb::object a = nb::cast(nb::ndarray<nb::numpy>(p, shape.size(), shape.data(), owner, nullptr,
+                                                 bf16 ? nb::dtype<uint16_t>() : dtype));
+  return bf16 ? a.attr("view")(nb::module_::import_("ml_dtypes").attr("bfloat16")) : a;
 }
 
 }  // namespace
@@ -44,7 +49,7 @@ void init_engine(nb::module_& m) {
           [](HostRead& r) -> nb::object {
             if (!r.done.is_valid()) {
               const Engine& e = nb::cast<const Engine&>(r.engine);
-              uint8_t* p = new uint8_t[r.bytes ? r.bytes : 1]();
+              uint8_t* p = static_cast<uint8_t*>(new_host_zeroed(r.bytes));
               const int rc = e.cuda()->api().read_wait(e.cuda()->ctx(), r.ticket, p, r.bytes);
               if (rc != kOk) delete[] p;
               check_cuda(&e, rc, "HostRead.wait");
@@ -133,18 +138,17 @@ void init_engine(nb::module_& m) {
             const int want = e.is_cuda() ? nb::device::cuda::value : nb::device::cpu::value;
             check_array(a, "Engine.to_host", "array", {}, "", true, want, e.is_cuda() ? e.device_index() : 0, true);
             std::vector<size_t> shape(a.ndim());
-            size_t n = 1;
-            for (size_t i = 0; i < a.ndim(); ++i) n *= (shape[i] = a.shape(i));
-            const size_t bytes = n * (a.dtype().bits / 8) * a.dtype().lanes;
-            uint8_t* p = new uint8_t[bytes ? bytes : 1]();
-            nb::capsule owner(p, [](void* q) noexcept { delete[] static_cast<uint8_t*>(q); });
+            for (size_t i = 0; i < a.ndim(); ++i) shape[i] = a.shape(i);
+            const size_t bytes = host_bytes(shape, (a.dtype().bits / 8) * a.dtype().lanes);
+            uint8_t* p = static_cast<uint8_t*>(new_host_zeroed(bytes));
+            nb::object out = numpy_of(p, shape, a.dtype());  // owns p from here on
             if (e.is_cuda()) {
               check_cuda(&e, e.cuda()->api().copy_to_host(e.cuda()->ctx(), p, a.data(), bytes),
                          "Engine.to_host");
             } else if (bytes) {
               std::memcpy(p, a.data(), bytes);
             }
-            return nb::cast(nb::ndarray<nb::numpy>(p, shape.size(), shape.data(), owner, nullptr, a.dtype()));
+            return out;
           },
           nb::arg("array"),
           "A numpy copy of a C-contiguous array on this engine's device (waits for the engine's "
@@ -167,13 +171,13 @@ void init_engine(nb::module_& m) {
             // The CUDA engine's readback slots bound a read; the CPU engine keeps the same bound,
             // so code tried on the CPU behaves alike on a GPU.
             if (r.bytes > MEMRA_CUDA_READ_SLOT_BYTES) {
-              raise_contract(kContractShape, std::string(op) + ": " + std::to_string(r.bytes) +
-                                                 " bytes; at most " +
+              raise_contract(kContractShape, std::string(op) + ": argument 'array' has " +
+                                                 std::to_string(r.bytes) + " bytes; at most " +
                                                  std::to_string(MEMRA_CUDA_READ_SLOT_BYTES) +
                                                  " a read (use to_host for more)");
             }
             if (!e.is_cuda()) {
-              uint8_t* p = new uint8_t[r.bytes ? r.bytes : 1]();
+              uint8_t* p = static_cast<uint8_t*>(new_host_zeroed(r.bytes));
               if (r.bytes) std::memcpy(p, a.data(), r.bytes);
               r.done = numpy_of(p, r.shape, r.dtype);
               return r;

@@ -1,4 +1,9 @@
-// Status-code constants, so Python and tests name codes instead of repeating numbers.
+// Status-code constants, so Python and tests name codes instead of repeating numbers; and the
+// translation of a std::bad_alloc escaping an op into memra.OutOfMemoryError.
+#include <exception>
+#include <new>
+#include <string>
+
 #include "common.h"
 
 namespace memra::py {
@@ -8,6 +13,16 @@ struct StatusCodes {};
 }  // namespace
 
 void init_errors(nb::module_& m) {
+  // A std::bad_alloc escaping an op (a host vector of scratch) is an OutOfMemoryError like any
+  // other, not nanobind's bare MemoryError.
+  nb::register_exception_translator([](const std::exception_ptr& p, void*) {
+    try {
+      std::rethrow_exception(p);
+    } catch (const std::bad_alloc&) {
+      set_status_error(Status(kOutOfMemory, std::string(last_checked_op()) +
+                                                ": a host allocation failed (std::bad_alloc)"));
+    }
+  });
   // A namespace-like class (not a submodule) so the generated stub stays one file.
   nb::class_<StatusCodes> s(m, "status", "Status codes of memra's bands (DESIGN.md); "
                                          "memra.MemraError.code holds one of these.");

@@ -6,8 +6,11 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
 
+#include <cmath>
 #include <optional>
 #include <set>
+#include <string>
+#include <utility>
 
 #include "common.h"
 #include "device_args.h"
@@ -28,8 +31,9 @@ const int32_t* slots_arg(const AnyArray& slots, const Cache& cache, const char* 
   for (int64_t b = 0; b < dim(slots, 0); ++b) {
     check(cache.check_slot(s[b], op));
     if (!seen.insert(s[b]).second) {
-      raise_contract(kContractValue, std::string(op) + ": slot " + std::to_string(s[b]) +
-                                         " appears twice in one decode step");
+      raise_contract(kContractValue, std::string(op) + ": argument 'slots' holds slot " +
+                                         std::to_string(s[b]) +
+                                         " twice (one token per slot per decode step)");
     }
   }
   return s;
@@ -79,6 +83,26 @@ std::pair<Out, Out> moe_forward(const MoeLayer& l, const AnyArray& x, const char
   return {std::move(y), std::move(idx)};
 }
 
+// Raise a layer's create() failure with the arguments it was given appended, so that an error
+// found from the weights ("tensor 'fn' has shape [24, 256], expected [15, 192]") also names the
+// argument behind it (hc_mult=3).
+void check_made(const Status& st, const std::string& args) {
+  if (!st.ok()) raise_status(Status(st.code, st.message + " (given " + args + ")"));
+}
+
+// "name=value, ..." of a layer's int arguments, for check_made.
+std::string given(std::initializer_list<std::pair<const char*, int64_t>> args) {
+  std::string s;
+  for (const auto& [name, v] : args) s += (s.empty() ? "" : ", ") + std::string(name) + "=" + std::to_string(v);
+  return s;
+}
+
+// The SwiGLU clamp: > 0 (inf: no clamp), as swiglu_mlp takes it.
+void check_limit(float limit, const char* what) {
+  check_value(limit > 0.0f, what,
+              "swiglu_limit must be > 0 (inf: no clamp), got " + std::to_string(limit));
+}
+
 }  // namespace
 
 void init_layers(nb::module_& m) {
@@ -92,6 +116,8 @@ void init_layers(nb::module_& m) {
           [](KdaLayer* self, const Engine& engine, Weights weights, int hidden, int heads,
              int head_dim, int conv_kernel, const std::string& gate, float lower_bound,
              float rms_eps, const std::string& dtype) {
+            check_finite(lower_bound, "KdaLayer", "lower_bound");
+            check_eps(rms_eps, "KdaLayer", "rms_eps");
             KdaConfig c;
             c.hidden = hidden;
             c.heads = heads;
@@ -108,7 +134,9 @@ void init_layers(nb::module_& m) {
             c.rms_eps = rms_eps;
             WeightMap wm(std::move(weights), "KdaLayer");
             std::unique_ptr<KdaLayer> l;
-            check(KdaLayer::create(c, wm, &l));
+            check_made(KdaLayer::create(c, wm, &l),
+                       given({{"hidden", hidden}, {"heads", heads}, {"head_dim", head_dim},
+                              {"conv_kernel", conv_kernel}}));
             place(*l, engine, dtype, "KdaLayer");
             new (self) KdaLayer(std::move(*l));
           },
@@ -195,6 +223,10 @@ void init_layers(nb::module_& m) {
              int q_lora_rank, int kv_rank, int d_nope, int d_rope, int d_v, float rms_eps,
              bool sparse, int index_heads, int index_head_dim, int kpool, int topk, int tail_rows,
              bool rotate, float rope_base, const std::string& dtype) {
+            check_eps(rms_eps, "MlaLayer", "rms_eps");
+            check_nonneg(tail_rows, "MlaLayer", "tail_rows");
+            check_value(std::isfinite(rope_base) && rope_base > 0.0f, "MlaLayer",
+                        "rope_base must be finite and > 0, got " + std::to_string(rope_base));
             MlaConfig c;
             c.hidden = hidden;
             c.heads = heads;
@@ -214,7 +246,11 @@ void init_layers(nb::module_& m) {
             c.rope_base = rope_base;
             WeightMap wm(std::move(weights), "MlaLayer");
             std::unique_ptr<MlaLayer> l;
-            check(MlaLayer::create(c, wm, &l));
+            check_made(MlaLayer::create(c, wm, &l),
+                       given({{"hidden", hidden}, {"heads", heads}, {"q_lora_rank", q_lora_rank},
+                              {"kv_rank", kv_rank}, {"d_nope", d_nope}, {"d_rope", d_rope}, {"d_v", d_v},
+                              {"index_heads", index_heads}, {"index_head_dim", index_head_dim},
+                              {"kpool", kpool}, {"topk", topk}, {"tail_rows", c.tail_rows}}));
             place(*l, engine, dtype, "MlaLayer");
             new (self) MlaLayer(std::move(*l));
           },
@@ -303,10 +339,12 @@ void init_layers(nb::module_& m) {
           "__init__",
           [](MlpLayer* self, const Engine& engine, Weights weights, int hidden, int intermediate,
              float swiglu_limit, const std::string& dtype) {
+            check_limit(swiglu_limit, "MlpLayer");
             WeightMap wm(std::move(weights), "MlpLayer");
             std::unique_ptr<MlpLayer> l;
-            check(MlpLayer::create(hidden, intermediate, swiglu_limit, wm, &l));
-            check(wm.finish());
+            const std::string args = given({{"hidden", hidden}, {"intermediate", intermediate}});
+            check_made(MlpLayer::create(hidden, intermediate, swiglu_limit, wm, &l), args);
+            check_made(wm.finish(), args);
             place(*l, engine, dtype, "MlpLayer");
             new (self) MlpLayer(std::move(*l));
           },
@@ -337,6 +375,8 @@ void init_layers(nb::module_& m) {
           [](MoeLayer* self, const Engine& engine, Weights weights, int hidden, int n_experts,
              int top_k, int n_group, int topk_group, int intermediate, int shared_intermediate,
              bool norm_topk_prob, float routed_scaling, float swiglu_limit, const std::string& dtype) {
+            check_limit(swiglu_limit, "MoeLayer");
+            check_finite(routed_scaling, "MoeLayer", "routed_scaling");
             MoeConfig c;
             c.hidden = hidden;
             c.n_experts = n_experts;
@@ -350,7 +390,10 @@ void init_layers(nb::module_& m) {
             c.swiglu_limit = swiglu_limit;
             WeightMap wm(std::move(weights), "MoeLayer");
             std::unique_ptr<MoeLayer> l;
-            check(MoeLayer::create(c, wm, &l));
+            check_made(MoeLayer::create(c, wm, &l),
+                       given({{"hidden", hidden}, {"n_experts", n_experts}, {"top_k", top_k},
+                              {"n_group", n_group}, {"topk_group", topk_group}, {"intermediate", intermediate},
+                              {"shared_intermediate", shared_intermediate}}));
             place(*l, engine, dtype, "MoeLayer");
             new (self) MoeLayer(std::move(*l));
           },
@@ -384,9 +427,12 @@ void init_layers(nb::module_& m) {
           "__init__",
           [](HyperConnection* self, const Engine& engine, Weights weights, int hidden, int hc_mult,
              int sinkhorn_iters, float hc_eps, float norm_eps, const std::string& dtype) {
+            check_eps(hc_eps, "HyperConnection", "hc_eps");
+            check_eps(norm_eps, "HyperConnection", "norm_eps");
             WeightMap wm(std::move(weights), "HyperConnection");
             std::unique_ptr<HyperConnection> l;
-            check(HyperConnection::create(hidden, hc_mult, sinkhorn_iters, hc_eps, norm_eps, wm, &l));
+            check_made(HyperConnection::create(hidden, hc_mult, sinkhorn_iters, hc_eps, norm_eps, wm, &l),
+                       given({{"hidden", hidden}, {"hc_mult", hc_mult}, {"sinkhorn_iters", sinkhorn_iters}}));
             place(*l, engine, dtype, "HyperConnection");
             new (self) HyperConnection(std::move(*l));
           },

@@ -60,9 +60,9 @@ void device_copy(const Engine* engine, void* dst, const void* src, size_t bytes,
   check_cuda(engine, c.api().copy(c.ctx(), dst, src, bytes), op);
 }
 
-std::string odd_rope_message(int64_t d_rope) {
-  return "rope_interleaved: d_rope must be even (interleaved pairs (2j, 2j+1) are rotated), got "
-         "d_rope=" + std::to_string(d_rope);
+std::string odd_rope_message(const AnyArray& x) {
+  return "rope_interleaved: x has shape " + shape_str(x) + ": its last extent d_rope must be even "
+         "(interleaved pairs (2j, 2j+1) are rotated)";
 }
 
 }  // namespace
@@ -471,6 +471,9 @@ void init_ops_basic(nb::module_& m) {
         const int T = static_cast<int>(dim(x, 0)), n = static_cast<int>(dim(x, 1)),
                   d = static_cast<int>(dim(x, 2));
         const int32_t* pp = i32_in(engine, positions, op, "positions", {T});
+        if (d % 2 != 0) raise_contract(kContractOddRope, odd_rope_message(x));
+        check_value(std::isfinite(base) && base > 0.0f, op,
+                    "base must be finite and > 0, got " + std::to_string(base));
         Out y = out_f32(engine, {sz(T), sz(n), sz(d)});
         const size_t bytes = sizeof(float) * sz(T) * sz(n) * sz(d);
         if (on_cuda(engine)) {
@@ -479,7 +482,7 @@ void init_ops_basic(nb::module_& m) {
           // dropped). The entry point refuses an odd d_rope before launching (40001).
           device_copy(engine, y.ptr, xp, bytes, op);
           const int rc = c.api().rope_interleaved(c.ctx(), y.data<float>(), pp, T, n, d, base);
-          if (rc == kContractOddRope) raise_contract(rc, odd_rope_message(d));
+          if (rc == kContractOddRope) raise_contract(rc, odd_rope_message(x));
           check_cuda(engine, rc, op);
         } else {
           std::memcpy(y.ptr, xp, bytes);
@@ -492,7 +495,8 @@ void init_ops_basic(nb::module_& m) {
       "Interleaved RoPE: rotates pairs (2j, 2j+1) of x [T, n_vec, d_rope] float32 by "
       "pos * base^(-2j/d_rope) (angles in double, rounded once); positions [T] int32; both on the "
       "engine's device. Returns a new array. ContractError (CONTRACT_ODD_ROPE, 40001) for odd "
-      "d_rope; d_rope == 0 returns the input unchanged. Only applied where the model family "
+      "d_rope, CONTRACT_VALUE for a base that is not finite and > 0; d_rope == 0 returns the "
+      "input unchanged. Only applied where the model family "
       "rotates (glm5_next and Kimi-Linear never do).");
 
   m.def(

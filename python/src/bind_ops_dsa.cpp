@@ -31,10 +31,11 @@ namespace {
 
 size_t z(int64_t n) { return static_cast<size_t>(n); }
 
-void check_pool(int pool, const char* op) {
+// `from`: where the pool comes from when it is not an argument of its own.
+void check_pool(int pool, const char* op, const char* from = nullptr) {
   if (pool < 1) {
-    raise_contract(kContractPool, std::string(op) + ": pool must be >= 1, got pool=" +
-                                      std::to_string(pool));
+    raise_contract(kContractPool, std::string(op) + ": pool must be >= 1, got pool=" + std::to_string(pool) +
+                                      (from ? std::string(" (") + from + ")" : ""));
   }
 }
 
@@ -44,7 +45,7 @@ const float* ape_arg(const Engine* engine, const AnyArray& ape, const char* op, 
   const float* ap = f32_in(engine, ape, op, "ape", {-1, -1});
   *pool = static_cast<int>(dim(ape, 0));
   *d = static_cast<int>(dim(ape, 1));
-  check_pool(*pool, op);
+  check_pool(*pool, op, "the rows of ape");
   if (*d < 1) {
     raise_contract(kContractShape, std::string(op) + ": ape has shape " + shape_str(ape) +
                                        ", expected [pool, d >= 1]");
@@ -187,7 +188,7 @@ void init_ops_dsa(nb::module_& m) {
         const char* op = "kpool_pool_keys";
         const float* ap = f32_in(engine, ape, op, "ape", {-1, -1});
         const int pool = static_cast<int>(dim(ape, 0)), d = static_cast<int>(dim(ape, 1));
-        check_pool(pool, op);
+        check_pool(pool, op, "the rows of ape");
         const float* kp = f32_in(engine, k, op, "k", {-1, d});
         const int64_t n_rows = dim(k, 0);
         const float* gp = f32_in(engine, gate, op, "gate", {n_rows, d});
@@ -252,7 +253,7 @@ void init_ops_dsa(nb::module_& m) {
         const float* pkp = f32_in(engine, pool_keys, op, "pool_keys", {-1, d});
         const int64_t max_pools = dim(pool_keys, 0);
         if (ring < pool || ring % pool != 0) {
-          raise_contract(kContractPool, std::string(op) + ": the tail ring has " +
+          raise_contract(kContractPool, std::string(op) + ": tail_k (the tail ring) has " +
                                             std::to_string(ring) +
                                             " rows, expected a positive multiple of pool=" +
                                             std::to_string(pool));
@@ -447,7 +448,7 @@ void init_ops_dsa(nb::module_& m) {
           }
         }
         if (ring < pool || ring % pool != 0 || ring > INT32_MAX) {
-          raise_contract(kContractPool, std::string(op) + ": the tail ring has " +
+          raise_contract(kContractPool, std::string(op) + ": tail_k (the tail ring) has " +
                                             std::to_string(ring) +
                                             " rows, expected a positive multiple of pool=" +
                                             std::to_string(pool));

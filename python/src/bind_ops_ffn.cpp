@@ -199,6 +199,7 @@ void init_ops_ffn(nb::module_& m) {
         check_value(top_k >= 1 && top_k <= kept, op,
                     "top_k=" + std::to_string(top_k) + " must be in [1, " + std::to_string(kept) +
                         "] (topk_group * experts per group)");
+        check_finite(scaling, op, "scaling");
         Out idx = out_i32(engine, {sz(T), sz(top_k)});
         Out w = out_f32(engine, {sz(T), sz(top_k)});
         if (on_cuda(engine)) {
@@ -233,7 +234,8 @@ void init_ops_ffn(nb::module_& m) {
       "CPU's selection rules (sigmoid with CUDA's expf, within 2 ulp).\n"
       "Raises ContractError (CONTRACT_DTYPE, also for a bfloat16 DeviceWeight; CONTRACT_SHAPE, "
       "CONTRACT_STRIDE, CONTRACT_DEVICE; CONTRACT_VALUE when n_group does not divide E, "
-      "topk_group is outside [1, n_group] or top_k outside [1, topk_group * E / n_group]).\n"
+      "topk_group is outside [1, n_group], top_k outside [1, topk_group * E / n_group] or "
+      "scaling not finite).\n"
       "Reference: transformers Glm5NextTextTopkRouter.forward.");
 
   m.def(
@@ -364,7 +366,9 @@ void init_ops_ffn(nb::module_& m) {
                                              " exceed 2^31 - 1 rows or columns");
         }
         check_value(V >= 1, op, "logits must have at least one column");
-        check_value(!std::isnan(temperature), op, "temperature is NaN");
+        check_value(std::isfinite(temperature), op,
+                    "temperature must be finite (<= 0: greedy), got " + std::to_string(temperature));
+        check_nonneg(top_k, op, "top_k");
         check_value(top_p > 0.0f, op, "top_p must be > 0, got " + std::to_string(top_p));
         if (on_cuda(engine)) {
           const uint64_t* cp = u64_in(engine, counters, op, "counters", {B});
@@ -416,7 +420,8 @@ void init_ops_ffn(nb::module_& m) {
       "parallel), so the same seed and counter give the same token.\n"
       "Raises ContractError (CONTRACT_DTYPE for counters not int64/uint64 (uint64 on CUDA) or "
       "logits not float32, CONTRACT_SHAPE, CONTRACT_STRIDE, CONTRACT_DEVICE, CONTRACT_RANGE for "
-      "a negative int64 counter, CONTRACT_VALUE for top_p <= 0 or a NaN temperature).\n"
+      "a negative int64 counter, CONTRACT_VALUE for top_p <= 0 or NaN, top_k < 0 or a "
+      "temperature that is not finite).\n"
       "Reference: transformers' temperature / TopK / TopP logits warpers followed by "
       "multinomial, with a counter-based draw.");
 

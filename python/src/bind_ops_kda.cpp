@@ -177,6 +177,7 @@ void init_ops_kda(nb::module_& m) {
           raise_contract(kContractValue, "kda_gate: form must be 'lower_bound' or 'softplus', got '" +
                                              form + "'");
         }
+        check_finite(lower_bound, "kda_gate", "lower_bound");
         const float* fp = f32_in(engine, f, "kda_gate", "f", {-1, -1});
         const int64_t T = dim(f, 0), D = dim(f, 1);
         const float* ap = f32_in(engine, A_log, "kda_gate", "A_log", {-1});
@@ -210,9 +211,10 @@ void init_ops_kda(nb::module_& m) {
       "softplus(x) = x if x > 20 else log(1 + exp(x)); lower_bound is ignored.\n"
       "engine: None or a CPU Engine runs the C++ reference; a CUDA Engine runs cuda/kda.cu on\n"
       "arrays of its device (any dk; same operations, CUDA's expf/logf within 2 ulp).\n"
-      "Raises ContractError: CONTRACT_VALUE for another form, CONTRACT_SHAPE when the last dim\n"
-      "of f is not a multiple of len(A_log) or dt_bias does not match it, CONTRACT_DTYPE /\n"
-      "CONTRACT_STRIDE / CONTRACT_DEVICE as usual. Reference: Glm5NextTextForgetGate.forward.");
+      "Raises ContractError: CONTRACT_VALUE for another form or a non-finite lower_bound,\n"
+      "CONTRACT_SHAPE when the last dim of f is not a multiple of len(A_log) or dt_bias does\n"
+      "not match it, CONTRACT_DTYPE / CONTRACT_STRIDE / CONTRACT_DEVICE as usual.\n"
+      "Reference: Glm5NextTextForgetGate.forward.");
 
   m.def(
       "kda_scan",

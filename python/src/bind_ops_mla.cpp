@@ -74,17 +74,18 @@ void check_arm(int arm, const char* op) {
 // A latent cache argument: float32 on either backend; on CUDA also bfloat16 (a DLPack bfloat16
 // array, or uint16 holding the raw bfloat16 bits). Returns the data pointer and the dtype code
 // (0 f32, 1 bf16).
-const void* cache_arg(const Engine* engine, const AnyArray& a, const char* op, int* dtype) {
+const void* cache_arg(const Engine* engine, const AnyArray& a, const char* op, int* dtype,
+                      const char* name = "cache") {
   const bool f32 = has_dtype(a, nb::dlpack::dtype_code::Float, 32);
   const bool bf16 = has_bf16(a);
   if (on_cuda(engine)) {
-    check_array(a, op, "cache", {-1, -1}, "float32 or bfloat16 (uint16 raw bits accepted)", f32 || bf16,
+    check_array(a, op, name, {-1, -1}, "float32 or bfloat16 (uint16 raw bits accepted)", f32 || bf16,
                 nb::device::cuda::value, engine->device_index());
     *dtype = f32 ? 0 : 1;
     return a.data();
   }
   *dtype = 0;
-  return f32_in(engine, a, op, "cache", {-1, -1});
+  return f32_in(engine, a, op, name, {-1, -1});
 }
 
 // Shared argument walk of the two attention ops.
@@ -165,7 +166,7 @@ CacheList cache_list_arg(const Engine* engine, nb::handle caches, int64_t B, con
     }
     if (writable) require_writable(h, op, name.c_str());
     int dt = 0;
-    const void* ptr = cache_arg(engine, a, op, &dt);
+    const void* ptr = cache_arg(engine, a, op, &dt, name.c_str());
     if (b > 0 && dt != c.dtype) {
       raise_contract(kContractDType, std::string(op) + ": " + name +
                                          " has another dtype than caches[0] (one dtype for all)");

@@ -40,10 +40,10 @@ void init_ops_util(nb::module_& m) {
       [](const AnyArray& x, int64_t start, int64_t count, const Engine* engine) {
         const float* xp = f32_in(engine, x, "take_rows", "x", {-1, -1});
         const int64_t T = dim(x, 0), D = dim(x, 1);
-        if (start < 0 || count < 0 || start + count > T) {
-          raise_contract(kContractRange, "take_rows: rows [" + std::to_string(start) + ", " +
-                                             std::to_string(start + count) + ") are outside [0, " +
-                                             std::to_string(T) + ")");
+        if (start < 0 || count < 0 || start > T || count > T - start) {
+          raise_contract(kContractRange, "take_rows: start=" + std::to_string(start) +
+                                             ", count=" + std::to_string(count) +
+                                             ": the rows are outside x's [0, " + std::to_string(T) + ")");
         }
         Out y = out_f32_uninit(engine, {size_t(count), size_t(D)});
         const size_t bytes = size_t(count) * D * 4;

@@ -18,14 +18,38 @@ namespace memra::py {
 
 namespace nb = nanobind;
 
-// Any DLPack-capable array (numpy, torch, cupy, ...); checked by the helpers below.
-using AnyArray = nb::ndarray<nb::ro>;
+// An array argument as the caller gave it. Its caster (below) takes any object but memra's own:
+// a DLPack or buffer-protocol array (numpy, torch, cupy, memra.DeviceArray, ...) becomes a view,
+// a numpy array of ml_dtypes bfloat16 a DLPack bfloat16 view of the same memory; anything else
+// (a list, a scalar, a big-endian or object array, ...) an invalid AnyArray that says why, so
+// that check_array (and f32_in, i32_in, ... built on it) raises ContractError naming the op, the
+// argument and the value instead of nanobind's bare TypeError. (None never reaches a caster:
+// nanobind refuses it for arguments not marked .none(), and bind_arguments.cpp names those.)
+// In an overload set the first, converting-nothing pass takes real arrays only; the second
+// takes anything into the first array overload, so an overload for some other kind of value
+// (a list) must come before it.
+class AnyArray : public nb::ndarray<nb::ro> {
+ public:
+  AnyArray() = default;
+  explicit AnyArray(nb::ndarray<nb::ro> a) : nb::ndarray<nb::ro>(std::move(a)) {}
+  // Why the value is not a usable array, as "got ..." continues it (empty when it is one).
+  const std::string& refusal() const { return refusal_; }
+
+ private:
+  friend struct nb::detail::type_caster<AnyArray>;
+  std::string refusal_;
+};
 // A fresh C-contiguous host array handed back to Python as numpy.
 using NpF32 = nb::ndarray<nb::numpy, float>;
 using NpI32 = nb::ndarray<nb::numpy, int32_t>;
 
 // Raise the memra.errors class for `st.code`'s band with `st.message` (never returns).
 [[noreturn]] void raise_status(const Status& st);
+// The same, only setting the Python error (for exception translators).
+void set_status_error(const Status& st);
+// The op whose array arguments were checked last on this thread (check_array): the op a host
+// allocation failure belongs to, named without threading the name through every helper.
+const char* last_checked_op();
 // Raise when !st.ok().
 inline void check(const Status& st) {
   if (!st.ok()) raise_status(st);
@@ -43,7 +67,9 @@ bool has_bf16(const AnyArray& a);
 // arrays are NOT silently narrowed. Arrays on either backend: f32_in / i32_in (device_args.h).
 const int32_t* i32_arg(const AnyArray& a, const char* op, const char* name,
                        std::initializer_list<int64_t> shape);
-// The shared DLPack checks (args.cpp): device, dtype, shape (-1 = any extent), C-contiguity.
+// The shared DLPack checks (args.cpp): a usable array, device, dtype, shape (-1 = any extent),
+// C-contiguity. `op` must be a string literal: it stays the thread's current op, which names an
+// output allocation's OutOfMemoryError.
 void check_array(const AnyArray& a, const char* op, const char* name,
                  std::initializer_list<int64_t> shape, const char* want_dtype, bool dtype_ok,
                  int device_type, int device_id, bool any_shape = false);
@@ -60,7 +86,21 @@ NpI32 new_i32(std::vector<size_t> shape);
 // dtype="bfloat16" (numpy + ml_dtypes through .view(np.uint16)).
 Weight weight_from_array(const AnyArray& a, const std::string& dtype, const char* name);
 
+// The AnyArray caster's work (args.cpp): false only for objects of memra's own classes.
+bool array_from_python(nb::handle src, uint32_t flags, nb::detail::cleanup_list* cleanup,
+                       AnyArray* out) noexcept;
+
+// Bytes of a new output array of `shape` with `item`-byte elements. OutOfMemoryError naming the
+// op (the last one whose arguments were checked on this thread) before anything is allocated
+// when the size overflows or, on the host, exceeds the memory available now (a device
+// allocation that does not fit fails in cudaMalloc with the same error).
+size_t host_bytes(const std::vector<size_t>& shape, size_t item);
+size_t device_bytes(const std::vector<size_t>& shape, size_t item);
+// A zero-filled host buffer (new uint8_t[]; OutOfMemoryError when it cannot be had).
+void* new_host_zeroed(size_t bytes);
+
 void init_errors(nb::module_& m);
+void init_arguments(nb::module_& m);
 void init_weight(nb::module_& m);
 void init_ops_basic(nb::module_& m);
 void init_ops_kda(nb::module_& m);
@@ -74,3 +114,28 @@ void init_cache(nb::module_& m);
 void init_layers(nb::module_& m);
 
 }  // namespace memra::py
+
+namespace nanobind::detail {
+
+template <>
+struct type_caster<memra::py::AnyArray> {
+  // Rendered as the plain ndarray argument (the stubs are unchanged).
+  NB_TYPE_CASTER(memra::py::AnyArray, make_caster<ndarray<ro>>::Name)
+
+  bool from_python(handle src, uint32_t flags, cleanup_list* cleanup) noexcept {
+    return memra::py::array_from_python(src, flags, cleanup, &value);
+  }
+  static handle from_cpp(const memra::py::AnyArray& a, rv_policy policy,
+                         cleanup_list* cleanup) noexcept {
+    return make_caster<ndarray<ro>>::from_cpp(a, policy, cleanup);
+  }
+  // An invalid array reads as rank 0 with zero extents, never through a null shape.
+  static void refuse(memra::py::AnyArray* a, std::string why) {
+    static const int64_t zeros[8] = {};
+    a->refusal_ = std::move(why);
+    a->m_dltensor.shape = const_cast<int64_t*>(zeros);
+    a->m_dltensor.strides = const_cast<int64_t*>(zeros);
+  }
+};
+
+}  // namespace nanobind::detail

@@ -23,25 +23,18 @@ int device_type_of(const Engine* e) {
 }
 int device_id_of(const Engine* e) { return on_cuda(e) ? e->device_index() : 0; }
 
-size_t numel(const std::vector<size_t>& shape) {
-  size_t n = 1;
-  for (size_t s : shape) n *= s;
-  return n;
-}
-
 Out out_on(const std::shared_ptr<CudaContext>& cuda, std::vector<size_t> shape,
            nb::dlpack::dtype dtype, size_t item, bool zero = true) {
   Out o;
   if (!cuda) {
-    const size_t n = numel(shape);
-    void* p = n ? new uint8_t[n * item]() : new uint8_t[1]();
+    void* p = new_host_zeroed(host_bytes(shape, item));
     nb::capsule owner(p, [](void* q) noexcept { delete[] static_cast<uint8_t*>(q); });
     o.obj = nb::cast(nb::ndarray<nb::numpy>(p, shape.size(), shape.data(), owner, nullptr, dtype));
     o.ptr = p;
     return o;
   }
   std::shared_ptr<DeviceBuffer> buf;
-  check(DeviceBuffer::create(cuda, numel(shape) * item, &buf));
+  check(DeviceBuffer::create(cuda, device_bytes(shape, item), &buf));
   if (zero) check(cuda->status(cuda->api().zero(cuda->ctx(), buf->data(), buf->bytes()), "output allocation"));
   o.ptr = buf->data();
   o.obj = device_array(std::move(buf), std::move(shape), dtype, cuda->device());
@@ -178,6 +171,13 @@ void require_writable(nb::handle obj, const char* op, const char* name) {
 void check_nonneg(int64_t v, const char* op, const char* name, int code) {
   if (v < 0) {
     raise_contract(code, std::string(op) + ": " + name + " must be >= 0, got " + std::to_string(v));
+  }
+}
+
+void check_min(int64_t v, int64_t lo, const char* op, const char* name) {
+  if (v < lo) {
+    raise_contract(kContractValue, std::string(op) + ": " + name + " must be >= " +
+                                       std::to_string(lo) + ", got " + std::to_string(v));
   }
 }
 

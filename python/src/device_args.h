@@ -94,6 +94,8 @@ void check_weight_2d(const DeviceWeight& w, const char* op, const char* name, in
 void require_writable(nb::handle obj, const char* op, const char* name);
 // ContractError (`code`, default 40025) unless v >= 0; ContractError (40025) unless v is finite.
 void check_nonneg(int64_t v, const char* op, const char* name, int code = kContractValue);
+// ContractError (40025) "op: name must be >= lo, got v" unless v >= lo.
+void check_min(int64_t v, int64_t lo, const char* op, const char* name);
 void check_finite(float v, const char* op, const char* name);
 // ContractError (40025) "op: what" unless ok.
 void check_value(bool ok, const char* op, const std::string& what);

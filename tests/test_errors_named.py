@@ -1,0 +1,147 @@
+"""The bad inputs issue 17 names, one by one (the fuzz in test_fuzz_api.py covers them all in
+bulk): each is a memra error naming the argument and the value, or, for bfloat16 arrays of
+ml_dtypes, accepted as bfloat16; and the argument explanation behind memra._core's conversion
+errors keeps Python's TypeError for a wrong number of arguments or an unknown keyword.
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import memra
+from memra import _core
+from memra.errors import ContractError, OutOfMemoryError
+
+S = _core.status
+
+
+@pytest.fixture(scope="module")
+def model():
+    return memra.load(memra.default_checkpoint(), max_batch=2, max_len=16, progress=False)
+
+
+def f32(*shape, seed=0):
+    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
+def raises(cls, fn, *words):
+    """fn() raises `cls` whose message holds every one of `words`; returns the error."""
+    with pytest.raises(cls) as info:
+        fn()
+    for w in words:
+        assert w in str(info.value), f"{w!r} not in: {info.value}"
+    return info.value
+
+
+# ---------------------------------------------------------------- the model's methods
+
+
+def test_model_arguments_are_named(model):
+    raises(ContractError, lambda: model.prefill(None, 0, [7]), "prefill", "cache", "None")
+    raises(ContractError, lambda: model.logits([[1, 2], [3]]), "logits", "token_ids", "[[1, 2], [3]]")
+    raises(ContractError, lambda: model.generate_batch(None, 3), "generate_batch", "prompts", "None")
+    raises(ContractError, lambda: model.generate_batch([[1], [2, None]], 3), "prompts[1]")
+    raises(ContractError, lambda: model.decode(model.new_cache(1, 4), [[0]], [1]), "decode", "slots")
+    raises(ContractError, lambda: memra.load(None), "load", "path", "None")
+    raises(ContractError, lambda: memra.load(memra.default_checkpoint(), progress="yes"), "progress")
+
+
+@pytest.mark.parametrize("stop", [272, [272], [-1], [1, 1000]])
+def test_stop_token_ids_outside_the_vocabulary(model, stop):
+    e = raises(ContractError, lambda: model.generate([1, 2], 2, stop_token_ids=stop), "stop_token_ids")
+    assert e.code == S.CONTRACT_RANGE
+
+
+# ---------------------------------------------------------------- allocation, arrays, values
+
+
+def test_oversized_outputs_are_refused_before_allocating():
+    # 64 x 2^28 x 64 float32 = 4 TiB; 1024 x 2^28 int32 = 1 TiB: more than any host has free.
+    e = raises(OutOfMemoryError, lambda: _core.hc_expand(f32(64, 64), 2**28), "hc_expand", "268435456")
+    assert e.code == S.OUT_OF_MEMORY and "available" in str(e)
+    raises(OutOfMemoryError, lambda: _core.kpool_select(f32(1024, 2), pool=4, select_k=2, width=2**28,
+                                                        first_pos=6), "kpool_select", "268435456")
+    raises(ContractError, lambda: _core.hc_expand(f32(2, 4), 2**31), "hc_expand", "n", "2147483648")
+
+
+def test_big_endian_and_unconvertible_arrays_are_named():
+    x = f32(3, 8)
+    e = raises(ContractError, lambda: _core.rms_norm(x.astype(">f4"), eps=1e-5), "rms_norm", "'x'", "big-endian")
+    assert e.code == S.CONTRACT_DTYPE
+    raises(ContractError, lambda: _core.rms_norm(x.astype(object), eps=1e-5), "'x'", "object")
+    raises(ContractError, lambda: _core.rms_norm([[1.0, 2.0], [3.0]], eps=1e-5), "'x'", "[[1.0, 2.0], [3.0]]")
+    raises(ContractError, lambda: _core.rms_norm(x, "w", eps=1e-5), "'weight'", "'w' (str)")
+    raises(ContractError, lambda: _core.Weight(x.astype(">f2")), "Weight", "'array'", "big-endian")
+
+
+def test_ml_dtypes_bfloat16_is_bfloat16():
+    a = f32(6, 8).astype(ml_dtypes.bfloat16)
+    w = _core.Weight(a)
+    assert w.dtype == "bfloat16"
+    np.testing.assert_array_equal(w.to_numpy(), _core.Weight(a.view(np.uint16), dtype="bfloat16").to_numpy())
+    np.testing.assert_array_equal(w.to_numpy(), a.astype(np.float32))
+    back = _core.Engine().to_host(a)  # a host copy keeps the dtype
+    assert back.dtype == ml_dtypes.bfloat16 and back.tobytes() == a.tobytes()
+    # Where float32 is required, the error says what it got.
+    raises(ContractError, lambda: _core.rms_norm(a, eps=1e-5), "'x'", "float32", "bfloat16")
+
+
+def test_sampling_and_routing_values():
+    logits, ctr = f32(2, 10), np.arange(2, dtype=np.uint64)
+    for bad in (float("inf"), -float("inf"), float("nan")):
+        raises(ContractError, lambda: _core.sample(logits, ctr, temperature=bad), "sample", "temperature")
+    raises(ContractError, lambda: _core.sample(logits, ctr, temperature=1.0, top_k=-1), "sample", "top_k", "-1")
+    kw = dict(top_k=2, n_group=2, topk_group=1, norm_topk_prob=True)
+    gate = _core.Weight(f32(8, 8))
+    for bad in (float("nan"), float("inf")):
+        raises(ContractError, lambda: _core.moe_route(f32(3, 8), gate, scaling=bad, **kw), "moe_route", "scaling")
+    _core.sample(logits, ctr, temperature=-1.0)  # <= 0 stays greedy
+
+
+# ---------------------------------------------------------------- the argument explanation
+
+
+def test_conversion_errors_name_the_argument_and_the_value():
+    x = f32(2, 4)
+    e = raises(ContractError, lambda: _core.hc_expand(x, 2.0),
+               "hc_expand: argument 'n' must be an int, got 2.0 (float)")
+    assert e.code == S.CONTRACT_DTYPE
+    raises(ContractError, lambda: _core.hc_expand(x, None), "argument 'n'", "None")
+    raises(ContractError, lambda: _core.linear(x, None), "linear: argument 'w'", "None")
+    raises(ContractError, lambda: _core.sample(f32(1, 3), np.zeros(1, np.uint64), temperature="hot"),
+           "sample: argument 'temperature' must be a number, got 'hot' (str)")
+    e = raises(ContractError, lambda: _core.uniform_from_counter(-1, 0), "argument 'seed' = -1", "unsigned")
+    assert e.code == S.CONTRACT_RANGE
+    raises(ContractError, lambda: _core.hc_expand(x, 2**70), "argument 'n'", "64-bit")
+    cache = _core.Cache(_core.Engine(), [_core.LayerStateSpec.none()], max_batch=1, max_len=2)
+    raises(ContractError, lambda: cache.commit(None, 1), "Cache.commit: argument 'slot'", "None")
+    raises(ContractError, lambda: _core.Cache("cpu", [], max_batch=1, max_len=1),
+           "Cache.__init__: argument 'engine' must be a memra.Engine, got 'cpu' (str)")
+    raises(ContractError, lambda: _core.LayerStateSpec.kda(heads=1.5, head_dim=2, conv_kernel=4), "'heads'", "1.5")
+
+
+def test_arity_keeps_pythons_type_error():
+    x = f32(2, 4)
+    with pytest.raises(TypeError) as info:
+        _core.hc_expand(x)
+    assert not isinstance(info.value, memra.MemraError)
+    with pytest.raises(TypeError):
+        _core.hc_expand(x, 2, bogus=1)
+    with pytest.raises(TypeError):
+        _core.hc_expand(x, 2, 3)
+
+
+def test_overloads_still_dispatch_on_converted_values():
+    """KdaLayer.decode has two overloads (slots as an array, or as a DecodeSlots). An argument
+    nanobind converts only in its second pass (a numpy int for the layer) still reaches the array
+    one, and a slots value neither overload takes is named with both types."""
+    from fuzz_api_world import World
+
+    w = World(seed=3)
+    x = f32(1, w.D)
+    y = w.kda.decode(w.cache, np.int64(0), np.array([1], np.int32), x)
+    assert y.shape == (1, w.D)
+    raises(ContractError, lambda: w.kda.decode(w.cache, 0, w.cache, x), "KdaLayer.decode: argument 'slots'",
+           "an array", "memra._core.DecodeSlots", "(Cache)")
