@@ -20,6 +20,8 @@ Latencies are taken where the tokens reach the request's handler on the event lo
 
 from __future__ import annotations
 
+import weakref
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
@@ -50,22 +52,22 @@ class Metrics:
         Gauge("memra_cache_slots_total", "Cache slots (--max-batch)", registry=r).set(scheduler.max_batch)
         self.batch_rows = Histogram("memra_decode_batch_rows", "Requests decoded together per decode step",
                                     buckets=tuple(2.0**i for i in range(11)), registry=r)
-        self._last: dict[int, float] = {}  # id(request) -> time of its last token
+        self._last: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # request -> its last token's time
 
     def on_token(self, req, now: float) -> None:
         """A token of `req` reached its handler at `now` (time.monotonic)."""
-        last = self._last.get(id(req))
+        last = self._last.get(req)
         if last is None:
             self.ttft.observe(now - req.arrival)
             self.prompt_tokens.inc(len(req.prompt_ids))
         else:
             self.itl.observe(now - last)
-        self._last[id(req)] = now
+        self._last[req] = now
         self.generation_tokens.inc()
 
     def on_end(self, req, reason: str) -> None:
         """`req` ended with `reason` (stop, length, error, cancelled)."""
-        self._last.pop(id(req), None)
+        self._last.pop(req, None)
         self.requests.labels(finish_reason=reason).inc()
 
     def render(self) -> bytes:
