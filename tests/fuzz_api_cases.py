@@ -163,6 +163,14 @@ def model(method: str):
     return lambda w: getattr(w.model, method)
 
 
+def _take_and_give_back(m):
+    """Model.take_slots, its leases released at once (a good call must not keep the slots)."""
+    def take_slots(n, what="take_slots"):
+        for lease in m.take_slots(n, what):
+            lease.release()
+    return take_slots
+
+
 def sampling_bad():
     return {"max_new_tokens": ints(-1, 2**31, 2**28), "temperature": floats(*NON_FINITE, -1.0, True),
             "top_k": [1.5, "3", [1], -1, 2**31, True, float("nan")],
@@ -222,6 +230,8 @@ CASES: dict[str, Case] = {
         {"prompts": [None, 3, 1.5, "abc", [[1, 2], None], [[1], [2], [3]], [[1, 2], []], [[272]], {"a": [1]},
                      [[[1, 2]]], [1, 2], _OBJ],
          **sampling_bad()}),
+    "Model.take_slots": Case(lambda w: _take_and_give_back(w.model), lambda w: dict(n=1, what="fuzz"),
+                             {"n": ints(0, -1, 3, True)}),
     # -------------------------------------------------------------- classes
     "Cache()": Case(
         lambda w: _core.Cache, lambda w: dict(engine=w.engine, specs=w.specs(), max_batch=1, max_len=4),
@@ -298,6 +308,10 @@ CASES: dict[str, Case] = {
                                 {"slots": [1, "x", np.array([0], np.int32), _OBJ, lambda g, w: [("a cache", w.cache)]]},
                                 cuda_only=True),
     "Cache.free": Case(lambda w: w.cache.free, lambda w: dict(slot=1), {"slot": SLOT}),
+    "Cache.owner": Case(lambda w: w.cache.owner, lambda w: dict(slot=0), {"slot": SLOT}),
+    "Cache.hold": Case(lambda w: w.held_cache.hold, lambda w: dict(slot=0), {"slot": SLOT + [1]}),
+    "Cache.release": Case(lambda w: w.held_cache.release, lambda w: dict(slot=1, token=w.held_token),
+                          {"slot": SLOT + [0], "token": ints(0, 2**40, unsigned=True)}),
     "Cache.copy_slot": Case(lambda w: w.cache.copy_slot, lambda w: dict(src=0, dst=1), {"src": SLOT, "dst": SLOT}),
     "Cache.kda_state": Case(lambda w: w.cache.kda_state, lambda w: dict(layer=0, slot=0),
                             {"layer": LAYER + [2], "slot": SLOT}),

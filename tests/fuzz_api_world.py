@@ -26,6 +26,9 @@ class World:
         self.cfg = json.loads((self.path / "config.json").read_text())["text_config"]
         self.cache = self.model.new_cache(2, 32)
         self.model.prefill(self.cache, 0, [1, 2, 3, 4, 5])
+        # A cache whose slot 1 the world holds (Cache.hold): for hold / release.
+        self.held_cache = self.model.new_cache(2, 4)
+        self.held_token = self.held_cache.hold(1)
         # A cache of another geometry: one layer and no state (bad for every layer op).
         self.other_cache = _core.Cache(self.engine, [_core.LayerStateSpec.none()], max_batch=1, max_len=4)
         self.tensors = {}
@@ -100,4 +103,4 @@ class World:
 
     def caches(self) -> list[_core.Cache]:
         """The caches a bad call must leave unchanged."""
-        return [self.cache, self.model.cache, self.other_cache]
+        return [self.cache, self.model.cache, self.other_cache, self.held_cache]

@@ -75,7 +75,7 @@ _readable: dict[int, list[tuple[int, str]]] = {}  # id(cache) -> the (layer, pla
 
 
 def snapshot(cache) -> list:
-    """Everything a caller can read of a cache: lengths, flags, every state plane of every slot
+    """Everything a caller can read of a cache: lengths, flags, owners, every state plane of every slot
     (which planes a layer holds is found once: reading another kind raises, and always will)."""
     if id(cache) not in _readable:
         _readable[id(cache)] = []
@@ -88,7 +88,7 @@ def snapshot(cache) -> list:
                 _readable[id(cache)].append((layer, plane))
     out: list = [cache.max_batch, cache.max_len, cache.num_layers]
     for s in range(cache.max_batch):
-        out.append((cache.length(s), cache.cur(s)))
+        out.append((cache.length(s), cache.cur(s), cache.owner(s)))
         out.extend(getattr(cache, plane)(layer, s).tobytes() for layer, plane in _readable[id(cache)])
     return out
 

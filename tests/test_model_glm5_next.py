@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 import memra
+from cpu_runner import CpuRunner
 
 ROOT = Path(__file__).resolve().parents[1]
 REF = np.load(ROOT / "tests" / "fixtures" / "glm5_next_tiny_reference.npz")
@@ -411,7 +412,7 @@ def test_generate_batch_checks_every_argument_first(model: memra.Model) -> None:
     for kw in bad:
         with pytest.raises(memra.errors.ContractError):
             model.generate_batch(kw.pop("prompts"), **kw)
-    assert not model._busy
+    assert not any(model.cache.owner(s) for s in range(model.cache.max_batch))
     assert model.generate_batch([[1], [2]], 2, seed=2**64 - 2) == [
         model.generate([1], 2, seed=2**64 - 2), model.generate([2], 2, seed=2**64 - 1)]
 
@@ -463,51 +464,13 @@ def test_generation_argument_types_are_named_errors() -> None:
     assert info.value.code == 40000
 
 
-class _CpuRunner:
-    """A CPU stand-in for memra.decode_graph.DecodeRunner with its chaining contract: a sampling
-    step leaves its draws as the bucket's ids, step(ids=None) takes them (only right after a
-    sampling step of the same slots), and any other step on the bucket ends the chain. Lets the
-    pipelined generation loop (Model._decode_rows) run here, as it does on a CUDA engine."""
-
-    def __init__(self, model: memra.Model) -> None:
-        from memra.decode_graph import DecodeRunner
-
-        self.m = model
-        self.bucket_size = DecodeRunner.bucket_size.__get__(self)
-        self.cache = model.cache
-        self.buckets: dict[int, dict] = {}
-        self.chained_steps = 0
-
-    def can_chain(self, slots) -> bool:
-        b = self.buckets.get(self.bucket_size(len(slots)))
-        return b is not None and b["chain"] == tuple(int(s) for s in slots)
-
-    def step(self, slots, ids, sampling=None, counters=None, seeds=None):
-        b = self.buckets.setdefault(self.bucket_size(len(slots)), {"chain": None, "ids": None})
-        key = tuple(int(s) for s in slots)
-        if ids is None:
-            if b["chain"] != key:
-                raise ValueError("cannot chain")
-            ids = b["ids"][: len(slots)]
-            self.chained_steps += 1
-        m = self.m
-        h = m.net.hidden(m.cache, np.asarray(slots, np.int32), np.asarray(ids, np.int32), decode=True)
-        for s in slots:
-            m.cache.commit(int(s), 1)
-        logits = m.net.logits_of(h)
-        toks = np.array([m._pick(logits, j, sampling.temperature, sampling.top_k, sampling.top_p,
-                                 int(seeds[j]), int(counters[j])) for j in range(len(slots))], np.int32)
-        b["ids"], b["chain"] = toks, key
-        return type("Bucket", (), {"tokens": toks})()
-
-
 def test_pipelined_loop_with_chaining_stand_in() -> None:
     # Model._decode_rows' CUDA branch against plain generation: chained steps, rows stopping on a
     # token with a step in flight, max_new_tokens, and two interleaved streams of one bucket size
     # (a foreign step in between ends a stream's chain: it then uploads its token).
     ref = memra.load(memra.default_checkpoint(), max_batch=3, max_len=64, progress=False)
     m = memra.load(memra.default_checkpoint(), max_batch=3, max_len=64, progress=False)
-    m._runner = _CpuRunner(m)
+    m._runner = CpuRunner(m)
     prompts = [[3, 17, 5, 9], [11, 2, 98, 31, 4], [90, 14]]
     kw = dict(temperature=0.8, top_k=20, top_p=0.9, seed=5, ignore_eos=True)
     free = ref.generate_batch(prompts, 8, **kw)

@@ -121,6 +121,7 @@ Status Cache::create(std::shared_ptr<CudaContext> cuda, DType latent_dtype, int 
   try {
     c->lengths_.assign(max_batch, 0);
     c->cur_.assign(max_batch, 0);
+    c->owners_.assign(max_batch, 0);
   } catch (const std::bad_alloc&) {
     return Status(kOutOfMemory, "Cache: per-slot bookkeeping for " + std::to_string(max_batch) +
                                     " slots does not fit in host memory");
@@ -296,23 +297,54 @@ Status Cache::commit_decode(const int32_t* slots_d, int B) {
   return rc == kOk ? Status::Ok() : cuda_->status(rc, "Cache.commit_decode");
 }
 
-Status Cache::commit_host(int slot, int n) {
+Status Cache::hold(int slot, uint64_t* token) {
+  MEMRA_TRY(check_slot(slot, "Cache.hold"));
+  MEMRA_TRY(check_owner(slot, 0, "Cache.hold"));
+  owners_[slot] = next_token_++;
+  *token = owners_[slot];
+  return Status::Ok();
+}
+
+Status Cache::release(int slot, uint64_t token) {
+  MEMRA_TRY(check_slot(slot, "Cache.release"));
+  if (token == 0 || owners_[slot] != token) {
+    return Status(kContractSlotHeld, "Cache.release: slot " + std::to_string(slot) +
+                                         (owners_[slot] ? " is held by another owner" : " is not held") +
+                                         " (token " + std::to_string(token) + ")");
+  }
+  owners_[slot] = 0;
+  return Status::Ok();
+}
+
+Status Cache::check_owner(int slot, uint64_t token, const char* op) const {
+  if (owners_[slot] == 0 || owners_[slot] == token) return Status::Ok();
+  return Status(kContractSlotHeld,
+                std::string(op) + ": slot " + std::to_string(slot) +
+                    " is held by another owner (token " + std::to_string(owners_[slot]) +
+                    ": a generation, stream or server request in flight, or a Cache.hold caller); "
+                    "changing it would corrupt that sequence");
+}
+
+Status Cache::commit_host(int slot, int n, uint64_t owner) {
   MEMRA_TRY(check_room(slot, n, "Cache.commit_host"));
+  MEMRA_TRY(check_owner(slot, owner, "Cache.commit_host"));
   lengths_[slot] += n;
   cur_[slot] ^= 1;
   return Status::Ok();
 }
 
-Status Cache::commit(int slot, int n) {
+Status Cache::commit(int slot, int n, uint64_t owner) {
   MEMRA_TRY(check_room(slot, n, "Cache.commit"));
+  MEMRA_TRY(check_owner(slot, owner, "Cache.commit"));
   MEMRA_TRY(sync_mirror(slot, lengths_[slot] + n, cur_[slot] ^ 1));
   lengths_[slot] += n;
   cur_[slot] ^= 1;
   return Status::Ok();
 }
 
-Status Cache::free(int slot) {
+Status Cache::free(int slot, uint64_t owner) {
   MEMRA_TRY(check_slot(slot, "Cache.free"));
+  MEMRA_TRY(check_owner(slot, owner, "Cache.free"));
   MEMRA_TRY(sync_mirror(slot, 0, 0));
   lengths_[slot] = 0;
   cur_[slot] = 0;
@@ -326,9 +358,10 @@ Status Cache::free(int slot) {
   return Status::Ok();
 }
 
-Status Cache::copy_slot(int src, int dst) {
+Status Cache::copy_slot(int src, int dst, uint64_t owner) {
   MEMRA_TRY(check_slot(src, "Cache.copy_slot"));
   MEMRA_TRY(check_slot(dst, "Cache.copy_slot"));
+  MEMRA_TRY(check_owner(dst, owner, "Cache.copy_slot"));
   if (src == dst) return Status::Ok();
   for (int l = 0; l < num_layers(); ++l) {
     const auto& s = specs_[l];

@@ -30,6 +30,7 @@ from .errors import (
     CudaError,
     LibraryError,
     MemraError,
+    NonFiniteError,
     OutOfMemoryError,
     UnsupportedError,
 )
@@ -61,6 +62,7 @@ __all__ = [
     "CudaError",
     "LibraryError",
     "MemraError",
+    "NonFiniteError",
     "OutOfMemoryError",
     "UnsupportedError",
 ]

@@ -46,11 +46,15 @@ class status:
 
     CONTRACT_VALUE: int = 40025
 
+    CONTRACT_SLOT_HELD: int = 40026
+
     UNSUPPORTED: int = 50000
 
     UNSUPPORTED_NO_CUDA: int = 50001
 
     UNSUPPORTED_GEOMETRY: int = 50002
+
+    NON_FINITE: int = 60001
 
 class Weight:
     """
@@ -779,9 +783,24 @@ class Cache:
         (conv plane 0, conv plane 1, state plane 0, state plane 1) addresses of `slot` in a KDA layer (device addresses on a CUDA cache), for tests of kda_tables.
         """
 
-    def commit(self, slot: int, n: int) -> None:
+    def owner(self, slot: int) -> int:
         """
-        Advance `slot` by n tokens after every layer ran the step (flips its ping-pong planes).
+        The token of the owner holding `slot` (0: free). memra's generations, streams and server requests hold the slots they run in; see hold().
+        """
+
+    def hold(self, slot: int) -> int:
+        """
+        Hold `slot` (its contents are left as they are) and return the owner token, a nonzero int unique within this cache. While held, commit / commit_host / free / copy_slot into it refuse with ContractError (CONTRACT_SLOT_HELD) unless given owner=token; reading it stays open. memra's generations never take a held slot. CONTRACT_SLOT_HELD when another owner holds it already.
+        """
+
+    def release(self, slot: int, token: int) -> None:
+        """
+        Give back a slot taken with hold() (contents untouched). ContractError (CONTRACT_SLOT_HELD) unless `token` holds it.
+        """
+
+    def commit(self, slot: int, n: int, *, owner: int = 0) -> None:
+        """
+        Advance `slot` by n tokens after every layer ran the step (flips its ping-pong planes). ContractError (CONTRACT_SLOT_HELD) for a slot held by an owner other than `owner`.
         """
 
     def commit_decode(self, slots: DecodeSlots) -> None:
@@ -789,18 +808,20 @@ class Cache:
         A decode step's commit on the device (CUDA caches): the device lengths of the active rows of `slots` (memra.DecodeSlots) advance by one and their ping-pong flags flip, with no host round trip (capturable). The host's view is NOT advanced: call commit_host(slot, 1) for each active slot after enqueuing the step. UnsupportedError on a CPU cache.
         """
 
-    def commit_host(self, slot: int, n: int) -> None:
+    def commit_host(self, slot: int, n: int, *, owner: int = 0) -> None:
         """
-        The host half of commit_decode: advance the host's length of `slot` by n and flip its flag without writing the device (which a device commit already advanced). CacheFullError as commit.
-        """
-
-    def free(self, slot: int) -> None:
-        """
-        Forget `slot` (length 0, recurrent state zeroed) without touching other slots.
+        The host half of commit_decode: advance the host's length of `slot` by n and flip its flag without writing the device (which a device commit already advanced). CacheFullError and CONTRACT_SLOT_HELD as commit.
         """
 
-    def copy_slot(self, src: int, dst: int) -> None:
-        """Copy the whole state of `src` into `dst` (prefix reuse)."""
+    def free(self, slot: int, *, owner: int = 0) -> None:
+        """
+        Forget `slot` (length 0, recurrent state zeroed) without touching other slots. ContractError (CONTRACT_SLOT_HELD) for a slot held by an owner other than `owner`; the slot stays held by its owner.
+        """
+
+    def copy_slot(self, src: int, dst: int, *, owner: int = 0) -> None:
+        """
+        Copy the whole state of `src` into `dst` (prefix reuse). ContractError (CONTRACT_SLOT_HELD) when `dst` is held by an owner other than `owner` (`src` is only read and may be held).
+        """
 
     def kda_state(self, layer: int, slot: int) -> NDArray[numpy.float32]:
         """Copy of the committed recurrent state [H, dk, dv]."""

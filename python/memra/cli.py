@@ -1,10 +1,15 @@
-"""``memra generate``: generate tokens from a checkpoint folder (or the embedded tiny default).
+"""``memra generate`` and ``memra serve``, for a checkpoint folder or the embedded tiny default.
 
     memra generate [PATH] [--prompt TEXT | --prompt-ids 1,2,3] [--max-new-tokens N]
                    [--temperature T] [--top-k K] [--top-p P] [--seed S] [--ignore-eos]
 
-Prints the new text (decoded with the folder's tokenizer.json through the ``tokenizers``
+prints the new text (decoded with the folder's tokenizer.json through the ``tokenizers``
 library) or the new token ids, then the generation speed in tokens/s on stderr.
+
+    memra serve [PATH] [--host 127.0.0.1] [--port 8000] [--device cpu|cuda] [--dtype D]
+                [--max-batch N] [--max-len N] [--max-waiting N] [--served-model-name NAME]
+
+serves the model over HTTP with OpenAI's API (memra.serve) until interrupted.
 """
 
 from __future__ import annotations
@@ -46,7 +51,10 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     g.add_argument("--dtype", default=None, choices=["float32", "bfloat16"],
                    help="compute dtype (default: float32 on the CPU, bfloat16 on CUDA)")
+    _serve_parser(sub)
     args = parser.parse_args(argv)
+    if args.command == "serve":
+        return _serve(args)
 
     path = args.path or default_checkpoint()
     try:
@@ -79,6 +87,63 @@ def main(argv: list[str] | None = None) -> int:
     rate = len(new) / elapsed if elapsed > 0 else float("inf")
     print(f"memra: {len(new)} tokens in {elapsed:.3f} s ({rate:.1f} tokens/s, prompt {len(ids)} tokens)",
           file=sys.stderr)
+    return 0
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+    return value
+
+
+def _serve_parser(sub) -> None:
+    s = sub.add_parser("serve", help="serve the model over HTTP with OpenAI's API (continuous batching)")
+    s.add_argument("path", nargs="?", default=None,
+                   help="Hugging Face checkpoint folder (default: the embedded tiny glm5_next)")
+    s.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
+    s.add_argument("--port", type=int, default=8000, help="port to listen on (default: 8000)")
+    s.add_argument("--device", default=None,
+                   help="cpu, cuda or cuda:N (default: cuda when memra.cuda_available(), else cpu)")
+    s.add_argument("--dtype", default=None, choices=["float32", "bfloat16"],
+                   help="compute dtype (default: float32 on the CPU, bfloat16 on CUDA)")
+    s.add_argument("--max-batch", type=_positive, default=16,
+                   help="cache slots: requests decoded together (default: 16)")
+    s.add_argument("--max-len", type=_positive, default=4096,
+                   help="tokens per slot: prompt + max_tokens of a request (default: 4096)")
+    s.add_argument("--max-waiting", type=int, default=64,
+                   help="requests queued beyond the free slots before a 429 (default: 64)")
+    s.add_argument("--served-model-name", default=None,
+                   help="the model id clients name (default: the checkpoint folder's name)")
+    s.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+
+
+def _serve(args) -> int:
+    from . import cuda_available
+
+    try:
+        from .serve import run
+    except ImportError as e:  # fastapi / uvicorn missing from a hand-made environment
+        print(f"memra: memra serve needs fastapi, uvicorn, prometheus-client and jinja2: {e}", file=sys.stderr)
+        return 2
+    if args.max_waiting < 0:
+        print("memra: --max-waiting must be >= 0", file=sys.stderr)
+        return 2
+    device = args.device or ("cuda" if cuda_available() else "cpu")
+    path = args.path or default_checkpoint()
+    try:
+        model = load(path, device=device, max_batch=args.max_batch, max_len=args.max_len, dtype=args.dtype,
+                     progress=True)
+    except MemraError as e:
+        print(f"memra: {type(e).__name__} ({e.code}): {e}", file=sys.stderr)
+        return 1
+    print(f"memra: serving {path} on {device} at http://{args.host}:{args.port}/v1 "
+          f"({args.max_batch} slots x {args.max_len} tokens)", file=sys.stderr)
+    run(model, host=args.host, port=args.port, served_model_name=args.served_model_name,
+        max_waiting=args.max_waiting, log_level=args.log_level)
     return 0
 
 

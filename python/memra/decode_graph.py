@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import _core
+from .errors import SLOT_HELD, ContractError
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,14 @@ class Sampling:
     top_k: int
     top_p: float
 
+    @staticmethod
+    def of(temperature: float, top_k, top_p) -> "Sampling":
+        """The Sampling a step bakes in for these arguments (temperature <= 0: greedy, whatever
+        top_k and top_p say, so every greedy row shares one graph)."""
+        if temperature <= 0:
+            return Sampling(0.0, 0, 1.0)
+        return Sampling(float(temperature), int(top_k or 0), float(1.0 if top_p is None else top_p))
+
 
 @dataclass
 class _Bucket:
@@ -45,6 +54,7 @@ class _Bucket:
     seeds: object  # device uint64 [size]
     logits: object  # device float32 [size, vocab]
     tokens: object  # device int32 [size]: the same array as ids (a step's draws feed the next)
+    nonfinite: object  # device int32 [size]: 1 where a sampling step's row of logits was not finite
     graphs: dict = field(default_factory=dict)  # Sampling | None -> CudaGraph
     eager_steps: dict = field(default_factory=dict)  # Sampling | None -> steps run eagerly
     # The slots of the last step when it sampled (its tokens are in ids), else None.
@@ -60,7 +70,18 @@ class DecodeRunner:
     ``graphs=False`` runs every step eagerly (the same kernels, for comparison and debugging).
     Not thread-safe: its buckets and chains are shared by every caller (memra.Model serializes
     its steps and their readbacks under its engine lock).
+
+    A sampling step should also flag each row whose logits are not finite (NaN weights, an
+    overflow) in the bucket's ``nonfinite`` [size] int32, inside the captured graph, so that
+    generation ends that row with memra.NonFiniteError instead of using its draw.
+    ``nonfinite_flags`` says whether the sampler writes that flag; memra.batch reads it back
+    only then.
     """
+
+    # TODO(sampling kernel): memra_cuda_sample writes flags[b] = 1 for a row whose logits hold a
+    # NaN or +-inf (found while it reads the row for its max / sum, so inside the graph); then
+    # _core.sample takes nonfinite=<device int32 [B]> and this becomes True.
+    nonfinite_flags = False
 
     def __init__(self, net, cache: _core.Cache, *, graphs: bool = True) -> None:
         self.net = net
@@ -86,7 +107,7 @@ class DecodeRunner:
                         counters=e.to_device(np.zeros(size, np.uint64)),
                         seeds=e.to_device(np.zeros(size, np.uint64)),
                         logits=e.to_device(np.zeros((size, vocab), np.float32)),
-                        tokens=ids)
+                        tokens=ids, nonfinite=e.to_device(np.zeros(size, np.int32)))
             self._buckets[size] = b
         return b
 
@@ -97,8 +118,9 @@ class DecodeRunner:
         logits = self.net.logits_of(h)
         e.copy_into(b.logits, logits)
         if sampling is not None:
+            flags = dict(nonfinite=b.nonfinite) if self.nonfinite_flags else {}
             tok = _core.sample(logits, b.counters, temperature=sampling.temperature, top_k=sampling.top_k,
-                               top_p=sampling.top_p, seeds=b.seeds, engine=e)
+                               top_p=sampling.top_p, seeds=b.seeds, engine=e, **flags)
             e.copy_into(b.tokens, tok)
         self.cache.commit_decode(b.slots)
 
@@ -110,14 +132,22 @@ class DecodeRunner:
         return b is not None and b.chain == tuple(int(s) for s in slots)
 
     def step(self, slots: np.ndarray, ids: np.ndarray | None, sampling: Sampling | None = None,
-             counters: np.ndarray | None = None, seeds: np.ndarray | None = None) -> _Bucket:
+             counters: np.ndarray | None = None, seeds: np.ndarray | None = None,
+             owners: list[int] | None = None) -> _Bucket:
         """One token for each of `slots` [n] (host int32, distinct, validated and with room: the
         caller checks): ids [n] int32 in range, or None to chain (the ids are the tokens the
         previous step of these same slots drew, still on the device: ValueError when that step
         had other slots or did not sample); counters / seeds [n] uint64 (the draw index and seed
-        of each row; used when `sampling` is given). Enqueues the step and advances the cache
+        of each row; used when `sampling` is given); owners [n]: the owner token each slot is
+        held with (Cache.hold; None: the slots must not be held), checked before anything is
+        enqueued (ContractError CONTRACT_SLOT_HELD). Enqueues the step and advances the cache
         (device and host); returns the bucket whose ``logits[:n]`` (and ``tokens[:n]`` when
         sampling) hold the results once the stream reaches them, until the bucket's next step."""
+        owners = [0] * len(slots) if owners is None else [int(o) for o in owners]
+        held = [int(s) for s, o in zip(slots, owners) if self.cache.owner(int(s)) not in (0, o)]
+        if held:
+            raise ContractError(f"decode: slot(s) {held} are held by another owner (a generation or "
+                                f"request in flight)", SLOT_HELD)
         n = len(slots)
         b = self._bucket(n)
         size = b.slots.size
@@ -146,8 +176,8 @@ class DecodeRunner:
         else:
             self._body(b, sampling)
             b.eager_steps[sampling] = b.eager_steps.get(sampling, 0) + 1
-        for s in slots:
-            self.cache.commit_host(int(s), 1)
+        for s, o in zip(slots, owners):
+            self.cache.commit_host(int(s), 1, owner=o)
         b.chain = key if sampling is not None else None
         return b
 

@@ -11,9 +11,14 @@ class                   band                     meaning
 ``CacheFullError``      30002                    a slot's cache is full
 ``ContractError``       40000+                   shape / dtype / device / range violation
 ``UnsupportedError``    50000+                   no CUDA, or a geometry not instantiated
+``NonFiniteError``      60001                    a row of logits holds NaN or +-inf
 ======================  =======================  ==========================================
 
-After any of these the Engine stays usable and the Cache is unchanged.
+ContractError 40026 (``memra._core.status.CONTRACT_SLOT_HELD``) is a change to a cache slot that
+another owner holds (a generation, stream or server request in flight; ``Cache.hold``).
+
+After any of these the Engine stays usable and the Cache is unchanged. A NonFiniteError ends
+only the sequence whose logits were not finite: memra never samples a token from such a row.
 """
 
 from __future__ import annotations
@@ -51,6 +56,16 @@ class UnsupportedError(MemraError, NotImplementedError):
     """Not supported here: no CUDA build or device, or a geometry not instantiated (50000+)."""
 
 
+class NonFiniteError(MemraError, ArithmeticError):
+    """A row of logits held NaN or +-inf (NaN weights, an overflow), so no token was drawn from
+    it (code 60001). Generation raises it for that sequence only; the server ends that request
+    with an error object."""
+
+
+NON_FINITE = 60001  # memra._core.status.NON_FINITE
+SLOT_HELD = 40026  # memra._core.status.CONTRACT_SLOT_HELD
+
+
 def shown(value) -> str:
     """A value as an error message shows it: a short repr and its type, "[[1, 2], [3]] (list)"."""
     if value is None:
@@ -81,4 +96,5 @@ __all__ = [
     "CacheFullError",
     "ContractError",
     "UnsupportedError",
+    "NonFiniteError",
 ]

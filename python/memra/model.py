@@ -14,9 +14,11 @@ from pathlib import Path
 import numpy as np
 
 from . import _core
+from .batch import DecodeBatch, RowSampling, SlotLease, TokenStream, take_free_slots
 from .config import check_fields, read_config, read_json_object
 from .decode_graph import DecodeRunner, Sampling
-from .errors import CacheFullError, ContractError, UnsupportedError, check_token_ids, shown
+from .errors import NON_FINITE, SLOT_HELD, CacheFullError, ContractError, NonFiniteError, UnsupportedError, \
+    check_token_ids, shown
 from .loader import read_tensors
 from .models import DecoderModel
 
@@ -66,6 +68,11 @@ class Model:
 
     On a CUDA engine, decode steps over ``cache`` (generation, and :meth:`decode` on it) run as
     CUDA graphs replayed per batch bucket (memra.decode_graph); the bytes equal eager steps.
+
+    Slots of ``cache``: a generation, stream or server request holds the slot it runs in
+    (``cache.owner(slot)`` != 0) and nothing else may change it (ContractError 40026); generation
+    takes only free slots (held by nobody and holding no tokens), never one holding your tokens
+    (memra.batch says the whole rule).
     """
 
     def __init__(self, path: Path, engine: _core.Engine, config, net, cache: _core.Cache,
@@ -77,7 +84,6 @@ class Model:
         self.cache = cache
         self.eos_token_ids = eos_token_ids
         self.tokenizer = tokenizer
-        self._busy: set[int] = set()  # slots of self.cache held by generations in flight
         # Every use of the engine (enqueues, host reads, slot bookkeeping) holds this lock: the
         # engine's context is not thread-safe, and generations on several threads share it.
         self._lock = threading.RLock()
@@ -116,48 +122,58 @@ class Model:
             self._check_not_held(cache, [slot], "prefill")
             return self.net.to_host(self._prefill(cache, slot, token_ids))[0]
 
-    def _prefill(self, cache: _core.Cache, slot: int, token_ids):
-        """prefill, leaving the logits [1, vocab] on the engine's device."""
+    def _prefill(self, cache: _core.Cache, slot: int, token_ids, owner: int = 0):
+        """prefill, leaving the logits [1, vocab] on the engine's device; `owner`: the token the
+        slot is held with (0: not held)."""
         with self._lock:
             ids = _ids(token_ids, "prefill")
             slots = np.array([_count(slot, "prefill: slot", 0)], np.int32)
             self._check_room(cache, slots, len(ids), "prefill")
+            self._check_owner(cache, slots, [owner], "prefill")
             h = self.net.hidden(cache, slots, ids, decode=False)
-            cache.commit(int(slot), len(ids))
+            cache.commit(int(slot), len(ids), owner=owner)
             return self.net.logits_of(self.net.last_row(h))
 
     def decode(self, cache: _core.Cache, slots, token_ids) -> np.ndarray:
         """One token for each of `slots` (distinct) -> logits [len(slots), vocab] (numpy float32).
-        ContractError for a slot of the model's own cache that a generation in flight holds."""
+        ContractError (40026) for a slot held by a generation, stream or request in flight."""
         with self._lock:
             _cache_arg(cache, "decode")
             self._check_not_held(cache, slots, "decode")
             return self.net.to_host(self._decode(cache, slots, token_ids))
 
     def _check_not_held(self, cache: _core.Cache, slots, what: str) -> None:
-        if cache is not self.cache or not self._busy:
-            return
-        held = sorted({int(s) for s in np.atleast_1d(np.asarray(slots)).ravel()
-                       if isinstance(s, (int, np.integer)) and int(s) in self._busy})
-        if held:
-            raise ContractError(f"{what}: slot(s) {held} of the model's cache are held by a generation "
-                                f"in flight; use model.new_cache() for slots of your own", 40025)
+        """ContractError (40026) when a valid slot among `slots` is held (Cache.hold); bad slot
+        values are left to the full checks."""
+        slots = [int(s) for s in np.atleast_1d(np.asarray(slots)).ravel()
+                 if isinstance(s, (int, np.integer)) and 0 <= int(s) < cache.max_batch]
+        self._check_owner(cache, slots, [0] * len(slots), what)
 
-    def _decode(self, cache: _core.Cache, slots, token_ids):
-        """decode, leaving the logits [B, vocab] on the engine's device."""
+    @staticmethod
+    def _check_owner(cache: _core.Cache, slots, owners, what: str) -> None:
+        held = sorted({int(s) for s, o in zip(slots, owners) if cache.owner(int(s)) not in (0, int(o))})
+        if held:
+            raise ContractError(f"{what}: slot(s) {held} are held by a generation, stream or server request "
+                                f"in flight (Cache.owner); use a free slot or model.new_cache()", SLOT_HELD)
+
+    def _decode(self, cache: _core.Cache, slots, token_ids, owners: list[int] | None = None):
+        """decode, leaving the logits [B, vocab] on the engine's device; `owners`: the token each
+        slot is held with (None: none held)."""
         with self._lock:
             slots = _ids(slots, "decode", "slots")
             ids = _ids(token_ids, "decode")
             if len(slots) != len(ids):
                 raise ContractError(f"decode: {len(slots)} slots but {len(ids)} tokens", 40000)
             self._check_room(cache, slots, 1, "decode")
+            owners = [0] * len(slots) if owners is None else owners
+            self._check_owner(cache, slots, owners, "decode")
             if self._runner is not None and cache is self.cache:
                 self._check_vocab(ids, "decode")
-                b = self._runner.step(slots, ids)  # (under the lock: copied before another step)
+                b = self._runner.step(slots, ids, owners=owners)  # (under the lock: copied before another step)
                 return _core.take_rows(b.logits, 0, len(slots), engine=self.engine)
             h = self.net.hidden(cache, slots, ids, decode=True)
-            for s in slots:
-                cache.commit(int(s), 1)
+            for s, o in zip(slots, owners):
+                cache.commit(int(s), 1, owner=o)
             return self.net.logits_of(h)
 
     def _check_vocab(self, ids: np.ndarray, what: str) -> None:
@@ -175,7 +191,7 @@ class Model:
         ids = _ids(toks, "decode")
         self._check_room(self.cache, slots_a, 1, "decode")
         self._check_vocab(ids, "decode")
-        sampling = self._sampling(temperature, top_k, top_p)
+        sampling = Sampling.of(temperature, top_k, top_p)
         n = len(slots)
         with self._lock:  # the bucket's tokens are read before another step
             b = self._runner.step(slots_a, ids, sampling, counters=np.full(n, step, np.uint64),
@@ -242,24 +258,12 @@ class Model:
             raise ContractError(f"generate: top_p must be in (0, 1], got {top_p!r}", 40025)
         return 0 if seed is None else _count(seed, "generate: seed", 0, 2**64 - 1)
 
-    def _acquire(self, n: int, what: str) -> list[int]:
-        """Take n free slots of the model's own cache (generations in flight never share one)."""
-        with self._lock:
-            free = [s for s in range(self.cache.max_batch) if s not in self._busy]
-            if len(free) < n:
-                raise ContractError(f"{what}: {n} slot(s) needed but only {len(free)} of the cache's "
-                                    f"{self.cache.max_batch} are free (other generations are in flight)",
-                                    40025)
-            for s in free[:n]:
-                self.cache.free(s)
-                self._busy.add(s)
-            return free[:n]
-
-    def _release(self, slots: list[int]) -> None:
-        with self._lock:
-            for s in slots:
-                self.cache.free(s)
-                self._busy.discard(s)
+    def take_slots(self, n: int, what: str = "take_slots") -> list[SlotLease]:
+        """Hold n free slots of the model's own cache (held by nobody, holding no tokens) for
+        sequences of your own making (memra.batch.DecodeBatch; the server's scheduler): each
+        :class:`memra.batch.SlotLease` gives its slot back with ``release()``. ContractError when
+        fewer than n are free; slots holding your tokens are never taken."""
+        return take_free_slots(self, _count(n, f"{what}: n", 1), what)
 
     def _pick(self, logits, row: int, temperature: float, top_k, top_p, seed: int, step: int) -> int:
         """Sample row `row` of logits [B, vocab] (on the engine's device) with memra's sampler;
@@ -275,11 +279,14 @@ class Model:
 
     def stream(self, prompt_ids, max_new_tokens: int, temperature: float = 0.0, top_k: int | None = None,
                top_p: float | None = None, seed: int | None = None, stop_token_ids=None,
-               ignore_eos: bool = False) -> Iterator[int]:
+               ignore_eos: bool = False) -> TokenStream:
         """New tokens one at a time, as an iterator (see :meth:`generate` for the arguments).
 
         Arguments are checked here, before iteration starts; the slot of the model's cache is
-        taken at the first token and given back when the iterator finishes or is closed."""
+        taken at the first token and given back with the last one, or at once when the stream is
+        closed (``close()``, or leaving ``with model.stream(...) as s:``), not when it is
+        garbage-collected. NonFiniteError (after the tokens before it) when a row of logits is
+        not finite."""
         ids = _ids(prompt_ids, "generate", "prompt_ids")
         if len(ids):
             self._check_vocab(ids, "generate")
@@ -289,29 +296,20 @@ class Model:
                 f"generate: {len(ids)} prompt tokens + {max_new_tokens} new tokens exceed the "
                 f"cache's max_len {self.cache.max_len}", 30002)
         stops = self._stop_ids(stop_token_ids, ignore_eos)
-        return self._stream(ids, max_new_tokens, float(temperature), top_k, top_p, seed, stops)
+        rs = RowSampling(float(temperature), top_k, top_p, seed)
+        return TokenStream(self._stream(ids, max_new_tokens, rs, stops))
 
-    def _stream(self, ids: np.ndarray, max_new_tokens: int, temperature: float, top_k, top_p, seed: int,
-                stops: set[int]) -> Iterator[int]:
+    def _stream(self, ids: np.ndarray, max_new_tokens: int, rs: RowSampling, stops: set[int]) -> Iterator[int]:
         if max_new_tokens == 0:
             return
-        cache = self.cache
-        (slot,) = self._acquire(1, "generate")
-        held = True  # the slot goes back before the last token is yielded, and only once
-        try:
-            logits = self._prefill(cache, slot, ids)
-            first = self._pick(logits, 0, temperature, top_k, top_p, seed, 0)
-            rows = self._decode_rows([slot], [first], max_new_tokens, stops, temperature, top_k, top_p, [seed])
-            for _, tok, last in rows:
+        (lease,) = take_free_slots(self, 1, "generate")
+        try:  # the slot goes back before the last token is yielded
+            for _, tok, last in self._decode_rows([ids], [lease], max_new_tokens, stops, [rs], "generate"):
                 if last:
-                    self._release([slot])
-                    held = False
-                    yield tok
-                    return
+                    lease.release()
                 yield tok
         finally:
-            if held:
-                self._release([slot])
+            lease.release()
 
     def generate(self, prompt_ids, max_new_tokens: int, temperature: float = 0.0, top_k: int | None = None,
                  top_p: float | None = None, seed: int | None = None, stop_token_ids=None,
@@ -323,9 +321,11 @@ class Model:
         the same tokens on every backend; None is seed 0, so unseeded sampling repeats itself).
         Stops after an EOS id of the checkpoint (included in the output, as transformers does)
         unless `ignore_eos`, or after any of `stop_token_ids` (an id or a sequence of ids).
-        CacheFullError when prompt + new tokens exceed the cache's max_len. On a CUDA engine the
-        steps are pipelined (the next one is queued before this one's token is read); the tokens
-        are those of one step at a time.
+        CacheFullError when prompt + new tokens exceed the cache's max_len; NonFiniteError when
+        a row of logits is not finite (no token is drawn from it); ContractError when no slot of
+        the model's cache is free (memra.batch: generation never takes a slot holding your
+        tokens). On a CUDA engine the steps are pipelined (the next one is queued before this
+        one's token is read); the tokens are those of one step at a time.
         """
         return list(self.stream(prompt_ids, max_new_tokens, temperature, top_k, top_p, seed,
                                 stop_token_ids, ignore_eos))
@@ -360,28 +360,24 @@ class Model:
             return []
         if max_new_tokens == 0:
             return [[] for _ in range(n)]
-        cache = self.cache
         out: list[list[int]] = [[] for _ in range(n)]
-        slots = self._acquire(n, "generate_batch")
+        leases = take_free_slots(self, n, "generate_batch")
         try:
-            toks = []
-            for i, ids in enumerate(all_ids):
-                logits = self._prefill(cache, slots[i], ids)
-                toks.append(self._pick(logits, 0, temperature, top_k, top_p, seed + i, 0))
-            for i, tok, _ in self._decode_rows(slots, toks, max_new_tokens, stops, temperature, top_k, top_p,
-                                               [seed + i for i in range(n)]):
+            rs = [RowSampling(float(temperature), top_k, top_p, seed + i) for i in range(n)]
+            for i, tok, _ in self._decode_rows(all_ids, leases, max_new_tokens, stops, rs, "generate_batch"):
                 out[i].append(tok)
         finally:
-            self._release(slots)
+            for lease in leases:
+                lease.release()
         return out
 
-    def _decode_rows(self, slots: list[int], first: list[int], max_new_tokens: int, stops: set[int],
-                     temperature: float, top_k, top_p, seeds: list[int]) -> Iterator[tuple[int, int, bool]]:
-        """The tokens of rows i = 0..n-1 decoding together over self.cache (slots[i] prefilled,
-        first[i] its first token, drawn with counter 0), as (i, token, last) in the order they
-        are produced: first tokens, then one per unfinished row per step. A row is finished
-        after a token in `stops` or its max_new_tokens-th token (last = True on that one); its
-        k-th token (from 0) is drawn with seeds[i] and counter k.
+    def _decode_rows(self, prompts: list[np.ndarray], leases: list[SlotLease], max_new_tokens: int,
+                     stops: set[int], samplings: list[RowSampling], what: str) -> Iterator[tuple[int, int, bool]]:
+        """The tokens of sequences i = 0..n-1 decoding together (prompts[i] prefilled into the
+        slot of leases[i], sampled with samplings[i]), as (i, token, last) in the order they are
+        produced: first tokens, then one per unfinished row per step. A row is finished after a
+        token in `stops` or its max_new_tokens-th token (last = True on that one). NonFiniteError
+        naming the sequence when one's logits are not finite.
 
         On a CUDA engine the steps are pipelined: while the rows stay the same, step k + 1 is
         enqueued (chained on the device: its ids are step k's draws) before step k's tokens are
@@ -389,71 +385,44 @@ class Model:
         steps. A row that stops on a token then has one step too many in flight: that draw is
         dropped, and the slot's extra cached token goes when the slot is freed. The tokens are
         those of one synchronous step at a time."""
-        n = len(slots)
-        count, finished, last = [0] * n, [False] * n, [0] * n
+        batch = DecodeBatch(self)
+        rows, finished = [], []
+        index: dict[int, int] = {}
 
         def take(i: int, tok: int) -> tuple[int, int, bool]:
-            count[i] += 1
-            last[i] = tok
-            finished[i] = tok in stops or count[i] == max_new_tokens
+            finished[i] = tok in stops or rows[i].count == max_new_tokens
             return i, tok, finished[i]
 
-        for i in range(n):
-            yield take(i, int(first[i]))
-        rows = [i for i in range(n) if not finished[i]]
-        runner = self._runner
-        if runner is None:  # CPU: one synchronous step at a time (every row has count[i] tokens)
-            while rows:
-                toks = self._decode_sampled([slots[i] for i in rows], [last[i] for i in rows], temperature,
-                                            top_k, top_p, [seeds[i] for i in rows], count[rows[0]])
-                for j, i in enumerate(rows):
-                    yield take(i, toks[j])
-                rows = [i for i in rows if not finished[i]]
-            return
-        sampling = self._sampling(temperature, top_k, top_p)
-        seeds_a = np.array(seeds, np.uint64)
-
-        def launch(rows: list[int], chained: bool):
-            """Enqueue the rows' next step and the readback of its tokens -> (rows, HostRead); a
-            chained step (ids = the draws of the step in flight) only while the bucket's last
-            step is still that one (else None: wait for its tokens first)."""
-            # The rows' draw index: tokens taken so far, plus the one in flight when chained.
-            slots_a = np.array([slots[i] for i in rows], np.int32)
-            with self._lock:
-                if chained and not runner.can_chain(slots_a):
-                    return None
-                self._check_room(self.cache, slots_a, 1, "decode")
-                counters = np.array([count[i] + chained for i in rows], np.uint64)
-                ids = None if chained else np.array([last[i] for i in rows], np.int32)
-                b = runner.step(slots_a, ids, sampling, counters=counters, seeds=seeds_a[rows])
-                return rows, self.engine.to_host_async(b.tokens)
-
-        pending = deque([launch(rows, False)]) if rows else deque()
+        for i, ids in enumerate(prompts):
+            try:
+                rows.append(batch.start(ids, samplings[i], leases[i], what))
+            except NonFiniteError as e:
+                raise NonFiniteError(f"{what}: sequence {i}: {e}", NON_FINITE) from None
+            index[id(rows[i])] = i
+            finished.append(False)
+        for i, r in enumerate(rows):
+            yield take(i, r.last)
+        active = [r for i, r in enumerate(rows) if not finished[i]]
+        pending = deque([batch.launch(active, what)]) if active else deque()
         while pending:
-            rows_k = pending[0][0]
+            step = pending[0]
             # Queue the next step of the same rows first, when every one of them still needs a
             # token after the one in flight (unless that one stops it).
-            if len(pending) == 1 and all(not finished[i] and count[i] + 2 <= max_new_tokens for i in rows_k):
-                nxt = launch(rows_k, True)
-                if nxt is not None:
-                    pending.append(nxt)
-            _, read = pending.popleft()
-            with self._lock:  # the context's readback slots are shared with other threads
-                toks = read.wait()
-            for j, i in enumerate(rows_k):
-                if not finished[i]:
-                    yield take(i, int(toks[j]))
+            if len(pending) == 1 and all(not finished[index[id(r)]] and r.count + 2 <= max_new_tokens
+                                         for r in step.rows) and batch.can_chain(step.rows):
+                pending.append(batch.launch(step.rows, what))
+            pending.popleft()
+            for r, res in batch.collect(step, what):
+                i = index[id(r)]
+                if finished[i]:
+                    continue  # a draw past the row's end (its step was chained before the stop)
+                if isinstance(res, NonFiniteError):
+                    raise NonFiniteError(f"{what}: sequence {i}: {res}", NON_FINITE)
+                yield take(i, res)
             if not pending:
-                rows = [i for i in rows_k if not finished[i]]
-                if rows:
-                    pending.append(launch(rows, False))
-
-    @staticmethod
-    def _sampling(temperature: float, top_k, top_p) -> Sampling:
-        """The Sampling a decode graph bakes in (temperature 0: greedy)."""
-        if temperature <= 0:
-            return Sampling(0.0, 0, 1.0)
-        return Sampling(float(temperature), int(top_k or 0), float(1.0 if top_p is None else top_p))
+                active = [r for r in step.rows if not finished[index[id(r)]]]
+                if active:
+                    pending.append(batch.launch(active, what))
 
 
 def _eos_ids(path: Path, config) -> list[int]:

@@ -15,6 +15,7 @@ namespace {
 
 // The memra.errors class for a status band (DESIGN.md "Status codes").
 const char* error_class_for(int code) {
+  if (code >= 60000) return "NonFiniteError";
   if (code >= 50000) return "UnsupportedError";
   if (code >= 40000) return "ContractError";
   if (code == kCacheFull) return "CacheFullError";

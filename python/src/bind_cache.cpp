@@ -186,9 +186,38 @@ void init_cache(nb::module_& m) {
           "(conv plane 0, conv plane 1, state plane 0, state plane 1) addresses of `slot` in a KDA "
           "layer (device addresses on a CUDA cache), for tests of kda_tables.")
       .def(
-          "commit", [](Cache& c, int slot, int n) { check(c.commit(slot, n)); }, nb::arg("slot"),
-          nb::arg("n"),
-          "Advance `slot` by n tokens after every layer ran the step (flips its ping-pong planes).")
+          "owner",
+          [](const Cache& c, int slot) {
+            check(c.check_slot(slot, "Cache.owner"));
+            return c.owner(slot);
+          },
+          nb::arg("slot"),
+          "The token of the owner holding `slot` (0: free). memra's generations, streams and "
+          "server requests hold the slots they run in; see hold().")
+      .def(
+          "hold",
+          [](Cache& c, int slot) {
+            uint64_t token = 0;
+            check(c.hold(slot, &token));
+            return token;
+          },
+          nb::arg("slot"),
+          "Hold `slot` (its contents are left as they are) and return the owner token, a nonzero "
+          "int unique within this cache. While held, commit / commit_host / free / copy_slot into "
+          "it refuse with ContractError (CONTRACT_SLOT_HELD) unless given owner=token; reading it "
+          "stays open. memra's generations never take a held slot. CONTRACT_SLOT_HELD when "
+          "another owner holds it already.")
+      .def(
+          "release", [](Cache& c, int slot, uint64_t token) { check(c.release(slot, token)); },
+          nb::arg("slot"), nb::arg("token"),
+          "Give back a slot taken with hold() (contents untouched). ContractError "
+          "(CONTRACT_SLOT_HELD) unless `token` holds it.")
+      .def(
+          "commit",
+          [](Cache& c, int slot, int n, uint64_t owner) { check(c.commit(slot, n, owner)); },
+          nb::arg("slot"), nb::arg("n"), nb::kw_only(), nb::arg("owner") = 0,
+          "Advance `slot` by n tokens after every layer ran the step (flips its ping-pong planes). "
+          "ContractError (CONTRACT_SLOT_HELD) for a slot held by an owner other than `owner`.")
       .def(
           "commit_decode",
           [](Cache& c, const DecodeSlots& slots) {
@@ -202,17 +231,25 @@ void init_cache(nb::module_& m) {
           "commit_host(slot, 1) for each active slot after enqueuing the step. UnsupportedError on "
           "a CPU cache.")
       .def(
-          "commit_host", [](Cache& c, int slot, int n) { check(c.commit_host(slot, n)); },
-          nb::arg("slot"), nb::arg("n"),
+          "commit_host",
+          [](Cache& c, int slot, int n, uint64_t owner) { check(c.commit_host(slot, n, owner)); },
+          nb::arg("slot"), nb::arg("n"), nb::kw_only(), nb::arg("owner") = 0,
           "The host half of commit_decode: advance the host's length of `slot` by n and flip its "
           "flag without writing the device (which a device commit already advanced). "
-          "CacheFullError as commit.")
+          "CacheFullError and CONTRACT_SLOT_HELD as commit.")
       .def(
-          "free", [](Cache& c, int slot) { check(c.free(slot)); }, nb::arg("slot"),
-          "Forget `slot` (length 0, recurrent state zeroed) without touching other slots.")
+          "free", [](Cache& c, int slot, uint64_t owner) { check(c.free(slot, owner)); },
+          nb::arg("slot"), nb::kw_only(), nb::arg("owner") = 0,
+          "Forget `slot` (length 0, recurrent state zeroed) without touching other slots. "
+          "ContractError (CONTRACT_SLOT_HELD) for a slot held by an owner other than `owner`; "
+          "the slot stays held by its owner.")
       .def(
-          "copy_slot", [](Cache& c, int src, int dst) { check(c.copy_slot(src, dst)); },
-          nb::arg("src"), nb::arg("dst"), "Copy the whole state of `src` into `dst` (prefix reuse).")
+          "copy_slot",
+          [](Cache& c, int src, int dst, uint64_t owner) { check(c.copy_slot(src, dst, owner)); },
+          nb::arg("src"), nb::arg("dst"), nb::kw_only(), nb::arg("owner") = 0,
+          "Copy the whole state of `src` into `dst` (prefix reuse). ContractError "
+          "(CONTRACT_SLOT_HELD) when `dst` is held by an owner other than `owner` (`src` is only "
+          "read and may be held).")
       .def(
           "kda_state",
           [](Cache& c, int layer, int slot) {

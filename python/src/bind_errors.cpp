@@ -42,9 +42,11 @@ void init_errors(nb::module_& m) {
   s.attr("CONTRACT_RANGE") = kContractRange;
   s.attr("CONTRACT_MISSING") = kContractMissing;
   s.attr("CONTRACT_VALUE") = kContractValue;
+  s.attr("CONTRACT_SLOT_HELD") = kContractSlotHeld;
   s.attr("UNSUPPORTED") = kUnsupported;
   s.attr("UNSUPPORTED_NO_CUDA") = kUnsupportedNoCuda;
   s.attr("UNSUPPORTED_GEOMETRY") = kUnsupportedGeometry;
+  s.attr("NON_FINITE") = kNonFinite;
 }
 
 }  // namespace memra::py

@@ -103,8 +103,22 @@ class Cache {
   float* tail_k(int layer, int slot);       // [tail_rows, index_head_dim]
   float* tail_gate(int layer, int slot);    // [tail_rows, index_head_dim]
 
+  // Slot ownership. A slot is free (owner 0) or held by one owner: the nonzero token hold()
+  // handed out (memra's generations and server requests hold the slots they run in). The
+  // mutations below take the caller's token (`owner`, 0 = none) and refuse a slot held by
+  // another token with kContractSlotHeld before changing anything; reads (length, planes, the
+  // source of copy_slot) stay open to everyone.
+  uint64_t owner(int slot) const { return owners_[slot]; }
+  // Hold a free slot (its contents are left as they are): *token receives a fresh nonzero token,
+  // unique within this cache. kContractSlotHeld when another owner holds it.
+  Status hold(int slot, uint64_t* token);
+  // Give a held slot back (contents untouched). kContractSlotHeld unless `token` holds it.
+  Status release(int slot, uint64_t token);
+  // kContractSlotHeld when `slot` is held by an owner other than `token`.
+  Status check_owner(int slot, uint64_t token, const char* op) const;
+
   // Advance slot by n tokens and flip its ping-pong planes (after every layer ran the step).
-  Status commit(int slot, int n);
+  Status commit(int slot, int n, uint64_t owner = 0);
   // A decode step's commit on the device (CUDA caches): lengths_d[s] += 1 and cur_d[s] ^= 1 for
   // every row of slots_d [B] (device int32, -1 = idle row skipped); enqueued on the stream, no
   // host round trip (it can be captured into a graph). The host copies are NOT touched: follow
@@ -112,11 +126,11 @@ class Cache {
   Status commit_decode(const int32_t* slots_d, int B);
   // The host half of commit_decode: advance the host's length and flag of `slot` by n tokens
   // without writing the device mirrors (a device commit already did). kCacheFull as commit.
-  Status commit_host(int slot, int n);
+  Status commit_host(int slot, int n, uint64_t owner = 0);
   // Forget a slot: length 0, recurrent planes zeroed.
-  Status free(int slot);
-  // Copy the whole state of src into dst (prefix reuse).
-  Status copy_slot(int src, int dst);
+  Status free(int slot, uint64_t owner = 0);
+  // Copy the whole state of src into dst (prefix reuse); dst's owner is checked, src is only read.
+  Status copy_slot(int src, int dst, uint64_t owner = 0);
   // Copy `bytes` from a plane pointer into host memory (waits for the device for a CUDA cache).
   Status read(void* host_dst, const void* plane_src, size_t bytes) const;
 
@@ -149,6 +163,8 @@ class Cache {
   size_t mirror_off_ = 0;  // byte offset of lengths_d (cur_d follows); CUDA caches only
   std::vector<int> lengths_;
   std::vector<int> cur_;
+  std::vector<uint64_t> owners_;  // [max_batch]: 0 = free, else the holder's token
+  uint64_t next_token_ = 1;
 };
 
 }  // namespace memra

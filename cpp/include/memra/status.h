@@ -27,12 +27,16 @@ constexpr int kContractStride = 40022;     // not C-contiguous
 constexpr int kContractRange = 40023;      // an id, slot or position out of range
 constexpr int kContractMissing = 40024;    // a required tensor is missing / an unexpected one is present
 constexpr int kContractValue = 40025;      // a scalar argument out of its domain
+constexpr int kContractSlotHeld = 40026;   // a cache slot another owner holds (Cache::hold) was changed
 
 // Unsupported (50000+).
 constexpr int kUnsupported = 50000;        // feature or configuration not supported
 constexpr int kUnsupportedNoCuda = 50001;  // no CUDA build or no usable device
 constexpr int kUnsupportedGeometry = 50002;  // geometry not instantiated by the kernels
 constexpr int kUnsupportedInCapture = 50003;  // a host copy / wait inside a CUDA graph capture
+
+// Numeric (60000+): a computed value the next step cannot use.
+constexpr int kNonFinite = 60001;          // a row of logits holds NaN or +-inf
 
 // A code plus a message that names the op and the offending values.
 struct Status {

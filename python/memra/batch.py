@@ -1,0 +1,337 @@
+"""Sequences decoding together over a model's own cache, one token each per step, joining and
+leaving between steps: the piece that generation (``Model.generate`` / ``stream`` /
+``generate_batch``) and the server's scheduler (``memra.serve.scheduler``) share.
+
+Slot ownership. A sequence holds its slot of ``model.cache`` with an owner token
+(``Cache.hold``) from :meth:`Model.take_slots` until :meth:`SlotLease.release`; while it is held,
+``Cache.free`` / ``copy_slot`` (into it) / ``commit`` / ``commit_host`` and ``Model.prefill`` /
+``decode`` on that slot raise ContractError (code 40026, ``CONTRACT_SLOT_HELD``) unless given
+its token, so nothing outside can corrupt a generation in flight. The library takes only *free*
+slots: held by nobody and holding no tokens (length 0). A slot that holds tokens and no owner
+is the user's (filled with ``Model.prefill`` / ``decode``): generation never takes or clears it.
+To keep an empty slot from generation, hold it yourself (``token = model.cache.hold(slot)``,
+later ``model.cache.release(slot, token)``).
+
+Non-finite logits. A row whose logits hold NaN or +-inf (NaN weights, an overflow) gets no
+token: its result is a :class:`memra.NonFiniteError`. On the CPU every row is checked on the host
+before it is sampled; on a CUDA engine the row after a prompt is checked on the host, and decode
+rows through the sampler's per-row flag inside the captured step (``DecodeRunner.nonfinite_flags``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from . import _core
+from .decode_graph import Sampling
+from .errors import NON_FINITE, ContractError, NonFiniteError
+
+if TYPE_CHECKING:
+    from .model import Model
+
+
+class SlotLease:
+    """One slot of a model's own cache held (``Cache.hold``) by one sequence.
+
+    ``slot`` and ``token`` (the owner token the library passes to the cache's mutations).
+    :meth:`release` forgets the slot's contents and gives it back; it may be called more than
+    once (later calls do nothing). Made by :meth:`memra.Model.take_slots`.
+    """
+
+    __slots__ = ("model", "slot", "token")
+
+    def __init__(self, model: Model, slot: int, token: int) -> None:
+        self.model = model
+        self.slot = slot
+        self.token = token
+
+    @property
+    def held(self) -> bool:
+        """Whether the slot is still held by this lease."""
+        return self.token != 0
+
+    def release(self) -> None:
+        """Free the slot (length 0, recurrent state zeroed) and stop holding it."""
+        if not self.token:
+            return
+        cache = self.model.cache
+        with self.model._lock:
+            cache.free(self.slot, owner=self.token)
+            cache.release(self.slot, self.token)
+        self.token = 0
+
+
+@dataclass(frozen=True)
+class RowSampling:
+    """How one sequence draws its tokens: temperature (0: greedy, argmax with ties to the lower
+    id), then top_k (None or 0: off), then top_p (None or 1: off), with memra's counter-based
+    RNG: the sequence's k-th new token (from 0) is drawn with (`seed`, counter k)."""
+
+    temperature: float = 0.0
+    top_k: int | None = None
+    top_p: float | None = None
+    seed: int = 0
+
+    @property
+    def key(self) -> Sampling:
+        """The Sampling a decode step bakes in for this row (rows with one key share a step's
+        sampling, inside the captured graph on a CUDA engine)."""
+        return Sampling.of(self.temperature, self.top_k, self.top_p)
+
+
+class Row:
+    """One sequence of a :class:`DecodeBatch`: its slot (a :class:`SlotLease`), its sampling,
+    ``count`` (tokens drawn and collected so far), ``last`` (the last one: the next step feeds
+    it) and ``inflight`` (steps launched for it and not yet collected)."""
+
+    __slots__ = ("lease", "sampling", "count", "last", "inflight")
+
+    def __init__(self, lease: SlotLease, sampling: RowSampling, first: int) -> None:
+        self.lease = lease
+        self.sampling = sampling
+        self.count = 1
+        self.last = first
+        self.inflight = 0
+
+    @property
+    def slot(self) -> int:
+        """The row's slot of the model's cache."""
+        return self.lease.slot
+
+
+class StepHandle:
+    """A decode step launched by :meth:`DecodeBatch.launch`; :meth:`DecodeBatch.collect` reads
+    its tokens. ``rows``: the step's rows in its own row order."""
+
+    __slots__ = ("rows", "reads", "flags", "results")
+
+    def __init__(self, rows: list[Row], reads=None, flags=None, results=None) -> None:
+        self.rows = rows
+        self.reads = reads  # [(first row, rows, HostRead of int32 tokens)] (CUDA)
+        self.flags = flags  # HostRead of the int32 non-finite flags, or None (CUDA)
+        self.results = results  # [int | NonFiniteError] computed at launch (CPU)
+
+
+def _not_finite(what: str, slot: int, k: int) -> NonFiniteError:
+    return NonFiniteError(f"{what}: the logits for new token {k} of the sequence in slot {slot} are "
+                          f"not finite (NaN or inf): no token was drawn", NON_FINITE)
+
+
+class DecodeBatch:
+    """Decode steps over any subset of a model's sequences, each row sampled with its own
+    :class:`RowSampling` (memra.Model's engine lock is held for every call; not for use from
+    several threads at once).
+
+    :meth:`start` prefills a prompt into a leased slot and draws its first token; :meth:`launch`
+    enqueues one step for some rows (each fed its last token); :meth:`collect` reads the step's
+    tokens and advances the rows. On the CPU a launch computes the step at once. On a CUDA engine
+    steps run as captured graphs (memra.decode_graph); rows sharing one sampling key draw inside
+    the graph, and while the same rows stay together the next step can be *chained*
+    (:meth:`can_chain`): launched before the previous one is collected, its ids the previous
+    draws still on the device. Rows with different keys share the step's layers and draw in one
+    sampling launch per key after it (not chained).
+
+    A row's tokens do not depend on the other rows of a step: row j's logits are those of its
+    slot alone, drawn with its own seed and counter, so they equal ``Model.generate``'s.
+    """
+
+    def __init__(self, model: Model) -> None:
+        self.model = model
+
+    @property
+    def pipelined(self) -> bool:
+        """Whether steps can be chained (a CUDA engine's decode runner)."""
+        return self.model._runner is not None
+
+    # ------------------------------------------------------------------ rows in and out
+    def start(self, prompt_ids: np.ndarray, sampling: RowSampling, lease: SlotLease,
+              what: str = "generate") -> Row:
+        """Prefill `prompt_ids` (int32 [T], checked) into the leased (empty) slot and draw the
+        first new token (counter 0) -> a Row. NonFiniteError when the logits after the prompt are
+        not finite; the lease stays with the caller either way (release it)."""
+        m = self.model
+        with m._lock:
+            logits = m._prefill(m.cache, lease.slot, prompt_ids, owner=lease.token)
+            host = m.net.to_host(logits)
+            if not np.isfinite(host).all():
+                raise _not_finite(what, lease.slot, 0)
+            s = sampling
+            src = host if m._runner is None else logits  # CUDA: draw on the device, as decode steps do
+            tok = m._pick(src, 0, s.temperature, s.top_k, s.top_p, s.seed, 0)
+        return Row(lease, sampling, tok)
+
+    # ------------------------------------------------------------------ steps
+    def can_chain(self, rows: list[Row]) -> bool:
+        """Whether a step of `rows` can be launched now without collecting the one in flight:
+        a CUDA engine, every row has exactly that one step in flight, they share one sampling
+        key, and that step (the runner's last on its bucket) sampled exactly these slots."""
+        runner = self.model._runner
+        if runner is None or not rows or any(r.inflight != 1 for r in rows):
+            return False
+        if len({r.sampling.key for r in rows}) != 1:
+            return False
+        return runner.can_chain(np.array([r.slot for r in rows], np.int32))
+
+    def launch(self, rows: list[Row], what: str = "decode") -> StepHandle:
+        """Enqueue one decode step feeding each row its last token (or, when :meth:`can_chain`,
+        the draws of the step in flight) and drawing the next. Every row needs room for one
+        more token (CacheFullError otherwise, nothing run) and, unless chained, no step in flight
+        (ValueError)."""
+        if not rows:
+            raise ValueError("DecodeBatch.launch: no rows")
+        m = self.model
+        chained = self.can_chain(rows)
+        if not chained and any(r.inflight for r in rows):
+            raise ValueError("DecodeBatch.launch: a row has a step in flight; collect it first")
+        with m._lock:
+            slots = np.array([r.slot for r in rows], np.int32)
+            m._check_room(m.cache, slots, 1, what)
+            if m._runner is None:
+                handle = self._launch_host(rows, slots, what)
+            else:
+                handle = self._launch_device(rows, chained)
+        for r in handle.rows:
+            r.inflight += 1
+        return handle
+
+    def _launch_host(self, rows: list[Row], slots: np.ndarray, what: str) -> StepHandle:
+        """CPU: the step now; each row checked for finite logits, then sampled on its own."""
+        m = self.model
+        lasts = np.array([r.last for r in rows], np.int32)
+        logits = m._decode(m.cache, slots, lasts, owners=[r.lease.token for r in rows])
+        finite = np.isfinite(logits).all(axis=1)
+        results: list = []
+        for j, r in enumerate(rows):
+            s = r.sampling
+            if not finite[j]:
+                results.append(_not_finite(what, r.slot, r.count))
+            else:
+                results.append(m._pick(logits, j, s.temperature, s.top_k, s.top_p, s.seed, r.count))
+        return StepHandle(rows, results=results)
+
+    def _launch_device(self, rows: list[Row], chained: bool) -> StepHandle:
+        """CUDA: one step through the decode runner (a captured graph after its first use)."""
+        m = self.model
+        runner, e = m._runner, m.engine
+        keys = {r.sampling.key for r in rows}
+        if len(keys) > 1:  # rows of one key next to each other: each key samples a row range
+            order = sorted(keys, key=lambda k: (k.temperature, k.top_k, k.top_p))
+            rows = sorted(rows, key=lambda r: order.index(r.sampling.key))
+        slots = np.array([r.slot for r in rows], np.int32)
+        owners = [r.lease.token for r in rows]
+        counters = np.array([r.count + r.inflight for r in rows], np.uint64)
+        seeds = np.array([r.sampling.seed for r in rows], np.uint64)
+        ids = None if chained else np.array([r.last for r in rows], np.int32)
+        if ids is not None:
+            m._check_vocab(ids, "decode")
+        n = len(rows)
+        if len(keys) == 1:
+            b = runner.step(slots, ids, next(iter(keys)), counters=counters, seeds=seeds, owners=owners)
+            flags = e.to_host_async(b.nonfinite) if runner.nonfinite_flags else None
+            return StepHandle(rows, reads=[(0, n, e.to_host_async(b.tokens))], flags=flags)
+        b = runner.step(slots, ids, None, owners=owners)
+        op_e = m.net.op_engine
+        dev = (lambda a: op_e.to_device(a)) if op_e is not None else (lambda a: a)
+        reads, a = [], 0
+        while a < n:
+            key = rows[a].sampling.key
+            k = next((j for j in range(a, n) if rows[j].sampling.key != key), n) - a
+            # TODO(sampling kernel): the per-row non-finite flag here too (see DecodeRunner).
+            tok = _core.sample(_core.take_rows(b.logits, a, k, engine=op_e), dev(counters[a:a + k]),
+                               temperature=key.temperature, top_k=key.top_k, top_p=key.top_p,
+                               seeds=dev(seeds[a:a + k]), engine=op_e)
+            reads.append((a, k, e.to_host_async(tok)))
+            a += k
+        return StepHandle(rows, reads=reads)
+
+    def collect(self, handle: StepHandle, what: str = "decode") -> list[tuple[Row, object]]:
+        """Wait for a launched step's draws -> [(row, token or NonFiniteError)] in the step's row
+        order. A row that got a token advances (count, last); every row's step is off its
+        in-flight count. The result of a row the caller has finished meanwhile is its to drop."""
+        m = self.model
+        rows = handle.rows
+        results = handle.results
+        if results is None:
+            n = len(rows)
+            toks = np.empty(n, np.int64)
+            with m._lock:  # the context's readback slots are shared with other threads
+                for a, k, read in handle.reads:
+                    toks[a:a + k] = read.wait()[:k]
+                flags = handle.flags.wait()[:n] if handle.flags is not None else np.zeros(n, np.int32)
+            results = [_not_finite(what, r.slot, r.count) if flags[j] else int(toks[j])
+                       for j, r in enumerate(rows)]
+        out = []
+        for r, res in zip(rows, results):
+            r.inflight -= 1
+            if not isinstance(res, NonFiniteError):
+                r.count += 1
+                r.last = int(res)
+            out.append((r, res))
+        return out
+
+
+def take_free_slots(model: Model, n: int, what: str) -> list[SlotLease]:
+    """Hold n free slots of ``model.cache`` (held by nobody and holding no tokens), lowest first;
+    ContractError (CONTRACT_VALUE) naming how many are held by generations and how many hold the
+    user's tokens when fewer than n are free. Nothing is taken on an error."""
+    cache = model.cache
+    with model._lock:
+        free, held, user = [], [], []
+        for s in range(cache.max_batch):
+            if cache.owner(s):
+                held.append(s)
+            elif cache.length(s):
+                user.append(s)
+            else:
+                free.append(s)
+        if len(free) < n:
+            raise ContractError(
+                f"{what}: {n} free slot(s) of the model's cache needed but only {len(free)} of "
+                f"{cache.max_batch} are free (held by generations in flight: {held}; holding your "
+                f"tokens, never taken: {user}; model.cache.free(slot) gives one back)", 40025)
+        leases = []
+        for s in free[:n]:
+            token = cache.hold(s)
+            cache.free(s, owner=token)
+            leases.append(SlotLease(model, s, token))
+        return leases
+
+
+class TokenStream(Iterator[int]):
+    """The iterator :meth:`memra.Model.stream` returns: new token ids one at a time.
+
+    It holds a slot of the model's cache from its first token until its last; ``close()`` gives
+    the slot back at once (later ``next()`` raises StopIteration), and so does leaving a
+    ``with model.stream(...) as tokens:`` block, so a stream dropped early never waits for the
+    garbage collector to free its slot. Not for use from several threads at once.
+    """
+
+    __slots__ = ("_gen",)
+
+    def __init__(self, gen: Iterator[int]) -> None:
+        self._gen = gen
+
+    def __iter__(self) -> TokenStream:
+        return self
+
+    def __next__(self) -> int:
+        return next(self._gen)
+
+    def close(self) -> None:
+        """Stop the stream and give its slot back now (idempotent)."""
+        self._gen.close()
+
+    def __enter__(self) -> TokenStream:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        gen = getattr(self, "_gen", None)
+        if gen is not None:
+            gen.close()

@@ -1,0 +1,34 @@
+"""``memra serve``: an OpenAI-compatible HTTP server with continuous batching.
+
+    from memra.serve import create_app, run
+    run(memra.load(path), host="127.0.0.1", port=8000)
+
+Parts: :mod:`~memra.serve.app` (FastAPI routes, errors), :mod:`~memra.serve.handlers`
+(completions and chat, streaming), :mod:`~memra.serve.scheduler` (continuous batching over the
+model's cache slots), :mod:`~memra.serve.protocol` (the OpenAI request / response bodies),
+:mod:`~memra.serve.chat_template` (transformers-compatible chat templates),
+:mod:`~memra.serve.text` (incremental detokenizing, stop strings), :mod:`~memra.serve.metrics`
+(Prometheus). Needs the packages fastapi, uvicorn, prometheus-client and jinja2 (memra's
+dependencies).
+"""
+
+from __future__ import annotations
+
+
+def create_app(model, served_model_name: str | None = None, **kwargs):
+    """The FastAPI app serving `model` (see memra.serve.app.create_app)."""
+    from .app import create_app as make
+
+    return make(model, served_model_name, **kwargs)
+
+
+def run(model, *, host: str = "127.0.0.1", port: int = 8000, served_model_name: str | None = None,
+        max_waiting: int = 64, log_level: str = "info") -> None:
+    """Serve `model` with uvicorn until interrupted (Ctrl-C)."""
+    import uvicorn
+
+    app = create_app(model, served_model_name, max_waiting=max_waiting)
+    uvicorn.run(app, host=host, port=port, log_level=log_level)
+
+
+__all__ = ["create_app", "run"]

@@ -1,0 +1,160 @@
+"""A checkpoint's chat template, rendered with jinja2 as transformers' ``apply_chat_template``
+renders it (transformers 5.17 ``utils/chat_template_utils.py`` and
+``tokenization_utils_base.py``), so a prompt memra builds is the one transformers would build:
+
+- the template: ``chat_template.jinja`` in the folder, else ``tokenizer_config.json``'s
+  ``chat_template`` (a string, or a list of ``{"name", "template"}`` of which "default" is used);
+- a jinja2 ``ImmutableSandboxedEnvironment`` with ``trim_blocks`` and ``lstrip_blocks`` on, the
+  ``loopcontrols`` extension, a ``{% generation %}`` block tag (rendered as its body), the
+  ``tojson`` filter without HTML escaping, and the globals ``raise_exception`` and
+  ``strftime_now``;
+- the variables ``messages``, ``tools`` and ``documents`` (None), ``add_generation_prompt``,
+  the tokenizer config's named special tokens as strings (``bos_token``, ``eos_token``,
+  ``unk_token``, ``sep_token``, ``pad_token``, ``cls_token``, ``mask_token``, any other
+  ``*_token`` key and the entries of ``extra_special_tokens`` / ``model_specific_special_tokens``
+  when they are objects), then any extra keyword arguments (which win);
+- the rendered text is then tokenized without adding special tokens (the template writes them).
+
+tests/test_serve_chat_template.py compares renderings with ones transformers made
+(tests/fixtures/make_chat_template_fixtures.py).
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from pathlib import Path
+
+from ..config import read_json_object
+from ..errors import ContractError
+
+# transformers' PreTrainedTokenizerBase.SPECIAL_TOKENS_ATTRIBUTES.
+SPECIAL_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
+
+
+def _token_text(value) -> str | None:
+    """A special token as the template sees it: a string, or an AddedToken's ``content``."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, dict) and isinstance(value.get("content"), str):
+        return value["content"]
+    return None
+
+
+def special_tokens(config: dict) -> dict[str, str]:
+    """The named special tokens transformers hands a chat template, from tokenizer_config.json."""
+    out: dict[str, str] = {}
+    for name in SPECIAL_TOKEN_NAMES:
+        text = _token_text(config.get(name))
+        if text is not None:
+            out[name] = text
+    extra: dict[str, str] = {}
+    for key, value in config.items():  # transformers' "auto model-specific" tokens
+        if key.endswith("_token") and key not in SPECIAL_TOKEN_NAMES and isinstance(value, str):
+            extra[key] = value
+    for key in ("extra_special_tokens", "model_specific_special_tokens"):
+        if isinstance(config.get(key), dict):
+            for name, value in config[key].items():
+                text = _token_text(value)
+                if text is not None:
+                    extra[name] = text
+    out.update(extra)
+    return out
+
+
+def _environment():
+    """The jinja2 environment transformers compiles chat templates in."""
+    import jinja2
+    import jinja2.ext
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    class GenerationBlock(jinja2.ext.Extension):
+        """``{% generation %}...{% endgeneration %}`` renders its body (transformers uses the
+        tag to find assistant tokens; the rendered text is the same)."""
+
+        tags = {"generation"}
+
+        def parse(self, parser):
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(["name:endgeneration"], drop_needle=True)
+            return jinja2.nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
+
+        def _body(self, caller):
+            return caller()
+
+    def raise_exception(message):
+        raise jinja2.exceptions.TemplateError(message)
+
+    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+    def strftime_now(fmt):
+        return datetime.now().strftime(fmt)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=[GenerationBlock, jinja2.ext.loopcontrols])
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = strftime_now
+    return env
+
+
+class ChatTemplate:
+    """A compiled chat template and the special tokens it is rendered with.
+
+    ``source``: the template text; ``tokens``: the special tokens (see the module docstring).
+    ContractError when the template does not compile (naming jinja2's message).
+    """
+
+    def __init__(self, source: str, tokens: dict[str, str] | None = None) -> None:
+        import jinja2
+
+        self.source = source
+        self.tokens = dict(tokens or {})
+        try:
+            self._template = _environment().from_string(source)
+        except jinja2.TemplateError as e:
+            raise ContractError(f"chat template: does not compile: {e}", 40025) from None
+
+    def render(self, messages: list[dict], *, add_generation_prompt: bool = True, **kwargs) -> str:
+        """The conversation as the prompt text transformers' ``apply_chat_template(messages,
+        tokenize=False, add_generation_prompt=...)`` gives. ContractError with the template's
+        message when it refuses the conversation (``raise_exception``) or fails on it."""
+        import jinja2
+
+        if not messages:
+            raise ContractError("chat template: the conversation has no messages", 40025)
+        variables = {**self.tokens, **kwargs}
+        try:
+            return self._template.render(messages=messages, tools=variables.pop("tools", None),
+                                         documents=variables.pop("documents", None),
+                                         add_generation_prompt=add_generation_prompt, **variables)
+        except jinja2.TemplateError as e:
+            raise ContractError(f"chat template: {e}", 40025) from None
+        except (TypeError, ValueError, KeyError, IndexError, AttributeError) as e:
+            raise ContractError(f"chat template failed on this conversation: {type(e).__name__}: {e}",
+                                40025) from None
+
+
+def load_chat_template(path: Path) -> ChatTemplate | None:
+    """The chat template of a checkpoint folder (None when it has none): chat_template.jinja,
+    else tokenizer_config.json's ``chat_template``. ContractError for a template of the wrong
+    type or one that does not compile."""
+    path = Path(path)
+    config_file = path / "tokenizer_config.json"
+    config = read_json_object(config_file, "chat template") if config_file.exists() else {}
+    source = config.get("chat_template")
+    if (path / "chat_template.jinja").exists():
+        source = (path / "chat_template.jinja").read_text(encoding="utf-8")
+    if isinstance(source, list):  # named templates, as transformers saves several
+        named = {t.get("name"): t.get("template") for t in source if isinstance(t, dict)}
+        source = named.get("default")
+        if source is None:
+            raise ContractError(f"chat template: {config_file} has named templates {sorted(map(str, named))} "
+                                f"but no 'default'", 40025)
+    if source is None:
+        return None
+    if not isinstance(source, str):
+        raise ContractError(f"chat template: chat_template in {config_file} must be a string, got "
+                            f"{type(source).__name__}", 40025)
+    return ChatTemplate(source, special_tokens(config))

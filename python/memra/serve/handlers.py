@@ -1,0 +1,316 @@
+"""Completion and chat-completion requests: prompt, limits and sampling checked (400s named),
+the request queued on the scheduler (429 when full), its tokens turned into text with stop
+strings cut out (memra.serve.text), and the answer sent whole or as server-sent events
+(``data: {chunk}`` lines ending in ``data: [DONE]``; a failure mid-stream, such as a
+NonFiniteError, is a ``data: {"error": {...}}`` event before ``[DONE]``).
+
+A client that disconnects cancels its request (streaming: Starlette cancels the response
+stream; otherwise the handler watches for ``http.disconnect``): the scheduler frees its slot in
+its next round.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import numpy as np
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from ..batch import RowSampling
+from ..config import read_json_object
+from ..errors import ContractError, MemraError, NonFiniteError
+from .protocol import (ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest,
+                       ChatCompletionResponse, ChatDelta, ChatMessageOut, CompletionChoice, CompletionRequest,
+                       CompletionResponse, ErrorInfo, Usage)
+from .scheduler import QueueFullError, Request as GenRequest
+from .text import TextStream
+
+
+class APIError(Exception):
+    """An HTTP error in the OpenAI format (memra.serve.app renders it)."""
+
+    def __init__(self, status: int, message: str, type_: str = "invalid_request_error",
+                 param: str | None = None, code=None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type_, param, code
+
+
+@dataclass
+class ServerState:
+    """What the handlers share: the model, its served name, the scheduler, metrics, the chat
+    template (None: the checkpoint has none)."""
+
+    model: object
+    name: str
+    scheduler: object
+    metrics: object
+    template: object
+
+    def __post_init__(self) -> None:
+        # Sampling defaults: the checkpoint's generation_config.json where it sets them (as vLLM
+        # does), else OpenAI's (temperature 1, top_p 1, no top-k).
+        path = self.model.path / "generation_config.json"
+        gen = read_json_object(path, "serve") if path.exists() else {}
+        num = (int, float)
+        self.default_temperature = float(gen["temperature"]) if isinstance(gen.get("temperature"), num) else 1.0
+        self.default_top_p = float(gen["top_p"]) if isinstance(gen.get("top_p"), num) else None
+        self.default_top_k = int(gen["top_k"]) if isinstance(gen.get("top_k"), int) else None
+
+
+@dataclass
+class Piece:
+    """New text of a request (stop strings cut out), the token ids it came from, and the finish
+    reason on the last piece."""
+
+    text: str
+    ids: list[int]
+    finish: str | None
+
+
+def _check_ids(state: ServerState, ids, param: str) -> list[int]:
+    vocab = state.model.config.vocab_size
+    bad = [t for t in ids if not 0 <= t < vocab]
+    if bad:
+        raise APIError(400, f"{param}: token id {bad[0]} is outside the vocabulary [0, {vocab})", param=param)
+    return list(ids)
+
+
+def _prompt_of_completion(state: ServerState, body: CompletionRequest) -> list[int]:
+    if isinstance(body.prompt, list):
+        return _check_ids(state, body.prompt, "prompt")
+    tok = state.model.tokenizer
+    if tok is None:
+        raise APIError(400, "prompt: this model has no tokenizer.json; send the prompt as a list of token ids",
+                       param="prompt")
+    ids = tok.encode(body.prompt).ids  # special tokens added as the tokenizer's post-processor says (vLLM)
+    if not ids:
+        raise APIError(400, "prompt: the prompt is empty", param="prompt")
+    return ids
+
+
+def _prompt_of_chat(state: ServerState, body: ChatCompletionRequest) -> list[int]:
+    tok = state.model.tokenizer
+    if state.template is None or tok is None:
+        raise APIError(400, "messages: this model has no chat template (tokenizer_config.json's chat_template "
+                            "or chat_template.jinja) and tokenizer.json; use /v1/completions", param="messages")
+    try:
+        text = state.template.render([m.as_template_dict() for m in body.messages],
+                                     add_generation_prompt=body.add_generation_prompt,
+                                     **(body.chat_template_kwargs or {}))
+    except ContractError as e:
+        raise APIError(400, f"messages: {e}", param="messages") from None
+    ids = tok.encode(text, add_special_tokens=False).ids  # the template wrote them (transformers)
+    if not ids:
+        raise APIError(400, "messages: the chat template rendered an empty prompt", param="messages")
+    return ids
+
+
+def _request(state: ServerState, body, ids: list[int], prompt_param: str) -> GenRequest:
+    """The scheduler request for a checked body and prompt (APIError 400 for a bad limit)."""
+    max_len = state.model.cache.max_len
+    max_tokens = body.max_tokens if body.max_tokens is not None else max_len - len(ids)
+    if len(ids) + max(max_tokens, 1) > max_len:
+        param = prompt_param if len(ids) >= max_len else "max_tokens"
+        raise APIError(400, f"This model's maximum context length is {max_len} tokens. However, you requested "
+                            f"{len(ids) + max_tokens} tokens ({len(ids)} in the prompt, {max_tokens} for the "
+                            f"completion). Please reduce the length of the prompt or max_tokens.", param=param)
+    if body.stop and state.model.tokenizer is None:
+        raise APIError(400, "stop: this model has no tokenizer.json to match stop strings on", param="stop")
+    stop_ids = set(_check_ids(state, body.stop_token_ids, "stop_token_ids"))
+    if not body.ignore_eos:
+        stop_ids |= set(state.model.eos_token_ids)
+    top_k = body.top_k if body.top_k is not None else state.default_top_k
+    sampling = RowSampling(
+        temperature=body.temperature if body.temperature is not None else state.default_temperature,
+        top_k=top_k if top_k and top_k > 0 else None,
+        top_p=body.top_p if body.top_p is not None else state.default_top_p,
+        seed=body.seed % 2**64 if body.seed is not None else secrets.randbits(64))
+    return GenRequest(prompt_ids=np.array(ids, np.int32), max_tokens=max_tokens, sampling=sampling,
+                      stop_ids=frozenset(stop_ids))
+
+
+def _submit(state: ServerState, req: GenRequest) -> None:
+    try:
+        state.scheduler.submit(req)
+    except QueueFullError as e:
+        raise APIError(429, f"the server is busy: {e}", "rate_limit_error", code="rate_limit_exceeded") from None
+
+
+async def _pieces(state: ServerState, req: GenRequest, text: TextStream) -> AsyncIterator[Piece]:
+    """The request's output as it comes; the request is cancelled (its slot freed) when this
+    ends early: a stop string, a disconnect, an error."""
+    end = "cancelled"
+    try:
+        while True:
+            ev = await req.events.get()
+            if isinstance(ev, MemraError):
+                end = "error"
+                raise ev
+            tok, finish = ev
+            piece = text.add(tok)
+            if not text.stopped and finish is not None:
+                piece += text.finish()
+            if text.stopped:
+                finish = "stop"
+            if finish is not None:
+                end = finish
+                yield Piece(piece, [tok], finish)
+                return
+            yield Piece(piece, [tok], None)
+    finally:
+        state.scheduler.cancel(req)
+        state.metrics.on_end(req, end)
+
+
+async def _until_disconnect(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _collect(state: ServerState, req: GenRequest, text: TextStream, request: Request):
+    """All pieces of a non-streamed request -> (text, ids, finish); None when the client left."""
+    async def run():
+        out, ids, finish = [], [], None
+        async for p in _pieces(state, req, text):
+            out.append(p.text)
+            ids += p.ids
+            finish = p.finish
+        return "".join(out), ids, finish
+
+    work = asyncio.ensure_future(run())
+    gone = asyncio.ensure_future(_until_disconnect(request))
+    await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
+    gone.cancel()
+    if not work.done():
+        work.cancel()  # the client left: _pieces' cleanup cancels the request
+        return None
+    return work.result()
+
+
+def _dump(model) -> dict:
+    """A response model as the OpenAI wire format writes it: memra's optional extras
+    (token_ids, prompt_token_ids, usage of a chunk) and a chunk delta's unset keys left out."""
+    d = model.model_dump()
+    for key in ("prompt_token_ids", "usage"):
+        if d.get(key) is None and key in d:
+            del d[key]
+    for c in d.get("choices", []):
+        if c.get("token_ids") is None:
+            c.pop("token_ids", None)
+        if "delta" in c:
+            c["delta"] = {k: v for k, v in c["delta"].items() if v is not None}
+    return d
+
+
+def _sse(obj: dict) -> str:
+    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+
+
+def _stream(state: ServerState, body, req: GenRequest, text: TextStream, chat: bool) -> StreamingResponse:
+    rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+    created = int(time.time())
+    ids_out = body.return_token_ids
+
+    # One chunk made through the protocol's models; every later one a copy with its fields set
+    # (no validation per token: the chunks of 64 streams are built on the event loop each step).
+    if chat:
+        template = _dump(ChatCompletionChunk(id=rid, created=created, model=state.name,
+                                             choices=[ChatChunkChoice(delta=ChatDelta())]))
+    else:
+        template = _dump(CompletionResponse(id=rid, created=created, model=state.name,
+                                            choices=[CompletionChoice(text="")]))
+
+    def chunk(piece_text: str | None, ids: list[int] | None, finish: str | None, role: bool = False) -> dict:
+        d = dict(template)
+        c = dict(template["choices"][0])
+        d["choices"] = [c]
+        if chat:
+            c["delta"] = {k: v for k, v in (("role", "assistant" if role else None), ("content", piece_text))
+                          if v is not None}
+        else:
+            c["text"] = piece_text or ""
+        c["finish_reason"] = finish
+        if ids_out and ids is not None:
+            c["token_ids"] = ids
+        return d
+
+    async def events() -> AsyncIterator[str]:
+        n = 0
+        try:
+            if chat:
+                yield _sse(chunk("", [] if ids_out else None, None, role=True))
+            async for p in _pieces(state, req, text):
+                n += len(p.ids)
+                if p.text or p.finish or ids_out:
+                    yield _sse(chunk(p.text if (p.text or not chat) else None, p.ids, p.finish))
+            if body.stream_options is not None and body.stream_options.include_usage:
+                usage = Usage(prompt_tokens=len(req.prompt_ids), completion_tokens=n,
+                              total_tokens=len(req.prompt_ids) + n)
+                last = chunk("", None, None)
+                last["choices"], last["usage"] = [], usage.model_dump()
+                yield _sse(last)
+        except MemraError as e:
+            yield _sse({"error": ErrorInfo(message=f"{type(e).__name__}: {e}", type=_error_type(e),
+                                           code=e.code).model_dump()})
+        yield "data: [DONE]\n\n"
+
+    return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+
+def _error_type(e: MemraError) -> str:
+    """The OpenAI error ``type`` of a failure while generating (its ``code`` is memra's)."""
+    return "non_finite_error" if isinstance(e, NonFiniteError) else "server_error"
+
+
+def _model_check(state: ServerState, body) -> None:
+    if body.model is not None and body.model != state.name:
+        raise APIError(404, f"The model `{body.model}` does not exist (this server serves `{state.name}`).",
+                       "invalid_request_error", param="model", code="model_not_found")
+
+
+async def _answer(state: ServerState, body, request: Request, ids: list[int], prompt_param: str, chat: bool):
+    req = _request(state, body, ids, prompt_param)
+    text = TextStream(state.model.tokenizer, body.stop)
+    _submit(state, req)
+    if body.stream:
+        return _stream(state, body, req, text, chat)
+    try:
+        got = await _collect(state, req, text, request)
+    except MemraError as e:  # the request was fine; the model could not finish it
+        status = 422 if isinstance(e, NonFiniteError) else 500
+        return JSONResponse({"error": ErrorInfo(message=f"{type(e).__name__}: {e}", type=_error_type(e),
+                                                code=e.code).model_dump()}, status_code=status)
+    if got is None:
+        return Response(status_code=499)  # nobody reads it: the client closed the connection
+    out, out_ids, finish = got
+    usage = Usage(prompt_tokens=len(ids), completion_tokens=len(out_ids), total_tokens=len(ids) + len(out_ids))
+    tids = out_ids if body.return_token_ids else None
+    pids = ids if body.return_token_ids else None
+    rid = uuid.uuid4().hex
+    if chat:
+        resp = ChatCompletionResponse(id=f"chatcmpl-{rid}", model=state.name, usage=usage, prompt_token_ids=pids,
+                                      choices=[ChatChoice(message=ChatMessageOut(content=out), finish_reason=finish,
+                                                          token_ids=tids)])
+    else:
+        resp = CompletionResponse(id=f"cmpl-{rid}", model=state.name, usage=usage, prompt_token_ids=pids,
+                                  choices=[CompletionChoice(text=out, finish_reason=finish, token_ids=tids)])
+    return JSONResponse(_dump(resp))
+
+
+async def completion(state: ServerState, body: CompletionRequest, request: Request):
+    """POST /v1/completions."""
+    _model_check(state, body)
+    return await _answer(state, body, request, _prompt_of_completion(state, body), "prompt", chat=False)
+
+
+async def chat_completion(state: ServerState, body: ChatCompletionRequest, request: Request):
+    """POST /v1/chat/completions."""
+    _model_check(state, body)
+    return await _answer(state, body, request, _prompt_of_chat(state, body), "messages", chat=True)

@@ -1,0 +1,302 @@
+"""The OpenAI API's request and response bodies as pydantic models (the fields memra serves).
+
+Requests follow the OpenAI API reference for ``/v1/completions`` and ``/v1/chat/completions``
+plus vLLM's extras (``top_k``, ``ignore_eos``, ``stop_token_ids``, ``return_token_ids``,
+``add_generation_prompt``, ``chat_template_kwargs``). Fields a client sends that memra does not
+know are ignored, as vLLM does; fields memra knows but cannot honour (``n`` > 1, ``echo``,
+``logprobs``, penalties, ``logit_bias``, ``tools``) are refused with a 400 naming them rather than
+silently dropped. A bad value is a :class:`pydantic.ValidationError` whose ``loc`` names the
+field (memra.serve.app turns it into the OpenAI error body).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+
+def _text_or_texts(v: Any, what: str) -> list[str]:
+    """A string or a list of strings -> list (ValueError naming `what` otherwise)."""
+    if v is None:
+        return []
+    if isinstance(v, str):
+        return [v]
+    if isinstance(v, list) and all(isinstance(s, str) for s in v):
+        return list(v)
+    raise ValueError(f"{what} must be a string or a list of strings")
+
+
+class StreamOptions(BaseModel):
+    """``stream_options``: ``include_usage`` adds a last chunk with ``usage`` and no choices."""
+
+    include_usage: bool = False
+
+
+class _SamplingRequest(BaseModel):
+    """Fields /v1/completions and /v1/chat/completions share."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str | None = None
+    temperature: float | None = Field(None, ge=0.0, allow_inf_nan=False)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    top_k: int | None = Field(None, ge=-1)  # -1 or 0: off (vLLM's convention)
+    n: int = 1
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    stop: list[str] = Field(default_factory=list)
+    stop_token_ids: list[int] = Field(default_factory=list)
+    seed: int | None = Field(None, ge=-(2**63), lt=2**64)
+    ignore_eos: bool = False
+    return_token_ids: bool = False
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: dict[str, float] | None = None
+    user: str | None = None
+
+    @field_validator("stop", mode="before")
+    @classmethod
+    def _stop(cls, v: Any) -> list[str]:
+        return [s for s in _text_or_texts(v, "stop") if s]
+
+    @field_validator("stop_token_ids", mode="before")
+    @classmethod
+    def _stop_ids(cls, v: Any) -> Any:
+        return [] if v is None else v
+
+    @field_validator("n")
+    @classmethod
+    def _one(cls, v: int) -> int:
+        if v != 1:
+            raise ValueError(f"memra returns one choice per request (n = 1), got {v}")
+        return v
+
+    @field_validator("presence_penalty", "frequency_penalty")
+    @classmethod
+    def _no_penalty(cls, v: float) -> float:
+        if v != 0.0:
+            raise ValueError("penalties are not supported by memra (use 0)")
+        return v
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _no_bias(cls, v):
+        if v:
+            raise ValueError("logit_bias is not supported by memra")
+        return v
+
+
+class CompletionRequest(_SamplingRequest):
+    """POST /v1/completions. ``prompt``: text, a list of token ids, or a list holding one of
+    those (memra serves one prompt per request)."""
+
+    prompt: Any
+    max_tokens: int | None = Field(16, ge=1)
+    echo: bool = False
+    logprobs: int | None = None
+    suffix: str | None = None
+    best_of: int | None = None
+
+    @field_validator("prompt")
+    @classmethod
+    def _prompt(cls, v: Any) -> str | list[int]:
+        if isinstance(v, list) and len(v) == 1 and isinstance(v[0], (str, list)):
+            v = v[0]  # a batch of one prompt
+        if isinstance(v, str):
+            return v
+        if isinstance(v, list) and v and all(isinstance(t, int) and not isinstance(t, bool) for t in v):
+            return v
+        if isinstance(v, list) and v and all(isinstance(p, (str, list)) for p in v):
+            raise ValueError(f"memra serves one prompt per request, got {len(v)}")
+        raise ValueError("prompt must be a string or a non-empty list of token ids")
+
+    @field_validator("echo", "logprobs", "suffix")
+    @classmethod
+    def _unsupported(cls, v):
+        if v:
+            raise ValueError("not supported by memra")
+        return v
+
+    @field_validator("best_of")
+    @classmethod
+    def _best_of(cls, v):
+        if v not in (None, 1):
+            raise ValueError("memra returns one choice per request (best_of = 1)")
+        return v
+
+
+class ContentPart(BaseModel):
+    """One part of a message's content; memra takes text parts only."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(BaseModel):
+    """One message. ``content`` may be a list of text parts (joined with newlines, as vLLM
+    does for templates that take string content). Other keys (name, tool_calls, ...) reach
+    the chat template as they are."""
+
+    model_config = ConfigDict(extra="allow")
+
+    role: str
+    content: str | list[ContentPart] | None = None
+
+    def as_template_dict(self) -> dict:
+        """The message as the chat template sees it (``content`` a string)."""
+        d = self.model_dump(exclude_none=True)
+        if isinstance(self.content, list):
+            d["content"] = "\n".join(p.text for p in self.content)
+        return d
+
+
+class ChatCompletionRequest(_SamplingRequest):
+    """POST /v1/chat/completions. ``max_tokens`` (or ``max_completion_tokens``) absent: up to
+    the server's --max-len."""
+
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    add_generation_prompt: bool = True
+    chat_template_kwargs: dict[str, Any] | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+    tools: list[dict] | None = None
+
+    @field_validator("logprobs", "top_logprobs", "tools")
+    @classmethod
+    def _unsupported(cls, v):
+        if v:
+            raise ValueError("not supported by memra")
+        return v
+
+    @model_validator(mode="after")
+    def _max_tokens(self) -> ChatCompletionRequest:
+        if self.max_completion_tokens is not None:
+            self.max_tokens = self.max_completion_tokens
+        return self
+
+
+# ---------------------------------------------------------------------- responses
+
+class Usage(BaseModel):
+    """Token counts of one request."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class CompletionChoice(BaseModel):
+    """A choice of a completion (or of one streamed chunk: ``text`` is then the new text)."""
+
+    index: int = 0
+    text: str
+    logprobs: None = None
+    finish_reason: Literal["stop", "length"] | None = None
+    token_ids: list[int] | None = None  # with return_token_ids (vLLM's extra)
+
+
+class CompletionResponse(BaseModel):
+    """The body of /v1/completions, and each streamed chunk of it (same object type)."""
+
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage | None = None
+    prompt_token_ids: list[int] | None = None  # with return_token_ids
+
+
+class ChatMessageOut(BaseModel):
+    """The assistant's message of a chat completion."""
+
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class ChatChoice(BaseModel):
+    """A choice of a chat completion."""
+
+    index: int = 0
+    message: ChatMessageOut
+    logprobs: None = None
+    finish_reason: Literal["stop", "length"] | None = None
+    token_ids: list[int] | None = None
+
+
+class ChatCompletionResponse(BaseModel):
+    """The body of /v1/chat/completions."""
+
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+    prompt_token_ids: list[int] | None = None
+
+
+class ChatDelta(BaseModel):
+    """What one streamed chunk adds to the assistant's message."""
+
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+
+class ChatChunkChoice(BaseModel):
+    """A choice of one streamed chat chunk."""
+
+    index: int = 0
+    delta: ChatDelta
+    logprobs: None = None
+    finish_reason: Literal["stop", "length"] | None = None
+    token_ids: list[int] | None = None
+
+
+class ChatCompletionChunk(BaseModel):
+    """One server-sent event of a streamed chat completion."""
+
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    choices: list[ChatChunkChoice]
+    usage: Usage | None = None
+
+
+class ModelCard(BaseModel):
+    """One entry of GET /v1/models."""
+
+    id: str
+    object: Literal["model"] = "model"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    owned_by: str = "memra"
+    max_model_len: int | None = None
+
+
+class ModelList(BaseModel):
+    """The body of GET /v1/models."""
+
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+class ErrorInfo(BaseModel):
+    """The ``error`` object of the OpenAI error format."""
+
+    message: str
+    type: str
+    param: str | None = None
+    code: str | int | None = None
+
+
+class ErrorResponse(BaseModel):
+    """An error body: ``{"error": {"message", "type", "param", "code"}}``."""
+
+    error: ErrorInfo

@@ -1,0 +1,167 @@
+"""memra.serve.scheduler without HTTP: continuous batching over the model's cache slots.
+
+Each request's tokens must equal Model.generate's for it alone (a separately loaded model),
+among 32 concurrent requests of mixed lengths and samplings on 8 slots; also through the CUDA
+branch of memra.batch (chained steps, rows of several samplings in one step) run here with a CPU
+stand-in for the decode runner. Admissions interleave with decode steps; cancelled requests free
+their slots at once; a full queue refuses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import numpy as np
+import pytest
+
+import memra
+from cpu_runner import CpuRunner
+from memra.batch import RowSampling
+from memra.serve.scheduler import QueueFullError, Request, Scheduler
+
+
+def _load(max_batch: int, max_len: int = 96) -> memra.Model:
+    return memra.load(memra.default_checkpoint(), max_batch=max_batch, max_len=max_len, progress=False)
+
+
+def _jobs(n: int, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        prompt = [int(t) for t in rng.integers(0, 256, int(rng.integers(1, 30)))]
+        s = [RowSampling(0.0), RowSampling(0.8, 20, None), RowSampling(1.1, None, 0.9),
+             RowSampling(0.6, 5, 0.7)][i % 4]
+        out.append((prompt, int(rng.integers(1, 20)), RowSampling(s.temperature, s.top_k, s.top_p, 1000 + i)))
+    return out
+
+
+def _request(prompt, n, sampling, stop=()) -> Request:
+    return Request(prompt_ids=np.array(prompt, np.int32), max_tokens=n, sampling=sampling, stop_ids=frozenset(stop))
+
+
+async def _tokens(req: Request, deadline: float = 30.0) -> list[int]:
+    out = []
+    while True:
+        ev = await asyncio.wait_for(req.events.get(), deadline)
+        if isinstance(ev, Exception):
+            raise ev
+        out.append(ev[0])
+        if ev[1] is not None:
+            return out
+
+
+def _run(sched: Scheduler, body):
+    async def main():
+        sched.start()
+        try:
+            return await body()
+        finally:
+            sched.stop()
+    return asyncio.run(main())
+
+
+@pytest.mark.parametrize("runner", ["cpu", "cuda_branch"])
+def test_32_concurrent_requests_equal_generate(runner: str) -> None:
+    ref = _load(1)
+    m = _load(8)
+    if runner == "cuda_branch":
+        m._runner = CpuRunner(m)
+    jobs = _jobs(32)
+    stop = {ref.generate(jobs[5][0], 3, ignore_eos=True)[2]}  # one request ends on a stop id
+    sched = Scheduler(m, max_waiting=64)
+    steps = []
+    sched.on_step = steps.append
+
+    async def body():
+        reqs = [_request(p, n, s, stop if i == 5 else ()) for i, (p, n, s) in enumerate(jobs)]
+        for r in reqs:
+            sched.submit(r)
+        return await asyncio.gather(*(_tokens(r) for r in reqs))
+
+    got = _run(sched, body)
+    for i, ((p, n, s), g) in enumerate(zip(jobs, got)):
+        want = ref.generate(p, n, temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, seed=s.seed,
+                            ignore_eos=True, stop_token_ids=list(stop) if i == 5 else None)
+        assert g == want, (i, p, n, s)
+    assert max(steps) == 8  # requests were decoded together
+    assert all(m.cache.owner(s) == 0 and m.cache.length(s) == 0 for s in range(8))
+
+
+def test_chained_steps_while_the_batch_stays_the_same() -> None:
+    # One sampling key (seeds differ): the CUDA branch chains each step before reading the
+    # previous one's tokens, and rows ending with a step in flight drop its draw.
+    ref = _load(1)
+    m = _load(4)
+    m._runner = CpuRunner(m)
+    jobs = [([3 + i, 17, 5, 9][: 1 + i], 6 + 3 * i, RowSampling(0.8, 20, 0.9, 50 + i)) for i in range(4)]
+    sched = Scheduler(m)
+
+    async def body():
+        reqs = [_request(p, n, s) for p, n, s in jobs]
+        for r in reqs:
+            sched.submit(r)
+        return await asyncio.gather(*(_tokens(r) for r in reqs))
+
+    got = _run(sched, body)
+    for (p, n, s), g in zip(jobs, got):
+        assert g == ref.generate(p, n, temperature=0.8, top_k=20, top_p=0.9, seed=s.seed, ignore_eos=True)
+    assert m._runner.chained_steps > 5
+    assert all(m.cache.owner(s) == 0 and m.cache.length(s) == 0 for s in range(4))
+
+
+def test_prefill_is_interleaved_with_decode_steps() -> None:
+    m = _load(4)
+    sched = Scheduler(m, prefill_budget=1)  # one admission per round while others decode
+    log = []
+    start, launch = sched.batch.start, sched.batch.launch
+    sched.batch.start = lambda *a, **k: (log.append("prefill"), start(*a, **k))[1]
+    sched.batch.launch = lambda rows, *a: (log.append(f"step{len(rows)}"), launch(rows, *a))[1]
+
+    async def body():
+        reqs = [_request([1 + i, 2, 3], 6, RowSampling(0.0)) for i in range(3)]
+        for r in reqs:
+            sched.submit(r)
+        await asyncio.gather(*(_tokens(r) for r in reqs))
+
+    _run(sched, body)
+    assert log[:5] == ["prefill", "step1", "prefill", "step2", "prefill"], log
+
+
+def test_cancel_frees_the_slot_and_a_full_queue_refuses() -> None:
+    m = _load(1, max_len=512)
+    sched = Scheduler(m, max_waiting=1)
+
+    async def body():
+        long = _request([1, 2, 3], 500, RowSampling(0.0))
+        sched.submit(long)
+        await asyncio.wait_for(long.events.get(), 10)  # it runs
+        queued = _request([4], 2, RowSampling(0.0))
+        sched.submit(queued)
+        with pytest.raises(QueueFullError):
+            sched.submit(_request([5], 2, RowSampling(0.0)))
+        sched.cancel(long)
+        assert await _tokens(queued) == _load(1).generate([4], 2)  # it got the slot back
+        end = time.monotonic() + 10
+        while sched.running or sched.slots_in_use():
+            assert time.monotonic() < end
+            await asyncio.sleep(0.01)
+        assert long.done and m.cache.owner(0) == 0
+
+    _run(sched, body)
+
+
+def test_stop_fails_requests_in_flight() -> None:
+    m = _load(1, max_len=512)
+    sched = Scheduler(m)
+    reqs = []
+
+    async def body():
+        reqs.extend([_request([1, 2], 500, RowSampling(0.0)), _request([3], 5, RowSampling(0.0))])
+        for r in reqs:
+            sched.submit(r)
+        await asyncio.wait_for(reqs[0].events.get(), 10)
+
+    _run(sched, body)
+    assert m.cache.owner(0) == 0 and not sched.running and not sched.waiting
+    assert all(r.done or r.events.qsize() for r in reqs)

@@ -1,0 +1,149 @@
+"""Slot ownership (memra.batch): slots a generation holds cannot be changed from outside, the
+library never takes a slot holding the user's tokens, a closed stream gives its slot back at
+once, and non-finite logits end a generation with memra.NonFiniteError instead of a token.
+Expected tokens come from generate() runs with nothing else in the cache."""
+
+from __future__ import annotations
+
+import gc
+
+import numpy as np
+import pytest
+
+import memra
+from memra import _core
+
+HELD = _core.status.CONTRACT_SLOT_HELD
+
+
+def _load(max_batch: int = 2, path=None) -> memra.Model:
+    return memra.load(path or memra.default_checkpoint(), max_batch=max_batch, max_len=64, progress=False)
+
+
+def test_status_codes_are_exported() -> None:
+    assert HELD == memra.errors.SLOT_HELD == 40026
+    assert _core.status.NON_FINITE == memra.errors.NON_FINITE == 60001
+    assert issubclass(memra.NonFiniteError, memra.MemraError)
+
+
+def test_cache_hold_release_and_owner_checks() -> None:
+    m = _load()
+    c = m.new_cache(3, 16)
+    m.prefill(c, 0, [1, 2, 3])
+    token = c.hold(0)
+    assert token and c.owner(0) == token and c.owner(1) == 0
+    for call in (lambda: c.free(0), lambda: c.copy_slot(1, 0), lambda: c.commit(0, 1), lambda: c.commit_host(0, 1),
+                 lambda: c.hold(0), lambda: c.release(0, token + 1), lambda: c.release(1, token),
+                 lambda: m.prefill(c, 0, [4]), lambda: m.decode(c, [1, 0], [4, 5])):
+        with pytest.raises(memra.ContractError) as info:
+            call()
+        assert info.value.code == HELD
+    assert c.length(0) == 3 and c.length(1) == 0  # nothing changed on a refusal
+    c.copy_slot(0, 2)  # reading a held slot is allowed
+    assert c.length(2) == 3
+    c.commit(0, 1, owner=token)  # its owner may
+    c.free(0, owner=token)
+    c.release(0, token)
+    assert c.owner(0) == 0
+    c.free(0)
+    assert c.hold(0) != token  # tokens are not reused
+
+
+def test_a_held_slot_survives_outside_calls_and_the_stream_keeps_its_tokens() -> None:
+    m = _load()
+    want = m.generate([1, 2, 3, 4], 8, temperature=0.7, seed=3, ignore_eos=True)
+    with m.stream([1, 2, 3, 4], 8, temperature=0.7, seed=3, ignore_eos=True) as s:
+        got = [next(s), next(s)]
+        slot = next(i for i in range(2) if m.cache.owner(i))
+        length = m.cache.length(slot)
+        other = 1 - slot
+        m.prefill(m.cache, other, [9, 9])
+        for call in (lambda: m.cache.free(slot), lambda: m.cache.copy_slot(other, slot),
+                     lambda: m.cache.commit(slot, 1), lambda: m.prefill(m.cache, slot, [5]),
+                     lambda: m.decode(m.cache, [slot], [5])):
+            with pytest.raises(memra.ContractError) as info:
+                call()
+            assert info.value.code == HELD
+        assert m.cache.length(slot) == length
+        got += list(s)
+    assert got == want
+    assert m.cache.owner(slot) == 0 and m.cache.length(slot) == 0
+
+
+def test_generation_never_takes_or_clears_a_slot_holding_user_tokens() -> None:
+    m = _load(max_batch=2)
+    ref = _load(max_batch=1)
+    user = [7, 8, 9, 10]
+    m.prefill(m.cache, 0, user)  # slot 0 is the user's now
+    state = m.cache.kda_state(0, 0).copy()
+    want = ref.generate([1, 2], 6, ignore_eos=True)
+    assert m.generate([1, 2], 6, ignore_eos=True) == want  # runs in slot 1
+    assert m.cache.length(0) == len(user) and np.array_equal(m.cache.kda_state(0, 0), state)
+    # The user's slot continues as if nothing had run: its next logits equal a fresh prefill's.
+    cont = m.prefill(m.cache, 0, [11])
+    np.testing.assert_array_equal(cont, ref.logits(user + [11])[-1])
+    m.prefill(m.cache, 1, [1])  # now both slots hold user tokens: nothing is free
+    with pytest.raises(memra.ContractError) as info:
+        m.generate([1, 2], 2)
+    assert "[0, 1]" in str(info.value)
+    m.cache.free(1)
+    assert m.generate([1, 2], 6, ignore_eos=True) == want
+    # An empty slot the user holds is never taken either.
+    token = m.cache.hold(1)
+    with pytest.raises(memra.ContractError):
+        m.generate([1, 2], 2)
+    m.cache.release(1, token)
+
+
+def test_closing_a_stream_frees_its_slot_at_once() -> None:
+    m = _load(max_batch=1)
+    s = m.stream([1, 2, 3], 20, ignore_eos=True)
+    next(s)
+    assert m.cache.owner(0) != 0
+    s.close()
+    assert m.cache.owner(0) == 0 and m.cache.length(0) == 0
+    with pytest.raises(StopIteration):
+        next(s)
+    with m.stream([1, 2, 3], 20, ignore_eos=True) as s2:
+        next(s2)
+        held = s2  # a reference survives the block: the slot must not wait for the collector
+    assert m.cache.owner(0) == 0
+    gc.disable()
+    try:
+        s3 = m.stream([1, 2, 3], 20, ignore_eos=True)
+        next(s3)
+        cycle = [s3]
+        cycle.append(cycle)  # only the cycle collector could drop it
+        del s3, cycle
+        with pytest.raises(memra.ContractError):  # not closed: still held
+            m.generate([4], 2)
+    finally:
+        gc.enable()
+        gc.collect()
+    assert m.cache.owner(0) == 0
+    assert held is not None
+
+
+def test_non_finite_logits_raise_instead_of_a_token(tmp_path) -> None:
+    from nan_checkpoint import nan_embedding_row, nan_final_norm
+
+    ref = _load(max_batch=1)
+    prompt = [5, 6, 7]
+    first = ref.generate(prompt, 1, ignore_eos=True)[0]
+    m = _load(path=nan_embedding_row(tmp_path, first))
+    got = []
+    with pytest.raises(memra.NonFiniteError) as info:
+        for t in m.stream(prompt, 5, ignore_eos=True):
+            got.append(t)
+    assert got == [first] and info.value.code == 60001
+    assert m.cache.owner(0) == 0 and m.cache.owner(1) == 0  # the slot went back
+    with pytest.raises(memra.NonFiniteError) as info:
+        m.generate_batch([[1, 2], prompt], 5, ignore_eos=True)
+    assert "sequence 1" in str(info.value)
+    other = ref.generate([1, 2], 3, ignore_eos=True)
+    if first not in other[:2]:  # a sequence that never feeds the NaN row is untouched
+        assert m.generate([1, 2], 3, ignore_eos=True) == other
+    dead = _load(path=nan_final_norm(tmp_path))
+    with pytest.raises(memra.NonFiniteError):  # the prompt's own logits: no first token
+        dead.generate([1, 2], 3)
+    assert dead.cache.owner(0) == 0
