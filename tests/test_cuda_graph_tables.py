@@ -1,5 +1,5 @@
 """Decode-graph bookkeeping on the device (``memra._core.kda_tables`` / ``commit_decode``, kernels
-in cuda/graph_tables.cu; plan in docs/decode_graphs.md).
+in cuda/kda_tables.cu and cuda/graph_tables.cu; plan in docs/decode_graphs.md).
 
 kda_tables must give, read back as uint64, exactly the cache's plane addresses (the arithmetic the
 KDA decode ops' slot forms use in their kernels): for row b with s = slots[b] >= 0, ring_in = conv plane cur[s] of slot s + group * qkv*(K-1)

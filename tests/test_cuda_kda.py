@@ -1,5 +1,5 @@
 """KDA ops on the CUDA backend (``memra._core.kda_conv`` / ``kda_gate`` / ``kda_scan`` with
-``engine=memra.Engine("cuda")``, kernels in cuda/kda.cu) against the same ops on the CPU backend
+``engine=memra.Engine("cuda")``, kernels in cuda/kda_*.cu) against the same ops on the CPU backend
 (cpp/src/cpu/kda.cpp, the numeric oracle), plus the bit-exactness contracts between arms and the
 argument contract on the device.
 
@@ -571,7 +571,7 @@ def test_misaligned_scan_arrays_are_refused(e):
 
 def test_sanitizer_small_shapes(e):
     """Small enough for compute-sanitizer (racecheck / memcheck / initcheck): every kernel of
-    cuda/kda.cu once; scan_kernel over two steps so its per-warp shared vectors are rewritten,
+    cuda/kda_*.cu once; scan_kernel over two steps so its per-warp shared vectors are rewritten,
     and scan_decode_kernel (T = 1)."""
     x, w, ring = conv_inputs(3, C=9, seed=800)
     conv_cuda(e, x, w, ring, arm="prefill")

@@ -188,8 +188,8 @@ def kda_inputs(steps: list) -> dict:
 STEPS = [[2], [2, 0, -1], [0, 2, -1], [0]]  # B = 1 host slots, B = 3 with an idle row, ...
 
 # Decode: the conv and the scan resolve each row's planes from the device slots and the scan
-# runs the gated norm (kda_conv_decode_slots, kda_gate_scan_decode_slots); at B = 1 the gates'
-# f_b | g_b ride in the conv's launch (kda_conv_decode_slots_pair).
+# runs the gated norm (kda_conv / kda_scan with the SLOTS planes); at B = 1 the gates' f_b | g_b
+# ride in the conv's launch (kda_conv's GEMV pair).
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
@@ -277,9 +277,9 @@ def test_kda_layer_prefill_then_decode_equals_prefill_f32(e):
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_kda_layer_decode_equals_one_token_prefill_bytes(e, gate, dtype):
     # A decode step (the planes from the device slots; the gates and the gated norm inside the
-    # scan's launch, kda_gate_scan_decode_slots; f_b | g_b in the conv's launch; the q|k|v and
+    # scan's launch, kda_scan's SLOTS form; f_b | g_b in the conv's launch; the q|k|v and
     # f_a|g_a|beta GEMVs in one launch) against a one-token prefill from the same state (the
-    # conv, l2norm_heads, kda_gate_beta, kda_scan and the gated norm as launches of their own;
+    # conv, l2norm_heads, kda_gate with beta, kda_scan and the gated norm as launches of their own;
     # the same GEMVs at N = 1): the same bytes.
     g = rng(23)
     x = f32(g.standard_normal((10, D)))

@@ -181,7 +181,7 @@ def kda_conv(x: Annotated[NDArray, dict(writable=False)], w: Annotated[NDArray, 
     x [B, C], ring [B, C, K-1] -> (y [B, C], ring_out [B, C, K-1]); row b equals
     kda_conv(x[b:b+1], w, ring[b]) bit for bit.
     engine: None or a CPU Engine runs the C++ reference on host arrays; a CUDA Engine runs
-    cuda/kda.cu on arrays of its device and returns CUDA arrays (kernels built for K in
+    cuda/kda_conv.cu on arrays of its device and returns CUDA arrays (kernels built for K in
     2..8: another K raises UnsupportedError (UNSUPPORTED_GEOMETRY); the CPU takes any K >= 1).
     Raises ContractError (CONTRACT_DTYPE / CONTRACT_SHAPE / CONTRACT_STRIDE /
     CONTRACT_DEVICE) for a non-float32, mis-shaped, non-C-contiguous or wrong-device array,
@@ -197,8 +197,8 @@ def kda_gate(f: Annotated[NDArray, dict(writable=False)], dt_bias: Annotated[NDA
     form='lower_bound' (glm5_next): g = lower_bound * sigmoid(exp(A_log) * (f + dt_bias)).
     form='softplus' (kimi_linear): g = -exp(A_log) * softplus(f + dt_bias) with
     softplus(x) = x if x > 20 else log(1 + exp(x)); lower_bound is ignored.
-    engine: None or a CPU Engine runs the C++ reference; a CUDA Engine runs cuda/kda.cu on
-    arrays of its device (any dk; same operations, CUDA's expf/logf within 2 ulp).
+    engine: None or a CPU Engine runs the C++ reference; a CUDA Engine runs cuda/kda_scan.cu
+    on arrays of its device (any dk; same operations, CUDA's expf/logf within 2 ulp).
     Raises ContractError: CONTRACT_VALUE for another form or a non-finite lower_bound,
     CONTRACT_SHAPE when the last dim of f is not a multiple of len(A_log) or dt_bias does
     not match it, CONTRACT_DTYPE / CONTRACT_STRIDE / CONTRACT_DEVICE as usual.
@@ -220,7 +220,7 @@ def kda_scan(q: Annotated[NDArray, dict(writable=False)], k: Annotated[NDArray, 
     v [B, T, H, dv]; beta [B, T, H]; state [B, H, dk, dv] or None -> (o [B, T, H, dv],
     state_out [B, H, dk, dv]); sequence b equals its own call bit for bit.
     engine: None or a CPU Engine runs the C++ reference on host arrays; a CUDA Engine runs
-    cuda/kda.cu on arrays of its device (built for dk = dv = 128 only: another head size
+    cuda/kda_scan.cu on arrays of its device (built for dk = dv = 128 only: another head size
     raises UnsupportedError (UNSUPPORTED_GEOMETRY); its dk-long sums are partial sums plus a
     warp tree, so it matches the CPU to ~1e-5 relative, not bit for bit).
     Raises ContractError (CONTRACT_DTYPE / CONTRACT_SHAPE / CONTRACT_STRIDE /
@@ -839,7 +839,7 @@ class Cache:
 
 def kda_tables(cache: Cache, layer: int, slots: Annotated[NDArray, dict(writable=False)], cur: Annotated[NDArray, dict(writable=False)] | None = None, *, group: int = 0, sink_slot: int | None = None) -> tuple[object, object, object, object]:
     """
-    CUDA caches only (UnsupportedError for a CPU cache): the per-sequence pointer tables of KDA layer `layer` computed on the device (cuda/graph_tables.cu), as KdaLayer builds them on the host: returns (ring_in, ring_out, state_in, state_out), uint64 device arrays [B] of addresses. slots: device int32 [B], slots[b] < 0 an idle row (valid slots unchecked: keep them in [0, max_batch)); cur: device int32 [max_batch] ping-pong flags (None: the cache's own device mirror, Cache.device_cur); group: the channel group (q 0, k 1, v 2) whose conv ring offset is added; sink_slot: idle rows point at plane 0 of that slot (None: null entries). Row b with s = slots[b] >= 0 reads plane cur[s] and writes plane 1 - cur[s].
+    CUDA caches only (UnsupportedError for a CPU cache): the per-sequence pointer tables of KDA layer `layer` computed on the device (cuda/kda_tables.cu), as KdaLayer builds them on the host: returns (ring_in, ring_out, state_in, state_out), uint64 device arrays [B] of addresses. slots: device int32 [B], slots[b] < 0 an idle row (valid slots unchecked: keep them in [0, max_batch)); cur: device int32 [max_batch] ping-pong flags (None: the cache's own device mirror, Cache.device_cur); group: the channel group (q 0, k 1, v 2) whose conv ring offset is added; sink_slot: idle rows point at plane 0 of that slot (None: null entries). Row b with s = slots[b] >= 0 reads plane cur[s] and writes plane 1 - cur[s].
     """
 
 def commit_decode(slots: Annotated[NDArray, dict(writable=False)], lengths: object, cur: object, *, engine: Engine | None = None) -> None:

@@ -1,5 +1,5 @@
 // memra._core.Cache and LayerStateSpec (cache.h), and the decode-graph bookkeeping ops on a
-// cache's state (kda_tables, commit_decode: cuda/graph_tables.cu, CUDA only).
+// cache's state (kda_tables: cuda/kda_tables.cu; commit_decode: cuda/graph_tables.cu; CUDA only).
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
@@ -324,19 +324,18 @@ void init_cache(nb::module_& m) {
         const int64_t plane_offset = int64_t(group) * s.heads * s.head_dim * (s.conv_kernel - 1);
         Out ri = out_u64(cuda, size_t(B)), ro = out_u64(cuda, size_t(B)), si = out_u64(cuda, size_t(B)),
             so = out_u64(cuda, size_t(B));
-        check(cuda->status(
-            cuda->api().kda_tables(cuda->ctx(), sp, cp, int(B), cache.conv(layer, 0, 0),
-                                   cache.conv(layer, 0, 1), cache.state(layer, 0, 0),
-                                   cache.state(layer, 0, 1), s.conv_floats(), s.state_floats(),
-                                   plane_offset, ri.data<const float*>(), ro.data<float*>(),
-                                   si.data<const float*>(), so.data<float*>(), sink_conv, sink_state),
-            op));
+        const MemraKdaTablesParams p{
+            sp, cp, int(B), cache.conv(layer, 0, 0), cache.conv(layer, 0, 1),
+            cache.state(layer, 0, 0), cache.state(layer, 0, 1), s.conv_floats(), s.state_floats(),
+            plane_offset, ri.data<const float*>(), ro.data<float*>(), si.data<const float*>(),
+            so.data<float*>(), sink_conv, sink_state};
+        check(cuda->status(cuda->api().kda_tables(cuda->ctx(), &p), op));
         return std::make_tuple(ri.obj, ro.obj, si.obj, so.obj);
       },
       nb::arg("cache"), nb::arg("layer"), nb::arg("slots"), nb::arg("cur").none() = nb::none(),
       nb::kw_only(), nb::arg("group") = 0, nb::arg("sink_slot").none() = nb::none(),
       "CUDA caches only (UnsupportedError for a CPU cache): the per-sequence pointer tables of KDA "
-      "layer `layer` computed on the device (cuda/graph_tables.cu), as KdaLayer builds them on the "
+      "layer `layer` computed on the device (cuda/kda_tables.cu), as KdaLayer builds them on the "
       "host: returns (ring_in, ring_out, state_in, state_out), uint64 device arrays [B] of "
       "addresses. slots: device int32 [B], slots[b] < 0 an idle row (valid slots unchecked: keep "
       "them in [0, max_batch)); cur: device int32 [max_batch] ping-pong flags (None: the cache's "

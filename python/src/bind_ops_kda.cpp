@@ -1,8 +1,8 @@
 // Functional bindings of the KDA ops over DLPack arrays: short conv, forget gate, recurrent scan.
-// CPU backend: ops.h / cpu/kda.cpp (the oracle). CUDA backend (keyword `engine` = a CUDA Engine):
-// cuda/kda.cu through the C ABI of cpp/include/memra/cuda_abi/kda.h. Every function checks its
-// arguments (ContractError naming the op and the values) before anything runs, allocates its
-// outputs on the engine's device and, on the CPU, releases the GIL while computing.
+// Every function checks its arguments (ContractError naming the op and the values) before
+// anything runs, allocates its outputs on the engine's device, fills the op's parameter struct
+// (cuda_abi/kda.h) and calls memra::op (op/kda.h), which runs the CPU reference (cpu/kda.cpp, the
+// oracle; the GIL released) or, for a CUDA Engine (keyword `engine`), cuda/kda_*.cu.
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
@@ -19,6 +19,7 @@
 #include "common.h"
 #include "device_args.h"
 #include "memra/engine.h"
+#include "memra/op/kda.h"
 #include "memra/ops.h"
 
 namespace memra::py {
@@ -27,29 +28,38 @@ namespace {
 
 size_t sz(int64_t n) { return static_cast<size_t>(n); }
 
-// Device tables of per-sequence pointers for the CUDA entry points that take
-// `const float* const*` / `float* const*`: table i holds bases[i] + b * stride (b < n). All
-// tables share one upload (one staged copy per call, not one per table), freed stream-ordered
-// after the call; a null base gives a null table (table(i) == nullptr) and takes no space.
+// Tables of per-sequence plane pointers (MEMRA_KDA_PLANES_TABLES): table i holds
+// bases[i] + b * stride (b < n). On the CPU the host arrays themselves; on CUDA all tables share
+// one upload (one staged copy per call, not one per table), freed stream-ordered after the call.
+// A null base gives a null table (table(i) == nullptr) and takes no space.
 struct PointerTables {
-  std::shared_ptr<DeviceBuffer> buf;
-  std::vector<int64_t> start;  // element offset of table i in buf, -1 for a null base
+  std::vector<float*> host;
+  std::shared_ptr<DeviceBuffer> buf;  // CUDA: the device copy of host
+  std::vector<int64_t> start;         // element offset of table i, -1 for a null base
   float* const* table(size_t i) const {
-    return start[i] < 0 ? nullptr : static_cast<float* const*>(buf->data()) + start[i];
+    if (start[i] < 0) return nullptr;
+    return (buf ? static_cast<float* const*>(buf->data()) : host.data()) + start[i];
   }
 };
 
 PointerTables pointer_tables(const Engine* engine, std::initializer_list<const float*> bases,
                              int64_t n, int64_t stride) {
   PointerTables t;
-  std::vector<float*> host;
   for (const float* base : bases) {
-    t.start.push_back(base ? static_cast<int64_t>(host.size()) : -1);
-    for (int64_t b = 0; base && b < n; ++b) host.push_back(const_cast<float*>(base) + b * stride);
+    t.start.push_back(base ? static_cast<int64_t>(t.host.size()) : -1);
+    for (int64_t b = 0; base && b < n; ++b) t.host.push_back(const_cast<float*>(base) + b * stride);
   }
-  t.buf = device_upload(engine, host.data(), host.size() * sizeof(float*));
+  if (on_cuda(engine)) t.buf = device_upload(engine, t.host.data(), t.host.size() * sizeof(float*));
   return t;
 }
+
+// memra::op runs the CPU reference on this thread: without the GIL, as every CPU op here.
+struct CpuNoGil {
+  std::optional<nb::gil_scoped_release> nogil;
+  explicit CpuNoGil(const Engine* engine) {
+    if (!on_cuda(engine)) nogil.emplace();
+  }
+};
 
 // The CUDA scan kernels access q / k / g / v and the state planes as float4: a device array
 // whose data pointer is not 16-byte aligned (a view at an odd element offset) is refused here
@@ -107,39 +117,35 @@ void init_ops_kda(nb::module_& m) {
         Out y = out_f32_uninit(engine, {sz(T), sz(C)});
         Out ring_out = batch ? out_f32_uninit(engine, {sz(T), sz(C), sz(K - 1)})
                              : out_f32_uninit(engine, {sz(C), sz(K - 1)});
-        float* yp = y.data<float>();
-        float* op = ring_out.data<float>();
-        if (on_cuda(engine)) {
-          const CudaContext& c = cuda_ctx(engine);
-          if (decode) {
-            const int64_t B = batch ? T : 1;
-            const PointerTables tabs = pointer_tables(engine, {rp, op}, B, plane);
-            check_cuda(engine,
-                       c.api().kda_conv_decode(c.ctx(), xp, int(B), int(C), int(C), wp, int(K),
-                                               tabs.table(0), tabs.table(1), yp),
-                       "kda_conv");
-          } else {
-            check_cuda(engine,
-                       c.api().kda_conv_prefill(c.ctx(), xp, int(T), int(C), int(C), wp, int(K),
-                                                rp, op, yp),
-                       "kda_conv");
-            // Zero steps: the kernel is a no-op and the ring passes through (as on the CPU).
-            if (T == 0 && K >= 2 && K <= 8) {
-              device_copy(engine, op, rp, sz(plane) * sizeof(float), "kda_conv");
-            }
-          }
+        float* ro = ring_out.data<float>();
+        // The decode arm names each row's ring through pointer tables (one row unless batch),
+        // the prefill arm the sequence's two rings; y in one channel group (G = C).
+        MemraKdaConvParams p{};
+        p.x = xp;
+        p.n = int(T);
+        p.C = int(C);
+        p.G = int(C);
+        p.w = wp;
+        p.K = int(K);
+        p.y = y.data<float>();
+        PointerTables tabs;
+        if (decode) {
+          tabs = pointer_tables(engine, {rp, ro}, T, plane);
+          p.ring.form = MEMRA_KDA_PLANES_TABLES;
+          p.ring.in_table = tabs.table(0);
+          p.ring.out_table = tabs.table(1);
         } else {
-          nb::gil_scoped_release nogil;
-          if (batch) {
-            for (int64_t b = 0; b < T; ++b) {
-              cpu::kda_conv_decode(xp + b * C, int(C), wp, int(K), rp + b * plane, op + b * plane,
-                                   yp + b * C);
-            }
-          } else if (decode) {
-            cpu::kda_conv_decode(xp, int(C), wp, int(K), rp, op, yp);
-          } else {
-            cpu::kda_conv_prefill(xp, int(T), int(C), wp, int(K), rp, op, yp);
-          }
+          p.ring.form = MEMRA_KDA_PLANES_DIRECT;
+          p.ring.in = rp;
+          p.ring.out = ro;
+        }
+        {
+          CpuNoGil nogil(engine);
+          check(memra::op::kda_conv(backend(engine), p));
+        }
+        // Zero steps: the CUDA kernel is a no-op; the ring passes through (as on the CPU).
+        if (on_cuda(engine) && !decode && T == 0 && K >= 2 && K <= 8) {
+          device_copy(engine, ro, rp, sz(plane) * sizeof(float), "kda_conv");
         }
         return std::make_pair(y.obj, ring_out.obj);
       },
@@ -157,7 +163,7 @@ void init_ops_kda(nb::module_& m) {
       "x [B, C], ring [B, C, K-1] -> (y [B, C], ring_out [B, C, K-1]); row b equals\n"
       "kda_conv(x[b:b+1], w, ring[b]) bit for bit.\n"
       "engine: None or a CPU Engine runs the C++ reference on host arrays; a CUDA Engine runs\n"
-      "cuda/kda.cu on arrays of its device and returns CUDA arrays (kernels built for K in\n"
+      "cuda/kda_conv.cu on arrays of its device and returns CUDA arrays (kernels built for K in\n"
       "2..8: another K raises UnsupportedError (UNSUPPORTED_GEOMETRY); the CPU takes any K >= 1).\n"
       "Raises ContractError (CONTRACT_DTYPE / CONTRACT_SHAPE / CONTRACT_STRIDE /\n"
       "CONTRACT_DEVICE) for a non-float32, mis-shaped, non-C-contiguous or wrong-device array,\n"
@@ -189,15 +195,11 @@ void init_ops_kda(nb::module_& m) {
         }
         const float* bp = f32_in(engine, dt_bias, "kda_gate", "dt_bias", {D});
         Out g = out_f32_uninit(engine, {sz(T), sz(D)});  // the kernel writes every element
-        if (on_cuda(engine)) {
-          const CudaContext& c = cuda_ctx(engine);
-          check_cuda(engine,
-                     c.api().kda_gate(c.ctx(), fp, bp, ap, int(T), int(H), int(D / H),
-                                      static_cast<int>(gf), lower_bound, g.data<float>()),
-                     "kda_gate");
-        } else {
-          nb::gil_scoped_release nogil;
-          cpu::kda_gate(fp, bp, ap, int(T), int(H), int(D / H), gf, lower_bound, g.data<float>());
+        const MemraKdaGateParams p{fp, bp, ap, int(T), int(H), int(D / H), static_cast<int>(gf),
+                                   lower_bound, g.data<float>(), nullptr, 0};
+        {
+          CpuNoGil nogil(engine);
+          check(memra::op::kda_gate(backend(engine), p));
         }
         return g.obj;
       },
@@ -209,8 +211,8 @@ void init_ops_kda(nb::module_& m) {
       "form='lower_bound' (glm5_next): g = lower_bound * sigmoid(exp(A_log) * (f + dt_bias)).\n"
       "form='softplus' (kimi_linear): g = -exp(A_log) * softplus(f + dt_bias) with\n"
       "softplus(x) = x if x > 20 else log(1 + exp(x)); lower_bound is ignored.\n"
-      "engine: None or a CPU Engine runs the C++ reference; a CUDA Engine runs cuda/kda.cu on\n"
-      "arrays of its device (any dk; same operations, CUDA's expf/logf within 2 ulp).\n"
+      "engine: None or a CPU Engine runs the C++ reference; a CUDA Engine runs cuda/kda_scan.cu\n"
+      "on arrays of its device (any dk; same operations, CUDA's expf/logf within 2 ulp).\n"
       "Raises ContractError: CONTRACT_VALUE for another form or a non-finite lower_bound,\n"
       "CONTRACT_SHAPE when the last dim of f is not a multiple of len(A_log) or dt_bias does\n"
       "not match it, CONTRACT_DTYPE / CONTRACT_STRIDE / CONTRACT_DEVICE as usual.\n"
@@ -255,7 +257,6 @@ void init_ops_kda(nb::module_& m) {
           require_aligned16(engine, p, op, name);
         }
         const int64_t plane = H * dk * dv;  // one sequence's state
-        const int64_t seq_o = T * H * dv, seq_qk = T * H * dk, seq_b = T * H;
         // The kernels write every element of o and of each state_out plane (T >= 1); at T == 0
         // state_out is the input state (copied below) or zeros, the one case that needs the fill.
         const bool fill = T == 0 && !sp;
@@ -267,25 +268,32 @@ void init_ops_kda(nb::module_& m) {
                       : out_f32_uninit(engine, {sz(T), sz(H), sz(dv)});
         Out state_out = batch ? state_shaped({sz(B), sz(H), sz(dk), sz(dv)})
                               : state_shaped({sz(H), sz(dk), sz(dv)});
-        float* op_ = o.data<float>();
         float* so = state_out.data<float>();
-        if (on_cuda(engine)) {
-          const CudaContext& c = cuda_ctx(engine);
-          // A null state_in table = every sequence starts from zeros.
-          const PointerTables tabs = pointer_tables(engine, {sp, so}, B, plane);
-          check_cuda(engine,
-                     c.api().kda_scan(c.ctx(), qp, kp, vp, gp, bp, int(B), int(T), int(H), int(dk),
-                                      int(dv), sc, tabs.table(0), tabs.table(1), op_),
-                     "kda_scan");
-          // Zero steps: the kernel is a no-op and the state passes through (as on the CPU).
-          if (T == 0 && sp) device_copy(engine, so, sp, sz(B * plane) * sizeof(float), "kda_scan");
-        } else {
-          nb::gil_scoped_release nogil;
-          for (int64_t b = 0; b < B; ++b) {
-            cpu::kda_scan(qp + b * seq_qk, kp + b * seq_qk, vp + b * seq_o, gp + b * seq_qk,
-                          bp + b * seq_b, int(T), int(H), int(dk), int(dv), sc,
-                          sp ? sp + b * plane : nullptr, so + b * plane, op_ + b * seq_o);
-          }
+        // A null state_in table = every sequence starts from zeros.
+        const PointerTables tabs = pointer_tables(engine, {sp, so}, B, plane);
+        MemraKdaScanParams p{};
+        p.q = qp;
+        p.k = kp;
+        p.v = vp;
+        p.g = gp;
+        p.beta = bp;
+        p.B = int(B);
+        p.T = int(T);
+        p.H = int(H);
+        p.dk = int(dk);
+        p.dv = int(dv);
+        p.scale = sc;
+        p.state.form = MEMRA_KDA_PLANES_TABLES;
+        p.state.in_table = tabs.table(0);
+        p.state.out_table = tabs.table(1);
+        p.o = o.data<float>();
+        {
+          CpuNoGil nogil(engine);
+          check(memra::op::kda_scan(backend(engine), p));
+        }
+        // Zero steps: the CUDA kernel is a no-op; the state passes through (as on the CPU).
+        if (on_cuda(engine) && T == 0 && sp) {
+          device_copy(engine, so, sp, sz(B * plane) * sizeof(float), "kda_scan");
         }
         return std::make_pair(o.obj, state_out.obj);
       },
@@ -304,7 +312,7 @@ void init_ops_kda(nb::module_& m) {
       "v [B, T, H, dv]; beta [B, T, H]; state [B, H, dk, dv] or None -> (o [B, T, H, dv],\n"
       "state_out [B, H, dk, dv]); sequence b equals its own call bit for bit.\n"
       "engine: None or a CPU Engine runs the C++ reference on host arrays; a CUDA Engine runs\n"
-      "cuda/kda.cu on arrays of its device (built for dk = dv = 128 only: another head size\n"
+      "cuda/kda_scan.cu on arrays of its device (built for dk = dv = 128 only: another head size\n"
       "raises UnsupportedError (UNSUPPORTED_GEOMETRY); its dk-long sums are partial sums plus a\n"
       "warp tree, so it matches the CPU to ~1e-5 relative, not bit for bit).\n"
       "Raises ContractError (CONTRACT_DTYPE / CONTRACT_SHAPE / CONTRACT_STRIDE /\n"

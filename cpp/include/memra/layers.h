@@ -91,8 +91,8 @@ class KdaLayer {
   std::shared_ptr<CudaContext> cuda_;
   std::shared_ptr<Gpu> gpu_;
   // The whole mixer over T tokens with explicit state planes (ring_in/state_in may be nullptr).
-  void run(const float* x, int T, const float* ring_in, float* ring_out, const float* state_in,
-           float* state_out, float* y) const;
+  Status run(const float* x, int T, const float* ring_in, float* ring_out, const float* state_in,
+             float* state_out, float* y) const;
   KdaConfig cfg_;
   Weight q_proj_, k_proj_, v_proj_, f_a_, f_b_, b_proj_, g_a_, g_b_, o_proj_;
   std::vector<float> conv_w_;  // fused [3*qkv, K]: q | k | v planes

@@ -1,7 +1,7 @@
 // KDA (Kimi Delta Attention) mixer pieces: short causal conv, forget gate, recurrent scan.
-// The CPU reference (ops.h); oracle: transformers 5.17 models/glm5_next/modeling_glm5_next.py
-// (causal_conv1d_fn / causal_conv1d_update, Glm5NextTextForgetGate,
-// recurrent_kimi_delta_attention).
+// The CPU reference (memra/cpu/kda.h); oracle: transformers 5.17
+// models/glm5_next/modeling_glm5_next.py (causal_conv1d_fn / causal_conv1d_update,
+// Glm5NextTextForgetGate, recurrent_kimi_delta_attention).
 //
 // Bit-exactness between arms is a contract, not an accident: the conv's prefill and decode arms
 // call the same per-output helper, and the scan runs every step on its state buffer in place, so
@@ -12,7 +12,7 @@
 #include <cstring>
 #include <vector>
 
-#include "memra/ops.h"
+#include "memra/cpu/kda.h"
 
 namespace memra::cpu {
 

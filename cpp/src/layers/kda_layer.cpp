@@ -1,11 +1,13 @@
-// KdaLayer: the KDA mixer over the CPU reference ops. Reference: transformers
-// Glm5NextTextLinearAttention.forward (glm5_next), KimiDeltaAttention (kimi_linear).
+// KdaLayer: the KDA mixer over the CPU reference ops (the KDA ones through memra::op on the CPU
+// backend, op/kda.h). Reference: transformers Glm5NextTextLinearAttention.forward (glm5_next),
+// KimiDeltaAttention (kimi_linear).
 #include <algorithm>
 #include <cmath>
 #include <vector>
 
 #include "gpu_util.h"
 #include "memra/layers.h"
+#include "memra/op/kda.h"
 
 namespace memra {
 
@@ -59,8 +61,9 @@ LayerStateSpec KdaLayer::state_spec() const {
   return s;
 }
 
-void KdaLayer::run(const float* x, int T, const float* ring_in, float* ring_out,
-                   const float* state_in, float* state_out, float* y) const {
+Status KdaLayer::run(const float* x, int T, const float* ring_in, float* ring_out,
+                     const float* state_in, float* state_out, float* y) const {
+  const op::Backend cpu;  // the CPU reference backend
   const int H = cfg_.heads, dk = cfg_.head_dim, qkv = H * dk, C = 3 * qkv, K = cfg_.conv_kernel;
   const size_t Tq = size_t(T) * qkv;
   // Projections into the fused channel order q | k | v per token (the conv's channel order).
@@ -72,40 +75,59 @@ void KdaLayer::run(const float* x, int T, const float* ring_in, float* ring_out,
       std::copy_n(proj.data() + size_t(t) * qkv, qkv, mixed.data() + size_t(t) * C + p * qkv);
     }
   }
-  std::vector<float> zero_ring;
-  if (!ring_in) {
-    zero_ring.assign(size_t(C) * (K - 1), 0.0f);
-    ring_in = zero_ring.data();
-  }
-  std::vector<float> conv(size_t(T) * C);
-  if (T == 1) {
-    cpu::kda_conv_decode(mixed.data(), C, conv_w_.data(), K, ring_in, ring_out, conv.data());
-  } else {
-    cpu::kda_conv_prefill(mixed.data(), T, C, conv_w_.data(), K, ring_in, ring_out, conv.data());
-  }
-  std::vector<float> q(Tq), k(Tq), v(Tq);
-  for (int t = 0; t < T; ++t) {
-    const float* c = conv.data() + size_t(t) * C;
-    std::copy_n(c, qkv, q.data() + size_t(t) * qkv);
-    std::copy_n(c + qkv, qkv, k.data() + size_t(t) * qkv);
-    std::copy_n(c + 2 * qkv, qkv, v.data() + size_t(t) * qkv);
-  }
-  cpu::l2norm_heads(q.data(), T, H, dk, kL2Eps);
-  cpu::l2norm_heads(k.data(), T, H, dk, kL2Eps);
+  // The causal conv + SiLU (a null ring_in reads zeros), split by the group width qkv into q, k
+  // and v [T, qkv] one after another, q and k L2-normalised per head.
+  std::vector<float> act(size_t(T) * C);
+  MemraKdaConvParams cp{};
+  cp.x = mixed.data();
+  cp.n = T;
+  cp.C = C;
+  cp.G = qkv;
+  cp.w = conv_w_.data();
+  cp.K = K;
+  cp.ring.form = MEMRA_KDA_PLANES_DIRECT;
+  cp.ring.in = ring_in;
+  cp.ring.out = ring_out;
+  cp.y = act.data();
+  cp.l2_groups = 2;
+  cp.dk = dk;
+  cp.eps = kL2Eps;
+  MEMRA_TRY(op::kda_conv(cpu, cp));
+  const float* q = act.data();
+  const float* k = q + Tq;
+  const float* v = k + Tq;
 
-  // Forget gate (raw log gate) and beta.
+  // Forget gate (raw log gate) and beta, beta's sigmoid in the gate's call.
   std::vector<float> low(size_t(T) * dk), g(Tq), beta(size_t(T) * H);
   cpu::linear(x, T, f_a_, nullptr, low.data());
   cpu::linear(low.data(), T, f_b_, nullptr, g.data());
-  cpu::kda_gate(g.data(), dt_bias_.data(), a_log_.data(), T, H, dk, cfg_.gate_form,
-                cfg_.lower_bound, g.data());
   cpu::linear(x, T, b_proj_, nullptr, beta.data());
-  for (auto& b : beta) b = 1.0f / (1.0f + std::exp(-b));
+  const MemraKdaGateParams gp{g.data(), dt_bias_.data(), a_log_.data(), T, H, dk,
+                              static_cast<int>(cfg_.gate_form), cfg_.lower_bound, g.data(),
+                              beta.data(), int64_t(T) * H};
+  MEMRA_TRY(op::kda_gate(cpu, gp));
 
+  // The delta-rule scan, one sequence: its planes as one-entry tables (a null state_in: zeros).
   std::vector<float> o(Tq);
-  const float scale = 1.0f / std::sqrt(static_cast<float>(dk));
-  cpu::kda_scan(q.data(), k.data(), v.data(), g.data(), beta.data(), T, H, dk, dk, scale, state_in,
-                state_out, o.data());
+  const float* state_in_table[1] = {state_in};
+  float* state_out_table[1] = {state_out};
+  MemraKdaScanParams sp{};
+  sp.q = q;
+  sp.k = k;
+  sp.v = v;
+  sp.g = g.data();
+  sp.beta = beta.data();
+  sp.B = 1;
+  sp.T = T;
+  sp.H = H;
+  sp.dk = dk;
+  sp.dv = dk;
+  sp.scale = 1.0f / std::sqrt(static_cast<float>(dk));
+  sp.state.form = MEMRA_KDA_PLANES_TABLES;
+  sp.state.in_table = state_in_table;
+  sp.state.out_table = state_out_table;
+  sp.o = o.data();
+  MEMRA_TRY(op::kda_scan(cpu, sp));
 
   // Output gate, sigmoid-gated RMSNorm per head, output projection.
   std::vector<float> gate(Tq);
@@ -114,6 +136,7 @@ void KdaLayer::run(const float* x, int T, const float* ring_in, float* ring_out,
   cpu::rms_norm_gated_sigmoid(o.data(), gate.data(), T * H, dk, o_norm_.data(), cfg_.rms_eps,
                               o.data());
   cpu::linear(o.data(), T, o_proj_, nullptr, y);
+  return Status::Ok();
 }
 
 Status KdaLayer::forward(const float* x, int T, float* y) const {
@@ -121,8 +144,7 @@ Status KdaLayer::forward(const float* x, int T, float* y) const {
   const int64_t C = 3 * int64_t(cfg_.heads) * cfg_.head_dim;
   std::vector<float> ring_out(size_t(C) * (cfg_.conv_kernel - 1));
   std::vector<float> state_out(size_t(cfg_.heads) * cfg_.head_dim * cfg_.head_dim);
-  run(x, T, nullptr, ring_out.data(), nullptr, state_out.data(), y);
-  return Status::Ok();
+  return run(x, T, nullptr, ring_out.data(), nullptr, state_out.data(), y);
 }
 
 Status KdaLayer::prefill(Cache& cache, int layer, int slot, const float* x, int T, float* y) const {
@@ -131,9 +153,8 @@ Status KdaLayer::prefill(Cache& cache, int layer, int slot, const float* x, int 
   MEMRA_TRY(cache.check_room(slot, T, "KdaLayer.prefill"));
   if (gpu_) return prefill_cuda(cache, layer, slot, x, T, y);
   const int c = cache.cur(slot);
-  run(x, T, cache.conv(layer, slot, c), cache.conv(layer, slot, c ^ 1), cache.state(layer, slot, c),
-      cache.state(layer, slot, c ^ 1), y);
-  return Status::Ok();
+  return run(x, T, cache.conv(layer, slot, c), cache.conv(layer, slot, c ^ 1),
+             cache.state(layer, slot, c), cache.state(layer, slot, c ^ 1), y);
 }
 
 Status KdaLayer::decode(Cache& cache, int layer, const int32_t* slots, int B, const float* x,
@@ -149,8 +170,9 @@ Status KdaLayer::decode(Cache& cache, int layer, const int32_t* slots, int B, co
   }
   for (int b = 0; b < B; ++b) {
     const int s = slots[b], c = cache.cur(s);
-    run(x + size_t(b) * cfg_.hidden, 1, cache.conv(layer, s, c), cache.conv(layer, s, c ^ 1),
-        cache.state(layer, s, c), cache.state(layer, s, c ^ 1), y + size_t(b) * cfg_.hidden);
+    MEMRA_TRY(run(x + size_t(b) * cfg_.hidden, 1, cache.conv(layer, s, c),
+                  cache.conv(layer, s, c ^ 1), cache.state(layer, s, c), cache.state(layer, s, c ^ 1),
+                  y + size_t(b) * cfg_.hidden));
   }
   return Status::Ok();
 }

@@ -13,12 +13,12 @@
 //   same GEMM, beta's logits being the row's last H columns, and that GEMM shares q|k|v's launch
 //   (linear_ex_pair: two problems of one x in one GEMV grid);
 // - a decode step's conv and scan find each row's ring and state planes from the device slots
-//   themselves (kda_conv_decode_slots / kda_gate_scan_decode_slots), and read them before they
-//   wait for the launch in front of them. The scan turns f and beta's logits into gates as it
-//   loads them, and runs the per-head gated RMSNorm before it stores o (the bytes of the norm's
-//   own launch); at B == 1 the gates' up-projections f_b | g_b ride in the conv's launch
-//   (kda_conv_decode_slots_pair; both read only the projection's outputs; the bytes of the
-//   GEMV's own launch).
+//   themselves (kda_conv / kda_scan's SLOTS planes), and read them before they wait for the
+//   launch in front of them. The scan turns f and beta's logits into gates as it loads them, and
+//   runs the per-head gated RMSNorm before it stores o (the bytes of the norm's own launch); at
+//   B == 1 the gates' up-projections f_b | g_b ride in the conv's launch (kda_conv's GEMV pair;
+//   both read only the projection's outputs; the bytes of the GEMV's own launch).
+// The KDA ops run through memra::op (op/kda.h) on the layer's CUDA backend.
 // Only the GEMMs' summation order can differ from separate projections (cuBLAS may pick other
 // kernels for the wider shapes).
 #include <cmath>
@@ -26,12 +26,34 @@
 
 #include "gpu_util.h"
 #include "memra/layers.h"
+#include "memra/op/kda.h"
 
 namespace memra {
 
 namespace {
 constexpr float kL2Eps = 1e-6f;  // as kda_layer.cpp
+
+// A failed KDA op's Status, named after the layer call it ran in as well.
+Status in_layer(Status st, const char* op) {
+  if (!st.ok()) st.message = std::string(op) + ": " + st.message;
+  return st;
 }
+
+// A layer's planes found from the device slots (MEMRA_KDA_PLANES_SLOTS): plane c of slot s at
+// base<c> + s * floats, read before the kernel's wait (early; see run_cuda).
+MemraKdaPlanes slot_planes(const int32_t* slots_d, const int32_t* cur_d, float* base0,
+                           float* base1, int64_t floats) {
+  MemraKdaPlanes p{};
+  p.form = MEMRA_KDA_PLANES_SLOTS;
+  p.slots = slots_d;
+  p.cur = cur_d;
+  p.base0 = base0;
+  p.base1 = base1;
+  p.floats = floats;
+  p.early = 1;
+  return p;
+}
+}  // namespace
 
 struct KdaLayer::Gpu {
   DeviceWeight qkv;   // q | k | v projections [3*qkv, D] in the compute dtype
@@ -113,6 +135,7 @@ Status KdaLayer::run_cuda(Cache& cache, int layer, int B, int T, const Planes& p
   gpu::ResidentWeights resident(c);
   const CudaApi& api = c.api();
   MemraCudaCtx* ctx = c.ctx();
+  const op::Backend be{&c};
   const Gpu& g = *gpu_;
   const int H = cfg_.heads, dk = cfg_.head_dim, qkv = H * dk, C = 3 * qkv, K = cfg_.conv_kernel;
   const int N = B * T;
@@ -161,29 +184,45 @@ Status KdaLayer::run_cuda(Cache& cache, int layer, int B, int T, const Planes& p
   // at N = 1, b_proj above) write none of the planes, slots or flags they read before their
   // wait, and every kernel before those has completed by then.
   // N == 1: the forget and output gates' up-projections f_b | g_b over x_small's
-  // f | g columns ride in the conv's launch (kda_conv_decode_slots_pair, the bytes of the conv
-  // and linear_in_pair below; both read only the projection's outputs).
+  // f | g columns ride in the conv's launch (kda_conv's GEMV pair, the bytes of the conv and
+  // linear_in_pair below; both read only the projection's outputs).
   gpu::Rounded lowr;  // N == 1: low itself, rounded in the GEMV (no launch); N > 1: below
   if (N == 1) MEMRA_TRY(gpu::round_input(c, a, low, N, n_low, g.f_b.dtype, &lowr, op));
   const bool pair = decode && N == 1 && lowr.dtype == DType::kF32 &&
                     g.f_b.cols == g.g_b.cols && g.f_b.dtype_code() == g.g_b.dtype_code();
-  if (pair) {
-    MEMRA_GPU(c, api.kda_conv_decode_slots_pair(
-                     ctx, raw, B, C, qkv, conv_w, K, planes.slots_d, cache.cur_d(),
-                     cache.conv(layer, 0, 0), cache.conv(layer, 0, 1), spec.conv_floats(), 0, 1,
-                     act, 2, dk, kL2Eps, low, low + g.rank_f, static_cast<int>(g.f_b.cols),
-                     g.f_b.data(), g.g_b.data(), g.f_b.dtype_code(), static_cast<int>(g.f_b.rows),
-                     static_cast<int>(g.g_b.rows), gate_f, gate_o), op);
-  } else if (decode) {
-    MEMRA_GPU(c, api.kda_conv_decode_slots(ctx, raw, B, C, qkv, conv_w, K, planes.slots_d,
-                                           cache.cur_d(), cache.conv(layer, 0, 0),
-                                           cache.conv(layer, 0, 1), spec.conv_floats(), 0, 1, act,
-                                           2, dk, kL2Eps), op);
+  MemraKdaConvParams cp{};
+  cp.x = raw;
+  cp.n = N;
+  cp.C = C;
+  cp.G = qkv;
+  cp.w = conv_w;
+  cp.K = K;
+  cp.y = act;
+  cp.l2_groups = 2;
+  cp.dk = dk;
+  cp.eps = kL2Eps;
+  if (decode) {
+    cp.ring = slot_planes(planes.slots_d, cache.cur_d(), cache.conv(layer, 0, 0),
+                          cache.conv(layer, 0, 1), spec.conv_floats());
   } else {
-    MEMRA_GPU(c, api.kda_conv_prefill(ctx, raw, T, C, qkv, conv_w, K, planes.ring_in,
-                                      planes.ring_out, act), op);
-    MEMRA_GPU(c, api.l2norm_heads(ctx, act, 2 * N, H, dk, kL2Eps), op);
+    cp.ring.form = MEMRA_KDA_PLANES_DIRECT;
+    cp.ring.in = planes.ring_in;
+    cp.ring.out = planes.ring_out;
   }
+  if (pair) {
+    cp.pair.run = 1;
+    cp.pair.x0 = low;
+    cp.pair.x1 = low + g.rank_f;
+    cp.pair.K = static_cast<int>(g.f_b.cols);
+    cp.pair.w0 = g.f_b.data();
+    cp.pair.w1 = g.g_b.data();
+    cp.pair.w_dtype = g.f_b.dtype_code();
+    cp.pair.N0 = static_cast<int>(g.f_b.rows);
+    cp.pair.N1 = static_cast<int>(g.g_b.rows);
+    cp.pair.y0 = gate_f;
+    cp.pair.y1 = gate_o;
+  }
+  MEMRA_TRY(in_layer(op::kda_conv(be, cp), op));
 
   // Both gates' low-rank halves in one GEMM (N == 1: with beta's logits, launched above with
   // q|k|v), rounded once for f_b and g_b (the rows of N > 1 would interleave beta's columns with
@@ -200,29 +239,49 @@ Status KdaLayer::run_cuda(Cache& cache, int layer, int B, int T, const Planes& p
                                      gate_o), op);
   }
   if (N != 1) MEMRA_GPU(c, gpu::linear_in(c, xr, N, g.b_proj, nullptr, beta), op);
-  const float scale = 1.0f / std::sqrt(static_cast<float>(dk));
+  MemraKdaScanParams sp{};
+  sp.q = q;
+  sp.k = k;
+  sp.v = v;
+  sp.g = gate_f;
+  sp.beta = beta;
+  sp.B = B;
+  sp.T = T;
+  sp.H = H;
+  sp.dk = dk;
+  sp.dv = dk;
+  sp.scale = 1.0f / std::sqrt(static_cast<float>(dk));
+  sp.o = o;
   const int form = static_cast<int>(cfg_.gate_form);
   if (decode) {
     // One step: the gates (forget gate and beta's sigmoid) inside the scan's launch, with the
     // bytes of the two launches prefill runs; state planes cur -> 1 - cur; and the gated norm
     // below, with the bytes of its own launch.
-    MEMRA_GPU(c, api.kda_gate_scan_decode_slots(ctx, q, k, v, gate_f, gpu::f32p(g.dt_bias),
-                                                gpu::f32p(g.a_log), form, cfg_.lower_bound, beta,
-                                                B, H, dk, dk, scale, planes.slots_d, cache.cur_d(),
-                                                cache.state(layer, 0, 0), cache.state(layer, 0, 1),
-                                                spec.state_floats(), 1, gate_o,
-                                                gpu::f32p(g.o_norm), cfg_.rms_eps, o), op);
+    sp.state = slot_planes(planes.slots_d, cache.cur_d(), cache.state(layer, 0, 0),
+                           cache.state(layer, 0, 1), spec.state_floats());
+    sp.fuse_gates = 1;
+    sp.dt_bias = gpu::f32p(g.dt_bias);
+    sp.A_log = gpu::f32p(g.a_log);
+    sp.gate_form = form;
+    sp.lower_bound = cfg_.lower_bound;
+    sp.fuse_norm = 1;
+    sp.gate_o = gate_o;
+    sp.o_norm = gpu::f32p(g.o_norm);
+    sp.norm_eps = cfg_.rms_eps;
   } else {
-    MEMRA_GPU(c, api.kda_gate_beta(ctx, gate_f, gpu::f32p(g.dt_bias), gpu::f32p(g.a_log), N, H,
-                                   dk, form, cfg_.lower_bound, gate_f, beta, int64_t(N) * H), op);
+    const MemraKdaGateParams gp{gate_f, gpu::f32p(g.dt_bias), gpu::f32p(g.a_log), N, H, dk, form,
+                                cfg_.lower_bound, gate_f, beta, int64_t(N) * H};
+    MEMRA_TRY(in_layer(op::kda_gate(be, gp), op));
     // The delta-rule scan: one sequence of T steps, state planes cur -> 1 - cur.
     const float** sin = nullptr;
     float** sout = nullptr;
     MEMRA_TRY(a.upload(std::vector<const float*>{planes.state_in}, &sin));
     MEMRA_TRY(a.upload(std::vector<float*>{planes.state_out}, &sout));
-    MEMRA_GPU(c, api.kda_scan(ctx, q, k, v, gate_f, beta, B, T, H, dk, dk, scale, sin, sout, o),
-              op);
+    sp.state.form = MEMRA_KDA_PLANES_TABLES;
+    sp.state.in_table = sin;
+    sp.state.out_table = sout;
   }
+  MEMRA_TRY(in_layer(op::kda_scan(be, sp), op));
 
   // The sigmoid-gated RMSNorm per head (gate_o: g_b over low's second block, above; at decode
   // inside the scan), output projection.

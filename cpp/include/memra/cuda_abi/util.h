@@ -6,24 +6,10 @@
   X(add, (MemraCudaCtx * ctx, const float* a, const float* b, int64_t n, float* y))               \
   /* out[t, s, :] = x[t, :] for s < n: x [T, D] -> out [T, n, D] (mHC streams). */               \
   X(hc_expand, (MemraCudaCtx * ctx, const float* x, int T, int D, int n, float* out))           \
-  /* Decode-graph bookkeeping (cuda/graph_tables.cu; docs/decode_graphs.md): per-sequence state     \
-     reached from device slots and ping-pong flags, so a captured graph replays for any of them.   \
-     KDA pointer tables of one layer: for row b < B with s = slots[b] >= 0 and c = cur[s] & 1,     \
-       ring_in[b]  = conv_base<c>   + s*conv_floats + plane_offset,                               \
-       ring_out[b] = conv_base<1-c> + s*conv_floats + plane_offset,                               \
-       state_in[b] = state_base<c>  + s*state_floats, state_out[b] = state_base<1-c> + ...;       \
-     (the pointers KdaLayer::run_cuda builds on the host from Cache::conv / Cache::state); an      \
-     idle row (s < 0) gets ring_in = ring_out = sink_conv + plane_offset and state_in = state_out \
-     = sink_state, or null entries when the sink is null (kda_conv_decode / kda_scan then read    \
-     zeros and skip the write). slots [B] and cur [max_batch] are device int32 arrays; valid      \
-     slots are < max_batch (unchecked: the host validates them before the upload). B == 0 is a    \
-     no-op; one launch, shape from B only; no allocation, no host sync. */                        \
-  X(kda_tables, (MemraCudaCtx * ctx, const int32_t* slots, const int32_t* cur, int B,              \
-                 float* conv_base0, float* conv_base1, float* state_base0, float* state_base1,     \
-                 int64_t conv_floats, int64_t state_floats, int64_t plane_offset,                  \
-                 const float** ring_in, float** ring_out, const float** state_in,                  \
-                 float** state_out, float* sink_conv, float* sink_state))                          \
-  /* The decode step's commit on the device: lengths[s] += 1 and cur[s] ^= 1 for every row b < B \
+  /* Decode-graph bookkeeping (cuda/graph_tables.cu; docs/decode_graphs.md): per-sequence state   \
+     reached from device slots and ping-pong flags, so a captured graph replays for any of them    \
+     (a KDA layer's pointer tables: kda_tables, cuda_abi/kda.h).                                  \
+     The decode step's commit on the device: lengths[s] += 1 and cur[s] ^= 1 for every row b < B \
      with s = slots[b] >= 0 (Cache::commit(s, 1) without the host; slots distinct, as a decode    \
      batch's are; a repeated slot is counted once per occurrence, atomically). lengths and cur    \
      [max_batch] device int32, updated in place; no capacity check (the host checks room before   \

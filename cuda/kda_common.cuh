@@ -1,0 +1,121 @@
+// Shared by the KDA area's sources (cuda/kda_conv.cu, kda_scan.cu, kda_decode.cu; ABI in
+// cpp/include/memra/cuda_abi/kda.h): how a decode kernel finds each row's planes, the gate's
+// per-element arithmetic, and the scan's head size.
+//
+// Rounding, for every KDA kernel: each arithmetic operation is written with an explicit
+// round-to-nearest intrinsic (__fmul_rn / __fadd_rn / __fdiv_rn), which nvcc never contracts into
+// an FMA, so each element sees the operations of the CPU reference (cpu/kda.cpp; x86-64 without
+// FMA rounds every op). What still differs from the CPU: expf / logf (CUDA's are within 2 ulp,
+// glibc's ~0.5 ulp) and, in the scan, the order of the dk-long sums (partial sums + a warp tree
+// instead of one ascending chain).
+//
+// The types and device functions below are in an anonymous namespace, as the kernels that take
+// them are: each source gets its own copy, and the kernels' mangled names (sass_diff.py compares
+// by them) stay those of the single-file KDA library. What one source calls in another is in
+// memra::cuda::kda and takes only the ABI's parameter structs.
+#pragma once
+
+#include <cstdint>
+
+#include "common.cuh"
+
+namespace {
+
+constexpr int kMaxGridY = 65535;
+
+// The scan kernels' head size (dk = dv = 128; anything else is 50002).
+constexpr int kScanDk = 128;
+constexpr int kScanDv = 128;
+
+// The per-row planes a decode kernel reads and writes (a conv ring or a scan state): the [B]
+// pointer tables kda_tables builds (in null or a null entry = zeros; a null out entry is not
+// written), or, with slots set (MEMRA_KDA_PLANES_SLOTS), resolved in the kernel from the device
+// slots with kda_tables' arithmetic, which needs neither its launch nor its tables: row b with
+// s = slots[b] >= 0 and c = cur[s] & 1 reads base<c> + s * floats + offset and writes
+// base<1 - c> + s * floats + offset; an idle row (s < 0) reads zeros and writes nothing.
+// early: slots, cur, the input planes and the kernel's weights are read before its pdl_wait (the
+// caller guarantees that no kernel that may still be running writes them: with every kernel
+// triggering its dependent after its own wait, that is the launch in front), so their latency is
+// spent under that launch instead of on the step's critical path.
+struct RowPlanes {
+  const float* const* in = nullptr;
+  float* const* out = nullptr;
+  const int32_t* slots = nullptr;
+  const int32_t* cur = nullptr;
+  float* base0 = nullptr;
+  float* base1 = nullptr;
+  int64_t floats = 0;
+  int64_t offset = 0;
+  bool early = false;
+
+  __device__ __forceinline__ void at(int64_t b, const float** pin, float** pout) const {
+    // slots and cur through L2 (__ldcg), belt and braces: with early, what is read before the
+    // wait (these, the input planes, the taps) was last written by kernels that completed before
+    // the launch in front of this one began (each kernel triggers its dependent only after its
+    // own wait), so no cache can hold an older copy.
+    if (slots) {
+      const int s = __ldcg(slots + b);
+      if (s < 0) {
+        *pin = nullptr;
+        *pout = nullptr;
+        return;
+      }
+      const bool one = (__ldcg(cur + s) & 1) != 0;
+      const int64_t off = static_cast<int64_t>(s) * floats + offset;
+      *pin = (one ? base1 : base0) + off;
+      *pout = (one ? base0 : base1) + off;
+      return;
+    }
+    *pin = in ? in[b] : nullptr;
+    *pout = out[b];
+  }
+};
+
+// The RowPlanes of a TABLES or SLOTS MemraKdaPlanes (the caller has checked the form). A SLOTS
+// form with null slots is left a table form without tables, which the checks refuse (40024).
+inline RowPlanes row_planes(const MemraKdaPlanes& p) {
+  RowPlanes r;
+  if (p.form == MEMRA_KDA_PLANES_SLOTS) {
+    r.slots = p.slots;
+    r.cur = p.cur;
+    r.base0 = p.base0;
+    r.base1 = p.base1;
+    r.floats = p.floats;
+    r.offset = p.offset;
+  } else {
+    r.in = p.in_table;
+    r.out = p.out_table;
+  }
+  r.early = p.early != 0;
+  return r;
+}
+
+// One gate value from f + dt_bias (cpu::kda_gate's arithmetic; decay_rate = exp(A_log[h])).
+// The gate kernel and the decode scan's fused gates both call it.
+__device__ __forceinline__ float gate_value(float f, float bias, float decay_rate, int form,
+                                           float lower_bound) {
+  const float x = __fadd_rn(f, bias);
+  if (form == 0) {
+    // lb * sigmoid(exp(A_log) * x), written as lb * (1 / (1 + exp(-(rate * x)))).
+    return __fmul_rn(lower_bound,
+                     __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-__fmul_rn(decay_rate, x)))));
+  }
+  // transformers' softplus: log(1 + exp(x)) (not log1p), x itself above 20.
+  const float sp = x > 20.0f ? x : logf(__fadd_rn(1.0f, expf(x)));
+  return __fmul_rn(-decay_rate, sp);
+}
+
+// beta from its logit (memra_cuda_sigmoid's arithmetic).
+__device__ __forceinline__ float beta_value(float logit) { return 1.0f / (1.0f + expf(-logit)); }
+
+}  // namespace
+
+namespace memra::cuda::kda {
+
+// cuda/kda_decode.cu: the decode step of kda_scan (T == 1), after the entry's checks.
+// TABLES: scan_decode_kernel over the pointer tables (q .. o checked 16-byte aligned).
+int scan_decode_tables(MemraCudaCtx* ctx, const MemraKdaScanParams& p);
+// SLOTS with the gates and the norm fused: the whole of that form (its checks, then the launch).
+int scan_decode_slots(MemraCudaCtx* ctx, const MemraKdaScanParams& p);
+
+}  // namespace memra::cuda::kda
