@@ -135,11 +135,13 @@ void init_ops_basic(nb::module_& m) {
         const MemraEmbeddingParams p{dw ? dw->data() : hw->data(),
                                      dw ? dw->dtype_code() : static_cast<int>(hw->dtype()),
                                      vocab, int(D), id, T, hc, out.data<float>()};
+        Status st;
         {
-          std::optional<nb::gil_scoped_release> nogil;
+          std::optional<nb::gil_scoped_release> nogil;  // the CPU gather runs without the GIL
           if (!on_cuda(engine)) nogil.emplace();
-          check(op::embedding(backend(engine), p));
+          st = op::embedding(backend(engine), p);
         }
+        check(st);  // raises with the GIL held
         return out.obj;
       },
       nb::arg("table"), nb::arg("ids"), nb::kw_only(), nb::arg("check_range") = true,
