@@ -1,6 +1,7 @@
 // DSA k-pool indexer on the GPU (cpp/include/memra/cuda_abi/dsa.h): the twins of
 // cpu::kpool_pool_key / kpool_score / kpool_select (cpp/src/cpu/dsa.cpp) and of the row
-// bookkeeping in MlaLayer::indexer (cpp/src/layers/mla_layer.cpp), one sequence per call.
+// bookkeeping in MlaLayer::indexer (cpp/src/layers/mla_layer.cpp), one sequence per call; the
+// entries hand their batched forms to cuda/dsa_decode.cu.
 //
 // Arithmetic: every float operation the CPU does in a fixed order is done here with the
 // explicitly rounded intrinsics (__fmul_rn / __fadd_rn / __fsub_rn / __fdiv_rn), which nvcc never
@@ -87,7 +88,6 @@ __global__ void ring_write_kernel(const float* __restrict__ k, const float* __re
 }
 
 // -------------------------------------------------------------------------------- scores
-
 
 __device__ __forceinline__ bool pool_visible(int64_t p, int pool, int64_t pos) {
   return p * pool + pool - 1 <= pos;
@@ -315,7 +315,6 @@ void launch_score_tiled(MemraCudaCtx* ctx, const float* q, const float* w, const
 
 // -------------------------------------------------------------------------------- selection
 
-
 // cpu::kpool_select's candidate test: a finite score of a pool whose last row is visible.
 __device__ __forceinline__ bool is_candidate(float s, int64_t p, int pool, int64_t pos) {
   return isfinite(s) && pool_visible(p, pool, pos);
@@ -386,13 +385,11 @@ __global__ void __launch_bounds__(kSelectThreads)
   }
 }
 
-}  // namespace
+// -------------------------------------------------------------------------------- entries
 
-extern "C" {
-
-int memra_cuda_kpool_append(MemraCudaCtx* ctx, const float* k, const float* gate, int T, int d,
-                            const float* ape, int pool, int pos, float* tail_k, float* tail_gate,
-                            int tail_rows, float* pool_keys) {
+int append_rows(MemraCudaCtx* ctx, const float* k, const float* gate, int T, int d,
+                const float* ape, int pool, int pos, float* tail_k, float* tail_gate,
+                int tail_rows, float* pool_keys) {
   MEMRA_CUDA_RETURN_IF(enter(ctx));
   if (pool < 1 || tail_rows < pool || tail_rows % pool != 0) return memra::kContractPool;
   if (T < 0 || d < 1 || pos < 0) return memra::kContractValue;
@@ -415,10 +412,9 @@ int memra_cuda_kpool_append(MemraCudaCtx* ctx, const float* k, const float* gate
   return launch_status();
 }
 
-int memra_cuda_kpool_score(MemraCudaCtx* ctx, const float* q, const float* w,
-                           const float* pool_keys, int t_q, int Hi, int d, int n_pools, int pool,
-                           int first_pos, float qk_scale, float head_scale, int reference,
-                           float* score) {
+int score_rows(MemraCudaCtx* ctx, const float* q, const float* w, const float* pool_keys, int t_q,
+               int Hi, int d, int n_pools, int pool, int first_pos, float qk_scale,
+               float head_scale, int reference, float* score) {
   MEMRA_CUDA_RETURN_IF(enter(ctx));
   if (pool < 1) return memra::kContractPool;
   if (t_q < 0 || Hi < 0 || d < 0 || n_pools < 0 || first_pos < 0) return memra::kContractValue;
@@ -453,8 +449,8 @@ int memra_cuda_kpool_score(MemraCudaCtx* ctx, const float* q, const float* w,
   return launch_status();
 }
 
-int memra_cuda_kpool_select(MemraCudaCtx* ctx, const float* score, int t_q, int n_pools, int pool,
-                            int select_k, int width, int first_pos, int reference, int32_t* idx) {
+int select_rows(MemraCudaCtx* ctx, const float* score, int t_q, int n_pools, int pool, int select_k,
+                int width, int first_pos, int reference, int32_t* idx) {
   MEMRA_CUDA_RETURN_IF(enter(ctx));
   // Checks in cpu::kpool_select's order.
   if (pool < 1) return memra::kContractPool;
@@ -477,6 +473,41 @@ int memra_cuda_kpool_select(MemraCudaCtx* ctx, const float* score, int t_q, int 
         score, t_q, n_pools, pool, select_k, width, first_pos, idx);
   }
   return launch_status();
+}
+
+}  // namespace
+
+namespace memra::cuda::dsa {
+// cuda/dsa_decode.cu: the batched forms (p.batched == 1), entry checks included.
+int append_decode(MemraCudaCtx* ctx, const MemraKpoolAppendParams& p);
+int score_decode(MemraCudaCtx* ctx, const MemraKpoolScoreParams& p);
+int select_decode(MemraCudaCtx* ctx, const MemraKpoolSelectParams& p);
+}  // namespace memra::cuda::dsa
+
+extern "C" {
+
+int memra_cuda_kpool_append(MemraCudaCtx* ctx, const MemraKpoolAppendParams* p) {
+  if (!p) return memra::kContractMissing;
+  if (p->batched == 1) return memra::cuda::dsa::append_decode(ctx, *p);
+  if (p->batched != 0) return memra::kContractValue;
+  return append_rows(ctx, p->k, p->gate, p->n, p->d, p->ape, p->pool, p->pos, p->tail_k,
+                     p->tail_gate, p->tail_rows, p->pool_keys);
+}
+
+int memra_cuda_kpool_score(MemraCudaCtx* ctx, const MemraKpoolScoreParams* p) {
+  if (!p) return memra::kContractMissing;
+  if (p->batched == 1) return memra::cuda::dsa::score_decode(ctx, *p);
+  if (p->batched != 0) return memra::kContractValue;
+  return score_rows(ctx, p->q, p->w, p->pool_keys, p->t_q, p->Hi, p->d, p->n_pools, p->pool,
+                    p->first_pos, p->qk_scale, p->head_scale, p->reference, p->score);
+}
+
+int memra_cuda_kpool_select(MemraCudaCtx* ctx, const MemraKpoolSelectParams* p) {
+  if (!p) return memra::kContractMissing;
+  if (p->batched == 1) return memra::cuda::dsa::select_decode(ctx, *p);
+  if (p->batched != 0) return memra::kContractValue;
+  return select_rows(ctx, p->score, p->t_q, p->n_pools, p->pool, p->select_k, p->width,
+                     p->first_pos, p->reference, p->idx);
 }
 
 }  // extern "C"

@@ -1,9 +1,9 @@
-// Batched decode forms of the DSA k-pool indexer (cpp/include/memra/cuda_abi/dsa.h:
-// kpool_append_decode, kpool_score_decode, kpool_select_decode): B sequences, one token each, in
-// one launch per op. Per-sequence state is reached through device arrays of device pointers and
-// the positions live on the device (pos[b] = tokens sequence b held before this one; pos[b] < 0
-// marks an idle row), so a captured CUDA graph replays at any position: every grid below depends
-// on the host bounds B, d, max_pools only, never on a position.
+// Batched decode forms of the DSA k-pool indexer (cpp/include/memra/cuda_abi/dsa.h: kpool_append,
+// kpool_score, kpool_select with batched 1; cuda/dsa.cu's entries hand them over): B sequences,
+// one token each, in one launch per op. Per-sequence state is reached through device arrays of
+// device pointers and the positions live on the device (pos[b] = tokens sequence b held before
+// this one; pos[b] < 0 marks an idle row), so a captured CUDA graph replays at any position:
+// every grid below depends on the host bounds B, d, max_pools only, never on a position.
 //
 // Bytes: each op gives, per sequence, exactly the bytes of the per-sequence op of cuda/dsa.cu with
 // T = t_q = 1 (kpool_append at pos; kpool_score / kpool_select with first_pos = pos and
@@ -23,18 +23,14 @@
 //     memory, then one thread per pool sums the terms in h order (the reference's bytes); q read
 //     as block-uniform broadcast loads (float4 when q is 16-byte aligned and d % 4 == 0). A block
 //     whose pools are all past the sequence's n_pools writes -inf and exits (reading no key).
-//     (One thread per pool for all heads, as first written, left 2 warps per SM at B = 1: 91 us
-//     at 32 K tokens, ncu 5 % SM.) Otherwise: one thread per (sequence, pool), keys from global.
+//     Otherwise: one thread per (sequence, pool), keys from global.
 //   select: one block (512 threads) per sequence: dsa.cu's radix select over the visible pools
 //     [0, n_pools) (8-bit digits of a 64-bit key, most significant first), a block scan in pool
 //     order, then the tail rows and -1 padding; an idle row writes width -1s.
 //
-// Speed (GLM-5.3-Flash indexer: Hi = 32, d = 128, pool = 4): append is a few KB per sequence
-// (launch-bound, ~3 us). Scores do Hi * d = 4096 multiply-adds per (sequence, visible pool) as
-// separate FMUL + FADD (no FMA, for the CPU's bytes): B = 8 at 32 K tokens (8192 pools each) is
-// 268 M multiply-adds = 537 M FP32 instructions, ~20-30 us on an H200 (issue-bound; keys are 4 MB
-// per sequence, read once). Select: 16 candidates per thread and pass, ~10-20 us at 8192 pools,
-// all sequences in parallel.
+// Scores do Hi * d multiply-adds per (sequence, visible pool) as separate FMUL + FADD (no FMA,
+// for the CPU's bytes), so they are issue-bound rather than bound by the keys' bytes (the
+// estimates at GLM-5.3-Flash's indexer shape: docs/kernels.md "DSA").
 #include <algorithm>
 #include <climits>
 #include <cmath>
@@ -88,7 +84,6 @@ __global__ void append_decode_kernel(const float* __restrict__ k, const float* _
 }
 
 // -------------------------------------------------------------------------------- scores
-
 
 // Pools of sequence b that the token at pos sees: [0, (pos + 1) / pool), at most max_pools; none
 // for an idle row.
@@ -181,7 +176,7 @@ __global__ void __launch_bounds__(kDecGroups * kDecBP)
     __syncthreads();  // the previous sequence's tiles are no longer read
     {
       // Every key value of the block's tile loaded before any is stored (kFill per thread):
-      // one memory round trip instead of one per value (~13 K cycles of a one-block step).
+      // one memory round trip instead of one per value.
       constexpr int kFill = kDecBP * kDecMaxD / (kDecGroups * kDecBP);
       float kv[kFill];
 #pragma unroll
@@ -268,9 +263,9 @@ __global__ void __launch_bounds__(kSimpleThreads)
 // One block per sequence (grid-stride over b). Pools [0, n) are exactly the ones the
 // per-sequence select's is_candidate admits by position (p * pool + pool - 1 <= pos); among
 // them the finite scores are the candidates; the rest is dsa.cu's select (radix_select_row).
-// With c.list (memra_cuda_kpool_select_compact_decode), each block then compacts its row's list
+// With c.list (kpool_select with compact 1), each block then compacts its row's list
 // as the MLA decode attention's compaction does (gather_compact.cuh, n = t_kv[b] clamped to
-// [0, max_t_kv]) into c.list / c.counts, which mla_attn_decode_listed reads: one launch fewer.
+// [0, max_t_kv]) into c.list / c.counts, which mla_attn's LISTED form reads: one launch fewer.
 struct CompactOut {
   const int32_t* t_kv;  // [B]
   int max_t_kv;
@@ -312,14 +307,11 @@ __global__ void __launch_bounds__(kSelectThreads)
   }
 }
 
-}  // namespace
+// -------------------------------------------------------------------------------- entries
 
-extern "C" {
-
-int memra_cuda_kpool_append_decode(MemraCudaCtx* ctx, const float* k, const float* gate, int B,
-                                   int d, const float* ape, int pool, const int32_t* pos,
-                                   float* const* tail_k, float* const* tail_gate, int tail_rows,
-                                   float* const* pool_keys) {
+int append_decode_rows(MemraCudaCtx* ctx, const float* k, const float* gate, int B, int d,
+                       const float* ape, int pool, const int32_t* pos, float* const* tail_k,
+                       float* const* tail_gate, int tail_rows, float* const* pool_keys) {
   MEMRA_CUDA_RETURN_IF(enter(ctx));
   if (pool < 1 || tail_rows < pool || tail_rows % pool != 0) return memra::kContractPool;
   if (B < 0 || d < 1) return memra::kContractValue;
@@ -330,10 +322,9 @@ int memra_cuda_kpool_append_decode(MemraCudaCtx* ctx, const float* k, const floa
   return launch_status();
 }
 
-int memra_cuda_kpool_score_decode(MemraCudaCtx* ctx, const float* q, const float* w,
-                                  const float* const* pool_keys, const int32_t* pos, int B, int Hi,
-                                  int d, int pool, int max_pools, float qk_scale, float head_scale,
-                                  float* score) {
+int score_decode_rows(MemraCudaCtx* ctx, const float* q, const float* w,
+                      const float* const* pool_keys, const int32_t* pos, int B, int Hi, int d,
+                      int pool, int max_pools, float qk_scale, float head_scale, float* score) {
   MEMRA_CUDA_RETURN_IF(enter(ctx));
   if (pool < 1) return memra::kContractPool;
   if (B < 0 || Hi < 0 || d < 0 || max_pools < 0) return memra::kContractValue;
@@ -358,10 +349,6 @@ int memra_cuda_kpool_score_decode(MemraCudaCtx* ctx, const float* q, const float
   }
   return launch_status();
 }
-
-}  // extern "C"
-
-namespace {
 
 int select_decode_impl(MemraCudaCtx* ctx, const float* score, const int32_t* pos, int B,
                        int max_pools, int pool, int select_k, int width, int32_t* idx,
@@ -388,23 +375,26 @@ int select_decode_impl(MemraCudaCtx* ctx, const float* score, const int32_t* pos
 
 }  // namespace
 
-extern "C" {
+namespace memra::cuda::dsa {
 
-int memra_cuda_kpool_select_decode(MemraCudaCtx* ctx, const float* score, const int32_t* pos,
-                                   int B, int max_pools, int pool, int select_k, int width,
-                                   int32_t* idx) {
-  return select_decode_impl(ctx, score, pos, B, max_pools, pool, select_k, width, idx,
-                            CompactOut{});
+int append_decode(MemraCudaCtx* ctx, const MemraKpoolAppendParams& p) {
+  return append_decode_rows(ctx, p.k, p.gate, p.n, p.d, p.ape, p.pool, p.seq_pos, p.seq_tail_k,
+                            p.seq_tail_gate, p.tail_rows, p.seq_pool_keys);
 }
 
-int memra_cuda_kpool_select_compact_decode(MemraCudaCtx* ctx, const float* score,
-                                           const int32_t* pos, int B, int max_pools, int pool,
-                                           int select_k, int width, int32_t* idx,
-                                           const int32_t* t_kv, int max_t_kv, int32_t* list,
-                                           int* counts) {
-  if (!list) return memra::kContractMissing;
-  return select_decode_impl(ctx, score, pos, B, max_pools, pool, select_k, width, idx,
-                            CompactOut{t_kv, max_t_kv, list, counts});
+int score_decode(MemraCudaCtx* ctx, const MemraKpoolScoreParams& p) {
+  return score_decode_rows(ctx, p.q, p.w, p.seq_pool_keys, p.seq_pos, p.B, p.Hi, p.d, p.pool,
+                           p.max_pools, p.qk_scale, p.head_scale, p.score);
 }
 
-}  // extern "C"
+int select_decode(MemraCudaCtx* ctx, const MemraKpoolSelectParams& p) {
+  if (!p.compact) {
+    return select_decode_impl(ctx, p.score, p.seq_pos, p.B, p.max_pools, p.pool, p.select_k,
+                              p.width, p.idx, CompactOut{});
+  }
+  if (!p.list) return memra::kContractMissing;
+  return select_decode_impl(ctx, p.score, p.seq_pos, p.B, p.max_pools, p.pool, p.select_k, p.width,
+                            p.idx, CompactOut{p.seq_t_kv, p.max_t_kv, p.list, p.counts});
+}
+
+}  // namespace memra::cuda::dsa

@@ -1,4 +1,4 @@
-// The index-list compaction shared by the gathered MLA attention (cuda/mla.cu, one query per
+// The index-list compaction shared by the gathered MLA attention (cuda/mla_attn.cu, one query per
 // block) and the batched decode attention (cuda/mla_decode.cu, one sequence per block): the
 // CPU's row list from a DSA index list -- the rows r in [0, n) the list names, each once,
 // ascending (entries -1, out of range or repeated dropped).

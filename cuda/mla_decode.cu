@@ -1,12 +1,13 @@
-// Batched MLA decode over per-sequence latent caches (cpp/include/memra/cuda_abi/mla.h:
-// mla_attn_decode, mla_latent_append_decode). One launch plan serves B sequences, one query each
-// (the query of sequence b sits at row t_kv[b] - 1 and sees rows [0, t_kv[b])); t_kv, the cache
+// Batched MLA decode over per-sequence latent caches (memra_cuda_mla_attn with batched 1,
+// cpp/include/memra/cuda_abi/mla.h): one launch plan serves B sequences, one query each (the
+// query of sequence b sits at row t_kv[b] - 1 and sees rows [0, t_kv[b])); t_kv, the cache
 // pointers and the index lists live on the device, so a captured graph replays at any position.
 //
 // Plan (all on ctx->stream, no host sync):
 //   [gathered only] compact: one block per sequence turns its index list into the CPU's row list
 //     (entries in [0, t_kv) kept, duplicates once, ascending: a shared-memory bitmap of the
-//     visible rows, then a block scan of the words' popcounts) plus a count;
+//     visible rows, then a block scan of the words' popcounts) plus a count (the LISTED form
+//     reads kpool_select's compaction instead);
 //   attend: grid (nsplit, B, head groups); block (split s, sequence b, heads [h0, h0 + HB)) walks
 //     rows (or compacted entries) [s * chunk, min(n_b, (s + 1) * chunk)) in tiles of 64 and
 //     keeps an online softmax; a sequence whose rows fit one split writes o_lat directly, else
@@ -21,59 +22,22 @@
 //   its own combine; same roundings, splits from the same cost model in its tile size. Everything
 //   below serves every other case and stays the reference arm (variant 0).
 //
-// bf16 cache, R in {128, 256, 512}: tensor-core kernel (mma.sync.m16n8k16 bf16 -> f32).
-//   All HB = 16 * MT heads of a block (MT = 4 m-tiles for H > 32 at B >= 32, else 2) share each
-//   cache row: the row is read from HBM once per (sequence, split) and feeds both products.
-//   Tiles: 64 rows; 8 warps. QK: warp w computes S[16 heads (m-tile w % MT) x 8 * MT rows
-//   (row group w / MT)] over the whole rank: per 16-wide k-step one ldmatrix.x4 of Q (A), MT / 2
-//   ldmatrix.x4 of the cache rows (B, non-transposed), MT mma. Softmax: per-warp row maxima are
-//   exchanged through shared memory (8 / MT row groups), p = exp2(s * scale * log2e - m) rounded
-//   to bf16 and stored as P [HB, 64]; each thread keeps partial row sums of the *rounded* p for its
-//   two heads (so o = sum p~ c / sum p~ is an exact convex combination up to f32 accumulation).
-//   PV: warp w owns O[all HB heads, columns w * R / 8 ... + R / 8] in registers (MT * R / 16 f32
-//   per thread: 128 at MT = 4, R = 512): per 16-row k-step MT ldmatrix.x4 of P (A) and R / 128
-//   ldmatrix.x4.trans of the cache tile (B), MT * R / 64 mma. Every cache byte is read once from
-//   HBM; from shared memory it is read MT times by QK (each B fragment serves the MT warps of
-//   its row group), once by PV, and Q once per row group per tile: per 64-row tile (64 KiB at
-//   R = 512, MT = 4) the block moves 64 KiB by cp.async, 384 KiB by QK ldmatrix (Q 128 KiB + cache
-//   256 KiB) and 128 KiB by PV ldmatrix (P 64 KiB + cache 64 KiB), and issues 2048 mma.
-//   Pipeline: 2 stages; tile t + 1 is fetched by 16-byte cp.async (rows past the range
-//   zero-filled, never read from global) while tile t is computed; 64 KiB in flight per SM.
-//   Shared memory (R = 512, MT = 4): Q bf16 [64][520] 65 KiB + 2 cache stages [64][520] 130 KiB
-//   + P [64][72] 9 KiB + maxima / partial sums / running max / alpha 1.75 KiB = 205.75 KiB (rows
-//   padded by 16 bytes: the 8 row addresses of every ldmatrix phase hit distinct 16-byte bank
-//   groups); one block per SM (__launch_bounds__(256, 1); O is 128 registers per thread).
-//   Precision: q_lat is rounded to bf16 (2^-9 relative per element) for the QK product; the cache
-//   is bf16 already; p is rounded to bf16 for the PV product; scores, the softmax statistics
-//   (running max, alpha, sums) and both accumulations are f32. Against the f32 CPU op on the
-//   same bf16 cache a score moves by ~2^-9 of its terms (~2e-3 at scores of std 2), a weight
-//   by as much relative, the output by that times |c - o|: 3e-3..6e-3 of max|o| on the tests'
-//   inputs (a float64 emulation of these roundings; tests allow 1e-2); against the CPU on the
-//   bf16-rounded q only the p rounding and the accumulation order remain (~1.3e-3; 5e-3).
+// bf16 cache, R in {128, 256, 512}: the tensor-core kernel of cuda/mla_decode_tc.cu
+//   (mma.sync.m16n8k16 bf16 -> f32; q_lat and p rounded to bf16, f32 softmax and accumulation).
 //
-// f32 cache (or bf16 with another R; R <= 1024): exact f32 CUDA-core kernel, 8 heads per block,
-//   one warp per head from the scores to the output: cache rows widened to f32 in shared memory
-//   (32-row sub-tiles, odd row stride), lane j scores row j with a sequential fmaf dot, online
-//   softmax with expf, o[lane + 32 u] += p_j c_j (p_j shuffled from lane j), j ascending; ~1e-6
-//   relative to the CPU op (the same operations up to FMA contraction, expf's last ulp and the
-//   order of the online rescaling / split merge).
+// f32 cache (or bf16 with another R; R <= 1024): exact f32 CUDA-core kernel (below), 8 heads per
+//   block, one warp per head from the scores to the output: cache rows widened to f32 in shared
+//   memory (32-row sub-tiles, odd row stride), lane j scores row j with a sequential fmaf dot,
+//   online softmax with expf, o[lane + 32 u] += p_j c_j (p_j shuffled from lane j), j ascending;
+//   the same operations as the CPU op up to FMA contraction, expf's last ulp and the order of the
+//   online rescaling / split merge.
 //
 // Split count (host, from B, head groups, max rows, SM count only, so a graph stays valid at any
 // position): minimise waves * (tiles per split + per-block overhead) + combine work, with
 // waves = ceil(blocks / (SMs * blocks per SM)) (1 block per SM for the tensor kernel), the
 // overhead of a block being its q read and, when split, its partial write (both HB x R f32, i.e.
-// HB / 32 tiles of a bf16 cache) and the combine reading the partials back. B = 64, 4096 rows:
-// 2 splits (128 blocks, one wave on 132 SMs); B = 8, 32768 rows: 16 splits (128 blocks, 32 tiles
-// each).
-//
-// Bandwidth: per SM the target (0.8 x 4.29 TB/s over 132 SMs = 26 GB/s) is 64 KiB every ~2.5 us
-// (~4900 cycles at 1.98 GHz). The block needs ~4500 cycles of shared-memory traffic (576 KiB at
-// 128 B/clk) and 2048 mma per tile, which overlap across the 8 warps (ldmatrix of one warp while
-// another's mma run) and with the next tile's cp.async; the 16 MiB of f32 partials at B = 64
-// (~6 % of the cache bytes, written once, read back from L2 by the combine) and the q reads come
-// on top. Expect the kernel to be shared-memory / mma-issue bound rather than HBM bound: ~2.5-3
-// TB/s of cache bytes (90-110 us at B = 64, L = 4096); a wgmma (sm_90a) version reading Q and the
-// cache straight from shared memory would remove most of the ldmatrix traffic.
+// HB / 32 tiles of a bf16 cache) and the combine reading the partials back. The split counts and
+// the bandwidth budget at the bench shapes: docs/kernels.md "MLA".
 #include <cfloat>
 #include <climits>
 #include <cmath>
@@ -82,8 +46,11 @@
 
 #include "common.cuh"
 #include "gather_compact.cuh"
+#include "mla_common.cuh"
+#include "mla_decode.cuh"
 
 namespace memra::cuda {
+
 // cuda/mla_decode_sm90.cu: the wgmma arm for dense bf16 caches at H = 64, R = 512.
 int mla_decode_sm90_tile_rows(int variant);  // rows per tile (a split's chunk is a multiple)
 int mla_decode_sm90_max_splits();
@@ -95,409 +62,18 @@ int mla_decode_sm90(MemraCudaCtx* ctx, int variant, const float* q_lat, const vo
 }  // namespace memra::cuda
 
 using memra::cuda::ceil_div;
-using memra::cuda::cp_async_16;
-using memra::cuda::cp_async_commit;
-using memra::cuda::cp_async_wait_all;
 using memra::cuda::enter;
-using memra::cuda::from_f32;
 using memra::cuda::launch_status;
 using memra::cuda::Scratch;
-using memra::cuda::smem_u32;
 using memra::cuda::status_of;
 using memra::cuda::to_f32;
 using memra::cuda::warp_max;
 using memra::cuda::warp_sum;
+using memra::cuda::mla::allow_smem;
+using memra::cuda::mla::device_attr;
+using memra::cuda::mla::smem_optin;
 
 namespace {
-
-constexpr unsigned kFull = 0xffffffffu;
-constexpr int kThreads = 256;  // 8 warps, both attention kernels and the compaction
-constexpr int kWarps = kThreads / 32;
-constexpr int kTileRows = 64;  // rows per tile; split chunks are multiples of it
-constexpr int kStages = 2;
-constexpr float kLog2e = 1.4426950408889634f;
-
-int device_attr(MemraCudaCtx* ctx, cudaDeviceAttr attr, int* out) {
-  return status_of(cudaDeviceGetAttribute(out, attr, ctx->device));
-}
-
-int smem_optin(MemraCudaCtx* ctx, int* out) {
-  return device_attr(ctx, cudaDevAttrMaxSharedMemoryPerBlockOptin, out);
-}
-
-// Allow `bytes` of dynamic shared memory for `kernel`; 50002 when one block cannot have that much.
-template <typename K>
-int allow_smem(MemraCudaCtx* ctx, K* kernel, size_t bytes) {
-  if (bytes <= 48 * 1024) return memra::kOk;
-  int optin = 0;
-  MEMRA_CUDA_RETURN_IF(smem_optin(ctx, &optin));
-  if (bytes > static_cast<size_t>(optin)) return memra::kUnsupportedGeometry;
-  return status_of(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        static_cast<int>(bytes)));
-}
-
-// ---------------------------------------------------------------- launch arguments
-
-struct DecodeArgs {
-  const float* q_lat;          // [B, H, R]
-  const void* const* caches;   // [B] device pointers, rows of R elements
-  const int32_t* t_kv;         // [B]
-  const int32_t* list;         // compacted lists [B, width] (gathered) or null (dense)
-  const int* counts;           // [B] entries of each compacted list (gathered) or null
-  int width;
-  int B, H, R;
-  int max_t_kv;                // t_kv[b] is clamped to [0, max_t_kv]
-  int chunk;                   // rows (entries) per split, a multiple of kTileRows
-  int nsplit;                  // splits in the grid
-  float scale;
-  float* o_lat;                // [B, H, R]
-  float* po;                   // partials [B, nsplit, H, R] (nsplit > 1)
-  float* pm;                   // [B, nsplit, H]
-  float* pl;                   // [B, nsplit, H]
-  int combine_fast;            // 1: the combine's one-round-trip form where it applies
-};
-
-// Rows (dense) or list entries (gathered) sequence b attends over.
-__device__ __forceinline__ int rows_of(const DecodeArgs& a, int b) {
-  if (a.counts) return a.counts[b];
-  return min(max(a.t_kv[b], 0), a.max_t_kv);
-}
-
-__device__ __forceinline__ int64_t partial_index(const DecodeArgs& a, int b, int s, int h) {
-  return (static_cast<int64_t>(b) * a.nsplit + s) * a.H + h;
-}
-
-// Zeros for heads [h0, h0 + nh) of sequence b (an idle row or an empty list).
-__device__ __forceinline__ void zero_heads(const DecodeArgs& a, int b, int h0, int nh) {
-  float* o = a.o_lat + (static_cast<int64_t>(b) * a.H + h0) * a.R;
-  const int64_t n = static_cast<int64_t>(nh) * a.R;
-  for (int64_t k = threadIdx.x; k < n; k += blockDim.x) o[k] = 0.0f;
-}
-
-// ---------------------------------------------------------------- PTX helpers
-
-__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_u32(p)));
-}
-__device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], const void* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_u32(p)));
-}
-
-// d += a * b, m16n8k16, bf16 inputs, f32 accumulators. Fragments (g = lane / 4, q = lane % 4):
-// a0 (row g, k 2q..2q+1), a1 (row g+8, same k), a2 (row g, k 2q+8..), a3 (row g+8, k 2q+8..);
-// b0 (k 2q..2q+1, col g), b1 (k 2q+8.., col g); d0 d1 (row g, cols 2q, 2q+1), d2 d3 (row g+8).
-__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
-                                         uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-      "{%8, %9}, {%0, %1, %2, %3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);  // .x = lo at the lower address
-  uint32_t u;
-  memcpy(&u, &v, sizeof(u));
-  return u;
-}
-
-// ---------------------------------------------------------------- tensor-core kernel
-
-template <int MT, int R>
-struct Tc {
-  static constexpr int HB = 16 * MT;          // heads per block
-  static constexpr int QS = R + 8;            // Q / cache row stride in bf16 (+16 bytes)
-  static constexpr int PS = kTileRows + 8;    // P row stride in bf16 (+16 bytes)
-  static constexpr int NRG = kWarps / MT;     // QK row groups
-  static constexpr int RW = kTileRows / NRG;  // rows per QK warp (8 * MT)
-  static constexpr int NTS = RW / 8;          // S n-tiles per warp
-  static constexpr int CW = R / kWarps;       // O columns per warp
-  static constexpr int NTO = CW / 8;          // O n-tiles per warp
-  static constexpr int CPR = R / 8;           // 16-byte chunks per cache row
-  static constexpr size_t q_off = 0;
-  static constexpr size_t c_off = q_off + sizeof(__nv_bfloat16) * HB * QS;
-  static constexpr size_t p_off = c_off + sizeof(__nv_bfloat16) * kStages * kTileRows * QS;
-  static constexpr size_t red_off = p_off + sizeof(__nv_bfloat16) * HB * PS;  // f32 [NRG][HB]
-  static constexpr size_t lpart_off = red_off + sizeof(float) * NRG * HB;    // f32 [NRG][HB]
-  static constexpr size_t mrun_off = lpart_off + sizeof(float) * NRG * HB;   // f32 [2][HB]
-  static constexpr size_t alpha_off = mrun_off + sizeof(float) * 2 * HB;     // f32 [HB]
-  static constexpr size_t bytes = alpha_off + sizeof(float) * HB;
-  static_assert(NTS % 2 == 0 && NTO % 2 == 0, "fragments are loaded in pairs of n-tiles");
-  static_assert(R % 128 == 0 && R <= 512, "R in {128, 256, 512}");
-  static_assert(c_off % 16 == 0 && p_off % 16 == 0 && red_off % 16 == 0, "16-byte alignment");
-};
-
-// Block (split blockIdx.x, sequence blockIdx.y, head group blockIdx.z). See the file comment.
-template <int MT, int R, bool kGather>
-__global__ void __launch_bounds__(kThreads, 1) decode_tc_kernel(DecodeArgs a) {
-  memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
-  memra::cuda::pdl_trigger();
-  using S = Tc<MT, R>;
-  extern __shared__ __align__(128) unsigned char smem[];
-  __nv_bfloat16* qs = reinterpret_cast<__nv_bfloat16*>(smem + S::q_off);
-  __nv_bfloat16* cs = reinterpret_cast<__nv_bfloat16*>(smem + S::c_off);
-  __nv_bfloat16* ps = reinterpret_cast<__nv_bfloat16*>(smem + S::p_off);
-  float* red_max = reinterpret_cast<float*>(smem + S::red_off);
-  float* l_part = reinterpret_cast<float*>(smem + S::lpart_off);
-  float* m_run = reinterpret_cast<float*>(smem + S::mrun_off);
-  float* alpha_s = reinterpret_cast<float*>(smem + S::alpha_off);
-
-  const int split = blockIdx.x, b = blockIdx.y, h0 = blockIdx.z * S::HB;
-  const int nh = min(S::HB, a.H - h0);
-  const int n = rows_of(a, b);
-  if (n <= 0) {  // idle row / empty list: zeros, nothing read (uniform over the block)
-    if (split == 0) zero_heads(a, b, h0, nh);
-    return;
-  }
-  const int begin = split * a.chunk;
-  if (begin >= n) return;
-  const int end = min(n, begin + a.chunk);
-  const int nsb = (n + a.chunk - 1) / a.chunk;  // active splits of this sequence
-  const int ntiles = (end - begin + kTileRows - 1) / kTileRows;
-  const __nv_bfloat16* cache = static_cast<const __nv_bfloat16*>(a.caches[b]);
-  const int32_t* list = kGather ? a.list + static_cast<int64_t>(b) * a.width : nullptr;
-
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-
-  // Tile t of this split into stage st: 64 rows x R, 16 bytes per cp.async; rows past `end`
-  // zero-filled (their scores are masked; zeros keep 0 * c finite in PV).
-  auto load_tile = [&](int t, int st) {
-    const int t0 = begin + t * kTileRows;
-    __nv_bfloat16* dst = cs + static_cast<size_t>(st) * kTileRows * S::QS;
-#pragma unroll 4
-    for (int c = tid; c < kTileRows * S::CPR; c += kThreads) {
-      const int j = c / S::CPR, k = c - j * S::CPR;
-      const int e = t0 + j;
-      const bool valid = e < end;
-      int64_t row = 0;
-      if (valid) row = kGather ? list[e] : e;
-      cp_async_16(dst + j * S::QS + k * 8, cache + row * R + k * 8, valid ? 16 : 0);
-    }
-    cp_async_commit();
-  };
-  load_tile(0, 0);
-
-  // Q rounded to bf16 (heads past nh zero), running max init. Scalar loads (no alignment
-  // needed), kQBatch pairs per thread issued before any is stored: one pass per batch instead of
-  // one L2 round trip per pair (64 of them at HB = 64, R = 512, in a row).
-  {
-    const float* qb = a.q_lat + (static_cast<int64_t>(b) * a.H + h0) * R;
-    constexpr int kQPer = S::HB * (R / 2) / kThreads;  // pairs per thread
-    static_assert(S::HB * (R / 2) % kThreads == 0, "whole batches of Q pairs");
-    constexpr int kQBatch = kQPer < 16 ? kQPer : 16;
-    static_assert(kQPer % kQBatch == 0, "whole batches of Q pairs");
-    for (int k0 = 0; k0 < kQPer; k0 += kQBatch) {
-      float v0[kQBatch], v1[kQBatch];
-#pragma unroll
-      for (int u = 0; u < kQBatch; ++u) {
-        const int k = tid + (k0 + u) * kThreads;
-        const int h = k / (R / 2), c2 = k - h * (R / 2);
-        v0[u] = h < nh ? __ldg(qb + static_cast<int64_t>(h) * R + 2 * c2) : 0.0f;
-        v1[u] = h < nh ? __ldg(qb + static_cast<int64_t>(h) * R + 2 * c2 + 1) : 0.0f;
-      }
-#pragma unroll
-      for (int u = 0; u < kQBatch; ++u) {
-        const int k = tid + (k0 + u) * kThreads;
-        const int h = k / (R / 2), c2 = k - h * (R / 2);
-        *reinterpret_cast<uint32_t*>(qs + h * S::QS + 2 * c2) = pack_bf16x2(v0[u], v1[u]);
-      }
-    }
-    if (tid < S::HB) m_run[tid] = -INFINITY;  // m_run[0][h]
-  }
-
-  // Fragment addressing (see mma_bf16): A / transposed-B lanes: row (lane & 7) + 8 * bit 3,
-  // column 8 * bit 4; non-transposed B lanes: row (lane & 7) + 8 * bit 4, column 8 * bit 3.
-  const int a_row = (lane & 7) + ((lane >> 3) & 1) * 8, a_col = (lane >> 4) * 8;
-  const int b_row = (lane & 7) + ((lane >> 4) & 1) * 8, b_col = ((lane >> 3) & 1) * 8;
-  const int g = lane >> 2, tq = lane & 3;
-  const int qk_mt = warp % MT, qk_rg = warp / MT;
-  const float sl2 = a.scale * kLog2e;
-
-  float o[MT][S::NTO][4];
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-    for (int nt = 0; nt < S::NTO; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) o[mt][nt][e] = 0.0f;
-  float l_thr[2] = {0.0f, 0.0f};  // partial sums of heads qk_mt*16 + g (+8) over this thread's cols
-
-  for (int t = 0; t < ntiles; ++t) {
-    cp_async_wait_all();
-    __syncthreads();  // S1: tile t visible; PV of t-1 done (its stage and P are free)
-    if (t + 1 < ntiles) load_tile(t + 1, (t + 1) & 1);
-    const __nv_bfloat16* ct = cs + static_cast<size_t>(t & 1) * kTileRows * S::QS;
-    const int nvalid = min(kTileRows, end - (begin + t * kTileRows));
-
-    // ---- S = Q C^T for 16 heads x RW rows
-    float sacc[S::NTS][4];
-#pragma unroll
-    for (int nt = 0; nt < S::NTS; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) sacc[nt][e] = 0.0f;
-    {
-      const __nv_bfloat16* qa = qs + (qk_mt * 16 + a_row) * S::QS + a_col;
-      const __nv_bfloat16* cb = ct + (qk_rg * S::RW + b_row) * S::QS + b_col;
-#pragma unroll 4
-      for (int ks = 0; ks < R / 16; ++ks) {
-        uint32_t af[4];
-        ldsm_x4(af, qa + ks * 16);
-#pragma unroll
-        for (int np = 0; np < S::NTS / 2; ++np) {
-          uint32_t bf[4];
-          ldsm_x4(bf, cb + np * 16 * S::QS + ks * 16);
-          mma_bf16(sacc[2 * np], af, bf[0], bf[1]);
-          mma_bf16(sacc[2 * np + 1], af, bf[2], bf[3]);
-        }
-      }
-    }
-
-    // ---- scores in the log2 domain, masked; per-warp maxima of the two heads
-    float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-    for (int nt = 0; nt < S::NTS; ++nt) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int col = qk_rg * S::RW + nt * 8 + 2 * tq + (e & 1);
-        const float v = col < nvalid ? sacc[nt][e] * sl2 : -INFINITY;
-        sacc[nt][e] = v;
-        mx[e >> 1] = fmaxf(mx[e >> 1], v);
-      }
-    }
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      mx[i] = fmaxf(mx[i], __shfl_xor_sync(kFull, mx[i], 1));
-      mx[i] = fmaxf(mx[i], __shfl_xor_sync(kFull, mx[i], 2));
-    }
-    if (tq == 0) {
-      red_max[qk_rg * S::HB + qk_mt * 16 + g] = mx[0];
-      red_max[qk_rg * S::HB + qk_mt * 16 + g + 8] = mx[1];
-    }
-    __syncthreads();  // S2: maxima of all row groups
-
-    // ---- online softmax: new max, alpha, p~ = bf16(exp2(s - m)) into P, partial sums of p~
-    {
-      const float* m_old_row = m_run + (t & 1) * S::HB;
-      float* m_new_row = m_run + ((t + 1) & 1) * S::HB;
-      float m_new[2], alpha[2];
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        const int hh = qk_mt * 16 + g + 8 * i;
-        const float m_old = m_old_row[hh];
-        float m = m_old;
-#pragma unroll
-        for (int rg = 0; rg < S::NRG; ++rg) m = fmaxf(m, red_max[rg * S::HB + hh]);
-        // m is finite: row 0 of the tile is valid (nvalid >= 1). m_old = -inf gives alpha 0.
-        m_new[i] = m;
-        alpha[i] = exp2f(m_old - m);
-        l_thr[i] *= alpha[i];
-        if (qk_rg == 0 && tq == 0) {
-          m_new_row[hh] = m;
-          alpha_s[hh] = alpha[i];
-        }
-      }
-#pragma unroll
-      for (int nt = 0; nt < S::NTS; ++nt) {
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-          const float p0 = exp2f(sacc[nt][2 * i] - m_new[i]);  // masked: exp2(-inf) = 0
-          const float p1 = exp2f(sacc[nt][2 * i + 1] - m_new[i]);
-          const uint32_t u = pack_bf16x2(p0, p1);
-          __nv_bfloat162 r;
-          memcpy(&r, &u, sizeof(r));
-          l_thr[i] += __low2float(r) + __high2float(r);
-          const int hh = qk_mt * 16 + g + 8 * i;
-          const int col = qk_rg * S::RW + nt * 8 + 2 * tq;
-          *reinterpret_cast<uint32_t*>(ps + hh * S::PS + col) = u;
-        }
-      }
-    }
-    __syncthreads();  // S3: P and alpha of every head
-
-    // ---- O = O * alpha + P C for all heads x this warp's columns
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt) {
-      const float a0 = alpha_s[mt * 16 + g], a1 = alpha_s[mt * 16 + g + 8];
-#pragma unroll
-      for (int nt = 0; nt < S::NTO; ++nt) {
-        o[mt][nt][0] *= a0;
-        o[mt][nt][1] *= a0;
-        o[mt][nt][2] *= a1;
-        o[mt][nt][3] *= a1;
-      }
-    }
-    {
-      const __nv_bfloat16* pa = ps + a_row * S::PS + a_col;
-      const __nv_bfloat16* cv = ct + a_row * S::QS + warp * S::CW + a_col;
-#pragma unroll
-      for (int ks = 0; ks < kTileRows / 16; ++ks) {
-        uint32_t pf[MT][4];
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) ldsm_x4(pf[mt], pa + mt * 16 * S::PS + ks * 16);
-#pragma unroll
-        for (int np = 0; np < S::NTO / 2; ++np) {
-          uint32_t bf[4];
-          ldsm_x4_trans(bf, cv + ks * 16 * S::QS + np * 16);
-#pragma unroll
-          for (int mt = 0; mt < MT; ++mt) {
-            mma_bf16(o[mt][2 * np], pf[mt], bf[0], bf[1]);
-            mma_bf16(o[mt][2 * np + 1], pf[mt], bf[2], bf[3]);
-          }
-        }
-      }
-    }
-  }
-
-  // ---- epilogue: l per head = sum over the quad, then over the row groups
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    float l = l_thr[i];
-    l += __shfl_xor_sync(kFull, l, 1);
-    l += __shfl_xor_sync(kFull, l, 2);
-    if (tq == 0) l_part[qk_rg * S::HB + qk_mt * 16 + g + 8 * i] = l;
-  }
-  __syncthreads();  // S4: l_part complete (m_run of the last tile was written before S3)
-
-  const float* m_fin = m_run + (ntiles & 1) * S::HB;
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt) {
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const int hh = mt * 16 + g + 8 * i;
-      if (hh >= nh) continue;
-      float L = 0.0f;
-#pragma unroll
-      for (int rg = 0; rg < S::NRG; ++rg) L += l_part[rg * S::HB + hh];  // >= 1 (the max row)
-      const int h = h0 + hh;
-      if (nsb == 1) {
-        const float inv = 1.0f / L;
-        float* out = a.o_lat + (static_cast<int64_t>(b) * a.H + h) * R + warp * S::CW + 2 * tq;
-#pragma unroll
-        for (int nt = 0; nt < S::NTO; ++nt) {
-          *reinterpret_cast<float2*>(out + nt * 8) =
-              make_float2(o[mt][nt][2 * i] * inv, o[mt][nt][2 * i + 1] * inv);
-        }
-      } else {
-        const int64_t k = partial_index(a, b, split, h);
-        float* out = a.po + k * R + warp * S::CW + 2 * tq;
-#pragma unroll
-        for (int nt = 0; nt < S::NTO; ++nt) {
-          *reinterpret_cast<float2*>(out + nt * 8) =
-              make_float2(o[mt][nt][2 * i], o[mt][nt][2 * i + 1]);
-        }
-        if (warp == 0 && tq == 0) {
-          a.pm[k] = m_fin[hh];
-          a.pl[k] = L;
-        }
-      }
-    }
-  }
-}
 
 // ---------------------------------------------------------------- exact f32 CUDA-core kernel
 
@@ -712,23 +288,6 @@ __global__ void __launch_bounds__(kThreads)
   if (tid == 0) counts[b] = running;
 }
 
-// ---------------------------------------------------------------- latent append (batched)
-
-// Block b: caches[b][pos[b], :] = rows[b, :] (pos < 0: nothing).
-template <typename Tcache>
-__global__ void append_decode_kernel(const float* __restrict__ rows, int W,
-                                     void* const* __restrict__ caches,
-                                     const int32_t* __restrict__ pos) {
-  memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
-  memra::cuda::pdl_trigger();
-  const int b = blockIdx.x;
-  const int p = pos[b];
-  if (p < 0) return;
-  Tcache* dst = static_cast<Tcache*>(caches[b]) + static_cast<int64_t>(p) * W;
-  const float* src = rows + static_cast<int64_t>(b) * W;
-  for (int w = threadIdx.x; w < W; w += blockDim.x) dst[w] = from_f32<Tcache>(src[w]);
-}
-
 // ---------------------------------------------------------------- host side
 
 // Splits of the row range (see the file comment). base_blocks: blocks per split (B x groups);
@@ -758,45 +317,6 @@ int choose_nsplit(int64_t base_blocks, int64_t tiles, int sms, int per_sm, doubl
   return best_ns;
 }
 
-template <int MT, int R>
-int launch_tc(MemraCudaCtx* ctx, const DecodeArgs& a, int groups) {
-  using S = Tc<MT, R>;
-  const dim3 grid(static_cast<unsigned>(a.nsplit), static_cast<unsigned>(a.B),
-                  static_cast<unsigned>(groups));
-  if (a.list) {
-    MEMRA_CUDA_RETURN_IF(allow_smem(ctx, decode_tc_kernel<MT, R, true>, S::bytes));
-    memra::cuda::launch(ctx, true, decode_tc_kernel<MT, R, true>, dim3(grid), dim3(kThreads),
-        S::bytes, a);
-  } else {
-    MEMRA_CUDA_RETURN_IF(allow_smem(ctx, decode_tc_kernel<MT, R, false>, S::bytes));
-    memra::cuda::launch(ctx, true, decode_tc_kernel<MT, R, false>, dim3(grid), dim3(kThreads),
-        S::bytes, a);
-  }
-  return launch_status();
-}
-
-int launch_tc_any(MemraCudaCtx* ctx, int mt, const DecodeArgs& a, int groups) {
-  if (mt == 4) {
-    switch (a.R) {
-      case 128: return launch_tc<4, 128>(ctx, a, groups);
-      case 256: return launch_tc<4, 256>(ctx, a, groups);
-      default: return launch_tc<4, 512>(ctx, a, groups);
-    }
-  }
-  switch (a.R) {
-    case 128: return launch_tc<2, 128>(ctx, a, groups);
-    case 256: return launch_tc<2, 256>(ctx, a, groups);
-    default: return launch_tc<2, 512>(ctx, a, groups);
-  }
-}
-
-size_t tc_smem_bytes(int mt, int R) {
-  if (mt == 4) {
-    return R == 128 ? Tc<4, 128>::bytes : (R == 256 ? Tc<4, 256>::bytes : Tc<4, 512>::bytes);
-  }
-  return R == 128 ? Tc<2, 128>::bytes : (R == 256 ? Tc<2, 256>::bytes : Tc<2, 512>::bytes);
-}
-
 template <typename Tcache>
 int launch_f32(MemraCudaCtx* ctx, const DecodeArgs& a, int groups, size_t smem) {
   const dim3 grid(static_cast<unsigned>(a.nsplit), static_cast<unsigned>(a.B),
@@ -813,21 +333,15 @@ int launch_f32(MemraCudaCtx* ctx, const DecodeArgs& a, int groups, size_t smem) 
   return launch_status();
 }
 
-}  // namespace
-
-extern "C" {
-
-}  // extern "C"
-
-namespace {
-
-// mla_attn_decode over idx (compacted here) or over lists compacted already (list, counts).
+// The batched attention over idx (compacted here) or over lists compacted already (list, counts).
 int attn_decode_impl(MemraCudaCtx* ctx, const float* q_lat, const void* const* caches,
                      int cache_dtype, const int32_t* t_kv, const int32_t* idx,
                      const int32_t* listed, const int* listed_counts, int width, int B, int H,
-                     int R, int max_t_kv, float scale, float* o_lat) {
+                     int R, int d_rope, int max_t_kv, float scale, float* o_lat) {
   MEMRA_CUDA_RETURN_IF(enter(ctx));
-  if (B < 0 || H < 0 || R < 1 || max_t_kv < 0 || width < 0) return memra::kContractValue;
+  if (B < 0 || H < 0 || R < 1 || max_t_kv < 0 || width < 0 || d_rope != 0) {
+    return memra::kContractValue;
+  }
   if (cache_dtype != 0 && cache_dtype != 1) return memra::kContractDType;
   if (B == 0 || H == 0) return memra::kOk;
   if (!q_lat || !caches || !t_kv || !o_lat) return memra::kContractMissing;
@@ -902,8 +416,8 @@ int attn_decode_impl(MemraCudaCtx* ctx, const float* q_lat, const void* const* c
   if (tc) {
     // 32 heads per block below 32 sequences, 64 above (KernelOptions::mla_tc_mt forces either;
     // at short decode contexts two 32-head blocks beat one 64-head block, docs/options.md).
-    // The softmax sums are split over 8 / MT
-    // row groups, so the two differ in the last bits (both within the tests' CPU tolerance).
+    // The softmax sums are split over 8 / MT row groups, so the two differ in the last bits
+    // (both within the tests' CPU tolerance).
     mt = H > 32 && B >= 32 ? 4 : 2;
     if (const int want = ctx->options.mla_tc_mt; want == 2 || want == 4) mt = H > 32 ? want : 2;
     groups = static_cast<int>(ceil_div(H, 16 * mt));
@@ -911,7 +425,7 @@ int attn_decode_impl(MemraCudaCtx* ctx, const float* q_lat, const void* const* c
     a.nsplit = choose_nsplit(static_cast<int64_t>(B) * groups, tiles, sms, 1, ovh, ovh);
     int optin = 0;
     MEMRA_CUDA_RETURN_IF(smem_optin(ctx, &optin));
-    if (tc_smem_bytes(mt, R) > static_cast<size_t>(optin)) return memra::kUnsupportedGeometry;
+    if (memra::cuda::mla::decode_tc_smem_bytes(mt, R) > static_cast<size_t>(optin)) return memra::kUnsupportedGeometry;
   } else {
     groups = static_cast<int>(ceil_div(H, kFHeads));
     f32_smem = f32_smem_bytes(R);
@@ -934,7 +448,7 @@ int attn_decode_impl(MemraCudaCtx* ctx, const float* q_lat, const void* const* c
   }
 
   if (tc) {
-    MEMRA_CUDA_RETURN_IF(launch_tc_any(ctx, mt, a, groups));
+    MEMRA_CUDA_RETURN_IF(memra::cuda::mla::launch_decode_tc(ctx, mt, &a, sizeof(a), groups));
   } else if (cache_dtype == 0) {
     MEMRA_CUDA_RETURN_IF(launch_f32<float>(ctx, a, groups, f32_smem));
   } else {
@@ -942,7 +456,7 @@ int attn_decode_impl(MemraCudaCtx* ctx, const float* q_lat, const void* const* c
   }
   if (a.nsplit > 1) {
     const dim3 grid(static_cast<unsigned>(H), static_cast<unsigned>(B));
-    const size_t wbytes = sizeof(float) * (a.nsplit + 4);  // + 4: as mla.cu's attn_combine
+    const size_t wbytes = sizeof(float) * (a.nsplit + 4);  // + 4: as mla_attn.cu's attn_combine
     if (tc) {
       MEMRA_CUDA_RETURN_IF(allow_smem(ctx, decode_combine_kernel<true>, wbytes));
       memra::cuda::launch(ctx, true, decode_combine_kernel<true>, dim3(grid), dim3(128), wbytes, a);
@@ -958,44 +472,19 @@ int attn_decode_impl(MemraCudaCtx* ctx, const float* q_lat, const void* const* c
 
 }  // namespace
 
-extern "C" {
+namespace memra::cuda::mla {
 
-int memra_cuda_mla_attn_decode(MemraCudaCtx* ctx, const float* q_lat, const void* const* caches,
-                               int cache_dtype, const int32_t* t_kv, const int32_t* idx,
-                               int width, int B, int H, int R, int max_t_kv, float scale,
-                               float* o_lat) {
-  return attn_decode_impl(ctx, q_lat, caches, cache_dtype, t_kv, idx, nullptr, nullptr, width, B,
-                          H, R, max_t_kv, scale, o_lat);
-}
-
-int memra_cuda_mla_attn_decode_listed(MemraCudaCtx* ctx, const float* q_lat,
-                                      const void* const* caches, int cache_dtype,
-                                      const int32_t* t_kv, const int32_t* list, const int* counts,
-                                      int width, int B, int H, int R, int max_t_kv, float scale,
-                                      float* o_lat) {
-  if (!list) return memra::kContractMissing;
-  return attn_decode_impl(ctx, q_lat, caches, cache_dtype, t_kv, nullptr, list, counts, width, B,
-                          H, R, max_t_kv, scale, o_lat);
-}
-
-int memra_cuda_mla_latent_append_decode(MemraCudaCtx* ctx, const float* rows, int B, int W,
-                                        void* const* caches, int cache_dtype, const int32_t* pos) {
-  MEMRA_CUDA_RETURN_IF(enter(ctx));
-  if (B < 0 || W < 1) return memra::kContractValue;
-  if (cache_dtype != 0 && cache_dtype != 1) return memra::kContractDType;
-  if (B == 0) return memra::kOk;
-  if (!rows || !caches || !pos) return memra::kContractMissing;
-  // A thread a value up to 1024 (the latent row, 576, in one pass: with 256 threads each pass
-  // waited for the previous one's store, three round trips in a row).
-  const int threads = std::min(1024, ((W + 31) / 32) * 32);
-  if (cache_dtype == 0) {
-    memra::cuda::launch(ctx, true, append_decode_kernel<float>, dim3(B), dim3(threads), 0, rows, W,
-        caches, pos);
-  } else {
-    memra::cuda::launch(ctx, true, append_decode_kernel<__nv_bfloat16>, dim3(B), dim3(threads), 0,
-        rows, W, caches, pos);
+int attn_decode(MemraCudaCtx* ctx, const MemraMlaAttnParams& p) {
+  if (p.rows == MEMRA_MLA_ROWS_LISTED) {
+    if (!p.list) return memra::kContractMissing;
+    return attn_decode_impl(ctx, p.q_lat, p.caches, p.cache_dtype, p.seq_t_kv, nullptr, p.list,
+                            p.counts, p.width, p.B, p.H, p.R, p.d_rope, p.max_t_kv, p.scale,
+                            p.o_lat);
   }
-  return launch_status();
+  const int32_t* idx = p.rows == MEMRA_MLA_ROWS_INDEXED ? p.idx : nullptr;
+  return attn_decode_impl(ctx, p.q_lat, p.caches, p.cache_dtype, p.seq_t_kv, idx, nullptr,
+                          nullptr, p.width, p.B, p.H, p.R, p.d_rope, p.max_t_kv, p.scale,
+                          p.o_lat);
 }
 
-}  // extern "C"
+}  // namespace memra::cuda::mla

@@ -1,7 +1,7 @@
 // Batched MLA decode, dense form, on sm_90a warpgroup MMA (wgmma): the GLM-5.3-Flash shape of
-// memra_cuda_mla_attn_decode (cpp/include/memra/cuda_abi/mla.h): 64 heads, kv rank R = 512, bf16
+// memra_cuda_mla_attn's batched dense form (cuda_abi/mla.h): 64 heads, kv rank R = 512, bf16
 // latent caches (the cache row is both K and V), one query row per sequence, no index list.
-// cuda/mla_decode.cu owns the entry point, the split plan and every other shape; it calls
+// cuda/mla_decode.cu owns the split plan and every other shape; it calls
 // mla_decode_sm90() below when KernelOptions::mla_decode_variant selects this arm (1 or 2).
 //
 // Block (split blockIdx.x, sequence blockIdx.y) = 2 warpgroups (256 threads), rows
@@ -41,20 +41,13 @@
 // once from HBM; from shared memory the QK products read Q (2 KiB) and the cache (TR/2 x 32
 // bytes) per k-step and warpgroup, the PV products the cache once.
 //
-// Splits (chosen by cuda/mla_decode.cu): B = 64, L = 4096: 2 (128 blocks, 32 tiles of 64 rows
-// each); B = 8, L = 32768: 16. Sequences with several active splits write partials
+// Splits are chosen by cuda/mla_decode.cu. Sequences with several active splits write partials
 // [B, nsplit, 64, 512] f32 (+ m, l) that mla_combine_kernel merges, launched as a programmatic
-// dependent of the attention grid so its launch overlaps that grid's tail.
+// dependent of the attention grid so its launch overlaps that grid's tail. One tile (variant 1)
+// or two (variant 2) are in flight while a tile is computed (the per-tile cycle budget:
+// docs/kernels.md "MLA").
 //
-// Budget (issue 4: 0.8 x 4.29 TB/s over the cache bytes, ~78 us at either shape, i.e. one 64 KiB
-// tile per SM every ~2.4 us on 128 SMs). Per 64-row tile: QK is 2 M MAC (1024 clk at the SM's 2048
-// bf16 MAC/clk) but m64n32k16 with both operands in shared memory wants 3 KiB per 16 clk, above
-// the 128 B/clk of shared memory, so ~1536 clk; PV 2 M MAC ~1024 clk (8 KiB per 128 clk);
-// softmax, barriers and the copies' issue a few hundred clk, not overlapped with the tensor
-// cores: ~3000 clk, ~1.6 us at 1.9 GHz. One tile (variant 1) or two (variant 2) are in flight
-// while a tile is computed.
-//
-// Precision: as the mma.sync kernel of cuda/mla_decode.cu (q and p rounded to bf16, scores,
+// Precision: as the mma.sync kernel of cuda/mla_decode_tc.cu (q and p rounded to bf16, scores,
 // softmax statistics and accumulation in f32, sums over the rounded p); only the order of the
 // f32 accumulation inside the tensor cores differs.
 //

@@ -3,7 +3,7 @@
 // and plane tables (decode_tables), the latent append and the indexer's k-pool append.
 //
 // Why: at batch 1 those were four launches in a row on the step's critical path, each mostly a
-// launch and a memory round trip (docs/decode_graphs.md, session 11). Here the latent and ring
+// launch and a memory round trip (docs/kernels.md "MLA"). Here the latent and ring
 // rows are stored from the registers that hold the normalised values, and the slot and length
 // are read before the launch's wait, so the appends add stores, not round trips, to the norm
 // launch.
@@ -80,7 +80,7 @@ __device__ __forceinline__ float* plane_row(const PrologueArgs& a, int j, int s)
 // the ring rows r0 .. pos - 1 of k and gate and the pool's ape rows, read before the wait (the
 // ring was written by earlier steps, ape is a weight), then row pos (k from the norm's registers,
 // gate after the wait) at index pool - 1. Read from global in the key's loops instead, each of
-// its 3 passes would wait for a load per row (the trace showed it on a completing step).
+// its 3 passes would wait for a load per row.
 struct StagedRows {
   const float* ks;  // [pool, d]
   const float* gs;  // [pool, d]
@@ -173,65 +173,77 @@ __global__ void __launch_bounds__(1024) mla_norm_append_kernel(PrologueArgs a) {
 
 extern "C" {
 
-int memra_cuda_mla_norm_append_decode(MemraCudaCtx* ctx, const float* x0, int D0, const float* w0,
-                                      float eps0, float* y0, const float* x1, int D1,
-                                      const float* w1, float eps1, float* y1, const float* x2,
-                                      int D2, const float* w2, const float* b2, float eps2,
-                                      float* y2, const int32_t* slots, const int32_t* lengths,
-                                      int32_t* pos, int32_t* t_kv, int n, void* const* bases,
-                                      const int64_t* strides, void** const* outs, int cache_dtype,
-                                      const float* gate, const float* ape, int pool,
-                                      int tail_rows) {
+int memra_cuda_mla_norm_append_decode(MemraCudaCtx* ctx, const MemraMlaNormAppendParams* p) {
+  if (!p) return memra::kContractMissing;
+  const MemraMlaNormRow &r0 = p->q, &r1 = p->latent, &r2 = p->index_k;
+  const int n = p->n, cache_dtype = p->cache_dtype, pool = p->pool, tail_rows = p->tail_rows;
   MEMRA_CUDA_RETURN_IF(enter(ctx));
-  const bool indexer = x2 != nullptr;
-  if (D0 < 1 || D1 < 1 || (indexer && D2 < 1)) return memra::kContractValue;
+  const bool indexer = r2.x != nullptr;
+  if (r0.D < 1 || r1.D < 1 || (indexer && r2.D < 1)) return memra::kContractValue;
   if (n != (indexer ? 4 : 1)) return memra::kContractValue;
   if (cache_dtype != 0 && cache_dtype != 1) return memra::kContractDType;
   if (indexer && (pool < 1 || tail_rows < pool || tail_rows % pool != 0)) {
     return memra::kContractPool;
   }
-  if (!x0 || !y0 || !x1 || !y1 || !slots || !lengths || !pos || !t_kv) {
+  if (!r0.x || !r0.y || !r1.x || !r1.y || !p->slots || !p->lengths || !p->pos || !p->t_kv) {
     return memra::kContractMissing;
   }
-  if (indexer && (!w2 || !b2 || !y2 || !gate || !ape)) return memra::kContractMissing;
+  if (indexer && (!r2.w || !r2.b || !r2.y || !p->gate || !p->ape)) return memra::kContractMissing;
   SlotTables t;
-  MEMRA_CUDA_RETURN_IF(memra::cuda::make_slot_tables(n, bases, strides, outs, &t));
+  MEMRA_CUDA_RETURN_IF(memra::cuda::make_slot_tables(n, p->bases, p->strides, p->outs, &t));
   // An indexer row wider than the fused form keeps in one pass of a block: the four launches.
-  if (indexer && D2 > kMaxStagedD) {
-    MEMRA_CUDA_RETURN_IF(memra_cuda_norm_rows(ctx, x0, D0, w0, eps0, y0, x1, D1, w1, eps1, y1,
-                                              x2, indexer ? D2 : 0, w2, b2, eps2, y2));
-    MEMRA_CUDA_RETURN_IF(memra_cuda_decode_tables(ctx, slots, 1, lengths, pos, t_kv, n, bases,
-                                                  strides, outs));
-    MEMRA_CUDA_RETURN_IF(memra_cuda_mla_latent_append_decode(ctx, y1, 1, D1, outs[0],
-                                                             cache_dtype, pos));
+  if (indexer && r2.D > kMaxStagedD) {
+    MEMRA_CUDA_RETURN_IF(memra_cuda_norm_rows(ctx, r0.x, r0.D, r0.w, r0.eps, r0.y, r1.x, r1.D, r1.w,
+                                              r1.eps, r1.y, r2.x, indexer ? r2.D : 0, r2.w, r2.b,
+                                              r2.eps, r2.y));
+    MEMRA_CUDA_RETURN_IF(memra_cuda_decode_tables(ctx, p->slots, 1, p->lengths, p->pos, p->t_kv, n,
+                                                  p->bases, p->strides, p->outs));
+    MemraMlaAppendParams latent{};
+    latent.batched = 1;
+    latent.rows = r1.y;
+    latent.n = 1;
+    latent.W = r1.D;
+    latent.cache_dtype = cache_dtype;
+    latent.caches = p->outs[0];
+    latent.pos = p->pos;
+    MEMRA_CUDA_RETURN_IF(memra_cuda_mla_latent_append(ctx, &latent));
     if (!indexer) return memra::kOk;
-    return memra_cuda_kpool_append_decode(ctx, y2, gate, 1, D2, ape, pool, pos,
-                                          reinterpret_cast<float* const*>(outs[1]),
-                                          reinterpret_cast<float* const*>(outs[2]), tail_rows,
-                                          reinterpret_cast<float* const*>(outs[3]));
+    MemraKpoolAppendParams kpool{};
+    kpool.batched = 1;
+    kpool.k = r2.y;
+    kpool.gate = p->gate;
+    kpool.n = 1;
+    kpool.d = r2.D;
+    kpool.ape = p->ape;
+    kpool.pool = pool;
+    kpool.tail_rows = tail_rows;
+    kpool.seq_pos = p->pos;
+    kpool.seq_tail_k = reinterpret_cast<float* const*>(p->outs[1]);
+    kpool.seq_tail_gate = reinterpret_cast<float* const*>(p->outs[2]);
+    kpool.seq_pool_keys = reinterpret_cast<float* const*>(p->outs[3]);
+    return memra_cuda_kpool_append(ctx, &kpool);
   }
   PrologueArgs a{};
   int block = 0;
-  auto add = [&](int i, const float* x, int D, const float* w, const float* b, float eps,
-                 float* y) {
-    const int g = group_for(D);
-    a.row[i] = PrologueRow{x, w, b, y, D, g, eps};
+  auto add = [&](int i, const MemraMlaNormRow& row, const float* b) {
+    const int g = group_for(row.D);
+    a.row[i] = PrologueRow{row.x, row.w, b, row.y, row.D, g, row.eps};
     block = std::max(block, std::max(g, 256));
   };
-  add(0, x0, D0, w0, nullptr, eps0, y0);
-  add(1, x1, D1, w1, nullptr, eps1, y1);
-  if (indexer) add(2, x2, D2, w2, b2, eps2, y2);
-  a.slots = slots;
-  a.lengths = lengths;
-  a.pos = pos;
-  a.t_kv = t_kv;
+  add(0, r0, nullptr);
+  add(1, r1, nullptr);
+  if (indexer) add(2, r2, r2.b);
+  a.slots = p->slots;
+  a.lengths = p->lengths;
+  a.pos = p->pos;
+  a.t_kv = p->t_kv;
   a.tables = t;
   a.cache_dtype = cache_dtype;
-  a.gate = gate;
-  a.ape = ape;
+  a.gate = p->gate;
+  a.ape = p->ape;
   a.pool = pool;
   a.tail_rows = tail_rows;
-  const size_t stage = indexer ? sizeof(float) * 3 * static_cast<size_t>(pool) * D2 : 0;
+  const size_t stage = indexer ? sizeof(float) * 3 * static_cast<size_t>(pool) * r2.D : 0;
   a.staged = stage <= kMaxStageBytes ? 1 : 0;
   memra::cuda::launch(ctx, true, mla_norm_append_kernel, dim3(indexer ? 3 : 2), dim3(block),
                       a.staged ? stage : 0, a);

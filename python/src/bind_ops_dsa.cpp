@@ -1,29 +1,27 @@
-// Functional bindings of the DSA k-pool indexer ops over DLPack arrays: pool keys, the indexer's
-// row bookkeeping (kpool_append), head-mixed scores, top-k pool selection. CPU backend: ops.h /
-// cpu/dsa.cpp (the oracle) and MlaLayer::indexer's bookkeeping (cpp/src/layers/mla_layer.cpp).
-// CUDA backend (keyword `engine` = a CUDA Engine): cuda/dsa.cu through the C ABI of
-// cpp/include/memra/cuda_abi/dsa.h. Arguments are checked (ContractError naming the op and the
-// values) before anything runs; outputs live on the engine's device; the CPU releases the GIL.
-// The batched decode forms (kpool_append_decode / kpool_score_decode / kpool_select_decode: B
-// sequences of one token, lists of per-sequence device arrays, positions on the host or the
-// device) are CUDA only: cuda/dsa_decode.cu.
+// Functional bindings of the DSA k-pool indexer ops over DLPack arrays, one sequence per call:
+// pool keys, the indexer's row bookkeeping (kpool_append), head-mixed scores, top-k pool
+// selection. Each op runs through memra::op (op/dsa.h): the CPU reference (cpu/dsa.cpp, the
+// oracle, and MlaLayer::indexer's bookkeeping) or, for a CUDA Engine, cuda/dsa.cu through the C
+// ABI of cpp/include/memra/cuda_abi/dsa.h. Arguments are checked (ContractError naming the op and
+// the values) before anything runs; outputs live on the engine's device; the CPU releases the
+// GIL. The batched decode forms (CUDA only) are bind_ops_dsa_decode.cpp's.
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
 
-#include <algorithm>
 #include <climits>
-#include <cmath>
+#include <cstdint>
 #include <cstring>
-#include <initializer_list>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "bind_ops_dsa.h"
 #include "common.h"
 #include "device_args.h"
 #include "memra/engine.h"
-#include "memra/ops.h"
+#include "memra/op/dsa.h"
+#include "op_call.h"
 
 namespace memra::py {
 
@@ -31,8 +29,34 @@ namespace {
 
 size_t z(int64_t n) { return static_cast<size_t>(n); }
 
-// `from`: where the pool comes from when it is not an argument of its own.
-void check_pool(int pool, const char* op, const char* from = nullptr) {
+// The absolute positions first_pos .. first_pos + t_q - 1 must fit int32 (index lists are int32).
+void check_positions(int64_t first_pos, int64_t t_q, const char* op) {
+  check_nonneg(first_pos, op, "first_pos");
+  if (first_pos + t_q > INT32_MAX) {
+    raise_contract(kContractRange, std::string(op) + ": first_pos=" + std::to_string(first_pos) +
+                                       " + t_q=" + std::to_string(t_q) + " overflows int32");
+  }
+}
+
+// A copy of `src` (n floats, on the engine's device) into `dst` of the same device.
+void copy_f32(const Engine* engine, float* dst, const float* src, int64_t n, const char* op) {
+  if (n == 0) return;
+  if (on_cuda(engine)) {
+    const CudaContext& c = cuda_ctx(engine);
+    check_cuda(engine, c.api().copy(c.ctx(), dst, src, z(n) * sizeof(float)), op);
+  } else {
+    std::memcpy(dst, src, z(n) * sizeof(float));
+  }
+}
+
+const char* kEngineDoc =
+    "engine: None or a CPU Engine runs the C++ reference on host arrays; a CUDA Engine runs "
+    "cuda/dsa.cu on arrays of its device (ContractError CONTRACT_DEVICE otherwise) and returns "
+    "CUDA arrays.";
+
+}  // namespace
+
+void check_pool(int pool, const char* op, const char* from) {
   if (pool < 1) {
     raise_contract(kContractPool, std::string(op) + ": pool must be >= 1, got pool=" + std::to_string(pool) +
                                       (from ? std::string(" (") + from + ")" : ""));
@@ -53,134 +77,6 @@ const float* ape_arg(const Engine* engine, const AnyArray& ape, const char* op, 
   return ap;
 }
 
-// The absolute positions first_pos .. first_pos + t_q - 1 must fit int32 (index lists are int32).
-void check_positions(int64_t first_pos, int64_t t_q, const char* op) {
-  check_nonneg(first_pos, op, "first_pos");
-  if (first_pos + t_q > INT32_MAX) {
-    raise_contract(kContractRange, std::string(op) + ": first_pos=" + std::to_string(first_pos) +
-                                       " + t_q=" + std::to_string(t_q) + " overflows int32");
-  }
-}
-
-// MlaLayer::indexer's bookkeeping for rows [pos, pos + T) (mla_layer.cpp, verbatim): the key of
-// every pool whose last row lands in [pos, pos + T), its rows from the ring (r < pos) or the new
-// rows (r >= pos); then the newest min(T, tail_rows) rows into the ring at r % tail_rows.
-void kpool_append_cpu(const float* k, const float* gate, int T, int d, const float* ape, int P,
-                      int pos, float* tk, float* tg, int ring, float* keys) {
-  const int end = pos + T;
-  std::vector<float> pk(z(int64_t(P) * d)), pg(z(int64_t(P) * d));
-  for (int p = pos / P; p < end / P; ++p) {
-    for (int i = 0; i < P; ++i) {
-      const int r = p * P + i;
-      const float* ks = r < pos ? tk + z(r % ring) * d : k + z(r - pos) * d;
-      const float* gs = r < pos ? tg + z(r % ring) * d : gate + z(r - pos) * d;
-      std::copy_n(ks, d, pk.data() + z(i) * d);
-      std::copy_n(gs, d, pg.data() + z(i) * d);
-    }
-    cpu::kpool_pool_key(pk.data(), pg.data(), ape, P, d, keys + z(p) * d);
-  }
-  for (int r = std::max(pos, end - ring); r < end; ++r) {
-    std::copy_n(k + z(r - pos) * d, d, tk + z(r % ring) * d);
-    std::copy_n(gate + z(r - pos) * d, d, tg + z(r % ring) * d);
-  }
-}
-
-// A copy of `src` (n floats, on the engine's device) into `dst` of the same device.
-void copy_f32(const Engine* engine, float* dst, const float* src, int64_t n, const char* op) {
-  if (n == 0) return;
-  if (on_cuda(engine)) {
-    const CudaContext& c = cuda_ctx(engine);
-    check_cuda(engine, c.api().copy(c.ctx(), dst, src, z(n) * sizeof(float)), op);
-  } else {
-    std::memcpy(dst, src, z(n) * sizeof(float));
-  }
-}
-
-// ---------------------------------------------------------------- batched decode arguments
-
-// pos of a batched decode call (per_seq_arg), with pos + 1 fitting int32 for the host values
-// (device values are unknown to the host and unchecked).
-PerSeq decode_pos_arg(const Engine* engine, nb::handle h, int64_t B, const char* op) {
-  PerSeq p = per_seq_arg(engine, h, B, op, "pos");
-  for (size_t b = 0; p.host && b < p.values.size(); ++b) {
-    if (p.values[b] == INT32_MAX) {
-      raise_contract(kContractRange, std::string(op) + ": pos[" + std::to_string(b) + "]=" +
-                                         std::to_string(INT32_MAX) + ": pos + 1 overflows int32");
-    }
-  }
-  return p;
-}
-
-// A list of B per-sequence float32 arrays [rows_b, d] on the engine's device (rows_b == rows
-// unless rows == -1); writable: the op writes into them.
-struct StateList {
-  std::vector<float*> ptr;
-  std::vector<int64_t> rows;
-};
-
-StateList state_list_arg(const Engine* engine, nb::handle list, int64_t B, int64_t rows,
-                         int64_t d, const char* op, const char* name, bool writable) {
-  if (nb::hasattr(list, "__dlpack__") || !nb::isinstance<nb::sequence>(list) ||
-      nb::isinstance<nb::str>(list)) {
-    raise_contract(kContractDType, std::string(op) + ": argument '" + name +
-                                       "' must be a list of arrays (one per sequence), got " +
-                                       std::string(nb::type_name(list.type()).c_str()));
-  }
-  StateList s;
-  int64_t b = 0;
-  for (nb::handle h : list) {
-    const std::string item = std::string(name) + "[" + std::to_string(b) + "]";
-    AnyArray a;
-    if (!nb::try_cast(h, a)) {
-      raise_contract(kContractDType, std::string(op) + ": " + item + " must be an array, got " +
-                                         std::string(nb::type_name(h.type()).c_str()));
-    }
-    if (writable) require_writable(h, op, item.c_str());
-    s.ptr.push_back(const_cast<float*>(f32_in(engine, a, op, item.c_str(), {rows, d})));
-    s.rows.push_back(dim(a, 0));
-    ++b;
-  }
-  if (b != B) {
-    raise_contract(kContractShape, std::string(op) + ": argument '" + name + "' has " +
-                                       std::to_string(b) + " arrays, expected B=" +
-                                       std::to_string(B) + " (one per sequence)");
-  }
-  return s;
-}
-
-// The CUDA context of a decode form's engine (UnsupportedError naming the op otherwise).
-const CudaContext& decode_ctx(const Engine* engine, const char* op) {
-  if (!on_cuda(engine)) {
-    raise_status(Status(kUnsupported, std::string(op) +
-                                          ": needs a CUDA engine (engine=memra.Engine('cuda')); "
-                                          "on the CPU run the per-sequence op for each sequence"));
-  }
-  return cuda_ctx(engine);
-}
-
-// One device table of the concatenated pointer lists (freed stream-ordered on return).
-std::shared_ptr<DeviceBuffer> pointer_table(const Engine* engine,
-                                            std::initializer_list<const StateList*> lists) {
-  std::vector<const float*> host;
-  for (const StateList* l : lists) host.insert(host.end(), l->ptr.begin(), l->ptr.end());
-  return device_upload(engine, host.data(), host.size() * sizeof(const float*));
-}
-
-const char* kDecodeDoc =
-    "CUDA only (engine: a CUDA Engine; UnsupportedError otherwise): cuda/dsa_decode.cu, one "
-    "launch for the B sequences, per-sequence arrays reached through a device pointer table. pos: "
-    "a host list / int array [B] (checked, then uploaded) or a device int32 [B] array (unchecked: "
-    "the caller keeps each sequence's arrays large enough), pos[b] = tokens sequence b held "
-    "before this one; pos[b] < 0 is an idle row. Launch shapes depend on B, d, Hi and max_pools "
-    "only, so a captured CUDA graph replays at any position.";
-
-const char* kEngineDoc =
-    "engine: None or a CPU Engine runs the C++ reference on host arrays; a CUDA Engine runs "
-    "cuda/dsa.cu on arrays of its device (ContractError CONTRACT_DEVICE otherwise) and returns "
-    "CUDA arrays.";
-
-}  // namespace
-
 void init_ops_dsa(nb::module_& m) {
   m.def(
       "kpool_pool_keys",
@@ -198,24 +94,32 @@ void init_ops_dsa(nb::module_& m) {
         }
         const int64_t n_pools = n_rows / pool;
         Out keys = out_f32(engine, {z(n_pools), z(d)});
-        if (on_cuda(engine)) {
-          if (n_pools > 0 && d > 0) {
-            // One kpool_append from position 0 over every row: each pool key from its own rows
-            // (the bytes the incremental path gives); the ring it also fills is thrown away.
-            const CudaContext& c = cuda_ctx(engine);
-            auto ring = device_scratch(engine, z(2 * int64_t(pool) * d) * sizeof(float));
-            float* rk = static_cast<float*>(ring->data());
-            check_cuda(engine,
-                       c.api().kpool_append(c.ctx(), kp, gp, int(n_rows), d, ap, pool, 0, rk,
-                                            rk + int64_t(pool) * d, pool, keys.data<float>()),
-                       op);
+        if (n_pools > 0 && d > 0) {
+          // One kpool_append from position 0 over every row: each pool key from its own rows
+          // (the bytes the incremental path gives); the ring it also fills is thrown away.
+          const size_t ring_floats = z(2 * int64_t(pool) * d);
+          std::shared_ptr<DeviceBuffer> dev_ring;
+          std::vector<float> host_ring;
+          float* rk = nullptr;
+          if (on_cuda(engine)) {
+            dev_ring = device_scratch(engine, ring_floats * sizeof(float));
+            rk = static_cast<float*>(dev_ring->data());
+          } else {
+            host_ring.resize(ring_floats);
+            rk = host_ring.data();
           }
-        } else {
-          nb::gil_scoped_release nogil;
-          for (int64_t p = 0; p < n_pools; ++p) {
-            const int64_t off = p * pool * d;
-            cpu::kpool_pool_key(kp + off, gp + off, ap, pool, d, keys.data<float>() + p * d);
-          }
+          MemraKpoolAppendParams p{};
+          p.k = kp;
+          p.gate = gp;
+          p.n = int(n_rows);
+          p.d = d;
+          p.ape = ap;
+          p.pool = pool;
+          p.tail_rows = pool;
+          p.tail_k = rk;
+          p.tail_gate = rk + int64_t(pool) * d;
+          p.pool_keys = keys.data<float>();
+          run_op(engine, op::kpool_append, p);
         }
         return keys.obj;
       },
@@ -273,18 +177,19 @@ void init_ops_dsa(nb::module_& m) {
         copy_f32(engine, tk.data<float>(), tkp, ring * d, op);
         copy_f32(engine, tg.data<float>(), tgp, ring * d, op);
         copy_f32(engine, keys.data<float>(), pkp, max_pools * d, op);
-        if (on_cuda(engine)) {
-          const CudaContext& c = cuda_ctx(engine);
-          check_cuda(engine,
-                     c.api().kpool_append(c.ctx(), kp, gp, int(T), d, ap, pool, pos,
-                                          tk.data<float>(), tg.data<float>(), int(ring),
-                                          keys.data<float>()),
-                     op);
-        } else {
-          nb::gil_scoped_release nogil;
-          kpool_append_cpu(kp, gp, int(T), d, ap, pool, pos, tk.data<float>(), tg.data<float>(),
-                           int(ring), keys.data<float>());
-        }
+        MemraKpoolAppendParams p{};
+        p.k = kp;
+        p.gate = gp;
+        p.n = int(T);
+        p.d = d;
+        p.ape = ap;
+        p.pool = pool;
+        p.tail_rows = int(ring);
+        p.pos = pos;
+        p.tail_k = tk.data<float>();
+        p.tail_gate = tg.data<float>();
+        p.pool_keys = keys.data<float>();
+        run_op(engine, op::kpool_append, p);
         return nb::make_tuple(tk.obj, tg.obj, keys.obj);
       },
       nb::arg("k"), nb::arg("gate"), nb::arg("ape"), nb::arg("tail_k"), nb::arg("tail_gate"),
@@ -324,18 +229,21 @@ void init_ops_dsa(nb::module_& m) {
         check_finite(qk_scale, op, "qk_scale");
         check_finite(head_scale, op, "head_scale");
         Out score = out_f32(engine, {z(t_q), z(n_pools)});
-        if (on_cuda(engine)) {
-          const CudaContext& c = cuda_ctx(engine);
-          check_cuda(engine,
-                     c.api().kpool_score(c.ctx(), qp, wp, kp, t_q, Hi, d, n_pools, pool,
-                                         first_pos, qk_scale, head_scale, reference ? 1 : 0,
-                                         score.data<float>()),
-                     op);
-        } else {
-          nb::gil_scoped_release nogil;
-          cpu::kpool_score(qp, wp, kp, t_q, Hi, d, n_pools, pool, first_pos, qk_scale, head_scale,
-                           score.data<float>());
-        }
+        MemraKpoolScoreParams p{};
+        p.q = qp;
+        p.w = wp;
+        p.Hi = Hi;
+        p.d = d;
+        p.pool = pool;
+        p.qk_scale = qk_scale;
+        p.head_scale = head_scale;
+        p.score = score.data<float>();
+        p.pool_keys = kp;
+        p.t_q = t_q;
+        p.n_pools = n_pools;
+        p.first_pos = first_pos;
+        p.reference = reference ? 1 : 0;
+        run_op(engine, op::kpool_score, p);
         return score.obj;
       },
       nb::arg("q"), nb::arg("w"), nb::arg("pool_keys"), nb::kw_only(), nb::arg("pool"),
@@ -384,20 +292,18 @@ void init_ops_dsa(nb::module_& m) {
                                                std::to_string(int64_t(n_pools) * pool) +
                                                " overflows int32");
           }
-          const CudaContext& c = cuda_ctx(engine);
-          check_cuda(engine,
-                     c.api().kpool_select(c.ctx(), sp, t_q, n_pools, pool, select_k, width,
-                                          first_pos, reference ? 1 : 0, idx.data<int32_t>()),
-                     op);
-        } else {
-          Status st;
-          {
-            nb::gil_scoped_release nogil;
-            st = cpu::kpool_select(sp, t_q, n_pools, pool, select_k, width, first_pos,
-                                   idx.data<int32_t>());
-          }
-          check(st);
         }
+        MemraKpoolSelectParams p{};
+        p.score = sp;
+        p.pool = pool;
+        p.select_k = select_k;
+        p.width = width;
+        p.idx = idx.data<int32_t>();
+        p.t_q = t_q;
+        p.n_pools = n_pools;
+        p.first_pos = first_pos;
+        p.reference = reference ? 1 : 0;
+        run_op(engine, op::kpool_select, p);
         return idx.obj;
       },
       nb::arg("score"), nb::kw_only(), nb::arg("pool"), nb::arg("select_k"), nb::arg("width"),
@@ -422,231 +328,7 @@ void init_ops_dsa(nb::module_& m) {
        "(index_kpool_always_select_tail = True), compared as sets.")
           .c_str());
 
-  // ---------------------------------------------------------------- batched decode forms
-
-  m.def(
-      "kpool_append_decode",
-      [](const AnyArray& k, const AnyArray& gate, const AnyArray& ape, nb::handle tail_k,
-         nb::handle tail_gate, nb::handle pool_keys, nb::handle pos, const Engine* engine) {
-        const char* op = "kpool_append_decode";
-        const CudaContext& c = decode_ctx(engine, op);
-        int pool = 0, d = 0;
-        const float* ap = ape_arg(engine, ape, op, &pool, &d);
-        const float* kp = f32_in(engine, k, op, "k", {-1, d});
-        const int64_t B = dim(k, 0);
-        const float* gp = f32_in(engine, gate, op, "gate", {B, d});
-        if (B > INT32_MAX) raise_contract(kContractRange, std::string(op) + ": B overflows int32");
-        StateList tk = state_list_arg(engine, tail_k, B, -1, d, op, "tail_k", true);
-        const int64_t ring = B > 0 ? tk.rows[0] : pool;
-        StateList tg = state_list_arg(engine, tail_gate, B, ring, d, op, "tail_gate", true);
-        for (int64_t b = 1; b < B; ++b) {
-          if (tk.rows[z(b)] != ring) {
-            raise_contract(kContractShape, std::string(op) + ": tail_k[" + std::to_string(b) +
-                                               "] has " + std::to_string(tk.rows[z(b)]) +
-                                               " rows, expected " + std::to_string(ring) +
-                                               " (those of tail_k[0]; one ring size)");
-          }
-        }
-        if (ring < pool || ring % pool != 0 || ring > INT32_MAX) {
-          raise_contract(kContractPool, std::string(op) + ": tail_k (the tail ring) has " +
-                                            std::to_string(ring) +
-                                            " rows, expected a positive multiple of pool=" +
-                                            std::to_string(pool));
-        }
-        StateList pk = state_list_arg(engine, pool_keys, B, -1, d, op, "pool_keys", true);
-        PerSeq p = decode_pos_arg(engine, pos, B, op);
-        if (p.host) {
-          for (int64_t b = 0; b < B; ++b) {
-            const int64_t v = p.values[z(b)];
-            if (v >= 0 && (v + 1) / pool > pk.rows[z(b)]) {
-              raise_contract(kContractShape,
-                             std::string(op) + ": pool_keys[" + std::to_string(b) + "] has " +
-                                 std::to_string(pk.rows[z(b)]) + " rows, but row pos[" +
-                                 std::to_string(b) + "]=" + std::to_string(v) +
-                                 " completes pools up to " + std::to_string((v + 1) / pool) +
-                                 " (pool=" + std::to_string(pool) + ")");
-            }
-          }
-        }
-        if (B == 0) return;
-        auto table = pointer_table(engine, {&tk, &tg, &pk});
-        float* const* t = static_cast<float* const*>(table->data());
-        check_cuda(engine,
-                   c.api().kpool_append_decode(c.ctx(), kp, gp, static_cast<int>(B), d, ap, pool,
-                                               p.dev, t, t + B, static_cast<int>(ring), t + 2 * B),
-                   op);
-      },
-      nb::arg("k"), nb::arg("gate"), nb::arg("ape"), nb::arg("tail_k"), nb::arg("tail_gate"),
-      nb::arg("pool_keys"), nb::arg("pos"), nb::kw_only(), nb::arg("engine").none() = nb::none(),
-      (std::string("kpool_append for B sequences of one new row each, in place: for each active "
-                   "row b the key of the pool that row pos[b] completes ((pos[b] + 1) % pool == "
-                   "0; its earlier rows from the ring), then row pos[b] into ring slot pos[b] % "
-                   "tail_rows. The bytes kpool_append(k[b:b+1], gate[b:b+1], ape, ..., "
-                   "pos=pos[b]) gives that sequence.\n\n"
-                   "k, gate: [B, d] float32 (the new rows). ape: [pool, d] float32. tail_k, "
-                   "tail_gate: lists of B distinct writable [tail_rows, d] float32 rings (one "
-                   "tail_rows, a positive multiple of pool). pool_keys: a list of B writable "
-                   "[max_pools_b, d] float32 arrays, max_pools_b >= (pos[b] + 1) // pool. An idle "
-                   "row's arrays are neither read nor written. Returns None.\n") +
-       kDecodeDoc +
-       "\nRaises ContractError: CONTRACT_POOL for pool < 1 or a bad ring size; CONTRACT_SHAPE "
-       "when a list's length is not B, ring sizes differ, d == 0, or (host pos) a pool_keys "
-       "array is too short; CONTRACT_RANGE for a host pos of 2^31 - 1 or outside int32; "
-       "CONTRACT_DTYPE / CONTRACT_STRIDE / CONTRACT_DEVICE for bad arrays; CONTRACT_VALUE for a "
-       "read-only array. Nothing is written when it raises.\n"
-       "Reference: kpool_append per sequence with T = 1 (MlaLayer::indexer's bookkeeping).")
-          .c_str());
-
-  m.def(
-      "kpool_score_decode",
-      [](const AnyArray& q, const AnyArray& w, nb::handle pool_keys, nb::handle pos, int pool,
-         float qk_scale, float head_scale, std::optional<int64_t> max_pools,
-         const Engine* engine) {
-        const char* op = "kpool_score_decode";
-        const CudaContext& c = decode_ctx(engine, op);
-        const float* qp = f32_in(engine, q, op, "q", {-1, -1, -1});
-        const int64_t B = dim(q, 0), Hi = dim(q, 1), d = dim(q, 2);
-        const float* wp = f32_in(engine, w, op, "w", {B, Hi});
-        if (B > INT32_MAX || Hi > INT32_MAX || d > INT32_MAX) {
-          raise_contract(kContractRange, std::string(op) + ": q " + shape_str(q) +
-                                             " has an extent past int32");
-        }
-        StateList pk = state_list_arg(engine, pool_keys, B, -1, d, op, "pool_keys", false);
-        check_pool(pool, op);
-        check_finite(qk_scale, op, "qk_scale");
-        check_finite(head_scale, op, "head_scale");
-        PerSeq p = decode_pos_arg(engine, pos, B, op);
-        int64_t bound = 0;  // the score width: max_pools, else the longest pool_keys array
-        for (int64_t r : pk.rows) bound = std::max(bound, r);
-        if (max_pools) {
-          if (*max_pools < 0 || *max_pools > INT32_MAX) {
-            raise_contract(kContractValue, std::string(op) + ": max_pools=" +
-                                               std::to_string(*max_pools) +
-                                               " is outside [0, 2^31)");
-          }
-          bound = *max_pools;
-        }
-        if (bound > INT32_MAX) {
-          raise_contract(kContractRange, std::string(op) + ": pool_keys arrays of " +
-                                             std::to_string(bound) +
-                                             " rows overflow int32 (pass max_pools)");
-        }
-        if (p.host) {
-          for (int64_t b = 0; b < B; ++b) {
-            const int64_t v = p.values[z(b)];
-            const int64_t n = v < 0 ? 0 : (v + 1) / pool;
-            if (n > pk.rows[z(b)]) {
-              raise_contract(kContractRange,
-                             std::string(op) + ": pos[" + std::to_string(b) + "]=" +
-                                 std::to_string(v) + " sees " + std::to_string(n) +
-                                 " pools, but pool_keys[" + std::to_string(b) + "] has " +
-                                 std::to_string(pk.rows[z(b)]) + " rows");
-            }
-            if (n > bound) {
-              raise_contract(kContractValue,
-                             std::string(op) + ": max_pools=" + std::to_string(bound) +
-                                 " is below the " + std::to_string(n) + " pools pos[" +
-                                 std::to_string(b) + "]=" + std::to_string(v) + " sees");
-            }
-          }
-        }
-        Out score = out_f32_uninit(engine, {z(B), z(bound)});
-        if (B == 0 || bound == 0) return score.obj;
-        auto table = pointer_table(engine, {&pk});
-        check_cuda(engine,
-                   c.api().kpool_score_decode(c.ctx(), qp, wp,
-                                              static_cast<const float* const*>(table->data()),
-                                              p.dev, static_cast<int>(B), static_cast<int>(Hi),
-                                              static_cast<int>(d), pool, static_cast<int>(bound),
-                                              qk_scale, head_scale, score.data<float>()),
-                   op);
-        return score.obj;
-      },
-      nb::arg("q"), nb::arg("w"), nb::arg("pool_keys"), nb::arg("pos"), nb::kw_only(),
-      nb::arg("pool"), nb::arg("qk_scale"), nb::arg("head_scale"),
-      nb::arg("max_pools").none() = nb::none(), nb::arg("engine").none() = nb::none(),
-      (std::string("kpool_score for B sequences of one query each: row b scores the pools the "
-                   "token at pos[b] sees, p < n_b = (pos[b] + 1) // pool (the bytes of "
-                   "kpool_score(q[b:b+1], w[b:b+1], pool_keys[b][:n_b], first_pos=pos[b]), the "
-                   "same summation order), and is -inf for p >= n_b (an idle row: all -inf).\n\n"
-                   "q: [B, Hi, d] float32. w: [B, Hi] float32. pool_keys: a list of B [rows_b, d] "
-                   "float32 arrays (rows_b >= n_b). qk_scale: index_head_dim**-0.5; head_scale: "
-                   "index_n_heads**-0.5. max_pools: the score width and the host bound the launch "
-                   "is sized from (default: the longest pool_keys array); device positions that "
-                   "see more pools are clamped to it. Returns score [B, max_pools] float32.\n") +
-       kDecodeDoc +
-       "\nRaises ContractError: CONTRACT_POOL for pool < 1; CONTRACT_VALUE for a non-finite "
-       "scale, max_pools outside [0, 2^31) or (host pos) below a row's n_b; CONTRACT_RANGE when "
-       "(host pos) a pool_keys array is shorter than n_b or pos is 2^31 - 1; CONTRACT_SHAPE / "
-       "CONTRACT_DTYPE / CONTRACT_STRIDE / CONTRACT_DEVICE for bad arrays or a list whose "
-       "length is not B.\n"
-       "Reference: kpool_score per sequence with t_q = 1 (Glm5NextTextIndexer.forward at "
-       "decode).")
-          .c_str());
-
-  m.def(
-      "kpool_select_decode",
-      [](const AnyArray& score, nb::handle pos, int pool, int select_k, int width,
-         const Engine* engine) {
-        const char* op = "kpool_select_decode";
-        const CudaContext& c = decode_ctx(engine, op);
-        const float* sp = f32_in(engine, score, op, "score", {-1, -1});
-        const int64_t B = dim(score, 0), max_pools = dim(score, 1);
-        check_pool(pool, op);
-        check_nonneg(select_k, op, "select_k");
-        const int64_t need = int64_t(select_k) * pool + pool - 1;
-        if (width < need) {
-          raise_contract(kContractIndexWidth,
-                         std::string(op) + ": index width " + std::to_string(width) +
-                             " is narrower than select_k*pool + pool - 1 = " +
-                             std::to_string(need));
-        }
-        if (B > INT32_MAX || max_pools * pool > INT32_MAX) {
-          raise_contract(kContractRange, std::string(op) + ": score " + shape_str(score) +
-                                             " with pool=" + std::to_string(pool) +
-                                             " overflows int32");
-        }
-        PerSeq p = decode_pos_arg(engine, pos, B, op);
-        if (p.host) {
-          for (int64_t b = 0; b < B; ++b) {
-            const int64_t v = p.values[z(b)];
-            const int64_t n = v < 0 ? 0 : (v + 1) / pool;
-            if (n > max_pools) {
-              raise_contract(kContractRange,
-                             std::string(op) + ": pos[" + std::to_string(b) + "]=" +
-                                 std::to_string(v) + " sees " + std::to_string(n) +
-                                 " pools, but score has " + std::to_string(max_pools) +
-                                 " columns");
-            }
-          }
-        }
-        Out idx = out_i32(engine, {z(B), z(width)});
-        if (B == 0 || width == 0) return idx.obj;
-        check_cuda(engine,
-                   c.api().kpool_select_decode(c.ctx(), sp, p.dev, static_cast<int>(B),
-                                               static_cast<int>(max_pools), pool, select_k, width,
-                                               idx.data<int32_t>()),
-                   op);
-        return idx.obj;
-      },
-      nb::arg("score"), nb::arg("pos"), nb::kw_only(), nb::arg("pool"), nb::arg("select_k"),
-      nb::arg("width"), nb::arg("engine").none() = nb::none(),
-      (std::string("kpool_select for B sequences of one query each: row b is kpool_select("
-                   "score[b:b+1, :n_b], first_pos=pos[b]) with n_b = (pos[b] + 1) // pool, bytes "
-                   "for bytes: the top select_k pools by (score desc, pool asc) among the finite "
-                   "scores, expanded to rows in ascending pool order, the visible tail rows, then "
-                   "-1 up to width. An idle row is all -1.\n\n"
-                   "score: [B, max_pools] float32 (kpool_score_decode). select_k: "
-                   "index_topk // pool; width: index_topk + pool - 1. Returns idx [B, width] "
-                   "int32.\n") +
-       kDecodeDoc +
-       "\nRaises ContractError: CONTRACT_INDEX_WIDTH when width < select_k*pool + pool - 1; "
-       "CONTRACT_POOL for pool < 1; CONTRACT_VALUE for select_k < 0; CONTRACT_RANGE when "
-       "max_pools*pool overflows int32 or (host pos) a row sees more pools than score has "
-       "columns or pos is 2^31 - 1; CONTRACT_SHAPE / CONTRACT_DTYPE / CONTRACT_STRIDE / "
-       "CONTRACT_DEVICE for bad arrays.\n"
-       "Reference: kpool_select per sequence with t_q = 1.")
-          .c_str());
+  init_ops_dsa_decode(m);  // kpool_append_decode, kpool_score_decode, kpool_select_decode
 }
 
 }  // namespace memra::py

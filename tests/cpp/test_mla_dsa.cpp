@@ -1,6 +1,8 @@
 // MLA (absorbed, gathered) and DSA k-pool ops against double-precision references written here:
 // the EXPANDED MLA form of transformers (k = W_uk c, v = W_uv c per head, plain softmax attention)
-// and direct loops for the indexer's pool keys, scores and selection.
+// and direct loops for the indexer's pool keys, scores and selection. Then memra::op's CPU forms
+// that are more than a forward (op/mla.h, op/dsa.h): the batched attention and latent append
+// against the one-sequence reference ops, the k-pool bookkeeping against cpu::kpool_pool_key.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -9,6 +11,8 @@
 #include <random>
 #include <vector>
 
+#include "memra/op/dsa.h"
+#include "memra/op/mla.h"
 #include "memra/ops.h"
 #include "test_util.h"
 
@@ -351,6 +355,165 @@ TEST(Dsa, SelectRejectsNarrowWidthAndBadPool) {
   EXPECT_NE(st.message.find("8"), std::string::npos) << st.message;
   EXPECT_EQ(cpu::kpool_select(score, 1, 4, 0, 2, 16, 20, idx.data()).code, kContractPool);
   EXPECT_TRUE(cpu::kpool_select(score, 1, 4, 3, 2, 8, 20, idx.data()).ok());
+}
+
+// ---------------------------------------------------------------- memra::op on the CPU
+
+// B = 4 sequences of one query, latent-only caches of their own lengths: t_kv {5, 0, 12, 9}
+// with max_t_kv 9 (row 1 idle, row 2 clamped to 9 rows).
+struct BatchedAttn {
+  static constexpr int B = 4, H = 3, R = 6, width = 5, max_t_kv = 9;
+  std::vector<std::vector<float>> caches;
+  std::vector<const void*> ptrs;
+  std::vector<int32_t> t_kv{5, 0, 12, 9};
+  std::vector<float> q_lat = memra::testing::randn(size_t(B) * H * R, 21);
+  // Row 0 lists rows past its 5 and a duplicate; row 3 only -1 and out-of-range entries.
+  std::vector<int32_t> idx{4, 7, 1, 1, -1, /**/ 0, 1, 2, 3, 4, /**/ 8, 0, 11, 3, -1,
+                           /**/ -1, 9, 12, -1, -1};
+  BatchedAttn() {
+    for (int b = 0; b < B; ++b) {
+      caches.push_back(memra::testing::randn(size_t(12) * R, 30 + b));
+      ptrs.push_back(caches.back().data());
+    }
+  }
+  MemraMlaAttnParams params(int rows, float* o) const {
+    MemraMlaAttnParams p{};
+    p.batched = 1;
+    p.rows = rows;
+    p.q_lat = q_lat.data();
+    p.H = H;
+    p.R = R;
+    p.scale = 0.3f;
+    p.o_lat = o;
+    p.caches = ptrs.data();
+    p.seq_t_kv = t_kv.data();
+    p.B = B;
+    p.max_t_kv = max_t_kv;
+    p.idx = idx.data();
+    p.width = width;
+    return p;
+  }
+  // Sequence b by the one-sequence reference: one query at row n - 1 over rows (all of them
+  // when null).
+  std::vector<float> reference(int b, const std::vector<int32_t>* rows) const {
+    std::vector<float> o(size_t(H) * R, 0.0f);
+    const int n = std::min(t_kv[b], max_t_kv);
+    if (n == 0) return o;
+    const float* q = q_lat.data() + size_t(b) * H * R;
+    const Status st =
+        rows ? cpu::mla_attn_gathered(q, nullptr, caches[b].data(), rows->data(), H, R, 0, 1, n,
+                                      static_cast<int>(rows->size()), 0.3f, o.data())
+             : cpu::mla_attn_absorbed(q, nullptr, caches[b].data(), H, R, 0, 1, n, 0.3f, o.data());
+    EXPECT_TRUE(st.ok()) << st.message;
+    return o;
+  }
+  std::vector<float> row(const std::vector<float>& o, int b) const {
+    return {o.begin() + size_t(b) * H * R, o.begin() + size_t(b + 1) * H * R};
+  }
+};
+
+TEST(OpMla, BatchedDenseAttentionIsEachSequenceAlone) {
+  BatchedAttn t;
+  std::vector<float> o(size_t(t.B) * t.H * t.R, 7.0f);
+  ASSERT_TRUE(op::mla_attn(op::Backend{}, t.params(MEMRA_MLA_ROWS_CAUSAL, o.data())).ok());
+  for (int b = 0; b < t.B; ++b) EXPECT_EQ(t.row(o, b), t.reference(b, nullptr)) << "row " << b;
+}
+
+TEST(OpMla, BatchedIndexedAndListedAttentionDropRowsOutsideTheSequence) {
+  BatchedAttn t;
+  const std::vector<std::vector<int32_t>> kept = {
+      {4, -1, 1, 1, -1}, {}, {8, 0, -1, 3, -1}, {-1, -1, -1, -1, -1}};
+  std::vector<float> o(size_t(t.B) * t.H * t.R, 7.0f);
+  ASSERT_TRUE(op::mla_attn(op::Backend{}, t.params(MEMRA_MLA_ROWS_INDEXED, o.data())).ok());
+  for (int b = 0; b < t.B; ++b) {
+    EXPECT_EQ(t.row(o, b), t.reference(b, b == 1 ? nullptr : &kept[b])) << "row " << b;
+  }
+  // The same rows compacted (ascending, once each; kpool_select's compact form) give the same
+  // bytes; entries past counts[b] are not read.
+  std::vector<int32_t> list{1, 4, 99, 99, 99, /**/ 99, 99, 99, 99, 99, /**/ 0, 3, 8, 99, 99,
+                            /**/ 99, 99, 99, 99, 99};
+  std::vector<int> counts{2, 0, 3, 0};
+  std::vector<float> o2(o.size(), 7.0f);
+  MemraMlaAttnParams p = t.params(MEMRA_MLA_ROWS_LISTED, o2.data());
+  p.list = list.data();
+  p.counts = counts.data();
+  ASSERT_TRUE(op::mla_attn(op::Backend{}, p).ok());
+  EXPECT_EQ(o2, o);
+  p.counts = nullptr;
+  EXPECT_EQ(op::mla_attn(op::Backend{}, p).code, kContractMissing);
+}
+
+TEST(OpMla, BatchedLatentAppendWritesActiveRowsOnly) {
+  std::vector<float> c0(4 * 3, 0.0f), c1(4 * 3, 0.0f), c2(4 * 3, 0.0f);
+  void* caches[3] = {c0.data(), c1.data(), c2.data()};
+  const std::vector<float> rows = memra::testing::randn(3 * 3, 5);
+  const int32_t pos[3] = {2, -1, 0};
+  MemraMlaAppendParams p{};
+  p.batched = 1;
+  p.rows = rows.data();
+  p.n = 3;
+  p.W = 3;
+  p.caches = caches;
+  p.pos = pos;
+  ASSERT_TRUE(op::mla_latent_append(op::Backend{}, p).ok());
+  EXPECT_EQ(std::vector<float>(c0.begin() + 6, c0.begin() + 9),
+            std::vector<float>(rows.begin(), rows.begin() + 3));
+  EXPECT_EQ(c1, std::vector<float>(12, 0.0f));
+  EXPECT_EQ(std::vector<float>(c2.begin(), c2.begin() + 3),
+            std::vector<float>(rows.begin() + 6, rows.begin() + 9));
+  p.cache_dtype = 1;  // bf16 caches: CUDA only
+  EXPECT_EQ(op::mla_latent_append(op::Backend{}, p).code, kUnsupportedGeometry);
+}
+
+TEST(OpDsa, AppendInChunksGivesEveryPoolKeyAndTheNewestRows) {
+  const int d = 3, P = 2, ring = 4, n = 11;
+  const std::vector<float> k = memra::testing::randn(size_t(n) * d, 1);
+  const std::vector<float> gate = memra::testing::randn(size_t(n) * d, 2);
+  const std::vector<float> ape = memra::testing::randn(size_t(P) * d, 3);
+  std::vector<float> tk(size_t(ring) * d), tg(size_t(ring) * d), keys(size_t(n / P) * d, 9.0f);
+  MemraKpoolAppendParams p{};
+  p.d = d;
+  p.ape = ape.data();
+  p.pool = P;
+  p.tail_rows = ring;
+  p.tail_k = tk.data();
+  p.tail_gate = tg.data();
+  p.pool_keys = keys.data();
+  for (int pos : {0, 3, 4, 9}) {  // chunks [0, 3), [3, 4), [4, 9), [9, 11)
+    p.pos = pos;
+    p.n = (pos == 0 ? 3 : pos == 3 ? 1 : pos == 4 ? 5 : 2);
+    p.k = k.data() + size_t(pos) * d;
+    p.gate = gate.data() + size_t(pos) * d;
+    ASSERT_TRUE(op::kpool_append(op::Backend{}, p).ok());
+  }
+  for (int q = 0; q < n / P; ++q) {
+    std::vector<float> want(d);
+    cpu::kpool_pool_key(k.data() + size_t(q) * P * d, gate.data() + size_t(q) * P * d, ape.data(),
+                        P, d, want.data());
+    EXPECT_EQ(std::vector<float>(keys.begin() + q * d, keys.begin() + (q + 1) * d), want) << q;
+  }
+  for (int r = n - ring; r < n; ++r) {
+    EXPECT_EQ(std::vector<float>(tk.begin() + (r % ring) * d, tk.begin() + (r % ring + 1) * d),
+              std::vector<float>(k.begin() + r * d, k.begin() + (r + 1) * d)) << r;
+  }
+  p.tail_rows = 3;  // not a multiple of the pool
+  EXPECT_EQ(op::kpool_append(op::Backend{}, p).code, kContractPool);
+}
+
+TEST(OpDsa, BatchedFormsAndThePrologueAreCudaOnly) {
+  MemraKpoolAppendParams ap{};
+  ap.batched = 1;
+  MemraKpoolScoreParams sp{};
+  sp.batched = 1;
+  MemraKpoolSelectParams sel{};
+  sel.batched = 1;
+  EXPECT_EQ(op::kpool_append(op::Backend{}, ap).code, kUnsupportedGeometry);
+  EXPECT_EQ(op::kpool_score(op::Backend{}, sp).code, kUnsupportedGeometry);
+  EXPECT_EQ(op::kpool_select(op::Backend{}, sel).code, kUnsupportedGeometry);
+  sel.batched = 2;
+  EXPECT_EQ(op::kpool_select(op::Backend{}, sel).code, kContractValue);
+  EXPECT_EQ(op::mla_norm_append_decode(op::Backend{}, MemraMlaNormAppendParams{}).code,
+            kUnsupportedGeometry);
 }
 
 }  // namespace

@@ -196,8 +196,8 @@ class MlaLayer {
                              bool appended, int32_t* idx, const Listed* listed) const;
   std::shared_ptr<CudaContext> cuda_;
   std::shared_ptr<Gpu> gpu_;
-  void indexer(Cache& cache, int layer, int slot, int pos, const float* x, const float* q_resid,
-               int T, int32_t* idx) const;
+  Status indexer(Cache& cache, int layer, int slot, int pos, const float* x, const float* q_resid,
+                 int T, int32_t* idx) const;
   MlaConfig cfg_;
   Weight q_a_, q_b_, kv_a_, kv_b_, o_proj_;
   std::vector<float> q_a_bias_, kv_a_bias_, o_bias_, q_a_norm_, kv_a_norm_;

@@ -10,7 +10,9 @@
 
 #include <cstdint>
 
+#include "memra/cpu/dsa.h"
 #include "memra/cpu/kda.h"  // the KDA ops (cpu/kda.cpp)
+#include "memra/cpu/mla.h"
 #include "memra/status.h"
 #include "memra/tensor.h"
 
@@ -49,60 +51,6 @@ void l2norm_heads(float* x, int T, int H, int d, float eps);
 Status rope_interleaved(float* x, const int32_t* positions, int T, int n_vec, int d_rope,
                         float base);
 
-// ---------------------------------------------------------------- MLA (cpu/mla.cpp)
-
-// Absorb: q_lat[t, h, :] = W_uk[h]^T q_nope[t, h, :], where W_uk[h] = kv_b rows
-// [h*(d_nope+d_v), h*(d_nope+d_v)+d_nope). q_nope [T, H, d_nope]; kv_b [H*(d_nope+d_v), R];
-// q_lat [T, H, R].
-void mla_absorb_q(const float* q_nope, const WeightView& kv_b, int T, int H, int d_nope, int d_v,
-                  float* q_lat);
-
-// Decompress: out[t, h, :] = W_uv[h] o_lat[t, h, :], W_uv[h] = kv_b rows
-// [h*(d_nope+d_v)+d_nope, (h+1)*(d_nope+d_v)). o_lat [T, H, R]; out [T, H, d_v].
-void mla_decompress_v(const float* o_lat, const WeightView& kv_b, int T, int H, int d_nope, int d_v,
-                      float* out);
-
-// Absorbed causal attention over a latent cache. cache [t_kv, R + d_rope] (normalised latent,
-// then the rope part); queries are the last t_q rows: query i sits at row t_kv - t_q + i and sees
-// rows <= that. q_lat [t_q, H, R]; q_pe [t_q, H, d_rope] or nullptr when d_rope == 0;
-// o_lat [t_q, H, R]. score = (q_lat . c + q_pe . k_pe) * scale.
-// Returns kContractQuerySuffix when t_q > t_kv.
-Status mla_attn_absorbed(const float* q_lat, const float* q_pe, const float* cache, int H, int R,
-                         int d_rope, int t_q, int t_kv, float scale, float* o_lat);
-
-// Gathered attention: query i attends over the cache rows listed in idx[i, :] (entries -1 are
-// skipped; order does not matter). idx [t_q, width]; other arguments as mla_attn_absorbed.
-// A query whose list is all -1 gets o_lat = 0 (finite). Rows must be < t_kv
-// (kContractRange otherwise).
-Status mla_attn_gathered(const float* q_lat, const float* q_pe, const float* cache,
-                         const int32_t* idx, int H, int R, int d_rope, int t_q, int t_kv,
-                         int width, float scale, float* o_lat);
-
-// ---------------------------------------------------------------- DSA k-pool indexer (cpu/dsa.cpp)
-
-// Pool key of one complete pool: p = softmax over the pool's rows of (gate + ape) per channel,
-// key = sum_rows p * k. k_rows, gate_rows [pool, d] (the pool's rows in order); ape [pool, d];
-// key [d]. Reference: Glm5NextTextIndexer.get_pooled_states.
-void kpool_pool_key(const float* k_rows, const float* gate_rows, const float* ape, int pool, int d,
-                    float* key);
-
-// Head-mixed pool scores for t_q queries at absolute positions first_pos + i:
-//   score[i, p] = sum_h w[i, h] * head_scale * relu(qk_scale * q[i, h, :] . pool_keys[p, :])
-// summed over h in ascending order, and -inf where the pool's last row p*pool + pool - 1 is
-// after the query's position. q [t_q, Hi, d]; w [t_q, Hi]; pool_keys [n_pools, d];
-// score [t_q, n_pools].
-void kpool_score(const float* q, const float* w, const float* pool_keys, int t_q, int Hi, int d,
-                 int n_pools, int pool, int first_pos, float qk_scale, float head_scale,
-                 float* score);
-
-// Selection and index list: per query i (position first_pos + i), take the top select_k pools by
-// (score desc, pool index asc) among the pools with a finite score, write their rows in ascending
-// pool order, then the visible tail rows [(pos+1) - (pos+1) % pool, pos], then -1 up to width.
-// score [t_q, n_pools]; idx [t_q, width]. Returns kContractIndexWidth when
-// width < select_k*pool + pool - 1. Reference: Glm5NextTextIndexer.forward + append_visible_tail
-// (as a set; always_select_tail = true).
-Status kpool_select(const float* score, int t_q, int n_pools, int pool, int select_k, int width,
-                    int first_pos, int32_t* idx);
 
 // ---------------------------------------------------------------- FFN (cpu/ffn.cpp)
 

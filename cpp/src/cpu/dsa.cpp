@@ -1,5 +1,5 @@
 // DSA k-pool indexer: pool keys, head-mixed pool scores, top-k pool selection expanded to cache
-// rows with the visible tail appended (ops.h "DSA k-pool indexer"). Reference:
+// rows with the visible tail appended (cpu/dsa.h). Reference:
 // Glm5NextTextIndexer.get_pooled_states / forward / append_visible_tail (transformers 5.17) for one
 // unpadded sequence (first_key = 0, so pool p holds rows [p*pool, (p+1)*pool)).
 #include <algorithm>
@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "memra/ops.h"
+#include "memra/cpu/dsa.h"
 
 namespace memra::cpu {
 

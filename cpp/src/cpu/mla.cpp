@@ -1,5 +1,5 @@
 // MLA in the absorbed form: q absorption, v decompression, causal and gathered attention over the
-// latent cache (ops.h "MLA"). Reference: Glm5NextTextAttention (expand_kv + eager attention), which
+// latent cache (cpu/mla.h). Reference: Glm5NextTextAttention (expand_kv + eager attention), which
 // expands k = W_uk c and v = W_uv c per head; the absorbed form folds W_uk into q and W_uv into the
 // output, so the cache stays one latent row per token shared by all heads.
 #include <algorithm>
@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "memra/ops.h"
+#include "memra/cpu/mla.h"
 
 namespace memra::cpu {
 

@@ -6,12 +6,31 @@
 
 #include "gpu_util.h"
 #include "memra/layers.h"
+#include "memra/op/dsa.h"
+#include "memra/op/mla.h"
 
 namespace memra {
 
 namespace {
 constexpr float kIndexerNormEps = 1e-6f;  // Glm5NextTextIndexer.k_norm = LayerNorm(eps=1e-6)
+
+// absorb / decompress over the layer's kv_b on the CPU (op::mla_proj's fields).
+MemraMlaProjParams proj(int which, const float* x, const Weight& kv_b, int T, int H, int d_nope,
+                        int d_v, float* y) {
+  MemraMlaProjParams p{};
+  p.which = which;
+  p.x = x;
+  p.kv_b = kv_b.data();
+  p.w_dtype = static_cast<int>(kv_b.dtype());
+  p.T = T;
+  p.H = H;
+  p.d_nope = d_nope;
+  p.d_v = d_v;
+  p.R = static_cast<int>(kv_b.cols());
+  p.y = y;
+  return p;
 }
+}  // namespace
 
 Status MlaLayer::create(const MlaConfig& cfg, WeightMap& w, std::unique_ptr<MlaLayer>* out) {
   if (cfg.hidden < 1 || cfg.heads < 1 || cfg.q_lora_rank < 1 || cfg.kv_rank < 1 || cfg.d_nope < 1 ||
@@ -79,10 +98,9 @@ LayerStateSpec MlaLayer::state_spec() const {
 // Indexer rows for tokens [pos, pos + T) of `slot`: completes the pool keys of every pool whose
 // last row lands in this call (pools already resident are not recomputed), keeps the newest raw
 // rows in the tail ring, scores the complete pools and writes the index list idx [T, width].
-void MlaLayer::indexer(Cache& cache, int layer, int slot, int pos, const float* x,
-                       const float* q_resid, int T, int32_t* idx) const {
+Status MlaLayer::indexer(Cache& cache, int layer, int slot, int pos, const float* x,
+                         const float* q_resid, int T, int32_t* idx) const {
   const int Hi = cfg_.index_heads, di = cfg_.index_head_dim, P = cfg_.kpool;
-  const int ring = cfg_.tail_rows, end = pos + T;
   std::vector<float> q(size_t(T) * Hi * di), k(size_t(T) * di), gate(size_t(T) * di),
       wts(size_t(T) * Hi);
   cpu::linear(q_resid, T, wq_b_, nullptr, q.data());
@@ -91,32 +109,47 @@ void MlaLayer::indexer(Cache& cache, int layer, int slot, int pos, const float* 
   cpu::linear(x, T, kpool_gate_, nullptr, gate.data());
   cpu::linear(x, T, weights_proj_, nullptr, wts.data());
 
-  float* keys = cache.pool_keys(layer, slot);
-  float* tk = cache.tail_k(layer, slot);
-  float* tg = cache.tail_gate(layer, slot);
-  std::vector<float> pk(size_t(P) * di), pg(size_t(P) * di);
-  for (int p = pos / P; p < end / P; ++p) {
-    for (int i = 0; i < P; ++i) {
-      const int r = p * P + i;
-      const float* ks = r < pos ? tk + size_t(r % ring) * di : k.data() + size_t(r - pos) * di;
-      const float* gs = r < pos ? tg + size_t(r % ring) * di : gate.data() + size_t(r - pos) * di;
-      std::copy_n(ks, di, pk.data() + size_t(i) * di);
-      std::copy_n(gs, di, pg.data() + size_t(i) * di);
-    }
-    cpu::kpool_pool_key(pk.data(), pg.data(), kpool_ape_.data(), P, di, keys + size_t(p) * di);
-  }
-  for (int r = std::max(pos, end - ring); r < end; ++r) {
-    std::copy_n(k.data() + size_t(r - pos) * di, di, tk + size_t(r % ring) * di);
-    std::copy_n(gate.data() + size_t(r - pos) * di, di, tg + size_t(r % ring) * di);
-  }
+  const op::Backend host;  // the CPU reference
+  MemraKpoolAppendParams ap{};
+  ap.k = k.data();
+  ap.gate = gate.data();
+  ap.n = T;
+  ap.d = di;
+  ap.ape = kpool_ape_.data();
+  ap.pool = P;
+  ap.tail_rows = cfg_.tail_rows;
+  ap.pos = pos;
+  ap.tail_k = cache.tail_k(layer, slot);
+  ap.tail_gate = cache.tail_gate(layer, slot);
+  ap.pool_keys = cache.pool_keys(layer, slot);
+  MEMRA_TRY(op::kpool_append(host, ap));
 
-  const int n_pools = end / P;
+  const int n_pools = (pos + T) / P;
   std::vector<float> score(size_t(T) * std::max(n_pools, 1));
-  cpu::kpool_score(q.data(), wts.data(), keys, T, Hi, di, n_pools, P, pos,
-                   1.0f / std::sqrt(static_cast<float>(di)), 1.0f / std::sqrt(static_cast<float>(Hi)),
-                   score.data());
-  // Width is checked at create(); the select cannot refuse here.
-  cpu::kpool_select(score.data(), T, n_pools, P, cfg_.topk / P, index_width(), pos, idx);
+  MemraKpoolScoreParams sp{};
+  sp.q = q.data();
+  sp.w = wts.data();
+  sp.Hi = Hi;
+  sp.d = di;
+  sp.pool = P;
+  sp.qk_scale = 1.0f / std::sqrt(static_cast<float>(di));
+  sp.head_scale = 1.0f / std::sqrt(static_cast<float>(Hi));
+  sp.score = score.data();
+  sp.pool_keys = ap.pool_keys;
+  sp.t_q = T;
+  sp.n_pools = n_pools;
+  sp.first_pos = pos;
+  MEMRA_TRY(op::kpool_score(host, sp));
+  MemraKpoolSelectParams sel{};
+  sel.score = score.data();
+  sel.pool = P;
+  sel.select_k = cfg_.topk / P;
+  sel.width = index_width();
+  sel.idx = idx;
+  sel.t_q = T;
+  sel.n_pools = n_pools;
+  sel.first_pos = pos;
+  return op::kpool_select(host, sel);
 }
 
 Status MlaLayer::prefill(Cache& cache, int layer, int slot, const float* x, int T,
@@ -180,27 +213,39 @@ Status MlaLayer::prefill(Cache& cache, int layer, int slot, const float* x, int 
   }
   if (cfg_.rotate) cpu::rope_interleaved(q_pe.data(), positions.data(), T, H, dr, cfg_.rope_base);
   std::vector<float> q_lat(size_t(T) * H * R), o_lat(size_t(T) * H * R);
-  cpu::mla_absorb_q(q_nope.data(), kv_b_, T, H, dn, dv, q_lat.data());
+  const op::Backend host;  // the CPU reference
+  MEMRA_TRY(op::mla_proj(host, proj(MEMRA_MLA_ABSORB, q_nope.data(), kv_b_, T, H, dn, dv,
+                                   q_lat.data())));
 
   const float scale = 1.0f / std::sqrt(static_cast<float>(dn + dr));
-  const float* pe = dr > 0 ? q_pe.data() : nullptr;
+  MemraMlaAttnParams at{};
+  at.rows = cfg_.sparse ? MEMRA_MLA_ROWS_INDEXED : MEMRA_MLA_ROWS_CAUSAL;
+  at.q_lat = q_lat.data();
+  at.q_pe = dr > 0 ? q_pe.data() : nullptr;
+  at.H = H;
+  at.R = R;
+  at.d_rope = dr;
+  at.scale = scale;
+  at.o_lat = o_lat.data();
+  at.cache = cache_rows;
+  at.t_q = T;
+  at.t_kv = end;
+  std::vector<int32_t> own;
   if (cfg_.sparse) {
-    std::vector<int32_t> own;
     const int32_t* idx = topk_in;
     if (has_indexer()) {
       own.resize(size_t(T) * W);
-      indexer(cache, layer, slot, pos, x, q_resid.data(), T, own.data());
+      MEMRA_TRY(indexer(cache, layer, slot, pos, x, q_resid.data(), T, own.data()));
       idx = own.data();
     }
-    MEMRA_TRY(cpu::mla_attn_gathered(q_lat.data(), pe, cache_rows, idx, H, R, dr, T, end, W, scale,
-                                     o_lat.data()));
-    if (topk_out) std::copy_n(idx, size_t(T) * W, topk_out);
-  } else {
-    MEMRA_TRY(cpu::mla_attn_absorbed(q_lat.data(), pe, cache_rows, H, R, dr, T, end, scale,
-                                     o_lat.data()));
+    at.idx = idx;
+    at.width = W;
   }
+  MEMRA_TRY(op::mla_attn(host, at));
+  if (cfg_.sparse && topk_out) std::copy_n(at.idx, size_t(T) * W, topk_out);
   std::vector<float> attn(size_t(T) * H * dv);
-  cpu::mla_decompress_v(o_lat.data(), kv_b_, T, H, dn, dv, attn.data());
+  MEMRA_TRY(op::mla_proj(host, proj(MEMRA_MLA_DECOMPRESS, o_lat.data(), kv_b_, T, H, dn, dv,
+                                   attn.data())));
   cpu::linear(attn.data(), T, o_proj_, o_bias_.empty() ? nullptr : o_bias_.data(), y);
   return Status::Ok();
 }

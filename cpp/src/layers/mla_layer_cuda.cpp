@@ -7,12 +7,31 @@
 
 #include "gpu_util.h"
 #include "memra/layers.h"
+#include "memra/op/dsa.h"
+#include "memra/op/mla.h"
 
 namespace memra {
 
 namespace {
 constexpr float kIndexerNormEps = 1e-6f;  // as mla_layer.cpp
+
+// absorb / decompress of T rows over the uploaded kv_b (arm 0: auto).
+MemraMlaProjParams proj(int which, const float* x, const DeviceWeight& kv_b, int T,
+                        const MlaConfig& cfg, float* y) {
+  MemraMlaProjParams p{};
+  p.which = which;
+  p.x = x;
+  p.kv_b = kv_b.data();
+  p.w_dtype = kv_b.dtype_code();
+  p.T = T;
+  p.H = cfg.heads;
+  p.d_nope = cfg.d_nope;
+  p.d_v = cfg.d_v;
+  p.R = cfg.kv_rank;
+  p.y = y;
+  return p;
 }
+}  // namespace
 
 struct MlaLayer::Gpu {
   // Compute dtype. x's projections are one weight in_proj = q_a | kv_a [| wk | kpool_gate |
@@ -87,6 +106,7 @@ Status MlaLayer::project_cuda(gpu::Arena& a, const float* x, int N, Projected* o
   const CudaContext& c = *cuda_;
   const CudaApi& api = c.api();
   MemraCudaCtx* ctx = c.ctx();
+  const op::Backend b{&c};
   const Gpu& g = *gpu_;
   const char* op = "MlaLayer projections";
   const int H = cfg_.heads, R = cfg_.kv_rank, dn = cfg_.d_nope, ql = cfg_.q_lora_rank;
@@ -126,14 +146,31 @@ Status MlaLayer::project_cuda(gpu::Arena& a, const float* x, int N, Projected* o
   if (N == 1 && append) {  // the norms, with the decode row's tables and cache appends
     const NormAppend& ap = *append;
     const bool ring = idx && ap.n == 4;  // the indexer's planes are in the tables (sparse)
-    MEMRA_GPU(c, api.mla_norm_append_decode(
-                     ctx, out->q_resid, ql, gpu::f32p(g.q_a_norm), cfg_.rms_eps, out->q_resid,
-                     out->ckv, R, gpu::f32p(g.kv_a_norm), cfg_.rms_eps, out->ckv,
-                     ring ? rows.k : nullptr, ring ? di : 0, ring ? gpu::f32p(g.k_norm_w) : nullptr,
-                     ring ? gpu::f32p(g.k_norm_b) : nullptr, kIndexerNormEps,
-                     ring ? rows.k : nullptr, ap.slots, ap.lengths, ap.pos, ap.t_kv, ap.n, ap.bases,
-                     ap.strides, ap.outs, ap.cache_dtype, ring ? rows.gate : nullptr,
-                     ring ? gpu::f32p(g.kpool_ape) : nullptr, cfg_.kpool, cfg_.tail_rows), op);
+    MemraMlaNormAppendParams p{};
+    p.q = MemraMlaNormRow{out->q_resid, ql, gpu::f32p(g.q_a_norm), nullptr, cfg_.rms_eps,
+                          out->q_resid};
+    p.latent =
+        MemraMlaNormRow{out->ckv, R, gpu::f32p(g.kv_a_norm), nullptr, cfg_.rms_eps, out->ckv};
+    if (ring) {
+      p.index_k = MemraMlaNormRow{rows.k, di, gpu::f32p(g.k_norm_w), gpu::f32p(g.k_norm_b),
+                                  kIndexerNormEps, rows.k};
+      p.gate = rows.gate;
+      p.ape = gpu::f32p(g.kpool_ape);
+    } else {
+      p.index_k.eps = kIndexerNormEps;
+    }
+    p.slots = ap.slots;
+    p.lengths = ap.lengths;
+    p.pos = ap.pos;
+    p.t_kv = ap.t_kv;
+    p.n = ap.n;
+    p.bases = ap.bases;
+    p.strides = ap.strides;
+    p.outs = ap.outs;
+    p.cache_dtype = ap.cache_dtype;
+    p.pool = cfg_.kpool;
+    p.tail_rows = cfg_.tail_rows;
+    MEMRA_TRY(op::mla_norm_append_decode(b, p));
   } else if (N == 1) {  // one launch for the row's two or three norms (the bytes of the three below)
     MEMRA_GPU(c, api.norm_rows(ctx, out->q_resid, ql, gpu::f32p(g.q_a_norm), cfg_.rms_eps,
                                out->q_resid, out->ckv, R, gpu::f32p(g.kv_a_norm), cfg_.rms_eps,
@@ -171,24 +208,49 @@ Status MlaLayer::project_cuda(gpu::Arena& a, const float* x, int N, Projected* o
 // scores and the index list idx [T, index_width] (as MlaLayer::indexer on the CPU).
 Status MlaLayer::indexer_cuda(gpu::Arena& a, Cache& cache, int layer, int slot, int pos,
                               const IndexerRows& rows, int row0, int T, int32_t* idx) const {
-  const CudaContext& c = *cuda_;
-  const CudaApi& api = c.api();
+  const op::Backend b{cuda_.get()};
   const Gpu& g = *gpu_;
-  const char* op = "MlaLayer indexer";
   const int Hi = cfg_.index_heads, di = cfg_.index_head_dim, P = cfg_.kpool;
   const int n_pools = (pos + T) / P;
-  float* score;
+  float* score = nullptr;
   MEMRA_TRY(a.take(int64_t(T) * std::max(n_pools, 1), &score));
-  MEMRA_GPU(c, api.kpool_append(c.ctx(), rows.k + int64_t(row0) * di, rows.gate + int64_t(row0) * di, T, di,
-                                gpu::f32p(g.kpool_ape), P, pos, cache.tail_k(layer, slot),
-                                cache.tail_gate(layer, slot), cfg_.tail_rows,
-                                cache.pool_keys(layer, slot)), op);
-  MEMRA_GPU(c, api.kpool_score(c.ctx(), rows.q + int64_t(row0) * Hi * di, rows.w + int64_t(row0) * Hi,
-                               cache.pool_keys(layer, slot), T, Hi, di, n_pools, P, pos,
-                               1.0f / std::sqrt(static_cast<float>(di)),
-                               1.0f / std::sqrt(static_cast<float>(Hi)), 0, score), op);
-  MEMRA_GPU(c, api.kpool_select(c.ctx(), score, T, n_pools, P, cfg_.topk / P, index_width(), pos, 0, idx), op);
-  return Status::Ok();
+  MemraKpoolAppendParams ap{};
+  ap.k = rows.k + int64_t(row0) * di;
+  ap.gate = rows.gate + int64_t(row0) * di;
+  ap.n = T;
+  ap.d = di;
+  ap.ape = gpu::f32p(g.kpool_ape);
+  ap.pool = P;
+  ap.tail_rows = cfg_.tail_rows;
+  ap.pos = pos;
+  ap.tail_k = cache.tail_k(layer, slot);
+  ap.tail_gate = cache.tail_gate(layer, slot);
+  ap.pool_keys = cache.pool_keys(layer, slot);
+  MEMRA_TRY(op::kpool_append(b, ap));
+  MemraKpoolScoreParams sp{};
+  sp.q = rows.q + int64_t(row0) * Hi * di;
+  sp.w = rows.w + int64_t(row0) * Hi;
+  sp.Hi = Hi;
+  sp.d = di;
+  sp.pool = P;
+  sp.qk_scale = 1.0f / std::sqrt(static_cast<float>(di));
+  sp.head_scale = 1.0f / std::sqrt(static_cast<float>(Hi));
+  sp.score = score;
+  sp.pool_keys = cache.pool_keys(layer, slot);
+  sp.t_q = T;
+  sp.n_pools = n_pools;
+  sp.first_pos = pos;
+  MEMRA_TRY(op::kpool_score(b, sp));
+  MemraKpoolSelectParams sel{};
+  sel.score = score;
+  sel.pool = P;
+  sel.select_k = cfg_.topk / P;
+  sel.width = index_width();
+  sel.idx = idx;
+  sel.t_q = T;
+  sel.n_pools = n_pools;
+  sel.first_pos = pos;
+  return op::kpool_select(b, sel);
 }
 
 Status MlaLayer::prefill_cuda(Cache& cache, int layer, int slot, const float* x, int T,
@@ -197,6 +259,7 @@ Status MlaLayer::prefill_cuda(Cache& cache, int layer, int slot, const float* x,
   gpu::ResidentWeights resident(c);
   const CudaApi& api = c.api();
   MemraCudaCtx* ctx = c.ctx();
+  const op::Backend b{&c};
   const Gpu& g = *gpu_;
   const char* op = "MlaLayer.prefill";
   const int pos = cache.length(slot), end = pos + T;
@@ -215,10 +278,27 @@ Status MlaLayer::prefill_cuda(Cache& cache, int layer, int slot, const float* x,
   // Latent rows: kv_a_layernorm(kv_a_proj(x)) appended at rows [pos, end).
   void* rows = cache.latent_raw(layer, slot);
   const int cdt = static_cast<int>(cache.latent_dtype());
-  MEMRA_GPU(c, api.mla_latent_append(ctx, ckv, T, R, rows, cdt, pos), op);
-  MEMRA_GPU(c, api.mla_absorb_q(ctx, q, g.kv_b.data(), g.kv_b.dtype_code(), T, H, dn, dv, R, 0, q_lat), op);
+  MemraMlaAppendParams ap{};
+  ap.rows = ckv;
+  ap.n = T;
+  ap.W = R;
+  ap.cache_dtype = cdt;
+  ap.cache = rows;
+  ap.start = pos;
+  MEMRA_TRY(op::mla_latent_append(b, ap));
+  MEMRA_TRY(op::mla_proj(b, proj(MEMRA_MLA_ABSORB, q, g.kv_b, T, cfg_, q_lat)));
 
-  const float scale = 1.0f / std::sqrt(static_cast<float>(dn));
+  MemraMlaAttnParams at{};
+  at.rows = cfg_.sparse ? MEMRA_MLA_ROWS_INDEXED : MEMRA_MLA_ROWS_CAUSAL;
+  at.q_lat = q_lat;
+  at.H = H;
+  at.R = R;
+  at.scale = 1.0f / std::sqrt(static_cast<float>(dn));
+  at.cache_dtype = cdt;
+  at.o_lat = o_lat;
+  at.cache = rows;
+  at.t_q = T;
+  at.t_kv = end;
   if (cfg_.sparse) {
     const int32_t* idx = topk_in;
     if (has_indexer()) {
@@ -228,15 +308,16 @@ Status MlaLayer::prefill_cuda(Cache& cache, int layer, int slot, const float* x,
       MEMRA_TRY(indexer_cuda(a, cache, layer, slot, pos, p.rows, 0, T, own));
       idx = own;
     }
-    MEMRA_GPU(c, api.mla_attn_gathered(ctx, q_lat, nullptr, rows, cdt, idx, H, R, 0, T, end, W,
-                                       scale, o_lat), op);
+    at.idx = idx;
+    at.width = W;
+    MEMRA_TRY(op::mla_attn(b, at));
     if (topk_out && idx != topk_out) {
       MEMRA_GPU(c, api.copy(ctx, topk_out, idx, size_t(T) * W * sizeof(int32_t)), op);
     }
   } else {
-    MEMRA_GPU(c, api.mla_attn_absorbed(ctx, q_lat, nullptr, rows, cdt, H, R, 0, T, end, scale, o_lat), op);
+    MEMRA_TRY(op::mla_attn(b, at));
   }
-  MEMRA_GPU(c, api.mla_decompress_v(ctx, o_lat, g.kv_b.data(), g.kv_b.dtype_code(), T, H, dn, dv, R, 0, attn), op);
+  MEMRA_TRY(op::mla_proj(b, proj(MEMRA_MLA_DECOMPRESS, o_lat, g.kv_b, T, cfg_, attn)));
   MEMRA_GPU(c, gpu::linear(c, attn, T, g.o_proj, bias(g.o_bias), y), op);
   return Status::Ok();
 }
@@ -254,6 +335,7 @@ Status MlaLayer::decode_cuda(Cache& cache, int layer, const int32_t* slots_d, in
   gpu::ResidentWeights resident(c);
   const CudaApi& api = c.api();
   MemraCudaCtx* ctx = c.ctx();
+  const op::Backend b{&c};
   const Gpu& g = *gpu_;
   const char* op = "MlaLayer.decode";
   const int H = cfg_.heads, R = cfg_.kv_rank, dn = cfg_.d_nope, dv = cfg_.d_v;
@@ -269,7 +351,7 @@ Status MlaLayer::decode_cuda(Cache& cache, int layer, const int32_t* slots_d, in
   // the latent and k-pool appends (mla_norm_append_decode: four launches fewer on the step's
   // critical path).
   int32_t *pos_d = nullptr, *t_kv_d = nullptr;
-  void** caches_d;
+  void** caches_d = nullptr;
   MEMRA_TRY(a.take(B, &pos_d));
   MEMRA_TRY(a.take(B, &t_kv_d));
   MEMRA_TRY(a.take(B, &caches_d));
@@ -310,7 +392,15 @@ Status MlaLayer::decode_cuda(Cache& cache, int layer, const int32_t* slots_d, in
   if (!fused) {
     MEMRA_GPU(c, api.decode_tables(ctx, slots_d, B, cache.lengths_d(), pos_d, t_kv_d, na.n,
                                    na.bases, na.strides, na.outs), op);
-    MEMRA_GPU(c, api.mla_latent_append_decode(ctx, p.ckv, B, R, caches_d, cdt, pos_d), op);
+    MemraMlaAppendParams ap{};
+    ap.batched = 1;
+    ap.rows = p.ckv;
+    ap.n = B;
+    ap.W = R;
+    ap.cache_dtype = cdt;
+    ap.caches = caches_d;
+    ap.pos = pos_d;
+    MEMRA_TRY(op::mla_latent_append(b, ap));
   }
   const int32_t* idx = nullptr;
   Listed listed;
@@ -320,7 +410,7 @@ Status MlaLayer::decode_cuda(Cache& cache, int layer, const int32_t* slots_d, in
       int32_t* own = topk_out;  // straight into the caller's lists when it wants them
       if (!own) MEMRA_TRY(a.take(int64_t(B) * W, &own));
       // The selection compacts its lists for the attention itself, in its own launch
-      // (kpool_select_compact_decode + mla_attn_decode_listed; its bitmap bounds the length:
+      // (kpool_select's compact form + mla_attn's LISTED form; its bitmap bounds the length:
       // longer caches take the attention's own compaction).
       const bool compact = cache.max_len() <= MEMRA_SELECT_COMPACT_MAX_ROWS;
       if (compact) {
@@ -334,24 +424,37 @@ Status MlaLayer::decode_cuda(Cache& cache, int layer, const int32_t* slots_d, in
       idx = own;
     }
   }
-  // The absorb after the indexer (which reads none of it): its 17 MB weight stream, loaded
-  // before its wait, then streams under the indexer's latency-bound launches instead of right
-  // behind q_b's stream.
-  MEMRA_GPU(c, api.mla_absorb_q(ctx, q, g.kv_b.data(), g.kv_b.dtype_code(), B, H, dn, dv, R, 0, q_lat), op);
-  const float scale = 1.0f / std::sqrt(static_cast<float>(dn));
+  // The absorb after the indexer (which reads none of it): its weight stream, loaded before its
+  // wait, then streams under the indexer's latency-bound launches instead of right behind q_b's
+  // stream.
+  MEMRA_TRY(op::mla_proj(b, proj(MEMRA_MLA_ABSORB, q, g.kv_b, B, cfg_, q_lat)));
+  MemraMlaAttnParams at{};
+  at.batched = 1;
+  at.q_lat = q_lat;
+  at.H = H;
+  at.R = R;
+  at.scale = 1.0f / std::sqrt(static_cast<float>(dn));
+  at.cache_dtype = cdt;
+  at.o_lat = o_lat;
+  at.caches = const_cast<const void* const*>(caches_d);
+  at.seq_t_kv = t_kv_d;
+  at.B = B;
+  at.max_t_kv = cache.max_len();
   if (listed.list) {
-    MEMRA_GPU(c, api.mla_attn_decode_listed(ctx, q_lat, const_cast<const void* const*>(caches_d),
-                                            cdt, t_kv_d, listed.list, listed.counts, W, B, H, R,
-                                            cache.max_len(), scale, o_lat), op);
+    at.rows = MEMRA_MLA_ROWS_LISTED;
+    at.list = listed.list;
+    at.counts = listed.counts;
+    at.width = W;
   } else {
-    MEMRA_GPU(c, api.mla_attn_decode(ctx, q_lat, const_cast<const void* const*>(caches_d), cdt,
-                                     t_kv_d, idx, cfg_.sparse ? W : 0, B, H, R, cache.max_len(),
-                                     scale, o_lat), op);
+    at.rows = cfg_.sparse ? MEMRA_MLA_ROWS_INDEXED : MEMRA_MLA_ROWS_CAUSAL;
+    at.idx = idx;
+    at.width = cfg_.sparse ? W : 0;
   }
+  MEMRA_TRY(op::mla_attn(b, at));
   if (topk_out && idx && idx != topk_out) {
     MEMRA_GPU(c, api.copy(ctx, topk_out, idx, size_t(B) * W * sizeof(int32_t)), op);
   }
-  MEMRA_GPU(c, api.mla_decompress_v(ctx, o_lat, g.kv_b.data(), g.kv_b.dtype_code(), B, H, dn, dv, R, 0, attn), op);
+  MEMRA_TRY(op::mla_proj(b, proj(MEMRA_MLA_DECOMPRESS, o_lat, g.kv_b, B, cfg_, attn)));
   MEMRA_GPU(c, gpu::linear(c, attn, B, g.o_proj, bias(g.o_bias), y), op);
   return Status::Ok();
 }
@@ -362,39 +465,61 @@ Status MlaLayer::decode_cuda(Cache& cache, int layer, const int32_t* slots_d, in
 Status MlaLayer::indexer_decode_cuda(gpu::Arena& a, const Cache& cache, const int32_t* pos_d,
                                      const IndexerRows& rows, const IndexerTables& tabs, int B,
                                      bool appended, int32_t* idx, const Listed* listed) const {
-  const CudaContext& c = *cuda_;
-  const CudaApi& api = c.api();
-  MemraCudaCtx* ctx = c.ctx();
+  const op::Backend b{cuda_.get()};
   const Gpu& g = *gpu_;
-  const char* op = "MlaLayer indexer";
   const int Hi = cfg_.index_heads, di = cfg_.index_head_dim, P = cfg_.kpool;
   const int max_pools = std::max(cache.max_len() / P, 1);
-  float* score;
+  float* score = nullptr;
   MEMRA_TRY(a.take(int64_t(B) * max_pools, &score));
-  void** tail_k = tabs.tail_k;
-  void** tail_gate = tabs.tail_gate;
-  void** pool_keys = tabs.pool_keys;
   if (!appended) {  // (else done by the projections' norm launch, mla_norm_append_decode)
-    MEMRA_GPU(c, api.kpool_append_decode(ctx, rows.k, rows.gate, B, di, gpu::f32p(g.kpool_ape), P,
-                                         pos_d, reinterpret_cast<float* const*>(tail_k),
-                                         reinterpret_cast<float* const*>(tail_gate),
-                                         cfg_.tail_rows, reinterpret_cast<float* const*>(pool_keys)),
-              op);
+    MemraKpoolAppendParams ap{};
+    ap.batched = 1;
+    ap.k = rows.k;
+    ap.gate = rows.gate;
+    ap.n = B;
+    ap.d = di;
+    ap.ape = gpu::f32p(g.kpool_ape);
+    ap.pool = P;
+    ap.tail_rows = cfg_.tail_rows;
+    ap.seq_pos = pos_d;
+    ap.seq_tail_k = reinterpret_cast<float* const*>(tabs.tail_k);
+    ap.seq_tail_gate = reinterpret_cast<float* const*>(tabs.tail_gate);
+    ap.seq_pool_keys = reinterpret_cast<float* const*>(tabs.pool_keys);
+    MEMRA_TRY(op::kpool_append(b, ap));
   }
-  MEMRA_GPU(c, api.kpool_score_decode(ctx, rows.q, rows.w, reinterpret_cast<const float* const*>(pool_keys),
-                                      pos_d, B, Hi, di, P, max_pools,
-                                      1.0f / std::sqrt(static_cast<float>(di)),
-                                      1.0f / std::sqrt(static_cast<float>(Hi)), score), op);
-  if (listed) {  // and each row's list compacted for mla_attn_decode_listed, in the same launch
-    MEMRA_GPU(c, api.kpool_select_compact_decode(ctx, score, pos_d, B, max_pools, P, cfg_.topk / P,
-                                                 index_width(), idx, listed->t_kv,
-                                                 listed->max_t_kv, listed->list, listed->counts),
-              op);
-  } else {
-    MEMRA_GPU(c, api.kpool_select_decode(ctx, score, pos_d, B, max_pools, P, cfg_.topk / P,
-                                         index_width(), idx), op);
+  MemraKpoolScoreParams sp{};
+  sp.batched = 1;
+  sp.q = rows.q;
+  sp.w = rows.w;
+  sp.Hi = Hi;
+  sp.d = di;
+  sp.pool = P;
+  sp.qk_scale = 1.0f / std::sqrt(static_cast<float>(di));
+  sp.head_scale = 1.0f / std::sqrt(static_cast<float>(Hi));
+  sp.score = score;
+  sp.seq_pool_keys = reinterpret_cast<const float* const*>(tabs.pool_keys);
+  sp.seq_pos = pos_d;
+  sp.B = B;
+  sp.max_pools = max_pools;
+  MEMRA_TRY(op::kpool_score(b, sp));
+  MemraKpoolSelectParams sel{};
+  sel.batched = 1;
+  sel.score = score;
+  sel.pool = P;
+  sel.select_k = cfg_.topk / P;
+  sel.width = index_width();
+  sel.idx = idx;
+  sel.seq_pos = pos_d;
+  sel.B = B;
+  sel.max_pools = max_pools;
+  if (listed) {  // and each row's list compacted for mla_attn's LISTED form, in the same launch
+    sel.compact = 1;
+    sel.seq_t_kv = listed->t_kv;
+    sel.max_t_kv = listed->max_t_kv;
+    sel.list = listed->list;
+    sel.counts = listed->counts;
   }
-  return Status::Ok();
+  return op::kpool_select(b, sel);
 }
 
 }  // namespace memra

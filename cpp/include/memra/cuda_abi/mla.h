@@ -1,77 +1,154 @@
-// CUDA ABI, MLA area (cuda/mla.cu): the GPU twins of cpu::mla_absorb_q / mla_decompress_v /
-// mla_attn_absorbed / mla_attn_gathered (ops.h) plus the latent append. One sequence per call;
-// the latent cache is f32 or bf16 (cache_dtype). mla_attn_decode / mla_latent_append_decode
-// (cuda/mla_decode.cu) serve B sequences of one query each per call.
+// CUDA ABI, MLA area: the GPU twins of cpu::mla_absorb_q / mla_decompress_v / mla_attn_absorbed /
+// mla_attn_gathered (cpu/mla.h) plus the latent append and the decode row's prologue. One entry
+// per op family, each taking its parameter struct; the struct's fields select the form (one
+// sequence or B sequences of one query each, dense or index-listed rows, absorb or decompress).
+// A null struct is 40024, a form field out of its range 40025; every form then checks and
+// launches exactly as its entry point did before the structs (the errors below). memra::op
+// (op/mla.h) runs the same structs on either backend.
+//
+// Files: cuda/mla_proj.cu + mla_proj_stream.cu (absorb / decompress), cuda/mla_append.cu
+// (latent append), cuda/mla_attn.cu (attention over one sequence), cuda/mla_decode.cu +
+// mla_decode_tc.cu + mla_decode_sm90.cu (batched decode attention), cuda/mla_prologue.cu.
 #pragma once
 
-// arm for absorb / decompress: 0 auto (cuBLASLt strided-batched bf16 GEMM at prefill widths with
-// a fallback to the per-position kernel when cuBLASLt declines; the streaming arm when T is
-// small), 1 per-position kernel, 2 streaming kernel (a head's output tile with its weights held
-// in shared memory over all positions; bytes equal to arm 1), 3 cuBLASLt only (returns its 2xxxx
-// decline instead of falling back).
+/* ---------------------------------------------------------------- mla_proj */
+
+#define MEMRA_MLA_ABSORB 0     /* y[t, h, :] = W_uk[h]^T x[t, h, :] (cpu::mla_absorb_q) */
+#define MEMRA_MLA_DECOMPRESS 1 /* y[t, h, :] = W_uv[h] x[t, h, :] (cpu::mla_decompress_v) */
+
+/* The per-head kv_b projections of the absorbed form. W_uk[h] = kv_b rows [h*(d_nope+d_v),
+   h*(d_nope+d_v) + d_nope), W_uv[h] = the d_v rows after them. Errors: 40025 for which outside
+   {0, 1}, T, H, d_nope, d_v < 0, R < 1 or an arm outside 0..3; 40020 for w_dtype; 50002 for
+   H > 65535; 40024 for a missing pointer (T, H and the outputs per head all > 0); 50000 for arm 3
+   with a non-bf16 kv_b. */
+typedef struct MemraMlaProjParams {
+  int which;        /* MEMRA_MLA_ABSORB or MEMRA_MLA_DECOMPRESS */
+  const float* x;   /* absorb: q_nope [T, H, d_nope]; decompress: o_lat [T, H, R] (f32) */
+  const void* kv_b; /* [H * (d_nope + d_v), R] of w_dtype (kv_b_proj.weight) */
+  int w_dtype;      /* memra::DType code: 0 f32, 1 bf16, 2 f16 */
+  int T, H, d_nope, d_v, R;
+  /* 0 auto (cuBLASLt bf16 GEMM for bf16 kv_b at T >= 64, falling back to arm 1 when cuBLASLt
+     declines; arm 2 below T = 64; otherwise arm 2 when the per-position grid would not fill the
+     GPU, else arm 1); 1 per-position kernel; 2 streaming kernel (a head's output tile with its
+     weights held in shared memory over all positions; bytes equal to arm 1); 3 cuBLASLt only (x
+     rounded to bf16; returns its 2xxxx decline instead of falling back). Arms 1 and 2 do the
+     CPU's operations in its order: the CPU's bytes where the CPU build does not contract into
+     FMAs. The CPU backend ignores it. */
+  int arm;
+  float* y;         /* absorb: q_lat [T, H, R]; decompress: out [T, H, d_v] (f32) */
+} MemraMlaProjParams;
+
+/* ---------------------------------------------------------------- mla_latent_append */
+
+/* Latent rows (f32) into latent caches of cache_dtype (bf16 by round-to-nearest-even). The
+   device cannot check a row against a cache's length: callers do. Errors: 40025 for n < 0,
+   W < 1 or (one sequence) start < 0; 40020 for cache_dtype; 40024 for a missing pointer (n > 0). */
+typedef struct MemraMlaAppendParams {
+  int batched;         /* 0: rows -> cache rows [start, start + n) of one sequence; 1: row b ->
+                          caches[b][pos[b], :], one row for each of n sequences, one launch */
+  const float* rows;   /* [n, W] f32 */
+  int n;               /* rows (0: nothing) */
+  int W;               /* row width (R + d_rope) */
+  int cache_dtype;     /* 0 f32, 1 bf16 */
+  void* cache;         /* batched 0: [max_len, W] */
+  int start;           /* batched 0: the first row written */
+  void* const* caches; /* batched 1: [n] device pointers to [max_len_b, W] */
+  const int32_t* pos;  /* batched 1: [n] device; pos[b] < 0 is an idle row (nothing written) */
+} MemraMlaAppendParams;
+
+/* ---------------------------------------------------------------- mla_attn */
+
+#define MEMRA_MLA_ROWS_CAUSAL 0  /* every row up to the query's own */
+#define MEMRA_MLA_ROWS_INDEXED 1 /* the rows idx lists (compacted by the entry) */
+#define MEMRA_MLA_ROWS_LISTED 2  /* lists compacted already (list, counts; batched only) */
+
+/* Absorbed attention over a latent cache: o_lat = softmax(scale * (q_lat . c + q_pe . k_pe)) c
+   per (query, head), c the latent part of the rows it attends.
+   One sequence (batched 0, cuda/mla_attn.cu): t_q queries, query i at row t_kv - t_q + i;
+     CAUSAL: rows <= its own (cpu::mla_attn_absorbed); INDEXED: the rows of idx[i, :]
+     (cpu::mla_attn_gathered; -1 skipped, entries outside [0, query row] skipped too: the GPU
+     cannot refuse without a host sync, callers validate host lists first; a row listed twice
+     counts once; a query with no row gets zeros). Errors: 40025 for H, t_q, t_kv, d_rope < 0, R
+     < 1 or (INDEXED) width < 0; 40020 cache_dtype; 40004 t_q > t_kv; 40024 q_pe null with
+     d_rope > 0, or a missing pointer.
+   Batched decode (batched 1, cuda/mla_decode.cu): B sequences, one query each, one launch plan;
+     the query of sequence b sits at row t_kv[b] - 1 and sees rows [0, n_b), n_b = t_kv[b]
+     clamped to [0, max_t_kv]; n_b == 0 is an idle row: o_lat[b] = 0 and nothing of it is read
+     (caches[b] may be null). Latent-only rows (d_rope == 0). CAUSAL: every row < n_b;
+     INDEXED: idx [B, width] (null: as CAUSAL), -1 and entries outside [0, n_b) skipped, a row
+     listed twice counts once, an empty list gives zeros; LISTED: list [B, width] and counts [B]
+     as kpool_select's compaction writes them (the same bytes as INDEXED, without the compaction
+     launch). The launch shape depends on B, H, R, width, cache_dtype and max_t_kv only, so a
+     captured graph replays at any t_kv <= max_t_kv. bf16 cache with R in {128, 256, 512}:
+     tensor cores (q_lat and p rounded to bf16, f32 softmax and accumulation; dense at H = 64,
+     R = 512 the sm_90a wgmma arm KernelOptions::mla_decode_variant selects); otherwise f32 CUDA
+     cores (R <= 1024, else 50002). Errors: 40025 for B, H, max_t_kv, width < 0, R < 1 or d_rope
+     != 0; 40020 cache_dtype; 40024 a missing pointer (LISTED: list or counts); 50002 B or H >
+     65535. */
+typedef struct MemraMlaAttnParams {
+  int batched;          /* 0 one sequence, 1 B sequences of one query each */
+  int rows;             /* MEMRA_MLA_ROWS_CAUSAL / _INDEXED / _LISTED (LISTED: batched only) */
+  const float* q_lat;   /* [t_q or B, H, R] f32 */
+  const float* q_pe;    /* one sequence: [t_q, H, d_rope] f32, null when d_rope == 0 */
+  int H, R, d_rope;
+  float scale;          /* qk_head_dim ** -0.5 */
+  int cache_dtype;      /* 0 f32, 1 bf16 */
+  float* o_lat;         /* [t_q or B, H, R] f32 */
+  /* one sequence */
+  const void* cache;    /* [t_kv, R + d_rope] (normalised latent, then the rope part) */
+  int t_q, t_kv;
+  /* batched */
+  const void* const* caches; /* [B] device pointers to [max_len_b, R], 16-byte aligned */
+  const int32_t* seq_t_kv;   /* [B] device: rows visible to each sequence */
+  int B;
+  int max_t_kv;              /* host bound of seq_t_kv (the launch is sized from it) */
+  /* INDEXED / LISTED */
+  const int32_t* idx;   /* INDEXED: [t_q or B, width] int32 */
+  int width;            /* entries a list */
+  const int32_t* list;  /* LISTED: [B, width] rows in [0, n_b), each once, ascending */
+  const int* counts;    /* LISTED: [B] entries of each list */
+} MemraMlaAttnParams;
+
+/* ---------------------------------------------------------------- mla_norm_append_decode */
+
+/* One row of the prologue's norms: y = rms_norm(x, w, eps), or layer_norm(x, w, b, eps) with b. */
+typedef struct MemraMlaNormRow {
+  const float* x; /* [D] f32 */
+  int D;
+  const float* w; /* [D] or null (an RMSNorm without weight) */
+  const float* b; /* [D]: the LayerNorm's bias (row index_k only; null for the RMSNorms) */
+  float eps;
+  float* y;       /* [D], may alias x */
+} MemraMlaNormRow;
+
+/* One decode row's MLA prologue in one launch (cuda/mla_prologue.cu), the bytes of:
+   norm_rows(q, latent, index_k), then decode_tables(slots, 1, lengths, pos, t_kv, n, bases,
+   strides, outs), then mla_latent_append (batched, latent.y -> outs[0] at pos) and, with index_k
+   (n == 4: tables 1, 2, 3 the tail_k, tail_gate and pool_keys planes; without it n == 1),
+   kpool_append (batched, index_k.y and gate at pos into outs[1], outs[2], outs[3]). latent.y and
+   index_k.y must not overlap a cache plane. An index_k row of D > 256 (wider than the one launch
+   stages) runs those four calls. Errors: as those calls (40024 missing pointers, 40025 values,
+   40020 cache_dtype, 40010 pool / tail_rows), and 40025 for n other than 1 (no index_k) / 4. */
+typedef struct MemraMlaNormAppendParams {
+  MemraMlaNormRow q;       /* q's low-rank row (RMSNorm) */
+  MemraMlaNormRow latent;  /* the latent row (RMSNorm), appended to the latent cache */
+  MemraMlaNormRow index_k; /* the indexer's k (LayerNorm), appended to the k-pool; x null: none */
+  const int32_t* slots;    /* [1] device: the row's cache slot (< 0: idle, nothing appended) */
+  const int32_t* lengths;  /* [max_batch] device: tokens each slot holds */
+  int32_t* pos;            /* [1] device out: the row's position (-1 idle) */
+  int32_t* t_kv;           /* [1] device out: pos + 1 (0 idle) */
+  int n;                   /* plane tables (decode_tables' n) */
+  void* const* bases;      /* [n] host array: plane j's slot-0 base (device) */
+  const int64_t* strides;  /* [n] host: bytes from one slot's plane j to the next */
+  void** const* outs;      /* [n] host array of device [1] tables, written */
+  int cache_dtype;         /* the latent cache's: 0 f32, 1 bf16 */
+  const float* gate;       /* index_k: [D] the k-pool gate row */
+  const float* ape;        /* index_k: [pool, D] */
+  int pool, tail_rows;     /* index_k: as kpool_append */
+} MemraMlaNormAppendParams;
+
 #define MEMRA_CUDA_MLA_OPS(X)                                                                     \
-  /* q_nope [T, H, d_nope]; kv_b [H*(d_nope+d_v), R] (w_dtype); q_lat [T, H, R]. */               \
-  X(mla_absorb_q, (MemraCudaCtx * ctx, const float* q_nope, const void* kv_b, int w_dtype, int T, \
-                   int H, int d_nope, int d_v, int R, int arm, float* q_lat))                     \
-  /* o_lat [T, H, R]; out [T, H, d_v]. */                                                         \
-  X(mla_decompress_v, (MemraCudaCtx * ctx, const float* o_lat, const void* kv_b, int w_dtype,     \
-                       int T, int H, int d_nope, int d_v, int R, int arm, float* out))            \
-  /* rows [T, W] f32 -> cache rows [start, start + T) of cache [max_len, W] (cache_dtype). */     \
-  X(mla_latent_append, (MemraCudaCtx * ctx, const float* rows, int T, int W, void* cache,         \
-                        int cache_dtype, int start))                                              \
-  /* cache [t_kv, R + d_rope] (cache_dtype); q_lat [t_q, H, R]; q_pe [t_q, H, d_rope] or null;    \
-     o_lat [t_q, H, R]; query i at row t_kv - t_q + i. 40004 when t_q > t_kv. */                 \
-  X(mla_attn_absorbed, (MemraCudaCtx * ctx, const float* q_lat, const float* q_pe,                \
-                        const void* cache, int cache_dtype, int H, int R, int d_rope, int t_q,    \
-                        int t_kv, float scale, float* o_lat))                                     \
-  /* idx [t_q, width] rows (-1 skipped; entries outside [0, query row] are skipped too: the GPU    \
-     cannot refuse without a host sync, callers validate host lists first; a row listed twice    \
-     counts once); a query with no row gets zeros. 40004 when t_q > t_kv. */                     \
-  X(mla_attn_gathered, (MemraCudaCtx * ctx, const float* q_lat, const float* q_pe,                \
-                        const void* cache, int cache_dtype, const int32_t* idx, int H, int R,     \
-                        int d_rope, int t_q, int t_kv, int width, float scale, float* o_lat))      \
-  /* Batched decode (cuda/mla_decode.cu): B sequences, one query each, one launch plan. q_lat [B,  \
-     H, R]; caches [B] (a device array of device pointers) to per-sequence latent caches           \
-     [max_len_b, R] (cache_dtype; latent-only rows, d_rope == 0: callers with rope columns use     \
-     mla_attn_absorbed), 16-byte aligned; t_kv [B] device: rows visible to sequence b (its query   \
-     sits at row t_kv[b] - 1), clamped to [0, max_t_kv]; t_kv[b] == 0 marks an idle row: o_lat[b]  \
-     = 0 and nothing of it is read (caches[b] may be null). idx: null (dense) or [B, width]        \
-     device index lists (-1 and entries outside [0, t_kv[b]) skipped, a row listed twice counts    \
-     once; an empty list gives zeros). max_t_kv: a host upper bound of t_kv, the only thing (with  \
-     B, H, R, width, dtype) the launch shape depends on, so a captured graph replays at any t_kv   \
-     <= max_t_kv. o_lat [B, H, R]. bf16 cache with R in {128, 256, 512}: tensor cores (q_lat and   \
-     p rounded to bf16, f32 softmax and accumulation); otherwise f32 CUDA cores (R <= 1024, else   \
-     50002). */                                                                                    \
-  X(mla_attn_decode, (MemraCudaCtx * ctx, const float* q_lat, const void* const* caches,         \
-                      int cache_dtype, const int32_t* t_kv, const int32_t* idx, int width, int B, \
-                      int H, int R, int max_t_kv, float scale, float* o_lat))                     \
-  /* rows [B, W] f32 -> caches[b][pos[b], :] (caches [B] device pointers, cache_dtype; bf16 by    \
-     round-to-nearest-even); pos [B] device, pos[b] < 0 = idle row (nothing written). The device \
-     cannot check pos[b] against a cache's length: callers do. */                                \
-  /* mla_attn_decode over index lists already compacted (kpool_select_compact_decode's list      \
-     [B, width] and counts [B]) instead of idx: the same bytes, without its compaction launch. */  \
-  X(mla_attn_decode_listed, (MemraCudaCtx * ctx, const float* q_lat, const void* const* caches,    \
-                             int cache_dtype, const int32_t* t_kv, const int32_t* list,            \
-                             const int* counts, int width, int B, int H, int R, int max_t_kv,      \
-                             float scale, float* o_lat))                                           \
-  X(mla_latent_append_decode, (MemraCudaCtx * ctx, const float* rows, int B, int W,               \
-                               void* const* caches, int cache_dtype, const int32_t* pos))          \
-  /* One decode row's MLA prologue in one launch (cuda/mla_prologue.cu), the bytes of:            \
-     norm_rows(x0, D0, w0, eps0, y0, x1, D1, w1, eps1, y1, x2, D2, w2, b2, eps2, y2) (row 0 the q  \
-     low-rank row, row 1 the latent row, row 2 the indexer's k or x2 null for none), then         \
-     decode_tables(slots, 1, lengths, pos, t_kv, n, bases, strides, outs), then                   \
-     mla_latent_append_decode(y1, 1, D1, outs[0], cache_dtype, pos) and, with row 2 (n == 4:       \
-     tables 1, 2, 3 the tail_k, tail_gate and pool_keys planes; without it n == 1),               \
-     kpool_append_decode(y2, gate, 1, D2, ape, pool, pos, outs[1], outs[2], tail_rows, outs[3]).   \
-     y1 and y2 must not overlap a cache plane. An indexer row of D2 > 256 (wider than the one  \
-     launch stages) runs those four calls.                                                       \
-     Errors: as those calls (40024 missing pointers, 40025 values, 40020 cache_dtype, 40010       \
-     pool / tail_rows), and 40025 for n other than 1 (no row 2) / 4 (row 2). */                      \
-  X(mla_norm_append_decode, (MemraCudaCtx * ctx, const float* x0, int D0, const float* w0,        \
-                             float eps0, float* y0, const float* x1, int D1, const float* w1,      \
-                             float eps1, float* y1, const float* x2, int D2, const float* w2,      \
-                             const float* b2, float eps2, float* y2, const int32_t* slots,         \
-                             const int32_t* lengths, int32_t* pos, int32_t* t_kv, int n,           \
-                             void* const* bases, const int64_t* strides, void** const* outs,       \
-                             int cache_dtype, const float* gate, const float* ape, int pool,       \
-                             int tail_rows))
+  X(mla_proj, (MemraCudaCtx * ctx, const MemraMlaProjParams* p))                                  \
+  X(mla_latent_append, (MemraCudaCtx * ctx, const MemraMlaAppendParams* p))                       \
+  X(mla_attn, (MemraCudaCtx * ctx, const MemraMlaAttnParams* p))                                  \
+  X(mla_norm_append_decode, (MemraCudaCtx * ctx, const MemraMlaNormAppendParams* p))
