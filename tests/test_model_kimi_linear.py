@@ -451,8 +451,13 @@ def test_bad_names_on_disk_are_named(tmp_path, tensors, change, needles) -> None
     _expect_load_error(write_folder(tmp_path / "ckpt", change(dict(tensors))), *needles)
 
 
-def test_cuda_refusal_is_named_without_a_device() -> None:
-    if memra.cuda_available():
-        pytest.skip("a CUDA device is usable here: tests/test_cuda_model_kimi_linear.py runs it")
-    with pytest.raises(memra.UnsupportedError):
-        memra.load(TINY, device="cuda", progress=False)
+
+def test_mla_layer_refuses_an_indexer_without_query_lora(tensors) -> None:
+    # The DSA indexer reads the query LoRA latent, which q_proj (q_lora_rank 0) does not have.
+    pre = "model.layers.2.self_attn."
+    w = {k[len(pre):]: memra.Weight(v.astype(np.float32)) for k, v in tensors.items() if k.startswith(pre)}
+    kw = dict(hidden=64, heads=4, q_lora_rank=0, kv_rank=KV_RANK, d_nope=24, d_rope=8, d_v=16, dtype="float32")
+    with pytest.raises(memra.ContractError, match="q_lora_rank 0"):
+        memra.MlaLayer(memra.Engine("cpu"), dict(w), **kw, sparse=True, index_heads=2, index_head_dim=8,
+                       kpool=2, topk=4)
+    memra.MlaLayer(memra.Engine("cpu"), dict(w), **kw)
