@@ -216,7 +216,11 @@ void init_layers(nb::module_& m) {
   nb::class_<MlaLayer>(m, "MlaLayer",
                        "Multi-head latent attention (absorbed) with the optional DSA k-pool "
                        "indexer (reference: transformers Glm5NextTextAttention + "
-                       "Glm5NextTextIndexer). Weights named as on disk below 'self_attn.'.")
+                       "Glm5NextTextIndexer; KimiLinearAttention). Weights named as on disk below "
+                       "'self_attn.'. q_lora_rank 0: no query LoRA, q = q_proj(x). rms_eps: the "
+                       "epsilon of q_a_layernorm and kv_a_layernorm. rotate: whether the d_rope "
+                       "columns are rotated (the family decides, never d_rope > 0). CUDA: "
+                       "UnsupportedError for d_rope > 0 or q_lora_rank 0 (the CPU runs them).")
       .def(
           "__init__",
           [](MlaLayer* self, const Engine& engine, Weights weights, int hidden, int heads,

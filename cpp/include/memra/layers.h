@@ -101,7 +101,10 @@ class KdaLayer {
 
 // ------------------------------------------------------------------------------------------ MLA
 struct MlaConfig {
+  // q_lora_rank 0: no query LoRA, q = q_proj(x) (Kimi-Linear); else q = q_b(q_a_layernorm(q_a(x))).
   int hidden = 0, heads = 0, q_lora_rank = 0, kv_rank = 0, d_nope = 0, d_rope = 0, d_v = 0;
+  // Epsilon of the latent norms q_a_layernorm and kv_a_layernorm (one value in every family:
+  // glm5_next rms_norm_eps; Kimi-Linear KimiLinearRMSNorm's default 1e-6, not rms_norm_eps).
   float rms_eps = 1e-5f;
   // DSA k-pool indexer (index_heads == 0: none). A "shared" layer has no indexer of its own and
   // takes the index list of the full layer before it.
@@ -113,8 +116,10 @@ struct MlaConfig {
 };
 
 // Multi-head latent attention with the optional DSA k-pool indexer. Reference:
-// Glm5NextTextAttention + Glm5NextTextIndexer. Names below `self_attn.`: q_a_proj.weight
-// [q_lora, hidden]; q_a_layernorm.weight [q_lora]; q_b_proj.weight [H*(d_nope+d_rope), q_lora];
+// Glm5NextTextAttention + Glm5NextTextIndexer; KimiLinearAttention (no query LoRA, unrotated
+// rope columns, no indexer). Names below `self_attn.`: q_a_proj.weight
+// [q_lora, hidden]; q_a_layernorm.weight [q_lora]; q_b_proj.weight [H*(d_nope+d_rope), q_lora]
+// (or, with q_lora_rank 0, q_proj.weight [H*(d_nope+d_rope), hidden]);
 // kv_a_proj_with_mqa.weight [kv_rank+d_rope, hidden]; kv_a_layernorm.weight [kv_rank];
 // kv_b_proj.weight [H*(d_nope+d_v), kv_rank]; o_proj.weight [hidden, H*d_v]; optional biases
 // q_a_proj.bias, kv_a_proj_with_mqa.bias, o_proj.bias; indexer.wq_b.weight [Hi*di, q_lora];
@@ -199,7 +204,7 @@ class MlaLayer {
   Status indexer(Cache& cache, int layer, int slot, int pos, const float* x, const float* q_resid,
                  int T, int32_t* idx) const;
   MlaConfig cfg_;
-  Weight q_a_, q_b_, kv_a_, kv_b_, o_proj_;
+  Weight q_a_, q_b_, q_proj_, kv_a_, kv_b_, o_proj_;  // q_proj_: q_lora_rank 0 only
   std::vector<float> q_a_bias_, kv_a_bias_, o_bias_, q_a_norm_, kv_a_norm_;
   Weight wq_b_, wk_, weights_proj_, kpool_gate_;
   std::vector<float> k_norm_w_, k_norm_b_, kpool_ape_;

@@ -1,5 +1,6 @@
 // MlaLayer: multi-head latent attention (absorbed form) with the DSA k-pool indexer, over the CPU
-// reference ops. Reference: transformers Glm5NextTextAttention + Glm5NextTextIndexer.
+// reference ops. Reference: transformers Glm5NextTextAttention + Glm5NextTextIndexer, and
+// KimiLinearAttention (q_proj without query LoRA, rope columns that are never rotated).
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -33,10 +34,14 @@ MemraMlaProjParams proj(int which, const float* x, const Weight& kv_b, int T, in
 }  // namespace
 
 Status MlaLayer::create(const MlaConfig& cfg, WeightMap& w, std::unique_ptr<MlaLayer>* out) {
-  if (cfg.hidden < 1 || cfg.heads < 1 || cfg.q_lora_rank < 1 || cfg.kv_rank < 1 || cfg.d_nope < 1 ||
+  if (cfg.hidden < 1 || cfg.heads < 1 || cfg.q_lora_rank < 0 || cfg.kv_rank < 1 || cfg.d_nope < 1 ||
       cfg.d_v < 1 || cfg.d_rope < 0) {
-    return Status(kContractValue, "MlaLayer: hidden, heads, q_lora_rank, kv_rank, d_nope and d_v "
-                                  "must be >= 1 and d_rope >= 0");
+    return Status(kContractValue, "MlaLayer: hidden, heads, kv_rank, d_nope and d_v must be >= 1, "
+                                  "q_lora_rank and d_rope >= 0");
+  }
+  if (cfg.q_lora_rank == 0 && cfg.index_heads > 0) {
+    return Status(kContractValue, "MlaLayer: the DSA indexer reads the query LoRA latent; "
+                                  "q_lora_rank 0 (q_proj) has none");
   }
   if (cfg.rotate && cfg.d_rope % 2) {
     return Status(kContractOddRope, "MlaLayer: d_rope must be even to rotate, got " +
@@ -56,14 +61,18 @@ Status MlaLayer::create(const MlaConfig& cfg, WeightMap& w, std::unique_ptr<MlaL
   l->cfg_ = cfg;
   const int64_t D = cfg.hidden, H = cfg.heads, ql = cfg.q_lora_rank, R = cfg.kv_rank;
   const int64_t dq = cfg.d_nope + cfg.d_rope;
-  MEMRA_TRY(w.take("q_a_proj.weight", {ql, D}, &l->q_a_));
-  MEMRA_TRY(w.take_f32("q_a_layernorm.weight", {ql}, &l->q_a_norm_));
-  MEMRA_TRY(w.take("q_b_proj.weight", {H * dq, ql}, &l->q_b_));
+  if (ql > 0) {
+    MEMRA_TRY(w.take("q_a_proj.weight", {ql, D}, &l->q_a_));
+    MEMRA_TRY(w.take_f32("q_a_layernorm.weight", {ql}, &l->q_a_norm_));
+    MEMRA_TRY(w.take("q_b_proj.weight", {H * dq, ql}, &l->q_b_));
+  } else {
+    MEMRA_TRY(w.take("q_proj.weight", {H * dq, D}, &l->q_proj_));
+  }
   MEMRA_TRY(w.take("kv_a_proj_with_mqa.weight", {R + cfg.d_rope, D}, &l->kv_a_));
   MEMRA_TRY(w.take_f32("kv_a_layernorm.weight", {R}, &l->kv_a_norm_));
   MEMRA_TRY(w.take("kv_b_proj.weight", {H * (cfg.d_nope + cfg.d_v), R}, &l->kv_b_));
   MEMRA_TRY(w.take("o_proj.weight", {D, H * cfg.d_v}, &l->o_proj_));
-  if (w.has("q_a_proj.bias")) MEMRA_TRY(w.take_f32("q_a_proj.bias", {ql}, &l->q_a_bias_));
+  if (ql > 0 && w.has("q_a_proj.bias")) MEMRA_TRY(w.take_f32("q_a_proj.bias", {ql}, &l->q_a_bias_));
   if (w.has("kv_a_proj_with_mqa.bias")) {
     MEMRA_TRY(w.take_f32("kv_a_proj_with_mqa.bias", {R + cfg.d_rope}, &l->kv_a_bias_));
   }
@@ -187,13 +196,19 @@ Status MlaLayer::prefill(Cache& cache, int layer, int slot, const float* x, int 
     }
   }
 
-  // Queries: q_resid = q_a_layernorm(q_a_proj(x)); q = q_b_proj(q_resid) [T, H, d_nope + d_rope].
+  // Queries: q_resid = q_a_layernorm(q_a_proj(x)); q = q_b_proj(q_resid) [T, H, d_nope + d_rope];
+  // without query LoRA (q_lora_rank 0, KimiLinearAttention) q = q_proj(x).
   std::vector<float> q_resid(size_t(T) * ql), q(size_t(T) * H * (dn + dr));
-  cpu::linear(x, T, q_a_, q_a_bias_.empty() ? nullptr : q_a_bias_.data(), q_resid.data());
-  cpu::rms_norm(q_resid.data(), T, ql, q_a_norm_.data(), cfg_.rms_eps, q_resid.data());
-  cpu::linear(q_resid.data(), T, q_b_, nullptr, q.data());
+  if (ql > 0) {
+    cpu::linear(x, T, q_a_, q_a_bias_.empty() ? nullptr : q_a_bias_.data(), q_resid.data());
+    cpu::rms_norm(q_resid.data(), T, ql, q_a_norm_.data(), cfg_.rms_eps, q_resid.data());
+    cpu::linear(q_resid.data(), T, q_b_, nullptr, q.data());
+  } else {
+    cpu::linear(x, T, q_proj_, nullptr, q.data());
+  }
 
-  // Latent rows [normalised latent | k_pe] appended at rows [pos, end).
+  // Latent rows [kv_a_layernorm(latent) | k_pe] appended at rows [pos, end); k_pe is the raw
+  // last d_rope columns of kv_a_proj_with_mqa, rotated only when the family says so.
   std::vector<float> ckv(size_t(T) * row);
   cpu::linear(x, T, kv_a_, kv_a_bias_.empty() ? nullptr : kv_a_bias_.data(), ckv.data());
   float* cache_rows = cache.latent(layer, slot);

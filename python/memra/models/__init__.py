@@ -5,18 +5,18 @@
 - :mod:`.decoder`: :class:`DecoderModel`, the one decoder loop.
 - :mod:`.residual`: the residual kinds (plain pre-norm; mHC hyper-connections).
 - :mod:`.layers`: the mixer interface, :class:`StepContext` and helpers for block builders.
-- one module per family (:mod:`.glm5_next`), registered here.
+- one module per family (:mod:`.glm5_next`, :mod:`.kimi_linear`), registered here.
 """
 
 from __future__ import annotations
 
-from . import glm5_next
+from . import glm5_next, kimi_linear
 from .decoder import DecoderModel
 from .layers import KdaMixer, MlaMixer, StepContext
 from .registry import Block, BuildArgs, Family, LayerPlan, family_for, register, supported_model_types
 from .residual import MhcResidual, MhcSite, NormSite, PlainResidual
 
-FAMILIES: tuple[Family, ...] = (glm5_next.FAMILY,)
+FAMILIES: tuple[Family, ...] = (glm5_next.FAMILY, kimi_linear.FAMILY)
 for _family in FAMILIES:
     register(_family)
 
