@@ -595,6 +595,12 @@ CASES: dict[str, Case] = {
         {"slots": I32, "lengths": [None, 1, "x"], "cur": [None, 1.5], **ENGINE_ARG}, cuda_only=True),
 }
 
+# Per-area tables, merged here so CASES names every callable (each imports this module's
+# vocabulary above, hence the import at the end).
+from fuzz_api_cases_attention import CASES as _ATTENTION_CASES  # noqa: E402
+
+CASES.update(_ATTENTION_CASES)
+
 # Public callables deliberately left out, with the reason.
 EXEMPT = {
     "Model()": "made by memra.load from a checkpoint; its parameters are internal (the loader's)",

@@ -60,11 +60,25 @@ class World:
         self.hc = _core.HyperConnection(self.engine, self.hc_weights(0), **self.hc_kw)
         self.D = c["hidden_size"]
         self.hc_mult = c["hc_mult"]
+        # The full attention (Qwen3.5's gated attention) over a cache of its own, slot 0 holding tokens.
+        self.attn_kw = dict(hidden=self.D, heads=2, kv_heads=1, head_dim=16, rotary_dim=8, rope_theta=10000.0,
+                            rms_eps=1e-6, dtype="float32")
+        self._attn_w = {"q_proj.weight": self.f32(64, self.D), "k_proj.weight": self.f32(16, self.D),
+                        "v_proj.weight": self.f32(16, self.D), "o_proj.weight": self.f32(self.D, 32),
+                        "q_norm.weight": self.f32(16), "k_norm.weight": self.f32(16)}
+        self.attn = _core.AttentionLayer(self.engine, self.attn_weights(), **self.attn_kw)
+        self.attn_cache = _core.Cache(self.engine, [self.attn.state_spec()], max_batch=2, max_len=16)
+        self.attn.prefill(self.attn_cache, 0, 0, self.f32(3, self.D))
+        self.attn_cache.commit(0, 3)
 
     # Weights of layer i whose names start with `prefix` (the layer constructors' dicts).
     def weights(self, i: int, prefix: str) -> dict[str, _core.Weight]:
         p = f"model.language_model.layers.{i}.{prefix}"
         return {k[len(p):]: self.weight(v) for k, v in self.tensors.items() if k.startswith(p)}
+
+    def attn_weights(self) -> dict[str, _core.Weight]:
+        """The AttentionLayer's weights (fresh Weight objects over the same values)."""
+        return {k: _core.Weight(v) for k, v in self._attn_w.items()}
 
     def hc_weights(self, i: int) -> dict[str, _core.Weight]:
         p = f"model.language_model.layers.{i}.hc_attn_"
@@ -103,4 +117,4 @@ class World:
 
     def caches(self) -> list[_core.Cache]:
         """The caches a bad call must leave unchanged."""
-        return [self.cache, self.model.cache, self.other_cache, self.held_cache]
+        return [self.cache, self.model.cache, self.other_cache, self.held_cache, self.attn_cache]

@@ -70,7 +70,7 @@ def public_callables() -> set[str]:
     return names
 
 
-_PLANES = ("kda_state", "kda_conv", "latent_rows", "pool_keys")
+_PLANES = ("kda_state", "kda_conv", "latent_rows", "pool_keys", "attn_keys", "attn_values")
 _readable: dict[int, list[tuple[int, str]]] = {}  # id(cache) -> the (layer, plane) it holds
 
 

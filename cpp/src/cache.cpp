@@ -56,6 +56,9 @@ int64_t layout(int max_batch, int max_len, const std::vector<LayerStateSpec>& sp
         p.tail_k = take(U(max_batch) * U(s.tail_rows) * U(s.index_head_dim) * 4);
         p.tail_gate = take(U(max_batch) * U(s.tail_rows) * U(s.index_head_dim) * 4);
       }
+    } else if (s.kind == LayerStateSpec::Kind::kAttention) {
+      p.attn_k = take(U(max_batch) * U(max_len) * U(s.kv_row()) * U(dtype_size(latent)));
+      p.attn_v = take(U(max_batch) * U(max_len) * U(s.kv_row()) * U(dtype_size(latent)));
     }
   }
   *mirror_off = 0;
@@ -94,6 +97,9 @@ Status Cache::create(std::shared_ptr<CudaContext> cuda, DType latent_dtype, int 
     if (s.kind == LayerStateSpec::Kind::kKda &&
         (s.heads < 1 || s.head_dim < 1 || s.conv_kernel < 1)) {
       return Status(kContractValue, spec_error(int(i), "KDA heads, head_dim and conv_kernel must be >= 1"));
+    }
+    if (s.kind == LayerStateSpec::Kind::kAttention && (s.heads < 1 || s.head_dim < 1)) {
+      return Status(kContractValue, spec_error(int(i), "attention kv_heads and head_dim must be >= 1"));
     }
     if (s.kind == LayerStateSpec::Kind::kMla) {
       if (s.row_width < 1) return Status(kContractValue, spec_error(int(i), "row_width must be >= 1"));
@@ -291,6 +297,15 @@ float* Cache::tail_gate(int layer, int slot) {
   return reinterpret_cast<float*>(base() + planes_[layer].tail_gate) + int64_t(slot) * s.tail_rows * s.index_head_dim;
 }
 
+void* Cache::attn_k(int layer, int slot) {
+  return base() + planes_[layer].attn_k +
+         size_t(slot) * max_len_ * specs_[layer].kv_row() * dtype_size(latent_dtype_);
+}
+void* Cache::attn_v(int layer, int slot) {
+  return base() + planes_[layer].attn_v +
+         size_t(slot) * max_len_ * specs_[layer].kv_row() * dtype_size(latent_dtype_);
+}
+
 Status Cache::commit_decode(const int32_t* slots_d, int B) {
   if (!cuda_) return Status(kUnsupported, "Cache.commit_decode: needs a CUDA cache");
   const int rc = cuda_->api().commit_decode(cuda_->ctx(), slots_d, B, lengths_d(), cur_d());
@@ -378,6 +393,10 @@ Status Cache::copy_slot(int src, int dst, uint64_t owner) {
         MEMRA_TRY(copy_bytes(tail_k(l, dst), tail_k(l, src), size_t(s.tail_rows) * s.index_head_dim * 4));
         MEMRA_TRY(copy_bytes(tail_gate(l, dst), tail_gate(l, src), size_t(s.tail_rows) * s.index_head_dim * 4));
       }
+    } else if (s.kind == LayerStateSpec::Kind::kAttention) {
+      const size_t bytes = size_t(max_len_) * s.kv_row() * dtype_size(latent_dtype_);
+      MEMRA_TRY(copy_bytes(attn_k(l, dst), attn_k(l, src), bytes));
+      MEMRA_TRY(copy_bytes(attn_v(l, dst), attn_v(l, src), bytes));
     }
   }
   MEMRA_TRY(sync_mirror(dst, lengths_[src], cur_[src]));

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from . import _core
 from ._core import (
+    AttentionLayer,
     Cache,
     DeviceArray,
     DeviceWeight,
@@ -40,6 +41,7 @@ from .model import Model, default_checkpoint, load
 __version__ = "0.1.0"
 
 __all__ = [
+    "AttentionLayer",
     "Cache",
     "DeviceArray",
     "DeviceWeight",

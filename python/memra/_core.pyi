@@ -453,6 +453,32 @@ def kpool_select_decode(score: Annotated[NDArray, dict(writable=False)], pos: ob
     Reference: kpool_select per sequence with t_q = 1.
     """
 
+def rope_inv_freq(theta: float, dim: int) -> NDArray[numpy.float32]:
+    """
+    The inverse RoPE frequencies [dim // 2] float32 (host numpy) as transformers computes them (Qwen3_5TextRotaryEmbedding.compute_default_rope_parameters: 1 / base ** (arange(0, dim, 2, float32) / dim) in float32, the power rounded once). dim: the rotated dims, int(head_dim * partial_rotary_factor), even (ContractError CONTRACT_ODD_ROPE otherwise); theta: rope_theta, finite and > 0.
+    """
+
+def attn_prep(qg: Annotated[NDArray, dict(writable=False)], k: Annotated[NDArray, dict(writable=False)], q_norm: Annotated[NDArray, dict(writable=False)], k_norm: Annotated[NDArray, dict(writable=False)], *, eps: float, rotary_dim: int, inv_freq: Annotated[NDArray, dict(writable=False)] | None = None, pos0: int = 0, slots: Annotated[NDArray, dict(writable=False)] | None = None, lengths: Annotated[NDArray, dict(writable=False)] | None = None, engine: Engine | None = None) -> tuple:
+    """
+    The gated attention's prologue: qg [T, Hq, 2 * hd] float32 (q_proj's output viewed per head: the query, then the gate), k [T, Hkv, hd] float32 (k_proj's output) -> (q [T, Hq, hd], gate [T, Hq, hd], k [T, Hkv, hd]) float32. q and k are RMS-normed per head and multiplied by q_norm / k_norm [hd] (pass 1 + w for Qwen's zero-centred norm), then their first rotary_dim dims rotated in halves (NeoX) by inv_freq [rotary_dim // 2] (rope_inv_freq; None when rotary_dim is 0) at each row's position: pos0 + t, or with slots [T] int32 (-1 idle: position 0) and lengths [n] int32 the position lengths[slots[t]] (read on the device on CUDA: graph-safe). eps: the norms' epsilon.
+    Raises ContractError (shapes, dtypes, devices; CONTRACT_ODD_ROPE for an odd rotary_dim; CONTRACT_RANGE for a slot outside lengths or a negative pos0, on the CPU), UnsupportedError for hd > 256.
+    Reference: Qwen3_5Attention.forward (torch.chunk of the joint projection, Qwen3_5RMSNorm, apply_rotary_pos_emb).
+    """
+
+def kv_append(k: Annotated[NDArray, dict(writable=False)], v: Annotated[NDArray, dict(writable=False)], k_cache: object, v_cache: object, *, pos0: int = 0, slots: Annotated[NDArray, dict(writable=False)] | None = None, lengths: Annotated[NDArray, dict(writable=False)] | None = None, engine: Engine | None = None) -> None:
+    """
+    Write K/V rows into caches in place: k, v [T, Hkv, hd] float32; k_cache, v_cache float32 or bfloat16 (rounded to nearest even; uint16 raw bits accepted), writable, on the engine's device. Direct form: caches [max_len, Hkv, hd], row t at pos0 + t. With slots [T] int32 (-1 idle: nothing written) and lengths [max_batch] int32: caches [max_batch, max_len, Hkv, hd], row t at [slots[t], lengths[slots[t]]] (read on the device on CUDA: graph-safe; a position past max_len writes nothing there).
+    Raises ContractError (shapes, dtypes, devices, a read-only cache; CONTRACT_RANGE for rows past max_len, and on the CPU a slot or length out of range; CONTRACT_VALUE for a repeated slot on the CPU). Nothing is written on error.
+    Reference: the cache update of past_key_values.update.
+    """
+
+def attention(q: Annotated[NDArray, dict(writable=False)], k_cache: object, v_cache: object, *, scale: float, gate: Annotated[NDArray, dict(writable=False)] | None = None, pos0: int = 0, slots: Annotated[NDArray, dict(writable=False)] | None = None, lengths: Annotated[NDArray, dict(writable=False)] | None = None, engine: Engine | None = None) -> object:
+    """
+    Causal grouped attention with the sigmoid output gate: q [T, Hq, hd] float32 -> o [T, Hq, hd] float32, query head h reading K/V head h // (Hq // Hkv): o = softmax(scale * q k^T) v over the rows a query sees, times sigmoid(gate [T, Hq, hd]) when gate is given. Caches as kv_append's (float32 or bfloat16). Direct form: query t at position pos0 + t sees rows [0, pos0 + t]. With slots [T] / lengths [max_batch]: row t sees its slot's rows [0, lengths[slots[t]]] (the row appended at its length included), an idle row (-1) gets zeros; on CUDA split over the sequence (memra.KernelOptions.attn_decode_unsplit: one block a row and K/V head). scale: transformers' head_dim ** -0.5, finite.
+    Raises ContractError as kv_append, UnsupportedError for hd > 256.
+    Reference: eager_attention_forward with repeat_kv, then attn_output * sigmoid(gate) (Qwen3_5Attention.forward).
+    """
+
 def hc_expand(x: Annotated[NDArray, dict(writable=False)], n: int, *, engine: Engine | None = None) -> object:
     """
     x [T, D] float32 -> [T, n, D]: every residual stream starts as x (reference: Glm5NextTextModel.forward, hidden_states.unsqueeze(2).expand(..., hc_mult, ...)). On a CUDA engine x must live on its device. Raises ContractError for a bad array or n outside [1, 2^31).
@@ -499,10 +525,10 @@ class CudaGraph:
 
 class KernelOptions:
     """
-    The CUDA kernels' arms an Engine runs with, chosen once when it is made (Engine(..., options=), memra.load(..., kernel_options=)); immutable. Keyword construction; every field defaults to the arm the A/B runs kept (docs/options.md), so KernelOptions() changes nothing. Fields that change numerics (the logits' bytes): gemv, mla_decode_variant, mla_tc_mt, mla_split_tiles, moe_grouped_min_t; pdl, gemv_rows, gemv_tall_rows and mhc_defer change only speed. An unknown field, a value of the wrong type (switches take bool, the rest int) or out of its domain is a ContractError (40025) naming the field and the value. A CPU engine keeps the options and ignores them.
+    The CUDA kernels' arms an Engine runs with, chosen once when it is made (Engine(..., options=), memra.load(..., kernel_options=)); immutable. Keyword construction; every field defaults to the arm the A/B runs kept (docs/options.md), so KernelOptions() changes nothing. Fields that change numerics (the logits' bytes): gemv, mla_decode_variant, mla_tc_mt, mla_split_tiles, moe_grouped_min_t, attn_decode_unsplit; pdl, gemv_rows, gemv_tall_rows and mhc_defer change only speed. An unknown field, a value of the wrong type (switches take bool, the rest int) or out of its domain is a ContractError (40025) naming the field and the value. A CPU engine keeps the options and ignores them.
     """
 
-    def __init__(self, *, pdl: bool = True, gemv: bool = True, gemv_rows: int = 0, gemv_tall_rows: int = 0, mhc_defer: bool = True, mla_decode_variant: int = 1, mla_tc_mt: int = 0, mla_split_tiles: int = 0, moe_grouped_min_t: int = 2) -> None: ...
+    def __init__(self, *, pdl: bool = True, gemv: bool = True, gemv_rows: int = 0, gemv_tall_rows: int = 0, mhc_defer: bool = True, mla_decode_variant: int = 1, mla_tc_mt: int = 0, mla_split_tiles: int = 0, moe_grouped_min_t: int = 2, attn_decode_unsplit: bool = False) -> None: ...
 
     def replace(self, **fields: bool | int) -> KernelOptions:
         """
@@ -574,6 +600,12 @@ class KernelOptions:
     def moe_grouped_min_t(self) -> int:
         """
         Changes numerics (MoE layers with a shared expert). Tokens from which moe_forward runs the routed experts grouped by expert instead of one (token, slot) pair at a time (a large value keeps the per-pair kernels). moe_forward's own bytes do not change (the grouped kernels' every product and sum is the per-pair kernels'); but below this token count an MoE layer's shared expert rides in the per-pair kernels, and from it runs as an MLP of its own (cuBLAS above one row), which sums in another order.
+        """
+
+    @property
+    def attn_decode_unsplit(self) -> bool:
+        """
+        Changes numerics. The full attention's decode (AttentionLayer, memra._core.attention with slots): False splits each sequence's cache rows over blocks sized from the cache's capacity and merges the splits per head in a second launch; True runs one block per sequence and K/V head over all of its rows (the A/B arm). Where a sequence's rows fit in one split both give the same bytes.
         """
 
 class HostRead:
@@ -728,6 +760,12 @@ class LayerStateSpec:
         Latent rows [max_len, row_width]; with index_head_dim > 0 also the DSA pool keys [max_len // kpool, index_head_dim] and a tail ring of tail_rows raw indexer rows.
         """
 
+    @staticmethod
+    def attention(*, kv_heads: int, head_dim: int) -> LayerStateSpec:
+        """
+        Full attention (AttentionLayer): key rows and value rows [max_len, kv_heads, head_dim] each, in the cache's latent dtype (float32, or bfloat16 on a CUDA cache made with latent_dtype='bfloat16').
+        """
+
     @property
     def kind(self) -> str: ...
 
@@ -738,7 +776,7 @@ class Cache:
 
     def __init__(self, engine: Engine, specs: Sequence[LayerStateSpec], *, max_batch: int, max_len: int, latent_dtype: str = 'float32') -> None:
         """
-        engine: the Engine whose device holds the planes; specs: one LayerStateSpec per layer; latent_dtype: 'float32' or 'bfloat16' (CUDA engines only) for the MLA latent rows.
+        engine: the Engine whose device holds the planes; specs: one LayerStateSpec per layer; latent_dtype: 'float32' or 'bfloat16' (CUDA engines only) for the MLA latent rows and the attention K/V rows.
         """
 
     @staticmethod
@@ -831,6 +869,16 @@ class Cache:
 
     def latent_rows(self, layer: int, slot: int) -> NDArray[numpy.float32]:
         """Copy of the committed latent rows [length, row_width]."""
+
+    def attn_keys(self, layer: int, slot: int) -> NDArray[numpy.float32]:
+        """
+        Copy of the committed key rows [length, kv_heads, head_dim] float32 of an attention layer.
+        """
+
+    def attn_values(self, layer: int, slot: int) -> NDArray[numpy.float32]:
+        """
+        Copy of the committed value rows [length, kv_heads, head_dim] float32 of an attention layer.
+        """
 
     def pool_keys(self, layer: int, slot: int) -> NDArray[numpy.float32]:
         """Copy of the resident pool keys [length // kpool, d]."""
@@ -955,4 +1003,47 @@ class HyperConnection:
         y [T, hidden]; post [T, hc] and comb [T, hc, hc] (the previous site's pre outputs); streams [T, hc, hidden] (the residual streams before the sublayer); norm [hidden] or None; all float32 on the layer's device. Returns (new streams [T, hc, hidden], post [T, hc], comb [T, hc, hc], normed [T, hidden]) float32, byte for byte mhc_post followed by pre(norm=, eps=); on CUDA at one decode row (hc 4) one launch.
         Raises ContractError (CONTRACT_SHAPE / DTYPE / DEVICE / STRIDE of any array; CONTRACT_VALUE for an eps that is negative or not finite).
         Reference: Glm5NextTextDecoderLayer.forward (post * h + comb^T @ residual), then Glm5NextTextHyperConnection.forward and Glm5NextTextRMSNorm.
+        """
+
+class AttentionLayer:
+    """
+    The gated full attention of Qwen3.5 / Qwen3.5-MoE / Qwen3-Next over a K/V cache (reference: transformers 5.17 Qwen3_5Attention / Qwen3NextAttention). Weights named as on disk below 'self_attn.': q_proj.weight [heads * 2 * head_dim, hidden] (per head the query rows, then the gate rows), k_proj.weight and v_proj.weight [kv_heads * head_dim, hidden], o_proj.weight [hidden, heads * head_dim], q_norm.weight and k_norm.weight [head_dim] (zero-centred: the layer multiplies by 1 + w), optional *.bias (attention_bias). Its cache layer is LayerStateSpec.attention(kv_heads=, head_dim=).
+    """
+
+    def __init__(self, engine: Engine, weights: Mapping[str, Weight], *, hidden: int, heads: int, kv_heads: int, head_dim: int, rotary_dim: int, rope_theta: float = 10000.0, rms_eps: float = 9.999999974752427e-07, dtype: str = 'bfloat16') -> None:
+        """
+        engine: where the layer runs; weights: {name: memra.Weight}; hidden, heads, kv_heads (heads % kv_heads == 0), head_dim (1..256); rotary_dim: int(head_dim * partial_rotary_factor) as transformers computes it (even); rope_theta: rope_parameters['rope_theta']; rms_eps: rms_norm_eps (q_norm / k_norm); dtype: the CUDA weights' compute dtype ('float32' or 'bfloat16'; the CPU keeps the file's).
+        Raises ContractError (a missing or mis-shaped tensor named; bad counts; CONTRACT_ODD_ROPE for an odd rotary_dim), UnsupportedError for head_dim > 256.
+        """
+
+    def state_spec(self) -> LayerStateSpec:
+        """
+        LayerStateSpec.attention(kv_heads=, head_dim=): the cache layer this layer needs.
+        """
+
+    @property
+    def scale(self) -> float:
+        """head_dim ** -0.5 (float32), the scores' factor."""
+
+    @property
+    def inv_freq(self) -> object:
+        """
+        The inverse RoPE frequencies [rotary_dim // 2] float32 (rope_inv_freq), host numpy.
+        """
+
+    def prefill(self, cache: Cache, layer: int, slot: int, x: Annotated[NDArray, dict(writable=False)]) -> object:
+        """
+        Continue `slot` by x [T, hidden] float32 -> y [T, hidden] float32 (positions cache.length(slot) + t); the K/V rows land past the slot's length and become visible at cache.commit(slot, T). CacheFullError when the slot has no room; ContractError for a cache layer of another kind or geometry.
+        """
+
+    @overload
+    def decode(self, cache: Cache, layer: int, slots: Annotated[NDArray, dict(writable=False)], x: Annotated[NDArray, dict(writable=False)]) -> object:
+        """
+        One token for each slot: slots [B] int32 (host, distinct), x [B, hidden] -> [B, hidden], each row at its slot's length.
+        """
+
+    @overload
+    def decode(self, cache: Cache, layer: int, slots: DecodeSlots, x: Annotated[NDArray, dict(writable=False)]) -> object:
+        """
+        The same with the rows' slots on the device (memra.DecodeSlots of `cache`, CUDA): each row's position is the cache's device length of its slot; an idle row appends nothing and its attention output is zero. Capturable into a CUDA graph.
         """

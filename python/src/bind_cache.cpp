@@ -42,6 +42,20 @@ std::optional<NpI32> mirror_copy(const Cache& c, const int32_t* mirror) {
   return out;
 }
 
+// The committed rows [length, kv_heads, head_dim] of an attention plane as host float32 (bf16
+// rows widened exactly).
+NpF32 kv_rows(const Cache& c, const void* plane, int layer, int slot) {
+  const LayerStateSpec& s = c.spec(layer);
+  const std::vector<size_t> shape = {size_t(c.length(slot)), size_t(s.heads), size_t(s.head_dim)};
+  const size_t n = shape[0] * shape[1] * shape[2];
+  if (c.latent_dtype() == DType::kF32) return copy_out(c, static_cast<const float*>(plane), shape);
+  std::vector<uint16_t> bits(n);
+  check(c.read(bits.data(), plane, n * 2));
+  NpF32 out = new_f32(shape);
+  for (size_t i = 0; i < n; ++i) out.data()[i] = bf16_to_f32(bits[i]);
+  return out;
+}
+
 // UnsupportedError naming `op` unless `on_cuda`.
 void require_cuda(bool on_cuda, const char* op, const char* what) {
   if (!on_cuda) {
@@ -110,8 +124,29 @@ void init_cache(nb::module_& m) {
           nb::arg("tail_rows") = 0,
           "Latent rows [max_len, row_width]; with index_head_dim > 0 also the DSA pool keys "
           "[max_len // kpool, index_head_dim] and a tail ring of tail_rows raw indexer rows.")
+      .def_static(
+          "attention",
+          [](int kv_heads, int head_dim) {
+            const char* op = "LayerStateSpec.attention";
+            check_min(kv_heads, 1, op, "kv_heads");
+            check_min(head_dim, 1, op, "head_dim");
+            LayerStateSpec s;
+            s.kind = LayerStateSpec::Kind::kAttention;
+            s.heads = kv_heads;
+            s.head_dim = head_dim;
+            return s;
+          },
+          nb::kw_only(), nb::arg("kv_heads"), nb::arg("head_dim"),
+          "Full attention (AttentionLayer): key rows and value rows [max_len, kv_heads, "
+          "head_dim] each, in the cache's latent dtype (float32, or bfloat16 on a CUDA cache "
+          "made with latent_dtype='bfloat16').")
       .def_prop_ro("kind", [](const LayerStateSpec& s) {
-        return s.kind == LayerStateSpec::Kind::kKda ? "kda" : s.kind == LayerStateSpec::Kind::kMla ? "mla" : "none";
+        switch (s.kind) {
+          case LayerStateSpec::Kind::kKda: return "kda";
+          case LayerStateSpec::Kind::kMla: return "mla";
+          case LayerStateSpec::Kind::kAttention: return "attention";
+          default: return "none";
+        }
       });
 
   nb::class_<Cache>(m, "Cache",
@@ -136,7 +171,8 @@ void init_cache(nb::module_& m) {
           nb::arg("engine"), nb::arg("specs"), nb::kw_only(), nb::arg("max_batch"),
           nb::arg("max_len"), nb::arg("latent_dtype") = "float32",
           "engine: the Engine whose device holds the planes; specs: one LayerStateSpec per layer; "
-          "latent_dtype: 'float32' or 'bfloat16' (CUDA engines only) for the MLA latent rows.")
+          "latent_dtype: 'float32' or 'bfloat16' (CUDA engines only) for the MLA latent rows and "
+          "the attention K/V rows.")
       .def_static(
           "bytes_needed",
           [](int max_batch, int max_len, const std::vector<LayerStateSpec>& specs) {
@@ -281,6 +317,22 @@ void init_cache(nb::module_& m) {
             return out;
           },
           nb::arg("layer"), nb::arg("slot"), "Copy of the committed latent rows [length, row_width].")
+      .def(
+          "attn_keys",
+          [](Cache& c, int layer, int slot) {
+            check_plane(c, layer, slot, LayerStateSpec::Kind::kAttention, "Cache.attn_keys");
+            return kv_rows(c, c.attn_k(layer, slot), layer, slot);
+          },
+          nb::arg("layer"), nb::arg("slot"),
+          "Copy of the committed key rows [length, kv_heads, head_dim] float32 of an attention layer.")
+      .def(
+          "attn_values",
+          [](Cache& c, int layer, int slot) {
+            check_plane(c, layer, slot, LayerStateSpec::Kind::kAttention, "Cache.attn_values");
+            return kv_rows(c, c.attn_v(layer, slot), layer, slot);
+          },
+          nb::arg("layer"), nb::arg("slot"),
+          "Copy of the committed value rows [length, kv_heads, head_dim] float32 of an attention layer.")
       .def(
           "pool_keys",
           [](Cache& c, int layer, int slot) {

@@ -60,6 +60,12 @@ const Field kFields[] = {
      "kernels' every product and sum is the per-pair kernels'); but below this token count an "
      "MoE layer's shared expert rides in the per-pair kernels, and from it runs as an MLP of its "
      "own (cuBLAS above one row), which sums in another order."},
+    {"attn_decode_unsplit", &KernelOptions::attn_decode_unsplit, nullptr,
+     "Changes numerics. The full attention's decode (AttentionLayer, memra._core.attention with "
+     "slots): False splits each sequence's cache rows over blocks sized from the cache's "
+     "capacity and merges the splits per head in a second launch; True runs one block per "
+     "sequence and K/V head over all of its rows (the A/B arm). Where a sequence's rows fit in "
+     "one split both give the same bytes."},
 };
 
 std::string repr_of(nb::handle v) {
@@ -166,7 +172,8 @@ void init_options(nb::module_& m) {
       "(Engine(..., options=), memra.load(..., kernel_options=)); immutable. Keyword "
       "construction; every field defaults to the arm the A/B runs kept (docs/options.md), so "
       "KernelOptions() changes nothing. Fields that change numerics (the logits' bytes): gemv, "
-      "mla_decode_variant, mla_tc_mt, mla_split_tiles, moe_grouped_min_t; pdl, gemv_rows, "
+      "mla_decode_variant, mla_tc_mt, mla_split_tiles, moe_grouped_min_t, attn_decode_unsplit; "
+      "pdl, gemv_rows, "
       "gemv_tall_rows and mhc_defer change only speed. An unknown field, a value of the "
       "wrong type (switches take bool, the rest int) or out of its domain is a ContractError "
       "(40025) naming the field and the value. A CPU engine keeps the options and ignores them.");

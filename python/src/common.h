@@ -112,6 +112,8 @@ void init_engine(nb::module_& m);
 void init_graph(nb::module_& m);
 void init_cache(nb::module_& m);
 void init_layers(nb::module_& m);
+void init_ops_attention(nb::module_& m);
+void init_layers_attention(nb::module_& m);
 
 }  // namespace memra::py
 

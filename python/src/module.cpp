@@ -14,6 +14,7 @@ NB_MODULE(_core, m) {
   memra::py::init_ops_ffn(m);
   memra::py::init_ops_mhc(m);
   memra::py::init_ops_dsa(m);
+  memra::py::init_ops_attention(m);
   memra::py::init_ops_util(m);
   memra::py::init_graph(m);
   memra::py::init_options(m);
@@ -21,5 +22,6 @@ NB_MODULE(_core, m) {
   memra::py::init_device(m);
   memra::py::init_cache(m);
   memra::py::init_layers(m);
+  memra::py::init_layers_attention(m);
   memra::py::init_arguments(m);  // last: it fronts every function defined above
 }

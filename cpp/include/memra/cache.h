@@ -11,10 +11,14 @@
 //               tail ring of raw indexer rows (k and gate, [tail_rows, d] each) holding the rows
 //               of the incomplete pool; tail_rows is a multiple of kpool so a pool's rows stay
 //               contiguous across the wrap.
+//   Attention   key rows and value rows [max_len, kv_heads, head_dim] each (full softmax
+//               attention: the Qwen3.5 / Qwen3-Next gated attention, AttentionLayer); like the
+//               MLA latent rows, rows past length(slot) are scratch until commit advances it.
 //
 // Storage: one arena holding every plane, in host memory for the CPU backend or one device
 // allocation for a CUDA engine (plane accessors then return device pointers). The MLA latent rows
-// are f32, or bf16 on a CUDA cache made with latent_dtype = bf16; every other plane is f32.
+// and the attention K / V rows are f32, or bf16 on a CUDA cache made with latent_dtype = bf16;
+// every other plane is f32.
 //
 // Device mirrors (CUDA caches only; docs/decode_graphs.md): the arena also holds int32
 // lengths_d [max_batch] and cur_d [max_batch], equal to length(s) / cur(s). Every host-side
@@ -37,9 +41,10 @@
 namespace memra {
 
 struct LayerStateSpec {
-  enum class Kind : int { kNone = 0, kKda = 1, kMla = 2 };
+  // kAttention is 4: 3 is left to the Gated DeltaNet state of issue 19.
+  enum class Kind : int { kNone = 0, kKda = 1, kMla = 2, kAttention = 4 };
   Kind kind = Kind::kNone;
-  // KDA
+  // KDA; attention: heads = the K / V heads, head_dim their width
   int heads = 0, head_dim = 0, conv_kernel = 0;
   // MLA
   int row_width = 0;       // kv_rank + d_rope
@@ -49,6 +54,8 @@ struct LayerStateSpec {
 
   int64_t conv_floats() const { return int64_t(3) * heads * head_dim * (conv_kernel - 1); }
   int64_t state_floats() const { return int64_t(heads) * head_dim * head_dim; }
+  // Attention: elements of one key (or value) row, [kv_heads, head_dim].
+  int64_t kv_row() const { return int64_t(heads) * head_dim; }
 };
 
 class Cache {
@@ -102,6 +109,10 @@ class Cache {
   float* pool_keys(int layer, int slot);    // [max_len / kpool, index_head_dim]
   float* tail_k(int layer, int slot);       // [tail_rows, index_head_dim]
   float* tail_gate(int layer, int slot);    // [tail_rows, index_head_dim]
+  // Attention: key / value rows [max_len, kv_heads, head_dim] in latent_dtype(); slot s's plane
+  // is slot 0's plus s * max_len * kv_row() elements.
+  void* attn_k(int layer, int slot);
+  void* attn_v(int layer, int slot);
 
   // Slot ownership. A slot is free (owner 0) or held by one owner: the nonzero token hold()
   // handed out (memra's generations and server requests hold the slots they run in). The
@@ -140,6 +151,7 @@ class Cache {
   struct Plane {
     size_t conv[2] = {0, 0}, state[2] = {0, 0};  // [max_batch, ...] each
     size_t latent = 0, pool_keys = 0, tail_k = 0, tail_gate = 0;
+    size_t attn_k = 0, attn_v = 0;  // [max_batch, max_len, kv_heads, head_dim] each
   };
   Status allocate();
   Status fill_zero(void* p, size_t bytes);

@@ -25,6 +25,7 @@ typedef struct MemraCudaCtx MemraCudaCtx;
 }
 #endif
 
+#include "memra/cuda_abi/attention.h"
 #include "memra/cuda_abi/basic.h"
 #include "memra/cuda_abi/dsa.h"
 #include "memra/cuda_abi/ffn.h"
@@ -40,6 +41,7 @@ typedef struct MemraCudaCtx MemraCudaCtx;
   MEMRA_CUDA_MLA_OPS(X)       \
   MEMRA_CUDA_DSA_OPS(X)       \
   MEMRA_CUDA_FFN_OPS(X)        \
+  MEMRA_CUDA_ATTENTION_OPS(X)  \
   MEMRA_CUDA_UTIL_OPS(X)
 
 #ifdef __cplusplus

@@ -52,6 +52,12 @@ struct KernelOptions {
   // shared expert rides in the per-pair kernels, from it it runs as an MLP of its own (cuBLAS
   // above one row), which sums in another order.
   int moe_grouped_min_t = 2;
+  // The full attention's decode (cuda/attention_decode.cu, AttentionLayer): false splits each
+  // sequence's rows over blocks sized from the cache's capacity and merges the splits' partial
+  // softmaxes per head in a second launch; true runs one block per (sequence, K/V head) over all
+  // of its rows, the A/B arm. Changes numerics (the merge), except where a sequence's rows fit
+  // one split: there both give the same bytes.
+  bool attn_decode_unsplit = false;
 
   // ContractError 40025 naming the first field out of its domain and its value.
   Status validate() const;
@@ -91,6 +97,7 @@ inline MemraKernelOptions KernelOptions::to_abi() const {
   o.mla_tc_mt = mla_tc_mt;
   o.mla_split_tiles = mla_split_tiles;
   o.moe_grouped_min_t = moe_grouped_min_t;
+  o.attn_decode_unsplit = attn_decode_unsplit ? 1 : 0;
   return o;
 }
 
@@ -105,6 +112,7 @@ inline KernelOptions KernelOptions::from_abi(const MemraKernelOptions& o) {
   k.mla_tc_mt = o.mla_tc_mt;
   k.mla_split_tiles = o.mla_split_tiles;
   k.moe_grouped_min_t = o.moe_grouped_min_t;
+  k.attn_decode_unsplit = o.attn_decode_unsplit != 0;
   return k;
 }
 
@@ -112,7 +120,8 @@ inline bool KernelOptions::operator==(const KernelOptions& o) const {
   return pdl == o.pdl && gemv == o.gemv && gemv_rows == o.gemv_rows &&
          gemv_tall_rows == o.gemv_tall_rows && mhc_defer == o.mhc_defer &&
          mla_decode_variant == o.mla_decode_variant && mla_tc_mt == o.mla_tc_mt &&
-         mla_split_tiles == o.mla_split_tiles && moe_grouped_min_t == o.moe_grouped_min_t;
+         mla_split_tiles == o.mla_split_tiles && moe_grouped_min_t == o.moe_grouped_min_t &&
+         attn_decode_unsplit == o.attn_decode_unsplit;
 }
 
 }  // namespace memra

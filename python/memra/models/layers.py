@@ -58,6 +58,22 @@ class KdaMixer:
         return self.layer.decode(cache, layer, slots, x)
 
 
+class AttentionMixer:
+    """The gated full attention (memra.AttentionLayer: Qwen3.5 / Qwen3-Next) behind the mixer
+    interface. Its cache layer is ``layer.state_spec()`` (LayerStateSpec.attention)."""
+
+    def __init__(self, layer: _core.AttentionLayer) -> None:
+        self.layer = layer
+
+    def prefill(self, cache: _core.Cache, layer: int, slots, x, ctx: StepContext):
+        """Continue slots[0] by x [T, hidden] -> y [T, hidden] (visible at cache.commit)."""
+        return self.layer.prefill(cache, layer, int(slots[0]), x)
+
+    def decode(self, cache: _core.Cache, layer: int, slots, x, ctx: StepContext):
+        """One token for each of slots [B] (host int32 or memra.DecodeSlots): x [B, hidden]."""
+        return self.layer.decode(cache, layer, slots, x)
+
+
 class MlaMixer:
     """Multi-head latent attention (memra.MlaLayer) behind the mixer interface.
 

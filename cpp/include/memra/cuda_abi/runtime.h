@@ -18,6 +18,7 @@ typedef struct MemraKernelOptions {
   int mla_tc_mt;           /* head tiles of 16 a block of the mma.sync MLA decode: 0, 2, 4 */
   int mla_split_tiles;     /* 64-row tiles a split of the MLA decode (0: cost model) */
   int moe_grouped_min_t;   /* tokens from which the routed experts run grouped, >= 1 */
+  int attn_decode_unsplit; /* full-attention decode: one block per sequence and K/V head */
 } MemraKernelOptions;
 
 #define MEMRA_CUDA_RUNTIME_OPS(X)                                                                 \
