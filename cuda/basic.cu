@@ -302,11 +302,14 @@ int memra_cuda_layer_norm(MemraCudaCtx* ctx, const float* x, int T, int D, const
   return launch_status();
 }
 
-int memra_cuda_norm_rows(MemraCudaCtx* ctx, const float* x0, int D0, const float* w0, float eps0,
-                         float* y0, const float* x1, int D1, const float* w1, float eps1,
-                         float* y1, const float* x2, int D2, const float* w2, const float* b2,
-                         float eps2, float* y2) {
+int memra_cuda_norm_rows(MemraCudaCtx* ctx, const MemraNormRowsParams* p) {
   MEMRA_CUDA_RETURN_IF(enter(ctx));
+  if (!p) return memra::kContractMissing;
+  const float *x0 = p->x0, *x1 = p->x1, *x2 = p->x2, *w0 = p->w0, *w1 = p->w1, *w2 = p->w2;
+  const float* b2 = p->b2;
+  float *y0 = p->y0, *y1 = p->y1, *y2 = p->y2;
+  const int D0 = p->D0, D1 = p->D1, D2 = p->D2;
+  const float eps0 = p->eps0, eps1 = p->eps1, eps2 = p->eps2;
   if (D0 < 0 || D1 < 0 || D2 < 0) return memra::kContractValue;
   // A row is skipped when its x is null or its D is 0 (the ABI's contract); a row that runs
   // needs its y (and row 2 its LayerNorm weight and bias).

@@ -47,6 +47,7 @@
 #include "common.cuh"
 #include "gemv.cuh"
 #include "gemv_rows.cuh"
+#include "linear.cuh"
 #include "row_group.cuh"
 
 using memra::cuda::enter;
@@ -984,8 +985,8 @@ int memra_cuda_kda_conv_decode_slots_pair(
     MEMRA_CUDA_RETURN_IF(memra_cuda_kda_conv_decode_slots(
         ctx, x, B, C, G, w, K, slots, cur, ring_base0, ring_base1, ring_floats, ring_offset, early,
         y, l2_groups, dk, eps));
-    return memra_cuda_linear_ex_pair(ctx, gx0, gx1, 0, gK, 1, gK, gw0, gw1, w_dtype, N0, N1,
-                                     nullptr, nullptr, gy0, gy1);
+    return memra::cuda::linear_ex_pair(ctx, gx0, gx1, 0, gK, 1, gK, gw0, gw1, w_dtype, N0, N1,
+                                       nullptr, nullptr, gy0, gy1);
   }
   bool run = false;
   MEMRA_CUDA_RETURN_IF(conv_decode_check(x, B, C, G, w, K, ring, y, l2_groups, dk, &run));

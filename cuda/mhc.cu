@@ -25,6 +25,7 @@
 #include <cstdint>
 
 #include "common.cuh"
+#include "linear.cuh"
 #include "row_group.cuh"
 #include "sinkhorn.cuh"
 
@@ -849,8 +850,8 @@ int mhc_pre_impl(MemraCudaCtx* ctx, const float* streams, int T, int hc, int D, 
   Scratch logits(ctx, static_cast<size_t>(T) * mix * sizeof(float));
   MEMRA_CUDA_RETURN_IF(logits.status());
   if (fold) {
-    MEMRA_CUDA_RETURN_IF(memra_cuda_linear(ctx, streams, T, static_cast<int>(flat), fn, fn_dtype,
-                                           mix, nullptr, logits.as<float>()));
+    MEMRA_CUDA_RETURN_IF(memra::cuda::linear(ctx, streams, T, static_cast<int>(flat), fn, fn_dtype,
+                                             mix, nullptr, logits.as<float>()));
   } else {
     const int64_t chunk64 = static_cast<int64_t>(kNormChunkBytes / (sizeof(float) * flat));
     const int chunk = static_cast<int>(chunk64 < 1 ? 1 : (chunk64 < T ? chunk64 : T));
@@ -861,9 +862,9 @@ int mhc_pre_impl(MemraCudaCtx* ctx, const float* streams, int T, int hc, int D, 
       MEMRA_CUDA_RETURN_IF(memra_cuda_rms_norm(ctx, streams + t0 * flat, n,
                                                static_cast<int>(flat), nullptr, norm_eps,
                                                normed.as<float>()));
-      MEMRA_CUDA_RETURN_IF(memra_cuda_linear(ctx, normed.as<float>(), n, static_cast<int>(flat),
-                                             fn, fn_dtype, mix, nullptr,
-                                             logits.as<float>() + static_cast<int64_t>(t0) * mix));
+      MEMRA_CUDA_RETURN_IF(memra::cuda::linear(ctx, normed.as<float>(), n, static_cast<int>(flat),
+                                               fn, fn_dtype, mix, nullptr,
+                                               logits.as<float>() + static_cast<int64_t>(t0) * mix));
     }
   }
   const size_t smem = sizeof(float) * (static_cast<size_t>(hc) + static_cast<size_t>(hc) * hc);
@@ -892,30 +893,31 @@ int flush_pending(MemraCudaCtx* ctx) {
 
 }  // namespace memra::cuda
 
-extern "C" {
+namespace {
 
-int memra_cuda_mhc_pre(MemraCudaCtx* ctx, const float* streams, int T, int hc, int D,
-                       const void* fn, int fn_dtype, const float* base, const float* scale,
-                       int sinkhorn_iters, float hc_eps, float norm_eps, float* post, float* comb,
-                       float* collapsed) {
-  return mhc_pre_impl(ctx, streams, T, hc, D, fn, fn_dtype, base, scale, sinkhorn_iters, hc_eps,
-                      norm_eps, false, nullptr, 0.0f, post, comb, collapsed);
+// The bodies of the MemraMhcParams forms (memra_cuda_mhc below), each the entry point it was
+// before the forms became one entry: their checks, error codes and launches.
+
+// expand: out = mhc_post(y, post, comb, residual).
+int mhc_post(MemraCudaCtx* ctx, const float* y, const float* post, const float* comb,
+             const float* residual, int T, int hc, int D, float* out) {
+  MEMRA_CUDA_RETURN_IF(enter(ctx));
+  if (T < 0 || hc < 0 || D < 0) return memra::kContractValue;
+  const int64_t rows = static_cast<int64_t>(T) * hc;
+  if (rows == 0 || D == 0) return memra::kOk;
+  if (!y || !post || !comb || !residual || !out) return memra::kContractMissing;
+  const int threads = threads_for(D);
+  memra::cuda::launch(ctx, true, mhc_post_kernel, dim3(rows_grid(D, rows, threads)), dim3(threads),
+      0, y, post, comb, residual, rows, hc, D, out);
+  return launch_status();
 }
 
-int memra_cuda_mhc_pre_norm(MemraCudaCtx* ctx, const float* streams, int T, int hc, int D,
-                            const void* fn, int fn_dtype, const float* base, const float* scale,
-                            int sinkhorn_iters, float hc_eps, float norm_eps, const float* rms_w,
-                            float rms_eps, float* post, float* comb, float* out) {
-  return mhc_pre_impl(ctx, streams, T, hc, D, fn, fn_dtype, base, scale, sinkhorn_iters, hc_eps,
-                      norm_eps, true, rms_w, rms_eps, post, comb, out);
-}
-
-int memra_cuda_mhc_post_pre_norm(MemraCudaCtx* ctx, const float* y, const float* post_prev,
-                                 const float* comb_prev, const float* residual, int T, int hc,
-                                 int D, const void* fn, int fn_dtype, const float* base,
-                                 const float* scale, int sinkhorn_iters, float hc_eps,
-                                 float norm_eps, const float* rms_w, float rms_eps,
-                                 float* streams, float* post, float* comb, float* out) {
+// expand, pre, norm: streams = mhc_post(...), then mhc_pre_impl(streams) with the norm.
+int mhc_post_pre_norm(MemraCudaCtx* ctx, const float* y, const float* post_prev,
+                      const float* comb_prev, const float* residual, int T, int hc, int D,
+                      const void* fn, int fn_dtype, const float* base, const float* scale,
+                      int sinkhorn_iters, float hc_eps, float norm_eps, const float* rms_w,
+                      float rms_eps, float* streams, float* post, float* comb, float* out) {
   MEMRA_CUDA_RETURN_IF(enter(ctx));
   if (T < 0 || D < 0 || hc < 1 || sinkhorn_iters < 1) return memra::kContractValue;
   if (!(rms_eps >= 0.0f && rms_eps <= FLT_MAX)) return memra::kContractValue;
@@ -937,27 +939,15 @@ int memra_cuda_mhc_post_pre_norm(MemraCudaCtx* ctx, const float* y, const float*
     a.streams_out = streams;
     return launch_site<true>(ctx, a, fn_dtype);
   }
-  MEMRA_CUDA_RETURN_IF(memra_cuda_mhc_post(ctx, y, post_prev, comb_prev, residual, T, hc, D, streams));
+  MEMRA_CUDA_RETURN_IF(mhc_post(ctx, y, post_prev, comb_prev, residual, T, hc, D, streams));
   return mhc_pre_impl(ctx, streams, T, hc, D, fn, fn_dtype, base, scale, sinkhorn_iters, hc_eps,
                       norm_eps, true, rms_w, rms_eps, post, comb, out);
 }
 
-int memra_cuda_mhc_post(MemraCudaCtx* ctx, const float* y, const float* post, const float* comb,
-                        const float* residual, int T, int hc, int D, float* out) {
-  MEMRA_CUDA_RETURN_IF(enter(ctx));
-  if (T < 0 || hc < 0 || D < 0) return memra::kContractValue;
-  const int64_t rows = static_cast<int64_t>(T) * hc;
-  if (rows == 0 || D == 0) return memra::kOk;
-  if (!y || !post || !comb || !residual || !out) return memra::kContractMissing;
-  const int threads = threads_for(D);
-  memra::cuda::launch(ctx, true, mhc_post_kernel, dim3(rows_grid(D, rows, threads)), dim3(threads),
-      0, y, post, comb, residual, rows, hc, D, out);
-  return launch_status();
-}
-
-int memra_cuda_mhc_post_head_norm(MemraCudaCtx* ctx, const float* y, const float* post,
-                                  const float* comb, const float* residual, int T, int hc, int D,
-                                  const float* rms_w, float eps, float* out) {
+// expand, head, norm: out = rms_norm(hc_head_mean(mhc_post(y, post, comb, residual)), rms_w, eps).
+int mhc_post_head_norm(MemraCudaCtx* ctx, const float* y, const float* post, const float* comb,
+                       const float* residual, int T, int hc, int D, const float* rms_w, float eps,
+                       float* out) {
   MEMRA_CUDA_RETURN_IF(enter(ctx));
   if (T < 0 || hc < 1 || D < 0) return memra::kContractValue;
   if (!(eps >= 0.0f) || !std::isfinite(eps)) return memra::kContractValue;
@@ -969,7 +959,7 @@ int memra_cuda_mhc_post_head_norm(MemraCudaCtx* ctx, const float* y, const float
     MEMRA_CUDA_RETURN_IF(buf.status());
     float* streams = buf.as<float>();
     float* mean = streams + static_cast<size_t>(T) * hc * D;
-    MEMRA_CUDA_RETURN_IF(memra_cuda_mhc_post(ctx, y, post, comb, residual, T, hc, D, streams));
+    MEMRA_CUDA_RETURN_IF(mhc_post(ctx, y, post, comb, residual, T, hc, D, streams));
     MEMRA_CUDA_RETURN_IF(memra_cuda_hc_head_mean(ctx, streams, T, hc, D, mean));
     return memra_cuda_rms_norm(ctx, mean, T, D, rms_w, eps, out);
   }
@@ -980,6 +970,38 @@ int memra_cuda_mhc_post_head_norm(MemraCudaCtx* ctx, const float* y, const float
                         static_cast<int64_t>(T), hc, D, rms_w, eps, out);
   });
   return launch_status();
+}
+
+}  // namespace
+
+extern "C" {
+
+int memra_cuda_mhc(MemraCudaCtx* ctx, const MemraMhcParams* p) {
+  if (!p) {
+    MEMRA_CUDA_RETURN_IF(enter(ctx));
+    return memra::kContractMissing;
+  }
+  const MemraMhcParams& a = *p;
+  const bool expand = a.expand != 0, pre = a.pre != 0, norm = a.norm != 0, head = a.head != 0;
+  if (!expand && pre && !head) {
+    return mhc_pre_impl(ctx, a.streams, a.T, a.hc, a.D, a.fn, a.fn_dtype, a.base, a.scale,
+                        a.sinkhorn_iters, a.hc_eps, a.norm_eps, norm, norm ? a.rms_w : nullptr,
+                        norm ? a.rms_eps : 0.0f, a.post, a.comb, a.out);
+  }
+  if (expand && !pre && !norm && !head) {
+    return mhc_post(ctx, a.y, a.post_prev, a.comb_prev, a.residual, a.T, a.hc, a.D, a.streams_out);
+  }
+  if (expand && pre && norm && !head) {
+    return mhc_post_pre_norm(ctx, a.y, a.post_prev, a.comb_prev, a.residual, a.T, a.hc, a.D, a.fn,
+                             a.fn_dtype, a.base, a.scale, a.sinkhorn_iters, a.hc_eps, a.norm_eps,
+                             a.rms_w, a.rms_eps, a.streams_out, a.post, a.comb, a.out);
+  }
+  if (expand && head && norm && !pre) {
+    return mhc_post_head_norm(ctx, a.y, a.post_prev, a.comb_prev, a.residual, a.T, a.hc, a.D,
+                              a.rms_w, a.rms_eps, a.out);
+  }
+  MEMRA_CUDA_RETURN_IF(enter(ctx));
+  return memra::kContractValue;  // a combination of steps that is not a form
 }
 
 int memra_cuda_hc_head_mean(MemraCudaCtx* ctx, const float* streams, int T, int hc, int D,

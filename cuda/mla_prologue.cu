@@ -198,10 +198,11 @@ int memra_cuda_mla_norm_append_decode(MemraCudaCtx* ctx, const float* x0, int D0
   MEMRA_CUDA_RETURN_IF(memra::cuda::make_slot_tables(n, bases, strides, outs, &t));
   // An indexer row wider than the fused form keeps in one pass of a block: the four launches.
   if (indexer && D2 > kMaxStagedD) {
-    MEMRA_CUDA_RETURN_IF(memra_cuda_norm_rows(ctx, x0, D0, w0, eps0, y0, x1, D1, w1, eps1, y1,
-                                              x2, indexer ? D2 : 0, w2, b2, eps2, y2));
-    MEMRA_CUDA_RETURN_IF(memra_cuda_decode_tables(ctx, slots, 1, lengths, pos, t_kv, n, bases,
-                                                  strides, outs));
+    const MemraNormRowsParams norms{x0, D0, w0, eps0, y0, x1, D1, w1, eps1, y1,
+                                    x2, indexer ? D2 : 0, w2, b2, eps2, y2};
+    MEMRA_CUDA_RETURN_IF(memra_cuda_norm_rows(ctx, &norms));
+    const MemraDecodeTablesParams tables{slots, 1, lengths, pos, t_kv, n, bases, strides, outs};
+    MEMRA_CUDA_RETURN_IF(memra_cuda_decode_tables(ctx, &tables));
     MEMRA_CUDA_RETURN_IF(memra_cuda_mla_latent_append_decode(ctx, y1, 1, D1, outs[0],
                                                              cache_dtype, pos));
     if (!indexer) return memra::kOk;

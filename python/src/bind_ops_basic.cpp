@@ -20,7 +20,8 @@
 #include "device_args.h"
 #include "memra/engine.h"
 #include "memra/op/basic.h"
-#include "memra/ops.h"
+#include "memra/op/linear.h"
+#include "op_call.h"
 
 namespace memra::py {
 
@@ -54,15 +55,14 @@ void check_cols(const char* op, const AnyArray& x, int64_t col, int64_t K, const
   }
 }
 
-// An async device-to-device copy on the engine's stream.
-void device_copy(const Engine* engine, void* dst, const void* src, size_t bytes, const char* op) {
+// dst = src (bytes) on the engine's device: an async copy on a CUDA engine's stream.
+void copy_array(const Engine* engine, void* dst, const void* src, size_t bytes, const char* op) {
+  if (!on_cuda(engine)) {
+    if (bytes) std::memcpy(dst, src, bytes);
+    return;
+  }
   const CudaContext& c = cuda_ctx(engine);
   check_cuda(engine, c.api().copy(c.ctx(), dst, src, bytes), op);
-}
-
-std::string odd_rope_message(int64_t d_rope) {
-  return "rope_interleaved: d_rope must be even (interleaved pairs (2j, 2j+1) are rotated), got "
-         "d_rope=" + std::to_string(d_rope);
 }
 
 }  // namespace
@@ -135,11 +135,7 @@ void init_ops_basic(nb::module_& m) {
         const MemraEmbeddingParams p{dw ? dw->data() : hw->data(),
                                      dw ? dw->dtype_code() : static_cast<int>(hw->dtype()),
                                      vocab, int(D), id, T, hc, out.data<float>()};
-        {
-          std::optional<nb::gil_scoped_release> nogil;
-          if (!on_cuda(engine)) nogil.emplace();
-          check(op::embedding(backend(engine), p));
-        }
+        run_op(engine, [&] { return op::embedding(backend(engine), p); });
         return out.obj;
       },
       nb::arg("table"), nb::arg("ids"), nb::kw_only(), nb::arg("check_range") = true,
@@ -182,16 +178,16 @@ void init_ops_basic(nb::module_& m) {
         const float* bp = bias ? f32_in(engine, *bias, op, "bias", {N}) : nullptr;
         const int T = static_cast<int>(dim(x, 0));
         Out y = out_f32_uninit(engine, {sz(T), sz(N)});
-        if (on_cuda(engine)) {
-          const CudaContext& c = cuda_ctx(engine);
-          check_cuda(engine,
-                     c.api().linear(c.ctx(), xp, T, int(K), dw->data(), dw->dtype_code(), int(N), bp,
-                                    y.data<float>()),
-                     op);
-        } else {
-          nb::gil_scoped_release nogil;
-          cpu::linear(xp, T, *hw, bp, y.data<float>());
-        }
+        MemraLinearParams p = {};
+        p.x = xp;
+        p.T = T;
+        p.K = int(K);
+        p.w = dw ? dw->data() : hw->data();
+        p.w_dtype = dw ? dw->dtype_code() : static_cast<int>(hw->dtype());
+        p.N = int(N);
+        p.bias = bp;
+        p.y = y.data<float>();
+        run_op(engine, [&] { return op::linear(backend(engine), p); });
         return y.obj;
       },
       nb::arg("x"), nb::arg("w"), nb::arg("bias") = nb::none(), nb::kw_only(),
@@ -209,7 +205,7 @@ void init_ops_basic(nb::module_& m) {
       [](const AnyArray& x, nb::handle w, std::optional<AnyArray> bias, int64_t col0,
          const Engine* engine) {
         const char* op = "linear_ex";
-        const CudaContext& c = cuda_ctx(engine);
+        cuda_ctx(engine);  // UnsupportedError without a CUDA engine
         const DeviceWeight& dw = device_weight(engine, w, op, "w");
         if (dw.shape.size() != 2) {
           raise_contract(kContractShape, "linear_ex: weight must be [N, K], got shape " + dw.shape_str());
@@ -219,10 +215,18 @@ void init_ops_basic(nb::module_& m) {
         check_cols(op, x, col0, K, "w is " + dw.shape_str());
         const float* bp = bias ? f32_in(engine, *bias, op, "bias", {N}) : nullptr;
         Out y = out_f32_uninit(engine, {sz(xi.T), sz(N)});
-        check_cuda(engine,
-                   c.api().linear_ex(c.ctx(), xi.at(x, col0), xi.dtype, xi.ldx, int(xi.T), int(K),
-                                     dw.data(), dw.dtype_code(), int(N), bp, y.data<float>()),
-                   op);
+        MemraLinearParams p = {};
+        p.x = xi.at(x, col0);
+        p.x_dtype = xi.dtype;
+        p.ldx = xi.ldx;
+        p.T = int(xi.T);
+        p.K = int(K);
+        p.w = dw.data();
+        p.w_dtype = dw.dtype_code();
+        p.N = int(N);
+        p.bias = bp;
+        p.y = y.data<float>();
+        run_op(engine, [&] { return op::linear(backend(engine), p); });
         return y.obj;
       },
       nb::arg("x"), nb::arg("w"), nb::arg("bias") = nb::none(), nb::kw_only(),
@@ -242,7 +246,7 @@ void init_ops_basic(nb::module_& m) {
       [](const AnyArray& x, nb::handle w0, nb::handle w1, int64_t col0, int64_t col1,
          const Engine* engine) {
         const char* op = "linear_ex_pair";
-        const CudaContext& c = cuda_ctx(engine);
+        cuda_ctx(engine);  // UnsupportedError without a CUDA engine
         const DeviceWeight& d0 = device_weight(engine, w0, op, "w0");
         const DeviceWeight& d1 = device_weight(engine, w1, op, "w1");
         if (d0.shape.size() != 2 || d1.shape.size() != 2 || d0.cols != d1.cols ||
@@ -255,12 +259,22 @@ void init_ops_basic(nb::module_& m) {
         for (int64_t col : {col0, col1}) check_cols(op, x, col, K, "K is " + std::to_string(K));
         Out y0 = out_f32_uninit(engine, {sz(xi.T), sz(d0.rows)});
         Out y1 = out_f32_uninit(engine, {sz(xi.T), sz(d1.rows)});
-        check_cuda(engine,
-                   c.api().linear_ex_pair(c.ctx(), xi.at(x, col0), xi.at(x, col1), xi.dtype,
-                                          xi.ldx, int(xi.T), int(K), d0.data(), d1.data(),
-                                          d0.dtype_code(), int(d0.rows), int(d1.rows), nullptr,
-                                          nullptr, y0.data<float>(), y1.data<float>()),
-                   op);
+        MemraLinearParams p = {};
+        p.x = xi.at(x, col0);
+        p.x_dtype = xi.dtype;
+        p.ldx = xi.ldx;
+        p.T = int(xi.T);
+        p.K = int(K);
+        p.w = d0.data();
+        p.w_dtype = d0.dtype_code();
+        p.N = int(d0.rows);
+        p.y = y0.data<float>();
+        p.pair = 1;
+        p.x1 = xi.at(x, col1);
+        p.w1 = d1.data();
+        p.N1 = int(d1.rows);
+        p.y1 = y1.data<float>();
+        run_op(engine, [&] { return op::linear(backend(engine), p); });
         return nb::make_tuple(y0.obj, y1.obj);
       },
       nb::arg("x"), nb::arg("w0"), nb::arg("w1"), nb::kw_only(), nb::arg("col0") = 0,
@@ -281,13 +295,7 @@ void init_ops_basic(nb::module_& m) {
         const int T = int_extent(x, 0, op, "x"), D = int_extent(x, 1, op, "x");
         const float* wp = weight ? f32_in(engine, *weight, op, "weight", {D}) : nullptr;
         Out y = out_f32_uninit(engine, {sz(T), sz(D)});
-        if (on_cuda(engine)) {
-          const CudaContext& c = cuda_ctx(engine);
-          check_cuda(engine, c.api().rms_norm(c.ctx(), xp, T, D, wp, eps, y.data<float>()), op);
-        } else {
-          nb::gil_scoped_release nogil;
-          cpu::rms_norm(xp, T, D, wp, eps, y.data<float>());
-        }
+        run_op(engine, [&] { return op::rms_norm(backend(engine), xp, T, D, wp, eps, y.data<float>()); });
         return y.obj;
       },
       nb::arg("x"), nb::arg("weight") = nb::none(), nb::kw_only(), nb::arg("eps"),
@@ -309,17 +317,10 @@ void init_ops_basic(nb::module_& m) {
         const float* wp = weight ? f32_in(engine, *weight, op, "weight", {D}) : nullptr;
         Out sum = out_f32_uninit(engine, {sz(T), sz(D)});
         Out h = out_f32_uninit(engine, {sz(T), sz(D)});
-        if (on_cuda(engine)) {
-          const CudaContext& c = cuda_ctx(engine);
-          check_cuda(engine, c.api().add(c.ctx(), xp, yp, int64_t(T) * D, sum.data<float>()), op);
-          check_cuda(engine, c.api().rms_norm(c.ctx(), sum.data<float>(), T, D, wp, eps, h.data<float>()),
-                     op);
-        } else {
-          nb::gil_scoped_release nogil;
-          float* sp = sum.data<float>();
-          for (int64_t i = 0; i < int64_t(T) * D; ++i) sp[i] = xp[i] + yp[i];
-          cpu::rms_norm(sp, T, D, wp, eps, h.data<float>());
-        }
+        run_op(engine, [&] {
+          return op::add_rms_norm(backend(engine), xp, yp, T, D, wp, eps, sum.data<float>(),
+                                  h.data<float>());
+        });
         return nb::make_tuple(sum.obj, h.obj);
       },
       nb::arg("x"), nb::arg("y"), nb::arg("weight") = nb::none(), nb::kw_only(), nb::arg("eps"),
@@ -343,15 +344,9 @@ void init_ops_basic(nb::module_& m) {
         const float* gp = f32_in(engine, gate, op, "gate", {T, D});
         const float* wp = f32_in(engine, weight, op, "weight", {D});
         Out y = out_f32(engine, {sz(T), sz(D)});
-        if (on_cuda(engine)) {
-          const CudaContext& c = cuda_ctx(engine);
-          check_cuda(engine,
-                     c.api().rms_norm_gated_sigmoid(c.ctx(), xp, gp, T, D, wp, eps, y.data<float>()),
-                     op);
-        } else {
-          nb::gil_scoped_release nogil;
-          cpu::rms_norm_gated_sigmoid(xp, gp, T, D, wp, eps, y.data<float>());
-        }
+        run_op(engine, [&] {
+          return op::rms_norm_gated_sigmoid(backend(engine), xp, gp, T, D, wp, eps, y.data<float>());
+        });
         return y.obj;
       },
       nb::arg("x"), nb::arg("gate"), nb::arg("weight"), nb::kw_only(), nb::arg("eps"),
@@ -371,13 +366,9 @@ void init_ops_basic(nb::module_& m) {
         const float* wp = f32_in(engine, weight, op, "weight", {D});
         const float* bp = f32_in(engine, bias, op, "bias", {D});
         Out y = out_f32(engine, {sz(T), sz(D)});
-        if (on_cuda(engine)) {
-          const CudaContext& c = cuda_ctx(engine);
-          check_cuda(engine, c.api().layer_norm(c.ctx(), xp, T, D, wp, bp, eps, y.data<float>()), op);
-        } else {
-          nb::gil_scoped_release nogil;
-          cpu::layer_norm(xp, T, D, wp, bp, eps, y.data<float>());
-        }
+        run_op(engine, [&] {
+          return op::layer_norm(backend(engine), xp, T, D, wp, bp, eps, y.data<float>());
+        });
         return y.obj;
       },
       nb::arg("x"), nb::arg("weight"), nb::arg("bias"), nb::kw_only(), nb::arg("eps"),
@@ -410,19 +401,10 @@ void init_ops_basic(nb::module_& m) {
         Out y0 = out_f32(engine, {1, sz(D0)});
         Out y1 = out_f32(engine, {1, sz(D1)});
         Out y2 = out_f32(engine, {1, sz(D2)});
-        if (on_cuda(engine)) {
-          const CudaContext& c = cuda_ctx(engine);
-          check_cuda(engine,
-                     c.api().norm_rows(c.ctx(), p0, D0, q0, eps0, y0.data<float>(), p1, D1, q1,
-                                       eps1, y1.data<float>(), p2, D2, q2, c2, eps2,
-                                       x2 ? y2.data<float>() : nullptr),
-                     op);
-        } else {
-          nb::gil_scoped_release nogil;
-          cpu::rms_norm(p0, 1, D0, q0, eps0, y0.data<float>());
-          cpu::rms_norm(p1, 1, D1, q1, eps1, y1.data<float>());
-          if (x2) cpu::layer_norm(p2, 1, D2, q2, c2, eps2, y2.data<float>());
-        }
+        const MemraNormRowsParams p{p0, D0, q0, eps0, y0.data<float>(), p1, D1, q1, eps1,
+                                    y1.data<float>(), p2, D2, q2, c2, eps2,
+                                    x2 ? y2.data<float>() : nullptr};
+        run_op(engine, [&] { return op::norm_rows(backend(engine), p); });
         return nb::make_tuple(y0.obj, y1.obj, y2.obj);
       },
       nb::arg("x0"), nb::arg("w0").none(), nb::arg("x1"), nb::arg("w1").none(),
@@ -446,16 +428,8 @@ void init_ops_basic(nb::module_& m) {
         const int T = static_cast<int>(dim(x, 0)), H = static_cast<int>(dim(x, 1)),
                   d = static_cast<int>(dim(x, 2));
         Out y = out_f32(engine, {sz(T), sz(H), sz(d)});
-        const size_t bytes = sizeof(float) * sz(T) * sz(H) * sz(d);
-        if (on_cuda(engine)) {
-          const CudaContext& c = cuda_ctx(engine);
-          device_copy(engine, y.ptr, xp, bytes, op);
-          check_cuda(engine, c.api().l2norm_heads(c.ctx(), y.data<float>(), T, H, d, eps), op);
-        } else {
-          std::memcpy(y.ptr, xp, bytes);
-          nb::gil_scoped_release nogil;
-          cpu::l2norm_heads(y.data<float>(), T, H, d, eps);
-        }
+        copy_array(engine, y.ptr, xp, sizeof(float) * sz(T) * sz(H) * sz(d), op);
+        run_op(engine, [&] { return op::l2norm_heads(backend(engine), y.data<float>(), T, H, d, eps); });
         return y.obj;
       },
       nb::arg("x"), nb::kw_only(), nb::arg("eps") = 1e-6f, nb::arg("engine").none() = nb::none(),
@@ -472,19 +446,12 @@ void init_ops_basic(nb::module_& m) {
                   d = static_cast<int>(dim(x, 2));
         const int32_t* pp = i32_in(engine, positions, op, "positions", {T});
         Out y = out_f32(engine, {sz(T), sz(n), sz(d)});
-        const size_t bytes = sizeof(float) * sz(T) * sz(n) * sz(d);
-        if (on_cuda(engine)) {
-          const CudaContext& c = cuda_ctx(engine);
-          // Rotated in place on a copy (the input is never written; on error the copy is
-          // dropped). The entry point refuses an odd d_rope before launching (40001).
-          device_copy(engine, y.ptr, xp, bytes, op);
-          const int rc = c.api().rope_interleaved(c.ctx(), y.data<float>(), pp, T, n, d, base);
-          if (rc == kContractOddRope) raise_contract(rc, odd_rope_message(d));
-          check_cuda(engine, rc, op);
-        } else {
-          std::memcpy(y.ptr, xp, bytes);
-          check(cpu::rope_interleaved(y.data<float>(), pp, T, n, d, base));
-        }
+        // Rotated in place on a copy: the input is never written, and on error (an odd d_rope,
+        // 40001, refused before anything runs) the copy is dropped.
+        copy_array(engine, y.ptr, xp, sizeof(float) * sz(T) * sz(n) * sz(d), op);
+        run_op(engine, [&] {
+          return op::rope_interleaved(backend(engine), y.data<float>(), pp, T, n, d, base);
+        });
         return y.obj;
       },
       nb::arg("x"), nb::arg("positions"), nb::kw_only(), nb::arg("base") = 10000.0f,
@@ -502,14 +469,7 @@ void init_ops_basic(nb::module_& m) {
         const float* xp = f32_in(engine, x, op, "x", {-1});
         const int64_t n = dim(x, 0);
         Out y = out_f32(engine, {sz(n)});
-        if (on_cuda(engine)) {
-          const CudaContext& c = cuda_ctx(engine);
-          check_cuda(engine, c.api().sigmoid(c.ctx(), xp, n, y.data<float>()), op);
-        } else {
-          float* yp = y.data<float>();
-          nb::gil_scoped_release nogil;
-          for (int64_t i = 0; i < n; ++i) yp[i] = 1.0f / (1.0f + std::exp(-xp[i]));
-        }
+        run_op(engine, [&] { return op::sigmoid(backend(engine), xp, n, y.data<float>()); });
         return y.obj;
       },
       nb::arg("x"), nb::kw_only(), nb::arg("engine").none() = nb::none(),

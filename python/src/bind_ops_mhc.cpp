@@ -17,7 +17,8 @@
 #include "common.h"
 #include "device_args.h"
 #include "memra/engine.h"
-#include "memra/ops.h"
+#include "memra/op/mhc.h"
+#include "op_call.h"
 
 namespace memra::py {
 
@@ -59,29 +60,26 @@ void init_ops_mhc(nb::module_& m) {
         Out post = out_f32(engine, {sz(T), sz(hc)});
         Out comb = out_f32(engine, {sz(T), sz(hc), sz(hc)});
         Out collapsed = out_f32(engine, {sz(T), sz(D)});
-        if (on_cuda(engine)) {
-          const CudaContext& c = cuda_ctx(engine);
-          check_cuda(engine,
-                     rms_eps ? c.api().mhc_pre_norm(c.ctx(), sp, int(T), int(hc), int(D),
-                                                    dw->data(), dw->dtype_code(), bp, cp,
-                                                    sinkhorn_iters, hc_eps, norm_eps, rw, *rms_eps,
-                                                    post.data<float>(), comb.data<float>(),
-                                                    collapsed.data<float>())
-                             : c.api().mhc_pre(c.ctx(), sp, int(T), int(hc), int(D), dw->data(),
-                                               dw->dtype_code(), bp, cp, sinkhorn_iters, hc_eps,
-                                               norm_eps, post.data<float>(), comb.data<float>(),
-                                               collapsed.data<float>()),
-                     op);
-        } else {
-          nb::gil_scoped_release nogil;
-          cpu::mhc_pre(sp, static_cast<int>(T), static_cast<int>(hc), static_cast<int>(D), *hw, bp,
-                       cp, sinkhorn_iters, hc_eps, norm_eps, post.data<float>(),
-                       comb.data<float>(), collapsed.data<float>());
-          if (rms_eps) {
-            cpu::rms_norm(collapsed.data<float>(), static_cast<int>(T), static_cast<int>(D), rw,
-                          *rms_eps, collapsed.data<float>());
-          }
-        }
+        MemraMhcParams p = {};
+        p.T = int(T);
+        p.hc = int(hc);
+        p.D = int(D);
+        p.pre = 1;
+        p.norm = rms_eps ? 1 : 0;
+        p.streams = sp;
+        p.fn = dw ? dw->data() : hw->data();
+        p.fn_dtype = dw ? dw->dtype_code() : static_cast<int>(hw->dtype());
+        p.base = bp;
+        p.scale = cp;
+        p.sinkhorn_iters = sinkhorn_iters;
+        p.hc_eps = hc_eps;
+        p.norm_eps = norm_eps;
+        p.post = post.data<float>();
+        p.comb = comb.data<float>();
+        p.rms_w = rw;
+        p.rms_eps = rms_eps ? *rms_eps : 0.0f;
+        p.out = collapsed.data<float>();
+        run_op(engine, [&] { return op::mhc(backend(engine), p); });
         return nb::make_tuple(post.obj, comb.obj, collapsed.obj);
       },
       nb::arg("streams"), nb::arg("fn"), nb::arg("base"), nb::arg("scale"), nb::kw_only(),
@@ -118,17 +116,17 @@ void init_ops_mhc(nb::module_& m) {
         const float* pp = f32_in(engine, post, op, "post", {T, hc});
         const float* cp = f32_in(engine, comb, op, "comb", {T, hc, hc});
         Out out = out_f32_uninit(engine, {sz(T), sz(hc), sz(D)});
-        if (on_cuda(engine)) {
-          const CudaContext& c = cuda_ctx(engine);
-          check_cuda(engine,
-                     c.api().mhc_post(c.ctx(), yp, pp, cp, rp, int(T), int(hc), int(D),
-                                      out.data<float>()),
-                     op);
-        } else {
-          nb::gil_scoped_release nogil;
-          cpu::mhc_post(yp, pp, cp, rp, static_cast<int>(T), static_cast<int>(hc),
-                        static_cast<int>(D), out.data<float>());
-        }
+        MemraMhcParams p = {};
+        p.T = int(T);
+        p.hc = int(hc);
+        p.D = int(D);
+        p.expand = 1;
+        p.y = yp;
+        p.post_prev = pp;
+        p.comb_prev = cp;
+        p.residual = rp;
+        p.streams_out = out.data<float>();
+        run_op(engine, [&] { return op::mhc(backend(engine), p); });
         return out.obj;
       },
       nb::arg("y"), nb::arg("post"), nb::arg("comb"), nb::arg("residual"), nb::kw_only(),
@@ -159,22 +157,21 @@ void init_ops_mhc(nb::module_& m) {
                                              " has an extent past int32");
         }
         Out out = out_f32_uninit(engine, {sz(T), sz(D)});
-        if (on_cuda(engine)) {
-          const CudaContext& c = cuda_ctx(engine);
-          check_cuda(engine,
-                     c.api().mhc_post_head_norm(c.ctx(), yp, pp, cp, rp, int(T), int(hc), int(D),
-                                                wp, eps, out.data<float>()),
-                     op);
-        } else {
-          nb::gil_scoped_release nogil;
-          std::vector<float> streams(sz(T) * sz(hc) * sz(D)), mean(sz(T) * sz(D));
-          cpu::mhc_post(yp, pp, cp, rp, static_cast<int>(T), static_cast<int>(hc),
-                        static_cast<int>(D), streams.data());
-          cpu::hc_head_mean(streams.data(), static_cast<int>(T), static_cast<int>(hc),
-                            static_cast<int>(D), mean.data());
-          cpu::rms_norm(mean.data(), static_cast<int>(T), static_cast<int>(D), wp, eps,
-                        out.data<float>());
-        }
+        MemraMhcParams p = {};
+        p.T = int(T);
+        p.hc = int(hc);
+        p.D = int(D);
+        p.expand = 1;
+        p.head = 1;
+        p.norm = 1;
+        p.y = yp;
+        p.post_prev = pp;
+        p.comb_prev = cp;
+        p.residual = rp;
+        p.rms_w = wp;
+        p.rms_eps = eps;
+        p.out = out.data<float>();
+        run_op(engine, [&] { return op::mhc(backend(engine), p); });
         return out.obj;
       },
       nb::arg("y"), nb::arg("post"), nb::arg("comb"), nb::arg("residual"),
@@ -197,16 +194,9 @@ void init_ops_mhc(nb::module_& m) {
         const int64_t T = dim(streams, 0), hc = dim(streams, 1), D = dim(streams, 2);
         check_value(hc >= 1, op, "hc (streams.shape[1]) must be >= 1");
         Out out = out_f32_uninit(engine, {sz(T), sz(D)});
-        if (on_cuda(engine)) {
-          const CudaContext& c = cuda_ctx(engine);
-          check_cuda(engine,
-                     c.api().hc_head_mean(c.ctx(), sp, int(T), int(hc), int(D), out.data<float>()),
-                     op);
-        } else {
-          nb::gil_scoped_release nogil;
-          cpu::hc_head_mean(sp, static_cast<int>(T), static_cast<int>(hc), static_cast<int>(D),
-                            out.data<float>());
-        }
+        run_op(engine, [&] {
+          return op::hc_head_mean(backend(engine), sp, int(T), int(hc), int(D), out.data<float>());
+        });
         return out.obj;
       },
       nb::arg("streams"), nb::kw_only(), nb::arg("engine").none() = nb::none(),

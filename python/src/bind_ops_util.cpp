@@ -5,6 +5,8 @@
 #include <cstring>
 
 #include "device_args.h"
+#include "memra/op/mhc.h"
+#include "op_call.h"
 
 namespace memra::py {
 
@@ -19,14 +21,7 @@ void init_ops_util(nb::module_& m) {
         }
         const int n = static_cast<int>(n64);
         Out y = out_f32_uninit(engine, {size_t(T), size_t(n), size_t(D)});
-        if (on_cuda(engine)) {
-          const CudaContext& c = cuda_ctx(engine);
-          check_cuda(engine, c.api().hc_expand(c.ctx(), xp, int(T), int(D), n, y.data<float>()), "hc_expand");
-        } else {
-          for (int64_t t = 0; t < T; ++t) {
-            for (int s = 0; s < n; ++s) std::memcpy(y.data<float>() + (t * n + s) * D, xp + t * D, D * 4);
-          }
-        }
+        run_op(engine, [&] { return op::hc_expand(backend(engine), xp, int(T), int(D), n, y.data<float>()); });
         return y.obj;
       },
       nb::arg("x"), nb::arg("n"), nb::kw_only(), nb::arg("engine").none() = nb::none(),

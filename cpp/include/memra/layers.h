@@ -295,8 +295,8 @@ class HyperConnection {
   // The previous site's expansion, then this site's pre_norm: streams [T, hc, hidden] =
   // cpu::mhc_post(y [T, hidden], post_prev [T, hc], comb_prev [T, hc, hc], residual [T, hc,
   // hidden]), then pre_norm(streams) into post, comb, out. streams must not overlap residual.
-  // On CUDA at one decode row the two are one launch (memra_cuda_mhc_post_pre_norm), with the
-  // bytes of the two calls.
+  // On CUDA at one decode row the two are one launch (MemraMhcParams' expand + pre + norm), with
+  // the bytes of the two calls.
   Status post_pre_norm(const float* y, const float* post_prev, const float* comb_prev,
                        const float* residual, int T, const float* rms_w, float rms_eps,
                        float* streams, float* post, float* comb, float* out) const;
@@ -311,7 +311,7 @@ class HyperConnection {
   const std::shared_ptr<CudaContext>& cuda() const { return cuda_; }
 
  private:
-  // rms: out = rms_norm(collapsed, rms_w, rms_eps) (memra_cuda_mhc_pre_norm).
+  // rms: out = rms_norm(collapsed, rms_w, rms_eps) (MemraMhcParams' pre + norm).
   Status pre_cuda(const float* streams, int T, bool rms, const float* rms_w, float rms_eps,
                   float* post, float* comb, float* collapsed) const;
   Status post_pre_cuda(const float* y, const float* post_prev, const float* comb_prev,

@@ -48,6 +48,12 @@ void l2norm_heads(float* x, int T, int H, int d, float eps);
 Status rope_interleaved(float* x, const int32_t* positions, int T, int n_vec, int d_rope,
                         float base);
 
+// y[i] = 1 / (1 + exp(-x[i])) over n elements (may alias). Reference: torch.sigmoid.
+void sigmoid(const float* x, int64_t n, float* y);
+
+// out[i] = x[i] + y[i] over n elements (out may alias x or y).
+void add(const float* x, const float* y, int64_t n, float* out);
+
 // ---------------------------------------------------------------- KDA (cpu/kda.cpp)
 
 enum class KdaGateForm : int {
@@ -185,6 +191,11 @@ void mhc_post(const float* y, const float* post, const float* comb, const float*
 
 // out[t, :] = mean over s of streams[t, s, :]. Reference: Glm5NextTextHyperHead.
 void hc_head_mean(const float* streams, int T, int hc, int D, float* out);
+
+// out[t, s, :] = x[t, :] for s < n: x [T, D] -> out [T, n, D], the residual streams of a
+// hyper-connection model from the embedding. Reference: Glm5NextTextModel.forward
+// (hidden_states.unsqueeze(2).expand(..., hc_mult, ...)).
+void hc_expand(const float* x, int T, int D, int n, float* out);
 
 // ---------------------------------------------------------------- sampling (cpu/sample.cpp)
 

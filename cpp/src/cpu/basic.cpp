@@ -107,4 +107,12 @@ Status rope_interleaved(float* x, const int32_t* positions, int T, int n_vec, in
   return Status::Ok();
 }
 
+void sigmoid(const float* x, int64_t n, float* y) {
+  for (int64_t i = 0; i < n; ++i) y[i] = 1.0f / (1.0f + std::exp(-x[i]));
+}
+
+void add(const float* x, const float* y, int64_t n, float* out) {
+  for (int64_t i = 0; i < n; ++i) out[i] = x[i] + y[i];
+}
+
 }  // namespace memra::cpu

@@ -115,4 +115,10 @@ void hc_head_mean(const float* streams, int T, int hc, int D, float* out) {
   }
 }
 
+void hc_expand(const float* x, int T, int D, int n, float* out) {
+  for (int64_t t = 0; t < T; ++t) {
+    for (int s = 0; s < n; ++s) std::copy(x + t * D, x + (t + 1) * D, out + (t * n + s) * D);
+  }
+}
+
 }  // namespace memra::cpu

@@ -109,18 +109,26 @@ Status HyperConnection::pre_cuda(const float* streams, int T, bool rms, const fl
                                  float rms_eps, float* post, float* comb, float* collapsed) const {
   const CudaContext& c = *cuda_;
   gpu::ResidentWeights resident(c);
-  if (rms) {
-    MEMRA_GPU(c, c.api().mhc_pre_norm(c.ctx(), streams, T, hc_, hidden_, d_fn_.data(),
-                                      d_fn_.dtype_code(), gpu::f32p(d_base_), gpu::f32p(d_scale_),
-                                      iters_, hc_eps_, norm_eps_, rms_w, rms_eps, post, comb,
-                                      collapsed),
-              "HyperConnection.pre");
-    return Status::Ok();
-  }
-  MEMRA_GPU(c, c.api().mhc_pre(c.ctx(), streams, T, hc_, hidden_, d_fn_.data(), d_fn_.dtype_code(),
-                               gpu::f32p(d_base_), gpu::f32p(d_scale_), iters_, hc_eps_, norm_eps_,
-                               post, comb, collapsed),
-            "HyperConnection.pre");
+  MemraMhcParams p = {};
+  p.T = T;
+  p.hc = hc_;
+  p.D = hidden_;
+  p.fn = d_fn_.data();
+  p.fn_dtype = d_fn_.dtype_code();
+  p.base = gpu::f32p(d_base_);
+  p.scale = gpu::f32p(d_scale_);
+  p.sinkhorn_iters = iters_;
+  p.hc_eps = hc_eps_;
+  p.norm_eps = norm_eps_;
+  p.pre = 1;
+  p.norm = rms ? 1 : 0;
+  p.streams = streams;
+  p.post = post;
+  p.comb = comb;
+  p.rms_w = rms ? rms_w : nullptr;
+  p.rms_eps = rms ? rms_eps : 0.0f;
+  p.out = collapsed;
+  MEMRA_GPU(c, c.api().mhc(c.ctx(), &p), "HyperConnection.pre");
   return Status::Ok();
 }
 
@@ -130,11 +138,31 @@ Status HyperConnection::post_pre_cuda(const float* y, const float* post_prev,
                                       float* post, float* comb, float* out) const {
   const CudaContext& c = *cuda_;
   gpu::ResidentWeights resident(c);
-  MEMRA_GPU(c, c.api().mhc_post_pre_norm(c.ctx(), y, post_prev, comb_prev, residual, T, hc_,
-                                         hidden_, d_fn_.data(), d_fn_.dtype_code(),
-                                         gpu::f32p(d_base_), gpu::f32p(d_scale_), iters_, hc_eps_,
-                                         norm_eps_, rms_w, rms_eps, streams, post, comb, out),
-            "HyperConnection.post_pre");
+  MemraMhcParams p = {};
+  p.T = T;
+  p.hc = hc_;
+  p.D = hidden_;
+  p.fn = d_fn_.data();
+  p.fn_dtype = d_fn_.dtype_code();
+  p.base = gpu::f32p(d_base_);
+  p.scale = gpu::f32p(d_scale_);
+  p.sinkhorn_iters = iters_;
+  p.hc_eps = hc_eps_;
+  p.norm_eps = norm_eps_;
+  p.expand = 1;
+  p.pre = 1;
+  p.norm = 1;
+  p.y = y;
+  p.post_prev = post_prev;
+  p.comb_prev = comb_prev;
+  p.residual = residual;
+  p.streams_out = streams;
+  p.post = post;
+  p.comb = comb;
+  p.rms_w = rms_w;
+  p.rms_eps = rms_eps;
+  p.out = out;
+  MEMRA_GPU(c, c.api().mhc(c.ctx(), &p), "HyperConnection.post_pre");
   return Status::Ok();
 }
 
