@@ -279,7 +279,8 @@ class MoeLayer {
   std::unique_ptr<MlpLayer> shared_;
 };
 
-// mHC hyper-connection site (attention or FFN). Names: fn [(2+hc)*hc, hc*hidden], base, scale [3].
+// mHC hyper-connection site (attention or FFN; cpp/src/layers/mhc_layer.cpp, one op::mhc call a
+// method on either backend). Names: fn [(2+hc)*hc, hc*hidden], base, scale [3].
 // Reference: Glm5NextTextHyperConnection.
 class HyperConnection {
  public:
@@ -311,12 +312,12 @@ class HyperConnection {
   const std::shared_ptr<CudaContext>& cuda() const { return cuda_; }
 
  private:
-  // rms: out = rms_norm(collapsed, rms_w, rms_eps) (MemraMhcParams' pre + norm).
-  Status pre_cuda(const float* streams, int T, bool rms, const float* rms_w, float rms_eps,
-                  float* post, float* comb, float* collapsed) const;
-  Status post_pre_cuda(const float* y, const float* post_prev, const float* comb_prev,
-                       const float* residual, int T, const float* rms_w, float rms_eps,
-                       float* streams, float* post, float* comb, float* out) const;
+  // The site's mapping fields (weights on the layer's device) for T rows; the caller sets the
+  // steps and arrays.
+  MemraMhcParams site(int T) const;
+  // op::mhc(p) on the layer's backend (on CUDA over its resident uploaded weights); a failure
+  // names `method` and the op.
+  Status run(const MemraMhcParams& p, const char* method) const;
   std::shared_ptr<CudaContext> cuda_;
   DeviceWeight d_fn_, d_base_, d_scale_;
   int hidden_ = 0, hc_ = 0, iters_ = 0;
