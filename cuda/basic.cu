@@ -1,6 +1,6 @@
 // Basic ops of the CUDA backend (cpp/include/memra/cuda_abi/basic.h): embedding, the per-row
-// norms (RMSNorm, sigmoid-gated RMSNorm, LayerNorm, per-head L2 norm), interleaved RoPE and an
-// elementwise sigmoid. The GPU twins of cpu/basic.cpp: same formulas and the same operation
+// norms (RMSNorm, sigmoid-gated RMSNorm, LayerNorm, per-head L2 norm), interleaved RoPE and the
+// elementwise sigmoid and add. The GPU twins of cpu/basic.cpp: same formulas and the same operation
 // order inside each element; only the row reductions are summed in tree order (f32, relative
 // differences ~1e-6 against the sequential CPU sums).
 #include <algorithm>
@@ -220,6 +220,15 @@ __global__ void sigmoid_kernel(const float* x, int64_t n, float* y) {
   }
 }
 
+__global__ void add_kernel(const float* a, const float* b, int64_t n, float* y) {
+  memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
+  memra::cuda::pdl_trigger();
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    y[i] = a[i] + b[i];
+  }
+}
+
 unsigned grid_stride_blocks(int64_t n, int threads) {
   const int64_t b = (n + threads - 1) / threads;
   return static_cast<unsigned>(b < 65535 * 16 ? b : 65535 * 16);
@@ -370,6 +379,14 @@ int memra_cuda_sigmoid(MemraCudaCtx* ctx, const float* x, int64_t n, float* y) {
   if (!x || !y) return memra::kContractMissing;
   memra::cuda::launch(ctx, true, sigmoid_kernel, dim3(grid_stride_blocks(n, 256)), dim3(256), 0, x,
       n, y);
+  return launch_status();
+}
+
+int memra_cuda_add(MemraCudaCtx* ctx, const float* a, const float* b, int64_t n, float* y) {
+  MEMRA_CUDA_RETURN_IF(enter(ctx));
+  if (n <= 0) return memra::kOk;
+  const unsigned blocks = std::min<unsigned>(ceil_div(n, 256), 4096u);
+  memra::cuda::launch(ctx, true, add_kernel, dim3(blocks), dim3(256), 0, a, b, n, y);
   return launch_status();
 }
 

@@ -1,8 +1,9 @@
-// Decode-graph bookkeeping entry points (cpp/include/memra/cuda_abi/util.h; plan in
-// docs/decode_graphs.md): the per-sequence pointer tables of a KDA layer, the MLA layer's
-// positions and plane tables, and the decode step's commit, computed on the device from device slots, ping-pong flags and lengths, so a captured
-// CUDA graph replays for any batch composition and position. One thread per batch row; launch
-// shapes depend on B only; no allocation, no host synchronisation.
+// Decode-graph bookkeeping entry points (cuda_abi/graph_tables.h, and util.h's kda_tables; plan
+// in docs/decode_graphs.md): the per-sequence pointer tables of a KDA layer, the MLA layer's
+// positions and plane tables, and the decode step's commit, computed on the device from device
+// slots, ping-pong flags and lengths, so a captured CUDA graph replays for any batch composition
+// and position. One thread per batch row; launch shapes depend on B only; no allocation, no host
+// synchronisation.
 #include "common.cuh"
 #include "slot_tables.cuh"
 

@@ -1,7 +1,7 @@
 """Basic ops and mHC on the CUDA backend (``memra._core.embedding`` / ``linear`` / ``rms_norm`` /
 ``rms_norm_gated`` / ``layer_norm`` / ``l2norm_heads`` / ``rope_interleaved`` / ``sigmoid`` /
 ``mhc_pre`` / ``mhc_post`` / ``hc_head_mean`` with ``engine=memra.Engine("cuda")``; kernels in
-cuda/basic.cu, cuda/gemm.cu, cuda/mhc.cu) against the same ops on the CPU backend
+cuda/basic.cu, cuda/linear.cu, cuda/mhc_*.cu) against the same ops on the CPU backend
 (cpp/src/cpu/basic.cpp, cpp/src/cpu/mhc.cpp: the numeric oracle), plus the argument contract.
 
 Tolerances (both sides f32 unless said):
@@ -397,7 +397,7 @@ def mhc_both(e, streams, fw, base, scale, **kw):
 
 
 # T <= 32 with 16-byte rows (hc * D % 4 == 0) and (2 + hc) * hc < 64 takes the split decode path
-# (cuda/mhc.cu mhc_partial_kernel + mhc_finish_kernel; hc = 6, 7: the block Sinkhorn there);
+# (cuda/mhc_pre.cu mhc_partial_kernel + mhc_finish_kernel; hc = 6, 7: the block Sinkhorn there);
 # larger T, odd rows and wider hc the GEMM + one-block-per-token mapping.
 @pytest.mark.parametrize("T", [1, 2, 32, 33, 65, 200])
 @pytest.mark.parametrize("hc,D,iters", [(4, 33, 20), (4, 200, 20), (4, 1024, 20), (3, 5, 1),
@@ -434,7 +434,7 @@ def test_mhc_pre_bf16_fn_matches_cpu(e, T, D):
 
 
 # mhc_pre with the block's input norm (rms_eps / rms_weight): at decode rows (T <= 32, D <= 4096)
-# cuda/mhc.cu fuses the RMSNorm into mhc_finish_norm_kernel<G>, which must give the bytes of
+# cuda/mhc_pre.cu fuses the RMSNorm into mhc_finish_norm_kernel<G>, which must give the bytes of
 # mhc_pre followed by rms_norm on the same engine (same columns per thread, same reduction); past
 # those bounds the op runs the two kernels. Against the CPU (mhc_pre then rms_norm): the
 # collapsed row's tolerance above, through a norm of O(1) gain.
@@ -462,7 +462,7 @@ def test_mhc_pre_norm_equals_mhc_pre_then_rms_norm(e, T, hc, D, weighted):
 
 
 # HyperConnection.post_pre: the previous site's mhc_post, then this site's pre with the block's
-# input norm. At one decode row with hc = 4 (D % 4 == 0, D <= 4096; GLM-5.3) cuda/mhc.cu runs it
+# input norm. At one decode row with hc = 4 (D % 4 == 0, D <= 4096; GLM-5.3) cuda/mhc_site.cu runs it
 # as one launch (mhc_site_kernel: the split partials, then the block that finishes last maps,
 # collapses, normalises and runs the Sinkhorn), and pre(norm=, eps=) at that row the same kernel
 # without the expansion. Both must give the bytes of the separate kernels on the same engine:
@@ -511,7 +511,7 @@ def test_hc_post_pre_equals_separate_kernels(e, T, hc, D, weighted, fn_dtype):
 
 @pytest.mark.parametrize("T,D,n", [(1, 4096, 4), (3, 33, 4), (2, 7, 1), (70000, 3, 2)])
 def test_hc_expand_matches_cpu(e, T, D, n):
-    # One kernel (cuda/util.cu hc_expand_kernel; T past 65535 rows strides the grid).
+    # One kernel (cuda/mhc_post.cu hc_expand_kernel; T past 65535 rows strides the grid).
     x = f32(rng(T + D).standard_normal((T, D)))
     got = e.to_host(_core.hc_expand(e.to_device(x), n, engine=e))
     np.testing.assert_array_equal(got, _core.hc_expand(x, n))

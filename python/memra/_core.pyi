@@ -378,6 +378,11 @@ def hc_head_mean(streams: Annotated[NDArray, dict(writable=False)], *, engine: E
     Reference: transformers Glm5NextTextHyperHead.
     """
 
+def hc_expand(x: Annotated[NDArray, dict(writable=False)], n: int, *, engine: Engine | None = None) -> object:
+    """
+    x [T, D] float32 -> [T, n, D]: every residual stream starts as x (reference: Glm5NextTextModel.forward, hidden_states.unsqueeze(2).expand(..., hc_mult, ...)). On a CUDA engine x must live on its device. Raises ContractError for a bad array or n outside [1, 2^31).
+    """
+
 def kpool_pool_keys(k: Annotated[NDArray, dict(writable=False)], gate: Annotated[NDArray, dict(writable=False)], ape: Annotated[NDArray, dict(writable=False)], *, engine: Engine | None = None) -> object:
     """
     Pool keys of the complete pools of one sequence: pool p holds rows [p*pool, (p+1)*pool); per channel, softmax over the pool's rows of gate + ape weights the rows of k.
@@ -446,11 +451,6 @@ def kpool_select_decode(score: Annotated[NDArray, dict(writable=False)], pos: ob
     CUDA only (engine: a CUDA Engine; UnsupportedError otherwise): cuda/dsa_decode.cu, one launch for the B sequences, per-sequence arrays reached through a device pointer table. pos: a host list / int array [B] (checked, then uploaded) or a device int32 [B] array (unchecked: the caller keeps each sequence's arrays large enough), pos[b] = tokens sequence b held before this one; pos[b] < 0 is an idle row. Launch shapes depend on B, d, Hi and max_pools only, so a captured CUDA graph replays at any position.
     Raises ContractError: CONTRACT_INDEX_WIDTH when width < select_k*pool + pool - 1; CONTRACT_POOL for pool < 1; CONTRACT_VALUE for select_k < 0; CONTRACT_RANGE when max_pools*pool overflows int32 or (host pos) a row sees more pools than score has columns or pos is 2^31 - 1; CONTRACT_SHAPE / CONTRACT_DTYPE / CONTRACT_STRIDE / CONTRACT_DEVICE for bad arrays.
     Reference: kpool_select per sequence with t_q = 1.
-    """
-
-def hc_expand(x: Annotated[NDArray, dict(writable=False)], n: int, *, engine: Engine | None = None) -> object:
-    """
-    x [T, D] float32 -> [T, n, D]: every residual stream starts as x (reference: Glm5NextTextModel.forward, hidden_states.unsqueeze(2).expand(..., hc_mult, ...)). On a CUDA engine x must live on its device. Raises ContractError for a bad array or n outside [1, 2^31).
     """
 
 def take_rows(x: Annotated[NDArray, dict(writable=False)], start: int, count: int, *, engine: Engine | None = None) -> object:

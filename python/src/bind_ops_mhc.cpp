@@ -1,9 +1,10 @@
-// Functional bindings of the mHC ops over DLPack arrays: the hyper-connection mapping, the
-// post-block expansion and the head mean. CPU backend (engine None or a CPU Engine): ops.h /
-// cpu/mhc.cpp, the oracle. CUDA backend (keyword `engine` = a CUDA Engine): cuda/mhc.cu through
-// the C ABI of cpp/include/memra/cuda_abi/basic.h, arrays on the engine's device, fn a
-// memra.DeviceWeight, outputs allocated there. Arguments are checked (ContractError naming the
-// op and the values) before anything runs; the GIL is released while the CPU computes.
+// Functional bindings of the mHC ops over DLPack arrays, through memra::op (op/mhc.h): the
+// hyper-connection mapping (with its fused input norm), the post-block expansion, the model's
+// head, the head mean and the streams' expansion from the embedding. CPU backend (engine None or
+// a CPU Engine): cpu/mhc.cpp, the oracle. CUDA backend (keyword `engine` = a CUDA Engine):
+// cuda/mhc_*.cu, arrays on the engine's device, fn a memra.DeviceWeight, outputs allocated
+// there. Arguments are checked (ContractError naming the op and the values) before anything
+// runs; the GIL is released while the CPU computes.
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
@@ -205,6 +206,26 @@ void init_ops_mhc(nb::module_& m) {
       "Raises ContractError (CONTRACT_DTYPE, CONTRACT_SHAPE, "
       "CONTRACT_STRIDE, CONTRACT_DEVICE).\nReference: transformers Glm5NextTextHyperHead.");
 
+  m.def(
+      "hc_expand",
+      [](const AnyArray& x, int64_t n64, const Engine* engine) {
+        const float* xp = f32_in(engine, x, "hc_expand", "x", {-1, -1});
+        const int64_t T = dim(x, 0), D = dim(x, 1);
+        if (n64 < 1 || n64 > INT32_MAX) {
+          raise_contract(kContractValue, "hc_expand: n must be in [1, 2^31), got " + std::to_string(n64));
+        }
+        const int n = static_cast<int>(n64);
+        Out y = out_f32_uninit(engine, {size_t(T), size_t(n), size_t(D)});
+        run_op(engine, [&] {
+          return op::hc_expand(backend(engine), xp, int(T), int(D), n, y.data<float>());
+        });
+        return y.obj;
+      },
+      nb::arg("x"), nb::arg("n"), nb::kw_only(), nb::arg("engine").none() = nb::none(),
+      "x [T, D] float32 -> [T, n, D]: every residual stream starts as x (reference: "
+      "Glm5NextTextModel.forward, hidden_states.unsqueeze(2).expand(..., hc_mult, ...)). On a CUDA "
+      "engine x must live on its device. Raises ContractError for a bad array or n outside "
+      "[1, 2^31).");
 }
 
 }  // namespace memra::py

@@ -1,11 +1,13 @@
 // mHC hyper-connections: the mapping (pre / post / Sinkhorn comb), the post-block expansion and
-// the final head mean: the CPU reference (ops.h "mHC"). Oracle: Glm5NextTextHyperConnection,
+// the final head mean: the CPU reference (cpu/mhc.h). Oracle: Glm5NextTextHyperConnection,
 // Glm5NextTextDecoderLayer.forward, Glm5NextTextHyperHead.
 #include <algorithm>
 #include <cmath>
 #include <vector>
 
-#include "memra/ops.h"
+#include "memra/cpu/basic.h"
+#include "memra/cpu/linear.h"
+#include "memra/cpu/mhc.h"
 
 namespace memra::cpu {
 

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "memra/ops.h"
+#include "memra/cpu/basic.h"
 
 namespace memra::op {
 
@@ -90,7 +90,9 @@ Status layer_norm(const Backend& b, const float* x, int T, int D, const float* w
 Status norm_rows(const Backend& b, const MemraNormRowsParams& p) {
   const char* op = "norm_rows";
   if (b.on_cuda()) return cuda_status(b, api(b).norm_rows(b.cuda->ctx(), &p), op);
-  if (p.D0 < 0 || p.D1 < 0 || p.D2 < 0) return refuse(kContractValue, op, "D0, D1, D2 must be >= 0");
+  if (p.D0 < 0 || p.D1 < 0 || p.D2 < 0) {
+    return refuse(kContractValue, op, "D0, D1, D2 must be >= 0");
+  }
   const bool run0 = p.x0 && p.D0 > 0, run1 = p.x1 && p.D1 > 0, run2 = p.x2 && p.D2 > 0;
   if ((run0 && !p.y0) || (run1 && !p.y1) || (run2 && (!p.w2 || !p.b2 || !p.y2))) {
     return refuse(kContractMissing, op, "a row that runs needs its y (row 2 also w2 and b2)");
@@ -119,7 +121,9 @@ Status rope_interleaved(const Backend& b, float* x, const int32_t* positions, in
     return rc == kContractOddRope ? odd_rope(d_rope) : cuda_status(b, rc, op);
   }
   if (d_rope % 2 != 0) return odd_rope(d_rope);
-  if (T < 0 || n_vec < 0 || d_rope < 0) return refuse(kContractValue, op, "T, n_vec and d_rope must be >= 0");
+  if (T < 0 || n_vec < 0 || d_rope < 0) {
+    return refuse(kContractValue, op, "T, n_vec and d_rope must be >= 0");
+  }
   if (T == 0 || n_vec == 0 || d_rope == 0) return Status::Ok();
   if (!x || !positions) return refuse(kContractMissing, op, "x and positions are required");
   return cpu::rope_interleaved(x, positions, T, n_vec, d_rope, base);

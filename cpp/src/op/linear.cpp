@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "memra/ops.h"
+#include "memra/cpu/linear.h"
 
 namespace memra::op {
 
@@ -42,7 +42,9 @@ void gemm(const void* x, int x_dtype, int64_t ldx, int T, int K, const void* w, 
 Status linear(const Backend& b, const MemraLinearParams& p) {
   if (b.on_cuda()) return cuda_status(b, b.cuda->api().linear(b.cuda->ctx(), &p), "linear");
   const int N1 = p.pair ? p.N1 : 0;
-  if (p.T < 0 || p.K < 0 || p.N < 0 || N1 < 0) return refuse(kContractValue, "T, K, N, N1 must be >= 0");
+  if (p.T < 0 || p.K < 0 || p.N < 0 || N1 < 0) {
+    return refuse(kContractValue, "T, K, N, N1 must be >= 0");
+  }
   if (p.w_dtype < 0 || p.w_dtype > 2 || p.x_dtype < 0 || p.x_dtype > 2) {
     return refuse(kContractDType, "dtype codes are 0 f32, 1 bf16, 2 f16");
   }

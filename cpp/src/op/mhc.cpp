@@ -10,7 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "memra/ops.h"
+#include "memra/cpu/basic.h"
+#include "memra/cpu/mhc.h"
 
 namespace memra::op {
 
@@ -45,7 +46,7 @@ Status post_cpu(const MemraMhcParams& p) {
   if (p.T < 0 || p.hc < 0 || p.D < 0) return refuse(kContractValue, "T, hc and D must be >= 0");
   if (int64_t(p.T) * p.hc == 0 || p.D == 0) return Status::Ok();
   if (!p.y || !p.post_prev || !p.comb_prev || !p.residual || !p.streams_out) {
-    return refuse(kContractMissing, "y, post_prev, comb_prev, residual and streams_out are required");
+    return refuse(kContractMissing, "y, post_prev, comb_prev, residual, streams_out are required");
   }
   cpu::mhc_post(p.y, p.post_prev, p.comb_prev, p.residual, p.T, p.hc, p.D, p.streams_out);
   return Status::Ok();
@@ -60,7 +61,7 @@ Status post_pre_cpu(const MemraMhcParams& p) {
   if (int64_t(p.hc) * p.D > INT_MAX) return refuse(kContractValue, "hc * D must be < 2^31");
   if (p.T == 0) return Status::Ok();
   if (!p.y || !p.post_prev || !p.comb_prev || !p.residual || !p.streams_out) {
-    return refuse(kContractMissing, "y, post_prev, comb_prev, residual and streams_out are required");
+    return refuse(kContractMissing, "y, post_prev, comb_prev, residual, streams_out are required");
   }
   const size_t bytes = sizeof(float) * static_cast<size_t>(p.T) * p.hc * p.D;
   const uintptr_t o0 = reinterpret_cast<uintptr_t>(p.streams_out);
@@ -74,7 +75,9 @@ Status post_pre_cpu(const MemraMhcParams& p) {
 
 // expand + head + norm on the CPU.
 Status head_cpu(const MemraMhcParams& p) {
-  if (p.T < 0 || p.hc < 1 || p.D < 0) return refuse(kContractValue, "T, D must be >= 0 and hc >= 1");
+  if (p.T < 0 || p.hc < 1 || p.D < 0) {
+    return refuse(kContractValue, "T, D must be >= 0 and hc >= 1");
+  }
   if (bad_eps(p.rms_eps)) return refuse(kContractValue, "rms_eps must be finite and >= 0");
   if (p.T == 0 || p.D == 0) return Status::Ok();
   if (!p.y || !p.post_prev || !p.comb_prev || !p.residual || !p.out) {
@@ -109,7 +112,9 @@ Status hc_head_mean(const Backend& b, const float* streams, int T, int hc, int D
     return Status(kContractValue, "hc_head_mean: T, D must be >= 0 and hc >= 1");
   }
   if (T == 0 || D == 0) return Status::Ok();
-  if (!streams || !out) return Status(kContractMissing, "hc_head_mean: streams and out are required");
+  if (!streams || !out) {
+    return Status(kContractMissing, "hc_head_mean: streams and out are required");
+  }
   cpu::hc_head_mean(streams, T, hc, D, out);
   return Status::Ok();
 }

@@ -1,4 +1,4 @@
-// linear (cpp/include/memra/cuda_abi/basic.h): y[T, N] = x[T, K] w[N, K]^T (+ bias[N]) through
+// linear (cpp/include/memra/cuda_abi/linear.h): y[T, N] = x[T, K] w[N, K]^T (+ bias[N]) through
 // cuBLAS, the GPU twin of cpu::linear.
 //   f32 w:       SGEMM (cublasGemmEx, CUBLAS_COMPUTE_32F, default math: TF32 off).
 //   bf16 / f16 w: x rounded to the weight's type (RNE) into stream-ordered scratch, then a
@@ -14,10 +14,12 @@
 // 16-byte aligned x and w: the GEMV of cuda/gemv.cu instead (same rounding of x, f32
 // accumulation in another order, bias in its epilogue).
 //
-// linear_ex: the same GEMM over an input whose rows are ldx elements apart (ldb = ldx) and which
-// may already be in the weight's type (a layer rounds one activation once and feeds several
-// GEMMs with it, or reads a column slice of a wider activation); an f32 input against a bf16 /
-// f16 weight is rounded as in linear (row by row into packed scratch when ldx != K).
+// A strided or 16-bit input (MemraLinearParams::ldx, x_dtype; memra::cuda::linear_ex): the same
+// GEMM over rows ldx elements apart (ldb = ldx) which may already be in the weight's type (a
+// layer rounds one activation once and feeds several GEMMs with it, or reads a column slice of a
+// wider activation); an f32 input against a bf16 / f16 weight is rounded as for packed rows (row
+// by row into packed scratch when ldx != K). The pair (MemraLinearParams::pair) is one GEMV
+// launch when both GEMMs take it, else the two GEMMs.
 #include <cstdint>
 
 #include "common.cuh"
