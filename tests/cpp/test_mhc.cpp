@@ -1,11 +1,13 @@
 // mHC CPU ops (cpu/mhc.h) against double-precision loops written here (the formulas of
-// modeling_glm5_next.py).
+// modeling_glm5_next.py), and op::mhc's CPU forms against the reference ops they chain.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
+#include "memra/op/mhc.h"
 #include "memra/ops.h"
 #include "test_util.h"
 
@@ -161,6 +163,158 @@ TEST(MhcHead, MeanOverStreams) {
       for (int s = 0; s < hc; ++s) ref += st[(t * hc + s) * D + d];
       EXPECT_NEAR(out[t * D + d], ref / hc, 1e-6);
     }
+}
+
+// ---------------------------------------------------------------- op::mhc on the CPU
+
+bool same_bytes(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+struct Site {
+  static constexpr int T = 2, hc = 4, D = 6, mix = (2 + hc) * hc, iters = 5;
+  std::vector<float> fn = randn(mix * hc * D, 60, 0.3f), base = randn(mix, 61, 0.5f);
+  std::vector<float> scale = {0.7f, 1.3f, 0.5f}, rms_w = randn(D, 62);
+  std::vector<float> y = randn(T * D, 63), post_prev = randn(T * hc, 64);
+  std::vector<float> comb_prev = randn(T * hc * hc, 65), residual = randn(T * hc * D, 66);
+  std::vector<float> streams = randn(T * hc * D, 67);
+  Weight w() const { return f32_weight(fn, mix, hc * D); }
+  MemraMhcParams params() const {
+    MemraMhcParams p = {};
+    p.T = T;
+    p.hc = hc;
+    p.D = D;
+    p.fn = fn.data();
+    p.fn_dtype = 0;
+    p.base = base.data();
+    p.scale = scale.data();
+    p.sinkhorn_iters = iters;
+    p.hc_eps = 1e-6f;
+    p.norm_eps = 1e-6f;
+    p.rms_w = rms_w.data();
+    p.rms_eps = 1e-5f;
+    p.y = y.data();
+    p.post_prev = post_prev.data();
+    p.comb_prev = comb_prev.data();
+    p.residual = residual.data();
+    return p;
+  }
+};
+
+TEST(OpMhc, PreAndPreNormAreTheReferenceChain) {
+  const Site s;
+  std::vector<float> post(s.T * s.hc), comb(s.T * s.hc * s.hc), out(s.T * s.D);
+  std::vector<float> rpost(post.size()), rcomb(comb.size()), rout(out.size());
+  cpu::mhc_pre(s.streams.data(), s.T, s.hc, s.D, s.w(), s.base.data(), s.scale.data(), s.iters,
+               1e-6f, 1e-6f, rpost.data(), rcomb.data(), rout.data());
+  MemraMhcParams p = s.params();
+  p.pre = 1;
+  p.streams = s.streams.data();
+  p.post = post.data();
+  p.comb = comb.data();
+  p.out = out.data();
+  ASSERT_TRUE(op::mhc(op::Backend{}, p).ok());
+  EXPECT_TRUE(same_bytes(post, rpost) && same_bytes(comb, rcomb) && same_bytes(out, rout));
+  cpu::rms_norm(rout.data(), s.T, s.D, s.rms_w.data(), 1e-5f, rout.data());
+  p.norm = 1;
+  ASSERT_TRUE(op::mhc(op::Backend{}, p).ok());
+  EXPECT_TRUE(same_bytes(out, rout));
+}
+
+TEST(OpMhc, ExpandFormsAreTheReferenceChains) {
+  const Site s;
+  const size_t nst = size_t(s.T) * s.hc * s.D;
+  std::vector<float> rst(nst), rpost(s.T * s.hc), rcomb(s.T * s.hc * s.hc), rout(s.T * s.D);
+  cpu::mhc_post(s.y.data(), s.post_prev.data(), s.comb_prev.data(), s.residual.data(), s.T, s.hc,
+                s.D, rst.data());
+  // expand alone
+  std::vector<float> st(nst);
+  MemraMhcParams p = s.params();
+  p.expand = 1;
+  p.streams_out = st.data();
+  ASSERT_TRUE(op::mhc(op::Backend{}, p).ok());
+  EXPECT_TRUE(same_bytes(st, rst));
+  // expand, pre, norm: the expansion, then the next site's mapping and norm over it
+  cpu::mhc_pre(rst.data(), s.T, s.hc, s.D, s.w(), s.base.data(), s.scale.data(), s.iters, 1e-6f,
+               1e-6f, rpost.data(), rcomb.data(), rout.data());
+  cpu::rms_norm(rout.data(), s.T, s.D, s.rms_w.data(), 1e-5f, rout.data());
+  std::vector<float> post(rpost.size()), comb(rcomb.size()), out(rout.size());
+  std::fill(st.begin(), st.end(), 0.0f);
+  p.pre = 1;
+  p.norm = 1;
+  p.post = post.data();
+  p.comb = comb.data();
+  p.out = out.data();
+  ASSERT_TRUE(op::mhc(op::Backend{}, p).ok());
+  EXPECT_TRUE(same_bytes(st, rst) && same_bytes(post, rpost) && same_bytes(comb, rcomb) &&
+              same_bytes(out, rout));
+  // expand, head, norm: rms_norm(hc_head_mean(mhc_post(...)))
+  std::vector<float> mean(s.T * s.D), rhead(s.T * s.D), head(s.T * s.D);
+  cpu::hc_head_mean(rst.data(), s.T, s.hc, s.D, mean.data());
+  cpu::rms_norm(mean.data(), s.T, s.D, s.rms_w.data(), 1e-5f, rhead.data());
+  MemraMhcParams h = s.params();
+  h.expand = 1;
+  h.head = 1;
+  h.norm = 1;
+  h.out = head.data();
+  ASSERT_TRUE(op::mhc(op::Backend{}, h).ok());
+  EXPECT_TRUE(same_bytes(head, rhead));
+}
+
+TEST(OpMhc, RefusesLikeTheCudaEntry) {
+  const Site s;
+  std::vector<float> post(s.T * s.hc), comb(s.T * s.hc * s.hc), out(s.T * s.D);
+  MemraMhcParams p = s.params();
+  p.pre = 1;
+  p.streams = s.streams.data();
+  p.post = post.data();
+  p.comb = comb.data();
+  p.out = out.data();
+  auto code = [](const MemraMhcParams& q) { return op::mhc(op::Backend{}, q).code; };
+  MemraMhcParams q = p;
+  q.head = 1;  // pre and head together are not a form
+  EXPECT_EQ(code(q), kContractValue);
+  q = p;
+  q.pre = 0;  // no step at all
+  EXPECT_EQ(code(q), kContractValue);
+  q = p;
+  q.fn_dtype = 5;
+  EXPECT_EQ(code(q), kContractDType);
+  q = p;
+  q.sinkhorn_iters = 0;
+  EXPECT_EQ(code(q), kContractValue);
+  q = p;
+  q.norm = 1;
+  q.rms_eps = -1.0f;
+  EXPECT_EQ(code(q), kContractValue);
+  q = p;
+  q.comb = nullptr;
+  EXPECT_EQ(code(q), kContractMissing);
+  // The expansion written over the residual it reads is refused before anything runs.
+  std::vector<float> res = s.residual;
+  q = p;
+  q.expand = 1;
+  q.norm = 1;
+  q.residual = res.data();
+  q.streams_out = res.data() + 1;
+  EXPECT_EQ(code(q), kContractValue);
+  EXPECT_TRUE(same_bytes(res, s.residual));
+}
+
+TEST(OpMhc, HeadMeanAndExpandAreTheReference) {
+  const int T = 2, hc = 3, D = 4;
+  auto x = randn(T * D, 70);
+  std::vector<float> st(T * hc * D), rst(T * hc * D), mean(T * D), rmean(T * D);
+  ASSERT_TRUE(op::hc_expand(op::Backend{}, x.data(), T, D, hc, st.data()).ok());
+  for (int t = 0; t < T; ++t)
+    for (int s = 0; s < hc; ++s)
+      for (int d = 0; d < D; ++d) rst[(t * hc + s) * D + d] = x[t * D + d];
+  EXPECT_TRUE(same_bytes(st, rst));
+  ASSERT_TRUE(op::hc_head_mean(op::Backend{}, st.data(), T, hc, D, mean.data()).ok());
+  cpu::hc_head_mean(st.data(), T, hc, D, rmean.data());
+  EXPECT_TRUE(same_bytes(mean, rmean));
+  EXPECT_EQ(op::hc_head_mean(op::Backend{}, st.data(), T, 0, D, mean.data()).code, kContractValue);
+  EXPECT_EQ(op::hc_expand(op::Backend{}, nullptr, T, D, hc, st.data()).code, kContractMissing);
 }
 
 }  // namespace
