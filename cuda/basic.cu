@@ -46,7 +46,7 @@ __global__ void __launch_bounds__(Group<G>::kBlock)
 // Rows of at most kGatedCols * G values (every G below 1024, and D <= 4096 at 1024; the KDA
 // output norm: 64 heads of 128) load x, gate and w into registers before anything else, so the
 // row costs one memory round trip: loaded in the loop, each element's loads waited for the
-// previous element's store (y may alias them), ~6 us per call at batch 1 (session 6 profile).
+// previous element's store (y may alias them): a round trip per element.
 // Element i is still read before it is written, and the sums and products are the same
 // (the row body, gated_norm_short_row, is cuda/row_group.cuh's: the KDA decode scan fuses it).
 

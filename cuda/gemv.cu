@@ -20,7 +20,6 @@
 // one per row in flight per chunk (P = 1: 4 blocks an SM at <= 64 registers), and keeps R
 // partial sums; a warp butterfly, then the 8 warps in order in shared memory, give each output.
 // That order is fixed by K alone: the bytes do not depend on R, the run, or programmatic launch.
-// A persistent one-wave form and a GEMV at T = 4 were tried and dropped (docs/decode_graphs.md).
 #include "gemv.cuh"
 #include "gemv_rows.cuh"
 #include "sinkhorn.cuh"

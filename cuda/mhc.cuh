@@ -68,8 +68,8 @@ __device__ __forceinline__ void sinkhorn_warp(float* c, int hc, int iters, float
   const bool own = lane < hc * hc;
   const int i = own ? lane / hc : 0, j = own ? lane % hc : 0;
   // Idle lanes hold 1, not 0: a zero dividend sends v / d down the IEEE division's slow-path
-  // subroutine, which the whole warp then waits for at every half-iteration (most of the
-  // finishing kernel's time, by ncu). Their values are never read or stored.
+  // subroutine, which the whole warp then waits for at every half-iteration. Their values are
+  // never read or stored.
   float v = own ? c[lane] : 1.0f;
   // Half-iteration h: h = 0 and every even h a column normalisation, odd h a row one.
   for (int h = 0; h < 2 * iters - 1; ++h) {
