@@ -26,6 +26,7 @@
 #include "common.cuh"
 #include "gemv.cuh"
 #include "gemv_rows.cuh"
+#include "linear.cuh"
 
 using memra::cuda::aligned16;
 using memra::cuda::ceil_div;
@@ -1101,7 +1102,7 @@ int swiglu_mlp_impl(MemraCudaCtx* ctx, const float* x, int T, int D, const void*
                                        reinterpret_cast<__nv_bfloat16*>(h), &fused));
     }
     if (!fused) {  // the GEMM, then the activation's own launch
-      MEMRA_CUDA_RETURN_IF(memra_cuda_linear(ctx, x, T, D, gate_w, w_dtype, 2 * I, nullptr, gu));
+      MEMRA_CUDA_RETURN_IF(memra::cuda::linear(ctx, x, T, D, gate_w, w_dtype, 2 * I, nullptr, gu));
       if (w_dtype == 0) {
         memra::cuda::launch(ctx, true, swiglu_pair_kernel<float>, dim3(act_blocks(n)), dim3(256),
                             0, gu, T, I, limit, h);
@@ -1117,22 +1118,22 @@ int swiglu_mlp_impl(MemraCudaCtx* ctx, const float* x, int T, int D, const void*
     // h already in the down weight's dtype: no rounding launch before the GEMM.
     const bool bias = add && T == 1;
     MEMRA_CUDA_RETURN_IF(
-        memra_cuda_linear_ex(ctx, h, w_dtype, I, T, I, down_w, w_dtype, D, bias ? add : nullptr, y));
+        memra::cuda::linear_ex(ctx, h, w_dtype, I, T, I, down_w, w_dtype, D, bias ? add : nullptr, y));
     return add && !bias ? memra_cuda_add(ctx, y, add, static_cast<int64_t>(T) * D, y) : memra::kOk;
   }
   Scratch gu(ctx, sizeof(float) * 2 * static_cast<size_t>(n));
   MEMRA_CUDA_RETURN_IF(gu.status());
   float* g = gu.as<float>();
   float* u = g + n;
-  MEMRA_CUDA_RETURN_IF(memra_cuda_linear(ctx, x, T, D, gate_w, w_dtype, I, nullptr, g));
-  MEMRA_CUDA_RETURN_IF(memra_cuda_linear(ctx, x, T, D, up_w, w_dtype, I, nullptr, u));
+  MEMRA_CUDA_RETURN_IF(memra::cuda::linear(ctx, x, T, D, gate_w, w_dtype, I, nullptr, g));
+  MEMRA_CUDA_RETURN_IF(memra::cuda::linear(ctx, x, T, D, up_w, w_dtype, I, nullptr, u));
   if (n > 0) {
     memra::cuda::launch(ctx, true, swiglu_act_kernel, dim3(act_blocks(n)), dim3(256), 0, g, u, n,
         limit);
     MEMRA_CUDA_RETURN_IF(launch_status());
   }
   // I == 0: linear writes y = 0 (an empty sum), as cpu::linear does.
-  MEMRA_CUDA_RETURN_IF(memra_cuda_linear(ctx, g, T, I, down_w, w_dtype, D, nullptr, y));
+  MEMRA_CUDA_RETURN_IF(memra::cuda::linear(ctx, g, T, I, down_w, w_dtype, D, nullptr, y));
   return add ? memra_cuda_add(ctx, y, add, static_cast<int64_t>(T) * D, y) : memra::kOk;
 }
 
@@ -1201,7 +1202,7 @@ int memra_cuda_moe_route(MemraCudaCtx* ctx, const float* x, int T, int D, const 
     return go(std::integral_constant<int, grow::kGemvP>());
   }
   // Router logits in f32 (transformers computes them in f32): an SGEMM with TF32 off.
-  MEMRA_CUDA_RETURN_IF(memra_cuda_linear(ctx, x, T, D, gate_w, 0, E, nullptr, logits.as<float>()));
+  MEMRA_CUDA_RETURN_IF(memra::cuda::linear(ctx, x, T, D, gate_w, 0, E, nullptr, logits.as<float>()));
   const unsigned blocks = ceil_div(T, warps);
   memra::cuda::launch(ctx, true, moe_route_kernel, dim3(blocks), dim3(warps * 32),
       static_cast<size_t>(warps) * layout.warp_bytes, logits.as<float>(), corr_bias, T, E, top_k,

@@ -19,9 +19,8 @@ constexpr int kShortMaxV = 32;
 constexpr int kGemvWarps = kGemvThreads / 32;
 constexpr int kGemvP = 2;  // 16-byte weight vectors per row and thread per chunk
 // Rows of at most kGemvThreads vectors (K <= 2048 bf16: MLA's q_b, K 1536) take P = 1: the
-// second vector of every row was never loaded, but its registers halved the blocks an SM holds
-// (ncu 2026-11-29: q_b at 0.66 of copy, R = 8). The loads and sums are the same at P = 1 and 2
-// (one chunk, vector tid), so are the bytes.
+// second vector of every row was never loaded, but its registers halved the blocks an SM holds.
+// The loads and sums are the same at P = 1 and 2 (one chunk, vector tid), so are the bytes.
 __host__ __device__ constexpr int vectors_per_chunk_thread(int KV) {
   return KV <= kGemvThreads ? 1 : kGemvP;
 }

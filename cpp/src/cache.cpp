@@ -8,6 +8,7 @@
 #include <new>
 #include "memra/host_memory.h"
 #include "memra/msg.h"
+#include "memra/op/graph_tables.h"
 #include <string>
 
 namespace memra {
@@ -308,8 +309,8 @@ void* Cache::attn_v(int layer, int slot) {
 
 Status Cache::commit_decode(const int32_t* slots_d, int B) {
   if (!cuda_) return Status(kUnsupported, "Cache.commit_decode: needs a CUDA cache");
-  const int rc = cuda_->api().commit_decode(cuda_->ctx(), slots_d, B, lengths_d(), cur_d());
-  return rc == kOk ? Status::Ok() : cuda_->status(rc, "Cache.commit_decode");
+  const Status st = op::commit_decode(op::Backend{cuda_.get()}, slots_d, B, lengths_d(), cur_d());
+  return st.ok() ? st : cuda_->status(st.code, "Cache.commit_decode");
 }
 
 Status Cache::hold(int slot, uint64_t* token) {

@@ -383,6 +383,11 @@ def hc_head_mean(streams: Annotated[NDArray, dict(writable=False)], *, engine: E
     Reference: transformers Glm5NextTextHyperHead.
     """
 
+def hc_expand(x: Annotated[NDArray, dict(writable=False)], n: int, *, engine: Engine | None = None) -> object:
+    """
+    x [T, D] float32 -> [T, n, D]: every residual stream starts as x (reference: Glm5NextTextModel.forward, hidden_states.unsqueeze(2).expand(..., hc_mult, ...)). On a CUDA engine x must live on its device. Raises ContractError for a bad array or n outside [1, 2^31).
+    """
+
 def kpool_pool_keys(k: Annotated[NDArray, dict(writable=False)], gate: Annotated[NDArray, dict(writable=False)], ape: Annotated[NDArray, dict(writable=False)], *, engine: Engine | None = None) -> object:
     """
     Pool keys of the complete pools of one sequence: pool p holds rows [p*pool, (p+1)*pool); per channel, softmax over the pool's rows of gate + ape weights the rows of k.
@@ -477,11 +482,6 @@ def attention(q: Annotated[NDArray, dict(writable=False)], k_cache: object, v_ca
     Causal grouped attention with the sigmoid output gate: q [T, Hq, hd] float32 -> o [T, Hq, hd] float32, query head h reading K/V head h // (Hq // Hkv): o = softmax(scale * q k^T) v over the rows a query sees, times sigmoid(gate [T, Hq, hd]) when gate is given. Caches as kv_append's (float32 or bfloat16). Direct form: query t at position pos0 + t sees rows [0, pos0 + t]. With slots [T] / lengths [max_batch]: row t sees its slot's rows [0, lengths[slots[t]]] (the row appended at its length included), an idle row (-1) gets zeros; on CUDA split over the sequence (memra.KernelOptions.attn_decode_unsplit: one block a row and K/V head). scale: transformers' head_dim ** -0.5, finite.
     Raises ContractError as kv_append, UnsupportedError for hd > 256.
     Reference: eager_attention_forward with repeat_kv, then attn_output * sigmoid(gate) (Qwen3_5Attention.forward).
-    """
-
-def hc_expand(x: Annotated[NDArray, dict(writable=False)], n: int, *, engine: Engine | None = None) -> object:
-    """
-    x [T, D] float32 -> [T, n, D]: every residual stream starts as x (reference: Glm5NextTextModel.forward, hidden_states.unsqueeze(2).expand(..., hc_mult, ...)). On a CUDA engine x must live on its device. Raises ContractError for a bad array or n outside [1, 2^31).
     """
 
 def take_rows(x: Annotated[NDArray, dict(writable=False)], start: int, count: int, *, engine: Engine | None = None) -> object:

@@ -15,6 +15,7 @@
 #include "memra/cache.h"
 #include "memra/decode_step.h"
 #include "memra/engine.h"
+#include "memra/op/graph_tables.h"
 
 namespace memra::py {
 
@@ -411,8 +412,7 @@ void init_cache(nb::module_& m) {
         require_writable(cur, op, "cur");
         int32_t* lp = const_cast<int32_t*>(i32_in(engine, la, op, "lengths", {-1}));
         int32_t* cp = const_cast<int32_t*>(i32_in(engine, ca, op, "cur", {dim(la, 0)}));
-        const CudaContext& c = cuda_ctx(engine);
-        check_cuda(engine, c.api().commit_decode(c.ctx(), sp, int(B), lp, cp), op);
+        check(op::commit_decode(backend(engine), sp, int(B), lp, cp));
       },
       nb::arg("slots"), nb::arg("lengths"), nb::arg("cur"), nb::kw_only(),
       nb::arg("engine").none() = nb::none(),

@@ -6,51 +6,23 @@
 // beside each argument. T is the number of tokens in the call. Ops never throw and never
 // allocate on behalf of the caller except scratch; those that can refuse a scalar argument
 // return a Status, the rest are void (the binding layer checks shapes before calling).
+//
+// This header is the umbrella: an area's declarations live in cpu/<area>.h beside its
+// cpu/<area>.cpp (basic, linear, mhc, kda, mla, dsa so far), the rest below.
 #pragma once
 
 #include <cstdint>
 
+#include "memra/cpu/basic.h"
 #include "memra/cpu/dsa.h"
-#include "memra/cpu/kda.h"  // the KDA ops (cpu/kda.cpp)
+#include "memra/cpu/kda.h"
+#include "memra/cpu/linear.h"
+#include "memra/cpu/mhc.h"
 #include "memra/cpu/mla.h"
 #include "memra/status.h"
 #include "memra/tensor.h"
 
 namespace memra::cpu {
-
-// ---------------------------------------------------------------- basic (cpu/basic.cpp)
-
-// out[t, :] = table[ids[t], :]. table [vocab, D]; ids [T] (already range-checked); out [T, D].
-void embedding(const WeightView& table, const int32_t* ids, int T, float* out);
-
-// y[T, N] = x[T, K] @ w[N, K]^T (+ bias[N] when bias != nullptr). Reference: nn.Linear.
-void linear(const float* x, int T, const WeightView& w, const float* bias, float* y);
-
-// RMSNorm over the last dim: y = x * rsqrt(mean(x^2) + eps) (* w when w != nullptr).
-// x, y [T, D] (may alias); w [D] or nullptr (unweighted). Reference: Glm5NextTextRMSNorm,
-// Glm5NextTextUnweightedRMSNorm.
-void rms_norm(const float* x, int T, int D, const float* w, float eps, float* y);
-
-// Sigmoid-gated RMSNorm: y = w * x * rsqrt(mean(x^2) + eps) * sigmoid(gate).
-// x, gate, y [T, D] (y may alias x); w [D]. Reference: Glm5NextTextRMSNormGated.
-void rms_norm_gated_sigmoid(const float* x, const float* gate, int T, int D, const float* w,
-                            float eps, float* y);
-
-// LayerNorm with weight and bias: y = (x - mean) * rsqrt(var + eps) * w + b (biased variance).
-// x, y [T, D]; w, b [D]. Reference: nn.LayerNorm.
-void layer_norm(const float* x, int T, int D, const float* w, const float* b, float eps, float* y);
-
-// In-place per-head L2 norm: x[t, h, :] /= sqrt(sum(x^2) + eps). x [T, H, d].
-// Reference: modeling_glm5_next.l2norm (eps inside the sqrt, FLA's form).
-void l2norm_heads(float* x, int T, int H, int d, float eps);
-
-// Interleaved ("NORM") RoPE in place over pairs (2j, 2j+1) of the last dim:
-// x [T, n_vec, d_rope], positions [T]; theta_j = pos * base^(-2j/d_rope).
-// Returns kContractOddRope when d_rope is odd. d_rope == 0 is a no-op.
-// Reference: DeepSeek-V3 apply_rotary_pos_emb_interleave (kimi_linear/deepseek_v3 modeling).
-Status rope_interleaved(float* x, const int32_t* positions, int T, int n_vec, int d_rope,
-                        float base);
-
 
 // ---------------------------------------------------------------- FFN (cpu/ffn.cpp)
 
@@ -81,25 +53,6 @@ void moe_route(const float* x, int T, int D, const WeightView& gate_w, const flo
 void moe_forward(const float* x, int T, int D, const int32_t* topk_idx, const float* topk_w,
                  int top_k, const WeightView* gate_w, const WeightView* up_w, const WeightView* down_w, int E,
                  float limit, float* y);
-
-// ---------------------------------------------------------------- mHC (cpu/mhc.cpp)
-
-// Hyper-connection mapping. streams [T, hc, D]; fn [(2+hc)*hc, hc*D]; base [(2+hc)*hc];
-// scale [3]; post [T, hc]; comb [T, hc, hc]; collapsed [T, D] = sum_s pre[s] * streams[s].
-// norm_eps = rms_norm_eps (unweighted RMSNorm of the flattened streams), hc_eps for the
-// sigmoid floor and the Sinkhorn denominators. Reference: Glm5NextTextHyperConnection.forward.
-void mhc_pre(const float* streams, int T, int hc, int D, const WeightView& fn, const float* base,
-             const float* scale, int sinkhorn_iters, float hc_eps, float norm_eps, float* post,
-             float* comb, float* collapsed);
-
-// out[t, j, :] = post[t, j] * y[t, :] + sum_i comb[t, i, j] * residual[t, i, :].
-// y [T, D]; post [T, hc]; comb [T, hc, hc]; residual, out [T, hc, D] (out may not alias).
-// Reference: Glm5NextTextDecoderLayer.forward.
-void mhc_post(const float* y, const float* post, const float* comb, const float* residual, int T,
-              int hc, int D, float* out);
-
-// out[t, :] = mean over s of streams[t, s, :]. Reference: Glm5NextTextHyperHead.
-void hc_head_mean(const float* streams, int T, int hc, int D, float* out);
 
 // ---------------------------------------------------------------- sampling (cpu/sample.cpp)
 

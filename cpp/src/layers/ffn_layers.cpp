@@ -1,6 +1,5 @@
-// Feed-forward layers (dense SwiGLU MLP, routed MoE with shared expert) and the mHC
-// hyper-connection site. References: Glm5NextTextMLP, Glm5NextTextMoE,
-// Glm5NextTextHyperConnection (transformers 5.17, modeling_glm5_next.py).
+// Feed-forward layers (dense SwiGLU MLP, routed MoE with shared expert). References:
+// Glm5NextTextMLP, Glm5NextTextMoE (transformers 5.17, modeling_glm5_next.py).
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -101,63 +100,6 @@ Status MoeLayer::forward(const float* x, int T, float* y, int32_t* topk_idx) con
   }
   if (topk_idx) std::copy(idx.begin(), idx.end(), topk_idx);
   return Status::Ok();
-}
-
-Status HyperConnection::create(int hidden, int hc, int sinkhorn_iters, float hc_eps, float norm_eps,
-                               WeightMap& w, std::unique_ptr<HyperConnection>* out) {
-  if (hidden < 1 || hc < 1 || sinkhorn_iters < 1) {
-    return Status(kContractValue, "HyperConnection: hidden, hc_mult and hc_sinkhorn_iters must be >= 1");
-  }
-  std::unique_ptr<HyperConnection> l(new HyperConnection());
-  l->hidden_ = hidden;
-  l->hc_ = hc;
-  l->iters_ = sinkhorn_iters;
-  l->hc_eps_ = hc_eps;
-  l->norm_eps_ = norm_eps;
-  const int64_t mix = int64_t(2 + hc) * hc;
-  MEMRA_TRY(w.take("fn", {mix, int64_t(hc) * hidden}, &l->fn_));
-  MEMRA_TRY(w.take_f32("base", {mix}, &l->base_));
-  MEMRA_TRY(w.take_f32("scale", {3}, &l->scale_));
-  MEMRA_TRY(w.finish());
-  *out = std::move(l);
-  return Status::Ok();
-}
-
-Status HyperConnection::pre(const float* streams, int T, float* post, float* comb, float* collapsed) const {
-  if (cuda_) return pre_cuda(streams, T, false, nullptr, 0.0f, post, comb, collapsed);
-  cpu::mhc_pre(streams, T, hc_, hidden_, fn_, base_.data(), scale_.data(), iters_, hc_eps_, norm_eps_,
-               post, comb, collapsed);
-  return Status::Ok();
-}
-
-Status HyperConnection::pre_norm(const float* streams, int T, const float* rms_w, float rms_eps,
-                                 float* post, float* comb, float* out) const {
-  if (!(rms_eps >= 0.0f && std::isfinite(rms_eps))) {
-    return Status(kContractValue, "HyperConnection.pre: the norm's eps must be finite and >= 0");
-  }
-  if (cuda_) return pre_cuda(streams, T, true, rms_w, rms_eps, post, comb, out);
-  MEMRA_TRY(pre(streams, T, post, comb, out));
-  cpu::rms_norm(out, T, hidden_, rms_w, rms_eps, out);
-  return Status::Ok();
-}
-
-Status HyperConnection::post_pre_norm(const float* y, const float* post_prev, const float* comb_prev,
-                                      const float* residual, int T, const float* rms_w,
-                                      float rms_eps, float* streams, float* post, float* comb,
-                                      float* out) const {
-  if (!(rms_eps >= 0.0f && std::isfinite(rms_eps))) {
-    return Status(kContractValue, "HyperConnection.post_pre: the norm's eps must be finite and >= 0");
-  }
-  const size_t n = size_t(T) * hc_ * hidden_;
-  if (n > 0 && streams < residual + n && residual < streams + n) {
-    return Status(kContractValue, "HyperConnection.post_pre: the new streams overlap the residual");
-  }
-  if (cuda_) {
-    return post_pre_cuda(y, post_prev, comb_prev, residual, T, rms_w, rms_eps, streams, post, comb,
-                         out);
-  }
-  cpu::mhc_post(y, post_prev, comb_prev, residual, T, hc_, hidden_, streams);
-  return pre_norm(streams, T, rms_w, rms_eps, post, comb, out);
 }
 
 }  // namespace memra

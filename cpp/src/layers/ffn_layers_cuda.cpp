@@ -1,6 +1,5 @@
-// MlpLayer, MoeLayer and HyperConnection on a CUDA device (ffn_layers.cpp's chains over the CUDA
-// library's ops). Routers, correction biases and the mHC mapping stay f32 (the router logits
-// are f32 in the reference; the mHC weights are small).
+// MlpLayer and MoeLayer on a CUDA device (ffn_layers.cpp's chains over the CUDA library's ops).
+// Routers and correction biases stay f32 (the router logits are f32 in the reference).
 #include <vector>
 
 #include "gpu_util.h"
@@ -92,49 +91,6 @@ Status MoeLayer::forward_cuda(const float* x, int T, float* y, int32_t* topk_idx
   MEMRA_GPU(c, c.api().moe_forward(c.ctx(), x, T, D, idx, wts, K, d_gate_.data(), d_up_.data(),
                                    d_down_.data(), d_gate_.dtype_code(), cfg_.n_experts,
                                    cfg_.intermediate, cfg_.swiglu_limit, y), op);
-  return Status::Ok();
-}
-
-// ----------------------------------------------------------------------------- HyperConnection
-Status HyperConnection::to_device(std::shared_ptr<CudaContext> cuda, DType /*dtype*/) {
-  MEMRA_TRY(DeviceWeight::upload(cuda, fn_, DType::kF32, &d_fn_));
-  MEMRA_TRY(DeviceWeight::upload_f32(cuda, base_, &d_base_));
-  MEMRA_TRY(DeviceWeight::upload_f32(cuda, scale_, &d_scale_));
-  cuda_ = std::move(cuda);
-  fn_ = Weight();
-  return Status::Ok();
-}
-
-Status HyperConnection::pre_cuda(const float* streams, int T, bool rms, const float* rms_w,
-                                 float rms_eps, float* post, float* comb, float* collapsed) const {
-  const CudaContext& c = *cuda_;
-  gpu::ResidentWeights resident(c);
-  if (rms) {
-    MEMRA_GPU(c, c.api().mhc_pre_norm(c.ctx(), streams, T, hc_, hidden_, d_fn_.data(),
-                                      d_fn_.dtype_code(), gpu::f32p(d_base_), gpu::f32p(d_scale_),
-                                      iters_, hc_eps_, norm_eps_, rms_w, rms_eps, post, comb,
-                                      collapsed),
-              "HyperConnection.pre");
-    return Status::Ok();
-  }
-  MEMRA_GPU(c, c.api().mhc_pre(c.ctx(), streams, T, hc_, hidden_, d_fn_.data(), d_fn_.dtype_code(),
-                               gpu::f32p(d_base_), gpu::f32p(d_scale_), iters_, hc_eps_, norm_eps_,
-                               post, comb, collapsed),
-            "HyperConnection.pre");
-  return Status::Ok();
-}
-
-Status HyperConnection::post_pre_cuda(const float* y, const float* post_prev,
-                                      const float* comb_prev, const float* residual, int T,
-                                      const float* rms_w, float rms_eps, float* streams,
-                                      float* post, float* comb, float* out) const {
-  const CudaContext& c = *cuda_;
-  gpu::ResidentWeights resident(c);
-  MEMRA_GPU(c, c.api().mhc_post_pre_norm(c.ctx(), y, post_prev, comb_prev, residual, T, hc_,
-                                         hidden_, d_fn_.data(), d_fn_.dtype_code(),
-                                         gpu::f32p(d_base_), gpu::f32p(d_scale_), iters_, hc_eps_,
-                                         norm_eps_, rms_w, rms_eps, streams, post, comb, out),
-            "HyperConnection.post_pre");
   return Status::Ok();
 }
 

@@ -179,12 +179,13 @@ Status MlaLayer::project_cuda(gpu::Arena& a, const float* x, int N, Projected* o
     p.tail_rows = cfg_.tail_rows;
     MEMRA_TRY(op::mla_norm_append_decode(b, p));
   } else if (N == 1) {  // one launch for the row's two or three norms (the bytes of the three below)
-    MEMRA_GPU(c, api.norm_rows(ctx, out->q_resid, ql, gpu::f32p(g.q_a_norm), cfg_.rms_eps,
-                               out->q_resid, out->ckv, R, gpu::f32p(g.kv_a_norm), cfg_.rms_eps,
-                               out->ckv, idx ? rows.k : nullptr, idx ? di : 0,
-                               idx ? gpu::f32p(g.k_norm_w) : nullptr,
-                               idx ? gpu::f32p(g.k_norm_b) : nullptr, kIndexerNormEps,
-                               idx ? rows.k : nullptr), op);
+    const MemraNormRowsParams norms{out->q_resid, ql, gpu::f32p(g.q_a_norm), cfg_.rms_eps,
+                                    out->q_resid, out->ckv, R, gpu::f32p(g.kv_a_norm),
+                                    cfg_.rms_eps, out->ckv, idx ? rows.k : nullptr, idx ? di : 0,
+                                    idx ? gpu::f32p(g.k_norm_w) : nullptr,
+                                    idx ? gpu::f32p(g.k_norm_b) : nullptr, kIndexerNormEps,
+                                    idx ? rows.k : nullptr};
+    MEMRA_GPU(c, api.norm_rows(ctx, &norms), op);
   } else {
     MEMRA_GPU(c, api.rms_norm(ctx, out->q_resid, N, ql, gpu::f32p(g.q_a_norm), cfg_.rms_eps, out->q_resid), op);
     MEMRA_GPU(c, api.rms_norm(ctx, out->ckv, N, R, gpu::f32p(g.kv_a_norm), cfg_.rms_eps, out->ckv), op);
@@ -397,8 +398,9 @@ Status MlaLayer::decode_cuda(Cache& cache, int layer, const int32_t* slots_d, in
   MEMRA_TRY(project_cuda(a, x, B, &p, fused ? &na : nullptr));
   const float* q = p.q;
   if (!fused) {
-    MEMRA_GPU(c, api.decode_tables(ctx, slots_d, B, cache.lengths_d(), pos_d, t_kv_d, na.n,
-                                   na.bases, na.strides, na.outs), op);
+    const MemraDecodeTablesParams tables{slots_d, B, cache.lengths_d(), pos_d, t_kv_d, na.n,
+                                         na.bases, na.strides, na.outs};
+    MEMRA_GPU(c, api.decode_tables(ctx, &tables), op);
     MemraMlaAppendParams ap{};
     ap.batched = 1;
     ap.rows = p.ckv;
