@@ -89,7 +89,9 @@ void moe_forward(const float* x, int T, int D, const int32_t* topk_idx, const fl
   // Bucket the (token, slot) pairs by expert; visiting experts in ascending id gives every token
   // its terms in ascending expert id, the order of transformers' per-expert index_add_.
   std::vector<std::vector<int64_t>> hits(E);
-  for (int64_t r = 0; r < static_cast<int64_t>(T) * top_k; ++r) hits[topk_idx[r]].push_back(r);
+  for (int64_t r = 0; r < static_cast<int64_t>(T) * top_k; ++r) {
+    if (topk_idx[r] >= 0 && topk_idx[r] < E) hits[topk_idx[r]].push_back(r);  // else no term
+  }
 
   std::vector<float> xs, g, u, out;
   for (int e = 0; e < E; ++e) {

@@ -26,8 +26,9 @@ void moe_route(const float* x, int T, int D, const WeightView& gate_w, const flo
 // expert_e(x) = down_w[e] (silu(min(gate_w[e] x, limit)) * clamp(up_w[e] x, +-limit)).
 // Each term is computed as (down row . h) * w and the terms of a token are added to a zero row in
 // ascending expert id (Glm5NextTextExperts.forward loops over the hit experts in ascending id and
-// index_adds). x, y [T, D]; topk_idx, topk_w [T, top_k] (ids already range-checked to [0, E));
-// gate_w, up_w: E weights [I, D]; down_w: E weights [D, I]. Reference: Glm5NextTextExperts.
+// index_adds). x, y [T, D]; topk_idx, topk_w [T, top_k] (an id outside [0, E) contributes
+// nothing, as on CUDA; the bindings refuse one); gate_w, up_w: E weights [I, D]; down_w: E weights
+// [D, I]. Reference: Glm5NextTextExperts.
 void moe_forward(const float* x, int T, int D, const int32_t* topk_idx, const float* topk_w,
                  int top_k, const WeightView* gate_w, const WeightView* up_w,
                  const WeightView* down_w, int E, float limit, float* y);
