@@ -27,10 +27,12 @@ typedef struct MemraCudaCtx MemraCudaCtx;
 
 #include "memra/cuda_abi/basic.h"
 #include "memra/cuda_abi/dsa.h"
-#include "memra/cuda_abi/ffn.h"
 #include "memra/cuda_abi/kda.h"
 #include "memra/cuda_abi/mla.h"
+#include "memra/cuda_abi/mlp.h"
+#include "memra/cuda_abi/moe.h"
 #include "memra/cuda_abi/runtime.h"
+#include "memra/cuda_abi/sample.h"
 #include "memra/cuda_abi/util.h"
 
 #define MEMRA_CUDA_ALL_OPS(X) \
@@ -39,7 +41,9 @@ typedef struct MemraCudaCtx MemraCudaCtx;
   MEMRA_CUDA_KDA_OPS(X)       \
   MEMRA_CUDA_MLA_OPS(X)       \
   MEMRA_CUDA_DSA_OPS(X)       \
-  MEMRA_CUDA_FFN_OPS(X)        \
+  MEMRA_CUDA_MLP_OPS(X)       \
+  MEMRA_CUDA_MOE_OPS(X)       \
+  MEMRA_CUDA_SAMPLE_OPS(X)    \
   MEMRA_CUDA_UTIL_OPS(X)
 
 #ifdef __cplusplus
