@@ -311,7 +311,7 @@ def moe_route(x: Annotated[NDArray, dict(writable=False)], gate_w: object, corr_
     Logits in f32 -> sigmoid scores s; choice c = s + bias; group score = sum of the top-2 c of each of the n_group groups; keep the best topk_group groups (ties: lower group); top_k experts by c among them (ties: lower id), sorted by c desc. Weights = s of the chosen experts, / (sum + 1e-20) when norm_topk_prob, times scaling.
     Returns (idx [T, top_k] int32, w [T, top_k] float32).
     engine: None or a CPU Engine: gate_w a memra.Weight, host arrays. A CUDA Engine: gate_w a float32 memra.DeviceWeight, arrays on its device; logits by SGEMM (TF32 off; at one token the decode GEMV, in the same launch as the routing), then one warp per token with the CPU's selection rules (sigmoid with CUDA's expf, within 2 ulp).
-    Raises ContractError (CONTRACT_DTYPE, also for a bfloat16 DeviceWeight; CONTRACT_SHAPE, CONTRACT_STRIDE, CONTRACT_DEVICE; CONTRACT_VALUE when n_group does not divide E, topk_group is outside [1, n_group] or top_k outside [1, topk_group * E / n_group]).
+    Raises ContractError (CONTRACT_DTYPE, also for a bfloat16 DeviceWeight; CONTRACT_SHAPE, CONTRACT_STRIDE, CONTRACT_DEVICE; CONTRACT_VALUE when n_group does not divide E, topk_group is outside [1, n_group], top_k outside [1, topk_group * E / n_group] or scaling not finite).
     Reference: transformers Glm5NextTextTopkRouter.forward.
     """
 
@@ -332,7 +332,7 @@ def sample(logits: Annotated[NDArray, dict(writable=False)], counters: Annotated
 
     logits [B, V] float32; counters [B], the per-row draw index; seeds [B] (same dtype rules as counters), when given, the per-row seed replacing `seed`. temperature <= 0: argmax (ties to the lower id; a NaN never wins unless it sits at id 0, which then keeps the row: the CPU scan's v[i] > v[best]). Otherwise softmax(logits / temperature) in f32; keep the top_k most likely (0: all), then the shortest prefix in (p desc, id asc) order whose top-k-renormalised mass reaches top_p (>= 1: all); draw by inverse CDF with u = uniform_from_counter(seed, counter) (splitmix64; the exact formula is in ops.h). Every sum (the softmax denominator, the top-k mass, the running top-p mass and CDF) is an f32 sum in ops.h's blocked order: blocks of 512 terms each summed left to right, then the block sums left to right; the running sum at i is the sum of the blocks before i's plus i's block up to i. Returns int32 [B].
     engine: None or a CPU Engine: host arrays, counters uint64 or int64 (>= 0). A CUDA Engine: arrays on its device, counters uint64; the same f32 arithmetic as the CPU (glibc's expf reproduced bit for bit, the same blocked sums, the blocks summed in parallel), so the same seed and counter give the same token.
-    Raises ContractError (CONTRACT_DTYPE for counters not int64/uint64 (uint64 on CUDA) or logits not float32, CONTRACT_SHAPE, CONTRACT_STRIDE, CONTRACT_DEVICE, CONTRACT_RANGE for a negative int64 counter, CONTRACT_VALUE for top_p <= 0 or a NaN temperature).
+    Raises ContractError (CONTRACT_DTYPE for counters not int64/uint64 (uint64 on CUDA) or logits not float32, CONTRACT_SHAPE, CONTRACT_STRIDE, CONTRACT_DEVICE, CONTRACT_RANGE for a negative int64 counter, CONTRACT_VALUE for top_p <= 0 or NaN, top_k < 0 or a temperature that is not finite).
     Reference: transformers' temperature / TopK / TopP logits warpers followed by multinomial, with a counter-based draw.
     """
 

@@ -111,6 +111,7 @@ void init_ops_moe(nb::module_& m) {
         check_value(top_k >= 1 && top_k <= kept, op,
                     "top_k=" + std::to_string(top_k) + " must be in [1, " + std::to_string(kept) +
                         "] (topk_group * experts per group)");
+        check_finite(scaling, op, "scaling");
         Out idx = out_i32(engine, {sz(T), sz(top_k)});
         Out w = out_f32(engine, {sz(T), sz(top_k)});
         MemraMoeRouteParams p{};
@@ -150,7 +151,8 @@ void init_ops_moe(nb::module_& m) {
       "CPU's selection rules (sigmoid with CUDA's expf, within 2 ulp).\n"
       "Raises ContractError (CONTRACT_DTYPE, also for a bfloat16 DeviceWeight; CONTRACT_SHAPE, "
       "CONTRACT_STRIDE, CONTRACT_DEVICE; CONTRACT_VALUE when n_group does not divide E, "
-      "topk_group is outside [1, n_group] or top_k outside [1, topk_group * E / n_group]).\n"
+      "topk_group is outside [1, n_group], top_k outside [1, topk_group * E / n_group] or "
+      "scaling not finite).\n"
       "Reference: transformers Glm5NextTextTopkRouter.forward.");
 
 

@@ -85,7 +85,9 @@ void init_ops_sample(nb::module_& m) {
                                              " exceed 2^31 - 1 rows or columns");
         }
         check_value(V >= 1, op, "logits must have at least one column");
-        check_value(!std::isnan(temperature), op, "temperature is NaN");
+        check_value(std::isfinite(temperature), op,
+                    "temperature must be finite (<= 0: greedy), got " + std::to_string(temperature));
+        check_nonneg(top_k, op, "top_k");
         check_value(top_p > 0.0f, op, "top_p must be > 0, got " + std::to_string(top_p));
         MemraSampleParams p{};
         std::vector<uint64_t> ctr, row_seeds;  // CPU: host copies (int64 or uint64 arrays)
@@ -134,7 +136,8 @@ void init_ops_sample(nb::module_& m) {
       "parallel), so the same seed and counter give the same token.\n"
       "Raises ContractError (CONTRACT_DTYPE for counters not int64/uint64 (uint64 on CUDA) or "
       "logits not float32, CONTRACT_SHAPE, CONTRACT_STRIDE, CONTRACT_DEVICE, CONTRACT_RANGE for "
-      "a negative int64 counter, CONTRACT_VALUE for top_p <= 0 or a NaN temperature).\n"
+      "a negative int64 counter, CONTRACT_VALUE for top_p <= 0 or NaN, top_k < 0 or a "
+      "temperature that is not finite).\n"
       "Reference: transformers' temperature / TopK / TopP logits warpers followed by "
       "multinomial, with a counter-based draw.");
 

@@ -19,9 +19,11 @@ typedef struct MemraSampleParams {
                                 required: 40024) */
   int32_t* out;              /* [B] int32 */
   int32_t* nonfinite;        /* [B] int32, or null: not written. Reserved for the serving work
-                                (memra.NonFiniteError inside a captured graph): nonfinite[b] will
-                                say that row b's logits are not finite, written by the same
-                                launches. Not implemented yet: non-null is 50000. */
+                                (memra.NonFiniteError, kNonFinite, inside a captured graph):
+                                nonfinite[b] will be 1 where row b's logits hold a NaN or +-inf
+                                and 0 elsewhere, written by the same launches (memra.batch ends
+                                a flagged row's request instead of using its draw). Not
+                                implemented yet: non-null is 50000. */
 } MemraSampleParams;
 
 #define MEMRA_CUDA_SAMPLE_OPS(X)                                                                  \
