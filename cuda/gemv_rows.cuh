@@ -1,7 +1,7 @@
 // The decode GEMV's row body (cuda/gemv.cu, which documents the layout and the order of the
 // sums): gemv_rows computes R weight rows of one block over the whole K, and launch_gemv launches
 // a GEMV kernel with a pending deferred Sinkhorn riding in it. Shared with the fused router of
-// cuda/ffn.cu (memra_cuda_moe_route at one token), so its logits are the GEMV's bits.
+// cuda/moe_route.cu (memra_cuda_moe_route at one token), so its logits are the GEMV's bits.
 #pragma once
 
 #include <cstdint>
@@ -184,7 +184,7 @@ __device__ __forceinline__ void gemv_rows(const X* __restrict__ x, const W* __re
   }
 }
 
-// The fused gate|up GEMV of a SwiGLU MLP at one row (memra_cuda_swiglu_mlp(_add) at T = 1):
+// The fused gate|up GEMV of a SwiGLU MLP at one row (memra_cuda_swiglu_mlp at T = 1):
 // w = [gate; up] [2I, D]; block blk takes gate rows i = blk * R/2 + r and the up rows I + i
 // (r < R/2), each summed as a PlainRows row is (warps in order, no bias), and thread r < R/2
 // stores h[i] = act(gate, up) (Act: the MLP's clamped SwiGLU, rounded to H as swiglu_pair_kernel

@@ -11,7 +11,9 @@ NB_MODULE(_core, m) {
   memra::py::init_ops_basic(m);
   memra::py::init_ops_kda(m);
   memra::py::init_ops_mla(m);
-  memra::py::init_ops_ffn(m);
+  memra::py::init_ops_mlp(m);
+  memra::py::init_ops_moe(m);
+  memra::py::init_ops_sample(m);
   memra::py::init_ops_mhc(m);
   memra::py::init_ops_dsa(m);
   memra::py::init_ops_attention(m);

@@ -28,13 +28,15 @@ typedef struct MemraCudaCtx MemraCudaCtx;
 #include "memra/cuda_abi/attention.h"
 #include "memra/cuda_abi/basic.h"
 #include "memra/cuda_abi/dsa.h"
-#include "memra/cuda_abi/ffn.h"
 #include "memra/cuda_abi/graph_tables.h"
 #include "memra/cuda_abi/kda.h"
 #include "memra/cuda_abi/linear.h"
 #include "memra/cuda_abi/mhc.h"
 #include "memra/cuda_abi/mla.h"
+#include "memra/cuda_abi/mlp.h"
+#include "memra/cuda_abi/moe.h"
 #include "memra/cuda_abi/runtime.h"
+#include "memra/cuda_abi/sample.h"
 
 #define MEMRA_CUDA_ALL_OPS(X) \
   MEMRA_CUDA_RUNTIME_OPS(X)   \
@@ -44,8 +46,10 @@ typedef struct MemraCudaCtx MemraCudaCtx;
   MEMRA_CUDA_KDA_OPS(X)       \
   MEMRA_CUDA_MLA_OPS(X)       \
   MEMRA_CUDA_DSA_OPS(X)       \
-  MEMRA_CUDA_FFN_OPS(X)        \
-  MEMRA_CUDA_ATTENTION_OPS(X)  \
+  MEMRA_CUDA_MLP_OPS(X)       \
+  MEMRA_CUDA_MOE_OPS(X)       \
+  MEMRA_CUDA_SAMPLE_OPS(X)    \
+  MEMRA_CUDA_ATTENTION_OPS(X) \
   MEMRA_CUDA_GRAPH_TABLES_OPS(X)
 
 #ifdef __cplusplus

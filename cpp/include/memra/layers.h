@@ -232,7 +232,7 @@ class MlpLayer {
   const std::shared_ptr<CudaContext>& cuda() const { return cuda_; }
 
   // The uploaded weights (after to_device), for kernels that run this MLP inside a larger op
-  // (MoeLayer: the shared expert as one more expert slot, moe_forward_shared).
+  // (MoeLayer: the shared expert as one more expert slot of moe_forward).
   struct DeviceView {
     const void *gate = nullptr, *up = nullptr, *down = nullptr;  // [I, hidden] x2, [hidden, I]
     int dtype = 0, intermediate = 0;

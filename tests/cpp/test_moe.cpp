@@ -1,5 +1,7 @@
-// FFN (SwiGLU clamp, grouped router, routed experts) and sampling CPU ops against
-// double-precision loops written here (the formulas of modeling_glm5_next.py). mHC: test_mhc.cpp.
+// The grouped sigmoid router and the routed experts: cpu::moe_route / moe_forward against
+// double-precision loops (the formulas of modeling_glm5_next.py), and op::moe_route /
+// op::moe_forward's CPU branches (stacked or per-expert weights, the shared expert, ids outside
+// [0, E), the checks in the CUDA entries' order).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -8,68 +10,20 @@
 #include <random>
 #include <vector>
 
+#include "ffn_ref.h"
+#include "memra/op/moe.h"
 #include "memra/ops.h"
 #include "test_util.h"
 
 namespace memra {
 namespace {
 
+using memra::testing::ClampStats;
+using memra::testing::f32_weight;
+using memra::testing::matvec;
+using memra::testing::mlp_ref;
 using memra::testing::randn;
-
-Weight f32_weight(const std::vector<float>& v, int64_t rows, int64_t cols) {
-  return Weight(DType::kF32, {rows, cols}, v.data());
-}
-
-double sig(double x) { return 1.0 / (1.0 + std::exp(-x)); }
-
-// y [N] = w [N, K] x [K] in double.
-std::vector<double> matvec(const std::vector<float>& w, const double* x, int N, int K) {
-  std::vector<double> y(N, 0.0);
-  for (int n = 0; n < N; ++n)
-    for (int k = 0; k < K; ++k) y[n] += double(w[size_t(n) * K + k]) * x[k];
-  return y;
-}
-
-struct ClampStats {
-  int gate_clamped = 0, up_clamped = 0;
-};
-
-// Glm5NextTextMLP.forward on one token, in double.
-std::vector<double> mlp_ref(const float* x, int D, int I, const std::vector<float>& gw,
-                            const std::vector<float>& uw, const std::vector<float>& dw,
-                            double limit, ClampStats* st = nullptr) {
-  std::vector<double> xd(x, x + D);
-  auto g = matvec(gw, xd.data(), I, D), u = matvec(uw, xd.data(), I, D);
-  std::vector<double> h(I);
-  for (int i = 0; i < I; ++i) {
-    if (st && g[i] > limit) st->gate_clamped++;
-    if (st && std::abs(u[i]) > limit) st->up_clamped++;
-    const double gc = std::min(g[i], limit), uc = std::max(-limit, std::min(u[i], limit));
-    h[i] = gc * sig(gc) * uc;
-  }
-  return matvec(dw, h.data(), D, I);
-}
-
-// ---------------------------------------------------------------- SwiGLU MLP
-
-TEST(FfnSwiglu, MatchesDoubleLoopWithClampEngaged) {
-  const int T = 5, D = 13, I = 11;
-  const float limit = 1.5f;
-  auto x = randn(T * D, 1, 1.0f);
-  auto gw = randn(I * D, 2, 0.8f), uw = randn(I * D, 3, 0.8f), dw = randn(D * I, 4, 0.3f);
-  std::vector<float> y(T * D);
-  cpu::swiglu_mlp(x.data(), T, f32_weight(gw, I, D), f32_weight(uw, I, D), f32_weight(dw, D, I),
-                  limit, y.data());
-  ClampStats st;
-  double max_err = 0;
-  for (int t = 0; t < T; ++t) {
-    auto ref = mlp_ref(x.data() + t * D, D, I, gw, uw, dw, limit, &st);
-    for (int d = 0; d < D; ++d) max_err = std::max(max_err, std::abs(y[t * D + d] - ref[d]));
-  }
-  EXPECT_LT(max_err, 2e-5);
-  EXPECT_GT(st.gate_clamped, 0);  // the clamp must be exercised, in both directions for up
-  EXPECT_GT(st.up_clamped, 0);
-}
+using memra::testing::sig;
 
 // ---------------------------------------------------------------- router
 
@@ -237,115 +191,184 @@ TEST(FfnMoe, SumsInAscendingExpertIdPerToken) {
   EXPECT_EQ(y, (0.0f + term1) + term3);
 }
 
-// ---------------------------------------------------------------- sampling
+// ---------------------------------------------------------------- op::moe_route (CPU)
 
-TEST(SampleRng, PinnedValuesOfTheCounterFormula) {
-  // Values of the ops.h formula computed independently (Python big integers); the CUDA backend
-  // must give the same.
-  EXPECT_EQ(cpu::uniform_from_counter(0, 0), 7239838.0f / 16777216.0f);
-  EXPECT_EQ(cpu::uniform_from_counter(0, 1), 443485.0f / 16777216.0f);
-  EXPECT_EQ(cpu::uniform_from_counter(12345, 7), 12610706.0f / 16777216.0f);
-  EXPECT_EQ(cpu::uniform_from_counter(~0ull, ~0ull), 14997873.0f / 16777216.0f);
+TEST(OpMoeRoute, CpuIsTheReferenceAndChecksAsTheCudaEntry) {
+  const int T = 5, D = 7, E = 8, top_k = 2;
+  auto x = randn(T * D, 41), gw = randn(E * D, 42, 0.7f), bias = randn(E, 43, 0.1f);
+  std::vector<int32_t> idx(T * top_k), want_idx(T * top_k);
+  std::vector<float> w(T * top_k), want_w(T * top_k);
+  cpu::moe_route(x.data(), T, D, f32_weight(gw, E, D), bias.data(), E, top_k, 4, 2, true, 2.5f,
+                 want_idx.data(), want_w.data());
+  MemraMoeRouteParams p{};
+  p.x = x.data();
+  p.T = T;
+  p.D = D;
+  p.gate_w = gw.data();
+  p.corr_bias = bias.data();
+  p.E = E;
+  p.top_k = top_k;
+  p.n_group = 4;
+  p.topk_group = 2;
+  p.norm_topk_prob = 1;
+  p.scaling = 2.5f;
+  p.topk_idx = idx.data();
+  p.topk_w = w.data();
+  ASSERT_TRUE(op::moe_route({}, p).ok());
+  EXPECT_EQ(idx, want_idx);
+  EXPECT_EQ(w, want_w);
+  auto code = [](const MemraMoeRouteParams& q) { return op::moe_route({}, q).code; };
+  MemraMoeRouteParams q = p;
+  q.n_group = 3;  // does not divide E
+  EXPECT_EQ(code(q), kContractValue);
+  q = p;
+  q.topk_group = 5;
+  EXPECT_EQ(code(q), kContractValue);
+  q = p;
+  q.top_k = 5;  // more than topk_group * E / n_group
+  EXPECT_EQ(code(q), kContractValue);
+  q = p;
+  q.T = 0;
+  q.x = nullptr;
+  EXPECT_EQ(code(q), kOk);
+  q = p;
+  q.gate_w = nullptr;
+  EXPECT_EQ(code(q), kContractMissing);
 }
 
-TEST(SampleRng, UniformMoments) {
-  double sum = 0, sq = 0;
-  const int n = 200000;
-  for (int i = 0; i < n; ++i) {
-    const double u = cpu::uniform_from_counter(42, i);
-    ASSERT_GE(u, 0.0);
-    ASSERT_LT(u, 1.0);
-    sum += u;
-    sq += u * u;
+// ---------------------------------------------------------------- op::moe_forward (CPU)
+
+struct Experts {
+  int E, I, D;
+  std::vector<float> gate, up, down;  // stacked [E, I, D], [E, I, D], [E, D, I]
+  std::vector<Weight> g, u, d;        // the same, one weight per expert
+  std::vector<WeightView> gv, uv, dv;
+};
+
+Experts make_experts(int E, int I, int D, uint32_t seed) {
+  Experts x{E, I, D, randn(size_t(E) * I * D, seed, 0.6f), randn(size_t(E) * I * D, seed + 1, 0.6f),
+            randn(size_t(E) * D * I, seed + 2, 0.4f), {}, {}, {}, {}, {}, {}};
+  for (int e = 0; e < E; ++e) {
+    x.g.emplace_back(DType::kF32, std::vector<int64_t>{I, D}, x.gate.data() + size_t(e) * I * D);
+    x.u.emplace_back(DType::kF32, std::vector<int64_t>{I, D}, x.up.data() + size_t(e) * I * D);
+    x.d.emplace_back(DType::kF32, std::vector<int64_t>{D, I}, x.down.data() + size_t(e) * D * I);
   }
-  EXPECT_NEAR(sum / n, 0.5, 0.005);
-  EXPECT_NEAR(sq / n - (sum / n) * (sum / n), 1.0 / 12.0, 0.002);
+  x.gv = views_of(x.g);
+  x.uv = views_of(x.u);
+  x.dv = views_of(x.d);
+  return x;
 }
 
-TEST(Sample, GreedyTiesGoToLowerId) {
-  const std::vector<float> logits = {0.1f, 2.0f, -1.0f, 2.0f, 2.0f, 1.9f,   //
-                                     -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -3.0f};
-  const std::vector<uint64_t> ctr = {0, 1};
-  std::vector<int32_t> out(2);
-  cpu::sample(logits.data(), 2, 6, 0.0f, 0, 1.0f, 7, ctr.data(), out.data());
-  EXPECT_EQ(out, (std::vector<int32_t>{1, 5}));
-  cpu::sample(logits.data(), 2, 6, -1.0f, 3, 0.5f, 7, ctr.data(), out.data());
-  EXPECT_EQ(out, (std::vector<int32_t>{1, 5}));
+MemraMoeForwardParams forward_params(const Experts& ex, const float* x, int T,
+                                     const int32_t* idx, const float* w, int top_k, float* y) {
+  MemraMoeForwardParams p{};
+  p.x = x;
+  p.T = T;
+  p.D = ex.D;
+  p.topk_idx = idx;
+  p.topk_w = w;
+  p.top_k = top_k;
+  p.gate_w = ex.gate.data();
+  p.up_w = ex.up.data();
+  p.down_w = ex.down.data();
+  p.w_dtype = static_cast<int>(DType::kF32);
+  p.E = ex.E;
+  p.I = ex.I;
+  p.limit = 2.0f;
+  p.y = y;
+  return p;
 }
 
-TEST(Sample, TopK1AndTinyTopPAreGreedy) {
-  const int B = 16, V = 37;
-  auto logits = randn(B * V, 21, 2.0f);
-  for (int b = 0; b < B; b += 3) logits[b * V + 5] = logits[b * V + 9] = 10.0f;  // ties at the top
-  std::vector<uint64_t> ctr(B);
-  std::iota(ctr.begin(), ctr.end(), 1000);
-  std::vector<int32_t> greedy(B), k1(B), p0(B);
-  cpu::sample(logits.data(), B, V, 0.0f, 0, 1.0f, 3, ctr.data(), greedy.data());
-  cpu::sample(logits.data(), B, V, 1.7f, 1, 1.0f, 3, ctr.data(), k1.data());
-  cpu::sample(logits.data(), B, V, 0.8f, 0, 1e-6f, 3, ctr.data(), p0.data());
-  EXPECT_EQ(k1, greedy);
-  EXPECT_EQ(p0, greedy);
+TEST(OpMoe, StackedAndPerExpertWeightsGiveTheReferenceBytes) {
+  const int T = 6, D = 10, I = 7, E = 5, top_k = 3;
+  const Experts ex = make_experts(E, I, D, 50);
+  auto x = randn(T * D, 53, 1.5f), w = randn(T * top_k, 54, 0.5f);
+  const std::vector<int32_t> idx = {3, 0, 1, 1, 2, 0, 0, 3, 2, 2, 1, 3, 0, 1, 2, 3, 2, 1};
+  std::vector<float> want(T * D), stacked(T * D), views(T * D);
+  cpu::moe_forward(x.data(), T, D, idx.data(), w.data(), top_k, ex.gv.data(), ex.uv.data(),
+                   ex.dv.data(), E, 2.0f, want.data());
+  ASSERT_TRUE(op::moe_forward({}, forward_params(ex, x.data(), T, idx.data(), w.data(), top_k,
+                                                 stacked.data())).ok());
+  EXPECT_EQ(stacked, want);
+  const op::HostExperts host{ex.gv.data(), ex.uv.data(), ex.dv.data()};
+  auto p = forward_params(ex, x.data(), T, idx.data(), w.data(), top_k, views.data());
+  p.gate_w = p.up_w = p.down_w = nullptr;  // the views replace the stacked weights
+  ASSERT_TRUE(op::moe_forward({}, p, &host).ok());
+  EXPECT_EQ(views, want);
 }
 
-TEST(Sample, SameSeedAndCounterGiveTheSameToken) {
-  const int V = 50;
-  auto logits = randn(V, 22);
-  std::vector<int32_t> seen;
-  for (uint64_t c = 0; c < 64; ++c) {
-    int32_t a, b, other;
-    cpu::sample(logits.data(), 1, V, 1.0f, 0, 1.0f, 99, &c, &a);
-    cpu::sample(logits.data(), 1, V, 1.0f, 0, 1.0f, 99, &c, &b);
-    cpu::sample(logits.data(), 1, V, 1.0f, 0, 1.0f, 100, &c, &other);
-    EXPECT_EQ(a, b);
-    seen.push_back(a);
-  }
-  std::sort(seen.begin(), seen.end());
-  EXPECT_GT(std::unique(seen.begin(), seen.end()) - seen.begin(), 10);  // counters do vary it
+TEST(OpMoe, IdsOutsideTheExpertsContributeNothing) {
+  const int D = 6, I = 5, E = 4;
+  const Experts ex = make_experts(E, I, D, 60);
+  auto x = randn(D, 63);
+  const std::vector<int32_t> idx = {-1, 2, 4}, one = {2};
+  const std::vector<float> w = {0.3f, 0.7f, 0.9f}, w1 = {0.7f};
+  std::vector<float> y(D), want(D);
+  ASSERT_TRUE(op::moe_forward({}, forward_params(ex, x.data(), 1, idx.data(), w.data(), 3,
+                                                 y.data())).ok());
+  ASSERT_TRUE(op::moe_forward({}, forward_params(ex, x.data(), 1, one.data(), w1.data(), 1,
+                                                 want.data())).ok());
+  EXPECT_EQ(y, want);
 }
 
-// Draw n tokens over consecutive counters and compare the histogram with the expected
-// renormalised probabilities (within 5 standard errors, and zero outside the kept set).
-void check_histogram(const std::vector<float>& logits, float temp, int top_k, float top_p,
-                     const std::vector<double>& expect) {
-  const int V = static_cast<int>(logits.size()), n = 100000;
-  std::vector<int> hist(V, 0);
-  for (uint64_t c = 0; c < uint64_t(n); ++c) {
-    int32_t tok;
-    cpu::sample(logits.data(), 1, V, temp, top_k, top_p, 2024, &c, &tok);
-    hist[tok]++;
-  }
-  for (int i = 0; i < V; ++i) {
-    const double f = double(hist[i]) / n, se = std::sqrt(expect[i] * (1 - expect[i]) / n);
-    if (expect[i] == 0.0) {
-      EXPECT_EQ(hist[i], 0) << "token " << i;
-    } else {
-      EXPECT_NEAR(f, expect[i], 5 * se + 1e-4) << "token " << i;
-    }
-  }
+TEST(OpMoe, SharedExpertIsItsMlpPlusTheRoutedSum) {
+  const int T = 3, D = 8, I = 6, E = 4, top_k = 2, Is = 5;
+  const Experts ex = make_experts(E, I, D, 70);
+  auto x = randn(T * D, 73), w = randn(T * top_k, 74, 0.5f);
+  auto sg = randn(Is * D, 75, 0.6f), su = randn(Is * D, 76, 0.6f), sd = randn(D * Is, 77, 0.4f);
+  const std::vector<int32_t> idx = {1, 3, 0, 1, 2, 2};
+  std::vector<float> routed(T * D), shared(T * D), y(T * D);
+  auto p = forward_params(ex, x.data(), T, idx.data(), w.data(), top_k, routed.data());
+  ASSERT_TRUE(op::moe_forward({}, p).ok());
+  cpu::swiglu_mlp(x.data(), T, f32_weight(sg, Is, D), f32_weight(su, Is, D),
+                  f32_weight(sd, D, Is), 1.25f, shared.data());
+  p.shared_gate_w = sg.data();
+  p.shared_up_w = su.data();
+  p.shared_down_w = sd.data();
+  p.shared_I = Is;
+  p.shared_limit = 1.25f;
+  p.y = y.data();
+  ASSERT_TRUE(op::moe_forward({}, p).ok());
+  for (int i = 0; i < T * D; ++i) EXPECT_EQ(y[i], shared[i] + routed[i]);
+  p.shared_up_w = nullptr;  // a shared expert needs all three weights
+  EXPECT_EQ(op::moe_forward({}, p).code, kContractMissing);
+  p.shared_up_w = su.data();
+  p.shared_limit = 0.0f;
+  EXPECT_EQ(op::moe_forward({}, p).code, kContractValue);
 }
 
-TEST(Sample, HistogramMatchesTheDistribution) {
-  const std::vector<float> logits = {1.0f, 0.0f, 2.0f, -1.0f, 0.5f, 1.5f, -0.5f};
-  const int V = 7;
-  const float temp = 0.9f;
-  std::vector<double> p(V);
-  double s = 0;
-  for (int i = 0; i < V; ++i) s += (p[i] = std::exp(logits[i] / temp));
-  for (auto& v : p) v /= s;
-  check_histogram(logits, temp, 0, 1.0f, p);
-
-  // top_k = 3 keeps ids {2, 5, 0}.
-  std::vector<double> k3(V, 0.0);
-  const double m3 = p[2] + p[5] + p[0];
-  for (int i : {2, 5, 0}) k3[i] = p[i] / m3;
-  check_histogram(logits, temp, 3, 1.0f, k3);
-
-  // top_k = 4 then top_p = 0.8 of the top-4 mass: q = {2, 5, 0, 4} renormalised; the prefix
-  // {2, 5} has q-mass < 0.8 and {2, 5, 0} >= 0.8 (checked here), so {2, 5, 0} are kept.
-  const double m4 = p[2] + p[5] + p[0] + p[4];
-  ASSERT_LT((p[2] + p[5]) / m4, 0.8);
-  ASSERT_GE((p[2] + p[5] + p[0]) / m4, 0.8);
-  check_histogram(logits, temp, 4, 0.8f, k3);
+TEST(OpMoe, CpuChecksAsTheCudaEntry) {
+  const int D = 4, I = 3, E = 2;
+  const Experts ex = make_experts(E, I, D, 80);
+  auto x = randn(D, 83);
+  const std::vector<int32_t> idx = {1};
+  const std::vector<float> w = {0.5f};
+  std::vector<float> y(D, 7.0f);
+  const auto p = forward_params(ex, x.data(), 1, idx.data(), w.data(), 1, y.data());
+  auto code = [](const MemraMoeForwardParams& q) { return op::moe_forward({}, q).code; };
+  MemraMoeForwardParams q = p;
+  q.top_k = -1;
+  q.w_dtype = 7;  // the value check comes first
+  EXPECT_EQ(code(q), kContractValue);
+  q = p;
+  q.w_dtype = 7;
+  EXPECT_EQ(code(q), kContractDType);
+  q = p;
+  q.limit = -1.0f;
+  EXPECT_EQ(code(q), kContractValue);
+  q = p;
+  q.x = nullptr;
+  EXPECT_EQ(code(q), kContractMissing);
+  q = p;
+  q.down_w = nullptr;
+  EXPECT_EQ(code(q), kContractMissing);
+  EXPECT_EQ(y, std::vector<float>(D, 7.0f));  // nothing written on error
+  q = p;
+  q.top_k = 0;  // no routed term: y = 0, no id or weight read
+  q.topk_idx = nullptr;
+  q.topk_w = nullptr;
+  EXPECT_EQ(code(q), kOk);
+  EXPECT_EQ(y, std::vector<float>(D, 0.0f));
 }
 
 }  // namespace
