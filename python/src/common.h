@@ -104,6 +104,7 @@ void init_arguments(nb::module_& m);
 void init_weight(nb::module_& m);
 void init_ops_basic(nb::module_& m);
 void init_ops_kda(nb::module_& m);
+void init_ops_gdn(nb::module_& m);
 void init_ops_mla(nb::module_& m);
 void init_ops_ffn(nb::module_& m);
 void init_ops_mhc(nb::module_& m);

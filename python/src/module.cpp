@@ -10,6 +10,7 @@ NB_MODULE(_core, m) {
   memra::py::init_weight(m);
   memra::py::init_ops_basic(m);
   memra::py::init_ops_kda(m);
+  memra::py::init_ops_gdn(m);
   memra::py::init_ops_mla(m);
   memra::py::init_ops_ffn(m);
   memra::py::init_ops_mhc(m);

@@ -28,6 +28,7 @@ typedef struct MemraCudaCtx MemraCudaCtx;
 #include "memra/cuda_abi/basic.h"
 #include "memra/cuda_abi/dsa.h"
 #include "memra/cuda_abi/ffn.h"
+#include "memra/cuda_abi/gdn.h"
 #include "memra/cuda_abi/kda.h"
 #include "memra/cuda_abi/mla.h"
 #include "memra/cuda_abi/runtime.h"
@@ -37,6 +38,7 @@ typedef struct MemraCudaCtx MemraCudaCtx;
   MEMRA_CUDA_RUNTIME_OPS(X)   \
   MEMRA_CUDA_BASIC_OPS(X)     \
   MEMRA_CUDA_KDA_OPS(X)       \
+  MEMRA_CUDA_GDN_OPS(X)       \
   MEMRA_CUDA_MLA_OPS(X)       \
   MEMRA_CUDA_DSA_OPS(X)       \
   MEMRA_CUDA_FFN_OPS(X)        \
