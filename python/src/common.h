@@ -113,6 +113,7 @@ void init_engine(nb::module_& m);
 void init_graph(nb::module_& m);
 void init_cache(nb::module_& m);
 void init_layers(nb::module_& m);
+void init_layers_gdn(nb::module_& m);
 
 }  // namespace memra::py
 

@@ -22,5 +22,6 @@ NB_MODULE(_core, m) {
   memra::py::init_device(m);
   memra::py::init_cache(m);
   memra::py::init_layers(m);
+  memra::py::init_layers_gdn(m);
   memra::py::init_arguments(m);  // last: it fronts every function defined above
 }
