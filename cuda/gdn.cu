@@ -7,7 +7,7 @@
 // the row sums (a warp / group tree instead of one ascending chain).
 //
 // The scan reuses KDA's kernels: GDN's step is KDA's with the head's decay broadcast over dk and
-// the key heads repeated over their value heads (repeat_interleave), so expand_kernel writes
+// the key heads repeated over their value heads (repeat_interleave), so gdn_expand_kernel writes
 // those tensors into scratch and memra_cuda_kda_scan runs them (the same values a dedicated
 // kernel would give; its T == 1 form is KDA's bandwidth-shaped decode kernel). A dedicated GQA
 // scan that reads each key head once and the scalar decay directly (less traffic: no [N, Hv, dk]
@@ -43,7 +43,7 @@ unsigned grid_for(int64_t n) {
 
 // cpu::gdn_gate element (t, h) = i: g = -exp(A_log) * softplus(a + dt_bias) (F.softplus: x above
 // 20, else log1p(exp(x))), beta = 1 / (1 + exp(-b)).
-__global__ void gate_kernel(MemraGdnGateParams p) {
+__global__ void gdn_gate_kernel(MemraGdnGateParams p) {
   memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
   memra::cuda::pdl_trigger();
   const int64_t n = int64_t(p.T) * p.H;
@@ -65,7 +65,7 @@ __global__ void gate_kernel(MemraGdnGateParams p) {
 // read and written by the same thread, after the reduction.
 template <int G>
 __global__ void __launch_bounds__(Group<G>::kBlock)
-    l2norm_kernel(float* x, int64_t vecs, int heads, int d, int64_t ld, float eps) {
+    gdn_l2norm_kernel(float* x, int64_t vecs, int heads, int d, int64_t ld, float eps) {
   memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
   memra::cuda::pdl_trigger();
   __shared__ float red[Group<G>::kWarps];
@@ -100,7 +100,7 @@ struct Expand {
   float* ge;
 };
 
-__global__ void expand_kernel(Expand p) {
+__global__ void gdn_expand_kernel(Expand p) {
   memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
   memra::cuda::pdl_trigger();
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
@@ -191,7 +191,7 @@ int memra_cuda_gdn_gate(MemraCudaCtx* ctx, const MemraGdnGateParams* p) {
   if (!p->a || !p->b || !p->dt_bias || !p->A_log || !p->g || !p->beta) {
     return memra::kContractMissing;
   }
-  memra::cuda::launch(ctx, true, gate_kernel, dim3(grid_for(int64_t(p->T) * p->H)),
+  memra::cuda::launch(ctx, true, gdn_gate_kernel, dim3(grid_for(int64_t(p->T) * p->H)),
                       dim3(kThreads), 0, *p);
   return launch_status();
 }
@@ -205,7 +205,7 @@ int memra_cuda_gdn_l2norm(MemraCudaCtx* ctx, float* x, int rows, int heads, int 
   const int64_t vecs = int64_t(rows) * heads;
   with_group(group_for(d), [&](auto g) {
     constexpr int G = decltype(g)::value;
-    memra::cuda::launch(ctx, true, l2norm_kernel<G>, dim3(row_blocks<G>(vecs)),
+    memra::cuda::launch(ctx, true, gdn_l2norm_kernel<G>, dim3(row_blocks<G>(vecs)),
                         dim3(Group<G>::kBlock), 0, x, vecs, heads, d, ld, eps);
   });
   return launch_status();
@@ -234,7 +234,7 @@ int memra_cuda_gdn_scan(MemraCudaCtx* ctx, const MemraGdnScanParams* p) {
   float* qe = scratch.as<float>();
   Expand e{p->q, p->k, p->v, p->g, p->qk_ld, p->v_ld, N, p->Hv, p->Hv / p->Hk, p->dk, p->dv,
            qe, qe + nk, qe + 3 * nk, qe + 2 * nk};
-  memra::cuda::launch(ctx, true, expand_kernel, dim3(grid_for(nk > nv ? nk : nv)),
+  memra::cuda::launch(ctx, true, gdn_expand_kernel, dim3(grid_for(nk > nv ? nk : nv)),
                       dim3(kThreads), 0, e);
   MEMRA_CUDA_RETURN_IF(launch_status());
   // ADAPTER (abi-kda): KDA's positional scan entry on main at the branch point; at the merge with
