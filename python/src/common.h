@@ -104,6 +104,7 @@ void init_arguments(nb::module_& m);
 void init_weight(nb::module_& m);
 void init_ops_basic(nb::module_& m);
 void init_ops_kda(nb::module_& m);
+void init_ops_gdn(nb::module_& m);
 void init_ops_mla(nb::module_& m);
 void init_ops_mlp(nb::module_& m);
 void init_ops_moe(nb::module_& m);
@@ -116,6 +117,7 @@ void init_cache(nb::module_& m);
 void init_layers(nb::module_& m);
 void init_ops_attention(nb::module_& m);
 void init_layers_attention(nb::module_& m);
+void init_layers_gdn(nb::module_& m);
 
 }  // namespace memra::py
 

@@ -10,6 +10,7 @@ NB_MODULE(_core, m) {
   memra::py::init_weight(m);
   memra::py::init_ops_basic(m);
   memra::py::init_ops_kda(m);
+  memra::py::init_ops_gdn(m);
   memra::py::init_ops_mla(m);
   memra::py::init_ops_mlp(m);
   memra::py::init_ops_moe(m);
@@ -25,5 +26,6 @@ NB_MODULE(_core, m) {
   memra::py::init_cache(m);
   memra::py::init_layers(m);
   memra::py::init_layers_attention(m);
+  memra::py::init_layers_gdn(m);
   memra::py::init_arguments(m);  // last: it fronts every function defined above
 }

@@ -28,6 +28,7 @@ typedef struct MemraCudaCtx MemraCudaCtx;
 #include "memra/cuda_abi/attention.h"
 #include "memra/cuda_abi/basic.h"
 #include "memra/cuda_abi/dsa.h"
+#include "memra/cuda_abi/gdn.h"
 #include "memra/cuda_abi/graph_tables.h"
 #include "memra/cuda_abi/kda.h"
 #include "memra/cuda_abi/linear.h"
@@ -44,6 +45,7 @@ typedef struct MemraCudaCtx MemraCudaCtx;
   MEMRA_CUDA_LINEAR_OPS(X)    \
   MEMRA_CUDA_MHC_OPS(X)       \
   MEMRA_CUDA_KDA_OPS(X)       \
+  MEMRA_CUDA_GDN_OPS(X)       \
   MEMRA_CUDA_MLA_OPS(X)       \
   MEMRA_CUDA_DSA_OPS(X)       \
   MEMRA_CUDA_MLP_OPS(X)       \

@@ -17,6 +17,7 @@
 #include "memra/cpu/attention.h"
 #include "memra/cpu/basic.h"
 #include "memra/cpu/dsa.h"
+#include "memra/cpu/gdn.h"
 #include "memra/cpu/kda.h"
 #include "memra/cpu/linear.h"
 #include "memra/cpu/mhc.h"
