@@ -16,6 +16,7 @@
 #include "memra/decode_step.h"
 #include "memra/engine.h"
 #include "memra/op/graph_tables.h"
+#include "memra/op/kda.h"
 
 namespace memra::py {
 
@@ -433,7 +434,7 @@ void init_cache(nb::module_& m) {
             cache.state(layer, 0, 0), cache.state(layer, 0, 1), s.conv_floats(), s.state_floats(),
             plane_offset, ri.data<const float*>(), ro.data<float*>(), si.data<const float*>(),
             so.data<float*>(), sink_conv, sink_state};
-        check(cuda->status(cuda->api().kda_tables(cuda->ctx(), &p), op));
+        check(op::kda_tables(op::Backend{cuda.get()}, p));
         return std::make_tuple(ri.obj, ro.obj, si.obj, so.obj);
       },
       nb::arg("cache"), nb::arg("layer"), nb::arg("slots"), nb::arg("cur").none() = nb::none(),

@@ -1,12 +1,14 @@
 // GdnLayer on a CUDA device: GdnLayer::run's chain (gdn_layer.cpp) over the CUDA library's ops:
 // - x rounded to the compute dtype once for the three GEMMs that read it; q | k | v and z in one
-//   launch at a decode row of one sequence (linear_ex_pair: the same bytes as two GEMVs), b | a as
-//   one [2*Hv, hidden] weight (b's logits are columns [0, Hv) of its rows, a's [Hv, 2*Hv));
-// - the causal conv over the 2*Hk*dk + Hv*dv channels is KDA's (op::kda_conv, any channel count): a prefill
-//   names the slot's planes, a decode step finds each row's ring and state planes from the device
-//   slots and the cache's ping-pong flags (kda_tables, one launch), so nothing in the step depends
-//   on host-side cache state and it can be captured into a CUDA graph and replayed at any
-//   position; an idle row (slot -1) reads zeros and writes no state;
+//   launch at a decode row of one sequence (MemraLinearParams::pair: the same bytes as two GEMVs),
+//   b | a as one [2*Hv, hidden] weight (b's logits are columns [0, Hv) of its rows, a's
+//   [Hv, 2*Hv));
+// - the causal conv over the 2*Hk*dk + Hv*dv channels is KDA's (op::kda_conv, any channel
+//   count): a prefill names the slot's planes (DIRECT), a decode step finds each row's ring and
+//   state planes from the device slots and the cache's ping-pong flags (op::kda_tables, one
+//   launch; then TABLES), so nothing in the step depends on host-side cache state and it can be
+//   captured into a CUDA graph and replayed at any position; an idle row (slot -1) reads zeros
+//   and writes no state;
 // - q and k L2-normalised in place in the conv's output (its first 2*Hk heads of each row), the
 //   gates, the scan (reading q, k and v where the conv left them), the SiLU-gated norm and
 //   out_proj: one op each (memra::op, op/gdn.h).
