@@ -3,7 +3,7 @@
 torch peer.
 
 memra: HyperConnection.post_pre(y [1, D], post [1, hc], comb [1, hc, hc], streams [1, hc, D],
-       norm=w, eps=) (cuda/mhc.cu mhc_site_kernel: the previous site's expansion, the split-K
+       norm=w, eps=) (cuda/mhc_site.cu mhc_site_kernel: the previous site's expansion, the split-K
        logits, and in the block that finishes last the mapping, the collapse + RMSNorm and the
        Sinkhorn). memra_kernel_us: the kernels of one call (common.Bench.kernel_us, what a CUDA
        graph step pays). separate_kernel_us: the same site as the unfused ops through their own

@@ -3,10 +3,10 @@
 
 memra: memra._core.moe_forward(x [T, D] f32, idx [T, k] int32, w [T, k] f32, gate/up [E, I, D],
        down [E, D, I] bf16 DeviceWeights, limit=, engine=e) -> y [T, D] f32. T = 1 runs the
-       per-pair kernels; T >= 2 the grouped-by-expert kernels (cuda/ffn.cu). The binding copies
-       the ids to the host for its range check (one synchronisation per call), so the event time
-       `memra_us` includes that; `memra_kernel_us` is the kernels alone (what a CUDA-graph step
-       pays) and `kernel_frac_of_copy` its bandwidth over the measured copy rate.
+       per-pair kernels; T >= 2 the grouped-by-expert kernels (cuda/moe_grouped.cu). The binding
+       copies the ids to the host for its range check (one synchronisation per call), so the event
+       time `memra_us` includes that; `memra_kernel_us` is the kernels alone (what a CUDA-graph
+       step pays) and `kernel_frac_of_copy` its bandwidth over the measured copy rate.
        `pair_kernel_us`: the per-pair kernels at the same T (on an Engine made with
        KernelOptions(moe_grouped_min_t=2**30)), the before-and-after of the grouped path in one
        run; `grouped_equals_pair_bits` whether the two outputs are bit-identical (they must be).

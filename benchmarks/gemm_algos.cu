@@ -95,7 +95,7 @@ int main(int argc, char** argv) {
   for (const Shape& sh : shapes) {
     for (int T : Ts) {
       const float one = 1.0f, zero = 0.0f;
-      // Column-major: y_cm [N, T] = w_cm^T [N, K] x_cm [K, T] (as memra's gemm.cu).
+      // Column-major: y_cm [N, T] = w_cm^T [N, K] x_cm [K, T] (as memra's cuda/linear.cu).
       auto prep = [&]() { CK(cudaMemsetAsync(flush, T, flush_bytes, s)); };
       auto gemm_ex = [&]() {
         CK(cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, sh.N, T, sh.K, &one, w, CUDA_R_16BF, sh.K,

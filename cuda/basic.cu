@@ -1,6 +1,6 @@
 // Basic ops of the CUDA backend (cpp/include/memra/cuda_abi/basic.h): embedding, the per-row
-// norms (RMSNorm, sigmoid-gated RMSNorm, LayerNorm, per-head L2 norm), interleaved RoPE and an
-// elementwise sigmoid. The GPU twins of cpu/basic.cpp: same formulas and the same operation
+// norms (RMSNorm, sigmoid-gated RMSNorm, LayerNorm, per-head L2 norm), interleaved RoPE and the
+// elementwise sigmoid and add. The GPU twins of cpu/basic.cpp: same formulas and the same operation
 // order inside each element; only the row reductions are summed in tree order (f32, relative
 // differences ~1e-6 against the sequential CPU sums).
 #include <algorithm>
@@ -46,7 +46,7 @@ __global__ void __launch_bounds__(Group<G>::kBlock)
 // Rows of at most kGatedCols * G values (every G below 1024, and D <= 4096 at 1024; the KDA
 // output norm: 64 heads of 128) load x, gate and w into registers before anything else, so the
 // row costs one memory round trip: loaded in the loop, each element's loads waited for the
-// previous element's store (y may alias them), ~6 us per call at batch 1 (session 6 profile).
+// previous element's store (y may alias them): a round trip per element.
 // Element i is still read before it is written, and the sums and products are the same
 // (the row body, gated_norm_short_row, is cuda/row_group.cuh's: the KDA decode scan fuses it).
 
@@ -220,6 +220,15 @@ __global__ void sigmoid_kernel(const float* x, int64_t n, float* y) {
   }
 }
 
+__global__ void add_kernel(const float* a, const float* b, int64_t n, float* y) {
+  memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
+  memra::cuda::pdl_trigger();
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    y[i] = a[i] + b[i];
+  }
+}
+
 unsigned grid_stride_blocks(int64_t n, int threads) {
   const int64_t b = (n + threads - 1) / threads;
   return static_cast<unsigned>(b < 65535 * 16 ? b : 65535 * 16);
@@ -302,11 +311,14 @@ int memra_cuda_layer_norm(MemraCudaCtx* ctx, const float* x, int T, int D, const
   return launch_status();
 }
 
-int memra_cuda_norm_rows(MemraCudaCtx* ctx, const float* x0, int D0, const float* w0, float eps0,
-                         float* y0, const float* x1, int D1, const float* w1, float eps1,
-                         float* y1, const float* x2, int D2, const float* w2, const float* b2,
-                         float eps2, float* y2) {
+int memra_cuda_norm_rows(MemraCudaCtx* ctx, const MemraNormRowsParams* p) {
   MEMRA_CUDA_RETURN_IF(enter(ctx));
+  if (!p) return memra::kContractMissing;
+  const float *x0 = p->x0, *x1 = p->x1, *x2 = p->x2, *w0 = p->w0, *w1 = p->w1, *w2 = p->w2;
+  const float* b2 = p->b2;
+  float *y0 = p->y0, *y1 = p->y1, *y2 = p->y2;
+  const int D0 = p->D0, D1 = p->D1, D2 = p->D2;
+  const float eps0 = p->eps0, eps1 = p->eps1, eps2 = p->eps2;
   if (D0 < 0 || D1 < 0 || D2 < 0) return memra::kContractValue;
   // A row is skipped when its x is null or its D is 0 (the ABI's contract); a row that runs
   // needs its y (and row 2 its LayerNorm weight and bias).
@@ -367,6 +379,14 @@ int memra_cuda_sigmoid(MemraCudaCtx* ctx, const float* x, int64_t n, float* y) {
   if (!x || !y) return memra::kContractMissing;
   memra::cuda::launch(ctx, true, sigmoid_kernel, dim3(grid_stride_blocks(n, 256)), dim3(256), 0, x,
       n, y);
+  return launch_status();
+}
+
+int memra_cuda_add(MemraCudaCtx* ctx, const float* a, const float* b, int64_t n, float* y) {
+  MEMRA_CUDA_RETURN_IF(enter(ctx));
+  if (n <= 0) return memra::kOk;
+  const unsigned blocks = std::min<unsigned>(ceil_div(n, 256), 4096u);
+  memra::cuda::launch(ctx, true, add_kernel, dim3(blocks), dim3(256), 0, a, b, n, y);
   return launch_status();
 }
 

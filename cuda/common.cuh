@@ -23,7 +23,7 @@
 #include "memra/status.h"
 
 namespace memra::cuda {
-// A deferred mHC Sinkhorn (cuda/mhc.cu; KernelOptions::mhc_defer = false turns deferral off):
+// A deferred mHC Sinkhorn (cuda/mhc_site.cu; KernelOptions::mhc_defer = false turns deferral off):
 // the one-row site kernel stores comb's softmaxed rows and leaves the Sinkhorn (20 dependent
 // iterations of one warp, the tail of the site's critical path) to a later launch on the stream:
 // the next decode GEMV runs it in one extra block (cuda/gemv.cu), which overlaps the GEMV's
@@ -128,7 +128,7 @@ class Scratch {
 };
 
 // Make the context's device current for this thread (engines on several devices coexist).
-// Runs a pending deferred Sinkhorn in a launch of its own (cuda/mhc.cu); kOk when none is.
+// Runs a pending deferred Sinkhorn in a launch of its own (cuda/mhc_site.cu); kOk when none is.
 int flush_pending(MemraCudaCtx* ctx);
 
 // The pending deferred Sinkhorn, handed to a kernel that runs it (and no longer pending).

@@ -1,4 +1,4 @@
-// The decode GEMV behind linear / linear_ex (cuda/gemm.cu) at T = 1 row (kGemvMaxT):
+// The decode GEMV behind the linear entry (cuda/linear.cu) at T = 1 row (kGemvMaxT):
 // y[1, N] = x[1, K] w[N, K]^T (+ bias[N]) with w bf16 (x f32 rounded to bf16 in registers, RNE,
 // or x already bf16) or w f32 (x f32), f32 accumulation and f32 output -- cpu::linear's
 // arithmetic on the same rounded inputs, summed in another order (as cuBLAS' is).
@@ -20,7 +20,6 @@
 // one per row in flight per chunk (P = 1: 4 blocks an SM at <= 64 registers), and keeps R
 // partial sums; a warp butterfly, then the 8 warps in order in shared memory, give each output.
 // That order is fixed by K alone: the bytes do not depend on R, the run, or programmatic launch.
-// A persistent one-wave form and a GEMV at T = 4 were tried and dropped (docs/decode_graphs.md).
 #include "gemv.cuh"
 #include "gemv_rows.cuh"
 #include "sinkhorn.cuh"

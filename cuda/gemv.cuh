@@ -1,4 +1,4 @@
-// The decode GEMV (cuda/gemv.cu), used by linear / linear_ex (cuda/gemm.cu) for short inputs.
+// The decode GEMV (cuda/gemv.cu), used by the linear entry (cuda/linear.cu) for short inputs.
 #pragma once
 
 #include "common.cuh"

@@ -1,7 +1,7 @@
 // The decode GEMV's row body (cuda/gemv.cu, which documents the layout and the order of the
 // sums): gemv_rows computes R weight rows of one block over the whole K, and launch_gemv launches
 // a GEMV kernel with a pending deferred Sinkhorn riding in it. Shared with the fused router of
-// cuda/ffn.cu (memra_cuda_moe_route at one token), so its logits are the GEMV's bits.
+// cuda/moe_route.cu (memra_cuda_moe_route at one token), so its logits are the GEMV's bits.
 #pragma once
 
 #include <cstdint>
@@ -19,9 +19,8 @@ constexpr int kShortMaxV = 32;
 constexpr int kGemvWarps = kGemvThreads / 32;
 constexpr int kGemvP = 2;  // 16-byte weight vectors per row and thread per chunk
 // Rows of at most kGemvThreads vectors (K <= 2048 bf16: MLA's q_b, K 1536) take P = 1: the
-// second vector of every row was never loaded, but its registers halved the blocks an SM holds
-// (ncu 2026-11-29: q_b at 0.66 of copy, R = 8). The loads and sums are the same at P = 1 and 2
-// (one chunk, vector tid), so are the bytes.
+// second vector of every row was never loaded, but its registers halved the blocks an SM holds.
+// The loads and sums are the same at P = 1 and 2 (one chunk, vector tid), so are the bytes.
 __host__ __device__ constexpr int vectors_per_chunk_thread(int KV) {
   return KV <= kGemvThreads ? 1 : kGemvP;
 }
@@ -185,7 +184,7 @@ __device__ __forceinline__ void gemv_rows(const X* __restrict__ x, const W* __re
   }
 }
 
-// The fused gate|up GEMV of a SwiGLU MLP at one row (memra_cuda_swiglu_mlp(_add) at T = 1):
+// The fused gate|up GEMV of a SwiGLU MLP at one row (memra_cuda_swiglu_mlp at T = 1):
 // w = [gate; up] [2I, D]; block blk takes gate rows i = blk * R/2 + r and the up rows I + i
 // (r < R/2), each summed as a PlainRows row is (warps in order, no bias), and thread r < R/2
 // stores h[i] = act(gate, up) (Act: the MLP's clamped SwiGLU, rounded to H as swiglu_pair_kernel

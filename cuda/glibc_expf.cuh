@@ -1,7 +1,7 @@
 // glibc's expf, bit for bit, on the device: the CPU oracle computes std::exp with glibc (the
 // x86-64 FMA build), and the sampler and the attention softmax must reproduce its roundings to
 // give the CPU's tokens / bytes. Checked bit-identical to glibc 2.36 on every float in
-// (-110, 90) (tests/test_cuda_ffn.py, tests/test_cuda_mla.py hold the consequences).
+// (-110, 90) (tests/test_cuda_sample.py, tests/test_cuda_mla.py hold the consequences).
 #pragma once
 
 #include <cstdint>

@@ -1,9 +1,8 @@
-// Decode-graph bookkeeping entry points (cpp/include/memra/cuda_abi/util.h; plan in
-// docs/decode_graphs.md): the MLA layer's positions and plane tables, and the decode step's
-// commit, computed on the device from device slots, ping-pong flags and lengths, so a captured
-// CUDA graph replays for any batch composition and position (a KDA layer's pointer tables:
-// cuda/kda_tables.cu). One thread per batch row; launch shapes depend on B only; no allocation,
-// no host synchronisation.
+// Decode-graph bookkeeping entry points (cuda_abi/graph_tables.h; plan in docs/decode_graphs.md):
+// the MLA layer's positions and plane tables, and the decode step's commit, computed on the
+// device from device slots, ping-pong flags and lengths, so a captured CUDA graph replays for any
+// batch composition and position (a KDA layer's pointer tables: cuda/kda_tables.cu). One thread
+// per batch row; launch shapes depend on B only; no allocation, no host synchronisation.
 #include "common.cuh"
 #include "slot_tables.cuh"
 
@@ -58,14 +57,17 @@ int memra_cuda_commit_decode(MemraCudaCtx* ctx, const int32_t* slots, int B, int
   return launch_status();
 }
 
-int memra_cuda_decode_tables(MemraCudaCtx* ctx, const int32_t* slots, int B,
-                             const int32_t* lengths, int32_t* pos, int32_t* t_kv, int n,
-                             void* const* bases, const int64_t* strides, void** const* outs) {
+int memra_cuda_decode_tables(MemraCudaCtx* ctx, const MemraDecodeTablesParams* p) {
   MEMRA_CUDA_RETURN_IF(enter(ctx));
+  if (!p) return memra::kContractMissing;
+  const int32_t* slots = p->slots;
+  const int32_t* lengths = p->lengths;
+  int32_t *pos = p->pos, *t_kv = p->t_kv;
+  const int B = p->B, n = p->n;
   if (B < 0 || n < 0 || n > memra::cuda::kMaxTables) return memra::kContractValue;
   if ((pos == nullptr) != (t_kv == nullptr)) return memra::kContractMissing;
   SlotTables t;
-  MEMRA_CUDA_RETURN_IF(memra::cuda::make_slot_tables(n, bases, strides, outs, &t));
+  MEMRA_CUDA_RETURN_IF(memra::cuda::make_slot_tables(n, p->bases, p->strides, p->outs, &t));
   if (B == 0 || (n == 0 && !pos)) return memra::kOk;
   if (!slots || (pos && !lengths)) return memra::kContractMissing;
   memra::cuda::launch(ctx, true, decode_tables_kernel, dim3(ceil_div(B, kRowThreads)),

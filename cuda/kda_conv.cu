@@ -12,6 +12,7 @@
 #include "gemv.cuh"
 #include "gemv_rows.cuh"
 #include "kda_common.cuh"
+#include "linear.cuh"
 #include "row_group.cuh"
 
 using memra::cuda::enter;
@@ -342,8 +343,8 @@ int conv_prefill(MemraCudaCtx* ctx, const MemraKdaConvParams& p) {
 
 // The GEMV pair in launches of its own: one f32 row each, no bias.
 int gemv_pair(MemraCudaCtx* ctx, const MemraKdaGemvPair& g) {
-  return memra_cuda_linear_ex_pair(ctx, g.x0, g.x1, 0, g.K, 1, g.K, g.w0, g.w1, g.w_dtype, g.N0,
-                                   g.N1, nullptr, nullptr, g.y0, g.y1);
+  return memra::cuda::linear_ex_pair(ctx, g.x0, g.x1, 0, g.K, 1, g.K, g.w0, g.w1, g.w_dtype,
+                                     g.N0, g.N1, nullptr, nullptr, g.y0, g.y1);
 }
 
 // The SLOTS form with the pair: one launch at B == 1 when the conv takes its L2 form and the pair

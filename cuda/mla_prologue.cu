@@ -193,11 +193,12 @@ int memra_cuda_mla_norm_append_decode(MemraCudaCtx* ctx, const MemraMlaNormAppen
   MEMRA_CUDA_RETURN_IF(memra::cuda::make_slot_tables(n, p->bases, p->strides, p->outs, &t));
   // An indexer row wider than the fused form keeps in one pass of a block: the four launches.
   if (indexer && r2.D > kMaxStagedD) {
-    MEMRA_CUDA_RETURN_IF(memra_cuda_norm_rows(ctx, r0.x, r0.D, r0.w, r0.eps, r0.y, r1.x, r1.D, r1.w,
-                                              r1.eps, r1.y, r2.x, indexer ? r2.D : 0, r2.w, r2.b,
-                                              r2.eps, r2.y));
-    MEMRA_CUDA_RETURN_IF(memra_cuda_decode_tables(ctx, p->slots, 1, p->lengths, p->pos, p->t_kv, n,
-                                                  p->bases, p->strides, p->outs));
+    const MemraNormRowsParams norms{r0.x, r0.D, r0.w, r0.eps, r0.y, r1.x, r1.D, r1.w, r1.eps, r1.y,
+                                    r2.x, indexer ? r2.D : 0, r2.w, r2.b, r2.eps, r2.y};
+    MEMRA_CUDA_RETURN_IF(memra_cuda_norm_rows(ctx, &norms));
+    const MemraDecodeTablesParams tables{p->slots, 1, p->lengths, p->pos, p->t_kv, n,
+                                         p->bases, p->strides, p->outs};
+    MEMRA_CUDA_RETURN_IF(memra_cuda_decode_tables(ctx, &tables));
     MemraMlaAppendParams latent{};
     latent.batched = 1;
     latent.rows = r1.y;

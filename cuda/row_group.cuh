@@ -1,7 +1,7 @@
 // Row reductions and row bodies shared by the per-row norms (cuda/basic.cu), the fused mHC +
-// RMSNorm finishing kernel (cuda/mhc.cu), the KDA decode scan's gated norm (cuda/kda.cu) and the
-// MLA decode prologue (cuda/mla_prologue.cu): one reduction order, so a norm fused into another kernel gives
-// the bytes of the standalone norm kernel.
+// RMSNorm finishing kernels (cuda/mhc_pre.cu, mhc_site.cu, mhc_head.cu), the KDA decode scan's
+// gated norm (cuda/kda.cu) and the MLA decode prologue (cuda/mla_prologue.cu): one reduction
+// order, so a norm fused into another kernel gives the bytes of the standalone norm kernel.
 #pragma once
 
 #include <cstdint>
@@ -159,7 +159,7 @@ __device__ __forceinline__ void gated_norm_short_row(const float (&xv)[kGatedCol
 // zeros past D): the sum of squares in row_sum_squares' column order, group_sum, then
 // store_rms_cols into yr (and mirror). Every thread of the block calls it (group_sum has
 // barriers); a dead row (live false) writes nothing. Shared with the model head's fused kernel
-// (cuda/mhc.cu mhc_head_norm_kernel), so its bytes are the standalone norm's.
+// (cuda/mhc_head.cu mhc_head_norm_kernel), so its bytes are the standalone norm's.
 template <int G, typename M = float>
 __device__ __forceinline__ void rms_norm_cols(const float (&xv)[kGatedCols],
                                               const float (&wv)[kGatedCols], bool weighted,

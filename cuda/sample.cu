@@ -1,30 +1,30 @@
-// Sampling of the CUDA backend (cpp/include/memra/cuda_abi/ffn.h `sample`): the GPU twin of
-// cpu::sample (ops.h "sampling"), drawing the same token as the CPU for the same seed and counter.
-// ops.h spells the arithmetic out; this file reproduces it operation for operation:
+// Sampling of the CUDA backend (cpp/include/memra/cuda_abi/sample.h `sample`): the GPU twin of
+// cpu::sample (cpu/sample.h), drawing the same token as the CPU for the same seed and counter.
+// cpu/sample.h spells the arithmetic out; this file reproduces it operation for operation:
 //   - z_i = logits_i / temperature and p_i = e_i / s are IEEE divisions (__fdiv_rn; div_rn
 //     returns a zero dividend itself, the same quotient without the division's slow path);
 //   - e_i = exp(z_i - m) uses a port of glibc's expf (the CPU's std::exp on Linux: the table-
 //     driven double-precision algorithm of glibc >= 2.28, in its FMA form), checked on the host to
 //     be bit-identical to glibc 2.36's expf on every float in (-110, 90);
 //   - every sum the spec orders (s over ascending id; Mk and the running q-mass c over the sorted
-//     order) is in ops.h's blocked order: blocks of L = kSampleBlock terms, each summed left to
-//     right from 0 by one thread (__fadd_rn, no contraction), the L-blocks of a row summed in
-//     parallel (kSpan terms per thread block, staged in shared memory); the block sums are then
-//     added left to right by one thread (V / L terms), giving the prefixes P_b. A threshold
-//     search (the top-p cut, the draw) finds its block as the first b whose P_{b+1} reaches the
-//     threshold (c never decreases), then the first index inside it whose P_b + W_i does, both
-//     as parallel first-index searches over the stored P_b and in-block running sums W_i;
+//     order) is in cpu/sample.h's blocked order: blocks of L = kSampleBlock terms, each summed
+//     left to right from 0 by one thread (__fadd_rn, no contraction), the L-blocks of a row
+//     summed in parallel (kSpan terms per thread block, staged in shared memory); the block sums
+//     are then added left to right by one thread (V / L terms), giving the prefixes P_b. A
+//     threshold search (the top-p cut, the draw) finds its block as the first b whose P_{b+1}
+//     reaches the threshold (c never decreases), then the first index inside it whose P_b + W_i
+//     does, both as parallel first-index searches over the stored P_b and in-block running sums
+//     W_i;
 //   - the order (p desc, id asc) comes from one CUB radix sort of all rows at once on 64-bit keys
 //     (row | ~bits(p) | id): p >= 0, so its bit pattern orders like its value, and the keys are
 //     unique, so no stability is needed.
-// Kernels: greedy rows (temperature <= 0) take the CPU's argmax (ties to the lower id, NaN never
-// wins unless it sits at id 0): one block per row up to V = 8192, above it split over 2048-id
-// blocks and combined by one warp per row. Otherwise, per row split over kSpan-term spans
-// (grid [B, spans]): max (partial maxima of z), esum (m; e and its L-block sums), keys (s from the
-// block sums; the sort keys of p, or the argmax for a row without a distribution); the sort;
-// psum (the L-block sums of the sorted p over the first k), qsum (Mk; q = p / Mk, its in-block
-// running sums W and block sums); then select (one block per row: the prefixes P, the top-p cut,
-// the draw). Every sequential chain is at most max(L, V / L) additions long.
+// Kernels: greedy rows (temperature <= 0) take the CPU's argmax (cuda/sample_greedy.cu).
+// Otherwise, per row split over kSpan-term spans (grid [B, spans]): max (partial maxima of z),
+// esum (m; e and its L-block sums), keys (s from the block sums; the sort keys of p, or the
+// argmax for a row without a distribution); the sort; psum (the L-block sums of the sorted p over
+// the first k), qsum (Mk; q = p / Mk, its in-block running sums W and block sums); then select
+// (one block per row: the prefixes P, the top-p cut, the draw). Every sequential chain is at most
+// max(L, V / L) additions long.
 #include <cub/device/device_radix_sort.cuh>
 
 #include <cfloat>
@@ -34,7 +34,8 @@
 
 #include "common.cuh"
 #include "glibc_expf.cuh"
-#include "memra/ops.h"
+#include "memra/cpu/sample.h"
+#include "sample_argmax.cuh"
 
 using memra::cuda::ceil_div;
 using memra::cuda::enter;
@@ -47,7 +48,7 @@ using memra::cuda::warp_max;
 namespace {
 
 constexpr int kThreads = 512;                       // threads per row block (select, argmax)
-constexpr int kL = memra::cpu::kSampleBlock;        // ops.h's block of the blocked sums
+constexpr int kL = memra::cpu::kSampleBlock;        // cpu/sample.h's block of the sums
 constexpr int kBlocksPerSpan = 8;                   // L-blocks per thread block of the span kernels
 constexpr int kSpan = kBlocksPerSpan * kL;          // terms per span
 constexpr int kSpanThreads = 256;                   // threads of the span kernels
@@ -58,7 +59,7 @@ static_assert(kBlocksPerSpan <= 32, "one chain per lane of warp 0");
 // kRowStride % 32 == 4: lanes reading float4 at the same offset of consecutive L-blocks hit
 // distinct banks.
 
-// ops.h uniform_from_counter (splitmix64), verbatim.
+// cpu/sample.h uniform_from_counter (splitmix64), verbatim.
 __device__ __forceinline__ float uniform_from_counter(uint64_t seed, uint64_t counter) {
   constexpr uint64_t kGolden = 0x9E3779B97F4A7C15ull;
   uint64_t z = seed ^ (kGolden * (counter + 1));
@@ -79,66 +80,6 @@ __device__ __forceinline__ float div_rn(float a, float b) {
 }
 
 
-
-struct ArgBest {
-  float v;
-  int i;  // INT_MAX: none
-};
-
-__device__ __forceinline__ bool better(const ArgBest& a, const ArgBest& b) {
-  if (a.i == INT_MAX) return false;
-  if (b.i == INT_MAX) return true;
-  return a.v > b.v || (a.v == b.v && a.i < b.i);
-}
-
-// The best entry of v[lo, hi) (the largest non-NaN value, the lowest id among equal ones;
-// {-inf, INT_MAX} when every entry is NaN or the range is empty). Call with the whole block; the
-// result is valid in every thread. `red` holds blockDim.x / 32 ArgBest.
-__device__ ArgBest block_best(const float* __restrict__ v, int lo, int hi, ArgBest* red) {
-  ArgBest b{-INFINITY, INT_MAX};
-  // Each thread visits its ids in ascending order, so a strict > keeps the lowest of equal values.
-  int rest = lo;
-  if ((lo & 3) == 0 && (reinterpret_cast<uintptr_t>(v) & 15) == 0) {
-    const float4* v4 = reinterpret_cast<const float4*>(v);
-    const int end4 = hi >> 2;
-    for (int j = (lo >> 2) + threadIdx.x; j < end4; j += blockDim.x) {
-      const float4 q = v4[j];
-      const float x[4] = {q.x, q.y, q.z, q.w};
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        if (!isnan(x[k]) && (b.i == INT_MAX || x[k] > b.v)) b = ArgBest{x[k], 4 * j + k};
-      }
-    }
-    rest = end4 > (lo >> 2) ? 4 * end4 : lo;
-  }
-  for (int i = rest + threadIdx.x; i < hi; i += blockDim.x) {
-    const float x = v[i];
-    if (!isnan(x) && (b.i == INT_MAX || x > b.v)) b = ArgBest{x, i};
-  }
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    const ArgBest c{__shfl_xor_sync(0xffffffffu, b.v, o), __shfl_xor_sync(0xffffffffu, b.i, o)};
-    if (better(c, b)) b = c;
-  }
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  if (lane == 0) red[warp] = b;
-  __syncthreads();
-  ArgBest r = red[0];
-  for (int w = 1; w < static_cast<int>(blockDim.x >> 5); ++w) {
-    if (better(red[w], r)) r = red[w];
-  }
-  __syncthreads();  // red may be reused at once
-  return r;
-}
-
-// cpu argmax over v[0, V) (best = 0; v[i] > v[best] takes i): index 0 when v[0] is NaN, otherwise
-// the lowest index of the largest non-NaN value. Call with the whole block; the result is valid
-// in every thread. `red` holds blockDim.x / 32 ArgBest.
-__device__ int block_argmax(const float* __restrict__ v, int V, ArgBest* red) {
-  const ArgBest r = block_best(v, 0, V, red);
-  if (isnan(v[0]) || r.i == INT_MAX) return 0;
-  return r.i;
-}
 
 // ------------------------------------------------------------------------ blocked sums
 
@@ -203,8 +144,8 @@ __device__ float chain_prefix(float* x, int n8, float acc) {
 
 // The left-to-right f32 sum of x[0, n) (global) from 0: thread 0 adds, the block stages kStage
 // values at a time in `stage` (kStage floats, 16-byte aligned). With `prefix` non-null it also
-// writes prefix[0] = 0 and prefix[i + 1] = the running sum at i (the P_b of ops.h when x holds
-// block sums). Call with the whole block; the result is valid in every thread.
+// writes prefix[0] = 0 and prefix[i + 1] = the running sum at i (the P_b of cpu/sample.h when x
+// holds block sums). Call with the whole block; the result is valid in every thread.
 __device__ float block_seq_sum(const float* __restrict__ x, int n, float* prefix, float* stage,
                                float* result) {
   const int tid = threadIdx.x;
@@ -254,55 +195,6 @@ __device__ int block_first(int lo, int hi, Pred pred, int* slot) {
 
 // -------------------------------------------------------------------------------- kernels
 
-__global__ void __launch_bounds__(kThreads)
-    greedy_kernel(const float* __restrict__ logits, int V, int32_t* __restrict__ out) {
-  memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
-  memra::cuda::pdl_trigger();
-  __shared__ ArgBest red[kThreads / 32];
-  const int64_t b = blockIdx.x;
-  const int best = block_argmax(logits + b * V, V, red);
-  if (threadIdx.x == 0) out[b] = best;
-}
-
-// Greedy over a large vocabulary at a few rows: one block per row streams V floats with one
-// block's worth of loads in flight (21 us at V = 154880); split, block (s, b) finds the best of
-// its kGreedyChunk ids of row b and one warp per row combines the partials (better() is
-// associative and commutative, so the split gives the same id as the single block).
-constexpr int kGreedyChunk = 2048;
-constexpr int kGreedyThreads = 256;
-
-__global__ void __launch_bounds__(kGreedyThreads)
-    greedy_partial_kernel(const float* __restrict__ logits, int V, ArgBest* __restrict__ part) {
-  memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
-  memra::cuda::pdl_trigger();
-  __shared__ ArgBest red[kGreedyThreads / 32];
-  const int s = blockIdx.x;
-  const int64_t b = blockIdx.y;
-  const int lo = s * kGreedyChunk;
-  const int hi = V - lo < kGreedyChunk ? V : lo + kGreedyChunk;
-  const ArgBest r = block_best(logits + b * V, lo, hi, red);
-  if (threadIdx.x == 0) part[b * gridDim.x + s] = r;
-}
-
-__global__ void greedy_final_kernel(const float* __restrict__ logits, int V,
-                                    const ArgBest* __restrict__ part, int S,
-                                    int32_t* __restrict__ out) {
-  memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
-  memra::cuda::pdl_trigger();
-  const int64_t b = blockIdx.x;
-  const int lane = threadIdx.x;
-  ArgBest r{-INFINITY, INT_MAX};
-  for (int s = lane; s < S; s += 32) {
-    if (better(part[b * S + s], r)) r = part[b * S + s];
-  }
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    const ArgBest c{__shfl_xor_sync(0xffffffffu, r.v, o), __shfl_xor_sync(0xffffffffu, r.i, o)};
-    if (better(c, r)) r = c;
-  }
-  if (lane == 0) out[b] = (isnan(logits[b * V]) || r.i == INT_MAX) ? 0 : r.i;
-}
-
 struct KeyBits {
   int id_bits;   // bits of the id field (the lowest)
   int row_bits;  // bits of the row field (above the 32 bits of ~p)
@@ -339,7 +231,7 @@ __global__ void __launch_bounds__(kSpanThreads)
 }
 
 // m from the partial maxima; e_i = exp(z_i - m) for the span (kept in e for the keys kernel) and
-// the span's L-block sums of e over ascending id (ops.h S_b of s) into se [B, nb].
+// the span's L-block sums of e over ascending id (cpu/sample.h S_b of s) into se [B, nb].
 __global__ void __launch_bounds__(kSpanThreads)
     sample_esum_kernel(const float* __restrict__ logits, int V, float temperature,
                        const float* __restrict__ part, int nb, float* __restrict__ e,
@@ -424,7 +316,7 @@ __device__ __forceinline__ float p_of_key(uint64_t key, KeyBits kb) {
   return __uint_as_float(~static_cast<uint32_t>(key >> kb.id_bits));
 }
 
-// The span's L-block sums of p over the sorted order, first k only (ops.h S_b of Mk), into
+// The span's L-block sums of p over the sorted order, first k only (cpu/sample.h S_b of Mk), into
 // sp [B, nb].
 __global__ void __launch_bounds__(kSpanThreads)
     sample_psum_kernel(const uint64_t* __restrict__ keys, int V, int k, KeyBits kb, int nb,
@@ -449,7 +341,7 @@ __global__ void __launch_bounds__(kSpanThreads)
 
 // Mk = the p block sums left to right (span 0 keeps it in mk[b]); q = p / Mk over the span's
 // first-k entries, their in-block running sums W (into w [B, V], by sorted position) and block
-// sums (ops.h S_b of c, into sq [B, nb]).
+// sums (cpu/sample.h S_b of c, into sq [B, nb]).
 __global__ void __launch_bounds__(kSpanThreads)
     sample_qsum_kernel(const uint64_t* __restrict__ keys, int V, int k, KeyBits kb, int nb,
                        const int* __restrict__ done, const float* __restrict__ sp,
@@ -484,7 +376,7 @@ __global__ void __launch_bounds__(kSpanThreads)
 }
 
 // One block per row: the prefixes P_b of the q block sums (into pg [B, nb + 1]), the top-p cut,
-// and the draw (ops.h, step by step), each threshold found as its block (the first b whose
+// and the draw (cpu/sample.h, step by step), each threshold found as its block (the first b whose
 // P_{b+1} reaches it) and then its index inside (the first i there whose P_b + W_i does).
 __global__ void __launch_bounds__(kThreads)
     sample_select_kernel(const uint64_t* __restrict__ keys, int V, int k, float top_p,
@@ -508,7 +400,7 @@ __global__ void __launch_bounds__(kThreads)
   float* P = pg + b * (nb + 1);  // written here: plain loads below, after block_seq_sum's syncs
   const float* wb = w + b * V;
   const float total = block_seq_sum(sq + b * nb, nbk, P, stage, &result);
-  auto c_at = [&](int i) { return __fadd_rn(P[i / kL], wb[i]); };  // ops.h c_i
+  auto c_at = [&](int i) { return __fadd_rn(P[i / kL], wb[i]); };  // cpu/sample.h c_i
 
   // top_p < 1 keeps up to and including the first entry where the mass reaches it. c at the
   // last index of block b is P_{b + 1} (the same addition), so the block holds the entry.
@@ -558,32 +450,16 @@ int bits_for(int64_t n) {  // bits to hold 0 .. n - 1
 
 size_t align_up(size_t v) { return (v + 255) / 256 * 256; }
 
-}  // namespace
-
-extern "C" int memra_cuda_sample(MemraCudaCtx* ctx, const float* logits, int B, int V,
-                                 float temperature, int top_k, float top_p, uint64_t seed,
-                                 const uint64_t* seeds, const uint64_t* counters, int32_t* out) {
-  MEMRA_CUDA_RETURN_IF(enter(ctx));
+// memra_cuda_sample after its context check.
+int sample_impl(MemraCudaCtx* ctx, const float* logits, int B, int V, float temperature, int top_k,
+                float top_p, uint64_t seed, const uint64_t* seeds, const uint64_t* counters,
+                int32_t* out) {
   if (B < 0 || V < 0) return memra::kContractValue;
   if (B == 0) return memra::kOk;
   if (V < 1) return memra::kContractValue;  // as the binding: at least one column
   if (std::isnan(temperature) || !(top_p > 0.0f)) return memra::kContractValue;
   if (!logits || !out) return memra::kContractMissing;
-  if (temperature <= 0.0f) {
-    if (V <= 4 * kGreedyChunk) {
-      memra::cuda::launch(ctx, true, greedy_kernel, dim3(B), dim3(kThreads), 0, logits, V, out);
-      return launch_status();
-    }
-    const int S = static_cast<int>(ceil_div(V, kGreedyChunk));
-    Scratch part(ctx, sizeof(ArgBest) * static_cast<size_t>(S) * B);
-    MEMRA_CUDA_RETURN_IF(part.status());
-    memra::cuda::launch(ctx, true, greedy_partial_kernel, dim3(dim3(S, B)), dim3(kGreedyThreads), 0,
-        logits, V, part.as<ArgBest>());
-    MEMRA_CUDA_RETURN_IF(launch_status());
-    memra::cuda::launch(ctx, true, greedy_final_kernel, dim3(B), dim3(32), 0, logits, V,
-        part.as<ArgBest>(), S, out);
-    return launch_status();
-  }
+  if (temperature <= 0.0f) return memra::cuda::sample_greedy(ctx, logits, B, V, out);
   if (!counters) return memra::kContractMissing;
 
   const KeyBits kb{bits_for(V), bits_for(B)};
@@ -651,4 +527,14 @@ extern "C" int memra_cuda_sample(MemraCudaCtx* ctx, const float* logits, int B, 
   memra::cuda::launch(ctx, true, sample_select_kernel, dim3(B), dim3(kThreads), 0, sorted.Current(),
       V, k, top_p, seed, seeds, counters, kb, nb, done, sq, mk, vals, pg, out);
   return launch_status();
+}
+
+}  // namespace
+
+extern "C" int memra_cuda_sample(MemraCudaCtx* ctx, const MemraSampleParams* p) {
+  MEMRA_CUDA_RETURN_IF(enter(ctx));
+  if (!p) return memra::kContractMissing;
+  if (p->nonfinite) return memra::kUnsupported;  // reserved, not implemented (cuda_abi/sample.h)
+  return sample_impl(ctx, p->logits, p->B, p->V, p->temperature, p->top_k, p->top_p, p->seed,
+                     p->seeds, p->counters, p->out);
 }

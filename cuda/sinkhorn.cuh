@@ -1,5 +1,6 @@
-// The mHC Sinkhorn of one token's comb at a compile-time hc, by one warp (cuda/mhc.cu), and the
-// deferred form of it that a later launch runs (MemraCudaCtx::pending, KernelOptions::mhc_defer).
+// The mHC Sinkhorn of one token's comb at a compile-time hc, by one warp (cuda/mhc_pre.cu,
+// mhc_site.cu), and the deferred form of it that a later launch runs (MemraCudaCtx::pending,
+// KernelOptions::mhc_defer).
 #pragma once
 
 #include "common.cuh"

@@ -71,6 +71,14 @@ class World:
         self.attn.prefill(self.attn_cache, 0, 0, self.f32(3, self.D))
         self.attn_cache.commit(0, 3)
 
+        # A Gated DeltaNet layer of random weights (1 key head, 2 value heads of 8) and its cache.
+        self.gdn_kw = dict(hidden=self.D, key_heads=1, value_heads=2, key_head_dim=8, value_head_dim=8,
+                           conv_kernel=4, rms_eps=1e-6, dtype="float32")
+        self.gdn = _core.GdnLayer(self.engine, self.gdn_weights(), **self.gdn_kw)
+        self.gdn_cache = _core.Cache(self.engine, [self.gdn.state_spec()], max_batch=2, max_len=32)
+        self.gdn.prefill(self.gdn_cache, 0, 0, self.f32(3, self.D))
+        self.gdn_cache.commit(0, 3)
+
     # Weights of layer i whose names start with `prefix` (the layer constructors' dicts).
     def weights(self, i: int, prefix: str) -> dict[str, _core.Weight]:
         p = f"model.language_model.layers.{i}.{prefix}"
@@ -79,6 +87,14 @@ class World:
     def attn_weights(self) -> dict[str, _core.Weight]:
         """The AttentionLayer's weights (fresh Weight objects over the same values)."""
         return {k: _core.Weight(v) for k, v in self._attn_w.items()}
+
+    def gdn_weights(self) -> dict[str, _core.Weight]:
+        """Qwen3.5-layout weights of the World's GdnLayer (names below 'linear_attn.')."""
+        D, C, vd = self.D, 2 * 8 + 2 * 8, 2 * 8
+        shapes = {"in_proj_qkv.weight": (C, D), "in_proj_z.weight": (vd, D), "in_proj_b.weight": (2, D),
+                  "in_proj_a.weight": (2, D), "conv1d.weight": (C, 1, 4), "A_log": (2,), "dt_bias": (2,),
+                  "norm.weight": (8,), "out_proj.weight": (D, vd)}
+        return {n: self.W(*s) for n, s in shapes.items()}
 
     def hc_weights(self, i: int) -> dict[str, _core.Weight]:
         p = f"model.language_model.layers.{i}.hc_attn_"
@@ -117,4 +133,5 @@ class World:
 
     def caches(self) -> list[_core.Cache]:
         """The caches a bad call must leave unchanged."""
-        return [self.cache, self.model.cache, self.other_cache, self.held_cache, self.attn_cache]
+        return [self.cache, self.model.cache, self.other_cache, self.held_cache, self.attn_cache,
+                self.gdn_cache]

@@ -260,7 +260,7 @@ def test_deferred_sinkhorn_rides_on_the_next_gemv(e):
     # A one-row mHC site leaves comb's Sinkhorn pending (common.cuh SinkTask); the next decode
     # GEMV runs it in its block 0, and any other entry point (here mhc_post, which reads comb)
     # runs it first on its own. comb, and what reads it, equal an engine that never defers.
-    from test_cuda_basic import hc_layer, mhc_inputs
+    from test_cuda_mhc import hc_layer, mhc_inputs
 
     D = 256
     streams, fw, base, scale = mhc_inputs(1, 4, D, seed=7)

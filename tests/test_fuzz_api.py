@@ -3,7 +3,7 @@ memra error; nothing changes on error; the engine stays usable).
 
 The callables: memra.__all__ (functions, and the constructors and public methods of its classes;
 the error classes themselves are raised, not called, and are left out), and the functional ops
-listed in python/memra/_core.pyi. tests/fuzz_api_cases.py holds, for each, a valid call and bad
+listed in python/memra/_core.pyi. tests/fuzz_api_cases.py (and fuzz_api_cases_gdn.py) hold, for each, a valid call and bad
 values per argument; a public callable without an entry fails test_every_public_callable_has_cases.
 
 test_fuzz_bad_calls calls, on the CPU, every bad value of the table once, then makes seeded random
@@ -33,10 +33,12 @@ import pytest
 import memra
 from memra.errors import MemraError
 
-from fuzz_api_cases import CASES, EXEMPT
+from fuzz_api_cases import CASES as BASE_CASES, EXEMPT
+from fuzz_api_cases_gdn import GDN_CASES
 from fuzz_api_world import World
 
 ROOT = Path(__file__).resolve().parents[1]
+CASES = {**BASE_CASES, **GDN_CASES}
 SEED = 20260117
 MIN_RANDOM, RANDOM_CALLS, BUDGET_S = 1000, 1500, 45.0
 REFERENCE_EVERY = 50
@@ -70,7 +72,8 @@ def public_callables() -> set[str]:
     return names
 
 
-_PLANES = ("kda_state", "kda_conv", "latent_rows", "pool_keys", "attn_keys", "attn_values")
+_PLANES = ("kda_state", "kda_conv", "gdn_state", "gdn_conv", "latent_rows", "pool_keys", "attn_keys",
+           "attn_values")
 _readable: dict[int, list[tuple[int, str]]] = {}  # id(cache) -> the (layer, plane) it holds
 
 

@@ -8,6 +8,7 @@
 #include <new>
 #include "memra/host_memory.h"
 #include "memra/msg.h"
+#include "memra/op/graph_tables.h"
 #include <string>
 
 namespace memra {
@@ -16,6 +17,12 @@ namespace {
 
 std::string spec_error(int layer, const std::string& what) {
   return "Cache: layer " + std::to_string(layer) + ": " + what;
+}
+
+// A GDN spec's own dimensions for a geometry message (empty for the other kinds).
+std::string gdn_dims(const LayerStateSpec& s) {
+  if (s.kind != LayerStateSpec::Kind::kGdn) return "";
+  return " key_heads=" + std::to_string(s.key_heads) + " value_dim=" + std::to_string(s.value_dim);
 }
 
 }  // namespace
@@ -44,7 +51,7 @@ int64_t layout(int max_batch, int max_len, const std::vector<LayerStateSpec>& sp
   for (size_t i = 0; i < specs.size() && !overflow; ++i) {
     const auto& s = specs[i];
     Plane& p = (*planes)[i];
-    if (s.kind == LayerStateSpec::Kind::kKda) {
+    if (s.recurrent()) {
       for (int w = 0; w < 2; ++w) {
         p.conv[w] = take(U(max_batch) * U(s.conv_floats()) * 4);
         p.state[w] = take(U(max_batch) * U(s.state_floats()) * 4);
@@ -97,6 +104,14 @@ Status Cache::create(std::shared_ptr<CudaContext> cuda, DType latent_dtype, int 
     if (s.kind == LayerStateSpec::Kind::kKda &&
         (s.heads < 1 || s.head_dim < 1 || s.conv_kernel < 1)) {
       return Status(kContractValue, spec_error(int(i), "KDA heads, head_dim and conv_kernel must be >= 1"));
+    }
+    if (s.kind == LayerStateSpec::Kind::kGdn &&
+        (s.key_heads < 1 || s.heads < 1 || s.heads % s.key_heads != 0 || s.head_dim < 1 ||
+         s.value_dim < 1 || s.conv_kernel < 1)) {
+      return Status(kContractValue,
+                    spec_error(int(i), "GDN key_heads, value_heads, key_head_dim, value_head_dim and "
+                                       "conv_kernel must be >= 1, value_heads a multiple of "
+                                       "key_heads"));
     }
     if (s.kind == LayerStateSpec::Kind::kAttention && (s.heads < 1 || s.head_dim < 1)) {
       return Status(kContractValue, spec_error(int(i), "attention kv_heads and head_dim must be >= 1"));
@@ -230,7 +245,8 @@ Status Cache::check_layer(int layer, const LayerStateSpec& want, const char* op)
   MEMRA_TRY(check_layer(layer, want.kind, op));
   const LayerStateSpec& h = specs_[layer];
   const bool same = h.heads == want.heads && h.head_dim == want.head_dim &&
-                    h.conv_kernel == want.conv_kernel && h.row_width == want.row_width &&
+                    h.conv_kernel == want.conv_kernel && h.key_heads == want.key_heads &&
+                    h.value_dim == want.value_dim && h.row_width == want.row_width &&
                     h.index_head_dim == want.index_head_dim && h.kpool == want.kpool &&
                     h.tail_rows == want.tail_rows;
   if (!same) {
@@ -238,12 +254,13 @@ Status Cache::check_layer(int layer, const LayerStateSpec& want, const char* op)
                   std::string(op) + ": cache layer " + std::to_string(layer) +
                       " was made for another geometry (cache: heads=" + std::to_string(h.heads) +
                       " head_dim=" + std::to_string(h.head_dim) + " conv_kernel=" +
-                      std::to_string(h.conv_kernel) + " row_width=" + std::to_string(h.row_width) +
+                      std::to_string(h.conv_kernel) + gdn_dims(h) + " row_width=" +
+                      std::to_string(h.row_width) +
                       " index_head_dim=" + std::to_string(h.index_head_dim) + " kpool=" +
                       std::to_string(h.kpool) + " tail_rows=" + std::to_string(h.tail_rows) +
                       "; layer: heads=" + std::to_string(want.heads) + " head_dim=" +
                       std::to_string(want.head_dim) + " conv_kernel=" + std::to_string(want.conv_kernel) +
-                      " row_width=" + std::to_string(want.row_width) + " index_head_dim=" +
+                      gdn_dims(want) + " row_width=" + std::to_string(want.row_width) + " index_head_dim=" +
                       std::to_string(want.index_head_dim) + " kpool=" + std::to_string(want.kpool) +
                       " tail_rows=" + std::to_string(want.tail_rows) + ")");
   }
@@ -308,8 +325,8 @@ void* Cache::attn_v(int layer, int slot) {
 
 Status Cache::commit_decode(const int32_t* slots_d, int B) {
   if (!cuda_) return Status(kUnsupported, "Cache.commit_decode: needs a CUDA cache");
-  const int rc = cuda_->api().commit_decode(cuda_->ctx(), slots_d, B, lengths_d(), cur_d());
-  return rc == kOk ? Status::Ok() : cuda_->status(rc, "Cache.commit_decode");
+  const Status st = op::commit_decode(op::Backend{cuda_.get()}, slots_d, B, lengths_d(), cur_d());
+  return st.ok() ? st : cuda_->status(st.code, "Cache.commit_decode");
 }
 
 Status Cache::hold(int slot, uint64_t* token) {
@@ -364,7 +381,7 @@ Status Cache::free(int slot, uint64_t owner) {
   lengths_[slot] = 0;
   cur_[slot] = 0;
   for (int l = 0; l < num_layers(); ++l) {
-    if (specs_[l].kind != LayerStateSpec::Kind::kKda) continue;
+    if (!specs_[l].recurrent()) continue;
     for (int w = 0; w < 2; ++w) {
       MEMRA_TRY(fill_zero(conv(l, slot, w), size_t(specs_[l].conv_floats()) * 4));
       MEMRA_TRY(fill_zero(state(l, slot, w), size_t(specs_[l].state_floats()) * 4));
@@ -380,7 +397,7 @@ Status Cache::copy_slot(int src, int dst, uint64_t owner) {
   if (src == dst) return Status::Ok();
   for (int l = 0; l < num_layers(); ++l) {
     const auto& s = specs_[l];
-    if (s.kind == LayerStateSpec::Kind::kKda) {
+    if (s.recurrent()) {
       for (int w = 0; w < 2; ++w) {
         MEMRA_TRY(copy_bytes(conv(l, dst, w), conv(l, src, w), size_t(s.conv_floats()) * 4));
         MEMRA_TRY(copy_bytes(state(l, dst, w), state(l, src, w), size_t(s.state_floats()) * 4));

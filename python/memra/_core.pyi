@@ -230,6 +230,67 @@ def kda_scan(q: Annotated[NDArray, dict(writable=False)], k: Annotated[NDArray, 
     to chunk_kimi_delta_attention, which transformers uses for multi-token prefill).
     """
 
+def gdn_gate(a: Annotated[NDArray, dict(writable=False)], b: Annotated[NDArray, dict(writable=False)], dt_bias: Annotated[NDArray, dict(writable=False)], A_log: Annotated[NDArray, dict(writable=False)], *, engine: Engine | None = None) -> tuple[object, object]:
+    """
+    Gated DeltaNet gates per value head: (g [T, H], beta [T, H]) float32 from a [T, H] =
+    in_proj_a(x), b [T, H] = in_proj_b(x), dt_bias [H] and A_log [H], all float32:
+      g = -exp(A_log) * softplus(a + dt_bias)   (F.softplus: x above 20, else log1p(exp(x)))
+      beta = 1 / (1 + exp(-b))
+    engine: None or a CPU Engine runs the C++ reference; a CUDA Engine runs cuda/gdn.cu on
+    arrays of its device (the same operations; CUDA's expf / log1pf within 2 ulp).
+    Raises ContractError (CONTRACT_DTYPE / CONTRACT_SHAPE / CONTRACT_STRIDE /
+    CONTRACT_DEVICE) for a bad argument.
+    Reference: Qwen3_5GatedDeltaNet.forward (beta = b.sigmoid();
+    g = -A_log.float().exp() * F.softplus(a.float() + dt_bias)).
+    """
+
+def gdn_l2norm(x: Annotated[NDArray, dict(writable=False)], *, eps: float = 9.999999974752427e-07, engine: Engine | None = None) -> object:
+    """
+    Per-head L2 norm in Qwen's form: x [T, H, d] * (1 / sqrt(sum(x^2, -1) + eps)), float32 on
+    the engine's device (a new array). Differs in rounding from l2norm_heads (KDA's
+    x / sqrt(...)). Raises ContractError (CONTRACT_DTYPE, CONTRACT_SHAPE, CONTRACT_STRIDE,
+    CONTRACT_DEVICE; CONTRACT_VALUE for a negative or non-finite eps).
+    Reference: modeling_qwen3_5.l2norm (x * torch.rsqrt((x * x).sum(-1) + eps)).
+    """
+
+def gdn_scan(q: Annotated[NDArray, dict(writable=False)], k: Annotated[NDArray, dict(writable=False)], v: Annotated[NDArray, dict(writable=False)], g: Annotated[NDArray, dict(writable=False)], beta: Annotated[NDArray, dict(writable=False)], state: Annotated[NDArray, dict(writable=False)] | None = None, *, scale: float | None = None, batch: bool = False, engine: Engine | None = None) -> tuple[object, object]:
+    """
+    Gated delta rule with grouped heads, T steps in order (the recurrent form), from `state`
+    (None = zeros).
+
+    q, k [T, Hk, dk] float32 (already L2-normalised, see gdn_l2norm); v [T, Hv, dv];
+    g [T, Hv] log decay and beta [T, Hv] (gdn_gate); state [Hv, dk, dv] float32 or None.
+    Value head h reads key head h // (Hv // Hk) (transformers' repeat_interleave order).
+    Per step and value head:
+      S = S * exp(g_t); S += k_t (beta_t (v_t - k_t^T S)); o_t = (scale q_t)^T S
+    with scale = dk**-0.5 unless given. Returns (o [T, Hv, dv], state_out [Hv, dk, dv]); the
+    input state is not modified. Chaining calls (one T-step call, or T one-step calls
+    passing state_out on) gives the same bits.
+    batch=True: B sequences in one call: q, k [B, T, Hk, dk]; v [B, T, Hv, dv]; g, beta
+    [B, T, Hv]; state [B, Hv, dk, dv] or None -> (o [B, T, Hv, dv], state_out [B, Hv, dk, dv]);
+    sequence b equals its own call bit for bit.
+    engine: None or a CPU Engine runs the C++ reference; a CUDA Engine runs cuda/gdn.cu (the
+    key heads expanded to the value heads, then KDA's scan kernels: built for dk = dv = 128
+    only, another head size raises UnsupportedError (UNSUPPORTED_GEOMETRY); its dk-long sums
+    are partial sums plus a warp tree, so it matches the CPU to ~1e-5 relative).
+    Raises ContractError (CONTRACT_DTYPE / CONTRACT_SHAPE / CONTRACT_STRIDE /
+    CONTRACT_DEVICE) for a bad argument, CONTRACT_SHAPE when Hv is not a multiple of Hk,
+    CONTRACT_VALUE for a non-finite scale, CONTRACT_STRIDE for a CUDA state whose data does
+    not start on a 16-byte boundary.
+    Reference: modeling_qwen3_5.torch_recurrent_gated_delta_rule after repeat_interleave of
+    q and k (equal in exact arithmetic to torch_chunk_gated_delta_rule, the prefill form).
+    """
+
+def rms_norm_gated_silu(x: Annotated[NDArray, dict(writable=False)], gate: Annotated[NDArray, dict(writable=False)], weight: Annotated[NDArray, dict(writable=False)], *, eps: float, engine: Engine | None = None) -> object:
+    """
+    The Gated DeltaNet output norm: weight * rmsnorm(x) * silu(gate), i.e.
+    (weight * (x * (1 / sqrt(mean(x^2) + eps)))) * (gate / (1 + exp(-gate))); x, gate [T, D],
+    weight [D] (a plain weight, not zero-centred), float32 on the engine's device.
+    Raises ContractError (CONTRACT_DTYPE, CONTRACT_SHAPE, CONTRACT_STRIDE, CONTRACT_DEVICE;
+    CONTRACT_VALUE for a negative or non-finite eps).
+    Reference: Qwen3_5RMSNormGated.forward (models/qwen3_5; Qwen3NextRMSNormGated).
+    """
+
 def mla_absorb_q(q_nope: Annotated[NDArray, dict(writable=False)], kv_b: object, *, d_v: int, arm: int = 0, engine: Engine | None = None) -> object:
     """
     Absorb W_uk into the query: q_lat[t, h, :] = W_uk[h]^T q_nope[t, h, :].
@@ -383,6 +444,11 @@ def hc_head_mean(streams: Annotated[NDArray, dict(writable=False)], *, engine: E
     Reference: transformers Glm5NextTextHyperHead.
     """
 
+def hc_expand(x: Annotated[NDArray, dict(writable=False)], n: int, *, engine: Engine | None = None) -> object:
+    """
+    x [T, D] float32 -> [T, n, D]: every residual stream starts as x (reference: Glm5NextTextModel.forward, hidden_states.unsqueeze(2).expand(..., hc_mult, ...)). On a CUDA engine x must live on its device. Raises ContractError for a bad array or n outside [1, 2^31).
+    """
+
 def kpool_pool_keys(k: Annotated[NDArray, dict(writable=False)], gate: Annotated[NDArray, dict(writable=False)], ape: Annotated[NDArray, dict(writable=False)], *, engine: Engine | None = None) -> object:
     """
     Pool keys of the complete pools of one sequence: pool p holds rows [p*pool, (p+1)*pool); per channel, softmax over the pool's rows of gate + ape weights the rows of k.
@@ -477,11 +543,6 @@ def attention(q: Annotated[NDArray, dict(writable=False)], k_cache: object, v_ca
     Causal grouped attention with the sigmoid output gate: q [T, Hq, hd] float32 -> o [T, Hq, hd] float32, query head h reading K/V head h // (Hq // Hkv): o = softmax(scale * q k^T) v over the rows a query sees, times sigmoid(gate [T, Hq, hd]) when gate is given. Caches as kv_append's (float32 or bfloat16). Direct form: query t at position pos0 + t sees rows [0, pos0 + t]. With slots [T] / lengths [max_batch]: row t sees its slot's rows [0, lengths[slots[t]]] (the row appended at its length included), an idle row (-1) gets zeros; on CUDA split over the sequence (memra.KernelOptions.attn_decode_unsplit: one block a row and K/V head). scale: transformers' head_dim ** -0.5, finite.
     Raises ContractError as kv_append, UnsupportedError for hd > 256.
     Reference: eager_attention_forward with repeat_kv, then attn_output * sigmoid(gate) (Qwen3_5Attention.forward).
-    """
-
-def hc_expand(x: Annotated[NDArray, dict(writable=False)], n: int, *, engine: Engine | None = None) -> object:
-    """
-    x [T, D] float32 -> [T, n, D]: every residual stream starts as x (reference: Glm5NextTextModel.forward, hidden_states.unsqueeze(2).expand(..., hc_mult, ...)). On a CUDA engine x must live on its device. Raises ContractError for a bad array or n outside [1, 2^31).
     """
 
 def take_rows(x: Annotated[NDArray, dict(writable=False)], start: int, count: int, *, engine: Engine | None = None) -> object:
@@ -755,6 +816,12 @@ class LayerStateSpec:
         """
 
     @staticmethod
+    def gdn(*, key_heads: int, value_heads: int, key_head_dim: int, value_head_dim: int, conv_kernel: int) -> LayerStateSpec:
+        """
+        Gated DeltaNet: conv ring [2*key_heads*key_head_dim + value_heads*value_head_dim, conv_kernel-1] and state [value_heads, key_head_dim, value_head_dim], both f32 ping-pong pairs (GdnLayer.state_spec()).
+        """
+
+    @staticmethod
     def mla(*, row_width: int, index_head_dim: int = 0, kpool: int = 0, tail_rows: int = 0) -> LayerStateSpec:
         """
         Latent rows [max_len, row_width]; with index_head_dim > 0 also the DSA pool keys [max_len // kpool, index_head_dim] and a tail ring of tail_rows raw indexer rows.
@@ -866,6 +933,16 @@ class Cache:
 
     def kda_conv(self, layer: int, slot: int) -> NDArray[numpy.float32]:
         """Copy of the committed conv ring [3*qkv, K-1]."""
+
+    def gdn_state(self, layer: int, slot: int) -> NDArray[numpy.float32]:
+        """
+        Copy of a GDN layer's committed recurrent state [value_heads, key_head_dim, value_head_dim].
+        """
+
+    def gdn_conv(self, layer: int, slot: int) -> NDArray[numpy.float32]:
+        """
+        Copy of a GDN layer's committed conv ring [2*Hk*dk + Hv*dv, K-1]: the last K-1 conv inputs of the q | k | v channels, oldest first (transformers' conv_states keep the last K; the oldest of those is never read again).
+        """
 
     def latent_rows(self, layer: int, slot: int) -> NDArray[numpy.float32]:
         """Copy of the committed latent rows [length, row_width]."""
@@ -1046,4 +1123,43 @@ class AttentionLayer:
     def decode(self, cache: Cache, layer: int, slots: DecodeSlots, x: Annotated[NDArray, dict(writable=False)]) -> object:
         """
         The same with the rows' slots on the device (memra.DecodeSlots of `cache`, CUDA): each row's position is the cache's device length of its slot; an idle row appends nothing and its attention output is zero. Capturable into a CUDA graph.
+        """
+
+class GdnLayer:
+    """
+    Gated DeltaNet mixer of Qwen3.5 / Qwen3.5-MoE / Qwen3-Next (reference: transformers Qwen3_5GatedDeltaNet.forward, Qwen3NextGatedDeltaNet.forward). Weights named as on disk below 'linear_attn.' (gdn_layer.h): Qwen3.5's in_proj_qkv / in_proj_z / in_proj_b / in_proj_a, or Qwen3-Next's interleaved in_proj_qkvz / in_proj_ba (de-interleaved at load), plus conv1d.weight, A_log, dt_bias, norm.weight, out_proj.weight.
+    """
+
+    def __init__(self, engine: Engine, weights: Mapping[str, Weight], *, hidden: int, key_heads: int, value_heads: int, key_head_dim: int, value_head_dim: int, conv_kernel: int = 4, rms_eps: float = 9.999999974752427e-07, dtype: str = 'bfloat16') -> None:
+        """
+        engine: where the layer runs; weights: {name below 'linear_attn.': Weight}; hidden, key_heads (linear_num_key_heads), value_heads (linear_num_value_heads, a multiple of key_heads), key_head_dim, value_head_dim, conv_kernel (linear_conv_kernel_dim), rms_eps (rms_norm_eps: the output norm's epsilon); dtype: the projections' compute dtype on CUDA ('float32' or 'bfloat16'). ContractError names a missing or mis-shaped tensor or a bad size; on CUDA UnsupportedError unless key_head_dim = value_head_dim = 128 and conv_kernel is 2..8.
+        """
+
+    def state_spec(self) -> LayerStateSpec:
+        """The LayerStateSpec.gdn(...) a cache layer needs for this layer."""
+
+    @property
+    def interleaved(self) -> bool:
+        """
+        True when loaded from Qwen3-Next's interleaved in_proj_qkvz / in_proj_ba.
+        """
+
+    def forward(self, x: Annotated[NDArray, dict(writable=False)]) -> object:
+        """x [T, hidden] float32 -> y [T, hidden] from a zero state (CPU layers)."""
+
+    def prefill(self, cache: Cache, layer: int, slot: int, x: Annotated[NDArray, dict(writable=False)]) -> object:
+        """
+        Continue `slot` by x [T, hidden] -> y [T, hidden]; writes the pending conv ring and state planes, visible after cache.commit(slot, T). CacheFullError when the slot has no room; ContractError for a cache layer of another kind or geometry.
+        """
+
+    @overload
+    def decode(self, cache: Cache, layer: int, slots: Annotated[NDArray, dict(writable=False)], x: Annotated[NDArray, dict(writable=False)]) -> object:
+        """
+        One token for each slot: slots [B] int32 (host, distinct), x [B, hidden] -> [B, hidden]; each row equals a prefill of that one token.
+        """
+
+    @overload
+    def decode(self, cache: Cache, layer: int, slots: DecodeSlots, x: Annotated[NDArray, dict(writable=False)]) -> object:
+        """
+        The same with the rows' slots on the device (memra.DecodeSlots of `cache`, CUDA): x [slots.size, hidden]; idle rows touch no state and give meaningless finite rows. Capturable into a CUDA graph (no host round trip).
         """

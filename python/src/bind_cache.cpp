@@ -15,6 +15,8 @@
 #include "memra/cache.h"
 #include "memra/decode_step.h"
 #include "memra/engine.h"
+#include "memra/op/graph_tables.h"
+#include "memra/op/kda.h"
 
 namespace memra::py {
 
@@ -99,6 +101,33 @@ void init_cache(nb::module_& m) {
           "Conv ring [3*heads*head_dim, conv_kernel-1] and state [heads, head_dim, head_dim], "
           "both f32 ping-pong pairs.")
       .def_static(
+          "gdn",
+          [](int key_heads, int value_heads, int key_head_dim, int value_head_dim,
+             int conv_kernel) {
+            const char* op = "LayerStateSpec.gdn";
+            check_min(key_heads, 1, op, "key_heads");
+            check_min(value_heads, 1, op, "value_heads");
+            check_min(key_head_dim, 1, op, "key_head_dim");
+            check_min(value_head_dim, 1, op, "value_head_dim");
+            check_min(conv_kernel, 1, op, "conv_kernel");
+            check_value(value_heads % key_heads == 0, op,
+                        "value_heads (" + std::to_string(value_heads) +
+                            ") must be a multiple of key_heads (" + std::to_string(key_heads) + ")");
+            LayerStateSpec s;
+            s.kind = LayerStateSpec::Kind::kGdn;
+            s.heads = value_heads;
+            s.head_dim = key_head_dim;
+            s.key_heads = key_heads;
+            s.value_dim = value_head_dim;
+            s.conv_kernel = conv_kernel;
+            return s;
+          },
+          nb::kw_only(), nb::arg("key_heads"), nb::arg("value_heads"), nb::arg("key_head_dim"),
+          nb::arg("value_head_dim"), nb::arg("conv_kernel"),
+          "Gated DeltaNet: conv ring [2*key_heads*key_head_dim + value_heads*value_head_dim, "
+          "conv_kernel-1] and state [value_heads, key_head_dim, value_head_dim], both f32 "
+          "ping-pong pairs (GdnLayer.state_spec()).")
+      .def_static(
           "mla",
           [](int row_width, int index_head_dim, int kpool, int tail_rows) {
             const char* op = "LayerStateSpec.mla";
@@ -145,6 +174,7 @@ void init_cache(nb::module_& m) {
           case LayerStateSpec::Kind::kKda: return "kda";
           case LayerStateSpec::Kind::kMla: return "mla";
           case LayerStateSpec::Kind::kAttention: return "attention";
+          case LayerStateSpec::Kind::kGdn: return "gdn";
           default: return "none";
         }
       });
@@ -305,6 +335,29 @@ void init_cache(nb::module_& m) {
           },
           nb::arg("layer"), nb::arg("slot"), "Copy of the committed conv ring [3*qkv, K-1].")
       .def(
+          "gdn_state",
+          [](Cache& c, int layer, int slot) {
+            check_plane(c, layer, slot, LayerStateSpec::Kind::kGdn, "Cache.gdn_state");
+            const auto& s = c.spec(layer);
+            return copy_out(c, c.state(layer, slot, c.cur(slot)),
+                            {size_t(s.heads), size_t(s.head_dim), size_t(s.value_dim)});
+          },
+          nb::arg("layer"), nb::arg("slot"),
+          "Copy of a GDN layer's committed recurrent state [value_heads, key_head_dim, "
+          "value_head_dim].")
+      .def(
+          "gdn_conv",
+          [](Cache& c, int layer, int slot) {
+            check_plane(c, layer, slot, LayerStateSpec::Kind::kGdn, "Cache.gdn_conv");
+            const auto& s = c.spec(layer);
+            return copy_out(c, c.conv(layer, slot, c.cur(slot)),
+                            {size_t(s.conv_channels()), size_t(s.conv_kernel - 1)});
+          },
+          nb::arg("layer"), nb::arg("slot"),
+          "Copy of a GDN layer's committed conv ring [2*Hk*dk + Hv*dv, K-1]: the last K-1 conv "
+          "inputs of the q | k | v channels, oldest first (transformers' conv_states keep the "
+          "last K; the oldest of those is never read again).")
+      .def(
           "latent_rows",
           [](Cache& c, int layer, int slot) {
             check_plane(c, layer, slot, LayerStateSpec::Kind::kMla, "Cache.latent_rows");
@@ -381,7 +434,7 @@ void init_cache(nb::module_& m) {
             cache.state(layer, 0, 0), cache.state(layer, 0, 1), s.conv_floats(), s.state_floats(),
             plane_offset, ri.data<const float*>(), ro.data<float*>(), si.data<const float*>(),
             so.data<float*>(), sink_conv, sink_state};
-        check(cuda->status(cuda->api().kda_tables(cuda->ctx(), &p), op));
+        check(op::kda_tables(op::Backend{cuda.get()}, p));
         return std::make_tuple(ri.obj, ro.obj, si.obj, so.obj);
       },
       nb::arg("cache"), nb::arg("layer"), nb::arg("slots"), nb::arg("cur").none() = nb::none(),
@@ -411,8 +464,7 @@ void init_cache(nb::module_& m) {
         require_writable(cur, op, "cur");
         int32_t* lp = const_cast<int32_t*>(i32_in(engine, la, op, "lengths", {-1}));
         int32_t* cp = const_cast<int32_t*>(i32_in(engine, ca, op, "cur", {dim(la, 0)}));
-        const CudaContext& c = cuda_ctx(engine);
-        check_cuda(engine, c.api().commit_decode(c.ctx(), sp, int(B), lp, cp), op);
+        check(op::commit_decode(backend(engine), sp, int(B), lp, cp));
       },
       nb::arg("slots"), nb::arg("lengths"), nb::arg("cur"), nb::kw_only(),
       nb::arg("engine").none() = nb::none(),

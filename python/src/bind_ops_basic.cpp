@@ -1,10 +1,11 @@
-// Functional bindings of the basic ops over DLPack arrays. CPU backend (engine None or a CPU
-// Engine): ops.h / cpu/basic.cpp, the oracle. CUDA backend (keyword `engine` = a CUDA Engine):
-// cuda/basic.cu and cuda/gemm.cu through the C ABI of cpp/include/memra/cuda_abi/basic.h; every
-// array argument must then live on the engine's device, weights are memra.DeviceWeight, outputs
-// are allocated there and the work is enqueued on the engine's stream (read results with
-// engine.to_host, which waits). Every function checks its arguments (ContractError naming the op
-// and the values) before anything runs and, on the CPU, releases the GIL while computing.
+// Functional bindings of the basic ops over DLPack arrays, through memra::op (op/basic.h): the
+// CPU reference (engine None or a CPU Engine; cpu/basic.cpp, the oracle) or the CUDA backend
+// (keyword `engine` = a CUDA Engine; cuda/basic.cu). On CUDA every array argument must live on
+// the engine's device, weights are memra.DeviceWeight, outputs are allocated there and the work
+// is enqueued on the engine's stream (read results with engine.to_host, which waits). Every
+// function checks its arguments (ContractError naming the op and the values) before anything
+// runs and, on the CPU, releases the GIL while computing. The linear family is
+// bind_ops_linear.cpp's.
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 
@@ -20,7 +21,7 @@
 #include "device_args.h"
 #include "memra/engine.h"
 #include "memra/op/basic.h"
-#include "memra/ops.h"
+#include "op_call.h"
 
 namespace memra::py {
 
@@ -28,34 +29,12 @@ namespace {
 
 size_t sz(int64_t n) { return static_cast<size_t>(n); }
 
-// x of linear_ex / linear_ex_pair: rows [T, ldx] of float32, bfloat16 (uint16 raw bits accepted)
-// or float16 on the engine's device, read from column `col` on for K columns.
-struct ExInput {
-  int dtype;  // 0 f32, 1 bf16, 2 f16
-  int64_t T, ldx;
-  const char* at(const AnyArray& x, int64_t col) const {
-    return static_cast<const char*>(x.data()) + col * (dtype == 0 ? 4 : 2);
+// dst = src (bytes) on the engine's device: an async copy on a CUDA engine's stream.
+void copy_array(const Engine* engine, void* dst, const void* src, size_t bytes, const char* op) {
+  if (!on_cuda(engine)) {
+    if (bytes) std::memcpy(dst, src, bytes);
+    return;
   }
-};
-ExInput ex_input(const AnyArray& x, const char* op, const Engine* engine) {
-  const bool f32 = has_dtype(x, nb::dlpack::dtype_code::Float, 32);
-  const bool f16 = has_dtype(x, nb::dlpack::dtype_code::Float, 16);
-  const bool bf16 = has_bf16(x);
-  check_array(x, op, "x", {-1, -1}, "float32, bfloat16 (uint16 raw bits accepted) or float16",
-              f32 || f16 || bf16, nb::device::cuda::value, engine->device_index());
-  return ExInput{f32 ? 0 : bf16 ? 1 : 2, dim(x, 0), dim(x, 1)};
-}
-// CONTRACT_SHAPE unless columns [col, col + K) lie in x's rows; `what` ends the message.
-void check_cols(const char* op, const AnyArray& x, int64_t col, int64_t K, const std::string& what) {
-  if (col < 0 || col + K > dim(x, 1)) {
-    raise_contract(kContractShape, std::string(op) + ": columns [" + std::to_string(col) + ", " +
-                                       std::to_string(col + K) + ") of x " + shape_str(x) +
-                                       " do not fit (" + what + ")");
-  }
-}
-
-// An async device-to-device copy on the engine's stream.
-void device_copy(const Engine* engine, void* dst, const void* src, size_t bytes, const char* op) {
   const CudaContext& c = cuda_ctx(engine);
   check_cuda(engine, c.api().copy(c.ctx(), dst, src, bytes), op);
 }
@@ -81,6 +60,8 @@ int int_extent(const AnyArray& a, size_t i, const char* op, const char* name) {
 }
 
 }  // namespace
+
+void init_ops_linear(nb::module_& m);  // bind_ops_linear.cpp
 
 void init_ops_basic(nb::module_& m) {
   m.def(
@@ -135,13 +116,7 @@ void init_ops_basic(nb::module_& m) {
         const MemraEmbeddingParams p{dw ? dw->data() : hw->data(),
                                      dw ? dw->dtype_code() : static_cast<int>(hw->dtype()),
                                      vocab, int(D), id, T, hc, out.data<float>()};
-        Status st;
-        {
-          std::optional<nb::gil_scoped_release> nogil;  // the CPU gather runs without the GIL
-          if (!on_cuda(engine)) nogil.emplace();
-          st = op::embedding(backend(engine), p);
-        }
-        check(st);  // raises with the GIL held
+        run_op(engine, [&] { return op::embedding(backend(engine), p); });
         return out.obj;
       },
       nb::arg("table"), nb::arg("ids"), nb::kw_only(), nb::arg("check_range") = true,
@@ -158,121 +133,7 @@ void init_ops_basic(nb::module_& m) {
       "CONTRACT_DTYPE, CONTRACT_SHAPE, CONTRACT_STRIDE, CONTRACT_DEVICE for a bad argument).\n"
       "Reference: nn.Embedding.");
 
-  m.def(
-      "linear",
-      [](const AnyArray& x, nb::handle w, std::optional<AnyArray> bias, const Engine* engine) {
-        const char* op = "linear";
-        int64_t N = 0, K = 0;
-        const Weight* hw = nullptr;
-        const DeviceWeight* dw = nullptr;
-        if (on_cuda(engine)) {
-          dw = &device_weight(engine, w, op, "w");
-          if (dw->shape.size() != 2) {
-            raise_contract(kContractShape, "linear: weight must be [N, K], got shape " + dw->shape_str());
-          }
-          N = dw->rows;
-          K = dw->cols;
-        } else {
-          hw = &host_weight(w, op, "w");
-          if (hw->shape().size() != 2) {
-            raise_contract(kContractShape, "linear: weight must be [N, K], got shape " + hw->shape_str());
-          }
-          N = hw->rows();
-          K = hw->cols();
-        }
-        const float* xp = f32_in(engine, x, op, "x", {-1, K});
-        const float* bp = bias ? f32_in(engine, *bias, op, "bias", {N}) : nullptr;
-        const int T = static_cast<int>(dim(x, 0));
-        Out y = out_f32_uninit(engine, {sz(T), sz(N)});
-        if (on_cuda(engine)) {
-          const CudaContext& c = cuda_ctx(engine);
-          check_cuda(engine,
-                     c.api().linear(c.ctx(), xp, T, int(K), dw->data(), dw->dtype_code(), int(N), bp,
-                                    y.data<float>()),
-                     op);
-        } else {
-          nb::gil_scoped_release nogil;
-          cpu::linear(xp, T, *hw, bp, y.data<float>());
-        }
-        return y.obj;
-      },
-      nb::arg("x"), nb::arg("w"), nb::arg("bias") = nb::none(), nb::kw_only(),
-      nb::arg("engine").none() = nb::none(),
-      "y [T, N] = x [T, K] @ w [N, K]^T (+ bias [N]), float32 in and out.\n\n"
-      "CPU: w a memra.Weight (any stored dtype, converted exactly per row), f32 accumulation.\n"
-      "CUDA: w a memra.DeviceWeight; float32 w: SGEMM with TF32 off; bfloat16 w: x is rounded "
-      "to bfloat16 (RNE) and multiplied on the tensor cores with f32 accumulation and output "
-      "(so it equals the CPU op on x rounded to bfloat16 up to the summation order).\n"
-      "Raises ContractError (CONTRACT_DTYPE, CONTRACT_SHAPE, CONTRACT_STRIDE, CONTRACT_DEVICE), "
-      "LibraryError for a cuBLAS failure. Reference: nn.Linear.");
-
-  m.def(
-      "linear_ex",
-      [](const AnyArray& x, nb::handle w, std::optional<AnyArray> bias, int64_t col0,
-         const Engine* engine) {
-        const char* op = "linear_ex";
-        const CudaContext& c = cuda_ctx(engine);
-        const DeviceWeight& dw = device_weight(engine, w, op, "w");
-        if (dw.shape.size() != 2) {
-          raise_contract(kContractShape, "linear_ex: weight must be [N, K], got shape " + dw.shape_str());
-        }
-        const int64_t N = dw.rows, K = dw.cols;
-        const ExInput xi = ex_input(x, op, engine);
-        check_cols(op, x, col0, K, "w is " + dw.shape_str());
-        const float* bp = bias ? f32_in(engine, *bias, op, "bias", {N}) : nullptr;
-        Out y = out_f32_uninit(engine, {sz(xi.T), sz(N)});
-        check_cuda(engine,
-                   c.api().linear_ex(c.ctx(), xi.at(x, col0), xi.dtype, xi.ldx, int(xi.T), int(K),
-                                     dw.data(), dw.dtype_code(), int(N), bp, y.data<float>()),
-                   op);
-        return y.obj;
-      },
-      nb::arg("x"), nb::arg("w"), nb::arg("bias") = nb::none(), nb::kw_only(),
-      nb::arg("col0") = 0, nb::arg("engine").none() = nb::none(),
-      "CUDA only: y [T, N] = x[:, col0:col0+K] @ w [N, K]^T (+ bias [N]) read in place from the "
-      "rows of x [T, L] (row stride L; the layers' GEMM over a column block of a fused "
-      "projection's output, or over an input rounded once for several GEMMs).\n\n"
-      "x: float32, bfloat16 (DLPack bfloat16 or uint16 raw bits) or float16, C-contiguous on the "
-      "engine's device. w: memra.DeviceWeight. x in w's dtype is multiplied as it is (no "
-      "rounding); float32 x against a bfloat16 w is rounded to bfloat16 (RNE) first, as linear "
-      "does; any other pair raises ContractError (CONTRACT_DTYPE). Raises ContractError "
-      "(CONTRACT_SHAPE when the columns do not fit in x, CONTRACT_STRIDE, CONTRACT_DEVICE), "
-      "UnsupportedError without a CUDA engine.");
-
-  m.def(
-      "linear_ex_pair",
-      [](const AnyArray& x, nb::handle w0, nb::handle w1, int64_t col0, int64_t col1,
-         const Engine* engine) {
-        const char* op = "linear_ex_pair";
-        const CudaContext& c = cuda_ctx(engine);
-        const DeviceWeight& d0 = device_weight(engine, w0, op, "w0");
-        const DeviceWeight& d1 = device_weight(engine, w1, op, "w1");
-        if (d0.shape.size() != 2 || d1.shape.size() != 2 || d0.cols != d1.cols ||
-            d0.dtype_code() != d1.dtype_code()) {
-          raise_contract(kContractShape, "linear_ex_pair: w0 and w1 must be [N0, K] and [N1, K] of "
-                                         "one dtype, got " + d0.shape_str() + " and " + d1.shape_str());
-        }
-        const int64_t K = d0.cols;
-        const ExInput xi = ex_input(x, op, engine);
-        for (int64_t col : {col0, col1}) check_cols(op, x, col, K, "K is " + std::to_string(K));
-        Out y0 = out_f32_uninit(engine, {sz(xi.T), sz(d0.rows)});
-        Out y1 = out_f32_uninit(engine, {sz(xi.T), sz(d1.rows)});
-        check_cuda(engine,
-                   c.api().linear_ex_pair(c.ctx(), xi.at(x, col0), xi.at(x, col1), xi.dtype,
-                                          xi.ldx, int(xi.T), int(K), d0.data(), d1.data(),
-                                          d0.dtype_code(), int(d0.rows), int(d1.rows), nullptr,
-                                          nullptr, y0.data<float>(), y1.data<float>()),
-                   op);
-        return nb::make_tuple(y0.obj, y1.obj);
-      },
-      nb::arg("x"), nb::arg("w0"), nb::arg("w1"), nb::kw_only(), nb::arg("col0") = 0,
-      nb::arg("col1") = 0, nb::arg("engine").none() = nb::none(),
-      "CUDA only: (linear_ex(x, w0, col0=col0), linear_ex(x, w1, col1=col1)) -> (y0 [T, N0], "
-      "y1 [T, N1]) float32 with the bytes of the two calls; one launch at a single row when both "
-      "weights have short rows (K <= 32 vectors of 16 bytes; KDA's f_b and g_b).\n\nx, w0, w1 as "
-      "linear_ex (w0 [N0, K] and w1 [N1, K], one dtype). Raises ContractError (CONTRACT_SHAPE when "
-      "the weights differ in K or dtype or the columns do not fit in x, CONTRACT_DTYPE, "
-      "CONTRACT_STRIDE, CONTRACT_DEVICE), UnsupportedError without a CUDA engine.");
+  init_ops_linear(m);  // the module lists the linear family after embedding
 
   m.def(
       "rms_norm",
@@ -283,13 +144,9 @@ void init_ops_basic(nb::module_& m) {
         const int T = int_extent(x, 0, op, "x"), D = int_extent(x, 1, op, "x");
         const float* wp = weight ? f32_in(engine, *weight, op, "weight", {D}) : nullptr;
         Out y = out_f32_uninit(engine, {sz(T), sz(D)});
-        if (on_cuda(engine)) {
-          const CudaContext& c = cuda_ctx(engine);
-          check_cuda(engine, c.api().rms_norm(c.ctx(), xp, T, D, wp, eps, y.data<float>()), op);
-        } else {
-          nb::gil_scoped_release nogil;
-          cpu::rms_norm(xp, T, D, wp, eps, y.data<float>());
-        }
+        run_op(engine, [&] {
+          return op::rms_norm(backend(engine), xp, T, D, wp, eps, y.data<float>());
+        });
         return y.obj;
       },
       nb::arg("x"), nb::arg("weight") = nb::none(), nb::kw_only(), nb::arg("eps"),
@@ -311,17 +168,10 @@ void init_ops_basic(nb::module_& m) {
         const float* wp = weight ? f32_in(engine, *weight, op, "weight", {D}) : nullptr;
         Out sum = out_f32_uninit(engine, {sz(T), sz(D)});
         Out h = out_f32_uninit(engine, {sz(T), sz(D)});
-        if (on_cuda(engine)) {
-          const CudaContext& c = cuda_ctx(engine);
-          check_cuda(engine, c.api().add(c.ctx(), xp, yp, int64_t(T) * D, sum.data<float>()), op);
-          check_cuda(engine, c.api().rms_norm(c.ctx(), sum.data<float>(), T, D, wp, eps, h.data<float>()),
-                     op);
-        } else {
-          nb::gil_scoped_release nogil;
-          float* sp = sum.data<float>();
-          for (int64_t i = 0; i < int64_t(T) * D; ++i) sp[i] = xp[i] + yp[i];
-          cpu::rms_norm(sp, T, D, wp, eps, h.data<float>());
-        }
+        run_op(engine, [&] {
+          return op::add_rms_norm(backend(engine), xp, yp, T, D, wp, eps, sum.data<float>(),
+                                  h.data<float>());
+        });
         return nb::make_tuple(sum.obj, h.obj);
       },
       nb::arg("x"), nb::arg("y"), nb::arg("weight") = nb::none(), nb::kw_only(), nb::arg("eps"),
@@ -345,15 +195,9 @@ void init_ops_basic(nb::module_& m) {
         const float* gp = f32_in(engine, gate, op, "gate", {T, D});
         const float* wp = f32_in(engine, weight, op, "weight", {D});
         Out y = out_f32(engine, {sz(T), sz(D)});
-        if (on_cuda(engine)) {
-          const CudaContext& c = cuda_ctx(engine);
-          check_cuda(engine,
-                     c.api().rms_norm_gated_sigmoid(c.ctx(), xp, gp, T, D, wp, eps, y.data<float>()),
-                     op);
-        } else {
-          nb::gil_scoped_release nogil;
-          cpu::rms_norm_gated_sigmoid(xp, gp, T, D, wp, eps, y.data<float>());
-        }
+        run_op(engine, [&] {
+          return op::rms_norm_gated_sigmoid(backend(engine), xp, gp, T, D, wp, eps, y.data<float>());
+        });
         return y.obj;
       },
       nb::arg("x"), nb::arg("gate"), nb::arg("weight"), nb::kw_only(), nb::arg("eps"),
@@ -373,13 +217,9 @@ void init_ops_basic(nb::module_& m) {
         const float* wp = f32_in(engine, weight, op, "weight", {D});
         const float* bp = f32_in(engine, bias, op, "bias", {D});
         Out y = out_f32(engine, {sz(T), sz(D)});
-        if (on_cuda(engine)) {
-          const CudaContext& c = cuda_ctx(engine);
-          check_cuda(engine, c.api().layer_norm(c.ctx(), xp, T, D, wp, bp, eps, y.data<float>()), op);
-        } else {
-          nb::gil_scoped_release nogil;
-          cpu::layer_norm(xp, T, D, wp, bp, eps, y.data<float>());
-        }
+        run_op(engine, [&] {
+          return op::layer_norm(backend(engine), xp, T, D, wp, bp, eps, y.data<float>());
+        });
         return y.obj;
       },
       nb::arg("x"), nb::arg("weight"), nb::arg("bias"), nb::kw_only(), nb::arg("eps"),
@@ -412,19 +252,10 @@ void init_ops_basic(nb::module_& m) {
         Out y0 = out_f32(engine, {1, sz(D0)});
         Out y1 = out_f32(engine, {1, sz(D1)});
         Out y2 = out_f32(engine, {1, sz(D2)});
-        if (on_cuda(engine)) {
-          const CudaContext& c = cuda_ctx(engine);
-          check_cuda(engine,
-                     c.api().norm_rows(c.ctx(), p0, D0, q0, eps0, y0.data<float>(), p1, D1, q1,
-                                       eps1, y1.data<float>(), p2, D2, q2, c2, eps2,
-                                       x2 ? y2.data<float>() : nullptr),
-                     op);
-        } else {
-          nb::gil_scoped_release nogil;
-          cpu::rms_norm(p0, 1, D0, q0, eps0, y0.data<float>());
-          cpu::rms_norm(p1, 1, D1, q1, eps1, y1.data<float>());
-          if (x2) cpu::layer_norm(p2, 1, D2, q2, c2, eps2, y2.data<float>());
-        }
+        const MemraNormRowsParams p{p0, D0, q0, eps0, y0.data<float>(), p1, D1, q1, eps1,
+                                    y1.data<float>(), p2, D2, q2, c2, eps2,
+                                    x2 ? y2.data<float>() : nullptr};
+        run_op(engine, [&] { return op::norm_rows(backend(engine), p); });
         return nb::make_tuple(y0.obj, y1.obj, y2.obj);
       },
       nb::arg("x0"), nb::arg("w0").none(), nb::arg("x1"), nb::arg("w1").none(),
@@ -448,16 +279,10 @@ void init_ops_basic(nb::module_& m) {
         const int T = static_cast<int>(dim(x, 0)), H = static_cast<int>(dim(x, 1)),
                   d = static_cast<int>(dim(x, 2));
         Out y = out_f32(engine, {sz(T), sz(H), sz(d)});
-        const size_t bytes = sizeof(float) * sz(T) * sz(H) * sz(d);
-        if (on_cuda(engine)) {
-          const CudaContext& c = cuda_ctx(engine);
-          device_copy(engine, y.ptr, xp, bytes, op);
-          check_cuda(engine, c.api().l2norm_heads(c.ctx(), y.data<float>(), T, H, d, eps), op);
-        } else {
-          std::memcpy(y.ptr, xp, bytes);
-          nb::gil_scoped_release nogil;
-          cpu::l2norm_heads(y.data<float>(), T, H, d, eps);
-        }
+        copy_array(engine, y.ptr, xp, sizeof(float) * sz(T) * sz(H) * sz(d), op);
+        run_op(engine, [&] {
+          return op::l2norm_heads(backend(engine), y.data<float>(), T, H, d, eps);
+        });
         return y.obj;
       },
       nb::arg("x"), nb::kw_only(), nb::arg("eps") = 1e-6f, nb::arg("engine").none() = nb::none(),
@@ -477,19 +302,12 @@ void init_ops_basic(nb::module_& m) {
         check_value(std::isfinite(base) && base > 0.0f, op,
                     "base must be finite and > 0, got " + std::to_string(base));
         Out y = out_f32(engine, {sz(T), sz(n), sz(d)});
-        const size_t bytes = sizeof(float) * sz(T) * sz(n) * sz(d);
-        if (on_cuda(engine)) {
-          const CudaContext& c = cuda_ctx(engine);
-          // Rotated in place on a copy (the input is never written; on error the copy is
-          // dropped). The entry point refuses an odd d_rope before launching (40001).
-          device_copy(engine, y.ptr, xp, bytes, op);
-          const int rc = c.api().rope_interleaved(c.ctx(), y.data<float>(), pp, T, n, d, base);
-          if (rc == kContractOddRope) raise_contract(rc, odd_rope_message(x));
-          check_cuda(engine, rc, op);
-        } else {
-          std::memcpy(y.ptr, xp, bytes);
-          check(cpu::rope_interleaved(y.data<float>(), pp, T, n, d, base));
-        }
+        // Rotated in place on a copy: the input is never written, and on error (an odd d_rope,
+        // 40001, refused before anything runs) the copy is dropped.
+        copy_array(engine, y.ptr, xp, sizeof(float) * sz(T) * sz(n) * sz(d), op);
+        run_op(engine, [&] {
+          return op::rope_interleaved(backend(engine), y.data<float>(), pp, T, n, d, base);
+        });
         return y.obj;
       },
       nb::arg("x"), nb::arg("positions"), nb::kw_only(), nb::arg("base") = 10000.0f,
@@ -508,14 +326,7 @@ void init_ops_basic(nb::module_& m) {
         const float* xp = f32_in(engine, x, op, "x", {-1});
         const int64_t n = dim(x, 0);
         Out y = out_f32(engine, {sz(n)});
-        if (on_cuda(engine)) {
-          const CudaContext& c = cuda_ctx(engine);
-          check_cuda(engine, c.api().sigmoid(c.ctx(), xp, n, y.data<float>()), op);
-        } else {
-          float* yp = y.data<float>();
-          nb::gil_scoped_release nogil;
-          for (int64_t i = 0; i < n; ++i) yp[i] = 1.0f / (1.0f + std::exp(-xp[i]));
-        }
+        run_op(engine, [&] { return op::sigmoid(backend(engine), xp, n, y.data<float>()); });
         return y.obj;
       },
       nb::arg("x"), nb::kw_only(), nb::arg("engine").none() = nb::none(),

@@ -1,9 +1,10 @@
-// Functional bindings of the mHC ops over DLPack arrays: the hyper-connection mapping, the
-// post-block expansion and the head mean. CPU backend (engine None or a CPU Engine): ops.h /
-// cpu/mhc.cpp, the oracle. CUDA backend (keyword `engine` = a CUDA Engine): cuda/mhc.cu through
-// the C ABI of cpp/include/memra/cuda_abi/basic.h, arrays on the engine's device, fn a
-// memra.DeviceWeight, outputs allocated there. Arguments are checked (ContractError naming the
-// op and the values) before anything runs; the GIL is released while the CPU computes.
+// Functional bindings of the mHC ops over DLPack arrays, through memra::op (op/mhc.h): the
+// hyper-connection mapping (with its fused input norm), the post-block expansion, the model's
+// head, the head mean and the streams' expansion from the embedding. CPU backend (engine None or
+// a CPU Engine): cpu/mhc.cpp, the oracle. CUDA backend (keyword `engine` = a CUDA Engine):
+// cuda/mhc_*.cu, arrays on the engine's device, fn a memra.DeviceWeight, outputs allocated
+// there. Arguments are checked (ContractError naming the op and the values) before anything
+// runs; the GIL is released while the CPU computes.
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
@@ -17,7 +18,8 @@
 #include "common.h"
 #include "device_args.h"
 #include "memra/engine.h"
-#include "memra/ops.h"
+#include "memra/op/mhc.h"
+#include "op_call.h"
 
 namespace memra::py {
 
@@ -59,29 +61,26 @@ void init_ops_mhc(nb::module_& m) {
         Out post = out_f32(engine, {sz(T), sz(hc)});
         Out comb = out_f32(engine, {sz(T), sz(hc), sz(hc)});
         Out collapsed = out_f32(engine, {sz(T), sz(D)});
-        if (on_cuda(engine)) {
-          const CudaContext& c = cuda_ctx(engine);
-          check_cuda(engine,
-                     rms_eps ? c.api().mhc_pre_norm(c.ctx(), sp, int(T), int(hc), int(D),
-                                                    dw->data(), dw->dtype_code(), bp, cp,
-                                                    sinkhorn_iters, hc_eps, norm_eps, rw, *rms_eps,
-                                                    post.data<float>(), comb.data<float>(),
-                                                    collapsed.data<float>())
-                             : c.api().mhc_pre(c.ctx(), sp, int(T), int(hc), int(D), dw->data(),
-                                               dw->dtype_code(), bp, cp, sinkhorn_iters, hc_eps,
-                                               norm_eps, post.data<float>(), comb.data<float>(),
-                                               collapsed.data<float>()),
-                     op);
-        } else {
-          nb::gil_scoped_release nogil;
-          cpu::mhc_pre(sp, static_cast<int>(T), static_cast<int>(hc), static_cast<int>(D), *hw, bp,
-                       cp, sinkhorn_iters, hc_eps, norm_eps, post.data<float>(),
-                       comb.data<float>(), collapsed.data<float>());
-          if (rms_eps) {
-            cpu::rms_norm(collapsed.data<float>(), static_cast<int>(T), static_cast<int>(D), rw,
-                          *rms_eps, collapsed.data<float>());
-          }
-        }
+        MemraMhcParams p = {};
+        p.T = int(T);
+        p.hc = int(hc);
+        p.D = int(D);
+        p.pre = 1;
+        p.norm = rms_eps ? 1 : 0;
+        p.streams = sp;
+        p.fn = dw ? dw->data() : hw->data();
+        p.fn_dtype = dw ? dw->dtype_code() : static_cast<int>(hw->dtype());
+        p.base = bp;
+        p.scale = cp;
+        p.sinkhorn_iters = sinkhorn_iters;
+        p.hc_eps = hc_eps;
+        p.norm_eps = norm_eps;
+        p.post = post.data<float>();
+        p.comb = comb.data<float>();
+        p.rms_w = rw;
+        p.rms_eps = rms_eps ? *rms_eps : 0.0f;
+        p.out = collapsed.data<float>();
+        run_op(engine, [&] { return op::mhc(backend(engine), p); });
         return nb::make_tuple(post.obj, comb.obj, collapsed.obj);
       },
       nb::arg("streams"), nb::arg("fn"), nb::arg("base"), nb::arg("scale"), nb::kw_only(),
@@ -118,17 +117,17 @@ void init_ops_mhc(nb::module_& m) {
         const float* pp = f32_in(engine, post, op, "post", {T, hc});
         const float* cp = f32_in(engine, comb, op, "comb", {T, hc, hc});
         Out out = out_f32_uninit(engine, {sz(T), sz(hc), sz(D)});
-        if (on_cuda(engine)) {
-          const CudaContext& c = cuda_ctx(engine);
-          check_cuda(engine,
-                     c.api().mhc_post(c.ctx(), yp, pp, cp, rp, int(T), int(hc), int(D),
-                                      out.data<float>()),
-                     op);
-        } else {
-          nb::gil_scoped_release nogil;
-          cpu::mhc_post(yp, pp, cp, rp, static_cast<int>(T), static_cast<int>(hc),
-                        static_cast<int>(D), out.data<float>());
-        }
+        MemraMhcParams p = {};
+        p.T = int(T);
+        p.hc = int(hc);
+        p.D = int(D);
+        p.expand = 1;
+        p.y = yp;
+        p.post_prev = pp;
+        p.comb_prev = cp;
+        p.residual = rp;
+        p.streams_out = out.data<float>();
+        run_op(engine, [&] { return op::mhc(backend(engine), p); });
         return out.obj;
       },
       nb::arg("y"), nb::arg("post"), nb::arg("comb"), nb::arg("residual"), nb::kw_only(),
@@ -159,22 +158,21 @@ void init_ops_mhc(nb::module_& m) {
                                              " has an extent past int32");
         }
         Out out = out_f32_uninit(engine, {sz(T), sz(D)});
-        if (on_cuda(engine)) {
-          const CudaContext& c = cuda_ctx(engine);
-          check_cuda(engine,
-                     c.api().mhc_post_head_norm(c.ctx(), yp, pp, cp, rp, int(T), int(hc), int(D),
-                                                wp, eps, out.data<float>()),
-                     op);
-        } else {
-          nb::gil_scoped_release nogil;
-          std::vector<float> streams(sz(T) * sz(hc) * sz(D)), mean(sz(T) * sz(D));
-          cpu::mhc_post(yp, pp, cp, rp, static_cast<int>(T), static_cast<int>(hc),
-                        static_cast<int>(D), streams.data());
-          cpu::hc_head_mean(streams.data(), static_cast<int>(T), static_cast<int>(hc),
-                            static_cast<int>(D), mean.data());
-          cpu::rms_norm(mean.data(), static_cast<int>(T), static_cast<int>(D), wp, eps,
-                        out.data<float>());
-        }
+        MemraMhcParams p = {};
+        p.T = int(T);
+        p.hc = int(hc);
+        p.D = int(D);
+        p.expand = 1;
+        p.head = 1;
+        p.norm = 1;
+        p.y = yp;
+        p.post_prev = pp;
+        p.comb_prev = cp;
+        p.residual = rp;
+        p.rms_w = wp;
+        p.rms_eps = eps;
+        p.out = out.data<float>();
+        run_op(engine, [&] { return op::mhc(backend(engine), p); });
         return out.obj;
       },
       nb::arg("y"), nb::arg("post"), nb::arg("comb"), nb::arg("residual"),
@@ -197,16 +195,9 @@ void init_ops_mhc(nb::module_& m) {
         const int64_t T = dim(streams, 0), hc = dim(streams, 1), D = dim(streams, 2);
         check_value(hc >= 1, op, "hc (streams.shape[1]) must be >= 1");
         Out out = out_f32_uninit(engine, {sz(T), sz(D)});
-        if (on_cuda(engine)) {
-          const CudaContext& c = cuda_ctx(engine);
-          check_cuda(engine,
-                     c.api().hc_head_mean(c.ctx(), sp, int(T), int(hc), int(D), out.data<float>()),
-                     op);
-        } else {
-          nb::gil_scoped_release nogil;
-          cpu::hc_head_mean(sp, static_cast<int>(T), static_cast<int>(hc), static_cast<int>(D),
-                            out.data<float>());
-        }
+        run_op(engine, [&] {
+          return op::hc_head_mean(backend(engine), sp, int(T), int(hc), int(D), out.data<float>());
+        });
         return out.obj;
       },
       nb::arg("streams"), nb::kw_only(), nb::arg("engine").none() = nb::none(),
@@ -215,6 +206,26 @@ void init_ops_mhc(nb::module_& m) {
       "Raises ContractError (CONTRACT_DTYPE, CONTRACT_SHAPE, "
       "CONTRACT_STRIDE, CONTRACT_DEVICE).\nReference: transformers Glm5NextTextHyperHead.");
 
+  m.def(
+      "hc_expand",
+      [](const AnyArray& x, int64_t n64, const Engine* engine) {
+        const float* xp = f32_in(engine, x, "hc_expand", "x", {-1, -1});
+        const int64_t T = dim(x, 0), D = dim(x, 1);
+        if (n64 < 1 || n64 > INT32_MAX) {
+          raise_contract(kContractValue, "hc_expand: n must be in [1, 2^31), got " + std::to_string(n64));
+        }
+        const int n = static_cast<int>(n64);
+        Out y = out_f32_uninit(engine, {size_t(T), size_t(n), size_t(D)});
+        run_op(engine, [&] {
+          return op::hc_expand(backend(engine), xp, int(T), int(D), n, y.data<float>());
+        });
+        return y.obj;
+      },
+      nb::arg("x"), nb::arg("n"), nb::kw_only(), nb::arg("engine").none() = nb::none(),
+      "x [T, D] float32 -> [T, n, D]: every residual stream starts as x (reference: "
+      "Glm5NextTextModel.forward, hidden_states.unsqueeze(2).expand(..., hc_mult, ...)). On a CUDA "
+      "engine x must live on its device. Raises ContractError for a bad array or n outside "
+      "[1, 2^31).");
 }
 
 }  // namespace memra::py

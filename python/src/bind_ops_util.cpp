@@ -1,6 +1,5 @@
 // Functional bindings of the small data movements the model chains between layers, on either
-// backend: hc_expand (residual streams from the embedding) and take_rows (a row range, e.g. the
-// last prefill position before the LM head).
+// backend: take_rows (a row range, e.g. the last prefill position before the LM head).
 #include <cstdint>
 #include <cstring>
 
@@ -9,32 +8,6 @@
 namespace memra::py {
 
 void init_ops_util(nb::module_& m) {
-  m.def(
-      "hc_expand",
-      [](const AnyArray& x, int64_t n64, const Engine* engine) {
-        const float* xp = f32_in(engine, x, "hc_expand", "x", {-1, -1});
-        const int64_t T = dim(x, 0), D = dim(x, 1);
-        if (n64 < 1 || n64 > INT32_MAX) {
-          raise_contract(kContractValue, "hc_expand: n must be in [1, 2^31), got " + std::to_string(n64));
-        }
-        const int n = static_cast<int>(n64);
-        Out y = out_f32_uninit(engine, {size_t(T), size_t(n), size_t(D)});
-        if (on_cuda(engine)) {
-          const CudaContext& c = cuda_ctx(engine);
-          check_cuda(engine, c.api().hc_expand(c.ctx(), xp, int(T), int(D), n, y.data<float>()), "hc_expand");
-        } else {
-          for (int64_t t = 0; t < T; ++t) {
-            for (int s = 0; s < n; ++s) std::memcpy(y.data<float>() + (t * n + s) * D, xp + t * D, D * 4);
-          }
-        }
-        return y.obj;
-      },
-      nb::arg("x"), nb::arg("n"), nb::kw_only(), nb::arg("engine").none() = nb::none(),
-      "x [T, D] float32 -> [T, n, D]: every residual stream starts as x (reference: "
-      "Glm5NextTextModel.forward, hidden_states.unsqueeze(2).expand(..., hc_mult, ...)). On a CUDA "
-      "engine x must live on its device. Raises ContractError for a bad array or n outside "
-      "[1, 2^31).");
-
   m.def(
       "take_rows",
       [](const AnyArray& x, int64_t start, int64_t count, const Engine* engine) {

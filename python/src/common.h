@@ -104,8 +104,11 @@ void init_arguments(nb::module_& m);
 void init_weight(nb::module_& m);
 void init_ops_basic(nb::module_& m);
 void init_ops_kda(nb::module_& m);
+void init_ops_gdn(nb::module_& m);
 void init_ops_mla(nb::module_& m);
-void init_ops_ffn(nb::module_& m);
+void init_ops_mlp(nb::module_& m);
+void init_ops_moe(nb::module_& m);
+void init_ops_sample(nb::module_& m);
 void init_ops_mhc(nb::module_& m);
 void init_ops_dsa(nb::module_& m);
 void init_engine(nb::module_& m);
@@ -114,6 +117,7 @@ void init_cache(nb::module_& m);
 void init_layers(nb::module_& m);
 void init_ops_attention(nb::module_& m);
 void init_layers_attention(nb::module_& m);
+void init_layers_gdn(nb::module_& m);
 
 }  // namespace memra::py
 

@@ -10,8 +10,11 @@ NB_MODULE(_core, m) {
   memra::py::init_weight(m);
   memra::py::init_ops_basic(m);
   memra::py::init_ops_kda(m);
+  memra::py::init_ops_gdn(m);
   memra::py::init_ops_mla(m);
-  memra::py::init_ops_ffn(m);
+  memra::py::init_ops_mlp(m);
+  memra::py::init_ops_moe(m);
+  memra::py::init_ops_sample(m);
   memra::py::init_ops_mhc(m);
   memra::py::init_ops_dsa(m);
   memra::py::init_ops_attention(m);
@@ -23,5 +26,6 @@ NB_MODULE(_core, m) {
   memra::py::init_cache(m);
   memra::py::init_layers(m);
   memra::py::init_layers_attention(m);
+  memra::py::init_layers_gdn(m);
   memra::py::init_arguments(m);  // last: it fronts every function defined above
 }

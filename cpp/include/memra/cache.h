@@ -5,6 +5,9 @@
 //               a step reads plane cur(slot) and writes plane 1-cur(slot); commit() flips cur.
 //               Until commit the slot's visible state is untouched, which gives exact rollback
 //               of an uncommitted step and keeps "error => cache unchanged" cheap.
+//   GDN layer   conv ring [2*Hk*dk + Hv*dv, K-1] and recurrent state [Hv, dk, dv] f32, a
+//               ping-pong pair each, as KDA's (Gated DeltaNet: Hk key heads of dk, Hv value heads
+//               of dv; the ring holds the conv's last K-1 inputs of the q | k | v channels).
 //   MLA layer   latent rows [max_len, kv_rank + d_rope] (normalised latent | k_pe); rows past
 //               length(slot) are scratch until commit advances the length.
 //   DSA indexer resident pool keys [max_len / kpool, d] (final once their last row lands) and a
@@ -41,19 +44,30 @@
 namespace memra {
 
 struct LayerStateSpec {
-  // kAttention is 4: 3 is left to the Gated DeltaNet state of issue 19.
-  enum class Kind : int { kNone = 0, kKda = 1, kMla = 2, kAttention = 4 };
+  enum class Kind : int { kNone = 0, kKda = 1, kMla = 2, kGdn = 3, kAttention = 4 };
   Kind kind = Kind::kNone;
-  // KDA; attention: heads = the K / V heads, head_dim their width
+  // KDA (heads of head_dim, dk == dv); GDN: heads = value heads (the state's), head_dim = dk,
+  // key_heads = Hk, value_dim = dv (both 0 for KDA); attention: heads = the K / V heads,
+  // head_dim their width
   int heads = 0, head_dim = 0, conv_kernel = 0;
+  int key_heads = 0, value_dim = 0;
   // MLA
   int row_width = 0;       // kv_rank + d_rope
   int index_head_dim = 0;  // 0: no indexer state (a "shared" DSA layer or plain MLA)
   int kpool = 0;
   int tail_rows = 0;       // ring rows, a multiple of kpool (0 when no indexer)
 
-  int64_t conv_floats() const { return int64_t(3) * heads * head_dim * (conv_kernel - 1); }
-  int64_t state_floats() const { return int64_t(heads) * head_dim * head_dim; }
+  // A recurrent layer's planes (KDA or GDN): the conv ring's floats [channels, K-1] and the
+  // state's [heads, head_dim, dv] of one slot.
+  bool recurrent() const { return kind == Kind::kKda || kind == Kind::kGdn; }
+  int64_t conv_channels() const {
+    return kind == Kind::kGdn ? int64_t(2) * key_heads * head_dim + int64_t(heads) * value_dim
+                              : int64_t(3) * heads * head_dim;
+  }
+  int64_t conv_floats() const { return conv_channels() * (conv_kernel - 1); }
+  int64_t state_floats() const {
+    return int64_t(heads) * head_dim * (kind == Kind::kGdn ? value_dim : head_dim);
+  }
   // Attention: elements of one key (or value) row, [kv_heads, head_dim].
   int64_t kv_row() const { return int64_t(heads) * head_dim; }
 };

@@ -28,21 +28,31 @@ typedef struct MemraCudaCtx MemraCudaCtx;
 #include "memra/cuda_abi/attention.h"
 #include "memra/cuda_abi/basic.h"
 #include "memra/cuda_abi/dsa.h"
-#include "memra/cuda_abi/ffn.h"
+#include "memra/cuda_abi/gdn.h"
+#include "memra/cuda_abi/graph_tables.h"
 #include "memra/cuda_abi/kda.h"
+#include "memra/cuda_abi/linear.h"
+#include "memra/cuda_abi/mhc.h"
 #include "memra/cuda_abi/mla.h"
+#include "memra/cuda_abi/mlp.h"
+#include "memra/cuda_abi/moe.h"
 #include "memra/cuda_abi/runtime.h"
-#include "memra/cuda_abi/util.h"
+#include "memra/cuda_abi/sample.h"
 
 #define MEMRA_CUDA_ALL_OPS(X) \
   MEMRA_CUDA_RUNTIME_OPS(X)   \
   MEMRA_CUDA_BASIC_OPS(X)     \
+  MEMRA_CUDA_LINEAR_OPS(X)    \
+  MEMRA_CUDA_MHC_OPS(X)       \
   MEMRA_CUDA_KDA_OPS(X)       \
+  MEMRA_CUDA_GDN_OPS(X)       \
   MEMRA_CUDA_MLA_OPS(X)       \
   MEMRA_CUDA_DSA_OPS(X)       \
-  MEMRA_CUDA_FFN_OPS(X)        \
-  MEMRA_CUDA_ATTENTION_OPS(X)  \
-  MEMRA_CUDA_UTIL_OPS(X)
+  MEMRA_CUDA_MLP_OPS(X)       \
+  MEMRA_CUDA_MOE_OPS(X)       \
+  MEMRA_CUDA_SAMPLE_OPS(X)    \
+  MEMRA_CUDA_ATTENTION_OPS(X) \
+  MEMRA_CUDA_GRAPH_TABLES_OPS(X)
 
 #ifdef __cplusplus
 namespace memra {

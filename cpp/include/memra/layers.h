@@ -232,7 +232,7 @@ class MlpLayer {
   const std::shared_ptr<CudaContext>& cuda() const { return cuda_; }
 
   // The uploaded weights (after to_device), for kernels that run this MLP inside a larger op
-  // (MoeLayer: the shared expert as one more expert slot, moe_forward_shared).
+  // (MoeLayer: the shared expert as one more expert slot of moe_forward).
   struct DeviceView {
     const void *gate = nullptr, *up = nullptr, *down = nullptr;  // [I, hidden] x2, [hidden, I]
     int dtype = 0, intermediate = 0;
@@ -284,7 +284,8 @@ class MoeLayer {
   std::unique_ptr<MlpLayer> shared_;
 };
 
-// mHC hyper-connection site (attention or FFN). Names: fn [(2+hc)*hc, hc*hidden], base, scale [3].
+// mHC hyper-connection site (attention or FFN; cpp/src/layers/mhc_layer.cpp, one op::mhc call a
+// method on either backend). Names: fn [(2+hc)*hc, hc*hidden], base, scale [3].
 // Reference: Glm5NextTextHyperConnection.
 class HyperConnection {
  public:
@@ -300,8 +301,8 @@ class HyperConnection {
   // The previous site's expansion, then this site's pre_norm: streams [T, hc, hidden] =
   // cpu::mhc_post(y [T, hidden], post_prev [T, hc], comb_prev [T, hc, hc], residual [T, hc,
   // hidden]), then pre_norm(streams) into post, comb, out. streams must not overlap residual.
-  // On CUDA at one decode row the two are one launch (memra_cuda_mhc_post_pre_norm), with the
-  // bytes of the two calls.
+  // On CUDA at one decode row the two are one launch (MemraMhcParams' expand + pre + norm), with
+  // the bytes of the two calls.
   Status post_pre_norm(const float* y, const float* post_prev, const float* comb_prev,
                        const float* residual, int T, const float* rms_w, float rms_eps,
                        float* streams, float* post, float* comb, float* out) const;
@@ -316,12 +317,12 @@ class HyperConnection {
   const std::shared_ptr<CudaContext>& cuda() const { return cuda_; }
 
  private:
-  // rms: out = rms_norm(collapsed, rms_w, rms_eps) (memra_cuda_mhc_pre_norm).
-  Status pre_cuda(const float* streams, int T, bool rms, const float* rms_w, float rms_eps,
-                  float* post, float* comb, float* collapsed) const;
-  Status post_pre_cuda(const float* y, const float* post_prev, const float* comb_prev,
-                       const float* residual, int T, const float* rms_w, float rms_eps,
-                       float* streams, float* post, float* comb, float* out) const;
+  // The site's mapping fields (weights on the layer's device) for T rows; the caller sets the
+  // steps and arrays.
+  MemraMhcParams site(int T) const;
+  // op::mhc(p) on the layer's backend (on CUDA over its resident uploaded weights); a failure
+  // names `method` and the op.
+  Status run(const MemraMhcParams& p, const char* method) const;
   std::shared_ptr<CudaContext> cuda_;
   DeviceWeight d_fn_, d_base_, d_scale_;
   int hidden_ = 0, hc_ = 0, iters_ = 0;

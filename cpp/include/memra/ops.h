@@ -1,152 +1,29 @@
-// The CPU reference backend: every op glm5_next needs, in f32 arithmetic (weights are read in
+// The CPU reference backend: every op the families need, in f32 arithmetic (weights are read in
 // their file dtype and converted per row). These functions are the numeric oracle for the CUDA
-// backend; transformers 5.17 (models/glm5_next/modeling_glm5_next.py) is the oracle for them.
+// backend; transformers 5.17 (models/glm5_next/modeling_glm5_next.py and the other families'
+// modeling files) is the oracle for them.
 //
 // Conventions: all activation pointers are f32, C-contiguous, row-major, with the shape written
 // beside each argument. T is the number of tokens in the call. Ops never throw and never
 // allocate on behalf of the caller except scratch; those that can refuse a scalar argument
 // return a Status, the rest are void (the binding layer checks shapes before calling).
+//
+// This header is the umbrella: an area's declarations live in memra/cpu/<area>.h beside its
+// cpu/<area>.cpp, and ops.h includes them so that it stays the one header for every reference op.
 #pragma once
 
 #include <cstdint>
 
+#include "memra/cpu/attention.h"
+#include "memra/cpu/basic.h"
 #include "memra/cpu/dsa.h"
-#include "memra/cpu/kda.h"  // the KDA ops (cpu/kda.cpp)
+#include "memra/cpu/gdn.h"
+#include "memra/cpu/kda.h"
+#include "memra/cpu/linear.h"
+#include "memra/cpu/mhc.h"
 #include "memra/cpu/mla.h"
+#include "memra/cpu/mlp.h"
+#include "memra/cpu/moe.h"
+#include "memra/cpu/sample.h"
 #include "memra/status.h"
 #include "memra/tensor.h"
-
-namespace memra::cpu {
-
-// ---------------------------------------------------------------- basic (cpu/basic.cpp)
-
-// out[t, :] = table[ids[t], :]. table [vocab, D]; ids [T] (already range-checked); out [T, D].
-void embedding(const WeightView& table, const int32_t* ids, int T, float* out);
-
-// y[T, N] = x[T, K] @ w[N, K]^T (+ bias[N] when bias != nullptr). Reference: nn.Linear.
-void linear(const float* x, int T, const WeightView& w, const float* bias, float* y);
-
-// RMSNorm over the last dim: y = x * rsqrt(mean(x^2) + eps) (* w when w != nullptr).
-// x, y [T, D] (may alias); w [D] or nullptr (unweighted). Reference: Glm5NextTextRMSNorm,
-// Glm5NextTextUnweightedRMSNorm.
-void rms_norm(const float* x, int T, int D, const float* w, float eps, float* y);
-
-// Sigmoid-gated RMSNorm: y = w * x * rsqrt(mean(x^2) + eps) * sigmoid(gate).
-// x, gate, y [T, D] (y may alias x); w [D]. Reference: Glm5NextTextRMSNormGated.
-void rms_norm_gated_sigmoid(const float* x, const float* gate, int T, int D, const float* w,
-                            float eps, float* y);
-
-// LayerNorm with weight and bias: y = (x - mean) * rsqrt(var + eps) * w + b (biased variance).
-// x, y [T, D]; w, b [D]. Reference: nn.LayerNorm.
-void layer_norm(const float* x, int T, int D, const float* w, const float* b, float eps, float* y);
-
-// In-place per-head L2 norm: x[t, h, :] /= sqrt(sum(x^2) + eps). x [T, H, d].
-// Reference: modeling_glm5_next.l2norm (eps inside the sqrt, FLA's form).
-void l2norm_heads(float* x, int T, int H, int d, float eps);
-
-// Interleaved ("NORM") RoPE in place over pairs (2j, 2j+1) of the last dim:
-// x [T, n_vec, d_rope], positions [T]; theta_j = pos * base^(-2j/d_rope).
-// Returns kContractOddRope when d_rope is odd. d_rope == 0 is a no-op.
-// Reference: DeepSeek-V3 apply_rotary_pos_emb_interleave (kimi_linear/deepseek_v3 modeling).
-Status rope_interleaved(float* x, const int32_t* positions, int T, int n_vec, int d_rope,
-                        float base);
-
-
-// ---------------------------------------------------------------- FFN (cpu/ffn.cpp)
-
-// SwiGLU MLP with the asymmetric clamp: gate = min(x W_g^T, limit), up = clamp(x W_u^T, +-limit),
-// y = (silu(gate) * up) W_d^T. x [T, D]; gate_w, up_w [I, D]; down_w [D, I]; y [T, D].
-// Reference: Glm5NextTextMLP.forward.
-void swiglu_mlp(const float* x, int T, const WeightView& gate_w, const WeightView& up_w,
-                const WeightView& down_w, float limit, float* y);
-
-// Sigmoid router with grouped selection and correction bias. x [T, D]; gate_w [E, D];
-// corr_bias [E] or nullptr; topk_idx [T, top_k] (ascending expert id order is NOT implied:
-// sorted by choice score desc, ties to the lower id); topk_w [T, top_k] =
-// renormalised sigmoid scores (when norm) * scaling. Group score = sum of the two largest choice
-// scores (s + bias) of the group; the topk_group best groups are kept (ties: lower group).
-// Requires E % n_group == 0, 1 <= topk_group <= n_group, 1 <= top_k <= topk_group * E / n_group
-// (the binding checks). Reference: Glm5NextTextTopkRouter.forward.
-void moe_route(const float* x, int T, int D, const WeightView& gate_w, const float* corr_bias, int E,
-               int top_k, int n_group, int topk_group, bool norm_topk_prob, float scaling,
-               int32_t* topk_idx, float* topk_w);
-
-// Routed experts (shared expert NOT included: the caller adds shared(x)). For each token t:
-//   y[t] = sum over j of topk_w[t, j] * expert_{topk_idx[t, j]}(x[t]),
-// expert_e(x) = down_w[e] (silu(min(gate_w[e] x, limit)) * clamp(up_w[e] x, +-limit)).
-// Each term is computed as (down row . h) * w and the terms of a token are added to a zero row in
-// ascending expert id (Glm5NextTextExperts.forward loops over the hit experts in ascending id and
-// index_adds). x, y [T, D]; topk_idx, topk_w [T, top_k] (ids already range-checked to [0, E));
-// gate_w, up_w: E weights [I, D]; down_w: E weights [D, I]. Reference: Glm5NextTextExperts.
-void moe_forward(const float* x, int T, int D, const int32_t* topk_idx, const float* topk_w,
-                 int top_k, const WeightView* gate_w, const WeightView* up_w, const WeightView* down_w, int E,
-                 float limit, float* y);
-
-// ---------------------------------------------------------------- mHC (cpu/mhc.cpp)
-
-// Hyper-connection mapping. streams [T, hc, D]; fn [(2+hc)*hc, hc*D]; base [(2+hc)*hc];
-// scale [3]; post [T, hc]; comb [T, hc, hc]; collapsed [T, D] = sum_s pre[s] * streams[s].
-// norm_eps = rms_norm_eps (unweighted RMSNorm of the flattened streams), hc_eps for the
-// sigmoid floor and the Sinkhorn denominators. Reference: Glm5NextTextHyperConnection.forward.
-void mhc_pre(const float* streams, int T, int hc, int D, const WeightView& fn, const float* base,
-             const float* scale, int sinkhorn_iters, float hc_eps, float norm_eps, float* post,
-             float* comb, float* collapsed);
-
-// out[t, j, :] = post[t, j] * y[t, :] + sum_i comb[t, i, j] * residual[t, i, :].
-// y [T, D]; post [T, hc]; comb [T, hc, hc]; residual, out [T, hc, D] (out may not alias).
-// Reference: Glm5NextTextDecoderLayer.forward.
-void mhc_post(const float* y, const float* post, const float* comb, const float* residual, int T,
-              int hc, int D, float* out);
-
-// out[t, :] = mean over s of streams[t, s, :]. Reference: Glm5NextTextHyperHead.
-void hc_head_mean(const float* streams, int T, int hc, int D, float* out);
-
-// ---------------------------------------------------------------- sampling (cpu/sample.cpp)
-
-// Counter-based uniform in [0, 1): a pure function of (seed, counter), identical on every
-// backend. All arithmetic is uint64 modulo 2^64:
-//   z  = seed ^ (0x9E3779B97F4A7C15 * (counter + 1))
-//   z += 0x9E3779B97F4A7C15
-//   z  = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9
-//   z  = (z ^ (z >> 27)) * 0x94D049BB133111EB
-//   z ^= z >> 31                                   (the splitmix64 step)
-//   u  = float(z >> 40) * 2^-24                     (top 24 bits; exact in f32, u < 1)
-float uniform_from_counter(uint64_t seed, uint64_t counter);
-
-// One token per row. logits [B, V]. temperature <= 0 means greedy: argmax, ties to the lower id;
-// a NaN never wins except at id 0, which then keeps the row (the comparisons v[i] > v[best] of a
-// left-to-right scan starting at id 0).
-// Otherwise p = softmax(logits / temperature); keep the top_k most likely (top_k <= 0: all), then
-// the smallest prefix of those (sorted by p desc, ties to the lower id) whose mass reaches top_p
-// (top_p >= 1: all); renormalise; draw with u = uniform_from_counter(seed, counters[b]).
-// out [B]. Exact f32 arithmetic (the CUDA twin must match it): z_i = logits_i / temperature;
-// m = max z; e_i = exp(z_i - m); s = sum of e_i in ascending id; p_i = e_i / s. Order by
-// (p desc, id asc) and keep the first k (k = top_k, or V when top_k <= 0 or top_k > V);
-// Mk = sum of their p in that order; q_i = p_i / Mk (so top_p is measured within the top-k, as
-// transformers' TopK-then-TopP warpers and vLLM do). Walk the kept entries in that order with
-// the running sum c of q: top_p < 1 keeps entries up to and including the first where
-// c >= top_p. With M = c at the last kept entry, the token is the first kept entry whose
-// c > u * M (u * M rounded once; when rounding leaves none, the last kept entry with q > 0).
-// A row whose logits are all -inf (or hold a NaN or +inf: s not finite or not > 0) gets argmax.
-//
-// The blocked order. Every sum and running sum above (s; Mk; the top-p mass and the draw's c,
-// which are one running sum) is an f32 sum over terms t_0 .. t_{n-1} in the order named
-// (ascending id for s, the sorted order for the others), cut into blocks of L = kSampleBlock
-// terms (block b holds the indices [bL, min(bL + L, n))). Every + below is one f32 addition
-// rounded to nearest (no fused or wider accumulation), taken left to right:
-//   W_i = ((0 + t_{bL}) + t_{bL+1}) + ... + t_i   for i in block b          (within the block)
-//   S_b = W at the last index of block b                                    (the block sum)
-//   P_0 = 0,  P_{b+1} = P_b + S_b                                           (over the blocks)
-//   c_i = P_b + W_i, b = i / L                    (the running sum at index i, one rounding)
-//   sum = P_nb, nb = ceil(n / L)                  (= c_{n-1})
-// c never decreases (the terms are >= 0) and c at the last index of block b is P_{b+1}, so the
-// first index whose c reaches a threshold lies in the first block whose P_{b+1} does. M is c at
-// the cut (the sum over all k when nothing is cut); the draw reads the same c_i, i < n. L is part
-// of the spec (both backends use this constant): the blocks are what the CUDA twin sums in
-// parallel, so every sequential chain is at most max(L, n / L) additions long.
-inline constexpr int kSampleBlock = 512;
-
-void sample(const float* logits, int B, int V, float temperature, int top_k, float top_p,
-            uint64_t seed, const uint64_t* counters, int32_t* out);
-
-}  // namespace memra::cpu

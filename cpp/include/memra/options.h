@@ -48,9 +48,9 @@ struct KernelOptions {
   // Tokens from which moe_forward runs the routed experts grouped by expert instead of one
   // (token, slot) pair at a time (a large value keeps the per-pair kernels). moe_forward's bytes
   // do not change (the grouped kernels' every product and sum is the per-pair kernels'), but
-  // changes numerics of an MoE layer with a shared expert (moe_forward_shared): below this T the
-  // shared expert rides in the per-pair kernels, from it it runs as an MLP of its own (cuBLAS
-  // above one row), which sums in another order.
+  // changes numerics of an MoE layer with a shared expert (moe_forward's shared_* fields): below
+  // this T the shared expert rides in the per-pair kernels, from it it runs as an MLP of its own
+  // (cuBLAS above one row), which sums in another order.
   int moe_grouped_min_t = 2;
   // The full attention's decode (cuda/attention_decode.cu, AttentionLayer): false splits each
   // sequence's rows over blocks sized from the cache's capacity and merges the splits' partial

@@ -1,32 +1,15 @@
-// Embedding, linear, norms, L2 norm and interleaved RoPE: the CPU reference (ops.h).
+// Embedding, norms, L2 norm, interleaved RoPE, sigmoid and add: the CPU reference (cpu/basic.h).
 #include <cmath>
 #include <string>
 #include <vector>
 
-#include "memra/ops.h"
+#include "memra/cpu/basic.h"
 
 namespace memra::cpu {
 
 void embedding(const WeightView& table, const int32_t* ids, int T, float* out) {
   const int64_t D = table.cols;
   for (int t = 0; t < T; ++t) table.row_f32(ids[t], out + static_cast<int64_t>(t) * D);
-}
-
-void linear(const float* x, int T, const WeightView& w, const float* bias, float* y) {
-  const int64_t N = w.rows, K = w.cols;
-  std::vector<float> row(static_cast<size_t>(K));
-  // Weight-row outer loop: each row is converted from its file dtype once per call and reused
-  // for every token (the "converted per tile" rule for the reference backend).
-  for (int64_t n = 0; n < N; ++n) {
-    w.row_f32(n, row.data());
-    for (int t = 0; t < T; ++t) {
-      const float* xt = x + static_cast<int64_t>(t) * K;
-      float acc = 0.0f;
-      for (int64_t k = 0; k < K; ++k) acc += xt[k] * row[k];
-      if (bias) acc += bias[n];
-      y[static_cast<int64_t>(t) * N + n] = acc;
-    }
-  }
 }
 
 void rms_norm(const float* x, int T, int D, const float* w, float eps, float* y) {
@@ -105,6 +88,14 @@ Status rope_interleaved(float* x, const int32_t* positions, int T, int n_vec, in
     }
   }
   return Status::Ok();
+}
+
+void sigmoid(const float* x, int64_t n, float* y) {
+  for (int64_t i = 0; i < n; ++i) y[i] = 1.0f / (1.0f + std::exp(-x[i]));
+}
+
+void add(const float* x, const float* y, int64_t n, float* out) {
+  for (int64_t i = 0; i < n; ++i) out[i] = x[i] + y[i];
 }
 
 }  // namespace memra::cpu

@@ -1,11 +1,13 @@
 // mHC hyper-connections: the mapping (pre / post / Sinkhorn comb), the post-block expansion and
-// the final head mean: the CPU reference (ops.h "mHC"). Oracle: Glm5NextTextHyperConnection,
+// the final head mean: the CPU reference (cpu/mhc.h). Oracle: Glm5NextTextHyperConnection,
 // Glm5NextTextDecoderLayer.forward, Glm5NextTextHyperHead.
 #include <algorithm>
 #include <cmath>
 #include <vector>
 
-#include "memra/ops.h"
+#include "memra/cpu/basic.h"
+#include "memra/cpu/linear.h"
+#include "memra/cpu/mhc.h"
 
 namespace memra::cpu {
 
@@ -112,6 +114,12 @@ void hc_head_mean(const float* streams, int T, int hc, int D, float* out) {
       for (int s = 0; s < hc; ++s) acc += st[static_cast<int64_t>(s) * D + d];
       out[static_cast<int64_t>(t) * D + d] = acc / static_cast<float>(hc);
     }
+  }
+}
+
+void hc_expand(const float* x, int T, int D, int n, float* out) {
+  for (int64_t t = 0; t < T; ++t) {
+    for (int s = 0; s < n; ++s) std::copy(x + t * D, x + (t + 1) * D, out + (t * n + s) * D);
   }
 }
 

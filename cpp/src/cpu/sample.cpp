@@ -1,12 +1,12 @@
-// Counter-based RNG and temperature / top-k / top-p sampling: the CPU reference (ops.h
-// "sampling"). The arithmetic is spelled out in ops.h so the CUDA twin draws the same tokens;
+// Counter-based RNG and temperature / top-k / top-p sampling: the CPU reference (cpu/sample.h).
+// The arithmetic is spelled out in cpu/sample.h so the CUDA twin draws the same tokens;
 // every sum runs in the spec's blocked order (kSampleBlock terms per block).
 #include <algorithm>
 #include <cmath>
 #include <numeric>
 #include <vector>
 
-#include "memra/ops.h"
+#include "memra/cpu/sample.h"
 
 namespace memra::cpu {
 
@@ -29,7 +29,7 @@ struct Walk {
   float sum;  // the running sum there, or the whole sum when found < 0
 };
 
-// ops.h's blocked sum of term(0), ..., term(n - 1): block b holds the terms [b L, b L + L) and is
+// cpu/sample.h's blocked sum of term(0), ..., term(n - 1): block b holds the terms [b L, b L + L) and is
 // summed left to right from 0 (w); the running sum at index i of block b is P_b + w, where P_b is
 // the sum of the block sums 0 .. b - 1 left to right (P_0 = 0); the whole sum is P over every
 // block. Stops at the first index whose running sum satisfies `done`.

@@ -7,6 +7,7 @@
 
 #include "attention_step.h"
 #include "gpu_util.h"
+#include "host_util.h"
 #include "memra/attention_layer.h"
 #include "memra/cpu/attention.h"
 #include "memra/op/attention.h"
@@ -184,9 +185,9 @@ Status AttentionLayer::run_cpu(const float* x, Step s, float* y) const {
   const int N = s.T, Hq = cfg_.heads, Hkv = cfg_.kv_heads, hd = cfg_.head_dim;
   std::vector<float> qg(size_t(N) * Hq * 2 * hd), k(size_t(N) * Hkv * hd), v(size_t(N) * Hkv * hd),
       q(size_t(N) * Hq * hd), gate(size_t(N) * Hq * hd), o(size_t(N) * Hq * hd);
-  cpu::linear(x, N, q_proj_, or_null(q_bias_), qg.data());
-  cpu::linear(x, N, k_proj_, or_null(k_bias_), k.data());
-  cpu::linear(x, N, v_proj_, or_null(v_bias_), v.data());
+  MEMRA_TRY(host::linear(x, N, q_proj_, or_null(q_bias_), qg.data()));
+  MEMRA_TRY(host::linear(x, N, k_proj_, or_null(k_bias_), k.data()));
+  MEMRA_TRY(host::linear(x, N, v_proj_, or_null(v_bias_), v.data()));
   s.qg = qg.data();
   s.ld_qg = int64_t(Hq) * 2 * hd;
   s.k = k.data();
@@ -198,8 +199,7 @@ Status AttentionLayer::run_cpu(const float* x, Step s, float* y) const {
   s.k_out = k.data();
   s.o = o.data();
   MEMRA_TRY(attend(op::Backend{}, s, q_norm_.data(), k_norm_.data(), inv_freq_.data()));
-  cpu::linear(o.data(), N, o_proj_, or_null(o_bias_), y);
-  return Status::Ok();
+  return host::linear(o.data(), N, o_proj_, or_null(o_bias_), y);
 }
 
 Status AttentionLayer::prefill(Cache& cache, int layer, int slot, const float* x, int T, float* y) const {

@@ -1,13 +1,23 @@
-// Feed-forward layers (dense SwiGLU MLP, routed MoE with shared expert) and the mHC
-// hyper-connection site. References: Glm5NextTextMLP, Glm5NextTextMoE,
-// Glm5NextTextHyperConnection (transformers 5.17, modeling_glm5_next.py).
+// Feed-forward layers (dense SwiGLU MLP, routed MoE with shared expert). References:
+// Glm5NextTextMLP, Glm5NextTextMoE (transformers 5.17, modeling_glm5_next.py). The FFN layers run
+// their ops through memra::op (op/mlp.h, op/moe.h) on either backend; the mHC site is in
+// mhc_layer.cpp.
 #include <algorithm>
 #include <cmath>
 #include <vector>
 
 #include "memra/layers.h"
+#include "memra/op/mlp.h"
+#include "memra/op/moe.h"
 
 namespace memra {
+
+namespace {
+
+// A weight widened to f32 (exact: the CPU reference reads every dtype as f32 anyway).
+Weight widened(const Weight& w) { return Weight(DType::kF32, w.shape(), w.to_f32().data()); }
+
+}  // namespace
 
 Status MlpLayer::create(int hidden, int intermediate, float swiglu_limit, WeightMap& w,
                         std::unique_ptr<MlpLayer>* out) {
@@ -21,22 +31,34 @@ Status MlpLayer::create(int hidden, int intermediate, float swiglu_limit, Weight
   MEMRA_TRY(w.take("gate_proj.weight", {intermediate, hidden}, &l->gate_));
   MEMRA_TRY(w.take("up_proj.weight", {intermediate, hidden}, &l->up_));
   MEMRA_TRY(w.take("down_proj.weight", {hidden, intermediate}, &l->down_));
+  // The op reads one MLP's weights in one dtype (MemraMlpParams::w_dtype): a checkpoint that mixes
+  // them is read as f32.
+  if (l->up_.dtype() != l->gate_.dtype() || l->down_.dtype() != l->gate_.dtype()) {
+    for (Weight* t : {&l->gate_, &l->up_, &l->down_}) *t = widened(*t);
+  }
   *out = std::move(l);
   return Status::Ok();
 }
 
 Status MlpLayer::forward(const float* x, int T, float* y) const {
-  if (cuda_) return forward_cuda(x, T, nullptr, y);
-  cpu::swiglu_mlp(x, T, gate_, up_, down_, limit_, y);
-  return Status::Ok();
+  return forward_add(x, T, nullptr, y);
 }
 
 Status MlpLayer::forward_add(const float* x, int T, const float* add, float* y) const {
   if (cuda_) return forward_cuda(x, T, add, y);
-  cpu::swiglu_mlp(x, T, gate_, up_, down_, limit_, y);
-  const int64_t n = int64_t(T) * hidden_;
-  for (int64_t i = 0; i < n; ++i) y[i] += add[i];
-  return Status::Ok();
+  MemraMlpParams p{};
+  p.x = x;
+  p.T = T;
+  p.D = hidden_;
+  p.gate_w = gate_.data();
+  p.up_w = up_.data();
+  p.down_w = down_.data();
+  p.w_dtype = static_cast<int>(gate_.dtype());
+  p.I = intermediate_;
+  p.limit = limit_;
+  p.add = add;
+  p.y = y;
+  return op::swiglu_mlp(op::Backend{}, p);
 }
 
 Status MoeLayer::create(const MoeConfig& cfg, WeightMap& w, std::unique_ptr<MoeLayer>* out) {
@@ -53,6 +75,8 @@ Status MoeLayer::create(const MoeConfig& cfg, WeightMap& w, std::unique_ptr<MoeL
   l->cfg_ = cfg;
   const int64_t D = cfg.hidden, E = cfg.n_experts, I = cfg.intermediate;
   MEMRA_TRY(w.take("gate.weight", {E, D}, &l->router_));
+  // Router logits are f32 (MemraMoeRouteParams::gate_w), as in the reference.
+  if (l->router_.dtype() != DType::kF32) l->router_ = widened(l->router_);
   if (w.has("gate.e_score_correction_bias")) {
     MEMRA_TRY(w.take_f32("gate.e_score_correction_bias", {E}, &l->corr_bias_));
   }
@@ -89,75 +113,42 @@ Status MoeLayer::forward(const float* x, int T, float* y, int32_t* topk_idx) con
   const int D = cfg_.hidden, K = cfg_.top_k;
   std::vector<int32_t> idx(size_t(T) * K);
   std::vector<float> wts(size_t(T) * K);
-  cpu::moe_route(x, T, D, router_, corr_bias_.empty() ? nullptr : corr_bias_.data(), cfg_.n_experts,
-                 K, cfg_.n_group, cfg_.topk_group, cfg_.norm_topk_prob, cfg_.routed_scaling,
-                 idx.data(), wts.data());
-  cpu::moe_forward(x, T, D, idx.data(), wts.data(), K, views_of(gate_).data(),
-                   views_of(up_).data(), views_of(down_).data(), cfg_.n_experts, cfg_.swiglu_limit, y);
-  if (shared_) {
-    std::vector<float> s(size_t(T) * D);
-    MEMRA_TRY(shared_->forward(x, T, s.data()));
-    for (size_t i = 0; i < s.size(); ++i) y[i] += s[i];
-  }
+  MemraMoeRouteParams r{};
+  r.x = x;
+  r.T = T;
+  r.D = D;
+  r.gate_w = static_cast<const float*>(router_.data());
+  r.corr_bias = corr_bias_.empty() ? nullptr : corr_bias_.data();
+  r.E = cfg_.n_experts;
+  r.top_k = K;
+  r.n_group = cfg_.n_group;
+  r.topk_group = cfg_.topk_group;
+  r.norm_topk_prob = cfg_.norm_topk_prob ? 1 : 0;
+  r.scaling = cfg_.routed_scaling;
+  r.topk_idx = idx.data();
+  r.topk_w = wts.data();
+  MEMRA_TRY(op::moe_route(op::Backend{}, r));
+  // The experts as loaded, one weight each (no stacked copy on the host).
+  const std::vector<WeightView> g = views_of(gate_), u = views_of(up_), d = views_of(down_);
+  const op::HostExperts experts{g.data(), u.data(), d.data()};
+  // With a shared expert: the routed sum first, then y = shared(x) + it (MlpLayer::forward_add).
+  std::vector<float> routed(shared_ ? size_t(T) * D : 0);
+  MemraMoeForwardParams f{};
+  f.x = x;
+  f.T = T;
+  f.D = D;
+  f.topk_idx = idx.data();
+  f.topk_w = wts.data();
+  f.top_k = K;
+  f.w_dtype = static_cast<int>(gate_[0].dtype());
+  f.E = cfg_.n_experts;
+  f.I = cfg_.intermediate;
+  f.limit = cfg_.swiglu_limit;
+  f.y = shared_ ? routed.data() : y;
+  MEMRA_TRY(op::moe_forward(op::Backend{}, f, &experts));
+  if (shared_) MEMRA_TRY(shared_->forward_add(x, T, routed.data(), y));
   if (topk_idx) std::copy(idx.begin(), idx.end(), topk_idx);
   return Status::Ok();
-}
-
-Status HyperConnection::create(int hidden, int hc, int sinkhorn_iters, float hc_eps, float norm_eps,
-                               WeightMap& w, std::unique_ptr<HyperConnection>* out) {
-  if (hidden < 1 || hc < 1 || sinkhorn_iters < 1) {
-    return Status(kContractValue, "HyperConnection: hidden, hc_mult and hc_sinkhorn_iters must be >= 1");
-  }
-  std::unique_ptr<HyperConnection> l(new HyperConnection());
-  l->hidden_ = hidden;
-  l->hc_ = hc;
-  l->iters_ = sinkhorn_iters;
-  l->hc_eps_ = hc_eps;
-  l->norm_eps_ = norm_eps;
-  const int64_t mix = int64_t(2 + hc) * hc;
-  MEMRA_TRY(w.take("fn", {mix, int64_t(hc) * hidden}, &l->fn_));
-  MEMRA_TRY(w.take_f32("base", {mix}, &l->base_));
-  MEMRA_TRY(w.take_f32("scale", {3}, &l->scale_));
-  MEMRA_TRY(w.finish());
-  *out = std::move(l);
-  return Status::Ok();
-}
-
-Status HyperConnection::pre(const float* streams, int T, float* post, float* comb, float* collapsed) const {
-  if (cuda_) return pre_cuda(streams, T, false, nullptr, 0.0f, post, comb, collapsed);
-  cpu::mhc_pre(streams, T, hc_, hidden_, fn_, base_.data(), scale_.data(), iters_, hc_eps_, norm_eps_,
-               post, comb, collapsed);
-  return Status::Ok();
-}
-
-Status HyperConnection::pre_norm(const float* streams, int T, const float* rms_w, float rms_eps,
-                                 float* post, float* comb, float* out) const {
-  if (!(rms_eps >= 0.0f && std::isfinite(rms_eps))) {
-    return Status(kContractValue, "HyperConnection.pre: the norm's eps must be finite and >= 0");
-  }
-  if (cuda_) return pre_cuda(streams, T, true, rms_w, rms_eps, post, comb, out);
-  MEMRA_TRY(pre(streams, T, post, comb, out));
-  cpu::rms_norm(out, T, hidden_, rms_w, rms_eps, out);
-  return Status::Ok();
-}
-
-Status HyperConnection::post_pre_norm(const float* y, const float* post_prev, const float* comb_prev,
-                                      const float* residual, int T, const float* rms_w,
-                                      float rms_eps, float* streams, float* post, float* comb,
-                                      float* out) const {
-  if (!(rms_eps >= 0.0f && std::isfinite(rms_eps))) {
-    return Status(kContractValue, "HyperConnection.post_pre: the norm's eps must be finite and >= 0");
-  }
-  const size_t n = size_t(T) * hc_ * hidden_;
-  if (n > 0 && streams < residual + n && residual < streams + n) {
-    return Status(kContractValue, "HyperConnection.post_pre: the new streams overlap the residual");
-  }
-  if (cuda_) {
-    return post_pre_cuda(y, post_prev, comb_prev, residual, T, rms_w, rms_eps, streams, post, comb,
-                         out);
-  }
-  cpu::mhc_post(y, post_prev, comb_prev, residual, T, hc_, hidden_, streams);
-  return pre_norm(streams, T, rms_w, rms_eps, post, comb, out);
 }
 
 }  // namespace memra

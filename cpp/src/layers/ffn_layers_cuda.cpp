@@ -1,10 +1,11 @@
-// MlpLayer, MoeLayer and HyperConnection on a CUDA device (ffn_layers.cpp's chains over the CUDA
-// library's ops). Routers, correction biases and the mHC mapping stay f32 (the router logits
-// are f32 in the reference; the mHC weights are small).
+// MlpLayer and MoeLayer on a CUDA device (ffn_layers.cpp's chains over the CUDA library's ops).
+// Routers and correction biases stay f32 (the router logits are f32 in the reference).
 #include <vector>
 
 #include "gpu_util.h"
 #include "memra/layers.h"
+#include "memra/op/mlp.h"
+#include "memra/op/moe.h"
 
 namespace memra {
 
@@ -33,13 +34,21 @@ MlpLayer::DeviceView MlpLayer::device_view() const {
 }
 
 Status MlpLayer::forward_cuda(const float* x, int T, const float* add, float* y) const {
-  const CudaContext& c = *cuda_;
-  gpu::ResidentWeights resident(c);
+  gpu::ResidentWeights resident(*cuda_);
   const DeviceView v = device_view();
-  MEMRA_GPU(c, c.api().swiglu_mlp_add(c.ctx(), x, T, hidden_, v.gate, v.up, v.down, v.dtype,
-                                      intermediate_, limit_, add, y),
-            "MlpLayer.forward");
-  return Status::Ok();
+  MemraMlpParams p{};
+  p.x = x;
+  p.T = T;
+  p.D = hidden_;
+  p.gate_w = v.gate;
+  p.up_w = v.up;
+  p.down_w = v.down;
+  p.w_dtype = v.dtype;
+  p.I = intermediate_;
+  p.limit = limit_;
+  p.add = add;
+  p.y = y;
+  return op::swiglu_mlp(op::Backend{cuda_.get()}, p);
 }
 
 // ------------------------------------------------------------------------------------ MoeLayer
@@ -64,78 +73,57 @@ Status MoeLayer::to_device(std::shared_ptr<CudaContext> cuda, DType dtype) {
 }
 
 Status MoeLayer::forward_cuda(const float* x, int T, float* y, int32_t* topk_idx) const {
-  const CudaContext& c = *cuda_;
-  gpu::ResidentWeights resident(c);
-  const char* op = "MoeLayer.forward";
+  gpu::ResidentWeights resident(*cuda_);
+  const op::Backend b{cuda_.get()};
   const int D = cfg_.hidden, K = cfg_.top_k;
   gpu::Arena a(cuda_);
   // The chosen experts go straight into the caller's topk_idx when it wants them (no copy).
   int32_t* idx = topk_idx;
-  float* wts;
+  float* wts = nullptr;
   if (!idx) MEMRA_TRY(a.take(int64_t(T) * K, &idx));
   MEMRA_TRY(a.take(int64_t(T) * K, &wts));
-  MEMRA_GPU(c, c.api().moe_route(c.ctx(), x, T, D, gpu::f32p(d_router_),
-                                 d_corr_.buffer ? gpu::f32p(d_corr_) : nullptr, cfg_.n_experts, K,
-                                 cfg_.n_group, cfg_.topk_group, cfg_.norm_topk_prob ? 1 : 0,
-                                 cfg_.routed_scaling, idx, wts), op);
+  MemraMoeRouteParams r{};
+  r.x = x;
+  r.T = T;
+  r.D = D;
+  r.gate_w = gpu::f32p(d_router_);
+  r.corr_bias = d_corr_.buffer ? gpu::f32p(d_corr_) : nullptr;
+  r.E = cfg_.n_experts;
+  r.top_k = K;
+  r.n_group = cfg_.n_group;
+  r.topk_group = cfg_.topk_group;
+  r.norm_topk_prob = cfg_.norm_topk_prob ? 1 : 0;
+  r.scaling = cfg_.routed_scaling;
+  r.topk_idx = idx;
+  r.topk_w = wts;
+  MEMRA_TRY(op::moe_route(b, r));
+  MemraMoeForwardParams f{};
+  f.x = x;
+  f.T = T;
+  f.D = D;
+  f.topk_idx = idx;
+  f.topk_w = wts;
+  f.top_k = K;
+  f.gate_w = d_gate_.data();
+  f.up_w = d_up_.data();
+  f.down_w = d_down_.data();
+  f.w_dtype = d_gate_.dtype_code();
+  f.E = cfg_.n_experts;
+  f.I = cfg_.intermediate;
+  f.limit = cfg_.swiglu_limit;
+  f.y = y;
   // With a shared expert: y = shared + routed in one op (at decode rows the shared expert is one
   // more slot of the expert kernels; otherwise the routed sum rides into y on the shared
   // expert's down projection).
   if (shared_) {
     const MlpLayer::DeviceView s = shared_->device_view();
-    MEMRA_GPU(c, c.api().moe_forward_shared(c.ctx(), x, T, D, idx, wts, K, d_gate_.data(),
-                                            d_up_.data(), d_down_.data(), d_gate_.dtype_code(),
-                                            cfg_.n_experts, cfg_.intermediate, cfg_.swiglu_limit,
-                                            s.gate, s.up, s.down, s.intermediate, s.limit, y), op);
-    return Status::Ok();
+    f.shared_gate_w = s.gate;
+    f.shared_up_w = s.up;
+    f.shared_down_w = s.down;
+    f.shared_I = s.intermediate;
+    f.shared_limit = s.limit;
   }
-  MEMRA_GPU(c, c.api().moe_forward(c.ctx(), x, T, D, idx, wts, K, d_gate_.data(), d_up_.data(),
-                                   d_down_.data(), d_gate_.dtype_code(), cfg_.n_experts,
-                                   cfg_.intermediate, cfg_.swiglu_limit, y), op);
-  return Status::Ok();
-}
-
-// ----------------------------------------------------------------------------- HyperConnection
-Status HyperConnection::to_device(std::shared_ptr<CudaContext> cuda, DType /*dtype*/) {
-  MEMRA_TRY(DeviceWeight::upload(cuda, fn_, DType::kF32, &d_fn_));
-  MEMRA_TRY(DeviceWeight::upload_f32(cuda, base_, &d_base_));
-  MEMRA_TRY(DeviceWeight::upload_f32(cuda, scale_, &d_scale_));
-  cuda_ = std::move(cuda);
-  fn_ = Weight();
-  return Status::Ok();
-}
-
-Status HyperConnection::pre_cuda(const float* streams, int T, bool rms, const float* rms_w,
-                                 float rms_eps, float* post, float* comb, float* collapsed) const {
-  const CudaContext& c = *cuda_;
-  gpu::ResidentWeights resident(c);
-  if (rms) {
-    MEMRA_GPU(c, c.api().mhc_pre_norm(c.ctx(), streams, T, hc_, hidden_, d_fn_.data(),
-                                      d_fn_.dtype_code(), gpu::f32p(d_base_), gpu::f32p(d_scale_),
-                                      iters_, hc_eps_, norm_eps_, rms_w, rms_eps, post, comb,
-                                      collapsed),
-              "HyperConnection.pre");
-    return Status::Ok();
-  }
-  MEMRA_GPU(c, c.api().mhc_pre(c.ctx(), streams, T, hc_, hidden_, d_fn_.data(), d_fn_.dtype_code(),
-                               gpu::f32p(d_base_), gpu::f32p(d_scale_), iters_, hc_eps_, norm_eps_,
-                               post, comb, collapsed),
-            "HyperConnection.pre");
-  return Status::Ok();
-}
-
-Status HyperConnection::post_pre_cuda(const float* y, const float* post_prev,
-                                      const float* comb_prev, const float* residual, int T,
-                                      const float* rms_w, float rms_eps, float* streams,
-                                      float* post, float* comb, float* out) const {
-  const CudaContext& c = *cuda_;
-  gpu::ResidentWeights resident(c);
-  MEMRA_GPU(c, c.api().mhc_post_pre_norm(c.ctx(), y, post_prev, comb_prev, residual, T, hc_,
-                                         hidden_, d_fn_.data(), d_fn_.dtype_code(),
-                                         gpu::f32p(d_base_), gpu::f32p(d_scale_), iters_, hc_eps_,
-                                         norm_eps_, rms_w, rms_eps, streams, post, comb, out),
-            "HyperConnection.post_pre");
-  return Status::Ok();
+  return op::moe_forward(b, f);
 }
 
 }  // namespace memra

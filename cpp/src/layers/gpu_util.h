@@ -1,6 +1,7 @@
 // Helpers of the layers' CUDA paths (host code calling the CUDA library through CudaApi): per-call
-// scratch, pointer tables, and the GEMM call shapes (linear; round_input + linear_in for inputs
-// shared by several GEMMs or read as a column block).
+// scratch, pointer tables, and the GEMM call shapes over op::linear (linear; round_input +
+// linear_in for inputs shared by several GEMMs or read as a column block). The GEMM helpers
+// return the CUDA library's status code, for MEMRA_GPU to name with the layer's op.
 #pragma once
 
 #include <cstdint>
@@ -9,6 +10,7 @@
 #include <vector>
 
 #include "memra/device.h"
+#include "memra/op/linear.h"
 
 // Return the named Status of a failed CUDA-library call.
 #define MEMRA_GPU(cuda, expr, op)                         \
@@ -69,8 +71,16 @@ class ResidentWeights {
 // y[T, w.rows] = x[T, w.cols] w^T (+ bias).
 inline int linear(const CudaContext& c, const float* x, int T, const DeviceWeight& w,
                   const float* bias, float* y) {
-  return c.api().linear(c.ctx(), x, T, static_cast<int>(w.cols), w.data(), w.dtype_code(),
-                        static_cast<int>(w.rows), bias, y);
+  MemraLinearParams p = {};
+  p.x = x;
+  p.T = T;
+  p.K = static_cast<int>(w.cols);
+  p.w = w.data();
+  p.w_dtype = w.dtype_code();
+  p.N = static_cast<int>(w.rows);
+  p.bias = bias;
+  p.y = y;
+  return op::linear(op::Backend{&c}, p).code;
 }
 
 inline const float* f32p(const DeviceWeight& w) { return static_cast<const float*>(w.data()); }
@@ -90,7 +100,7 @@ struct Rounded {
 // x [N, K] f32 (C-contiguous) as a GEMM input of compute dtype `dtype`: f32 is x itself (no
 // launch); bf16 is x rounded (RNE, the rounding linear applies) into `a`'s scratch, one launch,
 // except at N <= MEMRA_GEMV_MAX_ROWS, where x stays f32 and each GEMM rounds it on the fly
-// (the same values: linear_ex rounds an f32 x against a bf16 weight).
+// (the same values: linear rounds an f32 x against a bf16 weight).
 inline Status round_input(const CudaContext& c, Arena& a, const float* x, int64_t N, int64_t K,
                           DType dtype, Rounded* out, const char* op) {
   *out = Rounded{x, DType::kF32, K};
@@ -110,17 +120,26 @@ inline Status round_input(const CudaContext& c, Arena& a, const float* x, int64_
   return Status::Ok();
 }
 
-// y[N, w.rows] = x[N, w.cols] w^T (+ bias) over a rounded input (linear_ex: no rounding when x is
-// in w's dtype; an f32 x against a bf16 w is rounded as linear does).
+// y[N, w.rows] = x[N, w.cols] w^T (+ bias) over a rounded input (no rounding when x is in w's
+// dtype; an f32 x against a bf16 w is rounded as linear does).
 inline int linear_in(const CudaContext& c, const Rounded& x, int N, const DeviceWeight& w,
                      const float* bias, float* y) {
-  return c.api().linear_ex(c.ctx(), x.data, static_cast<int>(x.dtype), x.ld, N,
-                           static_cast<int>(w.cols), w.data(), w.dtype_code(),
-                           static_cast<int>(w.rows), bias, y);
+  MemraLinearParams p = {};
+  p.x = x.data;
+  p.x_dtype = static_cast<int>(x.dtype);
+  p.ldx = x.ld;
+  p.T = N;
+  p.K = static_cast<int>(w.cols);
+  p.w = w.data();
+  p.w_dtype = w.dtype_code();
+  p.N = static_cast<int>(w.rows);
+  p.bias = bias;
+  p.y = y;
+  return op::linear(op::Backend{&c}, p).code;
 }
 
 // linear_in(x0, w0 -> y0) and linear_in(x1, w1 -> y1): one launch at a decode row when both take
-// the decode GEMV (linear_ex_pair), else the two calls.
+// the decode GEMV (MemraLinearParams::pair), else the two calls.
 inline int linear_in_pair(const CudaContext& c, const Rounded& x0, const Rounded& x1, int N,
                           const DeviceWeight& w0, const DeviceWeight& w1, float* y0, float* y1) {
   if (x0.dtype != x1.dtype || x0.ld != x1.ld || w0.cols != w1.cols ||
@@ -128,10 +147,22 @@ inline int linear_in_pair(const CudaContext& c, const Rounded& x0, const Rounded
     const int rc = linear_in(c, x0, N, w0, nullptr, y0);
     return rc != kOk ? rc : linear_in(c, x1, N, w1, nullptr, y1);
   }
-  return c.api().linear_ex_pair(c.ctx(), x0.data, x1.data, static_cast<int>(x0.dtype), x0.ld, N,
-                                static_cast<int>(w0.cols), w0.data(), w1.data(), w0.dtype_code(),
-                                static_cast<int>(w0.rows), static_cast<int>(w1.rows), nullptr,
-                                nullptr, y0, y1);
+  MemraLinearParams p = {};
+  p.x = x0.data;
+  p.x_dtype = static_cast<int>(x0.dtype);
+  p.ldx = x0.ld;
+  p.T = N;
+  p.K = static_cast<int>(w0.cols);
+  p.w = w0.data();
+  p.w_dtype = w0.dtype_code();
+  p.N = static_cast<int>(w0.rows);
+  p.y = y0;
+  p.pair = 1;
+  p.x1 = x1.data;
+  p.w1 = w1.data();
+  p.N1 = static_cast<int>(w1.rows);
+  p.y1 = y1;
+  return op::linear(op::Backend{&c}, p).code;
 }
 
 }  // namespace memra::gpu

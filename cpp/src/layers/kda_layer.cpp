@@ -6,7 +6,9 @@
 #include <vector>
 
 #include "gpu_util.h"
+#include "host_util.h"
 #include "memra/layers.h"
+#include "memra/op/basic.h"
 #include "memra/op/kda.h"
 
 namespace memra {
@@ -70,7 +72,7 @@ Status KdaLayer::run(const float* x, int T, const float* ring_in, float* ring_ou
   std::vector<float> proj(Tq), mixed(size_t(T) * C);
   const Weight* w3[3] = {&q_proj_, &k_proj_, &v_proj_};
   for (int p = 0; p < 3; ++p) {
-    cpu::linear(x, T, *w3[p], nullptr, proj.data());
+    MEMRA_TRY(host::linear(x, T, *w3[p], nullptr, proj.data()));
     for (int t = 0; t < T; ++t) {
       std::copy_n(proj.data() + size_t(t) * qkv, qkv, mixed.data() + size_t(t) * C + p * qkv);
     }
@@ -99,9 +101,9 @@ Status KdaLayer::run(const float* x, int T, const float* ring_in, float* ring_ou
 
   // Forget gate (raw log gate) and beta, beta's sigmoid in the gate's call.
   std::vector<float> low(size_t(T) * dk), g(Tq), beta(size_t(T) * H);
-  cpu::linear(x, T, f_a_, nullptr, low.data());
-  cpu::linear(low.data(), T, f_b_, nullptr, g.data());
-  cpu::linear(x, T, b_proj_, nullptr, beta.data());
+  MEMRA_TRY(host::linear(x, T, f_a_, nullptr, low.data()));
+  MEMRA_TRY(host::linear(low.data(), T, f_b_, nullptr, g.data()));
+  MEMRA_TRY(host::linear(x, T, b_proj_, nullptr, beta.data()));
   const MemraKdaGateParams gp{g.data(), dt_bias_.data(), a_log_.data(), T, H, dk,
                               static_cast<int>(cfg_.gate_form), cfg_.lower_bound, g.data(),
                               beta.data(), int64_t(T) * H};
@@ -131,12 +133,11 @@ Status KdaLayer::run(const float* x, int T, const float* ring_in, float* ring_ou
 
   // Output gate, sigmoid-gated RMSNorm per head, output projection.
   std::vector<float> gate(Tq);
-  cpu::linear(x, T, g_a_, nullptr, low.data());
-  cpu::linear(low.data(), T, g_b_, nullptr, gate.data());
-  cpu::rms_norm_gated_sigmoid(o.data(), gate.data(), T * H, dk, o_norm_.data(), cfg_.rms_eps,
-                              o.data());
-  cpu::linear(o.data(), T, o_proj_, nullptr, y);
-  return Status::Ok();
+  MEMRA_TRY(host::linear(x, T, g_a_, nullptr, low.data()));
+  MEMRA_TRY(host::linear(low.data(), T, g_b_, nullptr, gate.data()));
+  MEMRA_TRY(op::rms_norm_gated_sigmoid(cpu, o.data(), gate.data(), T * H, dk, o_norm_.data(),
+                                       cfg_.rms_eps, o.data()));
+  return host::linear(o.data(), T, o_proj_, nullptr, y);
 }
 
 Status KdaLayer::forward(const float* x, int T, float* y) const {

@@ -26,6 +26,7 @@
 
 #include "gpu_util.h"
 #include "memra/layers.h"
+#include "memra/op/basic.h"
 #include "memra/op/kda.h"
 
 namespace memra {
@@ -133,8 +134,6 @@ Status KdaLayer::run_cuda(Cache& cache, int layer, int B, int T, const Planes& p
                           const float* x, float* y) const {
   const CudaContext& c = *cuda_;
   gpu::ResidentWeights resident(c);
-  const CudaApi& api = c.api();
-  MemraCudaCtx* ctx = c.ctx();
   const op::Backend be{&c};
   const Gpu& g = *gpu_;
   const int H = cfg_.heads, dk = cfg_.head_dim, qkv = H * dk, C = 3 * qkv, K = cfg_.conv_kernel;
@@ -286,8 +285,9 @@ Status KdaLayer::run_cuda(Cache& cache, int layer, int B, int T, const Planes& p
   // The sigmoid-gated RMSNorm per head (gate_o: g_b over low's second block, above; at decode
   // inside the scan), output projection.
   if (!decode) {
-    MEMRA_GPU(c, api.rms_norm_gated_sigmoid(ctx, o, gate_o, N * H, dk, gpu::f32p(g.o_norm),
-                                            cfg_.rms_eps, o), op);
+    MEMRA_TRY(in_layer(op::rms_norm_gated_sigmoid(be, o, gate_o, N * H, dk, gpu::f32p(g.o_norm),
+                                                  cfg_.rms_eps, o),
+                       op));
   }
   MEMRA_GPU(c, gpu::linear(c, o, N, g.o_proj, nullptr, y), op);
   return Status::Ok();

@@ -6,7 +6,9 @@
 #include <vector>
 
 #include "gpu_util.h"
+#include "host_util.h"
 #include "memra/layers.h"
+#include "memra/op/basic.h"
 #include "memra/op/dsa.h"
 #include "memra/op/mla.h"
 
@@ -112,11 +114,12 @@ Status MlaLayer::indexer(Cache& cache, int layer, int slot, int pos, const float
   const int Hi = cfg_.index_heads, di = cfg_.index_head_dim, P = cfg_.kpool;
   std::vector<float> q(size_t(T) * Hi * di), k(size_t(T) * di), gate(size_t(T) * di),
       wts(size_t(T) * Hi);
-  cpu::linear(q_resid, T, wq_b_, nullptr, q.data());
-  cpu::linear(x, T, wk_, nullptr, k.data());
-  cpu::layer_norm(k.data(), T, di, k_norm_w_.data(), k_norm_b_.data(), kIndexerNormEps, k.data());
-  cpu::linear(x, T, kpool_gate_, nullptr, gate.data());
-  cpu::linear(x, T, weights_proj_, nullptr, wts.data());
+  MEMRA_TRY(host::linear(q_resid, T, wq_b_, nullptr, q.data()));
+  MEMRA_TRY(host::linear(x, T, wk_, nullptr, k.data()));
+  MEMRA_TRY(op::layer_norm(op::Backend{}, k.data(), T, di, k_norm_w_.data(), k_norm_b_.data(),
+                           kIndexerNormEps, k.data()));
+  MEMRA_TRY(host::linear(x, T, kpool_gate_, nullptr, gate.data()));
+  MEMRA_TRY(host::linear(x, T, weights_proj_, nullptr, wts.data()));
 
   const op::Backend host;  // the CPU reference
   MemraKpoolAppendParams ap{};
@@ -200,25 +203,32 @@ Status MlaLayer::prefill(Cache& cache, int layer, int slot, const float* x, int 
   // without query LoRA (q_lora_rank 0, KimiLinearAttention) q = q_proj(x).
   std::vector<float> q_resid(size_t(T) * ql), q(size_t(T) * H * (dn + dr));
   if (ql > 0) {
-    cpu::linear(x, T, q_a_, q_a_bias_.empty() ? nullptr : q_a_bias_.data(), q_resid.data());
-    cpu::rms_norm(q_resid.data(), T, ql, q_a_norm_.data(), cfg_.rms_eps, q_resid.data());
-    cpu::linear(q_resid.data(), T, q_b_, nullptr, q.data());
+    MEMRA_TRY(host::linear(x, T, q_a_, q_a_bias_.empty() ? nullptr : q_a_bias_.data(),
+                           q_resid.data()));
+    MEMRA_TRY(op::rms_norm(op::Backend{}, q_resid.data(), T, ql, q_a_norm_.data(), cfg_.rms_eps,
+                           q_resid.data()));
+    MEMRA_TRY(host::linear(q_resid.data(), T, q_b_, nullptr, q.data()));
   } else {
-    cpu::linear(x, T, q_proj_, nullptr, q.data());
+    MEMRA_TRY(host::linear(x, T, q_proj_, nullptr, q.data()));
   }
 
   // Latent rows [kv_a_layernorm(latent) | k_pe] appended at rows [pos, end); k_pe is the raw
   // last d_rope columns of kv_a_proj_with_mqa, rotated only when the family says so.
   std::vector<float> ckv(size_t(T) * row);
-  cpu::linear(x, T, kv_a_, kv_a_bias_.empty() ? nullptr : kv_a_bias_.data(), ckv.data());
+  MEMRA_TRY(host::linear(x, T, kv_a_, kv_a_bias_.empty() ? nullptr : kv_a_bias_.data(),
+                         ckv.data()));
   float* cache_rows = cache.latent(layer, slot);
   std::vector<int32_t> positions(T);
   for (int t = 0; t < T; ++t) positions[t] = pos + t;
   for (int t = 0; t < T; ++t) {
     float* dst = cache_rows + size_t(pos + t) * row;
-    cpu::rms_norm(ckv.data() + size_t(t) * row, 1, R, kv_a_norm_.data(), cfg_.rms_eps, dst);
+    MEMRA_TRY(op::rms_norm(op::Backend{}, ckv.data() + size_t(t) * row, 1, R, kv_a_norm_.data(),
+                           cfg_.rms_eps, dst));
     std::copy_n(ckv.data() + size_t(t) * row + R, dr, dst + R);
-    if (cfg_.rotate) cpu::rope_interleaved(dst + R, &positions[t], 1, 1, dr, cfg_.rope_base);
+    if (cfg_.rotate) {
+      MEMRA_TRY(op::rope_interleaved(op::Backend{}, dst + R, &positions[t], 1, 1, dr,
+                                     cfg_.rope_base));
+    }
   }
 
   std::vector<float> q_nope(size_t(T) * H * dn), q_pe(size_t(T) * H * dr);
@@ -226,7 +236,10 @@ Status MlaLayer::prefill(Cache& cache, int layer, int slot, const float* x, int 
     std::copy_n(q.data() + th * (dn + dr), dn, q_nope.data() + th * dn);
     std::copy_n(q.data() + th * (dn + dr) + dn, dr, q_pe.data() + th * dr);
   }
-  if (cfg_.rotate) cpu::rope_interleaved(q_pe.data(), positions.data(), T, H, dr, cfg_.rope_base);
+  if (cfg_.rotate) {
+    MEMRA_TRY(op::rope_interleaved(op::Backend{}, q_pe.data(), positions.data(), T, H, dr,
+                                   cfg_.rope_base));
+  }
   std::vector<float> q_lat(size_t(T) * H * R), o_lat(size_t(T) * H * R);
   const op::Backend host;  // the CPU reference
   MEMRA_TRY(op::mla_proj(host, proj(MEMRA_MLA_ABSORB, q_nope.data(), kv_b_, T, H, dn, dv,
@@ -261,8 +274,7 @@ Status MlaLayer::prefill(Cache& cache, int layer, int slot, const float* x, int 
   std::vector<float> attn(size_t(T) * H * dv);
   MEMRA_TRY(op::mla_proj(host, proj(MEMRA_MLA_DECOMPRESS, o_lat.data(), kv_b_, T, H, dn, dv,
                                    attn.data())));
-  cpu::linear(attn.data(), T, o_proj_, o_bias_.empty() ? nullptr : o_bias_.data(), y);
-  return Status::Ok();
+  return host::linear(attn.data(), T, o_proj_, o_bias_.empty() ? nullptr : o_bias_.data(), y);
 }
 
 Status MlaLayer::decode_device(Cache& cache, int layer, const int32_t* slots_d, int B,

@@ -9,7 +9,9 @@
 
 #include "gpu_util.h"
 #include "memra/layers.h"
+#include "memra/op/basic.h"
 #include "memra/op/dsa.h"
+#include "memra/op/graph_tables.h"
 #include "memra/op/mla.h"
 
 namespace memra {
@@ -111,8 +113,6 @@ Status MlaLayer::to_device(std::shared_ptr<CudaContext> cuda, DType dtype) {
 Status MlaLayer::project_cuda(gpu::Arena& a, const float* x, int N, Projected* out,
                               const NormAppend* append) const {
   const CudaContext& c = *cuda_;
-  const CudaApi& api = c.api();
-  MemraCudaCtx* ctx = c.ctx();
   const op::Backend b{&c};
   const Gpu& g = *gpu_;
   const char* op = "MlaLayer projections";
@@ -179,18 +179,21 @@ Status MlaLayer::project_cuda(gpu::Arena& a, const float* x, int N, Projected* o
     p.tail_rows = cfg_.tail_rows;
     MEMRA_TRY(op::mla_norm_append_decode(b, p));
   } else if (N == 1) {  // one launch for the row's two or three norms (the bytes of the three below)
-    MEMRA_GPU(c, api.norm_rows(ctx, out->q_resid, ql, gpu::f32p(g.q_a_norm), cfg_.rms_eps,
-                               out->q_resid, out->ckv, R, gpu::f32p(g.kv_a_norm), cfg_.rms_eps,
-                               out->ckv, idx ? rows.k : nullptr, idx ? di : 0,
-                               idx ? gpu::f32p(g.k_norm_w) : nullptr,
-                               idx ? gpu::f32p(g.k_norm_b) : nullptr, kIndexerNormEps,
-                               idx ? rows.k : nullptr), op);
+    const MemraNormRowsParams norms{out->q_resid, ql, gpu::f32p(g.q_a_norm), cfg_.rms_eps,
+                                    out->q_resid, out->ckv, R, gpu::f32p(g.kv_a_norm),
+                                    cfg_.rms_eps, out->ckv, idx ? rows.k : nullptr, idx ? di : 0,
+                                    idx ? gpu::f32p(g.k_norm_w) : nullptr,
+                                    idx ? gpu::f32p(g.k_norm_b) : nullptr, kIndexerNormEps,
+                                    idx ? rows.k : nullptr};
+    MEMRA_GPU(c, op::norm_rows(b, norms).code, op);
   } else {
-    MEMRA_GPU(c, api.rms_norm(ctx, out->q_resid, N, ql, gpu::f32p(g.q_a_norm), cfg_.rms_eps, out->q_resid), op);
-    MEMRA_GPU(c, api.rms_norm(ctx, out->ckv, N, R, gpu::f32p(g.kv_a_norm), cfg_.rms_eps, out->ckv), op);
+    MEMRA_GPU(c, op::rms_norm(b, out->q_resid, N, ql, gpu::f32p(g.q_a_norm), cfg_.rms_eps,
+                              out->q_resid).code, op);
+    MEMRA_GPU(c, op::rms_norm(b, out->ckv, N, R, gpu::f32p(g.kv_a_norm), cfg_.rms_eps,
+                              out->ckv).code, op);
     if (idx) {
-      MEMRA_GPU(c, api.layer_norm(ctx, rows.k, N, di, gpu::f32p(g.k_norm_w), gpu::f32p(g.k_norm_b),
-                                  kIndexerNormEps, rows.k), op);
+      MEMRA_GPU(c, op::layer_norm(b, rows.k, N, di, gpu::f32p(g.k_norm_w), gpu::f32p(g.k_norm_b),
+                                  kIndexerNormEps, rows.k).code, op);
     }
   }
 
@@ -397,8 +400,9 @@ Status MlaLayer::decode_cuda(Cache& cache, int layer, const int32_t* slots_d, in
   MEMRA_TRY(project_cuda(a, x, B, &p, fused ? &na : nullptr));
   const float* q = p.q;
   if (!fused) {
-    MEMRA_GPU(c, api.decode_tables(ctx, slots_d, B, cache.lengths_d(), pos_d, t_kv_d, na.n,
-                                   na.bases, na.strides, na.outs), op);
+    const MemraDecodeTablesParams tables{slots_d, B, cache.lengths_d(), pos_d, t_kv_d, na.n,
+                                         na.bases, na.strides, na.outs};
+    MEMRA_GPU(c, op::decode_tables(b, tables).code, op);
     MemraMlaAppendParams ap{};
     ap.batched = 1;
     ap.rows = p.ckv;

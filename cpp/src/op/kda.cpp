@@ -144,4 +144,12 @@ Status kda_scan(const Backend& b, const MemraKdaScanParams& p) {
   return Status::Ok();
 }
 
+Status kda_tables(const Backend& b, const MemraKdaTablesParams& p) {
+  if (!b.on_cuda()) {
+    return Status(kUnsupported, "kda_tables: a CUDA engine's decode tables (the CPU backend names "
+                                "its planes on the host)");
+  }
+  return cuda_status(b, b.cuda->api().kda_tables(b.cuda->ctx(), &p), "kda_tables");
+}
+
 }  // namespace memra::op

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from . import glm5_next, kimi_linear
 from .decoder import DecoderModel
-from .layers import KdaMixer, MlaMixer, StepContext
+from .layers import GdnMixer, KdaMixer, MlaMixer, StepContext
 from .registry import Block, BuildArgs, Family, LayerPlan, family_for, register, supported_model_types
 from .residual import MhcResidual, MhcSite, NormSite, PlainResidual
 
@@ -26,6 +26,7 @@ __all__ = [
     "BuildArgs",
     "DecoderModel",
     "Family",
+    "GdnMixer",
     "KdaMixer",
     "LayerPlan",
     "MhcResidual",

@@ -74,6 +74,15 @@ class AttentionMixer:
         return self.layer.decode(cache, layer, slots, x)
 
 
+class GdnMixer(KdaMixer):
+    """Gated DeltaNet (memra.GdnLayer, Qwen3.5 / Qwen3-Next) behind the mixer interface: the
+    same calls as KdaMixer (prefill of slots[0], decode of the rows' slots; capturable on CUDA
+    with a memra.DecodeSlots)."""
+
+    def __init__(self, layer: _core.GdnLayer) -> None:
+        self.layer = layer
+
+
 class MlaMixer:
     """Multi-head latent attention (memra.MlaLayer) behind the mixer interface.
 

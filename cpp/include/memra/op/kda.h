@@ -32,4 +32,9 @@ Status kda_gate(const Backend& b, const MemraKdaGateParams& p);
 // Reference: modeling_glm5_next.recurrent_kimi_delta_attention.
 Status kda_scan(const Backend& b, const MemraKdaScanParams& p);
 
+// One recurrent layer's decode pointer tables from device slots and ping-pong flags
+// (MemraKdaTablesParams; KdaLayer and GdnLayer planes alike). CUDA only: the CPU backend names
+// its planes on the host, so on the CPU this returns kUnsupported.
+Status kda_tables(const Backend& b, const MemraKdaTablesParams& p);
+
 }  // namespace memra::op

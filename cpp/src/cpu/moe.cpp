@@ -1,5 +1,5 @@
-// SwiGLU MLP with the clamp, the grouped sigmoid router and the routed experts: the CPU
-// reference (ops.h "FFN"). Oracle: Glm5NextTextMLP, Glm5NextTextTopkRouter, Glm5NextTextExperts.
+// The grouped sigmoid router and the routed experts: the CPU reference (cpu/moe.h). Oracle:
+// Glm5NextTextTopkRouter, Glm5NextTextExperts.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -14,15 +14,6 @@ namespace {
 
 inline float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
 
-// h = silu(min(g, limit)) * clamp(u, -limit, limit), in place over g (n values).
-void clamped_swiglu(float* g, const float* u, int64_t n, float limit) {
-  for (int64_t i = 0; i < n; ++i) {
-    const float gate = std::min(g[i], limit);
-    const float up = std::min(std::max(u[i], -limit), limit);
-    g[i] = gate / (1.0f + std::exp(-gate)) * up;  // silu as torch's CPU kernel writes it
-  }
-}
-
 // Sort key of the router and the group selection: larger score first, lower index on ties.
 struct Desc {
   const float* key;
@@ -30,16 +21,6 @@ struct Desc {
 };
 
 }  // namespace
-
-void swiglu_mlp(const float* x, int T, const WeightView& gate_w, const WeightView& up_w,
-                const WeightView& down_w, float limit, float* y) {
-  const int64_t I = gate_w.rows;
-  std::vector<float> g(static_cast<size_t>(T) * I), u(static_cast<size_t>(T) * I);
-  linear(x, T, gate_w, nullptr, g.data());
-  linear(x, T, up_w, nullptr, u.data());
-  clamped_swiglu(g.data(), u.data(), static_cast<int64_t>(T) * I, limit);
-  linear(g.data(), T, down_w, nullptr, y);
-}
 
 void moe_route(const float* x, int T, int D, const WeightView& gate_w, const float* corr_bias, int E,
                int top_k, int n_group, int topk_group, bool norm_topk_prob, float scaling,
@@ -102,13 +83,15 @@ void moe_route(const float* x, int T, int D, const WeightView& gate_w, const flo
 }
 
 void moe_forward(const float* x, int T, int D, const int32_t* topk_idx, const float* topk_w,
-                 int top_k, const WeightView* gate_w, const WeightView* up_w, const WeightView* down_w, int E,
-                 float limit, float* y) {
+                 int top_k, const WeightView* gate_w, const WeightView* up_w,
+                 const WeightView* down_w, int E, float limit, float* y) {
   std::fill(y, y + static_cast<int64_t>(T) * D, 0.0f);
   // Bucket the (token, slot) pairs by expert; visiting experts in ascending id gives every token
   // its terms in ascending expert id, the order of transformers' per-expert index_add_.
   std::vector<std::vector<int64_t>> hits(E);
-  for (int64_t r = 0; r < static_cast<int64_t>(T) * top_k; ++r) hits[topk_idx[r]].push_back(r);
+  for (int64_t r = 0; r < static_cast<int64_t>(T) * top_k; ++r) {
+    if (topk_idx[r] >= 0 && topk_idx[r] < E) hits[topk_idx[r]].push_back(r);  // else no term
+  }
 
   std::vector<float> xs, g, u, out;
   for (int e = 0; e < E; ++e) {

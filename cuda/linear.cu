@@ -1,4 +1,4 @@
-// linear (cpp/include/memra/cuda_abi/basic.h): y[T, N] = x[T, K] w[N, K]^T (+ bias[N]) through
+// linear (cpp/include/memra/cuda_abi/linear.h): y[T, N] = x[T, K] w[N, K]^T (+ bias[N]) through
 // cuBLAS, the GPU twin of cpu::linear.
 //   f32 w:       SGEMM (cublasGemmEx, CUBLAS_COMPUTE_32F, default math: TF32 off).
 //   bf16 / f16 w: x rounded to the weight's type (RNE) into stream-ordered scratch, then a
@@ -14,14 +14,17 @@
 // 16-byte aligned x and w: the GEMV of cuda/gemv.cu instead (same rounding of x, f32
 // accumulation in another order, bias in its epilogue).
 //
-// linear_ex: the same GEMM over an input whose rows are ldx elements apart (ldb = ldx) and which
-// may already be in the weight's type (a layer rounds one activation once and feeds several
-// GEMMs with it, or reads a column slice of a wider activation); an f32 input against a bf16 /
-// f16 weight is rounded as in linear (row by row into packed scratch when ldx != K).
+// A strided or 16-bit input (MemraLinearParams::ldx, x_dtype; memra::cuda::linear_ex): the same
+// GEMM over rows ldx elements apart (ldb = ldx) which may already be in the weight's type (a
+// layer rounds one activation once and feeds several GEMMs with it, or reads a column slice of a
+// wider activation); an f32 input against a bf16 / f16 weight is rounded as for packed rows (row
+// by row into packed scratch when ldx != K). The pair (MemraLinearParams::pair) is one GEMV
+// launch when both GEMMs take it, else the two GEMMs.
 #include <cstdint>
 
 #include "common.cuh"
 #include "gemv.cuh"
+#include "linear.cuh"
 
 using memra::cuda::enter;
 using memra::cuda::launch_status;
@@ -187,8 +190,10 @@ size_t elt(int dtype) { return dtype == 0 ? 4 : 2; }
 
 }  // namespace
 
-extern "C" int memra_cuda_linear(MemraCudaCtx* ctx, const float* x, int T, int K, const void* w,
-                                 int w_dtype, int N, const float* bias, float* y) {
+namespace memra::cuda {
+
+int linear(MemraCudaCtx* ctx, const float* x, int T, int K, const void* w, int w_dtype, int N,
+           const float* bias, float* y) {
   MEMRA_CUDA_RETURN_IF(keep_pending(ctx, x, sizeof(float) * size_t(T > 0 ? T : 0) * size_t(K > 0 ? K : 0),
                                     w, elt(w_dtype) * size_t(N > 0 ? N : 0) * size_t(K > 0 ? K : 0),
                                     bias, N, y, T));
@@ -199,9 +204,8 @@ extern "C" int memra_cuda_linear(MemraCudaCtx* ctx, const float* x, int T, int K
   return linear_impl(ctx, x, 0, K, T, K, w, w_dtype, N, bias, y);
 }
 
-extern "C" int memra_cuda_linear_ex(MemraCudaCtx* ctx, const void* x, int x_dtype, int64_t ldx,
-                                    int T, int K, const void* w, int w_dtype, int N,
-                                    const float* bias, float* y) {
+int linear_ex(MemraCudaCtx* ctx, const void* x, int x_dtype, int64_t ldx, int T, int K,
+              const void* w, int w_dtype, int N, const float* bias, float* y) {
   MEMRA_CUDA_RETURN_IF(ex_contract(x_dtype, ldx, T, K, w_dtype, N, 0));
   MEMRA_CUDA_RETURN_IF(keep_pending(ctx, x, elt(x_dtype) * size_t(ldx) * size_t(T),
                                     w, elt(w_dtype) * size_t(N) * size_t(K), bias, N, y, T));
@@ -210,11 +214,9 @@ extern "C" int memra_cuda_linear_ex(MemraCudaCtx* ctx, const void* x, int x_dtyp
   return linear_impl(ctx, x, x_dtype, ldx, T, K, w, w_dtype, N, bias, y);
 }
 
-extern "C" int memra_cuda_linear_ex_pair(MemraCudaCtx* ctx, const void* x0, const void* x1,
-                                         int x_dtype, int64_t ldx, int T, int K, const void* w0,
-                                         const void* w1, int w_dtype, int N0, int N1,
-                                         const float* bias0, const float* bias1, float* y0,
-                                         float* y1) {
+int linear_ex_pair(MemraCudaCtx* ctx, const void* x0, const void* x1, int x_dtype, int64_t ldx,
+                   int T, int K, const void* w0, const void* w1, int w_dtype, int N0, int N1,
+                   const float* bias0, const float* bias1, float* y0, float* y1) {
   MEMRA_CUDA_RETURN_IF(ex_contract(x_dtype, ldx, T, K, w_dtype, N0, N1));
   MEMRA_CUDA_RETURN_IF(keep_pending(ctx, x0, elt(x_dtype) * size_t(ldx) * size_t(T),
                                     w0, elt(w_dtype) * size_t(N0) * size_t(K), bias0, N0, y0, T));
@@ -226,11 +228,34 @@ extern "C" int memra_cuda_linear_ex_pair(MemraCudaCtx* ctx, const void* x0, cons
   }
   if (T == 1 && K > 0) {
     bool handled = false;
-    MEMRA_CUDA_RETURN_IF(memra::cuda::gemv_pair(ctx, x0, x1, x_dtype, K, w0, w1, w_dtype, N0, N1,
-                                                 bias0, bias1, y0, y1, &handled));
+    MEMRA_CUDA_RETURN_IF(gemv_pair(ctx, x0, x1, x_dtype, K, w0, w1, w_dtype, N0, N1, bias0, bias1,
+                                   y0, y1, &handled));
     if (handled) return memra::kOk;
   }
   if (N0 > 0) MEMRA_CUDA_RETURN_IF(linear_impl(ctx, x0, x_dtype, ldx, T, K, w0, w_dtype, N0, bias0, y0));
   if (N1 > 0) return linear_impl(ctx, x1, x_dtype, ldx, T, K, w1, w_dtype, N1, bias1, y1);
   return memra::kOk;
+}
+
+}  // namespace memra::cuda
+
+// The three forms of MemraLinearParams, each the body of the entry it replaced (linear: packed
+// f32 rows, checked after the context; linear_ex: a strided or 16-bit x, checked before it;
+// linear_ex_pair), so every check, error code and launch is the old entry's.
+extern "C" int memra_cuda_linear(MemraCudaCtx* ctx, const MemraLinearParams* p) {
+  if (!p) {
+    MEMRA_CUDA_RETURN_IF(memra::cuda::enter_keep(ctx));
+    return memra::kContractMissing;
+  }
+  const int64_t ldx = p->ldx != 0 ? p->ldx : p->K;
+  if (p->pair) {
+    return memra::cuda::linear_ex_pair(ctx, p->x, p->x1, p->x_dtype, ldx, p->T, p->K, p->w, p->w1,
+                                       p->w_dtype, p->N, p->N1, p->bias, p->bias1, p->y, p->y1);
+  }
+  if (p->x_dtype == 0 && p->ldx == 0) {
+    return memra::cuda::linear(ctx, static_cast<const float*>(p->x), p->T, p->K, p->w, p->w_dtype,
+                               p->N, p->bias, p->y);
+  }
+  return memra::cuda::linear_ex(ctx, p->x, p->x_dtype, ldx, p->T, p->K, p->w, p->w_dtype, p->N,
+                                p->bias, p->y);
 }

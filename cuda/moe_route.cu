@@ -1,0 +1,243 @@
+// The MoE router of the CUDA backend (cpp/include/memra/cuda_abi/moe.h `moe_route`): the GPU twin
+// of cpu::moe_route (cpu/moe.cpp). Router logits in f32 (SGEMM), then one warp per token: sigmoid
+// scores, choice = s + bias, group scores (the CPU's best/second loop), top groups and top_k
+// experts by repeated warp argmax over (value desc, id asc), weights from s, the CPU's sequential
+// renormalisation, times scaling. Same indices and order as the CPU. At one token, where the
+// decode GEMV takes the router, logits and routing run in one launch.
+#include <climits>
+#include <cmath>
+#include <cstdint>
+#include <type_traits>
+
+#include "common.cuh"
+#include "gemv.cuh"
+#include "gemv_rows.cuh"
+#include "linear.cuh"
+
+using memra::cuda::ceil_div;
+using memra::cuda::launch_status;
+using memra::cuda::Scratch;
+namespace grow = memra::cuda::gemv_rows_detail;  // the decode GEMV's row body
+
+namespace {
+
+// Index of the best unflagged entry of v[0, n) by (value desc, index asc); NaN counts as -inf.
+// Every lane of the warp returns the same index (xor butterfly over a total order).
+__device__ __forceinline__ int warp_argmax_unflagged(const float* v, const unsigned char* flag,
+                                                     int n, int lane) {
+  float bv = -INFINITY;
+  int bi = INT_MAX;
+  for (int i = lane; i < n; i += 32) {
+    if (flag[i]) continue;
+    float x = v[i];
+    if (isnan(x)) x = -INFINITY;
+    if (x > bv || (x == bv && i < bi)) {
+      bv = x;
+      bi = i;
+    }
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+    const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+    if (ov > bv || (ov == bv && oi < bi)) {
+      bv = ov;
+      bi = oi;
+    }
+  }
+  return bi;
+}
+
+struct RouteLayout {
+  int floats_bytes;  // scores[E], choice[E], group_score[G] (f32), rounded up to 16
+  int warp_bytes;    // + taken[E], kept[G] (bytes), rounded up to 16
+};
+
+RouteLayout route_layout(int E, int G) {
+  RouteLayout l;
+  l.floats_bytes = ((4 * (2 * E + G)) + 15) / 16 * 16;
+  l.warp_bytes = l.floats_bytes + ((E + G) + 15) / 16 * 16;
+  return l;
+}
+
+// One token's routing by one whole warp (lane `lane`): lt [E] its logits, base its warp_bytes of
+// shared memory; idx, w [top_k] its choices. Load: LOAD_CG reads lt through L2 (other blocks'
+// stores of the same launch).
+template <bool LOAD_CG>
+__device__ __forceinline__ void route_token(const float* lt, const float* __restrict__ bias, int E,
+                                            int top_k, int G, int topk_group, int norm,
+                                            float scaling, const RouteLayout& layout,
+                                            unsigned char* base, int32_t* __restrict__ idx,
+                                            float* __restrict__ w, int lane) {
+  float* scores = reinterpret_cast<float*>(base);
+  float* choice = scores + E;
+  float* group_score = choice + E;
+  unsigned char* taken = base + layout.floats_bytes;
+  unsigned char* kept = taken + E;
+  const int per_group = E / G;
+  const float neg_inf = -INFINITY;
+
+  for (int e = lane; e < E; e += 32) {
+    const float l = LOAD_CG ? __ldcg(lt + e) : lt[e];
+    const float s = __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-l)));
+    scores[e] = s;
+    choice[e] = bias ? __fadd_rn(s, bias[e]) : s;
+    taken[e] = 0;
+  }
+  for (int g = lane; g < G; g += 32) kept[g] = 0;
+  __syncwarp();
+  // Group-limited routing only when it can drop a group: with topk_group == G every group is
+  // kept and the group scores choose nothing (GLM-5.3: G = 1), so their serial loop is skipped.
+  if (topk_group < G) {
+    // Group score: the sum of the two largest choice scores (the CPU's loop, verbatim).
+    for (int g = lane; g < G; g += 32) {
+      const float* c = choice + static_cast<int64_t>(g) * per_group;
+      float best = neg_inf, second = neg_inf;
+      for (int i = 0; i < per_group; ++i) {
+        if (c[i] > best) {
+          second = best;
+          best = c[i];
+        } else if (c[i] > second) {
+          second = c[i];
+        }
+      }
+      group_score[g] = per_group >= 2 ? __fadd_rn(best, second) : best;
+    }
+    __syncwarp();
+    for (int r = 0; r < topk_group; ++r) {
+      const int g = warp_argmax_unflagged(group_score, kept, G, lane);
+      if (lane == 0) kept[g] = 1;
+      __syncwarp();
+    }
+    for (int e = lane; e < E; e += 32) {
+      if (!kept[e / per_group]) choice[e] = neg_inf;
+    }
+    __syncwarp();
+  }
+  // Lane j % 32 keeps the j-th choice for j < 32 (mine), so the weights are finished in
+  // parallel from registers; lane 0 adds the chosen scores in order j ascending, as the CPU.
+  float sum = 0.0f;
+  int mine = 0;
+  for (int j = 0; j < top_k; ++j) {
+    const int e = warp_argmax_unflagged(choice, taken, E, lane);
+    if (lane == j) mine = e;
+    if (lane == 0) {
+      taken[e] = 1;
+      idx[j] = e;
+      sum = __fadd_rn(sum, scores[e]);
+    }
+    __syncwarp();
+  }
+  const float denom = __shfl_sync(0xffffffffu, __fadd_rn(sum, 1e-20f), 0);
+  for (int j = lane; j < top_k; j += 32) {
+    // j >= 32 (top_k > 32): the choice read back from idx, which lane 0 wrote above.
+    float v = scores[j < 32 ? mine : idx[j]];  // the unbiased score: the bias only chooses
+    if (norm) v = __fdiv_rn(v, denom);
+    w[j] = __fmul_rn(v, scaling);
+  }
+}
+
+// One warp per token; each warp owns warp_bytes of dynamic shared memory. No __syncthreads, so a
+// warp past the last token may return at once.
+__global__ void moe_route_kernel(const float* __restrict__ logits, const float* __restrict__ bias,
+                                 int T, int E, int top_k, int G, int topk_group, int norm,
+                                 float scaling, RouteLayout layout, int32_t* __restrict__ topk_idx,
+                                 float* __restrict__ topk_w) {
+  memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
+  memra::cuda::pdl_trigger();
+  extern __shared__ __align__(16) unsigned char smem[];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int64_t t = int64_t(blockIdx.x) * (blockDim.x >> 5) + warp;
+  if (t >= T) return;
+  route_token<false>(logits + t * E, bias, E, top_k, G, topk_group, norm, scaling, layout,
+                     smem + static_cast<size_t>(warp) * layout.warp_bytes, topk_idx + t * top_k,
+                     topk_w + t * top_k, lane);
+}
+
+// The router and the routing of one token in one launch (memra_cuda_moe_route at T == 1 where the
+// decode GEMV takes the router: f32 gate_w [E, D] and x, 16-byte aligned, D % 4 == 0): block e
+// computes logit e as the router's GEMV launch does
+// (gemv_rows, one row a block: the same bits) into logits [E]; the block that finishes last runs
+// moe_route_kernel's warp on them. A deferred Sinkhorn rides in block 0, as on the GEMV.
+template <int P>
+__global__ void __launch_bounds__(grow::kGemvThreads)
+    route_decode_kernel(const float* __restrict__ x, const float* __restrict__ gate_w, int D,
+                        const float* __restrict__ bias, int E, int top_k, int G, int topk_group,
+                        int norm, float scaling, RouteLayout layout, float* __restrict__ logits,
+                        unsigned* __restrict__ ticket, int32_t* __restrict__ topk_idx,
+                        float* __restrict__ topk_w, int prefetch, memra::cuda::SinkTask task) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  if (task.comb && blockIdx.x == 0) return memra::cuda::run_sink_task(task);
+  const int e = blockIdx.x - (task.comb ? 1 : 0);
+  grow::gemv_rows<float, float, 1, P>(x, gate_w, D, E, nullptr, logits, prefetch, e);
+  if (!memra::cuda::last_block(ticket, static_cast<unsigned>(E))) return;
+  if (threadIdx.x < 32) {
+    route_token<true>(logits, bias, E, top_k, G, topk_group, norm, scaling, layout, smem, topk_idx,
+                      topk_w, threadIdx.x);
+  }
+}
+
+int moe_route_impl(MemraCudaCtx* ctx, const float* x, int T, int D, const float* gate_w,
+                   const float* corr_bias, int E, int top_k, int n_group, int topk_group,
+                   int norm_topk_prob, float scaling, int32_t* topk_idx, float* topk_w) {
+  MEMRA_CUDA_RETURN_IF(memra::cuda::flush_if_reads(ctx, x, sizeof(float) * size_t(T > 0 ? T : 0) * size_t(D > 0 ? D : 0)));
+  MEMRA_CUDA_RETURN_IF(memra::cuda::flush_if_reads(ctx, corr_bias, sizeof(float) * size_t(E > 0 ? E : 0)));
+  const size_t picks = size_t(T > 0 ? T : 0) * size_t(top_k > 0 ? top_k : 0);
+  MEMRA_CUDA_RETURN_IF(memra::cuda::flush_if_reads(ctx, topk_idx, sizeof(int32_t) * picks));
+  MEMRA_CUDA_RETURN_IF(memra::cuda::flush_if_reads(ctx, topk_w, sizeof(float) * picks));
+  if (T < 0 || D < 0 || E <= 0) return memra::kContractValue;
+  if (n_group < 1 || E % n_group != 0) return memra::kContractValue;
+  if (topk_group < 1 || topk_group > n_group) return memra::kContractValue;
+  if (top_k < 1 || static_cast<int64_t>(top_k) > static_cast<int64_t>(topk_group) * (E / n_group))
+    return memra::kContractValue;
+  if (T == 0) return memra::kOk;
+  if (!x || !gate_w || !topk_idx || !topk_w) return memra::kContractMissing;
+  const RouteLayout layout = route_layout(E, n_group);
+  constexpr int kSmemLimit = 48 * 1024;
+  if (layout.warp_bytes > kSmemLimit) return memra::kUnsupportedGeometry;  // E beyond ~5000
+  int warps = 4;
+  while (warps > 1 && warps * layout.warp_bytes > kSmemLimit) warps /= 2;
+
+  Scratch logits(ctx, sizeof(float) * static_cast<size_t>(T) * E);
+  MEMRA_CUDA_RETURN_IF(logits.status());
+  // One token whose router the GEMV's row body takes (not its short-row kernel, whose sums go
+  // in another order): router and routing in one launch.
+  // (Its static shared memory, the GEMV's partial sums and the ticket flag, comes on top of the
+  // routing's warp_bytes.)
+  constexpr int kFusedStaticSmem = 256;
+  if (T == 1 && memra::cuda::gemv_takes(ctx, x, 0, D, gate_w, 0) &&
+      D / 4 > grow::kShortMaxV && layout.warp_bytes + kFusedStaticSmem <= kSmemLimit) {
+    // The router GEMV's own check (memra_cuda_linear): a weight that overlaps a pending comb.
+    MEMRA_CUDA_RETURN_IF(
+        memra::cuda::flush_if_reads(ctx, gate_w, sizeof(float) * size_t(E) * size_t(D)));
+    const int KV = D / 4;
+    const int prefetch = ctx->resident_weights > 0 ? 1 : 0;
+    auto go = [&](auto p) {
+      constexpr int P = decltype(p)::value;
+      return grow::launch_gemv_smem(
+          ctx, route_decode_kernel<P>, E, static_cast<size_t>(layout.warp_bytes), x, gate_w, D,
+          corr_bias, E, top_k, n_group, topk_group, norm_topk_prob ? 1 : 0, scaling, layout,
+          logits.as<float>(), ctx->tickets + memra::cuda::kTicketMoeRoute, topk_idx, topk_w,
+          prefetch);
+    };
+    if (grow::vectors_per_chunk_thread(KV) == 1) return go(std::integral_constant<int, 1>());
+    return go(std::integral_constant<int, grow::kGemvP>());
+  }
+  // Router logits in f32 (transformers computes them in f32): an SGEMM with TF32 off.
+  MEMRA_CUDA_RETURN_IF(memra::cuda::linear(ctx, x, T, D, gate_w, 0, E, nullptr, logits.as<float>()));
+  const unsigned blocks = ceil_div(T, warps);
+  memra::cuda::launch(ctx, true, moe_route_kernel, dim3(blocks), dim3(warps * 32),
+      static_cast<size_t>(warps) * layout.warp_bytes, logits.as<float>(), corr_bias, T, E, top_k,
+      n_group, topk_group, norm_topk_prob ? 1 : 0, scaling, layout, topk_idx, topk_w);
+  return launch_status();
+}
+
+}  // namespace
+
+extern "C" int memra_cuda_moe_route(MemraCudaCtx* ctx, const MemraMoeRouteParams* p) {
+  // A deferred mHC Sinkhorn rides on the router's GEMV (common.cuh) unless it reads the comb.
+  MEMRA_CUDA_RETURN_IF(memra::cuda::enter_keep(ctx));
+  if (!p) return memra::kContractMissing;
+  return moe_route_impl(ctx, p->x, p->T, p->D, p->gate_w, p->corr_bias, p->E, p->top_k, p->n_group,
+                        p->topk_group, p->norm_topk_prob, p->scaling, p->topk_idx, p->topk_w);
+}

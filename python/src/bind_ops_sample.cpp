@@ -1,0 +1,151 @@
+// The functional bindings of sampling over DLPack arrays: memra::op::sample (op/sample.h) on the
+// CPU reference (cpu/sample.cpp) or, with keyword `engine` = a CUDA Engine, the CUDA library
+// (cuda/sample.cu, cuda/sample_greedy.cu, cuda_abi/sample.h). Every function checks its arguments
+// (ContractError naming the op and the values) before anything runs, allocates its output on the
+// engine's device and, on the CPU, releases the GIL while computing.
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+
+#include <climits>
+#include <cmath>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common.h"
+#include "device_args.h"
+#include "memra/cpu/sample.h"
+#include "memra/engine.h"
+#include "memra/msg.h"
+#include "memra/op/sample.h"
+
+namespace memra::py {
+
+namespace {
+
+// Counters for sampling: int64 or uint64, 1-D [B], C-contiguous, host. int64 values must be
+// non-negative (they are reinterpreted as uint64). common.h's checkers cover f32/i32 only.
+std::vector<uint64_t> counter_arg(const AnyArray& a, const char* op, const char* name, int64_t B) {
+  Msg os;
+  if (a.device_type() != nb::device::cpu::value) {
+    os << op << ": argument '" << name << "' must live in host memory for the CPU backend, got "
+       << "a tensor on DLPack device type " << a.device_type();
+    raise_contract(kContractDevice, os.str());
+  }
+  const auto code = static_cast<nb::dlpack::dtype_code>(a.dtype().code);
+  const bool is_i64 = code == nb::dlpack::dtype_code::Int && a.dtype().bits == 64;
+  const bool is_u64 = code == nb::dlpack::dtype_code::UInt && a.dtype().bits == 64;
+  if (!(is_i64 || is_u64) || a.dtype().lanes != 1) {
+    os << op << ": argument '" << name << "' must be int64 or uint64, got a "
+       << static_cast<int>(a.dtype().bits) << "-bit array of DLPack type code "
+       << static_cast<int>(a.dtype().code);
+    raise_contract(kContractDType, os.str());
+  }
+  if (a.ndim() != 1 || static_cast<int64_t>(a.shape(0)) != B) {
+    os << op << ": argument '" << name << "' has shape " << shape_str(a) << ", expected [" << B
+       << "]";
+    raise_contract(kContractShape, os.str());
+  }
+  if (B > 1 && a.stride(0) != 1) {
+    os << op << ": argument '" << name << "' with shape " << shape_str(a)
+       << " must be C-contiguous (call np.ascontiguousarray first)";
+    raise_contract(kContractStride, os.str());
+  }
+  std::vector<uint64_t> out(static_cast<size_t>(B));
+  for (int64_t b = 0; b < B; ++b) {
+    if (is_i64) {
+      const int64_t v = static_cast<const int64_t*>(a.data())[b];
+      if (v < 0) {
+        os << op << ": argument '" << name << "' holds the negative value " << v
+           << " at row " << b;
+        raise_contract(kContractRange, os.str());
+      }
+      out[b] = static_cast<uint64_t>(v);
+    } else {
+      out[b] = static_cast<const uint64_t*>(a.data())[b];
+    }
+  }
+  return out;
+}
+
+size_t sz(int64_t v) { return static_cast<size_t>(v); }
+
+}  // namespace
+
+void init_ops_sample(nb::module_& m) {
+  m.def(
+      "sample",
+      [](const AnyArray& logits, const AnyArray& counters, float temperature, int top_k,
+         float top_p, uint64_t seed, std::optional<AnyArray> seeds, const Engine* engine) {
+        const char* op = "sample";
+        const float* lp = f32_in(engine, logits, op, "logits", {-1, -1});
+        const int64_t B = dim(logits, 0), V = dim(logits, 1);
+        if (B > INT_MAX || V > INT_MAX) {  // the kernels and the CPU op index rows and ids in int
+          raise_contract(kContractShape, "sample: logits of shape " + shape_str(logits) +
+                                             " exceed 2^31 - 1 rows or columns");
+        }
+        check_value(V >= 1, op, "logits must have at least one column");
+        check_value(std::isfinite(temperature), op,
+                    "temperature must be finite (<= 0: greedy), got " + std::to_string(temperature));
+        check_nonneg(top_k, op, "top_k");
+        check_value(top_p > 0.0f, op, "top_p must be > 0, got " + std::to_string(top_p));
+        MemraSampleParams p{};
+        std::vector<uint64_t> ctr, row_seeds;  // CPU: host copies (int64 or uint64 arrays)
+        if (on_cuda(engine)) {
+          p.counters = u64_in(engine, counters, op, "counters", {B});
+          p.seeds = seeds ? u64_in(engine, *seeds, op, "seeds", {B}) : nullptr;
+        } else {
+          ctr = counter_arg(counters, op, "counters", B);
+          if (seeds) row_seeds = counter_arg(*seeds, op, "seeds", B);
+          p.counters = ctr.data();
+          p.seeds = seeds ? row_seeds.data() : nullptr;
+        }
+        Out out = out_i32(engine, {sz(B)});
+        p.logits = lp;
+        p.B = int(B);
+        p.V = int(V);
+        p.temperature = temperature;
+        p.top_k = top_k;
+        p.top_p = top_p;
+        p.seed = seed;
+        p.out = out.data<int32_t>();
+        {
+          std::optional<nb::gil_scoped_release> nogil;
+          if (!on_cuda(engine)) nogil.emplace();
+          check(op::sample(backend(engine), p));
+        }
+        return out.obj;
+      },
+      nb::arg("logits"), nb::arg("counters"), nb::kw_only(), nb::arg("temperature"),
+      nb::arg("top_k") = 0, nb::arg("top_p") = 1.0f, nb::arg("seed") = 0,
+      nb::arg("seeds").none() = nb::none(), nb::arg("engine").none() = nb::none(),
+      "One token per row.\n\nlogits [B, V] float32; counters [B], the per-row draw index; seeds "
+      "[B] (same dtype rules as counters), when given, the per-row seed replacing `seed`. "
+      "temperature <= 0: argmax (ties to the lower id; a NaN never wins unless it sits at id 0, "
+      "which then keeps the row: the CPU scan's v[i] > v[best]). Otherwise "
+      "softmax(logits / temperature) in f32; keep the top_k most likely (0: all), then the "
+      "shortest prefix in (p desc, id asc) order whose top-k-renormalised mass reaches top_p "
+      "(>= 1: all); draw by inverse CDF with u = uniform_from_counter(seed, counter) (splitmix64; "
+      "the exact formula is in ops.h). Every sum (the softmax denominator, the top-k mass, the "
+      "running top-p mass and CDF) is an f32 sum in ops.h's blocked order: blocks of 512 terms "
+      "each summed left to right, then the block sums left to right; the running sum at i is "
+      "the sum of the blocks before i's plus i's block up to i. Returns int32 [B].\n"
+      "engine: None or a CPU Engine: host arrays, counters uint64 or int64 (>= 0). A CUDA "
+      "Engine: arrays on its device, counters uint64; the same f32 arithmetic as the CPU "
+      "(glibc's expf reproduced bit for bit, the same blocked sums, the blocks summed in "
+      "parallel), so the same seed and counter give the same token.\n"
+      "Raises ContractError (CONTRACT_DTYPE for counters not int64/uint64 (uint64 on CUDA) or "
+      "logits not float32, CONTRACT_SHAPE, CONTRACT_STRIDE, CONTRACT_DEVICE, CONTRACT_RANGE for "
+      "a negative int64 counter, CONTRACT_VALUE for top_p <= 0 or NaN, top_k < 0 or a "
+      "temperature that is not finite).\n"
+      "Reference: transformers' temperature / TopK / TopP logits warpers followed by "
+      "multinomial, with a counter-based draw.");
+
+  m.def(
+      "uniform_from_counter",
+      [](uint64_t seed, uint64_t counter) { return cpu::uniform_from_counter(seed, counter); },
+      nb::arg("seed"), nb::arg("counter"),
+      "The counter-based uniform in [0, 1) that sample draws with (exact formula in ops.h).");
+}
+
+}  // namespace memra::py
