@@ -926,7 +926,7 @@ class KdaLayer:
 
 class MlaLayer:
     """
-    Multi-head latent attention (absorbed) with the optional DSA k-pool indexer (reference: transformers Glm5NextTextAttention + Glm5NextTextIndexer; KimiLinearAttention). Weights named as on disk below 'self_attn.'. q_lora_rank 0: no query LoRA, q = q_proj(x). rms_eps: the epsilon of q_a_layernorm and kv_a_layernorm. rotate: whether the d_rope columns are rotated (the family decides, never d_rope > 0). CUDA: UnsupportedError for d_rope > 0 or q_lora_rank 0 (the CPU runs them).
+    Multi-head latent attention (absorbed) with the optional DSA k-pool indexer (reference: transformers Glm5NextTextAttention + Glm5NextTextIndexer; KimiLinearAttention). Weights named as on disk below 'self_attn.'. q_lora_rank 0: no query LoRA, q = q_proj(x). rms_eps: the epsilon of q_a_layernorm and kv_a_layernorm. rotate: whether the d_rope columns are rotated (the family decides, never d_rope > 0). CUDA: UnsupportedError for rotated rope columns (rotate with d_rope > 0; the CPU runs them).
     """
 
     def __init__(self, engine: Engine, weights: Mapping[str, Weight], *, hidden: int, heads: int, q_lora_rank: int, kv_rank: int, d_nope: int, d_rope: int, d_v: int, rms_eps: float = 9.999999747378752e-06, sparse: bool = False, index_heads: int = 0, index_head_dim: int = 0, kpool: int = 0, topk: int = 0, tail_rows: int = 0, rotate: bool = False, rope_base: float = 10000.0, dtype: str = 'bfloat16') -> None: ...
