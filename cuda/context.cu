@@ -162,6 +162,16 @@ int memra_cuda_release(MemraCudaCtx* ctx, void* ptr) {
   return status_of(cudaFreeAsync(ptr, ctx->stream));
 }
 
+int memra_cuda_copy_2d(MemraCudaCtx* ctx, void* dst, size_t dst_pitch, const void* src,
+                       size_t src_pitch, size_t width, size_t rows) {
+  if (width == 0 || rows == 0) return memra::kOk;
+  MEMRA_CUDA_RETURN_IF(enter(ctx));
+  if (!dst || !src) return memra::kContractMissing;
+  if (dst_pitch < width || src_pitch < width) return memra::kContractValue;
+  return status_of(cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, width, rows,
+                                     cudaMemcpyDeviceToDevice, ctx->stream));
+}
+
 int memra_cuda_copy(MemraCudaCtx* ctx, void* dst, const void* src, size_t bytes) {
   if (bytes == 0) return memra::kOk;
   MEMRA_CUDA_RETURN_IF(enter(ctx));

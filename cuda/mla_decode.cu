@@ -32,6 +32,11 @@
 //   the same operations as the CPU op up to FMA contraction, expf's last ulp and the order of the
 //   online rescaling / split merge.
 //
+// Rope columns (d_rope > 0, Kimi-Linear): rows are R + d_rope wide, the score adds q_pe . k_pe
+//   (one chain over [q_lat | q_pe] . [latent | k_pe]), the output stays over the first R columns.
+//   The f32 kernel and the tensor-core kernel at d_rope = 64 (2 m-tiles) have rope instantiations
+//   of their own; the wgmma arm is latent-only and never runs them.
+//
 // Split count (host, from B, head groups, max rows, SM count only, so a graph stays valid at any
 // position): minimise waves * (tiles per split + per-block overhead) + combine work, with
 // waves = ceil(blocks / (SMs * blocks per SM)) (1 block per SM for the tensor kernel), the
@@ -81,22 +86,25 @@ constexpr int kFHeads = kWarps;  // heads per block: one warp per head
 constexpr int kFTile = 32;       // rows per shared-memory sub-tile (lane = row in the scores)
 constexpr int kFAcc = 32;        // outputs per lane: R <= 32 * kFAcc
 
-size_t f32_smem_bytes(int R) {
-  return sizeof(float) * (static_cast<size_t>(kFHeads) * R + static_cast<size_t>(kFTile) * (R | 1));
+// D: the columns a row is scored over (R latent, then d_rope rope columns).
+size_t f32_smem_bytes(int D) {
+  return sizeof(float) * (static_cast<size_t>(kFHeads) * D + static_cast<size_t>(kFTile) * (D | 1));
 }
 
 // Block (split, sequence, group of 8 heads); warp w owns head h0 + w from the scores to the
 // output. Scores: lane j = row j of the sub-tile, s = (sum_w q[w] c[w]) * scale as one fmaf chain,
-// w ascending; online softmax in f32 with expf (m in the natural-log domain); o[r] (r = lane +
-// 32 u) = o[r] * alpha + sum_j p_j c_j[r], j ascending, p_j broadcast from lane j by shuffle.
-template <typename Tcache, bool kGather>
-__global__ void __launch_bounds__(kThreads, 2) decode_f32_kernel(DecodeArgs a) {
+// w ascending (with kRope over [q_lat | q_pe] . [latent | k_pe], the CPU's order); online softmax
+// in f32 with expf (m in the natural-log domain); o[r] (r = lane + 32 u < R) = o[r] * alpha +
+// sum_j p_j c_j[r], j ascending, p_j broadcast from lane j by shuffle. kRope == false is the
+// latent-only kernel (rows of R, no q_pe).
+template <typename Tcache, bool kGather, bool kRope>
+__device__ __forceinline__ void decode_f32_body(const DecodeArgs& a) {
   memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
   memra::cuda::pdl_trigger();
   extern __shared__ float fsm[];
-  const int R = a.R, Rp = a.R | 1;
-  float* qs = fsm;               // [8][R]
-  float* cs = qs + kFHeads * R;  // [32][Rp]: lane j reads row j at bank (j * Rp + w) % 32
+  const int R = a.R, D = kRope ? a.R + a.d_rope : a.R, Rp = D | 1;
+  float* qs = fsm;               // [8][D]
+  float* cs = qs + kFHeads * D;  // [32][Rp]: lane j reads row j at bank (j * Rp + w) % 32
 
   const int split = blockIdx.x, b = blockIdx.y, h0 = blockIdx.z * kFHeads;
   const int nh = min(kFHeads, a.H - h0);
@@ -113,9 +121,18 @@ __global__ void __launch_bounds__(kThreads, 2) decode_f32_kernel(DecodeArgs a) {
   const int32_t* list = kGather ? a.list + static_cast<int64_t>(b) * a.width : nullptr;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
 
-  for (int k = tid; k < kFHeads * R; k += kThreads) {
-    const int h = k / R, w = k - h * R;
-    qs[k] = h < nh ? a.q_lat[(static_cast<int64_t>(b) * a.H + h0 + h) * R + w] : 0.0f;
+  for (int k = tid; k < kFHeads * D; k += kThreads) {
+    const int h = k / D, w = k - h * D;
+    if constexpr (kRope) {
+      float v = 0.0f;
+      if (h < nh) {
+        const int64_t bh = static_cast<int64_t>(b) * a.H + h0 + h;
+        v = w < R ? a.q_lat[bh * R + w] : a.q_pe[bh * a.d_rope + (w - R)];
+      }
+      qs[k] = v;
+    } else {
+      qs[k] = h < nh ? a.q_lat[(static_cast<int64_t>(b) * a.H + h0 + h) * R + w] : 0.0f;
+    }
   }
   float m = -INFINITY, l = 0.0f;  // head `warp`, the same in every lane
   float acc[kFAcc];
@@ -127,19 +144,19 @@ __global__ void __launch_bounds__(kThreads, 2) decode_f32_kernel(DecodeArgs a) {
     const int nvalid = min(kFTile, end - t0);
     for (int j = warp; j < nvalid; j += kWarps) {
       const int64_t row = kGather ? list[t0 + j] : t0 + j;
-      const Tcache* src = cache + row * R;
+      const Tcache* src = cache + row * D;
       float* dst = cs + j * Rp;
-      for (int w = lane; w < R; w += 32) dst[w] = to_f32(src[w]);
+      for (int w = lane; w < D; w += 32) dst[w] = to_f32(src[w]);
     }
     __syncthreads();  // the sub-tile is loaded
 
     float s = -INFINITY;
     if (lane < nvalid) {
       const float* c = cs + lane * Rp;
-      const float* q = qs + warp * R;
+      const float* q = qs + warp * D;
       float d = 0.0f;
 #pragma unroll 4
-      for (int w = 0; w < R; ++w) d = fmaf(q[w], c[w], d);
+      for (int w = 0; w < D; ++w) d = fmaf(q[w], c[w], d);
       s = d * a.scale;
     }
     const float m_new = fmaxf(m, warp_max(s));  // finite: lane 0 holds a row
@@ -182,6 +199,17 @@ __global__ void __launch_bounds__(kThreads, 2) decode_f32_kernel(DecodeArgs a) {
       }
     }
   }
+}
+
+// The latent-only kernel (rows of R) and the rope kernel (rows of R + d_rope, q_pe): separate
+// kernels so the former keeps its code.
+template <typename Tcache, bool kGather>
+__global__ void __launch_bounds__(kThreads, 2) decode_f32_kernel(DecodeArgs a) {
+  decode_f32_body<Tcache, kGather, false>(a);
+}
+template <typename Tcache, bool kGather>
+__global__ void __launch_bounds__(kThreads, 2) decode_f32_rope_kernel(DecodeArgs a) {
+  decode_f32_body<Tcache, kGather, true>(a);
 }
 
 // ---------------------------------------------------------------- combine
@@ -321,6 +349,13 @@ template <typename Tcache>
 int launch_f32(MemraCudaCtx* ctx, const DecodeArgs& a, int groups, size_t smem) {
   const dim3 grid(static_cast<unsigned>(a.nsplit), static_cast<unsigned>(a.B),
                   static_cast<unsigned>(groups));
+  if (a.d_rope > 0) {
+    auto* kernel =
+        a.list ? decode_f32_rope_kernel<Tcache, true> : decode_f32_rope_kernel<Tcache, false>;
+    MEMRA_CUDA_RETURN_IF(allow_smem(ctx, kernel, smem));
+    memra::cuda::launch(ctx, true, kernel, dim3(grid), dim3(kThreads), smem, a);
+    return launch_status();
+  }
   if (a.list) {
     MEMRA_CUDA_RETURN_IF(allow_smem(ctx, decode_f32_kernel<Tcache, true>, smem));
     memra::cuda::launch(ctx, true, decode_f32_kernel<Tcache, true>, dim3(grid), dim3(kThreads),
@@ -334,18 +369,21 @@ int launch_f32(MemraCudaCtx* ctx, const DecodeArgs& a, int groups, size_t smem) 
 }
 
 // The batched attention over idx (compacted here) or over lists compacted already (list, counts).
-int attn_decode_impl(MemraCudaCtx* ctx, const float* q_lat, const void* const* caches,
-                     int cache_dtype, const int32_t* t_kv, const int32_t* idx,
-                     const int32_t* listed, const int* listed_counts, int width, int B, int H,
-                     int R, int d_rope, int max_t_kv, float scale, float* o_lat) {
+// d_rope > 0: rows of R + d_rope, q_pe [B, H, d_rope] (the rope kernels).
+int attn_decode_impl(MemraCudaCtx* ctx, const float* q_lat, const float* q_pe,
+                     const void* const* caches, int cache_dtype, const int32_t* t_kv,
+                     const int32_t* idx, const int32_t* listed, const int* listed_counts,
+                     int width, int B, int H, int R, int d_rope, int max_t_kv, float scale,
+                     float* o_lat) {
   MEMRA_CUDA_RETURN_IF(enter(ctx));
-  if (B < 0 || H < 0 || R < 1 || max_t_kv < 0 || width < 0 || d_rope != 0) {
+  if (B < 0 || H < 0 || R < 1 || max_t_kv < 0 || width < 0 || d_rope < 0) {
     return memra::kContractValue;
   }
   if (cache_dtype != 0 && cache_dtype != 1) return memra::kContractDType;
   if (B == 0 || H == 0) return memra::kOk;
   if (!q_lat || !caches || !t_kv || !o_lat) return memra::kContractMissing;
   if (listed && !listed_counts) return memra::kContractMissing;
+  if (d_rope > 0 && !q_pe) return memra::kContractMissing;
   if (B > 65535 || H > 65535) return memra::kUnsupportedGeometry;
   const bool gather = idx != nullptr || listed != nullptr;
   const int max_rows = gather ? std::min(width, max_t_kv) : max_t_kv;
@@ -354,19 +392,23 @@ int attn_decode_impl(MemraCudaCtx* ctx, const float* q_lat, const void* const* c
                                      ctx->stream));
   }
 
-  const bool tc = cache_dtype == 1 && (R == 128 || R == 256 || R == 512);
+  // Rope columns on tensor cores at d_rope == kTcRope only (other widths: the f32 kernel).
+  const bool tc = cache_dtype == 1 && (R == 128 || R == 256 || R == 512) &&
+                  (d_rope == 0 || d_rope == memra::cuda::mla::kTcRope);
   if (!tc && R > 32 * kFAcc) return memra::kUnsupportedGeometry;  // R > 1024
   int sms = 0;
   MEMRA_CUDA_RETURN_IF(device_attr(ctx, cudaDevAttrMultiProcessorCount, &sms));
 
-  // Dense bf16 at H = 64, R = 512 with 16-byte aligned q_lat / o_lat: the wgmma arm when the
-  // context's options select it (docs/options.md: the arms at the two bench shapes). Splits
+  // Dense bf16 at H = 64, R = 512 with 16-byte aligned q_lat / o_lat and no rope columns: the
+  // wgmma arm when the context's options select it (docs/options.md: the arms at the two bench
+  // shapes). Splits
   // from the same cost model in units of its tiles (the q read, 64 x 512 f32 = 128 KiB, is
   // 128 / tile_rows tiles); B = 64, L = 4096: 2 splits; B = 8, L = 32768: 16.
   const int variant = ctx->options.mla_decode_variant;
   const bool aligned = reinterpret_cast<uintptr_t>(q_lat) % 16 == 0 &&
                        reinterpret_cast<uintptr_t>(o_lat) % 16 == 0;
-  if (variant != 0 && !gather && cache_dtype == 1 && H == 64 && R == 512 && aligned) {
+  if (variant != 0 && !gather && cache_dtype == 1 && H == 64 && R == 512 && d_rope == 0 &&
+      aligned) {
     const int tr = memra::cuda::mla_decode_sm90_tile_rows(variant);
     const int64_t wtiles = (static_cast<int64_t>(max_t_kv) + tr - 1) / tr;
     const double ovh = 128.0 / tr;
@@ -383,6 +425,8 @@ int attn_decode_impl(MemraCudaCtx* ctx, const float* q_lat, const void* const* c
 
   DecodeArgs a{};
   a.q_lat = q_lat;
+  a.q_pe = d_rope > 0 ? q_pe : nullptr;
+  a.d_rope = d_rope;
   a.caches = caches;
   a.t_kv = t_kv;
   a.width = width;
@@ -420,15 +464,18 @@ int attn_decode_impl(MemraCudaCtx* ctx, const float* q_lat, const void* const* c
     // (both within the tests' CPU tolerance).
     mt = H > 32 && B >= 32 ? 4 : 2;
     if (const int want = ctx->options.mla_tc_mt; want == 2 || want == 4) mt = H > 32 ? want : 2;
+    if (d_rope > 0) mt = 2;  // the rope kernel's only form (4 m-tiles do not fit shared memory)
     groups = static_cast<int>(ceil_div(H, 16 * mt));
     const double ovh = 16.0 * mt / 32.0;  // HB x R f32 = HB / 32 tiles of 64 bf16 rows
     a.nsplit = choose_nsplit(static_cast<int64_t>(B) * groups, tiles, sms, 1, ovh, ovh);
     int optin = 0;
     MEMRA_CUDA_RETURN_IF(smem_optin(ctx, &optin));
-    if (memra::cuda::mla::decode_tc_smem_bytes(mt, R) > static_cast<size_t>(optin)) return memra::kUnsupportedGeometry;
+    if (memra::cuda::mla::decode_tc_smem_bytes(mt, R, d_rope) > static_cast<size_t>(optin)) {
+      return memra::kUnsupportedGeometry;
+    }
   } else {
     groups = static_cast<int>(ceil_div(H, kFHeads));
-    f32_smem = f32_smem_bytes(R);
+    f32_smem = f32_smem_bytes(R + d_rope);
     const double ovh = static_cast<double>(kFHeads) / kTileRows;  // 8 x R f32 / (64 x R f32)
     a.nsplit = choose_nsplit(static_cast<int64_t>(B) * groups, tiles, sms, 2, ovh, ovh);
   }
@@ -477,14 +524,14 @@ namespace memra::cuda::mla {
 int attn_decode(MemraCudaCtx* ctx, const MemraMlaAttnParams& p) {
   if (p.rows == MEMRA_MLA_ROWS_LISTED) {
     if (!p.list) return memra::kContractMissing;
-    return attn_decode_impl(ctx, p.q_lat, p.caches, p.cache_dtype, p.seq_t_kv, nullptr, p.list,
-                            p.counts, p.width, p.B, p.H, p.R, p.d_rope, p.max_t_kv, p.scale,
-                            p.o_lat);
+    return attn_decode_impl(ctx, p.q_lat, p.q_pe, p.caches, p.cache_dtype, p.seq_t_kv, nullptr,
+                            p.list, p.counts, p.width, p.B, p.H, p.R, p.d_rope, p.max_t_kv,
+                            p.scale, p.o_lat);
   }
   const int32_t* idx = p.rows == MEMRA_MLA_ROWS_INDEXED ? p.idx : nullptr;
-  return attn_decode_impl(ctx, p.q_lat, p.caches, p.cache_dtype, p.seq_t_kv, idx, nullptr,
-                          nullptr, p.width, p.B, p.H, p.R, p.d_rope, p.max_t_kv, p.scale,
-                          p.o_lat);
+  return attn_decode_impl(ctx, p.q_lat, p.q_pe, p.caches, p.cache_dtype, p.seq_t_kv, idx,
+                          nullptr, nullptr, p.width, p.B, p.H, p.R, p.d_rope, p.max_t_kv,
+                          p.scale, p.o_lat);
 }
 
 }  // namespace memra::cuda::mla

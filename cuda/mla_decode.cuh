@@ -9,11 +9,15 @@
 namespace memra::cuda::mla {
 
 // cuda/mla_decode_tc.cu: the tensor-core kernel's shared bytes and its launch over `groups` head
-// groups of 16 * mt heads (mt 2 or 4; R in {128, 256, 512}). args, bytes: the caller's
-// DecodeArgs (below) and its size, copied into the launcher's own: each source has its own
-// DecodeArgs, a type of its anonymous namespace as the kernels taking it are (the type's name is
-// part of their symbols).
-size_t decode_tc_smem_bytes(int mt, int R);
+// groups of 16 * mt heads (mt 2 or 4; R in {128, 256, 512}; d_rope 0, or kTcRope at mt 2 only:
+// 4 m-tiles of 576-wide rows exceed an SM's shared memory). args, bytes: the caller's DecodeArgs
+// (below) and its size, copied into the launcher's own: each source has its own DecodeArgs, a
+// type of its anonymous namespace as the kernels taking it are (the type's name is part of their
+// symbols).
+size_t decode_tc_smem_bytes(int mt, int R, int d_rope);
+// The rope width the tensor-core kernel is instantiated for besides 0 (Kimi-Linear's
+// qk_rope_head_dim: rows of 512 + 64 = 576, FlashMLA's shape).
+constexpr int kTcRope = 64;
 int launch_decode_tc(MemraCudaCtx* ctx, int mt, const void* args, size_t bytes, int groups);
 
 }  // namespace memra::cuda::mla
@@ -23,7 +27,7 @@ namespace {
 // The launch arguments of the batched decode kernels, filled by the plan (cuda/mla_decode.cu).
 struct DecodeArgs {
   const float* q_lat;          // [B, H, R]
-  const void* const* caches;   // [B] device pointers, rows of R elements
+  const void* const* caches;   // [B] device pointers, rows of R + d_rope elements
   const int32_t* t_kv;         // [B]
   const int32_t* list;         // compacted lists [B, width] (gathered) or null (dense)
   const int* counts;           // [B] entries of each compacted list (gathered) or null
@@ -38,6 +42,11 @@ struct DecodeArgs {
   float* pm;                   // [B, nsplit, H]
   float* pl;                   // [B, nsplit, H]
   int combine_fast;            // 1: the combine's one-round-trip form where it applies
+  // Rope columns (Kimi-Linear): rows are R + d_rope wide (the latent, then k_pe); scores add
+  // q_pe . k_pe; the output is over the latent (first R) columns only. Read only by the rope
+  // instantiations (d_rope == 0: the latent-only kernels, which never touch these fields).
+  const float* q_pe;           // [B, H, d_rope] (d_rope > 0)
+  int d_rope;
 };
 
 constexpr unsigned kFull = 0xffffffffu;

@@ -20,6 +20,10 @@
 // + P [64][72] 9 KiB + maxima / partial sums / running max / alpha 1.75 KiB = 205.75 KiB (rows
 // padded by 16 bytes: the 8 row addresses of every ldmatrix phase hit distinct 16-byte bank
 // groups); one block per SM (__launch_bounds__(256, 1); O is 128 registers per thread).
+// Rope columns (DR = 64, MT = 2 only; Kimi-Linear): rows of D = R + DR, Q = [q_lat | q_pe]; QK
+// runs over all D columns (D / 16 k-steps), PV and O over the first R. Shared memory at R = 512:
+// Q [32][584] 36.5 KiB + 2 stages [64][584] 146 KiB + P 4.5 KiB + 1.4 KiB = 188.4 KiB (4 m-tiles
+// would need 229.75 KiB, above the 227 KiB opt-in).
 // Precision: q_lat is rounded to bf16 (2^-9 relative per element) for the QK product; the cache
 // is bf16 already; p is rounded to bf16 for the PV product; scores, the softmax statistics
 // (running max, alpha, sums) and both accumulations are f32 (the error against the f32 CPU op:
@@ -77,17 +81,29 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
 
 // ---------------------------------------------------------------- tensor-core kernel
 
-template <int MT, int R>
+// Q pairs a thread loads before storing any (the rope form): the largest divisor of its pairs up
+// to 16 (36 at MT = 2, R = 512, DR = 64: batches of 12).
+constexpr int q_batch(int per) {
+  for (int b = 16; b > 1; --b) {
+    if (per % b == 0) return b;
+  }
+  return 1;
+}
+
+// DR: rope columns after the R latent ones (0: latent-only rows). QK runs over the D = R + DR
+// columns of Q and the cache rows, PV and the output over the first R.
+template <int MT, int R, int DR = 0>
 struct Tc {
+  static constexpr int D = R + DR;            // columns of a Q / cache row
   static constexpr int HB = 16 * MT;          // heads per block
-  static constexpr int QS = R + 8;            // Q / cache row stride in bf16 (+16 bytes)
+  static constexpr int QS = D + 8;            // Q / cache row stride in bf16 (+16 bytes)
   static constexpr int PS = kTileRows + 8;    // P row stride in bf16 (+16 bytes)
   static constexpr int NRG = kWarps / MT;     // QK row groups
   static constexpr int RW = kTileRows / NRG;  // rows per QK warp (8 * MT)
   static constexpr int NTS = RW / 8;          // S n-tiles per warp
   static constexpr int CW = R / kWarps;       // O columns per warp
   static constexpr int NTO = CW / 8;          // O n-tiles per warp
-  static constexpr int CPR = R / 8;           // 16-byte chunks per cache row
+  static constexpr int CPR = D / 8;           // 16-byte chunks per cache row
   static constexpr size_t q_off = 0;
   static constexpr size_t c_off = q_off + sizeof(__nv_bfloat16) * HB * QS;
   static constexpr size_t p_off = c_off + sizeof(__nv_bfloat16) * kStages * kTileRows * QS;
@@ -98,15 +114,17 @@ struct Tc {
   static constexpr size_t bytes = alpha_off + sizeof(float) * HB;
   static_assert(NTS % 2 == 0 && NTO % 2 == 0, "fragments are loaded in pairs of n-tiles");
   static_assert(R % 128 == 0 && R <= 512, "R in {128, 256, 512}");
+  static_assert(DR % 16 == 0, "rope columns in whole 16-wide k-steps");
   static_assert(c_off % 16 == 0 && p_off % 16 == 0 && red_off % 16 == 0, "16-byte alignment");
 };
 
 // Block (split blockIdx.x, sequence blockIdx.y, head group blockIdx.z). See the file comment.
-template <int MT, int R, bool kGather>
-__global__ void __launch_bounds__(kThreads, 1) decode_tc_kernel(DecodeArgs a) {
+// DR > 0: rows of R + DR, Q = [q_lat | q_pe] (both rounded to bf16) over the same columns.
+template <int MT, int R, int DR, bool kGather>
+__device__ __forceinline__ void decode_tc_body(const DecodeArgs& a) {
   memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
   memra::cuda::pdl_trigger();
-  using S = Tc<MT, R>;
+  using S = Tc<MT, R, DR>;
   extern __shared__ __align__(128) unsigned char smem[];
   __nv_bfloat16* qs = reinterpret_cast<__nv_bfloat16*>(smem + S::q_off);
   __nv_bfloat16* cs = reinterpret_cast<__nv_bfloat16*>(smem + S::c_off);
@@ -133,7 +151,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_tc_kernel(DecodeArgs a) {
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
 
-  // Tile t of this split into stage st: 64 rows x R, 16 bytes per cp.async; rows past `end`
+  // Tile t of this split into stage st: 64 rows x D, 16 bytes per cp.async; rows past `end`
   // zero-filled (their scores are masked; zeros keep 0 * c finite in PV).
   auto load_tile = [&](int t, int st) {
     const int t0 = begin + t * kTileRows;
@@ -145,7 +163,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_tc_kernel(DecodeArgs a) {
       const bool valid = e < end;
       int64_t row = 0;
       if (valid) row = kGather ? list[e] : e;
-      cp_async_16(dst + j * S::QS + k * 8, cache + row * R + k * 8, valid ? 16 : 0);
+      cp_async_16(dst + j * S::QS + k * 8, cache + row * S::D + k * 8, valid ? 16 : 0);
     }
     cp_async_commit();
   };
@@ -154,7 +172,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_tc_kernel(DecodeArgs a) {
   // Q rounded to bf16 (heads past nh zero), running max init. Scalar loads (no alignment
   // needed), kQBatch pairs per thread issued before any is stored: one pass per batch instead of
   // one L2 round trip per pair (64 of them at HB = 64, R = 512, in a row).
-  {
+  if constexpr (DR == 0) {
     const float* qb = a.q_lat + (static_cast<int64_t>(b) * a.H + h0) * R;
     constexpr int kQPer = S::HB * (R / 2) / kThreads;  // pairs per thread
     static_assert(S::HB * (R / 2) % kThreads == 0, "whole batches of Q pairs");
@@ -173,6 +191,36 @@ __global__ void __launch_bounds__(kThreads, 1) decode_tc_kernel(DecodeArgs a) {
       for (int u = 0; u < kQBatch; ++u) {
         const int k = tid + (k0 + u) * kThreads;
         const int h = k / (R / 2), c2 = k - h * (R / 2);
+        *reinterpret_cast<uint32_t*>(qs + h * S::QS + 2 * c2) = pack_bf16x2(v0[u], v1[u]);
+      }
+    }
+    if (tid < S::HB) m_run[tid] = -INFINITY;  // m_run[0][h]
+  } else {
+    // The same over the D / 2 column pairs of [q_lat | q_pe] (R and DR even: a pair never
+    // straddles the two); batches of the largest divisor of the pairs per thread up to 16.
+    constexpr int D = S::D;
+    const int64_t bh0 = static_cast<int64_t>(b) * a.H + h0;
+    const float* qb = a.q_lat + bh0 * R;
+    const float* pb = a.q_pe + bh0 * DR;
+    constexpr int kQPer = S::HB * (D / 2) / kThreads;  // pairs per thread
+    static_assert(S::HB * (D / 2) % kThreads == 0, "whole batches of Q pairs");
+    constexpr int kQBatch = q_batch(kQPer);
+    static_assert(kQPer % kQBatch == 0, "whole batches of Q pairs");
+    for (int k0 = 0; k0 < kQPer; k0 += kQBatch) {
+      float v0[kQBatch], v1[kQBatch];
+#pragma unroll
+      for (int u = 0; u < kQBatch; ++u) {
+        const int k = tid + (k0 + u) * kThreads;
+        const int h = k / (D / 2), c = 2 * (k - h * (D / 2));
+        const float* src = c < R ? qb + static_cast<int64_t>(h) * R + c
+                                 : pb + static_cast<int64_t>(h) * DR + (c - R);
+        v0[u] = h < nh ? __ldg(src) : 0.0f;
+        v1[u] = h < nh ? __ldg(src + 1) : 0.0f;
+      }
+#pragma unroll
+      for (int u = 0; u < kQBatch; ++u) {
+        const int k = tid + (k0 + u) * kThreads;
+        const int h = k / (D / 2), c2 = k - h * (D / 2);
         *reinterpret_cast<uint32_t*>(qs + h * S::QS + 2 * c2) = pack_bf16x2(v0[u], v1[u]);
       }
     }
@@ -213,7 +261,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_tc_kernel(DecodeArgs a) {
       const __nv_bfloat16* qa = qs + (qk_mt * 16 + a_row) * S::QS + a_col;
       const __nv_bfloat16* cb = ct + (qk_rg * S::RW + b_row) * S::QS + b_col;
 #pragma unroll 4
-      for (int ks = 0; ks < R / 16; ++ks) {
+      for (int ks = 0; ks < S::D / 16; ++ks) {
         uint32_t af[4];
         ldsm_x4(af, qa + ks * 16);
 #pragma unroll
@@ -368,6 +416,28 @@ __global__ void __launch_bounds__(kThreads, 1) decode_tc_kernel(DecodeArgs a) {
   }
 }
 
+// The latent-only kernel and the rope kernel: separate kernels so the former keeps its code.
+template <int MT, int R, bool kGather>
+__global__ void __launch_bounds__(kThreads, 1) decode_tc_kernel(DecodeArgs a) {
+  decode_tc_body<MT, R, 0, kGather>(a);
+}
+template <int MT, int R, int DR, bool kGather>
+__global__ void __launch_bounds__(kThreads, 1) decode_tc_rope_kernel(DecodeArgs a) {
+  decode_tc_body<MT, R, DR, kGather>(a);
+}
+
+template <int MT, int R, int DR>
+int launch_tc_rope(MemraCudaCtx* ctx, const DecodeArgs& a, int groups) {
+  using S = Tc<MT, R, DR>;
+  const dim3 grid(static_cast<unsigned>(a.nsplit), static_cast<unsigned>(a.B),
+                  static_cast<unsigned>(groups));
+  auto* kernel =
+      a.list ? decode_tc_rope_kernel<MT, R, DR, true> : decode_tc_rope_kernel<MT, R, DR, false>;
+  MEMRA_CUDA_RETURN_IF(allow_smem(ctx, kernel, S::bytes));
+  memra::cuda::launch(ctx, true, kernel, dim3(grid), dim3(kThreads), S::bytes, a);
+  return launch_status();
+}
+
 template <int MT, int R>
 int launch_tc(MemraCudaCtx* ctx, const DecodeArgs& a, int groups) {
   using S = Tc<MT, R>;
@@ -386,6 +456,15 @@ int launch_tc(MemraCudaCtx* ctx, const DecodeArgs& a, int groups) {
 }
 
 int launch_tc_any(MemraCudaCtx* ctx, int mt, const DecodeArgs& a, int groups) {
+  constexpr int DR = memra::cuda::mla::kTcRope;
+  if (a.d_rope > 0) {  // the plan checked d_rope == kTcRope and mt == 2
+    if (a.d_rope != DR || mt != 2) return memra::kUnsupportedGeometry;
+    switch (a.R) {
+      case 128: return launch_tc_rope<2, 128, DR>(ctx, a, groups);
+      case 256: return launch_tc_rope<2, 256, DR>(ctx, a, groups);
+      default: return launch_tc_rope<2, 512, DR>(ctx, a, groups);
+    }
+  }
   if (mt == 4) {
     switch (a.R) {
       case 128: return launch_tc<4, 128>(ctx, a, groups);
@@ -400,7 +479,13 @@ int launch_tc_any(MemraCudaCtx* ctx, int mt, const DecodeArgs& a, int groups) {
   }
 }
 
-size_t tc_smem_bytes(int mt, int R) {
+size_t tc_smem_bytes(int mt, int R, int d_rope) {
+  constexpr int DR = memra::cuda::mla::kTcRope;
+  if (d_rope > 0) {
+    if (d_rope != DR || mt != 2) return SIZE_MAX;  // not instantiated
+    return R == 128 ? Tc<2, 128, DR>::bytes
+                    : (R == 256 ? Tc<2, 256, DR>::bytes : Tc<2, 512, DR>::bytes);
+  }
   if (mt == 4) {
     return R == 128 ? Tc<4, 128>::bytes : (R == 256 ? Tc<4, 256>::bytes : Tc<4, 512>::bytes);
   }
@@ -411,7 +496,7 @@ size_t tc_smem_bytes(int mt, int R) {
 
 namespace memra::cuda::mla {
 
-size_t decode_tc_smem_bytes(int mt, int R) { return tc_smem_bytes(mt, R); }
+size_t decode_tc_smem_bytes(int mt, int R, int d_rope) { return tc_smem_bytes(mt, R, d_rope); }
 
 int launch_decode_tc(MemraCudaCtx* ctx, int mt, const void* args, size_t bytes, int groups) {
   DecodeArgs a;

@@ -469,15 +469,15 @@ CASES: dict[str, Case] = {
          "q_pe": opt(F32), "scale": floats(*NON_FINITE), "check_range": NOT_BOOL, **ENGINE_ARG}),
     "_core.mla_attn_decode": Case(
         lambda w: _core.mla_attn_decode,
-        lambda w: dict(q_lat=w.f32(2, 2, 6), caches=[w.f32(5, 6), w.f32(4, 6)], t_kv=[5, 3], idx=None, scale=0.5,
-                       max_t_kv=None),
+        lambda w: dict(q_lat=w.f32(2, 2, 6), caches=[w.f32(5, 6), w.f32(4, 6)], t_kv=[5, 3], idx=None, q_pe=None,
+                       scale=0.5, max_t_kv=None),
         {"q_lat": arr(shape(2, 2, 5)),
          "caches": [None, 1, "x", _OBJ, [1, 2], np.zeros((5, 6), np.float32), [np.zeros((5, 6), np.float32)],
                     [np.zeros((5, 6), np.float64), np.zeros((4, 6), np.float64)],
                     [np.zeros((5, 5), np.float32), np.zeros((4, 5), np.float32)]],
          "t_kv": [None, "x", 5, 1.5, [1.5, 2], [6, 3], [-1, 2], [5], [5, 3, 1], {"a": 1}, [2**40, 1],
                   np.array([5, 3], np.float32)],
-         "idx": opt(I32), "scale": floats(*NON_FINITE), "max_t_kv": some(ints(-1, 1)),
+         "idx": opt(I32), "q_pe": opt(F32), "scale": floats(*NON_FINITE), "max_t_kv": some(ints(-1, 1)),
          **ENGINE_ARG}),
     "_core.mla_latent_append_decode": Case(
         lambda w: _core.mla_latent_append_decode,

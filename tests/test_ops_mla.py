@@ -330,6 +330,45 @@ def _code(fn, *a, **k):
     return e.value.code
 
 
+@pytest.mark.parametrize("dr", [0, 3, 8])
+def test_mla_attn_decode_with_rope_columns_matches_expanded(dr):
+    """The batched decode form on the CPU (B sequences, one query each at its last visible row)
+    over rows [latent | k_pe] with q_pe (KimiLinearAttention's unrotated rope columns): the
+    expanded reference per sequence, dense and over index lists; an idle row (t_kv 0) gives zeros;
+    rows past t_kv hold NaN and are never read."""
+    H, R, dn, dv = 3, 5, 4, 6
+    g = rng(40 + dr)
+    t_kv = [1, 7, 0, 12]
+    B = len(t_kv)
+    kv_b = f32(g.standard_normal((H * (dn + dv), R)) * 0.5)
+    caches = []
+    for t in t_kv:
+        c = f32(g.standard_normal((t + 2, R + dr)))
+        c[t:] = np.nan
+        caches.append(c)
+    q_nope = f32(g.standard_normal((B, H, dn)))
+    q_pe = f32(g.standard_normal((B, H, dr))) if dr else None
+    wb = _core.Weight(kv_b)
+    q_lat = _core.mla_absorb_q(q_nope, wb, d_v=dv)
+    scale = (dn + dr) ** -0.5
+    idx = np.array([[0, -1, 5, 0], [6, 2, 2, -1], [3, -1, -1, -1], [11, 0, 7, 40]], np.int32)
+    for lists in (None, idx):
+        o_lat = _core.mla_attn_decode(q_lat, caches, t_kv, idx=lists, q_pe=q_pe, scale=scale)
+        np.testing.assert_array_equal(o_lat[2], 0.0)
+        out = _core.mla_decompress_v(o_lat, wb, d_nope=dn)
+        for b, t in enumerate(t_kv):
+            if t == 0:
+                continue
+            mask = causal_mask(1, t) if lists is None else mask_from_lists(lists[b:b + 1], t)
+            want = ref_mla(q_nope[b:b + 1], None if q_pe is None else q_pe[b:b + 1],
+                           caches[b][:t], kv_b, dn, dv, mask)
+            np.testing.assert_allclose(out[b:b + 1], want, rtol=RTOL, atol=ATOL)
+    if dr:
+        assert _code(_core.mla_attn_decode, q_lat, caches, t_kv, scale=scale) == S.CONTRACT_MISSING
+        assert _code(_core.mla_attn_decode, q_lat, caches, t_kv, q_pe=q_pe[:, :, :-1],
+                     scale=scale) == S.CONTRACT_SHAPE
+
+
 def test_mla_bad_inputs():
     q_nope, q_pe, cache, kv_b = mla_problem(1, 2, 5, 3, 4, 3, 2, 2)
     wb = _core.Weight(kv_b)

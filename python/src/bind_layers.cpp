@@ -220,7 +220,8 @@ void init_layers(nb::module_& m) {
                        "'self_attn.'. q_lora_rank 0: no query LoRA, q = q_proj(x). rms_eps: the "
                        "epsilon of q_a_layernorm and kv_a_layernorm. rotate: whether the d_rope "
                        "columns are rotated (the family decides, never d_rope > 0). CUDA: "
-                       "UnsupportedError for d_rope > 0 or q_lora_rank 0 (the CPU runs them).")
+                       "UnsupportedError for rotated rope columns (rotate with d_rope > 0; the "
+                       "CPU runs them).")
       .def(
           "__init__",
           [](MlaLayer* self, const Engine& engine, Weights weights, int hidden, int heads,

@@ -90,7 +90,8 @@ void init_ops_mla_decode(nb::module_& m) {
   m.def(
       "mla_attn_decode",
       [](const AnyArray& q_lat, nb::handle caches, nb::handle t_kv, std::optional<AnyArray> idx,
-         float scale, std::optional<int64_t> max_t_kv, const Engine* engine) {
+         std::optional<AnyArray> q_pe, float scale, std::optional<int64_t> max_t_kv,
+         const Engine* engine) {
         const char* op = "mla_attn_decode";
         const float* qp = f32_in(engine, q_lat, op, "q_lat", {-1, -1, -1});
         const int64_t B = dim(q_lat, 0), H = dim(q_lat, 1), R = dim(q_lat, 2);
@@ -106,7 +107,19 @@ void init_ops_mla_decode(nb::module_& m) {
                              " wide, expected R + d_rope >= R=" + std::to_string(R) +
                              " (from q_lat " + shape_str(q_lat) + ")");
         }
+        if (W - R > INT_MAX) {
+          raise_contract(kContractShape, std::string(op) + ": caches " + std::to_string(W) +
+                                             " wide are too wide");
+        }
         const int d_rope = static_cast<int>(W - R);
+        const float* pp = nullptr;
+        if (q_pe) {
+          pp = f32_in(engine, *q_pe, op, "q_pe", {B, H, d_rope});
+        } else if (d_rope > 0) {
+          raise_contract(kContractMissing, std::string(op) + ": the caches carry d_rope=" +
+                                               std::to_string(d_rope) +
+                                               " rope columns, so q_pe [B, H, d_rope] is required");
+        }
         check_finite(scale, op, "scale");
         const int32_t* ip = nullptr;
         int width = 0;
@@ -146,13 +159,6 @@ void init_ops_mla_decode(nb::module_& m) {
         if (bound > INT_MAX) {
           raise_contract(kContractValue, std::string(op) + ": caches longer than 2^31 - 1 rows");
         }
-        if (d_rope != 0) {
-          raise_status(Status(kUnsupportedGeometry,
-                              std::string(op) + ": the caches carry d_rope=" +
-                                  std::to_string(d_rope) +
-                                  " rope columns; the batched decode takes latent-only rows "
-                                  "(d_rope == 0): use mla_attn_absorbed per sequence"));
-        }
         Out o = out_f32_uninit(engine, {z(B), z(H), z(R)});
         if (B == 0 || H == 0) return o.obj;
         // The per-sequence caches: a device table of their pointers on CUDA, host pointers here.
@@ -166,8 +172,10 @@ void init_ops_mla_decode(nb::module_& m) {
         p.batched = 1;
         p.rows = ip ? MEMRA_MLA_ROWS_INDEXED : MEMRA_MLA_ROWS_CAUSAL;
         p.q_lat = qp;
+        p.q_pe = d_rope > 0 ? pp : nullptr;
         p.H = static_cast<int>(H);
         p.R = static_cast<int>(R);
+        p.d_rope = d_rope;
         p.scale = scale;
         p.cache_dtype = c.dtype;
         p.o_lat = o.data<float>();
@@ -181,33 +189,37 @@ void init_ops_mla_decode(nb::module_& m) {
         return o.obj;
       },
       nb::arg("q_lat"), nb::arg("caches"), nb::arg("t_kv"), nb::kw_only(),
-      nb::arg("idx").none() = nb::none(), nb::arg("scale"), nb::arg("max_t_kv").none() = nb::none(),
-      nb::arg("engine").none() = nb::none(),
+      nb::arg("idx").none() = nb::none(), nb::arg("q_pe").none() = nb::none(), nb::arg("scale"),
+      nb::arg("max_t_kv").none() = nb::none(), nb::arg("engine").none() = nb::none(),
       "Batched absorbed MLA decode: B sequences, one query each, in one launch plan on CUDA.\n\n"
-      "q_lat: [B, H, R] float32 (from mla_absorb_q). caches: a list of B arrays [L_b, R] (latent "
-      "rows, d_rope == 0), all float32 or (CUDA) all bfloat16 (DLPack bfloat16 or uint16 raw "
-      "bits; 16-byte aligned), on the engine's device. t_kv: rows visible to each sequence (its "
-      "query sits at row t_kv[b] - 1): a host list / int array (checked: 0 <= t_kv[b] <= L_b), "
-      "or on CUDA a device int32 [B] array (unchecked: t_kv[b] must be <= L_b; values above "
-      "max_t_kv are clamped). t_kv[b] == 0 is an idle row: o_lat[b] = 0, nothing of it is read. "
-      "idx: optional [B, width] int32 index lists (gathered attention: -1 and entries outside "
-      "[0, t_kv[b]) skipped, a row listed twice counts once, an empty list gives zeros). "
-      "scale: qk_head_dim**-0.5. max_t_kv: the host bound the launch is sized from (default "
-      "max(t_kv) for host t_kv, max L_b for device t_kv); keep it fixed to replay a captured "
-      "graph at any position. Returns o_lat [B, H, R] float32 on the same device.\n"
-      "CUDA: a bfloat16 cache with R in {128, 256, 512} runs on tensor cores: q_lat and the "
-      "softmax weights are rounded to bfloat16 for the two products, scores, softmax and "
-      "accumulation are float32 (3e-3..6e-3 of max|o| against the float32 CPU op on the same "
-      "cache); float32 caches (and other R <= 1024) run an exact float32 CUDA-core kernel "
-      "(~1e-6 relative). The CPU backend runs mla_attn_absorbed / mla_attn_gathered per sequence.\n"
+      "q_lat: [B, H, R] float32 (from mla_absorb_q). caches: a list of B arrays [L_b, R + d_rope] "
+      "(the latent rows, then d_rope rope columns k_pe), all float32 or (CUDA) all bfloat16 "
+      "(DLPack bfloat16 or uint16 raw bits; 16-byte aligned), on the engine's device. t_kv: rows "
+      "visible to each sequence (its query sits at row t_kv[b] - 1): a host list / int array "
+      "(checked: 0 <= t_kv[b] <= L_b), or on CUDA a device int32 [B] array (unchecked: t_kv[b] "
+      "must be <= L_b; values above max_t_kv are clamped). t_kv[b] == 0 is an idle row: "
+      "o_lat[b] = 0, nothing of it is read. idx: optional [B, width] int32 index lists "
+      "(gathered attention: -1 and entries outside [0, t_kv[b]) skipped, a row listed twice "
+      "counts once, an empty list gives zeros). q_pe: [B, H, d_rope] float32, required when "
+      "d_rope > 0 (the score adds q_pe . k_pe). scale: qk_head_dim**-0.5 (qk_head_dim = d_nope "
+      "+ d_rope). max_t_kv: the host bound the launch is sized from (default max(t_kv) for host "
+      "t_kv, max L_b for device t_kv); keep it fixed to replay a captured graph at any "
+      "position. Returns o_lat [B, H, R] float32 on the same device.\n"
+      "CUDA: a bfloat16 cache with R in {128, 256, 512} and d_rope 0 or 64 runs on tensor "
+      "cores: q_lat, q_pe and the softmax weights are rounded to bfloat16 for the two products, "
+      "scores, softmax and accumulation are float32 (3e-3..6e-3 of max|o| against the float32 "
+      "CPU op on the same cache); float32 caches (and other shapes with R <= 1024) run an exact "
+      "float32 CUDA-core kernel (~1e-6 relative). The CPU backend runs mla_attn_absorbed / "
+      "mla_attn_gathered per sequence.\n"
       "Raises ContractError: CONTRACT_SHAPE when len(caches) != B or a cache's width differs; "
-      "CONTRACT_RANGE for a host t_kv outside [0, L_b]; CONTRACT_DTYPE / CONTRACT_SHAPE / "
-      "CONTRACT_STRIDE / CONTRACT_DEVICE for bad arrays (CONTRACT_STRIDE also for a bfloat16 "
-      "cache not 16-byte aligned); CONTRACT_VALUE for a non-finite scale or max_t_kv below "
-      "max(t_kv). UnsupportedError (UNSUPPORTED_GEOMETRY) for caches with rope columns "
-      "(width > R) or, on CUDA, R > 1024 outside the tensor-core shapes.\n"
-      "Reference: Glm5NextTextAttention.forward at decode (one query per sequence), as "
-      "mla_attn_absorbed / mla_attn_gathered with t_q = 1.");
+      "CONTRACT_RANGE for a host t_kv outside [0, L_b]; CONTRACT_MISSING when q_pe is absent "
+      "but d_rope > 0; CONTRACT_DTYPE / CONTRACT_SHAPE / CONTRACT_STRIDE / CONTRACT_DEVICE for "
+      "bad arrays (CONTRACT_STRIDE also for a bfloat16 cache not 16-byte aligned); "
+      "CONTRACT_VALUE for a non-finite scale or max_t_kv below max(t_kv). UnsupportedError "
+      "(UNSUPPORTED_GEOMETRY) on CUDA for R > 1024 outside the tensor-core shapes, or rows too "
+      "wide for the float32 kernel's shared memory.\n"
+      "Reference: Glm5NextTextAttention.forward / KimiLinearAttention.forward at decode (one "
+      "query per sequence), as mla_attn_absorbed / mla_attn_gathered with t_q = 1.");
 
   m.def(
       "mla_latent_append_decode",

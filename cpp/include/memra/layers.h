@@ -165,7 +165,9 @@ class MlaLayer {
   Status decode_cuda(Cache& cache, int layer, const int32_t* slots_d, int B, const float* x,
                      const int32_t* topk_in, float* y, int32_t* topk_out) const;
   struct Projected {  // project_cuda's outputs for N rows
-    float *q_resid = nullptr, *q = nullptr, *ckv = nullptr;
+    // q_resid [N, ql] (null without query LoRA), q: q_nope [N, H, d_nope], q_pe [N, H, d_rope]
+    // (null without rope columns), ckv [N, R + d_rope] (the cache rows)
+    float *q_resid = nullptr, *q = nullptr, *q_pe = nullptr, *ckv = nullptr;
     IndexerRows rows;  // with an own indexer
   };
   // A decode row's tables and cache appends, done by the projections' norm launch

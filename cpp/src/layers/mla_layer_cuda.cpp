@@ -1,13 +1,17 @@
 // MlaLayer on a CUDA device: the chain of MlaLayer::prefill / MlaLayer::indexer (mla_layer.cpp)
-// over the CUDA library's ops, one sequence per call (decode loops over its slots, as the CPU
-// does). The CUDA path carries no rope columns (d_rope == 0: glm5_next's NoPE MLA) and always
-// has query LoRA (q_lora_rank > 0): Kimi-Linear's MLA runs on the CPU.
+// over the CUDA library's ops: a prefill of one sequence, a decode step of B sequences in one
+// batched chain. Both query forms (q_a / q_b with query LoRA, glm5_next; q_proj without,
+// Kimi-Linear) and unrotated rope columns (d_rope > 0: Kimi-Linear; cache rows [latent | k_pe],
+// scores plus q_pe . k_pe) run here; rotated rope columns (rotate with d_rope > 0) do not.
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <string>
 #include <vector>
 
 #include "gpu_util.h"
+#include "mla_layer_gpu.h"
 #include "memra/layers.h"
 #include "memra/op/basic.h"
 #include "memra/op/dsa.h"
@@ -18,6 +22,22 @@ namespace memra {
 
 namespace {
 constexpr float kIndexerNormEps = 1e-6f;  // as mla_layer.cpp
+
+// The query weight's rows [H * (d_nope + d_rope), K] regrouped as every head's d_nope rows, then
+// every head's d_rope rows: its GEMM's output is then [q_nope | q_pe] with both parts contiguous
+// (what mla_absorb_q and mla_attn read) instead of the heads' interleaved [nope, rope] columns.
+void split_heads(const Weight& w, int H, int dn, int dr, Weight* nope, Weight* pe) {
+  const size_t row = static_cast<size_t>(w.cols()) * dtype_size(w.dtype());
+  const auto* src = static_cast<const uint8_t*>(w.data());
+  std::vector<uint8_t> a(size_t(H) * dn * row), b(size_t(H) * dr * row);
+  for (int h = 0; h < H; ++h) {
+    const uint8_t* head = src + size_t(h) * (dn + dr) * row;
+    std::memcpy(a.data() + size_t(h) * dn * row, head, size_t(dn) * row);
+    std::memcpy(b.data() + size_t(h) * dr * row, head + size_t(dn) * row, size_t(dr) * row);
+  }
+  *nope = Weight(w.dtype(), {int64_t(H) * dn, w.cols()}, a.data());
+  *pe = Weight(w.dtype(), {int64_t(H) * dr, w.cols()}, b.data());
+}
 
 // absorb / decompress of T rows over the uploaded kv_b (arm 0: auto).
 MemraMlaProjParams proj(int which, const float* x, const DeviceWeight& kv_b, int T,
@@ -37,57 +57,70 @@ MemraMlaProjParams proj(int which, const float* x, const DeviceWeight& kv_b, int
 }
 }  // namespace
 
-struct MlaLayer::Gpu {
-  // Compute dtype. x's projections are one weight in_proj = q_a | kv_a [| wk | kpool_gate |
-  // weights_proj] and q_resid's one weight qb_proj = q_b [| wq_b]; the named weights are row
-  // views of them (see project_cuda).
-  DeviceWeight in_proj, qb_proj;
-  DeviceWeight q_a, q_b, kv_a, kv_b, o_proj;
-  DeviceWeight q_a_bias, kv_a_bias, o_bias, q_a_norm, kv_a_norm;  // f32 (biases may be empty)
-  DeviceWeight wq_b, wk, weights_proj, kpool_gate;  // compute dtype
-  DeviceWeight k_norm_w, k_norm_b, kpool_ape;       // f32
-};
-
 Status MlaLayer::to_device(std::shared_ptr<CudaContext> cuda, DType dtype) {
-  // Kimi-Linear's forms are not on CUDA yet: refused by name (each one found), the CPU runs them.
-  std::string missing;
-  auto lack = [&](const std::string& what) { missing += (missing.empty() ? "" : "; ") + what; };
-  if (cfg_.d_rope != 0) lack("rope columns (d_rope must be 0, got " + std::to_string(cfg_.d_rope) + ")");
-  if (cfg_.q_lora_rank == 0) lack("q_proj without query LoRA (q_lora_rank 0)");
-  if (!missing.empty()) {
-    return Status(kUnsupportedGeometry, "MlaLayer: the CUDA path does not carry " + missing +
-                                            "; the CPU backend runs it");
+  const int H = cfg_.heads, dn = cfg_.d_nope, dr = cfg_.d_rope;
+  const bool lora = cfg_.q_lora_rank > 0;
+  if (cfg_.rotate && dr > 0) {
+    return Status(kUnsupportedGeometry,
+                  "MlaLayer: the CUDA path does not rotate rope columns (rotate with d_rope " +
+                      std::to_string(dr) + "); the CPU backend runs it");
   }
   auto g = std::make_shared<Gpu>();
-  std::vector<const Weight*> in = {&q_a_, &kv_a_}, qb = {&q_b_};
+  // The query weight, regrouped [q_nope rows | q_pe rows] when it has rope columns.
+  const Weight& qw = lora ? q_b_ : q_proj_;
+  Weight q_nope_w, q_pe_w;
+  std::vector<const Weight*> q = {&qw};
+  if (dr > 0) {
+    split_heads(qw, H, dn, dr, &q_nope_w, &q_pe_w);
+    q = {&q_nope_w, &q_pe_w};
+  }
+  std::vector<const Weight*> in, qb;
+  if (lora) {
+    in = {&q_a_, &kv_a_};
+    qb = q;
+  } else {
+    in = q;
+    in.push_back(&kv_a_);
+  }
   if (has_indexer()) {
     in.insert(in.end(), {&wk_, &kpool_gate_, &weights_proj_});
     qb.push_back(&wq_b_);
   }
   MEMRA_TRY(DeviceWeight::upload_rows(cuda, in, dtype, &g->in_proj));
-  MEMRA_TRY(DeviceWeight::upload_rows(cuda, qb, dtype, &g->qb_proj));
+  if (lora) MEMRA_TRY(DeviceWeight::upload_rows(cuda, qb, dtype, &g->qb_proj));
   int64_t r = 0;
   auto view = [&](const DeviceWeight& w, const Weight& part) {
     DeviceWeight v = w.row_view(r, part.rows());
     r += part.rows();
     return v;
   };
-  g->q_a = view(g->in_proj, q_a_);
+  // The query rows: q_b's d_nope part and (rope) its q_pe part, in in_proj or qb_proj.
+  auto query = [&](const DeviceWeight& w) {
+    g->q_b = view(w, *q[0]);
+    if (dr > 0) g->q_pe = view(w, *q[1]);
+  };
+  if (lora) {
+    g->q_a = view(g->in_proj, q_a_);
+  } else {
+    query(g->in_proj);
+  }
   g->kv_a = view(g->in_proj, kv_a_);
   if (has_indexer()) {
     g->wk = view(g->in_proj, wk_);
     g->kpool_gate = view(g->in_proj, kpool_gate_);
     g->weights_proj = view(g->in_proj, weights_proj_);
   }
-  r = 0;
-  g->q_b = view(g->qb_proj, q_b_);
-  if (has_indexer()) g->wq_b = view(g->qb_proj, wq_b_);
+  if (lora) {
+    r = 0;
+    query(g->qb_proj);
+    if (has_indexer()) g->wq_b = view(g->qb_proj, wq_b_);
+  }
   MEMRA_TRY(DeviceWeight::upload(cuda, kv_b_, dtype, &g->kv_b));
   MEMRA_TRY(DeviceWeight::upload(cuda, o_proj_, dtype, &g->o_proj));
   if (!q_a_bias_.empty()) MEMRA_TRY(DeviceWeight::upload_f32(cuda, q_a_bias_, &g->q_a_bias));
   if (!kv_a_bias_.empty()) MEMRA_TRY(DeviceWeight::upload_f32(cuda, kv_a_bias_, &g->kv_a_bias));
   if (!o_bias_.empty()) MEMRA_TRY(DeviceWeight::upload_f32(cuda, o_bias_, &g->o_bias));
-  MEMRA_TRY(DeviceWeight::upload_f32(cuda, q_a_norm_, &g->q_a_norm));
+  if (lora) MEMRA_TRY(DeviceWeight::upload_f32(cuda, q_a_norm_, &g->q_a_norm));
   MEMRA_TRY(DeviceWeight::upload_f32(cuda, kv_a_norm_, &g->kv_a_norm));
   if (has_indexer()) {
     MEMRA_TRY(DeviceWeight::upload_f32(cuda, k_norm_w_, &g->k_norm_w));
@@ -96,29 +129,33 @@ Status MlaLayer::to_device(std::shared_ptr<CudaContext> cuda, DType dtype) {
   }
   gpu_ = std::move(g);
   cuda_ = std::move(cuda);
-  q_a_ = q_b_ = kv_a_ = kv_b_ = o_proj_ = wq_b_ = wk_ = weights_proj_ = kpool_gate_ = Weight();
+  q_a_ = q_b_ = q_proj_ = kv_a_ = kv_b_ = o_proj_ = wq_b_ = wk_ = weights_proj_ = kpool_gate_ =
+      Weight();
   return Status::Ok();
 }
 
 // The input projections of N rows (MlaLayer::prefill's chain up to the latent rows):
-//   q_resid = q_a_layernorm(q_a_proj(x)) [N, ql], q = q_b_proj(q_resid) [N, H * d_nope],
-//   ckv = kv_a_layernorm(kv_a_proj(x)) [N, R], and with an own indexer its rows: q = wq_b(q_resid),
+//   q_resid = q_a_layernorm(q_a_proj(x)) [N, ql], q = q_b_proj(q_resid) [N, H * d_nope] (without
+//   query LoRA q = q_proj(x)), with rope columns q_pe [N, H * d_rope] the query's rope part,
+//   ckv = [kv_a_layernorm(latent) | k_pe] [N, R + d_rope] (kv_a_proj_with_mqa's rows, the norm
+//   over the first R columns, k_pe raw), and with an own indexer its rows: q = wq_b(q_resid),
 //   k = k_norm(wk(x)), gate = kpool_gate(x), w = weights_proj(x).
 // x is rounded to the compute dtype once, q_resid once (at N == 1 inside each GEMV instead,
-// gpu::round_input). N == 1 without biases (a decode step of one sequence; GLM): x's GEMMs are
-// one GEMM over in_proj and q_resid's one over qb_proj, a row's outputs being contiguous column
+// gpu::round_input). N == 1 without biases (a decode step of one sequence): x's GEMMs are one
+// GEMM over in_proj and q_resid's one over qb_proj, a row's outputs being contiguous column
 // blocks of theirs (at T = 1 a GEMM pays a fixed ramp: one large GEMM costs less than five small
-// ones). N > 1: one GEMM per projection over the row views (the
-// column blocks of N rows interleave).
+// ones; the GEMV's sum order is fixed by K alone, so the fusion changes no byte). N > 1: one GEMM
+// per projection over the row views (the column blocks of N rows interleave).
 Status MlaLayer::project_cuda(gpu::Arena& a, const float* x, int N, Projected* out,
                               const NormAppend* append) const {
   const CudaContext& c = *cuda_;
   const op::Backend b{&c};
   const Gpu& g = *gpu_;
   const char* op = "MlaLayer projections";
-  const int H = cfg_.heads, R = cfg_.kv_rank, dn = cfg_.d_nope, ql = cfg_.q_lora_rank;
+  const int H = cfg_.heads, R = cfg_.kv_rank, dn = cfg_.d_nope, dr = cfg_.d_rope;
+  const int ql = cfg_.q_lora_rank, row = R + dr;
   const int Hi = cfg_.index_heads, di = cfg_.index_head_dim;
-  const bool idx = has_indexer();
+  const bool idx = has_indexer(), lora = ql > 0;
   auto bias = [](const DeviceWeight& w) { return w.buffer ? gpu::f32p(w) : nullptr; };
   const bool fused = N == 1 && !g.q_a_bias.buffer && !g.kv_a_bias.buffer;
   IndexerRows& rows = out->rows;
@@ -126,20 +163,37 @@ Status MlaLayer::project_cuda(gpu::Arena& a, const float* x, int N, Projected* o
   gpu::Rounded xr;
   MEMRA_TRY(gpu::round_input(c, a, x, N, cfg_.hidden, g.in_proj.dtype, &xr, op));
   if (fused) {
-    float* in_out = nullptr;  // [1, ql | R | di | di | Hi]
+    // [1, ql | R + dr | di | di | Hi], or without query LoRA [1, H * dn | H * dr | R + dr]
+    float* in_out = nullptr;
     MEMRA_TRY(a.take(g.in_proj.rows, &in_out));
     MEMRA_GPU(c, gpu::linear_in(c, xr, 1, g.in_proj, nullptr, in_out), op);
-    out->q_resid = in_out;
-    out->ckv = in_out + ql;
+    if (lora) {
+      out->q_resid = in_out;
+      out->ckv = in_out + ql;
+    } else {
+      out->q = in_out;
+      out->q_pe = dr > 0 ? in_out + int64_t(H) * dn : nullptr;
+      out->ckv = in_out + int64_t(H) * (dn + dr);
+    }
     if (idx) {
-      rows.k = out->ckv + R;
+      rows.k = out->ckv + row;
       rows.gate = rows.k + di;
       rows.w = rows.gate + di;
     }
   } else {
-    MEMRA_TRY(a.take(int64_t(N) * ql, &out->q_resid));
-    MEMRA_TRY(a.take(int64_t(N) * R, &out->ckv));
-    MEMRA_GPU(c, gpu::linear_in(c, xr, N, g.q_a, bias(g.q_a_bias), out->q_resid), op);
+    if (lora) {
+      MEMRA_TRY(a.take(int64_t(N) * ql, &out->q_resid));
+      MEMRA_TRY(a.take(int64_t(N) * row, &out->ckv));
+      MEMRA_GPU(c, gpu::linear_in(c, xr, N, g.q_a, bias(g.q_a_bias), out->q_resid), op);
+    } else {
+      MEMRA_TRY(a.take(int64_t(N) * H * dn, &out->q));
+      MEMRA_TRY(a.take(int64_t(N) * row, &out->ckv));
+      MEMRA_GPU(c, gpu::linear_in(c, xr, N, g.q_b, nullptr, out->q), op);
+      if (dr > 0) {
+        MEMRA_TRY(a.take(int64_t(N) * H * dr, &out->q_pe));
+        MEMRA_GPU(c, gpu::linear_in(c, xr, N, g.q_pe, nullptr, out->q_pe), op);
+      }
+    }
     MEMRA_GPU(c, gpu::linear_in(c, xr, N, g.kv_a, bias(g.kv_a_bias), out->ckv), op);
     if (idx) {
       MEMRA_TRY(a.take(int64_t(N) * di, &rows.k));
@@ -151,6 +205,13 @@ Status MlaLayer::project_cuda(gpu::Arena& a, const float* x, int N, Projected* o
     }
   }
   if (N == 1 && append) {  // the norms, with the decode row's tables and cache appends
+    // The fused prologue appends latent-only rows after a q_resid norm (decode_cuda routes any
+    // other form to the unfused calls).
+    if (!lora || dr != 0) {
+      return Status(kUnsupportedGeometry,
+                    std::string(op) + ": the fused decode prologue needs query LoRA and no rope "
+                                      "columns");
+    }
     const NormAppend& ap = *append;
     const bool ring = idx && ap.n == 4;  // the indexer's planes are in the tables (sparse)
     MemraMlaNormAppendParams p{};
@@ -179,7 +240,10 @@ Status MlaLayer::project_cuda(gpu::Arena& a, const float* x, int N, Projected* o
     p.tail_rows = cfg_.tail_rows;
     MEMRA_TRY(op::mla_norm_append_decode(b, p));
   } else if (N == 1) {  // one launch for the row's two or three norms (the bytes of the three below)
-    const MemraNormRowsParams norms{out->q_resid, ql, gpu::f32p(g.q_a_norm), cfg_.rms_eps,
+    // One row: the latent norm over its first R columns leaves k_pe as it is. Without query
+    // LoRA q_resid is null: no q row.
+    const MemraNormRowsParams norms{out->q_resid, lora ? ql : 0,
+                                    lora ? gpu::f32p(g.q_a_norm) : nullptr, cfg_.rms_eps,
                                     out->q_resid, out->ckv, R, gpu::f32p(g.kv_a_norm),
                                     cfg_.rms_eps, out->ckv, idx ? rows.k : nullptr, idx ? di : 0,
                                     idx ? gpu::f32p(g.k_norm_w) : nullptr,
@@ -187,80 +251,49 @@ Status MlaLayer::project_cuda(gpu::Arena& a, const float* x, int N, Projected* o
                                     idx ? rows.k : nullptr};
     MEMRA_GPU(c, op::norm_rows(b, norms).code, op);
   } else {
-    MEMRA_GPU(c, op::rms_norm(b, out->q_resid, N, ql, gpu::f32p(g.q_a_norm), cfg_.rms_eps,
-                              out->q_resid).code, op);
-    MEMRA_GPU(c, op::rms_norm(b, out->ckv, N, R, gpu::f32p(g.kv_a_norm), cfg_.rms_eps,
-                              out->ckv).code, op);
+    if (lora) {
+      MEMRA_GPU(c, op::rms_norm(b, out->q_resid, N, ql, gpu::f32p(g.q_a_norm), cfg_.rms_eps,
+                                out->q_resid).code, op);
+    }
+    if (dr == 0) {
+      MEMRA_GPU(c, op::rms_norm(b, out->ckv, N, R, gpu::f32p(g.kv_a_norm), cfg_.rms_eps,
+                                out->ckv).code, op);
+    } else {
+      // The norm reads contiguous rows: the latent columns out and back (strided copies).
+      float* lat = nullptr;
+      MEMRA_TRY(a.take(int64_t(N) * R, &lat));
+      const size_t lat_b = sizeof(float) * size_t(R), row_b = sizeof(float) * size_t(row);
+      MEMRA_GPU(c, c.api().copy_2d(c.ctx(), lat, lat_b, out->ckv, row_b, lat_b, size_t(N)), op);
+      MEMRA_GPU(c, op::rms_norm(b, lat, N, R, gpu::f32p(g.kv_a_norm), cfg_.rms_eps, lat).code, op);
+      MEMRA_GPU(c, c.api().copy_2d(c.ctx(), out->ckv, row_b, lat, lat_b, lat_b, size_t(N)), op);
+    }
     if (idx) {
       MEMRA_GPU(c, op::layer_norm(b, rows.k, N, di, gpu::f32p(g.k_norm_w), gpu::f32p(g.k_norm_b),
                                   kIndexerNormEps, rows.k).code, op);
     }
   }
+  if (!lora) return Status::Ok();
 
   gpu::Rounded qr;
   MEMRA_TRY(gpu::round_input(c, a, out->q_resid, N, ql, g.qb_proj.dtype, &qr, op));
   if (fused) {
-    MEMRA_TRY(a.take(g.qb_proj.rows, &out->q));  // [1, H * dn | Hi * di]
+    MEMRA_TRY(a.take(g.qb_proj.rows, &out->q));  // [1, H * dn | H * dr | Hi * di]
     MEMRA_GPU(c, gpu::linear_in(c, qr, 1, g.qb_proj, nullptr, out->q), op);
-    if (idx) rows.q = out->q + int64_t(H) * dn;
+    if (dr > 0) out->q_pe = out->q + int64_t(H) * dn;
+    if (idx) rows.q = out->q + int64_t(H) * (dn + dr);
   } else {
     MEMRA_TRY(a.take(int64_t(N) * H * dn, &out->q));
     MEMRA_GPU(c, gpu::linear_in(c, qr, N, g.q_b, nullptr, out->q), op);
+    if (dr > 0) {
+      MEMRA_TRY(a.take(int64_t(N) * H * dr, &out->q_pe));
+      MEMRA_GPU(c, gpu::linear_in(c, qr, N, g.q_pe, nullptr, out->q_pe), op);
+    }
     if (idx) {
       MEMRA_TRY(a.take(int64_t(N) * Hi * di, &rows.q));
       MEMRA_GPU(c, gpu::linear_in(c, qr, N, g.wq_b, nullptr, rows.q), op);
     }
   }
   return Status::Ok();
-}
-
-// Rows [row0, row0 + T) of `rows` are tokens [pos, pos + T) of `slot`: pool keys, tail ring,
-// scores and the index list idx [T, index_width] (as MlaLayer::indexer on the CPU).
-Status MlaLayer::indexer_cuda(gpu::Arena& a, Cache& cache, int layer, int slot, int pos,
-                              const IndexerRows& rows, int row0, int T, int32_t* idx) const {
-  const op::Backend b{cuda_.get()};
-  const Gpu& g = *gpu_;
-  const int Hi = cfg_.index_heads, di = cfg_.index_head_dim, P = cfg_.kpool;
-  const int n_pools = (pos + T) / P;
-  float* score = nullptr;
-  MEMRA_TRY(a.take(int64_t(T) * std::max(n_pools, 1), &score));
-  MemraKpoolAppendParams ap{};
-  ap.k = rows.k + int64_t(row0) * di;
-  ap.gate = rows.gate + int64_t(row0) * di;
-  ap.n = T;
-  ap.d = di;
-  ap.ape = gpu::f32p(g.kpool_ape);
-  ap.pool = P;
-  ap.tail_rows = cfg_.tail_rows;
-  ap.pos = pos;
-  ap.tail_k = cache.tail_k(layer, slot);
-  ap.tail_gate = cache.tail_gate(layer, slot);
-  ap.pool_keys = cache.pool_keys(layer, slot);
-  MEMRA_TRY(op::kpool_append(b, ap));
-  MemraKpoolScoreParams sp{};
-  sp.q = rows.q + int64_t(row0) * Hi * di;
-  sp.w = rows.w + int64_t(row0) * Hi;
-  sp.Hi = Hi;
-  sp.d = di;
-  sp.pool = P;
-  sp.qk_scale = 1.0f / std::sqrt(static_cast<float>(di));
-  sp.head_scale = 1.0f / std::sqrt(static_cast<float>(Hi));
-  sp.score = score;
-  sp.pool_keys = cache.pool_keys(layer, slot);
-  sp.t_q = T;
-  sp.n_pools = n_pools;
-  sp.first_pos = pos;
-  MEMRA_TRY(op::kpool_score(b, sp));
-  MemraKpoolSelectParams sel{};
-  sel.score = score;
-  sel.pool = P;
-  sel.select_k = cfg_.topk / P;
-  sel.width = index_width();
-  sel.idx = idx;
-  sel.t_q = T;
-  sel.n_pools = n_pools;
-  sel.first_pos = pos;
-  return op::kpool_select(b, sel);
 }
 
 Status MlaLayer::prefill_cuda(Cache& cache, int layer, int slot, const float* x, int T,
@@ -273,7 +306,7 @@ Status MlaLayer::prefill_cuda(Cache& cache, int layer, int slot, const float* x,
   const Gpu& g = *gpu_;
   const char* op = "MlaLayer.prefill";
   const int pos = cache.length(slot), end = pos + T;
-  const int H = cfg_.heads, R = cfg_.kv_rank, dn = cfg_.d_nope, dv = cfg_.d_v;
+  const int H = cfg_.heads, R = cfg_.kv_rank, dn = cfg_.d_nope, dv = cfg_.d_v, dr = cfg_.d_rope;
   const int W = index_width();
   auto bias = [](const DeviceWeight& w) { return w.buffer ? gpu::f32p(w) : nullptr; };
   gpu::Arena a(cuda_);
@@ -285,13 +318,13 @@ Status MlaLayer::prefill_cuda(Cache& cache, int layer, int slot, const float* x,
   MEMRA_TRY(project_cuda(a, x, T, &p));
   const float* q = p.q;
   const float* ckv = p.ckv;
-  // Latent rows: kv_a_layernorm(kv_a_proj(x)) appended at rows [pos, end).
+  // Cache rows [kv_a_layernorm(latent) | k_pe] appended at rows [pos, end).
   void* rows = cache.latent_raw(layer, slot);
   const int cdt = static_cast<int>(cache.latent_dtype());
   MemraMlaAppendParams ap{};
   ap.rows = ckv;
   ap.n = T;
-  ap.W = R;
+  ap.W = R + dr;
   ap.cache_dtype = cdt;
   ap.cache = rows;
   ap.start = pos;
@@ -301,9 +334,11 @@ Status MlaLayer::prefill_cuda(Cache& cache, int layer, int slot, const float* x,
   MemraMlaAttnParams at{};
   at.rows = cfg_.sparse ? MEMRA_MLA_ROWS_INDEXED : MEMRA_MLA_ROWS_CAUSAL;
   at.q_lat = q_lat;
+  at.q_pe = p.q_pe;
   at.H = H;
   at.R = R;
-  at.scale = 1.0f / std::sqrt(static_cast<float>(dn));
+  at.d_rope = dr;
+  at.scale = 1.0f / std::sqrt(static_cast<float>(dn + dr));  // qk_head_dim ** -0.5
   at.cache_dtype = cdt;
   at.o_lat = o_lat;
   at.cache = rows;
@@ -348,7 +383,7 @@ Status MlaLayer::decode_cuda(Cache& cache, int layer, const int32_t* slots_d, in
   const op::Backend b{&c};
   const Gpu& g = *gpu_;
   const char* op = "MlaLayer.decode";
-  const int H = cfg_.heads, R = cfg_.kv_rank, dn = cfg_.d_nope, dv = cfg_.d_v;
+  const int H = cfg_.heads, R = cfg_.kv_rank, dn = cfg_.d_nope, dv = cfg_.d_v, dr = cfg_.d_rope;
   const int W = index_width();
   auto bias = [](const DeviceWeight& w) { return w.buffer ? gpu::f32p(w) : nullptr; };
   gpu::Arena a(cuda_);
@@ -357,9 +392,9 @@ Status MlaLayer::decode_cuda(Cache& cache, int layer, const int32_t* slots_d, in
   MEMRA_TRY(a.take(int64_t(B) * H * R, &o_lat));
   MEMRA_TRY(a.take(int64_t(B) * H * dv, &attn));
   // Per-row positions and plane tables from the device slots (idle rows: pos -1, t_kv 0, null),
-  // the indexer's included, in one launch; at B == 1 inside the projections' norm launch, with
-  // the latent and k-pool appends (mla_norm_append_decode: four launches fewer on the step's
-  // critical path).
+  // the indexer's included, in one launch; at B == 1 with query LoRA and no rope columns
+  // (glm5_next) inside the projections' norm launch, with the latent and k-pool appends
+  // (mla_norm_append_decode: four launches fewer on the step's critical path).
   int32_t *pos_d = nullptr, *t_kv_d = nullptr;
   void** caches_d = nullptr;
   MEMRA_TRY(a.take(B, &pos_d));
@@ -385,7 +420,7 @@ Status MlaLayer::decode_cuda(Cache& cache, int layer, const int32_t* slots_d, in
     table(cache.pool_keys(layer, 0), cache.pool_keys(layer, 1), tabs.pool_keys);
   }
   const int cdt = static_cast<int>(cache.latent_dtype());
-  const bool fused = B == 1;
+  const bool fused = B == 1 && cfg_.q_lora_rank > 0 && dr == 0;
   NormAppend na;
   na.slots = slots_d;
   na.lengths = cache.lengths_d();
@@ -407,7 +442,7 @@ Status MlaLayer::decode_cuda(Cache& cache, int layer, const int32_t* slots_d, in
     ap.batched = 1;
     ap.rows = p.ckv;
     ap.n = B;
-    ap.W = R;
+    ap.W = R + dr;
     ap.cache_dtype = cdt;
     ap.caches = caches_d;
     ap.pos = pos_d;
@@ -442,9 +477,11 @@ Status MlaLayer::decode_cuda(Cache& cache, int layer, const int32_t* slots_d, in
   MemraMlaAttnParams at{};
   at.batched = 1;
   at.q_lat = q_lat;
+  at.q_pe = p.q_pe;
   at.H = H;
   at.R = R;
-  at.scale = 1.0f / std::sqrt(static_cast<float>(dn));
+  at.d_rope = dr;
+  at.scale = 1.0f / std::sqrt(static_cast<float>(dn + dr));  // qk_head_dim ** -0.5
   at.cache_dtype = cdt;
   at.o_lat = o_lat;
   at.caches = const_cast<const void* const*>(caches_d);
@@ -468,69 +505,6 @@ Status MlaLayer::decode_cuda(Cache& cache, int layer, const int32_t* slots_d, in
   MEMRA_TRY(op::mla_proj(b, proj(MEMRA_MLA_DECOMPRESS, o_lat, g.kv_b, B, cfg_, attn)));
   MEMRA_GPU(c, gpu::linear(c, attn, B, g.o_proj, bias(g.o_bias), y), op);
   return Status::Ok();
-}
-
-// The indexer's decode step for the B rows at device positions pos_d, over the rows' plane
-// tables: pool keys and tail ring appended, pools scored and selected (the batched DSA decode
-// forms, cuda/dsa_decode.cu; per row the bytes of indexer_cuda with T = 1).
-Status MlaLayer::indexer_decode_cuda(gpu::Arena& a, const Cache& cache, const int32_t* pos_d,
-                                     const IndexerRows& rows, const IndexerTables& tabs, int B,
-                                     bool appended, int32_t* idx, const Listed* listed) const {
-  const op::Backend b{cuda_.get()};
-  const Gpu& g = *gpu_;
-  const int Hi = cfg_.index_heads, di = cfg_.index_head_dim, P = cfg_.kpool;
-  const int max_pools = std::max(cache.max_len() / P, 1);
-  float* score = nullptr;
-  MEMRA_TRY(a.take(int64_t(B) * max_pools, &score));
-  if (!appended) {  // (else done by the projections' norm launch, mla_norm_append_decode)
-    MemraKpoolAppendParams ap{};
-    ap.batched = 1;
-    ap.k = rows.k;
-    ap.gate = rows.gate;
-    ap.n = B;
-    ap.d = di;
-    ap.ape = gpu::f32p(g.kpool_ape);
-    ap.pool = P;
-    ap.tail_rows = cfg_.tail_rows;
-    ap.seq_pos = pos_d;
-    ap.seq_tail_k = reinterpret_cast<float* const*>(tabs.tail_k);
-    ap.seq_tail_gate = reinterpret_cast<float* const*>(tabs.tail_gate);
-    ap.seq_pool_keys = reinterpret_cast<float* const*>(tabs.pool_keys);
-    MEMRA_TRY(op::kpool_append(b, ap));
-  }
-  MemraKpoolScoreParams sp{};
-  sp.batched = 1;
-  sp.q = rows.q;
-  sp.w = rows.w;
-  sp.Hi = Hi;
-  sp.d = di;
-  sp.pool = P;
-  sp.qk_scale = 1.0f / std::sqrt(static_cast<float>(di));
-  sp.head_scale = 1.0f / std::sqrt(static_cast<float>(Hi));
-  sp.score = score;
-  sp.seq_pool_keys = reinterpret_cast<const float* const*>(tabs.pool_keys);
-  sp.seq_pos = pos_d;
-  sp.B = B;
-  sp.max_pools = max_pools;
-  MEMRA_TRY(op::kpool_score(b, sp));
-  MemraKpoolSelectParams sel{};
-  sel.batched = 1;
-  sel.score = score;
-  sel.pool = P;
-  sel.select_k = cfg_.topk / P;
-  sel.width = index_width();
-  sel.idx = idx;
-  sel.seq_pos = pos_d;
-  sel.B = B;
-  sel.max_pools = max_pools;
-  if (listed) {  // and each row's list compacted for mla_attn's LISTED form, in the same launch
-    sel.compact = 1;
-    sel.seq_t_kv = listed->t_kv;
-    sel.max_t_kv = listed->max_t_kv;
-    sel.list = listed->list;
-    sel.counts = listed->counts;
-  }
-  return op::kpool_select(b, sel);
 }
 
 }  // namespace memra

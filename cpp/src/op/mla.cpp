@@ -33,11 +33,12 @@ const char* attn_name(const MemraMlaAttnParams& p) {
 }
 
 // Batched attention on the CPU: each sequence's query at row n_b - 1 over its own rows, by the
-// one-sequence reference ops (the device's bytes up to its documented roundings).
+// one-sequence reference ops (the device's bytes up to its documented roundings). Rows are
+// R + d_rope wide; sequence b's q_pe is q_pe[b] [H, d_rope].
 Status attn_batched_host(const MemraMlaAttnParams& p, const char* op) {
-  if (p.B < 0 || p.H < 0 || p.R < 1 || p.max_t_kv < 0 || p.width < 0 || p.d_rope != 0) {
+  if (p.B < 0 || p.H < 0 || p.R < 1 || p.max_t_kv < 0 || p.width < 0 || p.d_rope < 0) {
     return refuse(kContractValue, op,
-                  "B, H, max_t_kv and width must be >= 0, R >= 1 and d_rope 0, got B=" +
+                  "B, H, max_t_kv, width and d_rope must be >= 0 and R >= 1, got B=" +
                       std::to_string(p.B) + " H=" + std::to_string(p.H) +
                       " R=" + std::to_string(p.R) + " max_t_kv=" + std::to_string(p.max_t_kv) +
                       " width=" + std::to_string(p.width) + " d_rope=" + std::to_string(p.d_rope));
@@ -46,11 +47,13 @@ Status attn_batched_host(const MemraMlaAttnParams& p, const char* op) {
   if (p.B == 0 || p.H == 0) return Status::Ok();
   const bool listed = p.rows == MEMRA_MLA_ROWS_LISTED;
   const bool indexed = p.rows == MEMRA_MLA_ROWS_INDEXED && p.idx;
-  if (!p.q_lat || !p.caches || !p.seq_t_kv || !p.o_lat || (listed && (!p.list || !p.counts))) {
+  if (!p.q_lat || !p.caches || !p.seq_t_kv || !p.o_lat || (listed && (!p.list || !p.counts)) ||
+      (p.d_rope > 0 && !p.q_pe)) {
     return refuse(kContractMissing, op,
-                  "q_lat, caches, t_kv, o_lat (and list, counts) are required");
+                  "q_lat, caches, t_kv, o_lat (and list, counts; q_pe with d_rope > 0) are "
+                  "required");
   }
-  const int64_t H = p.H, R = p.R, width = p.width;
+  const int64_t H = p.H, R = p.R, width = p.width, dr = p.d_rope;
   std::vector<int32_t> row(static_cast<size_t>(width));
   for (int64_t b = 0; b < p.B; ++b) {
     const int n = std::min(std::max(p.seq_t_kv[b], 0), p.max_t_kv);
@@ -58,6 +61,7 @@ Status attn_batched_host(const MemraMlaAttnParams& p, const char* op) {
     std::fill(ob, ob + H * R, 0.0f);
     if (n <= 0) continue;
     const float* qb = p.q_lat + b * H * R;
+    const float* pb = dr > 0 ? p.q_pe + b * H * dr : nullptr;
     const float* cb = static_cast<const float*>(p.caches[b]);
     if (indexed || listed) {
       const int64_t count = listed ? std::min<int64_t>(std::max(p.counts[b], 0), width) : width;
@@ -65,10 +69,10 @@ Status attn_batched_host(const MemraMlaAttnParams& p, const char* op) {
         const int32_t r = e < count ? (listed ? p.list : p.idx)[b * width + e] : -1;
         row[static_cast<size_t>(e)] = r >= 0 && r < n ? r : -1;
       }
-      MEMRA_TRY(cpu::mla_attn_gathered(qb, nullptr, cb, row.data(), p.H, p.R, 0, 1, n, p.width,
-                                       p.scale, ob));
+      MEMRA_TRY(cpu::mla_attn_gathered(qb, pb, cb, row.data(), p.H, p.R, p.d_rope, 1, n,
+                                       p.width, p.scale, ob));
     } else {
-      MEMRA_TRY(cpu::mla_attn_absorbed(qb, nullptr, cb, p.H, p.R, 0, 1, n, p.scale, ob));
+      MEMRA_TRY(cpu::mla_attn_absorbed(qb, pb, cb, p.H, p.R, p.d_rope, 1, n, p.scale, ob));
     }
   }
   return Status::Ok();

@@ -74,22 +74,24 @@ typedef struct MemraMlaAppendParams {
    Batched decode (batched 1, cuda/mla_decode.cu): B sequences, one query each, one launch plan;
      the query of sequence b sits at row t_kv[b] - 1 and sees rows [0, n_b), n_b = t_kv[b]
      clamped to [0, max_t_kv]; n_b == 0 is an idle row: o_lat[b] = 0 and nothing of it is read
-     (caches[b] may be null). Latent-only rows (d_rope == 0). CAUSAL: every row < n_b;
+     (caches[b] may be null). Rows are R + d_rope wide; with d_rope > 0 the score adds q_pe[b] .
+     k_pe (Kimi-Linear's unrotated rope columns). CAUSAL: every row < n_b;
      INDEXED: idx [B, width] (null: as CAUSAL), -1 and entries outside [0, n_b) skipped, a row
      listed twice counts once, an empty list gives zeros; LISTED: list [B, width] and counts [B]
      as kpool_select's compaction writes them (the same bytes as INDEXED, without the compaction
      launch). The launch shape depends on B, H, R, width, cache_dtype and max_t_kv only, so a
-     captured graph replays at any t_kv <= max_t_kv. bf16 cache with R in {128, 256, 512}:
-     tensor cores (q_lat and p rounded to bf16, f32 softmax and accumulation; dense at H = 64,
-     R = 512 the sm_90a wgmma arm KernelOptions::mla_decode_variant selects); otherwise f32 CUDA
-     cores (R <= 1024, else 50002). Errors: 40025 for B, H, max_t_kv, width < 0, R < 1 or d_rope
-     != 0; 40020 cache_dtype; 40024 a missing pointer (LISTED: list or counts); 50002 B or H >
-     65535. */
+     captured graph replays at any t_kv <= max_t_kv. bf16 cache with R in {128, 256, 512} and
+     d_rope 0 or 64: tensor cores (q_lat, q_pe and p rounded to bf16, f32 softmax and
+     accumulation; dense at H = 64, R = 512, d_rope 0 the sm_90a wgmma arm
+     KernelOptions::mla_decode_variant selects); otherwise f32 CUDA cores (R <= 1024, else 50002;
+     50002 too when R + d_rope rows do not fit its shared memory). Errors: 40025 for B, H,
+     max_t_kv, width, d_rope < 0 or R < 1; 40020 cache_dtype; 40024 a missing pointer (LISTED:
+     list or counts; q_pe with d_rope > 0); 50002 B or H > 65535. */
 typedef struct MemraMlaAttnParams {
   int batched;          /* 0 one sequence, 1 B sequences of one query each */
   int rows;             /* MEMRA_MLA_ROWS_CAUSAL / _INDEXED / _LISTED (LISTED: batched only) */
   const float* q_lat;   /* [t_q or B, H, R] f32 */
-  const float* q_pe;    /* one sequence: [t_q, H, d_rope] f32, null when d_rope == 0 */
+  const float* q_pe;    /* [t_q or B, H, d_rope] f32, null when d_rope == 0 */
   int H, R, d_rope;
   float scale;          /* qk_head_dim ** -0.5 */
   int cache_dtype;      /* 0 f32, 1 bf16 */
@@ -98,7 +100,7 @@ typedef struct MemraMlaAttnParams {
   const void* cache;    /* [t_kv, R + d_rope] (normalised latent, then the rope part) */
   int t_q, t_kv;
   /* batched */
-  const void* const* caches; /* [B] device pointers to [max_len_b, R], 16-byte aligned */
+  const void* const* caches; /* [B] device pointers to [max_len_b, R + d_rope], 16-byte aligned */
   const int32_t* seq_t_kv;   /* [B] device: rows visible to each sequence */
   int B;
   int max_t_kv;              /* host bound of seq_t_kv (the launch is sized from it) */

@@ -39,6 +39,12 @@ typedef struct MemraKernelOptions {
   /* Async copy on the stream, any direction (cudaMemcpyDefault). A pageable host source may be  \
      reused once this returns. */                                                                 \
   X(copy, (MemraCudaCtx * ctx, void* dst, const void* src, size_t bytes))                         \
+  /* Async strided copy on the stream, device -> device only (so it may be captured): `rows`      \
+     rows of `width` bytes, dst_pitch / src_pitch bytes apart (cudaMemcpy2DAsync), e.g. a         \
+     column block of row-major rows. 40025 for a pitch below width; 40024 for a null pointer      \
+     (rows and width > 0). */                                                                     \
+  X(copy_2d, (MemraCudaCtx * ctx, void* dst, size_t dst_pitch, const void* src,                   \
+              size_t src_pitch, size_t width, size_t rows))                                       \
   /* Copy device -> host and wait for it (the stream's earlier work included). */                 \
   X(copy_to_host, (MemraCudaCtx * ctx, void* host_dst, const void* src, size_t bytes))            \
   /* Device -> host readback that does not wait: read_start copies `bytes` (<= 64 KiB) of src  \

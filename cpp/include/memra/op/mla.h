@@ -24,9 +24,10 @@ Status mla_latent_append(const Backend& b, const MemraMlaAppendParams& p);
 // cpu::mla_attn_absorbed (CAUSAL) / cpu::mla_attn_gathered (INDEXED: an entry outside [-1, t_kv)
 // is kContractRange); batched, each sequence b with n_b = seq_t_kv[b] clamped to [0, max_t_kv]
 // runs the same ops with one query at row n_b - 1 over its rows (INDEXED: entries outside [0,
-// n_b) dropped, as the device does; LISTED: list[b, :counts[b]]), n_b == 0 giving zeros.
-// Reference: Glm5NextTextAttention.forward (eager attention; the index mask of
-// build_attention_mask_from_topk).
+// n_b) dropped, as the device does; LISTED: list[b, :counts[b]]), n_b == 0 giving zeros, and
+// with d_rope > 0 the query's q_pe[b]. Reference: Glm5NextTextAttention.forward (eager attention;
+// the index mask of build_attention_mask_from_topk); KimiLinearAttention (the unrotated rope
+// columns' q_pe . k_pe term).
 Status mla_attn(const Backend& b, const MemraMlaAttnParams& p);
 
 // One decode row's norms, tables and cache appends in one launch (MemraMlaNormAppendParams).
