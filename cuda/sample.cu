@@ -25,6 +25,11 @@
 // the first k), qsum (Mk; q = p / Mk, its in-block running sums W and block sums); then select
 // (one block per row: the prefixes P, the top-p cut, the draw). Every sequential chain is at most
 // max(L, V / L) additions long.
+// The non-finite flag (cuda_abi/sample.h `nonfinite`, non-null): the max kernel, which loads
+// every logit, ORs `!isfinite` per span (one flag per span block), and the esum kernel's warp 0,
+// which already combines the span maxima, ORs the span flags into nonfinite[b] (span 0 stores
+// it); greedy rows flag in their argmax kernels (cuda/sample_greedy.cu). The token is whatever
+// the row draws without the flag.
 #include <cub/device/device_radix_sort.cuh>
 
 #include <cfloat>
@@ -205,10 +210,11 @@ struct KeyBits {
 // [c kBlocksPerSpan, c kBlocksPerSpan + kBlocksPerSpan). nb = ceil(V / L) block sums per row.
 
 // Partial maxima of z = logits / temperature per span (NaN z are skipped, as std::max(m, z)
-// does; a NaN row ends in the argmax anyway).
+// does; a NaN row ends in the argmax anyway). With flags (non-null): flags [B, spans] = 1 where
+// the span's logits hold a NaN or +-inf.
 __global__ void __launch_bounds__(kSpanThreads)
     sample_max_kernel(const float* __restrict__ logits, int V, float temperature,
-                      float* __restrict__ part) {
+                      float* __restrict__ part, int* __restrict__ flags) {
   memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
   memra::cuda::pdl_trigger();
   __shared__ float red[kSpanThreads / 32];
@@ -218,24 +224,31 @@ __global__ void __launch_bounds__(kSpanThreads)
   const int lo = c * kSpan;
   const int hi = V - lo < kSpan ? V : lo + kSpan;
   float m = -INFINITY;
+  int bad = 0;  // this thread saw a NaN or +-inf logit
   for (int i = lo + threadIdx.x; i < hi; i += blockDim.x) {
-    m = fmaxf(m, __fdiv_rn(lb[i], temperature));
+    const float x = lb[i];
+    bad |= !isfinite(x);
+    m = fmaxf(m, __fdiv_rn(x, temperature));
   }
   m = warp_max(m);
   if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = m;
-  __syncthreads();
+  const int any_bad = __syncthreads_or(bad);  // the barrier that publishes red, OR-reducing bad
   if (threadIdx.x == 0) {
     for (int w = 1; w < kSpanThreads / 32; ++w) m = fmaxf(m, red[w]);
     part[b * gridDim.y + c] = fmaxf(m, red[0]);
+    if (flags) flags[b * gridDim.y + c] = any_bad ? 1 : 0;
   }
 }
 
 // m from the partial maxima; e_i = exp(z_i - m) for the span (kept in e for the keys kernel) and
-// the span's L-block sums of e over ascending id (cpu/sample.h S_b of s) into se [B, nb].
+// the span's L-block sums of e over ascending id (cpu/sample.h S_b of s) into se [B, nb]. With
+// nonfinite (non-null; flags then too): span 0 writes nonfinite[b] = the OR of the row's span
+// flags.
 __global__ void __launch_bounds__(kSpanThreads)
     sample_esum_kernel(const float* __restrict__ logits, int V, float temperature,
-                       const float* __restrict__ part, int nb, float* __restrict__ e,
-                       float* __restrict__ se) {
+                       const float* __restrict__ part, const int* __restrict__ flags, int nb,
+                       float* __restrict__ e, float* __restrict__ se,
+                       int32_t* __restrict__ nonfinite) {
   memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
   memra::cuda::pdl_trigger();
   __shared__ __align__(16) float buf[kBlocksPerSpan * kRowStride];
@@ -249,6 +262,12 @@ __global__ void __launch_bounds__(kSpanThreads)
     for (int s = threadIdx.x; s < S; s += 32) m = fmaxf(m, part[b * S + s]);
     m = warp_max(m);
     if (threadIdx.x == 0) m_shared = m;
+    if (nonfinite && c == 0) {  // block-uniform: all 32 lanes of warp 0
+      int bad = 0;
+      for (int s = threadIdx.x; s < S; s += 32) bad |= flags[b * S + s];
+      bad = __any_sync(0xffffffffu, bad);
+      if (threadIdx.x == 0) nonfinite[b] = bad ? 1 : 0;
+    }
   }
   __syncthreads();
   const float m = m_shared;
@@ -295,7 +314,8 @@ __global__ void __launch_bounds__(kSpanThreads)
       kr[i] = row | (static_cast<uint64_t>(0xffffffffu) << kb.id_bits) | static_cast<uint64_t>(i);
     }
     if (c == 0) {
-      const int best = block_argmax(logits + b * V, V, red);
+      int unused;  // the flag comes from the max kernel
+      const int best = block_argmax(logits + b * V, V, red, &unused);
       if (threadIdx.x == 0) {
         out[b] = best;
         done[b] = 1;
@@ -453,13 +473,13 @@ size_t align_up(size_t v) { return (v + 255) / 256 * 256; }
 // memra_cuda_sample after its context check.
 int sample_impl(MemraCudaCtx* ctx, const float* logits, int B, int V, float temperature, int top_k,
                 float top_p, uint64_t seed, const uint64_t* seeds, const uint64_t* counters,
-                int32_t* out) {
+                int32_t* out, int32_t* nonfinite) {
   if (B < 0 || V < 0) return memra::kContractValue;
   if (B == 0) return memra::kOk;
   if (V < 1) return memra::kContractValue;  // as the binding: at least one column
   if (std::isnan(temperature) || !(top_p > 0.0f)) return memra::kContractValue;
   if (!logits || !out) return memra::kContractMissing;
-  if (temperature <= 0.0f) return memra::cuda::sample_greedy(ctx, logits, B, V, out);
+  if (temperature <= 0.0f) return memra::cuda::sample_greedy(ctx, logits, B, V, out, nonfinite);
   if (!counters) return memra::kContractMissing;
 
   const KeyBits kb{bits_for(V), bits_for(B)};
@@ -484,8 +504,9 @@ int sample_impl(MemraCudaCtx* ctx, const float* logits, int B, int V, float temp
   const size_t sums_bytes = align_up(sizeof(float) * rows * nb);
   const size_t pref_bytes = align_up(sizeof(float) * rows * (nb + 1));
   const size_t mk_bytes = align_up(sizeof(float) * rows);
+  const size_t flags_bytes = nonfinite ? align_up(sizeof(int) * rows * spans) : 0;
   Scratch scratch(ctx, 2 * keys_bytes + done_bytes + vals_bytes + part_bytes + 3 * sums_bytes +
-                           pref_bytes + mk_bytes + align_up(temp_bytes));
+                           pref_bytes + mk_bytes + flags_bytes + align_up(temp_bytes));
   MEMRA_CUDA_RETURN_IF(scratch.status());
   char* at = scratch.as<char>();
   auto take = [&at](size_t bytes) {
@@ -503,14 +524,15 @@ int sample_impl(MemraCudaCtx* ctx, const float* logits, int B, int V, float temp
   float* sq = reinterpret_cast<float*>(take(sums_bytes));
   float* pg = reinterpret_cast<float*>(take(pref_bytes));
   float* mk = reinterpret_cast<float*>(take(mk_bytes));
+  int* flags = nonfinite ? reinterpret_cast<int*>(take(flags_bytes)) : nullptr;  // [B, spans]
   void* temp = take(align_up(temp_bytes));
 
   const dim3 grid(B, spans);
   memra::cuda::launch(ctx, true, sample_max_kernel, dim3(grid), dim3(kSpanThreads), 0, logits, V,
-      temperature, part);
+      temperature, part, flags);
   MEMRA_CUDA_RETURN_IF(launch_status());
   memra::cuda::launch(ctx, true, sample_esum_kernel, dim3(grid), dim3(kSpanThreads), 0, logits, V,
-      temperature, part, nb, vals, se);
+      temperature, part, flags, nb, vals, se, nonfinite);
   MEMRA_CUDA_RETURN_IF(launch_status());
   memra::cuda::launch(ctx, true, sample_keys_kernel, dim3(grid), dim3(kSpanThreads), 0, logits, V,
       vals, se, nb, kb, keys0, done, out);
@@ -534,7 +556,6 @@ int sample_impl(MemraCudaCtx* ctx, const float* logits, int B, int V, float temp
 extern "C" int memra_cuda_sample(MemraCudaCtx* ctx, const MemraSampleParams* p) {
   MEMRA_CUDA_RETURN_IF(enter(ctx));
   if (!p) return memra::kContractMissing;
-  if (p->nonfinite) return memra::kUnsupported;  // reserved, not implemented (cuda_abi/sample.h)
   return sample_impl(ctx, p->logits, p->B, p->V, p->temperature, p->top_k, p->top_p, p->seed,
-                     p->seeds, p->counters, p->out);
+                     p->seeds, p->counters, p->out, p->nonfinite);
 }

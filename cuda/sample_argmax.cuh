@@ -25,9 +25,13 @@ __device__ __forceinline__ bool better(const ArgBest& a, const ArgBest& b) {
 
 // The best entry of v[lo, hi) (the largest non-NaN value, the lowest id among equal ones;
 // {-inf, INT_MAX} when every entry is NaN or the range is empty). Call with the whole block; the
-// result is valid in every thread. `red` holds blockDim.x / 32 ArgBest.
-__device__ ArgBest block_best(const float* __restrict__ v, int lo, int hi, ArgBest* red) {
+// result is valid in every thread. `red` holds blockDim.x / 32 ArgBest. *nonfinite (in every
+// thread) = 1 when some entry of v[lo, hi) is NaN or +-inf, else 0 (cuda_abi/sample.h's flag:
+// one predicate per loaded entry, OR-reduced by the block's first barrier).
+__device__ ArgBest block_best(const float* __restrict__ v, int lo, int hi, ArgBest* red,
+                              int* nonfinite) {
   ArgBest b{-INFINITY, INT_MAX};
+  int bad = 0;  // this thread saw a NaN or +-inf
   // Each thread visits its ids in ascending order, so a strict > keeps the lowest of equal values.
   int rest = lo;
   if ((lo & 3) == 0 && (reinterpret_cast<uintptr_t>(v) & 15) == 0) {
@@ -38,6 +42,7 @@ __device__ ArgBest block_best(const float* __restrict__ v, int lo, int hi, ArgBe
       const float x[4] = {q.x, q.y, q.z, q.w};
 #pragma unroll
       for (int k = 0; k < 4; ++k) {
+        bad |= !isfinite(x[k]);
         if (!isnan(x[k]) && (b.i == INT_MAX || x[k] > b.v)) b = ArgBest{x[k], 4 * j + k};
       }
     }
@@ -45,6 +50,7 @@ __device__ ArgBest block_best(const float* __restrict__ v, int lo, int hi, ArgBe
   }
   for (int i = rest + threadIdx.x; i < hi; i += blockDim.x) {
     const float x = v[i];
+    bad |= !isfinite(x);
     if (!isnan(x) && (b.i == INT_MAX || x > b.v)) b = ArgBest{x, i};
   }
 #pragma unroll
@@ -54,7 +60,7 @@ __device__ ArgBest block_best(const float* __restrict__ v, int lo, int hi, ArgBe
   }
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   if (lane == 0) red[warp] = b;
-  __syncthreads();
+  *nonfinite = __syncthreads_or(bad) ? 1 : 0;  // the barrier that publishes red, OR-reducing bad
   ArgBest r = red[0];
   for (int w = 1; w < static_cast<int>(blockDim.x >> 5); ++w) {
     if (better(red[w], r)) r = red[w];
@@ -65,9 +71,9 @@ __device__ ArgBest block_best(const float* __restrict__ v, int lo, int hi, ArgBe
 
 // cpu argmax over v[0, V) (best = 0; v[i] > v[best] takes i): index 0 when v[0] is NaN, otherwise
 // the lowest index of the largest non-NaN value. Call with the whole block; the result is valid
-// in every thread. `red` holds blockDim.x / 32 ArgBest.
-__device__ int block_argmax(const float* __restrict__ v, int V, ArgBest* red) {
-  const ArgBest r = block_best(v, 0, V, red);
+// in every thread. `red` holds blockDim.x / 32 ArgBest; *nonfinite as block_best's.
+__device__ int block_argmax(const float* __restrict__ v, int V, ArgBest* red, int* nonfinite) {
+  const ArgBest r = block_best(v, 0, V, red, nonfinite);
   if (isnan(v[0]) || r.i == INT_MAX) return 0;
   return r.i;
 }
@@ -77,7 +83,9 @@ __device__ int block_argmax(const float* __restrict__ v, int V, ArgBest* red) {
 namespace memra::cuda {
 
 // memra_cuda_sample's greedy rows (temperature <= 0): out [B] = each row's argmax of logits
-// [B, V] (B >= 1, V >= 1, pointers checked by the entry).
-int sample_greedy(MemraCudaCtx* ctx, const float* logits, int B, int V, int32_t* out);
+// [B, V] (B >= 1, V >= 1, pointers checked by the entry); nonfinite [B] (or null: not written)
+// = 1 where the row holds a NaN or +-inf, else 0.
+int sample_greedy(MemraCudaCtx* ctx, const float* logits, int B, int V, int32_t* out,
+                  int32_t* nonfinite);
 
 }  // namespace memra::cuda

@@ -27,7 +27,7 @@ class CpuRunner:
         b = self.buckets.get(self.bucket_size(len(slots)))
         return b is not None and b["chain"] == tuple(int(s) for s in slots)
 
-    nonfinite_flags = False
+    nonfinite_flags = True  # a sampling step's bucket carries the sampler's per-row flags
 
     def step(self, slots, ids, sampling=None, counters=None, seeds=None, owners=None):
         b = self.buckets.setdefault(self.bucket_size(len(slots)), {"chain": None, "ids": None})
@@ -47,5 +47,7 @@ class CpuRunner:
             return type("Bucket", (), {"logits": logits})()
         toks = np.array([m._pick(logits, j, sampling.temperature, sampling.top_k, sampling.top_p,
                                  int(seeds[j]), int(counters[j])) for j in range(len(slots))], np.int32)
+        flags = np.full(len(slots), -1, np.int32)  # memra._core.sample's nonfinite output
+        memra._core.sample(logits, np.zeros(len(slots), np.uint64), temperature=0.0, nonfinite=flags)
         b["ids"], b["chain"] = toks, key
-        return type("Bucket", (), {"tokens": toks, "logits": logits})()
+        return type("Bucket", (), {"tokens": toks, "logits": logits, "nonfinite": flags})()

@@ -512,11 +512,12 @@ CASES: dict[str, Case] = {
     "_core.sample": Case(
         lambda w: _core.sample,
         lambda w: dict(logits=w.f32(2, 10), counters=u64(0, 1), temperature=0.8, top_k=0, top_p=1.0, seed=0,
-                       seeds=None),
+                       seeds=None, nonfinite=np.zeros(2, np.int32)),
         {"logits": arr(shape(3, 10)), "counters": arr(shape(3, dtype=np.uint64), dtypes=("int32", "float64", "uint32"),
                                                        ),
          "temperature": floats(*NON_FINITE), "top_k": ints(-1, 2**31), "top_p": floats(float("nan"), 0.0, -0.5),
          "seed": ints(unsigned=True), "seeds": opt(arr(shape(3, dtype=np.uint64), dtypes=("int32", "float64"))),
+         "nonfinite": opt(arr(shape(3, dtype=np.int32), read_only, dtypes=("int64", "uint32", "float32"))),
          **ENGINE_ARG}),
     "_core.uniform_from_counter": Case(lambda w: _core.uniform_from_counter, lambda w: dict(seed=1, counter=2),
                                        {"seed": ints(unsigned=True), "counter": ints(unsigned=True)}),

@@ -217,6 +217,216 @@ def test_sample_contract_errors(e):
     assert e.to_host(f(logits(), ctr(), temperature=1.0, engine=e)).shape == (3,)
 
 
+# ---------------------------------------------------------------- non-finite flags
+
+
+def nonfinite_rows(r, B, V):
+    """logits [B, V] and the flags the CPU's definition gives: NaN / +inf / -inf placed at the
+    first, a middle, the last id and in the middle of later spans / split chunks; finite rows
+    (one near +-FLT_MAX) in between."""
+    logits = randn(r, B, V, scale=3.0)
+    bad = (np.nan, np.inf, -np.inf)
+    spots = sorted({0, V // 2, V - 1, min(V - 1, 4096 + 3), min(V - 1, 2048 * 5 + 1)})
+    k = 0
+    for b in range(B):
+        if b % 3 == 2:
+            if b % 6 == 5:
+                logits[b, 0], logits[b, V - 1] = 3.0e38, -3.0e38
+            continue
+        logits[b, spots[k % len(spots)]] = bad[k % 3]
+        k += 1
+    want = (~np.isfinite(logits).all(axis=1)).astype(np.int32)
+    return logits, want
+
+
+def flags_both(e, logits, ctr, **kw):
+    B = logits.shape[0]
+    want_flags = np.full(B, -1, np.int32)
+    want = _core.sample(logits, ctr, nonfinite=want_flags, **kw)
+    nf = e.to_device(np.full(B, -1, np.int32))
+    got = e.to_host(_core.sample(e.to_device(logits), e.to_device(ctr), nonfinite=nf, engine=e, **kw))
+    return got, want, e.to_host(nf), want_flags
+
+
+@pytest.mark.parametrize("V", [1, 101, 4097, 8193, 20000, 154880])
+@pytest.mark.parametrize("kw", [dict(temperature=0.0), dict(temperature=1.0, seed=4),
+                                dict(temperature=0.7, top_k=40, top_p=0.9, seed=9)])
+def test_sample_nonfinite_flags_vs_cpu(e, V, kw):
+    # Greedy (one block per row up to V = 8192, split above) and sampled rows (the max kernel's
+    # span flags ORed by the esum kernel): the CPU's flags, and the same tokens as without them.
+    r = rng(V + 17)
+    B = 12
+    logits, want_flags = nonfinite_rows(r, B, V)
+    ctr = np.arange(B, dtype=np.uint64) * np.uint64(7)
+    got, want, flags, cpu_flags = flags_both(e, logits, ctr, **kw)
+    np.testing.assert_array_equal(cpu_flags, want_flags)
+    np.testing.assert_array_equal(flags, want_flags)
+    np.testing.assert_array_equal(got, want)
+    plain = e.to_host(_core.sample(e.to_device(logits), e.to_device(ctr), engine=e, **kw))
+    np.testing.assert_array_equal(got, plain)  # the flag changes no draw
+    seeds = np.arange(50, 50 + B, dtype=np.uint64)
+    nf = e.to_device(np.full(B, -1, np.int32))
+    got = e.to_host(_core.sample(e.to_device(logits), e.to_device(ctr), seeds=e.to_device(seeds),
+                                 nonfinite=nf, engine=e, **kw))
+    np.testing.assert_array_equal(got, _core.sample(logits, ctr, seeds=seeds, **kw))
+    np.testing.assert_array_equal(e.to_host(nf), want_flags)
+
+
+@pytest.mark.parametrize("V", [300, 20000])
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_sample_nonfinite_flags_in_a_captured_graph(e, V, temperature):
+    # The flags are written by the captured launches themselves: replays over new logits (copied
+    # into the graph's input on the device) give each replay's flags, with no host step between.
+    # nf and out are reset to -1 before every replay, so each check sees that replay's writes.
+    B = 6
+    dev_logits = e.to_device(np.zeros((B, V), np.float32))
+    ctr = e.to_device(np.arange(B, dtype=np.uint64))
+    nf = e.to_device(np.full(B, -1, np.int32))
+    out = e.to_device(np.full(B, -1, np.int32))
+    kw = dict(temperature=temperature, top_k=20, top_p=0.95, seed=3)
+    # One eager call first, as DecodeRunner runs a bucket's first step (kernels loaded before the
+    # capture); its flags go to an array of its own.
+    warm = e.to_device(np.full(B, -1, np.int32))
+    e.to_host(_core.sample(dev_logits, ctr, nonfinite=warm, engine=e, **kw))
+    assert (e.to_host(warm) == 0).all()  # zero logits are finite
+    e.begin_capture()
+    try:
+        tok = _core.sample(dev_logits, ctr, nonfinite=nf, engine=e, **kw)
+        e.copy_into(out, tok)
+        del tok
+    except BaseException:
+        e.abort_capture()
+        raise
+    g = e.end_capture()
+    for trial in range(3):
+        logits, want_flags = nonfinite_rows(rng(V + trial), B, V)
+        if trial == 1:
+            logits[:] = np.abs(logits)  # NaN stays NaN, -inf becomes +inf
+            logits[np.isnan(logits)] = 1.0  # every row finite but the +inf ones
+            want_flags = (~np.isfinite(logits).all(axis=1)).astype(np.int32)
+        e.copy_into(dev_logits, e.to_device(logits))
+        e.copy_into(nf, np.full(B, -1, np.int32))
+        e.copy_into(out, np.full(B, -1, np.int32))
+        g.replay()
+        np.testing.assert_array_equal(e.to_host(nf), want_flags)
+        np.testing.assert_array_equal(e.to_host(out), _core.sample(logits, np.arange(B, dtype=np.uint64), **kw))
+
+
+def test_sample_nonfinite_contract_errors(e):
+    lh = randn(rng(18), 3, 10)
+    ch = np.arange(3, dtype=np.uint64)
+    f = _core.sample
+    kw = dict(temperature=1.0, engine=e)
+    for bad, code in ((np.zeros(3, np.int32), ST.CONTRACT_DEVICE),
+                      (e.to_device(np.zeros(3, np.int64)), ST.CONTRACT_DTYPE),
+                      (e.to_device(np.zeros(4, np.int32)), ST.CONTRACT_SHAPE)):
+        expect(memra.ContractError, code, f, e.to_device(lh), e.to_device(ch), nonfinite=bad, **kw)
+    nf = e.to_device(np.full(3, -1, np.int32))
+    expect(memra.ContractError, ST.CONTRACT_VALUE, f, e.to_device(lh), e.to_device(ch), nonfinite=nf,
+           top_p=0.0, **kw)
+    assert (e.to_host(nf) == -1).all()  # nothing written on an error
+
+
+# ---------------------------------------------------------------- NonFiniteError through generation
+
+
+def _cuda_model(path, dtype):
+    return memra.load(path, device="cuda", dtype=dtype, max_batch=4, max_len=64, progress=False)
+
+
+def _nan_setup(tmp_path, dtype):
+    """(ref, m, prompt, first): the embedded checkpoint and a copy whose embedding row `first` is
+    NaN, where `first` is the greedy first token after `prompt` (not in it), so m's logits after
+    the prompt are finite and feeding `first` makes that row's next logits NaN."""
+    from nan_checkpoint import nan_embedding_row
+
+    ref = _cuda_model(memra.default_checkpoint(), dtype)
+    for prompt in ([5, 6, 7], [3, 4], [12, 13, 14, 15], [20, 21]):
+        first = ref.generate(prompt, 1, ignore_eos=True)[0]
+        if first not in prompt:
+            return ref, _cuda_model(nan_embedding_row(tmp_path, first), dtype), prompt, first
+    pytest.skip("every candidate prompt holds its own greedy first token")
+
+
+def _feeds(prompt, toks, first):
+    """Whether a sequence feeds `first` before its last token (its prompt or a drawn token)."""
+    return first in list(prompt) + list(toks[:-1])
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_nan_model_ends_generation_with_nonfinite_error(tmp_path, dtype):
+    # A checkpoint whose embedding row `first` is NaN: the prompt's logits are finite (first is
+    # drawn), feeding `first` makes that row's next logits NaN, which the sampler flags inside
+    # the decode step. generate / stream / generate_batch raise NonFiniteError, the finite rows'
+    # tokens are those of the unmodified model, and the model stays usable. Greedy rows (the
+    # argmax kernels) and sampled rows (temperature > 0 with top_k = 1: the sampling kernels, and
+    # the same draws as greedy whatever the seed). The first decode step of a bucket and key runs
+    # eagerly (generate), the next is captured and replayed (stream): both flag.
+    from nan_checkpoint import nan_final_norm
+
+    from memra.decode_graph import Sampling
+
+    ref, m, prompt, first = _nan_setup(tmp_path, dtype)
+    others = [[1, 2], [9, 10, 11], [30, 31]]
+    runner = m._runner
+    assert runner is not None and runner.nonfinite_flags
+    for kw in (dict(), dict(temperature=0.7, top_k=1, seed=11)):
+        assert ref.generate(prompt, 1, ignore_eos=True, **kw) == [first]
+        key = Sampling.of(kw.get("temperature", 0.0), kw.get("top_k"), kw.get("top_p"))
+        with pytest.raises(memra.NonFiniteError) as info:
+            m.generate(prompt, 5, ignore_eos=True, **kw)  # the bucket's first step: eager
+        assert info.value.code == memra.errors.NON_FINITE == 60001
+        assert "sequence 0" in str(info.value)
+        got = []
+        with pytest.raises(memra.NonFiniteError):
+            for t in m.stream(prompt, 5, ignore_eos=True, **kw):  # captured, then replayed
+                got.append(t)
+        assert got == [first]
+        assert key in runner._buckets[1].graphs, "the flagged step did not run from a graph"
+        assert all(m.cache.owner(s) == 0 for s in range(4))
+        want_others = ref.generate_batch(others, 4, ignore_eos=True, **kw)
+        if not any(_feeds(p, w, first) for p, w in zip(others, want_others)):
+            assert m.generate_batch(others, 4, ignore_eos=True, **kw) == want_others
+            with pytest.raises(memra.NonFiniteError) as info:  # bucket 4: a replayed graph
+                m.generate_batch([others[0], prompt, others[2]], 4, ignore_eos=True, **kw)
+            assert "sequence 1" in str(info.value)
+            assert m.generate_batch(others, 4, ignore_eos=True, **kw) == want_others  # still usable
+        assert all(m.cache.owner(s) == 0 for s in range(4))
+    dead = _cuda_model(nan_final_norm(tmp_path), dtype)
+    with pytest.raises(memra.NonFiniteError):  # the prompt's own logits: no first token
+        dead.generate([1, 2], 3)
+    assert dead.cache.owner(0) == 0
+
+
+def test_nan_rows_of_several_sampling_keys(tmp_path):
+    # Rows with different samplings in one step draw after it, one sampling launch per key, each
+    # with its own flags (memra.batch.DecodeBatch._launch_device): the greedy row fed `first` is
+    # flagged, the other (temperature > 0, top_k = 1: the greedy draw through the sampling
+    # kernels, so a rounding difference from batching cannot change it) gets its token.
+    from memra.batch import DecodeBatch, RowSampling
+
+    ref, m, prompt, first = _nan_setup(tmp_path, "float32")
+    other = [1, 2]
+    want = ref.generate(other, 2, ignore_eos=True)
+    if _feeds(other, want, first):
+        pytest.skip("the other row feeds the NaN embedding row too")
+    batch = DecodeBatch(m)
+    leases = m.take_slots(2)
+    try:
+        a = batch.start(np.array(prompt, np.int32), RowSampling(0.0, None, None, 0), leases[0])
+        b = batch.start(np.array(other, np.int32), RowSampling(0.8, 1, None, 5), leases[1])
+        assert a.last == first and b.last == want[0]
+        handle = batch.launch([a, b])
+        assert handle.flags is not None and len(handle.flags) == 2  # one flag read per key
+        res = {id(r): x for r, x in batch.collect(handle)}
+        assert isinstance(res[id(a)], memra.NonFiniteError)
+        assert res[id(b)] == want[1]
+    finally:
+        for lease in leases:
+            lease.release()
+    assert m.generate(other, 2, ignore_eos=True) == want  # still usable
+
+
 # ---------------------------------------------------------------- sanitizer-sized
 
 

@@ -317,3 +317,70 @@ def test_sample_contract_errors():
     expect_contract(S.CONTRACT_RANGE, _core.sample, logits, np.array([0, -1, 2], np.int64),
                     temperature=1.0)
     expect_contract(S.CONTRACT_VALUE, _core.sample, logits, ctr, temperature=1.0, top_p=0.0)
+
+
+# ---------------------------------------------------------------- non-finite flags
+
+
+def nonfinite_rows(r, V):
+    """Rows [B, V]: NaN, +inf, -inf each at the first, a middle and the last id (flag 1), then
+    finite rows, one with values near +-FLT_MAX (flag 0)."""
+    rows, want = [], []
+    for v in (np.nan, np.inf, -np.inf):
+        for at in (0, V // 2, V - 1):
+            x = randn(r, V, scale=3.0)
+            x[at] = v
+            rows.append(x)
+            want.append(1)
+    for i in range(3):
+        x = randn(r, V, scale=3.0)
+        if i == 1:
+            x[0], x[-1] = 3.0e38, -3.0e38
+        rows.append(x)
+        want.append(0)
+    return np.stack(rows).astype(np.float32), np.array(want, np.int32)
+
+
+@pytest.mark.parametrize("V", [1, 7, 1100])
+@pytest.mark.parametrize("temperature,top_k,top_p", [(0.0, 0, 1.0), (1.0, 0, 1.0), (0.7, 5, 0.9)])
+def test_sample_nonfinite_flags(V, temperature, top_k, top_p):
+    r = rng(V)
+    logits, want = nonfinite_rows(r, V)
+    B = len(logits)
+    ctr = np.arange(B, dtype=np.uint64) * np.uint64(5)
+    seeds = np.arange(100, 100 + B, dtype=np.uint64)
+    for kw in (dict(seed=3), dict(seeds=seeds)):
+        kw.update(temperature=temperature, top_k=top_k, top_p=top_p)
+        plain = _core.sample(logits, ctr, **kw)
+        flags = np.full(B, -1, np.int32)
+        got = _core.sample(logits, ctr, nonfinite=flags, **kw)
+        np.testing.assert_array_equal(flags, want)
+        np.testing.assert_array_equal(got, plain)  # the draws do not change
+    flags = np.full(B, -1, np.int32)
+    _core.sample(logits[:0], ctr[:0], temperature=temperature, nonfinite=flags[:0])  # no rows
+    np.testing.assert_array_equal(_core.sample(logits[B - 3:], ctr[:3], temperature=temperature,
+                                               nonfinite=flags[:3]), _core.sample(logits[B - 3:], ctr[:3],
+                                                                                  temperature=temperature))
+    assert (flags[:3] == 0).all() and (flags[3:] == -1).all()
+
+
+def test_sample_nonfinite_contract_errors():
+    r = rng(8)
+    logits = randn(r, 3, 10)
+    ctr = np.arange(3, dtype=np.uint64)
+    flags = np.full(3, -1, np.int32)
+    expect_contract(S.CONTRACT_DTYPE, _core.sample, logits, ctr, temperature=1.0,
+                    nonfinite=np.zeros(3, np.int64))
+    expect_contract(S.CONTRACT_DTYPE, _core.sample, logits, ctr, temperature=1.0, nonfinite="x")
+    expect_contract(S.CONTRACT_SHAPE, _core.sample, logits, ctr, temperature=1.0,
+                    nonfinite=np.zeros(2, np.int32))
+    expect_contract(S.CONTRACT_SHAPE, _core.sample, logits, ctr, temperature=1.0,
+                    nonfinite=np.zeros((3, 1), np.int32))
+    expect_contract(S.CONTRACT_STRIDE, _core.sample, logits, ctr, temperature=1.0,
+                    nonfinite=np.zeros(6, np.int32)[::2])
+    ro = np.zeros(3, np.int32)
+    ro.flags.writeable = False
+    expect_contract(S.CONTRACT_VALUE, _core.sample, logits, ctr, temperature=1.0, nonfinite=ro)
+    expect_contract(S.CONTRACT_VALUE, _core.sample, logits, ctr, temperature=1.0, top_p=0.0,
+                    nonfinite=flags)
+    assert (flags == -1).all()  # nothing written on an error

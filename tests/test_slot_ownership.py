@@ -147,3 +147,51 @@ def test_non_finite_logits_raise_instead_of_a_token(tmp_path) -> None:
     with pytest.raises(memra.NonFiniteError):  # the prompt's own logits: no first token
         dead.generate([1, 2], 3)
     assert dead.cache.owner(0) == 0
+
+
+def test_non_finite_flags_through_the_cuda_branch(tmp_path) -> None:
+    # The CUDA branch of memra.batch (CpuRunner: sampling steps return the sampler's per-row
+    # nonfinite flags, as the captured step's bucket does on a GPU; rows of several sampling keys
+    # draw after the step, one sampling call with its own flags per key): a flagged row ends with
+    # NonFiniteError, the other rows keep their tokens, and the model stays usable.
+    from cpu_runner import CpuRunner
+    from nan_checkpoint import nan_embedding_row
+
+    from memra.batch import DecodeBatch, RowSampling
+
+    ref = _load(max_batch=1)
+    prompt = [5, 6, 7]
+    first = ref.generate(prompt, 1, ignore_eos=True)[0]
+    m = _load(max_batch=3, path=nan_embedding_row(tmp_path, first))
+    m._runner = CpuRunner(m)
+    got = []
+    with pytest.raises(memra.NonFiniteError) as info:
+        for t in m.stream(prompt, 5, ignore_eos=True):
+            got.append(t)
+    assert got == [first] and info.value.code == 60001
+    others = [[1, 2], [30, 31]]
+    want = [ref.generate(p, 4, ignore_eos=True) for p in others]
+    if not any(first in p + w[:3] for p, w in zip(others, want)):  # rows never fed `first`
+        with pytest.raises(memra.NonFiniteError) as info:
+            m.generate_batch([others[0], prompt, others[1]], 4, ignore_eos=True)
+        assert "sequence 1" in str(info.value)
+        assert m.generate_batch(others, 4, ignore_eos=True) == want
+    assert all(m.cache.owner(s) == 0 for s in range(3))
+    # Two sampling keys in one step: the greedy row feeding `first` is flagged, the sampled one
+    # draws its token.
+    other, kw = [1, 2], dict(temperature=0.8, top_k=20, top_p=0.9, seed=5)
+    want = ref.generate(other, 2, ignore_eos=True, **kw)
+    if first not in other + want[:1]:
+        batch = DecodeBatch(m)
+        leases = m.take_slots(2)
+        try:
+            a = batch.start(np.array(prompt, np.int32), RowSampling(0.0, None, None, 0), leases[0])
+            b = batch.start(np.array(other, np.int32), RowSampling(0.8, 20, 0.9, 5), leases[1])
+            handle = batch.launch([a, b])
+            assert handle.flags is not None and len(handle.flags) == 2  # one flag read per key
+            res = {id(r): x for r, x in batch.collect(handle)}
+            assert isinstance(res[id(a)], memra.NonFiniteError) and res[id(b)] == want[1]
+        finally:
+            for lease in leases:
+                lease.release()
+        assert m.generate(other, 2, ignore_eos=True, **kw) == want  # still usable

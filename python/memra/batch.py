@@ -112,7 +112,7 @@ class StepHandle:
     def __init__(self, rows: list[Row], reads=None, flags=None, results=None) -> None:
         self.rows = rows
         self.reads = reads  # [(first row, rows, HostRead of int32 tokens)] (CUDA)
-        self.flags = flags  # HostRead of the int32 non-finite flags, or None (CUDA)
+        self.flags = flags  # [(first row, rows, HostRead of int32 non-finite flags)], or None (CUDA)
         self.results = results  # [int | NonFiniteError] computed at launch (CPU)
 
 
@@ -231,22 +231,33 @@ class DecodeBatch:
         n = len(rows)
         if len(keys) == 1:
             b = runner.step(slots, ids, next(iter(keys)), counters=counters, seeds=seeds, owners=owners)
-            flags = e.to_host_async(b.nonfinite) if runner.nonfinite_flags else None
+            flags = [(0, n, e.to_host_async(b.nonfinite))] if runner.nonfinite_flags else None
             return StepHandle(rows, reads=[(0, n, e.to_host_async(b.tokens))], flags=flags)
         b = runner.step(slots, ids, None, owners=owners)
         op_e = m.net.op_engine
         dev = (lambda a: op_e.to_device(a)) if op_e is not None else (lambda a: a)
-        reads, a = [], 0
+        reads, flag_reads, issued, a = [], [], [], 0
+        budget = _core.Engine.READ_SLOTS // 2  # reads left pending (each key: tokens and flags)
+
+        def read(arr):  # to_host_async, waiting at once for the oldest beyond the budget, so that
+            r = e.to_host_async(arr)  # many keys in one step never outrun the readback slots
+            issued.append(r)
+            if len(issued) > budget:
+                issued[-budget - 1].wait()  # kept by the HostRead: collect's wait() returns it
+            return r
+
         while a < n:
             key = rows[a].sampling.key
             k = next((j for j in range(a, n) if rows[j].sampling.key != key), n) - a
-            # TODO(sampling kernel): the per-row non-finite flag here too (see DecodeRunner).
+            flags = dict(nonfinite=dev(np.zeros(k, np.int32))) if runner.nonfinite_flags else {}
             tok = _core.sample(_core.take_rows(b.logits, a, k, engine=op_e), dev(counters[a:a + k]),
                                temperature=key.temperature, top_k=key.top_k, top_p=key.top_p,
-                               seeds=dev(seeds[a:a + k]), engine=op_e)
-            reads.append((a, k, e.to_host_async(tok)))
+                               seeds=dev(seeds[a:a + k]), engine=op_e, **flags)
+            reads.append((a, k, read(tok)))
+            if flags:
+                flag_reads.append((a, k, read(flags["nonfinite"])))
             a += k
-        return StepHandle(rows, reads=reads)
+        return StepHandle(rows, reads=reads, flags=flag_reads or None)
 
     def collect(self, handle: StepHandle, what: str = "decode") -> list[tuple[Row, object]]:
         """Wait for a launched step's draws -> [(row, token or NonFiniteError)] in the step's row
@@ -258,10 +269,12 @@ class DecodeBatch:
         if results is None:
             n = len(rows)
             toks = np.empty(n, np.int64)
+            flags = np.zeros(n, np.int32)
             with m._lock:  # the context's readback slots are shared with other threads
                 for a, k, read in handle.reads:
                     toks[a:a + k] = read.wait()[:k]
-                flags = handle.flags.wait()[:n] if handle.flags is not None else np.zeros(n, np.int32)
+                for a, k, read in handle.flags or ():
+                    flags[a:a + k] = read.wait()[:k]
             results = [_not_finite(what, r.slot, r.count) if flags[j] else int(toks[j])
                        for j, r in enumerate(rows)]
         out = []

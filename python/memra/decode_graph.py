@@ -71,17 +71,15 @@ class DecodeRunner:
     Not thread-safe: its buckets and chains are shared by every caller (memra.Model serializes
     its steps and their readbacks under its engine lock).
 
-    A sampling step should also flag each row whose logits are not finite (NaN weights, an
-    overflow) in the bucket's ``nonfinite`` [size] int32, inside the captured graph, so that
-    generation ends that row with memra.NonFiniteError instead of using its draw.
+    A sampling step also flags each row whose logits are not finite (NaN weights, an overflow)
+    in the bucket's ``nonfinite`` [size] int32: the sampler writes it (``_core.sample``'s
+    ``nonfinite=``) in the same launches that draw the tokens, inside the captured graph, so
+    that generation ends that row with memra.NonFiniteError instead of using its draw.
     ``nonfinite_flags`` says whether the sampler writes that flag; memra.batch reads it back
     only then.
     """
 
-    # TODO(sampling kernel): memra_cuda_sample writes flags[b] = 1 for a row whose logits hold a
-    # NaN or +-inf (found while it reads the row for its max / sum, so inside the graph); then
-    # _core.sample takes nonfinite=<device int32 [B]> and this becomes True.
-    nonfinite_flags = False
+    nonfinite_flags = True
 
     def __init__(self, net, cache: _core.Cache, *, graphs: bool = True) -> None:
         self.net = net

@@ -70,13 +70,29 @@ std::vector<uint64_t> counter_arg(const AnyArray& a, const char* op, const char*
 
 size_t sz(int64_t v) { return static_cast<size_t>(v); }
 
+// The optional per-row flag output: an int32 [B] array on the engine's device (host for the CPU
+// backend), C-contiguous and writable; nullptr for None.
+int32_t* nonfinite_arg(const Engine* engine, const nb::object& obj, const char* op, int64_t B) {
+  if (obj.is_none()) return nullptr;
+  AnyArray a;
+  if (!nb::try_cast(obj, a)) {
+    raise_contract(kContractDType, std::string(op) + ": argument 'nonfinite' must be an int32 "
+                                       "array or None, got " +
+                                       std::string(nb::type_name(obj.type()).c_str()));
+  }
+  const int32_t* p = i32_in(engine, a, op, "nonfinite", {B});
+  require_writable(obj, op, "nonfinite");
+  return const_cast<int32_t*>(p);
+}
+
 }  // namespace
 
 void init_ops_sample(nb::module_& m) {
   m.def(
       "sample",
       [](const AnyArray& logits, const AnyArray& counters, float temperature, int top_k,
-         float top_p, uint64_t seed, std::optional<AnyArray> seeds, const Engine* engine) {
+         float top_p, uint64_t seed, std::optional<AnyArray> seeds, const nb::object& nonfinite,
+         const Engine* engine) {
         const char* op = "sample";
         const float* lp = f32_in(engine, logits, op, "logits", {-1, -1});
         const int64_t B = dim(logits, 0), V = dim(logits, 1);
@@ -100,6 +116,7 @@ void init_ops_sample(nb::module_& m) {
           p.counters = ctr.data();
           p.seeds = seeds ? row_seeds.data() : nullptr;
         }
+        p.nonfinite = nonfinite_arg(engine, nonfinite, op, B);
         Out out = out_i32(engine, {sz(B)});
         p.logits = lp;
         p.B = int(B);
@@ -118,9 +135,15 @@ void init_ops_sample(nb::module_& m) {
       },
       nb::arg("logits"), nb::arg("counters"), nb::kw_only(), nb::arg("temperature"),
       nb::arg("top_k") = 0, nb::arg("top_p") = 1.0f, nb::arg("seed") = 0,
-      nb::arg("seeds").none() = nb::none(), nb::arg("engine").none() = nb::none(),
+      nb::arg("seeds").none() = nb::none(), nb::arg("nonfinite").none() = nb::none(),
+      nb::arg("engine").none() = nb::none(),
       "One token per row.\n\nlogits [B, V] float32; counters [B], the per-row draw index; seeds "
       "[B] (same dtype rules as counters), when given, the per-row seed replacing `seed`. "
+      "nonfinite, when given: an int32 [B] array "
+      "(on the engine's device; host arrays for the CPU) that the same call (on CUDA the same "
+      "launches, so inside a captured graph) fills with 1 where the row's logits hold a NaN or "
+      "+-inf and 0 elsewhere; the token drawn for such a row is the one drawn without it "
+      "(memra.batch ends that row with NonFiniteError). "
       "temperature <= 0: argmax (ties to the lower id; a NaN never wins unless it sits at id 0, "
       "which then keeps the row: the CPU scan's v[i] > v[best]). Otherwise "
       "softmax(logits / temperature) in f32; keep the top_k most likely (0: all), then the "
@@ -134,10 +157,11 @@ void init_ops_sample(nb::module_& m) {
       "Engine: arrays on its device, counters uint64; the same f32 arithmetic as the CPU "
       "(glibc's expf reproduced bit for bit, the same blocked sums, the blocks summed in "
       "parallel), so the same seed and counter give the same token.\n"
-      "Raises ContractError (CONTRACT_DTYPE for counters not int64/uint64 (uint64 on CUDA) or "
-      "logits not float32, CONTRACT_SHAPE, CONTRACT_STRIDE, CONTRACT_DEVICE, CONTRACT_RANGE for "
-      "a negative int64 counter, CONTRACT_VALUE for top_p <= 0 or NaN, top_k < 0 or a "
-      "temperature that is not finite).\n"
+      "Raises ContractError (CONTRACT_DTYPE for counters not int64/uint64 (uint64 on CUDA), "
+      "logits not float32 or nonfinite not int32, CONTRACT_SHAPE, CONTRACT_STRIDE, "
+      "CONTRACT_DEVICE, CONTRACT_RANGE for a negative int64 counter, CONTRACT_VALUE for top_p "
+      "<= 0 or NaN, top_k < 0, a temperature that is not finite or a read-only nonfinite "
+      "array).\n"
       "Reference: transformers' temperature / TopK / TopP logits warpers followed by "
       "multinomial, with a counter-based draw.");
 

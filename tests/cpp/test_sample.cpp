@@ -1,5 +1,5 @@
 // Sampling: cpu::sample and uniform_from_counter against values and distributions computed
-// here, and op::sample's CPU branch (per-row seeds, the reserved nonfinite output, the checks in
+// here, and op::sample's CPU branch (per-row seeds, the per-row nonfinite flags, the checks in
 // the CUDA entry's order).
 #include <gtest/gtest.h>
 
@@ -174,8 +174,9 @@ TEST(OpSample, CpuChecksAsTheCudaEntry) {
   p.out = out.data();
   auto code = [](const MemraSampleParams& q) { return op::sample({}, q).code; };
   MemraSampleParams q = p;
-  q.nonfinite = flags.data();  // reserved for the serving work: refused, not written
-  EXPECT_EQ(code(q), kUnsupported);
+  q.nonfinite = flags.data();
+  q.V = 0;  // an error writes no flag
+  EXPECT_EQ(code(q), kContractValue);
   EXPECT_EQ(flags, std::vector<int32_t>(B, -1));
   q = p;
   q.V = 0;
@@ -199,6 +200,64 @@ TEST(OpSample, CpuChecksAsTheCudaEntry) {
   q.B = 0;
   q.V = 0;  // no rows: nothing to check further
   EXPECT_EQ(code(q), kOk);
+}
+
+// The per-row flag: 1 for a row holding NaN, +inf or -inf anywhere (first, middle, last id), 0
+// for finite rows (huge values included), greedy and sampled, one seed or per-row seeds; the
+// tokens are those drawn without the flag.
+TEST(OpSample, NonfiniteFlagsPerRow) {
+  const int V = 1100;  // more than one L-block
+  const float bad[] = {NAN, INFINITY, -INFINITY};
+  const int where[] = {0, 700, V - 1};
+  std::vector<float> logits;
+  std::vector<int32_t> want_flags;
+  int row = 0;
+  for (float v : bad) {
+    for (int at : where) {
+      auto r = randn(V, 300 + row++);
+      r[at] = v;
+      logits.insert(logits.end(), r.begin(), r.end());
+      want_flags.push_back(1);
+    }
+  }
+  for (int i = 0; i < 3; ++i) {
+    auto r = randn(V, 400 + i);
+    if (i == 1) r[5] = 3.0e38f;  // finite, however large
+    if (i == 2) r[9] = -3.0e38f;
+    logits.insert(logits.end(), r.begin(), r.end());
+    want_flags.push_back(0);
+  }
+  const int B = static_cast<int>(want_flags.size());
+  std::vector<uint64_t> ctr(B), seeds(B);
+  for (int b = 0; b < B; ++b) {
+    ctr[b] = 3 * b + 1;
+    seeds[b] = 1000 + b;
+  }
+  for (float t : {0.0f, 0.8f}) {
+    for (bool per_row : {false, true}) {
+      std::vector<int32_t> plain(B, -1), out(B, -1), flags(B, -7);
+      MemraSampleParams p{};
+      p.logits = logits.data();
+      p.B = B;
+      p.V = V;
+      p.temperature = t;
+      p.top_k = 50;
+      p.top_p = 0.9f;
+      p.seed = 5;
+      p.seeds = per_row ? seeds.data() : nullptr;
+      p.counters = ctr.data();
+      p.out = plain.data();
+      ASSERT_TRUE(op::sample({}, p).ok());
+      p.out = out.data();
+      p.nonfinite = flags.data();
+      ASSERT_TRUE(op::sample({}, p).ok());
+      EXPECT_EQ(flags, want_flags) << "t=" << t << " per_row=" << per_row;
+      EXPECT_EQ(out, plain) << "t=" << t << " per_row=" << per_row;
+    }
+  }
+  std::vector<int32_t> out(B), flags(B, -7);
+  cpu::sample(logits.data(), B, V, 1.0f, 0, 1.0f, 9, ctr.data(), out.data(), flags.data());
+  EXPECT_EQ(flags, want_flags);
 }
 
 }  // namespace

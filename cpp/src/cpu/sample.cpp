@@ -61,12 +61,17 @@ float uniform_from_counter(uint64_t seed, uint64_t counter) {
 }
 
 void sample(const float* logits, int B, int V, float temperature, int top_k, float top_p,
-            uint64_t seed, const uint64_t* counters, int32_t* out) {
+            uint64_t seed, const uint64_t* counters, int32_t* out, int32_t* nonfinite) {
   std::vector<float> p(V);
   std::vector<int32_t> order(V);
   auto never = [](float) { return false; };
   for (int b = 0; b < B; ++b) {
     const float* lb = logits + static_cast<int64_t>(b) * V;
+    if (nonfinite) {
+      int32_t bad = 0;
+      for (int i = 0; i < V && !bad; ++i) bad = std::isfinite(lb[i]) ? 0 : 1;
+      nonfinite[b] = bad;
+    }
     if (temperature <= 0.0f) {
       out[b] = argmax(lb, V);
       continue;

@@ -11,9 +11,6 @@ namespace memra::op {
 Status sample(const Backend& b, const MemraSampleParams& p) {
   if (b.on_cuda()) return cuda_status(b, b.cuda->api().sample(b.cuda->ctx(), &p), "sample");
   // The CUDA entry's checks, in its order.
-  if (p.nonfinite) {
-    return Status(kUnsupported, "sample: the nonfinite output is reserved and not implemented yet");
-  }
   if (p.B < 0 || p.V < 0) {
     return Status(kContractValue, "sample: B and V must be >= 0, got B=" + std::to_string(p.B) +
                                       ", V=" + std::to_string(p.V));
@@ -29,13 +26,15 @@ Status sample(const Backend& b, const MemraSampleParams& p) {
     return Status(kContractMissing, "sample: counters are required unless greedy");
   }
   if (!p.seeds) {
-    cpu::sample(p.logits, p.B, p.V, p.temperature, p.top_k, p.top_p, p.seed, p.counters, p.out);
+    cpu::sample(p.logits, p.B, p.V, p.temperature, p.top_k, p.top_p, p.seed, p.counters, p.out,
+                p.nonfinite);
     return Status::Ok();
   }
   // One row at a time with its own seed (cpu::sample takes one seed per call).
   for (int64_t r = 0; r < p.B; ++r) {
     cpu::sample(p.logits + r * p.V, 1, p.V, p.temperature, p.top_k, p.top_p, p.seeds[r],
-                p.counters ? p.counters + r : nullptr, p.out + r);
+                p.counters ? p.counters + r : nullptr, p.out + r,
+                p.nonfinite ? p.nonfinite + r : nullptr);
   }
   return Status::Ok();
 }

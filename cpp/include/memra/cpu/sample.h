@@ -53,7 +53,10 @@ float uniform_from_counter(uint64_t seed, uint64_t counter);
 // parallel, so every sequential chain is at most max(L, n / L) additions long.
 inline constexpr int kSampleBlock = 512;
 
+//
+// nonfinite [B] (optional; null: not written): 1 where row b's logits hold a NaN or +-inf, else
+// 0. The row's token is drawn as above either way (the caller discards it: memra.NonFiniteError).
 void sample(const float* logits, int B, int V, float temperature, int top_k, float top_p,
-            uint64_t seed, const uint64_t* counters, int32_t* out);
+            uint64_t seed, const uint64_t* counters, int32_t* out, int32_t* nonfinite = nullptr);
 
 }  // namespace memra::cpu

@@ -18,12 +18,12 @@ typedef struct MemraSampleParams {
   const uint64_t* counters;  /* [B] uint64, the rows' draw indices (not read when greedy; else
                                 required: 40024) */
   int32_t* out;              /* [B] int32 */
-  int32_t* nonfinite;        /* [B] int32, or null: not written. Reserved for the serving work
-                                (memra.NonFiniteError, kNonFinite, inside a captured graph):
-                                nonfinite[b] will be 1 where row b's logits hold a NaN or +-inf
-                                and 0 elsewhere, written by the same launches (memra.batch ends
-                                a flagged row's request instead of using its draw). Not
-                                implemented yet: non-null is 50000. */
+  int32_t* nonfinite;        /* [B] int32, or null: not written. nonfinite[b] = 1 where row b's
+                                logits hold a NaN or +-inf and 0 elsewhere, written by the same
+                                launches as out (so inside a captured graph, no host sync);
+                                out[b] is drawn as without it (memra.batch ends a flagged row's
+                                request with memra.NonFiniteError, kNonFinite, instead of using
+                                its draw). Written only once the checks above pass (B > 0). */
 } MemraSampleParams;
 
 #define MEMRA_CUDA_SAMPLE_OPS(X)                                                                  \

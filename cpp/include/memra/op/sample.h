@@ -11,9 +11,10 @@ namespace memra::op {
 // One token per row (MemraSampleParams): the same token on both backends for the same logits,
 // seed and counter. Both check the fields in the same order with the same codes (CUDA alone
 // refuses B * V past its sort keys or its grid, 50002). On the CPU, seeds and counters are host
-// arrays and per-row seeds run cpu::sample one row at a time. p.nonfinite is reserved: non-null
-// is 50000 on both. Reference: transformers' temperature / TopK / TopP warpers + multinomial,
-// with the counter-based draw of cpu/sample.h.
+// arrays and per-row seeds run cpu::sample one row at a time. p.nonfinite (non-null): the per-row
+// flag, 1 where the row holds a NaN or +-inf, written by both (cpu::sample's; on CUDA by the same
+// launches, inside a captured graph). Reference: transformers' temperature / TopK / TopP warpers
+// + multinomial, with the counter-based draw of cpu/sample.h.
 Status sample(const Backend& b, const MemraSampleParams& p);
 
 }  // namespace memra::op
