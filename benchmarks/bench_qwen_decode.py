@@ -420,7 +420,8 @@ def main() -> int:
     p.add_argument("--profile-steps", type=int, default=5,
                    help="decode steps profiled per kernel after the timing (0: none; CUDA only)")
     p.add_argument("--prompt-len", type=int, default=None, help="prompt tokens per sequence (default 128; cpu 16)")
-    p.add_argument("--peer-steps", type=int, default=None, help="transformers' timed steps (default 16, --quick 8; cpu 3)")
+    p.add_argument("--peer-steps", type=int, default=None,
+                   help="transformers' timed steps (default 16, --quick 8; cpu 3)")
     p.add_argument("--gen-steps", type=int, default=None, help="memra generate-API timed steps (default 128; cpu 3)")
     p.add_argument("--match-steps", type=int, default=8, help="greedy steps compared with transformers")
     p.add_argument("--skip-peer", action="store_true")
