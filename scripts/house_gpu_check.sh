@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # On the GPU machine: issue 17's "bytes unchanged, no slowdown" checks of this tree against the
-# build before the house work (a source tree at $OLD_SRC, made on the dev machine with
+# build before the house work (a source tree carried as .carry/baseline-src, copied to /tmp, made on the dev machine with
 #   mkdir -p .carry/baseline-src && git archive house-baseline | tar -x -C .carry/baseline-src
 # and carried). Steps (any subset, in this order): build, folder, bytes, tests, ab.
 #   build:  both trees built with CUDA (in parallel; new -> build/dev-gpu, old -> $OLD_SRC/build/dev-gpu)
@@ -15,7 +15,9 @@ set -uo pipefail
 OUT=${OUT:-/tmp/memra-out}; mkdir -p "$OUT"
 cd "$(dirname "$0")/.."
 root=$(pwd)
-OLD_SRC=$(cd "${OLD_SRC:-.carry/baseline-src}" && pwd)
+# The old tree is built outside the repository: a carried folder is replaced on every call.
+OLD_SRC=/tmp/memra-old-src
+[ -d "$OLD_SRC" ] || cp -r "${OLD_SRC_IN:-.carry/baseline-src}" "$OLD_SRC"
 SNAP=${SNAP:-/tmp/memra-house}; mkdir -p "$SNAP"
 FOLDER=${FOLDER:-/tmp/memra-bench-glm5next-8L32E}
 source scripts/gpu_env.sh

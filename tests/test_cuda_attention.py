@@ -306,7 +306,9 @@ def test_cuda_refusals_are_named(e):
     assert ei.value.code == _core.status.CONTRACT_DEVICE
     q = e.to_device(np.zeros((1, 2, 16), np.float32))
     k = e.to_device(np.zeros((4, 1, 16), np.float32))
+    k_slots = e.to_device(np.zeros((1, 4, 1, 16), np.float32))  # the slot form's [max_batch, ...]
     with pytest.raises(memra.ContractError, match="lengths"):
-        _core.attention(q, k, k, scale=1.0, slots=e.to_device(np.zeros(1, np.int32)), engine=e)
+        _core.attention(q, k_slots, k_slots, scale=1.0, slots=e.to_device(np.zeros(1, np.int32)),
+                        engine=e)
     with pytest.raises(memra.ContractError, match="k_cache"):
         _core.attention(q, np.zeros((4, 1, 16), np.float32), k, scale=1.0, engine=e)

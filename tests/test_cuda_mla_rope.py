@@ -317,7 +317,7 @@ def test_rope_errors(e):
     q, caches, s = D(bt.q), bt.caches(e), bt.scale
     f = _core.mla_attn_decode
     expect(memra.ContractError, ST.CONTRACT_MISSING, f, q, caches, [3, 5], scale=s, engine=e)
-    expect(memra.ContractError, ST.CONTRACT_SHAPE, f, q, caches, [3, 5], q_pe=D(bt.q_pe[:, :, :8]),
+    expect(memra.ContractError, ST.CONTRACT_SHAPE, f, q, caches, [3, 5], q_pe=D(np.ascontiguousarray(bt.q_pe[:, :, :8])),
            scale=s, engine=e)
     expect(memra.ContractError, ST.CONTRACT_SHAPE, f, q, caches, [3, 5], q_pe=D(bt.q_pe[:1]),
            scale=s, engine=e)

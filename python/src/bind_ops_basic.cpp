@@ -40,8 +40,9 @@ void copy_array(const Engine* engine, void* dst, const void* src, size_t bytes, 
 }
 
 std::string odd_rope_message(const AnyArray& x) {
-  return "rope_interleaved: x has shape " + shape_str(x) + ": its last extent d_rope must be even "
-         "(interleaved pairs (2j, 2j+1) are rotated)";
+  return "rope_interleaved: x has shape " + shape_str(x) + ": its last extent d_rope=" +
+         std::to_string(x.ndim() ? x.shape(x.ndim() - 1) : 0) +
+         " must be even (interleaved pairs (2j, 2j+1) are rotated)";
 }
 
 }  // namespace
