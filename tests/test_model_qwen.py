@@ -3,7 +3,8 @@ against transformers 5.17's stored outputs (tests/fixtures/<type>_reference.npz,
 tests/fixtures/make_qwen_fixtures.py): logits, greedy tokens, every decode step of the greedy
 continuation, expert choices and the cache after a prefill; the cache invariants (prefill(T-1) +
 decode(1) == prefill(T), T = 1, prompts shorter than the conv kernel, batches of different
-lengths == each alone); the two layouts of one MoE model; the loader's notices and named errors.
+lengths == each alone); generate, stream and generate_batch; the two layouts of one MoE model;
+the loader's notices and named errors.
 
 Tolerances (rel_err = max|a - ref| / max|ref|): logits and decode steps 1e-4 against transformers
 (the issue's bound; ~1e-6 observed: float32 in another order); cache states 1e-5 against
@@ -110,6 +111,15 @@ def test_greedy_and_every_decode_step_match_transformers(t: str, name: str) -> N
     assert err <= 1e-4, err
 
 
+@pytest.mark.parametrize("t", TYPES)
+def test_stream_yields_the_greedy_tokens(t: str) -> None:
+    m, R = model_of(t), REF[t]
+    want = R["greedy_b"].tolist()
+    with m.stream(R["prompt_b"], len(want), ignore_eos=True) as tokens:
+        assert list(tokens) == want
+    assert all(m.cache.length(s) == 0 and m.cache.owner(s) == 0 for s in range(m.cache.max_batch))
+
+
 class _Recorder:
     """Wraps a MoeLayer: forward records the experts each token chose (the same call)."""
 
@@ -163,7 +173,7 @@ def test_the_two_moe_layouts_give_the_same_logits() -> None:
 
 
 # ------------------------------------------------------------------ cache invariants and edge cases
-@pytest.mark.parametrize("t", ["qwen3_5", "qwen3_5_moe_text", "qwen3_next"])
+@pytest.mark.parametrize("t", TYPES)
 @pytest.mark.parametrize("T", [2, 3, 4, 5, 12, 64, 65, 73])
 def test_prefill_then_decode_equals_prefill(t: str, T: int) -> None:
     # T - 1 = 1, 2: prompts shorter than the conv kernel (4); 64 / 65: around transformers' chunk.
