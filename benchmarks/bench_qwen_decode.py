@@ -35,6 +35,11 @@ Goal at B = 1 (issue 19): memra at least 0.8 of the roofline (meets_target).
 
     python3 benchmarks/bench_qwen_decode.py [--model 4b|35b|both] [--quick] [--batches 1,32]
     python3 benchmarks/bench_qwen_decode.py --device cpu --tiny   # smoke test: tiny widths, f32
+
+--quick (20 timed steps, 32 generate steps, 8 peer steps) is meant to finish both models, the
+checkpoints' first build included, in about three minutes on one H200; fla's first call adds its
+Triton autotuning (cached for later runs: TRITON_CACHE_AUTOTUNING). elapsed_s in each record is
+that model's wall time (build, peer, memra).
 """
 
 from __future__ import annotations
@@ -218,10 +223,12 @@ def peer_kernels(mod) -> dict:
     (use_kernel_func_from_hub_with_fallback keeps it in the closure variable `implementation`)."""
     import inspect
     out = {}
-    for name in ("chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule", "causal_conv1d_fn",
-                 "causal_conv1d_update"):
+    # the kernel's name -> the module attribute transformers decorated with it
+    for name, attr in (("chunk_gated_delta_rule", "torch_chunk_gated_delta_rule"),
+                       ("fused_recurrent_gated_delta_rule", "torch_recurrent_gated_delta_rule"),
+                       ("causal_conv1d_fn", "causal_conv1d_fn"), ("causal_conv1d_update", "causal_conv1d_update")):
         try:
-            impl = inspect.getclosurevars(getattr(mod, name)).nonlocals.get("implementation")
+            impl = inspect.getclosurevars(getattr(mod, attr)).nonlocals.get("implementation")
         except Exception:  # noqa: BLE001
             impl = None
         if impl is None:
@@ -302,6 +309,7 @@ def run_peer(which: str, folder: Path, dev, torch, prompts, batches, peer_steps,
 # ============================================================================ main
 def run_model(which: str, args, b: Bench, batches, warmup, steps, peer_steps, gen_steps) -> None:
     torch, dev = b.torch, b.dev
+    t_start = time.perf_counter()
     tc = text_config(args, which)
     default = f"/tmp/memra-bench-qwen-{which}" + (f"-{tc.get('num_experts')}E" if which == "35b" else "")
     folder = Path(getattr(args, f"folder_{which}") or default + ("-tiny" if args.tiny else ""))
@@ -392,6 +400,7 @@ def run_model(which: str, args, b: Bench, batches, warmup, steps, peer_steps, ge
             "memra_timer": "wall clock per step (each step ends with a host read of the tokens)",
             "folder": str(folder),
             "build_s": build_s,
+            "elapsed_s": round(time.perf_counter() - t_start, 1),  # this model: build, peer and memra
         }
         if "tokens" in mr and "tokens" in pr:
             n = min(len(mr["tokens"]), len(pr["tokens"]))
@@ -417,12 +426,14 @@ def main() -> int:
     p.add_argument("--rebuild", action="store_true", help="build the checkpoints again even if the folders are there")
     p.add_argument("--experts", type=int, default=None, help="35b: routed experts (default 64; --tiny: 8)")
     p.add_argument("--batches", default=None, help="comma-separated batch sizes (default 1,32; cpu: 1,3)")
-    p.add_argument("--profile-steps", type=int, default=5,
-                   help="decode steps profiled per kernel after the timing (0: none; CUDA only)")
+    p.add_argument("--profile-steps", type=int, default=None,
+                   help="decode steps profiled per kernel after the timing (default 5, --quick 3; 0: none; "
+                        "CUDA only)")
     p.add_argument("--prompt-len", type=int, default=None, help="prompt tokens per sequence (default 128; cpu 16)")
     p.add_argument("--peer-steps", type=int, default=None,
                    help="transformers' timed steps (default 16, --quick 8; cpu 3)")
-    p.add_argument("--gen-steps", type=int, default=None, help="memra generate-API timed steps (default 128; cpu 3)")
+    p.add_argument("--gen-steps", type=int, default=None,
+                   help="memra generate-API timed steps (default 128, --quick 32; cpu 3)")
     p.add_argument("--match-steps", type=int, default=8, help="greedy steps compared with transformers")
     p.add_argument("--skip-peer", action="store_true")
     p.add_argument("--build-only", action="store_true", help="make the checkpoint folders (if missing) and exit")
@@ -438,7 +449,9 @@ def main() -> int:
     batches = [int(x) for x in (args.batches or ("1,3" if cpu else "1,32")).split(",")]
     args.prompt_len = args.prompt_len or (16 if cpu else 128)
     peer_steps = args.peer_steps or (3 if cpu else (8 if args.quick else 16))
-    gen_steps = args.gen_steps or (3 if cpu else (64 if args.quick else 128))
+    gen_steps = args.gen_steps or (3 if cpu else (32 if args.quick else 128))
+    if args.profile_steps is None:
+        args.profile_steps = 3 if args.quick else 5
     warmup, steps = max(3, b.warmup), b.reps
     for which in (("4b", "35b") if args.model == "both" else (args.model,)):
         run_model(which, args, b, batches, warmup, steps, peer_steps, gen_steps)
