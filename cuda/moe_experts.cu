@@ -144,6 +144,7 @@ __device__ __forceinline__ void down_dots(const float* __restrict__ hp, const W*
 #pragma unroll
   for (int r = 0; r < RPW; ++r) a[r] = 0.0f;
   if constexpr (VEC) {
+#pragma unroll 4
     for (int c = lane * 8; c < I; c += 32 * 8) {
       float hv[8], wv[RPW][8];
       load8x(hp + c, hv);
@@ -164,81 +165,90 @@ __device__ __forceinline__ void down_dots(const float* __restrict__ hp, const W*
   }
 }
 
-// Kernel B. grid (T, ceil(D / (kWarps * RPW))); dynamic shared memory: top_k + 1 ints. Thread 0
-// orders the token's valid slots by (expert id, slot) (the CPU visits experts in ascending id
-// and, for a repeated id, the slots in ascending order); warp w then computes the RPW output rows
-// d = (by * kWarps + w) * RPW + r: y[t, d] = 0 + sum over the ordered slots of
-// (down_w[e, d] . h[p]) * w[p], each product and sum rounded separately as on the CPU. A warp's
-// rows share each load of h[p] (h is f32 and re-read by every warp: with one row a warp, its
-// reads doubled the weight's bytes through L1); every row's chain is the same at any RPW.
-// With a shared expert (sh.down), y[t, d] = (sh.down[d] . h[P + t]) + that routed sum, the
-// shared expert's output plus the routed one (swiglu_mlp_add's s + bias).
+// Kernel B's geometry: a block computes kDownRows output rows of one token, its warps taking the
+// (slot, row group of RPW rows) tasks round robin. Spreading a token's slots over warps keeps
+// many weight rows in flight at T = 1, where one warp per row group walking the slots in turn
+// left too few loads outstanding to reach the copy bandwidth. RPW = 2: each load of h serves
+// two rows (docs/options.md has the A/B of 1, 2 and 4 rows).
+constexpr int kDownRowsPerWarp = 2;
+constexpr int kDownRows = 8;
+
+// Kernel B. grid (T, ceil(D / kDownRows)); dynamic shared memory: top_k + 1 ints, then
+// (top_k + 1) * kDownRows floats. Thread 0 orders the token's valid slots by (expert id, slot)
+// (the CPU visits experts in ascending id and, for a repeated id, the slots in ascending order).
+// Each task's warp writes its RPW dot products down_w[e, d] . h[p] (lane-partial sums in
+// down_dots' order, then warp_sum) to shared memory; thread r then forms
+// y[t, d] = 0 + sum over the ordered slots of (dot) * w[p], each product and sum rounded
+// separately as on the CPU, in slot order: the same operations whichever warp made each dot.
+// With a shared expert (sh.down) it is one more slot, weight-free, added last:
+// y[t, d] = (sh.down[d] . h[P + t]) + that routed sum (swiglu_mlp_add's s + bias).
 template <typename W, bool VEC, int RPW>
 __global__ void __launch_bounds__(kWarps * 32)
     moe_down_kernel(const float* __restrict__ h, const int32_t* __restrict__ topk_idx,
                     const float* __restrict__ topk_w, int top_k, const W* __restrict__ down_w,
                     int E, int I, int D, float* __restrict__ y, int64_t P, SharedExpert<W> sh) {
+  static_assert(kDownRows % RPW == 0, "a block's rows are whole row groups");
+  constexpr int kGroups = kDownRows / RPW;
   memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
   memra::cuda::pdl_trigger();
-  extern __shared__ int order[];  // [top_k] ordered slots, then the count
+  extern __shared__ int order[];  // [top_k] ordered slots, the count, then the dots
+  float* dots = reinterpret_cast<float*>(order + top_k + 1);  // [top_k + 1][kDownRows]
   const int64_t t = blockIdx.x;
   const int32_t* it = topk_idx + t * top_k;
   if (threadIdx.x == 0) order_slots(it, top_k, E, order);
   __syncthreads();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int d0 = (blockIdx.y * kWarps + warp) * RPW;
-  if (d0 >= D) return;
+  const int dblk = blockIdx.y * kDownRows;
   const int n = order[top_k];
-  float acc[RPW];
-#pragma unroll
-  for (int r = 0; r < RPW; ++r) acc[r] = 0.0f;
-  // Slot s < n: routed slot order[s] (weight topk_w); s == n: the shared expert (weight-free).
+  // Slot s < n: routed slot order[s] (weight topk_w); s == n: the shared expert.
   const int slots = n + (sh.down ? 1 : 0);
-  for (int s = 0; s < slots; ++s) {
+  for (int task = warp; task < slots * kGroups; task += kWarps) {
+    const int s = task / kGroups, g = task - s * kGroups;
+    const int d0 = dblk + g * RPW;
+    if (d0 >= D) continue;  // rows past D: neither written nor read below
     const bool shared = s == n;
     const int j = shared ? 0 : order[s];
     const int64_t p = shared ? P + t : t * top_k + j;
-    const float* hp = h + p * I;
     const W* wr[RPW];
 #pragma unroll
     for (int r = 0; r < RPW; ++r) {
-      // Rows past D (a ragged last warp) re-read row d0 and are never stored.
+      // Rows past D (a ragged last group) re-read row d0 and are never stored.
       const int64_t d = d0 + r < D ? d0 + r : d0;
       wr[r] = shared ? sh.down + d * I : down_w + (static_cast<int64_t>(it[j]) * D + d) * I;
     }
     float a[RPW];
-    down_dots<W, VEC, RPW>(hp, wr, I, lane, a);
-    if (shared) {
-#pragma unroll
-      for (int r = 0; r < RPW; ++r) acc[r] = __fadd_rn(warp_sum(a[r]), acc[r]);
-    } else {
-      const float wp = topk_w[p];
-#pragma unroll
-      for (int r = 0; r < RPW; ++r) acc[r] = __fadd_rn(acc[r], __fmul_rn(warp_sum(a[r]), wp));
-    }
-  }
-  if (lane == 0) {
+    down_dots<W, VEC, RPW>(h + p * I, wr, I, lane, a);
 #pragma unroll
     for (int r = 0; r < RPW; ++r) {
-      if (d0 + r < D) y[t * D + d0 + r] = acc[r];
+      const float v = warp_sum(a[r]);
+      if (lane == 0) dots[s * kDownRows + g * RPW + r] = v;
     }
+  }
+  __syncthreads();
+  const int r = threadIdx.x;
+  if (r < kDownRows && dblk + r < D) {
+    float acc = 0.0f;
+    for (int s = 0; s < n; ++s) {
+      acc = __fadd_rn(acc, __fmul_rn(dots[s * kDownRows + r], topk_w[t * top_k + order[s]]));
+    }
+    if (sh.down) acc = __fadd_rn(dots[n * kDownRows + r], acc);
+    y[t * D + dblk + r] = acc;
   }
 }
 
-// Kernel B at kDownRowsPerWarp rows a warp: each load of the token's h serves both rows (at one
-// row a warp every warp re-read h, twice the weight's bytes through L1; docs/options.md has the
-// A/B of 1, 2 and 4 rows).
-constexpr int kDownRowsPerWarp = 2;
+// Kernel B's dynamic shared memory for top_k slots (+ the shared expert's).
+size_t down_smem(int top_k) {
+  return (sizeof(int) + sizeof(float) * kDownRows) * (static_cast<size_t>(top_k) + 1);
+}
 
 template <typename W, bool VEC>
 int launch_moe_down(MemraCudaCtx* ctx, int T, int top_k, const float* h, const int32_t* topk_idx,
                     const float* topk_w, const W* dw, int E, int I, int D, float* y,
                     const SharedExpert<W>& sh) {
-  const size_t smem = sizeof(int) * (static_cast<size_t>(top_k) + 1);
   constexpr int RPW = kDownRowsPerWarp;
-  const dim3 grid(static_cast<unsigned>(T), ceil_div(D, kWarps * RPW));
+  const dim3 grid(static_cast<unsigned>(T), ceil_div(D, kDownRows));
   return memra::cuda::launch(ctx, true, moe_down_kernel<W, VEC, RPW>, grid, dim3(kWarps * 32),
-                             smem, h, topk_idx, topk_w, top_k, dw, E, I, D, y,
+                             down_smem(top_k), h, topk_idx, topk_w, top_k, dw, E, I, D, y,
                              static_cast<int64_t>(T) * top_k, sh);
 }
 
@@ -276,7 +286,7 @@ int launch_moe(MemraCudaCtx* ctx, const float* x, int T, int D, const int32_t* t
 // y, the ordered slots one block's static shared memory.
 bool per_pair_fits(int T, int slots, int top_k, int I, int D) {
   return static_cast<int64_t>(T) * slots <= 0x7fffffffLL && ceil_div(I, kWarps) <= 65535u &&
-         ceil_div(D, kWarps) <= 65535u && sizeof(int) * (static_cast<size_t>(top_k) + 1) <= 48 * 1024;
+         ceil_div(D, kDownRows) <= 65535u && down_smem(top_k) <= 48 * 1024;
 }
 
 // The token count from which the grouped path takes over (the context's options; a large
