@@ -1,5 +1,6 @@
 // The MoE router of the CUDA backend (cpp/include/memra/cuda_abi/moe.h `moe_route`): the GPU twin
-// of cpu::moe_route (cpu/moe.cpp). Router logits in f32 (SGEMM), then one warp per token: sigmoid
+// of cpu::moe_route and cpu::moe_route_softmax (cpu/moe.cpp; the softmax form in a kernel of its
+// own, moe_route_softmax_kernel). Router logits in f32 (SGEMM), then one warp per token: sigmoid
 // scores, choice = s + bias, group scores (the CPU's best/second loop), top groups and top_k
 // experts by repeated warp argmax over (value desc, id asc), weights from s, the CPU's sequential
 // renormalisation, times scaling. Same indices and order as the CPU. At one token, where the
@@ -177,6 +178,100 @@ __global__ void __launch_bounds__(grow::kGemvThreads)
   }
 }
 
+// The softmax router's routing of one token a warp (MEMRA_MOE_SCORE_SOFTMAX): logits [T, E] f32;
+// per warp probs_bytes of f32 probabilities then E flags of its dynamic shared memory. p =
+// exp(l - max) / sum (every lane holds the same max and sum: xor butterflies), then top_k by
+// (p desc, id asc) as moe_route_kernel chooses, lane 0 adding the chosen p in j order for the
+// renormalisation. No __syncthreads, so a warp past the last token may return at once. A kernel
+// of its own: the sigmoid router's kernels are not touched.
+__global__ void moe_route_softmax_kernel(const float* __restrict__ logits, int T, int E, int top_k,
+                                         int norm, float scaling, int probs_bytes, int warp_bytes,
+                                         int32_t* __restrict__ topk_idx,
+                                         float* __restrict__ topk_w) {
+  memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
+  memra::cuda::pdl_trigger();
+  extern __shared__ __align__(16) unsigned char smem[];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int64_t t = int64_t(blockIdx.x) * (blockDim.x >> 5) + warp;
+  if (t >= T) return;
+  unsigned char* base = smem + static_cast<size_t>(warp) * warp_bytes;
+  float* probs = reinterpret_cast<float*>(base);
+  unsigned char* taken = base + probs_bytes;
+  const float* lt = logits + t * E;
+  int32_t* idx = topk_idx + t * top_k;
+  float* w = topk_w + t * top_k;
+
+  float mx = -INFINITY;
+  for (int e = lane; e < E; e += 32) mx = fmaxf(mx, lt[e]);
+  mx = memra::cuda::warp_max(mx);
+  float sum = 0.0f;
+  for (int e = lane; e < E; e += 32) {
+    const float v = expf(__fsub_rn(lt[e], mx));
+    probs[e] = v;
+    sum = __fadd_rn(sum, v);
+    taken[e] = 0;
+  }
+  sum = memra::cuda::warp_sum(sum);
+  __syncwarp();
+  for (int e = lane; e < E; e += 32) probs[e] = __fdiv_rn(probs[e], sum);
+  __syncwarp();
+  // Lane j % 32 keeps the j-th choice for j < 32 (mine); lane 0 adds the chosen p in j order.
+  float chosen = 0.0f;
+  int mine = 0;
+  for (int j = 0; j < top_k; ++j) {
+    const int e = warp_argmax_unflagged(probs, taken, E, lane);
+    if (lane == j) mine = e;
+    if (lane == 0) {
+      taken[e] = 1;
+      idx[j] = e;
+      chosen = __fadd_rn(chosen, probs[e]);
+    }
+    __syncwarp();
+  }
+  const float denom = __shfl_sync(0xffffffffu, chosen, 0);
+  for (int j = lane; j < top_k; j += 32) {
+    // j >= 32 (top_k > 32): the choice read back from idx, which lane 0 wrote above.
+    float v = probs[j < 32 ? mine : idx[j]];
+    if (norm) v = __fdiv_rn(v, denom);
+    w[j] = __fmul_rn(v, scaling);
+  }
+}
+
+// MEMRA_MOE_SCORE_SOFTMAX and any other scoring but the sigmoid: the checks of moe_route_impl in
+// its order, then the scoring's (cpu's op::moe_route has the same), then router logits by the
+// f32 linear (the decode GEMV at one token) and moe_route_softmax_kernel.
+int moe_route_softmax_impl(MemraCudaCtx* ctx, const MemraMoeRouteParams& p) {
+  const int T = p.T, D = p.D, E = p.E;
+  MEMRA_CUDA_RETURN_IF(memra::cuda::flush_if_reads(ctx, p.x, sizeof(float) * size_t(T > 0 ? T : 0) * size_t(D > 0 ? D : 0)));
+  const size_t picks = size_t(T > 0 ? T : 0) * size_t(p.top_k > 0 ? p.top_k : 0);
+  MEMRA_CUDA_RETURN_IF(memra::cuda::flush_if_reads(ctx, p.topk_idx, sizeof(int32_t) * picks));
+  MEMRA_CUDA_RETURN_IF(memra::cuda::flush_if_reads(ctx, p.topk_w, sizeof(float) * picks));
+  if (T < 0 || D < 0 || E <= 0) return memra::kContractValue;
+  if (p.n_group < 1 || E % p.n_group != 0) return memra::kContractValue;
+  if (p.topk_group < 1 || p.topk_group > p.n_group) return memra::kContractValue;
+  if (p.top_k < 1 || static_cast<int64_t>(p.top_k) > static_cast<int64_t>(p.topk_group) * (E / p.n_group))
+    return memra::kContractValue;
+  if (p.scoring != MEMRA_MOE_SCORE_SOFTMAX) return memra::kContractValue;
+  if (p.n_group != 1 || p.corr_bias) return memra::kContractValue;
+  if (T == 0) return memra::kOk;
+  if (!p.x || !p.gate_w || !p.topk_idx || !p.topk_w) return memra::kContractMissing;
+  const int probs_bytes = (4 * E + 15) / 16 * 16;
+  const int warp_bytes = probs_bytes + (E + 15) / 16 * 16;
+  constexpr int kSmemLimit = 48 * 1024;
+  if (warp_bytes > kSmemLimit) return memra::kUnsupportedGeometry;  // E beyond ~9800
+  int warps = 4;
+  while (warps > 1 && warps * warp_bytes > kSmemLimit) warps /= 2;
+  Scratch logits(ctx, sizeof(float) * static_cast<size_t>(T) * E);
+  MEMRA_CUDA_RETURN_IF(logits.status());
+  // Router logits in f32 (transformers computes them in f32): TF32 off.
+  MEMRA_CUDA_RETURN_IF(memra::cuda::linear(ctx, p.x, T, D, p.gate_w, 0, E, nullptr, logits.as<float>()));
+  memra::cuda::launch(ctx, true, moe_route_softmax_kernel, dim3(ceil_div(T, warps)), dim3(warps * 32),
+                      static_cast<size_t>(warps) * warp_bytes, logits.as<float>(), T, E, p.top_k,
+                      p.norm_topk_prob ? 1 : 0, p.scaling, probs_bytes, warp_bytes, p.topk_idx,
+                      p.topk_w);
+  return launch_status();
+}
+
 int moe_route_impl(MemraCudaCtx* ctx, const float* x, int T, int D, const float* gate_w,
                    const float* corr_bias, int E, int top_k, int n_group, int topk_group,
                    int norm_topk_prob, float scaling, int32_t* topk_idx, float* topk_w) {
@@ -238,6 +333,7 @@ extern "C" int memra_cuda_moe_route(MemraCudaCtx* ctx, const MemraMoeRouteParams
   // A deferred mHC Sinkhorn rides on the router's GEMV (common.cuh) unless it reads the comb.
   MEMRA_CUDA_RETURN_IF(memra::cuda::enter_keep(ctx));
   if (!p) return memra::kContractMissing;
+  if (p->scoring != MEMRA_MOE_SCORE_SIGMOID) return moe_route_softmax_impl(ctx, *p);
   return moe_route_impl(ctx, p->x, p->T, p->D, p->gate_w, p->corr_bias, p->E, p->top_k, p->n_group,
                         p->topk_group, p->norm_topk_prob, p->scaling, p->topk_idx, p->topk_w);
 }

@@ -280,13 +280,6 @@ CASES: dict[str, Case] = {
         {"engine": NOT_OBJ, "weights": WEIGHTS_DICT + [without("up_proj.weight")],
          "hidden": ints(0, -1, 63), "intermediate": ints(0, -1, 95),
          "swiglu_limit": floats(float("nan"), 0.0, -1.0), "dtype": NOT_STR + ENUM_STR}),
-    "MoeLayer()": Case(
-        lambda w: _core.MoeLayer, lambda w: dict(engine=w.engine, weights=w.weights(1, "mlp."), **w.moe_kw),
-        {"engine": NOT_OBJ, "weights": WEIGHTS_DICT + [without("gate.weight", "experts.3.up_proj.weight")],
-         "hidden": ints(0, -1, 63), "n_experts": ints(0, -1, 7), "top_k": ints(0, -1, 9), "n_group": ints(0, -1, 3),
-         "topk_group": ints(0, -1, 3), "intermediate": ints(0, -1, 31), "shared_intermediate": ints(0, -1, 31),
-         "norm_topk_prob": NOT_BOOL, "routed_scaling": floats(*NON_FINITE),
-         "swiglu_limit": floats(float("nan"), 0.0, -1.0), "dtype": NOT_STR + ENUM_STR}),
     "Weight()": Case(
         lambda w: _core.Weight, lambda w: dict(array=w.f32(3, 4), dtype="", name="w"),
         {"array": arr(lambda g, w: [("rank 5", np.zeros((1,) * 5, np.float32)),
@@ -362,9 +355,6 @@ CASES: dict[str, Case] = {
          "x": arr(shape(2, 64), shape(1, 63)),
          "topk": [1.5, "x", np.zeros((1, 11), np.int64), np.zeros((2, 11), np.int32)]}),
     "MlpLayer.forward": Case(lambda w: w.mlp.forward, lambda w: dict(x=w.f32(3, w.D)), {"x": arr(shape(3, 63))}),
-    "MoeLayer.forward": Case(lambda w: w.moe.forward, lambda w: dict(x=w.f32(3, w.D)), {"x": arr(shape(3, 63))}),
-    "MoeLayer.forward_with_experts": Case(lambda w: w.moe.forward_with_experts, lambda w: dict(x=w.f32(3, w.D)),
-                                          {"x": arr(shape(3, 63))}),
     "HyperConnection.pre": Case(
         lambda w: w.hc.pre, lambda w: dict(streams=w.f32(2, w.hc_mult, w.D), norm=w.f32(w.D), eps=1e-5),
         {"streams": arr(shape(2, 3, 64)), "norm": opt(arr(shape(63))), "eps": some(EPS)}),
@@ -493,22 +483,6 @@ CASES: dict[str, Case] = {
         lambda w: dict(x=w.f32(3, 8), gate_w=w.W(5, 8), up_w=w.W(5, 8), down_w=w.W(8, 5), limit=2.0),
         {"x": arr(shape(3, 7)), "gate_w": WEIGHT, "up_w": WEIGHT, "down_w": WEIGHT,
          "limit": floats(float("nan"), 0.0, -1.0), **ENGINE_ARG}),
-    "_core.moe_route": Case(
-        lambda w: _core.moe_route,
-        lambda w: dict(x=w.f32(3, 8), gate_w=w.W(8, 8), corr_bias=w.f32(8), top_k=2, n_group=2, topk_group=1,
-                       norm_topk_prob=True, scaling=2.5),
-        {"x": arr(shape(3, 7)), "gate_w": WEIGHT, "corr_bias": opt(arr(shape(7))), "top_k": ints(0, -1, 5),
-         "n_group": ints(0, -1, 3), "topk_group": ints(0, -1, 3), "norm_topk_prob": NOT_BOOL,
-         "scaling": floats(*NON_FINITE), **ENGINE_ARG}),
-    "_core.moe_forward": Case(
-        lambda w: _core.moe_forward,
-        lambda w: dict(x=w.f32(2, 8), idx=i32([0, 1], [1, 0]), w=w.f32(2, 2), gate_ws=[w.W(5, 8), w.W(5, 8)],
-                       up_ws=[w.W(5, 8), w.W(5, 8)], down_ws=[w.W(8, 5), w.W(8, 5)], limit=2.0),
-        {"x": arr(shape(2, 7)),
-         "idx": arr(lambda g, w: [("outside", i32([0, 2], [1, 0]))], dtypes=("int64", "float32")),
-         "w": arr(shape(2, 1)), "gate_ws": [None, 1, "x", _OBJ, [1, 2], [], lambda g, w: [("one short", g[:1])]],
-         "up_ws": [None, "x", [None, None]], "down_ws": [None, 1, [1.5, 2.5]],
-         "limit": floats(float("nan"), 0.0, -1.0), **ENGINE_ARG}),
     "_core.sample": Case(
         lambda w: _core.sample,
         lambda w: dict(logits=w.f32(2, 10), counters=u64(0, 1), temperature=0.8, top_k=0, top_p=1.0, seed=0,
@@ -599,8 +573,10 @@ CASES: dict[str, Case] = {
 # Per-area tables, merged here so CASES names every callable (each imports this module's
 # vocabulary above, hence the import at the end).
 from fuzz_api_cases_attention import CASES as _ATTENTION_CASES  # noqa: E402
+from fuzz_api_cases_moe import CASES as _MOE_CASES  # noqa: E402
 
 CASES.update(_ATTENTION_CASES)
+CASES.update(_MOE_CASES)
 
 # Public callables deliberately left out, with the reason.
 EXEMPT = {

@@ -184,3 +184,155 @@ def test_moe_forward_contract_errors():
     expect_contract(S.CONTRACT_SHAPE, _core.moe_forward, x, idx, w, g, u, g, limit=1.0)
     expect_contract(S.CONTRACT_STRIDE, _core.moe_forward, randn(r, 2, 2 * D)[:, ::2], idx, w, g,
                     u, d, limit=1.0)
+
+
+# ---------------------------------------------------------------- the Qwen MoE: softmax router, gated shared expert
+
+
+def softmax_route_ref(x, gw, top_k, norm, scaling):
+    """Qwen3_5MoeTopKRouter / Qwen3NextTopKRouter.forward (float64): softmax over the logits, top_k
+    by p (ties: lower id), p of those, / their sum when norm_topk_prob."""
+    logits = x.astype(np.float64) @ gw.T.astype(np.float64)
+    p = np.exp(logits - logits.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    T, E = p.shape
+    idx = np.stack([np.lexsort((np.arange(E), -p[t]))[:top_k] for t in range(T)]).astype(np.int32)
+    w = np.take_along_axis(p, idx, 1)
+    if norm:
+        w = w / w.sum(-1, keepdims=True)
+    return idx, w * scaling
+
+
+@pytest.mark.parametrize("T,E,top_k,norm", [(1, 8, 2, True), (7, 12, 3, False), (19, 64, 8, True),
+                                            (3, 512, 10, True), (4, 256, 40, False)])
+def test_moe_route_softmax_matches_reference(T, E, top_k, norm):
+    r = rng(E + 3 * T)
+    D = 16
+    x, gw = randn(r, T, D), randn(r, E, D, scale=0.7)
+    idx, w = _core.moe_route(x, weight(gw), top_k=top_k, n_group=1, topk_group=1, norm_topk_prob=norm,
+                             scaling=1.5, scoring="softmax")
+    ridx, rw = softmax_route_ref(x, gw, top_k, norm, 1.5)
+    np.testing.assert_array_equal(idx, ridx)
+    np.testing.assert_allclose(w, rw, atol=1e-7, rtol=2e-6)
+
+
+def test_moe_route_softmax_ties_and_saturation():
+    # Identity gate: x holds the logits. Equal logits go to the lower id; a logit far above the
+    # others takes all the mass (no overflow: the max is subtracted), the rest underflow to p = 0
+    # and tie there (the choice compares p, as transformers' topk over the probabilities does).
+    eye = weight(np.eye(6, dtype=np.float32))
+    logits = np.array([[1.0, 2.0, 2.0, 0.5, 2.0, -1.0], [200.0, -200.0, 0.0, 0.0, 0.0, 0.0]], np.float32)
+    idx, w = _core.moe_route(logits, eye, top_k=3, n_group=1, topk_group=1, norm_topk_prob=False, scaling=1.0,
+                             scoring="softmax")
+    assert idx.tolist() == [[1, 2, 4], [0, 1, 2]]
+    np.testing.assert_allclose(w[0], np.exp(2.0) / np.exp(logits[0].astype(np.float64)).sum(), rtol=1e-6)
+    assert w[1].tolist() == [1.0, 0.0, 0.0] and np.isfinite(w).all()
+    _, wn = _core.moe_route(logits, eye, top_k=3, n_group=1, topk_group=1, norm_topk_prob=True, scaling=1.0,
+                            scoring="softmax")
+    np.testing.assert_allclose(wn[0], [1 / 3] * 3, rtol=1e-6)
+
+
+def test_moe_route_softmax_contract_errors():
+    r = rng(4)
+    E, D = 8, 5
+    gw, x = weight(randn(r, E, D)), randn(r, 3, D)
+    kw = dict(top_k=2, n_group=1, topk_group=1, norm_topk_prob=True, scaling=1.0, scoring="softmax")
+    expect_contract(S.CONTRACT_VALUE, _core.moe_route, x, gw, **{**kw, "scoring": "tanh"})
+    expect_contract(S.CONTRACT_VALUE, _core.moe_route, x, gw, **{**kw, "n_group": 2})
+    expect_contract(S.CONTRACT_VALUE, _core.moe_route, x, gw, randn(r, E), **kw)
+    expect_contract(S.CONTRACT_VALUE, _core.moe_route, x, gw, **{**kw, "top_k": 9})
+
+
+def shared_gate_ref(x, gate_w, shared, routed):
+    g = x.astype(np.float64) @ gate_w.astype(np.float64)
+    return routed + sigmoid(g)[:, None] * shared
+
+
+@pytest.mark.parametrize("T,D", [(1, 8), (5, 64), (3, 1000)])
+def test_moe_shared_gate_matches_reference(T, D):
+    r = rng(T * D)
+    x, gw, shared, routed = randn(r, T, D), randn(r, D, scale=D**-0.5), randn(r, T, D), randn(r, T, D)
+    y = _core.moe_shared_gate(x, gw, shared, routed)
+    assert y.dtype == np.float32 and y.shape == (T, D)
+    np.testing.assert_allclose(y, shared_gate_ref(x, gw, shared, routed), atol=2e-6, rtol=1e-6)
+    # Gate extremes: sigmoid saturates to 0 and 1 with no NaN.
+    big = np.full(D, 50.0 / D, np.float32)
+    ones = np.ones((2, D), np.float32)
+    y = _core.moe_shared_gate(np.stack([ones[0], -ones[0]]) * 10, big, ones, np.zeros((2, D), np.float32))
+    np.testing.assert_array_equal(y, np.stack([ones[0], np.zeros(D, np.float32)]))
+
+
+def test_moe_shared_gate_contract_errors():
+    r = rng(5)
+    x, gw, s = randn(r, 3, 4), randn(r, 4), randn(r, 3, 4)
+    expect_contract(S.CONTRACT_SHAPE, _core.moe_shared_gate, x, randn(r, 5), s, s)
+    expect_contract(S.CONTRACT_SHAPE, _core.moe_shared_gate, x, gw, randn(r, 2, 4), s)
+    expect_contract(S.CONTRACT_SHAPE, _core.moe_shared_gate, x, gw, s, randn(r, 3, 5))
+    expect_contract(S.CONTRACT_DTYPE, _core.moe_shared_gate, x.astype(np.float64), gw, s, s)
+    expect_contract(S.CONTRACT_STRIDE, _core.moe_shared_gate, x, gw, randn(r, 3, 8)[:, ::2], s)
+
+
+def qwen_moe_layer(r, E, D, I, I_s, top_k, norm, dtype="float32", engine=None):
+    """A MoeLayer in the Qwen form with random weights; returns (layer, numpy weights)."""
+    w = {"gate.weight": randn(r, E, D, scale=0.8), "shared_expert_gate.weight": randn(r, 1, D, scale=0.5)}
+    for e in range(E):
+        w[f"experts.{e}.gate_proj.weight"] = randn(r, I, D, scale=0.5)
+        w[f"experts.{e}.up_proj.weight"] = randn(r, I, D, scale=0.5)
+        w[f"experts.{e}.down_proj.weight"] = randn(r, D, I, scale=0.5)
+    for n, s in (("gate_proj", (I_s, D)), ("up_proj", (I_s, D)), ("down_proj", (D, I_s))):
+        w[f"shared_experts.{n}.weight"] = randn(r, *s, scale=0.5)
+    layer = _core.MoeLayer(engine or memra.Engine("cpu"), {k: weight(v) for k, v in w.items()}, hidden=D,
+                           n_experts=E, top_k=top_k, n_group=1, topk_group=1, intermediate=I,
+                           shared_intermediate=I_s, norm_topk_prob=norm, routed_scaling=1.0,
+                           swiglu_limit=float("inf"), scoring="softmax", shared_gate=True, dtype=dtype)
+    return layer, w
+
+
+def qwen_moe_ref(x, w, E, top_k, norm):
+    """Qwen3_5MoeSparseMoeBlock.forward (float64; Qwen3NextSparseMoeBlock with norm_topk_prob)."""
+    idx, wt = softmax_route_ref(x, w["gate.weight"], top_k, norm, 1.0)
+    inf = float("inf")
+    y = np.zeros(x.shape, np.float64)
+    for t in range(len(x)):
+        for j in range(top_k):
+            e = idx[t, j]
+            y[t] += wt[t, j] * mlp_ref(x[t:t + 1], w[f"experts.{e}.gate_proj.weight"], w[f"experts.{e}.up_proj.weight"],
+                                       w[f"experts.{e}.down_proj.weight"], inf)[0]
+    shared = mlp_ref(x, *(w[f"shared_experts.{n}.weight"] for n in ("gate_proj", "up_proj", "down_proj")), inf)
+    gate = sigmoid(x.astype(np.float64) @ w["shared_expert_gate.weight"][0].astype(np.float64))
+    return y + gate[:, None] * shared, idx
+
+
+@pytest.mark.parametrize("T,norm", [(1, True), (9, True), (6, False)])
+def test_qwen_moe_layer_matches_reference(T, norm):
+    r = rng(40 + T)
+    E, D, I, I_s, k = 8, 16, 12, 20, 2
+    layer, w = qwen_moe_layer(r, E, D, I, I_s, k, norm)
+    x = randn(r, T, D)
+    y, idx = layer.forward_with_experts(x)
+    want, ridx = qwen_moe_ref(x, w, E, k, norm)
+    np.testing.assert_array_equal(idx, ridx)
+    np.testing.assert_allclose(y, want, atol=2e-5 * np.abs(want).max(), rtol=1e-5)
+
+
+def test_qwen_moe_layer_refusals():
+    r = rng(6)
+    E, D, I = 4, 8, 6
+    _, w = qwen_moe_layer(r, E, D, I, I, 2, True)
+    kw = dict(hidden=D, n_experts=E, top_k=2, n_group=1, topk_group=1, intermediate=I, shared_intermediate=I,
+              norm_topk_prob=True, routed_scaling=1.0, swiglu_limit=float("inf"), scoring="softmax",
+              shared_gate=True, dtype="float32")
+    eng = memra.Engine("cpu")
+    W = {k: weight(v) for k, v in w.items()}
+    with pytest.raises(memra.ContractError, match="scoring must be 'sigmoid' or 'softmax'"):
+        _core.MoeLayer(eng, dict(W), **{**kw, "scoring": "relu"})
+    with pytest.raises(memra.ContractError, match="no expert groups"):
+        _core.MoeLayer(eng, dict(W), **{**kw, "n_group": 2})
+    with pytest.raises(memra.ContractError, match="shared_gate needs a shared expert"):
+        _core.MoeLayer(eng, dict(W), **{**kw, "shared_intermediate": 0})
+    with pytest.raises(memra.ContractError, match="shared_expert_gate.weight"):
+        _core.MoeLayer(eng, {k: v for k, v in W.items() if k != "shared_expert_gate.weight"}, **kw)
+    with pytest.raises(memra.ContractError, match="shared_expert_gate.weight"):  # without shared_gate: unexpected
+        _core.MoeLayer(eng, dict(W), **{**kw, "shared_gate": False})
+    with pytest.raises(memra.ContractError, match="e_score_correction_bias"):  # the softmax router has none
+        _core.MoeLayer(eng, {**W, "gate.e_score_correction_bias": weight(randn(r, E))}, **kw)

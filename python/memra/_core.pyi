@@ -369,16 +369,26 @@ def swiglu_mlp(x: Annotated[NDArray, dict(writable=False)], gate_w: object, up_w
     Reference: transformers Glm5NextTextMLP.forward.
     """
 
-def moe_route(x: Annotated[NDArray, dict(writable=False)], gate_w: object, corr_bias: Annotated[NDArray, dict(writable=False)] | None = None, *, top_k: int, n_group: int, topk_group: int, norm_topk_prob: bool, scaling: float, engine: Engine | None = None) -> tuple:
+def moe_route(x: Annotated[NDArray, dict(writable=False)], gate_w: object, corr_bias: Annotated[NDArray, dict(writable=False)] | None = None, *, top_k: int, n_group: int, topk_group: int, norm_topk_prob: bool, scaling: float, scoring: str = 'sigmoid', engine: Engine | None = None) -> tuple:
     """
-    Sigmoid router with grouped selection.
+    The MoE router: the sigmoid router with grouped selection (scoring='sigmoid'), or the softmax router (scoring='softmax': p = softmax of the f32 logits, the top_k experts by p (ties: lower id), weights = p of those, / their sum when norm_topk_prob, times scaling; n_group must be 1 and corr_bias None; reference: Qwen3_5MoeTopKRouter / Qwen3NextTopKRouter).
 
-    x [T, D] float32; gate_w [E, D]; corr_bias [E] float32 or None (e_score_correction_bias: used only to choose).
+    Sigmoid form: x [T, D] float32; gate_w [E, D]; corr_bias [E] float32 or None (e_score_correction_bias: used only to choose).
     Logits in f32 -> sigmoid scores s; choice c = s + bias; group score = sum of the top-2 c of each of the n_group groups; keep the best topk_group groups (ties: lower group); top_k experts by c among them (ties: lower id), sorted by c desc. Weights = s of the chosen experts, / (sum + 1e-20) when norm_topk_prob, times scaling.
     Returns (idx [T, top_k] int32, w [T, top_k] float32).
     engine: None or a CPU Engine: gate_w a memra.Weight, host arrays. A CUDA Engine: gate_w a float32 memra.DeviceWeight, arrays on its device; logits by SGEMM (TF32 off; at one token the decode GEMV, in the same launch as the routing), then one warp per token with the CPU's selection rules (sigmoid with CUDA's expf, within 2 ulp).
-    Raises ContractError (CONTRACT_DTYPE, also for a bfloat16 DeviceWeight; CONTRACT_SHAPE, CONTRACT_STRIDE, CONTRACT_DEVICE; CONTRACT_VALUE when n_group does not divide E, topk_group is outside [1, n_group], top_k outside [1, topk_group * E / n_group] or scaling not finite).
+    Raises ContractError (CONTRACT_DTYPE, also for a bfloat16 DeviceWeight; CONTRACT_SHAPE, CONTRACT_STRIDE, CONTRACT_DEVICE; CONTRACT_VALUE when n_group does not divide E, topk_group is outside [1, n_group], top_k outside [1, topk_group * E / n_group] or scaling not finite, a scoring other than the two, or scoring='softmax' with groups or a corr_bias).
     Reference: transformers Glm5NextTextTopkRouter.forward.
+    """
+
+def moe_shared_gate(x: Annotated[NDArray, dict(writable=False)], gate_w: Annotated[NDArray, dict(writable=False)], shared: Annotated[NDArray, dict(writable=False)], routed: Annotated[NDArray, dict(writable=False)], *, engine: Engine | None = None) -> object:
+    """
+    The Qwen MoE's shared-expert gate: y[t] = routed[t] + sigmoid(x[t] . gate_w) * shared[t].
+
+    x [T, D] float32 (the MoE block's input); gate_w [D] float32 (shared_expert_gate.weight's row); shared [T, D] float32 (the shared expert's output); routed [T, D] float32 (the routed experts' sum). Returns y [T, D] float32. The dot product in f32 (CUDA: its own summation order), sigmoid 1 / (1 + exp(-g)), then one rounded product and one rounded sum per element.
+    engine: None or a CPU Engine (host arrays) or a CUDA Engine (arrays on its device).
+    Raises ContractError (CONTRACT_DTYPE, CONTRACT_SHAPE, CONTRACT_STRIDE, CONTRACT_DEVICE).
+    Reference: transformers Qwen3_5MoeSparseMoeBlock.forward (F.sigmoid(shared_expert_gate(x)) * shared_expert(x) + the experts' output).
     """
 
 def moe_forward(x: Annotated[NDArray, dict(writable=False)], idx: Annotated[NDArray, dict(writable=False)], w: Annotated[NDArray, dict(writable=False)], gate_ws: object, up_ws: object, down_ws: object, *, limit: float, engine: Engine | None = None) -> object:
@@ -1044,10 +1054,13 @@ class MlpLayer:
 
 class MoeLayer:
     """
-    Routed experts + shared expert (reference: Glm5NextTextMoE). Weights: gate.weight, gate.e_score_correction_bias, experts.N.{gate,up,down}_proj.weight, shared_experts.{gate,up,down}_proj.weight.
+    Routed experts + shared expert (references: Glm5NextTextMoE; with scoring='softmax' and shared_gate, Qwen3_5MoeSparseMoeBlock / Qwen3NextSparseMoeBlock). Weights: gate.weight, gate.e_score_correction_bias (sigmoid router only), experts.N.{gate,up,down}_proj.weight, shared_experts.{gate,up,down}_proj.weight, shared_expert_gate.weight [1, hidden] (shared_gate).
     """
 
-    def __init__(self, engine: Engine, weights: Mapping[str, Weight], *, hidden: int, n_experts: int, top_k: int, n_group: int, topk_group: int, intermediate: int, shared_intermediate: int, norm_topk_prob: bool, routed_scaling: float, swiglu_limit: float, dtype: str = 'bfloat16') -> None: ...
+    def __init__(self, engine: Engine, weights: Mapping[str, Weight], *, hidden: int, n_experts: int, top_k: int, n_group: int, topk_group: int, intermediate: int, shared_intermediate: int, norm_topk_prob: bool, routed_scaling: float, swiglu_limit: float, scoring: str = 'sigmoid', shared_gate: bool = False, dtype: str = 'bfloat16') -> None:
+        """
+        scoring: the router's form, 'sigmoid' (grouped, glm5_next / Kimi-Linear) or 'softmax' (Qwen: softmax over the f32 logits, top_k, renormalised when norm_topk_prob; n_group and topk_group 1). shared_gate: y = routed + sigmoid(x . shared_expert_gate) * shared(x) (Qwen; needs shared_intermediate >= 1). Raises ContractError naming a missing, extra or mis-shaped tensor or a bad count or scoring.
+        """
 
     def forward(self, x: Annotated[NDArray, dict(writable=False)]) -> object:
         """

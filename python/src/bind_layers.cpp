@@ -97,6 +97,14 @@ std::string given(std::initializer_list<std::pair<const char*, int64_t>> args) {
   return s;
 }
 
+// A router's scoring by name ('sigmoid' or 'softmax'), as MemraMoeRouteParams::scoring.
+int router_scoring(const std::string& scoring, const char* what) {
+  if (scoring == "sigmoid") return MEMRA_MOE_SCORE_SIGMOID;
+  if (scoring == "softmax") return MEMRA_MOE_SCORE_SOFTMAX;
+  raise_contract(kContractValue, std::string(what) + ": scoring must be 'sigmoid' or 'softmax', got '" +
+                                     scoring + "'");
+}
+
 // The SwiGLU clamp: > 0 (inf: no clamp), as swiglu_mlp takes it.
 void check_limit(float limit, const char* what) {
   check_value(limit > 0.0f, what,
@@ -372,17 +380,24 @@ void init_layers(nb::module_& m) {
           nb::arg("x"), "x [T, hidden] -> [T, hidden].");
 
   nb::class_<MoeLayer>(m, "MoeLayer",
-                       "Routed experts + shared expert (reference: Glm5NextTextMoE). Weights: "
-                       "gate.weight, gate.e_score_correction_bias, experts.N.{gate,up,down}_proj."
-                       "weight, shared_experts.{gate,up,down}_proj.weight.")
+                       "Routed experts + shared expert (references: Glm5NextTextMoE; with "
+                       "scoring='softmax' and shared_gate, Qwen3_5MoeSparseMoeBlock / "
+                       "Qwen3NextSparseMoeBlock). Weights: gate.weight, "
+                       "gate.e_score_correction_bias (sigmoid router only), "
+                       "experts.N.{gate,up,down}_proj.weight, shared_experts.{gate,up,down}_proj."
+                       "weight, shared_expert_gate.weight [1, hidden] (shared_gate).")
       .def(
           "__init__",
           [](MoeLayer* self, const Engine& engine, Weights weights, int hidden, int n_experts,
              int top_k, int n_group, int topk_group, int intermediate, int shared_intermediate,
-             bool norm_topk_prob, float routed_scaling, float swiglu_limit, const std::string& dtype) {
+             bool norm_topk_prob, float routed_scaling, float swiglu_limit, const std::string& scoring,
+             bool shared_gate, const std::string& dtype) {
             check_limit(swiglu_limit, "MoeLayer");
             check_finite(routed_scaling, "MoeLayer", "routed_scaling");
+            const int score = router_scoring(scoring, "MoeLayer");
             MoeConfig c;
+            c.scoring = score;
+            c.shared_gate = shared_gate;
             c.hidden = hidden;
             c.n_experts = n_experts;
             c.top_k = top_k;
@@ -405,7 +420,13 @@ void init_layers(nb::module_& m) {
           nb::arg("engine"), nb::arg("weights"), nb::kw_only(), nb::arg("hidden"),
           nb::arg("n_experts"), nb::arg("top_k"), nb::arg("n_group"), nb::arg("topk_group"),
           nb::arg("intermediate"), nb::arg("shared_intermediate"), nb::arg("norm_topk_prob"),
-          nb::arg("routed_scaling"), nb::arg("swiglu_limit"), nb::arg("dtype") = "bfloat16")
+          nb::arg("routed_scaling"), nb::arg("swiglu_limit"), nb::arg("scoring") = "sigmoid",
+          nb::arg("shared_gate") = false, nb::arg("dtype") = "bfloat16",
+          "scoring: the router's form, 'sigmoid' (grouped, glm5_next / Kimi-Linear) or 'softmax' "
+          "(Qwen: softmax over the f32 logits, top_k, renormalised when norm_topk_prob; n_group "
+          "and topk_group 1). shared_gate: y = routed + sigmoid(x . shared_expert_gate) * "
+          "shared(x) (Qwen; needs shared_intermediate >= 1). Raises ContractError naming a "
+          "missing, extra or mis-shaped tensor or a bad count or scoring.")
       .def(
           "forward",
           [](const MoeLayer& l, const AnyArray& x) {

@@ -72,8 +72,16 @@ void init_ops_moe(nb::module_& m) {
   m.def(
       "moe_route",
       [](const AnyArray& x, nb::handle gate_w, std::optional<AnyArray> corr_bias, int top_k,
-         int n_group, int topk_group, bool norm_topk_prob, float scaling, const Engine* engine) {
+         int n_group, int topk_group, bool norm_topk_prob, float scaling,
+         const std::string& scoring, const Engine* engine) {
         const char* op = "moe_route";
+        int score = MEMRA_MOE_SCORE_SIGMOID;
+        if (scoring == "softmax") {
+          score = MEMRA_MOE_SCORE_SOFTMAX;
+        } else if (scoring != "sigmoid") {
+          raise_contract(kContractValue, std::string(op) + ": scoring must be 'sigmoid' or "
+                                                           "'softmax', got '" + scoring + "'");
+        }
         const float* xp = f32_in(engine, x, op, "x", {-1, -1});
         const int64_t T = dim(x, 0), D = dim(x, 1);
         const float* gp = nullptr;
@@ -112,6 +120,9 @@ void init_ops_moe(nb::module_& m) {
                     "top_k=" + std::to_string(top_k) + " must be in [1, " + std::to_string(kept) +
                         "] (topk_group * experts per group)");
         check_finite(scaling, op, "scaling");
+        check_value(score != MEMRA_MOE_SCORE_SOFTMAX || (n_group == 1 && !corr_bias), op,
+                    "scoring='softmax' takes n_group=1 and no corr_bias, got n_group=" +
+                        std::to_string(n_group) + (corr_bias ? " and a corr_bias" : ""));
         Out idx = out_i32(engine, {sz(T), sz(top_k)});
         Out w = out_f32(engine, {sz(T), sz(top_k)});
         MemraMoeRouteParams p{};
@@ -128,6 +139,7 @@ void init_ops_moe(nb::module_& m) {
         p.scaling = scaling;
         p.topk_idx = idx.data<int32_t>();
         p.topk_w = w.data<float>();
+        p.scoring = score;
         {
           std::optional<nb::gil_scoped_release> nogil;
           if (!on_cuda(engine)) nogil.emplace();
@@ -137,8 +149,12 @@ void init_ops_moe(nb::module_& m) {
       },
       nb::arg("x"), nb::arg("gate_w"), nb::arg("corr_bias") = nb::none(), nb::kw_only(),
       nb::arg("top_k"), nb::arg("n_group"), nb::arg("topk_group"), nb::arg("norm_topk_prob"),
-      nb::arg("scaling"), nb::arg("engine").none() = nb::none(),
-      "Sigmoid router with grouped selection.\n\nx [T, D] float32; gate_w [E, D]; "
+      nb::arg("scaling"), nb::arg("scoring") = "sigmoid", nb::arg("engine").none() = nb::none(),
+      "The MoE router: the sigmoid router with grouped selection (scoring='sigmoid'), or the "
+      "softmax router (scoring='softmax': p = softmax of the f32 logits, the top_k experts by p "
+      "(ties: lower id), weights = p of those, / their sum when norm_topk_prob, times scaling; "
+      "n_group must be 1 and corr_bias None; reference: Qwen3_5MoeTopKRouter / "
+      "Qwen3NextTopKRouter).\n\nSigmoid form: x [T, D] float32; gate_w [E, D]; "
       "corr_bias [E] float32 or None (e_score_correction_bias: used only to choose).\n"
       "Logits in f32 -> sigmoid scores s; choice c = s + bias; group score = sum of the top-2 c "
       "of each of the n_group groups; keep the best topk_group groups (ties: lower group); "
@@ -152,8 +168,48 @@ void init_ops_moe(nb::module_& m) {
       "Raises ContractError (CONTRACT_DTYPE, also for a bfloat16 DeviceWeight; CONTRACT_SHAPE, "
       "CONTRACT_STRIDE, CONTRACT_DEVICE; CONTRACT_VALUE when n_group does not divide E, "
       "topk_group is outside [1, n_group], top_k outside [1, topk_group * E / n_group] or "
-      "scaling not finite).\n"
+      "scaling not finite, a scoring other than the two, or scoring='softmax' with groups or a "
+      "corr_bias).\n"
       "Reference: transformers Glm5NextTextTopkRouter.forward.");
+
+  m.def(
+      "moe_shared_gate",
+      [](const AnyArray& x, const AnyArray& gate_w, const AnyArray& shared, const AnyArray& routed,
+         const Engine* engine) {
+        const char* op = "moe_shared_gate";
+        const float* xp = f32_in(engine, x, op, "x", {-1, -1});
+        const int64_t T = dim(x, 0), D = dim(x, 1);
+        const float* gp = f32_in(engine, gate_w, op, "gate_w", {D});
+        const float* sp = f32_in(engine, shared, op, "shared", {T, D});
+        const float* rp = f32_in(engine, routed, op, "routed", {T, D});
+        Out y = out_f32(engine, {sz(T), sz(D)});
+        MemraMoeSharedGateParams p{};
+        p.x = xp;
+        p.T = int(T);
+        p.D = int(D);
+        p.gate_w = gp;
+        p.shared = sp;
+        p.routed = rp;
+        p.y = y.data<float>();
+        {
+          std::optional<nb::gil_scoped_release> nogil;
+          if (!on_cuda(engine)) nogil.emplace();
+          check(op::moe_shared_gate(backend(engine), p));
+        }
+        return y.obj;
+      },
+      nb::arg("x"), nb::arg("gate_w"), nb::arg("shared"), nb::arg("routed"), nb::kw_only(),
+      nb::arg("engine").none() = nb::none(),
+      "The Qwen MoE's shared-expert gate: y[t] = routed[t] + sigmoid(x[t] . gate_w) * "
+      "shared[t].\n\nx [T, D] float32 (the MoE block's input); gate_w [D] float32 "
+      "(shared_expert_gate.weight's row); shared [T, D] float32 (the shared expert's output); "
+      "routed [T, D] float32 (the routed experts' sum). Returns y [T, D] float32. The dot product "
+      "in f32 (CUDA: its own summation order), sigmoid 1 / (1 + exp(-g)), then one rounded "
+      "product and one rounded sum per element.\nengine: None or a CPU Engine (host arrays) or "
+      "a CUDA Engine (arrays on its device).\nRaises ContractError (CONTRACT_DTYPE, "
+      "CONTRACT_SHAPE, CONTRACT_STRIDE, CONTRACT_DEVICE).\nReference: transformers "
+      "Qwen3_5MoeSparseMoeBlock.forward (F.sigmoid(shared_expert_gate(x)) * shared_expert(x) "
+      "+ the experts' output).");
 
 
   m.def(

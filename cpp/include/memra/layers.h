@@ -256,11 +256,19 @@ struct MoeConfig {
   int shared_intermediate = 0;  // 0: no shared expert
   bool norm_topk_prob = true;
   float routed_scaling = 1.0f, swiglu_limit = 0.0f;
+  // The router's form (MemraMoeRouteParams::scoring): MEMRA_MOE_SCORE_SIGMOID (glm5_next, Kimi) or
+  // MEMRA_MOE_SCORE_SOFTMAX (Qwen: n_group = topk_group = 1, no correction bias).
+  int scoring = 0;
+  // The shared expert's sigmoid gate (Qwen): y = routed + sigmoid(x . shared_expert_gate) *
+  // shared(x), from the tensor shared_expert_gate.weight [1, hidden]; needs a shared expert.
+  bool shared_gate = false;
 };
 
 // Routed experts + shared expert. Names: gate.weight [E, hidden]; gate.e_score_correction_bias
-// [E] (optional); experts.N.{gate,up}_proj.weight [I, hidden], experts.N.down_proj.weight
-// [hidden, I]; shared_experts.{gate,up,down}_proj.weight. Reference: Glm5NextTextMoE.
+// [E] (optional; the sigmoid router only); experts.N.{gate,up}_proj.weight [I, hidden],
+// experts.N.down_proj.weight [hidden, I]; shared_experts.{gate,up,down}_proj.weight; with
+// MoeConfig::shared_gate shared_expert_gate.weight [1, hidden]. References: Glm5NextTextMoE,
+// Qwen3_5MoeSparseMoeBlock, Qwen3NextSparseMoeBlock.
 class MoeLayer {
  public:
   static Status create(const MoeConfig& cfg, WeightMap& w, std::unique_ptr<MoeLayer>* out);
@@ -278,10 +286,11 @@ class MoeLayer {
  private:
   Status forward_cuda(const float* x, int T, float* y, int32_t* topk_idx) const;
   std::shared_ptr<CudaContext> cuda_;
-  DeviceWeight d_router_, d_corr_, d_gate_, d_up_, d_down_;
+  Status shared_gated_cuda(const float* x, int T, float* y) const;
+  DeviceWeight d_router_, d_corr_, d_gate_, d_up_, d_down_, d_shared_gate_;
   MoeConfig cfg_;
   Weight router_;
-  std::vector<float> corr_bias_;
+  std::vector<float> corr_bias_, shared_gate_;  // shared_gate_: [hidden] f32 (MoeConfig::shared_gate)
   std::vector<Weight> gate_, up_, down_;
   std::unique_ptr<MlpLayer> shared_;
 };

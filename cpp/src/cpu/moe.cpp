@@ -1,5 +1,6 @@
-// The grouped sigmoid router and the routed experts: the CPU reference (cpu/moe.h). Oracle:
-// Glm5NextTextTopkRouter, Glm5NextTextExperts.
+// The grouped sigmoid router, the softmax router, the shared expert's gate and the routed experts:
+// the CPU reference (cpu/moe.h). Oracles: Glm5NextTextTopkRouter, Glm5NextTextExperts,
+// Qwen3_5MoeTopKRouter, Qwen3NextTopKRouter, Qwen3_5MoeSparseMoeBlock.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -78,6 +79,54 @@ void moe_route(const float* x, int T, int D, const WeightView& gate_w, const flo
     for (int j = 0; j < top_k; ++j) {
       if (norm_topk_prob) w[j] /= denom;
       w[j] *= scaling;
+    }
+  }
+}
+
+void moe_route_softmax(const float* x, int T, int D, const WeightView& gate_w, int E, int top_k,
+                       bool norm_topk_prob, float scaling, int32_t* topk_idx, float* topk_w) {
+  std::vector<float> logits(static_cast<size_t>(T) * E);
+  linear(x, T, gate_w, nullptr, logits.data());
+  std::vector<float> probs(E);
+  std::vector<int> experts(E);
+  for (int t = 0; t < T; ++t) {
+    const float* lt = logits.data() + static_cast<int64_t>(t) * E;
+    // torch.softmax(logits, dtype=float): exp(l - max), each divided by the sum.
+    float mx = lt[0];
+    for (int e = 1; e < E; ++e) mx = std::max(mx, lt[e]);
+    float sum = 0.0f;
+    for (int e = 0; e < E; ++e) {
+      probs[e] = std::exp(lt[e] - mx);
+      sum += probs[e];
+    }
+    for (int e = 0; e < E; ++e) probs[e] /= sum;
+    std::iota(experts.begin(), experts.end(), 0);
+    std::partial_sort(experts.begin(), experts.begin() + top_k, experts.end(), Desc{probs.data()});
+    int32_t* idx = topk_idx + static_cast<int64_t>(t) * top_k;
+    float* w = topk_w + static_cast<int64_t>(t) * top_k;
+    float chosen = 0.0f;
+    for (int j = 0; j < top_k; ++j) {
+      idx[j] = experts[j];
+      w[j] = probs[experts[j]];
+      chosen += w[j];
+    }
+    for (int j = 0; j < top_k; ++j) {
+      if (norm_topk_prob) w[j] /= chosen;
+      w[j] *= scaling;
+    }
+  }
+}
+
+void moe_shared_gate(const float* x, int T, int D, const float* gate_w, const float* shared,
+                     const float* routed, float* y) {
+  for (int64_t t = 0; t < T; ++t) {
+    const float* xt = x + t * D;
+    float g = 0.0f;
+    for (int d = 0; d < D; ++d) g += xt[d] * gate_w[d];
+    const float s = sigmoid(g);
+    for (int64_t i = t * D; i < (t + 1) * D; ++i) {
+      const float scaled = s * shared[i];
+      y[i] = routed[i] + scaled;
     }
   }
 }

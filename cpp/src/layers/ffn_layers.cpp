@@ -1,5 +1,6 @@
 // Feed-forward layers (dense SwiGLU MLP, routed MoE with shared expert). References:
-// Glm5NextTextMLP, Glm5NextTextMoE (transformers 5.17, modeling_glm5_next.py). The FFN layers run
+// Glm5NextTextMLP, Glm5NextTextMoE (transformers 5.17, modeling_glm5_next.py); the Qwen MoE's
+// softmax router and shared-expert gate: Qwen3_5MoeSparseMoeBlock, Qwen3NextSparseMoeBlock. The FFN layers run
 // their ops through memra::op (op/mlp.h, op/moe.h) on either backend; the mHC site is in
 // mhc_layer.cpp.
 #include <algorithm>
@@ -71,13 +72,25 @@ Status MoeLayer::create(const MoeConfig& cfg, WeightMap& w, std::unique_ptr<MoeL
                       "), 1 <= topk_group <= n_group, got top_k=" + std::to_string(cfg.top_k) +
                       ", topk_group=" + std::to_string(cfg.topk_group));
   }
+  if (cfg.scoring != MEMRA_MOE_SCORE_SIGMOID && cfg.scoring != MEMRA_MOE_SCORE_SOFTMAX) {
+    return Status(kContractValue, "MoeLayer: unknown router scoring " + std::to_string(cfg.scoring));
+  }
+  if (cfg.scoring == MEMRA_MOE_SCORE_SOFTMAX && cfg.n_group != 1) {
+    return Status(kContractValue, "MoeLayer: the softmax router takes no expert groups, got n_group=" +
+                                      std::to_string(cfg.n_group));
+  }
+  if (cfg.shared_gate && cfg.shared_intermediate < 1) {
+    return Status(kContractValue, "MoeLayer: shared_gate needs a shared expert (shared_intermediate "
+                                  ">= 1), got shared_intermediate=" +
+                                      std::to_string(cfg.shared_intermediate));
+  }
   std::unique_ptr<MoeLayer> l(new MoeLayer());
   l->cfg_ = cfg;
   const int64_t D = cfg.hidden, E = cfg.n_experts, I = cfg.intermediate;
   MEMRA_TRY(w.take("gate.weight", {E, D}, &l->router_));
   // Router logits are f32 (MemraMoeRouteParams::gate_w), as in the reference.
   if (l->router_.dtype() != DType::kF32) l->router_ = widened(l->router_);
-  if (w.has("gate.e_score_correction_bias")) {
+  if (cfg.scoring == MEMRA_MOE_SCORE_SIGMOID && w.has("gate.e_score_correction_bias")) {
     MEMRA_TRY(w.take_f32("gate.e_score_correction_bias", {E}, &l->corr_bias_));
   }
   l->gate_.resize(E);
@@ -102,6 +115,7 @@ Status MoeLayer::create(const MoeConfig& cfg, WeightMap& w, std::unique_ptr<MoeL
     }
     WeightMap sw(std::move(shared), "MoeLayer.shared_experts");
     MEMRA_TRY(MlpLayer::create(cfg.hidden, cfg.shared_intermediate, cfg.swiglu_limit, sw, &l->shared_));
+    if (cfg.shared_gate) MEMRA_TRY(w.take_f32("shared_expert_gate.weight", {1, D}, &l->shared_gate_));
   }
   MEMRA_TRY(w.finish());
   *out = std::move(l);
@@ -127,6 +141,7 @@ Status MoeLayer::forward(const float* x, int T, float* y, int32_t* topk_idx) con
   r.scaling = cfg_.routed_scaling;
   r.topk_idx = idx.data();
   r.topk_w = wts.data();
+  r.scoring = cfg_.scoring;
   MEMRA_TRY(op::moe_route(op::Backend{}, r));
   // The experts as loaded, one weight each (no stacked copy on the host).
   const std::vector<WeightView> g = views_of(gate_), u = views_of(up_), d = views_of(down_);
@@ -146,7 +161,22 @@ Status MoeLayer::forward(const float* x, int T, float* y, int32_t* topk_idx) con
   f.limit = cfg_.swiglu_limit;
   f.y = shared_ ? routed.data() : y;
   MEMRA_TRY(op::moe_forward(op::Backend{}, f, &experts));
-  if (shared_) MEMRA_TRY(shared_->forward_add(x, T, routed.data(), y));
+  if (shared_ && cfg_.shared_gate) {
+    // Qwen: y = routed + sigmoid(x . shared_expert_gate) * shared(x).
+    std::vector<float> shared(size_t(T) * D);
+    MEMRA_TRY(shared_->forward(x, T, shared.data()));
+    MemraMoeSharedGateParams g{};
+    g.x = x;
+    g.T = T;
+    g.D = D;
+    g.gate_w = shared_gate_.data();
+    g.shared = shared.data();
+    g.routed = routed.data();
+    g.y = y;
+    MEMRA_TRY(op::moe_shared_gate(op::Backend{}, g));
+  } else if (shared_) {
+    MEMRA_TRY(shared_->forward_add(x, T, routed.data(), y));
+  }
   if (topk_idx) std::copy(idx.begin(), idx.end(), topk_idx);
   return Status::Ok();
 }

@@ -55,6 +55,7 @@ Status MlpLayer::forward_cuda(const float* x, int T, const float* add, float* y)
 Status MoeLayer::to_device(std::shared_ptr<CudaContext> cuda, DType dtype) {
   MEMRA_TRY(DeviceWeight::upload(cuda, router_, DType::kF32, &d_router_));
   if (!corr_bias_.empty()) MEMRA_TRY(DeviceWeight::upload_f32(cuda, corr_bias_, &d_corr_));
+  if (!shared_gate_.empty()) MEMRA_TRY(DeviceWeight::upload_f32(cuda, shared_gate_, &d_shared_gate_));
   std::vector<const Weight*> g, u, d;
   for (int e = 0; e < cfg_.n_experts; ++e) {
     g.push_back(&gate_[e]);
@@ -96,6 +97,7 @@ Status MoeLayer::forward_cuda(const float* x, int T, float* y, int32_t* topk_idx
   r.scaling = cfg_.routed_scaling;
   r.topk_idx = idx;
   r.topk_w = wts;
+  r.scoring = cfg_.scoring;
   MEMRA_TRY(op::moe_route(b, r));
   MemraMoeForwardParams f{};
   f.x = x;
@@ -112,6 +114,11 @@ Status MoeLayer::forward_cuda(const float* x, int T, float* y, int32_t* topk_idx
   f.I = cfg_.intermediate;
   f.limit = cfg_.swiglu_limit;
   f.y = y;
+  if (cfg_.shared_gate) {
+    // Qwen: the routed sum into y, then y += sigmoid(x . shared_expert_gate) * shared(x).
+    MEMRA_TRY(op::moe_forward(b, f));
+    return shared_gated_cuda(x, T, y);
+  }
   // With a shared expert: y = shared + routed in one op (at decode rows the shared expert is one
   // more slot of the expert kernels; otherwise the routed sum rides into y on the shared
   // expert's down projection).
@@ -124,6 +131,28 @@ Status MoeLayer::forward_cuda(const float* x, int T, float* y, int32_t* topk_idx
     f.shared_limit = s.limit;
   }
   return op::moe_forward(b, f);
+}
+
+}  // namespace memra
+
+namespace memra {
+
+// The gated shared expert (MoeConfig::shared_gate) added to the routed sum already in y: the
+// shared expert's MLP into scratch, then moe_shared_gate in place.
+Status MoeLayer::shared_gated_cuda(const float* x, int T, float* y) const {
+  gpu::Arena a(cuda_);
+  float* shared = nullptr;
+  MEMRA_TRY(a.take(int64_t(T) * cfg_.hidden, &shared));
+  MEMRA_TRY(shared_->forward(x, T, shared));
+  MemraMoeSharedGateParams g{};
+  g.x = x;
+  g.T = T;
+  g.D = cfg_.hidden;
+  g.gate_w = gpu::f32p(d_shared_gate_);
+  g.shared = shared;
+  g.routed = y;
+  g.y = y;
+  return op::moe_shared_gate(op::Backend{cuda_.get()}, g);
 }
 
 }  // namespace memra

@@ -60,13 +60,44 @@ Status moe_route(const Backend& b, const MemraMoeRouteParams& p) {
     return value_error(op, "top_k=" + std::to_string(p.top_k) + " must be in [1, " +
                                std::to_string(kept) + "]");
   }
+  if (p.scoring != MEMRA_MOE_SCORE_SIGMOID && p.scoring != MEMRA_MOE_SCORE_SOFTMAX) {
+    return value_error(op, "scoring=" + std::to_string(p.scoring) + " is not a router form");
+  }
+  const bool softmax = p.scoring == MEMRA_MOE_SCORE_SOFTMAX;
+  if (softmax && (p.n_group != 1 || p.corr_bias)) {
+    return value_error(op, "the softmax router takes no groups (n_group=" +
+                               std::to_string(p.n_group) + ") and no correction bias");
+  }
   if (p.T == 0) return Status::Ok();
   if (!p.x || !p.gate_w || !p.topk_idx || !p.topk_w) {
     return Status(kContractMissing, "moe_route: x, gate_w, topk_idx and topk_w must not be null");
   }
+  if (softmax) {
+    cpu::moe_route_softmax(p.x, p.T, p.D, host_view(p.gate_w, static_cast<int>(DType::kF32), p.E, p.D),
+                           p.E, p.top_k, p.norm_topk_prob != 0, p.scaling, p.topk_idx, p.topk_w);
+    return Status::Ok();
+  }
   cpu::moe_route(p.x, p.T, p.D, host_view(p.gate_w, static_cast<int>(DType::kF32), p.E, p.D),
                  p.corr_bias, p.E, p.top_k, p.n_group, p.topk_group, p.norm_topk_prob != 0,
                  p.scaling, p.topk_idx, p.topk_w);
+  return Status::Ok();
+}
+
+Status moe_shared_gate(const Backend& b, const MemraMoeSharedGateParams& p) {
+  if (b.on_cuda()) {
+    return cuda_status(b, b.cuda->api().moe_shared_gate(b.cuda->ctx(), &p), "moe_shared_gate");
+  }
+  // The CUDA entry's checks, in its order.
+  if (p.T < 0 || p.D < 0) {
+    return value_error("moe_shared_gate", "need T, D >= 0, got T=" + std::to_string(p.T) +
+                                              ", D=" + std::to_string(p.D));
+  }
+  if (p.T == 0 || p.D == 0) return Status::Ok();
+  if (!p.x || !p.gate_w || !p.shared || !p.routed || !p.y) {
+    return Status(kContractMissing,
+                  "moe_shared_gate: x, gate_w, shared, routed and y must not be null");
+  }
+  cpu::moe_shared_gate(p.x, p.T, p.D, p.gate_w, p.shared, p.routed, p.y);
   return Status::Ok();
 }
 

@@ -65,6 +65,7 @@ class DecoderModel:
         if top:
             raise ContractError(f"load: unexpected model-level tensor(s) {sorted(top)}", 40024)
         self.residual = family.residual(cfg)
+        self.final_norm = self.residual.norm_weight(self.final_norm)
         self.blocks = [
             family.build_block(BuildArgs(engine=engine, config=cfg, dtype=dtype, index=i, plan=p,
                                          groups=tensors.layers.get(i, {}), where=f"model.layers.{i}"))

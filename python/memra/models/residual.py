@@ -10,7 +10,9 @@ which order:
 
 - :class:`PlainResidual`: the pre-norm residual of Kimi-Linear and Qwen3.5
   (``x = x + y; h = rmsnorm(x)``; transformers' ``residual + hidden_states``, then the next
-  RMSNorm): ``_core.rms_norm`` at the first site, ``_core.add_rms_norm`` after.
+  RMSNorm): ``_core.rms_norm`` at the first site, ``_core.add_rms_norm`` after. With
+  ``zero_centred`` (Qwen3.5's ``x * (1 + w)`` norms) the final norm's weight becomes ``1 + w``
+  at load (:func:`zero_centred`; the family's sites hold theirs converted).
 - :class:`MhcResidual`: glm5_next's mHC hyper-connections (``hc_mult`` residual streams):
   ``HyperConnection.pre`` at the first site, ``HyperConnection.post_pre`` (the previous site's
   expansion, this site's mapping and the input norm in one call) after, and
@@ -23,7 +25,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from .. import _core
+
+
+def zero_centred(w: np.ndarray) -> np.ndarray:
+    """The weight a plain weighted rms_norm multiplies by to compute a zero-centred RMSNorm:
+    ``1 + w`` in float32. transformers' ``Qwen3_5RMSNorm`` computes ``_norm(x.float()) * (1.0 +
+    w.float())``: the same f32 sum (1.0 + w rounds identically in numpy and torch), then one f32
+    product per element, which memra's rms_norm forms as ``w' * (x * inv)`` (a product of the same
+    two f32 values, so the same bits)."""
+    w = np.asarray(w, dtype=np.float32)
+    return np.float32(1.0) + w
 
 
 @dataclass
@@ -58,8 +72,15 @@ class PlainResidual:
 
     expand: int | None = None  # the embedding goes into the stream as it is
 
-    def __init__(self, eps: float) -> None:
+    def __init__(self, eps: float, *, zero_centred: bool = False) -> None:
         self.eps = float(eps)
+        self.zero_centred = bool(zero_centred)
+
+    def norm_weight(self, w: np.ndarray) -> np.ndarray:
+        """The final norm's weight as the head multiplies by it: w as stored, or for a
+        zero-centred family (Qwen3.5: ``x * (1 + w)``) :func:`zero_centred` of it. The family's
+        own sites hold their weights already converted."""
+        return zero_centred(w) if self.zero_centred else w
 
     def begin(self, x, engine: _core.Engine | None) -> _PlainStream:
         """The per-step stream over the embedded tokens x [T, hidden] (engine None: the CPU)."""
@@ -91,6 +112,10 @@ class MhcResidual:
     def __init__(self, hc_mult: int, eps: float) -> None:
         self.expand = int(hc_mult)
         self.eps = eps
+
+    def norm_weight(self, w: np.ndarray) -> np.ndarray:
+        """The final norm's weight, as stored."""
+        return w
 
     def begin(self, streams, engine: _core.Engine | None) -> _MhcStream:
         """The per-step stream over the embedded, expanded tokens streams [T, hc, hidden]."""

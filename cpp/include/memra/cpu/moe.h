@@ -21,6 +21,22 @@ void moe_route(const float* x, int T, int D, const WeightView& gate_w, const flo
                int top_k, int n_group, int topk_group, bool norm_topk_prob, float scaling,
                int32_t* topk_idx, float* topk_w);
 
+// Softmax router (Qwen3.5-MoE, Qwen3-Next). x [T, D]; gate_w [E, D]; logits in f32, then per token
+// p = softmax(logits) (max subtracted, exp, each divided by the sequential sum); topk_idx
+// [T, top_k] the top_k experts by p desc, ties to the lower id; topk_w [T, top_k] = p of those,
+// divided by their sum (added in j order) when norm_topk_prob, times scaling. Requires
+// 1 <= top_k <= E (the callers check). Reference: Qwen3_5MoeTopKRouter.forward (always
+// renormalised), Qwen3NextTopKRouter.forward (renormalised when norm_topk_prob).
+void moe_route_softmax(const float* x, int T, int D, const WeightView& gate_w, int E, int top_k,
+                       bool norm_topk_prob, float scaling, int32_t* topk_idx, float* topk_w);
+
+// The shared expert's sigmoid gate: y[t] = routed[t] + sigmoid(x[t] . gate_w) * shared[t], the dot
+// product summed in order, sigmoid 1 / (1 + exp(-g)). x, shared, routed, y [T, D] (routed may be
+// y); gate_w [D]. Reference: Qwen3_5MoeSparseMoeBlock.forward (F.sigmoid(shared_expert_gate(x)) *
+// shared_expert(x), added to the routed sum).
+void moe_shared_gate(const float* x, int T, int D, const float* gate_w, const float* shared,
+                     const float* routed, float* y);
+
 // Routed experts (shared expert NOT included: the caller adds shared(x)). For each token t:
 //   y[t] = sum over j of topk_w[t, j] * expert_{topk_idx[t, j]}(x[t]),
 // expert_e(x) = down_w[e] (silu(min(gate_w[e] x, limit)) * clamp(up_w[e] x, +-limit)).

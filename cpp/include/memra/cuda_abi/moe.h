@@ -2,10 +2,23 @@
 // of cpu::moe_route and cpu::moe_forward (cpu/moe.h).
 #pragma once
 
-/* The grouped sigmoid router: logits x gate_w^T in f32, s = sigmoid(logits), choice = s + bias;
-   the topk_group groups with the best sums of their two largest choices, then the top_k experts by
-   choice among them (ties: lower id), weights = s of those (/ (sum + 1e-20) when norm_topk_prob)
-   * scaling. Same order and values as cpu::moe_route (sigmoid with CUDA's expf). */
+/* How the router scores its logits (MemraMoeRouteParams::scoring). */
+enum {
+  /* The grouped sigmoid router (glm5_next, Kimi-Linear): logits x gate_w^T in f32,
+     s = sigmoid(logits), choice = s + bias; the topk_group groups with the best sums of their two
+     largest choices, then the top_k experts by choice among them (ties: lower id), weights = s of
+     those (/ (sum + 1e-20) when norm_topk_prob) * scaling. Same order and values as
+     cpu::moe_route (sigmoid with CUDA's expf). */
+  MEMRA_MOE_SCORE_SIGMOID = 0,
+  /* The softmax router (Qwen3.5-MoE, Qwen3-Next): logits in f32, p = softmax(logits) (f32: max
+     subtracted, exp, divided by the sum), the top_k experts by p (ties: lower id), weights = p of
+     those (/ their sum when norm_topk_prob) * scaling. n_group and topk_group must be 1 and
+     corr_bias null (else 40025). Same order as cpu::moe_route_softmax; the values within a few
+     ulp (CUDA's expf and its warp's summation order). */
+  MEMRA_MOE_SCORE_SOFTMAX = 1
+};
+
+/* The MoE router; `scoring` picks the form (above). */
 typedef struct MemraMoeRouteParams {
   const float* x;          /* [T, D] f32 */
   int T;                   /* >= 0 (else 40025) */
@@ -20,6 +33,7 @@ typedef struct MemraMoeRouteParams {
   float scaling;           /* routed_scaling_factor */
   int32_t* topk_idx;       /* [T, top_k] int32: the chosen experts, by choice desc */
   float* topk_w;           /* [T, top_k] f32 */
+  int scoring;             /* MEMRA_MOE_SCORE_SIGMOID (0, a zeroed struct) or _SOFTMAX (else 40025) */
 } MemraMoeRouteParams;
 
 /* The routed experts over stacked weights, plus (optionally) a MoE layer's shared expert:
@@ -59,8 +73,24 @@ typedef struct MemraMoeForwardParams {
   float* y;                  /* [T, D] f32, overwritten */
 } MemraMoeForwardParams;
 
+/* The shared expert's sigmoid gate (Qwen3.5-MoE, Qwen3-Next: Qwen3_5MoeSparseMoeBlock):
+   y[t] = routed[t] + sigmoid(x[t] . gate_w) * shared[t], the gate's dot product in f32 (one block
+   a token, its own summation order), sigmoid 1 / (1 + expf(-g)), then one multiply and one add
+   per element rounded as written (no fused multiply-add), as cpu::moe_shared_gate. */
+typedef struct MemraMoeSharedGateParams {
+  const float* x;       /* [T, D] f32: the MoE block's input */
+  int T;                /* >= 0 (else 40025) */
+  int D;                /* >= 0 (else 40025) */
+  const float* gate_w;  /* [D] f32: shared_expert_gate.weight (its one row) */
+  const float* shared;  /* [T, D] f32: the shared expert's output */
+  const float* routed;  /* [T, D] f32: the routed experts' sum; may be y itself (in place) */
+  float* y;             /* [T, D] f32 */
+} MemraMoeSharedGateParams;
+
 #define MEMRA_CUDA_MOE_OPS(X)                                                                     \
   /* cpu::moe_route (MemraMoeRouteParams). A null p is 40024. */                                  \
   X(moe_route, (MemraCudaCtx * ctx, const MemraMoeRouteParams* p))                                \
   /* cpu::moe_forward (+ the shared expert) (MemraMoeForwardParams). A null p is 40024. */        \
-  X(moe_forward, (MemraCudaCtx * ctx, const MemraMoeForwardParams* p))
+  X(moe_forward, (MemraCudaCtx * ctx, const MemraMoeForwardParams* p))                            \
+  /* cpu::moe_shared_gate (MemraMoeSharedGateParams). A null p is 40024. */                      \
+  X(moe_shared_gate, (MemraCudaCtx * ctx, const MemraMoeSharedGateParams* p))

@@ -8,10 +8,16 @@
 
 namespace memra::op {
 
-// The grouped sigmoid router (MemraMoeRouteParams). Both backends check the fields in the same
-// order with the same codes (CUDA alone refuses E beyond its shared memory, 50002). The CPU reads
-// gate_w as f32 [E, D]. Reference: Glm5NextTextTopkRouter.forward.
+// The router (MemraMoeRouteParams): the grouped sigmoid form or, by p.scoring, the softmax form.
+// Both backends check the fields in the same order with the same codes (CUDA alone refuses E
+// beyond its shared memory, 50002). The CPU reads gate_w as f32 [E, D]. References:
+// Glm5NextTextTopkRouter.forward (sigmoid), Qwen3_5MoeTopKRouter / Qwen3NextTopKRouter (softmax).
 Status moe_route(const Backend& b, const MemraMoeRouteParams& p);
+
+// The shared expert's sigmoid gate (MemraMoeSharedGateParams): y = routed + sigmoid(x . gate_w) *
+// shared per token. Both backends check the fields in the same order with the same codes.
+// Reference: Qwen3_5MoeSparseMoeBlock.forward.
+Status moe_shared_gate(const Backend& b, const MemraMoeSharedGateParams& p);
 
 // A CPU call's experts when they are not one stacked allocation (a MoeLayer's or the binding's
 // per-expert memra.Weight): E views each, in their own dtypes, replacing p.gate_w / up_w / down_w

@@ -1,0 +1,468 @@
+#!/usr/bin/env python3
+"""Whole-model decode tokens/s of Qwen3.5 models, memra vs transformers (+ fla when importable) on
+the same checkpoint folder, against the weight-bandwidth roofline, at two geometries:
+
+- ``4b``: the Qwen3.5-4B shape (REFERENCES.md "Real geometry"; tests/fixtures/qwen3_5_config_cases.json
+  "release_like_4b_reconstructed"): hidden 2560, 32 layers (every 4th full attention), Gated
+  DeltaNet 16 key / 32 value heads x 128 (conv 4), attention 16 q / 4 kv heads x 256 (rotary
+  25 %, theta 1e7), dense MLP 9216, vocab 248320, tied head. ``Qwen3_5ForCausalLM``.
+- ``35b``: Qwen3.5-35B-A3B widths with 8 layers and 64 experts: hidden 2048, layers 3 and 7 full
+  attention (16 q / 2 kv x 256), GDN 16 / 32 x 128, MoE top 8 of 64, 512 wide, shared expert 512
+  with its sigmoid gate, vocab 248320, untied head. ``Qwen3_5MoeForCausalLM``.
+
+Checkpoints: built on the device in float32, every tensor drawn at random with an
+O(1)-activation scale (init_rule: the rules of tests/fixtures/make_qwen_fixtures.py at this hidden
+size; nothing left at transformers' 0 / 1 init), stored in bf16 (transformers keeps no module of
+this family in fp32), saved with save_pretrained (safetensors, 5 GB shards) into --folder-<model>
+(default /tmp/memra-bench-qwen-<model>[-tiny]) and reused when there (a marker file records the
+geometry and seed; --rebuild makes it again).
+
+memra:  memra.load(folder, device="cuda", dtype="bfloat16"): bench_model_decode.run_memra's
+        protocol (prefill not timed, warm-up steps with the CUDA-graph capture, timed greedy steps
+        with a host read of the B tokens each, the public generate / generate_batch API, the
+        per-kernel breakdown of a step from torch.profiler).
+peer:   transformers <cls>.from_pretrained(folder, dtype=bfloat16).generate (greedy,
+        min_new_tokens = max_new_tokens); peer_kernels says whether its gated-delta-rule and conv
+        functions resolved to fla / causal_conv1d or to transformers' torch fallback.
+roofline: bytes one decode step reads, from the checkpoint's own tensors (safetensors headers):
+        every tensor once (GDN, attention, norms, MLP, router, shared expert, LM head: the
+        embedding matrix when tied) except the routed experts, counted for the
+        E * (1 - (1 - k/E)^B) distinct experts B tokens touch per MoE layer, and the embedding
+        rows (B); plus per token the GDN state [Hv, dk, dv] f32 and conv ring (f32) read + written,
+        and the attention's K and V rows (bf16) read at the mean context of the timed steps plus
+        the new row written. roofline_tok_s = copy_TBps / (bytes_per_step / B).
+Goal at B = 1 (issue 19): memra at least 0.8 of the roofline (meets_target).
+
+    python3 benchmarks/bench_qwen_decode.py [--model 4b|35b|both] [--quick] [--batches 1,32]
+    python3 benchmarks/bench_qwen_decode.py --device cpu --tiny   # smoke test: tiny widths, f32
+
+--quick (20 timed steps, 32 generate steps, 8 peer steps) is meant to finish both models, the
+checkpoints' first build included, in about three minutes on one H200; fla's first call adds its
+Triton autotuning (cached for later runs: TRITON_CACHE_AUTOTUNING). elapsed_s in each record is
+that model's wall time (build, peer, memra).
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import math
+import os
+import re
+import shutil
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+os.environ.setdefault("TRITON_CACHE_AUTOTUNING", "1")  # before fla / transformers are imported
+
+from common import Bench, base_parser, emit_record, log  # noqa: E402
+from bench_model_decode import (  # noqa: E402
+    checkpoint_text_bytes, folder_ready, leading_match, run_memra, sync)
+from bench_kimi_decode import checkpoint_tensors  # noqa: E402
+
+MARKER = "memra_bench_build.json"
+BUILD_VERSION = 1  # bump when the weights recipe changes
+GDN, ATTN = "linear_attention", "full_attention"
+TARGET_FRAC = 0.8  # issue 19: memra at B = 1 reaches >= 0.8 of the roofline
+
+_COMMON = dict(vocab_size=248320, linear_num_key_heads=16, linear_num_value_heads=32, linear_key_head_dim=128,
+               linear_value_head_dim=128, linear_conv_kernel_dim=4, head_dim=256, rms_norm_eps=1e-6,
+               max_position_embeddings=262144, eos_token_id=248044, pad_token_id=248044, bos_token_id=None,
+               rope_parameters={"rope_type": "default", "rope_theta": 10_000_000.0, "partial_rotary_factor": 0.25,
+                                "mrope_section": [11, 11, 10], "mrope_interleaved": True})
+MODELS = {
+    "4b": ("Qwen3_5TextConfig", "Qwen3_5ForCausalLM",
+           dict(_COMMON, hidden_size=2560, intermediate_size=9216, num_hidden_layers=32, num_attention_heads=16,
+                num_key_value_heads=4, tie_word_embeddings=True)),
+    "35b": ("Qwen3_5MoeTextConfig", "Qwen3_5MoeForCausalLM",
+            dict(_COMMON, hidden_size=2048, num_hidden_layers=8, num_attention_heads=16, num_key_value_heads=2,
+                 num_experts=64, num_experts_per_tok=8, moe_intermediate_size=512,
+                 shared_expert_intermediate_size=512, tie_word_embeddings=False)),
+}
+# --tiny (and --device cpu): the same structures at the test fixtures' toy widths (GDN head dims
+# stay 128 and the attention's 256, the real models' and the CUDA kernels' sizes).
+TINY = dict(vocab_size=512, hidden_size=64, linear_num_key_heads=2, linear_num_value_heads=4, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=4096, eos_token_id=510, pad_token_id=511)
+TINY_BY_MODEL = {"4b": dict(TINY, intermediate_size=96, num_hidden_layers=4),
+                 "35b": dict(TINY, num_hidden_layers=4, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=16,
+                             shared_expert_intermediate_size=32)}
+
+
+# ============================================================================ checkpoint
+def text_config(args, which: str) -> dict:
+    tc = dict(MODELS[which][2], **(TINY_BY_MODEL[which] if args.tiny else {}))
+    if which == "35b" and args.experts:
+        tc["num_experts"] = args.experts
+    tc["layer_types"] = [ATTN if (i + 1) % 4 == 0 else GDN for i in range(tc["num_hidden_layers"])]
+    return tc
+
+
+def init_rule(name: str, shape: tuple, h: int) -> tuple[float, float]:
+    """(std, mean) of the normal draw for parameter `name`: make_qwen_fixtures.init_rule at hidden h."""
+    leaf = name.rsplit(".", 1)[-1]
+    if "embed_tokens" in name:
+        return 1.0, 0.0
+    if name == "lm_head.weight":
+        return 2.0 / math.sqrt(h), 0.0
+    if leaf == "A_log":
+        return 0.5, 0.0
+    if leaf == "dt_bias":
+        return 1.0, 0.0
+    if "conv1d" in name:
+        return 0.5, 0.0
+    if name.endswith("linear_attn.norm.weight"):
+        return 0.2, 1.0  # the GDN output norm: plain w * rmsnorm(x) * silu(z)
+    if len(shape) == 1:
+        return 0.25, 0.0  # the zero-centred x * (1 + w) norms
+    if name.endswith("mlp.experts.gate_up_proj") or name.endswith("mlp.experts.down_proj"):
+        return 1.0 / math.sqrt(shape[2]), 0.0  # [E, out, in]
+    if name.endswith("mlp.gate.weight"):
+        return 1.5 / math.sqrt(shape[1]), 0.0
+    return 1.0 / math.sqrt(shape[-1]), 0.0  # nn.Linear [out, in], shared_expert_gate included
+
+
+def marker_of(args, tc: dict) -> dict:
+    return {"version": BUILD_VERSION, "seed": args.seed, "text_config": tc}
+
+
+def build_checkpoint(folder: Path, args, which: str, tc: dict, dev, torch) -> float:
+    """Build, initialise (on `dev`), cast to bf16 and save; returns seconds (folder.tmp, renamed)."""
+    import transformers
+
+    t0 = time.perf_counter()
+    tmp = folder.with_name(folder.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    cfg_cls, lm_cls = (getattr(transformers, n) for n in MODELS[which][:2])
+    with torch.device(dev):
+        model = lm_cls(cfg_cls(**tc))
+    gen = torch.Generator(device=dev).manual_seed(args.seed)
+    h = tc["hidden_size"]
+    with torch.no_grad():
+        for name, p in sorted(model.named_parameters()):
+            std, mean = init_rule(name, tuple(p.shape), h)
+            p.normal_(mean, std, generator=gen)
+        for _, p in model.named_parameters():
+            p.data = p.data.to(torch.bfloat16)
+    model.config.dtype = torch.bfloat16
+    n = sum(p.numel() for p in model.parameters())
+    sync(torch, dev)
+    log(f"qwen_decode: built {which} ({n / 1e9:.3f}e9 parameters) on {dev} in {time.perf_counter() - t0:.1f} s")
+    model.save_pretrained(tmp, max_shard_size="5GB")
+    transformers.GenerationConfig(eos_token_id=tc["eos_token_id"], pad_token_id=tc["pad_token_id"],
+                                  do_sample=False).save_pretrained(tmp)
+    (tmp / MARKER).write_text(json.dumps(marker_of(args, tc), indent=1))
+    del model
+    gc.collect()
+    if dev.type == "cuda":
+        torch.cuda.empty_cache()
+    if folder.exists():
+        shutil.rmtree(folder)
+    tmp.rename(folder)
+    return time.perf_counter() - t0
+
+
+# ============================================================================ roofline
+EXPERT = re.compile(r"\.experts\.\d+\.")
+
+
+def decode_bytes(cfg, tensors: dict[str, int], B: int, ctx: float) -> dict:
+    """Bytes one decode step of B tokens reads (and the state it writes), by component, for the
+    parsed config (memra.models.qwen_common.QwenTextConfig) and the checkpoint's tensors."""
+    E, k = getattr(cfg, "num_experts", 0), getattr(cfg, "num_experts_per_tok", 0)
+    distinct = E * (1.0 - (1.0 - k / E) ** B) if E else 0.0
+    out = dict(gdn_weights=0, attention_weights=0, norm_weights=0, dense_mlp_weights=0, moe_router_weights=0,
+               moe_shared_weights=0, moe_routed_weights=0, lm_head_weights=0, embedding_rows=0, gdn_state=0,
+               kv_cache=0)
+    routed_all = 0
+    for name, nbytes in tensors.items():
+        if "embed_tokens" in name:
+            out["embedding_rows"] += B * nbytes / cfg.vocab_size
+            if cfg.tie_word_embeddings:
+                out["lm_head_weights"] += nbytes  # the tied head reads the whole matrix
+        elif name.startswith("lm_head."):
+            out["lm_head_weights"] += nbytes
+        elif EXPERT.search(name):
+            out["moe_routed_weights"] += nbytes * distinct / E
+            routed_all += nbytes
+        elif ".shared_expert" in name:  # shared_expert.* and shared_expert_gate
+            out["moe_shared_weights"] += nbytes
+        elif ".mlp.gate.weight" in name:
+            out["moe_router_weights"] += nbytes
+        elif "layernorm" in name or (name.endswith("norm.weight") and ".linear_attn." not in name
+                                     and ".self_attn." not in name):
+            out["norm_weights"] += nbytes
+        elif ".linear_attn." in name:
+            out["gdn_weights"] += nbytes
+        elif ".self_attn." in name:
+            out["attention_weights"] += nbytes
+        else:
+            out["dense_mlp_weights"] += nbytes
+    F, W = 4, 2
+    for t in cfg.layer_types:
+        if t == GDN:
+            Hk, Hv, dk, dv = (cfg.linear_num_key_heads, cfg.linear_num_value_heads, cfg.linear_key_head_dim,
+                              cfg.linear_value_head_dim)
+            C, Kc = 2 * Hk * dk + Hv * dv, cfg.linear_conv_kernel_dim
+            out["gdn_state"] += B * (2 * Hv * dk * dv * F + 2 * C * (Kc - 1) * F)
+        else:
+            row = 2 * cfg.num_key_value_heads * cfg.head_dim  # a key and a value row
+            out["kv_cache"] += B * (ctx + 1) * row * W
+    out = {key: int(round(v)) for key, v in out.items()}
+    weights = sum(v for key, v in out.items() if key.endswith("_weights"))
+    state = out["gdn_state"] + out["kv_cache"]
+    return dict(breakdown=out, weights=weights, state=state, step=weights + out["embedding_rows"] + state,
+                inventory=int(weights - out["moe_routed_weights"] + routed_all),
+                experts_read_per_moe_layer=round(distinct, 3))
+
+
+# ============================================================================ peer
+def peer_kernels(mod) -> dict:
+    """Which implementation transformers resolved for the GDN and conv functions
+    (use_kernel_func_from_hub_with_fallback keeps it in the closure variable `implementation`)."""
+    import inspect
+    out = {}
+    # the kernel's name -> the module attribute transformers decorated with it
+    for name, attr in (("chunk_gated_delta_rule", "torch_chunk_gated_delta_rule"),
+                       ("fused_recurrent_gated_delta_rule", "torch_recurrent_gated_delta_rule"),
+                       ("causal_conv1d_fn", "causal_conv1d_fn"), ("causal_conv1d_update", "causal_conv1d_update")):
+        try:
+            impl = inspect.getclosurevars(getattr(mod, attr)).nonlocals.get("implementation")
+        except Exception:  # noqa: BLE001
+            impl = None
+        if impl is None:
+            out[name] = "unknown"
+        elif (getattr(impl, "__module__", "") or "").startswith("transformers"):
+            out[name] = "torch fallback (transformers)"
+        else:
+            out[name] = f"{getattr(impl, '__module__', '?')}.{getattr(impl, '__name__', '?')}"
+    return out
+
+
+def run_peer(which: str, folder: Path, dev, torch, prompts, batches, peer_steps, match_steps) -> tuple[dict, dict]:
+    """transformers on the folder: per B {peer_tok_s, tokens (seq 0), ...}; and common info."""
+    import importlib
+    import importlib.util
+
+    import transformers
+
+    mod = importlib.import_module("transformers.models.qwen3_5.modeling_qwen3_5" if which == "4b"
+                                  else "transformers.models.qwen3_5_moe.modeling_qwen3_5_moe")
+    info = {"peer_kernels": peer_kernels(mod)}
+    try:
+        import fla
+        fla_ver = getattr(fla, "__version__", "?")
+    except Exception as e:  # noqa: BLE001
+        fla_ver = None
+        info["fla_unavailable"] = f"{type(e).__name__}: {e}"
+    lm_cls = getattr(transformers, MODELS[which][1])
+    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    t0 = time.perf_counter()
+    if dev.type == "cuda" and importlib.util.find_spec("accelerate") is not None:
+        model = lm_cls.from_pretrained(folder, dtype=dtype, device_map=str(dev))
+    else:
+        model = lm_cls.from_pretrained(folder, dtype=dtype).to(dev)
+    model.eval()
+    info["peer_load_s"] = round(time.perf_counter() - t0, 2)
+    info["peer"] = (f"transformers {transformers.__version__}" + (f" + fla {fla_ver}" if fla_ver else " (no fla)")
+                    + f": {MODELS[which][1]}.generate, {str(dtype)[6:]}, attn {model.config._attn_implementation}, "
+                    f"experts {getattr(model.config, '_experts_implementation', None)}")
+    pad = model.config.pad_token_id
+
+    def generate(ids, n):
+        sync(torch, dev)
+        t = time.perf_counter()
+        with torch.no_grad():
+            out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=n,
+                                 min_new_tokens=n, do_sample=False, pad_token_id=pad)
+        sync(torch, dev)
+        if out.shape[1] != ids.shape[1] + n:
+            raise RuntimeError(f"generate returned {out.shape[1] - ids.shape[1]} new tokens, asked {n}")
+        return time.perf_counter() - t, out[:, ids.shape[1]:].tolist()
+
+    res = {}
+    for B in batches:
+        r = {}
+        try:
+            ids = torch.tensor(prompts[:B], dtype=torch.long, device=dev)
+            t = time.perf_counter()
+            generate(ids, 2)  # warm-up (Triton autotune of fla's kernels on the first call)
+            r["peer_warmup_s"] = round(time.perf_counter() - t, 2)
+            t1, _ = generate(ids, 1)
+            tn, toks = generate(ids, peer_steps + 1)
+            r["peer_tok_s"] = B * peer_steps / (tn - t1) if tn > t1 else None
+            r["peer_generate_times_s"] = [round(t1, 4), round(tn, 4)]
+            r["tokens"] = toks[0][:max(match_steps, 1)]
+            log(f"qwen_decode: peer {which} B={B}: {r['peer_tok_s']} tok/s")
+        except Exception as e:  # noqa: BLE001
+            r["peer_unavailable"] = f"{type(e).__name__}: {e}"
+            log(f"qwen_decode: peer {which} B={B} failed: {r['peer_unavailable']}")
+        res[B] = r
+    model = None  # free the device memory before memra loads
+    gc.collect()
+    if dev.type == "cuda":
+        torch.cuda.empty_cache()
+    return res, info
+
+
+# ============================================================================ main
+def run_model(which: str, args, b: Bench, batches, warmup, steps, peer_steps, gen_steps) -> None:
+    torch, dev = b.torch, b.dev
+    t_start = time.perf_counter()
+    tc = text_config(args, which)
+    default = f"/tmp/memra-bench-qwen-{which}" + (f"-{tc.get('num_experts')}E" if which == "35b" else "")
+    folder = Path(getattr(args, f"folder_{which}") or default + ("-tiny" if args.tiny else ""))
+    ready, why = folder_ready(folder, marker_of(args, tc))
+    build_s = None
+    if args.rebuild or not ready:
+        if folder.exists() and not (folder / MARKER).exists() and any(folder.iterdir()):
+            raise SystemExit(f"qwen_decode: {folder} exists and was not made by this script; pass another folder")
+        log(f"qwen_decode: building {which} in {folder} ({'--rebuild' if args.rebuild else why})")
+        build_s = round(build_checkpoint(folder, args, which, tc, dev, torch), 2)
+    if args.build_only:
+        return
+    from memra.config import read_config
+    _, cfg = read_config(folder)
+    tensors = checkpoint_tensors(folder)
+    ckpt_bytes, ckpt_tensors, ckpt_params = checkpoint_text_bytes(folder)
+    ctx = args.prompt_len + warmup + steps / 2  # mean context of the timed steps
+
+    import numpy as np
+    rng = np.random.default_rng(args.seed + 1)
+    hi = min(cfg.vocab_size - 16, 240000)
+    prompts = [rng.integers(0, hi, args.prompt_len).astype(np.int64).tolist() for _ in range(max(batches))]
+
+    peer, peer_info = ({B: {"peer_unavailable": "--skip-peer"} for B in batches}, {})
+    if not args.skip_peer:
+        try:
+            peer, peer_info = run_peer(which, folder, dev, torch, prompts, batches, peer_steps, args.match_steps)
+        except Exception as e:  # noqa: BLE001
+            log(f"qwen_decode: transformers failed: {type(e).__name__}: {e}")
+            peer = {B: {"peer_unavailable": f"{type(e).__name__}: {e}"} for B in batches}
+        b.release()
+    try:
+        mem, mem_info = run_memra(args, folder, "cuda:%d" % args.device_index if b.cuda else "cpu",
+                                  "bfloat16" if b.cuda else "float32", prompts, batches, warmup, steps, gen_steps,
+                                  args.match_steps)
+    except Exception as e:  # noqa: BLE001 - still report the peer and the roofline
+        log(f"qwen_decode: memra failed: {type(e).__name__}: {e}")
+        mem, mem_info = {B: {"memra_error": f"{type(e).__name__}: {e}"} for B in batches}, {}
+
+    for B in batches:
+        rb, r1 = decode_bytes(cfg, tensors, B, ctx), decode_bytes(cfg, tensors, 1, ctx)
+        roof = b.copy_TBps * 1e12 / (rb["step"] / B)
+        mr, pr = mem[B], peer[B]
+        mt, pt, gt = mr.get("memra_tok_s"), pr.get("peer_tok_s"), mr.get("memra_generate_tok_s")
+        rec = {
+            "bench": "qwen_decode",
+            "shape": {"model": f"qwen3.5-{which}", "model_type": cfg.model_type, "layers": cfg.num_hidden_layers,
+                      "experts": getattr(cfg, "num_experts", None), "top_k": getattr(cfg, "num_experts_per_tok", None),
+                      "hidden": cfg.hidden_size, "vocab": cfg.vocab_size,
+                      "layer_types": "".join("G" if t == GDN else "A" for t in cfg.layer_types),
+                      "gdn": f"Hk{cfg.linear_num_key_heads} Hv{cfg.linear_num_value_heads} "
+                             f"dk{cfg.linear_key_head_dim} dv{cfg.linear_value_head_dim}",
+                      "attention": f"H{cfg.num_attention_heads} KV{cfg.num_key_value_heads} d{cfg.head_dim} "
+                                   f"rot{cfg.rotary_dim}",
+                      "tied": cfg.tie_word_embeddings, "text_params": ckpt_params, "B": B,
+                      "prompt_len": args.prompt_len, "dtype": "bfloat16" if b.cuda else "float32"},
+            "memra_tok_s": round(mt, 3) if mt else None,
+            "memra_step_ms_median": mr.get("memra_step_ms_median"),
+            "memra_generate_tok_s": round(gt, 3) if gt else None,
+            "memra_gpu_us_per_step": mr.get("memra_gpu_us_per_step"),
+            "memra_replay_us_per_step": mr.get("memra_replay_us_per_step"),
+            "memra_launches_per_step": mr.get("memra_launches_per_step"),
+            "memra_kernels_top": (mr.get("memra_kernels_top") or [])[:48],
+            "peer": peer_info.get("peer", "transformers"),
+            "peer_tok_s": round(pt, 3) if pt else None,
+            "ratio": round(mt / pt, 4) if (mt and pt) else None,
+            "generate_ratio": round(gt / pt, 4) if (gt and pt) else None,
+            "bytes_per_token": int(rb["step"] / B),
+            "bytes_per_step": rb["step"],
+            "bytes_breakdown": rb["breakdown"],
+            "experts_read_per_moe_layer": rb["experts_read_per_moe_layer"],
+            "roofline_tok_s": round(roof, 2),
+            "frac_of_roofline": round(mt / roof, 4) if mt else None,
+            "generate_frac_of_roofline": round(gt / roof, 4) if gt else None,
+            "copy_TBps": round(b.copy_TBps, 4),
+            "target_frac_at_B1": TARGET_FRAC if B == 1 else None,
+            "meets_target": ((gt or mt or 0.0) / roof >= TARGET_FRAC) if B == 1 else None,
+            "B1_weight_bytes": r1["weights"],
+            "inventory_bytes": rb["inventory"],
+            "checkpoint_text_bytes": ckpt_bytes,
+            "checkpoint_text_tensors": ckpt_tensors,
+            # the tied head is the embedding, counted once in the inventory
+            "inventory_matches_checkpoint": rb["inventory"] + (0 if cfg.tie_word_embeddings else int(
+                sum(v for n, v in tensors.items() if "embed_tokens" in n))) == ckpt_bytes,
+            "context_for_cache_bytes": ctx,
+            "device": b.device_name,
+            "warmup_steps": warmup, "steps": steps, "peer_steps": peer_steps, "gen_steps": gen_steps,
+            "memra_timer": "wall clock per step (each step ends with a host read of the tokens)",
+            "folder": str(folder),
+            "build_s": build_s,
+            "elapsed_s": round(time.perf_counter() - t_start, 1),  # this model: build, peer and memra
+        }
+        if "tokens" in mr and "tokens" in pr:
+            n = min(len(mr["tokens"]), len(pr["tokens"]))
+            rec["greedy_match"] = f"{leading_match(mr['tokens'], pr['tokens'])}/{n}"
+            rec["memra_tokens"], rec["peer_tokens"] = mr["tokens"][:n], pr["tokens"][:n]
+        for key in ("memra_api", "memra_error", "memra_generate_error", "generate_equals_step_loop"):
+            if key in mr:
+                rec[key] = mr[key]
+        for key in ("peer_unavailable", "peer_warmup_s", "peer_generate_times_s"):
+            if key in pr:
+                rec[key] = pr[key]
+        rec.update({k: v for k, v in peer_info.items() if k != "peer"})
+        rec.update(mem_info)
+        emit_record(rec)
+
+
+def main() -> int:
+    p = base_parser(__doc__.split("\n\n")[0])
+    p.add_argument("--model", choices=("4b", "35b", "both"), default="both")
+    p.add_argument("--tiny", action="store_true", help="toy widths (implied by --device cpu)")
+    p.add_argument("--folder-4b", dest="folder_4b", default=None, help="the 4b checkpoint folder (built when missing)")
+    p.add_argument("--folder-35b", dest="folder_35b", default=None, help="the 35b checkpoint folder")
+    p.add_argument("--rebuild", action="store_true", help="build the checkpoints again even if the folders are there")
+    p.add_argument("--experts", type=int, default=None, help="35b: routed experts (default 64; --tiny: 8)")
+    p.add_argument("--batches", default=None, help="comma-separated batch sizes (default 1,32; cpu: 1,3)")
+    p.add_argument("--profile-steps", type=int, default=None,
+                   help="decode steps profiled per kernel after the timing (default 5, --quick 3; 0: none; "
+                        "CUDA only)")
+    p.add_argument("--prompt-len", type=int, default=None, help="prompt tokens per sequence (default 128; cpu 16)")
+    p.add_argument("--peer-steps", type=int, default=None,
+                   help="transformers' timed steps (default 16, --quick 8; cpu 3)")
+    p.add_argument("--gen-steps", type=int, default=None,
+                   help="memra generate-API timed steps (default 128, --quick 32; cpu 3)")
+    p.add_argument("--match-steps", type=int, default=8, help="greedy steps compared with transformers")
+    p.add_argument("--skip-peer", action="store_true")
+    p.add_argument("--build-only", action="store_true", help="make the checkpoint folders (if missing) and exit")
+    p.add_argument("--kernel-options", default="", help="memra.KernelOptions fields, FIELD=VALUE,...")
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args()
+    cpu = args.device == "cpu"
+    args.tiny = args.tiny or cpu
+    if cpu:  # smoke test: a few steps only
+        args.warmup = 3 if args.warmup is None else args.warmup
+        args.reps = 4 if args.reps is None else args.reps
+    b = Bench(args, "qwen_decode")
+    batches = [int(x) for x in (args.batches or ("1,3" if cpu else "1,32")).split(",")]
+    args.prompt_len = args.prompt_len or (16 if cpu else 128)
+    peer_steps = args.peer_steps or (3 if cpu else (8 if args.quick else 16))
+    gen_steps = args.gen_steps or (3 if cpu else (32 if args.quick else 128))
+    if args.profile_steps is None:
+        args.profile_steps = 3 if args.quick else 5
+    warmup, steps = max(3, b.warmup), b.reps
+    for which in (("4b", "35b") if args.model == "both" else (args.model,)):
+        run_model(which, args, b, batches, warmup, steps, peer_steps, gen_steps)
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except (SystemExit, KeyboardInterrupt):
+        raise
+    except Exception as exc:  # a one-line record in the output too, then the traceback on stderr
+        emit_record({"bench": "qwen_decode", "error": f"{type(exc).__name__}: {exc}"})
+        raise
