@@ -15,6 +15,14 @@
 #include "common.cuh"
 #include "dsa_common.cuh"
 
+namespace memra::cuda::dsa {
+// cuda/dsa_score_tc.cu: the tensor-core scorer (d 64 or 128, Hi <= 128).
+bool score_tc_fits(int d, int Hi);
+int score_tc(MemraCudaCtx* ctx, const float* q, const float* w, const float* keys, int t_q,
+             int Hi, int d, int n_pools, int pool, int first_pos, float qk_scale,
+             float head_scale, float* score);
+}  // namespace memra::cuda::dsa
+
 using memra::cuda::ceil_div;
 using memra::cuda::enter;
 using memra::cuda::launch_status;
@@ -414,14 +422,20 @@ int append_rows(MemraCudaCtx* ctx, const float* k, const float* gate, int T, int
 
 int score_rows(MemraCudaCtx* ctx, const float* q, const float* w, const float* pool_keys, int t_q,
                int Hi, int d, int n_pools, int pool, int first_pos, float qk_scale,
-               float head_scale, int reference, float* score) {
+               float head_scale, int reference, int tensor_cores, float* score) {
   MEMRA_CUDA_RETURN_IF(enter(ctx));
   if (pool < 1) return memra::kContractPool;
   if (t_q < 0 || Hi < 0 || d < 0 || n_pools < 0 || first_pos < 0) return memra::kContractValue;
   if (reference != 0 && reference != 1) return memra::kContractValue;
   if (!std::isfinite(qk_scale) || !std::isfinite(head_scale)) return memra::kContractValue;
   if (int64_t(first_pos) + t_q > INT_MAX) return memra::kContractRange;
+  if (tensor_cores != 0 && tensor_cores != 1) return memra::kContractValue;
   if (t_q == 0 || n_pools == 0) return memra::kOk;
+  if (tensor_cores && !reference && memra::cuda::dsa::score_tc_fits(d, Hi)) {
+    // bf16 models: cuda/dsa_score_tc.cu (q and keys rounded to bf16, f32 accumulation).
+    return memra::cuda::dsa::score_tc(ctx, q, w, pool_keys, t_q, Hi, d, n_pools, pool, first_pos,
+                                      qk_scale, head_scale, score);
+  }
   if (reference) {
     const unsigned blocks = std::min(ceil_div(int64_t(t_q) * n_pools, 256), kMaxGrid);
     memra::cuda::launch(ctx, true, score_reference_kernel, dim3(blocks), dim3(256), 0, q, w,
@@ -499,7 +513,8 @@ int memra_cuda_kpool_score(MemraCudaCtx* ctx, const MemraKpoolScoreParams* p) {
   if (p->batched == 1) return memra::cuda::dsa::score_decode(ctx, *p);
   if (p->batched != 0) return memra::kContractValue;
   return score_rows(ctx, p->q, p->w, p->pool_keys, p->t_q, p->Hi, p->d, p->n_pools, p->pool,
-                    p->first_pos, p->qk_scale, p->head_scale, p->reference, p->score);
+                    p->first_pos, p->qk_scale, p->head_scale, p->reference, p->tensor_cores,
+                    p->score);
 }
 
 int memra_cuda_kpool_select(MemraCudaCtx* ctx, const MemraKpoolSelectParams* p) {

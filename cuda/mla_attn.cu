@@ -10,6 +10,9 @@
 // kernel. A query whose rows fit one tile, without a split, gets the CPU's bytes. Gathered lists
 // are first compacted per query into the CPU's row list (entries -1, < 0 or after the query row
 // dropped, duplicates counted once, ascending).
+//
+// tensor_cores = 1 (bf16 models) with a bf16 cache the tensor-core kernels serve (R in {128,
+// 256, 512}, d_rope 0 or 64): cuda/mla_prefill_tc.cu instead of everything below.
 #include <cfloat>
 #include <climits>
 #include <cstdint>
@@ -23,6 +26,9 @@
 namespace memra::cuda::mla {
 // cuda/mla_decode.cu: the batched forms (p.batched == 1), entry checks included.
 int attn_decode(MemraCudaCtx* ctx, const MemraMlaAttnParams& p);
+// cuda/mla_prefill_tc.cu: the tensor-core arm of the one-sequence forms (tensor_cores == 1).
+bool prefill_tc_fits(int cache_dtype, int R, int d_rope);
+int attn_prefill_tc(MemraCudaCtx* ctx, const MemraMlaAttnParams& p);
 }  // namespace memra::cuda::mla
 
 using memra::cuda::ceil_div;
@@ -428,8 +434,11 @@ int memra_cuda_mla_attn(MemraCudaCtx* ctx, const MemraMlaAttnParams* p) {
   MEMRA_CUDA_RETURN_IF(enter(ctx));
   MEMRA_CUDA_RETURN_IF(
       check_attn_args(q_lat, q_pe, cache, cache_dtype, H, R, d_rope, t_q, t_kv, o_lat));
+  if (p->tensor_cores != 0 && p->tensor_cores != 1) return memra::kContractValue;
+  const bool tc = p->tensor_cores && memra::cuda::mla::prefill_tc_fits(cache_dtype, R, d_rope);
   if (p->rows == MEMRA_MLA_ROWS_CAUSAL) {
     if (t_q == 0 || H == 0) return memra::kOk;
+    if (tc) return memra::cuda::mla::attn_prefill_tc(ctx, *p);
     return run_attn(ctx, q_lat, q_pe, cache, cache_dtype, nullptr, nullptr, 0, H, R, d_rope, t_q,
                     t_kv, t_kv, scale, o_lat);
   }
@@ -443,6 +452,7 @@ int memra_cuda_mla_attn(MemraCudaCtx* ctx, const MemraMlaAttnParams* p) {
                                      ctx->stream));
   }
   if (!idx) return memra::kContractMissing;
+  if (tc) return memra::cuda::mla::attn_prefill_tc(ctx, *p);  // compacts the lists itself
   // Bitmap of the t_kv rows (the last query sees them all) plus the warp totals.
   const size_t bm_bytes = sizeof(unsigned) * (ceil_div(t_kv, 32) + kWarps);
   MEMRA_CUDA_RETURN_IF(allow_smem(ctx, gather_compact_kernel, bm_bytes));

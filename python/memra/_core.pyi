@@ -320,21 +320,23 @@ def mla_latent_append(rows: Annotated[NDArray, dict(writable=False)], cache: obj
     Reference: MlaLayer (cpp/src/layers/mla_layer.cpp), the latent rows [normalised latent | k_pe] appended at rows [pos, pos + T).
     """
 
-def mla_attn_absorbed(q_lat: Annotated[NDArray, dict(writable=False)], cache: Annotated[NDArray, dict(writable=False)], q_pe: Annotated[NDArray, dict(writable=False)] | None = None, *, scale: float, engine: Engine | None = None) -> object:
+def mla_attn_absorbed(q_lat: Annotated[NDArray, dict(writable=False)], cache: Annotated[NDArray, dict(writable=False)], q_pe: Annotated[NDArray, dict(writable=False)] | None = None, *, scale: float, tensor_cores: bool = False, engine: Engine | None = None) -> object:
     """
     Causal absorbed MLA attention over a latent cache; the queries are the cache's last t_q rows (query i sits at row t_kv - t_q + i and sees rows <= it).
 
     q_lat: [t_q, H, R] float32 (from mla_absorb_q). cache: [t_kv, R + d_rope] (kv_a_layernorm'd latent, then the rope part): float32, or on CUDA also bfloat16 (DLPack bfloat16 or uint16 raw bits). q_pe: [t_q, H, d_rope] float32, required when d_rope > 0. All on the engine's device. scale: qk_head_dim**-0.5 (qk_head_dim = d_nope + d_rope). Returns o_lat [t_q, H, R] float32; score = (q_lat . c + q_pe . k_pe) * scale, softmax in f32 (CUDA: online over tiles of 32 rows, split over the rows when the queries alone do not fill the GPU; ~1e-5 relative to the CPU).
+    tensor_cores=True (the arm of bf16 models; CUDA, bf16 cache, R in {128, 256, 512}, d_rope 0 or 64; else ignored): the tensor-core kernels, q_lat / q_pe and the softmax weights rounded to bf16, f32 softmax and accumulation (~1e-2 of max|o| from the CPU).
     Raises ContractError: CONTRACT_QUERY_SUFFIX when t_q > t_kv; CONTRACT_MISSING when q_pe is absent but d_rope > 0; CONTRACT_SHAPE / CONTRACT_DTYPE / CONTRACT_STRIDE / CONTRACT_DEVICE for bad arrays; CONTRACT_VALUE for a non-finite scale. UnsupportedError (CUDA) for R > 8192 or rows too wide for shared memory.
     Reference: Glm5NextTextAttention.forward with a causal mask (eager_attention_forward).
     """
 
-def mla_attn_gathered(q_lat: Annotated[NDArray, dict(writable=False)], cache: Annotated[NDArray, dict(writable=False)], idx: Annotated[NDArray, dict(writable=False)], q_pe: Annotated[NDArray, dict(writable=False)] | None = None, *, scale: float, check_range: bool = True, engine: Engine | None = None) -> object:
+def mla_attn_gathered(q_lat: Annotated[NDArray, dict(writable=False)], cache: Annotated[NDArray, dict(writable=False)], idx: Annotated[NDArray, dict(writable=False)], q_pe: Annotated[NDArray, dict(writable=False)] | None = None, *, scale: float, check_range: bool = True, tensor_cores: bool = False, engine: Engine | None = None) -> object:
     """
     Absorbed MLA attention where query i attends over the cache rows listed in idx[i, :].
 
     q_lat: [t_q, H, R] float32. cache: [t_kv, R + d_rope] float32, or on CUDA also bfloat16 (DLPack bfloat16 or uint16 raw bits). idx: [t_q, width] int32 (entries -1 are padding; the list is a set: order does not matter and a duplicated row counts once). q_pe: [t_q, H, d_rope] float32, required when d_rope > 0. All on the engine's device. Returns o_lat [t_q, H, R] float32; a query whose list is all -1 gets zeros.
     check_range (CUDA only): copy idx to the host first and refuse an entry outside [-1, t_kv) or after its query's row (t_kv - t_q + i) (one wait on the engine's stream); with False such entries are skipped on the device. CUDA also requires t_q <= t_kv (queries are the cache's last rows).
+    tensor_cores=True (the arm of bf16 models; CUDA, bf16 cache, R in {128, 256, 512}, d_rope 0 or 64; else ignored): the tensor-core kernels, q_lat / q_pe and the softmax weights rounded to bf16, f32 softmax and accumulation (~1e-2 of max|o| from the CPU).
     Raises ContractError: CONTRACT_RANGE for an entry >= t_kv or < -1 (CUDA: or after the query row); CONTRACT_QUERY_SUFFIX (CUDA) when t_q > t_kv; CONTRACT_MISSING when q_pe is absent but d_rope > 0; CONTRACT_SHAPE / CONTRACT_DTYPE / CONTRACT_STRIDE / CONTRACT_DEVICE for bad arrays (int64 idx is refused, not narrowed); CONTRACT_VALUE for a non-finite scale.
     Reference: Glm5NextTextAttention.build_attention_mask_from_topk + eager_attention_forward.
     """
@@ -479,12 +481,12 @@ def kpool_append(k: Annotated[NDArray, dict(writable=False)], gate: Annotated[ND
     Reference: MlaLayer::indexer (cpp/src/layers/mla_layer.cpp).
     """
 
-def kpool_score(q: Annotated[NDArray, dict(writable=False)], w: Annotated[NDArray, dict(writable=False)], pool_keys: Annotated[NDArray, dict(writable=False)], *, pool: int, first_pos: int, qk_scale: float, head_scale: float, reference: bool = False, engine: Engine | None = None) -> object:
+def kpool_score(q: Annotated[NDArray, dict(writable=False)], w: Annotated[NDArray, dict(writable=False)], pool_keys: Annotated[NDArray, dict(writable=False)], *, pool: int, first_pos: int, qk_scale: float, head_scale: float, reference: bool = False, tensor_cores: bool = False, engine: Engine | None = None) -> object:
     """
     Head-mixed pool scores: score[i, p] = sum_h w[i, h] * head_scale * relu(qk_scale * q[i, h, :] . pool_keys[p, :]) (h ascending), and -inf where pool p's last row p*pool + pool - 1 is after the query's position first_pos + i.
 
     q: [t_q, Hi, d] float32 (wq_b(q_resid)). w: [t_q, Hi] float32 (weights_proj(x)). pool_keys: [n_pools, d] float32 (kpool_pool_keys). qk_scale: index_head_dim**-0.5; head_scale: index_n_heads**-0.5. Returns score [t_q, n_pools] float32.
-    engine: None or a CPU Engine runs the C++ reference on host arrays; a CUDA Engine runs cuda/dsa.cu on arrays of its device (ContractError CONTRACT_DEVICE otherwise) and returns CUDA arrays. CUDA reproduces the CPU's sequential sums without FMA (the same bytes as an x86 CPU build); reference=True runs the one-thread-per-score CUDA scorer instead of the tiled one (same bytes; ignored on the CPU).
+    engine: None or a CPU Engine runs the C++ reference on host arrays; a CUDA Engine runs cuda/dsa.cu on arrays of its device (ContractError CONTRACT_DEVICE otherwise) and returns CUDA arrays. CUDA reproduces the CPU's sequential sums without FMA (the same bytes as an x86 CPU build); reference=True runs the one-thread-per-score CUDA scorer instead of the tiled one (same bytes; ignored on the CPU). tensor_cores=True (the arm of bf16 models) runs the tensor-core scorer where d is 64 or 128 and Hi <= 128: q and pool_keys rounded to bf16, f32 sums (ignored on the CPU and with reference=True).
     Raises ContractError: CONTRACT_POOL for pool < 1; CONTRACT_VALUE for first_pos < 0 or a non-finite scale; CONTRACT_RANGE when first_pos + t_q overflows int32; CONTRACT_SHAPE / CONTRACT_DTYPE / CONTRACT_STRIDE / CONTRACT_DEVICE for bad arrays.
     Reference: Glm5NextTextIndexer.forward (scores, weights, valid_candidates mask).
     """

@@ -216,7 +216,8 @@ void init_ops_dsa(nb::module_& m) {
   m.def(
       "kpool_score",
       [](const AnyArray& q, const AnyArray& w, const AnyArray& pool_keys, int pool, int first_pos,
-         float qk_scale, float head_scale, bool reference, const Engine* engine) {
+         float qk_scale, float head_scale, bool reference, bool tensor_cores,
+         const Engine* engine) {
         const char* op = "kpool_score";
         const float* qp = f32_in(engine, q, op, "q", {-1, -1, -1});
         const int t_q = static_cast<int>(dim(q, 0)), Hi = static_cast<int>(dim(q, 1)),
@@ -243,12 +244,14 @@ void init_ops_dsa(nb::module_& m) {
         p.n_pools = n_pools;
         p.first_pos = first_pos;
         p.reference = reference ? 1 : 0;
+        p.tensor_cores = tensor_cores ? 1 : 0;
         run_op(engine, op::kpool_score, p);
         return score.obj;
       },
       nb::arg("q"), nb::arg("w"), nb::arg("pool_keys"), nb::kw_only(), nb::arg("pool"),
       nb::arg("first_pos"), nb::arg("qk_scale"), nb::arg("head_scale"),
-      nb::arg("reference") = false, nb::arg("engine").none() = nb::none(),
+      nb::arg("reference") = false, nb::arg("tensor_cores") = false,
+      nb::arg("engine").none() = nb::none(),
       (std::string("Head-mixed pool scores: score[i, p] = sum_h w[i, h] * head_scale * "
                    "relu(qk_scale * q[i, h, :] . pool_keys[p, :]) (h ascending), and -inf where "
                    "pool p's last row p*pool + pool - 1 is after the query's position "
@@ -260,7 +263,9 @@ void init_ops_dsa(nb::module_& m) {
        kEngineDoc +
        " CUDA reproduces the CPU's sequential sums without FMA (the same bytes as an x86 CPU "
        "build); reference=True runs the one-thread-per-score CUDA scorer instead of the tiled "
-       "one (same bytes; ignored on the CPU).\n"
+       "one (same bytes; ignored on the CPU). tensor_cores=True (the arm of bf16 models) runs "
+       "the tensor-core scorer where d is 64 or 128 and Hi <= 128: q and pool_keys rounded to "
+       "bf16, f32 sums (ignored on the CPU and with reference=True).\n"
        "Raises ContractError: CONTRACT_POOL for pool < 1; CONTRACT_VALUE for first_pos < 0 or a "
        "non-finite scale; CONTRACT_RANGE when first_pos + t_q overflows int32; CONTRACT_SHAPE / "
        "CONTRACT_DTYPE / CONTRACT_STRIDE / CONTRACT_DEVICE for bad arrays.\n"

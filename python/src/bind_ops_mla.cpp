@@ -126,6 +126,11 @@ AttnArgs attn_args(const Engine* engine, const AnyArray& q_lat, const AnyArray& 
   return a;
 }
 
+#define TC_DOC                                                                                 \
+  "tensor_cores=True (the arm of bf16 models; CUDA, bf16 cache, R in {128, 256, 512}, d_rope 0 " \
+  "or 64; else ignored): the tensor-core kernels, q_lat / q_pe and the softmax weights rounded " \
+  "to bf16, f32 softmax and accumulation (~1e-2 of max|o| from the CPU).\n"
+
 // The one-sequence attention's fields (rows CAUSAL; the gathered form sets its index lists).
 MemraMlaAttnParams attn_params(const AttnArgs& a, float scale, float* o_lat) {
   MemraMlaAttnParams p{};
@@ -297,16 +302,18 @@ void init_ops_mla(nb::module_& m) {
   m.def(
       "mla_attn_absorbed",
       [](const AnyArray& q_lat, const AnyArray& cache, std::optional<AnyArray> q_pe, float scale,
-         const Engine* engine) {
+         bool tensor_cores, const Engine* engine) {
         const char* op = "mla_attn_absorbed";
         AttnArgs a = attn_args(engine, q_lat, cache, q_pe, scale, op);
         check_suffix(a, op);
         Out o = out_f32(engine, {z(a.t_q), z(a.H), z(a.R)});
-        run_op(engine, op::mla_attn, attn_params(a, scale, o.data<float>()));
+        MemraMlaAttnParams p = attn_params(a, scale, o.data<float>());
+        p.tensor_cores = tensor_cores ? 1 : 0;
+        run_op(engine, op::mla_attn, p);
         return o.obj;
       },
       nb::arg("q_lat"), nb::arg("cache"), nb::arg("q_pe") = nb::none(), nb::kw_only(),
-      nb::arg("scale"), nb::arg("engine").none() = nb::none(),
+      nb::arg("scale"), nb::arg("tensor_cores") = false, nb::arg("engine").none() = nb::none(),
       "Causal absorbed MLA attention over a latent cache; the queries are the cache's last t_q "
       "rows (query i sits at row t_kv - t_q + i and sees rows <= it).\n\n"
       "q_lat: [t_q, H, R] float32 (from mla_absorb_q). cache: [t_kv, R + d_rope] (kv_a_layernorm'd "
@@ -315,7 +322,7 @@ void init_ops_mla(nb::module_& m) {
       "device. scale: qk_head_dim**-0.5 (qk_head_dim = d_nope + d_rope). Returns o_lat "
       "[t_q, H, R] float32; score = (q_lat . c + q_pe . k_pe) * scale, softmax in f32 (CUDA: "
       "online over tiles of 32 rows, split over the rows when the queries alone do not fill the "
-      "GPU; ~1e-5 relative to the CPU).\n"
+      "GPU; ~1e-5 relative to the CPU).\n" TC_DOC
       "Raises ContractError: CONTRACT_QUERY_SUFFIX when t_q > t_kv; CONTRACT_MISSING when q_pe "
       "is absent but d_rope > 0; CONTRACT_SHAPE / CONTRACT_DTYPE / CONTRACT_STRIDE / "
       "CONTRACT_DEVICE for bad arrays; CONTRACT_VALUE for a non-finite scale. UnsupportedError "
@@ -325,7 +332,8 @@ void init_ops_mla(nb::module_& m) {
   m.def(
       "mla_attn_gathered",
       [](const AnyArray& q_lat, const AnyArray& cache, const AnyArray& idx,
-         std::optional<AnyArray> q_pe, float scale, bool check_range, const Engine* engine) {
+         std::optional<AnyArray> q_pe, float scale, bool check_range, bool tensor_cores,
+         const Engine* engine) {
         const char* op = "mla_attn_gathered";
         AttnArgs a = attn_args(engine, q_lat, cache, q_pe, scale, op);
         const int32_t* ip = i32_in(engine, idx, op, "idx", {a.t_q, -1});
@@ -359,12 +367,13 @@ void init_ops_mla(nb::module_& m) {
         p.rows = MEMRA_MLA_ROWS_INDEXED;
         p.idx = ip;
         p.width = width;
+        p.tensor_cores = tensor_cores ? 1 : 0;
         run_op(engine, op::mla_attn, p);
         return o.obj;
       },
       nb::arg("q_lat"), nb::arg("cache"), nb::arg("idx"), nb::arg("q_pe") = nb::none(),
       nb::kw_only(), nb::arg("scale"), nb::arg("check_range") = true,
-      nb::arg("engine").none() = nb::none(),
+      nb::arg("tensor_cores") = false, nb::arg("engine").none() = nb::none(),
       "Absorbed MLA attention where query i attends over the cache rows listed in idx[i, :].\n\n"
       "q_lat: [t_q, H, R] float32. cache: [t_kv, R + d_rope] float32, or on CUDA also bfloat16 "
       "(DLPack bfloat16 or uint16 raw bits). idx: [t_q, width] int32 (entries -1 are padding; "
@@ -374,7 +383,7 @@ void init_ops_mla(nb::module_& m) {
       "check_range (CUDA only): copy idx to the host first and refuse an entry outside "
       "[-1, t_kv) or after its query's row (t_kv - t_q + i) (one wait on the engine's stream); "
       "with False such entries are skipped on the device. CUDA also requires t_q <= t_kv "
-      "(queries are the cache's last rows).\n"
+      "(queries are the cache's last rows).\n" TC_DOC
       "Raises ContractError: CONTRACT_RANGE for an entry >= t_kv or < -1 (CUDA: or after the "
       "query row); CONTRACT_QUERY_SUFFIX (CUDA) when t_q > t_kv; CONTRACT_MISSING when q_pe is "
       "absent but d_rope > 0; CONTRACT_SHAPE / CONTRACT_DTYPE / CONTRACT_STRIDE / "

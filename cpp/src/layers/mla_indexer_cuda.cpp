@@ -48,6 +48,8 @@ Status MlaLayer::indexer_cuda(gpu::Arena& a, Cache& cache, int layer, int slot, 
   sp.t_q = T;
   sp.n_pools = n_pools;
   sp.first_pos = pos;
+  // bf16 models (a bf16 latent cache) score on tensor cores; float32 models keep the CPU's bytes.
+  sp.tensor_cores = cache.latent_dtype() == DType::kBF16 ? 1 : 0;
   MEMRA_TRY(op::kpool_score(b, sp));
   MemraKpoolSelectParams sel{};
   sel.score = score;

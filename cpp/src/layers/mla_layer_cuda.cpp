@@ -344,6 +344,7 @@ Status MlaLayer::prefill_cuda(Cache& cache, int layer, int slot, const float* x,
   at.cache = rows;
   at.t_q = T;
   at.t_kv = end;
+  at.tensor_cores = cdt == static_cast<int>(DType::kBF16) ? 1 : 0;  // bf16 models
   if (cfg_.sparse) {
     const int32_t* idx = topk_in;
     if (has_indexer()) {

@@ -61,6 +61,12 @@ typedef struct MemraKpoolScoreParams {
   int first_pos;      /* position of query 0 */
   int reference;      /* 1: the one-thread-per-score scorer; 0: the tiled one (same bytes; the
                          CPU backend ignores it) */
+  int tensor_cores;   /* one sequence, reference 0: 1 for bf16 models: the tensor-core scorer
+                         (cuda/dsa_score_tc.cu; q and pool_keys rounded to bf16, products exact,
+                         f32 sums in the tensor cores' order, the scaling / relu / head sum in f32
+                         as the CPU) where d is 64 or 128 and Hi <= 128, else as 0; 0: the f32
+                         scorers (the CPU's bytes). 40025 outside {0, 1}. The batched form and the
+                         CPU backend ignore it. */
   /* batched: row b scores pools [0, n_b), n_b = min((seq_pos[b] + 1) / pool, max_pools) (0 for
      an idle row), -inf past them */
   const float* const* seq_pool_keys; /* [B] device pointers to [>= n_b, d] */

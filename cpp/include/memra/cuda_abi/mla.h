@@ -109,6 +109,12 @@ typedef struct MemraMlaAttnParams {
   int width;            /* entries a list */
   const int32_t* list;  /* LISTED: [B, width] rows in [0, n_b), each once, ascending */
   const int* counts;    /* LISTED: [B] entries of each list */
+  /* one sequence: 1 for bf16 models: a bf16 cache with R in {128, 256, 512} and d_rope 0 or 64
+     runs on tensor cores (cuda/mla_prefill_tc.cu: the batched decode's tensor-core kernels over
+     the t_q queries, query i as a sequence of t_kv - t_q + i + 1 rows; q_lat, q_pe and p rounded
+     to bf16, f32 softmax and accumulation: the decode's bf16 limits); other geometries, and 0:
+     the f32 CUDA-core kernel. 40025 outside {0, 1}. Batched forms and the CPU ignore it. */
+  int tensor_cores;
 } MemraMlaAttnParams;
 
 /* ---------------------------------------------------------------- mla_norm_append_decode */
