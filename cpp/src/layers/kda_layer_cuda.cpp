@@ -279,6 +279,9 @@ Status KdaLayer::run_cuda(Cache& cache, int layer, int B, int T, const Planes& p
     sp.state.form = MEMRA_KDA_PLANES_TABLES;
     sp.state.in_table = sin;
     sp.state.out_table = sout;
+    // A bf16 model's prefill runs the chunked tensor-core form; f32 models the sequential scan
+    // (the oracle's twin).
+    sp.chunked = g.qkv.dtype != DType::kF32 ? 1 : 0;
   }
   MEMRA_TRY(in_layer(op::kda_scan(be, sp), op));
 
