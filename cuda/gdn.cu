@@ -254,6 +254,7 @@ int memra_cuda_gdn_scan(MemraCudaCtx* ctx, const MemraGdnScanParams* p) {
   scan.state.in_table = p->state_in;
   scan.state.out_table = p->state_out;
   scan.o = p->o;
+  scan.chunked = p->chunked;
   return memra_cuda_kda_scan(ctx, &scan);
 }
 

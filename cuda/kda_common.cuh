@@ -117,5 +117,8 @@ namespace memra::cuda::kda {
 int scan_decode_tables(MemraCudaCtx* ctx, const MemraKdaScanParams& p);
 // SLOTS with the gates and the norm fused: the whole of that form (its checks, then the launch).
 int scan_decode_slots(MemraCudaCtx* ctx, const MemraKdaScanParams& p);
+// cuda/kda_chunk.cu: the chunked (WY / UT) form of the TABLES scan on tensor cores (p.chunked),
+// any T >= 1, after the entry's checks (q .. o 16-byte aligned, dk = dv = 128).
+int scan_chunked_tables(MemraCudaCtx* ctx, const MemraKdaScanParams& p);
 
 }  // namespace memra::cuda::kda

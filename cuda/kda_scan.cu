@@ -222,6 +222,8 @@ int scan_tables(MemraCudaCtx* ctx, const MemraKdaScanParams& p) {
                         static_cast<const void*>(p.o)}) {
     if (reinterpret_cast<uintptr_t>(a) & 15u) return memra::kContractStride;
   }
+  // A bf16 model's prefill: the chunked form on tensor cores (cuda/kda_chunk.cu), any T.
+  if (p.chunked) return memra::cuda::kda::scan_chunked_tables(ctx, p);
   // The decode step: same bits as scan_kernel at T = 1, at stream bandwidth.
   if (T == 1) return memra::cuda::kda::scan_decode_tables(ctx, p);
   const int64_t blocks = static_cast<int64_t>(B) * H * kBlocksPerHead;

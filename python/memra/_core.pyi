@@ -205,7 +205,7 @@ def kda_gate(f: Annotated[NDArray, dict(writable=False)], dt_bias: Annotated[NDA
     Reference: Glm5NextTextForgetGate.forward.
     """
 
-def kda_scan(q: Annotated[NDArray, dict(writable=False)], k: Annotated[NDArray, dict(writable=False)], v: Annotated[NDArray, dict(writable=False)], g: Annotated[NDArray, dict(writable=False)], beta: Annotated[NDArray, dict(writable=False)], state: Annotated[NDArray, dict(writable=False)] | None = None, *, scale: float | None = None, batch: bool = False, engine: Engine | None = None) -> tuple[object, object]:
+def kda_scan(q: Annotated[NDArray, dict(writable=False)], k: Annotated[NDArray, dict(writable=False)], v: Annotated[NDArray, dict(writable=False)], g: Annotated[NDArray, dict(writable=False)], beta: Annotated[NDArray, dict(writable=False)], state: Annotated[NDArray, dict(writable=False)] | None = None, *, scale: float | None = None, batch: bool = False, chunked: bool = False, engine: Engine | None = None) -> tuple[object, object]:
     """
     KDA delta-rule scan, T steps in order (the recurrent form), from `state` (None = zeros).
 
@@ -223,6 +223,9 @@ def kda_scan(q: Annotated[NDArray, dict(writable=False)], k: Annotated[NDArray, 
     cuda/kda_scan.cu on arrays of its device (built for dk = dv = 128 only: another head size
     raises UnsupportedError (UNSUPPORTED_GEOMETRY); its dk-long sums are partial sums plus a
     warp tree, so it matches the CPU to ~1e-5 relative, not bit for bit).
+    chunked=True: on CUDA the chunked (WY / UT) form on tensor cores (cuda/kda_chunk.cu, the
+    bf16 models' prefill): TF32 operands, f32 accumulation and state, within bf16-input error
+    of the scan; the same outputs and state layout. The CPU runs its reference either way.
     Raises ContractError (CONTRACT_DTYPE / CONTRACT_SHAPE / CONTRACT_STRIDE /
     CONTRACT_DEVICE) for a bad argument; CONTRACT_STRIDE also for a CUDA array (q, k, v, g,
     state) whose data does not start on a 16-byte boundary.
@@ -253,7 +256,7 @@ def gdn_l2norm(x: Annotated[NDArray, dict(writable=False)], *, eps: float = 9.99
     Reference: modeling_qwen3_5.l2norm (x * torch.rsqrt((x * x).sum(-1) + eps)).
     """
 
-def gdn_scan(q: Annotated[NDArray, dict(writable=False)], k: Annotated[NDArray, dict(writable=False)], v: Annotated[NDArray, dict(writable=False)], g: Annotated[NDArray, dict(writable=False)], beta: Annotated[NDArray, dict(writable=False)], state: Annotated[NDArray, dict(writable=False)] | None = None, *, scale: float | None = None, batch: bool = False, engine: Engine | None = None) -> tuple[object, object]:
+def gdn_scan(q: Annotated[NDArray, dict(writable=False)], k: Annotated[NDArray, dict(writable=False)], v: Annotated[NDArray, dict(writable=False)], g: Annotated[NDArray, dict(writable=False)], beta: Annotated[NDArray, dict(writable=False)], state: Annotated[NDArray, dict(writable=False)] | None = None, *, scale: float | None = None, batch: bool = False, chunked: bool = False, engine: Engine | None = None) -> tuple[object, object]:
     """
     Gated delta rule with grouped heads, T steps in order (the recurrent form), from `state`
     (None = zeros).
@@ -273,6 +276,8 @@ def gdn_scan(q: Annotated[NDArray, dict(writable=False)], k: Annotated[NDArray, 
     key heads expanded to the value heads, then KDA's scan kernels: built for dk = dv = 128
     only, another head size raises UnsupportedError (UNSUPPORTED_GEOMETRY); its dk-long sums
     are partial sums plus a warp tree, so it matches the CPU to ~1e-5 relative).
+    chunked=True: on CUDA KDA's chunked tensor-core form after the expansion (the bf16
+    models' prefill; kda_scan's chunked=True); the CPU runs its reference either way.
     Raises ContractError (CONTRACT_DTYPE / CONTRACT_SHAPE / CONTRACT_STRIDE /
     CONTRACT_DEVICE) for a bad argument, CONTRACT_SHAPE when Hv is not a multiple of Hk,
     CONTRACT_VALUE for a non-finite scale, CONTRACT_STRIDE for a CUDA state whose data does

@@ -109,7 +109,7 @@ void init_ops_gdn(nb::module_& m) {
       "gdn_scan",
       [](const AnyArray& q, const AnyArray& k, const AnyArray& v, const AnyArray& g,
          const AnyArray& beta, std::optional<AnyArray> state, std::optional<float> scale,
-         bool batch, const Engine* engine) {
+         bool batch, bool chunked, const Engine* engine) {
         const char* op = "gdn_scan";
         int B = 1, T, Hk, Hv, dk, dv;
         const float *qp, *kp, *vp, *gp, *bp, *sp = nullptr;
@@ -182,13 +182,15 @@ void init_ops_gdn(nb::module_& m) {
           out_t = static_cast<float* const*>(out_d->data());
         }
         const MemraGdnScanParams p{qp, kp, int64_t(Hk) * dk, vp, int64_t(Hv) * dv, gp, bp, B, T,
-                                   Hk, Hv, dk, dv, sc, in_t, out_t, o.data<float>()};
+                                   Hk, Hv, dk, dv, sc, in_t, out_t, o.data<float>(),
+                                   chunked ? 1 : 0};
         run_op(engine, [&] { return op::gdn_scan(backend(engine), p); });
         return std::make_pair(o.obj, so.obj);
       },
       nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("g"), nb::arg("beta"),
       nb::arg("state") = nb::none(), nb::kw_only(), nb::arg("scale") = nb::none(),
-      nb::arg("batch") = false, nb::arg("engine").none() = nb::none(),
+      nb::arg("batch") = false, nb::arg("chunked") = false,
+      nb::arg("engine").none() = nb::none(),
       "Gated delta rule with grouped heads, T steps in order (the recurrent form), from `state`\n"
       "(None = zeros).\n\n"
       "q, k [T, Hk, dk] float32 (already L2-normalised, see gdn_l2norm); v [T, Hv, dv];\n"
@@ -206,6 +208,8 @@ void init_ops_gdn(nb::module_& m) {
       "key heads expanded to the value heads, then KDA's scan kernels: built for dk = dv = 128\n"
       "only, another head size raises UnsupportedError (UNSUPPORTED_GEOMETRY); its dk-long sums\n"
       "are partial sums plus a warp tree, so it matches the CPU to ~1e-5 relative).\n"
+      "chunked=True: on CUDA KDA's chunked tensor-core form after the expansion (the bf16\n"
+      "models' prefill; kda_scan's chunked=True); the CPU runs its reference either way.\n"
       "Raises ContractError (CONTRACT_DTYPE / CONTRACT_SHAPE / CONTRACT_STRIDE /\n"
       "CONTRACT_DEVICE) for a bad argument, CONTRACT_SHAPE when Hv is not a multiple of Hk,\n"
       "CONTRACT_VALUE for a non-finite scale, CONTRACT_STRIDE for a CUDA state whose data does\n"

@@ -222,7 +222,7 @@ void init_ops_kda(nb::module_& m) {
       "kda_scan",
       [](const AnyArray& q, const AnyArray& k, const AnyArray& v, const AnyArray& g,
          const AnyArray& beta, std::optional<AnyArray> state, std::optional<float> scale,
-         bool batch, const Engine* engine) {
+         bool batch, bool chunked, const Engine* engine) {
         const char* op = "kda_scan";
         int64_t B = 1, T, H, dk, dv;
         const float *qp, *kp, *vp, *gp, *bp, *sp = nullptr;
@@ -287,6 +287,7 @@ void init_ops_kda(nb::module_& m) {
         p.state.in_table = tabs.table(0);
         p.state.out_table = tabs.table(1);
         p.o = o.data<float>();
+        p.chunked = chunked ? 1 : 0;
         {
           CpuNoGil nogil(engine);
           check(memra::op::kda_scan(backend(engine), p));
@@ -299,7 +300,7 @@ void init_ops_kda(nb::module_& m) {
       },
       nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("g"), nb::arg("beta"),
       nb::arg("state") = nb::none(), nb::kw_only(), nb::arg("scale") = nb::none(),
-      nb::arg("batch") = false, nb::arg("engine").none() = nb::none(),
+      nb::arg("batch") = false, nb::arg("chunked") = false, nb::arg("engine").none() = nb::none(),
       "KDA delta-rule scan, T steps in order (the recurrent form), from `state` (None = zeros).\n\n"
       "q, k [T, H, dk] float32 (already L2-normalised, see l2norm_heads); v [T, H, dv];\n"
       "g [T, H, dk] log forget gate (kda_gate); beta [T, H] (sigmoid of b_proj);\n"
@@ -315,6 +316,9 @@ void init_ops_kda(nb::module_& m) {
       "cuda/kda_scan.cu on arrays of its device (built for dk = dv = 128 only: another head size\n"
       "raises UnsupportedError (UNSUPPORTED_GEOMETRY); its dk-long sums are partial sums plus a\n"
       "warp tree, so it matches the CPU to ~1e-5 relative, not bit for bit).\n"
+      "chunked=True: on CUDA the chunked (WY / UT) form on tensor cores (cuda/kda_chunk.cu, the\n"
+      "bf16 models' prefill): TF32 operands, f32 accumulation and state, within bf16-input error\n"
+      "of the scan; the same outputs and state layout. The CPU runs its reference either way.\n"
       "Raises ContractError (CONTRACT_DTYPE / CONTRACT_SHAPE / CONTRACT_STRIDE /\n"
       "CONTRACT_DEVICE) for a bad argument; CONTRACT_STRIDE also for a CUDA array (q, k, v, g,\n"
       "state) whose data does not start on a 16-byte boundary.\n"

@@ -169,8 +169,12 @@ Status GdnLayer::run_cuda(Cache& cache, int layer, int B, int T, const Planes& p
 
   // The delta rule over B sequences of T steps, planes cur -> 1 - cur.
   const float scale = static_cast<float>(1.0 / std::sqrt(double(dk)));
-  const MemraGdnScanParams sp{act, act + kd, C, act + 2 * kd, C, gate, beta, B, T, Hk, Hv, dk, dv,
-                              scale, state_in, state_out, o};
+  MemraGdnScanParams sp{act, act + kd, C, act + 2 * kd, C, gate, beta, B, T, Hk, Hv, dk, dv,
+                        scale, state_in, state_out, o};
+  // A bf16 model's multi-token prefill runs the chunked tensor-core form; f32 models, decode
+  // steps and one-token prefills the sequential kernels (a one-token prefill keeps the decode
+  // step's bytes).
+  sp.chunked = (!decode && T > 1 && g.qkv.dtype != DType::kF32) ? 1 : 0;
   MEMRA_TRY(op::gdn_scan(be, sp));
 
   // w * rmsnorm(o) * silu(z) per value head, then out_proj.

@@ -279,6 +279,10 @@ Status KdaLayer::run_cuda(Cache& cache, int layer, int B, int T, const Planes& p
     sp.state.form = MEMRA_KDA_PLANES_TABLES;
     sp.state.in_table = sin;
     sp.state.out_table = sout;
+    // A bf16 model's multi-token prefill runs the chunked tensor-core form; f32 models the
+    // sequential scan (the oracle's twin), and a one-token prefill the decode step's kernel
+    // (its bytes: a one-token prefill equals a decode step bit for bit).
+    sp.chunked = (T > 1 && g.qkv.dtype != DType::kF32) ? 1 : 0;
   }
   MEMRA_TRY(in_layer(op::kda_scan(be, sp), op));
 

@@ -42,6 +42,8 @@ typedef struct MemraGdnScanParams {
   float* const* state_out;      /* [B] table of output planes, each distinct from the inputs;
                                    required (40024); a null entry is not written */
   float* o;         /* [B, T, Hv, dv] f32; 16-byte aligned on CUDA (40022) */
+  int chunked;      /* != 0: KDA's chunked tensor-core form (MemraKdaScanParams::chunked) after
+                       the expansion; 0 the sequential scan. The CPU reference ignores it. */
 } MemraGdnScanParams;
 
 #define MEMRA_CUDA_GDN_OPS(X)                                                                     \

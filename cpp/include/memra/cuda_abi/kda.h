@@ -139,6 +139,13 @@ typedef struct MemraKdaScanParams {
   const float* gate_o; /* [B, T, H, dv] f32; required (40024) */
   const float* o_norm; /* [dv] f32; required (40024) */
   float norm_eps;
+  /* The chunked (WY / UT) form on tensor cores (TABLES, any T >= 1; cuda/kda_chunk.cu): 0 the
+     sequential scan (the f32 models' path, the oracle's twin; the T == 1 decode kernel), != 0
+     the chunked kernels, which a bf16 model's prefill asks for: TF32 operands, f32 accumulation
+     and an f32 state, within bf16-input error of the scan, not its bits. The same o and state
+     layout, so decode continues from its state. The CPU backend runs its sequential reference
+     either way. */
+  int chunked;
 } MemraKdaScanParams;
 
 /* Decode-graph bookkeeping (docs/decode_graphs.md): one KDA layer's per-sequence pointer tables

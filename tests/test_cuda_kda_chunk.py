@@ -1,0 +1,344 @@
+"""The chunked (WY / UT) delta-rule form on tensor cores (cuda/kda_chunk.cu; ``kda_scan`` /
+``gdn_scan`` with ``chunked=True``, the bf16 models' prefill) against the sequential scan.
+
+Two parts:
+- CPU (no device): ``chunk_scan`` below re-implements the kernels' chunk algebra step by step
+  (64-row chunks, the 16-row sub-blocks' relative decays, the block forward substitution of
+  (I + A)^-1, W / U, then the state across chunks). In float64 it equals a float64 sequential
+  scan to rounding, and the f32 CPU oracle (``_core.kda_scan``) to its own f32 error: the algebra
+  is the scan's before any GPU is involved. Run in float32 with every matrix-product operand
+  rounded to TF32 (what mma.sync m16n8k8 .tf32 sees), it gives the error the kernels should
+  show, which must sit inside the tolerance the GPU tests use.
+- CUDA (marked cuda): the kernels against the CPU scan on bf16-rounded inputs, the edge lengths,
+  batches with their own initial states, strong decays, GDN's per-head decay with grouped heads,
+  the state hand-off to the sequential decode step, and the kernels' names in the profiler.
+
+Tolerance (derived from bf16): |got - want| <= 2^-9 * max|want| per output tensor (o and the final
+state separately), 2^-9 being bf16's unit roundoff: the chunked arm may be off the f32 scan by
+no more than one bf16 rounding of its largest output, the error a bf16 model already accepts by
+rounding each value it stores. The inputs are bf16-rounded (as a bf16 model's would be) so the
+CPU oracle sees exactly the kernel's inputs. The TF32 emulation below measures 5e-4 to 7e-4 of
+max|want| (T = 65 .. 1000; under half the tolerance), while one bf16 rounding of the inputs moves
+the scan's outputs by 3e-3 to 6e-3 of max|want| (the delta rule amplifies input error), several
+times the TF32 arm's error; the f32 sequential scan on the GPU agrees with the CPU to ~1e-6.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from memra import _core
+from cuda_helpers import bf16_round, f32, rng
+
+DK = DV = 128
+C, SUB = 64, 16
+REL = 2.0 ** -9  # bf16's unit roundoff, relative to the output tensor's largest magnitude
+
+
+# ---------------------------------------------------------------- references (numpy)
+
+
+def tf32(x):
+    """x rounded to TF32 (10-bit mantissa, nearest, ties away: cvt.rna.tf32.f32), as float32."""
+    b = np.ascontiguousarray(x, np.float32).view(np.uint32)
+    return ((b + np.uint32(0x1000)) & np.uint32(0xFFFFE000)).view(np.float32)
+
+
+def seq_scan(q, k, v, g, beta, state, scale):
+    """The scan's recurrence in float64 (cpu::kda_scan's steps). q, k, g [T, H, dk]; v [T, H, dv];
+    beta [T, H]; state [H, dk, dv] or None."""
+    T, H, dk = q.shape
+    dv = v.shape[2]
+    S = np.zeros((H, dk, dv)) if state is None else state.astype(np.float64).copy()
+    o = np.zeros((T, H, dv))
+    for t in range(T):
+        S *= np.exp(g[t].astype(np.float64))[:, :, None]
+        kv = np.einsum("hk,hkv->hv", k[t].astype(np.float64), S)
+        d = beta[t].astype(np.float64)[:, None] * (v[t] - kv)
+        S += k[t].astype(np.float64)[:, :, None] * d[:, None, :]
+        o[t] = np.einsum("hk,hkv->hv", scale * q[t].astype(np.float64), S)
+    return o, S
+
+
+def block_inverse(A):
+    """(I + A)^-1 for strictly lower A [64, 64] as the kernel forms it: the four 16 x 16 diagonal
+    blocks by forward substitution, then the blocks below by levels I - J = 1, 2, 3."""
+    n = A.shape[0]
+    Tm = np.zeros_like(A)
+    for I in range(n // SUB):
+        b = slice(I * SUB, (I + 1) * SUB)
+        Ab, Tb = A[b, b], np.zeros((SUB, SUB), A.dtype)
+        for i in range(SUB):
+            Tb[i, i] = 1.0
+            for j in range(i):
+                Tb[i, j] = -np.dot(Ab[i, j:i], Tb[j:i, j])
+        Tm[b, b] = Tb
+    blk = lambda I: slice(I * SUB, (I + 1) * SUB)  # noqa: E731
+    for d in range(1, n // SUB):
+        for J in range(n // SUB - d):
+            I = J + d
+            X = sum(A[blk(I), blk(M)] @ Tm[blk(M), blk(J)] for M in range(J, I))
+            Tm[blk(I), blk(J)] = -Tm[blk(I), blk(I)] @ X
+    return Tm
+
+
+def chunk_scan(q, k, v, g, beta, state, scale, dtype=np.float64, rnd=lambda x: x):
+    """The kernels' chunk algebra (cuda/kda_chunk.cu), per head and 64-row chunk; rows past T
+    are zeros. dtype float64 with rnd = identity: exact algebra; float32 with rnd = tf32: the
+    kernels' arithmetic (mma operands rounded to TF32, f32 accumulation)."""
+    T, H, dk = q.shape
+    dv = v.shape[2]
+    mm = lambda a, b: (rnd(a.astype(dtype)) @ rnd(b.astype(dtype))).astype(dtype)  # noqa: E731
+    o = np.zeros((T, H, dv), dtype)
+    S_out = np.zeros((H, dk, dv), dtype)
+    for h in range(H):
+        S = np.zeros((dk, dv), dtype) if state is None else state[h].astype(dtype)
+        for t0 in range(0, T, C):
+            L = min(C, T - t0)
+            pad = lambda x: np.concatenate(  # noqa: E731
+                [x[t0:t0 + L, h].astype(dtype), np.zeros((C - L,) + x.shape[2:], dtype)])
+            qc, kc, vc, gc, bc = pad(q), pad(k), pad(v), pad(g), pad(beta)
+            G = np.cumsum(gc, axis=0, dtype=dtype)
+            Akk = np.zeros((C, C), dtype)
+            Aqk = np.zeros((C, C), dtype)
+            for I in range(C // SUB):
+                rows = slice(I * SUB, (I + 1) * SUB)
+                # Diagonal sub-block: element by element (exponents G_t - G_s <= 0, s <= t).
+                diff = G[rows][:, None, :] - G[rows][None, :, :]  # [t, s, c]
+                causal = np.tril(np.ones((SUB, SUB), bool))[:, :, None]
+                e = np.exp(np.where(causal, diff, -np.inf))
+                kk = np.einsum("tc,sc,tsc->ts", kc[rows], kc[rows], e)
+                qk = np.einsum("tc,sc,tsc->ts", qc[rows], kc[rows], e)
+                Akk[rows, rows] = np.tril(kk, -1)
+                Aqk[rows, rows] = np.tril(qk)
+                # Below it: exp(G_t - G_r) exp(G_r - G_s), r = the sub-block's first row.
+                r = I * SUB
+                left = np.exp(G[rows] - G[r])
+                for J in range(I):
+                    cols = slice(J * SUB, (J + 1) * SUB)
+                    right = kc[cols] * np.exp(G[r] - G[cols])
+                    Akk[rows, cols] = mm(kc[rows] * left, right.T)
+                    Aqk[rows, cols] = mm(qc[rows] * left, right.T)
+            Akk *= bc[:, None]
+            Aqk *= dtype(scale)
+            Tm = block_inverse(Akk)
+            W = mm(Tm, bc[:, None] * kc * np.exp(G))
+            U = mm(Tm, bc[:, None] * vc)
+            QG = dtype(scale) * qc * np.exp(G)
+            KG = kc * np.exp(G[-1] - G)
+            D = U - mm(W, S)
+            O = mm(QG, S) + mm(Aqk, D)
+            S = np.exp(G[-1])[:, None] * S + mm(KG.T, D)
+            o[t0:t0 + L, h] = O[:L]
+        S_out[h] = S
+    return o, S_out
+
+
+def inputs(T, H=2, B=None, seed=0, strong=False, with_state=True, gdn_heads=None):
+    """bf16-rounded scan inputs: q, k L2-normalised; g per channel (KDA) or, with
+    gdn_heads=(Hk, Hv), GDN's per-value-head decay and key heads Hk. strong: decays of -8..-30
+    per step (exp(-G) overflows f32 within a chunk)."""
+    r = rng(seed)
+    lead = (T,) if B is None else (B, T)
+    Hq = H if gdn_heads is None else gdn_heads[0]
+    Hv = H if gdn_heads is None else gdn_heads[1]
+
+    def unit(shape):
+        x = r.standard_normal(shape)
+        return bf16_round(x / np.sqrt((x * x).sum(-1, keepdims=True) + 1e-6))
+
+    q, k = unit(lead + (Hq, DK)), unit(lead + (Hq, DK))
+    v = bf16_round(r.standard_normal(lead + (Hv, DV)))
+    gshape = lead + ((Hv, DK) if gdn_heads is None else (Hv,))
+    if strong:
+        g = bf16_round(-r.uniform(8.0, 30.0, gshape))
+    else:  # glm5_next's lower-bound gate: -5 sigmoid(.), with many near-zero decays
+        g = bf16_round(-5.0 / (1.0 + np.exp(-2.0 * r.standard_normal(gshape) + 2.0)))
+    beta = bf16_round(1.0 / (1.0 + np.exp(-r.standard_normal(lead + (Hv,)))))
+    slead = (Hv,) if B is None else (B, Hv)
+    state = f32(0.3 * r.standard_normal(slead + (DK, DV))) if with_state else None
+    return q, k, v, g, beta, state
+
+
+def err_rel(got, want):
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    return float(np.abs(got - want).max()) / max(float(np.abs(want).max()), 1e-30)
+
+
+def assert_close(got, want, rel=REL, what=""):
+    assert np.all(np.isfinite(got)), what
+    e = err_rel(got, want)
+    assert e <= rel, f"{what}: max|d| / max|want| = {e:.3g} > {rel:.3g}"
+
+
+SCALE = DK ** -0.5
+
+
+# ---------------------------------------------------------------- CPU: the algebra
+
+
+@pytest.mark.parametrize("T", [1, 2, 17, 63, 64, 65, 100, 200])
+@pytest.mark.parametrize("strong", [False, True])
+def test_chunk_algebra_equals_the_scan_in_float64(T, strong):
+    q, k, v, g, beta, state = inputs(T, seed=T, strong=strong)
+    o, s = chunk_scan(q, k, v, g, beta, state, SCALE)
+    ro, rs = seq_scan(q, k, v, g, beta, state, SCALE)
+    assert err_rel(o, ro) < 1e-12 and err_rel(s, rs) < 1e-12
+    # and the f32 CPU oracle, to its own f32 rounding
+    co, cs = _core.kda_scan(q, k, v, g, beta, state)
+    assert err_rel(co, o) < 1e-5 and err_rel(cs, s) < 1e-5
+
+
+def test_chunk_algebra_gdn_grouped_heads_in_float64():
+    Hk, Hv, T = 2, 4, 130
+    q, k, v, g, beta, state = inputs(T, seed=7, gdn_heads=(Hk, Hv))
+    rep = Hv // Hk  # value head h reads key head h // rep
+    qe, ke = np.repeat(q, rep, axis=1), np.repeat(k, rep, axis=1)
+    ge = np.repeat(g[:, :, None], DK, axis=2)
+    o, s = chunk_scan(qe, ke, v, ge, beta, state, SCALE)
+    co, cs = _core.gdn_scan(q, k, v, g, beta, state)
+    assert err_rel(co, o) < 1e-5 and err_rel(cs, s) < 1e-5
+
+
+def test_strong_decays_overflow_the_split_exponent_but_not_the_chunk_form():
+    # exp(-G) alone (G the chunk's cumulative log decay) overflows f32 within one chunk at these
+    # decays; the relative form never evaluates a positive exponent.
+    q, k, v, g, beta, state = inputs(64, seed=3, strong=True)
+    G = np.cumsum(g.astype(np.float32), axis=0)
+    with np.errstate(over="ignore"):
+        assert np.isinf(np.exp(-G)).any()
+    o, s = chunk_scan(q, k, v, g, beta, state, SCALE, dtype=np.float32, rnd=tf32)
+    assert np.all(np.isfinite(o)) and np.all(np.isfinite(s))
+
+
+@pytest.mark.parametrize("T,strong", [(65, False), (200, False), (200, True), (1000, False)])
+def test_tf32_emulation_sits_inside_the_gpu_tolerance(T, strong):
+    # The kernels' arithmetic (f32, TF32 operands) against the f32 CPU oracle: the GPU tests'
+    # tolerance must hold with margin (the GPU's other difference is the order of the sums).
+    q, k, v, g, beta, state = inputs(T, H=1, seed=40 + T, strong=strong)
+    o, s = chunk_scan(q, k, v, g, beta, state, SCALE, dtype=np.float32, rnd=tf32)
+    co, cs = _core.kda_scan(q, k, v, g, beta, state)
+    err = max(err_rel(o, co), err_rel(s, cs))
+    assert err < REL / 2, err
+    # What one bf16 rounding of the inputs does to the scan (each of q, k, v, beta moved by
+    # bf16's unit roundoff, random sign): several times the TF32 arm's error.
+    r = rng(T)
+
+    def nudge(x):
+        return f32(x * (1.0 + REL * r.choice([-1.0, 1.0], x.shape)))
+
+    po, ps = _core.kda_scan(nudge(q), nudge(k), nudge(v), g, nudge(beta), state)
+    assert max(err_rel(po, co), err_rel(ps, cs)) > 4 * err
+
+
+# ---------------------------------------------------------------- CUDA
+
+
+def scan_dev(e, q, k, v, g, beta, state=None, **kw):
+    dev = [e.to_device(a) for a in (q, k, v, g, beta)]
+    ds = None if state is None else e.to_device(state)
+    o, s = _core.kda_scan(*dev, ds, engine=e, **kw)
+    return e.to_host(o), e.to_host(s)
+
+
+def gdn_dev(e, q, k, v, g, beta, state=None, **kw):
+    dev = [e.to_device(a) for a in (q, k, v, g, beta)]
+    ds = None if state is None else e.to_device(state)
+    o, s = _core.gdn_scan(*dev, ds, engine=e, **kw)
+    return e.to_host(o), e.to_host(s)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("T", [1, 2, 63, 64, 65, 100, 1000, 4097])
+@pytest.mark.parametrize("with_state", [False, True])
+def test_chunked_matches_the_cpu_scan(e, T, with_state):
+    H = 2 if T > 1000 else 3
+    q, k, v, g, beta, state = inputs(T, H=H, seed=T, with_state=with_state)
+    o, s = scan_dev(e, q, k, v, g, beta, state, chunked=True)
+    co, cs = _core.kda_scan(q, k, v, g, beta, state)
+    assert_close(o, co, what=f"o T={T}")
+    assert_close(s, cs, what=f"state T={T}")
+    # and the sequential CUDA arm (the f32 path), which sits within 1e-5 of the CPU
+    go, gs = scan_dev(e, q, k, v, g, beta, state)
+    assert_close(o, go, what=f"o vs the CUDA scan T={T}")
+    assert_close(s, gs, what=f"state vs the CUDA scan T={T}")
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("T", [65, 130])
+def test_chunked_batch_with_own_states(e, T):
+    q, k, v, g, beta, state = inputs(T, H=2, B=3, seed=500 + T)
+    o, s = scan_dev(e, q, k, v, g, beta, state, chunked=True, batch=True)
+    co, cs = _core.kda_scan(q, k, v, g, beta, state, batch=True)
+    assert_close(o, co, what="o")
+    assert_close(s, cs, what="state")
+    for b in range(3):  # each sequence as its own call
+        ob, sb = scan_dev(e, q[b], k[b], v[b], g[b], beta[b], state[b], chunked=True)
+        assert_close(ob, co[b], what=f"o[{b}]")
+        assert_close(sb, cs[b], what=f"state[{b}]")
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("T", [64, 200])
+def test_chunked_strong_decays_stay_finite_and_close(e, T):
+    q, k, v, g, beta, state = inputs(T, H=2, seed=600 + T, strong=True)
+    o, s = scan_dev(e, q, k, v, g, beta, state, chunked=True)
+    co, cs = _core.kda_scan(q, k, v, g, beta, state)
+    assert_close(o, co, what="o")
+    assert_close(s, cs, what="state")
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("T", [1, 65, 300])
+def test_chunked_gdn_grouped_heads(e, T):
+    q, k, v, g, beta, state = inputs(T, seed=700 + T, gdn_heads=(2, 4))
+    o, s = gdn_dev(e, q, k, v, g, beta, state, chunked=True)
+    co, cs = _core.gdn_scan(q, k, v, g, beta, state)
+    assert_close(o, co, what="o")
+    assert_close(s, cs, what="state")
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("T", [64, 100])
+def test_chunked_prefill_state_continues_in_the_decode_step(e, T):
+    # The chunked prefill's state, in the scan's layout, feeds the sequential one-step kernel.
+    q, k, v, g, beta, state = inputs(T + 1, H=2, seed=800 + T)
+    head, tail = slice(0, T), slice(T, T + 1)
+    dev = lambda a: e.to_device(a)  # noqa: E731
+    _, s_mid = _core.kda_scan(*(dev(a[head]) for a in (q, k, v, g, beta)), dev(state),
+                              engine=e, chunked=True)
+    o1, s1 = _core.kda_scan(*(dev(a[tail]) for a in (q, k, v, g, beta)), s_mid, engine=e)
+    co, cs = _core.kda_scan(q, k, v, g, beta, state)
+    assert_close(e.to_host(o1), co[tail], what="decode o")
+    assert_close(e.to_host(s1), cs, what="decode state")
+
+
+def cuda_kernels(e, tmp_path, fn):
+    torch = pytest.importorskip("torch")
+    from torch.profiler import ProfilerActivity, profile
+
+    e.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        e.synchronize()
+        torch.cuda.synchronize()
+    path = tmp_path / "trace.json"
+    prof.export_chrome_trace(str(path))
+    events = json.loads(path.read_text())
+    events = events.get("traceEvents", []) if isinstance(events, dict) else events
+    return " ".join(str(ev.get("name")) for ev in events
+                    if isinstance(ev, dict) and str(ev.get("cat", "")).lower() == "kernel")
+
+
+@pytest.mark.cuda
+def test_the_chunked_kernels_ran(e, tmp_path):
+    q, k, v, g, beta, state = inputs(130, H=2, seed=900)
+    dev = [e.to_device(a) for a in (q, k, v, g, beta, state)]
+    chunked = cuda_kernels(e, tmp_path, lambda: _core.kda_scan(*dev, engine=e, chunked=True))
+    assert "chunk_intra_kernel" in chunked and "chunk_state_kernel" in chunked, chunked
+    assert "scan_kernel" not in chunked.replace("chunk_", ""), chunked
+    plain = cuda_kernels(e, tmp_path, lambda: _core.kda_scan(*dev, engine=e))
+    assert "scan_kernel" in plain and "chunk_intra_kernel" not in plain, plain
