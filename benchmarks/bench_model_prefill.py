@@ -37,7 +37,8 @@ memory: memra_pool_peak_bytes = Engine.memory()'s pool_used_peak over the timed 
         builds without Engine.memory).
 kernels: one more call under torch.profiler (CUDA activity; T <= --profile-max-len): kernel time
         summed by kind (the source file each memra kernel is defined in, cuda/*.cu: kda, mla, dsa,
-        moe, mhc, mlp, gemm = memra's GEMV / linear and cuBLAS, other) and the top kernels.
+        moe, mhc, mlp, basic = norms / rope / embedding, gemm = memra's GEMV / linear and
+        cuBLAS, other) and the top kernels.
 
     python3 benchmarks/bench_model_prefill.py [--quick] [--lengths 1024,8192] [--batch 8x2048]
     python3 benchmarks/bench_model_prefill.py --device cpu     # smoke test: tiny widths, CPU, f32
@@ -201,13 +202,16 @@ class DevicePeak:
 def kernel_kinds() -> dict[str, str]:
     """memra kernel name -> kind, from the cuda/*.cu file that defines it."""
     kinds = {"kda": "kda", "gdn": "gdn", "mla": "mla", "dsa": "dsa", "moe": "moe", "mhc": "mhc",
-             "mlp": "mlp", "gemv": "gemm", "linear": "gemm", "attention": "attention"}
+             "mlp": "mlp", "gemv": "gemm", "linear": "gemm", "attention": "attention", "basic": "basic",
+             "sample": "sample"}
     out: dict[str, set] = defaultdict(set)
     for f in sorted((ROOT / "cuda").glob("*.cu*")):
         kind = next((k for p, k in kinds.items() if f.stem.startswith(p)), "other")
         text = f.read_text(errors="replace")
-        for m in re.finditer(r"__global__[^(]*?\b(\w+_kernel)\s*\(", text, re.S):
-            out[m.group(1)].add(kind)
+        for g in re.finditer(r"__global__", text):  # the name follows within a few tokens
+            m = re.search(r"\b(\w+_kernel)\s*\(", text[g.end():g.end() + 300])
+            if m:
+                out[m.group(1)].add(kind)
     return {name: "|".join(sorted(k)) for name, k in out.items()}
 
 
