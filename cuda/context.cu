@@ -297,6 +297,40 @@ int memra_cuda_mem_info(MemraCudaCtx* ctx, size_t* free_bytes, size_t* total_byt
   return status_of(cudaMemGetInfo(free_bytes, total_bytes));
 }
 
+int memra_cuda_mem_stats(MemraCudaCtx* ctx, MemraMemStats* out, int reset_peak) {
+  if (!out) return memra::kContractMissing;
+  if (reset_peak != 0 && reset_peak != 1) return memra::kContractValue;
+  MEMRA_CUDA_RETURN_IF(enter_keep(ctx));  // reads figures only: a pending Sinkhorn may stay
+  *out = MemraMemStats{};
+  size_t free_bytes = 0, total_bytes = 0;
+  MEMRA_CUDA_RETURN_IF(status_of(cudaMemGetInfo(&free_bytes, &total_bytes)));
+  out->device_free = free_bytes;
+  out->device_total = total_bytes;
+  const struct {
+    cudaMemPoolAttr attr;
+    uint64_t* dst;
+  } reads[] = {{cudaMemPoolAttrUsedMemCurrent, &out->pool_used},
+               {cudaMemPoolAttrUsedMemHigh, &out->pool_used_peak},
+               {cudaMemPoolAttrReservedMemCurrent, &out->pool_reserved},
+               {cudaMemPoolAttrReservedMemHigh, &out->pool_reserved_peak}};
+  for (const auto& r : reads) {
+    MEMRA_CUDA_RETURN_IF(status_of(cudaMemPoolGetAttribute(ctx->pool, r.attr, r.dst)));
+  }
+  // Whether a reset mark reads 0 or the value at the reset until the next allocation, the peak
+  // reported is never below the current value.
+  out->pool_used_peak = std::max(out->pool_used_peak, out->pool_used);
+  out->pool_reserved_peak = std::max(out->pool_reserved_peak, out->pool_reserved);
+  if (reset_peak) {
+    // The high-water marks accept only 0, which restarts them from the current values.
+    uint64_t zero = 0;
+    MEMRA_CUDA_RETURN_IF(status_of(cudaMemPoolSetAttribute(ctx->pool, cudaMemPoolAttrUsedMemHigh, &zero)));
+    zero = 0;
+    MEMRA_CUDA_RETURN_IF(
+        status_of(cudaMemPoolSetAttribute(ctx->pool, cudaMemPoolAttrReservedMemHigh, &zero)));
+  }
+  return memra::kOk;
+}
+
 // ---------------------------------------------------------------------------------- graphs
 
 int memra_cuda_graph_begin(MemraCudaCtx* ctx) {

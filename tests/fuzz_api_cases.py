@@ -254,7 +254,8 @@ CASES: dict[str, Case] = {
         {"pdl": NOT_BOOL, "gemv_rows": ints(3, -1, 16, True), "mla_decode_variant": ints(3, -1, True)}),
     "KernelOptions.replace": Case(
         lambda w: memra.KernelOptions().replace, lambda w: dict(gemv=False, mla_split_tiles=2),
-        {"gemv": NOT_BOOL, "mla_split_tiles": ints(-1, True), "moe_grouped_min_t": ints(0, -1)}),
+        {"gemv": NOT_BOOL, "mla_split_tiles": ints(-1, True), "moe_grouped_min_t": ints(0, -1),
+         "prefill_chunk": ints(-1, True)}),
     "KernelOptions.to_dict": Case(lambda w: memra.KernelOptions().to_dict, lambda w: {}),
     "HyperConnection()": Case(
         lambda w: _core.HyperConnection, lambda w: dict(engine=w.engine, weights=w.hc_weights(0), **w.hc_kw),
@@ -306,6 +307,10 @@ CASES: dict[str, Case] = {
     "Cache.release": Case(lambda w: w.held_cache.release, lambda w: dict(slot=1, token=w.held_token),
                           {"slot": SLOT + [0], "token": ints(0, 2**40, unsigned=True)}),
     "Cache.copy_slot": Case(lambda w: w.cache.copy_slot, lambda w: dict(src=0, dst=1), {"src": SLOT, "dst": SLOT}),
+    "Cache.snapshot": Case(lambda w: w.cache.snapshot, lambda w: dict(slot=1), {"slot": SLOT}),
+    "Cache.restore": Case(lambda w: w.cache.restore, lambda w: dict(snapshot=w.cache.snapshot(1), owner=0),
+                          {"snapshot": NOT_OBJ + [lambda g, w: [("a cache", w.cache)]],
+                           "owner": ints(unsigned=True)}),
     "Cache.kda_state": Case(lambda w: w.cache.kda_state, lambda w: dict(layer=0, slot=0),
                             {"layer": LAYER + [2], "slot": SLOT}),
     "Cache.kda_conv": Case(lambda w: w.cache.kda_conv, lambda w: dict(layer=0, slot=0),
@@ -315,6 +320,7 @@ CASES: dict[str, Case] = {
     "Cache.pool_keys": Case(lambda w: w.cache.pool_keys, lambda w: dict(layer=2, slot=0),
                             {"layer": LAYER + [0, 3], "slot": SLOT}),
     # -------------------------------------------------------------- Engine methods
+    "Engine.memory": Case(lambda w: w.engine.memory, lambda w: dict(reset_peak=False), {"reset_peak": NOT_BOOL}),
     "Engine.to_device": Case(lambda w: w.engine.to_device, lambda w: dict(array=w.f32(2, 3)),
                              {"array": arr(dtypes=(), rank=False)}, cuda_only=True),
     "Engine.to_host": Case(lambda w: w.engine.to_host, lambda w: dict(array=w.f32(2, 3)),

@@ -1,6 +1,7 @@
 #include "memra/cache.h"
 
 #include <algorithm>
+#include <atomic>
 #include <climits>
 #include <cstdint>
 #include <cstdio>
@@ -126,7 +127,9 @@ Status Cache::create(std::shared_ptr<CudaContext> cuda, DType latent_dtype, int 
       }
     }
   }
+  static std::atomic<uint64_t> serials{0};
   std::unique_ptr<Cache> c(new Cache());
+  c->serial_ = ++serials;
   c->cuda_ = std::move(cuda);
   c->latent_dtype_ = latent_dtype;
   c->max_batch_ = max_batch;
@@ -419,6 +422,79 @@ Status Cache::copy_slot(int src, int dst, uint64_t owner) {
   MEMRA_TRY(sync_mirror(dst, lengths_[src], cur_[src]));
   lengths_[dst] = lengths_[src];
   cur_[dst] = cur_[src];
+  return Status::Ok();
+}
+
+std::vector<std::pair<uint8_t*, size_t>> Cache::undo_planes(int slot, int which) {
+  std::vector<std::pair<uint8_t*, size_t>> out;
+  for (int l = 0; l < num_layers(); ++l) {
+    const auto& s = specs_[l];
+    if (s.recurrent()) {
+      out.emplace_back(reinterpret_cast<uint8_t*>(conv(l, slot, which)), size_t(s.conv_floats()) * 4);
+      out.emplace_back(reinterpret_cast<uint8_t*>(state(l, slot, which)), size_t(s.state_floats()) * 4);
+    } else if (s.kind == LayerStateSpec::Kind::kMla && s.index_head_dim > 0) {
+      const size_t ring = size_t(s.tail_rows) * s.index_head_dim * 4;
+      out.emplace_back(reinterpret_cast<uint8_t*>(tail_k(l, slot)), ring);
+      out.emplace_back(reinterpret_cast<uint8_t*>(tail_gate(l, slot)), ring);
+    }
+  }
+  return out;
+}
+
+Status Cache::snapshot(int slot, SlotSnapshot* out) {
+  MEMRA_TRY(check_slot(slot, "Cache.snapshot"));
+  SlotSnapshot s;
+  s.cache_serial = serial_;
+  s.slot = slot;
+  s.length = lengths_[slot];
+  s.cur = cur_[slot];
+  const auto planes = undo_planes(slot, s.cur);
+  for (const auto& p : planes) s.bytes += p.second;
+  uint8_t* dst = nullptr;
+  if (cuda_) {
+    MEMRA_TRY(DeviceBuffer::create(cuda_, std::max<size_t>(s.bytes, 1), &s.device));
+    dst = static_cast<uint8_t*>(s.device->data());
+  } else {
+    try {
+      s.host.resize(std::max<size_t>(s.bytes, 1));
+    } catch (const std::bad_alloc&) {
+      return Status(kOutOfMemory, "Cache.snapshot: " + std::to_string(s.bytes) +
+                                      " bytes of host memory could not be had");
+    }
+    dst = s.host.data();
+  }
+  for (const auto& p : planes) {
+    MEMRA_TRY(copy_bytes(dst, p.first, p.second));
+    dst += p.second;
+  }
+  *out = std::move(s);
+  return Status::Ok();
+}
+
+Status Cache::restore(const SlotSnapshot& s, uint64_t owner) {
+  const char* op = "Cache.restore";
+  if (s.cache_serial != serial_) {
+    return Status(kContractValue, std::string(op) + ": the snapshot was taken from another cache");
+  }
+  MEMRA_TRY(check_slot(s.slot, op));
+  MEMRA_TRY(check_owner(s.slot, owner, op));
+  if (lengths_[s.slot] < s.length) {
+    return Status(kContractValue, std::string(op) + ": slot " + std::to_string(s.slot) + " holds " +
+                                      std::to_string(lengths_[s.slot]) + " tokens, fewer than the " +
+                                      std::to_string(s.length) +
+                                      " of the snapshot: it was freed or overwritten since, and a "
+                                      "snapshot only undoes steps appended after it");
+  }
+  const uint8_t* src = cuda_ ? static_cast<const uint8_t*>(s.device ? s.device->data() : nullptr)
+                             : s.host.data();
+  if (s.bytes > 0 && !src) return Status(kContractMissing, std::string(op) + ": empty snapshot");
+  for (const auto& p : undo_planes(s.slot, s.cur)) {
+    MEMRA_TRY(copy_bytes(p.first, src, p.second));
+    src += p.second;
+  }
+  MEMRA_TRY(sync_mirror(s.slot, s.length, s.cur));
+  lengths_[s.slot] = s.length;
+  cur_[s.slot] = s.cur;
   return Status::Ok();
 }
 

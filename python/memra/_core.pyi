@@ -603,10 +603,10 @@ class CudaGraph:
 
 class KernelOptions:
     """
-    The CUDA kernels' arms an Engine runs with, chosen once when it is made (Engine(..., options=), memra.load(..., kernel_options=)); immutable. Keyword construction; every field defaults to the arm the A/B runs kept (docs/options.md), so KernelOptions() changes nothing. Fields that change numerics (the logits' bytes): gemv, mla_decode_variant, mla_tc_mt, mla_split_tiles, moe_grouped_min_t, attn_decode_unsplit; pdl, gemv_rows, gemv_tall_rows and mhc_defer change only speed. An unknown field, a value of the wrong type (switches take bool, the rest int) or out of its domain is a ContractError (40025) naming the field and the value. A CPU engine keeps the options and ignores them.
+    The CUDA kernels' arms an Engine runs with, chosen once when it is made (Engine(..., options=), memra.load(..., kernel_options=)); immutable. Keyword construction; every field defaults to the arm the A/B runs kept (docs/options.md), so KernelOptions() changes nothing. Fields that change numerics (the logits' bytes): gemv, mla_decode_variant, mla_tc_mt, mla_split_tiles, moe_grouped_min_t, attn_decode_unsplit, prefill_chunk (on CUDA); pdl, gemv_rows, gemv_tall_rows and mhc_defer change only speed. An unknown field, a value of the wrong type (switches take bool, the rest int) or out of its domain is a ContractError (40025) naming the field and the value. A CPU engine keeps the options and ignores them, except prefill_chunk.
     """
 
-    def __init__(self, *, pdl: bool = True, gemv: bool = True, gemv_rows: int = 0, gemv_tall_rows: int = 0, mhc_defer: bool = True, mla_decode_variant: int = 1, mla_tc_mt: int = 0, mla_split_tiles: int = 0, moe_grouped_min_t: int = 2, attn_decode_unsplit: bool = False) -> None: ...
+    def __init__(self, *, pdl: bool = True, gemv: bool = True, gemv_rows: int = 0, gemv_tall_rows: int = 0, mhc_defer: bool = True, mla_decode_variant: int = 1, mla_tc_mt: int = 0, mla_split_tiles: int = 0, moe_grouped_min_t: int = 2, attn_decode_unsplit: bool = False, prefill_chunk: int = 8192) -> None: ...
 
     def replace(self, **fields: bool | int) -> KernelOptions:
         """
@@ -684,6 +684,12 @@ class KernelOptions:
     def attn_decode_unsplit(self) -> bool:
         """
         Changes numerics. The full attention's decode (AttentionLayer, memra._core.attention with slots): False splits each sequence's cache rows over blocks sized from the cache's capacity and merges the splits per head in a second launch; True runs one block per sequence and K/V head over all of its rows (the A/B arm). Where a sequence's rows fit in one split both give the same bytes.
+        """
+
+    @property
+    def prefill_chunk(self) -> int:
+        """
+        Changes numerics (CUDA only). Prompt tokens a prefill runs at a time (Model.prefill, logits, generate, stream, generate_batch, the server): a longer prompt is split into chunks of at most this many tokens, each run through every layer and committed before the next, so the prefill's scratch memory grows with the chunk, not with the prompt (a long prompt fits where its one-shot scratch would not). 0 never splits. Unlike the other fields it applies on the CPU too (the Python orchestration reads it), where the chunks give the one-shot bytes; on CUDA a GEMM over fewer rows may sum in another order (docs/prefill.md).
         """
 
 class HostRead:
@@ -773,6 +779,11 @@ class Engine:
         Discard a running recording (no-op when none runs); the engine is usable again.
         """
 
+    def memory(self, *, reset_peak: bool = False) -> dict[str, int] | None:
+        """
+        Device memory in bytes, read without waiting for the stream (None on a CPU engine): device_total and device_used (cudaMemGetInfo: the whole device, every process and library on it, the CUDA context included); pool_used (memra's live allocations: weights, caches, arrays and kernel scratch all come from the device's stream-ordered pool, which engines on one device share) and pool_used_peak, its high-water mark; pool_reserved / pool_reserved_peak, what the pool holds from the driver (freed blocks are kept for reuse). The peaks count from the engine's creation or the last call with reset_peak=True, which restarts them from the current values after reading them. Reset just before a call, pool_used_peak after it minus the pool_used of the reset is the call's scratch high-water mark.
+        """
+
     @property
     def capturing(self) -> bool:
         """True while this engine's stream is being recorded."""
@@ -852,6 +863,25 @@ class LayerStateSpec:
 
     @property
     def kind(self) -> str: ...
+
+class SlotSnapshot:
+    """
+    An undo point of one slot of a Cache (Cache.snapshot; Cache.restore puts it back).
+    """
+
+    @property
+    def slot(self) -> int:
+        """The slot it was taken of."""
+
+    @property
+    def length(self) -> int:
+        """Tokens the slot held when it was taken."""
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of state it holds (on the cache's device)."""
+
+    def __repr__(self) -> str: ...
 
 class Cache:
     """
@@ -943,6 +973,16 @@ class Cache:
     def copy_slot(self, src: int, dst: int, *, owner: int = 0) -> None:
         """
         Copy the whole state of `src` into `dst` (prefix reuse). ContractError (CONTRACT_SLOT_HELD) when `dst` is held by an owner other than `owner` (`src` is only read and may be held).
+        """
+
+    def snapshot(self, slot: int) -> SlotSnapshot:
+        """
+        An undo point of `slot` (memra._core.SlotSnapshot): the parts of its state that steps appended to it later may overwrite (the committed recurrent planes, the DSA indexer's tail ring), copied into a buffer of their own on the cache's device, and its length. restore() puts them back. OutOfMemoryError when the buffer cannot be had.
+        """
+
+    def restore(self, snapshot: SlotSnapshot, *, owner: int = 0) -> None:
+        """
+        Put a snapshot() of this cache back into its slot: the slot's length and state are those of the snapshot again, as if the prefills and decodes appended to it since never ran (Model.prefill's undo of a chunked prefill that failed midway). Only appends are undone: ContractError (40025) when the slot holds fewer tokens than at the snapshot (freed or copied into since) or the snapshot is another cache's; CONTRACT_SLOT_HELD as commit.
         """
 
     def kda_state(self, layer: int, slot: int) -> NDArray[numpy.float32]:

@@ -104,19 +104,41 @@ class Model:
         return self.net.dtype
 
     # ------------------------------------------------------------------ forward
+    @property
+    def prefill_chunk(self) -> int:
+        """Prompt tokens a prefill runs at a time (``engine.options.prefill_chunk``; 0: the whole
+        prompt at once). docs/prefill.md."""
+        return int(self.engine.options.prefill_chunk)
+
+    def _chunks(self, n: int) -> list[tuple[int, int]]:
+        """[start, stop) of each chunk of an n-token prompt."""
+        step = self.prefill_chunk or n
+        return [(a, min(a + step, n)) for a in range(0, n, step)]
+
     def logits(self, token_ids) -> np.ndarray:
-        """Full prefill of `token_ids` [T] from an empty cache -> logits [T, vocab] float32."""
+        """Full prefill of `token_ids` [T] from an empty cache -> logits [T, vocab] float32 (a
+        prompt longer than ``prefill_chunk`` runs in chunks, each one's rows copied to the host)."""
         with self._lock:
             ids = _ids(token_ids, "logits")
             cache = self.new_cache(1, len(ids))
-            h = self.net.hidden(cache, np.zeros(1, np.int32), ids, decode=False)
-            return self.net.to_host(self.net.logits_of(h))
+            chunks = self._chunks(len(ids))
+            if len(chunks) > 1:
+                check_token_ids(ids, self.config.vocab_size, "embedding")
+            rows = []
+            for a, b in chunks:
+                h = self.net.hidden(cache, np.zeros(1, np.int32), ids[a:b], decode=False)
+                rows.append(self.net.to_host(self.net.logits_of(h)))
+                if b < len(ids):
+                    cache.commit(0, b - a)
+            return rows[0] if len(rows) == 1 else np.concatenate(rows)
 
     def prefill(self, cache: _core.Cache, slot: int, token_ids) -> np.ndarray:
         """Append `token_ids` [T] to `slot` (which may already hold tokens: multi-turn) and return
-        the logits of the last one [vocab] (numpy float32). CacheFullError (nothing written) when
-        they do not fit; ContractError for a slot of the model's own cache that a generation in
-        flight holds (use new_cache() for slots of your own)."""
+        the logits of the last one [vocab] (numpy float32). A prompt longer than
+        ``prefill_chunk`` tokens runs in chunks (docs/prefill.md). CacheFullError (nothing
+        written) when they do not fit; ContractError for a slot of the model's own cache that a
+        generation in flight holds (use new_cache() for slots of your own); on any error the
+        slot is left as it was."""
         with self._lock:
             _cache_arg(cache, "prefill")
             self._check_not_held(cache, [slot], "prefill")
@@ -124,15 +146,46 @@ class Model:
 
     def _prefill(self, cache: _core.Cache, slot: int, token_ids, owner: int = 0):
         """prefill, leaving the logits [1, vocab] on the engine's device; `owner`: the token the
-        slot is held with (0: not held)."""
+        slot is held with (0: not held).
+
+        A prompt longer than ``prefill_chunk`` runs in chunks, each through every layer and
+        committed before the next (a slot holding tokens is continued exactly so). Every check
+        that can refuse the prompt (room for all of it, the owner, the token ids) runs before
+        the first chunk; should a chunk fail anyway (out of memory, an interrupt), the slot is
+        put back as it was before the call: freed when it was empty, else restored from a
+        snapshot taken first (Cache.snapshot), and the error goes on."""
         with self._lock:
             ids = _ids(token_ids, "prefill")
             slots = np.array([_count(slot, "prefill: slot", 0)], np.int32)
             self._check_room(cache, slots, len(ids), "prefill")
             self._check_owner(cache, slots, [owner], "prefill")
-            h = self.net.hidden(cache, slots, ids, decode=False)
-            cache.commit(int(slot), len(ids), owner=owner)
-            return self.net.logits_of(self.net.last_row(h))
+            chunks = self._chunks(len(ids))
+            if len(chunks) == 1:
+                h = self.net.hidden(cache, slots, ids, decode=False)
+                cache.commit(int(slot), len(ids), owner=owner)
+                return self.net.logits_of(self.net.last_row(h))
+            check_token_ids(ids, self.config.vocab_size, "embedding")
+            slot = int(slot)
+            # Until the first commit an uncommitted chunk leaves the slot as it was; after it
+            # the undo is a free (the slot was empty) or the snapshot.
+            saved = cache.snapshot(slot) if cache.length(slot) > 0 else None
+            committed = False
+            try:
+                for a, b in chunks:
+                    h = self.net.hidden(cache, slots, ids[a:b], decode=False)
+                    cache.commit(slot, b - a, owner=owner)
+                    committed = True
+                return self.net.logits_of(self.net.last_row(h))
+            except BaseException as e:
+                if committed:
+                    try:
+                        if saved is None:
+                            cache.free(slot, owner=owner)
+                        else:
+                            cache.restore(saved, owner=owner)
+                    except Exception as undo:  # noqa: BLE001 - the first error is the one to raise
+                        e.add_note(f"prefill: putting slot {slot} back failed too: {undo}")
+                raise
 
     def decode(self, cache: _core.Cache, slots, token_ids) -> np.ndarray:
         """One token for each of `slots` (distinct) -> logits [len(slots), vocab] (numpy float32).
@@ -200,12 +253,20 @@ class Model:
 
     def index_lists(self, token_ids) -> dict[int, np.ndarray]:
         """The DSA index list [T, index_topk + index_kpool - 1] each full DSA layer uses for a full
-        prefill of `token_ids` (entries -1 are unused), keyed by layer index."""
+        prefill of `token_ids` (entries -1 are unused), keyed by layer index (in chunks of
+        ``prefill_chunk`` tokens, as the prefill runs)."""
         with self._lock:
             ids = _ids(token_ids, "index_lists")
-            record: dict[int, np.ndarray] = {}
-            self.net.hidden(self.new_cache(1, len(ids)), np.zeros(1, np.int32), ids, decode=False, record=record)
-            return record
+            cache = self.new_cache(1, len(ids))
+            parts: dict[int, list[np.ndarray]] = {}
+            for a, b in self._chunks(len(ids)):
+                record: dict[int, np.ndarray] = {}
+                self.net.hidden(cache, np.zeros(1, np.int32), ids[a:b], decode=False, record=record)
+                for layer, idx in record.items():
+                    parts.setdefault(layer, []).append(idx)
+                if b < len(ids):
+                    cache.commit(0, b - a)
+            return {layer: p[0] if len(p) == 1 else np.concatenate(p) for layer, p in parts.items()}
 
     def _check_room(self, cache: _core.Cache, slots: np.ndarray, n: int, what: str) -> None:
         # Every layer checks its own room too; checking here first keeps a step all-or-nothing

@@ -179,6 +179,19 @@ void init_cache(nb::module_& m) {
         }
       });
 
+  nb::class_<SlotSnapshot>(m, "SlotSnapshot",
+                           "An undo point of one slot of a Cache (Cache.snapshot; Cache.restore "
+                           "puts it back).")
+      .def_prop_ro("slot", [](const SlotSnapshot& s) { return s.slot; }, "The slot it was taken of.")
+      .def_prop_ro("length", [](const SlotSnapshot& s) { return s.length; },
+                   "Tokens the slot held when it was taken.")
+      .def_prop_ro("nbytes", [](const SlotSnapshot& s) { return s.bytes; },
+                   "Bytes of state it holds (on the cache's device).")
+      .def("__repr__", [](const SlotSnapshot& s) {
+        return "SlotSnapshot(slot=" + std::to_string(s.slot) + ", length=" + std::to_string(s.length) +
+               ", nbytes=" + std::to_string(s.bytes) + ")";
+      });
+
   nb::class_<Cache>(m, "Cache",
                     "Per-sequence state of a model: max_batch slots, each with its own length, "
                     "and one plane per layer. OutOfMemoryError before anything is allocated when "
@@ -316,6 +329,28 @@ void init_cache(nb::module_& m) {
           "Copy the whole state of `src` into `dst` (prefix reuse). ContractError "
           "(CONTRACT_SLOT_HELD) when `dst` is held by an owner other than `owner` (`src` is only "
           "read and may be held).")
+      .def(
+          "snapshot",
+          [](Cache& c, int slot) {
+            SlotSnapshot s;
+            check(c.snapshot(slot, &s));
+            return s;
+          },
+          nb::arg("slot"),
+          "An undo point of `slot` (memra._core.SlotSnapshot): the parts of its state that steps "
+          "appended to it later may overwrite (the committed recurrent planes, the DSA indexer's "
+          "tail ring), copied into a buffer of their own on the cache's device, and its length. "
+          "restore() puts them back. OutOfMemoryError when the buffer cannot be had.")
+      .def(
+          "restore",
+          [](Cache& c, const SlotSnapshot& s, uint64_t owner) { check(c.restore(s, owner)); },
+          nb::arg("snapshot"), nb::kw_only(), nb::arg("owner") = 0,
+          "Put a snapshot() of this cache back into its slot: the slot's length and state are "
+          "those of the snapshot again, as if the prefills and decodes appended to it since never "
+          "ran (Model.prefill's undo of a chunked prefill that failed midway). Only appends are "
+          "undone: ContractError (40025) when the slot holds fewer tokens than at the snapshot "
+          "(freed or copied into since) or the snapshot is another cache's; CONTRACT_SLOT_HELD "
+          "as commit.")
       .def(
           "kda_state",
           [](Cache& c, int layer, int slot) {

@@ -256,6 +256,34 @@ void init_engine(nb::module_& m) {
             if (e.is_cuda() && CudaGraph::capturing(e.cuda())) check(CudaGraph::abort(e.cuda()));
           },
           "Discard a running recording (no-op when none runs); the engine is usable again.")
+      .def(
+          "memory",
+          [](const Engine& e, bool reset_peak) -> nb::object {
+            if (!e.is_cuda()) return nb::none();
+            MemraMemStats st{};
+            check_cuda(&e, e.cuda()->api().mem_stats(e.cuda()->ctx(), &st, reset_peak ? 1 : 0),
+                       "Engine.memory");
+            nb::dict d;
+            d["device_total"] = st.device_total;
+            d["device_used"] = st.device_total - st.device_free;
+            d["pool_used"] = st.pool_used;
+            d["pool_used_peak"] = st.pool_used_peak;
+            d["pool_reserved"] = st.pool_reserved;
+            d["pool_reserved_peak"] = st.pool_reserved_peak;
+            return d;
+          },
+          nb::kw_only(), nb::arg("reset_peak") = false,
+          nb::sig("def memory(self, *, reset_peak: bool = False) -> dict[str, int] | None"),
+          "Device memory in bytes, read without waiting for the stream (None on a CPU engine): "
+          "device_total and device_used (cudaMemGetInfo: the whole device, every process and "
+          "library on it, the CUDA context included); pool_used (memra's live allocations: "
+          "weights, caches, arrays and kernel scratch all come from the device's stream-ordered "
+          "pool, which engines on one device share) and pool_used_peak, its high-water mark; "
+          "pool_reserved / pool_reserved_peak, what the pool holds from the driver (freed blocks "
+          "are kept for reuse). The peaks count from the engine's creation or the last call with "
+          "reset_peak=True, which restarts them from the current values after reading them. "
+          "Reset just before a call, pool_used_peak after it minus the pool_used of the reset is "
+          "the call's scratch high-water mark.")
       .def_prop_ro(
           "capturing", [](const Engine& e) { return e.is_cuda() && CudaGraph::capturing(e.cuda()); },
           "True while this engine's stream is being recorded.")

@@ -66,6 +66,14 @@ const Field kFields[] = {
      "capacity and merges the splits per head in a second launch; True runs one block per "
      "sequence and K/V head over all of its rows (the A/B arm). Where a sequence's rows fit in "
      "one split both give the same bytes."},
+    {"prefill_chunk", nullptr, &KernelOptions::prefill_chunk,
+     "Changes numerics (CUDA only). Prompt tokens a prefill runs at a time (Model.prefill, "
+     "logits, generate, stream, generate_batch, the server): a longer prompt is split into "
+     "chunks of at most this many tokens, each run through every layer and committed before the "
+     "next, so the prefill's scratch memory grows with the chunk, not with the prompt (a long "
+     "prompt fits where its one-shot scratch would not). 0 never splits. Unlike the other fields "
+     "it applies on the CPU too (the Python orchestration reads it), where the chunks give the "
+     "one-shot bytes; on CUDA a GEMM over fewer rows may sum in another order (docs/prefill.md)."},
 };
 
 std::string repr_of(nb::handle v) {
@@ -172,11 +180,12 @@ void init_options(nb::module_& m) {
       "(Engine(..., options=), memra.load(..., kernel_options=)); immutable. Keyword "
       "construction; every field defaults to the arm the A/B runs kept (docs/options.md), so "
       "KernelOptions() changes nothing. Fields that change numerics (the logits' bytes): gemv, "
-      "mla_decode_variant, mla_tc_mt, mla_split_tiles, moe_grouped_min_t, attn_decode_unsplit; "
-      "pdl, gemv_rows, "
+      "mla_decode_variant, mla_tc_mt, mla_split_tiles, moe_grouped_min_t, attn_decode_unsplit, "
+      "prefill_chunk (on CUDA); pdl, gemv_rows, "
       "gemv_tall_rows and mhc_defer change only speed. An unknown field, a value of the "
       "wrong type (switches take bool, the rest int) or out of its domain is a ContractError "
-      "(40025) naming the field and the value. A CPU engine keeps the options and ignores them.");
+      "(40025) naming the field and the value. A CPU engine keeps the options and ignores them, "
+      "except prefill_chunk.");
   cls.def(
          "__init__",
          [](KernelOptions* self, nb::args args, nb::kwargs kwargs) {

@@ -35,6 +35,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "memra/device.h"
@@ -70,6 +71,23 @@ struct LayerStateSpec {
   }
   // Attention: elements of one key (or value) row, [kv_heads, head_dim].
   int64_t kv_row() const { return int64_t(heads) * head_dim; }
+};
+
+class Cache;
+
+// An undo point of one slot: what a step appended to the slot may overwrite of the state it
+// continues. That is the committed ping-pong planes of its recurrent layers (a step writes the
+// other plane, but the step after the next commit writes over these) and the DSA indexer's tail
+// ring (new rows land at position % tail_rows, over the incomplete pool's rows); latent, key and
+// value rows and pool keys below the slot's length are never written by an appended step.
+// Made by Cache::snapshot, put back by Cache::restore (a chunked prefill that fails after some
+// of its chunks were committed). Host bytes for a CPU cache, a device buffer for a CUDA one.
+struct SlotSnapshot {
+  uint64_t cache_serial = 0;  // the Cache it was taken from (restore refuses another's)
+  int slot = 0, length = 0, cur = 0;
+  size_t bytes = 0;
+  std::vector<uint8_t> host;             // CPU cache
+  std::shared_ptr<DeviceBuffer> device;  // CUDA cache
 };
 
 class Cache {
@@ -156,6 +174,14 @@ class Cache {
   Status free(int slot, uint64_t owner = 0);
   // Copy the whole state of src into dst (prefix reuse); dst's owner is checked, src is only read.
   Status copy_slot(int src, int dst, uint64_t owner = 0);
+  // An undo point of `slot` (SlotSnapshot; the copies are enqueued on the stream for a CUDA
+  // cache, no host wait). kOutOfMemory when its buffer cannot be had (nothing changed).
+  Status snapshot(int slot, SlotSnapshot* out);
+  // Put `s` back into its slot: length, ping-pong flag and the saved planes, undoing every step
+  // appended to the slot after the snapshot. Only appends: a slot freed, copied into or shorter
+  // than at the snapshot is refused (kContractValue), as is another cache's snapshot;
+  // kContractSlotHeld as commit.
+  Status restore(const SlotSnapshot& s, uint64_t owner = 0);
   // Copy `bytes` from a plane pointer into host memory (waits for the device for a CUDA cache).
   Status read(void* host_dst, const void* plane_src, size_t bytes) const;
 
@@ -191,6 +217,10 @@ class Cache {
   std::vector<int> cur_;
   std::vector<uint64_t> owners_;  // [max_batch]: 0 = free, else the holder's token
   uint64_t next_token_ = 1;
+  uint64_t serial_ = 0;  // unique per cache made in this process (snapshots name it)
+  // The planes a snapshot holds, in its order: (plane pointer, bytes) for `slot` with the
+  // recurrent layers' plane `which`.
+  std::vector<std::pair<uint8_t*, size_t>> undo_planes(int slot, int which);
 };
 
 }  // namespace memra

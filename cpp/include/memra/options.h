@@ -58,6 +58,14 @@ struct KernelOptions {
   // of its rows, the A/B arm. Changes numerics (the merge), except where a sequence's rows fit
   // one split: there both give the same bytes.
   bool attn_decode_unsplit = false;
+  // Prompt tokens a prefill runs at a time (memra.Model's prefill / logits / generation): a
+  // longer prompt is split into chunks of at most this many tokens, each run through every layer
+  // and committed before the next, so the prefill's scratch (activations, the MLA prefill's
+  // T x heads x rank buffers, the MoE's routed rows) grows with the chunk, not with the prompt.
+  // 0 never splits. Read by the Python orchestration on every backend (the CPU engine too); no
+  // kernel reads it. Changes numerics on CUDA (a GEMM over fewer rows may pick another cuBLAS
+  // algorithm); on the CPU the chunks give the one-shot prefill's bytes.
+  int prefill_chunk = 8192;
 
   // ContractError 40025 naming the first field out of its domain and its value.
   Status validate() const;
@@ -83,6 +91,7 @@ inline Status KernelOptions::validate() const {
   }
   if (mla_split_tiles < 0) return bad("mla_split_tiles", mla_split_tiles, ">= 0");
   if (moe_grouped_min_t < 1) return bad("moe_grouped_min_t", moe_grouped_min_t, ">= 1");
+  if (prefill_chunk < 0) return bad("prefill_chunk", prefill_chunk, ">= 0");
   return Status::Ok();
 }
 
@@ -98,6 +107,7 @@ inline MemraKernelOptions KernelOptions::to_abi() const {
   o.mla_split_tiles = mla_split_tiles;
   o.moe_grouped_min_t = moe_grouped_min_t;
   o.attn_decode_unsplit = attn_decode_unsplit ? 1 : 0;
+  o.prefill_chunk = prefill_chunk;
   return o;
 }
 
@@ -113,6 +123,7 @@ inline KernelOptions KernelOptions::from_abi(const MemraKernelOptions& o) {
   k.mla_split_tiles = o.mla_split_tiles;
   k.moe_grouped_min_t = o.moe_grouped_min_t;
   k.attn_decode_unsplit = o.attn_decode_unsplit != 0;
+  k.prefill_chunk = o.prefill_chunk;
   return k;
 }
 
@@ -121,7 +132,7 @@ inline bool KernelOptions::operator==(const KernelOptions& o) const {
          gemv_tall_rows == o.gemv_tall_rows && mhc_defer == o.mhc_defer &&
          mla_decode_variant == o.mla_decode_variant && mla_tc_mt == o.mla_tc_mt &&
          mla_split_tiles == o.mla_split_tiles && moe_grouped_min_t == o.moe_grouped_min_t &&
-         attn_decode_unsplit == o.attn_decode_unsplit;
+         attn_decode_unsplit == o.attn_decode_unsplit && prefill_chunk == o.prefill_chunk;
 }
 
 }  // namespace memra

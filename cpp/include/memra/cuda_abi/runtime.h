@@ -19,7 +19,18 @@ typedef struct MemraKernelOptions {
   int mla_split_tiles;     /* 64-row tiles a split of the MLA decode (0: cost model) */
   int moe_grouped_min_t;   /* tokens from which the routed experts run grouped, >= 1 */
   int attn_decode_unsplit; /* full-attention decode: one block per sequence and K/V head */
+  int prefill_chunk;       /* prompt tokens a prefill runs at a time (0: all); read by no kernel */
 } MemraKernelOptions;
+
+// What mem_stats reads: the device as a whole (cudaMemGetInfo: every process and context on it)
+// and the device's default stream-ordered pool, from which memra takes all of its device memory
+// (weights, caches, arrays, kernel scratch; engines on one device share it; torch's caching
+// allocator does not use it). Peaks are since the context was made or the last reset.
+typedef struct MemraMemStats {
+  uint64_t device_free, device_total;
+  uint64_t pool_used, pool_used_peak;          /* bytes of live allocations: now / at most */
+  uint64_t pool_reserved, pool_reserved_peak;  /* bytes the pool holds from the driver */
+} MemraMemStats;
 
 #define MEMRA_CUDA_RUNTIME_OPS(X)                                                                 \
   /* A context on `device`: its own non-blocking stream, cuBLAS + cuBLASLt handles (TF32 off), \
@@ -63,6 +74,9 @@ typedef struct MemraKernelOptions {
   /* The context's cudaStream_t (for DLPack consumers and graph capture). */                      \
   X(stream, (MemraCudaCtx * ctx, void** out))                                                     \
   X(mem_info, (MemraCudaCtx * ctx, size_t * free_bytes, size_t * total_bytes))                  \
+  /* *out = the memory figures above (a peak is never reported below its current value);      \
+     reset_peak 1 then restarts both peaks (0 leaves them). Enqueues nothing, waits for nothing. */ \
+  X(mem_stats, (MemraCudaCtx * ctx, MemraMemStats * out, int reset_peak))                        \
   /* CUDA graphs of the context's stream (docs/decode_graphs.md). graph_begin starts capturing   \
      the stream (thread-local mode): until graph_end / graph_abort every op enqueues into the     \
      graph instead of running. While capturing, host <-> device copies and synchronisation are   \
