@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# On the GPU machine: one device call's worth of work in named phases, each under its own time
+# limit and skipped once the call's budget is spent, every log under $OUT (one file per phase,
+# a line per phase in $OUT/summary.txt).
+#   BUDGET_S=560 bash scripts/gpu_session.sh build tests accuracy model kimi ...
+# Phases:
+#   build     memra with CUDA into build/dev-gpu (scripts/gpu_env.sh; kept on a warm machine)
+#   tests     the whole CUDA suite (pytest -m cuda, 4 workers) -> pytest_cuda.log
+#   tests:F   one test file or node id F (repeatable)
+#   accuracy  benchmarks/accuracy_families.py --device cuda -> accuracy_cuda.jsonl
+#   model     bench_model_decode --quick --skip-peer, B = 1 and 32 (glm5_next)
+#   kimi qwen gdn kdapre mlapre prefill serve
+#             the benches of those names (--quick), peers with fla 0.6.0 where carried
+# Carried folders it uses when present: .whl_fla (fla wheels), .whl (serve's wheels),
+# .triton_cache (fla's Triton autotune cache from an earlier call; the updated cache comes back
+# in $OUT/triton_cache.tgz).
+set -uo pipefail
+OUT=${OUT:-/tmp/memra-out}; mkdir -p "$OUT"
+cd "$(dirname "$0")/.."
+source scripts/gpu_env.sh
+BUDGET_S=${BUDGET_S:-560}
+t_start=$(date +%s)
+site=$(pwd)/build/dev-gpu/site
+export TRITON_CACHE_DIR=/tmp/triton-cache
+mkdir -p "$TRITON_CACHE_DIR"
+[ -d .triton_cache ] && cp -r .triton_cache/. "$TRITON_CACHE_DIR"/
+peers=""
+if ls .whl_fla/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/fla .whl_fla/*.whl \
+    >"$OUT/pip_fla.log" 2>&1 && peers=/tmp/fla
+fi
+left() { echo $(( BUDGET_S - ($(date +%s) - t_start) )); }
+# phase NAME LIMIT_S COMMAND...: runs COMMAND with stdout -> $OUT/NAME.out, stderr -> $OUT/NAME.log
+phase() {
+  local name=$1 limit=$2; shift 2
+  local l; l=$(left)
+  if [ "$l" -lt 20 ]; then echo "$name: skipped (budget)" | tee -a "$OUT/summary.txt"; return; fi
+  [ "$limit" -gt "$l" ] && limit=$l
+  local t0; t0=$(date +%s)
+  timeout "$limit" "$@" >"$OUT/$name.out" 2>"$OUT/$name.log"
+  echo "$name: rc=$? $(( $(date +%s) - t0 )) s" | tee -a "$OUT/summary.txt"
+}
+bench() { PYTHONPATH="$site${peers:+:$peers}" python3 "$@"; }
+for p in "$@"; do
+  case $p in
+    build)
+      gpu_build -DMEMRA_BUILD_TESTS=OFF
+      echo "build: $build_s s -> ${site:-FAILED}" | tee -a "$OUT/summary.txt"
+      [ -n "$site" ] || { tail -30 "$OUT/build.log"; exit 1; }
+      ;;
+    tests)
+      phase tests 400 env PYTHONPATH="$site" python3 -m pytest -m cuda --require-cuda -q -rf \
+        -p no:cacheprovider -n 4 --durations=15 tests
+      tail -3 "$OUT/tests.out" | tee -a "$OUT/summary.txt"
+      ;;
+    tests:*)
+      f=${p#tests:}; n=$(basename "${f%%::*}" .py)
+      phase "t_$n" 300 env PYTHONPATH="$site" python3 -m pytest -m cuda --require-cuda -q -rf -s \
+        -p no:cacheprovider "$f"
+      tail -1 "$OUT/t_$n.out" | tee -a "$OUT/summary.txt"
+      ;;
+    accuracy) phase accuracy 120 env PYTHONPATH="$site" python3 benchmarks/accuracy_families.py --device cuda ;;
+    model) phase model 240 bench benchmarks/bench_model_decode.py --quick --skip-peer --batches 1,32 ;;
+    kimi) phase kimi 300 bench benchmarks/bench_kimi_decode.py --quick ;;
+    qwen) phase qwen 300 bench benchmarks/bench_qwen_decode.py --quick ;;
+    gdn) phase gdn 150 bench benchmarks/bench_gdn_decode.py --quick ;;
+    kdapre) phase kdapre 240 bench benchmarks/bench_kda_prefill.py --quick ;;
+    mlapre) phase mlapre 200 bench benchmarks/bench_mla_prefill.py --quick ;;
+    prefill) phase prefill 300 bench benchmarks/bench_model_prefill.py --quick ;;
+    serve)
+      if ls .whl/*.whl >/dev/null 2>&1; then
+        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
+          .whl/*.whl >"$OUT/pip_serve.log" 2>&1
+      fi
+      phase serve 240 env PYTHONPATH="$site:/tmp/site" python3 benchmarks/bench_serve.py --rounds 2
+      ;;
+    *) echo "unknown phase $p" | tee -a "$OUT/summary.txt" ;;
+  esac
+done
+tar -czf "$OUT/triton_cache.tgz" -C "$TRITON_CACHE_DIR" . 2>/dev/null
+echo "total: $(( $(date +%s) - t_start )) s" | tee -a "$OUT/summary.txt"
