@@ -533,3 +533,13 @@ def test_sanitizer_small_shapes(e):
                            dweight(e, eu, "bfloat16"), dweight(e, ed, "bfloat16"), limit=1.0,
                            engine=e)
     assert np.all(np.isfinite(e.to_host(y3)))
+    # Its 128-row tiles (64 pairs an expert on average and more), with a ragged last tile.
+    T2, E2 = 130, 2
+    x2 = randn(r, T2, D)
+    i2 = np.stack([[t % E2] for t in range(T2)]).astype(np.int32)
+    w2 = f32(np.ones((T2, 1)))
+    eg, eu, ed = experts(r, E2, D, I, "bfloat16")
+    y4 = _core.moe_forward(e.to_device(x2), e.to_device(i2), e.to_device(w2),
+                           dweight(e, eg, "bfloat16"), dweight(e, eu, "bfloat16"),
+                           dweight(e, ed, "bfloat16"), limit=1.0, engine=e)
+    assert np.all(np.isfinite(e.to_host(y4)))
