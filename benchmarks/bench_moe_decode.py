@@ -3,13 +3,14 @@
 
 memra: memra._core.moe_forward(x [T, D] f32, idx [T, k] int32, w [T, k] f32, gate/up [E, I, D],
        down [E, D, I] bf16 DeviceWeights, limit=, engine=e) -> y [T, D] f32. T = 1 runs the
-       per-pair kernels; T >= 2 the grouped-by-expert kernels (cuda/moe_grouped.cu). The binding
+       per-pair kernels; T >= 2 the tensor-core grouped GEMMs (cuda/moe_tc.cu). The binding
        copies the ids to the host for its range check (one synchronisation per call), so the event
        time `memra_us` includes that; `memra_kernel_us` is the kernels alone (what a CUDA-graph
        step pays) and `kernel_frac_of_copy` its bandwidth over the measured copy rate.
-       `pair_kernel_us`: the per-pair kernels at the same T (on an Engine made with
-       KernelOptions(moe_grouped_min_t=2**30)), the before-and-after of the grouped path in one
-       run; `grouped_equals_pair_bits` whether the two outputs are bit-identical (they must be).
+       `old_kernel_us`: the CUDA-core grouped kernels (cuda/moe_grouped.cu) at the same T (an
+       Engine made with KernelOptions(moe_tensor_cores=False)); `pair_kernel_us`: the per-pair
+       kernels at the same T (KernelOptions(moe_grouped_min_t=2**30)); `old_equals_pair_bits`
+       whether those two give the same bytes (they must).
 peer:  torch, bf16: for each expert with tokens (lists made on the host beforehand), gather the
        rows, F.linear gate and up, the clamped SwiGLU in f32, F.linear down, * routing weight,
        index_add_ into y f32.
@@ -52,6 +53,8 @@ def main() -> int:
     # before they are handed out; the inputs are each engine's own, on its own stream).
     e_pair = (memra.Engine("cuda", args.device_index,
                            options=memra.KernelOptions(moe_grouped_min_t=1 << 30)) if b.cuda else None)
+    e_old = (memra.Engine("cuda", args.device_index,
+                          options=memra.KernelOptions(moe_tensor_cores=False)) if b.cuda else None)
     gen = torch.Generator(device=b.dev).manual_seed(0)
     # bf16 weights made on the device, fan-in scaled so activations stay O(1).
     gw = (torch.randn(E, I, D, generator=gen, device=b.dev) * D ** -0.5).to(torch.bfloat16)
@@ -107,29 +110,39 @@ def main() -> int:
         memra_us = b.time_memra(run_memra)
         peer_us = b.time_torch(run_peer)
         memra_k = b.kernel_us(run_memra)
-        pair_k = None
+        pair_k = old_k = None
         if b.cuda and T >= 2:
             xp, ip, wp = e_pair.to_device(xh), e_pair.to_device(idx), e_pair.to_device(wts)
+            xo, io, wo = e_old.to_device(xh), e_old.to_device(idx), e_old.to_device(wts)
 
             def run_pair():
                 return _core.moe_forward(xp, ip, wp, mg, mu, md, limit=LIMIT, engine=e_pair)
 
+            def run_old():
+                return _core.moe_forward(xo, io, wo, mg, mu, md, limit=LIMIT, engine=e_old)
+
             pair_k = b.kernel_us(run_pair)
             y_pair = to_torch(run_pair(), e_pair, b.dev).float()
             e_pair.synchronize()
+            old_k = b.kernel_us(run_old)
+            y_old = to_torch(run_old(), e_old, b.dev).float()
+            e_old.synchronize()
         got = to_torch(run_memra(), e if b.cuda else None, b.dev).float()
         want = run_peer()
         ref = run_peer(x32, f32=True)
         copy = b.copy_TBps
         extra = {}
         if pair_k is not None:
-            extra["grouped_equals_pair_bits"] = bool(torch.equal(got, y_pair))
+            extra["old_equals_pair_bits"] = bool(torch.equal(y_old, y_pair))
+            extra["old_max_rel_err_ref"] = rel_err(y_old, ref)
         b.emit(shape, memra_us, PEER, peer_us, nbytes,
                experts_selected=len(experts),
                memra_kernel_us=memra_k, peer_kernel_us=b.kernel_us(run_peer),
                kernel_frac_of_copy=(nbytes / memra_k / 1e6 / copy) if memra_k else None,
                pair_kernel_us=pair_k,
                pair_kernel_frac_of_copy=(nbytes / pair_k / 1e6 / copy) if pair_k else None,
+               old_kernel_us=old_k,
+               old_kernel_frac_of_copy=(nbytes / old_k / 1e6 / copy) if old_k else None,
                max_rel_err=rel_err(got, want), max_rel_err_ref=rel_err(got, ref),
                peer_max_rel_err_ref=rel_err(want, ref), **extra)
         b.release()

@@ -1,5 +1,6 @@
-// What the routed experts' two paths share: the per-pair kernels (cuda/moe_experts.cu, which holds
-// memra_cuda_moe_forward) and the grouped-by-expert kernels (cuda/moe_grouped.cu).
+// What the routed experts' paths share: the per-pair kernels (cuda/moe_experts.cu, which holds
+// memra_cuda_moe_forward), the grouped-by-expert kernels (cuda/moe_grouped.cu) and their
+// tensor-core arm (cuda/moe_tc.cu).
 #pragma once
 
 #include <cstdint>
@@ -25,6 +26,28 @@ __device__ __forceinline__ void order_slots(const int32_t* it, int top_k, int E,
   }
   order[top_k] = n;
 }
+
+// The grouping and the combine of the grouped paths (cuda/moe_grouped.cu), shared with the
+// tensor-core arm. pair_group_warps: moe_group_kernel's warps for P pairs over E experts (0: it
+// cannot run). group_pairs: the pairs with a valid id listed per expert (ascending pair index),
+// the active experts (ascending id) and their ranges: n_active [1], active_e [min(E, P)],
+// active_off [min(E, P) + 1], pairs [P]. combine: y [T, D] = each token's ordered sum over its
+// slots (expert id, slot) of o [T * top_k, D] * topk_w, each product and sum rounded separately.
+int pair_group_warps(int64_t P, int E);
+int group_pairs(MemraCudaCtx* ctx, const int32_t* topk_idx, int P, int E, int warps,
+                int* n_active, int* active_e, int* active_off, int* pairs);
+int combine(MemraCudaCtx* ctx, const float* o, const int32_t* topk_idx, const float* topk_w,
+            int T, int top_k, int E, int D, float* y);
+
+// The tensor-core arm (cuda/moe_tc.cu). tc_fits: whether it runs this call (the context's
+// moe_tensor_cores, bf16 / f16 weights, D and I multiples of 8, 16-byte aligned weights, launch
+// limits). forward_tc: y [T, D] = the routed sum (memra_cuda_moe_forward's fields, checked by it)
+// as grouped GEMMs with x and h rounded to the weights' type and f32 accumulation.
+bool tc_fits(const MemraCudaCtx* ctx, int T, int D, int top_k, int w_dtype, const void* gate_w,
+             const void* up_w, const void* down_w, int E, int I);
+int forward_tc(MemraCudaCtx* ctx, const float* x, int T, int D, const int32_t* topk_idx,
+               const float* topk_w, int top_k, const void* gate_w, const void* up_w,
+               const void* down_w, int w_dtype, int E, int I, float limit, float* y);
 
 // The grouped path (cuda/moe_grouped.cu). grouped_fits: whether it can run this geometry (else
 // the per-pair kernels do). forward_grouped: y [T, D] = the routed sum over stacked weights

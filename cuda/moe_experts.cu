@@ -7,7 +7,9 @@
 //   weights are widened, x is not rounded), so against cpu::moe_forward on the same weights only
 //   the dot products' summation order differs.
 //   From moe_grouped_min_t tokens on, the same dot products grouped by expert
-//   (cuda/moe_grouped.cu), with bit-identical results.
+//   (cuda/moe_grouped.cu), with bit-identical results; over bf16 / f16 weights (with
+//   KernelOptions::moe_tensor_cores) grouped GEMMs on tensor cores instead (cuda/moe_tc.cu: x and
+//   h rounded to the weights' type, another summation order).
 #include <climits>
 #include <cmath>
 #include <cstdint>
@@ -293,6 +295,18 @@ bool per_pair_fits(int T, int slots, int top_k, int I, int D) {
 // value keeps the per-pair kernels at every T, for comparisons).
 int grouped_min_t(const MemraCudaCtx* ctx) { return ctx->options.moe_grouped_min_t; }
 
+// Which path a call of moe_forward's routed experts takes: the per-pair kernels, the CUDA-core
+// grouped kernels, or their tensor-core arm (bf16 / f16 weights, moe_tensor_cores).
+enum class Arm { kPerPair, kGrouped, kTensorCores };
+Arm routed_arm(const MemraCudaCtx* ctx, int T, int D, int top_k, int w_dtype, const void* gate_w,
+               const void* up_w, const void* down_w, int E, int I) {
+  if (T < grouped_min_t(ctx)) return Arm::kPerPair;
+  if (memra::cuda::moe::tc_fits(ctx, T, D, top_k, w_dtype, gate_w, up_w, down_w, E, I)) {
+    return Arm::kTensorCores;
+  }
+  return memra::cuda::moe::grouped_fits(T, top_k, E) ? Arm::kGrouped : Arm::kPerPair;
+}
+
 // memra_cuda_moe_forward without a shared expert.
 int moe_forward_impl(MemraCudaCtx* ctx, const float* x, int T, int D, const int32_t* topk_idx,
                      const float* topk_w, int top_k, const void* gate_w, const void* up_w,
@@ -309,9 +323,15 @@ int moe_forward_impl(MemraCudaCtx* ctx, const float* x, int T, int D, const int3
   }
   if (!topk_idx || !topk_w || !gate_w || !up_w || !down_w) return memra::kContractMissing;
   if (!per_pair_fits(T, top_k, top_k, I, D)) return memra::kUnsupportedGeometry;
-  if (T >= grouped_min_t(ctx) && memra::cuda::moe::grouped_fits(T, top_k, E)) {
-    return memra::cuda::moe::forward_grouped(ctx, x, T, D, topk_idx, topk_w, top_k, gate_w, up_w,
-                                             down_w, w_dtype, E, I, limit, y);
+  switch (routed_arm(ctx, T, D, top_k, w_dtype, gate_w, up_w, down_w, E, I)) {
+    case Arm::kTensorCores:
+      return memra::cuda::moe::forward_tc(ctx, x, T, D, topk_idx, topk_w, top_k, gate_w, up_w,
+                                          down_w, w_dtype, E, I, limit, y);
+    case Arm::kGrouped:
+      return memra::cuda::moe::forward_grouped(ctx, x, T, D, topk_idx, topk_w, top_k, gate_w,
+                                               up_w, down_w, w_dtype, E, I, limit, y);
+    case Arm::kPerPair:
+      break;
   }
   Scratch h(ctx, sizeof(float) * static_cast<size_t>(T) * top_k * I);
   MEMRA_CUDA_RETURN_IF(h.status());
@@ -345,7 +365,8 @@ int moe_forward_shared_impl(MemraCudaCtx* ctx, const float* x, int T, int D,
   // shared expert as wide as a routed one, and something routed to add it to.
   const bool fused = top_k > 0 && I > 0 && E > 0 && shared_I == I && topk_idx && topk_w &&
                      gate_w && up_w && down_w &&
-                     !(T >= grouped_min_t(ctx) && memra::cuda::moe::grouped_fits(T, top_k, E)) &&
+                     routed_arm(ctx, T, D, top_k, w_dtype, gate_w, up_w, down_w, E, I) ==
+                         Arm::kPerPair &&
                      per_pair_fits(T, top_k + 1, top_k, I, D);
   if (!fused) {
     Scratch routed(ctx, sizeof(float) * static_cast<size_t>(T) * D);

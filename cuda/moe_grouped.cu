@@ -1,7 +1,10 @@
 // The routed experts grouped by expert (cuda_abi/moe.h `moe_forward`; cuda/moe_experts.cu holds
-// the entry point and the per-pair kernels that run below KernelOptions::moe_grouped_min_t).
+// the entry point and the per-pair kernels that run below KernelOptions::moe_grouped_min_t;
+// cuda/moe_tc.cu the tensor-core arm for bf16 / f16 weights, which shares the grouping and the
+// combine kernels below).
 //
-// From T = 2 (the default of KernelOptions::moe_grouped_min_t) the experts run grouped, so
+// From T = 2 (the default of KernelOptions::moe_grouped_min_t) the experts run grouped (f32
+// weights, or KernelOptions::moe_tensor_cores off, or a geometry moe_tc.cu does not take), so
 // each expert's weights are streamed once per pass of up to 16 (bf16 / f16; f32: 8) of its
 // (token, slot) pairs instead of once per pair, in chunks of up to kGChunkT tokens:
 //   1. moe_group_kernel (one block): the pairs p = t * top_k + j with a valid id, listed per
@@ -462,16 +465,13 @@ int launch_moe_grouped(MemraCudaCtx* ctx, const float* x, int T, int D, const in
   // The per-pair kernels' VEC conditions (the lane partition of every dot follows them).
   const bool vec_a = D % 8 == 0 && aligned16(x) && aligned16(g) && aligned16(u);
   const bool vec_b = I % 8 == 0 && aligned16(h.as<float>()) && aligned16(dw);
-  const size_t combine_smem = sizeof(int) * (static_cast<size_t>(top_k) + 1);
   for (int t0 = 0; t0 < T; t0 += Tc) {
     const int tn = T - t0 < Tc ? T - t0 : Tc;
     const int P = tn * top_k;
     const int S = E < P ? E : P;
     const int32_t* idx = topk_idx + static_cast<int64_t>(t0) * top_k;
-    memra::cuda::launch(ctx, true, moe_group_kernel, dim3(1), dim3(warps * 32),
-        sizeof(int) * static_cast<size_t>(warps + 1) * E, idx, P, E, n_active, active_e, active_off,
-        pairs);
-    MEMRA_CUDA_RETURN_IF(launch_status());
+    MEMRA_CUDA_RETURN_IF(memra::cuda::moe::group_pairs(ctx, idx, P, E, warps, n_active, active_e,
+                                                       active_off, pairs));
     const float* xc = x + static_cast<int64_t>(t0) * D;
     if (vec_a) {
       MEMRA_CUDA_RETURN_IF((launch_grouped<W, true, true>(ctx, xc, top_k, D, pg, S, g, u, I,
@@ -487,11 +487,9 @@ int launch_moe_grouped(MemraCudaCtx* ctx, const float* x, int T, int D, const in
       MEMRA_CUDA_RETURN_IF((launch_grouped<W, false, false>(ctx, h.as<float>(), 1, I, pg, S, dw,
                                                             nullptr, D, 0.0f, o.as<float>())));
     }
-    const dim3 grid_c(static_cast<unsigned>(tn), ceil_div(D, 256));
-    memra::cuda::launch(ctx, true, moe_combine_kernel, dim3(grid_c), dim3(256), combine_smem,
-        o.as<float>(), idx, topk_w + static_cast<int64_t>(t0) * top_k, top_k, E, D,
-        y + static_cast<int64_t>(t0) * D);
-    MEMRA_CUDA_RETURN_IF(launch_status());
+    MEMRA_CUDA_RETURN_IF(memra::cuda::moe::combine(ctx, o.as<float>(), idx,
+                                                   topk_w + static_cast<int64_t>(t0) * top_k, tn,
+                                                   top_k, E, D, y + static_cast<int64_t>(t0) * D));
   }
   return memra::kOk;
 }
@@ -499,6 +497,24 @@ int launch_moe_grouped(MemraCudaCtx* ctx, const float* x, int T, int D, const in
 }  // namespace
 
 namespace memra::cuda::moe {
+
+int pair_group_warps(int64_t P, int E) { return group_warps(P, E); }
+
+int group_pairs(MemraCudaCtx* ctx, const int32_t* topk_idx, int P, int E, int warps,
+                int* n_active, int* active_e, int* active_off, int* pairs) {
+  memra::cuda::launch(ctx, true, moe_group_kernel, dim3(1), dim3(warps * 32),
+      sizeof(int) * static_cast<size_t>(warps + 1) * E, topk_idx, P, E, n_active, active_e,
+      active_off, pairs);
+  return launch_status();
+}
+
+int combine(MemraCudaCtx* ctx, const float* o, const int32_t* topk_idx, const float* topk_w,
+            int T, int top_k, int E, int D, float* y) {
+  const dim3 grid(static_cast<unsigned>(T), ceil_div(D, 256));
+  memra::cuda::launch(ctx, true, moe_combine_kernel, grid, dim3(256),
+      sizeof(int) * (static_cast<size_t>(top_k) + 1), o, topk_idx, topk_w, top_k, E, D, y);
+  return launch_status();
+}
 
 bool grouped_fits(int T, int top_k, int E) {
   const int64_t Pc = static_cast<int64_t>(T < kGChunkT ? T : kGChunkT) * top_k;

@@ -9,7 +9,7 @@
 #   tests:F   one test file or node id F (repeatable)
 #   accuracy  benchmarks/accuracy_families.py --device cuda -> accuracy_cuda.jsonl
 #   model     bench_model_decode --quick --skip-peer, B = 1 and 32 (glm5_next)
-#   kimi qwen gdn kdapre mlapre prefill serve
+#   kimi qwen gdn kdapre mlapre prefill moepre moedec serve
 #             the benches of those names (--quick), peers with fla 0.6.0 where carried
 # Carried folders it uses when present: .whl_fla (fla wheels), .whl (serve's wheels),
 # .triton_cache (fla's Triton autotune cache from an earlier call; the updated cache comes back
@@ -67,6 +67,8 @@ for p in "$@"; do
     kdapre) phase kdapre 240 bench benchmarks/bench_kda_prefill.py --quick ;;
     mlapre) phase mlapre 200 bench benchmarks/bench_mla_prefill.py --quick ;;
     prefill) phase prefill 300 bench benchmarks/bench_model_prefill.py --quick ;;
+    moepre) phase moepre 200 bench benchmarks/bench_moe_prefill.py --quick ;;
+    moedec) phase moedec 150 bench benchmarks/bench_moe_decode.py --quick ;;
     serve)
       if ls .whl/*.whl >/dev/null 2>&1; then
         python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \

@@ -29,15 +29,29 @@ IDLE_PROMPT = [5, 6, 7, 8, 9, 10]
 STEPS = 8
 
 
-def _load(graphs: bool, dtype: str) -> memra.Model:
+def _load(graphs: bool, dtype: str, options: memra.KernelOptions | None = None) -> memra.Model:
     path = memra.default_checkpoint() if dtype == "float32" else BF16_DIR
     return memra.load(path, device="cuda", dtype=dtype, max_batch=4, max_len=64, progress=False,
-                      cuda_graphs=graphs)
+                      cuda_graphs=graphs, kernel_options=options)
 
 
 @pytest.fixture(scope="module", params=["float32", "bfloat16"])
 def pair(request):
     return _load(True, request.param), _load(False, request.param)
+
+
+@pytest.fixture(scope="module")
+def alike(pair):
+    """For comparing a row decoded alone (B = 1) with the same row decoded in a batch, token for
+    token: a graph model whose batched steps round as its one-row steps do, up to summation order.
+    float32: the pair's graph model. bfloat16: the checkpoint with
+    KernelOptions(moe_tensor_cores=False); the default runs a batch's routed experts on tensor
+    cores (x and h rounded to bf16, docs/kernels.md) while one row keeps the per-pair kernels, so a
+    sampled token may differ between the two wherever two candidates lie within that rounding."""
+    graph, _ = pair
+    if graph.dtype == "float32":
+        return graph
+    return _load(True, "bfloat16", memra.KernelOptions(moe_tensor_cores=False))
 
 
 def _state(m: memra.Model, slot: int) -> list[np.ndarray]:
@@ -119,7 +133,7 @@ def test_decode_is_bit_identical_run_to_run(pair) -> None:
 
 
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
-def test_generation_through_graph_equals_eager(pair, temperature: float) -> None:
+def test_generation_through_graph_equals_eager(pair, alike, temperature: float) -> None:
     graph, eager = pair
     for m in pair:  # slots the earlier tests prefilled by hand are the user's: generation never takes them
         for s in range(m.cache.max_batch):
@@ -129,9 +143,10 @@ def test_generation_through_graph_equals_eager(pair, temperature: float) -> None
     want = eager.generate_batch(PROMPTS, **kw)
     assert got == want
     assert graph.generate(PROMPTS[1], **kw) == eager.generate(PROMPTS[1], **kw)
-    # generate_batch's contract: prompt i equals generate(prompt i, seed + i).
+    # generate_batch's contract: prompt i equals generate(prompt i, seed + i) (see `alike`).
     one = dict(kw, seed=kw["seed"] + 2)
-    assert got[2] == graph.generate(PROMPTS[2], **one)
+    batch = got if alike is graph else alike.generate_batch(PROMPTS, **kw)
+    assert batch[2] == alike.generate(PROMPTS[2], **one)
 
 
 def test_capture_refuses_host_copies_and_recovers(e) -> None:
@@ -236,10 +251,12 @@ def _one_step_at_a_time(m: memra.Model, prompts, n: int, stops: set[int], kw) ->
 
 
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
-def test_pipelined_generation_equals_one_step_at_a_time(pair, temperature: float) -> None:
+def test_pipelined_generation_equals_one_step_at_a_time(alike, temperature: float) -> None:
     # Chained steps (ids drawn on the device), rows leaving the batch at a stop token with a step
     # already in flight, and at max_new_tokens, against steps that each wait for their tokens.
-    graph, _ = pair
+    # A row's batch can shrink to one row in one run and not in the other, and the last check
+    # decodes a prompt alone: the `alike` model.
+    graph = alike
     kw = dict(temperature=temperature, top_k=20, top_p=0.9, seed=7)
     free = _one_step_at_a_time(graph, PROMPTS, 10, set(), kw)
     assert graph.generate_batch(PROMPTS, 10, ignore_eos=True, **kw) == free

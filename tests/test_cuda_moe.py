@@ -12,12 +12,17 @@ Tolerances (both sides f32 unless said):
   equal biases) must go to the lower group / expert id on both. With a dense random gate_w the
   logits differ by the GEMM's summation order: tokens whose CPU choice has a margin > 1e-4 must
   match exactly.
-- moe_forward: activations stay f32 on the GPU (bf16 weights widened, x not rounded), like the
-  CPU; only the dot products' summation order differs: ``rtol=1e-5, atol=1e-5 * max|y|`` for
-  float32 and bfloat16 weights alike (the same bf16 values on both sides). From T = 2 on the GPU
-  runs the grouped-by-expert kernels, whose every dot product and sum is the per-pair kernels'
-  own: the T >= 2 result equals, bit for bit, the rows run one at a time (T = 1) and the
-  per-pair kernels forced at the same T (an engine made with KernelOptions(moe_grouped_min_t=)).
+- moe_forward, CUDA-core kernels (float32 weights; bfloat16 weights at T = 1, and at any T on an
+  engine made with KernelOptions(moe_tensor_cores=False)): activations stay f32 on the GPU (bf16
+  weights widened, x not rounded), like the CPU; only the dot products' summation order differs:
+  ``rtol=1e-5, atol=1e-5 * max|y|`` (the same bf16 values on both sides). From T = 2 on they run
+  grouped by expert, every dot product and sum the per-pair kernels' own: the T >= 2 result
+  equals, bit for bit, the rows run one at a time (T = 1) and the per-pair kernels forced at the
+  same T (an engine made with KernelOptions(moe_grouped_min_t=)).
+- moe_forward over bfloat16 weights from T = 2 with D and I multiples of 8 (the default engine):
+  the tensor-core arm (cuda/moe_tc.cu), which rounds x and the SwiGLU output to bf16: within the
+  bf16-derived bound of tests/moe_reference.py of the CPU on x (tests/test_cuda_moe_tc.py has its
+  own cases); elsewhere the CUDA-core kernels above, well inside that bound.
 
 A small shape for ``compute-sanitizer --tool racecheck`` / ``--tool memcheck``:
 ``python -m pytest tests/test_cuda_moe.py -k sanitizer``.
@@ -33,6 +38,7 @@ import pytest
 import memra
 from memra import _core
 from cuda_helpers import bf16_weight, close_scaled, engine_with, expect, f32, rng
+from moe_reference import assert_within_tc_bound
 
 pytestmark = pytest.mark.cuda
 
@@ -310,8 +316,12 @@ def test_moe_forward_matches_cpu(e, T, E, D, I, k, dtype):
     idx, w = random_routing(r, T, E, k)
     limit = 1.5
     want = moe_cpu(x, idx, w, g, u, d, limit)
-    got = moe_gpu(e, x, idx, w, g, u, d, limit, dtype)
+    core = e if dtype == "float32" else engine_with(moe_tensor_cores=False)
+    got = moe_gpu(core, x, idx, w, g, u, d, limit, dtype)
     scaled_close(got, want, rtol=1e-5, atol_rel=1e-5)
+    if dtype == "bfloat16":  # the default engine: the tensor-core arm where it applies
+        got = moe_gpu(e, x, idx, w, g, u, d, limit, dtype)
+        assert_within_tc_bound(got, x, idx, w, g, u, d, limit, want)
 
 
 def test_moe_forward_routed_by_moe_route_and_repeated_ids(e):
@@ -355,18 +365,22 @@ GROUPED_SHAPES = [(32, 64, 48, 8), (8, 64, 48, 2), (7, 13, 21, 3), (32, 520, 264
 @pytest.mark.parametrize("E,D,I,k", GROUPED_SHAPES)
 @pytest.mark.parametrize("T", [2, 5, 32, 64])
 def test_moe_forward_grouped_equals_rows_one_at_a_time(e, T, E, D, I, k, dtype):
-    """The grouped kernels (T >= 2) give, bit for bit, what the per-pair kernels give for each
-    row alone (T = 1), with repeated ids and experts nobody chose; and the CPU's values."""
+    """The CUDA-core grouped kernels (T >= 2) give, bit for bit, what the per-pair kernels give
+    for each row alone (T = 1), with repeated ids and experts nobody chose; and the CPU's values.
+    bfloat16 weights take them on an engine with moe_tensor_cores=False; the default engine's
+    tensor-core arm is held to the bf16 bound against the CPU instead."""
     r = rng(T * 17 + E + D + (dtype == "bfloat16"))
     g, u, d = experts(r, E, D, I, dtype)
     x = randn(r, T, D, scale=2.0)
     idx, w = skewed_routing(r, T, E, k)
     limit = 1.5
-    dg, du, dd = dweight(e, g, dtype), dweight(e, u, dtype), dweight(e, d, dtype)
+    core = e if dtype == "float32" else engine_with(moe_tensor_cores=False)
+    dg, du, dd = dweight(core, g, dtype), dweight(core, u, dtype), dweight(core, d, dtype)
 
     def run(xs, ids, ws):
-        return e.to_host(_core.moe_forward(e.to_device(xs), e.to_device(ids), e.to_device(ws),
-                                           dg, du, dd, limit=limit, engine=e))
+        return core.to_host(_core.moe_forward(core.to_device(xs), core.to_device(ids),
+                                              core.to_device(ws), dg, du, dd, limit=limit,
+                                              engine=core))
 
     got = run(x, idx, w)
     for t in range(T):
@@ -374,24 +388,34 @@ def test_moe_forward_grouped_equals_rows_one_at_a_time(e, T, E, D, I, k, dtype):
         np.testing.assert_array_equal(got[t : t + 1], row, err_msg=f"row {t}")
     want = moe_cpu(x, idx, w, g, u, d, limit)
     scaled_close(got, want, rtol=1e-5, atol_rel=1e-5)
+    if dtype == "bfloat16":
+        assert_within_tc_bound(moe_gpu(e, x, idx, w, g, u, d, limit, dtype), x, idx, w, g, u, d,
+                               limit, want)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("E,D,I,k,T", [(32, 64, 48, 8, 64), (7, 13, 21, 3, 9),
                                        (8, 64, 48, 4, 600)])  # T = 600: three token chunks
 def test_moe_forward_grouped_equals_per_pair_kernels(e, E, D, I, k, T, dtype):
-    """At the same T, the grouped path equals the per-pair kernels (forced on an engine made
-    with KernelOptions(moe_grouped_min_t=10**9)) bit for bit."""
+    """At the same T, the CUDA-core grouped path equals the per-pair kernels (forced on an engine
+    made with KernelOptions(moe_grouped_min_t=10**9)) bit for bit (bfloat16: on an engine with
+    moe_tensor_cores=False; the default engine's tensor-core arm within the bf16 bound)."""
     r = rng(T + E + D + (dtype == "bfloat16"))
     g, u, d = experts(r, E, D, I, dtype)
     x = randn(r, T, D, scale=2.0)
     idx, w = skewed_routing(r, T, E, k)
 
-    grouped = moe_gpu(e, x, idx, w, g, u, d, 1.5, dtype)
+    core = e if dtype == "float32" else engine_with(moe_tensor_cores=False)
+    grouped = moe_gpu(core, x, idx, w, g, u, d, 1.5, dtype)
     per_pair = moe_gpu(engine_with(moe_grouped_min_t=10**9), x, idx, w, g, u, d, 1.5, dtype)
     np.testing.assert_array_equal(grouped, per_pair)
-    np.testing.assert_array_equal(moe_gpu(e, x, idx, w, g, u, d, 1.5, dtype), grouped)  # call to call
-    scaled_close(grouped, moe_cpu(x, idx, w, g, u, d, 1.5), rtol=1e-5, atol_rel=1e-5)
+    np.testing.assert_array_equal(moe_gpu(core, x, idx, w, g, u, d, 1.5, dtype), grouped)  # call to call
+    want = moe_cpu(x, idx, w, g, u, d, 1.5)
+    scaled_close(grouped, want, rtol=1e-5, atol_rel=1e-5)
+    if dtype == "bfloat16":
+        tc = moe_gpu(e, x, idx, w, g, u, d, 1.5, dtype)
+        np.testing.assert_array_equal(moe_gpu(e, x, idx, w, g, u, d, 1.5, dtype), tc)
+        assert_within_tc_bound(tc, x, idx, w, g, u, d, 1.5, want)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
@@ -492,7 +516,8 @@ def test_moe_forward_contract_errors(e):
 
 
 def test_sanitizer_small_shapes(e):
-    """One small call of moe_route and moe_forward (for compute-sanitizer racecheck / memcheck)."""
+    """One small call of moe_route and moe_forward, f32 and bf16 (the tensor-core arm), for
+    compute-sanitizer racecheck / memcheck."""
     r = rng(16)
     D, I, E, T, k = 16, 24, 8, 3, 2
     x = randn(r, T, D)
@@ -503,3 +528,18 @@ def test_sanitizer_small_shapes(e):
     y2 = _core.moe_forward(e.to_device(x), i, w, dweight(e, eg), dweight(e, eu), dweight(e, ed),
                            limit=1.0, engine=e)
     assert np.all(np.isfinite(e.to_host(y2)))
+    eg, eu, ed = experts(r, E, D, I, "bfloat16")  # the tensor-core arm (cuda/moe_tc.cu)
+    y3 = _core.moe_forward(e.to_device(x), i, w, dweight(e, eg, "bfloat16"),
+                           dweight(e, eu, "bfloat16"), dweight(e, ed, "bfloat16"), limit=1.0,
+                           engine=e)
+    assert np.all(np.isfinite(e.to_host(y3)))
+    # Its 128-row tiles (64 pairs an expert on average and more), with a ragged last tile.
+    T2, E2 = 130, 2
+    x2 = randn(r, T2, D)
+    i2 = np.stack([[t % E2] for t in range(T2)]).astype(np.int32)
+    w2 = f32(np.ones((T2, 1)))
+    eg, eu, ed = experts(r, E2, D, I, "bfloat16")
+    y4 = _core.moe_forward(e.to_device(x2), e.to_device(i2), e.to_device(w2),
+                           dweight(e, eg, "bfloat16"), dweight(e, eu, "bfloat16"),
+                           dweight(e, ed, "bfloat16"), limit=1.0, engine=e)
+    assert np.all(np.isfinite(e.to_host(y4)))

@@ -17,9 +17,9 @@ from memra import KernelOptions
 # read from the class, so a changed default fails this test.
 DEFAULTS = dict(pdl=True, gemv=True, gemv_rows=0, gemv_tall_rows=0, mhc_defer=True,
                 mla_decode_variant=1, mla_tc_mt=0, mla_split_tiles=0, moe_grouped_min_t=2,
-                attn_decode_unsplit=False, prefill_chunk=8192)
+                attn_decode_unsplit=False, prefill_chunk=8192, moe_tensor_cores=True)
 NUMERICS = {"gemv", "mla_decode_variant", "mla_tc_mt", "mla_split_tiles", "moe_grouped_min_t",
-            "attn_decode_unsplit", "prefill_chunk"}
+            "attn_decode_unsplit", "prefill_chunk", "moe_tensor_cores"}
 
 
 def test_defaults_and_fields() -> None:
@@ -46,7 +46,8 @@ GOOD = [dict(pdl=False), dict(gemv=False), dict(gemv_rows=1), dict(gemv_rows=8),
         dict(gemv_tall_rows=2), dict(mhc_defer=False), dict(mla_decode_variant=0),
         dict(mla_decode_variant=2), dict(mla_tc_mt=4), dict(mla_split_tiles=3),
         dict(moe_grouped_min_t=10**9), dict(gemv_rows=np.int32(4)), dict(attn_decode_unsplit=True),
-        dict(prefill_chunk=0), dict(prefill_chunk=1), dict(pdl=False, gemv_rows=2, mla_tc_mt=2)]
+        dict(prefill_chunk=0), dict(prefill_chunk=1), dict(moe_tensor_cores=False),
+        dict(pdl=False, gemv_rows=2, mla_tc_mt=2)]
 
 
 @pytest.mark.parametrize("kw", GOOD, ids=[",".join(f"{k}={v}" for k, v in kw.items()) for kw in GOOD])
@@ -68,6 +69,7 @@ BAD = [
     (dict(mla_split_tiles=2**31), "mla_split_tiles"), (dict(moe_grouped_min_t=0), "moe_grouped_min_t"),
     (dict(mhc_defer=np.float32(1)), "mhc_defer"), (dict(attn_decode_unsplit=1), "attn_decode_unsplit"),
     (dict(prefill_chunk=-1), "prefill_chunk"), (dict(prefill_chunk=True), "prefill_chunk"),
+    (dict(moe_tensor_cores=0), "moe_tensor_cores"),
 ]
 
 

@@ -603,10 +603,10 @@ class CudaGraph:
 
 class KernelOptions:
     """
-    The CUDA kernels' arms an Engine runs with, chosen once when it is made (Engine(..., options=), memra.load(..., kernel_options=)); immutable. Keyword construction; every field defaults to the arm the A/B runs kept (docs/options.md), so KernelOptions() changes nothing. Fields that change numerics (the logits' bytes): gemv, mla_decode_variant, mla_tc_mt, mla_split_tiles, moe_grouped_min_t, attn_decode_unsplit, prefill_chunk (on CUDA); pdl, gemv_rows, gemv_tall_rows and mhc_defer change only speed. An unknown field, a value of the wrong type (switches take bool, the rest int) or out of its domain is a ContractError (40025) naming the field and the value. A CPU engine keeps the options and ignores them, except prefill_chunk.
+    The CUDA kernels' arms an Engine runs with, chosen once when it is made (Engine(..., options=), memra.load(..., kernel_options=)); immutable. Keyword construction; every field defaults to the arm the A/B runs kept (docs/options.md), so KernelOptions() changes nothing. Fields that change numerics (the logits' bytes): gemv, mla_decode_variant, mla_tc_mt, mla_split_tiles, moe_grouped_min_t, attn_decode_unsplit, prefill_chunk (on CUDA), moe_tensor_cores; pdl, gemv_rows, gemv_tall_rows and mhc_defer change only speed. An unknown field, a value of the wrong type (switches take bool, the rest int) or out of its domain is a ContractError (40025) naming the field and the value. A CPU engine keeps the options and ignores them, except prefill_chunk.
     """
 
-    def __init__(self, *, pdl: bool = True, gemv: bool = True, gemv_rows: int = 0, gemv_tall_rows: int = 0, mhc_defer: bool = True, mla_decode_variant: int = 1, mla_tc_mt: int = 0, mla_split_tiles: int = 0, moe_grouped_min_t: int = 2, attn_decode_unsplit: bool = False, prefill_chunk: int = 8192) -> None: ...
+    def __init__(self, *, pdl: bool = True, gemv: bool = True, gemv_rows: int = 0, gemv_tall_rows: int = 0, mhc_defer: bool = True, mla_decode_variant: int = 1, mla_tc_mt: int = 0, mla_split_tiles: int = 0, moe_grouped_min_t: int = 2, attn_decode_unsplit: bool = False, prefill_chunk: int = 8192, moe_tensor_cores: bool = True) -> None: ...
 
     def replace(self, **fields: bool | int) -> KernelOptions:
         """
@@ -690,6 +690,12 @@ class KernelOptions:
     def prefill_chunk(self) -> int:
         """
         Changes numerics (CUDA only). Prompt tokens a prefill runs at a time (Model.prefill, logits, generate, stream, generate_batch, the server): a longer prompt is split into chunks of at most this many tokens, each run through every layer and committed before the next, so the prefill's scratch memory grows with the chunk, not with the prompt (a long prompt fits where its one-shot scratch would not). 0 never splits. Unlike the other fields it applies on the CPU too (the Python orchestration reads it), where the chunks give the one-shot bytes; on CUDA a GEMM over fewer rows may sum in another order (docs/prefill.md).
+        """
+
+    @property
+    def moe_tensor_cores(self) -> bool:
+        """
+        Changes numerics. The routed experts over bfloat16 / float16 weights from moe_grouped_min_t tokens on: True runs them as grouped GEMMs on tensor cores (x and the SwiGLU output rounded to the weights' type, float32 accumulation, each expert's weights read once per call of up to 16384 token-slot pairs); False keeps the CUDA-core grouped kernels (float32 activations, the per-pair kernels' bytes), the A/B arm. float32 weights always take the CUDA-core kernels.
         """
 
 class HostRead:

@@ -396,7 +396,10 @@ class Model:
                        stop_token_ids=None, ignore_eos: bool = False) -> list[list[int]]:
         """Generate for several prompts of different lengths, decoding them together (one decode
         step serves every unfinished prompt). Prompt i samples with seed + i (seed None: 0), so
-        each result equals ``generate(prompts[i], seed=seed + i, ...)``. At most
+        each result equals ``generate(prompts[i], seed=seed + i, ...)`` wherever the batched
+        steps' rounding does not decide a token: a batched step sums in other orders than a
+        one-row step, and in bfloat16 it runs the routed experts on tensor cores with their
+        inputs rounded to bfloat16 (KernelOptions.moe_tensor_cores). At most
         ``cache.max_batch`` prompts."""
         if isinstance(prompts, (str, bytes)) or not isinstance(prompts, (Sequence, np.ndarray)):
             raise ContractError(f"generate_batch: prompts must be a list of token id lists, got "

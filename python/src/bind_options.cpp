@@ -74,6 +74,13 @@ const Field kFields[] = {
      "prompt fits where its one-shot scratch would not). 0 never splits. Unlike the other fields "
      "it applies on the CPU too (the Python orchestration reads it), where the chunks give the "
      "one-shot bytes; on CUDA a GEMM over fewer rows may sum in another order (docs/prefill.md)."},
+    {"moe_tensor_cores", &KernelOptions::moe_tensor_cores, nullptr,
+     "Changes numerics. The routed experts over bfloat16 / float16 weights from "
+     "moe_grouped_min_t tokens on: True runs them as grouped GEMMs on tensor cores (x and the "
+     "SwiGLU output rounded to the weights' type, float32 accumulation, each expert's weights "
+     "read once per call of up to 16384 token-slot pairs); False keeps the CUDA-core grouped "
+     "kernels (float32 activations, the per-pair kernels' bytes), the A/B arm. float32 weights "
+     "always take the CUDA-core kernels."},
 };
 
 std::string repr_of(nb::handle v) {
@@ -181,7 +188,7 @@ void init_options(nb::module_& m) {
       "construction; every field defaults to the arm the A/B runs kept (docs/options.md), so "
       "KernelOptions() changes nothing. Fields that change numerics (the logits' bytes): gemv, "
       "mla_decode_variant, mla_tc_mt, mla_split_tiles, moe_grouped_min_t, attn_decode_unsplit, "
-      "prefill_chunk (on CUDA); pdl, gemv_rows, "
+      "prefill_chunk (on CUDA), moe_tensor_cores; pdl, gemv_rows, "
       "gemv_tall_rows and mhc_defer change only speed. An unknown field, a value of the "
       "wrong type (switches take bool, the rest int) or out of its domain is a ContractError "
       "(40025) naming the field and the value. A CPU engine keeps the options and ignores them, "

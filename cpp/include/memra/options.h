@@ -52,6 +52,12 @@ struct KernelOptions {
   // this T the shared expert rides in the per-pair kernels, from it it runs as an MLP of its own
   // (cuBLAS above one row), which sums in another order.
   int moe_grouped_min_t = 2;
+  // The grouped routed experts over bf16 / f16 weights (cuda/moe_tc.cu): true runs them as
+  // grouped GEMMs on tensor cores (x and the SwiGLU output rounded to the weights' type, f32
+  // accumulation); false keeps the CUDA-core grouped kernels (cuda/moe_grouped.cu, f32
+  // activations, the per-pair kernels' bytes), the A/B arm. f32 weights always take the CUDA-core
+  // kernels. Changes numerics (rounding and summation order).
+  bool moe_tensor_cores = true;
   // The full attention's decode (cuda/attention_decode.cu, AttentionLayer): false splits each
   // sequence's rows over blocks sized from the cache's capacity and merges the splits' partial
   // softmaxes per head in a second launch; true runs one block per (sequence, K/V head) over all
@@ -108,6 +114,7 @@ inline MemraKernelOptions KernelOptions::to_abi() const {
   o.moe_grouped_min_t = moe_grouped_min_t;
   o.attn_decode_unsplit = attn_decode_unsplit ? 1 : 0;
   o.prefill_chunk = prefill_chunk;
+  o.moe_tensor_cores = moe_tensor_cores ? 1 : 0;
   return o;
 }
 
@@ -124,6 +131,7 @@ inline KernelOptions KernelOptions::from_abi(const MemraKernelOptions& o) {
   k.moe_grouped_min_t = o.moe_grouped_min_t;
   k.attn_decode_unsplit = o.attn_decode_unsplit != 0;
   k.prefill_chunk = o.prefill_chunk;
+  k.moe_tensor_cores = o.moe_tensor_cores != 0;
   return k;
 }
 
@@ -132,7 +140,8 @@ inline bool KernelOptions::operator==(const KernelOptions& o) const {
          gemv_tall_rows == o.gemv_tall_rows && mhc_defer == o.mhc_defer &&
          mla_decode_variant == o.mla_decode_variant && mla_tc_mt == o.mla_tc_mt &&
          mla_split_tiles == o.mla_split_tiles && moe_grouped_min_t == o.moe_grouped_min_t &&
-         attn_decode_unsplit == o.attn_decode_unsplit && prefill_chunk == o.prefill_chunk;
+         attn_decode_unsplit == o.attn_decode_unsplit && prefill_chunk == o.prefill_chunk &&
+         moe_tensor_cores == o.moe_tensor_cores;
 }
 
 }  // namespace memra

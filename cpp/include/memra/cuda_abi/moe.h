@@ -42,7 +42,9 @@ typedef struct MemraMoeRouteParams {
    activations stay f32 (bf16 weights are widened, x is not rounded), so against the CPU on the
    same weights only the dot products' summation order differs. From T = KernelOptions::
    moe_grouped_min_t on the pairs run grouped by expert, with the same bits as the per-pair
-   kernels. */
+   kernels; over bf16 / f16 weights with D and I multiples of 8 (KernelOptions::moe_tensor_cores)
+   as grouped GEMMs on tensor cores instead, with x and the SwiGLU output rounded to w_dtype and
+   another summation order (a token's bytes still independent of the other tokens). */
 typedef struct MemraMoeForwardParams {
   const float* x;            /* [T, D] f32 */
   int T;                     /* >= 0 (else 40025) */
