@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU machine: one device call's worth of work in named phases, each under its own time
-# limit and skipped once the call's budget is spent, every log under $OUT (one file per phase,
-# a line per phase in $OUT/summary.txt).
+# limit and skipped once the call's budget is spent; the logs (one file per phase) come back
+# bundled in $OUT/logs.tgz (the device returns few files), a line per phase in $OUT/summary.txt.
 #   BUDGET_S=560 bash scripts/gpu_session.sh build tests accuracy model kimi ...
 # Phases:
 #   build     memra with CUDA into build/dev-gpu (scripts/gpu_env.sh; kept on a warm machine)
@@ -15,7 +15,7 @@
 # .triton_cache (fla's Triton autotune cache from an earlier call; the updated cache comes back
 # in $OUT/triton_cache.tgz).
 set -uo pipefail
-OUT=${OUT:-/tmp/memra-out}; mkdir -p "$OUT"
+OUT0=${OUT:-/tmp/memra-out}; OUT=$OUT0/logs; mkdir -p "$OUT"
 cd "$(dirname "$0")/.."
 source scripts/gpu_env.sh
 BUDGET_S=${BUDGET_S:-560}
@@ -40,7 +40,6 @@ phase() {
   timeout "$limit" "$@" >"$OUT/$name.out" 2>"$OUT/$name.log"
   echo "$name: rc=$? $(( $(date +%s) - t0 )) s" | tee -a "$OUT/summary.txt"
 }
-bench() { PYTHONPATH="$site${peers:+:$peers}" python3 "$@"; }
 for p in "$@"; do
   case $p in
     build)
@@ -60,15 +59,15 @@ for p in "$@"; do
       tail -1 "$OUT/t_$n.out" | tee -a "$OUT/summary.txt"
       ;;
     accuracy) phase accuracy 120 env PYTHONPATH="$site" python3 benchmarks/accuracy_families.py --device cuda ;;
-    model) phase model 240 bench benchmarks/bench_model_decode.py --quick --skip-peer --batches 1,32 ;;
-    kimi) phase kimi 300 bench benchmarks/bench_kimi_decode.py --quick ;;
-    qwen) phase qwen 300 bench benchmarks/bench_qwen_decode.py --quick ;;
-    gdn) phase gdn 150 bench benchmarks/bench_gdn_decode.py --quick ;;
-    kdapre) phase kdapre 240 bench benchmarks/bench_kda_prefill.py --quick ;;
-    mlapre) phase mlapre 200 bench benchmarks/bench_mla_prefill.py --quick ;;
-    prefill) phase prefill 300 bench benchmarks/bench_model_prefill.py --quick ;;
-    moepre) phase moepre 200 bench benchmarks/bench_moe_prefill.py --quick ;;
-    moedec) phase moedec 150 bench benchmarks/bench_moe_decode.py --quick ;;
+    model) phase model 240 env PYTHONPATH="$site${peers:+:$peers}" python3 benchmarks/bench_model_decode.py --quick --skip-peer --batches 1,32 ;;
+    kimi) phase kimi 300 env PYTHONPATH="$site${peers:+:$peers}" python3 benchmarks/bench_kimi_decode.py --quick ;;
+    qwen) phase qwen 300 env PYTHONPATH="$site${peers:+:$peers}" python3 benchmarks/bench_qwen_decode.py --quick ;;
+    gdn) phase gdn 150 env PYTHONPATH="$site${peers:+:$peers}" python3 benchmarks/bench_gdn_decode.py --quick ;;
+    kdapre) phase kdapre 240 env PYTHONPATH="$site${peers:+:$peers}" python3 benchmarks/bench_kda_prefill.py --quick ;;
+    mlapre) phase mlapre 200 env PYTHONPATH="$site${peers:+:$peers}" python3 benchmarks/bench_mla_prefill.py --quick ;;
+    prefill) phase prefill 300 env PYTHONPATH="$site${peers:+:$peers}" python3 benchmarks/bench_model_prefill.py --quick ;;
+    moepre) phase moepre 200 env PYTHONPATH="$site${peers:+:$peers}" python3 benchmarks/bench_moe_prefill.py --quick ;;
+    moedec) phase moedec 150 env PYTHONPATH="$site${peers:+:$peers}" python3 benchmarks/bench_moe_decode.py --quick ;;
     serve)
       if ls .whl/*.whl >/dev/null 2>&1; then
         python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
@@ -79,5 +78,6 @@ for p in "$@"; do
     *) echo "unknown phase $p" | tee -a "$OUT/summary.txt" ;;
   esac
 done
-tar -czf "$OUT/triton_cache.tgz" -C "$TRITON_CACHE_DIR" . 2>/dev/null
 echo "total: $(( $(date +%s) - t_start )) s" | tee -a "$OUT/summary.txt"
+tar -czf "$OUT0/triton_cache.tgz" -C "$TRITON_CACHE_DIR" . 2>/dev/null
+tar -czf "$OUT0/logs.tgz" -C "$OUT0" logs && cp "$OUT/summary.txt" "$OUT0/" && rm -rf "$OUT"
