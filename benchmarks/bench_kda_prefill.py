@@ -47,6 +47,17 @@ SMOKE_KDA = [(2, 1, 70)]  # --device cpu
 SMOKE_GDN = [(1, 2, 1, 70)]
 
 
+def parse_shapes(text: str, n: int) -> list[tuple[int, ...]]:
+    """'a:b:c,d:e:f' -> [(a, b, c), (d, e, f)] (each of n ints); 'none' -> []."""
+    if text.strip() == "none":
+        return []
+    shapes = [tuple(int(v) for v in item.split(":")) for item in text.split(",") if item.strip()]
+    for s in shapes:
+        if len(s) != n:
+            raise SystemExit(f"bench_kda_prefill: shape {s} needs {n} numbers")
+    return shapes
+
+
 def load_fla():
     """(chunk_kda, chunk_gated_delta_rule, None) or (None, None, why)."""
     try:
@@ -116,6 +127,10 @@ def measure(b, name, shape, run_memra, run_seq, run_peer, peer, nbytes, extra):
 
 def main() -> int:
     p = base_parser(__doc__.split("\n\n")[0])
+    p.add_argument("--kda-shapes", default=None,
+                   help="KDA shapes as H:B:T,... (overrides the default / --quick list; 'none')")
+    p.add_argument("--gdn-shapes", default=None,
+                   help="GDN shapes as Hk:Hv:B:T,... (overrides the default / --quick list; 'none')")
     args = p.parse_args()
     b = Bench(args, "kda_prefill")
     torch = b.torch
@@ -128,6 +143,10 @@ def main() -> int:
     scale = D ** -0.5
     kda_shapes = SMOKE_KDA if not b.cuda else (QUICK_KDA if args.quick else KDA_SHAPES)
     gdn_shapes = SMOKE_GDN if not b.cuda else (QUICK_GDN if args.quick else GDN_SHAPES)
+    if args.kda_shapes is not None:
+        kda_shapes = parse_shapes(args.kda_shapes, 3)
+    if args.gdn_shapes is not None:
+        gdn_shapes = parse_shapes(args.gdn_shapes, 4)
     chunked = b.cuda  # the CPU engine runs its reference either way
 
     for H, B, T in kda_shapes:

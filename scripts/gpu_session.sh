@@ -10,6 +10,8 @@
 #   accuracy  benchmarks/accuracy_families.py --device cuda -> accuracy_cuda.jsonl
 #   model     bench_model_decode --quick --skip-peer, B = 1 and 32 (glm5_next)
 #   kimi qwen gdn kdapre mlapre prefill moepre moedec serve
+#   kdarest   bench_kda_prefill's shapes --quick leaves out (KDA 32 heads, B = 8; GDN B = 8)
+#   prefill_long  bench_model_prefill at T = 32K and 128K and 8 prompts of 2K, no peer
 #             the benches of those names (--quick), peers with fla 0.6.0 where carried
 # Carried folders it uses when present: .whl_fla (fla wheels), .whl (serve's wheels),
 # .triton_cache (fla's Triton autotune cache from an earlier call; the updated cache comes back
@@ -64,6 +66,10 @@ for p in "$@"; do
     qwen) phase qwen 300 env PYTHONPATH="$site${peers:+:$peers}" python3 benchmarks/bench_qwen_decode.py --quick ;;
     gdn) phase gdn 150 env PYTHONPATH="$site${peers:+:$peers}" python3 benchmarks/bench_gdn_decode.py --quick ;;
     kdapre) phase kdapre 240 env PYTHONPATH="$site${peers:+:$peers}" python3 benchmarks/bench_kda_prefill.py --quick ;;
+    kdarest) phase kdarest 240 env PYTHONPATH="$site${peers:+:$peers}" python3 benchmarks/bench_kda_prefill.py \
+        --quick --kda-shapes 32:1:8192,64:8:2048 --gdn-shapes 16:32:8:2048 ;;
+    prefill_long) phase prefill_long 240 env PYTHONPATH="$site" python3 benchmarks/bench_model_prefill.py \
+        --quick --skip-peer --lengths 32768,131072 --batch 8x2048 ;;
     mlapre) phase mlapre 200 env PYTHONPATH="$site${peers:+:$peers}" python3 benchmarks/bench_mla_prefill.py --quick ;;
     prefill) phase prefill 300 env PYTHONPATH="$site${peers:+:$peers}" python3 benchmarks/bench_model_prefill.py --quick ;;
     moepre) phase moepre 200 env PYTHONPATH="$site${peers:+:$peers}" python3 benchmarks/bench_moe_prefill.py --quick ;;
