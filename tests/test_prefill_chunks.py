@@ -179,17 +179,27 @@ def test_attention_layer_continues_in_chunks(chunk: int) -> None:
 # ---------------------------------------------------------------- errors leave the slot as it was
 
 
-def test_cache_full_is_raised_before_any_chunk() -> None:
-    m = load(FIXTURES[0], 3, max_len=20)
-    cache = m.new_cache(1, 20)
+def test_cache_full_is_raised_before_any_chunk(fixture: Path) -> None:
+    m = load(fixture, 3, max_len=20)
+    cache = m.new_cache(2, 20)
     m.prefill(cache, 0, prompt(m, 6))
     before = planes(cache, 0)
     with pytest.raises(memra.CacheFullError):
         m.prefill(cache, 0, prompt(m, 15, seed=1))
-    with pytest.raises(memra.ContractError):  # a bad id in the last chunk: refused up front
-        m.prefill(cache, 0, list(prompt(m, 8, seed=2)) + [m.config.vocab_size])
+    with pytest.raises(memra.CacheFullError):  # an empty slot stays empty
+        m.prefill(cache, 1, prompt(m, 21, seed=1))
+    assert cache.length(1) == 0
+    for bad in (m.config.vocab_size, -1):  # a bad id in the last chunk: refused up front
+        with pytest.raises(memra.ContractError):
+            m.prefill(cache, 0, list(prompt(m, 8, seed=2)) + [bad])
     assert cache.length(0) == 6
     assert_same_planes(planes(cache, 0), before)
+    # Usable: the slot continues as one never refused.
+    ref = load(fixture, 3, max_len=20)
+    ref_cache = ref.new_cache(1, 20)
+    ref.prefill(ref_cache, 0, prompt(m, 6))
+    more = prompt(m, 7, seed=3)
+    np.testing.assert_array_equal(m.prefill(cache, 0, more), ref.prefill(ref_cache, 0, more))
     with pytest.raises(memra.CacheFullError):
         m.generate(prompt(m, 18), 4)
 
