@@ -294,6 +294,42 @@ def test_restore_refuses_what_it_cannot_undo() -> None:
         cache.snapshot(2)
 
 
+def test_restore_refuses_a_slot_rewritten_since() -> None:
+    """A slot freed, copied into or restored to an earlier point since the snapshot holds other
+    rows below the snapshot's length, even when it holds as many tokens again: refused, nothing
+    changed. Restoring to the snapshot itself, or to one taken before it, stays possible."""
+    m = load(ROOT / "tests" / "fixtures" / "tiny_qwen3_5_text", 0)
+    cache = m.new_cache(2, 32)
+    m.prefill(cache, 0, prompt(m, 6))
+    snap = cache.snapshot(0)
+
+    def refused() -> None:
+        before, n = planes(cache, 0), cache.length(0)
+        with pytest.raises(memra.ContractError, match="snapshot"):
+            cache.restore(snap)
+        assert cache.length(0) == n
+        assert_same_planes(planes(cache, 0), before)
+
+    cache.free(0)
+    m.prefill(cache, 0, prompt(m, 8, seed=1))
+    refused()
+    m.prefill(cache, 1, prompt(m, 10, seed=2))
+    cache.copy_slot(1, 0)
+    refused()
+    cache.free(0)
+    m.prefill(cache, 0, prompt(m, 4))
+    first = cache.snapshot(0)
+    m.prefill(cache, 0, prompt(m, 6)[4:])
+    snap = cache.snapshot(0)
+    m.prefill(cache, 0, [1])
+    cache.restore(first)  # back before `snap`, then other tokens past its length
+    m.prefill(cache, 0, prompt(m, 5, seed=3))
+    refused()
+    cache.restore(first)
+    cache.restore(first)
+    assert cache.length(0) == 4
+
+
 def test_memory_is_none_on_the_cpu() -> None:
     assert memra.Engine("cpu").memory() is None
     assert memra.Engine("cpu").memory(reset_peak=True) is None
