@@ -13,6 +13,6 @@ rm -rf "$b/site" && mkdir -p "$b/site"
 cp -r "$root/python/memra" "$b/site/memra"
 cp "$b"/_core*.so "$b/site/memra/"
 cp "$b"/libmemra_cuda.so "$b/site/memra/" 2>/dev/null || true
-prebuilt=$(grep -o "MEMRA_CUDA_PREBUILT:FILEPATH=.*" "$b/CMakeCache.txt" | cut -d= -f2)
-[ -n "$prebuilt" ] && cp "$prebuilt" "$b/site/memra/"
+prebuilt=$(grep -o "MEMRA_CUDA_PREBUILT:FILEPATH=.*" "$b/CMakeCache.txt" | cut -d= -f2 || true)
+if [ -n "$prebuilt" ]; then cp "$prebuilt" "$b/site/memra/"; fi
 echo "$b/site"

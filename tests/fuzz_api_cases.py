@@ -35,6 +35,9 @@ NOT_INT = [None, 1.5, "3", b"3", [1], (1,), {"n": 1}, _OBJ, 1j, float("nan"), np
            np.array([1, 2]), 2**64, 10**30]
 NOT_FLOAT = [None, "1.0", b"1", [1.0], (1.0,), {"x": 1.0}, _OBJ, 1j, 10**400, np.array([1.0, 2.0])]
 NOT_BOOL = [None, "yes", b"1", 2, 1.5, [True], {"b": True}, _OBJ, np.array([True, False])]
+# A bool argument of memra._core: nanobind takes only True and False, so numpy.bool_ is refused there
+# too, and the refusal must name the argument (python/memra/_arguments.py).
+NOT_CORE_BOOL = NOT_BOOL + [np.True_]
 NOT_STR = [None, 1, 1.5, b"float32", ["float32"], {"s": 1}, _OBJ, True]
 NOT_OBJ = [None, "x", 1, 2.5, True, [], {}, _OBJ, np.zeros(3, np.float32)]  # for class arguments
 NOT_ENGINE = ["cpu", 1, 2.5, True, [], {}, _OBJ, np.zeros(2)]  # engine= (None is the CPU)
@@ -251,11 +254,12 @@ CASES: dict[str, Case] = {
          "options": KERNEL_OPTIONS}),
     "KernelOptions()": Case(
         lambda w: memra.KernelOptions, lambda w: dict(pdl=True, gemv_rows=2, mla_decode_variant=1),
-        {"pdl": NOT_BOOL, "gemv_rows": ints(3, -1, 16, True), "mla_decode_variant": ints(3, -1, True)}),
+        {"pdl": NOT_BOOL, "gemv_rows": ints(3, -1, 16, True), "mla_decode_variant": ints(3, -1, True),
+         "prefill_chunk": ints(-1, True), "moe_tensor_cores": NOT_BOOL}),
     "KernelOptions.replace": Case(
         lambda w: memra.KernelOptions().replace, lambda w: dict(gemv=False, mla_split_tiles=2),
         {"gemv": NOT_BOOL, "mla_split_tiles": ints(-1, True), "moe_grouped_min_t": ints(0, -1),
-         "prefill_chunk": ints(-1, True)}),
+         "prefill_chunk": ints(-1, True), "moe_tensor_cores": NOT_BOOL}),
     "KernelOptions.to_dict": Case(lambda w: memra.KernelOptions().to_dict, lambda w: {}),
     "HyperConnection()": Case(
         lambda w: _core.HyperConnection, lambda w: dict(engine=w.engine, weights=w.hc_weights(0), **w.hc_kw),
@@ -309,7 +313,8 @@ CASES: dict[str, Case] = {
     "Cache.copy_slot": Case(lambda w: w.cache.copy_slot, lambda w: dict(src=0, dst=1), {"src": SLOT, "dst": SLOT}),
     "Cache.snapshot": Case(lambda w: w.cache.snapshot, lambda w: dict(slot=1), {"slot": SLOT}),
     "Cache.restore": Case(lambda w: w.cache.restore, lambda w: dict(snapshot=w.cache.snapshot(1), owner=0),
-                          {"snapshot": NOT_OBJ + [lambda g, w: [("a cache", w.cache)]],
+                          {"snapshot": NOT_OBJ + [lambda g, w: [("a cache", w.cache),
+                                                                ("another cache's", w.other_cache.snapshot(0))]],
                            "owner": ints(unsigned=True)}),
     "Cache.kda_state": Case(lambda w: w.cache.kda_state, lambda w: dict(layer=0, slot=0),
                             {"layer": LAYER + [2], "slot": SLOT}),
@@ -320,7 +325,7 @@ CASES: dict[str, Case] = {
     "Cache.pool_keys": Case(lambda w: w.cache.pool_keys, lambda w: dict(layer=2, slot=0),
                             {"layer": LAYER + [0, 3], "slot": SLOT}),
     # -------------------------------------------------------------- Engine methods
-    "Engine.memory": Case(lambda w: w.engine.memory, lambda w: dict(reset_peak=False), {"reset_peak": NOT_BOOL}),
+    "Engine.memory": Case(lambda w: w.engine.memory, lambda w: dict(reset_peak=False), {"reset_peak": NOT_CORE_BOOL}),
     "Engine.to_device": Case(lambda w: w.engine.to_device, lambda w: dict(array=w.f32(2, 3)),
                              {"array": arr(dtypes=(), rank=False)}, cuda_only=True),
     "Engine.to_host": Case(lambda w: w.engine.to_host, lambda w: dict(array=w.f32(2, 3)),
@@ -437,7 +442,7 @@ CASES: dict[str, Case] = {
                        state=w.f32(2, 4, 5), scale=None, batch=False),
         {"q": arr(shape(3, 2, 3)), "k": arr(shape(2, 2, 4)), "v": arr(shape(3, 3, 5)), "g": arr(shape(3, 2, 3)),
          "beta": arr(shape(3, 3)), "state": opt(arr(shape(2, 4, 4))), "scale": some(floats(*NON_FINITE)),
-         "batch": NOT_BOOL, **ENGINE_ARG}),
+         "batch": NOT_CORE_BOOL, "chunked": NOT_CORE_BOOL, **ENGINE_ARG}),
     "_core.mla_absorb_q": Case(
         lambda w: _core.mla_absorb_q, lambda w: dict(q_nope=w.f32(3, 2, 4), kv_b=w.W(18, 6), d_v=5, arm=0),
         {"q_nope": arr(shape(3, 2, 5)), "kv_b": WEIGHT, "d_v": ints(-1, 4, 2**31), "arm": ints(-1, 4), **ENGINE_ARG}),

@@ -8,7 +8,7 @@ from __future__ import annotations
 from memra import _core
 
 from fuzz_api_cases import (CACHE_ARG, ENGINE_ARG, ENUM_STR, EPS, F32, LAYER, NON_FINITE, NOT_BOOL,
-                            NOT_OBJ, NOT_STR, SLOT, WEIGHTS_DICT, Case, arr, floats, i32, ints, opt,
+                            NOT_CORE_BOOL, NOT_OBJ, NOT_STR, SLOT, WEIGHTS_DICT, Case, arr, floats, i32, ints, opt,
                             shape, some, without)
 
 _OTHER_CACHE = [lambda g, w: [("another geometry", w.other_cache), ("a glm5_next cache", w.cache)]]
@@ -54,7 +54,7 @@ GDN_CASES: dict[str, Case] = {
                        state=w.f32(2, 4, 5), scale=None, batch=False),
         {"q": arr(shape(3, 1, 3)), "k": arr(shape(2, 1, 4)), "v": arr(shape(3, 3, 5), shape(3, 0, 5)),
          "g": arr(shape(3, 3)), "beta": arr(shape(3, 1)), "state": opt(arr(shape(2, 4, 4))),
-         "scale": some(floats(*NON_FINITE)), "batch": NOT_BOOL, **ENGINE_ARG}),
+         "scale": some(floats(*NON_FINITE)), "batch": NOT_CORE_BOOL, "chunked": NOT_CORE_BOOL, **ENGINE_ARG}),
     "_core.rms_norm_gated_silu": Case(
         lambda w: _core.rms_norm_gated_silu,
         lambda w: dict(x=w.f32(3, 8), gate=w.f32(3, 8), weight=w.f32(8), eps=1e-5),

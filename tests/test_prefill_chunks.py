@@ -179,17 +179,27 @@ def test_attention_layer_continues_in_chunks(chunk: int) -> None:
 # ---------------------------------------------------------------- errors leave the slot as it was
 
 
-def test_cache_full_is_raised_before_any_chunk() -> None:
-    m = load(FIXTURES[0], 3, max_len=20)
-    cache = m.new_cache(1, 20)
+def test_cache_full_is_raised_before_any_chunk(fixture: Path) -> None:
+    m = load(fixture, 3, max_len=20)
+    cache = m.new_cache(2, 20)
     m.prefill(cache, 0, prompt(m, 6))
     before = planes(cache, 0)
     with pytest.raises(memra.CacheFullError):
         m.prefill(cache, 0, prompt(m, 15, seed=1))
-    with pytest.raises(memra.ContractError):  # a bad id in the last chunk: refused up front
-        m.prefill(cache, 0, list(prompt(m, 8, seed=2)) + [m.config.vocab_size])
+    with pytest.raises(memra.CacheFullError):  # an empty slot stays empty
+        m.prefill(cache, 1, prompt(m, 21, seed=1))
+    assert cache.length(1) == 0
+    for bad in (m.config.vocab_size, -1):  # a bad id in the last chunk: refused up front
+        with pytest.raises(memra.ContractError):
+            m.prefill(cache, 0, list(prompt(m, 8, seed=2)) + [bad])
     assert cache.length(0) == 6
     assert_same_planes(planes(cache, 0), before)
+    # Usable: the slot continues as one never refused.
+    ref = load(fixture, 3, max_len=20)
+    ref_cache = ref.new_cache(1, 20)
+    ref.prefill(ref_cache, 0, prompt(m, 6))
+    more = prompt(m, 7, seed=3)
+    np.testing.assert_array_equal(m.prefill(cache, 0, more), ref.prefill(ref_cache, 0, more))
     with pytest.raises(memra.CacheFullError):
         m.generate(prompt(m, 18), 4)
 
@@ -282,6 +292,42 @@ def test_restore_refuses_what_it_cannot_undo() -> None:
         cache.restore(snap)
     with pytest.raises(memra.ContractError):
         cache.snapshot(2)
+
+
+def test_restore_refuses_a_slot_rewritten_since() -> None:
+    """A slot freed, copied into or restored to an earlier point since the snapshot holds other
+    rows below the snapshot's length, even when it holds as many tokens again: refused, nothing
+    changed. Restoring to the snapshot itself, or to one taken before it, stays possible."""
+    m = load(ROOT / "tests" / "fixtures" / "tiny_qwen3_5_text", 0)
+    cache = m.new_cache(2, 32)
+    m.prefill(cache, 0, prompt(m, 6))
+    snap = cache.snapshot(0)
+
+    def refused() -> None:
+        before, n = planes(cache, 0), cache.length(0)
+        with pytest.raises(memra.ContractError, match="snapshot"):
+            cache.restore(snap)
+        assert cache.length(0) == n
+        assert_same_planes(planes(cache, 0), before)
+
+    cache.free(0)
+    m.prefill(cache, 0, prompt(m, 8, seed=1))
+    refused()
+    m.prefill(cache, 1, prompt(m, 10, seed=2))
+    cache.copy_slot(1, 0)
+    refused()
+    cache.free(0)
+    m.prefill(cache, 0, prompt(m, 4))
+    first = cache.snapshot(0)
+    m.prefill(cache, 0, prompt(m, 6)[4:])
+    snap = cache.snapshot(0)
+    m.prefill(cache, 0, [1])
+    cache.restore(first)  # back before `snap`, then other tokens past its length
+    m.prefill(cache, 0, prompt(m, 5, seed=3))
+    refused()
+    cache.restore(first)
+    cache.restore(first)
+    assert cache.length(0) == 4
 
 
 def test_memory_is_none_on_the_cpu() -> None:

@@ -146,6 +146,8 @@ Status Cache::create(std::shared_ptr<CudaContext> cuda, DType latent_dtype, int 
     c->lengths_.assign(max_batch, 0);
     c->cur_.assign(max_batch, 0);
     c->owners_.assign(max_batch, 0);
+    c->clock_.assign(max_batch, 0);
+    c->rewrites_.assign(max_batch, {});
   } catch (const std::bad_alloc&) {
     return Status(kOutOfMemory, "Cache: per-slot bookkeeping for " + std::to_string(max_batch) +
                                     " slots does not fit in host memory");
@@ -383,6 +385,7 @@ Status Cache::free(int slot, uint64_t owner) {
   MEMRA_TRY(sync_mirror(slot, 0, 0));
   lengths_[slot] = 0;
   cur_[slot] = 0;
+  rewrite(slot, -1);
   for (int l = 0; l < num_layers(); ++l) {
     if (!specs_[l].recurrent()) continue;
     for (int w = 0; w < 2; ++w) {
@@ -398,6 +401,7 @@ Status Cache::copy_slot(int src, int dst, uint64_t owner) {
   MEMRA_TRY(check_slot(dst, "Cache.copy_slot"));
   MEMRA_TRY(check_owner(dst, owner, "Cache.copy_slot"));
   if (src == dst) return Status::Ok();
+  rewrite(dst, -1);  // first: a copy failing midway has rewritten some of dst already
   for (int l = 0; l < num_layers(); ++l) {
     const auto& s = specs_[l];
     if (s.recurrent()) {
@@ -425,6 +429,12 @@ Status Cache::copy_slot(int src, int dst, uint64_t owner) {
   return Status::Ok();
 }
 
+void Cache::rewrite(int slot, int kept) {
+  auto& r = rewrites_[slot];
+  while (!r.empty() && r.back().second >= kept) r.pop_back();
+  r.emplace_back(++clock_[slot], kept);
+}
+
 std::vector<std::pair<uint8_t*, size_t>> Cache::undo_planes(int slot, int which) {
   std::vector<std::pair<uint8_t*, size_t>> out;
   for (int l = 0; l < num_layers(); ++l) {
@@ -448,6 +458,7 @@ Status Cache::snapshot(int slot, SlotSnapshot* out) {
   s.slot = slot;
   s.length = lengths_[slot];
   s.cur = cur_[slot];
+  s.clock = clock_[slot];
   const auto planes = undo_planes(slot, s.cur);
   for (const auto& p : planes) s.bytes += p.second;
   uint8_t* dst = nullptr;
@@ -485,6 +496,15 @@ Status Cache::restore(const SlotSnapshot& s, uint64_t owner) {
                                       " of the snapshot: it was freed or overwritten since, and a "
                                       "snapshot only undoes steps appended after it");
   }
+  for (const auto& [clock, kept] : rewrites_[s.slot]) {
+    if (clock > s.clock && kept < s.length) {
+      return Status(kContractValue, std::string(op) + ": slot " + std::to_string(s.slot) +
+                                        " was freed, copied into or restored to an earlier point "
+                                        "since the snapshot, so the rows it holds are no longer "
+                                        "those the snapshot continues: a snapshot only undoes steps "
+                                        "appended after it");
+    }
+  }
   const uint8_t* src = cuda_ ? static_cast<const uint8_t*>(s.device ? s.device->data() : nullptr)
                              : s.host.data();
   if (s.bytes > 0 && !src) return Status(kContractMissing, std::string(op) + ": empty snapshot");
@@ -495,6 +515,7 @@ Status Cache::restore(const SlotSnapshot& s, uint64_t owner) {
   MEMRA_TRY(sync_mirror(s.slot, s.length, s.cur));
   lengths_[s.slot] = s.length;
   cur_[s.slot] = s.cur;
+  rewrite(s.slot, s.length);
   return Status::Ok();
 }
 

@@ -119,7 +119,7 @@ def _fits(type_: str, v) -> bool:
             return False
         return True
     if t == "bool":
-        return v is True or v is False or type(v).__name__ in ("bool_", "bool")
+        return v is True or v is False  # nanobind's bool caster takes only these (not numpy.bool_)
     if t == "str":
         return isinstance(v, str)
     if t.startswith("ndarray") or t == "object":

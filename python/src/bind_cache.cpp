@@ -348,9 +348,9 @@ void init_cache(nb::module_& m) {
           "Put a snapshot() of this cache back into its slot: the slot's length and state are "
           "those of the snapshot again, as if the prefills and decodes appended to it since never "
           "ran (Model.prefill's undo of a chunked prefill that failed midway). Only appends are "
-          "undone: ContractError (40025) when the slot holds fewer tokens than at the snapshot "
-          "(freed or copied into since) or the snapshot is another cache's; CONTRACT_SLOT_HELD "
-          "as commit.")
+          "undone: ContractError (40025) when the slot was freed, copied into or restored to an "
+          "earlier point since the snapshot (or holds fewer tokens than then), or the snapshot is "
+          "another cache's; CONTRACT_SLOT_HELD as commit.")
       .def(
           "kda_state",
           [](Cache& c, int layer, int slot) {

@@ -85,6 +85,7 @@ class Cache;
 struct SlotSnapshot {
   uint64_t cache_serial = 0;  // the Cache it was taken from (restore refuses another's)
   int slot = 0, length = 0, cur = 0;
+  uint64_t clock = 0;  // the slot's clock when taken (restore checks what was rewritten since)
   size_t bytes = 0;
   std::vector<uint8_t> host;             // CPU cache
   std::shared_ptr<DeviceBuffer> device;  // CUDA cache
@@ -178,8 +179,9 @@ class Cache {
   // cache, no host wait). kOutOfMemory when its buffer cannot be had (nothing changed).
   Status snapshot(int slot, SlotSnapshot* out);
   // Put `s` back into its slot: length, ping-pong flag and the saved planes, undoing every step
-  // appended to the slot after the snapshot. Only appends: a slot freed, copied into or shorter
-  // than at the snapshot is refused (kContractValue), as is another cache's snapshot;
+  // appended to the slot after the snapshot. Only appends: a slot freed, copied into, restored
+  // to an earlier point since, or shorter than at the snapshot is refused (kContractValue), as
+  // is another cache's snapshot;
   // kContractSlotHeld as commit.
   Status restore(const SlotSnapshot& s, uint64_t owner = 0);
   // Copy `bytes` from a plane pointer into host memory (waits for the device for a CUDA cache).
@@ -218,6 +220,15 @@ class Cache {
   std::vector<uint64_t> owners_;  // [max_batch]: 0 = free, else the holder's token
   uint64_t next_token_ = 1;
   uint64_t serial_ = 0;  // unique per cache made in this process (snapshots name it)
+  // Per slot, what a snapshot needs to know of the rewrites after it: clock_ counts the events
+  // that rewrite a slot's rows below its length (free, copy_slot into it, restore), and
+  // rewrites_ holds (clock after the event, rows kept: -1 for free / copy_slot, the snapshot's
+  // length for restore), floors strictly increasing (an event keeping fewer rows drops the
+  // earlier entries keeping as many or more). A snapshot is valid while no entry after its clock
+  // keeps fewer rows than its length.
+  std::vector<uint64_t> clock_;
+  std::vector<std::vector<std::pair<uint64_t, int>>> rewrites_;
+  void rewrite(int slot, int kept);
   // The planes a snapshot holds, in its order: (plane pointer, bytes) for `slot` with the
   // recurrent layers' plane `which`.
   std::vector<std::pair<uint8_t*, size_t>> undo_planes(int slot, int which);
