@@ -6,11 +6,11 @@
 #include <nanobind/stl/string.h>
 
 #include <cmath>
-#include <set>
 #include <string>
 
 #include "common.h"
 #include "device_args.h"
+#include "layer_args.h"
 #include "memra/attention_layer.h"
 #include "memra/decode_step.h"
 #include "memra/engine.h"
@@ -22,31 +22,6 @@ namespace {
 using Weights = std::map<std::string, Weight>;
 
 size_t sz(int64_t v) { return static_cast<size_t>(v); }
-
-// As bind_layers.cpp's: slots [B] int32 in range and distinct.
-const int32_t* slots_arg(const AnyArray& slots, const Cache& cache, const char* op) {
-  const int32_t* s = i32_arg(slots, op, "slots", {-1});
-  std::set<int32_t> seen;
-  for (int64_t b = 0; b < dim(slots, 0); ++b) {
-    check(cache.check_slot(s[b], op));
-    if (!seen.insert(s[b]).second) {
-      raise_contract(kContractValue, std::string(op) + ": argument 'slots' holds slot " +
-                                         std::to_string(s[b]) +
-                                         " twice (one token per slot per decode step)");
-    }
-  }
-  return s;
-}
-
-// As bind_layers.cpp's: DecodeSlots of `cache`, each active slot with room for one token.
-void check_decode_slots(const DecodeSlots& slots, const Cache& cache, const char* op) {
-  if (slots.cache() != &cache) {
-    raise_contract(kContractValue, std::string(op) + ": the DecodeSlots belong to another cache");
-  }
-  for (int32_t s : slots.host()) {
-    if (s >= 0) check(cache.check_room(s, 1, op));
-  }
-}
 
 }  // namespace
 

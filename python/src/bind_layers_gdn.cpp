@@ -1,16 +1,15 @@
 // memra._core.GdnLayer (memra/gdn_layer.h) over DLPack arrays: construction from named Weights,
 // stateless forward, cache-backed prefill / decode (host slots or memra.DecodeSlots).
-// The small argument helpers mirror bind_layers.cpp's (same messages), kept here so the GDN layer
-// lives in its own file.
+// The slot arguments are layer_args.h's, shared with the other layer bindings.
 #include <nanobind/stl/map.h>
 #include <nanobind/stl/string.h>
 
 #include <map>
-#include <set>
 #include <string>
 
 #include "common.h"
 #include "device_args.h"
+#include "layer_args.h"
 #include "memra/decode_step.h"
 #include "memra/engine.h"
 #include "memra/gdn_layer.h"
@@ -20,31 +19,6 @@ namespace memra::py {
 namespace {
 
 size_t sz(int64_t v) { return static_cast<size_t>(v); }
-
-// slots [B] int32: in range and distinct (a slot cannot take two tokens in one decode step).
-const int32_t* host_slots(const AnyArray& slots, const Cache& cache, const char* op) {
-  const int32_t* s = i32_arg(slots, op, "slots", {-1});
-  std::set<int32_t> seen;
-  for (int64_t b = 0; b < dim(slots, 0); ++b) {
-    check(cache.check_slot(s[b], op));
-    if (!seen.insert(s[b]).second) {
-      raise_contract(kContractValue, std::string(op) + ": argument 'slots' holds slot " +
-                                         std::to_string(s[b]) +
-                                         " twice (one token per slot per decode step)");
-    }
-  }
-  return s;
-}
-
-// A DecodeSlots argument: made for `cache`, every active slot with room for one more token.
-void device_slots(const DecodeSlots& slots, const Cache& cache, const char* op) {
-  if (slots.cache() != &cache) {
-    raise_contract(kContractValue, std::string(op) + ": the DecodeSlots belong to another cache");
-  }
-  for (int32_t s : slots.host()) {
-    if (s >= 0) check(cache.check_room(s, 1, op));
-  }
-}
 
 DType layer_dtype(const std::string& dtype) {
   if (dtype == "float32") return DType::kF32;
@@ -146,7 +120,7 @@ void init_layers_gdn(nb::module_& m) {
           "decode",
           [](const GdnLayer& l, Cache& cache, int layer, const AnyArray& slots, const AnyArray& x) {
             const int D = l.config().hidden;
-            const int32_t* sp = host_slots(slots, cache, "GdnLayer.decode");
+            const int32_t* sp = slots_arg(slots, cache, "GdnLayer.decode");
             const int B = int(dim(slots, 0));
             const float* xp = f32_in(l.cuda(), x, "GdnLayer.decode", "x", {B, D});
             Out y = out_f32(l.cuda(), {sz(B), sz(D)}, false);
@@ -161,7 +135,7 @@ void init_layers_gdn(nb::module_& m) {
           [](const GdnLayer& l, Cache& cache, int layer, const DecodeSlots& slots, const AnyArray& x) {
             const char* op = "GdnLayer.decode";
             const int D = l.config().hidden, B = slots.size();
-            device_slots(slots, cache, op);
+            check_decode_slots(slots, cache, op);
             const float* xp = f32_in(l.cuda(), x, op, "x", {B, D});
             Out y = out_f32(l.cuda(), {sz(B), sz(D)}, false);
             check(l.decode_device(cache, layer, slots.data(), B, xp, y.data<float>()));
