@@ -1,5 +1,6 @@
-"""The float64 reference bound of the routed experts' tensor-core arm (cuda/moe_tc.cu), shared by
-tests/test_cuda_moe.py and tests/test_cuda_moe_tc.py.
+"""MoE test helpers: the float64 reference bound of the routed experts' tensor-core arm
+(cuda/moe_tc.cu), shared by tests/test_cuda_moe.py and tests/test_cuda_moe_tc.py, and
+ExpertRecorder, which the model tests use to read the experts each token chose.
 
 The arm rounds x to bfloat16 (once per token) and h = clamped_swiglu(g, u) to bfloat16 (the down
 GEMM's operand) and accumulates in float32; the products of two bf16 values are exact. Against
@@ -73,3 +74,15 @@ def assert_within_tc_bound(got, x, idx, w, g, u, d, limit, want, extra_rel=0.0):
     worst = np.unravel_index(np.argmax(err - tol), err.shape)
     assert np.all(err <= tol), (f"|d| = {err[worst]:.3g} > bound {tol[worst]:.3g} at {worst} "
                                 f"(max|y| {float(np.abs(want).max()):.3g})")
+
+
+class ExpertRecorder:
+    """Wraps a MoeLayer: forward records the experts each token chose (the same call)."""
+
+    def __init__(self, moe) -> None:
+        self.moe, self.chosen = moe, []
+
+    def forward(self, x):
+        y, idx = self.moe.forward_with_experts(x)
+        self.chosen.append(np.sort(idx, axis=1))
+        return y

@@ -27,6 +27,7 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 import memra
+from moe_reference import ExpertRecorder
 from memra import _core
 from memra.models import kimi_linear
 
@@ -125,22 +126,10 @@ def test_every_decode_step_matches_transformers(model: memra.Model, name: str) -
     assert err <= 1e-4, err
 
 
-class _Recorder:
-    """Wraps a MoeLayer: forward records the experts each token chose (the same call)."""
-
-    def __init__(self, moe) -> None:
-        self.moe, self.chosen = moe, []
-
-    def forward(self, x):
-        y, idx = self.moe.forward_with_experts(x)
-        self.chosen.append(np.sort(idx, axis=1))
-        return y
-
-
 @pytest.mark.parametrize("name", ["a", "b"])
 def test_expert_choices_match_transformers(name: str) -> None:
     m = memra.load(TINY, max_batch=1, max_len=128, progress=False)
-    rec = {i: _Recorder(m.net.blocks[i].ffn) for i in MOE_LAYERS}
+    rec = {i: ExpertRecorder(m.net.blocks[i].ffn) for i in MOE_LAYERS}
     for i, r in rec.items():
         m.net.blocks[i].ffn = r
     m.logits(REF[f"seq_{name}"])

@@ -26,6 +26,7 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 import memra
+from moe_reference import ExpertRecorder
 from memra.models import qwen3_5, qwen3_5_moe, qwen3_next
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -120,23 +121,11 @@ def test_stream_yields_the_greedy_tokens(t: str) -> None:
     assert all(m.cache.length(s) == 0 and m.cache.owner(s) == 0 for s in range(m.cache.max_batch))
 
 
-class _Recorder:
-    """Wraps a MoeLayer: forward records the experts each token chose (the same call)."""
-
-    def __init__(self, moe) -> None:
-        self.moe, self.chosen = moe, []
-
-    def forward(self, x):
-        y, idx = self.moe.forward_with_experts(x)
-        self.chosen.append(np.sort(idx, axis=1))
-        return y
-
-
 @pytest.mark.parametrize("t", [t for t in TYPES if MOE_LAYERS[t]])
 @pytest.mark.parametrize("name", ["a", "b"])
 def test_expert_choices_match_transformers(t: str, name: str) -> None:
     m = memra.load(FIX / f"tiny_{t}", max_batch=1, max_len=128, progress=False)
-    rec = {i: _Recorder(m.net.blocks[i].ffn) for i in MOE_LAYERS[t]}
+    rec = {i: ExpertRecorder(m.net.blocks[i].ffn) for i in MOE_LAYERS[t]}
     for i, r in rec.items():
         m.net.blocks[i].ffn = r
     m.logits(REF[t][f"seq_{name}"])
