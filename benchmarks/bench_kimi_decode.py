@@ -56,7 +56,7 @@ os.environ.setdefault("TRITON_CACHE_AUTOTUNING", "1")
 from common import Bench, base_parser, emit_record, log  # noqa: E402
 # The whole-model protocol of the glm5_next benchmark (family-free: memra.load picks the family).
 from bench_model_decode import (  # noqa: E402
-    checkpoint_text_bytes, folder_ready, leading_match, peer_kernels, run_memra, sync)
+    add_outcomes, checkpoint_text_bytes, decode_figures, folder_ready, peer_kernels, run_memra, sync)
 
 MARKER = "memra_bench_build.json"
 BUILD_VERSION = 1  # bump when the weights recipe changes (a folder of another version is rebuilt)
@@ -420,9 +420,7 @@ def main() -> int:
     # ---- one JSON line per B
     for B in batches:
         rb, r1 = decode_bytes(cfg, tensors, B, ctx), decode_bytes(cfg, tensors, 1, ctx)
-        roof = b.copy_TBps * 1e12 / (rb["step"] / B)
         mr, pr = mem[B], peer[B]
-        mt, pt, gt = mr.get("memra_tok_s"), pr.get("peer_tok_s"), mr.get("memra_generate_tok_s")
         rec = {
             "bench": "kimi_decode",
             "shape": {"model": "kimi_linear", "layers": cfg.num_hidden_layers, "experts": cfg.num_local_experts,
@@ -433,31 +431,8 @@ def main() -> int:
                              f"rope{cfg.qk_rope_head_dim} v{cfg.v_head_dim}",
                       "text_params": ckpt_params, "B": B, "prompt_len": prompt_len,
                       "dtype": "bfloat16" if b.cuda else "float32"},
-            "memra_tok_s": round(mt, 3) if mt else None,
-            "memra_step_ms_median": mr.get("memra_step_ms_median"),
-            "memra_generate_tok_s": round(gt, 3) if gt else None,
-            "memra_sampled_tok_s": round(mr["memra_sampled_tok_s"], 3) if mr.get("memra_sampled_tok_s") else None,
-            "memra_gpu_us_per_step": mr.get("memra_gpu_us_per_step"),
-            "memra_replay_us_per_step": mr.get("memra_replay_us_per_step"),
-            "memra_launches_per_step": mr.get("memra_launches_per_step"),
-            "memra_kernels_top": (mr.get("memra_kernels_top") or [])[:48],
-            "peer": peer_info.get("peer", "transformers"),
-            "peer_tok_s": round(pt, 3) if pt else None,
-            "ratio": round(mt / pt, 4) if (mt and pt) else None,
-            "generate_ratio": round(gt / pt, 4) if (gt and pt) else None,
-            "bytes_per_token": int(rb["step"] / B),
-            "bytes_per_step": rb["step"],
-            "bytes_breakdown": rb["breakdown"],
-            "experts_read_per_moe_layer": rb["experts_read_per_moe_layer"],
-            "roofline_tok_s": round(roof, 2),
-            "frac_of_roofline": round(mt / roof, 4) if mt else None,
-            "generate_frac_of_roofline": round(gt / roof, 4) if gt else None,
-            "copy_TBps": round(b.copy_TBps, 4),
-            "target_frac_at_B1": TARGET_FRAC if B == 1 else None,
-            # Read on the public API's throughput (generate, pipelined, as the peer's figure).
-            "meets_target": ((gt or mt or 0.0) / roof >= TARGET_FRAC) if B == 1 else None,
-            "B1_weight_bytes": r1["weights"],
-            "inventory_bytes": rb["inventory"],
+            **decode_figures(mr, pr, peer_info.get("peer", "transformers"), rb, r1, B, b.copy_TBps,
+                             TARGET_FRAC),
             "checkpoint_text_bytes": ckpt_bytes,
             "checkpoint_text_tensors": ckpt_tensors,
             "inventory_matches_checkpoint": rb["inventory"] + int(
@@ -472,19 +447,7 @@ def main() -> int:
             "folder": str(folder),
             "build_s": build_s,
         }
-        if "tokens" in mr and "tokens" in pr:
-            n = min(len(mr["tokens"]), len(pr["tokens"]))
-            rec["greedy_match"] = f"{leading_match(mr['tokens'], pr['tokens'])}/{n}"
-            rec["memra_tokens"] = mr["tokens"][:n]
-            rec["peer_tokens"] = pr["tokens"][:n]
-        for key in ("memra_api", "memra_error", "memra_generate_error", "generate_equals_step_loop"):
-            if key in mr:
-                rec[key] = mr[key]
-        for key in ("peer_unavailable", "peer_warmup_s", "peer_generate_times_s"):
-            if key in pr:
-                rec[key] = pr[key]
-        rec.update({k: v for k, v in peer_info.items() if k != "peer"})
-        rec.update(mem_info)
+        add_outcomes(rec, mr, pr, peer_info, mem_info)
         emit_record(rec)
     return 0
 

@@ -616,6 +616,65 @@ def leading_match(a, b) -> int:
     return n
 
 
+def decode_figures(mr: dict, pr: dict, peer_name: str, rb: dict, r1: dict, B: int, copy_TBps: float,
+                   target_frac: float) -> dict:
+    """The figures every whole-model decode bench reports at batch B: memra's tok/s (the
+    synchronous step, generate's, the sampled step's), its profile, the peer's tok/s and the
+    ratios, the step's bytes (rb, r1: the bench's decode_bytes at B and at 1) and the roofline at
+    copy_TBps. meets_target (B = 1 only) is read on the public API's throughput (generate,
+    pipelined: what a user gets and what the peer's figure is), the synchronous step's when
+    generate failed."""
+    mt, pt, gt = mr.get("memra_tok_s"), pr.get("peer_tok_s"), mr.get("memra_generate_tok_s")
+    st = mr.get("memra_sampled_tok_s")
+    roof = copy_TBps * 1e12 / (rb["step"] / B)
+    return {
+        "memra_tok_s": round(mt, 3) if mt else None,
+        "memra_step_ms_median": mr.get("memra_step_ms_median"),
+        "memra_generate_tok_s": round(gt, 3) if gt else None,
+        "memra_sampled_tok_s": round(st, 3) if st else None,
+        "memra_gpu_us_per_step": mr.get("memra_gpu_us_per_step"),
+        "memra_replay_us_per_step": mr.get("memra_replay_us_per_step"),
+        "memra_launches_per_step": mr.get("memra_launches_per_step"),
+        "memra_kernels_top": (mr.get("memra_kernels_top") or [])[:48],
+        "peer": peer_name,
+        "peer_tok_s": round(pt, 3) if pt else None,
+        "ratio": round(mt / pt, 4) if (mt and pt) else None,
+        "generate_ratio": round(gt / pt, 4) if (gt and pt) else None,
+        "bytes_per_token": int(rb["step"] / B),
+        "bytes_per_step": rb["step"],
+        "bytes_breakdown": rb["breakdown"],
+        "experts_read_per_moe_layer": rb["experts_read_per_moe_layer"],
+        "roofline_tok_s": round(roof, 2),
+        "frac_of_roofline": round(mt / roof, 4) if mt else None,
+        "generate_frac_of_roofline": round(gt / roof, 4) if gt else None,
+        "copy_TBps": round(copy_TBps, 4),
+        "target_frac_at_B1": target_frac if B == 1 else None,
+        "meets_target": ((gt or mt or 0.0) / roof >= target_frac) if B == 1 else None,
+        "B1_weight_bytes": r1["weights"],
+        "inventory_bytes": rb["inventory"],
+    }
+
+
+def add_outcomes(rec: dict, mr: dict, pr: dict, peer_info: dict, mem_info: dict,
+                 memra_keys=("memra_api", "memra_error", "memra_generate_error",
+                             "generate_equals_step_loop")) -> dict:
+    """rec plus the greedy tokens of both sides (and how many lead alike), memra's and the
+    peer's outcome fields where present, the peer's and the load's info; returns rec."""
+    if "tokens" in mr and "tokens" in pr:
+        n = min(len(mr["tokens"]), len(pr["tokens"]))
+        rec["greedy_match"] = f"{leading_match(mr['tokens'], pr['tokens'])}/{n}"
+        rec["memra_tokens"], rec["peer_tokens"] = mr["tokens"][:n], pr["tokens"][:n]
+    for key in memra_keys:
+        if key in mr:
+            rec[key] = mr[key]
+    for key in ("peer_unavailable", "peer_warmup_s", "peer_generate_times_s"):
+        if key in pr:
+            rec[key] = pr[key]
+    rec.update({k: v for k, v in peer_info.items() if k != "peer"})
+    rec.update(mem_info)
+    return rec
+
+
 def main() -> int:
     p = base_parser(__doc__.split("\n\n")[0])
     p.add_argument("--tiny", action="store_true", help="toy widths (implied by --device cpu)")
@@ -708,10 +767,7 @@ def main() -> int:
     for B in batches:
         rb = decode_bytes(cfg, B, ctx)
         r1 = decode_bytes(cfg, 1, ctx)
-        bytes_per_token = rb["step"] / B
-        roof = b.copy_TBps * 1e12 / bytes_per_token
         mr, pr = mem[B], peer[B]
-        mt, pt = mr.get("memra_tok_s"), pr.get("peer_tok_s")
         rec = {
             "bench": "model_decode",
             "shape": {"model": "glm5_next", "layers": cfg.num_hidden_layers, "experts": cfg.n_routed_experts,
@@ -720,35 +776,9 @@ def main() -> int:
                       "mlp_types": "".join("D" if t == "dense" else "E" for t in cfg.mlp_layer_types),
                       "text_params": ckpt_params, "B": B, "prompt_len": prompt_len,
                       "dtype": "bfloat16" if b.cuda else "float32"},
-            "memra_tok_s": round(mt, 3) if mt else None,
-            "memra_step_ms_median": mr.get("memra_step_ms_median"),
-            "memra_generate_tok_s": round(mr["memra_generate_tok_s"], 3) if mr.get("memra_generate_tok_s") else None,
-            "memra_sampled_tok_s": round(mr["memra_sampled_tok_s"], 3) if mr.get("memra_sampled_tok_s") else None,
+            **decode_figures(mr, pr, peer_info.get("peer", "transformers"), rb, r1, B, b.copy_TBps,
+                             TARGET_FRAC),
             "memra_sampled_step_ms_median": mr.get("memra_sampled_step_ms_median"),
-            "memra_gpu_us_per_step": mr.get("memra_gpu_us_per_step"),
-            "memra_replay_us_per_step": mr.get("memra_replay_us_per_step"),
-            "memra_launches_per_step": mr.get("memra_launches_per_step"),
-            "memra_kernels_top": (mr.get("memra_kernels_top") or [])[:48],
-            "peer": peer_info.get("peer", "transformers"),
-            "peer_tok_s": round(pt, 3) if pt else None,
-            "ratio": round(mt / pt, 4) if (mt and pt) else None,
-            "bytes_per_token": int(bytes_per_token),
-            "bytes_per_step": rb["step"],
-            "bytes_breakdown": rb["breakdown"],
-            "experts_read_per_moe_layer": rb["experts_read_per_moe_layer"],
-            "roofline_tok_s": round(roof, 2),
-            "frac_of_roofline": round(mt / roof, 4) if mt else None,
-            "generate_frac_of_roofline": (round(mr["memra_generate_tok_s"] / roof, 4)
-                                          if mr.get("memra_generate_tok_s") else None),
-            "copy_TBps": round(b.copy_TBps, 4),
-            "target_frac_at_B1": TARGET_FRAC if B == 1 else None,
-            # The target is read on the public decode API's throughput (generate, pipelined: what
-            # a user gets and what the peer's figure is), frac_of_roofline being the synchronous
-            # step's (a host read every step); the synchronous figure when generate failed.
-            "meets_target": ((mr["memra_generate_tok_s"] / roof if mr.get("memra_generate_tok_s")
-                              else (mt / roof if mt else 0.0)) >= TARGET_FRAC) if B == 1 else None,
-            "B1_weight_bytes": r1["weights"],
-            "inventory_bytes": rb["inventory"],
             "checkpoint_text_bytes": ckpt_bytes,
             "checkpoint_text_tensors": ckpt_tensors,
             "inventory_matches_checkpoint": rb["inventory"] == ckpt_bytes,
@@ -762,20 +792,9 @@ def main() -> int:
             "folder": str(folder),
             "build_s": build_s,
         }
-        if "tokens" in mr and "tokens" in pr:
-            n = min(len(mr["tokens"]), len(pr["tokens"]))
-            rec["greedy_match"] = f"{leading_match(mr['tokens'], pr['tokens'])}/{n}"
-            rec["memra_tokens"] = mr["tokens"][:n]
-            rec["peer_tokens"] = pr["tokens"][:n]
-        for key in ("memra_api", "memra_error", "memra_generate_error", "generate_equals_step_loop",
-                    "memra_generate_times_s"):
-            if key in mr:
-                rec[key] = mr[key]
-        for key in ("peer_unavailable", "peer_warmup_s", "peer_generate_times_s"):
-            if key in pr:
-                rec[key] = pr[key]
-        rec.update({k: v for k, v in peer_info.items() if k != "peer"})
-        rec.update(mem_info)
+        add_outcomes(rec, mr, pr, peer_info, mem_info,
+                     memra_keys=("memra_api", "memra_error", "memra_generate_error",
+                                 "generate_equals_step_loop", "memra_generate_times_s"))
         emit_record(rec)
     return 0
 

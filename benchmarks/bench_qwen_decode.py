@@ -59,7 +59,7 @@ os.environ.setdefault("TRITON_CACHE_AUTOTUNING", "1")  # before fla / transforme
 
 from common import Bench, base_parser, emit_record, log  # noqa: E402
 from bench_model_decode import (  # noqa: E402
-    checkpoint_text_bytes, folder_ready, leading_match, run_memra, sync)
+    add_outcomes, checkpoint_text_bytes, decode_figures, folder_ready, run_memra, sync)
 from bench_kimi_decode import checkpoint_tensors  # noqa: E402
 
 MARKER = "memra_bench_build.json"
@@ -351,9 +351,7 @@ def run_model(which: str, args, b: Bench, batches, warmup, steps, peer_steps, ge
 
     for B in batches:
         rb, r1 = decode_bytes(cfg, tensors, B, ctx), decode_bytes(cfg, tensors, 1, ctx)
-        roof = b.copy_TBps * 1e12 / (rb["step"] / B)
         mr, pr = mem[B], peer[B]
-        mt, pt, gt = mr.get("memra_tok_s"), pr.get("peer_tok_s"), mr.get("memra_generate_tok_s")
         rec = {
             "bench": "qwen_decode",
             "shape": {"model": f"qwen3.5-{which}", "model_type": cfg.model_type, "layers": cfg.num_hidden_layers,
@@ -366,29 +364,8 @@ def run_model(which: str, args, b: Bench, batches, warmup, steps, peer_steps, ge
                                    f"rot{cfg.rotary_dim}",
                       "tied": cfg.tie_word_embeddings, "text_params": ckpt_params, "B": B,
                       "prompt_len": args.prompt_len, "dtype": "bfloat16" if b.cuda else "float32"},
-            "memra_tok_s": round(mt, 3) if mt else None,
-            "memra_step_ms_median": mr.get("memra_step_ms_median"),
-            "memra_generate_tok_s": round(gt, 3) if gt else None,
-            "memra_gpu_us_per_step": mr.get("memra_gpu_us_per_step"),
-            "memra_replay_us_per_step": mr.get("memra_replay_us_per_step"),
-            "memra_launches_per_step": mr.get("memra_launches_per_step"),
-            "memra_kernels_top": (mr.get("memra_kernels_top") or [])[:48],
-            "peer": peer_info.get("peer", "transformers"),
-            "peer_tok_s": round(pt, 3) if pt else None,
-            "ratio": round(mt / pt, 4) if (mt and pt) else None,
-            "generate_ratio": round(gt / pt, 4) if (gt and pt) else None,
-            "bytes_per_token": int(rb["step"] / B),
-            "bytes_per_step": rb["step"],
-            "bytes_breakdown": rb["breakdown"],
-            "experts_read_per_moe_layer": rb["experts_read_per_moe_layer"],
-            "roofline_tok_s": round(roof, 2),
-            "frac_of_roofline": round(mt / roof, 4) if mt else None,
-            "generate_frac_of_roofline": round(gt / roof, 4) if gt else None,
-            "copy_TBps": round(b.copy_TBps, 4),
-            "target_frac_at_B1": TARGET_FRAC if B == 1 else None,
-            "meets_target": ((gt or mt or 0.0) / roof >= TARGET_FRAC) if B == 1 else None,
-            "B1_weight_bytes": r1["weights"],
-            "inventory_bytes": rb["inventory"],
+            **decode_figures(mr, pr, peer_info.get("peer", "transformers"), rb, r1, B, b.copy_TBps,
+                             TARGET_FRAC),
             "checkpoint_text_bytes": ckpt_bytes,
             "checkpoint_text_tensors": ckpt_tensors,
             # the tied head is the embedding, counted once in the inventory
@@ -402,18 +379,7 @@ def run_model(which: str, args, b: Bench, batches, warmup, steps, peer_steps, ge
             "build_s": build_s,
             "elapsed_s": round(time.perf_counter() - t_start, 1),  # this model: build, peer and memra
         }
-        if "tokens" in mr and "tokens" in pr:
-            n = min(len(mr["tokens"]), len(pr["tokens"]))
-            rec["greedy_match"] = f"{leading_match(mr['tokens'], pr['tokens'])}/{n}"
-            rec["memra_tokens"], rec["peer_tokens"] = mr["tokens"][:n], pr["tokens"][:n]
-        for key in ("memra_api", "memra_error", "memra_generate_error", "generate_equals_step_loop"):
-            if key in mr:
-                rec[key] = mr[key]
-        for key in ("peer_unavailable", "peer_warmup_s", "peer_generate_times_s"):
-            if key in pr:
-                rec[key] = pr[key]
-        rec.update({k: v for k, v in peer_info.items() if k != "peer"})
-        rec.update(mem_info)
+        add_outcomes(rec, mr, pr, peer_info, mem_info)
         emit_record(rec)
 
 
