@@ -1,0 +1,59 @@
+"""Driver for ncu and a per-kernel breakdown of the chunked delta-rule prefill (cuda/kda_chunk.cu):
+KDA at 64 heads x 128, B = 1, T = 8192, and GDN at 16 key / 32 value heads, B = 1, T = 8192, three
+calls each, f32 inputs as bench_kda_prefill.py makes them. With --profile it also prints, per
+kernel name, the median duration per call from torch.profiler (no ncu needed).
+
+    ncu --clock-control none -k regex:chunk -c 6 --section SpeedOfLight --section Occupancy \\
+        --section LaunchStats python3 benchmarks/ncu_kda_chunk.py
+    python3 benchmarks/ncu_kda_chunk.py --profile
+"""
+import argparse
+import collections
+import statistics
+
+import torch
+
+import memra
+from memra import _core
+
+p = argparse.ArgumentParser()
+p.add_argument("--profile", action="store_true")
+p.add_argument("--T", type=int, default=8192)
+args = p.parse_args()
+e = memra.Engine("cuda")
+F = torch.nn.functional
+D = 128
+
+
+def inputs(Hk, Hv, per_channel, T):
+    r = lambda *s: torch.randn(*s, device="cuda")  # noqa: E731
+    q = F.normalize(r(1, T, Hk, D), dim=-1)
+    k = F.normalize(r(1, T, Hk, D), dim=-1)
+    v = r(1, T, Hv, D)
+    g = F.logsigmoid(r(1, T, Hv, D) + 2.0) if per_channel else F.logsigmoid(r(1, T, Hv) + 2.0)
+    return q, k, v, g, torch.sigmoid(r(1, T, Hv)), 0.1 * r(1, Hv, D, D)
+
+
+cases = [("kda", _core.kda_scan, inputs(64, 64, True, args.T)),
+         ("gdn", _core.gdn_scan, inputs(16, 32, False, args.T))]
+for name, fn, x in cases:
+    torch.cuda.synchronize()
+    call = lambda: fn(*x, scale=D ** -0.5, batch=True, chunked=True, engine=e)  # noqa: E731
+    for _ in range(3):
+        call()
+    e.synchronize()
+    if not args.profile:
+        continue
+    from torch.profiler import ProfilerActivity, profile
+    n = 10
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(n):
+            call()
+        e.synchronize()
+    per = collections.defaultdict(list)
+    for ev in prof.events():
+        if ev.device_type == torch.autograd.DeviceType.CUDA:
+            per[ev.name[:90]].append(ev.device_time_total if hasattr(ev, "device_time_total")
+                                     else ev.cuda_time_total)
+    for k, v in sorted(per.items(), key=lambda kv: -sum(kv[1])):
+        print(f"{name} T={args.T}: {sum(v) / n:9.1f} us/call  x{len(v) // n}  {k}")
