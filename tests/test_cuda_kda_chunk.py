@@ -136,6 +136,42 @@ def chunk_scan(q, k, v, g, beta, state, scale, dtype=np.float64, rnd=lambda x: x
     return o, S_out
 
 
+def split_scan(q, k, v, g, beta, state, scale):
+    """The kernels' split in float64 (cuda/kda_chunk.cuh): the intra kernel's per-chunk tiles,
+    the state kernel's chain (D = U - W S, S <- exp(G_last) S + KG^T D), writing the state
+    entering each chunk and D, then the output kernel on its own: O = [QG | Aqk] [S_c ; D]."""
+    T, H, dk = q.shape
+    dv = v.shape[2]
+    o = np.zeros((T, H, dv))
+    S_out = np.zeros((H, dk, dv))
+    for h in range(H):
+        tiles = []  # per chunk: W, U, KG, exp(G_last), [QG | Aqk]
+        for t0 in range(0, T, C):
+            L = min(C, T - t0)
+            pad = lambda x: np.concatenate(  # noqa: E731
+                [x[t0:t0 + L, h].astype(np.float64), np.zeros((C - L,) + x.shape[2:])])
+            qc, kc, vc, gc, bc = pad(q), pad(k), pad(v), pad(g), pad(beta)
+            G = np.cumsum(gc, axis=0)
+            causal = np.tril(np.ones((C, C)))
+            E = np.exp(np.where(causal[:, :, None] > 0, G[:, None, :] - G[None, :, :], -np.inf))
+            Akk = bc[:, None] * np.einsum("tc,sc,tsc->ts", kc, kc, E) * np.tril(causal, -1)
+            Aqk = scale * np.einsum("tc,sc,tsc->ts", qc, kc, E)
+            Tm = np.linalg.inv(np.eye(C) + Akk)
+            tiles.append((Tm @ (bc[:, None] * kc * np.exp(G)), Tm @ (bc[:, None] * vc),
+                          kc * np.exp(G[-1] - G), np.exp(G[-1]),
+                          np.concatenate([scale * qc * np.exp(G), Aqk], axis=1), L))
+        S = np.zeros((dk, dv)) if state is None else state[h].astype(np.float64)
+        bops = []
+        for W, U, KG, El, _, _ in tiles:  # the sequential chain
+            D = U - W @ S
+            bops.append(np.concatenate([S, D], axis=0))
+            S = El[:, None] * S + KG.T @ D
+        S_out[h] = S
+        for c, ((*_, A, L), Bm) in enumerate(zip(tiles, bops)):  # every chunk independently
+            o[c * C:c * C + L, h] = (A @ Bm)[:L]
+    return o, S_out
+
+
 def inputs(T, H=2, B=None, seed=0, strong=False, with_state=True, gdn_heads=None):
     """bf16-rounded scan inputs: q, k L2-normalised; g per channel (KDA) or, with
     gdn_heads=(Hk, Hv), GDN's per-value-head decay and key heads Hk. strong: decays of -8..-30
@@ -189,6 +225,14 @@ def test_chunk_algebra_equals_the_scan_in_float64(T, strong):
     # and the f32 CPU oracle, to its own f32 rounding
     co, cs = _core.kda_scan(q, k, v, g, beta, state)
     assert err_rel(co, o) < 1e-5 and err_rel(cs, s) < 1e-5
+
+
+@pytest.mark.parametrize("T", [1, 63, 64, 65, 200])
+def test_the_kernel_split_equals_the_scan_in_float64(T):
+    q, k, v, g, beta, state = inputs(T, seed=100 + T, strong=T == 200)
+    o, s = split_scan(q, k, v, g, beta, state, SCALE)
+    ro, rs = seq_scan(q, k, v, g, beta, state, SCALE)
+    assert err_rel(o, ro) < 1e-10 and err_rel(s, rs) < 1e-10
 
 
 def test_chunk_algebra_gdn_grouped_heads_in_float64():
@@ -301,6 +345,31 @@ def test_chunked_gdn_grouped_heads(e, T):
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize("T", [1, 63, 129, 333])
+def test_chunked_gdn_batch_in_place(e, T):
+    # GDN's chunked form reads key head h // 2 and the per-head decay in place (no expansion):
+    # two sequences with their own states, Hv = 2 Hk, odd lengths, against the CPU scan.
+    q, k, v, g, beta, state = inputs(T, B=2, seed=1000 + T, gdn_heads=(2, 4))
+    o, s = gdn_dev(e, q, k, v, g, beta, state, chunked=True, batch=True)
+    co, cs = _core.gdn_scan(q, k, v, g, beta, state, batch=True)
+    assert_close(o, co, what=f"o T={T}")
+    assert_close(s, cs, what=f"state T={T}")
+    # and the sequential CUDA arm over the expanded heads
+    go, gs = gdn_dev(e, q, k, v, g, beta, state, batch=True)
+    assert_close(o, go, what=f"o vs the CUDA scan T={T}")
+    assert_close(s, gs, what=f"state vs the CUDA scan T={T}")
+
+
+@pytest.mark.cuda
+def test_chunked_gdn_strong_decays_in_place(e):
+    q, k, v, g, beta, state = inputs(200, seed=1100, strong=True, gdn_heads=(1, 3))
+    o, s = gdn_dev(e, q, k, v, g, beta, state, chunked=True)
+    co, cs = _core.gdn_scan(q, k, v, g, beta, state)
+    assert_close(o, co, what="o")
+    assert_close(s, cs, what="state")
+
+
+@pytest.mark.cuda
 @pytest.mark.parametrize("T", [64, 100])
 def test_chunked_prefill_state_continues_in_the_decode_step(e, T):
     # The chunked prefill's state, in the scan's layout, feeds the sequential one-step kernel.
@@ -324,7 +393,15 @@ def test_the_chunked_kernels_ran(e, tmp_path):
     q, k, v, g, beta, state = inputs(130, H=2, seed=900)
     dev = [e.to_device(a) for a in (q, k, v, g, beta, state)]
     chunked = cuda_kernels(e, tmp_path, lambda: _core.kda_scan(*dev, engine=e, chunked=True))
-    assert "chunk_intra_kernel" in chunked and "chunk_state_kernel" in chunked, chunked
+    for name in ("chunk_intra_kernel", "chunk_state_kernel", "chunk_out_kernel"):
+        assert name in chunked, chunked
     assert "scan_kernel" not in chunked.replace("chunk_", ""), chunked
     plain = cuda_kernels(e, tmp_path, lambda: _core.kda_scan(*dev, engine=e))
     assert "scan_kernel" in plain and "chunk_intra_kernel" not in plain, plain
+    # GDN's chunked form: the same kernels on its heads in place, no expansion
+    q, k, v, g, beta, state = inputs(130, seed=901, gdn_heads=(2, 4))
+    dev = [e.to_device(a) for a in (q, k, v, g, beta, state)]
+    gdn = cuda_kernels(e, tmp_path, lambda: _core.gdn_scan(*dev, engine=e, chunked=True))
+    for name in ("chunk_intra_kernel", "chunk_state_kernel", "chunk_out_kernel"):
+        assert name in gdn, gdn
+    assert "gdn_expand_kernel" not in gdn and "scan_kernel" not in gdn.replace("chunk_", ""), gdn

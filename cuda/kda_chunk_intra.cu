@@ -1,0 +1,289 @@
+// KDA area, chunked delta-rule form (cuda/kda_chunk.cuh has the algebra and the scratch layout):
+// the intra-chunk kernel, every chunk in parallel. It forms the chunk's Akk and Aqk, the
+// triangular inverse Tm = (I + Akk)^-1, then W = Tm (beta k exp(G)), U = Tm (beta v), and the
+// elementwise tiles KG, QG and exp(G_last), all into the chunk's scratch.
+//
+// The 16-row sub-blocks off the diagonal take exp(G_t - G_s) as exp(G_t - G_r) exp(G_r - G_s)
+// with r the first row of t's sub-block (s < r <= t: both factors <= 1) on tensor cores; the
+// diagonal sub-blocks are summed element by element in f32.
+//
+// KDA reads q / k / g of the state head itself; GDN (kScalarG) reads q / k of key head h / group
+// and one g per (row, head), broadcast over the channels: the values of KDA's kernel on GDN's
+// expanded heads, without materialising them.
+#include "kda_chunk.cuh"
+
+using memra::cuda::launch_status;
+
+namespace {
+
+constexpr int kLd = kDk + 4;    // smem row stride of [64, 128] tiles (A fragments conflict free)
+constexpr int kLdA = kC + 4;    // smem row stride of [64, 64] tiles
+constexpr int kThreads = 256;   // 8 warps
+
+struct IntraSmem {
+  float k[kC * kLd];   // k, later beta k exp(G)
+  float qv[kC * kLd];  // q, later beta v
+  float G[kC * kLd];   // cumulative log decay
+  float akk[kC * kLdA];
+  float aqk[kC * kLdA];
+  float tm[kC * kLdA];           // (I + Akk)^-1
+  float x[3 * kSub * (kSub + 1)];  // the block inverse's per-level products
+  float beta[kC];
+};
+
+// One block per (sequence b, head h, chunk c): blockIdx.x = (b * H + h) * nc + c.
+template <bool kScalarG>
+__global__ void __launch_bounds__(kThreads)
+    chunk_intra_kernel(const memra::cuda::kda::ChunkProblem p, int nc,
+                       float* __restrict__ scratch) {
+  memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
+  memra::cuda::pdl_trigger();
+  extern __shared__ float4 smem_raw[];
+  IntraSmem& sm = *reinterpret_cast<IntraSmem*>(smem_raw);
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int gq = lane >> 2, qq = lane & 3;
+  const int64_t bhc = blockIdx.x;
+  const int c = static_cast<int>(bhc % nc);
+  const int64_t bh = bhc / nc;
+  const int H = p.H, T = p.T;
+  const float scale = p.scale;
+  const int h = static_cast<int>(bh % H);
+  const int64_t b = bh / H;
+  const int t0 = c * kC;
+  const int L = min(kC, T - t0);
+  float* out = scratch + bhc * kChunkFloats;
+  // Row t of the chunk is row n0 + t of the inputs; (n0 + t) * H + h indexes beta (and g).
+  const int64_t n0 = b * T + t0;
+  const float* qh = p.q + n0 * p.ld_qk + int64_t(h / p.group) * kDk;
+  const float* kh = p.k + n0 * p.ld_qk + int64_t(h / p.group) * kDk;
+  const float* vh = p.v + n0 * p.ld_v + int64_t(h) * kDv;
+
+  // Inputs (rows past L read as zeros: they add nothing anywhere), and zeroed matrices.
+  for (int i = tid; i < kC * (kDk / 4); i += kThreads) {
+    const int r = i / (kDk / 4), c4 = i % (kDk / 4);
+    float4 kk = make_float4(0.f, 0.f, 0.f, 0.f), qv = kk, gg = kk;
+    if (r < L) {
+      const int64_t off = int64_t(r) * p.ld_qk;
+      kk = __ldg(reinterpret_cast<const float4*>(kh + off) + c4);
+      qv = __ldg(reinterpret_cast<const float4*>(qh + off) + c4);
+      const int64_t gi = (n0 + r) * H + h;
+      if constexpr (kScalarG) {
+        const float gs = __ldg(p.g + gi);
+        gg = make_float4(gs, gs, gs, gs);
+      } else {
+        gg = __ldg(reinterpret_cast<const float4*>(p.g + gi * kDk) + c4);
+      }
+    }
+    *reinterpret_cast<float4*>(&sm.k[r * kLd + 4 * c4]) = kk;
+    *reinterpret_cast<float4*>(&sm.qv[r * kLd + 4 * c4]) = qv;
+    *reinterpret_cast<float4*>(&sm.G[r * kLd + 4 * c4]) = gg;
+  }
+  for (int i = tid; i < kC * kLdA; i += kThreads) {
+    sm.akk[i] = 0.f;
+    sm.aqk[i] = 0.f;
+    sm.tm[i] = 0.f;
+  }
+  if (tid < kC) sm.beta[tid] = tid < L ? __ldg(p.beta + (n0 + tid) * H + h) : 0.f;
+  __syncthreads();
+
+  // G: the inclusive cumulative sum over the chunk's rows, one channel per thread.
+  if (tid < kDk) {
+    float acc = 0.f;
+    for (int r = 0; r < kC; ++r) {
+      acc = __fadd_rn(acc, sm.G[r * kLd + tid]);
+      sm.G[r * kLd + tid] = acc;
+    }
+  }
+  __syncthreads();
+
+  // scale q exp(G), k exp(G_last - G) (rows past L are zeros; G_last = G of row L - 1, which
+  // the zero-padded rows repeat up to row 63) and exp(G_last).
+  for (int i = tid; i < kC * kDk; i += kThreads) {
+    const int r = i / kDk, ch = i % kDk;
+    const float gr = sm.G[r * kLd + ch], gl = sm.G[(kC - 1) * kLd + ch];
+    out[kOffA + r * kLdOutA + ch] = __fmul_rn(__fmul_rn(sm.qv[r * kLd + ch], scale), expf(gr));
+    out[kOffKG + i] = __fmul_rn(sm.k[r * kLd + ch], expf(__fsub_rn(gl, gr)));
+    if (r == 0) out[kOffEl + ch] = expf(gl);
+  }
+
+  // Diagonal sub-blocks, element by element: a warp per (t, s) pair, a lane per 4 channels.
+  for (int p = warp; p < (kC / kSub) * kSub * kSub; p += kThreads / 32) {
+    const int blk = p / (kSub * kSub), i = (p / kSub) % kSub, j = p % kSub;
+    if (j > i) continue;  // warp-uniform
+    const int t = blk * kSub + i, s = blk * kSub + j;
+    const float4 kt = *reinterpret_cast<const float4*>(&sm.k[t * kLd + 4 * lane]);
+    const float4 qt = *reinterpret_cast<const float4*>(&sm.qv[t * kLd + 4 * lane]);
+    const float4 ks = *reinterpret_cast<const float4*>(&sm.k[s * kLd + 4 * lane]);
+    const float4 gt = *reinterpret_cast<const float4*>(&sm.G[t * kLd + 4 * lane]);
+    const float4 gs = *reinterpret_cast<const float4*>(&sm.G[s * kLd + 4 * lane]);
+    const float e0 = expf(gt.x - gs.x), e1 = expf(gt.y - gs.y), e2 = expf(gt.z - gs.z),
+                e3 = expf(gt.w - gs.w);
+    float akk = kt.x * ks.x * e0 + kt.y * ks.y * e1 + kt.z * ks.z * e2 + kt.w * ks.w * e3;
+    float aqk = qt.x * ks.x * e0 + qt.y * ks.y * e1 + qt.z * ks.z * e2 + qt.w * ks.w * e3;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      akk += __shfl_xor_sync(0xffffffffu, akk, o);
+      aqk += __shfl_xor_sync(0xffffffffu, aqk, o);
+    }
+    if (lane == 0) {
+      if (j < i) sm.akk[t * kLdA + s] = sm.beta[t] * akk;
+      sm.aqk[t * kLdA + s] = scale * aqk;
+    }
+  }
+
+  // Off-diagonal sub-blocks (I > J) on tensor cores: 6 block pairs x 2 column halves, a warp per
+  // task. Row t of block I meets column s of block J through exp(G_t - G_r) exp(G_r - G_s),
+  // r = 16 I.
+  for (int task = warp; task < 12; task += kThreads / 32) {
+    const int pair = task >> 1, half = task & 1;
+    const int I = pair < 1 ? 1 : (pair < 3 ? 2 : 3);
+    const int J = pair - (I * (I - 1)) / 2;
+    const int r = I * kSub, n0 = J * kSub + half * 8;
+    float dk4[4] = {0.f, 0.f, 0.f, 0.f}, dq4[4] = {0.f, 0.f, 0.f, 0.f};
+    for (int k0 = 0; k0 < kDk; k0 += 8) {
+      uint32_t ak[4], aq[4], bb[2];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int t = r + gq + (e & 1) * 8, ch = k0 + qq + (e >> 1) * 4;
+        const float f = expf(sm.G[t * kLd + ch] - sm.G[r * kLd + ch]);
+        ak[e] = tf32(sm.k[t * kLd + ch] * f);
+        aq[e] = tf32(sm.qv[t * kLd + ch] * f);
+      }
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int s = n0 + gq, ch = k0 + qq + e * 4;
+        bb[e] = tf32(sm.k[s * kLd + ch] * expf(sm.G[r * kLd + ch] - sm.G[s * kLd + ch]));
+      }
+      mma_tf32(dk4, ak, bb);
+      mma_tf32(dq4, aq, bb);
+    }
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int t = r + gq + (e >> 1) * 8, s = n0 + 2 * qq + (e & 1);
+      sm.akk[t * kLdA + s] = sm.beta[t] * dk4[e];
+      sm.aqk[t * kLdA + s] = scale * dq4[e];
+    }
+  }
+  __syncthreads();
+
+  // (I + Akk)^-1, unit lower triangular, in f32. The four diagonal 16 x 16 blocks by forward
+  // substitution (warps 0-3, a lane per column; each lane reads only its own column back), while
+  // warps 4-7 load beta v over q (q is no longer read).
+  if (warp < 4) {
+    if (lane < kSub) {
+      const int base = warp * kSub, col = base + lane;
+      for (int i = 0; i < kSub; ++i) {
+        const int row = base + i;
+        float x = 0.f;
+        if (i == lane) {
+          x = 1.f;
+        } else if (i > lane) {
+          for (int m = lane; m < i; ++m) {
+            x -= sm.akk[row * kLdA + base + m] * sm.tm[(base + m) * kLdA + col];
+          }
+        }
+        sm.tm[row * kLdA + col] = x;
+      }
+    }
+  } else {
+    for (int i = tid - 128; i < kC * (kDv / 4); i += 128) {
+      const int r = i / (kDv / 4), c4 = i % (kDv / 4);
+      float4 vv = make_float4(0.f, 0.f, 0.f, 0.f);
+      if (r < L) {
+        vv = __ldg(reinterpret_cast<const float4*>(vh + int64_t(r) * p.ld_v) + c4);
+      }
+      const float bt = sm.beta[r];
+      vv.x *= bt;
+      vv.y *= bt;
+      vv.z *= bt;
+      vv.w *= bt;
+      *reinterpret_cast<float4*>(&sm.qv[r * kLd + 4 * c4]) = vv;
+    }
+  }
+  __syncthreads();
+
+  // The blocks below the diagonal by levels (d = I - J): T_IJ = -T_II sum_{M=J}^{I-1} A_IM T_MJ.
+  // A thread per element of a 16 x 16 block.
+  {
+    const int ri = tid / kSub, ci = tid % kSub;
+    for (int d = 1; d < 4; ++d) {
+      const int npairs = 4 - d;
+      for (int pj = 0; pj < npairs; ++pj) {
+        const int J = pj, I = pj + d;
+        float acc = 0.f;
+        for (int M = J; M < I; ++M) {
+          for (int m = 0; m < kSub; ++m) {
+            acc += sm.akk[(I * kSub + ri) * kLdA + M * kSub + m] *
+                   sm.tm[(M * kSub + m) * kLdA + J * kSub + ci];
+          }
+        }
+        sm.x[pj * kSub * (kSub + 1) + ri * (kSub + 1) + ci] = acc;
+      }
+      __syncthreads();
+      for (int pj = 0; pj < npairs; ++pj) {
+        const int J = pj, I = pj + d;
+        float acc = 0.f;
+        for (int m = 0; m <= ri; ++m) {
+          acc += sm.tm[(I * kSub + ri) * kLdA + I * kSub + m] *
+                 sm.x[pj * kSub * (kSub + 1) + m * (kSub + 1) + ci];
+        }
+        sm.tm[(I * kSub + ri) * kLdA + J * kSub + ci] = -acc;
+      }
+      __syncthreads();
+    }
+  }
+
+  // beta k exp(G) over k (k's other uses are done); Aqk to scratch.
+  for (int i = tid; i < kC * kDk; i += kThreads) {
+    const int r = i / kDk, ch = i % kDk;
+    sm.k[r * kLd + ch] = sm.beta[r] * sm.k[r * kLd + ch] * expf(sm.G[r * kLd + ch]);
+  }
+  for (int i = tid; i < kC * kC; i += kThreads) {
+    const int r = i / kC, s = i % kC;
+    out[kOffA + r * kLdOutA + kDk + s] = sm.aqk[r * kLdA + s];
+  }
+  __syncthreads();
+
+  // W = Tm (beta k exp(G)) (warps 0-3), U = Tm (beta v) (warps 4-7); warp w's rows 16 (w % 4)..,
+  // all 128 columns; Tm is lower triangular, so k runs to the block's last row.
+  {
+    const int mi = warp & 3;
+    const float* src = warp < 4 ? sm.k : sm.qv;
+    float* dst = out + (warp < 4 ? kOffW : kOffU);
+    float acc[kDk / 8][4];
+#pragma unroll
+    for (int n = 0; n < kDk / 8; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
+    for (int k0 = 0; k0 < (mi + 1) * kSub; k0 += 8) {
+      uint32_t a[4];
+      load_a(a, sm.tm, kLdA, mi * kSub, k0, gq, qq);
+#pragma unroll
+      for (int n = 0; n < kDk / 8; ++n) {
+        uint32_t bb[2];
+        load_b(bb, src, kLd, k0, n * 8, gq, qq);
+        mma_tf32(acc[n], a, bb);
+      }
+    }
+#pragma unroll
+    for (int n = 0; n < kDk / 8; ++n) {
+      const int r = mi * kSub + gq, col = n * 8 + 2 * qq;
+      *reinterpret_cast<float2*>(dst + r * kDk + col) = make_float2(acc[n][0], acc[n][1]);
+      *reinterpret_cast<float2*>(dst + (r + 8) * kDk + col) = make_float2(acc[n][2], acc[n][3]);
+    }
+  }
+}
+
+}  // namespace
+
+namespace memra::cuda::kda {
+
+int launch_chunk_intra(MemraCudaCtx* ctx, const ChunkProblem& p, int nc, float* scratch) {
+  const int64_t chunks = int64_t(p.B) * p.H * nc;
+  if (chunks > 0x7fffffffLL) return memra::kContractShape;
+  auto* kernel = p.scalar_g ? chunk_intra_kernel<true> : chunk_intra_kernel<false>;
+  MEMRA_CUDA_RETURN_IF(allow_smem(ctx, kernel, sizeof(IntraSmem)));
+  memra::cuda::launch(ctx, true, kernel, dim3(static_cast<unsigned>(chunks)), dim3(kThreads),
+                      sizeof(IntraSmem), p, nc, scratch);
+  return launch_status();
+}
+
+}  // namespace memra::cuda::kda
