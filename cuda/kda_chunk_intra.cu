@@ -20,20 +20,24 @@ constexpr int kLd = kDk + 4;    // smem row stride of [64, 128] tiles (A fragmen
 constexpr int kLdA = kC + 4;    // smem row stride of [64, 64] tiles
 constexpr int kThreads = 256;   // 8 warps
 
+// Three [64, 128] tiles, each reused once its first content is dead, so two blocks fit an SM
+// (one block's serial phases: the cumulative sum, the inverse's substitution, hide under the
+// other's): Akk leaves the block through the W slot of its scratch (read back once G is dead),
+// Aqk goes straight to scratch, and U's B operand (beta v) is read from global memory.
 struct IntraSmem {
-  float k[kC * kLd];   // k, later beta k exp(G)
-  float qv[kC * kLd];  // q, later beta v
-  float G[kC * kLd];   // cumulative log decay
-  float akk[kC * kLdA];
-  float aqk[kC * kLdA];
-  float tm[kC * kLdA];           // (I + Akk)^-1
-  float x[3 * kSub * (kSub + 1)];  // the block inverse's per-level products
+  float k[kC * kLd];  // k; after the A's: beta k exp(G)
+  float q[kC * kLd];  // q; after the A's: Tm = (I + Akk)^-1 [64, kLdA]
+  float G[kC * kLd];  // cumulative log decay; once dead: Akk [64, kLdA], then the inverse's x
   float beta[kC];
 };
+constexpr int kXFloats = 3 * kSub * (kSub + 1);  // the block inverse's per-level products
+static_assert(kC * kLdA <= kC * kLd, "Tm fits q's tile");
+static_assert(kC * kLdA + kXFloats <= kC * kLd, "Akk and x fit G's tile");
+static_assert(kC * kC <= kTile, "Akk's parking place in the W slot");
 
 // One block per (sequence b, head h, chunk c): blockIdx.x = (b * H + h) * nc + c.
 template <bool kScalarG>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, 2)
     chunk_intra_kernel(const memra::cuda::kda::ChunkProblem p, int nc,
                        float* __restrict__ scratch) {
   memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
@@ -57,15 +61,20 @@ __global__ void __launch_bounds__(kThreads)
   const float* qh = p.q + n0 * p.ld_qk + int64_t(h / p.group) * kDk;
   const float* kh = p.k + n0 * p.ld_qk + int64_t(h / p.group) * kDk;
   const float* vh = p.v + n0 * p.ld_v + int64_t(h) * kDv;
+  float* const tm = sm.q;
+  float* const akk = sm.G;
+  float* const x = sm.G + kC * kLdA;
+  float* const akk_g = out + kOffW;        // Akk [64, 64] until W overwrites it
+  float* const aqk_g = out + kOffA + kDk;  // Aqk: columns 128.. of the A tile (ld kLdOutA)
 
-  // Inputs (rows past L read as zeros: they add nothing anywhere), and zeroed matrices.
+  // Inputs (rows past L read as zeros: they add nothing anywhere).
   for (int i = tid; i < kC * (kDk / 4); i += kThreads) {
     const int r = i / (kDk / 4), c4 = i % (kDk / 4);
-    float4 kk = make_float4(0.f, 0.f, 0.f, 0.f), qv = kk, gg = kk;
+    float4 kk = make_float4(0.f, 0.f, 0.f, 0.f), qq4 = kk, gg = kk;
     if (r < L) {
       const int64_t off = int64_t(r) * p.ld_qk;
       kk = __ldg(reinterpret_cast<const float4*>(kh + off) + c4);
-      qv = __ldg(reinterpret_cast<const float4*>(qh + off) + c4);
+      qq4 = __ldg(reinterpret_cast<const float4*>(qh + off) + c4);
       const int64_t gi = (n0 + r) * H + h;
       if constexpr (kScalarG) {
         const float gs = __ldg(p.g + gi);
@@ -75,13 +84,8 @@ __global__ void __launch_bounds__(kThreads)
       }
     }
     *reinterpret_cast<float4*>(&sm.k[r * kLd + 4 * c4]) = kk;
-    *reinterpret_cast<float4*>(&sm.qv[r * kLd + 4 * c4]) = qv;
+    *reinterpret_cast<float4*>(&sm.q[r * kLd + 4 * c4]) = qq4;
     *reinterpret_cast<float4*>(&sm.G[r * kLd + 4 * c4]) = gg;
-  }
-  for (int i = tid; i < kC * kLdA; i += kThreads) {
-    sm.akk[i] = 0.f;
-    sm.aqk[i] = 0.f;
-    sm.tm[i] = 0.f;
   }
   if (tid < kC) sm.beta[tid] = tid < L ? __ldg(p.beta + (n0 + tid) * H + h) : 0.f;
   __syncthreads();
@@ -101,103 +105,145 @@ __global__ void __launch_bounds__(kThreads)
   for (int i = tid; i < kC * kDk; i += kThreads) {
     const int r = i / kDk, ch = i % kDk;
     const float gr = sm.G[r * kLd + ch], gl = sm.G[(kC - 1) * kLd + ch];
-    out[kOffA + r * kLdOutA + ch] = __fmul_rn(__fmul_rn(sm.qv[r * kLd + ch], scale), expf(gr));
+    out[kOffA + r * kLdOutA + ch] = __fmul_rn(__fmul_rn(sm.q[r * kLd + ch], scale), expf(gr));
     out[kOffKG + i] = __fmul_rn(sm.k[r * kLd + ch], expf(__fsub_rn(gl, gr)));
     if (r == 0) out[kOffEl + ch] = expf(gl);
   }
 
-  // Diagonal sub-blocks, element by element: a warp per (t, s) pair, a lane per 4 channels.
-  for (int p = warp; p < (kC / kSub) * kSub * kSub; p += kThreads / 32) {
-    const int blk = p / (kSub * kSub), i = (p / kSub) % kSub, j = p % kSub;
-    if (j > i) continue;  // warp-uniform
-    const int t = blk * kSub + i, s = blk * kSub + j;
-    const float4 kt = *reinterpret_cast<const float4*>(&sm.k[t * kLd + 4 * lane]);
-    const float4 qt = *reinterpret_cast<const float4*>(&sm.qv[t * kLd + 4 * lane]);
-    const float4 ks = *reinterpret_cast<const float4*>(&sm.k[s * kLd + 4 * lane]);
-    const float4 gt = *reinterpret_cast<const float4*>(&sm.G[t * kLd + 4 * lane]);
-    const float4 gs = *reinterpret_cast<const float4*>(&sm.G[s * kLd + 4 * lane]);
-    const float e0 = expf(gt.x - gs.x), e1 = expf(gt.y - gs.y), e2 = expf(gt.z - gs.z),
-                e3 = expf(gt.w - gs.w);
-    float akk = kt.x * ks.x * e0 + kt.y * ks.y * e1 + kt.z * ks.z * e2 + kt.w * ks.w * e3;
-    float aqk = qt.x * ks.x * e0 + qt.y * ks.y * e1 + qt.z * ks.z * e2 + qt.w * ks.w * e3;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-      akk += __shfl_xor_sync(0xffffffffu, akk, o);
-      aqk += __shfl_xor_sync(0xffffffffu, aqk, o);
-    }
-    if (lane == 0) {
-      if (j < i) sm.akk[t * kLdA + s] = sm.beta[t] * akk;
-      sm.aqk[t * kLdA + s] = scale * aqk;
-    }
+  // Aqk is zero above the diagonal (the output GEMM multiplies the whole tile).
+  for (int i = tid; i < kC * kC; i += kThreads) {
+    const int r = i / kC, s = i % kC;
+    if (s > r) aqk_g[r * kLdOutA + s] = 0.f;
   }
 
-  // Off-diagonal sub-blocks (I > J) on tensor cores: 6 block pairs x 2 column halves, a warp per
-  // task. Row t of block I meets column s of block J through exp(G_t - G_r) exp(G_r - G_s),
-  // r = 16 I.
-  for (int task = warp; task < 12; task += kThreads / 32) {
-    const int pair = task >> 1, half = task & 1;
-    const int I = pair < 1 ? 1 : (pair < 3 ? 2 : 3);
-    const int J = pair - (I * (I - 1)) / 2;
-    const int r = I * kSub, n0 = J * kSub + half * 8;
-    float dk4[4] = {0.f, 0.f, 0.f, 0.f}, dq4[4] = {0.f, 0.f, 0.f, 0.f};
-    for (int k0 = 0; k0 < kDk; k0 += 8) {
-      uint32_t ak[4], aq[4], bb[2];
+  if constexpr (!kScalarG) {
+    // Diagonal sub-blocks, element by element: a warp per (t, s) pair (s <= t: 136 a block), a
+    // lane per 4 channels.
+    constexpr int kPairs = kSub * (kSub + 1) / 2;
+    for (int pr = warp; pr < (kC / kSub) * kPairs; pr += kThreads / 32) {
+      const int blk = pr / kPairs, idx = pr % kPairs;
+      int i = 0;  // idx = i (i + 1) / 2 + j, j <= i (warp-uniform)
+      while ((i + 1) * (i + 2) / 2 <= idx) ++i;
+      const int j = idx - i * (i + 1) / 2;
+      const int t = blk * kSub + i, s = blk * kSub + j;
+      const float4 kt = *reinterpret_cast<const float4*>(&sm.k[t * kLd + 4 * lane]);
+      const float4 qt = *reinterpret_cast<const float4*>(&sm.q[t * kLd + 4 * lane]);
+      const float4 ks = *reinterpret_cast<const float4*>(&sm.k[s * kLd + 4 * lane]);
+      const float4 gt = *reinterpret_cast<const float4*>(&sm.G[t * kLd + 4 * lane]);
+      const float4 gs = *reinterpret_cast<const float4*>(&sm.G[s * kLd + 4 * lane]);
+      const float e0 = expf(gt.x - gs.x), e1 = expf(gt.y - gs.y), e2 = expf(gt.z - gs.z),
+                  e3 = expf(gt.w - gs.w);
+      float skk = kt.x * ks.x * e0 + kt.y * ks.y * e1 + kt.z * ks.z * e2 + kt.w * ks.w * e3;
+      float sqk = qt.x * ks.x * e0 + qt.y * ks.y * e1 + qt.z * ks.z * e2 + qt.w * ks.w * e3;
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) {
+        skk += __shfl_xor_sync(0xffffffffu, skk, o);
+        sqk += __shfl_xor_sync(0xffffffffu, sqk, o);
+      }
+      if (lane == 0) {
+        if (j < i) akk_g[t * kC + s] = sm.beta[t] * skk;
+        aqk_g[t * kLdOutA + s] = scale * sqk;
+      }
+    }
+
+    // Off-diagonal sub-blocks (I > J) on tensor cores: 6 block pairs x 2 column halves, a warp per
+    // task. Row t of block I meets column s of block J through exp(G_t - G_r) exp(G_r - G_s),
+    // r = 16 I.
+    for (int task = warp; task < 12; task += kThreads / 32) {
+      const int pair = task >> 1, half = task & 1;
+      const int I = pair < 1 ? 1 : (pair < 3 ? 2 : 3);
+      const int J = pair - (I * (I - 1)) / 2;
+      const int r = I * kSub, n0 = J * kSub + half * 8;
+      float dk4[4] = {0.f, 0.f, 0.f, 0.f}, dq4[4] = {0.f, 0.f, 0.f, 0.f};
+      for (int k0 = 0; k0 < kDk; k0 += 8) {
+        uint32_t ak[4], aq[4], bb[2];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int t = r + gq + (e & 1) * 8, ch = k0 + qq + (e >> 1) * 4;
+          const float f = expf(sm.G[t * kLd + ch] - sm.G[r * kLd + ch]);
+          ak[e] = tf32(sm.k[t * kLd + ch] * f);
+          aq[e] = tf32(sm.q[t * kLd + ch] * f);
+        }
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int s = n0 + gq, ch = k0 + qq + e * 4;
+          bb[e] = tf32(sm.k[s * kLd + ch] * expf(sm.G[r * kLd + ch] - sm.G[s * kLd + ch]));
+        }
+        mma_tf32(dk4, ak, bb);
+        mma_tf32(dq4, aq, bb);
+      }
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int t = r + gq + (e & 1) * 8, ch = k0 + qq + (e >> 1) * 4;
-        const float f = expf(sm.G[t * kLd + ch] - sm.G[r * kLd + ch]);
-        ak[e] = tf32(sm.k[t * kLd + ch] * f);
-        aq[e] = tf32(sm.qv[t * kLd + ch] * f);
+        const int t = r + gq + (e >> 1) * 8, s = n0 + 2 * qq + (e & 1);
+        akk_g[t * kC + s] = sm.beta[t] * dk4[e];
+        aqk_g[t * kLdOutA + s] = scale * dq4[e];
       }
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int s = n0 + gq, ch = k0 + qq + e * 4;
-        bb[e] = tf32(sm.k[s * kLd + ch] * expf(sm.G[r * kLd + ch] - sm.G[s * kLd + ch]));
-      }
-      mma_tf32(dk4, ak, bb);
-      mma_tf32(dq4, aq, bb);
     }
+  } else {
+    // GDN: one decay per (row, head), so exp(G_t - G_s) leaves the channel sums: Akk and Aqk are
+    // k k^T and q k^T on tensor cores, each element then scaled by its exp(G_t - G_s) (s <= t:
+    // exponent <= 0). A warp per task: the 10 sub-blocks J <= I x 2 column halves. Channel 0 of
+    // the G tile holds the head's G.
+    for (int task = warp; task < 20; task += kThreads / 32) {
+      const int pair = task >> 1, half = task & 1;
+      const int I = pair < 1 ? 0 : (pair < 3 ? 1 : (pair < 6 ? 2 : 3));
+      const int J = pair - (I * (I + 1)) / 2;
+      const int r0 = I * kSub, n0 = J * kSub + half * 8;
+      float dk4[4] = {0.f, 0.f, 0.f, 0.f}, dq4[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll 4
+      for (int k0 = 0; k0 < kDk; k0 += 8) {
+        uint32_t ak[4], aq[4], bb[2];
+        load_a(ak, sm.k, kLd, r0, k0, gq, qq);
+        load_a(aq, sm.q, kLd, r0, k0, gq, qq);
+        bb[0] = tf32(sm.k[(n0 + gq) * kLd + k0 + qq]);  // B(channel, s) = k_s[channel]
+        bb[1] = tf32(sm.k[(n0 + gq) * kLd + k0 + qq + 4]);
+        mma_tf32(dk4, ak, bb);
+        mma_tf32(dq4, aq, bb);
+      }
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int t = r + gq + (e >> 1) * 8, s = n0 + 2 * qq + (e & 1);
-      sm.akk[t * kLdA + s] = sm.beta[t] * dk4[e];
-      sm.aqk[t * kLdA + s] = scale * dq4[e];
+      for (int e = 0; e < 4; ++e) {
+        const int t = r0 + gq + (e >> 1) * 8, s = n0 + 2 * qq + (e & 1);
+        if (s <= t) {
+          const float f = expf(sm.G[t * kLd] - sm.G[s * kLd]);
+          if (s < t) akk_g[t * kC + s] = sm.beta[t] * (dk4[e] * f);
+          aqk_g[t * kLdOutA + s] = scale * (dq4[e] * f);
+        }
+      }
     }
   }
   __syncthreads();
 
-  // (I + Akk)^-1, unit lower triangular, in f32. The four diagonal 16 x 16 blocks by forward
-  // substitution (warps 0-3, a lane per column; each lane reads only its own column back), while
-  // warps 4-7 load beta v over q (q is no longer read).
+  // beta k exp(G) over k (k's other uses are done); then G is dead and Akk (its strictly lower
+  // part, the only part the inverse reads) comes back into G's tile.
+  for (int i = tid; i < kC * kDk; i += kThreads) {
+    const int r = i / kDk, ch = i % kDk;
+    sm.k[r * kLd + ch] = sm.beta[r] * sm.k[r * kLd + ch] * expf(sm.G[r * kLd + ch]);
+  }
+  __syncthreads();
+  for (int i = tid; i < kC * kC; i += kThreads) {
+    const int r = i / kC, s = i % kC;
+    if (s < r) akk[r * kLdA + s] = akk_g[r * kC + s];  // written by this block: no __ldg
+  }
+  __syncthreads();
+
+  // (I + Akk)^-1, unit lower triangular, in f32 (over q: no longer read). The four diagonal
+  // 16 x 16 blocks by forward substitution (warps 0-3, a lane per column; each lane reads only
+  // its own column back); every element of those blocks is written.
   if (warp < 4) {
     if (lane < kSub) {
       const int base = warp * kSub, col = base + lane;
       for (int i = 0; i < kSub; ++i) {
         const int row = base + i;
-        float x = 0.f;
+        float xv = 0.f;
         if (i == lane) {
-          x = 1.f;
+          xv = 1.f;
         } else if (i > lane) {
           for (int m = lane; m < i; ++m) {
-            x -= sm.akk[row * kLdA + base + m] * sm.tm[(base + m) * kLdA + col];
+            xv -= akk[row * kLdA + base + m] * tm[(base + m) * kLdA + col];
           }
         }
-        sm.tm[row * kLdA + col] = x;
+        tm[row * kLdA + col] = xv;
       }
-    }
-  } else {
-    for (int i = tid - 128; i < kC * (kDv / 4); i += 128) {
-      const int r = i / (kDv / 4), c4 = i % (kDv / 4);
-      float4 vv = make_float4(0.f, 0.f, 0.f, 0.f);
-      if (r < L) {
-        vv = __ldg(reinterpret_cast<const float4*>(vh + int64_t(r) * p.ld_v) + c4);
-      }
-      const float bt = sm.beta[r];
-      vv.x *= bt;
-      vv.y *= bt;
-      vv.z *= bt;
-      vv.w *= bt;
-      *reinterpret_cast<float4*>(&sm.qv[r * kLd + 4 * c4]) = vv;
     }
   }
   __syncthreads();
@@ -213,54 +259,58 @@ __global__ void __launch_bounds__(kThreads)
         float acc = 0.f;
         for (int M = J; M < I; ++M) {
           for (int m = 0; m < kSub; ++m) {
-            acc += sm.akk[(I * kSub + ri) * kLdA + M * kSub + m] *
-                   sm.tm[(M * kSub + m) * kLdA + J * kSub + ci];
+            acc += akk[(I * kSub + ri) * kLdA + M * kSub + m] *
+                   tm[(M * kSub + m) * kLdA + J * kSub + ci];
           }
         }
-        sm.x[pj * kSub * (kSub + 1) + ri * (kSub + 1) + ci] = acc;
+        x[pj * kSub * (kSub + 1) + ri * (kSub + 1) + ci] = acc;
       }
       __syncthreads();
       for (int pj = 0; pj < npairs; ++pj) {
         const int J = pj, I = pj + d;
         float acc = 0.f;
         for (int m = 0; m <= ri; ++m) {
-          acc += sm.tm[(I * kSub + ri) * kLdA + I * kSub + m] *
-                 sm.x[pj * kSub * (kSub + 1) + m * (kSub + 1) + ci];
+          acc += tm[(I * kSub + ri) * kLdA + I * kSub + m] *
+                 x[pj * kSub * (kSub + 1) + m * (kSub + 1) + ci];
         }
-        sm.tm[(I * kSub + ri) * kLdA + J * kSub + ci] = -acc;
+        tm[(I * kSub + ri) * kLdA + J * kSub + ci] = -acc;
       }
       __syncthreads();
     }
   }
 
-  // beta k exp(G) over k (k's other uses are done); Aqk to scratch.
-  for (int i = tid; i < kC * kDk; i += kThreads) {
-    const int r = i / kDk, ch = i % kDk;
-    sm.k[r * kLd + ch] = sm.beta[r] * sm.k[r * kLd + ch] * expf(sm.G[r * kLd + ch]);
-  }
-  for (int i = tid; i < kC * kC; i += kThreads) {
-    const int r = i / kC, s = i % kC;
-    out[kOffA + r * kLdOutA + kDk + s] = sm.aqk[r * kLdA + s];
-  }
-  __syncthreads();
-
   // W = Tm (beta k exp(G)) (warps 0-3), U = Tm (beta v) (warps 4-7); warp w's rows 16 (w % 4)..,
-  // all 128 columns; Tm is lower triangular, so k runs to the block's last row.
+  // all 128 columns; Tm is lower triangular, so k runs to the block's last row. U's B operand
+  // comes from global memory (each v row a 32-byte sector per lane group; rows past L are zero).
   {
     const int mi = warp & 3;
-    const float* src = warp < 4 ? sm.k : sm.qv;
     float* dst = out + (warp < 4 ? kOffW : kOffU);
     float acc[kDk / 8][4];
 #pragma unroll
     for (int n = 0; n < kDk / 8; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
     for (int k0 = 0; k0 < (mi + 1) * kSub; k0 += 8) {
       uint32_t a[4];
-      load_a(a, sm.tm, kLdA, mi * kSub, k0, gq, qq);
+      load_a(a, tm, kLdA, mi * kSub, k0, gq, qq);
+      if (warp < 4) {
 #pragma unroll
-      for (int n = 0; n < kDk / 8; ++n) {
-        uint32_t bb[2];
-        load_b(bb, src, kLd, k0, n * 8, gq, qq);
-        mma_tf32(acc[n], a, bb);
+        for (int n = 0; n < kDk / 8; ++n) {
+          uint32_t bb[2];
+          load_b(bb, sm.k, kLd, k0, n * 8, gq, qq);
+          mma_tf32(acc[n], a, bb);
+        }
+      } else {
+        const int s0 = k0 + qq, s1 = s0 + 4;
+        const bool in0 = s0 < L, in1 = s1 < L;
+        const float b0 = sm.beta[s0], b1 = sm.beta[s1];
+        const float* v0 = vh + int64_t(in0 ? s0 : 0) * p.ld_v + gq;
+        const float* v1 = vh + int64_t(in1 ? s1 : 0) * p.ld_v + gq;
+#pragma unroll
+        for (int n = 0; n < kDv / 8; ++n) {
+          uint32_t bb[2];
+          bb[0] = tf32(in0 ? b0 * __ldg(v0 + n * 8) : 0.f);
+          bb[1] = tf32(in1 ? b1 * __ldg(v1 + n * 8) : 0.f);
+          mma_tf32(acc[n], a, bb);
+        }
       }
     }
 #pragma unroll

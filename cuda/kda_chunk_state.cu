@@ -136,7 +136,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
         const int r = dm + gq + hh * 8, col = dn + n * 8 + 2 * qq;
-        const float2 d = make_float2(u[n][hh].x - dacc[n][2 * hh], u[n][hh].y - dacc[n][2 * hh + 1]);
+        const float2 d =
+            make_float2(u[n][hh].x - dacc[n][2 * hh], u[n][hh].y - dacc[n][2 * hh + 1]);
         *reinterpret_cast<float2*>(&sm.d[r * kLdS + col]) = d;
         *reinterpret_cast<float2*>(in + kOffU + r * kDv + j0 + col) = d;
       }
