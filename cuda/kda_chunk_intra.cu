@@ -3,9 +3,11 @@
 // triangular inverse Tm = (I + Akk)^-1, then W = Tm (beta k exp(G)), U = Tm (beta v), and the
 // elementwise tiles KG, QG and exp(G_last), all into the chunk's scratch.
 //
-// The 16-row sub-blocks off the diagonal take exp(G_t - G_s) as exp(G_t - G_r) exp(G_r - G_s)
-// with r the first row of t's sub-block (s < r <= t: both factors <= 1) on tensor cores; the
-// diagonal sub-blocks are summed element by element in f32.
+// The 16-row sub-blocks off the diagonal take exp(G_t - G_r) exp(G_r - G_s) with r the first row
+// of t's sub-block (s < r <= t: both factors <= 1) on tensor cores; the diagonal sub-blocks are
+// summed element by element in f32. These exponentials (about 100K a chunk, most of the kernel's
+// instructions) are __expf (ex2.approx: relative error within about 1e-5 wherever the result
+// is a normal float, far under the TF32 operands' 2^-11; results below it flush to 0).
 //
 // KDA reads q / k / g of the state head itself; GDN (kScalarG) reads q / k of key head h / group
 // and one g per (row, head), broadcast over the channels: the values of KDA's kernel on GDN's
@@ -122,8 +124,12 @@ __global__ void __launch_bounds__(kThreads, 2)
     constexpr int kPairs = kSub * (kSub + 1) / 2;
     for (int pr = warp; pr < (kC / kSub) * kPairs; pr += kThreads / 32) {
       const int blk = pr / kPairs, idx = pr % kPairs;
-      int i = 0;  // idx = i (i + 1) / 2 + j, j <= i (warp-uniform)
-      while ((i + 1) * (i + 2) / 2 <= idx) ++i;
+      // idx = i (i + 1) / 2 + j, j <= i (warp-uniform). sqrtf is correctly rounded and exact at
+      // the perfect squares 8 idx + 1 = (2 i + 1)^2; elsewhere the root is over 0.1 from an odd
+      // integer (idx <= 135), so the floor is right; the two checks are belt and braces.
+      int i = static_cast<int>((sqrtf(float(8 * idx + 1)) - 1.f) * 0.5f);
+      if ((i + 1) * (i + 2) / 2 <= idx) ++i;
+      if (i * (i + 1) / 2 > idx) --i;
       const int j = idx - i * (i + 1) / 2;
       const int t = blk * kSub + i, s = blk * kSub + j;
       const float4 kt = *reinterpret_cast<const float4*>(&sm.k[t * kLd + 4 * lane]);
@@ -131,8 +137,8 @@ __global__ void __launch_bounds__(kThreads, 2)
       const float4 ks = *reinterpret_cast<const float4*>(&sm.k[s * kLd + 4 * lane]);
       const float4 gt = *reinterpret_cast<const float4*>(&sm.G[t * kLd + 4 * lane]);
       const float4 gs = *reinterpret_cast<const float4*>(&sm.G[s * kLd + 4 * lane]);
-      const float e0 = expf(gt.x - gs.x), e1 = expf(gt.y - gs.y), e2 = expf(gt.z - gs.z),
-                  e3 = expf(gt.w - gs.w);
+      const float e0 = __expf(gt.x - gs.x), e1 = __expf(gt.y - gs.y), e2 = __expf(gt.z - gs.z),
+                  e3 = __expf(gt.w - gs.w);
       float skk = kt.x * ks.x * e0 + kt.y * ks.y * e1 + kt.z * ks.z * e2 + kt.w * ks.w * e3;
       float sqk = qt.x * ks.x * e0 + qt.y * ks.y * e1 + qt.z * ks.z * e2 + qt.w * ks.w * e3;
 #pragma unroll
@@ -160,14 +166,14 @@ __global__ void __launch_bounds__(kThreads, 2)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int t = r + gq + (e & 1) * 8, ch = k0 + qq + (e >> 1) * 4;
-          const float f = expf(sm.G[t * kLd + ch] - sm.G[r * kLd + ch]);
+          const float f = __expf(sm.G[t * kLd + ch] - sm.G[r * kLd + ch]);
           ak[e] = tf32(sm.k[t * kLd + ch] * f);
           aq[e] = tf32(sm.q[t * kLd + ch] * f);
         }
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           const int s = n0 + gq, ch = k0 + qq + e * 4;
-          bb[e] = tf32(sm.k[s * kLd + ch] * expf(sm.G[r * kLd + ch] - sm.G[s * kLd + ch]));
+          bb[e] = tf32(sm.k[s * kLd + ch] * __expf(sm.G[r * kLd + ch] - sm.G[s * kLd + ch]));
         }
         mma_tf32(dk4, ak, bb);
         mma_tf32(dq4, aq, bb);

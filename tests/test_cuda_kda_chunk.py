@@ -84,10 +84,12 @@ def block_inverse(A):
     return Tm
 
 
-def chunk_scan(q, k, v, g, beta, state, scale, dtype=np.float64, rnd=lambda x: x):
-    """The kernels' chunk algebra (cuda/kda_chunk.cu), per head and 64-row chunk; rows past T
+def chunk_scan(q, k, v, g, beta, state, scale, dtype=np.float64, rnd=lambda x: x, gdn=False):
+    """The kernels' chunk algebra (cuda/kda_chunk*.cu), per head and 64-row chunk; rows past T
     are zeros. dtype float64 with rnd = identity: exact algebra; float32 with rnd = tf32: the
-    kernels' arithmetic (mma operands rounded to TF32, f32 accumulation)."""
+    kernels' arithmetic (mma operands rounded to TF32, f32 accumulation). gdn: g equal over the
+    channels (GDN's decay broadcast), the A's formed as GDN's instantiation does (k k^T and
+    q k^T, then exp(G_t - G_s) per element)."""
     T, H, dk = q.shape
     dv = v.shape[2]
     mm = lambda a, b: (rnd(a.astype(dtype)) @ rnd(b.astype(dtype))).astype(dtype)  # noqa: E731
@@ -103,7 +105,12 @@ def chunk_scan(q, k, v, g, beta, state, scale, dtype=np.float64, rnd=lambda x: x
             G = np.cumsum(gc, axis=0, dtype=dtype)
             Akk = np.zeros((C, C), dtype)
             Aqk = np.zeros((C, C), dtype)
-            for I in range(C // SUB):
+            if gdn:
+                d = G[:, None, 0] - G[None, :, 0]
+                e = np.exp(np.where(np.tril(np.ones((C, C), bool)), d, -np.inf)).astype(dtype)
+                Akk = np.tril(mm(kc, kc.T) * e, -1)
+                Aqk = mm(qc, kc.T) * e
+            for I in range(0 if gdn else C // SUB):
                 rows = slice(I * SUB, (I + 1) * SUB)
                 # Diagonal sub-block: element by element (exponents G_t - G_s <= 0, s <= t).
                 diff = G[rows][:, None, :] - G[rows][None, :, :]  # [t, s, c]
@@ -244,6 +251,22 @@ def test_chunk_algebra_gdn_grouped_heads_in_float64():
     o, s = chunk_scan(qe, ke, v, ge, beta, state, SCALE)
     co, cs = _core.gdn_scan(q, k, v, g, beta, state)
     assert err_rel(co, o) < 1e-5 and err_rel(cs, s) < 1e-5
+
+
+@pytest.mark.parametrize("T,strong", [(1, False), (129, False), (200, True)])
+def test_gdn_instantiation_algebra_and_tf32_error(T, strong):
+    # GDN's A's as plain products scaled per element: exact in float64, and in the TF32
+    # emulation inside half the GPU tolerance against the f32 CPU oracle.
+    Hk, Hv = 1, 2
+    q, k, v, g, beta, state = inputs(T, seed=1200 + T, strong=strong, gdn_heads=(Hk, Hv))
+    qe, ke = np.repeat(q, Hv // Hk, axis=1), np.repeat(k, Hv // Hk, axis=1)
+    ge = np.repeat(g[:, :, None], DK, axis=2)
+    o, s = chunk_scan(qe, ke, v, ge, beta, state, SCALE, gdn=True)
+    ro, rs = seq_scan(qe, ke, v, ge, beta, state, SCALE)
+    assert err_rel(o, ro) < 1e-12 and err_rel(s, rs) < 1e-12
+    o, s = chunk_scan(qe, ke, v, ge, beta, state, SCALE, dtype=np.float32, rnd=tf32, gdn=True)
+    co, cs = _core.gdn_scan(q, k, v, g, beta, state)
+    assert max(err_rel(o, co), err_rel(s, cs)) < REL / 2
 
 
 def test_strong_decays_overflow_the_split_exponent_but_not_the_chunk_form():
