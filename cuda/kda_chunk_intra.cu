@@ -5,8 +5,9 @@
 //
 // The 16-row sub-blocks off the diagonal take exp(G_t - G_r) exp(G_r - G_s) with r the first row
 // of t's sub-block (s < r <= t: both factors <= 1) on tensor cores; the diagonal sub-blocks are
-// summed element by element in f32. These exponentials (about 100K a chunk, most of the kernel's
-// instructions) are __expf (ex2.approx: relative error within about 1e-5 wherever the result
+// summed element by element in f32, unless every g of the chunk is >= -kSafeG: then r is the
+// sub-block's middle row and the diagonal blocks are tensor-core products too (fla's safe gate).
+// The exponentials (up to 100K a chunk, most of the kernel's instructions) are __expf (ex2.approx: relative error within about 1e-5 wherever the result
 // is a normal float, far under the TF32 operands' 2^-11; results below it flush to 0).
 //
 // KDA reads q / k / g of the state head itself; GDN (kScalarG) reads q / k of key head h / group
@@ -21,6 +22,11 @@ namespace {
 constexpr int kLd = kDk + 4;    // smem row stride of [64, 128] tiles (A fragments conflict free)
 constexpr int kLdA = kC + 4;    // smem row stride of [64, 64] tiles
 constexpr int kThreads = 256;   // 8 warps
+// A KDA chunk whose every g is >= -kSafeG takes its diagonal sub-blocks on tensor cores too,
+// through a reference row in the middle of the sub-block: each exponential factor is then at
+// most exp(8 kSafeG) = exp(44) and any product of two at most exp(82.5), finite in f32 (the
+// lower-bound gate of glm5_next keeps g > -5; other chunks take the element-wise path).
+constexpr float kSafeG = 5.5f;
 
 // Three [64, 128] tiles, each reused once its first content is dead, so two blocks fit an SM
 // (one block's serial phases: the cumulative sum, the inverse's substitution, hide under the
@@ -31,6 +37,7 @@ struct IntraSmem {
   float q[kC * kLd];  // q; after the A's: Tm = (I + Akk)^-1 [64, kLdA]
   float G[kC * kLd];  // cumulative log decay; once dead: Akk [64, kLdA], then the inverse's x
   float beta[kC];
+  float gmin[kThreads / 32];  // each warp's smallest g (KDA)
 };
 constexpr int kXFloats = 3 * kSub * (kSub + 1);  // the block inverse's per-level products
 static_assert(kC * kLdA <= kC * kLd, "Tm fits q's tile");
@@ -70,6 +77,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   float* const aqk_g = out + kOffA + kDk;  // Aqk: columns 128.. of the A tile (ld kLdOutA)
 
   // Inputs (rows past L read as zeros: they add nothing anywhere).
+  float gmin = 0.f;
   for (int i = tid; i < kC * (kDk / 4); i += kThreads) {
     const int r = i / (kDk / 4), c4 = i % (kDk / 4);
     float4 kk = make_float4(0.f, 0.f, 0.f, 0.f), qq4 = kk, gg = kk;
@@ -83,6 +91,7 @@ __global__ void __launch_bounds__(kThreads, 2)
         gg = make_float4(gs, gs, gs, gs);
       } else {
         gg = __ldg(reinterpret_cast<const float4*>(p.g + gi * kDk) + c4);
+        gmin = fminf(gmin, fminf(fminf(gg.x, gg.y), fminf(gg.z, gg.w)));
       }
     }
     *reinterpret_cast<float4*>(&sm.k[r * kLd + 4 * c4]) = kk;
@@ -90,7 +99,13 @@ __global__ void __launch_bounds__(kThreads, 2)
     *reinterpret_cast<float4*>(&sm.G[r * kLd + 4 * c4]) = gg;
   }
   if (tid < kC) sm.beta[tid] = tid < L ? __ldg(p.beta + (n0 + tid) * H + h) : 0.f;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) gmin = fminf(gmin, __shfl_xor_sync(0xffffffffu, gmin, o));
+  if (lane == 0) sm.gmin[warp] = gmin;
   __syncthreads();
+  bool safe = !kScalarG;  // block-uniform
+#pragma unroll
+  for (int w = 0; w < kThreads / 32; ++w) safe = safe && sm.gmin[w] >= -kSafeG;
 
   // G: the inclusive cumulative sum over the chunk's rows, one channel per thread.
   if (tid < kDk) {
@@ -119,10 +134,11 @@ __global__ void __launch_bounds__(kThreads, 2)
   }
 
   if constexpr (!kScalarG) {
-    // Diagonal sub-blocks, element by element: a warp per (t, s) pair (s <= t: 136 a block), a
-    // lane per 4 channels.
+    // Diagonal sub-blocks of a chunk that is not safe, element by element: a warp per (t, s)
+    // pair (s <= t: 136 a block), a lane per 4 channels.
     constexpr int kPairs = kSub * (kSub + 1) / 2;
-    for (int pr = warp; pr < (kC / kSub) * kPairs; pr += kThreads / 32) {
+    for (int pr = safe ? (kC / kSub) * kPairs : warp; pr < (kC / kSub) * kPairs;
+         pr += kThreads / 32) {
       const int blk = pr / kPairs, idx = pr % kPairs;
       // idx = i (i + 1) / 2 + j, j <= i (warp-uniform). sqrtf is correctly rounded and exact at
       // the perfect squares 8 idx + 1 = (2 i + 1)^2; elsewhere the root is over 0.1 from an odd
@@ -152,20 +168,28 @@ __global__ void __launch_bounds__(kThreads, 2)
       }
     }
 
-    // Off-diagonal sub-blocks (I > J) on tensor cores: 6 block pairs x 2 column halves, a warp per
-    // task. Row t of block I meets column s of block J through exp(G_t - G_r) exp(G_r - G_s),
-    // r = 16 I.
-    for (int task = warp; task < 12; task += kThreads / 32) {
+    // Sub-blocks on tensor cores, a warp per task (a block pair x a column half). Row t of block
+    // I meets column s of block J through exp(G_t - G_r) exp(G_r - G_s), r a reference row of
+    // block I. A safe chunk: r = 16 I + 8 for every J <= I (the products above the diagonal
+    // are dropped). Otherwise J < I with r = 16 I (s < r <= t: both factors <= 1).
+    const int ntasks = safe ? 20 : 12;
+    for (int task = warp; task < ntasks; task += kThreads / 32) {
       const int pair = task >> 1, half = task & 1;
-      const int I = pair < 1 ? 1 : (pair < 3 ? 2 : 3);
-      const int J = pair - (I * (I - 1)) / 2;
-      const int r = I * kSub, n0 = J * kSub + half * 8;
+      int I, J;
+      if (safe) {
+        I = pair < 1 ? 0 : (pair < 3 ? 1 : (pair < 6 ? 2 : 3));
+        J = pair - (I * (I + 1)) / 2;
+      } else {
+        I = pair < 1 ? 1 : (pair < 3 ? 2 : 3);
+        J = pair - (I * (I - 1)) / 2;
+      }
+      const int rb = I * kSub, r = rb + (safe ? kSub / 2 : 0), n0 = J * kSub + half * 8;
       float dk4[4] = {0.f, 0.f, 0.f, 0.f}, dq4[4] = {0.f, 0.f, 0.f, 0.f};
       for (int k0 = 0; k0 < kDk; k0 += 8) {
         uint32_t ak[4], aq[4], bb[2];
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const int t = r + gq + (e & 1) * 8, ch = k0 + qq + (e >> 1) * 4;
+          const int t = rb + gq + (e & 1) * 8, ch = k0 + qq + (e >> 1) * 4;
           const float f = __expf(sm.G[t * kLd + ch] - sm.G[r * kLd + ch]);
           ak[e] = tf32(sm.k[t * kLd + ch] * f);
           aq[e] = tf32(sm.q[t * kLd + ch] * f);
@@ -180,9 +204,11 @@ __global__ void __launch_bounds__(kThreads, 2)
       }
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int t = r + gq + (e >> 1) * 8, s = n0 + 2 * qq + (e & 1);
-        akk_g[t * kC + s] = sm.beta[t] * dk4[e];
-        aqk_g[t * kLdOutA + s] = scale * dq4[e];
+        const int t = rb + gq + (e >> 1) * 8, s = n0 + 2 * qq + (e & 1);
+        if (s <= t) {
+          if (s < t) akk_g[t * kC + s] = sm.beta[t] * dk4[e];
+          aqk_g[t * kLdOutA + s] = scale * dq4[e];
+        }
       }
     }
   } else {

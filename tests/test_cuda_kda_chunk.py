@@ -110,7 +110,21 @@ def chunk_scan(q, k, v, g, beta, state, scale, dtype=np.float64, rnd=lambda x: x
                 e = np.exp(np.where(np.tril(np.ones((C, C), bool)), d, -np.inf)).astype(dtype)
                 Akk = np.tril(mm(kc, kc.T) * e, -1)
                 Aqk = mm(qc, kc.T) * e
-            for I in range(0 if gdn else C // SUB):
+            # KDA with every g of the chunk >= -SAFE_G: one reference row r = 16 I + 8 per row
+            # block for every J <= I, exp(G_t - G_r) exp(G_r - G_s) with factors <= exp(8 SAFE_G)
+            safe = not gdn and float(gc.min()) >= -SAFE_G
+            for I in range(C // SUB if safe else 0):
+                rows = slice(I * SUB, (I + 1) * SUB)
+                r = I * SUB + SUB // 2
+                left = np.exp(G[rows] - G[r])
+                for J in range(I + 1):
+                    cols = slice(J * SUB, (J + 1) * SUB)
+                    right = kc[cols] * np.exp(G[r] - G[cols])
+                    kk, qk = mm(kc[rows] * left, right.T), mm(qc[rows] * left, right.T)
+                    if I == J:  # the products above the diagonal are dropped
+                        kk, qk = np.tril(kk, -1), np.tril(qk)
+                    Akk[rows, cols], Aqk[rows, cols] = kk, qk
+            for I in range(0 if gdn or safe else C // SUB):
                 rows = slice(I * SUB, (I + 1) * SUB)
                 # Diagonal sub-block: element by element (exponents G_t - G_s <= 0, s <= t).
                 diff = G[rows][:, None, :] - G[rows][None, :, :]  # [t, s, c]
@@ -217,6 +231,7 @@ def assert_close(got, want, rel=REL, what=""):
 
 
 SCALE = DK ** -0.5
+SAFE_G = 5.5  # cuda/kda_chunk_intra.cu's kSafeG
 
 
 # ---------------------------------------------------------------- CPU: the algebra
@@ -351,6 +366,37 @@ def test_chunked_batch_with_own_states(e, T):
 @pytest.mark.parametrize("T", [64, 200])
 def test_chunked_strong_decays_stay_finite_and_close(e, T):
     q, k, v, g, beta, state = inputs(T, H=2, seed=600 + T, strong=True)
+    o, s = scan_dev(e, q, k, v, g, beta, state, chunked=True)
+    co, cs = _core.kda_scan(q, k, v, g, beta, state)
+    assert_close(o, co, what="o")
+    assert_close(s, cs, what="state")
+
+
+def mixed_inputs(T=200, H=2, seed=650):
+    """Default decays, except one chunk (rows 64..127) of strong ones and one row of g = -6:
+    chunks 0 and 3 take the intra kernel's safe path (every g >= -5.5), chunks 1 and 2 the
+    element-wise diagonal."""
+    q, k, v, g, beta, state = inputs(T, H=H, seed=seed)
+    _, _, _, gs, _, _ = inputs(T, H=H, seed=seed + 1, strong=True)
+    g = g.copy()
+    g[64:128] = gs[64:128]
+    g[150, 0, 5] = -6.0
+    return q, k, v, g, beta, state
+
+
+def test_mixed_safe_chunks_tf32_emulation():
+    q, k, v, g, beta, state = mixed_inputs()
+    o, s = chunk_scan(q, k, v, g, beta, state, SCALE)
+    ro, rs = seq_scan(q, k, v, g, beta, state, SCALE)
+    assert err_rel(o, ro) < 1e-12 and err_rel(s, rs) < 1e-12
+    o, s = chunk_scan(q, k, v, g, beta, state, SCALE, dtype=np.float32, rnd=tf32)
+    co, cs = _core.kda_scan(q, k, v, g, beta, state)
+    assert max(err_rel(o, co), err_rel(s, cs)) < REL / 2
+
+
+@pytest.mark.cuda
+def test_chunked_mixed_safe_and_strong_chunks(e):
+    q, k, v, g, beta, state = mixed_inputs()
     o, s = scan_dev(e, q, k, v, g, beta, state, chunked=True)
     co, cs = _core.kda_scan(q, k, v, g, beta, state)
     assert_close(o, co, what="o")
