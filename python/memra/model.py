@@ -209,9 +209,8 @@ class Model:
 
     def _prefill_batch(self, cache: _core.Cache, slots: np.ndarray, prompts: list[np.ndarray],
                        owners: list[int] | None = None):
-        """prefill_batch of checked slots int32 [P >= 1] and prompts (int32 [T_j], ids in the
-        vocabulary), leaving the logits [P, vocab] on the engine's device; `owners`: the token
-        each slot is held with (None: none held)."""
+        """prefill_batch of checked arguments (P >= 1), the logits [P, vocab] left on the
+        engine's device; `owners`: the token each slot is held with (None: none held)."""
         with self._lock:
             owners = [0] * len(slots) if owners is None else [int(o) for o in owners]
             return batch_prefill.run(self, cache, slots, prompts, owners, "prefill_batch")
