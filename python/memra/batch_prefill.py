@@ -60,10 +60,14 @@ def check_args(model: Model, cache: _core.Cache, slots, prompts, what: str) -> t
     slots of `cache`, every token id in the vocabulary. ContractError naming the argument."""
     from .model import _ids
 
-    if isinstance(prompts, (str, bytes)) or not isinstance(prompts, (Sequence, np.ndarray)):
+    def listed(v) -> bool:  # a sequence (numpy: of rank >= 1), not a string
+        return not isinstance(v, (str, bytes)) and (isinstance(v, Sequence) or (
+            isinstance(v, np.ndarray) and v.ndim >= 1))
+
+    if not listed(prompts):
         raise ContractError(f"{what}: prompts must be a list of token id lists, got {shown(prompts)}", 40020)
     ids = [_ids(p, what, f"prompts[{i}]") for i, p in enumerate(prompts)]
-    if isinstance(slots, (str, bytes)) or not isinstance(slots, (Sequence, np.ndarray)):
+    if not listed(slots):
         raise ContractError(f"{what}: slots must be a list of slot indices, got {shown(slots)}", 40020)
     s = _ids(slots, what, "slots") if len(slots) else np.zeros(0, np.int32)
     if len(s) != len(ids):
