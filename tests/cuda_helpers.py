@@ -1,11 +1,15 @@
 """Shared helpers of the CUDA op tests (tests/test_cuda_*.py): seeded generators, float32 and
-bfloat16 conversions, bf16 Weights, CUDA engines made with given kernel options. The `e` fixture
-(a CUDA Engine per module, default options) lives in conftest.py."""
+bfloat16 conversions, bf16 Weights, CUDA engines made with given kernel options, the names of the
+kernels a call launched. The `e` fixture (a CUDA Engine per module, default options) lives in
+conftest.py."""
 
 from __future__ import annotations
 
 import atexit
 import functools
+import json
+from collections import Counter
+from pathlib import Path
 
 import ml_dtypes
 import numpy as np
@@ -79,3 +83,33 @@ def engine_with(**fields) -> memra.Engine:
     the process (a context holds tens of MB of workspaces). Arrays an op reads must come from
     the engine that runs it (each engine has its own stream)."""
     return _engine_with(tuple(sorted(fields.items())))
+
+
+# The driver carries out some of a captured graph's copy nodes as kernels of these names (seen:
+# memcpy32_post), where the eager step's cudaMemcpyAsync shows as a copy: copies, not kernels.
+DRIVER_COPY_KERNELS = ("memcpy", "memset")
+
+
+def kernel_names(fn, trace: Path) -> list[str]:
+    """The names of the CUDA kernels `fn` launched, in launch order: torch.profiler (CUDA
+    activity) written to the Chrome trace `trace`, whose kernels are the events of category
+    "kernel"; copies, memsets and the driver's copy kernels are left out. Waits for the whole
+    device before and after `fn`. Skips the test where torch is missing."""
+    torch = pytest.importorskip("torch", reason="the kernel census reads torch.profiler")
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    prof.export_chrome_trace(str(trace))
+    events = json.loads(Path(trace).read_text())
+    events = events.get("traceEvents", []) if isinstance(events, dict) else events
+    names = [str(ev.get("name")) for ev in events
+             if isinstance(ev, dict) and str(ev.get("cat", "")).lower() == "kernel"]
+    return [n for n in names if not n.startswith(DRIVER_COPY_KERNELS)]
+
+
+def kernel_census(fn, trace: Path) -> Counter:
+    """kernel_names(fn, trace) counted by name."""
+    return Counter(kernel_names(fn, trace))

@@ -27,13 +27,12 @@ Kernel check: torch.profiler lists ``score_tc_kernel`` and not ``score_tiled_ker
 
 from __future__ import annotations
 
-import json
 
 import numpy as np
 import pytest
 
 from memra import _core
-from cuda_helpers import bf16_round, f32, rng
+from cuda_helpers import bf16_round, f32, kernel_names, rng
 
 pytestmark = pytest.mark.cuda
 
@@ -137,24 +136,13 @@ def test_other_widths_keep_the_f32_scorer(e):
 
 
 def test_profiler_shows_the_tensor_core_kernel(e, tmp_path):
-    torch = pytest.importorskip("torch")
-    from torch.profiler import ProfilerActivity, profile
-
     c = Case(200, 0, *GLM, seed=2)
 
     def kernels(tc):
         args = (e.to_device(c.q), e.to_device(c.w), e.to_device(c.keys))
-        e.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            _core.kpool_score(*args, tensor_cores=tc, engine=e, **c.kw)
-            e.synchronize()
-            torch.cuda.synchronize()
-        path = tmp_path / "trace.json"
-        prof.export_chrome_trace(str(path))
-        ev = json.loads(path.read_text())
-        ev = ev.get("traceEvents", []) if isinstance(ev, dict) else ev
-        return " ".join(str(x.get("name")) for x in ev
-                        if isinstance(x, dict) and str(x.get("cat", "")).lower() == "kernel")
+        return " ".join(kernel_names(
+            lambda: (_core.kpool_score(*args, tensor_cores=tc, engine=e, **c.kw), e.synchronize()),
+            tmp_path / "trace.json"))
 
     new, old = kernels(True), kernels(False)
     assert "score_tc_kernel" in new and "score_tiled_kernel" not in new, new

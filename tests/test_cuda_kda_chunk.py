@@ -25,13 +25,12 @@ times the TF32 arm's error; the f32 sequential scan on the GPU agrees with the C
 
 from __future__ import annotations
 
-import json
 
 import numpy as np
 import pytest
 
 from memra import _core
-from cuda_helpers import bf16_round, f32, rng
+from cuda_helpers import bf16_round, f32, kernel_names, rng
 
 DK = DV = 128
 C, SUB = 64, 16
@@ -317,20 +316,7 @@ def test_chunked_prefill_state_continues_in_the_decode_step(e, T):
 
 
 def cuda_kernels(e, tmp_path, fn):
-    torch = pytest.importorskip("torch")
-    from torch.profiler import ProfilerActivity, profile
-
-    e.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        fn()
-        e.synchronize()
-        torch.cuda.synchronize()
-    path = tmp_path / "trace.json"
-    prof.export_chrome_trace(str(path))
-    events = json.loads(path.read_text())
-    events = events.get("traceEvents", []) if isinstance(events, dict) else events
-    return " ".join(str(ev.get("name")) for ev in events
-                    if isinstance(ev, dict) and str(ev.get("cat", "")).lower() == "kernel")
+    return " ".join(kernel_names(lambda: (fn(), e.synchronize()), tmp_path / "trace.json"))
 
 
 @pytest.mark.cuda

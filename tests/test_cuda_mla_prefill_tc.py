@@ -23,14 +23,13 @@ Kernel check: torch.profiler lists the decode tensor-core kernels (``decode_tc``
 
 from __future__ import annotations
 
-import json
 
 import ml_dtypes
 import numpy as np
 import pytest
 
 from memra import _core
-from cuda_helpers import bf16_bits, bf16_round, f32, rng
+from cuda_helpers import bf16_bits, bf16_round, f32, kernel_names, rng
 
 pytestmark = pytest.mark.cuda
 
@@ -186,24 +185,13 @@ def test_unsupported_geometry_keeps_the_f32_arm(e):
 
 
 def test_profiler_shows_the_tensor_core_kernel(e, tmp_path):
-    torch = pytest.importorskip("torch")
-    from torch.profiler import ProfilerActivity, profile
-
     def kernels(geom, tc):
         c = Case(70, 30, *geom, seed=1)
         args = (e.to_device(c.q), e.to_device(bf16_bits(c.cache)),
                 None if c.q_pe is None else e.to_device(c.q_pe))
-        e.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            _core.mla_attn_absorbed(*args, scale=c.scale, tensor_cores=tc, engine=e)
-            e.synchronize()
-            torch.cuda.synchronize()
-        path = tmp_path / "trace.json"
-        prof.export_chrome_trace(str(path))
-        ev = json.loads(path.read_text())
-        ev = ev.get("traceEvents", []) if isinstance(ev, dict) else ev
-        return " ".join(str(x.get("name")) for x in ev
-                        if isinstance(x, dict) and str(x.get("cat", "")).lower() == "kernel")
+        return " ".join(kernel_names(
+            lambda: (_core.mla_attn_absorbed(*args, scale=c.scale, tensor_cores=tc, engine=e),
+                     e.synchronize()), tmp_path / "trace.json"))
 
     for geom in (GLM, KIMI):
         new = kernels(geom, True)

@@ -21,14 +21,13 @@ Tolerances (rel_err = max|a - ref| / max|ref|):
 
 from __future__ import annotations
 
-import json
-from collections import Counter
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 import memra
+from cuda_helpers import kernel_census
 
 pytestmark = pytest.mark.cuda
 
@@ -242,29 +241,12 @@ def test_graph_replay_equals_eager_bytes(t: str, dtype: str) -> None:
                 == eager.generate_batch(prompts, 12, ignore_eos=True, **kw)), kw
 
 
-def kernel_census(torch, fn, trace: Path) -> Counter:
-    """The CUDA kernels `fn` launched, counted by name (torch.profiler's Chrome trace: events of
-    category "kernel"; copies and memsets are not kernels)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        fn()
-        torch.cuda.synchronize()
-    prof.export_chrome_trace(str(trace))
-    events = json.loads(trace.read_text())
-    events = events.get("traceEvents", []) if isinstance(events, dict) else events
-    return Counter(str(ev.get("name")) for ev in events
-                   if isinstance(ev, dict) and str(ev.get("cat", "")).lower() == "kernel")
-
-
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("t", GRAPH_TYPES)
 def test_every_kernel_of_the_step_is_inside_the_graph(t: str, dtype: str, tmp_path) -> None:
     # One replay of the captured greedy step launches, name for name, the kernels of one eager
     # step (DecodeRunner.step: host copies of the slots and ids, then the same body). A kernel
     # launched beside the capture, or skipped while capturing, is missing from the replay.
-    torch = pytest.importorskip("torch", reason="the kernel census reads torch.profiler")
     R = REF[t]
     slots = np.array([0, 1, 2], np.int32)
     graph, eager = fresh(t, dtype, True), fresh(t, dtype, False)
@@ -282,9 +264,9 @@ def test_every_kernel_of_the_step_is_inside_the_graph(t: str, dtype: str, tmp_pa
         g.replay()  # alone: the device commits the step, the host does not (this model is thrown away)
         graph.engine.synchronize()
 
-    kernel_census(torch, replay, tmp_path / "warm.json")  # the profiler's first session may start late
-    inside = kernel_census(torch, replay, tmp_path / "replay.json")
-    step = kernel_census(torch, lambda: (eager._runner.step(slots, toks[eager]), eager.engine.synchronize()),
+    kernel_census(replay, tmp_path / "warm.json")  # the profiler's first session may start late
+    inside = kernel_census(replay, tmp_path / "replay.json")
+    step = kernel_census(lambda: (eager._runner.step(slots, toks[eager]), eager.engine.synchronize()),
                          tmp_path / "eager.json")
     assert sum(step.values()) > 0, "the profiler recorded no kernel of the eager step"
     missing, extra = step - inside, inside - step

@@ -30,14 +30,13 @@ A small shape for ``compute-sanitizer --tool racecheck`` / ``--tool memcheck``:
 
 from __future__ import annotations
 
-import json
 
 import numpy as np
 import pytest
 
 import memra
 from memra import _core
-from cuda_helpers import bf16_weight, close_scaled, engine_with, expect, f32, rng
+from cuda_helpers import bf16_weight, close_scaled, engine_with, expect, f32, kernel_names, rng
 from moe_reference import assert_within_tc_bound
 
 pytestmark = pytest.mark.cuda
@@ -219,25 +218,13 @@ def test_moe_route_one_token_takes_the_one_launch_path(e, tmp_path):
     # Which kernels one token's routing launches (torch.profiler, CUDA activity): the router +
     # routing kernel alone at D = 1024; short rows (D = 64: the GEMV's short-row kernel) take the
     # GEMV and the routing kernel.
-    torch = pytest.importorskip("torch")
-    from torch.profiler import ProfilerActivity, profile
-
     r = rng(5)
     kw = dict(top_k=4, n_group=1, topk_group=1, norm_topk_prob=True, scaling=1.0)
 
     def kernels(D):
         x, gate = e.to_device(randn(r, 1, D)), dweight(e, randn(r, 32, D, scale=0.1))
-        e.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            _core.moe_route(x, gate, engine=e, **kw)
-            e.synchronize()
-            torch.cuda.synchronize()
-        path = tmp_path / f"trace{D}.json"  # the Chrome trace: kernels are events of category "kernel"
-        prof.export_chrome_trace(str(path))
-        events = json.loads(path.read_text())
-        events = events.get("traceEvents", []) if isinstance(events, dict) else events
-        return " ".join(str(ev.get("name")) for ev in events
-                        if isinstance(ev, dict) and str(ev.get("cat", "")).lower() == "kernel")
+        return " ".join(kernel_names(lambda: (_core.moe_route(x, gate, engine=e, **kw), e.synchronize()),
+                                     tmp_path / f"trace{D}.json"))
 
     long_rows, short_rows = kernels(1024), kernels(64)
     assert "route_decode_kernel" in long_rows and "moe_route_kernel" not in long_rows, long_rows

@@ -19,13 +19,12 @@ experts nobody chose, one expert taking every pair, and repeated ids in a token.
 
 from __future__ import annotations
 
-import json
 
 import numpy as np
 import pytest
 
 from memra import _core
-from cuda_helpers import bf16_round, engine_with, f32, rng
+from cuda_helpers import bf16_round, engine_with, f32, kernel_names, rng
 from moe_reference import assert_within_tc_bound
 
 pytestmark = pytest.mark.cuda
@@ -147,21 +146,8 @@ def test_tc_rows_do_not_depend_on_the_batch(e, T, E, D, I, k, kind):
 
 
 def kernels(e, fn, tmp_path, name):
-    """The names of the CUDA kernels fn launched (torch.profiler, CUDA activity, Chrome trace)."""
-    torch = pytest.importorskip("torch")
-    from torch.profiler import ProfilerActivity, profile
-
-    e.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        fn()
-        e.synchronize()
-        torch.cuda.synchronize()
-    path = tmp_path / f"{name}.json"
-    prof.export_chrome_trace(str(path))
-    events = json.loads(path.read_text())
-    events = events.get("traceEvents", []) if isinstance(events, dict) else events
-    return " ".join(str(ev.get("name")) for ev in events
-                    if isinstance(ev, dict) and str(ev.get("cat", "")).lower() == "kernel")
+    """The names of the CUDA kernels fn launched (tests/cuda_helpers.kernel_names)."""
+    return " ".join(kernel_names(lambda: (fn(), e.synchronize()), tmp_path / f"{name}.json"))
 
 
 def test_the_tensor_core_kernels_are_the_ones_that_ran(e, tmp_path):
