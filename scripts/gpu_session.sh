@@ -7,6 +7,7 @@
 #   build     memra with CUDA into build/dev-gpu (scripts/gpu_env.sh; kept on a warm machine)
 #   tests     the whole CUDA suite (pytest -m cuda, 4 workers) -> pytest_cuda.log
 #   tests:F   one test file or node id F (repeatable)
+#   files:F1,F2,...  those test files together (4 workers) -> files.out
 #   accuracy  benchmarks/accuracy_families.py --device cuda -> accuracy_cuda.jsonl
 #   model     bench_model_decode --quick --skip-peer, B = 1 and 32 (glm5_next)
 #   kimi qwen gdn kdapre mlapre prefill moepre moedec serve
@@ -58,6 +59,12 @@ for p in "$@"; do
       phase tests 400 env PYTHONPATH="$site" python3 -m pytest -m cuda --require-cuda -q -rf \
         -p no:cacheprovider -n 4 --durations=15 tests
       tail -3 "$OUT/tests.out" | tee -a "$OUT/summary.txt"
+      ;;
+    files:*)
+      fs=${p#files:}
+      phase files 400 env PYTHONPATH="$site" python3 -m pytest -m cuda --require-cuda -q -rf \
+        -p no:cacheprovider -n 4 ${fs//,/ }
+      tail -3 "$OUT/files.out" | tee -a "$OUT/summary.txt"
       ;;
     tests:*)
       f=${p#tests:}; n=$(basename "${f%%::*}" .py)
