@@ -7,8 +7,9 @@
 // of t's sub-block (s < r <= t: both factors <= 1) on tensor cores; the diagonal sub-blocks are
 // summed element by element in f32, unless every g of the chunk is >= -kSafeG: then r is the
 // sub-block's middle row and the diagonal blocks are tensor-core products too (fla's safe gate).
-// The exponentials (up to 100K a chunk, most of the kernel's instructions) are __expf (ex2.approx: relative error within about 1e-5 wherever the result
-// is a normal float, far under the TF32 operands' 2^-11; results below it flush to 0).
+// The exponentials (up to 100K a chunk, most of the kernel's instructions) are __expf
+// (ex2.approx: relative error within about 1e-5 wherever the result is a normal float, far under
+// the TF32 operands' 2^-11; results below it flush to 0).
 //
 // KDA reads q / k / g of the state head itself; GDN (kScalarG) reads q / k of key head h / group
 // and one g per (row, head), broadcast over the channels: the values of KDA's kernel on GDN's
