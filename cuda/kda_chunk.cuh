@@ -29,7 +29,11 @@
 // 10-bit mantissa; f32 accumulation), so the operand error is a quarter of bf16's: the bf16
 // models this form serves carry bf16-rounded weights and activations already. The cumulative
 // decay, the exponentials, the diagonal sub-blocks, the triangular inverse and the state itself
-// stay f32; the scratch between the kernels is f32.
+// stay f32. In the scratch between the kernels, the bounded operands W, KG, QG and Aqk (|q|, |k|
+// <= 1 elementwise, every decay factor <= 1) are f16: its 11-bit significand is TF32's, so the
+// mma sees the operands an f32 scratch would give it, rounded once (to nearest even instead of
+// away); values under 2^-14 lose bits as subnormals (at most 3e-8 absolute). U, D and the states
+// are not bounded and stay f32.
 #pragma once
 
 #include <cstdint>
@@ -46,20 +50,21 @@ constexpr int kDv = kScanDv;  // 128
 static_assert(kDk == kDv, "one [64, 128] tile shape for k-side and v-side scratch");
 static_assert(kC % kSub == 0 && kDk % 8 == 0, "whole mma tiles");
 
-// Scratch per (sequence, head, chunk), in floats; every part starts on a 16-byte boundary.
-//   W   [64, 128]  Tm (beta k exp(G))                       intra -> state
-//   KG  [64, 128]  k exp(G_last - G)                        intra -> state
-//   EL  [128]      exp(G_last)                              intra -> state
-//   A   [64, 192]  [QG | Aqk] (Aqk zero above the diagonal) intra -> out
-//   B   [192, 128] rows 0..127 the state entering the chunk (state -> out); rows 128..191 U
-//                  (intra -> state), which the state kernel overwrites with D (state -> out)
+// Scratch per (sequence, head, chunk); offsets in floats (an f16 tile takes half a float per
+// element); every part starts on a 16-byte boundary.
+//   W   [64, 128]  f16  Tm (beta k exp(G))                       intra -> state
+//   KG  [64, 128]  f16  k exp(G_last - G)                        intra -> state
+//   EL  [128]      f32  exp(G_last)                              intra -> state
+//   A   [64, 192]  f16  [QG | Aqk] (Aqk zero above the diagonal) intra -> out
+//   B   [192, 128] f32  rows 0..127 the state entering the chunk (state -> out); rows 128..191 U
+//                       (intra -> state), which the state kernel overwrites with D (state -> out)
 constexpr int kLdOutA = kDk + kC;  // 192: A's row length (the output GEMM's K)
-constexpr int64_t kTile = int64_t(kC) * kDk;
+constexpr int64_t kTileH = int64_t(kC) * kDk / 2;  // a [64, 128] f16 tile, in floats
 constexpr int64_t kOffW = 0;
-constexpr int64_t kOffKG = kTile;
-constexpr int64_t kOffEl = 2 * kTile;
+constexpr int64_t kOffKG = kTileH;
+constexpr int64_t kOffEl = 2 * kTileH;
 constexpr int64_t kOffA = kOffEl + kDk;
-constexpr int64_t kOffB = kOffA + int64_t(kC) * kLdOutA;
+constexpr int64_t kOffB = kOffA + int64_t(kC) * kLdOutA / 2;
 constexpr int64_t kOffU = kOffB + int64_t(kDk) * kDv;  // B's rows 128..191
 constexpr int64_t kChunkFloats = kOffB + int64_t(kLdOutA) * kDv;
 static_assert(kOffKG % 4 == 0 && kOffEl % 4 == 0 && kOffA % 4 == 0 && kOffB % 4 == 0 &&
@@ -82,6 +87,20 @@ __device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4],
       "{%8, %9}, {%0, %1, %2, %3};"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// An f16 value as a TF32 operand: exact (f16's significand has TF32's 11 bits), no cvt.
+__device__ __forceinline__ uint32_t tf32_h(__half x) { return __float_as_uint(__half2float(x)); }
+
+// A fragment of rows r0.., columns k0.. of a row-major f16 smem tile (conflict free for
+// ld / 2 % 32 == 4, or for the ld / 2 = 20 of the output kernel's slices: lanes g = 0..7 land
+// on words 20 g mod 32, eight distinct pairs).
+__device__ __forceinline__ void load_a_h(uint32_t (&a)[4], const __half* s, int ld, int r0,
+                                         int k0, int g, int q) {
+  a[0] = tf32_h(s[(r0 + g) * ld + k0 + q]);
+  a[1] = tf32_h(s[(r0 + g + 8) * ld + k0 + q]);
+  a[2] = tf32_h(s[(r0 + g) * ld + k0 + q + 4]);
+  a[3] = tf32_h(s[(r0 + g + 8) * ld + k0 + q + 4]);
 }
 
 // A fragment of rows r0.., columns k0.. of a row-major smem tile (conflict free for ld % 32 == 4).

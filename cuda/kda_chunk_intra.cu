@@ -1,7 +1,7 @@
 // KDA area, chunked delta-rule form (cuda/kda_chunk.cuh has the algebra and the scratch layout):
 // the intra-chunk kernel, every chunk in parallel. It forms the chunk's Akk and Aqk, the
 // triangular inverse Tm = (I + Akk)^-1, then W = Tm (beta k exp(G)), U = Tm (beta v), and the
-// elementwise tiles KG, QG and exp(G_last), all into the chunk's scratch.
+// elementwise tiles KG, QG and exp(G_last), all into the chunk's scratch (W, KG, QG, Aqk f16).
 //
 // The 16-row sub-blocks off the diagonal take exp(G_t - G_r) exp(G_r - G_s) with r the first row
 // of t's sub-block (s < r <= t: both factors <= 1) on tensor cores; the diagonal sub-blocks are
@@ -43,7 +43,7 @@ struct IntraSmem {
 constexpr int kXFloats = 3 * kSub * (kSub + 1);  // the block inverse's per-level products
 static_assert(kC * kLdA <= kC * kLd, "Tm fits q's tile");
 static_assert(kC * kLdA + kXFloats <= kC * kLd, "Akk and x fit G's tile");
-static_assert(kC * kC <= kTile, "Akk's parking place in the W slot");
+static_assert(kC * kC <= kTileH, "Akk's parking place (f32) in the W slot");
 
 // One block per (sequence b, head h, chunk c): blockIdx.x = (b * H + h) * nc + c.
 template <bool kScalarG>
@@ -74,8 +74,9 @@ __global__ void __launch_bounds__(kThreads, 2)
   float* const tm = sm.q;
   float* const akk = sm.G;
   float* const x = sm.G + kC * kLdA;
-  float* const akk_g = out + kOffW;        // Akk [64, 64] until W overwrites it
-  float* const aqk_g = out + kOffA + kDk;  // Aqk: columns 128.. of the A tile (ld kLdOutA)
+  float* const akk_g = out + kOffW;  // Akk [64, 64] f32 until W overwrites it
+  __half* const a_h = reinterpret_cast<__half*>(out + kOffA);  // [QG | Aqk], ld kLdOutA
+  __half* const aqk_h = a_h + kDk;
 
   // Inputs (rows past L read as zeros: they add nothing anywhere).
   float gmin = 0.f;
@@ -123,15 +124,17 @@ __global__ void __launch_bounds__(kThreads, 2)
   for (int i = tid; i < kC * kDk; i += kThreads) {
     const int r = i / kDk, ch = i % kDk;
     const float gr = sm.G[r * kLd + ch], gl = sm.G[(kC - 1) * kLd + ch];
-    out[kOffA + r * kLdOutA + ch] = __fmul_rn(__fmul_rn(sm.q[r * kLd + ch], scale), expf(gr));
-    out[kOffKG + i] = __fmul_rn(sm.k[r * kLd + ch], expf(__fsub_rn(gl, gr)));
+    a_h[r * kLdOutA + ch] =
+        __float2half_rn(__fmul_rn(__fmul_rn(sm.q[r * kLd + ch], scale), expf(gr)));
+    reinterpret_cast<__half*>(out + kOffKG)[i] =
+        __float2half_rn(__fmul_rn(sm.k[r * kLd + ch], expf(__fsub_rn(gl, gr))));
     if (r == 0) out[kOffEl + ch] = expf(gl);
   }
 
   // Aqk is zero above the diagonal (the output GEMM multiplies the whole tile).
   for (int i = tid; i < kC * kC; i += kThreads) {
     const int r = i / kC, s = i % kC;
-    if (s > r) aqk_g[r * kLdOutA + s] = 0.f;
+    if (s > r) aqk_h[r * kLdOutA + s] = __float2half_rn(0.f);
   }
 
   if constexpr (!kScalarG) {
@@ -165,7 +168,7 @@ __global__ void __launch_bounds__(kThreads, 2)
       }
       if (lane == 0) {
         if (j < i) akk_g[t * kC + s] = sm.beta[t] * skk;
-        aqk_g[t * kLdOutA + s] = scale * sqk;
+        aqk_h[t * kLdOutA + s] = __float2half_rn(scale * sqk);
       }
     }
 
@@ -208,7 +211,7 @@ __global__ void __launch_bounds__(kThreads, 2)
         const int t = rb + gq + (e >> 1) * 8, s = n0 + 2 * qq + (e & 1);
         if (s <= t) {
           if (s < t) akk_g[t * kC + s] = sm.beta[t] * dk4[e];
-          aqk_g[t * kLdOutA + s] = scale * dq4[e];
+          aqk_h[t * kLdOutA + s] = __float2half_rn(scale * dq4[e]);
         }
       }
     }
@@ -239,7 +242,7 @@ __global__ void __launch_bounds__(kThreads, 2)
         if (s <= t) {
           const float f = expf(sm.G[t * kLd] - sm.G[s * kLd]);
           if (s < t) akk_g[t * kC + s] = sm.beta[t] * (dk4[e] * f);
-          aqk_g[t * kLdOutA + s] = scale * (dq4[e] * f);
+          aqk_h[t * kLdOutA + s] = __float2half_rn(scale * (dq4[e] * f));
         }
       }
     }
@@ -317,7 +320,6 @@ __global__ void __launch_bounds__(kThreads, 2)
   // comes from global memory (each v row a 32-byte sector per lane group; rows past L are zero).
   {
     const int mi = warp & 3;
-    float* dst = out + (warp < 4 ? kOffW : kOffU);
     float acc[kDk / 8][4];
 #pragma unroll
     for (int n = 0; n < kDk / 8; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
@@ -349,8 +351,16 @@ __global__ void __launch_bounds__(kThreads, 2)
 #pragma unroll
     for (int n = 0; n < kDk / 8; ++n) {
       const int r = mi * kSub + gq, col = n * 8 + 2 * qq;
-      *reinterpret_cast<float2*>(dst + r * kDk + col) = make_float2(acc[n][0], acc[n][1]);
-      *reinterpret_cast<float2*>(dst + (r + 8) * kDk + col) = make_float2(acc[n][2], acc[n][3]);
+      if (warp < 4) {  // W, f16 (after every read of Akk's parking place: barriers above)
+        __half* w = reinterpret_cast<__half*>(out + kOffW);
+        *reinterpret_cast<__half2*>(w + r * kDk + col) = __floats2half2_rn(acc[n][0], acc[n][1]);
+        *reinterpret_cast<__half2*>(w + (r + 8) * kDk + col) =
+            __floats2half2_rn(acc[n][2], acc[n][3]);
+      } else {  // U, f32
+        float* u = out + kOffU;
+        *reinterpret_cast<float2*>(u + r * kDv + col) = make_float2(acc[n][0], acc[n][1]);
+        *reinterpret_cast<float2*>(u + (r + 8) * kDv + col) = make_float2(acc[n][2], acc[n][3]);
+      }
     }
   }
 }

@@ -2,7 +2,7 @@
 // the output, every chunk in parallel once the state kernel has written each chunk's entering
 // state S and D: O = QG S + Aqk D = [QG | Aqk] [S ; D], one [64, 192] x [192, 128] product per
 // chunk (fla's chunk_fwd_o). K runs in slices of 32 through a cp.async double buffer, so each
-// block streams its 144 KB of operands once while the previous slice multiplies.
+// block streams its 120 KB of operands (A f16, B f32) once while the previous slice multiplies.
 #include "kda_chunk.cuh"
 
 using memra::cuda::cp_async_16;
@@ -15,23 +15,24 @@ namespace {
 constexpr int kThreads = 256;        // 8 warps: 4 row tiles x 2 column halves
 constexpr int kKs = 32;              // K slice
 constexpr int kSlices = kLdOutA / kKs;
-constexpr int kLdA = kKs + 4;        // A slice [64, 32]: row-major A fragments, ld % 32 == 4
-constexpr int kLdB = kDv + 8;        // B slice [32, 128]: B fragments, ld % 32 == 8
+constexpr int kLdA = kKs + 8;        // A slice [64, 32] f16: 40 halves (80-byte rows)
+constexpr int kLdB = kDv + 8;        // B slice [32, 128] f32: B fragments, ld % 32 == 8
 static_assert(kLdOutA % kKs == 0 && kKs % 8 == 0, "whole slices of whole mma steps");
-static_assert(kLdA % 32 == 4 && kLdB % 32 == 8, "conflict-free fragments");
+static_assert(kLdA == 40 && kLdB % 32 == 8, "conflict-free fragments (load_a_h's note)");
 static_assert(kThreads == 4 * 64 && kC == 4 * kSub && kDv == 2 * 64, "warp roles below");
 
 struct OutSmem {
-  float a[2][kC * kLdA];
+  __half a[2][kC * kLdA];
   float b[2][kKs * kLdB];
 };
 
 __device__ __forceinline__ void load_slice(OutSmem& sm, int buf, const float* in, int s,
                                            int tid) {
-  constexpr int kVecA = kKs / 4, kVecB = kDv / 4;  // float4 per row
+  constexpr int kVecA = kKs / 8, kVecB = kDv / 4;  // 16-byte pieces per row
+  const __half* a = reinterpret_cast<const __half*>(in + kOffA);
   for (int i = tid; i < kC * kVecA; i += kThreads) {
-    const int r = i / kVecA, c4 = i % kVecA;
-    cp_async_16(&sm.a[buf][r * kLdA + 4 * c4], in + kOffA + r * kLdOutA + s * kKs + 4 * c4);
+    const int r = i / kVecA, c8 = i % kVecA;
+    cp_async_16(&sm.a[buf][r * kLdA + 8 * c8], a + r * kLdOutA + s * kKs + 8 * c8);
   }
   for (int i = tid; i < kKs * kVecB; i += kThreads) {
     const int r = i / kVecB, c4 = i % kVecB;
@@ -80,7 +81,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int k0 = 0; k0 < kKs; k0 += 8) {
       uint32_t a[4];
-      load_a(a, sm.a[buf], kLdA, mi, k0, gq, qq);
+      load_a_h(a, sm.a[buf], kLdA, mi, k0, gq, qq);
 #pragma unroll
       for (int n = 0; n < 8; ++n) {
         uint32_t bb[2];

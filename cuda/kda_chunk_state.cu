@@ -20,27 +20,32 @@ namespace {
 constexpr int kThreads = 512;         // 16 warps
 constexpr int kDvb = 64;              // state columns per block
 constexpr int kParts = kDv / kDvb;    // blocks per (sequence, head)
-constexpr int kLdW = kDk + 4;         // W: row-major A fragments, ld % 32 == 4
-constexpr int kLdK = kDk + 8;         // KG: read transposed (A[m][t] = KG[t][m]), ld % 32 == 8
+// W and KG tiles are f16, rows of 136 halves (68 words: 16-byte aligned rows for cp.async).
+// W's row-major A fragments: lanes g = 0..7 land on words 68 g + {0, 1} = 4 g + {0, 1} mod 32.
+// KG read transposed (A[m][t] = KG[t][m]): lanes q = 0..3 on words 4 q + g / 2 mod 32.
+constexpr int kLdH = kDk + 8;
 constexpr int kLdS = kDvb + 8;        // S [128, 64] and D [64, 64]: B fragments, ld % 32 == 8
-static_assert(kLdW % 32 == 4 && kLdK % 32 == 8 && kLdS % 32 == 8, "conflict-free fragments");
+static_assert((kLdH / 2) % 32 == 4 && (kLdH * 2) % 16 == 0 && kLdS % 32 == 8,
+              "conflict-free fragments, aligned rows");
 static_assert((kThreads / 32) == 16 && kDk == 8 * kSub && kC == 4 * kSub && kDvb == 64,
               "warp roles below: 8 x 2 state tiles, 4 x 4 D tiles");
 
 struct StateSmem {
-  float w[2][kC * kLdW];   // W of this chunk / the next (double buffer)
-  float kg[2][kC * kLdK];  // KG likewise
+  __half w[2][kC * kLdH];   // W of this chunk / the next (double buffer)
+  __half kg[2][kC * kLdH];  // KG likewise
   float s[kDk * kLdS];     // the state entering the chunk (B operand of W S)
   float d[kC * kLdS];      // D (B operand of KG^T D)
 };
 
 // cp.async of chunk `in`'s W and KG tiles into buffer `buf` (every thread its share).
 __device__ __forceinline__ void prefetch(StateSmem& sm, int buf, const float* in, int tid) {
-  constexpr int kVec = kDk / 4;  // float4 per row
+  constexpr int kVec = kDk / 8;  // 16-byte pieces per row
+  const __half* w = reinterpret_cast<const __half*>(in + kOffW);
+  const __half* kg = reinterpret_cast<const __half*>(in + kOffKG);
   for (int i = tid; i < kC * kVec; i += kThreads) {
-    const int r = i / kVec, c4 = i % kVec;
-    cp_async_16(&sm.w[buf][r * kLdW + 4 * c4], in + kOffW + r * kDk + 4 * c4);
-    cp_async_16(&sm.kg[buf][r * kLdK + 4 * c4], in + kOffKG + r * kDk + 4 * c4);
+    const int r = i / kVec, c8 = i % kVec;
+    cp_async_16(&sm.w[buf][r * kLdH + 8 * c8], w + r * kDk + 8 * c8);
+    cp_async_16(&sm.kg[buf][r * kLdH + 8 * c8], kg + r * kDk + 8 * c8);
   }
 }
 
@@ -119,11 +124,11 @@ __global__ void __launch_bounds__(kThreads, 1)
 
     // D = U - W S.
     float dacc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
-    const float* w = sm.w[buf];
+    const __half* w = sm.w[buf];
 #pragma unroll 4
     for (int k0 = 0; k0 < kDk; k0 += 8) {
       uint32_t a[4];
-      load_a(a, w, kLdW, dm, k0, gq, qq);
+      load_a_h(a, w, kLdH, dm, k0, gq, qq);
 #pragma unroll
       for (int n = 0; n < 2; ++n) {
         uint32_t bb[2];
@@ -152,14 +157,14 @@ __global__ void __launch_bounds__(kThreads, 1)
       S[n][2] *= e_hi;
       S[n][3] *= e_hi;
     }
-    const float* kg = sm.kg[buf];
+    const __half* kg = sm.kg[buf];
 #pragma unroll 2
     for (int k0 = 0; k0 < kC; k0 += 8) {
       uint32_t a[4];
-      a[0] = tf32(kg[(k0 + qq) * kLdK + m0 + gq]);
-      a[1] = tf32(kg[(k0 + qq) * kLdK + m0 + gq + 8]);
-      a[2] = tf32(kg[(k0 + qq + 4) * kLdK + m0 + gq]);
-      a[3] = tf32(kg[(k0 + qq + 4) * kLdK + m0 + gq + 8]);
+      a[0] = tf32_h(kg[(k0 + qq) * kLdH + m0 + gq]);
+      a[1] = tf32_h(kg[(k0 + qq) * kLdH + m0 + gq + 8]);
+      a[2] = tf32_h(kg[(k0 + qq + 4) * kLdH + m0 + gq]);
+      a[3] = tf32_h(kg[(k0 + qq + 4) * kLdH + m0 + gq + 8]);
 #pragma unroll
       for (int n = 0; n < 4; ++n) {
         uint32_t bb[2];

@@ -84,10 +84,16 @@ def block_inverse(A):
     return Tm
 
 
+def f16(x):
+    """x rounded to float16 (to nearest even; the kernels' scratch for W, KG, QG, Aqk)."""
+    return np.asarray(x, np.float32).astype(np.float16).astype(np.float32)
+
+
 def chunk_scan(q, k, v, g, beta, state, scale, dtype=np.float64, rnd=lambda x: x, gdn=False):
     """The kernels' chunk algebra (cuda/kda_chunk*.cu), per head and 64-row chunk; rows past T
     are zeros. dtype float64 with rnd = identity: exact algebra; float32 with rnd = tf32: the
-    kernels' arithmetic (mma operands rounded to TF32, f32 accumulation). gdn: g equal over the
+    kernels' arithmetic (mma operands rounded to TF32, f32 accumulation; W, KG, QG and Aqk
+    through their f16 scratch, which TF32 then holds exactly). gdn: g equal over the
     channels (GDN's decay broadcast), the A's formed as GDN's instantiation does (k k^T and
     q k^T, then exp(G_t - G_s) per element)."""
     T, H, dk = q.shape
@@ -145,12 +151,13 @@ def chunk_scan(q, k, v, g, beta, state, scale, dtype=np.float64, rnd=lambda x: x
             Akk *= bc[:, None]
             Aqk *= dtype(scale)
             Tm = block_inverse(Akk)
-            W = mm(Tm, bc[:, None] * kc * np.exp(G))
+            store = f16 if rnd is tf32 else (lambda x: x)  # noqa: E731
+            W = store(mm(Tm, bc[:, None] * kc * np.exp(G)))
             U = mm(Tm, bc[:, None] * vc)
-            QG = dtype(scale) * qc * np.exp(G)
-            KG = kc * np.exp(G[-1] - G)
+            QG = store(dtype(scale) * qc * np.exp(G))
+            KG = store(kc * np.exp(G[-1] - G))
             D = U - mm(W, S)
-            O = mm(QG, S) + mm(Aqk, D)
+            O = mm(QG, S) + mm(store(Aqk), D)
             S = np.exp(G[-1])[:, None] * S + mm(KG.T, D)
             o[t0:t0 + L, h] = O[:L]
         S_out[h] = S
