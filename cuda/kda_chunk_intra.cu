@@ -45,6 +45,36 @@ static_assert(kC * kLdA <= kC * kLd, "Tm fits q's tile");
 static_assert(kC * kLdA + kXFloats <= kC * kLd, "Akk and x fit G's tile");
 static_assert(kC * kC <= kTileH, "Akk's parking place (f32) in the W slot");
 
+// The tensor-core sub-block products of the A's, per warp: row block I (16 rows) and `count`
+// consecutive column tiles of 8 from tile `first` (tile n covers columns 8 n..). With J <= I
+// (safe chunks, GDN) row block I has 2 I + 2 tiles, 20 in all: I = 3 over warps 0-2 (3, 3, 2
+// tiles), I = 2 over 3-4 (3, 3), I = 1 over 5-6 (2, 2), I = 0 warp 7 (2). With J < I, 2 I
+// tiles, 12 in all: I = 3 over warps 0-2, I = 2 over 3-4, I = 1 warp 5, two tiles each.
+constexpr int kMaxTiles = 3;
+__device__ __forceinline__ void tile_plan(bool with_diagonal, int warp, int& I, int& first,
+                                          int& count) {
+  if (with_diagonal) {
+    if (warp < 3) {
+      I = 3, first = 3 * warp, count = warp < 2 ? 3 : 2;
+    } else if (warp < 5) {
+      I = 2, first = 3 * (warp - 3), count = 3;
+    } else if (warp < 7) {
+      I = 1, first = 2 * (warp - 5), count = 2;
+    } else {
+      I = 0, first = 0, count = 2;
+    }
+  } else {
+    if (warp < 3) {
+      I = 3, first = 2 * warp, count = 2;
+    } else if (warp < 5) {
+      I = 2, first = 2 * (warp - 3), count = 2;
+    } else {
+      I = 1, first = 0, count = warp == 5 ? 2 : 0;
+    }
+  }
+}
+static_assert(kThreads == 256, "tile_plan's eight warps");
+
 // One block per (sequence b, head h, chunk c): blockIdx.x = (b * H + h) * nc + c.
 template <bool kScalarG>
 __global__ void __launch_bounds__(kThreads, 2)
@@ -172,25 +202,23 @@ __global__ void __launch_bounds__(kThreads, 2)
       }
     }
 
-    // Sub-blocks on tensor cores, a warp per task (a block pair x a column half). Row t of block
-    // I meets column s of block J through exp(G_t - G_r) exp(G_r - G_s), r a reference row of
-    // block I. A safe chunk: r = 16 I + 8 for every J <= I (the products above the diagonal
-    // are dropped). Otherwise J < I with r = 16 I (s < r <= t: both factors <= 1).
-    const int ntasks = safe ? 20 : 12;
-    for (int task = warp; task < ntasks; task += kThreads / 32) {
-      const int pair = task >> 1, half = task & 1;
-      int I, J;
-      if (safe) {
-        I = pair < 1 ? 0 : (pair < 3 ? 1 : (pair < 6 ? 2 : 3));
-        J = pair - (I * (I + 1)) / 2;
-      } else {
-        I = pair < 1 ? 1 : (pair < 3 ? 2 : 3);
-        J = pair - (I * (I - 1)) / 2;
+    // Sub-blocks on tensor cores. Row t of block I meets column s of block J through
+    // exp(G_t - G_r) exp(G_r - G_s), r a reference row of block I. A safe chunk: r = 16 I + 8
+    // for every J <= I (the products above the diagonal are dropped). Otherwise J < I with
+    // r = 16 I (s < r <= t: both factors <= 1). A warp forms its row block's A operands once
+    // per k-step for all its column tiles (tile_plan).
+    int I, first, count;
+    tile_plan(safe, warp, I, first, count);
+    if (count > 0) {
+      const int rb = I * kSub, r = rb + (safe ? kSub / 2 : 0);
+      float dk4[kMaxTiles][4], dq4[kMaxTiles][4];
+#pragma unroll
+      for (int j = 0; j < kMaxTiles; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) dk4[j][e] = dq4[j][e] = 0.f;
       }
-      const int rb = I * kSub, r = rb + (safe ? kSub / 2 : 0), n0 = J * kSub + half * 8;
-      float dk4[4] = {0.f, 0.f, 0.f, 0.f}, dq4[4] = {0.f, 0.f, 0.f, 0.f};
       for (int k0 = 0; k0 < kDk; k0 += 8) {
-        uint32_t ak[4], aq[4], bb[2];
+        uint32_t ak[4], aq[4];
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int t = rb + gq + (e & 1) * 8, ch = k0 + qq + (e >> 1) * 4;
@@ -199,50 +227,76 @@ __global__ void __launch_bounds__(kThreads, 2)
           aq[e] = tf32(sm.q[t * kLd + ch] * f);
         }
 #pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int s = n0 + gq, ch = k0 + qq + e * 4;
-          bb[e] = tf32(sm.k[s * kLd + ch] * __expf(sm.G[r * kLd + ch] - sm.G[s * kLd + ch]));
+        for (int j = 0; j < kMaxTiles; ++j) {
+          if (j < count) {  // warp-uniform
+            const int s = 8 * (first + j) + gq;
+            uint32_t bb[2];
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const int ch = k0 + qq + e * 4;
+              bb[e] = tf32(sm.k[s * kLd + ch] * __expf(sm.G[r * kLd + ch] - sm.G[s * kLd + ch]));
+            }
+            mma_tf32(dk4[j], ak, bb);
+            mma_tf32(dq4[j], aq, bb);
+          }
         }
-        mma_tf32(dk4, ak, bb);
-        mma_tf32(dq4, aq, bb);
       }
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int t = rb + gq + (e >> 1) * 8, s = n0 + 2 * qq + (e & 1);
-        if (s <= t) {
-          if (s < t) akk_g[t * kC + s] = sm.beta[t] * dk4[e];
-          aqk_h[t * kLdOutA + s] = __float2half_rn(scale * dq4[e]);
+      for (int j = 0; j < kMaxTiles; ++j) {
+        if (j < count) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int t = rb + gq + (e >> 1) * 8, s = 8 * (first + j) + 2 * qq + (e & 1);
+            if (s <= t) {
+              if (s < t) akk_g[t * kC + s] = sm.beta[t] * dk4[j][e];
+              aqk_h[t * kLdOutA + s] = __float2half_rn(scale * dq4[j][e]);
+            }
+          }
         }
       }
     }
   } else {
     // GDN: one decay per (row, head), so exp(G_t - G_s) leaves the channel sums: Akk and Aqk are
-    // k k^T and q k^T on tensor cores, each element then scaled by its exp(G_t - G_s) (s <= t:
-    // exponent <= 0). A warp per task: the 10 sub-blocks J <= I x 2 column halves. Channel 0 of
-    // the G tile holds the head's G.
-    for (int task = warp; task < 20; task += kThreads / 32) {
-      const int pair = task >> 1, half = task & 1;
-      const int I = pair < 1 ? 0 : (pair < 3 ? 1 : (pair < 6 ? 2 : 3));
-      const int J = pair - (I * (I + 1)) / 2;
-      const int r0 = I * kSub, n0 = J * kSub + half * 8;
-      float dk4[4] = {0.f, 0.f, 0.f, 0.f}, dq4[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll 4
-      for (int k0 = 0; k0 < kDk; k0 += 8) {
-        uint32_t ak[4], aq[4], bb[2];
-        load_a(ak, sm.k, kLd, r0, k0, gq, qq);
-        load_a(aq, sm.q, kLd, r0, k0, gq, qq);
-        bb[0] = tf32(sm.k[(n0 + gq) * kLd + k0 + qq]);  // B(channel, s) = k_s[channel]
-        bb[1] = tf32(sm.k[(n0 + gq) * kLd + k0 + qq + 4]);
-        mma_tf32(dk4, ak, bb);
-        mma_tf32(dq4, aq, bb);
-      }
+    // k k^T and q k^T on tensor cores over the sub-blocks J <= I (tile_plan's safe plan), each
+    // element then scaled by its exp(G_t - G_s) (s <= t: exponent <= 0). Channel 0 of the G
+    // tile holds the head's G.
+    int I, first, count;
+    tile_plan(true, warp, I, first, count);
+    const int r0 = I * kSub;
+    float dk4[kMaxTiles][4], dq4[kMaxTiles][4];
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int t = r0 + gq + (e >> 1) * 8, s = n0 + 2 * qq + (e & 1);
-        if (s <= t) {
-          const float f = expf(sm.G[t * kLd] - sm.G[s * kLd]);
-          if (s < t) akk_g[t * kC + s] = sm.beta[t] * (dk4[e] * f);
-          aqk_h[t * kLdOutA + s] = __float2half_rn(scale * (dq4[e] * f));
+    for (int j = 0; j < kMaxTiles; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) dk4[j][e] = dq4[j][e] = 0.f;
+    }
+#pragma unroll 2
+    for (int k0 = 0; k0 < kDk; k0 += 8) {
+      uint32_t ak[4], aq[4];
+      load_a(ak, sm.k, kLd, r0, k0, gq, qq);
+      load_a(aq, sm.q, kLd, r0, k0, gq, qq);
+#pragma unroll
+      for (int j = 0; j < kMaxTiles; ++j) {
+        if (j < count) {
+          const int s = 8 * (first + j) + gq;
+          uint32_t bb[2];
+          bb[0] = tf32(sm.k[s * kLd + k0 + qq]);  // B(channel, s) = k_s[channel]
+          bb[1] = tf32(sm.k[s * kLd + k0 + qq + 4]);
+          mma_tf32(dk4[j], ak, bb);
+          mma_tf32(dq4[j], aq, bb);
+        }
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kMaxTiles; ++j) {
+      if (j < count) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int t = r0 + gq + (e >> 1) * 8, s = 8 * (first + j) + 2 * qq + (e & 1);
+          if (s <= t) {
+            const float f = expf(sm.G[t * kLd] - sm.G[s * kLd]);
+            if (s < t) akk_g[t * kC + s] = sm.beta[t] * (dk4[j][e] * f);
+            aqk_h[t * kLdOutA + s] = __float2half_rn(scale * (dq4[j][e] * f));
+          }
         }
       }
     }
