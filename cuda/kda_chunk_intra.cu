@@ -149,18 +149,6 @@ __global__ void __launch_bounds__(kThreads, 2)
   }
   __syncthreads();
 
-  // scale q exp(G), k exp(G_last - G) (rows past L are zeros; G_last = G of row L - 1, which
-  // the zero-padded rows repeat up to row 63) and exp(G_last).
-  for (int i = tid; i < kC * kDk; i += kThreads) {
-    const int r = i / kDk, ch = i % kDk;
-    const float gr = sm.G[r * kLd + ch], gl = sm.G[(kC - 1) * kLd + ch];
-    a_h[r * kLdOutA + ch] =
-        __float2half_rn(__fmul_rn(__fmul_rn(sm.q[r * kLd + ch], scale), expf(gr)));
-    reinterpret_cast<__half*>(out + kOffKG)[i] =
-        __float2half_rn(__fmul_rn(sm.k[r * kLd + ch], expf(__fsub_rn(gl, gr))));
-    if (r == 0) out[kOffEl + ch] = expf(gl);
-  }
-
   // Aqk is zero above the diagonal (the output GEMM multiplies the whole tile).
   for (int i = tid; i < kC * kC; i += kThreads) {
     const int r = i / kC, s = i % kC;
@@ -303,11 +291,20 @@ __global__ void __launch_bounds__(kThreads, 2)
   }
   __syncthreads();
 
-  // beta k exp(G) over k (k's other uses are done); then G is dead and Akk (its strictly lower
-  // part, the only part the inverse reads) comes back into G's tile.
+  // Once the A's have read k: scale q exp(G) and k exp(G_last - G) to scratch (f16; rows past L
+  // are zeros; G_last = G of row L - 1, which the zero-padded rows repeat up to row 63),
+  // exp(G_last), and beta k exp(G) over k (each element read and written by one thread). Then
+  // G is dead and Akk (its strictly lower part, the only part the inverse reads) comes back into
+  // G's tile. The stored factors are f16 or TF32 operands: __expf's error does not show.
+  __half* const kg_h = reinterpret_cast<__half*>(out + kOffKG);
   for (int i = tid; i < kC * kDk; i += kThreads) {
     const int r = i / kDk, ch = i % kDk;
-    sm.k[r * kLd + ch] = sm.beta[r] * sm.k[r * kLd + ch] * expf(sm.G[r * kLd + ch]);
+    const float gr = sm.G[r * kLd + ch], gl = sm.G[(kC - 1) * kLd + ch];
+    const float eg = __expf(gr), kv = sm.k[r * kLd + ch];
+    a_h[r * kLdOutA + ch] = __float2half_rn(__fmul_rn(__fmul_rn(sm.q[r * kLd + ch], scale), eg));
+    kg_h[i] = __float2half_rn(__fmul_rn(kv, __expf(__fsub_rn(gl, gr))));
+    if (r == 0) out[kOffEl + ch] = expf(gl);  // the state's decay: the accurate exp
+    sm.k[r * kLd + ch] = sm.beta[r] * kv * eg;
   }
   __syncthreads();
   for (int i = tid; i < kC * kC; i += kThreads) {
