@@ -1,4 +1,4 @@
-"""The chunked (WY / UT) delta-rule form on tensor cores (cuda/kda_chunk.cu; ``kda_scan`` /
+"""The chunked (WY / UT) delta-rule form on tensor cores (cuda/kda_chunk*.cu; ``kda_scan`` /
 ``gdn_scan`` with ``chunked=True``, the bf16 models' prefill) against the sequential scan.
 
 Two parts:
