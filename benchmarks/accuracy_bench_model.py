@@ -24,6 +24,27 @@ rows:   per T one JSON line per candidate, its logits [T, vocab] against the tru
           ratio = rel_err / the yardstick's, ratio_last_row likewise, pass_2x = ratio <= 2 (and
           the ratios to transformers_bf16keep);
         - memra_f32: dtype="float32" (the CUDA-core / sequential arms); --skip-memra-f32.
+ties:   memra_f32's rows also say whether its divergence is explained by ties in a discrete
+        choice (record field f32_divergence_explained_by_ties, details in dsa_lists /
+        dsa_first_differ). memra breaks a tie in the DSA pool top-k to the lower pool index
+        (cpu/dsa.h kpool_select); torch.topk picks any of the tied pools. A pool whose relu(q.k)
+        is 0 on every indexer head scores exactly 0, so several pools can tie at 0 exactly at
+        the select_k boundary (the tiny model, 4 heads: T = 48, layer 3, row 42); with more heads
+        a near tie within f32 rounding (memra and torch sum in other orders) can flip a pool too.
+        One flipped pool moves that row and, through the KDA state and the later DSA layers,
+        every later row.
+        How: forward hooks on the truth's full DSA indexers keep transformers' index_scores
+        [T, pools] (recomputed from the hook's inputs by the indexer's own expressions:
+        indexer_scores; one more [T, heads, pools] f32 temporary, 2 GB at 8K, as the indexer's
+        own; its time is in truth_T*_s) and its lists; memra's lists come from
+        Model.index_lists (one more prefill). Per DSA layer, the rows whose complete-pool sets
+        differ; a row is "comparable" while no earlier DSA layer differed at or before it (else
+        its input already differs); a comparable row is an exact tie when every pool in the
+        symmetric difference scores exactly the row's select_k-th score, a near tie when within
+        1e-5 of the row's max|score|. Explained = the logits agree (<= 1e-4) on every row before
+        the first comparable differing row and every comparable differing row is a (near) tie;
+        None when no row is over 1e-4. MoE expert flips are not listed: a flip before the first
+        DSA one shows as an earlier row over 1e-4, which makes the verdict False.
 arms:   one more memra bf16 call at the smallest T under torch.profiler: which tensor-core kernels
         ran (tests/test_cuda_tc_arms.py's names: routed experts, KDA chunks, MLA prefill attention,
         indexer scorer) and whether any of the CUDA-core kernels they replace did
@@ -70,6 +91,91 @@ def rel_errs(torch, x, truth) -> tuple[float, float, dict]:
              "rows_over_1e-2": int((rows > 1e-2).sum()), "worst_row": int(rows.argmax()),
              "first_row_over_1e-4": int(over[0]) if over.numel() else None}
     return float(rows.max()), last, where
+
+
+def indexer_scores(torch, ind, hidden_states, q_resid, attention_mask):
+    """transformers' index_scores [T, pools] of one Glm5NextTextIndexer call without a cache
+    (batch 1), by the forward's own expressions (modeling_glm5_next.py, Glm5NextTextIndexer.forward
+    up to the valid_candidates mask): same kernels, same shapes, so the same f32 values."""
+    F = torch.nn.functional
+    B, S = hidden_states.shape[:2]
+    q = ind.wq_b(q_resid).view(B, S, -1, ind.head_dim)
+    k = ind.k_norm(ind.wk(hidden_states)).view(B, S, -1, ind.head_dim).squeeze(2)
+    gate = F.linear(hidden_states, ind.index_kpool_compress_gate)
+    packed = torch.cat([k, gate, attention_mask.to(k.dtype)[..., None]], dim=-1)
+    pool_keys, _, _ = ind.get_pooled_states(packed_states=packed)
+    scores = F.relu(torch.matmul(q.float(), pool_keys.transpose(-1, -2).float().unsqueeze(1))
+                    * ind.softmax_scale)
+    weights = ind.weights_proj(hidden_states.to(ind.weights_proj.weight.dtype)).float()
+    weights = weights * (ind.n_heads**-0.5)
+    return torch.matmul(weights.unsqueeze(-2), scores).squeeze(-2)[0]
+
+
+def capture_indexers(torch, model, store: dict) -> list:
+    """Forward hooks on the truth's full DSA indexers: store[layer] = (index_scores [T, pools]
+    f32, the index lists [T, width] int32, index_kpool, select_k budget index_topk // kpool)."""
+    lm = model.model.language_model
+    handles = []
+    for i, layer in enumerate(lm.layers):
+        ind = getattr(layer.self_attn, "indexer", None)
+        if ind is None:
+            continue
+
+        def hook(m, args, kwargs, out, i=i):
+            s = indexer_scores(torch, m, kwargs["hidden_states"], kwargs["q_resid"],
+                               kwargs["attention_mask"])
+            store[i] = (s, out[0], m.index_kpool, m.index_topk // m.index_kpool)
+
+        handles.append(ind.register_forward_hook(hook, with_kwargs=True))
+    return handles
+
+
+def tie_check(torch, tf: dict, lists: dict, first_over: int | None, tol: float = 1e-5) -> dict:
+    """Whether memra f32's divergence is explained by ties in the DSA pool top-k (the docstring's
+    "ties"). tf: capture_indexers' store; lists: Model.index_lists' {layer: [T, width]}."""
+    out, first, bound, untied = {}, None, None, 0
+    for L in sorted(tf):
+        s, tl, pool, budget = tf[L]
+        T, P = s.shape
+        dev = s.device
+        r = torch.arange(T, device=dev)[:, None]
+
+        def pools(lst):  # [T, P] bool: the complete pools a list holds (tail rows left out)
+            lst = lst.long()
+            keep = (lst >= 0) & (lst // pool < (r + 1) // pool)
+            m = torch.zeros(T, P + 1, dtype=torch.bool, device=dev)
+            m.scatter_(1, torch.where(keep, lst // pool, P), True)
+            return m[:, :P]
+
+        d = pools(torch.from_numpy(lists[L]).to(dev)) ^ pools(tl)
+        rows = d.any(1).nonzero().flatten()
+        comp = rows if bound is None else rows[rows < bound]
+        rec = {"rows_differ": int(rows.numel()), "first_row": int(rows[0]) if rows.numel() else None,
+               "comparable": int(comp.numel()), "exact_ties": 0, "near_ties": 0}
+        if comp.numel():
+            vis = (torch.arange(P, device=dev)[None] + 1) * pool - 1 <= comp[:, None]
+            sr = s[comp].masked_fill(~vis, float("-inf"))
+            kth = sr.topk(min(budget, P), dim=1).values[:, -1:]
+            scale = sr.masked_fill(~vis, 0).abs().amax(1, keepdim=True)
+            dd = d[comp]
+            exact = ((sr == kth) | ~dd).all(1)
+            near = (((sr - kth).abs() <= tol * scale) | ~dd).all(1) & ~exact
+            rec["exact_ties"], rec["near_ties"] = int(exact.sum()), int(near.sum())
+            untied += int(comp.numel()) - rec["exact_ties"] - rec["near_ties"]
+            r0 = int(comp[0])
+            if first is None or r0 < first["row"]:
+                ps = dd[0].nonzero().flatten()[:8].tolist()
+                first = {"layer": L, "row": r0, "kth_score": float(kth[0]).hex(),
+                         "differing_pools": {str(p): float(sr[0, p]).hex() for p in ps}}
+        if rows.numel():
+            bound = int(rows[0]) if bound is None else min(bound, int(rows[0]))
+        out[str(L)] = rec
+    if first_over is None:
+        verdict = None
+    else:
+        verdict = first is not None and untied == 0 and first_over >= first["row"]
+    return {"dsa_lists": out, "dsa_first_differ": first, "dsa_untied_rows": untied,
+            "f32_divergence_explained_by_ties": verdict}
 
 
 def check_exact_f32(torch, b: Bench) -> None:
@@ -161,12 +267,16 @@ def main() -> int:
     model = Glm5NextForConditionalGeneration.from_pretrained(
         folder, dtype=torch.float32, attn_implementation="eager", **kw).to(dev).eval()
     times["truth_load_s"] = round(time.perf_counter() - t0, 1)
-    truth = {}
+    truth, tf_dsa = {}, {}
     for T in lengths:
         check_exact_f32(torch, b)
+        tf_dsa[T] = {}
+        hooks = [] if args.skip_memra_f32 else capture_indexers(torch, model, tf_dsa[T])
         t0 = time.perf_counter()
         truth[T] = tf_logits(torch, model, prompts[T], dev).float()
         b.sync()
+        for h in hooks:
+            h.remove()
         times[f"truth_T{T}_s"] = round(time.perf_counter() - t0, 2)
         log(f"accuracy_bench_model: truth T={T} in {times[f'truth_T{T}_s']} s, max|logit| "
             f"{float(truth[T].abs().max()):.3f}")
@@ -203,8 +313,12 @@ def main() -> int:
         for T in lengths:
             x = torch.from_numpy(m.logits(prompts[T])).to(dev)
             err, last, where = rel_errs(torch, x, truth[T])
-            errs[T][tag] = (err, last, int(x[-1].argmax()), where)
+            x_argmax = int(x[-1].argmax())
             del x
+            if tag == "memra_f32":
+                where = {**where, **tie_check(torch, tf_dsa.pop(T), m.index_lists(prompts[T]),
+                                              where["first_row_over_1e-4"])}
+            errs[T][tag] = (err, last, int(x_argmax), where)
         if dtype == "bfloat16" and not args.no_profile:
             from torch.profiler import ProfilerActivity, profile
             m.engine.synchronize()
