@@ -16,6 +16,9 @@
 // expanded heads, without materialising them.
 #include "kda_chunk.cuh"
 
+using memra::cuda::cp_async_16;
+using memra::cuda::cp_async_commit;
+using memra::cuda::cp_async_wait;
 using memra::cuda::launch_status;
 
 namespace {
@@ -30,20 +33,26 @@ constexpr int kThreads = 256;   // 8 warps
 constexpr float kSafeG = 5.5f;
 
 // Three [64, 128] tiles, each reused once its first content is dead, so two blocks fit an SM
-// (one block's serial phases: the cumulative sum, the inverse's substitution, hide under the
-// other's): Akk leaves the block through the W slot of its scratch (read back once G is dead),
-// Aqk goes straight to scratch, and U's B operand (beta v) is read from global memory.
+// (one block's serial phases hide under the other's): Akk leaves the block through the W slot
+// of its scratch and comes back into q's tile next to Tm once q is dead; v (U's B operand)
+// streams into G's tile with cp.async while the inverse runs, so no global latency sits in the
+// W / U products.
+constexpr int kXFloats = 3 * kSub * (kSub + 1);  // the block inverse's per-level products
 struct IntraSmem {
   float k[kC * kLd];  // k; after the A's: beta k exp(G)
-  float q[kC * kLd];  // q; after the A's: Tm = (I + Akk)^-1 [64, kLdA]
-  float G[kC * kLd];  // cumulative log decay; once dead: Akk [64, kLdA], then the inverse's x
+  float q[kC * kLd];  // q; after the A's: Tm = (I + Akk)^-1 [64, kLdA], then Akk [64, 64]
+  float G[kC * kLd];  // cumulative log decay; once dead: v [64, kLd]
+  float x[kXFloats];
   float beta[kC];
-  float gmin[kThreads / 32];  // each warp's smallest g (KDA)
+  float gmin[kThreads / 32];  // each cumulative-sum warp's smallest g (KDA)
 };
-constexpr int kXFloats = 3 * kSub * (kSub + 1);  // the block inverse's per-level products
-static_assert(kC * kLdA <= kC * kLd, "Tm fits q's tile");
-static_assert(kC * kLdA + kXFloats <= kC * kLd, "Akk and x fit G's tile");
+static_assert(kC * kLdA + kC * kC <= kC * kLd, "Tm and Akk fit q's tile");
 static_assert(kC * kC <= kTileH, "Akk's parking place (f32) in the W slot");
+static_assert((kC * kLdA) % 4 == 0 && (kLd * 4) % 16 == 0, "aligned Akk, cp.async rows");
+
+// Akk (row r, column s) in q's tile: row stride 64, the halves of odd rows swapped, so the two
+// rows a warp of the level products reads (rows 2 i, 2 i + 1) sit in different banks.
+__device__ __forceinline__ int akk_at(int r, int s) { return r * kC + (s ^ ((r & 1) << 4)); }
 
 // The tensor-core sub-block products of the A's, per warp: row block I (16 rows) and `count`
 // consecutive column tiles of 8 from tile `first` (tile n covers columns 8 n..). With J <= I
@@ -102,52 +111,59 @@ __global__ void __launch_bounds__(kThreads, 2)
   const float* kh = p.k + n0 * p.ld_qk + int64_t(h / p.group) * kDk;
   const float* vh = p.v + n0 * p.ld_v + int64_t(h) * kDv;
   float* const tm = sm.q;
-  float* const akk = sm.G;
-  float* const x = sm.G + kC * kLdA;
+  float* const akk = sm.q + kC * kLdA;  // [64, 64] (akk_at)
+  float* const x = sm.x;
+  float* const sv = sm.G;  // v, once G is dead
   float* const akk_g = out + kOffW;  // Akk [64, 64] f32 until W overwrites it
   __half* const a_h = reinterpret_cast<__half*>(out + kOffA);  // [QG | Aqk], ld kLdOutA
   __half* const aqk_h = a_h + kDk;
 
-  // Inputs (rows past L read as zeros: they add nothing anywhere).
-  float gmin = 0.f;
+  // Inputs, every tile with cp.async (all of a thread's copies in flight at once; the host
+  // side guarantees 16-byte aligned rows: kda_scan.cu, gdn.cu); rows past L are zero-filled
+  // (they add nothing anywhere). GDN's g is one value per row, broadcast over the channels.
   for (int i = tid; i < kC * (kDk / 4); i += kThreads) {
     const int r = i / (kDk / 4), c4 = i % (kDk / 4);
-    float4 kk = make_float4(0.f, 0.f, 0.f, 0.f), qq4 = kk, gg = kk;
-    if (r < L) {
-      const int64_t off = int64_t(r) * p.ld_qk;
-      kk = __ldg(reinterpret_cast<const float4*>(kh + off) + c4);
-      qq4 = __ldg(reinterpret_cast<const float4*>(qh + off) + c4);
-      const int64_t gi = (n0 + r) * H + h;
-      if constexpr (kScalarG) {
-        const float gs = __ldg(p.g + gi);
-        gg = make_float4(gs, gs, gs, gs);
-      } else {
-        gg = __ldg(reinterpret_cast<const float4*>(p.g + gi * kDk) + c4);
-        gmin = fminf(gmin, fminf(fminf(gg.x, gg.y), fminf(gg.z, gg.w)));
-      }
+    const bool in = r < L;
+    const int64_t off = int64_t(in ? r : 0) * p.ld_qk + 4 * c4;
+    const int bytes = in ? 16 : 0;
+    cp_async_16(&sm.k[r * kLd + 4 * c4], kh + off, bytes);
+    cp_async_16(&sm.q[r * kLd + 4 * c4], qh + off, bytes);
+    const int64_t gi = (n0 + (in ? r : 0)) * H + h;
+    if constexpr (kScalarG) {
+      const float gs = in ? __ldg(p.g + gi) : 0.f;
+      *reinterpret_cast<float4*>(&sm.G[r * kLd + 4 * c4]) = make_float4(gs, gs, gs, gs);
+    } else {
+      cp_async_16(&sm.G[r * kLd + 4 * c4], p.g + gi * kDk + 4 * c4, bytes);
     }
-    *reinterpret_cast<float4*>(&sm.k[r * kLd + 4 * c4]) = kk;
-    *reinterpret_cast<float4*>(&sm.q[r * kLd + 4 * c4]) = qq4;
-    *reinterpret_cast<float4*>(&sm.G[r * kLd + 4 * c4]) = gg;
   }
+  cp_async_commit();
   if (tid < kC) sm.beta[tid] = tid < L ? __ldg(p.beta + (n0 + tid) * H + h) : 0.f;
+  cp_async_wait<0>();
+  __syncthreads();
+
+  // G: the inclusive cumulative sum over the chunk's rows, one channel per thread of warps 0-3,
+  // the column in registers (its loads all in flight, then the chain of adds); the smallest g
+  // of the chunk on the way (KDA's safe gate; the zero rows past L change no decision).
+  static_assert(kDk == 4 * 32, "the cumulative sum's four warps");
+  if (tid < kDk) {
+    float gv[kC];
 #pragma unroll
-  for (int o = 16; o > 0; o >>= 1) gmin = fminf(gmin, __shfl_xor_sync(0xffffffffu, gmin, o));
-  if (lane == 0) sm.gmin[warp] = gmin;
+    for (int r = 0; r < kC; ++r) gv[r] = sm.G[r * kLd + tid];
+    float acc = 0.f, gmin = 0.f;
+#pragma unroll
+    for (int r = 0; r < kC; ++r) {
+      gmin = fminf(gmin, gv[r]);
+      acc = __fadd_rn(acc, gv[r]);
+      sm.G[r * kLd + tid] = acc;
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) gmin = fminf(gmin, __shfl_xor_sync(0xffffffffu, gmin, o));
+    if (lane == 0) sm.gmin[warp] = gmin;
+  }
   __syncthreads();
   bool safe = !kScalarG;  // block-uniform
 #pragma unroll
-  for (int w = 0; w < kThreads / 32; ++w) safe = safe && sm.gmin[w] >= -kSafeG;
-
-  // G: the inclusive cumulative sum over the chunk's rows, one channel per thread.
-  if (tid < kDk) {
-    float acc = 0.f;
-    for (int r = 0; r < kC; ++r) {
-      acc = __fadd_rn(acc, sm.G[r * kLd + tid]);
-      sm.G[r * kLd + tid] = acc;
-    }
-  }
-  __syncthreads();
+  for (int w = 0; w < kDk / 32; ++w) safe = safe && sm.gmin[w] >= -kSafeG;
 
   // Aqk is zero above the diagonal (the output GEMM multiplies the whole tile).
   for (int i = tid; i < kC * kC; i += kThreads) {
@@ -307,30 +323,37 @@ __global__ void __launch_bounds__(kThreads, 2)
     sm.k[r * kLd + ch] = sm.beta[r] * kv * eg;
   }
   __syncthreads();
+  // G and q are dead: v streams into G's tile (waited for before the W / U products) while Akk
+  // comes back and the inverse runs.
+  for (int i = tid; i < kC * (kDv / 4); i += kThreads) {
+    const int r = i / (kDv / 4), c4 = i % (kDv / 4);
+    const bool in = r < L;
+    cp_async_16(&sv[r * kLd + 4 * c4], vh + int64_t(in ? r : 0) * p.ld_v + 4 * c4, in ? 16 : 0);
+  }
+  cp_async_commit();
   for (int i = tid; i < kC * kC; i += kThreads) {
     const int r = i / kC, s = i % kC;
-    if (s < r) akk[r * kLdA + s] = akk_g[r * kC + s];  // written by this block: no __ldg
+    if (s < r) akk[akk_at(r, s)] = akk_g[r * kC + s];  // written by this block: no __ldg
   }
   __syncthreads();
 
   // (I + Akk)^-1, unit lower triangular, in f32 (over q: no longer read). The four diagonal
-  // 16 x 16 blocks by forward substitution (warps 0-3, a lane per column; each lane reads only
-  // its own column back); every element of those blocks is written.
-  if (warp < 4) {
-    if (lane < kSub) {
-      const int base = warp * kSub, col = base + lane;
-      for (int i = 0; i < kSub; ++i) {
-        const int row = base + i;
-        float xv = 0.f;
-        if (i == lane) {
-          xv = 1.f;
-        } else if (i > lane) {
-          for (int m = lane; m < i; ++m) {
-            xv -= akk[row * kLdA + base + m] * tm[(base + m) * kLdA + col];
-          }
-        }
-        tm[row * kLdA + col] = xv;
-      }
+  // 16 x 16 blocks by forward substitution (warps 0-3, a lane per column, the column in
+  // registers: the chain is the adds alone); every element of those blocks is written. The
+  // column's entries above the diagonal are zeros, so the sums may start at m = 0: each term
+  // m < lane subtracts an exact zero.
+  if (warp < 4 && lane < kSub) {
+    const int base = warp * kSub, col = base + lane;
+    float tc[kSub];
+#pragma unroll
+    for (int i = 0; i < kSub; ++i) {
+      const int row = base + i;
+      float xv = 0.f;
+#pragma unroll
+      for (int m = 0; m < i; ++m) xv -= akk[akk_at(row, base + m)] * tc[m];
+      xv = i < lane ? 0.f : (i == lane ? 1.f : xv);
+      tc[i] = xv;
+      tm[row * kLdA + col] = xv;
     }
   }
   __syncthreads();
@@ -346,7 +369,7 @@ __global__ void __launch_bounds__(kThreads, 2)
         float acc = 0.f;
         for (int M = J; M < I; ++M) {
           for (int m = 0; m < kSub; ++m) {
-            acc += akk[(I * kSub + ri) * kLdA + M * kSub + m] *
+            acc += akk[akk_at(I * kSub + ri, M * kSub + m)] *
                    tm[(M * kSub + m) * kLdA + J * kSub + ci];
           }
         }
@@ -365,10 +388,12 @@ __global__ void __launch_bounds__(kThreads, 2)
       __syncthreads();
     }
   }
+  cp_async_wait<0>();  // v
+  __syncthreads();
 
   // W = Tm (beta k exp(G)) (warps 0-3), U = Tm (beta v) (warps 4-7); warp w's rows 16 (w % 4)..,
-  // all 128 columns; Tm is lower triangular, so k runs to the block's last row. U's B operand
-  // comes from global memory (each v row a 32-byte sector per lane group; rows past L are zero).
+  // all 128 columns; Tm is lower triangular, so k runs to the block's last row (v's rows past L
+  // are zeros, and so is their beta).
   {
     const int mi = warp & 3;
     float acc[kDk / 8][4];
@@ -386,15 +411,14 @@ __global__ void __launch_bounds__(kThreads, 2)
         }
       } else {
         const int s0 = k0 + qq, s1 = s0 + 4;
-        const bool in0 = s0 < L, in1 = s1 < L;
         const float b0 = sm.beta[s0], b1 = sm.beta[s1];
-        const float* v0 = vh + int64_t(in0 ? s0 : 0) * p.ld_v + gq;
-        const float* v1 = vh + int64_t(in1 ? s1 : 0) * p.ld_v + gq;
+        const float* v0 = sv + s0 * kLd + gq;
+        const float* v1 = sv + s1 * kLd + gq;
 #pragma unroll
         for (int n = 0; n < kDv / 8; ++n) {
           uint32_t bb[2];
-          bb[0] = tf32(in0 ? b0 * __ldg(v0 + n * 8) : 0.f);
-          bb[1] = tf32(in1 ? b1 * __ldg(v1 + n * 8) : 0.f);
+          bb[0] = tf32(b0 * v0[n * 8]);
+          bb[1] = tf32(b1 * v1[n * 8]);
           mma_tf32(acc[n], a, bb);
         }
       }
