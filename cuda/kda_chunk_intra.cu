@@ -391,50 +391,58 @@ __global__ void __launch_bounds__(kThreads, 2)
   cp_async_wait<0>();  // v
   __syncthreads();
 
-  // W = Tm (beta k exp(G)) (warps 0-3), U = Tm (beta v) (warps 4-7); warp w's rows 16 (w % 4)..,
-  // all 128 columns; Tm is lower triangular, so k runs to the block's last row (v's rows past L
-  // are zeros, and so is their beta).
+  // W = Tm (beta k exp(G)) (warps 0-3), U = Tm (beta v) (warps 4-7). Tm is lower triangular,
+  // so row block I's products run over k < 16 (I + 1): 2 (I + 1) k-steps. A warp takes row
+  // blocks {0, 3} or {1, 2} (10 k-steps either way) for one half of the columns, so every warp
+  // carries the same work (v's rows past L are zeros, and so is their beta).
   {
-    const int mi = warp & 3;
-    float acc[kDk / 8][4];
+    const bool is_w = warp < 4;
+    const int pair = (warp >> 1) & 1, n0 = (warp & 1) * (kDk / 16);  // n0: first column tile
+#pragma unroll 1
+    for (int blk = 0; blk < 2; ++blk) {
+      const int mi = pair == 0 ? (blk == 0 ? 3 : 0) : (blk == 0 ? 2 : 1);
+      float acc[kDk / 16][4];
 #pragma unroll
-    for (int n = 0; n < kDk / 8; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
-    for (int k0 = 0; k0 < (mi + 1) * kSub; k0 += 8) {
-      uint32_t a[4];
-      load_a(a, tm, kLdA, mi * kSub, k0, gq, qq);
-      if (warp < 4) {
+      for (int n = 0; n < kDk / 16; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
+      for (int k0 = 0; k0 < (mi + 1) * kSub; k0 += 8) {
+        uint32_t a[4];
+        load_a(a, tm, kLdA, mi * kSub, k0, gq, qq);
+        if (is_w) {
 #pragma unroll
-        for (int n = 0; n < kDk / 8; ++n) {
-          uint32_t bb[2];
-          load_b(bb, sm.k, kLd, k0, n * 8, gq, qq);
-          mma_tf32(acc[n], a, bb);
-        }
-      } else {
-        const int s0 = k0 + qq, s1 = s0 + 4;
-        const float b0 = sm.beta[s0], b1 = sm.beta[s1];
-        const float* v0 = sv + s0 * kLd + gq;
-        const float* v1 = sv + s1 * kLd + gq;
+          for (int n = 0; n < kDk / 16; ++n) {
+            uint32_t bb[2];
+            load_b(bb, sm.k, kLd, k0, (n0 + n) * 8, gq, qq);
+            mma_tf32(acc[n], a, bb);
+          }
+        } else {
+          const int s0 = k0 + qq, s1 = s0 + 4;
+          const float b0 = sm.beta[s0], b1 = sm.beta[s1];
+          const float* v0 = sv + s0 * kLd + n0 * 8 + gq;
+          const float* v1 = sv + s1 * kLd + n0 * 8 + gq;
 #pragma unroll
-        for (int n = 0; n < kDv / 8; ++n) {
-          uint32_t bb[2];
-          bb[0] = tf32(b0 * v0[n * 8]);
-          bb[1] = tf32(b1 * v1[n * 8]);
-          mma_tf32(acc[n], a, bb);
+          for (int n = 0; n < kDv / 16; ++n) {
+            uint32_t bb[2];
+            bb[0] = tf32(b0 * v0[n * 8]);
+            bb[1] = tf32(b1 * v1[n * 8]);
+            mma_tf32(acc[n], a, bb);
+          }
         }
       }
-    }
 #pragma unroll
-    for (int n = 0; n < kDk / 8; ++n) {
-      const int r = mi * kSub + gq, col = n * 8 + 2 * qq;
-      if (warp < 4) {  // W, f16 (after every read of Akk's parking place: barriers above)
-        __half* w = reinterpret_cast<__half*>(out + kOffW);
-        *reinterpret_cast<__half2*>(w + r * kDk + col) = __floats2half2_rn(acc[n][0], acc[n][1]);
-        *reinterpret_cast<__half2*>(w + (r + 8) * kDk + col) =
-            __floats2half2_rn(acc[n][2], acc[n][3]);
-      } else {  // U, f32
-        float* u = out + kOffU;
-        *reinterpret_cast<float2*>(u + r * kDv + col) = make_float2(acc[n][0], acc[n][1]);
-        *reinterpret_cast<float2*>(u + (r + 8) * kDv + col) = make_float2(acc[n][2], acc[n][3]);
+      for (int n = 0; n < kDk / 16; ++n) {
+        const int r = mi * kSub + gq, col = (n0 + n) * 8 + 2 * qq;
+        if (is_w) {  // W, f16 (after every read of Akk's parking place: barriers above)
+          __half* w = reinterpret_cast<__half*>(out + kOffW);
+          *reinterpret_cast<__half2*>(w + r * kDk + col) =
+              __floats2half2_rn(acc[n][0], acc[n][1]);
+          *reinterpret_cast<__half2*>(w + (r + 8) * kDk + col) =
+              __floats2half2_rn(acc[n][2], acc[n][3]);
+        } else {  // U, f32
+          float* u = out + kOffU;
+          *reinterpret_cast<float2*>(u + r * kDv + col) = make_float2(acc[n][0], acc[n][1]);
+          *reinterpret_cast<float2*>(u + (r + 8) * kDv + col) =
+              make_float2(acc[n][2], acc[n][3]);
+        }
       }
     }
   }
