@@ -33,11 +33,14 @@ constexpr int kThreads = 256;   // 8 warps
 constexpr float kSafeG = 5.5f;
 
 // Three [64, 128] tiles, each reused once its first content is dead, so two blocks fit an SM
-// (one block's serial phases hide under the other's): Akk leaves the block through the W slot
-// of its scratch and comes back into q's tile next to Tm once q is dead; v (U's B operand)
-// streams into G's tile with cp.async while the inverse runs, so no global latency sits in the
-// W / U products.
-constexpr int kXFloats = 3 * kSub * (kSub + 1);  // the block inverse's per-level products
+// (one block's serial phases hide under the other's): Akk waits in registers (the tensor-core
+// tiles) and in x (an unsafe chunk's element-wise diagonal sub-blocks) until q is dead, then
+// goes next to Tm in q's tile; v (U's B operand) streams into G's tile with cp.async while the
+// inverse runs, so no global latency sits in the W / U products.
+// x: the diagonal sub-blocks [64, 16] (row t, column 16 (t / 16) + j), then the block
+// inverse's per-level products.
+constexpr int kXFloats = kC * kSub;
+static_assert(3 * kSub * (kSub + 1) <= kXFloats, "the per-level products fit x");
 struct IntraSmem {
   float k[kC * kLd];  // k; after the A's: beta k exp(G)
   float q[kC * kLd];  // q; after the A's: Tm = (I + Akk)^-1 [64, kLdA], then Akk [64, 64]
@@ -47,7 +50,6 @@ struct IntraSmem {
   float gmin[kThreads / 32];  // each cumulative-sum warp's smallest g (KDA)
 };
 static_assert(kC * kLdA + kC * kC <= kC * kLd, "Tm and Akk fit q's tile");
-static_assert(kC * kC <= kTileH, "Akk's parking place (f32) in the W slot");
 static_assert((kC * kLdA) % 4 == 0 && (kLd * 4) % 16 == 0, "aligned Akk, cp.async rows");
 
 // Akk (row r, column s) in q's tile: row stride 64, the halves of odd rows swapped, so the two
@@ -114,7 +116,6 @@ __global__ void __launch_bounds__(kThreads, 2)
   float* const akk = sm.q + kC * kLdA;  // [64, 64] (akk_at)
   float* const x = sm.x;
   float* const sv = sm.G;  // v, once G is dead
-  float* const akk_g = out + kOffW;  // Akk [64, 64] f32 until W overwrites it
   __half* const a_h = reinterpret_cast<__half*>(out + kOffA);  // [QG | Aqk], ld kLdOutA
   __half* const aqk_h = a_h + kDk;
 
@@ -171,6 +172,13 @@ __global__ void __launch_bounds__(kThreads, 2)
     if (s > r) aqk_h[r * kLdOutA + s] = __float2half_rn(0.f);
   }
 
+  // Akk's tensor-core tiles, beta applied, stay in registers until q's tile is dead (tile_plan).
+  int I, first, count;
+  tile_plan(kScalarG || safe, warp, I, first, count);
+  float dk4[kMaxTiles][4];
+#pragma unroll
+  for (int j = 0; j < kMaxTiles; ++j) dk4[j][0] = dk4[j][1] = dk4[j][2] = dk4[j][3] = 0.f;
+
   if constexpr (!kScalarG) {
     // Diagonal sub-blocks of a chunk that is not safe, element by element: a warp per (t, s)
     // pair (s <= t: 136 a block), a lane per 4 channels.
@@ -201,7 +209,7 @@ __global__ void __launch_bounds__(kThreads, 2)
         sqk += __shfl_xor_sync(0xffffffffu, sqk, o);
       }
       if (lane == 0) {
-        if (j < i) akk_g[t * kC + s] = sm.beta[t] * skk;
+        if (j < i) x[t * kSub + j] = sm.beta[t] * skk;
         aqk_h[t * kLdOutA + s] = __float2half_rn(scale * sqk);
       }
     }
@@ -211,16 +219,11 @@ __global__ void __launch_bounds__(kThreads, 2)
     // for every J <= I (the products above the diagonal are dropped). Otherwise J < I with
     // r = 16 I (s < r <= t: both factors <= 1). A warp forms its row block's A operands once
     // per k-step for all its column tiles (tile_plan).
-    int I, first, count;
-    tile_plan(safe, warp, I, first, count);
     if (count > 0) {
       const int rb = I * kSub, r = rb + (safe ? kSub / 2 : 0);
-      float dk4[kMaxTiles][4], dq4[kMaxTiles][4];
+      float dq4[kMaxTiles][4];
 #pragma unroll
-      for (int j = 0; j < kMaxTiles; ++j) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) dk4[j][e] = dq4[j][e] = 0.f;
-      }
+      for (int j = 0; j < kMaxTiles; ++j) dq4[j][0] = dq4[j][1] = dq4[j][2] = dq4[j][3] = 0.f;
       for (int k0 = 0; k0 < kDk; k0 += 8) {
         uint32_t ak[4], aq[4];
 #pragma unroll
@@ -252,7 +255,7 @@ __global__ void __launch_bounds__(kThreads, 2)
           for (int e = 0; e < 4; ++e) {
             const int t = rb + gq + (e >> 1) * 8, s = 8 * (first + j) + 2 * qq + (e & 1);
             if (s <= t) {
-              if (s < t) akk_g[t * kC + s] = sm.beta[t] * dk4[j][e];
+              if (s < t) dk4[j][e] = sm.beta[t] * dk4[j][e];
               aqk_h[t * kLdOutA + s] = __float2half_rn(scale * dq4[j][e]);
             }
           }
@@ -264,15 +267,10 @@ __global__ void __launch_bounds__(kThreads, 2)
     // k k^T and q k^T on tensor cores over the sub-blocks J <= I (tile_plan's safe plan), each
     // element then scaled by its exp(G_t - G_s) (s <= t: exponent <= 0). Channel 0 of the G
     // tile holds the head's G.
-    int I, first, count;
-    tile_plan(true, warp, I, first, count);
     const int r0 = I * kSub;
-    float dk4[kMaxTiles][4], dq4[kMaxTiles][4];
+    float dq4[kMaxTiles][4];
 #pragma unroll
-    for (int j = 0; j < kMaxTiles; ++j) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) dk4[j][e] = dq4[j][e] = 0.f;
-    }
+    for (int j = 0; j < kMaxTiles; ++j) dq4[j][0] = dq4[j][1] = dq4[j][2] = dq4[j][3] = 0.f;
 #pragma unroll 2
     for (int k0 = 0; k0 < kDk; k0 += 8) {
       uint32_t ak[4], aq[4];
@@ -298,7 +296,7 @@ __global__ void __launch_bounds__(kThreads, 2)
           const int t = r0 + gq + (e >> 1) * 8, s = 8 * (first + j) + 2 * qq + (e & 1);
           if (s <= t) {
             const float f = expf(sm.G[t * kLd] - sm.G[s * kLd]);
-            if (s < t) akk_g[t * kC + s] = sm.beta[t] * (dk4[j][e] * f);
+            if (s < t) dk4[j][e] = sm.beta[t] * (dk4[j][e] * f);
             aqk_h[t * kLdOutA + s] = __float2half_rn(scale * (dq4[j][e] * f));
           }
         }
@@ -309,9 +307,8 @@ __global__ void __launch_bounds__(kThreads, 2)
 
   // Once the A's have read k: scale q exp(G) and k exp(G_last - G) to scratch (f16; rows past L
   // are zeros; G_last = G of row L - 1, which the zero-padded rows repeat up to row 63),
-  // exp(G_last), and beta k exp(G) over k (each element read and written by one thread). Then
-  // G is dead and Akk (its strictly lower part, the only part the inverse reads) comes back into
-  // G's tile. The stored factors are f16 or TF32 operands: __expf's error does not show.
+  // exp(G_last), and beta k exp(G) over k (each element read and written by one thread). The
+  // stored factors are f16 or TF32 operands: __expf's error does not show.
   __half* const kg_h = reinterpret_cast<__half*>(out + kOffKG);
   for (int i = tid; i < kC * kDk; i += kThreads) {
     const int r = i / kDk, ch = i % kDk;
@@ -324,16 +321,30 @@ __global__ void __launch_bounds__(kThreads, 2)
   }
   __syncthreads();
   // G and q are dead: v streams into G's tile (waited for before the W / U products) while Akk
-  // comes back and the inverse runs.
+  // goes into q's tile and the inverse runs.
   for (int i = tid; i < kC * (kDv / 4); i += kThreads) {
     const int r = i / (kDv / 4), c4 = i % (kDv / 4);
     const bool in = r < L;
     cp_async_16(&sv[r * kLd + 4 * c4], vh + int64_t(in ? r : 0) * p.ld_v + 4 * c4, in ? 16 : 0);
   }
   cp_async_commit();
-  for (int i = tid; i < kC * kC; i += kThreads) {
-    const int r = i / kC, s = i % kC;
-    if (s < r) akk[akk_at(r, s)] = akk_g[r * kC + s];  // written by this block: no __ldg
+  // Akk's strictly lower part (the only part the inverse reads): every warp's tensor-core tiles
+  // from its registers, an unsafe chunk's diagonal sub-blocks from x.
+#pragma unroll
+  for (int j = 0; j < kMaxTiles; ++j) {
+    if (j < count) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int t = I * kSub + gq + (e >> 1) * 8, s = 8 * (first + j) + 2 * qq + (e & 1);
+        if (s < t) akk[akk_at(t, s)] = dk4[j][e];
+      }
+    }
+  }
+  if (!kScalarG && !safe) {
+    for (int i = tid; i < kC * kSub; i += kThreads) {
+      const int t = i / kSub, j = i % kSub;
+      if (j < t % kSub) akk[akk_at(t, (t / kSub) * kSub + j)] = x[i];
+    }
   }
   __syncthreads();
 
@@ -431,7 +442,7 @@ __global__ void __launch_bounds__(kThreads, 2)
 #pragma unroll
       for (int n = 0; n < kDk / 16; ++n) {
         const int r = mi * kSub + gq, col = (n0 + n) * 8 + 2 * qq;
-        if (is_w) {  // W, f16 (after every read of Akk's parking place: barriers above)
+        if (is_w) {  // W, f16
           __half* w = reinterpret_cast<__half*>(out + kOffW);
           *reinterpret_cast<__half2*>(w + r * kDk + col) =
               __floats2half2_rn(acc[n][0], acc[n][1]);
