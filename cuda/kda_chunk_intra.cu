@@ -224,6 +224,7 @@ __global__ void __launch_bounds__(kThreads, 2)
       float dq4[kMaxTiles][4];
 #pragma unroll
       for (int j = 0; j < kMaxTiles; ++j) dq4[j][0] = dq4[j][1] = dq4[j][2] = dq4[j][3] = 0.f;
+#pragma unroll 2
       for (int k0 = 0; k0 < kDk; k0 += 8) {
         uint32_t ak[4], aq[4];
 #pragma unroll
@@ -310,14 +311,32 @@ __global__ void __launch_bounds__(kThreads, 2)
   // exp(G_last), and beta k exp(G) over k (each element read and written by one thread). The
   // stored factors are f16 or TF32 operands: __expf's error does not show.
   __half* const kg_h = reinterpret_cast<__half*>(out + kOffKG);
-  for (int i = tid; i < kC * kDk; i += kThreads) {
-    const int r = i / kDk, ch = i % kDk;
-    const float gr = sm.G[r * kLd + ch], gl = sm.G[(kC - 1) * kLd + ch];
-    const float eg = __expf(gr), kv = sm.k[r * kLd + ch];
-    a_h[r * kLdOutA + ch] = __float2half_rn(__fmul_rn(__fmul_rn(sm.q[r * kLd + ch], scale), eg));
-    kg_h[i] = __float2half_rn(__fmul_rn(kv, __expf(__fsub_rn(gl, gr))));
-    if (r == 0) out[kOffEl + ch] = expf(gl);  // the state's decay: the accurate exp
-    sm.k[r * kLd + ch] = sm.beta[r] * kv * eg;
+  // A thread keeps one channel and takes every other row, its loads for four rows issued
+  // together (the stores to k would otherwise order them one row at a time).
+  {
+    constexpr int kRowStep = kThreads / kDk, kBatch = 4;
+    static_assert(kThreads % kDk == 0 && kC % (kRowStep * kBatch) == 0, "whole batches");
+    const int ch = tid % kDk;
+    const float gl = sm.G[(kC - 1) * kLd + ch];
+    if (tid < kDk) out[kOffEl + ch] = expf(gl);  // the state's decay: the accurate exp
+    for (int r0 = tid / kDk; r0 < kC; r0 += kRowStep * kBatch) {
+      float gr[kBatch], kv[kBatch], qv[kBatch];
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) {
+        const int r = r0 + u * kRowStep;
+        gr[u] = sm.G[r * kLd + ch];
+        kv[u] = sm.k[r * kLd + ch];
+        qv[u] = sm.q[r * kLd + ch];
+      }
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) {
+        const int r = r0 + u * kRowStep;
+        const float eg = __expf(gr[u]);
+        a_h[r * kLdOutA + ch] = __float2half_rn(__fmul_rn(__fmul_rn(qv[u], scale), eg));
+        kg_h[r * kDk + ch] = __float2half_rn(__fmul_rn(kv[u], __expf(__fsub_rn(gl, gr[u]))));
+        sm.k[r * kLd + ch] = sm.beta[r] * kv[u] * eg;
+      }
+    }
   }
   __syncthreads();
   // G and q are dead: v streams into G's tile (waited for before the W / U products) while Akk
