@@ -125,3 +125,44 @@ def test_sanitizer_decode_kernels():
             co, cs = _core.kda_scan(*arrays, state, batch=True)
             close(o, co, SCAN_TOL)
             close(s, cs, SCAN_TOL)
+
+
+def test_large_outputs_come_back_from_the_kept_blocks():
+    """A released block above 1 GiB stays on its context (at most two) and is handed to the next
+    allocation of its exact size (cuda/context.cu: the pool did not reuse a 2 GiB kda_scan
+    output between calls on the H200); a live block is never handed out twice, and the values
+    are right in a reused block. State [B, H, 128, 128] of just over 1 GiB from zeros: after one
+    step S = k (beta v)^T exactly (0 + x = x), checked on a few heads."""
+    torch = pytest.importorskip("torch")
+    eng = engine_with(kda_decode_lines=True, pdl=False)  # a context of its own
+    B, H = 2, 8200  # 2 * 8200 * 64 KiB > 1 GiB
+    arrays, _ = inputs(B, 1, H, seed=123, with_state=False)
+    dev = [eng.to_device(a) for a in arrays]
+
+    def ptr(x):
+        return torch.from_dlpack(x).data_ptr()
+
+    def check(s):
+        q, k, v, g, beta = arrays
+        got = torch.from_dlpack(s)[:, :3].cpu().numpy()
+        for b in range(B):
+            for h in range(3):
+                d = (v[b, 0, h] * beta[b, 0, h]).astype(np.float32)
+                np.testing.assert_array_equal(got[b, h], k[b, 0, h][:, None] * d[None, :])
+
+    _, s1 = _core.kda_scan(*dev, None, engine=eng, batch=True)
+    eng.synchronize()
+    p1 = ptr(s1)
+    check(s1)
+    del s1  # kept
+    _, s2 = _core.kda_scan(*dev, None, engine=eng, batch=True)
+    assert ptr(s2) == p1, "the kept block was not reused"
+    _, s3 = _core.kda_scan(*dev, None, engine=eng, batch=True)  # s2 alive: a new block
+    assert ptr(s3) != ptr(s2)
+    eng.synchronize()
+    check(s2)
+    check(s3)
+    del s2, s3
+    _, s4 = _core.kda_scan(*dev, None, engine=eng, batch=True)
+    eng.synchronize()
+    check(s4)

@@ -30,7 +30,9 @@ typedef struct MemraKernelOptions {
 // allocator does not use it). Peaks are since the context was made or the last reset.
 typedef struct MemraMemStats {
   uint64_t device_free, device_total;
-  uint64_t pool_used, pool_used_peak;          /* bytes of live allocations: now / at most */
+  uint64_t pool_used, pool_used_peak;          /* bytes of live allocations: now / at most (a
+                                                  context's kept blocks, up to two released
+                                                  blocks above 1 GiB held for reuse, count) */
   uint64_t pool_reserved, pool_reserved_peak;  /* bytes the pool holds from the driver */
 } MemraMemStats;
 
