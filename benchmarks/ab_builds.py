@@ -13,7 +13,12 @@ over B prompts, ignore_eos, as bench_model_decode.py's generate figure. Prints o
 and whether both builds drew the same greedy tokens.
 
     python3 benchmarks/ab_builds.py --build old=/path/old/site --build new=/path/new/site \\
-        [--folder /tmp/memra-bench-glm5next-8L32E] [--batches 1,32] [--rounds 6] [--steps 64]
+        [--folder /tmp/memra-bench-glm5next-8L32E] [--batches 1,32] [--rounds 6] [--steps 64] \\
+        [--build-folder]
+
+--build-folder: first build bench_model_decode.py's checkpoint (its defaults: 8 layers, 32
+experts, seed 0) into --folder when it is not there yet (its code, on the device; needs torch and
+transformers in this process), then free the device before the workers start.
 """
 
 from __future__ import annotations
@@ -57,6 +62,24 @@ def worker(folder: str, batches: list[int], prompt_len: int, steps: int, seed: i
         print(json.dumps({"B": B, "tok_s": B * steps / dt, "tokens": toks[0][:16]}), flush=True)
 
 
+def build_folder(folder: str) -> None:
+    """bench_model_decode.py's checkpoint into `folder` unless its marker is there already."""
+    from pathlib import Path
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import torch
+
+    import bench_model_decode as bmd
+
+    args = argparse.Namespace(tiny=False, layers=8, experts=None, seed=0)
+    tc = bmd.text_config(args)
+    ready, why = bmd.folder_ready(Path(folder), bmd.marker_of(args, tc))
+    print(f"ab_builds: folder {folder}: {why}", file=sys.stderr, flush=True)
+    if not ready:
+        bmd.build_checkpoint(Path(folder), args, tc, torch.device("cuda"), torch)
+        torch.cuda.empty_cache()
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--build", action="append", required=True, help="NAME=SITE_DIR (the first is the reference)")
@@ -66,12 +89,16 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=64)
     p.add_argument("--prompt-len", type=int, default=128)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--build-folder", action="store_true",
+                   help="build bench_model_decode.py's checkpoint into --folder when it is missing")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     a = p.parse_args()
     batches = [int(b) for b in a.batches.split(",")]
     if a.worker:
         worker(a.folder, batches, a.prompt_len, a.steps, a.seed)
         return 0
+    if a.build_folder:
+        build_folder(a.folder)
     builds = [tuple(b.split("=", 1)) for b in a.build]
     procs = {}
     for name, site in builds:

@@ -3,11 +3,11 @@
 inputs, same run.
 
 memra: memra._core.kda_scan(q, k, v, g, beta, state, batch=True, chunked=True, engine=e)
-       (cuda/kda_chunk.cu: chunk_intra_kernel + chunk_state_kernel) -> (o, state_out); its ABI
-       reads f32 q / k / v / g (a bf16 model's activations are f32 in memory), here holding
+       (cuda/kda_chunk*.cu: chunk_intra / chunk_state / chunk_out kernels) -> (o, state_out);
+       its ABI reads f32 q / k / v / g (a bf16 model's activations are f32 in memory), here holding
        bf16-rounded values, so both sides compute on the same numbers.
-       GDN: memra._core.gdn_scan(..., batch=True, chunked=True) (the head expansion, then the
-       same kernels).
+       GDN: memra._core.gdn_scan(..., batch=True, chunked=True) (the same kernels, reading the
+       key heads and the per-head decay in place).
 peer:  fla.ops.kda.chunk_kda(q, k, v, g, beta, scale=, initial_state=, output_final_state=True)
        and fla.ops.gated_delta_rule.chunk_gated_delta_rule(...) on bf16 q / k / v / g, f32 state
        (flash-linear-attention; skipped with the reason when it does not import). GDN with

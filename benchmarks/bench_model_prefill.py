@@ -14,10 +14,14 @@ memra:  memra.load(folder, device="cuda", dtype="bfloat16", max_batch=1 or the b
         warm-up call on another prompt of the same length; the median of --reps calls (default 5
         up to 8K tokens, 3 at 32K, 1 beyond; --quick 3 / 1). tok/s = T / TTFT. Prompts above
         KernelOptions.prefill_chunk (default 8192) run in chunks (docs/prefill.md); the record
-        says the chunk. The batch: P prompts of L tokens (default 8 x 2048) prefilled one after
-        another into slots 0..P-1 (there is no batched prefill yet: docs/prefill.md), wall clock
-        from the first call to the last prompt's logits on the host; and generate_batch(prompts,
-        max_new_tokens=1), the API path that does the same plus slot leasing and sampling.
+        says the chunk. The batch: P prompts of L tokens (default 8 x 2048) into slots 0..P-1, in
+        two arms (one record each, "arm"): "sequential", one Model.prefill after another, wall
+        clock from the first call to the last prompt's logits on the host; "batched", one
+        Model.prefill_batch(cache, slots, prompts) call (rows packed, calls bounded by
+        prefill_chunk: docs/prefill.md), wall clock to all P last-token logits on the host, after
+        a warm-up call on other prompts; first_tokens_match compares the arms' argmaxes. Also
+        generate_batch(prompts, max_new_tokens=1), the API path (it prefills batched where
+        Model.prefill_batch exists) plus slot leasing and sampling.
 peer:   transformers' Glm5NextForConditionalGeneration.from_pretrained(folder, dtype=bfloat16)
         forward(input_ids, use_cache=True, logits_to_keep=1) (generate's prefill), last logits
         copied to the host; the median of up to 3 calls (wall clock) after a warm-up call (fla's
@@ -318,7 +322,7 @@ def run_memra(args, b: Bench, folder: Path, lengths, batch, prompts, reps_of) ->
         res[T] = r
     if batch:
         P, L = batch
-        r = {}
+        r, seq_logits = {}, None
         ps, warm = prompts[("batch", L)][:P], prompts[("batch_warm", L)][:P]
         try:
             for s in range(P):
@@ -327,7 +331,7 @@ def run_memra(args, b: Bench, folder: Path, lengths, batch, prompts, reps_of) ->
                 m.prefill(cache, s, warm[s])
             for s in range(P):
                 cache.free(s)
-            dt, _, mem = timed([lambda s=s: m.prefill(cache, s, ps[s]) for s in range(P)])
+            dt, seq_logits, mem = timed([lambda s=s: m.prefill(cache, s, ps[s]) for s in range(P)])
             r.update(mem)
             r["memra_ttft_s"] = dt  # the last prompt's first logits
             r["memra_tok_s"] = P * L / dt
@@ -342,10 +346,47 @@ def run_memra(args, b: Bench, folder: Path, lengths, batch, prompts, reps_of) ->
         except Exception as ex:  # noqa: BLE001
             r["memra_error"] = f"{type(ex).__name__}: {ex}"
             log(f"model_prefill: memra batch failed: {r['memra_error']}")
+        r["arm"] = "sequential"
         res["batch"] = r
+        res["batched"] = run_batched(m, cache, P, L, ps, warm, timed, seq_logits)
     m = cache = None
     gc.collect()
     return res, info
+
+
+def run_batched(m, cache, P: int, L: int, ps, warm, timed, seq_logits) -> dict:
+    """The batched arm: one Model.prefill_batch of the P prompts into slots 0..P-1 (after a
+    warm-up call on other prompts), wall clock to the [P, vocab] logits on the host."""
+    import numpy as np
+
+    r: dict = {"arm": "batched"}
+    if not hasattr(m, "prefill_batch"):
+        r["memra_error"] = "this build has no Model.prefill_batch"
+        return r
+    from memra.batch_prefill import plan_calls
+    slots = list(range(P))
+    try:
+        for s in slots:
+            cache.free(s)
+        m.prefill_batch(cache, slots, warm)
+        for s in slots:
+            cache.free(s)
+        dt, out, mem = timed([lambda: m.prefill_batch(cache, slots, ps)])
+        for s in slots:
+            cache.free(s)
+        r.update(mem)
+        r["memra_ttft_s"] = dt  # every prompt's first logits
+        r["memra_tok_s"] = P * L / dt
+        r["calls"] = len(plan_calls([L] * P, m.prefill_chunk))
+        if seq_logits is not None:
+            r["first_tokens_match"] = bool((np.argmax(out[0], axis=1) ==
+                                            np.array([np.argmax(x) for x in seq_logits])).all())
+        log(f"model_prefill: memra {P} x {L}: {dt:.3f} s batched prefill ({r['memra_tok_s']:.0f} tok/s, "
+            f"{r['calls']} calls)")
+    except Exception as ex:  # noqa: BLE001
+        r["memra_error"] = f"{type(ex).__name__}: {ex}"
+        log(f"model_prefill: memra batched prefill failed: {r['memra_error']}")
+    return r
 
 
 # ============================================================================ peer
@@ -422,8 +463,8 @@ def main() -> int:
     p.add_argument("--lengths", default=None,
                    help="prompt lengths at B = 1 (default 1024,8192,32768,131072; --quick 1024,8192; cpu 16,48)")
     p.add_argument("--batch", default=None,
-                   help="PxL: P prompts of L tokens prefilled one after another (default 8x2048; --quick and "
-                        "cpu: none unless given; 'none' skips it)")
+                   help="PxL: P prompts of L tokens, prefilled one after another and in one batched "
+                        "prefill (default 8x2048; --quick and cpu: none unless given; 'none' skips it)")
     p.add_argument("--peer-max-len", type=int, default=None,
                    help="longest prompt given to transformers (default 8192; --quick 1024)")
     p.add_argument("--skip-peer", action="store_true")
@@ -508,8 +549,9 @@ def main() -> int:
 
     rows = [(T, 1, T, mem.get(T, {}), peer_row(T)) for T in lengths]
     if batch:
-        rows.append((batch[1], batch[0], batch[0] * batch[1], mem.get("batch", {}),
-                     {"peer_unavailable": "not run for the batch"}))
+        for arm in ("batch", "batched"):
+            rows.append((batch[1], batch[0], batch[0] * batch[1], mem.get(arm, {}),
+                         {"peer_unavailable": "not run for the batch"}))
     for T, B, tokens, mr, pr in rows:
         fl = prefill_flops(cfg, T)
         roof_tok_s = tokens / (B * fl["total"] / rate)

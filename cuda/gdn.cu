@@ -7,14 +7,15 @@
 // the row sums (a warp / group tree instead of one ascending chain).
 //
 // The scan reuses KDA's kernels: GDN's step is KDA's with the head's decay broadcast over dk and
-// the key heads repeated over their value heads (repeat_interleave), so gdn_expand_kernel writes
-// those tensors into scratch and memra_cuda_kda_scan runs them (the same values a dedicated
-// kernel would give; its T == 1 form is KDA's bandwidth-shaped decode kernel). A dedicated GQA
-// scan that reads each key head once and the scalar decay directly (less traffic: no [N, Hv, dk]
-// copies of q, k and g) can replace the expansion later; the tests pin the values it must give.
+// the key heads repeated over their value heads (repeat_interleave). The chunked form (bf16
+// prefill) reads key head h / group and the scalar decay in place (cuda/kda_chunk.cu's
+// ChunkProblem); the sequential scan (and the chunked form on rows it cannot load as float4)
+// runs on gdn_expand_kernel's copies in scratch through memra_cuda_kda_scan (its T == 1 form is
+// KDA's bandwidth-shaped decode kernel).
 #include <cstdint>
 
 #include "common.cuh"
+#include "kda_common.cuh"
 #include "row_group.cuh"
 
 using memra::cuda::ceil_div;
@@ -225,6 +226,29 @@ int memra_cuda_gdn_scan(MemraCudaCtx* ctx, const MemraGdnScanParams* p) {
     return memra::kContractMissing;
   }
   if (!memra::cuda::aligned16(p->o)) return memra::kContractStride;
+  // The chunked form reads the key heads and the per-head decay where they are (float4 rows of
+  // q, k and v); rows it cannot load that way go through the expansion below.
+  if (p->chunked && memra::cuda::aligned16(p->q) && memra::cuda::aligned16(p->k) &&
+      memra::cuda::aligned16(p->v) && p->qk_ld % 4 == 0 && p->v_ld % 4 == 0) {
+    memra::cuda::kda::ChunkProblem c{};
+    c.q = p->q;
+    c.k = p->k;
+    c.v = p->v;
+    c.g = p->g;
+    c.beta = p->beta;
+    c.ld_qk = p->qk_ld;
+    c.ld_v = p->v_ld;
+    c.B = p->B;
+    c.T = p->T;
+    c.H = p->Hv;
+    c.group = p->Hv / p->Hk;
+    c.scalar_g = 1;
+    c.scale = p->scale;
+    c.state_in = p->state_in;
+    c.state_out = p->state_out;
+    c.o = p->o;
+    return memra::cuda::kda::scan_chunked(ctx, c);
+  }
   const int64_t N = int64_t(p->B) * p->T;
   const int64_t nk = N * p->Hv * p->dk, nv = N * p->Hv * p->dv;
   // qe | ke | ge (nk each) | ve (nv): one allocation, every part 16-byte aligned (nk is a

@@ -156,4 +156,28 @@ int scan_decode_slots(MemraCudaCtx* ctx, const MemraKdaScanParams& p);
 // any T >= 1, after the entry's checks (q .. o 16-byte aligned, dk = dv = 128).
 int scan_chunked_tables(MemraCudaCtx* ctx, const MemraKdaScanParams& p);
 
+// One chunked scan: B sequences of T >= 1 steps, H state heads of dk = dv = 128. Row n = b T + t.
+// KDA: key head = state head, g per channel; GDN: key head h / group, one g per head. The host
+// side (cuda/kda_chunk.cu) has checked the pointers non-null where required and 16-byte aligned,
+// ld_qk and ld_v multiples of 4.
+struct ChunkProblem {
+  const float* q;     // row n, key head j at q + n * ld_qk + j * dk
+  const float* k;     // the layout of q
+  const float* v;     // row n, head h at v + n * ld_v + h * dv
+  const float* g;     // scalar_g == 0: [B, T, H, dk]; else [B, T, H]
+  const float* beta;  // [B, T, H]
+  int64_t ld_qk, ld_v;
+  int B, T, H;
+  int group;          // state heads per key head (1 for KDA)
+  int scalar_g;
+  float scale;
+  const float* const* state_in;  // [B] device table; null or a null entry: zeros
+  float* const* state_out;       // [B] device table (required); a null entry is not written
+  float* o;                      // [B, T, H, dv]
+};
+
+// cuda/kda_chunk.cu: the whole chunked scan of a ChunkProblem (scratch, then the three
+// launches); GDN's scan calls it without expanding its heads.
+int scan_chunked(MemraCudaCtx* ctx, const ChunkProblem& p);
+
 }  // namespace memra::cuda::kda

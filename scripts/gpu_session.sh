@@ -7,11 +7,17 @@
 #   build     memra with CUDA into build/dev-gpu (scripts/gpu_env.sh; kept on a warm machine)
 #   tests     the whole CUDA suite (pytest -m cuda, 4 workers) -> pytest_cuda.log
 #   tests:F   one test file or node id F (repeatable)
+#   files:F1,F2,...  those test files together (4 workers) -> files.out
 #   accuracy  benchmarks/accuracy_families.py --device cuda -> accuracy_cuda.jsonl
 #   model     bench_model_decode --quick --skip-peer, B = 1 and 32 (glm5_next)
 #   kimi qwen gdn kdapre mlapre prefill moepre moedec serve
 #   kdarest   bench_kda_prefill's shapes --quick leaves out (KDA 32 heads, B = 8; GDN B = 8)
 #   prefill_long  bench_model_prefill at T = 32K and 128K and 8 prompts of 2K, no peer
+#   accbench  benchmarks/accuracy_bench_model.py: the 2x rule on the bench model at T = 1K, 8K
+#             against transformers f32 (never with fla on the path)
+#   tcarms    tests/test_cuda_tc_arms.py (the 2x rule on 300 tokens; which arms ran)
+#   ab        B = 1 (and 32) generate, interleaved A/B against the tree of 54e2997 that
+#             scripts/make_ab_old.sh put in ./ab_old (built here with gpu_build inside ab_old)
 #             the benches of those names (--quick), peers with fla 0.6.0 where carried
 # Carried folders it uses when present: .whl_fla (fla wheels), .whl (serve's wheels),
 # .triton_cache (fla's Triton autotune cache from an earlier call; the updated cache comes back
@@ -54,6 +60,12 @@ for p in "$@"; do
         -p no:cacheprovider -n 4 --durations=15 tests
       tail -3 "$OUT/tests.out" | tee -a "$OUT/summary.txt"
       ;;
+    files:*)
+      fs=${p#files:}
+      phase files 400 env PYTHONPATH="$site" python3 -m pytest -m cuda --require-cuda -q -rf \
+        -p no:cacheprovider -n 4 ${fs//,/ }
+      tail -3 "$OUT/files.out" | tee -a "$OUT/summary.txt"
+      ;;
     tests:*)
       f=${p#tests:}; n=$(basename "${f%%::*}" .py)
       phase "t_$n" 300 env PYTHONPATH="$site" python3 -m pytest -m cuda --require-cuda -q -rf -s \
@@ -70,6 +82,28 @@ for p in "$@"; do
         --quick --kda-shapes 32:1:8192,64:8:2048 --gdn-shapes 16:32:8:2048 ;;
     prefill_long) phase prefill_long 240 env PYTHONPATH="$site" python3 benchmarks/bench_model_prefill.py \
         --quick --skip-peer --lengths 32768,131072 --batch 8x2048 ;;
+    accbench) phase accbench 360 env PYTHONPATH="$site" python3 benchmarks/accuracy_bench_model.py ;;
+    tcarms)
+      phase tcarms 120 env PYTHONPATH="$site" python3 -m pytest --require-cuda -q -rf -s -p no:cacheprovider \
+        tests/test_cuda_tc_arms.py
+      tail -1 "$OUT/tcarms.out" | tee -a "$OUT/summary.txt"
+      ;;
+    ab)
+      if [ ! -f ab_old/REVISION ]; then
+        echo "ab: skipped (no ./ab_old: run scripts/make_ab_old.sh before the call)" | tee -a "$OUT/summary.txt"
+        continue
+      fi
+      if [ "$(left)" -lt 200 ]; then echo "ab: skipped (budget)" | tee -a "$OUT/summary.txt"; continue; fi
+      t0=$(date +%s)
+      mkdir -p "$OUT/ab_old"
+      old_site=$(cd ab_old && OUT=$OUT/ab_old && gpu_build -DMEMRA_BUILD_TESTS=OFF && echo "$site")
+      echo "ab_build: $(( $(date +%s) - t0 )) s -> ${old_site:-FAILED} ($(cat ab_old/REVISION))" | tee -a "$OUT/summary.txt"
+      [ -n "$old_site" ] || { tail -30 "$OUT/ab_old/build.log"; continue; }
+      phase ab 360 env PYTHONPATH="$site" python3 benchmarks/ab_builds.py --build-folder \
+        --build "old=$old_site" --build "new=$site" --batches 1,32 --rounds 16 --steps 128
+      grep '"B": 1,' "$OUT/ab.out" | grep -o '"build": "[a-z]*"\|"median_tok_s": [0-9.]*\|"ratio_to_old": [0-9.]*' \
+        | paste -sd' ' | sed 's/^/ab B=1: /' | tee -a "$OUT/summary.txt"
+      ;;
     mlapre) phase mlapre 200 env PYTHONPATH="$site${peers:+:$peers}" python3 benchmarks/bench_mla_prefill.py --quick ;;
     prefill) phase prefill 300 env PYTHONPATH="$site${peers:+:$peers}" python3 benchmarks/bench_model_prefill.py --quick ;;
     moepre) phase moepre 200 env PYTHONPATH="$site${peers:+:$peers}" python3 benchmarks/bench_moe_prefill.py --quick ;;

@@ -233,6 +233,13 @@ CASES: dict[str, Case] = {
         {"prompts": [None, 3, 1.5, "abc", [[1, 2], None], [[1], [2], [3]], [[1, 2], []], [[272]], {"a": [1]},
                      [[[1, 2]]], [1, 2], _OBJ],
          **sampling_bad()}),
+    "Model.prefill_batch": Case(
+        model("prefill_batch"), lambda w: dict(cache=w.cache, slots=[1, 0], prompts=[[1, 2], [3]]),
+        {"cache": CACHE_ARG + [lambda g, w: [("another geometry", w.other_cache)]],
+         "slots": [None, "0", 1.5, 0, [0], [0, 0], [2, 0], [-1, 0], [[0], [1]], [0.5, 1.0], {"s": 0},
+                   [True, False], [2**31, 0], _OBJ],
+         "prompts": [None, 3, 1.5, "abc", [[1, 2], None], [[1], [2], [3]], [[1, 2], []], [[272], [1]],
+                     {"a": [1]}, [[[1, 2]], [1]], [1, 2], _OBJ, [list(range(40)), [1]], [[1.5], [1]]]}),
     "Model.take_slots": Case(lambda w: _take_and_give_back(w.model), lambda w: dict(n=1, what="fuzz"),
                              {"n": ints(0, -1, 3, True)}),
     # -------------------------------------------------------------- classes
@@ -571,6 +578,12 @@ CASES: dict[str, Case] = {
     "_core.take_rows": Case(
         lambda w: _core.take_rows, lambda w: dict(x=w.f32(5, 8), start=1, count=2),
         {"x": F32, "start": ints(-1, 6, 2**31), "count": ints(-1, 5, 2**31), **ENGINE_ARG}),
+    "_core.concat_rows": Case(
+        lambda w: _core.concat_rows, lambda w: dict(parts=[w.f32(2, 8), w.f32(3, 8)]),
+        {"parts": [None, 1, "x", [], [None], ["x"], [np.zeros((2, 8))], [np.zeros(8, np.float32)],
+                   [np.zeros((2, 8), np.int32)], lambda g, w: [("another width", [g[0], w.f32(1, 4)])],
+                   lambda g, w: [("an array, not a list", g[0])], lambda g, w: [("strided", [g[0][:, ::2]])]],
+         **ENGINE_ARG}),
     "_core.kda_tables": Case(
         lambda w: _core.kda_tables,
         lambda w: dict(cache=w.cache, layer=0, slots=i32(0), cur=None, group=0, sink_slot=None),

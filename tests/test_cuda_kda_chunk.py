@@ -1,4 +1,4 @@
-"""The chunked (WY / UT) delta-rule form on tensor cores (cuda/kda_chunk.cu; ``kda_scan`` /
+"""The chunked (WY / UT) delta-rule form on tensor cores (cuda/kda_chunk*.cu; ``kda_scan`` /
 ``gdn_scan`` with ``chunked=True``, the bf16 models' prefill) against the sequential scan.
 
 Two parts:
@@ -84,10 +84,18 @@ def block_inverse(A):
     return Tm
 
 
-def chunk_scan(q, k, v, g, beta, state, scale, dtype=np.float64, rnd=lambda x: x):
-    """The kernels' chunk algebra (cuda/kda_chunk.cu), per head and 64-row chunk; rows past T
+def f16(x):
+    """x rounded to float16 (to nearest even; the kernels' scratch for W, KG, QG, Aqk)."""
+    return np.asarray(x, np.float32).astype(np.float16).astype(np.float32)
+
+
+def chunk_scan(q, k, v, g, beta, state, scale, dtype=np.float64, rnd=lambda x: x, gdn=False):
+    """The kernels' chunk algebra (cuda/kda_chunk*.cu), per head and 64-row chunk; rows past T
     are zeros. dtype float64 with rnd = identity: exact algebra; float32 with rnd = tf32: the
-    kernels' arithmetic (mma operands rounded to TF32, f32 accumulation)."""
+    kernels' arithmetic (mma operands rounded to TF32, f32 accumulation; W, KG, QG and Aqk
+    through their f16 scratch, which TF32 then holds exactly). gdn: g equal over the
+    channels (GDN's decay broadcast), the A's formed as GDN's instantiation does (k k^T and
+    q k^T, then exp(G_t - G_s) per element)."""
     T, H, dk = q.shape
     dv = v.shape[2]
     mm = lambda a, b: (rnd(a.astype(dtype)) @ rnd(b.astype(dtype))).astype(dtype)  # noqa: E731
@@ -103,7 +111,26 @@ def chunk_scan(q, k, v, g, beta, state, scale, dtype=np.float64, rnd=lambda x: x
             G = np.cumsum(gc, axis=0, dtype=dtype)
             Akk = np.zeros((C, C), dtype)
             Aqk = np.zeros((C, C), dtype)
-            for I in range(C // SUB):
+            if gdn:
+                d = G[:, None, 0] - G[None, :, 0]
+                e = np.exp(np.where(np.tril(np.ones((C, C), bool)), d, -np.inf)).astype(dtype)
+                Akk = np.tril(mm(kc, kc.T) * e, -1)
+                Aqk = mm(qc, kc.T) * e
+            # KDA with every g of the chunk >= -SAFE_G: one reference row r = 16 I + 8 per row
+            # block for every J <= I, exp(G_t - G_r) exp(G_r - G_s) with factors <= exp(8 SAFE_G)
+            safe = not gdn and float(gc.min()) >= -SAFE_G
+            for I in range(C // SUB if safe else 0):
+                rows = slice(I * SUB, (I + 1) * SUB)
+                r = I * SUB + SUB // 2
+                left = np.exp(G[rows] - G[r])
+                for J in range(I + 1):
+                    cols = slice(J * SUB, (J + 1) * SUB)
+                    right = kc[cols] * np.exp(G[r] - G[cols])
+                    kk, qk = mm(kc[rows] * left, right.T), mm(qc[rows] * left, right.T)
+                    if I == J:  # the products above the diagonal are dropped
+                        kk, qk = np.tril(kk, -1), np.tril(qk)
+                    Akk[rows, cols], Aqk[rows, cols] = kk, qk
+            for I in range(0 if gdn or safe else C // SUB):
                 rows = slice(I * SUB, (I + 1) * SUB)
                 # Diagonal sub-block: element by element (exponents G_t - G_s <= 0, s <= t).
                 diff = G[rows][:, None, :] - G[rows][None, :, :]  # [t, s, c]
@@ -124,15 +151,52 @@ def chunk_scan(q, k, v, g, beta, state, scale, dtype=np.float64, rnd=lambda x: x
             Akk *= bc[:, None]
             Aqk *= dtype(scale)
             Tm = block_inverse(Akk)
-            W = mm(Tm, bc[:, None] * kc * np.exp(G))
+            store = f16 if rnd is tf32 else (lambda x: x)  # noqa: E731
+            W = store(mm(Tm, bc[:, None] * kc * np.exp(G)))
             U = mm(Tm, bc[:, None] * vc)
-            QG = dtype(scale) * qc * np.exp(G)
-            KG = kc * np.exp(G[-1] - G)
+            QG = store(dtype(scale) * qc * np.exp(G))
+            KG = store(kc * np.exp(G[-1] - G))
             D = U - mm(W, S)
-            O = mm(QG, S) + mm(Aqk, D)
+            O = mm(QG, S) + mm(store(Aqk), D)
             S = np.exp(G[-1])[:, None] * S + mm(KG.T, D)
             o[t0:t0 + L, h] = O[:L]
         S_out[h] = S
+    return o, S_out
+
+
+def split_scan(q, k, v, g, beta, state, scale):
+    """The kernels' split in float64 (cuda/kda_chunk.cuh): the intra kernel's per-chunk tiles,
+    the state kernel's chain (D = U - W S, S <- exp(G_last) S + KG^T D), writing the state
+    entering each chunk and D, then the output kernel on its own: O = [QG | Aqk] [S_c ; D]."""
+    T, H, dk = q.shape
+    dv = v.shape[2]
+    o = np.zeros((T, H, dv))
+    S_out = np.zeros((H, dk, dv))
+    for h in range(H):
+        tiles = []  # per chunk: W, U, KG, exp(G_last), [QG | Aqk]
+        for t0 in range(0, T, C):
+            L = min(C, T - t0)
+            pad = lambda x: np.concatenate(  # noqa: E731
+                [x[t0:t0 + L, h].astype(np.float64), np.zeros((C - L,) + x.shape[2:])])
+            qc, kc, vc, gc, bc = pad(q), pad(k), pad(v), pad(g), pad(beta)
+            G = np.cumsum(gc, axis=0)
+            causal = np.tril(np.ones((C, C)))
+            E = np.exp(np.where(causal[:, :, None] > 0, G[:, None, :] - G[None, :, :], -np.inf))
+            Akk = bc[:, None] * np.einsum("tc,sc,tsc->ts", kc, kc, E) * np.tril(causal, -1)
+            Aqk = scale * np.einsum("tc,sc,tsc->ts", qc, kc, E)
+            Tm = np.linalg.inv(np.eye(C) + Akk)
+            tiles.append((Tm @ (bc[:, None] * kc * np.exp(G)), Tm @ (bc[:, None] * vc),
+                          kc * np.exp(G[-1] - G), np.exp(G[-1]),
+                          np.concatenate([scale * qc * np.exp(G), Aqk], axis=1), L))
+        S = np.zeros((dk, dv)) if state is None else state[h].astype(np.float64)
+        bops = []
+        for W, U, KG, El, _, _ in tiles:  # the sequential chain
+            D = U - W @ S
+            bops.append(np.concatenate([S, D], axis=0))
+            S = El[:, None] * S + KG.T @ D
+        S_out[h] = S
+        for c, ((*_, A, L), Bm) in enumerate(zip(tiles, bops)):  # every chunk independently
+            o[c * C:c * C + L, h] = (A @ Bm)[:L]
     return o, S_out
 
 
@@ -174,6 +238,7 @@ def assert_close(got, want, rel=REL, what=""):
 
 
 SCALE = DK ** -0.5
+SAFE_G = 5.5  # cuda/kda_chunk_intra.cu's kSafeG
 
 
 # ---------------------------------------------------------------- CPU: the algebra
@@ -191,6 +256,14 @@ def test_chunk_algebra_equals_the_scan_in_float64(T, strong):
     assert err_rel(co, o) < 1e-5 and err_rel(cs, s) < 1e-5
 
 
+@pytest.mark.parametrize("T", [1, 63, 64, 65, 200])
+def test_the_kernel_split_equals_the_scan_in_float64(T):
+    q, k, v, g, beta, state = inputs(T, seed=100 + T, strong=T == 200)
+    o, s = split_scan(q, k, v, g, beta, state, SCALE)
+    ro, rs = seq_scan(q, k, v, g, beta, state, SCALE)
+    assert err_rel(o, ro) < 1e-10 and err_rel(s, rs) < 1e-10
+
+
 def test_chunk_algebra_gdn_grouped_heads_in_float64():
     Hk, Hv, T = 2, 4, 130
     q, k, v, g, beta, state = inputs(T, seed=7, gdn_heads=(Hk, Hv))
@@ -200,6 +273,22 @@ def test_chunk_algebra_gdn_grouped_heads_in_float64():
     o, s = chunk_scan(qe, ke, v, ge, beta, state, SCALE)
     co, cs = _core.gdn_scan(q, k, v, g, beta, state)
     assert err_rel(co, o) < 1e-5 and err_rel(cs, s) < 1e-5
+
+
+@pytest.mark.parametrize("T,strong", [(1, False), (129, False), (200, True)])
+def test_gdn_instantiation_algebra_and_tf32_error(T, strong):
+    # GDN's A's as plain products scaled per element: exact in float64, and in the TF32
+    # emulation inside half the GPU tolerance against the f32 CPU oracle.
+    Hk, Hv = 1, 2
+    q, k, v, g, beta, state = inputs(T, seed=1200 + T, strong=strong, gdn_heads=(Hk, Hv))
+    qe, ke = np.repeat(q, Hv // Hk, axis=1), np.repeat(k, Hv // Hk, axis=1)
+    ge = np.repeat(g[:, :, None], DK, axis=2)
+    o, s = chunk_scan(qe, ke, v, ge, beta, state, SCALE, gdn=True)
+    ro, rs = seq_scan(qe, ke, v, ge, beta, state, SCALE)
+    assert err_rel(o, ro) < 1e-12 and err_rel(s, rs) < 1e-12
+    o, s = chunk_scan(qe, ke, v, ge, beta, state, SCALE, dtype=np.float32, rnd=tf32, gdn=True)
+    co, cs = _core.gdn_scan(q, k, v, g, beta, state)
+    assert max(err_rel(o, co), err_rel(s, cs)) < REL / 2
 
 
 def test_strong_decays_overflow_the_split_exponent_but_not_the_chunk_form():
@@ -290,10 +379,66 @@ def test_chunked_strong_decays_stay_finite_and_close(e, T):
     assert_close(s, cs, what="state")
 
 
+def mixed_inputs(T=200, H=2, seed=650):
+    """Default decays, except one chunk (rows 64..127) of strong ones and one row of g = -6:
+    chunks 0 and 3 take the intra kernel's safe path (every g >= -5.5), chunks 1 and 2 the
+    element-wise diagonal."""
+    q, k, v, g, beta, state = inputs(T, H=H, seed=seed)
+    _, _, _, gs, _, _ = inputs(T, H=H, seed=seed + 1, strong=True)
+    g = g.copy()
+    g[64:128] = gs[64:128]
+    g[150, 0, 5] = -6.0
+    return q, k, v, g, beta, state
+
+
+def test_mixed_safe_chunks_tf32_emulation():
+    q, k, v, g, beta, state = mixed_inputs()
+    o, s = chunk_scan(q, k, v, g, beta, state, SCALE)
+    ro, rs = seq_scan(q, k, v, g, beta, state, SCALE)
+    assert err_rel(o, ro) < 1e-12 and err_rel(s, rs) < 1e-12
+    o, s = chunk_scan(q, k, v, g, beta, state, SCALE, dtype=np.float32, rnd=tf32)
+    co, cs = _core.kda_scan(q, k, v, g, beta, state)
+    assert max(err_rel(o, co), err_rel(s, cs)) < REL / 2
+
+
+@pytest.mark.cuda
+def test_chunked_mixed_safe_and_strong_chunks(e):
+    q, k, v, g, beta, state = mixed_inputs()
+    o, s = scan_dev(e, q, k, v, g, beta, state, chunked=True)
+    co, cs = _core.kda_scan(q, k, v, g, beta, state)
+    assert_close(o, co, what="o")
+    assert_close(s, cs, what="state")
+
+
 @pytest.mark.cuda
 @pytest.mark.parametrize("T", [1, 65, 300])
 def test_chunked_gdn_grouped_heads(e, T):
     q, k, v, g, beta, state = inputs(T, seed=700 + T, gdn_heads=(2, 4))
+    o, s = gdn_dev(e, q, k, v, g, beta, state, chunked=True)
+    co, cs = _core.gdn_scan(q, k, v, g, beta, state)
+    assert_close(o, co, what="o")
+    assert_close(s, cs, what="state")
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("T", [1, 63, 129, 333])
+def test_chunked_gdn_batch_in_place(e, T):
+    # GDN's chunked form reads key head h // 2 and the per-head decay in place (no expansion):
+    # two sequences with their own states, Hv = 2 Hk, odd lengths, against the CPU scan.
+    q, k, v, g, beta, state = inputs(T, B=2, seed=1000 + T, gdn_heads=(2, 4))
+    o, s = gdn_dev(e, q, k, v, g, beta, state, chunked=True, batch=True)
+    co, cs = _core.gdn_scan(q, k, v, g, beta, state, batch=True)
+    assert_close(o, co, what=f"o T={T}")
+    assert_close(s, cs, what=f"state T={T}")
+    # and the sequential CUDA arm over the expanded heads
+    go, gs = gdn_dev(e, q, k, v, g, beta, state, batch=True)
+    assert_close(o, go, what=f"o vs the CUDA scan T={T}")
+    assert_close(s, gs, what=f"state vs the CUDA scan T={T}")
+
+
+@pytest.mark.cuda
+def test_chunked_gdn_strong_decays_in_place(e):
+    q, k, v, g, beta, state = inputs(200, seed=1100, strong=True, gdn_heads=(1, 3))
     o, s = gdn_dev(e, q, k, v, g, beta, state, chunked=True)
     co, cs = _core.gdn_scan(q, k, v, g, beta, state)
     assert_close(o, co, what="o")
@@ -324,7 +469,15 @@ def test_the_chunked_kernels_ran(e, tmp_path):
     q, k, v, g, beta, state = inputs(130, H=2, seed=900)
     dev = [e.to_device(a) for a in (q, k, v, g, beta, state)]
     chunked = cuda_kernels(e, tmp_path, lambda: _core.kda_scan(*dev, engine=e, chunked=True))
-    assert "chunk_intra_kernel" in chunked and "chunk_state_kernel" in chunked, chunked
+    for name in ("chunk_intra_kernel", "chunk_state_kernel", "chunk_out_kernel"):
+        assert name in chunked, chunked
     assert "scan_kernel" not in chunked.replace("chunk_", ""), chunked
     plain = cuda_kernels(e, tmp_path, lambda: _core.kda_scan(*dev, engine=e))
     assert "scan_kernel" in plain and "chunk_intra_kernel" not in plain, plain
+    # GDN's chunked form: the same kernels on its heads in place, no expansion
+    q, k, v, g, beta, state = inputs(130, seed=901, gdn_heads=(2, 4))
+    dev = [e.to_device(a) for a in (q, k, v, g, beta, state)]
+    gdn = cuda_kernels(e, tmp_path, lambda: _core.gdn_scan(*dev, engine=e, chunked=True))
+    for name in ("chunk_intra_kernel", "chunk_state_kernel", "chunk_out_kernel"):
+        assert name in gdn, gdn
+    assert "gdn_expand_kernel" not in gdn and "scan_kernel" not in gdn.replace("chunk_", ""), gdn

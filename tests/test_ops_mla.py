@@ -321,6 +321,42 @@ def test_kpool_select_ties_and_layout():
     np.testing.assert_array_equal(idx, [[3, 4, 5, 6, 7, 8, 12, 13, -1, -1]])
 
 
+def test_kpool_relu_zero_pools_tie_exactly_and_go_to_the_lower_index():
+    """The situation behind memra f32's divergence from transformers f32 on the bench model
+    (benchmarks/accuracy_bench_model.py, tiny widths, T = 48: layer 3, row 42, pools 1, 2, 3, 5, 7
+    all scored exactly 0.0): a pool whose relu(q.k) is 0 on every indexer head scores exactly 0
+    (the head sum starts at +0.0; a negative head weight adds -0.0), so more pools tie at 0 than
+    the top-k has room for. memra takes the lower pool indices (cpu/dsa.h kpool_select);
+    torch.topk may take any of them (it took pool 7 where memra took pool 1), an equally valid
+    top-k that changes the row."""
+    pool, d, index_topk = 2, 4, 8  # select_k = 4 of 8 complete pools for the last query
+    k0 = [-1.0, -0.5, 1.0, 0.0, -2.0, 2.0, -0.25, -3.0]  # pools 2 and 5 positive, the rest <= 0
+    keys = np.zeros((16, d))
+    keys[:, 0] = np.repeat(k0, pool)  # both rows of a pool equal: the pool key is that row
+    keys[:, 1] = -1.0  # head 1 reads channel 1: relu 0 everywhere (times a negative weight)
+    gate, ape = np.zeros((16, d)), np.zeros((pool, d))
+    q = np.zeros((16, 2, d))
+    q[:, 0, 0] = 1.0
+    q[:, 1, 1] = 1.0
+    w = np.tile([1.0, -0.5], (16, 1))
+    pk = _core.kpool_pool_keys(f32(keys), f32(gate), f32(ape))
+    np.testing.assert_array_equal(pk[:, 0], k0)
+    score = _core.kpool_score(f32(q), f32(w), pk, pool=pool, first_pos=0, qk_scale=d**-0.5,
+                              head_scale=2**-0.5)
+    zero = [p for p in range(8) if k0[p] <= 0]
+    assert (score[15, zero].view(np.uint32) == 0).all()  # +0.0 bit for bit: six pools tied
+    assert (score[15, [2, 5]] > 0).all()
+    idx = _core.kpool_select(score, pool=pool, select_k=index_topk // pool,
+                             width=index_topk + pool - 1, first_pos=0)
+    last = as_sets(idx)[15]
+    assert last == {0, 1, 2, 3, 4, 5, 10, 11}  # pools 2, 5 and the two lowest zero pools 0, 1
+    assert as_sets(idx) == as_sets(ref_indexer(q, w, keys, gate, ape, index_topk))
+    # The tie rule is the only thing deciding: any other pair of zero pools is an equally valid
+    # top-k by score (what torch.topk may return), and memra would then differ on this row alone.
+    other = {2, 5, 6, 7}
+    assert sorted(score[15, sorted(other)], reverse=True)[-1] == sorted(score[15], reverse=True)[3]
+
+
 # ---------------------------------------------------------------- bad inputs
 
 

@@ -567,6 +567,11 @@ def take_rows(x: Annotated[NDArray, dict(writable=False)], start: int, count: in
     Rows [start, start + count) of x [T, D] float32 as a new [count, D] array on the same backend. Raises ContractError for rows outside x.
     """
 
+def concat_rows(parts: object, *, engine: Engine | None = None) -> object:
+    """
+    The arrays of parts (a list of [T_i, D] float32 arrays, one D, on the engine's device) stacked by rows into a new [sum T_i, D] array on the same backend: a batched prefill's per-sequence rows put back at their offsets. Raises ContractError naming a part that is not such an array, or an empty list.
+    """
+
 class DecodeSlots:
     """
     A decode batch's slot ids on a CUDA cache's device, at a fixed address (what a captured decode step reads): `size` rows, each a slot or idle (-1). Layers' decode(cache, layer, slots, x) accepts it in place of a host slot array: the rows' positions then come from the cache's device lengths and nothing is copied from the host, so the step can be captured into a CUDA graph (Engine.begin_capture). Idle rows read and write no state. Raises UnsupportedError on a CPU cache, ContractError for size < 1.

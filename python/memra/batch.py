@@ -164,6 +164,34 @@ class DecodeBatch:
             tok = m._pick(src, 0, s.temperature, s.top_k, s.top_p, s.seed, 0)
         return Row(lease, sampling, tok)
 
+    def start_many(self, prompts: list[np.ndarray], samplings: list[RowSampling], leases: list[SlotLease],
+                   what: str = "generate") -> list[Row | NonFiniteError]:
+        """:meth:`start` for several prompts at once: one batched prefill of prompts[j] (int32
+        [T_j], checked) into the slot of leases[j] (Model._prefill_batch: the prompts' rows
+        packed), then each prompt's first token drawn from its own row of the logits as start
+        draws it -> a Row per prompt, or the NonFiniteError of a prompt whose logits are not
+        finite (the others still start). A single prompt goes through :meth:`start`. The leases
+        stay with the caller either way (release them)."""
+        if len(prompts) == 1:
+            try:
+                return [self.start(prompts[0], samplings[0], leases[0], what)]
+            except NonFiniteError as e:
+                return [e]
+        m = self.model
+        out: list[Row | NonFiniteError] = []
+        with m._lock:
+            slots = np.array([lease.slot for lease in leases], np.int32)
+            logits = m._prefill_batch(m.cache, slots, list(prompts), [lease.token for lease in leases])
+            host = m.net.to_host(logits)
+            src = host if m._runner is None else logits  # CUDA: draw on the device, as decode steps do
+            for j, (s, lease) in enumerate(zip(samplings, leases)):
+                if not np.isfinite(host[j]).all():
+                    out.append(_not_finite(what, lease.slot, 0))
+                    continue
+                tok = m._pick(src, j, s.temperature, s.top_k, s.top_p, s.seed, 0)
+                out.append(Row(lease, s, tok))
+        return out
+
     # ------------------------------------------------------------------ steps
     def can_chain(self, rows: list[Row]) -> bool:
         """Whether a step of `rows` can be launched now without collecting the one in flight:

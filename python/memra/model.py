@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import _core
+from . import _core, batch_prefill
 from .batch import DecodeBatch, RowSampling, SlotLease, TokenStream, take_free_slots
 from .config import check_fields, read_config, read_json_object
 from .decode_graph import DecodeRunner, Sampling
@@ -186,6 +186,34 @@ class Model:
                     except Exception as undo:  # noqa: BLE001 - the first error is the one to raise
                         e.add_note(f"prefill: putting slot {slot} back failed too: {undo}")
                 raise
+
+    def prefill_batch(self, cache: _core.Cache, slots, prompts) -> np.ndarray:
+        """Append prompts[j] (token ids [T_j]; lengths may differ) to slots[j] (distinct; each
+        may already hold tokens) in one batched prefill and return the logits of each prompt's
+        last token [P, vocab] (numpy float32; [0, vocab] for no prompts). Row j is what
+        ``prefill(cache, slots[j], prompts[j])`` returns (the same bytes on the CPU; on CUDA
+        within the rounding of GEMMs over more rows). The prompts' rows are packed: the row-wise
+        layers run once over all of them, the mixers per sequence; a call holds at most
+        ``prefill_chunk`` rows (memra.batch_prefill, docs/prefill.md). Checked before anything
+        runs: ContractError naming prompts[i] (empty, not integers, an id outside the vocabulary)
+        or slots (not one per prompt, outside the cache, repeated; held by a generation in
+        flight: code 40026); CacheFullError (nothing written) when a prompt does not fit its
+        slot. On any error every slot is left as it was."""
+        with self._lock:
+            _cache_arg(cache, "prefill_batch")
+            slots, ids = batch_prefill.check_args(self, cache, slots, prompts, "prefill_batch")
+            self._check_not_held(cache, slots, "prefill_batch")
+            if not ids:
+                return np.zeros((0, self.config.vocab_size), np.float32)
+            return self.net.to_host(self._prefill_batch(cache, slots, ids))
+
+    def _prefill_batch(self, cache: _core.Cache, slots: np.ndarray, prompts: list[np.ndarray],
+                       owners: list[int] | None = None):
+        """prefill_batch of checked arguments (P >= 1), the logits [P, vocab] left on the
+        engine's device; `owners`: the token each slot is held with (None: none held)."""
+        with self._lock:
+            owners = [0] * len(slots) if owners is None else [int(o) for o in owners]
+            return batch_prefill.run(self, cache, slots, prompts, owners, "prefill_batch")
 
     def decode(self, cache: _core.Cache, slots, token_ids) -> np.ndarray:
         """One token for each of `slots` (distinct) -> logits [len(slots), vocab] (numpy float32).
@@ -400,7 +428,8 @@ class Model:
         steps' rounding does not decide a token: a batched step sums in other orders than a
         one-row step, and in bfloat16 it runs the routed experts on tensor cores with their
         inputs rounded to bfloat16 (KernelOptions.moe_tensor_cores). At most
-        ``cache.max_batch`` prompts."""
+        ``cache.max_batch`` prompts. The prompts are prefilled together (:meth:`prefill_batch`:
+        their rows packed), each first token drawn from its own row of the logits."""
         if isinstance(prompts, (str, bytes)) or not isinstance(prompts, (Sequence, np.ndarray)):
             raise ContractError(f"generate_batch: prompts must be a list of token id lists, got "
                                 f"{shown(prompts)}", 40020)
@@ -457,12 +486,12 @@ class Model:
             finished[i] = tok in stops or rows[i].count == max_new_tokens
             return i, tok, finished[i]
 
-        for i, ids in enumerate(prompts):
-            try:
-                rows.append(batch.start(ids, samplings[i], leases[i], what))
-            except NonFiniteError as e:
-                raise NonFiniteError(f"{what}: sequence {i}: {e}", NON_FINITE) from None
-            index[id(rows[i])] = i
+        # All prompts prefilled together (one batched prefill: Model._prefill_batch).
+        for i, r in enumerate(batch.start_many(prompts, samplings, leases, what)):
+            if isinstance(r, NonFiniteError):
+                raise NonFiniteError(f"{what}: sequence {i}: {r}", NON_FINITE) from None
+            rows.append(r)
+            index[id(r)] = i
             finished.append(False)
         for i, r in enumerate(rows):
             yield take(i, r.last)

@@ -96,26 +96,68 @@ class DecoderModel:
 
     # ------------------------------------------------------------------ forward
     def hidden(self, cache: _core.Cache, slots: np.ndarray, ids: np.ndarray, *, decode: bool,
-               record: dict[int, np.ndarray] | None = None):
+               record: dict[int, np.ndarray] | None = None, offsets: np.ndarray | None = None):
         """Final hidden states after the mixer + FFN stack; does NOT commit the cache.
 
         prefill (decode=False): slots [1], ids [T] -> [T, hidden].
+        packed prefill (decode=False, offsets given): slots [P] (distinct), ids [N] the P
+        sequences' token rows one after another, offsets [P + 1] int (cu_seqlens: sequence j's
+        rows are [offsets[j], offsets[j + 1]), offsets[0] = 0, offsets[P] = N, each non-empty)
+        -> [N, hidden] in the same packed rows. Every row-wise part (embedding, residual, norms,
+        FFNs, final norm) runs once over the N rows; each mixer continues slots[j] from
+        sequence j's rows alone (its per-slot prefill on those rows, the outputs put back at the
+        same offsets: :meth:`_mix`), with a StepContext of its own per sequence (the DSA index
+        lists are per sequence).
         decode (decode=True): slots [B], ids [B] (one token each) -> [B, hidden].
         slots and ids are host int32 arrays; on a CUDA engine a decode may instead take a
         memra.DecodeSlots and device ids already range-checked (decode_graph.DecodeRunner: no host
         round trip, so the step can be captured). The result lives on the engine's device (numpy
         on the CPU, a DLPack CUDA array on a GPU). `record`, when given, receives the index list each
-        full DSA layer used (as host arrays; see StepContext).
+        full DSA layer used (as host arrays; see StepContext; a packed prefill's in packed rows).
         """
-        ctx = StepContext(decode=decode, engine=self._e, record=record)
+        if offsets is None:
+            ctxs = [StepContext(decode=decode, engine=self._e, record=record)]
+        else:
+            offsets = [int(o) for o in offsets]
+            if decode or len(offsets) != len(slots) + 1 or offsets[0] != 0 or offsets[-1] != len(ids) \
+                    or any(b <= a for a, b in zip(offsets, offsets[1:])):
+                raise ContractError(f"DecoderModel.hidden: offsets {offsets} do not split {len(ids)} prefill "
+                                    f"rows into {len(slots)} non-empty sequences", 40025)
+            ctxs = [StepContext(decode=False, engine=self._e, record=None if record is None else {})
+                    for _ in slots]
         stream = self.residual.begin(self._embed(ids), self._e)
         y = None
         for i, b in enumerate(self.blocks):
             h = stream.enter(b.mixer_site, y)  # residual in (with the mixer's input norm)
-            y = (b.mixer.decode if decode else b.mixer.prefill)(cache, i, slots, h, ctx)
+            if offsets is None:
+                y = (b.mixer.decode if decode else b.mixer.prefill)(cache, i, slots, h, ctxs[0])
+            else:
+                y = self._mix(b.mixer, cache, i, slots, h, ctxs, offsets)
             h = stream.enter(b.ffn_site, y)  # residual out (with the FFN's input norm)
             y = b.ffn.forward(h)
+        if offsets is not None and record is not None:
+            for layer in ctxs[0].record:
+                record[layer] = np.concatenate([c.record[layer] for c in ctxs])
         return stream.head(y, self.final_norm)
+
+    def _mix(self, mixer, cache: _core.Cache, layer: int, slots, h, ctxs: list[StepContext],
+             offsets: list[int]):
+        """A packed prefill's mixer: sequence j's rows of h continue slots[j] through the
+        mixer's own per-slot prefill, and the outputs go back at the same offsets ([N, hidden]).
+
+        Each mixer carries a slot's state (recurrent planes, conv rings, latent / key / value
+        rows, the DSA pools and tail rings) from that slot's rows alone, so the sequences are run
+        one after another here; the rows are taken as views on the CPU and copied on CUDA
+        (take_rows), and the outputs stacked by one concat_rows."""
+        e = self._e
+        if len(ctxs) == 1:
+            return mixer.prefill(cache, layer, slots, h, ctxs[0])
+        parts = []
+        for j, ctx in enumerate(ctxs):
+            a, b = offsets[j], offsets[j + 1]
+            x = h[a:b] if e is None else _core.take_rows(h, a, b - a, engine=e)
+            parts.append(mixer.prefill(cache, layer, slots[j:j + 1], x, ctx))
+        return _core.concat_rows(parts, engine=e)
 
     def _embed(self, ids):
         """The token rows, expanded into the residual kind's streams (one launch)."""

@@ -7,7 +7,8 @@ ctx)`` -> y, so the decoder loop calls every layer alike:
 - slots: prefill: host int32 [1] (the one slot continued); decode: host int32 [B] or a
   memra.DecodeSlots (CUDA; device-resident, for captured steps);
 - x: the normed input [T, hidden] (prefill) or [B, hidden] (decode) on the engine's device;
-- ctx: the :class:`StepContext` of this forward pass.
+- ctx: the :class:`StepContext` of this forward pass (a batched prefill gives each sequence
+  its own, and calls the mixer once per sequence: DecoderModel.hidden's ``offsets``).
 
 The adapters below wrap memra's layer objects (``.layer``) into that interface with the same
 calls, arguments and order as the layer's own methods. An FFN needs no adapter: memra.MlpLayer

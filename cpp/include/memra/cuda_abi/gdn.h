@@ -20,10 +20,10 @@ typedef struct MemraGdnGateParams {
 
 /* The grouped-head gated delta rule (cpu::gdn_scan) over B sequences of T steps each (a prefill:
    B == 1; a decode step: T == 1). Row n = b*T + t of q, k and v. Value head h reads key head
-   h / (Hv / Hk) (transformers' repeat_interleave order). On CUDA the q and k heads are expanded
-   to the value heads and the decay broadcast over dk into scratch (one launch), then KDA's scan
-   runs them (cuda_abi/kda.h kda_scan: the same per-element arithmetic as the CPU reference; its
-   dk-long sums in a fixed tree order). */
+   h / (Hv / Hk) (transformers' repeat_interleave order). On CUDA the sequential scan expands the
+   q and k heads to the value heads and broadcasts the decay over dk into scratch (one launch),
+   then KDA's scan runs them (cuda_abi/kda.h kda_scan: the same per-element arithmetic as the CPU
+   reference; its dk-long sums in a fixed tree order); the chunked form reads them in place. */
 typedef struct MemraGdnScanParams {
   const float* q;   /* L2-normalised queries: row n at q + n*qk_ld, key head kh at + kh*dk, f32 */
   const float* k;   /* L2-normalised keys, the layout of q */
@@ -42,8 +42,10 @@ typedef struct MemraGdnScanParams {
   float* const* state_out;      /* [B] table of output planes, each distinct from the inputs;
                                    required (40024); a null entry is not written */
   float* o;         /* [B, T, Hv, dv] f32; 16-byte aligned on CUDA (40022) */
-  int chunked;      /* != 0: KDA's chunked tensor-core form (MemraKdaScanParams::chunked) after
-                       the expansion; 0 the sequential scan. The CPU reference ignores it. */
+  int chunked;      /* != 0: KDA's chunked tensor-core form (MemraKdaScanParams::chunked),
+                       reading key head h / (Hv / Hk) and the per-head g in place (q, k, v
+                       16-byte aligned with qk_ld, v_ld multiples of 4; otherwise after the
+                       expansion); 0 the sequential scan. The CPU reference ignores it. */
 } MemraGdnScanParams;
 
 #define MEMRA_CUDA_GDN_OPS(X)                                                                     \
@@ -54,8 +56,8 @@ typedef struct MemraGdnScanParams {
      ld >= heads*d (else 40000). rows == 0 or heads == 0: nothing runs. */                        \
   X(gdn_l2norm, (MemraCudaCtx * ctx, float* x, int rows, int heads, int d, int64_t ld,             \
                  float eps))                                                                      \
-  /* The delta-rule scan (MemraGdnScanParams): expand, then kda_scan (scratch from the          \
-     context's stream-ordered pool; capturable). */                                              \
+  /* The delta-rule scan (MemraGdnScanParams): the chunked form in place, or expand, then       \
+     kda_scan (scratch from the context's stream-ordered pool; capturable). */                   \
   X(gdn_scan, (MemraCudaCtx * ctx, const MemraGdnScanParams* p))                                  \
   /* cpu::rms_norm_gated_silu: x, gate, y [T, D] (y may alias x); w [D]. T, D >= 0 (else         \
      40025, as rms_norm_gated_sigmoid). */                                                       \

@@ -1,0 +1,433 @@
+// KDA area, chunked delta-rule form (cuda/kda_chunk.cuh has the algebra and the scratch layout):
+// the intra-chunk kernel, every chunk in parallel. It forms the chunk's Akk and Aqk, the
+// triangular inverse Tm = (I + Akk)^-1, then W = Tm (beta k exp(G)), U = Tm (beta v), and the
+// elementwise tiles KG, QG and exp(G_last), all into the chunk's scratch (W, KG, QG, Aqk f16).
+//
+// The 16-row sub-blocks off the diagonal take exp(G_t - G_r) exp(G_r - G_s) with r the first row
+// of t's sub-block (s < r <= t: both factors <= 1) on tensor cores; the diagonal sub-blocks are
+// summed element by element in f32, unless every g of the chunk is >= -kSafeG: then r is the
+// sub-block's middle row and the diagonal blocks are tensor-core products too (fla's safe gate).
+// The exponentials (up to 100K a chunk, most of the kernel's instructions) are __expf
+// (ex2.approx: relative error within about 1e-5 wherever the result is a normal float, far under
+// the TF32 operands' 2^-11; results below it flush to 0).
+//
+// KDA reads q / k / g of the state head itself; GDN (kScalarG) reads q / k of key head h / group
+// and one g per (row, head), broadcast over the channels: the values of KDA's kernel on GDN's
+// expanded heads, without materialising them.
+#include "kda_chunk.cuh"
+
+using memra::cuda::launch_status;
+
+namespace {
+
+constexpr int kLd = kDk + 4;    // smem row stride of [64, 128] tiles (A fragments conflict free)
+constexpr int kLdA = kC + 4;    // smem row stride of [64, 64] tiles
+constexpr int kThreads = 256;   // 8 warps
+// A KDA chunk whose every g is >= -kSafeG takes its diagonal sub-blocks on tensor cores too,
+// through a reference row in the middle of the sub-block: each exponential factor is then at
+// most exp(8 kSafeG) = exp(44) and any product of two at most exp(82.5), finite in f32 (the
+// lower-bound gate of glm5_next keeps g > -5; other chunks take the element-wise path).
+constexpr float kSafeG = 5.5f;
+
+// Three [64, 128] tiles, each reused once its first content is dead, so two blocks fit an SM
+// (one block's serial phases: the cumulative sum, the inverse's substitution, hide under the
+// other's): Akk leaves the block through the W slot of its scratch (read back once G is dead),
+// Aqk goes straight to scratch, and U's B operand (beta v) is read from global memory.
+struct IntraSmem {
+  float k[kC * kLd];  // k; after the A's: beta k exp(G)
+  float q[kC * kLd];  // q; after the A's: Tm = (I + Akk)^-1 [64, kLdA]
+  float G[kC * kLd];  // cumulative log decay; once dead: Akk [64, kLdA], then the inverse's x
+  float beta[kC];
+  float gmin[kThreads / 32];  // each warp's smallest g (KDA)
+};
+constexpr int kXFloats = 3 * kSub * (kSub + 1);  // the block inverse's per-level products
+static_assert(kC * kLdA <= kC * kLd, "Tm fits q's tile");
+static_assert(kC * kLdA + kXFloats <= kC * kLd, "Akk and x fit G's tile");
+static_assert(kC * kC <= kTileH, "Akk's parking place (f32) in the W slot");
+
+// The tensor-core sub-block products of the A's, per warp: row block I (16 rows) and `count`
+// consecutive column tiles of 8 from tile `first` (tile n covers columns 8 n..). With J <= I
+// (safe chunks, GDN) row block I has 2 I + 2 tiles, 20 in all: I = 3 over warps 0-2 (3, 3, 2
+// tiles), I = 2 over 3-4 (3, 3), I = 1 over 5-6 (2, 2), I = 0 warp 7 (2). With J < I, 2 I
+// tiles, 12 in all: I = 3 over warps 0-2, I = 2 over 3-4, I = 1 warp 5, two tiles each.
+constexpr int kMaxTiles = 3;
+__device__ __forceinline__ void tile_plan(bool with_diagonal, int warp, int& I, int& first,
+                                          int& count) {
+  if (with_diagonal) {
+    if (warp < 3) {
+      I = 3, first = 3 * warp, count = warp < 2 ? 3 : 2;
+    } else if (warp < 5) {
+      I = 2, first = 3 * (warp - 3), count = 3;
+    } else if (warp < 7) {
+      I = 1, first = 2 * (warp - 5), count = 2;
+    } else {
+      I = 0, first = 0, count = 2;
+    }
+  } else {
+    if (warp < 3) {
+      I = 3, first = 2 * warp, count = 2;
+    } else if (warp < 5) {
+      I = 2, first = 2 * (warp - 3), count = 2;
+    } else {
+      I = 1, first = 0, count = warp == 5 ? 2 : 0;
+    }
+  }
+}
+static_assert(kThreads == 256, "tile_plan's eight warps");
+
+// One block per (sequence b, head h, chunk c): blockIdx.x = (b * H + h) * nc + c.
+template <bool kScalarG>
+__global__ void __launch_bounds__(kThreads, 2)
+    chunk_intra_kernel(const memra::cuda::kda::ChunkProblem p, int nc,
+                       float* __restrict__ scratch) {
+  memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
+  memra::cuda::pdl_trigger();
+  extern __shared__ float4 smem_raw[];
+  IntraSmem& sm = *reinterpret_cast<IntraSmem*>(smem_raw);
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int gq = lane >> 2, qq = lane & 3;
+  const int64_t bhc = blockIdx.x;
+  const int c = static_cast<int>(bhc % nc);
+  const int64_t bh = bhc / nc;
+  const int H = p.H, T = p.T;
+  const float scale = p.scale;
+  const int h = static_cast<int>(bh % H);
+  const int64_t b = bh / H;
+  const int t0 = c * kC;
+  const int L = min(kC, T - t0);
+  float* out = scratch + bhc * kChunkFloats;
+  // Row t of the chunk is row n0 + t of the inputs; (n0 + t) * H + h indexes beta (and g).
+  const int64_t n0 = b * T + t0;
+  const float* qh = p.q + n0 * p.ld_qk + int64_t(h / p.group) * kDk;
+  const float* kh = p.k + n0 * p.ld_qk + int64_t(h / p.group) * kDk;
+  const float* vh = p.v + n0 * p.ld_v + int64_t(h) * kDv;
+  float* const tm = sm.q;
+  float* const akk = sm.G;
+  float* const x = sm.G + kC * kLdA;
+  float* const akk_g = out + kOffW;  // Akk [64, 64] f32 until W overwrites it
+  __half* const a_h = reinterpret_cast<__half*>(out + kOffA);  // [QG | Aqk], ld kLdOutA
+  __half* const aqk_h = a_h + kDk;
+
+  // Inputs (rows past L read as zeros: they add nothing anywhere).
+  float gmin = 0.f;
+  for (int i = tid; i < kC * (kDk / 4); i += kThreads) {
+    const int r = i / (kDk / 4), c4 = i % (kDk / 4);
+    float4 kk = make_float4(0.f, 0.f, 0.f, 0.f), qq4 = kk, gg = kk;
+    if (r < L) {
+      const int64_t off = int64_t(r) * p.ld_qk;
+      kk = __ldg(reinterpret_cast<const float4*>(kh + off) + c4);
+      qq4 = __ldg(reinterpret_cast<const float4*>(qh + off) + c4);
+      const int64_t gi = (n0 + r) * H + h;
+      if constexpr (kScalarG) {
+        const float gs = __ldg(p.g + gi);
+        gg = make_float4(gs, gs, gs, gs);
+      } else {
+        gg = __ldg(reinterpret_cast<const float4*>(p.g + gi * kDk) + c4);
+        gmin = fminf(gmin, fminf(fminf(gg.x, gg.y), fminf(gg.z, gg.w)));
+      }
+    }
+    *reinterpret_cast<float4*>(&sm.k[r * kLd + 4 * c4]) = kk;
+    *reinterpret_cast<float4*>(&sm.q[r * kLd + 4 * c4]) = qq4;
+    *reinterpret_cast<float4*>(&sm.G[r * kLd + 4 * c4]) = gg;
+  }
+  if (tid < kC) sm.beta[tid] = tid < L ? __ldg(p.beta + (n0 + tid) * H + h) : 0.f;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) gmin = fminf(gmin, __shfl_xor_sync(0xffffffffu, gmin, o));
+  if (lane == 0) sm.gmin[warp] = gmin;
+  __syncthreads();
+  bool safe = !kScalarG;  // block-uniform
+#pragma unroll
+  for (int w = 0; w < kThreads / 32; ++w) safe = safe && sm.gmin[w] >= -kSafeG;
+
+  // G: the inclusive cumulative sum over the chunk's rows, one channel per thread.
+  if (tid < kDk) {
+    float acc = 0.f;
+    for (int r = 0; r < kC; ++r) {
+      acc = __fadd_rn(acc, sm.G[r * kLd + tid]);
+      sm.G[r * kLd + tid] = acc;
+    }
+  }
+  __syncthreads();
+
+  // Aqk is zero above the diagonal (the output GEMM multiplies the whole tile).
+  for (int i = tid; i < kC * kC; i += kThreads) {
+    const int r = i / kC, s = i % kC;
+    if (s > r) aqk_h[r * kLdOutA + s] = __float2half_rn(0.f);
+  }
+
+  if constexpr (!kScalarG) {
+    // Diagonal sub-blocks of a chunk that is not safe, element by element: a warp per (t, s)
+    // pair (s <= t: 136 a block), a lane per 4 channels.
+    constexpr int kPairs = kSub * (kSub + 1) / 2;
+    for (int pr = safe ? (kC / kSub) * kPairs : warp; pr < (kC / kSub) * kPairs;
+         pr += kThreads / 32) {
+      const int blk = pr / kPairs, idx = pr % kPairs;
+      // idx = i (i + 1) / 2 + j, j <= i (warp-uniform). sqrtf is correctly rounded and exact at
+      // the perfect squares 8 idx + 1 = (2 i + 1)^2; elsewhere the root is over 0.1 from an odd
+      // integer (idx <= 135), so the floor is right; the two checks are belt and braces.
+      int i = static_cast<int>((sqrtf(float(8 * idx + 1)) - 1.f) * 0.5f);
+      if ((i + 1) * (i + 2) / 2 <= idx) ++i;
+      if (i * (i + 1) / 2 > idx) --i;
+      const int j = idx - i * (i + 1) / 2;
+      const int t = blk * kSub + i, s = blk * kSub + j;
+      const float4 kt = *reinterpret_cast<const float4*>(&sm.k[t * kLd + 4 * lane]);
+      const float4 qt = *reinterpret_cast<const float4*>(&sm.q[t * kLd + 4 * lane]);
+      const float4 ks = *reinterpret_cast<const float4*>(&sm.k[s * kLd + 4 * lane]);
+      const float4 gt = *reinterpret_cast<const float4*>(&sm.G[t * kLd + 4 * lane]);
+      const float4 gs = *reinterpret_cast<const float4*>(&sm.G[s * kLd + 4 * lane]);
+      const float e0 = __expf(gt.x - gs.x), e1 = __expf(gt.y - gs.y), e2 = __expf(gt.z - gs.z),
+                  e3 = __expf(gt.w - gs.w);
+      float skk = kt.x * ks.x * e0 + kt.y * ks.y * e1 + kt.z * ks.z * e2 + kt.w * ks.w * e3;
+      float sqk = qt.x * ks.x * e0 + qt.y * ks.y * e1 + qt.z * ks.z * e2 + qt.w * ks.w * e3;
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) {
+        skk += __shfl_xor_sync(0xffffffffu, skk, o);
+        sqk += __shfl_xor_sync(0xffffffffu, sqk, o);
+      }
+      if (lane == 0) {
+        if (j < i) akk_g[t * kC + s] = sm.beta[t] * skk;
+        aqk_h[t * kLdOutA + s] = __float2half_rn(scale * sqk);
+      }
+    }
+
+    // Sub-blocks on tensor cores. Row t of block I meets column s of block J through
+    // exp(G_t - G_r) exp(G_r - G_s), r a reference row of block I. A safe chunk: r = 16 I + 8
+    // for every J <= I (the products above the diagonal are dropped). Otherwise J < I with
+    // r = 16 I (s < r <= t: both factors <= 1). A warp forms its row block's A operands once
+    // per k-step for all its column tiles (tile_plan).
+    int I, first, count;
+    tile_plan(safe, warp, I, first, count);
+    if (count > 0) {
+      const int rb = I * kSub, r = rb + (safe ? kSub / 2 : 0);
+      float dk4[kMaxTiles][4], dq4[kMaxTiles][4];
+#pragma unroll
+      for (int j = 0; j < kMaxTiles; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) dk4[j][e] = dq4[j][e] = 0.f;
+      }
+      for (int k0 = 0; k0 < kDk; k0 += 8) {
+        uint32_t ak[4], aq[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int t = rb + gq + (e & 1) * 8, ch = k0 + qq + (e >> 1) * 4;
+          const float f = __expf(sm.G[t * kLd + ch] - sm.G[r * kLd + ch]);
+          ak[e] = tf32(sm.k[t * kLd + ch] * f);
+          aq[e] = tf32(sm.q[t * kLd + ch] * f);
+        }
+#pragma unroll
+        for (int j = 0; j < kMaxTiles; ++j) {
+          if (j < count) {  // warp-uniform
+            const int s = 8 * (first + j) + gq;
+            uint32_t bb[2];
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const int ch = k0 + qq + e * 4;
+              bb[e] = tf32(sm.k[s * kLd + ch] * __expf(sm.G[r * kLd + ch] - sm.G[s * kLd + ch]));
+            }
+            mma_tf32(dk4[j], ak, bb);
+            mma_tf32(dq4[j], aq, bb);
+          }
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < kMaxTiles; ++j) {
+        if (j < count) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int t = rb + gq + (e >> 1) * 8, s = 8 * (first + j) + 2 * qq + (e & 1);
+            if (s <= t) {
+              if (s < t) akk_g[t * kC + s] = sm.beta[t] * dk4[j][e];
+              aqk_h[t * kLdOutA + s] = __float2half_rn(scale * dq4[j][e]);
+            }
+          }
+        }
+      }
+    }
+  } else {
+    // GDN: one decay per (row, head), so exp(G_t - G_s) leaves the channel sums: Akk and Aqk are
+    // k k^T and q k^T on tensor cores over the sub-blocks J <= I (tile_plan's safe plan), each
+    // element then scaled by its exp(G_t - G_s) (s <= t: exponent <= 0). Channel 0 of the G
+    // tile holds the head's G.
+    int I, first, count;
+    tile_plan(true, warp, I, first, count);
+    const int r0 = I * kSub;
+    float dk4[kMaxTiles][4], dq4[kMaxTiles][4];
+#pragma unroll
+    for (int j = 0; j < kMaxTiles; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) dk4[j][e] = dq4[j][e] = 0.f;
+    }
+#pragma unroll 2
+    for (int k0 = 0; k0 < kDk; k0 += 8) {
+      uint32_t ak[4], aq[4];
+      load_a(ak, sm.k, kLd, r0, k0, gq, qq);
+      load_a(aq, sm.q, kLd, r0, k0, gq, qq);
+#pragma unroll
+      for (int j = 0; j < kMaxTiles; ++j) {
+        if (j < count) {
+          const int s = 8 * (first + j) + gq;
+          uint32_t bb[2];
+          bb[0] = tf32(sm.k[s * kLd + k0 + qq]);  // B(channel, s) = k_s[channel]
+          bb[1] = tf32(sm.k[s * kLd + k0 + qq + 4]);
+          mma_tf32(dk4[j], ak, bb);
+          mma_tf32(dq4[j], aq, bb);
+        }
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kMaxTiles; ++j) {
+      if (j < count) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int t = r0 + gq + (e >> 1) * 8, s = 8 * (first + j) + 2 * qq + (e & 1);
+          if (s <= t) {
+            const float f = expf(sm.G[t * kLd] - sm.G[s * kLd]);
+            if (s < t) akk_g[t * kC + s] = sm.beta[t] * (dk4[j][e] * f);
+            aqk_h[t * kLdOutA + s] = __float2half_rn(scale * (dq4[j][e] * f));
+          }
+        }
+      }
+    }
+  }
+  __syncthreads();
+
+  // Once the A's have read k: scale q exp(G) and k exp(G_last - G) to scratch (f16; rows past L
+  // are zeros; G_last = G of row L - 1, which the zero-padded rows repeat up to row 63),
+  // exp(G_last), and beta k exp(G) over k (each element read and written by one thread). Then
+  // G is dead and Akk (its strictly lower part, the only part the inverse reads) comes back into
+  // G's tile. The stored factors are f16 or TF32 operands: __expf's error does not show.
+  __half* const kg_h = reinterpret_cast<__half*>(out + kOffKG);
+  for (int i = tid; i < kC * kDk; i += kThreads) {
+    const int r = i / kDk, ch = i % kDk;
+    const float gr = sm.G[r * kLd + ch], gl = sm.G[(kC - 1) * kLd + ch];
+    const float eg = __expf(gr), kv = sm.k[r * kLd + ch];
+    a_h[r * kLdOutA + ch] = __float2half_rn(__fmul_rn(__fmul_rn(sm.q[r * kLd + ch], scale), eg));
+    kg_h[i] = __float2half_rn(__fmul_rn(kv, __expf(__fsub_rn(gl, gr))));
+    if (r == 0) out[kOffEl + ch] = expf(gl);  // the state's decay: the accurate exp
+    sm.k[r * kLd + ch] = sm.beta[r] * kv * eg;
+  }
+  __syncthreads();
+  for (int i = tid; i < kC * kC; i += kThreads) {
+    const int r = i / kC, s = i % kC;
+    if (s < r) akk[r * kLdA + s] = akk_g[r * kC + s];  // written by this block: no __ldg
+  }
+  __syncthreads();
+
+  // (I + Akk)^-1, unit lower triangular, in f32 (over q: no longer read). The four diagonal
+  // 16 x 16 blocks by forward substitution (warps 0-3, a lane per column; each lane reads only
+  // its own column back); every element of those blocks is written.
+  if (warp < 4) {
+    if (lane < kSub) {
+      const int base = warp * kSub, col = base + lane;
+      for (int i = 0; i < kSub; ++i) {
+        const int row = base + i;
+        float xv = 0.f;
+        if (i == lane) {
+          xv = 1.f;
+        } else if (i > lane) {
+          for (int m = lane; m < i; ++m) {
+            xv -= akk[row * kLdA + base + m] * tm[(base + m) * kLdA + col];
+          }
+        }
+        tm[row * kLdA + col] = xv;
+      }
+    }
+  }
+  __syncthreads();
+
+  // The blocks below the diagonal by levels (d = I - J): T_IJ = -T_II sum_{M=J}^{I-1} A_IM T_MJ.
+  // A thread per element of a 16 x 16 block.
+  {
+    const int ri = tid / kSub, ci = tid % kSub;
+    for (int d = 1; d < 4; ++d) {
+      const int npairs = 4 - d;
+      for (int pj = 0; pj < npairs; ++pj) {
+        const int J = pj, I = pj + d;
+        float acc = 0.f;
+        for (int M = J; M < I; ++M) {
+          for (int m = 0; m < kSub; ++m) {
+            acc += akk[(I * kSub + ri) * kLdA + M * kSub + m] *
+                   tm[(M * kSub + m) * kLdA + J * kSub + ci];
+          }
+        }
+        x[pj * kSub * (kSub + 1) + ri * (kSub + 1) + ci] = acc;
+      }
+      __syncthreads();
+      for (int pj = 0; pj < npairs; ++pj) {
+        const int J = pj, I = pj + d;
+        float acc = 0.f;
+        for (int m = 0; m <= ri; ++m) {
+          acc += tm[(I * kSub + ri) * kLdA + I * kSub + m] *
+                 x[pj * kSub * (kSub + 1) + m * (kSub + 1) + ci];
+        }
+        tm[(I * kSub + ri) * kLdA + J * kSub + ci] = -acc;
+      }
+      __syncthreads();
+    }
+  }
+
+  // W = Tm (beta k exp(G)) (warps 0-3), U = Tm (beta v) (warps 4-7); warp w's rows 16 (w % 4)..,
+  // all 128 columns; Tm is lower triangular, so k runs to the block's last row. U's B operand
+  // comes from global memory (each v row a 32-byte sector per lane group; rows past L are zero).
+  {
+    const int mi = warp & 3;
+    float acc[kDk / 8][4];
+#pragma unroll
+    for (int n = 0; n < kDk / 8; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
+    for (int k0 = 0; k0 < (mi + 1) * kSub; k0 += 8) {
+      uint32_t a[4];
+      load_a(a, tm, kLdA, mi * kSub, k0, gq, qq);
+      if (warp < 4) {
+#pragma unroll
+        for (int n = 0; n < kDk / 8; ++n) {
+          uint32_t bb[2];
+          load_b(bb, sm.k, kLd, k0, n * 8, gq, qq);
+          mma_tf32(acc[n], a, bb);
+        }
+      } else {
+        const int s0 = k0 + qq, s1 = s0 + 4;
+        const bool in0 = s0 < L, in1 = s1 < L;
+        const float b0 = sm.beta[s0], b1 = sm.beta[s1];
+        const float* v0 = vh + int64_t(in0 ? s0 : 0) * p.ld_v + gq;
+        const float* v1 = vh + int64_t(in1 ? s1 : 0) * p.ld_v + gq;
+#pragma unroll
+        for (int n = 0; n < kDv / 8; ++n) {
+          uint32_t bb[2];
+          bb[0] = tf32(in0 ? b0 * __ldg(v0 + n * 8) : 0.f);
+          bb[1] = tf32(in1 ? b1 * __ldg(v1 + n * 8) : 0.f);
+          mma_tf32(acc[n], a, bb);
+        }
+      }
+    }
+#pragma unroll
+    for (int n = 0; n < kDk / 8; ++n) {
+      const int r = mi * kSub + gq, col = n * 8 + 2 * qq;
+      if (warp < 4) {  // W, f16 (after every read of Akk's parking place: barriers above)
+        __half* w = reinterpret_cast<__half*>(out + kOffW);
+        *reinterpret_cast<__half2*>(w + r * kDk + col) = __floats2half2_rn(acc[n][0], acc[n][1]);
+        *reinterpret_cast<__half2*>(w + (r + 8) * kDk + col) =
+            __floats2half2_rn(acc[n][2], acc[n][3]);
+      } else {  // U, f32
+        float* u = out + kOffU;
+        *reinterpret_cast<float2*>(u + r * kDv + col) = make_float2(acc[n][0], acc[n][1]);
+        *reinterpret_cast<float2*>(u + (r + 8) * kDv + col) = make_float2(acc[n][2], acc[n][3]);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+namespace memra::cuda::kda {
+
+int launch_chunk_intra(MemraCudaCtx* ctx, const ChunkProblem& p, int nc, float* scratch) {
+  const int64_t chunks = int64_t(p.B) * p.H * nc;
+  if (chunks > 0x7fffffffLL) return memra::kContractShape;
+  auto* kernel = p.scalar_g ? chunk_intra_kernel<true> : chunk_intra_kernel<false>;
+  MEMRA_CUDA_RETURN_IF(allow_smem(ctx, kernel, sizeof(IntraSmem)));
+  memra::cuda::launch(ctx, true, kernel, dim3(static_cast<unsigned>(chunks)), dim3(kThreads),
+                      sizeof(IntraSmem), p, nc, scratch);
+  return launch_status();
+}
+
+}  // namespace memra::cuda::kda

@@ -1,0 +1,205 @@
+// KDA area, chunked delta-rule form (cuda/kda_chunk.cuh has the algebra and the scratch layout):
+// the one sequential kernel. Per chunk, in order: D = U - W S, then S <- exp(G_last) S + KG^T D,
+// writing the state entering the chunk and D for the output kernel (cuda/kda_chunk_out.cu).
+//
+// A block owns one (sequence, head) and half of the state's columns, the state in mma
+// accumulator registers. The chain's cost per chunk is two barriers and 64 mma per warp; the
+// next chunk's W and KG tiles (the operands every warp reads) are copied into shared memory with
+// cp.async while this chunk computes, so no global latency sits on the chain. Two column halves
+// (rather than four quarters) keep the L2 re-reads of W and KG at two per chunk and the grid at
+// one wave for 64 heads.
+#include "kda_chunk.cuh"
+
+using memra::cuda::cp_async_16;
+using memra::cuda::cp_async_commit;
+using memra::cuda::cp_async_wait;
+using memra::cuda::launch_status;
+
+namespace {
+
+constexpr int kThreads = 512;         // 16 warps
+constexpr int kDvb = 64;              // state columns per block
+constexpr int kParts = kDv / kDvb;    // blocks per (sequence, head)
+// W and KG tiles are f16, rows of 136 halves (68 words: 16-byte aligned rows for cp.async).
+// W's row-major A fragments: lanes g = 0..7 land on words 68 g + {0, 1} = 4 g + {0, 1} mod 32.
+// KG read transposed (A[m][t] = KG[t][m]): lanes q = 0..3 on words 4 q + g / 2 mod 32.
+constexpr int kLdH = kDk + 8;
+constexpr int kLdS = kDvb + 8;        // S [128, 64] and D [64, 64]: B fragments, ld % 32 == 8
+static_assert((kLdH / 2) % 32 == 4 && (kLdH * 2) % 16 == 0 && kLdS % 32 == 8,
+              "conflict-free fragments, aligned rows");
+static_assert((kThreads / 32) == 16 && kDk == 8 * kSub && kC == 4 * kSub && kDvb == 64,
+              "warp roles below: 8 x 2 state tiles, 4 x 4 D tiles");
+
+struct StateSmem {
+  __half w[2][kC * kLdH];   // W of this chunk / the next (double buffer)
+  __half kg[2][kC * kLdH];  // KG likewise
+  float s[kDk * kLdS];     // the state entering the chunk (B operand of W S)
+  float d[kC * kLdS];      // D (B operand of KG^T D)
+};
+
+// cp.async of chunk `in`'s W and KG tiles into buffer `buf` (every thread its share).
+__device__ __forceinline__ void prefetch(StateSmem& sm, int buf, const float* in, int tid) {
+  constexpr int kVec = kDk / 8;  // 16-byte pieces per row
+  const __half* w = reinterpret_cast<const __half*>(in + kOffW);
+  const __half* kg = reinterpret_cast<const __half*>(in + kOffKG);
+  for (int i = tid; i < kC * kVec; i += kThreads) {
+    const int r = i / kVec, c8 = i % kVec;
+    cp_async_16(&sm.w[buf][r * kLdH + 8 * c8], w + r * kDk + 8 * c8);
+    cp_async_16(&sm.kg[buf][r * kLdH + 8 * c8], kg + r * kDk + 8 * c8);
+  }
+}
+
+// One block per (sequence b, head h, column half): blockIdx.x = (b * H + h) * kParts + part.
+// Warp w holds state rows 16 (w % 8).., columns 32 (w / 8).. of the block's 64 (4 mma tiles),
+// and computes D rows 16 (w % 4).., columns 16 (w / 4).. (2 mma tiles). Per chunk:
+//   store S (smem, and the scratch's B rows 0..127); wait for this chunk's tiles; barrier 1
+//   (every warp is past the previous chunk's update: the other buffer and D may be rewritten);
+//   prefetch the next chunk; D = U - W S (smem, and the scratch's B rows 128.. over U);
+//   barrier 2; S = exp(G_last) S + KG^T D.
+// S is rewritten only after barrier 2 of the previous chunk (its last readers are before it).
+__global__ void __launch_bounds__(kThreads, 1)
+    chunk_state_kernel(float* __restrict__ scratch, int H, int nc,
+                       const float* const* state_in, float* const* state_out) {
+  memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
+  memra::cuda::pdl_trigger();
+  extern __shared__ float4 smem_raw[];
+  StateSmem& sm = *reinterpret_cast<StateSmem*>(smem_raw);
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int gq = lane >> 2, qq = lane & 3;
+  const int part = static_cast<int>(blockIdx.x % kParts);
+  const int64_t bh = blockIdx.x / kParts;
+  const int h = static_cast<int>(bh % H);
+  const int64_t b = bh / H;
+  const int j0 = part * kDvb;                 // the block's first state column
+  const int64_t plane = int64_t(h) * kDk * kDv;
+  const int m0 = (warp & 7) * kSub, cs = (warp >> 3) * 32;  // state tile of this warp
+  const int dm = (warp & 3) * kSub, dn = (warp >> 2) * 16;  // D tile of this warp
+  float* const first = scratch + bh * nc * kChunkFloats;
+
+  // S rows m0 + gq (+ 8), columns cs + 8 n + 2 qq (+ 1) of the block's part.
+  float S[4][4];
+  const float* sin = state_in ? state_in[b] : nullptr;
+#pragma unroll
+  for (int n = 0; n < 4; ++n) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int r = m0 + gq + (e >> 1) * 8, col = j0 + cs + n * 8 + 2 * qq + (e & 1);
+      S[n][e] = sin ? sin[plane + int64_t(r) * kDv + col] : 0.f;
+    }
+  }
+
+  prefetch(sm, 0, first, tid);
+  cp_async_commit();
+  for (int c = 0; c < nc; ++c) {
+    const int buf = c & 1;
+    float* in = first + int64_t(c) * kChunkFloats;
+#pragma unroll
+    for (int n = 0; n < 4; ++n) {
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int r = m0 + gq + hh * 8, col = cs + n * 8 + 2 * qq;
+        const float2 v = make_float2(S[n][2 * hh], S[n][2 * hh + 1]);
+        *reinterpret_cast<float2*>(&sm.s[r * kLdS + col]) = v;
+        *reinterpret_cast<float2*>(in + kOffB + r * kDv + j0 + col) = v;
+      }
+    }
+    // U for this thread's D elements (it overwrites them with D below), exp(G_last) of its
+    // state rows: issued before the wait, so their latency overlaps it.
+    float2 u[2][2];
+#pragma unroll
+    for (int n = 0; n < 2; ++n) {
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int r = dm + gq + hh * 8, col = j0 + dn + n * 8 + 2 * qq;
+        u[n][hh] = *reinterpret_cast<const float2*>(in + kOffU + r * kDv + col);
+      }
+    }
+    const float e_lo = in[kOffEl + m0 + gq], e_hi = in[kOffEl + m0 + gq + 8];
+    cp_async_wait<0>();
+    __syncthreads();
+    if (c + 1 < nc) {
+      prefetch(sm, buf ^ 1, in + kChunkFloats, tid);
+      cp_async_commit();
+    }
+
+    // D = U - W S.
+    float dacc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+    const __half* w = sm.w[buf];
+#pragma unroll 4
+    for (int k0 = 0; k0 < kDk; k0 += 8) {
+      uint32_t a[4];
+      load_a_h(a, w, kLdH, dm, k0, gq, qq);
+#pragma unroll
+      for (int n = 0; n < 2; ++n) {
+        uint32_t bb[2];
+        load_b(bb, sm.s, kLdS, k0, dn + n * 8, gq, qq);
+        mma_tf32(dacc[n], a, bb);
+      }
+    }
+#pragma unroll
+    for (int n = 0; n < 2; ++n) {
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int r = dm + gq + hh * 8, col = dn + n * 8 + 2 * qq;
+        const float2 d =
+            make_float2(u[n][hh].x - dacc[n][2 * hh], u[n][hh].y - dacc[n][2 * hh + 1]);
+        *reinterpret_cast<float2*>(&sm.d[r * kLdS + col]) = d;
+        *reinterpret_cast<float2*>(in + kOffU + r * kDv + j0 + col) = d;
+      }
+    }
+    __syncthreads();
+
+    // S = exp(G_last) S + KG^T D: A (m = state row, k = chunk row) reads KG transposed.
+#pragma unroll
+    for (int n = 0; n < 4; ++n) {
+      S[n][0] *= e_lo;
+      S[n][1] *= e_lo;
+      S[n][2] *= e_hi;
+      S[n][3] *= e_hi;
+    }
+    const __half* kg = sm.kg[buf];
+#pragma unroll 2
+    for (int k0 = 0; k0 < kC; k0 += 8) {
+      uint32_t a[4];
+      a[0] = tf32_h(kg[(k0 + qq) * kLdH + m0 + gq]);
+      a[1] = tf32_h(kg[(k0 + qq) * kLdH + m0 + gq + 8]);
+      a[2] = tf32_h(kg[(k0 + qq + 4) * kLdH + m0 + gq]);
+      a[3] = tf32_h(kg[(k0 + qq + 4) * kLdH + m0 + gq + 8]);
+#pragma unroll
+      for (int n = 0; n < 4; ++n) {
+        uint32_t bb[2];
+        load_b(bb, sm.d, kLdS, k0, cs + n * 8, gq, qq);
+        mma_tf32(S[n], a, bb);
+      }
+    }
+  }
+
+  float* sout = state_out[b];
+  if (sout) {
+#pragma unroll
+    for (int n = 0; n < 4; ++n) {
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int r = m0 + gq + hh * 8, col = j0 + cs + n * 8 + 2 * qq;
+        *reinterpret_cast<float2*>(sout + plane + int64_t(r) * kDv + col) =
+            make_float2(S[n][2 * hh], S[n][2 * hh + 1]);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+namespace memra::cuda::kda {
+
+int launch_chunk_state(MemraCudaCtx* ctx, const ChunkProblem& p, int nc, float* scratch) {
+  const int64_t blocks = int64_t(p.B) * p.H * kParts;
+  if (blocks > 0x7fffffffLL) return memra::kContractShape;
+  MEMRA_CUDA_RETURN_IF(allow_smem(ctx, chunk_state_kernel, sizeof(StateSmem)));
+  memra::cuda::launch(ctx, true, chunk_state_kernel, dim3(static_cast<unsigned>(blocks)),
+                      dim3(kThreads), sizeof(StateSmem), scratch, p.H, nc, p.state_in,
+                      p.state_out);
+  return launch_status();
+}
+
+}  // namespace memra::cuda::kda
