@@ -20,8 +20,8 @@
 #             scripts/make_ab_old.sh put in ./ab_old (built here with gpu_build inside ab_old)
 #             the benches of those names (--quick), peers with fla 0.6.0 where carried
 # Carried folders it uses when present: .whl_fla (fla wheels), .whl (serve's wheels),
-# .triton_cache (fla's Triton autotune cache from an earlier call; the updated cache comes back
-# in $OUT/triton_cache.tgz).
+# .triton_cache or .triton_cache.tgz (fla's Triton autotune cache from an earlier call, a folder or
+# the tarball a call returns; the updated cache comes back in $OUT/triton_cache.tgz).
 set -uo pipefail
 OUT0=${OUT:-/tmp/memra-out}; OUT=$OUT0/logs; mkdir -p "$OUT"
 cd "$(dirname "$0")/.."
@@ -32,6 +32,7 @@ site=$(pwd)/build/dev-gpu/site
 export TRITON_CACHE_DIR=/tmp/triton-cache
 mkdir -p "$TRITON_CACHE_DIR"
 [ -d .triton_cache ] && cp -r .triton_cache/. "$TRITON_CACHE_DIR"/
+[ -f .triton_cache.tgz ] && tar -xzf .triton_cache.tgz -C "$TRITON_CACHE_DIR"
 peers=""
 if ls .whl_fla/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/fla .whl_fla/*.whl \
