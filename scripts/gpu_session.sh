@@ -29,7 +29,7 @@ source scripts/gpu_env.sh
 BUDGET_S=${BUDGET_S:-560}
 t_start=$(date +%s)
 site=$(pwd)/build/dev-gpu/site
-export TRITON_CACHE_DIR=/tmp/triton-cache
+export TRITON_CACHE_DIR=/tmp/triton-cache TRITON_CACHE_AUTOTUNING=1  # the peers' autotune results persist too
 mkdir -p "$TRITON_CACHE_DIR"
 [ -d .triton_cache ] && cp -r .triton_cache/. "$TRITON_CACHE_DIR"/
 [ -f .triton_cache.tgz ] && tar -xzf .triton_cache.tgz -C "$TRITON_CACHE_DIR"
