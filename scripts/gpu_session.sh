@@ -13,7 +13,7 @@
 #   kimi qwen gdn kdapre mlapre prefill moepre moedec serve
 #   kdarest   bench_kda_prefill's shapes --quick leaves out (KDA 32 heads, B = 8; GDN B = 8)
 #   prefill_long  bench_model_prefill at T = 32K and 128K and 8 prompts of 2K, no peer
-#   prefill_mem   bench_model_prefill at T = 1K and 8K, memra only
+#   prefill_mem   bench_model_prefill at T = 1K and 8K and 8 prompts of 2K (both arms), memra only
 #   kdadec mladec  bench_kda_decode (fla peer) / bench_mla_decode --variant all, --quick
 #   accbench  benchmarks/accuracy_bench_model.py: the 2x rule on the bench model at T = 1K, 8K
 #             against transformers f32 (never with fla on the path)
@@ -110,7 +110,7 @@ for p in "$@"; do
     kdadec) phase kdadec 150 env PYTHONPATH="$site${peers:+:$peers}" python3 benchmarks/bench_kda_decode.py --quick ;;
     mladec) phase mladec 120 env PYTHONPATH="$site" python3 benchmarks/bench_mla_decode.py --quick --variant all ;;
     prefill_mem) phase prefill_mem 150 env PYTHONPATH="$site" python3 benchmarks/bench_model_prefill.py \
-        --quick --skip-peer --lengths 1024,8192 ;;
+        --quick --skip-peer --lengths 1024,8192 --batch 8x2048 ;;
     mlapre) phase mlapre 200 env PYTHONPATH="$site${peers:+:$peers}" python3 benchmarks/bench_mla_prefill.py --quick ;;
     prefill) phase prefill 300 env PYTHONPATH="$site${peers:+:$peers}" python3 benchmarks/bench_model_prefill.py --quick ;;
     moepre) phase moepre 200 env PYTHONPATH="$site${peers:+:$peers}" python3 benchmarks/bench_moe_prefill.py --quick ;;
