@@ -76,6 +76,10 @@ struct MemraCudaCtx {
   bool capturing = false;
   std::vector<std::pair<uintptr_t, size_t>> capture_allocs;  // (address, bytes)
   std::vector<void*> deferred_releases;
+  // Allocations above kKeepMinBytes made outside a capture (large_live) and, once released, up
+  // to kKeepBlocks of them kept (kept) for the next allocation of exactly their size on this
+  // stream instead of going back to the pool (cuda/context.cu says why). Both (address, bytes).
+  std::vector<std::pair<void*, size_t>> large_live, kept;
   // > 0 while a layer runs GEMMs over its own uploaded weights (resident_weights): no queued
   // kernel writes them, so a GEMV may start reading them before its predecessor finishes.
   int resident_weights = 0;

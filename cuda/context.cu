@@ -21,6 +21,13 @@ constexpr size_t kLtWorkspaceBytes = size_t(32) << 20;  // cuBLASLt's recommende
 constexpr size_t kBlasWorkspaceBytes = size_t(32) << 20;  // fixed cuBLAS workspace (graph capture)
 constexpr size_t kStagingBytes = size_t(4) << 20;       // pinned ring for small uploads
 constexpr size_t kStagedMax = size_t(64) << 10;         // copies up to this size are staged
+// Released blocks above kKeepMinBytes (at most kKeepBlocks) stay on the context for the next
+// allocation of their exact size. H200, kda_scan at B = 256, H = 64: its 2 GiB state output
+// cost 1058 us a call against a 621 us kernel, where the 1 GiB output of H = 32 cost its
+// kernel's time: the pool did not hand the released 2 GiB back (outputs of 1 GiB and below it
+// does). Reuse on the context's one stream is what the pool's own stream-ordered reuse would do.
+constexpr size_t kKeepMinBytes = size_t(1) << 30;
+constexpr size_t kKeepBlocks = 2;
 
 template <typename S, typename D>
 __global__ void convert_kernel(const S* __restrict__ src, D* __restrict__ dst, int64_t n) {
@@ -48,6 +55,29 @@ int launch_convert(MemraCudaCtx* ctx, const void* src, void* dst, int dst_dtype,
         static_cast<const S*>(src), static_cast<__nv_bfloat16*>(dst), n);
   }
   return launch_status();
+}
+
+// A release outside a capture: a large block is kept (up to kKeepBlocks), anything else goes
+// back to the pool on the stream.
+int release_now(MemraCudaCtx* ctx, void* ptr) {
+  auto& live = ctx->large_live;
+  for (auto it = live.begin(); it != live.end(); ++it) {
+    if (it->first != ptr) continue;
+    const auto block = *it;
+    live.erase(it);
+    if (ctx->kept.size() < kKeepBlocks) {
+      ctx->kept.push_back(block);
+      return memra::kOk;
+    }
+    break;
+  }
+  return status_of(cudaFreeAsync(ptr, ctx->stream));
+}
+
+// The kept blocks back to the pool (before a retry of a failed allocation, at destroy).
+void release_kept(MemraCudaCtx* ctx) {
+  for (const auto& k : ctx->kept) cudaFreeAsync(k.first, ctx->stream);
+  ctx->kept.clear();
 }
 
 }  // namespace
@@ -107,6 +137,7 @@ int memra_cuda_ctx_destroy(MemraCudaCtx* ctx) {
   if (!ctx) return memra::kOk;
   cudaSetDevice(ctx->device);
   int rc = memra::kOk;
+  if (ctx->stream) release_kept(ctx);
   if (ctx->stream) rc = status_of(cudaStreamSynchronize(ctx->stream));
   if (ctx->capturing) memra_cuda_graph_abort(ctx);
   if (ctx->lt_workspace) cudaFree(ctx->lt_workspace);
@@ -136,11 +167,26 @@ int memra_cuda_alloc(MemraCudaCtx* ctx, size_t bytes, void** out) {
   *out = nullptr;
   MEMRA_CUDA_RETURN_IF(enter_keep(ctx));
   if (bytes == 0) bytes = 1;  // a valid, distinct pointer for empty tensors
-  const int rc = status_of(cudaMallocAsync(out, bytes, ctx->stream));
+  const bool large = !ctx->capturing && bytes > kKeepMinBytes;
+  if (large) {
+    for (auto it = ctx->kept.begin(); it != ctx->kept.end(); ++it) {
+      if (it->second != bytes) continue;
+      *out = it->first;
+      ctx->large_live.push_back(*it);
+      ctx->kept.erase(it);
+      return memra::kOk;
+    }
+  }
+  int rc = status_of(cudaMallocAsync(out, bytes, ctx->stream));
+  if (rc == memra::kOutOfMemory && !ctx->capturing && !ctx->kept.empty()) {
+    release_kept(ctx);  // the kept blocks may be what is missing
+    rc = status_of(cudaMallocAsync(out, bytes, ctx->stream));
+  }
   if (rc != memra::kOk) *out = nullptr;
   if (rc == memra::kOk && ctx->capturing) {
     ctx->capture_allocs.emplace_back(reinterpret_cast<uintptr_t>(*out), bytes);
   }
+  if (rc == memra::kOk && large) ctx->large_live.emplace_back(*out, bytes);
   return rc;
 }
 
@@ -158,8 +204,9 @@ int memra_cuda_release(MemraCudaCtx* ctx, void* ptr) {
       ctx->deferred_releases.push_back(ptr);
       return memra::kOk;
     }
+    return status_of(cudaFreeAsync(ptr, ctx->stream));
   }
-  return status_of(cudaFreeAsync(ptr, ctx->stream));
+  return release_now(ctx, ptr);
 }
 
 int memra_cuda_copy_2d(MemraCudaCtx* ctx, void* dst, size_t dst_pitch, const void* src,
@@ -351,7 +398,7 @@ int finish_capture(MemraCudaCtx* ctx, cudaGraph_t* graph) {
   const cudaError_t e = cudaStreamEndCapture(ctx->stream, graph);
   ctx->capturing = false;
   ctx->capture_allocs.clear();
-  for (void* p : ctx->deferred_releases) cudaFreeAsync(p, ctx->stream);
+  for (void* p : ctx->deferred_releases) release_now(ctx, p);
   ctx->deferred_releases.clear();
   return status_of(e);
 }

@@ -46,6 +46,7 @@ struct RowPlanes {
   float* base1 = nullptr;
   int64_t floats = 0;
   int64_t offset = 0;
+  bool strided = false;  // MEMRA_KDA_PLANES_STRIDED: row b's planes base0 / base1 + b * floats
   bool early = false;
 
   __device__ __forceinline__ void at(int64_t b, const float** pin, float** pout) const {
@@ -66,13 +67,20 @@ struct RowPlanes {
       *pout = (one ? base0 : base1) + off;
       return;
     }
+    if (strided) {
+      const int64_t off = b * floats;
+      *pin = base0 ? base0 + off : nullptr;
+      *pout = base1 + off;
+      return;
+    }
     *pin = in ? in[b] : nullptr;
     *pout = out[b];
   }
 };
 
-// The RowPlanes of a TABLES or SLOTS MemraKdaPlanes (the caller has checked the form). A SLOTS
-// form with null slots is left a table form without tables, which the checks refuse (40024).
+// The RowPlanes of a TABLES, STRIDED or SLOTS MemraKdaPlanes (the caller has checked the form).
+// A SLOTS form with null slots is left a table form without tables, which the checks refuse
+// (40024).
 inline RowPlanes row_planes(const MemraKdaPlanes& p) {
   RowPlanes r;
   if (p.form == MEMRA_KDA_PLANES_SLOTS) {
@@ -82,6 +90,11 @@ inline RowPlanes row_planes(const MemraKdaPlanes& p) {
     r.base1 = p.base1;
     r.floats = p.floats;
     r.offset = p.offset;
+  } else if (p.form == MEMRA_KDA_PLANES_STRIDED) {
+    r.strided = true;
+    r.base0 = const_cast<float*>(p.in);  // only read
+    r.base1 = p.out;
+    r.floats = p.floats;
   } else {
     r.in = p.in_table;
     r.out = p.out_table;
@@ -108,13 +121,35 @@ __device__ __forceinline__ float gate_value(float f, float bias, float decay_rat
 // beta from its logit (memra_cuda_sigmoid's arithmetic).
 __device__ __forceinline__ float beta_value(float logit) { return 1.0f / (1.0f + expf(-logit)); }
 
+// kda_scan's fused gates (SLOTS, both decode kernels): g and beta arrive raw (f, beta's logits)
+// and the scan applies gate_kernel's arithmetic to them as it loads them.
+struct RawGates {
+  const float* dt_bias;  // [H * dk], 16-byte aligned
+  const float* A_log;    // [H]
+  int form;
+  float lower_bound;
+};
+
+// kda_scan's fused norm (SLOTS): o written through rms_norm_gated_sigmoid over the head's row.
+struct GatedNorm {
+  const float* gate;  // [B * H, dv]
+  const float* w;     // [dv]
+  float eps;
+};
+
 }  // namespace
 
 namespace memra::cuda::kda {
 
 // cuda/kda_decode.cu: the decode step of kda_scan (T == 1), after the entry's checks.
-// TABLES: scan_decode_kernel over the pointer tables (q .. o checked 16-byte aligned).
+// TABLES or STRIDED: the decode kernel over the rows' planes (q .. o checked 16-byte aligned).
 int scan_decode_tables(MemraCudaCtx* ctx, const MemraKdaScanParams& p);
+// cuda/kda_decode_lines.cu: the same step in whole 128-byte lines, a block per 32 columns of a
+// head (KernelOptions::kda_decode_lines; scan_decode_tables dispatches), the same bytes.
+int scan_decode_lines_tables(MemraCudaCtx* ctx, const MemraKdaScanParams& p);
+// The same kernel's SLOTS form (gates and norm fused, a whole head a block), the launch after
+// scan_decode_slots' checks when KernelOptions::kda_decode_lines holds.
+int scan_decode_lines_slots(MemraCudaCtx* ctx, const MemraKdaScanParams& p);
 // SLOTS with the gates and the norm fused: the whole of that form (its checks, then the launch).
 int scan_decode_slots(MemraCudaCtx* ctx, const MemraKdaScanParams& p);
 // cuda/kda_chunk.cu: the chunked (WY / UT) form of the TABLES scan on tensor cores (p.chunked),

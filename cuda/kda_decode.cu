@@ -94,15 +94,6 @@ __device__ __forceinline__ float column_sum(const float (&P)[kDecLaneGroups]) {
   return __fadd_rn(half, __shfl_xor_sync(0xffffffffu, half, 16));
 }
 
-// kda_scan's fused gates (SLOTS): g and beta arrive raw (f, beta's logits) and the scan applies
-// gate_kernel's arithmetic to them as it loads them.
-struct RawGates {
-  const float* dt_bias;  // [H * dk], 16-byte aligned
-  const float* A_log;    // [H]
-  int form;
-  float lower_bound;
-};
-
 // One decode step of B sequences (T = 1), scan_kernel's arithmetic (cuda/kda_scan.cu) in its
 // order (see above).
 // q, k, g [B, 1, H, dk]; v, o [B, 1, H, dv]; beta [B, 1, H]; state planes [H, dk, dv]; every
@@ -113,11 +104,7 @@ struct RawGates {
 // with beta followed by kda_scan. NORM (WARPS = 8, a whole head a block): o is written through
 // rms_norm_gated_sigmoid over the head's row (gate_o [B, H, dv], w [dv], eps: the row body of
 // rms_norm_gated_kernel<32>, gated_norm_short_row), the bytes of the scan then that launch.
-struct GatedNorm {
-  const float* gate;  // [B * H, dv]
-  const float* w;     // [dv]
-  float eps;
-};
+// (RawGates and GatedNorm: kda_common.cuh.)
 
 template <bool RAW, int WARPS, bool NORM>
 __global__ void __launch_bounds__(32 * WARPS, 16 / WARPS)
@@ -322,6 +309,8 @@ __global__ void __launch_bounds__(32 * WARPS, 16 / WARPS)
 namespace memra::cuda::kda {
 
 int scan_decode_tables(MemraCudaCtx* ctx, const MemraKdaScanParams& p) {
+  // The default: whole-line blocks (cuda/kda_decode_lines.cu); this kernel is the A/B arm.
+  if (ctx->options.kda_decode_lines) return scan_decode_lines_tables(ctx, p);
   const int64_t blocks = static_cast<int64_t>(p.B) * p.H * dec_blocks_per_head<kDecWarps>();
   if (blocks > 0x7fffffffLL) return memra::kContractShape;
   memra::cuda::launch(ctx, true, scan_decode_kernel<false, kDecWarps, false>,
@@ -356,6 +345,8 @@ int scan_decode_slots(MemraCudaCtx* ctx, const MemraKdaScanParams& p) {
                         static_cast<const void*>(p.dt_bias), static_cast<const void*>(p.o)}) {
     if (reinterpret_cast<uintptr_t>(a) & 15u) return memra::kContractStride;
   }
+  // The default: the whole-line kernel's fused form (cuda/kda_decode_lines.cu); below, the A/B arm.
+  if (ctx->options.kda_decode_lines) return scan_decode_lines_slots(ctx, p);
   const RawGates gates{p.dt_bias, p.A_log, form, p.lower_bound};
   const GatedNorm norm{p.gate_o, p.o_norm, p.norm_eps};
   // A whole head a block: the scan, then o through the gated norm.

@@ -234,6 +234,28 @@ int scan_tables(MemraCudaCtx* ctx, const MemraKdaScanParams& p) {
   return launch_status();
 }
 
+// The STRIDED form: the decode step (T == 1, not chunked) over contiguous rows' planes, the
+// TABLES form's checks and kernels without the table (RowPlanes resolves row b's planes).
+int scan_strided(MemraCudaCtx* ctx, const MemraKdaScanParams& p) {
+  const int B = p.B, T = p.T, H = p.H, dk = p.dk, dv = p.dv;
+  const MemraKdaPlanes& s = p.state;
+  if (B < 0 || T < 0 || H < 0 || dk < 1 || dv < 1) return memra::kContractShape;
+  if (dk != kScanDk || dv != kScanDv) return memra::kUnsupportedGeometry;
+  if (B == 0 || T == 0 || H == 0) return memra::kOk;
+  if (T != 1 || p.chunked) return memra::kUnsupportedGeometry;
+  if (!p.q || !p.k || !p.v || !p.g || !p.beta || !s.out || !p.o) return memra::kContractMissing;
+  if (s.floats < static_cast<int64_t>(H) * dk * dv) return memra::kContractValue;
+  // float4 loads of q, k, g, v and the planes, float4 stores of o and the planes.
+  if (s.floats % 4 != 0) return memra::kContractStride;
+  for (const void* a : {static_cast<const void*>(p.q), static_cast<const void*>(p.k),
+                        static_cast<const void*>(p.v), static_cast<const void*>(p.g),
+                        static_cast<const void*>(p.o), static_cast<const void*>(s.in),
+                        static_cast<const void*>(s.out)}) {
+    if (reinterpret_cast<uintptr_t>(a) & 15u) return memra::kContractStride;
+  }
+  return memra::cuda::kda::scan_decode_tables(ctx, p);
+}
+
 }  // namespace
 
 extern "C" {
@@ -266,6 +288,9 @@ int memra_cuda_kda_scan(MemraCudaCtx* ctx, const MemraKdaScanParams* p) {
     case MEMRA_KDA_PLANES_TABLES:
       if (p->fuse_gates || p->fuse_norm) return memra::kUnsupportedGeometry;
       return scan_tables(ctx, *p);
+    case MEMRA_KDA_PLANES_STRIDED:
+      if (p->fuse_gates || p->fuse_norm) return memra::kUnsupportedGeometry;
+      return scan_strided(ctx, *p);
     case MEMRA_KDA_PLANES_SLOTS:
       // The one kernel of this form: a decode step with the gates and the norm fused.
       if (!p->fuse_gates || !p->fuse_norm || p->T != 1) return memra::kUnsupportedGeometry;

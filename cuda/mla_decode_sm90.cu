@@ -2,12 +2,13 @@
 // memra_cuda_mla_attn's batched dense form (cuda_abi/mla.h): 64 heads, kv rank R = 512, bf16
 // latent caches (the cache row is both K and V), one query row per sequence, no index list.
 // cuda/mla_decode.cu owns the split plan and every other shape; it calls
-// mla_decode_sm90() below when KernelOptions::mla_decode_variant selects this arm (1 or 2).
+// mla_decode_sm90() below when KernelOptions::mla_decode_variant selects this arm (1 to 4).
 //
 // Block (split blockIdx.x, sequence blockIdx.y) = 2 warpgroups (256 threads), rows
 // [split * chunk, min(n_b, (split + 1) * chunk)) in tiles of TR rows (TR = 64, 2 stages: variant
-// 1; TR = 48, 3 stages: variant 2), an online softmax over them, then o_lat directly (one split)
-// or an unnormalised partial (o, m, l) merged by mla_combine_kernel.
+// 1; TR = 48, 3 stages: variant 2; variant 1 with an L2 prefetch PF = 1 / 2 tiles ahead of the
+// ring: variants 3 / 4), an online softmax over them, then o_lat directly (one split) or an unnormalised
+// partial (o, m, l) merged by mla_combine_kernel.
 //
 // Shared memory (offsets from a 1024-byte aligned base; the 128-byte swizzle pattern repeats every
 // 1024 bytes): Q bf16 [64 heads][512] (64 KiB) and NST cache stages of TR rows x 512 (TR KiB
@@ -58,6 +59,7 @@
 #include <cstring>
 
 #include "common.cuh"
+#include "mla_sm90.cuh"
 
 using memra::cuda::cp_async_16;
 using memra::cuda::cp_async_commit;
@@ -110,136 +112,13 @@ struct Cfg {
   static_assert(kLoads * kThreads == TR * 64, "whole tiles per pass");
 };
 
-// Generic-proxy writes to shared memory (cp.async, st.shared) made visible to the async proxy
-// (wgmma operand reads); each writing thread fences before the barrier that publishes them.
-__device__ __forceinline__ void fence_proxy_async() {
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
-
-__device__ __forceinline__ void wgmma_fence() {
-  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-}
-__device__ __forceinline__ void wgmma_commit() {
-  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-}
-template <int N>
-__device__ __forceinline__ void wgmma_wait() {
-  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
-}
-// Ties accumulator registers to this point (after a wgmma wait): later reads cannot be hoisted
-// above the wait.
-template <int N>
-__device__ __forceinline__ void reg_fence(float (&r)[N]) {
-#pragma unroll
-  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
-}
-
-// Shared-memory matrix descriptor, 128-byte swizzle: start address, leading and stride byte
-// offsets (all in 16-byte units in the descriptor).
-__device__ __forceinline__ uint64_t smem_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
-  return static_cast<uint64_t>((addr & 0x3FFFFu) >> 4) |
-         (static_cast<uint64_t>((lbo >> 4) & 0x3FFFu) << 16) |
-         (static_cast<uint64_t>((sbo >> 4) & 0x3FFFu) << 32) | (1ull << 62);
-}
-
-__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);  // .x = lo at the lower address
-  uint32_t u;
-  memcpy(&u, &v, sizeof(u));
-  return u;
-}
-__device__ __forceinline__ float bf16x2_sum(uint32_t u) {
-  __nv_bfloat162 v;
-  memcpy(&v, &u, sizeof(v));
-  return __low2float(v) + __high2float(v);
-}
-
-// Byte offset of the 16-byte chunk k (columns 8k .. 8k + 7, k < 64) of row r in a
-// 128-byte-swizzled [rows][512] bf16 tile whose 64-column sub-tiles are `sub` bytes apart.
-__device__ __forceinline__ uint32_t swz(int r, int k, int sub) {
-  return static_cast<uint32_t>((k >> 3) * sub + r * 128 + (((k & 7) ^ (r & 7)) << 4));
-}
-
-// D[64 x 32] (+)= A[64 x 16] * B[32 x 16]^T, A and B K-major in shared memory.
-__device__ __forceinline__ void wgmma_ss_n32(float (&d)[16], uint64_t da, uint64_t db,
-                                             int scale_d) {
-  asm volatile(
-      "{\n.reg .pred p;\n"
-      "setp.ne.b32 p, %18, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {"
-      "%0, %1, %2, %3, %4, %5, %6, %7, "
-      "%8, %9, %10, %11, %12, %13, %14, %15}, "
-      "%16, %17, p, 1, 1, 0, 0;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
-        "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
-        "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-      : "l"(da), "l"(db), "r"(scale_d));
-}
-
-// D[64 x 24] (+)= A[64 x 16] * B[24 x 16]^T, A and B K-major in shared memory.
-__device__ __forceinline__ void wgmma_ss_n24(float (&d)[12], uint64_t da, uint64_t db,
-                                             int scale_d) {
-  asm volatile(
-      "{\n.reg .pred p;\n"
-      "setp.ne.b32 p, %14, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n24k16.f32.bf16.bf16 {"
-      "%0, %1, %2, %3, %4, %5, %6, %7, "
-      "%8, %9, %10, %11}, "
-      "%12, %13, p, 1, 1, 0, 0;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
-        "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11])
-      : "l"(da), "l"(db), "r"(scale_d));
-}
-
-// D[64 x 256] += A[64 x 16] * B[16 x 256], A in registers (bf16 pairs), B N-major in shared
-// memory (imm-trans-b = 1).
-__device__ __forceinline__ void wgmma_rs_n256_tb(float (&d)[128], const uint32_t (&a)[4],
-                                                 uint64_t db) {
-  asm volatile(
-      "{\n.reg .pred p;\n"
-      "setp.ne.b32 p, %133, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, "
-      "%12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, "
-      "%24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, "
-      "%36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, "
-      "%60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, "
-      "%72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, "
-      "%84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
-      "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, "
-      "%108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, "
-      "%120, %121, %122, %123, %124, %125, %126, %127}, "
-      "{%128, %129, %130, %131}, %132, p, 1, 1, 1;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
-        "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
-        "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
-        "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
-        "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),
-        "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
-        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]),
-        "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]),
-        "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]),
-        "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
-        "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]),
-        "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]),
-        "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]),
-        "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
-        "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]),
-        "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]),
-        "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]),
-        "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
-        "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]),
-        "+f"(d[126]), "+f"(d[127])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
-}
-
 // ---------------------------------------------------------------- attention kernel
 
-// Block (split blockIdx.x, sequence blockIdx.y). See the file comment.
-template <int TR, int NST>
+// Block (split blockIdx.x, sequence blockIdx.y). See the file comment. PF > 0 (variants 3, 4): tile
+// t + NST - 1 + PF is prefetched into L2 when tile t + NST - 1 is fetched into the ring, so HBM
+// streams PF tiles ahead of the shared-memory stages (two stages of 64 rows leave one tile in
+// flight per SM, too few bytes for the HBM's latency) and the ring's copies hit L2.
+template <int TR, int NST, int PF>
 __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_kernel(const Sm90Args a) {
   memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh); triggers below
   using C = Cfg<TR, NST>;
@@ -285,11 +164,24 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_kernel(const Sm9
       cp_async_16(dst + swz(j, k, C::kSub), src, valid ? 16 : 0);
     }
   };
+  // Tile t's rows that exist (t0 + j < end <= t_kv: inside the cache) into L2, by one thread.
+  auto prefetch_tile = [&](int t) {
+    if constexpr (PF > 0) {
+      if (tid == 0 && t < ntiles) {
+        const int t0 = begin + t * TR;
+        const int rows = min(TR, end - t0);
+        prefetch_l2(cache + static_cast<int64_t>(t0) * kR,
+                    static_cast<uint32_t>(rows) * kR * sizeof(__nv_bfloat16));
+      }
+    }
+  };
 #pragma unroll
   for (int s = 0; s < NST - 1; ++s) {
     if (s < ntiles) load_tile(s);
     cp_async_commit();  // one group per tile slot, empty or not: the wait counts stay uniform
   }
+#pragma unroll
+  for (int s = NST - 1; s < NST - 1 + PF; ++s) prefetch_tile(s);
 
   // Q rounded to bf16 into the swizzled layout (sub-tiles of 64 heads x 128 bytes).
   {
@@ -323,6 +215,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_kernel(const Sm9
       const int tn = t + NST - 1;  // into the stage tile t - 1 used
       if (tn < ntiles) load_tile(tn);
       cp_async_commit();
+      prefetch_tile(tn + PF);
     }
     const uint32_t st = c_s + static_cast<uint32_t>((t % NST) * C::kStage);
     const int nvalid = min(TR, end - (begin + t * TR));
@@ -532,18 +425,19 @@ __global__ void __launch_bounds__(128) mla_combine_kernel(const Sm90Args a) {
   }
 }
 
-template <int TR, int NST>
+template <int TR, int NST, int PF>
 int launch(MemraCudaCtx* ctx, const Sm90Args& a, int B) {
   using C = Cfg<TR, NST>;
   int optin = 0;
   MEMRA_CUDA_RETURN_IF(status_of(
       cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, ctx->device)));
   if (C::bytes > optin) return memra::kUnsupportedGeometry;
-  MEMRA_CUDA_RETURN_IF(status_of(cudaFuncSetAttribute(
-      mla_decode_wgmma_kernel<TR, NST>, cudaFuncAttributeMaxDynamicSharedMemorySize, C::bytes)));
+  MEMRA_CUDA_RETURN_IF(status_of(cudaFuncSetAttribute(mla_decode_wgmma_kernel<TR, NST, PF>,
+                                                      cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                      C::bytes)));
   const dim3 grid(static_cast<unsigned>(a.nsplit), static_cast<unsigned>(B));
-  memra::cuda::launch(ctx, true, mla_decode_wgmma_kernel<TR, NST>, grid, dim3(kThreads), C::bytes,
-                      a);
+  memra::cuda::launch(ctx, true, mla_decode_wgmma_kernel<TR, NST, PF>, grid, dim3(kThreads),
+                      C::bytes, a);
   return launch_status();
 }
 
@@ -579,7 +473,10 @@ int mla_decode_sm90(MemraCudaCtx* ctx, int variant, const float* q_lat, const vo
     a.pm = a.po + n_part * kR;
     a.pl = a.pm + n_part;
   }
-  const int rc = variant == 2 ? launch<48, 3>(ctx, a, B) : launch<64, 2>(ctx, a, B);
+  const int rc = variant == 2   ? launch<48, 3, 0>(ctx, a, B)
+                 : variant == 3 ? launch<64, 2, 1>(ctx, a, B)
+                 : variant == 4 ? launch<64, 2, 2>(ctx, a, B)
+                                : launch<64, 2, 0>(ctx, a, B);
   if (rc != kOk) return rc;
   if (nsplit > 1) {
     // A programmatic dependent launch: the combine's launch overlaps the attention grid's tail

@@ -13,6 +13,8 @@
 #   kimi qwen gdn kdapre mlapre prefill moepre moedec serve
 #   kdarest   bench_kda_prefill's shapes --quick leaves out (KDA 32 heads, B = 8; GDN B = 8)
 #   prefill_long  bench_model_prefill at T = 32K and 128K and 8 prompts of 2K, no peer
+#   prefill_mem   bench_model_prefill at T = 1K and 8K and 8 prompts of 2K (both arms), memra only
+#   kdadec mladec  bench_kda_decode (fla peer) / bench_mla_decode --variant all, --quick
 #   accbench  benchmarks/accuracy_bench_model.py: the 2x rule on the bench model at T = 1K, 8K
 #             against transformers f32 (never with fla on the path)
 #   tcarms    tests/test_cuda_tc_arms.py (the 2x rule on 300 tokens; which arms ran)
@@ -20,8 +22,8 @@
 #             scripts/make_ab_old.sh put in ./ab_old (built here with gpu_build inside ab_old)
 #             the benches of those names (--quick), peers with fla 0.6.0 where carried
 # Carried folders it uses when present: .whl_fla (fla wheels), .whl (serve's wheels),
-# .triton_cache (fla's Triton autotune cache from an earlier call; the updated cache comes back
-# in $OUT/triton_cache.tgz).
+# .triton_cache or .triton_cache.tgz (fla's Triton autotune cache from an earlier call, a folder or
+# the tarball a call returns; the updated cache comes back in $OUT/triton_cache.tgz).
 set -uo pipefail
 OUT0=${OUT:-/tmp/memra-out}; OUT=$OUT0/logs; mkdir -p "$OUT"
 cd "$(dirname "$0")/.."
@@ -29,9 +31,10 @@ source scripts/gpu_env.sh
 BUDGET_S=${BUDGET_S:-560}
 t_start=$(date +%s)
 site=$(pwd)/build/dev-gpu/site
-export TRITON_CACHE_DIR=/tmp/triton-cache
+export TRITON_CACHE_DIR=/tmp/triton-cache TRITON_CACHE_AUTOTUNING=1  # the peers' autotune results persist too
 mkdir -p "$TRITON_CACHE_DIR"
 [ -d .triton_cache ] && cp -r .triton_cache/. "$TRITON_CACHE_DIR"/
+[ -f .triton_cache.tgz ] && tar -xzf .triton_cache.tgz -C "$TRITON_CACHE_DIR"
 peers=""
 if ls .whl_fla/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/fla .whl_fla/*.whl \
@@ -104,6 +107,10 @@ for p in "$@"; do
       grep '"B": 1,' "$OUT/ab.out" | grep -o '"build": "[a-z]*"\|"median_tok_s": [0-9.]*\|"ratio_to_old": [0-9.]*' \
         | paste -sd' ' | sed 's/^/ab B=1: /' | tee -a "$OUT/summary.txt"
       ;;
+    kdadec) phase kdadec 150 env PYTHONPATH="$site${peers:+:$peers}" python3 benchmarks/bench_kda_decode.py --quick ;;
+    mladec) phase mladec 120 env PYTHONPATH="$site" python3 benchmarks/bench_mla_decode.py --quick --variant all ;;
+    prefill_mem) phase prefill_mem 150 env PYTHONPATH="$site" python3 benchmarks/bench_model_prefill.py \
+        --quick --skip-peer --lengths 1024,8192 --batch 8x2048 ;;
     mlapre) phase mlapre 200 env PYTHONPATH="$site${peers:+:$peers}" python3 benchmarks/bench_mla_prefill.py --quick ;;
     prefill) phase prefill 300 env PYTHONPATH="$site${peers:+:$peers}" python3 benchmarks/bench_model_prefill.py --quick ;;
     moepre) phase moepre 200 env PYTHONPATH="$site${peers:+:$peers}" python3 benchmarks/bench_moe_prefill.py --quick ;;

@@ -269,8 +269,12 @@ void init_ops_kda(nb::module_& m) {
         Out state_out = batch ? state_shaped({sz(B), sz(H), sz(dk), sz(dv)})
                               : state_shaped({sz(H), sz(dk), sz(dv)});
         float* so = state_out.data<float>();
-        // A null state_in table = every sequence starts from zeros.
-        const PointerTables tabs = pointer_tables(engine, {sp, so}, B, plane);
+        // The CUDA decode step (T == 1, not chunked) names the contiguous planes by their stride
+        // (STRIDED: no table to upload, no table load ahead of the kernel's state loads); the
+        // other forms take pointer tables. A null state_in = every sequence starts from zeros.
+        const bool strided = on_cuda(engine) && T == 1 && !chunked;
+        const PointerTables tabs =
+            strided ? PointerTables{} : pointer_tables(engine, {sp, so}, B, plane);
         MemraKdaScanParams p{};
         p.q = qp;
         p.k = kp;
@@ -283,9 +287,16 @@ void init_ops_kda(nb::module_& m) {
         p.dk = int(dk);
         p.dv = int(dv);
         p.scale = sc;
-        p.state.form = MEMRA_KDA_PLANES_TABLES;
-        p.state.in_table = tabs.table(0);
-        p.state.out_table = tabs.table(1);
+        if (strided) {
+          p.state.form = MEMRA_KDA_PLANES_STRIDED;
+          p.state.in = sp;
+          p.state.out = so;
+          p.state.floats = plane;
+        } else {
+          p.state.form = MEMRA_KDA_PLANES_TABLES;
+          p.state.in_table = tabs.table(0);
+          p.state.out_table = tabs.table(1);
+        }
         p.o = o.data<float>();
         p.chunked = chunked ? 1 : 0;
         {

@@ -189,5 +189,58 @@ TEST(KdaOp, ScanTablesEqualEachSequenceAlone) {
   }
 }
 
+TEST(KdaOp, ScanStridedPlanesEqualTheTables) {
+  // STRIDED: row b's planes at in / out + b * floats (a stride past the plane here), the bytes
+  // of the TABLES form over the same planes; a stride shorter than a plane is refused.
+  const int B = 3, T = 2, H = 2, dk = 4, dv = 3;
+  const size_t qk = size_t(T) * H * dk, ov = size_t(T) * H * dv, plane = size_t(H) * dk * dv;
+  const int64_t floats = int64_t(plane) + 5;
+  const Vec q = randn(B * qk, 60, 0.5f), k = randn(B * qk, 61, 0.5f), v = randn(B * ov, 62);
+  const Vec g = randn(B * qk, 63, 0.1f), beta = randn(size_t(B) * T * H, 64, 0.3f);
+  const Vec states = randn(size_t(B) * floats, 65);
+  Vec o_s(B * ov), o_t(B * ov), out_s(size_t(B) * floats, -7.0f), out_t(size_t(B) * floats, -7.0f);
+  const float* in[B];
+  float* out[B];
+  for (int b = 0; b < B; ++b) {
+    in[b] = states.data() + b * floats;
+    out[b] = out_t.data() + b * floats;
+  }
+  MemraKdaScanParams p{};
+  p.q = q.data();
+  p.k = k.data();
+  p.v = v.data();
+  p.g = g.data();
+  p.beta = beta.data();
+  p.B = B;
+  p.T = T;
+  p.H = H;
+  p.dk = dk;
+  p.dv = dv;
+  p.scale = 0.5f;
+  p.state.form = MEMRA_KDA_PLANES_TABLES;
+  p.state.in_table = in;
+  p.state.out_table = out;
+  p.o = o_t.data();
+  ASSERT_EQ(op::kda_scan(kCpu, p).code, kOk);
+  MemraKdaScanParams s = p;
+  s.state = MemraKdaPlanes{};
+  s.state.form = MEMRA_KDA_PLANES_STRIDED;
+  s.state.in = states.data();
+  s.state.out = out_s.data();
+  s.state.floats = floats;
+  s.o = o_s.data();
+  ASSERT_EQ(op::kda_scan(kCpu, s).code, kOk);
+  EXPECT_TRUE(same_bits(o_s.data(), o_t.data(), o_s.size()));
+  EXPECT_TRUE(same_bits(out_s.data(), out_t.data(), out_s.size()));  // gaps untouched in both
+  s.state.in = nullptr;  // zeros, as a null in table
+  ASSERT_EQ(op::kda_scan(kCpu, s).code, kOk);
+  for (int b = 0; b < B; ++b) in[b] = nullptr;
+  p.state.in_table = nullptr;
+  ASSERT_EQ(op::kda_scan(kCpu, p).code, kOk);
+  EXPECT_TRUE(same_bits(out_s.data(), out_t.data(), out_s.size()));
+  s.state.floats = int64_t(plane) - 1;
+  EXPECT_EQ(op::kda_scan(kCpu, s).code, kContractValue);
+}
+
 }  // namespace
 }  // namespace memra

@@ -112,9 +112,10 @@ Status kda_scan(const Backend& b, const MemraKdaScanParams& p) {
   if (b.on_cuda()) return cuda_status(b, b.cuda->api().kda_scan(b.cuda->ctx(), &p), "kda_scan");
   const char* op = "kda_scan";
   const MemraKdaPlanes& st = p.state;
-  if (st.form != MEMRA_KDA_PLANES_TABLES && st.form != MEMRA_KDA_PLANES_SLOTS) {
-    return refuse(kContractValue, op, "the state planes must be TABLES or SLOTS, got form " +
-                                          std::to_string(st.form));
+  if (st.form != MEMRA_KDA_PLANES_TABLES && st.form != MEMRA_KDA_PLANES_SLOTS &&
+      st.form != MEMRA_KDA_PLANES_STRIDED) {
+    return refuse(kContractValue, op, "the state planes must be TABLES, STRIDED or SLOTS, got "
+                                      "form " + std::to_string(st.form));
   }
   if (st.form == MEMRA_KDA_PLANES_SLOTS || p.fuse_gates || p.fuse_norm) {
     return refuse(kUnsupportedGeometry, op, "the SLOTS planes and the fused gates / norm are "
@@ -124,14 +125,26 @@ Status kda_scan(const Backend& b, const MemraKdaScanParams& p) {
     return refuse(kContractShape, op, "B, T, H must be >= 0 and dk, dv >= 1");
   }
   if (p.B == 0 || p.H == 0) return Status::Ok();
+  const bool strided = st.form == MEMRA_KDA_PLANES_STRIDED;
   // T == 0 reads none of the step inputs: the reference writes state_out alone (op/kda.h).
-  if (!st.out_table || (p.T > 0 && (!p.q || !p.k || !p.v || !p.g || !p.beta || !p.o))) {
+  if (!(strided ? st.out != nullptr : st.out_table != nullptr) ||
+      (p.T > 0 && (!p.q || !p.k || !p.v || !p.g || !p.beta || !p.o))) {
     return refuse(kContractMissing, op, "q, k, v, g, beta, o and the output state are required");
   }
   const int64_t T = p.T, H = p.H, dk = p.dk, dv = p.dv;
+  if (strided && st.floats < H * dk * dv) {
+    return refuse(kContractValue, op, "the STRIDED planes' stride is shorter than a plane");
+  }
   const int64_t seq_qk = T * H * dk, seq_o = T * H * dv, seq_b = T * H;
   std::vector<float> sink;
   for (int64_t s = 0; s < p.B; ++s) {
+    if (strided) {
+      cpu::kda_scan(p.q + s * seq_qk, p.k + s * seq_qk, p.v + s * seq_o, p.g + s * seq_qk,
+                    p.beta + s * seq_b, p.T, p.H, p.dk, p.dv, p.scale,
+                    st.in ? st.in + s * st.floats : nullptr, st.out + s * st.floats,
+                    p.o + s * seq_o);
+      continue;
+    }
     float* out = st.out_table[s];
     if (!out) {
       sink.resize(static_cast<size_t>(H * dk * dv));

@@ -11,12 +11,15 @@
 enum {
   MEMRA_KDA_PLANES_DIRECT = 0, /* one sequence, its two planes named (kda_conv only) */
   MEMRA_KDA_PLANES_TABLES = 1, /* [B] device arrays of plane pointers (kda_tables' output) */
-  MEMRA_KDA_PLANES_SLOTS = 2   /* resolved in the kernel from device slots (the decode graph) */
+  MEMRA_KDA_PLANES_SLOTS = 2,  /* resolved in the kernel from device slots (the decode graph) */
+  MEMRA_KDA_PLANES_STRIDED = 3 /* B rows' planes at a fixed stride (kda_scan only) */
 };
 
 typedef struct MemraKdaPlanes {
   int form; /* MEMRA_KDA_PLANES_*; another value (or a form the op does not take) is 40025 */
-  /* DIRECT */
+  /* DIRECT (and STRIDED: row b's planes are in + b * floats and out + b * floats, so no table
+     is uploaded; on CUDA the decode step only, T == 1 without chunked (else 50002), bases
+     16-byte aligned and floats a multiple of 4 (40022), floats >= the plane (40025)) */
   const float* in; /* the sequence's input plane; null = zeros */
   float* out;      /* its output plane, distinct from in; required (40024) */
   /* TABLES */
@@ -32,7 +35,8 @@ typedef struct MemraKdaPlanes {
   const int32_t* cur;   /* [max_batch] device int32 ping-pong flags (Cache::cur_d) */
   float* base0;         /* plane 0 of slot 0 (Cache::conv(layer, 0, 0) / Cache::state(...)) */
   float* base1;         /* plane 1 of slot 0 */
-  int64_t floats;       /* floats from one slot's planes to the next's, >= 0 (else 40025) */
+  int64_t floats;       /* floats from one slot's planes to the next's, >= 0 (else 40025);
+                           STRIDED: from one row's planes to the next's */
   int64_t offset;       /* floats from a slot's plane start to the op's plane, >= 0 (else 40025);
                            the plane [offset, offset + plane floats) must fit `floats` (40025) */
   /* TABLES and SLOTS: early != 0 lets the decode kernels (the conv's decode forms, the scan at
@@ -109,7 +113,8 @@ typedef struct MemraKdaGateParams {
    head: S = S * exp(g)[:, None]; S += k (beta (v - k^T S)); o = (scale q)^T S.
    Forms: TABLES (any T; prefill B = 1, or the binding's batches; T one-step launches chained
    through the planes equal one T-step launch bit for bit; T == 0 or B == 0 is a no-op and writes
-   no state) and SLOTS (a decode step, T == 1, with both fusions below: the only instantiated
+   no state), STRIDED (the binding's contiguous states: on CUDA the decode step, T == 1, with
+   TABLES' kernel and bytes; the CPU any T) and SLOTS (a decode step, T == 1, with both fusions below: the only instantiated
    kernel of that form; anything else there is 50002). DIRECT is 40025. */
 typedef struct MemraKdaScanParams {
   const float* q;      /* [B, T, H, dk] f32, L2-normalised; 16-byte aligned on CUDA (40022) */

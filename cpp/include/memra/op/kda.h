@@ -26,7 +26,7 @@ Status kda_gate(const Backend& b, const MemraKdaGateParams& p);
 
 // The delta-rule scan of B sequences (MemraKdaScanParams). CPU: the TABLES planes run
 // cpu::kda_scan for each sequence (a null in table or entry starts from zeros, a null out entry
-// is not written); the SLOTS planes and the fused gates / norm are CUDA-only (the decode graph's
+// is not written), the STRIDED planes the same over in / out + b * floats (any T); the SLOTS planes and the fused gates / norm are CUDA-only (the decode graph's
 // form): refused with kUnsupportedGeometry. At T == 0 the CPU reference writes state_out (the
 // input state or zeros) while the CUDA entry runs nothing (the kda_scan binding copies it there).
 // Reference: modeling_glm5_next.recurrent_kimi_delta_attention.
