@@ -18,9 +18,10 @@
 // Three kernels, as fla's chunk_gated_delta_rule (intra A's + W / U, fwd_h, fwd_o):
 //   chunk_intra_kernel (one block per chunk, all in parallel): W, U, KG = k exp(G_last - G),
 //     exp(G_last) and the output kernel's A operand [QG | Aqk] (QG = scale q exp(G));
-//   chunk_state_kernel (one block per sequence, head and half of the state's columns; the
-//     chunks in order, the only sequential part): D = U - W S and S <- exp(G_last) S + KG^T D,
-//     writing the state entering each chunk and D (over U) as the output kernel's B operand;
+//   chunk_state_kernel (one block per sequence, head and half (few heads: a quarter) of the
+//     state's columns; the chunks in order, the only sequential part): D = U - W S and
+//     S <- exp(G_last) S + KG^T D, writing the state entering each chunk and D (over U) as
+//     the output kernel's B operand;
 //   chunk_out_kernel (one block per chunk, all in parallel): O = [QG | Aqk] [S ; D].
 // Keeping O out of the sequential chain halves the chain's work and lets the chain prefetch the
 // next chunk's tiles with nothing else competing for shared memory.

@@ -16,6 +16,9 @@
 // expanded heads, without materialising them.
 #include "kda_chunk.cuh"
 
+using memra::cuda::cp_async_16;
+using memra::cuda::cp_async_commit;
+using memra::cuda::cp_async_wait;
 using memra::cuda::launch_status;
 
 namespace {
@@ -30,20 +33,28 @@ constexpr int kThreads = 256;   // 8 warps
 constexpr float kSafeG = 5.5f;
 
 // Three [64, 128] tiles, each reused once its first content is dead, so two blocks fit an SM
-// (one block's serial phases: the cumulative sum, the inverse's substitution, hide under the
-// other's): Akk leaves the block through the W slot of its scratch (read back once G is dead),
-// Aqk goes straight to scratch, and U's B operand (beta v) is read from global memory.
+// (one block's serial phases hide under the other's): Akk waits in registers (the tensor-core
+// tiles) and in x (an unsafe chunk's element-wise diagonal sub-blocks) until q is dead, then
+// goes next to Tm in q's tile; v (U's B operand) streams into G's tile with cp.async while the
+// inverse runs, so no global latency sits in the W / U products.
+// x: the diagonal sub-blocks [64, 16] (row t, column 16 (t / 16) + j), then the block
+// inverse's per-level products.
+constexpr int kXFloats = kC * kSub;
+static_assert(3 * kSub * (kSub + 1) <= kXFloats, "the per-level products fit x");
 struct IntraSmem {
   float k[kC * kLd];  // k; after the A's: beta k exp(G)
-  float q[kC * kLd];  // q; after the A's: Tm = (I + Akk)^-1 [64, kLdA]
-  float G[kC * kLd];  // cumulative log decay; once dead: Akk [64, kLdA], then the inverse's x
+  float q[kC * kLd];  // q; after the A's: Tm = (I + Akk)^-1 [64, kLdA], then Akk [64, 64]
+  float G[kC * kLd];  // cumulative log decay; once dead: v [64, kLd]
+  float x[kXFloats];
   float beta[kC];
-  float gmin[kThreads / 32];  // each warp's smallest g (KDA)
+  float gmin[kThreads / 32];  // each cumulative-sum warp's smallest g (KDA)
 };
-constexpr int kXFloats = 3 * kSub * (kSub + 1);  // the block inverse's per-level products
-static_assert(kC * kLdA <= kC * kLd, "Tm fits q's tile");
-static_assert(kC * kLdA + kXFloats <= kC * kLd, "Akk and x fit G's tile");
-static_assert(kC * kC <= kTileH, "Akk's parking place (f32) in the W slot");
+static_assert(kC * kLdA + kC * kC <= kC * kLd, "Tm and Akk fit q's tile");
+static_assert((kC * kLdA) % 4 == 0 && (kLd * 4) % 16 == 0, "aligned Akk, cp.async rows");
+
+// Akk (row r, column s) in q's tile: row stride 64, the halves of odd rows swapped, so the two
+// rows a warp of the level products reads (rows 2 i, 2 i + 1) sit in different banks.
+__device__ __forceinline__ int akk_at(int r, int s) { return r * kC + (s ^ ((r & 1) << 4)); }
 
 // The tensor-core sub-block products of the A's, per warp: row block I (16 rows) and `count`
 // consecutive column tiles of 8 from tile `first` (tile n covers columns 8 n..). With J <= I
@@ -102,58 +113,71 @@ __global__ void __launch_bounds__(kThreads, 2)
   const float* kh = p.k + n0 * p.ld_qk + int64_t(h / p.group) * kDk;
   const float* vh = p.v + n0 * p.ld_v + int64_t(h) * kDv;
   float* const tm = sm.q;
-  float* const akk = sm.G;
-  float* const x = sm.G + kC * kLdA;
-  float* const akk_g = out + kOffW;  // Akk [64, 64] f32 until W overwrites it
+  float* const akk = sm.q + kC * kLdA;  // [64, 64] (akk_at)
+  float* const x = sm.x;
+  float* const sv = sm.G;  // v, once G is dead
   __half* const a_h = reinterpret_cast<__half*>(out + kOffA);  // [QG | Aqk], ld kLdOutA
   __half* const aqk_h = a_h + kDk;
 
-  // Inputs (rows past L read as zeros: they add nothing anywhere).
-  float gmin = 0.f;
+  // Inputs, every tile with cp.async (all of a thread's copies in flight at once; the host
+  // side guarantees 16-byte aligned rows: kda_scan.cu, gdn.cu); rows past L are zero-filled
+  // (they add nothing anywhere). GDN's g is one value per row, broadcast over the channels.
   for (int i = tid; i < kC * (kDk / 4); i += kThreads) {
     const int r = i / (kDk / 4), c4 = i % (kDk / 4);
-    float4 kk = make_float4(0.f, 0.f, 0.f, 0.f), qq4 = kk, gg = kk;
-    if (r < L) {
-      const int64_t off = int64_t(r) * p.ld_qk;
-      kk = __ldg(reinterpret_cast<const float4*>(kh + off) + c4);
-      qq4 = __ldg(reinterpret_cast<const float4*>(qh + off) + c4);
-      const int64_t gi = (n0 + r) * H + h;
-      if constexpr (kScalarG) {
-        const float gs = __ldg(p.g + gi);
-        gg = make_float4(gs, gs, gs, gs);
-      } else {
-        gg = __ldg(reinterpret_cast<const float4*>(p.g + gi * kDk) + c4);
-        gmin = fminf(gmin, fminf(fminf(gg.x, gg.y), fminf(gg.z, gg.w)));
-      }
+    const bool in = r < L;
+    const int64_t off = int64_t(in ? r : 0) * p.ld_qk + 4 * c4;
+    const int bytes = in ? 16 : 0;
+    cp_async_16(&sm.k[r * kLd + 4 * c4], kh + off, bytes);
+    cp_async_16(&sm.q[r * kLd + 4 * c4], qh + off, bytes);
+    const int64_t gi = (n0 + (in ? r : 0)) * H + h;
+    if constexpr (kScalarG) {
+      const float gs = in ? __ldg(p.g + gi) : 0.f;
+      *reinterpret_cast<float4*>(&sm.G[r * kLd + 4 * c4]) = make_float4(gs, gs, gs, gs);
+    } else {
+      cp_async_16(&sm.G[r * kLd + 4 * c4], p.g + gi * kDk + 4 * c4, bytes);
     }
-    *reinterpret_cast<float4*>(&sm.k[r * kLd + 4 * c4]) = kk;
-    *reinterpret_cast<float4*>(&sm.q[r * kLd + 4 * c4]) = qq4;
-    *reinterpret_cast<float4*>(&sm.G[r * kLd + 4 * c4]) = gg;
   }
+  cp_async_commit();
   if (tid < kC) sm.beta[tid] = tid < L ? __ldg(p.beta + (n0 + tid) * H + h) : 0.f;
+  cp_async_wait<0>();
+  __syncthreads();
+
+  // G: the inclusive cumulative sum over the chunk's rows, one channel per thread of warps 0-3,
+  // the column in registers (its loads all in flight, then the chain of adds); the smallest g
+  // of the chunk on the way (KDA's safe gate; the zero rows past L change no decision).
+  static_assert(kDk == 4 * 32, "the cumulative sum's four warps");
+  if (tid < kDk) {
+    float gv[kC];
 #pragma unroll
-  for (int o = 16; o > 0; o >>= 1) gmin = fminf(gmin, __shfl_xor_sync(0xffffffffu, gmin, o));
-  if (lane == 0) sm.gmin[warp] = gmin;
+    for (int r = 0; r < kC; ++r) gv[r] = sm.G[r * kLd + tid];
+    float acc = 0.f, gmin = 0.f;
+#pragma unroll
+    for (int r = 0; r < kC; ++r) {
+      gmin = fminf(gmin, gv[r]);
+      acc = __fadd_rn(acc, gv[r]);
+      sm.G[r * kLd + tid] = acc;
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) gmin = fminf(gmin, __shfl_xor_sync(0xffffffffu, gmin, o));
+    if (lane == 0) sm.gmin[warp] = gmin;
+  }
   __syncthreads();
   bool safe = !kScalarG;  // block-uniform
 #pragma unroll
-  for (int w = 0; w < kThreads / 32; ++w) safe = safe && sm.gmin[w] >= -kSafeG;
-
-  // G: the inclusive cumulative sum over the chunk's rows, one channel per thread.
-  if (tid < kDk) {
-    float acc = 0.f;
-    for (int r = 0; r < kC; ++r) {
-      acc = __fadd_rn(acc, sm.G[r * kLd + tid]);
-      sm.G[r * kLd + tid] = acc;
-    }
-  }
-  __syncthreads();
+  for (int w = 0; w < kDk / 32; ++w) safe = safe && sm.gmin[w] >= -kSafeG;
 
   // Aqk is zero above the diagonal (the output GEMM multiplies the whole tile).
   for (int i = tid; i < kC * kC; i += kThreads) {
     const int r = i / kC, s = i % kC;
     if (s > r) aqk_h[r * kLdOutA + s] = __float2half_rn(0.f);
   }
+
+  // Akk's tensor-core tiles, beta applied, stay in registers until q's tile is dead (tile_plan).
+  int I, first, count;
+  tile_plan(kScalarG || safe, warp, I, first, count);
+  float dk4[kMaxTiles][4];
+#pragma unroll
+  for (int j = 0; j < kMaxTiles; ++j) dk4[j][0] = dk4[j][1] = dk4[j][2] = dk4[j][3] = 0.f;
 
   if constexpr (!kScalarG) {
     // Diagonal sub-blocks of a chunk that is not safe, element by element: a warp per (t, s)
@@ -185,7 +209,7 @@ __global__ void __launch_bounds__(kThreads, 2)
         sqk += __shfl_xor_sync(0xffffffffu, sqk, o);
       }
       if (lane == 0) {
-        if (j < i) akk_g[t * kC + s] = sm.beta[t] * skk;
+        if (j < i) x[t * kSub + j] = sm.beta[t] * skk;
         aqk_h[t * kLdOutA + s] = __float2half_rn(scale * sqk);
       }
     }
@@ -195,16 +219,12 @@ __global__ void __launch_bounds__(kThreads, 2)
     // for every J <= I (the products above the diagonal are dropped). Otherwise J < I with
     // r = 16 I (s < r <= t: both factors <= 1). A warp forms its row block's A operands once
     // per k-step for all its column tiles (tile_plan).
-    int I, first, count;
-    tile_plan(safe, warp, I, first, count);
     if (count > 0) {
       const int rb = I * kSub, r = rb + (safe ? kSub / 2 : 0);
-      float dk4[kMaxTiles][4], dq4[kMaxTiles][4];
+      float dq4[kMaxTiles][4];
 #pragma unroll
-      for (int j = 0; j < kMaxTiles; ++j) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) dk4[j][e] = dq4[j][e] = 0.f;
-      }
+      for (int j = 0; j < kMaxTiles; ++j) dq4[j][0] = dq4[j][1] = dq4[j][2] = dq4[j][3] = 0.f;
+#pragma unroll 2
       for (int k0 = 0; k0 < kDk; k0 += 8) {
         uint32_t ak[4], aq[4];
 #pragma unroll
@@ -236,7 +256,7 @@ __global__ void __launch_bounds__(kThreads, 2)
           for (int e = 0; e < 4; ++e) {
             const int t = rb + gq + (e >> 1) * 8, s = 8 * (first + j) + 2 * qq + (e & 1);
             if (s <= t) {
-              if (s < t) akk_g[t * kC + s] = sm.beta[t] * dk4[j][e];
+              if (s < t) dk4[j][e] = sm.beta[t] * dk4[j][e];
               aqk_h[t * kLdOutA + s] = __float2half_rn(scale * dq4[j][e]);
             }
           }
@@ -248,15 +268,10 @@ __global__ void __launch_bounds__(kThreads, 2)
     // k k^T and q k^T on tensor cores over the sub-blocks J <= I (tile_plan's safe plan), each
     // element then scaled by its exp(G_t - G_s) (s <= t: exponent <= 0). Channel 0 of the G
     // tile holds the head's G.
-    int I, first, count;
-    tile_plan(true, warp, I, first, count);
     const int r0 = I * kSub;
-    float dk4[kMaxTiles][4], dq4[kMaxTiles][4];
+    float dq4[kMaxTiles][4];
 #pragma unroll
-    for (int j = 0; j < kMaxTiles; ++j) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) dk4[j][e] = dq4[j][e] = 0.f;
-    }
+    for (int j = 0; j < kMaxTiles; ++j) dq4[j][0] = dq4[j][1] = dq4[j][2] = dq4[j][3] = 0.f;
 #pragma unroll 2
     for (int k0 = 0; k0 < kDk; k0 += 8) {
       uint32_t ak[4], aq[4];
@@ -282,7 +297,7 @@ __global__ void __launch_bounds__(kThreads, 2)
           const int t = r0 + gq + (e >> 1) * 8, s = 8 * (first + j) + 2 * qq + (e & 1);
           if (s <= t) {
             const float f = expf(sm.G[t * kLd] - sm.G[s * kLd]);
-            if (s < t) akk_g[t * kC + s] = sm.beta[t] * (dk4[j][e] * f);
+            if (s < t) dk4[j][e] = sm.beta[t] * (dk4[j][e] * f);
             aqk_h[t * kLdOutA + s] = __float2half_rn(scale * (dq4[j][e] * f));
           }
         }
@@ -293,44 +308,82 @@ __global__ void __launch_bounds__(kThreads, 2)
 
   // Once the A's have read k: scale q exp(G) and k exp(G_last - G) to scratch (f16; rows past L
   // are zeros; G_last = G of row L - 1, which the zero-padded rows repeat up to row 63),
-  // exp(G_last), and beta k exp(G) over k (each element read and written by one thread). Then
-  // G is dead and Akk (its strictly lower part, the only part the inverse reads) comes back into
-  // G's tile. The stored factors are f16 or TF32 operands: __expf's error does not show.
+  // exp(G_last), and beta k exp(G) over k (each element read and written by one thread). The
+  // stored factors are f16 or TF32 operands: __expf's error does not show.
   __half* const kg_h = reinterpret_cast<__half*>(out + kOffKG);
-  for (int i = tid; i < kC * kDk; i += kThreads) {
-    const int r = i / kDk, ch = i % kDk;
-    const float gr = sm.G[r * kLd + ch], gl = sm.G[(kC - 1) * kLd + ch];
-    const float eg = __expf(gr), kv = sm.k[r * kLd + ch];
-    a_h[r * kLdOutA + ch] = __float2half_rn(__fmul_rn(__fmul_rn(sm.q[r * kLd + ch], scale), eg));
-    kg_h[i] = __float2half_rn(__fmul_rn(kv, __expf(__fsub_rn(gl, gr))));
-    if (r == 0) out[kOffEl + ch] = expf(gl);  // the state's decay: the accurate exp
-    sm.k[r * kLd + ch] = sm.beta[r] * kv * eg;
+  // A thread keeps one channel and takes every other row, its loads for four rows issued
+  // together (the stores to k would otherwise order them one row at a time).
+  {
+    constexpr int kRowStep = kThreads / kDk, kBatch = 4;
+    static_assert(kThreads % kDk == 0 && kC % (kRowStep * kBatch) == 0, "whole batches");
+    const int ch = tid % kDk;
+    const float gl = sm.G[(kC - 1) * kLd + ch];
+    if (tid < kDk) out[kOffEl + ch] = expf(gl);  // the state's decay: the accurate exp
+    for (int r0 = tid / kDk; r0 < kC; r0 += kRowStep * kBatch) {
+      float gr[kBatch], kv[kBatch], qv[kBatch];
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) {
+        const int r = r0 + u * kRowStep;
+        gr[u] = sm.G[r * kLd + ch];
+        kv[u] = sm.k[r * kLd + ch];
+        qv[u] = sm.q[r * kLd + ch];
+      }
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) {
+        const int r = r0 + u * kRowStep;
+        const float eg = __expf(gr[u]);
+        a_h[r * kLdOutA + ch] = __float2half_rn(__fmul_rn(__fmul_rn(qv[u], scale), eg));
+        kg_h[r * kDk + ch] = __float2half_rn(__fmul_rn(kv[u], __expf(__fsub_rn(gl, gr[u]))));
+        sm.k[r * kLd + ch] = sm.beta[r] * kv[u] * eg;
+      }
+    }
   }
   __syncthreads();
-  for (int i = tid; i < kC * kC; i += kThreads) {
-    const int r = i / kC, s = i % kC;
-    if (s < r) akk[r * kLdA + s] = akk_g[r * kC + s];  // written by this block: no __ldg
+  // G and q are dead: v streams into G's tile (waited for before the W / U products) while Akk
+  // goes into q's tile and the inverse runs.
+  for (int i = tid; i < kC * (kDv / 4); i += kThreads) {
+    const int r = i / (kDv / 4), c4 = i % (kDv / 4);
+    const bool in = r < L;
+    cp_async_16(&sv[r * kLd + 4 * c4], vh + int64_t(in ? r : 0) * p.ld_v + 4 * c4, in ? 16 : 0);
+  }
+  cp_async_commit();
+  // Akk's strictly lower part (the only part the inverse reads): every warp's tensor-core tiles
+  // from its registers, an unsafe chunk's diagonal sub-blocks from x.
+#pragma unroll
+  for (int j = 0; j < kMaxTiles; ++j) {
+    if (j < count) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int t = I * kSub + gq + (e >> 1) * 8, s = 8 * (first + j) + 2 * qq + (e & 1);
+        if (s < t) akk[akk_at(t, s)] = dk4[j][e];
+      }
+    }
+  }
+  if (!kScalarG && !safe) {
+    for (int i = tid; i < kC * kSub; i += kThreads) {
+      const int t = i / kSub, j = i % kSub;
+      if (j < t % kSub) akk[akk_at(t, (t / kSub) * kSub + j)] = x[i];
+    }
   }
   __syncthreads();
 
   // (I + Akk)^-1, unit lower triangular, in f32 (over q: no longer read). The four diagonal
-  // 16 x 16 blocks by forward substitution (warps 0-3, a lane per column; each lane reads only
-  // its own column back); every element of those blocks is written.
-  if (warp < 4) {
-    if (lane < kSub) {
-      const int base = warp * kSub, col = base + lane;
-      for (int i = 0; i < kSub; ++i) {
-        const int row = base + i;
-        float xv = 0.f;
-        if (i == lane) {
-          xv = 1.f;
-        } else if (i > lane) {
-          for (int m = lane; m < i; ++m) {
-            xv -= akk[row * kLdA + base + m] * tm[(base + m) * kLdA + col];
-          }
-        }
-        tm[row * kLdA + col] = xv;
-      }
+  // 16 x 16 blocks by forward substitution (warps 0-3, a lane per column, the column in
+  // registers: the chain is the adds alone); every element of those blocks is written. The
+  // column's entries above the diagonal are zeros, so the sums may start at m = 0: each term
+  // m < lane subtracts an exact zero.
+  if (warp < 4 && lane < kSub) {
+    const int base = warp * kSub, col = base + lane;
+    float tc[kSub];
+#pragma unroll
+    for (int i = 0; i < kSub; ++i) {
+      const int row = base + i;
+      float xv = 0.f;
+#pragma unroll
+      for (int m = 0; m < i; ++m) xv -= akk[akk_at(row, base + m)] * tc[m];
+      xv = i < lane ? 0.f : (i == lane ? 1.f : xv);
+      tc[i] = xv;
+      tm[row * kLdA + col] = xv;
     }
   }
   __syncthreads();
@@ -346,7 +399,7 @@ __global__ void __launch_bounds__(kThreads, 2)
         float acc = 0.f;
         for (int M = J; M < I; ++M) {
           for (int m = 0; m < kSub; ++m) {
-            acc += akk[(I * kSub + ri) * kLdA + M * kSub + m] *
+            acc += akk[akk_at(I * kSub + ri, M * kSub + m)] *
                    tm[(M * kSub + m) * kLdA + J * kSub + ci];
           }
         }
@@ -365,52 +418,61 @@ __global__ void __launch_bounds__(kThreads, 2)
       __syncthreads();
     }
   }
+  cp_async_wait<0>();  // v
+  __syncthreads();
 
-  // W = Tm (beta k exp(G)) (warps 0-3), U = Tm (beta v) (warps 4-7); warp w's rows 16 (w % 4)..,
-  // all 128 columns; Tm is lower triangular, so k runs to the block's last row. U's B operand
-  // comes from global memory (each v row a 32-byte sector per lane group; rows past L are zero).
+  // W = Tm (beta k exp(G)) (warps 0-3), U = Tm (beta v) (warps 4-7). Tm is lower triangular,
+  // so row block I's products run over k < 16 (I + 1): 2 (I + 1) k-steps. A warp takes row
+  // blocks {0, 3} or {1, 2} (10 k-steps either way) for one half of the columns, so every warp
+  // carries the same work (v's rows past L are zeros, and so is their beta).
   {
-    const int mi = warp & 3;
-    float acc[kDk / 8][4];
+    const bool is_w = warp < 4;
+    const int pair = (warp >> 1) & 1, n0 = (warp & 1) * (kDk / 16);  // n0: first column tile
+#pragma unroll 1
+    for (int blk = 0; blk < 2; ++blk) {
+      const int mi = pair == 0 ? (blk == 0 ? 3 : 0) : (blk == 0 ? 2 : 1);
+      float acc[kDk / 16][4];
 #pragma unroll
-    for (int n = 0; n < kDk / 8; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
-    for (int k0 = 0; k0 < (mi + 1) * kSub; k0 += 8) {
-      uint32_t a[4];
-      load_a(a, tm, kLdA, mi * kSub, k0, gq, qq);
-      if (warp < 4) {
+      for (int n = 0; n < kDk / 16; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
+      for (int k0 = 0; k0 < (mi + 1) * kSub; k0 += 8) {
+        uint32_t a[4];
+        load_a(a, tm, kLdA, mi * kSub, k0, gq, qq);
+        if (is_w) {
 #pragma unroll
-        for (int n = 0; n < kDk / 8; ++n) {
-          uint32_t bb[2];
-          load_b(bb, sm.k, kLd, k0, n * 8, gq, qq);
-          mma_tf32(acc[n], a, bb);
-        }
-      } else {
-        const int s0 = k0 + qq, s1 = s0 + 4;
-        const bool in0 = s0 < L, in1 = s1 < L;
-        const float b0 = sm.beta[s0], b1 = sm.beta[s1];
-        const float* v0 = vh + int64_t(in0 ? s0 : 0) * p.ld_v + gq;
-        const float* v1 = vh + int64_t(in1 ? s1 : 0) * p.ld_v + gq;
+          for (int n = 0; n < kDk / 16; ++n) {
+            uint32_t bb[2];
+            load_b(bb, sm.k, kLd, k0, (n0 + n) * 8, gq, qq);
+            mma_tf32(acc[n], a, bb);
+          }
+        } else {
+          const int s0 = k0 + qq, s1 = s0 + 4;
+          const float b0 = sm.beta[s0], b1 = sm.beta[s1];
+          const float* v0 = sv + s0 * kLd + n0 * 8 + gq;
+          const float* v1 = sv + s1 * kLd + n0 * 8 + gq;
 #pragma unroll
-        for (int n = 0; n < kDv / 8; ++n) {
-          uint32_t bb[2];
-          bb[0] = tf32(in0 ? b0 * __ldg(v0 + n * 8) : 0.f);
-          bb[1] = tf32(in1 ? b1 * __ldg(v1 + n * 8) : 0.f);
-          mma_tf32(acc[n], a, bb);
+          for (int n = 0; n < kDv / 16; ++n) {
+            uint32_t bb[2];
+            bb[0] = tf32(b0 * v0[n * 8]);
+            bb[1] = tf32(b1 * v1[n * 8]);
+            mma_tf32(acc[n], a, bb);
+          }
         }
       }
-    }
 #pragma unroll
-    for (int n = 0; n < kDk / 8; ++n) {
-      const int r = mi * kSub + gq, col = n * 8 + 2 * qq;
-      if (warp < 4) {  // W, f16 (after every read of Akk's parking place: barriers above)
-        __half* w = reinterpret_cast<__half*>(out + kOffW);
-        *reinterpret_cast<__half2*>(w + r * kDk + col) = __floats2half2_rn(acc[n][0], acc[n][1]);
-        *reinterpret_cast<__half2*>(w + (r + 8) * kDk + col) =
-            __floats2half2_rn(acc[n][2], acc[n][3]);
-      } else {  // U, f32
-        float* u = out + kOffU;
-        *reinterpret_cast<float2*>(u + r * kDv + col) = make_float2(acc[n][0], acc[n][1]);
-        *reinterpret_cast<float2*>(u + (r + 8) * kDv + col) = make_float2(acc[n][2], acc[n][3]);
+      for (int n = 0; n < kDk / 16; ++n) {
+        const int r = mi * kSub + gq, col = (n0 + n) * 8 + 2 * qq;
+        if (is_w) {  // W, f16
+          __half* w = reinterpret_cast<__half*>(out + kOffW);
+          *reinterpret_cast<__half2*>(w + r * kDk + col) =
+              __floats2half2_rn(acc[n][0], acc[n][1]);
+          *reinterpret_cast<__half2*>(w + (r + 8) * kDk + col) =
+              __floats2half2_rn(acc[n][2], acc[n][3]);
+        } else {  // U, f32
+          float* u = out + kOffU;
+          *reinterpret_cast<float2*>(u + r * kDv + col) = make_float2(acc[n][0], acc[n][1]);
+          *reinterpret_cast<float2*>(u + (r + 8) * kDv + col) =
+              make_float2(acc[n][2], acc[n][3]);
+        }
       }
     }
   }

@@ -2,12 +2,13 @@
 // the one sequential kernel. Per chunk, in order: D = U - W S, then S <- exp(G_last) S + KG^T D,
 // writing the state entering the chunk and D for the output kernel (cuda/kda_chunk_out.cu).
 //
-// A block owns one (sequence, head) and half of the state's columns, the state in mma
-// accumulator registers. The chain's cost per chunk is two barriers and 64 mma per warp; the
+// A block owns one (sequence, head) and half (or a quarter) of the state's columns, the state in
+// mma accumulator registers. The chain's cost per chunk is two barriers and 64 mma per warp; the
 // next chunk's W and KG tiles (the operands every warp reads) are copied into shared memory with
 // cp.async while this chunk computes, so no global latency sits on the chain. Two column halves
-// (rather than four quarters) keep the L2 re-reads of W and KG at two per chunk and the grid at
-// one wave for 64 heads.
+// keep the L2 re-reads of W and KG at two per chunk and the grid at one wave for 64 heads; where
+// halves would leave over half of the SMs idle (GDN's 32 heads), quarters of half the warps (the
+// same work per warp, two blocks an SM) spread the chains over twice the SMs.
 #include "kda_chunk.cuh"
 
 using memra::cuda::cp_async_16;
@@ -17,20 +18,27 @@ using memra::cuda::launch_status;
 
 namespace {
 
-constexpr int kThreads = 512;         // 16 warps
-constexpr int kDvb = 64;              // state columns per block
-constexpr int kParts = kDv / kDvb;    // blocks per (sequence, head)
 // W and KG tiles are f16, rows of 136 halves (68 words: 16-byte aligned rows for cp.async).
 // W's row-major A fragments: lanes g = 0..7 land on words 68 g + {0, 1} = 4 g + {0, 1} mod 32.
 // KG read transposed (A[m][t] = KG[t][m]): lanes q = 0..3 on words 4 q + g / 2 mod 32.
 constexpr int kLdH = kDk + 8;
-constexpr int kLdS = kDvb + 8;        // S [128, 64] and D [64, 64]: B fragments, ld % 32 == 8
-static_assert((kLdH / 2) % 32 == 4 && (kLdH * 2) % 16 == 0 && kLdS % 32 == 8,
+static_assert((kLdH / 2) % 32 == 4 && (kLdH * 2) % 16 == 0,
               "conflict-free fragments, aligned rows");
-static_assert((kThreads / 32) == 16 && kDk == 8 * kSub && kC == 4 * kSub && kDvb == 64,
-              "warp roles below: 8 x 2 state tiles, 4 x 4 D tiles");
 
+// The block's shape for kParts blocks per (sequence, head): kDvb state columns, 8 warps per 32
+// of them (8 x kDvb / 32 state tiles of 16 x 32; 4 x kDvb / 16 D tiles of 16 x 16).
+template <int kParts>
+struct StateShape {
+  static constexpr int kDvb = kDv / kParts;        // state columns per block
+  static constexpr int kThreads = 8 * kDvb;        // a warp per 16 x 32 of the state
+  static constexpr int kLdS = kDvb + 8;            // S [128, kDvb] and D [64, kDvb]: ld % 32 == 8
+  static_assert(kLdS % 32 == 8 && kDk == 8 * kSub && kC == 4 * kSub && kDvb % 32 == 0,
+                "conflict-free B fragments; the warp roles of chunk_state_kernel");
+};
+
+template <int kParts>
 struct StateSmem {
+  static constexpr int kLdS = StateShape<kParts>::kLdS;
   __half w[2][kC * kLdH];   // W of this chunk / the next (double buffer)
   __half kg[2][kC * kLdH];  // KG likewise
   float s[kDk * kLdS];     // the state entering the chunk (B operand of W S)
@@ -38,7 +46,10 @@ struct StateSmem {
 };
 
 // cp.async of chunk `in`'s W and KG tiles into buffer `buf` (every thread its share).
-__device__ __forceinline__ void prefetch(StateSmem& sm, int buf, const float* in, int tid) {
+template <int kParts>
+__device__ __forceinline__ void prefetch(StateSmem<kParts>& sm, int buf, const float* in,
+                                         int tid) {
+  constexpr int kThreads = StateShape<kParts>::kThreads;
   constexpr int kVec = kDk / 8;  // 16-byte pieces per row
   const __half* w = reinterpret_cast<const __half*>(in + kOffW);
   const __half* kg = reinterpret_cast<const __half*>(in + kOffKG);
@@ -49,21 +60,24 @@ __device__ __forceinline__ void prefetch(StateSmem& sm, int buf, const float* in
   }
 }
 
-// One block per (sequence b, head h, column half): blockIdx.x = (b * H + h) * kParts + part.
-// Warp w holds state rows 16 (w % 8).., columns 32 (w / 8).. of the block's 64 (4 mma tiles),
+// One block per (sequence b, head h, column part): blockIdx.x = (b * H + h) * kParts + part.
+// Warp w holds state rows 16 (w % 8).., columns 32 (w / 8).. of the block's kDvb (4 mma tiles),
 // and computes D rows 16 (w % 4).., columns 16 (w / 4).. (2 mma tiles). Per chunk:
 //   store S (smem, and the scratch's B rows 0..127); wait for this chunk's tiles; barrier 1
 //   (every warp is past the previous chunk's update: the other buffer and D may be rewritten);
 //   prefetch the next chunk; D = U - W S (smem, and the scratch's B rows 128.. over U);
 //   barrier 2; S = exp(G_last) S + KG^T D.
 // S is rewritten only after barrier 2 of the previous chunk (its last readers are before it).
-__global__ void __launch_bounds__(kThreads, 1)
+template <int kParts>
+__global__ void __launch_bounds__(StateShape<kParts>::kThreads, kParts / 2)
     chunk_state_kernel(float* __restrict__ scratch, int H, int nc,
                        const float* const* state_in, float* const* state_out) {
+  constexpr int kDvb = StateShape<kParts>::kDvb;
+  constexpr int kLdS = StateShape<kParts>::kLdS;
   memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
   memra::cuda::pdl_trigger();
   extern __shared__ float4 smem_raw[];
-  StateSmem& sm = *reinterpret_cast<StateSmem*>(smem_raw);
+  StateSmem<kParts>& sm = *reinterpret_cast<StateSmem<kParts>*>(smem_raw);
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int gq = lane >> 2, qq = lane & 3;
   const int part = static_cast<int>(blockIdx.x % kParts);
@@ -88,6 +102,24 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   }
 
+  // U for this thread's D elements (it overwrites them with D) and exp(G_last) of its state
+  // rows, a chunk ahead in registers, so their global latency hides under a whole chunk (chunk
+  // c + 1's U is rewritten only in iteration c + 1, by the thread that read it).
+  float2 u_next[2][2];
+  float el_next[2];
+  auto load_u = [&](const float* in) {
+#pragma unroll
+    for (int n = 0; n < 2; ++n) {
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int r = dm + gq + hh * 8, col = j0 + dn + n * 8 + 2 * qq;
+        u_next[n][hh] = *reinterpret_cast<const float2*>(in + kOffU + r * kDv + col);
+      }
+    }
+    el_next[0] = in[kOffEl + m0 + gq];
+    el_next[1] = in[kOffEl + m0 + gq + 8];
+  };
+  load_u(first);
   prefetch(sm, 0, first, tid);
   cp_async_commit();
   for (int c = 0; c < nc; ++c) {
@@ -103,18 +135,14 @@ __global__ void __launch_bounds__(kThreads, 1)
         *reinterpret_cast<float2*>(in + kOffB + r * kDv + j0 + col) = v;
       }
     }
-    // U for this thread's D elements (it overwrites them with D below), exp(G_last) of its
-    // state rows: issued before the wait, so their latency overlaps it.
     float2 u[2][2];
 #pragma unroll
     for (int n = 0; n < 2; ++n) {
 #pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        const int r = dm + gq + hh * 8, col = j0 + dn + n * 8 + 2 * qq;
-        u[n][hh] = *reinterpret_cast<const float2*>(in + kOffU + r * kDv + col);
-      }
+      for (int hh = 0; hh < 2; ++hh) u[n][hh] = u_next[n][hh];
     }
-    const float e_lo = in[kOffEl + m0 + gq], e_hi = in[kOffEl + m0 + gq + 8];
+    const float e_lo = el_next[0], e_hi = el_next[1];
+    if (c + 1 < nc) load_u(in + kChunkFloats);
     cp_async_wait<0>();
     __syncthreads();
     if (c + 1 < nc) {
@@ -188,18 +216,32 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 }
 
+template <int kParts>
+int launch_parts(MemraCudaCtx* ctx, const memra::cuda::kda::ChunkProblem& p, int nc,
+                 float* scratch) {
+  const int64_t blocks = int64_t(p.B) * p.H * kParts;
+  if (blocks > 0x7fffffffLL) return memra::kContractShape;
+  MEMRA_CUDA_RETURN_IF(
+      allow_smem(ctx, chunk_state_kernel<kParts>, sizeof(StateSmem<kParts>)));
+  memra::cuda::launch(ctx, true, chunk_state_kernel<kParts>, dim3(static_cast<unsigned>(blocks)),
+                      dim3(StateShape<kParts>::kThreads), sizeof(StateSmem<kParts>), scratch,
+                      p.H, nc, p.state_in, p.state_out);
+  return launch_status();
+}
+
 }  // namespace
 
 namespace memra::cuda::kda {
 
+// Quarters where halves would fill at most half of the SMs (each chain is a block; a chain's
+// speed is its SM's, so idle SMs are lost time).
 int launch_chunk_state(MemraCudaCtx* ctx, const ChunkProblem& p, int nc, float* scratch) {
-  const int64_t blocks = int64_t(p.B) * p.H * kParts;
-  if (blocks > 0x7fffffffLL) return memra::kContractShape;
-  MEMRA_CUDA_RETURN_IF(allow_smem(ctx, chunk_state_kernel, sizeof(StateSmem)));
-  memra::cuda::launch(ctx, true, chunk_state_kernel, dim3(static_cast<unsigned>(blocks)),
-                      dim3(kThreads), sizeof(StateSmem), scratch, p.H, nc, p.state_in,
-                      p.state_out);
-  return launch_status();
+  int sms = 0;
+  MEMRA_CUDA_RETURN_IF(memra::cuda::status_of(
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, ctx->device)));
+  const int64_t halves = int64_t(p.B) * p.H * 2;
+  if (2 * halves <= sms) return launch_parts<4>(ctx, p, nc, scratch);
+  return launch_parts<2>(ctx, p, nc, scratch);
 }
 
 }  // namespace memra::cuda::kda

@@ -370,6 +370,18 @@ def test_chunked_batch_with_own_states(e, T):
 
 
 @pytest.mark.cuda
+def test_chunked_many_heads_take_the_state_kernels_column_halves(e):
+    # The state kernel splits each head's columns in quarters where halves would fill at most
+    # half of the SMs (every other test here) and in halves otherwise: 80 heads (160 halves)
+    # take halves on any GPU of fewer than 320 SMs.
+    q, k, v, g, beta, state = inputs(130, H=80, seed=450)
+    o, s = scan_dev(e, q, k, v, g, beta, state, chunked=True)
+    co, cs = _core.kda_scan(q, k, v, g, beta, state)
+    assert_close(o, co, what="o")
+    assert_close(s, cs, what="state")
+
+
+@pytest.mark.cuda
 @pytest.mark.parametrize("T", [64, 200])
 def test_chunked_strong_decays_stay_finite_and_close(e, T):
     q, k, v, g, beta, state = inputs(T, H=2, seed=600 + T, strong=True)
