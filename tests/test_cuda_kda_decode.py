@@ -30,7 +30,7 @@ pytestmark = pytest.mark.cuda
 
 DK = DV = 128
 SCAN_TOL = dict(rtol=1e-5, atol=1e-6)
-KERNEL = {True: "::scan_decode_lines_kernel(", False: "::scan_decode_kernel<"}
+KERNEL = {True: "::scan_decode_lines_kernel", False: "::scan_decode_kernel<"}  # templated names
 
 
 def l2norm(x, eps=1e-6):
