@@ -13,16 +13,14 @@ bytes = state traffic, 2 * B * H * 128 * 128 * 4 (read + write); q/k/v/g/o are <
 max_rel_err: memra vs fla (max |diff| / max |fla| over o and the state); max_rel_err_ref and
 peer_max_rel_err_ref: memra / fla vs a float32 torch evaluation of the same step.
 
-memra's figures come from the default kernel arm (KernelOptions.kda_decode_lines = True); each
-other arm of --arms adds its figures under "arms" (and whether its bytes equal the default's).
-Where the call costs more than its kernel, per arm: host_us (host time per call with the calls
+Where the call costs more than its kernel: host_us (host time per call with the calls
 enqueued back to back, allocations included), gpu_span_us (under the profiler, GPU time from one
 call's kernel to the next's, gaps included), nonkernel (the copies / memsets a call puts on the
 GPU, by name, us per call) and the memory pool's reserved bytes before and at most during the
 timed calls (pool_reserved_gib, pool_reserved_peak_gib: a pool that maps new memory for every
 call's output shows a peak far above one call's need).
 
-    python3 benchmarks/bench_kda_decode.py [--quick] [--arms 1,0]
+    python3 benchmarks/bench_kda_decode.py [--quick]
 """
 
 from __future__ import annotations
@@ -146,9 +144,9 @@ def pool_gib(engine, key: str):
     return round(m[key] / 2**30, 3) if m else None
 
 
-def measure_arm(b, run_memra) -> dict:
-    """memra's figures on b's current engine: event time, kernel time, and where a call's time
-    goes (module docstring)."""
+def measure_memra(b, run_memra) -> dict:
+    """memra's figures on b's engine: event time, kernel time, and where a call's time goes
+    (module docstring)."""
     eng = b.engine
     rec = {"memra_us": b.time_memra(run_memra), "memra_kernel_us": b.kernel_us(run_memra)}
     if b.cuda:
@@ -163,21 +161,8 @@ def measure_arm(b, run_memra) -> dict:
 
 def main() -> int:
     p = base_parser(__doc__.split("\n\n")[0])
-    p.add_argument("--arms", default="1,0",
-                   help="KernelOptions.kda_decode_lines values to measure, the first the record's "
-                        "memra figures, the rest under 'arms' (default 1,0: the whole-line "
-                        "kernel, then the half-line one)")
     args = p.parse_args()
-    arms = [a.strip().lower() in ("1", "true") for a in args.arms.split(",") if a.strip()]
-    if not arms:
-        raise SystemExit("--arms names no arm")
-    import memra
-    b = Bench(args, "kda_decode", kernel_options=memra.KernelOptions(kda_decode_lines=arms[0]))
-    engines = {arms[0]: b.engine}
-    if b.cuda:
-        for a in arms[1:]:
-            engines.setdefault(a, memra.Engine("cuda", args.device_index,
-                                               options=memra.KernelOptions(kda_decode_lines=a)))
+    b = Bench(args, "kda_decode")
     torch = b.torch
     from memra import _core
 
@@ -231,28 +216,9 @@ def main() -> int:
         if "memra_error" not in extra:
             # The kernels alone (memra_kernel_us): what the step costs inside a CUDA graph (at
             # B = 1 the event timer measures the binding's host work).
-            extra["variant"] = f"kda_decode_lines={int(arms[0])}"
-            first = measure_arm(b, run_memra)
+            first = measure_memra(b, run_memra)
             memra_us = first.pop("memra_us")
             extra.update(first)
-            if b.cuda and len(arms) > 1:
-                _, s_first = run_memra()
-                s_first = to_torch(s_first, b.engine, b.dev)
-                extra["arms"] = {}
-                for a in arms[1:]:
-                    b.use_engine(engines[a])
-                    rec = measure_arm(b, run_memra)
-                    mk = rec.get("memra_kernel_us")
-                    if mk:
-                        rec["kernel_frac_of_copy"] = round(nbytes / mk / 1e6 / b.copy_TBps, 4)
-                    _, s_arm = run_memra()
-                    b.sync()
-                    rec["same_bytes"] = bool(torch.equal(to_torch(s_arm, b.engine, b.dev), s_first))
-                    extra["arms"][f"kda_decode_lines={int(a)}"] = rec
-                    del s_arm
-                    b.use_engine(engines[arms[0]])
-                del s_first
-                b.release()
         if fused_recurrent_kda is not None and "peer_unavailable" not in extra:
             peer_us = b.time_torch(run_peer)
             extra["peer_kernel_us"] = b.kernel_us(run_peer)

@@ -1,8 +1,6 @@
-"""Driver for ncu: three KDA decode steps (B = 64, 256 at 64 heads) under each kernel arm
-(KernelOptions.kda_decode_lines True, the default, then False: scan_decode_lines_kernel, then
-scan_decode_kernel), three batched MLA decode launches (B = 64, L = 4096) under the default arm
-and under mla_decode_variant 3 (the L2 prefetch), and three DSA decode steps (append, score,
-select, gathered attention; L = 32768, B = 1 and 8) on CUDA; see benchmarks/results/*-ncu.md."""
+"""Driver for ncu: three KDA decode steps (B = 64, 256 at 64 heads), three batched MLA decode
+launches (B = 64, L = 4096; the default arm) and three DSA decode steps (append, score, select,
+gathered attention; L = 32768, B = 1 and 8) on CUDA; see benchmarks/results/*-ncu.md."""
 import os
 import sys
 
@@ -12,29 +10,25 @@ from memra import _core
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_dsa_decode import GLM, MemraDsa, Step  # noqa: E402
 e = memra.Engine("cuda")
-for lines in (True, False):
-    ek = e if lines else memra.Engine("cuda", options=memra.KernelOptions(kda_decode_lines=False))
-    for B in (64, 256):
-        H = 64
-        q = torch.nn.functional.normalize(torch.randn(B, 1, H, 128, device="cuda"), dim=-1)
-        k = torch.nn.functional.normalize(torch.randn(B, 1, H, 128, device="cuda"), dim=-1)
-        v = torch.randn(B, 1, H, 128, device="cuda"); g = -torch.rand(B, 1, H, 128, device="cuda")
-        beta = torch.rand(B, 1, H, device="cuda"); s = torch.randn(B, H, 128, 128, device="cuda")
-        torch.cuda.synchronize()
-        for _ in range(3):
-            o, so = _core.kda_scan(q, k, v, g, beta, s, batch=True, engine=ek)
-        ek.synchronize()
-        del o, so
+for B in (64, 256):
+    H = 64
+    q = torch.nn.functional.normalize(torch.randn(B, 1, H, 128, device="cuda"), dim=-1)
+    k = torch.nn.functional.normalize(torch.randn(B, 1, H, 128, device="cuda"), dim=-1)
+    v = torch.randn(B, 1, H, 128, device="cuda"); g = -torch.rand(B, 1, H, 128, device="cuda")
+    beta = torch.rand(B, 1, H, device="cuda"); s = torch.randn(B, H, 128, 128, device="cuda")
+    torch.cuda.synchronize()
+    for _ in range(3):
+        o, so = _core.kda_scan(q, k, v, g, beta, s, batch=True, engine=e)
+    e.synchronize()
+    del o, so
 B, L = 64, 4096
 cache = [torch.randn(L, 512, device="cuda").to(torch.bfloat16) for _ in range(B)]
 ql = torch.randn(B, 64, 512, device="cuda"); t = torch.full((B,), L, dtype=torch.int32, device="cuda")
-for em in (e, memra.Engine("cuda", options=memra.KernelOptions(mla_decode_variant=3))):
-    torch.cuda.synchronize()
-    for _ in range(3):
-        o = _core.mla_attn_decode(ql, cache, t, scale=0.07, max_t_kv=L, engine=em)
-    em.synchronize()
-    del o
-del cache
+torch.cuda.synchronize()
+for _ in range(3):
+    o = _core.mla_attn_decode(ql, cache, t, scale=0.07, max_t_kv=L, engine=e)
+e.synchronize()
+del o, cache
 for B in (1, 8):
     st = Step(torch, torch.device("cuda"), True, GLM, 32768, B)
     dsa = MemraDsa(st, e, _core)

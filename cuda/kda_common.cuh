@@ -1,4 +1,4 @@
-// Shared by the KDA area's sources (cuda/kda_conv.cu, kda_scan.cu, kda_decode.cu; ABI in
+// Shared by the KDA area's sources (cuda/kda_conv.cu, kda_scan.cu, kda_decode_lines.cu; ABI in
 // cpp/include/memra/cuda_abi/kda.h): how a decode kernel finds each row's planes, the gate's
 // per-element arithmetic, and the scan's head size.
 //
@@ -141,16 +141,12 @@ struct GatedNorm {
 
 namespace memra::cuda::kda {
 
-// cuda/kda_decode.cu: the decode step of kda_scan (T == 1), after the entry's checks.
-// TABLES or STRIDED: the decode kernel over the rows' planes (q .. o checked 16-byte aligned).
+// cuda/kda_decode_lines.cu: the decode step of kda_scan (T == 1) in whole 128-byte lines, a
+// block per 32 columns of a head. TABLES or STRIDED: the launch after the entry's checks (q .. o
+// checked 16-byte aligned).
 int scan_decode_tables(MemraCudaCtx* ctx, const MemraKdaScanParams& p);
-// cuda/kda_decode_lines.cu: the same step in whole 128-byte lines, a block per 32 columns of a
-// head (KernelOptions::kda_decode_lines; scan_decode_tables dispatches), the same bytes.
-int scan_decode_lines_tables(MemraCudaCtx* ctx, const MemraKdaScanParams& p);
-// The same kernel's SLOTS form (gates and norm fused, a whole head a block), the launch after
-// scan_decode_slots' checks when KernelOptions::kda_decode_lines holds.
-int scan_decode_lines_slots(MemraCudaCtx* ctx, const MemraKdaScanParams& p);
-// SLOTS with the gates and the norm fused: the whole of that form (its checks, then the launch).
+// SLOTS with the gates and the norm fused (a whole head a block): the whole of that form (its
+// checks, then the launch).
 int scan_decode_slots(MemraCudaCtx* ctx, const MemraKdaScanParams& p);
 // cuda/kda_chunk.cu: the chunked (WY / UT) form of the TABLES scan on tensor cores (p.chunked),
 // any T >= 1, after the entry's checks (q .. o 16-byte aligned, dk = dv = 128).

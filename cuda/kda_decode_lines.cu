@@ -1,12 +1,13 @@
-// KDA area, the decode step of the delta-rule scan in whole 128-byte lines
-// (KernelOptions::kda_decode_lines, the default): the TABLES / STRIDED planes (kda_scan at T == 1)
-// and the SLOTS form with the gates and the gated norm fused (KdaLayer's decode). Called from
-// cuda/kda_decode.cu after kda_scan's checks; that file's scan_decode_kernel is the A/B arm.
+// KDA area, the decode step of the delta-rule scan (T == 1) in whole 128-byte lines
+// (cpp/include/memra/cuda_abi/kda.h): the TABLES / STRIDED planes (kda_scan at T == 1, called
+// from cuda/kda_scan.cu after its checks) and the SLOTS form with the gates and the gated norm
+// fused (KdaLayer's decode; its checks are here, scan_decode_slots).
 //
-// Why another shape than scan_decode_kernel's: that kernel's warp instruction covers 8 rows x 64
-// bytes (half lines), so the L2 sees two requests per line, and ncu had L2 throughput (85 %) well
-// above DRAM's (72 %), with 128 registers a thread (16 warps an SM) and all of a warp's 8 KB of
-// state landing, then computed on, then stored, in lock step with its block mates. Here:
+// Why this shape: the half-line kernel before it (scan_decode_kernel, deleted once the H200
+// settled the A/B: docs/options.md) had each warp instruction cover 8 rows x 64 bytes, so the L2
+// saw two requests per line, and ncu had L2 throughput (85 %) well above DRAM's (72 %), with 128
+// registers a thread (16 warps an SM) and all of a warp's 8 KB of state landing, then computed
+// on, then stored, in lock step with its block mates. Here:
 // - a part of 4 warps owns a 32-column quarter of one head's plane, all 128 rows (the tiling of
 //   fla's fused_recurrent kernel): each warp instruction covers 4 rows x 128 contiguous bytes,
 //   one request per whole line, loaded with ld.global.cs and stored with st.global.cs;
@@ -23,8 +24,8 @@
 // Bits: every element sees scan_kernel's operations at T = 1 in the fixed order of
 // cuda/kda_scan.cu (chains e of rows 16 g + 4 m + e summed over m ascending, the group partial
 // ((e0 + e1) + (e2 + e3)), then ((P0 + P1) + (P2 + P3)) + ((P4 + P5) + (P6 + P7)) over the
-// groups), the gates through gate_value / beta_value and the norm through gated_norm_short_row as
-// in scan_decode_kernel, so the bytes equal that kernel's (tests/test_cuda_kda_decode.py).
+// groups), the gates through gate_value / beta_value and the norm through gated_norm_short_row,
+// so a step's bytes equal scan_kernel's at T = 1 (tests/test_cuda_kda_decode.py).
 #include <cstdint>
 
 #include "common.cuh"
@@ -167,9 +168,10 @@ __global__ void __launch_bounds__(line_threads<NORM>(), line_min_blocks<NORM>())
   memra::cuda::pdl_trigger();
   if (!state.early) load_state();
 
-  // The step's vectors, one element a thread of the first part (scan_decode_kernel's per-element
-  // operations: the gates with gate_value, scale * q with __fmul_rn, expf(g)); v of the block's
-  // columns; NORM: the head's gate row and the norm weight, one value a thread of parts 2 and 3.
+  // The step's vectors, one element a thread of the first part (gate_kernel's and scan_kernel's
+  // per-element operations: the gates with gate_value, scale * q with __fmul_rn, expf(g)); v of
+  // the block's columns; NORM: the head's gate row and the norm weight, one value a thread of
+  // parts 2 and 3.
   float kt = 0.0f, qt = 0.0f, gt = 0.0f, dtb = 0.0f, a_log = 0.0f, vt = 0.0f, bt = 0.0f;
   if (!NORM || t < kScanDk) {
     kt = __ldg(k + bh * kScanDk + t);
@@ -274,7 +276,7 @@ __global__ void __launch_bounds__(line_threads<NORM>(), line_min_blocks<NORM>())
   }
   if constexpr (NORM) {
     // The head's row meets in shared memory; warp 0 normalises it (rms_norm_gated_kernel<32>'s
-    // row: lane reads columns lane + 32 c, as scan_decode_kernel) and writes o.
+    // row: lane reads columns lane + 32 c) and writes o.
     __syncthreads();
     if (t < 32) {
       float xv[rowsum::kGatedCols], sig[rowsum::kGatedCols], wv[rowsum::kGatedCols];
@@ -294,7 +296,7 @@ __global__ void __launch_bounds__(line_threads<NORM>(), line_min_blocks<NORM>())
 
 namespace memra::cuda::kda {
 
-int scan_decode_lines_tables(MemraCudaCtx* ctx, const MemraKdaScanParams& p) {
+int scan_decode_tables(MemraCudaCtx* ctx, const MemraKdaScanParams& p) {
   const int64_t blocks = static_cast<int64_t>(p.B) * p.H * kLineParts;
   if (blocks > 0x7fffffffLL) return memra::kContractShape;
   memra::cuda::launch(ctx, true, scan_decode_lines_kernel<false, false>,
@@ -304,10 +306,35 @@ int scan_decode_lines_tables(MemraCudaCtx* ctx, const MemraKdaScanParams& p) {
   return launch_status();
 }
 
-int scan_decode_lines_slots(MemraCudaCtx* ctx, const MemraKdaScanParams& p) {
-  const int64_t blocks = static_cast<int64_t>(p.B) * p.H;
+int scan_decode_slots(MemraCudaCtx* ctx, const MemraKdaScanParams& p) {
+  const int form = p.gate_form, B = p.B, H = p.H, dk = p.dk, dv = p.dv;
+  const MemraKdaPlanes& s = p.state;
+  if (form != 0 && form != 1) return memra::kContractValue;
+  if (B < 0 || H < 0 || dk < 1 || dv < 1) return memra::kContractShape;
+  if (dk != kScanDk || dv != kScanDv) return memra::kUnsupportedGeometry;
+  if (s.slots && (s.floats < 0 || s.offset < 0)) return memra::kContractValue;
+  if (B == 0 || H == 0) return memra::kOk;
+  if (!p.q || !p.k || !p.v || !p.g || !p.dt_bias || !p.A_log || !p.beta || !p.o) {
+    return memra::kContractMissing;
+  }
+  if (!s.slots || !s.cur || !s.base0 || !s.base1) return memra::kContractMissing;
+  if (!p.gate_o || !p.o_norm) return memra::kContractMissing;
+  // A slot's [H, dk, dv] state must fit its stride, and every plane be 16-byte aligned (the
+  // state moves in float4; a misaligned access would end the context, not just the call).
+  if (s.offset + static_cast<int64_t>(H) * dk * dv > s.floats) return memra::kContractValue;
+  if (((reinterpret_cast<uintptr_t>(s.base0) | reinterpret_cast<uintptr_t>(s.base1)) & 15u) ||
+      s.floats % 4 != 0 || s.offset % 4 != 0) {
+    return memra::kContractStride;
+  }
+  for (const void* a : {static_cast<const void*>(p.q), static_cast<const void*>(p.k),
+                        static_cast<const void*>(p.v), static_cast<const void*>(p.g),
+                        static_cast<const void*>(p.dt_bias), static_cast<const void*>(p.o)}) {
+    if (reinterpret_cast<uintptr_t>(a) & 15u) return memra::kContractStride;
+  }
+  // A whole head a block: the scan, then o through the gated norm.
+  const int64_t blocks = static_cast<int64_t>(B) * H;
   if (blocks > 0x7fffffffLL) return memra::kContractShape;
-  const RawGates gates{p.dt_bias, p.A_log, p.gate_form, p.lower_bound};
+  const RawGates gates{p.dt_bias, p.A_log, form, p.lower_bound};
   const GatedNorm norm{p.gate_o, p.o_norm, p.norm_eps};
   memra::cuda::launch(ctx, true, scan_decode_lines_kernel<true, true>,
                       dim3(static_cast<unsigned>(blocks)), dim3(line_threads<true>()), 0, p.q, p.k,

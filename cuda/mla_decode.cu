@@ -18,7 +18,7 @@
 //     (o = sum_s w_s o_s / sum_s w_s l_s, w_s = exp(m_s - max m)).
 //
 // Dense bf16 cache at H = 64, R = 512 (GLM-5.3-Flash): when KernelOptions::mla_decode_variant
-//   selects it (1 to 4, the default 1), the sm_90a wgmma kernel of cuda/mla_decode_sm90.cu with
+//   selects it (1 or 2, the default 1), the sm_90a wgmma kernel of cuda/mla_decode_sm90.cu with
 //   its own combine; same roundings, splits from the same cost model in its tile size. Everything
 //   below serves every other case and stays the reference arm (variant 0).
 //

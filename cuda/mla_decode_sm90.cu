@@ -2,13 +2,12 @@
 // memra_cuda_mla_attn's batched dense form (cuda_abi/mla.h): 64 heads, kv rank R = 512, bf16
 // latent caches (the cache row is both K and V), one query row per sequence, no index list.
 // cuda/mla_decode.cu owns the split plan and every other shape; it calls
-// mla_decode_sm90() below when KernelOptions::mla_decode_variant selects this arm (1 to 4).
+// mla_decode_sm90() below when KernelOptions::mla_decode_variant selects this arm (1 or 2).
 //
 // Block (split blockIdx.x, sequence blockIdx.y) = 2 warpgroups (256 threads), rows
 // [split * chunk, min(n_b, (split + 1) * chunk)) in tiles of TR rows (TR = 64, 2 stages: variant
-// 1; TR = 48, 3 stages: variant 2; variant 1 with an L2 prefetch PF = 1 / 2 tiles ahead of the
-// ring: variants 3 / 4), an online softmax over them, then o_lat directly (one split) or an unnormalised
-// partial (o, m, l) merged by mla_combine_kernel.
+// 1; TR = 48, 3 stages: variant 2), an online softmax over them, then o_lat directly (one split)
+// or an unnormalised partial (o, m, l) merged by mla_combine_kernel.
 //
 // Shared memory (offsets from a 1024-byte aligned base; the 128-byte swizzle pattern repeats every
 // 1024 bytes): Q bf16 [64 heads][512] (64 KiB) and NST cache stages of TR rows x 512 (TR KiB
@@ -114,11 +113,8 @@ struct Cfg {
 
 // ---------------------------------------------------------------- attention kernel
 
-// Block (split blockIdx.x, sequence blockIdx.y). See the file comment. PF > 0 (variants 3, 4): tile
-// t + NST - 1 + PF is prefetched into L2 when tile t + NST - 1 is fetched into the ring, so HBM
-// streams PF tiles ahead of the shared-memory stages (two stages of 64 rows leave one tile in
-// flight per SM, too few bytes for the HBM's latency) and the ring's copies hit L2.
-template <int TR, int NST, int PF>
+// Block (split blockIdx.x, sequence blockIdx.y). See the file comment.
+template <int TR, int NST>
 __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_kernel(const Sm90Args a) {
   memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh); triggers below
   using C = Cfg<TR, NST>;
@@ -164,24 +160,11 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_kernel(const Sm9
       cp_async_16(dst + swz(j, k, C::kSub), src, valid ? 16 : 0);
     }
   };
-  // Tile t's rows that exist (t0 + j < end <= t_kv: inside the cache) into L2, by one thread.
-  auto prefetch_tile = [&](int t) {
-    if constexpr (PF > 0) {
-      if (tid == 0 && t < ntiles) {
-        const int t0 = begin + t * TR;
-        const int rows = min(TR, end - t0);
-        prefetch_l2(cache + static_cast<int64_t>(t0) * kR,
-                    static_cast<uint32_t>(rows) * kR * sizeof(__nv_bfloat16));
-      }
-    }
-  };
 #pragma unroll
   for (int s = 0; s < NST - 1; ++s) {
     if (s < ntiles) load_tile(s);
     cp_async_commit();  // one group per tile slot, empty or not: the wait counts stay uniform
   }
-#pragma unroll
-  for (int s = NST - 1; s < NST - 1 + PF; ++s) prefetch_tile(s);
 
   // Q rounded to bf16 into the swizzled layout (sub-tiles of 64 heads x 128 bytes).
   {
@@ -215,7 +198,6 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_kernel(const Sm9
       const int tn = t + NST - 1;  // into the stage tile t - 1 used
       if (tn < ntiles) load_tile(tn);
       cp_async_commit();
-      prefetch_tile(tn + PF);
     }
     const uint32_t st = c_s + static_cast<uint32_t>((t % NST) * C::kStage);
     const int nvalid = min(TR, end - (begin + t * TR));
@@ -425,19 +407,18 @@ __global__ void __launch_bounds__(128) mla_combine_kernel(const Sm90Args a) {
   }
 }
 
-template <int TR, int NST, int PF>
+template <int TR, int NST>
 int launch(MemraCudaCtx* ctx, const Sm90Args& a, int B) {
   using C = Cfg<TR, NST>;
   int optin = 0;
   MEMRA_CUDA_RETURN_IF(status_of(
       cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, ctx->device)));
   if (C::bytes > optin) return memra::kUnsupportedGeometry;
-  MEMRA_CUDA_RETURN_IF(status_of(cudaFuncSetAttribute(mla_decode_wgmma_kernel<TR, NST, PF>,
-                                                      cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                      C::bytes)));
+  MEMRA_CUDA_RETURN_IF(status_of(cudaFuncSetAttribute(
+      mla_decode_wgmma_kernel<TR, NST>, cudaFuncAttributeMaxDynamicSharedMemorySize, C::bytes)));
   const dim3 grid(static_cast<unsigned>(a.nsplit), static_cast<unsigned>(B));
-  memra::cuda::launch(ctx, true, mla_decode_wgmma_kernel<TR, NST, PF>, grid, dim3(kThreads),
-                      C::bytes, a);
+  memra::cuda::launch(ctx, true, mla_decode_wgmma_kernel<TR, NST>, grid, dim3(kThreads), C::bytes,
+                      a);
   return launch_status();
 }
 
@@ -473,10 +454,7 @@ int mla_decode_sm90(MemraCudaCtx* ctx, int variant, const float* q_lat, const vo
     a.pm = a.po + n_part * kR;
     a.pl = a.pm + n_part;
   }
-  const int rc = variant == 2   ? launch<48, 3, 0>(ctx, a, B)
-                 : variant == 3 ? launch<64, 2, 1>(ctx, a, B)
-                 : variant == 4 ? launch<64, 2, 2>(ctx, a, B)
-                                : launch<64, 2, 0>(ctx, a, B);
+  const int rc = variant == 2 ? launch<48, 3>(ctx, a, B) : launch<64, 2>(ctx, a, B);
   if (rc != kOk) return rc;
   if (nsplit > 1) {
     // A programmatic dependent launch: the combine's launch overlaps the attention grid's tail

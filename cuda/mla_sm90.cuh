@@ -1,7 +1,7 @@
 // sm_90a device helpers of cuda/mla_decode_sm90.cu (the batched MLA decode's wgmma arm): the
 // wgmma fences and waits, shared-memory matrix descriptors (128-byte swizzle), bf16 packing, the
-// swizzled chunk offset, the three wgmma shapes the kernel issues, and an L2 bulk prefetch. In an
-// anonymous namespace, as the kernel that uses them.
+// swizzled chunk offset and the three wgmma shapes the kernel issues. In an anonymous namespace,
+// as the kernel that uses them.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -10,12 +10,6 @@
 #include <cstring>
 
 namespace {
-
-// One contiguous range of global memory (16-byte aligned, bytes a multiple of 16) fetched into
-// L2 by the TMA unit, without a destination or a completion to wait for: a hint (the decode kernel's PF).
-__device__ __forceinline__ void prefetch_l2(const void* p, uint32_t bytes) {
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p), "r"(bytes) : "memory");
-}
 
 // Generic-proxy writes to shared memory (cp.async, st.shared) made visible to the async proxy
 // (wgmma operand reads); each writing thread fences before the barrier that publishes them.

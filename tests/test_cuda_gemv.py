@@ -203,7 +203,7 @@ def test_gemv_edge_values(e):
 # The kernel options documented as speed only (memra.KernelOptions' docstrings), each away from
 # its default for a whole tiny-model decode: the same logits and tokens, bit for bit.
 # (gemv_tall_rows: the tiny model has no rows that long; the GEMV tests above cover it.)
-SPEED_ONLY = [dict(pdl=False), dict(mhc_defer=False), dict(gemv_rows=1), dict(kda_decode_lines=False)]
+SPEED_ONLY = [dict(pdl=False), dict(mhc_defer=False), dict(gemv_rows=1)]
 
 
 @pytest.mark.parametrize("opts", SPEED_ONLY, ids=[next(iter(o)) for o in SPEED_ONLY])
@@ -212,8 +212,7 @@ def test_decode_bytes_do_not_depend_on_speed_only_options(opts):
     # reading its predecessor's output before it lands (a missing pdl_wait) shows up here. The
     # deferred Sinkhorn (run by the next decode GEMV's extra block, or alone before any other
     # entry point) is the same function on the same rows as the site kernel's own. The GEMV's
-    # rows a block do not change a row's order. The KDA decode step's two kernels (whole-line and
-    # half-line blocks) do the scan's operations in one order.
+    # rows a block do not change a row's order.
     from pathlib import Path
 
     path = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "tiny_glm5_next_bf16"

@@ -15,9 +15,9 @@ Tolerances (both sides f32):
   (o ~ 0.1, state ~ 1; observed differences ~1e-7 over hundreds of steps, the same bounds as the
   CPU tests against float64).
 - Arm / chaining / batching contracts: ``np.array_equal``. The conv arms share one device
-  function per output; the scan's two kernels (scan_kernel for T >= 2, scan_decode_kernel for
-  T == 1) do each element's operations in the same order, so one-step launches (decode kernel)
-  chained equal one T-step launch bit for bit.
+  function per output; the scan's two kernels (scan_kernel for T >= 2, scan_decode_lines_kernel
+  for T == 1) do each element's operations in the same order, so one-step launches (decode
+  kernel) chained equal one T-step launch bit for bit.
 - Outputs the kernels overwrite are allocated without a zero fill: two runs over different
   garbage left in the memory pool (large finite values, then NaNs) must agree and be finite.
 
@@ -301,9 +301,9 @@ def test_scan_decode_arm_equals_prefill_arm_at_t1(e):
 
 
 @pytest.mark.parametrize("with_state", [False, True])
-def test_scan_decode_kernel_equals_the_t_step_kernel(e, with_state):
-    # T == 1 runs scan_decode_kernel, T >= 2 scan_kernel: the decode shape (B = 64, odd H) step
-    # by step must give the T-step kernel's bits, o of each step and the final state.
+def test_scan_decode_lines_kernel_equals_the_t_step_kernel(e, with_state):
+    # T == 1 runs scan_decode_lines_kernel, T >= 2 scan_kernel: the decode shape (B = 64, odd
+    # H) step by step must give the T-step kernel's bits, o of each step and the final state.
     B, H, T = 64, 3, 2
     q, k, v, g, beta, state = scan_inputs(T, H=H, B=B, seed=345 + with_state,
                                           with_state=with_state)
@@ -572,7 +572,7 @@ def test_misaligned_scan_arrays_are_refused(e):
 def test_sanitizer_small_shapes(e):
     """Small enough for compute-sanitizer (racecheck / memcheck / initcheck): every kernel of
     cuda/kda_*.cu once; scan_kernel over two steps so its per-warp shared vectors are rewritten,
-    and scan_decode_kernel (T = 1)."""
+    and scan_decode_lines_kernel (T = 1)."""
     x, w, ring = conv_inputs(3, C=9, seed=800)
     conv_cuda(e, x, w, ring, arm="prefill")
     conv_cuda(e, x[:1], w, ring, arm="decode")
@@ -580,7 +580,7 @@ def test_sanitizer_small_shapes(e):
     f, dt_bias, A_log = gate_inputs(2, 1, 128)
     gate_cuda(e, f, dt_bias, A_log, form="lower_bound")
     gate_cuda(e, f, dt_bias, A_log, form="softplus")
-    for T in (2, 1):  # scan_kernel, scan_decode_kernel
+    for T in (2, 1):  # scan_kernel, scan_decode_lines_kernel
         q, k, v, g, beta, state = scan_inputs(T, H=1, B=2, seed=801 + T)
         o, s = scan_cuda(e, q, k, v, g, beta, state, batch=True)
         co, cs = _core.kda_scan(q, k, v, g, beta, state, batch=True)

@@ -1,18 +1,17 @@
-"""The KDA decode step's two kernels and the planes the kda_scan binding names at T == 1 on CUDA
+"""The KDA decode step's kernel and the planes the kda_scan binding names at T == 1 on CUDA
 (marked cuda).
 
-- ``KernelOptions.kda_decode_lines``: True (the default) runs scan_decode_lines_kernel
-  (cuda/kda_decode_lines.cu: a block per 32 columns of a head, whole 128-byte lines, the column
-  sums across the block's warps through shared memory); False the half-line
-  scan_decode_kernel (cuda/kda_decode.cu), the A/B arm. Both do scan_kernel's operations in its
-  fixed order, so they must give each other's bytes and, chained one step at a time, the T-step
-  kernel's bytes (``np.array_equal``); against the CPU oracle the scan tolerance of
+- scan_decode_lines_kernel (cuda/kda_decode_lines.cu: a block per 32 columns of a head, whole
+  128-byte lines, the column sums across the block's warps through shared memory) does
+  scan_kernel's operations in its fixed order, so chained one step at a time it must give the
+  T-step kernel's bytes (``np.array_equal``); against the CPU oracle the scan tolerance of
   tests/test_cuda_kda.py (``rtol=1e-5, atol=1e-6``: 4 chains plus a tree vs one ascending chain,
-  CUDA's expf).
+  CUDA's expf). (The half-line scan_decode_kernel, its A/B arm, was deleted with
+  KernelOptions.kda_decode_lines once the H200 settled it: docs/options.md.)
 - At T == 1 without ``chunked`` the binding names the states by their stride
   (MEMRA_KDA_PLANES_STRIDED: no pointer table uploaded): a null state reads zeros, every row
   writes its own plane.
-- The census asserts which kernel ran (torch.profiler), so a silently ignored option fails.
+- The census asserts which kernel ran (torch.profiler): one launch, the whole-line kernel.
 
 Shapes: B = 1 (latency form), odd H, B = 64 (the bench's batch), the whole-line blocks' four
 column quarters of a head all written.
@@ -20,17 +19,18 @@ column quarters of a head all written.
 
 from __future__ import annotations
 
+import memra
 import numpy as np
 import pytest
 
 from memra import _core
-from cuda_helpers import close, engine_with, f32, kernel_names, rng
+from cuda_helpers import close, f32, kernel_names, rng
 
 pytestmark = pytest.mark.cuda
 
 DK = DV = 128
 SCAN_TOL = dict(rtol=1e-5, atol=1e-6)
-KERNEL = {True: "::scan_decode_lines_kernel", False: "::scan_decode_kernel<"}  # templated names
+KERNEL = "::scan_decode_lines_kernel"  # a templated name
 
 
 def l2norm(x, eps=1e-6):
@@ -57,74 +57,54 @@ def scan(eng, arrays, state, **kw):
     return eng.to_host(o), eng.to_host(s)
 
 
-@pytest.mark.parametrize("lines", [True, False])
 @pytest.mark.parametrize("B,H", [(1, 1), (3, 5), (64, 3)])
 @pytest.mark.parametrize("with_state", [True, False])
-def test_decode_steps_equal_the_t_step_kernel(lines, B, H, with_state):
-    eng = engine_with(kda_decode_lines=lines)
+def test_decode_steps_equal_the_t_step_kernel(e, B, H, with_state):
     T = 3
     arrays, state = inputs(B, T, H, seed=10 * B + H + with_state, with_state=with_state)
-    o_full, s_full = scan(eng, arrays, state)  # T = 3: scan_kernel over the pointer tables
-    s = None if state is None else eng.to_device(state)
+    o_full, s_full = scan(e, arrays, state)  # T = 3: scan_kernel over the pointer tables
+    s = None if state is None else e.to_device(state)
     for t in range(T):  # T = 1 each: the decode kernel over the STRIDED planes
-        step = [eng.to_device(np.ascontiguousarray(a[:, t : t + 1])) for a in arrays]
-        o, s = _core.kda_scan(*step, s, engine=eng, batch=True)
-        np.testing.assert_array_equal(eng.to_host(o)[:, 0], o_full[:, t], err_msg=f"o, step {t}")
-    np.testing.assert_array_equal(eng.to_host(s), s_full)
+        step = [e.to_device(np.ascontiguousarray(a[:, t : t + 1])) for a in arrays]
+        o, s = _core.kda_scan(*step, s, engine=e, batch=True)
+        np.testing.assert_array_equal(e.to_host(o)[:, 0], o_full[:, t], err_msg=f"o, step {t}")
+    np.testing.assert_array_equal(e.to_host(s), s_full)
     co, cs = _core.kda_scan(*arrays, state, batch=True)  # the CPU oracle
     close(o_full, co, SCAN_TOL)
     close(s_full, cs, SCAN_TOL)
 
 
-@pytest.mark.parametrize("with_state", [True, False])
-def test_the_two_kernels_give_the_same_bytes(with_state):
-    arrays, state = inputs(64, 1, 4, seed=77, with_state=with_state)
-    o1, s1 = scan(engine_with(kda_decode_lines=True), arrays, state)
-    o0, s0 = scan(engine_with(kda_decode_lines=False), arrays, state)
-    np.testing.assert_array_equal(o1, o0)
-    np.testing.assert_array_equal(s1, s0)
-    co, cs = _core.kda_scan(*arrays, state, batch=True)
-    close(o1, co, SCAN_TOL)
-    close(s1, cs, SCAN_TOL)
-
-
-def test_one_sequence_form_takes_the_same_kernel():
+def test_one_sequence_form_takes_the_same_kernel(e):
     # batch=False at T == 1 ([1, H, *] inputs, [H, dk, dv] state): the same planes, one row.
-    eng = engine_with(kda_decode_lines=True)
     arrays, state = inputs(1, 1, 3, seed=88)
-    ob, sb = scan(eng, arrays, state)
-    dev = [eng.to_device(a[0]) for a in arrays]
-    o, s = _core.kda_scan(*dev, eng.to_device(state[0]), engine=eng)
-    np.testing.assert_array_equal(eng.to_host(o), ob[0])
-    np.testing.assert_array_equal(eng.to_host(s), sb[0])
+    ob, sb = scan(e, arrays, state)
+    dev = [e.to_device(a[0]) for a in arrays]
+    o, s = _core.kda_scan(*dev, e.to_device(state[0]), engine=e)
+    np.testing.assert_array_equal(e.to_host(o), ob[0])
+    np.testing.assert_array_equal(e.to_host(s), sb[0])
 
 
-@pytest.mark.parametrize("lines", [True, False])
-def test_the_chosen_kernel_ran(lines, tmp_path):
-    eng = engine_with(kda_decode_lines=lines)
+def test_the_kernel_ran(e, tmp_path):
     arrays, state = inputs(8, 1, 2, seed=99)
-    dev = [eng.to_device(a) for a in arrays]
-    ds = eng.to_device(state)
-    names = kernel_names(lambda: (_core.kda_scan(*dev, ds, engine=eng, batch=True),
-                                  eng.synchronize()), tmp_path / "trace.json")
+    dev = [e.to_device(a) for a in arrays]
+    ds = e.to_device(state)
+    names = kernel_names(lambda: (_core.kda_scan(*dev, ds, engine=e, batch=True),
+                                  e.synchronize()), tmp_path / "trace.json")
     joined = " ".join(names)
-    assert KERNEL[lines] in joined, names
-    assert KERNEL[not lines] not in joined, names
+    assert KERNEL in joined, names
     assert len(names) == 1, names  # one launch: no table kernel, no second pass
 
 
-def test_sanitizer_decode_kernels():
+def test_sanitizer_decode_kernels(e):
     """Small enough for compute-sanitizer (racecheck: the whole-line kernel's three block
     barriers over its shared vectors and column partials; memcheck: the STRIDED planes' ends):
-    both kernels, with and without a state."""
-    for lines in (True, False):
-        eng = engine_with(kda_decode_lines=lines)
-        for with_state in (True, False):
-            arrays, state = inputs(2, 1, 1, seed=5 + with_state, with_state=with_state)
-            o, s = scan(eng, arrays, state)
-            co, cs = _core.kda_scan(*arrays, state, batch=True)
-            close(o, co, SCAN_TOL)
-            close(s, cs, SCAN_TOL)
+    with and without a state."""
+    for with_state in (True, False):
+        arrays, state = inputs(2, 1, 1, seed=5 + with_state, with_state=with_state)
+        o, s = scan(e, arrays, state)
+        co, cs = _core.kda_scan(*arrays, state, batch=True)
+        close(o, co, SCAN_TOL)
+        close(s, cs, SCAN_TOL)
 
 
 def test_large_outputs_come_back_from_the_kept_blocks():
@@ -134,7 +114,7 @@ def test_large_outputs_come_back_from_the_kept_blocks():
     are right in a reused block. State [B, H, 128, 128] of just over 1 GiB from zeros: after one
     step S = k (beta v)^T exactly (0 + x = x), checked on a few heads."""
     torch = pytest.importorskip("torch")
-    eng = engine_with(kda_decode_lines=True, pdl=False)  # a context of its own
+    eng = memra.Engine("cuda", options=memra.KernelOptions(pdl=False))  # a context of its own
     B, H = 2, 8200  # 2 * 8200 * 64 KiB > 1 GiB
     arrays, _ = inputs(B, 1, H, seed=123, with_state=False)
     dev = [eng.to_device(a) for a in arrays]

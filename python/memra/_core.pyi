@@ -608,10 +608,10 @@ class CudaGraph:
 
 class KernelOptions:
     """
-    The CUDA kernels' arms an Engine runs with, chosen once when it is made (Engine(..., options=), memra.load(..., kernel_options=)); immutable. Keyword construction; every field defaults to the arm the A/B runs kept (docs/options.md), so KernelOptions() changes nothing. Fields that change numerics (the logits' bytes): gemv, mla_decode_variant, mla_tc_mt, mla_split_tiles, moe_grouped_min_t, attn_decode_unsplit, prefill_chunk (on CUDA), moe_tensor_cores; pdl, gemv_rows, gemv_tall_rows, mhc_defer and kda_decode_lines change only speed. An unknown field, a value of the wrong type (switches take bool, the rest int) or out of its domain is a ContractError (40025) naming the field and the value. A CPU engine keeps the options and ignores them, except prefill_chunk.
+    The CUDA kernels' arms an Engine runs with, chosen once when it is made (Engine(..., options=), memra.load(..., kernel_options=)); immutable. Keyword construction; every field defaults to the arm the A/B runs kept (docs/options.md), so KernelOptions() changes nothing. Fields that change numerics (the logits' bytes): gemv, mla_decode_variant, mla_tc_mt, mla_split_tiles, moe_grouped_min_t, attn_decode_unsplit, prefill_chunk (on CUDA), moe_tensor_cores; pdl, gemv_rows, gemv_tall_rows and mhc_defer change only speed. An unknown field, a value of the wrong type (switches take bool, the rest int) or out of its domain is a ContractError (40025) naming the field and the value. A CPU engine keeps the options and ignores them, except prefill_chunk.
     """
 
-    def __init__(self, *, pdl: bool = True, gemv: bool = True, gemv_rows: int = 0, gemv_tall_rows: int = 0, mhc_defer: bool = True, mla_decode_variant: int = 1, mla_tc_mt: int = 0, mla_split_tiles: int = 0, moe_grouped_min_t: int = 2, attn_decode_unsplit: bool = False, prefill_chunk: int = 8192, moe_tensor_cores: bool = True, kda_decode_lines: bool = True) -> None: ...
+    def __init__(self, *, pdl: bool = True, gemv: bool = True, gemv_rows: int = 0, gemv_tall_rows: int = 0, mhc_defer: bool = True, mla_decode_variant: int = 1, mla_tc_mt: int = 0, mla_split_tiles: int = 0, moe_grouped_min_t: int = 2, attn_decode_unsplit: bool = False, prefill_chunk: int = 8192, moe_tensor_cores: bool = True) -> None: ...
 
     def replace(self, **fields: bool | int) -> KernelOptions:
         """
@@ -664,7 +664,7 @@ class KernelOptions:
     @property
     def mla_decode_variant(self) -> int:
         """
-        Changes numerics. The MLA decode kernel over a dense bfloat16 cache at 64 heads and rank 512: 1 the sm_90a wgmma kernel (64-row tiles, 2 stages), 2 the same with 48-row tiles and 3 stages, 3 / 4 variant 1 with its tiles prefetched into L2 one / two tiles ahead (variant 1's bytes), 0 the mma.sync kernel that every other shape runs.
+        Changes numerics. The MLA decode kernel over a dense bfloat16 cache at 64 heads and rank 512: 1 the sm_90a wgmma kernel (64-row tiles, 2 stages), 2 the same with 48-row tiles and 3 stages, 0 the mma.sync kernel that every other shape runs.
         """
 
     @property
@@ -701,12 +701,6 @@ class KernelOptions:
     def moe_tensor_cores(self) -> bool:
         """
         Changes numerics. The routed experts over bfloat16 / float16 weights from moe_grouped_min_t tokens on: True runs them as grouped GEMMs on tensor cores (x and the SwiGLU output rounded to the weights' type, float32 accumulation, each expert's weights read once per call of up to 16384 token-slot pairs); False keeps the CUDA-core grouped kernels (float32 activations, the per-pair kernels' bytes), the A/B arm. float32 weights always take the CUDA-core kernels.
-        """
-
-    @property
-    def kda_decode_lines(self) -> bool:
-        """
-        Speed only. The KDA decode step (kda_scan at one token: the batched decode, and KdaLayer's decode with the gates and the norm fused): True runs parts of 4 warps per 32 columns of a head whose loads and stores cover whole 128-byte lines; False the half-line kernel, a warp per 16 columns (the A/B arm). Both do the scan's operations in its order: the same bytes.
         """
 
 class HostRead:

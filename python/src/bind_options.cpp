@@ -45,8 +45,7 @@ const Field kFields[] = {
     {"mla_decode_variant", nullptr, &KernelOptions::mla_decode_variant,
      "Changes numerics. The MLA decode kernel over a dense bfloat16 cache at 64 heads and rank "
      "512: 1 the sm_90a wgmma kernel (64-row tiles, 2 stages), 2 the same with 48-row tiles and "
-     "3 stages, 3 / 4 variant 1 with its tiles prefetched into L2 one / two tiles ahead "
-     "(variant 1's bytes), 0 the mma.sync kernel that every other shape runs."},
+     "3 stages, 0 the mma.sync kernel that every other shape runs."},
     {"mla_tc_mt", nullptr, &KernelOptions::mla_tc_mt,
      "Changes numerics (last bits). Head tiles of 16 a block of the mma.sync MLA decode kernel: "
      "0 chooses from the batch (2 below 32 sequences, 4 from there); 2 or 4 force it (4 only "
@@ -82,12 +81,6 @@ const Field kFields[] = {
      "read once per call of up to 16384 token-slot pairs); False keeps the CUDA-core grouped "
      "kernels (float32 activations, the per-pair kernels' bytes), the A/B arm. float32 weights "
      "always take the CUDA-core kernels."},
-    {"kda_decode_lines", &KernelOptions::kda_decode_lines, nullptr,
-     "Speed only. The KDA decode step (kda_scan at one token: the batched decode, and "
-     "KdaLayer's decode with the gates and the norm fused): True runs parts of 4 warps per 32 "
-     "columns of a head whose loads and stores cover whole 128-byte lines; False the half-line "
-     "kernel, a warp per 16 columns (the A/B arm). Both do the scan's operations in its order: "
-     "the same bytes."},
 };
 
 std::string repr_of(nb::handle v) {
@@ -196,7 +189,7 @@ void init_options(nb::module_& m) {
       "KernelOptions() changes nothing. Fields that change numerics (the logits' bytes): gemv, "
       "mla_decode_variant, mla_tc_mt, mla_split_tiles, moe_grouped_min_t, attn_decode_unsplit, "
       "prefill_chunk (on CUDA), moe_tensor_cores; pdl, gemv_rows, "
-      "gemv_tall_rows, mhc_defer and kda_decode_lines change only speed. An unknown field, a value of the "
+      "gemv_tall_rows and mhc_defer change only speed. An unknown field, a value of the "
       "wrong type (switches take bool, the rest int) or out of its domain is a ContractError "
       "(40025) naming the field and the value. A CPU engine keeps the options and ignores them, "
       "except prefill_chunk.");

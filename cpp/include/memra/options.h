@@ -35,9 +35,8 @@ struct KernelOptions {
   // false runs it inside the site kernel. Speed only (the same function on the same rows).
   bool mhc_defer = true;
   // The MLA decode kernel over a dense bf16 cache at H = 64, R = 512: 1 the sm_90a wgmma kernel
-  // (64-row tiles x 2 stages), 2 the same with 48-row tiles x 3 stages, 3 / 4 variant 1 with
-  // the tiles prefetched into L2 one / two tiles ahead of its ring (variant 1's bytes), 0 the
-  // mma.sync kernel that every other shape runs. Changes numerics (other tiles, other splits).
+  // (64-row tiles x 2 stages), 2 the same with 48-row tiles x 3 stages, 0 the mma.sync kernel
+  // that every other shape runs. Changes numerics (other tiles, other splits).
   int mla_decode_variant = 1;
   // Head tiles of 16 a block of the mma.sync MLA decode kernel: 0 chooses from the batch (2
   // below 32 sequences, 4 from there); 2 or 4 force it (4 only where H > 32). Changes numerics
@@ -73,13 +72,6 @@ struct KernelOptions {
   // kernel reads it. Changes numerics on CUDA (a GEMM over fewer rows may pick another cuBLAS
   // algorithm); on the CPU the chunks give the one-shot prefill's bytes.
   int prefill_chunk = 8192;
-  // The KDA decode step (kda_scan at T = 1: the batched decode over the binding's planes and
-  // KdaLayer's decode with the gates and the norm fused): true runs parts of 4 warps per 32
-  // columns of a head whose warp instructions cover whole 128-byte lines
-  // (cuda/kda_decode_lines.cu); false the half-line kernel, a warp per 16 columns
-  // (cuda/kda_decode.cu), the A/B arm. Speed only: both do scan_kernel's operations in its
-  // order, the same bytes.
-  bool kda_decode_lines = true;
 
   // ContractError 40025 naming the first field out of its domain and its value.
   Status validate() const;
@@ -97,8 +89,8 @@ inline Status KernelOptions::validate() const {
   auto rows = [](int r) { return r == 0 || r == 1 || r == 2 || r == 4 || r == 8; };
   if (!rows(gemv_rows)) return bad("gemv_rows", gemv_rows, "0, 1, 2, 4 or 8");
   if (!rows(gemv_tall_rows)) return bad("gemv_tall_rows", gemv_tall_rows, "0, 1, 2, 4 or 8");
-  if (mla_decode_variant < 0 || mla_decode_variant > 4) {
-    return bad("mla_decode_variant", mla_decode_variant, "0 to 4");
+  if (mla_decode_variant < 0 || mla_decode_variant > 2) {
+    return bad("mla_decode_variant", mla_decode_variant, "0, 1 or 2");
   }
   if (mla_tc_mt != 0 && mla_tc_mt != 2 && mla_tc_mt != 4) {
     return bad("mla_tc_mt", mla_tc_mt, "0, 2 or 4");
@@ -123,7 +115,6 @@ inline MemraKernelOptions KernelOptions::to_abi() const {
   o.attn_decode_unsplit = attn_decode_unsplit ? 1 : 0;
   o.prefill_chunk = prefill_chunk;
   o.moe_tensor_cores = moe_tensor_cores ? 1 : 0;
-  o.kda_decode_lines = kda_decode_lines ? 1 : 0;
   return o;
 }
 
@@ -141,7 +132,6 @@ inline KernelOptions KernelOptions::from_abi(const MemraKernelOptions& o) {
   k.attn_decode_unsplit = o.attn_decode_unsplit != 0;
   k.prefill_chunk = o.prefill_chunk;
   k.moe_tensor_cores = o.moe_tensor_cores != 0;
-  k.kda_decode_lines = o.kda_decode_lines != 0;
   return k;
 }
 
@@ -151,7 +141,7 @@ inline bool KernelOptions::operator==(const KernelOptions& o) const {
          mla_decode_variant == o.mla_decode_variant && mla_tc_mt == o.mla_tc_mt &&
          mla_split_tiles == o.mla_split_tiles && moe_grouped_min_t == o.moe_grouped_min_t &&
          attn_decode_unsplit == o.attn_decode_unsplit && prefill_chunk == o.prefill_chunk &&
-         moe_tensor_cores == o.moe_tensor_cores && kda_decode_lines == o.kda_decode_lines;
+         moe_tensor_cores == o.moe_tensor_cores;
 }
 
 }  // namespace memra

@@ -1,6 +1,6 @@
-// CUDA ABI, KDA area (cuda/kda_conv.cu, kda_scan.cu, kda_decode.cu, kda_tables.cu; memra::op in
-// op/kda.h): the GPU twins of cpu::kda_conv_prefill / kda_conv_decode / kda_gate / kda_scan
-// (cpu/kda.h). The conv is instantiated for kernel widths 2..8 and the scan for head_dim 128;
+// CUDA ABI, KDA area (cuda/kda_conv.cu, kda_scan.cu, kda_decode_lines.cu, kda_tables.cu;
+// memra::op in op/kda.h): the GPU twins of cpu::kda_conv_prefill / kda_conv_decode / kda_gate /
+// kda_scan (cpu/kda.h). The conv is instantiated for kernel widths 2..8 and the scan for head_dim 128;
 // anything else is 50002 (the CPU backend still runs it). The gate is elementwise: any dk.
 // Every entry takes one parameter struct (null: 40024); a fusion is a field of it.
 #pragma once

@@ -14,14 +14,13 @@ typedef struct MemraKernelOptions {
   int gemv_rows;           /* weight rows a GEMV block: 0 (from N), 1, 2, 4, 8 */
   int gemv_tall_rows;      /* the same for tall rows (K > 4096 bf16): 0, 1, 2, 4, 8 */
   int mhc_defer;           /* a one-row mHC site's Sinkhorn left to the next GEMV */
-  int mla_decode_variant;  /* dense bf16 H 64 R 512 MLA decode: 0 mma.sync, 1..4 wgmma */
+  int mla_decode_variant;  /* dense bf16 H 64 R 512 MLA decode: 0 mma.sync, 1 / 2 wgmma */
   int mla_tc_mt;           /* head tiles of 16 a block of the mma.sync MLA decode: 0, 2, 4 */
   int mla_split_tiles;     /* 64-row tiles a split of the MLA decode (0: cost model) */
   int moe_grouped_min_t;   /* tokens from which the routed experts run grouped, >= 1 */
   int attn_decode_unsplit; /* full-attention decode: one block per sequence and K/V head */
   int prefill_chunk;       /* prompt tokens a prefill runs at a time (0: all); read by no kernel */
   int moe_tensor_cores;    /* grouped routed experts over bf16 / f16 weights on tensor cores */
-  int kda_decode_lines;    /* KDA decode step in whole-line parts (0: the half-line warps) */
 } MemraKernelOptions;
 
 // What mem_stats reads: the device as a whole (cudaMemGetInfo: every process and context on it)
