@@ -28,6 +28,7 @@ from safetensors import safe_open
 from tqdm import tqdm
 
 from . import _core
+from .config import check_fields, read_json_object
 from .errors import ContractError
 
 log = logging.getLogger("memra")
@@ -173,3 +174,19 @@ def read_tensors(path: Path, num_hidden_layers: int, *, names: NameTable,
     for msg in notices.values():
         log.warning("memra: %s", msg)
     return out
+
+
+def eos_ids(path: Path, config) -> list[int]:
+    """The checkpoint's EOS ids: generation_config.json's eos_token_id, else the config's
+    (ContractError naming a wrongly typed one)."""
+    eos = None
+    gen = path / "generation_config.json"
+    if gen.exists():
+        data = read_json_object(gen, "load")
+        check_fields(data, {"eos_token_id": int | list[int] | None}, what=f"load: {gen.name}")
+        eos = data.get("eos_token_id")
+    if eos is None:
+        eos = config.eos_token_id
+    if eos is None:
+        return []
+    return [int(eos)] if isinstance(eos, int) else [int(e) for e in eos]

@@ -15,11 +15,11 @@ import numpy as np
 
 from . import _core, batch_prefill
 from .batch import DecodeBatch, RowSampling, SlotLease, TokenStream, take_free_slots
-from .config import check_fields, read_config, read_json_object
+from .config import read_config
 from .decode_graph import DecodeRunner, Sampling
 from .errors import NON_FINITE, SLOT_HELD, CacheFullError, ContractError, NonFiniteError, UnsupportedError, \
     check_token_ids, shown
-from .loader import read_tensors
+from .loader import eos_ids, read_tensors
 from .models import DecoderModel
 
 log = logging.getLogger("memra")
@@ -518,22 +518,6 @@ class Model:
                     pending.append(batch.launch(active, what))
 
 
-def _eos_ids(path: Path, config) -> list[int]:
-    """The checkpoint's EOS ids: generation_config.json's eos_token_id, else the config's
-    (ContractError naming a wrongly typed one)."""
-    eos = None
-    gen = path / "generation_config.json"
-    if gen.exists():
-        data = read_json_object(gen, "load")
-        check_fields(data, {"eos_token_id": int | list[int] | None}, what=f"load: {gen.name}")
-        eos = data.get("eos_token_id")
-    if eos is None:
-        eos = config.eos_token_id
-    if eos is None:
-        return []
-    return [int(eos)] if isinstance(eos, int) else [int(e) for e in eos]
-
-
 def load(path, device: str = "cpu", max_batch: int = 8, max_len: int = 4096, *, dtype: str | None = None,
          progress: bool = True, cuda_graphs: bool = True,
          kernel_options: _core.KernelOptions | None = None) -> Model:
@@ -595,7 +579,7 @@ def load(path, device: str = "cpu", max_batch: int = 8, max_len: int = 4096, *, 
             tokenizer = Tokenizer.from_file(str(path / "tokenizer.json"))
         except Exception as e:  # the tokenizers library raises a bare Exception
             raise ContractError(f"load: {path / 'tokenizer.json'} could not be read: {e}", 40025) from None
-    return Model(path, engine, cfg, net, cache, _eos_ids(path, cfg), tokenizer, cuda_graphs=cuda_graphs)
+    return Model(path, engine, cfg, net, cache, eos_ids(path, cfg), tokenizer, cuda_graphs=cuda_graphs)
 
 
 def default_checkpoint() -> Path:
