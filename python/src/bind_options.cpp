@@ -88,6 +88,12 @@ const Field kFields[] = {
      "columns of a head whose loads and stores cover whole 128-byte lines; False the half-line "
      "kernel, a warp per 16 columns (the A/B arm). Both do the scan's operations in its order: "
      "the same bytes."},
+    {"attn_prefill_tensor_cores", &KernelOptions::attn_prefill_tensor_cores, nullptr,
+     "Changes numerics. The full attention's prefill over a bfloat16 K/V cache (more than one "
+     "token, head widths a multiple of 8): True runs the FlashAttention-2-style tensor-core "
+     "kernel (the queries and the softmax weights rounded to bfloat16, float32 scores, softmax "
+     "and accumulation); False the float32 CUDA-core kernel, which float32 caches always take. "
+     "Off by default: the tensor-core kernel has not yet run on a GPU."},
 };
 
 std::string repr_of(nb::handle v) {
@@ -195,7 +201,7 @@ void init_options(nb::module_& m) {
       "construction; every field defaults to the arm the A/B runs kept (docs/options.md), so "
       "KernelOptions() changes nothing. Fields that change numerics (the logits' bytes): gemv, "
       "mla_decode_variant, mla_tc_mt, mla_split_tiles, moe_grouped_min_t, attn_decode_unsplit, "
-      "prefill_chunk (on CUDA), moe_tensor_cores; pdl, gemv_rows, "
+      "prefill_chunk (on CUDA), moe_tensor_cores, attn_prefill_tensor_cores; pdl, gemv_rows, "
       "gemv_tall_rows, mhc_defer and kda_decode_lines change only speed. An unknown field, a value of the "
       "wrong type (switches take bool, the rest int) or out of its domain is a ContractError "
       "(40025) naming the field and the value. A CPU engine keeps the options and ignores them, "

@@ -80,6 +80,13 @@ struct KernelOptions {
   // (cuda/kda_decode.cu), the A/B arm. Speed only: both do scan_kernel's operations in its
   // order, the same bytes.
   bool kda_decode_lines = true;
+  // The full attention's prefill over a bf16 cache (memra_cuda_attention's direct form, T > 1,
+  // head widths a multiple of 8): true runs the FlashAttention-2-style tensor-core kernel
+  // (cuda/attention_tc.cu: q and p rounded to bf16, f32 scores, softmax and accumulation);
+  // false the f32 CUDA-core kernel (cuda/attention.cu), which f32 caches always take. Off by
+  // default until the tensor-core kernel has run on a GPU. Changes numerics (the bf16 rounding
+  // of q and p, another summation order).
+  bool attn_prefill_tensor_cores = false;
 
   // ContractError 40025 naming the first field out of its domain and its value.
   Status validate() const;
@@ -124,6 +131,7 @@ inline MemraKernelOptions KernelOptions::to_abi() const {
   o.prefill_chunk = prefill_chunk;
   o.moe_tensor_cores = moe_tensor_cores ? 1 : 0;
   o.kda_decode_lines = kda_decode_lines ? 1 : 0;
+  o.attn_prefill_tensor_cores = attn_prefill_tensor_cores ? 1 : 0;
   return o;
 }
 
@@ -142,6 +150,7 @@ inline KernelOptions KernelOptions::from_abi(const MemraKernelOptions& o) {
   k.prefill_chunk = o.prefill_chunk;
   k.moe_tensor_cores = o.moe_tensor_cores != 0;
   k.kda_decode_lines = o.kda_decode_lines != 0;
+  k.attn_prefill_tensor_cores = o.attn_prefill_tensor_cores != 0;
   return k;
 }
 
@@ -151,7 +160,8 @@ inline bool KernelOptions::operator==(const KernelOptions& o) const {
          mla_decode_variant == o.mla_decode_variant && mla_tc_mt == o.mla_tc_mt &&
          mla_split_tiles == o.mla_split_tiles && moe_grouped_min_t == o.moe_grouped_min_t &&
          attn_decode_unsplit == o.attn_decode_unsplit && prefill_chunk == o.prefill_chunk &&
-         moe_tensor_cores == o.moe_tensor_cores && kda_decode_lines == o.kda_decode_lines;
+         moe_tensor_cores == o.moe_tensor_cores && kda_decode_lines == o.kda_decode_lines &&
+         attn_prefill_tensor_cores == o.attn_prefill_tensor_cores;
 }
 
 }  // namespace memra
