@@ -20,9 +20,10 @@
 // whose rows fit in the first split gets the same bytes either way (the merge of one split is
 // acc * 1 / (l * 1), the same division).
 //
-// TODO(issue 19, bf16 prefill): the direct form's tile loop is where a tensor-core variant goes
-// (an mma.sync / wgmma kernel over bf16 caches: Q tile x K tile^T scores, P x V tile); the f32
-// kernel stays the exact path. The host dispatch below picks the kernel per cache dtype.
+// The direct form over a bf16 cache at T > 1 runs the tensor-core kernel of cuda/attention_tc.cu
+// instead when KernelOptions::attn_prefill_tensor_cores is set (and the geometry fits: head
+// widths a multiple of 8, 16-byte aligned planes); this kernel stays the exact path (f32 caches,
+// the decode, the option off).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -37,6 +38,12 @@ using memra::cuda::status_of;
 using memra::cuda::to_f32;
 using memra::cuda::warp_max;
 using memra::cuda::warp_sum;
+
+namespace memra::cuda::attn {
+// cuda/attention_tc.cu: the tensor-core prefill and the forms it takes.
+bool prefill_tc_fits(const MemraCudaCtx* ctx, const MemraAttnParams& p);
+int prefill_tc(MemraCudaCtx* ctx, const MemraAttnParams& p);
+}  // namespace memra::cuda::attn
 
 namespace {
 
@@ -346,6 +353,7 @@ int memra_cuda_attention(MemraCudaCtx* ctx, const MemraAttnParams* p) {
   MEMRA_CUDA_RETURN_IF(enter(ctx));
   MEMRA_CUDA_RETURN_IF(memra_attention_check(p));
   if (p->T == 0) return memra::kOk;
+  if (memra::cuda::attn::prefill_tc_fits(ctx, *p)) return memra::cuda::attn::prefill_tc(ctx, *p);
   Launch L = {};
   L.p = *p;
   const int G = p->Hq / p->Hkv;

@@ -81,6 +81,12 @@ const Field kFields[] = {
      "read once per call of up to 16384 token-slot pairs); False keeps the CUDA-core grouped "
      "kernels (float32 activations, the per-pair kernels' bytes), the A/B arm. float32 weights "
      "always take the CUDA-core kernels."},
+    {"attn_prefill_tensor_cores", &KernelOptions::attn_prefill_tensor_cores, nullptr,
+     "Changes numerics. The full attention's prefill over a bfloat16 K/V cache (more than one "
+     "token, head widths a multiple of 8): True runs the FlashAttention-2-style tensor-core "
+     "kernel (the queries and the softmax weights rounded to bfloat16, float32 scores, softmax "
+     "and accumulation); False the float32 CUDA-core kernel, which float32 caches always take. "
+     "Off by default: the tensor-core kernel has not yet run on a GPU."},
 };
 
 std::string repr_of(nb::handle v) {
@@ -188,7 +194,7 @@ void init_options(nb::module_& m) {
       "construction; every field defaults to the arm the A/B runs kept (docs/options.md), so "
       "KernelOptions() changes nothing. Fields that change numerics (the logits' bytes): gemv, "
       "mla_decode_variant, mla_tc_mt, mla_split_tiles, moe_grouped_min_t, attn_decode_unsplit, "
-      "prefill_chunk (on CUDA), moe_tensor_cores; pdl, gemv_rows, "
+      "prefill_chunk (on CUDA), moe_tensor_cores, attn_prefill_tensor_cores; pdl, gemv_rows, "
       "gemv_tall_rows and mhc_defer change only speed. An unknown field, a value of the "
       "wrong type (switches take bool, the rest int) or out of its domain is a ContractError "
       "(40025) naming the field and the value. A CPU engine keeps the options and ignores them, "

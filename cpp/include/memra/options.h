@@ -72,6 +72,13 @@ struct KernelOptions {
   // kernel reads it. Changes numerics on CUDA (a GEMM over fewer rows may pick another cuBLAS
   // algorithm); on the CPU the chunks give the one-shot prefill's bytes.
   int prefill_chunk = 8192;
+  // The full attention's prefill over a bf16 cache (memra_cuda_attention's direct form, T > 1,
+  // head widths a multiple of 8): true runs the FlashAttention-2-style tensor-core kernel
+  // (cuda/attention_tc.cu: q and p rounded to bf16, f32 scores, softmax and accumulation);
+  // false the f32 CUDA-core kernel (cuda/attention.cu), which f32 caches always take. Off by
+  // default until the tensor-core kernel has run on a GPU. Changes numerics (the bf16 rounding
+  // of q and p, another summation order).
+  bool attn_prefill_tensor_cores = false;
 
   // ContractError 40025 naming the first field out of its domain and its value.
   Status validate() const;
@@ -115,6 +122,7 @@ inline MemraKernelOptions KernelOptions::to_abi() const {
   o.attn_decode_unsplit = attn_decode_unsplit ? 1 : 0;
   o.prefill_chunk = prefill_chunk;
   o.moe_tensor_cores = moe_tensor_cores ? 1 : 0;
+  o.attn_prefill_tensor_cores = attn_prefill_tensor_cores ? 1 : 0;
   return o;
 }
 
@@ -132,6 +140,7 @@ inline KernelOptions KernelOptions::from_abi(const MemraKernelOptions& o) {
   k.attn_decode_unsplit = o.attn_decode_unsplit != 0;
   k.prefill_chunk = o.prefill_chunk;
   k.moe_tensor_cores = o.moe_tensor_cores != 0;
+  k.attn_prefill_tensor_cores = o.attn_prefill_tensor_cores != 0;
   return k;
 }
 
@@ -141,7 +150,8 @@ inline bool KernelOptions::operator==(const KernelOptions& o) const {
          mla_decode_variant == o.mla_decode_variant && mla_tc_mt == o.mla_tc_mt &&
          mla_split_tiles == o.mla_split_tiles && moe_grouped_min_t == o.moe_grouped_min_t &&
          attn_decode_unsplit == o.attn_decode_unsplit && prefill_chunk == o.prefill_chunk &&
-         moe_tensor_cores == o.moe_tensor_cores;
+         moe_tensor_cores == o.moe_tensor_cores &&
+         attn_prefill_tensor_cores == o.attn_prefill_tensor_cores;
 }
 
 }  // namespace memra

@@ -77,7 +77,10 @@ typedef struct MemraKvAppendParams {
    o[t, h] = sum_j softmax_j(scale * q[t, h] . k[j]) v[j] over the rows j < n_t, times
    sigmoid(gate[t, h]) elementwise when gate is given. Direct form: n_t = pos0 + t + 1 over the
    given planes (a prefill chunk whose rows are already appended; one block per tile of queries
-   and K/V head, online softmax, f32 on CUDA cores). Device form: n_t = lengths[slots[t]] + 1 (the
+   and K/V head, online softmax, f32 on CUDA cores; over a bf16 cache at T > 1 with hd a multiple
+   of 8 and 16-byte aligned planes, on tensor cores instead when the context's
+   KernelOptions::attn_prefill_tensor_cores is set: q and the softmax weights rounded to bf16,
+   f32 accumulation, cuda/attention_tc.cu). Device form: n_t = lengths[slots[t]] + 1 (the
    row appended at the step's position included; capped at max_len), an idle row's o is zero;
    split over the sequence (memra_attention_split_rows) with a per-head merge, or one block per
    (row, K/V head) when the context's KernelOptions::attn_decode_unsplit is set. */

@@ -21,6 +21,7 @@ typedef struct MemraKernelOptions {
   int attn_decode_unsplit; /* full-attention decode: one block per sequence and K/V head */
   int prefill_chunk;       /* prompt tokens a prefill runs at a time (0: all); read by no kernel */
   int moe_tensor_cores;    /* grouped routed experts over bf16 / f16 weights on tensor cores */
+  int attn_prefill_tensor_cores; /* bf16-cache attention prefill on tensor cores (0: f32 kernel) */
 } MemraKernelOptions;
 
 // What mem_stats reads: the device as a whole (cudaMemGetInfo: every process and context on it)
