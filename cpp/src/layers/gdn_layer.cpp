@@ -154,7 +154,8 @@ Status GdnLayer::run(const float* x, int T, const float* ring_in, float* ring_ou
   const float* sin[1] = {state_in};
   float* sout[1] = {state_out};
   const MemraGdnScanParams sp{act.data(), act.data() + kd, C, act.data() + 2 * kd, C, g.data(),
-                              beta.data(), 1, T, Hk, Hv, dk, dv, scale, sin, sout, o.data()};
+                              beta.data(), 1, T, Hk, Hv, dk, dv, scale, sin, sout, o.data(),
+                              /*chunked=*/0};
   MEMRA_TRY(op::gdn_scan(host, sp));
   MEMRA_TRY(op::rms_norm_gated_silu(host, o.data(), z.data(), T * Hv, dv, norm_w_.data(),
                                     cfg_.rms_eps, o.data()));

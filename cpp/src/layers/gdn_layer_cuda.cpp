@@ -170,7 +170,7 @@ Status GdnLayer::run_cuda(Cache& cache, int layer, int B, int T, const Planes& p
   // The delta rule over B sequences of T steps, planes cur -> 1 - cur.
   const float scale = static_cast<float>(1.0 / std::sqrt(double(dk)));
   MemraGdnScanParams sp{act, act + kd, C, act + 2 * kd, C, gate, beta, B, T, Hk, Hv, dk, dv,
-                        scale, state_in, state_out, o};
+                        scale, state_in, state_out, o, /*chunked=*/0};
   // A bf16 model's multi-token prefill runs the chunked tensor-core form; f32 models, decode
   // steps and one-token prefills the sequential kernels (a one-token prefill keeps the decode
   // step's bytes).
