@@ -31,6 +31,7 @@
 #include <cstring>
 
 #include "common.cuh"
+#include "mma_bf16.cuh"
 #include "dsa_common.cuh"
 
 using memra::cuda::ceil_div;
@@ -44,6 +45,10 @@ using memra::cuda::status_of;
 using memra::cuda::dsa::relu_cpu;
 
 namespace {
+
+using memra::cuda::ldsm_x4;
+using memra::cuda::mma_bf16;
+using memra::cuda::pack_bf16x2;
 
 constexpr int kThreads = 256;
 constexpr int kBQ = 64;      // queries a block
@@ -61,30 +66,6 @@ struct Geo {
   static size_t bytes(int Hi) { return q_bytes + k_bytes + sizeof(float) * kBQ * Hi; }
   static_assert(D % 16 == 0, "whole k-steps");
 };
-
-__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_u32(p)));
-}
-
-// d += a * b, m16n8k16 bf16 -> f32. g = lane / 4, t = lane % 4: d0 d1 (row g, cols 2t, 2t+1),
-// d2 d3 (row g + 8, the same cols).
-__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
-                                         uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-      "{%8, %9}, {%0, %1, %2, %3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);  // .x = lo at the lower address
-  uint32_t u;
-  memcpy(&u, &v, sizeof(u));
-  return u;
-}
 
 __device__ __forceinline__ bool pool_visible(int64_t p, int pool, int64_t pos) {
   return p * pool + pool - 1 <= pos;

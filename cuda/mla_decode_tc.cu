@@ -32,6 +32,7 @@
 #include <cstdint>
 
 #include "common.cuh"
+#include "mma_bf16.cuh"
 #include "mla_common.cuh"
 #include "mla_decode.cuh"
 
@@ -44,40 +45,15 @@ using memra::cuda::mla::allow_smem;
 
 namespace {
 
+using memra::cuda::ldsm_x4;
+using memra::cuda::ldsm_x4_trans;
+using memra::cuda::mma_bf16;
+using memra::cuda::pack_bf16x2;
+
 constexpr int kStages = 2;
 constexpr float kLog2e = 1.4426950408889634f;
 
 // ---------------------------------------------------------------- PTX helpers
-
-__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_u32(p)));
-}
-__device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], const void* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_u32(p)));
-}
-
-// d += a * b, m16n8k16, bf16 inputs, f32 accumulators. Fragments (g = lane / 4, q = lane % 4):
-// a0 (row g, k 2q..2q+1), a1 (row g+8, same k), a2 (row g, k 2q+8..), a3 (row g+8, k 2q+8..);
-// b0 (k 2q..2q+1, col g), b1 (k 2q+8.., col g); d0 d1 (row g, cols 2q, 2q+1), d2 d3 (row g+8).
-__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
-                                         uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-      "{%8, %9}, {%0, %1, %2, %3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);  // .x = lo at the lower address
-  uint32_t u;
-  memcpy(&u, &v, sizeof(u));
-  return u;
-}
 
 // ---------------------------------------------------------------- tensor-core kernel
 

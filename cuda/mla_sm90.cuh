@@ -9,7 +9,12 @@
 #include <cstdint>
 #include <cstring>
 
+#include "mma_bf16.cuh"
+
 namespace {
+
+using memra::cuda::pack_bf16x2;
+using memra::cuda::bf16x2_sum;
 
 // Generic-proxy writes to shared memory (cp.async, st.shared) made visible to the async proxy
 // (wgmma operand reads); each writing thread fences before the barrier that publishes them.
@@ -41,18 +46,6 @@ __device__ __forceinline__ uint64_t smem_desc(uint32_t addr, uint32_t lbo, uint3
   return static_cast<uint64_t>((addr & 0x3FFFFu) >> 4) |
          (static_cast<uint64_t>((lbo >> 4) & 0x3FFFu) << 16) |
          (static_cast<uint64_t>((sbo >> 4) & 0x3FFFu) << 32) | (1ull << 62);
-}
-
-__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);  // .x = lo at the lower address
-  uint32_t u;
-  memcpy(&u, &v, sizeof(u));
-  return u;
-}
-__device__ __forceinline__ float bf16x2_sum(uint32_t u) {
-  __nv_bfloat162 v;
-  memcpy(&v, &u, sizeof(v));
-  return __low2float(v) + __high2float(v);
 }
 
 // Byte offset of the 16-byte chunk k (columns 8k .. 8k + 7, k < 64) of row r in a

@@ -27,6 +27,7 @@
 #include <cstdint>
 
 #include "common.cuh"
+#include "mma_bf16.cuh"
 #include "moe_common.cuh"
 #include "swiglu.cuh"
 
@@ -43,6 +44,8 @@ using memra::cuda::smem_u32;
 using memra::cuda::status_of;
 
 namespace {
+
+using memra::cuda::ldsm_x4;
 
 constexpr int kTcThreads = 256;  // 8 warps
 constexpr int kBK = 64;          // k per stage: rows of 128 bytes, 8 chunks of 16 bytes
@@ -68,12 +71,6 @@ using TcSmall = TcCfg<16, 1, 4>;
 using TcLarge = TcCfg<128, 4, 3>;
 
 // ---------------------------------------------------------------- PTX helpers
-
-__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_u32(p)));
-}
 
 // d += a * b, m16n8k16, W inputs, f32 accumulators. Fragments (g = lane / 4, q = lane % 4):
 // a0 (row g, k 2q..2q+1), a1 (row g+8), a2 (row g, k 2q+8..), a3 (row g+8, k 2q+8..);
