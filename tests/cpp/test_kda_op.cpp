@@ -38,6 +38,24 @@ MemraKdaConvParams conv_params(const Vec& x, int n, int C, int G, const Vec& w, 
   return p;
 }
 
+// The scan's inputs over B sequences of T steps, H heads, scale 0.5; state and output unset.
+MemraKdaScanParams scan_params(const Vec& q, const Vec& k, const Vec& v, const Vec& g,
+                               const Vec& beta, int B, int T, int H, int dk, int dv) {
+  MemraKdaScanParams p{};
+  p.q = q.data();
+  p.k = k.data();
+  p.v = v.data();
+  p.g = g.data();
+  p.beta = beta.data();
+  p.B = B;
+  p.T = T;
+  p.H = H;
+  p.dk = dk;
+  p.dv = dv;
+  p.scale = 0.5f;
+  return p;
+}
+
 TEST(KdaOp, ConvGroupsAndL2NormEqualTheReferenceOps) {
   // KdaLayer's form: C = 3 groups of qkv = H * dk, q and k L2-normalised per head.
   const int T = 5, H = 2, dk = 4, qkv = H * dk, C = 3 * qkv;
@@ -163,18 +181,7 @@ TEST(KdaOp, ScanTablesEqualEachSequenceAlone) {
   Vec o(B * ov), out0(plane);
   const float* in[B] = {nullptr, state1.data()};  // sequence 0 starts from zeros
   float* out[B] = {out0.data(), nullptr};          // sequence 1's state is not written
-  MemraKdaScanParams p{};
-  p.q = q.data();
-  p.k = k.data();
-  p.v = v.data();
-  p.g = g.data();
-  p.beta = beta.data();
-  p.B = B;
-  p.T = T;
-  p.H = H;
-  p.dk = dk;
-  p.dv = dv;
-  p.scale = 0.5f;
+  MemraKdaScanParams p = scan_params(q, k, v, g, beta, B, T, H, dk, dv);
   p.state.form = MEMRA_KDA_PLANES_TABLES;
   p.state.in_table = in;
   p.state.out_table = out;
@@ -205,18 +212,7 @@ TEST(KdaOp, ScanStridedPlanesEqualTheTables) {
     in[b] = states.data() + b * floats;
     out[b] = out_t.data() + b * floats;
   }
-  MemraKdaScanParams p{};
-  p.q = q.data();
-  p.k = k.data();
-  p.v = v.data();
-  p.g = g.data();
-  p.beta = beta.data();
-  p.B = B;
-  p.T = T;
-  p.H = H;
-  p.dk = dk;
-  p.dv = dv;
-  p.scale = 0.5f;
+  MemraKdaScanParams p = scan_params(q, k, v, g, beta, B, T, H, dk, dv);
   p.state.form = MEMRA_KDA_PLANES_TABLES;
   p.state.in_table = in;
   p.state.out_table = out;
