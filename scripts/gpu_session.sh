@@ -14,6 +14,9 @@
 #   kdarest   bench_kda_prefill's shapes --quick leaves out (KDA 32 heads, B = 8; GDN B = 8)
 #   prefill_long  bench_model_prefill at T = 32K and 128K and 8 prompts of 2K, no peer
 #   prefill_mem   bench_model_prefill at T = 1K and 8K and 8 prompts of 2K (both arms), memra only
+#   attnpre   bench_attention_prefill --quick (f32 kernel vs tensor-core kernel vs torch SDPA)
+#   race_attn racecheck + memcheck over scripts/sanitize_attention_tc.py
+#   ncu_dec   ncu over benchmarks/ncu_decode.py (KDA decode, MLA decode kernels)
 #   kdadec mladec  bench_kda_decode (fla peer) / bench_mla_decode --variant all, --quick
 #   accbench  benchmarks/accuracy_bench_model.py: the 2x rule on the bench model at T = 1K, 8K
 #             against transformers f32 (never with fla on the path)
@@ -111,6 +114,15 @@ for p in "$@"; do
     mladec) phase mladec 120 env PYTHONPATH="$site" python3 benchmarks/bench_mla_decode.py --quick --variant all ;;
     prefill_mem) phase prefill_mem 150 env PYTHONPATH="$site" python3 benchmarks/bench_model_prefill.py \
         --quick --skip-peer --lengths 1024,8192 --batch 8x2048 ;;
+    attnpre) phase attnpre 150 env PYTHONPATH="$site" python3 benchmarks/bench_attention_prefill.py --quick ;;
+    race_attn)
+      phase race_attn 150 env PYTHONPATH="$site" compute-sanitizer --tool racecheck --error-exitcode 1 \
+        python3 scripts/sanitize_attention_tc.py
+      phase mem_attn 150 env PYTHONPATH="$site" compute-sanitizer --tool memcheck --error-exitcode 1 \
+        python3 scripts/sanitize_attention_tc.py
+      ;;
+    ncu_dec) phase ncu_dec 200 env PYTHONPATH="$site" ncu --clock-control none -k regex:"lines|mla|flash" -c 9 \
+        --section SpeedOfLight --section Occupancy --section LaunchStats python3 benchmarks/ncu_decode.py ;;
     mlapre) phase mlapre 200 env PYTHONPATH="$site${peers:+:$peers}" python3 benchmarks/bench_mla_prefill.py --quick ;;
     prefill) phase prefill 300 env PYTHONPATH="$site${peers:+:$peers}" python3 benchmarks/bench_model_prefill.py --quick ;;
     moepre) phase moepre 200 env PYTHONPATH="$site${peers:+:$peers}" python3 benchmarks/bench_moe_prefill.py --quick ;;

@@ -113,6 +113,9 @@ def test_attention_direct_form_matches_cpu(e, T, Hq, Hkv, hd, dtype):
     kc, vc = cache_array(g, (L, Hkv, hd), dtype), cache_array(g, (L, Hkv, hd), dtype)
     q, gate = f32(g.standard_normal((T, Hq, hd))), f32(g.standard_normal((T, Hq, hd)))
     scale = hd ** -0.5
+    # The f32 CUDA-core kernel over either cache (a bf16 cache at T > 1 takes the tensor-core
+    # kernel by default: tests/test_cuda_attention_tc.py holds that one to a bf16 bound).
+    e = engine_with(attn_prefill_tensor_cores=False)
     d = e.to_device
     for gt in (gate, None):
         want = _core.attention(q, kc, vc, scale=scale, gate=gt, pos0=pos0)

@@ -44,6 +44,11 @@ def tc_engine() -> memra.Engine:
     return engine_with(attn_prefill_tensor_cores=True)
 
 
+def f32_engine() -> memra.Engine:
+    """The option's off arm: the f32 CUDA-core kernel over the bf16 cache too."""
+    return engine_with(attn_prefill_tensor_cores=False)
+
+
 def make(T, pos0, Hq, Hkv, hd, seed, cache="bfloat16"):
     """q (bf16 values), gate, the cache planes [pos0 + T + 3, Hkv, hd] (bf16 bits or f32) and
     the values' float32 copy (for the bound)."""
@@ -84,7 +89,7 @@ GEOMETRIES = [(2, 2, 64), (4, 2, 256), (16, 2, 128), (8, 1, 256), (8, 4, 96), (3
 @pytest.mark.parametrize("T,pos0", [(7, 0), (64, 0), (65, 37), (200, 0), (7, 101), (2, 1)])
 @pytest.mark.parametrize("Hq,Hkv,hd", GEOMETRIES)
 def test_tc_prefill_matches_cpu_within_bf16(T, pos0, Hq, Hkv, hd):
-    tc, e = tc_engine(), engine_with()
+    tc, e = tc_engine(), f32_engine()
     q, gate, kc, vc, v = make(T, pos0, Hq, Hkv, hd, seed=T * 7 + pos0 + Hq * hd)
     scale = hd ** -0.5
     for gt in (gate, None):
@@ -114,7 +119,7 @@ def test_the_f32_kernel_keeps_its_bytes(case):
     # engine without it (the f32 kernel itself is held to the CPU by tests/test_cuda_attention.py).
     T, hd, cache, eng = 65, 128, "bfloat16", tc_engine()
     if case == "option off":
-        eng = engine_with(attn_prefill_tensor_cores=False)
+        eng = f32_engine()
     elif case == "T = 1":
         T = 1
     elif case == "f32 cache":
@@ -123,12 +128,12 @@ def test_the_f32_kernel_keeps_its_bytes(case):
         hd = 18
     q, gate, kc, vc, _ = make(T, 9, 4, 2, hd, seed=3, cache=cache)
     got = run(eng, q, kc, vc, gate, 9, 0.1)
-    assert np.array_equal(got, run(engine_with(), q, kc, vc, gate, 9, 0.1)), case
+    assert np.array_equal(got, run(f32_engine(), q, kc, vc, gate, 9, 0.1)), case
 
 
 def test_the_tensor_core_kernel_is_the_one_that_ran(tmp_path):
     q, gate, kc, vc, _ = make(64, 5, 4, 2, 256, seed=11)
-    for name, eng, want in (("on", tc_engine(), TC), ("off", engine_with(), F32)):
+    for name, eng, want in (("on", tc_engine(), TC), ("default", engine_with(), TC), ("off", f32_engine(), F32)):
         d = eng.to_device
         args = (d(q), d(kc), d(vc))
         g = d(gate)

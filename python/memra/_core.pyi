@@ -611,7 +611,7 @@ class KernelOptions:
     The CUDA kernels' arms an Engine runs with, chosen once when it is made (Engine(..., options=), memra.load(..., kernel_options=)); immutable. Keyword construction; every field defaults to the arm the A/B runs kept (docs/options.md), so KernelOptions() changes nothing. Fields that change numerics (the logits' bytes): gemv, mla_decode_variant, mla_tc_mt, mla_split_tiles, moe_grouped_min_t, attn_decode_unsplit, prefill_chunk (on CUDA), moe_tensor_cores, attn_prefill_tensor_cores; pdl, gemv_rows, gemv_tall_rows and mhc_defer change only speed. An unknown field, a value of the wrong type (switches take bool, the rest int) or out of its domain is a ContractError (40025) naming the field and the value. A CPU engine keeps the options and ignores them, except prefill_chunk.
     """
 
-    def __init__(self, *, pdl: bool = True, gemv: bool = True, gemv_rows: int = 0, gemv_tall_rows: int = 0, mhc_defer: bool = True, mla_decode_variant: int = 1, mla_tc_mt: int = 0, mla_split_tiles: int = 0, moe_grouped_min_t: int = 2, attn_decode_unsplit: bool = False, prefill_chunk: int = 8192, moe_tensor_cores: bool = True, attn_prefill_tensor_cores: bool = False) -> None: ...
+    def __init__(self, *, pdl: bool = True, gemv: bool = True, gemv_rows: int = 0, gemv_tall_rows: int = 0, mhc_defer: bool = True, mla_decode_variant: int = 1, mla_tc_mt: int = 0, mla_split_tiles: int = 0, moe_grouped_min_t: int = 2, attn_decode_unsplit: bool = False, prefill_chunk: int = 8192, moe_tensor_cores: bool = True, attn_prefill_tensor_cores: bool = True) -> None: ...
 
     def replace(self, **fields: bool | int) -> KernelOptions:
         """
@@ -706,7 +706,7 @@ class KernelOptions:
     @property
     def attn_prefill_tensor_cores(self) -> bool:
         """
-        Changes numerics. The full attention's prefill over a bfloat16 K/V cache (more than one token, head widths a multiple of 8): True runs the FlashAttention-2-style tensor-core kernel (the queries and the softmax weights rounded to bfloat16, float32 scores, softmax and accumulation); False the float32 CUDA-core kernel, which float32 caches always take. Off by default: the tensor-core kernel has not yet run on a GPU.
+        Changes numerics. The full attention's prefill over a bfloat16 K/V cache (more than one token, head widths a multiple of 8): True runs the FlashAttention-2-style tensor-core kernel (the queries and the softmax weights rounded to bfloat16, float32 scores, softmax and accumulation), the default; False the float32 CUDA-core kernel, which float32 caches always take.
         """
 
 class HostRead:

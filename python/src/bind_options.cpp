@@ -85,8 +85,8 @@ const Field kFields[] = {
      "Changes numerics. The full attention's prefill over a bfloat16 K/V cache (more than one "
      "token, head widths a multiple of 8): True runs the FlashAttention-2-style tensor-core "
      "kernel (the queries and the softmax weights rounded to bfloat16, float32 scores, softmax "
-     "and accumulation); False the float32 CUDA-core kernel, which float32 caches always take. "
-     "Off by default: the tensor-core kernel has not yet run on a GPU."},
+     "and accumulation), the default; False the float32 CUDA-core kernel, which float32 caches "
+     "always take."},
 };
 
 std::string repr_of(nb::handle v) {

@@ -75,10 +75,10 @@ struct KernelOptions {
   // The full attention's prefill over a bf16 cache (memra_cuda_attention's direct form, T > 1,
   // head widths a multiple of 8): true runs the FlashAttention-2-style tensor-core kernel
   // (cuda/attention_tc.cu: q and p rounded to bf16, f32 scores, softmax and accumulation);
-  // false the f32 CUDA-core kernel (cuda/attention.cu), which f32 caches always take. Off by
-  // default until the tensor-core kernel has run on a GPU. Changes numerics (the bf16 rounding
-  // of q and p, another summation order).
-  bool attn_prefill_tensor_cores = false;
+  // false the f32 CUDA-core kernel (cuda/attention.cu), which f32 caches always take (the A/B
+  // arm and the exact twin of the CPU op). Changes numerics (the bf16 rounding of q and p,
+  // another summation order).
+  bool attn_prefill_tensor_cores = true;
 
   // ContractError 40025 naming the first field out of its domain and its value.
   Status validate() const;
