@@ -10,8 +10,8 @@
 //   captured into a CUDA graph and replayed at any position; an idle row (slot -1) reads zeros
 //   and writes no state;
 // - q and k L2-normalised in place in the conv's output (its first 2*Hk heads of each row), the
-//   gates, the scan (reading q, k and v where the conv left them), the SiLU-gated norm and
-//   out_proj: one op each (memra::op, op/gdn.h).
+//   gates (one launch, op::gdn_l2norm_gate), the scan (reading q, k and v where the conv left
+//   them), the SiLU-gated norm and out_proj: one op each (memra::op, op/gdn.h).
 #include <cmath>
 #include <string>
 #include <vector>
@@ -161,11 +161,11 @@ Status GdnLayer::run_cuda(Cache& cache, int layer, int B, int T, const Planes& p
     state_out = sout;
   }
 
-  // q and k (the first 2*Hk heads of each row) L2-normalised in place; the gates from b | a.
-  MEMRA_TRY(op::gdn_l2norm(be, act, N, 2 * Hk, dk, C, kL2Eps));
+  // q and k (the first 2*Hk heads of each row) L2-normalised in place; the gates from b | a (one
+  // launch: the bytes of gdn_l2norm then gdn_gate).
   const MemraGdnGateParams gp{ba + Hv, 2 * int64_t(Hv), ba, 2 * int64_t(Hv), gpu::f32p(g.dt_bias),
                               gpu::f32p(g.a_log), N, Hv, gate, beta};
-  MEMRA_TRY(op::gdn_gate(be, gp));
+  MEMRA_TRY(op::gdn_l2norm_gate(be, act, N, 2 * Hk, dk, C, kL2Eps, gp));
 
   // The delta rule over B sequences of T steps, planes cur -> 1 - cur.
   const float scale = static_cast<float>(1.0 / std::sqrt(double(dk)));
