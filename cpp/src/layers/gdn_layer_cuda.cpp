@@ -1,8 +1,10 @@
 // GdnLayer on a CUDA device: GdnLayer::run's chain (gdn_layer.cpp) over the CUDA library's ops:
-// - x rounded to the compute dtype once for the three GEMMs that read it; q | k | v and z in one
-//   launch at a decode row of one sequence (MemraLinearParams::pair: the same bytes as two GEMVs),
-//   b | a as one [2*Hv, hidden] weight (b's logits are columns [0, Hv) of its rows, a's
-//   [Hv, 2*Hv));
+// - x rounded to the compute dtype once for the GEMMs that read it; z, b and a uploaded as one
+//   [Hv*dv + 2*Hv, hidden] weight (z's rows, then b's, then a's: b's logits at columns [0, Hv) of
+//   ba's rows, a's at [Hv, 2*Hv)); at one row q | k | v and z | b | a in one launch
+//   (MemraLinearParams::pair: the same bytes as separate GEMVs, whose order depends on K alone),
+//   z and b | a then adjacent in one output row; at more rows q | k | v with z (the pair form)
+//   and b | a, over row views of the joint weight;
 // - the causal conv over the 2*Hk*dk + Hv*dv channels is KDA's (op::kda_conv, any channel
 //   count): a prefill names the slot's planes (DIRECT), a decode step finds each row's ring and
 //   state planes from the device slots and the cache's ping-pong flags (op::kda_tables, one
@@ -45,8 +47,9 @@ MemraKdaConvParams conv_params(const float* x, int n, int C, const float* w, int
 
 struct GdnLayer::Gpu {
   DeviceWeight qkv;      // in_proj_qkv [C, hidden], compute dtype
-  DeviceWeight z;        // in_proj_z [Hv*dv, hidden]
-  DeviceWeight ba;       // in_proj_b | in_proj_a [2*Hv, hidden]
+  DeviceWeight zba;      // in_proj_z | in_proj_b | in_proj_a [Hv*dv + 2*Hv, hidden]
+  DeviceWeight z;        // row view of zba: in_proj_z [Hv*dv, hidden]
+  DeviceWeight ba;       // row view of zba: in_proj_b | in_proj_a [2*Hv, hidden]
   DeviceWeight out_proj;  // [hidden, Hv*dv]
   DeviceWeight conv_w, dt_bias, a_log, norm_w;  // f32
 };
@@ -65,8 +68,10 @@ Status GdnLayer::to_device(std::shared_ptr<CudaContext> cuda, DType dtype) {
   }
   auto g = std::make_shared<Gpu>();
   MEMRA_TRY(DeviceWeight::upload(cuda, qkv_, dtype, &g->qkv));
-  MEMRA_TRY(DeviceWeight::upload(cuda, z_, dtype, &g->z));
-  MEMRA_TRY(DeviceWeight::upload_rows(cuda, {&b_, &a_}, dtype, &g->ba));
+  MEMRA_TRY(DeviceWeight::upload_rows(cuda, {&z_, &b_, &a_}, dtype, &g->zba));
+  const int64_t vd_rows = int64_t(cfg_.value_heads) * cfg_.value_head_dim;
+  g->z = g->zba.row_view(0, vd_rows);
+  g->ba = g->zba.row_view(vd_rows, 2 * int64_t(cfg_.value_heads));
   MEMRA_TRY(DeviceWeight::upload(cuda, out_proj_, dtype, &g->out_proj));
   MEMRA_TRY(DeviceWeight::upload_f32(cuda, conv_w_, &g->conv_w));
   MEMRA_TRY(DeviceWeight::upload_f32(cuda, dt_bias_, &g->dt_bias));
@@ -107,16 +112,21 @@ Status GdnLayer::run_cuda(Cache& cache, int layer, int B, int T, const Planes& p
         *beta = nullptr, *o = nullptr;
   MEMRA_TRY(a.take(int64_t(N) * C, &raw));  // projections, q | k | v per row
   MEMRA_TRY(a.take(int64_t(N) * C, &act));  // the conv's output, the same layout
-  MEMRA_TRY(a.take(int64_t(N) * vd, &z));
-  MEMRA_TRY(a.take(int64_t(N) * 2 * Hv, &ba));
+  // z [N, vd] and ba [N, 2*Hv]; at one row adjacent (z | b | a: one GEMV output row).
+  MEMRA_TRY(a.take(int64_t(N) * (vd + 2 * Hv), &z));
+  ba = z + int64_t(N) * vd;
   MEMRA_TRY(a.take(int64_t(N) * Hv, &gate));
   MEMRA_TRY(a.take(int64_t(N) * Hv, &beta));
   MEMRA_TRY(a.take(int64_t(N) * vd, &o));
 
   gpu::Rounded xr;
   MEMRA_TRY(gpu::round_input(c, a, x, N, cfg_.hidden, g.qkv.dtype, &xr, where));
-  MEMRA_GPU(c, gpu::linear_in_pair(c, xr, xr, N, g.qkv, g.z, raw, z), where);
-  MEMRA_GPU(c, gpu::linear_in(c, xr, N, g.ba, nullptr, ba), where);
+  if (N == 1) {
+    MEMRA_GPU(c, gpu::linear_in_pair(c, xr, xr, N, g.qkv, g.zba, raw, z), where);
+  } else {
+    MEMRA_GPU(c, gpu::linear_in_pair(c, xr, xr, N, g.qkv, g.z, raw, z), where);
+    MEMRA_GPU(c, gpu::linear_in(c, xr, N, g.ba, nullptr, ba), where);
+  }
 
   // The conv (KDA's kernels), and the state tables the scan reads.
   const float* conv_w = gpu::f32p(g.conv_w);
