@@ -119,6 +119,30 @@ Status GdnLayer::run_cuda(Cache& cache, int layer, int B, int T, const Planes& p
   MEMRA_TRY(a.take(int64_t(N) * Hv, &beta));
   MEMRA_TRY(a.take(int64_t(N) * vd, &o));
 
+  // A decode step's ring and state tables first (op::kda_tables reads only the device slots and
+  // the cache's flags): the conv, two launches later, may then read its tables, ring planes and
+  // weights before it waits for the projections in front of it (MemraKdaPlanes::early: those
+  // write none of them, and the tables' launch has completed by the time they trigger).
+  const float** ring_in_t = nullptr;
+  float** ring_out_t = nullptr;
+  const float** state_in_t = nullptr;
+  float** state_out_t = nullptr;
+  if (decode) {
+    const LayerStateSpec spec = state_spec();
+    MEMRA_TRY(a.take(B, &ring_in_t));
+    MEMRA_TRY(a.take(B, &ring_out_t));
+    MEMRA_TRY(a.take(B, &state_in_t));
+    MEMRA_TRY(a.take(B, &state_out_t));
+    // No sinks: an idle row's table entries are null (its conv and scan read zeros and write
+    // nothing).
+    const MemraKdaTablesParams tp{planes.slots_d, cache.cur_d(), B, cache.conv(layer, 0, 0),
+                                  cache.conv(layer, 0, 1), cache.state(layer, 0, 0),
+                                  cache.state(layer, 0, 1), spec.conv_floats(),
+                                  spec.state_floats(), 0, ring_in_t, ring_out_t, state_in_t,
+                                  state_out_t, nullptr, nullptr};
+    MEMRA_TRY(op::kda_tables(be, tp));
+  }
+
   gpu::Rounded xr;
   MEMRA_TRY(gpu::round_input(c, a, x, N, cfg_.hidden, g.qkv.dtype, &xr, where));
   if (N == 1) {
@@ -133,27 +157,11 @@ Status GdnLayer::run_cuda(Cache& cache, int layer, int B, int T, const Planes& p
   const float* const* state_in = nullptr;
   float* const* state_out = nullptr;
   if (decode) {
-    const LayerStateSpec spec = state_spec();
-    const float** ring_in_t = nullptr;
-    float** ring_out_t = nullptr;
-    const float** state_in_t = nullptr;
-    float** state_out_t = nullptr;
-    MEMRA_TRY(a.take(B, &ring_in_t));
-    MEMRA_TRY(a.take(B, &ring_out_t));
-    MEMRA_TRY(a.take(B, &state_in_t));
-    MEMRA_TRY(a.take(B, &state_out_t));
-    // No sinks: an idle row's table entries are null (its conv and scan read zeros and write
-    // nothing).
-    const MemraKdaTablesParams tp{planes.slots_d, cache.cur_d(), B, cache.conv(layer, 0, 0),
-                                  cache.conv(layer, 0, 1), cache.state(layer, 0, 0),
-                                  cache.state(layer, 0, 1), spec.conv_floats(),
-                                  spec.state_floats(), 0, ring_in_t, ring_out_t, state_in_t,
-                                  state_out_t, nullptr, nullptr};
-    MEMRA_TRY(op::kda_tables(be, tp));
     MemraKdaConvParams cp = conv_params(raw, B, C, conv_w, K, act);
     cp.ring.form = MEMRA_KDA_PLANES_TABLES;
     cp.ring.in_table = ring_in_t;
     cp.ring.out_table = ring_out_t;
+    cp.ring.early = 1;
     MEMRA_TRY(op::kda_conv(be, cp));
     state_in = state_in_t;
     state_out = state_out_t;
