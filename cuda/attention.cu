@@ -74,48 +74,73 @@ struct Launch {
   int vec;         // 16-byte loads of the cache rows (hd a multiple of the vector, aligned planes)
 };
 
+// 16 bytes of cache row as raw bits (loaded first, converted later: see load_tile), and their
+// elements as f32.
 template <typename C>
-__device__ __forceinline__ void load16(const C* src, float* out);
+__device__ __forceinline__ uint4 raw16(const C* src) {
+  return *reinterpret_cast<const uint4*>(src);
+}
+template <typename C>
+__device__ __forceinline__ void unpack16(const uint4& v, float* out);
 template <>
-__device__ __forceinline__ void load16<float>(const float* src, float* out) {
-  const float4 v = *reinterpret_cast<const float4*>(src);
-  out[0] = v.x;
-  out[1] = v.y;
-  out[2] = v.z;
-  out[3] = v.w;
+__device__ __forceinline__ void unpack16<float>(const uint4& v, float* out) {
+  out[0] = __uint_as_float(v.x);
+  out[1] = __uint_as_float(v.y);
+  out[2] = __uint_as_float(v.z);
+  out[3] = __uint_as_float(v.w);
 }
 template <>
-__device__ __forceinline__ void load16<__nv_bfloat16>(const __nv_bfloat16* src, float* out) {
-  const uint4 v = *reinterpret_cast<const uint4*>(src);
+__device__ __forceinline__ void unpack16<__nv_bfloat16>(const uint4& v, float* out) {
   const __nv_bfloat16* h = reinterpret_cast<const __nv_bfloat16*>(&v);
 #pragma unroll
   for (int e = 0; e < 8; ++e) out[e] = __bfloat162float(h[e]);
 }
 
+// Loads a thread keeps in flight at once (load_tile, the queries): the decode's tile is a few
+// 16-byte loads a thread, each a DRAM round trip; issued one after another (load, store, next
+// load) they cost a round trip each, which made a short-context decode block latency-bound.
+constexpr int kInflight = 8;
+
 // Rows [base, base + rows) of the K/V head at element offset `off` of each row (rows are
 // `stride` elements apart) into ks [kKeys, hd + 1] / vs [kKeys, hd] as f32; tile rows past
-// `rows` are zeros (never a stale cache row: its bytes may not be finite).
+// `rows` are zeros (never a stale cache row: its bytes may not be finite). The vector form
+// issues kInflight iterations' loads before it converts and stores any of them (the same
+// values in the same places).
 template <typename C>
 __device__ void load_tile(const C* kp, const C* vp, int base, int rows, int64_t stride, int64_t off,
                           int hd, bool vec, float* ks, float* vs) {
   if (vec) {
     constexpr int E = 16 / sizeof(C);
     const int nv = hd / E;
-    for (int i = threadIdx.x; i < kKeys * nv; i += kThreads) {
-      const int r = i / nv, c = (i % nv) * E;
-      float kx[E], vx[E];
-      if (r < rows) {
-        const int64_t at = int64_t(base + r) * stride + off + c;
-        load16<C>(kp + at, kx);
-        load16<C>(vp + at, vx);
-      } else {
+    const int n = kKeys * nv;
+    for (int i0 = threadIdx.x; i0 < n; i0 += kInflight * kThreads) {
+      uint4 kr[kInflight], vr[kInflight];
 #pragma unroll
-        for (int e = 0; e < E; ++e) kx[e] = vx[e] = 0.0f;
+      for (int u = 0; u < kInflight; ++u) {
+        const int i = i0 + u * kThreads;
+        const int r = i / nv, c = (i % nv) * E;
+        if (i < n && r < rows) {
+          const int64_t at = int64_t(base + r) * stride + off + c;
+          kr[u] = raw16<C>(kp + at);
+          vr[u] = raw16<C>(vp + at);
+        } else {
+          kr[u] = vr[u] = make_uint4(0u, 0u, 0u, 0u);  // f32 / bf16 zeros
+        }
       }
 #pragma unroll
-      for (int e = 0; e < E; ++e) {
-        ks[r * (hd + 1) + c + e] = kx[e];
-        vs[r * hd + c + e] = vx[e];
+      for (int u = 0; u < kInflight; ++u) {
+        const int i = i0 + u * kThreads;
+        if (i < n) {
+          const int r = i / nv, c = (i % nv) * E;
+          float kx[E], vx[E];
+          unpack16<C>(kr[u], kx);
+          unpack16<C>(vr[u], vx);
+#pragma unroll
+          for (int e = 0; e < E; ++e) {
+            ks[r * (hd + 1) + c + e] = kx[e];
+            vs[r * hd + c + e] = vx[e];
+          }
+        }
       }
     }
     return;
@@ -183,11 +208,23 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(Launch L) {
   const int items = nq * hb;
 
   // Item i: query q0 + i / hb, head h0 + i % hb; lim = rows it sees within [r0, r1).
-  for (int i = threadIdx.x; i < kItems * hd; i += kThreads) {
-    const int it = i / hd, d = i % hd;
-    float v = 0.0f;
-    if (it < items) v = p.q[(int64_t(q0 + it / hb) * Hq + h0 + it % hb) * hd + d];
-    qs[i] = v;
+  // (kInflight loads a thread in flight before their stores, as load_tile.)
+  for (int i0 = threadIdx.x; i0 < kItems * hd; i0 += kInflight * kThreads) {
+    float v[kInflight];
+#pragma unroll
+    for (int u = 0; u < kInflight; ++u) {
+      const int i = i0 + u * kThreads;
+      const int it = i / hd, d = i % hd;
+      v[u] = 0.0f;
+      if (i < kItems * hd && it < items) {
+        v[u] = p.q[(int64_t(q0 + it / hb) * Hq + h0 + it % hb) * hd + d];
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kInflight; ++u) {
+      const int i = i0 + u * kThreads;
+      if (i < kItems * hd) qs[i] = v[u];
+    }
   }
   int lim[NS];
   float m[NS], l[NS], acc[NS][kVpl];
@@ -289,6 +326,8 @@ __global__ void __launch_bounds__(kMaxHd) attention_merge_kernel(Launch L) {
   if (d >= p.hd) return;
   const int64_t row = int64_t(t) * p.Hq + h;
   float* o = p.o + row * p.hd + d;
+  // The gate's load first: its round trip overlaps the slot's and length's.
+  const float gate = p.gate ? p.gate[row * p.hd + d] : 0.0f;
   const int s = p.slots[t];
   const int n = s < 0 ? 0 : visible_rows(p, s);
   const int live = (n + L.split_rows - 1) / L.split_rows;
@@ -309,7 +348,7 @@ __global__ void __launch_bounds__(kMaxHd) attention_merge_kernel(Launch L) {
     den += w * ml[2 * k + 1];
   }
   float y = num / den;
-  if (p.gate) y = y * sigmoid(p.gate[row * p.hd + d]);
+  if (p.gate) y = y * sigmoid(gate);
   *o = y;
 }
 

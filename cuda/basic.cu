@@ -25,6 +25,7 @@ using memra::cuda::rowsum::layer_norm_row;
 using memra::cuda::rowsum::kGatedCols;
 using memra::cuda::rowsum::load_row_cols;
 using memra::cuda::rowsum::row_blocks;
+using memra::cuda::rowsum::rms_norm_cols;
 using memra::cuda::rowsum::rms_norm_row;
 using memra::cuda::rowsum::row_sum_squares;
 using memra::cuda::rowsum::store_rms_cols;
@@ -40,6 +41,38 @@ __global__ void __launch_bounds__(Group<G>::kBlock)
   __shared__ float red[Group<G>::kWarps];
   rms_norm_row<G>(x, rows, D, w, eps, y, int64_t(blockIdx.x) * Group<G>::kRows + threadIdx.x / G,
                   threadIdx.x % G, red);
+}
+
+// op::add_rms_norm in one launch (the pre-norm residual step between sublayers): sum = x + y,
+// then h = rms_norm(sum, w, eps), for rows of at most kGatedCols * G values
+// (memra_cuda_add_rms_norm runs the two kernels on longer ones). Each thread adds its columns
+// (lane + G c: add_kernel's one f32 sum per element), stores them to sum and norms the row from
+// those registers with rms_norm_row's short-form body (rms_norm_cols): the bytes of add_kernel
+// followed by rms_norm_kernel over the stored sum, in one launch and one memory round trip
+// instead of two launches. Element i is read (x, y), then written (sum, then h) by the same
+// thread, so sum may alias x or y and h may alias sum, x or y.
+template <int G>
+__global__ void __launch_bounds__(Group<G>::kBlock)
+    add_rms_norm_kernel(const float* x, const float* y, int64_t rows, int D, const float* w,
+                        float eps, float* sum, float* h) {
+  memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
+  memra::cuda::pdl_trigger();
+  __shared__ float red[Group<G>::kWarps];
+  const int64_t row = int64_t(blockIdx.x) * Group<G>::kRows + threadIdx.x / G;
+  const int lane = threadIdx.x % G;
+  const bool live = row < rows;
+  const int64_t at = (live ? row : 0) * D;
+  float xv[kGatedCols], yv[kGatedCols], wv[kGatedCols];
+  load_row_cols<G>(x + at, live, lane, D, xv);
+  load_row_cols<G>(y + at, live, lane, D, yv);
+  load_row_cols<G>(w, live, lane, D, wv);
+#pragma unroll
+  for (int c = 0; c < kGatedCols; ++c) {
+    const int i = lane + G * c;
+    xv[c] = __fadd_rn(xv[c], yv[c]);  // zeros past D or on a dead row (load_row_cols)
+    if (live && i < D) sum[at + i] = xv[c];
+  }
+  rms_norm_cols<G>(xv, wv, w != nullptr, live, lane, D, eps, red, h + at);
 }
 
 // cpu::rms_norm_gated_sigmoid: y = w * (x * inv) * sigmoid(gate). y may alias x (or gate).
@@ -279,6 +312,25 @@ int memra_cuda_rms_norm(MemraCudaCtx* ctx, const float* x, int T, int D, const f
     constexpr int G = decltype(g)::value;
     memra::cuda::launch(ctx, true, rms_norm_kernel<G>, dim3(row_blocks<G>(T)),
         dim3(Group<G>::kBlock), 0, x, T, D, w, eps, y);
+  });
+  return launch_status();
+}
+
+int memra_cuda_add_rms_norm(MemraCudaCtx* ctx, const MemraAddRmsNormParams* p) {
+  MEMRA_CUDA_RETURN_IF(enter(ctx));
+  if (!p) return memra::kContractMissing;
+  if (p->T < 0 || p->D < 0) return memra::kContractValue;
+  if (p->T == 0 || p->D == 0) return memra::kOk;
+  if (!p->x || !p->y || !p->sum || !p->h) return memra::kContractMissing;
+  const int g = group_for(p->D);
+  if (p->D > kGatedCols * g) {  // a long row: the two kernels
+    MEMRA_CUDA_RETURN_IF(memra_cuda_add(ctx, p->x, p->y, int64_t(p->T) * p->D, p->sum));
+    return memra_cuda_rms_norm(ctx, p->sum, p->T, p->D, p->w, p->eps, p->h);
+  }
+  with_group(g, [&](auto gc) {
+    constexpr int G = decltype(gc)::value;
+    memra::cuda::launch(ctx, true, add_rms_norm_kernel<G>, dim3(row_blocks<G>(p->T)),
+        dim3(Group<G>::kBlock), 0, p->x, p->y, int64_t(p->T), p->D, p->w, p->eps, p->sum, p->h);
   });
   return launch_status();
 }

@@ -12,6 +12,7 @@
 // ChunkProblem); the sequential scan (and the chunked form on rows it cannot load as float4)
 // runs on gdn_expand_kernel's copies in scratch through memra_cuda_kda_scan (its T == 1 form is
 // KDA's bandwidth-shaped decode kernel).
+#include <algorithm>
 #include <cstdint>
 
 #include "common.cuh"
@@ -44,12 +45,12 @@ unsigned grid_for(int64_t n) {
 
 // cpu::gdn_gate element (t, h) = i: g = -exp(A_log) * softplus(a + dt_bias) (F.softplus: x above
 // 20, else log1p(exp(x))), beta = 1 / (1 + exp(-b)).
-__global__ void gdn_gate_kernel(MemraGdnGateParams p) {
-  memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
-  memra::cuda::pdl_trigger();
+// Elements first, first + stride, ... (the body of gdn_gate_kernel and of the fused
+// gdn_l2norm_gate_kernel: each element's operations do not depend on the thread that runs it).
+__device__ __forceinline__ void gate_elements(const MemraGdnGateParams& p, int64_t first,
+                                              int64_t stride) {
   const int64_t n = int64_t(p.T) * p.H;
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
-       i += int64_t(gridDim.x) * blockDim.x) {
+  for (int64_t i = first; i < n; i += stride) {
     const int64_t t = i / p.H;
     const int h = static_cast<int>(i - t * p.H);
     const float x = __fadd_rn(p.a[t * p.lda + h], p.dt_bias[h]);
@@ -59,18 +60,24 @@ __global__ void gdn_gate_kernel(MemraGdnGateParams p) {
   }
 }
 
+__global__ void gdn_gate_kernel(MemraGdnGateParams p) {
+  memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
+  memra::cuda::pdl_trigger();
+  gate_elements(p, int64_t(blockIdx.x) * blockDim.x + threadIdx.x,
+                int64_t(gridDim.x) * blockDim.x);
+}
+
 // ---------------------------------------------------------------- q / k L2 norm
 
 // cpu::gdn_l2norm: vector vi = r * heads + h (at x + r*ld + h*d) per group of G threads:
 // the sum of squares (row_sum_squares' order), then x * (1 / sqrt(ss + eps)). Each element is
 // read and written by the same thread, after the reduction.
+// The body of block `block` (every thread of it: barriers), shared by gdn_l2norm_kernel and the
+// fused gdn_l2norm_gate_kernel.
 template <int G>
-__global__ void __launch_bounds__(Group<G>::kBlock)
-    gdn_l2norm_kernel(float* x, int64_t vecs, int heads, int d, int64_t ld, float eps) {
-  memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
-  memra::cuda::pdl_trigger();
-  __shared__ float red[Group<G>::kWarps];
-  const int64_t vi = int64_t(blockIdx.x) * Group<G>::kRows + threadIdx.x / G;
+__device__ __forceinline__ void l2norm_block(float* x, int64_t vecs, int heads, int d, int64_t ld,
+                                             float eps, int64_t block, float* red) {
+  const int64_t vi = block * Group<G>::kRows + threadIdx.x / G;
   const int lane = threadIdx.x % G;
   const bool live = vi < vecs;
   const int64_t r = live ? vi / heads : 0;
@@ -80,6 +87,34 @@ __global__ void __launch_bounds__(Group<G>::kBlock)
   if (!live) return;
   const float inv = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(ss, eps)));
   for (int i = lane; i < d; i += G) xv[i] = __fmul_rn(xv[i], inv);
+}
+
+template <int G>
+__global__ void __launch_bounds__(Group<G>::kBlock)
+    gdn_l2norm_kernel(float* x, int64_t vecs, int heads, int d, int64_t ld, float eps) {
+  memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
+  memra::cuda::pdl_trigger();
+  __shared__ float red[Group<G>::kWarps];
+  l2norm_block<G>(x, vecs, heads, d, ld, eps, blockIdx.x, red);
+}
+
+// memra_cuda_gdn_l2norm_gate: gdn_l2norm_kernel's blocks [0, l2_blocks) and gdn_gate_kernel's
+// elements over the blocks after them, in one launch (the two ops read and write disjoint
+// arrays; at a decode row each is a few blocks, so the launch, not the work, was their cost).
+// Each part runs its standalone kernel's body: the same bytes.
+template <int G>
+__global__ void __launch_bounds__(Group<G>::kBlock)
+    gdn_l2norm_gate_kernel(float* x, int64_t vecs, int heads, int d, int64_t ld, float eps,
+                           unsigned l2_blocks, MemraGdnGateParams gp) {
+  memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
+  memra::cuda::pdl_trigger();
+  __shared__ float red[Group<G>::kWarps];
+  if (blockIdx.x < l2_blocks) {  // block-uniform: the norm's barriers see the whole block
+    l2norm_block<G>(x, vecs, heads, d, ld, eps, blockIdx.x, red);
+    return;
+  }
+  gate_elements(gp, int64_t(blockIdx.x - l2_blocks) * blockDim.x + threadIdx.x,
+                int64_t(gridDim.x - l2_blocks) * blockDim.x);
 }
 
 // ---------------------------------------------------------------- scan inputs
@@ -208,6 +243,34 @@ int memra_cuda_gdn_l2norm(MemraCudaCtx* ctx, float* x, int rows, int heads, int 
     constexpr int G = decltype(g)::value;
     memra::cuda::launch(ctx, true, gdn_l2norm_kernel<G>, dim3(row_blocks<G>(vecs)),
                         dim3(Group<G>::kBlock), 0, x, vecs, heads, d, ld, eps);
+  });
+  return launch_status();
+}
+
+int memra_cuda_gdn_l2norm_gate(MemraCudaCtx* ctx, float* x, int rows, int heads, int d,
+                               int64_t ld, float eps, const MemraGdnGateParams* p) {
+  MEMRA_CUDA_RETURN_IF(enter(ctx));
+  // Each part's own checks, in the order of the two calls it replaces.
+  if (rows < 0 || heads < 0 || d < 1 || ld < int64_t(heads) * d) return memra::kContractShape;
+  if (rows > 0 && heads > 0 && !x) return memra::kContractMissing;
+  if (!p) return memra::kContractMissing;
+  if (p->T < 0 || p->H < 0 || p->lda < p->H || p->ldb < p->H) return memra::kContractShape;
+  const bool gates = p->T > 0 && p->H > 0;
+  if (gates && (!p->a || !p->b || !p->dt_bias || !p->A_log || !p->g || !p->beta)) {
+    return memra::kContractMissing;
+  }
+  if (rows == 0 || heads == 0) return gates ? memra_cuda_gdn_gate(ctx, p) : memra::kOk;
+  if (!gates) return memra_cuda_gdn_l2norm(ctx, x, rows, heads, d, ld, eps);
+  const int64_t vecs = int64_t(rows) * heads;
+  with_group(group_for(d), [&](auto g) {
+    constexpr int G = decltype(g)::value;
+    const unsigned l2_blocks = row_blocks<G>(vecs);
+    const int64_t n = int64_t(p->T) * p->H;
+    const int64_t gate_blocks =
+        std::min<int64_t>((n + Group<G>::kBlock - 1) / Group<G>::kBlock, kMaxBlocks);
+    memra::cuda::launch(ctx, true, gdn_l2norm_gate_kernel<G>,
+                        dim3(l2_blocks + static_cast<unsigned>(gate_blocks)),
+                        dim3(Group<G>::kBlock), 0, x, vecs, heads, d, ld, eps, l2_blocks, *p);
   });
   return launch_status();
 }

@@ -110,7 +110,6 @@ Status AttentionLayer::attend(const op::Backend& b, const Step& s, const float* 
   pp.q = s.q;
   pp.gate = s.gate;
   pp.k_out = s.k_out;
-  MEMRA_TRY(op::attn_prep(b, pp));
 
   MemraKvAppendParams ap = {};
   ap.k = s.k_out;
@@ -128,7 +127,8 @@ Status AttentionLayer::attend(const op::Backend& b, const Step& s, const float* 
   ap.pos0 = s.pos0;
   ap.slots = s.slots;
   ap.lengths = s.lengths;
-  MEMRA_TRY(op::kv_append(b, ap));
+  // The prologue, then the rows' keys (k_out) and values into the cache (one launch on CUDA).
+  MEMRA_TRY(op::attn_prep_append(b, pp, ap));
 
   MemraAttnParams at = {};
   at.q = s.q;

@@ -1,5 +1,5 @@
 // AttentionLayer on a CUDA device: the chain of attention_layer.cpp over the CUDA library (one
-// GEMM for q_proj | k_proj | v_proj, then AttentionLayer::attend's three ops on the device
+// GEMM for q_proj | k_proj | v_proj, then AttentionLayer::attend's ops on the device
 // backend, then o_proj). The decode reads every position from the cache's device lengths and
 // copies nothing from the host: the shape a captured CUDA graph replays.
 #include <vector>

@@ -1,8 +1,10 @@
 // GdnLayer on a CUDA device: GdnLayer::run's chain (gdn_layer.cpp) over the CUDA library's ops:
-// - x rounded to the compute dtype once for the three GEMMs that read it; q | k | v and z in one
-//   launch at a decode row of one sequence (MemraLinearParams::pair: the same bytes as two GEMVs),
-//   b | a as one [2*Hv, hidden] weight (b's logits are columns [0, Hv) of its rows, a's
-//   [Hv, 2*Hv));
+// - x rounded to the compute dtype once for the GEMMs that read it; z, b and a uploaded as one
+//   [Hv*dv + 2*Hv, hidden] weight (z's rows, then b's, then a's: b's logits at columns [0, Hv) of
+//   ba's rows, a's at [Hv, 2*Hv)); at one row q | k | v and z | b | a in one launch
+//   (MemraLinearParams::pair: the same bytes as separate GEMVs, whose order depends on K alone),
+//   z and b | a then adjacent in one output row; at more rows q | k | v with z (the pair form)
+//   and b | a, over row views of the joint weight;
 // - the causal conv over the 2*Hk*dk + Hv*dv channels is KDA's (op::kda_conv, any channel
 //   count): a prefill names the slot's planes (DIRECT), a decode step finds each row's ring and
 //   state planes from the device slots and the cache's ping-pong flags (op::kda_tables, one
@@ -10,8 +12,8 @@
 //   captured into a CUDA graph and replayed at any position; an idle row (slot -1) reads zeros
 //   and writes no state;
 // - q and k L2-normalised in place in the conv's output (its first 2*Hk heads of each row), the
-//   gates, the scan (reading q, k and v where the conv left them), the SiLU-gated norm and
-//   out_proj: one op each (memra::op, op/gdn.h).
+//   gates (one launch, op::gdn_l2norm_gate), the scan (reading q, k and v where the conv left
+//   them), the SiLU-gated norm and out_proj: one op each (memra::op, op/gdn.h).
 #include <cmath>
 #include <string>
 #include <vector>
@@ -45,8 +47,9 @@ MemraKdaConvParams conv_params(const float* x, int n, int C, const float* w, int
 
 struct GdnLayer::Gpu {
   DeviceWeight qkv;      // in_proj_qkv [C, hidden], compute dtype
-  DeviceWeight z;        // in_proj_z [Hv*dv, hidden]
-  DeviceWeight ba;       // in_proj_b | in_proj_a [2*Hv, hidden]
+  DeviceWeight zba;      // in_proj_z | in_proj_b | in_proj_a [Hv*dv + 2*Hv, hidden]
+  DeviceWeight z;        // row view of zba: in_proj_z [Hv*dv, hidden]
+  DeviceWeight ba;       // row view of zba: in_proj_b | in_proj_a [2*Hv, hidden]
   DeviceWeight out_proj;  // [hidden, Hv*dv]
   DeviceWeight conv_w, dt_bias, a_log, norm_w;  // f32
 };
@@ -65,8 +68,10 @@ Status GdnLayer::to_device(std::shared_ptr<CudaContext> cuda, DType dtype) {
   }
   auto g = std::make_shared<Gpu>();
   MEMRA_TRY(DeviceWeight::upload(cuda, qkv_, dtype, &g->qkv));
-  MEMRA_TRY(DeviceWeight::upload(cuda, z_, dtype, &g->z));
-  MEMRA_TRY(DeviceWeight::upload_rows(cuda, {&b_, &a_}, dtype, &g->ba));
+  MEMRA_TRY(DeviceWeight::upload_rows(cuda, {&z_, &b_, &a_}, dtype, &g->zba));
+  const int64_t vd_rows = int64_t(cfg_.value_heads) * cfg_.value_head_dim;
+  g->z = g->zba.row_view(0, vd_rows);
+  g->ba = g->zba.row_view(vd_rows, 2 * int64_t(cfg_.value_heads));
   MEMRA_TRY(DeviceWeight::upload(cuda, out_proj_, dtype, &g->out_proj));
   MEMRA_TRY(DeviceWeight::upload_f32(cuda, conv_w_, &g->conv_w));
   MEMRA_TRY(DeviceWeight::upload_f32(cuda, dt_bias_, &g->dt_bias));
@@ -107,27 +112,23 @@ Status GdnLayer::run_cuda(Cache& cache, int layer, int B, int T, const Planes& p
         *beta = nullptr, *o = nullptr;
   MEMRA_TRY(a.take(int64_t(N) * C, &raw));  // projections, q | k | v per row
   MEMRA_TRY(a.take(int64_t(N) * C, &act));  // the conv's output, the same layout
-  MEMRA_TRY(a.take(int64_t(N) * vd, &z));
-  MEMRA_TRY(a.take(int64_t(N) * 2 * Hv, &ba));
+  // z [N, vd] and ba [N, 2*Hv]; at one row adjacent (z | b | a: one GEMV output row).
+  MEMRA_TRY(a.take(int64_t(N) * (vd + 2 * Hv), &z));
+  ba = z + int64_t(N) * vd;
   MEMRA_TRY(a.take(int64_t(N) * Hv, &gate));
   MEMRA_TRY(a.take(int64_t(N) * Hv, &beta));
   MEMRA_TRY(a.take(int64_t(N) * vd, &o));
 
-  gpu::Rounded xr;
-  MEMRA_TRY(gpu::round_input(c, a, x, N, cfg_.hidden, g.qkv.dtype, &xr, where));
-  MEMRA_GPU(c, gpu::linear_in_pair(c, xr, xr, N, g.qkv, g.z, raw, z), where);
-  MEMRA_GPU(c, gpu::linear_in(c, xr, N, g.ba, nullptr, ba), where);
-
-  // The conv (KDA's kernels), and the state tables the scan reads.
-  const float* conv_w = gpu::f32p(g.conv_w);
-  const float* const* state_in = nullptr;
-  float* const* state_out = nullptr;
+  // A decode step's ring and state tables first (op::kda_tables reads only the device slots and
+  // the cache's flags): the conv, two launches later, may then read its tables, ring planes and
+  // weights before it waits for the projections in front of it (MemraKdaPlanes::early: those
+  // write none of them, and the tables' launch has completed by the time they trigger).
+  const float** ring_in_t = nullptr;
+  float** ring_out_t = nullptr;
+  const float** state_in_t = nullptr;
+  float** state_out_t = nullptr;
   if (decode) {
     const LayerStateSpec spec = state_spec();
-    const float** ring_in_t = nullptr;
-    float** ring_out_t = nullptr;
-    const float** state_in_t = nullptr;
-    float** state_out_t = nullptr;
     MEMRA_TRY(a.take(B, &ring_in_t));
     MEMRA_TRY(a.take(B, &ring_out_t));
     MEMRA_TRY(a.take(B, &state_in_t));
@@ -140,10 +141,27 @@ Status GdnLayer::run_cuda(Cache& cache, int layer, int B, int T, const Planes& p
                                   spec.state_floats(), 0, ring_in_t, ring_out_t, state_in_t,
                                   state_out_t, nullptr, nullptr};
     MEMRA_TRY(op::kda_tables(be, tp));
+  }
+
+  gpu::Rounded xr;
+  MEMRA_TRY(gpu::round_input(c, a, x, N, cfg_.hidden, g.qkv.dtype, &xr, where));
+  if (N == 1) {
+    MEMRA_GPU(c, gpu::linear_in_pair(c, xr, xr, N, g.qkv, g.zba, raw, z), where);
+  } else {
+    MEMRA_GPU(c, gpu::linear_in_pair(c, xr, xr, N, g.qkv, g.z, raw, z), where);
+    MEMRA_GPU(c, gpu::linear_in(c, xr, N, g.ba, nullptr, ba), where);
+  }
+
+  // The conv (KDA's kernels), and the state tables the scan reads.
+  const float* conv_w = gpu::f32p(g.conv_w);
+  const float* const* state_in = nullptr;
+  float* const* state_out = nullptr;
+  if (decode) {
     MemraKdaConvParams cp = conv_params(raw, B, C, conv_w, K, act);
     cp.ring.form = MEMRA_KDA_PLANES_TABLES;
     cp.ring.in_table = ring_in_t;
     cp.ring.out_table = ring_out_t;
+    cp.ring.early = 1;
     MEMRA_TRY(op::kda_conv(be, cp));
     state_in = state_in_t;
     state_out = state_out_t;
@@ -161,11 +179,11 @@ Status GdnLayer::run_cuda(Cache& cache, int layer, int B, int T, const Planes& p
     state_out = sout;
   }
 
-  // q and k (the first 2*Hk heads of each row) L2-normalised in place; the gates from b | a.
-  MEMRA_TRY(op::gdn_l2norm(be, act, N, 2 * Hk, dk, C, kL2Eps));
+  // q and k (the first 2*Hk heads of each row) L2-normalised in place; the gates from b | a (one
+  // launch: the bytes of gdn_l2norm then gdn_gate).
   const MemraGdnGateParams gp{ba + Hv, 2 * int64_t(Hv), ba, 2 * int64_t(Hv), gpu::f32p(g.dt_bias),
                               gpu::f32p(g.a_log), N, Hv, gate, beta};
-  MEMRA_TRY(op::gdn_gate(be, gp));
+  MEMRA_TRY(op::gdn_l2norm_gate(be, act, N, 2 * Hk, dk, C, kL2Eps, gp));
 
   // The delta rule over B sequences of T steps, planes cur -> 1 - cur.
   const float scale = static_cast<float>(1.0 / std::sqrt(double(dk)));

@@ -76,6 +76,16 @@ Status attn_prep(const Backend& b, const MemraAttnPrepParams& p) {
   return Status::Ok();
 }
 
+Status attn_prep_append(const Backend& b, const MemraAttnPrepParams& prep,
+                        const MemraKvAppendParams& app) {
+  if (b.on_cuda()) {
+    return cuda_status(b, b.cuda->api().attn_prep_append(b.cuda->ctx(), &prep, &app),
+                       "attn_prep_append");
+  }
+  MEMRA_TRY(attn_prep(b, prep));
+  return kv_append(b, app);
+}
+
 Status kv_append(const Backend& b, const MemraKvAppendParams& p) {
   if (b.on_cuda()) return cuda_status(b, b.cuda->api().kv_append(b.cuda->ctx(), &p), "kv_append");
   MEMRA_TRY(refused(memra_kv_append_check(&p), "kv_append"));

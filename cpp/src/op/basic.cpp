@@ -150,6 +150,10 @@ Status add(const Backend& b, const float* x, const float* y, int64_t n, float* o
 Status add_rms_norm(const Backend& b, const float* x, const float* y, int T, int D,
                     const float* w, float eps, float* sum, float* h) {
   if (T < 0 || D < 0) return refuse(kContractValue, "add_rms_norm", "T and D must be >= 0");
+  if (b.on_cuda()) {  // one launch (the bytes of the two below)
+    const MemraAddRmsNormParams p{x, y, T, D, w, eps, sum, h};
+    return cuda_status(b, api(b).add_rms_norm(b.cuda->ctx(), &p), "add_rms_norm");
+  }
   MEMRA_TRY(add(b, x, y, int64_t(T) * D, sum));
   return rms_norm(b, sum, T, D, w, eps, h);
 }

@@ -46,6 +46,17 @@ Status gdn_l2norm(const Backend& b, float* x, int rows, int heads, int d, int64_
   return Status::Ok();
 }
 
+Status gdn_l2norm_gate(const Backend& b, float* x, int rows, int heads, int d, int64_t ld,
+                       float eps, const MemraGdnGateParams& p) {
+  if (b.on_cuda()) {
+    return cuda_status(
+        b, b.cuda->api().gdn_l2norm_gate(b.cuda->ctx(), x, rows, heads, d, ld, eps, &p),
+        "gdn_l2norm_gate");
+  }
+  MEMRA_TRY(gdn_l2norm(b, x, rows, heads, d, ld, eps));
+  return gdn_gate(b, p);
+}
+
 Status gdn_scan(const Backend& b, const MemraGdnScanParams& p) {
   if (b.on_cuda()) return cuda_status(b, b.cuda->api().gdn_scan(b.cuda->ctx(), &p), "gdn_scan");
   if (p.B < 0 || p.T < 0 || p.Hk < 1 || p.Hv < 1 || p.Hv % p.Hk != 0 || p.dk < 1 || p.dv < 1 ||

@@ -165,6 +165,12 @@ static inline int memra_attention_check(const MemraAttnParams* p) {
   X(attn_prep, (MemraCudaCtx * ctx, const MemraAttnPrepParams* p))                                \
   /* The K/V row append (MemraKvAppendParams); errors: memra_kv_append_check. */                \
   X(kv_append, (MemraCudaCtx * ctx, const MemraKvAppendParams* p))                                \
+  /* attn_prep(prep) then kv_append(app) (errors: the two checks, in that order), in one launch  \
+     when app appends prep's output keys at its rows (app->k == prep->k_out, app->ld_k ==       \
+     Hkv * hd, the same T, Hkv, hd, slots, lengths and pos0): a key head's block also writes its \
+     cache row, extra blocks the value rows. The bytes of the two calls. */                     \
+  X(attn_prep_append, (MemraCudaCtx * ctx, const MemraAttnPrepParams* prep,                      \
+                       const MemraKvAppendParams* app))                                           \
   /* The causal grouped attention with the output gate (MemraAttnParams); errors:              \
      memra_attention_check. */                                                                   \
   X(attention, (MemraCudaCtx * ctx, const MemraAttnParams* p))

@@ -40,12 +40,27 @@ typedef struct MemraNormRowsParams {
   float* y2;       /* [D2], may alias x2 */
 } MemraNormRowsParams;
 
+/* The plain pre-norm residual step (op::add_rms_norm): sum = x + y, then h = rms_norm(sum, w,
+   eps) (cpu::add then cpu::rms_norm), all f32 device arrays. */
+typedef struct MemraAddRmsNormParams {
+  const float* x;  /* [T, D] */
+  const float* y;  /* [T, D] */
+  int T, D;        /* rows, columns */
+  const float* w;  /* [D] or null (unweighted) */
+  float eps;
+  float* sum;      /* [T, D] out: x + y (may alias x or y) */
+  float* h;        /* [T, D] out: the normed sum (may alias sum, x or y) */
+} MemraAddRmsNormParams;
+
 #define MEMRA_CUDA_BASIC_OPS(X)                                                                   \
   /* cpu::embedding, each row written p->hc times (MemraEmbeddingParams). */                     \
   X(embedding, (MemraCudaCtx * ctx, const MemraEmbeddingParams* p))                               \
   /* cpu::rms_norm: x, y [T, D] (may alias); w [D] or null. */                                    \
   X(rms_norm, (MemraCudaCtx * ctx, const float* x, int T, int D, const float* w, float eps,       \
                float* y))                                                                         \
+  /* cpu::add then cpu::rms_norm in one launch (MemraAddRmsNormParams): the bytes of add         \
+     followed by rms_norm. T, D >= 0 (else 40025); a null array when T * D > 0: 40024. */        \
+  X(add_rms_norm, (MemraCudaCtx * ctx, const MemraAddRmsNormParams* p))                           \
   /* cpu::rms_norm_gated_sigmoid: x, gate, y [T, D] (y may alias x); w [D]. */                    \
   X(rms_norm_gated_sigmoid, (MemraCudaCtx * ctx, const float* x, const float* gate, int T, int D, \
                              const float* w, float eps, float* y))                                \

@@ -56,6 +56,10 @@ typedef struct MemraGdnScanParams {
      ld >= heads*d (else 40000). rows == 0 or heads == 0: nothing runs. */                        \
   X(gdn_l2norm, (MemraCudaCtx * ctx, float* x, int rows, int heads, int d, int64_t ld,             \
                  float eps))                                                                      \
+  /* gdn_l2norm(x, rows, heads, d, ld, eps) and gdn_gate(p) in one launch (the bytes of the two   \
+     calls; their checks and codes; x must not overlap p's arrays). A GDN layer's step. */        \
+  X(gdn_l2norm_gate, (MemraCudaCtx * ctx, float* x, int rows, int heads, int d, int64_t ld,       \
+                      float eps, const MemraGdnGateParams* p))                                    \
   /* The delta-rule scan (MemraGdnScanParams): the chunked form in place, or expand, then       \
      kda_scan (scratch from the context's stream-ordered pool; capturable). */                   \
   X(gdn_scan, (MemraCudaCtx * ctx, const MemraGdnScanParams* p))                                  \

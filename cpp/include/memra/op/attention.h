@@ -20,6 +20,11 @@ Status attn_prep(const Backend& b, const MemraAttnPrepParams& p);
 // Reference: the cache update of past_key_values.update.
 Status kv_append(const Backend& b, const MemraKvAppendParams& p);
 
+// attn_prep(prep) then kv_append(app): the bytes and refusals of the two calls; on CUDA one
+// launch when app appends prep's output keys at prep's rows (the layer's step).
+Status attn_prep_append(const Backend& b, const MemraAttnPrepParams& prep,
+                        const MemraKvAppendParams& app);
+
 // Causal grouped attention with the sigmoid output gate (MemraAttnParams). The CPU runs
 // memra::cpu::attention over the rows (bf16 cache rows widened exactly); on CUDA the device form
 // splits over the sequence unless KernelOptions::attn_decode_unsplit.

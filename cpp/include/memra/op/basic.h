@@ -53,7 +53,8 @@ Status sigmoid(const Backend& b, const float* x, int64_t n, float* y);
 Status add(const Backend& b, const float* x, const float* y, int64_t n, float* out);
 
 // The plain pre-norm residual step: sum [T, D] = x + y, then h [T, D] = rms_norm(sum, w, eps),
-// the bytes of add followed by rms_norm. Reference: the decoder layers of Kimi-Linear / Qwen3.5.
+// the bytes of add followed by rms_norm (one launch on CUDA). Reference: the decoder layers of
+// Kimi-Linear / Qwen3.5.
 Status add_rms_norm(const Backend& b, const float* x, const float* y, int T, int D,
                     const float* w, float eps, float* sum, float* h);
 

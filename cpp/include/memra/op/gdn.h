@@ -18,6 +18,11 @@ Status gdn_gate(const Backend& b, const MemraGdnGateParams& p);
 // Reference: modeling_qwen3_5.l2norm (use_qk_l2norm_in_kernel, eps 1e-6).
 Status gdn_l2norm(const Backend& b, float* x, int rows, int heads, int d, int64_t ld, float eps);
 
+// gdn_l2norm(x, ...) then gdn_gate(p): the bytes and the refusals of the two calls, one launch on
+// CUDA (x must not overlap p's arrays). A GDN layer's step between its conv and its scan.
+Status gdn_l2norm_gate(const Backend& b, float* x, int rows, int heads, int d, int64_t ld,
+                       float eps, const MemraGdnGateParams& p);
+
 // The grouped-head gated delta rule of B sequences (MemraGdnScanParams). CPU: cpu::gdn_scan per
 // sequence (a null input table or entry starts from zeros, a null output entry is not written).
 // Reference: torch_recurrent_gated_delta_rule (equal in exact arithmetic to
