@@ -1,0 +1,50 @@
+"""Guards against a ptxas miscompile that only shows on a GPU as cudaErrorIllegalInstruction
+(no marker: runs here, without a device).
+
+createpolicy + cp.async.L2::cache_hint: CUDA 13.x ptxas (sm_90a) drops the policy and leaves
+LDGSTS reading an unwritten uniform register pair as its memory descriptor, desc[UR1]; every
+launch of the kernel then traps (IST-DASLab/marlin#44, triton-lang/triton#11660). It killed a
+streaming KDA decode kernel on the H200 (branch kdadec2, 2026-12-02; not merged: it lost the A/B
+to cuda/kda_decode_lines.cu). A memory descriptor is a
+64-bit uniform pair and starts at an even register, so an odd desc[URn] in the SASS is the
+miscompile's fingerprint.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+import memra
+
+CUDA_DIR = Path(__file__).resolve().parents[1] / "cuda"
+
+
+def test_no_cp_async_with_an_l2_cache_hint_in_the_sources() -> None:
+    bad = []
+    for f in sorted(CUDA_DIR.rglob("*.cu*")):
+        for n, line in enumerate(f.read_text().splitlines(), 1):
+            if "cp.async" in line and "cache_hint" in line and not line.lstrip().startswith("//"):
+                bad.append(f"{f.name}:{n}: {line.strip()}")
+    assert not bad, "cp.async with L2::cache_hint (ptxas miscompile):\n" + "\n".join(bad)
+
+
+def test_no_memory_descriptor_in_an_odd_uniform_register() -> None:
+    lib = Path(memra._core.__file__).parent / "libmemra_cuda.so"
+    if not lib.exists() or shutil.which("cuobjdump") is None:
+        pytest.skip("no libmemra_cuda.so or no cuobjdump here")
+    sass = subprocess.run(["cuobjdump", "-sass", str(lib)], check=True, capture_output=True,
+                          text=True).stdout
+    kernel = ""
+    bad = []
+    for line in sass.splitlines():
+        if "Function :" in line:
+            kernel = line.split("Function :", 1)[1].strip()
+        for m in re.finditer(r"desc\[UR(\d+)\]", line):
+            if int(m.group(1)) % 2:
+                bad.append(f"{kernel}: {line.split(';')[0].strip()}")
+    assert not bad, f"{len(bad)} odd memory descriptors, e.g.:\n" + "\n".join(bad[:5])
