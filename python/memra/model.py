@@ -226,8 +226,12 @@ class Model:
     def _check_not_held(self, cache: _core.Cache, slots, what: str) -> None:
         """ContractError (40026) when a valid slot among `slots` is held (Cache.hold); bad slot
         values are left to the full checks."""
-        slots = [int(s) for s in np.atleast_1d(np.asarray(slots)).ravel()
-                 if isinstance(s, (int, np.integer)) and 0 <= int(s) < cache.max_batch]
+        try:
+            flat = np.atleast_1d(np.asarray(slots, dtype=object)).ravel()
+        except (ValueError, TypeError):  # ragged nesting numpy cannot shape even as objects
+            flat = []
+        slots = [int(s) for s in flat if isinstance(s, (int, np.integer)) and not isinstance(s, bool)
+                 and 0 <= int(s) < cache.max_batch]
         self._check_owner(cache, slots, [0] * len(slots), what)
 
     @staticmethod
@@ -444,11 +448,11 @@ class Model:
         if n > 0 and seed + n - 1 > 2**64 - 1:
             raise ContractError(f"generate_batch: prompt i samples with seed + i, and seed {seed} + "
                                 f"{n - 1} does not fit in 64 bits", 40025)
-        for ids in all_ids:
+        for i, ids in enumerate(all_ids):
             if len(ids) + max_new_tokens - 1 > self.cache.max_len:
-                raise CacheFullError(f"generate_batch: a prompt of {len(ids)} tokens + {max_new_tokens} "
+                raise CacheFullError(f"generate_batch: prompts[{i}] of {len(ids)} tokens + {max_new_tokens} "
                                      f"new tokens exceeds max_len {self.cache.max_len}", 30002)
-            self._check_vocab(ids, "generate_batch")
+            self._check_vocab(ids, f"generate_batch: prompts[{i}]")
         if n == 0:
             return []
         if max_new_tokens == 0:
