@@ -172,3 +172,18 @@ def _filled(model, ids):
     cache = model.new_cache(2, 16)
     model.prefill(cache, 0, ids)
     return cache
+
+
+@pytest.mark.parametrize("bad", [-1, 272])
+def test_token_ids_outside_the_vocabulary_name_the_call_and_argument(model, bad):
+    # Checked before anything runs, whatever the prompt's length against prefill_chunk, naming
+    # the method and its argument (not the embedding op deep inside).
+    cache = model.new_cache(2, 16)
+    model.prefill(cache, 0, [1, 2])
+    for fn, call in ((lambda: model.prefill(cache, 1, [3, bad]), "prefill"),
+                     (lambda: model.decode(cache, [0, 1], [3, bad]), "decode"),
+                     (lambda: model.logits([bad, 3]), "logits"),
+                     (lambda: model.index_lists([3, bad]), "index_lists")):
+        e = raises(ContractError, fn, f"{call}: token_ids", str(bad))
+        assert e.code == S.CONTRACT_RANGE
+    assert [cache.length(s) for s in range(2)] == [2, 0]

@@ -120,10 +120,9 @@ class Model:
         prompt longer than ``prefill_chunk`` runs in chunks, each one's rows copied to the host)."""
         with self._lock:
             ids = _ids(token_ids, "logits")
+            self._check_vocab(ids, "logits: token_ids")
             cache = self.new_cache(1, len(ids))
             chunks = self._chunks(len(ids))
-            if len(chunks) > 1:
-                check_token_ids(ids, self.config.vocab_size, "embedding")
             rows = []
             for a, b in chunks:
                 h = self.net.hidden(cache, np.zeros(1, np.int32), ids[a:b], decode=False)
@@ -156,6 +155,7 @@ class Model:
         snapshot taken first (Cache.snapshot), and the error goes on."""
         with self._lock:
             ids = _ids(token_ids, "prefill")
+            self._check_vocab(ids, "prefill: token_ids")
             slots = np.array([_count(slot, "prefill: slot", 0)], np.int32)
             self._check_room(cache, slots, len(ids), "prefill")
             self._check_owner(cache, slots, [owner], "prefill")
@@ -164,7 +164,6 @@ class Model:
                 h = self.net.hidden(cache, slots, ids, decode=False)
                 cache.commit(int(slot), len(ids), owner=owner)
                 return self.net.logits_of(self.net.last_row(h))
-            check_token_ids(ids, self.config.vocab_size, "embedding")
             slot = int(slot)
             # Until the first commit an uncommitted chunk leaves the slot as it was; after it
             # the undo is a free (the slot was empty) or the snapshot.
@@ -249,11 +248,11 @@ class Model:
             ids = _ids(token_ids, "decode")
             if len(slots) != len(ids):
                 raise ContractError(f"decode: {len(slots)} slots but {len(ids)} tokens", 40000)
+            self._check_vocab(ids, "decode: token_ids")
             self._check_room(cache, slots, 1, "decode")
             owners = [0] * len(slots) if owners is None else owners
             self._check_owner(cache, slots, owners, "decode")
             if self._runner is not None and cache is self.cache:
-                self._check_vocab(ids, "decode")
                 b = self._runner.step(slots, ids, owners=owners)  # (under the lock: copied before another step)
                 return _core.take_rows(b.logits, 0, len(slots), engine=self.engine)
             h = self.net.hidden(cache, slots, ids, decode=True)
@@ -289,6 +288,7 @@ class Model:
         ``prefill_chunk`` tokens, as the prefill runs)."""
         with self._lock:
             ids = _ids(token_ids, "index_lists")
+            self._check_vocab(ids, "index_lists: token_ids")
             cache = self.new_cache(1, len(ids))
             parts: dict[int, list[np.ndarray]] = {}
             for a, b in self._chunks(len(ids)):
