@@ -187,3 +187,9 @@ def test_token_ids_outside_the_vocabulary_name_the_call_and_argument(model, bad)
         e = raises(ContractError, fn, f"{call}: token_ids", str(bad))
         assert e.code == S.CONTRACT_RANGE
     assert [cache.length(s) for s in range(2)] == [2, 0]
+
+
+@pytest.mark.parametrize("args, arg", [((0, 4), "max_batch"), ((1, -1), "max_len"), ((1.0, 4), "max_batch"),
+                                       ((1, None), "max_len")])
+def test_new_cache_names_itself_and_the_argument(model, args, arg):
+    raises(ContractError, lambda: model.new_cache(*args), f"new_cache: {arg}")
