@@ -95,7 +95,8 @@ class Model:
     def new_cache(self, max_batch: int, max_len: int) -> _core.Cache:
         """A fresh Cache with `max_batch` slots of `max_len` tokens each (OutOfMemoryError if it
         cannot fit, before anything is allocated)."""
-        return _core.Cache(self.engine, self.net.state_specs(), max_batch=_count(max_batch, "new_cache: max_batch", 1),
+        return _core.Cache(self.engine, self.net.state_specs(),
+                           max_batch=_count(max_batch, "new_cache: max_batch", 1),
                            max_len=_count(max_len, "new_cache: max_len", 1), latent_dtype=self.dtype)
 
     @property
