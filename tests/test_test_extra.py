@@ -6,8 +6,11 @@ test command would pass without running them."""
 from __future__ import annotations
 
 import re
-import tomllib
 from pathlib import Path
+
+import pytest
+
+tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
 
 ROOT = Path(__file__).resolve().parents[1]
 
