@@ -145,3 +145,51 @@ def test_overloads_still_dispatch_on_converted_values():
     assert y.shape == (1, w.D)
     raises(ContractError, lambda: w.kda.decode(w.cache, 0, w.cache, x), "KdaLayer.decode: argument 'slots'",
            "an array", "memra._core.DecodeSlots", "(Cache)")
+
+
+@pytest.mark.parametrize("call", ["prefill", "decode"])
+def test_ragged_slots_are_named_and_change_nothing(model, call):
+    # A ragged slot argument must reach the named checks, not fail in numpy first (ValueError).
+    cache = model.new_cache(2, 16)
+    model.prefill(cache, 0, [1, 2])
+    ragged = [[0], [1, 2]]
+    fn = (lambda: model.prefill(cache, ragged, [3])) if call == "prefill" else (
+        lambda: model.decode(cache, ragged, [3, 4]))
+    raises(ContractError, fn, call, "slot")
+    assert [cache.length(s) for s in range(2)] == [2, 0]
+    np.testing.assert_array_equal(model.decode(cache, [0], [3]),
+                                  model.decode(_filled(model, [1, 2]), [0], [3]))
+
+
+def test_generate_batch_names_the_prompt_outside_the_vocabulary(model):
+    v = model.config.vocab_size
+    raises(ContractError, lambda: model.generate_batch([[1], [2, v]], 2), "generate_batch", "prompts[1]", str(v))
+    raises(memra.CacheFullError, lambda: model.generate_batch([[1], [1] * 16], 2), "prompts[1]")
+    assert all(model.cache.length(s) == 0 and model.cache.owner(s) == 0 for s in range(2))
+
+
+def _filled(model, ids):
+    cache = model.new_cache(2, 16)
+    model.prefill(cache, 0, ids)
+    return cache
+
+
+@pytest.mark.parametrize("bad", [-1, 272])
+def test_token_ids_outside_the_vocabulary_name_the_call_and_argument(model, bad):
+    # Checked before anything runs, whatever the prompt's length against prefill_chunk, naming
+    # the method and its argument (not the embedding op deep inside).
+    cache = model.new_cache(2, 16)
+    model.prefill(cache, 0, [1, 2])
+    for fn, call in ((lambda: model.prefill(cache, 1, [3, bad]), "prefill"),
+                     (lambda: model.decode(cache, [0, 1], [3, bad]), "decode"),
+                     (lambda: model.logits([bad, 3]), "logits"),
+                     (lambda: model.index_lists([3, bad]), "index_lists")):
+        e = raises(ContractError, fn, f"{call}: token_ids", str(bad))
+        assert e.code == S.CONTRACT_RANGE
+    assert [cache.length(s) for s in range(2)] == [2, 0]
+
+
+@pytest.mark.parametrize("args, arg", [((0, 4), "max_batch"), ((1, -1), "max_len"), ((1.0, 4), "max_batch"),
+                                       ((1, None), "max_len")])
+def test_new_cache_names_itself_and_the_argument(model, args, arg):
+    raises(ContractError, lambda: model.new_cache(*args), f"new_cache: {arg}")

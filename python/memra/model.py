@@ -95,8 +95,9 @@ class Model:
     def new_cache(self, max_batch: int, max_len: int) -> _core.Cache:
         """A fresh Cache with `max_batch` slots of `max_len` tokens each (OutOfMemoryError if it
         cannot fit, before anything is allocated)."""
-        return _core.Cache(self.engine, self.net.state_specs(), max_batch=_count(max_batch, "max_batch", 1),
-                           max_len=_count(max_len, "max_len", 1), latent_dtype=self.dtype)
+        return _core.Cache(self.engine, self.net.state_specs(),
+                           max_batch=_count(max_batch, "new_cache: max_batch", 1),
+                           max_len=_count(max_len, "new_cache: max_len", 1), latent_dtype=self.dtype)
 
     @property
     def dtype(self) -> str:
@@ -120,10 +121,9 @@ class Model:
         prompt longer than ``prefill_chunk`` runs in chunks, each one's rows copied to the host)."""
         with self._lock:
             ids = _ids(token_ids, "logits")
+            self._check_vocab(ids, "logits: token_ids")
             cache = self.new_cache(1, len(ids))
             chunks = self._chunks(len(ids))
-            if len(chunks) > 1:
-                check_token_ids(ids, self.config.vocab_size, "embedding")
             rows = []
             for a, b in chunks:
                 h = self.net.hidden(cache, np.zeros(1, np.int32), ids[a:b], decode=False)
@@ -156,6 +156,7 @@ class Model:
         snapshot taken first (Cache.snapshot), and the error goes on."""
         with self._lock:
             ids = _ids(token_ids, "prefill")
+            self._check_vocab(ids, "prefill: token_ids")
             slots = np.array([_count(slot, "prefill: slot", 0)], np.int32)
             self._check_room(cache, slots, len(ids), "prefill")
             self._check_owner(cache, slots, [owner], "prefill")
@@ -164,7 +165,6 @@ class Model:
                 h = self.net.hidden(cache, slots, ids, decode=False)
                 cache.commit(int(slot), len(ids), owner=owner)
                 return self.net.logits_of(self.net.last_row(h))
-            check_token_ids(ids, self.config.vocab_size, "embedding")
             slot = int(slot)
             # Until the first commit an uncommitted chunk leaves the slot as it was; after it
             # the undo is a free (the slot was empty) or the snapshot.
@@ -226,8 +226,12 @@ class Model:
     def _check_not_held(self, cache: _core.Cache, slots, what: str) -> None:
         """ContractError (40026) when a valid slot among `slots` is held (Cache.hold); bad slot
         values are left to the full checks."""
-        slots = [int(s) for s in np.atleast_1d(np.asarray(slots)).ravel()
-                 if isinstance(s, (int, np.integer)) and 0 <= int(s) < cache.max_batch]
+        try:
+            flat = np.atleast_1d(np.asarray(slots, dtype=object)).ravel()
+        except (ValueError, TypeError):  # ragged nesting numpy cannot shape even as objects
+            flat = []
+        slots = [int(s) for s in flat if isinstance(s, (int, np.integer)) and not isinstance(s, bool)
+                 and 0 <= int(s) < cache.max_batch]
         self._check_owner(cache, slots, [0] * len(slots), what)
 
     @staticmethod
@@ -245,11 +249,11 @@ class Model:
             ids = _ids(token_ids, "decode")
             if len(slots) != len(ids):
                 raise ContractError(f"decode: {len(slots)} slots but {len(ids)} tokens", 40000)
+            self._check_vocab(ids, "decode: token_ids")
             self._check_room(cache, slots, 1, "decode")
             owners = [0] * len(slots) if owners is None else owners
             self._check_owner(cache, slots, owners, "decode")
             if self._runner is not None and cache is self.cache:
-                self._check_vocab(ids, "decode")
                 b = self._runner.step(slots, ids, owners=owners)  # (under the lock: copied before another step)
                 return _core.take_rows(b.logits, 0, len(slots), engine=self.engine)
             h = self.net.hidden(cache, slots, ids, decode=True)
@@ -285,6 +289,7 @@ class Model:
         ``prefill_chunk`` tokens, as the prefill runs)."""
         with self._lock:
             ids = _ids(token_ids, "index_lists")
+            self._check_vocab(ids, "index_lists: token_ids")
             cache = self.new_cache(1, len(ids))
             parts: dict[int, list[np.ndarray]] = {}
             for a, b in self._chunks(len(ids)):
@@ -444,11 +449,11 @@ class Model:
         if n > 0 and seed + n - 1 > 2**64 - 1:
             raise ContractError(f"generate_batch: prompt i samples with seed + i, and seed {seed} + "
                                 f"{n - 1} does not fit in 64 bits", 40025)
-        for ids in all_ids:
+        for i, ids in enumerate(all_ids):
             if len(ids) + max_new_tokens - 1 > self.cache.max_len:
-                raise CacheFullError(f"generate_batch: a prompt of {len(ids)} tokens + {max_new_tokens} "
+                raise CacheFullError(f"generate_batch: prompts[{i}] of {len(ids)} tokens + {max_new_tokens} "
                                      f"new tokens exceeds max_len {self.cache.max_len}", 30002)
-            self._check_vocab(ids, "generate_batch")
+            self._check_vocab(ids, f"generate_batch: prompts[{i}]")
         if n == 0:
             return []
         if max_new_tokens == 0:
