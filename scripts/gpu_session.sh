@@ -10,13 +10,14 @@
 #   files:F1,F2,...  those test files together (4 workers) -> files.out
 #   accuracy  benchmarks/accuracy_families.py --device cuda -> accuracy_cuda.jsonl
 #   model     bench_model_decode --quick --skip-peer, B = 1 and 32 (glm5_next)
+#   qwenself  bench_qwen_decode --quick --skip-peer, both models, B = 1 and 32
 #   kimi qwen gdn kdapre mlapre prefill moepre moedec serve
-#   kdarest   bench_kda_prefill's shapes --quick leaves out (KDA 32 heads, B = 8; GDN B = 8)
+#   kdarest   bench_kda_prefill's shapes --quick leaves out (KDA 32 heads, B = 8, T = 32K; GDN B = 8)
 #   prefill_long  bench_model_prefill at T = 32K and 128K and 8 prompts of 2K, no peer
 #   prefill_mem   bench_model_prefill at T = 1K and 8K and 8 prompts of 2K (both arms), memra only
 #   attnpre   bench_attention_prefill --quick (f32 kernel vs tensor-core kernel vs torch SDPA)
 #   race_attn racecheck + memcheck over scripts/sanitize_attention_tc.py
-#   ncu_dec   ncu over benchmarks/ncu_decode.py (KDA decode, MLA decode kernels)
+#   ncu_dec   ncu over benchmarks/ncu_decode.py: the KDA decode (B = 64, 256) and MLA decode kernels
 #   kdadec mladec  bench_kda_decode (fla peer) / bench_mla_decode --variant all, --quick
 #   accbench  benchmarks/accuracy_bench_model.py: the 2x rule on the bench model at T = 1K, 8K
 #             against transformers f32 (never with fla on the path)
@@ -81,11 +82,12 @@ for p in "$@"; do
     accuracy) phase accuracy 120 env PYTHONPATH="$site" python3 benchmarks/accuracy_families.py --device cuda ;;
     model) phase model 240 env PYTHONPATH="$site${peers:+:$peers}" python3 benchmarks/bench_model_decode.py --quick --skip-peer --batches 1,32 ;;
     kimi) phase kimi 300 env PYTHONPATH="$site${peers:+:$peers}" python3 benchmarks/bench_kimi_decode.py --quick ;;
+    qwenself) phase qwenself 200 env PYTHONPATH="$site" python3 benchmarks/bench_qwen_decode.py --quick --skip-peer --model both --batches 1,32 ;;
     qwen) phase qwen 300 env PYTHONPATH="$site${peers:+:$peers}" python3 benchmarks/bench_qwen_decode.py --quick ;;
     gdn) phase gdn 150 env PYTHONPATH="$site${peers:+:$peers}" python3 benchmarks/bench_gdn_decode.py --quick ;;
     kdapre) phase kdapre 240 env PYTHONPATH="$site${peers:+:$peers}" python3 benchmarks/bench_kda_prefill.py --quick ;;
     kdarest) phase kdarest 240 env PYTHONPATH="$site${peers:+:$peers}" python3 benchmarks/bench_kda_prefill.py \
-        --quick --kda-shapes 32:1:8192,64:8:2048 --gdn-shapes 16:32:8:2048 ;;
+        --quick --kda-shapes 32:1:8192,64:8:2048,64:1:32768 --gdn-shapes 16:32:8:2048 ;;
     prefill_long) phase prefill_long 240 env PYTHONPATH="$site" python3 benchmarks/bench_model_prefill.py \
         --quick --skip-peer --lengths 32768,131072 --batch 8x2048 ;;
     accbench) phase accbench 360 env PYTHONPATH="$site" python3 benchmarks/accuracy_bench_model.py ;;
@@ -121,7 +123,7 @@ for p in "$@"; do
       phase mem_attn 150 env PYTHONPATH="$site" compute-sanitizer --tool memcheck --error-exitcode 1 \
         python3 scripts/sanitize_attention_tc.py
       ;;
-    ncu_dec) phase ncu_dec 200 env PYTHONPATH="$site" ncu --clock-control none -k regex:"lines|mla|flash" -c 9 \
+    ncu_dec) phase ncu_dec 200 env PYTHONPATH="$site" ncu --clock-control none -k regex:"scan_decode|wgmma|mla_combine" -c 12 \
         --section SpeedOfLight --section Occupancy --section LaunchStats python3 benchmarks/ncu_decode.py ;;
     mlapre) phase mlapre 200 env PYTHONPATH="$site${peers:+:$peers}" python3 benchmarks/bench_mla_prefill.py --quick ;;
     prefill) phase prefill 300 env PYTHONPATH="$site${peers:+:$peers}" python3 benchmarks/bench_model_prefill.py --quick ;;
