@@ -29,20 +29,11 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from common import Bench, base_parser, log, rel_err, to_torch  # noqa: E402
+from common import Bench, base_parser, gemm_tflops, log, rel_err, to_torch  # noqa: E402
 
 GEOM = dict(Hq=16, Hkv=4, hd=256)
 SMOKE = (dict(Hq=4, Hkv=2, hd=64), [7, 70])
 PEER = "torch SDPA (bf16, causal, flash) + sigmoid gate"
-
-
-def gemm_tflops(b) -> float:
-    torch = b.torch
-    n = 8192 if b.cuda else 256
-    x = torch.randn(n, n, device=b.dev, dtype=torch.bfloat16 if b.cuda else torch.float32)
-    y = torch.randn_like(x)
-    us = b.time_torch(lambda: x @ y)
-    return 2 * n ** 3 / us / 1e6
 
 
 def main() -> int:

@@ -25,16 +25,14 @@ call's output shows a peak far above one call's need).
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
 import sys
-import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from common import Bench, base_parser, log, rel_err, to_torch  # noqa: E402
+from common import Bench, base_parser, log, rel_err, to_torch, trace_events  # noqa: E402
 
 D = 128
 SHAPES = [(64, 1), (64, 64), (64, 256), (32, 1), (32, 64), (32, 256)]  # (H, B)
@@ -113,17 +111,7 @@ def gpu_timeline(b, fn) -> dict:
         for _ in range(b.reps):
             fn()
         b.sync()
-    fd, path = tempfile.mkstemp(suffix=".json")
-    os.close(fd)
-    try:
-        prof.export_chrome_trace(path)
-        with open(path) as f:
-            events = json.load(f)
-    finally:
-        os.unlink(path)
-    if isinstance(events, dict):
-        events = events.get("traceEvents", [])
-    gpu = [e for e in events if isinstance(e, dict) and "dur" in e and
+    gpu = [e for e in trace_events(prof) if isinstance(e, dict) and "dur" in e and
            str(e.get("cat", "")).lower() in ("kernel", "gpu_memcpy", "gpu_memset")]
     kernels = sorted(float(e["ts"]) for e in gpu if str(e.get("cat")).lower() == "kernel")
     out = {}

@@ -27,20 +27,11 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from common import Bench, base_parser, log  # noqa: E402
+from common import Bench, base_parser, gemm_tflops, log  # noqa: E402
 
 GLM = dict(H=64, R=512, dr=0)
 KIMI = dict(H=32, R=512, dr=64)
 TOPK_POOLS, POOL = 512, 4
-
-
-def gemm_tflops(b) -> float:
-    torch = b.torch
-    n = 8192 if b.cuda else 256
-    x = torch.randn(n, n, device=b.dev, dtype=torch.bfloat16 if b.cuda else torch.float32)
-    y = torch.randn_like(x)
-    us = b.time_torch(lambda: x @ y)
-    return 2 * n ** 3 / us / 1e6
 
 
 def main() -> int:

@@ -294,10 +294,9 @@ def emit_record(rec: dict) -> dict:
     return rec
 
 
-def kernel_durations(prof, names: bool = False) -> list:
-    """Durations (us) of the GPU kernels a finished torch.profiler run recorded, in start order,
-    read from its Chrome trace (stable across torch versions: events of category 'kernel');
-    names=True: (name, duration) pairs."""
+def trace_events(prof) -> list:
+    """The events of a finished torch.profiler run, read from its Chrome trace (stable across
+    torch versions, unlike the profiler's Python event objects)."""
     fd, path = tempfile.mkstemp(suffix=".json")
     os.close(fd)
     try:
@@ -308,7 +307,25 @@ def kernel_durations(prof, names: bool = False) -> list:
         os.unlink(path)
     if isinstance(events, dict):
         events = events.get("traceEvents", [])
-    ks = [e for e in events
+    return events
+
+
+def gemm_tflops(b) -> float:
+    """torch's dense GEMM rate in TFLOP/s on b's device: bf16 8192^3 on CUDA (the tensor-core
+    yardstick of the prefill benches' rooflines), f32 256^3 on the CPU (a smoke figure)."""
+    torch = b.torch
+    n = 8192 if b.cuda else 256
+    x = torch.randn(n, n, device=b.dev, dtype=torch.bfloat16 if b.cuda else torch.float32)
+    y = torch.randn_like(x)
+    us = b.time_torch(lambda: x @ y)
+    return 2 * n ** 3 / us / 1e6
+
+
+def kernel_durations(prof, names: bool = False) -> list:
+    """Durations (us) of the GPU kernels a finished torch.profiler run recorded, in start order,
+    read from its Chrome trace (stable across torch versions: events of category 'kernel');
+    names=True: (name, duration) pairs."""
+    ks = [e for e in trace_events(prof)
           if isinstance(e, dict) and str(e.get("cat", "")).lower() == "kernel" and "dur" in e]
     ks.sort(key=lambda e: float(e.get("ts", 0.0)))
     if names:
