@@ -106,7 +106,7 @@ GEOMETRIES = [(4, 2, 256), (8, 1, 64), (3, 3, 18), (32, 2, 128), (40, 2, 20)]  #
 @pytest.mark.parametrize("T", [1, 63, 65, 200])
 @pytest.mark.parametrize("Hq,Hkv,hd", GEOMETRIES)
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_attention_direct_form_matches_cpu(e, T, Hq, Hkv, hd, dtype):
+def test_attention_direct_form_matches_cpu(T, Hq, Hkv, hd, dtype):
     g = rng(T * 3 + Hq + hd)
     pos0 = 7 if T < 100 else 0
     L = pos0 + T + 5
