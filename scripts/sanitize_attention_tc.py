@@ -3,6 +3,7 @@
 straddles tiles, a prefix (pos0), padded head widths and the cp.async double buffer (T = 200).
 Run: compute-sanitizer --tool racecheck --error-exitcode 1 python3 scripts/sanitize_attention_tc.py"""
 
+import ml_dtypes
 import numpy as np
 
 import memra
@@ -14,8 +15,8 @@ d = e.to_device
 
 
 def bf16_bits(x):
-    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
-    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+    """x rounded to bfloat16, as the raw uint16 bits memra takes (tests/cuda_helpers.bf16_bits)."""
+    return np.ascontiguousarray(np.asarray(x, np.float32).astype(ml_dtypes.bfloat16)).view(np.uint16)
 
 
 for T, pos0, Hq, Hkv, hd in [(65, 37, 4, 2, 256), (200, 0, 16, 2, 128), (7, 3, 8, 4, 96),
