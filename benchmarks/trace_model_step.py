@@ -1,11 +1,11 @@
-"""In-graph cost of each kernel of the B = 1 decode step (a memra build with CMake MEMRA_TRACE=ON:
+"""In-graph cost of each kernel of the decode step (B = 1, or B rows with --batch B) (a memra build with CMake MEMRA_TRACE=ON:
 every kernel's block 0 records when its pdl_wait returned, i.e. when the kernel in front of it
 completed; cuda/trace.cu). The difference between consecutive records is what each kernel adds to
 the step's critical path inside the programmatic chain, which ncu (each kernel alone) cannot show.
 Needs the bench_model_decode checkpoint (build it with bench_model_decode.py --quick first).
 
     MEMRA_CMAKE_ARGS=-DMEMRA_TRACE=ON bash scripts/gpu_tests.sh tests/test_cuda_probe.py
-    PYTHONPATH=build/dev-gpu/site python3 benchmarks/trace_model_step.py [folder] > trace.jsonl
+    PYTHONPATH=build/dev-gpu/site python3 benchmarks/trace_model_step.py [folder] [--batch B] > trace.jsonl
 
 Prints one JSON line per kernel position of the step: index, blocks, threads, mean / min
 microseconds from its predecessor's completion to its own over the traced steps, and a last line
@@ -21,16 +21,25 @@ import numpy as np
 
 import memra
 
-folder = sys.argv[1] if len(sys.argv) > 1 else "/tmp/memra-bench-glm5next-8L32E"
+args = list(sys.argv[1:])
+B = 1
+if "--batch" in args:
+    i = args.index("--batch")
+    B = int(args[i + 1])
+    del args[i:i + 2]
+folder = args[0] if args else "/tmp/memra-bench-glm5next-8L32E"
 steps = int(os.environ.get("TRACE_STEPS", "20"))
 lib = ctypes.CDLL(os.path.join(os.path.dirname(memra.__file__), "libmemra_cuda.so"))
-m = memra.load(folder, device="cuda", dtype="bfloat16", max_batch=1, max_len=256, progress=False)
+m = memra.load(folder, device="cuda", dtype="bfloat16", max_batch=B, max_len=256, progress=False)
 rng = np.random.default_rng(0)
-prompt = rng.integers(0, 1000, 128).astype(np.int64).tolist()
-tok = int(np.argmax(m.prefill(m.cache, 0, prompt)))
-seeds = [0]
+slots = list(range(B))
+toks = []
+for s in slots:  # a 128-token prompt a row, as bench_model_decode's rows
+    prompt = rng.integers(0, 1000, 128).astype(np.int64).tolist()
+    toks.append(int(np.argmax(m.prefill(m.cache, s, prompt))))
+seeds = list(range(B))
 for i in range(4):  # eager, capture, replays: the traced steps are graph replays
-    tok = int(np.asarray(m._decode_sampled([0], [tok], 0.0, None, None, seeds, i + 1))[0])
+    toks = m._decode_sampled(slots, toks, 0.0, None, None, seeds, i + 1)
 m.engine.synchronize()
 cap = 1 << 16
 rc = lib.memra_cuda_trace_begin(ctypes.c_uint(cap))
@@ -39,7 +48,7 @@ if rc != 0:
                       "without MEMRA_TRACE gives 50000)"}))
     sys.exit(1)
 for i in range(steps):
-    tok = int(np.asarray(m._decode_sampled([0], [tok], 0.0, None, None, seeds, 100 + i))[0])
+    toks = m._decode_sampled(slots, toks, 0.0, None, None, seeds, 100 + i)
 rec = np.zeros(cap, dtype=[("t_ns", "<u8"), ("blocks", "<u4"), ("threads", "<u4")])
 n = ctypes.c_uint(0)
 rc = lib.memra_cuda_trace_end(rec.ctypes.data_as(ctypes.c_void_p), ctypes.c_uint(cap), ctypes.byref(n))
@@ -55,5 +64,5 @@ for i in range(per - 1):
     print(json.dumps({"index": i, "blocks": int(rec["blocks"][i]), "threads": int(rec["threads"][i]),
                       "mean_us": round(float(d[:, i].mean()), 2),
                       "min_us": round(float(d[:, i].min()), 2)}))
-print(json.dumps({"bench": "trace_model_step", "kernels_per_step": per, "steps": steps,
+print(json.dumps({"bench": "trace_model_step", "B": B, "kernels_per_step": per, "steps": steps,
                   "step_us_mean": round(float((t[:, -1] - t[:, 0]).mean() / 1000.0), 1)}))

@@ -5,6 +5,11 @@
 #   BUDGET_S=560 bash scripts/gpu_session.sh build tests accuracy model kimi ...
 # Phases:
 #   build     memra with CUDA into build/dev-gpu (scripts/gpu_env.sh; kept on a warm machine)
+#   tracebuild  the same with CMake MEMRA_TRACE=ON (cuda/trace.cu): for trace32 only
+#   step32    the B = 32 decode step of the bench model, kernel by kernel: its in-graph trace
+#             (trace_model_step.py --batch 32; a tracebuild, else it says so) and ncu of one
+#             replayed step (ncu_model_step.py --batch 32: time and DRAM bytes per kernel)
+#   ncu32     step32's ncu part alone (any build)
 #   tests     the whole CUDA suite (pytest -m cuda, 4 workers) -> pytest_cuda.log
 #   tests:F   one test file or node id F (repeatable)
 #   files:F1,F2,...  those test files together (4 workers) -> files.out
@@ -61,6 +66,24 @@ for p in "$@"; do
       gpu_build -DMEMRA_BUILD_TESTS=OFF
       echo "build: $build_s s -> ${site:-FAILED}" | tee -a "$OUT/summary.txt"
       [ -n "$site" ] || { tail -30 "$OUT/build.log"; exit 1; }
+      ;;
+    tracebuild)
+      gpu_build -DMEMRA_BUILD_TESTS=OFF -DMEMRA_TRACE=ON
+      echo "tracebuild: $build_s s -> ${site:-FAILED}" | tee -a "$OUT/summary.txt"
+      [ -n "$site" ] || { tail -30 "$OUT/build.log"; exit 1; }
+      ;;
+    step32)
+      phase step32_folder 120 env PYTHONPATH="$site" python3 benchmarks/bench_model_decode.py --quick --build-only
+      phase step32_trace 120 env PYTHONPATH="$site" python3 benchmarks/trace_model_step.py --batch 32
+      phase step32_ncu 240 env PYTHONPATH="$site" ncu --profile-from-start off --clock-control none --csv \
+        --print-units base --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,launch__grid_size,launch__block_size \
+        python3 benchmarks/ncu_model_step.py --batch 32
+      ;;
+    ncu32)
+      phase ncu32_folder 120 env PYTHONPATH="$site" python3 benchmarks/bench_model_decode.py --quick --build-only
+      phase ncu32 240 env PYTHONPATH="$site" ncu --profile-from-start off --clock-control none --csv \
+        --print-units base --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,launch__grid_size,launch__block_size \
+        python3 benchmarks/ncu_model_step.py --batch 32
       ;;
     tests)
       phase tests 400 env PYTHONPATH="$site" python3 -m pytest -m cuda --require-cuda -q -rf \
