@@ -11,9 +11,9 @@
 //     falls back to arm 1's kernel with the outputs split over more blocks (32 outputs a block);
 //   3 cuBLASLt bf16 tensor-core GEMM, strided-batched over heads (bf16 weights; activations
 //     rounded to bf16 into Scratch), f32 accumulate and output;
-//   0 auto: Lt for bf16 weights at T >= 64 (falling back to arm 1 when cuBLASLt declines); arm 2
-//     below T = 64; otherwise (f32 / f16 weights at T >= 64) arm 2 when the per-position grid
-//     would not fill the GPU, else arm 1.
+//   0 auto: Lt for bf16 weights at T >= 2 (falling back to arm 1 when cuBLASLt declines), arm 2
+//     at T = 1 (batch-1 decode keeps the CPU's bytes); f32 / f16 weights: arm 2 below T = 64,
+//     from it arm 2 when the per-position grid would not fill the GPU, else arm 1.
 //
 // The projections' arms 1 and 2 do the CPU's arithmetic operation for operation (sequential
 // sums in the CPU's order, products and sums rounded separately, no FMA), so with f32 or bf16
@@ -413,7 +413,7 @@ int memra_cuda_mla_proj(MemraCudaCtx* ctx, const MemraMlaProjParams* p) {
   }
   const int k = which == Proj::kAbsorb ? d_nope : R;
   if (arm == 0) {
-    if (w_dtype == 1 && T >= 64 && k > 0) {
+    if (w_dtype == 1 && T >= memra::cuda::mla::kLtAutoMinT && k > 0) {
       bool declined = false;
       const int rc = lt_proj(ctx, which, x, kv_b, T, H, d_nope, d_v, R, y, &declined);
       if (!declined) return rc;

@@ -202,7 +202,7 @@ void init_ops_mla(nb::module_& m) {
       "arm (CUDA only; the CPU ignores it): 0 auto, 1 per-position kernel, 2 streaming kernel "
       "(weights of a head's output tile held in shared memory over all positions; bytes equal "
       "to arm 1), 3 cuBLASLt bf16 GEMM batched over heads (bf16 kv_b only; q_nope is rounded to "
-      "bfloat16). Auto takes 3 for bf16 kv_b at T >= 64 (1 when cuBLASLt declines), else 2 or 1. "
+      "bfloat16). Auto takes 3 for bf16 kv_b at T >= 2 (1 when cuBLASLt declines), else 2 (T = 1, or f32 / f16 kv_b below T = 64) or 1. "
       "Arms 1/2 do the CPU's operations in its order (n ascending, products and sums rounded "
       "separately): the CPU's bytes where the CPU build does not contract into FMAs.\n"
       "Raises ContractError: CONTRACT_DTYPE / CONTRACT_SHAPE / CONTRACT_STRIDE / CONTRACT_DEVICE "
