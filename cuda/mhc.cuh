@@ -100,6 +100,7 @@ constexpr int kSplitK = 128;          // flat values per partial block: 32 lanes
 constexpr int kPartThreads = 1024;    // partial kernel: a warp per output (m < 32), two above
 constexpr int kSplitMaxOut = 64;      // mix + 1 partial outputs (logits + the sum of squares)
 constexpr int kPartOuts = kSplitMaxOut / (kPartThreads / 32);  // outputs per warp (2)
+constexpr int kPartRows = 8;          // partial kernel: rows whose values are in flight at once
 constexpr int kFinishThreads = 256;
 constexpr int kFinishD = 256;         // collapsed columns per finishing block: one per thread
 static_assert(kFinishD == kFinishThreads, "mhc_finish_kernel: one collapsed column per thread");

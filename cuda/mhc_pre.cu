@@ -145,14 +145,26 @@ __global__ void __launch_bounds__(kPartThreads)
     const int m = warp + 32 * j;
     w[j] = (in && m < mix) ? load4(fn + int64_t(m) * flat + k) : make_float4(0.f, 0.f, 0.f, 0.f);
   }
-  for (int t = 0; t < T; ++t) {
-    const float4 x = in ? load4(streams + int64_t(t) * flat + k) : make_float4(0.f, 0.f, 0.f, 0.f);
+  // kPartRows rows' values are loaded before any is used: one memory round trip per group of
+  // rows, not per row (at B = 32 decode rows the row-at-a-time loop was 32 round trips).
+  for (int t0 = 0; t0 < T; t0 += kPartRows) {
+    float4 xr[kPartRows];
 #pragma unroll
-    for (int j = 0; j < kPartOuts; ++j) {
-      const int m = warp + 32 * j;
-      if (m > mix) break;
-      const float d = partial_dot(m == mix ? x : w[j], x);
-      if (lane == 0) part[(int64_t(t) * (mix + 1) + m) * S + s] = d;
+    for (int u = 0; u < kPartRows; ++u) {
+      const int t = t0 + u;
+      xr[u] = in && t < T ? load4(streams + int64_t(t) * flat + k) : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+#pragma unroll
+    for (int u = 0; u < kPartRows; ++u) {
+      const int t = t0 + u;
+      if (t >= T) break;
+#pragma unroll
+      for (int j = 0; j < kPartOuts; ++j) {
+        const int m = warp + 32 * j;
+        if (m > mix) break;
+        const float d = partial_dot(m == mix ? xr[u] : w[j], xr[u]);
+        if (lane == 0) part[(int64_t(t) * (mix + 1) + m) * S + s] = d;
+      }
     }
   }
 }

@@ -255,7 +255,8 @@ def test_mhc_pre_contract(e):
     np.testing.assert_array_equal(e.to_host(ds), streams)
 
 
-@pytest.mark.parametrize("T,hc,D", [(1, 4, 33), (65, 4, 200), (3, 1, 7), (200, 4, 4096), (2, 3, 1)])
+@pytest.mark.parametrize("T,hc,D", [(1, 4, 33), (65, 4, 200), (3, 1, 7), (200, 4, 4096), (2, 3, 1),
+                                    (32, 4, 4096), (1, 4, 8)])
 def test_mhc_post_and_head_mean_are_bit_identical(e, T, hc, D):
     r = rng(T + hc + D)
     y, post = f32(r.standard_normal((T, D))), f32(r.standard_normal((T, hc)))
