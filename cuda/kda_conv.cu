@@ -135,12 +135,11 @@ __device__ __forceinline__ void conv_decode_block(const float* __restrict__ x, i
     for (int k = 0; k < K; ++k) wr[k] = w[static_cast<int64_t>(c) * K + k];
   };
   auto load_rings = [&](int b0) {  // each row's window's first R values and output plane
+    const float* rin[RB];
+    ring.at_rows<RB>(b0, B, rin, rout);
 #pragma unroll
     for (int r = 0; r < RB; ++r) {
-      const float* rin = nullptr;
-      rout[r] = nullptr;
-      if (b0 + r < B) ring.at(b0 + r, &rin, &rout[r]);
-      const float* ring_c = rin ? rin + static_cast<int64_t>(c) * R : nullptr;
+      const float* ring_c = rin[r] ? rin[r] + static_cast<int64_t>(c) * R : nullptr;
 #pragma unroll
       for (int k = 0; k < R; ++k) win[r][k] = ring_c ? ring_c[k] : 0.0f;
     }
