@@ -76,36 +76,6 @@ struct RowPlanes {
     *pin = in ? in[b] : nullptr;
     *pout = out[b];
   }
-
-  // at() for rows b0 .. b0 + N - 1 (rows >= B: no planes), each dependent round of loads issued
-  // for all N rows before the next (slots, then cur, then the caller's plane loads), not one
-  // row's chain after another's.
-  template <int N>
-  __device__ __forceinline__ void at_rows(int64_t b0, int64_t B, const float* (&pin)[N],
-                                          float* (&pout)[N]) const {
-    if (slots) {
-      int s[N];
-#pragma unroll
-      for (int r = 0; r < N; ++r) s[r] = b0 + r < B ? __ldcg(slots + b0 + r) : -1;
-      int c[N];
-#pragma unroll
-      for (int r = 0; r < N; ++r) c[r] = s[r] >= 0 ? __ldcg(cur + s[r]) : 0;
-#pragma unroll
-      for (int r = 0; r < N; ++r) {
-        const int64_t off = static_cast<int64_t>(s[r]) * floats + offset;
-        const bool one = (c[r] & 1) != 0;
-        pin[r] = s[r] < 0 ? nullptr : (one ? base1 : base0) + off;
-        pout[r] = s[r] < 0 ? nullptr : (one ? base0 : base1) + off;
-      }
-      return;
-    }
-#pragma unroll
-    for (int r = 0; r < N; ++r) {
-      pin[r] = nullptr;
-      pout[r] = nullptr;
-      if (b0 + r < B) at(b0 + r, &pin[r], &pout[r]);
-    }
-  }
 };
 
 // The RowPlanes of a TABLES, STRIDED or SLOTS MemraKdaPlanes (the caller has checked the form).

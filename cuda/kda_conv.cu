@@ -106,48 +106,37 @@ __global__ void conv_prefill_kernel(const float* __restrict__ x, int T, int C, i
 // followed by l2norm_heads, and the prefill path (which runs the two) still agrees.
 constexpr int kConvThreads = 128;
 
-// Rows a block of conv_decode_kernel from two rows on: every row's loads are issued before any
-// is used and the rows' L2 norms run on separate warps, so a block costs about one memory round
-// trip and one barrier pair whatever RB is (one row a block took ~3 waves of latency-bound
-// blocks at B = 32: 13.4 us for 13 MB on the H200, results/2026-12-02-h200-s4.md).
-constexpr int kConvRows = 4;
-static_assert(kConvRows <= kConvThreads / 32, "a warp per row's norm");
-
 // The body of block (bx, by) of a grid with gy blocks in y (conv_decode_kernel, and the conv
-// blocks of conv_pair_decode_kernel below): rows b = RB (by + gy i) + r (r < RB) of the block's
-// channels. Every thread of the block calls it.
-template <int K, bool L2, int RB>
+// blocks of conv_pair_decode_kernel below). Every thread of the block calls it.
+template <int K, bool L2>
 __device__ __forceinline__ void conv_decode_block(const float* __restrict__ x, int B, int C, int G,
                                                   const float* __restrict__ w,
                                                   const RowPlanes& ring, float* __restrict__ y,
                                                   int l2_channels, float l2_eps, int bx, int by,
                                                   int gy) {
   constexpr int R = K - 1;
-  __shared__ float ys[L2 ? RB : 1][L2 ? kConvThreads : 1];
-  __shared__ float norm[RB];
+  __shared__ float ys[L2 ? kConvThreads : 1];
+  __shared__ float norm;
   const int c = bx * blockDim.x + threadIdx.x;
   const bool active = L2 || c < C;  // L2: every thread is a channel (and takes the barriers)
   float wr[K];
-  float win[RB][K];
-  float* rout[RB];
+  float win[K];
+  const float* rin = nullptr;
+  float* rout = nullptr;
   auto load_w = [&] {
 #pragma unroll
     for (int k = 0; k < K; ++k) wr[k] = w[static_cast<int64_t>(c) * K + k];
   };
-  auto load_rings = [&](int b0) {  // each row's window's first R values and output plane
-    const float* rin[RB];
-    ring.at_rows<RB>(b0, B, rin, rout);
+  auto load_ring = [&](int b) {  // the window's first R values, and the row's output plane
+    ring.at(b, &rin, &rout);
+    const float* ring_c = rin ? rin + static_cast<int64_t>(c) * R : nullptr;
 #pragma unroll
-    for (int r = 0; r < RB; ++r) {
-      const float* ring_c = rin[r] ? rin[r] + static_cast<int64_t>(c) * R : nullptr;
-#pragma unroll
-      for (int k = 0; k < R; ++k) win[r][k] = ring_c ? ring_c[k] : 0.0f;
-    }
+    for (int k = 0; k < R; ++k) win[k] = ring_c ? ring_c[k] : 0.0f;
   };
-  const int first = RB * by;
+  const int b0 = by;
   if (ring.early && active) {
     load_w();
-    load_rings(first);
+    if (b0 < B) load_ring(b0);
   }
   memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
   memra::cuda::pdl_trigger();
@@ -155,48 +144,35 @@ __device__ __forceinline__ void conv_decode_block(const float* __restrict__ x, i
   if (!ring.early) load_w();
   const bool l2 = L2 && bx * kConvThreads < l2_channels;  // block-uniform
   float* y_c = y + y_group_at(c, B, G);
-  for (int b0 = first; b0 < B; b0 += RB * gy) {
-    if (!ring.early || b0 != first) load_rings(b0);
-#pragma unroll
-    for (int r = 0; r < RB; ++r) {
-      win[r][R] = b0 + r < B ? x[static_cast<int64_t>(b0 + r) * C + c] : 0.0f;
-    }
-    float v[RB];
-#pragma unroll
-    for (int r = 0; r < RB; ++r) v[r] = conv_silu_window<K>(win[r], wr);
+  for (int b = b0; b < B; b += gy) {
+    if (!ring.early || b != b0) load_ring(b);
+    const int64_t xi = static_cast<int64_t>(b) * C + c;
+    win[R] = x[xi];
+    float v = conv_silu_window<K>(win, wr);
     if (l2) {
-#pragma unroll
-      for (int r = 0; r < RB; ++r) ys[r][threadIdx.x] = v[r];
+      ys[threadIdx.x] = v;
       __syncthreads();
-      const int wp = threadIdx.x >> 5;
-      if (wp < RB && b0 + wp < B) {  // warp r: row r's norm, one 32-lane group (red unused)
-        const int lane = threadIdx.x & 31;
-        const float ss = row_sum_squares<32>(ys[wp], true, lane, kConvThreads, nullptr);
-        if (lane == 0) norm[wp] = sqrtf(ss + l2_eps);
+      if (threadIdx.x < 32) {  // one 32-lane group: no barrier inside (red unused)
+        const float ss = row_sum_squares<32>(ys, true, threadIdx.x, kConvThreads, nullptr);
+        if (threadIdx.x == 0) norm = sqrtf(ss + l2_eps);
       }
       __syncthreads();
-#pragma unroll
-      for (int r = 0; r < RB; ++r) v[r] = v[r] / norm[r];
+      v = v / norm;
     }
+    y_c[static_cast<int64_t>(b) * G] = v;
+    if (rout) {
 #pragma unroll
-    for (int r = 0; r < RB; ++r) {
-      if (b0 + r >= B) break;
-      y_c[static_cast<int64_t>(b0 + r) * G] = v[r];
-      if (rout[r]) {
-#pragma unroll
-        for (int j = 0; j < R; ++j) rout[r][static_cast<int64_t>(c) * R + j] = win[r][1 + j];
-      }
+      for (int j = 0; j < R; ++j) rout[static_cast<int64_t>(c) * R + j] = win[1 + j];
     }
-    if (l2) __syncthreads();  // ys and norm are rewritten by the next round
   }
 }
 
-template <int K, bool L2, int RB>
+template <int K, bool L2>
 __global__ void conv_decode_kernel(const float* __restrict__ x, int B, int C, int G,
                                    const float* __restrict__ w, RowPlanes ring,
                                    float* __restrict__ y, int l2_channels, float l2_eps) {
-  conv_decode_block<K, L2, RB>(x, B, C, G, w, ring, y, l2_channels, l2_eps, blockIdx.x,
-                               blockIdx.y, gridDim.y);
+  conv_decode_block<K, L2>(x, B, C, G, w, ring, y, l2_channels, l2_eps, blockIdx.x, blockIdx.y,
+                           gridDim.y);
 }
 
 constexpr int kConvChunk = 16;   // tokens per thread in the prefill arm
@@ -211,29 +187,16 @@ void launch_conv_prefill(MemraCudaCtx* ctx, const float* x, int T, int C, int G,
       G, kConvChunk, w, ring_in, ring_out, y);
 }
 
-// One row a block at B = 1 (nothing to batch), kConvRows rows a block from B = 2.
-template <int K, int RB>
-void launch_conv_decode_rows(MemraCudaCtx* ctx, const float* x, int B, int C, int G,
-                             const float* w, const RowPlanes& ring, float* y, int l2_channels,
-                             float l2_eps) {
-  const int gy = static_cast<int>(memra::cuda::ceil_div(B, RB));
-  const dim3 grid(memra::cuda::ceil_div(C, kConvThreads), gy < kMaxGridY ? gy : kMaxGridY);
-  if (l2_channels > 0) {
-    memra::cuda::launch(ctx, true, conv_decode_kernel<K, true, RB>, grid, dim3(kConvThreads), 0, x,
-                        B, C, G, w, ring, y, l2_channels, l2_eps);
-  } else {
-    memra::cuda::launch(ctx, true, conv_decode_kernel<K, false, RB>, grid, dim3(kConvThreads), 0,
-                        x, B, C, G, w, ring, y, 0, 0.0f);
-  }
-}
-
 template <int K>
 void launch_conv_decode(MemraCudaCtx* ctx, const float* x, int B, int C, int G, const float* w,
                         const RowPlanes& ring, float* y, int l2_channels, float l2_eps) {
-  if (B == 1) {
-    launch_conv_decode_rows<K, 1>(ctx, x, B, C, G, w, ring, y, l2_channels, l2_eps);
+  const dim3 grid(memra::cuda::ceil_div(C, kConvThreads), B < kMaxGridY ? B : kMaxGridY);
+  if (l2_channels > 0) {
+    memra::cuda::launch(ctx, true, conv_decode_kernel<K, true>, grid, dim3(kConvThreads), 0, x, B,
+                        C, G, w, ring, y, l2_channels, l2_eps);
   } else {
-    launch_conv_decode_rows<K, kConvRows>(ctx, x, B, C, G, w, ring, y, l2_channels, l2_eps);
+    memra::cuda::launch(ctx, true, conv_decode_kernel<K, false>, grid, dim3(kConvThreads), 0, x, B,
+                        C, G, w, ring, y, 0, 0.0f);
   }
 }
 
@@ -327,7 +290,7 @@ __global__ void __launch_bounds__(kConvThreads)
                             int blocks0, int Kg, int prefetch) {
   const int bx = blockIdx.x;
   if (bx < conv_blocks) {
-    conv_decode_block<K, true, 1>(x, 1, C, G, w, ring, y, l2_channels, l2_eps, bx, 0, 1);
+    conv_decode_block<K, true>(x, 1, C, G, w, ring, y, l2_channels, l2_eps, bx, 0, 1);
     return;
   }
   const int bid = bx - conv_blocks;

@@ -100,7 +100,6 @@ constexpr int kSplitK = 128;          // flat values per partial block: 32 lanes
 constexpr int kPartThreads = 1024;    // partial kernel: a warp per output (m < 32), two above
 constexpr int kSplitMaxOut = 64;      // mix + 1 partial outputs (logits + the sum of squares)
 constexpr int kPartOuts = kSplitMaxOut / (kPartThreads / 32);  // outputs per warp (2)
-constexpr int kPartRows = 4;          // partial kernel: rows a round (values in flight at once)
 constexpr int kFinishThreads = 256;
 constexpr int kFinishD = 256;         // collapsed columns per finishing block: one per thread
 static_assert(kFinishD == kFinishThreads, "mhc_finish_kernel: one collapsed column per thread");
@@ -119,24 +118,8 @@ __device__ __forceinline__ float4 load4(const __nv_bfloat16* p) {
 
 // One partial output of a split: the warp's sum of v . x over its lanes' four values (a row of
 // fn, or x itself for the sum of squares). Shared by both partial passes, so their bits agree.
-__device__ __forceinline__ float lane_dot(float4 v, float4 x) {
-  return v.x * x.x + v.y * x.y + v.z * x.z + v.w * x.w;
-}
-__device__ __forceinline__ float partial_dot(float4 v, float4 x) { return warp_sum(lane_dot(v, x)); }
-
-// warp_sum's result from the 32 lane values p[0..31] in one thread: its xor butterfly (offsets
-// 16, 8, 4, 2, 1) adds lane i and lane i ^ o at each level, which at lane 0 is this tree (fadd
-// commutes, so every lane's result has these bits).
-__device__ __forceinline__ float butterfly_sum(const float* p) {
-  float a[16];
-#pragma unroll
-  for (int i = 0; i < 16; ++i) a[i] = p[i] + p[i + 16];
-#pragma unroll
-  for (int w = 8; w > 0; w >>= 1) {
-#pragma unroll
-    for (int i = 0; i < w; ++i) a[i] = a[i] + a[i + w];
-  }
-  return a[0];
+__device__ __forceinline__ float partial_dot(float4 v, float4 x) {
+  return warp_sum(v.x * x.x + v.y * x.y + v.z * x.z + v.w * x.w);
 }
 
 // lt[m] (m <= mix): the sum of one token's partials pt [mix + 1, S] in a fixed order. Lane l adds

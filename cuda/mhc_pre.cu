@@ -126,11 +126,8 @@ __global__ void __launch_bounds__(kMapThreads)
 // single block walks the whole 16384-value row. Deterministic: fixed-order sums, no atomics.
 // Block s, lane l: the 4 flat values k = s * kSplitK + 4 l of every row t; warp w computes the
 // partial outputs m = w and w + 32 (when <= mix): m < mix the dot with fn row m, m == mix the
-// sum of squares. A warp's fn values are loaded once, before the rows, and kPartRows rows'
-// values are loaded at once. A partial is partial_dot's: its lanes' terms summed by warp_sum's
-// butterfly; here the terms go through shared memory and one thread a (row, output) adds them in
-// that butterfly's order (butterfly_sum: the same bits), because at B = 32 rows the five
-// shuffles a partial (64 partials a warp) made the kernel shuffle-bound (12 us a launch, ncu).
+// sum of squares. A warp's fn values are loaded once, before the rows, so every load of a block
+// is in flight at once (the kernel is one memory round trip per row, not one per output).
 // part [T, mix + 1, S] (S = gridDim.x; an output's partials contiguous for the reduction).
 template <typename W>
 __global__ void __launch_bounds__(kPartThreads)
@@ -138,40 +135,25 @@ __global__ void __launch_bounds__(kPartThreads)
                        const W* __restrict__ fn, int mix, float* __restrict__ part) {
   memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
   memra::cuda::pdl_trigger();
-  __shared__ float terms[kPartRows][kSplitMaxOut][33];  // [row][output][lane], padded: no conflicts
   const int s = blockIdx.x, S = gridDim.x;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int k = s * kSplitK + 4 * lane;
   const bool in = k < flat;  // flat % 4 == 0: a lane's four values are all in or all out
-  const int outs = mix + 1;
   float4 w[kPartOuts];
 #pragma unroll
   for (int j = 0; j < kPartOuts; ++j) {
     const int m = warp + 32 * j;
     w[j] = (in && m < mix) ? load4(fn + int64_t(m) * flat + k) : make_float4(0.f, 0.f, 0.f, 0.f);
   }
-  for (int t0 = 0; t0 < T; t0 += kPartRows) {
-    float4 xr[kPartRows];
+  for (int t = 0; t < T; ++t) {
+    const float4 x = in ? load4(streams + int64_t(t) * flat + k) : make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
-    for (int u = 0; u < kPartRows; ++u) {
-      const int t = t0 + u;
-      xr[u] = in && t < T ? load4(streams + int64_t(t) * flat + k) : make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int j = 0; j < kPartOuts; ++j) {
+      const int m = warp + 32 * j;
+      if (m > mix) break;
+      const float d = partial_dot(m == mix ? x : w[j], x);
+      if (lane == 0) part[(int64_t(t) * (mix + 1) + m) * S + s] = d;
     }
-#pragma unroll
-    for (int u = 0; u < kPartRows; ++u) {
-#pragma unroll
-      for (int j = 0; j < kPartOuts; ++j) {
-        const int m = warp + 32 * j;
-        if (m < outs) terms[u][m][lane] = lane_dot(m == mix ? xr[u] : w[j], xr[u]);
-      }
-    }
-    __syncthreads();
-    const int rows = min(kPartRows, T - t0);
-    for (int i = threadIdx.x; i < rows * outs; i += kPartThreads) {
-      const int u = i / outs, m = i - u * outs;
-      part[(int64_t(t0 + u) * outs + m) * S + s] = butterfly_sum(terms[u][m]);
-    }
-    __syncthreads();  // terms is rewritten by the next round
   }
 }
 
