@@ -12,9 +12,7 @@
 //
 // T = 1 row (MEMRA_GEMV_MAX_ROWS) with a bf16 or f32 weight, K % (16 / sizeof w) == 0 and
 // 16-byte aligned x and w: the GEMV of cuda/gemv.cu instead (same rounding of x, f32
-// accumulation in another order, bias in its epilogue). 2..32 rows against a small 16-bit
-// weight (T * N * K <= 2^26, K % 8 == 0, aligned): the CUDA-core small GEMM of
-// cuda/linear_small.cu (same rounding of x, f32 FMA chains, bias in its epilogue).
+// accumulation in another order, bias in its epilogue).
 //
 // A strided or 16-bit input (MemraLinearParams::ldx, x_dtype; memra::cuda::linear_ex): the same
 // GEMM over rows ldx elements apart (ldb = ldx) which may already be in the weight's type (a
@@ -156,9 +154,6 @@ int linear_impl(MemraCudaCtx* ctx, const void* x, int x_dtype, int64_t ldx, int 
   MEMRA_CUDA_RETURN_IF(memra::cuda::gemv(ctx, x, x_dtype, T, K, w, w_dtype, N, bias, y, &handled));
   if (handled) return memra::kOk;
   MEMRA_CUDA_RETURN_IF(memra::cuda::flush_pending(ctx));  // cuBLAS cannot run a deferred Sinkhorn
-  MEMRA_CUDA_RETURN_IF(memra::cuda::small_gemm(ctx, x, x_dtype, ldx, T, K, w, w_dtype, N, bias, y,
-                                               &handled));
-  if (handled) return memra::kOk;
   if (x_dtype == w_dtype) {
     MEMRA_CUDA_RETURN_IF(gemm(ctx, x, ldx, w, ab_type_of(w_dtype), T, K, N, y));
   } else if (w_dtype == 1) {  // x f32 (the callers refuse any other pair)

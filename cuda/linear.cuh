@@ -25,10 +25,4 @@ int linear_ex_pair(MemraCudaCtx* ctx, const void* x0, const void* x1, int x_dtyp
                    int T, int K, const void* w0, const void* w1, int w_dtype, int N0, int N1,
                    const float* bias0, const float* bias1, float* y0, float* y1);
 
-// linear's arm for 2 <= T <= 32 rows against a small bf16 / f16 weight (T * N * K <= 2^26,
-// K % 8 == 0, 16-byte aligned x and w, ldx a whole number of 16-byte units), arguments already
-// checked (cuda/linear_small.cu): *handled false (nothing enqueued) when it does not apply.
-int small_gemm(MemraCudaCtx* ctx, const void* x, int x_dtype, int64_t ldx, int T, int K,
-               const void* w, int w_dtype, int N, const float* bias, float* y, bool* handled);
-
 }  // namespace memra::cuda

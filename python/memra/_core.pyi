@@ -95,7 +95,7 @@ def linear(x: Annotated[NDArray, dict(writable=False)], w: object, bias: Annotat
     y [T, N] = x [T, K] @ w [N, K]^T (+ bias [N]), float32 in and out.
 
     CPU: w a memra.Weight (any stored dtype, converted exactly per row), f32 accumulation.
-    CUDA: w a memra.DeviceWeight; float32 w: SGEMM with TF32 off; bfloat16 w: x is rounded to bfloat16 (RNE) and multiplied on the tensor cores with f32 accumulation and output (so it equals the CPU op on x rounded to bfloat16 up to the summation order); one row runs memra's decode GEMV, and 2 to 32 rows against a small weight (T * N * K <= 2^26) memra's CUDA-core kernel (KernelOptions.small_gemm), with the same rounding of x.
+    CUDA: w a memra.DeviceWeight; float32 w: SGEMM with TF32 off; bfloat16 w: x is rounded to bfloat16 (RNE) and multiplied on the tensor cores with f32 accumulation and output (so it equals the CPU op on x rounded to bfloat16 up to the summation order).
     Raises ContractError (CONTRACT_DTYPE, CONTRACT_SHAPE, CONTRACT_STRIDE, CONTRACT_DEVICE), LibraryError for a cuBLAS failure. Reference: nn.Linear.
     """
 
@@ -608,10 +608,10 @@ class CudaGraph:
 
 class KernelOptions:
     """
-    The CUDA kernels' arms an Engine runs with, chosen once when it is made (Engine(..., options=), memra.load(..., kernel_options=)); immutable. Keyword construction; every field defaults to the arm the A/B runs kept (docs/options.md), so KernelOptions() changes nothing. Fields that change numerics (the logits' bytes): gemv, mla_decode_variant, mla_tc_mt, mla_split_tiles, moe_grouped_min_t, attn_decode_unsplit, prefill_chunk (on CUDA), moe_tensor_cores, attn_prefill_tensor_cores, small_gemm; pdl, gemv_rows, gemv_tall_rows and mhc_defer change only speed. An unknown field, a value of the wrong type (switches take bool, the rest int) or out of its domain is a ContractError (40025) naming the field and the value. A CPU engine keeps the options and ignores them, except prefill_chunk.
+    The CUDA kernels' arms an Engine runs with, chosen once when it is made (Engine(..., options=), memra.load(..., kernel_options=)); immutable. Keyword construction; every field defaults to the arm the A/B runs kept (docs/options.md), so KernelOptions() changes nothing. Fields that change numerics (the logits' bytes): gemv, mla_decode_variant, mla_tc_mt, mla_split_tiles, moe_grouped_min_t, attn_decode_unsplit, prefill_chunk (on CUDA), moe_tensor_cores, attn_prefill_tensor_cores; pdl, gemv_rows, gemv_tall_rows and mhc_defer change only speed. An unknown field, a value of the wrong type (switches take bool, the rest int) or out of its domain is a ContractError (40025) naming the field and the value. A CPU engine keeps the options and ignores them, except prefill_chunk.
     """
 
-    def __init__(self, *, pdl: bool = True, gemv: bool = True, gemv_rows: int = 0, gemv_tall_rows: int = 0, mhc_defer: bool = True, mla_decode_variant: int = 1, mla_tc_mt: int = 0, mla_split_tiles: int = 0, moe_grouped_min_t: int = 2, attn_decode_unsplit: bool = False, prefill_chunk: int = 8192, moe_tensor_cores: bool = True, attn_prefill_tensor_cores: bool = True, small_gemm: bool = True) -> None: ...
+    def __init__(self, *, pdl: bool = True, gemv: bool = True, gemv_rows: int = 0, gemv_tall_rows: int = 0, mhc_defer: bool = True, mla_decode_variant: int = 1, mla_tc_mt: int = 0, mla_split_tiles: int = 0, moe_grouped_min_t: int = 2, attn_decode_unsplit: bool = False, prefill_chunk: int = 8192, moe_tensor_cores: bool = True, attn_prefill_tensor_cores: bool = True) -> None: ...
 
     def replace(self, **fields: bool | int) -> KernelOptions:
         """
@@ -707,12 +707,6 @@ class KernelOptions:
     def attn_prefill_tensor_cores(self) -> bool:
         """
         Changes numerics. The full attention's prefill over a bfloat16 K/V cache (more than one token, head widths a multiple of 8): True runs the FlashAttention-2-style tensor-core kernel (the queries and the softmax weights rounded to bfloat16, float32 scores, softmax and accumulation), the default; False the float32 CUDA-core kernel, which float32 caches always take.
-        """
-
-    @property
-    def small_gemm(self) -> bool:
-        """
-        Changes numerics. linear over 2 to 32 rows (batched decode) against a small bfloat16 / float16 weight (rows x outputs x inputs <= 2^26, inputs a multiple of 8): True runs memra's CUDA-core kernel (x rounded to the weight's type as cuBLAS's arm rounds it, float32 FMA chains, the reduction split by the weight's shape alone), the default; False sends them to cuBLAS like larger GEMMs (the A/B arm).
         """
 
 class HostRead:

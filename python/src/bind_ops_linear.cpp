@@ -94,9 +94,7 @@ void init_ops_linear(nb::module_& m) {
       "CPU: w a memra.Weight (any stored dtype, converted exactly per row), f32 accumulation.\n"
       "CUDA: w a memra.DeviceWeight; float32 w: SGEMM with TF32 off; bfloat16 w: x is rounded "
       "to bfloat16 (RNE) and multiplied on the tensor cores with f32 accumulation and output "
-      "(so it equals the CPU op on x rounded to bfloat16 up to the summation order); one row "
-      "runs memra's decode GEMV, and 2 to 32 rows against a small weight (T * N * K <= 2^26) "
-      "memra's CUDA-core kernel (KernelOptions.small_gemm), with the same rounding of x.\n"
+      "(so it equals the CPU op on x rounded to bfloat16 up to the summation order).\n"
       "Raises ContractError (CONTRACT_DTYPE, CONTRACT_SHAPE, CONTRACT_STRIDE, CONTRACT_DEVICE), "
       "LibraryError for a cuBLAS failure. Reference: nn.Linear.");
 

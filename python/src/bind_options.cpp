@@ -87,12 +87,6 @@ const Field kFields[] = {
      "kernel (the queries and the softmax weights rounded to bfloat16, float32 scores, softmax "
      "and accumulation), the default; False the float32 CUDA-core kernel, which float32 caches "
      "always take."},
-    {"small_gemm", &KernelOptions::small_gemm, nullptr,
-     "Changes numerics. linear over 2 to 32 rows (batched decode) against a small bfloat16 / "
-     "float16 weight (rows x outputs x inputs <= 2^26, inputs a multiple of 8): True runs "
-     "memra's CUDA-core kernel (x rounded to the weight's type as cuBLAS's arm rounds it, "
-     "float32 FMA chains, the reduction split by the weight's shape alone), the default; False "
-     "sends them to cuBLAS like larger GEMMs (the A/B arm)."},
 };
 
 std::string repr_of(nb::handle v) {
@@ -200,8 +194,7 @@ void init_options(nb::module_& m) {
       "construction; every field defaults to the arm the A/B runs kept (docs/options.md), so "
       "KernelOptions() changes nothing. Fields that change numerics (the logits' bytes): gemv, "
       "mla_decode_variant, mla_tc_mt, mla_split_tiles, moe_grouped_min_t, attn_decode_unsplit, "
-      "prefill_chunk (on CUDA), moe_tensor_cores, attn_prefill_tensor_cores, small_gemm; pdl, "
-      "gemv_rows, "
+      "prefill_chunk (on CUDA), moe_tensor_cores, attn_prefill_tensor_cores; pdl, gemv_rows, "
       "gemv_tall_rows and mhc_defer change only speed. An unknown field, a value of the "
       "wrong type (switches take bool, the rest int) or out of its domain is a ContractError "
       "(40025) naming the field and the value. A CPU engine keeps the options and ignores them, "

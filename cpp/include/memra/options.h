@@ -79,11 +79,6 @@ struct KernelOptions {
   // arm and the exact twin of the CPU op). Changes numerics (the bf16 rounding of q and p,
   // another summation order).
   bool attn_prefill_tensor_cores = true;
-  // linear over 2..32 rows against a small bf16 / f16 weight (T * N * K <= 2^26; batched
-  // decode's gate, beta and other small projections): true runs cuda/linear_small.cu's CUDA-core
-  // kernel (x rounded to the weight's type as before, f32 FMA chains, K split by N and K only);
-  // false sends them to cuBLAS like larger GEMMs, the A/B arm. Changes numerics (summation order).
-  bool small_gemm = true;
 
   // ContractError 40025 naming the first field out of its domain and its value.
   Status validate() const;
@@ -128,7 +123,6 @@ inline MemraKernelOptions KernelOptions::to_abi() const {
   o.prefill_chunk = prefill_chunk;
   o.moe_tensor_cores = moe_tensor_cores ? 1 : 0;
   o.attn_prefill_tensor_cores = attn_prefill_tensor_cores ? 1 : 0;
-  o.small_gemm = small_gemm ? 1 : 0;
   return o;
 }
 
@@ -147,7 +141,6 @@ inline KernelOptions KernelOptions::from_abi(const MemraKernelOptions& o) {
   k.prefill_chunk = o.prefill_chunk;
   k.moe_tensor_cores = o.moe_tensor_cores != 0;
   k.attn_prefill_tensor_cores = o.attn_prefill_tensor_cores != 0;
-  k.small_gemm = o.small_gemm != 0;
   return k;
 }
 
@@ -158,7 +151,7 @@ inline bool KernelOptions::operator==(const KernelOptions& o) const {
          mla_split_tiles == o.mla_split_tiles && moe_grouped_min_t == o.moe_grouped_min_t &&
          attn_decode_unsplit == o.attn_decode_unsplit && prefill_chunk == o.prefill_chunk &&
          moe_tensor_cores == o.moe_tensor_cores &&
-         attn_prefill_tensor_cores == o.attn_prefill_tensor_cores && small_gemm == o.small_gemm;
+         attn_prefill_tensor_cores == o.attn_prefill_tensor_cores;
 }
 
 }  // namespace memra

@@ -1,5 +1,5 @@
-// CUDA ABI, linear area (cuda/linear.cu, cuda/gemv.cu, cuda/linear_small.cu): y = x w^T (+ bias),
-// the GPU twin of cpu::linear (cpu/linear.h), over cuBLAS, the decode GEMV and the small GEMM.
+// CUDA ABI, linear area (cuda/linear.cu, cuda/gemv.cu): y = x w^T (+ bias), the GPU twin of
+// cpu::linear (cpu/linear.h), over cuBLAS and the decode GEMV.
 #pragma once
 
 /* linear with at most this many rows (a decode step at batch 1) runs the GEMV of cuda/gemv.cu
@@ -14,10 +14,7 @@
    place (no rounding). T <= MEMRA_GEMV_MAX_ROWS with a bf16 or f32 w, K a whole number of
    16-byte vectors of w and 16-byte aligned x and w: the decode GEMV instead (the same rounding
    of x, f32 accumulation in another order, bias in its epilogue); with `pair`, both GEMMs in one
-   launch when both take it (KDA's f_b and g_b, its q|k|v and f_a|g_a|beta). 2..32 rows against a
-   small bf16 / f16 w (T * N * K <= 2^26, K % 8 == 0, 16-byte aligned x and w and rows) with
-   KernelOptions::small_gemm: the CUDA-core kernel of cuda/linear_small.cu (the same rounding of
-   x, f32 FMA chains, bias in its epilogue).
+   launch when both take it (KDA's f_b and g_b, its q|k|v and f_a|g_a|beta).
    Errors: T, K, N or N1 < 0, 40025; a dtype code outside 0..2 or an x_dtype that is neither f32
    nor w_dtype, 40020; ldx out of range, 40022; a null y (or x, w with K > 0) of a GEMM that
    runs (N > 0, T > 0), 40024.
