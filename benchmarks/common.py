@@ -56,6 +56,40 @@ def kernel_option_fields(text: str) -> dict:
     return fields
 
 
+BENCH_MODEL_FOLDER = "/tmp/memra-bench-glm5next-8L32E"  # bench_model_decode.py --quick builds it
+
+
+def step_driver_setup(argv: list, max_len: int, device: str = "cuda"):
+    """The decode-step drivers' shared start (ncu_model_step.py, trace_model_step.py): argv =
+    [folder] [--batch B] -> (model, slots, toks, seeds) after a 128-token prompt a row was
+    prefilled (as bench_model_decode's rows) and four steps ran (eager, capture, replays), so the
+    next step is a graph replay. device "cpu" (float32) is the wiring's smoke test."""
+    import numpy as np
+
+    import memra
+
+    args = list(argv)
+    B = 1
+    if "--batch" in args:
+        i = args.index("--batch")
+        B = int(args[i + 1])
+        del args[i:i + 2]
+    folder = args[0] if args else BENCH_MODEL_FOLDER
+    m = memra.load(folder, device=device, dtype="bfloat16" if device == "cuda" else "float32",
+                   max_batch=B, max_len=max_len, progress=False)
+    rng = np.random.default_rng(0)
+    slots = list(range(B))
+    toks = []
+    for s in slots:
+        prompt = rng.integers(0, min(1000, m.config.vocab_size), 128).astype(np.int64).tolist()
+        toks.append(int(np.argmax(m.prefill(m.cache, s, prompt))))
+    seeds = list(range(B))
+    for i in range(4):
+        toks = m._decode_sampled(slots, toks, 0.0, None, None, seeds, i + 1)
+    m.engine.synchronize()
+    return m, slots, toks, seeds
+
+
 def base_parser(description: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=description)
     p.add_argument("--quick", action="store_true",

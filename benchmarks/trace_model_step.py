@@ -1,6 +1,6 @@
-"""In-graph cost of each kernel of the decode step (B = 1, or B rows with --batch B) (a memra build with CMake MEMRA_TRACE=ON:
-every kernel's block 0 records when its pdl_wait returned, i.e. when the kernel in front of it
-completed; cuda/trace.cu). The difference between consecutive records is what each kernel adds to
+"""In-graph cost of each kernel of the decode step (B = 1, or B rows with --batch B; a memra
+build with CMake MEMRA_TRACE=ON: every kernel's block 0 records when its pdl_wait returned, i.e.
+when the kernel in front of it completed; cuda/trace.cu). The difference between consecutive records is what each kernel adds to
 the step's critical path inside the programmatic chain, which ncu (each kernel alone) cannot show.
 Needs the bench_model_decode checkpoint (build it with bench_model_decode.py --quick first).
 
@@ -21,26 +21,13 @@ import numpy as np
 
 import memra
 
-args = list(sys.argv[1:])
-B = 1
-if "--batch" in args:
-    i = args.index("--batch")
-    B = int(args[i + 1])
-    del args[i:i + 2]
-folder = args[0] if args else "/tmp/memra-bench-glm5next-8L32E"
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import step_driver_setup  # noqa: E402
+
 steps = int(os.environ.get("TRACE_STEPS", "20"))
 lib = ctypes.CDLL(os.path.join(os.path.dirname(memra.__file__), "libmemra_cuda.so"))
-m = memra.load(folder, device="cuda", dtype="bfloat16", max_batch=B, max_len=256, progress=False)
-rng = np.random.default_rng(0)
-slots = list(range(B))
-toks = []
-for s in slots:  # a 128-token prompt a row, as bench_model_decode's rows
-    prompt = rng.integers(0, 1000, 128).astype(np.int64).tolist()
-    toks.append(int(np.argmax(m.prefill(m.cache, s, prompt))))
-seeds = list(range(B))
-for i in range(4):  # eager, capture, replays: the traced steps are graph replays
-    toks = m._decode_sampled(slots, toks, 0.0, None, None, seeds, i + 1)
-m.engine.synchronize()
+m, slots, toks, seeds = step_driver_setup(sys.argv[1:], max_len=256)  # the traced steps: replays
+B = len(slots)
 cap = 1 << 16
 rc = lib.memra_cuda_trace_begin(ctypes.c_uint(cap))
 if rc != 0:
