@@ -16,6 +16,8 @@
 #   accuracy  benchmarks/accuracy_families.py --device cuda -> accuracy_cuda.jsonl
 #   model     bench_model_decode --quick --skip-peer, B = 1 and 32 (glm5_next)
 #   model32   the same at B = 32 alone (another sample of its rate)
+#   ab32      ab_model_replay.py --batch 32: the default arms against mla_tc_mt=2 (32 blocks at
+#             B = 32 with the default head tiling; results/2026-12-02-h200-s4.md)
 #   qwenself  bench_qwen_decode --quick --skip-peer, both models, B = 1 and 32
 #   kimi qwen gdn kdapre mlapre prefill moepre moedec serve
 #   kdarest   bench_kda_prefill's shapes --quick leaves out (KDA 32 heads, B = 8, T = 32K; GDN B = 8)
@@ -105,6 +107,10 @@ for p in "$@"; do
       ;;
     accuracy) phase accuracy 120 env PYTHONPATH="$site" python3 benchmarks/accuracy_families.py --device cuda ;;
     model) phase model 240 env PYTHONPATH="$site${peers:+:$peers}" python3 benchmarks/bench_model_decode.py --quick --skip-peer --batches 1,32 ;;
+    ab32)
+      phase ab32_folder 120 env PYTHONPATH="$site" python3 benchmarks/bench_model_decode.py --quick --build-only
+      phase ab32 240 env PYTHONPATH="$site" python3 benchmarks/ab_model_replay.py --batch 32 --rounds 10 \
+        new mt2:mla_tc_mt=2 ;;
     model32) phase model32 180 env PYTHONPATH="$site" python3 benchmarks/bench_model_decode.py --quick --skip-peer --batches 32 ;;
     kimi) phase kimi 300 env PYTHONPATH="$site${peers:+:$peers}" python3 benchmarks/bench_kimi_decode.py --quick ;;
     qwenself) phase qwenself 200 env PYTHONPATH="$site" python3 benchmarks/bench_qwen_decode.py --quick --skip-peer --model both --batches 1,32 ;;
