@@ -1,7 +1,8 @@
 """In-graph cost of each kernel of the decode step (B = 1, or B rows with --batch B; a memra
 build with CMake MEMRA_TRACE=ON: every kernel's block 0 records when its pdl_wait returned, i.e.
-when the kernel in front of it completed; cuda/trace.cu). The difference between consecutive records is what each kernel adds to
-the step's critical path inside the programmatic chain, which ncu (each kernel alone) cannot show.
+when the kernel in front of it completed; cuda/trace.cu). The difference between consecutive
+records is what each kernel adds to the step's critical path inside the programmatic chain,
+which ncu (each kernel alone) cannot show.
 Needs the bench_model_decode checkpoint (build it with bench_model_decode.py --quick first).
 
     MEMRA_CMAKE_ARGS=-DMEMRA_TRACE=ON bash scripts/gpu_tests.sh tests/test_cuda_probe.py

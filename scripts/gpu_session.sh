@@ -63,6 +63,14 @@ phase() {
   timeout "$limit" "$@" >"$OUT/$name.out" 2>"$OUT/$name.log"
   echo "$name: rc=$? $(( $(date +%s) - t0 )) s" | tee -a "$OUT/summary.txt"
 }
+# The bench model's checkpoint folder (bench_model_decode.py --build-only), as phase NAME.
+bench_folder() { phase "$1" 120 env PYTHONPATH="$site" python3 benchmarks/bench_model_decode.py --quick --build-only; }
+# ncu of one replayed B = 32 step, kernel by kernel (ncu_model_step.py), as phase NAME.
+ncu_step32() {
+  phase "$1" 240 env PYTHONPATH="$site" ncu --profile-from-start off --clock-control none --csv \
+    --print-units base --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,launch__grid_size,launch__block_size \
+    python3 benchmarks/ncu_model_step.py --batch 32
+}
 for p in "$@"; do
   case $p in
     build)
@@ -76,17 +84,13 @@ for p in "$@"; do
       [ -n "$site" ] || { tail -30 "$OUT/build.log"; exit 1; }
       ;;
     step32)
-      phase step32_folder 120 env PYTHONPATH="$site" python3 benchmarks/bench_model_decode.py --quick --build-only
+      bench_folder step32_folder
       phase step32_trace 120 env PYTHONPATH="$site" python3 benchmarks/trace_model_step.py --batch 32
-      phase step32_ncu 240 env PYTHONPATH="$site" ncu --profile-from-start off --clock-control none --csv \
-        --print-units base --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,launch__grid_size,launch__block_size \
-        python3 benchmarks/ncu_model_step.py --batch 32
+      ncu_step32 step32_ncu
       ;;
     ncu32)
-      phase ncu32_folder 120 env PYTHONPATH="$site" python3 benchmarks/bench_model_decode.py --quick --build-only
-      phase ncu32 240 env PYTHONPATH="$site" ncu --profile-from-start off --clock-control none --csv \
-        --print-units base --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,launch__grid_size,launch__block_size \
-        python3 benchmarks/ncu_model_step.py --batch 32
+      bench_folder ncu32_folder
+      ncu_step32 ncu32
       ;;
     tests)
       phase tests 400 env PYTHONPATH="$site" python3 -m pytest -m cuda --require-cuda -q -rf \
@@ -108,7 +112,7 @@ for p in "$@"; do
     accuracy) phase accuracy 120 env PYTHONPATH="$site" python3 benchmarks/accuracy_families.py --device cuda ;;
     model) phase model 240 env PYTHONPATH="$site${peers:+:$peers}" python3 benchmarks/bench_model_decode.py --quick --skip-peer --batches 1,32 ;;
     ab32)
-      phase ab32_folder 120 env PYTHONPATH="$site" python3 benchmarks/bench_model_decode.py --quick --build-only
+      bench_folder ab32_folder
       phase ab32 240 env PYTHONPATH="$site" python3 benchmarks/ab_model_replay.py --batch 32 --rounds 10 \
         new mt2:mla_tc_mt=2 ;;
     model32) phase model32 180 env PYTHONPATH="$site" python3 benchmarks/bench_model_decode.py --quick --skip-peer --batches 32 ;;
