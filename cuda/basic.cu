@@ -39,8 +39,7 @@ __global__ void __launch_bounds__(Group<G>::kBlock)
   memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
   memra::cuda::pdl_trigger();
   __shared__ float red[Group<G>::kWarps];
-  rms_norm_row<G>(x, rows, D, w, eps, y, int64_t(blockIdx.x) * Group<G>::kRows + threadIdx.x / G,
-                  threadIdx.x % G, red);
+  rms_norm_row<G>(x, rows, D, w, eps, y, Group<G>::row(blockIdx.x), Group<G>::lane(), red);
 }
 
 // op::add_rms_norm in one launch (the pre-norm residual step between sublayers): sum = x + y,
@@ -58,8 +57,8 @@ __global__ void __launch_bounds__(Group<G>::kBlock)
   memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
   memra::cuda::pdl_trigger();
   __shared__ float red[Group<G>::kWarps];
-  const int64_t row = int64_t(blockIdx.x) * Group<G>::kRows + threadIdx.x / G;
-  const int lane = threadIdx.x % G;
+  const int64_t row = Group<G>::row(blockIdx.x);
+  const int lane = Group<G>::lane();
   const bool live = row < rows;
   const int64_t at = (live ? row : 0) * D;
   float xv[kGatedCols], yv[kGatedCols], wv[kGatedCols];
@@ -90,8 +89,8 @@ __global__ void __launch_bounds__(Group<G>::kBlock)
   memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
   memra::cuda::pdl_trigger();
   __shared__ float red[Group<G>::kWarps];
-  const int64_t row = int64_t(blockIdx.x) * Group<G>::kRows + threadIdx.x / G;
-  const int lane = threadIdx.x % G;
+  const int64_t row = Group<G>::row(blockIdx.x);
+  const int lane = Group<G>::lane();
   const bool live = row < rows;
   const float* xr = x + (live ? row : 0) * D;
   const float* gr = gate + (live ? row : 0) * D;
@@ -121,7 +120,7 @@ __global__ void __launch_bounds__(Group<G>::kBlock)
   memra::cuda::pdl_trigger();
   __shared__ float red[Group<G>::kWarps];
   layer_norm_row<G>(x, rows, D, w, b, eps, y,
-                    int64_t(blockIdx.x) * Group<G>::kRows + threadIdx.x / G, threadIdx.x % G, red);
+                    Group<G>::row(blockIdx.x), Group<G>::lane(), red);
 }
 
 // Up to kNormRows one-row norms in one launch (memra_cuda_norm_rows; the MLA projections' at a
@@ -150,7 +149,7 @@ __global__ void __launch_bounds__(1024) norm_rows_kernel(NormRows t) {
   with_group(r.G, [&](auto g) {
     constexpr int G = decltype(g)::value;
     const int64_t row = threadIdx.x / G;
-    const int lane = threadIdx.x % G;
+    const int lane = Group<G>::lane();
     if (r.b) {
       layer_norm_row<G>(r.x, 1, r.D, r.w, r.b, r.eps, r.y, row, lane, red);
     } else {
@@ -166,8 +165,8 @@ __global__ void __launch_bounds__(Group<G>::kBlock)
   memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
   memra::cuda::pdl_trigger();
   __shared__ float red[Group<G>::kWarps];
-  const int64_t row = int64_t(blockIdx.x) * Group<G>::kRows + threadIdx.x / G;
-  const int lane = threadIdx.x % G;
+  const int64_t row = Group<G>::row(blockIdx.x);
+  const int lane = Group<G>::lane();
   const bool live = row < rows;
   float* xr = x + (live ? row : 0) * d;
   float ss = 0.0f;

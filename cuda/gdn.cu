@@ -77,8 +77,8 @@ __global__ void gdn_gate_kernel(MemraGdnGateParams p) {
 template <int G>
 __device__ __forceinline__ void l2norm_block(float* x, int64_t vecs, int heads, int d, int64_t ld,
                                              float eps, int64_t block, float* red) {
-  const int64_t vi = block * Group<G>::kRows + threadIdx.x / G;
-  const int lane = threadIdx.x % G;
+  const int64_t vi = Group<G>::row(block);
+  const int lane = Group<G>::lane();
   const bool live = vi < vecs;
   const int64_t r = live ? vi / heads : 0;
   const int h = live ? static_cast<int>(vi - r * heads) : 0;
@@ -181,8 +181,8 @@ __global__ void __launch_bounds__(Group<G>::kBlock)
   memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
   memra::cuda::pdl_trigger();
   __shared__ float red[Group<G>::kWarps];
-  const int64_t row = int64_t(blockIdx.x) * Group<G>::kRows + threadIdx.x / G;
-  const int lane = threadIdx.x % G;
+  const int64_t row = Group<G>::row(blockIdx.x);
+  const int lane = Group<G>::lane();
   const bool live = row < rows;
   const float* xr = x + (live ? row : 0) * D;
   const float* zr = gate + (live ? row : 0) * D;

@@ -40,8 +40,8 @@ __global__ void __launch_bounds__(Group<G>::kBlock)
   memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
   memra::cuda::pdl_trigger();
   __shared__ float red[Group<G>::kWarps];
-  const int64_t t = int64_t(blockIdx.x) * Group<G>::kRows + threadIdx.x / G;
-  const int lane = threadIdx.x % G;
+  const int64_t t = Group<G>::row(blockIdx.x);
+  const int lane = Group<G>::lane();
   const bool live = t < T;
   const int64_t tt = live ? t : 0;
   const float* ct = comb + tt * hc * hc;

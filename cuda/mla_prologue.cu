@@ -30,6 +30,7 @@
 using memra::cuda::enter;
 using memra::cuda::launch_status;
 using memra::cuda::SlotTables;
+using memra::cuda::rowsum::Group;
 using memra::cuda::rowsum::group_for;
 using memra::cuda::rowsum::layer_norm_row;
 using memra::cuda::rowsum::rms_norm_row;
@@ -131,7 +132,7 @@ __global__ void __launch_bounds__(1024) mla_norm_append_kernel(PrologueArgs a) {
   with_group(r.G, [&](auto g) {
     constexpr int G = decltype(g)::value;
     const int64_t row = threadIdx.x / G;
-    const int lane = threadIdx.x % G;
+    const int lane = Group<G>::lane();
     if (blk == 2) {
       layer_norm_row<G>(r.x, 1, r.D, r.w, r.b, r.eps, r.y, row, lane, red, ring ? k_pos : nullptr);
     } else if (blk == 1 && p >= 0) {

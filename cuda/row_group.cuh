@@ -23,6 +23,12 @@ struct Group {
   static constexpr int kBlock = G >= 256 ? G : 256;
   static constexpr int kRows = kBlock / G;
   static constexpr int kWarps = kBlock / 32;
+  // The row that the calling thread's group owns in block `block` (kRows rows a block, one group
+  // of G threads each), and the thread's lane in that group.
+  __device__ static __forceinline__ int64_t row(int64_t block) {
+    return block * kRows + threadIdx.x / G;
+  }
+  __device__ static __forceinline__ int lane() { return threadIdx.x % G; }
 };
 
 // Sum of `v` over the calling thread's group; every thread of the group gets the total. `red`
