@@ -17,8 +17,8 @@ launch gaps and host overhead drop out;
 kernel_frac_of_copy = bytes / memra_kernel_us against the copy yardstick.
 max_rel_err_ref / peer_max_rel_err_ref: memra / torch vs a float32 evaluation over the same
 bf16 cache (max |diff| / max |ref|, all B sequences); max_rel_err: memra vs the peer.
---variant (KernelOptions.mla_decode_variant of the engine memra runs on): 0, 1 or 2, "all" times
-0, 1 and 2 in turn (the peer once per shape, its figures repeated on each line), "default" the
+--variant (KernelOptions.mla_decode_variant of the engine memra runs on): 0 or 1, "all" times
+both in turn (the peer once per shape, its figures repeated on each line), "default" the
 engine's default; `variant` in each line says which. --tc-mt / --split-tiles set
 KernelOptions.mla_tc_mt / mla_split_tiles (the mma.sync arm's head tiles a block, 64-row tiles a
 split; 0 = chosen by the op); `options` in each line gives the engine's non-default fields.
@@ -45,9 +45,9 @@ PEER = "torch bmm + softmax(f32) + bmm (bf16)"
 
 def variants(arg: str) -> list[str]:
     if arg == "all":
-        return ["0", "1", "2"]
-    if arg not in ("default", "0", "1", "2"):
-        raise SystemExit(f"--variant: 0, 1, 2, all or default, got {arg!r}")
+        return ["0", "1"]
+    if arg not in ("default", "0", "1"):
+        raise SystemExit(f"--variant: 0, 1, all or default, got {arg!r}")
     return [arg]
 
 
@@ -96,7 +96,7 @@ def main() -> int:
     p.add_argument("--shapes", default=None,
                    help="B:L pairs, comma-separated (default 64:4096,8:32768)")
     p.add_argument("--variant", default="default",
-                   help="KernelOptions.mla_decode_variant: 0, 1, 2, all (each in turn), default")
+                   help="KernelOptions.mla_decode_variant: 0, 1, all (each in turn), default")
     p.add_argument("--tc-mt", type=int, default=0, help="KernelOptions.mla_tc_mt: 2 or 4 (0: by B)")
     p.add_argument("--split-tiles", type=int, default=0,
                    help="KernelOptions.mla_split_tiles: 64-row tiles a split (0: the cost model)")

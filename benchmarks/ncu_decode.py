@@ -1,5 +1,5 @@
 """Driver for ncu: three KDA decode steps (B = 64, 256 at 64 heads), three batched MLA decode
-launches (B = 64, L = 4096; the default arm) and three DSA decode steps (append, score, select,
+launches (B = 64, L = 4096) under each wgmma arm (mla_decode_variant 0 and 1) and three DSA decode steps (append, score, select,
 gathered attention; L = 32768, B = 1 and 8) on CUDA; see benchmarks/results/*-ncu.md."""
 import os
 import sys
@@ -25,9 +25,11 @@ B, L = 64, 4096
 cache = [torch.randn(L, 512, device="cuda").to(torch.bfloat16) for _ in range(B)]
 ql = torch.randn(B, 64, 512, device="cuda"); t = torch.full((B,), L, dtype=torch.int32, device="cuda")
 torch.cuda.synchronize()
-for _ in range(3):
-    o = _core.mla_attn_decode(ql, cache, t, scale=0.07, max_t_kv=L, engine=e)
-e.synchronize()
+for var in (0, 1):
+    ev = memra.Engine("cuda", options=memra.KernelOptions(mla_decode_variant=var))
+    for _ in range(3):
+        o = _core.mla_attn_decode(ql, cache, t, scale=0.07, max_t_kv=L, engine=ev)
+    ev.synchronize()
 del o, cache
 for B in (1, 8):
     st = Step(torch, torch.device("cuda"), True, GLM, 32768, B)

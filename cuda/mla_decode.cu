@@ -18,7 +18,7 @@
 //     (o = sum_s w_s o_s / sum_s w_s l_s, w_s = exp(m_s - max m)).
 //
 // Dense bf16 cache at H = 64, R = 512 (GLM-5.3-Flash): when KernelOptions::mla_decode_variant
-//   selects it (1 or 2, the default 1), the sm_90a wgmma kernel of cuda/mla_decode_sm90.cu with
+//   selects it (1, the default), the sm_90a wgmma kernel of cuda/mla_decode_sm90.cu with
 //   its own combine; same roundings, splits from the same cost model in its tile size. Everything
 //   below serves every other case and stays the reference arm (variant 0).
 //
@@ -57,11 +57,11 @@
 namespace memra::cuda {
 
 // cuda/mla_decode_sm90.cu: the wgmma arm for dense bf16 caches at H = 64, R = 512.
-int mla_decode_sm90_tile_rows(int variant);  // rows per tile (a split's chunk is a multiple)
+int mla_decode_sm90_tile_rows();  // rows per tile (a split's chunk is a multiple)
 int mla_decode_sm90_max_splits();
 // kOk, a launch / scratch status, or kUnsupportedGeometry (the device lacks the shared memory;
 // the caller falls back to the mma.sync kernel).
-int mla_decode_sm90(MemraCudaCtx* ctx, int variant, const float* q_lat, const void* const* caches,
+int mla_decode_sm90(MemraCudaCtx* ctx, const float* q_lat, const void* const* caches,
                     const int32_t* t_kv, int B, int max_t_kv, int chunk, int nsplit, float scale,
                     float* o_lat);
 }  // namespace memra::cuda
@@ -409,7 +409,7 @@ int attn_decode_impl(MemraCudaCtx* ctx, const float* q_lat, const float* q_pe,
                        reinterpret_cast<uintptr_t>(o_lat) % 16 == 0;
   if (variant != 0 && !gather && cache_dtype == 1 && H == 64 && R == 512 && d_rope == 0 &&
       aligned) {
-    const int tr = memra::cuda::mla_decode_sm90_tile_rows(variant);
+    const int tr = memra::cuda::mla_decode_sm90_tile_rows();
     const int64_t wtiles = (static_cast<int64_t>(max_t_kv) + tr - 1) / tr;
     const double ovh = 128.0 / tr;
     int ns = choose_nsplit(B, wtiles, sms, 1, ovh, ovh);
@@ -417,7 +417,7 @@ int attn_decode_impl(MemraCudaCtx* ctx, const float* q_lat, const float* q_pe,
     const int64_t chunk = (wtiles + ns - 1) / ns * tr;
     if (chunk <= INT_MAX) {
       ns = static_cast<int>((max_t_kv + chunk - 1) / chunk);
-      const int rc = memra::cuda::mla_decode_sm90(ctx, variant, q_lat, caches, t_kv, B, max_t_kv,
+      const int rc = memra::cuda::mla_decode_sm90(ctx, q_lat, caches, t_kv, B, max_t_kv,
                                                   static_cast<int>(chunk), ns, scale, o_lat);
       if (rc != memra::kUnsupportedGeometry) return rc;
     }

@@ -1,82 +1,64 @@
-// Batched MLA decode, dense form, on sm_90a warpgroup MMA (wgmma): the GLM-5.3-Flash shape of
-// memra_cuda_mla_attn's batched dense form (cuda_abi/mla.h): 64 heads, kv rank R = 512, bf16
-// latent caches (the cache row is both K and V), one query row per sequence, no index list.
-// cuda/mla_decode.cu owns the split plan and every other shape; it calls
-// mla_decode_sm90() below when KernelOptions::mla_decode_variant selects this arm (1 or 2).
+// Batched MLA decode, dense form, on sm_90a (wgmma + the tensor memory accelerator): the
+// GLM-5.3-Flash shape of memra_cuda_mla_attn's batched dense form (cuda_abi/mla.h): 64 heads, kv
+// rank R = 512, bf16 latent caches (the cache row is both K and V), one query row per sequence,
+// no index list. cuda/mla_decode.cu owns the split plan and every other shape; it calls
+// mla_decode_sm90() below when KernelOptions::mla_decode_variant is 1 (the default).
 //
-// Block (split blockIdx.x, sequence blockIdx.y) = 2 warpgroups (256 threads), rows
-// [split * chunk, min(n_b, (split + 1) * chunk)) in tiles of TR rows (TR = 64, 2 stages: variant
-// 1; TR = 48, 3 stages: variant 2), an online softmax over them, then o_lat directly (one split)
-// or an unnormalised partial (o, m, l) merged by mla_combine_kernel.
+// Block (split blockIdx.x, sequence blockIdx.y), 256 threads = two warpgroups that split the 512
+// latent columns: warpgroup g reads only columns [256 g, 256 g + 256) of every cache tile, so the
+// query lives in registers and the shared memory holds three 64-row cache stages (two tiles in
+// flight while the third is computed on). Per tile of 64 rows [split * chunk + 64 t, ..):
+//   - QK: S_g = Q_g C_t[:, cols of g]^T, 16 wgmma m64n64k16 with Q_g's bf16 A fragments in
+//     registers (64 a thread) and the cache from shared memory (K-major B);
+//   - the two partial scores are exchanged through shared memory and each warpgroup forms
+//     S = S_g + S_other (the same bits in both: f32 addition commutes), then the same online
+//     softmax in both (identical m, p and l): scores * scale * log2(e), rows past the range
+//     -inf, p = exp2(s - m) rounded to bf16 straight into the A-fragment layout of the next
+//     product (the accumulator and A layouts share rows and column pairs), l = sums of the
+//     rounded p. The running max m moves only when a tile's max exceeds it by more than kLazy
+//     (log2 units), so p <= 2^kLazy and O, l and the partial's m stay at the old max (consistent,
+//     so the result changes by roundings only) and the rescale of O is skipped after the first
+//     tiles;
+//   - PV: O_g = O_g * alpha + P C_t[:, cols of g], 4 wgmma m64n256k16 with P from registers and
+//     the cache N-major from shared memory (128 f32 accumulators a thread).
+// Loads: one tensor map per block (the template of launch_attention with the block's cache
+// address and row count n put in by tensormap.replace, copied to a global slot with a release
+// fence for the tensor-map proxy); thread 0 of warpgroup g issues the four 64 x 64 boxes of its
+// half of tile t + 2 (128-byte swizzle: the wgmma layout of cuda/mla_sm90.cuh's descriptors) on
+// the mbarrier [stage][g] as tile t starts; rows past n arrive as zeros (rows past t_kv may
+// hold anything, NaN in the tests; rows of the next split are finite and masked).
+// Shared memory (1024-aligned base): 3 stages x 64 rows x 512 bf16 (8 sub-tiles of 64 columns,
+// 8 KiB each, rows at a 128-byte stride), the score exchange f32 [2 warpgroups][8 float4][128
+// threads] (32 KiB), the block's tensor map and six mbarriers: 224 KiB + 1 KiB of slack.
+// Named barriers: 1 / 2 warpgroup 0 / 1 done with the previous tile (128 threads), 3 partial
+// scores written, 4 partial scores read (256 threads).
 //
-// Shared memory (offsets from a 1024-byte aligned base; the 128-byte swizzle pattern repeats every
-// 1024 bytes): Q bf16 [64 heads][512] (64 KiB) and NST cache stages of TR rows x 512 (TR KiB
-// each), both in the wgmma 128-byte-swizzle layout: the 512 columns are 8 sub-tiles of 64
-// columns; sub-tile cb holds rows at a 128-byte stride, and the 16-byte chunk j (columns
-// 64 cb + 8 j .. + 7) of row r sits at chunk position j ^ (r % 8). That one layout serves as
-//   - K-major A (Q: M = heads, K = columns) and K-major B (cache: N = rows, K = columns) of
-//     S = Q C^T: descriptor start = sub-tile (ks / 4) + 32 bytes * (ks % 4) for k-step ks,
-//     stride byte offset 1024 (8 rows), leading byte offset unused (16);
-//   - N-major B (cache: K = rows, N = columns, imm-trans-b = 1) of O = P C: start = sub-tile +
-//     2048 bytes per 16-row k-step, leading byte offset = the sub-tile stride (the next 64
-//     columns), stride byte offset 1024 (the next 8 rows).
-// Tiles are fetched by 16-byte cp.async (each row is 1 KiB of contiguous global memory; per
-// sequence pointers rule out one tensor map), rows past the range zero-filled (never read from
-// global memory: rows past t_kv may hold anything, NaN in the tests), NST - 1 tiles ahead.
-//
-// Per tile (both warpgroups; g = warpgroup):
-//   QK: warpgroup g computes S_g [64 heads x TR/2 rows] = Q C[rows g*TR/2 ..]^T: 32 wgmma
-//       m64n(TR/2)k16, both operands from shared memory, f32 accumulators in registers;
-//   softmax: scores * scale * log2(e), rows past the range -inf; row maxima of the two halves
-//       exchanged through shared memory (the thread of the other warpgroup with the same index
-//       holds the same heads), m_new = max(m, both), alpha = exp2(m - m_new), p = exp2(s - m_new)
-//       rounded to bf16 straight into the A-fragment layout of the next product (the
-//       accumulator and A layouts share rows and column pairs), partial sums l of the rounded p;
-//       each warpgroup hands its p fragments to the other through shared memory (8 bytes per
-//       thread per 8 rows, conflict-free);
-//   PV: warpgroup g owns O[64 heads x columns 256 g .. 256 g + 255] (128 f32 registers per
-//       thread): O = O * alpha + P C[:, its columns], TR / 16 wgmma m64n256k16 with P from
-//       registers.
-// Three block barriers per tile (tile landed / maxima / p fragments). Every cache byte is read
-// once from HBM; from shared memory the QK products read Q (2 KiB) and the cache (TR/2 x 32
-// bytes) per k-step and warpgroup, the PV products the cache once.
+// Why this shape (docs/kernels.md "MLA"): the kernels that kept Q in shared memory (64 KiB) had
+// room for two cache stages and ran at 0.54-0.59 of copy on the H200, whether both warpgroups
+// shared each tile or took alternate tiles (FlashMLA's schedule).
 //
 // Splits are chosen by cuda/mla_decode.cu. Sequences with several active splits write partials
 // [B, nsplit, 64, 512] f32 (+ m, l) that mla_combine_kernel merges, launched as a programmatic
-// dependent of the attention grid so its launch overlaps that grid's tail. One tile (variant 1)
-// or two (variant 2) are in flight while a tile is computed (the per-tile cycle budget:
-// docs/kernels.md "MLA").
+// dependent of the attention grid so its launch overlaps that grid's tail.
 //
 // Precision: as the mma.sync kernel of cuda/mla_decode_tc.cu (q and p rounded to bf16, scores,
-// softmax statistics and accumulation in f32, sums over the rounded p); only the order of the
-// f32 accumulation inside the tensor cores differs.
-//
-// Registers: O 128 + S 16 + p fragments 16 per thread, __launch_bounds__(256, 1).
-// Shared memory: 64 KiB + NST x TR KiB + exchange buffers (2 x (TR/16) x 1 KiB + 2 KiB) + 1 KiB of
-// alignment slack: 203 KiB (variant 1), 217 KiB (variant 2).
+// softmax statistics and accumulation in f32, sums over the rounded p); the order of the f32
+// accumulation inside the tensor cores and the lagging max differ.
+#include <cuda.h>
+#include <cudaTypedefs.h>
+
 #include <cstdint>
 #include <cstring>
 
 #include "common.cuh"
 #include "mla_sm90.cuh"
 
-using memra::cuda::cp_async_16;
-using memra::cuda::cp_async_commit;
-using memra::cuda::cp_async_wait;
 using memra::cuda::launch_status;
 using memra::cuda::Scratch;
 using memra::cuda::smem_u32;
 using memra::cuda::status_of;
 
 namespace {
-
-constexpr int kH = 64;     // heads (M of both products)
-constexpr int kR = 512;    // kv rank
-constexpr int kThreads = 256;  // 2 warpgroups
-constexpr int kCombineHeads = 4;  // heads per combine block (one warp each)
-constexpr int kMaxSplits = 1024;  // combine weights in shared memory: 4 x 4 KiB at most
-constexpr unsigned kFull = 0xffffffffu;
-constexpr float kLog2e = 1.4426950408889634f;
 
 struct Sm90Args {
   const float* q_lat;         // [B, 64, 512] f32, 16-byte aligned
@@ -92,39 +74,91 @@ struct Sm90Args {
   float* pl;                  // [B, nsplit, 64] sum of the rounded p
 };
 
-template <int TR, int NST>
-struct Cfg {
-  static_assert(TR % 16 == 0 && TR >= 16 && TR <= 64, "tiles of 16-row k-steps");
-  static constexpr int kHalf = TR / 2;       // rows per warpgroup in S (N of the QK wgmma)
-  static constexpr int kNch = kHalf / 8;     // 8-row column chunks of S per warpgroup
-  static constexpr int kNs = kHalf / 2;      // S accumulators per thread
-  static constexpr int kKs = TR / 16;        // k-steps of the PV product
-  static constexpr int kSub = TR * 128;      // bytes of one 64-column sub-tile of a stage
-  static constexpr int kStage = 8 * kSub;    // TR rows x 1 KiB
-  static constexpr int kLoads = TR * 64 / kThreads;  // 16-byte copies per thread per tile
-  static constexpr int q_off = 0;
-  static constexpr int c_off = q_off + kH * kR * 2;
-  static constexpr int pex_off = c_off + NST * kStage;             // uint2 [2][kNch][128]
-  static constexpr int xch_off = pex_off + 2 * kNch * 128 * 8;     // float2 [2][128]
-  static constexpr int bytes = xch_off + 2 * 128 * 8 + 1024;       // + alignment slack
-  static_assert(kSub % 1024 == 0 && (kHalf * 128) % 1024 == 0, "swizzle atoms stay aligned");
-  static_assert(kLoads * kThreads == TR * 64, "whole tiles per pass");
-};
+constexpr int kH = 64;
+constexpr int kR = 512;
+constexpr int kTile = 64;                     // rows per tile
+constexpr int kStages = 3;
+constexpr int kThreads = 256;
+constexpr int kSub = kTile * 128;             // one 64-column sub-tile of a stage (8 KiB)
+constexpr int kStage = 8 * kSub;              // 64 rows x 1 KiB
+constexpr int kXOff = kStages * kStage;       // score exchange
+constexpr int kMapOff = kXOff + 2 * 8 * 128 * 16;  // this block's tensor map (128 bytes)
+constexpr int kBarOff = kMapOff + 128;             // mbarriers [stage][warpgroup]
+constexpr int kBytes = kBarOff + kStages * 2 * 8 + 1024;
+constexpr int kCombineHeads = 4;  // heads per combine block (one warp each)
+constexpr int kMaxSplits = 1024;  // combine weights in shared memory: 4 x 4 KiB at most
+constexpr unsigned kFull = 0xffffffffu;
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLazy = 8.0f;  // log2 units the running max may lag a tile's max by
+enum : int { kLanded0 = 1, kXWritten = 3, kXRead = 4 };
 
-// ---------------------------------------------------------------- attention kernel
+// 2^x (MUFU.EX2, subnormals flushed: p is rounded to bf16 next; 2^-inf = 0).
+__device__ __forceinline__ float ex2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+__device__ __forceinline__ void bar_sync(int id, int n) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
+}
+
+// The block's own tensor map: the template's 128 bytes into shared memory, its global address
+// and row count replaced, then copied to its global slot with a release fence for the tensor-map
+// proxy (one warp; cp_fenceproxy is warp-collective).
+__device__ __forceinline__ void make_map(const CUtensorMap& tmpl, unsigned char* smap,
+                                         void* gmap, const void* addr, int rows) {
+  const int lane = threadIdx.x & 31;
+  if (lane < 8) {
+    reinterpret_cast<uint4*>(smap)[lane] = reinterpret_cast<const uint4*>(&tmpl)[lane];
+  }
+  __syncwarp();
+  const uint64_t sm = smem_u32(smap);
+  if (lane == 0) {
+    asm volatile("tensormap.replace.tile.global_address.shared::cta.b1024.b64 [%0], %1;\n"
+                 ::"l"(sm), "l"(addr)
+                 : "memory");
+    asm volatile("tensormap.replace.tile.global_dim.shared::cta.b1024.b32 [%0], 1, %1;\n"
+                 ::"l"(sm), "r"(rows)
+                 : "memory");
+  }
+  __syncwarp();
+  asm volatile(
+      "tensormap.cp_fenceproxy.global.shared::cta.tensormap::generic.release.gpu.sync.aligned "
+      "[%0], [%1], 128;\n" ::"l"(gmap),
+      "r"(static_cast<uint32_t>(sm))
+      : "memory");
+}
+
+__device__ __forceinline__ void map_acquire(const void* gmap) {
+  asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;\n" ::"l"(gmap) : "memory");
+}
+
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
+               : "memory");
+}
+
+// Box (64 columns from col, 64 rows from row) of the map into shared memory, 128-byte swizzled;
+// rows past the map's row count arrive as zeros.
+__device__ __forceinline__ void tma_load_2d(uint32_t dst, const void* gmap, uint32_t bar, int col,
+                                            int row) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes "
+      "[%0], [%1, {%3, %4}], [%2];\n" ::"r"(dst),
+      "l"(gmap), "r"(bar), "r"(col), "r"(row)
+      : "memory");
+}
 
 // Block (split blockIdx.x, sequence blockIdx.y). See the file comment.
-template <int TR, int NST>
-__global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_kernel(const Sm90Args a) {
-  memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh); triggers below
-  using C = Cfg<TR, NST>;
+__global__ void __launch_bounds__(kThreads, 1)
+    mla_decode_wgmma_kernel(const Sm90Args a, const __grid_constant__ CUtensorMap tmpl,
+                            unsigned char* maps) {
+  memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
   extern __shared__ unsigned char smem_raw[];
   const uint32_t raw = smem_u32(smem_raw);
   const uint32_t base = (raw + 1023u) & ~1023u;
   unsigned char* smem = smem_raw + (base - raw);
-  const uint32_t q_s = base + C::q_off, c_s = base + C::c_off;
-  uint2* pex = reinterpret_cast<uint2*>(smem + C::pex_off);
-  float2* xch = reinterpret_cast<float2*>(smem + C::xch_off);
 
   const int split = blockIdx.x, b = blockIdx.y, tid = threadIdx.x;
   const int n = min(max(a.t_kv[b], 0), a.max_t_kv);
@@ -138,46 +172,54 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_kernel(const Sm9
   const int begin = split * a.chunk;
   if (begin >= n) return;
   const int end = min(n, begin + a.chunk);
-  const int nsb = (n + a.chunk - 1) / a.chunk;  // active splits of this sequence
-  const int ntiles = (end - begin + TR - 1) / TR;
+  const int nsb = (n + a.chunk - 1) / a.chunk;
+  const int ntiles = (end - begin + kTile - 1) / kTile;
   const __nv_bfloat16* cache = static_cast<const __nv_bfloat16*>(a.caches[b]);
 
-  const int wg = tid >> 7, wt = tid & 127;  // warpgroup, thread in it
-  const int lane = tid & 31, g = lane >> 2, tq = lane & 3;
-  const int head0 = ((wt >> 5) << 4) + g;  // this thread's accumulator rows: head0, head0 + 8
+  const int wg = tid >> 7, wt = tid & 127;
+  const int lane = tid & 31, tq = lane & 3;
+  const int head0 = ((wt >> 5) << 4) + (lane >> 2);
 
-  // Tile t into stage t % NST: 16-byte chunk c = tid + 256 i is row c / 64, chunk c % 64 (a warp
-  // reads 512 contiguous bytes); rows past `end` zero-filled without a global read.
-  auto load_tile = [&](int t) {
-    const int t0 = begin + t * TR;
-    const uint32_t dst = c_s + static_cast<uint32_t>((t % NST) * C::kStage);
+  // The block's tensor map over its cache: rows [0, n), 512 columns, 64 x 64 boxes.
+  void* gmap = maps + 128 * (static_cast<int64_t>(b) * a.nsplit + split);
+  const uint32_t bar_s = base + kBarOff;
+  if (tid < 32) make_map(tmpl, smem + kMapOff, gmap, cache, n);
+  if (tid == 0) {
 #pragma unroll
-    for (int i = 0; i < C::kLoads; ++i) {
-      const int c = tid + kThreads * i;
-      const int j = c >> 6, k = c & 63;
-      const bool valid = t0 + j < end;
-      const __nv_bfloat16* src = cache + (valid ? static_cast<int64_t>(t0 + j) * kR + k * 8 : 0);
-      cp_async_16(dst + swz(j, k, C::kSub), src, valid ? 16 : 0);
-    }
-  };
-#pragma unroll
-  for (int s = 0; s < NST - 1; ++s) {
-    if (s < ntiles) load_tile(s);
-    cp_async_commit();  // one group per tile slot, empty or not: the wait counts stay uniform
+    for (int i = 0; i < kStages * 2; ++i) mbar_init(bar_s + 8 * i, 1);
   }
+  __syncthreads();  // the map in its slot, the barriers initialised
+  if (wt == 0) map_acquire(gmap);
+  // This warpgroup's half of tile t into stage t % 3: four 64 x 64 boxes on its barrier (thread
+  // wt == 0 of the warpgroup issues them).
+  auto load_half = [&](int t) {
+    if (wt != 0 || t >= ntiles) return;
+    const uint32_t bar = bar_s + 8 * ((t % kStages) * 2 + wg);
+    mbar_expect_tx(bar, 4 * kSub);
+    const uint32_t st = base + static_cast<uint32_t>((t % kStages) * kStage + wg * 4 * kSub);
+#pragma unroll
+    for (int c = 0; c < 4; ++c) tma_load_2d(st + c * kSub, gmap, bar, (4 * wg + c) * 64,
+                                            begin + t * kTile);
+  };
+  load_half(0);
+  load_half(1);
 
-  // Q rounded to bf16 into the swizzled layout (sub-tiles of 64 heads x 128 bytes).
+  // Q[:, 256 wg ..] as bf16 A fragments: k-step kk covers columns c = 256 wg + 16 kk + ..;
+  // {row head0: c + 2tq, +1}, {row head0 + 8: same}, {row head0: c + 8 + 2tq, +1}, {row + 8}.
+  uint32_t qf[16][4];
   {
-    const float* qb = a.q_lat + static_cast<int64_t>(b) * kH * kR;
-#pragma unroll 4
-    for (int i = 0; i < kH * 64 / kThreads; ++i) {
-      const int c = tid + kThreads * i;
-      const int h = c >> 6, k = c & 63;
-      const float4* src = reinterpret_cast<const float4*>(qb + h * kR + k * 8);
-      const float4 v0 = __ldg(src), v1 = __ldg(src + 1);
-      const uint4 u = make_uint4(pack_bf16x2(v0.x, v0.y), pack_bf16x2(v0.z, v0.w),
-                                 pack_bf16x2(v1.x, v1.y), pack_bf16x2(v1.z, v1.w));
-      *reinterpret_cast<uint4*>(smem + C::q_off + swz(h, k, kH * 128)) = u;
+    const float* q0 = a.q_lat + (static_cast<int64_t>(b) * kH + head0) * kR + wg * 256 + 2 * tq;
+    const float* q1 = q0 + 8 * kR;
+#pragma unroll
+    for (int kk = 0; kk < 16; ++kk) {
+      const float2 v0 = __ldg(reinterpret_cast<const float2*>(q0 + 16 * kk));
+      const float2 v1 = __ldg(reinterpret_cast<const float2*>(q1 + 16 * kk));
+      const float2 v2 = __ldg(reinterpret_cast<const float2*>(q0 + 16 * kk + 8));
+      const float2 v3 = __ldg(reinterpret_cast<const float2*>(q1 + 16 * kk + 8));
+      qf[kk][0] = pack_bf16x2(v0.x, v0.y);
+      qf[kk][1] = pack_bf16x2(v1.x, v1.y);
+      qf[kk][2] = pack_bf16x2(v2.x, v2.y);
+      qf[kk][3] = pack_bf16x2(v3.x, v3.y);
     }
   }
 
@@ -185,140 +227,124 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_kernel(const Sm9
 #pragma unroll
   for (int i = 0; i < 128; ++i) o[i] = 0.0f;
   float m_run[2] = {-INFINITY, -INFINITY};  // heads head0, head0 + 8 (log2 domain)
-  float l_thr[2] = {0.0f, 0.0f};            // sums of the rounded p over this thread's columns
+  float l[2] = {0.0f, 0.0f};                // sums of the rounded p (this thread's columns)
   const float sl2 = a.scale * kLog2e;
-  const int col_base = wg * C::kHalf + 2 * tq;  // tile column of s[0]
+  float4* xs_own = reinterpret_cast<float4*>(smem + kXOff) + wg * 8 * 128 + wt;
+  const float4* xs_other = reinterpret_cast<const float4*>(smem + kXOff) + (wg ^ 1) * 8 * 128 + wt;
 
 #pragma unroll 1
   for (int t = 0; t < ntiles; ++t) {
-    cp_async_wait<NST - 2>();  // this thread's copies of tile t (and Q's stores) are done
-    fence_proxy_async();
-    __syncthreads();  // B1: tile t visible to both warpgroups; PV of tile t - 1 finished
-    {
-      const int tn = t + NST - 1;  // into the stage tile t - 1 used
-      if (tn < ntiles) load_tile(tn);
-      cp_async_commit();
-    }
-    const uint32_t st = c_s + static_cast<uint32_t>((t % NST) * C::kStage);
-    const int nvalid = min(TR, end - (begin + t * TR));
+    mbar_wait(bar_s + 8 * ((t % kStages) * 2 + wg), static_cast<uint32_t>((t / kStages) & 1));
+    bar_sync(kLanded0 + wg, 128);  // every warp of this warpgroup is done with tile t - 1
+    load_half(t + 2);              // into the stage tile t - 1 used
+    uint64_t dc = smem_desc(base + static_cast<uint32_t>((t % kStages) * kStage + wg * 4 * kSub),
+                            16, 1024);
+    asm volatile("" : "+l"(dc));
 
-    // ---- S_wg = Q C[rows wg * kHalf ..]^T over the 512 columns
-    float s[C::kNs];
-#pragma unroll
-    for (int i = 0; i < C::kNs; ++i) s[i] = 0.0f;
+    // ---- S_g = Q_g C_t[:, columns of g]^T
+    float s[32];
     wgmma_fence();
-    {
-      const uint32_t kb = st + static_cast<uint32_t>(wg * C::kHalf * 128);
 #pragma unroll
-      for (int ks = 0; ks < kR / 16; ++ks) {
-        const uint32_t koff = static_cast<uint32_t>((ks & 3) * 32);
-        const uint64_t da = smem_desc(q_s + (ks >> 2) * (kH * 128) + koff, 16, 1024);
-        const uint64_t db = smem_desc(kb + (ks >> 2) * C::kSub + koff, 16, 1024);
-        if constexpr (C::kHalf == 32) {
-          wgmma_ss_n32(s, da, db, 1);
-        } else {
-          wgmma_ss_n24(s, da, db, 1);
-        }
-      }
+    for (int kk = 0; kk < 16; ++kk) {
+      wgmma_rs_n64(s, qf[kk], dc + ((((kk >> 2) * kSub) + (kk & 3) * 32) >> 4), kk > 0 ? 1 : 0);
     }
     wgmma_commit();
     wgmma_wait<0>();
     reg_fence(s);
 
-    // ---- scores (log2 domain), masked; maxima of both halves
-    float mx[2] = {-INFINITY, -INFINITY};
+    // ---- S = S_g + S_other (the exchange's previous readers have passed kXRead)
+    if (t > 0) bar_sync(kXRead, kThreads);
 #pragma unroll
-    for (int i = 0; i < C::kNs; ++i) {
-      const int col = col_base + 8 * (i >> 2) + (i & 1);
-      const float v = col < nvalid ? s[i] * sl2 : -INFINITY;
-      s[i] = v;
-      mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], v);
+    for (int i = 0; i < 8; ++i) {
+      xs_own[i * 128] = make_float4(s[4 * i], s[4 * i + 1], s[4 * i + 2], s[4 * i + 3]);
     }
+    bar_sync(kXWritten, kThreads);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const float4 v = xs_other[i * 128];
+      s[4 * i] += v.x;
+      s[4 * i + 1] += v.y;
+      s[4 * i + 2] += v.z;
+      s[4 * i + 3] += v.w;
+    }
+
+    // ---- online softmax (the same in both warpgroups). The running max moves only when a
+    // tile's max exceeds it by more than kLazy (log2 units): p <= 2^kLazy, and O and l stay at
+    // the old max (they and the partial's m are consistent, so the result is the same up to the
+    // roundings), which skips nearly every rescale of O after the first tiles.
+    const int nvalid = min(kTile, end - (begin + t * kTile));
+    float mx[2] = {-INFINITY, -INFINITY};
+    if (nvalid == kTile) {
+#pragma unroll
+      for (int i = 0; i < 32; ++i) {
+        s[i] *= sl2;
+        mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], s[i]);
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < 32; ++i) {
+        const int col = 8 * (i >> 2) + 2 * tq + (i & 1);
+        s[i] = col < nvalid ? s[i] * sl2 : -INFINITY;
+        mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], s[i]);
+      }
+    }
+    float alpha[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       mx[r] = fmaxf(mx[r], __shfl_xor_sync(kFull, mx[r], 1));
       mx[r] = fmaxf(mx[r], __shfl_xor_sync(kFull, mx[r], 2));
+      alpha[r] = 1.0f;
+      if (mx[r] > m_run[r] + kLazy) {    // always at the first tile (m_run = -inf)
+        alpha[r] = ex2(m_run[r] - mx[r]);  // m_run = -inf: 0
+        m_run[r] = mx[r];
+        l[r] *= alpha[r];
+      }
     }
-    xch[wg * 128 + wt] = make_float2(mx[0], mx[1]);
-    __syncthreads();  // B2: maxima of both halves
-    const float2 other = xch[(wg ^ 1) * 128 + wt];
-    float m_new[2], alpha[2];
-    m_new[0] = fmaxf(m_run[0], fmaxf(mx[0], other.x));  // finite: row 0 of the tile is valid
-    m_new[1] = fmaxf(m_run[1], fmaxf(mx[1], other.y));
+    uint32_t pf[8][2];
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      alpha[r] = exp2f(m_run[r] - m_new[r]);  // m_run = -inf: 0
-      m_run[r] = m_new[r];
-      l_thr[r] *= alpha[r];
+    for (int c = 0; c < 8; ++c) {
+      const float p0 = ex2(s[4 * c] - m_run[0]), p1 = ex2(s[4 * c + 1] - m_run[0]);
+      const float p2 = ex2(s[4 * c + 2] - m_run[1]), p3 = ex2(s[4 * c + 3] - m_run[1]);
+      pf[c][0] = pack_bf16x2(p0, p1);
+      pf[c][1] = pack_bf16x2(p2, p3);
+      l[0] += bf16x2_sum(pf[c][0]);  // the sums of what the PV product multiplies
+      l[1] += bf16x2_sum(pf[c][1]);
     }
-
-    // ---- p~ = bf16(exp2(s - m_new)) as A fragments: chunk c (tile rows 8c ..) of this half is
-    // (row head0: cols 2tq, 2tq+1; row head0 + 8: same cols) = .x, .y
-    uint2 own[C::kNch];
-#pragma unroll
-    for (int c = 0; c < C::kNch; ++c) {
-      const uint32_t u0 = pack_bf16x2(exp2f(s[4 * c] - m_new[0]), exp2f(s[4 * c + 1] - m_new[0]));
-      const uint32_t u1 =
-          pack_bf16x2(exp2f(s[4 * c + 2] - m_new[1]), exp2f(s[4 * c + 3] - m_new[1]));
-      l_thr[0] += bf16x2_sum(u0);
-      l_thr[1] += bf16x2_sum(u1);
-      own[c] = make_uint2(u0, u1);
-      pex[(wg * C::kNch + c) * 128 + wt] = own[c];
-    }
-    if (__any_sync(kFull, alpha[0] != 1.0f || alpha[1] != 1.0f)) {  // the max moved (exact skip)
+    if (__any_sync(kFull, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
 #pragma unroll
       for (int i = 0; i < 128; ++i) o[i] *= alpha[(i >> 1) & 1];
     }
-    __syncthreads();  // B3: p fragments of both halves
-    uint2 ch[2 * C::kNch];  // chunks 0 .. 2 kNch - 1 of the whole tile
-#pragma unroll
-    for (int c = 0; c < C::kNch; ++c) {
-      const uint2 part = pex[((wg ^ 1) * C::kNch + c) * 128 + wt];
-      ch[c] = wg == 0 ? own[c] : part;
-      ch[C::kNch + c] = wg == 0 ? part : own[c];
-    }
 
-    // ---- O[:, 256 wg ..] += P C[:, 256 wg ..]
+    // ---- O_g += P C_t[:, columns of g]
     wgmma_fence();
-    {
-      const uint32_t vb = st + static_cast<uint32_t>(wg * 4 * C::kSub);
 #pragma unroll
-      for (int kk = 0; kk < C::kKs; ++kk) {
-        const uint32_t af[4] = {ch[2 * kk].x, ch[2 * kk].y, ch[2 * kk + 1].x, ch[2 * kk + 1].y};
-        wgmma_rs_n256_tb(o, af, smem_desc(vb + kk * 2048, C::kSub, 1024));
-      }
+    for (int kk = 0; kk < 4; ++kk) {
+      const uint32_t af[4] = {pf[2 * kk][0], pf[2 * kk][1], pf[2 * kk + 1][0], pf[2 * kk + 1][1]};
+      wgmma_rs_n256_tb(o, af, smem_desc(base + static_cast<uint32_t>((t % kStages) * kStage +
+                                                                     wg * 4 * kSub + kk * 2048),
+                                        kSub, 1024));
     }
     wgmma_commit();
     wgmma_wait<0>();
     reg_fence(o);
   }
 
-  // The combine (launched as a programmatic dependent) may be scheduled now; it still waits for
-  // this whole grid to finish and flush (griddepcontrol.wait) before reading a partial.
+  // The combine (a programmatic dependent) may be scheduled now; it waits for this whole grid.
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 
-  // ---- epilogue: l per head = quad sum, then both halves (xch is free: its last readers
-  // passed B3 of the last tile)
-  float L[2];
+  float L[2];  // the same in both warpgroups
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    L[r] = l_thr[r];
+    L[r] = l[r];
     L[r] += __shfl_xor_sync(kFull, L[r], 1);
     L[r] += __shfl_xor_sync(kFull, L[r], 2);
-  }
-  xch[wg * 128 + wt] = make_float2(L[0], L[1]);
-  __syncthreads();
-  {
-    const float2 other = xch[(wg ^ 1) * 128 + wt];
-    L[0] += other.x;  // >= 1: the max row contributes p = 1
-    L[1] += other.y;
   }
   const int col0 = wg * 256 + 2 * tq;
   if (nsb == 1) {
     float* out = a.o_lat + static_cast<int64_t>(b) * kH * kR;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      const float inv = 1.0f / L[r];
+      const float inv = 1.0f / L[r];  // >= 1: the max row contributes p = 1
       float* row = out + (head0 + 8 * r) * kR + col0;
 #pragma unroll
       for (int j = 0; j < 32; ++j) {
@@ -407,18 +433,43 @@ __global__ void __launch_bounds__(128) mla_combine_kernel(const Sm90Args a) {
   }
 }
 
-template <int TR, int NST>
-int launch(MemraCudaCtx* ctx, const Sm90Args& a, int B) {
-  using C = Cfg<TR, NST>;
+int launch_attention(MemraCudaCtx* ctx, const Sm90Args& a, int B) {
   int optin = 0;
   MEMRA_CUDA_RETURN_IF(status_of(
       cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, ctx->device)));
-  if (C::bytes > optin) return memra::kUnsupportedGeometry;
+  if (kBytes > optin) return memra::kUnsupportedGeometry;
+  // cuTensorMapEncodeTiled through the runtime's driver entry point (no libcuda link).
+  static PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault,
+                                         &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess) {
+      fn = nullptr;
+    }
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }();
+  if (!encode) return memra::kUnsupportedGeometry;
+  // The template: bf16 [max_t_kv][512] rows of 1 KiB, 64 x 64 boxes, 128-byte swizzle; each block
+  // replaces the address (its sequence's cache; o_lat stands in here) and the row count.
+  CUtensorMap tmpl{};
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(kR), static_cast<cuuint64_t>(a.max_t_kv)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(kR) * 2};
+  const cuuint32_t box[2] = {64, static_cast<cuuint32_t>(kTile)};
+  const cuuint32_t elem[2] = {1, 1};
+  const CUresult rc = encode(&tmpl, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, a.o_lat, dims, strides,
+                             box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (rc != CUDA_SUCCESS) {
+    return memra::kUnsupportedGeometry;
+  }
+  Scratch maps(ctx, static_cast<size_t>(128) * a.nsplit * B);
+  MEMRA_CUDA_RETURN_IF(maps.status());
   MEMRA_CUDA_RETURN_IF(status_of(cudaFuncSetAttribute(
-      mla_decode_wgmma_kernel<TR, NST>, cudaFuncAttributeMaxDynamicSharedMemorySize, C::bytes)));
+      mla_decode_wgmma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kBytes)));
   const dim3 grid(static_cast<unsigned>(a.nsplit), static_cast<unsigned>(B));
-  memra::cuda::launch(ctx, true, mla_decode_wgmma_kernel<TR, NST>, grid, dim3(kThreads), C::bytes,
-                      a);
+  memra::cuda::launch(ctx, true, mla_decode_wgmma_kernel, grid, dim3(kThreads), kBytes, a,
+                      tmpl, maps.as<unsigned char>());
   return launch_status();
 }
 
@@ -426,15 +477,14 @@ int launch(MemraCudaCtx* ctx, const Sm90Args& a, int B) {
 
 namespace memra::cuda {
 
-int mla_decode_sm90_tile_rows(int variant) { return variant == 2 ? 48 : 64; }
+int mla_decode_sm90_tile_rows() { return kTile; }
 
 int mla_decode_sm90_max_splits() { return kMaxSplits; }
 
-int mla_decode_sm90(MemraCudaCtx* ctx, int variant, const float* q_lat, const void* const* caches,
+int mla_decode_sm90(MemraCudaCtx* ctx, const float* q_lat, const void* const* caches,
                     const int32_t* t_kv, int B, int max_t_kv, int chunk, int nsplit, float scale,
                     float* o_lat) {
-  if (B < 1 || max_t_kv < 1 || nsplit < 1 || nsplit > kMaxSplits ||
-      chunk % mla_decode_sm90_tile_rows(variant) != 0) {
+  if (B < 1 || max_t_kv < 1 || nsplit < 1 || nsplit > kMaxSplits || chunk % kTile != 0) {
     return kContractValue;
   }
   Sm90Args a{};
@@ -454,7 +504,7 @@ int mla_decode_sm90(MemraCudaCtx* ctx, int variant, const float* q_lat, const vo
     a.pm = a.po + n_part * kR;
     a.pl = a.pm + n_part;
   }
-  const int rc = variant == 2 ? launch<48, 3>(ctx, a, B) : launch<64, 2>(ctx, a, B);
+  const int rc = launch_attention(ctx, a, B);
   if (rc != kOk) return rc;
   if (nsplit > 1) {
     // A programmatic dependent launch: the combine's launch overlaps the attention grid's tail

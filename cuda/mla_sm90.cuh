@@ -1,7 +1,7 @@
 // sm_90a device helpers of cuda/mla_decode_sm90.cu (the batched MLA decode's wgmma arm): the
-// wgmma fences and waits, shared-memory matrix descriptors (128-byte swizzle), bf16 packing, the
-// swizzled chunk offset and the three wgmma shapes the kernel issues. In an anonymous namespace,
-// as the kernel that uses them.
+// wgmma fences and waits, shared-memory matrix descriptors (128-byte swizzle), bf16 packing,
+// mbarrier init / wait and the two wgmma shapes the kernel issues. In an anonymous namespace, as
+// the kernel that uses them.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -16,11 +16,6 @@ namespace {
 using memra::cuda::pack_bf16x2;
 using memra::cuda::bf16x2_sum;
 
-// Generic-proxy writes to shared memory (cp.async, st.shared) made visible to the async proxy
-// (wgmma operand reads); each writing thread fences before the barrier that publishes them.
-__device__ __forceinline__ void fence_proxy_async() {
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
 
 __device__ __forceinline__ void wgmma_fence() {
   asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
@@ -48,42 +43,8 @@ __device__ __forceinline__ uint64_t smem_desc(uint32_t addr, uint32_t lbo, uint3
          (static_cast<uint64_t>((sbo >> 4) & 0x3FFFu) << 32) | (1ull << 62);
 }
 
-// Byte offset of the 16-byte chunk k (columns 8k .. 8k + 7, k < 64) of row r in a
-// 128-byte-swizzled [rows][512] bf16 tile whose 64-column sub-tiles are `sub` bytes apart.
-__device__ __forceinline__ uint32_t swz(int r, int k, int sub) {
-  return static_cast<uint32_t>((k >> 3) * sub + r * 128 + (((k & 7) ^ (r & 7)) << 4));
-}
 
-// D[64 x 32] (+)= A[64 x 16] * B[32 x 16]^T, A and B K-major in shared memory.
-__device__ __forceinline__ void wgmma_ss_n32(float (&d)[16], uint64_t da, uint64_t db,
-                                             int scale_d) {
-  asm volatile(
-      "{\n.reg .pred p;\n"
-      "setp.ne.b32 p, %18, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {"
-      "%0, %1, %2, %3, %4, %5, %6, %7, "
-      "%8, %9, %10, %11, %12, %13, %14, %15}, "
-      "%16, %17, p, 1, 1, 0, 0;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
-        "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
-        "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-      : "l"(da), "l"(db), "r"(scale_d));
-}
 
-// D[64 x 24] (+)= A[64 x 16] * B[24 x 16]^T, A and B K-major in shared memory.
-__device__ __forceinline__ void wgmma_ss_n24(float (&d)[12], uint64_t da, uint64_t db,
-                                             int scale_d) {
-  asm volatile(
-      "{\n.reg .pred p;\n"
-      "setp.ne.b32 p, %14, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n24k16.f32.bf16.bf16 {"
-      "%0, %1, %2, %3, %4, %5, %6, %7, "
-      "%8, %9, %10, %11}, "
-      "%12, %13, p, 1, 1, 0, 0;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
-        "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11])
-      : "l"(da), "l"(db), "r"(scale_d));
-}
 
 // D[64 x 256] += A[64 x 16] * B[16 x 256], A in registers (bf16 pairs), B N-major in shared
 // memory (imm-trans-b = 1).
@@ -128,6 +89,47 @@ __device__ __forceinline__ void wgmma_rs_n256_tb(float (&d)[128], const uint32_t
         "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]),
         "+f"(d[126]), "+f"(d[127])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+}
+
+
+
+
+
+
+// D[64 x 64] (+)= A[64 x 16] * B[64 x 16]^T, A in registers (bf16 pairs), B K-major in shared
+// memory; scale_d = 0 overwrites D.
+__device__ __forceinline__ void wgmma_rs_n64(float (&d)[32], const uint32_t (&a)[4], uint64_t db,
+                                             int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\n"
+      "setp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, "
+      "%12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, "
+      "%24, %25, %26, %27, %28, %29, %30, %31}, "
+      "{%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
+        "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
+        "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
+        "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
+        "+f"(d[30]), "+f"(d[31])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(scale_d));
+}
+
+// mbarrier in shared memory (cta scope): init with the number of arrivals a phase takes; wait
+// until the phase of the given parity has completed.
+__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  asm volatile(
+      "{\n.reg .pred p;\n"
+      "WAIT:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+      "@!p bra WAIT;\n}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
 }
 
 }  // namespace

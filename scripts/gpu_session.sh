@@ -12,6 +12,7 @@
 #   ncu32     step32's ncu part alone (any build)
 #   tests     the whole CUDA suite (pytest -m cuda, 4 workers) -> pytest_cuda.log
 #   tests:F   one test file or node id F (repeatable)
+#   short:F   one test node under 60 s; a timeout (a hung kernel) ends the call
 #   files:F1,F2,...  those test files together (4 workers) -> files.out
 #   accuracy  benchmarks/accuracy_families.py --device cuda -> accuracy_cuda.jsonl
 #   model     bench_model_decode --quick --skip-peer, B = 1 and 32 (glm5_next)
@@ -103,6 +104,13 @@ for p in "$@"; do
         -p no:cacheprovider -n 4 ${fs//,/ }
       tail -3 "$OUT/files.out" | tee -a "$OUT/summary.txt"
       ;;
+    short:*)  # one test node under 60 s; a timeout (a hung kernel) ends the call
+      f=${p#short:}; n=$(basename "${f%%::*}" .py)
+      phase "s_$n" 60 env PYTHONPATH="$site" python3 -m pytest -m cuda --require-cuda -q -rf -s \
+        -p no:cacheprovider "$f"
+      tail -1 "$OUT/s_$n.out" | tee -a "$OUT/summary.txt"
+      grep -q "s_$n: rc=124" "$OUT/summary.txt" && break
+      ;;
     tests:*)
       f=${p#tests:}; n=$(basename "${f%%::*}" .py)
       phase "t_$n" 300 env PYTHONPATH="$site" python3 -m pytest -m cuda --require-cuda -q -rf -s \
@@ -158,7 +166,7 @@ for p in "$@"; do
       phase mem_attn 150 env PYTHONPATH="$site" compute-sanitizer --tool memcheck --error-exitcode 1 \
         python3 scripts/sanitize_attention_tc.py
       ;;
-    ncu_dec) phase ncu_dec 200 env PYTHONPATH="$site" ncu --clock-control none -k regex:"scan_decode|wgmma|mla_combine" -c 12 \
+    ncu_dec) phase ncu_dec 200 env PYTHONPATH="$site" ncu --clock-control none -k regex:"scan_decode|decode_tc|wgmma|mla_combine" -c 18 \
         --section SpeedOfLight --section Occupancy --section LaunchStats python3 benchmarks/ncu_decode.py ;;
     mlapre) phase mlapre 200 env PYTHONPATH="$site${peers:+:$peers}" python3 benchmarks/bench_mla_prefill.py --quick ;;
     prefill) phase prefill 300 env PYTHONPATH="$site${peers:+:$peers}" python3 benchmarks/bench_model_prefill.py --quick ;;

@@ -45,7 +45,7 @@ def test_every_field_says_whether_it_changes_numerics() -> None:
 
 GOOD = [dict(pdl=False), dict(gemv=False), dict(gemv_rows=1), dict(gemv_rows=8),
         dict(gemv_tall_rows=2), dict(mhc_defer=False), dict(mla_decode_variant=0),
-        dict(mla_decode_variant=2), dict(mla_tc_mt=4),
+        dict(mla_tc_mt=4),
         dict(mla_split_tiles=3),
         dict(moe_grouped_min_t=10**9), dict(gemv_rows=np.int32(4)), dict(attn_decode_unsplit=True),
         dict(prefill_chunk=0), dict(prefill_chunk=1), dict(moe_tensor_cores=False),
@@ -66,7 +66,7 @@ BAD = [
     (dict(pdl=1), "pdl"), (dict(pdl="yes"), "pdl"), (dict(pdl=None), "pdl"),
     (dict(gemv_rows=3), "gemv_rows"), (dict(gemv_rows=-1), "gemv_rows"), (dict(gemv_rows=16), "gemv_rows"),
     (dict(gemv_rows=True), "gemv_rows"), (dict(gemv_rows=2.0), "gemv_rows"), (dict(gemv_rows="2"), "gemv_rows"),
-    (dict(gemv_tall_rows=5), "gemv_tall_rows"), (dict(mla_decode_variant=3), "mla_decode_variant"),
+    (dict(gemv_tall_rows=5), "gemv_tall_rows"), (dict(mla_decode_variant=2), "mla_decode_variant"),
     (dict(mla_decode_variant=4), "mla_decode_variant"), (dict(mla_decode_variant=5), "mla_decode_variant"),
     (dict(mla_decode_variant=-1), "mla_decode_variant"), (dict(mla_tc_mt=1), "mla_tc_mt"),
     (dict(mla_tc_mt=8), "mla_tc_mt"), (dict(mla_split_tiles=-2), "mla_split_tiles"),

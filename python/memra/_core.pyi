@@ -664,7 +664,7 @@ class KernelOptions:
     @property
     def mla_decode_variant(self) -> int:
         """
-        Changes numerics. The MLA decode kernel over a dense bfloat16 cache at 64 heads and rank 512: 1 the sm_90a wgmma kernel (64-row tiles, 2 stages), 2 the same with 48-row tiles and 3 stages, 0 the mma.sync kernel that every other shape runs.
+        Changes numerics. The MLA decode kernel over a dense bfloat16 cache at 64 heads and rank 512: 1 the sm_90a wgmma kernel (warpgroups split the columns, three 64-row TMA stages), 0 the mma.sync kernel that every other shape runs.
         """
 
     @property

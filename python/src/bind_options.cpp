@@ -44,8 +44,8 @@ const Field kFields[] = {
      "inside the site's kernel. The same function on the same rows: the same bytes."},
     {"mla_decode_variant", nullptr, &KernelOptions::mla_decode_variant,
      "Changes numerics. The MLA decode kernel over a dense bfloat16 cache at 64 heads and rank "
-     "512: 1 the sm_90a wgmma kernel (64-row tiles, 2 stages), 2 the same with 48-row tiles and "
-     "3 stages, 0 the mma.sync kernel that every other shape runs."},
+     "512: 1 the sm_90a wgmma kernel (warpgroups split the columns, three 64-row TMA stages), 0 "
+     "the mma.sync kernel that every other shape runs."},
     {"mla_tc_mt", nullptr, &KernelOptions::mla_tc_mt,
      "Changes numerics (last bits). Head tiles of 16 a block of the mma.sync MLA decode kernel: "
      "0 chooses from the batch (2 below 32 sequences, 4 from there); 2 or 4 force it (4 only "

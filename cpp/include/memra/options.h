@@ -96,8 +96,8 @@ inline Status KernelOptions::validate() const {
   auto rows = [](int r) { return r == 0 || r == 1 || r == 2 || r == 4 || r == 8; };
   if (!rows(gemv_rows)) return bad("gemv_rows", gemv_rows, "0, 1, 2, 4 or 8");
   if (!rows(gemv_tall_rows)) return bad("gemv_tall_rows", gemv_tall_rows, "0, 1, 2, 4 or 8");
-  if (mla_decode_variant < 0 || mla_decode_variant > 2) {
-    return bad("mla_decode_variant", mla_decode_variant, "0, 1 or 2");
+  if (mla_decode_variant < 0 || mla_decode_variant > 1) {
+    return bad("mla_decode_variant", mla_decode_variant, "0 or 1");
   }
   if (mla_tc_mt != 0 && mla_tc_mt != 2 && mla_tc_mt != 4) {
     return bad("mla_tc_mt", mla_tc_mt, "0, 2 or 4");
