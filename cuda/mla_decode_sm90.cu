@@ -187,6 +187,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (tid == 0) {
 #pragma unroll
     for (int i = 0; i < kStages * 2; ++i) mbar_init(bar_s + 8 * i, 1);
+    // The inits made visible to the async proxy (the TMA unit completes transactions on them).
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncthreads();  // the map in its slot, the barriers initialised
   if (wt == 0) map_acquire(gmap);
@@ -484,7 +486,10 @@ int mla_decode_sm90_max_splits() { return kMaxSplits; }
 int mla_decode_sm90(MemraCudaCtx* ctx, const float* q_lat, const void* const* caches,
                     const int32_t* t_kv, int B, int max_t_kv, int chunk, int nsplit, float scale,
                     float* o_lat) {
-  if (B < 1 || max_t_kv < 1 || nsplit < 1 || nsplit > kMaxSplits || chunk % kTile != 0) {
+  // The plan's invariants (cuda/mla_decode.cu): whole tiles a split, the splits cover max_t_kv,
+  // one grid row a sequence.
+  if (B < 1 || B > 65535 || max_t_kv < 1 || nsplit < 1 || nsplit > kMaxSplits || chunk < kTile ||
+      chunk % kTile != 0 || static_cast<int64_t>(nsplit) * chunk < max_t_kv) {
     return kContractValue;
   }
   Sm90Args a{};
