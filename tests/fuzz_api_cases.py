@@ -175,7 +175,7 @@ def _take_and_give_back(m):
 
 
 def sampling_bad():
-    return {"max_new_tokens": ints(-1, 2**31, 2**28), "temperature": floats(*NON_FINITE, -1.0, True),
+    return {"max_new_tokens": ints(-1, 2**31, 2**28), "temperature": floats(*NON_FINITE, -1.0, True, 1e39),
             "top_k": [1.5, "3", [1], -1, 2**31, True, float("nan")],
             "top_p": [1.5, 0.0, -0.5, "0.9", float("nan"), float("inf"), [0.9], True],
             "seed": [1.5, "1", -1, 2**64, [1], True],
@@ -447,7 +447,8 @@ CASES: dict[str, Case] = {
         lambda w: _core.kda_scan,
         lambda w: dict(q=w.f32(3, 2, 4), k=w.f32(3, 2, 4), v=w.f32(3, 2, 5), g=-abs(w.f32(3, 2, 4)), beta=w.f32(3, 2),
                        state=w.f32(2, 4, 5), scale=None, batch=False),
-        {"q": arr(shape(3, 2, 3)), "k": arr(shape(2, 2, 4)), "v": arr(shape(3, 3, 5)), "g": arr(shape(3, 2, 3)),
+        {"q": arr(shape(3, 2, 3)), "k": arr(shape(2, 2, 4)), "v": arr(shape(3, 3, 5), shape(3, 2, 0)),
+         "g": arr(shape(3, 2, 3)),
          "beta": arr(shape(3, 3)), "state": opt(arr(shape(2, 4, 4))), "scale": some(floats(*NON_FINITE)),
          "batch": NOT_CORE_BOOL, "chunked": NOT_CORE_BOOL, **ENGINE_ARG}),
     "_core.mla_absorb_q": Case(

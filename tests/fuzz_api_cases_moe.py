@@ -25,7 +25,7 @@ CASES: dict[str, Case] = {
         lambda w: _core.moe_route,
         lambda w: dict(x=w.f32(3, 8), gate_w=w.W(8, 8), corr_bias=w.f32(8), top_k=2, n_group=2, topk_group=1,
                        norm_topk_prob=True, scaling=2.5, scoring="sigmoid"),
-        {"x": arr(shape(3, 7)), "gate_w": WEIGHT, "corr_bias": opt(arr(shape(7))), "top_k": ints(0, -1, 5),
+        {"x": arr(shape(3, 7), shape(3, 0)), "gate_w": WEIGHT, "corr_bias": opt(arr(shape(7))), "top_k": ints(0, -1, 5),
          "n_group": ints(0, -1, 3), "topk_group": ints(0, -1, 3), "norm_topk_prob": NOT_BOOL,
          "scaling": floats(*NON_FINITE), "scoring": NOT_STR + ENUM_STR + ["Softmax"], **ENGINE_ARG}),
     "_core.moe_forward": Case(

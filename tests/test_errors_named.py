@@ -100,6 +100,31 @@ def test_sampling_and_routing_values():
     _core.sample(logits, ctr, temperature=-1.0)  # <= 0 stays greedy
 
 
+def test_zero_width_heads_and_hidden_are_named():
+    """Zero-size widths that once crashed the CPU reference (found by a fuzzing review): a KDA
+    scan with dv = 0, or dk = 0 with an explicit scale, and a router over a hidden width of 0."""
+    z = lambda *s: np.zeros(s, np.float32)  # noqa: E731
+    raises(ContractError, lambda: _core.kda_scan(z(3, 2, 4), z(3, 2, 4), z(3, 2, 0), z(3, 2, 4), z(3, 2)),
+           "kda_scan", "dv >= 1")
+    raises(ContractError, lambda: _core.kda_scan(z(3, 2, 0), z(3, 2, 0), z(3, 2, 4), z(3, 2, 0), z(3, 2),
+                                                 scale=1.0), "kda_scan", "dk")
+    raises(ContractError, lambda: _core.kda_scan(z(1, 3, 2, 4), z(1, 3, 2, 4), z(1, 3, 2, 0), z(1, 3, 2, 4),
+                                                 z(1, 3, 2), batch=True), "kda_scan", "dv >= 1")
+    for scoring in ("sigmoid", "softmax"):
+        raises(ContractError, lambda: _core.moe_route(z(1, 0), _core.Weight(z(2, 0)), None, top_k=1, n_group=1,
+                                                      topk_group=1, norm_topk_prob=False, scaling=1.0,
+                                                      scoring=scoring), "moe_route", "'x'", "D >= 1")
+
+
+def test_temperature_past_float32_is_named_up_front(model):
+    """The sampler takes the temperature as float32: 1e39 would reach it as inf after the prefill
+    ran; generate refuses it first, naming the value, and the model stays usable."""
+    before = model.generate([1, 2], 2)
+    raises(ContractError, lambda: model.generate([1], 2, temperature=1e39), "generate", "temperature", "1e+39")
+    raises(ContractError, lambda: model.generate_batch([[1], [2]], 2, temperature=1e39), "temperature")
+    assert model.generate([1, 2], 2) == before
+
+
 # ---------------------------------------------------------------- the argument explanation
 
 

@@ -139,7 +139,8 @@ def test_non_finite_logits_raise_instead_of_a_token(tmp_path) -> None:
     assert m.cache.owner(0) == 0 and m.cache.owner(1) == 0  # the slot went back
     with pytest.raises(memra.NonFiniteError) as info:
         m.generate_batch([[1, 2], prompt], 5, ignore_eos=True)
-    assert "sequence 1" in str(info.value)
+    msg = str(info.value)
+    assert msg.startswith("generate_batch: sequence 1: ") and msg.count("generate_batch") == 1, msg
     other = ref.generate([1, 2], 3, ignore_eos=True)
     if first not in other[:2]:  # a sequence that never feeds the NaN row is untouched
         assert m.generate([1, 2], 3, ignore_eos=True) == other

@@ -18,7 +18,8 @@ ContractError 40026 (``memra._core.status.CONTRACT_SLOT_HELD``) is a change to a
 another owner holds (a generation, stream or server request in flight; ``Cache.hold``).
 
 After any of these the Engine stays usable and the Cache is unchanged. A NonFiniteError ends
-only the sequence whose logits were not finite: memra never samples a token from such a row.
+the sequence whose logits were not finite (``generate_batch``: the whole call, naming the
+sequence): memra never samples a token from such a row.
 """
 
 from __future__ import annotations
@@ -58,8 +59,9 @@ class UnsupportedError(MemraError, NotImplementedError):
 
 class NonFiniteError(MemraError, ArithmeticError):
     """A row of logits held NaN or +-inf (NaN weights, an overflow), so no token was drawn from
-    it (code 60001). Generation raises it for that sequence only; the server ends that request
-    with an error object."""
+    it (code 60001). Generation raises it for that sequence (``generate_batch`` for the call,
+    naming the sequence; ``DecodeBatch`` returns it as that row's result); the server ends that
+    request with an error object."""
 
 
 NON_FINITE = 60001  # memra._core.status.NON_FINITE

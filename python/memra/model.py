@@ -23,6 +23,13 @@ from .loader import eos_ids, read_tensors
 from .models import DecoderModel
 
 log = logging.getLogger("memra")
+_F32_MAX = float(np.finfo(np.float32).max)  # the sampler's temperature is a float32
+
+
+def _in_sequence(what: str, i: int, err: Exception) -> str:
+    """`what: sequence i: ` + err's message, without err's own `what: ` prefix."""
+    msg = str(err)
+    return f"{what}: sequence {i}: {msg.removeprefix(what + ': ')}"
 
 
 def _ids(token_ids, what: str, arg: str = "token_ids") -> np.ndarray:
@@ -339,12 +346,14 @@ class Model:
         _count(max_new_tokens, "generate: max_new_tokens", 0)
         number = (int, float, np.integer, np.floating)
         try:  # a Python int beyond float's range overflows float(): not a finite number either
+            # The sampler takes it as float32: a value past float32's range would reach it as inf.
             finite = not isinstance(temperature, bool) and isinstance(temperature, number) \
-                and math.isfinite(float(temperature))
+                and math.isfinite(float(temperature)) and abs(float(temperature)) <= _F32_MAX
         except OverflowError:
             finite = False
         if not finite or temperature < 0:
-            raise ContractError(f"generate: temperature must be a finite number >= 0, got {temperature!r}", 40025)
+            raise ContractError(f"generate: temperature must be a finite float32 number >= 0, got {temperature!r}",
+                                40025)
         if top_k is not None:
             _count(top_k, "generate: top_k", 0)
         if top_p is not None and (isinstance(top_p, bool) or not isinstance(top_p, number)
@@ -434,7 +443,10 @@ class Model:
         one-row step, and in bfloat16 it runs the routed experts on tensor cores with their
         inputs rounded to bfloat16 (KernelOptions.moe_tensor_cores). At most
         ``cache.max_batch`` prompts. The prompts are prefilled together (:meth:`prefill_batch`:
-        their rows packed), each first token drawn from its own row of the logits."""
+        their rows packed), each first token drawn from its own row of the logits.
+        NonFiniteError naming the sequence when a row of one sequence's logits is not finite: the
+        call ends there and no sequence's tokens are returned (:meth:`stream` one prompt at a time,
+        or memra.batch.DecodeBatch, keeps the others going)."""
         if isinstance(prompts, (str, bytes)) or not isinstance(prompts, (Sequence, np.ndarray)):
             raise ContractError(f"generate_batch: prompts must be a list of token id lists, got "
                                 f"{shown(prompts)}", 40020)
@@ -494,7 +506,7 @@ class Model:
         # All prompts prefilled together (one batched prefill: Model._prefill_batch).
         for i, r in enumerate(batch.start_many(prompts, samplings, leases, what)):
             if isinstance(r, NonFiniteError):
-                raise NonFiniteError(f"{what}: sequence {i}: {r}", NON_FINITE) from None
+                raise NonFiniteError(_in_sequence(what, i, r), NON_FINITE) from None
             rows.append(r)
             index[id(r)] = i
             finished.append(False)
@@ -515,7 +527,7 @@ class Model:
                 if finished[i]:
                     continue  # a draw past the row's end (its step was chained before the stop)
                 if isinstance(res, NonFiniteError):
-                    raise NonFiniteError(f"{what}: sequence {i}: {res}", NON_FINITE)
+                    raise NonFiniteError(_in_sequence(what, i, res), NON_FINITE)
                 yield take(i, res)
             if not pending:
                 active = [r for r in step.rows if not finished[index[id(r)]]]

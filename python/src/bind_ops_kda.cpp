@@ -245,9 +245,9 @@ void init_ops_kda(nb::module_& m) {
           bp = f32_in(engine, beta, op, "beta", {T, H});
           if (state) sp = f32_in(engine, *state, op, "state", {H, dk, dv});
         }
-        if (dk < 1 && !scale) {
-          raise_contract(kContractShape, "kda_scan: argument 'q' has shape " + shape_str(q) +
-                                             ", the default scale dk**-0.5 needs dk >= 1");
+        if (dk < 1 || dv < 1) {  // no state to carry (and dk**-0.5 undefined)
+          raise_contract(kContractShape, "kda_scan: q of shape " + shape_str(q) + " and v of shape " +
+                                             shape_str(v) + " need head sizes dk, dv >= 1");
         }
         // transformers: scale = 1 / (dk ** 0.5) in double, applied to f32 q as an f32 scalar.
         if (scale) check_finite(*scale, "kda_scan", "scale");

@@ -84,6 +84,11 @@ void init_ops_moe(nb::module_& m) {
         }
         const float* xp = f32_in(engine, x, op, "x", {-1, -1});
         const int64_t T = dim(x, 0), D = dim(x, 1);
+        if (D < 1) {
+          raise_contract(kContractShape, std::string(op) + ": argument 'x' has shape " +
+                                             shape_str(x) + ", the router needs a hidden width "
+                                             "D >= 1");
+        }
         const float* gp = nullptr;
         Weight router;  // CPU: the router as f32 (MemraMoeRouteParams::gate_w)
         int64_t E = 0;
