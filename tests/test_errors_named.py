@@ -116,6 +116,16 @@ def test_zero_width_heads_and_hidden_are_named():
                                                       scoring=scoring), "moe_route", "'x'", "D >= 1")
 
 
+def test_zero_stream_width_and_counter_dtype_are_named():
+    """mhc_pre over streams of width D = 0 says so (it once said its buffers were missing), and
+    sample's counters of another dtype name that dtype (it once gave a DLPack type code)."""
+    z = lambda *s: np.zeros(s, np.float32)  # noqa: E731
+    raises(ContractError, lambda: _core.mhc_pre(z(2, 4, 0), _core.Weight(z(24, 0)), z(24), z(3), sinkhorn_iters=20,
+                                                hc_eps=1e-6, norm_eps=1e-5), "mhc", "D must be >= 1")
+    raises(ContractError, lambda: _core.sample(f32(2, 10), np.arange(2, dtype=np.int32), temperature=1.0),
+           "sample", "int64 or uint64", "int32")
+
+
 def test_temperature_past_float32_is_named_up_front(model):
     """The sampler takes the temperature as float32: 1e39 would reach it as inf after the prefill
     ran; generate refuses it first, naming the value, and the model stays usable."""

@@ -238,6 +238,17 @@ def test_cli_generates_from_the_embedded_checkpoint() -> None:
     assert r.returncode == 0 and "tokens/s" in r.stderr, r.stderr
 
 
+@pytest.mark.parametrize("args, words", [(["--prompt-ids", "1,,2"], "--prompt-ids"),
+                                         (["--prompt-ids", "1,2,"], "--prompt-ids"),
+                                         (["--prompt", ""], "no tokens")])
+def test_cli_refuses_empty_prompt_items(args, words) -> None:
+    """An empty --prompt-ids item is an error (it once vanished: "1,,2" ran as 1,2), and an empty
+    --prompt says it encodes to no tokens (it once named prompt_ids, an argument not given)."""
+    r = subprocess.run([sys.executable, "-m", "memra", "generate", "--max-new-tokens", "2", *args],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and words in r.stderr, r.stderr
+
+
 def test_cuda_engine_is_refused_with_a_reason_here() -> None:
     if memra.cuda_available():
         pytest.skip("a CUDA device is usable on this machine")

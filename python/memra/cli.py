@@ -26,8 +26,9 @@ DEFAULT_PROMPT = "The quick brown fox"
 
 
 def _parse_ids(text: str) -> list[int]:
+    """"1,2,3" -> [1, 2, 3]; an empty item ("1,,2", a trailing comma) or a non-integer is an error."""
     try:
-        return [int(t) for t in text.split(",") if t.strip()]
+        return [int(t) for t in text.split(",")]
     except ValueError:
         raise argparse.ArgumentTypeError(f"--prompt-ids must be comma-separated integers, got {text!r}") from None
 
@@ -71,6 +72,9 @@ def main(argv: list[str] | None = None) -> int:
                 print("memra: this checkpoint has no tokenizer.json; use --prompt-ids", file=sys.stderr)
                 return 2
             ids = tok.encode(text, add_special_tokens=False).ids
+            if not ids:
+                print(f"memra: --prompt {text!r} encodes to no tokens; give a non-empty prompt", file=sys.stderr)
+                return 2
         start = time.perf_counter()
         new: list[int] = []
         for t in model.stream(ids, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,

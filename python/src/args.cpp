@@ -26,19 +26,6 @@ const char* error_class_for(int code) {
 }
 
 
-std::string dtype_str(const AnyArray& a) {
-  const char* kind = "?";
-  switch (static_cast<nb::dlpack::dtype_code>(a.dtype().code)) {
-    case nb::dlpack::dtype_code::Int: kind = "int"; break;
-    case nb::dlpack::dtype_code::UInt: kind = "uint"; break;
-    case nb::dlpack::dtype_code::Float: kind = "float"; break;
-    case nb::dlpack::dtype_code::Bfloat: kind = "bfloat"; break;
-    case nb::dlpack::dtype_code::Complex: kind = "complex"; break;
-    case nb::dlpack::dtype_code::Bool: kind = "bool"; break;
-  }
-  return std::string(kind) + std::to_string(a.dtype().bits);
-}
-
 bool c_contiguous(const AnyArray& a) {
   // An array with a zero extent holds no elements: any strides describe it (numpy gives 0s).
   for (size_t i = 0; i < a.ndim(); ++i) {
@@ -102,6 +89,19 @@ bool bf16_view(nb::handle src, uint32_t flags, nb::detail::cleanup_list* cleanup
 }
 
 }  // namespace
+
+std::string dtype_str(const AnyArray& a) {
+  const char* kind = "?";
+  switch (static_cast<nb::dlpack::dtype_code>(a.dtype().code)) {
+    case nb::dlpack::dtype_code::Int: kind = "int"; break;
+    case nb::dlpack::dtype_code::UInt: kind = "uint"; break;
+    case nb::dlpack::dtype_code::Float: kind = "float"; break;
+    case nb::dlpack::dtype_code::Bfloat: kind = "bfloat"; break;
+    case nb::dlpack::dtype_code::Complex: kind = "complex"; break;
+    case nb::dlpack::dtype_code::Bool: kind = "bool"; break;
+  }
+  return std::string(kind) + std::to_string(a.dtype().bits);
+}
 
 bool array_from_python(nb::handle src, uint32_t flags, nb::detail::cleanup_list* cleanup,
                        AnyArray* out) noexcept {

@@ -36,9 +36,7 @@ std::vector<uint64_t> counter_arg(const AnyArray& a, const char* op, const char*
   const bool is_i64 = code == nb::dlpack::dtype_code::Int && a.dtype().bits == 64;
   const bool is_u64 = code == nb::dlpack::dtype_code::UInt && a.dtype().bits == 64;
   if (!(is_i64 || is_u64) || a.dtype().lanes != 1) {
-    os << op << ": argument '" << name << "' must be int64 or uint64, got a "
-       << static_cast<int>(a.dtype().bits) << "-bit array of DLPack type code "
-       << static_cast<int>(a.dtype().code);
+    os << op << ": argument '" << name << "' must be int64 or uint64, got " << dtype_str(a);
     raise_contract(kContractDType, os.str());
   }
   if (a.ndim() != 1 || static_cast<int64_t>(a.shape(0)) != B) {

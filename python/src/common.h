@@ -57,6 +57,8 @@ inline void check(const Status& st) {
 [[noreturn]] void raise_contract(int code, const std::string& message);
 
 std::string shape_str(const AnyArray& a);
+// The array's element type: int32, uint64, float16, bfloat16, ... (bool as bool8).
+std::string dtype_str(const AnyArray& a);
 // True when `a` holds scalars of DLPack type `c` with `bits` bits (one lane).
 bool has_dtype(const AnyArray& a, nb::dlpack::dtype_code c, int bits);
 // True when `a` holds bfloat16: DLPack bfloat16, or uint16 carrying the raw bfloat16 bits.

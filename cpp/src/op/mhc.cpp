@@ -31,6 +31,7 @@ Status pre_cpu(const MemraMhcParams& p, const float* streams, bool norm) {
   const int64_t flat = int64_t(p.hc) * p.D;
   if (flat > INT_MAX) return refuse(kContractValue, "hc * D must be < 2^31");
   if (p.T == 0) return Status::Ok();
+  if (p.D == 0) return refuse(kContractValue, "the stream width D must be >= 1 for T >= 1, got 0");
   if (!streams || !p.fn || !p.base || !p.scale || !p.post || !p.comb || !p.out) {
     return refuse(kContractMissing, "streams, fn, base, scale, post, comb and out are required");
   }
