@@ -68,6 +68,12 @@ NON_FINITE = 60001  # memra._core.status.NON_FINITE
 SLOT_HELD = 40026  # memra._core.status.CONTRACT_SLOT_HELD
 
 
+def in_sequence(what: str, i: int, err: Exception) -> str:
+    """`what: sequence i: ` + err's message, without err's own `what: ` prefix (a batched call
+    naming which of its sequences failed)."""
+    return f"{what}: sequence {i}: {str(err).removeprefix(what + ': ')}"
+
+
 def shown(value) -> str:
     """A value as an error message shows it: a short repr and its type, "[[1, 2], [3]] (list)"."""
     if value is None:

@@ -18,18 +18,12 @@ from .batch import DecodeBatch, RowSampling, SlotLease, TokenStream, take_free_s
 from .config import read_config
 from .decode_graph import DecodeRunner, Sampling
 from .errors import NON_FINITE, SLOT_HELD, CacheFullError, ContractError, NonFiniteError, UnsupportedError, \
-    check_token_ids, shown
+    check_token_ids, in_sequence, shown
 from .loader import eos_ids, read_tensors
 from .models import DecoderModel
 
 log = logging.getLogger("memra")
 _F32_MAX = float(np.finfo(np.float32).max)  # the sampler's temperature is a float32
-
-
-def _in_sequence(what: str, i: int, err: Exception) -> str:
-    """`what: sequence i: ` + err's message, without err's own `what: ` prefix."""
-    msg = str(err)
-    return f"{what}: sequence {i}: {msg.removeprefix(what + ': ')}"
 
 
 def _ids(token_ids, what: str, arg: str = "token_ids") -> np.ndarray:
@@ -506,7 +500,7 @@ class Model:
         # All prompts prefilled together (one batched prefill: Model._prefill_batch).
         for i, r in enumerate(batch.start_many(prompts, samplings, leases, what)):
             if isinstance(r, NonFiniteError):
-                raise NonFiniteError(_in_sequence(what, i, r), NON_FINITE) from None
+                raise NonFiniteError(in_sequence(what, i, r), NON_FINITE) from None
             rows.append(r)
             index[id(r)] = i
             finished.append(False)
@@ -527,7 +521,7 @@ class Model:
                 if finished[i]:
                     continue  # a draw past the row's end (its step was chained before the stop)
                 if isinstance(res, NonFiniteError):
-                    raise NonFiniteError(_in_sequence(what, i, res), NON_FINITE)
+                    raise NonFiniteError(in_sequence(what, i, res), NON_FINITE)
                 yield take(i, res)
             if not pending:
                 active = [r for r in step.rows if not finished[index[id(r)]]]
