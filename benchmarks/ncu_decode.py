@@ -1,6 +1,7 @@
 """Driver for ncu: three KDA decode steps (B = 64, 256 at 64 heads), three batched MLA decode
-launches (B = 64, L = 4096) under each wgmma arm (mla_decode_variant 0 and 1) and three DSA decode steps (append, score, select,
-gathered attention; L = 32768, B = 1 and 8) on CUDA; see benchmarks/results/*-ncu.md."""
+launches (B = 64, L = 4096) under each arm (mla_decode_variant 0: mma.sync, 1: wgmma) and three
+DSA decode steps (append, score, select, gathered attention; L = 32768, B = 1 and 8) on CUDA; see
+benchmarks/results/*-ncu.md."""
 import os
 import sys
 
