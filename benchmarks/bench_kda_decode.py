@@ -10,6 +10,10 @@ Inputs (float32, torch CUDA tensors, both ops take them as they are): q, k L2-no
 [B, 1, H, 128]; v [B, 1, H, 128]; g = logsigmoid(randn) (log decay) [B, 1, H, 128];
 beta = sigmoid(randn) [B, 1, H]; state 0.1 randn [B, H, 128, 128].
 bytes = state traffic, 2 * B * H * 128 * 128 * 4 (read + write); q/k/v/g/o are < 1 % of it.
+memra_kernel_us: the kernel alone (torch.profiler) on an Engine made with KernelOptions(pdl=False)
+(as bench_gemv.py): launched as a programmatic dependent, the kernel starts before the launch in
+front of it ends and its profiled duration includes that wait (memra_pdl_kernel_us: the default
+Engine's kernel timed that way; gpu_span_us: the default Engine's GPU time a call).
 max_rel_err: memra vs fla (max |diff| / max |fla| over o and the state); max_rel_err_ref and
 peer_max_rel_err_ref: memra / fla vs a float32 torch evaluation of the same step.
 
@@ -132,11 +136,13 @@ def pool_gib(engine, key: str):
     return round(m[key] / 2**30, 3) if m else None
 
 
-def measure_memra(b, run_memra) -> dict:
-    """memra's figures on b's engine: event time, kernel time, and where a call's time goes
-    (module docstring)."""
+def measure_memra(b, run_memra, run_nopdl) -> dict:
+    """memra's figures on b's engine: event time, kernel time (run_nopdl: the same call on an
+    Engine without programmatic launch), and where a call's time goes (module docstring)."""
     eng = b.engine
-    rec = {"memra_us": b.time_memra(run_memra), "memra_kernel_us": b.kernel_us(run_memra)}
+    rec = {"memra_us": b.time_memra(run_memra), "memra_pdl_kernel_us": b.kernel_us(run_memra)}
+    rec["memra_kernel_us"] = (b.kernel_us(run_nopdl) if run_nopdl is not None
+                              else rec["memra_pdl_kernel_us"])
     if b.cuda:
         b.sync()
         rec["pool_reserved_gib"] = pool_gib(eng, "pool_reserved")
@@ -152,12 +158,15 @@ def main() -> int:
     args = p.parse_args()
     b = Bench(args, "kda_decode")
     torch = b.torch
+    import memra
     from memra import _core
 
     fused_recurrent_kda, why = (None, "no peer in the --device cpu smoke test") if not b.cuda else load_fla()
     if why:
         log(f"kda_decode: peer unavailable: {why}")
     scale = D ** -0.5
+    e_nopdl = (memra.Engine("cuda", args.device_index, options=memra.KernelOptions(pdl=False))
+               if b.cuda else None)
     for H, B in (SHAPES if b.cuda else SMOKE_SHAPES):
         shape = {"H": H, "B": B, "T": 1, "dk": D, "dv": D, "dtype": "float32"}
         nbytes = 2 * B * H * D * D * 4
@@ -168,6 +177,9 @@ def main() -> int:
 
         def run_memra():
             return _core.kda_scan(q, k, v, g, beta, state, scale=scale, batch=True, engine=b.engine)
+
+        def run_nopdl():
+            return _core.kda_scan(q, k, v, g, beta, state, scale=scale, batch=True, engine=e_nopdl)
 
         def run_peer():
             return fused_recurrent_kda(q, k, v, g, beta, scale=scale, initial_state=state,
@@ -204,7 +216,7 @@ def main() -> int:
         if "memra_error" not in extra:
             # The kernels alone (memra_kernel_us): what the step costs inside a CUDA graph (at
             # B = 1 the event timer measures the binding's host work).
-            first = measure_memra(b, run_memra)
+            first = measure_memra(b, run_memra, run_nopdl if e_nopdl is not None else None)
             memra_us = first.pop("memra_us")
             extra.update(first)
         if fused_recurrent_kda is not None and "peer_unavailable" not in extra:

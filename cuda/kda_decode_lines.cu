@@ -10,7 +10,7 @@
 // on, then stored, in lock step with its block mates. Here:
 // - a part of 4 warps owns a 32-column quarter of one head's plane, all 128 rows (the tiling of
 //   fla's fused_recurrent kernel): each warp instruction covers 4 rows x 128 contiguous bytes,
-//   one request per whole line, loaded with ld.global.cs and stored with st.global.cs;
+//   one request per whole line, loaded with ld.global.L2::256B and stored with st.global.cs;
 // - a lane holds 8 float4 of state (32 floats), 63 registers, so 32 warps fit an SM: the same
 //   128 KB of state in flight as before, in twice as many, half as long, independent pieces;
 // - every state load of a lane is issued before anything waits on memory (with state.early,
@@ -57,6 +57,19 @@ constexpr int line_threads() { return NORM ? kLineParts * kLinePartThreads : kLi
 // At most 64 registers: 32 warps an SM either way.
 template <bool NORM>
 constexpr int line_min_blocks() { return NORM ? 2 : 8; }
+
+// A lane's float4 of state. The L2::256B prefetch size has the L2 fetch the aligned 256-byte
+// pair of lines, whose other half the neighbouring part reads at about the same time: at 64 heads
+// this took the kernel from 0.89 / 0.88 of a copy (ld.global.cs, the streaming policy) to 0.95 /
+// 0.94 at B = 64 / 256 with the same bytes (benchmarks/kda_decode_forms.cu; the figures are in
+// docs/kernels.md).
+__device__ __forceinline__ float4 ld_state_line(const float* p) {
+  float4 x;
+  asm volatile("ld.global.L2::256B.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+               : "=f"(x.x), "=f"(x.y), "=f"(x.z), "=f"(x.w)
+               : "l"(p));
+  return x;
+}
 
 // The group partial ((e0 + e1) + (e2 + e3)) from this lane's chain e (lane bits 3..4) of one
 // column; the four chains' lanes end with the same bits (fadd_rn is commutative).
@@ -144,8 +157,8 @@ __global__ void __launch_bounds__(line_threads<NORM>(), line_min_blocks<NORM>())
       for (int gl = 0; gl < kLineGroups; ++gl) {
 #pragma unroll
         for (int m = 0; m < kLineChain; ++m) {
-          const float4 x = __ldcs(reinterpret_cast<const float4*>(
-              sin + my_off + static_cast<int64_t>(16 * gl + 4 * m) * kScanDv));
+          const float4 x =
+              ld_state_line(sin + my_off + static_cast<int64_t>(16 * gl + 4 * m) * kScanDv);
           S[gl][m][0] = x.x;
           S[gl][m][1] = x.y;
           S[gl][m][2] = x.z;
