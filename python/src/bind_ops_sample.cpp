@@ -32,10 +32,8 @@ std::vector<uint64_t> counter_arg(const AnyArray& a, const char* op, const char*
        << "a tensor on DLPack device type " << a.device_type();
     raise_contract(kContractDevice, os.str());
   }
-  const auto code = static_cast<nb::dlpack::dtype_code>(a.dtype().code);
-  const bool is_i64 = code == nb::dlpack::dtype_code::Int && a.dtype().bits == 64;
-  const bool is_u64 = code == nb::dlpack::dtype_code::UInt && a.dtype().bits == 64;
-  if (!(is_i64 || is_u64) || a.dtype().lanes != 1) {
+  const bool is_i64 = has_dtype(a, nb::dlpack::dtype_code::Int, 64);
+  if (!is_i64 && !has_dtype(a, nb::dlpack::dtype_code::UInt, 64)) {
     os << op << ": argument '" << name << "' must be int64 or uint64, got " << dtype_str(a);
     raise_contract(kContractDType, os.str());
   }
