@@ -74,9 +74,10 @@ BAD = [
     (dict(mhc_defer=np.float32(1)), "mhc_defer"), (dict(attn_decode_unsplit=1), "attn_decode_unsplit"),
     (dict(prefill_chunk=-1), "prefill_chunk"), (dict(prefill_chunk=True), "prefill_chunk"),
     (dict(moe_tensor_cores=0), "moe_tensor_cores"),
-    # Deleted once the H200 settled their A/Bs (docs/options.md): unknown fields now.
-    (dict(kda_decode_lines=True), "kda_decode_lines"),
     (dict(attn_prefill_tensor_cores=1), "attn_prefill_tensor_cores"),
+    (dict(pdl=np.int8(1)), "pdl"),
+    # Deleted once the H200 settled its A/B (docs/options.md): an unknown field now.
+    (dict(kda_decode_lines=True), "kda_decode_lines"),
 ]
 
 
@@ -91,6 +92,17 @@ def test_bad_fields_and_values_are_contract_errors_naming_them(kw, field) -> Non
     assert repr(value) in msg or str(value) in msg, msg
     with pytest.raises(memra.ContractError):
         KernelOptions().replace(**kw)
+
+
+def test_switches_take_numpy_bools_as_load_does() -> None:
+    # As memra.load(cuda_graphs=np.True_) and the integer fields' numpy integers; numpy's other
+    # scalars stay refused (mhc_defer=np.float32(1) in BAD).
+    k = KernelOptions(pdl=np.False_, gemv=np.bool_(True))
+    assert k.pdl is False and k.gemv is True and k == KernelOptions(pdl=False)
+    assert KernelOptions().replace(mhc_defer=np.True_).mhc_defer is True
+    for bad in (np.int8(1), np.array([True]), np.array(True)):
+        with pytest.raises(memra.ContractError, match="pdl"):
+            KernelOptions(pdl=bad)
 
 
 def test_positional_arguments_are_refused() -> None:

@@ -8,6 +8,7 @@
 #include <nanobind/stl/string.h>
 
 #include <climits>
+#include <cstring>
 #include <string>
 
 namespace memra::py {
@@ -106,15 +107,24 @@ std::string field_names() {
   return s;
 }
 
-// o.<field> = v, type-checked (switches take bool; integers take int or any integer with
-// __index__, not bool); the domain is checked by validate() afterwards.
+// numpy's bool scalar (np.True_, np.False_): a switch takes it as memra.load's flags do, as the
+// integer fields take numpy integers. Matched by type name so that numpy need not be imported.
+bool is_numpy_bool(nb::handle v) {
+  const char* n = Py_TYPE(v.ptr())->tp_name;
+  return std::strcmp(n, "numpy.bool") == 0 || std::strcmp(n, "numpy.bool_") == 0;
+}
+
+// o.<field> = v, type-checked (switches take bool or numpy's bool; integers take int or any
+// integer with __index__, not bool); the domain is checked by validate() afterwards.
 void set_field(KernelOptions* o, const Field& f, nb::handle v) {
   const std::string where = std::string("KernelOptions: ") + f.name;
   if (f.flag) {
-    if (!PyBool_Check(v.ptr())) {
+    const int truth = PyBool_Check(v.ptr()) || is_numpy_bool(v) ? PyObject_IsTrue(v.ptr()) : -1;
+    if (truth < 0) {
+      PyErr_Clear();
       raise_contract(kContractValue, where + " must be True or False, got " + repr_of(v));
     }
-    o->*f.flag = v.ptr() == Py_True;
+    o->*f.flag = truth == 1;
     return;
   }
   if (PyBool_Check(v.ptr()) || !PyIndex_Check(v.ptr())) {
@@ -196,9 +206,9 @@ void init_options(nb::module_& m) {
       "mla_decode_variant, mla_tc_mt, mla_split_tiles, moe_grouped_min_t, attn_decode_unsplit, "
       "prefill_chunk (on CUDA), moe_tensor_cores, attn_prefill_tensor_cores; pdl, gemv_rows, "
       "gemv_tall_rows and mhc_defer change only speed. An unknown field, a value of the "
-      "wrong type (switches take bool, the rest int) or out of its domain is a ContractError "
-      "(40025) naming the field and the value. A CPU engine keeps the options and ignores them, "
-      "except prefill_chunk.");
+      "wrong type (switches take bool or numpy's bool, the rest int) or out of its domain is a "
+      "ContractError (40025) naming the field and the value. A CPU engine keeps the options and "
+      "ignores them, except prefill_chunk.");
   cls.def(
          "__init__",
          [](KernelOptions* self, nb::args args, nb::kwargs kwargs) {
