@@ -456,7 +456,8 @@ CASES: dict[str, Case] = {
         {"q_nope": arr(shape(3, 2, 5)), "kv_b": WEIGHT, "d_v": ints(-1, 4, 2**31), "arm": ints(-1, 4), **ENGINE_ARG}),
     "_core.mla_decompress_v": Case(
         lambda w: _core.mla_decompress_v, lambda w: dict(o_lat=w.f32(3, 2, 6), kv_b=w.W(18, 6), d_nope=4, arm=0),
-        {"o_lat": arr(shape(3, 2, 5)), "kv_b": WEIGHT, "d_nope": ints(-1, 10, 2**31), "arm": ints(-1, 4),
+        {"o_lat": arr(shape(3, 2, 5), shape(3, 2, 0)), "kv_b": WEIGHT, "d_nope": ints(-1, 10, 2**31),
+         "arm": ints(-1, 4),
          **ENGINE_ARG}),
     "_core.mla_latent_append": Case(
         lambda w: _core.mla_latent_append,

@@ -102,7 +102,8 @@ def test_sampling_and_routing_values():
 
 def test_zero_width_heads_and_hidden_are_named():
     """Zero-size widths that once crashed the CPU reference (found by a fuzzing review): a KDA
-    scan with dv = 0, or dk = 0 with an explicit scale, and a router over a hidden width of 0."""
+    scan with dv = 0, or dk = 0 with an explicit scale, and a router over a hidden width of 0;
+    and an MLA decompression over a latent rank of 0."""
     z = lambda *s: np.zeros(s, np.float32)  # noqa: E731
     raises(ContractError, lambda: _core.kda_scan(z(3, 2, 4), z(3, 2, 4), z(3, 2, 0), z(3, 2, 4), z(3, 2)),
            "kda_scan", "dv >= 1")
@@ -114,6 +115,9 @@ def test_zero_width_heads_and_hidden_are_named():
         raises(ContractError, lambda: _core.moe_route(z(1, 0), _core.Weight(z(2, 0)), None, top_k=1, n_group=1,
                                                       topk_group=1, norm_topk_prob=False, scaling=1.0,
                                                       scoring=scoring), "moe_route", "'x'", "D >= 1")
+    # An MLA latent rank of 0 names o_lat (it once printed the op layer's whole parameter list).
+    raises(ContractError, lambda: _core.mla_decompress_v(z(2, 4, 0), _core.Weight(z(32, 0)), d_nope=4),
+           "mla_decompress_v", "'o_lat'", "R >= 1")
 
 
 def test_zero_stream_width_and_counter_dtype_are_named():

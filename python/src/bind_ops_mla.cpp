@@ -222,6 +222,11 @@ void init_ops_mla(nb::module_& m) {
         check_nonneg(d_nope, op, "d_nope");
         check_arm(arm, op);
         const KvB w = kv_b_arg(engine, kv_b, op);
+        if (R < 1) {
+          raise_contract(kContractShape, std::string(op) + ": argument 'o_lat' has shape " +
+                                             shape_str(o_lat) +
+                                             ", expected [T, H, R] with the latent rank R >= 1");
+        }
         if (H < 1 || w.ndim != 2 || w.rows % H != 0 || w.rows / H < d_nope || w.cols != R) {
           raise_contract(kContractShape,
                          std::string(op) + ": kv_b has shape " + w.shape_str() +
