@@ -15,12 +15,14 @@
 // kernel does, load all then store all, no arithmetic) and cudaMemcpyAsync of the whole state.
 // Every form computes the same operations in the same order as main's, so its o and state must
 // equal main's bit for bit (checked; "bits_equal" in each line).
-// Standalone: nvcc -O3 -std=c++17 -arch=sm_90a benchmarks/kda_decode_forms.cu -o /tmp/kdf && /tmp/kdf
+// Standalone: nvcc -O3 -std=c++17 -arch=sm_90a benchmarks/kda_decode_forms.cu -o /tmp/kdf && /tmp/kdf [H]
+// (H: heads, default 64; main's kernel is the form "parts=1 ld=2 st=1 defer=0 minb=8").
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -278,9 +280,10 @@ void run_form(const Bufs& x, double copy_us, bool first) {
   std::fflush(stdout);
 }
 
-int main() {
+int main(int argc, char** argv) {
+  const int H = argc > 1 ? std::atoi(argv[1]) : 64;
+  if (H < 1) return 2;
   for (int B : {64, 256}) {
-    const int H = 64;
     Bufs x{};
     x.B = B;
     x.H = H;
@@ -326,7 +329,10 @@ int main() {
     run_form<1, 1, 1, true, 8>(x, memcpy_us, false);  // fla's policies: default, stores last
     run_form<4, 1, 1, false, 2>(x, memcpy_us, false);
     run_form<4, 1, 1, true, 2>(x, memcpy_us, false);
-    run_form<1, 0, 0, false, 8>(x, memcpy_us, false);  // main's form again: drift within the run
+    run_form<1, 2, 1, false, 8>(x, memcpy_us, false);
+    run_form<1, 2, 1, true, 8>(x, memcpy_us, false);
+    run_form<1, 2, 0, false, 0>(x, memcpy_us, false);
+    run_form<1, 2, 0, false, 8>(x, memcpy_us, false);  // main's form until session 7, again: drift within the run
     for (float* p : {x.q, x.k, x.v, x.g, x.beta, x.sin, x.sout, x.o}) CK(cudaFree(p));
   }
   return 0;

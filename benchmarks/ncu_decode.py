@@ -1,4 +1,4 @@
-"""Driver for ncu: three KDA decode steps (B = 64, 256 at 64 heads), three batched MLA decode
+"""Driver for ncu: three KDA decode steps (B = 64, 256 at 64 heads; B = 64 at 32 heads), three batched MLA decode
 launches (B = 64, L = 4096) under each arm (mla_decode_variant 0: mma.sync, 1: wgmma) and three
 DSA decode steps (append, score, select, gathered attention; L = 32768, B = 1 and 8) on CUDA; see
 benchmarks/results/*-ncu.md."""
@@ -11,8 +11,7 @@ from memra import _core
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_dsa_decode import GLM, MemraDsa, Step  # noqa: E402
 e = memra.Engine("cuda")
-for B in (64, 256):
-    H = 64
+for B, H in ((64, 64), (256, 64), (64, 32)):
     q = torch.nn.functional.normalize(torch.randn(B, 1, H, 128, device="cuda"), dim=-1)
     k = torch.nn.functional.normalize(torch.randn(B, 1, H, 128, device="cuda"), dim=-1)
     v = torch.randn(B, 1, H, 128, device="cuda"); g = -torch.rand(B, 1, H, 128, device="cuda")

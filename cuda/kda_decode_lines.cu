@@ -10,7 +10,7 @@
 // on, then stored, in lock step with its block mates. Here:
 // - a part of 4 warps owns a 32-column quarter of one head's plane, all 128 rows (the tiling of
 //   fla's fused_recurrent kernel): each warp instruction covers 4 rows x 128 contiguous bytes,
-//   one request per whole line, loaded with ld.global.L2::256B and stored with st.global.cs;
+//   one request per whole line, loaded with ld.global.L2::256B and stored with the default policy;
 // - a lane holds 8 float4 of state (32 floats), 63 registers, so 32 warps fit an SM: the same
 //   128 KB of state in flight as before, in twice as many, half as long, independent pieces;
 // - every state load of a lane is issued before anything waits on memory (with state.early,
@@ -265,10 +265,9 @@ __global__ void __launch_bounds__(line_threads<NORM>(), line_min_blocks<NORM>())
         S[gl][m][c] = __fadd_rn(S[gl][m][c], __fmul_rn(kk, d[c]));
         ch[c] = __fadd_rn(ch[c], __fmul_rn(S[gl][m][c], qq));
       }
-      if (sout) {
-        __stcs(reinterpret_cast<float4*>(sout + my_off +
-                                         static_cast<int64_t>(16 * gl + 4 * m) * kScanDv),
-               make_float4(S[gl][m][0], S[gl][m][1], S[gl][m][2], S[gl][m][3]));
+      if (sout) {  // the default store policy: st.global.cs streamed slower (kda_decode_forms.cu)
+        *reinterpret_cast<float4*>(sout + my_off + static_cast<int64_t>(16 * gl + 4 * m) * kScanDv) =
+            make_float4(S[gl][m][0], S[gl][m][1], S[gl][m][2], S[gl][m][3]);
       }
     }
 #pragma unroll

@@ -166,7 +166,7 @@ for p in "$@"; do
       phase mem_attn 150 env PYTHONPATH="$site" compute-sanitizer --tool memcheck --error-exitcode 1 \
         python3 scripts/sanitize_attention_tc.py
       ;;
-    ncu_dec) phase ncu_dec 200 env PYTHONPATH="$site" ncu --clock-control none -k regex:"scan_decode|decode_tc|wgmma|mla_combine" -c 18 \
+    ncu_dec) phase ncu_dec 200 env PYTHONPATH="$site" ncu --clock-control none -k regex:"scan_decode|decode_tc|wgmma|mla_combine" -c 21 \
         --section SpeedOfLight --section Occupancy --section LaunchStats python3 benchmarks/ncu_decode.py ;;
     mlapre) phase mlapre 200 env PYTHONPATH="$site${peers:+:$peers}" python3 benchmarks/bench_mla_prefill.py --quick ;;
     prefill) phase prefill 300 env PYTHONPATH="$site${peers:+:$peers}" python3 benchmarks/bench_model_prefill.py --quick ;;
