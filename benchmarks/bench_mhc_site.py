@@ -17,7 +17,13 @@ peer:  torch (f32): post * y + comb^T @ streams, then the reference mapping (RMS
        CUDA events (launch-bound, as eager torch is at this size).
 GLM-5.3-Flash geometry: hc = 4 streams of D = 4096, f32 fn [24, 16384].
 
-    python3 benchmarks/bench_mhc_site.py [--quick]
+Batched decode rows (T = 2 .. 32, one record each of --rows): HyperConnection.pre(streams [T, hc,
+D], norm=w, eps=) (cuda/mhc_pre.cu: mhc_partial_kernel's split-K partials of every row, then
+mhc_finish_norm_kernel), timed on an Engine made with KernelOptions(pdl=False) so that each
+kernel's profiled duration is its own (`kernels_us`: the median duration of each kernel by name);
+the peer is the same mapping in torch f32 without the expansion.
+
+    python3 benchmarks/bench_mhc_site.py [--quick] [--rows 8,32]
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from common import Bench, base_parser, log, rel_err, to_torch  # noqa: E402
+from common import Bench, base_parser, kernel_durations, log, rel_err, to_torch  # noqa: E402
 
 HC, D, ITERS, EPS = 4, 4096, 20, 1e-6
 PEER = "torch eager f32 (mhc_post + mapping + Sinkhorn + collapse + RMSNorm)"
@@ -35,6 +41,7 @@ PEER = "torch eager f32 (mhc_post + mapping + Sinkhorn + collapse + RMSNorm)"
 
 def main() -> int:
     p = base_parser(__doc__.split("\n\n")[0])
+    p.add_argument("--rows", default="32", help="batched decode rows, comma-separated ('' = none)")
     args = p.parse_args()
     b = Bench(args, "mhc_site")
     if not b.cuda:
@@ -119,7 +126,85 @@ def main() -> int:
     }
     nbytes = fn.nbytes + 3 * streams.nbytes + y.nbytes  # fn, residual read, new streams written + read
     b.emit(shape, memra_us, PEER, peer_us, nbytes, **extra)
+    for T in [int(t) for t in filter(None, args.rows.split(","))]:
+        batched_rows(b, args, layer, T, fn, base, scale, w)
     return 0
+
+
+def kernels_by_name(b, fn, reps: int = 50) -> dict:
+    """{kernel name: median duration in us} over `reps` calls of fn (torch.profiler)."""
+    import statistics
+
+    from torch.profiler import ProfilerActivity, profile
+    b.sync()
+    for _ in range(b.warmup):
+        fn()
+    b.sync()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            fn()
+        b.sync()
+    by = {}
+    for name, dur in kernel_durations(prof, names=True):
+        name = name.replace("(anonymous namespace)::", "").replace("<unnamed>::", "")
+        by.setdefault(name.split("(")[0].removeprefix("void ")[:60], []).append(dur)
+    return {k: statistics.median(v) for k, v in by.items()}
+
+
+def batched_rows(b, args, layer, T, fn, base, scale, w):
+    """One record: pre with the fused norm at T decode rows (the split path), kernels alone."""
+    import numpy as np
+
+    import memra
+    from memra import _core
+    torch = b.torch
+    streams = (np.random.default_rng(T).standard_normal((T, HC, D)) * 3).astype(np.float32)
+    e = memra.Engine("cuda", args.device_index, options=memra.KernelOptions(pdl=False))
+    b.use_engine(e)
+    hc, hc1 = layer(e, ITERS), layer(e, 1)
+    ds, dw = e.to_device(streams), e.to_device(w)
+
+    def run():
+        return hc.pre(ds, norm=dw, eps=1e-6)
+
+    def run1():
+        return hc1.pre(ds, norm=dw, eps=1e-6)
+
+    r = np.random.default_rng(T + 1)
+    site_in = [e.to_device(a.astype(np.float32)) for a in (
+        r.standard_normal((T, D)), r.uniform(0.1, 2.0, (T, HC)), r.uniform(0.0, 0.5, (T, HC, HC)))]
+
+    def run_site():  # the whole site: the previous sublayer's expansion, then pre + norm
+        return hc.post_pre(site_in[0], site_in[1], site_in[2], ds, norm=dw, eps=1e-6)
+
+    got = [to_torch(t, e, b.dev) for t in run()]
+    dev = b.dev
+    tf, tb, ts, tw, tst = (torch.as_tensor(v, device=dev) for v in (fn, base, scale, w, streams))
+
+    def run_peer():
+        flat = tst.reshape(T, -1)
+        inv = torch.rsqrt(flat.pow(2).mean(-1, keepdim=True) + 1e-6)
+        lg = (flat @ tf.T) * inv
+        pre = torch.sigmoid(lg[:, :HC] * ts[0] + tb[:HC]) + EPS
+        pst = 2 * torch.sigmoid(lg[:, HC:2 * HC] * ts[1] + tb[HC:2 * HC])
+        c = torch.softmax((lg[:, 2 * HC:] * ts[2] + tb[2 * HC:]).view(T, HC, HC), -1) + EPS
+        c = c / (c.sum(-2, keepdim=True) + EPS)
+        for _ in range(ITERS - 1):
+            c = c / (c.sum(-1, keepdim=True) + EPS)
+            c = c / (c.sum(-2, keepdim=True) + EPS)
+        h = (pre[..., None] * tst).sum(1)
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6) * tw
+        return pst, c, h
+
+    err = max(rel_err(g, r) for g, r in zip(got, run_peer()))
+    shape = {"T": T, "hc": HC, "D": D, "sinkhorn_iters": ITERS, "fn_dtype": "float32",
+             "form": "pre+norm, batched rows"}
+    b.emit(shape, b.time_memra(run), PEER, b.time_torch(run_peer),
+           fn.nbytes + streams.nbytes + T * D * 4,
+           memra_kernel_us=b.kernel_us(run), sinkhorn1_kernel_us=b.kernel_us(run1),
+           kernels_us=kernels_by_name(b, run), site_kernel_us=b.kernel_us(run_site),
+           site_kernels_us=kernels_by_name(b, run_site), max_rel_err_vs_peer=err,
+           note="KernelOptions(pdl=False) engine: each kernel's duration is its own")
 
 
 if __name__ == "__main__":

@@ -124,10 +124,12 @@ __global__ void __launch_bounds__(kMapThreads)
 // fixed order and maps; it spreads `collapsed` over blocks and overlaps the Sinkhorn with it.
 // Three launches (cuBLAS GEMV + its reduction + the one-block-per-token map) become two, and no
 // single block walks the whole 16384-value row. Deterministic: fixed-order sums, no atomics.
-// Block s, lane l: the 4 flat values k = s * kSplitK + 4 l of every row t; warp w computes the
-// partial outputs m = w and w + 32 (when <= mix): m < mix the dot with fn row m, m == mix the
-// sum of squares. A warp's fn values are loaded once, before the rows, so every load of a block
-// is in flight at once (the kernel is one memory round trip per row, not one per output).
+// Block s, warp t < T, lane l: the 4 flat values k = s * kSplitK + 4 l of row t. The block
+// stages its split of fn (as f32) in shared memory while each warp loads its row's values, so
+// the block waits for one memory round trip, not one per row; then warp t forms its lanes' terms
+// of row t's partial outputs m <= mix (m < mix the dot with fn row m, m == mix the sum of
+// squares; lane_dot) 32 at a time and sums them across the warp with warp_sum32_transposed, which
+// gives lane l output l with partial_dot's bits (the site kernel's partials) in 31 shuffles.
 // part [T, mix + 1, S] (S = gridDim.x; an output's partials contiguous for the reduction).
 template <typename W>
 __global__ void __launch_bounds__(kPartThreads)
@@ -135,25 +137,32 @@ __global__ void __launch_bounds__(kPartThreads)
                        const W* __restrict__ fn, int mix, float* __restrict__ part) {
   memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
   memra::cuda::pdl_trigger();
+  __shared__ float4 wf[kSplitMaxOut - 1][32];  // fn rows m < mix of this split, lane quads
   const int s = blockIdx.x, S = gridDim.x;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int t = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const float4 zero = make_float4(0.f, 0.f, 0.f, 0.f);
   const int k = s * kSplitK + 4 * lane;
   const bool in = k < flat;  // flat % 4 == 0: a lane's four values are all in or all out
-  float4 w[kPartOuts];
-#pragma unroll
-  for (int j = 0; j < kPartOuts; ++j) {
-    const int m = warp + 32 * j;
-    w[j] = (in && m < mix) ? load4(fn + int64_t(m) * flat + k) : make_float4(0.f, 0.f, 0.f, 0.f);
+  const float4 x = (t < T && in) ? load4(streams + int64_t(t) * flat + k) : zero;
+#pragma unroll 2
+  for (int i = threadIdx.x; i < mix * 32; i += kPartThreads) {
+    const int m = i >> 5, kk = s * kSplitK + 4 * (i & 31);
+    wf[m][i & 31] = kk < flat ? load4(fn + int64_t(m) * flat + kk) : zero;
   }
-  for (int t = 0; t < T; ++t) {
-    const float4 x = in ? load4(streams + int64_t(t) * flat + k) : make_float4(0.f, 0.f, 0.f, 0.f);
+  __syncthreads();
+  if (t >= T) return;
+  float* const pt = part + int64_t(t) * (mix + 1) * S + s;
+  for (int m0 = 0; m0 <= mix; m0 += 32) {
+    float p[32];
 #pragma unroll
-    for (int j = 0; j < kPartOuts; ++j) {
-      const int m = warp + 32 * j;
-      if (m > mix) break;
-      const float d = partial_dot(m == mix ? x : w[j], x);
-      if (lane == 0) part[(int64_t(t) * (mix + 1) + m) * S + s] = d;
+    for (int u = 0; u < 32; ++u) {
+      const int m = m0 + u;
+      float4 v = m == mix ? x : zero;  // past mix: a zero term, never stored
+      if (m < mix) v = wf[m][lane];
+      p[u] = lane_dot(v, x);
     }
+    const float d = warp_sum32_transposed(p, lane);
+    if (m0 + lane <= mix) pt[int64_t(m0 + lane) * S] = d;
   }
 }
 
