@@ -215,12 +215,25 @@ __device__ __forceinline__ float collapse_cols(const float* pre, const float (&x
 
 // ---- Host bodies of the mhc entry's forms (cuda/mhc_site.cu dispatches them).
 
+// The previous site's expansion in front of a pre (the expand + pre + norm form): streams_out
+// [T, hc, D] = mhc_post(y [T, D], post_prev [T, hc], comb_prev [T, hc, hc], residual [T, hc, D]),
+// then the pre reads streams_out.
+struct PostIn {
+  const float* y;
+  const float* post_prev;
+  const float* comb_prev;
+  const float* residual;
+  float* streams_out;
+};
+
 // pre: post, comb and collapsed of streams (mhc_pre); with rms, collapsed replaced by
-// rms_norm(collapsed, rms_w, rms_eps) (cuda/mhc_pre.cu).
+// rms_norm(collapsed, rms_w, rms_eps) (cuda/mhc_pre.cu). With expand (streams ==
+// expand->streams_out), the expansion first: in the split-K pass when it takes the rows (each
+// lane expands the four values it reads), else mhc_post's launch.
 int pre_impl(MemraCudaCtx* ctx, const float* streams, int T, int hc, int D, const void* fn,
              int fn_dtype, const float* base, const float* scale, int sinkhorn_iters,
              float hc_eps, float norm_eps, bool rms, const float* rms_w, float rms_eps,
-             float* post, float* comb, float* collapsed);
+             float* post, float* comb, float* collapsed, const PostIn* expand = nullptr);
 
 // expand: out [T, hc, D] = mhc_post(y, post, comb, residual) (cuda/mhc_post.cu).
 int post_impl(MemraCudaCtx* ctx, const float* y, const float* post, const float* comb,

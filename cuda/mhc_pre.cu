@@ -22,6 +22,7 @@
 #include <climits>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "common.cuh"
 #include "linear.cuh"
@@ -131,10 +132,38 @@ __global__ void __launch_bounds__(kMapThreads)
 // squares; lane_dot) 32 at a time and sums them across the warp with warp_sum32_transposed, which
 // gives lane l output l with partial_dot's bits (the site kernel's partials) in 31 shuffles.
 // part [T, mix + 1, S] (S = gridDim.x; an output's partials contiguous for the reduction).
-template <typename W>
+//
+// POST (the expand + pre + norm form, D % 4 == 0): a lane first expands its four values of row t
+// as mhc_post does (mhc_post_quad_kernel's operations in its order: the same bytes) and stores
+// them to pin.streams_out, which the finishing kernel then reads: one launch fewer a site.
+template <int HC>
+__device__ __forceinline__ float4 expand4(const PostIn& pin, int64_t t, int j, int d, int D) {
+  float4 r[HC];
+  float c[HC];
+#pragma unroll
+  for (int i = 0; i < HC; ++i) {
+    r[i] = load4(pin.residual + (t * HC + i) * D + d);
+    c[i] = pin.comb_prev[t * HC * HC + i * HC + j];
+  }
+  const float4 yv = load4(pin.y + t * D + d);
+  const float p = pin.post_prev[t * HC + j];
+  float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+  for (int i = 0; i < HC; ++i) {
+    acc.x = __fadd_rn(acc.x, __fmul_rn(c[i], r[i].x));
+    acc.y = __fadd_rn(acc.y, __fmul_rn(c[i], r[i].y));
+    acc.z = __fadd_rn(acc.z, __fmul_rn(c[i], r[i].z));
+    acc.w = __fadd_rn(acc.w, __fmul_rn(c[i], r[i].w));
+  }
+  return make_float4(__fadd_rn(__fmul_rn(p, yv.x), acc.x), __fadd_rn(__fmul_rn(p, yv.y), acc.y),
+                     __fadd_rn(__fmul_rn(p, yv.z), acc.z), __fadd_rn(__fmul_rn(p, yv.w), acc.w));
+}
+
+template <typename W, int POST_HC>  // POST_HC: 0 reads the streams, else expands at hc = POST_HC
 __global__ void __launch_bounds__(kPartThreads)
     mhc_partial_kernel(const float* __restrict__ streams, int T, int flat,
-                       const W* __restrict__ fn, int mix, float* __restrict__ part) {
+                       const W* __restrict__ fn, int mix, float* __restrict__ part, PostIn pin,
+                       int D) {
   memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
   memra::cuda::pdl_trigger();
   __shared__ float4 wf[kSplitMaxOut - 1][32];  // fn rows m < mix of this split, lane quads
@@ -143,7 +172,16 @@ __global__ void __launch_bounds__(kPartThreads)
   const float4 zero = make_float4(0.f, 0.f, 0.f, 0.f);
   const int k = s * kSplitK + 4 * lane;
   const bool in = k < flat;  // flat % 4 == 0: a lane's four values are all in or all out
-  const float4 x = (t < T && in) ? load4(streams + int64_t(t) * flat + k) : zero;
+  float4 x = zero;
+  if (t < T && in) {
+    if constexpr (POST_HC > 0) {
+      const int j = k / D;
+      x = expand4<POST_HC>(pin, t, j, k - j * D, D);
+      *reinterpret_cast<float4*>(pin.streams_out + int64_t(t) * flat + k) = x;
+    } else {
+      x = load4(streams + int64_t(t) * flat + k);
+    }
+  }
 #pragma unroll 2
   for (int i = threadIdx.x; i < mix * 32; i += kPartThreads) {
     const int m = i >> 5, kk = s * kSplitK + 4 * (i & 31);
@@ -322,7 +360,7 @@ namespace memra::cuda::mhc {
 int pre_impl(MemraCudaCtx* ctx, const float* streams, int T, int hc, int D, const void* fn,
              int fn_dtype, const float* base, const float* scale, int sinkhorn_iters,
              float hc_eps, float norm_eps, bool rms, const float* rms_w, float rms_eps,
-             float* post, float* comb, float* collapsed) {
+             float* post, float* comb, float* collapsed, const PostIn* expand) {
   MEMRA_CUDA_RETURN_IF(enter(ctx));
   if (rms && !(rms_eps >= 0.0f && rms_eps <= FLT_MAX)) return memra::kContractValue;
   if (T < 0 || D < 0 || hc < 1 || sinkhorn_iters < 1) return memra::kContractValue;
@@ -334,26 +372,50 @@ int pre_impl(MemraCudaCtx* ctx, const float* streams, int T, int hc, int D, cons
   if (!streams || !fn || !base || !scale || !post || !comb || !collapsed) {
     return memra::kContractMissing;
   }
-  if (rms && site_fits(T, hc, D, fn_dtype, fn, streams)) {
-    return site_pre_norm(ctx, streams, D, fn, fn_dtype, base, scale, sinkhorn_iters, hc_eps,
-                         norm_eps, rms_w, rms_eps, post, comb, collapsed);
-  }
   const int mix = (2 + hc) * hc;
   const bool fold = fn_dtype != 2 || flat == 0;
   const uintptr_t fn_align = fn_dtype == 0 ? 15u : 7u;  // four weights per load
-  if (fold && flat > 0 && T <= kSplitMaxT && mix + 1 <= kSplitMaxOut && flat % 4 == 0 &&
-      memra::cuda::aligned16(streams) &&
-      (reinterpret_cast<uintptr_t>(fn) & fn_align) == 0) {
+  const bool split = fold && flat > 0 && T <= kSplitMaxT && mix + 1 <= kSplitMaxOut &&
+                     flat % 4 == 0 && memra::cuda::aligned16(streams) &&
+                     (reinterpret_cast<uintptr_t>(fn) & fn_align) == 0;
+  // The expansion inside the split pass: a lane's four values in one stream, 16-byte rows.
+  const bool fused_post = expand && split && D % 4 == 0 && hc <= 4 && hc != 3 &&
+                          memra::cuda::aligned16(expand->y) &&
+                          memra::cuda::aligned16(expand->residual);
+  if (expand && !fused_post) {
+    MEMRA_CUDA_RETURN_IF(post_impl(ctx, expand->y, expand->post_prev, expand->comb_prev,
+                                   expand->residual, T, hc, D, expand->streams_out));
+  }
+  if (rms && !fused_post && site_fits(T, hc, D, fn_dtype, fn, streams)) {
+    return site_pre_norm(ctx, streams, D, fn, fn_dtype, base, scale, sinkhorn_iters, hc_eps,
+                         norm_eps, rms_w, rms_eps, post, comb, collapsed);
+  }
+  if (split) {
     const int S = static_cast<int>(ceil_div(flat, kSplitK));
     Scratch part(ctx, static_cast<size_t>(T) * S * (mix + 1) * sizeof(float));
     MEMRA_CUDA_RETURN_IF(part.status());
-    if (fn_dtype == 0) {
-      memra::cuda::launch(ctx, true, mhc_partial_kernel<float>, dim3(S), dim3(kPartThreads), 0,
-          streams, T, static_cast<int>(flat), static_cast<const float*>(fn), mix, part.as<float>());
+    const PostIn pin = fused_post ? *expand : PostIn{};
+    auto launch_partial = [&](auto wtag, auto hct) {
+      using W = decltype(wtag);
+      memra::cuda::launch(ctx, true, mhc_partial_kernel<W, decltype(hct)::value>, dim3(S),
+                          dim3(kPartThreads), 0, streams, T, static_cast<int>(flat),
+                          static_cast<const W*>(fn), mix, part.as<float>(), pin, D);
+    };
+    auto with_w = [&](auto hct) {
+      if (fn_dtype == 0) {
+        launch_partial(float{}, hct);
+      } else {
+        launch_partial(__nv_bfloat16{}, hct);
+      }
+    };
+    if (!fused_post) {
+      with_w(std::integral_constant<int, 0>());
+    } else if (hc == 4) {
+      with_w(std::integral_constant<int, 4>());
+    } else if (hc == 2) {
+      with_w(std::integral_constant<int, 2>());
     } else {
-      memra::cuda::launch(ctx, true, mhc_partial_kernel<__nv_bfloat16>, dim3(S), dim3(kPartThreads),
-          0, streams, T, static_cast<int>(flat), static_cast<const __nv_bfloat16*>(fn), mix,
-          part.as<float>());
+      with_w(std::integral_constant<int, 1>());
     }
     MEMRA_CUDA_RETURN_IF(launch_status());
     const size_t smem = sizeof(float) * (static_cast<size_t>(hc) + static_cast<size_t>(hc) * hc);

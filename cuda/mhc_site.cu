@@ -274,7 +274,8 @@ int site_pre_norm(MemraCudaCtx* ctx, const float* streams, int D, const void* fn
 namespace {
 
 // The expand + pre + norm form: streams = mhc_post(...), then pre_impl(streams) with the norm;
-// at one decode row of the site's geometry the site kernel's single launch.
+// at one decode row of the site's geometry the site kernel's single launch, at other decode rows
+// the expansion inside pre_impl's split-K pass (or mhc_post's launch in front of it).
 int mhc_post_pre_norm(MemraCudaCtx* ctx, const float* y, const float* post_prev,
                       const float* comb_prev, const float* residual, int T, int hc, int D,
                       const void* fn, int fn_dtype, const float* base, const float* scale,
@@ -301,9 +302,9 @@ int mhc_post_pre_norm(MemraCudaCtx* ctx, const float* y, const float* post_prev,
     a.streams_out = streams;
     return launch_site<true>(ctx, a, fn_dtype);
   }
-  MEMRA_CUDA_RETURN_IF(post_impl(ctx, y, post_prev, comb_prev, residual, T, hc, D, streams));
+  const PostIn expand{y, post_prev, comb_prev, residual, streams};
   return pre_impl(ctx, streams, T, hc, D, fn, fn_dtype, base, scale, sinkhorn_iters, hc_eps,
-                  norm_eps, true, rms_w, rms_eps, post, comb, out);
+                  norm_eps, true, rms_w, rms_eps, post, comb, out, &expand);
 }
 
 }  // namespace

@@ -26,7 +26,7 @@ import pytest
 
 import memra
 from memra import _core
-from cuda_helpers import bf16_weight, close, expect, f32, rng
+from cuda_helpers import bf16_weight, close, expect, f32, kernel_names, rng
 
 pytestmark = pytest.mark.cuda
 
@@ -128,10 +128,12 @@ def test_mhc_pre_norm_equals_mhc_pre_then_rms_norm(e, T, hc, D, weighted):
 # input norm. At one decode row with hc = 4 (D % 4 == 0, D <= 4096; GLM-5.3) cuda/mhc_site.cu runs it
 # as one launch (mhc_site_kernel: the split partials, then the block that finishes last maps,
 # collapses, normalises and runs the Sinkhorn), and pre(norm=, eps=) at that row the same kernel
-# without the expansion. Both must give the bytes of the separate kernels on the same engine:
-# mhc_post, pre without a norm (mhc_partial_kernel + mhc_finish_kernel), then rms_norm. Other
-# shapes (T > 1, odd D, D > 4096, hc != 4) run the separate kernels inside the call. Against
-# the CPU layer: the tolerances of test_mhc_pre_norm_equals_mhc_pre_then_rms_norm.
+# without the expansion. At other rows of the split path (T <= 32) with hc in {1, 2, 4} and
+# D % 4 == 0 the expansion runs inside mhc_partial_kernel (POST_HC), whose lanes store the new
+# streams. All must give the bytes of the separate kernels on the same engine: mhc_post, pre
+# without a norm (mhc_partial_kernel + mhc_finish_kernel), then rms_norm. Other shapes (odd D,
+# hc 3 or > 4, T > 32) run mhc_post's launch inside the call. Against the CPU layer: the
+# tolerances of test_mhc_pre_norm_equals_mhc_pre_then_rms_norm.
 def hc_layer(e, fw, base, scale, hc, D, dtype="float32"):
     w = {"fn": fw, "base": _core.Weight(base), "scale": _core.Weight(scale)}
     kw = dict(hidden=D, hc_mult=hc, sinkhorn_iters=20, hc_eps=1e-6, norm_eps=1e-5, dtype=dtype)
@@ -140,7 +142,9 @@ def hc_layer(e, fw, base, scale, hc, D, dtype="float32"):
 
 @pytest.mark.parametrize("T,hc,D", [(1, 4, 4096), (1, 4, 2048), (1, 4, 1020), (1, 4, 200),
                                     (1, 4, 36), (1, 4, 4), (1, 4, 33), (1, 4, 4100), (3, 4, 4096),
-                                    (33, 4, 64), (1, 2, 64), (1, 6, 70)])
+                                    (33, 4, 64), (1, 2, 64), (1, 6, 70), (2, 4, 4096),
+                                    (32, 4, 4096), (3, 4, 4100), (3, 4, 33), (5, 2, 64), (3, 1, 16),
+                                    (4, 6, 72), (2, 3, 12)])
 @pytest.mark.parametrize("weighted", [True, False])
 @pytest.mark.parametrize("fn_dtype", ["float32", "bfloat16"])
 def test_hc_post_pre_equals_separate_kernels(e, T, hc, D, weighted, fn_dtype):
@@ -170,6 +174,21 @@ def test_hc_post_pre_equals_separate_kernels(e, T, hc, D, weighted, fn_dtype):
     close(got[2], ccomb, dict(rtol=0, atol=atol))
     otol = 1e-4 if fn_dtype == "float32" else 3e-2
     close(got[3], cout, dict(rtol=0, atol=otol * max(1.0, float(np.abs(cout).max()))))
+
+
+def test_hc_post_pre_fuses_the_expansion_at_decode_rows(e, tmp_path):
+    # At B = 32 rows of GLM's geometry the site is two launches: the split pass that expands the
+    # streams, then the finishing kernel with the norm; no mhc_post launch of its own.
+    streams, fw, base, scale = mhc_inputs(32, 4, 4096, seed=31)
+    gpu, _ = hc_layer(e, fw, base, scale, 4, 4096)
+    r = rng(32)
+    args = [e.to_device(f32(a)) for a in (r.standard_normal((32, 4096)),
+                                         r.uniform(0.1, 2.0, (32, 4)),
+                                         r.uniform(0.0, 0.5, (32, 4, 4)), streams)]
+    names = kernel_names(lambda: (gpu.post_pre(*args, norm=None, eps=1e-6), e.synchronize()),
+                         tmp_path / "trace.json")
+    assert len(names) == 2, names
+    assert "mhc_partial_kernel" in names[0] and "mhc_finish_norm_kernel" in names[1], names
 
 
 @pytest.mark.parametrize("T,D,n", [(1, 4096, 4), (3, 33, 4), (2, 7, 1), (70000, 3, 2)])
