@@ -5,8 +5,9 @@
 // At decode (T <= 32 rows, f32 / bf16 fn, 16-byte aligned rows): two kernels, a split-K pass
 //   computing every row's raw logits and sum of squares (f32 products: the streams are not
 //   rounded to the fn dtype) and a finishing kernel that reduces them in a fixed order and maps
-//   (details above mhc_partial_kernel). One decode row of GLM's geometry with the norm takes the
-//   single-launch site kernel instead (cuda/mhc_site.cu).
+//   (details above mhc_partial_kernel); in the expand + pre + norm form the split-K pass also
+//   computes the previous site's expansion (mhc_post) of the values it reads. One decode row of
+//   GLM's geometry with the norm takes the single-launch site kernel instead (cuda/mhc_site.cu).
 // Otherwise one GEMM (memra::cuda::linear) + one mapping kernel (a block per token):
 //   f32 / bf16 fn: logits_raw = streams[T, hc*D] fn^T straight from the streams, and the
 //     mapping kernel scales each token's logits by its unweighted-RMS factor
