@@ -156,7 +156,6 @@ def batched_rows(b, args, layer, T, fn, base, scale, w):
     import numpy as np
 
     import memra
-    from memra import _core
     torch = b.torch
     streams = (np.random.default_rng(T).standard_normal((T, HC, D)) * 3).astype(np.float32)
     e = memra.Engine("cuda", args.device_index, options=memra.KernelOptions(pdl=False))

@@ -314,7 +314,7 @@ int main(int argc, char** argv) {
                 B, H, memcpy_us, bytes / memcpy_us / 1e6);
     std::printf("{\"bench\": \"kda_decode_forms\", \"B\": %d, \"H\": %d, \"form\": \"copy_shaped\", \"us\": %.2f, \"TBps\": %.4f, \"frac_of_copy\": %.4f}\n",
                 B, H, shaped_us, bytes / shaped_us / 1e6, memcpy_us / shaped_us);
-    run_form<1, 0, 0, false, 8>(x, memcpy_us, true);  // main's form
+    run_form<1, 0, 0, false, 8>(x, memcpy_us, true);  // main's form until session 6: the bits reference
     run_form<1, 1, 0, false, 8>(x, memcpy_us, false);
     run_form<1, 2, 0, false, 8>(x, memcpy_us, false);
     run_form<1, 3, 0, false, 8>(x, memcpy_us, false);
