@@ -176,19 +176,22 @@ def test_hc_post_pre_equals_separate_kernels(e, T, hc, D, weighted, fn_dtype):
     close(got[3], cout, dict(rtol=0, atol=otol * max(1.0, float(np.abs(cout).max()))))
 
 
-def test_hc_post_pre_fuses_the_expansion_at_decode_rows(e, tmp_path):
-    # At B = 32 rows of GLM's geometry the site is two launches: the split pass that expands the
-    # streams, then the finishing kernel with the norm; no mhc_post launch of its own.
-    streams, fw, base, scale = mhc_inputs(32, 4, 4096, seed=31)
-    gpu, _ = hc_layer(e, fw, base, scale, 4, 4096)
-    r = rng(32)
-    args = [e.to_device(f32(a)) for a in (r.standard_normal((32, 4096)),
-                                         r.uniform(0.1, 2.0, (32, 4)),
-                                         r.uniform(0.0, 0.5, (32, 4, 4)), streams)]
+@pytest.mark.parametrize("T,hc,D", [(32, 4, 4096), (5, 2, 64), (3, 1, 16)])
+def test_hc_post_pre_fuses_the_expansion_at_decode_rows(e, tmp_path, T, hc, D):
+    # At decode rows (B = 32 of GLM's geometry; hc 2 and 1) the site is two launches: the split
+    # pass that expands the streams (mhc_partial_kernel<W, POST_HC = hc>), then the finishing
+    # kernel with the norm; no mhc_post launch of its own.
+    streams, fw, base, scale = mhc_inputs(T, hc, D, seed=31)
+    gpu, _ = hc_layer(e, fw, base, scale, hc, D)
+    r = rng(T)
+    args = [e.to_device(f32(a)) for a in (r.standard_normal((T, D)),
+                                         r.uniform(0.1, 2.0, (T, hc)),
+                                         r.uniform(0.0, 0.5, (T, hc, hc)), streams)]
     names = kernel_names(lambda: (gpu.post_pre(*args, norm=None, eps=1e-6), e.synchronize()),
                          tmp_path / "trace.json")
     assert len(names) == 2, names
-    assert "mhc_partial_kernel" in names[0] and "mhc_finish_norm_kernel" in names[1], names
+    assert f"mhc_partial_kernel<float, {hc}>" in names[0], names
+    assert "mhc_finish_norm_kernel" in names[1], names
 
 
 @pytest.mark.parametrize("T,D,n", [(1, 4096, 4), (3, 33, 4), (2, 7, 1), (70000, 3, 2)])
