@@ -96,19 +96,7 @@ def main() -> int:
 
     def run_peer():
         new = tp[..., None] * ty[:, None, :] + torch.matmul(tc.transpose(1, 2), tst)
-        flat = new.reshape(1, -1)
-        inv = torch.rsqrt(flat.pow(2).mean(-1, keepdim=True) + 1e-6)
-        lg = (flat @ tf.T) * inv
-        pre = torch.sigmoid(lg[:, :HC] * ts[0] + tb[:HC]) + EPS
-        pst = 2 * torch.sigmoid(lg[:, HC:2 * HC] * ts[1] + tb[HC:2 * HC])
-        c = torch.softmax((lg[:, 2 * HC:] * ts[2] + tb[2 * HC:]).view(1, HC, HC), -1) + EPS
-        c = c / (c.sum(-2, keepdim=True) + EPS)
-        for _ in range(ITERS - 1):
-            c = c / (c.sum(-1, keepdim=True) + EPS)
-            c = c / (c.sum(-2, keepdim=True) + EPS)
-        h = (pre[..., None] * new).sum(1)
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6) * tw
-        return new, pst, c, h
+        return (new, *torch_pre_norm(torch, new, tf, tb, ts, tw))
 
     ref = run_peer()
     err = max(rel_err(g, r) for g, r in zip(got, ref))
@@ -129,6 +117,25 @@ def main() -> int:
     for T in [int(t) for t in filter(None, args.rows.split(","))]:
         batched_rows(b, args, layer, T, fn, base, scale, w)
     return 0
+
+
+def torch_pre_norm(torch, streams, fn, base, scale, w):
+    """The peer's mapping of streams [T, HC, D] (f32 tensors): the RMS-scaled logits (fn [mix,
+    HC * D]), pre, post, the softmaxed comb through ITERS Sinkhorn rounds, the collapse and the
+    RMSNorm with weight w [D] -> (post [T, HC], comb [T, HC, HC], out [T, D])."""
+    T = streams.shape[0]
+    flat = streams.reshape(T, -1)
+    inv = torch.rsqrt(flat.pow(2).mean(-1, keepdim=True) + 1e-6)
+    lg = (flat @ fn.T) * inv
+    pre = torch.sigmoid(lg[:, :HC] * scale[0] + base[:HC]) + EPS
+    pst = 2 * torch.sigmoid(lg[:, HC:2 * HC] * scale[1] + base[HC:2 * HC])
+    c = torch.softmax((lg[:, 2 * HC:] * scale[2] + base[2 * HC:]).view(T, HC, HC), -1) + EPS
+    c = c / (c.sum(-2, keepdim=True) + EPS)
+    for _ in range(ITERS - 1):
+        c = c / (c.sum(-1, keepdim=True) + EPS)
+        c = c / (c.sum(-2, keepdim=True) + EPS)
+    h = (pre[..., None] * streams).sum(1)
+    return pst, c, h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6) * w
 
 
 def kernels_by_name(b, fn, reps: int = 50) -> dict:
@@ -181,19 +188,7 @@ def batched_rows(b, args, layer, T, fn, base, scale, w):
     tf, tb, ts, tw, tst = (torch.as_tensor(v, device=dev) for v in (fn, base, scale, w, streams))
 
     def run_peer():
-        flat = tst.reshape(T, -1)
-        inv = torch.rsqrt(flat.pow(2).mean(-1, keepdim=True) + 1e-6)
-        lg = (flat @ tf.T) * inv
-        pre = torch.sigmoid(lg[:, :HC] * ts[0] + tb[:HC]) + EPS
-        pst = 2 * torch.sigmoid(lg[:, HC:2 * HC] * ts[1] + tb[HC:2 * HC])
-        c = torch.softmax((lg[:, 2 * HC:] * ts[2] + tb[2 * HC:]).view(T, HC, HC), -1) + EPS
-        c = c / (c.sum(-2, keepdim=True) + EPS)
-        for _ in range(ITERS - 1):
-            c = c / (c.sum(-1, keepdim=True) + EPS)
-            c = c / (c.sum(-2, keepdim=True) + EPS)
-        h = (pre[..., None] * tst).sum(1)
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6) * tw
-        return pst, c, h
+        return torch_pre_norm(torch, tst, tf, tb, ts, tw)
 
     err = max(rel_err(g, r) for g, r in zip(got, run_peer()))
     shape = {"T": T, "hc": HC, "D": D, "sinkhorn_iters": ITERS, "fn_dtype": "float32",
