@@ -129,33 +129,16 @@ void init_layers(nb::module_& m) {
       .def(
           "forward",
           [](const KdaLayer& l, const AnyArray& x) {
-            const int D = l.config().hidden;
-            const float* xp = f32_in(l.cuda(), x, "KdaLayer.forward", "x", {-1, D});
-            const int T = int(dim(x, 0));
-            Out y = out_f32(l.cuda(), {sz(T), sz(D)}, false);
-            Status st;
-            {
-              nb::gil_scoped_release nogil;
-              st = l.forward(xp, T, y.data<float>());
-            }
-            check(st);
-            return y.obj;
+            return layer_rows(l, x, -1, "KdaLayer.forward",
+                              [&](const float* xp, int T, float* y) { return l.forward(xp, T, y); });
           },
           nb::arg("x"), "x [T, hidden] f32 -> y [T, hidden] from a zero state.")
       .def(
           "prefill",
           [](const KdaLayer& l, Cache& cache, int layer, int slot, const AnyArray& x) {
-            const int D = l.config().hidden;
-            const float* xp = f32_in(l.cuda(), x, "KdaLayer.prefill", "x", {-1, D});
-            const int T = int(dim(x, 0));
-            Out y = out_f32(l.cuda(), {sz(T), sz(D)}, false);
-            Status st;
-            {
-              nb::gil_scoped_release nogil;
-              st = l.prefill(cache, layer, slot, xp, T, y.data<float>());
-            }
-            check(st);
-            return y.obj;
+            return layer_rows(l, x, -1, "KdaLayer.prefill", [&](const float* xp, int T, float* y) {
+              return l.prefill(cache, layer, slot, xp, T, y);
+            });
           },
           nb::arg("cache"), nb::arg("layer"), nb::arg("slot"), nb::arg("x"),
           "Continue `slot` by x [T, hidden]; writes the pending state plane, visible after "
@@ -163,31 +146,14 @@ void init_layers(nb::module_& m) {
       .def(
           "decode",
           [](const KdaLayer& l, Cache& cache, int layer, const AnyArray& slots, const AnyArray& x) {
-            const int D = l.config().hidden;
-            const int32_t* sp = slots_arg(slots, cache, "KdaLayer.decode");
-            const int B = int(dim(slots, 0));
-            const float* xp = f32_in(l.cuda(), x, "KdaLayer.decode", "x", {B, D});
-            Out y = out_f32(l.cuda(), {sz(B), sz(D)}, false);
-            Status st;
-            {
-              nb::gil_scoped_release nogil;
-              st = l.decode(cache, layer, sp, B, xp, y.data<float>());
-            }
-            check(st);
-            return y.obj;
+            return layer_decode(l, cache, layer, slots, x, "KdaLayer.decode");
           },
           nb::arg("cache"), nb::arg("layer"), nb::arg("slots"), nb::arg("x"),
           "One token for each slot: slots [B] int32, x [B, hidden] -> [B, hidden].")
       .def(
           "decode",
           [](const KdaLayer& l, Cache& cache, int layer, const DecodeSlots& slots, const AnyArray& x) {
-            const char* op = "KdaLayer.decode";
-            const int D = l.config().hidden, B = slots.size();
-            check_decode_slots(slots, cache, op);
-            const float* xp = f32_in(l.cuda(), x, op, "x", {B, D});
-            Out y = out_f32(l.cuda(), {sz(B), sz(D)}, false);
-            check(l.decode_device(cache, layer, slots.data(), B, xp, y.data<float>()));
-            return y.obj;
+            return layer_decode_device(l, cache, layer, slots, x, "KdaLayer.decode");
           },
           nb::arg("cache"), nb::arg("layer"), nb::arg("slots"), nb::arg("x"),
           "The same with the rows' slots on the device (memra.DecodeSlots of `cache`, CUDA): x "

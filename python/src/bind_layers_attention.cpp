@@ -21,8 +21,6 @@ namespace {
 
 using Weights = std::map<std::string, Weight>;
 
-size_t sz(int64_t v) { return static_cast<size_t>(v); }
-
 }  // namespace
 
 void init_layers_attention(nb::module_& m) {
@@ -98,18 +96,10 @@ void init_layers_attention(nb::module_& m) {
       .def(
           "prefill",
           [](const AttentionLayer& l, Cache& cache, int layer, int slot, const AnyArray& x) {
-            const char* op = "AttentionLayer.prefill";
-            const int D = l.config().hidden;
-            const float* xp = f32_in(l.cuda(), x, op, "x", {-1, D});
-            const int T = int(dim(x, 0));
-            Out y = out_f32(l.cuda(), {sz(T), sz(D)}, false);
-            Status st;
-            {
-              nb::gil_scoped_release nogil;
-              st = l.prefill(cache, layer, slot, xp, T, y.data<float>());
-            }
-            check(st);
-            return y.obj;
+            return layer_rows(l, x, -1, "AttentionLayer.prefill",
+                              [&](const float* xp, int T, float* y) {
+                                return l.prefill(cache, layer, slot, xp, T, y);
+                              });
           },
           nb::arg("cache"), nb::arg("layer"), nb::arg("slot"), nb::arg("x"),
           "Continue `slot` by x [T, hidden] float32 -> y [T, hidden] float32 (positions "
@@ -119,19 +109,7 @@ void init_layers_attention(nb::module_& m) {
       .def(
           "decode",
           [](const AttentionLayer& l, Cache& cache, int layer, const AnyArray& slots, const AnyArray& x) {
-            const char* op = "AttentionLayer.decode";
-            const int D = l.config().hidden;
-            const int32_t* sp = slots_arg(slots, cache, op);
-            const int B = int(dim(slots, 0));
-            const float* xp = f32_in(l.cuda(), x, op, "x", {B, D});
-            Out y = out_f32(l.cuda(), {sz(B), sz(D)}, false);
-            Status st;
-            {
-              nb::gil_scoped_release nogil;
-              st = l.decode(cache, layer, sp, B, xp, y.data<float>());
-            }
-            check(st);
-            return y.obj;
+            return layer_decode(l, cache, layer, slots, x, "AttentionLayer.decode");
           },
           nb::arg("cache"), nb::arg("layer"), nb::arg("slots"), nb::arg("x"),
           "One token for each slot: slots [B] int32 (host, distinct), x [B, hidden] -> [B, "
@@ -139,13 +117,7 @@ void init_layers_attention(nb::module_& m) {
       .def(
           "decode",
           [](const AttentionLayer& l, Cache& cache, int layer, const DecodeSlots& slots, const AnyArray& x) {
-            const char* op = "AttentionLayer.decode";
-            const int D = l.config().hidden, B = slots.size();
-            check_decode_slots(slots, cache, op);
-            const float* xp = f32_in(l.cuda(), x, op, "x", {B, D});
-            Out y = out_f32(l.cuda(), {sz(B), sz(D)}, false);
-            check(l.decode_device(cache, layer, slots.data(), B, xp, y.data<float>()));
-            return y.obj;
+            return layer_decode_device(l, cache, layer, slots, x, "AttentionLayer.decode");
           },
           nb::arg("cache"), nb::arg("layer"), nb::arg("slots"), nb::arg("x"),
           "The same with the rows' slots on the device (memra.DecodeSlots of `cache`, CUDA): "

@@ -18,23 +18,10 @@ namespace memra::py {
 
 namespace {
 
-size_t sz(int64_t v) { return static_cast<size_t>(v); }
-
 DType layer_dtype(const std::string& dtype) {
   if (dtype == "float32") return DType::kF32;
   if (dtype == "bfloat16") return DType::kBF16;
   raise_contract(kContractValue, "GdnLayer: dtype must be 'float32' or 'bfloat16', got '" + dtype + "'");
-}
-
-// Run a layer call with the GIL released; raise its error.
-template <typename F>
-void run_layer(F&& f) {
-  Status st;
-  {
-    nb::gil_scoped_release nogil;
-    st = f();
-  }
-  check(st);
 }
 
 }  // namespace
@@ -94,23 +81,16 @@ void init_layers_gdn(nb::module_& m) {
       .def(
           "forward",
           [](const GdnLayer& l, const AnyArray& x) {
-            const int D = l.config().hidden;
-            const float* xp = f32_in(l.cuda(), x, "GdnLayer.forward", "x", {-1, D});
-            const int T = int(dim(x, 0));
-            Out y = out_f32(l.cuda(), {sz(T), sz(D)}, false);
-            run_layer([&] { return l.forward(xp, T, y.data<float>()); });
-            return y.obj;
+            return layer_rows(l, x, -1, "GdnLayer.forward",
+                              [&](const float* xp, int T, float* y) { return l.forward(xp, T, y); });
           },
           nb::arg("x"), "x [T, hidden] float32 -> y [T, hidden] from a zero state (CPU layers).")
       .def(
           "prefill",
           [](const GdnLayer& l, Cache& cache, int layer, int slot, const AnyArray& x) {
-            const int D = l.config().hidden;
-            const float* xp = f32_in(l.cuda(), x, "GdnLayer.prefill", "x", {-1, D});
-            const int T = int(dim(x, 0));
-            Out y = out_f32(l.cuda(), {sz(T), sz(D)}, false);
-            run_layer([&] { return l.prefill(cache, layer, slot, xp, T, y.data<float>()); });
-            return y.obj;
+            return layer_rows(l, x, -1, "GdnLayer.prefill", [&](const float* xp, int T, float* y) {
+              return l.prefill(cache, layer, slot, xp, T, y);
+            });
           },
           nb::arg("cache"), nb::arg("layer"), nb::arg("slot"), nb::arg("x"),
           "Continue `slot` by x [T, hidden] -> y [T, hidden]; writes the pending conv ring and "
@@ -119,13 +99,7 @@ void init_layers_gdn(nb::module_& m) {
       .def(
           "decode",
           [](const GdnLayer& l, Cache& cache, int layer, const AnyArray& slots, const AnyArray& x) {
-            const int D = l.config().hidden;
-            const int32_t* sp = slots_arg(slots, cache, "GdnLayer.decode");
-            const int B = int(dim(slots, 0));
-            const float* xp = f32_in(l.cuda(), x, "GdnLayer.decode", "x", {B, D});
-            Out y = out_f32(l.cuda(), {sz(B), sz(D)}, false);
-            run_layer([&] { return l.decode(cache, layer, sp, B, xp, y.data<float>()); });
-            return y.obj;
+            return layer_decode(l, cache, layer, slots, x, "GdnLayer.decode");
           },
           nb::arg("cache"), nb::arg("layer"), nb::arg("slots"), nb::arg("x"),
           "One token for each slot: slots [B] int32 (host, distinct), x [B, hidden] -> "
@@ -133,13 +107,7 @@ void init_layers_gdn(nb::module_& m) {
       .def(
           "decode",
           [](const GdnLayer& l, Cache& cache, int layer, const DecodeSlots& slots, const AnyArray& x) {
-            const char* op = "GdnLayer.decode";
-            const int D = l.config().hidden, B = slots.size();
-            check_decode_slots(slots, cache, op);
-            const float* xp = f32_in(l.cuda(), x, op, "x", {B, D});
-            Out y = out_f32(l.cuda(), {sz(B), sz(D)}, false);
-            check(l.decode_device(cache, layer, slots.data(), B, xp, y.data<float>()));
-            return y.obj;
+            return layer_decode_device(l, cache, layer, slots, x, "GdnLayer.decode");
           },
           nb::arg("cache"), nb::arg("layer"), nb::arg("slots"), nb::arg("x"),
           "The same with the rows' slots on the device (memra.DecodeSlots of `cache`, CUDA): x "
