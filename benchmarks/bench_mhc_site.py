@@ -33,7 +33,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from common import Bench, base_parser, kernel_durations, log, rel_err, to_torch  # noqa: E402
+from common import Bench, base_parser, log, rel_err, to_torch  # noqa: E402
 
 HC, D, ITERS, EPS = 4, 4096, 20, 1e-6
 PEER = "torch eager f32 (mhc_post + mapping + Sinkhorn + collapse + RMSNorm)"
@@ -138,26 +138,6 @@ def torch_pre_norm(torch, streams, fn, base, scale, w):
     return pst, c, h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6) * w
 
 
-def kernels_by_name(b, fn, reps: int = 50) -> dict:
-    """{kernel name: median duration in us} over `reps` calls of fn (torch.profiler)."""
-    import statistics
-
-    from torch.profiler import ProfilerActivity, profile
-    b.sync()
-    for _ in range(b.warmup):
-        fn()
-    b.sync()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(reps):
-            fn()
-        b.sync()
-    by = {}
-    for name, dur in kernel_durations(prof, names=True):
-        name = name.replace("(anonymous namespace)::", "").replace("<unnamed>::", "")
-        by.setdefault(name.split("(")[0].removeprefix("void ")[:60], []).append(dur)
-    return {k: statistics.median(v) for k, v in by.items()}
-
-
 def batched_rows(b, args, layer, T, fn, base, scale, w):
     """One record: pre with the fused norm at T decode rows (the split path), kernels alone."""
     import numpy as np
@@ -196,8 +176,8 @@ def batched_rows(b, args, layer, T, fn, base, scale, w):
     b.emit(shape, b.time_memra(run), PEER, b.time_torch(run_peer),
            fn.nbytes + streams.nbytes + T * D * 4,
            memra_kernel_us=b.kernel_us(run), sinkhorn1_kernel_us=b.kernel_us(run1),
-           kernels_us=kernels_by_name(b, run), site_kernel_us=b.kernel_us(run_site),
-           site_kernels_us=kernels_by_name(b, run_site), max_rel_err_vs_peer=err,
+           kernels_us=b.kernel_us_by_name(run, reps=50), site_kernel_us=b.kernel_us(run_site),
+           site_kernels_us=b.kernel_us_by_name(run_site, reps=50), max_rel_err_vs_peer=err,
            note="KernelOptions(pdl=False) engine: each kernel's duration is its own")
 
 

@@ -248,8 +248,33 @@ class Bench:
         launch the same number of kernels (true of the benchmarked ops); otherwise the mean."""
         if not self.cuda:
             return None
-        from torch.profiler import ProfilerActivity, profile
         n = reps if reps is not None else self.reps
+        durs = kernel_durations(self._profile(fn, n))
+        if not durs:
+            return None
+        per_call, rem = divmod(len(durs), n)
+        if per_call == 0 or rem:
+            log(f"{self.bench}: {len(durs)} kernels over {n} calls; reporting the mean per call")
+            return sum(durs) / n
+        return statistics.median(sum(durs[i * per_call:(i + 1) * per_call]) for i in range(n))
+
+    def kernel_us_by_name(self, fn, reps: int | None = None):
+        """{kernel name: median duration in us} over `reps` calls of fn (torch.profiler, as
+        kernel_us); names shortened to the template-id (namespace and parameters dropped, 60
+        characters). None on the CPU."""
+        if not self.cuda:
+            return None
+        by = {}
+        n = reps if reps is not None else self.reps
+        for name, dur in kernel_durations(self._profile(fn, n), names=True):
+            name = name.replace("(anonymous namespace)::", "").replace("<unnamed>::", "")
+            by.setdefault(name.split("(")[0].removeprefix("void ")[:60], []).append(dur)
+        return {k: statistics.median(v) for k, v in by.items()}
+
+    def _profile(self, fn, n: int):
+        """The torch.profiler record (CUDA activity) of n calls of fn after the warm-up calls,
+        the device synchronised before and after."""
+        from torch.profiler import ProfilerActivity, profile
         self.sync()
         for _ in range(self.warmup):
             fn()
@@ -258,14 +283,7 @@ class Bench:
             for _ in range(n):
                 fn()
             self.sync()
-        durs = kernel_durations(prof)
-        if not durs:
-            return None
-        per_call, rem = divmod(len(durs), n)
-        if per_call == 0 or rem:
-            log(f"{self.bench}: {len(durs)} kernels over {n} calls; reporting the mean per call")
-            return sum(durs) / n
-        return statistics.median(sum(durs[i * per_call:(i + 1) * per_call]) for i in range(n))
+        return prof
 
     def measure_copy(self, gib: float) -> float:
         """Device-to-device copy bandwidth in TB/s (bytes read + written / median time)."""
