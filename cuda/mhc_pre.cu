@@ -380,7 +380,7 @@ int pre_impl(MemraCudaCtx* ctx, const float* streams, int T, int hc, int D, cons
                      flat % 4 == 0 && memra::cuda::aligned16(streams) &&
                      (reinterpret_cast<uintptr_t>(fn) & fn_align) == 0;
   // The expansion inside the split pass: a lane's four values in one stream, 16-byte rows.
-  const bool fused_post = expand && split && D % 4 == 0 && hc <= 4 && hc != 3 &&
+  const bool fused_post = expand && split && D % 4 == 0 && (hc == 1 || hc == 2 || hc == 4) &&
                           memra::cuda::aligned16(expand->y) &&
                           memra::cuda::aligned16(expand->residual);
   if (expand && !fused_post) {
