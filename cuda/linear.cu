@@ -108,10 +108,11 @@ int gemm(MemraCudaCtx* ctx, const void* x, int64_t ldx, const void* w, cudaDataT
                                 CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
-// x f32 [T, K] (rows ldx apart) rounded (RNE) into xs, packed [T, K] of H.
 template <typename H>
-int round_rows(MemraCudaCtx* ctx, const float* x, int64_t ldx, int T, int K, Scratch& xs) {
+int rounded_gemm(MemraCudaCtx* ctx, const float* x, int64_t ldx, int T, int K, const void* w,
+                 cudaDataType_t ab_type, int N, float* y) {
   const int64_t n = static_cast<int64_t>(T) * K;
+  Scratch xs(ctx, static_cast<size_t>(n) * sizeof(H));
   MEMRA_CUDA_RETURN_IF(xs.status());
   if (ldx == K || T == 1) {  // packed rows (linear's case): one flat pass, float4 when aligned
     const bool vec4 = memra::cuda::aligned16(x);
@@ -121,36 +122,8 @@ int round_rows(MemraCudaCtx* ctx, const float* x, int64_t ldx, int T, int K, Scr
     memra::cuda::launch(ctx, true, round_strided_kernel<H>, dim3(grid_stride_blocks(n, 256)),
         dim3(256), 0, x, ldx, xs.as<H>(), T, K);
   }
-  return launch_status();
-}
-
-template <typename H>
-int rounded_gemm(MemraCudaCtx* ctx, const float* x, int64_t ldx, int T, int K, const void* w,
-                 cudaDataType_t ab_type, int N, float* y) {
-  Scratch xs(ctx, sizeof(H) * static_cast<size_t>(T) * K);
-  MEMRA_CUDA_RETURN_IF((round_rows<H>(ctx, x, ldx, T, K, xs)));
+  MEMRA_CUDA_RETURN_IF(launch_status());
   return gemm(ctx, xs.as<H>(), K, w, ab_type, T, K, N, y);
-}
-
-// linear's tensor-core arm (cuda/linear_tc.cu, bf16 w) over x: read in place when it is bf16
-// with 16-byte aligned rows, else packed (rounded, for an f32 x) into scratch first. Bias in its
-// epilogue.
-int skinny_linear(MemraCudaCtx* ctx, const void* x, int x_dtype, int64_t ldx, int T, int K,
-                  const void* w, int N, const float* bias, float* y) {
-  using H = __nv_bfloat16;
-  if (x_dtype == 1 && memra::cuda::aligned16(x) && ldx % 8 == 0) {
-    return memra::cuda::skinny_gemm(ctx, x, ldx, T, K, w, N, bias, y);
-  }
-  Scratch xs(ctx, sizeof(H) * static_cast<size_t>(T) * K);
-  if (x_dtype == 1) {  // bf16 rows that are not 16-byte aligned: a packed copy
-    MEMRA_CUDA_RETURN_IF(xs.status());
-    MEMRA_CUDA_RETURN_IF(status_of(cudaMemcpy2DAsync(xs.as<H>(), sizeof(H) * K, x,
-                                                     sizeof(H) * ldx, sizeof(H) * K, T,
-                                                     cudaMemcpyDeviceToDevice, ctx->stream)));
-  } else {
-    MEMRA_CUDA_RETURN_IF((round_rows<H>(ctx, static_cast<const float*>(x), ldx, T, K, xs)));
-  }
-  return memra::cuda::skinny_gemm(ctx, xs.as<H>(), K, T, K, w, N, bias, y);
 }
 
 cudaDataType_t ab_type_of(int dtype) {
@@ -181,9 +154,6 @@ int linear_impl(MemraCudaCtx* ctx, const void* x, int x_dtype, int64_t ldx, int 
   MEMRA_CUDA_RETURN_IF(memra::cuda::gemv(ctx, x, x_dtype, T, K, w, w_dtype, N, bias, y, &handled));
   if (handled) return memra::kOk;
   MEMRA_CUDA_RETURN_IF(memra::cuda::flush_pending(ctx));  // cuBLAS cannot run a deferred Sinkhorn
-  if (memra::cuda::skinny_fits(ctx, T, K, N, w, w_dtype)) {
-    return skinny_linear(ctx, x, x_dtype, ldx, T, K, w, N, bias, y);
-  }
   if (x_dtype == w_dtype) {
     MEMRA_CUDA_RETURN_IF(gemm(ctx, x, ldx, w, ab_type_of(w_dtype), T, K, N, y));
   } else if (w_dtype == 1) {  // x f32 (the callers refuse any other pair)

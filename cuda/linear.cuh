@@ -25,13 +25,4 @@ int linear_ex_pair(MemraCudaCtx* ctx, const void* x0, const void* x1, int x_dtyp
                    int T, int K, const void* w0, const void* w1, int w_dtype, int N0, int N1,
                    const float* bias0, const float* bias1, float* y0, float* y1);
 
-// linear's tensor-core arm for a few rows (cuda/linear_tc.cu): whether it takes y[T, N] = x[T, K]
-// w[N, K]^T over w of w_dtype (KernelOptions::skinny_gemm, a bf16 w, 16-byte aligned, 2 <= T <=
-// kSkinnyMaxT, K % 8 == 0), and the GEMM itself over bf16 x (16-byte aligned, rows ldx elements
-// apart, ldx % 8 == 0).
-constexpr int kSkinnyMaxT = 64;
-bool skinny_fits(const MemraCudaCtx* ctx, int T, int K, int N, const void* w, int w_dtype);
-int skinny_gemm(MemraCudaCtx* ctx, const void* x, int64_t ldx, int T, int K, const void* w,
-                int N, const float* bias, float* y);
-
 }  // namespace memra::cuda

@@ -88,12 +88,6 @@ const Field kFields[] = {
      "kernel (the queries and the softmax weights rounded to bfloat16, float32 scores, softmax "
      "and accumulation), the default; False the float32 CUDA-core kernel, which float32 caches "
      "always take."},
-    {"skinny_gemm", &KernelOptions::skinny_gemm, nullptr,
-     "Changes numerics. The dense projections of 2 to 64 rows (a batched decode step, short "
-     "prompts) over bfloat16 weights: True runs memra's weight-streaming tensor-core "
-     "GEMM (x rounded to the weights' type, float32 accumulation, one launch a GEMM, a row's "
-     "bytes independent of the batch it rides in), the default; False cuBLAS, the A/B arm. "
-     "Other weights always take cuBLAS."},
 };
 
 std::string repr_of(nb::handle v) {
@@ -210,8 +204,7 @@ void init_options(nb::module_& m) {
       "construction; every field defaults to the arm the A/B runs kept (docs/options.md), so "
       "KernelOptions() changes nothing. Fields that change numerics (the logits' bytes): gemv, "
       "mla_decode_variant, mla_tc_mt, mla_split_tiles, moe_grouped_min_t, attn_decode_unsplit, "
-      "prefill_chunk (on CUDA), moe_tensor_cores, attn_prefill_tensor_cores, skinny_gemm; pdl, "
-      "gemv_rows, "
+      "prefill_chunk (on CUDA), moe_tensor_cores, attn_prefill_tensor_cores; pdl, gemv_rows, "
       "gemv_tall_rows and mhc_defer change only speed. An unknown field, a value of the "
       "wrong type (switches take bool or numpy's bool, the rest int) or out of its domain is a "
       "ContractError (40025) naming the field and the value. A CPU engine keeps the options and "

@@ -79,12 +79,6 @@ struct KernelOptions {
   // arm and the exact twin of the CPU op). Changes numerics (the bf16 rounding of q and p,
   // another summation order).
   bool attn_prefill_tensor_cores = true;
-  // linear's GEMMs of 2..64 rows over a bf16 weight (the batched decode's projections):
-  // true runs memra's weight-streaming tensor-core kernel (cuda/linear_tc.cu: one launch in the
-  // programmatic chain, split-K finished in the last block, the splits from N and K alone so a
-  // row's bytes do not depend on the batch); false cuBLAS (split-K GEMMs and reduction kernels),
-  // the A/B arm. Changes numerics (another summation order).
-  bool skinny_gemm = true;
 
   // ContractError 40025 naming the first field out of its domain and its value.
   Status validate() const;
@@ -129,7 +123,6 @@ inline MemraKernelOptions KernelOptions::to_abi() const {
   o.prefill_chunk = prefill_chunk;
   o.moe_tensor_cores = moe_tensor_cores ? 1 : 0;
   o.attn_prefill_tensor_cores = attn_prefill_tensor_cores ? 1 : 0;
-  o.skinny_gemm = skinny_gemm ? 1 : 0;
   return o;
 }
 
@@ -148,7 +141,6 @@ inline KernelOptions KernelOptions::from_abi(const MemraKernelOptions& o) {
   k.prefill_chunk = o.prefill_chunk;
   k.moe_tensor_cores = o.moe_tensor_cores != 0;
   k.attn_prefill_tensor_cores = o.attn_prefill_tensor_cores != 0;
-  k.skinny_gemm = o.skinny_gemm != 0;
   return k;
 }
 
@@ -159,8 +151,7 @@ inline bool KernelOptions::operator==(const KernelOptions& o) const {
          mla_split_tiles == o.mla_split_tiles && moe_grouped_min_t == o.moe_grouped_min_t &&
          attn_decode_unsplit == o.attn_decode_unsplit && prefill_chunk == o.prefill_chunk &&
          moe_tensor_cores == o.moe_tensor_cores &&
-         attn_prefill_tensor_cores == o.attn_prefill_tensor_cores &&
-         skinny_gemm == o.skinny_gemm;
+         attn_prefill_tensor_cores == o.attn_prefill_tensor_cores;
 }
 
 }  // namespace memra
