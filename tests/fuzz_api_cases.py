@@ -437,7 +437,7 @@ CASES: dict[str, Case] = {
         lambda w: _core.kda_conv,
         lambda w: dict(x=w.f32(3, 6), w=w.f32(6, 4), ring=w.f32(6, 3), arm="auto", batch=False),
         {"x": arr(shape(3, 5)), "w": arr(shape(5, 4)), "ring": arr(shape(6, 2)), "arm": NOT_STR + ENUM_STR,
-         "batch": NOT_BOOL, **ENGINE_ARG}),
+         "batch": NOT_BOOL, "l2_dk": ints(-1, 5, 2**31), **ENGINE_ARG}),
     "_core.kda_gate": Case(
         lambda w: _core.kda_gate, lambda w: dict(f=w.f32(3, 8), dt_bias=w.f32(8), A_log=w.f32(2), form="lower_bound",
                                                  lower_bound=-5.0),

@@ -32,7 +32,7 @@ import pytest
 
 import memra
 from memra import _core
-from cuda_helpers import close, f32, rng
+from cuda_helpers import close, f32, kernel_names, rng
 
 pytestmark = pytest.mark.cuda
 
@@ -131,6 +131,54 @@ def test_conv_batched_decode_equals_each_sequence_alone(e, k):
     cy, cring = _core.kda_conv(x, w, rings, batch=True)
     close(y, cy, CONV_TOL)
     np.testing.assert_array_equal(ring_out, cring)
+
+
+# The decode arm's two kernels: conv_decode_vec_kernel (4 channels a thread, a warp a 128-channel
+# head; C % 4 == 0 and 16-byte aligned x, y, w) and conv_decode_kernel (any C). The geometries:
+# the bench model's q|k|v width at 2 heads (768, the L2 norm fused into the decode launch at
+# dk = 128, or l2norm_heads after it at dk = 64), a C % 4 == 0 width that ends inside a warp and
+# a block (516), and one the vector path refuses (67).
+DECODE_GEOMETRIES = [(768, 0), (768, 128), (768, 64), (516, 0), (67, 0)]
+# With the L2 norm the CPU sums each head's squares in one ascending chain, the GPU in 32 strided
+# chains and a warp tree (plus expf's ulps before it): relative errors of a few 1e-7.
+CONV_L2_TOL = dict(rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("C, l2_dk", DECODE_GEOMETRIES)
+@pytest.mark.parametrize("k", [2, 4, 8])
+def test_conv_batched_decode_equals_prefill_rows(e, C, l2_dk, k):
+    # Each row of one batched decode launch (B > 1) against the prefill arm over that row alone
+    # (T = 1; with l2_dk, the conv then l2norm_heads as launches of their own): the same bytes,
+    # y and the rolled ring; and the CPU within tolerance.
+    B = 6
+    r = rng(1000 + 10 * k + C % 97 + l2_dk)
+    x = f32(r.standard_normal((B, C)))
+    w = f32(0.5 * r.standard_normal((C, k)))
+    rings = f32(r.standard_normal((B, C, k - 1)))
+    y, ring_out = conv_cuda(e, x, w, rings, batch=True, l2_dk=l2_dk)
+    assert y.shape == (B, C) and ring_out.shape == (B, C, k - 1)
+    for b in range(B):
+        yb, rb = conv_cuda(e, x[b : b + 1], w, rings[b], arm="prefill", l2_dk=l2_dk)
+        np.testing.assert_array_equal(y[b : b + 1], yb, err_msg=f"row {b}")
+        np.testing.assert_array_equal(ring_out[b], rb, err_msg=f"row {b}")
+    cy, cring = _core.kda_conv(x, w, rings, batch=True, l2_dk=l2_dk)
+    close(y, cy, CONV_L2_TOL if l2_dk else CONV_TOL)
+    np.testing.assert_array_equal(ring_out, cring)
+
+
+@pytest.mark.parametrize("C, l2_dk, kernel", [(768, 128, "::conv_decode_vec_kernel<4,"),
+                                              (516, 0, "::conv_decode_vec_kernel<4,"),
+                                              (67, 0, "::conv_decode_kernel<4,")])
+def test_conv_batched_decode_kernel_choice(e, tmp_path, C, l2_dk, kernel):
+    # The geometries above reach the kernel they are meant to test, in one launch (the fused
+    # norm: no l2norm_heads launch).
+    r = rng(77)
+    x = e.to_device(f32(r.standard_normal((3, C))))
+    w = e.to_device(f32(0.5 * r.standard_normal((C, K))))
+    rings = e.to_device(f32(r.standard_normal((3, C, K - 1))))
+    names = kernel_names(lambda: (_core.kda_conv(x, w, rings, batch=True, l2_dk=l2_dk, engine=e),
+                                  e.synchronize()), tmp_path / "trace.json")
+    assert len(names) == 1 and kernel in names[0], names
 
 
 @pytest.mark.parametrize("k", [1, 9])

@@ -154,6 +154,23 @@ def test_conv_token_by_token_from_fresh_ring():
     np.testing.assert_array_equal(ring, ring_full)
 
 
+@pytest.mark.parametrize("batch", [False, True])
+def test_conv_l2_dk_is_the_conv_then_l2norm_heads(batch):
+    # l2_dk: the op's fused norm (KdaLayer's q and k), the bytes of the two ops.
+    r = rng(55)
+    B, C, dk = 3, 12, 4
+    x, w = f32(r.standard_normal((B, C))), f32(r.standard_normal((C, K)))
+    ring = f32(r.standard_normal((B, C, K - 1) if batch else (C, K - 1)))
+    y, ring_out = _core.kda_conv(x[:1] if not batch else x, w, ring, batch=batch, l2_dk=dk)
+    y0, ring0 = _core.kda_conv(x[:1] if not batch else x, w, ring, batch=batch)
+    want = _core.l2norm_heads(y0.reshape(len(y0), C // dk, dk), eps=1e-6).reshape(y0.shape)
+    np.testing.assert_array_equal(y, want)
+    np.testing.assert_array_equal(ring_out, ring0)
+    for bad in (-4, 5):  # not a head size of C
+        expect_contract(lambda: _core.kda_conv(x[:1], w, ring[0] if batch else ring, l2_dk=bad),
+                        ST.CONTRACT_SHAPE, "kda_conv")
+
+
 # ---------------------------------------------------------------- gate
 
 

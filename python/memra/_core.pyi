@@ -166,7 +166,7 @@ def sigmoid(x: Annotated[NDArray, dict(writable=False)], *, engine: Engine | Non
     Raises ContractError (CONTRACT_DTYPE, CONTRACT_SHAPE, CONTRACT_STRIDE, CONTRACT_DEVICE). Reference: torch.sigmoid.
     """
 
-def kda_conv(x: Annotated[NDArray, dict(writable=False)], w: Annotated[NDArray, dict(writable=False)], ring: Annotated[NDArray, dict(writable=False)], *, arm: str = 'auto', batch: bool = False, engine: Engine | None = None) -> tuple[object, object]:
+def kda_conv(x: Annotated[NDArray, dict(writable=False)], w: Annotated[NDArray, dict(writable=False)], ring: Annotated[NDArray, dict(writable=False)], *, arm: str = 'auto', batch: bool = False, l2_dk: int = 0, engine: Engine | None = None) -> tuple[object, object]:
     """
     Causal depthwise conv + SiLU over the fused q|k|v channels, continuing from a ring.
 
@@ -180,6 +180,10 @@ def kda_conv(x: Annotated[NDArray, dict(writable=False)], w: Annotated[NDArray, 
     batch=True: B sequences of one token each through the decode arm (one launch on CUDA):
     x [B, C], ring [B, C, K-1] -> (y [B, C], ring_out [B, C, K-1]); row b equals
     kda_conv(x[b:b+1], w, ring[b]) bit for bit.
+    l2_dk != 0: each row of y L2-normalised in heads of l2_dk channels after the conv, as
+    l2norm_heads(y.reshape(T, C // l2_dk, l2_dk), eps=1e-6) (KdaLayer's q and k; C % l2_dk
+    == 0, else CONTRACT_SHAPE); on CUDA the decode arm does it in its launch when l2_dk ==
+    128, with the same bytes.
     engine: None or a CPU Engine runs the C++ reference on host arrays; a CUDA Engine runs
     cuda/kda_conv.cu on arrays of its device and returns CUDA arrays (kernels built for K in
     2..8: another K raises UnsupportedError (UNSUPPORTED_GEOMETRY); the CPU takes any K >= 1).

@@ -21,6 +21,7 @@
 #include "memra/engine.h"
 #include "memra/op/kda.h"
 #include "memra/ops.h"
+#include "op_call.h"
 
 namespace memra::py {
 
@@ -53,14 +54,6 @@ PointerTables pointer_tables(const Engine* engine, std::initializer_list<const f
   return t;
 }
 
-// memra::op runs the CPU reference on this thread: without the GIL, as every CPU op here.
-struct CpuNoGil {
-  std::optional<nb::gil_scoped_release> nogil;
-  explicit CpuNoGil(const Engine* engine) {
-    if (!on_cuda(engine)) nogil.emplace();
-  }
-};
-
 // The CUDA scan kernels access q / k / g / v and the state planes as float4: a device array
 // whose data pointer is not 16-byte aligned (a view at an odd element offset) is refused here
 // with its name, before anything runs (the entry point would refuse q / k / g / v too, with
@@ -85,7 +78,7 @@ void init_ops_kda(nb::module_& m) {
   m.def(
       "kda_conv",
       [](const AnyArray& x, const AnyArray& w, const AnyArray& ring, const std::string& arm,
-         bool batch, const Engine* engine) {
+         bool batch, int l2_dk, const Engine* engine) {
         if (arm != "auto" && arm != "prefill" && arm != "decode") {
           raise_contract(kContractValue,
                          "kda_conv: arm must be 'auto', 'prefill' or 'decode', got '" + arm + "'");
@@ -111,6 +104,11 @@ void init_ops_kda(nb::module_& m) {
           raise_contract(kContractShape, "kda_conv: arm='decode' takes one token, got x of shape " +
                                              shape_str(x));
         }
+        if (l2_dk < 0 || (l2_dk > 0 && C % l2_dk != 0)) {
+          raise_contract(kContractShape, "kda_conv: l2_dk must be 0 or a head size dividing the " +
+                                             std::to_string(C) + " channels, got " +
+                                             std::to_string(l2_dk));
+        }
         const int64_t plane = C * (K - 1);  // one sequence's ring
         // Both kernels write every element of y and ring_out; at T == 0 (prefill) ring_out is
         // the copy below, and an error discards them.
@@ -128,6 +126,11 @@ void init_ops_kda(nb::module_& m) {
         p.w = wp;
         p.K = int(K);
         p.y = y.data<float>();
+        if (l2_dk != 0) {  // the op's fused norm over the one group of C channels
+          p.l2_groups = 1;
+          p.dk = l2_dk;
+          p.eps = 1e-6f;
+        }
         PointerTables tabs;
         if (decode) {
           tabs = pointer_tables(engine, {rp, ro}, T, plane);
@@ -139,10 +142,7 @@ void init_ops_kda(nb::module_& m) {
           p.ring.in = rp;
           p.ring.out = ro;
         }
-        {
-          CpuNoGil nogil(engine);
-          check(memra::op::kda_conv(backend(engine), p));
-        }
+        run_op(engine, memra::op::kda_conv, p);
         // Zero steps: the CUDA kernel is a no-op; the ring passes through (as on the CPU).
         if (on_cuda(engine) && !decode && T == 0 && K >= 2 && K <= 8) {
           device_copy(engine, ro, rp, sz(plane) * sizeof(float), "kda_conv");
@@ -150,7 +150,7 @@ void init_ops_kda(nb::module_& m) {
         return std::make_pair(y.obj, ring_out.obj);
       },
       nb::arg("x"), nb::arg("w"), nb::arg("ring"), nb::kw_only(), nb::arg("arm") = "auto",
-      nb::arg("batch") = false, nb::arg("engine").none() = nb::none(),
+      nb::arg("batch") = false, nb::arg("l2_dk") = 0, nb::arg("engine").none() = nb::none(),
       "Causal depthwise conv + SiLU over the fused q|k|v channels, continuing from a ring.\n\n"
       "x [T, C] float32 pre-conv projections; w [C, K] float32 taps (tap 0 meets the oldest\n"
       "input); ring [C, K-1] float32, the previous K-1 inputs of each channel, oldest first\n"
@@ -162,6 +162,10 @@ void init_ops_kda(nb::module_& m) {
       "batch=True: B sequences of one token each through the decode arm (one launch on CUDA):\n"
       "x [B, C], ring [B, C, K-1] -> (y [B, C], ring_out [B, C, K-1]); row b equals\n"
       "kda_conv(x[b:b+1], w, ring[b]) bit for bit.\n"
+      "l2_dk != 0: each row of y L2-normalised in heads of l2_dk channels after the conv, as\n"
+      "l2norm_heads(y.reshape(T, C // l2_dk, l2_dk), eps=1e-6) (KdaLayer's q and k; C % l2_dk\n"
+      "== 0, else CONTRACT_SHAPE); on CUDA the decode arm does it in its launch when l2_dk ==\n"
+      "128, with the same bytes.\n"
       "engine: None or a CPU Engine runs the C++ reference on host arrays; a CUDA Engine runs\n"
       "cuda/kda_conv.cu on arrays of its device and returns CUDA arrays (kernels built for K in\n"
       "2..8: another K raises UnsupportedError (UNSUPPORTED_GEOMETRY); the CPU takes any K >= 1).\n"
@@ -197,10 +201,7 @@ void init_ops_kda(nb::module_& m) {
         Out g = out_f32_uninit(engine, {sz(T), sz(D)});  // the kernel writes every element
         const MemraKdaGateParams p{fp, bp, ap, int(T), int(H), int(D / H), static_cast<int>(gf),
                                    lower_bound, g.data<float>(), nullptr, 0};
-        {
-          CpuNoGil nogil(engine);
-          check(memra::op::kda_gate(backend(engine), p));
-        }
+        run_op(engine, memra::op::kda_gate, p);
         return g.obj;
       },
       nb::arg("f"), nb::arg("dt_bias"), nb::arg("A_log"), nb::kw_only(),
@@ -299,10 +300,7 @@ void init_ops_kda(nb::module_& m) {
         }
         p.o = o.data<float>();
         p.chunked = chunked ? 1 : 0;
-        {
-          CpuNoGil nogil(engine);
-          check(memra::op::kda_scan(backend(engine), p));
-        }
+        run_op(engine, memra::op::kda_scan, p);
         // Zero steps: the CUDA kernel is a no-op; the state passes through (as on the CPU).
         if (on_cuda(engine) && T == 0 && sp) {
           device_copy(engine, so, sp, sz(B * plane) * sizeof(float), "kda_scan");
