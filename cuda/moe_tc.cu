@@ -151,10 +151,20 @@ struct TcArgs {
 // grid (m_tiles * n_tiles); block kTcThreads; dynamic shared memory C::smem: STAGES x (A: BM x kBK,
 // B: kBNE x kBK) W, each 128-byte row's 16-byte chunks XOR-swizzled by (row & 7), so the 8 rows an
 // ldmatrix phase reads fall in distinct bank groups.
+//
+// Launched as a programmatic dependent (common.cuh), but the first stages' weight rows are
+// issued before pdl_wait(): no kernel of the chain writes the weights, so their stream starts
+// while the launch in front drains. The tile lookup before the wait reads moe_group_kernel's
+// lists, complete by then: this kernel started, so every block of the launch in front (the round
+// kernel, or the gate/up GEMM) triggered or returned; the round kernel's blocks all trigger after
+// their wait, and the gate/up GEMM's block 0 (always a real tile) too, and such a wait returns
+// only once the launch before (group kernel, round kernel) completed. The lists are read through
+// L2 (__ldcg): an SM's L1 may still hold an earlier chunk's or layer's lines. The A rows (xb from
+// the round kernel, hs from the gate/up GEMM) and every global write come after the wait, and
+// pdl_trigger() stays after it: the next launch's pre-wait reads rely on that. Without PDL the
+// wait is a no-op and the stream orders everything.
 template <typename W, typename C, bool GU>
 __global__ void __launch_bounds__(kTcThreads) moe_tc_kernel(const TcArgs<W> a) {
-  memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
-  memra::cuda::pdl_trigger();
   constexpr int BM = C::BM, MT = C::MT, NT = C::NT, STAGES = C::STAGES;
   constexpr int BN = GU ? kBNE / 2 : kBNE;  // output columns a block
   constexpr int kStage = (BM + kBNE) * kBK;  // elements a stage
@@ -177,11 +187,12 @@ __global__ void __launch_bounds__(kTcThreads) moe_tc_kernel(const TcArgs<W> a) {
   // M tile m -> (active slot, first entry): tiles are numbered slot by slot, ceil(entries / BM)
   // each; warp 0 scans the slots 32 at a time.
   if (warp == 0) {
-    const int na = *a.n_active;
+    const int na = __ldcg(a.n_active);
     int base = 0, slot = -1, first = 0;
     for (int s0 = 0; s0 < na; s0 += 32) {
       const int s = s0 + lane;
-      const int c = s < na ? (a.active_off[s + 1] - a.active_off[s] + BM - 1) / BM : 0;
+      const int c = s < na ? (__ldcg(a.active_off + s + 1) - __ldcg(a.active_off + s) + BM - 1) / BM
+                           : 0;
       int inc = c;
 #pragma unroll
       for (int o = 1; o < 32; o <<= 1) {
@@ -193,7 +204,7 @@ __global__ void __launch_bounds__(kTcThreads) moe_tc_kernel(const TcArgs<W> a) {
       if (hit) {
         const int src = __ffs(hit) - 1;
         slot = __shfl_sync(0xffffffffu, s, src);
-        first = a.active_off[slot] + (m - __shfl_sync(0xffffffffu, excl, src)) * BM;
+        first = __ldcg(a.active_off + slot) + (m - __shfl_sync(0xffffffffu, excl, src)) * BM;
         break;
       }
       base += __shfl_sync(0xffffffffu, inc, 31);
@@ -206,13 +217,13 @@ __global__ void __launch_bounds__(kTcThreads) moe_tc_kernel(const TcArgs<W> a) {
   __syncthreads();
   const int slot = tile[0];
   if (slot < 0) return;  // past the real tiles: nothing to do
-  const int e = a.active_e[slot];
+  const int e = __ldcg(a.active_e + slot);
   const int q0 = tile[1];
-  const int q1 = min(q0 + BM, a.active_off[slot + 1]);
+  const int q1 = min(q0 + BM, __ldcg(a.active_off + slot + 1));
   for (int r = threadIdx.x; r < BM; r += kTcThreads) {
     const int q = q0 + r;
     const bool ok = q < q1;
-    const int p = ok ? a.pairs[q] : 0;
+    const int p = ok ? __ldcg(a.pairs + q) : 0;
     arow[r] = ok ? (GU ? p / a.top_k : q) : -1;
     orow[r] = ok ? (GU ? q : p) : -1;
   }
@@ -238,13 +249,15 @@ __global__ void __launch_bounds__(kTcThreads) moe_tc_kernel(const TcArgs<W> a) {
       if (n < a.N) src[j] = w + (static_cast<int64_t>(e) * a.N + n) * a.K + cc * 8;
     }
   }
-  auto load_stage = [&](int buf, int kt) {
+  // Stage kt's A rows (with_a) and / or B rows (with_b) into buffer buf.
+  auto load_stage = [&](int buf, int kt, bool with_a, bool with_b) {
     W* const st = sm + buf * kStage;
     const int k = kt * kBK;
     const bool kin = k + cc * 8 < a.K;  // K % 8 == 0: a chunk is whole or past K
 #pragma unroll
     for (int j = 0; j < C::JR; ++j) {
-      if ((threadIdx.x >> 3) + 32 * j < BM + kBNE) {
+      const int r = (threadIdx.x >> 3) + 32 * j;
+      if (r < BM + kBNE && (r < BM ? with_a : with_b)) {
         const bool ok = src[j] != nullptr && kin;
         cp_async_16(st + dst[j], ok ? src[j] + k : a.w0, ok ? 16 : 0);
       }
@@ -271,17 +284,31 @@ __global__ void __launch_bounds__(kTcThreads) moe_tc_kernel(const TcArgs<W> a) {
     }
   }
 
+  // Prologue: one group of stages 0..STAGES-2's B rows, issued before the wait, then one group
+  // per stage of its A rows (empty past KT, so the counts hold for any KT). Counting groups from
+  // 0, the B rows are group 0 and stage t's A rows (t < STAGES - 1) or whole stage (the loop's
+  // loads) group t + 1; at step kt, STAGES + kt groups are committed and cp_async_wait<STAGES - 2>
+  // leaves groups 0..kt + 1 landed: stage kt whole, no later stage waited for.
   const int KT = (a.K + kBK - 1) / kBK;
 #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s) {
-    if (s < KT) load_stage(s, s);
+    if (s < KT) load_stage(s, s, false, true);
+  }
+  cp_async_commit();
+  memra::cuda::pdl_wait();
+  memra::cuda::pdl_trigger();
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) {
+    if (s < KT) load_stage(s, s, true, false);
     cp_async_commit();
   }
   const int sw = lane & 7;  // every ldmatrix row's (row & 7): row bases are multiples of 8
   for (int kt = 0; kt < KT; ++kt) {
     cp_async_wait<STAGES - 2>();
     __syncthreads();  // stage kt landed for every thread; stage kt - 1's buffer is free
-    if (kt + STAGES - 1 < KT) load_stage((kt + STAGES - 1) % STAGES, kt + STAGES - 1);
+    if (kt + STAGES - 1 < KT) {
+      load_stage((kt + STAGES - 1) % STAGES, kt + STAGES - 1, true, true);
+    }
     cp_async_commit();
     const W* const st = sm + (kt % STAGES) * kStage;
 #pragma unroll
