@@ -94,11 +94,9 @@ __global__ void conv_prefill_kernel(const float* __restrict__ x, int T, int C, i
   }
 }
 
-// Decode: B sequences of one token, in two kernels of the same bytes: conv_decode_vec_kernel
-// below where its 16-byte accesses are legal (launch_conv_decode), else this one, which also
-// serves the conv blocks of the B = 1 pair launch. Thread (c, b) computes y[b, c] through the
-// same conv_silu_window as the prefill arm, its window being ring_in[b][c, :] ++ x[b, c], and
-// rolls channel c's ring: ring_out[b][c, j] = window[1 + j] (ring: RowPlanes). y (b, c) at
+// Decode: B sequences of one token. Thread (c, b) computes y[b, c] through the same
+// conv_silu_window as the prefill arm, its window being ring_in[b][c, :] ++ x[b, c], and rolls
+// channel c's ring: ring_out[b][c, j] = window[1 + j] (ring: RowPlanes). y (b, c) at
 // y_group_at(c, B, G) + b * G, as the prefill arm's (t, c).
 // Grid: x over channels, y (strided) over sequences.
 // L2 (kda_conv's decode forms with l2_groups; C % kConvThreads == 0): a block's kConvThreads
@@ -177,138 +175,6 @@ __global__ void conv_decode_kernel(const float* __restrict__ x, int B, int C, in
                            gridDim.y);
 }
 
-// ---- The vectorised decode kernel: conv_decode_kernel's outputs, byte for byte, with a thread
-// over kVecChannels consecutive channels of one row, so every access is a 16-byte vector: x and
-// y one float4, the taps [4, K] and each ring plane's [4, K-1] slice contiguous float4s. A warp's
-// 32 * 4 channels are one head of dk == kConvThreads, so the fused L2 norm is a warp's own
-// reduction with no block barrier. Each output still comes from conv_silu_window over the same
-// window, and the norm is row_sum_squares<32> over the same 128 values (staged in the warp's
-// slice of shared memory, read back in its order: columns lane, lane + 32, ...; the butterfly
-// leaves every lane the same sum), sqrtf(ss + eps) and v / norm, as conv_decode_block's.
-// Host conditions (conv_decode_vec): C and G multiples of 4 (a float4 of channels never straddles
-// a group of y), x, y and w 16-byte aligned. Ring planes are resolved per row on the device
-// (TABLES entries, SLOTS bases and offset), so their alignment is checked there per plane:
-// a row-uniform branch, scalar accesses for a plane off a 16-byte boundary.
-constexpr int kVecChannels = 4;
-constexpr int kVecThreads = 128;  // 4 warps: 4 heads of one row
-static_assert(32 * kVecChannels == kConvThreads, "a warp's channels are one head of the L2 form");
-
-__device__ __forceinline__ bool aligned16_d(const void* p) {
-  return (reinterpret_cast<uintptr_t>(p) & 15u) == 0;
-}
-
-// v[i] = p[i] for i < N (N % 4 == 0), as float4 loads when vec (p 16-byte aligned).
-template <int N>
-__device__ __forceinline__ void load_floats(const float* p, bool vec, float (&v)[N]) {
-  static_assert(N % 4 == 0, "whole float4s");
-  if (vec) {
-#pragma unroll
-    for (int i = 0; i < N / 4; ++i) {
-      const float4 q = reinterpret_cast<const float4*>(p)[i];
-      v[4 * i] = q.x;
-      v[4 * i + 1] = q.y;
-      v[4 * i + 2] = q.z;
-      v[4 * i + 3] = q.w;
-    }
-  } else {
-#pragma unroll
-    for (int i = 0; i < N; ++i) v[i] = p[i];
-  }
-}
-
-// p[i] = v[i] for i < N (N % 4 == 0), as float4 stores when vec.
-template <int N>
-__device__ __forceinline__ void store_floats(float* p, bool vec, const float (&v)[N]) {
-  static_assert(N % 4 == 0, "whole float4s");
-  if (vec) {
-#pragma unroll
-    for (int i = 0; i < N / 4; ++i) {
-      reinterpret_cast<float4*>(p)[i] =
-          make_float4(v[4 * i], v[4 * i + 1], v[4 * i + 2], v[4 * i + 3]);
-    }
-  } else {
-#pragma unroll
-    for (int i = 0; i < N; ++i) p[i] = v[i];
-  }
-}
-
-// Thread (c0 = 4 * (global thread index in x), b): channels c0 .. c0 + 3 of row b. Grid: x over
-// channels (kVecThreads * kVecChannels a block), y (strided) over rows, as conv_decode_kernel.
-template <int K, bool L2>
-__global__ void __launch_bounds__(kVecThreads)
-    conv_decode_vec_kernel(const float* __restrict__ x, int B, int C, int G,
-                           const float* __restrict__ w, RowPlanes ring, float* __restrict__ y,
-                           int l2_channels, float l2_eps) {
-  constexpr int R = K - 1;
-  constexpr int V = kVecChannels;
-  __shared__ __align__(16) float ys[L2 ? kVecThreads / 32 : 1][L2 ? 32 * V : 1];
-  const int lane = threadIdx.x & 31;
-  const int head0 = (blockIdx.x * (kVecThreads / 32) + (threadIdx.x >> 5)) * (32 * V);
-  const int c0 = head0 + lane * V;
-  // C % 4 == 0: a thread's channels are all below C or all past it. The L2 form has C % 128
-  // == 0 (conv_l2_fused), so there whole warps are in or out and the warp's exchange is safe.
-  const bool active = c0 < C;
-  float wr[V * K];   // wr[j * K + k]: tap k of channel c0 + j (w [C, K] rows c0 .. c0 + 3)
-  float rg[V * R];   // rg[j * R + k]: ring value k (oldest first) of channel c0 + j
-  const float* rin = nullptr;
-  float* rout = nullptr;
-  auto load_w = [&] { load_floats<V * K>(w + static_cast<int64_t>(c0) * K, true, wr); };
-  auto load_ring = [&](int b) {  // the windows' first R values, and the row's output plane
-    ring.at(b, &rin, &rout);
-    if (rin) {
-      load_floats<V * R>(rin + static_cast<int64_t>(c0) * R, aligned16_d(rin), rg);
-    } else {
-#pragma unroll
-      for (int i = 0; i < V * R; ++i) rg[i] = 0.0f;
-    }
-  };
-  const int b0 = blockIdx.y;
-  if (ring.early && active) {
-    load_w();
-    if (b0 < B) load_ring(b0);
-  }
-  memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
-  memra::cuda::pdl_trigger();
-  if (!active) return;
-  if (!ring.early) load_w();
-  float* y_c = y + y_group_at(c0, B, G);  // G % 4 == 0: channels c0 + j at y_c + j
-  for (int b = b0; b < B; b += gridDim.y) {
-    if (!ring.early || b != b0) load_ring(b);
-    float xv[V];
-    load_floats<V>(x + static_cast<int64_t>(b) * C + c0, true, xv);
-    float v[V];
-    float ro[V * R];  // the new ring: window values 1 .. K-1 of each channel
-#pragma unroll
-    for (int j = 0; j < V; ++j) {
-      float win[K];
-      float wk[K];
-#pragma unroll
-      for (int k = 0; k < R; ++k) win[k] = rg[j * R + k];
-      win[R] = xv[j];
-#pragma unroll
-      for (int k = 0; k < K; ++k) wk[k] = wr[j * K + k];
-      v[j] = conv_silu_window<K>(win, wk);
-#pragma unroll
-      for (int k = 0; k < R; ++k) ro[j * R + k] = win[1 + k];
-    }
-    if (L2 && head0 < l2_channels) {  // warp-uniform: the warp's head is one of q's or k's
-      float* yw = ys[threadIdx.x >> 5];
-      reinterpret_cast<float4*>(yw)[lane] = make_float4(v[0], v[1], v[2], v[3]);
-      __syncwarp();
-      const float ss = row_sum_squares<32>(yw, true, lane, 32 * V, nullptr);
-      __syncwarp();  // every lane has read yw before the warp's next row rewrites it
-      const float norm = sqrtf(ss + l2_eps);
-#pragma unroll
-      for (int j = 0; j < V; ++j) v[j] = v[j] / norm;
-    }
-    // st.global.wb is the default store; spelled out because nvcc split a plain float4
-    // assignment here into four scalar stores.
-    __stwb(reinterpret_cast<float4*>(y_c + static_cast<int64_t>(b) * G),
-           make_float4(v[0], v[1], v[2], v[3]));
-    if (rout) store_floats<V * R>(rout + static_cast<int64_t>(c0) * R, aligned16_d(rout), ro);
-  }
-}
-
 constexpr int kConvChunk = 16;   // tokens per thread in the prefill arm
 
 template <int K>
@@ -321,28 +187,17 @@ void launch_conv_prefill(MemraCudaCtx* ctx, const float* x, int T, int C, int G,
       G, kConvChunk, w, ring_in, ring_out, y);
 }
 
-// conv_decode_vec_kernel's host conditions (the ring planes are checked on the device).
-bool conv_decode_vec(const float* x, int C, int G, const float* w, const float* y) {
-  using memra::cuda::aligned16;
-  return C % kVecChannels == 0 && G % kVecChannels == 0 && aligned16(x) && aligned16(y) &&
-         aligned16(w);
-}
-
 template <int K>
 void launch_conv_decode(MemraCudaCtx* ctx, const float* x, int B, int C, int G, const float* w,
                         const RowPlanes& ring, float* y, int l2_channels, float l2_eps) {
-  const unsigned gy = B < kMaxGridY ? B : kMaxGridY;
-  const bool l2 = l2_channels > 0;
-  if (conv_decode_vec(x, C, G, w, y)) {
-    const dim3 grid(memra::cuda::ceil_div(C, kVecThreads * kVecChannels), gy);
-    memra::cuda::launch(ctx, true, l2 ? conv_decode_vec_kernel<K, true>
-                                      : conv_decode_vec_kernel<K, false>,
-                        grid, dim3(kVecThreads), 0, x, B, C, G, w, ring, y, l2_channels, l2_eps);
-    return;
+  const dim3 grid(memra::cuda::ceil_div(C, kConvThreads), B < kMaxGridY ? B : kMaxGridY);
+  if (l2_channels > 0) {
+    memra::cuda::launch(ctx, true, conv_decode_kernel<K, true>, grid, dim3(kConvThreads), 0, x, B,
+                        C, G, w, ring, y, l2_channels, l2_eps);
+  } else {
+    memra::cuda::launch(ctx, true, conv_decode_kernel<K, false>, grid, dim3(kConvThreads), 0, x, B,
+                        C, G, w, ring, y, 0, 0.0f);
   }
-  const dim3 grid(memra::cuda::ceil_div(C, kConvThreads), gy);
-  memra::cuda::launch(ctx, true, l2 ? conv_decode_kernel<K, true> : conv_decode_kernel<K, false>,
-                      grid, dim3(kConvThreads), 0, x, B, C, G, w, ring, y, l2_channels, l2_eps);
 }
 
 // Calls f(std::integral_constant<int, K>) for K in 2..8; false for any other K.
@@ -362,8 +217,8 @@ bool dispatch_conv_k(int K, F&& f) {
 
 // The decode forms (TABLES, SLOTS): the decode kernel over B rows, then (l2_groups > 0)
 // l2norm_heads over the first l2_groups channel groups of y, as rows of dk: in the conv kernel
-// when a block's (vector kernel: a warp's) channels are exactly one head (dk == kConvThreads, G
-// and C multiples of it), else memra_cuda_l2norm_heads after it.
+// when a block's channels are exactly one head (dk == kConvThreads, G and C multiples of it), else
+// memra_cuda_l2norm_heads after it.
 // ring: the tables (ring.out checked non-null) or the device slots (ring.slots, cur and bases).
 // conv_decode_impl's argument checks: kOk with *run false when there is nothing to do (B == 0 or
 // C == 0).
@@ -391,8 +246,8 @@ int conv_decode_check(const float* x, int B, int C, int G, const float* w, int K
   return memra::kOk;
 }
 
-// The conv's L2 form (the q and k heads normalised in the conv kernel): a block's (vector
-// kernel: a warp's) channels are exactly one head (dk == kConvThreads, G a multiple of it).
+// The conv's L2 form (the q and k heads normalised in the conv kernel): a block's channels are
+// exactly one head (dk == kConvThreads, G a multiple of it).
 bool conv_l2_fused(int l2_groups, int G, int dk) {
   return l2_groups > 0 && dk == kConvThreads && G % kConvThreads == 0;
 }

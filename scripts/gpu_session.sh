@@ -17,7 +17,6 @@
 #   accuracy  benchmarks/accuracy_families.py --device cuda -> accuracy_cuda.jsonl
 #   model     bench_model_decode --quick --skip-peer, B = 1 and 32 (glm5_next)
 #   model32   the same at B = 32 alone (another sample of its rate)
-#   convdec   bench_kda_conv_decode (the KDA conv's batched decode kernels alone)
 #   ab32      ab_model_replay.py --batch 32: the default arms against mla_tc_mt=2 (32 blocks at
 #             B = 32 with the default head tiling; results/2026-12-02-h200-s4.md)
 #   qwenself  bench_qwen_decode --quick --skip-peer, both models, B = 1 and 32
@@ -124,7 +123,6 @@ for p in "$@"; do
       bench_folder ab32_folder
       phase ab32 240 env PYTHONPATH="$site" python3 benchmarks/ab_model_replay.py --batch 32 --rounds 10 \
         new mt2:mla_tc_mt=2 ;;
-    convdec) phase convdec 120 env PYTHONPATH="$site" python3 benchmarks/bench_kda_conv_decode.py ;;
     model32) phase model32 180 env PYTHONPATH="$site" python3 benchmarks/bench_model_decode.py --quick --skip-peer --batches 32 ;;
     kimi) phase kimi 300 env PYTHONPATH="$site${peers:+:$peers}" python3 benchmarks/bench_kimi_decode.py --quick ;;
     qwenself) phase qwenself 200 env PYTHONPATH="$site" python3 benchmarks/bench_qwen_decode.py --quick --skip-peer --model both --batches 1,32 ;;

@@ -133,11 +133,9 @@ def test_conv_batched_decode_equals_each_sequence_alone(e, k):
     np.testing.assert_array_equal(ring_out, cring)
 
 
-# The decode arm's two kernels: conv_decode_vec_kernel (4 channels a thread, a warp a 128-channel
-# head; C % 4 == 0 and 16-byte aligned x, y, w) and conv_decode_kernel (any C). The geometries:
-# the bench model's q|k|v width at 2 heads (768, the L2 norm fused into the decode launch at
-# dk = 128, or l2norm_heads after it at dk = 64), a C % 4 == 0 width that ends inside a warp and
-# a block (516), and one the vector path refuses (67).
+# The decode arm's geometries: the bench model's q|k|v width at 2 heads (768, the L2 norm fused
+# into the decode launch at dk = 128, or l2norm_heads after it at dk = 64), a width that ends
+# inside a block (516) and an odd one (67).
 DECODE_GEOMETRIES = [(768, 0), (768, 128), (768, 64), (516, 0), (67, 0)]
 # With the L2 norm the CPU sums each head's squares in one ascending chain, the GPU in 32 strided
 # chains and a warp tree (plus expf's ulps before it): relative errors of a few 1e-7.
@@ -166,19 +164,20 @@ def test_conv_batched_decode_equals_prefill_rows(e, C, l2_dk, k):
     np.testing.assert_array_equal(ring_out, cring)
 
 
-@pytest.mark.parametrize("C, l2_dk, kernel", [(768, 128, "::conv_decode_vec_kernel<4,"),
-                                              (516, 0, "::conv_decode_vec_kernel<4,"),
-                                              (67, 0, "::conv_decode_kernel<4,")])
+@pytest.mark.parametrize("C, l2_dk, kernel", [(768, 128, "::conv_decode_kernel<4, true>"),
+                                              (516, 0, "::conv_decode_kernel<4, false>"),
+                                              (768, 64, "::conv_decode_kernel<4, false>")])
 def test_conv_batched_decode_kernel_choice(e, tmp_path, C, l2_dk, kernel):
-    # The geometries above reach the kernel they are meant to test, in one launch (the fused
-    # norm: no l2norm_heads launch).
+    # The fused norm (dk = 128: a block's channels are one head) is one launch; another dk is
+    # the plain conv, then l2norm_heads.
     r = rng(77)
     x = e.to_device(f32(r.standard_normal((3, C))))
     w = e.to_device(f32(0.5 * r.standard_normal((C, K))))
     rings = e.to_device(f32(r.standard_normal((3, C, K - 1))))
     names = kernel_names(lambda: (_core.kda_conv(x, w, rings, batch=True, l2_dk=l2_dk, engine=e),
                                   e.synchronize()), tmp_path / "trace.json")
-    assert len(names) == 1 and kernel in names[0], names
+    assert kernel in names[0], names
+    assert len(names) == (2 if l2_dk == 64 else 1), names
 
 
 @pytest.mark.parametrize("k", [1, 9])
