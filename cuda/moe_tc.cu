@@ -216,7 +216,13 @@ __global__ void __launch_bounds__(kTcThreads) moe_tc_kernel(const TcArgs<W> a) {
   }
   __syncthreads();
   const int slot = tile[0];
-  if (slot < 0) return;  // past the real tiles: nothing to do
+  if (slot < 0) {  // past the real tiles: nothing to do
+    // Still wait: the grid must not complete before the launch in front (a later kernel's wait
+    // relies on that), and with every pair's id out of range (the ABI drops them) no block of
+    // the grid has a tile.
+    memra::cuda::pdl_wait();
+    return;
+  }
   const int e = __ldcg(a.active_e + slot);
   const int q0 = tile[1];
   const int q1 = min(q0 + BM, __ldcg(a.active_off + slot + 1));
