@@ -116,6 +116,26 @@ __device__ __forceinline__ float4 load4(const __nv_bfloat16* p) {
   return make_float4(a.x, a.y, b.x, b.y);
 }
 
+// Four values of expanded stream j (mhc_post): post_j * y + sum_i comb[i, j] * r_i, the products
+// and sums rounded in this order; c[i] = comb[i, j], r[i] stream i's residual values. Shared by
+// mhc_post_quad_kernel and the split-K pass's fused expansion, so both give the same bytes.
+template <int HC>
+__device__ __forceinline__ float4 expand_quad(const float4 (&r)[HC], const float (&c)[HC],
+                                              float post_j, float4 y) {
+  float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+  for (int i = 0; i < HC; ++i) {
+    acc.x = __fadd_rn(acc.x, __fmul_rn(c[i], r[i].x));
+    acc.y = __fadd_rn(acc.y, __fmul_rn(c[i], r[i].y));
+    acc.z = __fadd_rn(acc.z, __fmul_rn(c[i], r[i].z));
+    acc.w = __fadd_rn(acc.w, __fmul_rn(c[i], r[i].w));
+  }
+  return make_float4(__fadd_rn(__fmul_rn(post_j, y.x), acc.x),
+                     __fadd_rn(__fmul_rn(post_j, y.y), acc.y),
+                     __fadd_rn(__fmul_rn(post_j, y.z), acc.z),
+                     __fadd_rn(__fmul_rn(post_j, y.w), acc.w));
+}
+
 // A lane's term of a partial output: v . x over its four values.
 __device__ __forceinline__ float lane_dot(float4 v, float4 x) {
   return v.x * x.x + v.y * x.y + v.z * x.z + v.w * x.w;

@@ -10,6 +10,7 @@
 using memra::cuda::ceil_div;
 using memra::cuda::enter;
 using memra::cuda::launch_status;
+using memra::cuda::mhc::expand_quad;
 
 namespace {
 
@@ -65,19 +66,10 @@ __global__ void mhc_post_quad_kernel(const float* __restrict__ y, const float* _
   }
 #pragma unroll
   for (int j = 0; j < HC; ++j) {
-    float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    float cj[HC];
 #pragma unroll
-    for (int i = 0; i < HC; ++i) {
-      acc.x = __fadd_rn(acc.x, __fmul_rn(c[i][j], r[i].x));
-      acc.y = __fadd_rn(acc.y, __fmul_rn(c[i][j], r[i].y));
-      acc.z = __fadd_rn(acc.z, __fmul_rn(c[i][j], r[i].z));
-      acc.w = __fadd_rn(acc.w, __fmul_rn(c[i][j], r[i].w));
-    }
-    const float4 o = make_float4(__fadd_rn(__fmul_rn(pj[j], yv.x), acc.x),
-                                 __fadd_rn(__fmul_rn(pj[j], yv.y), acc.y),
-                                 __fadd_rn(__fmul_rn(pj[j], yv.z), acc.z),
-                                 __fadd_rn(__fmul_rn(pj[j], yv.w), acc.w));
-    *reinterpret_cast<float4*>(out + (t * HC + j) * D + d) = o;
+    for (int i = 0; i < HC; ++i) cj[i] = c[i][j];
+    *reinterpret_cast<float4*>(out + (t * HC + j) * D + d) = expand_quad<HC>(r, cj, pj[j], yv);
   }
 }
 

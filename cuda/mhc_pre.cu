@@ -135,7 +135,7 @@ __global__ void __launch_bounds__(kMapThreads)
 // part [T, mix + 1, S] (S = gridDim.x; an output's partials contiguous for the reduction).
 //
 // POST (the expand + pre + norm form, D % 4 == 0): a lane first expands its four values of row t
-// as mhc_post does (mhc_post_quad_kernel's operations in its order: the same bytes) and stores
+// as mhc_post does (expand_quad, mhc_post_quad_kernel's arithmetic: the same bytes) and stores
 // them to pin.streams_out, which the finishing kernel then reads: one launch fewer a site.
 template <int HC>
 __device__ __forceinline__ float4 expand4(const PostIn& pin, int64_t t, int j, int d, int D) {
@@ -147,17 +147,7 @@ __device__ __forceinline__ float4 expand4(const PostIn& pin, int64_t t, int j, i
     c[i] = pin.comb_prev[t * HC * HC + i * HC + j];
   }
   const float4 yv = load4(pin.y + t * D + d);
-  const float p = pin.post_prev[t * HC + j];
-  float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#pragma unroll
-  for (int i = 0; i < HC; ++i) {
-    acc.x = __fadd_rn(acc.x, __fmul_rn(c[i], r[i].x));
-    acc.y = __fadd_rn(acc.y, __fmul_rn(c[i], r[i].y));
-    acc.z = __fadd_rn(acc.z, __fmul_rn(c[i], r[i].z));
-    acc.w = __fadd_rn(acc.w, __fmul_rn(c[i], r[i].w));
-  }
-  return make_float4(__fadd_rn(__fmul_rn(p, yv.x), acc.x), __fadd_rn(__fmul_rn(p, yv.y), acc.y),
-                     __fadd_rn(__fmul_rn(p, yv.z), acc.z), __fadd_rn(__fmul_rn(p, yv.w), acc.w));
+  return expand_quad<HC>(r, c, pin.post_prev[t * HC + j], yv);
 }
 
 template <typename W, int POST_HC>  // POST_HC: 0 reads the streams, else expands at hc = POST_HC
