@@ -18,7 +18,10 @@ peer:  torch, bf16: for each expert with tokens (lists made on the host beforeha
        rows, F.linear gate and up, the clamped SwiGLU in f32, F.linear down, * routing weight,
        index_add_ into y f32.
 Shapes: GLM-5.3-Flash widths (D = 4096, I = 2048, 32 routed experts, top 8), T = 1, 2, 4, 8,
-32, 64; uniform random routing (seeded). bytes = the weights of the experts the batch selects,
+32, 64; uniform random routing (seeded) and, from T = 16, a skewed one as well (`"routing":
+"zipf"`: each token's k distinct experts drawn with probabilities proportional to 1 / rank over a
+random order of the experts, so the first few experts take most tokens; `max_pairs_per_expert`
+says how far). bytes = the weights of the experts the batch selects,
 each read once (distinct experts x 3 x I x D x 2).
 
     python3 benchmarks/bench_moe_decode.py [--quick]
@@ -35,7 +38,7 @@ from common import Bench, base_parser, log, rel_err, to_torch  # noqa: E402
 
 GEOM = dict(E=32, D=4096, I=2048, k=8)
 ROWS = [1, 2, 4, 8, 32, 64]
-SMOKE = (dict(E=6, D=32, I=16, k=2), [1, 3])
+SMOKE = (dict(E=6, D=32, I=16, k=2), [1, 3, 16])
 LIMIT = 7.0
 PEER = "torch per-expert gather + F.linear (bf16)"
 
@@ -74,10 +77,17 @@ def main() -> int:
     else:  # the CPU op takes one Weight per expert
         mg, mu, md = ([host_weight(t[i]) for i in range(E)] for t in (gw, uw, dw))
     rng = np.random.default_rng(0)
-    for T in rows:
-        shape = {"T": T, "E": E, "top_k": k, "D": D, "I": I, "w_dtype": "bfloat16"}
+    zipf = 1.0 / np.arange(1, E + 1)
+    zipf /= zipf.sum()
+    cases = [(T, kind) for T in rows for kind in (("uniform", "zipf") if T >= 16 else ("uniform",))]
+    for T, kind in cases:
+        shape = {"T": T, "E": E, "top_k": k, "D": D, "I": I, "w_dtype": "bfloat16", "routing": kind}
         log(f"moe_decode: {shape}")
-        idx = np.stack([rng.permutation(E)[:k] for _ in range(T)]).astype(np.int32)
+        if kind == "uniform":
+            idx = np.stack([rng.permutation(E)[:k] for _ in range(T)]).astype(np.int32)
+        else:
+            order = rng.permutation(E)
+            idx = np.stack([order[rng.choice(E, k, replace=False, p=zipf)] for _ in range(T)]).astype(np.int32)
         wts = rng.uniform(0.05, 0.5, (T, k)).astype(np.float32)
         x32 = (torch.randn(T, D, generator=gen, device=b.dev)).float()
         xh = x32.cpu().numpy()
@@ -151,6 +161,7 @@ def main() -> int:
             extra["old_max_rel_err_ref"] = rel_err(y_old, ref)
         b.emit(shape, memra_us, PEER, peer_us, nbytes,
                experts_selected=len(experts),
+               max_pairs_per_expert=int(np.bincount(idx.reshape(-1), minlength=E).max()),
                memra_kernel_us=memra_k, memra_pdl_kernel_us=memra_pdl_k, peer_kernel_us=b.kernel_us(run_peer),
                kernel_frac_of_copy=(nbytes / memra_k / 1e6 / copy) if memra_k else None,
                pair_kernel_us=pair_k,
