@@ -128,6 +128,7 @@ struct RawGates {
   const float* A_log;    // [H]
   int form;
   float lower_bound;
+  int64_t beta_ld;       // floats from one row's beta logits to the next's (>= H)
 };
 
 // kda_scan's fused norm (SLOTS): o written through rms_norm_gated_sigmoid over the head's row.

@@ -197,7 +197,7 @@ __global__ void __launch_bounds__(line_threads<NORM>(), line_min_blocks<NORM>())
     }
   }
   if (t < kCols) vt = __ldg(v + bh * kScanDv + jb + t);
-  if (t == 0) bt = __ldg(beta + bh);
+  if (t == 0) bt = __ldg(beta + (RAW ? b * raw.beta_ld + h : bh));
   if constexpr (NORM) {
     const int n = t - 2 * kLinePartThreads;  // parts 2 and 3: gate [dv] then w [dv]
     if (n >= 0) nrow[n] = n < kScanDv ? __ldg(norm.gate + bh * kScanDv + n) : __ldg(norm.w + n - kScanDv);
@@ -326,6 +326,8 @@ int scan_decode_slots(MemraCudaCtx* ctx, const MemraKdaScanParams& p) {
   if (B < 0 || H < 0 || dk < 1 || dv < 1) return memra::kContractShape;
   if (dk != kScanDk || dv != kScanDv) return memra::kUnsupportedGeometry;
   if (s.slots && (s.floats < 0 || s.offset < 0)) return memra::kContractValue;
+  const int64_t beta_ld = p.beta_ld == 0 ? H : p.beta_ld;
+  if (beta_ld < H) return memra::kContractValue;
   if (B == 0 || H == 0) return memra::kOk;
   if (!p.q || !p.k || !p.v || !p.g || !p.dt_bias || !p.A_log || !p.beta || !p.o) {
     return memra::kContractMissing;
@@ -347,7 +349,7 @@ int scan_decode_slots(MemraCudaCtx* ctx, const MemraKdaScanParams& p) {
   // A whole head a block: the scan, then o through the gated norm.
   const int64_t blocks = static_cast<int64_t>(B) * H;
   if (blocks > 0x7fffffffLL) return memra::kContractShape;
-  const RawGates gates{p.dt_bias, p.A_log, form, p.lower_bound};
+  const RawGates gates{p.dt_bias, p.A_log, form, p.lower_bound, beta_ld};
   const GatedNorm norm{p.gate_o, p.o_norm, p.norm_eps};
   memra::cuda::launch(ctx, true, scan_decode_lines_kernel<true, true>,
                       dim3(static_cast<unsigned>(blocks)), dim3(line_threads<true>()), 0, p.q, p.k,

@@ -287,9 +287,11 @@ int memra_cuda_kda_scan(MemraCudaCtx* ctx, const MemraKdaScanParams* p) {
   switch (p->state.form) {
     case MEMRA_KDA_PLANES_TABLES:
       if (p->fuse_gates || p->fuse_norm) return memra::kUnsupportedGeometry;
+      if (p->beta_ld != 0 && p->beta_ld != p->H) return memra::kContractValue;  // contiguous beta
       return scan_tables(ctx, *p);
     case MEMRA_KDA_PLANES_STRIDED:
       if (p->fuse_gates || p->fuse_norm) return memra::kUnsupportedGeometry;
+      if (p->beta_ld != 0 && p->beta_ld != p->H) return memra::kContractValue;
       return scan_strided(ctx, *p);
     case MEMRA_KDA_PLANES_SLOTS:
       // The one kernel of this form: a decode step with the gates and the norm fused.

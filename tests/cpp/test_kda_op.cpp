@@ -148,6 +148,9 @@ TEST(KdaOp, CudaOnlyFieldsAndBadValuesAreRefused) {
   s.fuse_gates = 1;
   EXPECT_EQ(op::kda_scan(kCpu, s).code, kUnsupportedGeometry);
   s.fuse_gates = 0;
+  s.beta_ld = 3;  // a row stride of beta: the fused gates' (CUDA) only
+  EXPECT_EQ(op::kda_scan(kCpu, s).code, kContractValue);
+  s.beta_ld = 0;
   s.state.form = MEMRA_KDA_PLANES_DIRECT;
   EXPECT_EQ(op::kda_scan(kCpu, s).code, kContractValue);
 

@@ -7,11 +7,12 @@
 //   with group width qkv, which writes q, k and v as three contiguous [N, H, dk] tensors (the
 //   conv is depthwise and the cache's ring is [3*qkv, K-1], so this is the arithmetic of three
 //   per-group launches); the L2 norm of q and k is one launch over their 2N adjacent rows;
-// - f_a | g_a | b_proj is one [rank_f + rank_g + H, D] weight; f_a | g_a (a row view) is one
-//   GEMM into low [N, rank_f + rank_g], rounded once; f_b and g_b read its two column blocks
-//   (row stride rank_f + rank_g); at N == 1 (a decode step of one sequence) b_proj rides in the
-//   same GEMM, beta's logits being the row's last H columns, and that GEMM shares q|k|v's launch
-//   (linear_ex_pair: two problems of one x in one GEMV grid);
+// - f_a | g_a | b_proj is one [rank_f + rank_g + H, D] weight; at a decode step all of it is
+//   one GEMM into low [N, rank_f + rank_g + H], beta's logits being each row's last H columns
+//   (the scan reads them with that row stride), and at N == 1 that GEMM shares q|k|v's launch
+//   (linear_ex_pair: two problems of one x in one GEMV grid); a prefill's f_a | g_a (a row view)
+//   is one GEMM into low [N, rank_f + rank_g] and b_proj another (kda_gate takes beta
+//   contiguous); low is rounded once and f_b and g_b read its two column blocks;
 // - a decode step's conv and scan find each row's ring and state planes from the device slots
 //   themselves (kda_conv / kda_scan's SLOTS planes), and read them before they wait for the
 //   launch in front of them. The scan turns f and beta's logits into gates as it loads them, and
@@ -146,10 +147,14 @@ Status KdaLayer::run_cuda(Cache& cache, int layer, int B, int T, const Planes& p
         *o = nullptr, *gate_o = nullptr;
   MEMRA_TRY(a.take(int64_t(N) * C, &raw));
   MEMRA_TRY(a.take(int64_t(N) * C, &act));  // q [N, qkv] | k [N, qkv] | v [N, qkv]
-  // N == 1: low and beta are one row [f | g | beta] of the x_small GEMM; else beta apart.
-  MEMRA_TRY(a.take(int64_t(N) * (N == 1 ? g.x_small.rows : n_low), &low));
+  // One row, or a decode step's rows: low and beta's logits are rows [f | g | beta] of one
+  // x_small GEMM (the scan reads the logits ld_low apart); a prefill's rows take beta apart,
+  // contiguous, as kda_gate turns it into its sigmoid in place.
+  const bool one_gemm = N == 1 || decode;
+  const int64_t ld_low = one_gemm ? g.x_small.rows : n_low;
+  MEMRA_TRY(a.take(int64_t(N) * ld_low, &low));
   MEMRA_TRY(a.take(int64_t(N) * qkv, &gate_f));
-  if (N == 1) {
+  if (one_gemm) {
     beta = low + n_low;
   } else {
     MEMRA_TRY(a.take(int64_t(N) * H, &beta));
@@ -223,12 +228,12 @@ Status KdaLayer::run_cuda(Cache& cache, int layer, int B, int T, const Planes& p
   }
   MEMRA_TRY(in_layer(op::kda_conv(be, cp), op));
 
-  // Both gates' low-rank halves in one GEMM (N == 1: with beta's logits, launched above with
-  // q|k|v), rounded once for f_b and g_b (the rows of N > 1 would interleave beta's columns with
-  // the next row's).
+  // Both gates' low-rank halves in one GEMM, with beta's logits at a decode step (N == 1: all
+  // of it launched above with q|k|v), rounded once for f_b and g_b, which read their column
+  // blocks ld_low apart.
   if (N != 1) {
-    MEMRA_GPU(c, gpu::linear_in(c, xr, N, g.fg_a, nullptr, low), op);
-    MEMRA_TRY(gpu::round_input(c, a, low, N, n_low, g.f_b.dtype, &lowr, op));
+    MEMRA_GPU(c, gpu::linear_in(c, xr, N, one_gemm ? g.x_small : g.fg_a, nullptr, low), op);
+    MEMRA_TRY(gpu::round_input(c, a, low, N, ld_low, g.f_b.dtype, &lowr, op));
   }
 
   // The forget gate's f_b; the output gate's g_b, read after the scan, in the same call
@@ -237,7 +242,7 @@ Status KdaLayer::run_cuda(Cache& cache, int layer, int B, int T, const Planes& p
     MEMRA_GPU(c, gpu::linear_in_pair(c, lowr, lowr.cols_from(g.rank_f), N, g.f_b, g.g_b, gate_f,
                                      gate_o), op);
   }
-  if (N != 1) MEMRA_GPU(c, gpu::linear_in(c, xr, N, g.b_proj, nullptr, beta), op);
+  if (!one_gemm) MEMRA_GPU(c, gpu::linear_in(c, xr, N, g.b_proj, nullptr, beta), op);
   MemraKdaScanParams sp{};
   sp.q = q;
   sp.k = k;
@@ -259,6 +264,7 @@ Status KdaLayer::run_cuda(Cache& cache, int layer, int B, int T, const Planes& p
     sp.state = slot_planes(planes.slots_d, cache.cur_d(), cache.state(layer, 0, 0),
                            cache.state(layer, 0, 1), spec.state_floats());
     sp.fuse_gates = 1;
+    sp.beta_ld = ld_low;
     sp.dt_bias = gpu::f32p(g.dt_bias);
     sp.A_log = gpu::f32p(g.a_log);
     sp.gate_form = form;

@@ -124,6 +124,10 @@ Status kda_scan(const Backend& b, const MemraKdaScanParams& p) {
   if (p.B < 0 || p.T < 0 || p.H < 0 || p.dk < 1 || p.dv < 1) {
     return refuse(kContractShape, op, "B, T, H must be >= 0 and dk, dv >= 1");
   }
+  if (p.beta_ld != 0 && p.beta_ld != p.H) {
+    return refuse(kContractValue, op, "beta_ld (a row stride of beta) is for the fused gates "
+                                      "only; contiguous beta is 0 or H");
+  }
   if (p.B == 0 || p.H == 0) return Status::Ok();
   const bool strided = st.form == MEMRA_KDA_PLANES_STRIDED;
   // T == 0 reads none of the step inputs: the reference writes state_out alone (op/kda.h).

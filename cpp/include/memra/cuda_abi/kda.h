@@ -122,7 +122,7 @@ typedef struct MemraKdaScanParams {
   const float* v;      /* [B, T, H, dv] f32; 16-byte aligned (40022) */
   const float* g;      /* [B, T, H, dk] f32 log forget gate (fuse_gates: f, kda_gate's input);
                           16-byte aligned (40022) */
-  const float* beta;   /* [B, T, H] f32 (fuse_gates: the logits, only read) */
+  const float* beta;   /* [B, T, H] f32 (fuse_gates: the logits, only read, rows beta_ld apart) */
   int B, T, H;         /* >= 0 (else 40000) */
   int dk, dv;          /* >= 1 (else 40000); CUDA kernels 128 and 128 (else 50002) */
   float scale;         /* q's scale, dk**-0.5 in transformers */
@@ -151,6 +151,10 @@ typedef struct MemraKdaScanParams {
      layout, so decode continues from its state. The CPU backend runs its sequential reference
      either way. */
   int chunked;
+  /* Fused gates (SLOTS): floats from one row's beta logits to the next's (beta [B, beta_ld],
+     the row's H logits first: a column block of a wider GEMM output); 0 means H; below H 40025;
+     the other forms read beta contiguous: anything but 0 or H there is 40025. */
+  int64_t beta_ld;
 } MemraKdaScanParams;
 
 /* Decode-graph bookkeeping (docs/decode_graphs.md): one KDA layer's per-sequence pointer tables
