@@ -42,14 +42,14 @@ def parse_arm(s: str) -> tuple[str, dict]:
     return name, kernel_option_fields(rest)
 
 
-def load_arm(folder: str, fields: dict, max_len: int, prompt: list, batch: int):
+def load_arm(folder: str, fields: dict, max_len: int, prompts: list, batch: int):
     """memra.load with the arm's kernel options, prefill of `batch` sequences and the first
     decode steps (eager, capture, replays). Returns the model, its greedy tokens (every row's,
     step by step) and the captured graph of the batch's bucket."""
     m = memra.load(folder, device="cuda", dtype="bfloat16", max_batch=batch, max_len=max_len,
                    progress=False, kernel_options=memra.KernelOptions(**fields))
     slots = list(range(batch))
-    last = [int(np.argmax(m.prefill(m.cache, s, prompt))) for s in slots]
+    last = [int(np.argmax(m.prefill(m.cache, s, prompts[s]))) for s in slots]
     toks = [list(last)]
     for i in range(4):  # eager, capture, then replays
         last = [int(t) for t in m._decode_sampled(slots, last, 0.0, None, None, [0] * batch, i + 1)]
@@ -67,15 +67,18 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=40, help="replays timed per arm and round")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--batch", type=int, default=1, help="sequences a step (the graph's bucket)")
+    p.add_argument("--prompt-len", type=int, default=128, help="tokens each sequence holds before the steps")
     a = p.parse_args()
     arms = [parse_arm(s) for s in a.arms]
-    max_len = 128 + 8 + a.rounds * (a.steps + 1) + 8
+    max_len = a.prompt_len + 8 + a.rounds * (a.steps + 1) + 8
     rng = np.random.default_rng(a.seed)
-    prompt = rng.integers(0, 1000, 128).astype(np.int64).tolist()
+    # One prompt a sequence: with one prompt for all, every row routes alike and the MoE reads
+    # top_k experts a layer instead of (nearly) all of them.
+    prompts = [rng.integers(0, 1000, a.prompt_len).astype(np.int64).tolist() for _ in range(a.batch)]
     runs = []
     for name, fields in arms:
         t = time.perf_counter()
-        m, toks, graph = load_arm(a.folder, fields, max_len, prompt, a.batch)
+        m, toks, graph = load_arm(a.folder, fields, max_len, prompts, a.batch)
         print(f"ab: loaded {name} {fields} in {time.perf_counter() - t:.1f} s", file=sys.stderr, flush=True)
         runs.append({"name": name, "options": fields, "m": m, "graph": graph, "toks": toks, "us": []})
     order = random.Random(a.seed)
@@ -96,7 +99,7 @@ def main() -> None:
     for run in runs:
         med = statistics.median(run["us"])
         print(json.dumps({"bench": "ab_model_replay", "arm": run["name"], "options": run["options"],
-                          "batch": a.batch,
+                          "batch": a.batch, "prompt_len": a.prompt_len,
                           "replay_us_median": round(med, 1), "replay_us_min": round(min(run["us"]), 1),
                           "delta_us_vs_first": round(med - ref, 1), "rounds": a.rounds,
                           "steps_per_round": a.steps,
