@@ -14,6 +14,7 @@
 #include "gemv.cuh"
 #include "gemv_rows.cuh"
 #include "linear.cuh"
+#include "moe_common.cuh"
 #include "swiglu.cuh"
 
 using memra::cuda::clamped_swiglu;
@@ -126,9 +127,11 @@ unsigned act_blocks(int64_t n) {
 // memra_cuda_swiglu_mlp after its context check: y = mlp(x), plus add [T, D] (or null) summed into
 // y: at T = 1 as the down GEMV's bias (its s += bias[n] after the row's sum: mlp + add, the same
 // bits as the add kernel's a + b in either order), otherwise memra_cuda_add after the down GEMM.
+// xr: null, or x already rounded to w_dtype (16-bit weights, T > MEMRA_GEMV_MAX_ROWS), which the
+// gate / up GEMMs then read instead of rounding x themselves (the same bytes).
 int swiglu_mlp_impl(MemraCudaCtx* ctx, const float* x, int T, int D, const void* gate_w,
                     const void* up_w, const void* down_w, int w_dtype, int I, float limit,
-                    const float* add, float* y) {
+                    const float* add, float* y, const void* xr = nullptr) {
   const size_t rows = sizeof(float) * size_t(T > 0 ? T : 0) * size_t(D > 0 ? D : 0);
   MEMRA_CUDA_RETURN_IF(memra::cuda::flush_if_reads(ctx, x, rows));
   MEMRA_CUDA_RETURN_IF(memra::cuda::flush_if_reads(ctx, add, rows));
@@ -138,6 +141,12 @@ int swiglu_mlp_impl(MemraCudaCtx* ctx, const float* x, int T, int D, const void*
   if (!(limit > 0.0f)) return memra::kContractValue;  // as the binding: swiglu_limit > 0 (inf ok)
   if (T == 0 || D == 0) return memra::kOk;
   if (!x || !y || (I > 0 && (!gate_w || !up_w || !down_w))) return memra::kContractMissing;
+  if (xr && (w_dtype == 0 || T <= MEMRA_GEMV_MAX_ROWS)) return memra::kContractValue;
+  // y [T, N] = x w^T over x itself or its rounded copy.
+  auto gemm_x = [&](const void* w, int N, float* out) {
+    return xr ? memra::cuda::linear_ex(ctx, xr, w_dtype, D, T, D, w, w_dtype, N, nullptr, out)
+              : memra::cuda::linear(ctx, x, T, D, w, w_dtype, N, nullptr, out);
+  };
   const int64_t n = static_cast<int64_t>(T) * I;
   // gate and up stored as one [2I, D] matrix (up right after gate): one GEMM with N = 2I.
   const size_t wbytes = w_dtype == 0 ? sizeof(float) : sizeof(uint16_t);
@@ -156,7 +165,7 @@ int swiglu_mlp_impl(MemraCudaCtx* ctx, const float* x, int T, int D, const void*
                                        reinterpret_cast<__nv_bfloat16*>(h), &fused));
     }
     if (!fused) {  // the GEMM, then the activation's own launch
-      MEMRA_CUDA_RETURN_IF(memra::cuda::linear(ctx, x, T, D, gate_w, w_dtype, 2 * I, nullptr, gu));
+      MEMRA_CUDA_RETURN_IF(gemm_x(gate_w, 2 * I, gu));
       if (w_dtype == 0) {
         memra::cuda::launch(ctx, true, swiglu_pair_kernel<float>, dim3(act_blocks(n)), dim3(256),
                             0, gu, T, I, limit, h);
@@ -179,8 +188,8 @@ int swiglu_mlp_impl(MemraCudaCtx* ctx, const float* x, int T, int D, const void*
   MEMRA_CUDA_RETURN_IF(gu.status());
   float* g = gu.as<float>();
   float* u = g + n;
-  MEMRA_CUDA_RETURN_IF(memra::cuda::linear(ctx, x, T, D, gate_w, w_dtype, I, nullptr, g));
-  MEMRA_CUDA_RETURN_IF(memra::cuda::linear(ctx, x, T, D, up_w, w_dtype, I, nullptr, u));
+  MEMRA_CUDA_RETURN_IF(gemm_x(gate_w, I, g));
+  MEMRA_CUDA_RETURN_IF(gemm_x(up_w, I, u));
   if (n > 0) {
     memra::cuda::launch(ctx, true, swiglu_act_kernel, dim3(act_blocks(n)), dim3(256), 0, g, u, n,
         limit);
@@ -192,6 +201,17 @@ int swiglu_mlp_impl(MemraCudaCtx* ctx, const float* x, int T, int D, const void*
 }
 
 }  // namespace
+
+namespace memra::cuda {
+
+int swiglu_mlp_rounded(MemraCudaCtx* ctx, const float* x, const void* xr, int T, int D,
+                       const void* gate_w, const void* up_w, const void* down_w, int w_dtype,
+                       int I, float limit, const float* add, float* y) {
+  MEMRA_CUDA_RETURN_IF(memra::cuda::enter_keep(ctx));
+  return swiglu_mlp_impl(ctx, x, T, D, gate_w, up_w, down_w, w_dtype, I, limit, add, y, xr);
+}
+
+}  // namespace memra::cuda
 
 extern "C" int memra_cuda_swiglu_mlp(MemraCudaCtx* ctx, const MemraMlpParams* p) {
   // A deferred mHC Sinkhorn rides on the gate|up GEMV (common.cuh) unless it reads the comb.

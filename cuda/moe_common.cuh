@@ -42,12 +42,15 @@ int combine(MemraCudaCtx* ctx, const float* o, const int32_t* topk_idx, const fl
 // The tensor-core arm (cuda/moe_tc.cu). tc_fits: whether it runs this call (the context's
 // moe_tensor_cores, bf16 / f16 weights, D and I multiples of 8, 16-byte aligned weights, launch
 // limits). forward_tc: y [T, D] = the routed sum (memra_cuda_moe_forward's fields, checked by it)
-// as grouped GEMMs with x and h rounded to the weights' type and f32 accumulation.
+// as grouped GEMMs with x and h rounded to the weights' type and f32 accumulation. xr: null, or
+// [T, D] of the weights' type that receives x rounded (RNE: the bytes linear's GEMMs round it
+// to), for a caller that reads it after the call.
 bool tc_fits(const MemraCudaCtx* ctx, int T, int D, int top_k, int w_dtype, const void* gate_w,
              const void* up_w, const void* down_w, int E, int I);
-int forward_tc(MemraCudaCtx* ctx, const float* x, int T, int D, const int32_t* topk_idx,
-               const float* topk_w, int top_k, const void* gate_w, const void* up_w,
-               const void* down_w, int w_dtype, int E, int I, float limit, float* y);
+int forward_tc(MemraCudaCtx* ctx, const float* x, void* xr, int T, int D,
+               const int32_t* topk_idx, const float* topk_w, int top_k, const void* gate_w,
+               const void* up_w, const void* down_w, int w_dtype, int E, int I, float limit,
+               float* y);
 
 // The grouped path (cuda/moe_grouped.cu). grouped_fits: whether it can run this geometry (else
 // the per-pair kernels do). forward_grouped: y [T, D] = the routed sum over stacked weights
@@ -58,3 +61,14 @@ int forward_grouped(MemraCudaCtx* ctx, const float* x, int T, int D, const int32
                     const void* down_w, int w_dtype, int E, int I, float limit, float* y);
 
 }  // namespace memra::cuda::moe
+
+namespace memra::cuda {
+
+// memra_cuda_swiglu_mlp (cuda/mlp.cu) over x and its copy xr rounded to the 16-bit w_dtype (by
+// moe::forward_tc; T > MEMRA_GEMV_MAX_ROWS, else 40025): the gate / up GEMMs read xr instead of
+// rounding x again, the same bytes. A MoE layer's shared expert beside the tensor-core arm.
+int swiglu_mlp_rounded(MemraCudaCtx* ctx, const float* x, const void* xr, int T, int D,
+                       const void* gate_w, const void* up_w, const void* down_w, int w_dtype,
+                       int I, float limit, const float* add, float* y);
+
+}  // namespace memra::cuda

@@ -307,10 +307,12 @@ Arm routed_arm(const MemraCudaCtx* ctx, int T, int D, int top_k, int w_dtype, co
   return memra::cuda::moe::grouped_fits(T, top_k, E) ? Arm::kGrouped : Arm::kPerPair;
 }
 
-// memra_cuda_moe_forward without a shared expert.
+// memra_cuda_moe_forward without a shared expert. xr: null, or [T, D] of the weights' type that
+// receives x rounded, where the tensor-core arm runs (it rounds x anyway; the caller reads it).
 int moe_forward_impl(MemraCudaCtx* ctx, const float* x, int T, int D, const int32_t* topk_idx,
                      const float* topk_w, int top_k, const void* gate_w, const void* up_w,
-                     const void* down_w, int w_dtype, int E, int I, float limit, float* y) {
+                     const void* down_w, int w_dtype, int E, int I, float limit, float* y,
+                     void* xr = nullptr) {
   MEMRA_CUDA_RETURN_IF(enter(ctx));
   if (T < 0 || D < 0 || I < 0 || E < 0 || top_k < 0) return memra::kContractValue;
   if (w_dtype < 0 || w_dtype > 2) return memra::kContractDType;
@@ -325,8 +327,8 @@ int moe_forward_impl(MemraCudaCtx* ctx, const float* x, int T, int D, const int3
   if (!per_pair_fits(T, top_k, top_k, I, D)) return memra::kUnsupportedGeometry;
   switch (routed_arm(ctx, T, D, top_k, w_dtype, gate_w, up_w, down_w, E, I)) {
     case Arm::kTensorCores:
-      return memra::cuda::moe::forward_tc(ctx, x, T, D, topk_idx, topk_w, top_k, gate_w, up_w,
-                                          down_w, w_dtype, E, I, limit, y);
+      return memra::cuda::moe::forward_tc(ctx, x, xr, T, D, topk_idx, topk_w, top_k, gate_w,
+                                          up_w, down_w, w_dtype, E, I, limit, y);
     case Arm::kGrouped:
       return memra::cuda::moe::forward_grouped(ctx, x, T, D, topk_idx, topk_w, top_k, gate_w,
                                                up_w, down_w, w_dtype, E, I, limit, y);
@@ -371,8 +373,24 @@ int moe_forward_shared_impl(MemraCudaCtx* ctx, const float* x, int T, int D,
   if (!fused) {
     Scratch routed(ctx, sizeof(float) * static_cast<size_t>(T) * D);
     MEMRA_CUDA_RETURN_IF(routed.status());
+    // Where the routed experts run on tensor cores and the shared expert's GEMMs would round x
+    // too (more than MEMRA_GEMV_MAX_ROWS rows, 16-bit weights), the routed path leaves its
+    // rounded x in xr and the shared expert reads it: the bytes each would round it to, one
+    // launch fewer.
+    const bool round_once =
+        T > MEMRA_GEMV_MAX_ROWS && w_dtype != 0 && topk_idx && topk_w && gate_w && up_w &&
+        down_w && top_k > 0 && I > 0 && E > 0 &&
+        routed_arm(ctx, T, D, top_k, w_dtype, gate_w, up_w, down_w, E, I) == Arm::kTensorCores;
+    Scratch xr(ctx, round_once ? sizeof(uint16_t) * static_cast<size_t>(T) * D : 0);
+    MEMRA_CUDA_RETURN_IF(xr.status());
     MEMRA_CUDA_RETURN_IF(moe_forward_impl(ctx, x, T, D, topk_idx, topk_w, top_k, gate_w, up_w,
-                                          down_w, w_dtype, E, I, limit, routed.as<float>()));
+                                          down_w, w_dtype, E, I, limit, routed.as<float>(),
+                                          round_once ? xr.as<void>() : nullptr));
+    if (round_once) {
+      return memra::cuda::swiglu_mlp_rounded(ctx, x, xr.as<void>(), T, D, shared_gate_w,
+                                             shared_up_w, shared_down_w, w_dtype, shared_I,
+                                             shared_limit, routed.as<float>(), y);
+    }
     MemraMlpParams mlp{};
     mlp.x = x;
     mlp.T = T;

@@ -407,10 +407,20 @@ int chunk_tokens(int T, int top_k) {
   return t < 1 ? 1 : (T < t ? T : t);
 }
 
+// x [n] f32 -> out [n] W, one launch of the round kernel.
 template <typename W>
-int launch_moe_tc(MemraCudaCtx* ctx, const float* x, int T, int D, const int32_t* topk_idx,
-                  const float* topk_w, int top_k, const void* gate_w, const void* up_w,
-                  const void* down_w, int E, int I, float limit, float* y) {
+int round_launch(MemraCudaCtx* ctx, const float* x, int64_t n, W* out) {
+  const unsigned blocks = ceil_div(n / 4 > 0 ? n / 4 : 1, 256);
+  memra::cuda::launch(ctx, true, moe_tc_round_kernel<W>,
+      dim3(blocks < 65535u * 4 ? blocks : 65535u * 4), dim3(256), 0, x, n,
+      aligned16(x) && n % 4 == 0, out);
+  return launch_status();
+}
+
+template <typename W>
+int launch_moe_tc(MemraCudaCtx* ctx, const float* x, W* xr, int T, int D,
+                  const int32_t* topk_idx, const float* topk_w, int top_k, const void* gate_w,
+                  const void* up_w, const void* down_w, int E, int I, float limit, float* y) {
   const int Tc = chunk_tokens(T, top_k);
   const int64_t Pc = static_cast<int64_t>(Tc) * top_k;
   const int64_t Sc = E < Pc ? E : Pc;
@@ -419,7 +429,7 @@ int launch_moe_tc(MemraCudaCtx* ctx, const float* x, int T, int D, const int32_t
   // o [Pc, D] f32.
   Scratch meta(ctx, sizeof(int) * static_cast<size_t>(2 + 2 * Sc + Pc));
   MEMRA_CUDA_RETURN_IF(meta.status());
-  Scratch xb(ctx, sizeof(W) * static_cast<size_t>(Tc) * D);
+  Scratch xb(ctx, xr ? 0 : sizeof(W) * static_cast<size_t>(Tc) * D);  // xr given: none
   MEMRA_CUDA_RETURN_IF(xb.status());
   Scratch hs(ctx, sizeof(W) * static_cast<size_t>(Pc) * I);
   MEMRA_CUDA_RETURN_IF(hs.status());
@@ -437,15 +447,14 @@ int launch_moe_tc(MemraCudaCtx* ctx, const float* x, int T, int D, const int32_t
     const int32_t* idx = topk_idx + static_cast<int64_t>(t0) * top_k;
     MEMRA_CUDA_RETURN_IF(memra::cuda::moe::group_pairs(ctx, idx, P, E, warps, n_active, active_e,
                                                        active_off, pairs));
-    const float* xc = x + static_cast<int64_t>(t0) * D;
-    const int64_t n = static_cast<int64_t>(tn) * D;
-    const unsigned blocks = ceil_div(n / 4 > 0 ? n / 4 : 1, 256);
-    memra::cuda::launch(ctx, true, moe_tc_round_kernel<W>,
-        dim3(blocks < 65535u * 4 ? blocks : 65535u * 4), dim3(256), 0, xc, n, aligned16(xc),
-        xb.as<W>());
-    MEMRA_CUDA_RETURN_IF(launch_status());
+    // The chunk's x rows rounded: into the caller's xr when given (its rows t0.., kept for the
+    // caller), else into scratch. Right after the group kernel, as the gate/up kernel's reads
+    // before its wait require (the lists are complete once this launch's blocks have waited).
+    W* const xc = xr ? xr + static_cast<int64_t>(t0) * D : xb.as<W>();
+    MEMRA_CUDA_RETURN_IF(round_launch<W>(ctx, x + static_cast<int64_t>(t0) * D,
+                                         static_cast<int64_t>(tn) * D, xc));
     TcArgs<W> gu{};
-    gu.a = xb.as<W>();
+    gu.a = xc;
     gu.top_k = top_k;
     gu.K = D;
     gu.n_active = n_active;
@@ -498,15 +507,16 @@ bool tc_fits(const MemraCudaCtx* ctx, int T, int D, int top_k, int w_dtype, cons
          m_tiles_bound(Pc, S, TcSmall::BM) * n_tiles <= 0x7fffffffLL;
 }
 
-int forward_tc(MemraCudaCtx* ctx, const float* x, int T, int D, const int32_t* topk_idx,
-               const float* topk_w, int top_k, const void* gate_w, const void* up_w,
-               const void* down_w, int w_dtype, int E, int I, float limit, float* y) {
+int forward_tc(MemraCudaCtx* ctx, const float* x, void* xr, int T, int D,
+               const int32_t* topk_idx, const float* topk_w, int top_k, const void* gate_w,
+               const void* up_w, const void* down_w, int w_dtype, int E, int I, float limit,
+               float* y) {
   if (w_dtype == 1) {
-    return launch_moe_tc<__nv_bfloat16>(ctx, x, T, D, topk_idx, topk_w, top_k, gate_w, up_w,
-                                        down_w, E, I, limit, y);
+    return launch_moe_tc<__nv_bfloat16>(ctx, x, static_cast<__nv_bfloat16*>(xr), T, D, topk_idx,
+                                        topk_w, top_k, gate_w, up_w, down_w, E, I, limit, y);
   }
-  return launch_moe_tc<__half>(ctx, x, T, D, topk_idx, topk_w, top_k, gate_w, up_w, down_w, E, I,
-                               limit, y);
+  return launch_moe_tc<__half>(ctx, x, static_cast<__half*>(xr), T, D, topk_idx, topk_w, top_k,
+                               gate_w, up_w, down_w, E, I, limit, y);
 }
 
 }  // namespace memra::cuda::moe

@@ -459,6 +459,29 @@ def test_moe_layer_with_shared_expert_matches_cpu(e, T, E, D, I, I_s, k, dtype):
     assert np.array_equal(e.to_host(layer.forward(e.to_device(x))), got)
 
 
+def test_moe_layer_shared_expert_rounds_x_once_beside_the_tensor_cores(e, tmp_path):
+    # T > 1 over bf16 weights: the routed experts on tensor cores and the shared expert's gate|up
+    # GEMM both read x rounded to bf16, so the tensor-core arm's rounding is kept for the shared
+    # expert: one f32 -> bf16 rounding launch a call where there were two, and the CPU layer's
+    # result as before; repeated calls give the same bytes.
+    E, D, I, I_s, k, T = 8, 64, 48, 40, 4, 5
+    r = rng(77)
+    w = moe_layer_weights(r, E, D, I, I_s, "bfloat16")
+    kw = dict(hidden=D, n_experts=E, top_k=k, n_group=1, topk_group=1, intermediate=I,
+              shared_intermediate=I_s, norm_topk_prob=True, routed_scaling=2.5, swiglu_limit=1.5)
+    x = randn(r, T, D, scale=2.0)
+    want = memra.MoeLayer(memra.Engine("cpu"), w, dtype="bfloat16", **kw).forward(x)
+    layer = memra.MoeLayer(e, w, dtype="bfloat16", **kw)
+    dx = e.to_device(x)
+    got = e.to_host(layer.forward(dx))
+    close_scaled(got, want, 2e-2)
+    names = kernel_names(lambda: (layer.forward(dx), e.synchronize()), tmp_path / "moe.json")
+    rounds = [n for n in names if "round_kernel" in n]
+    assert len(rounds) == 1 and "moe_tc_round_kernel" in rounds[0], names
+    assert sum("moe_tc_kernel" in n for n in names) == 2, names
+    assert np.array_equal(e.to_host(layer.forward(dx)), got)
+
+
 def test_moe_forward_contract_errors(e):
     r = rng(8)
     E, D, I, k = 3, 8, 16, 2
