@@ -46,7 +46,7 @@ def alike(pair):
     token: a graph model whose batched steps round as its one-row steps do, up to summation order.
     float32: the pair's graph model. bfloat16: the checkpoint with
     KernelOptions(moe_tensor_cores=False); the default runs a batch's routed experts on tensor
-    cores (x and h rounded to bf16, docs/kernels.md) while one row keeps the per-pair kernels, so a
+    cores (x and h rounded to bf16, docs/ffn.md) while one row keeps the per-pair kernels, so a
     sampled token may differ between the two wherever two candidates lie within that rounding."""
     graph, _ = pair
     if graph.dtype == "float32":
