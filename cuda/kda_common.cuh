@@ -121,8 +121,9 @@ __device__ __forceinline__ float gate_value(float f, float bias, float decay_rat
 // beta from its logit (memra_cuda_sigmoid's arithmetic).
 __device__ __forceinline__ float beta_value(float logit) { return 1.0f / (1.0f + expf(-logit)); }
 
-// kda_scan's fused gates (SLOTS, both decode kernels): g and beta arrive raw (f, beta's logits)
-// and the scan applies gate_kernel's arithmetic to them as it loads them.
+// kda_scan's fused gates (SLOTS: scan_decode_lines_kernel, cuda/kda_decode_lines.cu): g and
+// beta arrive raw (f, beta's logits) and the scan applies gate_kernel's arithmetic to them as it
+// loads them.
 struct RawGates {
   const float* dt_bias;  // [H * dk], 16-byte aligned
   const float* A_log;    // [H]

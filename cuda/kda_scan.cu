@@ -211,6 +211,7 @@ __global__ void __launch_bounds__(kScanThreads)
 int scan_tables(MemraCudaCtx* ctx, const MemraKdaScanParams& p) {
   const int B = p.B, T = p.T, H = p.H, dk = p.dk, dv = p.dv;
   if (B < 0 || T < 0 || H < 0 || dk < 1 || dv < 1) return memra::kContractShape;
+  if (p.beta_ld != 0 && p.beta_ld != H) return memra::kContractValue;  // contiguous beta
   if (dk != kScanDk || dv != kScanDv) return memra::kUnsupportedGeometry;
   if (B == 0 || T == 0 || H == 0) return memra::kOk;
   if (!p.q || !p.k || !p.v || !p.g || !p.beta || !p.state.out_table || !p.o) {
@@ -240,6 +241,7 @@ int scan_strided(MemraCudaCtx* ctx, const MemraKdaScanParams& p) {
   const int B = p.B, T = p.T, H = p.H, dk = p.dk, dv = p.dv;
   const MemraKdaPlanes& s = p.state;
   if (B < 0 || T < 0 || H < 0 || dk < 1 || dv < 1) return memra::kContractShape;
+  if (p.beta_ld != 0 && p.beta_ld != H) return memra::kContractValue;  // contiguous beta
   if (dk != kScanDk || dv != kScanDv) return memra::kUnsupportedGeometry;
   if (B == 0 || T == 0 || H == 0) return memra::kOk;
   if (T != 1 || p.chunked) return memra::kUnsupportedGeometry;
@@ -287,11 +289,9 @@ int memra_cuda_kda_scan(MemraCudaCtx* ctx, const MemraKdaScanParams* p) {
   switch (p->state.form) {
     case MEMRA_KDA_PLANES_TABLES:
       if (p->fuse_gates || p->fuse_norm) return memra::kUnsupportedGeometry;
-      if (p->beta_ld != 0 && p->beta_ld != p->H) return memra::kContractValue;  // contiguous beta
       return scan_tables(ctx, *p);
     case MEMRA_KDA_PLANES_STRIDED:
       if (p->fuse_gates || p->fuse_norm) return memra::kUnsupportedGeometry;
-      if (p->beta_ld != 0 && p->beta_ld != p->H) return memra::kContractValue;
       return scan_strided(ctx, *p);
     case MEMRA_KDA_PLANES_SLOTS:
       // The one kernel of this form: a decode step with the gates and the norm fused.

@@ -7,11 +7,13 @@
 // Per chunk of up to kTcPairs (token, slot) pairs:
 //   1. moe_group_kernel (cuda/moe_grouped.cu): the pairs listed per expert in ascending pair
 //      index, and the experts that have any ("active", ascending id) with their ranges.
-//   2. moe_tc_round_kernel: the chunk's x rows rounded to W once: xb [tn, D].
+//   2. moe_tc_round_kernel: the chunk's x rows rounded to W once: xb [tn, D] (or into the
+//      caller's xr [T, D], which the shared expert then reads: forward_tc).
 //   3. moe_tc_kernel<GU = true>: block (M tile = up to BM consecutive entries of one active
-//      expert's list, N tile = 64 intermediate rows): A = the entries' xb rows (gathered with
-//      cp.async), B = the expert's 64 gate and 64 up rows; mma.sync m16n8k16 (W x W -> f32);
-//      epilogue h = clamped_swiglu(g, u) rounded to W, at the entry's position: hs [P, I].
+//      expert's list, N tile = 64 intermediate rows): A = the entries' xb (or xr) rows
+//      (gathered with cp.async), B = the expert's 64 gate and 64 up rows; mma.sync m16n8k16
+//      (W x W -> f32); epilogue h = clamped_swiglu(g, u) rounded to W, at the entry's
+//      position: hs [P, I].
 //   4. moe_tc_kernel<GU = false>: (M tile, 128 rows of D): A = hs rows (contiguous), B = the
 //      expert's down rows; writes the dot products o [pair index, D] f32.
 //   5. moe_combine_kernel (cuda/moe_grouped.cu): y[t] = the ordered sum over the token's slots
@@ -131,7 +133,7 @@ __global__ void moe_tc_round_kernel(const float* __restrict__ x, int64_t n, bool
 
 template <typename W>
 struct TcArgs {
-  const W* a;               // GU: xb [tn, K], entry q's row pairs[q] / top_k; down: hs [P, K], row q
+  const W* a;  // GU: xb or the caller's xr [tn, K], entry q's row pairs[q] / top_k; down: hs [P, K]
   int top_k;                // the pair index's divisor (GU)
   int K;                    // GU: D; down: I (% 8 == 0)
   const int* n_active;      // moe_group_kernel's lists (moe_grouped.cu): the active experts' count,
@@ -159,8 +161,8 @@ struct TcArgs {
 // kernel, or the gate/up GEMM) triggered or returned; the round kernel's blocks all trigger after
 // their wait, and the gate/up GEMM's block 0 (always a real tile) too, and such a wait returns
 // only once the launch before (group kernel, round kernel) completed. The lists are read through
-// L2 (__ldcg): an SM's L1 may still hold an earlier chunk's or layer's lines. The A rows (xb from
-// the round kernel, hs from the gate/up GEMM) and every global write come after the wait, and
+// L2 (__ldcg): an SM's L1 may still hold an earlier chunk's or layer's lines. The A rows (xb or xr
+// from the round kernel, hs from the gate/up GEMM) and every global write come after the wait, and
 // pdl_trigger() stays after it: the next launch's pre-wait reads rely on that. Without PDL the
 // wait is a no-op and the stream orders everything.
 template <typename W, typename C, bool GU>

@@ -61,7 +61,7 @@ struct KdaLayer::Gpu {
   DeviceWeight qkv;   // q | k | v projections [3*qkv, D] in the compute dtype
   DeviceWeight x_small;  // f_a | g_a | b_proj [rank_f + rank_g + H, D]: x's small GEMMs
   DeviceWeight fg_a;     // f_a | g_a: a row view of x_small (the gates' low-rank halves)
-  int64_t rank_f = 0;    // f_a's rows: g_b's input starts at this column of fg_a's output
+  int64_t rank_f = 0;    // f_a's rows: g_b's input starts at this column of low's rows
   DeviceWeight f_b, b_proj, g_b, o_proj;  // b_proj: a row view of x_small
   DeviceWeight conv_w;                  // [3*qkv, K] f32
   DeviceWeight dt_bias, a_log, o_norm;  // f32
@@ -184,9 +184,10 @@ Status KdaLayer::run_cuda(Cache& cache, int layer, int B, int T, const Planes& p
   }
   // Then q and k (the first 2 channel groups, 2N rows of [H, dk]) L2-normalised: inside the conv
   // kernel at decode (the bytes of the two launches prefill runs).
-  // early = 1: the launch in front of the conv (the q|k|v projection) and of the scan (f_b | g_b
-  // at N = 1, b_proj above) write none of the planes, slots or flags they read before their
-  // wait, and every kernel before those has completed by then.
+  // early = 1: the launch in front of the conv (the q|k|v projection) and the one in front of
+  // the scan (g_b's GEMM of linear_in_pair at N > 1; the conv itself at N == 1 with `pair`; a
+  // decode step runs no b_proj launch) write none of the planes, slots or flags they read before
+  // their wait, and every kernel before those has completed by then.
   // N == 1: the forget and output gates' up-projections f_b | g_b over x_small's
   // f | g columns ride in the conv's launch (kda_conv's GEMV pair, the bytes of the conv and
   // linear_in_pair below; both read only the projection's outputs).
