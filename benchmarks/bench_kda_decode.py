@@ -17,6 +17,13 @@ Engine's kernel timed that way; gpu_span_us: the default Engine's GPU time a cal
 max_rel_err: memra vs fla (max |diff| / max |fla| over o and the state); max_rel_err_ref and
 peer_max_rel_err_ref: memra / fla vs a float32 torch evaluation of the same step.
 
+memra_loop_us / peer_loop_us: the call as a decode loop pays it, wall clock of `reps` calls
+enqueued back to back with one synchronisation at the end, per call (GPU-bound from B = 64: the
+calls' GPU throughput; host-bound at B = 1); loop_ratio = peer_loop_us / memra_loop_us. The event
+timer (memra_us) overstates a call launched as a programmatic dependent: at H = 64, B = 64 it read
+150.5 us with PDL and 136.6 us without, while the profiler put the same event loop's kernels
+138.1 us apart and the loop timer read 134.2 us (benchmarks/results/2026-12-02-h200-s10-kda-decode-call.jsonl).
+
 Where the call costs more than its kernel: host_us (host time per call with the calls
 enqueued back to back, allocations included), gpu_span_us (under the profiler, GPU time from one
 call's kernel to the next's, gaps included), nonkernel (the copies / memsets a call puts on the
@@ -100,6 +107,20 @@ def host_us(b, fn) -> float:
     return (t1 - t0) / b.reps * 1e6
 
 
+def loop_us(b, fn) -> float:
+    """Wall-clock microseconds per call of `reps` calls enqueued back to back, synchronised
+    once at the end (after the warm-up calls)."""
+    b.sync()
+    for _ in range(b.warmup):
+        fn()
+    b.sync()
+    t0 = time.perf_counter()
+    for _ in range(b.reps):
+        fn()
+    b.sync()
+    return (time.perf_counter() - t0) / b.reps * 1e6
+
+
 def gpu_timeline(b, fn) -> dict:
     """Under torch.profiler: gpu_span_us, the median GPU time from one call's first kernel to the
     next call's (gaps and non-kernel work included), and nonkernel, the copies / memsets the
@@ -144,6 +165,7 @@ def measure_memra(b, run_memra, run_nopdl) -> dict:
     rec["memra_kernel_us"] = (b.kernel_us(run_nopdl) if run_nopdl is not None
                               else rec["memra_pdl_kernel_us"])
     if b.cuda:
+        rec["memra_loop_us"] = round(loop_us(b, run_memra), 3)
         b.sync()
         rec["pool_reserved_gib"] = pool_gib(eng, "pool_reserved")
         eng.memory(reset_peak=True)
@@ -221,12 +243,16 @@ def main() -> int:
             extra.update(first)
         if fused_recurrent_kda is not None and "peer_unavailable" not in extra:
             peer_us = b.time_torch(run_peer)
+            extra["peer_loop_us"] = round(loop_us(b, run_peer), 3)
             extra["peer_kernel_us"] = b.kernel_us(run_peer)
         mk, pk = extra.get("memra_kernel_us"), extra.get("peer_kernel_us")
         if mk:
             extra["kernel_frac_of_copy"] = round(nbytes / mk / 1e6 / b.copy_TBps, 4)
             if pk:
                 extra["kernel_ratio"] = round(pk / mk, 4)
+        ml, pl = extra.get("memra_loop_us"), extra.get("peer_loop_us")
+        if ml and pl:
+            extra["loop_ratio"] = round(pl / ml, 4)
         b.emit(shape, memra_us, PEER, peer_us, nbytes, **extra)
         del x, q, k, v, g, beta, state
         b.release()

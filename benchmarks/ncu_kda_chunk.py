@@ -5,7 +5,11 @@ kernel name, the median duration per call from torch.profiler (no ncu needed).
 
     ncu --clock-control none -k regex:chunk_ -c 18 --section SpeedOfLight --section Occupancy \\
         --section LaunchStats python3 benchmarks/ncu_kda_chunk.py
-    python3 benchmarks/ncu_kda_chunk.py --profile
+    python3 benchmarks/ncu_kda_chunk.py --profile [--nopdl] [--T 1024]
+
+--nopdl runs on an Engine made with KernelOptions(pdl=False): each profiled duration is then the
+kernel alone (a programmatic dependent's duration includes its wait for the kernel in front), and
+the call's wall time is printed too (CUDA events around each call, median).
 """
 import argparse
 import collections
@@ -19,8 +23,9 @@ from memra import _core
 p = argparse.ArgumentParser()
 p.add_argument("--profile", action="store_true")
 p.add_argument("--T", type=int, default=8192)
+p.add_argument("--nopdl", action="store_true")
 args = p.parse_args()
-e = memra.Engine("cuda")
+e = memra.Engine("cuda", options=memra.KernelOptions(pdl=False) if args.nopdl else None)
 F = torch.nn.functional
 D = 128
 
@@ -44,6 +49,17 @@ for name, fn, x in cases:
     e.synchronize()
     if not args.profile:
         continue
+    stream = torch.cuda.ExternalStream(e.cuda_stream)
+    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+          for _ in range(10)]
+    for s0, s1 in ev:
+        s0.record(stream)
+        call()
+        s1.record(stream)
+    torch.cuda.synchronize()
+    e.synchronize()
+    call_us = statistics.median(a.elapsed_time(b) * 1e3 for a, b in ev)
+    print(f"{name} T={args.T}: call {call_us:.1f} us (events, {'no PDL' if args.nopdl else 'PDL'})")
     from torch.profiler import ProfilerActivity, profile
     n = 10
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
