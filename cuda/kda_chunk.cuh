@@ -34,7 +34,9 @@
 // <= 1 elementwise, every decay factor <= 1) are f16: its 11-bit significand is TF32's, so the
 // mma sees the operands an f32 scratch would give it, rounded once (to nearest even instead of
 // away); values under 2^-14 lose bits as subnormals (at most 3e-8 absolute). U, D and the states
-// are not bounded and stay f32.
+// are not bounded and stay f32; D and the entering states, whose one reader is the output
+// kernel's mma, are stored TF32-rounded (round_tf32: the values its cvt gave), as are the
+// state kernel's own shared-memory operands. The final state leaves in full f32.
 #pragma once
 
 #include <cstdint>
@@ -113,12 +115,16 @@ __device__ __forceinline__ void load_a(uint32_t (&a)[4], const float* s, int ld,
   a[3] = tf32(s[(r0 + g + 8) * ld + k0 + q + 4]);
 }
 
-// B fragment (k0.. rows, n0.. columns) of a row-major [K, N] smem tile (conflict free for
-// ld % 32 == 8 or 24).
-__device__ __forceinline__ void load_b(uint32_t (&b)[2], const float* s, int ld, int k0, int n0,
-                                       int g, int q) {
-  b[0] = tf32(s[(k0 + q) * ld + n0 + g]);
-  b[1] = tf32(s[(k0 + q + 4) * ld + n0 + g]);
+// x rounded to TF32 (cvt.rna), kept as a float: its low 13 bits are zero, so a tile stored
+// so is read as mma operands without a cvt (load_b_rounded), to the same bits.
+__device__ __forceinline__ float round_tf32(float x) { return __uint_as_float(tf32(x)); }
+
+// B fragment (k0.. rows, n0.. columns) of a row-major [K, N] smem tile whose elements are
+// TF32-rounded already (round_tf32) (conflict free for ld % 32 == 8 or 24).
+__device__ __forceinline__ void load_b_rounded(uint32_t (&b)[2], const float* s, int ld, int k0,
+                                               int n0, int g, int q) {
+  b[0] = __float_as_uint(s[(k0 + q) * ld + n0 + g]);
+  b[1] = __float_as_uint(s[(k0 + q + 4) * ld + n0 + g]);
 }
 
 // Allow `bytes` of dynamic shared memory for `kernel` (50002 beyond the device's opt-in limit).

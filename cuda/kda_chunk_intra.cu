@@ -7,9 +7,9 @@
 // of t's sub-block (s < r <= t: both factors <= 1) on tensor cores; the diagonal sub-blocks are
 // summed element by element in f32, unless every g of the chunk is >= -kSafeG: then r is the
 // sub-block's middle row and the diagonal blocks are tensor-core products too (fla's safe gate).
-// The exponentials (up to 100K a chunk, most of the kernel's instructions) are __expf
-// (ex2.approx: relative error within about 1e-5 wherever the result is a normal float, far under
-// the TF32 operands' 2^-11; results below it flush to 0).
+// The exponentials (up to 100K a chunk, the largest share of the kernel's instructions) are
+// exp_ftz: __expf's value (ex2.approx of x log2(e): relative error within about 1e-5, far under
+// the TF32 operands' 2^-11) wherever the result is a normal float; results below 2^-126 are 0.
 //
 // KDA reads q / k / g of the state head itself; GDN (kScalarG) reads q / k of key head h / group
 // and one g per (row, head), broadcast over the channels: the values of KDA's kernel on GDN's
@@ -22,6 +22,15 @@ using memra::cuda::cp_async_wait;
 using memra::cuda::launch_status;
 
 namespace {
+
+// __expf(x) bit for bit where the result is a normal float (the same product by log2(e) rounded
+// to f32, the same ex2.approx), without __expf's fix-up for results under 2^-126, which become 0
+// (ex2.approx.ftz): three instructions an exponential fewer.
+__device__ __forceinline__ float exp_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(__fmul_rn(x, 1.4426950408889634f)));
+  return y;
+}
 
 constexpr int kLd = kDk + 4;    // smem row stride of [64, 128] tiles (A fragments conflict free)
 constexpr int kLdA = kC + 4;    // smem row stride of [64, 64] tiles
@@ -199,8 +208,8 @@ __global__ void __launch_bounds__(kThreads, 2)
       const float4 ks = *reinterpret_cast<const float4*>(&sm.k[s * kLd + 4 * lane]);
       const float4 gt = *reinterpret_cast<const float4*>(&sm.G[t * kLd + 4 * lane]);
       const float4 gs = *reinterpret_cast<const float4*>(&sm.G[s * kLd + 4 * lane]);
-      const float e0 = __expf(gt.x - gs.x), e1 = __expf(gt.y - gs.y), e2 = __expf(gt.z - gs.z),
-                  e3 = __expf(gt.w - gs.w);
+      const float e0 = exp_ftz(gt.x - gs.x), e1 = exp_ftz(gt.y - gs.y),
+                  e2 = exp_ftz(gt.z - gs.z), e3 = exp_ftz(gt.w - gs.w);
       float skk = kt.x * ks.x * e0 + kt.y * ks.y * e1 + kt.z * ks.z * e2 + kt.w * ks.w * e3;
       float sqk = qt.x * ks.x * e0 + qt.y * ks.y * e1 + qt.z * ks.z * e2 + qt.w * ks.w * e3;
 #pragma unroll
@@ -230,7 +239,7 @@ __global__ void __launch_bounds__(kThreads, 2)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int t = rb + gq + (e & 1) * 8, ch = k0 + qq + (e >> 1) * 4;
-          const float f = __expf(sm.G[t * kLd + ch] - sm.G[r * kLd + ch]);
+          const float f = exp_ftz(sm.G[t * kLd + ch] - sm.G[r * kLd + ch]);
           ak[e] = tf32(sm.k[t * kLd + ch] * f);
           aq[e] = tf32(sm.q[t * kLd + ch] * f);
         }
@@ -242,7 +251,7 @@ __global__ void __launch_bounds__(kThreads, 2)
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
               const int ch = k0 + qq + e * 4;
-              bb[e] = tf32(sm.k[s * kLd + ch] * __expf(sm.G[r * kLd + ch] - sm.G[s * kLd + ch]));
+              bb[e] = tf32(sm.k[s * kLd + ch] * exp_ftz(sm.G[r * kLd + ch] - sm.G[s * kLd + ch]));
             }
             mma_tf32(dk4[j], ak, bb);
             mma_tf32(dq4[j], aq, bb);
@@ -309,32 +318,43 @@ __global__ void __launch_bounds__(kThreads, 2)
   // Once the A's have read k: scale q exp(G) and k exp(G_last - G) to scratch (f16; rows past L
   // are zeros; G_last = G of row L - 1, which the zero-padded rows repeat up to row 63),
   // exp(G_last), and beta k exp(G) over k (each element read and written by one thread). The
-  // stored factors are f16 or TF32 operands: __expf's error does not show.
+  // stored factors are f16 or TF32 operands: exp_ftz's error does not show. beta k exp(G) is
+  // stored TF32-rounded (the W product's B operand, read without a cvt).
   __half* const kg_h = reinterpret_cast<__half*>(out + kOffKG);
-  // A thread keeps one channel and takes every other row, its loads for four rows issued
-  // together (the stores to k would otherwise order them one row at a time).
+  // A thread keeps a pair of channels (8-byte shared loads, 4-byte f16 pair stores) and takes
+  // every fourth row, its loads for four rows issued together (the stores to k would otherwise
+  // order them one row at a time).
   {
-    constexpr int kRowStep = kThreads / kDk, kBatch = 4;
-    static_assert(kThreads % kDk == 0 && kC % (kRowStep * kBatch) == 0, "whole batches");
-    const int ch = tid % kDk;
-    const float gl = sm.G[(kC - 1) * kLd + ch];
-    if (tid < kDk) out[kOffEl + ch] = expf(gl);  // the state's decay: the accurate exp
-    for (int r0 = tid / kDk; r0 < kC; r0 += kRowStep * kBatch) {
-      float gr[kBatch], kv[kBatch], qv[kBatch];
+    constexpr int kPairs = kDk / 2;
+    constexpr int kRowStep = kThreads / kPairs, kBatch = 4;
+    static_assert(kThreads % kPairs == 0 && kC % (kRowStep * kBatch) == 0, "whole batches");
+    const int ch = 2 * (tid % kPairs);
+    const float2 gl = *reinterpret_cast<const float2*>(&sm.G[(kC - 1) * kLd + ch]);
+    if (tid < kPairs) {  // the state's decay: the accurate exp
+      *reinterpret_cast<float2*>(&out[kOffEl + ch]) = make_float2(expf(gl.x), expf(gl.y));
+    }
+    for (int r0 = tid / kPairs; r0 < kC; r0 += kRowStep * kBatch) {
+      float2 gr[kBatch], kv[kBatch], qv[kBatch];
 #pragma unroll
       for (int u = 0; u < kBatch; ++u) {
         const int r = r0 + u * kRowStep;
-        gr[u] = sm.G[r * kLd + ch];
-        kv[u] = sm.k[r * kLd + ch];
-        qv[u] = sm.q[r * kLd + ch];
+        gr[u] = *reinterpret_cast<const float2*>(&sm.G[r * kLd + ch]);
+        kv[u] = *reinterpret_cast<const float2*>(&sm.k[r * kLd + ch]);
+        qv[u] = *reinterpret_cast<const float2*>(&sm.q[r * kLd + ch]);
       }
 #pragma unroll
       for (int u = 0; u < kBatch; ++u) {
         const int r = r0 + u * kRowStep;
-        const float eg = __expf(gr[u]);
-        a_h[r * kLdOutA + ch] = __float2half_rn(__fmul_rn(__fmul_rn(qv[u], scale), eg));
-        kg_h[r * kDk + ch] = __float2half_rn(__fmul_rn(kv[u], __expf(__fsub_rn(gl, gr[u]))));
-        sm.k[r * kLd + ch] = sm.beta[r] * kv[u] * eg;
+        const float b = sm.beta[r];
+        const float egx = exp_ftz(gr[u].x), egy = exp_ftz(gr[u].y);
+        *reinterpret_cast<__half2*>(&a_h[r * kLdOutA + ch]) =
+            __floats2half2_rn(__fmul_rn(__fmul_rn(qv[u].x, scale), egx),
+                              __fmul_rn(__fmul_rn(qv[u].y, scale), egy));
+        *reinterpret_cast<__half2*>(&kg_h[r * kDk + ch]) =
+            __floats2half2_rn(__fmul_rn(kv[u].x, exp_ftz(__fsub_rn(gl.x, gr[u].x))),
+                              __fmul_rn(kv[u].y, exp_ftz(__fsub_rn(gl.y, gr[u].y))));
+        *reinterpret_cast<float2*>(&sm.k[r * kLd + ch]) =
+            make_float2(round_tf32(b * kv[u].x * egx), round_tf32(b * kv[u].y * egy));
       }
     }
   }
@@ -389,29 +409,52 @@ __global__ void __launch_bounds__(kThreads, 2)
   __syncthreads();
 
   // The blocks below the diagonal by levels (d = I - J): T_IJ = -T_II sum_{M=J}^{I-1} A_IM T_MJ.
-  // A thread per element of a 16 x 16 block.
+  // A thread per element of a 16 x 16 block, the sums in ascending M, m. Every loop is unrolled,
+  // so each shared-memory operand sits at a constant offset from one of a few thread pointers:
+  // Akk row ri's block M starts at akk_at(16 I + ri, 16 M) = 64 (16 I + ri) + 16 (M ^ (ri & 1))
+  // (odd rows swap block pairs), 16 contiguous floats read as float4; T_II's row likewise.
   {
-    const int ri = tid / kSub, ci = tid % kSub;
+    const int ri = tid / kSub, ci = tid % kSub, odd = ri & 1;
+    const float* const a_even = akk + ri * kC + kSub * odd;  // blocks M even: 16 (M + odd)
+    const float* const a_odd = akk + ri * kC - kSub * odd;   // blocks M odd: 16 (M - odd)
+    const float* const t_col = tm + ci;                      // column ci of every block
+    const float* const t_row = tm + ri * kLdA;               // row ri of every block row
+    float* const x_col = x + ci;
+#pragma unroll
     for (int d = 1; d < 4; ++d) {
-      const int npairs = 4 - d;
-      for (int pj = 0; pj < npairs; ++pj) {
+#pragma unroll
+      for (int pj = 0; pj < 4 - d; ++pj) {
         const int J = pj, I = pj + d;
         float acc = 0.f;
+#pragma unroll
         for (int M = J; M < I; ++M) {
-          for (int m = 0; m < kSub; ++m) {
-            acc += akk[akk_at(I * kSub + ri, M * kSub + m)] *
-                   tm[(M * kSub + m) * kLdA + J * kSub + ci];
+          const float* const a = ((M & 1) ? a_odd : a_even) + I * kSub * kC + M * kSub;
+#pragma unroll
+          for (int m4 = 0; m4 < kSub; m4 += 4) {
+            const float4 av = *reinterpret_cast<const float4*>(a + m4);
+            acc += av.x * t_col[(M * kSub + m4) * kLdA + J * kSub];
+            acc += av.y * t_col[(M * kSub + m4 + 1) * kLdA + J * kSub];
+            acc += av.z * t_col[(M * kSub + m4 + 2) * kLdA + J * kSub];
+            acc += av.w * t_col[(M * kSub + m4 + 3) * kLdA + J * kSub];
           }
         }
-        x[pj * kSub * (kSub + 1) + ri * (kSub + 1) + ci] = acc;
+        x_col[pj * kSub * (kSub + 1) + ri * (kSub + 1)] = acc;
       }
       __syncthreads();
-      for (int pj = 0; pj < npairs; ++pj) {
+#pragma unroll
+      for (int pj = 0; pj < 4 - d; ++pj) {
         const int J = pj, I = pj + d;
+        const float* const trow = t_row + I * kSub * kLdA + I * kSub;
         float acc = 0.f;
-        for (int m = 0; m <= ri; ++m) {
-          acc += tm[(I * kSub + ri) * kLdA + I * kSub + m] *
-                 x[pj * kSub * (kSub + 1) + m * (kSub + 1) + ci];
+#pragma unroll
+        for (int m4 = 0; m4 < kSub; m4 += 4) {
+          const float4 tv = *reinterpret_cast<const float4*>(trow + m4);
+          const float tvs[4] = {tv.x, tv.y, tv.z, tv.w};
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int m = m4 + e;
+            if (m <= ri) acc += tvs[e] * x_col[pj * kSub * (kSub + 1) + m * (kSub + 1)];
+          }
         }
         tm[(I * kSub + ri) * kLdA + J * kSub + ci] = -acc;
       }
@@ -437,11 +480,11 @@ __global__ void __launch_bounds__(kThreads, 2)
       for (int k0 = 0; k0 < (mi + 1) * kSub; k0 += 8) {
         uint32_t a[4];
         load_a(a, tm, kLdA, mi * kSub, k0, gq, qq);
-        if (is_w) {
+        if (is_w) {  // beta k exp(G) was stored TF32-rounded
 #pragma unroll
           for (int n = 0; n < kDk / 16; ++n) {
             uint32_t bb[2];
-            load_b(bb, sm.k, kLd, k0, (n0 + n) * 8, gq, qq);
+            load_b_rounded(bb, sm.k, kLd, k0, (n0 + n) * 8, gq, qq);
             mma_tf32(acc[n], a, bb);
           }
         } else {

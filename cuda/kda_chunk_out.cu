@@ -85,7 +85,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int n = 0; n < 8; ++n) {
         uint32_t bb[2];
-        load_b(bb, sm.b[buf], kLdB, k0, nb + n * 8, gq, qq);
+        load_b_rounded(bb, sm.b[buf], kLdB, k0, nb + n * 8, gq, qq);
         mma_tf32(acc[n], a, bb);
       }
     }

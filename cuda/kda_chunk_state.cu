@@ -1,6 +1,7 @@
 // KDA area, chunked delta-rule form (cuda/kda_chunk.cuh has the algebra and the scratch layout):
 // the one sequential kernel. Per chunk, in order: D = U - W S, then S <- exp(G_last) S + KG^T D,
-// writing the state entering the chunk and D for the output kernel (cuda/kda_chunk_out.cu).
+// writing the state entering the chunk and D for the output kernel (cuda/kda_chunk_out.cu),
+// both TF32-rounded there and in shared memory (mma operands only; the carried state is f32).
 //
 // A block owns one (sequence, head) and half (or a quarter) of the state's columns, the state in
 // mma accumulator registers. The chain's cost per chunk is two barriers and 64 mma per warp; the
@@ -130,7 +131,7 @@ __global__ void __launch_bounds__(StateShape<kParts>::kThreads, kParts / 2)
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
         const int r = m0 + gq + hh * 8, col = cs + n * 8 + 2 * qq;
-        const float2 v = make_float2(S[n][2 * hh], S[n][2 * hh + 1]);
+        const float2 v = make_float2(round_tf32(S[n][2 * hh]), round_tf32(S[n][2 * hh + 1]));
         *reinterpret_cast<float2*>(&sm.s[r * kLdS + col]) = v;
         *reinterpret_cast<float2*>(in + kOffB + r * kDv + j0 + col) = v;
       }
@@ -160,7 +161,7 @@ __global__ void __launch_bounds__(StateShape<kParts>::kThreads, kParts / 2)
 #pragma unroll
       for (int n = 0; n < 2; ++n) {
         uint32_t bb[2];
-        load_b(bb, sm.s, kLdS, k0, dn + n * 8, gq, qq);
+        load_b_rounded(bb, sm.s, kLdS, k0, dn + n * 8, gq, qq);
         mma_tf32(dacc[n], a, bb);
       }
     }
@@ -169,8 +170,8 @@ __global__ void __launch_bounds__(StateShape<kParts>::kThreads, kParts / 2)
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
         const int r = dm + gq + hh * 8, col = dn + n * 8 + 2 * qq;
-        const float2 d =
-            make_float2(u[n][hh].x - dacc[n][2 * hh], u[n][hh].y - dacc[n][2 * hh + 1]);
+        const float2 d = make_float2(round_tf32(u[n][hh].x - dacc[n][2 * hh]),
+                                     round_tf32(u[n][hh].y - dacc[n][2 * hh + 1]));
         *reinterpret_cast<float2*>(&sm.d[r * kLdS + col]) = d;
         *reinterpret_cast<float2*>(in + kOffU + r * kDv + j0 + col) = d;
       }
@@ -196,7 +197,7 @@ __global__ void __launch_bounds__(StateShape<kParts>::kThreads, kParts / 2)
 #pragma unroll
       for (int n = 0; n < 4; ++n) {
         uint32_t bb[2];
-        load_b(bb, sm.d, kLdS, k0, cs + n * 8, gq, qq);
+        load_b_rounded(bb, sm.d, kLdS, k0, cs + n * 8, gq, qq);
         mma_tf32(S[n], a, bb);
       }
     }
