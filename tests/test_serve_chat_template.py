@@ -85,3 +85,18 @@ def test_the_sandbox_refuses_unsafe_attribute_access() -> None:
     t = ChatTemplate("{{ messages.__class__.__mro__ }}")
     with pytest.raises(memra.ContractError):
         t.render([{"role": "user", "content": "x"}])
+
+
+@pytest.mark.parametrize("name", ["tokenizer_config.json", "chat_template.jinja"])
+def test_a_template_file_that_cannot_be_read_is_named(tmp_path: Path, name: str) -> None:
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({}))
+    (tmp_path / name).unlink(missing_ok=True)
+    (tmp_path / name).mkdir()  # a directory where the file goes: IsADirectoryError when read
+    with pytest.raises(memra.ContractError, match="chat template: .*" + name + " could not be read"):
+        load_chat_template(tmp_path)
+
+
+def test_a_template_file_that_is_not_utf8_is_named(tmp_path: Path) -> None:
+    (tmp_path / "chat_template.jinja").write_bytes(b"\xff\xfe{{ x }}")
+    with pytest.raises(memra.ContractError, match="chat_template.jinja is not UTF-8"):
+        load_chat_template(tmp_path)

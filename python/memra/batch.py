@@ -20,6 +20,7 @@ rows through the sampler's per-row flag inside the captured step (``DecodeRunner
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -63,6 +64,41 @@ class SlotLease:
             cache.free(self.slot, owner=self.token)
             cache.release(self.slot, self.token)
         self.token = 0
+
+
+_F32_MAX = float(np.finfo(np.float32).max)  # the sampler's temperature is a float32
+_INT32_MAX = 2**31 - 1  # the sampler's top_k is an int32
+
+
+def sampling_problem(name: str, value) -> str | None:
+    """What memra's sampler refuses in `value` as its argument `name` (``temperature``,
+    ``top_k`` or ``top_p``), as "must be ..., got ..."; None when it takes it.
+
+    temperature: a finite number >= 0 that stays finite as a float32 (0: greedy); top_k: an
+    integer in [0, 2^31) or None (0 and None: off); top_p: a number in (0, 1] or None (off).
+    The one rule for Model.generate's arguments, the server's request fields
+    (memra.serve.protocol) and the sampling defaults of generation_config.json (memra.loader),
+    so none of them reaches the sampler with a value it would refuse mid-generation.
+    """
+    number = (int, float, np.integer, np.floating)
+    if name == "temperature":
+        try:  # a Python int beyond float's range overflows float(): not a finite number either
+            # A value past float32's range would reach the sampler as inf.
+            ok = not isinstance(value, bool) and isinstance(value, number) and math.isfinite(float(value)) \
+                and 0 <= float(value) <= _F32_MAX
+        except OverflowError:
+            ok = False
+        return None if ok else f"must be a finite float32 number >= 0, got {value!r}"
+    if value is None:
+        return None
+    if name == "top_k":
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+            return f"must be an integer, got {value!r}"
+        return None if 0 <= int(value) <= _INT32_MAX else f"must be in [0, {_INT32_MAX}], got {int(value)}"
+    if name == "top_p":
+        ok = not isinstance(value, bool) and isinstance(value, number) and 0.0 < value <= 1.0
+        return None if ok else f"must be in (0, 1], got {value!r}"
+    raise ValueError(f"sampling_problem: {name!r} is not a sampling argument")
 
 
 @dataclass(frozen=True)

@@ -104,12 +104,24 @@ def _positive(text: str) -> int:
     return value
 
 
+def _port(text: str) -> int:
+    """A TCP port, 0-65535 (0: the system picks a free one): refused here, before the model
+    loads, rather than by the socket's bind after it."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a port number in 0-65535, got {text!r}")
+    return value
+
+
 def _serve_parser(sub) -> None:
     s = sub.add_parser("serve", help="serve the model over HTTP with OpenAI's API (continuous batching)")
     s.add_argument("path", nargs="?", default=None,
                    help="Hugging Face checkpoint folder (default: the embedded tiny glm5_next)")
     s.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
-    s.add_argument("--port", type=int, default=8000, help="port to listen on (default: 8000)")
+    s.add_argument("--port", type=_port, default=8000, help="port to listen on (default: 8000)")
     s.add_argument("--device", default=None,
                    help="cpu, cuda or cuda:N (default: cuda when memra.cuda_available(), else cpu)")
     s.add_argument("--dtype", default=None, choices=["float32", "bfloat16"],
@@ -146,8 +158,12 @@ def _serve(args) -> int:
         return 1
     print(f"memra: serving {path} on {device} at http://{args.host}:{args.port}/v1 "
           f"({args.max_batch} slots x {args.max_len} tokens)", file=sys.stderr)
-    run(model, host=args.host, port=args.port, served_model_name=args.served_model_name,
-        max_waiting=args.max_waiting, log_level=args.log_level)
+    try:
+        run(model, host=args.host, port=args.port, served_model_name=args.served_model_name,
+            max_waiting=args.max_waiting, log_level=args.log_level)
+    except MemraError as e:  # made before serving: a chat template that does not compile, ...
+        print(f"memra: {type(e).__name__} ({e.code}): {e}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -10,15 +10,21 @@ Names on disk are routed to memra's layer groups by the family's :class:`NameTab
 prefixes and routes). Vision-tower weights, the multi-token-prediction layer
 ``layers.<num_hidden_layers>.*`` (and any other name the table marks as MTP) and
 ``*.shared_head.*`` are skipped with one notice each (transformers ignores them too); anything
-else that no route claims is a ContractError naming it.
+else that no route claims is a ContractError naming it, as is a tensor found in two shards.
+
+:func:`read_generation_config` reads generation_config.json: the EOS ids and the sampling
+defaults, held at load to the rules Model.generate holds its arguments to. A side file that
+cannot be read (a directory in its place, no permission) is a ContractError naming it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import re
 from collections import defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,8 +34,9 @@ from safetensors import safe_open
 from tqdm import tqdm
 
 from . import _core
+from .batch import sampling_problem
 from .config import check_fields, read_json_object
-from .errors import ContractError
+from .errors import ContractError, check_token_ids
 
 log = logging.getLogger("memra")
 
@@ -112,12 +119,34 @@ class CheckpointTensors:
     skipped: dict[str, int] = field(default_factory=dict)
 
 
+@contextlib.contextmanager
+def naming_unreadable(path: Path, what: str = "load") -> Iterator[None]:
+    """Inside it, an OSError reading `path` (a directory where a file should be, no permission,
+    an I/O error) is a ContractError (40025) naming the file: ``load: <path> could not be read:
+    Is a directory``. A missing file is left to the reader, which names it as missing."""
+    try:
+        yield
+    except FileNotFoundError:
+        raise
+    except OSError as e:
+        raise ContractError(f"{what}: {e.filename or path} could not be read: {e.strerror or e}", 40025) from None
+
+
+def read_json_file(path: Path, what: str = "load") -> dict:
+    """memra.config.read_json_object (a JSON object, ContractError naming the file otherwise),
+    with a file that cannot be read named too (:func:`naming_unreadable`)."""
+    with naming_unreadable(path, what):
+        return read_json_object(path, what)
+
+
 def shard_files(path: Path) -> list[Path]:
-    """The safetensors files of a checkpoint folder, in index order. ContractError if none."""
+    """The safetensors files of a checkpoint folder, in index order. ContractError if none, or
+    when the index cannot be read or is not one (named)."""
     index = path / "model.safetensors.index.json"
     if index.exists():
         try:
-            weight_map = json.loads(index.read_text())["weight_map"]
+            with naming_unreadable(index):
+                weight_map = json.loads(index.read_text())["weight_map"]
             if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
                 raise TypeError("weight_map must map tensor names to file names")
         except (json.JSONDecodeError, KeyError, TypeError, UnicodeDecodeError) as e:
@@ -149,11 +178,13 @@ def _to_weight(name: str, arr: np.ndarray) -> _core.Weight:
 def read_tensors(path: Path, num_hidden_layers: int, *, names: NameTable,
                  progress: bool = True) -> CheckpointTensors:
     """Read every tensor of the checkpoint at `path` and route it by the family's `names` (see
-    the module docstring). ContractError for an unreadable file, a tensor no route takes or a
-    dtype memra does not read (each named)."""
+    the module docstring). ContractError for an unreadable file, a tensor no route takes, a
+    tensor in two shards (which copy is meant cannot be told) or a dtype memra does not read
+    (each named)."""
     out = CheckpointTensors()
     files = shard_files(path)
     notices: dict[str, str] = {}
+    shard_of: dict[str, Path] = {}  # tensor name -> the shard it was read from
     bar = tqdm(files, desc="memra: loading shards", unit="shard", disable=not progress or len(files) < 2)
     for file in bar:
         try:
@@ -162,6 +193,10 @@ def read_tensors(path: Path, num_hidden_layers: int, *, names: NameTable,
             raise ContractError(f"load: {file} is not a readable safetensors file: {e}", 40025) from None
         with handle as f:
             for name in f.keys():
+                if name in shard_of:
+                    raise ContractError(f"load: tensor {name!r} is in two shards, {shard_of[name].name} and "
+                                        f"{file.name}: a checkpoint holds each tensor once", 40025)
+                shard_of[name] = file
                 where = names.route(name, num_hidden_layers)
                 if where[0] == "skip":
                     notices.setdefault(where[1], _NOTICES[where[1]].format(name=name))
@@ -176,17 +211,49 @@ def read_tensors(path: Path, num_hidden_layers: int, *, names: NameTable,
     return out
 
 
-def eos_ids(path: Path, config) -> list[int]:
-    """The checkpoint's EOS ids: generation_config.json's eos_token_id, else the config's
-    (ContractError naming a wrongly typed one)."""
-    eos = None
+@dataclass(frozen=True)
+class GenerationConfig:
+    """What memra takes from a checkpoint's generation_config.json, checked at load.
+
+    eos_token_ids: the ids that end a generation (the file's ``eos_token_id``, else
+    config.json's; [] for none). temperature, top_k, top_p: the file's sampling defaults (None
+    where it sets none), which ``memra serve`` uses for a request that does not set its own.
+    """
+
+    eos_token_ids: list[int] = field(default_factory=list)
+    temperature: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+
+
+_GENERATION_FIELDS = {"eos_token_id": int | list[int] | None, "temperature": float | None,
+                      "top_k": int | None, "top_p": float | None}
+
+
+def read_generation_config(path: Path, config) -> GenerationConfig:
+    """The :class:`GenerationConfig` of the checkpoint folder `path` (parsed config `config`).
+
+    ContractError naming generation_config.json and the key for a file that cannot be read or
+    is not a JSON object, a value of the wrong type, an ``eos_token_id`` outside the
+    vocabulary, or a sampling default memra's sampler refuses (memra.batch.sampling_problem:
+    the rule Model.generate holds its arguments to), so that a default which would fail every
+    request that relies on it is refused once, here.
+    """
     gen = path / "generation_config.json"
-    if gen.exists():
-        data = read_json_object(gen, "load")
-        check_fields(data, {"eos_token_id": int | list[int] | None}, what=f"load: {gen.name}")
-        eos = data.get("eos_token_id")
-    if eos is None:
+    data = read_json_file(gen) if gen.exists() else {}
+    what = f"load: {gen.name}"
+    check_fields(data, _GENERATION_FIELDS, what=what)
+    eos = data.get("eos_token_id")
+    if eos is not None:
+        ids = np.atleast_1d(np.asarray(eos, np.int64))
+        check_token_ids(ids, config.vocab_size, f"{what}: eos_token_id")
+    else:
         eos = config.eos_token_id
-    if eos is None:
-        return []
-    return [int(eos)] if isinstance(eos, int) else [int(e) for e in eos]
+    sampling = {}
+    for name in ("temperature", "top_k", "top_p"):
+        value = data.get(name)
+        if value is not None and (problem := sampling_problem(name, value)):
+            raise ContractError(f"{what}: {name} {problem}", 40025)
+        sampling[name] = value if value is None or name == "top_k" else float(value)
+    eos_ids = [] if eos is None else [int(eos)] if isinstance(eos, int) else [int(e) for e in eos]
+    return GenerationConfig(eos_ids, **sampling)

@@ -4,8 +4,8 @@ generation (greedy or sampled; one prompt, streamed, or a batch of prompts decod
 from __future__ import annotations
 
 import logging
-import math
 import os
+import re
 import threading
 from collections import deque
 from collections.abc import Iterator, Sequence
@@ -14,16 +14,15 @@ from pathlib import Path
 import numpy as np
 
 from . import _core, batch_prefill
-from .batch import DecodeBatch, RowSampling, SlotLease, TokenStream, take_free_slots
+from .batch import DecodeBatch, RowSampling, SlotLease, TokenStream, sampling_problem, take_free_slots
 from .config import read_config
 from .decode_graph import DecodeRunner, Sampling
 from .errors import NON_FINITE, SLOT_HELD, CacheFullError, ContractError, NonFiniteError, UnsupportedError, \
     check_token_ids, in_sequence, shown
-from .loader import eos_ids, read_tensors
+from .loader import GenerationConfig, naming_unreadable, read_generation_config, read_tensors
 from .models import DecoderModel
 
 log = logging.getLogger("memra")
-_F32_MAX = float(np.finfo(np.float32).max)  # the sampler's temperature is a float32
 
 
 def _ids(token_ids, what: str, arg: str = "token_ids") -> np.ndarray:
@@ -65,7 +64,9 @@ class Model:
 
     Attributes: ``config`` (parsed), ``engine``, ``eos_token_ids``, ``cache`` (the default cache
     of ``max_batch`` x ``max_len`` used by the generate methods), ``tokenizer`` (a
-    ``tokenizers.Tokenizer`` when the folder has ``tokenizer.json``, else None).
+    ``tokenizers.Tokenizer`` when the folder has ``tokenizer.json``, else None),
+    ``generation_config`` (memra.loader.GenerationConfig: generation_config.json's checked EOS
+    ids and sampling defaults, which ``memra serve`` uses; generate's own defaults are greedy).
 
     On a CUDA engine, decode steps over ``cache`` (generation, and :meth:`decode` on it) run as
     CUDA graphs replayed per batch bucket (memra.decode_graph); the bytes equal eager steps.
@@ -77,7 +78,8 @@ class Model:
     """
 
     def __init__(self, path: Path, engine: _core.Engine, config, net, cache: _core.Cache,
-                 eos_token_ids: list[int], tokenizer, *, cuda_graphs: bool = True) -> None:
+                 eos_token_ids: list[int], tokenizer, *, cuda_graphs: bool = True,
+                 generation_config: GenerationConfig | None = None) -> None:
         self.path = path
         self.engine = engine
         self.config = config
@@ -85,6 +87,7 @@ class Model:
         self.cache = cache
         self.eos_token_ids = eos_token_ids
         self.tokenizer = tokenizer
+        self.generation_config = generation_config or GenerationConfig(list(eos_token_ids))
         # Every use of the engine (enqueues, host reads, slot bookkeeping) holds this lock: the
         # engine's context is not thread-safe, and generations on several threads share it.
         self._lock = threading.RLock()
@@ -338,22 +341,18 @@ class Model:
     def _sampling_args(self, max_new_tokens, temperature, top_k, top_p, seed) -> int:
         """Validate generation arguments up front (named errors, nothing run); returns the seed."""
         _count(max_new_tokens, "generate: max_new_tokens", 0)
-        number = (int, float, np.integer, np.floating)
-        try:  # a Python int beyond float's range overflows float(): not a finite number either
-            # The sampler takes it as float32: a value past float32's range would reach it as inf.
-            finite = not isinstance(temperature, bool) and isinstance(temperature, number) \
-                and math.isfinite(float(temperature)) and abs(float(temperature)) <= _F32_MAX
-        except OverflowError:
-            finite = False
-        if not finite or temperature < 0:
-            raise ContractError(f"generate: temperature must be a finite float32 number >= 0, got {temperature!r}",
-                                40025)
-        if top_k is not None:
-            _count(top_k, "generate: top_k", 0)
-        if top_p is not None and (isinstance(top_p, bool) or not isinstance(top_p, number)
-                                  or not 0.0 < top_p <= 1.0):
-            raise ContractError(f"generate: top_p must be in (0, 1], got {top_p!r}", 40025)
+        for name, value in (("temperature", temperature), ("top_k", top_k), ("top_p", top_p)):
+            if problem := sampling_problem(name, value):
+                raise ContractError(f"generate: {name} {problem}", 40025)
         return 0 if seed is None else _count(seed, "generate: seed", 0, 2**64 - 1)
+
+    def _check_fits(self, n: int, max_new_tokens: int, what: str) -> None:
+        """CacheFullError naming the prompt (`what`) unless n + max(max_new_tokens - 1, 0) <=
+        max_len: the prompt takes n rows, every new token but the last (never fed back) one."""
+        need = n + max(max_new_tokens - 1, 0)
+        if need > self.cache.max_len:
+            raise CacheFullError(f"{what} of {n} tokens + {max_new_tokens} new tokens need {need} cache rows (the "
+                                 f"last new token is not fed back), beyond max_len {self.cache.max_len}", 30002)
 
     def take_slots(self, n: int, what: str = "take_slots") -> list[SlotLease]:
         """Hold n free slots of the model's own cache (held by nobody, holding no tokens) for
@@ -388,10 +387,7 @@ class Model:
         if len(ids):
             self._check_vocab(ids, "generate")
         seed = self._sampling_args(max_new_tokens, temperature, top_k, top_p, seed)
-        if len(ids) + max_new_tokens - 1 > self.cache.max_len:
-            raise CacheFullError(
-                f"generate: {len(ids)} prompt tokens + {max_new_tokens} new tokens exceed the "
-                f"cache's max_len {self.cache.max_len}", 30002)
+        self._check_fits(len(ids), max_new_tokens, "generate: prompt_ids")
         stops = self._stop_ids(stop_token_ids, ignore_eos)
         rs = RowSampling(float(temperature), top_k, top_p, seed)
         return TokenStream(self._stream(ids, max_new_tokens, rs, stops))
@@ -418,11 +414,12 @@ class Model:
         the same tokens on every backend; None is seed 0, so unseeded sampling repeats itself).
         Stops after an EOS id of the checkpoint (included in the output, as transformers does)
         unless `ignore_eos`, or after any of `stop_token_ids` (an id or a sequence of ids).
-        CacheFullError when prompt + new tokens exceed the cache's max_len; NonFiniteError when
-        a row of logits is not finite (no token is drawn from it); ContractError when no slot of
-        the model's cache is free (memra.batch: generation never takes a slot holding your
-        tokens). On a CUDA engine the steps are pipelined (the next one is queued before this
-        one's token is read); the tokens are those of one step at a time.
+        CacheFullError when the prompt (whatever max_new_tokens is) or prompt + new tokens - 1
+        (the last is never fed back) exceed the cache's max_len; NonFiniteError when a row of
+        logits is not finite (no token is drawn from it); ContractError when no slot of the
+        model's cache is free (memra.batch: generation never takes a slot holding your tokens).
+        On a CUDA engine the steps are pipelined (the next one is queued before this one's token
+        is read); the tokens are those of one step at a time.
         """
         return list(self.stream(prompt_ids, max_new_tokens, temperature, top_k, top_p, seed,
                                 stop_token_ids, ignore_eos))
@@ -456,9 +453,7 @@ class Model:
             raise ContractError(f"generate_batch: prompt i samples with seed + i, and seed {seed} + "
                                 f"{n - 1} does not fit in 64 bits", 40025)
         for i, ids in enumerate(all_ids):
-            if len(ids) + max_new_tokens - 1 > self.cache.max_len:
-                raise CacheFullError(f"generate_batch: prompts[{i}] of {len(ids)} tokens + {max_new_tokens} "
-                                     f"new tokens exceeds max_len {self.cache.max_len}", 30002)
+            self._check_fits(len(ids), max_new_tokens, f"generate_batch: prompts[{i}]")
             self._check_vocab(ids, f"generate_batch: prompts[{i}]")
         if n == 0:
             return []
@@ -544,8 +539,10 @@ def load(path, device: str = "cpu", max_batch: int = 8, max_len: int = 4096, *, 
 
     The default cache (`max_batch` slots x `max_len` tokens) is sized from the config and
     allocated before any weight is read: OutOfMemoryError when it cannot fit. ContractError for
-    a missing, extra or mis-shaped tensor (named); UnsupportedError for a model_type or config
-    memra cannot run, or a device it cannot use here.
+    a missing, extra, repeated or mis-shaped tensor, a file that cannot be read or parsed, a
+    generation_config.json value memra cannot use (an EOS id outside the vocabulary, a sampling
+    default the sampler refuses), each named, or a device but "cpu", "cuda", "cuda:N";
+    UnsupportedError for a model_type or config memra cannot run, or a device it cannot use here.
     """
     if not isinstance(cuda_graphs, (bool, np.bool_)):
         raise ContractError(f"load: cuda_graphs must be True or False, got {cuda_graphs!r}", 40025)
@@ -557,14 +554,18 @@ def load(path, device: str = "cpu", max_batch: int = 8, max_len: int = 4096, *, 
     path = Path(path)
     if not path.is_dir():
         raise ContractError(f"load: path {str(path)!r} is not a directory", 40024)
-    family, cfg = read_config(path)
+    with naming_unreadable(path / "config.json"):  # read_config names a missing or malformed one
+        family, cfg = read_config(path)
+    gen = read_generation_config(path, cfg)  # before any memory is taken: a bad default costs nothing
     max_batch = _count(max_batch, "load: max_batch", 1)
     max_len = _count(max_len, "load: max_len", 1)
     if not isinstance(device, str):
         raise ContractError(f"load: device must be a string such as 'cpu' or 'cuda', got {device!r}", 40025)
-    kind, _, index = device.partition(":")
-    if index and not index.isdigit():
+    # The whole grammar: "cpu" | "cuda" | "cuda:N" (ASCII digits; "cpu:" or "cuda:" is no device).
+    m = re.fullmatch(r"(cpu)|(cuda)(?::([0-9]{1,9}))?", device)
+    if m is None:
         raise ContractError(f"load: bad device {device!r} (expected 'cpu', 'cuda' or 'cuda:N')", 40025)
+    kind, index = m.group(1) or m.group(2), m.group(3)
     if kernel_options is not None and not isinstance(kernel_options, _core.KernelOptions):
         raise ContractError(f"load: kernel_options must be a memra.KernelOptions or None, got {kernel_options!r}",
                             40025)
@@ -590,7 +591,8 @@ def load(path, device: str = "cpu", max_batch: int = 8, max_len: int = 4096, *, 
             tokenizer = Tokenizer.from_file(str(path / "tokenizer.json"))
         except Exception as e:  # the tokenizers library raises a bare Exception
             raise ContractError(f"load: {path / 'tokenizer.json'} could not be read: {e}", 40025) from None
-    return Model(path, engine, cfg, net, cache, eos_ids(path, cfg), tokenizer, cuda_graphs=cuda_graphs)
+    return Model(path, engine, cfg, net, cache, gen.eos_token_ids, tokenizer, cuda_graphs=cuda_graphs,
+                 generation_config=gen)
 
 
 def default_checkpoint() -> Path:

@@ -25,8 +25,8 @@ import json
 from datetime import datetime
 from pathlib import Path
 
-from ..config import read_json_object
 from ..errors import ContractError
+from ..loader import naming_unreadable, read_json_file
 
 # transformers' PreTrainedTokenizerBase.SPECIAL_TOKENS_ATTRIBUTES.
 SPECIAL_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
@@ -139,13 +139,18 @@ class ChatTemplate:
 def load_chat_template(path: Path) -> ChatTemplate | None:
     """The chat template of a checkpoint folder (None when it has none): chat_template.jinja,
     else tokenizer_config.json's ``chat_template``. ContractError for a template of the wrong
-    type or one that does not compile."""
+    type or one that does not compile, or a file that cannot be read (each named)."""
     path = Path(path)
     config_file = path / "tokenizer_config.json"
-    config = read_json_object(config_file, "chat template") if config_file.exists() else {}
+    config = read_json_file(config_file, "chat template") if config_file.exists() else {}
     source = config.get("chat_template")
-    if (path / "chat_template.jinja").exists():
-        source = (path / "chat_template.jinja").read_text(encoding="utf-8")
+    jinja = path / "chat_template.jinja"
+    if jinja.exists():
+        try:
+            with naming_unreadable(jinja, "chat template"):
+                source = jinja.read_text(encoding="utf-8")
+        except UnicodeDecodeError as e:
+            raise ContractError(f"chat template: {jinja} is not UTF-8 text: {e}", 40025) from None
     if isinstance(source, list):  # named templates, as transformers saves several
         named = {t.get("name"): t.get("template") for t in source if isinstance(t, dict)}
         source = named.get("default")

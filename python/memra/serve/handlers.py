@@ -24,7 +24,6 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from ..batch import RowSampling
-from ..config import read_json_object
 from ..errors import ContractError, MemraError, NonFiniteError
 from .protocol import (ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest,
                        ChatCompletionResponse, ChatDelta, ChatMessageOut, CompletionChoice, CompletionRequest,
@@ -55,13 +54,12 @@ class ServerState:
 
     def __post_init__(self) -> None:
         # Sampling defaults: the checkpoint's generation_config.json where it sets them (as vLLM
-        # does), else OpenAI's (temperature 1, top_p 1, no top-k).
-        path = self.model.path / "generation_config.json"
-        gen = read_json_object(path, "serve") if path.exists() else {}
-        num = (int, float)
-        self.default_temperature = float(gen["temperature"]) if isinstance(gen.get("temperature"), num) else 1.0
-        self.default_top_p = float(gen["top_p"]) if isinstance(gen.get("top_p"), num) else None
-        self.default_top_k = int(gen["top_k"]) if isinstance(gen.get("top_k"), int) else None
+        # does), else OpenAI's (temperature 1, top_p 1, no top-k). memra.load checked them with
+        # the sampler's rules, so a request relying on them cannot fail on them.
+        gen = self.model.generation_config
+        self.default_temperature = gen.temperature if gen.temperature is not None else 1.0
+        self.default_top_p = gen.top_p
+        self.default_top_k = gen.top_k
 
 
 @dataclass

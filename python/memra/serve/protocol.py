@@ -16,6 +16,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from ..batch import sampling_problem
+
 
 def _text_or_texts(v: Any, what: str) -> list[str]:
     """A string or a list of strings -> list (ValueError naming `what` otherwise)."""
@@ -40,8 +42,9 @@ class _SamplingRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     model: str | None = None
-    temperature: float | None = Field(None, ge=0.0, allow_inf_nan=False)
-    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    # temperature, top_p and top_k (but vLLM's -1) are held to Model.generate's rules (_sampling).
+    temperature: float | None = None
+    top_p: float | None = None
     top_k: int | None = Field(None, ge=-1)  # -1 or 0: off (vLLM's convention)
     n: int = 1
     stream: bool = False
@@ -55,6 +58,19 @@ class _SamplingRequest(BaseModel):
     frequency_penalty: float = 0.0
     logit_bias: dict[str, float] | None = None
     user: str | None = None
+
+    @field_validator("temperature", "top_p", "top_k")
+    @classmethod
+    def _sampling(cls, v: Any, info) -> Any:
+        # The sampler's own rule (memra.batch.sampling_problem), checked before the request is
+        # scheduled: a value it refuses (a temperature finite as a double but inf as a float32,
+        # a top_k beyond int32) is this field's 400, not a failure mid-generation.
+        if v is None or (info.field_name == "top_k" and v == -1):
+            return v
+        problem = sampling_problem(info.field_name, v)
+        if problem:
+            raise ValueError(problem)
+        return v
 
     @field_validator("stop", mode="before")
     @classmethod

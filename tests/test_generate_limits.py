@@ -1,0 +1,47 @@
+"""How much a generation may ask of a slot (CPU): the prompt takes one cache row a token and every
+new token but the last (never fed back) one more, so ``len(prompt) + max(max_new_tokens - 1, 0)
+<= max_len``; beyond it generate, stream and generate_batch raise CacheFullError naming the prompt
+before anything runs, whatever max_new_tokens is (0 too), and leave every slot free.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+import memra
+
+MAX_LEN = 8
+
+
+@pytest.fixture(scope="module")
+def model() -> memra.Model:
+    logging.getLogger("memra").setLevel(logging.ERROR)
+    return memra.load(memra.default_checkpoint(), max_batch=2, max_len=MAX_LEN, progress=False)
+
+
+def _free(model: memra.Model) -> bool:
+    c = model.cache
+    return all(c.length(s) == 0 and c.owner(s) == 0 for s in range(c.max_batch))
+
+
+@pytest.mark.parametrize("n,new", [(MAX_LEN + 1, 0), (MAX_LEN + 2, 0), (MAX_LEN + 1, 1), (MAX_LEN, 2),
+                                   (2, MAX_LEN)])
+def test_a_prompt_that_does_not_fit_is_cache_full(model, n, new):
+    for call, arg in ((lambda: model.generate([1] * n, new), "prompt_ids"),
+                      (lambda: model.stream([1] * n, new), "prompt_ids"),
+                      (lambda: model.generate_batch([[1], [1] * n], new), "prompts[1]")):
+        with pytest.raises(memra.CacheFullError) as info:
+            call()
+        assert info.value.code == 30002
+        assert arg in str(info.value) and f"{n} tokens" in str(info.value) and str(MAX_LEN) in str(info.value)
+        assert _free(model)
+
+
+@pytest.mark.parametrize("n,new", [(MAX_LEN, 0), (MAX_LEN, 1), (MAX_LEN - 1, 2), (1, MAX_LEN)])
+def test_a_prompt_that_fits_runs(model, n, new):
+    got = model.generate([1] * n, new, ignore_eos=True)
+    assert len(got) == new
+    assert model.generate_batch([[1], [1] * n], new, ignore_eos=True)[1] == got
+    assert _free(model)

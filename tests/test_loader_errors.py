@@ -1,0 +1,182 @@
+"""memra.load refusing a malformed checkpoint folder with a named error (CPU): a side file or
+shard that cannot be read (a directory where the file should be, no permission), a tensor held by
+two shards, generation_config.json values memra cannot use (an EOS id outside the vocabulary, a
+sampling default the sampler refuses) and a device string outside "cpu" | "cuda" | "cuda:N".
+
+Copies of the embedded tiny checkpoint, edited one thing at a time; each refusal is a
+ContractError whose message names the file, key or argument at fault.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import pathlib
+import shutil
+from pathlib import Path
+
+import ml_dtypes  # noqa: F401  (bfloat16 for safetensors' numpy framework)
+import numpy as np
+import pytest
+from safetensors.numpy import load_file, save_file
+
+import memra
+from memra.errors import ContractError
+
+TINY = memra.default_checkpoint()
+SIDE_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json")
+
+
+@pytest.fixture(autouse=True)
+def _quiet(caplog):
+    caplog.set_level(logging.ERROR, logger="memra")  # the skip notices of every load
+
+
+def _load(path: Path, **kw) -> memra.Model:
+    return memra.load(path, max_batch=1, max_len=16, progress=False, **kw)
+
+
+def _copy(tmp_path: Path, gen: dict | None = None) -> Path:
+    """The tiny checkpoint copied, with `gen` merged into its generation_config.json."""
+    dst = tmp_path / "ckpt"
+    shutil.copytree(TINY, dst)
+    if gen is not None:
+        raw = json.loads((dst / "generation_config.json").read_text())
+        raw.update(gen)
+        (dst / "generation_config.json").write_text(json.dumps(raw))
+    return dst
+
+
+def _sharded(tmp_path: Path, shards: int = 2, *, repeat: str | None = None) -> Path:
+    """The tiny checkpoint in `shards` shards + model.safetensors.index.json; `repeat`: a tensor
+    written into the last shard too (the index still maps it to its first one)."""
+    dst = tmp_path / "sharded"
+    dst.mkdir()
+    for f in SIDE_FILES:
+        shutil.copy(TINY / f, dst / f)
+    tensors = load_file(str(TINY / "model.safetensors"))
+    names = sorted(tensors)
+    weight_map = {}
+    for s in range(shards):
+        fname = f"model-{s + 1:05d}-of-{shards:05d}.safetensors"
+        group = {k: tensors[k] for k in names[s::shards]}
+        weight_map.update({k: fname for k in group})
+        if repeat is not None and s == shards - 1 and repeat not in group:
+            group[repeat] = tensors[repeat]
+        save_file(group, str(dst / fname), metadata={"format": "pt"})
+    (dst / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    return dst
+
+
+def _refused(path: Path, *words: str, **kw) -> ContractError:
+    """memra.load(path) raises a ContractError whose message holds every one of `words`."""
+    with pytest.raises(ContractError) as info:
+        _load(path, **kw)
+    for w in words:
+        assert w in str(info.value), f"{w!r} not in: {info.value}"
+    return info.value
+
+
+# ------------------------------------------------------------------ unreadable files
+@pytest.mark.parametrize("name", ["config.json", "generation_config.json", "model.safetensors.index.json",
+                                  "model.safetensors"])
+def test_a_directory_where_a_file_goes_is_named(tmp_path, name):
+    path = _copy(tmp_path)
+    if name == "model.safetensors.index.json":
+        path = _sharded(tmp_path)
+    (path / name).unlink()
+    (path / name).mkdir()
+    e = _refused(path, str(path / name))
+    assert e.code == 40025
+
+
+def test_a_shard_that_is_a_directory_is_named(tmp_path):
+    path = _sharded(tmp_path, 3)
+    shard = path / "model-00002-of-00003.safetensors"
+    shard.unlink()
+    shard.mkdir()
+    _refused(path, shard.name)
+
+
+@pytest.mark.parametrize("name", ["config.json", "generation_config.json", "model.safetensors.index.json"])
+def test_a_file_without_read_permission_is_named(tmp_path, monkeypatch, name):
+    # chmod 000 does not stop root, so the read itself is made to fail as it would for a user.
+    path = _sharded(tmp_path)
+    target = path / name
+    read_text = pathlib.Path.read_text
+
+    def denied(self, *args, **kwargs):
+        if self == target:
+            raise PermissionError(13, "Permission denied", str(self))
+        return read_text(self, *args, **kwargs)
+
+    monkeypatch.setattr(pathlib.Path, "read_text", denied)
+    _refused(path, str(target), "Permission denied")
+
+
+# ------------------------------------------------------------------ shards
+@pytest.mark.parametrize("name", ["model.language_model.embed_tokens.weight",
+                                  "model.visual.blocks.0.attn.k_norm.weight"])
+def test_a_tensor_in_two_shards_is_refused_naming_both(tmp_path, name):
+    # A routed tensor and a skipped (vision) one: either way the checkpoint is malformed.
+    path = _sharded(tmp_path, 3, repeat=name)
+    first = json.loads((path / "model.safetensors.index.json").read_text())["weight_map"][name]
+    last = "model-00003-of-00003.safetensors"
+    assert first != last
+    _refused(path, repr(name), first, last)
+
+
+def test_shards_without_repeats_still_load(tmp_path):
+    want = _load(TINY).logits([1, 2, 3])
+    np.testing.assert_array_equal(_load(_sharded(tmp_path, 3)).logits([1, 2, 3]), want)
+
+
+# ------------------------------------------------------------------ generation_config.json
+@pytest.mark.parametrize("eos", [-5, 99999, [256, 99999], [-1]])
+def test_an_eos_token_id_outside_the_vocabulary_is_refused(tmp_path, eos):
+    bad = eos if isinstance(eos, int) else next(e for e in eos if not 0 <= e < 272)
+    e = _refused(_copy(tmp_path, {"eos_token_id": eos}), "generation_config.json", "eos_token_id", str(bad))
+    assert e.code == memra._core.status.CONTRACT_RANGE
+
+
+@pytest.mark.parametrize("key,value,words", [
+    ("temperature", float("nan"), "finite"),
+    ("temperature", 1e39, "float32"),
+    ("temperature", -0.5, ">= 0"),
+    ("top_p", 0, "(0, 1]"),
+    ("top_p", 1.5, "(0, 1]"),
+    ("top_k", 2**31, "int32"),
+    ("top_k", 2**40, "int32"),
+    ("top_k", -1, "[0, "),
+    ("top_k", 2.5, "integer"),
+])
+def test_a_sampling_default_the_sampler_refuses_is_named_at_load(tmp_path, key, value, words):
+    _refused(_copy(tmp_path, {key: value}), "generation_config.json", key, words)
+
+
+def test_the_sampler_rule_is_generates_rule():
+    # The loader holds the defaults to the rule Model.generate holds its arguments to.
+    m = _load(TINY)
+    for kw in ({"temperature": 1e39}, {"temperature": 1.0, "top_k": 2**31}, {"temperature": 1.0, "top_p": 0}):
+        with pytest.raises(ContractError, match=next(iter(kw.keys() - {"temperature"}), "temperature")):
+            m.generate([1, 2], 2, **kw)
+
+
+def test_good_sampling_defaults_are_taken(tmp_path):
+    m = _load(_copy(tmp_path, {"temperature": 0.6, "top_k": 20, "top_p": 0.95, "eos_token_id": [3, 7]}))
+    g = m.generation_config
+    assert (g.temperature, g.top_k, g.top_p, g.eos_token_ids) == (0.6, 20, 0.95, [3, 7])
+    assert m.eos_token_ids == [3, 7]
+    plain = _load(TINY).generation_config
+    assert (plain.temperature, plain.top_k, plain.top_p, plain.eos_token_ids) == (None, None, None, [256])
+
+
+# ------------------------------------------------------------------ device
+@pytest.mark.parametrize("device", ["cpu:", "cuda:", "cpu:0", "cuda:+1", "cuda:1x", "CPU", " cpu", "cuda:99999999999"])
+def test_a_device_outside_the_grammar_is_named(device):
+    e = _refused(TINY, "device", repr(device), device=device)
+    assert e.code == 40025
+
+
+def test_cpu_still_loads():
+    assert not _load(TINY, device="cpu").engine.is_cuda
