@@ -345,9 +345,14 @@ Status Cache::hold(int slot, uint64_t* token) {
 Status Cache::release(int slot, uint64_t token) {
   MEMRA_TRY(check_slot(slot, "Cache.release"));
   if (token == 0 || owners_[slot] != token) {
-    return Status(kContractSlotHeld, "Cache.release: slot " + std::to_string(slot) +
-                                         (owners_[slot] ? " is held by another owner" : " is not held") +
-                                         " (token " + std::to_string(token) + ")");
+    // Both tokens are named: the holder's is no secret (check_owner names it too), and a caller
+    // releasing with a stale or mixed-up token needs to see that it is theirs that is wrong.
+    const std::string got = "release got token " + std::to_string(token);
+    return Status(kContractSlotHeld,
+                  "Cache.release: slot " + std::to_string(slot) +
+                      (owners_[slot] ? " is held by another owner (token " +
+                                           std::to_string(owners_[slot]) + "); " + got
+                                     : " is not held (" + got + ")"));
   }
   owners_[slot] = 0;
   return Status::Ok();

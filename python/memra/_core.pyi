@@ -968,7 +968,7 @@ class Cache:
 
     def release(self, slot: int, token: int) -> None:
         """
-        Give back a slot taken with hold() (contents untouched). ContractError (CONTRACT_SLOT_HELD) unless `token` holds it.
+        Give back a slot taken with hold() (contents untouched). ContractError (CONTRACT_SLOT_HELD) unless `token` holds it, naming the holder's token and `token`.
         """
 
     def commit(self, slot: int, n: int, *, owner: int = 0) -> None:

@@ -290,7 +290,7 @@ void init_cache(nb::module_& m) {
           "release", [](Cache& c, int slot, uint64_t token) { check(c.release(slot, token)); },
           nb::arg("slot"), nb::arg("token"),
           "Give back a slot taken with hold() (contents untouched). ContractError "
-          "(CONTRACT_SLOT_HELD) unless `token` holds it.")
+          "(CONTRACT_SLOT_HELD) unless `token` holds it, naming the holder's token and `token`.")
       .def(
           "commit",
           [](Cache& c, int slot, int n, uint64_t owner) { check(c.commit(slot, n, owner)); },
