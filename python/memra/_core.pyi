@@ -1097,17 +1097,19 @@ class MlaLayer:
 
     def prefill(self, cache: Cache, layer: int, slot: int, x: Annotated[NDArray, dict(writable=False)], topk: Annotated[NDArray, dict(writable=False)] | None = None) -> tuple:
         """
-        Continue `slot` by x [T, hidden] -> (y [T, hidden], index list [T, index_width] int32 used by a DSA layer, [T, 0] otherwise). A shared DSA layer takes `topk` from the full layer before it. Latent rows land past the slot's length and become visible at cache.commit.
+        Continue `slot` by x [T, hidden] -> (y [T, hidden], index list [T, index_width] int32 used by a DSA layer, [T, 0] otherwise). `topk` [T, index_width] int32: required by a shared DSA layer (sparse, no indexer of its own: the index list of the full DSA layer before it; each entry -1 or a row the query sees, checked on the CPU) and refused by any other (ContractError naming topk: a full DSA layer computes its own list, a dense layer attends to every row). Latent rows land past the slot's length and become visible at cache.commit.
         """
 
     @overload
     def decode(self, cache: Cache, layer: int, slots: Annotated[NDArray, dict(writable=False)], x: Annotated[NDArray, dict(writable=False)], topk: Annotated[NDArray, dict(writable=False)] | None = None) -> tuple:
-        """One token for each of slots [B]: as prefill with T = 1."""
+        """
+        One token for each of slots [B]: as prefill with T = 1, `topk` [B, index_width] under the same rule (every row's list is checked before any row runs).
+        """
 
     @overload
     def decode(self, cache: Cache, layer: int, slots: DecodeSlots, x: Annotated[NDArray, dict(writable=False)], topk: Annotated[NDArray, dict(writable=False)] | None = None) -> tuple:
         """
-        The same with the rows' slots on the device (memra.DecodeSlots of `cache`, CUDA): each row's position comes from the cache's device length; an idle row appends nothing, gets a zero attention output and an all -1 index list. Capturable into a CUDA graph.
+        The same with the rows' slots on the device (memra.DecodeSlots of `cache`, CUDA): each row's position comes from the cache's device length; an idle row appends nothing, gets a zero attention output and an all -1 index list. `topk` as above (its entries are not read back: the kernel skips those outside [0, the row's position]). Capturable into a CUDA graph.
         """
 
 class MlpLayer:

@@ -238,9 +238,12 @@ void init_layers(nb::module_& m) {
           nb::arg("cache"), nb::arg("layer"), nb::arg("slot"), nb::arg("x"),
           nb::arg("topk") = nb::none(),
           "Continue `slot` by x [T, hidden] -> (y [T, hidden], index list [T, index_width] int32 "
-          "used by a DSA layer, [T, 0] otherwise). A shared DSA layer takes `topk` from the full "
-          "layer before it. Latent rows land past the slot's length and become visible at "
-          "cache.commit.")
+          "used by a DSA layer, [T, 0] otherwise). `topk` [T, index_width] int32: required by a "
+          "shared DSA layer (sparse, no indexer of its own: the index list of the full DSA layer "
+          "before it; each entry -1 or a row the query sees, checked on the CPU) and refused by "
+          "any other (ContractError naming topk: a full DSA layer computes its own list, a dense "
+          "layer attends to every row). Latent rows land past the slot's length and become "
+          "visible at cache.commit.")
       .def(
           "decode",
           [](const MlaLayer& l, Cache& cache, int layer, const AnyArray& slots, const AnyArray& x,
@@ -262,7 +265,9 @@ void init_layers(nb::module_& m) {
             return nb::make_tuple(y.obj, idx.obj);
           },
           nb::arg("cache"), nb::arg("layer"), nb::arg("slots"), nb::arg("x"),
-          nb::arg("topk") = nb::none(), "One token for each of slots [B]: as prefill with T = 1.")
+          nb::arg("topk") = nb::none(),
+          "One token for each of slots [B]: as prefill with T = 1, `topk` [B, index_width] under "
+          "the same rule (every row's list is checked before any row runs).")
       .def(
           "decode",
           [](const MlaLayer& l, Cache& cache, int layer, const DecodeSlots& slots, const AnyArray& x,
@@ -282,7 +287,9 @@ void init_layers(nb::module_& m) {
           nb::arg("topk") = nb::none(),
           "The same with the rows' slots on the device (memra.DecodeSlots of `cache`, CUDA): each "
           "row's position comes from the cache's device length; an idle row appends nothing, "
-          "gets a zero attention output and an all -1 index list. Capturable into a CUDA graph.");
+          "gets a zero attention output and an all -1 index list. `topk` as above (its entries are "
+          "not read back: the kernel skips those outside [0, the row's position]). Capturable "
+          "into a CUDA graph.");
 
   // -------------------------------------------------------------------------------- FFN
   nb::class_<MlpLayer>(m, "MlpLayer",

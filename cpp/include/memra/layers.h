@@ -134,12 +134,15 @@ class MlaLayer {
   int index_width() const { return cfg_.topk + cfg_.kpool - 1; }
   LayerStateSpec state_spec() const;
 
-  // Continue `slot` by T tokens. topk_in [T, index_width] is required for a sparse layer without
-  // its own indexer and ignored otherwise; topk_out [T, index_width] receives the list used
-  // (may be nullptr). x, y [T, hidden].
+  // Continue `slot` by T tokens. topk_in [T, index_width] is required for a shared DSA layer
+  // (sparse, without its own indexer) and refused (kContractMissing) for any other: a full DSA
+  // layer computes its own list, a dense one attends to every row. On the CPU its entries must
+  // be -1 or a row the query sees (kContractRange). topk_out [T, index_width] receives the list
+  // used (may be nullptr). x, y [T, hidden].
   Status prefill(Cache& cache, int layer, int slot, const float* x, int T, const int32_t* topk_in,
                  float* y, int32_t* topk_out) const;
-  // One token for each of `slots` [B]; topk_in/topk_out [B, index_width].
+  // One token for each of `slots` [B]; topk_in/topk_out [B, index_width], topk_in as prefill's
+  // (every row's list is checked before any row runs).
   Status decode(Cache& cache, int layer, const int32_t* slots, int B, const float* x,
                 const int32_t* topk_in, float* y, int32_t* topk_out) const;
   // The same on a CUDA layer with the slots on the device (see KdaLayer::decode_device): each
@@ -205,6 +208,12 @@ class MlaLayer {
   std::shared_ptr<Gpu> gpu_;
   Status indexer(Cache& cache, int layer, int slot, int pos, const float* x, const float* q_resid,
                  int T, int32_t* idx) const;
+  // kContractMissing naming `op` and topk when topk_in is absent on a shared DSA layer or given
+  // to any other.
+  Status check_topk_given(const int32_t* topk_in, const char* op) const;
+  // The CPU step of prefill once the call is checked (decode runs it row by row).
+  Status prefill_host(Cache& cache, int layer, int slot, const float* x, int T,
+                      const int32_t* topk_in, float* y, int32_t* topk_out) const;
   MlaConfig cfg_;
   Weight q_a_, q_b_, q_proj_, kv_a_, kv_b_, o_proj_;  // q_proj_: q_lora_rank 0 only
   std::vector<float> q_a_bias_, kv_a_bias_, o_bias_, q_a_norm_, kv_a_norm_;

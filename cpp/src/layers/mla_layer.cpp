@@ -3,6 +3,7 @@
 // KimiLinearAttention (q_proj without query LoRA, rope columns that are never rotated).
 #include <algorithm>
 #include <cmath>
+#include <string>
 #include <vector>
 
 #include "gpu_util.h"
@@ -32,6 +33,21 @@ MemraMlaProjParams proj(int which, const float* x, const Weight& kv_b, int T, in
   p.R = static_cast<int>(kv_b.cols());
   p.y = y;
   return p;
+}
+
+// A host index list's row for the query at position `pos`: entries are -1 (padding) or a row the
+// query sees (<= pos). `what` names the row as the caller's argument does.
+Status check_index_row(const int32_t* row, int W, int pos, const char* op,
+                       const std::string& what) {
+  for (int j = 0; j < W; ++j) {
+    if (row[j] < -1 || row[j] > pos) {
+      return Status(kContractRange, std::string(op) + ": topk" + what + "[" + std::to_string(j) +
+                                        "] = " + std::to_string(row[j]) + " is outside [-1, " +
+                                        std::to_string(pos) + "] (the query is at position " +
+                                        std::to_string(pos) + " and sees no later row)");
+    }
+  }
+  return Status::Ok();
 }
 }  // namespace
 
@@ -164,44 +180,55 @@ Status MlaLayer::indexer(Cache& cache, int layer, int slot, int pos, const float
   return op::kpool_select(host, sel);
 }
 
+// Only a shared DSA layer (sparse, no indexer of its own) reads an index list: a full DSA layer
+// computes its own and a dense layer attends to every row, so a list given to either would be
+// dropped without a word; the caller meant something else and is told so.
+Status MlaLayer::check_topk_given(const int32_t* topk_in, const char* op) const {
+  const bool takes = cfg_.sparse && !has_indexer();
+  if (takes && !topk_in) {
+    return Status(kContractMissing, std::string(op) + ": a shared DSA layer needs topk, the index "
+                                                      "list of the full DSA layer before it");
+  }
+  if (!takes && topk_in) {
+    return Status(kContractMissing,
+                  std::string(op) + ": topk was given, but " +
+                      (cfg_.sparse ? "a full DSA layer computes its own index list"
+                                   : "a dense MLA layer attends to every row") +
+                      " (only a shared DSA layer takes topk)");
+  }
+  return Status::Ok();
+}
+
 Status MlaLayer::prefill(Cache& cache, int layer, int slot, const float* x, int T,
                          const int32_t* topk_in, float* y, int32_t* topk_out) const {
-  MEMRA_TRY(cache.check_layer(layer, state_spec(), "MlaLayer.prefill"));
-  MEMRA_TRY(cache.check_device(cuda_, "MlaLayer.prefill"));
-  MEMRA_TRY(cache.check_room(slot, T, "MlaLayer.prefill"));
-  if (gpu_) {
-    // Device index lists cannot be read here without a sync; the gathered kernel skips entries
-    // outside [0, query row] instead (host lists are validated by the bindings first).
-    if (cfg_.sparse && !has_indexer() && !topk_in) {
-      return Status(kContractMissing, "MlaLayer.prefill: a shared DSA layer needs the index list "
-                                      "of the full DSA layer before it (topk)");
+  const char* op = "MlaLayer.prefill";
+  MEMRA_TRY(cache.check_layer(layer, state_spec(), op));
+  MEMRA_TRY(cache.check_device(cuda_, op));
+  MEMRA_TRY(cache.check_room(slot, T, op));
+  MEMRA_TRY(check_topk_given(topk_in, op));
+  // Device index lists cannot be read here without a sync; the gathered kernel skips entries
+  // outside [0, query row] instead.
+  if (gpu_) return prefill_cuda(cache, layer, slot, x, T, topk_in, y, topk_out);
+  if (topk_in) {
+    const int pos = cache.length(slot), W = index_width();
+    for (int t = 0; t < T; ++t) {
+      MEMRA_TRY(check_index_row(topk_in + int64_t(t) * W, W, pos + t, op,
+                                "[" + std::to_string(t) + "]"));
     }
-    return prefill_cuda(cache, layer, slot, x, T, topk_in, y, topk_out);
   }
+  return prefill_host(cache, layer, slot, x, T, topk_in, y, topk_out);
+}
+
+Status MlaLayer::prefill_host(Cache& cache, int layer, int slot, const float* x, int T,
+                              const int32_t* topk_in, float* y, int32_t* topk_out) const {
   const int pos = cache.length(slot), end = pos + T;
   const int H = cfg_.heads, R = cfg_.kv_rank, dr = cfg_.d_rope, dn = cfg_.d_nope, dv = cfg_.d_v;
   const int ql = cfg_.q_lora_rank, row = R + dr, W = index_width();
-  if (cfg_.sparse && !has_indexer()) {
-    if (!topk_in) {
-      return Status(kContractMissing, "MlaLayer.prefill: a shared DSA layer needs the index list "
-                                      "of the full DSA layer before it (topk)");
-    }
-    for (int t = 0; t < T; ++t) {
-      for (int j = 0; j < W; ++j) {
-        const int32_t r = topk_in[int64_t(t) * W + j];
-        if (r < -1 || r > pos + t) {
-          return Status(kContractRange, "MlaLayer.prefill: index list entry " + std::to_string(r) +
-                                            " of query " + std::to_string(t) + " (position " +
-                                            std::to_string(pos + t) + ") is outside [-1, " +
-                                            std::to_string(pos + t) + "]: a query sees no later row");
-        }
-      }
-    }
-  }
+  const int64_t dq = int64_t(dn) + dr;  // a query head's width
 
   // Queries: q_resid = q_a_layernorm(q_a_proj(x)); q = q_b_proj(q_resid) [T, H, d_nope + d_rope];
   // without query LoRA (q_lora_rank 0, KimiLinearAttention) q = q_proj(x).
-  std::vector<float> q_resid(size_t(T) * ql), q(size_t(T) * H * (dn + dr));
+  std::vector<float> q_resid(size_t(T) * ql), q(size_t(T) * H * dq);
   if (ql > 0) {
     MEMRA_TRY(host::linear(x, T, q_a_, q_a_bias_.empty() ? nullptr : q_a_bias_.data(),
                            q_resid.data()));
@@ -233,8 +260,8 @@ Status MlaLayer::prefill(Cache& cache, int layer, int slot, const float* x, int 
 
   std::vector<float> q_nope(size_t(T) * H * dn), q_pe(size_t(T) * H * dr);
   for (int64_t th = 0; th < int64_t(T) * H; ++th) {
-    std::copy_n(q.data() + th * (dn + dr), dn, q_nope.data() + th * dn);
-    std::copy_n(q.data() + th * (dn + dr) + dn, dr, q_pe.data() + th * dr);
+    std::copy_n(q.data() + th * dq, dn, q_nope.data() + th * dn);
+    std::copy_n(q.data() + th * dq + dn, dr, q_pe.data() + th * dr);
   }
   if (cfg_.rotate) {
     MEMRA_TRY(op::rope_interleaved(op::Backend{}, q_pe.data(), positions.data(), T, H, dr,
@@ -245,7 +272,7 @@ Status MlaLayer::prefill(Cache& cache, int layer, int slot, const float* x, int 
   MEMRA_TRY(op::mla_proj(host, proj(MEMRA_MLA_ABSORB, q_nope.data(), kv_b_, T, H, dn, dv,
                                    q_lat.data())));
 
-  const float scale = 1.0f / std::sqrt(static_cast<float>(dn + dr));
+  const float scale = 1.0f / std::sqrt(static_cast<float>(dq));
   MemraMlaAttnParams at{};
   at.rows = cfg_.sparse ? MEMRA_MLA_ROWS_INDEXED : MEMRA_MLA_ROWS_CAUSAL;
   at.q_lat = q_lat.data();
@@ -280,36 +307,37 @@ Status MlaLayer::prefill(Cache& cache, int layer, int slot, const float* x, int 
 Status MlaLayer::decode_device(Cache& cache, int layer, const int32_t* slots_d, int B,
                                const float* x, const int32_t* topk_in, float* y,
                                int32_t* topk_out) const {
-  MEMRA_TRY(cache.check_layer(layer, state_spec(), "MlaLayer.decode"));
-  MEMRA_TRY(cache.check_device(cuda_, "MlaLayer.decode"));
+  const char* op = "MlaLayer.decode";
+  MEMRA_TRY(cache.check_layer(layer, state_spec(), op));
+  MEMRA_TRY(cache.check_device(cuda_, op));
   if (!gpu_) return Status(kUnsupported, "MlaLayer.decode: device slots need a CUDA layer");
-  if (cfg_.sparse && !has_indexer() && !topk_in) {
-    return Status(kContractMissing, "MlaLayer.decode: a shared DSA layer needs the index list "
-                                    "of the full DSA layer before it (topk)");
-  }
+  MEMRA_TRY(check_topk_given(topk_in, op));
   return decode_cuda(cache, layer, slots_d, B, x, topk_in, y, topk_out);
 }
 
 Status MlaLayer::decode(Cache& cache, int layer, const int32_t* slots, int B, const float* x,
                         const int32_t* topk_in, float* y, int32_t* topk_out) const {
-  MEMRA_TRY(cache.check_layer(layer, state_spec(), "MlaLayer.decode"));
-  MEMRA_TRY(cache.check_device(cuda_, "MlaLayer.decode"));
-  for (int b = 0; b < B; ++b) MEMRA_TRY(cache.check_room(slots[b], 1, "MlaLayer.decode"));
+  const char* op = "MlaLayer.decode";
+  MEMRA_TRY(cache.check_layer(layer, state_spec(), op));
+  MEMRA_TRY(cache.check_device(cuda_, op));
+  for (int b = 0; b < B; ++b) MEMRA_TRY(cache.check_room(slots[b], 1, op));
+  MEMRA_TRY(check_topk_given(topk_in, op));
   if (gpu_) {
-    if (cfg_.sparse && !has_indexer() && !topk_in) {
-      return Status(kContractMissing, "MlaLayer.decode: a shared DSA layer needs the index list "
-                                      "of the full DSA layer before it (topk)");
-    }
     int32_t* slots_d = nullptr;
     gpu::Arena a(cuda_);
     MEMRA_TRY(a.upload(std::vector<int32_t>(slots, slots + B), &slots_d));
     return decode_cuda(cache, layer, slots_d, B, x, topk_in, y, topk_out);
   }
   const int W = index_width();
+  // Every row's list is checked before any row runs, so a refused call appends nothing.
+  for (int b = 0; topk_in && b < B; ++b) {
+    MEMRA_TRY(check_index_row(topk_in + int64_t(b) * W, W, cache.length(slots[b]), op,
+                              "[" + std::to_string(b) + "]"));
+  }
   for (int b = 0; b < B; ++b) {
-    MEMRA_TRY(prefill(cache, layer, slots[b], x + size_t(b) * cfg_.hidden, 1,
-                      topk_in ? topk_in + size_t(b) * W : nullptr, y + size_t(b) * cfg_.hidden,
-                      topk_out ? topk_out + size_t(b) * W : nullptr));
+    MEMRA_TRY(prefill_host(cache, layer, slots[b], x + size_t(b) * cfg_.hidden, 1,
+                           topk_in ? topk_in + size_t(b) * W : nullptr, y + size_t(b) * cfg_.hidden,
+                           topk_out ? topk_out + size_t(b) * W : nullptr));
   }
   return Status::Ok();
 }
