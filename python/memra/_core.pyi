@@ -434,7 +434,7 @@ def mhc_pre(streams: Annotated[NDArray, dict(writable=False)], fn: object, base:
     logits = fn(unweighted RMSNorm(norm_eps) of the flattened streams); pre = sigmoid(.*scale[0] + base) + hc_eps; post = 2 sigmoid(.); comb = softmax over the last dim + hc_eps, one column normalisation, then sinkhorn_iters - 1 rounds of row then column normalisation (denominators + hc_eps).
     Returns (post [T, hc], comb [T, hc, hc], collapsed [T, D] = sum_s pre[s] * streams[:, s]) float32. With rms_eps (and optionally rms_weight [D] float32) the third output is rms_norm(collapsed, rms_weight, eps=rms_eps) instead, the block's input norm (on CUDA at decode rows fused into the mapping's last kernel, byte for byte the two ops).
     CUDA: the RMS factor is applied to the logits (fn(x * r) = r * fn(x)); T <= 32 (decode rows, (2 + hc) * hc < 64, 16-byte rows): a split-K pass over the f32 streams (a bfloat16 fn is widened), otherwise a GEMM that rounds the streams to a bfloat16 fn's dtype. hc up to 64.
-    Raises ContractError (CONTRACT_DTYPE, CONTRACT_SHAPE, CONTRACT_STRIDE, CONTRACT_DEVICE; CONTRACT_VALUE for sinkhorn_iters < 1, an eps that is negative or not finite, or rms_weight without rms_eps), UnsupportedError (CUDA, hc > 64).
+    Raises ContractError (CONTRACT_DTYPE, CONTRACT_SHAPE, CONTRACT_STRIDE, CONTRACT_DEVICE; CONTRACT_VALUE for sinkhorn_iters outside [1, 1000], an eps that is negative or not finite, or rms_weight without rms_eps), UnsupportedError (CUDA, hc > 64).
     Reference: transformers Glm5NextTextHyperConnection.forward.
     """
 
@@ -1052,7 +1052,7 @@ def commit_decode(slots: Annotated[NDArray, dict(writable=False)], lengths: obje
 
 class KdaLayer:
     """
-    Kimi Delta Attention mixer (reference: transformers Glm5NextTextLinearAttention.forward; KimiDeltaAttention with the softplus gate). Weights named as on disk below 'self_attn.' (layers.h).
+    Kimi Delta Attention mixer (reference: transformers Glm5NextTextLinearAttention.forward; KimiDeltaAttention with the softplus gate). Weights named as on disk below 'self_attn.' (layers.h). Every size argument is at most 2^20 (ContractError naming it).
     """
 
     def __init__(self, engine: Engine, weights: Mapping[str, Weight], *, hidden: int, heads: int, head_dim: int, conv_kernel: int, gate: str = 'lower_bound', lower_bound: float = -5.0, rms_eps: float = 9.999999747378752e-06, dtype: str = 'bfloat16') -> None: ...
@@ -1081,7 +1081,7 @@ class KdaLayer:
 
 class MlaLayer:
     """
-    Multi-head latent attention (absorbed) with the optional DSA k-pool indexer (reference: transformers Glm5NextTextAttention + Glm5NextTextIndexer; KimiLinearAttention). Weights named as on disk below 'self_attn.'. q_lora_rank 0: no query LoRA, q = q_proj(x). rms_eps: the epsilon of q_a_layernorm and kv_a_layernorm. rotate: whether the d_rope columns are rotated (the family decides, never d_rope > 0). CUDA: UnsupportedError for rotated rope columns (rotate with d_rope > 0; the CPU runs them).
+    Multi-head latent attention (absorbed) with the optional DSA k-pool indexer (reference: transformers Glm5NextTextAttention + Glm5NextTextIndexer; KimiLinearAttention). Weights named as on disk below 'self_attn.'. q_lora_rank 0: no query LoRA, q = q_proj(x). rms_eps: the epsilon of q_a_layernorm and kv_a_layernorm. rotate: whether the d_rope columns are rotated (the family decides, never d_rope > 0). CUDA: UnsupportedError for rotated rope columns (rotate with d_rope > 0; the CPU runs them). Every size argument but tail_rows is at most 2^20 (ContractError naming it).
     """
 
     def __init__(self, engine: Engine, weights: Mapping[str, Weight], *, hidden: int, heads: int, q_lora_rank: int, kv_rank: int, d_nope: int, d_rope: int, d_v: int, rms_eps: float = 9.999999747378752e-06, sparse: bool = False, index_heads: int = 0, index_head_dim: int = 0, kpool: int = 0, topk: int = 0, tail_rows: int = 0, rotate: bool = False, rope_base: float = 10000.0, dtype: str = 'bfloat16') -> None: ...
@@ -1114,7 +1114,7 @@ class MlaLayer:
 
 class MlpLayer:
     """
-    Dense SwiGLU MLP with the asymmetric clamp (reference: Glm5NextTextMLP). Weights: gate_proj.weight, up_proj.weight, down_proj.weight.
+    Dense SwiGLU MLP with the asymmetric clamp (reference: Glm5NextTextMLP). Weights: gate_proj.weight, up_proj.weight, down_proj.weight. hidden and intermediate at most 2^20 (ContractError naming it).
     """
 
     def __init__(self, engine: Engine, weights: Mapping[str, Weight], *, hidden: int, intermediate: int, swiglu_limit: float, dtype: str = 'bfloat16') -> None: ...
@@ -1124,7 +1124,7 @@ class MlpLayer:
 
 class MoeLayer:
     """
-    Routed experts + shared expert (references: Glm5NextTextMoE; with scoring='softmax' and shared_gate, Qwen3_5MoeSparseMoeBlock / Qwen3NextSparseMoeBlock). Weights: gate.weight, gate.e_score_correction_bias (sigmoid router only), experts.N.{gate,up,down}_proj.weight, shared_experts.{gate,up,down}_proj.weight, shared_expert_gate.weight [1, hidden] (shared_gate).
+    Routed experts + shared expert (references: Glm5NextTextMoE; with scoring='softmax' and shared_gate, Qwen3_5MoeSparseMoeBlock / Qwen3NextSparseMoeBlock). Weights: gate.weight, gate.e_score_correction_bias (sigmoid router only), experts.N.{gate,up,down}_proj.weight, shared_experts.{gate,up,down}_proj.weight, shared_expert_gate.weight [1, hidden] (shared_gate). hidden, n_experts, intermediate and shared_intermediate at most 2^20 (ContractError naming it).
     """
 
     def __init__(self, engine: Engine, weights: Mapping[str, Weight], *, hidden: int, n_experts: int, top_k: int, n_group: int, topk_group: int, intermediate: int, shared_intermediate: int, norm_topk_prob: bool, routed_scaling: float, swiglu_limit: float, scoring: str = 'sigmoid', shared_gate: bool = False, dtype: str = 'bfloat16') -> None:
@@ -1144,7 +1144,7 @@ class MoeLayer:
 
 class HyperConnection:
     """
-    mHC site (reference: Glm5NextTextHyperConnection). Weights: fn, base, scale (hc_attn_* / hc_ffn_* on disk).
+    mHC site (reference: Glm5NextTextHyperConnection). Weights: fn, base, scale (hc_attn_* / hc_ffn_* on disk). sinkhorn_iters in [1, 1000] (a bound on the uninterruptible Sinkhorn loop; the checkpoints use 20); hidden and hc_mult at most 2^20.
     """
 
     def __init__(self, engine: Engine, weights: Mapping[str, Weight], *, hidden: int, hc_mult: int, sinkhorn_iters: int, hc_eps: float, norm_eps: float, dtype: str = 'bfloat16') -> None: ...
@@ -1167,7 +1167,7 @@ class HyperConnection:
 
 class AttentionLayer:
     """
-    The gated full attention of Qwen3.5 / Qwen3.5-MoE / Qwen3-Next over a K/V cache (reference: transformers 5.17 Qwen3_5Attention / Qwen3NextAttention). Weights named as on disk below 'self_attn.': q_proj.weight [heads * 2 * head_dim, hidden] (per head the query rows, then the gate rows), k_proj.weight and v_proj.weight [kv_heads * head_dim, hidden], o_proj.weight [hidden, heads * head_dim], q_norm.weight and k_norm.weight [head_dim] (zero-centred: the layer multiplies by 1 + w), optional *.bias (attention_bias). Its cache layer is LayerStateSpec.attention(kv_heads=, head_dim=).
+    The gated full attention of Qwen3.5 / Qwen3.5-MoE / Qwen3-Next over a K/V cache (reference: transformers 5.17 Qwen3_5Attention / Qwen3NextAttention). Weights named as on disk below 'self_attn.': q_proj.weight [heads * 2 * head_dim, hidden] (per head the query rows, then the gate rows), k_proj.weight and v_proj.weight [kv_heads * head_dim, hidden], o_proj.weight [hidden, heads * head_dim], q_norm.weight and k_norm.weight [head_dim] (zero-centred: the layer multiplies by 1 + w), optional *.bias (attention_bias). Its cache layer is LayerStateSpec.attention(kv_heads=, head_dim=). hidden, heads and kv_heads at most 2^20 (ContractError naming it).
     """
 
     def __init__(self, engine: Engine, weights: Mapping[str, Weight], *, hidden: int, heads: int, kv_heads: int, head_dim: int, rotary_dim: int, rope_theta: float = 10000.0, rms_eps: float = 9.999999974752427e-07, dtype: str = 'bfloat16') -> None:
@@ -1210,7 +1210,7 @@ class AttentionLayer:
 
 class GdnLayer:
     """
-    Gated DeltaNet mixer of Qwen3.5 / Qwen3.5-MoE / Qwen3-Next (reference: transformers Qwen3_5GatedDeltaNet.forward, Qwen3NextGatedDeltaNet.forward). Weights named as on disk below 'linear_attn.' (gdn_layer.h): Qwen3.5's in_proj_qkv / in_proj_z / in_proj_b / in_proj_a, or Qwen3-Next's interleaved in_proj_qkvz / in_proj_ba (de-interleaved at load), plus conv1d.weight, A_log, dt_bias, norm.weight, out_proj.weight.
+    Gated DeltaNet mixer of Qwen3.5 / Qwen3.5-MoE / Qwen3-Next (reference: transformers Qwen3_5GatedDeltaNet.forward, Qwen3NextGatedDeltaNet.forward). Weights named as on disk below 'linear_attn.' (gdn_layer.h): Qwen3.5's in_proj_qkv / in_proj_z / in_proj_b / in_proj_a, or Qwen3-Next's interleaved in_proj_qkvz / in_proj_ba (de-interleaved at load), plus conv1d.weight, A_log, dt_bias, norm.weight, out_proj.weight. Every size argument is at most 2^20 (ContractError naming it).
     """
 
     def __init__(self, engine: Engine, weights: Mapping[str, Weight], *, hidden: int, key_heads: int, value_heads: int, key_head_dim: int, value_head_dim: int, conv_kernel: int = 4, rms_eps: float = 9.999999974752427e-07, dtype: str = 'bfloat16') -> None:

@@ -11,6 +11,13 @@ The type language of a table is a small part of Python's: ``int`` (a JSON intege
 int32, never a boolean), ``float`` (a finite JSON number; integers included), ``bool``, ``str``,
 ``None``, ``list[T]``, unions ``A | B``, ``Any``, and ``TypedDict`` classes (a JSON object whose
 listed keys, where present, have their types; other keys are free).
+
+A field may also carry a bound: ``Annotated[int, Range(1, 1000)]`` in the dataclass or TypedDict,
+or :data:`Size` (``Annotated[int, Range(high=SIZE_MAX)]``) for every size (hidden, heads, head
+dims, ranks, experts, kernel, pool and index widths, hc_mult, layers, vocabulary).
+:func:`field_table` leaves the bounds out (the JSON types), :func:`field_ranges` collects them, and
+:func:`check_fields` given both refuses an out-of-range value by key, before any parse arithmetic
+runs on it (``config: text_config.hc_sinkhorn_iters must be in [1, 1000] (...), got 2147483647``).
 """
 
 from __future__ import annotations
@@ -20,12 +27,52 @@ import json
 import math
 import types
 import typing
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 from .errors import ContractError
 
 _INT32 = (-(2**31), 2**31 - 1)
+
+# The largest size a config may give (2^20 = 1048576; the released checkpoints' largest, the
+# vocabularies, are below 2^18). With every size at most this, a sum of two sizes fits in int32
+# and a product of three in int64, so no geometry memra derives from a config overflows; the C++
+# layers refuse the same bound (memra::kMaxLayerSize).
+SIZE_MAX = 2**20
+
+
+@dataclass(frozen=True)
+class Range:
+    """An inclusive bound on a number of a config table (``Annotated[int, Range(...)]``).
+
+    low / high: the bounds (None: open on that side); note: why the bound is what it is, quoted
+    in the refusal's message.
+    """
+
+    low: int | float | None = None
+    high: int | float | None = None
+    note: str = ""
+
+    def holds(self, value: int | float) -> bool:
+        """Whether `value` lies inside the bound."""
+        return (self.low is None or value >= self.low) and (self.high is None or value <= self.high)
+
+    def words(self) -> str:
+        """The bound as a message says it: "in [1, 1000]", "at most 1048576", "at least 0"."""
+        if self.low is not None and self.high is not None:
+            text = f"in [{self.low}, {self.high}]"
+        elif self.high is not None:
+            text = f"at most {self.high}"
+        else:
+            text = f"at least {self.low}"
+        return f"{text} ({self.note})" if self.note else text
+
+
+# A size of the model: an integer at most SIZE_MAX (lower bounds, where a family has them, are
+# the family's own checks: a size that a config does not use may be 0).
+Size = Annotated[int, Range(high=SIZE_MAX, note="memra's bound on a size: 2^20")]
+
 _PLURAL = {int: "integers", float: "numbers", bool: "booleans", str: "strings"}
 
 
@@ -72,7 +119,7 @@ def _fits(value: Any, tp: Any, where: str, what: str) -> bool:
     if typing.is_typeddict(tp):
         if not isinstance(value, dict):
             return False
-        check_fields(value, typing.get_type_hints(tp), where + ".", what)
+        check_fields(value, typing.get_type_hints(tp), where + ".", what, field_ranges(tp))
         return True
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if origin is list:
@@ -82,24 +129,47 @@ def _fits(value: Any, tp: Any, where: str, what: str) -> bool:
     raise TypeError(f"check_fields: {tp!r} is not a type of the config table language")
 
 
-def check_fields(values: dict[str, Any], table: dict[str, Any], prefix: str = "", what: str = "config") -> None:
-    """Refuse a value of `values` whose key is in `table` and whose JSON type is not the table's.
+def check_fields(values: dict[str, Any], table: dict[str, Any], prefix: str = "", what: str = "config",
+                 ranges: dict[str, Range] | None = None) -> None:
+    """Refuse a value of `values` whose key is in `table` and whose JSON type is not the table's,
+    or whose key is in `ranges` and whose number lies outside its Range.
 
     values: a parsed JSON object; table: key -> type (see the module docstring); prefix: the
     path of `values` inside config.json (``"text_config."``), so the message names the key as it
-    sits in the file; what: the message's first word (the file). Keys absent from the table pass
-    (transformers keeps them as extra kwargs). Raises ContractError (40025)
-    ``config: <key> must be <type>, got <value>``.
+    sits in the file; what: the message's first word (the file); ranges: key -> Range
+    (:func:`field_ranges`; None or absent keys: unbounded), checked once the type holds (a null
+    passes). Keys absent from the table pass (transformers keeps them as extra kwargs). Raises
+    ContractError (40025) ``config: <key> must be <type>, got <value>`` or ``config: <key> must be
+    in [<low>, <high>] (<note>), got <value>``.
     """
     for key, tp in table.items():
         if key not in values:
             continue
         value = values[key]
         if not _fits(value, tp, prefix + key, what):
-            shown = repr(value) if len(repr(value)) <= 80 else repr(value)[:77] + "..."
             big = isinstance(value, int) and not isinstance(value, bool) and not _INT32[0] <= value <= _INT32[1]
             extra = " (fitting in int32)" if big and _mentions_int(tp) else ""
-            raise ContractError(f"{what}: {prefix}{key} must be {describe(tp)}{extra}, got {shown}", 40025)
+            raise ContractError(f"{what}: {prefix}{key} must be {describe(tp)}{extra}, got {_shown(value)}", 40025)
+        bound = (ranges or {}).get(key)
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if bound is not None and number and not bound.holds(value):
+            raise ContractError(f"{what}: {prefix}{key} must be {bound.words()}, got {_shown(value)}", 40025)
+
+
+def _shown(value: Any) -> str:
+    r = repr(value)
+    return r if len(r) <= 80 else r[:77] + "..."
+
+
+def check_size_product(c: dict[str, Any], keys: tuple[str, ...], what: str) -> None:
+    """Refuse a size memra derives as the product of the parsed fields `keys` of `c` (`what`
+    says what it is) when it is above SIZE_MAX, like a size given directly. ContractError (40025)
+    ``config: a * b (<va> * <vb> = <p>), <what>, must be at most 1048576 (...)``."""
+    product = math.prod(c[k] for k in keys)
+    if product > SIZE_MAX:
+        names, values = " * ".join(keys), " * ".join(str(c[k]) for k in keys)
+        raise ContractError(f"config: {names} ({values} = {product}), {what}, must be at most {SIZE_MAX} "
+                            "(memra's bound on a size: 2^20)", 40025)
 
 
 def _mentions_int(tp: Any) -> bool:
@@ -111,6 +181,19 @@ def field_table(cls: type) -> dict[str, Any]:
     ``extra`` (which config.json does not set as typed fields)."""
     hints = typing.get_type_hints(cls)
     return {f.name: hints[f.name] for f in dataclasses.fields(cls) if f.name not in ("model_type", "extra")}
+
+
+def field_ranges(cls: type) -> dict[str, Range]:
+    """key -> Range of the fields of a config dataclass or TypedDict annotated with one
+    (``Annotated[int, Range(...)]``, :data:`Size`, also inside ``... | None``)."""
+    ranges = {}
+    for key, tp in typing.get_type_hints(cls, include_extras=True).items():
+        for member in (tp, *typing.get_args(tp)):
+            found = [m for m in getattr(member, "__metadata__", ()) if isinstance(m, Range)]
+            if found:
+                ranges[key] = found[0]
+                break
+    return ranges
 
 
 def field_defaults(cls: type) -> dict[str, Any]:

@@ -6,7 +6,10 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
 
+#include <algorithm>
+#include <climits>
 #include <cmath>
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <utility>
@@ -92,7 +95,8 @@ void init_layers(nb::module_& m) {
   nb::class_<KdaLayer>(m, "KdaLayer",
                        "Kimi Delta Attention mixer (reference: transformers "
                        "Glm5NextTextLinearAttention.forward; KimiDeltaAttention with the softplus "
-                       "gate). Weights named as on disk below 'self_attn.' (layers.h).")
+                       "gate). Weights named as on disk below 'self_attn.' (layers.h). Every size "
+                       "argument is at most 2^20 (ContractError naming it).")
       .def(
           "__init__",
           [](KdaLayer* self, const Engine& engine, Weights weights, int hidden, int heads,
@@ -169,7 +173,8 @@ void init_layers(nb::module_& m) {
                        "epsilon of q_a_layernorm and kv_a_layernorm. rotate: whether the d_rope "
                        "columns are rotated (the family decides, never d_rope > 0). CUDA: "
                        "UnsupportedError for rotated rope columns (rotate with d_rope > 0; the "
-                       "CPU runs them).")
+                       "CPU runs them). Every size argument but tail_rows is at most 2^20 "
+                       "(ContractError naming it).")
       .def(
           "__init__",
           [](MlaLayer* self, const Engine& engine, Weights weights, int hidden, int heads,
@@ -194,7 +199,9 @@ void init_layers(nb::module_& m) {
             c.index_head_dim = index_head_dim;
             c.kpool = kpool;
             c.topk = topk;
-            c.tail_rows = tail_rows > 0 ? tail_rows : 2 * kpool;
+            // 2 * kpool in int64, saturated: a kpool past MlaLayer's size bound is refused by
+            // create (naming kpool), never wrapped into a negative ring.
+            c.tail_rows = tail_rows > 0 ? tail_rows : int(std::min<int64_t>(2 * int64_t(kpool), INT_MAX));
             c.rotate = rotate;
             c.rope_base = rope_base;
             WeightMap wm(std::move(weights), "MlaLayer");
@@ -294,7 +301,8 @@ void init_layers(nb::module_& m) {
   // -------------------------------------------------------------------------------- FFN
   nb::class_<MlpLayer>(m, "MlpLayer",
                        "Dense SwiGLU MLP with the asymmetric clamp (reference: Glm5NextTextMLP). "
-                       "Weights: gate_proj.weight, up_proj.weight, down_proj.weight.")
+                       "Weights: gate_proj.weight, up_proj.weight, down_proj.weight. hidden and "
+                       "intermediate at most 2^20 (ContractError naming it).")
       .def(
           "__init__",
           [](MlpLayer* self, const Engine& engine, Weights weights, int hidden, int intermediate,
@@ -332,7 +340,9 @@ void init_layers(nb::module_& m) {
                        "Qwen3NextSparseMoeBlock). Weights: gate.weight, "
                        "gate.e_score_correction_bias (sigmoid router only), "
                        "experts.N.{gate,up,down}_proj.weight, shared_experts.{gate,up,down}_proj."
-                       "weight, shared_expert_gate.weight [1, hidden] (shared_gate).")
+                       "weight, shared_expert_gate.weight [1, hidden] (shared_gate). hidden, "
+                       "n_experts, intermediate and shared_intermediate at most 2^20 "
+                       "(ContractError naming it).")
       .def(
           "__init__",
           [](MoeLayer* self, const Engine& engine, Weights weights, int hidden, int n_experts,
@@ -395,7 +405,9 @@ void init_layers(nb::module_& m) {
 
   nb::class_<HyperConnection>(m, "HyperConnection",
                               "mHC site (reference: Glm5NextTextHyperConnection). Weights: fn, "
-                              "base, scale (hc_attn_* / hc_ffn_* on disk).")
+                              "base, scale (hc_attn_* / hc_ffn_* on disk). sinkhorn_iters in "
+                              "[1, 1000] (a bound on the uninterruptible Sinkhorn loop; the "
+                              "checkpoints use 20); hidden and hc_mult at most 2^20.")
       .def(
           "__init__",
           [](HyperConnection* self, const Engine& engine, Weights weights, int hidden, int hc_mult,

@@ -32,7 +32,8 @@ void init_layers_attention(nb::module_& m) {
       "query rows, then the gate rows), k_proj.weight and v_proj.weight [kv_heads * head_dim, "
       "hidden], o_proj.weight [hidden, heads * head_dim], q_norm.weight and k_norm.weight "
       "[head_dim] (zero-centred: the layer multiplies by 1 + w), optional *.bias "
-      "(attention_bias). Its cache layer is LayerStateSpec.attention(kv_heads=, head_dim=).")
+      "(attention_bias). Its cache layer is LayerStateSpec.attention(kv_heads=, head_dim=). "
+      "hidden, heads and kv_heads at most 2^20 (ContractError naming it).")
       .def(
           "__init__",
           [](AttentionLayer* self, const Engine& engine, Weights weights, int hidden, int heads,

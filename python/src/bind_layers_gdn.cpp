@@ -33,7 +33,8 @@ void init_layers_gdn(nb::module_& m) {
       "Qwen3_5GatedDeltaNet.forward, Qwen3NextGatedDeltaNet.forward). Weights named as on disk "
       "below 'linear_attn.' (gdn_layer.h): Qwen3.5's in_proj_qkv / in_proj_z / in_proj_b / "
       "in_proj_a, or Qwen3-Next's interleaved in_proj_qkvz / in_proj_ba (de-interleaved at load), "
-      "plus conv1d.weight, A_log, dt_bias, norm.weight, out_proj.weight.")
+      "plus conv1d.weight, A_log, dt_bias, norm.weight, out_proj.weight. Every size argument is "
+      "at most 2^20 (ContractError naming it).")
       .def(
           "__init__",
           [](GdnLayer* self, const Engine& engine, std::map<std::string, Weight> weights,

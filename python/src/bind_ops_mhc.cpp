@@ -51,8 +51,9 @@ void init_ops_mhc(nb::module_& m) {
         const float* bp = f32_in(engine, base, op, "base", {mix});
         const float* cp = f32_in(engine, scale, op, "scale", {3});
         check_value(hc >= 1, op, "hc (streams.shape[1]) must be >= 1");
-        check_value(sinkhorn_iters >= 1, op,
-                    "sinkhorn_iters must be >= 1, got " + std::to_string(sinkhorn_iters));
+        check_value(sinkhorn_iters >= 1 && sinkhorn_iters <= op::kMaxSinkhornIters, op,
+                    "sinkhorn_iters must be in [1, " + std::to_string(op::kMaxSinkhornIters) +
+                        "], got " + std::to_string(sinkhorn_iters));
         check_eps(hc_eps, op, "hc_eps");
         check_eps(norm_eps, op, "norm_eps");
         const float* rw = rms_weight ? f32_in(engine, *rms_weight, op, "rms_weight", {D}) : nullptr;
@@ -101,8 +102,9 @@ void init_ops_mhc(nb::module_& m) {
       "(2 + hc) * hc < 64, 16-byte rows): a split-K pass over the f32 streams (a bfloat16 fn is "
       "widened), otherwise a GEMM that rounds the streams to a bfloat16 fn's dtype. hc up to "
       "64.\nRaises ContractError (CONTRACT_DTYPE, CONTRACT_SHAPE, CONTRACT_STRIDE, "
-      "CONTRACT_DEVICE; CONTRACT_VALUE for sinkhorn_iters < 1, an eps that is negative or not "
-      "finite, or rms_weight without rms_eps), UnsupportedError (CUDA, hc > 64).\nReference: "
+      "CONTRACT_DEVICE; CONTRACT_VALUE for sinkhorn_iters outside [1, 1000], an eps that is "
+      "negative or not finite, or rms_weight without rms_eps), UnsupportedError (CUDA, hc > "
+      "64).\nReference: "
       "transformers Glm5NextTextHyperConnection.forward.");
 
   m.def(

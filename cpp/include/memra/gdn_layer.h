@@ -76,7 +76,7 @@ class GdnLayer {
     float* state_out = nullptr;
     const int32_t* slots_d = nullptr;
   };
-  int conv_channels() const;
+  int64_t conv_channels() const;
   // The whole mixer over T tokens of one sequence on the CPU (ring_in / state_in may be null).
   Status run(const float* x, int T, const float* ring_in, float* ring_out, const float* state_in,
              float* state_out, float* y) const;

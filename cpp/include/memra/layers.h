@@ -4,9 +4,11 @@
 // every weight's presence and shape (kContractMissing / kContractShape naming the tensor).
 #pragma once
 
+#include <initializer_list>
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "memra/cache.h"
@@ -21,13 +23,26 @@ namespace gpu {
 class Arena;
 }
 
+// The largest size a layer takes (hidden, heads, head dims, ranks, experts, kernel, pool and
+// index widths, hc_mult): 2^20, far above any released model. Bounding every size keeps a sum of
+// two sizes inside int and a product of three inside int64, so the geometry arithmetic of the
+// layers cannot overflow (signed overflow is undefined behaviour). memra.config refuses a
+// config.json size above it first, naming the key; this is the layers' own guard.
+constexpr int kMaxLayerSize = 1 << 20;
+
+// kContractValue "<layer>: <name> must be at most 1048576 (2^20), got <value>" for the first of
+// `sizes` above kMaxLayerSize (the layer's own lower bounds are its create()'s).
+Status check_sizes(const char* layer, std::initializer_list<std::pair<const char*, int>> sizes);
+
 // Named weights handed to a layer, consumed by name with a shape check.
 class WeightMap {
  public:
   WeightMap(std::map<std::string, Weight> weights, std::string owner)
       : weights_(std::move(weights)), owner_(std::move(owner)) {}
   bool has(const std::string& name) const { return weights_.count(name) > 0; }
-  // The tensor `name` with exactly `shape` (kContractMissing / kContractShape otherwise).
+  // The tensor `name` with exactly `shape` (kContractMissing / kContractShape otherwise;
+  // kContractValue when an extent of `shape` is above 2^31 - 1, which the ops' int extents
+  // cannot address).
   Status take(const std::string& name, const std::vector<int64_t>& shape, Weight* out);
   Status take_f32(const std::string& name, const std::vector<int64_t>& shape, std::vector<float>* out);
   // kContractMissing naming every tensor that was given but not consumed.

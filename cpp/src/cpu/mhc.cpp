@@ -40,7 +40,7 @@ void mhc_pre(const float* streams, int T, int hc, int D, const WeightView& fn, c
              const float* scale, int sinkhorn_iters, float hc_eps, float norm_eps, float* post,
              float* comb, float* collapsed) {
   const int64_t flat = static_cast<int64_t>(hc) * D;
-  const int mix = (2 + hc) * hc;
+  const int64_t mix = (int64_t(hc) + 2) * hc;
   std::vector<float> normed(static_cast<size_t>(T) * flat);
   rms_norm(streams, T, static_cast<int>(flat), nullptr, norm_eps, normed.data());
   std::vector<float> logits(static_cast<size_t>(T) * mix);

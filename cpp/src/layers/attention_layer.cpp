@@ -24,6 +24,8 @@ Status AttentionLayer::create(const AttentionConfig& cfg, WeightMap& w,
   if (cfg.hidden < 1 || cfg.heads < 1 || cfg.kv_heads < 1 || cfg.head_dim < 1) {
     return Status(kContractValue, "AttentionLayer: hidden, heads, kv_heads and head_dim must be >= 1" + given);
   }
+  MEMRA_TRY(check_sizes("AttentionLayer", {{"hidden", cfg.hidden}, {"heads", cfg.heads},
+                                           {"kv_heads", cfg.kv_heads}}));
   if (cfg.heads % cfg.kv_heads) {
     return Status(kContractValue, "AttentionLayer: heads must be a multiple of kv_heads" + given);
   }

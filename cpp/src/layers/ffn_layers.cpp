@@ -25,6 +25,7 @@ Status MlpLayer::create(int hidden, int intermediate, float swiglu_limit, Weight
   if (hidden < 1 || intermediate < 1) {
     return Status(kContractValue, "MlpLayer: hidden and intermediate must be >= 1");
   }
+  MEMRA_TRY(check_sizes("MlpLayer", {{"hidden", hidden}, {"intermediate", intermediate}}));
   std::unique_ptr<MlpLayer> l(new MlpLayer());
   l->hidden_ = hidden;
   l->intermediate_ = intermediate;
@@ -72,6 +73,9 @@ Status MoeLayer::create(const MoeConfig& cfg, WeightMap& w, std::unique_ptr<MoeL
                       "), 1 <= topk_group <= n_group, got top_k=" + std::to_string(cfg.top_k) +
                       ", topk_group=" + std::to_string(cfg.topk_group));
   }
+  MEMRA_TRY(check_sizes("MoeLayer", {{"hidden", cfg.hidden}, {"n_experts", cfg.n_experts},
+                                     {"intermediate", cfg.intermediate},
+                                     {"shared_intermediate", cfg.shared_intermediate}}));
   if (cfg.scoring != MEMRA_MOE_SCORE_SIGMOID && cfg.scoring != MEMRA_MOE_SCORE_SOFTMAX) {
     return Status(kContractValue, "MoeLayer: unknown router scoring " + std::to_string(cfg.scoring));
   }

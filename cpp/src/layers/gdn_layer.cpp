@@ -36,8 +36,8 @@ Weight take_rows(const Weight& w, const std::vector<int64_t>& rows) {
 
 }  // namespace
 
-int GdnLayer::conv_channels() const {
-  return 2 * cfg_.key_heads * cfg_.key_head_dim + cfg_.value_heads * cfg_.value_head_dim;
+int64_t GdnLayer::conv_channels() const {
+  return 2 * int64_t(cfg_.key_heads) * cfg_.key_head_dim + int64_t(cfg_.value_heads) * cfg_.value_head_dim;
 }
 
 Status GdnLayer::create(const GdnConfig& cfg, WeightMap& w, std::unique_ptr<GdnLayer>* out) {
@@ -55,6 +55,10 @@ Status GdnLayer::create(const GdnConfig& cfg, WeightMap& w, std::unique_ptr<GdnL
     return Status(kContractValue,
                   "GdnLayer: conv_kernel must be >= 1, got " + std::to_string(cfg.conv_kernel));
   }
+  MEMRA_TRY(check_sizes("GdnLayer", {{"hidden", cfg.hidden}, {"key_heads", cfg.key_heads},
+                                     {"value_heads", cfg.value_heads}, {"key_head_dim", cfg.key_head_dim},
+                                     {"value_head_dim", cfg.value_head_dim},
+                                     {"conv_kernel", cfg.conv_kernel}}));
   std::unique_ptr<GdnLayer> l(new GdnLayer());
   l->cfg_ = cfg;
   const int64_t D = cfg.hidden, Hk = cfg.key_heads, Hv = cfg.value_heads, dk = cfg.key_head_dim,

@@ -2,7 +2,9 @@
 // backend, op/kda.h). Reference: transformers Glm5NextTextLinearAttention.forward (glm5_next),
 // KimiDeltaAttention (kimi_linear).
 #include <algorithm>
+#include <climits>
 #include <cmath>
+#include <string>
 #include <vector>
 
 #include "gpu_util.h"
@@ -25,20 +27,28 @@ Status KdaLayer::create(const KdaConfig& cfg, WeightMap& w, std::unique_ptr<KdaL
     return Status(kContractValue,
                   "KdaLayer: conv_kernel must be >= 1, got " + std::to_string(cfg.conv_kernel));
   }
+  MEMRA_TRY(check_sizes("KdaLayer", {{"hidden", cfg.hidden}, {"heads", cfg.heads},
+                                     {"head_dim", cfg.head_dim}, {"conv_kernel", cfg.conv_kernel}}));
   std::unique_ptr<KdaLayer> l(new KdaLayer());
   l->cfg_ = cfg;
   const int64_t D = cfg.hidden, H = cfg.heads, dk = cfg.head_dim, qkv = H * dk, K = cfg.conv_kernel;
   MEMRA_TRY(w.take("q_proj.weight", {qkv, D}, &l->q_proj_));
   MEMRA_TRY(w.take("k_proj.weight", {qkv, D}, &l->k_proj_));
   MEMRA_TRY(w.take("v_proj.weight", {qkv, D}, &l->v_proj_));
+  // The CPU chain and the ops count the fused conv's channels in int.
+  if (3 * qkv > INT_MAX) {
+    return Status(kContractValue, "KdaLayer: 3 * heads * head_dim (the conv's channels) must be "
+                                  "below 2^31, got " + std::to_string(3 * qkv));
+  }
+  const char* names[3] = {"q_conv1d.weight", "k_conv1d.weight", "v_conv1d.weight"};
+  std::vector<float> planes[3];
+  // On disk each plane is [qkv, 1, K]; fused they are the rows p*qkv.. of [3*qkv, K], which is
+  // also the plane's offset in the conv ring. Taken first, so the fused buffer is only sized
+  // once the planes it holds exist.
+  for (int p = 0; p < 3; ++p) MEMRA_TRY(w.take_f32(names[p], {qkv, 1, K}, &planes[p]));
   l->conv_w_.resize(size_t(3 * qkv * K));
-  const char* planes[3] = {"q_conv1d.weight", "k_conv1d.weight", "v_conv1d.weight"};
   for (int p = 0; p < 3; ++p) {
-    // On disk each plane is [qkv, 1, K]; fused they are the rows p*qkv.. of [3*qkv, K], which is
-    // also the plane's offset in the conv ring.
-    std::vector<float> plane;
-    MEMRA_TRY(w.take_f32(planes[p], {qkv, 1, K}, &plane));
-    std::copy(plane.begin(), plane.end(), l->conv_w_.begin() + p * qkv * K);
+    std::copy(planes[p].begin(), planes[p].end(), l->conv_w_.begin() + p * qkv * K);
   }
   MEMRA_TRY(w.take("f_a_proj.weight", {dk, D}, &l->f_a_));
   MEMRA_TRY(w.take("f_b_proj.weight", {qkv, dk}, &l->f_b_));

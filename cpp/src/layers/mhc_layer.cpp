@@ -16,13 +16,19 @@ Status HyperConnection::create(int hidden, int hc, int sinkhorn_iters, float hc_
   if (hidden < 1 || hc < 1 || sinkhorn_iters < 1) {
     return Status(kContractValue, "HyperConnection: hidden, hc_mult and hc_sinkhorn_iters must be >= 1");
   }
+  MEMRA_TRY(check_sizes("HyperConnection", {{"hidden", hidden}, {"hc_mult", hc}}));
+  if (sinkhorn_iters > op::kMaxSinkhornIters) {
+    return Status(kContractValue, "HyperConnection: sinkhorn_iters must be in [1, " +
+                                      std::to_string(op::kMaxSinkhornIters) + "], got " +
+                                      std::to_string(sinkhorn_iters));
+  }
   std::unique_ptr<HyperConnection> l(new HyperConnection());
   l->hidden_ = hidden;
   l->hc_ = hc;
   l->iters_ = sinkhorn_iters;
   l->hc_eps_ = hc_eps;
   l->norm_eps_ = norm_eps;
-  const int64_t mix = int64_t(2 + hc) * hc;
+  const int64_t mix = (int64_t(hc) + 2) * hc;
   MEMRA_TRY(w.take("fn", {mix, int64_t(hc) * hidden}, &l->fn_));
   MEMRA_TRY(w.take_f32("base", {mix}, &l->base_));
   MEMRA_TRY(w.take_f32("scale", {3}, &l->scale_));

@@ -57,6 +57,12 @@ Status MlaLayer::create(const MlaConfig& cfg, WeightMap& w, std::unique_ptr<MlaL
     return Status(kContractValue, "MlaLayer: hidden, heads, kv_rank, d_nope and d_v must be >= 1, "
                                   "q_lora_rank and d_rope >= 0");
   }
+  MEMRA_TRY(check_sizes("MlaLayer", {{"hidden", cfg.hidden}, {"heads", cfg.heads},
+                                     {"q_lora_rank", cfg.q_lora_rank}, {"kv_rank", cfg.kv_rank},
+                                     {"d_nope", cfg.d_nope}, {"d_rope", cfg.d_rope}, {"d_v", cfg.d_v},
+                                     {"index_heads", cfg.index_heads},
+                                     {"index_head_dim", cfg.index_head_dim}, {"kpool", cfg.kpool},
+                                     {"topk", cfg.topk}}));
   if (cfg.q_lora_rank == 0 && cfg.index_heads > 0) {
     return Status(kContractValue, "MlaLayer: the DSA indexer reads the query LoRA latent; "
                                   "q_lora_rank 0 (q_proj) has none");
@@ -78,7 +84,7 @@ Status MlaLayer::create(const MlaConfig& cfg, WeightMap& w, std::unique_ptr<MlaL
   std::unique_ptr<MlaLayer> l(new MlaLayer());
   l->cfg_ = cfg;
   const int64_t D = cfg.hidden, H = cfg.heads, ql = cfg.q_lora_rank, R = cfg.kv_rank;
-  const int64_t dq = cfg.d_nope + cfg.d_rope;
+  const int64_t dq = int64_t(cfg.d_nope) + cfg.d_rope;
   if (ql > 0) {
     MEMRA_TRY(w.take("q_a_proj.weight", {ql, D}, &l->q_a_));
     MEMRA_TRY(w.take_f32("q_a_layernorm.weight", {ql}, &l->q_a_norm_));
@@ -88,7 +94,7 @@ Status MlaLayer::create(const MlaConfig& cfg, WeightMap& w, std::unique_ptr<MlaL
   }
   MEMRA_TRY(w.take("kv_a_proj_with_mqa.weight", {R + cfg.d_rope, D}, &l->kv_a_));
   MEMRA_TRY(w.take_f32("kv_a_layernorm.weight", {R}, &l->kv_a_norm_));
-  MEMRA_TRY(w.take("kv_b_proj.weight", {H * (cfg.d_nope + cfg.d_v), R}, &l->kv_b_));
+  MEMRA_TRY(w.take("kv_b_proj.weight", {H * (int64_t(cfg.d_nope) + cfg.d_v), R}, &l->kv_b_));
   MEMRA_TRY(w.take("o_proj.weight", {D, H * cfg.d_v}, &l->o_proj_));
   if (ql > 0 && w.has("q_a_proj.bias")) MEMRA_TRY(w.take_f32("q_a_proj.bias", {ql}, &l->q_a_bias_));
   if (w.has("kv_a_proj_with_mqa.bias")) {

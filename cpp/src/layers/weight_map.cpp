@@ -1,8 +1,21 @@
-#include "memra/msg.h"
+#include <climits>
+#include <string>
 
 #include "memra/layers.h"
+#include "memra/msg.h"
 
 namespace memra {
+
+Status check_sizes(const char* layer, std::initializer_list<std::pair<const char*, int>> sizes) {
+  for (const auto& [name, value] : sizes) {
+    if (value > kMaxLayerSize) {
+      return Status(kContractValue, std::string(layer) + ": " + name + " must be at most " +
+                                        std::to_string(kMaxLayerSize) + " (2^20), got " +
+                                        std::to_string(value));
+    }
+  }
+  return Status::Ok();
+}
 
 namespace {
 std::string shape_of(const std::vector<int64_t>& s) {
@@ -23,10 +36,14 @@ Status WeightMap::take(const std::string& name, const std::vector<int64_t>& shap
   // A tensor matches when its shape is `shape`, or when `shape` is rank 1 and the element count
   // agrees (per-head vectors such as A_log are stored as [H] or [1, 1, H, 1] by different
   // checkpoints).
+  for (int64_t s : shape) {
+    if (s > INT_MAX) {
+      return Status(kContractValue, owner_ + ": tensor '" + name + "' would have shape " +
+                                        shape_of(shape) + ": an extent above 2^31 - 1");
+    }
+  }
   const Weight& w = it->second;
-  int64_t want = 1;
-  for (int64_t s : shape) want *= s;
-  const bool same = w.shape() == shape || (shape.size() == 1 && w.numel() == want);
+  const bool same = w.shape() == shape || (shape.size() == 1 && w.numel() == shape[0]);
   if (!same) {
     return Status(kContractShape, owner_ + ": tensor '" + name + "' has shape " + w.shape_str() +
                                       ", expected " + shape_of(shape));

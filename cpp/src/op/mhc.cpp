@@ -35,7 +35,7 @@ Status pre_cpu(const MemraMhcParams& p, const float* streams, bool norm) {
   if (!streams || !p.fn || !p.base || !p.scale || !p.post || !p.comb || !p.out) {
     return refuse(kContractMissing, "streams, fn, base, scale, post, comb and out are required");
   }
-  const WeightView fn = host_view(p.fn, p.fn_dtype, int64_t(2 + p.hc) * p.hc, flat);
+  const WeightView fn = host_view(p.fn, p.fn_dtype, (int64_t(p.hc) + 2) * p.hc, flat);
   cpu::mhc_pre(streams, p.T, p.hc, p.D, fn, p.base, p.scale, p.sinkhorn_iters, p.hc_eps,
                p.norm_eps, p.post, p.comb, p.out);
   if (norm) cpu::rms_norm(p.out, p.T, p.D, p.rms_w, p.rms_eps, p.out);
@@ -95,6 +95,11 @@ Status head_cpu(const MemraMhcParams& p) {
 }  // namespace
 
 Status mhc(const Backend& b, const MemraMhcParams& p) {
+  // Checked here, not in the forms, so the bound holds on CUDA too (the entry checks >= 1 only).
+  if (p.pre && p.sinkhorn_iters > kMaxSinkhornIters) {
+    return Status(kContractValue, "mhc: sinkhorn_iters must be <= " + std::to_string(kMaxSinkhornIters) +
+                                      ", got " + std::to_string(p.sinkhorn_iters));
+  }
   if (b.on_cuda()) return cuda_status(b, b.cuda->api().mhc(b.cuda->ctx(), &p), "mhc");
   const bool expand = p.expand != 0, pre = p.pre != 0, norm = p.norm != 0, head = p.head != 0;
   if (!expand && pre && !head) return pre_cpu(p, p.streams, norm);

@@ -20,15 +20,20 @@ from __future__ import annotations
 import dataclasses
 import typing
 from dataclasses import dataclass, field
-from typing import Any, TypedDict
+from typing import Annotated, Any, TypedDict
 
 from .. import _core
-from ..config import check_fields, field_defaults, field_table
+from ..config import Range, Size, check_fields, check_size_product, field_defaults, field_ranges, field_table
 from ..errors import ContractError, UnsupportedError
 from ..loader import NameTable, Route
 from .layers import KdaMixer, MlaMixer, check_groups, located, norm_vector
 from .registry import Block, BuildArgs, Family, LayerPlan
 from .residual import MhcResidual, MhcSite
+
+# Sinkhorn rounds per mHC site (memra::op::kMaxSinkhornIters, the same bound): the checkpoints use
+# 20, and the rounds run to the end with no way to interrupt them, so an unbounded count from
+# config.json would stall every forward pass.
+SinkhornIters = Annotated[int, Range(1, 1000, note="Sinkhorn rounds per mHC site; the checkpoints use 20")]
 
 
 @dataclass
@@ -36,30 +41,32 @@ class Glm5NextConfig:
     """The text model of GLM-5.3-Flash (``glm5_next``), as transformers parses it.
 
     The annotations are the typed field table of config.json (memra.config.check_fields) and
-    the defaults are ``Glm5NextTextConfig``'s; after :func:`parse_config` the schedules
+    the defaults are ``Glm5NextTextConfig``'s. Every size is a :data:`memra.config.Size` (at most
+    2^20), and ``hc_sinkhorn_iters`` is in [1, 1000] (:data:`SinkhornIters`); a value outside is
+    refused by key before the parse runs. After :func:`parse_config` the schedules
     (``layer_types``, ``mlp_layer_types``, ``indexer_types``) are lists of num_hidden_layers or
     more entries and ``num_key_value_heads`` is set. ``extra`` keeps the keys transformers takes
     as kwargs.
     """
 
-    vocab_size: int = 154880
-    hidden_size: int = 4096
-    intermediate_size: int = 12288
-    moe_intermediate_size: int = 2048
-    num_hidden_layers: int = 45
-    num_attention_heads: int = 64
-    num_key_value_heads: int | None = 64
-    n_shared_experts: int = 1
-    n_routed_experts: int = 288
+    vocab_size: Size = 154880
+    hidden_size: Size = 4096
+    intermediate_size: Size = 12288
+    moe_intermediate_size: Size = 2048
+    num_hidden_layers: Size = 45
+    num_attention_heads: Size = 64
+    num_key_value_heads: Size | None = 64
+    n_shared_experts: Size = 1
+    n_routed_experts: Size = 288
     routed_scaling_factor: float = 2.5
-    kv_lora_rank: int = 512
-    q_lora_rank: int | None = 1536
-    qk_rope_head_dim: int = 0
-    v_head_dim: int = 256
-    qk_nope_head_dim: int = 256
-    n_group: int = 1
-    topk_group: int = 1
-    num_experts_per_tok: int = 8
+    kv_lora_rank: Size = 512
+    q_lora_rank: Size | None = 1536
+    qk_rope_head_dim: Size = 0
+    v_head_dim: Size = 256
+    qk_nope_head_dim: Size = 256
+    n_group: Size = 1
+    topk_group: Size = 1
+    num_experts_per_tok: Size = 8
     norm_topk_prob: bool = True
     hidden_act: str = "silu"
     max_position_embeddings: int = 1048576
@@ -70,20 +77,20 @@ class Glm5NextConfig:
     tie_word_embeddings: bool = False
     mlp_layer_types: list[str] | None = None
     attention_bias: bool = False
-    index_topk: int = 2048
-    index_head_dim: int = 128
-    index_n_heads: int = 32
+    index_topk: Size = 2048
+    index_head_dim: Size = 128
+    index_n_heads: Size = 32
     layer_types: list[str] | None = None
     indexer_types: list[str] | None = None
     swiglu_limit: float = 10.0
-    linear_head_dim: int = 128
-    linear_num_heads: int = 64
-    linear_conv_kernel_dim: int = 4
+    linear_head_dim: Size = 128
+    linear_num_heads: Size = 64
+    linear_conv_kernel_dim: Size = 4
     linear_lower_bound: float | None = -5.0
-    hc_mult: int = 4
+    hc_mult: Size = 4
     hc_eps: float = 1e-6
-    hc_sinkhorn_iters: int = 20
-    index_kpool: int = 16
+    hc_sinkhorn_iters: SinkhornIters = 20
+    index_kpool: Size = 16
     index_kpool_always_select_tail: bool = True
     model_type: str = "glm5_next"
     extra: dict[str, Any] = field(default_factory=dict)
@@ -94,9 +101,9 @@ class Glm5NextConfig:
 
 
 class _LinearAttnConfig(TypedDict, total=False):
-    head_dim: int
-    num_heads: int
-    short_conv_kernel_size: int
+    head_dim: Size
+    num_heads: Size
+    short_conv_kernel_size: Size
     gate_lower_bound: float | None
     safe_gate: bool
 
@@ -111,8 +118,10 @@ class _Kwargs(TypedDict, total=False):
 
 
 _FIELDS = field_table(Glm5NextConfig)
+_RANGES = field_ranges(Glm5NextConfig)
 _DEFAULTS = field_defaults(Glm5NextConfig)
 _KWARG_TYPES = typing.get_type_hints(_Kwargs)
+_KWARG_RANGES = field_ranges(_Kwargs)
 
 
 def _post_init(text: dict[str, Any]) -> dict[str, Any]:
@@ -215,6 +224,9 @@ def _validate(c: dict[str, Any]) -> None:
     for i, t in enumerate(c["mlp_layer_types"][:n]):
         if t not in ("dense", "sparse"):
             raise UnsupportedError(f"config: layer {i} has unknown mlp type {t!r}", 50000)
+    if "sparse" in c["mlp_layer_types"][:n]:
+        # The shared experts run as one MLP of this width.
+        check_size_product(c, ("moe_intermediate_size", "n_shared_experts"), "the shared expert's width")
 
 
 def parse_config(raw: dict[str, Any]) -> Glm5NextConfig:
@@ -230,16 +242,16 @@ def parse_config(raw: dict[str, Any]) -> Glm5NextConfig:
     if text is not None and not isinstance(text, dict):
         raise ContractError(f"config: text_config must be a JSON object or null, got {text!r:.80}", 40025)
     if text is not None:
-        check_fields(text, _FIELDS, "text_config.")
-        check_fields(text, _KWARG_TYPES, "text_config.")
+        check_fields(text, _FIELDS, "text_config.", ranges=_RANGES)
+        check_fields(text, _KWARG_TYPES, "text_config.", ranges=_KWARG_RANGES)
         check_fields(raw, {"tie_word_embeddings": bool})
         fields = dict(text)
         # Glm5NextForConditionalGeneration ties the LM head by the *top-level* tie_word_embeddings
         # (Glm5NextConfig's own field, default False), never by text_config's.
         fields["tie_word_embeddings"] = bool(raw.get("tie_word_embeddings", False))
     else:
-        check_fields(raw, _FIELDS)
-        check_fields(raw, _KWARG_TYPES)
+        check_fields(raw, _FIELDS, ranges=_RANGES)
+        check_fields(raw, _KWARG_TYPES, ranges=_KWARG_RANGES)
         fields = {k: v for k, v in raw.items() if k not in ("vision_config", "architectures")}
     fields.pop("model_type", None)
     for k in ("transformers_version", "dtype", "torch_dtype", "architectures", "head_dim",

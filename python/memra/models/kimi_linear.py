@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
 from .. import _core
-from ..config import check_fields
+from ..config import Size, check_fields, check_size_product, field_ranges
 from ..errors import ContractError, UnsupportedError
 from ..loader import NameTable, Route
 from .layers import KdaMixer, MlaMixer, check_groups, located, norm_vector
@@ -59,7 +59,8 @@ class KimiLinearConfig:
     """The text model of Kimi-Linear (``kimi_linear``), as transformers parses it.
 
     The fields down to ``linear_conv_kernel_dim`` are ``KimiLinearConfig``'s (annotations: the
-    typed table of config.json, memra.config.check_fields; defaults: transformers'). After
+    typed table of config.json, memra.config.check_fields, every size a
+    :data:`memra.config.Size`, at most 2^20; defaults: transformers'). After
     :func:`parse_config`: ``layer_types`` / ``mlp_layer_types`` hold num_hidden_layers entries,
     ``num_key_value_heads`` is set, and the ``attribute_map`` aliases of config.json
     (``num_experts``, ``num_experts_per_token``, ``num_shared_experts``, ``num_expert_group``,
@@ -73,23 +74,23 @@ class KimiLinearConfig:
     ``extra`` keeps the other keys transformers takes as kwargs.
     """
 
-    vocab_size: int = 163840
-    hidden_size: int = 2304
-    intermediate_size: int = 9216
-    moe_intermediate_size: int = 1024
-    num_hidden_layers: int = 27
-    num_attention_heads: int = 32
-    num_key_value_heads: int | None = 32
-    n_shared_experts: int = 1
+    vocab_size: Size = 163840
+    hidden_size: Size = 2304
+    intermediate_size: Size = 9216
+    moe_intermediate_size: Size = 1024
+    num_hidden_layers: Size = 27
+    num_attention_heads: Size = 32
+    num_key_value_heads: Size | None = 32
+    n_shared_experts: Size = 1
     routed_scaling_factor: float = 2.446
-    kv_lora_rank: int = 512
-    q_lora_rank: int | None = None
-    qk_rope_head_dim: int = 64
-    v_head_dim: int | None = 128
-    qk_nope_head_dim: int = 128
-    n_group: int = 1
-    topk_group: int | None = 1
-    num_experts_per_tok: int | None = 8
+    kv_lora_rank: Size = 512
+    q_lora_rank: Size | None = None
+    qk_rope_head_dim: Size = 64
+    v_head_dim: Size | None = 128
+    qk_nope_head_dim: Size = 128
+    n_group: Size = 1
+    topk_group: Size | None = 1
+    num_experts_per_tok: Size | None = 8
     norm_topk_prob: bool = True
     hidden_act: str = "silu"
     max_position_embeddings: int = 1048576
@@ -103,12 +104,12 @@ class KimiLinearConfig:
     declared_tie_word_embeddings: bool = False
     attention_bias: bool = False
     attention_dropout: float | None = 0.0
-    num_local_experts: int = 256
+    num_local_experts: Size = 256
     mlp_layer_types: list[str] | None = None
     layer_types: list[str] | None = None
-    linear_head_dim: int = 128
-    linear_num_heads: int = 32
-    linear_conv_kernel_dim: int = 4
+    linear_head_dim: Size = 128
+    linear_num_heads: Size = 32
+    linear_conv_kernel_dim: Size = 4
     qk_head_dim: int | None = None
     head_dim: int | None = None
     tie_word_embeddings: bool = False
@@ -121,9 +122,9 @@ class KimiLinearConfig:
 
 
 class _LinearAttnConfig(TypedDict, total=False):
-    head_dim: int
-    num_heads: int
-    short_conv_kernel_size: int
+    head_dim: Size
+    num_heads: Size
+    short_conv_kernel_size: Size
     kda_layers: list[int]
     full_attn_layers: list[int]
 
@@ -133,10 +134,10 @@ class _Kwargs(TypedDict, total=False):
     the release's remote-code fields memra checks against what transformers runs."""
 
     tie_word_embeddings: bool
-    num_experts: int
-    num_experts_per_token: int | None
-    num_shared_experts: int
-    num_expert_group: int
+    num_experts: Size
+    num_experts_per_token: Size | None
+    num_shared_experts: Size
+    num_expert_group: Size
     moe_renormalize: bool
     model_max_length: int
     head_dim: int | None
@@ -164,8 +165,10 @@ _HINTS = typing.get_type_hints(KimiLinearConfig)
 _TF_FIELDS = [f.name for f in dataclasses.fields(KimiLinearConfig)
               if f.name not in _DERIVED + ("model_type", "extra")]
 _FIELDS = {k: _HINTS[k] for k in _TF_FIELDS}
+_RANGES = {k: r for k, r in field_ranges(KimiLinearConfig).items() if k in _TF_FIELDS}
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(KimiLinearConfig) if f.name in _TF_FIELDS}
 _KWARG_TYPES = typing.get_type_hints(_Kwargs)
+_KWARG_RANGES = field_ranges(_Kwargs)
 _DROPPED = ("model_type", "transformers_version", "dtype", "torch_dtype", "architectures", "_name_or_path")
 
 
@@ -292,6 +295,8 @@ def _validate_moe(c: dict[str, Any]) -> None:
     _positive(c, ("num_local_experts", "num_experts_per_tok", "n_group", "topk_group",
                   "moe_intermediate_size"))
     _positive(c, ("n_shared_experts",), low=0)
+    # The shared experts run as one MLP of this width.
+    check_size_product(c, ("moe_intermediate_size", "n_shared_experts"), "the shared expert's width")
     E, G, kg, k = c["num_local_experts"], c["n_group"], c["topk_group"], c["num_experts_per_tok"]
     if E % G or E // G < 2:
         raise ContractError(f"config: num_experts ({E}) must split into n_group ({G}) groups of at least 2 "
@@ -334,8 +339,8 @@ def parse_config(raw: dict[str, Any]) -> KimiLinearConfig:
         raise UnsupportedError(
             f"config: model_type {raw.get('model_type')!r} wraps a kimi_linear text_config; memra reads "
             "Kimi-Linear's causal-LM config.json (model_type 'kimi_linear' at the top level)", 50000)
-    check_fields(raw, _FIELDS)
-    check_fields(raw, _KWARG_TYPES)
+    check_fields(raw, _FIELDS, ranges=_RANGES)
+    check_fields(raw, _KWARG_TYPES, ranges=_KWARG_RANGES)
     c = _post_init(raw)
     _validate(c)
     return KimiLinearConfig(**c)

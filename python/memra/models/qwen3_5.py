@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ..config import Size
 from . import qwen_common as qc
 from .registry import Block, BuildArgs, Family
 from .residual import PlainResidual
@@ -24,7 +25,7 @@ from .residual import PlainResidual
 class Qwen3_5Config(qc.QwenTextConfig):
     """``Qwen3_5TextConfig`` as transformers parses it (the shared fields: qwen_common.QwenTextConfig)."""
 
-    intermediate_size: int = 12288
+    intermediate_size: Size = 12288
 
 
 def _mlp_layer_types(c: dict[str, Any]) -> list[str]:

@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ..config import Size
 from . import qwen_common as qc
 from .registry import Block, BuildArgs, Family
 from .residual import PlainResidual
@@ -26,13 +27,13 @@ class Qwen3_5MoeConfig(qc.QwenTextConfig):
     """``Qwen3_5MoeTextConfig`` as transformers parses it (the shared fields:
     qwen_common.QwenTextConfig; these defaults are the 35B-A3B's)."""
 
-    hidden_size: int = 2048
-    num_hidden_layers: int = 40
-    num_key_value_heads: int = 2
-    moe_intermediate_size: int = 512
-    shared_expert_intermediate_size: int = 512
-    num_experts_per_tok: int = 8
-    num_experts: int = 256
+    hidden_size: Size = 2048
+    num_hidden_layers: Size = 40
+    num_key_value_heads: Size = 2
+    moe_intermediate_size: Size = 512
+    shared_expert_intermediate_size: Size = 512
+    num_experts_per_tok: Size = 8
+    num_experts: Size = 256
     output_router_logits: bool = False
     router_aux_loss_coef: float = 0.001
 

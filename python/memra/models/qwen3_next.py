@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..config import Size
 from ..errors import ContractError
 from . import qwen_common as qc
 from .registry import Block, BuildArgs, Family
@@ -28,16 +29,16 @@ class Qwen3NextConfig(qc.QwenTextConfig):
     """``Qwen3NextConfig`` as transformers parses it (the shared fields: qwen_common.QwenTextConfig;
     these defaults are the 80B-A3B's). After the parse ``mlp_only_layers`` is a list (None -> [])."""
 
-    vocab_size: int = 151936
-    hidden_size: int = 2048
-    num_hidden_layers: int = 48
-    num_key_value_heads: int = 2
-    intermediate_size: int = 5632
+    vocab_size: Size = 151936
+    hidden_size: Size = 2048
+    num_hidden_layers: Size = 48
+    num_key_value_heads: Size = 2
+    intermediate_size: Size = 5632
     decoder_sparse_step: int = 1
-    moe_intermediate_size: int = 512
-    shared_expert_intermediate_size: int = 512
-    num_experts_per_tok: int = 10
-    num_experts: int = 512
+    moe_intermediate_size: Size = 512
+    shared_expert_intermediate_size: Size = 512
+    num_experts_per_tok: Size = 10
+    num_experts: Size = 512
     norm_topk_prob: bool = True
     output_router_logits: bool = False
     router_aux_loss_coef: float = 0.001

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import Any, TypedDict
 
 from .. import _core
-from ..config import check_fields
+from ..config import Size, check_fields, field_ranges
 from ..errors import ContractError, UnsupportedError
 from ..loader import NameTable, Route
 from .layers import AttentionMixer, GdnMixer, check_groups, located, norm_vector
@@ -88,8 +88,9 @@ class QwenTextConfig:
     """The text model of a Qwen3.5-family checkpoint, as transformers parses it.
 
     The fields down to ``eos_token_id`` are those every one of the three text configs has
-    (annotations: the typed table of config.json; defaults: ``Qwen3_5TextConfig``'s; a family
-    subclasses it with its own defaults and fields). After :func:`parse_config`:
+    (annotations: the typed table of config.json, every size a :data:`memra.config.Size`, at
+    most 2^20; defaults: ``Qwen3_5TextConfig``'s; a family subclasses it with its own defaults and
+    fields). After :func:`parse_config`:
 
     - ``layer_types`` has ``num_hidden_layers`` entries (legacy names mapped);
     - ``rope_parameters`` is standardised as transformers does it (``rope_type``,
@@ -105,11 +106,11 @@ class QwenTextConfig:
       ``"conditional"``; ``extra``: the other keys transformers keeps as attributes.
     """
 
-    vocab_size: int = 248320
-    hidden_size: int = 4096
-    num_hidden_layers: int = 32
-    num_attention_heads: int = 16
-    num_key_value_heads: int = 4
+    vocab_size: Size = 248320
+    hidden_size: Size = 4096
+    num_hidden_layers: Size = 32
+    num_attention_heads: Size = 16
+    num_key_value_heads: Size = 4
     hidden_act: str = "silu"
     max_position_embeddings: int = 32768
     initializer_range: float = 0.02
@@ -119,12 +120,12 @@ class QwenTextConfig:
     rope_parameters: RopeParameters | None = None
     attention_bias: bool = False
     attention_dropout: float = 0.0
-    head_dim: int = 256
-    linear_conv_kernel_dim: int = 4
-    linear_key_head_dim: int = 128
-    linear_value_head_dim: int = 128
-    linear_num_key_heads: int = 16
-    linear_num_value_heads: int = 32
+    head_dim: Size = 256
+    linear_conv_kernel_dim: Size = 4
+    linear_key_head_dim: Size = 128
+    linear_value_head_dim: Size = 128
+    linear_num_key_heads: Size = 16
+    linear_num_value_heads: Size = 32
     layer_types: list[str] | None = None
     pad_token_id: int | None = None
     bos_token_id: int | None = None
@@ -175,6 +176,7 @@ def _text_fields(raw: dict[str, Any], spec: QwenSpec) -> tuple[dict[str, Any], b
     if not isinstance(raw, dict):
         raise ContractError(f"config: config.json must hold a JSON object, got a {type(raw).__name__}", 40025)
     table, kwarg_types = config_fields(spec.config_cls), typing.get_type_hints(QwenKwargs)
+    ranges = field_ranges(spec.config_cls)
     top = raw.get("model_type")
     if spec.conditional_type is not None and top == spec.conditional_type:
         text = raw.get("text_config")
@@ -186,7 +188,7 @@ def _text_fields(raw: dict[str, Any], spec: QwenSpec) -> tuple[dict[str, Any], b
             raise ContractError(
                 f"config: text_config.model_type is {nested!r}; a {top!r} checkpoint wraps a "
                 f"{spec.text_type!r} text model", 40025)
-        check_fields(text, table, "text_config.")
+        check_fields(text, table, "text_config.", ranges=ranges)
         check_fields(text, kwarg_types, "text_config.")
         check_fields(raw, {"tie_word_embeddings": bool})
         # Qwen3_5ForConditionalGeneration ties its head by the top-level tie_word_embeddings (the
@@ -195,7 +197,7 @@ def _text_fields(raw: dict[str, Any], spec: QwenSpec) -> tuple[dict[str, Any], b
     if top != spec.text_type:
         kinds = [t for t in (spec.text_type, spec.conditional_type) if t]
         raise UnsupportedError(f"config: model_type {top!r} is not one of {kinds}", 50000)
-    check_fields(raw, table)
+    check_fields(raw, table, ranges=ranges)
     check_fields(raw, kwarg_types)
     fields = {k: v for k, v in raw.items() if k != "text_config"}
     return fields, bool(raw.get("tie_word_embeddings", False)), top, "causal"

@@ -42,7 +42,7 @@ typedef struct MemraMhcParams {
   int fn_dtype;           /* memra::DType code: 0 f32, 1 bf16, 2 f16 */
   const float* base;      /* [(2 + hc) * hc] f32 */
   const float* scale;     /* [3] f32 */
-  int sinkhorn_iters;     /* >= 1 */
+  int sinkhorn_iters;     /* >= 1 (memra::op::mhc also refuses above 1000 on either backend) */
   float hc_eps;           /* the sigmoid floor and the Sinkhorn denominators' eps */
   float norm_eps;         /* the unweighted RMSNorm of the flattened streams */
   float* post;            /* [T, hc] f32 */
