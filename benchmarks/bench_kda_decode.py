@@ -91,10 +91,11 @@ def reference(torch, q, k, v, g, beta, state, scale):
     return o[:, None], S
 
 
-def host_us(b, fn) -> float:
-    """Host microseconds per call, the calls enqueued back to back without a wait in between
-    (what the host pays per call, output allocation included; above the kernel time it is what
-    the event timer measures)."""
+def per_call_us(b, fn, until_done: bool) -> float:
+    """Microseconds per call of `reps` calls enqueued back to back without a wait in between,
+    after the warm-up calls. until_done=False: host time (what the host pays per call, output
+    allocation included; above the kernel time it is what the event timer measures);
+    until_done=True: wall clock up to one synchronisation at the end (the loop timer)."""
     b.sync()
     for _ in range(b.warmup):
         fn()
@@ -102,23 +103,11 @@ def host_us(b, fn) -> float:
     t0 = time.perf_counter()
     for _ in range(b.reps):
         fn()
+    if until_done:
+        b.sync()
     t1 = time.perf_counter()
     b.sync()
     return (t1 - t0) / b.reps * 1e6
-
-
-def loop_us(b, fn) -> float:
-    """Wall-clock microseconds per call of `reps` calls enqueued back to back, synchronised
-    once at the end (after the warm-up calls)."""
-    b.sync()
-    for _ in range(b.warmup):
-        fn()
-    b.sync()
-    t0 = time.perf_counter()
-    for _ in range(b.reps):
-        fn()
-    b.sync()
-    return (time.perf_counter() - t0) / b.reps * 1e6
 
 
 def gpu_timeline(b, fn) -> dict:
@@ -165,11 +154,11 @@ def measure_memra(b, run_memra, run_nopdl) -> dict:
     rec["memra_kernel_us"] = (b.kernel_us(run_nopdl) if run_nopdl is not None
                               else rec["memra_pdl_kernel_us"])
     if b.cuda:
-        rec["memra_loop_us"] = round(loop_us(b, run_memra), 3)
+        rec["memra_loop_us"] = round(per_call_us(b, run_memra, until_done=True), 3)
         b.sync()
         rec["pool_reserved_gib"] = pool_gib(eng, "pool_reserved")
         eng.memory(reset_peak=True)
-        rec["host_us"] = round(host_us(b, run_memra), 3)
+        rec["host_us"] = round(per_call_us(b, run_memra, until_done=False), 3)
         rec["pool_reserved_peak_gib"] = pool_gib(eng, "pool_reserved_peak")
         rec.update(gpu_timeline(b, run_memra))
     return rec
@@ -243,7 +232,7 @@ def main() -> int:
             extra.update(first)
         if fused_recurrent_kda is not None and "peer_unavailable" not in extra:
             peer_us = b.time_torch(run_peer)
-            extra["peer_loop_us"] = round(loop_us(b, run_peer), 3)
+            extra["peer_loop_us"] = round(per_call_us(b, run_peer, until_done=True), 3)
             extra["peer_kernel_us"] = b.kernel_us(run_peer)
         mk, pk = extra.get("memra_kernel_us"), extra.get("peer_kernel_us")
         if mk:
