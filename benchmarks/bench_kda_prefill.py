@@ -3,7 +3,7 @@
 inputs, same run.
 
 memra: memra._core.kda_scan(q, k, v, g, beta, state, batch=True, chunked=True, engine=e)
-       (cuda/kda_chunk*.cu: chunk_intra / chunk_state / chunk_out kernels) -> (o, state_out);
+       (cuda/kda_chunk*.cu: chunk_intra / chunk_state kernels) -> (o, state_out);
        its ABI reads f32 q / k / v / g (a bf16 model's activations are f32 in memory), here holding
        bf16-rounded values, so both sides compute on the same numbers.
        GDN: memra._core.gdn_scan(..., batch=True, chunked=True) (the same kernels, reading the

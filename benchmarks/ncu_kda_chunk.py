@@ -3,7 +3,7 @@ KDA at 64 heads x 128, B = 1, T = 8192, and GDN at 16 key / 32 value heads, B = 
 calls each, f32 inputs as bench_kda_prefill.py makes them. With --profile it also prints, per
 kernel name, the median duration per call from torch.profiler (no ncu needed).
 
-    ncu --clock-control none -k regex:chunk_ -c 18 --section SpeedOfLight --section Occupancy \\
+    ncu --clock-control none -k regex:chunk_ -c 12 --section SpeedOfLight --section Occupancy \\
         --section LaunchStats python3 benchmarks/ncu_kda_chunk.py
     python3 benchmarks/ncu_kda_chunk.py --profile [--nopdl] [--T 1024]
 

@@ -3,7 +3,7 @@
 // prefill asks for; f32 models and the decode step keep the sequential scan (cuda/kda_scan.cu,
 // the CPU oracle's twin). GDN's scan calls scan_chunked with its per-head decay and grouped key
 // heads (cuda/gdn.cu). The algebra, the kernels' split and the scratch layout are in
-// cuda/kda_chunk.cuh; the kernels in kda_chunk_intra.cu, kda_chunk_state.cu, kda_chunk_out.cu.
+// cuda/kda_chunk.cuh; the kernels in kda_chunk_intra.cu and kda_chunk_state.cu.
 #include "kda_chunk.cuh"
 
 namespace memra::cuda::kda {
@@ -16,8 +16,7 @@ int scan_chunked(MemraCudaCtx* ctx, const ChunkProblem& p) {
   MEMRA_CUDA_RETURN_IF(scratch.status());
   float* sc = scratch.as<float>();
   MEMRA_CUDA_RETURN_IF(launch_chunk_intra(ctx, p, nc, sc));
-  MEMRA_CUDA_RETURN_IF(launch_chunk_state(ctx, p, nc, sc));
-  return launch_chunk_out(ctx, p, nc, sc);
+  return launch_chunk_state(ctx, p, nc, sc);
 }
 
 int scan_chunked_tables(MemraCudaCtx* ctx, const MemraKdaScanParams& p) {

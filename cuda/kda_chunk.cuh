@@ -1,6 +1,6 @@
 // Shared by the chunked (WY / UT) delta-rule form's sources (cuda/kda_chunk.cu: the host side;
-// kda_chunk_intra.cu, kda_chunk_state.cu, kda_chunk_out.cu: its three kernels): the chunk shape,
-// the scratch layout the kernels hand each other, the TF32 mma fragments, and the problem the
+// kda_chunk_intra.cu, kda_chunk_state.cu: its two kernels): the chunk shape, the scratch layout
+// the intra kernel hands the state kernel, the TF32 mma fragments, and the problem the
 // host side describes (KDA's per-channel decay and GDN's per-head decay with grouped key heads).
 //
 // Per sequence and head, chunks of kC = 64 steps; within a chunk (rows t, s; G the inclusive
@@ -15,16 +15,17 @@
 // algebra in float64 against the scan). Every exponent is <= 0: exp(G_t - G_s) is never split
 // into exp(G_t) exp(-G_s) (exp(-G) overflows f32 over a chunk of strong decays).
 //
-// Three kernels, as fla's chunk_gated_delta_rule (intra A's + W / U, fwd_h, fwd_o):
+// Two kernels (fla's chunk_gated_delta_rule runs three: intra A's + W / U, fwd_h, fwd_o):
 //   chunk_intra_kernel (one block per chunk, all in parallel): W, U, KG = k exp(G_last - G),
-//     exp(G_last) and the output kernel's A operand [QG | Aqk] (QG = scale q exp(G));
+//     exp(G_last) and the output's A operand [QG | Aqk] (QG = scale q exp(G));
 //   chunk_state_kernel (one block per sequence, head and half (few heads: a quarter) of the
-//     state's columns; the chunks in order, the only sequential part): D = U - W S and
-//     S <- exp(G_last) S + KG^T D, writing the state entering each chunk and D (over U) as
-//     the output kernel's B operand;
-//   chunk_out_kernel (one block per chunk, all in parallel): O = [QG | Aqk] [S ; D].
-// Keeping O out of the sequential chain halves the chain's work and lets the chain prefetch the
-// next chunk's tiles with nothing else competing for shared memory.
+//     state's columns; the chunks in order, the only sequential part): D = U - W S,
+//     O = [QG | Aqk] [S ; D] and S <- exp(G_last) S + KG^T D, with S and D in shared memory
+//     only. The output is formed in the chain because the alternative, a third kernel over
+//     every chunk's entering state, writes and reads back 64 KB of state and 32 KB of D a
+//     chunk (fla's fwd_h / fwd_o split): at 8K tokens and 64 heads that traffic alone is
+//     ~1.6 GB. O's products share the chain's operand tiles (QG S reads W S's B fragments) and
+//     sit off its dependence path, next to the D and state products.
 //
 // Precision: matrix products run as mma.sync m16n8k8 TF32 (operands rounded to nearest TF32,
 // 10-bit mantissa; f32 accumulation), so the operand error is a quarter of bf16's: the bf16
@@ -34,9 +35,9 @@
 // <= 1 elementwise, every decay factor <= 1) are f16: its 11-bit significand is TF32's, so the
 // mma sees the operands an f32 scratch would give it, rounded once (to nearest even instead of
 // away); values under 2^-14 lose bits as subnormals (at most 3e-8 absolute). U, D and the states
-// are not bounded and stay f32; D and the entering states, whose one reader is the output
-// kernel's mma, are stored TF32-rounded (round_tf32: the values its cvt gave), as are the
-// state kernel's own shared-memory operands. The final state leaves in full f32.
+// are not bounded and stay f32; S and D, whose readers are the state kernel's mma, sit in
+// its shared memory TF32-rounded (round_tf32: the values a cvt gives). The final state leaves
+// in full f32.
 #pragma once
 
 #include <cstdint>
@@ -53,25 +54,24 @@ constexpr int kDv = kScanDv;  // 128
 static_assert(kDk == kDv, "one [64, 128] tile shape for k-side and v-side scratch");
 static_assert(kC % kSub == 0 && kDk % 8 == 0, "whole mma tiles");
 
-// Scratch per (sequence, head, chunk); offsets in floats (an f16 tile takes half a float per
-// element); every part starts on a 16-byte boundary.
-//   W   [64, 128]  f16  Tm (beta k exp(G))                       intra -> state
-//   KG  [64, 128]  f16  k exp(G_last - G)                        intra -> state
-//   EL  [128]      f32  exp(G_last)                              intra -> state
-//   A   [64, 192]  f16  [QG | Aqk] (Aqk zero above the diagonal) intra -> out
-//   B   [192, 128] f32  rows 0..127 the state entering the chunk (state -> out); rows 128..191 U
-//                       (intra -> state), which the state kernel overwrites with D (state -> out)
-constexpr int kLdOutA = kDk + kC;  // 192: A's row length (the output GEMM's K)
+// Scratch per (sequence, head, chunk), written by the intra kernel and read by the state
+// kernel; offsets in floats (an f16 tile takes half a float per element); every part starts on
+// a 16-byte boundary.
+//   W   [64, 128]  f16  Tm (beta k exp(G))
+//   KG  [64, 128]  f16  k exp(G_last - G)
+//   EL  [128]      f32  exp(G_last)
+//   A   [64, 192]  f16  [QG | Aqk] (Aqk zero above the diagonal)
+//   U   [64, 128]  f32  Tm (beta v)
+constexpr int kLdOutA = kDk + kC;  // 192: A's row length (the output product's K)
 constexpr int64_t kTileH = int64_t(kC) * kDk / 2;  // a [64, 128] f16 tile, in floats
 constexpr int64_t kOffW = 0;
 constexpr int64_t kOffKG = kTileH;
 constexpr int64_t kOffEl = 2 * kTileH;
 constexpr int64_t kOffA = kOffEl + kDk;
-constexpr int64_t kOffB = kOffA + int64_t(kC) * kLdOutA / 2;
-constexpr int64_t kOffU = kOffB + int64_t(kDk) * kDv;  // B's rows 128..191
-constexpr int64_t kChunkFloats = kOffB + int64_t(kLdOutA) * kDv;
-static_assert(kOffKG % 4 == 0 && kOffEl % 4 == 0 && kOffA % 4 == 0 && kOffB % 4 == 0 &&
-                  kOffU % 4 == 0 && kChunkFloats % 4 == 0,
+constexpr int64_t kOffU = kOffA + int64_t(kC) * kLdOutA / 2;
+constexpr int64_t kChunkFloats = kOffU + int64_t(kC) * kDv;
+static_assert(kOffKG % 4 == 0 && kOffEl % 4 == 0 && kOffA % 4 == 0 && kOffU % 4 == 0 &&
+                  kChunkFloats % 4 == 0,
               "float4 / cp.async 16-byte parts");
 
 __device__ __forceinline__ uint32_t tf32(float x) {
@@ -145,7 +145,6 @@ namespace memra::cuda::kda {
 
 // The launches (each file's kernel; scratch of chunks * kChunkFloats floats, chunks = B H nc).
 int launch_chunk_intra(MemraCudaCtx* ctx, const ChunkProblem& p, int nc, float* scratch);
-int launch_chunk_state(MemraCudaCtx* ctx, const ChunkProblem& p, int nc, float* scratch);
-int launch_chunk_out(MemraCudaCtx* ctx, const ChunkProblem& p, int nc, const float* scratch);
+int launch_chunk_state(MemraCudaCtx* ctx, const ChunkProblem& p, int nc, const float* scratch);
 
 }  // namespace memra::cuda::kda

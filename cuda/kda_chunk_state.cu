@@ -1,15 +1,16 @@
 // KDA area, chunked delta-rule form (cuda/kda_chunk.cuh has the algebra and the scratch layout):
-// the one sequential kernel. Per chunk, in order: D = U - W S, then S <- exp(G_last) S + KG^T D,
-// writing the state entering the chunk and D for the output kernel (cuda/kda_chunk_out.cu),
-// both TF32-rounded there and in shared memory (mma operands only; the carried state is f32).
+// the one sequential kernel. Per chunk, in order: D = U - W S and O = QG S, then O += Aqk D and
+// S <- exp(G_last) S + KG^T D; O goes to the output rows, S and D stay in shared memory,
+// TF32-rounded there (mma operands only; the carried state is f32, in registers).
 //
 // A block owns one (sequence, head) and half (or a quarter) of the state's columns, the state in
-// mma accumulator registers. The chain's cost per chunk is two barriers and 64 mma per warp; the
-// next chunk's W and KG tiles (the operands every warp reads) are copied into shared memory with
-// cp.async while this chunk computes, so no global latency sits on the chain. Two column halves
-// keep the L2 re-reads of W and KG at two per chunk and the grid at one wave for 64 heads; where
-// halves would leave over half of the SMs idle (GDN's 32 heads), quarters of half the warps (the
-// same work per warp, two blocks an SM) spread the chains over twice the SMs.
+// mma accumulator registers. The chain's cost per chunk is two barriers and 64 mma per warp (and
+// O's 48 beside them, independent of the chain); the next chunk's W, KG and [QG | Aqk] tiles
+// are copied into shared memory with cp.async while this chunk computes, so no global latency
+// sits on the chain. Two column halves keep the L2 re-reads of those tiles at two per chunk and
+// the grid at one wave for 64 heads; where halves would leave over half of the SMs idle (GDN's
+// 32 heads), quarters of half the warps (the same work per warp) spread the chains over twice
+// the SMs.
 #include "kda_chunk.cuh"
 
 using memra::cuda::cp_async_16;
@@ -37,16 +38,22 @@ struct StateShape {
                 "conflict-free B fragments; the warp roles of chunk_state_kernel");
 };
 
+// [QG | Aqk] tiles: rows of 200 halves (100 words: load_a_h's ld / 2 % 32 == 4).
+constexpr int kLdAo = kLdOutA + 8;
+static_assert((kLdAo / 2) % 32 == 4 && (kLdAo * 2) % 16 == 0,
+              "conflict-free fragments, aligned rows");
+
 template <int kParts>
 struct StateSmem {
   static constexpr int kLdS = StateShape<kParts>::kLdS;
   __half w[2][kC * kLdH];   // W of this chunk / the next (double buffer)
   __half kg[2][kC * kLdH];  // KG likewise
-  float s[kDk * kLdS];     // the state entering the chunk (B operand of W S)
-  float d[kC * kLdS];      // D (B operand of KG^T D)
+  __half a[2][kC * kLdAo];  // [QG | Aqk] likewise
+  float s[kDk * kLdS];     // the state entering the chunk (B operand of W S and QG S)
+  float d[kC * kLdS];      // D (B operand of KG^T D and Aqk D)
 };
 
-// cp.async of chunk `in`'s W and KG tiles into buffer `buf` (every thread its share).
+// cp.async of chunk `in`'s W, KG and [QG | Aqk] tiles into buffer `buf` (every thread its share).
 template <int kParts>
 __device__ __forceinline__ void prefetch(StateSmem<kParts>& sm, int buf, const float* in,
                                          int tid) {
@@ -59,20 +66,27 @@ __device__ __forceinline__ void prefetch(StateSmem<kParts>& sm, int buf, const f
     cp_async_16(&sm.w[buf][r * kLdH + 8 * c8], w + r * kDk + 8 * c8);
     cp_async_16(&sm.kg[buf][r * kLdH + 8 * c8], kg + r * kDk + 8 * c8);
   }
+  constexpr int kVecA = kLdOutA / 8;
+  const __half* a = reinterpret_cast<const __half*>(in + kOffA);
+  for (int i = tid; i < kC * kVecA; i += kThreads) {
+    const int r = i / kVecA, c8 = i % kVecA;
+    cp_async_16(&sm.a[buf][r * kLdAo + 8 * c8], a + r * kLdOutA + 8 * c8);
+  }
 }
 
 // One block per (sequence b, head h, column part): blockIdx.x = (b * H + h) * kParts + part.
 // Warp w holds state rows 16 (w % 8).., columns 32 (w / 8).. of the block's kDvb (4 mma tiles),
-// and computes D rows 16 (w % 4).., columns 16 (w / 4).. (2 mma tiles). Per chunk:
-//   store S (smem, and the scratch's B rows 0..127); wait for this chunk's tiles; barrier 1
-//   (every warp is past the previous chunk's update: the other buffer and D may be rewritten);
-//   prefetch the next chunk; D = U - W S (smem, and the scratch's B rows 128.. over U);
-//   barrier 2; S = exp(G_last) S + KG^T D.
+// and computes D and O rows 16 (w % 4).., columns 16 (w / 4).. (2 mma tiles each). Per chunk:
+//   store S (smem); wait for this chunk's tiles; barrier 1 (every warp is past the previous
+//   chunk's products: the other buffers and D may be rewritten); prefetch the next chunk;
+//   D = U - W S (smem) and O = QG S, which read the same B fragments; barrier 2;
+//   O += Aqk D (O's K order is the one [QG | Aqk] [S ; D] product's), the output rows;
+//   S = exp(G_last) S + KG^T D.
 // S is rewritten only after barrier 2 of the previous chunk (its last readers are before it).
 template <int kParts>
-__global__ void __launch_bounds__(StateShape<kParts>::kThreads, kParts / 2)
-    chunk_state_kernel(float* __restrict__ scratch, int H, int nc,
-                       const float* const* state_in, float* const* state_out) {
+__global__ void __launch_bounds__(StateShape<kParts>::kThreads, 1)
+    chunk_state_kernel(const memra::cuda::kda::ChunkProblem p, int nc,
+                       const float* __restrict__ scratch) {
   constexpr int kDvb = StateShape<kParts>::kDvb;
   constexpr int kLdS = StateShape<kParts>::kLdS;
   memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
@@ -81,6 +95,7 @@ __global__ void __launch_bounds__(StateShape<kParts>::kThreads, kParts / 2)
   StateSmem<kParts>& sm = *reinterpret_cast<StateSmem<kParts>*>(smem_raw);
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int gq = lane >> 2, qq = lane & 3;
+  const int H = p.H, T = p.T;
   const int part = static_cast<int>(blockIdx.x % kParts);
   const int64_t bh = blockIdx.x / kParts;
   const int h = static_cast<int>(bh % H);
@@ -88,12 +103,12 @@ __global__ void __launch_bounds__(StateShape<kParts>::kThreads, kParts / 2)
   const int j0 = part * kDvb;                 // the block's first state column
   const int64_t plane = int64_t(h) * kDk * kDv;
   const int m0 = (warp & 7) * kSub, cs = (warp >> 3) * 32;  // state tile of this warp
-  const int dm = (warp & 3) * kSub, dn = (warp >> 2) * 16;  // D tile of this warp
-  float* const first = scratch + bh * nc * kChunkFloats;
+  const int dm = (warp & 3) * kSub, dn = (warp >> 2) * 16;  // D and O tile of this warp
+  const float* const first = scratch + bh * nc * kChunkFloats;
 
   // S rows m0 + gq (+ 8), columns cs + 8 n + 2 qq (+ 1) of the block's part.
   float S[4][4];
-  const float* sin = state_in ? state_in[b] : nullptr;
+  const float* sin = p.state_in ? p.state_in[b] : nullptr;
 #pragma unroll
   for (int n = 0; n < 4; ++n) {
 #pragma unroll
@@ -125,15 +140,14 @@ __global__ void __launch_bounds__(StateShape<kParts>::kThreads, kParts / 2)
   cp_async_commit();
   for (int c = 0; c < nc; ++c) {
     const int buf = c & 1;
-    float* in = first + int64_t(c) * kChunkFloats;
+    const float* in = first + int64_t(c) * kChunkFloats;
 #pragma unroll
     for (int n = 0; n < 4; ++n) {
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
         const int r = m0 + gq + hh * 8, col = cs + n * 8 + 2 * qq;
-        const float2 v = make_float2(round_tf32(S[n][2 * hh]), round_tf32(S[n][2 * hh + 1]));
-        *reinterpret_cast<float2*>(&sm.s[r * kLdS + col]) = v;
-        *reinterpret_cast<float2*>(in + kOffB + r * kDv + j0 + col) = v;
+        *reinterpret_cast<float2*>(&sm.s[r * kLdS + col]) =
+            make_float2(round_tf32(S[n][2 * hh]), round_tf32(S[n][2 * hh + 1]));
       }
     }
     float2 u[2][2];
@@ -151,18 +165,22 @@ __global__ void __launch_bounds__(StateShape<kParts>::kThreads, kParts / 2)
       cp_async_commit();
     }
 
-    // D = U - W S.
+    // D = U - W S and O = QG S.
     float dacc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+    float oacc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
     const __half* w = sm.w[buf];
+    const __half* qg = sm.a[buf];
 #pragma unroll 4
     for (int k0 = 0; k0 < kDk; k0 += 8) {
-      uint32_t a[4];
+      uint32_t a[4], aq[4];
       load_a_h(a, w, kLdH, dm, k0, gq, qq);
+      load_a_h(aq, qg, kLdAo, dm, k0, gq, qq);
 #pragma unroll
       for (int n = 0; n < 2; ++n) {
         uint32_t bb[2];
         load_b_rounded(bb, sm.s, kLdS, k0, dn + n * 8, gq, qq);
         mma_tf32(dacc[n], a, bb);
+        mma_tf32(oacc[n], aq, bb);
       }
     }
 #pragma unroll
@@ -170,13 +188,38 @@ __global__ void __launch_bounds__(StateShape<kParts>::kThreads, kParts / 2)
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
         const int r = dm + gq + hh * 8, col = dn + n * 8 + 2 * qq;
-        const float2 d = make_float2(round_tf32(u[n][hh].x - dacc[n][2 * hh]),
-                                     round_tf32(u[n][hh].y - dacc[n][2 * hh + 1]));
-        *reinterpret_cast<float2*>(&sm.d[r * kLdS + col]) = d;
-        *reinterpret_cast<float2*>(in + kOffU + r * kDv + j0 + col) = d;
+        *reinterpret_cast<float2*>(&sm.d[r * kLdS + col]) =
+            make_float2(round_tf32(u[n][hh].x - dacc[n][2 * hh]),
+                        round_tf32(u[n][hh].y - dacc[n][2 * hh + 1]));
       }
     }
     __syncthreads();
+
+    // O += Aqk D; rows past the chunk's length (zero padding) are not stored.
+    const __half* aqk = sm.a[buf] + kDk;
+#pragma unroll
+    for (int k0 = 0; k0 < kC; k0 += 8) {
+      uint32_t a[4];
+      load_a_h(a, aqk, kLdAo, dm, k0, gq, qq);
+#pragma unroll
+      for (int n = 0; n < 2; ++n) {
+        uint32_t bb[2];
+        load_b_rounded(bb, sm.d, kLdS, k0, dn + n * 8, gq, qq);
+        mma_tf32(oacc[n], a, bb);
+      }
+    }
+    const int t0 = c * kC, L = min(kC, T - t0);
+#pragma unroll
+    for (int n = 0; n < 2; ++n) {
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int r = dm + gq + hh * 8, col = j0 + dn + n * 8 + 2 * qq;
+        if (r < L) {
+          float* dst = p.o + ((b * T + t0 + r) * H + h) * int64_t(kDv) + col;
+          *reinterpret_cast<float2*>(dst) = make_float2(oacc[n][2 * hh], oacc[n][2 * hh + 1]);
+        }
+      }
+    }
 
     // S = exp(G_last) S + KG^T D: A (m = state row, k = chunk row) reads KG transposed.
 #pragma unroll
@@ -203,7 +246,7 @@ __global__ void __launch_bounds__(StateShape<kParts>::kThreads, kParts / 2)
     }
   }
 
-  float* sout = state_out[b];
+  float* sout = p.state_out[b];
   if (sout) {
 #pragma unroll
     for (int n = 0; n < 4; ++n) {
@@ -219,14 +262,14 @@ __global__ void __launch_bounds__(StateShape<kParts>::kThreads, kParts / 2)
 
 template <int kParts>
 int launch_parts(MemraCudaCtx* ctx, const memra::cuda::kda::ChunkProblem& p, int nc,
-                 float* scratch) {
+                 const float* scratch) {
   const int64_t blocks = int64_t(p.B) * p.H * kParts;
   if (blocks > 0x7fffffffLL) return memra::kContractShape;
   MEMRA_CUDA_RETURN_IF(
       allow_smem(ctx, chunk_state_kernel<kParts>, sizeof(StateSmem<kParts>)));
   memra::cuda::launch(ctx, true, chunk_state_kernel<kParts>, dim3(static_cast<unsigned>(blocks)),
-                      dim3(StateShape<kParts>::kThreads), sizeof(StateSmem<kParts>), scratch,
-                      p.H, nc, p.state_in, p.state_out);
+                      dim3(StateShape<kParts>::kThreads), sizeof(StateSmem<kParts>), p, nc,
+                      scratch);
   return launch_status();
 }
 
@@ -236,7 +279,7 @@ namespace memra::cuda::kda {
 
 // Quarters where halves would fill at most half of the SMs (each chain is a block; a chain's
 // speed is its SM's, so idle SMs are lost time).
-int launch_chunk_state(MemraCudaCtx* ctx, const ChunkProblem& p, int nc, float* scratch) {
+int launch_chunk_state(MemraCudaCtx* ctx, const ChunkProblem& p, int nc, const float* scratch) {
   int sms = 0;
   MEMRA_CUDA_RETURN_IF(memra::cuda::status_of(
       cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, ctx->device)));

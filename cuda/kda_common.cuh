@@ -174,7 +174,7 @@ struct ChunkProblem {
   float* o;                      // [B, T, H, dv]
 };
 
-// cuda/kda_chunk.cu: the whole chunked scan of a ChunkProblem (scratch, then the three
+// cuda/kda_chunk.cu: the whole chunked scan of a ChunkProblem (scratch, then the two
 // launches); GDN's scan calls it without expanding its heads.
 int scan_chunked(MemraCudaCtx* ctx, const ChunkProblem& p);
 

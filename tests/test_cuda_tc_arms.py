@@ -11,7 +11,7 @@ and its bf16 error against them (the yardstick).
 - 2x rule: max|memra_bf16 - truth| / max|truth| over all 300 rows <= 2 x transformers' bf16 error
   (the model .to(bfloat16)), as tests/test_cuda_model.py on the short prompts.
 - Arms: torch.profiler's kernel names during the bf16 prefill hold each tensor-core kernel (routed
-  experts moe_tc_kernel, KDA chunk_intra / chunk_state / chunk_out, MLA prefill attention through
+  experts moe_tc_kernel, KDA chunk_intra / chunk_state, MLA prefill attention through
   the decode's decode_tc kernel, the indexer's score_tc_kernel) and none of the kernels they replace; the
   float32 model's prefill the reverse.
 - The float32 CUDA logits within 1e-5 of memra's CPU (the issue's bound) on the same prompt.
@@ -37,7 +37,7 @@ TC_REF = ROOT / "tests" / "fixtures" / "glm5_next_tc_reference.npz"
 # Kernel identifiers (cuda/*.cu __global__ names; templated, so matched as a name's start).
 TENSOR_CORE = {
     "moe": ("moe_tc_kernel",),  # cuda/moe_tc.cu: routed experts at T >= 2
-    "kda": ("chunk_intra_kernel", "chunk_state_kernel", "chunk_out_kernel"),  # cuda/kda_chunk*.cu
+    "kda": ("chunk_intra_kernel", "chunk_state_kernel"),  # cuda/kda_chunk*.cu
     "mla": ("decode_tc_kernel",),  # cuda/mla_prefill_tc.cu runs cuda/mla_decode_tc.cu's kernel
     "dsa": ("score_tc_kernel",),  # cuda/dsa_score_tc.cu
 }

@@ -1,0 +1,36 @@
+"""Small launches of the chunked KDA scan (cuda/kda_chunk*.cu) for `compute-sanitizer --tool
+racecheck` and `--tool memcheck`: T = 130 at 2 heads (a ragged third chunk; the state kernel in
+column quarters) and T = 70 at 80 heads (column halves), with an entering state. Prints each
+call's max relative error against the CPU scan (TF32 operands: ~1e-3 is expected).
+Run: compute-sanitizer --tool racecheck --error-exitcode 1 python3 scripts/sanitize_kda_chunk.py"""
+
+import numpy as np
+
+import memra
+from memra import _core
+
+e = memra.Engine("cuda")
+rng = np.random.default_rng(0)
+
+
+def f32(x):
+    return np.ascontiguousarray(x, dtype=np.float32)
+
+
+def unit(shape):
+    x = f32(rng.standard_normal(shape))
+    return f32(x / np.linalg.norm(x, axis=-1, keepdims=True))
+
+
+for T, H in ((130, 2), (70, 80)):
+    q, k = unit((T, H, 128)), unit((T, H, 128))
+    v = f32(rng.standard_normal((T, H, 128)))
+    g = f32(-0.1 * np.abs(rng.standard_normal((T, H, 128))))
+    beta = f32(rng.uniform(0, 1, (T, H)))
+    state = f32(0.1 * rng.standard_normal((H, 128, 128)))
+    dev = [e.to_device(a) for a in (q, k, v, g, beta, state)]
+    o, s = _core.kda_scan(*dev, engine=e, chunked=True)
+    co, cs = _core.kda_scan(q, k, v, g, beta, state)
+    err = max(float(np.abs(e.to_host(o) - co).max() / np.abs(co).max()),
+              float(np.abs(e.to_host(s) - cs).max() / np.abs(cs).max()))
+    print(f"T={T} H={H}: max rel err {err:.2e}")
