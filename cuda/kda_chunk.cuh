@@ -19,25 +19,25 @@
 //   chunk_intra_kernel (one block per chunk, all in parallel): W, U, KG = k exp(G_last - G),
 //     exp(G_last) and the output's A operand [QG | Aqk] (QG = scale q exp(G));
 //   chunk_state_kernel (one block per sequence, head and half (few heads: a quarter) of the
-//     state's columns; the chunks in order, the only sequential part): D = U - W S,
-//     O = [QG | Aqk] [S ; D] and S <- exp(G_last) S + KG^T D, with S and D in shared memory
-//     only. The output is formed in the chain because the alternative, a third kernel over
-//     every chunk's entering state, writes and reads back 64 KB of state and 32 KB of D a
-//     chunk (fla's fwd_h / fwd_o split): at 8K tokens and 64 heads that traffic alone is
-//     ~1.6 GB. O's products share the chain's operand tiles (QG S reads W S's B fragments) and
-//     sit off its dependence path, next to the D and state products.
+//     state's columns, a warp per 16 columns; the chunks in order, the only sequential part):
+//     D = U - W S, O = [QG | Aqk] [S ; D] and S <- exp(G_last) S + KG^T D, with S and D in
+//     registers only. The output is formed in the chain because the alternative, a third
+//     kernel over every chunk's entering state, writes and reads back 64 KB of state and 32 KB
+//     of D a chunk (fla's fwd_h / fwd_o split): at 8K tokens and 64 heads that traffic alone is
+//     ~1.6 GB. O's products share the chain's operands (QG S reads W S's A fragments).
 //
-// Precision: matrix products run as mma.sync m16n8k8 TF32 (operands rounded to nearest TF32,
-// 10-bit mantissa; f32 accumulation), so the operand error is a quarter of bf16's: the bf16
-// models this form serves carry bf16-rounded weights and activations already. The cumulative
-// decay, the exponentials, the diagonal sub-blocks, the triangular inverse and the state itself
-// stay f32. In the scratch between the kernels, the bounded operands W, KG, QG and Aqk (|q|, |k|
-// <= 1 elementwise, every decay factor <= 1) are f16: its 11-bit significand is TF32's, so the
-// mma sees the operands an f32 scratch would give it, rounded once (to nearest even instead of
-// away); values under 2^-14 lose bits as subnormals (at most 3e-8 absolute). U, D and the states
-// are not bounded and stay f32; S and D, whose readers are the state kernel's mma, sit in
-// its shared memory TF32-rounded (round_tf32: the values a cvt gives). The final state leaves
-// in full f32.
+// Precision: the intra kernel's products run as mma.sync m16n8k8 TF32 (operands rounded to
+// nearest TF32, 10-bit mantissa; f32 accumulation), so the operand error is a quarter of bf16's:
+// the bf16 models this form serves carry bf16-rounded weights and activations already. The
+// cumulative decay, the exponentials, the diagonal sub-blocks, the triangular inverse, U and the
+// state itself stay f32. In the scratch between the kernels, the bounded operands W, KG, QG and
+// Aqk (|q|, |k| <= 1 elementwise, every decay factor <= 1) are f16: its 11-bit significand is
+// TF32's, so the state kernel's f16 mma (m16n8k16, f32 accumulation) sees what TF32 would,
+// rounded once (to nearest even instead of away); values under 2^-14 lose bits as subnormals
+// (at most 3e-8 absolute). The state kernel's other operands, S and D, are not bounded: each of
+// their rows is scaled by a power of two before its f16 rounding and the products are scaled
+// back exactly (kda_chunk_state.cu), which keeps the 11-bit significand and f32's range. The
+// final state leaves in full f32.
 #pragma once
 
 #include <cstdint>

@@ -1,64 +1,76 @@
 // KDA area, chunked delta-rule form (cuda/kda_chunk.cuh has the algebra and the scratch layout):
 // the one sequential kernel. Per chunk, in order: D = U - W S and O = QG S, then O += Aqk D and
-// S <- exp(G_last) S + KG^T D; O goes to the output rows, S and D stay in shared memory,
-// TF32-rounded there (mma operands only; the carried state is f32, in registers).
+// S <- exp(G_last) S + KG^T D; O goes to the output rows.
 //
-// A block owns one (sequence, head) and half (or a quarter) of the state's columns, the state in
-// mma accumulator registers. The chain's cost per chunk is two barriers and 64 mma per warp (and
-// O's 48 beside them, independent of the chain); the next chunk's W, KG and [QG | Aqk] tiles
-// are copied into shared memory with cp.async while this chunk computes, so no global latency
-// sits on the chain. Two column halves keep the L2 re-reads of those tiles at two per chunk and
-// the grid at one wave for 64 heads; where halves would leave over half of the SMs idle (GDN's
-// 32 heads), quarters of half the warps (the same work per warp) spread the chains over twice
-// the SMs.
+// Each warp owns 16 of the state's value columns with all 128 key rows, the f32 state in mma
+// accumulator registers, transposed: S^T [16, 128], 64 registers a thread. A column of D, O and
+// the next state depends on the same column of S only, so each warp's chain is its own: no
+// exchange between warps, no shared-memory copy of S or D. The products run transposed
+// (D^T = U^T - S^T W^T, O^T = S^T QG^T + D^T Aqk^T, S^T <- S^T exp(G_last) + D^T KG), with S^T
+// and D^T as the A operands straight from their accumulators (FlashAttention-2's P trick: an
+// m16n8 accumulator pair is an m16n8k16 A fragment) and the f16 tiles as B operands through
+// ldmatrix, as stored.
+//
+// Precision: the products are mma.sync m16n8k16 with f16 operands and f32 accumulation. The
+// tiles are f16 already (cuda/kda_chunk.cuh). S^T and D^T are not bounded, so each row (a state
+// column) is scaled by a power of two that puts its largest magnitude in [2^14, 2^15) before
+// its f16 rounding, and every product that read it is scaled back exactly: the operand keeps
+// f16's 11-bit significand, TF32's, for every element within 2^-28 of its row's largest (below,
+// an absolute error under 2^-39 of that largest), with f32's exponent range. The sums, the
+// carried state and the output stay f32.
 #include "kda_chunk.cuh"
+#include "mma_bf16.cuh"
 
 using memra::cuda::cp_async_16;
 using memra::cuda::cp_async_commit;
 using memra::cuda::cp_async_wait;
 using memra::cuda::launch_status;
+using memra::cuda::ldsm_x4;
+using memra::cuda::ldsm_x4_trans;
+using memra::cuda::mma_f16;
+using memra::cuda::pack_f16x2;
 
 namespace {
 
-// W and KG tiles are f16, rows of 136 halves (68 words: 16-byte aligned rows for cp.async).
-// W's row-major A fragments: lanes g = 0..7 land on words 68 g + {0, 1} = 4 g + {0, 1} mod 32.
-// KG read transposed (A[m][t] = KG[t][m]): lanes q = 0..3 on words 4 q + g / 2 mod 32.
+// W and KG tiles are f16, rows of 136 halves (68 words: 16-byte aligned rows for cp.async; the
+// eight rows of an ldmatrix tile start on words 4 r mod 32, conflict free).
 constexpr int kLdH = kDk + 8;
 static_assert((kLdH / 2) % 32 == 4 && (kLdH * 2) % 16 == 0,
               "conflict-free fragments, aligned rows");
-
-// The block's shape for kParts blocks per (sequence, head): kDvb state columns, 8 warps per 32
-// of them (8 x kDvb / 32 state tiles of 16 x 32; 4 x kDvb / 16 D tiles of 16 x 16).
-template <int kParts>
-struct StateShape {
-  static constexpr int kDvb = kDv / kParts;        // state columns per block
-  static constexpr int kThreads = 8 * kDvb;        // a warp per 16 x 32 of the state
-  static constexpr int kLdS = kDvb + 8;            // S [128, kDvb] and D [64, kDvb]: ld % 32 == 8
-  static_assert(kLdS % 32 == 8 && kDk == 8 * kSub && kC == 4 * kSub && kDvb % 32 == 0,
-                "conflict-free B fragments; the warp roles of chunk_state_kernel");
-};
-
-// [QG | Aqk] tiles: rows of 200 halves (100 words: load_a_h's ld / 2 % 32 == 4).
+// [QG | Aqk] tiles: rows of 200 halves (100 words, likewise).
 constexpr int kLdAo = kLdOutA + 8;
 static_assert((kLdAo / 2) % 32 == 4 && (kLdAo * 2) % 16 == 0,
               "conflict-free fragments, aligned rows");
 
+// The block's shape for kParts blocks per (sequence, head): kDvb state columns, a warp per 16.
+template <int kParts>
+struct StateShape {
+  static constexpr int kDvb = kDv / kParts;   // state columns per block
+  static constexpr int kWarps = kDvb / 16;
+  static constexpr int kThreads = 32 * kWarps;
+  static constexpr int kLdU = kDvb + 4;       // U rows 2 q, 2 q + 1 of a fragment: banks 8 q + g
+  static_assert(kLdU % 32 == 4 && kDvb % 16 == 0 && kC == 64 && kDk == 128,
+                "conflict-free U reads; the unrolled tile counts of chunk_state_kernel");
+};
+
 template <int kParts>
 struct StateSmem {
-  static constexpr int kLdS = StateShape<kParts>::kLdS;
+  static constexpr int kLdU = StateShape<kParts>::kLdU;
   __half w[2][kC * kLdH];   // W of this chunk / the next (double buffer)
   __half kg[2][kC * kLdH];  // KG likewise
   __half a[2][kC * kLdAo];  // [QG | Aqk] likewise
-  float s[kDk * kLdS];     // the state entering the chunk (B operand of W S and QG S)
-  float d[kC * kLdS];      // D (B operand of KG^T D and Aqk D)
+  float u[2][kC * kLdU];    // the block's columns of U likewise
+  float el[2][kDk];         // exp(G_last) likewise
 };
 
-// cp.async of chunk `in`'s W, KG and [QG | Aqk] tiles into buffer `buf` (every thread its share).
+// cp.async of chunk `in`'s tiles into buffer `buf` (every thread its share).
 template <int kParts>
-__device__ __forceinline__ void prefetch(StateSmem<kParts>& sm, int buf, const float* in,
+__device__ __forceinline__ void prefetch(StateSmem<kParts>& sm, int buf, const float* in, int j0,
                                          int tid) {
   constexpr int kThreads = StateShape<kParts>::kThreads;
-  constexpr int kVec = kDk / 8;  // 16-byte pieces per row
+  constexpr int kDvb = StateShape<kParts>::kDvb;
+  constexpr int kLdU = StateShape<kParts>::kLdU;
+  constexpr int kVec = kDk / 8;  // 16-byte pieces per f16 row
   const __half* w = reinterpret_cast<const __half*>(in + kOffW);
   const __half* kg = reinterpret_cast<const __half*>(in + kOffKG);
   for (int i = tid; i < kC * kVec; i += kThreads) {
@@ -72,189 +84,220 @@ __device__ __forceinline__ void prefetch(StateSmem<kParts>& sm, int buf, const f
     const int r = i / kVecA, c8 = i % kVecA;
     cp_async_16(&sm.a[buf][r * kLdAo + 8 * c8], a + r * kLdOutA + 8 * c8);
   }
+  constexpr int kVecU = kDvb / 4;
+  for (int i = tid; i < kC * kVecU; i += kThreads) {
+    const int r = i / kVecU, c4 = i % kVecU;
+    cp_async_16(&sm.u[buf][r * kLdU + 4 * c4], in + kOffU + r * kDv + j0 + 4 * c4);
+  }
+  for (int i = tid; i < kDk / 4; i += kThreads) cp_async_16(&sm.el[buf][4 * i], in + kOffEl + 4 * i);
+}
+
+// The power of two sc (and 1 / sc) that puts m, a row's largest magnitude, in [2^14, 2^15):
+// under f16's largest finite 65504. Clamped to 2^+-100 (zero or subnormal rows; inf / NaN rows,
+// which stay inf / NaN through the products as in f32).
+__device__ __forceinline__ void pow2_scale(float m, float& sc, float& inv) {
+  const int e = (__float_as_int(m) >> 23) & 0xff;
+  const int s = max(-100, min(100, 141 - e));
+  sc = __int_as_float((127 + s) << 23);
+  inv = __int_as_float((127 - s) << 23);
+}
+
+// Row scales of an m16 accumulator tile set X[N][4] (rows g: slots 0, 1; g + 8: slots 2, 3),
+// the maxima reduced over the quad of lanes that shares a row.
+template <int N>
+__device__ __forceinline__ void row_scales(const float (&X)[N][4], float (&sc)[2],
+                                           float (&inv)[2]) {
+  float m0 = 0.f, m1 = 0.f;
+#pragma unroll
+  for (int n = 0; n < N; ++n) {
+    m0 = fmaxf(m0, fmaxf(fabsf(X[n][0]), fabsf(X[n][1])));
+    m1 = fmaxf(m1, fmaxf(fabsf(X[n][2]), fabsf(X[n][3])));
+  }
+#pragma unroll
+  for (int o = 1; o <= 2; o <<= 1) {
+    m0 = fmaxf(m0, __shfl_xor_sync(0xffffffffu, m0, o));
+    m1 = fmaxf(m1, __shfl_xor_sync(0xffffffffu, m1, o));
+  }
+  pow2_scale(m0, sc[0], inv[0]);
+  pow2_scale(m1, sc[1], inv[1]);
+}
+
+// The m16n8k16 A fragment of k-block j of an accumulator tile set (tiles 2 j, 2 j + 1), scaled
+// per row and rounded to f16.
+template <int N>
+__device__ __forceinline__ void acc_as_a(uint32_t (&a)[4], const float (&X)[N][4], int j,
+                                         const float (&sc)[2]) {
+  a[0] = pack_f16x2(X[2 * j][0] * sc[0], X[2 * j][1] * sc[0]);
+  a[1] = pack_f16x2(X[2 * j][2] * sc[1], X[2 * j][3] * sc[1]);
+  a[2] = pack_f16x2(X[2 * j + 1][0] * sc[0], X[2 * j + 1][1] * sc[0]);
+  a[3] = pack_f16x2(X[2 * j + 1][2] * sc[1], X[2 * j + 1][3] * sc[1]);
 }
 
 // One block per (sequence b, head h, column part): blockIdx.x = (b * H + h) * kParts + part.
-// Warp w holds state rows 16 (w % 8).., columns 32 (w / 8).. of the block's kDvb (4 mma tiles),
-// and computes D and O rows 16 (w % 4).., columns 16 (w / 4).. (2 mma tiles each). Per chunk:
-//   store S (smem); wait for this chunk's tiles; barrier 1 (every warp is past the previous
-//   chunk's products: the other buffers and D may be rewritten); prefetch the next chunk;
-//   D = U - W S (smem) and O = QG S, which read the same B fragments; barrier 2;
-//   O += Aqk D (O's K order is the one [QG | Aqk] [S ; D] product's), the output rows;
-//   S = exp(G_last) S + KG^T D.
-// S is rewritten only after barrier 2 of the previous chunk (its last readers are before it).
+// Warp w owns state columns v0 = j0 + 16 w.. (the m rows of its transposed tiles). Thread (g, q)
+// holds, of 8-wide tile n: S^T[g (+ 8)][8 n + 2 q (+ 1)] (state rows 8 n + 2 q, + 1 of columns
+// v0 + g, v0 + g + 8), likewise D^T and O^T with chunk rows for state rows. Per chunk: wait for
+// its tiles, barrier (every warp is past the previous chunk: the other buffer may be rewritten),
+// prefetch the next chunk; then the warp's chain alone.
 template <int kParts>
 __global__ void __launch_bounds__(StateShape<kParts>::kThreads, 1)
     chunk_state_kernel(const memra::cuda::kda::ChunkProblem p, int nc,
                        const float* __restrict__ scratch) {
   constexpr int kDvb = StateShape<kParts>::kDvb;
-  constexpr int kLdS = StateShape<kParts>::kLdS;
+  constexpr int kLdU = StateShape<kParts>::kLdU;
   memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
   memra::cuda::pdl_trigger();
   extern __shared__ float4 smem_raw[];
   StateSmem<kParts>& sm = *reinterpret_cast<StateSmem<kParts>*>(smem_raw);
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int gq = lane >> 2, qq = lane & 3;
+  const int g = lane >> 2, q = lane & 3;
   const int H = p.H, T = p.T;
   const int part = static_cast<int>(blockIdx.x % kParts);
   const int64_t bh = blockIdx.x / kParts;
   const int h = static_cast<int>(bh % H);
   const int64_t b = bh / H;
-  const int j0 = part * kDvb;                 // the block's first state column
+  const int j0 = part * kDvb;      // the block's first state column
+  const int vl = 16 * warp;        // the warp's first column within the block's
+  const int v0 = j0 + vl;
   const int64_t plane = int64_t(h) * kDk * kDv;
-  const int m0 = (warp & 7) * kSub, cs = (warp >> 3) * 32;  // state tile of this warp
-  const int dm = (warp & 3) * kSub, dn = (warp >> 2) * 16;  // D and O tile of this warp
   const float* const first = scratch + bh * nc * kChunkFloats;
 
-  // S rows m0 + gq (+ 8), columns cs + 8 n + 2 qq (+ 1) of the block's part.
-  float S[4][4];
+  float ST[kDk / 8][4];
   const float* sin = p.state_in ? p.state_in[b] : nullptr;
 #pragma unroll
-  for (int n = 0; n < 4; ++n) {
+  for (int n = 0; n < kDk / 8; ++n) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      const int r = m0 + gq + (e >> 1) * 8, col = j0 + cs + n * 8 + 2 * qq + (e & 1);
-      S[n][e] = sin ? sin[plane + int64_t(r) * kDv + col] : 0.f;
+      const int r = 8 * n + 2 * q + (e & 1), col = v0 + g + 8 * (e >> 1);
+      ST[n][e] = sin ? sin[plane + int64_t(r) * kDv + col] : 0.f;
     }
   }
 
-  // U for this thread's D elements (it overwrites them with D) and exp(G_last) of its state
-  // rows, a chunk ahead in registers, so their global latency hides under a whole chunk (chunk
-  // c + 1's U is rewritten only in iteration c + 1, by the thread that read it).
-  float2 u_next[2][2];
-  float el_next[2];
-  auto load_u = [&](const float* in) {
-#pragma unroll
-    for (int n = 0; n < 2; ++n) {
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        const int r = dm + gq + hh * 8, col = j0 + dn + n * 8 + 2 * qq;
-        u_next[n][hh] = *reinterpret_cast<const float2*>(in + kOffU + r * kDv + col);
-      }
-    }
-    el_next[0] = in[kOffEl + m0 + gq];
-    el_next[1] = in[kOffEl + m0 + gq + 8];
-  };
-  load_u(first);
-  prefetch(sm, 0, first, tid);
+  prefetch(sm, 0, first, j0, tid);
   cp_async_commit();
   for (int c = 0; c < nc; ++c) {
     const int buf = c & 1;
     const float* in = first + int64_t(c) * kChunkFloats;
-#pragma unroll
-    for (int n = 0; n < 4; ++n) {
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        const int r = m0 + gq + hh * 8, col = cs + n * 8 + 2 * qq;
-        *reinterpret_cast<float2*>(&sm.s[r * kLdS + col]) =
-            make_float2(round_tf32(S[n][2 * hh]), round_tf32(S[n][2 * hh + 1]));
-      }
-    }
-    float2 u[2][2];
-#pragma unroll
-    for (int n = 0; n < 2; ++n) {
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) u[n][hh] = u_next[n][hh];
-    }
-    const float e_lo = el_next[0], e_hi = el_next[1];
-    if (c + 1 < nc) load_u(in + kChunkFloats);
     cp_async_wait<0>();
     __syncthreads();
     if (c + 1 < nc) {
-      prefetch(sm, buf ^ 1, in + kChunkFloats, tid);
+      prefetch(sm, buf ^ 1, in + kChunkFloats, j0, tid);
       cp_async_commit();
     }
 
-    // D = U - W S and O = QG S.
-    float dacc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
-    float oacc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
-    const __half* w = sm.w[buf];
-    const __half* qg = sm.a[buf];
-#pragma unroll 4
-    for (int k0 = 0; k0 < kDk; k0 += 8) {
-      uint32_t a[4], aq[4];
-      load_a_h(a, w, kLdH, dm, k0, gq, qq);
-      load_a_h(aq, qg, kLdAo, dm, k0, gq, qq);
+    // D^T = -S^T W^T and O^T = S^T QG^T (k = state rows), sharing S^T's fragments. The
+    // ldmatrix tiles: lanes 8 i.. address tile i = (chunk rows 8 (2 np + i / 2).., k half i % 2).
+    float DT[kC / 8][4], OT[kC / 8][4];
 #pragma unroll
-      for (int n = 0; n < 2; ++n) {
-        uint32_t bb[2];
-        load_b_rounded(bb, sm.s, kLdS, k0, dn + n * 8, gq, qq);
-        mma_tf32(dacc[n], a, bb);
-        mma_tf32(oacc[n], aq, bb);
-      }
+    for (int nt = 0; nt < kC / 8; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) DT[nt][e] = OT[nt][e] = 0.f;
     }
+    float scS[2], invS[2];
+    row_scales(ST, scS, invS);
+    const __half* w = sm.w[buf] + (8 * (lane >> 4) + (lane & 7)) * kLdH + 8 * ((lane >> 3) & 1);
+    const __half* at =
+        sm.a[buf] + (8 * (lane >> 4) + (lane & 7)) * kLdAo + 8 * ((lane >> 3) & 1);
 #pragma unroll
-    for (int n = 0; n < 2; ++n) {
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        const int r = dm + gq + hh * 8, col = dn + n * 8 + 2 * qq;
-        *reinterpret_cast<float2*>(&sm.d[r * kLdS + col]) =
-            make_float2(round_tf32(u[n][hh].x - dacc[n][2 * hh]),
-                        round_tf32(u[n][hh].y - dacc[n][2 * hh + 1]));
-      }
-    }
-    __syncthreads();
-
-    // O += Aqk D; rows past the chunk's length (zero padding) are not stored.
-    const __half* aqk = sm.a[buf] + kDk;
-#pragma unroll
-    for (int k0 = 0; k0 < kC; k0 += 8) {
+    for (int j = 0; j < kDk / 16; ++j) {
       uint32_t a[4];
-      load_a_h(a, aqk, kLdAo, dm, k0, gq, qq);
+      acc_as_a(a, ST, j, scS);
 #pragma unroll
-      for (int n = 0; n < 2; ++n) {
-        uint32_t bb[2];
-        load_b_rounded(bb, sm.d, kLdS, k0, dn + n * 8, gq, qq);
-        mma_tf32(oacc[n], a, bb);
+      for (int np = 0; np < kC / 16; ++np) {
+        uint32_t bw[4], bq[4];
+        ldsm_x4(bw, w + 16 * np * kLdH + 16 * j);
+        ldsm_x4(bq, at + 16 * np * kLdAo + 16 * j);
+        mma_f16(DT[2 * np], a, bw[0], bw[1]);
+        mma_f16(DT[2 * np + 1], a, bw[2], bw[3]);
+        mma_f16(OT[2 * np], a, bq[0], bq[1]);
+        mma_f16(OT[2 * np + 1], a, bq[2], bq[3]);
+      }
+    }
+    // D^T = U^T + that (scaled back); O^T scaled back.
+    const float* u = sm.u[buf];
+#pragma unroll
+    for (int nt = 0; nt < kC / 8; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int t = 8 * nt + 2 * q + (e & 1), col = vl + g + 8 * (e >> 1);
+        DT[nt][e] = fmaf(-DT[nt][e], invS[e >> 1], u[t * kLdU + col]);
+        OT[nt][e] *= invS[e >> 1];
+      }
+    }
+    float scD[2], invD[2];
+    row_scales(DT, scD, invD);
+    uint32_t DA[kC / 16][4];
+#pragma unroll
+    for (int j = 0; j < kC / 16; ++j) acc_as_a(DA[j], DT, j, scD);
+
+    // O^T += D^T Aqk^T (k = chunk rows s, n = chunk rows t; Aqk is zero for s > t, so the tile
+    // pairs of t below s are skipped); rows past the chunk's length (zero padding) are not
+    // stored.
+#pragma unroll
+    for (int nt = 0; nt < kC / 8; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) DT[nt][e] = 0.f;  // O2^T, D^T's registers
+    }
+#pragma unroll
+    for (int j = 0; j < kC / 16; ++j) {
+#pragma unroll
+      for (int np = j; np < kC / 16; ++np) {
+        uint32_t bq[4];
+        ldsm_x4(bq, at + 16 * np * kLdAo + kDk + 16 * j);
+        mma_f16(DT[2 * np], DA[j], bq[0], bq[1]);
+        mma_f16(DT[2 * np + 1], DA[j], bq[2], bq[3]);
       }
     }
     const int t0 = c * kC, L = min(kC, T - t0);
+    float* const ob = p.o + ((b * T + t0) * H + h) * int64_t(kDv) + v0 + g;
 #pragma unroll
-    for (int n = 0; n < 2; ++n) {
+    for (int nt = 0; nt < kC / 8; ++nt) {
 #pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        const int r = dm + gq + hh * 8, col = j0 + dn + n * 8 + 2 * qq;
-        if (r < L) {
-          float* dst = p.o + ((b * T + t0 + r) * H + h) * int64_t(kDv) + col;
-          *reinterpret_cast<float2*>(dst) = make_float2(oacc[n][2 * hh], oacc[n][2 * hh + 1]);
-        }
+      for (int e = 0; e < 4; ++e) {
+        const int t = 8 * nt + 2 * q + (e & 1);
+        if (t < L) ob[int64_t(t) * H * kDv + 8 * (e >> 1)] = fmaf(DT[nt][e], invD[e >> 1], OT[nt][e]);
       }
     }
 
-    // S = exp(G_last) S + KG^T D: A (m = state row, k = chunk row) reads KG transposed.
+    // S^T = S^T exp(G_last) + D^T KG (k = chunk rows, n = state rows), the product in its own
+    // accumulators (scaled back as it is added). KG's tiles through ldmatrix.trans: lanes 8 i..
+    // address tile i = (chunk rows 16 j + 8 (i % 2).., state rows 8 (2 np + i / 2)..).
+    float dS[kDk / 8][4];
 #pragma unroll
-    for (int n = 0; n < 4; ++n) {
-      S[n][0] *= e_lo;
-      S[n][1] *= e_lo;
-      S[n][2] *= e_hi;
-      S[n][3] *= e_hi;
+    for (int n = 0; n < kDk / 8; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) dS[n][e] = 0.f;
     }
-    const __half* kg = sm.kg[buf];
-#pragma unroll 2
-    for (int k0 = 0; k0 < kC; k0 += 8) {
-      uint32_t a[4];
-      a[0] = tf32_h(kg[(k0 + qq) * kLdH + m0 + gq]);
-      a[1] = tf32_h(kg[(k0 + qq) * kLdH + m0 + gq + 8]);
-      a[2] = tf32_h(kg[(k0 + qq + 4) * kLdH + m0 + gq]);
-      a[3] = tf32_h(kg[(k0 + qq + 4) * kLdH + m0 + gq + 8]);
+    const __half* kg = sm.kg[buf] + (8 * ((lane >> 3) & 1) + (lane & 7)) * kLdH + 8 * (lane >> 4);
 #pragma unroll
-      for (int n = 0; n < 4; ++n) {
-        uint32_t bb[2];
-        load_b_rounded(bb, sm.d, kLdS, k0, cs + n * 8, gq, qq);
-        mma_tf32(S[n], a, bb);
+    for (int j = 0; j < kC / 16; ++j) {
+#pragma unroll
+      for (int np = 0; np < kDk / 16; ++np) {
+        uint32_t bk[4];
+        ldsm_x4_trans(bk, kg + 16 * j * kLdH + 16 * np);
+        mma_f16(dS[2 * np], DA[j], bk[0], bk[1]);
+        mma_f16(dS[2 * np + 1], DA[j], bk[2], bk[3]);
       }
+    }
+    const float* el = sm.el[buf];
+#pragma unroll
+    for (int n = 0; n < kDk / 8; ++n) {
+      const float2 e2 = *reinterpret_cast<const float2*>(&el[8 * n + 2 * q]);
+      ST[n][0] = fmaf(ST[n][0], e2.x, dS[n][0] * invD[0]);
+      ST[n][1] = fmaf(ST[n][1], e2.y, dS[n][1] * invD[0]);
+      ST[n][2] = fmaf(ST[n][2], e2.x, dS[n][2] * invD[1]);
+      ST[n][3] = fmaf(ST[n][3], e2.y, dS[n][3] * invD[1]);
     }
   }
 
   float* sout = p.state_out[b];
   if (sout) {
 #pragma unroll
-    for (int n = 0; n < 4; ++n) {
+    for (int n = 0; n < kDk / 8; ++n) {
 #pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        const int r = m0 + gq + hh * 8, col = j0 + cs + n * 8 + 2 * qq;
-        *reinterpret_cast<float2*>(sout + plane + int64_t(r) * kDv + col) =
-            make_float2(S[n][2 * hh], S[n][2 * hh + 1]);
+      for (int e = 0; e < 4; ++e) {
+        const int r = 8 * n + 2 * q + (e & 1), col = v0 + g + 8 * (e >> 1);
+        sout[plane + int64_t(r) * kDv + col] = ST[n][e];
       }
     }
   }
@@ -277,7 +320,7 @@ int launch_parts(MemraCudaCtx* ctx, const memra::cuda::kda::ChunkProblem& p, int
 
 namespace memra::cuda::kda {
 
-// Quarters where halves would fill at most half of the SMs (each chain is a block; a chain's
+// Quarters where halves would fill at most half of the SMs (each chain is a warp; a chain's
 // speed is its SM's, so idle SMs are lost time).
 int launch_chunk_state(MemraCudaCtx* ctx, const ChunkProblem& p, int nc, const float* scratch) {
   int sms = 0;
