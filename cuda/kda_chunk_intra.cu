@@ -131,19 +131,27 @@ __global__ void __launch_bounds__(kThreads, 2)
   // Inputs, every tile with cp.async (all of a thread's copies in flight at once; the host
   // side guarantees 16-byte aligned rows: kda_scan.cu, gdn.cu); rows past L are zero-filled
   // (they add nothing anywhere). GDN's g is one value per row, broadcast over the channels.
-  for (int i = tid; i < kC * (kDk / 4); i += kThreads) {
-    const int r = i / (kDk / 4), c4 = i % (kDk / 4);
-    const bool in = r < L;
-    const int64_t off = int64_t(in ? r : 0) * p.ld_qk + 4 * c4;
-    const int bytes = in ? 16 : 0;
-    cp_async_16(&sm.k[r * kLd + 4 * c4], kh + off, bytes);
-    cp_async_16(&sm.q[r * kLd + 4 * c4], qh + off, bytes);
-    const int64_t gi = (n0 + (in ? r : 0)) * H + h;
-    if constexpr (kScalarG) {
-      const float gs = in ? __ldg(p.g + gi) : 0.f;
-      *reinterpret_cast<float4*>(&sm.G[r * kLd + 4 * c4]) = make_float4(gs, gs, gs, gs);
-    } else {
-      cp_async_16(&sm.G[r * kLd + 4 * c4], p.g + gi * kDk + 4 * c4, bytes);
+  // A thread's copies: channels c4.. of rows r0, r0 + 8, ... (a compile-time trip count, so
+  // its addresses sit at constant offsets).
+  constexpr int kVec4 = kDk / 4, kLoadRows = kThreads / kVec4;
+  static_assert(kThreads % kVec4 == 0 && kC % kLoadRows == 0, "whole passes");
+  {
+    const int r0 = tid / kVec4, c4 = 4 * (tid % kVec4);
+#pragma unroll
+    for (int it = 0; it < kC / kLoadRows; ++it) {
+      const int r = r0 + it * kLoadRows;
+      const bool in = r < L;
+      const int64_t off = int64_t(in ? r : 0) * p.ld_qk + c4;
+      const int bytes = in ? 16 : 0;
+      cp_async_16(&sm.k[r * kLd + c4], kh + off, bytes);
+      cp_async_16(&sm.q[r * kLd + c4], qh + off, bytes);
+      const int64_t gi = (n0 + (in ? r : 0)) * H + h;
+      if constexpr (kScalarG) {
+        const float gs = in ? __ldg(p.g + gi) : 0.f;
+        *reinterpret_cast<float4*>(&sm.G[r * kLd + c4]) = make_float4(gs, gs, gs, gs);
+      } else {
+        cp_async_16(&sm.G[r * kLd + c4], p.g + gi * kDk + c4, bytes);
+      }
     }
   }
   cp_async_commit();
@@ -176,9 +184,11 @@ __global__ void __launch_bounds__(kThreads, 2)
   for (int w = 0; w < kDk / 32; ++w) safe = safe && sm.gmin[w] >= -kSafeG;
 
   // Aqk is zero above the diagonal (the output GEMM multiplies the whole tile).
-  for (int i = tid; i < kC * kC; i += kThreads) {
-    const int r = i / kC, s = i % kC;
-    if (s > r) aqk_h[r * kLdOutA + s] = __float2half_rn(0.f);
+  static_assert(kThreads % kC == 0, "whole rows a pass");
+#pragma unroll
+  for (int it = 0; it < kC / (kThreads / kC); ++it) {
+    const int r = tid / kC + it * (kThreads / kC);
+    if (tid % kC > r) aqk_h[r * kLdOutA + tid % kC] = __float2half_rn(0.f);
   }
 
   // Akk's tensor-core tiles, beta applied, stay in registers until q's tile is dead (tile_plan).
@@ -361,10 +371,12 @@ __global__ void __launch_bounds__(kThreads, 2)
   __syncthreads();
   // G and q are dead: v streams into G's tile (waited for before the W / U products) while Akk
   // goes into q's tile and the inverse runs.
-  for (int i = tid; i < kC * (kDv / 4); i += kThreads) {
-    const int r = i / (kDv / 4), c4 = i % (kDv / 4);
+  static_assert(kDv == kDk, "v's copies take q / k's pattern");
+#pragma unroll
+  for (int it = 0; it < kC / kLoadRows; ++it) {
+    const int r = tid / kVec4 + it * kLoadRows, c4 = 4 * (tid % kVec4);
     const bool in = r < L;
-    cp_async_16(&sv[r * kLd + 4 * c4], vh + int64_t(in ? r : 0) * p.ld_v + 4 * c4, in ? 16 : 0);
+    cp_async_16(&sv[r * kLd + c4], vh + int64_t(in ? r : 0) * p.ld_v + c4, in ? 16 : 0);
   }
   cp_async_commit();
   // Akk's strictly lower part (the only part the inverse reads): every warp's tensor-core tiles

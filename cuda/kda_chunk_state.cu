@@ -63,33 +63,55 @@ struct StateSmem {
   float el[2][kDk];         // exp(G_last) likewise
 };
 
-// cp.async of chunk `in`'s tiles into buffer `buf` (every thread its share).
+// cp.async of chunk `in`'s tiles into buffer `buf` (every thread its share). Each loop has a
+// compile-time trip count and a row step that is a multiple of the thread count's rows, so a
+// thread's copies sit at constant offsets from one address pair (no per-copy index arithmetic).
 template <int kParts>
 __device__ __forceinline__ void prefetch(StateSmem<kParts>& sm, int buf, const float* in, int j0,
                                          int tid) {
   constexpr int kThreads = StateShape<kParts>::kThreads;
   constexpr int kDvb = StateShape<kParts>::kDvb;
   constexpr int kLdU = StateShape<kParts>::kLdU;
-  constexpr int kVec = kDk / 8;  // 16-byte pieces per f16 row
-  const __half* w = reinterpret_cast<const __half*>(in + kOffW);
-  const __half* kg = reinterpret_cast<const __half*>(in + kOffKG);
-  for (int i = tid; i < kC * kVec; i += kThreads) {
-    const int r = i / kVec, c8 = i % kVec;
-    cp_async_16(&sm.w[buf][r * kLdH + 8 * c8], w + r * kDk + 8 * c8);
-    cp_async_16(&sm.kg[buf][r * kLdH + 8 * c8], kg + r * kDk + 8 * c8);
+  // W and KG: rows of 16 pieces of 16 bytes.
+  constexpr int kVec = kDk / 8, kRowsW = kThreads / kVec;
+  static_assert(kThreads % kVec == 0 && kC % kRowsW == 0, "whole passes");
+  {
+    const int r0 = tid / kVec, c8 = 8 * (tid % kVec);
+    const __half* w = reinterpret_cast<const __half*>(in + kOffW) + r0 * kDk + c8;
+    const __half* kg = reinterpret_cast<const __half*>(in + kOffKG) + r0 * kDk + c8;
+    __half* sw = &sm.w[buf][r0 * kLdH + c8];
+    __half* skg = &sm.kg[buf][r0 * kLdH + c8];
+#pragma unroll
+    for (int r = 0; r < kC; r += kRowsW) {
+      cp_async_16(sw + r * kLdH, w + r * kDk);
+      cp_async_16(skg + r * kLdH, kg + r * kDk);
+    }
   }
-  constexpr int kVecA = kLdOutA / 8;
-  const __half* a = reinterpret_cast<const __half*>(in + kOffA);
-  for (int i = tid; i < kC * kVecA; i += kThreads) {
-    const int r = i / kVecA, c8 = i % kVecA;
-    cp_async_16(&sm.a[buf][r * kLdAo + 8 * c8], a + r * kLdOutA + 8 * c8);
+  // [QG | Aqk]: rows of 24 pieces, as three groups of 8.
+  constexpr int kRowsA = kThreads / 8;
+  static_assert(kLdOutA == 3 * 64 && kC % kRowsA == 0, "whole passes");
+  {
+    const int r0 = tid / 8, c8 = 8 * (tid % 8);
+    const __half* a = reinterpret_cast<const __half*>(in + kOffA) + r0 * kLdOutA + c8;
+    __half* sa = &sm.a[buf][r0 * kLdAo + c8];
+#pragma unroll
+    for (int r = 0; r < kC; r += kRowsA) {
+#pragma unroll
+      for (int grp = 0; grp < 3; ++grp) cp_async_16(sa + r * kLdAo + 64 * grp, a + r * kLdOutA + 64 * grp);
+    }
   }
-  constexpr int kVecU = kDvb / 4;
-  for (int i = tid; i < kC * kVecU; i += kThreads) {
-    const int r = i / kVecU, c4 = i % kVecU;
-    cp_async_16(&sm.u[buf][r * kLdU + 4 * c4], in + kOffU + r * kDv + j0 + 4 * c4);
+  // The block's U columns: rows of kDvb / 4 pieces.
+  constexpr int kVecU = kDvb / 4, kRowsU = kThreads / kVecU;
+  static_assert(kThreads % kVecU == 0 && kC % kRowsU == 0, "whole passes");
+  {
+    const int r0 = tid / kVecU, c4 = 4 * (tid % kVecU);
+    const float* u = in + kOffU + r0 * kDv + j0 + c4;
+    float* su = &sm.u[buf][r0 * kLdU + c4];
+#pragma unroll
+    for (int r = 0; r < kC; r += kRowsU) cp_async_16(su + r * kLdU, u + r * kDv);
   }
-  for (int i = tid; i < kDk / 4; i += kThreads) cp_async_16(&sm.el[buf][4 * i], in + kOffEl + 4 * i);
+  static_assert(kThreads >= kDk / 4, "exp(G_last) in one pass");
+  if (tid < kDk / 4) cp_async_16(&sm.el[buf][4 * tid], in + kOffEl + 4 * tid);
 }
 
 // The power of two sc (and 1 / sc) that puts m, a row's largest magnitude, in [2^14, 2^15):

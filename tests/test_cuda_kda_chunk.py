@@ -382,6 +382,26 @@ def test_chunked_many_heads_take_the_state_kernels_column_halves(e):
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize("T,kind", [(130, "tiny"), (130, "huge"), (200, "alternating")])
+def test_chunked_keeps_each_state_columns_own_precision(e, T, kind):
+    # The state kernel rounds S and D to f16 after scaling each state column by a power of two
+    # (cuda/kda_chunk_state.cu). Value columns scaled by 1e-30 (all), 1e30 (all), both beyond
+    # f16's range, or by 1e-12 and 1e12 in turn, 24 decades apart inside every warp's 16
+    # columns (each output and state column is linear in its own v and state column). Every
+    # column must keep the relative precision of its own largest magnitude, which no scaling,
+    # or one scale per warp, would lose.
+    q, k, v, g, beta, state = inputs(T, H=2, seed=800 + T)
+    mag = {"tiny": np.full(DV, 1e-30), "huge": np.full(DV, 1e30),
+           "alternating": np.where(np.arange(DV) % 2 == 0, 1e-12, 1e12)}[kind].astype(np.float32)
+    v, state = f32(v * mag), f32(state * mag)
+    o, s = scan_dev(e, q, k, v, g, beta, state, chunked=True)
+    co, cs = _core.kda_scan(q, k, v, g, beta, state)
+    for c in range(DV):
+        assert_close(o[..., c], co[..., c], what=f"o column {c} (scale {mag[c]:.3g})")
+        assert_close(s[..., c], cs[..., c], what=f"state column {c} (scale {mag[c]:.3g})")
+
+
+@pytest.mark.cuda
 @pytest.mark.parametrize("T", [64, 200])
 def test_chunked_strong_decays_stay_finite_and_close(e, T):
     q, k, v, g, beta, state = inputs(T, H=2, seed=600 + T, strong=True)
