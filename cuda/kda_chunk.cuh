@@ -36,8 +36,8 @@
 // rounded once (to nearest even instead of away); values under 2^-14 lose bits as subnormals
 // (at most 3e-8 absolute). The state kernel's other operands, S and D, are not bounded: each of
 // their rows is scaled by a power of two before its f16 rounding and the products are scaled
-// back exactly (kda_chunk_state.cu), which keeps the 11-bit significand and f32's range. The
-// final state leaves in full f32.
+// back exactly (kda_chunk_state.cu), which keeps the 11-bit significand over f32's normal
+// range. The final state leaves in full f32.
 #pragma once
 
 #include <cstdint>
@@ -90,20 +90,6 @@ __device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4],
       "{%8, %9}, {%0, %1, %2, %3};"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-
-// An f16 value as a TF32 operand: exact (f16's significand has TF32's 11 bits), no cvt.
-__device__ __forceinline__ uint32_t tf32_h(__half x) { return __float_as_uint(__half2float(x)); }
-
-// A fragment of rows r0.., columns k0.. of a row-major f16 smem tile (conflict free for
-// ld / 2 % 32 == 4, or for the ld / 2 = 20 of the output kernel's slices: lanes g = 0..7 land
-// on words 20 g mod 32, eight distinct pairs).
-__device__ __forceinline__ void load_a_h(uint32_t (&a)[4], const __half* s, int ld, int r0,
-                                         int k0, int g, int q) {
-  a[0] = tf32_h(s[(r0 + g) * ld + k0 + q]);
-  a[1] = tf32_h(s[(r0 + g + 8) * ld + k0 + q]);
-  a[2] = tf32_h(s[(r0 + g) * ld + k0 + q + 4]);
-  a[3] = tf32_h(s[(r0 + g + 8) * ld + k0 + q + 4]);
 }
 
 // A fragment of rows r0.., columns k0.. of a row-major smem tile (conflict free for ld % 32 == 4).

@@ -183,7 +183,7 @@ __global__ void __launch_bounds__(kThreads, 2)
 #pragma unroll
   for (int w = 0; w < kDk / 32; ++w) safe = safe && sm.gmin[w] >= -kSafeG;
 
-  // Aqk is zero above the diagonal (the output GEMM multiplies the whole tile).
+  // Aqk is zero above the diagonal (the state kernel's diagonal 16 x 16 tiles read it whole).
   static_assert(kThreads % kC == 0, "whole rows a pass");
 #pragma unroll
   for (int it = 0; it < kC / (kThreads / kC); ++it) {

@@ -16,7 +16,7 @@
 // column) is scaled by a power of two that puts its largest magnitude in [2^14, 2^15) before
 // its f16 rounding, and every product that read it is scaled back exactly: the operand keeps
 // f16's 11-bit significand, TF32's, for every element within 2^-28 of its row's largest (below,
-// an absolute error under 2^-39 of that largest), with f32's exponent range. The sums, the
+// an absolute error under 2^-39 of that largest), over f32's normal range. The sums, the
 // carried state and the output stay f32.
 #include "kda_chunk.cuh"
 #include "mma_bf16.cuh"
@@ -97,7 +97,9 @@ __device__ __forceinline__ void prefetch(StateSmem<kParts>& sm, int buf, const f
 #pragma unroll
     for (int r = 0; r < kC; r += kRowsA) {
 #pragma unroll
-      for (int grp = 0; grp < 3; ++grp) cp_async_16(sa + r * kLdAo + 64 * grp, a + r * kLdOutA + 64 * grp);
+      for (int grp = 0; grp < 3; ++grp) {
+        cp_async_16(sa + r * kLdAo + 64 * grp, a + r * kLdOutA + 64 * grp);
+      }
     }
   }
   // The block's U columns: rows of kDvb / 4 pieces.
@@ -115,11 +117,13 @@ __device__ __forceinline__ void prefetch(StateSmem<kParts>& sm, int buf, const f
 }
 
 // The power of two sc (and 1 / sc) that puts m, a row's largest magnitude, in [2^14, 2^15):
-// under f16's largest finite 65504. Clamped to 2^+-100 (zero or subnormal rows; inf / NaN rows,
-// which stay inf / NaN through the products as in f32).
+// under f16's largest finite 65504. s is kept in [-126, 126], so both powers are normal floats;
+// the bound binds only for rows of zeros or f32 subnormals (largest magnitude under 2^-126:
+// the scaled row is under 1) and for inf / NaN rows (which stay inf / NaN through the products,
+// as in f32).
 __device__ __forceinline__ void pow2_scale(float m, float& sc, float& inv) {
   const int e = (__float_as_int(m) >> 23) & 0xff;
-  const int s = max(-100, min(100, 141 - e));
+  const int s = max(-126, min(126, 141 - e));
   sc = __int_as_float((127 + s) << 23);
   inv = __int_as_float((127 - s) << 23);
 }
@@ -207,8 +211,9 @@ __global__ void __launch_bounds__(StateShape<kParts>::kThreads, 1)
       cp_async_commit();
     }
 
-    // D^T = -S^T W^T and O^T = S^T QG^T (k = state rows), sharing S^T's fragments. The
-    // ldmatrix tiles: lanes 8 i.. address tile i = (chunk rows 8 (2 np + i / 2).., k half i % 2).
+    // S^T W^T (D^T's accumulators, subtracted from U^T below) and O^T = S^T QG^T (k = state
+    // rows), sharing S^T's fragments. The ldmatrix tiles: lanes 8 i.. address tile
+    // i = (chunk rows 8 (2 np + i / 2).., k half i % 2).
     float DT[kC / 8][4], OT[kC / 8][4];
 #pragma unroll
     for (int nt = 0; nt < kC / 8; ++nt) {
@@ -277,7 +282,9 @@ __global__ void __launch_bounds__(StateShape<kParts>::kThreads, 1)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int t = 8 * nt + 2 * q + (e & 1);
-        if (t < L) ob[int64_t(t) * H * kDv + 8 * (e >> 1)] = fmaf(DT[nt][e], invD[e >> 1], OT[nt][e]);
+        if (t < L) {
+          ob[int64_t(t) * H * kDv + 8 * (e >> 1)] = fmaf(DT[nt][e], invD[e >> 1], OT[nt][e]);
+        }
       }
     }
 
