@@ -274,9 +274,15 @@ __global__ void __launch_bounds__(kThreads, 2)
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
             const int t = rb + gq + (e >> 1) * 8, s = 8 * (first + j) + 2 * qq + (e & 1);
+            if (s < t) dk4[j][e] = sm.beta[t] * dk4[j][e];
+          }
+          // Aqk in column pairs (s even; the odd one zero above the diagonal, as the fill).
+#pragma unroll
+          for (int hh = 0; hh < 2; ++hh) {
+            const int t = rb + gq + hh * 8, s = 8 * (first + j) + 2 * qq;
             if (s <= t) {
-              if (s < t) dk4[j][e] = sm.beta[t] * dk4[j][e];
-              aqk_h[t * kLdOutA + s] = __float2half_rn(scale * dq4[j][e]);
+              *reinterpret_cast<__half2*>(&aqk_h[t * kLdOutA + s]) = __floats2half2_rn(
+                  scale * dq4[j][2 * hh], s + 1 <= t ? scale * dq4[j][2 * hh + 1] : 0.f);
             }
           }
         }
@@ -311,13 +317,23 @@ __global__ void __launch_bounds__(kThreads, 2)
 #pragma unroll
     for (int j = 0; j < kMaxTiles; ++j) {
       if (j < count) {
+        float av[4];
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int t = r0 + gq + (e >> 1) * 8, s = 8 * (first + j) + 2 * qq + (e & 1);
+          av[e] = 0.f;  // zero above the diagonal, as the fill
           if (s <= t) {
             const float f = expf(sm.G[t * kLd] - sm.G[s * kLd]);
             if (s < t) dk4[j][e] = sm.beta[t] * (dk4[j][e] * f);
-            aqk_h[t * kLdOutA + s] = __float2half_rn(scale * (dq4[j][e] * f));
+            av[e] = scale * (dq4[j][e] * f);
+          }
+        }
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {  // Aqk in column pairs (s even)
+          const int t = r0 + gq + hh * 8, s = 8 * (first + j) + 2 * qq;
+          if (s <= t) {
+            *reinterpret_cast<__half2*>(&aqk_h[t * kLdOutA + s]) =
+                __floats2half2_rn(av[2 * hh], av[2 * hh + 1]);
           }
         }
       }
