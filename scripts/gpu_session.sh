@@ -38,7 +38,10 @@
 # .triton_cache or .triton_cache.tgz (fla's Triton autotune cache from an earlier call, a folder or
 # the tarball a call returns; the updated cache comes back in $OUT/triton_cache.tgz).
 set -uo pipefail
-OUT0=${OUT:-/tmp/memra-out}; OUT=$OUT0/logs; mkdir -p "$OUT"
+OUT0=${OUT:-/tmp/memra-out}; OUT=$OUT0/logs
+# A second invocation in the same device call keeps the first's logs (the bundle is re-made).
+[ -f "$OUT0/logs.tgz" ] && tar -xzf "$OUT0/logs.tgz" -C "$OUT0"
+mkdir -p "$OUT"
 cd "$(dirname "$0")/.."
 source scripts/gpu_env.sh
 BUDGET_S=${BUDGET_S:-560}
