@@ -240,7 +240,7 @@ __global__ void __launch_bounds__(StateShape<kParts>::kThreads, 1)
         mma_f16(OT[2 * np + 1], a, bq[2], bq[3]);
       }
     }
-    // D^T = U^T + that (scaled back); O^T scaled back.
+    // D^T = U^T minus that product (scaled back); O^T scaled back.
     const float* u = sm.u[buf];
 #pragma unroll
     for (int nt = 0; nt < kC / 8; ++nt) {
