@@ -7,9 +7,10 @@
 // of t's sub-block (s < r <= t: both factors <= 1) on tensor cores; the diagonal sub-blocks are
 // summed element by element in f32, unless every g of the chunk is >= -kSafeG: then r is the
 // sub-block's middle row and the diagonal blocks are tensor-core products too (fla's safe gate).
-// The exponentials (up to 100K a chunk, the largest share of the kernel's instructions) are
-// exp_ftz: __expf's value (ex2.approx of x log2(e): relative error within about 1e-5, far under
-// the TF32 operands' 2^-11) wherever the result is a normal float; results below 2^-126 are 0.
+// The cumulative decay is kept in log2 units (G2 = log2(e) G, each step one fma), so the
+// exponentials (up to 100K a chunk, the largest share of the kernel's instructions) are one
+// ex2.approx.ftz each (exp2_ftz: relative error within about 1e-5 wherever the result is a normal
+// float, far under the TF32 operands' 2^-11; results below 2^-126 are 0).
 //
 // KDA reads q / k / g of the state head itself; GDN (kScalarG) reads q / k of key head h / group
 // and one g per (row, head), broadcast over the channels: the values of KDA's kernel on GDN's
@@ -23,16 +24,20 @@ using memra::cuda::launch_status;
 
 namespace {
 
-// __expf(x) bit for bit where the result is a normal float (the same product by log2(e) rounded
-// to f32, the same ex2.approx), without __expf's fix-up for results under 2^-126, which become 0
-// (ex2.approx.ftz): three instructions an exponential fewer.
-__device__ __forceinline__ float exp_ftz(float x) {
+// 2^x by ex2.approx.ftz (exp2f's fast form without its fix-up for results under 2^-126, which
+// become 0). The arguments are differences of the log2-unit cumulative decay G2.
+__device__ __forceinline__ float exp2_ftz(float x) {
   float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(__fmul_rn(x, 1.4426950408889634f)));
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
   return y;
 }
+constexpr float kLog2e = 1.4426950408889634f;
 
-constexpr int kLd = kDk + 4;    // smem row stride of [64, 128] tiles (A fragments conflict free)
+__device__ __forceinline__ float2 ld2(const float* p) { return *reinterpret_cast<const float2*>(p); }
+
+// smem row stride of [64, 128] tiles: the A's channel-pair (float2) operand loads and the
+// W / U products' B fragments are conflict free at ld % 32 == 8.
+constexpr int kLd = kDk + 8;
 constexpr int kLdA = kC + 4;    // smem row stride of [64, 64] tiles
 constexpr int kThreads = 256;   // 8 warps
 // A KDA chunk whose every g is >= -kSafeG takes its diagonal sub-blocks on tensor cores too,
@@ -53,7 +58,7 @@ static_assert(3 * kSub * (kSub + 1) <= kXFloats, "the per-level products fit x")
 struct IntraSmem {
   float k[kC * kLd];  // k; after the A's: beta k exp(G)
   float q[kC * kLd];  // q; after the A's: Tm = (I + Akk)^-1 [64, kLdA], then Akk [64, 64]
-  float G[kC * kLd];  // cumulative log decay; once dead: v [64, kLd]
+  float G[kC * kLd];  // cumulative log decay, log2 units (G2); once dead: beta v [64, kLd]
   float x[kXFloats];
   float beta[kC];
   float gmin[kThreads / 32];  // each cumulative-sum warp's smallest g (KDA)
@@ -124,7 +129,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   float* const tm = sm.q;
   float* const akk = sm.q + kC * kLdA;  // [64, 64] (akk_at)
   float* const x = sm.x;
-  float* const sv = sm.G;  // v, once G is dead
+  float* const sv = sm.G;  // beta v (TF32-rounded), once G is dead
   __half* const a_h = reinterpret_cast<__half*>(out + kOffA);  // [QG | Aqk], ld kLdOutA
   __half* const aqk_h = a_h + kDk;
 
@@ -159,9 +164,10 @@ __global__ void __launch_bounds__(kThreads, 2)
   cp_async_wait<0>();
   __syncthreads();
 
-  // G: the inclusive cumulative sum over the chunk's rows, one channel per thread of warps 0-3,
-  // the column in registers (its loads all in flight, then the chain of adds); the smallest g
-  // of the chunk on the way (KDA's safe gate; the zero rows past L change no decision).
+  // G2 = log2(e) G: the inclusive cumulative sum over the chunk's rows in log2 units (every
+  // exponential below is a power of two of a difference of G2), one channel per thread of warps
+  // 0-3, the column in registers (its loads all in flight, then the chain of fmas); the smallest
+  // g of the chunk on the way (KDA's safe gate; the zero rows past L change no decision).
   static_assert(kDk == 4 * 32, "the cumulative sum's four warps");
   if (tid < kDk) {
     float gv[kC];
@@ -171,7 +177,7 @@ __global__ void __launch_bounds__(kThreads, 2)
 #pragma unroll
     for (int r = 0; r < kC; ++r) {
       gmin = fminf(gmin, gv[r]);
-      acc = __fadd_rn(acc, gv[r]);
+      acc = __fmaf_rn(gv[r], kLog2e, acc);
       sm.G[r * kLd + tid] = acc;
     }
 #pragma unroll
@@ -183,12 +189,16 @@ __global__ void __launch_bounds__(kThreads, 2)
 #pragma unroll
   for (int w = 0; w < kDk / 32; ++w) safe = safe && sm.gmin[w] >= -kSafeG;
 
-  // Aqk is zero above the diagonal (the state kernel's diagonal 16 x 16 tiles read it whole).
-  static_assert(kThreads % kC == 0, "whole rows a pass");
+  // Aqk is zero above the diagonal within the diagonal 16 x 16 blocks, which the state kernel
+  // reads whole; it never reads the blocks above them (left unwritten). A thread per (row, four
+  // columns) of those blocks; the products below write the elements on and under the diagonal.
+  static_assert(kThreads == (kC / kSub) * kSub * (kSub / 4), "one pass");
+  {
+    const int rr = (tid >> 2) & (kSub - 1), t = (tid >> 6) * kSub + rr, c0 = 4 * (tid & 3);
 #pragma unroll
-  for (int it = 0; it < kC / (kThreads / kC); ++it) {
-    const int r = tid / kC + it * (kThreads / kC);
-    if (tid % kC > r) aqk_h[r * kLdOutA + tid % kC] = __float2half_rn(0.f);
+    for (int e = 0; e < 4; ++e) {
+      if (c0 + e > rr) aqk_h[t * kLdOutA + (t - rr) + c0 + e] = __float2half_rn(0.f);
+    }
   }
 
   // Akk's tensor-core tiles, beta applied, stay in registers until q's tile is dead (tile_plan).
@@ -218,8 +228,8 @@ __global__ void __launch_bounds__(kThreads, 2)
       const float4 ks = *reinterpret_cast<const float4*>(&sm.k[s * kLd + 4 * lane]);
       const float4 gt = *reinterpret_cast<const float4*>(&sm.G[t * kLd + 4 * lane]);
       const float4 gs = *reinterpret_cast<const float4*>(&sm.G[s * kLd + 4 * lane]);
-      const float e0 = exp_ftz(gt.x - gs.x), e1 = exp_ftz(gt.y - gs.y),
-                  e2 = exp_ftz(gt.z - gs.z), e3 = exp_ftz(gt.w - gs.w);
+      const float e0 = exp2_ftz(gt.x - gs.x), e1 = exp2_ftz(gt.y - gs.y),
+                  e2 = exp2_ftz(gt.z - gs.z), e3 = exp2_ftz(gt.w - gs.w);
       float skk = kt.x * ks.x * e0 + kt.y * ks.y * e1 + kt.z * ks.z * e2 + kt.w * ks.w * e3;
       float sqk = qt.x * ks.x * e0 + qt.y * ks.y * e1 + qt.z * ks.z * e2 + qt.w * ks.w * e3;
 #pragma unroll
@@ -237,7 +247,9 @@ __global__ void __launch_bounds__(kThreads, 2)
     // exp(G_t - G_r) exp(G_r - G_s), r a reference row of block I. A safe chunk: r = 16 I + 8
     // for every J <= I (the products above the diagonal are dropped). Otherwise J < I with
     // r = 16 I (s < r <= t: both factors <= 1). A warp forms its row block's A operands once
-    // per k-step for all its column tiles (tile_plan).
+    // per k-step for all its column tiles (tile_plan). The channel sum's order is free, so the
+    // fragment's k = q and q + 4 are channels k0 + 2 q and k0 + 2 q + 1 in A and B alike: every
+    // shared-memory operand is one float2 load.
     if (count > 0) {
       const int rb = I * kSub, r = rb + (safe ? kSub / 2 : 0);
       float dq4[kMaxTiles][4];
@@ -246,23 +258,26 @@ __global__ void __launch_bounds__(kThreads, 2)
 #pragma unroll 2
       for (int k0 = 0; k0 < kDk; k0 += 8) {
         uint32_t ak[4], aq[4];
+        const int ch = k0 + 2 * qq;
+        const float2 gr = ld2(&sm.G[r * kLd + ch]);
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int t = rb + gq + (e & 1) * 8, ch = k0 + qq + (e >> 1) * 4;
-          const float f = exp_ftz(sm.G[t * kLd + ch] - sm.G[r * kLd + ch]);
-          ak[e] = tf32(sm.k[t * kLd + ch] * f);
-          aq[e] = tf32(sm.q[t * kLd + ch] * f);
+        for (int h8 = 0; h8 < 2; ++h8) {  // rows t = rb + gq (a0, a2), + 8 (a1, a3)
+          const int t = rb + gq + 8 * h8;
+          const float2 gt = ld2(&sm.G[t * kLd + ch]), kt = ld2(&sm.k[t * kLd + ch]),
+                       qt = ld2(&sm.q[t * kLd + ch]);
+          const float f0 = exp2_ftz(gt.x - gr.x), f1 = exp2_ftz(gt.y - gr.y);
+          ak[h8] = tf32(kt.x * f0);
+          ak[h8 + 2] = tf32(kt.y * f1);
+          aq[h8] = tf32(qt.x * f0);
+          aq[h8 + 2] = tf32(qt.y * f1);
         }
 #pragma unroll
         for (int j = 0; j < kMaxTiles; ++j) {
           if (j < count) {  // warp-uniform
             const int s = 8 * (first + j) + gq;
-            uint32_t bb[2];
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              const int ch = k0 + qq + e * 4;
-              bb[e] = tf32(sm.k[s * kLd + ch] * exp_ftz(sm.G[r * kLd + ch] - sm.G[s * kLd + ch]));
-            }
+            const float2 ks = ld2(&sm.k[s * kLd + ch]), gs = ld2(&sm.G[s * kLd + ch]);
+            const uint32_t bb[2] = {tf32(ks.x * exp2_ftz(gr.x - gs.x)),
+                                    tf32(ks.y * exp2_ftz(gr.y - gs.y))};
             mma_tf32(dk4[j], ak, bb);
             mma_tf32(dq4[j], aq, bb);
           }
@@ -299,16 +314,24 @@ __global__ void __launch_bounds__(kThreads, 2)
     for (int j = 0; j < kMaxTiles; ++j) dq4[j][0] = dq4[j][1] = dq4[j][2] = dq4[j][3] = 0.f;
 #pragma unroll 2
     for (int k0 = 0; k0 < kDk; k0 += 8) {
+      // k = q, q + 4 are channels k0 + 2 q, + 1 (as in KDA's products above): float2 loads.
+      const int ch = k0 + 2 * qq;
       uint32_t ak[4], aq[4];
-      load_a(ak, sm.k, kLd, r0, k0, gq, qq);
-      load_a(aq, sm.q, kLd, r0, k0, gq, qq);
+#pragma unroll
+      for (int h8 = 0; h8 < 2; ++h8) {
+        const int t = r0 + gq + 8 * h8;
+        const float2 kt = ld2(&sm.k[t * kLd + ch]), qt = ld2(&sm.q[t * kLd + ch]);
+        ak[h8] = tf32(kt.x);
+        ak[h8 + 2] = tf32(kt.y);
+        aq[h8] = tf32(qt.x);
+        aq[h8 + 2] = tf32(qt.y);
+      }
 #pragma unroll
       for (int j = 0; j < kMaxTiles; ++j) {
         if (j < count) {
           const int s = 8 * (first + j) + gq;
-          uint32_t bb[2];
-          bb[0] = tf32(sm.k[s * kLd + k0 + qq]);  // B(channel, s) = k_s[channel]
-          bb[1] = tf32(sm.k[s * kLd + k0 + qq + 4]);
+          const float2 ks = ld2(&sm.k[s * kLd + ch]);  // B(channel, s) = k_s[channel]
+          const uint32_t bb[2] = {tf32(ks.x), tf32(ks.y)};
           mma_tf32(dk4[j], ak, bb);
           mma_tf32(dq4[j], aq, bb);
         }
@@ -323,7 +346,7 @@ __global__ void __launch_bounds__(kThreads, 2)
           const int t = r0 + gq + (e >> 1) * 8, s = 8 * (first + j) + 2 * qq + (e & 1);
           av[e] = 0.f;  // zero above the diagonal, as the fill
           if (s <= t) {
-            const float f = expf(sm.G[t * kLd] - sm.G[s * kLd]);
+            const float f = exp2f(sm.G[t * kLd] - sm.G[s * kLd]);
             if (s < t) dk4[j][e] = sm.beta[t] * (dk4[j][e] * f);
             av[e] = scale * (dq4[j][e] * f);
           }
@@ -344,7 +367,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   // Once the A's have read k: scale q exp(G) and k exp(G_last - G) to scratch (f16; rows past L
   // are zeros; G_last = G of row L - 1, which the zero-padded rows repeat up to row 63),
   // exp(G_last), and beta k exp(G) over k (each element read and written by one thread). The
-  // stored factors are f16 or TF32 operands: exp_ftz's error does not show. beta k exp(G) is
+  // stored factors are f16 or TF32 operands: exp2_ftz's error does not show. beta k exp(G) is
   // stored TF32-rounded (the W product's B operand, read without a cvt).
   __half* const kg_h = reinterpret_cast<__half*>(out + kOffKG);
   // A thread keeps a pair of channels (8-byte shared loads, 4-byte f16 pair stores) and takes
@@ -357,7 +380,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     const int ch = 2 * (tid % kPairs);
     const float2 gl = *reinterpret_cast<const float2*>(&sm.G[(kC - 1) * kLd + ch]);
     if (tid < kPairs) {  // the state's decay: the accurate exp
-      *reinterpret_cast<float2*>(&out[kOffEl + ch]) = make_float2(expf(gl.x), expf(gl.y));
+      *reinterpret_cast<float2*>(&out[kOffEl + ch]) = make_float2(exp2f(gl.x), exp2f(gl.y));
     }
     for (int r0 = tid / kPairs; r0 < kC; r0 += kRowStep * kBatch) {
       float2 gr[kBatch], kv[kBatch], qv[kBatch];
@@ -372,13 +395,13 @@ __global__ void __launch_bounds__(kThreads, 2)
       for (int u = 0; u < kBatch; ++u) {
         const int r = r0 + u * kRowStep;
         const float b = sm.beta[r];
-        const float egx = exp_ftz(gr[u].x), egy = exp_ftz(gr[u].y);
+        const float egx = exp2_ftz(gr[u].x), egy = exp2_ftz(gr[u].y);
         *reinterpret_cast<__half2*>(&a_h[r * kLdOutA + ch]) =
             __floats2half2_rn(__fmul_rn(__fmul_rn(qv[u].x, scale), egx),
                               __fmul_rn(__fmul_rn(qv[u].y, scale), egy));
         *reinterpret_cast<__half2*>(&kg_h[r * kDk + ch]) =
-            __floats2half2_rn(__fmul_rn(kv[u].x, exp_ftz(__fsub_rn(gl.x, gr[u].x))),
-                              __fmul_rn(kv[u].y, exp_ftz(__fsub_rn(gl.y, gr[u].y))));
+            __floats2half2_rn(__fmul_rn(kv[u].x, exp2_ftz(__fsub_rn(gl.x, gr[u].x))),
+                              __fmul_rn(kv[u].y, exp2_ftz(__fsub_rn(gl.y, gr[u].y))));
         *reinterpret_cast<float2*>(&sm.k[r * kLd + ch]) =
             make_float2(round_tf32(b * kv[u].x * egx), round_tf32(b * kv[u].y * egy));
       }
@@ -489,15 +512,28 @@ __global__ void __launch_bounds__(kThreads, 2)
       __syncthreads();
     }
   }
-  cp_async_wait<0>();  // v
+  // v: each thread waits for its own copies and turns them into beta v rounded to TF32 in place
+  // (U's B operand, then read without a cvt, the bits the products formed before), so the
+  // barrier below covers them.
+  cp_async_wait<0>();
+#pragma unroll
+  for (int it = 0; it < kC / kLoadRows; ++it) {
+    const int r = tid / kVec4 + it * kLoadRows, c4 = 4 * (tid % kVec4);
+    float4* const pv = reinterpret_cast<float4*>(&sv[r * kLd + c4]);
+    const float4 x4 = *pv;
+    const float b = sm.beta[r];
+    *pv = make_float4(round_tf32(b * x4.x), round_tf32(b * x4.y), round_tf32(b * x4.z),
+                      round_tf32(b * x4.w));
+  }
   __syncthreads();
 
   // W = Tm (beta k exp(G)) (warps 0-3), U = Tm (beta v) (warps 4-7). Tm is lower triangular,
   // so row block I's products run over k < 16 (I + 1): 2 (I + 1) k-steps. A warp takes row
   // blocks {0, 3} or {1, 2} (10 k-steps either way) for one half of the columns, so every warp
-  // carries the same work (v's rows past L are zeros, and so is their beta).
+  // carries the same work (v's rows past L are zeros, and so is their beta v).
   {
     const bool is_w = warp < 4;
+    const float* const bsrc = is_w ? sm.k : sv;  // both stored TF32-rounded
     const int pair = (warp >> 1) & 1, n0 = (warp & 1) * (kDk / 16);  // n0: first column tile
 #pragma unroll 1
     for (int blk = 0; blk < 2; ++blk) {
@@ -508,25 +544,11 @@ __global__ void __launch_bounds__(kThreads, 2)
       for (int k0 = 0; k0 < (mi + 1) * kSub; k0 += 8) {
         uint32_t a[4];
         load_a(a, tm, kLdA, mi * kSub, k0, gq, qq);
-        if (is_w) {  // beta k exp(G) was stored TF32-rounded
 #pragma unroll
-          for (int n = 0; n < kDk / 16; ++n) {
-            uint32_t bb[2];
-            load_b_rounded(bb, sm.k, kLd, k0, (n0 + n) * 8, gq, qq);
-            mma_tf32(acc[n], a, bb);
-          }
-        } else {
-          const int s0 = k0 + qq, s1 = s0 + 4;
-          const float b0 = sm.beta[s0], b1 = sm.beta[s1];
-          const float* v0 = sv + s0 * kLd + n0 * 8 + gq;
-          const float* v1 = sv + s1 * kLd + n0 * 8 + gq;
-#pragma unroll
-          for (int n = 0; n < kDv / 16; ++n) {
-            uint32_t bb[2];
-            bb[0] = tf32(b0 * v0[n * 8]);
-            bb[1] = tf32(b1 * v1[n * 8]);
-            mma_tf32(acc[n], a, bb);
-          }
+        for (int n = 0; n < kDk / 16; ++n) {
+          uint32_t bb[2];
+          load_b_rounded(bb, bsrc, kLd, k0, (n0 + n) * 8, gq, qq);
+          mma_tf32(acc[n], a, bb);
         }
       }
 #pragma unroll

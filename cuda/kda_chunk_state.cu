@@ -48,7 +48,7 @@ struct StateShape {
   static constexpr int kDvb = kDv / kParts;   // state columns per block
   static constexpr int kWarps = kDvb / 16;
   static constexpr int kThreads = 32 * kWarps;
-  static constexpr int kLdU = kDvb + 4;       // U rows 2 q, 2 q + 1 of a fragment: banks 8 q + g
+  static constexpr int kLdU = kDvb + 4;       // float2 U reads, rows 2 q: banks 8 q + 2 g, + 1
   static_assert(kLdU % 32 == 4 && kDvb % 16 == 0 && kC == 64 && kDk == 128,
                 "conflict-free U reads; the unrolled tile counts of chunk_state_kernel");
 };
@@ -133,12 +133,18 @@ __device__ __forceinline__ void pow2_scale(float m, float& sc, float& inv) {
 template <int N>
 __device__ __forceinline__ void row_scales(const float (&X)[N][4], float (&sc)[2],
                                            float (&inv)[2]) {
-  float m0 = 0.f, m1 = 0.f;
+  // Two chains a row (the maximum is exact in any order: fmaxf drops NaN either way).
+  static_assert(N % 2 == 0, "tile pairs");
+  float m0 = 0.f, m1 = 0.f, m0b = 0.f, m1b = 0.f;
 #pragma unroll
-  for (int n = 0; n < N; ++n) {
+  for (int n = 0; n < N; n += 2) {
     m0 = fmaxf(m0, fmaxf(fabsf(X[n][0]), fabsf(X[n][1])));
     m1 = fmaxf(m1, fmaxf(fabsf(X[n][2]), fabsf(X[n][3])));
+    m0b = fmaxf(m0b, fmaxf(fabsf(X[n + 1][0]), fabsf(X[n + 1][1])));
+    m1b = fmaxf(m1b, fmaxf(fabsf(X[n + 1][2]), fabsf(X[n + 1][3])));
   }
+  m0 = fmaxf(m0, m0b);
+  m1 = fmaxf(m1, m1b);
 #pragma unroll
   for (int o = 1; o <= 2; o <<= 1) {
     m0 = fmaxf(m0, __shfl_xor_sync(0xffffffffu, m0, o));
@@ -160,9 +166,11 @@ __device__ __forceinline__ void acc_as_a(uint32_t (&a)[4], const float (&X)[N][4
 }
 
 // One block per (sequence b, head h, column part): blockIdx.x = (b * H + h) * kParts + part.
-// Warp w owns state columns v0 = j0 + 16 w.. (the m rows of its transposed tiles). Thread (g, q)
-// holds, of 8-wide tile n: S^T[g (+ 8)][8 n + 2 q (+ 1)] (state rows 8 n + 2 q, + 1 of columns
-// v0 + g, v0 + g + 8), likewise D^T and O^T with chunk rows for state rows. Per chunk: wait for
+// Warp w owns state columns v0 = j0 + 16 w.. (the m rows of its transposed tiles, interleaved:
+// m row g is column v0 + 2 g and m row g + 8 is column v0 + 2 g + 1, so a thread's two columns
+// are adjacent and its state, U and output accesses are float2). Thread (g, q) holds, of 8-wide
+// tile n: S^T[g (+ 8)][8 n + 2 q (+ 1)] (state rows 8 n + 2 q, + 1 of columns v0 + 2 g, + 1),
+// likewise D^T and O^T with chunk rows for state rows. Per chunk: wait for
 // its tiles, barrier (every warp is past the previous chunk: the other buffer may be rewritten),
 // prefetch the next chunk; then the warp's chain alone.
 template <int kParts>
@@ -193,9 +201,13 @@ __global__ void __launch_bounds__(StateShape<kParts>::kThreads, 1)
 #pragma unroll
   for (int n = 0; n < kDk / 8; ++n) {
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int r = 8 * n + 2 * q + (e & 1), col = v0 + g + 8 * (e >> 1);
-      ST[n][e] = sin ? sin[plane + int64_t(r) * kDv + col] : 0.f;
+    for (int e = 0; e < 2; ++e) {  // state row 8 n + 2 q + e, columns v0 + 2 g, + 1
+      const int r = 8 * n + 2 * q + e;
+      const float2 s2 = sin ? *reinterpret_cast<const float2*>(&sin[plane + int64_t(r) * kDv +
+                                                                    v0 + 2 * g])
+                            : make_float2(0.f, 0.f);
+      ST[n][e] = s2.x;
+      ST[n][e + 2] = s2.y;
     }
   }
 
@@ -241,15 +253,17 @@ __global__ void __launch_bounds__(StateShape<kParts>::kThreads, 1)
       }
     }
     // D^T = U^T minus that product (scaled back); O^T scaled back.
-    const float* u = sm.u[buf];
+    const float* u = sm.u[buf] + 2 * q * kLdU + vl + 2 * g;  // chunk row 2 q, columns 2 g, + 1
 #pragma unroll
     for (int nt = 0; nt < kC / 8; ++nt) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int t = 8 * nt + 2 * q + (e & 1), col = vl + g + 8 * (e >> 1);
-        DT[nt][e] = fmaf(-DT[nt][e], invS[e >> 1], u[t * kLdU + col]);
-        OT[nt][e] *= invS[e >> 1];
+      for (int e = 0; e < 2; ++e) {  // chunk row 8 nt + 2 q + e
+        const float2 u2 = *reinterpret_cast<const float2*>(&u[(8 * nt + e) * kLdU]);
+        DT[nt][e] = fmaf(-DT[nt][e], invS[0], u2.x);
+        DT[nt][e + 2] = fmaf(-DT[nt][e + 2], invS[1], u2.y);
       }
+#pragma unroll
+      for (int e = 0; e < 4; ++e) OT[nt][e] *= invS[e >> 1];
     }
     float scD[2], invD[2];
     row_scales(DT, scD, invD);
@@ -275,17 +289,24 @@ __global__ void __launch_bounds__(StateShape<kParts>::kThreads, 1)
         mma_f16(DT[2 * np + 1], DA[j], bq[2], bq[3]);
       }
     }
+    // Rows 8 nt + 2 q + e, columns v0 + 2 g, + 1 as float2, through two row pointers stepped
+    // by 8 rows (the bounds check only in a sequence's last, partial chunk); streaming stores,
+    // as nothing here reads o again.
     const int t0 = c * kC, L = min(kC, T - t0);
-    float* const ob = p.o + ((b * T + t0) * H + h) * int64_t(kDv) + v0 + g;
+    const int64_t rs = int64_t(H) * kDv;  // floats from one output row to the next
+    float* o0 = p.o + ((b * T + t0 + 2 * q) * H + h) * int64_t(kDv) + v0 + 2 * g;
+    float* o1 = o0 + rs;
 #pragma unroll
     for (int nt = 0; nt < kC / 8; ++nt) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int t = 8 * nt + 2 * q + (e & 1);
-        if (t < L) {
-          ob[int64_t(t) * H * kDv + 8 * (e >> 1)] = fmaf(DT[nt][e], invD[e >> 1], OT[nt][e]);
-        }
-      }
+      const float2 x0 = make_float2(fmaf(DT[nt][0], invD[0], OT[nt][0]),
+                                    fmaf(DT[nt][2], invD[1], OT[nt][2]));
+      const float2 x1 = make_float2(fmaf(DT[nt][1], invD[0], OT[nt][1]),
+                                    fmaf(DT[nt][3], invD[1], OT[nt][3]));
+      const int t = 8 * nt + 2 * q;
+      if (L == kC || t < L) __stcs(reinterpret_cast<float2*>(o0), x0);
+      if (L == kC || t + 1 < L) __stcs(reinterpret_cast<float2*>(o1), x1);
+      o0 += 8 * rs;
+      o1 += 8 * rs;
     }
 
     // S^T = S^T exp(G_last) + D^T KG (k = chunk rows, n = state rows), the product in its own
@@ -324,9 +345,10 @@ __global__ void __launch_bounds__(StateShape<kParts>::kThreads, 1)
 #pragma unroll
     for (int n = 0; n < kDk / 8; ++n) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int r = 8 * n + 2 * q + (e & 1), col = v0 + g + 8 * (e >> 1);
-        sout[plane + int64_t(r) * kDv + col] = ST[n][e];
+      for (int e = 0; e < 2; ++e) {
+        const int r = 8 * n + 2 * q + e;
+        *reinterpret_cast<float2*>(&sout[plane + int64_t(r) * kDv + v0 + 2 * g]) =
+            make_float2(ST[n][e], ST[n][e + 2]);
       }
     }
   }
