@@ -28,7 +28,6 @@ using memra::cuda::launch_status;
 using memra::cuda::ldsm_x4;
 using memra::cuda::ldsm_x4_trans;
 using memra::cuda::mma_f16;
-using memra::cuda::pack_f16x2;
 
 namespace {
 
@@ -114,55 +113,6 @@ __device__ __forceinline__ void prefetch(StateSmem<kParts>& sm, int buf, const f
   }
   static_assert(kThreads >= kDk / 4, "exp(G_last) in one pass");
   if (tid < kDk / 4) cp_async_16(&sm.el[buf][4 * tid], in + kOffEl + 4 * tid);
-}
-
-// The power of two sc (and 1 / sc) that puts m, a row's largest magnitude, in [2^14, 2^15):
-// under f16's largest finite 65504. s is kept in [-126, 126], so both powers are normal floats;
-// the bound binds only for rows of zeros or f32 subnormals (largest magnitude under 2^-126:
-// the scaled row is under 1) and for inf / NaN rows (which stay inf / NaN through the products,
-// as in f32).
-__device__ __forceinline__ void pow2_scale(float m, float& sc, float& inv) {
-  const int e = (__float_as_int(m) >> 23) & 0xff;
-  const int s = max(-126, min(126, 141 - e));
-  sc = __int_as_float((127 + s) << 23);
-  inv = __int_as_float((127 - s) << 23);
-}
-
-// Row scales of an m16 accumulator tile set X[N][4] (rows g: slots 0, 1; g + 8: slots 2, 3),
-// the maxima reduced over the quad of lanes that shares a row.
-template <int N>
-__device__ __forceinline__ void row_scales(const float (&X)[N][4], float (&sc)[2],
-                                           float (&inv)[2]) {
-  // Two chains a row (the maximum is exact in any order: fmaxf drops NaN either way).
-  static_assert(N % 2 == 0, "tile pairs");
-  float m0 = 0.f, m1 = 0.f, m0b = 0.f, m1b = 0.f;
-#pragma unroll
-  for (int n = 0; n < N; n += 2) {
-    m0 = fmaxf(m0, fmaxf(fabsf(X[n][0]), fabsf(X[n][1])));
-    m1 = fmaxf(m1, fmaxf(fabsf(X[n][2]), fabsf(X[n][3])));
-    m0b = fmaxf(m0b, fmaxf(fabsf(X[n + 1][0]), fabsf(X[n + 1][1])));
-    m1b = fmaxf(m1b, fmaxf(fabsf(X[n + 1][2]), fabsf(X[n + 1][3])));
-  }
-  m0 = fmaxf(m0, m0b);
-  m1 = fmaxf(m1, m1b);
-#pragma unroll
-  for (int o = 1; o <= 2; o <<= 1) {
-    m0 = fmaxf(m0, __shfl_xor_sync(0xffffffffu, m0, o));
-    m1 = fmaxf(m1, __shfl_xor_sync(0xffffffffu, m1, o));
-  }
-  pow2_scale(m0, sc[0], inv[0]);
-  pow2_scale(m1, sc[1], inv[1]);
-}
-
-// The m16n8k16 A fragment of k-block j of an accumulator tile set (tiles 2 j, 2 j + 1), scaled
-// per row and rounded to f16.
-template <int N>
-__device__ __forceinline__ void acc_as_a(uint32_t (&a)[4], const float (&X)[N][4], int j,
-                                         const float (&sc)[2]) {
-  a[0] = pack_f16x2(X[2 * j][0] * sc[0], X[2 * j][1] * sc[0]);
-  a[1] = pack_f16x2(X[2 * j][2] * sc[1], X[2 * j][3] * sc[1]);
-  a[2] = pack_f16x2(X[2 * j + 1][0] * sc[0], X[2 * j + 1][1] * sc[0]);
-  a[3] = pack_f16x2(X[2 * j + 1][2] * sc[1], X[2 * j + 1][3] * sc[1]);
 }
 
 // One block per (sequence b, head h, column part): blockIdx.x = (b * H + h) * kParts + part.
@@ -379,7 +329,7 @@ int launch_chunk_state(MemraCudaCtx* ctx, const ChunkProblem& p, int nc, const f
       cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, ctx->device)));
   const int64_t halves = int64_t(p.B) * p.H * 2;
   if (2 * halves <= sms) return launch_parts<4>(ctx, p, nc, scratch);
-  return launch_parts<2>(ctx, p, nc, scratch);
+  return launch_chunk_state_sm90(ctx, p, nc, scratch);
 }
 
 }  // namespace memra::cuda::kda

@@ -1,6 +1,6 @@
-// sm_90a device helpers of cuda/mla_decode_sm90.cu (the batched MLA decode's wgmma arm): the
-// wgmma fences and waits, shared-memory matrix descriptors (128-byte swizzle), bf16 packing,
-// mbarrier init / wait and the two wgmma shapes the kernel issues. In an anonymous namespace, as
+// sm_90a device helpers of cuda/mla_decode_sm90.cu (the batched MLA decode's wgmma arm): bf16
+// packing, mbarrier init / wait and the two wgmma shapes the kernel issues (the fences, waits and
+// descriptors are cuda/wgmma.cuh's). In an anonymous namespace, as
 // the kernel that uses them.
 #pragma once
 
@@ -10,40 +10,12 @@
 #include <cstring>
 
 #include "mma_bf16.cuh"
+#include "wgmma.cuh"
 
 namespace {
 
 using memra::cuda::pack_bf16x2;
 using memra::cuda::bf16x2_sum;
-
-
-__device__ __forceinline__ void wgmma_fence() {
-  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-}
-__device__ __forceinline__ void wgmma_commit() {
-  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-}
-template <int N>
-__device__ __forceinline__ void wgmma_wait() {
-  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
-}
-// Ties accumulator registers to this point (after a wgmma wait): later reads cannot be hoisted
-// above the wait.
-template <int N>
-__device__ __forceinline__ void reg_fence(float (&r)[N]) {
-#pragma unroll
-  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
-}
-
-// Shared-memory matrix descriptor, 128-byte swizzle: start address, leading and stride byte
-// offsets (all in 16-byte units in the descriptor).
-__device__ __forceinline__ uint64_t smem_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
-  return static_cast<uint64_t>((addr & 0x3FFFFu) >> 4) |
-         (static_cast<uint64_t>((lbo >> 4) & 0x3FFFu) << 16) |
-         (static_cast<uint64_t>((sbo >> 4) & 0x3FFFu) << 32) | (1ull << 62);
-}
-
-
 
 
 // D[64 x 256] += A[64 x 16] * B[16 x 256], A in registers (bf16 pairs), B N-major in shared

@@ -1,0 +1,249 @@
+// KDA area, chunked delta-rule form (cuda/kda_chunk.cuh has the algebra and the scratch layout):
+// the sequential state kernel on sm_90a warpgroup MMA, for column halves (kda_chunk_state.cu's
+// mma.sync kernel keeps the quarters, whose blocks are two warps: a wgmma needs four).
+//
+// A block is one warpgroup owning 64 of the state's value columns; warp w holds 16 of them with
+// all 128 key rows as S^T in its accumulator registers, exactly as the mma.sync kernel (the same
+// interleaved columns: m row g of warp w is column j0 + 16 w + 2 g, m row g + 8 the next one).
+// Per chunk the products D^T = U^T - S^T W^T, O^T = S^T QG^T + D^T Aqk^T and
+// S^T <- S^T exp(G_last) + D^T KG run as wgmma with the A operands (S^T, D^T, row-scaled f16)
+// from registers and the f16 tiles read once by the warpgroup from shared memory, where the
+// copies lay them out in the 128-byte swizzle of the wgmma descriptors. The row scales, the f32
+// sums, the carried state and the output are the mma.sync kernel's; only the order of the f32
+// accumulation inside the tensor cores differs.
+#include "kda_chunk.cuh"
+#include "wgmma.cuh"
+
+using memra::cuda::cp_async_16;
+using memra::cuda::cp_async_commit;
+using memra::cuda::cp_async_wait;
+using memra::cuda::launch_status;
+using memra::cuda::smem_u32;
+
+namespace {
+
+constexpr int kThreads = 128;  // one warpgroup
+constexpr int kCols = 64;      // state columns a block: a half
+constexpr int kLdU = kCols + 4;  // float2 U reads, rows 2 q: banks 8 q + 2 g, + 1
+// An f16 sub-tile: 64 rows of 64 halves, 128-byte rows, the 16-byte pieces of row r at
+// (piece ^ (r & 7)) (the 128-byte swizzle; the stage base is 1024-aligned).
+constexpr int kSub64 = kC * 128;
+// One stage (bytes from its base): W and QG as two sub-tiles each (key columns 0-63, 64-127),
+// KG likewise, Aqk one sub-tile (chunk columns), U's 64 columns f32 [64, kLdU], exp(G_last).
+constexpr int kSW = 0, kSQG = 2 * kSub64, kSKG = 4 * kSub64, kSAqk = 6 * kSub64;
+constexpr int kSU = 7 * kSub64;
+constexpr int kSEl = kSU + kC * kLdU * 4;
+constexpr int kStage = (kSEl + kDk * 4 + 1023) / 1024 * 1024;
+constexpr int kSmemBytes = 2 * kStage + 1024;  // + the base's alignment
+static_assert(kC == 64 && kDk == 128 && kDv == 128 && kLdOutA == 192,
+              "the unrolled copy and product counts below");
+
+__device__ __forceinline__ int swz(int r, int piece) { return r * 128 + ((piece ^ (r & 7)) << 4); }
+
+// cp.async of chunk `in`'s tiles into the stage at `st` (every thread its share; the row steps
+// keep r & 7 fixed per thread, so each copy sits at a constant offset). Aqk's 16 x 16 blocks
+// above the diagonal are zero-filled without a read (the intra kernel leaves them unwritten;
+// the O product reads the whole tile).
+__device__ __forceinline__ void prefetch(unsigned char* st, const float* in, int j0, int tid) {
+  {  // W and KG: rows of 16 pieces, thread (row r0 + 8 k, piece p)
+    const int r0 = tid / 16, p = tid % 16;
+    const int so = (p >> 3) * kSub64 + swz(r0, p & 7);
+    const __half* w = reinterpret_cast<const __half*>(in + kOffW) + r0 * kDk + 8 * p;
+    const __half* kg = reinterpret_cast<const __half*>(in + kOffKG) + r0 * kDk + 8 * p;
+#pragma unroll
+    for (int k = 0; k < kC / 8; ++k) {
+      cp_async_16(st + kSW + so + k * 1024, w + 8 * k * kDk);
+      cp_async_16(st + kSKG + so + k * 1024, kg + 8 * k * kDk);
+    }
+  }
+  {  // [QG | Aqk]: rows of 24 pieces, thread (row r0 + 16 k, pieces c, 8 + c, 16 + c)
+    const int r0 = tid / 8, c = tid % 8;
+    const __half* a = reinterpret_cast<const __half*>(in + kOffA) + r0 * kLdOutA + 8 * c;
+    const int so = swz(r0, c);
+#pragma unroll
+    for (int k = 0; k < kC / 16; ++k) {
+      cp_async_16(st + kSQG + so + k * 2048, a + 16 * k * kLdOutA);
+      cp_async_16(st + kSQG + kSub64 + so + k * 2048, a + 16 * k * kLdOutA + 64);
+      // Aqk columns 8 c.. of rows 16 k..: above the diagonal blocks when c / 2 > k.
+      cp_async_16(st + kSAqk + so + k * 2048, a + 16 * k * kLdOutA + 128, c / 2 > k ? 0 : 16);
+    }
+  }
+  {  // the block's U columns: rows of 16 pieces
+    const int r0 = tid / 16, c4 = 4 * (tid % 16);
+    const float* u = in + kOffU + r0 * kDv + j0 + c4;
+    unsigned char* su = st + kSU + (r0 * kLdU + c4) * 4;
+#pragma unroll
+    for (int k = 0; k < kC / 8; ++k) cp_async_16(su + k * 8 * kLdU * 4, u + 8 * k * kDv);
+  }
+  if (tid < kDk / 4) cp_async_16(st + kSEl + 16 * tid, in + kOffEl + 4 * tid);
+}
+
+// One block per (sequence b, head h, column half): blockIdx.x = (b * H + h) * 2 + half.
+__global__ void __launch_bounds__(kThreads, 1)
+    chunk_state_sm90_kernel(const memra::cuda::kda::ChunkProblem p, int nc,
+                            const float* __restrict__ scratch) {
+  memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
+  memra::cuda::pdl_trigger();
+  extern __shared__ unsigned char smem_raw[];
+  const uint32_t raw = smem_u32(smem_raw);
+  const uint32_t base = (raw + 1023u) & ~1023u;
+  unsigned char* const smem = smem_raw + (base - raw);
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int g = lane >> 2, q = lane & 3;
+  const int H = p.H, T = p.T;
+  const int part = static_cast<int>(blockIdx.x & 1);
+  const int64_t bh = blockIdx.x >> 1;
+  const int h = static_cast<int>(bh % H);
+  const int64_t b = bh / H;
+  const int j0 = part * kCols;
+  const int vl = 16 * warp;  // the warp's first column within the block's
+  const int v0 = j0 + vl;
+  const int64_t plane = int64_t(h) * kDk * kDv;
+  const float* const first = scratch + bh * nc * kChunkFloats;
+
+  float ST[kDk / 8][4];  // S^T, the mma.sync kernel's layout
+  const float* sin = p.state_in ? p.state_in[b] : nullptr;
+#pragma unroll
+  for (int n = 0; n < kDk / 8; ++n) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {  // state row 8 n + 2 q + e, columns v0 + 2 g, + 1
+      const int r = 8 * n + 2 * q + e;
+      const float2 s2 = sin ? *reinterpret_cast<const float2*>(&sin[plane + int64_t(r) * kDv +
+                                                                    v0 + 2 * g])
+                            : make_float2(0.f, 0.f);
+      ST[n][e] = s2.x;
+      ST[n][e + 2] = s2.y;
+    }
+  }
+
+  prefetch(smem, first, j0, tid);
+  cp_async_commit();
+  for (int c = 0; c < nc; ++c) {
+    const int buf = c & 1;
+    unsigned char* const st = smem + buf * kStage;
+    const uint32_t sa = base + static_cast<uint32_t>(buf * kStage);
+    cp_async_wait<0>();
+    fence_proxy_async_smem();  // the copies, read by wgmma below
+    __syncthreads();  // every warp is past chunk c - 1: the other stage may be rewritten
+    if (c + 1 < nc) {
+      prefetch(smem + (buf ^ 1) * kStage, first + int64_t(c + 1) * kChunkFloats, j0, tid);
+      cp_async_commit();
+    }
+
+    // D^T (S^T W^T, subtracted from U^T below) and O^T = S^T QG^T: K = the 128 key rows in 8
+    // steps, sub-tile kk / 4 at 32 bytes a step (K-major B, descriptors as mla_decode_sm90.cu's).
+    float scS[2], invS[2];
+    row_scales(ST, scS, invS);
+    uint32_t a[kDk / 16][4];
+#pragma unroll
+    for (int j = 0; j < kDk / 16; ++j) acc_as_a(a[j], ST, j, scS);
+    float DT[32], OT[32];
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kDk / 16; ++kk) {
+      const uint32_t off = (kk >> 2) * kSub64 + (kk & 3) * 32;
+      wgmma_f16_n64(DT, a[kk], smem_desc(sa + kSW + off, 16, 1024), kk > 0);
+      wgmma_f16_n64(OT, a[kk], smem_desc(sa + kSQG + off, 16, 1024), kk > 0);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    reg_fence(DT);
+    reg_fence(OT);
+
+    // D^T = U^T minus that product (scaled back); O^T scaled back.
+    const float* u = reinterpret_cast<const float*>(st + kSU) + 2 * q * kLdU + vl + 2 * g;
+#pragma unroll
+    for (int nt = 0; nt < kC / 8; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {  // chunk row 8 nt + 2 q + e
+        const float2 u2 = *reinterpret_cast<const float2*>(&u[(8 * nt + e) * kLdU]);
+        DT[4 * nt + e] = fmaf(-DT[4 * nt + e], invS[0], u2.x);
+        DT[4 * nt + e + 2] = fmaf(-DT[4 * nt + e + 2], invS[1], u2.y);
+      }
+#pragma unroll
+      for (int e = 0; e < 4; ++e) OT[4 * nt + e] *= invS[e >> 1];
+    }
+    float (&D4)[kC / 8][4] = *reinterpret_cast<float (*)[kC / 8][4]>(DT);
+    float scD[2], invD[2];
+    row_scales(D4, scD, invD);
+    uint32_t DA[kC / 16][4];
+#pragma unroll
+    for (int j = 0; j < kC / 16; ++j) acc_as_a(DA[j], D4, j, scD);
+
+    // O2^T = D^T Aqk^T (K = chunk rows s, N = chunk rows t; into D^T's registers) and
+    // dS^T = D^T KG (K = chunk rows, N = the 128 key rows, KG N-major: 16 rows a step).
+    float dS[64];
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kC / 16; ++kk) {
+      wgmma_f16_n64(DT, DA[kk], smem_desc(sa + kSAqk + kk * 32, 16, 1024), kk > 0);
+    }
+    wgmma_commit();
+#pragma unroll
+    for (int kk = 0; kk < kC / 16; ++kk) {
+      wgmma_f16_n128_tb(dS, DA[kk], smem_desc(sa + kSKG + kk * 2048, kSub64, 1024), kk > 0);
+    }
+    wgmma_commit();
+    wgmma_wait<1>();  // O2 (dS may still run)
+    reg_fence(DT);
+
+    // O rows 8 nt + 2 q + e, columns v0 + 2 g, + 1 as float2 (kda_chunk_state.cu's stores).
+    const int t0 = c * kC, L = min(kC, T - t0);
+    const int64_t rs = int64_t(H) * kDv;
+    float* o0 = p.o + ((b * T + t0 + 2 * q) * H + h) * int64_t(kDv) + v0 + 2 * g;
+    float* o1 = o0 + rs;
+#pragma unroll
+    for (int nt = 0; nt < kC / 8; ++nt) {
+      const float2 x0 = make_float2(fmaf(DT[4 * nt], invD[0], OT[4 * nt]),
+                                    fmaf(DT[4 * nt + 2], invD[1], OT[4 * nt + 2]));
+      const float2 x1 = make_float2(fmaf(DT[4 * nt + 1], invD[0], OT[4 * nt + 1]),
+                                    fmaf(DT[4 * nt + 3], invD[1], OT[4 * nt + 3]));
+      const int t = 8 * nt + 2 * q;
+      if (L == kC || t < L) __stcs(reinterpret_cast<float2*>(o0), x0);
+      if (L == kC || t + 1 < L) __stcs(reinterpret_cast<float2*>(o1), x1);
+      o0 += 8 * rs;
+      o1 += 8 * rs;
+    }
+
+    wgmma_wait<0>();
+    reg_fence(dS);
+    const float* el = reinterpret_cast<const float*>(st + kSEl);
+#pragma unroll
+    for (int n = 0; n < kDk / 8; ++n) {
+      const float2 e2 = *reinterpret_cast<const float2*>(&el[8 * n + 2 * q]);
+      ST[n][0] = fmaf(ST[n][0], e2.x, dS[4 * n] * invD[0]);
+      ST[n][1] = fmaf(ST[n][1], e2.y, dS[4 * n + 1] * invD[0]);
+      ST[n][2] = fmaf(ST[n][2], e2.x, dS[4 * n + 2] * invD[1]);
+      ST[n][3] = fmaf(ST[n][3], e2.y, dS[4 * n + 3] * invD[1]);
+    }
+  }
+
+  float* sout = p.state_out[b];
+  if (sout) {
+#pragma unroll
+    for (int n = 0; n < kDk / 8; ++n) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int r = 8 * n + 2 * q + e;
+        *reinterpret_cast<float2*>(&sout[plane + int64_t(r) * kDv + v0 + 2 * g]) =
+            make_float2(ST[n][e], ST[n][e + 2]);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+namespace memra::cuda::kda {
+
+int launch_chunk_state_sm90(MemraCudaCtx* ctx, const ChunkProblem& p, int nc,
+                            const float* scratch) {
+  const int64_t blocks = int64_t(p.B) * p.H * 2;
+  if (blocks > 0x7fffffffLL) return memra::kContractShape;
+  MEMRA_CUDA_RETURN_IF(allow_smem(ctx, chunk_state_sm90_kernel, kSmemBytes));
+  memra::cuda::launch(ctx, true, chunk_state_sm90_kernel, dim3(static_cast<unsigned>(blocks)),
+                      dim3(kThreads), kSmemBytes, p, nc, scratch);
+  return launch_status();
+}
+
+}  // namespace memra::cuda::kda
