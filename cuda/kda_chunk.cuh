@@ -18,8 +18,8 @@
 // Two kernels (fla's chunk_gated_delta_rule runs three: intra A's + W / U, fwd_h, fwd_o):
 //   chunk_intra_kernel (one block per chunk, all in parallel): W, U, KG = k exp(G_last - G),
 //     exp(G_last) and the output's A operand [QG | Aqk] (QG = scale q exp(G));
-//   chunk_state_kernel (one block per sequence, head and half (few heads: a quarter) of the
-//     state's columns, a warp per 16 columns; the chunks in order, the only sequential part):
+//   chunk_state_kernel (one warpgroup per sequence, head and half of the state's columns, a
+//     warp per 16 columns, wgmma; the chunks in order, the only sequential part):
 //     D = U - W S, O = [QG | Aqk] [S ; D] and S <- exp(G_last) S + KG^T D, with S and D in
 //     registers only. The output is formed in the chain because the alternative, a third
 //     kernel over every chunk's entering state, writes and reads back 64 KB of state and 32 KB
@@ -32,7 +32,7 @@
 // cumulative decay, the exponentials, the diagonal sub-blocks, the triangular inverse, U and the
 // state itself stay f32. In the scratch between the kernels, the bounded operands W, KG, QG and
 // Aqk (|q|, |k| <= 1 elementwise, every decay factor <= 1) are f16: its 11-bit significand is
-// TF32's, so the state kernel's f16 mma (m16n8k16, f32 accumulation) sees what TF32 would,
+// TF32's, so the state kernel's f16 wgmma (f32 accumulation) sees what TF32 would,
 // rounded once (to nearest even instead of away); values under 2^-14 lose bits as subnormals
 // (at most 3e-8 absolute). The state kernel's other operands, S and D, are not bounded: each of
 // their rows is scaled by a power of two before its f16 rounding and the products are scaled
@@ -44,7 +44,6 @@
 
 #include "common.cuh"
 #include "kda_common.cuh"
-#include "mma_bf16.cuh"
 
 namespace {
 
@@ -114,57 +113,6 @@ __device__ __forceinline__ void load_b_rounded(uint32_t (&b)[2], const float* s,
   b[1] = __float_as_uint(s[(k0 + q + 4) * ld + n0 + g]);
 }
 
-// The state kernels' row scales (kda_chunk_state.cu, kda_chunk_state_sm90.cu): S^T and D^T are
-// rounded to f16 as mma A operands, each row scaled by a power of two first.
-// The power of two sc (and 1 / sc) that puts m, a row's largest magnitude, in [2^14, 2^15):
-// under f16's largest finite 65504. s is kept in [-126, 126], so both powers are normal floats;
-// the bound binds only for rows of zeros or f32 subnormals (largest magnitude under 2^-126:
-// the scaled row is under 1) and for inf / NaN rows (which stay inf / NaN through the products,
-// as in f32).
-__device__ __forceinline__ void pow2_scale(float m, float& sc, float& inv) {
-  const int e = (__float_as_int(m) >> 23) & 0xff;
-  const int s = max(-126, min(126, 141 - e));
-  sc = __int_as_float((127 + s) << 23);
-  inv = __int_as_float((127 - s) << 23);
-}
-
-// Row scales of an m16 accumulator tile set X[N][4] (rows g: slots 0, 1; g + 8: slots 2, 3),
-// the maxima reduced over the quad of lanes that shares a row.
-template <int N>
-__device__ __forceinline__ void row_scales(const float (&X)[N][4], float (&sc)[2],
-                                           float (&inv)[2]) {
-  // Two chains a row (the maximum is exact in any order: fmaxf drops NaN either way).
-  static_assert(N % 2 == 0, "tile pairs");
-  float m0 = 0.f, m1 = 0.f, m0b = 0.f, m1b = 0.f;
-#pragma unroll
-  for (int n = 0; n < N; n += 2) {
-    m0 = fmaxf(m0, fmaxf(fabsf(X[n][0]), fabsf(X[n][1])));
-    m1 = fmaxf(m1, fmaxf(fabsf(X[n][2]), fabsf(X[n][3])));
-    m0b = fmaxf(m0b, fmaxf(fabsf(X[n + 1][0]), fabsf(X[n + 1][1])));
-    m1b = fmaxf(m1b, fmaxf(fabsf(X[n + 1][2]), fabsf(X[n + 1][3])));
-  }
-  m0 = fmaxf(m0, m0b);
-  m1 = fmaxf(m1, m1b);
-#pragma unroll
-  for (int o = 1; o <= 2; o <<= 1) {
-    m0 = fmaxf(m0, __shfl_xor_sync(0xffffffffu, m0, o));
-    m1 = fmaxf(m1, __shfl_xor_sync(0xffffffffu, m1, o));
-  }
-  pow2_scale(m0, sc[0], inv[0]);
-  pow2_scale(m1, sc[1], inv[1]);
-}
-
-// The m16n8k16 A fragment of k-block j of an accumulator tile set (tiles 2 j, 2 j + 1), scaled
-// per row and rounded to f16.
-template <int N>
-__device__ __forceinline__ void acc_as_a(uint32_t (&a)[4], const float (&X)[N][4], int j,
-                                         const float (&sc)[2]) {
-  a[0] = memra::cuda::pack_f16x2(X[2 * j][0] * sc[0], X[2 * j][1] * sc[0]);
-  a[1] = memra::cuda::pack_f16x2(X[2 * j][2] * sc[1], X[2 * j][3] * sc[1]);
-  a[2] = memra::cuda::pack_f16x2(X[2 * j + 1][0] * sc[0], X[2 * j + 1][1] * sc[0]);
-  a[3] = memra::cuda::pack_f16x2(X[2 * j + 1][2] * sc[1], X[2 * j + 1][3] * sc[1]);
-}
-
 // Allow `bytes` of dynamic shared memory for `kernel` (50002 beyond the device's opt-in limit).
 template <typename K>
 int allow_smem(MemraCudaCtx* ctx, K* kernel, size_t bytes) {
@@ -184,8 +132,5 @@ namespace memra::cuda::kda {
 // The launches (each file's kernel; scratch of chunks * kChunkFloats floats, chunks = B H nc).
 int launch_chunk_intra(MemraCudaCtx* ctx, const ChunkProblem& p, int nc, float* scratch);
 int launch_chunk_state(MemraCudaCtx* ctx, const ChunkProblem& p, int nc, const float* scratch);
-// kda_chunk_state_sm90.cu: the column halves' wgmma kernel (launch_chunk_state picks it).
-int launch_chunk_state_sm90(MemraCudaCtx* ctx, const ChunkProblem& p, int nc,
-                            const float* scratch);
 
 }  // namespace memra::cuda::kda

@@ -1,6 +1,6 @@
 """Small launches of the chunked KDA scan (cuda/kda_chunk*.cu) for `compute-sanitizer --tool
-racecheck` and `--tool memcheck`: T = 130 at 2 heads (a ragged third chunk; the state kernel in
-column quarters) and T = 70 at 80 heads (column halves), with an entering state. Prints each
+racecheck` and `--tool memcheck`: T = 130 at 2 heads (a ragged third chunk) and T = 70 at 80
+heads (more state blocks than SMs), with an entering state. Prints each
 call's max relative error against the CPU scan (TF32 operands: ~1e-3 is expected).
 Run: compute-sanitizer --tool racecheck --error-exitcode 1 python3 scripts/sanitize_kda_chunk.py"""
 

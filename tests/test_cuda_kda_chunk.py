@@ -371,9 +371,8 @@ def test_chunked_batch_with_own_states(e, T):
 
 @pytest.mark.cuda
 def test_chunked_many_heads_take_the_state_kernels_column_halves(e):
-    # The state kernel splits each head's columns in quarters where halves would fill at most
-    # half of the SMs (every other test here) and in halves otherwise: 80 heads (160 halves)
-    # take halves on any GPU of fewer than 320 SMs.
+    # The state kernel runs a warpgroup per half of a head's columns: 80 heads are 160 blocks,
+    # more than an H100 / H200 has SMs (a second wave), and columns 64-127 of every head.
     q, k, v, g, beta, state = inputs(130, H=80, seed=450)
     o, s = scan_dev(e, q, k, v, g, beta, state, chunked=True)
     co, cs = _core.kda_scan(q, k, v, g, beta, state)
@@ -388,12 +387,11 @@ def test_chunked_keeps_each_state_columns_own_precision(e, T, H, kind):
     # The state kernel rounds S and D to f16 after scaling each state column by a power of two
     # (cuda/kda_chunk_state.cu). Value columns scaled by 1e-30 (all), by 1e36 (all: rows of S
     # and D near and past 2^118, where a scale clamped at 2^-100 overflowed f16), or by 1e-12
-    # and 1e12 in a pattern that gives the two columns a thread holds (v0 + g, v0 + g + 8)
+    # and 1e12 in a pattern that gives the two columns a thread holds (v0 + 2 g, v0 + 2 g + 1)
     # different magnitudes, 24 decades apart inside every warp's 16 columns. Each output and
     # state column is linear in its own v and state column, so every column must keep the
     # relative precision of its own largest magnitude, which no scaling, one scale per warp or
-    # per thread, or a clamped scale would lose. H = 80 takes the state kernel's column halves,
-    # H = 2 its quarters.
+    # per thread, or a clamped scale would lose. H = 80 fills more than one wave of blocks.
     q, k, v, g, beta, state = inputs(T, H=H, seed=800 + T + H)
     c = np.arange(DV)
     mag = {"tiny": np.full(DV, 1e-30), "huge": np.full(DV, 1e36),
