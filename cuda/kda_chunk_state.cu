@@ -22,7 +22,10 @@
 // its f16 rounding, and every product that read it is scaled back exactly: the operand keeps
 // f16's 11-bit significand, TF32's, for every element within 2^-28 of its row's largest (below,
 // an absolute error under 2^-39 of that largest), over f32's normal range. The sums, the
-// carried state and the output stay f32.
+// carried state and the output stay f32. Non-finite inputs: the O2 product runs over Aqk's
+// zero-filled blocks above the diagonal too (a wgmma covers the whole tile), and 0 x inf is NaN,
+// so an inf / NaN row of D reaches every output row of its chunk, not only the later ones (the
+// state, and so every later chunk, is non-finite from there on either way).
 #include "kda_chunk.cuh"
 #include "mma_bf16.cuh"
 #include "wgmma.cuh"

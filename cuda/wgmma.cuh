@@ -1,5 +1,5 @@
 // sm_90a warpgroup matrix-multiply helpers shared by the wgmma kernels (mla_decode_sm90.cu
-// through mla_sm90.cuh, kda_chunk_state_sm90.cu): the fences and waits, the shared-memory matrix
+// through mla_sm90.cuh, kda_chunk_state.cu): the fences and waits, the shared-memory matrix
 // descriptor of the 128-byte swizzle, and the f16 register-A shapes. In an anonymous namespace,
 // as the kernels that use them.
 #pragma once

@@ -48,3 +48,30 @@ def test_no_memory_descriptor_in_an_odd_uniform_register() -> None:
             if int(m.group(1)) % 2:
                 bad.append(f"{kernel}: {line.split(';')[0].strip()}")
     assert not bad, f"{len(bad)} odd memory descriptors, e.g.:\n" + "\n".join(bad[:5])
+
+
+def test_the_chunked_scan_kernels_keep_their_values_in_registers() -> None:
+    # cuda/kda_chunk_state.cu holds the f32 state, two accumulator tiles and the A fragments in
+    # 255 registers; a spill would put local-memory round trips on its sequential chain (and the
+    # intra kernel's two blocks an SM assume its registers). ptxas reports spills as a stack
+    # frame: every chunk kernel must have none.
+    lib = Path(memra._core.__file__).parent / "libmemra_cuda.so"
+    if not lib.exists() or shutil.which("cuobjdump") is None:
+        pytest.skip("no libmemra_cuda.so or no cuobjdump here")
+    usage = subprocess.run(["cuobjdump", "-res-usage", str(lib)], check=True,
+                           capture_output=True, text=True).stdout
+    seen, bad = 0, []
+    kernel = ""
+    for line in usage.splitlines():
+        if line.strip().startswith("Function "):
+            kernel = line.strip()[len("Function "):].rstrip(":")
+            continue
+        if "chunk_state_kernel" in kernel or "chunk_intra_kernel" in kernel:
+            m = re.search(r"STACK:(\d+).*LOCAL:(\d+)", line)
+            if m:
+                seen += 1
+                if int(m.group(1)) or int(m.group(2)):
+                    bad.append(f"{kernel}: {line.strip()}")
+            kernel = ""
+    assert seen >= 3, f"found {seen} chunk kernels in {lib.name}"
+    assert not bad, "chunk kernels with a stack frame or local memory:\n" + "\n".join(bad)

@@ -22,7 +22,8 @@ typedef struct MemraKdaPlanes {
      16-byte aligned and floats a multiple of 4 (40022), floats >= the plane (40025)) */
   const float* in; /* the sequence's input plane; null = zeros */
   float* out;      /* its output plane, distinct from in; required (40024) */
-  /* TABLES */
+  /* TABLES (the entries are not checked: the CUDA scans move a state plane as float4 / float2,
+     so each must be 16-byte aligned, as the cache's planes are) */
   const float* const* in_table; /* [B] device array of input plane pointers; null, or a null
                                    entry, reads zeros */
   float* const* out_table;      /* [B] device array of output plane pointers; required (40024);
