@@ -147,7 +147,7 @@ __device__ __forceinline__ void prefetch(unsigned char* st, const float* in, int
 // One block per (sequence b, head h, column half): blockIdx.x = (b * H + h) * 2 + half.
 __global__ void __launch_bounds__(kThreads, 1)
     chunk_state_kernel(const memra::cuda::kda::ChunkProblem p, int nc,
-                            const float* __restrict__ scratch) {
+                       const float* __restrict__ scratch) {
   memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
   memra::cuda::pdl_trigger();
   extern __shared__ unsigned char smem_raw[];

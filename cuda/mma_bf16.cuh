@@ -1,7 +1,7 @@
 // The bf16 tensor-core building blocks every mma.sync kernel shares (attention_tc.cu,
 // dsa_score_tc.cu, mla_decode_tc.cu, mla_decode_sm90.cu through mla_sm90.cuh, moe_tc.cu): ldmatrix
-// loads of 8x8 b16 tiles from shared memory, the m16n8k16 bf16 (and f16) -> f32 mma, and pair
-// packing. kda_chunk_state.cu uses the f16 forms.
+// loads of 8x8 b16 tiles from shared memory, the m16n8k16 bf16 -> f32 mma, and pair packing
+// (bf16, and f16 for kda_chunk_state.cu's wgmma A fragments).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -35,16 +35,6 @@ __device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], 
                                          uint32_t b1) {
   asm volatile(
       "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-      "{%8, %9}, {%0, %1, %2, %3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-// mma_bf16's shape and fragments with f16 inputs.
-__device__ __forceinline__ void mma_f16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
-                                        uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
       "{%8, %9}, {%0, %1, %2, %3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
