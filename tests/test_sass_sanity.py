@@ -33,12 +33,19 @@ def test_no_cp_async_with_an_l2_cache_hint_in_the_sources() -> None:
     assert not bad, "cp.async with L2::cache_hint (ptxas miscompile):\n" + "\n".join(bad)
 
 
-def test_no_memory_descriptor_in_an_odd_uniform_register() -> None:
+def cuobjdump(flag: str) -> tuple[str, str]:
+    """(`cuobjdump flag` over the built libmemra_cuda.so, the library's name); skips the test
+    where there is no CUDA library or no cuobjdump."""
     lib = Path(memra._core.__file__).parent / "libmemra_cuda.so"
     if not lib.exists() or shutil.which("cuobjdump") is None:
         pytest.skip("no libmemra_cuda.so or no cuobjdump here")
-    sass = subprocess.run(["cuobjdump", "-sass", str(lib)], check=True, capture_output=True,
-                          text=True).stdout
+    out = subprocess.run(["cuobjdump", flag, str(lib)], check=True, capture_output=True,
+                         text=True).stdout
+    return out, lib.name
+
+
+def test_no_memory_descriptor_in_an_odd_uniform_register() -> None:
+    sass, _ = cuobjdump("-sass")
     kernel = ""
     bad = []
     for line in sass.splitlines():
@@ -55,11 +62,7 @@ def test_the_chunked_scan_kernels_keep_their_values_in_registers() -> None:
     # 255 registers; a spill would put local-memory round trips on its sequential chain (and the
     # intra kernel's two blocks an SM assume its registers). ptxas reports spills as a stack
     # frame: every chunk kernel must have none.
-    lib = Path(memra._core.__file__).parent / "libmemra_cuda.so"
-    if not lib.exists() or shutil.which("cuobjdump") is None:
-        pytest.skip("no libmemra_cuda.so or no cuobjdump here")
-    usage = subprocess.run(["cuobjdump", "-res-usage", str(lib)], check=True,
-                           capture_output=True, text=True).stdout
+    usage, lib_name = cuobjdump("-res-usage")
     seen, bad = 0, []
     kernel = ""
     for line in usage.splitlines():
@@ -73,5 +76,5 @@ def test_the_chunked_scan_kernels_keep_their_values_in_registers() -> None:
                 if int(m.group(1)) or int(m.group(2)):
                     bad.append(f"{kernel}: {line.strip()}")
             kernel = ""
-    assert seen >= 3, f"found {seen} chunk kernels in {lib.name}"
+    assert seen >= 3, f"found {seen} chunk kernels in {lib_name}"
     assert not bad, "chunk kernels with a stack frame or local memory:\n" + "\n".join(bad)
