@@ -3,9 +3,10 @@
 inputs, same run.
 
 memra: memra._core.kda_scan(q, k, v, g, beta, state, batch=True, chunked=True, engine=e)
-       (cuda/kda_chunk*.cu: chunk_intra / chunk_state kernels) -> (o, state_out);
-       its ABI reads f32 q / k / v / g (a bf16 model's activations are f32 in memory), here holding
-       bf16-rounded values, so both sides compute on the same numbers.
+       (cuda/kda_chunk*.cu: chunk_intra / chunk_state kernels) -> (o, state_out), on the same
+       bf16 q / k / v / g tensors fla gets (--memra-inputs f32: f32 tensors holding the same
+       bf16-rounded values, twice the input bytes), beta and the state f32; o in bf16 as fla's
+       (o_dtype="bfloat16"; --memra-o f32: f32 o).
        GDN: memra._core.gdn_scan(..., batch=True, chunked=True) (the same kernels, reading the
        key heads and the per-head decay in place).
 peer:  fla.ops.kda.chunk_kda(q, k, v, g, beta, scale=, initial_state=, output_final_state=True)
@@ -19,7 +20,7 @@ Shapes: KDA 64 and 32 heads x 128 at B = 1 T = 1K / 8K / 32K and B = 8 T = 2K; G
 at B = 1 T = 8K and B = 8 T = 2K. --quick: KDA 64 heads at T = 1K and 8K, GDN at T = 8K.
 Figures: memra_us / peer_us the call (CUDA events), memra_kernel_us / peer_kernel_us the
 kernels alone (torch.profiler), kernel_ratio = peer / memra kernel time. bytes: memra's input
-and output traffic (f32 q, k, v, g, o; beta; the state read and written).
+and output traffic (q, k, v, g and o in their dtypes; f32 beta; the state read and written).
 max_rel_err / peer_max_rel_err: memra's chunked form / fla against memra's sequential f32 scan
 on the same inputs (max |d| / max |ref| over o and the final state).
 fla's Triton autotune costs over a minute per shape on a fresh machine: keep its cache
@@ -129,6 +130,11 @@ def main() -> int:
     p = base_parser(__doc__.split("\n\n")[0])
     p.add_argument("--kda-shapes", default=None,
                    help="KDA shapes as H:B:T,... (overrides the default / --quick list; 'none')")
+    p.add_argument("--memra-inputs", choices=("bf16", "f32"), default="bf16",
+                   help="dtype of the q / k / v / g memra's KDA scan reads (the values are the "
+                        "same bf16-rounded ones either way)")
+    p.add_argument("--memra-o", choices=("bf16", "f32"), default="bf16",
+                   help="dtype of the o memra's KDA scan writes (fla's is bf16)")
     p.add_argument("--gdn-shapes", default=None,
                    help="GDN shapes as Hk:Hv:B:T,... (overrides the default / --quick list; 'none')")
     args = p.parse_args()
@@ -153,12 +159,22 @@ def main() -> int:
         log(f"kda_prefill: KDA H={H} B={B} T={T}")
         shape = {"op": "kda", "H": H, "B": B, "T": T, "dk": D, "dv": D}
         q, k, v, g, beta, state = make_inputs(torch, b.dev, B, T, H, H, True)
-        nbytes = 4 * (5 * B * T * H * D + B * T * H + 2 * B * H * D * D)
-        extra = {"memra_op": "kda_scan(batch=True, chunked=True)"}
+        # bf16 on CUDA only: the CPU smoke engine reads host arrays, f32 here
+        mine = (q, k, v, g)
+        if b.cuda and args.memra_inputs == "bf16":
+            mine = tuple(x.to(torch.bfloat16) for x in mine)
+        in_item = 2 if mine[0].dtype == torch.bfloat16 else 4
+        o_dtype = "bfloat16" if b.cuda and args.memra_o == "bf16" else "float32"
+        o_item = 2 if o_dtype == "bfloat16" else 4
+        nbytes = (in_item * 4 * B * T * H * D + o_item * B * T * H * D
+                  + 4 * (B * T * H + 2 * B * H * D * D))
+        extra = {"memra_op": f"kda_scan(batch=True, chunked=True, o_dtype={o_dtype!r})",
+                 "memra_inputs": "bf16" if in_item == 2 else "f32",
+                 "memra_o": "bf16" if o_item == 2 else "f32"}
 
         def run_memra():
-            return _core.kda_scan(q, k, v, g, beta, state, scale=scale, batch=True,
-                                  chunked=chunked, engine=b.engine)
+            return _core.kda_scan(*mine, beta, state, scale=scale, batch=True,
+                                  chunked=chunked, o_dtype=o_dtype, engine=b.engine)
 
         def run_seq():
             return _core.kda_scan(q, k, v, g, beta, state, scale=scale, batch=True,
@@ -175,7 +191,7 @@ def main() -> int:
             extra["peer_unavailable"] = why
         measure(b, "kda_prefill", shape, run_memra, run_seq, run_peer,
                 "fla.ops.kda.chunk_kda", nbytes, extra)
-        del q, k, v, g, beta, state, run_peer
+        del q, k, v, g, beta, state, run_peer, mine
         b.release()
 
     for Hk, Hv, B, T in gdn_shapes:

@@ -33,6 +33,8 @@ int scan_chunked_tables(MemraCudaCtx* ctx, const MemraKdaScanParams& p) {
   c.H = p.H;
   c.group = 1;
   c.scalar_g = 0;
+  c.in_bf16 = p.in_dtype == 1;
+  c.o_bf16 = p.o_dtype == 1;
   c.scale = p.scale;
   c.state_in = p.state.in_table;
   c.state_out = p.state.out_table;

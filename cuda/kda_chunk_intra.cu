@@ -15,6 +15,15 @@
 // KDA reads q / k / g of the state head itself; GDN (kScalarG) reads q / k of key head h / group
 // and one g per (row, head), broadcast over the channels: the values of KDA's kernel on GDN's
 // expanded heads, without materialising them.
+//
+// Inputs in f32 or (kBf16, KDA) bf16: bf16 q / k / v / g are read at half the bytes and widened
+// on load, exactly (a bf16 is the high half of its f32), into the same f32 tiles, so everything
+// after the loads is one code path and the kernel's values are those of the f32 kernel on the
+// widened inputs, bit for bit.
+#include <cuda_bf16.h>
+
+#include <type_traits>
+
 #include "kda_chunk.cuh"
 
 using memra::cuda::cp_async_16;
@@ -34,6 +43,35 @@ __device__ __forceinline__ float exp2_ftz(float x) {
 constexpr float kLog2e = 1.4426950408889634f;
 
 __device__ __forceinline__ float2 ld2(const float* p) { return *reinterpret_cast<const float2*>(p); }
+
+// Eight bf16 (one 16-byte piece, element 0 in the low half of word 0) widened to f32 and stored
+// to dst[0..7] (16-byte aligned shared memory) as two float4. `swap` stores the second half
+// first: with rows kLd = 8 (mod 32) floats apart, a quarter warp's eight pieces of one row land
+// on distinct bank quads when its threads 4-7 swap (the 128-bit stores' phases are 8 threads).
+__device__ __forceinline__ void store_bf16x8(float* dst, uint4 w, bool swap) {
+  const float4 lo = make_float4(__uint_as_float(w.x << 16), __uint_as_float(w.x & 0xffff0000u),
+                                __uint_as_float(w.y << 16), __uint_as_float(w.y & 0xffff0000u));
+  const float4 hi = make_float4(__uint_as_float(w.z << 16), __uint_as_float(w.z & 0xffff0000u),
+                                __uint_as_float(w.w << 16), __uint_as_float(w.w & 0xffff0000u));
+  float4* d = reinterpret_cast<float4*>(dst);
+  d[swap ? 1 : 0] = swap ? hi : lo;
+  d[swap ? 0 : 1] = swap ? lo : hi;
+}
+
+// The same, each element times b and rounded to TF32 (U's B operand, beta v).
+__device__ __forceinline__ void store_bf16x8_scaled(float* dst, uint4 w, float b, bool swap) {
+  const float4 lo = make_float4(round_tf32(b * __uint_as_float(w.x << 16)),
+                                round_tf32(b * __uint_as_float(w.x & 0xffff0000u)),
+                                round_tf32(b * __uint_as_float(w.y << 16)),
+                                round_tf32(b * __uint_as_float(w.y & 0xffff0000u)));
+  const float4 hi = make_float4(round_tf32(b * __uint_as_float(w.z << 16)),
+                                round_tf32(b * __uint_as_float(w.z & 0xffff0000u)),
+                                round_tf32(b * __uint_as_float(w.w << 16)),
+                                round_tf32(b * __uint_as_float(w.w & 0xffff0000u)));
+  float4* d = reinterpret_cast<float4*>(dst);
+  d[swap ? 1 : 0] = swap ? hi : lo;
+  d[swap ? 0 : 1] = swap ? lo : hi;
+}
 
 // smem row stride of [64, 128] tiles: the A's channel-pair (float2) operand loads and the
 // W / U products' B fragments are conflict free at ld % 32 == 8.
@@ -101,7 +139,7 @@ __device__ __forceinline__ void tile_plan(bool with_diagonal, int warp, int& I, 
 static_assert(kThreads == 256, "tile_plan's eight warps");
 
 // One block per (sequence b, head h, chunk c): blockIdx.x = (b * H + h) * nc + c.
-template <bool kScalarG>
+template <bool kScalarG, bool kBf16>
 __global__ void __launch_bounds__(kThreads, 2)
     chunk_intra_kernel(const memra::cuda::kda::ChunkProblem p, int nc,
                        float* __restrict__ scratch) {
@@ -123,9 +161,11 @@ __global__ void __launch_bounds__(kThreads, 2)
   float* out = scratch + bhc * kChunkFloats;
   // Row t of the chunk is row n0 + t of the inputs; (n0 + t) * H + h indexes beta (and g).
   const int64_t n0 = b * T + t0;
-  const float* qh = p.q + n0 * p.ld_qk + int64_t(h / p.group) * kDk;
-  const float* kh = p.k + n0 * p.ld_qk + int64_t(h / p.group) * kDk;
-  const float* vh = p.v + n0 * p.ld_v + int64_t(h) * kDv;
+  using In = std::conditional_t<kBf16, __nv_bfloat16, float>;
+  const In* qh = static_cast<const In*>(p.q) + n0 * p.ld_qk + int64_t(h / p.group) * kDk;
+  const In* kh = static_cast<const In*>(p.k) + n0 * p.ld_qk + int64_t(h / p.group) * kDk;
+  const In* vh = static_cast<const In*>(p.v) + n0 * p.ld_v + int64_t(h) * kDv;
+  const In* gp = static_cast<const In*>(p.g);
   float* const tm = sm.q;
   float* const akk = sm.q + kC * kLdA;  // [64, 64] (akk_at)
   float* const x = sm.x;
@@ -140,7 +180,35 @@ __global__ void __launch_bounds__(kThreads, 2)
   // its addresses sit at constant offsets).
   constexpr int kVec4 = kDk / 4, kLoadRows = kThreads / kVec4;
   static_assert(kThreads % kVec4 == 0 && kC % kLoadRows == 0, "whole passes");
-  {
+  // bf16: 16-byte pieces of eight elements into registers, all in flight, then widened into
+  // the tiles (store_bf16x8); a thread's pieces are channels c8.. of rows r0, r0 + 16, ...
+  constexpr int kVec8 = kDk / 8, kLoadRows8 = kThreads / kVec8;
+  static_assert(kThreads % kVec8 == 0 && kC % kLoadRows8 == 0, "whole passes");
+  const int r8 = tid / kVec8, c8 = 8 * (tid % kVec8);
+  const bool swap8 = (tid >> 2) & 1;
+  if constexpr (kBf16) {
+    static_assert(!kScalarG, "bf16 inputs: KDA's per-channel g");
+    constexpr int kIt = kC / kLoadRows8;
+    uint4 kw[kIt], qw[kIt], gw[kIt];
+#pragma unroll
+    for (int it = 0; it < kIt; ++it) {
+      const int r = r8 + it * kLoadRows8;
+      const uint4 z = make_uint4(0u, 0u, 0u, 0u);
+      const bool in = r < L;
+      const int rr = in ? r : 0;  // rows past L: no address past the input
+      const int64_t off = int64_t(rr) * p.ld_qk + c8;
+      kw[it] = in ? __ldg(reinterpret_cast<const uint4*>(kh + off)) : z;
+      qw[it] = in ? __ldg(reinterpret_cast<const uint4*>(qh + off)) : z;
+      gw[it] = in ? __ldg(reinterpret_cast<const uint4*>(gp + ((n0 + rr) * H + h) * kDk + c8)) : z;
+    }
+#pragma unroll
+    for (int it = 0; it < kIt; ++it) {
+      const int r = r8 + it * kLoadRows8;
+      store_bf16x8(&sm.k[r * kLd + c8], kw[it], swap8);
+      store_bf16x8(&sm.q[r * kLd + c8], qw[it], swap8);
+      store_bf16x8(&sm.G[r * kLd + c8], gw[it], swap8);
+    }
+  } else {
     const int r0 = tid / kVec4, c4 = 4 * (tid % kVec4);
 #pragma unroll
     for (int it = 0; it < kC / kLoadRows; ++it) {
@@ -152,10 +220,10 @@ __global__ void __launch_bounds__(kThreads, 2)
       cp_async_16(&sm.q[r * kLd + c4], qh + off, bytes);
       const int64_t gi = (n0 + (in ? r : 0)) * H + h;
       if constexpr (kScalarG) {
-        const float gs = in ? __ldg(p.g + gi) : 0.f;
+        const float gs = in ? __ldg(gp + gi) : 0.f;
         *reinterpret_cast<float4*>(&sm.G[r * kLd + c4]) = make_float4(gs, gs, gs, gs);
       } else {
-        cp_async_16(&sm.G[r * kLd + c4], p.g + gi * kDk + c4, bytes);
+        cp_async_16(&sm.G[r * kLd + c4], gp + gi * kDk + c4, bytes);
       }
     }
   }
@@ -411,11 +479,25 @@ __global__ void __launch_bounds__(kThreads, 2)
   // G and q are dead: v streams into G's tile (waited for before the W / U products) while Akk
   // goes into q's tile and the inverse runs.
   static_assert(kDv == kDk, "v's copies take q / k's pattern");
+  // bf16 v lands as it is, [64, 128] contiguous, at the end of G's tile, and is widened there
+  // once the inverse is done (the widened rows overlap it: a barrier between the two).
+  __nv_bfloat16* const v_stage =
+      reinterpret_cast<__nv_bfloat16*>(sm.G + kC * kLd - kC * kDv / 2);
+  static_assert((kC * kLd - kC * kDv / 2) % 4 == 0, "16-byte aligned staging");
+  if constexpr (kBf16) {
 #pragma unroll
-  for (int it = 0; it < kC / kLoadRows; ++it) {
-    const int r = tid / kVec4 + it * kLoadRows, c4 = 4 * (tid % kVec4);
-    const bool in = r < L;
-    cp_async_16(&sv[r * kLd + c4], vh + int64_t(in ? r : 0) * p.ld_v + c4, in ? 16 : 0);
+    for (int it = 0; it < kC / kLoadRows8; ++it) {
+      const int r = r8 + it * kLoadRows8;
+      const bool in = r < L;
+      cp_async_16(v_stage + r * kDv + c8, vh + int64_t(in ? r : 0) * p.ld_v + c8, in ? 16 : 0);
+    }
+  } else {
+#pragma unroll
+    for (int it = 0; it < kC / kLoadRows; ++it) {
+      const int r = tid / kVec4 + it * kLoadRows, c4 = 4 * (tid % kVec4);
+      const bool in = r < L;
+      cp_async_16(&sv[r * kLd + c4], vh + int64_t(in ? r : 0) * p.ld_v + c4, in ? 16 : 0);
+    }
   }
   cp_async_commit();
   // Akk's strictly lower part (the only part the inverse reads): every warp's tensor-core tiles
@@ -516,14 +598,29 @@ __global__ void __launch_bounds__(kThreads, 2)
   // (U's B operand, then read without a cvt, the bits the products formed before), so the
   // barrier below covers them.
   cp_async_wait<0>();
+  if constexpr (kBf16) {
+    constexpr int kIt = kC / kLoadRows8;
+    uint4 vw[kIt];
 #pragma unroll
-  for (int it = 0; it < kC / kLoadRows; ++it) {
-    const int r = tid / kVec4 + it * kLoadRows, c4 = 4 * (tid % kVec4);
-    float4* const pv = reinterpret_cast<float4*>(&sv[r * kLd + c4]);
-    const float4 x4 = *pv;
-    const float b = sm.beta[r];
-    *pv = make_float4(round_tf32(b * x4.x), round_tf32(b * x4.y), round_tf32(b * x4.z),
-                      round_tf32(b * x4.w));
+    for (int it = 0; it < kIt; ++it) {
+      vw[it] = *reinterpret_cast<const uint4*>(v_stage + (r8 + it * kLoadRows8) * kDv + c8);
+    }
+    __syncthreads();
+#pragma unroll
+    for (int it = 0; it < kIt; ++it) {
+      const int r = r8 + it * kLoadRows8;
+      store_bf16x8_scaled(&sv[r * kLd + c8], vw[it], sm.beta[r], swap8);
+    }
+  } else {
+#pragma unroll
+    for (int it = 0; it < kC / kLoadRows; ++it) {
+      const int r = tid / kVec4 + it * kLoadRows, c4 = 4 * (tid % kVec4);
+      float4* const pv = reinterpret_cast<float4*>(&sv[r * kLd + c4]);
+      const float4 x4 = *pv;
+      const float b = sm.beta[r];
+      *pv = make_float4(round_tf32(b * x4.x), round_tf32(b * x4.y), round_tf32(b * x4.z),
+                        round_tf32(b * x4.w));
+    }
   }
   __syncthreads();
 
@@ -578,7 +675,10 @@ namespace memra::cuda::kda {
 int launch_chunk_intra(MemraCudaCtx* ctx, const ChunkProblem& p, int nc, float* scratch) {
   const int64_t chunks = int64_t(p.B) * p.H * nc;
   if (chunks > 0x7fffffffLL) return memra::kContractShape;
-  auto* kernel = p.scalar_g ? chunk_intra_kernel<true> : chunk_intra_kernel<false>;
+  if (p.scalar_g && p.in_bf16) return memra::kUnsupportedGeometry;  // not instantiated
+  auto* kernel = p.scalar_g ? chunk_intra_kernel<true, false>
+                            : (p.in_bf16 ? chunk_intra_kernel<false, true>
+                                         : chunk_intra_kernel<false, false>);
   MEMRA_CUDA_RETURN_IF(allow_smem(ctx, kernel, sizeof(IntraSmem)));
   memra::cuda::launch(ctx, true, kernel, dim3(static_cast<unsigned>(chunks)), dim3(kThreads),
                       sizeof(IntraSmem), p, nc, scratch);

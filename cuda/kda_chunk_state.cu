@@ -26,6 +26,10 @@
 // zero-filled blocks above the diagonal too (a wgmma covers the whole tile), and 0 x inf is NaN,
 // so an inf / NaN row of D reaches every output row of its chunk, not only the later ones (the
 // state, and so every later chunk, is non-finite from there on either way).
+#include <cuda_bf16.h>
+
+#include <type_traits>
+
 #include "kda_chunk.cuh"
 #include "mma_bf16.cuh"
 #include "wgmma.cuh"
@@ -145,6 +149,8 @@ __device__ __forceinline__ void prefetch(unsigned char* st, const float* in, int
 }
 
 // One block per (sequence b, head h, column half): blockIdx.x = (b * H + h) * 2 + half.
+// kOBf16: o stored as bf16 (round to nearest even from the f32 result).
+template <bool kOBf16>
 __global__ void __launch_bounds__(kThreads, 1)
     chunk_state_kernel(const memra::cuda::kda::ChunkProblem p, int nc,
                        const float* __restrict__ scratch) {
@@ -274,9 +280,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     // row pointers stepped by 8 rows (the bounds check only in a sequence's last, partial
     // chunk); streaming stores, as nothing here reads o again.
     const int t0 = c * kC, L = min(kC, T - t0);
-    const int64_t rs = int64_t(H) * kDv;  // floats from one output row to the next
-    float* o0 = p.o + ((b * T + t0 + 2 * q) * H + h) * int64_t(kDv) + v0 + 2 * g;
-    float* o1 = o0 + rs;
+    const int64_t rs = int64_t(H) * kDv;  // elements from one output row to the next
+    using Out = std::conditional_t<kOBf16, __nv_bfloat16, float>;
+    Out* o0 = static_cast<Out*>(p.o) + ((b * T + t0 + 2 * q) * H + h) * int64_t(kDv) + v0 + 2 * g;
+    Out* o1 = o0 + rs;
 #pragma unroll
     for (int nt = 0; nt < kC / 8; ++nt) {
       const float2 x0 = make_float2(fmaf(DT[4 * nt], invD[0], OT[4 * nt] * invS[0]),
@@ -284,8 +291,19 @@ __global__ void __launch_bounds__(kThreads, 1)
       const float2 x1 = make_float2(fmaf(DT[4 * nt + 1], invD[0], OT[4 * nt + 1] * invS[0]),
                                     fmaf(DT[4 * nt + 3], invD[1], OT[4 * nt + 3] * invS[1]));
       const int t = 8 * nt + 2 * q;
-      if (L == kC || t < L) __stcs(reinterpret_cast<float2*>(o0), x0);
-      if (L == kC || t + 1 < L) __stcs(reinterpret_cast<float2*>(o1), x1);
+      if constexpr (kOBf16) {
+        const __nv_bfloat162 y0 = __floats2bfloat162_rn(x0.x, x0.y);
+        const __nv_bfloat162 y1 = __floats2bfloat162_rn(x1.x, x1.y);
+        if (L == kC || t < L) {
+          __stcs(reinterpret_cast<unsigned*>(o0), *reinterpret_cast<const unsigned*>(&y0));
+        }
+        if (L == kC || t + 1 < L) {
+          __stcs(reinterpret_cast<unsigned*>(o1), *reinterpret_cast<const unsigned*>(&y1));
+        }
+      } else {
+        if (L == kC || t < L) __stcs(reinterpret_cast<float2*>(o0), x0);
+        if (L == kC || t + 1 < L) __stcs(reinterpret_cast<float2*>(o1), x1);
+      }
       o0 += 8 * rs;
       o1 += 8 * rs;
     }
@@ -312,8 +330,9 @@ namespace memra::cuda::kda {
 int launch_chunk_state(MemraCudaCtx* ctx, const ChunkProblem& p, int nc, const float* scratch) {
   const int64_t blocks = int64_t(p.B) * p.H * 2;
   if (blocks > 0x7fffffffLL) return memra::kContractShape;
-  MEMRA_CUDA_RETURN_IF(allow_smem(ctx, chunk_state_kernel, kSmemBytes));
-  memra::cuda::launch(ctx, true, chunk_state_kernel, dim3(static_cast<unsigned>(blocks)),
+  auto* kernel = p.o_bf16 ? chunk_state_kernel<true> : chunk_state_kernel<false>;
+  MEMRA_CUDA_RETURN_IF(allow_smem(ctx, kernel, kSmemBytes));
+  memra::cuda::launch(ctx, true, kernel, dim3(static_cast<unsigned>(blocks)),
                       dim3(kThreads), kSmemBytes, p, nc, scratch);
   return launch_status();
 }

@@ -159,19 +159,22 @@ int scan_chunked_tables(MemraCudaCtx* ctx, const MemraKdaScanParams& p);
 // side (cuda/kda_chunk.cu) has checked the pointers non-null where required and 16-byte aligned,
 // ld_qk and ld_v multiples of 4.
 struct ChunkProblem {
-  const float* q;     // row n, key head j at q + n * ld_qk + j * dk
-  const float* k;     // the layout of q
-  const float* v;     // row n, head h at v + n * ld_v + h * dv
-  const float* g;     // scalar_g == 0: [B, T, H, dk]; else [B, T, H]
+  // q, k, v, g: f32, or bf16 with in_bf16 (strides in elements).
+  const void* q;      // row n, key head j at q + n * ld_qk + j * dk
+  const void* k;      // the layout of q
+  const void* v;      // row n, head h at v + n * ld_v + h * dv
+  const void* g;      // scalar_g == 0: [B, T, H, dk]; else [B, T, H]
   const float* beta;  // [B, T, H]
   int64_t ld_qk, ld_v;
   int B, T, H;
   int group;          // state heads per key head (1 for KDA)
   int scalar_g;
+  int in_bf16;        // q, k, v, g are bf16 (KDA only: scalar_g == 0)
   float scale;
   const float* const* state_in;  // [B] device table; null or a null entry: zeros
   float* const* state_out;       // [B] device table (required); a null entry is not written
-  float* o;                      // [B, T, H, dv]
+  void* o;                       // [B, T, H, dv], f32 or (o_bf16) bf16
+  int o_bf16;
 };
 
 // cuda/kda_chunk.cu: the whole chunked scan of a ChunkProblem (scratch, then the two

@@ -313,8 +313,10 @@ int scan_decode_tables(MemraCudaCtx* ctx, const MemraKdaScanParams& p) {
   const int64_t blocks = static_cast<int64_t>(p.B) * p.H * kLineParts;
   if (blocks > 0x7fffffffLL) return memra::kContractShape;
   memra::cuda::launch(ctx, true, scan_decode_lines_kernel<false, false>,
-                      dim3(static_cast<unsigned>(blocks)), dim3(line_threads<false>()), 0, p.q,
-                      p.k, p.v, p.g, p.beta, p.H, p.scale, row_planes(p.state), p.o, RawGates{},
+                      dim3(static_cast<unsigned>(blocks)), dim3(line_threads<false>()), 0,
+                      static_cast<const float*>(p.q), static_cast<const float*>(p.k),
+                      static_cast<const float*>(p.v), static_cast<const float*>(p.g), p.beta, p.H, p.scale, row_planes(p.state),
+                      static_cast<float*>(p.o), RawGates{},
                       GatedNorm{});
   return launch_status();
 }
@@ -352,8 +354,10 @@ int scan_decode_slots(MemraCudaCtx* ctx, const MemraKdaScanParams& p) {
   const RawGates gates{p.dt_bias, p.A_log, form, p.lower_bound, beta_ld};
   const GatedNorm norm{p.gate_o, p.o_norm, p.norm_eps};
   memra::cuda::launch(ctx, true, scan_decode_lines_kernel<true, true>,
-                      dim3(static_cast<unsigned>(blocks)), dim3(line_threads<true>()), 0, p.q, p.k,
-                      p.v, p.g, p.beta, p.H, p.scale, row_planes(p.state), p.o, gates, norm);
+                      dim3(static_cast<unsigned>(blocks)), dim3(line_threads<true>()), 0,
+                      static_cast<const float*>(p.q), static_cast<const float*>(p.k),
+                      static_cast<const float*>(p.v), static_cast<const float*>(p.g), p.beta, p.H, p.scale, row_planes(p.state),
+                      static_cast<float*>(p.o), gates, norm);
   return launch_status();
 }
 

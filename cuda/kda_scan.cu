@@ -223,15 +223,19 @@ int scan_tables(MemraCudaCtx* ctx, const MemraKdaScanParams& p) {
                         static_cast<const void*>(p.o)}) {
     if (reinterpret_cast<uintptr_t>(a) & 15u) return memra::kContractStride;
   }
-  // A bf16 model's prefill: the chunked form on tensor cores (cuda/kda_chunk.cu), any T.
+  // A bf16 model's prefill: the chunked form on tensor cores (cuda/kda_chunk.cu), any T, the
+  // only form that reads bf16 inputs.
   if (p.chunked) return memra::cuda::kda::scan_chunked_tables(ctx, p);
+  if (p.in_dtype != 0 || p.o_dtype != 0) return memra::kUnsupportedGeometry;
   // The decode step: same bits as scan_kernel at T = 1, at stream bandwidth.
   if (T == 1) return memra::cuda::kda::scan_decode_tables(ctx, p);
   const int64_t blocks = static_cast<int64_t>(B) * H * kBlocksPerHead;
   if (blocks > 0x7fffffffLL) return memra::kContractShape;
   memra::cuda::launch(ctx, true, scan_kernel, dim3(static_cast<unsigned>(blocks)),
-      dim3(kScanThreads), 0, p.q, p.k, p.v, p.g, p.beta, T, H, p.scale, p.state.in_table,
-      p.state.out_table, p.o);
+      dim3(kScanThreads), 0, static_cast<const float*>(p.q), static_cast<const float*>(p.k),
+      static_cast<const float*>(p.v), static_cast<const float*>(p.g), p.beta, T, H, p.scale,
+      p.state.in_table,
+      p.state.out_table, static_cast<float*>(p.o));
   return launch_status();
 }
 
@@ -244,7 +248,9 @@ int scan_strided(MemraCudaCtx* ctx, const MemraKdaScanParams& p) {
   if (p.beta_ld != 0 && p.beta_ld != H) return memra::kContractValue;  // contiguous beta
   if (dk != kScanDk || dv != kScanDv) return memra::kUnsupportedGeometry;
   if (B == 0 || T == 0 || H == 0) return memra::kOk;
-  if (T != 1 || p.chunked) return memra::kUnsupportedGeometry;
+  if (T != 1 || p.chunked || p.in_dtype != 0 || p.o_dtype != 0) {
+    return memra::kUnsupportedGeometry;
+  }
   if (!p.q || !p.k || !p.v || !p.g || !p.beta || !s.out || !p.o) return memra::kContractMissing;
   if (s.floats < static_cast<int64_t>(H) * dk * dv) return memra::kContractValue;
   // float4 loads of q, k, g, v and the planes, float4 stores of o and the planes.
@@ -286,6 +292,9 @@ int memra_cuda_kda_gate(MemraCudaCtx* ctx, const MemraKdaGateParams* p) {
 int memra_cuda_kda_scan(MemraCudaCtx* ctx, const MemraKdaScanParams* p) {
   MEMRA_CUDA_RETURN_IF(enter(ctx));
   if (!p) return memra::kContractMissing;
+  if ((p->in_dtype != 0 && p->in_dtype != 1) || (p->o_dtype != 0 && p->o_dtype != 1)) {
+    return memra::kContractValue;
+  }
   switch (p->state.form) {
     case MEMRA_KDA_PLANES_TABLES:
       if (p->fuse_gates || p->fuse_norm) return memra::kUnsupportedGeometry;
@@ -295,7 +304,9 @@ int memra_cuda_kda_scan(MemraCudaCtx* ctx, const MemraKdaScanParams* p) {
       return scan_strided(ctx, *p);
     case MEMRA_KDA_PLANES_SLOTS:
       // The one kernel of this form: a decode step with the gates and the norm fused.
-      if (!p->fuse_gates || !p->fuse_norm || p->T != 1) return memra::kUnsupportedGeometry;
+      if (!p->fuse_gates || !p->fuse_norm || p->T != 1 || p->in_dtype != 0 || p->o_dtype != 0) {
+        return memra::kUnsupportedGeometry;
+      }
       return memra::cuda::kda::scan_decode_slots(ctx, *p);
     default:
       return memra::kContractValue;

@@ -209,12 +209,17 @@ def kda_gate(f: Annotated[NDArray, dict(writable=False)], dt_bias: Annotated[NDA
     Reference: Glm5NextTextForgetGate.forward.
     """
 
-def kda_scan(q: Annotated[NDArray, dict(writable=False)], k: Annotated[NDArray, dict(writable=False)], v: Annotated[NDArray, dict(writable=False)], g: Annotated[NDArray, dict(writable=False)], beta: Annotated[NDArray, dict(writable=False)], state: Annotated[NDArray, dict(writable=False)] | None = None, *, scale: float | None = None, batch: bool = False, chunked: bool = False, engine: Engine | None = None) -> tuple[object, object]:
+def kda_scan(q: Annotated[NDArray, dict(writable=False)], k: Annotated[NDArray, dict(writable=False)], v: Annotated[NDArray, dict(writable=False)], g: Annotated[NDArray, dict(writable=False)], beta: Annotated[NDArray, dict(writable=False)], state: Annotated[NDArray, dict(writable=False)] | None = None, *, scale: float | None = None, batch: bool = False, chunked: bool = False, o_dtype: str = 'float32', engine: Engine | None = None) -> tuple[object, object]:
     """
     KDA delta-rule scan, T steps in order (the recurrent form), from `state` (None = zeros).
 
     q, k [T, H, dk] float32 (already L2-normalised, see l2norm_heads); v [T, H, dv];
     g [T, H, dk] log forget gate (kda_gate); beta [T, H] (sigmoid of b_proj);
+    q, k, v, g may instead all be bfloat16 (fla chunk_kda's inputs; uint16 raw bits
+    accepted): read at half the bytes and widened exactly to float32, so the results are
+    those of the float32 call on the widened arrays (CUDA: chunked=True only);
+    o_dtype='bfloat16' returns o as bfloat16 (fla chunk_kda's output), the float32 o rounded
+    to nearest even (CUDA: chunked=True only); the state stays float32;
     state [H, dk, dv] float32 or None. Per step and head:
       S = S * exp(g_t)[:, None]; S += k_t (beta_t (v_t - k_t^T S)); o_t = (scale q_t)^T S
     with scale = dk**-0.5 unless given. Returns (o [T, H, dv], state_out [H, dk, dv]); the
@@ -231,8 +236,10 @@ def kda_scan(q: Annotated[NDArray, dict(writable=False)], k: Annotated[NDArray, 
     bf16 models' prefill): TF32 operands, f32 accumulation and state, within bf16-input error
     of the scan; the same outputs and state layout. The CPU runs its reference either way.
     Raises ContractError (CONTRACT_DTYPE / CONTRACT_SHAPE / CONTRACT_STRIDE /
-    CONTRACT_DEVICE) for a bad argument; CONTRACT_STRIDE also for a CUDA array (q, k, v, g,
-    state) whose data does not start on a 16-byte boundary.
+    CONTRACT_DEVICE) for a bad argument (CONTRACT_DTYPE also for k, v or g not of q's
+    dtype; CONTRACT_VALUE for another o_dtype; CONTRACT_STRIDE also for a CUDA array (q, k, v, g, state) whose data does not
+    start on a 16-byte boundary); UnsupportedError for bfloat16 inputs on CUDA without
+    chunked=True.
     Reference: modeling_glm5_next.recurrent_kimi_delta_attention (equal in exact arithmetic
     to chunk_kimi_delta_attention, which transformers uses for multi-token prefill).
     """

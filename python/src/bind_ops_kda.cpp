@@ -223,26 +223,33 @@ void init_ops_kda(nb::module_& m) {
       "kda_scan",
       [](const AnyArray& q, const AnyArray& k, const AnyArray& v, const AnyArray& g,
          const AnyArray& beta, std::optional<AnyArray> state, std::optional<float> scale,
-         bool batch, bool chunked, const Engine* engine) {
+         bool batch, bool chunked, const std::string& o_dtype, const Engine* engine) {
         const char* op = "kda_scan";
+        if (o_dtype != "float32" && o_dtype != "bfloat16") {
+          raise_contract(kContractValue, "kda_scan: o_dtype must be 'float32' or 'bfloat16', got '" +
+                                             o_dtype + "'");
+        }
+        const int odt = o_dtype == "bfloat16" ? 1 : 0;
         int64_t B = 1, T, H, dk, dv;
-        const float *qp, *kp, *vp, *gp, *bp, *sp = nullptr;
+        const void *qp, *kp, *vp, *gp;
+        const float *bp, *sp = nullptr;
+        int dt = 0, same = 0;  // q's dtype code; k, v and g must share it
         if (batch) {
-          qp = f32_in(engine, q, op, "q", {-1, -1, -1, -1});
+          qp = f32_or_bf16_in(engine, q, op, "q", {-1, -1, -1, -1}, &dt);
           B = dim(q, 0), T = dim(q, 1), H = dim(q, 2), dk = dim(q, 3);
-          kp = f32_in(engine, k, op, "k", {B, T, H, dk});
-          vp = f32_in(engine, v, op, "v", {B, T, H, -1});
+          kp = f32_or_bf16_in(engine, k, op, "k", {B, T, H, dk}, &same, dt);
+          vp = f32_or_bf16_in(engine, v, op, "v", {B, T, H, -1}, &same, dt);
           dv = dim(v, 3);
-          gp = f32_in(engine, g, op, "g", {B, T, H, dk});
+          gp = f32_or_bf16_in(engine, g, op, "g", {B, T, H, dk}, &same, dt);
           bp = f32_in(engine, beta, op, "beta", {B, T, H});
           if (state) sp = f32_in(engine, *state, op, "state", {B, H, dk, dv});
         } else {
-          qp = f32_in(engine, q, op, "q", {-1, -1, -1});
+          qp = f32_or_bf16_in(engine, q, op, "q", {-1, -1, -1}, &dt);
           T = dim(q, 0), H = dim(q, 1), dk = dim(q, 2);
-          kp = f32_in(engine, k, op, "k", {T, H, dk});
-          vp = f32_in(engine, v, op, "v", {T, H, -1});
+          kp = f32_or_bf16_in(engine, k, op, "k", {T, H, dk}, &same, dt);
+          vp = f32_or_bf16_in(engine, v, op, "v", {T, H, -1}, &same, dt);
           dv = dim(v, 2);
-          gp = f32_in(engine, g, op, "g", {T, H, dk});
+          gp = f32_or_bf16_in(engine, g, op, "g", {T, H, dk}, &same, dt);
           bp = f32_in(engine, beta, op, "beta", {T, H});
           if (state) sp = f32_in(engine, *state, op, "state", {H, dk, dv});
         }
@@ -253,6 +260,11 @@ void init_ops_kda(nb::module_& m) {
         // transformers: scale = 1 / (dk ** 0.5) in double, applied to f32 q as an f32 scalar.
         if (scale) check_finite(*scale, "kda_scan", "scale");
         const float sc = scale ? *scale : static_cast<float>(1.0 / std::sqrt(double(dk)));
+        if ((dt != 0 || odt != 0) && on_cuda(engine) && !chunked) {
+          raise_status(Status(kUnsupportedGeometry, "kda_scan: bfloat16 q, k, v, g or o need "
+                                                    "chunked=True on CUDA (the sequential scan "
+                                                    "reads and writes float32)"));
+        }
         for (auto [p, name] : {std::pair<const void*, const char*>{qp, "q"}, {kp, "k"},
                                {vp, "v"}, {gp, "g"}, {sp, "state"}}) {
           require_aligned16(engine, p, op, name);
@@ -265,8 +277,10 @@ void init_ops_kda(nb::module_& m) {
           return fill ? out_f32(engine, std::move(shape))
                       : out_f32_uninit(engine, std::move(shape));
         };
-        Out o = batch ? out_f32_uninit(engine, {sz(B), sz(T), sz(H), sz(dv)})
-                      : out_f32_uninit(engine, {sz(T), sz(H), sz(dv)});
+        std::vector<size_t> o_shape = batch ? std::vector<size_t>{sz(B), sz(T), sz(H), sz(dv)}
+                                            : std::vector<size_t>{sz(T), sz(H), sz(dv)};
+        Out o = odt ? out_bf16_uninit(engine, std::move(o_shape))
+                    : out_f32_uninit(engine, std::move(o_shape));
         Out state_out = batch ? state_shaped({sz(B), sz(H), sz(dk), sz(dv)})
                               : state_shaped({sz(H), sz(dk), sz(dv)});
         float* so = state_out.data<float>();
@@ -298,8 +312,10 @@ void init_ops_kda(nb::module_& m) {
           p.state.in_table = tabs.table(0);
           p.state.out_table = tabs.table(1);
         }
-        p.o = o.data<float>();
+        p.o = o.ptr;
         p.chunked = chunked ? 1 : 0;
+        p.in_dtype = dt;
+        p.o_dtype = odt;
         run_op(engine, memra::op::kda_scan, p);
         // Zero steps: the CUDA kernel is a no-op; the state passes through (as on the CPU).
         if (on_cuda(engine) && T == 0 && sp) {
@@ -309,10 +325,16 @@ void init_ops_kda(nb::module_& m) {
       },
       nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("g"), nb::arg("beta"),
       nb::arg("state") = nb::none(), nb::kw_only(), nb::arg("scale") = nb::none(),
-      nb::arg("batch") = false, nb::arg("chunked") = false, nb::arg("engine").none() = nb::none(),
+      nb::arg("batch") = false, nb::arg("chunked") = false, nb::arg("o_dtype") = "float32",
+      nb::arg("engine").none() = nb::none(),
       "KDA delta-rule scan, T steps in order (the recurrent form), from `state` (None = zeros).\n\n"
       "q, k [T, H, dk] float32 (already L2-normalised, see l2norm_heads); v [T, H, dv];\n"
       "g [T, H, dk] log forget gate (kda_gate); beta [T, H] (sigmoid of b_proj);\n"
+      "q, k, v, g may instead all be bfloat16 (fla chunk_kda's inputs; uint16 raw bits\n"
+      "accepted): read at half the bytes and widened exactly to float32, so the results are\n"
+      "those of the float32 call on the widened arrays (CUDA: chunked=True only);\n"
+      "o_dtype='bfloat16' returns o as bfloat16 (fla chunk_kda's output), the float32 o rounded\n"
+      "to nearest even (CUDA: chunked=True only); the state stays float32;\n"
       "state [H, dk, dv] float32 or None. Per step and head:\n"
       "  S = S * exp(g_t)[:, None]; S += k_t (beta_t (v_t - k_t^T S)); o_t = (scale q_t)^T S\n"
       "with scale = dk**-0.5 unless given. Returns (o [T, H, dv], state_out [H, dk, dv]); the\n"
@@ -329,8 +351,10 @@ void init_ops_kda(nb::module_& m) {
       "bf16 models' prefill): TF32 operands, f32 accumulation and state, within bf16-input error\n"
       "of the scan; the same outputs and state layout. The CPU runs its reference either way.\n"
       "Raises ContractError (CONTRACT_DTYPE / CONTRACT_SHAPE / CONTRACT_STRIDE /\n"
-      "CONTRACT_DEVICE) for a bad argument; CONTRACT_STRIDE also for a CUDA array (q, k, v, g,\n"
-      "state) whose data does not start on a 16-byte boundary.\n"
+      "CONTRACT_DEVICE) for a bad argument (CONTRACT_DTYPE also for k, v or g not of q's\n"
+      "dtype; CONTRACT_VALUE for another o_dtype; CONTRACT_STRIDE also for a CUDA array (q, k, v, g, state) whose data does not\n"
+      "start on a 16-byte boundary); UnsupportedError for bfloat16 inputs on CUDA without\n"
+      "chunked=True.\n"
       "Reference: modeling_glm5_next.recurrent_kimi_delta_attention (equal in exact arithmetic\n"
       "to chunk_kimi_delta_attention, which transformers uses for multi-token prefill).");
 }

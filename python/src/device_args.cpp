@@ -29,7 +29,11 @@ Out out_on(const std::shared_ptr<CudaContext>& cuda, std::vector<size_t> shape,
   if (!cuda) {
     void* p = new_host_zeroed(host_bytes(shape, item));
     nb::capsule owner(p, [](void* q) noexcept { delete[] static_cast<uint8_t*>(q); });
-    o.obj = nb::cast(nb::ndarray<nb::numpy>(p, shape.size(), shape.data(), owner, nullptr, dtype));
+    // numpy has no bfloat16: its raw bits as uint16, viewed as ml_dtypes bfloat16 (to_host's form)
+    const bool bf16 = dtype.code == uint8_t(nb::dlpack::dtype_code::Bfloat) && dtype.bits == 16;
+    o.obj = nb::cast(nb::ndarray<nb::numpy>(p, shape.size(), shape.data(), owner, nullptr,
+                                            bf16 ? nb::dtype<uint16_t>() : dtype));
+    if (bf16) o.obj = o.obj.attr("view")(nb::module_::import_("ml_dtypes").attr("bfloat16"));
     o.ptr = p;
     return o;
   }
@@ -63,6 +67,19 @@ const int32_t* i32_in(const Engine* engine, const AnyArray& a, const char* op, c
   check_array(a, op, name, shape, "int32", has_dtype(a, nb::dlpack::dtype_code::Int, 32),
               device_type_of(engine), device_id_of(engine));
   return static_cast<const int32_t*>(a.data());
+}
+
+const void* f32_or_bf16_in(const Engine* engine, const AnyArray& a, const char* op,
+                           const char* name, std::initializer_list<int64_t> shape, int* dtype,
+                           int want) {
+  const bool f32 = has_dtype(a, nb::dlpack::dtype_code::Float, 32), bf16 = has_bf16(a);
+  const char* what = want < 0    ? "float32 or bfloat16 (uint16 raw bits accepted)"
+                     : want == 0 ? "float32 (the dtype of q)"
+                                 : "bfloat16 (the dtype of q)";
+  const bool ok = want < 0 ? (f32 || bf16) : (want == 0 ? f32 : bf16);
+  check_array(a, op, name, shape, what, ok, device_type_of(engine), device_id_of(engine));
+  *dtype = f32 ? 0 : 1;
+  return a.data();
 }
 
 const uint64_t* u64_in(const Engine* engine, const AnyArray& a, const char* op, const char* name,
@@ -108,6 +125,10 @@ Out out_f32(const Engine* engine, std::vector<size_t> shape) {
 }
 Out out_f32_uninit(const Engine* engine, std::vector<size_t> shape) {
   return out_of(engine, std::move(shape), nb::dtype<float>(), sizeof(float), false);
+}
+Out out_bf16_uninit(const Engine* engine, std::vector<size_t> shape) {
+  const nb::dlpack::dtype bf16{uint8_t(nb::dlpack::dtype_code::Bfloat), 16, 1};
+  return out_of(engine, std::move(shape), bf16, 2, false);
 }
 Out out_i32(const Engine* engine, std::vector<size_t> shape) {
   return out_of(engine, std::move(shape), nb::dtype<int32_t>(), sizeof(int32_t));

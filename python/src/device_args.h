@@ -40,6 +40,12 @@ const int32_t* i32_in(const Engine* engine, const AnyArray& a, const char* op, c
                       std::initializer_list<int64_t> shape);
 const uint64_t* u64_in(const Engine* engine, const AnyArray& a, const char* op, const char* name,
                        std::initializer_list<int64_t> shape);
+// A float32 or bfloat16 argument (DLPack bfloat16, or uint16 holding the raw bits) on the
+// engine's device; *dtype gets its memra::DType code (0 f32, 1 bf16). want >= 0 asks for that
+// code alone (inputs that share the first one's type), named so in the error.
+const void* f32_or_bf16_in(const Engine* engine, const AnyArray& a, const char* op,
+                           const char* name, std::initializer_list<int64_t> shape, int* dtype,
+                           int want = -1);
 
 // A new zero-filled output on the engine's device: a numpy array on the CPU, a DLPack CUDA
 // array (nanobind ndarray owning a DeviceBuffer) on the GPU. Return `obj` to Python.
@@ -54,6 +60,9 @@ Out out_i32(const Engine* engine, std::vector<size_t> shape);
 // An output the op overwrites entirely: no zero-fill on the device (host arrays are still zeroed).
 // The decode step's hot ops use these: a zero-fill is a launch (and a graph node) per output.
 Out out_f32_uninit(const Engine* engine, std::vector<size_t> shape);
+// bfloat16, the same way: a DLPack bfloat16 device array, or on the host an ml_dtypes bfloat16
+// numpy array (zeroed).
+Out out_bf16_uninit(const Engine* engine, std::vector<size_t> shape);
 Out out_i32_uninit(const Engine* engine, std::vector<size_t> shape);
 // For a layer's CUDA context; zero = false for outputs the layer writes entirely.
 Out out_f32(const std::shared_ptr<CudaContext>& cuda, std::vector<size_t> shape, bool zero = true);

@@ -11,6 +11,7 @@
 
 #include "memra/op/kda.h"
 #include "memra/ops.h"
+#include "memra/tensor.h"
 #include "test_util.h"
 
 namespace memra {
@@ -151,6 +152,12 @@ TEST(KdaOp, CudaOnlyFieldsAndBadValuesAreRefused) {
   s.beta_ld = 3;  // a row stride of beta: the fused gates' (CUDA) only
   EXPECT_EQ(op::kda_scan(kCpu, s).code, kContractValue);
   s.beta_ld = 0;
+  s.in_dtype = 2;  // q, k, v, g: 0 f32 or 1 bf16 only
+  EXPECT_EQ(op::kda_scan(kCpu, s).code, kContractValue);
+  s.in_dtype = 0;
+  s.o_dtype = -1;
+  EXPECT_EQ(op::kda_scan(kCpu, s).code, kContractValue);
+  s.o_dtype = 0;
   s.state.form = MEMRA_KDA_PLANES_DIRECT;
   EXPECT_EQ(op::kda_scan(kCpu, s).code, kContractValue);
 
@@ -197,6 +204,44 @@ TEST(KdaOp, ScanTablesEqualEachSequenceAlone) {
     EXPECT_TRUE(same_bits(o.data() + b * ov, wo.data(), ov)) << b;
     if (out[b]) EXPECT_TRUE(same_bits(out[b], ws.data(), plane)) << b;
   }
+}
+
+TEST(KdaOp, ScanBf16InputsAndOutputAreTheF32ScanWidenedAndRounded) {
+  // bf16 q / k / v / g are widened exactly, so the scan equals the f32 one on the widened
+  // values; a bf16 o is that o rounded to nearest even (f32_to_bf16).
+  const int B = 2, T = 3, H = 2, dk = 4, dv = 3;
+  const size_t qk = size_t(T) * H * dk, ov = size_t(T) * H * dv, plane = size_t(H) * dk * dv;
+  Vec q = randn(B * qk, 70, 0.5f), k = randn(B * qk, 71, 0.5f), v = randn(B * ov, 72);
+  Vec g = randn(B * qk, 73, 0.1f);
+  const Vec beta = randn(size_t(B) * T * H, 74, 0.3f);
+  std::vector<std::vector<uint16_t>> bits;
+  for (Vec* x : {&q, &k, &v, &g}) {  // round to bf16; keep the bits and the widened values
+    bits.emplace_back(x->size());
+    for (size_t i = 0; i < x->size(); ++i) {
+      bits.back()[i] = f32_to_bf16((*x)[i]);
+      (*x)[i] = bf16_to_f32(bits.back()[i]);
+    }
+  }
+  Vec o32(B * ov), s32(B * plane), s16(B * plane);
+  std::vector<uint16_t> o16(B * ov);
+  float* out32[B] = {s32.data(), s32.data() + plane};
+  float* out16[B] = {s16.data(), s16.data() + plane};
+  MemraKdaScanParams p = scan_params(q, k, v, g, beta, B, T, H, dk, dv);
+  p.state.form = MEMRA_KDA_PLANES_TABLES;
+  p.state.out_table = out32;
+  p.o = o32.data();
+  ASSERT_EQ(op::kda_scan(kCpu, p).code, kOk);
+  p.q = bits[0].data();
+  p.k = bits[1].data();
+  p.v = bits[2].data();
+  p.g = bits[3].data();
+  p.in_dtype = 1;
+  p.o_dtype = 1;
+  p.o = o16.data();
+  p.state.out_table = out16;
+  ASSERT_EQ(op::kda_scan(kCpu, p).code, kOk);
+  EXPECT_TRUE(same_bits(s16.data(), s32.data(), s32.size()));
+  for (size_t i = 0; i < o32.size(); ++i) EXPECT_EQ(o16[i], f32_to_bf16(o32[i])) << i;
 }
 
 TEST(KdaOp, ScanStridedPlanesEqualTheTables) {

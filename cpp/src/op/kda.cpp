@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "memra/ops.h"
+#include "memra/tensor.h"
 
 namespace memra::op {
 
@@ -112,6 +113,14 @@ Status kda_scan(const Backend& b, const MemraKdaScanParams& p) {
   if (b.on_cuda()) return cuda_status(b, b.cuda->api().kda_scan(b.cuda->ctx(), &p), "kda_scan");
   const char* op = "kda_scan";
   const MemraKdaPlanes& st = p.state;
+  if (p.in_dtype != 0 && p.in_dtype != 1) {
+    return refuse(kContractValue, op, "in_dtype (q, k, v, g) must be 0 (f32) or 1 (bf16), got " +
+                                          std::to_string(p.in_dtype));
+  }
+  if (p.o_dtype != 0 && p.o_dtype != 1) {
+    return refuse(kContractValue, op, "o_dtype must be 0 (f32) or 1 (bf16), got " +
+                                          std::to_string(p.o_dtype));
+  }
   if (st.form != MEMRA_KDA_PLANES_TABLES && st.form != MEMRA_KDA_PLANES_SLOTS &&
       st.form != MEMRA_KDA_PLANES_STRIDED) {
     return refuse(kContractValue, op, "the state planes must be TABLES, STRIDED or SLOTS, got "
@@ -141,12 +150,32 @@ Status kda_scan(const Backend& b, const MemraKdaScanParams& p) {
   }
   const int64_t seq_qk = T * H * dk, seq_o = T * H * dv, seq_b = T * H;
   std::vector<float> sink;
+  // Sequence s's part of an input as f32: in place, or bf16 widened (exactly) into `w`.
+  std::vector<float> wq, wk, wv, wg;
+  auto in = [&](const void* base, int64_t s, int64_t n, std::vector<float>& w) -> const float* {
+    if (p.in_dtype == 0) return static_cast<const float*>(base) + s * n;
+    const uint16_t* src = static_cast<const uint16_t*>(base) + s * n;
+    w.resize(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) w[size_t(i)] = bf16_to_f32(src[i]);
+    return w.data();
+  };
+  // bf16 o: the reference's f32 o, rounded to nearest even once the sequence is done.
+  std::vector<float> wo(p.o_dtype == 1 ? static_cast<size_t>(seq_o) : 0);
+  auto narrow = [&](int64_t s) {
+    if (p.o_dtype == 0) return;
+    uint16_t* dst = static_cast<uint16_t*>(p.o) + s * seq_o;
+    for (int64_t i = 0; i < seq_o; ++i) dst[i] = f32_to_bf16(wo[size_t(i)]);
+  };
   for (int64_t s = 0; s < p.B; ++s) {
+    float* o = p.o_dtype == 0 ? static_cast<float*>(p.o) + s * seq_o : wo.data();
+    const float* q = p.T > 0 ? in(p.q, s, seq_qk, wq) : nullptr;
+    const float* k = p.T > 0 ? in(p.k, s, seq_qk, wk) : nullptr;
+    const float* v = p.T > 0 ? in(p.v, s, seq_o, wv) : nullptr;
+    const float* g = p.T > 0 ? in(p.g, s, seq_qk, wg) : nullptr;
     if (strided) {
-      cpu::kda_scan(p.q + s * seq_qk, p.k + s * seq_qk, p.v + s * seq_o, p.g + s * seq_qk,
-                    p.beta + s * seq_b, p.T, p.H, p.dk, p.dv, p.scale,
-                    st.in ? st.in + s * st.floats : nullptr, st.out + s * st.floats,
-                    p.o + s * seq_o);
+      cpu::kda_scan(q, k, v, g, p.beta + s * seq_b, p.T, p.H, p.dk, p.dv, p.scale,
+                    st.in ? st.in + s * st.floats : nullptr, st.out + s * st.floats, o);
+      narrow(s);
       continue;
     }
     float* out = st.out_table[s];
@@ -154,9 +183,9 @@ Status kda_scan(const Backend& b, const MemraKdaScanParams& p) {
       sink.resize(static_cast<size_t>(H * dk * dv));
       out = sink.data();
     }
-    cpu::kda_scan(p.q + s * seq_qk, p.k + s * seq_qk, p.v + s * seq_o, p.g + s * seq_qk,
-                  p.beta + s * seq_b, p.T, p.H, p.dk, p.dv, p.scale,
-                  st.in_table ? st.in_table[s] : nullptr, out, p.o + s * seq_o);
+    cpu::kda_scan(q, k, v, g, p.beta + s * seq_b, p.T, p.H, p.dk, p.dv, p.scale,
+                  st.in_table ? st.in_table[s] : nullptr, out, o);
+    narrow(s);
   }
   return Status::Ok();
 }

@@ -118,19 +118,19 @@ typedef struct MemraKdaGateParams {
    TABLES' kernel and bytes; the CPU any T) and SLOTS (a decode step, T == 1, with both fusions below: the only instantiated
    kernel of that form; anything else there is 50002). DIRECT is 40025. */
 typedef struct MemraKdaScanParams {
-  const float* q;      /* [B, T, H, dk] f32, L2-normalised; 16-byte aligned on CUDA (40022) */
-  const float* k;      /* [B, T, H, dk] f32, L2-normalised; 16-byte aligned (40022) */
-  const float* v;      /* [B, T, H, dv] f32; 16-byte aligned (40022) */
-  const float* g;      /* [B, T, H, dk] f32 log forget gate (fuse_gates: f, kda_gate's input);
-                          16-byte aligned (40022) */
+  const void* q;       /* [B, T, H, dk] in_dtype, L2-normalised; 16-byte aligned on CUDA (40022) */
+  const void* k;       /* [B, T, H, dk] in_dtype, L2-normalised; 16-byte aligned (40022) */
+  const void* v;       /* [B, T, H, dv] in_dtype; 16-byte aligned (40022) */
+  const void* g;       /* [B, T, H, dk] in_dtype log forget gate (fuse_gates: f, kda_gate's
+                          input); 16-byte aligned (40022) */
   const float* beta;   /* [B, T, H] f32 (fuse_gates: the logits, only read, rows beta_ld apart) */
   int B, T, H;         /* >= 0 (else 40000) */
   int dk, dv;          /* >= 1 (else 40000); CUDA kernels 128 and 128 (else 50002) */
   float scale;         /* q's scale, dk**-0.5 in transformers */
   MemraKdaPlanes state; /* each row's state [H, dk, dv] f32. SLOTS: bases 16-byte aligned and
                            floats a multiple of 4 (else 40022), the plane fitting floats (40025) */
-  float* o;            /* [B, T, H, dv] f32; 16-byte aligned (40022); with fuse_norm it must not
-                          alias q, k, v, g, gate_o */
+  void* o;             /* [B, T, H, dv] o_dtype; 16-byte aligned (40022); with fuse_norm it
+                          must not alias q, k, v, g, gate_o */
   /* Fused gates (SLOTS): g and beta arrive raw, and the scan applies kda_gate(form, lower_bound,
      dt_bias, A_log) and beta's sigmoid as it loads them: the bytes of kda_gate with beta, then
      the scan (f and the logits are only read). */
@@ -156,6 +156,15 @@ typedef struct MemraKdaScanParams {
      the row's H logits first: a column block of a wider GEMM output); 0 means H; below H 40025;
      the other forms read beta contiguous: anything but 0 or H there is 40025. */
   int64_t beta_ld;
+  /* q, k, v and g's element type (memra::DType code): 0 f32; 1 bf16, the activations fla's
+     chunk_kda takes, read at half the bytes and widened exactly to f32 on load. bf16 needs the
+     chunked form on CUDA (the sequential kernels read f32: 50002); the CPU widens and runs its
+     reference. Another value is 40025. beta and the state stay f32. */
+  int in_dtype;
+  /* o's element type (memra::DType code): 0 f32; 1 bf16, the f32 result rounded to nearest
+     even as it is stored (fla chunk_kda's output dtype), with the chunked form on CUDA (else
+     50002); the CPU rounds its reference's o. Another value is 40025. */
+  int o_dtype;
 } MemraKdaScanParams;
 
 /* Decode-graph bookkeeping (docs/decode_graphs.md): one KDA layer's per-sequence pointer tables
