@@ -3,10 +3,11 @@
 inputs, same run.
 
 memra: memra._core.kda_scan(q, k, v, g, beta, state, batch=True, chunked=True, engine=e)
-       (cuda/kda_chunk*.cu: chunk_intra / chunk_state kernels) -> (o, state_out), on the same
-       bf16 q / k / v / g tensors fla gets (--memra-inputs f32: f32 tensors holding the same
-       bf16-rounded values, twice the input bytes), beta and the state f32; o in bf16 as fla's
-       (o_dtype="bfloat16"; --memra-o f32: f32 o).
+       (cuda/kda_chunk*.cu: chunk_intra / chunk_state kernels) -> (o, state_out), on f32 q / k /
+       v / g holding the bf16-rounded values fla gets (a bf16 model's activations are f32 in
+       memra; its issue-bound intra kernel runs faster on them than on bf16, results s15), or
+       with --memra-inputs bf16 on fla's very bf16 tensors (the same results, bit for bit);
+       beta and the state f32; o in bf16 as fla's (o_dtype="bfloat16"; --memra-o f32: f32 o).
        GDN: memra._core.gdn_scan(..., batch=True, chunked=True) (the same kernels, reading the
        key heads and the per-head decay in place).
 peer:  fla.ops.kda.chunk_kda(q, k, v, g, beta, scale=, initial_state=, output_final_state=True)
@@ -130,7 +131,7 @@ def main() -> int:
     p = base_parser(__doc__.split("\n\n")[0])
     p.add_argument("--kda-shapes", default=None,
                    help="KDA shapes as H:B:T,... (overrides the default / --quick list; 'none')")
-    p.add_argument("--memra-inputs", choices=("bf16", "f32"), default="bf16",
+    p.add_argument("--memra-inputs", choices=("bf16", "f32"), default="f32",
                    help="dtype of the q / k / v / g memra's KDA scan reads (the values are the "
                         "same bf16-rounded ones either way)")
     p.add_argument("--memra-o", choices=("bf16", "f32"), default="bf16",

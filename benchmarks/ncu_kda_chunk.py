@@ -1,12 +1,12 @@
 """Driver for ncu and a per-kernel breakdown of the chunked delta-rule prefill (cuda/kda_chunk*.cu):
 KDA at 64 heads x 128, B = 1, T = 8192, and GDN at 16 key / 32 value heads, B = 1, T = 8192, three
-calls each (KDA's q / k / v / g bf16, as bench_kda_prefill.py gives them, --f32: f32; KDA's o
+calls each (KDA's q / k / v / g f32 as bench_kda_prefill.py gives them, --bf16-in: bf16; KDA's o
 bf16 with --bf16-o). With --profile it also prints, per
 kernel name, the median duration per call from torch.profiler (no ncu needed).
 
     ncu --clock-control none -k regex:chunk_ -c 12 --section SpeedOfLight --section Occupancy \\
         --section LaunchStats python3 benchmarks/ncu_kda_chunk.py
-    python3 benchmarks/ncu_kda_chunk.py --profile [--nopdl] [--f32] [--bf16-o] [--T 1024]
+    python3 benchmarks/ncu_kda_chunk.py --profile [--nopdl] [--bf16-in] [--bf16-o] [--T 1024]
 
 --nopdl runs on an Engine made with KernelOptions(pdl=False): each profiled duration is then the
 kernel alone (a programmatic dependent's duration includes its wait for the kernel in front), and
@@ -25,7 +25,7 @@ p = argparse.ArgumentParser()
 p.add_argument("--profile", action="store_true")
 p.add_argument("--T", type=int, default=8192)
 p.add_argument("--nopdl", action="store_true")
-p.add_argument("--f32", action="store_true", help="KDA's q / k / v / g in f32 (default bf16)")
+p.add_argument("--bf16-in", action="store_true", help="KDA's q / k / v / g in bf16 (default f32)")
 p.add_argument("--bf16-o", action="store_true", help="KDA's o in bf16 (default f32)")
 args = p.parse_args()
 e = memra.Engine("cuda", options=memra.KernelOptions(pdl=False) if args.nopdl else None)
@@ -43,7 +43,7 @@ def inputs(Hk, Hv, per_channel, T):
 
 
 kda_in = list(inputs(64, 64, True, args.T))
-if not args.f32:
+if args.bf16_in:
     kda_in[:4] = [x.to(torch.bfloat16) for x in kda_in[:4]]
 cases = [("kda", _core.kda_scan, tuple(kda_in)),
          ("gdn", _core.gdn_scan, inputs(16, 32, False, args.T))]
