@@ -219,7 +219,8 @@ def kda_scan(q: Annotated[NDArray, dict(writable=False)], k: Annotated[NDArray, 
     accepted): read at half the bytes and widened exactly to float32, so the results are
     those of the float32 call on the widened arrays (CUDA: chunked=True only);
     o_dtype='bfloat16' returns o as bfloat16 (fla chunk_kda's output), the float32 o rounded
-    to nearest even (CUDA: chunked=True only); the state stays float32;
+    to nearest even, a NaN's payload unspecified (CUDA: chunked=True only); the state
+    stays float32;
     state [H, dk, dv] float32 or None. Per step and head:
       S = S * exp(g_t)[:, None]; S += k_t (beta_t (v_t - k_t^T S)); o_t = (scale q_t)^T S
     with scale = dk**-0.5 unless given. Returns (o [T, H, dv], state_out [H, dk, dv]); the

@@ -163,7 +163,8 @@ typedef struct MemraKdaScanParams {
   int in_dtype;
   /* o's element type (memra::DType code): 0 f32; 1 bf16, the f32 result rounded to nearest
      even as it is stored (fla chunk_kda's output dtype), with the chunked form on CUDA (else
-     50002); the CPU rounds its reference's o. Another value is 40025. */
+     50002); the CPU rounds its reference's o. A NaN stays a NaN, its payload unspecified (the
+     CPU keeps it, CUDA's conversion does not). Another value is 40025. */
   int o_dtype;
 } MemraKdaScanParams;
 
