@@ -234,8 +234,7 @@ int scan_tables(MemraCudaCtx* ctx, const MemraKdaScanParams& p) {
   memra::cuda::launch(ctx, true, scan_kernel, dim3(static_cast<unsigned>(blocks)),
       dim3(kScanThreads), 0, static_cast<const float*>(p.q), static_cast<const float*>(p.k),
       static_cast<const float*>(p.v), static_cast<const float*>(p.g), p.beta, T, H, p.scale,
-      p.state.in_table,
-      p.state.out_table, static_cast<float*>(p.o));
+      p.state.in_table, p.state.out_table, static_cast<float*>(p.o));
   return launch_status();
 }
 
