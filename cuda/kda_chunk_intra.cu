@@ -9,7 +9,7 @@
 // sub-block's middle row and the diagonal blocks are tensor-core products too (fla's safe gate).
 // The cumulative decay is kept in log2 units (G2 = log2(e) G, each step one fma), so the
 // exponentials (up to 100K a chunk, the largest share of the kernel's instructions) are one
-// ex2.approx.ftz each (exp2_ftz: relative error within about 1e-5 wherever the result is a normal
+// ex2.approx.ftz each (exp2_ftz, kda_chunk_intra.cuh: relative error within about 1e-5 wherever the result is a normal
 // float, far under the TF32 operands' 2^-11; results below 2^-126 are 0).
 //
 // KDA reads q / k / g of the state head itself; GDN (kScalarG) reads q / k of key head h / group
@@ -24,7 +24,7 @@
 
 #include <type_traits>
 
-#include "kda_chunk.cuh"
+#include "kda_chunk_intra.cuh"
 
 using memra::cuda::cp_async_16;
 using memra::cuda::cp_async_commit;
@@ -32,111 +32,6 @@ using memra::cuda::cp_async_wait;
 using memra::cuda::launch_status;
 
 namespace {
-
-// 2^x by ex2.approx.ftz (exp2f's fast form without its fix-up for results under 2^-126, which
-// become 0). The arguments are differences of the log2-unit cumulative decay G2.
-__device__ __forceinline__ float exp2_ftz(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-constexpr float kLog2e = 1.4426950408889634f;
-
-__device__ __forceinline__ float2 ld2(const float* p) { return *reinterpret_cast<const float2*>(p); }
-
-// Eight bf16 (one 16-byte piece, element 0 in the low half of word 0) widened to f32 and stored
-// to dst[0..7] (16-byte aligned shared memory) as two float4. `swap` stores the second half
-// first: with rows kLd = 8 (mod 32) floats apart, a quarter warp's eight pieces of one row land
-// on distinct bank quads when its threads 4-7 swap (the 128-bit stores' phases are 8 threads).
-__device__ __forceinline__ void store_bf16x8(float* dst, uint4 w, bool swap) {
-  const float4 lo = make_float4(__uint_as_float(w.x << 16), __uint_as_float(w.x & 0xffff0000u),
-                                __uint_as_float(w.y << 16), __uint_as_float(w.y & 0xffff0000u));
-  const float4 hi = make_float4(__uint_as_float(w.z << 16), __uint_as_float(w.z & 0xffff0000u),
-                                __uint_as_float(w.w << 16), __uint_as_float(w.w & 0xffff0000u));
-  float4* d = reinterpret_cast<float4*>(dst);
-  d[swap ? 1 : 0] = swap ? hi : lo;
-  d[swap ? 0 : 1] = swap ? lo : hi;
-}
-
-// The same, each element times b and rounded to TF32 (U's B operand, beta v).
-__device__ __forceinline__ void store_bf16x8_scaled(float* dst, uint4 w, float b, bool swap) {
-  const float4 lo = make_float4(round_tf32(b * __uint_as_float(w.x << 16)),
-                                round_tf32(b * __uint_as_float(w.x & 0xffff0000u)),
-                                round_tf32(b * __uint_as_float(w.y << 16)),
-                                round_tf32(b * __uint_as_float(w.y & 0xffff0000u)));
-  const float4 hi = make_float4(round_tf32(b * __uint_as_float(w.z << 16)),
-                                round_tf32(b * __uint_as_float(w.z & 0xffff0000u)),
-                                round_tf32(b * __uint_as_float(w.w << 16)),
-                                round_tf32(b * __uint_as_float(w.w & 0xffff0000u)));
-  float4* d = reinterpret_cast<float4*>(dst);
-  d[swap ? 1 : 0] = swap ? hi : lo;
-  d[swap ? 0 : 1] = swap ? lo : hi;
-}
-
-// smem row stride of [64, 128] tiles: the A's channel-pair (float2) operand loads and the
-// W / U products' B fragments are conflict free at ld % 32 == 8.
-constexpr int kLd = kDk + 8;
-constexpr int kLdA = kC + 4;    // smem row stride of [64, 64] tiles
-constexpr int kThreads = 256;   // 8 warps
-// A KDA chunk whose every g is >= -kSafeG takes its diagonal sub-blocks on tensor cores too,
-// through a reference row in the middle of the sub-block: each exponential factor is then at
-// most exp(8 kSafeG) = exp(44) and any product of two at most exp(82.5), finite in f32 (the
-// lower-bound gate of glm5_next keeps g > -5; other chunks take the element-wise path).
-constexpr float kSafeG = 5.5f;
-
-// Three [64, 128] tiles, each reused once its first content is dead, so two blocks fit an SM
-// (one block's serial phases hide under the other's): Akk waits in registers (the tensor-core
-// tiles) and in x (an unsafe chunk's element-wise diagonal sub-blocks) until q is dead, then
-// goes next to Tm in q's tile; v (U's B operand) streams into G's tile with cp.async while the
-// inverse runs, so no global latency sits in the W / U products.
-// x: the diagonal sub-blocks [64, 16] (row t, column 16 (t / 16) + j), then the block
-// inverse's per-level products.
-constexpr int kXFloats = kC * kSub;
-static_assert(3 * kSub * (kSub + 1) <= kXFloats, "the per-level products fit x");
-struct IntraSmem {
-  float k[kC * kLd];  // k; after the A's: beta k exp(G)
-  float q[kC * kLd];  // q; after the A's: Tm = (I + Akk)^-1 [64, kLdA], then Akk [64, 64]
-  float G[kC * kLd];  // cumulative log decay, log2 units (G2); once dead: beta v [64, kLd]
-  float x[kXFloats];
-  float beta[kC];
-  float gmin[kThreads / 32];  // each cumulative-sum warp's smallest g (KDA)
-};
-static_assert(kC * kLdA + kC * kC <= kC * kLd, "Tm and Akk fit q's tile");
-static_assert((kC * kLdA) % 4 == 0 && (kLd * 4) % 16 == 0, "aligned Akk, cp.async rows");
-
-// Akk (row r, column s) in q's tile: row stride 64, the halves of odd rows swapped, so the two
-// rows a warp of the level products reads (rows 2 i, 2 i + 1) sit in different banks.
-__device__ __forceinline__ int akk_at(int r, int s) { return r * kC + (s ^ ((r & 1) << 4)); }
-
-// The tensor-core sub-block products of the A's, per warp: row block I (16 rows) and `count`
-// consecutive column tiles of 8 from tile `first` (tile n covers columns 8 n..). With J <= I
-// (safe chunks, GDN) row block I has 2 I + 2 tiles, 20 in all: I = 3 over warps 0-2 (3, 3, 2
-// tiles), I = 2 over 3-4 (3, 3), I = 1 over 5-6 (2, 2), I = 0 warp 7 (2). With J < I, 2 I
-// tiles, 12 in all: I = 3 over warps 0-2, I = 2 over 3-4, I = 1 warp 5, two tiles each.
-constexpr int kMaxTiles = 3;
-__device__ __forceinline__ void tile_plan(bool with_diagonal, int warp, int& I, int& first,
-                                          int& count) {
-  if (with_diagonal) {
-    if (warp < 3) {
-      I = 3, first = 3 * warp, count = warp < 2 ? 3 : 2;
-    } else if (warp < 5) {
-      I = 2, first = 3 * (warp - 3), count = 3;
-    } else if (warp < 7) {
-      I = 1, first = 2 * (warp - 5), count = 2;
-    } else {
-      I = 0, first = 0, count = 2;
-    }
-  } else {
-    if (warp < 3) {
-      I = 3, first = 2 * warp, count = 2;
-    } else if (warp < 5) {
-      I = 2, first = 2 * (warp - 3), count = 2;
-    } else {
-      I = 1, first = 0, count = warp == 5 ? 2 : 0;
-    }
-  }
-}
-static_assert(kThreads == 256, "tile_plan's eight warps");
 
 // One block per (sequence b, head h, chunk c): blockIdx.x = (b * H + h) * nc + c.
 template <bool kScalarG, bool kBf16>
@@ -181,7 +76,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   constexpr int kVec4 = kDk / 4, kLoadRows = kThreads / kVec4;
   static_assert(kThreads % kVec4 == 0 && kC % kLoadRows == 0, "whole passes");
   // bf16: 16-byte pieces of eight elements into registers, all in flight, then widened into
-  // the tiles (store_bf16x8); a thread's pieces are channels c8.. of rows r0, r0 + 16, ...
+  // the tiles (widen_bf16x8, store_halves); a thread's pieces are channels c8.. of rows r0, r0 + 16, ...
   constexpr int kVec8 = kDk / 8, kLoadRows8 = kThreads / kVec8;
   static_assert(kThreads % kVec8 == 0 && kC % kLoadRows8 == 0, "whole passes");
   const int r8 = tid / kVec8, c8 = 8 * (tid % kVec8);
@@ -204,9 +99,13 @@ __global__ void __launch_bounds__(kThreads, 2)
 #pragma unroll
     for (int it = 0; it < kIt; ++it) {
       const int r = r8 + it * kLoadRows8;
-      store_bf16x8(&sm.k[r * kLd + c8], kw[it], swap8);
-      store_bf16x8(&sm.q[r * kLd + c8], qw[it], swap8);
-      store_bf16x8(&sm.G[r * kLd + c8], gw[it], swap8);
+      float4 lo, hi;
+      widen_bf16x8(kw[it], lo, hi);
+      store_halves(&sm.k[r * kLd + c8], lo, hi, swap8);
+      widen_bf16x8(qw[it], lo, hi);
+      store_halves(&sm.q[r * kLd + c8], lo, hi, swap8);
+      widen_bf16x8(gw[it], lo, hi);
+      store_halves(&sm.G[r * kLd + c8], lo, hi, swap8);
     }
   } else {
     const int r0 = tid / kVec4, c4 = 4 * (tid % kVec4);
@@ -609,17 +508,17 @@ __global__ void __launch_bounds__(kThreads, 2)
 #pragma unroll
     for (int it = 0; it < kIt; ++it) {
       const int r = r8 + it * kLoadRows8;
-      store_bf16x8_scaled(&sv[r * kLd + c8], vw[it], sm.beta[r], swap8);
+      const float b = sm.beta[r];
+      float4 lo, hi;
+      widen_bf16x8(vw[it], lo, hi);
+      store_halves(&sv[r * kLd + c8], scaled_tf32(lo, b), scaled_tf32(hi, b), swap8);
     }
   } else {
 #pragma unroll
     for (int it = 0; it < kC / kLoadRows; ++it) {
       const int r = tid / kVec4 + it * kLoadRows, c4 = 4 * (tid % kVec4);
       float4* const pv = reinterpret_cast<float4*>(&sv[r * kLd + c4]);
-      const float4 x4 = *pv;
-      const float b = sm.beta[r];
-      *pv = make_float4(round_tf32(b * x4.x), round_tf32(b * x4.y), round_tf32(b * x4.z),
-                        round_tf32(b * x4.w));
+      *pv = scaled_tf32(*pv, sm.beta[r]);
     }
   }
   __syncthreads();
