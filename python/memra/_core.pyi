@@ -238,9 +238,9 @@ def kda_scan(q: Annotated[NDArray, dict(writable=False)], k: Annotated[NDArray, 
     of the scan; the same outputs and state layout. The CPU runs its reference either way.
     Raises ContractError (CONTRACT_DTYPE / CONTRACT_SHAPE / CONTRACT_STRIDE /
     CONTRACT_DEVICE) for a bad argument (CONTRACT_DTYPE also for k, v or g not of q's
-    dtype; CONTRACT_VALUE for another o_dtype; CONTRACT_STRIDE also for a CUDA array (q, k, v, g, state) whose data does not
-    start on a 16-byte boundary); UnsupportedError for bfloat16 inputs on CUDA without
-    chunked=True.
+    dtype; CONTRACT_VALUE for another o_dtype; CONTRACT_STRIDE also for a CUDA array (q, k,
+    v, g, state) whose data does not start on a 16-byte boundary); UnsupportedError for
+    bfloat16 inputs or o on CUDA without chunked=True.
     Reference: modeling_glm5_next.recurrent_kimi_delta_attention (equal in exact arithmetic
     to chunk_kimi_delta_attention, which transformers uses for multi-token prefill).
     """

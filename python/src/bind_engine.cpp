@@ -28,15 +28,6 @@ struct HostRead {
   nb::object done;  // the numpy result once waited for (or from the start on a CPU engine)
 };
 
-// A numpy array owning `p` (new uint8_t[]). numpy has no bfloat16 of its own: bfloat16 data
-// comes back as an ml_dtypes bfloat16 array (the raw bits, viewed), as the loader reads them.
-nb::object numpy_of(uint8_t* p, const std::vector<size_t>& shape, nb::dlpack::dtype dtype) {
-  nb::capsule owner(p, [](void* q) noexcept { delete[] static_cast<uint8_t*>(q); });
-  const bool bf16 = dtype.code == uint8_t(nb::dlpack::dtype_code::Bfloat) && dtype.bits == 16;
-  nb::object a = nb::cast(nb::ndarray<nb::numpy>(p, shape.size(), shape.data(), owner, nullptr,
-                                                 bf16 ? nb::dtype<uint16_t>() : dtype));
-  return bf16 ? a.attr("view")(nb::module_::import_("ml_dtypes").attr("bfloat16")) : a;
-}
 
 }  // namespace
 
@@ -53,7 +44,7 @@ void init_engine(nb::module_& m) {
               const int rc = e.cuda()->api().read_wait(e.cuda()->ctx(), r.ticket, p, r.bytes);
               if (rc != kOk) delete[] p;
               check_cuda(&e, rc, "HostRead.wait");
-              r.done = numpy_of(p, r.shape, r.dtype);
+              r.done = numpy_owning(p, r.shape, r.dtype);
             }
             return r.done;
           },
@@ -141,7 +132,7 @@ void init_engine(nb::module_& m) {
             for (size_t i = 0; i < a.ndim(); ++i) shape[i] = a.shape(i);
             const size_t bytes = host_bytes(shape, (a.dtype().bits / 8) * a.dtype().lanes);
             uint8_t* p = static_cast<uint8_t*>(new_host_zeroed(bytes));
-            nb::object out = numpy_of(p, shape, a.dtype());  // owns p from here on
+            nb::object out = numpy_owning(p, shape, a.dtype());  // owns p from here on
             if (e.is_cuda()) {
               check_cuda(&e, e.cuda()->api().copy_to_host(e.cuda()->ctx(), p, a.data(), bytes),
                          "Engine.to_host");
@@ -179,7 +170,7 @@ void init_engine(nb::module_& m) {
             if (!e.is_cuda()) {
               uint8_t* p = static_cast<uint8_t*>(new_host_zeroed(r.bytes));
               if (r.bytes) std::memcpy(p, a.data(), r.bytes);
-              r.done = numpy_of(p, r.shape, r.dtype);
+              r.done = numpy_owning(p, r.shape, r.dtype);
               return r;
             }
             check_cuda(&e, e.cuda()->api().read_start(e.cuda()->ctx(), a.data(), r.bytes, &r.ticket), op);

@@ -353,9 +353,9 @@ void init_ops_kda(nb::module_& m) {
       "of the scan; the same outputs and state layout. The CPU runs its reference either way.\n"
       "Raises ContractError (CONTRACT_DTYPE / CONTRACT_SHAPE / CONTRACT_STRIDE /\n"
       "CONTRACT_DEVICE) for a bad argument (CONTRACT_DTYPE also for k, v or g not of q's\n"
-      "dtype; CONTRACT_VALUE for another o_dtype; CONTRACT_STRIDE also for a CUDA array (q, k, v, g, state) whose data does not\n"
-      "start on a 16-byte boundary); UnsupportedError for bfloat16 inputs on CUDA without\n"
-      "chunked=True.\n"
+      "dtype; CONTRACT_VALUE for another o_dtype; CONTRACT_STRIDE also for a CUDA array (q, k,\n"
+      "v, g, state) whose data does not start on a 16-byte boundary); UnsupportedError for\n"
+      "bfloat16 inputs or o on CUDA without chunked=True.\n"
       "Reference: modeling_glm5_next.recurrent_kimi_delta_attention (equal in exact arithmetic\n"
       "to chunk_kimi_delta_attention, which transformers uses for multi-token prefill).");
 }

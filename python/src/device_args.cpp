@@ -16,6 +16,14 @@
 
 namespace memra::py {
 
+nb::object numpy_owning(uint8_t* p, const std::vector<size_t>& shape, nb::dlpack::dtype dtype) {
+  nb::capsule owner(p, [](void* q) noexcept { delete[] static_cast<uint8_t*>(q); });
+  const bool bf16 = dtype.code == uint8_t(nb::dlpack::dtype_code::Bfloat) && dtype.bits == 16;
+  nb::object a = nb::cast(nb::ndarray<nb::numpy>(p, shape.size(), shape.data(), owner, nullptr,
+                                                 bf16 ? nb::dtype<uint16_t>() : dtype));
+  return bf16 ? a.attr("view")(nb::module_::import_("ml_dtypes").attr("bfloat16")) : a;
+}
+
 namespace {
 
 int device_type_of(const Engine* e) {
@@ -28,12 +36,7 @@ Out out_on(const std::shared_ptr<CudaContext>& cuda, std::vector<size_t> shape,
   Out o;
   if (!cuda) {
     void* p = new_host_zeroed(host_bytes(shape, item));
-    nb::capsule owner(p, [](void* q) noexcept { delete[] static_cast<uint8_t*>(q); });
-    // numpy has no bfloat16: its raw bits as uint16, viewed as ml_dtypes bfloat16 (to_host's form)
-    const bool bf16 = dtype.code == uint8_t(nb::dlpack::dtype_code::Bfloat) && dtype.bits == 16;
-    o.obj = nb::cast(nb::ndarray<nb::numpy>(p, shape.size(), shape.data(), owner, nullptr,
-                                            bf16 ? nb::dtype<uint16_t>() : dtype));
-    if (bf16) o.obj = o.obj.attr("view")(nb::module_::import_("ml_dtypes").attr("bfloat16"));
+    o.obj = numpy_owning(static_cast<uint8_t*>(p), shape, dtype);
     o.ptr = p;
     return o;
   }

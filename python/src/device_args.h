@@ -47,6 +47,11 @@ const void* f32_or_bf16_in(const Engine* engine, const AnyArray& a, const char* 
                            const char* name, std::initializer_list<int64_t> shape, int* dtype,
                            int want = -1);
 
+// A numpy array owning `p` (new uint8_t[] of the shape's bytes). numpy has no bfloat16 of its
+// own: bfloat16 data comes back as an ml_dtypes bfloat16 array (the raw bits as uint16, viewed),
+// as the loader reads them.
+nb::object numpy_owning(uint8_t* p, const std::vector<size_t>& shape, nb::dlpack::dtype dtype);
+
 // A new zero-filled output on the engine's device: a numpy array on the CPU, a DLPack CUDA
 // array (nanobind ndarray owning a DeviceBuffer) on the GPU. Return `obj` to Python.
 struct Out {
