@@ -29,8 +29,10 @@
 // Precision: the intra kernel's products run as mma.sync m16n8k8 TF32 (operands rounded to
 // nearest TF32, 10-bit mantissa; f32 accumulation), so the operand error is a quarter of bf16's:
 // the bf16 models this form serves carry bf16-rounded weights and activations already. The
-// cumulative decay, the exponentials, the diagonal sub-blocks, the triangular inverse, U and the
-// state itself stay f32. In the scratch between the kernels, the bounded operands W, KG, QG and
+// cumulative decay, the exponentials, the diagonal sub-blocks, U and the state itself stay f32;
+// the triangular inverse is f32 on its diagonal blocks and 3xTF32 (each operand split into two
+// TF32 parts, f32's precision up to 2^-22 of a product) in the products below them. In the
+// scratch between the kernels, the bounded operands W, KG, QG and
 // Aqk (|q|, |k| <= 1 elementwise, every decay factor <= 1) are f16: its 11-bit significand is
 // TF32's, so the state kernel's f16 wgmma (f32 accumulation) sees what TF32 would,
 // rounded once (to nearest even instead of away); values under 2^-14 lose bits as subnormals

@@ -62,7 +62,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   const In* vh = static_cast<const In*>(p.v) + n0 * p.ld_v + int64_t(h) * kDv;
   const In* gp = static_cast<const In*>(p.g);
   float* const tm = sm.q;
-  float* const akk = sm.q + kC * kLdA;  // [64, 64] (akk_at)
+  float* const akk = sm.q + kC * kLdA;  // [64, kLdA]
   float* const x = sm.x;
   float* const sv = sm.G;  // beta v (TF32-rounded), once G is dead
   __half* const a_h = reinterpret_cast<__half*>(out + kOffA);  // [QG | Aqk], ld kLdOutA
@@ -407,23 +407,23 @@ __global__ void __launch_bounds__(kThreads, 2)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int t = I * kSub + gq + (e >> 1) * 8, s = 8 * (first + j) + 2 * qq + (e & 1);
-        if (s < t) akk[akk_at(t, s)] = dk4[j][e];
+        if (s < t) akk[t * kLdA + s] = dk4[j][e];
       }
     }
   }
   if (!kScalarG && !safe) {
     for (int i = tid; i < kC * kSub; i += kThreads) {
       const int t = i / kSub, j = i % kSub;
-      if (j < t % kSub) akk[akk_at(t, (t / kSub) * kSub + j)] = x[i];
+      if (j < t % kSub) akk[t * kLdA + (t / kSub) * kSub + j] = x[i];
     }
   }
   __syncthreads();
 
-  // (I + Akk)^-1, unit lower triangular, in f32 (over q: no longer read). The four diagonal
-  // 16 x 16 blocks by forward substitution (warps 0-3, a lane per column, the column in
-  // registers: the chain is the adds alone); every element of those blocks is written. The
-  // column's entries above the diagonal are zeros, so the sums may start at m = 0: each term
-  // m < lane subtracts an exact zero.
+  // (I + Akk)^-1, unit lower triangular, at f32 precision (over q: no longer read). The four
+  // diagonal 16 x 16 blocks in f32 by forward substitution (warps 0-3, a lane per column, the
+  // column in registers: the chain is the adds alone); every element of those blocks is
+  // written. The column's entries above the diagonal are zeros, so the sums may start at m = 0:
+  // each term m < lane subtracts an exact zero.
   if (warp < 4 && lane < kSub) {
     const int base = warp * kSub, col = base + lane;
     float tc[kSub];
@@ -432,7 +432,7 @@ __global__ void __launch_bounds__(kThreads, 2)
       const int row = base + i;
       float xv = 0.f;
 #pragma unroll
-      for (int m = 0; m < i; ++m) xv -= akk[akk_at(row, base + m)] * tc[m];
+      for (int m = 0; m < i; ++m) xv -= akk[row * kLdA + base + m] * tc[m];
       xv = i < lane ? 0.f : (i == lane ? 1.f : xv);
       tc[i] = xv;
       tm[row * kLdA + col] = xv;
@@ -440,55 +440,39 @@ __global__ void __launch_bounds__(kThreads, 2)
   }
   __syncthreads();
 
-  // The blocks below the diagonal by levels (d = I - J): T_IJ = -T_II sum_{M=J}^{I-1} A_IM T_MJ.
-  // A thread per element of a 16 x 16 block, the sums in ascending M, m. Every loop is unrolled,
-  // so each shared-memory operand sits at a constant offset from one of a few thread pointers:
-  // Akk row ri's block M starts at akk_at(16 I + ri, 16 M) = 64 (16 I + ri) + 16 (M ^ (ri & 1))
-  // (odd rows swap block pairs), 16 contiguous floats read as float4; T_II's row likewise.
+  // The blocks below the diagonal by levels (d = I - J): T_IJ = -T_II sum_{M=J}^{I-1} A_IM T_MJ,
+  // each level in two steps (X = the sum, then -T_II X), on tensor cores in 3xTF32: every
+  // operand split x = hi + lo (both TF32, x - hi exact), the products lo hi + hi lo + hi hi
+  // summed in f32, which keeps the inverse at f32's precision (the dropped lo lo term is under
+  // 2^-22 of each product) where one TF32 product would round each operand to 2^-11. A warp per
+  // (block, 8-column half) of the level: 6, 4 and 2 of the 8 warps.
   {
-    const int ri = tid / kSub, ci = tid % kSub, odd = ri & 1;
-    const float* const a_even = akk + ri * kC + kSub * odd;  // blocks M even: 16 (M + odd)
-    const float* const a_odd = akk + ri * kC - kSub * odd;   // blocks M odd: 16 (M - odd)
-    const float* const t_col = tm + ci;                      // column ci of every block
-    const float* const t_row = tm + ri * kLdA;               // row ri of every block row
-    float* const x_col = x + ci;
+    const int pj = warp >> 1, n8 = 8 * (warp & 1);
 #pragma unroll
     for (int d = 1; d < 4; ++d) {
-#pragma unroll
-      for (int pj = 0; pj < 4 - d; ++pj) {
+      if (pj < 4 - d) {
         const int J = pj, I = pj + d;
-        float acc = 0.f;
+        float acc[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-        for (int M = J; M < I; ++M) {
-          const float* const a = ((M & 1) ? a_odd : a_even) + I * kSub * kC + M * kSub;
-#pragma unroll
-          for (int m4 = 0; m4 < kSub; m4 += 4) {
-            const float4 av = *reinterpret_cast<const float4*>(a + m4);
-            acc += av.x * t_col[(M * kSub + m4) * kLdA + J * kSub];
-            acc += av.y * t_col[(M * kSub + m4 + 1) * kLdA + J * kSub];
-            acc += av.z * t_col[(M * kSub + m4 + 2) * kLdA + J * kSub];
-            acc += av.w * t_col[(M * kSub + m4 + 3) * kLdA + J * kSub];
-          }
+        for (int k0 = 16 * J; k0 < 16 * I; k0 += 8) {  // A_IM T_MJ over M = J .. I - 1
+          mma_3xtf32(acc, akk + 16 * I * kLdA, kLdA, tm + 16 * J + n8, kLdA, k0, gq, qq);
         }
-        x_col[pj * kSub * (kSub + 1) + ri * (kSub + 1)] = acc;
+        float* const xo = x + pj * kSub * kLdX + n8 + 2 * qq;
+        *reinterpret_cast<float2*>(&xo[gq * kLdX]) = make_float2(acc[0], acc[1]);
+        *reinterpret_cast<float2*>(&xo[(gq + 8) * kLdX]) = make_float2(acc[2], acc[3]);
       }
       __syncthreads();
-#pragma unroll
-      for (int pj = 0; pj < 4 - d; ++pj) {
+      if (pj < 4 - d) {
         const int J = pj, I = pj + d;
-        const float* const trow = t_row + I * kSub * kLdA + I * kSub;
-        float acc = 0.f;
+        float acc[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-        for (int m4 = 0; m4 < kSub; m4 += 4) {
-          const float4 tv = *reinterpret_cast<const float4*>(trow + m4);
-          const float tvs[4] = {tv.x, tv.y, tv.z, tv.w};
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int m = m4 + e;
-            if (m <= ri) acc += tvs[e] * x_col[pj * kSub * (kSub + 1) + m * (kSub + 1)];
-          }
+        for (int k0 = 0; k0 < kSub; k0 += 8) {  // T_II X (T_II is zero above its diagonal)
+          mma_3xtf32(acc, tm + 16 * I * kLdA + 16 * I, kLdA, x + pj * kSub * kLdX + n8, kLdX,
+                     k0, gq, qq);
         }
-        tm[(I * kSub + ri) * kLdA + J * kSub + ci] = -acc;
+        float* const to = tm + (16 * I + gq) * kLdA + 16 * J + n8 + 2 * qq;
+        *reinterpret_cast<float2*>(to) = make_float2(-acc[0], -acc[1]);
+        *reinterpret_cast<float2*>(to + 8 * kLdA) = make_float2(-acc[2], -acc[3]);
       }
       __syncthreads();
     }

@@ -59,9 +59,10 @@ constexpr float kSafeG = 5.5f;
 // goes next to Tm in q's tile; v (U's B operand) streams into G's tile with cp.async while the
 // inverse runs, so no global latency sits in the W / U products.
 // x: the diagonal sub-blocks [64, 16] (row t, column 16 (t / 16) + j), then the block
-// inverse's per-level products.
-constexpr int kXFloats = kC * kSub;
-static_assert(3 * kSub * (kSub + 1) <= kXFloats, "the per-level products fit x");
+// inverse's per-level products X, up to three [16, kLdX] (kLdX % 32 == 24: the mma B fragments
+// read them conflict free).
+constexpr int kLdX = 24;
+constexpr int kXFloats = 3 * kSub * kLdX > kC * kSub ? 3 * kSub * kLdX : kC * kSub;
 struct IntraSmem {
   float k[kC * kLd];  // k; after the A's: beta k exp(G)
   float q[kC * kLd];  // q; after the A's: Tm = (I + Akk)^-1 [64, kLdA], then Akk [64, 64]
@@ -70,12 +71,35 @@ struct IntraSmem {
   float beta[kC];
   float gmin[kThreads / 32];  // each cumulative-sum warp's smallest g (KDA)
 };
-static_assert(kC * kLdA + kC * kC <= kC * kLd, "Tm and Akk fit q's tile");
+// Tm and Akk share q's tile at row stride kLdA (% 32 == 4: the level products' A fragments
+// are conflict free).
+static_assert(2 * kC * kLdA <= kC * kLd, "Tm and Akk fit q's tile");
 static_assert((kC * kLdA) % 4 == 0 && (kLd * 4) % 16 == 0, "aligned Akk, cp.async rows");
 
-// Akk (row r, column s) in q's tile: row stride 64, the halves of odd rows swapped, so the two
-// rows a warp of the level products reads (rows 2 i, 2 i + 1) sit in different banks.
-__device__ __forceinline__ int akk_at(int r, int s) { return r * kC + (s ^ ((r & 1) << 4)); }
+// acc += A B over k0 .. k0 + 7 (one m16n8k8 step; A [16, K] row-major at a, B [K, 8] row-major
+// at b) in 3xTF32: each operand split x = hi + lo, both TF32 (x - hi is exact in f32), and
+// lo hi + hi lo + hi hi accumulated in that order, so the products keep f32's precision up to
+// the dropped lo lo term (under 2^-22 of the product).
+__device__ __forceinline__ void mma_3xtf32(float (&acc)[4], const float* a, int lda,
+                                           const float* b, int ldb, int k0, int g, int q) {
+  const float av[4] = {a[g * lda + k0 + q], a[(g + 8) * lda + k0 + q], a[g * lda + k0 + q + 4],
+                       a[(g + 8) * lda + k0 + q + 4]};
+  const float bv[2] = {b[(k0 + q) * ldb + g], b[(k0 + q + 4) * ldb + g]};
+  uint32_t ahi[4], alo[4], bhi[2], blo[2];
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    ahi[e] = tf32(av[e]);
+    alo[e] = tf32(av[e] - __uint_as_float(ahi[e]));
+  }
+#pragma unroll
+  for (int e = 0; e < 2; ++e) {
+    bhi[e] = tf32(bv[e]);
+    blo[e] = tf32(bv[e] - __uint_as_float(bhi[e]));
+  }
+  mma_tf32(acc, alo, bhi);
+  mma_tf32(acc, ahi, blo);
+  mma_tf32(acc, ahi, bhi);
+}
 
 // The tensor-core sub-block products of the A's, per warp: row block I (16 rows) and `count`
 // consecutive column tiles of 8 from tile `first` (tile n covers columns 8 n..). With J <= I

@@ -104,7 +104,10 @@ constexpr int kSW = 0, kSQG = 2 * kSub64, kSKG = 4 * kSub64, kSAqk = 6 * kSub64;
 constexpr int kSU = 7 * kSub64;
 constexpr int kSEl = kSU + kC * kLdU * 4;
 constexpr int kStage = (kSEl + kDk * 4 + 1023) / 1024 * 1024;
-constexpr int kSmemBytes = 2 * kStage + 1024;  // + the base's alignment
+// Three stages: two chunks' copies in flight while one is computed (with two, nothing was in
+// flight between one chunk's copies landing and the next chunk's start).
+constexpr int kStages = 3;
+constexpr int kSmemBytes = kStages * kStage + 1024;  // + the base's alignment
 static_assert(kC == 64 && kDk == 128 && kDv == 128 && kLdOutA == 192,
               "the unrolled copy and product counts below");
 
@@ -154,7 +157,7 @@ template <bool kOBf16>
 __global__ void __launch_bounds__(kThreads, 1)
     chunk_state_kernel(const memra::cuda::kda::ChunkProblem p, int nc,
                        const float* __restrict__ scratch) {
-  memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
+  memra::cuda::pdl_wait();  // a no-op (launched without PDL) but for the trace build's record
   memra::cuda::pdl_trigger();
   extern __shared__ unsigned char smem_raw[];
   const uint32_t raw = smem_u32(smem_raw);
@@ -188,19 +191,26 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   }
 
-  prefetch(smem, first, j0, tid);
-  cp_async_commit();
+  // One commit group a chunk (empty past the last), so chunk c's copies are complete once at
+  // most kStages - 2 groups are pending.
+#pragma unroll
+  for (int c = 0; c < kStages - 1; ++c) {
+    if (c < nc) prefetch(smem + c * kStage, first + int64_t(c) * kChunkFloats, j0, tid);
+    cp_async_commit();
+  }
+  int buf = 0;
   for (int c = 0; c < nc; ++c) {
-    const int buf = c & 1;
     unsigned char* const st = smem + buf * kStage;
     const uint32_t sa = base + static_cast<uint32_t>(buf * kStage);
-    cp_async_wait<0>();
+    cp_async_wait<kStages - 2>();
     fence_proxy_async_smem();  // the copies, read by wgmma below
-    __syncthreads();  // every warp is past chunk c - 1: the other stage may be rewritten
-    if (c + 1 < nc) {
-      prefetch(smem + (buf ^ 1) * kStage, first + int64_t(c + 1) * kChunkFloats, j0, tid);
-      cp_async_commit();
+    __syncthreads();  // every warp is past chunk c - 1: its stage may be rewritten
+    const int ahead = buf == 0 ? kStages - 1 : buf - 1;  // chunk c - 1's stage
+    if (c + kStages - 1 < nc) {
+      prefetch(smem + ahead * kStage, first + int64_t(c + kStages - 1) * kChunkFloats, j0, tid);
     }
+    cp_async_commit();
+    buf = buf + 1 == kStages ? 0 : buf + 1;
 
     // D^T's product S^T W^T (subtracted from U^T below) as one group, O^T = S^T QG^T as the
     // next: K = the 128 key rows in 8 steps, sub-tile kk / 4 at 32 bytes a step (K-major B).
@@ -332,7 +342,9 @@ int launch_chunk_state(MemraCudaCtx* ctx, const ChunkProblem& p, int nc, const f
   if (blocks > 0x7fffffffLL) return memra::kContractShape;
   auto* kernel = p.o_bf16 ? chunk_state_kernel<true> : chunk_state_kernel<false>;
   MEMRA_CUDA_RETURN_IF(allow_smem(ctx, kernel, kSmemBytes));
-  memra::cuda::launch(ctx, true, kernel, dim3(static_cast<unsigned>(blocks)),
+  // Not a programmatic dependent of the intra kernel: launched early, its blocks (a whole SM's
+  // shared memory each) cost the call time (docs/kernels.md, session 16).
+  memra::cuda::launch(ctx, false, kernel, dim3(static_cast<unsigned>(blocks)),
                       dim3(kThreads), kSmemBytes, p, nc, scratch);
   return launch_status();
 }
