@@ -65,7 +65,7 @@ constexpr int kLdX = 24;
 constexpr int kXFloats = 3 * kSub * kLdX > kC * kSub ? 3 * kSub * kLdX : kC * kSub;
 struct IntraSmem {
   float k[kC * kLd];  // k; after the A's: beta k exp(G)
-  float q[kC * kLd];  // q; after the A's: Tm = (I + Akk)^-1 [64, kLdA], then Akk [64, 64]
+  float q[kC * kLd];  // q; after the A's: Tm = (I + Akk)^-1 [64, kLdA], then Akk [64, kLdA]
   float G[kC * kLd];  // cumulative log decay, log2 units (G2); once dead: beta v [64, kLd]
   float x[kXFloats];
   float beta[kC];
