@@ -9,8 +9,9 @@
 // sub-block's middle row and the diagonal blocks are tensor-core products too (fla's safe gate).
 // The cumulative decay is kept in log2 units (G2 = log2(e) G, each step one fma), so the
 // exponentials (up to 100K a chunk, the largest share of the kernel's instructions) are one
-// ex2.approx.ftz each (exp2_ftz, kda_chunk_intra.cuh: relative error within about 1e-5 wherever the result is a normal
-// float, far under the TF32 operands' 2^-11; results below 2^-126 are 0).
+// ex2.approx.ftz each (exp2_ftz, kda_chunk_intra.cuh: relative error within about 1e-5
+// wherever the result is a normal float, far under the TF32 operands' 2^-11; results below
+// 2^-126 are 0).
 //
 // KDA reads q / k / g of the state head itself; GDN (kScalarG) reads q / k of key head h / group
 // and one g per (row, head), broadcast over the channels: the values of KDA's kernel on GDN's
@@ -76,7 +77,8 @@ __global__ void __launch_bounds__(kThreads, 2)
   constexpr int kVec4 = kDk / 4, kLoadRows = kThreads / kVec4;
   static_assert(kThreads % kVec4 == 0 && kC % kLoadRows == 0, "whole passes");
   // bf16: 16-byte pieces of eight elements into registers, all in flight, then widened into
-  // the tiles (widen_bf16x8, store_halves); a thread's pieces are channels c8.. of rows r0, r0 + 16, ...
+  // the tiles (widen_bf16x8, store_halves); a thread's pieces are channels c8.. of rows r8,
+  // r8 + 16, ...
   constexpr int kVec8 = kDk / 8, kLoadRows8 = kThreads / kVec8;
   static_assert(kThreads % kVec8 == 0 && kC % kLoadRows8 == 0, "whole passes");
   const int r8 = tid / kVec8, c8 = 8 * (tid % kVec8);

@@ -16,7 +16,9 @@ __device__ __forceinline__ float exp2_ftz(float x) {
 }
 constexpr float kLog2e = 1.4426950408889634f;
 
-__device__ __forceinline__ float2 ld2(const float* p) { return *reinterpret_cast<const float2*>(p); }
+__device__ __forceinline__ float2 ld2(const float* p) {
+  return *reinterpret_cast<const float2*>(p);
+}
 
 // Each element of x times b, rounded to TF32: U's B operand (beta v), read without a cvt.
 __device__ __forceinline__ float4 scaled_tf32(float4 x, float b) {

@@ -315,8 +315,8 @@ int scan_decode_tables(MemraCudaCtx* ctx, const MemraKdaScanParams& p) {
   memra::cuda::launch(ctx, true, scan_decode_lines_kernel<false, false>,
                       dim3(static_cast<unsigned>(blocks)), dim3(line_threads<false>()), 0,
                       static_cast<const float*>(p.q), static_cast<const float*>(p.k),
-                      static_cast<const float*>(p.v), static_cast<const float*>(p.g), p.beta, p.H, p.scale, row_planes(p.state),
-                      static_cast<float*>(p.o), RawGates{},
+                      static_cast<const float*>(p.v), static_cast<const float*>(p.g), p.beta,
+                      p.H, p.scale, row_planes(p.state), static_cast<float*>(p.o), RawGates{},
                       GatedNorm{});
   return launch_status();
 }
@@ -356,8 +356,8 @@ int scan_decode_slots(MemraCudaCtx* ctx, const MemraKdaScanParams& p) {
   memra::cuda::launch(ctx, true, scan_decode_lines_kernel<true, true>,
                       dim3(static_cast<unsigned>(blocks)), dim3(line_threads<true>()), 0,
                       static_cast<const float*>(p.q), static_cast<const float*>(p.k),
-                      static_cast<const float*>(p.v), static_cast<const float*>(p.g), p.beta, p.H, p.scale, row_planes(p.state),
-                      static_cast<float*>(p.o), gates, norm);
+                      static_cast<const float*>(p.v), static_cast<const float*>(p.g), p.beta,
+                      p.H, p.scale, row_planes(p.state), static_cast<float*>(p.o), gates, norm);
   return launch_status();
 }
 
