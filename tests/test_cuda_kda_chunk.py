@@ -62,9 +62,12 @@ def seq_scan(q, k, v, g, beta, state, scale):
     return o, S
 
 
-def block_inverse(A):
+def block_inverse(A, mm=None):
     """(I + A)^-1 for strictly lower A [64, 64] as the kernel forms it: the four 16 x 16 diagonal
-    blocks by forward substitution, then the blocks below by levels I - J = 1, 2, 3."""
+    blocks by forward substitution, then the blocks below by levels I - J = 1, 2, 3. mm: the
+    product each level's two steps take over their whole K (X = A_I,[J, I) T_[J, I),J, then
+    -T_II X), e.g. an emulation of the kernel's mma (scripts/emulate_kda_inverse.py); None: the
+    exact algebra in A's dtype, X summed block by block."""
     n = A.shape[0]
     Tm = np.zeros_like(A)
     for I in range(n // SUB):
@@ -79,8 +82,12 @@ def block_inverse(A):
     for d in range(1, n // SUB):
         for J in range(n // SUB - d):
             I = J + d
-            X = sum(A[blk(I), blk(M)] @ Tm[blk(M), blk(J)] for M in range(J, I))
-            Tm[blk(I), blk(J)] = -Tm[blk(I), blk(I)] @ X
+            if mm is None:
+                X = sum(A[blk(I), blk(M)] @ Tm[blk(M), blk(J)] for M in range(J, I))
+                Tm[blk(I), blk(J)] = -Tm[blk(I), blk(I)] @ X
+            else:
+                K = slice(J * SUB, I * SUB)
+                Tm[blk(I), blk(J)] = -mm(Tm[blk(I), blk(I)], mm(A[blk(I), K], Tm[K, blk(J)]))
     return Tm
 
 
