@@ -13,7 +13,11 @@ qk_head_dim of 128 + 64). bytes = B * L * R * 2 (the cache, read once).
 memra_us / peer_us: CUDA-event medians per call (common.Bench); memra_kernel_us /
 peer_kernel_us: the summed device time of the kernels one call launches (torch.profiler over
 --profile-calls calls, memsets and copies excluded; common.Bench.kernel_us where present), so
-launch gaps and host overhead drop out;
+launch gaps and host overhead drop out; memra's on an Engine made with KernelOptions(pdl=False)
+besides the arm's options (as bench_kda_decode.py: launched as a programmatic dependent, the
+attention kernel and the split combine start before the launch in front of them ends and their
+profiled durations include that wait; memra_pdl_kernel_us is the default Engine's figure taken
+that way); memra_kernels_us: memra_kernel_us by kernel;
 kernel_frac_of_copy = bytes / memra_kernel_us against the copy yardstick.
 max_rel_err_ref / peer_max_rel_err_ref: memra / torch vs a float32 evaluation over the same
 bf16 cache (max |diff| / max |ref|, all B sequences); max_rel_err: memra vs the peer.
@@ -109,13 +113,18 @@ def main() -> int:
     torch = b.torch
     engines = {"default": b.engine}
 
-    def engine_for(var: str):
-        """The engine of a variant arm (one per arm, made once; the same device)."""
-        if var not in engines:
-            opts = memra.KernelOptions(mla_decode_variant=int(var), **base)
-            engines[var] = (memra.Engine("cuda", args.device_index, options=opts) if b.cuda
+    def engine_for(var: str, pdl: bool = True):
+        """The engine of a variant arm (one per arm and pdl setting, made once; the same
+        device)."""
+        key = var if pdl else f"{var}/nopdl"
+        if key not in engines:
+            kw = dict(base)
+            if var != "default":
+                kw["mla_decode_variant"] = int(var)
+            opts = memra.KernelOptions(pdl=pdl, **kw)
+            engines[key] = (memra.Engine("cuda", args.device_index, options=opts) if b.cuda
                             else memra.Engine("cpu", options=opts))
-        return engines[var]
+        return engines[key]
 
     heads, shapes = (H, SHAPES) if b.cuda else SMOKE
     if args.shapes:
@@ -208,7 +217,24 @@ def main() -> int:
                 if b.cuda:
                     if "memra_error" not in extra:
                         try:
-                            k_us = kernel_time(b, run_memra, args.profile_calls)
+                            extra["memra_pdl_kernel_us"] = round(
+                                kernel_time(b, run_memra, args.profile_calls), 3)
+                            e_nopdl = engine_for(var, pdl=False)
+                            if op == "mla_attn_decode":
+                                def run_nopdl():
+                                    return [_core.mla_attn_decode(q_b, cs, t_kv, scale=SCALE,
+                                                                  max_t_kv=L, engine=e_nopdl)]
+                            else:
+                                def run_nopdl():
+                                    return [_core.mla_attn_absorbed(qs[i], cs[i], scale=SCALE,
+                                                                    engine=e_nopdl)
+                                            for i in range(B)]
+                            k_us = kernel_time(b, run_nopdl, args.profile_calls)
+                            if hasattr(b, "kernel_us_by_name"):
+                                extra["memra_kernels_us"] = {
+                                    k: round(v, 3) for k, v in
+                                    (b.kernel_us_by_name(run_nopdl, args.profile_calls)
+                                     or {}).items()}
                             extra["memra_kernel_us"] = round(k_us, 3)
                             extra["kernel_frac_of_copy"] = round(
                                 nbytes / k_us / 1e6 / b.copy_TBps, 4)
