@@ -4,21 +4,38 @@
 // no index list. cuda/mla_decode.cu owns the split plan and every other shape; it calls
 // mla_decode_sm90() below when KernelOptions::mla_decode_variant is 1 (the default).
 //
-// THE SOFTMAX-WARPGROUP ARM (session 17, measured and not kept: docs/kernels.md "Batched decode
-// attention"). Block (split blockIdx.x, sequence blockIdx.y), 384 threads. Warpgroups 0 and 1
-// (224 registers by setmaxnreg) hold O[:, 256 g ..) and issue the products; warpgroup 2 (56
-// registers) runs the softmax, so its CUDA-core work runs while the tensor cores work on other
-// tiles. Tiles of 48 rows (64-row tiles need ~256 registers in the product warpgroups: O 128, S
-// 32 and Q's fragments 64 live at once, with the QK of one tile and the PV of another in
-// flight); three 48-row stages (144 KiB), Q's columns [256 g + 128, ..) in shared memory (32 KiB)
-// and [256 g, + 128) as A fragments (32 registers). Per tile t, in the product warpgroups: wait
-// for P(t) and rescale O by alpha(t); issue QK(t + 2) (8 wgmma m64n48k16 from registers, 8 from
-// shared memory) and PV(t) (3 wgmma m64n256k16, P from shared memory) back to back; once QK is
-// done hand S over (warpgroup 0 writes its partial, warpgroup 1 adds its own and the row maxima);
-// once PV is done free P's buffer and reload the stage with tile t + 3. The softmax warpgroup
-// takes S(t), moves the lazy max, writes alpha(t) and P(t) (bf16, the wgmma A layout, 128-byte
-// swizzle) into one of two buffers. S, P, alpha and the maxima are double-buffered by the tile's
-// parity, as are the named barriers used once a tile.
+// Block (split blockIdx.x, sequence blockIdx.y), 256 threads = two warpgroups that split the 512
+// latent columns: warpgroup g reads only columns [256 g, 256 g + 256) of every cache tile, so the
+// query lives in registers and the shared memory holds three 64-row cache stages (two tiles in
+// flight while the third is computed on). Per tile of 64 rows [split * chunk + 64 t, ..):
+//   - QK: S_g = Q_g C_t[:, cols of g]^T, 16 wgmma m64n64k16 with Q_g's bf16 A fragments in
+//     registers (64 a thread) and the cache from shared memory (K-major B);
+//   - the two partial scores are exchanged through shared memory and each warpgroup forms
+//     S = S_g + S_other (the same bits in both: f32 addition commutes), then the same online
+//     softmax in both (identical m, p and l): scores * scale * log2(e), rows past the range
+//     -inf, p = exp2(s - m) rounded to bf16 straight into the A-fragment layout of the next
+//     product (the accumulator and A layouts share rows and column pairs), l = sums of the
+//     rounded p. The running max m moves only when a tile's max exceeds it by more than kLazy
+//     (log2 units), so p <= 2^kLazy and O, l and the partial's m stay at the old max (consistent,
+//     so the result changes by roundings only) and the rescale of O is skipped after the first
+//     tiles;
+//   - PV: O_g = O_g * alpha + P C_t[:, cols of g], 4 wgmma m64n256k16 with P from registers and
+//     the cache N-major from shared memory (128 f32 accumulators a thread).
+// Loads: one tensor map per block (the template of launch_attention with the block's cache
+// address and row count n put in by tensormap.replace, copied to a global slot with a release
+// fence for the tensor-map proxy); thread 0 of warpgroup g issues the four 64 x 64 boxes of its
+// half of tile t + 2 (128-byte swizzle: the wgmma layout of cuda/mla_sm90.cuh's descriptors) on
+// the mbarrier [stage][g] as tile t starts; rows past n arrive as zeros (rows past t_kv may
+// hold anything, NaN in the tests; rows of the next split are finite and masked).
+// Shared memory (1024-aligned base): 3 stages x 64 rows x 512 bf16 (8 sub-tiles of 64 columns,
+// 8 KiB each, rows at a 128-byte stride), the score exchange f32 [2 warpgroups][8 float4][128
+// threads] (32 KiB), the block's tensor map and six mbarriers: 224 KiB + 1 KiB of slack.
+// Named barriers: 1 / 2 warpgroup 0 / 1 done with the previous tile (128 threads), 3 partial
+// scores written, 4 partial scores read (256 threads).
+//
+// Why this shape (docs/kernels.md "MLA"): the kernels that kept Q in shared memory (64 KiB) had
+// room for two cache stages and ran at 0.54-0.59 of copy on the H200, whether both warpgroups
+// shared each tile or took alternate tiles (FlashMLA's schedule).
 //
 // Splits are chosen by cuda/mla_decode.cu. Sequences with several active splits write partials
 // [B, nsplit, 64, 512] f32 (+ m, l) that mla_combine_kernel merges, launched as a programmatic
@@ -59,54 +76,21 @@ struct Sm90Args {
 
 constexpr int kH = 64;
 constexpr int kR = 512;
-constexpr int kTile = 48;                     // rows per tile
+constexpr int kTile = 64;                     // rows per tile
 constexpr int kStages = 3;
-constexpr int kThreads = 384;                 // product warpgroups 0, 1; softmax warpgroup 2
-// setmaxnreg moves registers between the warpgroups inside the block's launch allocation: 384
-// threads at the 168 registers ptxas gives a __launch_bounds__(384, 1) kernel, so the three
-// warpgroups' counts may sum to 3 x 168 at most (an increase beyond the pool never returns).
-constexpr int kLaunchRegs = 168;
-constexpr int kProductRegs = 224;
-constexpr int kSoftmaxRegs = 56;
-static_assert(2 * kProductRegs + kSoftmaxRegs <= 3 * kLaunchRegs, "setmaxnreg pool");
-constexpr int kSub = kTile * 128;             // one 64-column sub-tile of a stage (6 KiB)
-constexpr int kStage = 8 * kSub;              // 48 rows x 1 KiB
-constexpr int kQSub = kH * 128;               // 64 heads x 64 columns of Q, bf16 (8 KiB)
-constexpr int kQOff = kStages * kStage;       // Q[:, 256 g + 128 ..) [g][2 sub-tiles], as kSub
-constexpr int kLdS = kTile + 4;               // S's row stride (floats): conflict-free stores
-constexpr int kSBuf = kH * kLdS * 4;
-constexpr int kSOff = kQOff + 4 * kQSub;      // S f32 [2][64 heads][kLdS]
-constexpr int kPOff = kSOff + 2 * kSBuf;      // P bf16 [2][64 heads][64 (48 used)], wgmma A
-constexpr int kPBuf = kH * 128;
-constexpr int kAOff = kPOff + 2 * kPBuf;      // alpha f32 [2][64]
-constexpr int kMxOff = kAOff + 2 * kH * 4;    // the tile's row maxima f32 [2][64]
-constexpr int kLOff = kMxOff + 2 * kH * 4;    // final L [64] and m [64]
-constexpr int kMapOff = kLOff + 2 * kH * 4;   // this block's tensor map (128 bytes)
-constexpr int kBarOff = kMapOff + 128;        // mbarriers [stage][warpgroup]
+constexpr int kThreads = 256;
+constexpr int kSub = kTile * 128;             // one 64-column sub-tile of a stage (8 KiB)
+constexpr int kStage = 8 * kSub;              // 64 rows x 1 KiB
+constexpr int kXOff = kStages * kStage;       // score exchange
+constexpr int kMapOff = kXOff + 2 * 8 * 128 * 16;  // this block's tensor map (128 bytes)
+constexpr int kBarOff = kMapOff + 128;             // mbarriers [stage][warpgroup]
 constexpr int kBytes = kBarOff + kStages * 2 * 8 + 1024;
 constexpr int kCombineHeads = 4;  // heads per combine block (one warp each)
 constexpr int kMaxSplits = 1024;  // combine weights in shared memory: 4 x 4 KiB at most
 constexpr unsigned kFull = 0xffffffffu;
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLazy = 8.0f;  // log2 units the running max may lag a tile's max by
-// Named barriers (bar.sync / bar.arrive ids; 0 is __syncthreads).
-// Those used once a tile come in pairs by the tile's parity: with S two tiles ahead of P, one
-// side can reach the next tile's arrival before the other has passed this tile's wait.
-enum : int {
-  kS0Written0 = 1,  // 1 + (t & 1): warpgroup 0's partial scores written (0 arrives, 1 waits: 256)
-  kSReady0 = 3,     // 3 + (t & 1): S(t) and its row maxima written (1 arrives, softmax waits: 256)
-  kPReady0 = 5,     // 5 + (t & 1): P(t) and alpha written (softmax arrives, 0 and 1 wait: 384)
-  kPFree0 = 7,      // 7 + (t & 1): the products of tile t done (0, 1 arrive, softmax waits: 384)
-  kDone0 = 9,       // 9 + g: every warp of warpgroup g done with a stage (128)
-  kFinal = 11,      // L and m written (softmax arrives, 0 and 1 wait: 384)
-};
-static_assert(kQOff % 1024 == 0 && kPOff % 1024 == 0 && kSub % 1024 == 0,
-              "128-byte swizzle atoms are 1024-byte aligned");
-static_assert(kBytes <= 227 * 1024, "shared memory");
-
-// S's element (head h, column c). The row stride of 52 floats spreads a warp's accumulator-layout
-// stores (8 rows x 32 bytes) over all banks.
-__device__ __forceinline__ int sidx(int h, int c) { return h * kLdS + c; }
+enum : int { kLanded0 = 1, kXWritten = 3, kXRead = 4 };
 
 // 2^x (MUFU.EX2, subnormals flushed: p is rounded to bf16 next; 2^-inf = 0).
 __device__ __forceinline__ float ex2(float x) {
@@ -117,9 +101,6 @@ __device__ __forceinline__ float ex2(float x) {
 
 __device__ __forceinline__ void bar_sync(int id, int n) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
-}
-__device__ __forceinline__ void bar_arrive(int id, int n) {
-  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
 }
 
 // The block's own tensor map: the template's 128 bytes into shared memory, its global address
@@ -197,11 +178,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   const int wg = tid >> 7, wt = tid & 127;
   const int lane = tid & 31, tq = lane & 3;
-  const float sl2 = a.scale * kLog2e;
-  float* sbuf = reinterpret_cast<float*>(smem + kSOff);
-  float* abuf = reinterpret_cast<float*>(smem + kAOff);
-  float* mxbuf = reinterpret_cast<float*>(smem + kMxOff);
-  float* lbuf = reinterpret_cast<float*>(smem + kLOff);  // L [64], then m [64]
+  const int head0 = ((wt >> 5) << 4) + (lane >> 2);
 
   // The block's tensor map over its cache: rows [0, n), 512 columns, 64 x 64 boxes.
   void* gmap = maps + 128 * (static_cast<int64_t>(b) * a.nsplit + split);
@@ -214,63 +191,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncthreads();  // the map in its slot, the barriers initialised
-
-  if (wg == 2) {
-    // ---- the softmax warpgroup: thread (head h, half) owns row h's columns [24 half, +24).
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kSoftmaxRegs));
-    const int h = wt >> 1, half = wt & 1;
-    float m_run = -INFINITY, l = 0.0f;  // the running max (log2 domain) and this half's sums
-#pragma unroll 1
-    for (int t = 0; t < ntiles; ++t) {
-      bar_sync(kSReady0 + (t & 1), 256);
-      const int nvalid = min(kTile, end - (begin + t * kTile));
-      const float* st = sbuf + (t & 1) * (kH * kLdS);
-      // The running max moves only when the tile's max exceeds it by more than kLazy.
-      const float mx = mxbuf[(t & 1) * kH + h] * sl2;
-      float alpha = 1.0f;
-      if (mx > m_run + kLazy) {  // always at the first tile (m_run = -inf)
-        alpha = ex2(m_run - mx);  // m_run = -inf: 0
-        m_run = mx;
-        l *= alpha;
-      }
-      if (t >= 2) bar_sync(kPFree0 + (t & 1), kThreads);  // the products of tile t - 2 are done
-      if (half == 0) abuf[(t & 1) * kH + h] = alpha;
-      unsigned char* prow = smem + kPOff + (t & 1) * kPBuf + h * 128;
-#pragma unroll
-      for (int i = 0; i < 3; ++i) {  // 8 columns = one 16-byte piece of P's row
-        const int c0 = 24 * half + 8 * i;
-        const float4 u = *reinterpret_cast<const float4*>(st + sidx(h, c0));
-        const float4 v = *reinterpret_cast<const float4*>(st + sidx(h, c0 + 4));
-        const float x[8] = {u.x, u.y, u.z, u.w, v.x, v.y, v.z, v.w};
-        uint32_t w[4];
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          const int c = c0 + 2 * j;
-          const float p0 = c < nvalid ? ex2(x[2 * j] * sl2 - m_run) : 0.0f;
-          const float p1 = c + 1 < nvalid ? ex2(x[2 * j + 1] * sl2 - m_run) : 0.0f;
-          w[j] = pack_bf16x2(p0, p1);
-          l += bf16x2_sum(w[j]);  // the sums of what the PV product multiplies
-        }
-        *reinterpret_cast<uint4*>(prow + (((3 * half + i) ^ (h & 7)) << 4)) =
-            make_uint4(w[0], w[1], w[2], w[3]);
-      }
-      fence_proxy_async_smem();  // P is read by wgmma (the async proxy)
-      bar_arrive(kPReady0 + (t & 1), kThreads);
-    }
-    const float L = l + __shfl_xor_sync(kFull, l, 1);
-    if (half == 0) {
-      lbuf[h] = L;
-      lbuf[kH + h] = m_run;
-    }
-    bar_arrive(kFinal, kThreads);
-    return;
-  }
-
-  // ---- the product warpgroups: wg owns the latent columns [256 wg, 256 wg + 256).
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kProductRegs));
-  const int head0 = ((wt >> 5) << 4) + (lane >> 2);
   if (wt == 0) map_acquire(gmap);
-  // This warpgroup's half of tile t into stage t % 3: four 64 x 48 boxes on its barrier (thread
+  // This warpgroup's half of tile t into stage t % 3: four 64 x 64 boxes on its barrier (thread
   // wt == 0 of the warpgroup issues them).
   auto load_half = [&](int t) {
     if (wt != 0 || t >= ntiles) return;
@@ -283,30 +205,15 @@ __global__ void __launch_bounds__(kThreads, 1)
   };
   load_half(0);
   load_half(1);
-  load_half(2);
 
-  // Q[:, 256 wg + 128 ..) as bf16 into shared memory (the A operand of k-steps 8..15: two 64 x 64
-  // sub-tiles, rows of 128 bytes, 16-byte pieces XOR-swizzled by head & 7).
-  const float* qb = a.q_lat + static_cast<int64_t>(b) * kH * kR + wg * 256;
-#pragma unroll
-  for (int k = 0; k < 8; ++k) {
-    const int idx = wt + 128 * k, h = idx >> 4, cq = idx & 15;  // cq: 8 columns
-    const float4 v0 = __ldg(reinterpret_cast<const float4*>(qb + h * kR + 128 + 8 * cq));
-    const float4 v1 = __ldg(reinterpret_cast<const float4*>(qb + h * kR + 128 + 8 * cq + 4));
-    *reinterpret_cast<uint4*>(smem + kQOff + (2 * wg + (cq >> 3)) * kQSub + h * 128 +
-                              (((cq & 7) ^ (h & 7)) << 4)) =
-        make_uint4(pack_bf16x2(v0.x, v0.y), pack_bf16x2(v0.z, v0.w), pack_bf16x2(v1.x, v1.y),
-                   pack_bf16x2(v1.z, v1.w));
-  }
-  fence_proxy_async_smem();
-  // Q[:, 256 wg .. + 128) as bf16 A fragments: k-step kk covers columns c = 256 wg + 16 kk + ..;
+  // Q[:, 256 wg ..] as bf16 A fragments: k-step kk covers columns c = 256 wg + 16 kk + ..;
   // {row head0: c + 2tq, +1}, {row head0 + 8: same}, {row head0: c + 8 + 2tq, +1}, {row + 8}.
-  uint32_t qf[8][4];
+  uint32_t qf[16][4];
   {
-    const float* q0 = qb + head0 * kR + 2 * tq;
+    const float* q0 = a.q_lat + (static_cast<int64_t>(b) * kH + head0) * kR + wg * 256 + 2 * tq;
     const float* q1 = q0 + 8 * kR;
 #pragma unroll
-    for (int kk = 0; kk < 8; ++kk) {
+    for (int kk = 0; kk < 16; ++kk) {
       const float2 v0 = __ldg(reinterpret_cast<const float2*>(q0 + 16 * kk));
       const float2 v1 = __ldg(reinterpret_cast<const float2*>(q1 + 16 * kk));
       const float2 v2 = __ldg(reinterpret_cast<const float2*>(q0 + 16 * kk + 8));
@@ -317,147 +224,129 @@ __global__ void __launch_bounds__(kThreads, 1)
       qf[kk][3] = pack_bf16x2(v3.x, v3.y);
     }
   }
-  bar_sync(kDone0 + wg, 128);  // this warpgroup's Q in shared memory
-
-  // S_wg(t) = Q_wg C_t[:, columns of wg]^T: 8 wgmma m64n48k16 with Q from registers, 8 with Q
-  // from shared memory (issued, not waited).
-  float s[24];
-  const uint32_t qs = base + kQOff + 2 * wg * kQSub;
-  auto issue_qk = [&](int t) {
-    mbar_wait(bar_s + 8 * ((t % kStages) * 2 + wg), static_cast<uint32_t>((t / kStages) & 1));
-    uint64_t dc = smem_desc(base + static_cast<uint32_t>((t % kStages) * kStage + wg * 4 * kSub),
-                            16, 1024);
-    asm volatile("" : "+l"(dc));
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < 8; ++kk) {
-      wgmma_rs_n48(s, qf[kk], dc + ((((kk >> 2) * kSub) + (kk & 3) * 32) >> 4), kk > 0 ? 1 : 0);
-    }
-#pragma unroll
-    for (int kk = 8; kk < 16; ++kk) {
-      wgmma_ss_n48(s, smem_desc(qs + ((kk - 8) >> 2) * kQSub + (kk & 3) * 32, 16, 1024),
-                   dc + ((((kk >> 2) * kSub) + (kk & 3) * 32) >> 4));
-    }
-    wgmma_commit();
-  };
-  // S(t) = S_1 + S_0 into sbuf (the same bits as S_0 + S_1), and its row maxima into mxbuf:
-  // warpgroup 0 writes its partial, warpgroup 1 adds its own, takes the maxima over the valid
-  // columns and hands the tile to the softmax warpgroup.
-  auto hand_over = [&](int t) {
-    float* const st = sbuf + (t & 1) * (kH * kLdS);
-    if (wg == 0) {
-#pragma unroll
-      for (int j = 0; j < 6; ++j) {
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          *reinterpret_cast<float2*>(st + sidx(head0 + 8 * r, 8 * j + 2 * tq)) =
-              make_float2(s[4 * j + 2 * r], s[4 * j + 2 * r + 1]);
-        }
-      }
-      bar_arrive(kS0Written0 + (t & 1), 256);
-      return;
-    }
-    const int nvalid = min(kTile, end - (begin + t * kTile));
-    bar_sync(kS0Written0 + (t & 1), 256);
-    float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-    for (int j = 0; j < 6; ++j) {
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        float2* p = reinterpret_cast<float2*>(st + sidx(head0 + 8 * r, 8 * j + 2 * tq));
-        const float2 v = *p;
-        const float x0 = s[4 * j + 2 * r] + v.x, x1 = s[4 * j + 2 * r + 1] + v.y;
-        *p = make_float2(x0, x1);
-        const int col = 8 * j + 2 * tq;
-        if (col < nvalid) mx[r] = fmaxf(mx[r], x0);
-        if (col + 1 < nvalid) mx[r] = fmaxf(mx[r], x1);
-      }
-    }
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(kFull, mx[r], 1));
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(kFull, mx[r], 2));
-      if (tq == 0) mxbuf[(t & 1) * kH + head0 + 8 * r] = mx[r];
-    }
-    bar_arrive(kSReady0 + (t & 1), 256);
-  };
 
   float o[128];
 #pragma unroll
   for (int i = 0; i < 128; ++i) o[i] = 0.0f;
-  // P(t) (computed while the products of tiles t - 1 and t - 2 ran) and the rescale of O.
-  auto take_p = [&](int t) {
-    bar_sync(kPReady0 + (t & 1), kThreads);
-    const float al0 = abuf[(t & 1) * kH + head0], al1 = abuf[(t & 1) * kH + head0 + 8];
-    if (al0 != 1.0f || al1 != 1.0f) {  // the running max moved (rare after the first tiles)
-#pragma unroll
-      for (int i = 0; i < 128; ++i) o[i] *= (i & 2) ? al1 : al0;
-    }
-  };
-  // O_wg += P(t) C_t[:, columns of wg], P from shared memory (issued, not waited).
-  auto issue_pv = [&](int t) {
-    const uint32_t pb = base + kPOff + (t & 1) * kPBuf;
-    const uint32_t vb = base + static_cast<uint32_t>((t % kStages) * kStage + wg * 4 * kSub);
+  float m_run[2] = {-INFINITY, -INFINITY};  // heads head0, head0 + 8 (log2 domain)
+  float l[2] = {0.0f, 0.0f};                // sums of the rounded p (this thread's columns)
+  const float sl2 = a.scale * kLog2e;
+  float4* xs_own = reinterpret_cast<float4*>(smem + kXOff) + wg * 8 * 128 + wt;
+  const float4* xs_other = reinterpret_cast<const float4*>(smem + kXOff) + (wg ^ 1) * 8 * 128 + wt;
+
+#pragma unroll 1
+  for (int t = 0; t < ntiles; ++t) {
+    mbar_wait(bar_s + 8 * ((t % kStages) * 2 + wg), static_cast<uint32_t>((t / kStages) & 1));
+    bar_sync(kLanded0 + wg, 128);  // every warp of this warpgroup is done with tile t - 1
+    load_half(t + 2);              // into the stage tile t - 1 used
+    uint64_t dc = smem_desc(base + static_cast<uint32_t>((t % kStages) * kStage + wg * 4 * kSub),
+                            16, 1024);
+    asm volatile("" : "+l"(dc));
+
+    // ---- S_g = Q_g C_t[:, columns of g]^T
+    float s[32];
     wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < kTile / 16; ++kk) {
-      wgmma_ss_n256_tb(o, smem_desc(pb + kk * 32, 16, 1024), smem_desc(vb + kk * 2048, kSub, 1024));
+    for (int kk = 0; kk < 16; ++kk) {
+      wgmma_rs_n64(s, qf[kk], dc + ((((kk >> 2) * kSub) + (kk & 3) * 32) >> 4), kk > 0 ? 1 : 0);
     }
     wgmma_commit();
-  };
-  // Tile t's products are done: P's buffer and this warpgroup's half of stage t % 3 are free.
-  auto release = [&](int t) {
-    if (t + 2 < ntiles) bar_arrive(kPFree0 + (t & 1), kThreads);
-    bar_sync(kDone0 + wg, 128);  // every warp of this warpgroup is past its wait
-    load_half(t + 3);
-  };
+    wgmma_wait<0>();
+    reg_fence(s);
 
-  // S runs two tiles ahead of P, so the softmax of tile t + 1 has the PV product of tile t and
-  // the QK product of tile t + 2 to hide under: S(0), S(1) first; then for every tile t but the
-  // last two, QK of tile t + 2 and PV of tile t back to back on the tensor cores, S(t + 2)
-  // handed over while the PV product runs. (No branch around the wgmma issues and waits:
-  // ptxas then keeps them asynchronous.)
-  issue_qk(0);
-  wgmma_wait<0>();
-  reg_fence(s);
-  hand_over(0);
-  if (ntiles > 1) {
-    issue_qk(1);
-    wgmma_wait<0>();
-    reg_fence(s);
-    hand_over(1);
-  }
-#pragma unroll 1
-  for (int t = 0; t < ntiles - 2; ++t) {
-    take_p(t);
-    issue_qk(t + 2);
-    issue_pv(t);
-    wgmma_wait<1>();  // S(t + 2)
-    reg_fence(s);
-    hand_over(t + 2);
+    // ---- S = S_g + S_other (the exchange's previous readers have passed kXRead)
+    if (t > 0) bar_sync(kXRead, kThreads);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      xs_own[i * 128] = make_float4(s[4 * i], s[4 * i + 1], s[4 * i + 2], s[4 * i + 3]);
+    }
+    bar_sync(kXWritten, kThreads);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const float4 v = xs_other[i * 128];
+      s[4 * i] += v.x;
+      s[4 * i + 1] += v.y;
+      s[4 * i + 2] += v.z;
+      s[4 * i + 3] += v.w;
+    }
+
+    // ---- online softmax (the same in both warpgroups). The running max moves only when a
+    // tile's max exceeds it by more than kLazy (log2 units): p <= 2^kLazy, and O and l stay at
+    // the old max (they and the partial's m are consistent, so the result is the same up to the
+    // roundings), which skips nearly every rescale of O after the first tiles.
+    const int nvalid = min(kTile, end - (begin + t * kTile));
+    float mx[2] = {-INFINITY, -INFINITY};
+    if (nvalid == kTile) {
+#pragma unroll
+      for (int i = 0; i < 32; ++i) {
+        s[i] *= sl2;
+        mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], s[i]);
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < 32; ++i) {
+        const int col = 8 * (i >> 2) + 2 * tq + (i & 1);
+        s[i] = col < nvalid ? s[i] * sl2 : -INFINITY;
+        mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], s[i]);
+      }
+    }
+    float alpha[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(kFull, mx[r], 1));
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(kFull, mx[r], 2));
+      alpha[r] = 1.0f;
+      if (mx[r] > m_run[r] + kLazy) {    // always at the first tile (m_run = -inf)
+        alpha[r] = ex2(m_run[r] - mx[r]);  // m_run = -inf: 0
+        m_run[r] = mx[r];
+        l[r] *= alpha[r];
+      }
+    }
+    uint32_t pf[8][2];
+#pragma unroll
+    for (int c = 0; c < 8; ++c) {
+      const float p0 = ex2(s[4 * c] - m_run[0]), p1 = ex2(s[4 * c + 1] - m_run[0]);
+      const float p2 = ex2(s[4 * c + 2] - m_run[1]), p3 = ex2(s[4 * c + 3] - m_run[1]);
+      pf[c][0] = pack_bf16x2(p0, p1);
+      pf[c][1] = pack_bf16x2(p2, p3);
+      l[0] += bf16x2_sum(pf[c][0]);  // the sums of what the PV product multiplies
+      l[1] += bf16x2_sum(pf[c][1]);
+    }
+    if (__any_sync(kFull, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
+#pragma unroll
+      for (int i = 0; i < 128; ++i) o[i] *= alpha[(i >> 1) & 1];
+    }
+
+    // ---- O_g += P C_t[:, columns of g]
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      const uint32_t af[4] = {pf[2 * kk][0], pf[2 * kk][1], pf[2 * kk + 1][0], pf[2 * kk + 1][1]};
+      wgmma_rs_n256_tb(o, af, smem_desc(base + static_cast<uint32_t>((t % kStages) * kStage +
+                                                                     wg * 4 * kSub + kk * 2048),
+                                        kSub, 1024));
+    }
+    wgmma_commit();
     wgmma_wait<0>();
     reg_fence(o);
-    release(t);
-  }
-#pragma unroll 1
-  for (int t = max(ntiles - 2, 0); t < ntiles; ++t) {
-    take_p(t);
-    issue_pv(t);
-    wgmma_wait<0>();
-    reg_fence(o);
-    release(t);
   }
 
   // The combine (a programmatic dependent) may be scheduled now; it waits for this whole grid.
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 
-  bar_sync(kFinal, kThreads);  // L and m from the softmax warpgroup
+  float L[2];  // the same in both warpgroups
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    L[r] = l[r];
+    L[r] += __shfl_xor_sync(kFull, L[r], 1);
+    L[r] += __shfl_xor_sync(kFull, L[r], 2);
+  }
   const int col0 = wg * 256 + 2 * tq;
   if (nsb == 1) {
     float* out = a.o_lat + static_cast<int64_t>(b) * kH * kR;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      const float inv = 1.0f / lbuf[head0 + 8 * r];  // >= 1: the max row contributes p = 1
+      const float inv = 1.0f / L[r];  // >= 1: the max row contributes p = 1
       float* row = out + (head0 + 8 * r) * kR + col0;
 #pragma unroll
       for (int j = 0; j < 32; ++j) {
@@ -476,8 +365,8 @@ __global__ void __launch_bounds__(kThreads, 1)
             make_float2(o[4 * j + 2 * r], o[4 * j + 2 * r + 1]);
       }
       if (wg == 0 && tq == 0) {
-        a.pm[k0 + head0 + 8 * r] = lbuf[kH + head0 + 8 * r];
-        a.pl[k0 + head0 + 8 * r] = lbuf[head0 + 8 * r];
+        a.pm[k0 + head0 + 8 * r] = m_run[r];
+        a.pl[k0 + head0 + 8 * r] = L[r];
       }
     }
   }
@@ -580,11 +469,6 @@ int launch_attention(MemraCudaCtx* ctx, const Sm90Args& a, int B) {
   MEMRA_CUDA_RETURN_IF(maps.status());
   MEMRA_CUDA_RETURN_IF(status_of(cudaFuncSetAttribute(
       mla_decode_wgmma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kBytes)));
-  // The warpgroups' setmaxnreg counts need the launch allocation they were sized for (see
-  // kLaunchRegs): another one would leave the product warpgroups waiting for registers.
-  cudaFuncAttributes fa{};
-  MEMRA_CUDA_RETURN_IF(status_of(cudaFuncGetAttributes(&fa, mla_decode_wgmma_kernel)));
-  if (fa.numRegs < kLaunchRegs) return memra::kUnsupportedGeometry;
   const dim3 grid(static_cast<unsigned>(a.nsplit), static_cast<unsigned>(B));
   memra::cuda::launch(ctx, true, mla_decode_wgmma_kernel, grid, dim3(kThreads), kBytes, a,
                       tmpl, maps.as<unsigned char>());
