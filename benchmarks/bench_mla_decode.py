@@ -177,16 +177,19 @@ def main() -> int:
                                      "cache pointers; q rounded to bf16 for the tensor-core "
                                      "products)")
 
-                    def run_memra():
+                    def run_on(eng):
                         return [_core.mla_attn_decode(q_b, cs, t_kv, scale=SCALE, max_t_kv=L,
-                                                      engine=b.engine)]
+                                                      engine=eng)]
                 else:
                     extra["note"] = (f"memra: {B} mla_attn_absorbed calls (t_q=1, one sequence "
                                      "each) inside each timed region; peer: one batched call")
 
-                    def run_memra():
-                        return [_core.mla_attn_absorbed(qs[i], cs[i], scale=SCALE, engine=b.engine)
+                    def run_on(eng):
+                        return [_core.mla_attn_absorbed(qs[i], cs[i], scale=SCALE, engine=eng)
                                 for i in range(B)]
+
+                def run_memra():
+                    return run_on(b.engine)
 
                 memra_us = None
                 try:
@@ -220,21 +223,14 @@ def main() -> int:
                             extra["memra_pdl_kernel_us"] = round(
                                 kernel_time(b, run_memra, args.profile_calls), 3)
                             e_nopdl = engine_for(var, pdl=False)
-                            if op == "mla_attn_decode":
-                                def run_nopdl():
-                                    return [_core.mla_attn_decode(q_b, cs, t_kv, scale=SCALE,
-                                                                  max_t_kv=L, engine=e_nopdl)]
-                            else:
-                                def run_nopdl():
-                                    return [_core.mla_attn_absorbed(qs[i], cs[i], scale=SCALE,
-                                                                    engine=e_nopdl)
-                                            for i in range(B)]
+
+                            def run_nopdl():
+                                return run_on(e_nopdl)
                             k_us = kernel_time(b, run_nopdl, args.profile_calls)
-                            if hasattr(b, "kernel_us_by_name"):
-                                extra["memra_kernels_us"] = {
-                                    k: round(v, 3) for k, v in
-                                    (b.kernel_us_by_name(run_nopdl, args.profile_calls)
-                                     or {}).items()}
+                            extra["memra_kernels_us"] = {
+                                k: round(v, 3) for k, v in
+                                (b.kernel_us_by_name(run_nopdl, args.profile_calls)
+                                 or {}).items()}
                             extra["memra_kernel_us"] = round(k_us, 3)
                             extra["kernel_frac_of_copy"] = round(
                                 nbytes / k_us / 1e6 / b.copy_TBps, 4)

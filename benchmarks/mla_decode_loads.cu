@@ -4,10 +4,11 @@
 // warpgroup loading its 256 columns of a tile as four 64 x 64 boxes (tensor memory accelerator,
 // 128-byte swizzle, 256-byte L2 promotion) two tiles ahead, waiting on the stage's mbarrier and
 // meeting at a 128-thread barrier before it reuses a stage, exactly as the kernel does, but with
-// no products: after the wait each thread reads one word of the tile and, with --delay N, spins
-// for N clocks (a stand-in for the products and the softmax). Time against the same run's copy.
-//   delay 0:      the load pattern's own bound
-//   delay > 0:    how much work a tile can carry before the loads stop being the bound
+// no products: after the wait each thread reads one word of the tile and spins for N SM clocks
+// (a stand-in for the products and the softmax; N swept from 0 to 5000). Time against the same
+// run's copy.
+//   N = 0:        the load pattern's own bound
+//   N > 0:        how much work a tile can carry before the loads stop being the bound
 // Standalone: nvcc -O3 -std=c++17 -arch=sm_90a benchmarks/mla_decode_loads.cu -o /tmp/mdl && /tmp/mdl
 // Prints one JSON line per (B, L, splits, delay).
 #include <cuda.h>
