@@ -10,10 +10,6 @@
 //   y_cm = w_cm^T x_cm, with w_cm = w viewed as K x N (ld K), x_cm = x viewed as K x T (ld K),
 // i.e. gemm(op(A) = T, op(B) = N, m = N, n = T, k = K, A = w, lda = K, B = x, ldb = K, ldc = N).
 //
-// 2..64 rows with a 16-bit weight under KernelOptions::linear_skinny (and K, ldx a multiple of
-// 8, 16-byte aligned x and w): memra's weight-streaming wgmma kernel (cuda/linear_skinny.cu)
-// instead of cuBLAS, the bias added in its final pass.
-//
 // T = 1 row (MEMRA_GEMV_MAX_ROWS) with a bf16 or f32 weight, K % (16 / sizeof w) == 0 and
 // 16-byte aligned x and w: the GEMV of cuda/gemv.cu instead (same rounding of x, f32
 // accumulation in another order, bias in its epilogue).
@@ -112,21 +108,9 @@ int gemm(MemraCudaCtx* ctx, const void* x, int64_t ldx, const void* w, cudaDataT
                                 CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
-// y = x w^T over 16-bit x (rows ldx apart) and w of w_dtype: the weight-streaming kernel where
-// it takes the shape (the bias added in it: *bias_done), else cuBLAS.
-int gemm16(MemraCudaCtx* ctx, const void* x, int64_t ldx, const void* w, int w_dtype, int T,
-           int K, int N, const float* bias, float* y, bool* bias_done) {
-  *bias_done = false;
-  if (memra::cuda::skinny_gemm_fits(ctx, x, ldx, w, w_dtype, T, K, N)) {
-    *bias_done = true;
-    return memra::cuda::skinny_gemm(ctx, x, ldx, w, T, K, N, bias, y);
-  }
-  return gemm(ctx, x, ldx, w, w_dtype == 1 ? CUDA_R_16BF : CUDA_R_16F, T, K, N, y);
-}
-
 template <typename H>
 int rounded_gemm(MemraCudaCtx* ctx, const float* x, int64_t ldx, int T, int K, const void* w,
-                 int w_dtype, int N, const float* bias, float* y, bool* bias_done) {
+                 cudaDataType_t ab_type, int N, float* y) {
   const int64_t n = static_cast<int64_t>(T) * K;
   Scratch xs(ctx, static_cast<size_t>(n) * sizeof(H));
   MEMRA_CUDA_RETURN_IF(xs.status());
@@ -139,7 +123,7 @@ int rounded_gemm(MemraCudaCtx* ctx, const float* x, int64_t ldx, int T, int K, c
         dim3(256), 0, x, ldx, xs.as<H>(), T, K);
   }
   MEMRA_CUDA_RETURN_IF(launch_status());
-  return gemm16(ctx, xs.as<H>(), K, w, w_dtype, T, K, N, bias, y, bias_done);
+  return gemm(ctx, xs.as<H>(), K, w, ab_type, T, K, N, y);
 }
 
 cudaDataType_t ab_type_of(int dtype) {
@@ -170,19 +154,16 @@ int linear_impl(MemraCudaCtx* ctx, const void* x, int x_dtype, int64_t ldx, int 
   MEMRA_CUDA_RETURN_IF(memra::cuda::gemv(ctx, x, x_dtype, T, K, w, w_dtype, N, bias, y, &handled));
   if (handled) return memra::kOk;
   MEMRA_CUDA_RETURN_IF(memra::cuda::flush_pending(ctx));  // cuBLAS cannot run a deferred Sinkhorn
-  bool bias_done = false;
-  if (x_dtype == w_dtype && w_dtype == 0) {
+  if (x_dtype == w_dtype) {
     MEMRA_CUDA_RETURN_IF(gemm(ctx, x, ldx, w, ab_type_of(w_dtype), T, K, N, y));
-  } else if (x_dtype == w_dtype) {
-    MEMRA_CUDA_RETURN_IF(gemm16(ctx, x, ldx, w, w_dtype, T, K, N, bias, y, &bias_done));
   } else if (w_dtype == 1) {  // x f32 (the callers refuse any other pair)
     MEMRA_CUDA_RETURN_IF(rounded_gemm<__nv_bfloat16>(ctx, static_cast<const float*>(x), ldx, T, K,
-                                                     w, w_dtype, N, bias, y, &bias_done));
+                                                     w, CUDA_R_16BF, N, y));
   } else {
     MEMRA_CUDA_RETURN_IF(rounded_gemm<__half>(ctx, static_cast<const float*>(x), ldx, T, K, w,
-                                              w_dtype, N, bias, y, &bias_done));
+                                              CUDA_R_16F, N, y));
   }
-  if (bias && !bias_done) {
+  if (bias) {
     memra::cuda::launch(ctx, true, bias_kernel, dim3(grid_stride_blocks(total, 256)), dim3(256), 0,
         y, bias, total, N);
   }

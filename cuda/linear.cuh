@@ -25,13 +25,4 @@ int linear_ex_pair(MemraCudaCtx* ctx, const void* x0, const void* x1, int x_dtyp
                    int T, int K, const void* w0, const void* w1, int w_dtype, int N0, int N1,
                    const float* bias0, const float* bias1, float* y0, float* y1);
 
-// The weight-streaming arm (cuda/linear_skinny.cu, KernelOptions::linear_skinny): whether it
-// takes y[T, N] = x[T, K] w[N, K]^T over 16-bit x (rows ldx elements apart) and w of `dtype`
-// (bf16 only: 1), and the launch (bias added in the kernel; y packed [T, N] f32).
-constexpr int kSkinnyMaxRows = 64;
-bool skinny_gemm_fits(const MemraCudaCtx* ctx, const void* x, int64_t ldx, const void* w,
-                      int dtype, int T, int K, int N);
-int skinny_gemm(MemraCudaCtx* ctx, const void* x, int64_t ldx, const void* w, int T, int K,
-                int N, const float* bias, float* y);
-
 }  // namespace memra::cuda

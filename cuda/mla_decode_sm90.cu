@@ -134,6 +134,22 @@ __device__ __forceinline__ void map_acquire(const void* gmap) {
   asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;\n" ::"l"(gmap) : "memory");
 }
 
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
+               : "memory");
+}
+
+// Box (64 columns from col, 64 rows from row) of the map into shared memory, 128-byte swizzled;
+// rows past the map's row count arrive as zeros.
+__device__ __forceinline__ void tma_load_2d(uint32_t dst, const void* gmap, uint32_t bar, int col,
+                                            int row) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes "
+      "[%0], [%1, {%3, %4}], [%2];\n" ::"r"(dst),
+      "l"(gmap), "r"(bar), "r"(col), "r"(row)
+      : "memory");
+}
+
 // Block (split blockIdx.x, sequence blockIdx.y). See the file comment.
 __global__ void __launch_bounds__(kThreads, 1)
     mla_decode_wgmma_kernel(const Sm90Args a, const __grid_constant__ CUtensorMap tmpl,
@@ -425,7 +441,16 @@ int launch_attention(MemraCudaCtx* ctx, const Sm90Args& a, int B) {
       cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, ctx->device)));
   if (kBytes > optin) return memra::kUnsupportedGeometry;
   // cuTensorMapEncodeTiled through the runtime's driver entry point (no libcuda link).
-  const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
+  static PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault,
+                                         &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess) {
+      fn = nullptr;
+    }
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }();
   if (!encode) return memra::kUnsupportedGeometry;
   // The template: bf16 [max_t_kv][512] rows of 1 KiB, 64 x 64 boxes, 128-byte swizzle; each block
   // replaces the address (its sequence's cache; o_lat stands in here) and the row count.

@@ -1,6 +1,6 @@
 // sm_90a device helpers of cuda/mla_decode_sm90.cu (the batched MLA decode's wgmma arm): bf16
-// packing and the two wgmma shapes the kernel issues (the fences, waits and descriptors are
-// cuda/wgmma.cuh's, the mbarriers and loads cuda/tma.cuh's). In an anonymous namespace, as
+// packing, mbarrier init / wait and the two wgmma shapes the kernel issues (the fences, waits and
+// descriptors are cuda/wgmma.cuh's). In an anonymous namespace, as
 // the kernel that uses them.
 #pragma once
 
@@ -10,7 +10,6 @@
 #include <cstring>
 
 #include "mma_bf16.cuh"
-#include "tma.cuh"
 #include "wgmma.cuh"
 
 namespace {
@@ -88,6 +87,21 @@ __device__ __forceinline__ void wgmma_rs_n64(float (&d)[32], const uint32_t (&a)
         "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
         "+f"(d[30]), "+f"(d[31])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(scale_d));
+}
+
+// mbarrier in shared memory (cta scope): init with the number of arrivals a phase takes; wait
+// until the phase of the given parity has completed.
+__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  asm volatile(
+      "{\n.reg .pred p;\n"
+      "WAIT:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+      "@!p bra WAIT;\n}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
 }
 
 }  // namespace

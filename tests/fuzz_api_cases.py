@@ -262,8 +262,7 @@ CASES: dict[str, Case] = {
     "KernelOptions()": Case(
         lambda w: memra.KernelOptions, lambda w: dict(pdl=True, gemv_rows=2, mla_decode_variant=1),
         {"pdl": NOT_BOOL, "gemv_rows": ints(3, -1, 16, True), "mla_decode_variant": ints(2, 5, -1, True),
-         "prefill_chunk": ints(-1, True), "moe_tensor_cores": NOT_BOOL, "attn_prefill_tensor_cores": NOT_BOOL,
-         "linear_skinny": NOT_BOOL}),
+         "prefill_chunk": ints(-1, True), "moe_tensor_cores": NOT_BOOL, "attn_prefill_tensor_cores": NOT_BOOL}),
     "KernelOptions.replace": Case(
         lambda w: memra.KernelOptions().replace, lambda w: dict(gemv=False, mla_split_tiles=2),
         {"gemv": NOT_BOOL, "mla_split_tiles": ints(-1, True), "moe_grouped_min_t": ints(0, -1),

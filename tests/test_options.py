@@ -18,10 +18,9 @@ from memra import KernelOptions
 DEFAULTS = dict(pdl=True, gemv=True, gemv_rows=0, gemv_tall_rows=0, mhc_defer=True,
                 mla_decode_variant=1, mla_tc_mt=0, mla_split_tiles=0, moe_grouped_min_t=2,
                 attn_decode_unsplit=False, prefill_chunk=8192, moe_tensor_cores=True,
-                attn_prefill_tensor_cores=True, linear_skinny=False)
+                attn_prefill_tensor_cores=True)
 NUMERICS = {"gemv", "mla_decode_variant", "mla_tc_mt", "mla_split_tiles", "moe_grouped_min_t",
-            "attn_decode_unsplit", "prefill_chunk", "moe_tensor_cores", "attn_prefill_tensor_cores",
-            "linear_skinny"}
+            "attn_decode_unsplit", "prefill_chunk", "moe_tensor_cores", "attn_prefill_tensor_cores"}
 
 
 def test_defaults_and_fields() -> None:
@@ -50,7 +49,7 @@ GOOD = [dict(pdl=False), dict(gemv=False), dict(gemv_rows=1), dict(gemv_rows=8),
         dict(mla_split_tiles=3),
         dict(moe_grouped_min_t=10**9), dict(gemv_rows=np.int32(4)), dict(attn_decode_unsplit=True),
         dict(prefill_chunk=0), dict(prefill_chunk=1), dict(moe_tensor_cores=False),
-        dict(attn_prefill_tensor_cores=False), dict(linear_skinny=True),
+        dict(attn_prefill_tensor_cores=False),
         dict(pdl=False, gemv_rows=2, mla_tc_mt=2)]
 
 
@@ -76,7 +75,6 @@ BAD = [
     (dict(prefill_chunk=-1), "prefill_chunk"), (dict(prefill_chunk=True), "prefill_chunk"),
     (dict(moe_tensor_cores=0), "moe_tensor_cores"),
     (dict(attn_prefill_tensor_cores=1), "attn_prefill_tensor_cores"),
-    (dict(linear_skinny=1), "linear_skinny"),
     (dict(pdl=np.int8(1)), "pdl"),
     # Deleted once the H200 settled its A/B (docs/options.md): an unknown field now.
     (dict(kda_decode_lines=True), "kda_decode_lines"),

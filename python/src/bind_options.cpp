@@ -88,13 +88,6 @@ const Field kFields[] = {
      "kernel (the queries and the softmax weights rounded to bfloat16, float32 scores, softmax "
      "and accumulation), the default; False the float32 CUDA-core kernel, which float32 caches "
      "always take."},
-    {"linear_skinny", &KernelOptions::linear_skinny, nullptr,
-     "Changes numerics. linear's GEMMs over 2 to 64 rows with bfloat16 / float16 weights (the "
-     "projections of a batched decode step; K and the row strides a multiple of 8, 16-byte "
-     "aligned operands): True runs memra's weight-streaming tensor-core kernel (each weight "
-     "byte read once by the tensor memory accelerator, K sliced over thread-block clusters and "
-     "the slices summed in distributed shared memory, float32 accumulation); False cuBLAS. "
-     "Another summation order."},
 };
 
 std::string repr_of(nb::handle v) {
@@ -211,7 +204,7 @@ void init_options(nb::module_& m) {
       "construction; every field defaults to the arm the A/B runs kept (docs/options.md), so "
       "KernelOptions() changes nothing. Fields that change numerics (the logits' bytes): gemv, "
       "mla_decode_variant, mla_tc_mt, mla_split_tiles, moe_grouped_min_t, attn_decode_unsplit, "
-      "prefill_chunk (on CUDA), moe_tensor_cores, attn_prefill_tensor_cores, linear_skinny; pdl, gemv_rows, "
+      "prefill_chunk (on CUDA), moe_tensor_cores, attn_prefill_tensor_cores; pdl, gemv_rows, "
       "gemv_tall_rows and mhc_defer change only speed. An unknown field, a value of the "
       "wrong type (switches take bool or numpy's bool, the rest int) or out of its domain is a "
       "ContractError (40025) naming the field and the value. A CPU engine keeps the options and "

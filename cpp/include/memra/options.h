@@ -79,12 +79,6 @@ struct KernelOptions {
   // arm and the exact twin of the CPU op). Changes numerics (the bf16 rounding of q and p,
   // another summation order).
   bool attn_prefill_tensor_cores = true;
-  // linear's GEMMs over 2..64 rows with bf16 / f16 weights (a batched decode step's
-  // projections; K and the row strides a multiple of 8, 16-byte aligned operands): true runs
-  // memra's weight-streaming wgmma kernel (cuda/linear_skinny.cu: K sliced over thread-block
-  // clusters, the slices summed in distributed shared memory, the bias in the same pass); false
-  // cuBLAS (the A/B arm). Changes numerics (another summation order).
-  bool linear_skinny = false;
 
   // ContractError 40025 naming the first field out of its domain and its value.
   Status validate() const;
@@ -129,7 +123,6 @@ inline MemraKernelOptions KernelOptions::to_abi() const {
   o.prefill_chunk = prefill_chunk;
   o.moe_tensor_cores = moe_tensor_cores ? 1 : 0;
   o.attn_prefill_tensor_cores = attn_prefill_tensor_cores ? 1 : 0;
-  o.linear_skinny = linear_skinny ? 1 : 0;
   return o;
 }
 
@@ -148,7 +141,6 @@ inline KernelOptions KernelOptions::from_abi(const MemraKernelOptions& o) {
   k.prefill_chunk = o.prefill_chunk;
   k.moe_tensor_cores = o.moe_tensor_cores != 0;
   k.attn_prefill_tensor_cores = o.attn_prefill_tensor_cores != 0;
-  k.linear_skinny = o.linear_skinny != 0;
   return k;
 }
 
@@ -159,8 +151,7 @@ inline bool KernelOptions::operator==(const KernelOptions& o) const {
          mla_split_tiles == o.mla_split_tiles && moe_grouped_min_t == o.moe_grouped_min_t &&
          attn_decode_unsplit == o.attn_decode_unsplit && prefill_chunk == o.prefill_chunk &&
          moe_tensor_cores == o.moe_tensor_cores &&
-         attn_prefill_tensor_cores == o.attn_prefill_tensor_cores &&
-         linear_skinny == o.linear_skinny;
+         attn_prefill_tensor_cores == o.attn_prefill_tensor_cores;
 }
 
 }  // namespace memra

@@ -22,7 +22,6 @@ typedef struct MemraKernelOptions {
   int prefill_chunk;       /* prompt tokens a prefill runs at a time (0: all); read by no kernel */
   int moe_tensor_cores;    /* grouped routed experts over bf16 / f16 weights on tensor cores */
   int attn_prefill_tensor_cores; /* bf16-cache attention prefill on tensor cores (0: f32 kernel) */
-  int linear_skinny;       /* 2..64-row 16-bit GEMMs: memra's weight-streaming kernel (0: cuBLAS) */
 } MemraKernelOptions;
 
 // What mem_stats reads: the device as a whole (cudaMemGetInfo: every process and context on it)
