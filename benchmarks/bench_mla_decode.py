@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
 """MLA absorbed decode (one query row per sequence) over a bf16 latent cache: memra vs torch.
 
-memra: memra._core.mla_attn_decode(q_lat [B, H, R] f32, caches (B device bf16 [L, R] arrays),
-       t_kv (device int32 [B]), scale=, max_t_kv=L, engine=e) -> o_lat [B, H, R] f32: the batched
-       op, one launch plan for the B sequences (the decode graph's call). --per-sequence adds
+memra: memra._core.mla_attn_decode(q_lat [B, H, R] f32, caches (one device bf16 [B, L, R]
+       array; until session 18 a list of B [L, R] views, whose B DLPack imports made memra_us
+       ~300 us at B = 64), t_kv (device int32 [B]), scale=, max_t_kv=L, engine=e) -> o_lat
+       [B, H, R] f32: the batched op, one launch plan for the B sequences (the decode graph's
+       call). --per-sequence adds
        mla_attn_absorbed(q_lat [1, H, R], cache [L, R]) once per sequence, B calls per timed
        region (memra_op names which).
 peer:  torch, batched: q_lat [B, H, R] bf16 @ cache^T [B, R, L] -> scores * scale in f32 ->
@@ -178,7 +180,7 @@ def main() -> int:
                                      "products)")
 
                     def run_on(eng):
-                        return [_core.mla_attn_decode(q_b, cs, t_kv, scale=SCALE, max_t_kv=L,
+                        return [_core.mla_attn_decode(q_b, cache, t_kv, scale=SCALE, max_t_kv=L,
                                                       engine=eng)]
                 else:
                     extra["note"] = (f"memra: {B} mla_attn_absorbed calls (t_q=1, one sequence "

@@ -29,8 +29,9 @@ Rows of a cache past t_kv hold NaN: a kernel that reads them produces NaN.
 
 Benchmark call (B = 64, L = 4096 or B = 8, L = 32768; 64 heads, rank 512, bf16 caches):
 ``_core.mla_attn_decode(q_lat, caches, t_kv_dev, scale=s, max_t_kv=L, engine=e)`` with q_lat a
-device float32 [B, 64, 512], caches a list of B device bfloat16 [L, 512] arrays and t_kv_dev a
-device int32 [B] array (a host list works too, at the cost of one small upload per call).
+device float32 [B, 64, 512], caches a list of B device bfloat16 [L, 512] arrays (or one device
+array [B, L, 512]: one DLPack import instead of B) and t_kv_dev a device int32 [B] array (a host
+list works too, at the cost of one small upload per call).
 
 A small shape for ``compute-sanitizer --tool racecheck`` / ``memcheck``:
 ``python -m pytest tests/test_cuda_mla_decode.py -k sanitizer``.
@@ -422,6 +423,30 @@ def test_append_then_decode_chain(e):
     want = _core.mla_attn_decode(bt.q, cpu, t_kv, scale=bt.scale)
     close_per_seq(got, want, BF16_REL)
     np.testing.assert_array_equal(got[0], np.broadcast_to(cpu[0][0], (H, R)))
+
+
+def test_one_array_of_caches_equals_the_list(e):
+    """caches as one device array [B, L, W] gives the list form's bytes (the wgmma arm at 64 heads x
+    512, and the append); a bf16 array whose sequences would start off a 16-byte boundary is
+    CONTRACT_STRIDE."""
+    B, H, R, L = 6, 64, 512, 200
+    bt = Batch([L - 5] * B, H, R, "bfloat16", seed=91)  # rows past t_kv are NaN
+    stack = np.ascontiguousarray(np.stack(bt.host))
+    t_kv = [1, 7, 0, 150, 195, 64]
+    q = e.to_device(bt.q)
+    want = e.to_host(_core.mla_attn_decode(q, bt.caches(e), t_kv, scale=bt.scale, engine=e))
+    dev = e.to_device(stack)
+    got = e.to_host(_core.mla_attn_decode(q, dev, t_kv, scale=bt.scale, engine=e))
+    np.testing.assert_array_equal(got, want)
+    rows = f32(rng(92).standard_normal((B, R)))
+    pos = [0, 3, -1, 199, 10, 64]
+    as_list = bt.caches(e)
+    _core.mla_latent_append_decode(e.to_device(rows), as_list, pos, engine=e)
+    _core.mla_latent_append_decode(e.to_device(rows), dev, pos, engine=e)
+    np.testing.assert_array_equal(e.to_host(dev), np.stack([e.to_host(c) for c in as_list]))
+    odd = e.to_device(bf16_bits(np.zeros((2, 3, 100), np.float32)))  # 600-byte sequences
+    expect(memra.ContractError, ST.CONTRACT_STRIDE, _core.mla_attn_decode,
+           e.to_device(f32(np.zeros((2, 4, 100)))), odd, [1, 1], scale=0.5, engine=e)
 
 
 # ---------------------------------------------------------------- errors

@@ -473,3 +473,38 @@ def test_kpool_bad_inputs():
     assert _code(_core.kpool_select, score, **{**sel, "select_k": -1}) == S.CONTRACT_VALUE
     assert _code(_core.kpool_select, score.astype(np.float64), **sel) == S.CONTRACT_DTYPE
     assert _code(_core.kpool_select, score[0], **sel) == S.CONTRACT_SHAPE
+
+
+def test_mla_decode_forms_take_one_array_of_caches():
+    """caches as one array [B, L, W] (slice b: sequence b's cache) gives the bytes of the list of
+    its slices, for the attention and the append; a wrong rank or B, another dtype and a
+    read-only array for the append are named ContractErrors that change nothing."""
+    B, H, R, dr, L = 3, 2, 6, 2, 9
+    g = rng(77)
+    stack = f32(g.standard_normal((B, L, R + dr)))
+    q_lat = f32(g.standard_normal((B, H, R)))
+    q_pe = f32(g.standard_normal((B, H, dr)))
+    t_kv = [4, 9, 0]
+    want = _core.mla_attn_decode(q_lat, [stack[b] for b in range(B)], t_kv, q_pe=q_pe, scale=0.4)
+    got = _core.mla_attn_decode(q_lat, stack, t_kv, q_pe=q_pe, scale=0.4)
+    np.testing.assert_array_equal(got, want)
+    rows = f32(g.standard_normal((B, R + dr)))
+    as_list = [stack[b].copy() for b in range(B)]
+    one = stack.copy()
+    _core.mla_latent_append_decode(rows, as_list, [2, 8, -1])
+    _core.mla_latent_append_decode(rows, one, [2, 8, -1])
+    np.testing.assert_array_equal(one, np.stack(as_list))
+    before = one.copy()
+    assert _code(_core.mla_attn_decode, q_lat, stack[0], t_kv, q_pe=q_pe, scale=0.4) == S.CONTRACT_SHAPE
+    assert _code(_core.mla_attn_decode, q_lat, stack[:2], t_kv, q_pe=q_pe, scale=0.4) == S.CONTRACT_SHAPE
+    assert _code(_core.mla_attn_decode, q_lat, stack.astype(np.float64), t_kv, q_pe=q_pe,
+                 scale=0.4) == S.CONTRACT_DTYPE
+    assert _code(_core.mla_attn_decode, q_lat, stack[:, :, :R - 1], t_kv, scale=0.4) in (
+        S.CONTRACT_SHAPE, S.CONTRACT_STRIDE)
+    assert _code(_core.mla_attn_decode, q_lat, stack, [4, 10, 0], q_pe=q_pe, scale=0.4) == S.CONTRACT_RANGE
+    ro = one.copy()
+    ro.flags.writeable = False
+    with pytest.raises(memra.ContractError):
+        _core.mla_latent_append_decode(rows, ro, [0, 0, 0])
+    assert _code(_core.mla_latent_append_decode, rows, one, [2, 9, 0]) == S.CONTRACT_RANGE
+    np.testing.assert_array_equal(one, before)

@@ -160,17 +160,17 @@ void check_suffix(const AttnArgs& a, const char* op) {
 }  // namespace
 
 const void* cache_arg(const Engine* engine, const AnyArray& a, const char* op, int* dtype,
-                      const char* name) {
+                      const char* name, std::initializer_list<int64_t> shape) {
   const bool f32 = has_dtype(a, nb::dlpack::dtype_code::Float, 32);
   const bool bf16 = has_bf16(a);
   if (on_cuda(engine)) {
-    check_array(a, op, name, {-1, -1}, "float32 or bfloat16 (uint16 raw bits accepted)", f32 || bf16,
+    check_array(a, op, name, shape, "float32 or bfloat16 (uint16 raw bits accepted)", f32 || bf16,
                 nb::device::cuda::value, engine->device_index());
     *dtype = f32 ? 0 : 1;
     return a.data();
   }
   *dtype = 0;
-  return f32_in(engine, a, op, name, {-1, -1});
+  return f32_in(engine, a, op, name, shape);
 }
 
 void init_ops_mla(nb::module_& m) {

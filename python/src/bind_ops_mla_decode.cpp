@@ -28,7 +28,9 @@ namespace {
 size_t z(int64_t n) { return static_cast<size_t>(n); }
 
 // The caches of a batched call: B arrays [L_b, W] of one dtype (float32; on CUDA also bfloat16
-// or uint16 raw bits) on the engine's device. W == -1: any width, the same for all.
+// or uint16 raw bits) on the engine's device, or one C-contiguous array [B, L, W] whose slice b
+// is sequence b's cache (one DLPack import where a list costs one per sequence). W == -1: any
+// width, the same for all.
 struct CacheList {
   std::vector<const void*> data;
   std::vector<int64_t> rows;
@@ -39,14 +41,43 @@ struct CacheList {
 // writable: the op writes into the caches (each must accept writes).
 CacheList cache_list_arg(const Engine* engine, nb::handle caches, int64_t B, const char* op,
                          bool writable = false) {
-  if (nb::hasattr(caches, "__dlpack__") || !nb::isinstance<nb::sequence>(caches) ||
-      nb::isinstance<nb::str>(caches)) {
+  CacheList c;
+  if (nb::hasattr(caches, "__dlpack__")) {  // one array [B, L, W]
+    AnyArray a;
+    if (!nb::try_cast(caches, a)) {
+      raise_contract(kContractDType, std::string(op) + ": argument 'caches' must be an array "
+                                         "[B, L, W] or a list of B arrays [L_b, W], got " +
+                                         std::string(nb::type_name(caches.type()).c_str()));
+    }
+    if (a.ndim() != 3) {
+      raise_contract(kContractShape, std::string(op) + ": caches has shape " + shape_str(a) +
+                                         ", expected [B=" + std::to_string(B) +
+                                         ", L, W] (or a list of B arrays [L_b, W])");
+    }
+    if (writable) require_writable(caches, op, "caches");
+    const char* base = static_cast<const char*>(cache_arg(engine, a, op, &c.dtype, "caches",
+                                                          {B, -1, -1}));
+    const int64_t L = dim(a, 1);
+    c.W = dim(a, 2);
+    const int64_t step = L * c.W * (c.dtype == 0 ? 4 : 2);
+    if (on_cuda(engine) && c.dtype == 1 && L > 0 &&
+        (reinterpret_cast<uintptr_t>(base) % 16 != 0 || step % 16 != 0)) {
+      raise_contract(kContractStride, std::string(op) + ": caches " + shape_str(a) +
+                                          " (bfloat16) must start on a 16-byte boundary and hold "
+                                          "L * W a multiple of 8 (every sequence's rows aligned)");
+    }
+    for (int64_t b = 0; b < B; ++b) {
+      c.data.push_back(base + b * step);
+      c.rows.push_back(L);
+    }
+    return c;
+  }
+  if (!nb::isinstance<nb::sequence>(caches) || nb::isinstance<nb::str>(caches)) {
     raise_contract(kContractDType, std::string(op) +
-                                       ": argument 'caches' must be a list of arrays (one per "
-                                       "sequence), got " +
+                                       ": argument 'caches' must be an array [B, L, W] or a list "
+                                       "of arrays (one per sequence), got " +
                                        std::string(nb::type_name(caches.type()).c_str()));
   }
-  CacheList c;
   int64_t b = 0;
   for (nb::handle h : caches) {
     const std::string name = "caches[" + std::to_string(b) + "]";
@@ -194,7 +225,9 @@ void init_ops_mla_decode(nb::module_& m) {
       "Batched absorbed MLA decode: B sequences, one query each, in one launch plan on CUDA.\n\n"
       "q_lat: [B, H, R] float32 (from mla_absorb_q). caches: a list of B arrays [L_b, R + d_rope] "
       "(the latent rows, then d_rope rope columns k_pe), all float32 or (CUDA) all bfloat16 "
-      "(DLPack bfloat16 or uint16 raw bits; 16-byte aligned), on the engine's device. t_kv: rows "
+      "(DLPack bfloat16 or uint16 raw bits; 16-byte aligned), on the engine's device; or one "
+      "C-contiguous array [B, L, R + d_rope] whose slice b is sequence b's cache (L_b = L; one "
+      "DLPack import instead of B, the cheaper call at large B). t_kv: rows "
       "visible to each sequence (its query sits at row t_kv[b] - 1): a host list / int array "
       "(checked: 0 <= t_kv[b] <= L_b), or on CUDA a device int32 [B] array (unchecked: t_kv[b] "
       "must be <= L_b; values above max_t_kv are clamped). t_kv[b] == 0 is an idle row: "
@@ -211,7 +244,8 @@ void init_ops_mla_decode(nb::module_& m) {
       "CPU op on the same cache); float32 caches (and other shapes with R <= 1024) run an exact "
       "float32 CUDA-core kernel (~1e-6 relative). The CPU backend runs mla_attn_absorbed / "
       "mla_attn_gathered per sequence.\n"
-      "Raises ContractError: CONTRACT_SHAPE when len(caches) != B or a cache's width differs; "
+      "Raises ContractError: CONTRACT_SHAPE when len(caches) != B or a cache's width differs (one "
+      "array: not [B, L, W]); "
       "CONTRACT_RANGE for a host t_kv outside [0, L_b]; CONTRACT_MISSING when q_pe is absent "
       "but d_rope > 0; CONTRACT_DTYPE / CONTRACT_SHAPE / CONTRACT_STRIDE / CONTRACT_DEVICE for "
       "bad arrays (CONTRACT_STRIDE also for a bfloat16 cache not 16-byte aligned); "
@@ -271,7 +305,8 @@ void init_ops_mla_decode(nb::module_& m) {
       "Write one latent row per sequence in place: caches[b][pos[b], :] = rows[b, :].\n\n"
       "rows: [B, W] float32. caches: a list of B arrays [L_b, W], all float32 (CPU: writable "
       "host arrays) or, on CUDA, all bfloat16 (DLPack bfloat16 or uint16 raw bits; rounded to "
-      "nearest even). pos: a host list / int array (checked: pos[b] < L_b) or on CUDA a device "
+      "nearest even); or one writable C-contiguous array [B, L, W] (slice b: sequence b's "
+      "cache). pos: a host list / int array (checked: pos[b] < L_b) or on CUDA a device "
       "int32 [B] array (unchecked); pos[b] < 0 is an idle row: nothing written. One launch on "
       "CUDA. Returns None.\n"
       "Raises ContractError: CONTRACT_RANGE for a host pos[b] >= L_b (nothing written); "
