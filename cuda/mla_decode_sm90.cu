@@ -4,38 +4,46 @@
 // no index list. cuda/mla_decode.cu owns the split plan and every other shape; it calls
 // mla_decode_sm90() below when KernelOptions::mla_decode_variant is 1 (the default).
 //
-// Block (split blockIdx.x, sequence blockIdx.y), 256 threads = two warpgroups that split the 512
-// latent columns: warpgroup g reads only columns [256 g, 256 g + 256) of every cache tile, so the
-// query lives in registers and the shared memory holds three 64-row cache stages (two tiles in
-// flight while the third is computed on). Per tile of 64 rows [split * chunk + 64 t, ..):
-//   - QK: S_g = Q_g C_t[:, cols of g]^T, 16 wgmma m64n64k16 with Q_g's bf16 A fragments in
-//     registers (64 a thread) and the cache from shared memory (K-major B);
-//   - the two partial scores are exchanged through shared memory and each warpgroup forms
-//     S = S_g + S_other (the same bits in both: f32 addition commutes), then the same online
-//     softmax in both (identical m, p and l): scores * scale * log2(e), rows past the range
-//     -inf, p = exp2(s - m) rounded to bf16 straight into the A-fragment layout of the next
-//     product (the accumulator and A layouts share rows and column pairs), l = sums of the
-//     rounded p. The running max m moves only when a tile's max exceeds it by more than kLazy
-//     (log2 units), so p <= 2^kLazy and O, l and the partial's m stay at the old max (consistent,
-//     so the result changes by roundings only) and the rescale of O is skipped after the first
-//     tiles;
-//   - PV: O_g = O_g * alpha + P C_t[:, cols of g], 4 wgmma m64n256k16 with P from registers and
-//     the cache N-major from shared memory (128 f32 accumulators a thread).
+// Block (split blockIdx.x, sequence blockIdx.y), 256 threads = two warpgroups, FlashMLA's
+// "seesaw" schedule (its docs/20250422-new-kernel-deep-dive.md) at R = 512. The split's 64-row
+// blocks go in pairs (an odd count's last odd block is all masked): warpgroup 0 scores the even
+// block of a pair, warpgroup 1 the odd one, each over all 512 columns (QK: 32 wgmma m64n64k16,
+// the bf16 query and the cache both from shared memory), so a block's softmax runs once, in one
+// warpgroup, and no partial scores cross; each warpgroup holds one 256-column half of O (the
+// left in 0, the right in 1; 128 f32 accumulators a thread) and adds both blocks' P V to it, its
+// own block's P from registers, the other's from shared memory. Per pair:
+//   - warpgroup 0: the even block's softmax against the shared running max m (scores * scale *
+//     log2(e), rows past the split's end -inf; m moves only when the block's max exceeds it by
+//     more than kLazy, so p <= 2^kLazy and the rescales are skipped after the first blocks;
+//     p = 2^(s - m) rounded to bf16, l sums the rounded p), writing m and the block's factor
+//     2^(m_old - m_new); O_L by that factor plus P_even V_L;
+//   - warpgroup 1, once that is written: the odd block's softmax against the moved m; O_R by
+//     both factors plus P_odd V_R; P_odd to shared memory;
+//   - warpgroup 0: P_even times the odd block's factor to shared memory (for O_R); O_L by that
+//     factor plus P_odd V_L; warpgroup 1: O_R plus P_even V_R;
+//   - meanwhile each warpgroup requests the next pair's 64 x 64 boxes whose last reader it was
+//     (warpgroup 0 the left halves, 1 the right halves of both blocks) and computes the next
+//     pair's scores, box by box as they land (one mbarrier a box).
+// The four hand-overs are named barriers on which one warpgroup arrives and the other waits
+// (1: the even block's m and factor, 2: the odd block's, 3: P_even stored, 4: P_odd stored and
+// read). The two products of a block see the same p except when the odd block moves the max:
+// then O_R takes P_even rounded again after the factor.
 // Loads: one tensor map per block (the template of launch_attention with the block's cache
 // address and row count n put in by tensormap.replace, copied to a global slot with a release
-// fence for the tensor-map proxy); thread 0 of warpgroup g issues the four 64 x 64 boxes of its
-// half of tile t + 2 (128-byte swizzle: the wgmma layout of cuda/mla_sm90.cuh's descriptors) on
-// the mbarrier [stage][g] as tile t starts; rows past n arrive as zeros (rows past t_kv may
-// hold anything, NaN in the tests; rows of the next split are finite and masked).
-// Shared memory (1024-aligned base): 3 stages x 64 rows x 512 bf16 (8 sub-tiles of 64 columns,
-// 8 KiB each, rows at a 128-byte stride), the score exchange f32 [2 warpgroups][8 float4][128
-// threads] (32 KiB), the block's tensor map and six mbarriers: 224 KiB + 1 KiB of slack.
-// Named barriers: 1 / 2 warpgroup 0 / 1 done with the previous tile (128 threads), 3 partial
-// scores written, 4 partial scores read (256 threads).
+// fence for the tensor-map proxy); 64 x 64 boxes in the 128-byte swizzle (the wgmma layout of
+// cuda/mla_sm90.cuh's descriptors); rows past n arrive as zeros (rows past t_kv may hold
+// anything, NaN in the tests; rows of the next split are finite and masked).
+// Shared memory (1024-aligned base): the query bf16 [64 heads][512] (64 KiB, converted from
+// q_lat's f32 by the block), the pair's two blocks (2 x 64 KiB), the two P [64 heads][64 rows]
+// bf16 (2 x 8 KiB), m, the two factors and the epilogue's row sums, the block's tensor map and
+// 16 mbarriers: 210.5 KiB with the alignment slack.
 //
-// Why this shape (docs/kernels.md "MLA"): the kernels that kept Q in shared memory (64 KiB) had
-// room for two cache stages and ran at 0.54-0.59 of copy on the H200, whether both warpgroups
-// shared each tile or took alternate tiles (FlashMLA's schedule).
+// Why this shape (docs/kernels.md "MLA"): session 5's alternate-block kernel had cp.async, two
+// whole-block stages and a softmax per warpgroup (0.574 of copy); session 5-17's column split
+// (Q in registers, three stages, the partial scores exchanged and the softmax in both
+// warpgroups) reached 0.65; FlashMLA's kernel, measured beside it, 0.80 over its 576-column
+// rows. This one: 0.713 / 0.724 of copy at B 64 L 4096 / B 8 L 32768 with the combine
+// (results/2026-12-04-h200-s18-mla-decode-seesaw.jsonl).
 //
 // Splits are chosen by cuda/mla_decode.cu. Sequences with several active splits write partials
 // [B, nsplit, 64, 512] f32 (+ m, l) that mla_combine_kernel merges, launched as a programmatic
@@ -49,6 +57,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "common.cuh"
 #include "mla_sm90.cuh"
@@ -76,21 +85,30 @@ struct Sm90Args {
 
 constexpr int kH = 64;
 constexpr int kR = 512;
-constexpr int kTile = 64;                     // rows per tile
-constexpr int kStages = 3;
+constexpr int kTile = 64;                  // rows a block
 constexpr int kThreads = 256;
-constexpr int kSub = kTile * 128;             // one 64-column sub-tile of a stage (8 KiB)
-constexpr int kStage = 8 * kSub;              // 64 rows x 1 KiB
-constexpr int kXOff = kStages * kStage;       // score exchange
-constexpr int kMapOff = kXOff + 2 * 8 * 128 * 16;  // this block's tensor map (128 bytes)
-constexpr int kBarOff = kMapOff + 128;             // mbarriers [stage][warpgroup]
-constexpr int kBytes = kBarOff + kStages * 2 * 8 + 1024;
+constexpr int kSub = kTile * 128;          // one 64-column box of a block (8 KiB)
+constexpr int kBlk = 8 * kSub;             // a block: 64 rows x 512 columns (64 KiB)
+constexpr int kQOff = 0;                   // the query, bf16, 8 boxes of [64 heads][64]
+constexpr int kK0Off = kBlk;               // the pair's even block
+constexpr int kK1Off = 2 * kBlk;           // the pair's odd block
+constexpr int kP0Off = 3 * kBlk;           // P of the even block (bf16 [64 heads][64 rows])
+constexpr int kP1Off = kP0Off + kSub;      // P of the odd block
+constexpr int kMOff = kP1Off + kSub;       // running max [64] (log2 units)
+constexpr int kS0Off = kMOff + 4 * 64;     // the even block's rescale factors [64]
+constexpr int kS1Off = kS0Off + 4 * 64;    // the odd block's [64]
+constexpr int kLOff = kS1Off + 4 * 64;     // row sums [2 warpgroups][64] (the epilogue)
+constexpr int kMapOff = kLOff + 4 * 128;   // this block's tensor map (128 bytes)
+constexpr int kBarOff = kMapOff + 128;     // mbarriers [2 buffers][8 boxes]
+constexpr int kBytes = kBarOff + 16 * 8 + 1024;
 constexpr int kCombineHeads = 4;  // heads per combine block (one warp each)
 constexpr int kMaxSplits = 1024;  // combine weights in shared memory: 4 x 4 KiB at most
 constexpr unsigned kFull = 0xffffffffu;
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLazy = 8.0f;  // log2 units the running max may lag a tile's max by
-enum : int { kLanded0 = 1, kXWritten = 3, kXRead = 4 };
+constexpr float kMInit = -1e30f;  // the running max before any row (finite: 2^(-inf - m) = 0)
+// Named barriers, one-way hand-overs between the warpgroups (one arrives, the other waits).
+enum : int { kScale0 = 1, kScale1 = 2, kP0Ready = 3, kP1Ready = 4 };
 
 // 2^x (MUFU.EX2, subnormals flushed: p is rounded to bf16 next; 2^-inf = 0).
 __device__ __forceinline__ float ex2(float x) {
@@ -150,6 +168,88 @@ __device__ __forceinline__ void tma_load_2d(uint32_t dst, const void* gmap, uint
       : "memory");
 }
 
+// Compile-time arguments of the kernel's lambdas.
+template <int V>
+using I = std::integral_constant<int, V>;
+template <bool V>
+using B = std::integral_constant<bool, V>;
+
+// Shared-memory helpers of the kernel: 32- and 128-bit stores, a non-blocking arrival at a named
+// barrier (the producer side of a one-way hand-over between the warpgroups).
+__device__ __forceinline__ void st_shared_u32(uint32_t addr, uint32_t v) {
+  asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
+}
+__device__ __forceinline__ void st_shared_v4(uint32_t addr, uint32_t a, uint32_t b, uint32_t c,
+                                             uint32_t d) {
+  asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(a), "r"(b), "r"(c),
+               "r"(d)
+               : "memory");
+}
+__device__ __forceinline__ void bar_arrive(int id, int n) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
+}
+
+// The softmax of one 64-row block in the warpgroup that computed its scores s (the m64n64
+// accumulator layout: heads head0 and head0 + 8, rows 8 (i / 4) + 2 tq + i % 2): scores scaled
+// to log2 units, rows at or past nvalid -inf, the shared running max sm moved to the block's max
+// only when that exceeds it by more than kLazy, p = 2^(s - m) rounded to bf16 into the A-fragment
+// layout pf, their sums into psum, and per head the factor `scale` = 2^(m_old - m_new) by which
+// everything summed at the old max is to be multiplied (1 when the max did not move). The new
+// max and scale are written to shared memory (sm, ss) by the quad's first thread.
+__device__ __forceinline__ void block_softmax(float (&s)[32], int nvalid, float sl2, int tq,
+                                              int head0, float* sm, float* ss, uint32_t (&pf)[8][2],
+                                              float (&psum)[2], float (&scale)[2]) {
+  float mx[2] = {-INFINITY, -INFINITY};
+  if (nvalid >= kTile) {
+#pragma unroll
+    for (int i = 0; i < 32; ++i) {
+      s[i] *= sl2;
+      mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], s[i]);
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < 32; ++i) {
+      const int col = 8 * (i >> 2) + 2 * tq + (i & 1);
+      s[i] = col < nvalid ? s[i] * sl2 : -INFINITY;
+      mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], s[i]);
+    }
+  }
+  float m[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    mx[r] = fmaxf(mx[r], __shfl_xor_sync(kFull, mx[r], 1));
+    mx[r] = fmaxf(mx[r], __shfl_xor_sync(kFull, mx[r], 2));
+    const float m_old = sm[head0 + 8 * r];
+    m[r] = mx[r] > m_old + kLazy ? mx[r] : m_old;
+    scale[r] = ex2(m_old - m[r]);  // 1 when the max stays; 0 from the initial -1e30
+  }
+  __syncwarp();  // the quad's reads of sm before its first thread writes
+  if (tq == 0) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      sm[head0 + 8 * r] = m[r];
+      ss[head0 + 8 * r] = scale[r];
+    }
+  }
+  psum[0] = psum[1] = 0.0f;
+#pragma unroll
+  for (int c = 0; c < 8; ++c) {
+    pf[c][0] = pack_bf16x2(ex2(s[4 * c] - m[0]), ex2(s[4 * c + 1] - m[0]));
+    pf[c][1] = pack_bf16x2(ex2(s[4 * c + 2] - m[1]), ex2(s[4 * c + 3] - m[1]));
+    psum[0] += bf16x2_sum(pf[c][0]);  // the sums of what the PV products multiply
+    psum[1] += bf16x2_sum(pf[c][1]);
+  }
+}
+
+// o (the m64n256 accumulator layout: heads head0, head0 + 8 alternate by pairs) times f per head;
+// skipped when every f of the warp is 1 (the lazy max's usual case).
+__device__ __forceinline__ void rescale_o(float (&o)[128], const float (&f)[2]) {
+  if (__any_sync(kFull, f[0] != 1.0f || f[1] != 1.0f)) {
+#pragma unroll
+    for (int i = 0; i < 128; ++i) o[i] *= f[(i >> 1) & 1];
+  }
+}
+
 // Block (split blockIdx.x, sequence blockIdx.y). See the file comment.
 __global__ void __launch_bounds__(kThreads, 1)
     mla_decode_wgmma_kernel(const Sm90Args a, const __grid_constant__ CUtensorMap tmpl,
@@ -174,172 +274,245 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int end = min(n, begin + a.chunk);
   const int nsb = (n + a.chunk - 1) / a.chunk;
   const int ntiles = (end - begin + kTile - 1) / kTile;
+  const int npairs = (ntiles + 1) / 2;  // an odd count's last odd block is all masked
   const __nv_bfloat16* cache = static_cast<const __nv_bfloat16*>(a.caches[b]);
 
   const int wg = tid >> 7, wt = tid & 127;
   const int lane = tid & 31, tq = lane & 3;
   const int head0 = ((wt >> 5) << 4) + (lane >> 2);
+  float* sm = reinterpret_cast<float*>(smem + kMOff);
+  float* ss0 = reinterpret_cast<float*>(smem + kS0Off);
+  float* ss1 = reinterpret_cast<float*>(smem + kS1Off);
 
   // The block's tensor map over its cache: rows [0, n), 512 columns, 64 x 64 boxes.
   void* gmap = maps + 128 * (static_cast<int64_t>(b) * a.nsplit + split);
-  const uint32_t bar_s = base + kBarOff;
+  const uint32_t bar_s = base + kBarOff;  // [buffer][box]
   if (tid < 32) make_map(tmpl, smem + kMapOff, gmap, cache, n);
   if (tid == 0) {
 #pragma unroll
-    for (int i = 0; i < kStages * 2; ++i) mbar_init(bar_s + 8 * i, 1);
+    for (int i = 0; i < 16; ++i) mbar_init(bar_s + 8 * i, 1);
     // The inits made visible to the async proxy (the TMA unit completes transactions on them).
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
-  __syncthreads();  // the map in its slot, the barriers initialised
+  if (tid < kH) sm[tid] = kMInit;
+  __syncthreads();  // the map in its slot, the barriers and the running max initialised
   if (wt == 0) map_acquire(gmap);
-  // This warpgroup's half of tile t into stage t % 3: four 64 x 64 boxes on its barrier (thread
-  // wt == 0 of the warpgroup issues them).
-  auto load_half = [&](int t) {
-    if (wt != 0 || t >= ntiles) return;
-    const uint32_t bar = bar_s + 8 * ((t % kStages) * 2 + wg);
-    mbar_expect_tx(bar, 4 * kSub);
-    const uint32_t st = base + static_cast<uint32_t>((t % kStages) * kStage + wg * 4 * kSub);
-#pragma unroll
-    for (int c = 0; c < 4; ++c) tma_load_2d(st + c * kSub, gmap, bar, (4 * wg + c) * 64,
-                                            begin + t * kTile);
+  // Boxes [c0, c1) of block t into buffer buf, each on its own barrier (thread wt == 0 of the
+  // calling warpgroup issues them).
+  auto load = [&](int buf, int t, int c0, int c1) {
+    if (wt != 0) return;
+    for (int c = c0; c < c1; ++c) {
+      const uint32_t bar = bar_s + 8 * (buf * 8 + c);
+      mbar_expect_tx(bar, kSub);
+      tma_load_2d(base + kK0Off + buf * kBlk + c * kSub, gmap, bar, c * 64, begin + t * kTile);
+    }
   };
-  load_half(0);
-  load_half(1);
+  // Pair 0: warpgroup g requests boxes [4 g, 4 g + 4) of both blocks, as in the loop below.
+  load(0, 0, 4 * wg, 4 * wg + 4);
+  load(1, 1, 4 * wg, 4 * wg + 4);
 
-  // Q[:, 256 wg ..] as bf16 A fragments: k-step kk covers columns c = 256 wg + 16 kk + ..;
-  // {row head0: c + 2tq, +1}, {row head0 + 8: same}, {row head0: c + 8 + 2tq, +1}, {row + 8}.
-  uint32_t qf[16][4];
+  // The query as bf16 in shared memory, 8 boxes of [64 heads][64 columns] in the 128-byte
+  // swizzle (the A operand of the QK products): 8 columns (two float4) a step.
   {
-    const float* q0 = a.q_lat + (static_cast<int64_t>(b) * kH + head0) * kR + wg * 256 + 2 * tq;
-    const float* q1 = q0 + 8 * kR;
-#pragma unroll
-    for (int kk = 0; kk < 16; ++kk) {
-      const float2 v0 = __ldg(reinterpret_cast<const float2*>(q0 + 16 * kk));
-      const float2 v1 = __ldg(reinterpret_cast<const float2*>(q1 + 16 * kk));
-      const float2 v2 = __ldg(reinterpret_cast<const float2*>(q0 + 16 * kk + 8));
-      const float2 v3 = __ldg(reinterpret_cast<const float2*>(q1 + 16 * kk + 8));
-      qf[kk][0] = pack_bf16x2(v0.x, v0.y);
-      qf[kk][1] = pack_bf16x2(v1.x, v1.y);
-      qf[kk][2] = pack_bf16x2(v2.x, v2.y);
-      qf[kk][3] = pack_bf16x2(v3.x, v3.y);
+    const float4* q4 = reinterpret_cast<const float4*>(a.q_lat + static_cast<int64_t>(b) * kH * kR);
+#pragma unroll 4
+    for (int i = 0; i < kH * kR / 8 / kThreads; ++i) {
+      const int qc = tid + kThreads * i;  // head qc / 64, columns 8 (qc % 64) ..
+      const int r = qc >> 6, cc = qc & 63;
+      const float4 v0 = __ldg(q4 + 2 * qc), v1 = __ldg(q4 + 2 * qc + 1);
+      st_shared_v4(base + kQOff + (cc >> 3) * kSub + r * 128 + (((cc & 7) ^ (r & 7)) << 4),
+                   pack_bf16x2(v0.x, v0.y), pack_bf16x2(v0.z, v0.w), pack_bf16x2(v1.x, v1.y),
+                   pack_bf16x2(v1.z, v1.w));
     }
   }
+  fence_proxy_async_smem();  // the query's generic stores before the wgmma reads them
+  __syncthreads();
+
+  const float sl2 = a.scale * kLog2e;
+  const uint32_t my_buf = base + kK0Off + wg * kBlk;  // the blocks this warpgroup scores
+  const uint32_t my_p = base + (wg == 0 ? kP0Off : kP1Off);
+  const uint32_t other_p = base + (wg == 0 ? kP1Off : kP0Off);
+  // S = Q C^T over boxes [C0, C1) of buffer `buf` (waiting for each box on barriers bar0 + c),
+  // accumulating into s unless FIRST. Unrolled: a loop around the products would make the
+  // compiler serialise them.
+  auto qk = [&](auto c0_, auto c1_, auto first_, float (&s)[32], uint32_t buf, int bar0,
+                uint32_t parity) {
+    constexpr int C0 = decltype(c0_)::value, C1 = decltype(c1_)::value;
+    constexpr bool FIRST = decltype(first_)::value;
+    // Descriptors of box 0 (start addresses in 16-byte units: adding a box's offset stays
+    // inside the 14-bit field below 256 KiB), kept in registers rather than 64 precomputed.
+    uint64_t dq = smem_desc(base + kQOff, 16, 1024), dk = smem_desc(buf, 16, 1024);
+    asm volatile("" : "+l"(dq), "+l"(dk));
+#pragma unroll
+    for (int c = C0; c < C1; ++c) {
+      mbar_wait(bar_s + 8 * (bar0 + c), parity);
+      wgmma_fence();  // after the wait's branch, as the compiler would otherwise insert it
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) {
+        const uint64_t off = static_cast<uint64_t>((c * kSub + 32 * kk) >> 4);
+        wgmma_ss_n64(s, dq + off, dk + off, FIRST && c == C0 && kk == 0 ? 0 : 1);
+      }
+    }
+  };
+  // O_g += P V over the 64 rows of buffer `buf` (the columns of warpgroup g), P from registers.
+  auto pv_local = [&](float (&o)[128], const uint32_t (&pf)[8][2], uint32_t buf) {
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      const uint32_t af[4] = {pf[2 * kk][0], pf[2 * kk][1], pf[2 * kk + 1][0], pf[2 * kk + 1][1]};
+      wgmma_rs_n256_tb(o, af, smem_desc(buf + wg * 4 * kSub + kk * 2048, kSub, 1024));
+    }
+  };
+  // The same with the other warpgroup's P from shared memory.
+  auto pv_remote = [&](float (&o)[128], uint32_t buf) {
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      wgmma_ss_n256_tb(o, smem_desc(other_p + 32 * kk, 16, 1024),
+                       smem_desc(buf + wg * 4 * kSub + kk * 2048, kSub, 1024), 1);
+    }
+  };
+  // pf into this warpgroup's P buffer ([64 heads][64 rows] bf16, the 128-byte swizzle).
+  auto store_p = [&](const uint32_t (&pf)[8][2]) {
+    const uint32_t row0 = my_p + head0 * 128 + 4 * tq, row1 = row0 + 8 * 128;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const uint32_t off = static_cast<uint32_t>((j ^ (head0 & 7)) << 4);
+      st_shared_u32(row0 + off, pf[j][0]);
+      st_shared_u32(row1 + off, pf[j][1]);
+    }
+    fence_proxy_async_smem();  // for the other warpgroup's wgmma
+  };
 
   float o[128];
 #pragma unroll
   for (int i = 0; i < 128; ++i) o[i] = 0.0f;
-  float m_run[2] = {-INFINITY, -INFINITY};  // heads head0, head0 + 8 (log2 domain)
-  float l[2] = {0.0f, 0.0f};                // sums of the rounded p (this thread's columns)
-  const float sl2 = a.scale * kLog2e;
-  float4* xs_own = reinterpret_cast<float4*>(smem + kXOff) + wg * 8 * 128 + wt;
-  const float4* xs_other = reinterpret_cast<const float4*>(smem + kXOff) + (wg ^ 1) * 8 * 128 + wt;
+  float l[2] = {0.0f, 0.0f};  // sums of the rounded p of this warpgroup's blocks (own columns)
+  float s[32];
+  uint32_t pf[8][2];
+
+  // Pair 0's scores: warpgroup 0 the even block, warpgroup 1 the odd one.
+  wgmma_fence();
+  qk(I<0>{}, I<8>{}, B<true>{}, s, my_buf, 8 * wg, 0);
+  wgmma_commit();
+  wgmma_wait<0>();
+  reg_fence(s);
 
 #pragma unroll 1
-  for (int t = 0; t < ntiles; ++t) {
-    mbar_wait(bar_s + 8 * ((t % kStages) * 2 + wg), static_cast<uint32_t>((t / kStages) & 1));
-    bar_sync(kLanded0 + wg, 128);  // every warp of this warpgroup is done with tile t - 1
-    load_half(t + 2);              // into the stage tile t - 1 used
-    uint64_t dc = smem_desc(base + static_cast<uint32_t>((t % kStages) * kStage + wg * 4 * kSub),
-                            16, 1024);
-    asm volatile("" : "+l"(dc));
-
-    // ---- S_g = Q_g C_t[:, columns of g]^T
-    float s[32];
-    wgmma_fence();
+  for (int j = 0; j < npairs; ++j) {
+    const bool more = j + 1 < npairs;
+    const uint32_t next = static_cast<uint32_t>((j + 1) & 1);
+    const int t0 = 2 * j, t1 = 2 * j + 1;
+    float psum[2], sc[2];
+    if (wg == 0) {
+      // The even block's softmax; then O_L at its max plus its P V_L.
+      block_softmax(s, end - (begin + t0 * kTile), sl2, tq, head0, sm, ss0, pf, psum, sc);
+      bar_arrive(kScale0, kThreads);
+      rescale_o(o, sc);
 #pragma unroll
-    for (int kk = 0; kk < 16; ++kk) {
-      wgmma_rs_n64(s, qf[kk], dc + ((((kk >> 2) * kSub) + (kk & 3) * 32) >> 4), kk > 0 ? 1 : 0);
-    }
-    wgmma_commit();
-    wgmma_wait<0>();
-    reg_fence(s);
-
-    // ---- S = S_g + S_other (the exchange's previous readers have passed kXRead)
-    if (t > 0) bar_sync(kXRead, kThreads);
+      for (int r = 0; r < 2; ++r) l[r] = l[r] * sc[r] + psum[r];
+      wgmma_fence();
+      pv_local(o, pf, base + kK0Off);
+      wgmma_commit();
+      wgmma_wait<0>();
+      reg_fence(o);
+      // The odd block's softmax (warpgroup 1) has moved the max: P_even to it, for O_R.
+      bar_sync(kScale1, kThreads);
+      if (more) load(0, t0 + 2, 0, 4);  // V_L and the first half of the even block read
+      float sc1[2];
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      xs_own[i * 128] = make_float4(s[4 * i], s[4 * i + 1], s[4 * i + 2], s[4 * i + 3]);
-    }
-    bar_sync(kXWritten, kThreads);
+      for (int r = 0; r < 2; ++r) sc1[r] = ss1[head0 + 8 * r];
+      if (sc1[0] != 1.0f || sc1[1] != 1.0f) {
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const float4 v = xs_other[i * 128];
-      s[4 * i] += v.x;
-      s[4 * i + 1] += v.y;
-      s[4 * i + 2] += v.z;
-      s[4 * i + 3] += v.w;
-    }
-
-    // ---- online softmax (the same in both warpgroups). The running max moves only when a
-    // tile's max exceeds it by more than kLazy (log2 units): p <= 2^kLazy, and O and l stay at
-    // the old max (they and the partial's m are consistent, so the result is the same up to the
-    // roundings), which skips nearly every rescale of O after the first tiles.
-    const int nvalid = min(kTile, end - (begin + t * kTile));
-    float mx[2] = {-INFINITY, -INFINITY};
-    if (nvalid == kTile) {
+        for (int c = 0; c < 8; ++c) {
 #pragma unroll
-      for (int i = 0; i < 32; ++i) {
-        s[i] *= sl2;
-        mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], s[i]);
+          for (int r = 0; r < 2; ++r) {
+            __nv_bfloat162 v;
+            memcpy(&v, &pf[c][r], sizeof(v));
+            pf[c][r] = pack_bf16x2(__low2float(v) * sc1[r], __high2float(v) * sc1[r]);
+          }
+        }
       }
+      store_p(pf);
+      bar_arrive(kP0Ready, kThreads);
+      // O_L at the odd block's max plus its P (from warpgroup 1) V_L.
+      bar_sync(kP1Ready, kThreads);
+      rescale_o(o, sc1);
+#pragma unroll
+      for (int r = 0; r < 2; ++r) l[r] *= sc1[r];
+      wgmma_fence();
+      pv_remote(o, base + kK1Off);
+      wgmma_commit();
+      if (more) {
+        // The next even block's scores: the boxes this warpgroup requested first.
+        wgmma_fence();
+        qk(I<0>{}, I<4>{}, B<true>{}, s, my_buf, 0, next);
+        wgmma_commit();
+        wgmma_wait<1>();  // the odd block's V_L read
+        load(1, t1 + 2, 0, 4);
+        wgmma_fence();
+        qk(I<4>{}, I<8>{}, B<false>{}, s, my_buf, 0, next);
+        wgmma_commit();
+        wgmma_wait<0>();  // inside the branch: s leaves it complete (else the products serialise)
+        reg_fence(s);
+      } else {
+        wgmma_wait<0>();
+      }
+      reg_fence(o);
     } else {
+      // The odd block's softmax after the even block's has moved the max.
+      bar_sync(kScale0, kThreads);
+      block_softmax(s, end - (begin + t1 * kTile), sl2, tq, head0, sm, ss1, pf, psum, sc);
+      float f[2];
 #pragma unroll
-      for (int i = 0; i < 32; ++i) {
-        const int col = 8 * (i >> 2) + 2 * tq + (i & 1);
-        s[i] = col < nvalid ? s[i] * sl2 : -INFINITY;
-        mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], s[i]);
+      for (int r = 0; r < 2; ++r) f[r] = ss0[head0 + 8 * r] * sc[r];
+      bar_arrive(kScale1, kThreads);
+      rescale_o(o, f);
+#pragma unroll
+      for (int r = 0; r < 2; ++r) l[r] = l[r] * f[r] + psum[r];
+      store_p(pf);  // P_odd for O_L (warpgroup 0)
+      wgmma_fence();
+      pv_local(o, pf, base + kK1Off);
+      wgmma_commit();
+      // O_R plus the even block's P (at the odd block's max) V_R.
+      bar_sync(kP0Ready, kThreads);
+      wgmma_fence();
+      pv_remote(o, base + kK0Off);
+      wgmma_commit();
+      bar_arrive(kP1Ready, kThreads);
+      wgmma_wait<1>();  // the odd block's V_R read
+      if (more) load(1, t1 + 2, 4, 8);
+      wgmma_wait<0>();  // the even block's V_R read
+      reg_fence(o);
+      if (more) {
+        load(0, t0 + 2, 4, 8);
+        // The next odd block's scores.
+        wgmma_fence();
+        qk(I<4>{}, I<8>{}, B<true>{}, s, my_buf, 8, next);
+        qk(I<0>{}, I<4>{}, B<false>{}, s, my_buf, 8, next);
+        wgmma_commit();
+        wgmma_wait<0>();
+        reg_fence(s);
       }
     }
-    float alpha[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(kFull, mx[r], 1));
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(kFull, mx[r], 2));
-      alpha[r] = 1.0f;
-      if (mx[r] > m_run[r] + kLazy) {    // always at the first tile (m_run = -inf)
-        alpha[r] = ex2(m_run[r] - mx[r]);  // m_run = -inf: 0
-        m_run[r] = mx[r];
-        l[r] *= alpha[r];
-      }
-    }
-    uint32_t pf[8][2];
-#pragma unroll
-    for (int c = 0; c < 8; ++c) {
-      const float p0 = ex2(s[4 * c] - m_run[0]), p1 = ex2(s[4 * c + 1] - m_run[0]);
-      const float p2 = ex2(s[4 * c + 2] - m_run[1]), p3 = ex2(s[4 * c + 3] - m_run[1]);
-      pf[c][0] = pack_bf16x2(p0, p1);
-      pf[c][1] = pack_bf16x2(p2, p3);
-      l[0] += bf16x2_sum(pf[c][0]);  // the sums of what the PV product multiplies
-      l[1] += bf16x2_sum(pf[c][1]);
-    }
-    if (__any_sync(kFull, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
-#pragma unroll
-      for (int i = 0; i < 128; ++i) o[i] *= alpha[(i >> 1) & 1];
-    }
-
-    // ---- O_g += P C_t[:, columns of g]
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk) {
-      const uint32_t af[4] = {pf[2 * kk][0], pf[2 * kk][1], pf[2 * kk + 1][0], pf[2 * kk + 1][1]};
-      wgmma_rs_n256_tb(o, af, smem_desc(base + static_cast<uint32_t>((t % kStages) * kStage +
-                                                                     wg * 4 * kSub + kk * 2048),
-                                        kSub, 1024));
-    }
-    wgmma_commit();
-    wgmma_wait<0>();
-    reg_fence(o);
   }
 
   // The combine (a programmatic dependent) may be scheduled now; it waits for this whole grid.
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 
-  float L[2];  // the same in both warpgroups
+  // The row sums: each warpgroup's over its quads, then both through shared memory.
+  float* sl = reinterpret_cast<float*>(smem + kLOff);
+  float L[2], m[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     L[r] = l[r];
     L[r] += __shfl_xor_sync(kFull, L[r], 1);
     L[r] += __shfl_xor_sync(kFull, L[r], 2);
+    if (tq == 0) sl[wg * kH + head0 + 8 * r] = L[r];
+  }
+  __syncthreads();
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    L[r] = sl[head0 + 8 * r] + sl[kH + head0 + 8 * r];
+    m[r] = sm[head0 + 8 * r];
   }
   const int col0 = wg * 256 + 2 * tq;
   if (nsb == 1) {
@@ -365,7 +538,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             make_float2(o[4 * j + 2 * r], o[4 * j + 2 * r + 1]);
       }
       if (wg == 0 && tq == 0) {
-        a.pm[k0 + head0 + 8 * r] = m_run[r];
+        a.pm[k0 + head0 + 8 * r] = m[r];
         a.pl[k0 + head0 + 8 * r] = L[r];
       }
     }
