@@ -31,7 +31,7 @@
 // Loads: one tensor map per block (the template of launch_attention with the block's cache
 // address and row count n put in by tensormap.replace, copied to a global slot with a release
 // fence for the tensor-map proxy); 64 x 64 boxes in the 128-byte swizzle (the wgmma layout of
-// cuda/mla_sm90.cuh's descriptors); rows past n arrive as zeros (rows past t_kv may hold
+// cuda/mla_sm90.cuh's descriptors) under an L2 evict-first policy (each row is read once); rows past n arrive as zeros (rows past t_kv may hold
 // anything, NaN in the tests; rows of the next split are finite and masked).
 // Shared memory (1024-aligned base): the query bf16 [64 heads][512] (64 KiB, converted from
 // q_lat's f32 by the block), the pair's two blocks (2 x 64 KiB), the two P [64 heads][64 rows]
@@ -42,8 +42,8 @@
 // whole-block stages and a softmax per warpgroup (0.574 of copy); session 5-17's column split
 // (Q in registers, three stages, the partial scores exchanged and the softmax in both
 // warpgroups) reached 0.65; FlashMLA's kernel, measured beside it, 0.80 over its 576-column
-// rows. This one: 0.713 / 0.724 of copy at B 64 L 4096 / B 8 L 32768 with the combine
-// (results/2026-12-04-h200-s18-mla-decode-seesaw.jsonl).
+// rows. This one: 0.725 / 0.732 of copy at B 64 L 4096 / B 8 L 32768 with the combine
+// (results/2026-12-04-h200-s18-mla-decode-evict-first.jsonl).
 //
 // Splits are chosen by cuda/mla_decode.cu. Sequences with several active splits write partials
 // [B, nsplit, 64, 512] f32 (+ m, l) that mla_combine_kernel merges, launched as a programmatic
@@ -160,12 +160,20 @@ __device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
 // Box (64 columns from col, 64 rows from row) of the map into shared memory, 128-byte swizzled;
 // rows past the map's row count arrive as zeros.
 __device__ __forceinline__ void tma_load_2d(uint32_t dst, const void* gmap, uint32_t bar, int col,
-                                            int row) {
+                                            int row, uint64_t policy) {
   asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes "
-      "[%0], [%1, {%3, %4}], [%2];\n" ::"r"(dst),
-      "l"(gmap), "r"(bar), "r"(col), "r"(row)
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint "
+      "[%0], [%1, {%3, %4}], [%2], %5;\n" ::"r"(dst),
+      "l"(gmap), "r"(bar), "r"(col), "r"(row), "l"(policy)
       : "memory");
+}
+
+// An L2 policy that evicts the lines it fills first: each cache row is read once, so it should
+// not push out what is read again (the query, the partials, the next kernel's weights).
+__device__ __forceinline__ uint64_t evict_first_policy() {
+  uint64_t p;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(p));
+  return p;
 }
 
 // Compile-time arguments of the kernel's lambdas.
@@ -299,12 +307,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (wt == 0) map_acquire(gmap);
   // Boxes [c0, c1) of block t into buffer buf, each on its own barrier (thread wt == 0 of the
   // calling warpgroup issues them).
+  const uint64_t policy = evict_first_policy();
   auto load = [&](int buf, int t, int c0, int c1) {
     if (wt != 0) return;
     for (int c = c0; c < c1; ++c) {
       const uint32_t bar = bar_s + 8 * (buf * 8 + c);
       mbar_expect_tx(bar, kSub);
-      tma_load_2d(base + kK0Off + buf * kBlk + c * kSub, gmap, bar, c * 64, begin + t * kTile);
+      tma_load_2d(base + kK0Off + buf * kBlk + c * kSub, gmap, bar, c * 64, begin + t * kTile,
+                  policy);
     }
   };
   // Pair 0: warpgroup g requests boxes [4 g, 4 g + 4) of both blocks, as in the loop below.
