@@ -31,8 +31,9 @@
 // Loads: one tensor map per block (the template of launch_attention with the block's cache
 // address and row count n put in by tensormap.replace, copied to a global slot with a release
 // fence for the tensor-map proxy); 64 x 64 boxes in the 128-byte swizzle (the wgmma layout of
-// cuda/mla_sm90.cuh's descriptors) under an L2 evict-first policy (each row is read once); rows past n arrive as zeros (rows past t_kv may hold
-// anything, NaN in the tests; rows of the next split are finite and masked).
+// cuda/mla_sm90.cuh's descriptors) under an L2 evict-first policy (each row is read once);
+// rows past n arrive as zeros (rows past t_kv may hold anything, NaN in the tests; rows of the
+// next split are finite and masked).
 // Shared memory (1024-aligned base): the query bf16 [64 heads][512] (64 KiB, converted from
 // q_lat's f32 by the block), the pair's two blocks (2 x 64 KiB), the two P [64 heads][64 rows]
 // bf16 (2 x 8 KiB), m, the two factors and the epilogue's row sums, the block's tensor map and
