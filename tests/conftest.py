@@ -6,7 +6,17 @@ A test marked ``@pytest.mark.cuda`` skips, with the reason, where no CUDA device
 
 from __future__ import annotations
 
+import os
+
 import pytest
+
+# Under pytest-xdist each worker's numpy would start a BLAS thread per core: 8 workers on the
+# H200 machine's 16 cores ran the numpy references of test_cuda_mla_prefill_tc.py past a 300 s
+# limit (session 18), where two threads a worker finish the CUDA suite in 73 s. Set before any
+# test module imports numpy; an explicit setting wins.
+if "PYTEST_XDIST_WORKER" in os.environ:
+    for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(_var, "2")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
