@@ -508,3 +508,53 @@ def test_mla_decode_forms_take_one_array_of_caches():
         _core.mla_latent_append_decode(rows, ro, [0, 0, 0])
     assert _code(_core.mla_latent_append_decode, rows, one, [2, 9, 0]) == S.CONTRACT_RANGE
     np.testing.assert_array_equal(one, before)
+
+
+def test_mla_decode_caches_live_for_the_call_and_are_checked():
+    """The op holds every cache it was handed until it returns: a sequence whose items are fresh
+    arrays, or an object whose __dlpack__ exports a temporary, gives the list form's bytes (their
+    memory was freed mid-call before). An endless sequence stops at B + 1 items with a named
+    error; a read-only memoryview is refused for the append, and nothing is written."""
+    B, L, H, R = 4, 64, 2, 16
+    g = rng(5)
+    pool = g.standard_normal((B, L, R))  # float64: every float32 view below is a fresh array
+    q = f32(g.standard_normal((B, H, R)))
+    t = [L, 3, 0, 40]
+    want = _core.mla_attn_decode(q, [f32(pool[b]) for b in range(B)], t, scale=0.25)
+
+    class Fresh:
+        def __len__(self):
+            return B
+
+        def __getitem__(self, b):
+            if b >= B:
+                raise IndexError
+            return f32(pool[b])
+
+    class Temporary:
+        def __dlpack__(self, **kw):
+            return f32(pool).__dlpack__(**kw)
+
+        def __dlpack_device__(self):
+            return (1, 0)
+
+    np.testing.assert_array_equal(_core.mla_attn_decode(q, Fresh(), t, scale=0.25), want)
+    np.testing.assert_array_equal(_core.mla_attn_decode(q, Temporary(), t, scale=0.25), want)
+
+    class Endless:
+        def __len__(self):
+            return B
+
+        def __getitem__(self, b):
+            return f32(pool[0])
+
+    assert _code(_core.mla_attn_decode, q, Endless(), t, scale=0.25) == S.CONTRACT_SHAPE
+    frozen = f32(np.zeros((L, R)))
+    frozen.flags.writeable = False
+    mv = memoryview(frozen)
+    rows = f32(np.ones((2, R)))
+    assert _code(_core.mla_latent_append_decode, rows, [mv, mv], [0, 1]) == S.CONTRACT_VALUE
+    one = f32(np.zeros((2, L, R)))  # a writable memoryview of one array [B, L, W] is taken
+    _core.mla_latent_append_decode(rows, memoryview(one), [0, 1])
+    np.testing.assert_array_equal(one[0, 0], rows[0])
+    np.testing.assert_array_equal(frozen, 0.0)

@@ -32,6 +32,7 @@ size_t z(int64_t n) { return static_cast<size_t>(n); }
 // is sequence b's cache (one DLPack import where a list costs one per sequence). W == -1: any
 // width, the same for all.
 struct CacheList {
+  std::vector<AnyArray> keep;  // the arrays themselves: their memory lives until the op returns
   std::vector<const void*> data;
   std::vector<int64_t> rows;
   int64_t W = -1;
@@ -42,12 +43,14 @@ struct CacheList {
 CacheList cache_list_arg(const Engine* engine, nb::handle caches, int64_t B, const char* op,
                          bool writable = false) {
   CacheList c;
-  if (nb::hasattr(caches, "__dlpack__")) {  // one array [B, L, W]
+  if (nb::hasattr(caches, "__dlpack__") || PyObject_CheckBuffer(caches.ptr())) {  // one array
     AnyArray a;
-    if (!nb::try_cast(caches, a)) {
+    if (!nb::try_cast(caches, a) || !a.refusal().empty()) {
       raise_contract(kContractDType, std::string(op) + ": argument 'caches' must be an array "
                                          "[B, L, W] or a list of B arrays [L_b, W], got " +
-                                         std::string(nb::type_name(caches.type()).c_str()));
+                                         (a.refusal().empty()
+                                              ? std::string(nb::type_name(caches.type()).c_str())
+                                              : a.refusal()));
     }
     if (a.ndim() != 3) {
       raise_contract(kContractShape, std::string(op) + ": caches has shape " + shape_str(a) +
@@ -70,6 +73,7 @@ CacheList cache_list_arg(const Engine* engine, nb::handle caches, int64_t B, con
       c.data.push_back(base + b * step);
       c.rows.push_back(L);
     }
+    c.keep.push_back(std::move(a));
     return c;
   }
   if (!nb::isinstance<nb::sequence>(caches) || nb::isinstance<nb::str>(caches)) {
@@ -80,6 +84,10 @@ CacheList cache_list_arg(const Engine* engine, nb::handle caches, int64_t B, con
   }
   int64_t b = 0;
   for (nb::handle h : caches) {
+    if (b >= B) {  // checked as it goes: an endless sequence must not run forever
+      raise_contract(kContractShape, std::string(op) + ": more than " + std::to_string(B) +
+                                         " caches for B=" + std::to_string(B) + " sequences");
+    }
     const std::string name = "caches[" + std::to_string(b) + "]";
     AnyArray a;
     if (!nb::try_cast(h, a)) {
@@ -106,6 +114,7 @@ CacheList cache_list_arg(const Engine* engine, nb::handle caches, int64_t B, con
     c.W = dim(a, 1);
     c.data.push_back(ptr);
     c.rows.push_back(dim(a, 0));
+    c.keep.push_back(std::move(a));
     ++b;
   }
   if (b != B) {

@@ -183,6 +183,10 @@ void check_weight_2d(const DeviceWeight& w, const char* op, const char* name, in
 }
 
 void require_writable(nb::handle obj, const char* op, const char* name) {
+  if (PyMemoryView_Check(obj.ptr()) && PyMemoryView_GET_BUFFER(obj.ptr())->readonly) {
+    raise_contract(kContractValue, std::string(op) + ": argument '" + name +
+                                       "' is written in place but is a read-only memoryview");
+  }
   if (!nb::hasattr(obj, "flags")) return;  // torch / cupy / memra.DeviceArray: writable
   nb::object flags = obj.attr("flags");
   if (nb::hasattr(flags, "writeable") && !nb::cast<bool>(flags.attr("writeable"))) {
