@@ -27,10 +27,12 @@ bf16 cache (max |diff| / max |ref|, all B sequences); max_rel_err: memra vs the 
 both in turn (the peer once per shape, its figures repeated on each line), "default" the
 engine's default; `variant` in each line says which. --tc-mt / --split-tiles set
 KernelOptions.mla_tc_mt / mla_split_tiles (the mma.sync arm's head tiles a block, 64-row tiles a
-split; 0 = chosen by the op); `options` in each line gives the engine's non-default fields.
+split; 0 = chosen by the op); --merge sets KernelOptions.mla_merge (the wgmma arm's split merge:
+1 combine launch, 2 cluster, 3 grid barrier; 0 = chosen by the op); `options` in each line gives
+the engine's non-default fields.
 
     python3 benchmarks/bench_mla_decode.py [--quick] [--per-sequence] [--profile-calls N]
-        [--variant all] [--tc-mt 2|4] [--split-tiles N]
+        [--variant all] [--tc-mt 2|4] [--split-tiles N] [--merge 0|1|2|3]
 """
 
 from __future__ import annotations
@@ -106,11 +108,13 @@ def main() -> int:
     p.add_argument("--tc-mt", type=int, default=0, help="KernelOptions.mla_tc_mt: 2 or 4 (0: by B)")
     p.add_argument("--split-tiles", type=int, default=0,
                    help="KernelOptions.mla_split_tiles: 64-row tiles a split (0: the cost model)")
+    p.add_argument("--merge", type=int, default=0,
+                   help="KernelOptions.mla_merge: 1 combine, 2 cluster, 3 grid barrier (0: chosen)")
     args = p.parse_args()
     import memra
     from memra import _core
 
-    base = dict(mla_tc_mt=args.tc_mt, mla_split_tiles=args.split_tiles)
+    base = dict(mla_tc_mt=args.tc_mt, mla_split_tiles=args.split_tiles, mla_merge=args.merge)
     b = Bench(args, "mla_decode", kernel_options=memra.KernelOptions(**base))
     torch = b.torch
     engines = {"default": b.engine}

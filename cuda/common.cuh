@@ -251,8 +251,16 @@ __device__ __forceinline__ void pdl_trigger() {
 // "The last block finishes": a grid whose blocks each write partial results, and whose final
 // step (a fixed-order reduction of those partials) runs in the block that arrives last, in the
 // same launch, instead of in a second kernel. Each kernel family owns one counter of
-// MemraCudaCtx::tickets (zero between launches).
-enum Ticket : int { kTicketMhcSite = 0, kTicketMoeRoute, kTicketCount };
+// MemraCudaCtx::tickets (zero between launches). The batched MLA decode's grid merge
+// (cuda/mla_decode_sm90.cuh, kMergeGrid) owns a pair of counters for each of up to
+// kMlaDecodeSeqs sequences.
+constexpr int kMlaDecodeSeqs = 256;
+enum Ticket : int {
+  kTicketMhcSite = 0,
+  kTicketMoeRoute,
+  kTicketMlaDecode,
+  kTicketCount = kTicketMlaDecode + 2 * kMlaDecodeSeqs
+};
 
 // Every thread of every block calls it once, after the global stores the finishing block will
 // read. Returns true in exactly one block: the last to arrive, which then sees every block's

@@ -39,16 +39,10 @@
 // bf16 (2 x 8 KiB), m, the two factors and the epilogue's row sums, the block's tensor map and
 // 16 mbarriers: 210.5 KiB with the alignment slack.
 //
-// Why this shape (docs/kernels.md "MLA"): session 5's alternate-block kernel had cp.async, two
-// whole-block stages and a softmax per warpgroup (0.574 of copy); session 5-17's column split
-// (Q in registers, three stages, the partial scores exchanged and the softmax in both
-// warpgroups) reached 0.65; FlashMLA's kernel, measured beside it, 0.80 over its 576-column
-// rows. This one: 0.725 / 0.732 of copy at B 64 L 4096 / B 8 L 32768 with the combine
-// (results/2026-12-04-h200-s18-mla-decode-evict-first.jsonl).
+// Why this shape: docs/kernels.md "MLA" (the kernels before it and FlashMLA's, measured).
 //
-// Splits are chosen by cuda/mla_decode.cu. Sequences with several active splits write partials
-// [B, nsplit, 64, 512] f32 (+ m, l) that mla_combine_kernel merges, launched as a programmatic
-// dependent of the attention grid so its launch overlaps that grid's tail.
+// Splits are chosen by cuda/mla_decode.cu, how they merge by cuda/mla_decode_sm90_launch.cu
+// (Merge in mla_decode_sm90.cuh: in a cluster, at a grid barrier, or by a combine launch).
 //
 // Precision: as the mma.sync kernel of cuda/mla_decode_tc.cu (q and p rounded to bf16, scores,
 // softmax statistics and accumulation in f32, sums over the rounded p); the order of the f32
@@ -60,54 +54,163 @@
 #include <cstring>
 
 #include "common.cuh"
+#include "mla_decode_sm90.cuh"
 #include "mla_sm90.cuh"
 
-using memra::cuda::launch_status;
-using memra::cuda::Scratch;
 using memra::cuda::smem_u32;
-using memra::cuda::status_of;
+using namespace memra::cuda::mla_sm90;
 
 namespace {
 
-struct Sm90Args {
-  const float* q_lat;         // [B, 64, 512] f32, 16-byte aligned
-  const void* const* caches;  // [B] device pointers to bf16 rows of 512, 16-byte aligned
-  const int32_t* t_kv;        // [B] rows visible to each sequence, clamped to [0, max_t_kv]
-  int max_t_kv;
-  int chunk;                  // rows per split, a multiple of the tile
-  int nsplit;                 // splits in the grid
-  float scale;
-  float* o_lat;               // [B, 64, 512] f32, 16-byte aligned
-  float* po;                  // partials [B, nsplit, 64, 512] (nsplit > 1)
-  float* pm;                  // [B, nsplit, 64] running max, log2 domain
-  float* pl;                  // [B, nsplit, 64] sum of the rounded p
-};
-
-constexpr int kH = 64;
-constexpr int kR = 512;
-constexpr int kThreads = 256;
-constexpr int kSub = kTile * 128;          // one 64-column box of a block (8 KiB)
-constexpr int kBlk = 8 * kSub;             // a block: 64 rows x 512 columns (64 KiB)
-constexpr int kQOff = 0;                   // the query, bf16, 8 boxes of [64 heads][64]
-constexpr int kK0Off = kBlk;               // the pair's even block
-constexpr int kK1Off = 2 * kBlk;           // the pair's odd block
-constexpr int kP0Off = 3 * kBlk;           // P of the even block (bf16 [64 heads][64 rows])
-constexpr int kP1Off = kP0Off + kSub;      // P of the odd block
-constexpr int kMOff = kP1Off + kSub;       // running max [64] (log2 units)
-constexpr int kS0Off = kMOff + 4 * 64;     // the even block's rescale factors [64]
-constexpr int kS1Off = kS0Off + 4 * 64;    // the odd block's [64]
-constexpr int kLOff = kS1Off + 4 * 64;     // row sums [2 warpgroups][64] (the epilogue)
-constexpr int kMapOff = kLOff + 4 * 128;   // this block's tensor map (128 bytes)
-constexpr int kBarOff = kMapOff + 128;     // mbarriers [2 buffers][8 boxes]
-constexpr int kBytes = kBarOff + 16 * 8 + 1024;
-constexpr int kCombineHeads = 4;  // heads per combine block (one warp each)
-constexpr int kMaxSplits = 1024;  // combine weights in shared memory: 4 x 4 KiB at most
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kMInit = -1e30f;  // the running max before any row (finite: 2^(-inf - m) = 0)
 // Named barriers, one-way hand-overs between the warpgroups (one arrives, the other waits).
 enum : int { kScale0 = 1, kScale1 = 2, kP0Ready = 3, kP1Ready = 4 };
+static_assert(kTile == kTileRows, "one tile size");
 
-// Block (split blockIdx.x, sequence blockIdx.y). See the file comment.
+// A split's O, m and L for merge_heads: in the cluster's shared memory (kMergeCluster; the
+// addresses are this block's, mapped to block q's) ...
+struct ClusterSrc {
+  uint32_t m_addr, l_addr, o_addr;  // [64] m, [64] L, [64][kOStride] O
+  __device__ float m(int q, int h) const { return ld_cluster_f32(m_addr + 4 * h, q); }
+  __device__ float l(int q, int h) const { return ld_cluster_f32(l_addr + 4 * h, q); }
+  __device__ float4 v4(int q, int h, int c4) const {
+    return ld_cluster_v4(o_addr + 4 * (h * kOStride + 4 * c4), q);
+  }
+};
+// ... or in the partials (kMergeGrid), read through L2: other SMs wrote them in this launch.
+struct GlobalSrc {
+  const float *po, *pm, *pl;
+  int64_t k0;  // (b * nsplit) * 64: split q's head h at k0 + q * 64 + h
+  __device__ float m(int q, int h) const { return __ldcg(pm + k0 + q * kH + h); }
+  __device__ float l(int q, int h) const { return __ldcg(pl + k0 + q * kH + h); }
+  __device__ float4 v4(int q, int h, int c4) const {
+    return __ldcg(reinterpret_cast<const float4*>(po + (k0 + q * kH + h) * kR) + c4);
+  }
+};
+
+// merge_heads' sums: out[h0 + hl][c] = (sum_q w[hl][q] O_q[h0 + hl][c]) / L[hl] over the nh
+// heads, q ascending; wt: [nh][nsb + 1] (the weights, then 1 / L). kU float4 a thread at a time
+// (columns i0 + u * kThreads), their loads for kQ splits issued before their sums.
+template <int kU, int kQ, class Src>
+__device__ __forceinline__ void merge_sums(const Src& src, int h0, int nh, int nsb,
+                                           const float* wt, float* out, int tid) {
+  const int stride = nsb + 1;
+  float4* out4 = reinterpret_cast<float4*>(out);
+  const int total = nh * (kR / 4);
+  for (int i0 = tid; i0 < total; i0 += kThreads * kU) {
+    float4 acc[kU];
+#pragma unroll
+    for (int u = 0; u < kU; ++u) acc[u] = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int q0 = 0; q0 < nsb; q0 += kQ) {
+      float4 v[kQ][kU];
+#pragma unroll
+      for (int j = 0; j < kQ; ++j) {
+#pragma unroll
+        for (int u = 0; u < kU; ++u) {
+          const int i = i0 + u * kThreads;
+          v[j][u] = i < total && q0 + j < nsb ? src.v4(q0 + j, h0 + i / (kR / 4), i % (kR / 4))
+                                              : make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < kQ; ++j) {
+#pragma unroll
+        for (int u = 0; u < kU; ++u) {
+          const int i = min(i0 + u * kThreads, total - 1);
+          const float w = q0 + j < nsb ? wt[(i / (kR / 4)) * stride + q0 + j] : 0.0f;
+          acc[u].x = fmaf(w, v[j][u].x, acc[u].x);
+          acc[u].y = fmaf(w, v[j][u].y, acc[u].y);
+          acc[u].z = fmaf(w, v[j][u].z, acc[u].z);
+          acc[u].w = fmaf(w, v[j][u].w, acc[u].w);
+        }
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      const int i = i0 + u * kThreads;
+      if (i < total) {
+        const int hl = i / (kR / 4);
+        const float inv = wt[hl * stride + nsb];
+        out4[(h0 + hl) * (kR / 4) + i % (kR / 4)] =
+            make_float4(acc[u].x * inv, acc[u].y * inv, acc[u].z * inv, acc[u].w * inv);
+      }
+    }
+  }
+}
+
+// Heads [h0, h1) of a sequence merged over its active splits q < nsb (Merge's formula, q
+// ascending) into out [64][512]; wt: shared scratch of (h1 - h0) x (3 nsb + 1) floats. Every
+// thread of the block calls it.
+template <class Src>
+__device__ __forceinline__ void merge_heads(const Src& src, int h0, int h1, int nsb, float* wt,
+                                            float* out, int tid) {
+  // Every (head, split) m and L loaded at once (one thread each), then thread hl < h1 - h0
+  // forms head h0 + hl's weights from shared memory. wt: [nh][nsb + 1] weights and 1 / L, then
+  // the loaded m [nh * nsb] and L [nh * nsb].
+  const int nh = h1 - h0, stride = nsb + 1;
+  float* ms = wt + nh * stride;
+  float* ls = ms + nh * nsb;
+  for (int i = tid; i < nh * nsb; i += kThreads) {
+    const int hl = i / nsb, q = i % nsb;
+    ms[i] = src.m(q, h0 + hl);
+    ls[i] = src.l(q, h0 + hl);
+  }
+  __syncthreads();
+  if (tid < nh) {
+    float M = -INFINITY;
+    for (int q = 0; q < nsb; ++q) M = fmaxf(M, ms[tid * nsb + q]);
+    float Ls = 0.0f;
+    for (int q = 0; q < nsb; ++q) {
+      const float w = exp2f(ms[tid * nsb + q] - M);  // every active split saw a row: finite
+      wt[tid * stride + q] = w;
+      Ls = fmaf(w, ls[tid * nsb + q], Ls);
+    }
+    wt[tid * stride + nsb] = 1.0f / Ls;
+  }
+  __syncthreads();
+  // The sums: per (head, column) over q ascending. Latency-bound (L2 or another SM's shared
+  // memory a load), so a thread issues kQ x kU loads before their sums: kU columns of kQ splits
+  // (many columns a thread and few splits in a cluster, few and many in the grid merge).
+  if (nsb >= 8) {
+    merge_sums<2, 8>(src, h0, nh, nsb, wt, out, tid);
+  } else {
+    merge_sums<8, 2>(src, h0, nh, nsb, wt, out, tid);
+  }
+}
+
+// kMergeGrid: the nsb active blocks of a sequence meet here after writing their partials; t =
+// the sequence's [arrivals, departures]. The block's stores, then thread 0's release fence and
+// arrival (CUTLASS's semaphore pattern, as common.cuh's last_block); it spins on the arrivals
+// with acquire loads (every block of the grid is resident: the launch is cooperative); the
+// last block past the spin sets both counters back to 0 for the next launch.
+__device__ __forceinline__ void seq_barrier(unsigned* t, unsigned nsb) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    memra::cuda::fence_acq_rel_gpu();
+    atomicAdd(t, 1u);
+    for (;;) {
+      unsigned v;
+      asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(t) : "memory");
+      if (v >= nsb) break;
+      __nanosleep(32);
+    }
+    memra::cuda::fence_acq_rel_gpu();
+    if (atomicAdd(t + 1, 1u) == nsb - 1) {
+      atomicExch(t, 0u);
+      atomicExch(t + 1, 0u);
+    }
+  }
+  __syncthreads();
+}
+
+}  // namespace
+
+namespace memra::cuda::mla_sm90 {
+
+// Block (split blockIdx.x, sequence blockIdx.y). See the file comment; MERGE: how a sequence's
+// splits merge (Merge in mla_decode_sm90.cuh).
+template <int MERGE>
 __global__ void __launch_bounds__(kThreads, 1)
     mla_decode_wgmma_kernel(const Sm90Args a, const __grid_constant__ CUtensorMap tmpl,
                             unsigned char* maps) {
@@ -127,12 +230,28 @@ __global__ void __launch_bounds__(kThreads, 1)
     return;
   }
   const int begin = split * a.chunk;
-  if (begin >= n) return;
-  const int end = min(n, begin + a.chunk);
+  // A split past the sequence's rows: nothing to do, but in a cluster it still takes part in the
+  // merge's barriers (with no rows: O = 0, l = 0).
+  if (MERGE != kMergeCluster && begin >= n) return;
+  const int end = max(begin, min(n, begin + a.chunk));
   const int nsb = (n + a.chunk - 1) / a.chunk;
   const int ntiles = (end - begin + kTile - 1) / kTile;
   const int npairs = (ntiles + 1) / 2;  // an odd count's last odd block is all masked
   const __nv_bfloat16* cache = static_cast<const __nv_bfloat16*>(a.caches[b]);
+  // The query's f32 loads first, all of them in flight at once (128 registers, free until the
+  // accumulators start): one memory latency under the set-up below instead of a chain of them
+  // after it, in which the first blocks' loads were all the SM had in flight.
+  constexpr int kQSteps = kH * kR / 8 / kThreads;  // 8 columns (two float4) a step
+  float4 qv[2 * kQSteps];
+  {
+    const float4* q4 = reinterpret_cast<const float4*>(a.q_lat + static_cast<int64_t>(b) * kH * kR);
+#pragma unroll
+    for (int i = 0; i < kQSteps; ++i) {
+      const int qc = tid + kThreads * i;  // head qc / 64, columns 8 (qc % 64) ..
+      qv[2 * i] = __ldg(q4 + 2 * qc);
+      qv[2 * i + 1] = __ldg(q4 + 2 * qc + 1);
+    }
+  }
 
   const int wg = tid >> 7, wt = tid & 127;
   const int lane = tid & 31, tq = lane & 3;
@@ -167,22 +286,21 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   };
   // Pair 0: warpgroup g requests boxes [4 g, 4 g + 4) of both blocks, as in the loop below.
-  load(0, 0, 4 * wg, 4 * wg + 4);
-  load(1, 1, 4 * wg, 4 * wg + 4);
+  if (npairs > 0) {
+    load(0, 0, 4 * wg, 4 * wg + 4);
+    load(1, 1, 4 * wg, 4 * wg + 4);
+  }
 
   // The query as bf16 in shared memory, 8 boxes of [64 heads][64 columns] in the 128-byte
-  // swizzle (the A operand of the QK products): 8 columns (two float4) a step.
-  {
-    const float4* q4 = reinterpret_cast<const float4*>(a.q_lat + static_cast<int64_t>(b) * kH * kR);
-#pragma unroll 4
-    for (int i = 0; i < kH * kR / 8 / kThreads; ++i) {
-      const int qc = tid + kThreads * i;  // head qc / 64, columns 8 (qc % 64) ..
-      const int r = qc >> 6, cc = qc & 63;
-      const float4 v0 = __ldg(q4 + 2 * qc), v1 = __ldg(q4 + 2 * qc + 1);
-      st_shared_v4(base + kQOff + (cc >> 3) * kSub + r * 128 + (((cc & 7) ^ (r & 7)) << 4),
-                   pack_bf16x2(v0.x, v0.y), pack_bf16x2(v0.z, v0.w), pack_bf16x2(v1.x, v1.y),
-                   pack_bf16x2(v1.z, v1.w));
-    }
+  // swizzle (the A operand of the QK products).
+#pragma unroll
+  for (int i = 0; i < kQSteps; ++i) {
+    const int qc = tid + kThreads * i;
+    const int r = qc >> 6, cc = qc & 63;
+    const float4 v0 = qv[2 * i], v1 = qv[2 * i + 1];
+    st_shared_v4(base + kQOff + (cc >> 3) * kSub + r * 128 + (((cc & 7) ^ (r & 7)) << 4),
+                 pack_bf16x2(v0.x, v0.y), pack_bf16x2(v0.z, v0.w), pack_bf16x2(v1.x, v1.y),
+                 pack_bf16x2(v1.z, v1.w));
   }
   fence_proxy_async_smem();  // the query's generic stores before the wgmma reads them
   __syncthreads();
@@ -249,11 +367,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint32_t pf[8][2];
 
   // Pair 0's scores: warpgroup 0 the even block, warpgroup 1 the odd one.
-  wgmma_fence();
-  qk(I<0>{}, I<8>{}, B<true>{}, s, my_buf, 8 * wg, 0);
-  wgmma_commit();
-  wgmma_wait<0>();
-  reg_fence(s);
+  if (npairs > 0) {
+    wgmma_fence();
+    qk(I<0>{}, I<8>{}, B<true>{}, s, my_buf, 8 * wg, 0);
+    wgmma_commit();
+    wgmma_wait<0>();
+    reg_fence(s);
+  }
 
 #pragma unroll 1
   for (int j = 0; j < npairs; ++j) {
@@ -354,7 +474,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   }
 
-  // The combine (a programmatic dependent) may be scheduled now; it waits for this whole grid.
+  // The combine (a programmatic dependent) may be scheduled now; it waits for this whole grid
+  // (which, being launched, is resident: kMergeGrid's barrier waits on no block of it).
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 
   // The row sums: each warpgroup's over its quads, then both through shared memory.
@@ -374,6 +495,27 @@ __global__ void __launch_bounds__(kThreads, 1)
     m[r] = sm[head0 + 8 * r];
   }
   const int col0 = wg * 256 + 2 * tq;
+  if constexpr (MERGE == kMergeCluster) {
+    // This block's O (unnormalised; [64 heads][kOStride] f32 over the query's and the blocks'
+    // space, all read for the last time), m (already in sm) and L (into ss0, free now).
+    const uint32_t so = base + kQOff;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const uint32_t row = so + 4 * ((head0 + 8 * r) * kOStride + col0);
+#pragma unroll
+      for (int j = 0; j < 32; ++j) {
+        st_shared_v2(row + 32 * j, o[4 * j + 2 * r], o[4 * j + 2 * r + 1]);
+      }
+      if (wg == 0 && tq == 0) ss0[head0 + 8 * r] = L[r];
+    }
+    cluster_sync_all();
+    const int h0 = split * kH / a.nsplit, h1 = (split + 1) * kH / a.nsplit;
+    merge_heads(ClusterSrc{smem_u32(sm), smem_u32(ss0), so}, h0, h1, nsb,
+                reinterpret_cast<float*>(smem + kP0Off),
+                a.o_lat + static_cast<int64_t>(b) * kH * kR, tid);
+    cluster_sync_all();  // the peers' O stays until every block of the cluster has read it
+    return;
+  }
   if (nsb == 1) {
     float* out = a.o_lat + static_cast<int64_t>(b) * kH * kR;
 #pragma unroll
@@ -401,158 +543,20 @@ __global__ void __launch_bounds__(kThreads, 1)
         a.pl[k0 + head0 + 8 * r] = L[r];
       }
     }
-  }
-}
-
-// ---------------------------------------------------------------- combine
-
-// Block (head group blockIdx.x of 4 heads, sequence blockIdx.y), 128 threads: merges the active
-// splits of a sequence with at least two. Warp w computes head h0 + w's weights
-// w_s = exp2(m_s - max m) and 1 / sum_s w_s l_s; thread t then writes columns 4t .. 4t + 3 of
-// the 4 heads. Shared: weights [4][nsplit] + inverse sums [4].
-__global__ void __launch_bounds__(128) mla_combine_kernel(const Sm90Args a) {
-  // Launched as a programmatic dependent: wait until the attention grid has completed and its
-  // writes are visible (returns at once for an ordinary launch).
-  memra::cuda::pdl_wait();
-  memra::cuda::pdl_trigger();
-  extern __shared__ float wsm[];
-  const int b = blockIdx.y, h0 = blockIdx.x * kCombineHeads;
-  const int n = min(max(a.t_kv[b], 0), a.max_t_kv);
-  const int nsb = n > 0 ? (n + a.chunk - 1) / a.chunk : 0;
-  if (nsb <= 1) return;
-  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  const int ns = a.nsplit;
-  float* inv_l = wsm + kCombineHeads * ns;
-  {
-    const int h = h0 + warp;
-    const int64_t k = static_cast<int64_t>(b) * ns * kH + h;  // split s at k + s * kH
-    float M = -INFINITY;
-    for (int s = lane; s < nsb; s += 32) M = fmaxf(M, a.pm[k + s * kH]);
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) M = fmaxf(M, __shfl_xor_sync(kFull, M, off));
-    float Ls = 0.0f;
-    for (int s = lane; s < nsb; s += 32) {
-      const float w = exp2f(a.pm[k + s * kH] - M);  // every active split saw a row: finite
-      wsm[warp * ns + s] = w;
-      Ls = fmaf(w, a.pl[k + s * kH], Ls);
-    }
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) Ls += __shfl_xor_sync(kFull, Ls, off);
-    if (lane == 0) inv_l[warp] = 1.0f / Ls;
-  }
-  __syncthreads();
-  float4 acc[kCombineHeads];
-#pragma unroll
-  for (int u = 0; u < kCombineHeads; ++u) acc[u] = make_float4(0.f, 0.f, 0.f, 0.f);
-  const float4* po = reinterpret_cast<const float4*>(a.po);
-#pragma unroll 2
-  for (int s = 0; s < nsb; ++s) {
-    const int64_t k = (static_cast<int64_t>(b) * ns + s) * kH + h0;
-#pragma unroll
-    for (int u = 0; u < kCombineHeads; ++u) {
-      const float w = wsm[u * ns + s];
-      const float4 v = __ldg(po + (k + u) * (kR / 4) + tid);
-      acc[u].x = fmaf(w, v.x, acc[u].x);
-      acc[u].y = fmaf(w, v.y, acc[u].y);
-      acc[u].z = fmaf(w, v.z, acc[u].z);
-      acc[u].w = fmaf(w, v.w, acc[u].w);
+    if constexpr (MERGE == kMergeGrid) {
+      seq_barrier(a.seq_tickets + 2 * b, static_cast<unsigned>(nsb));
+      const int h0 = split * kH / nsb, h1 = (split + 1) * kH / nsb;
+      merge_heads(GlobalSrc{a.po, a.pm, a.pl, static_cast<int64_t>(b) * a.nsplit * kH}, h0, h1,
+                  nsb, reinterpret_cast<float*>(smem + kP0Off),
+                  a.o_lat + static_cast<int64_t>(b) * kH * kR, tid);
     }
   }
-  float4* out = reinterpret_cast<float4*>(a.o_lat + (static_cast<int64_t>(b) * kH + h0) * kR);
-#pragma unroll
-  for (int u = 0; u < kCombineHeads; ++u) {
-    const float inv = inv_l[u];
-    out[u * (kR / 4) + tid] = make_float4(acc[u].x * inv, acc[u].y * inv, acc[u].z * inv,
-                                          acc[u].w * inv);
-  }
 }
 
-int launch_attention(MemraCudaCtx* ctx, const Sm90Args& a, int B) {
-  int optin = 0;
-  MEMRA_CUDA_RETURN_IF(status_of(
-      cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, ctx->device)));
-  if (kBytes > optin) return memra::kUnsupportedGeometry;
-  // cuTensorMapEncodeTiled through the runtime's driver entry point (no libcuda link).
-  static PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
-    void* fn = nullptr;
-    cudaDriverEntryPointQueryResult q{};
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault,
-                                         &q) != cudaSuccess ||
-        q != cudaDriverEntryPointSuccess) {
-      fn = nullptr;
-    }
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
-  }();
-  if (!encode) return memra::kUnsupportedGeometry;
-  // The template: bf16 [max_t_kv][512] rows of 1 KiB, 64 x 64 boxes, 128-byte swizzle; each block
-  // replaces the address (its sequence's cache; o_lat stands in here) and the row count.
-  CUtensorMap tmpl{};
-  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(kR), static_cast<cuuint64_t>(a.max_t_kv)};
-  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(kR) * 2};
-  const cuuint32_t box[2] = {64, static_cast<cuuint32_t>(kTile)};
-  const cuuint32_t elem[2] = {1, 1};
-  const CUresult rc = encode(&tmpl, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, a.o_lat, dims, strides,
-                             box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (rc != CUDA_SUCCESS) {
-    return memra::kUnsupportedGeometry;
-  }
-  Scratch maps(ctx, static_cast<size_t>(128) * a.nsplit * B);
-  MEMRA_CUDA_RETURN_IF(maps.status());
-  MEMRA_CUDA_RETURN_IF(status_of(cudaFuncSetAttribute(
-      mla_decode_wgmma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kBytes)));
-  const dim3 grid(static_cast<unsigned>(a.nsplit), static_cast<unsigned>(B));
-  memra::cuda::launch(ctx, true, mla_decode_wgmma_kernel, grid, dim3(kThreads), kBytes, a,
-                      tmpl, maps.as<unsigned char>());
-  return launch_status();
+KernelFn wgmma_kernel(int merge) {
+  return merge == kMergeCluster ? mla_decode_wgmma_kernel<kMergeCluster>
+         : merge == kMergeGrid  ? mla_decode_wgmma_kernel<kMergeGrid>
+                                : mla_decode_wgmma_kernel<kMergeCombine>;
 }
 
-}  // namespace
-
-namespace memra::cuda {
-
-int mla_decode_sm90_tile_rows() { return kTile; }
-
-int mla_decode_sm90_max_splits() { return kMaxSplits; }
-
-int mla_decode_sm90(MemraCudaCtx* ctx, const float* q_lat, const void* const* caches,
-                    const int32_t* t_kv, int B, int max_t_kv, int chunk, int nsplit, float scale,
-                    float* o_lat) {
-  // The plan's invariants (cuda/mla_decode.cu): whole tiles a split, the splits cover max_t_kv,
-  // one grid row a sequence.
-  if (B < 1 || B > 65535 || max_t_kv < 1 || nsplit < 1 || nsplit > kMaxSplits || chunk < kTile ||
-      chunk % kTile != 0 || static_cast<int64_t>(nsplit) * chunk < max_t_kv) {
-    return kContractValue;
-  }
-  Sm90Args a{};
-  a.q_lat = q_lat;
-  a.caches = caches;
-  a.t_kv = t_kv;
-  a.max_t_kv = max_t_kv;
-  a.chunk = chunk;
-  a.nsplit = nsplit;
-  a.scale = scale;
-  a.o_lat = o_lat;
-  const size_t n_part = static_cast<size_t>(B) * nsplit * kH;
-  Scratch part(ctx, nsplit > 1 ? sizeof(float) * n_part * (kR + 2) : 0);
-  MEMRA_CUDA_RETURN_IF(part.status());
-  if (nsplit > 1) {
-    a.po = part.as<float>();
-    a.pm = a.po + n_part * kR;
-    a.pl = a.pm + n_part;
-  }
-  const int rc = launch_attention(ctx, a, B);
-  if (rc != kOk) return rc;
-  if (nsplit > 1) {
-    // A programmatic dependent launch: the combine's launch overlaps the attention grid's tail
-    // (its blocks wait in griddepcontrol.wait); an ordinary launch where that is refused or
-    // KernelOptions::pdl is off.
-    const dim3 grid(kH / kCombineHeads, static_cast<unsigned>(B));
-    const size_t smem = sizeof(float) * kCombineHeads * (static_cast<size_t>(nsplit) + 1);
-    memra::cuda::launch(ctx, true, mla_combine_kernel, grid, dim3(128), smem, a);
-    MEMRA_CUDA_RETURN_IF(launch_status());
-  }
-  return kOk;
-}
-
-}  // namespace memra::cuda
+}  // namespace memra::cuda::mla_sm90

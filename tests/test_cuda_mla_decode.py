@@ -61,7 +61,7 @@ import pytest
 
 import memra
 from memra import _core
-from cuda_helpers import bf16_bits, bf16_round, engine_with, expect, f32, rng
+from cuda_helpers import bf16_bits, bf16_round, engine_with, expect, f32, kernel_names, rng
 
 pytestmark = pytest.mark.cuda
 
@@ -583,6 +583,49 @@ def test_wgmma_arm_is_selected(e, variant):
     np.testing.assert_array_equal(bt.gpu(e), bt.gpu(arm(1)))
 
 
+# The merge forms of KernelOptions.mla_merge, as the kernel census names them: the attention
+# kernel's template argument (cuda/mla_decode_sm90.cuh, Merge) and the combine launch.
+MERGE_FORM = {1: "<0>", 2: "<1>", 3: "<2>"}
+
+
+@pytest.mark.parametrize("B,L", [(64, 4096), (8, 4096), (2, 4096)])
+def test_wgmma_split_merges(B, L, tmp_path):
+    """A sequence's splits merged in each form KernelOptions.mla_merge selects (1 the combine
+    launch, 2 a thread-block cluster, 3 a grid barrier, 0 the choice) keep the bf16 limits
+    against the CPU; rows of various lengths (idle, one-split and partly-split sequences) share
+    the launch. On the H200 (132 SMs) these shapes plan 2, 16 and 64 splits: the cluster runs up
+    to 16 (the 8 clusters of 16 do not all fit at once: they run in two waves), 64 splits take
+    the combine instead; the grid barrier runs all three (128 blocks); the choice merges in the
+    grid, never by the combine, at all three."""
+    t_kv = [L if b % 3 else max(1, L // (b + 2)) for b in range(B)]
+    t_kv[-1] = 0
+    bt = Batch(t_kv, 64, 512, "bfloat16", seed=B + L)
+    want = bt.cpu()
+    torch = pytest.importorskip("torch", reason="the kernel census reads torch.profiler")
+    h200 = torch.cuda.get_device_properties(0).multi_processor_count == 132
+    for merge in (0, 1, 2, 3):
+        eng = engine_with(mla_merge=merge)
+        close_per_seq(bt.gpu(eng, max_t_kv=L), want, BF16_REL)
+        q, cs = eng.to_device(bt.q), bt.caches(eng)
+
+        def call():
+            _core.mla_attn_decode(q, cs, t_kv, scale=bt.scale, max_t_kv=L, engine=eng)
+            eng.synchronize()
+
+        names = " ".join(kernel_names(call, tmp_path / f"trace{merge}.json"))
+        assert "mla_decode_wgmma_kernel" in names, names
+        if not h200:
+            continue
+        combine = "mla_combine_kernel" in names
+        if merge == 0:
+            assert not combine, names
+        elif merge == 2 and B == 2:  # 64 splits: more than a cluster holds
+            assert combine and "mla_decode_wgmma_kernel<0>" in names, names
+        else:
+            assert combine == (merge == 1), names
+            assert "mla_decode_wgmma_kernel" + MERGE_FORM[merge] in names, names
+
+
 def test_wgmma_uniform_weights_isolate_pv(variant):
     """q = 0: every score is 0 and every weight exactly 1, so o = the mean of the visible rows
     whatever the QK product reads; a wrong row or column of the PV operand shows as O(1)."""
@@ -674,12 +717,12 @@ def test_wgmma_option_leaves_other_forms(variant):
 
 
 def test_sanitizer_wgmma_small_shapes():
-    """compute-sanitizer target for the wgmma arm: both variants, one split and many (+ combine),
-    idle and one-row sequences."""
+    """compute-sanitizer target for the wgmma arm: one split and many, every merge form (the
+    choice, the combine, the cluster, the grid barrier), idle and one-row sequences."""
     t_kv = [200, 0, 1, 65]
     bt = Batch(t_kv, 64, 512, "bfloat16", seed=92)
-    for v in WGMMA_VARIANTS:
-        eng = arm(v)
+    engines = [arm(v) for v in WGMMA_VARIANTS] + [engine_with(mla_merge=m) for m in (1, 2, 3)]
+    for eng in engines:
         bt.gpu(eng)
         bt.gpu(eng, t_kv=eng.to_device(np.array(t_kv, np.int32)), max_t_kv=205)
         eng.synchronize()

@@ -16,10 +16,10 @@ from memra import KernelOptions
 # The documented defaults (docs/options.md): the arms the A/B runs kept. Written out here, not
 # read from the class, so a changed default fails this test.
 DEFAULTS = dict(pdl=True, gemv=True, gemv_rows=0, gemv_tall_rows=0, mhc_defer=True,
-                mla_decode_variant=1, mla_tc_mt=0, mla_split_tiles=0, moe_grouped_min_t=2,
+                mla_decode_variant=1, mla_merge=0, mla_tc_mt=0, mla_split_tiles=0, moe_grouped_min_t=2,
                 attn_decode_unsplit=False, prefill_chunk=8192, moe_tensor_cores=True,
                 attn_prefill_tensor_cores=True)
-NUMERICS = {"gemv", "mla_decode_variant", "mla_tc_mt", "mla_split_tiles", "moe_grouped_min_t",
+NUMERICS = {"gemv", "mla_decode_variant", "mla_merge", "mla_tc_mt", "mla_split_tiles", "moe_grouped_min_t",
             "attn_decode_unsplit", "prefill_chunk", "moe_tensor_cores", "attn_prefill_tensor_cores"}
 
 
@@ -45,7 +45,7 @@ def test_every_field_says_whether_it_changes_numerics() -> None:
 
 GOOD = [dict(pdl=False), dict(gemv=False), dict(gemv_rows=1), dict(gemv_rows=8),
         dict(gemv_tall_rows=2), dict(mhc_defer=False), dict(mla_decode_variant=0),
-        dict(mla_tc_mt=4),
+        dict(mla_tc_mt=4), dict(mla_merge=1), dict(mla_merge=3),
         dict(mla_split_tiles=3),
         dict(moe_grouped_min_t=10**9), dict(gemv_rows=np.int32(4)), dict(attn_decode_unsplit=True),
         dict(prefill_chunk=0), dict(prefill_chunk=1), dict(moe_tensor_cores=False),
@@ -69,6 +69,7 @@ BAD = [
     (dict(gemv_tall_rows=5), "gemv_tall_rows"), (dict(mla_decode_variant=2), "mla_decode_variant"),
     (dict(mla_decode_variant=4), "mla_decode_variant"), (dict(mla_decode_variant=5), "mla_decode_variant"),
     (dict(mla_decode_variant=-1), "mla_decode_variant"), (dict(mla_tc_mt=1), "mla_tc_mt"),
+    (dict(mla_merge=4), "mla_merge"), (dict(mla_merge=-1), "mla_merge"), (dict(mla_merge=True), "mla_merge"),
     (dict(mla_tc_mt=8), "mla_tc_mt"), (dict(mla_split_tiles=-2), "mla_split_tiles"),
     (dict(mla_split_tiles=2**31), "mla_split_tiles"), (dict(moe_grouped_min_t=0), "moe_grouped_min_t"),
     (dict(mhc_defer=np.float32(1)), "mhc_defer"), (dict(attn_decode_unsplit=1), "attn_decode_unsplit"),

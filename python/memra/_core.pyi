@@ -620,10 +620,10 @@ class CudaGraph:
 
 class KernelOptions:
     """
-    The CUDA kernels' arms an Engine runs with, chosen once when it is made (Engine(..., options=), memra.load(..., kernel_options=)); immutable. Keyword construction; every field defaults to the arm the A/B runs kept (docs/options.md), so KernelOptions() changes nothing. Fields that change numerics (the logits' bytes): gemv, mla_decode_variant, mla_tc_mt, mla_split_tiles, moe_grouped_min_t, attn_decode_unsplit, prefill_chunk (on CUDA), moe_tensor_cores, attn_prefill_tensor_cores; pdl, gemv_rows, gemv_tall_rows and mhc_defer change only speed. An unknown field, a value of the wrong type (switches take bool or numpy's bool, the rest int) or out of its domain is a ContractError (40025) naming the field and the value. A CPU engine keeps the options and ignores them, except prefill_chunk.
+    The CUDA kernels' arms an Engine runs with, chosen once when it is made (Engine(..., options=), memra.load(..., kernel_options=)); immutable. Keyword construction; every field defaults to the arm the A/B runs kept (docs/options.md), so KernelOptions() changes nothing. Fields that change numerics (the logits' bytes): gemv, mla_decode_variant, mla_merge, mla_tc_mt, mla_split_tiles, moe_grouped_min_t, attn_decode_unsplit, prefill_chunk (on CUDA), moe_tensor_cores, attn_prefill_tensor_cores; pdl, gemv_rows, gemv_tall_rows and mhc_defer change only speed. An unknown field, a value of the wrong type (switches take bool or numpy's bool, the rest int) or out of its domain is a ContractError (40025) naming the field and the value. A CPU engine keeps the options and ignores them, except prefill_chunk.
     """
 
-    def __init__(self, *, pdl: bool = True, gemv: bool = True, gemv_rows: int = 0, gemv_tall_rows: int = 0, mhc_defer: bool = True, mla_decode_variant: int = 1, mla_tc_mt: int = 0, mla_split_tiles: int = 0, moe_grouped_min_t: int = 2, attn_decode_unsplit: bool = False, prefill_chunk: int = 8192, moe_tensor_cores: bool = True, attn_prefill_tensor_cores: bool = True) -> None: ...
+    def __init__(self, *, pdl: bool = True, gemv: bool = True, gemv_rows: int = 0, gemv_tall_rows: int = 0, mhc_defer: bool = True, mla_decode_variant: int = 1, mla_merge: int = 0, mla_tc_mt: int = 0, mla_split_tiles: int = 0, moe_grouped_min_t: int = 2, attn_decode_unsplit: bool = False, prefill_chunk: int = 8192, moe_tensor_cores: bool = True, attn_prefill_tensor_cores: bool = True) -> None: ...
 
     def replace(self, **fields: bool | int) -> KernelOptions:
         """
@@ -676,7 +676,13 @@ class KernelOptions:
     @property
     def mla_decode_variant(self) -> int:
         """
-        Changes numerics. The MLA decode kernel over a dense bfloat16 cache at 64 heads and rank 512: 1 the sm_90a wgmma kernel (warpgroups split the columns, three 64-row TMA stages), 0 the mma.sync kernel that every other shape runs.
+        Changes numerics. The MLA decode kernel over a dense bfloat16 cache at 64 heads and rank 512: 1 the sm_90a wgmma kernel (FlashMLA's seesaw schedule, 64-row TMA blocks), 0 the mma.sync kernel that every other shape runs.
+        """
+
+    @property
+    def mla_merge(self) -> int:
+        """
+        Changes numerics (last bits). How the wgmma MLA decode kernel merges a sequence's splits: 0 chooses (a thread-block cluster where every sequence's cluster is resident at once, else a grid barrier where the whole grid is, else a second, combine launch); 1 the combine launch; 2 the cluster (up to 16 splits, more take the combine); 3 the grid barrier (where the whole grid is resident, else the combine).
         """
 
     @property

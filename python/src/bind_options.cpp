@@ -45,8 +45,14 @@ const Field kFields[] = {
      "inside the site's kernel. The same function on the same rows: the same bytes."},
     {"mla_decode_variant", nullptr, &KernelOptions::mla_decode_variant,
      "Changes numerics. The MLA decode kernel over a dense bfloat16 cache at 64 heads and rank "
-     "512: 1 the sm_90a wgmma kernel (warpgroups split the columns, three 64-row TMA stages), 0 "
-     "the mma.sync kernel that every other shape runs."},
+     "512: 1 the sm_90a wgmma kernel (FlashMLA's seesaw schedule, 64-row TMA blocks), 0 the "
+     "mma.sync kernel that every other shape runs."},
+    {"mla_merge", nullptr, &KernelOptions::mla_merge,
+     "Changes numerics (last bits). How the wgmma MLA decode kernel merges a sequence's splits: "
+     "0 chooses (a thread-block cluster where every sequence's cluster is resident at once, else "
+     "a grid barrier where the whole grid is, else a second, combine launch); 1 the combine "
+     "launch; 2 the cluster (up to 16 splits, more take the combine); 3 the grid barrier (where "
+     "the whole grid is resident, else the combine)."},
     {"mla_tc_mt", nullptr, &KernelOptions::mla_tc_mt,
      "Changes numerics (last bits). Head tiles of 16 a block of the mma.sync MLA decode kernel: "
      "0 chooses from the batch (2 below 32 sequences, 4 from there); 2 or 4 force it (4 only "
@@ -203,7 +209,7 @@ void init_options(nb::module_& m) {
       "(Engine(..., options=), memra.load(..., kernel_options=)); immutable. Keyword "
       "construction; every field defaults to the arm the A/B runs kept (docs/options.md), so "
       "KernelOptions() changes nothing. Fields that change numerics (the logits' bytes): gemv, "
-      "mla_decode_variant, mla_tc_mt, mla_split_tiles, moe_grouped_min_t, attn_decode_unsplit, "
+      "mla_decode_variant, mla_merge, mla_tc_mt, mla_split_tiles, moe_grouped_min_t, attn_decode_unsplit, "
       "prefill_chunk (on CUDA), moe_tensor_cores, attn_prefill_tensor_cores; pdl, gemv_rows, "
       "gemv_tall_rows and mhc_defer change only speed. An unknown field, a value of the "
       "wrong type (switches take bool or numpy's bool, the rest int) or out of its domain is a "

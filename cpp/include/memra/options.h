@@ -35,9 +35,16 @@ struct KernelOptions {
   // false runs it inside the site kernel. Speed only (the same function on the same rows).
   bool mhc_defer = true;
   // The MLA decode kernel over a dense bf16 cache at H = 64, R = 512: 1 the sm_90a wgmma kernel
-  // (64-row tiles x 2 stages), 2 the same with 48-row tiles x 3 stages, 0 the mma.sync kernel
-  // that every other shape runs. Changes numerics (other tiles, other splits).
+  // (cuda/mla_decode_sm90.cu), 0 the mma.sync kernel that every other shape runs. Changes
+  // numerics (other tiles, other splits).
   int mla_decode_variant = 1;
+  // How the wgmma MLA decode kernel (mla_decode_variant 1) merges a sequence's splits
+  // (cuda/mla_decode_sm90.cuh, Merge): 0 chooses (in a thread-block cluster where every
+  // sequence's cluster is resident at once, else at a grid barrier where the whole grid is,
+  // else by a second, combine launch); 1 the combine launch; 2 the cluster (up to 16 splits;
+  // more take the combine); 3 the grid barrier (where the whole grid is resident, else the
+  // combine). Changes numerics in the last bits (the combine sums the weights in another order).
+  int mla_merge = 0;
   // Head tiles of 16 a block of the mma.sync MLA decode kernel: 0 chooses from the batch (2
   // below 32 sequences, 4 from there); 2 or 4 force it (4 only where H > 32). Changes numerics
   // in the last bits (the softmax sums are split over 8 / tiles row groups).
@@ -99,6 +106,7 @@ inline Status KernelOptions::validate() const {
   if (mla_decode_variant < 0 || mla_decode_variant > 1) {
     return bad("mla_decode_variant", mla_decode_variant, "0 or 1");
   }
+  if (mla_merge < 0 || mla_merge > 3) return bad("mla_merge", mla_merge, "0, 1, 2 or 3");
   if (mla_tc_mt != 0 && mla_tc_mt != 2 && mla_tc_mt != 4) {
     return bad("mla_tc_mt", mla_tc_mt, "0, 2 or 4");
   }
@@ -116,6 +124,7 @@ inline MemraKernelOptions KernelOptions::to_abi() const {
   o.gemv_tall_rows = gemv_tall_rows;
   o.mhc_defer = mhc_defer ? 1 : 0;
   o.mla_decode_variant = mla_decode_variant;
+  o.mla_merge = mla_merge;
   o.mla_tc_mt = mla_tc_mt;
   o.mla_split_tiles = mla_split_tiles;
   o.moe_grouped_min_t = moe_grouped_min_t;
@@ -134,6 +143,7 @@ inline KernelOptions KernelOptions::from_abi(const MemraKernelOptions& o) {
   k.gemv_tall_rows = o.gemv_tall_rows;
   k.mhc_defer = o.mhc_defer != 0;
   k.mla_decode_variant = o.mla_decode_variant;
+  k.mla_merge = o.mla_merge;
   k.mla_tc_mt = o.mla_tc_mt;
   k.mla_split_tiles = o.mla_split_tiles;
   k.moe_grouped_min_t = o.moe_grouped_min_t;
@@ -147,7 +157,8 @@ inline KernelOptions KernelOptions::from_abi(const MemraKernelOptions& o) {
 inline bool KernelOptions::operator==(const KernelOptions& o) const {
   return pdl == o.pdl && gemv == o.gemv && gemv_rows == o.gemv_rows &&
          gemv_tall_rows == o.gemv_tall_rows && mhc_defer == o.mhc_defer &&
-         mla_decode_variant == o.mla_decode_variant && mla_tc_mt == o.mla_tc_mt &&
+         mla_decode_variant == o.mla_decode_variant && mla_merge == o.mla_merge &&
+         mla_tc_mt == o.mla_tc_mt &&
          mla_split_tiles == o.mla_split_tiles && moe_grouped_min_t == o.moe_grouped_min_t &&
          attn_decode_unsplit == o.attn_decode_unsplit && prefill_chunk == o.prefill_chunk &&
          moe_tensor_cores == o.moe_tensor_cores &&

@@ -15,6 +15,8 @@ typedef struct MemraKernelOptions {
   int gemv_tall_rows;      /* the same for tall rows (K > 4096 bf16): 0, 1, 2, 4, 8 */
   int mhc_defer;           /* a one-row mHC site's Sinkhorn left to the next GEMV */
   int mla_decode_variant;  /* dense bf16 H 64 R 512 MLA decode: 0 mma.sync, 1 wgmma */
+  int mla_merge;           /* the wgmma MLA decode's split merge: 0 auto, 1 combine, 2 cluster,
+                              3 grid barrier */
   int mla_tc_mt;           /* head tiles of 16 a block of the mma.sync MLA decode: 0, 2, 4 */
   int mla_split_tiles;     /* 64-row tiles a split of the MLA decode (0: cost model) */
   int moe_grouped_min_t;   /* tokens from which the routed experts run grouped, >= 1 */
