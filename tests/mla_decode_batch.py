@@ -1,0 +1,95 @@
+"""Shared by the batched MLA decode tests (tests/test_cuda_mla_decode.py, the kernels of
+cuda/mla_decode.cu, and tests/test_cuda_mla_decode_sm90.py, its sm_90a wgmma arm): the batch of
+sequences with NaN-padded caches, the per-sequence closeness check and the tolerances that
+tests/test_cuda_mla_decode.py's docstring derives."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+
+from memra import _core
+from cuda_helpers import bf16_bits, bf16_round, f32, rng
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+F32_REL = 2e-5
+BF16_REL = 1e-2
+BF16_QROUND_REL = 5e-3
+
+
+def close_per_seq(got, want, rel):
+    """|got[b] - want[b]| <= rel * max|want[b]| for every sequence b (zeros: exactly zero)."""
+    assert got.shape == want.shape and got.dtype == np.float32
+    assert np.all(np.isfinite(got))
+    for b in range(want.shape[0]):
+        scale = float(np.abs(want[b]).max())
+        err = float(np.abs(got[b].astype(np.float64) - want[b].astype(np.float64)).max())
+        assert err <= rel * scale, (f"sequence {b}: max |d| = {err:.3g} > {rel:g} * max|y| = "
+                                    f"{rel * scale:.3g}")
+
+
+class Batch:
+    """B sequences: q_lat [B, H, R] and per-sequence caches [t_kv + slack, R] whose rows past
+    t_kv are NaN (never to be read). `rows[b]` are the f32 values of the visible rows as the
+    kernels see them (bf16-rounded for a bf16 cache)."""
+
+    def __init__(self, t_kv, H, R, cache_dtype, seed, slack=5):
+        r = rng(seed)
+        self.t_kv = [int(t) for t in t_kv]
+        self.B, self.H, self.R, self.dtype = len(self.t_kv), H, R, cache_dtype
+        # Scores of std ~2 (scale 0.25, |q| ~ 16 / sqrt(R) per head as real absorbed queries).
+        self.q = f32(r.standard_normal((self.B, H, R)) * 0.5 * 16 / np.sqrt(R))
+        self.scale = 0.25
+        self.rows, self.host = [], []
+        for t in self.t_kv:
+            full = f32(np.full((t + slack, R), np.nan))
+            full[:t] = r.standard_normal((t, R))
+            if cache_dtype == "bfloat16":
+                full[:t] = bf16_round(full[:t])
+                self.host.append(bf16_bits(full))
+            else:
+                self.host.append(full)
+            self.rows.append(f32(full[:t]))
+        self.max_t_kv = max(self.t_kv) if self.t_kv else 0
+
+    def caches(self, e):
+        return [e.to_device(c) for c in self.host]
+
+    def cpu_caches(self):
+        """f32 host caches for the CPU op (bf16 caches widened; NaN tails kept)."""
+        if self.dtype == "bfloat16":
+            return [f32(c.view(BF16).astype(np.float32)) for c in self.host]
+        return self.host
+
+    def gpu(self, e, idx=None, t_kv=None, q=None, **kw):
+        q = self.q if q is None else q
+        t = self.t_kv if t_kv is None else t_kv
+        out = _core.mla_attn_decode(e.to_device(q), self.caches(e), t,
+                                    idx=None if idx is None else e.to_device(idx), scale=self.scale,
+                                    engine=e, **kw)
+        return e.to_host(out)
+
+    def cpu(self, idx=None, q=None):
+        q = self.q if q is None else q
+        return _core.mla_attn_decode(q, self.cpu_caches(), self.t_kv, idx=idx, scale=self.scale)
+
+
+def random_lists(t_kv, width, seed):
+    """Per sequence: distinct visible rows plus duplicates, -1 padding and out-of-range entries
+    (>= t_kv, < -1) that must be skipped; shuffled."""
+    r = rng(seed)
+    idx = np.full((len(t_kv), width), -1, np.int32)
+    for b, t in enumerate(t_kv):
+        if t == 0:
+            idx[b] = r.integers(-3, 50, width)  # an idle row: nothing visible
+            continue
+        n = int(r.integers(1, min(width, t) + 1))
+        rows = r.choice(t, size=n, replace=False)
+        extra = min(width - n, 3)
+        junk = np.array([t, t + 7, -2][:extra], np.int64)
+        dup = r.choice(rows, size=min(width - n - extra, n))
+        row = np.full(width, -1, np.int64)
+        vals = np.concatenate([rows, junk, dup])
+        row[:len(vals)] = vals
+        idx[b] = r.permutation(row).astype(np.int32)
+    return idx
