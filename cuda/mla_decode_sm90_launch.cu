@@ -257,7 +257,9 @@ int mla_decode_sm90(MemraCudaCtx* ctx, const float* q_lat, const void* const* ca
     }
   }
   const size_t n_part = static_cast<size_t>(B) * nsplit * kH;
-  const bool partials = nsplit > 1 && merge != kMergeCluster;
+  // Partials for every split plan, the in-grid merges' too: their fallback should the driver
+  // refuse a cluster or cooperative launch (one pool allocation, no traffic when unused).
+  const bool partials = nsplit > 1;
   Scratch part(ctx, partials ? sizeof(float) * n_part * (kR + 2) : 0);
   MEMRA_CUDA_RETURN_IF(part.status());
   if (partials) {
@@ -268,12 +270,15 @@ int mla_decode_sm90(MemraCudaCtx* ctx, const float* q_lat, const void* const* ca
   Scratch maps(ctx, static_cast<size_t>(128) * nsplit * B);
   MEMRA_CUDA_RETURN_IF(maps.status());
   cudaError_t e = launch_form(ctx, merge, a, B, tmpl, maps.as<unsigned char>());
-  if (e != cudaSuccess && merge == kMergeGrid) {
-    cudaGetLastError();  // the cooperative launch refused (the grid would not be resident)
+  if (e != cudaSuccess && merge != kMergeCombine) {
+    cudaGetLastError();  // a cluster or cooperative launch refused: the combine form instead
     merge = kMergeCombine;
     e = launch_form(ctx, merge, a, B, tmpl, maps.as<unsigned char>());
   }
-  MEMRA_CUDA_RETURN_IF(status_of(e));
+  if (e != cudaSuccess) {
+    cudaGetLastError();  // this call's error, not the next launch's
+    return status_of(e);
+  }
   MEMRA_CUDA_RETURN_IF(launch_status());
   if (partials && merge == kMergeCombine) {
     // A programmatic dependent launch: the combine's launch overlaps the attention grid's tail

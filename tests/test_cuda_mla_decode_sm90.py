@@ -114,8 +114,9 @@ def test_wgmma_split_merges(B, L, tmp_path):
     against the CPU; rows of various lengths (idle, one-split and partly-split sequences) share
     the launch. On the H200 (132 SMs) these shapes plan 2, 16 and 64 splits: the cluster runs up
     to 16 (the 8 clusters of 16 do not all fit at once: they run in two waves), 64 splits take
-    the combine instead; the grid barrier runs all three (128 blocks); the choice merges in the
-    grid, never by the combine, at all three."""
+    the combine instead; the grid barrier runs all three (128 blocks); the choice never takes the
+    combine at these three (the cluster at 2 splits, the barrier at 16 and 64). Each form runs a
+    second call with other queries: the barrier's counters are back at zero after a launch."""
     t_kv = [L if b % 3 else max(1, L // (b + 2)) for b in range(B)]
     t_kv[-1] = 0
     bt = Batch(t_kv, 64, 512, "bfloat16", seed=B + L)
@@ -124,7 +125,12 @@ def test_wgmma_split_merges(B, L, tmp_path):
     h200 = torch.cuda.get_device_properties(0).multi_processor_count == 132
     for merge in (0, 1, 2, 3):
         eng = engine_with(mla_merge=merge)
-        close_per_seq(bt.gpu(eng, max_t_kv=L), want, BF16_REL)
+        got = bt.gpu(eng, max_t_kv=L)
+        close_per_seq(got, want, BF16_REL)
+        # Other queries through the same engine: partials left from the call before (a barrier
+        # whose counters were not back at zero would not wait for them) would show here.
+        q2 = np.ascontiguousarray(bt.q[::-1])
+        close_per_seq(bt.gpu(eng, q=q2, max_t_kv=L), bt.cpu(q=q2), BF16_REL)
         q, cs = eng.to_device(bt.q), bt.caches(eng)
 
         def call():

@@ -15,8 +15,6 @@ typedef struct MemraKernelOptions {
   int gemv_tall_rows;      /* the same for tall rows (K > 4096 bf16): 0, 1, 2, 4, 8 */
   int mhc_defer;           /* a one-row mHC site's Sinkhorn left to the next GEMV */
   int mla_decode_variant;  /* dense bf16 H 64 R 512 MLA decode: 0 mma.sync, 1 wgmma */
-  int mla_merge;           /* the wgmma MLA decode's split merge: 0 auto, 1 combine, 2 cluster,
-                              3 grid barrier */
   int mla_tc_mt;           /* head tiles of 16 a block of the mma.sync MLA decode: 0, 2, 4 */
   int mla_split_tiles;     /* 64-row tiles a split of the MLA decode (0: cost model) */
   int moe_grouped_min_t;   /* tokens from which the routed experts run grouped, >= 1 */
@@ -24,6 +22,9 @@ typedef struct MemraKernelOptions {
   int prefill_chunk;       /* prompt tokens a prefill runs at a time (0: all); read by no kernel */
   int moe_tensor_cores;    /* grouped routed experts over bf16 / f16 weights on tensor cores */
   int attn_prefill_tensor_cores; /* bf16-cache attention prefill on tensor cores (0: f32 kernel) */
+  /* Appended (fields keep their offsets for a library built before it): */
+  int mla_merge;           /* the wgmma MLA decode's split merge: 0 auto, 1 combine, 2 cluster,
+                              3 grid barrier */
 } MemraKernelOptions;
 
 // What mem_stats reads: the device as a whole (cudaMemGetInfo: every process and context on it)
