@@ -1,7 +1,9 @@
-"""Shared by the batched MLA decode tests (tests/test_cuda_mla_decode.py, the kernels of
-cuda/mla_decode.cu, and tests/test_cuda_mla_decode_sm90.py, its sm_90a wgmma arm): the batch of
-sequences with NaN-padded caches, the per-sequence closeness check and the tolerances that
-tests/test_cuda_mla_decode.py's docstring derives."""
+"""Shared by the MLA attention tests: the batched decode's (tests/test_cuda_mla_decode.py, the
+kernels of cuda/mla_decode.cu, and tests/test_cuda_mla_decode_sm90.py, its sm_90a wgmma arm)
+batch of sequences with NaN-padded caches and its length pattern, the per-sequence (or
+per-query: tests/test_cuda_mla_prefill_tc.py) closeness check, and the tolerances that
+tests/test_cuda_mla_decode.py's docstring derives (tests/test_cuda_mla_rope.py holds its rope
+columns to the same)."""
 
 from __future__ import annotations
 
@@ -15,16 +17,23 @@ BF16 = np.dtype(ml_dtypes.bfloat16)
 F32_REL = 2e-5
 BF16_REL = 1e-2
 BF16_QROUND_REL = 5e-3
+# t_kv per sequence, cycled over the batch (0 = idle row).
+PATTERN = [1, 7, 33, 4096]
 
 
-def close_per_seq(got, want, rel):
-    """|got[b] - want[b]| <= rel * max|want[b]| for every sequence b (zeros: exactly zero)."""
+def pattern(B):
+    return [PATTERN[b % len(PATTERN)] for b in range(B)]
+
+
+def close_per_seq(got, want, rel, what="sequence"):
+    """|got[b] - want[b]| <= rel * max|want[b]| for every sequence (or query: `what` names it
+    in the message) b along the first axis (zeros: exactly zero)."""
     assert got.shape == want.shape and got.dtype == np.float32
     assert np.all(np.isfinite(got))
     for b in range(want.shape[0]):
         scale = float(np.abs(want[b]).max())
         err = float(np.abs(got[b].astype(np.float64) - want[b].astype(np.float64)).max())
-        assert err <= rel * scale, (f"sequence {b}: max |d| = {err:.3g} > {rel:g} * max|y| = "
+        assert err <= rel * scale, (f"{what} {b}: max |d| = {err:.3g} > {rel:g} * max|y| = "
                                     f"{rel * scale:.3g}")
 
 

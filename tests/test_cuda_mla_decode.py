@@ -48,18 +48,12 @@ import pytest
 import memra
 from memra import _core
 from cuda_helpers import bf16_bits, bf16_round, engine_with, expect, f32, rng
-from mla_decode_batch import (BF16_QROUND_REL, BF16_REL, F32_REL, Batch, close_per_seq,
+from mla_decode_batch import (BF16_QROUND_REL, BF16_REL, F32_REL, Batch, close_per_seq, pattern,
                               random_lists)
 
 pytestmark = pytest.mark.cuda
 
 ST = _core.status
-# t_kv per sequence, cycled over the batch (0 = idle row).
-PATTERN = [1, 7, 33, 4096]
-
-
-def pattern(B):
-    return [PATTERN[b % len(PATTERN)] for b in range(B)]
 
 
 def filtered(idx, t_kv):

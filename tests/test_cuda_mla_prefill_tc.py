@@ -30,6 +30,7 @@ import pytest
 
 from memra import _core
 from cuda_helpers import bf16_bits, bf16_round, f32, kernel_names, rng
+from mla_decode_batch import close_per_seq
 
 pytestmark = pytest.mark.cuda
 
@@ -100,15 +101,6 @@ class Case:
         return out
 
 
-def close_per_query(got, want, rel):
-    assert got.shape == want.shape and got.dtype == np.float32
-    assert np.all(np.isfinite(got))
-    for i in range(want.shape[0]):
-        scale = float(np.abs(want[i]).max())
-        err = float(np.abs(got[i].astype(np.float64) - want[i].astype(np.float64)).max())
-        assert err <= rel * scale, f"query {i}: max |d| = {err:.3g} > {rel:g} * {scale:.3g}"
-
-
 def random_lists(t_q, t_kv, width, seed):
     """Per query i (row t_kv - t_q + i): distinct visible rows, duplicates, -1 padding, shuffled."""
     r = rng(seed)
@@ -132,8 +124,8 @@ def random_lists(t_q, t_kv, width, seed):
 def test_causal_matches_cpu(e, geom, t_q, p0):
     c = Case(t_q, p0, *geom, seed=t_q * 7 + p0 + geom[0])
     got = c.gpu(e)
-    close_per_query(got, c.want(), REL)
-    close_per_query(got, c.want(round_q=True), QROUND_REL)
+    close_per_seq(got, c.want(), REL, what="query")
+    close_per_seq(got, c.want(round_q=True), QROUND_REL, what="query")
     if p0 == 0:  # query 0 sees row 0 alone: that row exactly
         np.testing.assert_array_equal(got[0], np.broadcast_to(c.cache[0, :c.R], (c.H, c.R)))
 
@@ -142,8 +134,8 @@ def test_causal_matches_cpu(e, geom, t_q, p0):
 def test_causal_long(e, geom):
     c = Case(2000, 0, *geom, seed=2000 + geom[0])
     got = c.gpu(e)
-    close_per_query(got, c.want(round_q=True), QROUND_REL)
-    close_per_query(got, c.gpu(e, tc=False), REL)  # the f32 CUDA-core arm
+    close_per_seq(got, c.want(round_q=True), QROUND_REL, what="query")
+    close_per_seq(got, c.gpu(e, tc=False), REL, what="query")  # the f32 CUDA-core arm
 
 
 @pytest.mark.parametrize("geom", [GLM, KIMI], ids=["glm", "kimi"])
@@ -153,9 +145,9 @@ def test_gathered_matches_cpu(e, geom, t_q, p0, width):
     c = Case(t_q, p0, *geom, seed=t_q + p0 + width)
     idx = random_lists(t_q, c.t_kv, width, seed=t_q + width)
     got = c.gpu(e, idx)
-    close_per_query(got, c.want(idx, round_q=True), QROUND_REL)
+    close_per_seq(got, c.want(idx, round_q=True), QROUND_REL, what="query")
     if t_q <= 300:
-        close_per_query(got, c.want(idx), REL)
+        close_per_seq(got, c.want(idx), REL, what="query")
 
 
 def test_gathered_all_padding_gives_zeros(e):

@@ -37,30 +37,12 @@ import memra
 from memra import _core
 from cuda_helpers import (bf16_bits, bf16_round, bf16_weight, close_scaled, engine_with, expect, f32,
                           rng)
+from mla_decode_batch import BF16_QROUND_REL, BF16_REL, F32_REL, close_per_seq, pattern
 
 pytestmark = pytest.mark.cuda
 
 ST = _core.status
 BF16 = np.dtype(ml_dtypes.bfloat16)
-F32_REL = 2e-5
-BF16_REL = 1e-2
-BF16_QROUND_REL = 5e-3
-PATTERN = [1, 7, 33, 4096]  # t_kv per sequence, cycled over the batch
-
-
-def close_per_seq(got, want, rel):
-    """|got[b] - want[b]| <= rel * max|want[b]| for every sequence b."""
-    assert got.shape == want.shape and got.dtype == np.float32
-    assert np.all(np.isfinite(got))
-    for b in range(want.shape[0]):
-        scale = float(np.abs(want[b]).max())
-        err = float(np.abs(got[b].astype(np.float64) - want[b].astype(np.float64)).max())
-        assert err <= rel * scale, (f"sequence {b}: max |d| = {err:.3g} > {rel:g} * max|y| = "
-                                    f"{rel * scale:.3g}")
-
-
-def pattern(B):
-    return [PATTERN[b % len(PATTERN)] for b in range(B)]
 
 
 class RopeBatch:
