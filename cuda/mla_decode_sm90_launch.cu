@@ -102,18 +102,20 @@ bool cluster_ready(MemraCudaCtx* ctx, const Sm90Args& a, int B, bool* all_reside
   *all_resident = false;
   if (a.nsplit < 2 || a.nsplit > kMaxClusterSplits) return false;
   const KernelFn kernel = wgmma_kernel(kMergeCluster);
-  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kBytes) !=
-          cudaSuccess ||
-      (a.nsplit > 8 &&
-       cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) !=
-           cudaSuccess)) {
-    cudaGetLastError();
-    return false;
-  }
   const bool cached = ctx->device >= 0 && ctx->device < kCachedDevices;
   int clusters = cached ? g_clusters[ctx->device][a.nsplit].load(std::memory_order_relaxed) - 1
                         : -1;
   if (clusters < 0) {
+    // The attributes the query and the launch need; they stay set for the device, so a cached
+    // count means they are.
+    if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kBytes) !=
+            cudaSuccess ||
+        (a.nsplit > 8 &&
+         cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) !=
+             cudaSuccess)) {
+      cudaGetLastError();
+      return false;
+    }
     cudaLaunchAttribute attr[1];
     attr[0].id = cudaLaunchAttributeClusterDimension;
     attr[0].val.clusterDim.x = static_cast<unsigned>(a.nsplit);
