@@ -38,21 +38,28 @@ def close_per_seq(got, want, rel, what="sequence"):
 
 
 class Batch:
-    """B sequences: q_lat [B, H, R] and per-sequence caches [t_kv + slack, R] whose rows past
-    t_kv are NaN (never to be read). `rows[b]` are the f32 values of the visible rows as the
-    kernels see them (bf16-rounded for a bf16 cache)."""
+    """B sequences: q_lat [B, H, R], with dr > 0 (rope columns, Kimi-Linear) q_pe [B, H, dr], and
+    per-sequence caches [t_kv + slack, R + dr] whose rows past t_kv are NaN (never to be read).
+    `rows[b]` are the f32 values of the visible rows as the kernels see them (bf16-rounded for a
+    bf16 cache). Draws: q, then q_pe (dr > 0 only), then each cache, so dr = 0 draws what the
+    latent-only batch always drew."""
 
-    def __init__(self, t_kv, H, R, cache_dtype, seed, slack=5):
+    def __init__(self, t_kv, H, R, cache_dtype, seed, slack=5, dr=0):
         r = rng(seed)
         self.t_kv = [int(t) for t in t_kv]
-        self.B, self.H, self.R, self.dtype = len(self.t_kv), H, R, cache_dtype
-        # Scores of std ~2 (scale 0.25, |q| ~ 16 / sqrt(R) per head as real absorbed queries).
-        self.q = f32(r.standard_normal((self.B, H, R)) * 0.5 * 16 / np.sqrt(R))
+        self.B, self.H, self.R, self.dr, self.dtype = len(self.t_kv), H, R, dr, cache_dtype
+        D = R + dr
+        # Scores of std ~2 (scale 0.25, |q| ~ 16 / sqrt(D) per head as real absorbed queries).
+        s = 0.5 * 16 / np.sqrt(D)
+        qs = r.standard_normal((self.B, H, R))
+        # Each form's expression as its batch always rounded it (the same bytes as before).
+        self.q = f32(qs * s if dr else qs * 0.5 * 16 / np.sqrt(D))
+        self.q_pe = f32(r.standard_normal((self.B, H, dr)) * s) if dr else None
         self.scale = 0.25
         self.rows, self.host = [], []
         for t in self.t_kv:
-            full = f32(np.full((t + slack, R), np.nan))
-            full[:t] = r.standard_normal((t, R))
+            full = f32(np.full((t + slack, D), np.nan))
+            full[:t] = r.standard_normal((t, D))
             if cache_dtype == "bfloat16":
                 full[:t] = bf16_round(full[:t])
                 self.host.append(bf16_bits(full))
@@ -70,17 +77,32 @@ class Batch:
             return [f32(c.view(BF16).astype(np.float32)) for c in self.host]
         return self.host
 
-    def gpu(self, e, idx=None, t_kv=None, q=None, **kw):
+    def _q_pe(self, q_pe):
+        return self.q_pe if q_pe is None else q_pe
+
+    def gpu(self, e, idx=None, t_kv=None, q=None, q_pe=None, caches=None, **kw):
         q = self.q if q is None else q
+        q_pe = self._q_pe(q_pe)
         t = self.t_kv if t_kv is None else t_kv
-        out = _core.mla_attn_decode(e.to_device(q), self.caches(e), t,
-                                    idx=None if idx is None else e.to_device(idx), scale=self.scale,
-                                    engine=e, **kw)
+        out = _core.mla_attn_decode(e.to_device(q), self.caches(e) if caches is None else caches, t,
+                                    idx=None if idx is None else e.to_device(idx),
+                                    q_pe=None if q_pe is None else e.to_device(q_pe),
+                                    scale=self.scale, engine=e, **kw)
         return e.to_host(out)
 
-    def cpu(self, idx=None, q=None):
+    def cpu(self, idx=None, q=None, q_pe=None):
         q = self.q if q is None else q
-        return _core.mla_attn_decode(q, self.cpu_caches(), self.t_kv, idx=idx, scale=self.scale)
+        return _core.mla_attn_decode(q, self.cpu_caches(), self.t_kv, idx=idx,
+                                     q_pe=self._q_pe(q_pe), scale=self.scale)
+
+    def exact_rows(self, got):
+        """t_kv = 1: o = the row's latent columns bit for bit; t_kv = 0: zeros."""
+        for b, t in enumerate(self.t_kv):
+            if t == 0:
+                np.testing.assert_array_equal(got[b], np.zeros((self.H, self.R), np.float32))
+            elif t == 1:
+                np.testing.assert_array_equal(got[b], np.broadcast_to(self.rows[b][0, :self.R],
+                                                                      (self.H, self.R)))
 
 
 def random_lists(t_kv, width, seed):

@@ -62,15 +62,6 @@ def wgmma_batch(case, seed):
     return Batch(WGMMA_CASES[case], 64, 512, "bfloat16", seed=seed)
 
 
-def check_exact_rows(got, bt):
-    """t_kv = 1: o = the row bit for bit; t_kv = 0: zeros."""
-    for b, t in enumerate(bt.t_kv):
-        if t == 0:
-            np.testing.assert_array_equal(got[b], np.zeros((bt.H, bt.R), np.float32))
-        elif t == 1:
-            np.testing.assert_array_equal(got[b], np.broadcast_to(bt.rows[b][0], (bt.H, bt.R)))
-
-
 @pytest.mark.parametrize("bound", ["max_t_kv", "max_len"])
 @pytest.mark.parametrize("case", list(WGMMA_CASES))
 def test_wgmma_dense_matches_cpu_and_mma_kernel(variant, case, bound):
@@ -81,7 +72,7 @@ def test_wgmma_dense_matches_cpu_and_mma_kernel(variant, case, bound):
     kw = {"max_t_kv": max(bt.t_kv) + 3001} if bound == "max_len" else {}
     got = bt.gpu(arm(variant), **kw)
     mma = bt.gpu(arm(0), **kw)
-    check_exact_rows(got, bt)
+    bt.exact_rows(got)
     if (case, False) not in _wgmma_cpu:
         _wgmma_cpu[(case, False)] = bt.cpu()
         _wgmma_cpu[(case, True)] = bt.cpu(q=bf16_round(bt.q))
@@ -195,7 +186,7 @@ def test_wgmma_long_row(variant):
     close_per_seq(got, bt.cpu(), BF16_REL)
     close_per_seq(got, bt.cpu(q=bf16_round(bt.q)), BF16_QROUND_REL)
     close_per_seq(got, mma, WGMMA_VS_MMA_REL)
-    check_exact_rows(got, bt)
+    bt.exact_rows(got)
 
 
 def test_wgmma_graph_form_device_t_kv(variant):
@@ -210,7 +201,7 @@ def test_wgmma_graph_form_device_t_kv(variant):
     host = bt.gpu(eng, max_t_kv=max_len)
     np.testing.assert_array_equal(dev, host)
     close_per_seq(dev, bt.cpu(), BF16_REL)
-    check_exact_rows(dev, bt)
+    bt.exact_rows(dev)
     idle = [0, 4, 6]
     t_idle = [0 if b in idle else t for b, t in enumerate(t_kv)]
     q = bt.q.copy()

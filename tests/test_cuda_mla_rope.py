@@ -29,98 +29,18 @@ Rows of a cache past t_kv hold NaN: a kernel that reads them produces NaN.
 
 from __future__ import annotations
 
-import ml_dtypes
 import numpy as np
 import pytest
 
 import memra
 from memra import _core
-from cuda_helpers import (bf16_bits, bf16_round, bf16_weight, close_scaled, engine_with, expect, f32,
-                          rng)
-from mla_decode_batch import BF16_QROUND_REL, BF16_REL, F32_REL, close_per_seq, pattern
+from cuda_helpers import bf16_round, bf16_weight, close_scaled, engine_with, expect, f32, rng
+from mla_decode_batch import (BF16_QROUND_REL, BF16_REL, F32_REL, Batch, close_per_seq, pattern,
+                              random_lists)
 
 pytestmark = pytest.mark.cuda
 
 ST = _core.status
-BF16 = np.dtype(ml_dtypes.bfloat16)
-
-
-class RopeBatch:
-    """B sequences: q_lat [B, H, R], q_pe [B, H, dr] and caches [t_kv + slack, R + dr] whose rows
-    past t_kv are NaN. `rows[b]` are the visible rows as the kernels see them (bf16-rounded for a
-    bf16 cache)."""
-
-    def __init__(self, t_kv, H, R, dr, cache_dtype, seed, slack=5):
-        r = rng(seed)
-        self.t_kv = [int(t) for t in t_kv]
-        self.B, self.H, self.R, self.dr, self.dtype = len(self.t_kv), H, R, dr, cache_dtype
-        D = R + dr
-        s = 0.5 * 16 / np.sqrt(D)  # scores of std ~2 at scale 0.25
-        self.q = f32(r.standard_normal((self.B, H, R)) * s)
-        self.q_pe = f32(r.standard_normal((self.B, H, dr)) * s)
-        self.scale = 0.25
-        self.rows, self.host = [], []
-        for t in self.t_kv:
-            full = f32(np.full((t + slack, D), np.nan))
-            full[:t] = r.standard_normal((t, D))
-            if cache_dtype == "bfloat16":
-                full[:t] = bf16_round(full[:t])
-                self.host.append(bf16_bits(full))
-            else:
-                self.host.append(full)
-            self.rows.append(f32(full[:t]))
-
-    def caches(self, e):
-        return [e.to_device(c) for c in self.host]
-
-    def cpu_caches(self):
-        if self.dtype == "bfloat16":
-            return [f32(c.view(BF16).astype(np.float32)) for c in self.host]
-        return self.host
-
-    def gpu(self, e, idx=None, t_kv=None, q=None, q_pe=None, caches=None, **kw):
-        q = self.q if q is None else q
-        q_pe = self.q_pe if q_pe is None else q_pe
-        t = self.t_kv if t_kv is None else t_kv
-        out = _core.mla_attn_decode(e.to_device(q), self.caches(e) if caches is None else caches, t,
-                                    idx=None if idx is None else e.to_device(idx),
-                                    q_pe=e.to_device(q_pe), scale=self.scale, engine=e, **kw)
-        return e.to_host(out)
-
-    def cpu(self, idx=None, q=None, q_pe=None):
-        q = self.q if q is None else q
-        q_pe = self.q_pe if q_pe is None else q_pe
-        return _core.mla_attn_decode(q, self.cpu_caches(), self.t_kv, idx=idx, q_pe=q_pe,
-                                     scale=self.scale)
-
-    def exact_rows(self, got):
-        """t_kv = 1: o = the row's latent columns bit for bit; t_kv = 0: zeros."""
-        for b, t in enumerate(self.t_kv):
-            if t == 0:
-                np.testing.assert_array_equal(got[b], np.zeros((self.H, self.R), np.float32))
-            elif t == 1:
-                np.testing.assert_array_equal(got[b], np.broadcast_to(self.rows[b][0, :self.R],
-                                                                      (self.H, self.R)))
-
-
-def random_lists(t_kv, width, seed):
-    """Per sequence: distinct visible rows, duplicates, -1 and out-of-range entries; shuffled."""
-    r = rng(seed)
-    idx = np.full((len(t_kv), width), -1, np.int32)
-    for b, t in enumerate(t_kv):
-        if t == 0:
-            idx[b] = r.integers(-3, 50, width)
-            continue
-        n = int(r.integers(1, min(width, t) + 1))
-        rows = r.choice(t, size=n, replace=False)
-        extra = min(width - n, 3)
-        junk = np.array([t, t + 7, -2][:extra], np.int64)
-        dup = r.choice(rows, size=min(width - n - extra, n))
-        row = np.full(width, -1, np.int64)
-        vals = np.concatenate([rows, junk, dup])
-        row[:len(vals)] = vals
-        idx[b] = r.permutation(row).astype(np.int32)
-    return idx
 
 
 # ---------------------------------------------------------------- dense
@@ -132,7 +52,7 @@ F32_SHAPES = [(4, 32, 8), (32, 512, 64), (5, 200, 24)]
 @pytest.mark.parametrize("B", [1, 3, 33])
 @pytest.mark.parametrize("H,R,dr", F32_SHAPES, ids=["tiny", "kimi", "odd"])
 def test_rope_f32_matches_cpu_and_per_sequence(e, B, H, R, dr):
-    bt = RopeBatch(pattern(B), H, R, dr, "float32", seed=B + R + dr)
+    bt = Batch(pattern(B), H, R, "float32", seed=B + R + dr, dr=dr)
     got = bt.gpu(e)
     close_per_seq(got, bt.cpu(), F32_REL)
     bt.exact_rows(got)
@@ -149,7 +69,7 @@ def test_rope_f32_matches_cpu_and_per_sequence(e, B, H, R, dr):
     (3, 40, 256),                               # two head groups (32 + 8)
 ])
 def test_rope_bf16_tensor_cores_match_cpu(e, B, H, R):
-    bt = RopeBatch(pattern(B), H, R, 64, "bfloat16", seed=B * 3 + H)
+    bt = Batch(pattern(B), H, R, "bfloat16", seed=B * 3 + H, dr=64)
     got = bt.gpu(e)
     close_per_seq(got, bt.cpu(), BF16_REL)
     close_per_seq(got, bt.cpu(q=bf16_round(bt.q), q_pe=bf16_round(bt.q_pe)), BF16_QROUND_REL)
@@ -159,7 +79,7 @@ def test_rope_bf16_tensor_cores_match_cpu(e, B, H, R):
 @pytest.mark.parametrize("R,dr", [(32, 8), (96, 64), (512, 32)])
 def test_rope_bf16_outside_tensor_core_shapes_runs_exact_f32(e, R, dr):
     """bf16 rows the tensor-core kernel is not instantiated for: the f32 kernel, widened rows."""
-    bt = RopeBatch([1, 40, 300, 0], 6, R, dr, "bfloat16", seed=R + dr)
+    bt = Batch([1, 40, 300, 0], 6, R, "bfloat16", seed=R + dr, dr=dr)
     got = bt.gpu(e)
     close_per_seq(got, bt.cpu(), F32_REL)
     bt.exact_rows(got)
@@ -167,7 +87,7 @@ def test_rope_bf16_outside_tensor_core_shapes_runs_exact_f32(e, R, dr):
 
 def test_rope_bf16_long_sequence(e):
     """32768 rows (many splits and the combine over them) beside a short and an idle row."""
-    bt = RopeBatch([32768, 9, 0], 32, 512, 64, "bfloat16", seed=5)
+    bt = Batch([32768, 9, 0], 32, 512, "bfloat16", seed=5, dr=64)
     got = bt.gpu(e)
     close_per_seq(got, bt.cpu(), BF16_REL)
     close_per_seq(got, bt.cpu(q=bf16_round(bt.q), q_pe=bf16_round(bt.q_pe)), BF16_QROUND_REL)
@@ -185,7 +105,7 @@ def test_rope_zero_q_pe_equals_latent_only_kernel(e, cache_dtype, H, R, dr):
     rows' latent columns (the same operations and split plan; 32 heads keep both on the mma.sync
     kernel with 2 m-tiles)."""
     t_kv = [1, 70, 300, 0, 65]
-    bt = RopeBatch(t_kv, H, R, dr, cache_dtype, seed=H + R)
+    bt = Batch(t_kv, H, R, cache_dtype, seed=H + R, dr=dr)
     got = bt.gpu(e, q_pe=np.zeros_like(bt.q_pe))
     latent = [e.to_device(np.ascontiguousarray(c[:, :R])) for c in bt.host]
     want = e.to_host(_core.mla_attn_decode(e.to_device(bt.q), latent, t_kv, scale=bt.scale,
@@ -203,7 +123,7 @@ def test_rope_peaked_q_pe_selects_row(e, cache_dtype, H, R):
     row."""
     dr = 64
     t_kv = [300, 65, 150, 48]
-    bt = RopeBatch(t_kv, H, R, dr, cache_dtype, seed=83 + R)
+    bt = Batch(t_kv, H, R, cache_dtype, seed=83 + R, dr=dr)
     q = np.zeros_like(bt.q)
     q_pe = np.zeros_like(bt.q_pe)
     pick = np.zeros((len(t_kv), H), np.int64)
@@ -229,7 +149,7 @@ def test_rope_peaked_q_pe_selects_row(e, cache_dtype, H, R):
 @pytest.mark.parametrize("cache_dtype,H,R,dr", [("float32", 4, 32, 8), ("bfloat16", 32, 512, 64)])
 def test_rope_idle_rows_are_zero_and_change_nothing(e, cache_dtype, H, R, dr):
     t_kv = pattern(12)
-    bt = RopeBatch(t_kv, H, R, dr, cache_dtype, seed=21)
+    bt = Batch(t_kv, H, R, cache_dtype, seed=21, dr=dr)
     base = bt.gpu(e, max_t_kv=4096)
     idle = [1, 4, 7, 10]
     t_idle = [0 if b in idle else t for b, t in enumerate(t_kv)]
@@ -246,7 +166,7 @@ def test_rope_idle_rows_are_zero_and_change_nothing(e, cache_dtype, H, R, dr):
 def test_rope_device_t_kv_equals_host_t_kv(e, cache_dtype, H, R, dr):
     """The decode-graph call (device t_kv, max_t_kv the cache length): the host call's bytes."""
     t_kv = [300, 1, 0, 77, 129]
-    bt = RopeBatch(t_kv, H, R, dr, cache_dtype, seed=31, slack=40)
+    bt = Batch(t_kv, H, R, cache_dtype, seed=31, slack=40, dr=dr)
     host = bt.gpu(e, max_t_kv=340)
     dev = bt.gpu(e, t_kv=e.to_device(np.array(t_kv, np.int32)), max_t_kv=340)
     np.testing.assert_array_equal(dev, host)
@@ -260,7 +180,7 @@ def test_rope_combine_of_many_splits_matches_cpu(cache_dtype, gathered):
     # make 11 (the combine's loop past 8), 1 row none.
     t_kv = [150, 300, 700, 1]
     H, R, dr = (32, 512, 64) if cache_dtype == "bfloat16" else (8, 128, 16)
-    bt = RopeBatch(t_kv, H, R, dr, cache_dtype, seed=31)
+    bt = Batch(t_kv, H, R, cache_dtype, seed=31, dr=dr)
     idx = random_lists(t_kv, 600, seed=4) if gathered else None
     eng = engine_with(mla_split_tiles=1)
     got = bt.gpu(eng, idx=idx)
@@ -277,7 +197,7 @@ def test_rope_combine_of_many_splits_matches_cpu(cache_dtype, gathered):
 def test_rope_gathered_matches_cpu(e, cache_dtype, B, width):
     t_kv = [0, 33, 4096] if B == 3 else pattern(B)
     H, R, dr = (32, 512, 64) if cache_dtype == "bfloat16" else (8, 200, 24)
-    bt = RopeBatch(t_kv, H, R, dr, cache_dtype, seed=B + width)
+    bt = Batch(t_kv, H, R, cache_dtype, seed=B + width, dr=dr)
     idx = random_lists(t_kv, width, seed=B * width)
     if B == 40:
         idx[5] = -1  # an all -1 list on an active row: zeros
@@ -294,7 +214,7 @@ def test_rope_gathered_matches_cpu(e, cache_dtype, B, width):
 
 
 def test_rope_errors(e):
-    bt = RopeBatch([3, 5], 4, 128, 16, "float32", seed=71)
+    bt = Batch([3, 5], 4, 128, "float32", seed=71, dr=16)
     D = e.to_device
     q, caches, s = D(bt.q), bt.caches(e), bt.scale
     f = _core.mla_attn_decode
@@ -315,7 +235,7 @@ def test_sanitizer_rope_small_shapes(e):
     for cache_dtype, H, R, dr in (("bfloat16", 4, 128, 64), ("float32", 3, 40, 8),
                                   ("bfloat16", 3, 40, 8)):
         t_kv = [200, 0, 1, 65]
-        bt = RopeBatch(t_kv, H, R, dr, cache_dtype, seed=H + R)
+        bt = Batch(t_kv, H, R, cache_dtype, seed=H + R, dr=dr)
         bt.gpu(e)
         bt.gpu(e, idx=random_lists(t_kv, 70, seed=H))
         bt.gpu(e, t_kv=e.to_device(np.array(t_kv, np.int32)), max_t_kv=200)
