@@ -15,7 +15,7 @@ Diagnostic tests isolate the two products: q = 0 makes every weight exactly 1, s
 the mean of the visible rows whatever S is (the PV product and its N-major operand); q_h = c_{r_h}
 makes row r_h win by > 200 in log2 units, every other weight underflows to exactly 0 and the output
 is c_{r_h} bit for bit (the QK product and its K-major operands). Every split merge form
-(KernelOptions.mla_merge) runs at 2, 16 and 64 splits, the kernel census naming the form.
+(KernelOptions.mla_merge) runs at 2, 8, 16 and 64 splits, the kernel census naming the form.
 
 A small shape for ``compute-sanitizer`` (racecheck / memcheck / synccheck), every merge form:
 ``python -m pytest tests/test_cuda_mla_decode_sm90.py -k sanitizer``.
@@ -98,16 +98,17 @@ def test_wgmma_arm_is_selected(e, variant):
 MERGE_FORM = {1: "<0>", 2: "<1>", 3: "<2>"}
 
 
-@pytest.mark.parametrize("B,L", [(64, 4096), (8, 4096), (2, 4096)])
+@pytest.mark.parametrize("B,L", [(64, 4096), (16, 4096), (8, 4096), (2, 4096)])
 def test_wgmma_split_merges(B, L, tmp_path):
     """A sequence's splits merged in each form KernelOptions.mla_merge selects (1 the combine
     launch, 2 a thread-block cluster, 3 a grid barrier, 0 the choice) keep the bf16 limits
     against the CPU; rows of various lengths (idle, one-split and partly-split sequences) share
-    the launch. On the H200 (132 SMs) these shapes plan 2, 16 and 64 splits: the cluster runs up
-    to 16 (the 8 clusters of 16 do not all fit at once: they run in two waves), 64 splits take
-    the combine instead; the grid barrier runs all three (128 blocks); the choice never takes the
-    combine at these three (the cluster at 2 splits, the barrier at 16 and 64). Each form runs a
-    second call with other queries: the barrier's counters are back at zero after a launch."""
+    the launch. On the H200 (132 SMs) these shapes plan 2, 8, 16 and 64 splits: the cluster runs
+    up to 16 (16 clusters of 8 or 8 of 16 do not all fit at once: they run in two waves), 64
+    splits take the combine instead; the grid barrier runs all four (128 blocks); the choice
+    never takes the combine at these four (the cluster at 2 splits, the barrier at 8, 16 and
+    64). Each form runs a second call with other queries: the barrier's counters are back at
+    zero after a launch."""
     t_kv = [L if b % 3 else max(1, L // (b + 2)) for b in range(B)]
     t_kv[-1] = 0
     bt = Batch(t_kv, 64, 512, "bfloat16", seed=B + L)
@@ -230,6 +231,28 @@ def test_wgmma_option_leaves_other_forms(variant):
         got = bt.gpu(arm(variant), idx=idx)
         want = bt.gpu(arm(0), idx=idx)
         np.testing.assert_array_equal(got, want)
+
+
+def test_wgmma_split_tiles_sets_the_plan(tmp_path):
+    """KernelOptions.mla_split_tiles sets the wgmma arm's 64-row tiles a split too: at 64 tiles
+    a split two sequences of 4096 rows run one split each (the attention kernel alone, no
+    combine, no partials), where the cost model plans 64 splits merged by the combine launch;
+    both within the bf16 limits of the CPU."""
+    pytest.importorskip("torch", reason="the kernel census reads torch.profiler")
+    bt = Batch([4096, 4096], 64, 512, "bfloat16", seed=19)
+    want = bt.cpu()
+    for tiles, one_split in ((64, True), (0, False)):
+        eng = engine_with(mla_split_tiles=tiles, mla_merge=1)
+        close_per_seq(bt.gpu(eng), want, BF16_REL)
+        q, cs = eng.to_device(bt.q), bt.caches(eng)
+
+        def call():
+            _core.mla_attn_decode(q, cs, bt.t_kv, scale=bt.scale, engine=eng)
+            eng.synchronize()
+
+        names = " ".join(kernel_names(call, tmp_path / f"trace{tiles}.json"))
+        assert "mla_decode_wgmma_kernel" in names, names
+        assert ("mla_combine_kernel" in names) != one_split, names
 
 
 def test_sanitizer_wgmma_small_shapes():

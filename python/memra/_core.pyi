@@ -694,7 +694,7 @@ class KernelOptions:
     @property
     def mla_split_tiles(self) -> int:
         """
-        Changes numerics. 64-row tiles a split of the mma.sync / f32 MLA decode kernels: 0 chooses the splits from the cost model; n > 0 gives ceil(tiles / n) splits.
+        Changes numerics. 64-row tiles a split of the batched MLA decode kernels (every arm): 0 chooses the splits from the cost model; n > 0 gives ceil(tiles / n) splits.
         """
 
     @property

@@ -58,7 +58,7 @@ const Field kFields[] = {
      "0 chooses from the batch (2 below 32 sequences, 4 from there); 2 or 4 force it (4 only "
      "where there are more than 32 heads)."},
     {"mla_split_tiles", nullptr, &KernelOptions::mla_split_tiles,
-     "Changes numerics. 64-row tiles a split of the mma.sync / f32 MLA decode kernels: 0 "
+     "Changes numerics. 64-row tiles a split of the batched MLA decode kernels (every arm): 0 "
      "chooses the splits from the cost model; n > 0 gives ceil(tiles / n) splits."},
     {"moe_grouped_min_t", nullptr, &KernelOptions::moe_grouped_min_t,
      "Changes numerics (MoE layers with a shared expert). Tokens from which moe_forward runs the "

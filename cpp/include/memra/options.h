@@ -49,7 +49,7 @@ struct KernelOptions {
   // below 32 sequences, 4 from there); 2 or 4 force it (4 only where H > 32). Changes numerics
   // in the last bits (the softmax sums are split over 8 / tiles row groups).
   int mla_tc_mt = 0;
-  // 64-row tiles a split of the mma.sync / f32 MLA decode kernels: 0 chooses the splits from
+  // 64-row tiles a split of the batched MLA decode kernels (every arm): 0 chooses the splits from
   // the cost model; n > 0 gives ceil(tiles / n) splits. Changes numerics (the split merge).
   int mla_split_tiles = 0;
   // Tokens from which moe_forward runs the routed experts grouped by expert instead of one
