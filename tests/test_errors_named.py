@@ -232,3 +232,56 @@ def test_token_ids_outside_the_vocabulary_name_the_call_and_argument(model, bad)
                                        ((1, None), "max_len")])
 def test_new_cache_names_itself_and_the_argument(model, args, arg):
     raises(ContractError, lambda: model.new_cache(*args), f"new_cache: {arg}")
+
+
+def test_sample_counters_of_another_kind_are_named():
+    """A list, an int or a string for sample's counters / seeds is CONTRACT_DTYPE naming the
+    value, as for every other array argument (it once claimed a device mismatch)."""
+    logits = f32(2, 10)
+    for bad in ([0, 1], 3, "ab", (0, 1)):
+        e = raises(ContractError, lambda: _core.sample(logits, bad, temperature=0.8), "sample",
+                   "'counters'", "int64 or uint64 array")
+        assert e.code == S.CONTRACT_DTYPE
+    e = raises(ContractError, lambda: _core.sample(logits, np.zeros(2, np.uint64), temperature=0.8,
+                                                   seeds=[1, 2]), "sample", "'seeds'", "[1, 2]")
+    assert e.code == S.CONTRACT_DTYPE
+
+
+def test_appends_refuse_rows_that_share_the_cache():
+    """kv_append / mla_latent_append / mla_latent_append_decode write a cache in place while they
+    read their rows: rows that are a view of the cache are CONTRACT_VALUE naming both, the cache
+    unchanged (kv_append once copied forward row by row over rows it had not read yet)."""
+    kc = np.arange(8, dtype=np.float32).reshape(8, 1, 1)
+    vc = np.zeros((8, 1, 1), np.float32)
+    before = kc.copy()
+    e = raises(ContractError, lambda: _core.kv_append(kc[0:3], vc[0:3], kc, vc, pos0=1), "kv_append",
+               "'k'", "'k_cache'")
+    assert e.code == S.CONTRACT_VALUE
+    np.testing.assert_array_equal(kc, before)
+    raises(ContractError, lambda: _core.kv_append(f32(3, 1, 1), vc[4:7], kc, vc, pos0=1), "'v'",
+           "'v_cache'")
+    raises(ContractError, lambda: _core.kv_append(f32(3, 1, 1), f32(3, 1, 1), kc, kc, pos0=1),
+           "'k_cache'", "'v_cache'")
+    c = np.arange(8, dtype=np.float32).reshape(8, 1)
+    raises(ContractError, lambda: _core.mla_latent_append(c[0:3], c, start=1), "mla_latent_append",
+           "'rows'", "'cache'")
+    raises(ContractError, lambda: _core.mla_latent_append_decode(c[2:4], [c, c], [3, 5]),
+           "mla_latent_append_decode", "'rows'", "'caches'")
+    np.testing.assert_array_equal(c, np.arange(8, dtype=np.float32).reshape(8, 1))
+    # Disjoint views of one buffer are fine: rows 0..2 of a scratch, the cache in its rows 4..
+    buf = np.zeros((12, 1), np.float32)
+    buf[:3, 0] = [5, 6, 7]
+    _core.mla_latent_append(buf[0:3], buf[4:12], start=1)
+    np.testing.assert_array_equal(buf[5:8, 0], [5, 6, 7])
+    _core.kv_append(f32(2, 1, 1), f32(2, 1, 1), kc, vc, pos0=5)  # the caches still usable
+
+
+def test_per_sequence_ints_past_int64_are_range_errors():
+    """t_kv entries past int64 are CONTRACT_RANGE naming the value (they once read "must hold
+    ints, got int"), as entries past int32 already were."""
+    q = f32(2, 4, 8)
+    caches = [f32(3, 8), f32(3, 8)]
+    for big in (2 ** 63, -2 ** 63 - 1, 2 ** 40):
+        e = raises(ContractError, lambda: _core.mla_attn_decode(q, caches, [big, 3], scale=0.5),
+                   "mla_attn_decode", "'t_kv'", str(big), "outside int32")
+        assert e.code == S.CONTRACT_RANGE

@@ -333,7 +333,7 @@ def mla_latent_append(rows: Annotated[NDArray, dict(writable=False)], cache: obj
     Write latent rows into a cache in place: cache[start + t, :] = rows[t, :].
 
     rows: [T, W] float32; cache: [max_len, W], float32 (CPU: a writable host array), or on CUDA float32 or bfloat16 (a DLPack bfloat16 array or uint16 raw bits; the rows are rounded to nearest even). Both on the engine's device. Returns the cache (the same array object; for a single-use DLPack capsule, such as engine.to_device returns, a new capsule viewing the same buffer).
-    Raises ContractError: CONTRACT_RANGE when [start, start + T) does not fit max_len; CONTRACT_DTYPE / CONTRACT_SHAPE / CONTRACT_STRIDE / CONTRACT_DEVICE for bad arrays. Nothing is written on error.
+    Raises ContractError: CONTRACT_RANGE when [start, start + T) does not fit max_len; CONTRACT_VALUE when rows share memory with the cache; CONTRACT_DTYPE / CONTRACT_SHAPE / CONTRACT_STRIDE / CONTRACT_DEVICE for bad arrays. Nothing is written on error.
     Reference: MlaLayer (cpp/src/layers/mla_layer.cpp), the latent rows [normalised latent | k_pe] appended at rows [pos, pos + T).
     """
 
@@ -373,7 +373,7 @@ def mla_latent_append_decode(rows: Annotated[NDArray, dict(writable=False)], cac
     Write one latent row per sequence in place: caches[b][pos[b], :] = rows[b, :].
 
     rows: [B, W] float32. caches: a list of B arrays [L_b, W], all float32 (CPU: writable host arrays) or, on CUDA, all bfloat16 (DLPack bfloat16 or uint16 raw bits; rounded to nearest even); or one writable C-contiguous array [B, L, W] (slice b: sequence b's cache). pos: a host list / int array (checked: pos[b] < L_b) or on CUDA a device int32 [B] array (unchecked); pos[b] < 0 is an idle row: nothing written. One launch on CUDA. Returns None.
-    Raises ContractError: CONTRACT_RANGE for a host pos[b] >= L_b (nothing written); CONTRACT_SHAPE when len(caches) != B or widths differ; CONTRACT_DTYPE / CONTRACT_STRIDE / CONTRACT_DEVICE for bad arrays.
+    Raises ContractError: CONTRACT_RANGE for a host pos[b] >= L_b (nothing written); CONTRACT_VALUE when rows share memory with a cache; CONTRACT_SHAPE when len(caches) != B or widths differ; CONTRACT_DTYPE / CONTRACT_STRIDE / CONTRACT_DEVICE for bad arrays.
     Reference: mla_latent_append per sequence with T = 1.
     """
 
@@ -563,7 +563,7 @@ def attn_prep(qg: Annotated[NDArray, dict(writable=False)], k: Annotated[NDArray
 def kv_append(k: Annotated[NDArray, dict(writable=False)], v: Annotated[NDArray, dict(writable=False)], k_cache: object, v_cache: object, *, pos0: int = 0, slots: Annotated[NDArray, dict(writable=False)] | None = None, lengths: Annotated[NDArray, dict(writable=False)] | None = None, engine: Engine | None = None) -> None:
     """
     Write K/V rows into caches in place: k, v [T, Hkv, hd] float32; k_cache, v_cache float32 or bfloat16 (rounded to nearest even; uint16 raw bits accepted), writable, on the engine's device. Direct form: caches [max_len, Hkv, hd], row t at pos0 + t. With slots [T] int32 (-1 idle: nothing written) and lengths [max_batch] int32: caches [max_batch, max_len, Hkv, hd], row t at [slots[t], lengths[slots[t]]] (read on the device on CUDA: graph-safe; a position past max_len writes nothing there).
-    Raises ContractError (shapes, dtypes, devices, a read-only cache; CONTRACT_RANGE for rows past max_len, and on the CPU a slot or length out of range; CONTRACT_VALUE for a repeated slot on the CPU). Nothing is written on error.
+    Raises ContractError (shapes, dtypes, devices, a read-only cache; CONTRACT_RANGE for rows past max_len, and on the CPU a slot or length out of range; CONTRACT_VALUE for a repeated slot on the CPU, or for k / v sharing memory with a cache or the two caches sharing memory). Nothing is written on error.
     Reference: the cache update of past_key_values.update.
     """
 

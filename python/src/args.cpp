@@ -258,6 +258,19 @@ const char* last_checked_op() { return g_checking; }
 
 void raise_contract(int code, const std::string& message) { raise_status(Status(code, message)); }
 
+void check_disjoint(const char* op, const char* a_name, const void* a, size_t a_bytes,
+                    const char* b_name, const void* b, size_t b_bytes) {
+  if (a_bytes == 0 || b_bytes == 0) return;
+  const auto a0 = reinterpret_cast<uintptr_t>(a), b0 = reinterpret_cast<uintptr_t>(b);
+  if (a0 < b0 + b_bytes && b0 < a0 + a_bytes) {
+    Msg os;
+    os << op << ": argument '" << a_name << "' overlaps '" << b_name << "' in memory (the op "
+       << "writes '" << b_name << "' in place while it reads '" << a_name
+       << "'); pass a copy (np.array(x) / x.clone())";
+    raise_contract(kContractValue, os.str());
+  }
+}
+
 std::string shape_str(const AnyArray& a) {
   Msg os;
   os << "[";

@@ -271,6 +271,14 @@ void init_ops_attention(nb::module_& m) {
         const float* vp = f32_in(engine, v, op, "v", {T, kc.Hkv, kc.hd});
         check_heads(kc.Hkv, kc.Hkv, kc.hd, op);
         const Where w = where_arg(engine, pos0, slots, lengths, T, dev ? kc.max_batch : 0, kc.max_len, op);
+        const size_t in_bytes = sizeof(float) * z(T) * z(kc.Hkv) * z(kc.hd);
+        const size_t cache_bytes = (kc.dtype == 0 ? 4 : 2) * z(kc.max_batch) * z(kc.max_len) *
+                                   z(kc.Hkv) * z(kc.hd);
+        check_disjoint(op, "k_cache", kc.data, cache_bytes, "v_cache", vc.data, cache_bytes);
+        check_disjoint(op, "k", kp, in_bytes, "k_cache", kc.data, cache_bytes);
+        check_disjoint(op, "k", kp, in_bytes, "v_cache", vc.data, cache_bytes);
+        check_disjoint(op, "v", vp, in_bytes, "k_cache", kc.data, cache_bytes);
+        check_disjoint(op, "v", vp, in_bytes, "v_cache", vc.data, cache_bytes);
         MemraKvAppendParams p = {};
         p.k = kp;
         p.ld_k = kc.Hkv * kc.hd;
@@ -299,8 +307,9 @@ void init_ops_attention(nb::module_& m) {
       "hd], row t at [slots[t], lengths[slots[t]]] (read on the device on CUDA: graph-safe; a "
       "position past max_len writes nothing there).\nRaises ContractError (shapes, dtypes, "
       "devices, a read-only cache; CONTRACT_RANGE for rows past max_len, and on the CPU a slot "
-      "or length out of range; CONTRACT_VALUE for a repeated slot on the CPU). Nothing is "
-      "written on error.\nReference: the cache update of past_key_values.update.");
+      "or length out of range; CONTRACT_VALUE for a repeated slot on the CPU, or for k / v "
+      "sharing memory with a cache or the two caches sharing memory). Nothing is written on "
+      "error.\nReference: the cache update of past_key_values.update.");
 
   m.def(
       "attention",

@@ -282,6 +282,8 @@ void init_ops_mla(nb::module_& m) {
           raise_contract(kContractShape, std::string(op) + ": cache has shape " +
                                              shape_str(cache) + ", expected [max_len, W >= 1]");
         }
+        check_disjoint(op, "rows", rp, sizeof(float) * z(T) * z(W), "cache", cp,
+                       (cdt == 0 ? 4 : 2) * z(max_len) * z(W));
         MemraMlaAppendParams p{};
         p.rows = rp;
         p.n = T;
@@ -301,8 +303,8 @@ void init_ops_mla(nb::module_& m) {
       "object; for a single-use DLPack capsule, such as engine.to_device returns, a new capsule "
       "viewing the same buffer).\n"
       "Raises ContractError: CONTRACT_RANGE when [start, start + T) does not fit max_len; "
-      "CONTRACT_DTYPE / CONTRACT_SHAPE / CONTRACT_STRIDE / CONTRACT_DEVICE for bad arrays. Nothing "
-      "is written on error.\nReference: MlaLayer (cpp/src/layers/mla_layer.cpp), the latent rows "
+      "CONTRACT_VALUE when rows share memory with the cache; CONTRACT_DTYPE / CONTRACT_SHAPE / "
+      "CONTRACT_STRIDE / CONTRACT_DEVICE for bad arrays. Nothing is written on error.\nReference: MlaLayer (cpp/src/layers/mla_layer.cpp), the latent rows "
       "[normalised latent | k_pe] appended at rows [pos, pos + T).");
 
   m.def(

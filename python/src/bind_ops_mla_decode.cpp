@@ -293,6 +293,10 @@ void init_ops_mla_decode(nb::module_& m) {
           }
         }
         if (B == 0) return;
+        for (int64_t b = 0; b < B; ++b) {
+          check_disjoint(op, "rows", rp, sizeof(float) * z(B) * z(W), "caches", c.data[z(b)],
+                         (c.dtype == 0 ? 4 : 2) * z(c.rows[z(b)]) * z(W));
+        }
         std::shared_ptr<DeviceBuffer> table;
         void* const* caches_p = const_cast<void* const*>(c.data.data());
         if (on_cuda(engine)) {
@@ -319,6 +323,7 @@ void init_ops_mla_decode(nb::module_& m) {
       "int32 [B] array (unchecked); pos[b] < 0 is an idle row: nothing written. One launch on "
       "CUDA. Returns None.\n"
       "Raises ContractError: CONTRACT_RANGE for a host pos[b] >= L_b (nothing written); "
+      "CONTRACT_VALUE when rows share memory with a cache; "
       "CONTRACT_SHAPE when len(caches) != B or widths differ; CONTRACT_DTYPE / CONTRACT_STRIDE / "
       "CONTRACT_DEVICE for bad arrays.\n"
       "Reference: mla_latent_append per sequence with T = 1.");

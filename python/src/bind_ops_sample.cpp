@@ -27,6 +27,11 @@ namespace {
 // non-negative (they are reinterpreted as uint64). common.h's checkers cover f32/i32 only.
 std::vector<uint64_t> counter_arg(const AnyArray& a, const char* op, const char* name, int64_t B) {
   Msg os;
+  if (!a.is_valid()) {  // a list, a scalar, ...: what check_array says of any array argument
+    os << op << ": argument '" << name << "' must be an int64 or uint64 array, got "
+       << a.refusal();
+    raise_contract(kContractDType, os.str());
+  }
   if (a.device_type() != nb::device::cpu::value) {
     os << op << ": argument '" << name << "' must live in host memory for the CPU backend, got "
        << "a tensor on DLPack device type " << a.device_type();

@@ -55,6 +55,11 @@ inline void check(const Status& st) {
   if (!st.ok()) raise_status(st);
 }
 [[noreturn]] void raise_contract(int code, const std::string& message);
+// CONTRACT_VALUE when the bytes [a, a + a_bytes) and [b, b + b_bytes) overlap: an op that
+// writes `b` in place while it reads `a` would read rows it has already written (the CPU's
+// row-by-row copies) or race with itself (a CUDA kernel). Empty ranges never overlap.
+void check_disjoint(const char* op, const char* a_name, const void* a, size_t a_bytes,
+                    const char* b_name, const void* b, size_t b_bytes);
 
 std::string shape_str(const AnyArray& a);
 // The array's element type: int32, uint64, float16, bfloat16, ... (bool as bool8).

@@ -372,6 +372,10 @@ PerSeq per_seq_arg(const Engine* engine, nb::handle h, int64_t B, const char* op
     for (nb::handle x : h) {
       int64_t v = 0;
       if (!nb::try_cast(x, v)) {
+        if (PyLong_Check(x.ptr())) {  // an int past int64: a range error, not a type error
+          raise_contract(kContractRange, arg + " holds " + nb::repr(x).c_str() +
+                                             ", outside int32");
+        }
         raise_contract(kContractDType, arg + " must hold ints, got " +
                                            std::string(nb::type_name(x.type()).c_str()));
       }
