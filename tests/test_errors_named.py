@@ -285,3 +285,18 @@ def test_per_sequence_ints_past_int64_are_range_errors():
         e = raises(ContractError, lambda: _core.mla_attn_decode(q, caches, [big, 3], scale=0.5),
                    "mla_attn_decode", "'t_kv'", str(big), "outside int32")
         assert e.code == S.CONTRACT_RANGE
+
+
+def test_prefill_slot_out_of_range_is_one_error(model):
+    """A negative slot and one past max_batch are the same CONTRACT_RANGE naming the slot and
+    the cache's range (-1 once read "must be in [0, 2147483647]", CONTRACT_VALUE)."""
+    c = model.new_cache(2, 16)
+    for s in (-1, 2, 2 ** 40, np.int64(-3)):
+        e = raises(ContractError, lambda: model.prefill(c, s, [1, 2]), "prefill", f"slot {int(s)}",
+                   "outside [0, 2)")
+        assert e.code == S.CONTRACT_RANGE
+    e = raises(ContractError, lambda: model.prefill(c, True, [1, 2]), "prefill", "slot", "True")
+    assert e.code == S.CONTRACT_VALUE
+    assert c.length(0) == 0 and c.length(1) == 0
+    model.prefill(c, 1, [1, 2])  # the cache still serves
+    assert c.length(1) == 2

@@ -20,7 +20,7 @@ import time
 
 from . import load
 from .errors import MemraError
-from .model import default_checkpoint
+from .model import default_checkpoint, generation_args
 
 DEFAULT_PROMPT = "The quick brown fox"
 
@@ -59,6 +59,8 @@ def main(argv: list[str] | None = None) -> int:
 
     path = args.path or default_checkpoint()
     try:
+        # The sampling arguments before the checkpoint: a bad one costs no load.
+        generation_args(args.max_new_tokens, args.temperature, args.top_k, args.top_p, args.seed)
         model = load(path, device=args.device, max_batch=1, max_len=args.max_len, dtype=args.dtype,
                      progress=True)
         print(f"memra: cache of {model.cache.max_batch} x {model.cache.max_len} tokens takes "

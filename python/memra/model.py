@@ -59,6 +59,18 @@ def _count(value, what: str, lo: int, hi: int = 2**31 - 1) -> int:
     return int(value)
 
 
+def generation_args(max_new_tokens, temperature, top_k, top_p, seed) -> int:
+    """Check generate / stream's arguments (ContractError naming the first bad one, 40025:
+    max_new_tokens an integer >= 0, temperature / top_k / top_p as batch.sampling_problem says,
+    seed None or an integer in [0, 2^64)) without a model; returns the seed (None: 0). The CLI
+    calls it before it loads a checkpoint."""
+    _count(max_new_tokens, "generate: max_new_tokens", 0)
+    for name, value in (("temperature", temperature), ("top_k", top_k), ("top_p", top_p)):
+        if problem := sampling_problem(name, value):
+            raise ContractError(f"generate: {name} {problem}", 40025)
+    return 0 if seed is None else _count(seed, "generate: seed", 0, 2**64 - 1)
+
+
 class Model:
     """A loaded model on one Engine. Made by :func:`load`.
 
@@ -161,7 +173,11 @@ class Model:
         with self._lock:
             ids = _ids(token_ids, "prefill")
             self._check_vocab(ids, "prefill: token_ids")
-            slots = np.array([_count(slot, "prefill: slot", 0)], np.int32)
+            if isinstance(slot, bool) or not isinstance(slot, (int, np.integer)):
+                raise ContractError(f"prefill: slot must be an integer, got {slot!r}", 40025)
+            if not 0 <= int(slot) < cache.max_batch:  # every bad index one range error
+                raise ContractError(f"prefill: slot {int(slot)} is outside [0, {cache.max_batch})", 40023)
+            slots = np.array([int(slot)], np.int32)
             self._check_room(cache, slots, len(ids), "prefill")
             self._check_owner(cache, slots, [owner], "prefill")
             chunks = self._chunks(len(ids))
@@ -338,14 +354,6 @@ class Model:
             stops |= set(ids.tolist())
         return stops
 
-    def _sampling_args(self, max_new_tokens, temperature, top_k, top_p, seed) -> int:
-        """Validate generation arguments up front (named errors, nothing run); returns the seed."""
-        _count(max_new_tokens, "generate: max_new_tokens", 0)
-        for name, value in (("temperature", temperature), ("top_k", top_k), ("top_p", top_p)):
-            if problem := sampling_problem(name, value):
-                raise ContractError(f"generate: {name} {problem}", 40025)
-        return 0 if seed is None else _count(seed, "generate: seed", 0, 2**64 - 1)
-
     def _check_fits(self, n: int, max_new_tokens: int, what: str) -> None:
         """CacheFullError naming the prompt (`what`) unless n + max(max_new_tokens - 1, 0) <=
         max_len: the prompt takes n rows, every new token but the last (never fed back) one."""
@@ -386,7 +394,7 @@ class Model:
         ids = _ids(prompt_ids, "generate", "prompt_ids")
         if len(ids):
             self._check_vocab(ids, "generate")
-        seed = self._sampling_args(max_new_tokens, temperature, top_k, top_p, seed)
+        seed = generation_args(max_new_tokens, temperature, top_k, top_p, seed)
         self._check_fits(len(ids), max_new_tokens, "generate: prompt_ids")
         stops = self._stop_ids(stop_token_ids, ignore_eos)
         rs = RowSampling(float(temperature), top_k, top_p, seed)
@@ -444,7 +452,7 @@ class Model:
         all_ids = [_ids(p, "generate_batch", f"prompts[{i}]") for i, p in enumerate(prompts)]
         n = len(all_ids)
         # Every argument is checked before anything runs, also when there is nothing to do.
-        seed = self._sampling_args(max_new_tokens, temperature, top_k, top_p, seed)
+        seed = generation_args(max_new_tokens, temperature, top_k, top_p, seed)
         stops = self._stop_ids(stop_token_ids, ignore_eos)
         if n > self.cache.max_batch:
             raise ContractError(f"generate_batch: {n} prompts exceed the cache's max_batch "
