@@ -414,7 +414,8 @@ int attn_decode_impl(MemraCudaCtx* ctx, const float* q_lat, const float* q_pe,
     const double ovh = 128.0 / tr;
     int ns = choose_nsplit(B, wtiles, sms, 1, ovh, ovh);
     if (const int st = ctx->options.mla_split_tiles; st > 0) {
-      ns = static_cast<int>(std::min<int64_t>((wtiles + st - 1) / st, INT_MAX));
+      const int64_t rows = static_cast<int64_t>(st) * 64;  // the option's unit: 64-row tiles
+      ns = static_cast<int>(std::min<int64_t>((max_t_kv + rows - 1) / rows, INT_MAX));
     }
     ns = std::min(ns, memra::cuda::mla_decode_sm90_max_splits());
     const int64_t chunk = (wtiles + ns - 1) / ns * tr;

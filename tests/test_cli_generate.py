@@ -41,3 +41,10 @@ def test_good_sampling_flags_reach_the_load(loads):
     with pytest.raises(AssertionError, match="loaded"):
         cli.main(["generate", "--temperature", "0.7", "--top-p", "0.9", "--top-k", "5", "--seed", "3"])
     assert len(loads) == 1
+
+
+def test_more_new_tokens_than_cache_rows_fail_before_the_load(loads, capsys):
+    assert cli.main(["generate", "--max-new-tokens", "100", "--max-len", "64"]) == 1
+    err = capsys.readouterr().err
+    assert "CacheFullError (30002)" in err and "--max-len 64" in err, err
+    assert loads == []

@@ -149,6 +149,23 @@ def test_generation_through_graph_equals_eager(pair, alike, temperature: float) 
     assert batch[2] == alike.generate(PROMPTS[2], **one)
 
 
+def test_copy_into_refuses_overlapping_device_views(e) -> None:
+    """Engine.copy_into between two device views that share bytes (undefined for an async
+    device copy) is CONTRACT_VALUE naming src and dst; the same array, and disjoint views of one
+    buffer, copy."""
+    torch = pytest.importorskip("torch")
+    x = torch.arange(8, dtype=torch.float32, device=e.device)
+    torch.cuda.synchronize()  # torch's stream, then the engine's
+    with pytest.raises(ContractError) as info:
+        e.copy_into(x[0:4], x[2:6])
+    assert info.value.code == _core.status.CONTRACT_VALUE
+    assert "'src'" in str(info.value) and "'dst'" in str(info.value)
+    e.copy_into(x[0:4], x[4:8])
+    e.copy_into(x, x)
+    e.synchronize()
+    assert x.tolist() == [4, 5, 6, 7, 4, 5, 6, 7]
+
+
 def test_capture_refuses_host_copies_and_recovers(e) -> None:
     x = e.to_device(np.ones((2, 8), np.float32))
     w = e.to_device(np.ones(8, np.float32))

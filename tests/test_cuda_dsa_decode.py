@@ -411,6 +411,17 @@ def test_decode_bad_arguments_raise(e):
         with pytest.raises(memra.ContractError) as err:
             append(**kwargs)
         assert err.value.code == code, kwargs
+    # Arrays the launch writes sharing memory (one ring twice), or a new row that is a written
+    # array: CONTRACT_VALUE naming both, nothing written.
+    tk, tg, pk = lists(pk_rows=2)
+    with pytest.raises(memra.ContractError) as err:
+        _core.kpool_append_decode(dev(k), dev(gate), dev(ape), [tk[0], tk[0]], tg, pk, [3, 5],
+                                  engine=e)
+    assert err.value.code == ST.CONTRACT_VALUE and "'tail_k[0]'" in str(err.value)
+    with pytest.raises(memra.ContractError) as err:
+        _core.kpool_append_decode(pk[0], dev(gate), dev(ape), tk, tg, pk, [3, 5], engine=e)
+    assert err.value.code == ST.CONTRACT_VALUE and "'pool_keys[0]'" in str(err.value)
+    assert not np.any(e.to_host(pk[0])) and not np.any(e.to_host(tk[0]))
     with pytest.raises(memra.UnsupportedError):
         _core.kpool_append_decode(k, gate, ape, *[[np.zeros((ring, d), np.float32)] * 2] * 3,
                                   [0, 1])

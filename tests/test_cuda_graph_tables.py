@@ -250,4 +250,9 @@ def test_commit_decode_contract(gpu) -> None:
         _core.commit_decode(slots, e.to_device(np.zeros(3, np.float32)), cur, engine=e)
     with pytest.raises(ContractError):
         _core.commit_decode(slots, np.zeros(3, np.int32), np.zeros(3, np.int32), engine=e)
+    # lengths and cur one array (both written in place): refused, naming both.
+    with pytest.raises(ContractError) as info:
+        _core.commit_decode(slots, lengths, lengths, engine=e)
+    assert info.value.code == _core.status.CONTRACT_VALUE
+    assert "'lengths'" in str(info.value) and "'cur'" in str(info.value)
     assert e.to_host(lengths).tolist() == [0, 0, 0]

@@ -266,7 +266,7 @@ def test_appends_refuse_rows_that_share_the_cache():
     raises(ContractError, lambda: _core.mla_latent_append(c[0:3], c, start=1), "mla_latent_append",
            "'rows'", "'cache'")
     raises(ContractError, lambda: _core.mla_latent_append_decode(c[2:4], [c, c], [3, 5]),
-           "mla_latent_append_decode", "'rows'", "'caches'")
+           "mla_latent_append_decode", "'rows'", "'caches[0]'")
     np.testing.assert_array_equal(c, np.arange(8, dtype=np.float32).reshape(8, 1))
     # Disjoint views of one buffer are fine: rows 0..2 of a scratch, the cache in its rows 4..
     buf = np.zeros((12, 1), np.float32)
@@ -281,7 +281,7 @@ def test_per_sequence_ints_past_int64_are_range_errors():
     ints, got int"), as entries past int32 already were."""
     q = f32(2, 4, 8)
     caches = [f32(3, 8), f32(3, 8)]
-    for big in (2 ** 63, -2 ** 63 - 1, 2 ** 40):
+    for big in (2 ** 63, -2 ** 63 - 1, 2 ** 40, np.uint64(2 ** 64 - 1)):
         e = raises(ContractError, lambda: _core.mla_attn_decode(q, caches, [big, 3], scale=0.5),
                    "mla_attn_decode", "'t_kv'", str(big), "outside int32")
         assert e.code == S.CONTRACT_RANGE

@@ -524,7 +524,7 @@ def kpool_append_decode(k: Annotated[NDArray, dict(writable=False)], gate: Annot
 
     k, gate: [B, d] float32 (the new rows). ape: [pool, d] float32. tail_k, tail_gate: lists of B distinct writable [tail_rows, d] float32 rings (one tail_rows, a positive multiple of pool). pool_keys: a list of B writable [max_pools_b, d] float32 arrays, max_pools_b >= (pos[b] + 1) // pool. An idle row's arrays are neither read nor written. Returns None.
     CUDA only (engine: a CUDA Engine; UnsupportedError otherwise): cuda/dsa_decode.cu, one launch for the B sequences, per-sequence arrays reached through a device pointer table. pos: a host list / int array [B] (checked, then uploaded) or a device int32 [B] array (unchecked: the caller keeps each sequence's arrays large enough), pos[b] = tokens sequence b held before this one; pos[b] < 0 is an idle row. Launch shapes depend on B, d, Hi and max_pools only, so a captured CUDA graph replays at any position.
-    Raises ContractError: CONTRACT_POOL for pool < 1 or a bad ring size; CONTRACT_SHAPE when a list's length is not B, ring sizes differ, d == 0, or (host pos) a pool_keys array is too short; CONTRACT_RANGE for a host pos of 2^31 - 1 or outside int32; CONTRACT_DTYPE / CONTRACT_STRIDE / CONTRACT_DEVICE for bad arrays; CONTRACT_VALUE for a read-only array. Nothing is written when it raises.
+    Raises ContractError: CONTRACT_POOL for pool < 1 or a bad ring size; CONTRACT_SHAPE when a list's length is not B, ring sizes differ, d == 0, or (host pos) a pool_keys array is too short; CONTRACT_RANGE for a host pos of 2^31 - 1 or outside int32; CONTRACT_DTYPE / CONTRACT_STRIDE / CONTRACT_DEVICE for bad arrays; CONTRACT_VALUE for a read-only array, for written arrays sharing memory, or for k / gate sharing memory with one. Nothing is written when it raises.
     Reference: kpool_append per sequence with T = 1 (MlaLayer::indexer's bookkeeping).
     """
 
@@ -694,7 +694,7 @@ class KernelOptions:
     @property
     def mla_split_tiles(self) -> int:
         """
-        Changes numerics. 64-row tiles a split of the batched MLA decode kernels (every arm): 0 chooses the splits from the cost model; n > 0 gives ceil(tiles / n) splits.
+        Changes numerics. 64-row tiles a split of the batched MLA decode kernels (every arm): 0 chooses the splits from the cost model; n > 0 gives ceil(tiles / n) splits (the wgmma arm at most 1024).
         """
 
     @property

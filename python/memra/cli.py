@@ -19,7 +19,7 @@ import sys
 import time
 
 from . import load
-from .errors import MemraError
+from .errors import CacheFullError, MemraError
 from .model import default_checkpoint, generation_args
 
 DEFAULT_PROMPT = "The quick brown fox"
@@ -61,6 +61,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         # The sampling arguments before the checkpoint: a bad one costs no load.
         generation_args(args.max_new_tokens, args.temperature, args.top_k, args.top_p, args.seed)
+        if 1 <= args.max_len < args.max_new_tokens:  # any prompt takes a row: cannot fit
+            raise CacheFullError(f"generate: {args.max_new_tokens} new tokens and a prompt need more than "
+                                 f"--max-len {args.max_len} cache rows", 30002)
         model = load(path, device=args.device, max_batch=1, max_len=args.max_len, dtype=args.dtype,
                      progress=True)
         print(f"memra: cache of {model.cache.max_batch} x {model.cache.max_len} tokens takes "

@@ -152,9 +152,9 @@ class Model:
         """Append `token_ids` [T] to `slot` (which may already hold tokens: multi-turn) and return
         the logits of the last one [vocab] (numpy float32). A prompt longer than
         ``prefill_chunk`` tokens runs in chunks (docs/prefill.md). CacheFullError (nothing
-        written) when they do not fit; ContractError for a slot of the model's own cache that a
-        generation in flight holds (use new_cache() for slots of your own); on any error the
-        slot is left as it was."""
+        written) when they do not fit; ContractError: CONTRACT_RANGE for a slot outside [0,
+        cache.max_batch), 40026 for a slot of the model's own cache that a generation in flight
+        holds (use new_cache() for slots of your own); on any error the slot is left as it was."""
         with self._lock:
             _cache_arg(cache, "prefill")
             self._check_not_held(cache, [slot], "prefill")

@@ -1,4 +1,5 @@
 // Status -> Python exception, the AnyArray caster and the DLPack argument checks (common.h).
+#include <algorithm>
 #include <cstring>
 #include <limits>
 #include <new>
@@ -268,6 +269,28 @@ void check_disjoint(const char* op, const char* a_name, const void* a, size_t a_
        << "writes '" << b_name << "' in place while it reads '" << a_name
        << "'); pass a copy (np.array(x) / x.clone())";
     raise_contract(kContractValue, os.str());
+  }
+}
+
+void check_all_disjoint(const char* op, std::vector<Span> spans) {
+  std::sort(spans.begin(), spans.end(), [](const Span& x, const Span& y) {
+    return reinterpret_cast<uintptr_t>(x.data) < reinterpret_cast<uintptr_t>(y.data);
+  });
+  // Sorted by start, any overlapping pair implies an overlapping neighbour: keep the span
+  // reaching furthest so far and test each next one against it.
+  const Span* reach = nullptr;
+  for (const Span& x : spans) {
+    if (x.bytes == 0) continue;
+    const uintptr_t x0 = reinterpret_cast<uintptr_t>(x.data);
+    if (reach && x0 < reinterpret_cast<uintptr_t>(reach->data) + reach->bytes) {
+      Msg os;
+      os << op << ": arguments '" << reach->name << "' and '" << x.name << "' share memory, "
+         << "and the op writes both in place: give each its own array";
+      raise_contract(kContractValue, os.str());
+    }
+    if (!reach || x0 + x.bytes > reinterpret_cast<uintptr_t>(reach->data) + reach->bytes) {
+      reach = &x;
+    }
   }
 }
 

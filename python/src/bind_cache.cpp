@@ -499,6 +499,10 @@ void init_cache(nb::module_& m) {
         require_writable(cur, op, "cur");
         int32_t* lp = const_cast<int32_t*>(i32_in(engine, la, op, "lengths", {-1}));
         int32_t* cp = const_cast<int32_t*>(i32_in(engine, ca, op, "cur", {dim(la, 0)}));
+        const size_t n = sizeof(int32_t) * static_cast<size_t>(dim(la, 0));
+        check_all_disjoint(op, {{"lengths", lp, n}, {"cur", cp, n}});
+        check_disjoint(op, "slots", sp, sizeof(int32_t) * static_cast<size_t>(B), "lengths", lp, n);
+        check_disjoint(op, "slots", sp, sizeof(int32_t) * static_cast<size_t>(B), "cur", cp, n);
         check(op::commit_decode(backend(engine), sp, int(B), lp, cp));
       },
       nb::arg("slots"), nb::arg("lengths"), nb::arg("cur"), nb::kw_only(),

@@ -211,6 +211,11 @@ void init_engine(nb::module_& m) {
             for (size_t i = 0; i < src.ndim(); ++i) ns *= src.shape(i);
             check_value(nd == ns, op, "dst has " + std::to_string(nd) + " elements, src " + std::to_string(ns));
             const size_t bytes = nd * (d.dtype().bits / 8) * d.dtype().lanes;
+            if (src_dev == nb::device::cuda::value && src.data() != d.data()) {
+              // An overlapping device copy is undefined for cudaMemcpyAsync (the same array is
+              // a no-op copy and stays allowed).
+              check_disjoint(op, "src", src.data(), bytes, "dst", d.data(), bytes);
+            }
             check_cuda(&e, e.cuda()->api().copy(e.cuda()->ctx(), const_cast<void*>(d.data()), src.data(), bytes), op);
           },
           nb::arg("dst"), nb::arg("src"),

@@ -274,7 +274,7 @@ void init_ops_attention(nb::module_& m) {
         const size_t in_bytes = sizeof(float) * z(T) * z(kc.Hkv) * z(kc.hd);
         const size_t cache_bytes = (kc.dtype == 0 ? 4 : 2) * z(kc.max_batch) * z(kc.max_len) *
                                    z(kc.Hkv) * z(kc.hd);
-        check_disjoint(op, "k_cache", kc.data, cache_bytes, "v_cache", vc.data, cache_bytes);
+        check_all_disjoint(op, {{"k_cache", kc.data, cache_bytes}, {"v_cache", vc.data, cache_bytes}});
         check_disjoint(op, "k", kp, in_bytes, "k_cache", kc.data, cache_bytes);
         check_disjoint(op, "k", kp, in_bytes, "v_cache", vc.data, cache_bytes);
         check_disjoint(op, "v", vp, in_bytes, "k_cache", kc.data, cache_bytes);

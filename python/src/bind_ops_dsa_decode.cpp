@@ -137,6 +137,23 @@ void init_ops_dsa_decode(nb::module_& m) {
                                             std::to_string(pool));
         }
         StateList pk = state_list_arg(engine, pool_keys, B, -1, d, op, "pool_keys", true);
+        // The arrays written in place, each its own (one launch writes them all), and the new
+        // rows apart from them; before pos, whose host list CUDA uploads.
+        {
+          std::vector<Span> out;
+          const size_t row = sizeof(float) * z(d);
+          for (int64_t b = 0; b < B; ++b) {
+            const std::string i = "[" + std::to_string(b) + "]";
+            out.push_back({"tail_k" + i, tk.ptr[z(b)], row * z(tk.rows[z(b)])});
+            out.push_back({"tail_gate" + i, tg.ptr[z(b)], row * z(tg.rows[z(b)])});
+            out.push_back({"pool_keys" + i, pk.ptr[z(b)], row * z(pk.rows[z(b)])});
+          }
+          for (const Span& w : out) {
+            check_disjoint(op, "k", kp, row * z(B), w.name.c_str(), w.data, w.bytes);
+            check_disjoint(op, "gate", gp, row * z(B), w.name.c_str(), w.data, w.bytes);
+          }
+          check_all_disjoint(op, std::move(out));
+        }
         PerSeq p = decode_pos_arg(engine, pos, B, op);
         if (p.host) {
           for (int64_t b = 0; b < B; ++b) {
@@ -186,7 +203,8 @@ void init_ops_dsa_decode(nb::module_& m) {
        "when a list's length is not B, ring sizes differ, d == 0, or (host pos) a pool_keys "
        "array is too short; CONTRACT_RANGE for a host pos of 2^31 - 1 or outside int32; "
        "CONTRACT_DTYPE / CONTRACT_STRIDE / CONTRACT_DEVICE for bad arrays; CONTRACT_VALUE for a "
-       "read-only array. Nothing is written when it raises.\n"
+       "read-only array, for written arrays sharing memory, or for k / gate sharing memory with "
+       "one. Nothing is written when it raises.\n"
        "Reference: kpool_append per sequence with T = 1 (MlaLayer::indexer's bookkeeping).")
           .c_str());
 

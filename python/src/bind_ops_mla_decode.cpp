@@ -280,6 +280,12 @@ void init_ops_mla_decode(nb::module_& m) {
                                              std::to_string(c.W) + " wide, rows " +
                                              shape_str(rows) + " are " + std::to_string(W));
         }
+        // Before pos (which a host list uploads on CUDA): nothing allocated on a refusal.
+        for (int64_t b = 0; b < B; ++b) {
+          check_disjoint(op, "rows", rp, sizeof(float) * z(B) * z(W),
+                         ("caches[" + std::to_string(b) + "]").c_str(), c.data[z(b)],
+                         (c.dtype == 0 ? 4 : 2) * z(c.rows[z(b)]) * z(W));
+        }
         PerSeq p = per_seq_arg(engine, pos, B, op, "pos");
         if (p.host) {
           for (int64_t b = 0; b < B; ++b) {
@@ -293,10 +299,6 @@ void init_ops_mla_decode(nb::module_& m) {
           }
         }
         if (B == 0) return;
-        for (int64_t b = 0; b < B; ++b) {
-          check_disjoint(op, "rows", rp, sizeof(float) * z(B) * z(W), "caches", c.data[z(b)],
-                         (c.dtype == 0 ? 4 : 2) * z(c.rows[z(b)]) * z(W));
-        }
         std::shared_ptr<DeviceBuffer> table;
         void* const* caches_p = const_cast<void* const*>(c.data.data());
         if (on_cuda(engine)) {

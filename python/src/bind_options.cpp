@@ -59,7 +59,8 @@ const Field kFields[] = {
      "where there are more than 32 heads)."},
     {"mla_split_tiles", nullptr, &KernelOptions::mla_split_tiles,
      "Changes numerics. 64-row tiles a split of the batched MLA decode kernels (every arm): 0 "
-     "chooses the splits from the cost model; n > 0 gives ceil(tiles / n) splits."},
+     "chooses the splits from the cost model; n > 0 gives ceil(tiles / n) splits (the wgmma arm "
+     "at most 1024)."},
     {"moe_grouped_min_t", nullptr, &KernelOptions::moe_grouped_min_t,
      "Changes numerics (MoE layers with a shared expert). Tokens from which moe_forward runs the "
      "routed experts grouped by expert instead of one (token, slot) pair at a time (a large "

@@ -60,6 +60,16 @@ inline void check(const Status& st) {
 // row-by-row copies) or race with itself (a CUDA kernel). Empty ranges never overlap.
 void check_disjoint(const char* op, const char* a_name, const void* a, size_t a_bytes,
                     const char* b_name, const void* b, size_t b_bytes);
+// A named byte range an op reads or writes, for check_all_disjoint.
+struct Span {
+  std::string name;
+  const void* data;
+  size_t bytes;
+};
+// CONTRACT_VALUE naming the first two of `spans` (the arrays an op writes in place, sorted by
+// address here) that overlap: two of them sharing memory would have the op's writes race or land
+// in each other. Empty spans never overlap.
+void check_all_disjoint(const char* op, std::vector<Span> spans);
 
 std::string shape_str(const AnyArray& a);
 // The array's element type: int32, uint64, float16, bfloat16, ... (bool as bool8).

@@ -372,7 +372,7 @@ PerSeq per_seq_arg(const Engine* engine, nb::handle h, int64_t B, const char* op
     for (nb::handle x : h) {
       int64_t v = 0;
       if (!nb::try_cast(x, v)) {
-        if (PyLong_Check(x.ptr())) {  // an int past int64: a range error, not a type error
+        if (PyIndex_Check(x.ptr()) && !PyBool_Check(x.ptr())) {  // an int past int64: a range error
           raise_contract(kContractRange, arg + " holds " + nb::repr(x).c_str() +
                                              ", outside int32");
         }

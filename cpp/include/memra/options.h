@@ -50,7 +50,8 @@ struct KernelOptions {
   // in the last bits (the softmax sums are split over 8 / tiles row groups).
   int mla_tc_mt = 0;
   // 64-row tiles a split of the batched MLA decode kernels (every arm): 0 chooses the splits from
-  // the cost model; n > 0 gives ceil(tiles / n) splits. Changes numerics (the split merge).
+  // the cost model; n > 0 gives ceil(tiles / n) splits (the wgmma arm at most 1024). Changes
+  // numerics (the split merge).
   int mla_split_tiles = 0;
   // Tokens from which moe_forward runs the routed experts grouped by expert instead of one
   // (token, slot) pair at a time (a large value keeps the per-pair kernels). moe_forward's bytes
