@@ -101,6 +101,27 @@ def sampling_problem(name: str, value) -> str | None:
     raise ValueError(f"sampling_problem: {name!r} is not a sampling argument")
 
 
+def count_arg(value, what: str, lo: int, hi: int = 2**31 - 1) -> int:
+    """An integer argument in [lo, hi] (ContractError otherwise, never a TypeError)."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise ContractError(f"{what} must be an integer, got {value!r}", 40025)
+    if not lo <= int(value) <= hi:
+        raise ContractError(f"{what} must be in [{lo}, {hi}], got {int(value)}", 40025)
+    return int(value)
+
+
+def generation_args(max_new_tokens, temperature, top_k, top_p, seed) -> int:
+    """Check generate / stream's arguments (ContractError naming the first bad one, 40025:
+    max_new_tokens an integer >= 0, temperature / top_k / top_p as sampling_problem says, seed
+    None or an integer in [0, 2^64)) without a model; returns the seed (None: 0). The CLI calls
+    it before it loads a checkpoint."""
+    count_arg(max_new_tokens, "generate: max_new_tokens", 0)
+    for name, value in (("temperature", temperature), ("top_k", top_k), ("top_p", top_p)):
+        if problem := sampling_problem(name, value):
+            raise ContractError(f"generate: {name} {problem}", 40025)
+    return 0 if seed is None else count_arg(seed, "generate: seed", 0, 2**64 - 1)
+
+
 @dataclass(frozen=True)
 class RowSampling:
     """How one sequence draws its tokens: temperature (0: greedy, argmax with ties to the lower

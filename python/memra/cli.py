@@ -20,7 +20,8 @@ import time
 
 from . import load
 from .errors import CacheFullError, MemraError
-from .model import default_checkpoint, generation_args
+from .batch import generation_args
+from .model import default_checkpoint
 
 DEFAULT_PROMPT = "The quick brown fox"
 

@@ -14,7 +14,8 @@ from pathlib import Path
 import numpy as np
 
 from . import _core, batch_prefill
-from .batch import DecodeBatch, RowSampling, SlotLease, TokenStream, sampling_problem, take_free_slots
+from .batch import (DecodeBatch, RowSampling, SlotLease, TokenStream, count_arg, generation_args,
+                    take_free_slots)
 from .config import read_config
 from .decode_graph import DecodeRunner, Sampling
 from .errors import NON_FINITE, SLOT_HELD, CacheFullError, ContractError, NonFiniteError, UnsupportedError, \
@@ -48,27 +49,6 @@ def _cache_arg(cache, what: str) -> _core.Cache:
     if not isinstance(cache, _core.Cache):
         raise ContractError(f"{what}: cache must be a memra.Cache (model.new_cache()), got {shown(cache)}", 40020)
     return cache
-
-
-def _count(value, what: str, lo: int, hi: int = 2**31 - 1) -> int:
-    """An integer argument in [lo, hi] (ContractError otherwise, never a TypeError)."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise ContractError(f"{what} must be an integer, got {value!r}", 40025)
-    if not lo <= int(value) <= hi:
-        raise ContractError(f"{what} must be in [{lo}, {hi}], got {int(value)}", 40025)
-    return int(value)
-
-
-def generation_args(max_new_tokens, temperature, top_k, top_p, seed) -> int:
-    """Check generate / stream's arguments (ContractError naming the first bad one, 40025:
-    max_new_tokens an integer >= 0, temperature / top_k / top_p as batch.sampling_problem says,
-    seed None or an integer in [0, 2^64)) without a model; returns the seed (None: 0). The CLI
-    calls it before it loads a checkpoint."""
-    _count(max_new_tokens, "generate: max_new_tokens", 0)
-    for name, value in (("temperature", temperature), ("top_k", top_k), ("top_p", top_p)):
-        if problem := sampling_problem(name, value):
-            raise ContractError(f"generate: {name} {problem}", 40025)
-    return 0 if seed is None else _count(seed, "generate: seed", 0, 2**64 - 1)
 
 
 class Model:
@@ -112,8 +92,8 @@ class Model:
         """A fresh Cache with `max_batch` slots of `max_len` tokens each (OutOfMemoryError if it
         cannot fit, before anything is allocated)."""
         return _core.Cache(self.engine, self.net.state_specs(),
-                           max_batch=_count(max_batch, "new_cache: max_batch", 1),
-                           max_len=_count(max_len, "new_cache: max_len", 1), latent_dtype=self.dtype)
+                           max_batch=count_arg(max_batch, "new_cache: max_batch", 1),
+                           max_len=count_arg(max_len, "new_cache: max_len", 1), latent_dtype=self.dtype)
 
     @property
     def dtype(self) -> str:
@@ -367,7 +347,7 @@ class Model:
         sequences of your own making (memra.batch.DecodeBatch; the server's scheduler): each
         :class:`memra.batch.SlotLease` gives its slot back with ``release()``. ContractError when
         fewer than n are free; slots holding your tokens are never taken."""
-        return take_free_slots(self, _count(n, f"{what}: n", 1), what)
+        return take_free_slots(self, count_arg(n, f"{what}: n", 1), what)
 
     def _pick(self, logits, row: int, temperature: float, top_k, top_p, seed: int, step: int) -> int:
         """Sample row `row` of logits [B, vocab] (on the engine's device) with memra's sampler;
@@ -565,8 +545,8 @@ def load(path, device: str = "cpu", max_batch: int = 8, max_len: int = 4096, *, 
     with naming_unreadable(path / "config.json"):  # read_config names a missing or malformed one
         family, cfg = read_config(path)
     gen = read_generation_config(path, cfg)  # before any memory is taken: a bad default costs nothing
-    max_batch = _count(max_batch, "load: max_batch", 1)
-    max_len = _count(max_len, "load: max_len", 1)
+    max_batch = count_arg(max_batch, "load: max_batch", 1)
+    max_len = count_arg(max_len, "load: max_len", 1)
     if not isinstance(device, str):
         raise ContractError(f"load: device must be a string such as 'cpu' or 'cuda', got {device!r}", 40025)
     # The whole grammar: "cpu" | "cuda" | "cuda:N" (ASCII digits; "cpu:" or "cuda:" is no device).
