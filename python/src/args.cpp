@@ -192,7 +192,9 @@ void check_array(const AnyArray& a, const char* op, const char* name,
   Msg os;
   if (!a.is_valid()) {
     os << op << ": argument '" << name << "' must be "
-       << (want_dtype && *want_dtype ? std::string("a ") + want_dtype + " array" : "an array")
+       << (want_dtype && *want_dtype
+               ? std::string(std::strchr("aeiou", *want_dtype) ? "an " : "a ") + want_dtype + " array"
+               : "an array")
        << ", got " << a.refusal();
     raise_contract(kContractDType, os.str());
   }

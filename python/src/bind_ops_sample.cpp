@@ -23,35 +23,14 @@ namespace memra::py {
 
 namespace {
 
-// Counters for sampling: int64 or uint64, 1-D [B], C-contiguous, host. int64 values must be
-// non-negative (they are reinterpreted as uint64). common.h's checkers cover f32/i32 only.
+// Counters for sampling: int64 or uint64, 1-D [B], C-contiguous, host (check_array's checks and
+// messages, with the two dtypes it has no checker for). int64 values must be non-negative (they
+// are reinterpreted as uint64).
 std::vector<uint64_t> counter_arg(const AnyArray& a, const char* op, const char* name, int64_t B) {
+  const bool is_i64 = a.is_valid() && has_dtype(a, nb::dlpack::dtype_code::Int, 64);
+  const bool is_u64 = a.is_valid() && has_dtype(a, nb::dlpack::dtype_code::UInt, 64);
+  check_array(a, op, name, {B}, "int64 or uint64", is_i64 || is_u64, nb::device::cpu::value, 0);
   Msg os;
-  if (!a.is_valid()) {  // a list, a scalar, ...: what check_array says of any array argument
-    os << op << ": argument '" << name << "' must be an int64 or uint64 array, got "
-       << a.refusal();
-    raise_contract(kContractDType, os.str());
-  }
-  if (a.device_type() != nb::device::cpu::value) {
-    os << op << ": argument '" << name << "' must live in host memory for the CPU backend, got "
-       << "a tensor on DLPack device type " << a.device_type();
-    raise_contract(kContractDevice, os.str());
-  }
-  const bool is_i64 = has_dtype(a, nb::dlpack::dtype_code::Int, 64);
-  if (!is_i64 && !has_dtype(a, nb::dlpack::dtype_code::UInt, 64)) {
-    os << op << ": argument '" << name << "' must be int64 or uint64, got " << dtype_str(a);
-    raise_contract(kContractDType, os.str());
-  }
-  if (a.ndim() != 1 || static_cast<int64_t>(a.shape(0)) != B) {
-    os << op << ": argument '" << name << "' has shape " << shape_str(a) << ", expected [" << B
-       << "]";
-    raise_contract(kContractShape, os.str());
-  }
-  if (B > 1 && a.stride(0) != 1) {
-    os << op << ": argument '" << name << "' with shape " << shape_str(a)
-       << " must be C-contiguous (call np.ascontiguousarray first)";
-    raise_contract(kContractStride, os.str());
-  }
   std::vector<uint64_t> out(static_cast<size_t>(B));
   for (int64_t b = 0; b < B; ++b) {
     if (is_i64) {
