@@ -271,7 +271,7 @@ void init_ops_attention(nb::module_& m) {
         const float* vp = f32_in(engine, v, op, "v", {T, kc.Hkv, kc.hd});
         check_heads(kc.Hkv, kc.Hkv, kc.hd, op);
         const Where w = where_arg(engine, pos0, slots, lengths, T, dev ? kc.max_batch : 0, kc.max_len, op);
-        const size_t in_bytes = sizeof(float) * z(T) * z(kc.Hkv) * z(kc.hd);
+        const size_t in_bytes = k.nbytes();  // v: the same shape
         const size_t cache_bytes = (kc.dtype == 0 ? 4 : 2) * z(kc.max_batch) * z(kc.max_len) *
                                    z(kc.Hkv) * z(kc.hd);
         check_all_disjoint(op, {{"k_cache", kc.data, cache_bytes}, {"v_cache", vc.data, cache_bytes}});

@@ -149,8 +149,8 @@ void init_ops_dsa_decode(nb::module_& m) {
             out.push_back({"pool_keys" + i, pk.ptr[z(b)], row * z(pk.rows[z(b)])});
           }
           for (const Span& w : out) {
-            check_disjoint(op, "k", kp, row * z(B), w.name.c_str(), w.data, w.bytes);
-            check_disjoint(op, "gate", gp, row * z(B), w.name.c_str(), w.data, w.bytes);
+            check_disjoint(op, "k", kp, k.nbytes(), w.name.c_str(), w.data, w.bytes);
+            check_disjoint(op, "gate", gp, gate.nbytes(), w.name.c_str(), w.data, w.bytes);
           }
           check_all_disjoint(op, std::move(out));
         }

@@ -282,8 +282,7 @@ void init_ops_mla(nb::module_& m) {
           raise_contract(kContractShape, std::string(op) + ": cache has shape " +
                                              shape_str(cache) + ", expected [max_len, W >= 1]");
         }
-        check_disjoint(op, "rows", rp, sizeof(float) * z(T) * z(W), "cache", cp,
-                       (cdt == 0 ? 4 : 2) * z(max_len) * z(W));
+        check_disjoint(op, "rows", rp, rows.nbytes(), "cache", cp, cache.nbytes());
         MemraMlaAppendParams p{};
         p.rows = rp;
         p.n = T;

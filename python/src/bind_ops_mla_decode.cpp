@@ -282,7 +282,7 @@ void init_ops_mla_decode(nb::module_& m) {
         }
         // Before pos (which a host list uploads on CUDA): nothing allocated on a refusal.
         for (int64_t b = 0; b < B; ++b) {
-          check_disjoint(op, "rows", rp, sizeof(float) * z(B) * z(W),
+          check_disjoint(op, "rows", rp, rows.nbytes(),
                          ("caches[" + std::to_string(b) + "]").c_str(), c.data[z(b)],
                          (c.dtype == 0 ? 4 : 2) * z(c.rows[z(b)]) * z(W));
         }
