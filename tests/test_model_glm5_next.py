@@ -197,6 +197,7 @@ def test_bad_input_is_named_and_changes_nothing(model: memra.Model, call, code: 
     with pytest.raises(memra.ContractError) as e:
         call(model, cache)
     assert e.value.code == getattr(memra._core.status, code), str(e.value)
+    assert str(e.value).startswith(("decode:", "prefill:")), str(e.value)  # the Model call, not a layer
     for k, v in snapshot(model, cache, 0).items():
         np.testing.assert_array_equal(before[k], v)
     assert cache.length(1) == 0

@@ -249,6 +249,10 @@ class Model:
             ids = _ids(token_ids, "decode")
             if len(slots) != len(ids):
                 raise ContractError(f"decode: {len(slots)} slots but {len(ids)} tokens", 40000)
+            values, counts = np.unique(slots, return_counts=True)
+            if (counts > 1).any():
+                raise ContractError(f"decode: slots must be distinct (one token per slot a step), but "
+                                    f"{values[counts > 1].tolist()} appear more than once", 40025)
             self._check_vocab(ids, "decode: token_ids")
             self._check_room(cache, slots, 1, "decode")
             owners = [0] * len(slots) if owners is None else owners
