@@ -56,7 +56,8 @@ os.environ.setdefault("TRITON_CACHE_AUTOTUNING", "1")
 from common import Bench, base_parser, emit_record, log  # noqa: E402
 # The whole-model protocol of the glm5_next benchmark (family-free: memra.load picks the family).
 from bench_model_decode import (  # noqa: E402
-    add_outcomes, checkpoint_text_bytes, decode_figures, folder_ready, peer_kernels, run_memra, sync)
+    add_outcomes, checkpoint_text_bytes, decode_figures, folder_ready, generate_peer, peer_kernels,
+    peer_then_memra, sync)
 
 MARKER = "memra_bench_build.json"
 BUILD_VERSION = 1  # bump when the weights recipe changes (a folder of another version is rebuilt)
@@ -265,69 +266,14 @@ def decode_bytes(cfg, tensors: dict[str, int], B: int, ctx: float) -> dict:
 
 # ============================================================================ peer
 def run_peer(args, folder: Path, dev, torch, prompts, batches, peer_steps, match_steps) -> tuple[dict, dict]:
-    """transformers on the folder: per B {peer_tok_s, tokens (seq 0), ...}; and common info."""
-    import importlib.util
-
-    import transformers
+    """transformers on the folder (bench_model_decode.generate_peer): per B {peer_tok_s, tokens
+    (seq 0), ...}; and common info."""
     from transformers import KimiLinearForCausalLM
     from transformers.models.kimi_linear import modeling_kimi_linear as mod
 
     info = {"peer_kernels": peer_kernels(mod)}
-    try:
-        import fla
-        fla_ver = getattr(fla, "__version__", "?")
-    except Exception as e:  # noqa: BLE001
-        fla_ver = None
-        info["fla_unavailable"] = f"{type(e).__name__}: {e}"
-    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
-    t0 = time.perf_counter()
-    if dev.type == "cuda" and importlib.util.find_spec("accelerate") is not None:
-        model = KimiLinearForCausalLM.from_pretrained(folder, dtype=dtype, device_map=str(dev))
-    else:
-        model = KimiLinearForCausalLM.from_pretrained(folder, dtype=dtype).to(dev)
-    model.eval()
-    info["peer_load_s"] = round(time.perf_counter() - t0, 2)
-    info["peer"] = (f"transformers {transformers.__version__}" + (f" + fla {fla_ver}" if fla_ver else " (no fla)")
-                    + f": KimiLinearForCausalLM.generate, {str(dtype)[6:]}, attn "
-                    f"{model.config._attn_implementation}, experts "
-                    f"{getattr(model.config, '_experts_implementation', None)}")
-    pad = model.config.pad_token_id
-
-    def generate(ids, n):
-        sync(torch, dev)
-        t = time.perf_counter()
-        with torch.no_grad():
-            out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=n,
-                                 min_new_tokens=n, do_sample=False, pad_token_id=pad)
-        sync(torch, dev)
-        dt = time.perf_counter() - t
-        if out.shape[1] != ids.shape[1] + n:
-            raise RuntimeError(f"generate returned {out.shape[1] - ids.shape[1]} new tokens, asked {n}")
-        return dt, out[:, ids.shape[1]:].tolist()
-
-    res = {}
-    for B in batches:
-        r = {}
-        try:
-            ids = torch.tensor(prompts[:B], dtype=torch.long, device=dev)
-            t = time.perf_counter()
-            generate(ids, 2)  # warm-up (Triton autotune of fla's kernels on the first call)
-            r["peer_warmup_s"] = round(time.perf_counter() - t, 2)
-            t1, _ = generate(ids, 1)
-            tn, toks = generate(ids, peer_steps + 1)
-            r["peer_tok_s"] = B * peer_steps / (tn - t1) if tn > t1 else None
-            r["peer_generate_times_s"] = [round(t1, 4), round(tn, 4)]
-            r["tokens"] = toks[0][:max(match_steps, 1)]
-            log(f"kimi_decode: peer B={B}: {r['peer_tok_s']} tok/s (warm-up {r['peer_warmup_s']} s, "
-                f"generate 1 / {peer_steps + 1} tokens {r['peer_generate_times_s']} s)")
-        except Exception as e:  # noqa: BLE001
-            r["peer_unavailable"] = f"{type(e).__name__}: {e}"
-            log(f"kimi_decode: peer B={B} failed: {r['peer_unavailable']}")
-        res[B] = r
-    model = None  # free the device memory before memra loads
-    gc.collect()
-    if dev.type == "cuda":
-        torch.cuda.empty_cache()
+    res = generate_peer(torch, dev, KimiLinearForCausalLM, folder, prompts, batches, peer_steps, match_steps,
+                        info, "kimi_decode")
     return res, info
 
 
@@ -399,23 +345,9 @@ def main() -> int:
     prompts = [rng.integers(0, hi, prompt_len).astype(np.int64).tolist() for _ in range(max(batches))]
 
     # ---- transformers first (then freed), memra second
-    peer, peer_info = ({B: {"peer_unavailable": "--skip-peer"} for B in batches}, {})
-    if not args.skip_peer:
-        try:
-            peer, peer_info = run_peer(args, folder, dev, torch, prompts, batches, peer_steps, args.match_steps)
-        except Exception as e:  # noqa: BLE001
-            why = f"{type(e).__name__}: {e}"
-            log(f"kimi_decode: transformers failed: {why}")
-            peer = {B: {"peer_unavailable": why} for B in batches}
-        b.release()
-    try:
-        mem, mem_info = run_memra(args, folder, "cuda:%d" % args.device_index if b.cuda else "cpu",
-                                  "bfloat16" if b.cuda else "float32", prompts, batches, warmup, steps,
-                                  gen_steps, args.match_steps)
-    except Exception as e:  # noqa: BLE001 - e.g. memra.load failed: still report the peer and the roofline
-        why = f"{type(e).__name__}: {e}"
-        log(f"kimi_decode: memra failed: {why}")
-        mem, mem_info = {B: {"memra_error": why} for B in batches}, {}
+    peer, peer_info, mem, mem_info = peer_then_memra(
+        args, b, folder, prompts, batches, warmup, steps, peer_steps, gen_steps, "kimi_decode",
+        lambda ps: run_peer(args, folder, dev, torch, ps, batches, peer_steps, args.match_steps))
 
     # ---- one JSON line per B
     for B in batches:

@@ -314,13 +314,20 @@ def peer_kernels(mod) -> dict:
     return out
 
 
-def run_peer(args, folder: Path, dev, torch, prompts, batches, peer_steps, match_steps) -> tuple[dict, dict]:
-    """transformers on the folder: per B {peer_tok_s, tokens (seq 0), ...}; and common info."""
-    import transformers
-    from transformers import Glm5NextForConditionalGeneration
-    from transformers.models.glm5_next import modeling_glm5_next as mod
+def generate_peer(torch, dev, lm_cls, folder: Path, prompts, batches, peer_steps: int, match_steps: int,
+                  info: dict, tag: str) -> dict:
+    """transformers' greedy generate as the decode peer (bench_model_decode, bench_kimi_decode,
+    bench_qwen_decode): lm_cls.from_pretrained(folder) in bfloat16 on CUDA (float32 on the CPU),
+    then per B in `batches`, on prompts[:B] (equal lengths): a warm-up call (fla's Triton autotune
+    happens there), time(1) and time(peer_steps + 1) of generate(do_sample=False, max_new_tokens =
+    min_new_tokens = n), peer_tok_s = B * peer_steps / (time(peer_steps + 1) - time(1)). Returns
+    {B: {peer_tok_s, peer_warmup_s, peer_generate_times_s, tokens (sequence 0's first
+    max(match_steps, 1)), tokens_all (every sequence's)} or {peer_unavailable: why}}; adds peer,
+    peer_load_s and, without fla, fla_unavailable to `info`. Frees the model's device memory before
+    it returns (memra loads next). `tag` prefixes the log lines."""
+    import importlib.util
 
-    info = {"peer_kernels": peer_kernels(mod)}
+    import transformers
     try:
         import fla
         fla_ver = getattr(fla, "__version__", "?")
@@ -328,20 +335,19 @@ def run_peer(args, folder: Path, dev, torch, prompts, batches, peer_steps, match
         fla_ver = None
         info["fla_unavailable"] = f"{type(e).__name__}: {e}"
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
-    import importlib.util
     t0 = time.perf_counter()
     if dev.type == "cuda" and importlib.util.find_spec("accelerate") is not None:
         # straight onto the device (transformers wants accelerate for a device_map)
-        model = Glm5NextForConditionalGeneration.from_pretrained(folder, dtype=dtype, device_map=str(dev))
+        model = lm_cls.from_pretrained(folder, dtype=dtype, device_map=str(dev))
     else:  # through host memory (~14 GB at GLM widths), then moved
-        model = Glm5NextForConditionalGeneration.from_pretrained(folder, dtype=dtype).to(dev)
+        model = lm_cls.from_pretrained(folder, dtype=dtype).to(dev)
     model.eval()
     info["peer_load_s"] = round(time.perf_counter() - t0, 2)
-    tcfg = model.config.text_config
+    tcfg = getattr(model.config, "text_config", None) or model.config  # multimodal wrappers
+    experts = getattr(tcfg, "_experts_implementation", None) or getattr(model.config, "_experts_implementation", None)
     info["peer"] = (f"transformers {transformers.__version__}" + (f" + fla {fla_ver}" if fla_ver else " (no fla)")
-                    + f": Glm5NextForConditionalGeneration.generate, {str(dtype)[6:]}, attn "
-                    f"{model.config._attn_implementation}, experts "
-                    f"{getattr(tcfg, '_experts_implementation', None) or getattr(model.config, '_experts_implementation', None)}")
+                    + f": {lm_cls.__name__}.generate, {str(dtype)[6:]}, attn "
+                    f"{model.config._attn_implementation}, experts {experts}")
     pad = tcfg.pad_token_id
 
     def generate(ids, n):
@@ -370,17 +376,55 @@ def run_peer(args, folder: Path, dev, torch, prompts, batches, peer_steps, match
             r["peer_generate_times_s"] = [round(t1, 4), round(tn, 4)]
             r["tokens"] = toks[0][:max(match_steps, 1)]
             r["tokens_all"] = [row[:max(match_steps, 1)] for row in toks]
-            log(f"model_decode: peer B={B}: {r['peer_tok_s']} tok/s (warm-up {r['peer_warmup_s']} s, "
+            log(f"{tag}: peer B={B}: {r['peer_tok_s']} tok/s (warm-up {r['peer_warmup_s']} s, "
                 f"generate 1 / {peer_steps + 1} tokens {r['peer_generate_times_s']} s)")
         except Exception as e:  # noqa: BLE001
             r["peer_unavailable"] = f"{type(e).__name__}: {e}"
-            log(f"model_decode: peer B={B} failed: {r['peer_unavailable']}")
+            log(f"{tag}: peer B={B} failed: {r['peer_unavailable']}")
         res[B] = r
     model = None  # free the device memory before memra loads
     gc.collect()
     if dev.type == "cuda":
         torch.cuda.empty_cache()
+    return res
+
+
+def run_peer(args, folder: Path, dev, torch, prompts, batches, peer_steps, match_steps) -> tuple[dict, dict]:
+    """transformers on the folder (generate_peer): per B {peer_tok_s, tokens (seq 0), ...}; and
+    common info."""
+    from transformers import Glm5NextForConditionalGeneration
+    from transformers.models.glm5_next import modeling_glm5_next as mod
+
+    info = {"peer_kernels": peer_kernels(mod)}
+    res = generate_peer(torch, dev, Glm5NextForConditionalGeneration, folder, prompts, batches, peer_steps,
+                        match_steps, info, "model_decode")
     return res, info
+
+
+def peer_then_memra(args, b, folder: Path, prompts, batches, warmup, steps, peer_steps, gen_steps, tag: str,
+                    peer_fn) -> tuple[dict, dict, dict, dict]:
+    """The two sides of a decode bench on one folder: transformers first (peer_fn(prompts) ->
+    (per-B results, info); skipped with --skip-peer) and its device memory released, then memra
+    (run_memra). A side that fails becomes {B: {peer_unavailable | memra_error: why}}, so the
+    other side and the roofline are still reported. Returns (peer, peer_info, mem, mem_info)."""
+    peer, peer_info = ({B: {"peer_unavailable": "--skip-peer"} for B in batches}, {})
+    if not args.skip_peer:
+        try:
+            peer, peer_info = peer_fn(prompts)
+        except Exception as e:  # noqa: BLE001
+            why = f"{type(e).__name__}: {e}"
+            log(f"{tag}: transformers failed: {why}")
+            peer = {B: {"peer_unavailable": why} for B in batches}
+        b.release()
+    try:
+        mem, mem_info = run_memra(args, folder, "cuda:%d" % args.device_index if b.cuda else "cpu",
+                                  "bfloat16" if b.cuda else "float32", prompts, batches, warmup, steps,
+                                  gen_steps, args.match_steps)
+    except Exception as e:  # noqa: BLE001 - e.g. memra.load failed: still report the peer and the roofline
+        why = f"{type(e).__name__}: {e}"
+        log(f"{tag}: memra failed: {why}")
+        mem, mem_info = {B: {"memra_error": why} for B in batches}, {}
+    return peer, peer_info, mem, mem_info
 
 
 # ============================================================================ memra
@@ -747,23 +791,9 @@ def main() -> int:
     prompts = [rng.integers(0, hi, prompt_len).astype(np.int64).tolist() for _ in range(max(batches))]
 
     # ---- transformers first (then freed), memra second
-    peer, peer_info = ({B: {"peer_unavailable": "--skip-peer"} for B in batches}, {})
-    if not args.skip_peer:
-        try:
-            peer, peer_info = run_peer(args, folder, dev, torch, prompts, batches, peer_steps, args.match_steps)
-        except Exception as e:  # noqa: BLE001
-            why = f"{type(e).__name__}: {e}"
-            log(f"model_decode: transformers failed: {why}")
-            peer = {B: {"peer_unavailable": why} for B in batches}
-        b.release()
-    try:
-        mem, mem_info = run_memra(args, folder, "cuda:%d" % args.device_index if b.cuda else "cpu",
-                                  "bfloat16" if b.cuda else "float32", prompts, batches, warmup, steps,
-                                  gen_steps, args.match_steps)
-    except Exception as e:  # noqa: BLE001 - e.g. memra.load failed: still report the peer and the roofline
-        why = f"{type(e).__name__}: {e}"
-        log(f"model_decode: memra failed: {why}")
-        mem, mem_info = {B: {"memra_error": why} for B in batches}, {}
+    peer, peer_info, mem, mem_info = peer_then_memra(
+        args, b, folder, prompts, batches, warmup, steps, peer_steps, gen_steps, "model_decode",
+        lambda ps: run_peer(args, folder, dev, torch, ps, batches, peer_steps, args.match_steps))
 
     # ---- one JSON line per B
     for B in batches:

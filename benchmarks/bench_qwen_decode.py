@@ -59,7 +59,8 @@ os.environ.setdefault("TRITON_CACHE_AUTOTUNING", "1")  # before fla / transforme
 
 from common import Bench, base_parser, emit_record, log  # noqa: E402
 from bench_model_decode import (  # noqa: E402
-    add_outcomes, checkpoint_text_bytes, decode_figures, folder_ready, run_memra, sync)
+    add_outcomes, checkpoint_text_bytes, decode_figures, folder_ready, generate_peer, peer_then_memra,
+    sync)
 from bench_kimi_decode import checkpoint_tensors  # noqa: E402
 
 MARKER = "memra_bench_build.json"
@@ -241,68 +242,17 @@ def peer_kernels(mod) -> dict:
 
 
 def run_peer(which: str, folder: Path, dev, torch, prompts, batches, peer_steps, match_steps) -> tuple[dict, dict]:
-    """transformers on the folder: per B {peer_tok_s, tokens (seq 0), ...}; and common info."""
+    """transformers on the folder (bench_model_decode.generate_peer): per B {peer_tok_s, tokens
+    (seq 0), ...}; and common info."""
     import importlib
-    import importlib.util
 
     import transformers
 
     mod = importlib.import_module("transformers.models.qwen3_5.modeling_qwen3_5" if which == "4b"
                                   else "transformers.models.qwen3_5_moe.modeling_qwen3_5_moe")
     info = {"peer_kernels": peer_kernels(mod)}
-    try:
-        import fla
-        fla_ver = getattr(fla, "__version__", "?")
-    except Exception as e:  # noqa: BLE001
-        fla_ver = None
-        info["fla_unavailable"] = f"{type(e).__name__}: {e}"
-    lm_cls = getattr(transformers, MODELS[which][1])
-    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
-    t0 = time.perf_counter()
-    if dev.type == "cuda" and importlib.util.find_spec("accelerate") is not None:
-        model = lm_cls.from_pretrained(folder, dtype=dtype, device_map=str(dev))
-    else:
-        model = lm_cls.from_pretrained(folder, dtype=dtype).to(dev)
-    model.eval()
-    info["peer_load_s"] = round(time.perf_counter() - t0, 2)
-    info["peer"] = (f"transformers {transformers.__version__}" + (f" + fla {fla_ver}" if fla_ver else " (no fla)")
-                    + f": {MODELS[which][1]}.generate, {str(dtype)[6:]}, attn {model.config._attn_implementation}, "
-                    f"experts {getattr(model.config, '_experts_implementation', None)}")
-    pad = model.config.pad_token_id
-
-    def generate(ids, n):
-        sync(torch, dev)
-        t = time.perf_counter()
-        with torch.no_grad():
-            out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=n,
-                                 min_new_tokens=n, do_sample=False, pad_token_id=pad)
-        sync(torch, dev)
-        if out.shape[1] != ids.shape[1] + n:
-            raise RuntimeError(f"generate returned {out.shape[1] - ids.shape[1]} new tokens, asked {n}")
-        return time.perf_counter() - t, out[:, ids.shape[1]:].tolist()
-
-    res = {}
-    for B in batches:
-        r = {}
-        try:
-            ids = torch.tensor(prompts[:B], dtype=torch.long, device=dev)
-            t = time.perf_counter()
-            generate(ids, 2)  # warm-up (Triton autotune of fla's kernels on the first call)
-            r["peer_warmup_s"] = round(time.perf_counter() - t, 2)
-            t1, _ = generate(ids, 1)
-            tn, toks = generate(ids, peer_steps + 1)
-            r["peer_tok_s"] = B * peer_steps / (tn - t1) if tn > t1 else None
-            r["peer_generate_times_s"] = [round(t1, 4), round(tn, 4)]
-            r["tokens"] = toks[0][:max(match_steps, 1)]
-            log(f"qwen_decode: peer {which} B={B}: {r['peer_tok_s']} tok/s")
-        except Exception as e:  # noqa: BLE001
-            r["peer_unavailable"] = f"{type(e).__name__}: {e}"
-            log(f"qwen_decode: peer {which} B={B} failed: {r['peer_unavailable']}")
-        res[B] = r
-    model = None  # free the device memory before memra loads
-    gc.collect()
-    if dev.type == "cuda":
-        torch.cuda.empty_cache()
+    res = generate_peer(torch, dev, getattr(transformers, MODELS[which][1]), folder, prompts, batches, peer_steps,
+                        match_steps, info, f"qwen_decode: {which}")
     return res, info
 
 
@@ -333,21 +283,9 @@ def run_model(which: str, args, b: Bench, batches, warmup, steps, peer_steps, ge
     hi = min(cfg.vocab_size - 16, 240000)
     prompts = [rng.integers(0, hi, args.prompt_len).astype(np.int64).tolist() for _ in range(max(batches))]
 
-    peer, peer_info = ({B: {"peer_unavailable": "--skip-peer"} for B in batches}, {})
-    if not args.skip_peer:
-        try:
-            peer, peer_info = run_peer(which, folder, dev, torch, prompts, batches, peer_steps, args.match_steps)
-        except Exception as e:  # noqa: BLE001
-            log(f"qwen_decode: transformers failed: {type(e).__name__}: {e}")
-            peer = {B: {"peer_unavailable": f"{type(e).__name__}: {e}"} for B in batches}
-        b.release()
-    try:
-        mem, mem_info = run_memra(args, folder, "cuda:%d" % args.device_index if b.cuda else "cpu",
-                                  "bfloat16" if b.cuda else "float32", prompts, batches, warmup, steps, gen_steps,
-                                  args.match_steps)
-    except Exception as e:  # noqa: BLE001 - still report the peer and the roofline
-        log(f"qwen_decode: memra failed: {type(e).__name__}: {e}")
-        mem, mem_info = {B: {"memra_error": f"{type(e).__name__}: {e}"} for B in batches}, {}
+    peer, peer_info, mem, mem_info = peer_then_memra(
+        args, b, folder, prompts, batches, warmup, steps, peer_steps, gen_steps, "qwen_decode",
+        lambda ps: run_peer(which, folder, dev, torch, ps, batches, peer_steps, args.match_steps))
 
     for B in batches:
         rb, r1 = decode_bytes(cfg, tensors, B, ctx), decode_bytes(cfg, tensors, 1, ctx)
