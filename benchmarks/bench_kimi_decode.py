@@ -38,14 +38,11 @@ Goal at B = 1 (issue 18): memra_generate_tok_s >= 0.75 of the roofline (meets_ta
 
 from __future__ import annotations
 
-import gc
 import json
 import math
 import os
 import re
-import shutil
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -56,8 +53,8 @@ os.environ.setdefault("TRITON_CACHE_AUTOTUNING", "1")
 from common import Bench, base_parser, emit_record, log  # noqa: E402
 # The whole-model protocol of the glm5_next benchmark (family-free: memra.load picks the family).
 from bench_model_decode import (  # noqa: E402
-    add_outcomes, checkpoint_text_bytes, decode_figures, folder_ready, generate_peer, peer_kernels,
-    peer_then_memra, sync)
+    add_outcomes, build_and_save, checkpoint_text_bytes, decode_figures, folder_ready, generate_peer,
+    peer_kernels, peer_then_memra)
 
 MARKER = "memra_bench_build.json"
 BUILD_VERSION = 1  # bump when the weights recipe changes (a folder of another version is rebuilt)
@@ -153,52 +150,18 @@ def marker_of(args, tc: dict) -> dict:
 
 
 def build_checkpoint(folder: Path, args, tc: dict, dev, torch) -> float:
-    """Build, initialise and save the model; returns seconds. Written to folder.tmp, then renamed."""
+    """Build, initialise and save the model (bench_model_decode.build_and_save); returns seconds."""
     from transformers import KimiLinearConfig, KimiLinearForCausalLM
 
-    t0 = time.perf_counter()
-    tmp = folder.with_name(folder.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
     cfg = KimiLinearConfig(**tc)
-    try:
-        with torch.device(dev):
-            model = KimiLinearForCausalLM(cfg)
-        init_weights(model, args.seed, torch)
-    except Exception as e:  # noqa: BLE001 - insurance for a one-shot run: the host path (slower)
-        if dev.type != "cuda":
-            raise
-        log(f"kimi_decode: building on {dev} failed ({type(e).__name__}: {e}); building on the host")
-        model = None
-        gc.collect()
-        torch.cuda.empty_cache()
-        dev = torch.device("cpu")
-        model = KimiLinearForCausalLM(cfg)
-        init_weights(model, args.seed, torch)
-    n = sum(p.numel() for p in model.parameters())
-    to_bf16(model, torch)
-    sync(torch, dev)
-    log(f"kimi_decode: built and initialised {n / 1e9:.3f}e9 parameters on {dev} in "
-        f"{time.perf_counter() - t0:.1f} s")
-    t1 = time.perf_counter()
-    try:
-        model.save_pretrained(tmp, max_shard_size="5GB")
-    except Exception as e:  # noqa: BLE001 - insurance: save from host memory instead
-        if dev.type != "cuda":
-            raise
-        log(f"kimi_decode: save_pretrained from {dev} failed ({type(e).__name__}: {e}); saving from the host")
-        shutil.rmtree(tmp, ignore_errors=True)
-        model.to("cpu")
-        model.save_pretrained(tmp, max_shard_size="5GB")
-    (tmp / MARKER).write_text(json.dumps(marker_of(args, tc), indent=1))
-    log(f"kimi_decode: saved to {tmp} in {time.perf_counter() - t1:.1f} s")
-    del model
-    gc.collect()
-    if dev.type == "cuda":
-        torch.cuda.empty_cache()
-    if folder.exists():
-        shutil.rmtree(folder)
-    tmp.rename(folder)
-    return time.perf_counter() - t0
+
+    def finish(model) -> int:
+        n = sum(p.numel() for p in model.parameters())
+        to_bf16(model, torch)
+        return n
+
+    return build_and_save(folder, dev, torch, lambda: KimiLinearForCausalLM(cfg),
+                          lambda m: init_weights(m, args.seed, torch), finish, marker_of(args, tc), "kimi_decode")
 
 
 def checkpoint_tensors(folder: Path) -> dict[str, int]:

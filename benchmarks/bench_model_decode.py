@@ -162,33 +162,34 @@ def folder_ready(folder: Path, want: dict) -> tuple[bool, str]:
     return True, "reused"
 
 
-def build_checkpoint(folder: Path, args, tc: dict, dev, torch) -> float:
-    """Build, initialise and save the model; returns seconds. Written to folder.tmp, then renamed."""
-    from transformers import Glm5NextConfig, Glm5NextForConditionalGeneration
-
+def build_and_save(folder: Path, dev, torch, make_model, init, finish, marker: dict, tag: str,
+                   extra=None) -> float:
+    """The decode benches' checkpoint build: make_model() under torch.device(dev), init(model) (on
+    CUDA a failure of either retries both on the host: slower, but a one-shot run still gets its
+    folder), finish(model) -> the parameter count it logs (and the cast to the checkpoint dtypes),
+    save_pretrained into folder.tmp in 5 GB shards (from host memory if the device save fails),
+    extra(tmp) when given (e.g. a generation config), the marker file, then folder.tmp renamed to
+    folder. Returns the seconds it took."""
     t0 = time.perf_counter()
     tmp = folder.with_name(folder.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    cfg = Glm5NextConfig(text_config=dict(tc), vision_config=dict(VISION), tie_word_embeddings=False)
     try:
         with torch.device(dev):
-            model = Glm5NextForConditionalGeneration(cfg)
-        init_weights(model, args.seed, torch)
+            model = make_model()
+        init(model)
     except Exception as e:  # noqa: BLE001 - insurance for a one-shot run: the host path (slower)
         if dev.type != "cuda":
             raise
-        log(f"model_decode: building on {dev} failed ({type(e).__name__}: {e}); building on the host")
+        log(f"{tag}: building on {dev} failed ({type(e).__name__}: {e}); building on the host")
         model = None
         gc.collect()
         torch.cuda.empty_cache()
         dev = torch.device("cpu")
-        model = Glm5NextForConditionalGeneration(cfg)
-        init_weights(model, args.seed, torch)
-    n = sum(p.numel() for name, p in model.named_parameters() if not name.startswith("model.visual."))
-    to_checkpoint_dtype(model, torch)
-    if dev.type == "cuda":
-        torch.cuda.synchronize(dev)
-    log(f"model_decode: built and initialised {n / 1e9:.3f}e9 text parameters on {dev} in "
+        model = make_model()
+        init(model)
+    n = finish(model)
+    sync(torch, dev)
+    log(f"{tag}: built and initialised {n / 1e9:.3f}e9 text parameters on {dev} in "
         f"{time.perf_counter() - t0:.1f} s")
     t1 = time.perf_counter()
     try:
@@ -196,12 +197,14 @@ def build_checkpoint(folder: Path, args, tc: dict, dev, torch) -> float:
     except Exception as e:  # noqa: BLE001 - insurance: save from host memory instead
         if dev.type != "cuda":
             raise
-        log(f"model_decode: save_pretrained from {dev} failed ({type(e).__name__}: {e}); saving from the host")
+        log(f"{tag}: save_pretrained from {dev} failed ({type(e).__name__}: {e}); saving from the host")
         shutil.rmtree(tmp, ignore_errors=True)
         model.to("cpu")
         model.save_pretrained(tmp, max_shard_size="5GB")
-    (tmp / MARKER).write_text(json.dumps(marker_of(args, tc), indent=1))
-    log(f"model_decode: saved to {tmp} in {time.perf_counter() - t1:.1f} s")
+    if extra is not None:
+        extra(tmp)
+    (tmp / MARKER).write_text(json.dumps(marker, indent=1))
+    log(f"{tag}: saved to {tmp} in {time.perf_counter() - t1:.1f} s")
     del model
     gc.collect()
     if dev.type == "cuda":
@@ -210,6 +213,20 @@ def build_checkpoint(folder: Path, args, tc: dict, dev, torch) -> float:
         shutil.rmtree(folder)
     tmp.rename(folder)
     return time.perf_counter() - t0
+
+
+def build_checkpoint(folder: Path, args, tc: dict, dev, torch) -> float:
+    """Build, initialise and save the model (build_and_save); returns seconds."""
+    from transformers import Glm5NextConfig, Glm5NextForConditionalGeneration
+
+    cfg = Glm5NextConfig(text_config=dict(tc), vision_config=dict(VISION), tie_word_embeddings=False)
+
+    def finish(model) -> int:
+        to_checkpoint_dtype(model, torch)
+        return sum(p.numel() for name, p in model.named_parameters() if not name.startswith("model.visual."))
+
+    return build_and_save(folder, dev, torch, lambda: Glm5NextForConditionalGeneration(cfg),
+                          lambda m: init_weights(m, args.seed, torch), finish, marker_of(args, tc), "model_decode")
 
 
 def checkpoint_text_bytes(folder: Path) -> tuple[int, int, int]:

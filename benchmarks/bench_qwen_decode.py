@@ -44,12 +44,9 @@ that model's wall time (build, peer, memra).
 
 from __future__ import annotations
 
-import gc
-import json
 import math
 import os
 import re
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -59,8 +56,8 @@ os.environ.setdefault("TRITON_CACHE_AUTOTUNING", "1")  # before fla / transforme
 
 from common import Bench, base_parser, emit_record, log  # noqa: E402
 from bench_model_decode import (  # noqa: E402
-    add_outcomes, checkpoint_text_bytes, decode_figures, folder_ready, generate_peer, peer_then_memra,
-    sync)
+    add_outcomes, build_and_save, checkpoint_text_bytes, decode_figures, folder_ready, generate_peer,
+    peer_then_memra)
 from bench_kimi_decode import checkpoint_tensors  # noqa: E402
 
 MARKER = "memra_bench_build.json"
@@ -129,39 +126,33 @@ def marker_of(args, tc: dict) -> dict:
 
 
 def build_checkpoint(folder: Path, args, which: str, tc: dict, dev, torch) -> float:
-    """Build, initialise (on `dev`), cast to bf16 and save; returns seconds (folder.tmp, renamed)."""
+    """Build, initialise (on `dev`), cast to bf16 and save (bench_model_decode.build_and_save);
+    returns seconds."""
     import transformers
 
-    t0 = time.perf_counter()
-    tmp = folder.with_name(folder.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
     cfg_cls, lm_cls = (getattr(transformers, n) for n in MODELS[which][:2])
-    with torch.device(dev):
-        model = lm_cls(cfg_cls(**tc))
-    gen = torch.Generator(device=dev).manual_seed(args.seed)
     h = tc["hidden_size"]
-    with torch.no_grad():
-        for name, p in sorted(model.named_parameters()):
-            std, mean = init_rule(name, tuple(p.shape), h)
-            p.normal_(mean, std, generator=gen)
-        for _, p in model.named_parameters():
-            p.data = p.data.to(torch.bfloat16)
-    model.config.dtype = torch.bfloat16
-    n = sum(p.numel() for p in model.parameters())
-    sync(torch, dev)
-    log(f"qwen_decode: built {which} ({n / 1e9:.3f}e9 parameters) on {dev} in {time.perf_counter() - t0:.1f} s")
-    model.save_pretrained(tmp, max_shard_size="5GB")
-    transformers.GenerationConfig(eos_token_id=tc["eos_token_id"], pad_token_id=tc["pad_token_id"],
-                                  do_sample=False).save_pretrained(tmp)
-    (tmp / MARKER).write_text(json.dumps(marker_of(args, tc), indent=1))
-    del model
-    gc.collect()
-    if dev.type == "cuda":
-        torch.cuda.empty_cache()
-    if folder.exists():
-        shutil.rmtree(folder)
-    tmp.rename(folder)
-    return time.perf_counter() - t0
+
+    def init(model) -> None:
+        gen = torch.Generator(device=next(model.parameters()).device).manual_seed(args.seed)
+        with torch.no_grad():
+            for name, p in sorted(model.named_parameters()):
+                std, mean = init_rule(name, tuple(p.shape), h)
+                p.normal_(mean, std, generator=gen)
+
+    def finish(model) -> int:
+        with torch.no_grad():
+            for _, p in model.named_parameters():
+                p.data = p.data.to(torch.bfloat16)
+        model.config.dtype = torch.bfloat16
+        return sum(p.numel() for p in model.parameters())
+
+    def extra(tmp: Path) -> None:
+        transformers.GenerationConfig(eos_token_id=tc["eos_token_id"], pad_token_id=tc["pad_token_id"],
+                                      do_sample=False).save_pretrained(tmp)
+
+    return build_and_save(folder, dev, torch, lambda: lm_cls(cfg_cls(**tc)), init, finish, marker_of(args, tc),
+                          f"qwen_decode: {which}", extra)
 
 
 # ============================================================================ roofline
