@@ -31,6 +31,7 @@ BAD = [
     ({"temperature": 1.0, "top_k": 2**40}, "top_k", "2147483647"),
     ({"temperature": 1.0, "top_p": 0}, "top_p", "(0, 1]"),
     ({"temperature": 1.0, "top_p": 1.5}, "top_p", "(0, 1]"),
+    ({"temperature": 1.0, "top_p": 1e-46}, "top_p", "rounds to 0"),  # > 0 as a double, 0 as a float32
 ]
 
 

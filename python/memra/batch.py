@@ -75,7 +75,8 @@ def sampling_problem(name: str, value) -> str | None:
     ``top_k`` or ``top_p``), as "must be ..., got ..."; None when it takes it.
 
     temperature: a finite number >= 0 that stays finite as a float32 (0: greedy); top_k: an
-    integer in [0, 2^31) or None (0 and None: off); top_p: a number in (0, 1] or None (off).
+    integer in [0, 2^31) or None (0 and None: off); top_p: a number in (0, 1] that stays above 0
+    as a float32 (1e-46 would reach the sampler as 0), or None (off).
     The one rule for Model.generate's arguments, the server's request fields
     (memra.serve.protocol) and the sampling defaults of generation_config.json (memra.loader),
     so none of them reaches the sampler with a value it would refuse mid-generation.
@@ -97,6 +98,8 @@ def sampling_problem(name: str, value) -> str | None:
         return None if 0 <= int(value) <= _INT32_MAX else f"must be in [0, {_INT32_MAX}], got {int(value)}"
     if name == "top_p":
         ok = not isinstance(value, bool) and isinstance(value, number) and 0.0 < value <= 1.0
+        if ok and not np.float32(value) > 0:
+            return f"must be in (0, 1] as a float32 (the sampler's type), got {value!r}, which rounds to 0"
         return None if ok else f"must be in (0, 1], got {value!r}"
     raise ValueError(f"sampling_problem: {name!r} is not a sampling argument")
 

@@ -7,7 +7,8 @@ prints the new text (decoded with the folder's tokenizer.json through the ``toke
 library) or the new token ids, then the generation speed in tokens/s on stderr.
 
     memra serve [PATH] [--host 127.0.0.1] [--port 8000] [--device cpu|cuda] [--dtype D]
-                [--max-batch N] [--max-len N] [--max-waiting N] [--served-model-name NAME]
+                [--max-batch N] [--max-len N] [--max-waiting N] [--max-request-bytes N]
+                [--served-model-name NAME]
 
 serves the model over HTTP with OpenAI's API (memra.serve) until interrupted.
 """
@@ -138,6 +139,8 @@ def _serve_parser(sub) -> None:
                    help="tokens per slot: prompt + max_tokens of a request (default: 4096)")
     s.add_argument("--max-waiting", type=int, default=64,
                    help="requests queued beyond the free slots before a 429 (default: 64)")
+    s.add_argument("--max-request-bytes", type=_positive, default=None,
+                   help="largest request body taken, 413 past it (default: 1 MiB + 64 bytes per --max-len token)")
     s.add_argument("--served-model-name", default=None,
                    help="the model id clients name (default: the checkpoint folder's name)")
     s.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
@@ -166,7 +169,7 @@ def _serve(args) -> int:
           f"({args.max_batch} slots x {args.max_len} tokens)", file=sys.stderr)
     try:
         run(model, host=args.host, port=args.port, served_model_name=args.served_model_name,
-            max_waiting=args.max_waiting, log_level=args.log_level)
+            max_waiting=args.max_waiting, max_request_bytes=args.max_request_bytes, log_level=args.log_level)
     except MemraError as e:  # made before serving: a chat template that does not compile, ...
         print(f"memra: {type(e).__name__} ({e.code}): {e}", file=sys.stderr)
         return 1

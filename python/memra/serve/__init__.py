@@ -23,11 +23,11 @@ def create_app(model, served_model_name: str | None = None, **kwargs):
 
 
 def run(model, *, host: str = "127.0.0.1", port: int = 8000, served_model_name: str | None = None,
-        max_waiting: int = 64, log_level: str = "info") -> None:
-    """Serve `model` with uvicorn until interrupted (Ctrl-C)."""
+        max_waiting: int = 64, max_request_bytes: int | None = None, log_level: str = "info") -> None:
+    """Serve `model` with uvicorn until interrupted (Ctrl-C); the options are create_app's."""
     import uvicorn
 
-    app = create_app(model, served_model_name, max_waiting=max_waiting)
+    app = create_app(model, served_model_name, max_waiting=max_waiting, max_request_bytes=max_request_bytes)
     uvicorn.run(app, host=host, port=port, log_level=log_level)
 
 

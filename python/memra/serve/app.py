@@ -1,8 +1,9 @@
 """The FastAPI application of ``memra serve``: routes, the OpenAI error format, start and stop.
 
 =====================================  ==============================================
-``GET /health``                        200 when the server is up
+``GET /health`` (or ``HEAD``)          200 when the server is up
 ``GET /v1/models``                     the one model (``--served-model-name`` or the folder's name)
+``GET /v1/models/{id}``                its card (404 ``model_not_found`` for another id)
 ``POST /v1/completions``               text completion (memra.serve.handlers)
 ``POST /v1/chat/completions``          chat completion through the checkpoint's chat template
 ``GET /metrics``                       Prometheus metrics (memra.serve.metrics)
@@ -10,7 +11,8 @@
 
 Errors are OpenAI's body ``{"error": {"message", "type", "param", "code"}}``: 400 for malformed
 JSON (the position named) or a bad field (named in ``param``), 400 with both numbers when the
-prompt plus ``max_tokens`` exceed ``--max-len``, 404 ``model_not_found``, 429 when every slot is
+prompt plus ``max_tokens`` exceed ``--max-len``, 413 for a body over ``max_request_bytes``
+(read no further), 404 ``model_not_found``, 429 when every slot is
 busy and ``--max-waiting`` requests are queued; an unknown route is a 404 and a wrong method a
 405 in the same format. A 500 means a bug in memra, never bad input.
 """
@@ -49,6 +51,8 @@ def validation_error(e: ValidationError | RequestValidationError) -> APIError:
     loc = [str(p) for p in err.get("loc", ()) if p != "body"]
     if err.get("type") == "json_invalid":
         detail = (err.get("ctx") or {}).get("error", err.get("msg", ""))
+        if "hex escape" in detail:  # jiter's words for a \u escape that is no whole character too
+            detail += " (a \\u escape must be a whole character: a lone surrogate such as \\ud800 is refused)"
         return APIError(400, f"malformed JSON body: {detail}")
     if err.get("type") in ("model_type", "model_attributes_type") and not loc:
         return APIError(400, "the request body must be a JSON object")
@@ -57,24 +61,59 @@ def validation_error(e: ValidationError | RequestValidationError) -> APIError:
     return APIError(400, f"{param}: {msg}" if param else msg, param=param)
 
 
-async def parse(request: Request, cls):
-    """The body of `request` as pydantic model `cls` (APIError 400 when it is not one)."""
-    body = await request.body()
+async def read_body(request: Request, limit: int) -> bytes:
+    """The request's body, refused with a 413 past `limit` bytes without reading the rest (a
+    Content-Length over it is refused before any byte is read)."""
+    def too_large(n: str) -> APIError:
+        return APIError(413, f"the request body is {n} bytes; this server takes at most {limit} "
+                             f"(max_request_bytes)", code="request_too_large")
+
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise too_large(declared)
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise too_large(f"more than {limit}")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def parse(request: Request, cls, limit: int):
+    """The body of `request` as pydantic model `cls` (APIError 400 when it is not one, 413 when
+    it is over `limit` bytes)."""
+    body = await read_body(request, limit)
     try:
         return cls.model_validate_json(body or b"{}")
     except ValidationError as e:
         raise validation_error(e) from None
 
 
+def default_max_request_bytes(max_len: int) -> int:
+    """1 MiB plus 64 bytes a token of --max-len: room for any prompt that fits a slot."""
+    return (1 << 20) + 64 * max_len
+
+
 def create_app(model, served_model_name: str | None = None, *, max_waiting: int = 64,
-               prefill_budget: int = 2048) -> FastAPI:
+               prefill_budget: int = 2048, max_request_bytes: int | None = None) -> FastAPI:
     """The server of one loaded memra.Model (its own cache's slots are the batch).
 
     served_model_name: the id of GET /v1/models and the ``model`` requests must name (default:
     the checkpoint folder's name); max_waiting: requests queued beyond the free slots before a
-    429; prefill_budget: prompt tokens prefilled per scheduler round while others decode.
-    The scheduler's thread starts with the app (lifespan) and stops with it.
+    429; prefill_budget: prompt tokens prefilled per scheduler round while others decode;
+    max_request_bytes: the largest request body taken (413 past it; default
+    default_max_request_bytes(the cache's max_len)), so that no body of megabytes is parsed,
+    rendered or tokenized on the event loop. The scheduler's thread starts with the app
+    (lifespan) and stops with it. ContractError for a max_request_bytes that is not a positive
+    integer.
     """
+    if max_request_bytes is None:
+        max_request_bytes = default_max_request_bytes(model.cache.max_len)
+    if isinstance(max_request_bytes, bool) or not isinstance(max_request_bytes, int) or max_request_bytes < 1:
+        raise ContractError(f"create_app: max_request_bytes must be a positive integer, got {max_request_bytes!r}",
+                            40025)
+    limit = max_request_bytes
     name = served_model_name or Path(model.path).name
     scheduler = Scheduler(model, max_waiting=max_waiting, prefill_budget=prefill_budget)
     metrics = Metrics(scheduler)
@@ -124,13 +163,23 @@ def create_app(model, served_model_name: str | None = None, *, max_waiting: int 
         log.exception("memra serve: unhandled error")
         return error_json(500, f"internal server error: {type(e).__name__}", "server_error")
 
-    @app.get("/health")
+    @app.api_route("/health", methods=["GET", "HEAD"])
     async def health() -> Response:
         return Response(status_code=200)
 
+    def card() -> ModelCard:
+        return ModelCard(id=name, max_model_len=model.cache.max_len)
+
     @app.get("/v1/models")
     async def models() -> dict:
-        return ModelList(data=[ModelCard(id=name, max_model_len=model.cache.max_len)]).model_dump()
+        return ModelList(data=[card()]).model_dump()
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model_card(model_id: str) -> dict:
+        if model_id != name:
+            raise APIError(404, f"The model `{model_id}` does not exist (this server serves `{name}`).",
+                           "invalid_request_error", param="model", code="model_not_found")
+        return card().model_dump()
 
     @app.get("/metrics")
     async def prometheus() -> Response:
@@ -138,10 +187,10 @@ def create_app(model, served_model_name: str | None = None, *, max_waiting: int 
 
     @app.post("/v1/completions")
     async def completions(request: Request):
-        return await completion(state, await parse(request, CompletionRequest), request)
+        return await completion(state, await parse(request, CompletionRequest, limit), request)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
-        return await chat_completion(state, await parse(request, ChatCompletionRequest), request)
+        return await chat_completion(state, await parse(request, ChatCompletionRequest, limit), request)
 
     return app

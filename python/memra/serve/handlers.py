@@ -60,6 +60,8 @@ class ServerState:
         self.default_temperature = gen.temperature if gen.temperature is not None else 1.0
         self.default_top_p = gen.top_p
         self.default_top_k = gen.top_k
+        tok = self.model.tokenizer
+        self.max_token_chars = max_token_chars(tok) if tok is not None else None
 
 
 @dataclass
@@ -80,6 +82,34 @@ def _check_ids(state: ServerState, ids, param: str) -> list[int]:
     return list(ids)
 
 
+def max_token_chars(tok) -> int | None:
+    """The most characters of text one token of `tok` (a ``tokenizers.Tokenizer``) can stand for,
+    where that is bounded by its vocabulary: a BPE model without a normalizer (which could drop
+    characters) or an unknown token (which can stand for a run of any length); its longest
+    vocabulary entry, each of whose characters is one byte of text (byte-level) or one character.
+    None otherwise."""
+    try:
+        spec = json.loads(tok.to_str())
+    except Exception:  # noqa: BLE001 - a tokenizer that cannot describe itself: no bound
+        return None
+    model = spec.get("model") or {}
+    if spec.get("normalizer") is not None or model.get("type") != "BPE" or model.get("unk_token") is not None:
+        return None
+    return max((len(t) for t in tok.get_vocab(with_added_tokens=True)), default=None)
+
+
+def _refuse_if_certainly_long(state: ServerState, text: str, param: str) -> None:
+    """400 for a prompt text that cannot fit --max-len whatever its tokens (len(text) / the most
+    characters a token stands for), before tokenizing it: encoding holds the GIL, so a prompt of
+    megabytes would stall every request for seconds."""
+    per_token = state.max_token_chars
+    max_len = state.model.cache.max_len
+    if per_token and len(text) > per_token * max_len:
+        raise APIError(400, f"This model's maximum context length is {max_len} tokens. However, the prompt's "
+                            f"{len(text)} characters are at least {-(-len(text) // per_token)} tokens. Please "
+                            f"reduce the length of the prompt.", param=param)
+
+
 def _prompt_of_completion(state: ServerState, body: CompletionRequest) -> list[int]:
     if isinstance(body.prompt, list):
         return _check_ids(state, body.prompt, "prompt")
@@ -87,6 +117,7 @@ def _prompt_of_completion(state: ServerState, body: CompletionRequest) -> list[i
     if tok is None:
         raise APIError(400, "prompt: this model has no tokenizer.json; send the prompt as a list of token ids",
                        param="prompt")
+    _refuse_if_certainly_long(state, body.prompt, "prompt")
     ids = tok.encode(body.prompt).ids  # special tokens added as the tokenizer's post-processor says (vLLM)
     if not ids:
         raise APIError(400, "prompt: the prompt is empty", param="prompt")
@@ -98,12 +129,14 @@ def _prompt_of_chat(state: ServerState, body: ChatCompletionRequest) -> list[int
     if state.template is None or tok is None:
         raise APIError(400, "messages: this model has no chat template (tokenizer_config.json's chat_template "
                             "or chat_template.jinja) and tokenizer.json; use /v1/completions", param="messages")
+    kwargs = dict(body.chat_template_kwargs or {})
+    add_generation_prompt = kwargs.pop("add_generation_prompt", body.add_generation_prompt)  # vLLM's order
     try:
         text = state.template.render([m.as_template_dict() for m in body.messages],
-                                     add_generation_prompt=body.add_generation_prompt,
-                                     **(body.chat_template_kwargs or {}))
+                                     add_generation_prompt=add_generation_prompt, **kwargs)
     except ContractError as e:
         raise APIError(400, f"messages: {e}", param="messages") from None
+    _refuse_if_certainly_long(state, text, "messages")
     ids = tok.encode(text, add_special_tokens=False).ids  # the template wrote them (transformers)
     if not ids:
         raise APIError(400, "messages: the chat template rendered an empty prompt", param="messages")
@@ -113,6 +146,10 @@ def _prompt_of_chat(state: ServerState, body: ChatCompletionRequest) -> list[int
 def _request(state: ServerState, body, ids: list[int], prompt_param: str) -> GenRequest:
     """The scheduler request for a checked body and prompt (APIError 400 for a bad limit)."""
     max_len = state.model.cache.max_len
+    if body.max_tokens is None and len(ids) >= max_len:
+        raise APIError(400, f"This model's maximum context length is {max_len} tokens. However, the prompt has "
+                            f"{len(ids)} tokens, which leaves no room for the completion. Please reduce the length "
+                            f"of the prompt.", param=prompt_param)
     max_tokens = body.max_tokens if body.max_tokens is not None else max_len - len(ids)
     if len(ids) + max(max_tokens, 1) > max_len:
         param = prompt_param if len(ids) >= max_len else "max_tokens"

@@ -5,8 +5,11 @@ plus vLLM's extras (``top_k``, ``ignore_eos``, ``stop_token_ids``, ``return_toke
 ``add_generation_prompt``, ``chat_template_kwargs``). Fields a client sends that memra does not
 know are ignored, as vLLM does; fields memra knows but cannot honour (``n`` > 1, ``echo``,
 ``logprobs``, penalties, ``logit_bias``, ``tools``) are refused with a 400 naming them rather than
-silently dropped. A bad value is a :class:`pydantic.ValidationError` whose ``loc`` names the
-field (memra.serve.app turns it into the OpenAI error body).
+silently dropped. Values are typed strictly (JSON's own types: ``"stream": "yes"``,
+``"max_tokens": true`` or ``"3"`` are refused, not coerced), and ``null`` for a field with a
+default means the default, as OpenAI's reference allows. A bad value is a
+:class:`pydantic.ValidationError` whose ``loc`` names the field (memra.serve.app turns it into the
+OpenAI error body).
 """
 
 from __future__ import annotations
@@ -30,8 +33,23 @@ def _text_or_texts(v: Any, what: str) -> list[str]:
     raise ValueError(f"{what} must be a string or a list of strings")
 
 
+MAX_STOP = 64          # stop strings a request, each matched on every generated token
+MAX_STOP_CHARS = 1024  # characters a stop string
+
+
+def _defaults_for_nulls(cls, data: Any) -> Any:
+    """A JSON object with ``null`` dropped for every field of `cls` that has a default (the
+    default then applies)."""
+    if not isinstance(data, dict):
+        return data
+    keep = {k for k, f in cls.model_fields.items() if f.is_required() or f.default is None}
+    return {k: v for k, v in data.items() if v is not None or k in keep or k not in cls.model_fields}
+
+
 class StreamOptions(BaseModel):
     """``stream_options``: ``include_usage`` adds a last chunk with ``usage`` and no choices."""
+
+    model_config = ConfigDict(strict=True)
 
     include_usage: bool = False
 
@@ -39,7 +57,7 @@ class StreamOptions(BaseModel):
 class _SamplingRequest(BaseModel):
     """Fields /v1/completions and /v1/chat/completions share."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
 
     model: str | None = None
     # temperature, top_p and top_k (but vLLM's -1) are held to Model.generate's rules (_sampling).
@@ -59,6 +77,11 @@ class _SamplingRequest(BaseModel):
     logit_bias: dict[str, float] | None = None
     user: str | None = None
 
+    @model_validator(mode="before")
+    @classmethod
+    def _nulls(cls, data: Any) -> Any:
+        return _defaults_for_nulls(cls, data)
+
     @field_validator("temperature", "top_p", "top_k")
     @classmethod
     def _sampling(cls, v: Any, info) -> Any:
@@ -75,7 +98,13 @@ class _SamplingRequest(BaseModel):
     @field_validator("stop", mode="before")
     @classmethod
     def _stop(cls, v: Any) -> list[str]:
-        return [s for s in _text_or_texts(v, "stop") if s]
+        stops = [s for s in _text_or_texts(v, "stop") if s]
+        if len(stops) > MAX_STOP:
+            raise ValueError(f"at most {MAX_STOP} stop strings, got {len(stops)}")
+        long = next((s for s in stops if len(s) > MAX_STOP_CHARS), None)
+        if long is not None:
+            raise ValueError(f"a stop string has at most {MAX_STOP_CHARS} characters, got one of {len(long)}")
+        return stops
 
     @field_validator("stop_token_ids", mode="before")
     @classmethod
@@ -115,18 +144,19 @@ class CompletionRequest(_SamplingRequest):
     suffix: str | None = None
     best_of: int | None = None
 
-    @field_validator("prompt")
+    @field_validator("prompt", mode="before")
     @classmethod
     def _prompt(cls, v: Any) -> str | list[int]:
-        if isinstance(v, list) and len(v) == 1 and isinstance(v[0], (str, list)):
-            v = v[0]  # a batch of one prompt
-        if isinstance(v, str):
+        def ids(x) -> bool:
+            return isinstance(x, list) and bool(x) and all(isinstance(t, int) and not isinstance(t, bool) for t in x)
+
+        if isinstance(v, str) or ids(v):
             return v
-        if isinstance(v, list) and v and all(isinstance(t, int) and not isinstance(t, bool) for t in v):
-            return v
-        if isinstance(v, list) and v and all(isinstance(p, (str, list)) for p in v):
+        if isinstance(v, list) and len(v) == 1 and (isinstance(v[0], str) or ids(v[0])):
+            return v[0]  # a batch of one prompt
+        if isinstance(v, list) and len(v) > 1 and all(isinstance(p, str) or ids(p) for p in v):
             raise ValueError(f"memra serves one prompt per request, got {len(v)}")
-        raise ValueError("prompt must be a string or a non-empty list of token ids")
+        raise ValueError("prompt must be a string, a non-empty list of token ids, or a list holding one of those")
 
     @field_validator("echo", "logprobs", "suffix")
     @classmethod
@@ -157,10 +187,26 @@ class ChatMessage(BaseModel):
     does for templates that take string content). Other keys (name, tool_calls, ...) reach
     the chat template as they are."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", strict=True)
 
     role: str
     content: str | list[ContentPart] | None = None
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _content(cls, v: Any) -> Any:
+        # One message naming the part at fault (pydantic's union errors would name the string
+        # branch of the union).
+        if v is None or isinstance(v, str):
+            return v
+        if not isinstance(v, list):
+            raise ValueError(f"content must be a string, a list of text parts or null, got {type(v).__name__}")
+        for j, part in enumerate(v):
+            if not (isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)):
+                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                raise ValueError(f"content part {j} must be {{\"type\": \"text\", \"text\": <string>}} "
+                                 f"(memra takes text parts only), got type {kind!r}")
+        return v
 
     def as_template_dict(self) -> dict:
         """The message as the chat template sees it (``content`` a string)."""
@@ -188,6 +234,17 @@ class ChatCompletionRequest(_SamplingRequest):
     def _unsupported(cls, v):
         if v:
             raise ValueError("not supported by memra")
+        return v
+
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _template_kwargs(cls, v: dict | None) -> dict | None:
+        # add_generation_prompt there wins over the field (vLLM's order); the conversation
+        # itself comes only from `messages`.
+        if v and "messages" in v:
+            raise ValueError("the conversation is the request's messages field, not a chat template variable")
+        if v and "add_generation_prompt" in v and not isinstance(v["add_generation_prompt"], bool):
+            raise ValueError(f"add_generation_prompt must be true or false, got {v['add_generation_prompt']!r}")
         return v
 
     @model_validator(mode="after")

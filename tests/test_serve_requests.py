@@ -1,0 +1,184 @@
+"""``memra serve``'s request checks at their edges (CPU, loopback), from a fuzz pass of the
+server: strict JSON types, ``null`` for a defaulted field, the bounds on stop strings and on the
+body, prompts that cannot fit a slot refused before they are tokenized, chat template variables
+that would collide with the request's own fields, and the model routes OpenAI's client uses.
+Every refusal is a 400 (413 for the body) naming the field, and nothing is scheduled.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+httpx = pytest.importorskip("httpx")
+openai = pytest.importorskip("openai")
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+
+import memra  # noqa: E402
+from serve_helpers import ServerThread, metric  # noqa: E402
+
+NAME = "tiny"
+MAX_LEN = 256
+CHAT = {"messages": [{"role": "user", "content": "Hi"}]}
+
+
+@pytest.fixture(scope="module")
+def model() -> memra.Model:
+    return memra.load(memra.default_checkpoint(), max_batch=2, max_len=MAX_LEN, progress=False)
+
+
+@pytest.fixture(scope="module")
+def server(model):
+    with ServerThread(model, served_model_name=NAME) as s:
+        yield s
+
+
+def _post(server: ServerThread, path: str, body, **kw) -> httpx.Response:
+    content = body if isinstance(body, (str, bytes)) else json.dumps(body)
+    return httpx.post(server.url + path, content=content, headers={"Content-Type": "application/json"},
+                      timeout=30, **kw)
+
+
+def _idle(server: ServerThread) -> None:
+    end = time.monotonic() + 10
+    while True:
+        text = httpx.get(server.url + "/metrics", timeout=10).text
+        if all(metric(text, m) == 0 for m in ("memra_cache_slots_in_use", "memra_requests_running",
+                                               "memra_requests_waiting")):
+            return
+        assert time.monotonic() < end, text
+        time.sleep(0.02)
+
+
+C, H = "/v1/completions", "/v1/chat/completions"
+
+
+@pytest.mark.parametrize("path,body,param,words", [
+    # JSON's own types, not coerced
+    (C, {"prompt": "x", "stream": "yes"}, "stream", "boolean"),
+    (C, {"prompt": "x", "max_tokens": True}, "max_tokens", "integer"),
+    (C, {"prompt": "x", "max_tokens": "3"}, "max_tokens", "integer"),
+    (C, {"prompt": "x", "temperature": True}, "temperature", "number"),
+    (C, {"prompt": "x", "ignore_eos": "yes"}, "ignore_eos", "boolean"),
+    (C, {"prompt": "x", "stop_token_ids": [True]}, "stop_token_ids.0", "integer"),
+    (C, {"prompt": "x", "stream": True, "stream_options": {"include_usage": 1}}, "stream_options.include_usage",
+     "boolean"),
+    (H, dict(CHAT, logprobs=0), "logprobs", "boolean"),
+    # stop strings: a bounded list of bounded strings
+    (C, {"prompt": "x", "stop": ["a"] * 65}, "stop", "at most 64"),
+    (C, {"prompt": "x", "stop": ["a" * 1025]}, "stop", "1024"),
+    # prompts and message content, the part at fault named
+    (C, {"prompt": [["a"]]}, "prompt", "a list holding one of those"),
+    (C, {"prompt": [[1, 2], [3]]}, "prompt", "one prompt per request, got 2"),
+    (C, {"prompt": None}, "prompt", "prompt must be"),
+    (H, {"messages": [{"role": "user", "content": [{"type": "text"}]}]}, "messages.0.content", "part 0"),
+    (H, {"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "image_url"}]}]},
+     "messages.0.content", "part 1"),
+    (H, {"messages": [{"role": "user", "content": 5}]}, "messages.0.content", "content must be"),
+    # chat template variables that are the request's own fields
+    (H, dict(CHAT, chat_template_kwargs={"messages": []}), "chat_template_kwargs", "messages field"),
+    (H, dict(CHAT, chat_template_kwargs={"add_generation_prompt": "no"}), "chat_template_kwargs",
+     "true or false"),
+    # a sampler value that rounds to nothing as a float32
+    (C, {"prompt": "x", "top_p": 1e-46}, "top_p", "rounds to 0"),
+])
+def test_bad_fields_are_400s_naming_them(server, path, body, param, words) -> None:
+    r = _post(server, path, body)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["type"] == "invalid_request_error" and err["param"] == param, err
+    assert words in err["message"], err
+    _idle(server)
+
+
+def test_a_lone_surrogate_is_named_in_the_json_error(server) -> None:
+    r = _post(server, C, '{"prompt": "\\ud800"}')
+    assert r.status_code == 400 and "lone surrogate" in r.json()["error"]["message"], r.text
+
+
+def test_null_means_the_default(server, model) -> None:
+    nulls = dict(n=None, stream=None, presence_penalty=None, frequency_penalty=None, echo=None, stop=None,
+                 stop_token_ids=None, ignore_eos=None, return_token_ids=None, best_of=None, seed=None)
+    r = _post(server, C, dict(prompt=[1, 2, 3], max_tokens=3, temperature=0, **nulls))
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["completion_tokens"] <= 3
+    r = _post(server, H, dict(CHAT, max_tokens=2, temperature=0, add_generation_prompt=None, **nulls))
+    assert r.status_code == 200, r.text
+    # max_tokens null on /v1/completions is OpenAI's default of 16
+    r = _post(server, C, dict(prompt=[1, 2, 3], temperature=0, max_tokens=None, ignore_eos=True))
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 16, r.text
+
+
+def test_add_generation_prompt_in_the_template_kwargs_wins(server) -> None:
+    def prompt_ids(**fields) -> list[int]:
+        r = _post(server, H, dict(CHAT, max_tokens=1, temperature=0, return_token_ids=True, **fields))
+        assert r.status_code == 200, r.text
+        return r.json()["prompt_token_ids"]
+
+    with_prompt, without = prompt_ids(), prompt_ids(add_generation_prompt=False)
+    assert with_prompt != without, "the tiny checkpoint's template must add a generation prompt"
+    assert prompt_ids(chat_template_kwargs={"add_generation_prompt": False}) == without
+    assert prompt_ids(add_generation_prompt=False, chat_template_kwargs={"add_generation_prompt": True}) \
+        == with_prompt
+
+
+def test_a_prompt_with_no_room_left_says_so(server, model) -> None:
+    ids = [7] * MAX_LEN
+    r = _post(server, C, {"prompt": ids, "max_tokens": None})  # null: 16, beyond the slot
+    assert r.status_code == 400 and r.json()["error"]["param"] == "prompt", r.text
+    text = "hello " * 200
+    n = len(model.tokenizer.encode(text).ids)
+    assert n >= MAX_LEN, "the chat prompt must fill the slot"
+    r = _post(server, H, {"messages": [{"role": "user", "content": text}]})  # max_tokens absent
+    err = r.json()["error"]
+    assert r.status_code == 400 and err["param"] == "messages", r.text
+    assert "leaves no room" in err["message"] and "-" not in err["message"].split("However")[1], err
+
+
+def test_a_prompt_too_long_for_any_tokens_is_refused_before_tokenizing(server, model) -> None:
+    from memra.serve.handlers import max_token_chars
+
+    per = max_token_chars(model.tokenizer)
+    assert per is not None, "the tiny checkpoint's tokenizer is byte-level BPE: its tokens are bounded"
+    text = "x" * (per * MAX_LEN + 1)
+    r = _post(server, C, {"prompt": text, "max_tokens": 1})
+    err = r.json()["error"]
+    assert r.status_code == 400 and err["param"] == "prompt" and "characters are at least" in err["message"], r.text
+    r = _post(server, H, {"messages": [{"role": "user", "content": text}], "max_tokens": 1})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "messages", r.text
+    # Just under the bound the prompt is tokenized, and refused by its real count.
+    r = _post(server, C, {"prompt": "x" * (per * MAX_LEN), "max_tokens": 1})
+    err = r.json()["error"]
+    assert r.status_code == 400 and "in the prompt" in err["message"], r.text
+
+
+def test_a_body_over_the_limit_is_a_413_read_no_further(model) -> None:
+    with ServerThread(model, served_model_name=NAME, max_request_bytes=4096) as s:
+        body = json.dumps({"prompt": "y" * 5000, "max_tokens": 1}).encode()
+        r = _post(s, C, body)
+        assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large", r.text
+        assert "4096" in r.json()["error"]["message"]
+
+        def chunks():  # no Content-Length: counted as it arrives
+            for i in range(0, len(body), 1000):
+                yield body[i:i + 1000]
+
+        r = httpx.post(s.url + C, content=chunks(), headers={"Content-Type": "application/json"}, timeout=30)
+        assert r.status_code == 413, r.text
+        r = _post(s, C, {"prompt": "y", "max_tokens": 1})
+        assert r.status_code == 200, r.text
+    with pytest.raises(memra.ContractError, match="max_request_bytes"):
+        ServerThread(model, max_request_bytes=0)
+
+
+def test_health_head_and_the_model_card(server) -> None:
+    assert httpx.head(server.url + "/health").status_code == 200
+    c = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=30)
+    card = c.models.retrieve(NAME)
+    assert card.id == NAME and card.object == "model"
+    with pytest.raises(openai.NotFoundError) as info:
+        c.models.retrieve("gpt-4")
+    assert info.value.body["code"] == "model_not_found"
