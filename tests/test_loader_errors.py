@@ -1,7 +1,10 @@
 """memra.load refusing a malformed checkpoint folder with a named error (CPU): a side file or
-shard that cannot be read (a directory where the file should be, no permission), a tensor held by
-two shards, generation_config.json values memra cannot use (an EOS id outside the vocabulary, a
-sampling default the sampler refuses) and a device string outside "cpu" | "cuda" | "cuda:N".
+shard that cannot be read (a directory where the file should be, no permission), a JSON file past
+the parser's limits, a tensor held by two shards or one weight under two names, a dtype memra does
+not read (FP8 / FP4 named from the header), EOS ids outside the vocabulary (generation_config.json
+or config.json), a sampling default the sampler refuses, glm5_next settings memra does not run
+(hidden_act, attention_bias, a top_k its group routing cannot reach) and a device string outside
+"cpu" | "cuda" | "cuda:N".
 
 Copies of the embedded tiny checkpoint, edited one thing at a time; each refusal is a
 ContractError whose message names the file, key or argument at fault.
@@ -126,6 +129,37 @@ def test_a_tensor_in_two_shards_is_refused_naming_both(tmp_path, name):
     _refused(path, repr(name), first, last)
 
 
+def _tensors_with(tmp_path: Path, edit) -> Path:
+    """The tiny checkpoint copied with its tensors edited by `edit(dict)`."""
+    dst = _copy(tmp_path)
+    tensors = load_file(str(TINY / "model.safetensors"))
+    edit(tensors)
+    save_file(tensors, str(dst / "model.safetensors"), metadata={"format": "pt"})
+    return dst
+
+
+W = "model.language_model.layers.0.mlp.gate_proj.weight"
+
+
+@pytest.mark.parametrize("alias", ["model.layers.0.mlp.gate_proj.weight",  # another accepted prefix
+                                   "model.language_model.layers.00.mlp.gate_proj.weight"])  # layer 00 = 0
+def test_one_weight_under_two_names_is_refused_naming_both(tmp_path, alias):
+    def edit(t):
+        t[alias] = (t[W].astype(np.float32) * 2).astype(t[W].dtype)  # which copy would win cannot be told
+
+    e = _refused(_tensors_with(tmp_path, edit), "same weight under two names")
+    assert W in str(e) and alias in str(e)
+
+
+@pytest.mark.parametrize("dtype,name", [(ml_dtypes.float8_e4m3fn, "F8_E4M3"), (ml_dtypes.float8_e5m2, "F8_E5M2")])
+def test_an_fp8_tensor_is_named_with_its_dtype(tmp_path, dtype, name):
+    def edit(t):
+        t[W] = t[W].astype(np.float32).astype(dtype)
+
+    e = _refused(_tensors_with(tmp_path, edit), W, name)
+    assert e.code == memra._core.status.CONTRACT_DTYPE
+
+
 def test_shards_without_repeats_still_load(tmp_path):
     want = _load(TINY).logits([1, 2, 3])
     np.testing.assert_array_equal(_load(_sharded(tmp_path, 3)).logits([1, 2, 3]), want)
@@ -137,6 +171,45 @@ def test_an_eos_token_id_outside_the_vocabulary_is_refused(tmp_path, eos):
     bad = eos if isinstance(eos, int) else next(e for e in eos if not 0 <= e < 272)
     e = _refused(_copy(tmp_path, {"eos_token_id": eos}), "generation_config.json", "eos_token_id", str(bad))
     assert e.code == memra._core.status.CONTRACT_RANGE
+
+
+@pytest.mark.parametrize("eos", [-5, 99999, [3, 272]])
+def test_config_jsons_eos_token_id_is_checked_too(tmp_path, eos):
+    # Without generation_config.json the EOS ids come from config.json, held to the same rule.
+    dst = _copy(tmp_path)
+    (dst / "generation_config.json").unlink()
+    raw = json.loads((dst / "config.json").read_text())
+    (raw.get("text_config") or raw)["eos_token_id"] = eos
+    (dst / "config.json").write_text(json.dumps(raw))
+    e = _refused(dst, "config.json", "eos_token_id")
+    assert e.code == memra._core.status.CONTRACT_RANGE
+
+
+@pytest.mark.parametrize("text,words", [("[" * 100000 + "]" * 100000, "RecursionError"),
+                                        ('{"vocab_size": ' + "9" * 5000 + "}", "digits")])
+@pytest.mark.parametrize("name", ["config.json", "generation_config.json", "model.safetensors.index.json"])
+def test_json_past_the_parsers_limits_is_named(tmp_path, text, words, name):
+    dst = _copy(tmp_path)
+    (dst / name).write_text(text)
+    _refused(dst, name)
+
+
+@pytest.mark.parametrize("edit,error,words", [
+    ({"hidden_act": "gelu"}, memra.UnsupportedError, "hidden_act"),
+    ({"attention_bias": True}, memra.UnsupportedError, "attention_bias"),
+    ({"num_experts_per_tok": 5, "n_group": 2, "topk_group": 1}, memra.UnsupportedError, "topk_group"),
+    ({"n_group": 3}, ContractError, "n_group"),
+    ({"n_group": 2, "topk_group": 3}, ContractError, "topk_group (3) exceeds n_group (2)"),
+])
+def test_glm_settings_memra_does_not_run_are_refused(tmp_path, edit, error, words):
+    # The tiny checkpoint: 8 routed experts. transformers would use these settings (another
+    # activation, biases memra would not add, experts of dropped groups); memra refuses them.
+    dst = _copy(tmp_path)
+    raw = json.loads((dst / "config.json").read_text())
+    (raw.get("text_config") or raw).update(edit)
+    (dst / "config.json").write_text(json.dumps(raw))
+    with pytest.raises(error, match=words.replace("(", r"\(").replace(")", r"\)")):
+        _load(dst)
 
 
 @pytest.mark.parametrize("key,value,words", [

@@ -208,8 +208,10 @@ def read_json_object(path: Path, what: str) -> dict[str, Any]:
         raw = json.loads(path.read_text())
     except FileNotFoundError:
         raise ContractError(f"{what}: no {path.name} in {path.parent}", 40024) from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ContractError(f"{what}: {path} is not valid JSON: {e}", 40025) from None
+    # ValueError: json's own (JSONDecodeError) and an integer past Python's digit limit;
+    # RecursionError: nesting deeper than the parser's stack.
+    except (ValueError, RecursionError, UnicodeDecodeError) as e:
+        raise ContractError(f"{what}: {path} is not valid JSON: {type(e).__name__}: {e}", 40025) from None
     if not isinstance(raw, dict):
         raise ContractError(f"{what}: {path} must hold a JSON object, got a {type(raw).__name__}", 40025)
     return raw

@@ -149,7 +149,9 @@ def shard_files(path: Path) -> list[Path]:
                 weight_map = json.loads(index.read_text())["weight_map"]
             if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
                 raise TypeError("weight_map must map tensor names to file names")
-        except (json.JSONDecodeError, KeyError, TypeError, UnicodeDecodeError) as e:
+        # ValueError: json's own (JSONDecodeError) and an integer past Python's digit limit;
+        # RecursionError: nesting deeper than the parser's stack.
+        except (ValueError, RecursionError, KeyError, TypeError, UnicodeDecodeError) as e:
             raise ContractError(f"load: {index} is not a safetensors index: {e}", 40025) from None
         files = list(dict.fromkeys(weight_map.values()))
         missing = [f for f in files if not (path / f).exists()]
@@ -162,6 +164,13 @@ def shard_files(path: Path) -> list[Path]:
     raise ContractError(
         f"load: {path} has neither model.safetensors nor model.safetensors.index.json", 40024
     )
+
+
+_DTYPES = {"BF16": "bfloat16", "F16": "float16", "F32": "float32"}  # safetensors' names memra reads
+_OTHER_DTYPES = {"F64": "float64", "I8": "int8", "I16": "int16", "I32": "int32", "I64": "int64", "U8": "uint8",
+                 "U16": "uint16", "U32": "uint32", "U64": "uint64", "BOOL": "bool", "C64": "complex64",
+                 "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2", "F8_E8M0": "float8_e8m0fnu",
+                 "F4": "float4_e2m1fn"}
 
 
 def _to_weight(name: str, arr: np.ndarray) -> _core.Weight:
@@ -179,12 +188,15 @@ def read_tensors(path: Path, num_hidden_layers: int, *, names: NameTable,
                  progress: bool = True) -> CheckpointTensors:
     """Read every tensor of the checkpoint at `path` and route it by the family's `names` (see
     the module docstring). ContractError for an unreadable file, a tensor no route takes, a
-    tensor in two shards (which copy is meant cannot be told) or a dtype memra does not read
-    (each named)."""
+    tensor in two shards or two names that route to one weight (``model.layers.0.x`` beside
+    ``model.language_model.layers.0.x``, ``layers.00.`` beside ``layers.0.``: which copy is
+    meant cannot be told) or a dtype memra does not read (each named; the dtype is read from
+    the header, so an FP8 / FP4 tensor is named before anything tries to convert it)."""
     out = CheckpointTensors()
     files = shard_files(path)
     notices: dict[str, str] = {}
     shard_of: dict[str, Path] = {}  # tensor name -> the shard it was read from
+    name_of: dict[tuple, str] = {}  # destination (route) -> the tensor name read into it
     bar = tqdm(files, desc="memra: loading shards", unit="shard", disable=not progress or len(files) < 2)
     for file in bar:
         try:
@@ -201,7 +213,16 @@ def read_tensors(path: Path, num_hidden_layers: int, *, names: NameTable,
                 if where[0] == "skip":
                     notices.setdefault(where[1], _NOTICES[where[1]].format(name=name))
                     out.skipped[where[1]] = out.skipped.get(where[1], 0) + 1
-                elif where[0] == "top":
+                    continue
+                if where in name_of:
+                    raise ContractError(f"load: tensors {name_of[where]!r} and {name!r} are the same weight "
+                                        "under two names: a checkpoint holds each weight once", 40025)
+                name_of[where] = name
+                dtype = f.get_slice(name).get_dtype()
+                if dtype not in _DTYPES:
+                    raise ContractError(f"load: tensor {name!r} has dtype {_OTHER_DTYPES.get(dtype, dtype)} "
+                                        f"({dtype}); memra reads float32, float16 and bfloat16", 40020)
+                if where[0] == "top":
                     out.top[where[1]] = _to_weight(name, f.get_tensor(name))
                 else:
                     _, i, group, key = where
@@ -249,6 +270,9 @@ def read_generation_config(path: Path, config) -> GenerationConfig:
         check_token_ids(ids, config.vocab_size, f"{what}: eos_token_id")
     else:
         eos = config.eos_token_id
+        if eos is not None:
+            check_token_ids(np.atleast_1d(np.asarray(eos, np.int64)), config.vocab_size,
+                            "load: config.json: eos_token_id")
     sampling = {}
     for name in ("temperature", "top_k", "top_p"):
         value = data.get(name)

@@ -227,6 +227,28 @@ def _validate(c: dict[str, Any]) -> None:
     if "sparse" in c["mlp_layer_types"][:n]:
         # The shared experts run as one MLP of this width.
         check_size_product(c, ("moe_intermediate_size", "n_shared_experts"), "the shared expert's width")
+        _validate_routing(c)
+    if c["hidden_act"] != "silu":
+        raise UnsupportedError(f"config: hidden_act = {c['hidden_act']!r}: memra runs glm5_next's short conv "
+                               "and MLPs with SiLU", 50000)
+    if c["attention_bias"]:
+        raise UnsupportedError("config: attention_bias = true: memra runs glm5_next's attention projections "
+                               "without biases (as released)", 50000)
+
+
+def _validate_routing(c: dict[str, Any]) -> None:
+    """Glm5NextTextTopkRouter's geometry: n_group groups of at least 2 experts (a group scores
+    the sum of its top 2), the topk_group best kept, top_k experts among those."""
+    E, G, kg, k = c["n_routed_experts"], c["n_group"], c["topk_group"], c["num_experts_per_tok"]
+    if E % G or E // G < 2:
+        raise ContractError(f"config: n_routed_experts ({E}) must split into n_group ({G}) groups of at least 2 "
+                            "experts (a group's score is the sum of its top 2)", 40025)
+    if kg > G:
+        raise ContractError(f"config: topk_group ({kg}) exceeds n_group ({G})", 40025)
+    if k > kg * (E // G):
+        raise UnsupportedError(
+            f"config: num_experts_per_tok ({k}) exceeds the {kg * (E // G)} experts of the topk_group ({kg}) "
+            "groups kept: transformers would then pick experts of dropped groups", 50000)
 
 
 def parse_config(raw: dict[str, Any]) -> Glm5NextConfig:
