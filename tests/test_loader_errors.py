@@ -200,6 +200,8 @@ def test_json_past_the_parsers_limits_is_named(tmp_path, text, words, name):
     ({"num_experts_per_tok": 5, "n_group": 2, "topk_group": 1}, memra.UnsupportedError, "topk_group"),
     ({"n_group": 3}, ContractError, "n_group"),
     ({"n_group": 2, "topk_group": 3}, ContractError, "topk_group (3) exceeds n_group (2)"),
+    ({"n_group": 0}, ContractError, "n_group must be a positive integer"),
+    ({"topk_group": 0}, ContractError, "topk_group must be a positive integer"),
 ])
 def test_glm_settings_memra_does_not_run_are_refused(tmp_path, edit, error, words):
     # The tiny checkpoint: 8 routed experts. transformers would use these settings (another
@@ -253,3 +255,12 @@ def test_a_device_outside_the_grammar_is_named(device):
 
 def test_cpu_still_loads():
     assert not _load(TINY, device="cpu").engine.is_cuda
+
+
+def test_swish_is_silu(tmp_path):
+    # transformers' ACT2FN maps both names to nn.SiLU: the same model.
+    dst = _copy(tmp_path)
+    raw = json.loads((dst / "config.json").read_text())
+    (raw.get("text_config") or raw)["hidden_act"] = "swish"
+    (dst / "config.json").write_text(json.dumps(raw))
+    np.testing.assert_array_equal(_load(dst).logits([1, 2, 3]), _load(TINY).logits([1, 2, 3]))

@@ -81,7 +81,7 @@ C, H = "/v1/completions", "/v1/chat/completions"
     # chat template variables that are the request's own fields
     (H, dict(CHAT, chat_template_kwargs={"messages": []}), "chat_template_kwargs", "messages field"),
     (H, dict(CHAT, chat_template_kwargs={"add_generation_prompt": "no"}), "chat_template_kwargs",
-     "true or false"),
+     "true, false or null"),
     # a sampler value that rounds to nothing as a float32
     (C, {"prompt": "x", "top_p": 1e-46}, "top_p", "rounds to 0"),
 ])
@@ -107,6 +107,8 @@ def test_null_means_the_default(server, model) -> None:
     assert r.json()["usage"]["completion_tokens"] <= 3
     r = _post(server, H, dict(CHAT, max_tokens=2, temperature=0, add_generation_prompt=None, **nulls))
     assert r.status_code == 200, r.text
+    r = _post(server, C, dict(prompt=[1, 2], max_tokens=2, stream=True, stream_options={"include_usage": None}))
+    assert r.status_code == 200 and '"usage"' not in r.text, r.text
     # max_tokens null on /v1/completions is OpenAI's default of 16
     r = _post(server, C, dict(prompt=[1, 2, 3], temperature=0, max_tokens=None, ignore_eos=True))
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 16, r.text
@@ -123,6 +125,27 @@ def test_add_generation_prompt_in_the_template_kwargs_wins(server) -> None:
     assert prompt_ids(chat_template_kwargs={"add_generation_prompt": False}) == without
     assert prompt_ids(add_generation_prompt=False, chat_template_kwargs={"add_generation_prompt": True}) \
         == with_prompt
+    assert prompt_ids(add_generation_prompt=False, chat_template_kwargs={"add_generation_prompt": None}) == without
+
+
+def test_the_token_bound_holds_only_where_it_is_one(model) -> None:
+    # max_token_chars is a bound only for a byte-level BPE whose every byte becomes a token
+    # character: another pre-tokenizer (Whitespace drops the spaces) or an added token that
+    # strips the whitespace beside it can make a long text a few tokens.
+    from tokenizers import AddedToken, Tokenizer, pre_tokenizers
+
+    from memra.serve.handlers import max_token_chars
+
+    base = model.tokenizer.to_str()
+    assert max_token_chars(Tokenizer.from_str(base)) is not None
+    ws = Tokenizer.from_str(base)
+    ws.pre_tokenizer = pre_tokenizers.Whitespace()
+    assert len(ws.encode("a" + " " * 5000 + "b").ids) < 5001 // 13  # what a bound of 13 would refuse
+    assert max_token_chars(ws) is None
+    strip = Tokenizer.from_str(base)
+    strip.add_special_tokens([AddedToken("<mask>", lstrip=True, rstrip=True)])
+    assert len(strip.encode("a" + " " * 5000 + "<mask>" + " " * 5000 + "b").ids) < 10007 // 13
+    assert max_token_chars(strip) is None
 
 
 def test_a_prompt_with_no_room_left_says_so(server, model) -> None:

@@ -228,7 +228,7 @@ def _validate(c: dict[str, Any]) -> None:
         # The shared experts run as one MLP of this width.
         check_size_product(c, ("moe_intermediate_size", "n_shared_experts"), "the shared expert's width")
         _validate_routing(c)
-    if c["hidden_act"] != "silu":
+    if c["hidden_act"] not in ("silu", "swish"):  # transformers' ACT2FN: both are nn.SiLU
         raise UnsupportedError(f"config: hidden_act = {c['hidden_act']!r}: memra runs glm5_next's short conv "
                                "and MLPs with SiLU", 50000)
     if c["attention_bias"]:
@@ -240,6 +240,9 @@ def _validate_routing(c: dict[str, Any]) -> None:
     """Glm5NextTextTopkRouter's geometry: n_group groups of at least 2 experts (a group scores
     the sum of its top 2), the topk_group best kept, top_k experts among those."""
     E, G, kg, k = c["n_routed_experts"], c["n_group"], c["topk_group"], c["num_experts_per_tok"]
+    for key in ("n_routed_experts", "n_group", "topk_group", "num_experts_per_tok"):
+        if c[key] < 1:
+            raise ContractError(f"config: {key} must be a positive integer, got {c[key]}", 40025)
     if E % G or E // G < 2:
         raise ContractError(f"config: n_routed_experts ({E}) must split into n_group ({G}) groups of at least 2 "
                             "experts (a group's score is the sum of its top 2)", 40025)

@@ -283,7 +283,7 @@ def _validate(c: dict[str, Any]) -> None:
             raise UnsupportedError(
                 "config: mla_use_nope = false asks for rotated rope columns (the release's modeling "
                 "code); transformers' KimiLinearAttention never rotates them", 50000)
-    if c["hidden_act"] != "silu":
+    if c["hidden_act"] not in ("silu", "swish"):  # transformers' ACT2FN: both are nn.SiLU
         raise UnsupportedError(f"config: hidden_act = {c['hidden_act']!r}: memra runs Kimi-Linear's short "
                                "conv and MLPs with SiLU", 50000)
     if sparse:

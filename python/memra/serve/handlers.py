@@ -82,18 +82,31 @@ def _check_ids(state: ServerState, ids, param: str) -> list[int]:
     return list(ids)
 
 
+def _pre_tokenizers(spec: dict | None) -> list[dict]:
+    """A tokenizer.json pre_tokenizer, Sequences flattened."""
+    if not spec:
+        return []
+    if spec.get("type") == "Sequence":
+        return [p for sub in spec.get("pretokenizers") or [] for p in _pre_tokenizers(sub)]
+    return [spec]
+
+
 def max_token_chars(tok) -> int | None:
     """The most characters of text one token of `tok` (a ``tokenizers.Tokenizer``) can stand for,
-    where that is bounded by its vocabulary: a BPE model without a normalizer (which could drop
-    characters) or an unknown token (which can stand for a run of any length); its longest
-    vocabulary entry, each of whose characters is one byte of text (byte-level) or one character.
-    None otherwise."""
+    where its vocabulary bounds that: a byte-level BPE (a ByteLevel pre-tokenizer alone: every
+    byte of the text becomes one character of the token alphabet, none is dropped) without a
+    normalizer (which could drop or merge characters), an unknown token, or an added token that
+    strips the whitespace around it; then the longest vocabulary entry (an entry's character is
+    one byte, so at most one character of text). None otherwise (no early refusal)."""
     try:
         spec = json.loads(tok.to_str())
     except Exception:  # noqa: BLE001 - a tokenizer that cannot describe itself: no bound
         return None
     model = spec.get("model") or {}
-    if spec.get("normalizer") is not None or model.get("type") != "BPE" or model.get("unk_token") is not None:
+    pre = _pre_tokenizers(spec.get("pre_tokenizer"))
+    if (spec.get("normalizer") is not None or model.get("type") != "BPE" or model.get("unk_token") is not None
+            or not pre or any(p.get("type") != "ByteLevel" for p in pre)
+            or any(a.get("lstrip") or a.get("rstrip") for a in spec.get("added_tokens") or [])):
         return None
     return max((len(t) for t in tok.get_vocab(with_added_tokens=True)), default=None)
 
@@ -130,7 +143,9 @@ def _prompt_of_chat(state: ServerState, body: ChatCompletionRequest) -> list[int
         raise APIError(400, "messages: this model has no chat template (tokenizer_config.json's chat_template "
                             "or chat_template.jinja) and tokenizer.json; use /v1/completions", param="messages")
     kwargs = dict(body.chat_template_kwargs or {})
-    add_generation_prompt = kwargs.pop("add_generation_prompt", body.add_generation_prompt)  # vLLM's order
+    add_generation_prompt = kwargs.pop("add_generation_prompt", None)  # there before the field: vLLM's order
+    if add_generation_prompt is None:
+        add_generation_prompt = body.add_generation_prompt
     try:
         text = state.template.render([m.as_template_dict() for m in body.messages],
                                      add_generation_prompt=add_generation_prompt, **kwargs)

@@ -53,6 +53,11 @@ class StreamOptions(BaseModel):
 
     include_usage: bool = False
 
+    @model_validator(mode="before")
+    @classmethod
+    def _nulls(cls, data: Any) -> Any:
+        return _defaults_for_nulls(cls, data)
+
 
 class _SamplingRequest(BaseModel):
     """Fields /v1/completions and /v1/chat/completions share."""
@@ -243,8 +248,8 @@ class ChatCompletionRequest(_SamplingRequest):
         # itself comes only from `messages`.
         if v and "messages" in v:
             raise ValueError("the conversation is the request's messages field, not a chat template variable")
-        if v and "add_generation_prompt" in v and not isinstance(v["add_generation_prompt"], bool):
-            raise ValueError(f"add_generation_prompt must be true or false, got {v['add_generation_prompt']!r}")
+        if v and v.get("add_generation_prompt") is not None and not isinstance(v["add_generation_prompt"], bool):
+            raise ValueError(f"add_generation_prompt must be true, false or null, got {v['add_generation_prompt']!r}")
         return v
 
     @model_validator(mode="after")
