@@ -277,7 +277,7 @@ CASES: dict[str, Case] = {
         lambda w: _core.KdaLayer, lambda w: dict(engine=w.engine, weights=w.weights(0, "self_attn."), **w.kda_kw),
         {"engine": NOT_OBJ, "weights": WEIGHTS_DICT + [without("q_proj.weight", "A_log")],
          "hidden": ints(0, -1, 63), "heads": ints(0, -1, 3), "head_dim": ints(0, -1, 64),
-         "conv_kernel": ints(0, -1, 3), "gate": NOT_STR + ENUM_STR, "lower_bound": floats(*NON_FINITE),
+         "conv_kernel": ints(0, -1, 3), "gate": NOT_STR + ENUM_STR, "lower_bound": floats(*NON_FINITE, 0.5),
          "rms_eps": EPS, "dtype": NOT_STR + ENUM_STR}),
     "MlaLayer()": Case(
         lambda w: _core.MlaLayer, lambda w: dict(engine=w.engine, weights=w.weights(2, "self_attn."), **w.mla_kw),
@@ -442,7 +442,7 @@ CASES: dict[str, Case] = {
         lambda w: _core.kda_gate, lambda w: dict(f=w.f32(3, 8), dt_bias=w.f32(8), A_log=w.f32(2), form="lower_bound",
                                                  lower_bound=-5.0),
         {"f": arr(shape(3, 7)), "dt_bias": arr(shape(7)), "A_log": arr(shape(3)), "form": NOT_STR + ENUM_STR,
-         "lower_bound": floats(*NON_FINITE), **ENGINE_ARG}),
+         "lower_bound": floats(*NON_FINITE, 0.5), **ENGINE_ARG}),
     "_core.kda_scan": Case(
         lambda w: _core.kda_scan,
         lambda w: dict(q=w.f32(3, 2, 4), k=w.f32(3, 2, 4), v=w.f32(3, 2, 5), g=-abs(w.f32(3, 2, 4)), beta=w.f32(3, 2),

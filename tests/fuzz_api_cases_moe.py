@@ -13,7 +13,7 @@ CASES: dict[str, Case] = {
     "MoeLayer()": Case(
         lambda w: _core.MoeLayer, lambda w: dict(engine=w.engine, weights=w.weights(1, "mlp."), **w.moe_kw),
         {"engine": NOT_OBJ, "weights": WEIGHTS_DICT + [without("gate.weight", "experts.3.up_proj.weight")],
-         "hidden": ints(0, -1, 63), "n_experts": ints(0, -1, 7), "top_k": ints(0, -1, 9), "n_group": ints(0, -1, 3),
+         "hidden": ints(0, -1, 63), "n_experts": ints(0, -1, 7), "top_k": ints(0, -1, 9, 5), "n_group": ints(0, -1, 3),
          "topk_group": ints(0, -1, 3), "intermediate": ints(0, -1, 31), "shared_intermediate": ints(0, -1, 31),
          "norm_topk_prob": NOT_BOOL, "routed_scaling": floats(*NON_FINITE),
          "swiglu_limit": floats(float("nan"), 0.0, -1.0), "scoring": NOT_STR + ENUM_STR + ["Softmax"],

@@ -201,6 +201,7 @@ def test_json_past_the_parsers_limits_is_named(tmp_path, text, words, name):
     ({"n_group": 3}, ContractError, "n_group"),
     ({"n_group": 2, "topk_group": 3}, ContractError, "topk_group (3) exceeds n_group (2)"),
     ({"n_group": 0}, ContractError, "n_group must be a positive integer"),
+    ({"linear_lower_bound": 0.5}, ContractError, "linear_lower_bound must be a finite number <= 0"),
     ({"topk_group": 0}, ContractError, "topk_group must be a positive integer"),
 ])
 def test_glm_settings_memra_does_not_run_are_refused(tmp_path, edit, error, words):

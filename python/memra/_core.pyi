@@ -203,7 +203,8 @@ def kda_gate(f: Annotated[NDArray, dict(writable=False)], dt_bias: Annotated[NDA
     softplus(x) = x if x > 20 else log(1 + exp(x)); lower_bound is ignored.
     engine: None or a CPU Engine runs the C++ reference; a CUDA Engine runs cuda/kda_scan.cu
     on arrays of its device (any dk; same operations, CUDA's expf/logf within 2 ulp).
-    Raises ContractError: CONTRACT_VALUE for another form or a non-finite lower_bound,
+    Raises ContractError: CONTRACT_VALUE for another form, a non-finite lower_bound or (form
+    'lower_bound') one above 0 (the log decay would grow the state),
     CONTRACT_SHAPE when the last dim of f is not a multiple of len(A_log) or dt_bias does
     not match it, CONTRACT_DTYPE / CONTRACT_STRIDE / CONTRACT_DEVICE as usual.
     Reference: Glm5NextTextForgetGate.forward.
@@ -977,7 +978,7 @@ class Cache:
 
     def hold(self, slot: int) -> int:
         """
-        Hold `slot` (its contents are left as they are) and return the owner token, a nonzero int unique within this cache. While held, commit / commit_host / free / copy_slot into it refuse with ContractError (CONTRACT_SLOT_HELD) unless given owner=token; reading it stays open. memra's generations never take a held slot. CONTRACT_SLOT_HELD when another owner holds it already.
+        Hold `slot` (its contents are left as they are) and return the owner token, a nonzero int unique within this cache. While held, commit / commit_host / free / copy_slot into it refuse with ContractError (CONTRACT_SLOT_HELD) unless given owner=token; reading it stays open. memra's generations never take a held slot. CONTRACT_SLOT_HELD when another owner holds it already. The layer objects' prefill / decode (the low-level API, which takes no owner) do not check holds: they write a slot's pending planes, which only a commit makes current, so a holder's commit takes what the last layer calls on that slot wrote.
         """
 
     def release(self, slot: int, token: int) -> None:

@@ -285,7 +285,10 @@ void init_cache(nb::module_& m) {
           "int unique within this cache. While held, commit / commit_host / free / copy_slot into "
           "it refuse with ContractError (CONTRACT_SLOT_HELD) unless given owner=token; reading it "
           "stays open. memra's generations never take a held slot. CONTRACT_SLOT_HELD when "
-          "another owner holds it already.")
+          "another owner holds it already. The layer objects' prefill / decode (the low-level "
+          "API, which takes no owner) do not check holds: they write a slot's pending planes, "
+          "which only a commit makes current, so a holder's commit takes what the last layer "
+          "calls on that slot wrote.")
       .def(
           "release", [](Cache& c, int slot, uint64_t token) { check(c.release(slot, token)); },
           nb::arg("slot"), nb::arg("token"),

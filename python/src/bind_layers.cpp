@@ -102,7 +102,11 @@ void init_layers(nb::module_& m) {
           [](KdaLayer* self, const Engine& engine, Weights weights, int hidden, int heads,
              int head_dim, int conv_kernel, const std::string& gate, float lower_bound,
              float rms_eps, const std::string& dtype) {
-            check_finite(lower_bound, "KdaLayer", "lower_bound");
+            if (gate == "lower_bound") {
+              check_lower_bound(lower_bound, "KdaLayer", "lower_bound");
+            } else {
+              check_finite(lower_bound, "KdaLayer", "lower_bound");
+            }
             check_eps(rms_eps, "KdaLayer", "rms_eps");
             KdaConfig c;
             c.hidden = hidden;

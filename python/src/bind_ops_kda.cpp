@@ -187,7 +187,11 @@ void init_ops_kda(nb::module_& m) {
           raise_contract(kContractValue, "kda_gate: form must be 'lower_bound' or 'softplus', got '" +
                                              form + "'");
         }
-        check_finite(lower_bound, "kda_gate", "lower_bound");
+        if (gf == cpu::KdaGateForm::kLowerBound) {
+          check_lower_bound(lower_bound, "kda_gate", "lower_bound");
+        } else {
+          check_finite(lower_bound, "kda_gate", "lower_bound");
+        }
         const float* fp = f32_in(engine, f, "kda_gate", "f", {-1, -1});
         const int64_t T = dim(f, 0), D = dim(f, 1);
         const float* ap = f32_in(engine, A_log, "kda_gate", "A_log", {-1});
@@ -214,7 +218,8 @@ void init_ops_kda(nb::module_& m) {
       "softplus(x) = x if x > 20 else log(1 + exp(x)); lower_bound is ignored.\n"
       "engine: None or a CPU Engine runs the C++ reference; a CUDA Engine runs cuda/kda_scan.cu\n"
       "on arrays of its device (any dk; same operations, CUDA's expf/logf within 2 ulp).\n"
-      "Raises ContractError: CONTRACT_VALUE for another form or a non-finite lower_bound,\n"
+      "Raises ContractError: CONTRACT_VALUE for another form, a non-finite lower_bound or (form\n"
+      "'lower_bound') one above 0 (the log decay would grow the state),\n"
       "CONTRACT_SHAPE when the last dim of f is not a multiple of len(A_log) or dt_bias does\n"
       "not match it, CONTRACT_DTYPE / CONTRACT_STRIDE / CONTRACT_DEVICE as usual.\n"
       "Reference: Glm5NextTextForgetGate.forward.");

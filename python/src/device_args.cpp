@@ -216,6 +216,15 @@ void check_finite(float v, const char* op, const char* name) {
   }
 }
 
+void check_lower_bound(float v, const char* op, const char* name) {
+  check_finite(v, op, name);
+  if (v > 0.0f) {
+    raise_contract(kContractValue, std::string(op) + ": " + name + " must be <= 0, got " + std::to_string(v) +
+                                       " (g = lower_bound * sigmoid(...) is a log decay; above 0 the "
+                                       "state grows without bound)");
+  }
+}
+
 void check_value(bool ok, const char* op, const std::string& what) {
   if (!ok) raise_contract(kContractValue, std::string(op) + ": " + what);
 }

@@ -111,6 +111,8 @@ void check_nonneg(int64_t v, const char* op, const char* name, int code = kContr
 // ContractError (40025) "op: name must be >= lo, got v" unless v >= lo.
 void check_min(int64_t v, int64_t lo, const char* op, const char* name);
 void check_finite(float v, const char* op, const char* name);
+// KDA's lower_bound gate: ContractError (40025) unless finite and <= 0.
+void check_lower_bound(float v, const char* op, const char* name);
 // ContractError (40025) "op: what" unless ok.
 void check_value(bool ok, const char* op, const std::string& what);
 // A norm or mixing epsilon: ContractError (40025) unless finite and >= 0 (a NaN or negative one

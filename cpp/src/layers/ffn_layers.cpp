@@ -73,6 +73,14 @@ Status MoeLayer::create(const MoeConfig& cfg, WeightMap& w, std::unique_ptr<MoeL
                       "), 1 <= topk_group <= n_group, got top_k=" + std::to_string(cfg.top_k) +
                       ", topk_group=" + std::to_string(cfg.topk_group));
   }
+  // The grouped router keeps the topk_group best groups and picks top_k experts among them
+  // (moe_route refuses a top_k past those at every call: refused once, here).
+  if (cfg.top_k > cfg.topk_group * (cfg.n_experts / cfg.n_group)) {
+    return Status(kContractValue, "MoeLayer: top_k (" + std::to_string(cfg.top_k) + ") exceeds the " +
+                                      std::to_string(cfg.topk_group * (cfg.n_experts / cfg.n_group)) +
+                                      " experts of the topk_group (" + std::to_string(cfg.topk_group) +
+                                      ") groups the router keeps");
+  }
   MEMRA_TRY(check_sizes("MoeLayer", {{"hidden", cfg.hidden}, {"n_experts", cfg.n_experts},
                                      {"intermediate", cfg.intermediate},
                                      {"shared_intermediate", cfg.shared_intermediate}}));

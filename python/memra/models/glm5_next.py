@@ -18,6 +18,7 @@ layer and MLP schedules, ``index_topk_pattern`` / ``index_topk_freq`` /
 from __future__ import annotations
 
 import dataclasses
+import math
 import typing
 from dataclasses import dataclass, field
 from typing import Annotated, Any, TypedDict
@@ -231,6 +232,10 @@ def _validate(c: dict[str, Any]) -> None:
     if c["hidden_act"] not in ("silu", "swish"):  # transformers' ACT2FN: both are nn.SiLU
         raise UnsupportedError(f"config: hidden_act = {c['hidden_act']!r}: memra runs glm5_next's short conv "
                                "and MLPs with SiLU", 50000)
+    lb = c["linear_lower_bound"]
+    if lb is not None and not -math.inf < lb <= 0:
+        raise ContractError(f"config: linear_lower_bound must be a finite number <= 0, got {lb} (the gate "
+                            "lower_bound * sigmoid(...) is a log decay; above 0 the state grows)", 40025)
     if c["attention_bias"]:
         raise UnsupportedError("config: attention_bias = true: memra runs glm5_next's attention projections "
                                "without biases (as released)", 50000)
