@@ -15,7 +15,7 @@ hidden size), stored in bf16 (no module of this family stays fp32), saved with s
 (safetensors, 5 GB shards) into --folder and reused when it is there (a marker file records the
 geometry and seed; --rebuild makes it again).
 
-memra:  memra.load(folder, device="cuda", dtype="bfloat16", ...): bench_model_decode.run_memra's
+memra:  memra.load(folder, device="cuda", dtype="bfloat16", ...): decode_common.run_memra's
         protocol (prefill not timed, warm-up steps with the CUDA-graph capture, timed greedy
         steps with a host read of the B tokens each, the public generate / generate_batch API,
         the per-kernel breakdown of the step from torch.profiler: memra_kernels_top).
@@ -52,11 +52,10 @@ os.environ.setdefault("TRITON_CACHE_AUTOTUNING", "1")
 
 from common import Bench, base_parser, emit_record, log  # noqa: E402
 # The whole-model protocol of the glm5_next benchmark (family-free: memra.load picks the family).
-from bench_model_decode import (  # noqa: E402
-    add_outcomes, build_and_save, checkpoint_text_bytes, decode_figures, folder_ready, generate_peer,
+from decode_common import (  # noqa: E402
+    MARKER, add_outcomes, build_and_save, checkpoint_text_bytes, decode_figures, folder_ready, generate_peer,
     peer_kernels, peer_then_memra)
 
-MARKER = "memra_bench_build.json"
 BUILD_VERSION = 1  # bump when the weights recipe changes (a folder of another version is rebuilt)
 K, M = "linear_attention", "full_attention"
 
@@ -150,7 +149,7 @@ def marker_of(args, tc: dict) -> dict:
 
 
 def build_checkpoint(folder: Path, args, tc: dict, dev, torch) -> float:
-    """Build, initialise and save the model (bench_model_decode.build_and_save); returns seconds."""
+    """Build, initialise and save the model (decode_common.build_and_save); returns seconds."""
     from transformers import KimiLinearConfig, KimiLinearForCausalLM
 
     cfg = KimiLinearConfig(**tc)
@@ -229,7 +228,7 @@ def decode_bytes(cfg, tensors: dict[str, int], B: int, ctx: float) -> dict:
 
 # ============================================================================ peer
 def run_peer(args, folder: Path, dev, torch, prompts, batches, peer_steps, match_steps) -> tuple[dict, dict]:
-    """transformers on the folder (bench_model_decode.generate_peer): per B {peer_tok_s, tokens
+    """transformers on the folder (decode_common.generate_peer): per B {peer_tok_s, tokens
     (seq 0), ...}; and common info."""
     from transformers import KimiLinearForCausalLM
     from transformers.models.kimi_linear import modeling_kimi_linear as mod

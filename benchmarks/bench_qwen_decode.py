@@ -17,7 +17,7 @@ this family in fp32), saved with save_pretrained (safetensors, 5 GB shards) into
 (default /tmp/memra-bench-qwen-<model>[-tiny]) and reused when there (a marker file records the
 geometry and seed; --rebuild makes it again).
 
-memra:  memra.load(folder, device="cuda", dtype="bfloat16"): bench_model_decode.run_memra's
+memra:  memra.load(folder, device="cuda", dtype="bfloat16"): decode_common.run_memra's
         protocol (prefill not timed, warm-up steps with the CUDA-graph capture, timed greedy steps
         with a host read of the B tokens each, the public generate / generate_batch API, the
         per-kernel breakdown of a step from torch.profiler).
@@ -55,12 +55,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 os.environ.setdefault("TRITON_CACHE_AUTOTUNING", "1")  # before fla / transformers are imported
 
 from common import Bench, base_parser, emit_record, log  # noqa: E402
-from bench_model_decode import (  # noqa: E402
-    add_outcomes, build_and_save, checkpoint_text_bytes, decode_figures, folder_ready, generate_peer,
+from decode_common import (  # noqa: E402
+    MARKER, add_outcomes, build_and_save, checkpoint_text_bytes, decode_figures, folder_ready, generate_peer,
     peer_then_memra)
 from bench_kimi_decode import checkpoint_tensors  # noqa: E402
 
-MARKER = "memra_bench_build.json"
 BUILD_VERSION = 1  # bump when the weights recipe changes
 GDN, ATTN = "linear_attention", "full_attention"
 TARGET_FRAC = 0.8  # issue 19: memra at B = 1 reaches >= 0.8 of the roofline
@@ -126,7 +125,7 @@ def marker_of(args, tc: dict) -> dict:
 
 
 def build_checkpoint(folder: Path, args, which: str, tc: dict, dev, torch) -> float:
-    """Build, initialise (on `dev`), cast to bf16 and save (bench_model_decode.build_and_save);
+    """Build, initialise (on `dev`), cast to bf16 and save (decode_common.build_and_save);
     returns seconds."""
     import transformers
 
@@ -233,7 +232,7 @@ def peer_kernels(mod) -> dict:
 
 
 def run_peer(which: str, folder: Path, dev, torch, prompts, batches, peer_steps, match_steps) -> tuple[dict, dict]:
-    """transformers on the folder (bench_model_decode.generate_peer): per B {peer_tok_s, tokens
+    """transformers on the folder (decode_common.generate_peer): per B {peer_tok_s, tokens
     (seq 0), ...}; and common info."""
     import importlib
 
