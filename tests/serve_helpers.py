@@ -48,3 +48,30 @@ def metric(text: str, name: str, labels: str = "") -> float:
     pattern = re.escape(name) + (r"\{" + re.escape(labels) + r"\}" if labels else "") + r" (\S+)"
     m = re.search(r"^" + pattern + r"$", text, re.M)
     return float(m.group(1)) if m else 0.0
+
+
+def post_json(server: ServerThread, path: str, body, **kw):
+    """POST `body` (a JSON-able object, or str / bytes sent as they are) to the server's `path`
+    as application/json; the httpx.Response."""
+    import json
+
+    import httpx
+
+    content = body if isinstance(body, (str, bytes)) else json.dumps(body)
+    return httpx.post(server.url + path, content=content, headers={"Content-Type": "application/json"},
+                      timeout=30, **kw)
+
+
+def wait_idle(server: ServerThread, deadline: float = 10.0) -> str:
+    """The server's metrics once no request runs or waits and no slot is in use (AssertionError
+    after `deadline` s)."""
+    import httpx
+
+    end = time.monotonic() + deadline
+    while True:
+        text = httpx.get(server.url + "/metrics", timeout=10).text
+        if all(metric(text, m) == 0 for m in ("memra_cache_slots_in_use", "memra_requests_running",
+                                               "memra_requests_waiting")):
+            return text
+        assert time.monotonic() < end, "slots still in use:\n" + text
+        time.sleep(0.02)

@@ -11,7 +11,6 @@ stopped by its fixture.
 from __future__ import annotations
 
 import asyncio
-import json
 import threading
 import time
 
@@ -24,7 +23,7 @@ pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 
 import memra  # noqa: E402
-from serve_helpers import ServerThread, metric  # noqa: E402
+from serve_helpers import ServerThread, metric, post_json, wait_idle  # noqa: E402
 
 NAME = "tiny"
 MAX_LEN = 256
@@ -49,17 +48,6 @@ def client(server: ServerThread) -> openai.OpenAI:
 
 def _metrics(server: ServerThread) -> str:
     return httpx.get(server.url + "/metrics", timeout=10).text
-
-
-def _wait_idle(server: ServerThread, deadline: float = 10.0) -> str:
-    """The metrics once no request runs and no slot is in use (AssertionError after `deadline` s)."""
-    end = time.monotonic() + deadline
-    while True:
-        text = _metrics(server)
-        if metric(text, "memra_cache_slots_in_use") == 0 and metric(text, "memra_requests_running") == 0:
-            return text
-        assert time.monotonic() < end, "slots still in use:\n" + text
-        time.sleep(0.02)
 
 
 def test_health_models_and_metrics(server: ServerThread) -> None:
@@ -147,7 +135,7 @@ def test_stop_strings_are_cut_and_never_emitted(server: ServerThread, ref: memra
     pieces = [c.choices[0].text for c in client(server).completions.create(stream=True, **kw)]
     assert "".join(pieces) == want
     assert all(stop not in p for p in pieces)
-    _wait_idle(server)  # the stop freed the slot
+    wait_idle(server)  # the stop freed the slot
 
 
 def test_concurrent_streams_equal_generate(server: ServerThread, ref: memra.Model) -> None:
@@ -185,7 +173,7 @@ def test_concurrent_streams_equal_generate(server: ServerThread, ref: memra.Mode
     got = asyncio.run(run_all())
     for (prompt, n, s), g in zip(jobs, got):
         assert g == ref.generate(prompt, n, ignore_eos=True, **s), (prompt, n, s)
-    text = _wait_idle(server)
+    text = wait_idle(server)
     # They were decoded together: some steps carried more than four requests.
     steps = metric(text, "memra_decode_batch_rows_count") - metric(before, "memra_decode_batch_rows_count")
     small = metric(text, "memra_decode_batch_rows_bucket", 'le="4.0"') - \
@@ -200,13 +188,8 @@ def test_client_disconnect_cancels_and_frees_the_slot(server: ServerThread) -> N
     for _, _chunk in zip(range(3), stream):
         pass
     stream.close()
-    text = _wait_idle(server)
+    text = wait_idle(server)
     assert metric(text, "memra_requests_total", 'finish_reason="cancelled"') == before + 1
-
-
-def _post(server: ServerThread, path: str, body) -> httpx.Response:
-    content = body if isinstance(body, (str, bytes)) else json.dumps(body)
-    return httpx.post(server.url + path, content=content, headers={"Content-Type": "application/json"}, timeout=30)
 
 
 @pytest.mark.parametrize("path,body,param,words", [
@@ -230,7 +213,7 @@ def _post(server: ServerThread, path: str, body) -> httpx.Response:
      "messages.0.content", "content"),
 ])
 def test_bad_requests_are_400s_naming_the_field(server: ServerThread, path, body, param, words) -> None:
-    r = _post(server, path, body)
+    r = post_json(server, path, body)
     assert r.status_code == 400, r.text
     err = r.json()["error"]
     assert err["type"] == "invalid_request_error"
@@ -279,7 +262,7 @@ def test_a_full_queue_is_a_429() -> None:
             s.close()
         queued.join(30)
         assert not queued.is_alive()
-        _wait_idle(server)
+        wait_idle(server)
 
 
 def test_non_finite_logits_end_the_request_with_an_error(tmp_path, ref: memra.Model) -> None:
@@ -312,6 +295,6 @@ def test_non_finite_logits_end_the_request_with_an_error(tmp_path, ref: memra.Mo
             r = c.completions.create(model=NAME, prompt=other, max_tokens=3, temperature=0,
                                      extra_body={"ignore_eos": True, "return_token_ids": True})
             assert r.choices[0].token_ids == want
-        text = _wait_idle(server)
+        text = wait_idle(server)
         assert metric(text, "memra_requests_total", 'finish_reason="error"') == 2
     shutil.rmtree(folder)

@@ -8,7 +8,6 @@ Every refusal is a 400 (413 for the body) naming the field, and nothing is sched
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 
@@ -18,7 +17,7 @@ pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 
 import memra  # noqa: E402
-from serve_helpers import ServerThread, metric  # noqa: E402
+from serve_helpers import ServerThread, post_json, wait_idle  # noqa: E402
 
 NAME = "tiny"
 MAX_LEN = 256
@@ -34,23 +33,6 @@ def model() -> memra.Model:
 def server(model):
     with ServerThread(model, served_model_name=NAME) as s:
         yield s
-
-
-def _post(server: ServerThread, path: str, body, **kw) -> httpx.Response:
-    content = body if isinstance(body, (str, bytes)) else json.dumps(body)
-    return httpx.post(server.url + path, content=content, headers={"Content-Type": "application/json"},
-                      timeout=30, **kw)
-
-
-def _idle(server: ServerThread) -> None:
-    end = time.monotonic() + 10
-    while True:
-        text = httpx.get(server.url + "/metrics", timeout=10).text
-        if all(metric(text, m) == 0 for m in ("memra_cache_slots_in_use", "memra_requests_running",
-                                               "memra_requests_waiting")):
-            return
-        assert time.monotonic() < end, text
-        time.sleep(0.02)
 
 
 C, H = "/v1/completions", "/v1/chat/completions"
@@ -86,37 +68,37 @@ C, H = "/v1/completions", "/v1/chat/completions"
     (C, {"prompt": "x", "top_p": 1e-46}, "top_p", "rounds to 0"),
 ])
 def test_bad_fields_are_400s_naming_them(server, path, body, param, words) -> None:
-    r = _post(server, path, body)
+    r = post_json(server, path, body)
     assert r.status_code == 400, r.text
     err = r.json()["error"]
     assert err["type"] == "invalid_request_error" and err["param"] == param, err
     assert words in err["message"], err
-    _idle(server)
+    wait_idle(server)
 
 
 def test_a_lone_surrogate_is_named_in_the_json_error(server) -> None:
-    r = _post(server, C, '{"prompt": "\\ud800"}')
+    r = post_json(server, C, '{"prompt": "\\ud800"}')
     assert r.status_code == 400 and "lone surrogate" in r.json()["error"]["message"], r.text
 
 
 def test_null_means_the_default(server, model) -> None:
     nulls = dict(n=None, stream=None, presence_penalty=None, frequency_penalty=None, echo=None, stop=None,
                  stop_token_ids=None, ignore_eos=None, return_token_ids=None, best_of=None, seed=None)
-    r = _post(server, C, dict(prompt=[1, 2, 3], max_tokens=3, temperature=0, **nulls))
+    r = post_json(server, C, dict(prompt=[1, 2, 3], max_tokens=3, temperature=0, **nulls))
     assert r.status_code == 200, r.text
     assert r.json()["usage"]["completion_tokens"] <= 3
-    r = _post(server, H, dict(CHAT, max_tokens=2, temperature=0, add_generation_prompt=None, **nulls))
+    r = post_json(server, H, dict(CHAT, max_tokens=2, temperature=0, add_generation_prompt=None, **nulls))
     assert r.status_code == 200, r.text
-    r = _post(server, C, dict(prompt=[1, 2], max_tokens=2, stream=True, stream_options={"include_usage": None}))
+    r = post_json(server, C, dict(prompt=[1, 2], max_tokens=2, stream=True, stream_options={"include_usage": None}))
     assert r.status_code == 200 and '"usage"' not in r.text, r.text
     # max_tokens null on /v1/completions is OpenAI's default of 16
-    r = _post(server, C, dict(prompt=[1, 2, 3], temperature=0, max_tokens=None, ignore_eos=True))
+    r = post_json(server, C, dict(prompt=[1, 2, 3], temperature=0, max_tokens=None, ignore_eos=True))
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 16, r.text
 
 
 def test_add_generation_prompt_in_the_template_kwargs_wins(server) -> None:
     def prompt_ids(**fields) -> list[int]:
-        r = _post(server, H, dict(CHAT, max_tokens=1, temperature=0, return_token_ids=True, **fields))
+        r = post_json(server, H, dict(CHAT, max_tokens=1, temperature=0, return_token_ids=True, **fields))
         assert r.status_code == 200, r.text
         return r.json()["prompt_token_ids"]
 
@@ -150,12 +132,12 @@ def test_the_token_bound_holds_only_where_it_is_one(model) -> None:
 
 def test_a_prompt_with_no_room_left_says_so(server, model) -> None:
     ids = [7] * MAX_LEN
-    r = _post(server, C, {"prompt": ids, "max_tokens": None})  # null: 16, beyond the slot
+    r = post_json(server, C, {"prompt": ids, "max_tokens": None})  # null: 16, beyond the slot
     assert r.status_code == 400 and r.json()["error"]["param"] == "prompt", r.text
     text = "hello " * 200
     n = len(model.tokenizer.encode(text).ids)
     assert n >= MAX_LEN, "the chat prompt must fill the slot"
-    r = _post(server, H, {"messages": [{"role": "user", "content": text}]})  # max_tokens absent
+    r = post_json(server, H, {"messages": [{"role": "user", "content": text}]})  # max_tokens absent
     err = r.json()["error"]
     assert r.status_code == 400 and err["param"] == "messages", r.text
     assert "leaves no room" in err["message"] and "-" not in err["message"].split("However")[1], err
@@ -167,13 +149,13 @@ def test_a_prompt_too_long_for_any_tokens_is_refused_before_tokenizing(server, m
     per = max_token_chars(model.tokenizer)
     assert per is not None, "the tiny checkpoint's tokenizer is byte-level BPE: its tokens are bounded"
     text = "x" * (per * MAX_LEN + 1)
-    r = _post(server, C, {"prompt": text, "max_tokens": 1})
+    r = post_json(server, C, {"prompt": text, "max_tokens": 1})
     err = r.json()["error"]
     assert r.status_code == 400 and err["param"] == "prompt" and "characters are at least" in err["message"], r.text
-    r = _post(server, H, {"messages": [{"role": "user", "content": text}], "max_tokens": 1})
+    r = post_json(server, H, {"messages": [{"role": "user", "content": text}], "max_tokens": 1})
     assert r.status_code == 400 and r.json()["error"]["param"] == "messages", r.text
     # Just under the bound the prompt is tokenized, and refused by its real count.
-    r = _post(server, C, {"prompt": "x" * (per * MAX_LEN), "max_tokens": 1})
+    r = post_json(server, C, {"prompt": "x" * (per * MAX_LEN), "max_tokens": 1})
     err = r.json()["error"]
     assert r.status_code == 400 and "in the prompt" in err["message"], r.text
 
@@ -181,7 +163,7 @@ def test_a_prompt_too_long_for_any_tokens_is_refused_before_tokenizing(server, m
 def test_a_body_over_the_limit_is_a_413_read_no_further(model) -> None:
     with ServerThread(model, served_model_name=NAME, max_request_bytes=4096) as s:
         body = json.dumps({"prompt": "y" * 5000, "max_tokens": 1}).encode()
-        r = _post(s, C, body)
+        r = post_json(s, C, body)
         assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large", r.text
         assert "4096" in r.json()["error"]["message"]
 
@@ -191,7 +173,7 @@ def test_a_body_over_the_limit_is_a_413_read_no_further(model) -> None:
 
         r = httpx.post(s.url + C, content=chunks(), headers={"Content-Type": "application/json"}, timeout=30)
         assert r.status_code == 413, r.text
-        r = _post(s, C, {"prompt": "y", "max_tokens": 1})
+        r = post_json(s, C, {"prompt": "y", "max_tokens": 1})
         assert r.status_code == 200, r.text
     with pytest.raises(memra.ContractError, match="max_request_bytes"):
         ServerThread(model, max_request_bytes=0)

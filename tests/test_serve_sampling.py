@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import logging
 import shutil
-import time
 
 import pytest
 
@@ -21,7 +20,7 @@ pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 
 import memra  # noqa: E402
-from serve_helpers import ServerThread, metric  # noqa: E402
+from serve_helpers import ServerThread, wait_idle  # noqa: E402
 
 MAX_LEN = 64
 BAD = [
@@ -57,17 +56,6 @@ def _post(server: ServerThread, chat: bool, fields: dict) -> httpx.Response:
     return httpx.post(server.url + path, json={**body, "max_tokens": 3, **fields}, timeout=30)
 
 
-def _idle(server: ServerThread) -> None:
-    end = time.monotonic() + 10
-    while True:
-        text = httpx.get(server.url + "/metrics", timeout=10).text
-        if all(metric(text, m) == 0 for m in ("memra_cache_slots_in_use", "memra_requests_running",
-                                               "memra_requests_waiting")):
-            return
-        assert time.monotonic() < end, text
-        time.sleep(0.02)
-
-
 @pytest.mark.parametrize("stream", [False, True])
 @pytest.mark.parametrize("chat", [False, True])
 @pytest.mark.parametrize("fields,param,words", BAD)
@@ -79,7 +67,7 @@ def test_a_value_the_sampler_refuses_is_a_400_naming_the_field(server, model, ch
     err = r.json()["error"]
     assert err["type"] == "invalid_request_error" and err["param"] == param, err
     assert param in err["message"] and words in err["message"], err
-    _idle(server)  # nothing was scheduled
+    wait_idle(server)  # nothing was scheduled
 
 
 @pytest.mark.parametrize("fields", [{"temperature": 0}, {"temperature": 3.0e38, "seed": 1},
