@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
-from .errors import ContractError
+from .errors import ContractError, UnsupportedError
 
 _INT32 = (-(2**31), 2**31 - 1)
 
@@ -170,6 +170,27 @@ def check_size_product(c: dict[str, Any], keys: tuple[str, ...], what: str) -> N
         names, values = " * ".join(keys), " * ".join(str(c[k]) for k in keys)
         raise ContractError(f"config: {names} ({values} = {product}), {what}, must be at most {SIZE_MAX} "
                             "(memra's bound on a size: 2^20)", 40025)
+
+
+
+def check_grouped_router(c: dict[str, Any], experts: str, shown: str | None = None) -> None:
+    """The geometry of a grouped top-k router (transformers' Glm5NextTextTopkRouter and
+    KimiLinearTopkRouter) in the parsed fields `c` (positive counts): c[experts] experts in
+    n_group groups of at least 2 (a group scores the sum of its top 2), the topk_group best
+    groups kept, num_experts_per_tok experts among those. ContractError (40025) for an uneven
+    split or topk_group > n_group; UnsupportedError (50000) for a top_k past the kept groups'
+    experts (transformers would then pick experts of dropped groups). `shown`: the experts key
+    as the message names it (default `experts`)."""
+    E, G, kg, k = c[experts], c["n_group"], c["topk_group"], c["num_experts_per_tok"]
+    if E % G or E // G < 2:
+        raise ContractError(f"config: {shown or experts} ({E}) must split into n_group ({G}) groups of at least "
+                            "2 experts (a group's score is the sum of its top 2)", 40025)
+    if kg > G:
+        raise ContractError(f"config: topk_group ({kg}) exceeds n_group ({G})", 40025)
+    if k > kg * (E // G):
+        raise UnsupportedError(
+            f"config: num_experts_per_tok ({k}) exceeds the {kg * (E // G)} experts of the topk_group ({kg}) "
+            "groups kept: transformers would then pick experts of dropped groups", 50000)
 
 
 def _mentions_int(tp: Any) -> bool:

@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 from typing import Annotated, Any, TypedDict
 
 from .. import _core
-from ..config import Range, Size, check_fields, check_size_product, field_defaults, field_ranges, field_table
+from ..config import (Range, Size, check_fields, check_grouped_router, check_size_product, field_defaults,
+                      field_ranges, field_table)
 from ..errors import ContractError, UnsupportedError
 from ..loader import NameTable, Route
 from .layers import KdaMixer, MlaMixer, check_groups, located, norm_vector
@@ -242,21 +243,11 @@ def _validate(c: dict[str, Any]) -> None:
 
 
 def _validate_routing(c: dict[str, Any]) -> None:
-    """Glm5NextTextTopkRouter's geometry: n_group groups of at least 2 experts (a group scores
-    the sum of its top 2), the topk_group best kept, top_k experts among those."""
-    E, G, kg, k = c["n_routed_experts"], c["n_group"], c["topk_group"], c["num_experts_per_tok"]
+    """Glm5NextTextTopkRouter's counts positive, then its geometry (check_grouped_router)."""
     for key in ("n_routed_experts", "n_group", "topk_group", "num_experts_per_tok"):
         if c[key] < 1:
             raise ContractError(f"config: {key} must be a positive integer, got {c[key]}", 40025)
-    if E % G or E // G < 2:
-        raise ContractError(f"config: n_routed_experts ({E}) must split into n_group ({G}) groups of at least 2 "
-                            "experts (a group's score is the sum of its top 2)", 40025)
-    if kg > G:
-        raise ContractError(f"config: topk_group ({kg}) exceeds n_group ({G})", 40025)
-    if k > kg * (E // G):
-        raise UnsupportedError(
-            f"config: num_experts_per_tok ({k}) exceeds the {kg * (E // G)} experts of the topk_group ({kg}) "
-            "groups kept: transformers would then pick experts of dropped groups", 50000)
+    check_grouped_router(c, "n_routed_experts")
 
 
 def parse_config(raw: dict[str, Any]) -> Glm5NextConfig:

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
 from .. import _core
-from ..config import Size, check_fields, check_size_product, field_ranges
+from ..config import Size, check_fields, check_grouped_router, check_size_product, field_ranges
 from ..errors import ContractError, UnsupportedError
 from ..loader import NameTable, Route
 from .layers import KdaMixer, MlaMixer, check_groups, located, norm_vector
@@ -297,16 +297,8 @@ def _validate_moe(c: dict[str, Any]) -> None:
     _positive(c, ("n_shared_experts",), low=0)
     # The shared experts run as one MLP of this width.
     check_size_product(c, ("moe_intermediate_size", "n_shared_experts"), "the shared expert's width")
-    E, G, kg, k = c["num_local_experts"], c["n_group"], c["topk_group"], c["num_experts_per_tok"]
-    if E % G or E // G < 2:
-        raise ContractError(f"config: num_experts ({E}) must split into n_group ({G}) groups of at least 2 "
-                            "experts (a group's score is the sum of its top 2)", 40025)
-    if kg > G:
-        raise ContractError(f"config: topk_group ({kg}) exceeds n_group ({G})", 40025)
-    if k > kg * (E // G):
-        raise UnsupportedError(
-            f"config: num_experts_per_tok ({k}) exceeds the {kg * (E // G)} experts of the topk_group "
-            f"({kg}) groups kept: transformers would then pick experts of dropped groups", 50000)
+    check_grouped_router(c, "num_local_experts", "num_experts")
+    G, kg = c["n_group"], c["topk_group"]
     extra = c["extra"]
     act = extra.get("moe_router_activation_func", "sigmoid")
     if act != "sigmoid":
