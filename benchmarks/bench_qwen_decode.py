@@ -57,7 +57,7 @@ os.environ.setdefault("TRITON_CACHE_AUTOTUNING", "1")  # before fla / transforme
 from common import Bench, base_parser, emit_record, log  # noqa: E402
 from decode_common import (  # noqa: E402
     MARKER, add_outcomes, build_and_save, checkpoint_text_bytes, decode_figures, folder_ready, generate_peer,
-    peer_then_memra)
+    peer_kernels, peer_then_memra)
 from bench_kimi_decode import checkpoint_tensors  # noqa: E402
 
 BUILD_VERSION = 1  # bump when the weights recipe changes
@@ -209,26 +209,11 @@ def decode_bytes(cfg, tensors: dict[str, int], B: int, ctx: float) -> dict:
 
 
 # ============================================================================ peer
-def peer_kernels(mod) -> dict:
-    """Which implementation transformers resolved for the GDN and conv functions
-    (use_kernel_func_from_hub_with_fallback keeps it in the closure variable `implementation`)."""
-    import inspect
-    out = {}
-    # the kernel's name -> the module attribute transformers decorated with it
-    for name, attr in (("chunk_gated_delta_rule", "torch_chunk_gated_delta_rule"),
-                       ("fused_recurrent_gated_delta_rule", "torch_recurrent_gated_delta_rule"),
-                       ("causal_conv1d_fn", "causal_conv1d_fn"), ("causal_conv1d_update", "causal_conv1d_update")):
-        try:
-            impl = inspect.getclosurevars(getattr(mod, attr)).nonlocals.get("implementation")
-        except Exception:  # noqa: BLE001
-            impl = None
-        if impl is None:
-            out[name] = "unknown"
-        elif (getattr(impl, "__module__", "") or "").startswith("transformers"):
-            out[name] = "torch fallback (transformers)"
-        else:
-            out[name] = f"{getattr(impl, '__module__', '?')}.{getattr(impl, '__name__', '?')}"
-    return out
+# transformers' gated-delta-rule and conv functions: (the kernel's name, the module attribute
+# transformers decorated with it), for decode_common.peer_kernels.
+GDN_KERNELS = (("chunk_gated_delta_rule", "torch_chunk_gated_delta_rule"),
+               ("fused_recurrent_gated_delta_rule", "torch_recurrent_gated_delta_rule"),
+               ("causal_conv1d_fn", "causal_conv1d_fn"), ("causal_conv1d_update", "causal_conv1d_update"))
 
 
 def run_peer(which: str, folder: Path, dev, torch, prompts, batches, peer_steps, match_steps) -> tuple[dict, dict]:
@@ -240,7 +225,7 @@ def run_peer(which: str, folder: Path, dev, torch, prompts, batches, peer_steps,
 
     mod = importlib.import_module("transformers.models.qwen3_5.modeling_qwen3_5" if which == "4b"
                                   else "transformers.models.qwen3_5_moe.modeling_qwen3_5_moe")
-    info = {"peer_kernels": peer_kernels(mod)}
+    info = {"peer_kernels": peer_kernels(mod, GDN_KERNELS)}
     res = generate_peer(torch, dev, getattr(transformers, MODELS[which][1]), folder, prompts, batches, peer_steps,
                         match_steps, info, f"qwen_decode: {which}")
     return res, info

@@ -4,8 +4,8 @@ bench_qwen_decode; bench_model_prefill, accuracy_bench_model and ab_builds use s
 - checkpoint folders: the marker file that says which recipe built a folder (folder_ready), the
   build-and-save with its host fallbacks (build_and_save), the text model's bytes on disk
   (checkpoint_text_bytes);
-- the peer: which KDA / conv implementation transformers resolved (peer_kernels) and its greedy
-  generate loop (generate_peer);
+- the peer: which implementation transformers resolved for its KDA, GDN or conv functions
+  (peer_kernels) and its greedy generate loop (generate_peer);
 - memra: the timed decode steps, generate and the sampled step, the profile and the graph replay
   (run_memra, profile_steps, replay_only), host memory during the load (RssPeak);
 - the run and the record: transformers then memra (peer_then_memra), the figures at a batch size
@@ -123,16 +123,22 @@ def checkpoint_text_bytes(folder: Path) -> tuple[int, int, int]:
     return total, count, elements
 
 
-def peer_kernels(mod) -> dict:
-    """Which implementation transformers' glm5_next resolved for its KDA / conv functions
-    (use_kernel_func_from_hub_with_fallback keeps it in the closure variable `implementation`)."""
+# transformers' KDA and conv functions (glm5_next, kimi_linear): (the kernel's name, the module
+# attribute transformers decorated with it).
+KDA_KERNELS = (("chunk_kimi_delta_attention", "chunk_kimi_delta_attention"),
+               ("recurrent_kimi_delta_attention", "recurrent_kimi_delta_attention"),
+               ("causal_conv1d_fn", "causal_conv1d_fn"), ("causal_conv1d_update", "causal_conv1d_update"))
+
+
+def peer_kernels(mod, kernels=KDA_KERNELS) -> dict:
+    """Which implementation transformers' modeling module `mod` resolved for each of `kernels`
+    ((name, module attribute) pairs; default its KDA / conv functions):
+    use_kernel_func_from_hub_with_fallback keeps it in the closure variable `implementation`."""
     import inspect
     out = {}
-    for name in ("chunk_kimi_delta_attention", "recurrent_kimi_delta_attention", "causal_conv1d_fn",
-                 "causal_conv1d_update"):
-        fn = getattr(mod, name, None)
+    for name, attr in kernels:
         try:
-            impl = inspect.getclosurevars(fn).nonlocals.get("implementation")
+            impl = inspect.getclosurevars(getattr(mod, attr, None)).nonlocals.get("implementation")
         except Exception:  # noqa: BLE001
             impl = None
         if impl is None:
