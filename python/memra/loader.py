@@ -264,15 +264,11 @@ def read_generation_config(path: Path, config) -> GenerationConfig:
     data = read_json_file(gen) if gen.exists() else {}
     what = f"load: {gen.name}"
     check_fields(data, _GENERATION_FIELDS, what=what)
-    eos = data.get("eos_token_id")
+    eos, source = data.get("eos_token_id"), what
+    if eos is None:  # config.json's, held to the same rule
+        eos, source = config.eos_token_id, "load: config.json"
     if eos is not None:
-        ids = np.atleast_1d(np.asarray(eos, np.int64))
-        check_token_ids(ids, config.vocab_size, f"{what}: eos_token_id")
-    else:
-        eos = config.eos_token_id
-        if eos is not None:
-            check_token_ids(np.atleast_1d(np.asarray(eos, np.int64)), config.vocab_size,
-                            "load: config.json: eos_token_id")
+        check_token_ids(np.atleast_1d(np.asarray(eos, np.int64)), config.vocab_size, f"{source}: eos_token_id")
     sampling = {}
     for name in ("temperature", "top_k", "top_p"):
         value = data.get(name)

@@ -29,9 +29,10 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from ..batch import count_arg
 from ..errors import ContractError, MemraError
 from .chat_template import load_chat_template
-from .handlers import APIError, ServerState, chat_completion, completion
+from .handlers import APIError, ServerState, chat_completion, check_model, completion
 from .metrics import Metrics
 from .protocol import ChatCompletionRequest, CompletionRequest, ErrorInfo, ErrorResponse, ModelCard, ModelList
 from .scheduler import Scheduler
@@ -106,14 +107,10 @@ def create_app(model, served_model_name: str | None = None, *, max_waiting: int 
     default_max_request_bytes(the cache's max_len)), so that no body of megabytes is parsed,
     rendered or tokenized on the event loop. The scheduler's thread starts with the app
     (lifespan) and stops with it. ContractError for a max_request_bytes that is not a positive
-    integer.
+    integer (batch.count_arg).
     """
-    if max_request_bytes is None:
-        max_request_bytes = default_max_request_bytes(model.cache.max_len)
-    if isinstance(max_request_bytes, bool) or not isinstance(max_request_bytes, int) or max_request_bytes < 1:
-        raise ContractError(f"create_app: max_request_bytes must be a positive integer, got {max_request_bytes!r}",
-                            40025)
-    limit = max_request_bytes
+    limit = (default_max_request_bytes(model.cache.max_len) if max_request_bytes is None
+             else count_arg(max_request_bytes, "create_app: max_request_bytes", 1, 2**63 - 1))
     name = served_model_name or Path(model.path).name
     scheduler = Scheduler(model, max_waiting=max_waiting, prefill_budget=prefill_budget)
     metrics = Metrics(scheduler)
@@ -176,9 +173,7 @@ def create_app(model, served_model_name: str | None = None, *, max_waiting: int 
 
     @app.get("/v1/models/{model_id:path}")
     async def model_card(model_id: str) -> dict:
-        if model_id != name:
-            raise APIError(404, f"The model `{model_id}` does not exist (this server serves `{name}`).",
-                           "invalid_request_error", param="model", code="model_not_found")
+        check_model(state, model_id)
         return card().model_dump()
 
     @app.get("/metrics")

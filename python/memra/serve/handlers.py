@@ -319,9 +319,10 @@ def _error_type(e: MemraError) -> str:
     return "non_finite_error" if isinstance(e, NonFiniteError) else "server_error"
 
 
-def _model_check(state: ServerState, body) -> None:
-    if body.model is not None and body.model != state.name:
-        raise APIError(404, f"The model `{body.model}` does not exist (this server serves `{state.name}`).",
+def check_model(state: ServerState, model: str | None) -> None:
+    """404 model_not_found unless `model` (a request's ``model``, None: not given) is the served one."""
+    if model is not None and model != state.name:
+        raise APIError(404, f"The model `{model}` does not exist (this server serves `{state.name}`).",
                        "invalid_request_error", param="model", code="model_not_found")
 
 
@@ -356,11 +357,11 @@ async def _answer(state: ServerState, body, request: Request, ids: list[int], pr
 
 async def completion(state: ServerState, body: CompletionRequest, request: Request):
     """POST /v1/completions."""
-    _model_check(state, body)
+    check_model(state, body.model)
     return await _answer(state, body, request, _prompt_of_completion(state, body), "prompt", chat=False)
 
 
 async def chat_completion(state: ServerState, body: ChatCompletionRequest, request: Request):
     """POST /v1/chat/completions."""
-    _model_check(state, body)
+    check_model(state, body.model)
     return await _answer(state, body, request, _prompt_of_chat(state, body), "messages", chat=True)
