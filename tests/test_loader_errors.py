@@ -258,10 +258,19 @@ def test_cpu_still_loads():
     assert not _load(TINY, device="cpu").engine.is_cuda
 
 
-def test_swish_is_silu(tmp_path):
-    # transformers' ACT2FN maps both names to nn.SiLU: the same model.
-    dst = _copy(tmp_path)
+FAMILY_FOLDERS = [TINY] + [Path(__file__).resolve().parent / "fixtures" / f"tiny_{f}" for f in
+                           ("kimi_linear", "qwen3_5", "qwen3_5_moe", "qwen3_next")]
+
+
+@pytest.mark.parametrize("src", FAMILY_FOLDERS, ids=lambda p: p.name)
+def test_swish_is_silu(tmp_path, src):
+    # transformers' ACT2FN maps both names to nn.SiLU (and the Qwen short conv's kernels take
+    # either name): the same model in every family.
+    dst = tmp_path / "ckpt"
+    shutil.copytree(src, dst)
     raw = json.loads((dst / "config.json").read_text())
-    (raw.get("text_config") or raw)["hidden_act"] = "swish"
+    text = raw.get("text_config") or raw
+    assert text["hidden_act"] == "silu"
+    text["hidden_act"] = "swish"
     (dst / "config.json").write_text(json.dumps(raw))
-    np.testing.assert_array_equal(_load(dst).logits([1, 2, 3]), _load(TINY).logits([1, 2, 3]))
+    np.testing.assert_array_equal(_load(dst).logits([1, 2, 3]), _load(src).logits([1, 2, 3]))

@@ -266,7 +266,7 @@ def _validate(c: dict[str, Any]) -> None:
                                    f"{GDN!r} (Gated DeltaNet) or {ATTN!r}", 50000)
     if not c["rms_norm_eps"] > 0:
         raise ContractError(f"config: rms_norm_eps must be > 0, got {c['rms_norm_eps']}", 40025)
-    if c["hidden_act"] != "silu":
+    if c["hidden_act"] not in ("silu", "swish"):  # transformers' ACT2FN: both are nn.SiLU
         raise UnsupportedError(f"config: hidden_act = {c['hidden_act']!r}: memra runs the Qwen short conv "
                                "and MLPs with SiLU", 50000)
     if GDN in types:
