@@ -1,5 +1,5 @@
-"""Shared helpers of the CUDA op tests (tests/test_cuda_*.py): seeded generators, float32 and
-bfloat16 conversions, bf16 Weights, CUDA engines made with given kernel options, the names of the
+"""Shared helpers of the CUDA op tests (tests/test_cuda_*.py): seeded generators and normal
+draws, float32 and bfloat16 conversions, f32 / bf16 Weights and their device uploads, CUDA engines made with given kernel options, the names of the
 kernels a call launched. The `e` fixture (a CUDA Engine per module, default options) lives in
 conftest.py."""
 
@@ -35,6 +35,21 @@ def bf16_round(x) -> np.ndarray:
     return f32(np.asarray(x, np.float32).astype(BF16).astype(np.float32))
 
 
+def randn(r: np.random.Generator, *shape: int, scale: float = 1.0) -> np.ndarray:
+    """Standard normal float32 values of `shape` from `r`, times `scale`."""
+    return f32(r.standard_normal(shape) * scale)
+
+
+def weight(a) -> _core.Weight:
+    """A memra Weight holding `a` as float32."""
+    return _core.Weight(f32(a))
+
+
+def dweight(e: memra.Engine, a, dtype: str | None = None) -> memra.DeviceWeight:
+    """`a` as a float32 Weight uploaded to engine `e` (in `dtype` when given)."""
+    return memra.DeviceWeight(e, weight(a), dtype=dtype)
+
+
 def bf16_bits(x) -> np.ndarray:
     """x rounded to bfloat16, as the raw uint16 bits memra takes for bf16 arrays."""
     return np.ascontiguousarray(np.asarray(x, np.float32).astype(BF16)).view(np.uint16)
@@ -51,6 +66,13 @@ def close(got, want, tol) -> None:
     assert got.shape == want.shape and got.dtype == np.float32
     assert np.all(np.isfinite(got))
     np.testing.assert_allclose(got, want, **tol)
+
+
+def scaled_close(got, want, rtol, atol_rel) -> None:
+    """Finite float32 `got` within rtol of `want` plus atol_rel * max|want| (absolute)."""
+    assert got.shape == want.shape and got.dtype == np.float32
+    assert np.all(np.isfinite(got))
+    np.testing.assert_allclose(got, want, rtol=rtol, atol=atol_rel * float(np.abs(want).max()))
 
 
 def close_scaled(got, want, rel) -> None:

@@ -29,37 +29,11 @@ import pytest
 
 import memra
 from memra import _core
-from cuda_helpers import expect, f32, rng
+from cuda_helpers import bf16_round, dweight, expect, f32, randn, rng, scaled_close, weight
 
 pytestmark = pytest.mark.cuda
 
 ST = _core.status
-
-
-def randn(r, *shape, scale=1.0):
-    return f32(r.standard_normal(shape) * scale)
-
-
-def bf16_round(a):
-    """f32 -> nearest bf16 (RNE), returned as f32 (finite inputs)."""
-    u = f32(a).view(np.uint32).astype(np.uint64)
-    u = (u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000
-    return u.astype(np.uint32).view(np.float32)
-
-
-def weight(a):
-    return _core.Weight(f32(a))
-
-
-def dweight(e, a, dtype=None):
-    return memra.DeviceWeight(e, weight(a), dtype=dtype)
-
-
-def scaled_close(got, want, rtol, atol_rel):
-    assert got.shape == want.shape and got.dtype == np.float32
-    assert np.all(np.isfinite(got))
-    np.testing.assert_allclose(got, want, rtol=rtol, atol=atol_rel * float(np.abs(want).max()))
-
 
 
 EDGE_T = [1, 5, 63, 65, 200]

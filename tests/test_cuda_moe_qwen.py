@@ -27,23 +27,11 @@ import pytest
 
 import memra
 from memra import _core
-from cuda_helpers import bf16_weight, close_scaled, expect, f32, rng
+from cuda_helpers import bf16_weight, close_scaled, dweight, expect, f32, randn, rng, weight
 
 pytestmark = pytest.mark.cuda
 
 ST = _core.status
-
-
-def randn(r, *shape, scale=1.0):
-    return f32(r.standard_normal(shape) * scale)
-
-
-def weight(a):
-    return _core.Weight(f32(a))
-
-
-def dweight(e, a):
-    return memra.DeviceWeight(e, weight(a))
 
 
 def softmax64(logits):

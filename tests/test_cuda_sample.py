@@ -17,15 +17,11 @@ import pytest
 
 import memra
 from memra import _core
-from cuda_helpers import expect, f32, rng
+from cuda_helpers import expect, f32, randn, rng
 
 pytestmark = pytest.mark.cuda
 
 ST = _core.status
-
-
-def randn(r, *shape, scale=1.0):
-    return f32(r.standard_normal(shape) * scale)
 
 
 # ---------------------------------------------------------------- sample
