@@ -7,9 +7,9 @@ scan carried in the state; MLA and the DSA indexer: per-query attention over the
 the pool keys, the tail ring carrying the incomplete pool; full attention: per-query rows; the
 projections and the MoE: per row), so chunked and one-shot prefills give the same bytes: asserted
 bit for bit here (which implies the issue's rel_err <= 1e-5), for every checkpoint family memra
-loads and, at the layer level, for the GDN and full-attention mixers whose families may not load
-yet. Also: the errors (CacheFullError before anything is written; a chunk failing midway leaves
-the slot as it was, through Cache.snapshot / restore or free) and the option itself.
+loads and, at the layer level, for the GDN and full-attention mixers. Also: the errors
+(CacheFullError before anything is written; a chunk failing midway leaves the slot as it was,
+through Cache.snapshot / restore or free) and the option itself.
 """
 
 from __future__ import annotations

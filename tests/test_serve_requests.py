@@ -179,6 +179,21 @@ def test_a_body_over_the_limit_is_a_413_read_no_further(model) -> None:
         ServerThread(model, max_request_bytes=0)
 
 
+@pytest.mark.parametrize("kwargs,name", [
+    (dict(max_waiting="3"), "max_waiting"), (dict(max_waiting=1.5), "max_waiting"),
+    (dict(max_waiting=-1), "max_waiting"), (dict(prefill_budget="x"), "prefill_budget"),
+    (dict(prefill_budget=0), "prefill_budget"), (dict(prefill_budget=True), "prefill_budget"),
+])
+def test_create_app_names_a_bad_queue_or_budget(model, kwargs, name) -> None:
+    # Taken as they were, "3" failed every request with a 500, "x" left a request waiting
+    # forever on the scheduler thread, and a budget of 0 admitted nobody while others ran.
+    from memra.serve import create_app
+
+    with pytest.raises(memra.ContractError, match=name) as info:
+        create_app(model, NAME, **kwargs)
+    assert info.value.code == 40025
+
+
 def test_health_head_and_the_model_card(server) -> None:
     assert httpx.head(server.url + "/health").status_code == 200
     c = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=30)

@@ -2,13 +2,14 @@
 
     memra generate [PATH] [--prompt TEXT | --prompt-ids 1,2,3] [--max-new-tokens N]
                    [--temperature T] [--top-k K] [--top-p P] [--seed S] [--ignore-eos]
+                   [--max-len N] [--device cpu|cuda|cuda:N] [--dtype D]
 
 prints the new text (decoded with the folder's tokenizer.json through the ``tokenizers``
 library) or the new token ids, then the generation speed in tokens/s on stderr.
 
     memra serve [PATH] [--host 127.0.0.1] [--port 8000] [--device cpu|cuda] [--dtype D]
                 [--max-batch N] [--max-len N] [--max-waiting N] [--max-request-bytes N]
-                [--served-model-name NAME]
+                [--served-model-name NAME] [--log-level LEVEL]
 
 serves the model over HTTP with OpenAI's API (memra.serve) until interrupted.
 """

@@ -10,7 +10,8 @@ class                   band                     meaning
 ``OutOfMemoryError``    30001                    out of device or host memory
 ``CacheFullError``      30002                    a slot's cache is full
 ``ContractError``       40000+                   shape / dtype / device / range violation
-``UnsupportedError``    50000+                   no CUDA, or a geometry not instantiated
+``UnsupportedError``    50000+                   no CUDA, a geometry not instantiated, or a
+                                                 model_type / config / dtype memra cannot run
 ``NonFiniteError``      60001                    a row of logits holds NaN or +-inf
 ======================  =======================  ==========================================
 
@@ -50,11 +51,13 @@ class CacheFullError(MemraError, MemoryError):
 
 
 class ContractError(MemraError, ValueError):
-    """Bad input: wrong shape, dtype, device, stride, range or a missing tensor (code 40000+)."""
+    """Bad input: wrong shape, dtype, device, stride, range, an argument of the wrong type, a
+    missing tensor, or a change to a slot another owner holds (code 40000+; 40026 for that)."""
 
 
 class UnsupportedError(MemraError, NotImplementedError):
-    """Not supported here: no CUDA build or device, or a geometry not instantiated (50000+)."""
+    """Not supported here: no CUDA build or device, a geometry not instantiated, or a model_type,
+    config or dtype memra cannot run (code 50000+)."""
 
 
 class NonFiniteError(MemraError, ArithmeticError):

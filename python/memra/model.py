@@ -54,9 +54,10 @@ def _cache_arg(cache, what: str) -> _core.Cache:
 class Model:
     """A loaded model on one Engine. Made by :func:`load`.
 
-    Attributes: ``config`` (parsed), ``engine``, ``eos_token_ids``, ``cache`` (the default cache
-    of ``max_batch`` x ``max_len`` used by the generate methods), ``tokenizer`` (a
-    ``tokenizers.Tokenizer`` when the folder has ``tokenizer.json``, else None),
+    Attributes: ``path`` (the checkpoint folder), ``config`` (parsed), ``engine``,
+    ``eos_token_ids``, ``cache`` (the default cache of ``max_batch`` x ``max_len`` used by the
+    generate methods), ``tokenizer`` (a ``tokenizers.Tokenizer`` when the folder has
+    ``tokenizer.json``, else None),
     ``generation_config`` (memra.loader.GenerationConfig: generation_config.json's checked EOS
     ids and sampling defaults, which ``memra serve`` uses; generate's own defaults are greedy).
 
@@ -114,7 +115,9 @@ class Model:
 
     def logits(self, token_ids) -> np.ndarray:
         """Full prefill of `token_ids` [T] from an empty cache -> logits [T, vocab] float32 (a
-        prompt longer than ``prefill_chunk`` runs in chunks, each one's rows copied to the host)."""
+        prompt longer than ``prefill_chunk`` runs in chunks, each one's rows copied to the host).
+        ContractError for empty or non-integer ids or an id outside the vocabulary (40023);
+        OutOfMemoryError when a cache of T tokens does not fit."""
         with self._lock:
             ids = _ids(token_ids, "logits")
             self._check_vocab(ids, "logits: token_ids")
@@ -217,7 +220,11 @@ class Model:
 
     def decode(self, cache: _core.Cache, slots, token_ids) -> np.ndarray:
         """One token for each of `slots` (distinct) -> logits [len(slots), vocab] (numpy float32).
-        ContractError (40026) for a slot held by a generation, stream or request in flight."""
+        Checked before any layer runs: ContractError for as many slots as tokens not given
+        (40000), a repeated slot (40025), a slot outside [0, cache.max_batch) or a token id
+        outside the vocabulary (40023), a slot held by a generation, stream or request in flight
+        (40026); CacheFullError (30002) when a slot already holds ``cache.max_len`` tokens. On
+        any error the cache is unchanged."""
         with self._lock:
             _cache_arg(cache, "decode")
             self._check_not_held(cache, slots, "decode")
@@ -527,14 +534,19 @@ def load(path, device: str = "cpu", max_batch: int = 8, max_len: int = 4096, *, 
     recurrent state, bf16 latent cache). cuda_graphs: on CUDA, replay decode steps from CUDA
     graphs captured per batch bucket (False: run them eagerly; the same bytes, slower).
     kernel_options: the CUDA kernels' arms (memra.KernelOptions; None: the defaults), given to
-    the model's Engine (``model.engine.options``); a CPU engine ignores them.
+    the model's Engine (``model.engine.options``); a CPU engine ignores them but
+    ``prefill_chunk``. progress: a progress bar over the safetensors shards (shown for two or
+    more).
 
     The default cache (`max_batch` slots x `max_len` tokens) is sized from the config and
     allocated before any weight is read: OutOfMemoryError when it cannot fit. ContractError for
     a missing, extra, repeated or mis-shaped tensor, a file that cannot be read or parsed, a
     generation_config.json value memra cannot use (an EOS id outside the vocabulary, a sampling
-    default the sampler refuses), each named, or a device but "cpu", "cuda", "cuda:N";
-    UnsupportedError for a model_type or config memra cannot run, or a device it cannot use here.
+    default the sampler refuses), each named, a path that is not a folder (40024), a device but
+    "cpu", "cuda", "cuda:N", a dtype but those two, or an argument of the wrong type or range
+    (max_batch / max_len not a positive integer, progress / cuda_graphs not a bool,
+    kernel_options not a KernelOptions); UnsupportedError for a model_type or config memra
+    cannot run, a device it cannot use here (no CUDA: 50001), or "bfloat16" on the CPU.
     """
     if not isinstance(cuda_graphs, (bool, np.bool_)):
         raise ContractError(f"load: cuda_graphs must be True or False, got {cuda_graphs!r}", 40025)

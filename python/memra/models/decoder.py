@@ -110,10 +110,11 @@ class DecoderModel:
         lists are per sequence).
         decode (decode=True): slots [B], ids [B] (one token each) -> [B, hidden].
         slots and ids are host int32 arrays; on a CUDA engine a decode may instead take a
-        memra.DecodeSlots and device ids already range-checked (decode_graph.DecodeRunner: no host
-        round trip, so the step can be captured). The result lives on the engine's device (numpy
-        on the CPU, a DLPack CUDA array on a GPU). `record`, when given, receives the index list each
-        full DSA layer used (as host arrays; see StepContext; a packed prefill's in packed rows).
+        memra._core.DecodeSlots and device ids already range-checked (decode_graph.DecodeRunner:
+        no host round trip, so the step can be captured). The result lives on the engine's device
+        (numpy on the CPU, a DLPack CUDA array on a GPU). `record`, when given, receives the index
+        list each full DSA layer used (as host arrays; see StepContext; a packed prefill's in
+        packed rows).
         """
         if offsets is None:
             ctxs = [StepContext(decode=decode, engine=self._e, record=record)]

@@ -5,7 +5,7 @@ ctx)`` -> y, so the decoder loop calls every layer alike:
 
 - cache: the memra.Cache; layer: the layer's index (its plane in the cache);
 - slots: prefill: host int32 [1] (the one slot continued); decode: host int32 [B] or a
-  memra.DecodeSlots (CUDA; device-resident, for captured steps);
+  memra._core.DecodeSlots (CUDA; device-resident, for captured steps);
 - x: the normed input [T, hidden] (prefill) or [B, hidden] (decode) on the engine's device;
 - ctx: the :class:`StepContext` of this forward pass (a batched prefill gives each sequence
   its own, and calls the mixer once per sequence: DecoderModel.hidden's ``offsets``).
@@ -71,14 +71,14 @@ class AttentionMixer:
         return self.layer.prefill(cache, layer, int(slots[0]), x)
 
     def decode(self, cache: _core.Cache, layer: int, slots, x, ctx: StepContext):
-        """One token for each of slots [B] (host int32 or memra.DecodeSlots): x [B, hidden]."""
+        """One token for each of slots [B] (host int32 or _core.DecodeSlots): x [B, hidden]."""
         return self.layer.decode(cache, layer, slots, x)
 
 
 class GdnMixer(KdaMixer):
     """Gated DeltaNet (memra.GdnLayer, Qwen3.5 / Qwen3-Next) behind the mixer interface: the
     same calls as KdaMixer (prefill of slots[0], decode of the rows' slots; capturable on CUDA
-    with a memra.DecodeSlots)."""
+    with a memra._core.DecodeSlots)."""
 
     def __init__(self, layer: _core.GdnLayer) -> None:
         self.layer = layer

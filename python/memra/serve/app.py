@@ -106,9 +106,13 @@ def create_app(model, served_model_name: str | None = None, *, max_waiting: int 
     max_request_bytes: the largest request body taken (413 past it; default
     default_max_request_bytes(the cache's max_len)), so that no body of megabytes is parsed,
     rendered or tokenized on the event loop. The scheduler's thread starts with the app
-    (lifespan) and stops with it. ContractError for a max_request_bytes that is not a positive
-    integer (batch.count_arg).
+    (lifespan) and stops with it. ContractError (40025, batch.count_arg) for a max_waiting that
+    is not an integer >= 0, or a prefill_budget or max_request_bytes that is not a positive
+    integer; ContractError for the checkpoint's chat template when it cannot be read or does
+    not compile (serve.chat_template.load_chat_template).
     """
+    max_waiting = count_arg(max_waiting, "create_app: max_waiting", 0)
+    prefill_budget = count_arg(prefill_budget, "create_app: prefill_budget", 1)
     limit = (default_max_request_bytes(model.cache.max_len) if max_request_bytes is None
              else count_arg(max_request_bytes, "create_app: max_request_bytes", 1, 2**63 - 1))
     name = served_model_name or Path(model.path).name
