@@ -165,3 +165,45 @@ def test_stop_fails_requests_in_flight() -> None:
     _run(sched, body)
     assert m.cache.owner(0) == 0 and not sched.running and not sched.waiting
     assert all(r.done or r.events.qsize() for r in reqs)
+
+
+@pytest.mark.parametrize("where", ["start", "take_free_slots"])
+def test_a_failing_admission_fails_that_request_only(where: str, monkeypatch) -> None:
+    # An exception that is not a MemraError while a request is admitted (a bug) used to leave it
+    # in neither queue: its client waited forever and the running count stayed one too high. It
+    # now fails that request with an "internal error" MemraError; the next one runs.
+    import memra.serve.scheduler as sched_mod
+
+    m = _load(1)
+    sched = Scheduler(m)
+    calls = {"n": 0}
+    if where == "start":
+        real = sched.batch.start
+
+        def flaky(*a, **k):
+            calls["n"] += 1
+            if calls["n"] == 1:
+                raise RuntimeError("boom")
+            return real(*a, **k)
+        monkeypatch.setattr(sched.batch, "start", flaky)
+    else:
+        real = sched_mod.take_free_slots
+
+        def flaky(*a, **k):
+            calls["n"] += 1
+            if calls["n"] == 1:
+                raise RuntimeError("boom")
+            return real(*a, **k)
+        monkeypatch.setattr(sched_mod, "take_free_slots", flaky)
+
+    async def body():
+        bad, good = _request([1, 2], 3, RowSampling(0.0)), _request([4], 2, RowSampling(0.0))
+        sched.submit(bad)
+        ev = await asyncio.wait_for(bad.events.get(), 10)
+        assert isinstance(ev, memra.MemraError) and "internal error: boom" in str(ev)
+        assert bad.done and sched.running == 0
+        sched.submit(good)
+        assert await _tokens(good) == _load(1).generate([4], 2)
+
+    _run(sched, body)
+    assert not sched.running and m.cache.owner(0) == 0

@@ -192,17 +192,31 @@ class Scheduler:
                 if not self._running:
                     time.sleep(0.01)  # nothing else to do until that slot comes back
                 return
-            try:
-                req.row = self.batch.start(req.prompt_ids, req.sampling, lease, "serve")
-            except MemraError as e:
-                lease.release()
-                req.done = True
+            except Exception as e:  # noqa: BLE001 - a bug: this request fails, the others go on
                 with self._cv:
                     self._n_running -= 1
-                events.append((req, e))
+                self._fail_admission(req, e, events)
+                continue
+            try:
+                req.row = self.batch.start(req.prompt_ids, req.sampling, lease, "serve")
+            except Exception as e:  # noqa: BLE001 - this request fails; the others go on
+                lease.release()
+                with self._cv:
+                    self._n_running -= 1
+                self._fail_admission(req, e, events)
                 continue
             self._running.append(req)
             self._token(req, req.row.last, events)
+
+    def _fail_admission(self, req: Request, e: Exception, events: list) -> None:
+        """`req` could not start (its slot already given back): its last event is the error, a
+        MemraError as it came (a bad prompt, a full cache) or, for anything else (a bug, logged),
+        an "internal error" MemraError naming it."""
+        req.done = True
+        if not isinstance(e, MemraError):
+            log.error("memra serve: admitting a request failed", exc_info=e)
+            e = MemraError(f"internal error: {e}")
+        events.append((req, e))
 
     def _token(self, req: Request, tok: int, events: list) -> None:
         """Record a token of `req`; finish it after a stop id or its max_tokens-th token."""
