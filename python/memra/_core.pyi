@@ -621,7 +621,7 @@ class CudaGraph:
 
 class KernelOptions:
     """
-    The CUDA kernels' arms an Engine runs with, chosen once when it is made (Engine(..., options=), memra.load(..., kernel_options=)); immutable. Keyword construction; every field defaults to the arm the A/B runs kept (docs/options.md), so KernelOptions() changes nothing. Fields that change numerics (the logits' bytes): gemv, mla_decode_variant, mla_merge, mla_tc_mt, mla_split_tiles, moe_grouped_min_t, attn_decode_unsplit, prefill_chunk (on CUDA), moe_tensor_cores, attn_prefill_tensor_cores; pdl, gemv_rows, gemv_tall_rows and mhc_defer change only speed. An unknown field, a value of the wrong type (switches take bool or numpy's bool, the rest int) or out of its domain is a ContractError (40025) naming the field and the value. A CPU engine keeps the options and ignores them, except prefill_chunk.
+    The CUDA kernels' arms an Engine runs with, chosen once when it is made (Engine(..., options=), memra.load(..., kernel_options=)); immutable. Keyword construction; every field defaults to the arm the A/B runs kept (docs/options.md; prefill_chunk, a memory bound, to 8192 tokens: docs/prefill.md), so KernelOptions() changes nothing. Fields that change numerics (the logits' bytes): gemv, mla_decode_variant, mla_merge, mla_tc_mt, mla_split_tiles, moe_grouped_min_t, attn_decode_unsplit, prefill_chunk (on CUDA), moe_tensor_cores, attn_prefill_tensor_cores; pdl, gemv_rows, gemv_tall_rows and mhc_defer change only speed. An unknown field, a value of the wrong type (switches take bool or numpy's bool, the rest int) or out of its domain is a ContractError (40025) naming the field and the value. A CPU engine keeps the options and ignores them, except prefill_chunk.
     """
 
     def __init__(self, *, pdl: bool = True, gemv: bool = True, gemv_rows: int = 0, gemv_tall_rows: int = 0, mhc_defer: bool = True, mla_decode_variant: int = 1, mla_merge: int = 0, mla_tc_mt: int = 0, mla_split_tiles: int = 0, moe_grouped_min_t: int = 2, attn_decode_unsplit: bool = False, prefill_chunk: int = 8192, moe_tensor_cores: bool = True, attn_prefill_tensor_cores: bool = True) -> None: ...
@@ -988,12 +988,12 @@ class Cache:
 
     def commit(self, slot: int, n: int, *, owner: int = 0) -> None:
         """
-        Advance `slot` by n tokens after every layer ran the step (flips its ping-pong planes). ContractError (CONTRACT_SLOT_HELD) for a slot held by an owner other than `owner`.
+        Advance `slot` by n tokens after every layer ran the step (flips its ping-pong planes). ContractError for a slot outside [0, max_batch) (CONTRACT_RANGE), n < 1 (CONTRACT_VALUE) or a slot held by an owner other than `owner` (CONTRACT_SLOT_HELD); CacheFullError when the slot cannot take n more tokens. Nothing changes on an error.
         """
 
     def commit_decode(self, slots: DecodeSlots) -> None:
         """
-        A decode step's commit on the device (CUDA caches): the device lengths of the active rows of `slots` (memra.DecodeSlots) advance by one and their ping-pong flags flip, with no host round trip (capturable). The host's view is NOT advanced: call commit_host(slot, 1) for each active slot after enqueuing the step. UnsupportedError on a CPU cache.
+        A decode step's commit on the device (CUDA caches): the device lengths of the active rows of `slots` (memra._core.DecodeSlots) advance by one and their ping-pong flags flip, with no host round trip (capturable). The host's view is NOT advanced: call commit_host(slot, 1) for each active slot after enqueuing the step. UnsupportedError on a CPU cache.
         """
 
     def commit_host(self, slot: int, n: int, *, owner: int = 0) -> None:
@@ -1091,7 +1091,7 @@ class KdaLayer:
     @overload
     def decode(self, cache: Cache, layer: int, slots: DecodeSlots, x: Annotated[NDArray, dict(writable=False)]) -> object:
         """
-        The same with the rows' slots on the device (memra.DecodeSlots of `cache`, CUDA): x [slots.size, hidden]; idle rows touch no state and give meaningless finite rows. Capturable into a CUDA graph (no host round trip).
+        The same with the rows' slots on the device (memra._core.DecodeSlots of `cache`, CUDA): x [slots.size, hidden]; idle rows touch no state and give meaningless finite rows. Capturable into a CUDA graph (no host round trip).
         """
 
 class MlaLayer:
@@ -1124,7 +1124,7 @@ class MlaLayer:
     @overload
     def decode(self, cache: Cache, layer: int, slots: DecodeSlots, x: Annotated[NDArray, dict(writable=False)], topk: Annotated[NDArray, dict(writable=False)] | None = None) -> tuple:
         """
-        The same with the rows' slots on the device (memra.DecodeSlots of `cache`, CUDA): each row's position comes from the cache's device length; an idle row appends nothing, gets a zero attention output and an all -1 index list. `topk` as above (its entries are not read back: the kernel skips those outside [0, the row's position]). Capturable into a CUDA graph.
+        The same with the rows' slots on the device (memra._core.DecodeSlots of `cache`, CUDA): each row's position comes from the cache's device length; an idle row appends nothing, gets a zero attention output and an all -1 index list. `topk` as above (its entries are not read back: the kernel skips those outside [0, the row's position]). Capturable into a CUDA graph.
         """
 
 class MlpLayer:
@@ -1220,7 +1220,7 @@ class AttentionLayer:
     @overload
     def decode(self, cache: Cache, layer: int, slots: DecodeSlots, x: Annotated[NDArray, dict(writable=False)]) -> object:
         """
-        The same with the rows' slots on the device (memra.DecodeSlots of `cache`, CUDA): each row's position is the cache's device length of its slot; an idle row appends nothing and its attention output is zero. Capturable into a CUDA graph.
+        The same with the rows' slots on the device (memra._core.DecodeSlots of `cache`, CUDA): each row's position is the cache's device length of its slot; an idle row appends nothing and its attention output is zero. Capturable into a CUDA graph.
         """
 
 class GdnLayer:
@@ -1259,5 +1259,5 @@ class GdnLayer:
     @overload
     def decode(self, cache: Cache, layer: int, slots: DecodeSlots, x: Annotated[NDArray, dict(writable=False)]) -> object:
         """
-        The same with the rows' slots on the device (memra.DecodeSlots of `cache`, CUDA): x [slots.size, hidden]; idle rows touch no state and give meaningless finite rows. Capturable into a CUDA graph (no host round trip).
+        The same with the rows' slots on the device (memra._core.DecodeSlots of `cache`, CUDA): x [slots.size, hidden]; idle rows touch no state and give meaningless finite rows. Capturable into a CUDA graph (no host round trip).
         """

@@ -299,7 +299,9 @@ void init_cache(nb::module_& m) {
           [](Cache& c, int slot, int n, uint64_t owner) { check(c.commit(slot, n, owner)); },
           nb::arg("slot"), nb::arg("n"), nb::kw_only(), nb::arg("owner") = 0,
           "Advance `slot` by n tokens after every layer ran the step (flips its ping-pong planes). "
-          "ContractError (CONTRACT_SLOT_HELD) for a slot held by an owner other than `owner`.")
+          "ContractError for a slot outside [0, max_batch) (CONTRACT_RANGE), n < 1 "
+          "(CONTRACT_VALUE) or a slot held by an owner other than `owner` (CONTRACT_SLOT_HELD); "
+          "CacheFullError when the slot cannot take n more tokens. Nothing changes on an error.")
       .def(
           "commit_decode",
           [](Cache& c, const DecodeSlots& slots) {
@@ -308,7 +310,7 @@ void init_cache(nb::module_& m) {
           },
           nb::arg("slots"),
           "A decode step's commit on the device (CUDA caches): the device lengths of the active "
-          "rows of `slots` (memra.DecodeSlots) advance by one and their ping-pong flags flip, with "
+          "rows of `slots` (memra._core.DecodeSlots) advance by one and their ping-pong flags flip, with "
           "no host round trip (capturable). The host's view is NOT advanced: call "
           "commit_host(slot, 1) for each active slot after enqueuing the step. UnsupportedError on "
           "a CPU cache.")

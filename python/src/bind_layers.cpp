@@ -164,7 +164,7 @@ void init_layers(nb::module_& m) {
             return layer_decode_device(l, cache, layer, slots, x, "KdaLayer.decode");
           },
           nb::arg("cache"), nb::arg("layer"), nb::arg("slots"), nb::arg("x"),
-          "The same with the rows' slots on the device (memra.DecodeSlots of `cache`, CUDA): x "
+          "The same with the rows' slots on the device (memra._core.DecodeSlots of `cache`, CUDA): x "
           "[slots.size, hidden]; idle rows touch no state and give meaningless finite rows. "
           "Capturable into a CUDA graph (no host round trip).");
 
@@ -296,7 +296,7 @@ void init_layers(nb::module_& m) {
           },
           nb::arg("cache"), nb::arg("layer"), nb::arg("slots"), nb::arg("x"),
           nb::arg("topk") = nb::none(),
-          "The same with the rows' slots on the device (memra.DecodeSlots of `cache`, CUDA): each "
+          "The same with the rows' slots on the device (memra._core.DecodeSlots of `cache`, CUDA): each "
           "row's position comes from the cache's device length; an idle row appends nothing, "
           "gets a zero attention output and an all -1 index list. `topk` as above (its entries are "
           "not read back: the kernel skips those outside [0, the row's position]). Capturable "

@@ -1,7 +1,7 @@
 // memra._core.AttentionLayer (memra/attention_layer.h): the gated full attention of Qwen3.5 /
 // Qwen3-Next, bound like MlaLayer (bind_layers.cpp): construction from named Weights,
 // prefill(cache, layer, slot, x), decode(cache, layer, slots, x) with host slots or a
-// memra.DecodeSlots, state_spec().
+// memra._core.DecodeSlots, state_spec().
 #include <nanobind/stl/map.h>
 #include <nanobind/stl/string.h>
 
@@ -121,7 +121,7 @@ void init_layers_attention(nb::module_& m) {
             return layer_decode_device(l, cache, layer, slots, x, "AttentionLayer.decode");
           },
           nb::arg("cache"), nb::arg("layer"), nb::arg("slots"), nb::arg("x"),
-          "The same with the rows' slots on the device (memra.DecodeSlots of `cache`, CUDA): "
+          "The same with the rows' slots on the device (memra._core.DecodeSlots of `cache`, CUDA): "
           "each row's position is the cache's device length of its slot; an idle row appends "
           "nothing and its attention output is zero. Capturable into a CUDA graph.");
 }

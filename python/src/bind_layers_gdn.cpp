@@ -1,5 +1,5 @@
 // memra._core.GdnLayer (memra/gdn_layer.h) over DLPack arrays: construction from named Weights,
-// stateless forward, cache-backed prefill / decode (host slots or memra.DecodeSlots).
+// stateless forward, cache-backed prefill / decode (host slots or memra._core.DecodeSlots).
 // The slot arguments are layer_args.h's, shared with the other layer bindings.
 #include <nanobind/stl/map.h>
 #include <nanobind/stl/string.h>
@@ -111,7 +111,7 @@ void init_layers_gdn(nb::module_& m) {
             return layer_decode_device(l, cache, layer, slots, x, "GdnLayer.decode");
           },
           nb::arg("cache"), nb::arg("layer"), nb::arg("slots"), nb::arg("x"),
-          "The same with the rows' slots on the device (memra.DecodeSlots of `cache`, CUDA): x "
+          "The same with the rows' slots on the device (memra._core.DecodeSlots of `cache`, CUDA): x "
           "[slots.size, hidden]; idle rows touch no state and give meaningless finite rows. "
           "Capturable into a CUDA graph (no host round trip).");
 }

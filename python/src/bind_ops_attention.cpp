@@ -4,7 +4,7 @@
 // every array on the engine's device. Each function checks its arguments (ContractError naming
 // the op, the argument and the values) before anything runs; on the CPU it also checks the
 // device form's slots and lengths, which CUDA cannot read without a sync (there they are the
-// caller's contract, as for memra.DecodeSlots).
+// caller's contract, as for memra._core.DecodeSlots).
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 

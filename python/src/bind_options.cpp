@@ -208,8 +208,9 @@ void init_options(nb::module_& m) {
       m, "KernelOptions",
       "The CUDA kernels' arms an Engine runs with, chosen once when it is made "
       "(Engine(..., options=), memra.load(..., kernel_options=)); immutable. Keyword "
-      "construction; every field defaults to the arm the A/B runs kept (docs/options.md), so "
-      "KernelOptions() changes nothing. Fields that change numerics (the logits' bytes): gemv, "
+      "construction; every field defaults to the arm the A/B runs kept (docs/options.md; "
+      "prefill_chunk, a memory bound, to 8192 tokens: docs/prefill.md), so KernelOptions() "
+      "changes nothing. Fields that change numerics (the logits' bytes): gemv, "
       "mla_decode_variant, mla_merge, mla_tc_mt, mla_split_tiles, moe_grouped_min_t, attn_decode_unsplit, "
       "prefill_chunk (on CUDA), moe_tensor_cores, attn_prefill_tensor_cores; pdl, gemv_rows, "
       "gemv_tall_rows and mhc_defer change only speed. An unknown field, a value of the "
