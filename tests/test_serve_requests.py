@@ -194,6 +194,41 @@ def test_create_app_names_a_bad_queue_or_budget(model, kwargs, name) -> None:
     assert info.value.code == 40025
 
 
+@pytest.mark.parametrize("args,name", [
+    ((None,), "model"), (("x",), "model"), ((memra.default_checkpoint(),), "model"),
+    (("MODEL", 5), "served_model_name"), (("MODEL", ""), "served_model_name"),
+    (("MODEL", b"x"), "served_model_name"),
+])
+def test_create_app_names_a_bad_model_or_name(model, args, name) -> None:
+    # Each was an AttributeError (not a model) or a model id that is not a string in every
+    # response (a name of another type).
+    from memra.serve import create_app
+
+    args = tuple(model if a == "MODEL" else a for a in args)
+    with pytest.raises(memra.ContractError, match=name) as info:
+        create_app(*args)
+    assert info.value.code == 40025
+
+
+@pytest.mark.parametrize("kwargs,name", [
+    (dict(host=1), "host"), (dict(host=""), "host"), (dict(port="x"), "port"),
+    (dict(port=-1), "port"), (dict(port=70000), "port"), (dict(log_level="nope"), "log_level"),
+    (dict(max_waiting="3"), "max_waiting"),
+])
+def test_run_names_a_bad_host_port_or_level(model, kwargs, name, monkeypatch) -> None:
+    # uvicorn took each as it came (a port of "x" or -1, an unknown level) and failed later,
+    # or served on a port nobody asked for; now nothing is served.
+    import uvicorn
+
+    from memra.serve import run
+
+    served = []
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: served.append(kw))
+    with pytest.raises(memra.ContractError, match=name) as info:
+        run(model, **kwargs)
+    assert info.value.code == 40025 and not served
+
+
 def test_health_head_and_the_model_card(server) -> None:
     assert httpx.head(server.url + "/health").status_code == 200
     c = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=30)

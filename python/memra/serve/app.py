@@ -106,11 +106,20 @@ def create_app(model, served_model_name: str | None = None, *, max_waiting: int 
     max_request_bytes: the largest request body taken (413 past it; default
     default_max_request_bytes(the cache's max_len)), so that no body of megabytes is parsed,
     rendered or tokenized on the event loop. The scheduler's thread starts with the app
-    (lifespan) and stops with it. ContractError (40025, batch.count_arg) for a max_waiting that
-    is not an integer >= 0, or a prefill_budget or max_request_bytes that is not a positive
-    integer; ContractError for the checkpoint's chat template when it cannot be read or does
-    not compile (serve.chat_template.load_chat_template).
+    (lifespan) and stops with it. ContractError (40025) for a model that is not a memra.Model, a
+    served_model_name that is not None or a non-empty string, a max_waiting that is not an
+    integer >= 0, or a prefill_budget or max_request_bytes that is not a positive integer
+    (batch.count_arg); ContractError for the checkpoint's chat template when it cannot be read
+    or does not compile (serve.chat_template.load_chat_template).
     """
+    from ..model import Model
+
+    if not isinstance(model, Model):
+        raise ContractError(f"create_app: model must be a memra.Model (memra.load), got "
+                            f"{type(model).__name__}", 40025)
+    if served_model_name is not None and not (isinstance(served_model_name, str) and served_model_name):
+        raise ContractError("create_app: served_model_name must be None or a non-empty string, got "
+                            f"{served_model_name!r}", 40025)
     max_waiting = count_arg(max_waiting, "create_app: max_waiting", 0)
     prefill_budget = count_arg(prefill_budget, "create_app: prefill_budget", 1)
     limit = (default_max_request_bytes(model.cache.max_len) if max_request_bytes is None
