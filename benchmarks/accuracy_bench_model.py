@@ -70,6 +70,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "tests"))
 import bench_model_decode as bmd  # noqa: E402
 from common import Bench, base_parser, emit_record, kernel_durations, log  # noqa: E402
+from decode_common import ensure_checkpoint  # noqa: E402
 
 TRUTH = "transformers float32, eager attention, no fla, TF32 off"
 
@@ -232,13 +233,8 @@ def main() -> int:
     tc = bmd.text_config(args)
     folder = Path(args.folder or f"/tmp/memra-bench-glm5next-{args.layers}L{tc['n_routed_experts']}E"
                   + ("-tiny" if args.tiny else ""))
-    ready, why = bmd.folder_ready(folder, bmd.marker_of(args, tc))
-    build_s = None
-    if args.rebuild or not ready:
-        if folder.exists() and not (folder / bmd.MARKER).exists() and any(folder.iterdir()):
-            raise SystemExit(f"accuracy_bench_model: {folder} exists and was not made by the benches")
-        log(f"accuracy_bench_model: building the checkpoint in {folder} ({'--rebuild' if args.rebuild else why})")
-        build_s = round(bmd.build_checkpoint(folder, args, tc, dev, torch), 2)
+    build_s = ensure_checkpoint("accuracy_bench_model", folder, args, bmd.marker_of(args, tc),
+                                lambda: bmd.build_checkpoint(folder, args, tc, dev, torch))
 
     import numpy as np
 

@@ -50,11 +50,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 # autotune is long).
 os.environ.setdefault("TRITON_CACHE_AUTOTUNING", "1")
 
-from common import Bench, base_parser, emit_record, log  # noqa: E402
+from common import base_parser, emit_record  # noqa: E402
 # The whole-model protocol of the glm5_next benchmark (family-free: memra.load picks the family).
 from decode_common import (  # noqa: E402
-    MARKER, add_outcomes, build_and_save, checkpoint_text_bytes, decode_figures, folder_ready, generate_peer,
-    peer_kernels, peer_then_memra)
+    add_decode_args, add_outcomes, build_and_save, checkpoint_text_bytes, decode_figures, ensure_checkpoint,
+    generate_peer, parse_decode_args, peer_kernels, peer_then_memra, random_prompts, run_fields)
 
 BUILD_VERSION = 1  # bump when the weights recipe changes (a folder of another version is rebuilt)
 K, M = "linear_attention", "full_attention"
@@ -242,55 +242,18 @@ def run_peer(args, folder: Path, dev, torch, prompts, batches, peer_steps, match
 # ============================================================================ main
 def main() -> int:
     p = base_parser(__doc__.split("\n\n")[0])
-    p.add_argument("--tiny", action="store_true", help="toy widths (implied by --device cpu)")
     p.add_argument("--folder", default=None,
                    help="checkpoint folder, built when missing (default /tmp/memra-bench-kimi-<L>L<E>E[-tiny])")
-    p.add_argument("--rebuild", action="store_true", help="build the checkpoint again even if the folder is there")
     p.add_argument("--layers", type=int, default=8)
     p.add_argument("--experts", type=int, default=None, help="routed experts (default 64; --tiny: 8)")
-    p.add_argument("--batches", default=None, help="comma-separated batch sizes (default 1,32; cpu: 1,3)")
-    p.add_argument("--profile-steps", type=int, default=5,
-                   help="decode steps profiled per kernel after the timing (0: none; CUDA only)")
-    p.add_argument("--prompt-len", type=int, default=None, help="prompt tokens per sequence (default 128; cpu 16)")
-    p.add_argument("--peer-steps", type=int, default=None,
-                   help="transformers' timed decode steps (default 16, --quick 8; cpu 3)")
-    p.add_argument("--gen-steps", type=int, default=None,
-                   help="memra generate-API timed steps (default 128, --quick 64; cpu 3)")
-    p.add_argument("--match-steps", type=int, default=8, help="greedy steps compared with transformers")
-    p.add_argument("--skip-peer", action="store_true")
-    p.add_argument("--build-only", action="store_true", help="make the checkpoint folder (if missing) and exit")
-    p.add_argument("--kernel-options", default="",
-                   help="memra.KernelOptions fields for memra's engine, FIELD=VALUE,... (e.g. pdl=0)")
-    p.add_argument("--seed", type=int, default=0)
-    p.epilog = ("--warmup / --reps set memra's warm-up decode steps (at least 3) and timed decode steps "
-                "(defaults 10 / 100, --quick 3 / 20).")
-    args = p.parse_args()
-    cpu = args.device == "cpu"
-    args.tiny = args.tiny or cpu
-    if cpu:  # smoke test: a few steps only
-        args.warmup = 3 if args.warmup is None else args.warmup
-        args.reps = 4 if args.reps is None else args.reps
-    b = Bench(args, "kimi_decode")
+    add_decode_args(p)
+    args, b, plan = parse_decode_args(p, "kimi_decode", gen_quick=64, profile_quick=5)
     torch, dev = b.torch, b.dev
-    batches = [int(x) for x in (args.batches or ("1,3" if cpu else "1,32")).split(",")]
-    args.prompt_len = prompt_len = args.prompt_len or (16 if cpu else 128)
-    peer_steps = args.peer_steps or (3 if cpu else (8 if args.quick else 16))
-    gen_steps = args.gen_steps or (3 if cpu else (64 if args.quick else 128))
-    warmup, steps = max(3, b.warmup), b.reps
     tc = text_config(args)
     folder = Path(args.folder or f"/tmp/memra-bench-kimi-{args.layers}L{tc['num_local_experts']}E"
                   + ("-tiny" if args.tiny else ""))
-
-    # ---- checkpoint
-    ready, why = folder_ready(folder, marker_of(args, tc))
-    build_s = None
-    if args.rebuild or not ready:
-        if folder.exists() and not (folder / MARKER).exists() and any(folder.iterdir()):
-            raise SystemExit(f"kimi_decode: {folder} exists and was not made by this script; pass another --folder")
-        log(f"kimi_decode: building the checkpoint in {folder} ({'--rebuild' if args.rebuild else why})")
-        build_s = round(build_checkpoint(folder, args, tc, dev, torch), 2)
-    else:
-        log(f"kimi_decode: reusing {folder}")
+    build_s = ensure_checkpoint("kimi_decode", folder, args, marker_of(args, tc),
+                                lambda: build_checkpoint(folder, args, tc, dev, torch))
     if args.build_only:
         return 0
 
@@ -298,21 +261,17 @@ def main() -> int:
     _, cfg = read_config(folder)
     tensors = checkpoint_tensors(folder)
     ckpt_bytes, ckpt_tensors, ckpt_params = checkpoint_text_bytes(folder)
-    ctx = prompt_len + warmup + steps / 2  # mean context of the timed steps
-
-    # ---- prompts (same length: transformers needs no padding), clear of the special ids on top
-    import numpy as np
-    rng = np.random.default_rng(args.seed + 1)
-    hi = min(cfg.vocab_size - 16, 160000)
-    prompts = [rng.integers(0, hi, prompt_len).astype(np.int64).tolist() for _ in range(max(batches))]
+    ctx = args.prompt_len + plan.warmup + plan.steps / 2  # mean context of the timed steps
+    prompts = random_prompts(args.seed, min(cfg.vocab_size - 16, 160000), args.prompt_len, max(plan.batches))
 
     # ---- transformers first (then freed), memra second
     peer, peer_info, mem, mem_info = peer_then_memra(
-        args, b, folder, prompts, batches, warmup, steps, peer_steps, gen_steps, "kimi_decode",
-        lambda ps: run_peer(args, folder, dev, torch, ps, batches, peer_steps, args.match_steps))
+        args, b, folder, prompts, plan.batches, plan.warmup, plan.steps, plan.peer_steps, plan.gen_steps,
+        "kimi_decode",
+        lambda ps: run_peer(args, folder, dev, torch, ps, plan.batches, plan.peer_steps, args.match_steps))
 
     # ---- one JSON line per B
-    for B in batches:
+    for B in plan.batches:
         rb, r1 = decode_bytes(cfg, tensors, B, ctx), decode_bytes(cfg, tensors, 1, ctx)
         mr, pr = mem[B], peer[B]
         rec = {
@@ -323,28 +282,17 @@ def main() -> int:
                       "mlp_types": "".join("D" if t == "dense" else "E" for t in cfg.mlp_layer_types),
                       "mla": f"H{cfg.num_attention_heads} R{cfg.kv_lora_rank} nope{cfg.qk_nope_head_dim} "
                              f"rope{cfg.qk_rope_head_dim} v{cfg.v_head_dim}",
-                      "text_params": ckpt_params, "B": B, "prompt_len": prompt_len,
+                      "text_params": ckpt_params, "B": B, "prompt_len": args.prompt_len,
                       "dtype": "bfloat16" if b.cuda else "float32"},
             **decode_figures(mr, pr, peer_info.get("peer", "transformers"), rb, r1, B, b.copy_TBps,
                              TARGET_FRAC),
-            "checkpoint_text_bytes": ckpt_bytes,
-            "checkpoint_text_tensors": ckpt_tensors,
             "inventory_matches_checkpoint": rb["inventory"] + int(
                 sum(v for n, v in tensors.items() if "embed_tokens" in n)) == ckpt_bytes,
-            "context_for_cache_bytes": ctx,
-            "device": b.device_name,
-            "warmup_steps": warmup,
-            "steps": steps,
-            "peer_steps": peer_steps,
-            "gen_steps": gen_steps,
-            "memra_timer": "wall clock per step (each step ends with a host read of the tokens)",
-            "folder": str(folder),
-            "build_s": build_s,
+            **run_fields(b, plan, folder, build_s, ctx, ckpt_bytes, ckpt_tensors),
         }
         add_outcomes(rec, mr, pr, peer_info, mem_info)
         emit_record(rec)
     return 0
-
 
 if __name__ == "__main__":
     try:

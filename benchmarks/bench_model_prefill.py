@@ -63,6 +63,7 @@ from pathlib import Path
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_model_decode as bmd  # noqa: E402  (sets TRITON_CACHE_AUTOTUNING before fla loads)
 from common import Bench, base_parser, emit_record, kernel_durations, kernel_option_fields, log  # noqa: E402
+from decode_common import ensure_checkpoint  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 KDA_CHUNK = 64  # the chunked KDA form's chunk (fla's chunk_kda), for its FLOP count
@@ -495,13 +496,8 @@ def main() -> int:
     tc = bmd.text_config(args)
     folder = Path(args.folder or f"/tmp/memra-bench-glm5next-{args.layers}L{tc['n_routed_experts']}E"
                   + ("-tiny" if args.tiny else ""))
-    ready, why = bmd.folder_ready(folder, bmd.marker_of(args, tc))
-    build_s = None
-    if args.rebuild or not ready:
-        if folder.exists() and not (folder / bmd.MARKER).exists() and any(folder.iterdir()):
-            raise SystemExit(f"model_prefill: {folder} exists and was not made by the benches; pass another --folder")
-        log(f"model_prefill: building the checkpoint in {folder} ({'--rebuild' if args.rebuild else why})")
-        build_s = round(bmd.build_checkpoint(folder, args, tc, b.dev, torch), 2)
+    build_s = ensure_checkpoint("model_prefill", folder, args, bmd.marker_of(args, tc),
+                                lambda: bmd.build_checkpoint(folder, args, tc, b.dev, torch))
     from memra.config import read_config
     _, cfg = read_config(folder)
 

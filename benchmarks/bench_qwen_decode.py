@@ -54,10 +54,10 @@ from pathlib import Path
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 os.environ.setdefault("TRITON_CACHE_AUTOTUNING", "1")  # before fla / transformers are imported
 
-from common import Bench, base_parser, emit_record, log  # noqa: E402
+from common import base_parser, emit_record  # noqa: E402
 from decode_common import (  # noqa: E402
-    MARKER, add_outcomes, build_and_save, checkpoint_text_bytes, decode_figures, folder_ready, generate_peer,
-    peer_kernels, peer_then_memra)
+    add_decode_args, add_outcomes, build_and_save, checkpoint_text_bytes, decode_figures, ensure_checkpoint,
+    generate_peer, parse_decode_args, peer_kernels, peer_then_memra, random_prompts, run_fields)
 from bench_kimi_decode import checkpoint_tensors  # noqa: E402
 
 BUILD_VERSION = 1  # bump when the weights recipe changes
@@ -232,37 +232,29 @@ def run_peer(which: str, folder: Path, dev, torch, prompts, batches, peer_steps,
 
 
 # ============================================================================ main
-def run_model(which: str, args, b: Bench, batches, warmup, steps, peer_steps, gen_steps) -> None:
+def run_model(which: str, args, b, plan) -> None:
     torch, dev = b.torch, b.dev
     t_start = time.perf_counter()
     tc = text_config(args, which)
     default = f"/tmp/memra-bench-qwen-{which}" + (f"-{tc.get('num_experts')}E" if which == "35b" else "")
     folder = Path(getattr(args, f"folder_{which}") or default + ("-tiny" if args.tiny else ""))
-    ready, why = folder_ready(folder, marker_of(args, tc))
-    build_s = None
-    if args.rebuild or not ready:
-        if folder.exists() and not (folder / MARKER).exists() and any(folder.iterdir()):
-            raise SystemExit(f"qwen_decode: {folder} exists and was not made by this script; pass another folder")
-        log(f"qwen_decode: building {which} in {folder} ({'--rebuild' if args.rebuild else why})")
-        build_s = round(build_checkpoint(folder, args, which, tc, dev, torch), 2)
+    build_s = ensure_checkpoint("qwen_decode", folder, args, marker_of(args, tc),
+                                lambda: build_checkpoint(folder, args, which, tc, dev, torch), which)
     if args.build_only:
         return
     from memra.config import read_config
     _, cfg = read_config(folder)
     tensors = checkpoint_tensors(folder)
     ckpt_bytes, ckpt_tensors, ckpt_params = checkpoint_text_bytes(folder)
-    ctx = args.prompt_len + warmup + steps / 2  # mean context of the timed steps
-
-    import numpy as np
-    rng = np.random.default_rng(args.seed + 1)
-    hi = min(cfg.vocab_size - 16, 240000)
-    prompts = [rng.integers(0, hi, args.prompt_len).astype(np.int64).tolist() for _ in range(max(batches))]
+    ctx = args.prompt_len + plan.warmup + plan.steps / 2  # mean context of the timed steps
+    prompts = random_prompts(args.seed, min(cfg.vocab_size - 16, 240000), args.prompt_len, max(plan.batches))
 
     peer, peer_info, mem, mem_info = peer_then_memra(
-        args, b, folder, prompts, batches, warmup, steps, peer_steps, gen_steps, "qwen_decode",
-        lambda ps: run_peer(which, folder, dev, torch, ps, batches, peer_steps, args.match_steps))
+        args, b, folder, prompts, plan.batches, plan.warmup, plan.steps, plan.peer_steps, plan.gen_steps,
+        "qwen_decode",
+        lambda ps: run_peer(which, folder, dev, torch, ps, plan.batches, plan.peer_steps, args.match_steps))
 
-    for B in batches:
+    for B in plan.batches:
         rb, r1 = decode_bytes(cfg, tensors, B, ctx), decode_bytes(cfg, tensors, 1, ctx)
         mr, pr = mem[B], peer[B]
         rec = {
@@ -279,17 +271,10 @@ def run_model(which: str, args, b: Bench, batches, warmup, steps, peer_steps, ge
                       "prompt_len": args.prompt_len, "dtype": "bfloat16" if b.cuda else "float32"},
             **decode_figures(mr, pr, peer_info.get("peer", "transformers"), rb, r1, B, b.copy_TBps,
                              TARGET_FRAC),
-            "checkpoint_text_bytes": ckpt_bytes,
-            "checkpoint_text_tensors": ckpt_tensors,
             # the tied head is the embedding, counted once in the inventory
             "inventory_matches_checkpoint": rb["inventory"] + (0 if cfg.tie_word_embeddings else int(
                 sum(v for n, v in tensors.items() if "embed_tokens" in n))) == ckpt_bytes,
-            "context_for_cache_bytes": ctx,
-            "device": b.device_name,
-            "warmup_steps": warmup, "steps": steps, "peer_steps": peer_steps, "gen_steps": gen_steps,
-            "memra_timer": "wall clock per step (each step ends with a host read of the tokens)",
-            "folder": str(folder),
-            "build_s": build_s,
+            **run_fields(b, plan, folder, build_s, ctx, ckpt_bytes, ckpt_tensors),
             "elapsed_s": round(time.perf_counter() - t_start, 1),  # this model: build, peer and memra
         }
         add_outcomes(rec, mr, pr, peer_info, mem_info)
@@ -299,43 +284,14 @@ def run_model(which: str, args, b: Bench, batches, warmup, steps, peer_steps, ge
 def main() -> int:
     p = base_parser(__doc__.split("\n\n")[0])
     p.add_argument("--model", choices=("4b", "35b", "both"), default="both")
-    p.add_argument("--tiny", action="store_true", help="toy widths (implied by --device cpu)")
     p.add_argument("--folder-4b", dest="folder_4b", default=None, help="the 4b checkpoint folder (built when missing)")
     p.add_argument("--folder-35b", dest="folder_35b", default=None, help="the 35b checkpoint folder")
-    p.add_argument("--rebuild", action="store_true", help="build the checkpoints again even if the folders are there")
     p.add_argument("--experts", type=int, default=None, help="35b: routed experts (default 64; --tiny: 8)")
-    p.add_argument("--batches", default=None, help="comma-separated batch sizes (default 1,32; cpu: 1,3)")
-    p.add_argument("--profile-steps", type=int, default=None,
-                   help="decode steps profiled per kernel after the timing (default 5, --quick 3; 0: none; "
-                        "CUDA only)")
-    p.add_argument("--prompt-len", type=int, default=None, help="prompt tokens per sequence (default 128; cpu 16)")
-    p.add_argument("--peer-steps", type=int, default=None,
-                   help="transformers' timed steps (default 16, --quick 8; cpu 3)")
-    p.add_argument("--gen-steps", type=int, default=None,
-                   help="memra generate-API timed steps (default 128, --quick 32; cpu 3)")
-    p.add_argument("--match-steps", type=int, default=8, help="greedy steps compared with transformers")
-    p.add_argument("--skip-peer", action="store_true")
-    p.add_argument("--build-only", action="store_true", help="make the checkpoint folders (if missing) and exit")
-    p.add_argument("--kernel-options", default="", help="memra.KernelOptions fields, FIELD=VALUE,...")
-    p.add_argument("--seed", type=int, default=0)
-    args = p.parse_args()
-    cpu = args.device == "cpu"
-    args.tiny = args.tiny or cpu
-    if cpu:  # smoke test: a few steps only
-        args.warmup = 3 if args.warmup is None else args.warmup
-        args.reps = 4 if args.reps is None else args.reps
-    b = Bench(args, "qwen_decode")
-    batches = [int(x) for x in (args.batches or ("1,3" if cpu else "1,32")).split(",")]
-    args.prompt_len = args.prompt_len or (16 if cpu else 128)
-    peer_steps = args.peer_steps or (3 if cpu else (8 if args.quick else 16))
-    gen_steps = args.gen_steps or (3 if cpu else (32 if args.quick else 128))
-    if args.profile_steps is None:
-        args.profile_steps = 3 if args.quick else 5
-    warmup, steps = max(3, b.warmup), b.reps
+    add_decode_args(p)
+    args, b, plan = parse_decode_args(p, "qwen_decode", gen_quick=32, profile_quick=3)
     for which in (("4b", "35b") if args.model == "both" else (args.model,)):
-        run_model(which, args, b, batches, warmup, steps, peer_steps, gen_steps)
+        run_model(which, args, b, plan)
     return 0
-
 
 if __name__ == "__main__":
     try:
