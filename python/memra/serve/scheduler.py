@@ -77,6 +77,7 @@ class Scheduler:
         self._running: list[Request] = []
         self._n_running = 0
         self._stopping = False
+        self._stalled = False  # admissions blocked by slots held outside the server (logged once)
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self.on_token = None  # optional callback(request, now) on the loop, per token (metrics)
@@ -188,7 +189,9 @@ class Scheduler:
                 with self._cv:
                     self._n_running -= 1
                     self._waiting.appendleft(req)
-                log.warning("memra serve: no free slot: %s", e)
+                if not self._stalled:  # once per stall, not every round it lasts
+                    log.warning("memra serve: no free slot; waiting for one held outside the server: %s", e)
+                    self._stalled = True
                 if not self._running:
                     time.sleep(0.01)  # nothing else to do until that slot comes back
                 return
@@ -197,6 +200,7 @@ class Scheduler:
                     self._n_running -= 1
                 self._fail_admission(req, e, events)
                 continue
+            self._stalled = False
             try:
                 req.row = self.batch.start(req.prompt_ids, req.sampling, lease, "serve")
             except Exception as e:  # noqa: BLE001 - this request fails; the others go on
