@@ -10,7 +10,8 @@ depend on what else runs). On a CUDA engine, while the running set stays the sam
 waits, the next step is chained before the current one's tokens are read (no idle device
 between steps). The model is used from this thread only: the engine is not thread-safe.
 
-Results reach the asyncio side through ``loop.call_soon_threadsafe``, one call per round; a
+Results reach the asyncio side through ``loop.call_soon_threadsafe``: one call for the round's
+first tokens (before its decode step), one for the step's tokens; a
 request's events are ``(token, finish_reason or None)`` tuples and then, for a failure, a
 :class:`memra.MemraError` (NonFiniteError ends only that request).
 """
