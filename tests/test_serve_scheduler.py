@@ -207,3 +207,28 @@ def test_a_failing_admission_fails_that_request_only(where: str, monkeypatch) ->
 
     _run(sched, body)
     assert not sched.running and m.cache.owner(0) == 0
+
+
+def test_a_slot_held_outside_the_server_is_one_warning_not_a_flood(caplog) -> None:
+    # A slot held outside the server (a user's cache.hold or generation on the same model)
+    # used to log "no free slot" on every round it blocked an admission: a hundred warnings a
+    # second while idle, one per decode step while others ran. It is logged once per stall.
+    import logging
+
+    m = _load(1)
+    sched = Scheduler(m)
+    token = m.cache.hold(0)
+
+    async def body():
+        req = _request([1, 2], 3, RowSampling(0.0))
+        sched.submit(req)
+        await asyncio.sleep(0.3)  # some thirty rounds find no free slot
+        assert req.events.empty() and sched.waiting == 1
+        m.cache.release(0, token)
+        return await _tokens(req)
+
+    with caplog.at_level(logging.WARNING, logger="memra.serve"):
+        got = _run(sched, body)
+    assert got == _load(1).generate([1, 2], 3)
+    warned = [r for r in caplog.records if "no free slot" in r.getMessage()]
+    assert len(warned) == 1, len(warned)

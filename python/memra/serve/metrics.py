@@ -53,9 +53,15 @@ class Metrics:
         self.batch_rows = Histogram("memra_decode_batch_rows", "Requests decoded together per decode step",
                                     buckets=tuple(2.0**i for i in range(11)), registry=r)
         self._last: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # request -> its last token's time
+        self._ended: weakref.WeakSet = weakref.WeakSet()  # requests on_end saw
 
     def on_token(self, req, now: float) -> None:
-        """A token of `req` reached its handler at `now` (time.monotonic)."""
+        """A token of `req` reached its handler at `now` (time.monotonic). A token of a request
+        that already ended (drawn before the scheduler saw its cancel: a stop string, a
+        disconnect) counts as generated only, not as its first token or a latency."""
+        if req in self._ended:
+            self.generation_tokens.inc()
+            return
         last = self._last.get(req)
         if last is None:
             self.ttft.observe(now - req.arrival)
@@ -68,6 +74,7 @@ class Metrics:
     def on_end(self, req, reason: str) -> None:
         """`req` ended with `reason` (stop, length, error, cancelled)."""
         self._last.pop(req, None)
+        self._ended.add(req)
         self.requests.labels(finish_reason=reason).inc()
 
     def render(self) -> bytes:

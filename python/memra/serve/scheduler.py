@@ -10,7 +10,8 @@ depend on what else runs). On a CUDA engine, while the running set stays the sam
 waits, the next step is chained before the current one's tokens are read (no idle device
 between steps). The model is used from this thread only: the engine is not thread-safe.
 
-Results reach the asyncio side through ``loop.call_soon_threadsafe``, one call per round; a
+Results reach the asyncio side through ``loop.call_soon_threadsafe``: one call for the round's
+first tokens (before its decode step), one for the step's tokens; a
 request's events are ``(token, finish_reason or None)`` tuples and then, for a failure, a
 :class:`memra.MemraError` (NonFiniteError ends only that request).
 """
@@ -77,6 +78,7 @@ class Scheduler:
         self._running: list[Request] = []
         self._n_running = 0
         self._stopping = False
+        self._stalled = False  # admissions blocked by slots held outside the server (logged once)
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self.on_token = None  # optional callback(request, now) on the loop, per token (metrics)
@@ -188,7 +190,9 @@ class Scheduler:
                 with self._cv:
                     self._n_running -= 1
                     self._waiting.appendleft(req)
-                log.warning("memra serve: no free slot: %s", e)
+                if not self._stalled:  # once per stall, not every round it lasts
+                    log.warning("memra serve: no free slot; waiting for one held outside the server: %s", e)
+                    self._stalled = True
                 if not self._running:
                     time.sleep(0.01)  # nothing else to do until that slot comes back
                 return
@@ -197,6 +201,7 @@ class Scheduler:
                     self._n_running -= 1
                 self._fail_admission(req, e, events)
                 continue
+            self._stalled = False
             try:
                 req.row = self.batch.start(req.prompt_ids, req.sampling, lease, "serve")
             except Exception as e:  # noqa: BLE001 - this request fails; the others go on
