@@ -6,7 +6,10 @@ across tokens give the text a whole decode would) and holds back a piece ending 
 incomplete UTF-8 sequence (U+FFFD) until the next token completes it. Stop strings are matched
 on the decoded text, including a match spanning several tokens; text that could still be the
 start of a stop string is held back until it is not, and a matched stop string and everything
-after it are never emitted (OpenAI's semantics).
+after it are never emitted (OpenAI's semantics). Ids that give no text wherever they stand
+(special tokens when they are skipped, ids outside the vocabulary: ``Tokenizer.decode`` drops
+both before its decoder runs) never enter the window, so a long run of them (EOS under
+ignore_eos) costs a constant decode per token, not one growing with the run.
 """
 
 from __future__ import annotations
@@ -24,8 +27,11 @@ class TextStream:
         self.tokenizer = tokenizer
         self.stop = [s for s in stop if s]
         self.skip = skip_special_tokens
-        self.ids: list[int] = []
-        self._prefix = 0  # ids[_prefix:_read] were decoded into text already emitted or held
+        self.ids: list[int] = []  # every id taken
+        self._text_ids: list[int] = []  # the ids that can give text: the window's
+        self._silent: dict[int, bool] = {}  # id -> it gives no text anywhere (cached)
+        self._specials: set[int] | None = None  # the special added tokens' ids (when first needed)
+        self._prefix = 0  # _text_ids[_prefix:_read] were decoded into text already emitted or held
         self._read = 0
         self._held = ""  # decoded text not emitted yet (it may start a stop string)
         self.stopped = False
@@ -33,12 +39,23 @@ class TextStream:
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=self.skip) if ids else ""
 
+    def _gives_no_text(self, token_id: int) -> bool:
+        """Whether decode drops `token_id` wherever it stands: outside the vocabulary, or a
+        special token while they are skipped."""
+        silent = self._silent.get(token_id)
+        if silent is None:
+            if self.skip and self._specials is None:
+                self._specials = {i for i, t in self.tokenizer.get_added_tokens_decoder().items() if t.special}
+            silent = self.tokenizer.id_to_token(token_id) is None or (self.skip and token_id in self._specials)
+            self._silent[token_id] = silent
+        return silent
+
     def _new_text(self, final: bool) -> str:
         """Text the ids past ``_read`` add (all of it when `final`, even an incomplete char)."""
-        before = self._decode(self.ids[self._prefix:self._read])
-        after = self._decode(self.ids[self._prefix:])
+        before = self._decode(self._text_ids[self._prefix:self._read])
+        after = self._decode(self._text_ids[self._prefix:])
         if len(after) > len(before) and (final or not after.endswith("\ufffd")):
-            self._prefix, self._read = self._read, len(self.ids)
+            self._prefix, self._read = self._read, len(self._text_ids)
             return after[len(before):]
         return ""
 
@@ -50,6 +67,9 @@ class TextStream:
             self.ids.append(int(token_id))
             return ""
         self.ids.append(int(token_id))
+        if self._gives_no_text(int(token_id)):
+            return ""
+        self._text_ids.append(int(token_id))
         return self._emit(self._held + self._new_text(final=False))
 
     def finish(self) -> str:

@@ -1,0 +1,90 @@
+"""memra.serve.text.TextStream against whole decodes (CPU, the fixtures' tokenizers).
+
+The pieces TextStream returns for a sequence of ids, joined, must equal the sequence's whole
+decode (tokenizers.Tokenizer.decode, special tokens skipped), cut at the first stop string when
+one matches; special tokens and ids outside the vocabulary anywhere in the sequence (they give
+no text wherever they stand) change nothing, and a long run of them keeps each decode short.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tokenizers
+
+import memra
+from memra.serve.text import TextStream
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+FOLDERS = [memra.default_checkpoint(), FIXTURES / "tiny_kimi_linear", FIXTURES / "tiny_qwen3_5"]
+
+
+def _tokenizer(folder: Path) -> tokenizers.Tokenizer:
+    return tokenizers.Tokenizer.from_file(str(folder / "tokenizer.json"))
+
+
+def _stream(tok, ids, stop=()) -> str:
+    ts = TextStream(tok, list(stop))
+    out = "".join(ts.add(i) for i in ids)
+    return out + ts.finish()
+
+
+def _expected(tok, ids, stop=()) -> str:
+    text = tok.decode(list(ids), skip_special_tokens=True)
+    hits = [i for i in (text.find(s) for s in stop if s) if i >= 0]
+    return text[: min(hits)] if hits else text
+
+
+def _draws(tok, r, n):
+    """Random id sequences: vocabulary ids (byte tokens split multi-byte characters), the
+    special tokens and ids just past the vocabulary mixed in."""
+    vocab = tok.get_vocab_size(with_added_tokens=False)
+    specials = sorted(i for i, t in tok.get_added_tokens_decoder().items() if t.special)
+    outside = [tok.get_vocab_size(with_added_tokens=True) + k for k in range(3)]
+    pool = specials + [i for i in outside if tok.id_to_token(i) is None]
+    for _ in range(n):
+        ids = [int(i) for i in r.integers(0, vocab, int(r.integers(1, 40)))]
+        for _ in range(int(r.integers(0, 6))):
+            if pool:
+                ids.insert(int(r.integers(0, len(ids) + 1)), int(r.choice(pool)))
+        yield ids
+
+
+@pytest.mark.parametrize("folder", FOLDERS, ids=lambda p: p.name)
+def test_pieces_join_to_the_whole_decode(folder) -> None:
+    tok = _tokenizer(folder)
+    r = np.random.default_rng(len(folder.name))
+    for ids in _draws(tok, r, 300):
+        assert _stream(tok, ids) == _expected(tok, ids), ids
+        text = tok.decode(ids, skip_special_tokens=True)
+        if len(text) >= 4:  # a stop string taken from the text itself, spanning tokens
+            a = int(r.integers(0, len(text) - 2))
+            stop = [text[a : a + int(r.integers(1, 4))]]
+            assert _stream(tok, ids, stop) == _expected(tok, ids, stop), (ids, stop)
+
+
+def test_a_run_of_special_tokens_keeps_the_decodes_short() -> None:
+    # 4000 EOS tokens (ignore_eos) between two words: each decode used to take the whole run
+    # (the window grew until a token gave text), a cost growing with the square of its length.
+    folder = memra.default_checkpoint()
+    tok = _tokenizer(folder)
+    eos = next(i for i, t in tok.get_added_tokens_decoder().items() if t.special)
+    ids = tok.encode("hi", add_special_tokens=False).ids + [eos] * 4000 + \
+        tok.encode(" there", add_special_tokens=False).ids
+    longest = []
+
+    class Counting:
+        def __init__(self, inner):
+            self.inner = inner
+
+        def decode(self, seq, **kw):
+            longest.append(len(seq))
+            return self.inner.decode(seq, **kw)
+
+        def __getattr__(self, name):
+            return getattr(self.inner, name)
+
+    assert _stream(Counting(tok), ids) == "hi there"
+    assert max(longest) <= 8, max(longest)
