@@ -49,6 +49,11 @@ C, H = "/v1/completions", "/v1/chat/completions"
     (C, {"prompt": "x", "stream": True, "stream_options": {"include_usage": 1}}, "stream_options.include_usage",
      "boolean"),
     (H, dict(CHAT, logprobs=0), "logprobs", "boolean"),
+    # fields memra would otherwise ignore in silence
+    (C, {"prompt": "x", "logprobs": 0}, "logprobs", "not supported"),
+    (C, {"prompt": "x", "stream_options": {"include_usage": True}}, "stream_options", "only with stream = true"),
+    (H, dict(CHAT, stream=False, stream_options={"include_usage": True}), "stream_options",
+     "only with stream = true"),
     # stop strings: a bounded list of bounded strings
     (C, {"prompt": "x", "stop": ["a"] * 65}, "stop", "at most 64"),
     (C, {"prompt": "x", "stop": ["a" * 1025]}, "stop", "1024"),

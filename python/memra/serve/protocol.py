@@ -116,6 +116,15 @@ class _SamplingRequest(BaseModel):
     def _stop_ids(cls, v: Any) -> Any:
         return [] if v is None else v
 
+    @field_validator("stream_options")
+    @classmethod
+    def _stream_options_need_a_stream(cls, v, info):
+        # vLLM's 400: options of a stream that is not streamed would be ignored silently (stream
+        # is declared first, so info.data holds it once it validated).
+        if v is not None and not info.data.get("stream", False):
+            raise ValueError("only with stream = true")
+        return v
+
     @field_validator("n")
     @classmethod
     def _one(cls, v: int) -> int:
@@ -163,10 +172,19 @@ class CompletionRequest(_SamplingRequest):
             raise ValueError(f"memra serves one prompt per request, got {len(v)}")
         raise ValueError("prompt must be a string, a non-empty list of token ids, or a list holding one of those")
 
-    @field_validator("echo", "logprobs", "suffix")
+    @field_validator("echo", "suffix")
     @classmethod
     def _unsupported(cls, v):
         if v:
+            raise ValueError("not supported by memra")
+        return v
+
+    @field_validator("logprobs")
+    @classmethod
+    def _no_logprobs(cls, v):
+        # 0 asks for the chosen tokens' log probabilities (OpenAI, vLLM): a null in their place
+        # would read as "none were asked for".
+        if v is not None:
             raise ValueError("not supported by memra")
         return v
 
