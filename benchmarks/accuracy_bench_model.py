@@ -70,7 +70,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "tests"))
 import bench_model_decode as bmd  # noqa: E402
 from common import Bench, base_parser, emit_record, kernel_durations, log  # noqa: E402
-from decode_common import ensure_checkpoint  # noqa: E402
+from decode_setup import ensure_checkpoint  # noqa: E402
 
 TRUTH = "transformers float32, eager attention, no fla, TF32 off"
 

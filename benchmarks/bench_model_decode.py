@@ -66,8 +66,10 @@ os.environ.setdefault("TRITON_CACHE_AUTOTUNING", "1")
 
 from common import base_parser, emit_record  # noqa: E402
 from decode_common import (  # noqa: E402, F401  (MARKER, folder_ready, peer_kernels, sync: also bmd.* to others)
-    MARKER, add_decode_args, add_outcomes, build_and_save, checkpoint_text_bytes, decode_figures, ensure_checkpoint,
-    folder_ready, generate_peer, parse_decode_args, peer_kernels, peer_then_memra, random_prompts, run_fields, sync)
+    MARKER, add_outcomes, build_and_save, checkpoint_text_bytes, decode_figures, folder_ready, generate_peer,
+    peer_kernels, peer_then_memra, sync)
+from decode_setup import (  # noqa: E402
+    add_decode_args, ensure_checkpoint, parse_decode_args, random_prompts, run_fields)
 from glm5_next_init import init_rule, init_targets  # noqa: E402
 
 BUILD_VERSION = 1  # bump when the weights recipe changes (a folder of another version is rebuilt)

@@ -63,7 +63,7 @@ from pathlib import Path
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_model_decode as bmd  # noqa: E402  (sets TRITON_CACHE_AUTOTUNING before fla loads)
 from common import Bench, base_parser, emit_record, kernel_durations, kernel_option_fields, log  # noqa: E402
-from decode_common import ensure_checkpoint  # noqa: E402
+from decode_setup import ensure_checkpoint  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 KDA_CHUNK = 64  # the chunked KDA form's chunk (fla's chunk_kda), for its FLOP count

@@ -56,8 +56,10 @@ os.environ.setdefault("TRITON_CACHE_AUTOTUNING", "1")  # before fla / transforme
 
 from common import base_parser, emit_record  # noqa: E402
 from decode_common import (  # noqa: E402
-    add_decode_args, add_outcomes, build_and_save, checkpoint_text_bytes, decode_figures, ensure_checkpoint,
-    generate_peer, parse_decode_args, peer_kernels, peer_then_memra, random_prompts, run_fields)
+    add_outcomes, build_and_save, checkpoint_text_bytes, decode_figures, generate_peer, peer_kernels,
+    peer_then_memra)
+from decode_setup import (  # noqa: E402
+    add_decode_args, ensure_checkpoint, parse_decode_args, random_prompts, run_fields)
 from bench_kimi_decode import checkpoint_tensors  # noqa: E402
 
 BUILD_VERSION = 1  # bump when the weights recipe changes
