@@ -101,6 +101,23 @@ def test_null_means_the_default(server, model) -> None:
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 16, r.text
 
 
+def test_a_number_with_a_zero_fraction_is_that_integer(server) -> None:
+    # JSON has one number type: 4.0 is 4 (a client computing a count in floating point sends it
+    # so), the same request and the same tokens as with integers; 4.5 stays a 400.
+    ints = dict(prompt=[1, 2, 3], max_tokens=4, temperature=0, ignore_eos=True, seed=7, top_k=5,
+                stop_token_ids=[260], return_token_ids=True)
+    floats = dict(ints, prompt=[1.0, 2.0, 3.0], max_tokens=4.0, seed=7.0, top_k=5.0, stop_token_ids=[260.0])
+    a, b = post_json(server, C, ints), post_json(server, C, floats)
+    assert a.status_code == b.status_code == 200, (a.text, b.text)
+    assert a.json()["choices"][0]["token_ids"] == b.json()["choices"][0]["token_ids"]
+    assert b.json()["usage"]["completion_tokens"] == 4
+    r = post_json(server, H, dict(CHAT, max_completion_tokens=2.0, temperature=0))
+    assert r.status_code == 200, r.text
+    for body, param in ((dict(ints, max_tokens=4.5), "max_tokens"), (dict(ints, prompt=[1.5]), "prompt")):
+        r = post_json(server, C, body)
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+
+
 def test_add_generation_prompt_in_the_template_kwargs_wins(server) -> None:
     def prompt_ids(**fields) -> list[int]:
         r = post_json(server, H, dict(CHAT, max_tokens=1, temperature=0, return_token_ids=True, **fields))

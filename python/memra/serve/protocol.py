@@ -6,7 +6,8 @@ plus vLLM's extras (``top_k``, ``ignore_eos``, ``stop_token_ids``, ``return_toke
 know are ignored, as vLLM does; fields memra knows but cannot honour (``n`` > 1, ``echo``,
 ``logprobs``, penalties, ``logit_bias``, ``tools``) are refused with a 400 naming them rather than
 silently dropped. Values are typed strictly (JSON's own types: ``"stream": "yes"``,
-``"max_tokens": true`` or ``"3"`` are refused, not coerced), and ``null`` for a field with a
+``"max_tokens": true`` or ``"3"`` are refused, not coerced; a number with a zero fraction, ``4.0``,
+is the integer JSON means by it), and ``null`` for a field with a
 default means the default, as OpenAI's reference allows. A bad value is a
 :class:`pydantic.ValidationError` whose ``loc`` names the field (memra.serve.app turns it into the
 OpenAI error body).
@@ -15,11 +16,22 @@ OpenAI error body).
 from __future__ import annotations
 
 import time
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
 from ..batch import sampling_problem
+
+
+def _integral(v: Any) -> Any:
+    """A JSON number written with a zero fraction (4.0) is the integer 4: JSON has one number
+    type, and a client that computes a count in floating point sends it so (vLLM takes it too).
+    Fractions, booleans and strings are left for the strict int check to refuse."""
+    return int(v) if isinstance(v, float) and v.is_integer() else v
+
+
+# A request's integer field: an int, or a float whose value is an integer.
+JsonInt = Annotated[int, BeforeValidator(_integral)]
 
 
 def _text_or_texts(v: Any, what: str) -> list[str]:
@@ -68,13 +80,13 @@ class _SamplingRequest(BaseModel):
     # temperature, top_p and top_k (but vLLM's -1) are held to Model.generate's rules (_sampling).
     temperature: float | None = None
     top_p: float | None = None
-    top_k: int | None = Field(None, ge=-1)  # -1 or 0: off (vLLM's convention)
-    n: int = 1
+    top_k: JsonInt | None = Field(None, ge=-1)  # -1 or 0: off (vLLM's convention)
+    n: JsonInt = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
     stop: list[str] = Field(default_factory=list)
-    stop_token_ids: list[int] = Field(default_factory=list)
-    seed: int | None = Field(None, ge=-(2**63), lt=2**64)
+    stop_token_ids: list[JsonInt] = Field(default_factory=list)
+    seed: JsonInt | None = Field(None, ge=-(2**63), lt=2**64)
     ignore_eos: bool = False
     return_token_ids: bool = False
     presence_penalty: float = 0.0
@@ -152,22 +164,25 @@ class CompletionRequest(_SamplingRequest):
     those (memra serves one prompt per request)."""
 
     prompt: Any
-    max_tokens: int | None = Field(16, ge=1)
+    max_tokens: JsonInt | None = Field(16, ge=1)
     echo: bool = False
-    logprobs: int | None = None
+    logprobs: JsonInt | None = None
     suffix: str | None = None
-    best_of: int | None = None
+    best_of: JsonInt | None = None
 
     @field_validator("prompt", mode="before")
     @classmethod
     def _prompt(cls, v: Any) -> str | list[int]:
         def ids(x) -> bool:
-            return isinstance(x, list) and bool(x) and all(isinstance(t, int) and not isinstance(t, bool) for t in x)
+            return isinstance(x, list) and bool(x) and all(
+                isinstance(_integral(t), int) and not isinstance(t, bool) for t in x)
 
-        if isinstance(v, str) or ids(v):
+        if isinstance(v, str):
             return v
+        if ids(v):
+            return [_integral(t) for t in v]
         if isinstance(v, list) and len(v) == 1 and (isinstance(v[0], str) or ids(v[0])):
-            return v[0]  # a batch of one prompt
+            return v[0] if isinstance(v[0], str) else [_integral(t) for t in v[0]]  # a batch of one
         if isinstance(v, list) and len(v) > 1 and all(isinstance(p, str) or ids(p) for p in v):
             raise ValueError(f"memra serves one prompt per request, got {len(v)}")
         raise ValueError("prompt must be a string, a non-empty list of token ids, or a list holding one of those")
@@ -244,12 +259,12 @@ class ChatCompletionRequest(_SamplingRequest):
     the server's --max-len."""
 
     messages: list[ChatMessage] = Field(min_length=1)
-    max_tokens: int | None = Field(None, ge=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
+    max_tokens: JsonInt | None = Field(None, ge=1)
+    max_completion_tokens: JsonInt | None = Field(None, ge=1)
     add_generation_prompt: bool = True
     chat_template_kwargs: dict[str, Any] | None = None
     logprobs: bool | None = None
-    top_logprobs: int | None = None
+    top_logprobs: JsonInt | None = None
     tools: list[dict] | None = None
 
     @field_validator("logprobs", "top_logprobs", "tools")
