@@ -49,6 +49,10 @@ C, H = "/v1/completions", "/v1/chat/completions"
     (C, {"prompt": "x", "stream": True, "stream_options": {"include_usage": 1}}, "stream_options.include_usage",
      "boolean"),
     (H, dict(CHAT, logprobs=0), "logprobs", "boolean"),
+    # a bound past 2**63 stated exactly (not rounded through a float), the value as an int or
+    # as a float with a zero fraction alike
+    (C, {"prompt": "x", "seed": 2**64}, "seed", "less than 18446744073709551616"),
+    (C, {"prompt": "x", "seed": 1e300}, "seed", "less than 18446744073709551616"),
     # fields memra would otherwise ignore in silence
     (C, {"prompt": "x", "logprobs": 0}, "logprobs", "not supported"),
     (C, {"prompt": "x", "stream_options": {"include_usage": True}}, "stream_options", "only with stream = true"),

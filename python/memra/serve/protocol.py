@@ -86,7 +86,10 @@ class _SamplingRequest(BaseModel):
     stream_options: StreamOptions | None = None
     stop: list[str] = Field(default_factory=list)
     stop_token_ids: list[JsonInt] = Field(default_factory=list)
-    seed: JsonInt | None = Field(None, ge=-(2**63), lt=2**64)
+    # The bounds inside the Annotated, before the float step: the int schema checks them and names
+    # 2**64 exactly (on the field they would run as a Python check after it, whose message
+    # prints a bound past 2**63 rounded through a float: 18446744073709552000).
+    seed: Annotated[int, Field(ge=-(2**63), lt=2**64), BeforeValidator(_integral)] | None = None
     ignore_eos: bool = False
     return_token_ids: bool = False
     presence_penalty: float = 0.0
