@@ -40,6 +40,22 @@ def test_tokens_after_a_request_ended_do_not_count_it_again() -> None:
     assert metric(text, "memra_requests_total", 'finish_reason="stop"') == 1
 
 
+def test_a_request_ended_before_its_first_token_still_counts_its_prompt() -> None:
+    # A client that leaves during its prompt's prefill ends the request on the loop before its
+    # first token arrives; the prompt was still prefilled, so it counts (once), while the time
+    # to first token, which nobody saw, does not.
+    m = Metrics(_scheduler())
+    req = _Req()
+    m.on_end(req, "cancelled")
+    m.on_token(req, 1.0)  # drawn after the prefill, before the scheduler saw the cancel
+    m.on_token(req, 1.5)
+    text = m.render().decode()
+    assert metric(text, "memra_prompt_tokens_total") == 5
+    assert metric(text, "memra_generation_tokens_total") == 2
+    assert metric(text, "memra_time_to_first_token_seconds_count") == 0
+    assert metric(text, "memra_inter_token_latency_seconds_count") == 0
+
+
 class _Req:
     prompt_ids = np.zeros(5, np.int32)
     arrival = 0.0

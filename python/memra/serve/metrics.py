@@ -53,13 +53,19 @@ class Metrics:
         self.batch_rows = Histogram("memra_decode_batch_rows", "Requests decoded together per decode step",
                                     buckets=tuple(2.0**i for i in range(11)), registry=r)
         self._last: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # request -> its last token's time
-        self._ended: weakref.WeakSet = weakref.WeakSet()  # requests on_end saw
+        # requests on_end saw -> whether their prompt was counted (a token had reached the loop)
+        self._ended: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
     def on_token(self, req, now: float) -> None:
         """A token of `req` reached its handler at `now` (time.monotonic). A token of a request
         that already ended (drawn before the scheduler saw its cancel: a stop string, a
-        disconnect) counts as generated only, not as its first token or a latency."""
+        disconnect) counts as generated only, not as its first token or a latency; its prompt
+        counts once, also when the request ended before its first token (a client that left
+        during the prefill: the prompt was still prefilled)."""
         if req in self._ended:
+            if not self._ended[req]:
+                self.prompt_tokens.inc(len(req.prompt_ids))
+                self._ended[req] = True
             self.generation_tokens.inc()
             return
         last = self._last.get(req)
@@ -73,8 +79,7 @@ class Metrics:
 
     def on_end(self, req, reason: str) -> None:
         """`req` ended with `reason` (stop, length, error, cancelled)."""
-        self._last.pop(req, None)
-        self._ended.add(req)
+        self._ended[req] = self._last.pop(req, None) is not None
         self.requests.labels(finish_reason=reason).inc()
 
     def render(self) -> bytes:
