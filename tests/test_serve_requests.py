@@ -255,6 +255,22 @@ def test_run_names_a_bad_host_port_or_level(model, kwargs, name, monkeypatch) ->
     assert info.value.code == 40025 and not served
 
 
+def test_run_takes_a_logging_level_number(model, monkeypatch) -> None:
+    # uvicorn takes logging's numbers as well as its names.
+    import logging
+
+    import uvicorn
+
+    from memra.serve import run
+
+    served = []
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: served.append(kw))
+    run(model, log_level=logging.DEBUG)
+    assert served and served[0]["log_level"] == logging.DEBUG
+    with pytest.raises(memra.ContractError, match="log_level"):
+        run(model, log_level=True)
+
+
 def test_health_head_and_the_model_card(server) -> None:
     assert httpx.head(server.url + "/health").status_code == 200
     c = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=30)

@@ -23,10 +23,11 @@ def create_app(model, served_model_name: str | None = None, **kwargs):
 
 
 def run(model, *, host: str = "127.0.0.1", port: int = 8000, served_model_name: str | None = None,
-        max_waiting: int = 64, max_request_bytes: int | None = None, log_level: str = "info") -> None:
+        max_waiting: int = 64, max_request_bytes: int | None = None, log_level: str | int = "info") -> None:
     """Serve `model` with uvicorn until interrupted (Ctrl-C); the options are create_app's.
-    ContractError (40025) for a host that is not a non-empty string, a port outside [0, 65535],
-    a log_level that is not one of uvicorn's, or what create_app refuses; nothing is served."""
+    log_level: one of uvicorn's names or a logging level number (logging.DEBUG), as uvicorn
+    takes. ContractError (40025) for a host that is not a non-empty string, a port outside
+    [0, 65535], another log_level, or what create_app refuses; nothing is served."""
     import uvicorn
 
     from ..batch import count_arg
@@ -36,7 +37,8 @@ def run(model, *, host: str = "127.0.0.1", port: int = 8000, served_model_name: 
         raise ContractError(f"serve.run: host must be a non-empty string, got {host!r}", 40025)
     count_arg(port, "serve.run: port", 0, 65535)
     levels = ("critical", "error", "warning", "info", "debug", "trace")
-    if log_level not in levels:
+    if not (log_level in levels or (isinstance(log_level, int) and not isinstance(log_level, bool)
+                                    and log_level >= 0)):
         raise ContractError(f"serve.run: log_level must be one of {list(levels)}, got {log_level!r}", 40025)
     app = create_app(model, served_model_name, max_waiting=max_waiting, max_request_bytes=max_request_bytes)
     uvicorn.run(app, host=host, port=port, log_level=log_level)
