@@ -161,6 +161,14 @@ def _shown(value: Any) -> str:
     return r if len(r) <= 80 else r[:77] + "..."
 
 
+def check_positive(c: dict[str, Any], names: tuple[str, ...], low: int = 1) -> None:
+    """Refuse a parsed field of `names` in `c` that is missing (None) or below `low`, as
+    transformers' modules would fail on it later. ContractError (40025) naming the field."""
+    for k in names:
+        if c[k] is None or c[k] < low:
+            raise ContractError(f"config: {k} must be an integer >= {low}, got {c[k]!r}", 40025)
+
+
 def check_size_product(c: dict[str, Any], keys: tuple[str, ...], what: str) -> None:
     """Refuse a size memra derives as the product of the parsed fields `keys` of `c` (`what`
     says what it is) when it is above SIZE_MAX, like a size given directly. ContractError (40025)
@@ -170,7 +178,6 @@ def check_size_product(c: dict[str, Any], keys: tuple[str, ...], what: str) -> N
         names, values = " * ".join(keys), " * ".join(str(c[k]) for k in keys)
         raise ContractError(f"config: {names} ({values} = {product}), {what}, must be at most {SIZE_MAX} "
                             "(memra's bound on a size: 2^20)", 40025)
-
 
 
 def check_grouped_router(c: dict[str, Any], experts: str, shown: str | None = None) -> None:

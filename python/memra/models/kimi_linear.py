@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
 from .. import _core
-from ..config import Size, check_fields, check_grouped_router, check_size_product, field_ranges
+from ..config import Size, check_fields, check_grouped_router, check_positive, check_size_product, field_ranges
 from ..errors import ContractError, UnsupportedError
 from ..loader import NameTable, Route
 from .layers import KdaMixer, MlaMixer, check_groups, located, norm_vector
@@ -238,12 +238,6 @@ def _post_init(raw: dict[str, Any]) -> dict[str, Any]:
     return c
 
 
-def _positive(c: dict[str, Any], names: tuple[str, ...], low: int = 1) -> None:
-    for k in names:
-        if c[k] is None or c[k] < low:
-            raise ContractError(f"config: {k} must be an integer >= {low}, got {c[k]!r}", 40025)
-
-
 def _validate(c: dict[str, Any]) -> None:
     """What transformers refuses (at parse or when it builds the model), and memra's refusals:
     UnsupportedError for a config memra does not run, also where transformers would silently run
@@ -264,10 +258,10 @@ def _validate(c: dict[str, Any]) -> None:
                                    f"{KDA!r} (KDA) or {MLA!r} (MLA)", 50000)
     mla = MLA in c["layer_types"]
     sparse = "sparse" in c["mlp_layer_types"]
-    _positive(c, ("linear_num_heads", "linear_head_dim", "linear_conv_kernel_dim", "intermediate_size"))
+    check_positive(c, ("linear_num_heads", "linear_head_dim", "linear_conv_kernel_dim", "intermediate_size"))
     if mla:
-        _positive(c, ("num_attention_heads", "kv_lora_rank", "qk_nope_head_dim", "v_head_dim"))
-        _positive(c, ("qk_rope_head_dim",), low=0)
+        check_positive(c, ("num_attention_heads", "kv_lora_rank", "qk_nope_head_dim", "v_head_dim"))
+        check_positive(c, ("qk_rope_head_dim",), low=0)
         if c["num_key_value_heads"] != c["num_attention_heads"]:
             raise ContractError(
                 f"config: num_key_value_heads ({c['num_key_value_heads']}) must equal num_attention_heads "
@@ -292,9 +286,9 @@ def _validate(c: dict[str, Any]) -> None:
 
 def _validate_moe(c: dict[str, Any]) -> None:
     """The router's geometry (KimiLinearTopkRouter) and the remote-code MoE fields."""
-    _positive(c, ("num_local_experts", "num_experts_per_tok", "n_group", "topk_group",
+    check_positive(c, ("num_local_experts", "num_experts_per_tok", "n_group", "topk_group",
                   "moe_intermediate_size"))
-    _positive(c, ("n_shared_experts",), low=0)
+    check_positive(c, ("n_shared_experts",), low=0)
     # The shared experts run as one MLP of this width.
     check_size_product(c, ("moe_intermediate_size", "n_shared_experts"), "the shared expert's width")
     check_grouped_router(c, "num_local_experts", "num_experts")

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..config import Size
+from ..config import Size, check_positive
 from . import qwen_common as qc
 from .registry import Block, BuildArgs, Family
 from .residual import PlainResidual
@@ -33,7 +33,7 @@ def _mlp_layer_types(c: dict[str, Any]) -> list[str]:
 
 
 def _validate(c: dict[str, Any]) -> None:
-    qc._positive(c, ("intermediate_size",))
+    check_positive(c, ("intermediate_size",))
 
 
 SPEC = qc.QwenSpec(Qwen3_5Config, "qwen3_5_text", "qwen3_5", _mlp_layer_types, _validate)

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..config import Size
+from ..config import Size, check_positive
 from ..errors import ContractError
 from . import qwen_common as qc
 from .registry import Block, BuildArgs, Family
@@ -61,7 +61,7 @@ def _mlp_layer_types(c: dict[str, Any]) -> list[str]:
 
 def _validate(c: dict[str, Any]) -> None:
     if "dense" in c["mlp_layer_types"]:
-        qc._positive(c, ("intermediate_size",))
+        check_positive(c, ("intermediate_size",))
     qc.check_moe(c)
 
 

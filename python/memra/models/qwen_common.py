@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import Any, TypedDict
 
 from .. import _core
-from ..config import Size, check_fields, field_ranges
+from ..config import Size, check_fields, check_positive, field_ranges
 from ..errors import ContractError, UnsupportedError
 from ..loader import NameTable, Route
 from .layers import AttentionMixer, GdnMixer, check_groups, located, norm_vector
@@ -245,12 +245,6 @@ def _post_init(fields: dict[str, Any], spec: QwenSpec) -> dict[str, Any]:
     return c
 
 
-def _positive(c: dict[str, Any], names: tuple[str, ...], low: int = 1) -> None:
-    for k in names:
-        if c[k] is None or c[k] < low:
-            raise ContractError(f"config: {k} must be an integer >= {low}, got {c[k]!r}", 40025)
-
-
 def _validate(c: dict[str, Any]) -> None:
     """What transformers refuses, and memra's refusals (UnsupportedError, named)."""
     n = c["num_hidden_layers"]
@@ -270,7 +264,7 @@ def _validate(c: dict[str, Any]) -> None:
         raise UnsupportedError(f"config: hidden_act = {c['hidden_act']!r}: memra runs the Qwen short conv "
                                "and MLPs with SiLU", 50000)
     if GDN in types:
-        _positive(c, ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
+        check_positive(c, ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
                       "linear_value_head_dim", "linear_conv_kernel_dim"))
         if c["linear_num_value_heads"] % c["linear_num_key_heads"]:
             raise ContractError(
@@ -283,7 +277,7 @@ def _validate(c: dict[str, Any]) -> None:
                                "Qwen attention with the default RoPE frequencies", 50000)
     c["rope_theta"] = rp["rope_theta"]
     if ATTN in types:
-        _positive(c, ("num_attention_heads", "num_key_value_heads", "head_dim"))
+        check_positive(c, ("num_attention_heads", "num_key_value_heads", "head_dim"))
         if c["num_attention_heads"] % c["num_key_value_heads"]:
             raise ContractError(f"config: num_attention_heads ({c['num_attention_heads']}) must be a multiple "
                                 f"of num_key_value_heads ({c['num_key_value_heads']})", 40025)
@@ -319,7 +313,7 @@ def check_moe(c: dict[str, Any]) -> None:
     """The MoE geometry where some layer is sparse (Qwen3_5MoeSparseMoeBlock / Qwen3NextSparseMoeBlock)."""
     if "sparse" not in c["mlp_layer_types"]:
         return
-    _positive(c, ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size"))
+    check_positive(c, ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size"))
     if c["num_experts_per_tok"] > c["num_experts"]:
         raise ContractError(f"config: num_experts_per_tok ({c['num_experts_per_tok']}) exceeds num_experts "
                             f"({c['num_experts']})", 40025)
