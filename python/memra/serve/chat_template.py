@@ -13,6 +13,9 @@ renders it (transformers 5.17 ``utils/chat_template_utils.py`` and
   ``unk_token``, ``sep_token``, ``pad_token``, ``cls_token``, ``mask_token``, any other
   ``*_token`` key and the entries of ``extra_special_tokens`` / ``model_specific_special_tokens``
   when they are objects), then any extra keyword arguments (which win);
+- with ``continue_final_message``, the text is cut where the last message's content ends
+  (transformers' marker appended to that content and cut out after rendering), so the model
+  continues that message;
 - the rendered text is then tokenized without adding special tokens (the template writes them).
 
 tests/test_serve_chat_template.py compares renderings with ones transformers made
@@ -30,6 +33,8 @@ from ..loader import naming_unreadable, read_json_file
 
 # transformers' PreTrainedTokenizerBase.SPECIAL_TOKENS_ATTRIBUTES.
 SPECIAL_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
+# The marker transformers appends to the content that continue_final_message continues.
+_CONTINUE_TAG = "CONTINUE_FINAL_MESSAGE_TAG "
 
 
 def _token_text(value) -> str | None:
@@ -116,17 +121,27 @@ class ChatTemplate:
         except jinja2.TemplateError as e:
             raise ContractError(f"chat template: does not compile: {e}", 40025) from None
 
-    def render(self, messages: list[dict], *, add_generation_prompt: bool = True, **kwargs) -> str:
+    def render(self, messages: list[dict], *, add_generation_prompt: bool = True,
+               continue_final_message: bool = False, **kwargs) -> str:
         """The conversation as the prompt text transformers' ``apply_chat_template(messages,
-        tokenize=False, add_generation_prompt=...)`` gives. ContractError with the template's
-        message when it refuses the conversation (``raise_exception``) or fails on it."""
+        tokenize=False, add_generation_prompt=..., continue_final_message=...)`` gives.
+        continue_final_message: the prompt ends where the last message's content ends (the
+        template's end of that message cut off), so the model continues it; found as transformers
+        finds it, by a marker appended to that content and cut out of the rendered text.
+        ContractError with the template's message when it refuses the conversation
+        (``raise_exception``) or fails on it, and (transformers' refusals) for
+        continue_final_message with add_generation_prompt, a last message without content, or
+        a rendering where its content cannot be found."""
         import jinja2
 
         if not messages:
             raise ContractError("chat template: the conversation has no messages", 40025)
         variables = {**self.tokens, **kwargs}
+        final = None
+        if continue_final_message:
+            messages, final = self._mark_final_message(messages, add_generation_prompt)
         try:
-            return self._template.render(messages=messages, tools=variables.pop("tools", None),
+            text = self._template.render(messages=messages, tools=variables.pop("tools", None),
                                          documents=variables.pop("documents", None),
                                          add_generation_prompt=add_generation_prompt, **variables)
         except jinja2.TemplateError as e:
@@ -134,6 +149,44 @@ class ChatTemplate:
         except (TypeError, ValueError, KeyError, IndexError, AttributeError) as e:
             raise ContractError(f"chat template failed on this conversation: {type(e).__name__}: {e}",
                                 40025) from None
+        if final is None:
+            return text
+        if final.strip() not in text or _CONTINUE_TAG.strip() not in text:
+            raise ContractError("chat template: continue_final_message is set but the final message does not "
+                                "appear in the rendered chat (the template changes or drops it)", 40025)
+        cut = text.rindex(_CONTINUE_TAG.strip())
+        # the marker whole: the template kept the content's spacing; else it trimmed the marker's
+        # trailing space, and the content's own trailing spacing with it
+        return text[:cut] if text[cut:cut + len(_CONTINUE_TAG)] == _CONTINUE_TAG else text[:cut].rstrip()
+
+    def _mark_final_message(self, messages: list[dict], add_generation_prompt: bool) -> tuple[list[dict], str]:
+        """`messages` with the marker appended to the last one's content (to its last text part
+        when the content is a list of parts), and that content as it was."""
+        if add_generation_prompt:
+            raise ContractError("chat template: continue_final_message and add_generation_prompt are not "
+                                "compatible (set add_generation_prompt to false)", 40025)
+        last = dict(messages[-1])
+        content = last.get("content")
+        if content is None:
+            raise ContractError('chat template: continue_final_message is set but the final message has no '
+                                '"content" to continue', 40025)
+        if "content" not in self.source:
+            raise ContractError('chat template: continue_final_message is set but the template never reads '
+                                '"content"', 40025)
+        if isinstance(content, (list, tuple)):
+            parts = [dict(p) if isinstance(p, dict) else p for p in content]
+            j = next((j for j in reversed(range(len(parts))) if isinstance(parts[j], dict) and "text" in parts[j]),
+                     None)
+            if j is None:
+                raise ContractError("chat template: continue_final_message is set but the final message has no "
+                                    "text to continue", 40025)
+            final = parts[j]["text"]
+            parts[j]["text"] = final + _CONTINUE_TAG
+            last["content"] = parts
+        else:
+            final = content
+            last["content"] = content + _CONTINUE_TAG
+        return [*messages[:-1], last], final
 
 
 def load_chat_template(path: Path) -> ChatTemplate | None:

@@ -143,12 +143,17 @@ def _prompt_of_chat(state: ServerState, body: ChatCompletionRequest) -> list[int
         raise APIError(400, "messages: this model has no chat template (tokenizer_config.json's chat_template "
                             "or chat_template.jinja) and tokenizer.json; use /v1/completions", param="messages")
     kwargs = dict(body.chat_template_kwargs or {})
-    add_generation_prompt = kwargs.pop("add_generation_prompt", None)  # there before the field: vLLM's order
-    if add_generation_prompt is None:
-        add_generation_prompt = body.add_generation_prompt
+    flags = {}
+    for key in ("add_generation_prompt", "continue_final_message"):
+        flags[key] = kwargs.pop(key, None)  # there before the field: vLLM's order
+        if flags[key] is None:
+            flags[key] = getattr(body, key)
+    if flags["continue_final_message"] and flags["add_generation_prompt"]:
+        raise APIError(400, "continue_final_message: add_generation_prompt must be false with it (the model "
+                            "continues the last message rather than starting a new one)",
+                       param="continue_final_message")
     try:
-        text = state.template.render([m.as_template_dict() for m in body.messages],
-                                     add_generation_prompt=add_generation_prompt, **kwargs)
+        text = state.template.render([m.as_template_dict() for m in body.messages], **flags, **kwargs)
     except ContractError as e:
         raise APIError(400, f"messages: {e}", param="messages") from None
     _refuse_if_certainly_long(state, text, "messages")

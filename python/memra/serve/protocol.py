@@ -2,8 +2,8 @@
 
 Requests follow the OpenAI API reference for ``/v1/completions`` and ``/v1/chat/completions``
 plus vLLM's extras (``top_k``, ``ignore_eos``, ``stop_token_ids``, ``return_token_ids``,
-``add_generation_prompt``, ``chat_template_kwargs``). Fields a client sends that memra does not
-know are ignored, as vLLM does; fields memra knows but cannot honour (``n`` > 1, ``echo``,
+``add_generation_prompt``, ``continue_final_message``, ``chat_template_kwargs``). Fields a client
+sends that memra does not know are ignored, as vLLM does; fields memra knows but cannot honour (``n`` > 1, ``echo``,
 ``logprobs``, penalties, ``logit_bias``, ``tools``) are refused with a 400 naming them rather than
 silently dropped. Values are typed strictly (JSON's own types: ``"stream": "yes"``,
 ``"max_tokens": true`` or ``"3"`` are refused, not coerced; a number with a zero fraction, ``4.0``,
@@ -259,12 +259,15 @@ class ChatMessage(BaseModel):
 
 class ChatCompletionRequest(_SamplingRequest):
     """POST /v1/chat/completions. ``max_tokens`` (or ``max_completion_tokens``) absent: up to
-    the server's --max-len."""
+    the server's --max-len. ``continue_final_message`` (with ``add_generation_prompt`` false, as
+    vLLM and transformers require): the model continues the last message (an assistant's
+    prefill) instead of starting a new one."""
 
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: JsonInt | None = Field(None, ge=1)
     max_completion_tokens: JsonInt | None = Field(None, ge=1)
     add_generation_prompt: bool = True
+    continue_final_message: bool = False  # vLLM's: the prompt ends inside the last message
     chat_template_kwargs: dict[str, Any] | None = None
     logprobs: bool | None = None
     top_logprobs: JsonInt | None = None
@@ -280,12 +283,13 @@ class ChatCompletionRequest(_SamplingRequest):
     @field_validator("chat_template_kwargs")
     @classmethod
     def _template_kwargs(cls, v: dict | None) -> dict | None:
-        # add_generation_prompt there wins over the field (vLLM's order); the conversation
-        # itself comes only from `messages`.
+        # add_generation_prompt and continue_final_message there win over the fields (vLLM's
+        # order); the conversation itself comes only from `messages`.
         if v and "messages" in v:
             raise ValueError("the conversation is the request's messages field, not a chat template variable")
-        if v and v.get("add_generation_prompt") is not None and not isinstance(v["add_generation_prompt"], bool):
-            raise ValueError(f"add_generation_prompt must be true, false or null, got {v['add_generation_prompt']!r}")
+        for key in ("add_generation_prompt", "continue_final_message"):
+            if v and v.get(key) is not None and not isinstance(v[key], bool):
+                raise ValueError(f"{key} must be true, false or null, got {v[key]!r}")
         return v
 
     @model_validator(mode="after")
