@@ -3,12 +3,15 @@
 Requests follow the OpenAI API reference for ``/v1/completions`` and ``/v1/chat/completions``
 plus vLLM's extras (``top_k``, ``ignore_eos``, ``stop_token_ids``, ``return_token_ids``,
 ``add_generation_prompt``, ``continue_final_message``, ``chat_template_kwargs``). Fields a client
-sends that memra does not know are ignored, as vLLM does; fields memra knows but cannot honour (``n`` > 1, ``echo``,
-``logprobs``, penalties, ``logit_bias``, ``tools``) are refused with a 400 naming them rather than
-silently dropped. Values are typed strictly (JSON's own types: ``"stream": "yes"``,
-``"max_tokens": true`` or ``"3"`` are refused, not coerced; a number with a zero fraction, ``4.0``,
-is the integer JSON means by it), and ``null`` for a field with a
-default means the default, as OpenAI's reference allows. A bad value is a
+sends that memra does not know are ignored, as vLLM does; fields memra knows but cannot honour
+(``n`` > 1, ``echo``, ``logprobs``, penalties, ``logit_bias``, ``tools``, and the vLLM / OpenAI
+fields of :data:`UNHONOURED` and :data:`CHAT_UNHONOURED`: ``repetition_penalty``, ``min_p``,
+``min_tokens``, ``response_format``, guided decoding, ``tool_choice``, ...) are refused with a
+400 naming them rather than silently dropped, unless their value asks for nothing
+(``repetition_penalty`` 1, ``response_format`` ``{"type": "text"}``). Values are typed strictly
+(JSON's own types: ``"stream": "yes"``, ``"max_tokens": true`` or ``"3"`` are refused, not
+coerced; a number with a zero fraction, ``4.0``, is the integer JSON means by it), and ``null``
+for a field with a default means the default, as OpenAI's reference allows. A bad value is a
 :class:`pydantic.ValidationError` whose ``loc`` names the field (memra.serve.app turns it into the
 OpenAI error body).
 """
@@ -58,6 +61,52 @@ def _defaults_for_nulls(cls, data: Any) -> Any:
     return {k: v for k, v in data.items() if v is not None or k in keep or k not in cls.model_fields}
 
 
+def _number(x: float):
+    return lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and v == x
+
+
+def _never(v: Any) -> bool:
+    return False
+
+
+# vLLM's and OpenAI's fields that would change the output and that memra cannot honour: refused
+# (a 400 naming the field) unless the value asks for nothing, so that a client relying on one
+# never gets another output in silence. name -> (whether a value asks for nothing, those values).
+UNHONOURED = {
+    "repetition_penalty": (_number(1), "1"),
+    "min_p": (_number(0), "0"),
+    "min_tokens": (_number(0), "0"),
+    "use_beam_search": (lambda v: v is False, "false"),
+    "include_stop_str_in_output": (lambda v: v is False, "false: a stop string is never emitted"),
+    "skip_special_tokens": (lambda v: v is True, "true: special tokens give no text"),
+    "truncate_prompt_tokens": (_never, "null"),
+    "prompt_logprobs": (_never, "null"),
+    "allowed_token_ids": (_never, "null"),
+    "bad_words": (lambda v: v == [], "[]"),
+    "response_format": (lambda v: v == {"type": "text"}, '{"type": "text"}'),
+    "guided_json": (_never, "null"),
+    "guided_regex": (_never, "null"),
+    "guided_choice": (_never, "null"),
+    "guided_grammar": (_never, "null"),
+    "structural_tag": (_never, "null"),
+    "structured_outputs": (_never, "null"),
+}
+CHAT_UNHONOURED = {  # the same, of /v1/chat/completions only
+    "tool_choice": (lambda v: v in ("none", "auto"), '"none" or "auto": memra calls no tools'),
+    "functions": (lambda v: v == [], "[]"),
+    "function_call": (lambda v: v in ("none", "auto"), '"none" or "auto"'),
+    "echo": (lambda v: v is False, "false"),
+    "chat_template": (_never, "null: the checkpoint's template"),
+}
+
+
+def _refuse_unhonoured(table: dict, v: Any, name: str) -> Any:
+    asks_nothing, values = table[name]
+    if v is not None and not asks_nothing(v):
+        raise ValueError(f"not supported by memra (only {values}, or null)")
+    return v
+
+
 class StreamOptions(BaseModel):
     """``stream_options``: ``include_usage`` adds a last chunk with ``usage`` and no choices."""
 
@@ -96,11 +145,34 @@ class _SamplingRequest(BaseModel):
     frequency_penalty: float = 0.0
     logit_bias: dict[str, float] | None = None
     user: str | None = None
+    # UNHONOURED: refused unless they ask for nothing
+    repetition_penalty: Any = None
+    min_p: Any = None
+    min_tokens: Any = None
+    use_beam_search: Any = None
+    include_stop_str_in_output: Any = None
+    skip_special_tokens: Any = None
+    truncate_prompt_tokens: Any = None
+    prompt_logprobs: Any = None
+    allowed_token_ids: Any = None
+    bad_words: Any = None
+    response_format: Any = None
+    guided_json: Any = None
+    guided_regex: Any = None
+    guided_choice: Any = None
+    guided_grammar: Any = None
+    structural_tag: Any = None
+    structured_outputs: Any = None
 
     @model_validator(mode="before")
     @classmethod
     def _nulls(cls, data: Any) -> Any:
         return _defaults_for_nulls(cls, data)
+
+    @field_validator(*UNHONOURED)
+    @classmethod
+    def _unhonoured(cls, v: Any, info) -> Any:
+        return _refuse_unhonoured(UNHONOURED, v, info.field_name)
 
     @field_validator("temperature", "top_p", "top_k")
     @classmethod
@@ -272,6 +344,12 @@ class ChatCompletionRequest(_SamplingRequest):
     logprobs: bool | None = None
     top_logprobs: JsonInt | None = None
     tools: list[dict] | None = None
+    # CHAT_UNHONOURED: refused unless they ask for nothing
+    tool_choice: Any = None
+    functions: Any = None
+    function_call: Any = None
+    echo: Any = None
+    chat_template: Any = None
 
     @field_validator("logprobs", "top_logprobs", "tools")
     @classmethod
@@ -279,6 +357,11 @@ class ChatCompletionRequest(_SamplingRequest):
         if v:
             raise ValueError("not supported by memra")
         return v
+
+    @field_validator(*CHAT_UNHONOURED)
+    @classmethod
+    def _chat_unhonoured(cls, v: Any, info) -> Any:
+        return _refuse_unhonoured(CHAT_UNHONOURED, v, info.field_name)
 
     @field_validator("chat_template_kwargs")
     @classmethod
