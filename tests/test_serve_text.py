@@ -88,3 +88,39 @@ def test_a_run_of_special_tokens_keeps_the_decodes_short() -> None:
 
     assert _stream(Counting(tok), ids) == "hi there"
     assert max(longest) <= 8, max(longest)
+
+
+def test_long_stop_strings_cost_a_token_no_more_than_short_ones() -> None:
+    # 64 stop strings of 1024 characters (the most a request may send) while the text held back
+    # is 1023 characters long (the tail of it that could start one of them): each token used to
+    # try every prefix length of every stop string, 64 x 1023 loop turns (5 ms a token on the
+    # event loop). Counted in Python lines run, not in time.
+    import sys
+
+    from memra.serve import text as text_module
+
+    tok = _tokenizer(memra.default_checkpoint())
+    a = tok.encode("a", add_special_tokens=False).ids[0]
+    ts = TextStream(tok, ["b" * 1024] * 63 + ["a" * 1023 + "c"])
+    for _ in range(1023):
+        assert ts.add(a) == ""  # the "a"s may start the last stop string: all held
+    assert ts.add(a) == "a"  # from here on each "a" lets the first one held go
+    lines = 0
+
+    def tracer(frame, event, arg):
+        nonlocal lines
+        if frame.f_code.co_filename != text_module.__file__:
+            return None
+        if event == "line":
+            lines += 1
+            if lines > 100_000:
+                raise AssertionError("a token ran more than 100000 lines of memra.serve.text")
+        return tracer
+
+    sys.settrace(tracer)
+    try:
+        pieces = [ts.add(a) for _ in range(50)]
+    finally:
+        sys.settrace(None)
+    assert pieces == ["a"] * 50
+    assert lines <= 50 * 64 * 20, lines  # a few lines a stop string, not one per prefix length
