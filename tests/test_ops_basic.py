@@ -50,6 +50,19 @@ def test_norms_match_references() -> None:
                                h / np.sqrt((h**2).sum(-1, keepdims=True) + 1e-6), rtol=1e-5, atol=1e-6)
 
 
+def test_l2norm_heads_eps_is_inside_the_root_on_small_vectors() -> None:
+    # transformers' l2norm (glm5_next, kimi_linear): x / sqrt(sum(x * x) + eps), eps = 1e-6 inside
+    # the root. On O(1) rows eps is invisible; on rows of norm 1e-4..1e-2 it is most of the
+    # denominator, so sqrt(ss) + eps (eps outside the root) is off by up to 10x there.
+    scales = np.array([0.0, 1e-5, 1e-4, 3e-4, 1e-3, 1e-2, 1.0])
+    h = RNG.standard_normal((len(scales), 2, 16)) * scales[:, None, None]
+    h = h.astype(np.float32).astype(np.float64)
+    want = h / np.sqrt((h**2).sum(-1, keepdims=True) + 1e-6)
+    got = _core.l2norm_heads(h.astype(np.float32))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-9)
+    np.testing.assert_array_equal(got[0], 0.0)  # a zero row stays zero (no 0 / 0)
+
+
 def test_add_rms_norm_is_the_plain_residual_step() -> None:
     # transformers' pre-norm decoder layer: residual = residual + hidden_states, then RMSNorm.
     x, y, w = randn(5, 24), randn(5, 24), randn(24)
