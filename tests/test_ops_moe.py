@@ -120,6 +120,24 @@ def test_moe_route_group_mask_changes_the_choice():
     np.testing.assert_allclose(w, 3.0 * sigmoid(np.array([[-3.0, 3.0]])), atol=1e-6)
 
 
+def test_moe_route_norm_denominator_keeps_its_eps_on_saturated_scores():
+    # Glm5NextTextTopkRouter: topk_weights / (topk_weights.sum() + 1e-20). Scores of logits near
+    # -70 are ~1e-30, so the 1e-20 dominates and the weights stay ~1e-10 (not renormalised to a
+    # sum of 1); logits of -120 give f32 sigmoid scores of exactly 0, so without the eps 0 / 0.
+    E = 8
+    logits = np.array([[-70.0, -72.0, -75.0, -80.0, -85.0, -86.0, -88.0, -69.0],
+                       [-120.0] * E], np.float32)
+    eye = np.eye(E, dtype=np.float32)
+    idx, w = _core.moe_route(logits, weight(eye), top_k=2, n_group=1, topk_group=1,
+                             norm_topk_prob=True, scaling=2.5)
+    ridx, rw = route_ref(logits, eye, None, 2, 1, 1, True, 2.5)
+    assert ridx.tolist() == [[7, 0], [0, 1]]
+    np.testing.assert_array_equal(idx, ridx)
+    assert np.all(np.isfinite(w))
+    assert rw[0].sum() < 1e-9  # the eps is what the reference divides by
+    np.testing.assert_allclose(w, rw, rtol=1e-5, atol=1e-30)
+
+
 def test_moe_route_contract_errors():
     r = rng(1)
     E, D = 8, 5
