@@ -138,6 +138,51 @@ def test_layer_matches_transformers_live(case):
     assert rel_err(yd, want) <= TOL
 
 
+def ref_layer(w, x, heads, kv_heads, head_dim, rotary_dim, rope_theta, eps):
+    """Qwen3_5Attention.forward in float64 (attention_bias: every projection's bias when given),
+    from the op references of test_ops_attention.py: q_proj's output viewed [T, H, 2 * hd] (query,
+    gate), zero-centred q / k norms (1 + w), rotate_half RoPE on the first rotary_dim dims, causal
+    eager attention with repeat_kv, * sigmoid(gate), o_proj."""
+    from test_ops_attention import ref_attention, ref_inv_freq_f32, ref_prep
+
+    x64, T = x.astype(np.float64), len(x)
+
+    def proj(n):
+        b = w.get(f"{n}_proj.bias")
+        return x64 @ w[f"{n}_proj.weight"].T.astype(np.float64) + (0.0 if b is None else b)
+
+    qg = proj("q").reshape(T, heads, 2 * head_dim)
+    k, v = proj("k").reshape(T, kv_heads, head_dim), proj("v").reshape(T, kv_heads, head_dim)
+    qn, kn = (1.0 + w[f"{n}_norm.weight"].astype(np.float64) for n in "qk")
+    pos = np.arange(T, dtype=np.int32)
+    q, gate, kk = ref_prep(qg, k, qn, kn, eps, rotary_dim, ref_inv_freq_f32(rope_theta, rotary_dim), pos)
+    o = ref_attention(q, kk, v, pos + 1, head_dim**-0.5, gate).reshape(T, heads * head_dim)
+    b = w.get("o_proj.bias")
+    return o @ w["o_proj.weight"].T.astype(np.float64) + (0.0 if b is None else b)
+
+
+@pytest.mark.parametrize("case", [(40, 3, 1, 256, 64, 1e7, 63), (48, 4, 2, 32, 16, 1e4, 33)])
+def test_layer_with_biases_matches_numpy_reference(case):
+    # The frozen fixture has no biases (attention_bias False) and the live test skips without
+    # transformers: here every projection carries one (0.5 * N(0, 1), as large as the products),
+    # so dropping any of q / k / v / o_proj's bias moves y far past TOL.
+    hidden, heads, kv, hd, rot, theta, T = case
+    g = np.random.default_rng(hidden * hd)
+    w = random_weights(g, hidden, heads, kv, hd, bias=True)
+    x = g.standard_normal((T, hidden)).astype(np.float32)
+    want = ref_layer(w, x, heads, kv, hd, rot, theta, 1e-6)
+    layer = memra.AttentionLayer(memra.Engine("cpu"), {k: _core.Weight(v) for k, v in w.items()},
+                                 hidden=hidden, heads=heads, kv_heads=kv, head_dim=hd, rotary_dim=rot,
+                                 rope_theta=theta, rms_eps=1e-6)
+    cache = memra.Cache(memra.Engine("cpu"), [layer.state_spec()], max_batch=1, max_len=T)
+    assert rel_err(layer.prefill(cache, 0, 0, x), want) <= TOL
+    yd, _ = run_prefill_decode(layer, x, T // 2)
+    assert rel_err(yd, want) <= TOL
+    for n in "qkvo":  # each bias matters on its own: without it the reference moves past TOL
+        wn = {k: v for k, v in w.items() if k != f"{n}_proj.bias"}
+        assert rel_err(want.astype(np.float32), ref_layer(wn, x, heads, kv, hd, rot, theta, 1e-6)) > 100 * TOL, n
+
+
 # ---------------------------------------------------------------- steps, batches, cache
 
 
