@@ -243,6 +243,28 @@ def test_sample_blocked_order_tail_row():
             assert ref.n - 1 >= SAMPLE_BLOCK and seq.n == 1
 
 
+def test_sample_top_p_one_keeps_the_entries_past_a_running_sum_of_one():
+    # top_p = 1.0 filters nothing (cpu/sample.h: the cut needs top_p < 1). In this row the
+    # blocked running sum of q reaches 1.0 at sorted position 4091 and ends at 1.0000001, so a
+    # cut there (top_p <= 1 taken as a filter) would shrink M and move the draws of u near 1:
+    # the counters below (found by search over uniform_ref) give u = 1 - j * 2**-24, j = 1..5.
+    expf = _glibc_expf()
+    V, seed = 4096, 3
+    row = np.full(V, -17.25, np.float32)
+    row[0] = 0.0
+    ref = BlockedRef(row, 1.0, 0, 1.0, expf)
+    first_one = int(np.flatnonzero(ref.c >= np.float32(1.0))[0])
+    assert first_one < V - 1 and ref.mass > ref.c[first_one]  # the row exercises the boundary
+    ctr = np.array([670186, 8341893, 8816860, 12683273, 14889096, 0, 1], np.uint64)
+    us = uniform_np(seed, ctr)
+    assert np.all(us[:5] >= 1 - 5 / 2**24)
+    out = _core.sample(np.repeat(row[None], len(ctr), axis=0), ctr, temperature=1.0, top_k=0,
+                       top_p=1.0, seed=seed)
+    want = [ref.draw(u)[0] for u in us]
+    np.testing.assert_array_equal(out, want)
+    assert any(t > first_one for t in want)  # a draw past the would-be cut
+
+
 def test_sample_blocked_order_degenerate_rows():
     # Rows without a distribution take the argmax; one finite entry or all equal entries still
     # go through the blocked sums (p = 1 / V each over 6 blocks).
