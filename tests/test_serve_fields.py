@@ -7,6 +7,8 @@ so). Each is a 400 naming it, unless its value asks for nothing.
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 httpx = pytest.importorskip("httpx")
@@ -68,4 +70,21 @@ def test_values_asking_for_nothing_are_served(server) -> None:
     # a boolean is not the number 1
     r = post_json(server, C, dict(PROMPT, repetition_penalty=True))
     assert r.status_code == 400 and r.json()["error"]["param"] == "repetition_penalty", r.text
+    wait_idle(server)
+
+
+def test_unknown_fields_are_served_and_named_in_a_warning(server, caplog) -> None:
+    """A field memra does not know is ignored, as vLLM ignores it, and named in a warning (as
+    vLLM logs "fields were present in the request but ignored"); at most 8 names a line."""
+    many = {f"x{i:02d}": i for i in range(12)}
+    with caplog.at_level(logging.WARNING, logger="memra.serve"):
+        assert post_json(server, C, dict(PROMPT, frobnicate=1, user_tag="a")).status_code == 200
+        assert post_json(server, H, dict(CHAT, **many)).status_code == 200
+        assert post_json(server, C, PROMPT).status_code == 200
+    lines = [r.getMessage() for r in caplog.records if "does not know" in r.getMessage()]
+    assert lines == [
+        "/v1/completions: request fields memra does not know were ignored: 'frobnicate', 'user_tag'",
+        "/v1/chat/completions: request fields memra does not know were ignored: "
+        + ", ".join(repr(f"x{i:02d}") for i in range(8)) + " and 4 more",
+    ], lines
     wait_idle(server)

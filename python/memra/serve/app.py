@@ -83,12 +83,18 @@ async def read_body(request: Request, limit: int) -> bytes:
 
 async def parse(request: Request, cls, limit: int):
     """The body of `request` as pydantic model `cls` (APIError 400 when it is not one, 413 when
-    it is over `limit` bytes)."""
+    it is over `limit` bytes); a warning names the fields it ignored (at most 8 of them)."""
     body = await read_body(request, limit)
     try:
-        return cls.model_validate_json(body or b"{}")
+        parsed = cls.model_validate_json(body or b"{}")
     except ValidationError as e:
         raise validation_error(e) from None
+    extra = parsed.model_extra
+    if extra:  # ignored, as vLLM ignores them, and named in the log as vLLM names them
+        names = sorted(extra)
+        shown = ", ".join(repr(n[:40]) for n in names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "")
+        log.warning("%s: request fields memra does not know were ignored: %s", request.url.path, shown)
+    return parsed
 
 
 def default_max_request_bytes(max_len: int) -> int:

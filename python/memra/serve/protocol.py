@@ -3,7 +3,7 @@
 Requests follow the OpenAI API reference for ``/v1/completions`` and ``/v1/chat/completions``
 plus vLLM's extras (``top_k``, ``ignore_eos``, ``stop_token_ids``, ``return_token_ids``,
 ``add_generation_prompt``, ``continue_final_message``, ``chat_template_kwargs``). Fields a client
-sends that memra does not know are ignored, as vLLM does; fields memra knows but cannot honour
+sends that memra does not know are ignored and named in a warning, as vLLM does; fields memra knows but cannot honour
 (``n`` > 1, ``echo``, ``logprobs``, penalties, ``logit_bias``, ``tools``, and the vLLM / OpenAI
 fields of :data:`UNHONOURED` and :data:`CHAT_UNHONOURED`: ``repetition_penalty``, ``min_p``,
 ``min_tokens``, ``response_format``, guided decoding, ``tool_choice``, ...) are refused with a
@@ -121,9 +121,11 @@ class StreamOptions(BaseModel):
 
 
 class _SamplingRequest(BaseModel):
-    """Fields /v1/completions and /v1/chat/completions share."""
+    """Fields /v1/completions and /v1/chat/completions share. Fields memra does not know are kept
+    in ``model_extra`` only to be named in a warning (memra.serve.app.parse, as vLLM logs them)
+    and otherwise ignored."""
 
-    model_config = ConfigDict(extra="ignore", strict=True)
+    model_config = ConfigDict(extra="allow", strict=True)
 
     model: str | None = None
     # temperature, top_p and top_k (but vLLM's -1) are held to Model.generate's rules (_sampling).
