@@ -10,6 +10,7 @@ their slots at once; a full queue refuses.
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 
 import numpy as np
@@ -147,6 +148,43 @@ def test_cancel_frees_the_slot_and_a_full_queue_refuses() -> None:
             assert time.monotonic() < end
             await asyncio.sleep(0.01)
         assert long.done and m.cache.owner(0) == 0
+
+    _run(sched, body)
+
+
+def test_a_cancelled_waiting_request_leaves_the_queue_at_once() -> None:
+    """A waiting request cancelled while the engine thread is inside a long step (a decode of a
+    full batch, a big prefill) stops counting toward max_waiting at once: a new request is
+    queued, not refused with a 429 until the engine's next round."""
+    m = _load(1, max_len=512)
+    sched = Scheduler(m, max_waiting=1)
+    gate, inside = threading.Event(), threading.Event()
+    decode = sched._decode
+
+    def held_decode(pending, events):  # the engine thread held inside its step
+        inside.set()
+        gate.wait(10)
+        return decode(pending, events)
+
+    sched._decode = held_decode
+
+    async def body():
+        long = _request([1, 2, 3], 500, RowSampling(0.0))
+        sched.submit(long)
+        await asyncio.wait_for(long.events.get(), 10)  # admitted: its first token
+        assert await asyncio.to_thread(inside.wait, 10)
+        queued = _request([4], 2, RowSampling(0.0))
+        sched.submit(queued)
+        sched.cancel(queued)
+        assert sched.waiting == 0
+        third = _request([5], 2, RowSampling(0.0))
+        try:
+            sched.submit(third)  # before: QueueFullError, the cancelled one still counted
+        finally:
+            sched.cancel(long)
+            gate.set()
+        assert await _tokens(third) == _load(1).generate([5], 2)
+        assert not queued.events.qsize()  # a cancelled request gets no events
 
     _run(sched, body)
 

@@ -110,12 +110,17 @@ class Scheduler:
             self._cv.notify()
 
     def cancel(self, req: Request) -> None:
-        """The client is done with `req` (it disconnected, or a stop string ended it): its slot is
-        freed at the start of the next round. A finished request is left as it is."""
+        """The client is done with `req` (it disconnected, or a stop string ended it): a waiting
+        request leaves the queue at once (it no longer counts toward max_waiting); a running one's
+        slot is freed at the start of the next round. A finished request is left as it is."""
         if req.done or req.cancelled:
             return
         with self._cv:
             req.cancelled = True
+            for i, r in enumerate(self._waiting):
+                if r is req:
+                    del self._waiting[i]
+                    break
             self._cv.notify()
 
     @property
