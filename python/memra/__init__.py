@@ -37,7 +37,8 @@ from .errors import (
     UnsupportedError,
 )
 
-from .model import Model, default_checkpoint, load
+from .checkpoint import default_checkpoint, load
+from .model import Model
 
 __version__ = "0.1.0"
 

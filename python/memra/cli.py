@@ -23,7 +23,7 @@ import time
 from . import load
 from .errors import CacheFullError, MemraError
 from .batch import generation_args
-from .model import default_checkpoint
+from .checkpoint import default_checkpoint
 
 DEFAULT_PROMPT = "The quick brown fox"
 
