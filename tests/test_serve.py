@@ -227,7 +227,9 @@ def test_unknown_model_route_and_method(server: ServerThread) -> None:
     assert info.value.body["code"] == "model_not_found" and info.value.body["param"] == "model"
     r = httpx.get(server.url + "/v1/nothing")
     assert r.status_code == 404 and "error" in r.json()
-    assert httpx.get(server.url + "/v1/completions").status_code == 405
+    r = httpx.get(server.url + "/v1/completions")
+    assert r.status_code == 405 and r.headers.get("allow") == "POST", r.headers
+    assert r.json()["error"]["type"] == "invalid_request_error"
 
 
 def test_prompt_plus_max_tokens_beyond_max_len(server: ServerThread) -> None:

@@ -163,7 +163,9 @@ def create_app(model, served_model_name: str | None = None, *, max_waiting: int 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, e: StarletteHTTPException) -> JSONResponse:
         kind = "not_found_error" if e.status_code == 404 else "invalid_request_error"
-        return error_json(e.status_code, f"{request.method} {request.url.path}: {e.detail}", kind)
+        r = error_json(e.status_code, f"{request.method} {request.url.path}: {e.detail}", kind)
+        r.headers.update(e.headers or {})  # a 405's Allow (RFC 9110 15.5.6 requires it)
+        return r
 
     @app.exception_handler(ContractError)
     async def _contract(request: Request, e: ContractError) -> JSONResponse:
