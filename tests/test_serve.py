@@ -101,6 +101,19 @@ def test_chat_streamed_and_not(server: ServerThread, ref: memra.Model) -> None:
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == r.choices[0].message.content
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 10
+    assert all(c.usage is None for c in chunks[:-1])
+    # vLLM's continuous_usage_stats: every chunk has the usage so far, counted from the tokens'
+    # ids (return_token_ids), the last chunk the whole
+    cont = list(client(server).chat.completions.create(
+        stream=True, stream_options={"include_usage": True, "continuous_usage_stats": True},
+        **dict(kw, extra_body={"ignore_eos": True, "return_token_ids": True})))
+    assert len(cont) >= 3 and all(c.usage is not None and c.usage.prompt_tokens == len(ids) for c in cont)
+    seen = 0
+    for c in cont[:-1]:
+        seen += len((c.choices[0].model_extra or {}).get("token_ids") or [])
+        assert c.usage.completion_tokens == seen and c.usage.total_tokens == len(ids) + seen
+    assert cont[0].usage.completion_tokens == 0 and seen == 10 and cont[-1].usage.completion_tokens == 10
+    assert "".join(c.choices[0].delta.content or "" for c in cont if c.choices) == r.choices[0].message.content
     raw = httpx.post(server.url + "/v1/chat/completions", json=dict(kw, stream=True, extra_body=None), timeout=30)
     events = [line for line in raw.text.split("\n") if line]
     assert raw.headers["content-type"].startswith("text/event-stream")

@@ -307,20 +307,32 @@ def _stream(state: ServerState, body, req: GenRequest, text: TextStream, chat: b
             c["token_ids"] = ids
         return d
 
+    opts = body.stream_options
+    include_usage = opts is not None and opts.include_usage
+    continuous = include_usage and opts.continuous_usage_stats  # vLLM: only with include_usage
+    n_prompt = len(req.prompt_ids)
+
+    def usage(n: int) -> dict:  # Usage's fields, without a validation per token
+        return {"prompt_tokens": n_prompt, "completion_tokens": n, "total_tokens": n_prompt + n}
+
     async def events() -> AsyncIterator[str]:
         n = 0
         try:
             if chat:
-                yield _sse(chunk("", [] if ids_out else None, None, role=True))
+                first = chunk("", [] if ids_out else None, None, role=True)
+                if continuous:
+                    first["usage"] = usage(0)
+                yield _sse(first)
             async for p in _pieces(state, req, text):
                 n += len(p.ids)
                 if p.text or p.finish or ids_out:
-                    yield _sse(chunk(p.text if (p.text or not chat) else None, p.ids, p.finish))
-            if body.stream_options is not None and body.stream_options.include_usage:
-                usage = Usage(prompt_tokens=len(req.prompt_ids), completion_tokens=n,
-                              total_tokens=len(req.prompt_ids) + n)
+                    c = chunk(p.text if (p.text or not chat) else None, p.ids, p.finish)
+                    if continuous:
+                        c["usage"] = usage(n)
+                    yield _sse(c)
+            if include_usage:
                 last = chunk("", None, None)
-                last["choices"], last["usage"] = [], usage.model_dump()
+                last["choices"], last["usage"] = [], usage(n)
                 yield _sse(last)
         except MemraError as e:
             yield _sse({"error": ErrorInfo(message=f"{type(e).__name__}: {e}", type=_error_type(e),

@@ -108,11 +108,14 @@ def _refuse_unhonoured(table: dict, v: Any, name: str) -> Any:
 
 
 class StreamOptions(BaseModel):
-    """``stream_options``: ``include_usage`` adds a last chunk with ``usage`` and no choices."""
+    """``stream_options``: ``include_usage`` adds a last chunk with ``usage`` and no choices;
+    with it, vLLM's ``continuous_usage_stats`` also gives every other chunk the ``usage`` so far
+    (completion_tokens: the tokens generated up to and including that chunk's)."""
 
     model_config = ConfigDict(strict=True)
 
     include_usage: bool = False
+    continuous_usage_stats: bool = False
 
     @model_validator(mode="before")
     @classmethod
