@@ -88,3 +88,45 @@ def test_the_server_continues_the_final_message(server, model) -> None:
     r = post_json(server, H, dict(messages=PREFILL, max_tokens=2, chat_template_kwargs={"continue_final_message": 1}))
     assert r.status_code == 400 and r.json()["error"]["param"] == "chat_template_kwargs", r.text
     wait_idle(server)
+
+
+# An assistant turn that called a tool, as OpenAI clients send it back: arguments a JSON string.
+TOOL_TURN = [{"role": "user", "content": "Weather?"},
+             {"role": "assistant", "content": None, "tool_calls": [
+                 {"id": "c1", "type": "function",
+                  "function": {"name": "weather", "arguments": '{"city": "Oslo", "days": 2}'}},
+                 {"id": "c2", "type": "function", "function": {"name": "now", "arguments": ""}}]}]
+
+
+def test_tool_call_arguments_reach_the_template_as_mappings() -> None:
+    from memra.serve.protocol import ChatCompletionRequest
+
+    # GLM's chat templates iterate a call's arguments as a mapping (arguments.items()), as
+    # transformers' documentation asks; vLLM parses OpenAI's JSON strings for them.
+    glm_like = ChatTemplate(
+        "{% for m in messages %}{% for tc in m.get('tool_calls', []) %}<{{ tc.function.name }}>"
+        "{% for k, v in tc.function.arguments.items() %}{{ k }}={{ v }};{% endfor %}{% endfor %}{% endfor %}")
+    req = ChatCompletionRequest.model_validate({"messages": TOOL_TURN})
+    msgs = [m.as_template_dict() for m in req.messages]
+    assert glm_like.render(msgs, add_generation_prompt=False) == "<weather>city=Oslo;days=2;<now>"
+    # the request itself keeps OpenAI's strings (the parse is the template's copy)
+    assert req.messages[1].model_extra["tool_calls"][0]["function"]["arguments"] == '{"city": "Oslo", "days": 2}'
+    # a user message's extra keys are not touched; arguments already a mapping pass as they are
+    as_dict = [TOOL_TURN[0], dict(TOOL_TURN[1], tool_calls=[{"function": {"name": "f", "arguments": {"a": 1}}}])]
+    msgs = [m.as_template_dict() for m in ChatCompletionRequest.model_validate({"messages": as_dict}).messages]
+    assert msgs[1]["tool_calls"][0]["function"]["arguments"] == {"a": 1}
+
+
+def test_tool_call_arguments_that_are_no_json_are_a_400(server) -> None:
+    bad = [TOOL_TURN[0], dict(TOOL_TURN[1], tool_calls=[{"function": {"name": "f", "arguments": "{city: Oslo"}}])]
+    r = post_json(server, H, dict(messages=bad, max_tokens=2))
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == "messages.1" and "tool_calls[0].function.arguments is not JSON" in err["message"], err
+    bad[1]["tool_calls"][0]["function"]["arguments"] = 7
+    r = post_json(server, H, dict(messages=bad, max_tokens=2))
+    assert r.status_code == 400 and "must be a JSON string or an object" in r.json()["error"]["message"], r.text
+    # the well-formed turn renders (the tiny template prints content only) and generates
+    r = post_json(server, H, dict(messages=TOOL_TURN + [{"role": "user", "content": "And?"}], max_tokens=2))
+    assert r.status_code == 200, r.text
+    wait_idle(server)

@@ -18,6 +18,7 @@ OpenAI error body).
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Annotated, Any, Literal
 
@@ -302,8 +303,10 @@ class ContentPart(BaseModel):
 
 class ChatMessage(BaseModel):
     """One message. ``content`` may be a list of text parts (joined with newlines, as vLLM
-    does for templates that take string content). Other keys (name, tool_calls, ...) reach
-    the chat template as they are."""
+    does for templates that take string content). Other keys (name, tool_call_id, ...) reach
+    the chat template as they are, but an assistant's ``tool_calls`` reach it with each
+    ``function.arguments`` parsed from its JSON string (vLLM's rendering; 400 when it is not
+    JSON)."""
 
     model_config = ConfigDict(extra="allow", strict=True)
 
@@ -326,12 +329,47 @@ class ChatMessage(BaseModel):
                                  f"(memra takes text parts only), got type {kind!r}")
         return v
 
+    @model_validator(mode="after")
+    def _tool_call_arguments(self):
+        _template_tool_calls(self.role, self.model_extra.get("tool_calls"))  # its ValueError: a 400
+        return self
+
     def as_template_dict(self) -> dict:
-        """The message as the chat template sees it (``content`` a string)."""
+        """The message as the chat template sees it (``content`` a string; an assistant's
+        ``tool_calls`` with each ``function.arguments`` a dict)."""
         d = self.model_dump(exclude_none=True)
         if isinstance(self.content, list):
             d["content"] = "\n".join(p.text for p in self.content)
+        if "tool_calls" in d:
+            d["tool_calls"] = _template_tool_calls(self.role, d["tool_calls"])
         return d
+
+
+def _template_tool_calls(role: str, calls: Any) -> Any:
+    """An assistant's ``tool_calls`` as chat templates take them: OpenAI sends each
+    ``function.arguments`` as a JSON string, transformers' templates iterate it as a mapping,
+    so it is parsed (null or "" becomes {}), as vLLM does; a copy, the request is left as it was.
+    ValueError naming the call when the string is not JSON."""
+    if role != "assistant" or not isinstance(calls, list):
+        return calls
+    out = []
+    for i, call in enumerate(calls):
+        fn = call.get("function") if isinstance(call, dict) else None
+        if isinstance(fn, dict) and not isinstance(fn.get("arguments"), (dict, list)):
+            args = fn.get("arguments")
+            if args in (None, ""):
+                parsed = {}
+            elif isinstance(args, str):
+                try:
+                    parsed = json.loads(args)
+                except json.JSONDecodeError as e:
+                    raise ValueError(f"tool_calls[{i}].function.arguments is not JSON: {e}") from None
+            else:
+                raise ValueError(f"tool_calls[{i}].function.arguments must be a JSON string or an "
+                                 f"object, got {type(args).__name__}")
+            call = dict(call, function=dict(fn, arguments=parsed))
+        out.append(call)
+    return out
 
 
 class ChatCompletionRequest(_SamplingRequest):
