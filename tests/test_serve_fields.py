@@ -67,6 +67,11 @@ def test_values_asking_for_nothing_are_served(server) -> None:
         assert r.status_code == 200, r.text
     # a chat-only field on /v1/completions is unknown there, ignored as vLLM does
     assert post_json(server, C, dict(PROMPT, tool_choice="required")).status_code == 200
+    # logit_bias of zeros changes no logit (OpenAI's clients send {} or zeros); any other is refused
+    for path, body in ((C, PROMPT), (H, CHAT)):
+        assert post_json(server, path, dict(body, logit_bias={"5": 0, "7": 0.0})).status_code == 200
+        r = post_json(server, path, dict(body, logit_bias={"5": 0, "7": -100}))
+        assert r.status_code == 400 and r.json()["error"]["param"] == "logit_bias", r.text
     # a boolean is not the number 1
     r = post_json(server, C, dict(PROMPT, repetition_penalty=True))
     assert r.status_code == 400 and r.json()["error"]["param"] == "repetition_penalty", r.text

@@ -235,8 +235,8 @@ class _SamplingRequest(BaseModel):
     @field_validator("logit_bias")
     @classmethod
     def _no_bias(cls, v):
-        if v:
-            raise ValueError("logit_bias is not supported by memra")
+        if v and any(b != 0 for b in v.values()):  # biases of 0 ask for nothing
+            raise ValueError("logit_bias is not supported by memra (biases of 0 only)")
         return v
 
 
