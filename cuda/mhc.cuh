@@ -95,11 +95,13 @@ __device__ __forceinline__ void sinkhorn_block(float* c, int hc, int iters, floa
   }
 }
 
-constexpr int kSplitMaxT = 32;
+constexpr int kSplitMaxT = 64;
 constexpr int kSplitK = 128;          // flat values per partial block: 32 lanes x 4
 constexpr int kPartThreads = 1024;    // partial kernel: a warp per output (m < 32), two above
 constexpr int kSplitMaxOut = 64;      // mix + 1 partial outputs (logits + the sum of squares)
 constexpr int kPartOuts = kSplitMaxOut / (kPartThreads / 32);  // outputs per warp (2)
+constexpr int kPartRows = kSplitMaxT / (kPartThreads / 32);  // rows per warp (2)
+static_assert(kPartRows * (kPartThreads / 32) == kSplitMaxT, "mhc_partial_kernel: rows per warp");
 constexpr int kFinishThreads = 256;
 constexpr int kFinishD = 256;         // collapsed columns per finishing block: one per thread
 static_assert(kFinishD == kFinishThreads, "mhc_finish_kernel: one collapsed column per thread");
