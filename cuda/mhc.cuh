@@ -97,7 +97,8 @@ __device__ __forceinline__ void sinkhorn_block(float* c, int hc, int iters, floa
 
 constexpr int kSplitMaxT = 64;
 constexpr int kSplitK = 128;          // flat values per partial block: 32 lanes x 4
-constexpr int kPartThreads = 1024;    // partial kernel: a warp per output (m < 32), two above
+constexpr int kPartThreads = 1024;    // partial kernel: a warp per row (rows w, w + 32); the
+                                      // site kernel: a warp per output (m < 32), two above
 constexpr int kSplitMaxOut = 64;      // mix + 1 partial outputs (logits + the sum of squares)
 constexpr int kPartOuts = kSplitMaxOut / (kPartThreads / 32);  // outputs per warp (2)
 constexpr int kPartRows = kSplitMaxT / (kPartThreads / 32);  // rows per warp (2)

@@ -102,7 +102,7 @@ def test_mhc_pre_bf16_fn_matches_cpu(e, T, D):
 # mhc_pre followed by rms_norm on the same engine (same columns per thread, same reduction); past
 # those bounds the op runs the two kernels. Against the CPU (mhc_pre then rms_norm): the
 # collapsed row's tolerance above, through a norm of O(1) gain.
-@pytest.mark.parametrize("T", [1, 3, 33, 64, 65])
+@pytest.mark.parametrize("T", [1, 3, 32, 33, 64, 65])
 @pytest.mark.parametrize("hc,D", [(4, 4096), (4, 200), (4, 33), (1, 16), (7, 4), (6, 70), (8, 16),
                                   (2, 4100)])
 @pytest.mark.parametrize("weighted", [True, False])
