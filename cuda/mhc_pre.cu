@@ -5,8 +5,8 @@
 // At decode (T <= kSplitMaxT = 64 rows, f32 / bf16 fn, 16-byte aligned rows): two kernels, a
 //   split-K pass computing every row's raw logits and sum of squares (f32 products: the streams
 //   are not rounded to the fn dtype) and a finishing kernel that reduces them in a fixed order
-//   and maps (details above mhc_partial_kernel); in the expand + pre + norm form the split-K pass also
-//   computes the previous site's expansion (mhc_post) of the values it reads. One decode row of
+//   and maps (details above mhc_partial_kernel); in the expand + pre + norm form the split-K pass
+//   also computes the previous site's expansion (mhc_post) of the values it reads. One decode row of
 //   GLM's geometry with the norm takes the single-launch site kernel instead (cuda/mhc_site.cu).
 // Otherwise one GEMM (memra::cuda::linear) + one mapping kernel (a block per token):
 //   f32 / bf16 fn: logits_raw = streams[T, hc*D] fn^T straight from the streams, and the
@@ -129,8 +129,8 @@ __global__ void __launch_bounds__(kMapThreads)
 // Block s, warp w, lane l: the 4 flat values k = s * kSplitK + 4 l of rows t = w + 32 r < T
 // (r < kPartRows). The block stages its split of fn (as f32) in shared memory while each warp
 // loads its rows' values, so the block waits for one memory round trip, not one per row; then
-// warp w forms, row after row, its lanes' terms of row t's partial outputs m <= mix (m < mix the dot with fn row m, m == mix the sum of
-// squares; lane_dot) 32 at a time and sums them across the warp with warp_sum32_transposed, which
+// warp w forms, row after row, its lanes' terms of row t's partial outputs m <= mix (m < mix the
+// dot with fn row m, m == mix the sum of squares; lane_dot) 32 at a time and sums them across the warp with warp_sum32_transposed, which
 // gives lane l output l with partial_dot's bits (the site kernel's partials) in 31 shuffles.
 // part [T, mix + 1, S] (S = gridDim.x; an output's partials contiguous for the reduction).
 //
@@ -164,7 +164,9 @@ __global__ void __launch_bounds__(kPartThreads)
   const float4 zero = make_float4(0.f, 0.f, 0.f, 0.f);
   const int k = s * kSplitK + 4 * lane;
   const bool in = k < flat;  // flat % 4 == 0: a lane's four values are all in or all out
-  // Rows t = warp + kWarps * r: every row's loads issued before the block's one barrier.
+  // Rows t = warp + kWarps * r. Every load (both rows', then the fn slice's) is issued before the
+  // fused form stores a row's expansion: PostIn's pointers may alias as far as the compiler
+  // knows, so a store in between would hold the loads after it behind its own wait.
   float4 x[kPartRows];
 #pragma unroll
   for (int r = 0; r < kPartRows; ++r) {
@@ -174,7 +176,6 @@ __global__ void __launch_bounds__(kPartThreads)
       if constexpr (POST_HC > 0) {
         const int j = k / D;
         x[r] = expand4<POST_HC>(pin, t, j, k - j * D, D);
-        *reinterpret_cast<float4*>(pin.streams_out + int64_t(t) * flat + k) = x[r];
       } else {
         x[r] = load4(streams + int64_t(t) * flat + k);
       }
@@ -184,6 +185,13 @@ __global__ void __launch_bounds__(kPartThreads)
   for (int i = threadIdx.x; i < mix * 32; i += kPartThreads) {
     const int m = i >> 5, kk = s * kSplitK + 4 * (i & 31);
     wf[m][i & 31] = kk < flat ? load4(fn + int64_t(m) * flat + kk) : zero;
+  }
+  if constexpr (POST_HC > 0) {
+#pragma unroll
+    for (int r = 0; r < kPartRows; ++r) {
+      const int t = warp + kWarps * r;
+      if (t < T && in) *reinterpret_cast<float4*>(pin.streams_out + int64_t(t) * flat + k) = x[r];
+    }
   }
   __syncthreads();
 #pragma unroll

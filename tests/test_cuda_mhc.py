@@ -87,7 +87,7 @@ def test_mhc_pre_glm_width(e, T):
     close(col, wcol, dict(rtol=0, atol=1e-5 * float(np.abs(streams).max())))
 
 
-@pytest.mark.parametrize("T,D", [(1, 33), (2, 4096), (65, 256)])
+@pytest.mark.parametrize("T,D", [(1, 33), (2, 4096), (48, 4096), (64, 256), (65, 256)])
 def test_mhc_pre_bf16_fn_matches_cpu(e, T, D):
     streams, fw, base, scale = mhc_inputs(T, 4, D, seed=T + D, fn_dtype="bfloat16")
     kw = dict(sinkhorn_iters=20, hc_eps=1e-6, norm_eps=1e-5)
@@ -179,9 +179,9 @@ def test_hc_post_pre_equals_separate_kernels(e, T, hc, D, weighted, fn_dtype):
 
 @pytest.mark.parametrize("T,hc,D", [(32, 4, 4096), (64, 4, 4096), (48, 2, 64), (5, 2, 64), (3, 1, 16)])
 def test_hc_post_pre_fuses_the_expansion_at_decode_rows(e, tmp_path, T, hc, D):
-    # At decode rows (B = 32 and 64 of GLM's geometry; hc 2 and 1) the site is two launches: the split
-    # pass that expands the streams (mhc_partial_kernel<W, POST_HC = hc>), then the finishing
-    # kernel with the norm; no mhc_post launch of its own.
+    # At decode rows (B = 32 and 64 of GLM's geometry; hc 2 and 1) the site is two launches: the
+    # split pass that expands the streams (mhc_partial_kernel<W, POST_HC = hc>), then the
+    # finishing kernel with the norm; no mhc_post launch of its own.
     streams, fw, base, scale = mhc_inputs(T, hc, D, seed=31)
     gpu, _ = hc_layer(e, fw, base, scale, hc, D)
     r = rng(T)
