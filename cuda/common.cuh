@@ -63,8 +63,9 @@ struct MemraCudaCtx {
   void* blas_workspace = nullptr;  // cuBLAS workspace (fixed: no allocation inside a capture)
   // Arrival counters of the "last block finishes" kernels (memra::cuda::last_block below), one
   // per kernel family (Ticket), zero between launches: the last block's atomicInc wraps its
-  // counter back to 0. One stream per context, and those kernels are never programmatic
-  // dependents of each other, so two launches never share a counter at the same time.
+  // counter back to 0. One stream per context, and every kernel on it waits (pdl_wait, as its
+  // first dependent step) for the whole launch in front to complete, so a launch's counters are
+  // back at 0 before the next launch of any kernel touches them.
   unsigned* tickets = nullptr;
   // The kernel options the context was made with (memra/options.h documents each field);
   // validated by ctx_create, read by the kernels' host code.

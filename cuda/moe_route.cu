@@ -255,8 +255,8 @@ __global__ void moe_route_softmax_kernel(const float* __restrict__ logits, int T
 // the block's warps in order, into the split's partial logit. The last block of a token tile to
 // arrive (memra::cuda::last_block on the tile's ticket) adds the splits in order into its tokens'
 // logits in shared memory and routes them, a warp a token (route_token / route_token_softmax).
-// Every sum's order depends on D alone, so a token's logits do not depend on T or on the other
-// tokens of the call.
+// Every sum's order depends on D alone, so a token's logits do not depend on T (within 2..64) or
+// on the other tokens of the call; T = 1 and T > 64 sum in other orders.
 constexpr int kRowsT = 4;                 // tokens a tile
 constexpr int kRowsE = 8;                 // experts a tile: kRowsT * kRowsE = 32 sums a warp
 constexpr int kRowsThreads = 256;

@@ -219,10 +219,11 @@ ROWS_CASES = [  # D, E, top_k, n_group, topk_group
 def test_moe_route_rows_in_one_launch_match_cpu_and_do_not_depend_on_the_batch(
         e, T, D, E, top_k, n_group, topk_group):
     # 2..64 tokens: router and routing in route_rows_kernel (one launch; a ticket per tile of
-    # four tokens). The same bytes from launch to launch (its counters back at 0 after each); a
-    # token's choice and weights do not depend on the other tokens of the call (the same bytes
-    # with the rows reversed, and for two of them alone); the CPU's choice where its margins
-    # are clear.
+    # four tokens). A token's choice and weights do not depend on the other tokens of the call
+    # (the same bytes with the rows reversed, and for two of them alone), and stay the same from
+    # launch to launch (its counters back at 0 after each: the calls alternate between inputs,
+    # so a launch that wrote nothing cannot pass on the freed outputs of the one before); the
+    # CPU's choice where its margins are clear.
     r = rng(D + E + T)
     x = randn(r, T, D)
     gate = randn(r, E, D, scale=0.5 / np.sqrt(D / 64))
@@ -237,15 +238,15 @@ def test_moe_route_rows_in_one_launch_match_cpu_and_do_not_depend_on_the_batch(
 
     first = run(x)
     for _ in range(2):
+        rev = run(x[::-1])
+        np.testing.assert_array_equal(rev[0], first[0][::-1])
+        np.testing.assert_array_equal(rev[1], first[1][::-1])
+        pair = run(x[[T - 1, 0]])
+        np.testing.assert_array_equal(pair[0], first[0][[T - 1, 0]])
+        np.testing.assert_array_equal(pair[1], first[1][[T - 1, 0]])
         again = run(x)
         np.testing.assert_array_equal(again[0], first[0])
         np.testing.assert_array_equal(again[1], first[1])
-    rev = run(x[::-1])
-    np.testing.assert_array_equal(rev[0], first[0][::-1])
-    np.testing.assert_array_equal(rev[1], first[1][::-1])
-    pair = run(x[[T - 1, 0]])
-    np.testing.assert_array_equal(pair[0], first[0][[T - 1, 0]])
-    np.testing.assert_array_equal(pair[1], first[1][[T - 1, 0]])
     want_i, want_w = _core.moe_route(x, weight(gate), bias, **kw)
     logits = x.astype(np.float64) @ gate.T.astype(np.float64)
     checked = 0
