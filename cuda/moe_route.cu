@@ -50,6 +50,37 @@ __device__ __forceinline__ int warp_argmax_unflagged(const float* v, const unsig
   return bi;
 }
 
+// The top_k experts by (choose desc, id asc) among those not yet taken (which it flags), in
+// order: idx[j] = e_j and w[j] = value[e_j] (norm: divided by the chosen values' sum, added in j
+// order, + denom_eps) * scaling, as the CPU computes them. Lane j % 32 keeps the j-th choice
+// for j < 32 (mine), so the weights are finished in parallel from registers; lane 0 adds the
+// sum. One whole warp calls it.
+__device__ __forceinline__ void pick_top_k(const float* choose, const float* value,
+                                           unsigned char* taken, int E, int top_k, int norm,
+                                           float scaling, float denom_eps,
+                                           int32_t* __restrict__ idx, float* __restrict__ w,
+                                           int lane) {
+  float sum = 0.0f;
+  int mine = 0;
+  for (int j = 0; j < top_k; ++j) {
+    const int e = warp_argmax_unflagged(choose, taken, E, lane);
+    if (lane == j) mine = e;
+    if (lane == 0) {
+      taken[e] = 1;
+      idx[j] = e;
+      sum = __fadd_rn(sum, value[e]);
+    }
+    __syncwarp();
+  }
+  const float denom = __shfl_sync(0xffffffffu, __fadd_rn(sum, denom_eps), 0);
+  for (int j = lane; j < top_k; j += 32) {
+    // j >= 32 (top_k > 32): the choice read back from idx, which lane 0 wrote above.
+    float v = value[j < 32 ? mine : idx[j]];
+    if (norm) v = __fdiv_rn(v, denom);
+    w[j] = __fmul_rn(v, scaling);
+  }
+}
+
 struct RouteLayout {
   int floats_bytes;  // scores[E], choice[E], group_score[G] (f32), rounded up to 16
   int warp_bytes;    // + taken[E], kept[G] (bytes), rounded up to 16
@@ -116,27 +147,8 @@ __device__ __forceinline__ void route_token(const float* lt, const float* __rest
     }
     __syncwarp();
   }
-  // Lane j % 32 keeps the j-th choice for j < 32 (mine), so the weights are finished in
-  // parallel from registers; lane 0 adds the chosen scores in order j ascending, as the CPU.
-  float sum = 0.0f;
-  int mine = 0;
-  for (int j = 0; j < top_k; ++j) {
-    const int e = warp_argmax_unflagged(choice, taken, E, lane);
-    if (lane == j) mine = e;
-    if (lane == 0) {
-      taken[e] = 1;
-      idx[j] = e;
-      sum = __fadd_rn(sum, scores[e]);
-    }
-    __syncwarp();
-  }
-  const float denom = __shfl_sync(0xffffffffu, __fadd_rn(sum, 1e-20f), 0);
-  for (int j = lane; j < top_k; j += 32) {
-    // j >= 32 (top_k > 32): the choice read back from idx, which lane 0 wrote above.
-    float v = scores[j < 32 ? mine : idx[j]];  // the unbiased score: the bias only chooses
-    if (norm) v = __fdiv_rn(v, denom);
-    w[j] = __fmul_rn(v, scaling);
-  }
+  // The unbiased scores weigh the choice: the bias only chooses.
+  pick_top_k(choice, scores, taken, E, top_k, norm, scaling, 1e-20f, idx, w, lane);
 }
 
 // One warp per token; each warp owns warp_bytes of dynamic shared memory. No __syncthreads, so a
@@ -205,26 +217,7 @@ __device__ __forceinline__ void route_token_softmax(const float* lt, int E, int 
   __syncwarp();
   for (int e = lane; e < E; e += 32) probs[e] = __fdiv_rn(probs[e], sum);
   __syncwarp();
-  // Lane j % 32 keeps the j-th choice for j < 32 (mine); lane 0 adds the chosen p in j order.
-  float chosen = 0.0f;
-  int mine = 0;
-  for (int j = 0; j < top_k; ++j) {
-    const int e = warp_argmax_unflagged(probs, taken, E, lane);
-    if (lane == j) mine = e;
-    if (lane == 0) {
-      taken[e] = 1;
-      idx[j] = e;
-      chosen = __fadd_rn(chosen, probs[e]);
-    }
-    __syncwarp();
-  }
-  const float denom = __shfl_sync(0xffffffffu, chosen, 0);
-  for (int j = lane; j < top_k; j += 32) {
-    // j >= 32 (top_k > 32): the choice read back from idx, which lane 0 wrote above.
-    float v = probs[j < 32 ? mine : idx[j]];
-    if (norm) v = __fdiv_rn(v, denom);
-    w[j] = __fmul_rn(v, scaling);
-  }
+  pick_top_k(probs, probs, taken, E, top_k, norm, scaling, 0.0f, idx, w, lane);  // sum + 0: the sum
 }
 
 // The softmax routing of logits [T, E] f32, one token a warp, each warp owning warp_bytes of the
