@@ -4,8 +4,8 @@
 // scores, choice = s + bias, group scores (the CPU's best/second loop), top groups and top_k
 // experts by repeated warp argmax over (value desc, id asc), weights from s, the CPU's sequential
 // renormalisation, times scaling. Same indices and order as the CPU. At one token, where the
-// decode GEMV takes the router, logits and routing run in one launch; at 2..64 tokens another
-// single launch (route_rows_kernel) does both, for either scoring.
+// decode GEMV takes the router, logits and routing run in one launch; at 2..64 tokens of up to 64
+// experts another single launch (route_rows_kernel) does both, for either scoring.
 #include <climits>
 #include <cmath>
 #include <cstdint>
@@ -250,12 +250,17 @@ __global__ void moe_route_softmax_kernel(const float* __restrict__ logits, int T
 // logits in shared memory and routes them, a warp a token (route_token / route_token_softmax).
 // Every sum's order depends on D alone, so a token's logits do not depend on T (within 2..64) or
 // on the other tokens of the call; T = 1 and T > 64 sum in other orders.
+// Up to kRowsMaxE experts: each token tile reads all of gate_w and each expert tile all of x, so
+// the L2 moves ~1.5 T E D bytes (6 MB at the bench model's T = 32, E = 32, D = 4096, 57 MB with
+// GLM-5.3-Flash's 288 experts); wider routers keep the SGEMM until a tile with more reuse has
+// been measured against it.
 constexpr int kRowsT = 4;                 // tokens a tile
 constexpr int kRowsE = 8;                 // experts a tile: kRowsT * kRowsE = 32 sums a warp
 constexpr int kRowsThreads = 256;
 constexpr int kRowsWarps = kRowsThreads / 32;
 constexpr int kRowsK = 4 * kRowsThreads;  // K columns a split: one float4 a thread
 constexpr int kRowsMaxT = kRowsT * memra::cuda::kRouteRowsTiles;
+constexpr int kRowsMaxE = 64;
 constexpr int kRowsStaticSmem = 2048;     // red below and last_block's flag, rounded up
 static_assert(kRowsT * kRowsE == 32, "one transposed warp sum covers a tile");
 static_assert(kRowsT <= kRowsWarps, "a warp routes each token of a tile");
@@ -362,8 +367,9 @@ __global__ void __launch_bounds__(kRowsThreads, 1) route_rows_kernel(RowsArgs a)
 // routing bytes a token.
 bool rows_take(const float* x, const float* gate_w, int T, int D, int E, int warp_bytes) {
   const size_t smem = rows_lt_bytes(E) + static_cast<size_t>(kRowsT) * warp_bytes;
-  return T >= 2 && T <= kRowsMaxT && D > 0 && D % 4 == 0 && memra::cuda::aligned16(x) &&
-         memra::cuda::aligned16(gate_w) && smem + kRowsStaticSmem <= 48 * 1024;
+  return T >= 2 && T <= kRowsMaxT && E <= kRowsMaxE && D > 0 && D % 4 == 0 &&
+         memra::cuda::aligned16(x) && memra::cuda::aligned16(gate_w) &&
+         smem + kRowsStaticSmem <= 48 * 1024;
 }
 
 // route_rows_kernel's launch; a (filled but for part, tickets and prefetch) passed rows_take.

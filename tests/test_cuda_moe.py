@@ -206,10 +206,10 @@ def test_moe_route_one_token_takes_the_one_launch_path(e, tmp_path):
     assert "route_decode_kernel" not in short_rows and "moe_route_kernel" in short_rows, short_rows
 
 
-ROWS_CASES = [  # D, E, top_k, n_group, topk_group
+ROWS_CASES = [  # D, E, top_k, n_group, topk_group (route_rows_kernel: E <= 64)
     (4096, 32, 8, 1, 1),    # the GLM-5.3-Flash bench model's router: 4 splits of K
-    (2304, 256, 8, 1, 1),   # Kimi-Linear's: 3 splits, the last a quarter full
-    (200, 288, 8, 8, 4),    # one partial split, grouped routing, 36 expert tiles
+    (2304, 64, 8, 1, 1),    # Kimi-Linear's width: 3 splits, the last a quarter full; 8 expert tiles
+    (200, 40, 8, 8, 4),     # one partial split, grouped routing
     (1028, 44, 6, 4, 2),    # a split of one float4, a partial expert tile
 ]
 
@@ -261,8 +261,8 @@ def test_moe_route_rows_in_one_launch_match_cpu_and_do_not_depend_on_the_batch(
 @pytest.mark.parametrize("scoring", ["sigmoid", "softmax"])
 def test_moe_route_rows_take_the_one_launch_path(e, tmp_path, scoring):
     # Which kernels the routing of T tokens launches (torch.profiler, CUDA activity): 2..64 tokens
-    # route_rows_kernel alone (no GEMM, no second routing kernel); 65 the SGEMM and the routing
-    # kernel of the scoring.
+    # route_rows_kernel alone (no GEMM, no second routing kernel); 65 tokens, or 65 experts, the
+    # SGEMM and the routing kernel of the scoring.
     r = rng(6)
     kw = dict(top_k=4, n_group=1, topk_group=1, norm_topk_prob=True, scaling=1.0, scoring=scoring)
     gate = dweight(e, randn(r, 32, 1024, scale=0.05))
@@ -277,6 +277,11 @@ def test_moe_route_rows_take_the_one_launch_path(e, tmp_path, scoring):
         names = kernels(T)
         assert len(names) == 1 and "route_rows_kernel" in names[0], (T, names)
     names = " ".join(kernels(65))
+    assert "route_rows_kernel" not in names and routing in names, names
+    wide = dweight(e, randn(r, 65, 1024, scale=0.05))
+    x = e.to_device(randn(r, 8, 1024))
+    names = " ".join(kernel_names(lambda: (_core.moe_route(x, wide, engine=e, **kw), e.synchronize()),
+                                  tmp_path / "trace_wide.json"))
     assert "route_rows_kernel" not in names and routing in names, names
 
 

@@ -86,11 +86,12 @@ def test_softmax_route_dense_gate_matches_cpu_where_margins_are_clear(e, T):
 
 @pytest.mark.parametrize("T", [2, 32, 64])
 def test_softmax_route_rows_do_not_depend_on_the_batch(e, T):
-    # Qwen3-Next's router geometry (512 experts, top 10, D = 2048: two splits of K) in
-    # route_rows_kernel: a token's choice and weights are the same bytes whatever the other rows
-    # of the call (reversed, or two of them alone), and the CPU's where its margins are clear.
+    # The softmax routing in route_rows_kernel (64 experts, its widest; top 10; Qwen3-Next's
+    # D = 2048: two splits of K): a token's choice and weights are the same bytes whatever the
+    # other rows of the call (reversed, or two of them alone), and the CPU's where its margins
+    # are clear.
     r = rng(700 + T)
-    E, D, k = 512, 2048, 10
+    E, D, k = 64, 2048, 10
     x, gate = randn(r, T, D), randn(r, E, D, scale=0.02)
     kw = dict(top_k=k, n_group=1, topk_group=1, norm_topk_prob=True, scaling=1.0, scoring="softmax")
     dg = dweight(e, gate)
