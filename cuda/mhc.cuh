@@ -148,30 +148,6 @@ __device__ __forceinline__ float lane_dot(float4 v, float4 x) {
 // fn, or x itself for the sum of squares). Shared by both partial passes, so their bits agree.
 __device__ __forceinline__ float partial_dot(float4 v, float4 x) { return warp_sum(lane_dot(v, x)); }
 
-// 32 warp sums at once: lane l holds its terms p[0..31] of 32 sums and gets back sum l. Each
-// level o = 16, 8, .., 1 adds a lane's value to its xor-o partner's, as warp_sum does, but a lane
-// keeps only the half of the sums whose index has its own bit o and sends the other half: the
-// same pairs in the same order (own + partner), so sum l equals warp_sum of its terms bit for
-// bit, in 31 shuffles instead of 32 x 5.
-template <int O>
-__device__ __forceinline__ void transposed_level(float (&p)[32], int lane) {
-  const bool upper = (lane & O) != 0;
-#pragma unroll
-  for (int i = 0; i < O; ++i) {
-    const float keep = upper ? p[O + i] : p[i];
-    const float send = upper ? p[i] : p[O + i];
-    p[i] = keep + __shfl_xor_sync(0xffffffffu, send, O);
-  }
-}
-__device__ __forceinline__ float warp_sum32_transposed(float (&p)[32], int lane) {
-  transposed_level<16>(p, lane);
-  transposed_level<8>(p, lane);
-  transposed_level<4>(p, lane);
-  transposed_level<2>(p, lane);
-  transposed_level<1>(p, lane);
-  return p[0];
-}
-
 // lt[m] (m <= mix): the sum of one token's partials pt [mix + 1, S] in a fixed order. Lane l adds
 // splits l, l + 32, l + 64, ... in turn, then the warp's butterfly; warp w reduces outputs w,
 // w + kWarps, ... The order of an output's sum does not depend on kWarps, so every finishing

@@ -208,7 +208,7 @@ __global__ void __launch_bounds__(kPartThreads)
         if (m < mix) v = wf[m][lane];
         p[u] = lane_dot(v, x[r]);
       }
-      const float d = warp_sum32_transposed(p, lane);
+      const float d = memra::cuda::warp_sum32_transposed(p, lane);
       if (m0 + lane <= mix) pt[int64_t(m0 + lane) * S] = d;
     }
   }
