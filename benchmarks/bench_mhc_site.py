@@ -17,7 +17,7 @@ peer:  torch (f32): post * y + comb^T @ streams, then the reference mapping (RMS
        CUDA events (launch-bound, as eager torch is at this size).
 GLM-5.3-Flash geometry: hc = 4 streams of D = 4096, f32 fn [24, 16384].
 
-Batched decode rows (T = 2 .. 32, one record each of --rows): HyperConnection.pre(streams [T, hc,
+Batched decode rows (T = 2 .. 64, one record each of --rows): HyperConnection.pre(streams [T, hc,
 D], norm=w, eps=) (cuda/mhc_pre.cu: mhc_partial_kernel's split-K partials of every row, then
 mhc_finish_norm_kernel), timed on an Engine made with KernelOptions(pdl=False) so that each
 kernel's profiled duration is its own (`kernels_us`: the median duration of each kernel by name);

@@ -63,8 +63,9 @@ struct MemraCudaCtx {
   void* blas_workspace = nullptr;  // cuBLAS workspace (fixed: no allocation inside a capture)
   // Arrival counters of the "last block finishes" kernels (memra::cuda::last_block below), one
   // per kernel family (Ticket), zero between launches: the last block's atomicInc wraps its
-  // counter back to 0. One stream per context, and those kernels are never programmatic
-  // dependents of each other, so two launches never share a counter at the same time.
+  // counter back to 0. One stream per context, and every kernel on it waits (pdl_wait, as its
+  // first dependent step) for the whole launch in front to complete, so a launch's counters are
+  // back at 0 before the next launch of any kernel touches them.
   unsigned* tickets = nullptr;
   // The kernel options the context was made with (memra/options.h documents each field);
   // validated by ctx_create, read by the kernels' host code.
@@ -205,6 +206,30 @@ __device__ __forceinline__ float warp_max(float v) {
   return v;
 }
 
+// 32 warp sums at once: lane l holds its terms p[0..31] of 32 sums and gets back sum l. Each
+// level o = 16, 8, .., 1 adds a lane's value to its xor-o partner's, as warp_sum does, but a lane
+// keeps only the half of the sums whose index has its own bit o and sends the other half: the
+// same pairs in the same order (own + partner), so sum l equals warp_sum of its terms bit for
+// bit, in 31 shuffles instead of 32 x 5.
+template <int O>
+__device__ __forceinline__ void transposed_level(float (&p)[32], int lane) {
+  const bool upper = (lane & O) != 0;
+#pragma unroll
+  for (int i = 0; i < O; ++i) {
+    const float keep = upper ? p[O + i] : p[i];
+    const float send = upper ? p[i] : p[O + i];
+    p[i] = keep + __shfl_xor_sync(0xffffffffu, send, O);
+  }
+}
+__device__ __forceinline__ float warp_sum32_transposed(float (&p)[32], int lane) {
+  transposed_level<16>(p, lane);
+  transposed_level<8>(p, lane);
+  transposed_level<4>(p, lane);
+  transposed_level<2>(p, lane);
+  transposed_level<1>(p, lane);
+  return p[0];
+}
+
 // Programmatic dependent launch (sm_90, docs/decode_graphs.md). A kernel launched with
 // launch(..., pdl = true, ...) may start while the kernel before it on the stream is still
 // running: it must call pdl_wait() before it reads anything that kernel (or any earlier work)
@@ -253,12 +278,15 @@ __device__ __forceinline__ void pdl_trigger() {
 // same launch, instead of in a second kernel. Each kernel family owns one counter of
 // MemraCudaCtx::tickets (zero between launches). The batched MLA decode's grid merge
 // (cuda/mla_decode_sm90.cuh, kMergeGrid) owns a pair of counters for each of up to
-// kMlaDecodeSeqs sequences.
+// kMlaDecodeSeqs sequences; the MoE router at 2..64 tokens (cuda/moe_route.cu, route_rows_kernel)
+// one for each of up to kRouteRowsTiles tiles of tokens.
 constexpr int kMlaDecodeSeqs = 256;
+constexpr int kRouteRowsTiles = 16;
 enum Ticket : int {
   kTicketMhcSite = 0,
   kTicketMoeRoute,
-  kTicketMlaDecode,
+  kTicketMoeRouteRows,
+  kTicketMlaDecode = kTicketMoeRouteRows + kRouteRowsTiles,
   kTicketCount = kTicketMlaDecode + 2 * kMlaDecodeSeqs
 };
 

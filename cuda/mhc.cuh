@@ -95,11 +95,14 @@ __device__ __forceinline__ void sinkhorn_block(float* c, int hc, int iters, floa
   }
 }
 
-constexpr int kSplitMaxT = 32;
+constexpr int kSplitMaxT = 64;
 constexpr int kSplitK = 128;          // flat values per partial block: 32 lanes x 4
-constexpr int kPartThreads = 1024;    // partial kernel: a warp per output (m < 32), two above
+constexpr int kPartThreads = 1024;    // partial kernel: a warp per row (rows w, w + 32); the
+                                      // site kernel: a warp per output (m < 32), two above
 constexpr int kSplitMaxOut = 64;      // mix + 1 partial outputs (logits + the sum of squares)
 constexpr int kPartOuts = kSplitMaxOut / (kPartThreads / 32);  // outputs per warp (2)
+constexpr int kPartRows = kSplitMaxT / (kPartThreads / 32);  // rows per warp (2)
+static_assert(kPartRows * (kPartThreads / 32) == kSplitMaxT, "mhc_partial_kernel: rows per warp");
 constexpr int kFinishThreads = 256;
 constexpr int kFinishD = 256;         // collapsed columns per finishing block: one per thread
 static_assert(kFinishD == kFinishThreads, "mhc_finish_kernel: one collapsed column per thread");
@@ -144,30 +147,6 @@ __device__ __forceinline__ float lane_dot(float4 v, float4 x) {
 // One partial output of a split: the warp's sum of v . x over its lanes' four values (a row of
 // fn, or x itself for the sum of squares). Shared by both partial passes, so their bits agree.
 __device__ __forceinline__ float partial_dot(float4 v, float4 x) { return warp_sum(lane_dot(v, x)); }
-
-// 32 warp sums at once: lane l holds its terms p[0..31] of 32 sums and gets back sum l. Each
-// level o = 16, 8, .., 1 adds a lane's value to its xor-o partner's, as warp_sum does, but a lane
-// keeps only the half of the sums whose index has its own bit o and sends the other half: the
-// same pairs in the same order (own + partner), so sum l equals warp_sum of its terms bit for
-// bit, in 31 shuffles instead of 32 x 5.
-template <int O>
-__device__ __forceinline__ void transposed_level(float (&p)[32], int lane) {
-  const bool upper = (lane & O) != 0;
-#pragma unroll
-  for (int i = 0; i < O; ++i) {
-    const float keep = upper ? p[O + i] : p[i];
-    const float send = upper ? p[i] : p[O + i];
-    p[i] = keep + __shfl_xor_sync(0xffffffffu, send, O);
-  }
-}
-__device__ __forceinline__ float warp_sum32_transposed(float (&p)[32], int lane) {
-  transposed_level<16>(p, lane);
-  transposed_level<8>(p, lane);
-  transposed_level<4>(p, lane);
-  transposed_level<2>(p, lane);
-  transposed_level<1>(p, lane);
-  return p[0];
-}
 
 // lt[m] (m <= mix): the sum of one token's partials pt [mix + 1, S] in a fixed order. Lane l adds
 // splits l, l + 32, l + 64, ... in turn, then the warp's butterfly; warp w reduces outputs w,

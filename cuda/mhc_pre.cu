@@ -2,11 +2,11 @@
 // mapping of each token's streams to pre, post, the Sinkhorn comb and the collapsed input, the
 // twin of cpu::mhc_pre. Oracle: transformers Glm5NextTextHyperConnection.
 //
-// At decode (T <= 32 rows, f32 / bf16 fn, 16-byte aligned rows): two kernels, a split-K pass
-//   computing every row's raw logits and sum of squares (f32 products: the streams are not
-//   rounded to the fn dtype) and a finishing kernel that reduces them in a fixed order and maps
-//   (details above mhc_partial_kernel); in the expand + pre + norm form the split-K pass also
-//   computes the previous site's expansion (mhc_post) of the values it reads. One decode row of
+// At decode (T <= kSplitMaxT = 64 rows, f32 / bf16 fn, 16-byte aligned rows): two kernels, a
+//   split-K pass computing every row's raw logits and sum of squares (f32 products: the streams
+//   are not rounded to the fn dtype) and a finishing kernel that reduces them in a fixed order
+//   and maps (details above mhc_partial_kernel); in the expand + pre + norm form the split-K pass
+//   also computes the previous site's expansion (mhc_post) of the values it reads. One decode row of
 //   GLM's geometry with the norm takes the single-launch site kernel instead (cuda/mhc_site.cu).
 // Otherwise one GEMM (memra::cuda::linear) + one mapping kernel (a block per token):
 //   f32 / bf16 fn: logits_raw = streams[T, hc*D] fn^T straight from the streams, and the
@@ -126,11 +126,11 @@ __global__ void __launch_bounds__(kMapThreads)
 // fixed order and maps; it spreads `collapsed` over blocks and overlaps the Sinkhorn with it.
 // Three launches (cuBLAS GEMV + its reduction + the one-block-per-token map) become two, and no
 // single block walks the whole 16384-value row. Deterministic: fixed-order sums, no atomics.
-// Block s, warp t < T, lane l: the 4 flat values k = s * kSplitK + 4 l of row t. The block
-// stages its split of fn (as f32) in shared memory while each warp loads its row's values, so
-// the block waits for one memory round trip, not one per row; then warp t forms its lanes' terms
-// of row t's partial outputs m <= mix (m < mix the dot with fn row m, m == mix the sum of
-// squares; lane_dot) 32 at a time and sums them across the warp with warp_sum32_transposed, which
+// Block s, warp w, lane l: the 4 flat values k = s * kSplitK + 4 l of rows t = w + 32 r < T
+// (r < kPartRows). The block stages its split of fn (as f32) in shared memory while each warp
+// loads its rows' values, so the block waits for one memory round trip, not one per row; then
+// warp w forms, row after row, its lanes' terms of row t's partial outputs m <= mix (m < mix the
+// dot with fn row m, m == mix the sum of squares; lane_dot) 32 at a time and sums them across the warp with warp_sum32_transposed, which
 // gives lane l output l with partial_dot's bits (the site kernel's partials) in 31 shuffles.
 // part [T, mix + 1, S] (S = gridDim.x; an output's partials contiguous for the reduction).
 //
@@ -157,20 +157,28 @@ __global__ void __launch_bounds__(kPartThreads)
                        int D) {
   memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
   memra::cuda::pdl_trigger();
+  constexpr int kWarps = kPartThreads / 32;
   __shared__ float4 wf[kSplitMaxOut - 1][32];  // fn rows m < mix of this split, lane quads
   const int s = blockIdx.x, S = gridDim.x;
-  const int t = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const float4 zero = make_float4(0.f, 0.f, 0.f, 0.f);
   const int k = s * kSplitK + 4 * lane;
   const bool in = k < flat;  // flat % 4 == 0: a lane's four values are all in or all out
-  float4 x = zero;
-  if (t < T && in) {
-    if constexpr (POST_HC > 0) {
-      const int j = k / D;
-      x = expand4<POST_HC>(pin, t, j, k - j * D, D);
-      *reinterpret_cast<float4*>(pin.streams_out + int64_t(t) * flat + k) = x;
-    } else {
-      x = load4(streams + int64_t(t) * flat + k);
+  // Rows t = warp + kWarps * r. Every load (both rows', then the fn slice's) is issued before the
+  // fused form stores a row's expansion: PostIn's pointers may alias as far as the compiler
+  // knows, so a store in between would hold the loads after it behind its own wait.
+  float4 x[kPartRows];
+#pragma unroll
+  for (int r = 0; r < kPartRows; ++r) {
+    const int t = warp + kWarps * r;
+    x[r] = zero;
+    if (t < T && in) {
+      if constexpr (POST_HC > 0) {
+        const int j = k / D;
+        x[r] = expand4<POST_HC>(pin, t, j, k - j * D, D);
+      } else {
+        x[r] = load4(streams + int64_t(t) * flat + k);
+      }
     }
   }
 #pragma unroll 2
@@ -178,20 +186,31 @@ __global__ void __launch_bounds__(kPartThreads)
     const int m = i >> 5, kk = s * kSplitK + 4 * (i & 31);
     wf[m][i & 31] = kk < flat ? load4(fn + int64_t(m) * flat + kk) : zero;
   }
-  __syncthreads();
-  if (t >= T) return;
-  float* const pt = part + int64_t(t) * (mix + 1) * S + s;
-  for (int m0 = 0; m0 <= mix; m0 += 32) {
-    float p[32];
+  if constexpr (POST_HC > 0) {
 #pragma unroll
-    for (int u = 0; u < 32; ++u) {
-      const int m = m0 + u;
-      float4 v = m == mix ? x : zero;  // past mix: a zero term, never stored
-      if (m < mix) v = wf[m][lane];
-      p[u] = lane_dot(v, x);
+    for (int r = 0; r < kPartRows; ++r) {
+      const int t = warp + kWarps * r;
+      if (t < T && in) *reinterpret_cast<float4*>(pin.streams_out + int64_t(t) * flat + k) = x[r];
     }
-    const float d = warp_sum32_transposed(p, lane);
-    if (m0 + lane <= mix) pt[int64_t(m0 + lane) * S] = d;
+  }
+  __syncthreads();
+#pragma unroll
+  for (int r = 0; r < kPartRows; ++r) {
+    const int t = warp + kWarps * r;
+    if (t >= T) return;
+    float* const pt = part + int64_t(t) * (mix + 1) * S + s;
+    for (int m0 = 0; m0 <= mix; m0 += 32) {
+      float p[32];
+#pragma unroll
+      for (int u = 0; u < 32; ++u) {
+        const int m = m0 + u;
+        float4 v = m == mix ? x[r] : zero;  // past mix: a zero term, never stored
+        if (m < mix) v = wf[m][lane];
+        p[u] = lane_dot(v, x[r]);
+      }
+      const float d = memra::cuda::warp_sum32_transposed(p, lane);
+      if (m0 + lane <= mix) pt[int64_t(m0 + lane) * S] = d;
+    }
   }
 }
 

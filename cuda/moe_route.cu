@@ -4,7 +4,8 @@
 // scores, choice = s + bias, group scores (the CPU's best/second loop), top groups and top_k
 // experts by repeated warp argmax over (value desc, id asc), weights from s, the CPU's sequential
 // renormalisation, times scaling. Same indices and order as the CPU. At one token, where the
-// decode GEMV takes the router, logits and routing run in one launch.
+// decode GEMV takes the router, logits and routing run in one launch; at 2..64 tokens of up to 64
+// experts another single launch (route_rows_kernel) does both, for either scoring.
 #include <climits>
 #include <cmath>
 #include <cstdint>
@@ -47,6 +48,37 @@ __device__ __forceinline__ int warp_argmax_unflagged(const float* v, const unsig
     }
   }
   return bi;
+}
+
+// The top_k experts by (choose desc, id asc) among those not yet taken (which it flags), in
+// order: idx[j] = e_j and w[j] = value[e_j] (norm: divided by the chosen values' sum, added in j
+// order, + denom_eps) * scaling, as the CPU computes them. Lane j % 32 keeps the j-th choice
+// for j < 32 (mine), so the weights are finished in parallel from registers; lane 0 adds the
+// sum. One whole warp calls it.
+__device__ __forceinline__ void pick_top_k(const float* choose, const float* value,
+                                           unsigned char* taken, int E, int top_k, int norm,
+                                           float scaling, float denom_eps,
+                                           int32_t* __restrict__ idx, float* __restrict__ w,
+                                           int lane) {
+  float sum = 0.0f;
+  int mine = 0;
+  for (int j = 0; j < top_k; ++j) {
+    const int e = warp_argmax_unflagged(choose, taken, E, lane);
+    if (lane == j) mine = e;
+    if (lane == 0) {
+      taken[e] = 1;
+      idx[j] = e;
+      sum = __fadd_rn(sum, value[e]);
+    }
+    __syncwarp();
+  }
+  const float denom = __shfl_sync(0xffffffffu, __fadd_rn(sum, denom_eps), 0);
+  for (int j = lane; j < top_k; j += 32) {
+    // j >= 32 (top_k > 32): the choice read back from idx, which lane 0 wrote above.
+    float v = value[j < 32 ? mine : idx[j]];
+    if (norm) v = __fdiv_rn(v, denom);
+    w[j] = __fmul_rn(v, scaling);
+  }
 }
 
 struct RouteLayout {
@@ -115,27 +147,8 @@ __device__ __forceinline__ void route_token(const float* lt, const float* __rest
     }
     __syncwarp();
   }
-  // Lane j % 32 keeps the j-th choice for j < 32 (mine), so the weights are finished in
-  // parallel from registers; lane 0 adds the chosen scores in order j ascending, as the CPU.
-  float sum = 0.0f;
-  int mine = 0;
-  for (int j = 0; j < top_k; ++j) {
-    const int e = warp_argmax_unflagged(choice, taken, E, lane);
-    if (lane == j) mine = e;
-    if (lane == 0) {
-      taken[e] = 1;
-      idx[j] = e;
-      sum = __fadd_rn(sum, scores[e]);
-    }
-    __syncwarp();
-  }
-  const float denom = __shfl_sync(0xffffffffu, __fadd_rn(sum, 1e-20f), 0);
-  for (int j = lane; j < top_k; j += 32) {
-    // j >= 32 (top_k > 32): the choice read back from idx, which lane 0 wrote above.
-    float v = scores[j < 32 ? mine : idx[j]];  // the unbiased score: the bias only chooses
-    if (norm) v = __fdiv_rn(v, denom);
-    w[j] = __fmul_rn(v, scaling);
-  }
+  // The unbiased scores weigh the choice: the bias only chooses.
+  pick_top_k(choice, scores, taken, E, top_k, norm, scaling, 1e-20f, idx, w, lane);
 }
 
 // One warp per token; each warp owns warp_bytes of dynamic shared memory. No __syncthreads, so a
@@ -178,29 +191,18 @@ __global__ void __launch_bounds__(grow::kGemvThreads)
   }
 }
 
-// The softmax router's routing of one token a warp (MEMRA_MOE_SCORE_SOFTMAX): logits [T, E] f32;
-// per warp probs_bytes of f32 probabilities then E flags of its dynamic shared memory. p =
-// exp(l - max) / sum (every lane holds the same max and sum: xor butterflies), then top_k by
-// (p desc, id asc) as moe_route_kernel chooses, lane 0 adding the chosen p in j order for the
-// renormalisation. No __syncthreads, so a warp past the last token may return at once. A kernel
-// of its own: the sigmoid router's kernels are not touched.
-__global__ void moe_route_softmax_kernel(const float* __restrict__ logits, int T, int E, int top_k,
-                                         int norm, float scaling, int probs_bytes, int warp_bytes,
-                                         int32_t* __restrict__ topk_idx,
-                                         float* __restrict__ topk_w) {
-  memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
-  memra::cuda::pdl_trigger();
-  extern __shared__ __align__(16) unsigned char smem[];
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int64_t t = int64_t(blockIdx.x) * (blockDim.x >> 5) + warp;
-  if (t >= T) return;
-  unsigned char* base = smem + static_cast<size_t>(warp) * warp_bytes;
+// The softmax router's routing of one token by one whole warp (MEMRA_MOE_SCORE_SOFTMAX): lt [E]
+// its logits, base its warp_bytes of shared memory (probs_bytes of f32 probabilities, then E
+// flags); idx, w [top_k] its choices. p = exp(l - max) / sum (every lane holds the same max and
+// sum: xor butterflies), then top_k by (p desc, id asc) as route_token chooses, lane 0 adding the
+// chosen p in j order for the renormalisation.
+__device__ __forceinline__ void route_token_softmax(const float* lt, int E, int top_k, int norm,
+                                                    float scaling, int probs_bytes,
+                                                    unsigned char* base,
+                                                    int32_t* __restrict__ idx,
+                                                    float* __restrict__ w, int lane) {
   float* probs = reinterpret_cast<float*>(base);
   unsigned char* taken = base + probs_bytes;
-  const float* lt = logits + t * E;
-  int32_t* idx = topk_idx + t * top_k;
-  float* w = topk_w + t * top_k;
-
   float mx = -INFINITY;
   for (int e = lane; e < E; e += 32) mx = fmaxf(mx, lt[e]);
   mx = memra::cuda::warp_max(mx);
@@ -215,26 +217,180 @@ __global__ void moe_route_softmax_kernel(const float* __restrict__ logits, int T
   __syncwarp();
   for (int e = lane; e < E; e += 32) probs[e] = __fdiv_rn(probs[e], sum);
   __syncwarp();
-  // Lane j % 32 keeps the j-th choice for j < 32 (mine); lane 0 adds the chosen p in j order.
-  float chosen = 0.0f;
-  int mine = 0;
-  for (int j = 0; j < top_k; ++j) {
-    const int e = warp_argmax_unflagged(probs, taken, E, lane);
-    if (lane == j) mine = e;
-    if (lane == 0) {
-      taken[e] = 1;
-      idx[j] = e;
-      chosen = __fadd_rn(chosen, probs[e]);
+  pick_top_k(probs, probs, taken, E, top_k, norm, scaling, 0.0f, idx, w, lane);  // sum + 0: the sum
+}
+
+// The softmax routing of logits [T, E] f32, one token a warp, each warp owning warp_bytes of the
+// dynamic shared memory (route_token_softmax). No __syncthreads, so a warp past the last token
+// may return at once. A kernel of its own: the sigmoid router's kernels are not touched.
+__global__ void moe_route_softmax_kernel(const float* __restrict__ logits, int T, int E, int top_k,
+                                         int norm, float scaling, int probs_bytes, int warp_bytes,
+                                         int32_t* __restrict__ topk_idx,
+                                         float* __restrict__ topk_w) {
+  memra::cuda::pdl_wait();  // launched as a programmatic dependent (common.cuh)
+  memra::cuda::pdl_trigger();
+  extern __shared__ __align__(16) unsigned char smem[];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int64_t t = int64_t(blockIdx.x) * (blockDim.x >> 5) + warp;
+  if (t >= T) return;
+  route_token_softmax(logits + t * E, E, top_k, norm, scaling, probs_bytes,
+                      smem + static_cast<size_t>(warp) * warp_bytes, topk_idx + t * top_k,
+                      topk_w + t * top_k, lane);
+}
+
+// ---- The router and the routing of 2..kRowsMaxT tokens in one launch (f32 x and gate_w with
+// 16-byte aligned rows, D % 4 == 0), either scoring. cuBLAS's SGEMM ran the router's logits at
+// these shapes (N = E, a few dozen rows) in one CTA, ~5 us at GLM's D = 4096 whatever the GPU's
+// size, and the routing took a second launch. Grid (K splits x expert tiles, token tiles) of
+// kRowsThreads threads: a thread owns one float4 of its split's kRowsK columns for the tile's
+// kRowsT tokens and kRowsE experts; the 32 dot products (x.x w.x + x.y w.y + x.z w.z + x.w w.w,
+// fused in that order) cross the warp in one transposed butterfly (warp_sum32_transposed), then
+// the block's warps in order, into the split's partial logit. The last block of a token tile to
+// arrive (memra::cuda::last_block on the tile's ticket) adds the splits in order into its tokens'
+// logits in shared memory and routes them, a warp a token (route_token / route_token_softmax).
+// Every sum's order depends on D alone, so a token's logits do not depend on T (within 2..64) or
+// on the other tokens of the call; T = 1 and T > 64 sum in other orders.
+// Up to kRowsMaxE experts: each token tile reads all of gate_w and each expert tile all of x, so
+// the L2 moves ~1.5 T E D bytes (6 MB at the bench model's T = 32, E = 32, D = 4096, 57 MB with
+// GLM-5.3-Flash's 288 experts); wider routers keep the SGEMM until a tile with more reuse has
+// been measured against it.
+constexpr int kRowsT = 4;                 // tokens a tile
+constexpr int kRowsE = 8;                 // experts a tile: kRowsT * kRowsE = 32 sums a warp
+constexpr int kRowsThreads = 256;
+constexpr int kRowsWarps = kRowsThreads / 32;
+constexpr int kRowsK = 4 * kRowsThreads;  // K columns a split: one float4 a thread
+constexpr int kRowsMaxT = kRowsT * memra::cuda::kRouteRowsTiles;
+constexpr int kRowsMaxE = 64;
+constexpr int kRowsStaticSmem = 2048;     // red below and last_block's flag, rounded up
+static_assert(kRowsT * kRowsE == 32, "one transposed warp sum covers a tile");
+static_assert(kRowsT <= kRowsWarps, "a warp routes each token of a tile");
+
+struct RowsArgs {
+  const float* x;       // [T, D] f32
+  const float* gate_w;  // [E, D] f32
+  const float* bias;    // [E] f32 or null (sigmoid: added to the scores to choose)
+  float* part;          // [S, T, E] f32 scratch: split s's partial logits, S = ceil(D / kRowsK)
+  unsigned* tickets;    // [ceil(T / kRowsT)] arrival counters, zero between launches
+  int32_t* topk_idx;    // [T, top_k]
+  float* topk_w;        // [T, top_k]
+  int T, D, E, top_k;
+  int G, topk_group;    // sigmoid: expert groups, and the groups kept
+  int norm;             // 1: the chosen weights renormalised to sum 1
+  float scaling;        // the weights' factor
+  RouteLayout layout;   // sigmoid: the parts of a warp's routing bytes
+  int probs_bytes;      // softmax: a warp's probability bytes (then E flags)
+  int warp_bytes;       // a warp's routing bytes (either scoring)
+  int prefetch;         // 1: gate_w loaded before pdl_wait (no queued kernel writes it)
+};
+
+// The finishing block's shared memory: the tile's logits [kRowsT, E] f32, then a warp's routing
+// bytes for each of its tokens.
+__host__ __device__ inline size_t rows_lt_bytes(int E) {
+  return (sizeof(float) * kRowsT * static_cast<size_t>(E) + 15) / 16 * 16;
+}
+
+template <bool SOFTMAX>
+__global__ void __launch_bounds__(kRowsThreads, 1) route_rows_kernel(RowsArgs a) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  __shared__ float red[kRowsWarps][32];
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int S = (a.D + kRowsK - 1) / kRowsK;
+  const int split = static_cast<int>(blockIdx.x) % S;
+  const int e0 = static_cast<int>(blockIdx.x) / S * kRowsE;
+  const int t0 = static_cast<int>(blockIdx.y) * kRowsT;
+  const int k = split * kRowsK + 4 * tid;
+  const bool kin = k < a.D;  // D % 4 == 0: a thread's four columns are all in or all out
+  const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  float4 wv[kRowsE];
+  auto load_w = [&] {
+#pragma unroll
+    for (int r = 0; r < kRowsE; ++r) {
+      wv[r] = kin && e0 + r < a.E
+                  ? *reinterpret_cast<const float4*>(a.gate_w + int64_t(e0 + r) * a.D + k)
+                  : zero;
     }
-    __syncwarp();
+  };
+  if (a.prefetch) load_w();
+  memra::cuda::pdl_wait();  // x belongs to the stream's earlier work
+  memra::cuda::pdl_trigger();
+  if (!a.prefetch) load_w();
+  float4 xv[kRowsT];
+#pragma unroll
+  for (int t = 0; t < kRowsT; ++t) {
+    xv[t] = kin && t0 + t < a.T
+                ? *reinterpret_cast<const float4*>(a.x + int64_t(t0 + t) * a.D + k)
+                : zero;
   }
-  const float denom = __shfl_sync(0xffffffffu, chosen, 0);
-  for (int j = lane; j < top_k; j += 32) {
-    // j >= 32 (top_k > 32): the choice read back from idx, which lane 0 wrote above.
-    float v = probs[j < 32 ? mine : idx[j]];
-    if (norm) v = __fdiv_rn(v, denom);
-    w[j] = __fmul_rn(v, scaling);
+  float p[32];  // p[t * kRowsE + r]: token t0 + t against expert e0 + r
+#pragma unroll
+  for (int t = 0; t < kRowsT; ++t) {
+#pragma unroll
+    for (int r = 0; r < kRowsE; ++r) {
+      const float4 u = xv[t], v = wv[r];
+      p[t * kRowsE + r] = fmaf(u.w, v.w, fmaf(u.z, v.z, fmaf(u.y, v.y, u.x * v.x)));
+    }
   }
+  red[warp][lane] = memra::cuda::warp_sum32_transposed(p, lane);
+  __syncthreads();
+  if (tid < 32) {
+    float acc = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kRowsWarps; ++i) acc += red[i][tid];
+    const int t = t0 + tid / kRowsE, e = e0 + tid % kRowsE;
+    if (t < a.T && e < a.E) a.part[(int64_t(split) * a.T + t) * a.E + e] = acc;
+  }
+  if (!memra::cuda::last_block(a.tickets + blockIdx.y, gridDim.x)) return;
+  // The tile's logits: the splits' partials added in split order (other blocks' stores: L2).
+  float* lt = reinterpret_cast<float*>(smem);
+  const int nt = a.T - t0 < kRowsT ? a.T - t0 : kRowsT;
+  for (int i = tid; i < nt * a.E; i += kRowsThreads) {
+    const int t = i / a.E, e = i - t * a.E;
+    float acc = 0.0f;
+    for (int s = 0; s < S; ++s) acc += __ldcg(a.part + (int64_t(s) * a.T + t0 + t) * a.E + e);
+    lt[i] = acc;
+  }
+  __syncthreads();
+  if (warp >= nt) return;
+  const int64_t t = t0 + warp;
+  unsigned char* base = smem + rows_lt_bytes(a.E) + static_cast<size_t>(warp) * a.warp_bytes;
+  if constexpr (SOFTMAX) {
+    route_token_softmax(lt + warp * a.E, a.E, a.top_k, a.norm, a.scaling, a.probs_bytes, base,
+                        a.topk_idx + t * a.top_k, a.topk_w + t * a.top_k, lane);
+  } else {
+    route_token<false>(lt + warp * a.E, a.bias, a.E, a.top_k, a.G, a.topk_group, a.norm,
+                       a.scaling, a.layout, base, a.topk_idx + t * a.top_k,
+                       a.topk_w + t * a.top_k, lane);
+  }
+}
+
+// Whether route_rows_kernel takes T tokens of x [T, D] against gate_w [E, D] with warp_bytes of
+// routing bytes a token.
+bool rows_take(const float* x, const float* gate_w, int T, int D, int E, int warp_bytes) {
+  const size_t smem = rows_lt_bytes(E) + static_cast<size_t>(kRowsT) * warp_bytes;
+  return T >= 2 && T <= kRowsMaxT && E <= kRowsMaxE && D > 0 && D % 4 == 0 &&
+         memra::cuda::aligned16(x) && memra::cuda::aligned16(gate_w) &&
+         smem + kRowsStaticSmem <= 48 * 1024;
+}
+
+// route_rows_kernel's launch; a (filled but for part, tickets and prefetch) passed rows_take.
+int route_rows(MemraCudaCtx* ctx, RowsArgs a, bool softmax) {
+  // No block of this grid runs a deferred Sinkhorn (one-row sites only leave one).
+  MEMRA_CUDA_RETURN_IF(memra::cuda::flush_pending(ctx));
+  const int S = static_cast<int>(ceil_div(a.D, kRowsK));
+  Scratch part(ctx, sizeof(float) * static_cast<size_t>(S) * a.T * a.E);
+  MEMRA_CUDA_RETURN_IF(part.status());
+  a.part = part.as<float>();
+  a.tickets = ctx->tickets + memra::cuda::kTicketMoeRouteRows;
+  a.prefetch = ctx->resident_weights > 0 ? 1 : 0;
+  const dim3 grid(static_cast<unsigned>(S * ceil_div(a.E, kRowsE)),
+                  static_cast<unsigned>(ceil_div(a.T, kRowsT)));
+  const size_t smem = rows_lt_bytes(a.E) + static_cast<size_t>(kRowsT) * a.warp_bytes;
+  if (softmax) {
+    memra::cuda::launch(ctx, true, route_rows_kernel<true>, grid, dim3(kRowsThreads), smem, a);
+  } else {
+    memra::cuda::launch(ctx, true, route_rows_kernel<false>, grid, dim3(kRowsThreads), smem, a);
+  }
+  return launch_status();
 }
 
 // MEMRA_MOE_SCORE_SOFTMAX and any other scoring but the sigmoid: the checks of moe_route_impl in
@@ -259,6 +415,22 @@ int moe_route_softmax_impl(MemraCudaCtx* ctx, const MemraMoeRouteParams& p) {
   const int warp_bytes = probs_bytes + (E + 15) / 16 * 16;
   constexpr int kSmemLimit = 48 * 1024;
   if (warp_bytes > kSmemLimit) return memra::kUnsupportedGeometry;  // E beyond ~9800
+  if (rows_take(p.x, p.gate_w, T, D, E, warp_bytes)) {
+    RowsArgs a{};
+    a.x = p.x;
+    a.gate_w = p.gate_w;
+    a.topk_idx = p.topk_idx;
+    a.topk_w = p.topk_w;
+    a.T = T;
+    a.D = D;
+    a.E = E;
+    a.top_k = p.top_k;
+    a.norm = p.norm_topk_prob ? 1 : 0;
+    a.scaling = p.scaling;
+    a.probs_bytes = probs_bytes;
+    a.warp_bytes = warp_bytes;
+    return route_rows(ctx, a, true);
+  }
   int warps = 4;
   while (warps > 1 && warps * warp_bytes > kSmemLimit) warps /= 2;
   Scratch logits(ctx, sizeof(float) * static_cast<size_t>(T) * E);
@@ -292,6 +464,25 @@ int moe_route_impl(MemraCudaCtx* ctx, const float* x, int T, int D, const float*
   if (layout.warp_bytes > kSmemLimit) return memra::kUnsupportedGeometry;  // E beyond ~5000
   int warps = 4;
   while (warps > 1 && warps * layout.warp_bytes > kSmemLimit) warps /= 2;
+  if (rows_take(x, gate_w, T, D, E, layout.warp_bytes)) {
+    RowsArgs a{};
+    a.x = x;
+    a.gate_w = gate_w;
+    a.bias = corr_bias;
+    a.topk_idx = topk_idx;
+    a.topk_w = topk_w;
+    a.T = T;
+    a.D = D;
+    a.E = E;
+    a.top_k = top_k;
+    a.G = n_group;
+    a.topk_group = topk_group;
+    a.norm = norm_topk_prob ? 1 : 0;
+    a.scaling = scaling;
+    a.layout = layout;
+    a.warp_bytes = layout.warp_bytes;
+    return route_rows(ctx, a, false);
+  }
 
   Scratch logits(ctx, sizeof(float) * static_cast<size_t>(T) * E);
   MEMRA_CUDA_RETURN_IF(logits.status());

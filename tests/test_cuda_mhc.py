@@ -59,10 +59,11 @@ def mhc_both(e, streams, fw, base, scale, **kw):
     return [e.to_host(g) for g in got], want
 
 
-# T <= 32 with 16-byte rows (hc * D % 4 == 0) and (2 + hc) * hc < 64 takes the split decode path
-# (cuda/mhc_pre.cu mhc_partial_kernel + mhc_finish_kernel; hc = 6, 7: the block Sinkhorn there);
-# larger T, odd rows and wider hc the GEMM + one-block-per-token mapping.
-@pytest.mark.parametrize("T", [1, 2, 32, 33, 65, 200])
+# T <= 64 with 16-byte rows (hc * D % 4 == 0) and (2 + hc) * hc < 64 takes the split decode path
+# (cuda/mhc_pre.cu mhc_partial_kernel + mhc_finish_kernel; hc = 6, 7: the block Sinkhorn there;
+# T > 32: a warp's second row); larger T, odd rows and wider hc the GEMM + one-block-per-token
+# mapping.
+@pytest.mark.parametrize("T", [1, 2, 32, 33, 64, 65, 200])
 @pytest.mark.parametrize("hc,D,iters", [(4, 33, 20), (4, 200, 20), (4, 1024, 20), (3, 5, 1),
                                         (1, 16, 3), (2, 9, 3), (6, 70, 5), (7, 4, 4), (8, 16, 3)])
 def test_mhc_pre_f32_matches_cpu(e, T, hc, D, iters):
@@ -74,10 +75,10 @@ def test_mhc_pre_f32_matches_cpu(e, T, hc, D, iters):
     close(col, wcol, dict(rtol=0, atol=1e-5 * float(np.abs(streams).max())))
 
 
-@pytest.mark.parametrize("T", [1, 3, 32, 40])
+@pytest.mark.parametrize("T", [1, 3, 32, 40, 64, 65])
 def test_mhc_pre_glm_width(e, T):
-    # GLM-5.3-Flash: hc = 4 streams of hidden 4096 (the RMS over 16384 values per token); T <= 32
-    # the split decode path, T = 40 the GEMM + mapping kernel.
+    # GLM-5.3-Flash: hc = 4 streams of hidden 4096 (the RMS over 16384 values per token); T <= 64
+    # the split decode path, T = 65 the GEMM + mapping kernel.
     streams, fw, base, scale = mhc_inputs(T, 4, 4096, seed=77)
     kw = dict(sinkhorn_iters=20, hc_eps=1e-6, norm_eps=1e-6)
     (post, comb, col), (wpost, wcomb, wcol) = mhc_both(e, streams, fw, base, scale, **kw)
@@ -86,7 +87,7 @@ def test_mhc_pre_glm_width(e, T):
     close(col, wcol, dict(rtol=0, atol=1e-5 * float(np.abs(streams).max())))
 
 
-@pytest.mark.parametrize("T,D", [(1, 33), (2, 4096), (65, 256)])
+@pytest.mark.parametrize("T,D", [(1, 33), (2, 4096), (48, 4096), (64, 256), (65, 256)])
 def test_mhc_pre_bf16_fn_matches_cpu(e, T, D):
     streams, fw, base, scale = mhc_inputs(T, 4, D, seed=T + D, fn_dtype="bfloat16")
     kw = dict(sinkhorn_iters=20, hc_eps=1e-6, norm_eps=1e-5)
@@ -96,12 +97,12 @@ def test_mhc_pre_bf16_fn_matches_cpu(e, T, D):
     close(col, wcol, dict(rtol=0, atol=3e-2 * float(np.abs(streams).max())))
 
 
-# mhc_pre with the block's input norm (rms_eps / rms_weight): at decode rows (T <= 32, D <= 4096)
+# mhc_pre with the block's input norm (rms_eps / rms_weight): at decode rows (T <= 64, D <= 4096)
 # cuda/mhc_pre.cu fuses the RMSNorm into mhc_finish_norm_kernel<G>, which must give the bytes of
 # mhc_pre followed by rms_norm on the same engine (same columns per thread, same reduction); past
 # those bounds the op runs the two kernels. Against the CPU (mhc_pre then rms_norm): the
 # collapsed row's tolerance above, through a norm of O(1) gain.
-@pytest.mark.parametrize("T", [1, 3, 32, 33])
+@pytest.mark.parametrize("T", [1, 3, 32, 33, 64, 65])
 @pytest.mark.parametrize("hc,D", [(4, 4096), (4, 200), (4, 33), (1, 16), (7, 4), (6, 70), (8, 16),
                                   (2, 4100)])
 @pytest.mark.parametrize("weighted", [True, False])
@@ -128,11 +129,11 @@ def test_mhc_pre_norm_equals_mhc_pre_then_rms_norm(e, T, hc, D, weighted):
 # input norm. At one decode row with hc = 4 (D % 4 == 0, D <= 4096; GLM-5.3) cuda/mhc_site.cu runs it
 # as one launch (mhc_site_kernel: the split partials, then the block that finishes last maps,
 # collapses, normalises and runs the Sinkhorn), and pre(norm=, eps=) at that row the same kernel
-# without the expansion. At other rows of the split path (T <= 32) with hc in {1, 2, 4} and
+# without the expansion. At other rows of the split path (T <= 64) with hc in {1, 2, 4} and
 # D % 4 == 0 the expansion runs inside mhc_partial_kernel (POST_HC), whose lanes store the new
 # streams. All must give the bytes of the separate kernels on the same engine: mhc_post, pre
 # without a norm (mhc_partial_kernel + mhc_finish_kernel), then rms_norm. Other shapes (odd D,
-# hc 3 or > 4, T > 32) run mhc_post's launch inside the call. Against the CPU layer: the
+# hc 3 or > 4, T > 64) run mhc_post's launch inside the call. Against the CPU layer: the
 # tolerances of test_mhc_pre_norm_equals_mhc_pre_then_rms_norm.
 def hc_layer(e, fw, base, scale, hc, D, dtype="float32"):
     w = {"fn": fw, "base": _core.Weight(base), "scale": _core.Weight(scale)}
@@ -144,7 +145,7 @@ def hc_layer(e, fw, base, scale, hc, D, dtype="float32"):
                                     (1, 4, 36), (1, 4, 4), (1, 4, 33), (1, 4, 4100), (3, 4, 4096),
                                     (33, 4, 64), (1, 2, 64), (1, 6, 70), (2, 4, 4096),
                                     (32, 4, 4096), (3, 4, 4100), (3, 4, 33), (5, 2, 64), (3, 1, 16),
-                                    (4, 6, 72), (2, 3, 12)])
+                                    (4, 6, 72), (2, 3, 12), (64, 4, 4096), (40, 2, 64), (65, 4, 64)])
 @pytest.mark.parametrize("weighted", [True, False])
 @pytest.mark.parametrize("fn_dtype", ["float32", "bfloat16"])
 def test_hc_post_pre_equals_separate_kernels(e, T, hc, D, weighted, fn_dtype):
@@ -176,11 +177,11 @@ def test_hc_post_pre_equals_separate_kernels(e, T, hc, D, weighted, fn_dtype):
     close(got[3], cout, dict(rtol=0, atol=otol * max(1.0, float(np.abs(cout).max()))))
 
 
-@pytest.mark.parametrize("T,hc,D", [(32, 4, 4096), (5, 2, 64), (3, 1, 16)])
+@pytest.mark.parametrize("T,hc,D", [(32, 4, 4096), (64, 4, 4096), (48, 2, 64), (5, 2, 64), (3, 1, 16)])
 def test_hc_post_pre_fuses_the_expansion_at_decode_rows(e, tmp_path, T, hc, D):
-    # At decode rows (B = 32 of GLM's geometry; hc 2 and 1) the site is two launches: the split
-    # pass that expands the streams (mhc_partial_kernel<W, POST_HC = hc>), then the finishing
-    # kernel with the norm; no mhc_post launch of its own.
+    # At decode rows (B = 32 and 64 of GLM's geometry; hc 2 and 1) the site is two launches: the
+    # split pass that expands the streams (mhc_partial_kernel<W, POST_HC = hc>), then the
+    # finishing kernel with the norm; no mhc_post launch of its own.
     streams, fw, base, scale = mhc_inputs(T, hc, D, seed=31)
     gpu, _ = hc_layer(e, fw, base, scale, hc, D)
     r = rng(T)
@@ -342,9 +343,9 @@ def test_sanitizer_small_shapes(e):
                                     engine=e)
     _core.mhc_post(col, post, comb, e.to_device(streams), engine=e)
     _core.hc_head_mean(e.to_device(streams), engine=e)
-    # mhc_pre's split path with two collapse blocks and the block Sinkhorn (hc = 6), and the
-    # GEMM + mapping path (T > 32).
-    for t, hc, dd in ((2, 4, 300), (1, 6, 70), (40, 4, 8)):
+    # mhc_pre's split path with two collapse blocks and the block Sinkhorn (hc = 6), a warp's
+    # second row (T > 32), and the GEMM + mapping path (T > 64).
+    for t, hc, dd in ((2, 4, 300), (1, 6, 70), (40, 4, 8), (66, 4, 8)):
         s2, f2, b2, c2 = mhc_inputs(t, hc, dd, seed=97)
         _core.mhc_pre(e.to_device(s2), dev_weight(e, f2), e.to_device(b2), e.to_device(c2),
                       sinkhorn_iters=3, hc_eps=1e-6, norm_eps=1e-6, engine=e)

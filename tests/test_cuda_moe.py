@@ -89,7 +89,7 @@ ROUTE_CASES = [  # E, top_k, n_group, topk_group
 
 
 @pytest.mark.parametrize("E,top_k,n_group,topk_group", ROUTE_CASES)
-@pytest.mark.parametrize("T", [1, 5, 200])
+@pytest.mark.parametrize("T", [1, 2, 5, 64, 65, 200])  # the GEMV, route_rows_kernel, the SGEMM
 @pytest.mark.parametrize("with_bias,norm", [(False, True), (True, True), (True, False)])
 def test_moe_route_exact_logits_match_cpu(e, T, E, top_k, n_group, topk_group, with_bias, norm):
     r = rng(T * 7 + E + top_k + 31 * with_bias + norm)
@@ -139,7 +139,7 @@ def test_moe_route_ties_go_to_lower_ids(e):
     assert e.to_host(i0)[0].tolist() == [0, 1, 2, 3, 4]
 
 
-@pytest.mark.parametrize("T", [1, 200])
+@pytest.mark.parametrize("T", [1, 3, 32, 64, 200])
 def test_moe_route_dense_gate_matches_cpu_where_margins_are_clear(e, T):
     r = rng(40 + T)
     E, D, top_k, n_group, topk_group = 64, 48, 6, 8, 3
@@ -204,6 +204,85 @@ def test_moe_route_one_token_takes_the_one_launch_path(e, tmp_path):
     long_rows, short_rows = kernels(1024), kernels(64)
     assert "route_decode_kernel" in long_rows and "moe_route_kernel" not in long_rows, long_rows
     assert "route_decode_kernel" not in short_rows and "moe_route_kernel" in short_rows, short_rows
+
+
+ROWS_CASES = [  # D, E, top_k, n_group, topk_group (route_rows_kernel: E <= 64)
+    (4096, 32, 8, 1, 1),    # the GLM-5.3-Flash bench model's router: 4 splits of K
+    (2304, 64, 8, 1, 1),    # Kimi-Linear's width: 3 splits, the last a quarter full; 8 expert tiles
+    (200, 40, 8, 8, 4),     # one partial split, grouped routing
+    (1028, 44, 6, 4, 2),    # a split of one float4, a partial expert tile
+]
+
+
+@pytest.mark.parametrize("D,E,top_k,n_group,topk_group", ROWS_CASES)
+@pytest.mark.parametrize("T", [2, 7, 32, 64])
+def test_moe_route_rows_in_one_launch_match_cpu_and_do_not_depend_on_the_batch(
+        e, T, D, E, top_k, n_group, topk_group):
+    # 2..64 tokens: router and routing in route_rows_kernel (one launch; a ticket per tile of
+    # four tokens). A token's choice and weights do not depend on the other tokens of the call
+    # (the same bytes with the rows reversed, and for two of them alone), and stay the same from
+    # launch to launch (its counters back at 0 after each: the calls alternate between inputs,
+    # so a launch that wrote nothing cannot pass on the freed outputs of the one before); the
+    # CPU's choice where its margins are clear.
+    r = rng(D + E + T)
+    x = randn(r, T, D)
+    gate = randn(r, E, D, scale=0.5 / np.sqrt(D / 64))
+    bias = f32(r.uniform(-0.05, 0.05, E))
+    kw = dict(top_k=top_k, n_group=n_group, topk_group=topk_group, norm_topk_prob=True,
+              scaling=2.5)
+    dg, db = dweight(e, gate), e.to_device(bias)
+
+    def run(rows):
+        i, w = _core.moe_route(e.to_device(f32(rows)), dg, db, engine=e, **kw)
+        return e.to_host(i), e.to_host(w)
+
+    first = run(x)
+    for _ in range(2):
+        rev = run(x[::-1])
+        np.testing.assert_array_equal(rev[0], first[0][::-1])
+        np.testing.assert_array_equal(rev[1], first[1][::-1])
+        pair = run(x[[T - 1, 0]])
+        np.testing.assert_array_equal(pair[0], first[0][[T - 1, 0]])
+        np.testing.assert_array_equal(pair[1], first[1][[T - 1, 0]])
+        again = run(x)
+        np.testing.assert_array_equal(again[0], first[0])
+        np.testing.assert_array_equal(again[1], first[1])
+    want_i, want_w = _core.moe_route(x, weight(gate), bias, **kw)
+    logits = x.astype(np.float64) @ gate.T.astype(np.float64)
+    checked = 0
+    for t in range(T):
+        if route_margin(logits[t : t + 1], bias, top_k, n_group, topk_group) > 1e-4:
+            np.testing.assert_array_equal(first[0][t], want_i[t])
+            np.testing.assert_allclose(first[1][t], want_w[t], rtol=1e-5, atol=1e-6)
+            checked += 1
+    assert checked >= max(1, (8 * T) // 10)
+
+
+@pytest.mark.parametrize("scoring", ["sigmoid", "softmax"])
+def test_moe_route_rows_take_the_one_launch_path(e, tmp_path, scoring):
+    # Which kernels the routing of T tokens launches (torch.profiler, CUDA activity): 2..64 tokens
+    # route_rows_kernel alone (no GEMM, no second routing kernel); 65 tokens, or 65 experts, the
+    # SGEMM and the routing kernel of the scoring.
+    r = rng(6)
+    kw = dict(top_k=4, n_group=1, topk_group=1, norm_topk_prob=True, scaling=1.0, scoring=scoring)
+    gate = dweight(e, randn(r, 32, 1024, scale=0.05))
+    routing = "moe_route_softmax_kernel" if scoring == "softmax" else "moe_route_kernel"
+
+    def kernels(T):
+        x = e.to_device(randn(r, T, 1024))
+        return kernel_names(lambda: (_core.moe_route(x, gate, engine=e, **kw), e.synchronize()),
+                            tmp_path / f"trace{T}.json")
+
+    for T in (2, 8, 64):
+        names = kernels(T)
+        assert len(names) == 1 and "route_rows_kernel" in names[0], (T, names)
+    names = " ".join(kernels(65))
+    assert "route_rows_kernel" not in names and routing in names, names
+    wide = dweight(e, randn(r, 65, 1024, scale=0.05))
+    x = e.to_device(randn(r, 8, 1024))
+    names = " ".join(kernel_names(lambda: (_core.moe_route(x, wide, engine=e, **kw), e.synchronize()),
+                                  tmp_path / "trace_wide.json"))
+    assert "route_rows_kernel" not in names and routing in names, names
 
 
 def test_moe_route_contract_errors(e):

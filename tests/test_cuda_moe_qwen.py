@@ -1,6 +1,6 @@
 """The Qwen MoE's ops on the CUDA backend against the CPU backend (the numeric oracle): the softmax
 router (``memra._core.moe_route(scoring="softmax")``, cuda/moe_route.cu
-``moe_route_softmax_kernel``), the shared expert's gate (``memra._core.moe_shared_gate``,
+``moe_route_softmax_kernel``; ``route_rows_kernel`` at 2..64 tokens), the shared expert's gate (``memra._core.moe_shared_gate``,
 cuda/moe_shared_gate.cu) and MoeLayer in the Qwen form (both of them, the routed experts and the
 shared MLP), plus their argument contract on the device and the sigmoid router unchanged.
 
@@ -42,7 +42,7 @@ def softmax64(logits):
 
 # ---------------------------------------------------------------- softmax router
 @pytest.mark.parametrize("E,top_k", [(8, 2), (64, 8), (256, 8), (512, 10), (100, 40)])
-@pytest.mark.parametrize("T", [1, 5, 200])
+@pytest.mark.parametrize("T", [1, 5, 64, 200])  # the GEMV, route_rows_kernel, the SGEMM
 @pytest.mark.parametrize("norm", [True, False])
 def test_softmax_route_exact_logits_match_cpu(e, T, E, top_k, norm):
     r = rng(T * 11 + E + top_k + norm)
@@ -69,7 +69,7 @@ def test_softmax_route_ties_go_to_lower_ids(e):
     np.testing.assert_allclose(got_w, want_w, rtol=2e-6)
 
 
-@pytest.mark.parametrize("T", [1, 7, 300])
+@pytest.mark.parametrize("T", [1, 7, 64, 300])
 def test_softmax_route_dense_gate_matches_cpu_where_margins_are_clear(e, T):
     r = rng(300 + T)
     E, D, k = 64, 96, 8
@@ -80,6 +80,36 @@ def test_softmax_route_dense_gate_matches_cpu_where_margins_are_clear(e, T):
     p = np.sort(softmax64(x.astype(np.float64) @ gate.T.astype(np.float64)), axis=1)[:, ::-1]
     clear = (p[:, k - 1] - p[:, k]) > 1e-5
     assert clear.sum() >= 0.9 * T
+    np.testing.assert_array_equal(got_i[clear], want_i[clear])
+    np.testing.assert_allclose(got_w[clear], want_w[clear], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("T", [2, 32, 64])
+def test_softmax_route_rows_do_not_depend_on_the_batch(e, T):
+    # The softmax routing in route_rows_kernel (64 experts, its widest; top 10; Qwen3-Next's
+    # D = 2048: two splits of K): a token's choice and weights are the same bytes whatever the
+    # other rows of the call (reversed, or two of them alone), and the CPU's where its margins
+    # are clear.
+    r = rng(700 + T)
+    E, D, k = 64, 2048, 10
+    x, gate = randn(r, T, D), randn(r, E, D, scale=0.02)
+    kw = dict(top_k=k, n_group=1, topk_group=1, norm_topk_prob=True, scaling=1.0, scoring="softmax")
+    dg = dweight(e, gate)
+
+    def run(rows):
+        return tuple(e.to_host(a) for a in _core.moe_route(e.to_device(f32(rows)), dg, engine=e, **kw))
+
+    got_i, got_w = run(x)
+    rev_i, rev_w = run(x[::-1])
+    np.testing.assert_array_equal(rev_i, got_i[::-1])
+    np.testing.assert_array_equal(rev_w, got_w[::-1])
+    pair_i, pair_w = run(x[[T - 1, 0]])
+    np.testing.assert_array_equal(pair_i, got_i[[T - 1, 0]])
+    np.testing.assert_array_equal(pair_w, got_w[[T - 1, 0]])
+    want_i, want_w = _core.moe_route(x, weight(gate), **kw)
+    p = np.sort(softmax64(x.astype(np.float64) @ gate.T.astype(np.float64)), axis=1)[:, ::-1]
+    clear = (p[:, k - 1] - p[:, k]) > 1e-5
+    assert clear.sum() >= 0.8 * T
     np.testing.assert_array_equal(got_i[clear], want_i[clear])
     np.testing.assert_allclose(got_w[clear], want_w[clear], rtol=1e-5, atol=1e-6)
 

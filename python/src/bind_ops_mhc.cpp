@@ -98,7 +98,7 @@ void init_ops_mhc(nb::module_& m) {
       "(and optionally rms_weight [D] float32) the third output is rms_norm(collapsed, "
       "rms_weight, eps=rms_eps) instead, the block's input norm (on CUDA at decode rows fused "
       "into the mapping's last kernel, byte for byte the two ops).\nCUDA: the "
-      "RMS factor is applied to the logits (fn(x * r) = r * fn(x)); T <= 32 (decode rows, "
+      "RMS factor is applied to the logits (fn(x * r) = r * fn(x)); T <= 64 (decode rows, "
       "(2 + hc) * hc < 64, 16-byte rows): a split-K pass over the f32 streams (a bfloat16 fn is "
       "widened), otherwise a GEMM that rounds the streams to a bfloat16 fn's dtype. hc up to "
       "64.\nRaises ContractError (CONTRACT_DTYPE, CONTRACT_SHAPE, CONTRACT_STRIDE, "
