@@ -179,6 +179,56 @@ __device__ __forceinline__ void merge_heads(const Src& src, int h0, int h1, int 
   }
 }
 
+// kMergeGrid when a sequence has NSB active splits, a power of two from 2 to 32: block r merges
+// the kH / NSB heads from h0 and each thread's share is 32 float4 of O (kU columns of NSB
+// splits), so every load of the merge -- the O rows, m and L -- is issued at once: one L2 round
+// trip, where merge_heads takes four (m and L; the weights through shared memory; two batches of
+// O) and two block barriers. A warp's columns lie in one head (kR / 4 float4 a head), so lane q
+// holds split q's m and L of it and the weights move by shuffles. merge_heads' operations in its
+// order (M = max m_q, w_q = 2^(m_q - M), L = sum_q w_q l_q and O = sum_q w_q O_q over q
+// ascending, O / L as O times 1 / L), hence its bits.
+template <int NSB>
+__device__ __forceinline__ void merge_heads_one_trip(const GlobalSrc& src, int h0, float* out,
+                                                     int tid) {
+  constexpr int kNh = kH / NSB;
+  constexpr int kU = kNh * (kR / 4) / kThreads;
+  static_assert(kU >= 1 && kU * NSB == 32, "32 float4 of O a thread");
+  const int lane = tid & 31;
+  float4 v[kU][NSB];
+  float mq[kU], lq[kU];
+#pragma unroll
+  for (int u = 0; u < kU; ++u) {
+    const int i = tid + u * kThreads, h = h0 + i / (kR / 4), c4 = i % (kR / 4);
+    mq[u] = lane < NSB ? src.m(lane, h) : -INFINITY;
+    lq[u] = lane < NSB ? src.l(lane, h) : 0.0f;
+#pragma unroll
+    for (int q = 0; q < NSB; ++q) v[u][q] = src.v4(q, h, c4);
+  }
+  float4* out4 = reinterpret_cast<float4*>(out);
+#pragma unroll
+  for (int u = 0; u < kU; ++u) {
+    float M = mq[u];
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) M = fmaxf(M, __shfl_xor_sync(kFull, M, off));
+    const float w = lane < NSB ? exp2f(mq[u] - M) : 0.0f;  // every active split saw a row
+    float Ls = 0.0f;
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+    for (int q = 0; q < NSB; ++q) {
+      const float wq = __shfl_sync(kFull, w, q);
+      Ls = fmaf(wq, __shfl_sync(kFull, lq[u], q), Ls);
+      acc.x = fmaf(wq, v[u][q].x, acc.x);
+      acc.y = fmaf(wq, v[u][q].y, acc.y);
+      acc.z = fmaf(wq, v[u][q].z, acc.z);
+      acc.w = fmaf(wq, v[u][q].w, acc.w);
+    }
+    const float inv = 1.0f / Ls;
+    const int i = tid + u * kThreads;
+    out4[(h0 + i / (kR / 4)) * (kR / 4) + i % (kR / 4)] =
+        make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv);
+  }
+}
+
 // kMergeGrid: the nsb active blocks of a sequence meet here after writing their partials; t =
 // the sequence's [arrivals, departures]. The block's stores, then thread 0's release fence and
 // arrival (CUTLASS's semaphore pattern, as common.cuh's last_block); it spins on the arrivals
@@ -546,9 +596,17 @@ __global__ void __launch_bounds__(kThreads, 1)
     if constexpr (MERGE == kMergeGrid) {
       seq_barrier(a.seq_tickets + 2 * b, static_cast<unsigned>(nsb));
       const int h0 = split * kH / nsb, h1 = (split + 1) * kH / nsb;
-      merge_heads(GlobalSrc{a.po, a.pm, a.pl, static_cast<int64_t>(b) * a.nsplit * kH}, h0, h1,
-                  nsb, reinterpret_cast<float*>(smem + kP0Off),
-                  a.o_lat + static_cast<int64_t>(b) * kH * kR, tid);
+      const GlobalSrc src{a.po, a.pm, a.pl, static_cast<int64_t>(b) * a.nsplit * kH};
+      float* out = a.o_lat + static_cast<int64_t>(b) * kH * kR;
+      switch (nsb) {  // uniform over the block
+        case 2: merge_heads_one_trip<2>(src, h0, out, tid); break;
+        case 4: merge_heads_one_trip<4>(src, h0, out, tid); break;
+        case 8: merge_heads_one_trip<8>(src, h0, out, tid); break;
+        case 16: merge_heads_one_trip<16>(src, h0, out, tid); break;
+        case 32: merge_heads_one_trip<32>(src, h0, out, tid); break;
+        default:
+          merge_heads(src, h0, h1, nsb, reinterpret_cast<float*>(smem + kP0Off), out, tid);
+      }
     }
   }
 }

@@ -15,7 +15,8 @@ Diagnostic tests isolate the two products: q = 0 makes every weight exactly 1, s
 the mean of the visible rows whatever S is (the PV product and its N-major operand); q_h = c_{r_h}
 makes row r_h win by > 200 in log2 units, every other weight underflows to exactly 0 and the output
 is c_{r_h} bit for bit (the QK product and its K-major operands). Every split merge form
-(KernelOptions.mla_merge) runs at 2, 8, 16 and 64 splits, the kernel census naming the form.
+(KernelOptions.mla_merge) runs at 2, 8, 16 and 64 splits, the kernel census naming the form;
+the grid barrier's merge at 2 to 32 active splits (its one-trip forms and the general one).
 
 A small shape for ``compute-sanitizer`` (racecheck / memcheck / synccheck), every merge form:
 ``python -m pytest tests/test_cuda_mla_decode_sm90.py -k sanitizer``.
@@ -115,9 +116,10 @@ def test_wgmma_split_merges(B, L, tmp_path):
     want = bt.cpu()
     torch = pytest.importorskip("torch", reason="the kernel census reads torch.profiler")
     h200 = torch.cuda.get_device_properties(0).multi_processor_count == 132
+    got_by = {}
     for merge in (0, 1, 2, 3):
         eng = engine_with(mla_merge=merge)
-        got = bt.gpu(eng, max_t_kv=L)
+        got = got_by[merge] = bt.gpu(eng, max_t_kv=L)
         close_per_seq(got, want, BF16_REL)
         # Other queries through the same engine: partials left from the call before (a barrier
         # whose counters were not back at zero would not wait for them) would show here.
@@ -141,6 +143,38 @@ def test_wgmma_split_merges(B, L, tmp_path):
         else:
             assert combine == (merge == 1), names
             assert "mla_decode_wgmma_kernel" + MERGE_FORM[merge] in names, names
+    if h200 and B != 2:
+        # The cluster and the grid barrier ran the same attention and merge the same partials by
+        # the same operations in the same order (merge_heads, or merge_heads_one_trip at 2..32
+        # active splits a power of two): a wrong head, split or weight in either shows far above
+        # this bound.
+        scale = np.abs(got_by[2]).max()
+        np.testing.assert_allclose(got_by[3], got_by[2], rtol=0, atol=1e-6 * scale)
+
+
+def test_wgmma_grid_merge_split_counts(tmp_path):
+    """The grid barrier's merge at every active-split count it has a one-trip form for (2, 4, 8,
+    16, 32: merge_heads_one_trip) and at counts it has not (3, 5: merge_heads), 128-row splits
+    (mla_split_tiles 2) of sequences up to 4096 rows, against the CPU within the bf16 limits."""
+    torch = pytest.importorskip("torch", reason="the kernel census reads torch.profiler")
+    h200 = torch.cuda.get_device_properties(0).multi_processor_count == 132
+    eng = engine_with(mla_split_tiles=2, mla_merge=3)
+    # Active splits: 32, 16, 8, 3 and 4, 2, 2, 5 (ceil(t_kv / 128)); 32 splits x 4 sequences =
+    # 128 blocks, one wave on the H200's 132 SMs.
+    for i, t_kv in enumerate(([4096, 2048, 1000, 300], [512, 256, 129, 640])):
+        bt = Batch(t_kv, 64, 512, "bfloat16", seed=40 + i)
+        close_per_seq(bt.gpu(eng, max_t_kv=4096), bt.cpu(), BF16_REL)
+    if not h200:
+        return
+    q, cs = eng.to_device(bt.q), bt.caches(eng)
+
+    def call():
+        _core.mla_attn_decode(q, cs, bt.t_kv, scale=bt.scale, max_t_kv=4096, engine=eng)
+        eng.synchronize()
+
+    names = " ".join(kernel_names(call, tmp_path / "trace.json"))
+    assert "mla_decode_wgmma_kernel" + MERGE_FORM[3] in names, names
+    assert "mla_combine_kernel" not in names, names
 
 
 def test_wgmma_uniform_weights_isolate_pv(variant):
@@ -257,10 +291,12 @@ def test_wgmma_split_tiles_sets_the_plan(tmp_path):
 
 def test_sanitizer_wgmma_small_shapes():
     """compute-sanitizer target for the wgmma arm: one split and many, every merge form (the
-    choice, the combine, the cluster, the grid barrier), idle and one-row sequences."""
+    choice, the combine, the cluster, the grid barrier; with 64-row splits the grid's one-trip
+    merges at 2 and 4 active splits), idle and one-row sequences."""
     t_kv = [200, 0, 1, 65]
     bt = Batch(t_kv, 64, 512, "bfloat16", seed=92)
     engines = [arm(v) for v in WGMMA_VARIANTS] + [engine_with(mla_merge=m) for m in (1, 2, 3)]
+    engines.append(engine_with(mla_merge=3, mla_split_tiles=1))  # the grid's one-trip merges
     for eng in engines:
         bt.gpu(eng)
         bt.gpu(eng, t_kv=eng.to_device(np.array(t_kv, np.int32)), max_t_kv=205)
