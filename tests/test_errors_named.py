@@ -300,3 +300,14 @@ def test_prefill_slot_out_of_range_is_one_error(model):
     assert c.length(0) == 0 and c.length(1) == 0
     model.prefill(c, 1, [1, 2])  # the cache still serves
     assert c.length(1) == 2
+
+
+def test_a_repeated_argument_keeps_pythons_type_error():
+    # explain() returns None when the arguments do not bind: an argument given both by position
+    # and by keyword does not (Python: "got multiple values"), so nanobind's TypeError stands
+    # rather than a ContractError about conversion.
+    x = f32(2, 4)
+    for call in (lambda: _core.hc_expand(x, 2, n=3), lambda: _core.hc_expand(x, 2.5, n=2)):
+        with pytest.raises(TypeError) as info:
+            call()
+        assert not isinstance(info.value, memra.MemraError)

@@ -274,3 +274,11 @@ def test_swish_is_silu(tmp_path, src):
     text["hidden_act"] = "swish"
     (dst / "config.json").write_text(json.dumps(raw))
     np.testing.assert_array_equal(_load(dst).logits([1, 2, 3]), _load(src).logits([1, 2, 3]))
+
+
+def test_integer_sampling_defaults_are_taken_as_floats(tmp_path):
+    # JSON writes 1.0 as 1 just as often; GenerationConfig types temperature and top_p as
+    # floats (what the sampler takes), and top_k stays an int.
+    g = _load(_copy(tmp_path, {"temperature": 1, "top_k": 3, "top_p": 1})).generation_config
+    assert (g.temperature, g.top_k, g.top_p) == (1.0, 3, 1.0)
+    assert type(g.temperature) is float and type(g.top_p) is float and type(g.top_k) is int

@@ -267,3 +267,20 @@ def test_failed_prefill_in_generate_batch_gives_the_slots_back() -> None:
     assert all(m.cache.length(s) == 0 and m.cache.owner(s) == 0 for s in range(3))
     assert m.generate_batch(ps, 3, ignore_eos=True) == load(GLM, 0, max_batch=3).generate_batch(
         ps, 3, ignore_eos=True)
+
+
+def test_failed_call_restores_a_slot_that_held_one_token() -> None:
+    # A slot that held tokens before the call is restored from its snapshot; one that held
+    # exactly one token held tokens too (length > 0): freeing it instead would lose that token.
+    # Call 6 fails after p3's first piece went into slot 1 (see the test above).
+    m = load(GLM, 8)
+    cache = m.new_cache(5, 64)
+    m.prefill(cache, 1, prompt(m, 1, seed=3))
+    before = [planes(cache, s) for s in range(5)]
+    undo = failing_hidden(m, 6, Boom)
+    with pytest.raises(Boom):
+        m.prefill_batch(cache, SLOTS, prompts(m))
+    undo()
+    for s in range(5):
+        assert cache.length(s) == (1 if s == 1 else 0)
+        assert_same_planes(planes(cache, s), before[s])

@@ -100,3 +100,22 @@ def test_a_template_file_that_is_not_utf8_is_named(tmp_path: Path) -> None:
     (tmp_path / "chat_template.jinja").write_bytes(b"\xff\xfe{{ x }}")
     with pytest.raises(memra.ContractError, match="chat_template.jinja is not UTF-8"):
         load_chat_template(tmp_path)
+
+
+def test_keyword_arguments_win_over_the_special_tokens() -> None:
+    # transformers renders with {**special_tokens_map, **kwargs}: a chat_template_kwargs entry
+    # named like a special token replaces it.
+    t = ChatTemplate("{{ bos_token }}|{{ messages[0]['content'] }}", {"bos_token": "<s>"})
+    msgs = [{"role": "user", "content": "hi"}]
+    assert t.render(msgs) == "<s>|hi"
+    assert t.render(msgs, bos_token="X") == "X|hi"
+
+
+def test_continue_final_message_cuts_at_the_last_marker() -> None:
+    # A template that writes the final message twice: transformers cuts at the marker's last
+    # occurrence (rindex), leaving the first one in the text. Checked once against
+    # transformers 5.17's render_jinja_template, which gave exactly this string.
+    t = ChatTemplate("{% for m in messages %}[{{ m['content'] }}]{% endfor %}<{{ messages[-1]['content'] }}>")
+    msgs = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "The answer"}]
+    assert t.render(msgs, add_generation_prompt=False, continue_final_message=True) == \
+        "[hi][The answerCONTINUE_FINAL_MESSAGE_TAG ]<The answer"

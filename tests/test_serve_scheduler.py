@@ -270,3 +270,140 @@ def test_a_slot_held_outside_the_server_is_one_warning_not_a_flood(caplog) -> No
     assert got == _load(1).generate([1, 2], 3)
     warned = [r for r in caplog.records if "no free slot" in r.getMessage()]
     assert len(warned) == 1, len(warned)
+
+
+def test_a_full_server_queues_without_trying_an_admission(caplog) -> None:
+    # While every slot runs one of the server's own requests, a waiting request waits for one of
+    # them to finish: admitting it then would find no free slot and log the warning meant for a
+    # slot held outside the server. Each request still gets its max_tokens tokens (no stop ids).
+    import logging
+
+    sched = Scheduler(_load(1))
+
+    async def body():
+        a, b = _request([1, 2], 6, RowSampling(0.0)), _request([3], 2, RowSampling(0.0))
+        sched.submit(a)
+        sched.submit(b)
+        return await _tokens(a), await _tokens(b)
+
+    with caplog.at_level(logging.WARNING, logger="memra.serve"):
+        got = _run(sched, body)
+    assert [len(t) for t in got] == [6, 2]
+    assert not [r for r in caplog.records if "no free slot" in r.getMessage()]
+
+
+@pytest.mark.parametrize("budget,want", [
+    (3, ["prefill", "step1", "prefill", "step2", "prefill", "step3"]),  # one 3-token prompt a round
+    (6, ["prefill", "prefill", "step2", "prefill", "step3"]),           # two: the budget spent exactly
+    (5, ["prefill", "prefill", "step2", "prefill", "step3"]),           # the second prompt passes it
+])
+def test_the_prefill_budget_is_spent_exactly(budget, want) -> None:
+    # "at most prefill_budget prompt tokens per round while others are decoding": once a round's
+    # admissions have used the whole budget (0 left) the running requests step first.
+    m = _load(4)
+    sched = Scheduler(m, prefill_budget=budget)
+    log = []
+    start, launch = sched.batch.start, sched.batch.launch
+    sched.batch.start = lambda *a, **k: (log.append("prefill"), start(*a, **k))[1]
+    sched.batch.launch = lambda rows, *a: (log.append(f"step{len(rows)}"), launch(rows, *a))[1]
+
+    async def main():  # all three queued before the engine thread starts: no race for round 1
+        reqs = [_request([1 + i, 2, 3], 6, RowSampling(0.0)) for i in range(3)]
+        for r in reqs:
+            sched.submit(r)
+        sched.start()
+        try:
+            await asyncio.gather(*(_tokens(r) for r in reqs))
+        finally:
+            sched.stop()
+
+    asyncio.run(main())
+    assert log[:len(want)] == want, log
+
+
+def test_a_request_that_found_no_free_slot_keeps_its_place(monkeypatch) -> None:
+    # A request whose admission finds no free slot (one held outside the server) goes back to
+    # the head of the queue, not its end: requests are admitted in arrival order.
+    import memra.serve.scheduler as sched_mod
+
+    sched = Scheduler(_load(1))
+    real, calls = sched_mod.take_free_slots, {"n": 0}
+
+    def busy_once(*a, **k):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise memra.ContractError("no free slot (one held outside the server)", 40025)
+        return real(*a, **k)
+
+    monkeypatch.setattr(sched_mod, "take_free_slots", busy_once)
+    order = []
+    start = sched.batch.start
+    sched.batch.start = lambda ids, *a, **k: (order.append(int(ids[0])), start(ids, *a, **k))[1]
+
+    async def main():
+        reqs = [_request([t], 2, RowSampling(0.0)) for t in (1, 2, 3)]
+        for r in reqs:
+            sched.submit(r)
+        sched.start()
+        try:
+            await asyncio.gather(*(_tokens(r) for r in reqs))
+        finally:
+            sched.stop()
+
+    asyncio.run(main())
+    assert calls["n"] >= 2 and order == [1, 2, 3], order
+
+
+def test_a_stop_id_as_the_last_allowed_token_finishes_with_stop() -> None:
+    # vLLM's StopChecker tests the stop token ids before the length cap, so a stop id that is
+    # also the max_tokens-th token finishes the request with "stop", not "length".
+    m = _load(1)
+    prompt = [5, 6, 7]
+    run = m.generate(prompt, 8, ignore_eos=True)
+    n = next(i for i in range(1, len(run)) if run[i] not in run[:i]) + 1  # run[n-1] is new there
+    sched = Scheduler(m)
+
+    async def body():
+        req = _request(prompt, n, RowSampling(0.0), stop=(run[n - 1],))
+        sched.submit(req)
+        events = []
+        while not events or events[-1][1] is None:
+            events.append(await asyncio.wait_for(req.events.get(), 10))
+        return events
+
+    events = _run(sched, body)
+    assert [t for t, _ in events] == run[:n]
+    assert [r for _, r in events] == [None] * (n - 1) + ["stop"]
+
+
+def test_a_cancelled_running_request_ends_at_the_next_round() -> None:
+    # cancel(): "a running one's slot is freed at the start of the next round". Cancelled while
+    # the engine thread is inside round 1's decode step, the request gets that step's token and
+    # no other (it asked for 500).
+    m = _load(1, max_len=512)
+    sched = Scheduler(m)
+    gate, inside = threading.Event(), threading.Event()
+    decode = sched._decode
+
+    def held_decode(pending, events):
+        inside.set()
+        gate.wait(10)
+        return decode(pending, events)
+
+    sched._decode = held_decode
+
+    async def body():
+        req = _request([1, 2, 3], 500, RowSampling(0.0))
+        sched.submit(req)
+        await asyncio.wait_for(req.events.get(), 10)  # admitted: its first token
+        assert await asyncio.to_thread(inside.wait, 10)
+        sched.cancel(req)
+        gate.set()
+        end = time.monotonic() + 10
+        while not req.done or sched.running:
+            assert time.monotonic() < end
+            await asyncio.sleep(0.01)
+        return req
+
+    req = _run(sched, body)
+    assert req.row.count == 2 and m.cache.owner(0) == 0 and m.cache.length(0) == 0

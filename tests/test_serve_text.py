@@ -124,3 +124,15 @@ def test_long_stop_strings_cost_a_token_no_more_than_short_ones() -> None:
         sys.settrace(None)
     assert pieces == ["a"] * 50
     assert lines <= 50 * 64 * 20, lines  # a few lines a stop string, not one per prefix length
+
+
+def test_stops_completing_on_one_character_cut_at_the_earliest_beginning() -> None:
+    # Several stop strings completing on the same character: the text ends where the one that
+    # begins first begins, whatever the order of the list (str.find on the whole text). The
+    # later-listed stop here always begins later, so taking the last one's cut would be wrong.
+    tok = _tokenizer(memra.default_checkpoint())
+    ids = tok.encode("hello there", add_special_tokens=False).ids
+    for stop, want in ((["hel", "el"], ""), (["ell", "ll"], "h"), (["o t", " t"], "hell"),
+                       (["x", "o t", "t", " t"], "hell")):
+        assert _expected(tok, ids, stop) == want
+        assert _stream(tok, ids, stop) == want, stop
