@@ -114,6 +114,20 @@ def test_chat_streamed_and_not(server: ServerThread, ref: memra.Model) -> None:
         assert c.usage.completion_tokens == seen and c.usage.total_tokens == len(ids) + seen
     assert cont[0].usage.completion_tokens == 0 and seen == 10 and cont[-1].usage.completion_tokens == 10
     assert "".join(c.choices[0].delta.content or "" for c in cont if c.choices) == r.choices[0].message.content
+    # continuous_usage_stats alone asks for usage (vLLM's include_usage defaults to true); an
+    # explicit include_usage false turns both off
+    alone = list(client(server).chat.completions.create(
+        stream=True, stream_options={"continuous_usage_stats": True}, **kw))
+    assert [c.usage.completion_tokens for c in alone][-1] == 10 and all(c.usage for c in alone)
+    off = list(client(server).chat.completions.create(
+        stream=True, stream_options={"include_usage": False, "continuous_usage_stats": True}, **kw))
+    assert all(c.usage is None for c in off)
+    # /v1/completions streams it the same way
+    comp = list(client(server).completions.create(
+        model=NAME, prompt=ids, max_tokens=5, temperature=0, stream=True, extra_body={"ignore_eos": True},
+        stream_options={"include_usage": True, "continuous_usage_stats": True}))
+    assert all(c.usage.prompt_tokens == len(ids) for c in comp)
+    assert [c.usage.completion_tokens for c in comp][-2:] == [5, 5] and comp[-1].choices == []
     raw = httpx.post(server.url + "/v1/chat/completions", json=dict(kw, stream=True, extra_body=None), timeout=30)
     events = [line for line in raw.text.split("\n") if line]
     assert raw.headers["content-type"].startswith("text/event-stream")

@@ -115,6 +115,10 @@ def test_tool_call_arguments_reach_the_template_as_mappings() -> None:
     as_dict = [TOOL_TURN[0], dict(TOOL_TURN[1], tool_calls=[{"function": {"name": "f", "arguments": {"a": 1}}}])]
     msgs = [m.as_template_dict() for m in ChatCompletionRequest.model_validate({"messages": as_dict}).messages]
     assert msgs[1]["tool_calls"][0]["function"]["arguments"] == {"a": 1}
+    # an empty list of calls is no calls (vLLM drops it): `is defined` tests in templates agree
+    empty = [TOOL_TURN[0], dict(TOOL_TURN[1], content="ok", tool_calls=[])]
+    msgs = [m.as_template_dict() for m in ChatCompletionRequest.model_validate({"messages": empty}).messages]
+    assert "tool_calls" not in msgs[1] and msgs[1]["content"] == "ok"
 
 
 def test_tool_call_arguments_that_are_no_json_are_a_400(server) -> None:
@@ -125,7 +129,12 @@ def test_tool_call_arguments_that_are_no_json_are_a_400(server) -> None:
     assert err["param"] == "messages.1" and "tool_calls[0].function.arguments is not JSON" in err["message"], err
     bad[1]["tool_calls"][0]["function"]["arguments"] = 7
     r = post_json(server, H, dict(messages=bad, max_tokens=2))
-    assert r.status_code == 400 and "must be a JSON string or an object" in r.json()["error"]["message"], r.text
+    assert r.status_code == 400 and "must be a JSON object or a string holding one" in r.json()["error"]["message"], r.text
+    # JSON, but not an object: a template iterating .items() could not take it
+    for args in ("[1, 2]", "null", "42", [1, 2]):
+        bad[1]["tool_calls"][0]["function"]["arguments"] = args
+        r = post_json(server, H, dict(messages=bad, max_tokens=2))
+        assert r.status_code == 400 and "must be a JSON object" in r.json()["error"]["message"], (args, r.text)
     # the well-formed turn renders (the tiny template prints content only) and generates
     r = post_json(server, H, dict(messages=TOOL_TURN + [{"role": "user", "content": "And?"}], max_tokens=2))
     assert r.status_code == 200, r.text

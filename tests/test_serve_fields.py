@@ -72,6 +72,11 @@ def test_values_asking_for_nothing_are_served(server) -> None:
         assert post_json(server, path, dict(body, logit_bias={"5": 0, "7": 0.0})).status_code == 200
         r = post_json(server, path, dict(body, logit_bias={"5": 0, "7": -100}))
         assert r.status_code == 400 and r.json()["error"]["param"] == "logit_bias", r.text
+        # the keys are token ids of this vocabulary (as vLLM checks them), zeros or not
+        for key, words in (("abc", "token ids"), ("-1", "token ids"), ("99999999", "outside the vocabulary")):
+            r = post_json(server, path, dict(body, logit_bias={key: 0}))
+            assert r.status_code == 400 and r.json()["error"]["param"] == "logit_bias", r.text
+            assert words in r.json()["error"]["message"], r.text
     # a boolean is not the number 1
     r = post_json(server, C, dict(PROMPT, repetition_penalty=True))
     assert r.status_code == 400 and r.json()["error"]["param"] == "repetition_penalty", r.text

@@ -179,6 +179,7 @@ def _request(state: ServerState, body, ids: list[int], prompt_param: str) -> Gen
     if body.stop and state.model.tokenizer is None:
         raise APIError(400, "stop: this model has no tokenizer.json to match stop strings on", param="stop")
     stop_ids = set(_check_ids(state, body.stop_token_ids, "stop_token_ids"))
+    _check_ids(state, [int(k) for k in body.logit_bias or ()], "logit_bias")  # zeros only: no effect
     if not body.ignore_eos:
         stop_ids |= set(state.model.eos_token_ids)
     top_k = body.top_k if body.top_k is not None else state.default_top_k
@@ -307,9 +308,7 @@ def _stream(state: ServerState, body, req: GenRequest, text: TextStream, chat: b
             c["token_ids"] = ids
         return d
 
-    opts = body.stream_options
-    include_usage = opts is not None and opts.include_usage
-    continuous = include_usage and opts.continuous_usage_stats  # vLLM: only with include_usage
+    include_usage, continuous = body.stream_options.usage_chunks() if body.stream_options else (False, False)
     n_prompt = len(req.prompt_ids)
 
     def usage(n: int) -> dict:  # Usage's fields, without a validation per token

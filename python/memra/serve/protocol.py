@@ -110,13 +110,20 @@ def _refuse_unhonoured(table: dict, v: Any, name: str) -> Any:
 
 class StreamOptions(BaseModel):
     """``stream_options``: ``include_usage`` adds a last chunk with ``usage`` and no choices;
-    with it, vLLM's ``continuous_usage_stats`` also gives every other chunk the ``usage`` so far
-    (completion_tokens: the tokens generated up to and including that chunk's)."""
+    vLLM's ``continuous_usage_stats`` also gives every other chunk the ``usage`` so far
+    (completion_tokens: the tokens generated up to and including that chunk's). Unset,
+    ``include_usage`` is OpenAI's false, except beside ``continuous_usage_stats`` true, which
+    asks for usage (vLLM's default of include_usage is true); an explicit false turns both off."""
 
     model_config = ConfigDict(strict=True)
 
-    include_usage: bool = False
+    include_usage: bool | None = None
     continuous_usage_stats: bool = False
+
+    def usage_chunks(self) -> tuple[bool, bool]:
+        """(a last usage chunk, usage in every chunk)."""
+        last = self.include_usage if self.include_usage is not None else self.continuous_usage_stats
+        return last, last and self.continuous_usage_stats
 
     @model_validator(mode="before")
     @classmethod
@@ -237,6 +244,9 @@ class _SamplingRequest(BaseModel):
     def _no_bias(cls, v):
         if v and any(b != 0 for b in v.values()):  # biases of 0 ask for nothing
             raise ValueError("logit_bias is not supported by memra (biases of 0 only)")
+        for key in v or ():  # the keys are token ids (the handler checks the vocabulary)
+            if not (key.isascii() and key.isdigit()):
+                raise ValueError(f"logit_bias keys are token ids, got {key[:40]!r}")
         return v
 
 
@@ -305,8 +315,8 @@ class ChatMessage(BaseModel):
     """One message. ``content`` may be a list of text parts (joined with newlines, as vLLM
     does for templates that take string content). Other keys (name, tool_call_id, ...) reach
     the chat template as they are, but an assistant's ``tool_calls`` reach it with each
-    ``function.arguments`` parsed from its JSON string (vLLM's rendering; 400 when it is not
-    JSON)."""
+    ``function.arguments`` parsed from its JSON string into a mapping (vLLM's rendering; a 400
+    when it is not a JSON object, where vLLM now renders {} in silence)."""
 
     model_config = ConfigDict(extra="allow", strict=True)
 
@@ -342,31 +352,39 @@ class ChatMessage(BaseModel):
             d["content"] = "\n".join(p.text for p in self.content)
         if "tool_calls" in d:
             d["tool_calls"] = _template_tool_calls(self.role, d["tool_calls"])
+            if d["tool_calls"] is None:
+                del d["tool_calls"]
         return d
 
 
 def _template_tool_calls(role: str, calls: Any) -> Any:
     """An assistant's ``tool_calls`` as chat templates take them: OpenAI sends each
     ``function.arguments`` as a JSON string, transformers' templates iterate it as a mapping,
-    so it is parsed (null or "" becomes {}), as vLLM does; a copy, the request is left as it was.
-    ValueError naming the call when the string is not JSON."""
+    so it is parsed (null or "" becomes {}) as vLLM does, and an empty list is None (vLLM drops
+    it); a copy, the request is left as it was. ValueError naming the call when the arguments
+    are not a JSON object (vLLM renders {} for a string that is not JSON)."""
     if role != "assistant" or not isinstance(calls, list):
         return calls
+    if not calls:
+        return None
     out = []
     for i, call in enumerate(calls):
         fn = call.get("function") if isinstance(call, dict) else None
-        if isinstance(fn, dict) and not isinstance(fn.get("arguments"), (dict, list)):
+        if isinstance(fn, dict) and not isinstance(fn.get("arguments"), dict):
             args = fn.get("arguments")
+            where = f"tool_calls[{i}].function.arguments"
             if args in (None, ""):
                 parsed = {}
             elif isinstance(args, str):
                 try:
                     parsed = json.loads(args)
                 except json.JSONDecodeError as e:
-                    raise ValueError(f"tool_calls[{i}].function.arguments is not JSON: {e}") from None
+                    raise ValueError(f"{where} is not JSON: {e}") from None
+                if not isinstance(parsed, dict):
+                    raise ValueError(f"{where} must be a JSON object, got {type(parsed).__name__}")
             else:
-                raise ValueError(f"tool_calls[{i}].function.arguments must be a JSON string or an "
-                                 f"object, got {type(args).__name__}")
+                raise ValueError(f"{where} must be a JSON object or a string holding one, got "
+                                 f"{type(args).__name__}")
             call = dict(call, function=dict(fn, arguments=parsed))
         out.append(call)
     return out
