@@ -15,11 +15,11 @@ class ServerThread:
     def __init__(self, model, timeout: float = 30.0, **kwargs) -> None:
         import uvicorn
 
-        from memra.serve import create_app
+        from memra.serve import create_app, server
 
         self.app = create_app(model, **kwargs)
         config = uvicorn.Config(self.app, host="127.0.0.1", port=0, log_level="warning", lifespan="on")
-        self.server = uvicorn.Server(config)
+        self.server = server(self.app, config)
         self.thread = threading.Thread(target=self.server.run, name="memra-test-server", daemon=True)
         self.thread.start()
         deadline = time.monotonic() + timeout

@@ -8,6 +8,7 @@ Every refusal is a 400 (413 for the body) naming the field, and nothing is sched
 from __future__ import annotations
 
 import json
+import types
 
 import pytest
 
@@ -17,6 +18,7 @@ pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 
 import memra  # noqa: E402
+import memra.serve  # noqa: E402
 from serve_helpers import ServerThread, post_json, wait_idle  # noqa: E402
 
 NAME = "tiny"
@@ -244,12 +246,11 @@ def test_create_app_names_a_bad_model_or_name(model, args, name) -> None:
 def test_run_names_a_bad_host_port_or_level(model, kwargs, name, monkeypatch) -> None:
     # uvicorn took each as it came (a port of "x" or -1, an unknown level) and failed later,
     # or served on a port nobody asked for; now nothing is served.
-    import uvicorn
-
     from memra.serve import run
 
     served = []
-    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: served.append(kw))
+    monkeypatch.setattr(memra.serve, "server", lambda app, config: types.SimpleNamespace(
+        run=lambda: served.append(config)))
     with pytest.raises(memra.ContractError, match=name) as info:
         run(model, **kwargs)
     assert info.value.code == 40025 and not served
@@ -259,14 +260,13 @@ def test_run_takes_a_logging_level_number(model, monkeypatch) -> None:
     # uvicorn takes logging's numbers as well as its names.
     import logging
 
-    import uvicorn
-
     from memra.serve import run
 
     served = []
-    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: served.append(kw))
+    monkeypatch.setattr(memra.serve, "server", lambda app, config: types.SimpleNamespace(
+        run=lambda: served.append(config)))
     run(model, log_level=logging.DEBUG)
-    assert served and served[0]["log_level"] == logging.DEBUG
+    assert served and served[0].log_level == logging.DEBUG
     with pytest.raises(memra.ContractError, match="log_level"):
         run(model, log_level=True)
 

@@ -22,6 +22,22 @@ def create_app(model, served_model_name: str | None = None, **kwargs):
     return make(model, served_model_name, **kwargs)
 
 
+def server(app, config):
+    """A uvicorn.Server for a create_app `app` (config: its uvicorn.Config) whose shutdown first
+    stops the app's scheduler: requests in flight end at once with "the server is shutting
+    down" (a stream's last event before [DONE]; 500 otherwise) and new ones get a 503, so their
+    connections close and Ctrl-C or SIGTERM stops the server promptly, where uvicorn would wait
+    for every running generation to finish."""
+    import uvicorn
+
+    class _Server(uvicorn.Server):
+        async def shutdown(self, sockets=None):
+            app.state.memra.scheduler.request_stop()
+            await super().shutdown(sockets)
+
+    return _Server(config)
+
+
 def run(model, *, host: str = "127.0.0.1", port: int = 8000, served_model_name: str | None = None,
         max_waiting: int = 64, max_request_bytes: int | None = None, log_level: str | int = "info") -> None:
     """Serve `model` with uvicorn until interrupted (Ctrl-C); the options are create_app's.
@@ -41,7 +57,7 @@ def run(model, *, host: str = "127.0.0.1", port: int = 8000, served_model_name: 
                                     and log_level >= 0)):
         raise ContractError(f"serve.run: log_level must be one of {list(levels)}, got {log_level!r}", 40025)
     app = create_app(model, served_model_name, max_waiting=max_waiting, max_request_bytes=max_request_bytes)
-    uvicorn.run(app, host=host, port=port, log_level=log_level)
+    server(app, uvicorn.Config(app, host=host, port=port, log_level=log_level)).run()
 
 
-__all__ = ["create_app", "run"]
+__all__ = ["create_app", "run", "server"]

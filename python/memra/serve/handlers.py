@@ -28,7 +28,7 @@ from ..errors import ContractError, MemraError, NonFiniteError
 from .protocol import (ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest,
                        ChatCompletionResponse, ChatDelta, ChatMessageOut, CompletionChoice, CompletionRequest,
                        CompletionResponse, ErrorInfo, Usage)
-from .scheduler import QueueFullError, Request as GenRequest
+from .scheduler import QueueFullError, Request as GenRequest, ShuttingDownError
 from .text import TextStream
 
 
@@ -197,6 +197,8 @@ def _submit(state: ServerState, req: GenRequest) -> None:
         state.scheduler.submit(req)
     except QueueFullError as e:
         raise APIError(429, f"the server is busy: {e}", "rate_limit_error", code="rate_limit_exceeded") from None
+    except ShuttingDownError as e:
+        raise APIError(503, str(e), "server_error") from None
 
 
 async def _pieces(state: ServerState, req: GenRequest, text: TextStream) -> AsyncIterator[Piece]:

@@ -37,6 +37,10 @@ class QueueFullError(Exception):
     """Every slot is busy and ``max_waiting`` requests are queued (HTTP 429)."""
 
 
+class ShuttingDownError(Exception):
+    """The server is stopping: no request is taken any more (HTTP 503)."""
+
+
 @dataclass(eq=False)
 class Request:
     """One generation request as the scheduler runs it.
@@ -91,17 +95,27 @@ class Scheduler:
         self._thread = threading.Thread(target=self._run, name="memra-engine", daemon=True)
         self._thread.start()
 
-    def stop(self) -> None:
-        """Stop the engine thread after its current round; every request is cancelled."""
+    def request_stop(self) -> None:
+        """Ask the engine thread to stop after its current round, without waiting for it: every
+        request in flight or queued then ends with a "the server is shutting down" MemraError,
+        so that their connections close (the server's shutdown waits for them)."""
         with self._cv:
             self._stopping = True
             self._cv.notify()
+
+    def stop(self) -> None:
+        """Stop the engine thread after its current round and wait for it; every request is
+        cancelled."""
+        self.request_stop()
         if self._thread is not None:
             self._thread.join()
 
     def submit(self, req: Request) -> None:
-        """Queue a request (QueueFullError when every slot is busy and max_waiting are queued)."""
+        """Queue a request (QueueFullError when every slot is busy and max_waiting are queued;
+        ShuttingDownError once the server is stopping)."""
         with self._cv:
+            if self._stopping:
+                raise ShuttingDownError("the server is shutting down")
             free = self.max_batch - self._n_running
             if len(self._waiting) >= max(free, 0) + self.max_waiting:
                 raise QueueFullError(f"all {self.max_batch} slots are busy and {len(self._waiting)} "

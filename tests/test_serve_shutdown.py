@@ -1,0 +1,58 @@
+"""``memra serve`` stops promptly with generations in flight (CPU, loopback), from a break-it
+pass of the CLI (session 24 of 2026-12-05): uvicorn's shutdown waits for every connection to
+close, and the scheduler was stopped only after that (the app's lifespan), so Ctrl-C or SIGTERM
+waited for the longest running generation to finish. memra.serve.server stops the scheduler
+first: the requests end at once and their connections close.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+httpx = pytest.importorskip("httpx")
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+
+import memra  # noqa: E402
+from memra.batch import RowSampling  # noqa: E402
+from memra.serve.scheduler import Request, ShuttingDownError  # noqa: E402
+from serve_helpers import ServerThread  # noqa: E402
+
+
+def test_stopping_ends_the_generations_in_flight_at_once() -> None:
+    # 60000 tokens take about a minute on the CPU; the server must stop within seconds.
+    model = memra.load(memra.default_checkpoint(), max_batch=2, max_len=65536, progress=False)
+    s = ServerThread(model, served_model_name="tiny")
+    long = dict(model="tiny", prompt=[1, 2, 3], max_tokens=60000, temperature=0, ignore_eos=True)
+    got: dict = {}
+
+    def plain() -> None:
+        got["plain"] = httpx.post(s.url + "/v1/completions", json=long, timeout=120)
+
+    def streamed() -> None:
+        got["stream"] = httpx.post(s.url + "/v1/completions", json=dict(long, stream=True), timeout=120)
+
+    clients = [threading.Thread(target=plain), threading.Thread(target=streamed)]
+    for c in clients:
+        c.start()
+    deadline = time.monotonic() + 30
+    while s.app.state.memra.scheduler.running < 2:  # both generating
+        assert time.monotonic() < deadline, "the two requests did not start"
+        time.sleep(0.01)
+    t0 = time.monotonic()
+    s.stop()
+    for c in clients:
+        c.join(30)
+    took = time.monotonic() - t0
+    assert not s.thread.is_alive() and took < 10, took
+    plain_r, stream_r = got["plain"], got["stream"]
+    assert plain_r.status_code == 500 and "shutting down" in plain_r.json()["error"]["message"], plain_r.text
+    events = [e for e in stream_r.text.split("\n") if e]
+    assert events[-1] == "data: [DONE]" and "shutting down" in events[-2], events[-3:]
+    # a request reaching a stopping scheduler is refused (the handler's 503), not queued for ever
+    with pytest.raises(ShuttingDownError):
+        s.app.state.memra.scheduler.submit(Request(np.array([1], np.int32), 1, RowSampling(), frozenset()))
