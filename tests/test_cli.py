@@ -18,6 +18,7 @@ def calls(monkeypatch):
     seen = []
     monkeypatch.setattr(cli, "load", lambda path, **kw: seen.append(("load", path)) or object())
     monkeypatch.setattr(serve, "run", lambda model, **kw: seen.append(("run", kw["port"])))
+    monkeypatch.setattr(cli, "_listen_problem", lambda host, port: None)  # no socket touched
     return seen
 
 
@@ -44,3 +45,32 @@ def test_a_server_that_cannot_be_made_is_a_named_error(monkeypatch, capsys, call
     monkeypatch.setattr(serve, "run", refuse)
     assert cli.main(["serve", "--device", "cpu"]) == 1
     assert "ContractError (40025): chat template" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flags,words", [
+    (["--host", ""], "--host must not be empty"),
+    (["--served-model-name", ""], "--served-model-name must not be empty"),
+    (["--max-waiting", "99999999999999999999"], "--max-waiting must be in"),
+    (["--max-request-bytes", "99999999999999999999"], "--max-request-bytes must be at most"),
+    ([""], "PATH must name a checkpoint folder"),
+])
+def test_what_the_server_would_refuse_is_said_before_the_load(calls, capsys, flags, words):
+    # Each was found by create_app, run or uvicorn after the model loaded and "serving ..." was
+    # printed (a break-it pass of the CLI, session 24).
+    assert cli.main(["serve", *flags]) == 2
+    assert words in capsys.readouterr().err
+    assert calls == []
+
+
+def test_a_host_that_does_not_resolve_or_a_taken_port_is_said_before_the_load(monkeypatch, capsys):
+    import socket
+
+    monkeypatch.setattr(cli, "load", lambda path, **kw: pytest.fail("loaded"))
+    assert cli.main(["serve", "--host", "nonexistent.invalid"]) == 2
+    assert "--host 'nonexistent.invalid' does not resolve" in capsys.readouterr().err
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert cli.main(["serve", "--port", str(port)]) == 2
+        assert f"--port {port}: cannot listen there" in capsys.readouterr().err

@@ -48,3 +48,42 @@ def test_more_new_tokens_than_cache_rows_fail_before_the_load(loads, capsys):
     err = capsys.readouterr().err
     assert "CacheFullError (30002)" in err and "--max-len 64" in err, err
     assert loads == []
+
+
+def test_a_prompt_that_is_no_utf8_or_an_empty_path_fail_before_the_load(loads, capsys):
+    # undecodable argv bytes reach Python as lone surrogates; the tokenizer raised a TypeError
+    # after the load (a break-it pass of the CLI, session 24)
+    assert cli.main(["generate", "--prompt", "\udcff\udcfe bad"]) == 2
+    assert "--prompt is not valid UTF-8" in capsys.readouterr().err
+    assert cli.main(["generate", ""]) == 2  # an unset $MODEL: not the embedded model in silence
+    assert "PATH must name a checkpoint folder" in capsys.readouterr().err
+    assert loads == []
+
+
+class _Model:
+    """A stand-in whose stream draws 5, 6, then is interrupted (Ctrl-C) or ends."""
+
+    def __init__(self, interrupt: bool) -> None:
+        self.interrupt = interrupt
+        self.tokenizer = None
+        self.cache = type("C", (), {"max_batch": 1, "max_len": 64, "nbytes": 0})()
+
+    def stream(self, ids, n, **kw):
+        yield 5
+        yield 6
+        if self.interrupt:
+            raise KeyboardInterrupt
+
+
+def test_ctrl_c_prints_the_tokens_drawn_and_exits_130(monkeypatch, capsys):
+    monkeypatch.setattr(cli, "load", lambda path, **kw: _Model(True))
+    assert cli.main(["generate", "--prompt-ids", "1,2"]) == 130
+    out = capsys.readouterr()
+    assert out.out.strip() == "5,6" and "interrupted after 2 tokens" in out.err and "Traceback" not in out.err
+
+
+def test_the_speed_line_parts_the_first_token_from_the_rest(monkeypatch, capsys):
+    monkeypatch.setattr(cli, "load", lambda path, **kw: _Model(False))
+    assert cli.main(["generate", "--prompt-ids", "1,2"]) == 0
+    err = capsys.readouterr().err
+    assert "2 tokens: the first" in err and "(prompt 2 tokens), then 1 in" in err, err

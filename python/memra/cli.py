@@ -5,7 +5,9 @@
                    [--max-len N] [--device cpu|cuda|cuda:N] [--dtype D]
 
 prints the new text (decoded with the folder's tokenizer.json through the ``tokenizers``
-library) or the new token ids, then the generation speed in tokens/s on stderr.
+library) or the new token ids, then on stderr the time to the first token (the prompt's
+prefill) and the decode speed in tokens/s after it. Ctrl-C prints the tokens drawn so far and
+exits with 130.
 
     memra serve [PATH] [--host 127.0.0.1] [--port 8000] [--device cpu|cuda] [--dtype D]
                 [--max-batch N] [--max-len N] [--max-waiting N] [--max-request-bytes N]
@@ -17,6 +19,8 @@ serves the model over HTTP with OpenAI's API (memra.serve) until interrupted.
 from __future__ import annotations
 
 import argparse
+import os
+import socket
 import sys
 import time
 
@@ -37,6 +41,17 @@ def _parse_ids(text: str) -> list[int]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:  # while loading, or serve's start: no traceback for a Ctrl-C
+        print("memra: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # `memra generate | head`: the reader left; nothing more to say
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+
+
+def _main(argv: list[str] | None) -> int:
     parser = argparse.ArgumentParser(prog="memra", description="memra: hybrid linear-attention inference")
     sub = parser.add_subparsers(dest="command", required=True)
     g = sub.add_parser("generate", help="generate tokens after a prompt")
@@ -45,14 +60,16 @@ def main(argv: list[str] | None = None) -> int:
     src = g.add_mutually_exclusive_group()
     src.add_argument("--prompt", default=None, help=f"prompt text (default: {DEFAULT_PROMPT!r})")
     src.add_argument("--prompt-ids", type=_parse_ids, default=None, help="prompt token ids, e.g. 1,2,3")
-    g.add_argument("--max-new-tokens", type=int, default=32)
-    g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    g.add_argument("--top-k", type=int, default=None)
-    g.add_argument("--top-p", type=float, default=None)
-    g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--ignore-eos", action="store_true")
-    g.add_argument("--max-len", type=int, default=4096, help="cache length in tokens (prompt + new)")
-    g.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    g.add_argument("--max-new-tokens", type=int, default=32, help="tokens to generate at most (default: 32)")
+    g.add_argument("--temperature", type=float, default=0.0,
+                   help="0 = greedy, which ignores --top-k, --top-p and --seed (default: 0)")
+    g.add_argument("--top-k", type=int, default=None, help="keep the k likeliest tokens (0 or none: all)")
+    g.add_argument("--top-p", type=float, default=None, help="nucleus mass kept (1 or none: all)")
+    g.add_argument("--seed", type=int, default=0, help="the sampler's seed (default: 0)")
+    g.add_argument("--ignore-eos", action="store_true", help="do not stop at the end-of-sequence token")
+    g.add_argument("--max-len", type=int, default=4096,
+                   help="cache length in tokens, prompt + new (default: 4096)")
+    g.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default: cpu)")
     g.add_argument("--dtype", default=None, choices=["float32", "bfloat16"],
                    help="compute dtype (default: float32 on the CPU, bfloat16 on CUDA)")
     _serve_parser(sub)
@@ -60,7 +77,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "serve":
         return _serve(args)
 
-    path = args.path or default_checkpoint()
+    if args.path == "":
+        print("memra: PATH must name a checkpoint folder (leave it out for the embedded tiny model)",
+              file=sys.stderr)
+        return 2
+    path = args.path if args.path is not None else default_checkpoint()
+    if args.prompt is not None:
+        try:
+            args.prompt.encode("utf-8")
+        except UnicodeEncodeError as e:  # undecodable argv bytes arrive as lone surrogates
+            print(f"memra: --prompt is not valid UTF-8 (at character {e.start})", file=sys.stderr)
+            return 2
     try:
         # The sampling arguments before the checkpoint: a bad one costs no load.
         generation_args(args.max_new_tokens, args.temperature, args.top_k, args.top_p, args.seed)
@@ -84,22 +111,39 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"memra: --prompt {text!r} encodes to no tokens; give a non-empty prompt", file=sys.stderr)
                 return 2
         start = time.perf_counter()
+        first = None  # when the first token arrived: the prompt's prefill and one draw
         new: list[int] = []
-        for t in model.stream(ids, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-                              top_p=args.top_p, seed=args.seed, ignore_eos=args.ignore_eos):
-            new.append(t)
-        elapsed = time.perf_counter() - start
+        try:
+            for t in model.stream(ids, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+                                  top_p=args.top_p, seed=args.seed, ignore_eos=args.ignore_eos):
+                new.append(t)
+                if first is None:
+                    first = time.perf_counter()
+        except KeyboardInterrupt:  # the stream gave its slot back; show what was drawn
+            _print_new(new, tok, args)
+            print(f"memra: interrupted after {len(new)} tokens", file=sys.stderr)
+            return 130
+        end = time.perf_counter()
     except MemraError as e:
         print(f"memra: {type(e).__name__} ({e.code}): {e}", file=sys.stderr)
         return 1
+    _print_new(new, tok, args)
+    if first is None:
+        print(f"memra: no tokens (prompt {len(ids)} tokens)", file=sys.stderr)
+        return 0
+    rest = len(new) - 1
+    rate = rest / (end - first) if end > first else float("inf")
+    print(f"memra: {len(new)} tokens: the first {first - start:.3f} s after the call (prompt {len(ids)} "
+          f"tokens), then {rest} in {end - first:.3f} s ({rate:.1f} tokens/s)", file=sys.stderr)
+    return 0
+
+
+def _print_new(new: list[int], tok, args) -> None:
+    """The new tokens on stdout: text through the tokenizer for a text prompt, else the ids."""
     if tok is not None and args.prompt_ids is None:
         print(tok.decode(new, skip_special_tokens=False))
     else:
         print(",".join(str(t) for t in new))
-    rate = len(new) / elapsed if elapsed > 0 else float("inf")
-    print(f"memra: {len(new)} tokens in {elapsed:.3f} s ({rate:.1f} tokens/s, prompt {len(ids)} tokens)",
-          file=sys.stderr)
-    return 0
 
 
 def _positive(text: str) -> int:
@@ -155,19 +199,22 @@ def _serve(args) -> int:
     except ImportError as e:  # fastapi / uvicorn missing from a hand-made environment
         print(f"memra: memra serve needs fastapi, uvicorn, prometheus-client and jinja2: {e}", file=sys.stderr)
         return 2
-    if args.max_waiting < 0:
-        print("memra: --max-waiting must be >= 0", file=sys.stderr)
+    problem = _serve_problem(args)
+    if problem:  # before the load: a bad flag costs no minutes of reading weights
+        print(f"memra: {problem}", file=sys.stderr)
         return 2
     device = args.device or ("cuda" if cuda_available() else "cpu")
-    path = args.path or default_checkpoint()
+    path = args.path if args.path is not None else default_checkpoint()
     try:
         model = load(path, device=device, max_batch=args.max_batch, max_len=args.max_len, dtype=args.dtype,
                      progress=True)
     except MemraError as e:
         print(f"memra: {type(e).__name__} ({e.code}): {e}", file=sys.stderr)
         return 1
-    print(f"memra: serving {path} on {device} at http://{args.host}:{args.port}/v1 "
-          f"({args.max_batch} slots x {args.max_len} tokens)", file=sys.stderr)
+    host = f"[{args.host}]" if ":" in args.host else args.host  # an IPv6 literal
+    where = f"http://{host}:{args.port}/v1" if args.port else f"http://{host} on a free port (uvicorn names it)"
+    print(f"memra: serving {path} on {device} at {where} ({args.max_batch} slots x {args.max_len} tokens)",
+          file=sys.stderr)
     try:
         run(model, host=args.host, port=args.port, served_model_name=args.served_model_name,
             max_waiting=args.max_waiting, max_request_bytes=args.max_request_bytes, log_level=args.log_level)
@@ -175,6 +222,40 @@ def _serve(args) -> int:
         print(f"memra: {type(e).__name__} ({e.code}): {e}", file=sys.stderr)
         return 1
     return 0
+
+
+def _serve_problem(args) -> str | None:
+    """What create_app / run / the socket would refuse after the model loaded, said first: the
+    path, the counts, the served name, a host that does not resolve, a port taken."""
+    if args.path == "":
+        return "PATH must name a checkpoint folder (leave it out for the embedded tiny model)"
+    if not 0 <= args.max_waiting <= 2**63 - 1:
+        return f"--max-waiting must be in [0, 2^63 - 1], got {args.max_waiting}"
+    if args.max_request_bytes is not None and args.max_request_bytes > 2**63 - 1:
+        return f"--max-request-bytes must be at most 2^63 - 1, got {args.max_request_bytes}"
+    if args.served_model_name == "":
+        return "--served-model-name must not be empty (leave it out for the folder's name)"
+    if not args.host:
+        return "--host must not be empty"
+    return _listen_problem(args.host, args.port)
+
+
+def _listen_problem(host: str, port: int) -> str | None:
+    """Why the server could not listen on host:port (a name that does not resolve, a port
+    taken), or None; a test bind, released at once."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError) as e:
+        return f"--host {host!r} does not resolve to an address: {e}"
+    if port:  # port 0: the system picks a free one
+        family, kind, proto, _, addr = infos[0]
+        with socket.socket(family, kind, proto) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds it
+            try:
+                s.bind(addr)
+            except OSError as e:
+                return f"--host {host} --port {port}: cannot listen there: {e.strerror}"
+    return None
 
 
 if __name__ == "__main__":
