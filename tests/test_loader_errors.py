@@ -282,3 +282,13 @@ def test_integer_sampling_defaults_are_taken_as_floats(tmp_path):
     g = _load(_copy(tmp_path, {"temperature": 1, "top_k": 3, "top_p": 1})).generation_config
     assert (g.temperature, g.top_k, g.top_p) == (1.0, 3, 1.0)
     assert type(g.temperature) is float and type(g.top_p) is float and type(g.top_k) is int
+
+
+def test_bfloat16_on_the_cpu_names_what_was_asked() -> None:
+    # The message quoted dtype='float32', the value the user had not given (a break-it pass of
+    # the CLI, session 24); it names bfloat16, the CUDA device it needs and the way out.
+    import memra
+
+    with pytest.raises(memra.UnsupportedError, match="dtype='bfloat16' needs a CUDA device") as info:
+        memra.load(memra.default_checkpoint(), dtype="bfloat16", progress=False)
+    assert "dtype='float32' or leave it out" in str(info.value)

@@ -77,7 +77,8 @@ def load(path, device: str = "cpu", max_batch: int = 8, max_len: int = 4096, *, 
     if not isinstance(dtype, str) or dtype not in ("float32", "bfloat16"):
         raise ContractError(f"load: dtype must be 'float32' or 'bfloat16', got {dtype!r}", 40025)
     if dtype == "bfloat16" and not engine.is_cuda:
-        raise UnsupportedError("load: the CPU backend computes in float32 only (dtype='float32')", 50000)
+        raise UnsupportedError("load: dtype='bfloat16' needs a CUDA device; the CPU backend computes in "
+                               "float32 only (give dtype='float32' or leave it out)", 50000)
     plan = family.layer_plan(cfg)  # decided once: the cache's planes and the blocks
     specs = [p.state for p in plan]
     need = _core.Cache.bytes_needed(max_batch, max_len, specs)
