@@ -51,7 +51,8 @@ def test_a_server_that_cannot_be_made_is_a_named_error(monkeypatch, capsys, call
     (["--host", ""], "--host must not be empty"),
     (["--served-model-name", ""], "--served-model-name must not be empty"),
     (["--max-waiting", "99999999999999999999"], "--max-waiting must be in"),
-    (["--max-request-bytes", "99999999999999999999"], "--max-request-bytes must be at most"),
+    (["--max-request-bytes", "99999999999999999999"], "--max-request-bytes must be in"),
+    (["--max-waiting", "3000000000"], "--max-waiting must be in"),  # create_app's bound, not 2^63
     ([""], "PATH must name a checkpoint folder"),
 ])
 def test_what_the_server_would_refuse_is_said_before_the_load(calls, capsys, flags, words):

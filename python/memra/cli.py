@@ -26,7 +26,7 @@ import time
 
 from . import load
 from .errors import CacheFullError, MemraError
-from .batch import generation_args
+from .batch import count_arg, generation_args
 from .checkpoint import default_checkpoint
 
 DEFAULT_PROMPT = "The quick brown fox"
@@ -229,10 +229,12 @@ def _serve_problem(args) -> str | None:
     path, the counts, the served name, a host that does not resolve, a port taken."""
     if args.path == "":
         return "PATH must name a checkpoint folder (leave it out for the embedded tiny model)"
-    if not 0 <= args.max_waiting <= 2**63 - 1:
-        return f"--max-waiting must be in [0, 2^63 - 1], got {args.max_waiting}"
-    if args.max_request_bytes is not None and args.max_request_bytes > 2**63 - 1:
-        return f"--max-request-bytes must be at most 2^63 - 1, got {args.max_request_bytes}"
+    try:  # create_app's bounds, by its own checker
+        count_arg(args.max_waiting, "--max-waiting", 0)
+        if args.max_request_bytes is not None:
+            count_arg(args.max_request_bytes, "--max-request-bytes", 1, 2**63 - 1)
+    except MemraError as e:
+        return str(e)
     if args.served_model_name == "":
         return "--served-model-name must not be empty (leave it out for the folder's name)"
     if not args.host:
