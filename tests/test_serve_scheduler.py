@@ -52,6 +52,21 @@ async def _tokens(req: Request, deadline: float = 30.0) -> list[int]:
             return out
 
 
+def _hold_in_decode(sched: Scheduler):
+    """(gate, inside): the engine thread sets `inside` when it enters a decode step and waits
+    there until `gate` is set (10 s at most), so a test acts while a step is in flight."""
+    gate, inside = threading.Event(), threading.Event()
+    decode = sched._decode
+
+    def held_decode(pending, events):
+        inside.set()
+        gate.wait(10)
+        return decode(pending, events)
+
+    sched._decode = held_decode
+    return gate, inside
+
+
 def _run(sched: Scheduler, body):
     async def main():
         sched.start()
@@ -158,15 +173,7 @@ def test_a_cancelled_waiting_request_leaves_the_queue_at_once() -> None:
     queued, not refused with a 429 until the engine's next round."""
     m = _load(1, max_len=512)
     sched = Scheduler(m, max_waiting=1)
-    gate, inside = threading.Event(), threading.Event()
-    decode = sched._decode
-
-    def held_decode(pending, events):  # the engine thread held inside its step
-        inside.set()
-        gate.wait(10)
-        return decode(pending, events)
-
-    sched._decode = held_decode
+    gate, inside = _hold_in_decode(sched)
 
     async def body():
         long = _request([1, 2, 3], 500, RowSampling(0.0))
@@ -382,15 +389,7 @@ def test_a_cancelled_running_request_ends_at_the_next_round() -> None:
     # no other (it asked for 500).
     m = _load(1, max_len=512)
     sched = Scheduler(m)
-    gate, inside = threading.Event(), threading.Event()
-    decode = sched._decode
-
-    def held_decode(pending, events):
-        inside.set()
-        gate.wait(10)
-        return decode(pending, events)
-
-    sched._decode = held_decode
+    gate, inside = _hold_in_decode(sched)
 
     async def body():
         req = _request([1, 2, 3], 500, RowSampling(0.0))
