@@ -21,20 +21,23 @@ def loads(monkeypatch):
     return seen
 
 
-@pytest.mark.parametrize("flags,named", [
-    (["--temperature", "-1"], "temperature"),
-    (["--temperature", "inf"], "temperature"),
-    (["--top-p", "2"], "top_p"),
-    (["--top-p", "0"], "top_p"),
-    (["--top-k", "-3"], "top_k"),
-    (["--max-new-tokens", "-1"], "max_new_tokens"),
-    (["--seed", "-1"], "seed"),
+@pytest.mark.parametrize("flags", [
+    ["--temperature", "-1"], ["--temperature", "inf"], ["--top-p", "2"], ["--top-p", "0"],
+    ["--top-k", "-3"], ["--max-new-tokens", "-1"], ["--seed", "-1"],
 ])
-def test_bad_sampling_flags_fail_before_the_load(loads, capsys, flags, named):
+def test_bad_sampling_flags_fail_before_the_load(loads, capsys, flags):
+    # Named by the flag the user typed, not by the library's parameter (top_p).
     assert cli.main(["generate", *flags]) == 1
     err = capsys.readouterr().err
-    assert "ContractError (40025)" in err and named in err, err
+    assert "ContractError (40025)" in err and f"{flags[0]} must" in err, err
     assert loads == []
+
+
+def test_a_bad_max_len_is_named_by_its_flag(monkeypatch, capsys):
+    # load() refuses it (the real loader, on the embedded checkpoint, before reading weights)
+    assert cli.main(["generate", "--max-len", "0"]) == 1
+    err = capsys.readouterr().err
+    assert "--max-len must be in [1," in err and "max_len must" not in err.replace("--max-len", ""), err
 
 
 def test_good_sampling_flags_reach_the_load(loads):

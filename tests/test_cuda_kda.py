@@ -164,6 +164,22 @@ def test_conv_batched_decode_equals_prefill_rows(e, C, l2_dk, k):
     np.testing.assert_array_equal(ring_out, cring)
 
 
+@pytest.mark.parametrize("B", [1, 4, 9, 64])
+def test_conv_batched_decode_row_groups(e, B):
+    # The decode kernel takes 4 rows a thread: a batch of one group, whole groups, a last group
+    # of one row, and the bench model's 64 rows; each row's bytes are the prefill arm's.
+    C, k = 768, 4
+    r = rng(2000 + B)
+    x = f32(r.standard_normal((B, C)))
+    w = f32(0.5 * r.standard_normal((C, k)))
+    rings = f32(r.standard_normal((B, C, k - 1)))
+    y, ring_out = conv_cuda(e, x, w, rings, batch=True, l2_dk=128)
+    for b in range(B):
+        yb, rb = conv_cuda(e, x[b : b + 1], w, rings[b], arm="prefill", l2_dk=128)
+        np.testing.assert_array_equal(y[b : b + 1], yb, err_msg=f"row {b}")
+        np.testing.assert_array_equal(ring_out[b], rb, err_msg=f"row {b}")
+
+
 @pytest.mark.parametrize("C, l2_dk, kernel", [(768, 128, "::conv_decode_kernel<4, true>"),
                                               (516, 0, "::conv_decode_kernel<4, false>"),
                                               (768, 64, "::conv_decode_kernel<4, false>")])

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import socket
 import sys
 import time
@@ -38,6 +39,18 @@ def _parse_ids(text: str) -> list[int]:
         return [int(t) for t in text.split(",")]
     except ValueError:
         raise argparse.ArgumentTypeError(f"--prompt-ids must be comma-separated integers, got {text!r}") from None
+
+
+def _report(e: MemraError, args: argparse.Namespace) -> int:
+    """Prints `e` as ``memra: Type (code): message`` with the parameters it names as the flags
+    that set them (``max_len must`` -> ``--max-len must``: the library speaks of its arguments,
+    the user typed flags); returns the exit status 1."""
+    msg = str(e)
+    for dest in vars(args):
+        if dest not in ("command", "path"):
+            msg = re.sub(rf"\b{dest} must\b", f"--{dest.replace('_', '-')} must", msg)
+    print(f"memra: {type(e).__name__} ({e.code}): {msg}", file=sys.stderr)
+    return 1
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -125,8 +138,7 @@ def _main(argv: list[str] | None) -> int:
             return 130
         end = time.perf_counter()
     except MemraError as e:
-        print(f"memra: {type(e).__name__} ({e.code}): {e}", file=sys.stderr)
-        return 1
+        return _report(e, args)
     _print_new(new, tok, args)
     if first is None:
         print(f"memra: no tokens (prompt {len(ids)} tokens)", file=sys.stderr)
@@ -209,8 +221,7 @@ def _serve(args) -> int:
         model = load(path, device=device, max_batch=args.max_batch, max_len=args.max_len, dtype=args.dtype,
                      progress=True)
     except MemraError as e:
-        print(f"memra: {type(e).__name__} ({e.code}): {e}", file=sys.stderr)
-        return 1
+        return _report(e, args)
     host = f"[{args.host}]" if ":" in args.host else args.host  # an IPv6 literal
     where = f"http://{host}:{args.port}/v1" if args.port else f"http://{host} on a free port (uvicorn names it)"
     print(f"memra: serving {path} on {device} at {where} ({args.max_batch} slots x {args.max_len} tokens)",
@@ -219,8 +230,7 @@ def _serve(args) -> int:
         run(model, host=args.host, port=args.port, served_model_name=args.served_model_name,
             max_waiting=args.max_waiting, max_request_bytes=args.max_request_bytes, log_level=args.log_level)
     except MemraError as e:  # made before serving: a chat template that does not compile, ...
-        print(f"memra: {type(e).__name__} ({e.code}): {e}", file=sys.stderr)
-        return 1
+        return _report(e, args)
     return 0
 
 
