@@ -137,6 +137,7 @@ struct GatedNorm {
   const float* gate;  // [B * H, dv]
   const float* w;     // [dv]
   float eps;
+  bool o_bf16 = false;  // o [B, H, dv] is bf16 (each normed value rounded RNE), else f32
 };
 
 }  // namespace

@@ -119,7 +119,8 @@ __global__ void __launch_bounds__(line_threads<NORM>(), line_min_blocks<NORM>())
     scan_decode_lines_kernel(const float* __restrict__ q, const float* __restrict__ k,
                              const float* __restrict__ v, const float* __restrict__ g,
                              const float* __restrict__ beta, int H, float scale, RowPlanes state,
-                             float* __restrict__ o, RawGates raw, GatedNorm norm) {
+                             void* __restrict__ o_out, RawGates raw, GatedNorm norm) {
+  float* __restrict__ const o = static_cast<float*>(o_out);  // f32 unless NORM with norm.o_bf16
   constexpr int kParts = NORM ? kLineParts : 1;       // parts a block
   constexpr int kCols = kParts * kLineCols;           // the block's columns
   // vec[0] = k, vec[1] = scale * q, vec[2] = exp(g), each [dk]; red[part][phase][warp][column]:
@@ -299,8 +300,13 @@ __global__ void __launch_bounds__(line_threads<NORM>(), line_min_blocks<NORM>())
         sig[c] = nrow[lane + 32 * c];
         wv[c] = nrow[kScanDv + lane + 32 * c];
       }
-      rowsum::gated_norm_short_row<32>(xv, sig, wv, true, lane, kScanDv, norm.eps, nullptr,
-                                       o + bh * kScanDv);
+      if (norm.o_bf16) {  // the GEMM after the scan reads bf16 (its own rounding, done here)
+        rowsum::gated_norm_short_row<32>(xv, sig, wv, true, lane, kScanDv, norm.eps, nullptr,
+                                         static_cast<__nv_bfloat16*>(o_out) + bh * kScanDv);
+      } else {
+        rowsum::gated_norm_short_row<32>(xv, sig, wv, true, lane, kScanDv, norm.eps, nullptr,
+                                         o + bh * kScanDv);
+      }
     }
   }
 }
@@ -316,8 +322,7 @@ int scan_decode_tables(MemraCudaCtx* ctx, const MemraKdaScanParams& p) {
                       dim3(static_cast<unsigned>(blocks)), dim3(line_threads<false>()), 0,
                       static_cast<const float*>(p.q), static_cast<const float*>(p.k),
                       static_cast<const float*>(p.v), static_cast<const float*>(p.g), p.beta,
-                      p.H, p.scale, row_planes(p.state), static_cast<float*>(p.o), RawGates{},
-                      GatedNorm{});
+                      p.H, p.scale, row_planes(p.state), p.o, RawGates{}, GatedNorm{});
   return launch_status();
 }
 
@@ -352,12 +357,12 @@ int scan_decode_slots(MemraCudaCtx* ctx, const MemraKdaScanParams& p) {
   const int64_t blocks = static_cast<int64_t>(B) * H;
   if (blocks > 0x7fffffffLL) return memra::kContractShape;
   const RawGates gates{p.dt_bias, p.A_log, form, p.lower_bound, beta_ld};
-  const GatedNorm norm{p.gate_o, p.o_norm, p.norm_eps};
+  const GatedNorm norm{p.gate_o, p.o_norm, p.norm_eps, p.o_dtype == 1};
   memra::cuda::launch(ctx, true, scan_decode_lines_kernel<true, true>,
                       dim3(static_cast<unsigned>(blocks)), dim3(line_threads<true>()), 0,
                       static_cast<const float*>(p.q), static_cast<const float*>(p.k),
                       static_cast<const float*>(p.v), static_cast<const float*>(p.g), p.beta,
-                      p.H, p.scale, row_planes(p.state), static_cast<float*>(p.o), gates, norm);
+                      p.H, p.scale, row_planes(p.state), p.o, gates, norm);
   return launch_status();
 }
 

@@ -303,7 +303,8 @@ int memra_cuda_kda_scan(MemraCudaCtx* ctx, const MemraKdaScanParams* p) {
       return scan_strided(ctx, *p);
     case MEMRA_KDA_PLANES_SLOTS:
       // The one kernel of this form: a decode step with the gates and the norm fused.
-      if (!p->fuse_gates || !p->fuse_norm || p->T != 1 || p->in_dtype != 0 || p->o_dtype != 0) {
+      // o in bf16 (o_dtype 1): the gated norm's values rounded as they are stored.
+      if (!p->fuse_gates || !p->fuse_norm || p->T != 1 || p->in_dtype != 0) {
         return memra::kUnsupportedGeometry;
       }
       return memra::cuda::kda::scan_decode_slots(ctx, *p);

@@ -133,12 +133,13 @@ __device__ __forceinline__ void load_row_cols(const float* p, bool live, int lan
   }
 }
 
-template <int G>
+// Y: the output's type (float, or __nv_bfloat16: each f32 result rounded RNE as it is stored).
+template <int G, typename Y = float>
 __device__ __forceinline__ void gated_norm_short_row(const float (&xv)[kGatedCols],
                                                      float (&sig)[kGatedCols],
                                                      const float (&wv)[kGatedCols], bool live,
                                                      int lane, int D, float eps, float* red,
-                                                     float* yr) {
+                                                     Y* yr) {
   float ss = 0.0f;  // row_sum_squares' order: columns lane, lane + G, ...
 #pragma unroll
   for (int c = 0; c < kGatedCols; ++c) {
@@ -151,7 +152,7 @@ __device__ __forceinline__ void gated_norm_short_row(const float (&xv)[kGatedCol
 #pragma unroll
   for (int c = 0; c < kGatedCols; ++c) {
     const int i = lane + G * c;
-    if (i < D) yr[i] = __fmul_rn(__fmul_rn(wv[c], __fmul_rn(xv[c], inv)), sig[c]);
+    if (i < D) yr[i] = from_f32<Y>(__fmul_rn(__fmul_rn(wv[c], __fmul_rn(xv[c], inv)), sig[c]));
   }
 }
 

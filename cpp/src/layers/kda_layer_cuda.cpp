@@ -160,6 +160,11 @@ Status KdaLayer::run_cuda(Cache& cache, int layer, int B, int T, const Planes& p
     MEMRA_TRY(a.take(int64_t(N) * H, &beta));
   }
   MEMRA_TRY(a.take(int64_t(N) * qkv, &o));
+  // A decode step of several rows against a bf16 o_proj: the scan's gated norm stores o in bf16,
+  // the rounding the projection's GEMM would apply in a launch of its own (one row: the GEMV
+  // rounds it as it reads).
+  uint16_t* o16 = nullptr;
+  if (decode && N > 1 && g.o_proj.dtype == DType::kBF16) MEMRA_TRY(a.take(int64_t(N) * qkv, &o16));
   MEMRA_TRY(a.take(int64_t(N) * qkv, &gate_o));
   const float* q = act;
   const float* k = act + int64_t(N) * qkv;
@@ -256,7 +261,8 @@ Status KdaLayer::run_cuda(Cache& cache, int layer, int B, int T, const Planes& p
   sp.dk = dk;
   sp.dv = dk;
   sp.scale = 1.0f / std::sqrt(static_cast<float>(dk));
-  sp.o = o;
+  sp.o = o16 ? static_cast<void*>(o16) : static_cast<void*>(o);
+  sp.o_dtype = o16 ? 1 : 0;
   const int form = static_cast<int>(cfg_.gate_form);
   if (decode) {
     // One step: the gates (forget gate and beta's sigmoid) inside the scan's launch, with the
@@ -300,7 +306,11 @@ Status KdaLayer::run_cuda(Cache& cache, int layer, int B, int T, const Planes& p
                                                   cfg_.rms_eps, o),
                        op));
   }
-  MEMRA_GPU(c, gpu::linear(c, o, N, g.o_proj, nullptr, y), op);
+  if (o16) {
+    MEMRA_GPU(c, gpu::linear_in(c, gpu::Rounded{o16, DType::kBF16, qkv}, N, g.o_proj, nullptr, y), op);
+  } else {
+    MEMRA_GPU(c, gpu::linear(c, o, N, g.o_proj, nullptr, y), op);
+  }
   return Status::Ok();
 }
 

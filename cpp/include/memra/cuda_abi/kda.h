@@ -162,7 +162,8 @@ typedef struct MemraKdaScanParams {
      reference. Another value is 40025. beta and the state stay f32. */
   int in_dtype;
   /* o's element type (memra::DType code): 0 f32; 1 bf16, the f32 result rounded to nearest
-     even as it is stored (fla chunk_kda's output dtype), with the chunked form on CUDA (else
+     even as it is stored (fla chunk_kda's output dtype), with the chunked form or the SLOTS
+     decode step (the gated norm's output, for the output projection to read) on CUDA (else
      50002); the CPU rounds its reference's o. A NaN stays a NaN, its payload unspecified (the
      CPU keeps it, CUDA's conversion does not). Another value is 40025. */
   int o_dtype;
