@@ -166,8 +166,8 @@ def test_conv_batched_decode_equals_prefill_rows(e, C, l2_dk, k):
 
 @pytest.mark.parametrize("B", [1, 4, 9, 64])
 def test_conv_batched_decode_row_groups(e, B):
-    # The decode kernel takes 4 rows a thread: a batch of one group, whole groups, a last group
-    # of one row, and the bench model's 64 rows; each row's bytes are the prefill arm's.
+    # One row, a few, an odd count and the bench model's 64 rows in one decode launch: each
+    # row's bytes are the prefill arm's over that row alone.
     C, k = 768, 4
     r = rng(2000 + B)
     x = f32(r.standard_normal((B, C)))
