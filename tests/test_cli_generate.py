@@ -90,3 +90,9 @@ def test_the_speed_line_parts_the_first_token_from_the_rest(monkeypatch, capsys)
     assert cli.main(["generate", "--prompt-ids", "1,2"]) == 0
     err = capsys.readouterr().err
     assert "2 tokens: the first" in err and "(prompt 2 tokens), then 1 in" in err, err
+
+
+def test_a_huge_prompt_id_is_named_by_its_flag_and_value(capsys):
+    assert cli.main(["generate", "--prompt-ids", "99999999999999999999"]) == 1
+    err = capsys.readouterr().err
+    assert "--prompt-ids holds 99999999999999999999, which does not fit in int32" in err, err

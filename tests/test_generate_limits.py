@@ -45,3 +45,16 @@ def test_a_prompt_that_fits_runs(model, n, new):
     assert len(got) == new
     assert model.generate_batch([[1], [1] * n], new, ignore_eos=True)[1] == got
     assert _free(model)
+
+
+@pytest.mark.parametrize("ids,named", [([2**70], "holds 1180591620717411303424, which does not fit in int32"),
+                                       ([5, -(2**64)], "holds -18446744073709551616"),
+                                       ([2**31], "holds 2147483648"),
+                                       ([1.5], "must hold integers"), ([True, 2**70], "must hold integers")])
+def test_token_ids_past_int32_are_named_as_such(model, ids, named):
+    # Python ints past int64 reach numpy as objects: integers all the same, too large (40023),
+    # not "must hold integers" (40020) as before; non-integers keep 40020.
+    with pytest.raises(memra.ContractError, match=named) as ei:
+        model.generate(ids, max_new_tokens=1)
+    assert ei.value.code == (40020 if "integers" in named else 40023)
+    assert _free(model)

@@ -43,12 +43,12 @@ def _parse_ids(text: str) -> list[int]:
 
 def _report(e: MemraError, args: argparse.Namespace) -> int:
     """Prints `e` as ``memra: Type (code): message`` with the parameters it names as the flags
-    that set them (``max_len must`` -> ``--max-len must``: the library speaks of its arguments,
-    the user typed flags); returns the exit status 1."""
+    that set them (``max_len must`` -> ``--max-len must``, ``prompt_ids holds`` -> ``--prompt-ids
+    holds``: the library speaks of its arguments, the user typed flags); returns the exit status 1."""
     msg = str(e)
     for dest in vars(args):
         if dest not in ("command", "path"):
-            msg = re.sub(rf"\b{dest} must\b", f"--{dest.replace('_', '-')} must", msg)
+            msg = re.sub(rf"(?<![\w-]){dest}(?= (?:must|holds)\b)", f"--{dest.replace('_', '-')}", msg)
     print(f"memra: {type(e).__name__} ({e.code}): {msg}", file=sys.stderr)
     return 1
 

@@ -33,6 +33,10 @@ def _ids(token_ids, what: str, arg: str = "token_ids") -> np.ndarray:
     if arr.ndim != 1 or arr.size == 0:
         raise ContractError(f"{what}: {arg} must be a non-empty 1-D sequence of ints, got {shown(token_ids)}",
                             40000)
+    if arr.dtype == object and all(isinstance(v, int) and not isinstance(v, bool) for v in arr):
+        # Python ints past int64 (numpy keeps them as objects): integers, just too large
+        bad = next(int(v) for v in arr if not -(2**31) <= v < 2**31)
+        raise ContractError(f"{what}: {arg} holds {bad}, which does not fit in int32", 40023)
     if not np.issubdtype(arr.dtype, np.integer):
         raise ContractError(f"{what}: {arg} must hold integers, got {arr.dtype} ({shown(token_ids)})", 40020)
     if arr.min() < -(2**31) or arr.max() >= 2**31:
