@@ -96,3 +96,11 @@ def test_a_huge_prompt_id_is_named_by_its_flag_and_value(capsys):
     assert cli.main(["generate", "--prompt-ids", "99999999999999999999"]) == 1
     err = capsys.readouterr().err
     assert "--prompt-ids holds 99999999999999999999, which does not fit in int32" in err, err
+
+
+def test_the_flag_rewrite_leaves_typed_values_and_file_fields_alone(capsys, tmp_path):
+    # Only "<op>: <param> must/holds" is the flag's own message (a review of session 25's rewrite).
+    assert cli.main(["generate", "--device", "seed must"]) == 1
+    assert "bad device 'seed must'" in capsys.readouterr().err
+    assert cli.main(["generate", str(tmp_path / "top_p holds")]) == 1
+    assert "top_p holds" in capsys.readouterr().err

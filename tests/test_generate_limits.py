@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 
+import numpy as np
 import pytest
 
 import memra
@@ -57,4 +58,25 @@ def test_token_ids_past_int32_are_named_as_such(model, ids, named):
     with pytest.raises(memra.ContractError, match=named) as ei:
         model.generate(ids, max_new_tokens=1)
     assert ei.value.code == (40020 if "integers" in named else 40023)
+    assert _free(model)
+
+
+@pytest.mark.parametrize("ids,named,code", [
+    ([np.int64(5), 2**70], "holds 1180591620717411303424", 40023),  # numpy and Python ints mixed
+    ([-1, 2**63], "holds 9223372036854775808", 40023),  # numpy would make it float64
+    (np.array([1, 2**70], dtype=object), "holds 1180591620717411303424", 40023),
+    ([[1], [1, 2]], "non-empty 1-D sequence", 40000),
+])
+def test_token_ids_of_mixed_kinds(model, ids, named, code):
+    with pytest.raises(memra.ContractError, match=named) as ei:
+        model.generate(ids, max_new_tokens=1)
+    assert ei.value.code == code
+    assert _free(model)
+
+
+def test_an_object_array_of_small_ints_is_ids(model):
+    # np.array([...], dtype=object) of ordinary ints: token ids (the first form of the check for
+    # ints past int64 raised StopIteration here)
+    want = model.generate([1, 2], max_new_tokens=2)
+    assert model.generate(np.array([1, 2], dtype=object), max_new_tokens=2) == want
     assert _free(model)

@@ -46,9 +46,12 @@ def _report(e: MemraError, args: argparse.Namespace) -> int:
     that set them (``max_len must`` -> ``--max-len must``, ``prompt_ids holds`` -> ``--prompt-ids
     holds``: the library speaks of its arguments, the user typed flags); returns the exit status 1."""
     msg = str(e)
+    # Only the parameter the message is about ("<op>: <param> must ..."): never a value the
+    # user typed, nor a file's field ("load: generation_config.json: temperature must").
     for dest in vars(args):
         if dest not in ("command", "path"):
-            msg = re.sub(rf"(?<![\w-]){dest}(?= (?:must|holds)\b)", f"--{dest.replace('_', '-')}", msg)
+            msg = re.sub(rf"^(\w+: ){dest}(?= (?:must|holds)\b)", rf"\g<1>--{dest.replace('_', '-')}",
+                         msg, count=1)
     print(f"memra: {type(e).__name__} ({e.code}): {msg}", file=sys.stderr)
     return 1
 

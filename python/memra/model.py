@@ -23,9 +23,22 @@ from .loader import GenerationConfig
 log = logging.getLogger("memra")
 
 
+def _is_int(v) -> bool:
+    """A Python or numpy integer, not a bool."""
+    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+
+
 def _ids(token_ids, what: str, arg: str = "token_ids") -> np.ndarray:
     """Token ids as a 1-D int32 array (ContractError naming `arg` for an empty, non-integer,
-    nested or ragged input)."""
+    nested or ragged input, 40023 with the value for an integer outside int32)."""
+    # Integers past int64 reach numpy as objects, or with a negative one as float64: the range
+    # is checked on the Python values first, so they are named too large, not non-integers.
+    flat = isinstance(token_ids, (list, tuple)) or (isinstance(token_ids, np.ndarray) and token_ids.ndim == 1)
+    if flat and all(_is_int(v) for v in token_ids):
+        bad = next((int(v) for v in token_ids if not -(2**31) <= int(v) < 2**31), None)
+        if bad is not None:
+            raise ContractError(f"{what}: {arg} holds {bad}, which does not fit in int32", 40023)
+        token_ids = [int(v) for v in token_ids]
     try:
         arr = np.asarray(token_ids)
     except (ValueError, TypeError):  # ragged nesting
@@ -33,10 +46,6 @@ def _ids(token_ids, what: str, arg: str = "token_ids") -> np.ndarray:
     if arr.ndim != 1 or arr.size == 0:
         raise ContractError(f"{what}: {arg} must be a non-empty 1-D sequence of ints, got {shown(token_ids)}",
                             40000)
-    if arr.dtype == object and all(isinstance(v, int) and not isinstance(v, bool) for v in arr):
-        # Python ints past int64 (numpy keeps them as objects): integers, just too large
-        bad = next(int(v) for v in arr if not -(2**31) <= v < 2**31)
-        raise ContractError(f"{what}: {arg} holds {bad}, which does not fit in int32", 40023)
     if not np.issubdtype(arr.dtype, np.integer):
         raise ContractError(f"{what}: {arg} must hold integers, got {arr.dtype} ({shown(token_ids)})", 40020)
     if arr.min() < -(2**31) or arr.max() >= 2**31:
