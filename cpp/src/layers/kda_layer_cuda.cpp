@@ -159,12 +159,15 @@ Status KdaLayer::run_cuda(Cache& cache, int layer, int B, int T, const Planes& p
   } else {
     MEMRA_TRY(a.take(int64_t(N) * H, &beta));
   }
-  MEMRA_TRY(a.take(int64_t(N) * qkv, &o));
   // A decode step of several rows against a bf16 o_proj: the scan's gated norm stores o in bf16,
   // the rounding the projection's GEMM would apply in a launch of its own (one row: the GEMV
-  // rounds it as it reads).
+  // rounds it as it reads), and no f32 o is made.
   uint16_t* o16 = nullptr;
-  if (decode && N > 1 && g.o_proj.dtype == DType::kBF16) MEMRA_TRY(a.take(int64_t(N) * qkv, &o16));
+  if (decode && N > MEMRA_GEMV_MAX_ROWS && g.o_proj.dtype == DType::kBF16) {
+    MEMRA_TRY(a.take(int64_t(N) * qkv, &o16));
+  } else {
+    MEMRA_TRY(a.take(int64_t(N) * qkv, &o));
+  }
   MEMRA_TRY(a.take(int64_t(N) * qkv, &gate_o));
   const float* q = act;
   const float* k = act + int64_t(N) * qkv;
