@@ -104,3 +104,11 @@ def test_the_flag_rewrite_leaves_typed_values_and_file_fields_alone(capsys, tmp_
     assert "bad device 'seed must'" in capsys.readouterr().err
     assert cli.main(["generate", str(tmp_path / "top_p holds")]) == 1
     assert "top_p holds" in capsys.readouterr().err
+
+
+def test_a_prompt_past_the_cache_names_the_flag(capsys):
+    # after the load (the prompt's length is known then): the prompt, and --max-len by its flag
+    assert cli.main(["generate", "--prompt-ids", "1,2,3", "--max-len", "3", "--max-new-tokens", "2"]) == 1
+    err = capsys.readouterr().err
+    assert "CacheFullError (30002): generate: the prompt of 3 tokens" in err, err
+    assert err.rstrip().endswith("beyond --max-len 3"), err

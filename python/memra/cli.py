@@ -52,6 +52,9 @@ def _report(e: MemraError, args: argparse.Namespace) -> int:
         if dest not in ("command", "path"):
             msg = re.sub(rf"^(\w+: ){dest}(?= (?:must|holds)\b)", rf"\g<1>--{dest.replace('_', '-')}",
                          msg, count=1)
+    if isinstance(e, CacheFullError):  # "prompt_ids of N tokens + M new tokens ..., beyond max_len L"
+        msg = re.sub(r"^(\w+: )prompt_ids of ", r"\g<1>the prompt of ", msg, count=1)
+        msg = re.sub(r", beyond max_len (\d+)$", r", beyond --max-len \1", msg, count=1)
     print(f"memra: {type(e).__name__} ({e.code}): {msg}", file=sys.stderr)
     return 1
 

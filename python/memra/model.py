@@ -360,8 +360,9 @@ class Model:
         max_len: the prompt takes n rows, every new token but the last (never fed back) one."""
         need = n + max(max_new_tokens - 1, 0)
         if need > self.cache.max_len:
-            raise CacheFullError(f"{what} of {n} tokens + {max_new_tokens} new tokens need {need} cache rows (the "
-                                 f"last new token is not fed back), beyond max_len {self.cache.max_len}", 30002)
+            new = f"{max_new_tokens} new token{'' if max_new_tokens == 1 else 's'}"
+            raise CacheFullError(f"{what} of {n} tokens + {new} need {need} cache rows (the last new token is "
+                                 f"not fed back), beyond max_len {self.cache.max_len}", 30002)
 
     def take_slots(self, n: int, what: str = "take_slots") -> list[SlotLease]:
         """Hold n free slots of the model's own cache (held by nobody, holding no tokens) for
