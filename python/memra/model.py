@@ -31,18 +31,19 @@ def _is_int(v) -> bool:
 def _ids(token_ids, what: str, arg: str = "token_ids") -> np.ndarray:
     """Token ids as a 1-D int32 array (ContractError naming `arg` for an empty, non-integer,
     nested or ragged input, 40023 with the value for an integer outside int32)."""
-    # Integers past int64 reach numpy as objects, or with a negative one as float64: the range
-    # is checked on the Python values first, so they are named too large, not non-integers.
-    flat = isinstance(token_ids, (list, tuple)) or (isinstance(token_ids, np.ndarray) and token_ids.ndim == 1)
-    if flat and all(_is_int(v) for v in token_ids):
-        bad = next((int(v) for v in token_ids if not -(2**31) <= int(v) < 2**31), None)
-        if bad is not None:
-            raise ContractError(f"{what}: {arg} holds {bad}, which does not fit in int32", 40023)
-        token_ids = [int(v) for v in token_ids]
     try:
         arr = np.asarray(token_ids)
     except (ValueError, TypeError):  # ragged nesting
         arr = np.empty((0, 0))
+    # Integers past int64 reach numpy as objects, or with a negative one as float64: their range
+    # is checked on the Python values, so they are named too large, not non-integers (and an
+    # object array of small ints is ids). Integer arrays, the common case, skip this loop.
+    if arr.ndim == 1 and arr.size and not np.issubdtype(arr.dtype, np.integer) and \
+            all(_is_int(v) for v in token_ids):
+        bad = next((int(v) for v in token_ids if not -(2**31) <= int(v) < 2**31), None)
+        if bad is not None:
+            raise ContractError(f"{what}: {arg} holds {bad}, which does not fit in int32", 40023)
+        arr = np.array([int(v) for v in token_ids], dtype=np.int64)
     if arr.ndim != 1 or arr.size == 0:
         raise ContractError(f"{what}: {arg} must be a non-empty 1-D sequence of ints, got {shown(token_ids)}",
                             40000)
