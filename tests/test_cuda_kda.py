@@ -142,14 +142,11 @@ DECODE_GEOMETRIES = [(768, 0), (768, 128), (768, 64), (516, 0), (67, 0)]
 CONV_L2_TOL = dict(rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("C, l2_dk", DECODE_GEOMETRIES)
-@pytest.mark.parametrize("k", [2, 4, 8])
-def test_conv_batched_decode_equals_prefill_rows(e, C, l2_dk, k):
-    # Each row of one batched decode launch (B > 1) against the prefill arm over that row alone
-    # (T = 1; with l2_dk, the conv then l2norm_heads as launches of their own): the same bytes,
-    # y and the rolled ring; and the CPU within tolerance.
-    B = 6
-    r = rng(1000 + 10 * k + C % 97 + l2_dk)
+def _batched_decode_rows(e, B, C, l2_dk, k, seed):
+    """One batched decode launch of B rows, each row against the prefill arm over that row
+    alone (T = 1; with l2_dk, the conv then l2norm_heads as launches of their own): the same
+    bytes, y and the rolled ring. Returns the inputs and the batched outputs."""
+    r = rng(seed)
     x = f32(r.standard_normal((B, C)))
     w = f32(0.5 * r.standard_normal((C, k)))
     rings = f32(r.standard_normal((B, C, k - 1)))
@@ -159,25 +156,23 @@ def test_conv_batched_decode_equals_prefill_rows(e, C, l2_dk, k):
         yb, rb = conv_cuda(e, x[b : b + 1], w, rings[b], arm="prefill", l2_dk=l2_dk)
         np.testing.assert_array_equal(y[b : b + 1], yb, err_msg=f"row {b}")
         np.testing.assert_array_equal(ring_out[b], rb, err_msg=f"row {b}")
+    return x, w, rings, y, ring_out
+
+
+@pytest.mark.parametrize("C, l2_dk", DECODE_GEOMETRIES)
+@pytest.mark.parametrize("k", [2, 4, 8])
+def test_conv_batched_decode_equals_prefill_rows(e, C, l2_dk, k):
+    # Each row's bytes are the prefill arm's over that row alone; and the CPU within tolerance.
+    x, w, rings, y, ring_out = _batched_decode_rows(e, 6, C, l2_dk, k, 1000 + 10 * k + C % 97 + l2_dk)
     cy, cring = _core.kda_conv(x, w, rings, batch=True, l2_dk=l2_dk)
     close(y, cy, CONV_L2_TOL if l2_dk else CONV_TOL)
     np.testing.assert_array_equal(ring_out, cring)
 
 
 @pytest.mark.parametrize("B", [1, 4, 9, 64])
-def test_conv_batched_decode_row_groups(e, B):
-    # One row, a few, an odd count and the bench model's 64 rows in one decode launch: each
-    # row's bytes are the prefill arm's over that row alone.
-    C, k = 768, 4
-    r = rng(2000 + B)
-    x = f32(r.standard_normal((B, C)))
-    w = f32(0.5 * r.standard_normal((C, k)))
-    rings = f32(r.standard_normal((B, C, k - 1)))
-    y, ring_out = conv_cuda(e, x, w, rings, batch=True, l2_dk=128)
-    for b in range(B):
-        yb, rb = conv_cuda(e, x[b : b + 1], w, rings[b], arm="prefill", l2_dk=128)
-        np.testing.assert_array_equal(y[b : b + 1], yb, err_msg=f"row {b}")
-        np.testing.assert_array_equal(ring_out[b], rb, err_msg=f"row {b}")
+def test_conv_batched_decode_row_counts(e, B):
+    # One row, a few, an odd count and the bench model's 64 rows in one decode launch.
+    _batched_decode_rows(e, B, 768, 128, 4, 2000 + B)
 
 
 @pytest.mark.parametrize("C, l2_dk, kernel", [(768, 128, "::conv_decode_kernel<4, true>"),

@@ -77,6 +77,29 @@ def _run(sched: Scheduler, body):
     return asyncio.run(main())
 
 
+def _run_queued(sched: Scheduler, reqs: list[Request]) -> list[list[int]]:
+    """Every request submitted before the engine thread starts (no race for round 1), then
+    each one's tokens."""
+    async def main():
+        for r in reqs:
+            sched.submit(r)
+        sched.start()
+        try:
+            return await asyncio.gather(*(_tokens(r) for r in reqs))
+        finally:
+            sched.stop()
+    return asyncio.run(main())
+
+
+def _log_rounds(sched: Scheduler) -> list[str]:
+    """The engine's admissions ("prefill") and decode steps ("stepN" for N rows), in order."""
+    log = []
+    start, launch = sched.batch.start, sched.batch.launch
+    sched.batch.start = lambda *a, **k: (log.append("prefill"), start(*a, **k))[1]
+    sched.batch.launch = lambda rows, *a: (log.append(f"step{len(rows)}"), launch(rows, *a))[1]
+    return log
+
+
 @pytest.mark.parametrize("runner", ["cpu", "cuda_branch"])
 def test_32_concurrent_requests_equal_generate(runner: str) -> None:
     ref = _load(1)
@@ -129,10 +152,7 @@ def test_chained_steps_while_the_batch_stays_the_same() -> None:
 def test_prefill_is_interleaved_with_decode_steps() -> None:
     m = _load(4)
     sched = Scheduler(m, prefill_budget=1)  # one admission per round while others decode
-    log = []
-    start, launch = sched.batch.start, sched.batch.launch
-    sched.batch.start = lambda *a, **k: (log.append("prefill"), start(*a, **k))[1]
-    sched.batch.launch = lambda rows, *a: (log.append(f"step{len(rows)}"), launch(rows, *a))[1]
+    log = _log_rounds(sched)
 
     async def body():
         reqs = [_request([1 + i, 2, 3], 6, RowSampling(0.0)) for i in range(3)]
@@ -309,22 +329,8 @@ def test_the_prefill_budget_is_spent_exactly(budget, want) -> None:
     # admissions have used the whole budget (0 left) the running requests step first.
     m = _load(4)
     sched = Scheduler(m, prefill_budget=budget)
-    log = []
-    start, launch = sched.batch.start, sched.batch.launch
-    sched.batch.start = lambda *a, **k: (log.append("prefill"), start(*a, **k))[1]
-    sched.batch.launch = lambda rows, *a: (log.append(f"step{len(rows)}"), launch(rows, *a))[1]
-
-    async def main():  # all three queued before the engine thread starts: no race for round 1
-        reqs = [_request([1 + i, 2, 3], 6, RowSampling(0.0)) for i in range(3)]
-        for r in reqs:
-            sched.submit(r)
-        sched.start()
-        try:
-            await asyncio.gather(*(_tokens(r) for r in reqs))
-        finally:
-            sched.stop()
-
-    asyncio.run(main())
+    log = _log_rounds(sched)
+    _run_queued(sched, [_request([1 + i, 2, 3], 6, RowSampling(0.0)) for i in range(3)])
     assert log[:len(want)] == want, log
 
 
@@ -346,18 +352,7 @@ def test_a_request_that_found_no_free_slot_keeps_its_place(monkeypatch) -> None:
     order = []
     start = sched.batch.start
     sched.batch.start = lambda ids, *a, **k: (order.append(int(ids[0])), start(ids, *a, **k))[1]
-
-    async def main():
-        reqs = [_request([t], 2, RowSampling(0.0)) for t in (1, 2, 3)]
-        for r in reqs:
-            sched.submit(r)
-        sched.start()
-        try:
-            await asyncio.gather(*(_tokens(r) for r in reqs))
-        finally:
-            sched.stop()
-
-    asyncio.run(main())
+    _run_queued(sched, [_request([t], 2, RowSampling(0.0)) for t in (1, 2, 3)])
     assert calls["n"] >= 2 and order == [1, 2, 3], order
 
 
