@@ -154,8 +154,8 @@ class Case:
 
 # ---------------------------------------------------------------- shared argument tables
 
-SLOT = ints(-1, 2, 2**31 - 1, 2**31)
-LAYER = ints(-1, 6, 2**31)
+SLOT = ints(-1, 2, 2**31 - 1, 2**31, True)  # True: not slot 1 (memra._core.Index)
+LAYER = ints(-1, 6, 2**31, True)
 ENGINE_ARG = {"engine": NOT_ENGINE}
 CACHE_ARG = NOT_OBJ
 WEIGHT = NOT_OBJ + [np.zeros((2, 2), np.float32)]  # a host Weight argument (memra.Weight)
@@ -212,7 +212,7 @@ CASES: dict[str, Case] = {
     "Model.index_lists": Case(model("index_lists"), lambda w: dict(token_ids=[1, 2, 3]), {"token_ids": BAD_IDS}),
     "Model.prefill": Case(
         model("prefill"), lambda w: dict(cache=w.cache, slot=1, token_ids=[1, 2]),
-        {"cache": CACHE_ARG + [lambda g, w: [("another geometry", w.other_cache)]], "slot": SLOT + [True],
+        {"cache": CACHE_ARG + [lambda g, w: [("another geometry", w.other_cache)]], "slot": SLOT,
          "token_ids": BAD_IDS + [list(range(40))]}),
     "Model.decode": Case(
         model("decode"), lambda w: dict(cache=w.cache, slots=[0], token_ids=[7]),
@@ -306,9 +306,9 @@ CASES: dict[str, Case] = {
     "Cache.kda_plane_addresses": Case(lambda w: w.cache.kda_plane_addresses, lambda w: dict(layer=0, slot=0),
                                       {"layer": LAYER + [2], "slot": SLOT}),
     "Cache.commit": Case(lambda w: w.cache.commit, lambda w: dict(slot=1, n=1),
-                         {"slot": SLOT, "n": ints(-1, 33, 2**31 - 1, 2**31)}),
+                         {"slot": SLOT, "n": ints(-1, 33, 2**31 - 1, 2**31, True)}),
     "Cache.commit_host": Case(lambda w: w.cache.commit_host, lambda w: dict(slot=1, n=1),
-                              {"slot": SLOT, "n": ints(-1, 33, 2**31 - 1, 2**31)}),
+                              {"slot": SLOT, "n": ints(-1, 33, 2**31 - 1, 2**31, True)}),
     "Cache.commit_decode": Case(lambda w: w.cache.commit_decode, lambda w: dict(slots=w.decode_slots()),
                                 {"slots": [1, "x", np.array([0], np.int32), _OBJ, lambda g, w: [("a cache", w.cache)]]},
                                 cuda_only=True),

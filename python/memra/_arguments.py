@@ -7,7 +7,9 @@ check in front of each of its functions (python/src/bind_arguments.cpp) that cal
 to the function's signature (``__nb_signature__``, every overload), tests each value against its
 parameter's type with nanobind's conversion rules, and returns a ContractError naming the
 function, the argument and the value (CONTRACT_DTYPE for a value of another type, None included;
-CONTRACT_RANGE for an int outside the C++ type's range), or None when the arguments do not even
+CONTRACT_RANGE for an int outside the C++ type's range; CONTRACT_DTYPE for a bool where an int
+goes, which nanobind's own int caster takes as 0 / 1 but memra._core's Index refuses, the slot
+and layer numbers of Cache's methods), or None when the arguments do not even
 bind (a wrong number of arguments, an unknown or repeated keyword): Python's TypeError stands.
 
 Arrays are hardly judged here: memra._core's array caster takes any object but memra's own
@@ -200,6 +202,10 @@ def explain(func, args: tuple, kwargs: dict, error: TypeError) -> ContractError 
             if why:
                 ranged.append((p.name, v, why))
                 break
+        else:  # every value fits its type and range: an int argument that refuses a bool took one
+            bools = [(p, v) for p, v in bound if isinstance(v, bool) and "bool" not in _split_top(p.type, "|")]
+            if bools:
+                misfit.setdefault(bools[0][0].name, (bools[0][1], []))[1].append("int")
     if not bound_any:
         return None
     if ranged:  # an overload that takes every value's type: its int was out of range

@@ -232,14 +232,14 @@ void init_cache(nb::module_& m) {
       .def_prop_ro("num_layers", &Cache::num_layers)
       .def(
           "length",
-          [](const Cache& c, int slot) {
+          [](const Cache& c, Index slot) {
             check(c.check_slot(slot, "Cache.length"));
             return c.length(slot);
           },
           nb::arg("slot"), "Tokens held by `slot`.")
       .def(
           "cur",
-          [](const Cache& c, int slot) {
+          [](const Cache& c, Index slot) {
             check(c.check_slot(slot, "Cache.cur"));
             return c.cur(slot);
           },
@@ -255,7 +255,7 @@ void init_cache(nb::module_& m) {
           "None on a CPU cache.")
       .def(
           "kda_plane_addresses",
-          [](Cache& c, int layer, int slot) {
+          [](Cache& c, Index layer, Index slot) {
             check_plane(c, layer, slot, LayerStateSpec::Kind::kKda, "Cache.kda_plane_addresses");
             auto addr = [](const float* p) { return static_cast<uint64_t>(reinterpret_cast<uintptr_t>(p)); };
             return std::make_tuple(addr(c.conv(layer, slot, 0)), addr(c.conv(layer, slot, 1)),
@@ -266,7 +266,7 @@ void init_cache(nb::module_& m) {
           "layer (device addresses on a CUDA cache), for tests of kda_tables.")
       .def(
           "owner",
-          [](const Cache& c, int slot) {
+          [](const Cache& c, Index slot) {
             check(c.check_slot(slot, "Cache.owner"));
             return c.owner(slot);
           },
@@ -275,7 +275,7 @@ void init_cache(nb::module_& m) {
           "server requests hold the slots they run in; see hold().")
       .def(
           "hold",
-          [](Cache& c, int slot) {
+          [](Cache& c, Index slot) {
             uint64_t token = 0;
             check(c.hold(slot, &token));
             return token;
@@ -290,13 +290,13 @@ void init_cache(nb::module_& m) {
           "which only a commit makes current, so a holder's commit takes what the last layer "
           "calls on that slot wrote.")
       .def(
-          "release", [](Cache& c, int slot, uint64_t token) { check(c.release(slot, token)); },
+          "release", [](Cache& c, Index slot, uint64_t token) { check(c.release(slot, token)); },
           nb::arg("slot"), nb::arg("token"),
           "Give back a slot taken with hold() (contents untouched). ContractError "
           "(CONTRACT_SLOT_HELD) unless `token` holds it, naming the holder's token and `token`.")
       .def(
           "commit",
-          [](Cache& c, int slot, int n, uint64_t owner) { check(c.commit(slot, n, owner)); },
+          [](Cache& c, Index slot, Index n, uint64_t owner) { check(c.commit(slot, n, owner)); },
           nb::arg("slot"), nb::arg("n"), nb::kw_only(), nb::arg("owner") = 0,
           "Advance `slot` by n tokens after every layer ran the step (flips its ping-pong planes). "
           "ContractError for a slot outside [0, max_batch) (CONTRACT_RANGE), n < 1 "
@@ -316,27 +316,27 @@ void init_cache(nb::module_& m) {
           "a CPU cache.")
       .def(
           "commit_host",
-          [](Cache& c, int slot, int n, uint64_t owner) { check(c.commit_host(slot, n, owner)); },
+          [](Cache& c, Index slot, Index n, uint64_t owner) { check(c.commit_host(slot, n, owner)); },
           nb::arg("slot"), nb::arg("n"), nb::kw_only(), nb::arg("owner") = 0,
           "The host half of commit_decode: advance the host's length of `slot` by n and flip its "
           "flag without writing the device (which a device commit already advanced). "
           "CacheFullError and CONTRACT_SLOT_HELD as commit.")
       .def(
-          "free", [](Cache& c, int slot, uint64_t owner) { check(c.free(slot, owner)); },
+          "free", [](Cache& c, Index slot, uint64_t owner) { check(c.free(slot, owner)); },
           nb::arg("slot"), nb::kw_only(), nb::arg("owner") = 0,
           "Forget `slot` (length 0, recurrent state zeroed) without touching other slots. "
           "ContractError (CONTRACT_SLOT_HELD) for a slot held by an owner other than `owner`; "
           "the slot stays held by its owner.")
       .def(
           "copy_slot",
-          [](Cache& c, int src, int dst, uint64_t owner) { check(c.copy_slot(src, dst, owner)); },
+          [](Cache& c, Index src, Index dst, uint64_t owner) { check(c.copy_slot(src, dst, owner)); },
           nb::arg("src"), nb::arg("dst"), nb::kw_only(), nb::arg("owner") = 0,
           "Copy the whole state of `src` into `dst` (prefix reuse). ContractError "
           "(CONTRACT_SLOT_HELD) when `dst` is held by an owner other than `owner` (`src` is only "
           "read and may be held).")
       .def(
           "snapshot",
-          [](Cache& c, int slot) {
+          [](Cache& c, Index slot) {
             SlotSnapshot s;
             check(c.snapshot(slot, &s));
             return s;
@@ -358,7 +358,7 @@ void init_cache(nb::module_& m) {
           "another cache's; CONTRACT_SLOT_HELD as commit.")
       .def(
           "kda_state",
-          [](Cache& c, int layer, int slot) {
+          [](Cache& c, Index layer, Index slot) {
             check_plane(c, layer, slot, LayerStateSpec::Kind::kKda, "Cache.kda_state");
             const auto& s = c.spec(layer);
             return copy_out(c, c.state(layer, slot, c.cur(slot)),
@@ -367,7 +367,7 @@ void init_cache(nb::module_& m) {
           nb::arg("layer"), nb::arg("slot"), "Copy of the committed recurrent state [H, dk, dv].")
       .def(
           "kda_conv",
-          [](Cache& c, int layer, int slot) {
+          [](Cache& c, Index layer, Index slot) {
             check_plane(c, layer, slot, LayerStateSpec::Kind::kKda, "Cache.kda_conv");
             const auto& s = c.spec(layer);
             return copy_out(c, c.conv(layer, slot, c.cur(slot)),
@@ -376,7 +376,7 @@ void init_cache(nb::module_& m) {
           nb::arg("layer"), nb::arg("slot"), "Copy of the committed conv ring [3*qkv, K-1].")
       .def(
           "gdn_state",
-          [](Cache& c, int layer, int slot) {
+          [](Cache& c, Index layer, Index slot) {
             check_plane(c, layer, slot, LayerStateSpec::Kind::kGdn, "Cache.gdn_state");
             const auto& s = c.spec(layer);
             return copy_out(c, c.state(layer, slot, c.cur(slot)),
@@ -387,7 +387,7 @@ void init_cache(nb::module_& m) {
           "value_head_dim].")
       .def(
           "gdn_conv",
-          [](Cache& c, int layer, int slot) {
+          [](Cache& c, Index layer, Index slot) {
             check_plane(c, layer, slot, LayerStateSpec::Kind::kGdn, "Cache.gdn_conv");
             const auto& s = c.spec(layer);
             return copy_out(c, c.conv(layer, slot, c.cur(slot)),
@@ -399,7 +399,7 @@ void init_cache(nb::module_& m) {
           "last K; the oldest of those is never read again).")
       .def(
           "latent_rows",
-          [](Cache& c, int layer, int slot) {
+          [](Cache& c, Index layer, Index slot) {
             check_plane(c, layer, slot, LayerStateSpec::Kind::kMla, "Cache.latent_rows");
             const size_t rows = size_t(c.length(slot)), W = size_t(c.spec(layer).row_width);
             if (c.latent_dtype() == DType::kF32) return copy_out(c, c.latent(layer, slot), {rows, W});
@@ -412,7 +412,7 @@ void init_cache(nb::module_& m) {
           nb::arg("layer"), nb::arg("slot"), "Copy of the committed latent rows [length, row_width].")
       .def(
           "attn_keys",
-          [](Cache& c, int layer, int slot) {
+          [](Cache& c, Index layer, Index slot) {
             check_plane(c, layer, slot, LayerStateSpec::Kind::kAttention, "Cache.attn_keys");
             return kv_rows(c, c.attn_k(layer, slot), layer, slot);
           },
@@ -420,7 +420,7 @@ void init_cache(nb::module_& m) {
           "Copy of the committed key rows [length, kv_heads, head_dim] float32 of an attention layer.")
       .def(
           "attn_values",
-          [](Cache& c, int layer, int slot) {
+          [](Cache& c, Index layer, Index slot) {
             check_plane(c, layer, slot, LayerStateSpec::Kind::kAttention, "Cache.attn_values");
             return kv_rows(c, c.attn_v(layer, slot), layer, slot);
           },
@@ -428,7 +428,7 @@ void init_cache(nb::module_& m) {
           "Copy of the committed value rows [length, kv_heads, head_dim] float32 of an attention layer.")
       .def(
           "pool_keys",
-          [](Cache& c, int layer, int slot) {
+          [](Cache& c, Index layer, Index slot) {
             check_plane(c, layer, slot, LayerStateSpec::Kind::kMla, "Cache.pool_keys");
             const auto& s = c.spec(layer);
             if (s.index_head_dim == 0) raise_contract(kContractValue, "Cache.pool_keys: layer has no indexer state");
@@ -446,8 +446,8 @@ void init_cache(nb::module_& m) {
 
   m.def(
       "kda_tables",
-      [](Cache& cache, int layer, const AnyArray& slots, std::optional<AnyArray> cur, int group,
-         std::optional<int> sink_slot) {
+      [](Cache& cache, Index layer, const AnyArray& slots, std::optional<AnyArray> cur, Index group,
+         std::optional<Index> sink_slot) {
         const char* op = "kda_tables";
         require_cuda(cache.on_device(), op, "a cache of a CUDA engine");
         check(cache.check_layer(layer, LayerStateSpec::Kind::kKda, op));

@@ -143,7 +143,7 @@ void init_layers(nb::module_& m) {
           nb::arg("x"), "x [T, hidden] f32 -> y [T, hidden] from a zero state.")
       .def(
           "prefill",
-          [](const KdaLayer& l, Cache& cache, int layer, int slot, const AnyArray& x) {
+          [](const KdaLayer& l, Cache& cache, Index layer, Index slot, const AnyArray& x) {
             return layer_rows(l, x, -1, "KdaLayer.prefill", [&](const float* xp, int T, float* y) {
               return l.prefill(cache, layer, slot, xp, T, y);
             });
@@ -153,14 +153,14 @@ void init_layers(nb::module_& m) {
           "cache.commit(slot, T). CacheFullError when the slot has no room.")
       .def(
           "decode",
-          [](const KdaLayer& l, Cache& cache, int layer, const AnyArray& slots, const AnyArray& x) {
+          [](const KdaLayer& l, Cache& cache, Index layer, const AnyArray& slots, const AnyArray& x) {
             return layer_decode(l, cache, layer, slots, x, "KdaLayer.decode");
           },
           nb::arg("cache"), nb::arg("layer"), nb::arg("slots"), nb::arg("x"),
           "One token for each slot: slots [B] int32, x [B, hidden] -> [B, hidden].")
       .def(
           "decode",
-          [](const KdaLayer& l, Cache& cache, int layer, const DecodeSlots& slots, const AnyArray& x) {
+          [](const KdaLayer& l, Cache& cache, Index layer, const DecodeSlots& slots, const AnyArray& x) {
             return layer_decode_device(l, cache, layer, slots, x, "KdaLayer.decode");
           },
           nb::arg("cache"), nb::arg("layer"), nb::arg("slots"), nb::arg("x"),
@@ -229,7 +229,7 @@ void init_layers(nb::module_& m) {
       .def_prop_ro("has_indexer", &MlaLayer::has_indexer)
       .def(
           "prefill",
-          [](const MlaLayer& l, Cache& cache, int layer, int slot, const AnyArray& x,
+          [](const MlaLayer& l, Cache& cache, Index layer, Index slot, const AnyArray& x,
              std::optional<AnyArray> topk) {
             const int D = l.config().hidden, W = l.index_width();
             const float* xp = f32_in(l.cuda(), x, "MlaLayer.prefill", "x", {-1, D});
@@ -257,7 +257,7 @@ void init_layers(nb::module_& m) {
           "visible at cache.commit.")
       .def(
           "decode",
-          [](const MlaLayer& l, Cache& cache, int layer, const AnyArray& slots, const AnyArray& x,
+          [](const MlaLayer& l, Cache& cache, Index layer, const AnyArray& slots, const AnyArray& x,
              std::optional<AnyArray> topk) {
             const int D = l.config().hidden, W = l.index_width();
             const int32_t* sp = slots_arg(slots, cache, "MlaLayer.decode");
@@ -281,7 +281,7 @@ void init_layers(nb::module_& m) {
           "the same rule (every row's list is checked before any row runs).")
       .def(
           "decode",
-          [](const MlaLayer& l, Cache& cache, int layer, const DecodeSlots& slots, const AnyArray& x,
+          [](const MlaLayer& l, Cache& cache, Index layer, const DecodeSlots& slots, const AnyArray& x,
              std::optional<AnyArray> topk) {
             const char* op = "MlaLayer.decode";
             const int D = l.config().hidden, W = l.index_width(), B = slots.size();

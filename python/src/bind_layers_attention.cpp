@@ -96,7 +96,7 @@ void init_layers_attention(nb::module_& m) {
           "The inverse RoPE frequencies [rotary_dim // 2] float32 (rope_inv_freq), host numpy.")
       .def(
           "prefill",
-          [](const AttentionLayer& l, Cache& cache, int layer, int slot, const AnyArray& x) {
+          [](const AttentionLayer& l, Cache& cache, Index layer, Index slot, const AnyArray& x) {
             return layer_rows(l, x, -1, "AttentionLayer.prefill",
                               [&](const float* xp, int T, float* y) {
                                 return l.prefill(cache, layer, slot, xp, T, y);
@@ -109,7 +109,7 @@ void init_layers_attention(nb::module_& m) {
           "a cache layer of another kind or geometry.")
       .def(
           "decode",
-          [](const AttentionLayer& l, Cache& cache, int layer, const AnyArray& slots, const AnyArray& x) {
+          [](const AttentionLayer& l, Cache& cache, Index layer, const AnyArray& slots, const AnyArray& x) {
             return layer_decode(l, cache, layer, slots, x, "AttentionLayer.decode");
           },
           nb::arg("cache"), nb::arg("layer"), nb::arg("slots"), nb::arg("x"),
@@ -117,7 +117,7 @@ void init_layers_attention(nb::module_& m) {
           "hidden], each row at its slot's length.")
       .def(
           "decode",
-          [](const AttentionLayer& l, Cache& cache, int layer, const DecodeSlots& slots, const AnyArray& x) {
+          [](const AttentionLayer& l, Cache& cache, Index layer, const DecodeSlots& slots, const AnyArray& x) {
             return layer_decode_device(l, cache, layer, slots, x, "AttentionLayer.decode");
           },
           nb::arg("cache"), nb::arg("layer"), nb::arg("slots"), nb::arg("x"),

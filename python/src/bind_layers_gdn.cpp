@@ -88,7 +88,7 @@ void init_layers_gdn(nb::module_& m) {
           nb::arg("x"), "x [T, hidden] float32 -> y [T, hidden] from a zero state (CPU layers).")
       .def(
           "prefill",
-          [](const GdnLayer& l, Cache& cache, int layer, int slot, const AnyArray& x) {
+          [](const GdnLayer& l, Cache& cache, Index layer, Index slot, const AnyArray& x) {
             return layer_rows(l, x, -1, "GdnLayer.prefill", [&](const float* xp, int T, float* y) {
               return l.prefill(cache, layer, slot, xp, T, y);
             });
@@ -99,7 +99,7 @@ void init_layers_gdn(nb::module_& m) {
           "no room; ContractError for a cache layer of another kind or geometry.")
       .def(
           "decode",
-          [](const GdnLayer& l, Cache& cache, int layer, const AnyArray& slots, const AnyArray& x) {
+          [](const GdnLayer& l, Cache& cache, Index layer, const AnyArray& slots, const AnyArray& x) {
             return layer_decode(l, cache, layer, slots, x, "GdnLayer.decode");
           },
           nb::arg("cache"), nb::arg("layer"), nb::arg("slots"), nb::arg("x"),
@@ -107,7 +107,7 @@ void init_layers_gdn(nb::module_& m) {
           "[B, hidden]; each row equals a prefill of that one token.")
       .def(
           "decode",
-          [](const GdnLayer& l, Cache& cache, int layer, const DecodeSlots& slots, const AnyArray& x) {
+          [](const GdnLayer& l, Cache& cache, Index layer, const DecodeSlots& slots, const AnyArray& x) {
             return layer_decode_device(l, cache, layer, slots, x, "GdnLayer.decode");
           },
           nb::arg("cache"), nb::arg("layer"), nb::arg("slots"), nb::arg("x"),

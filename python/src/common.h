@@ -103,6 +103,13 @@ NpI32 new_i32(std::vector<size_t> shape);
 // dtype="bfloat16" (numpy + ml_dtypes through .view(np.uint16)).
 Weight weight_from_array(const AnyArray& a, const std::string& dtype, const char* name);
 
+// An int argument that refuses a bool (nanobind's int caster takes True as 1): a cache slot,
+// layer or count given as True is a mistake to name (memra._arguments.explain does), not slot 1.
+struct Index {
+  int value;
+  operator int() const { return value; }  // NOLINT: an int in every other respect
+};
+
 // The AnyArray caster's work (args.cpp): false only for objects of memra's own classes.
 bool array_from_python(nb::handle src, uint32_t flags, nb::detail::cleanup_list* cleanup,
                        AnyArray* out) noexcept;
@@ -158,6 +165,22 @@ struct type_caster<memra::py::AnyArray> {
     a->refusal_ = std::move(why);
     a->m_dltensor.shape = const_cast<int64_t*>(zeros);
     a->m_dltensor.strides = const_cast<int64_t*>(zeros);
+  }
+};
+
+template <>
+struct type_caster<memra::py::Index> {
+  NB_TYPE_CASTER(memra::py::Index, const_name("int"))
+
+  bool from_python(handle src, uint32_t flags, cleanup_list* cleanup) noexcept {
+    if (PyBool_Check(src.ptr())) return false;
+    make_caster<int> c;
+    if (!c.from_python(src, flags, cleanup)) return false;
+    value.value = c.value;
+    return true;
+  }
+  static handle from_cpp(memra::py::Index i, rv_policy policy, cleanup_list* cleanup) noexcept {
+    return make_caster<int>::from_cpp(i.value, policy, cleanup);
   }
 };
 
