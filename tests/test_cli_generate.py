@@ -112,3 +112,24 @@ def test_a_prompt_past_the_cache_names_the_flag(capsys):
     err = capsys.readouterr().err
     assert "CacheFullError (30002): generate: the prompt of 3 tokens" in err, err
     assert err.rstrip().endswith("beyond --max-len 3"), err
+
+
+def test_a_prompt_id_outside_the_vocabulary_is_named_by_its_flag(capsys):
+    assert cli.main(["generate", "--prompt-ids", "1,999"]) == 1
+    err = capsys.readouterr().err
+    assert "generate: --prompt-ids: token id 999 is outside [0," in err, err
+
+
+def test_a_prompt_past_the_cache_with_no_new_tokens(capsys):
+    # no "last new token is not fed back" clause when no token is asked for
+    assert cli.main(["generate", "--prompt-ids", "1,2,3,4", "--max-len", "3", "--max-new-tokens", "0"]) == 1
+    err = capsys.readouterr().err
+    assert "generate: the prompt of 4 tokens needs 4 cache rows, beyond --max-len 3" in err, err
+    assert "fed back" not in err, err
+
+
+def test_one_new_token_gives_no_rate(capsys):
+    assert cli.main(["generate", "--prompt-ids", "1,2", "--max-new-tokens", "1", "--ignore-eos"]) == 0
+    err = capsys.readouterr().err
+    assert "memra: 1 token: the first" in err and "(prompt 2 tokens)\n" in err, err
+    assert "tokens/s" not in err, err

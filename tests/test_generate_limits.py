@@ -80,3 +80,24 @@ def test_an_object_array_of_small_ints_is_ids(model):
     want = model.generate([1, 2], max_new_tokens=2)
     assert model.generate(np.array([1, 2], dtype=object), max_new_tokens=2) == want
     assert _free(model)
+
+
+def test_a_prompt_id_outside_the_vocabulary_names_prompt_ids(model):
+    vocab = model.config.vocab_size
+    for call in (lambda: model.generate([1, vocab], 2), lambda: model.stream([vocab], 2)):
+        with pytest.raises(memra.ContractError, match=rf"^generate: prompt_ids: token id {vocab} is outside") as ei:
+            call()
+        assert ei.value.code == 40023
+    assert _free(model)
+
+
+@pytest.mark.parametrize("kw,named", [({"temperature": -1}, "temperature"), ({"top_k": -1}, "top_k"),
+                                      ({"top_p": 2.0}, "top_p"), ({"seed": -1}, "seed"),
+                                      ({"max_new_tokens": -1}, "max_new_tokens"),
+                                      ({"stop_token_ids": 1.5}, "stop_token_ids"),
+                                      ({"ignore_eos": 1}, "ignore_eos")])
+def test_generate_batch_names_itself_in_its_argument_errors(model, kw, named):
+    args = {"max_new_tokens": 2, **kw}
+    with pytest.raises(memra.ContractError, match=rf"^generate_batch: {named}\b"):
+        model.generate_batch([[1], [2]], **args)
+    assert _free(model)

@@ -413,6 +413,15 @@ def test_load_not_a_directory(tmp_path):
         _load(TINY / "config.json")
 
 
+def test_an_empty_path_is_named_not_taken_as_this_folder(tmp_path, monkeypatch):
+    # Path("") is "."; the CLI refuses an empty PATH, and load does too (40024), even where the
+    # working directory holds a checkpoint
+    monkeypatch.chdir(TINY)
+    with pytest.raises(memra.ContractError, match="load: path is empty") as ei:
+        memra.load("")
+    assert ei.value.code == 40024
+
+
 def test_load_str_path(ref, bf16_logits):
     np.testing.assert_array_equal(_load(str(TINY)).logits(ref["prompt_a"]), bf16_logits)
 

@@ -113,16 +113,16 @@ def count_arg(value, what: str, lo: int, hi: int = 2**31 - 1) -> int:
     return int(value)
 
 
-def generation_args(max_new_tokens, temperature, top_k, top_p, seed) -> int:
-    """Check generate / stream's arguments (ContractError naming the first bad one, 40025:
-    max_new_tokens an integer >= 0, temperature / top_k / top_p as sampling_problem says, seed
-    None or an integer in [0, 2^64)) without a model; returns the seed (None: 0). The CLI calls
-    it before it loads a checkpoint."""
-    count_arg(max_new_tokens, "generate: max_new_tokens", 0)
+def generation_args(max_new_tokens, temperature, top_k, top_p, seed, what: str = "generate") -> int:
+    """Check generate / stream's arguments (ContractError naming `what` and the first bad one,
+    40025: max_new_tokens an integer >= 0, temperature / top_k / top_p as sampling_problem says,
+    seed None or an integer in [0, 2^64)) without a model; returns the seed (None: 0). The CLI
+    calls it before it loads a checkpoint."""
+    count_arg(max_new_tokens, f"{what}: max_new_tokens", 0)
     for name, value in (("temperature", temperature), ("top_k", top_k), ("top_p", top_p)):
         if problem := sampling_problem(name, value):
-            raise ContractError(f"generate: {name} {problem}", 40025)
-    return 0 if seed is None else count_arg(seed, "generate: seed", 0, 2**64 - 1)
+            raise ContractError(f"{what}: {name} {problem}", 40025)
+    return 0 if seed is None else count_arg(seed, f"{what}: seed", 0, 2**64 - 1)
 
 
 @dataclass(frozen=True)

@@ -40,7 +40,7 @@ def load(path, device: str = "cpu", max_batch: int = 8, max_len: int = 4096, *, 
     allocated before any weight is read: OutOfMemoryError when it cannot fit. ContractError for
     a missing, extra, repeated or mis-shaped tensor, a file that cannot be read or parsed, a
     generation_config.json value memra cannot use (an EOS id outside the vocabulary, a sampling
-    default the sampler refuses), each named, a path that is not a folder (40024), a device but
+    default the sampler refuses), each named, a path that is empty or not a folder (40024), a device but
     "cpu", "cuda", "cuda:N", a dtype but those two, or an argument of the wrong type or range
     (max_batch / max_len not a positive integer, progress / cuda_graphs not a bool,
     kernel_options not a KernelOptions); UnsupportedError for a model_type or config memra
@@ -53,6 +53,8 @@ def load(path, device: str = "cpu", max_batch: int = 8, max_len: int = 4096, *, 
     cuda_graphs = bool(cuda_graphs)
     if not isinstance(path, (str, os.PathLike)):
         raise ContractError(f"load: path must be a folder path (str or os.PathLike), got {shown(path)}", 40020)
+    if os.fspath(path) in ("", b""):  # Path("") is ".": an empty path is a mistake, not this folder
+        raise ContractError("load: path is empty; it must name a checkpoint folder", 40024)
     path = Path(path)
     if not path.is_dir():
         raise ContractError(f"load: path {str(path)!r} is not a directory", 40024)

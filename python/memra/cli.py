@@ -43,14 +43,15 @@ def _parse_ids(text: str) -> list[int]:
 
 def _report(e: MemraError, args: argparse.Namespace) -> int:
     """Prints `e` as ``memra: Type (code): message`` with the parameters it names as the flags
-    that set them (``max_len must`` -> ``--max-len must``, ``prompt_ids holds`` -> ``--prompt-ids
-    holds``: the library speaks of its arguments, the user typed flags); returns the exit status 1."""
+    that set them (``max_len must`` -> ``--max-len must``, ``prompt_ids holds`` / ``prompt_ids:`` ->
+    ``--prompt-ids holds`` / ``--prompt-ids:``: the library speaks of its arguments, the user typed
+    flags); returns the exit status 1."""
     msg = str(e)
     # Only the parameter the message is about ("<op>: <param> must ..."): never a value the
     # user typed, nor a file's field ("load: generation_config.json: temperature must").
     for dest in vars(args):
         if dest not in ("command", "path"):
-            msg = re.sub(rf"^(\w+: ){dest}(?= (?:must|holds)\b)", rf"\g<1>--{dest.replace('_', '-')}",
+            msg = re.sub(rf"^(\w+: ){dest}(?=: | (?:must|holds)\b)", rf"\g<1>--{dest.replace('_', '-')}",
                          msg, count=1)
     if isinstance(e, CacheFullError):  # "prompt_ids of N tokens + M new tokens ..., beyond max_len L"
         msg = re.sub(r"^(\w+: )prompt_ids of ", r"\g<1>the prompt of ", msg, count=1)
@@ -150,9 +151,13 @@ def _main(argv: list[str] | None) -> int:
         print(f"memra: no tokens (prompt {len(ids)} tokens)", file=sys.stderr)
         return 0
     rest = len(new) - 1
+    head = (f"memra: {len(new)} token{'s' if len(new) > 1 else ''}: the first {first - start:.3f} s after "
+            f"the call (prompt {len(ids)} tokens)")
+    if rest == 0:  # no decode step: no rate to give
+        print(head, file=sys.stderr)
+        return 0
     rate = rest / (end - first) if end > first else float("inf")
-    print(f"memra: {len(new)} tokens: the first {first - start:.3f} s after the call (prompt {len(ids)} "
-          f"tokens), then {rest} in {end - first:.3f} s ({rate:.1f} tokens/s)", file=sys.stderr)
+    print(f"{head}, then {rest} in {end - first:.3f} s ({rate:.1f} tokens/s)", file=sys.stderr)
     return 0
 
 

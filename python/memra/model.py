@@ -335,11 +335,11 @@ class Model:
                     f"{n} more do not fit", 30002)
 
     # ------------------------------------------------------------------ generation
-    def _stop_ids(self, stop_token_ids, ignore_eos: bool) -> set[int]:
+    def _stop_ids(self, stop_token_ids, ignore_eos: bool, op: str = "generate") -> set[int]:
         if not isinstance(ignore_eos, (bool, np.bool_)):
-            raise ContractError(f"generate: ignore_eos must be True or False, got {ignore_eos!r}", 40025)
+            raise ContractError(f"{op}: ignore_eos must be True or False, got {ignore_eos!r}", 40025)
         stops = set() if ignore_eos else set(self.eos_token_ids)
-        what = "generate: stop_token_ids"
+        what = f"{op}: stop_token_ids"
         if stop_token_ids is None:
             return stops
         if isinstance(stop_token_ids, (int, np.integer)) and not isinstance(stop_token_ids, bool):
@@ -351,7 +351,7 @@ class Model:
             raise ContractError(f"{what} must be an integer id or a sequence of ids, got "
                                 f"{type(stop_token_ids).__name__}", 40025)
         if len(stop_token_ids) > 0:
-            ids = _ids(list(stop_token_ids), "generate", "stop_token_ids")
+            ids = _ids(list(stop_token_ids), op, "stop_token_ids")
             check_token_ids(ids, self.config.vocab_size, what)
             stops |= set(ids.tolist())
         return stops
@@ -361,6 +361,9 @@ class Model:
         max_len: the prompt takes n rows, every new token but the last (never fed back) one."""
         need = n + max(max_new_tokens - 1, 0)
         if need > self.cache.max_len:
+            if max_new_tokens == 0:
+                raise CacheFullError(f"{what} of {n} tokens needs {n} cache rows, beyond max_len "
+                                     f"{self.cache.max_len}", 30002)
             new = f"{max_new_tokens} new token{'' if max_new_tokens == 1 else 's'}"
             raise CacheFullError(f"{what} of {n} tokens + {new} need {need} cache rows (the last new token is "
                                  f"not fed back), beyond max_len {self.cache.max_len}", 30002)
@@ -396,7 +399,7 @@ class Model:
         not finite."""
         ids = _ids(prompt_ids, "generate", "prompt_ids")
         if len(ids):
-            self._check_vocab(ids, "generate")
+            self._check_vocab(ids, "generate: prompt_ids")
         seed = generation_args(max_new_tokens, temperature, top_k, top_p, seed)
         self._check_fits(len(ids), max_new_tokens, "generate: prompt_ids")
         stops = self._stop_ids(stop_token_ids, ignore_eos)
@@ -455,8 +458,8 @@ class Model:
         all_ids = [_ids(p, "generate_batch", f"prompts[{i}]") for i, p in enumerate(prompts)]
         n = len(all_ids)
         # Every argument is checked before anything runs, also when there is nothing to do.
-        seed = generation_args(max_new_tokens, temperature, top_k, top_p, seed)
-        stops = self._stop_ids(stop_token_ids, ignore_eos)
+        seed = generation_args(max_new_tokens, temperature, top_k, top_p, seed, "generate_batch")
+        stops = self._stop_ids(stop_token_ids, ignore_eos, "generate_batch")
         if n > self.cache.max_batch:
             raise ContractError(f"generate_batch: {n} prompts exceed the cache's max_batch "
                                 f"{self.cache.max_batch}", 40025)
