@@ -11,6 +11,8 @@ stopped by its fixture.
 from __future__ import annotations
 
 import asyncio
+import logging
+import socket
 import threading
 import time
 
@@ -217,6 +219,33 @@ def test_client_disconnect_cancels_and_frees_the_slot(server: ServerThread) -> N
     stream.close()
     text = wait_idle(server)
     assert metric(text, "memra_requests_total", 'finish_reason="cancelled"') == before + 1
+
+
+def test_a_client_gone_before_its_body_is_read_logs_no_error(server: ServerThread) -> None:
+    # It once logged "unhandled error" with a traceback (memra's and uvicorn's) per disconnect.
+    records: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record)
+
+    keep = Keep(logging.WARNING)
+    loggers = [logging.getLogger(n) for n in ("memra.serve", "uvicorn.error")]
+    for lg in loggers:
+        lg.addHandler(keep)
+    try:
+        host, port = server.url.removeprefix("http://").split(":")
+        for _ in range(3):
+            with socket.create_connection((host, int(port)), timeout=10) as s:
+                s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                          b"Content-Length: 1000\r\n\r\n{\"prompt\":")
+        time.sleep(0.3)
+        assert httpx.get(server.url + "/health", timeout=10).status_code == 200
+        time.sleep(0.2)
+    finally:
+        for lg in loggers:
+            lg.removeHandler(keep)
+    assert not records, [r.getMessage() for r in records]
 
 
 @pytest.mark.parametrize("path,body,param,words", [

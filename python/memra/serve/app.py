@@ -14,7 +14,8 @@ JSON (the position named) or a bad field (named in ``param``), 400 with both num
 prompt plus ``max_tokens`` exceed ``--max-len``, 413 for a body over ``max_request_bytes``
 (read no further), 404 ``model_not_found``, 429 when every slot is
 busy and ``--max-waiting`` requests are queued; an unknown route is a 404 and a wrong method a
-405 in the same format. A 500 means a bug in memra, never bad input.
+405 in the same format. A 500 means a bug in memra, never bad input. A client that disconnects
+before its body is read gets nothing (499 in the access log) and no error is logged.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from ..batch import count_arg
 from ..errors import ContractError, MemraError
@@ -175,6 +177,14 @@ def create_app(model, served_model_name: str | None = None, *, max_waiting: int 
     async def _memra(request: Request, e: MemraError) -> JSONResponse:
         log.error("memra serve: %s (%d): %s", type(e).__name__, e.code, e)
         return error_json(500, f"{type(e).__name__}: {e}", "server_error", code=e.code)
+
+    @app.exception_handler(ClientDisconnect)
+    async def _gone(request: Request, e: ClientDisconnect) -> Response:
+        # The client left before its body was read: no one to answer and nothing of memra's
+        # went wrong (the status is nginx's 499, for the access log).
+        log.debug("memra serve: %s %s: the client disconnected before its body was read",
+                  request.method, request.url.path)
+        return Response(status_code=499)
 
     @app.exception_handler(Exception)
     async def _bug(request: Request, e: Exception) -> JSONResponse:

@@ -118,8 +118,10 @@ class Scheduler:
                 raise ShuttingDownError("the server is shutting down")
             free = self.max_batch - self._n_running
             if len(self._waiting) >= max(free, 0) + self.max_waiting:
-                raise QueueFullError(f"all {self.max_batch} slots are busy and {len(self._waiting)} "
-                                     f"requests are waiting (--max-waiting {self.max_waiting})")
+                # The queue holds requests for the free slots (not yet admitted) plus max_waiting.
+                raise QueueFullError(f"{self._n_running} of {self.max_batch} slots are running requests and "
+                                     f"{len(self._waiting)} more are queued, the most the queue takes (the "
+                                     f"{max(free, 0)} free slots + --max-waiting {self.max_waiting})")
             self._waiting.append(req)
             self._cv.notify()
 
