@@ -136,7 +136,8 @@ KERNEL_OPTIONS = ["x", 1, True, {"pdl": True}, _OBJ, [], lambda g, w: [("a Cache
 WEIGHTS_DICT = [None, "w", 1, [], _OBJ, {"fn": 1}, {1: 2}, {"x": np.zeros(3, np.float32)}]
 ENUM_STR = ["nonsense", "", "FLOAT32"]
 BAD_IDS = [None, "abc", 1.5, 3, [], [[1, 2], [3]], [[1, 2], [3, 4]], [1.5, 2.0], {"a": 1},
-           [-1], [272], [2**40], [True, False], _OBJ, b"\x01", np.array([1, 2], np.float32),
+           [-1], [272], [2**40], [True, False], [True, 5], [1, np.True_], _OBJ, b"\x01",
+           np.array([1, 2], np.float32),
            np.array([[1, 2]]), (x for x in [1, 2])]
 
 
@@ -217,7 +218,7 @@ CASES: dict[str, Case] = {
     "Model.decode": Case(
         model("decode"), lambda w: dict(cache=w.cache, slots=[0], token_ids=[7]),
         {"cache": CACHE_ARG + [lambda g, w: [("another geometry", w.other_cache)]],
-         "slots": [None, "0", 1.5, 0, [], [0, 0], [5], [-1], [[0]], [0.5], {"s": 0}, [True], _OBJ],
+         "slots": [None, "0", 1.5, 0, [], [0, 0], [5], [-1], [[0]], [0.5], {"s": 0}, [True], [True, 2], _OBJ],
          "token_ids": BAD_IDS}),
     "Model.generate": Case(
         model("generate"), lambda w: dict(prompt_ids=[1, 2], max_new_tokens=2, temperature=0.5, top_k=3,
@@ -237,7 +238,7 @@ CASES: dict[str, Case] = {
         model("prefill_batch"), lambda w: dict(cache=w.cache, slots=[1, 0], prompts=[[1, 2], [3]]),
         {"cache": CACHE_ARG + [lambda g, w: [("another geometry", w.other_cache)]],
          "slots": [None, "0", 1.5, 0, [0], [0, 0], [2, 0], [-1, 0], [[0], [1]], [0.5, 1.0], {"s": 0},
-                   [True, False], [2**31, 0], _OBJ],
+                   [True, False], [False, 1], [2**31, 0], _OBJ],
          "prompts": [None, 3, 1.5, "abc", [[1, 2], None], [[1], [2], [3]], [[1, 2], []], [[272], [1]],
                      {"a": [1]}, [[[1, 2]], [1]], [1, 2], _OBJ, [list(range(40)), [1]], [[1.5], [1]]]}),
     "Model.take_slots": Case(lambda w: _take_and_give_back(w.model), lambda w: dict(n=1, what="fuzz"),

@@ -77,6 +77,9 @@ C, H = "/v1/completions", "/v1/chat/completions"
      "true, false or null"),
     # a sampler value that rounds to nothing as a float32
     (C, {"prompt": "x", "top_p": 1e-46}, "top_p", "rounds to 0"),
+    # a field whose only value is null says so once (it read "only null, or null")
+    (C, {"prompt": "x", "guided_json": {}}, "guided_json", "(only null)"),
+    (C, {"prompt": "x", "bad_words": ["a"]}, "bad_words", "(only [], or null)"),
 ])
 def test_bad_fields_are_400s_naming_them(server, path, body, param, words) -> None:
     r = post_json(server, path, body)

@@ -47,6 +47,10 @@ def _ids(token_ids, what: str, arg: str = "token_ids") -> np.ndarray:
     if arr.ndim != 1 or arr.size == 0:
         raise ContractError(f"{what}: {arg} must be a non-empty 1-D sequence of ints, got {shown(token_ids)}",
                             40000)
+    # numpy makes [True, 5] an int array: a bool among ints is refused as a bool alone is.
+    if isinstance(token_ids, (list, tuple)) and arr.dtype.kind in "iu" and \
+            not {bool, np.bool_}.isdisjoint(map(type, token_ids)):
+        raise ContractError(f"{what}: {arg} must hold integers, not bools, got {shown(token_ids)}", 40020)
     if not np.issubdtype(arr.dtype, np.integer):
         raise ContractError(f"{what}: {arg} must hold integers, got {arr.dtype} ({shown(token_ids)})", 40020)
     if arr.min() < -(2**31) or arr.max() >= 2**31:

@@ -104,7 +104,8 @@ CHAT_UNHONOURED = {  # the same, of /v1/chat/completions only
 def _refuse_unhonoured(table: dict, v: Any, name: str) -> Any:
     asks_nothing, values = table[name]
     if v is not None and not asks_nothing(v):
-        raise ValueError(f"not supported by memra (only {values}, or null)")
+        only = values if values.startswith("null") else f"{values}, or null"
+        raise ValueError(f"not supported by memra (only {only})")
     return v
 
 
