@@ -21,6 +21,8 @@ A small shape for ``compute-sanitizer --tool racecheck`` / ``--tool memcheck``:
 
 from __future__ import annotations
 
+import collections.abc
+
 import platform
 
 import numpy as np
@@ -275,6 +277,28 @@ def test_score_decode_rows_independent_of_batch(e):
     idled = sb.gpu(e, [1000, -1, -1, -1])
     np.testing.assert_array_equal(idled[0], full[0])
     assert np.isneginf(idled[1:]).all()
+
+
+def test_score_decode_keys_the_call_alone_holds(e):
+    """pool_keys as arrays only the call holds (DLPack capsules it imports, a sequence that makes
+    a fresh array per item): each key array stays alive until the launch has read it (they were
+    freed as the argument walk moved on, and the output could take their memory)."""
+    Hi, d, pool = 16, 32, 4
+    sb = ScoreBatch([1000, 7, 4099, 63], Hi, d, pool, seed=11)
+    want = sb.gpu(e, sb.pos)
+    dev = e.to_device
+
+    class Fresh(collections.abc.Sequence):
+        def __len__(self):
+            return len(sb.keys)
+
+        def __getitem__(self, i):
+            return dev(sb.keys[i])
+
+    for keys in ([dev(k).__dlpack__() for k in sb.keys], Fresh()):
+        got = e.to_host(_core.kpool_score_decode(dev(sb.q), dev(sb.w), keys, sb.pos, engine=e,
+                                                 **sb.kw))
+        np.testing.assert_array_equal(got, want)
 
 
 # ---------------------------------------------------------------- selection

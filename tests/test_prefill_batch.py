@@ -13,6 +13,8 @@ slot as it was.
 
 from __future__ import annotations
 
+import collections.abc
+
 from pathlib import Path
 
 import numpy as np
@@ -216,6 +218,22 @@ def test_concat_rows() -> None:
                        ([a, a.astype(np.float64)], r"parts\[1\]"), ([a, "x"], r"parts\[1\]")):
         with pytest.raises(memra.ContractError, match=match):
             _core.concat_rows(bad)
+
+
+def test_concat_rows_keeps_parts_a_sequence_makes_alive() -> None:
+    # A sequence that builds a fresh array per item: each died with the loop's reference before
+    # the copies ran, which then read freed (and reused) memory: garbage rows.
+    class Parts(collections.abc.Sequence):
+        def __len__(self):
+            return 4
+
+        def __getitem__(self, i):
+            if i >= 4:
+                raise IndexError(i)
+            return np.full((64, 64), float(i + 1), np.float32)
+
+    want = np.concatenate([np.full((64, 64), float(i + 1), np.float32) for i in range(4)])
+    np.testing.assert_array_equal(_core.concat_rows(Parts()), want)
 
 
 def test_bad_offsets_are_refused() -> None:

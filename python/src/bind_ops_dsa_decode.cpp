@@ -45,6 +45,7 @@ PerSeq decode_pos_arg(const Engine* engine, nb::handle h, int64_t B, const char*
 // A list of B per-sequence float32 arrays [rows_b, d] on the engine's device (rows_b == rows
 // unless rows == -1); writable: the op writes into them.
 struct StateList {
+  std::vector<AnyArray> keep;  // the arrays themselves: their memory lives until the op returns
   std::vector<float*> ptr;
   std::vector<int64_t> rows;
 };
@@ -60,6 +61,11 @@ StateList state_list_arg(const Engine* engine, nb::handle list, int64_t B, int64
   StateList s;
   int64_t b = 0;
   for (nb::handle h : list) {
+    if (b >= B) {  // checked as it goes: an endless sequence must not run forever
+      raise_contract(kContractShape, std::string(op) + ": argument '" + name + "' has more than " +
+                                         std::to_string(B) + " arrays for B=" + std::to_string(B) +
+                                         " sequences");
+    }
     const std::string item = std::string(name) + "[" + std::to_string(b) + "]";
     AnyArray a;
     if (!nb::try_cast(h, a)) {
@@ -69,6 +75,7 @@ StateList state_list_arg(const Engine* engine, nb::handle list, int64_t B, int64
     if (writable) require_writable(h, op, item.c_str());
     s.ptr.push_back(const_cast<float*>(f32_in(engine, a, op, item.c_str(), {rows, d})));
     s.rows.push_back(dim(a, 0));
+    s.keep.push_back(std::move(a));
     ++b;
   }
   if (b != B) {

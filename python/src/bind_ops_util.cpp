@@ -48,6 +48,9 @@ void init_ops_util(nb::module_& m) {
                                              std::string(nb::type_name(parts.type()).c_str()));
         }
         // Every part is checked before the output is allocated; the rows are copied in order.
+        // keep holds each imported part until the copies are done: a sequence may hand out a
+        // fresh array per item (or a DLPack capsule), which dies with the loop's reference.
+        std::vector<AnyArray> keep;
         std::vector<const float*> src;
         std::vector<int64_t> rows;
         int64_t D = -1, T = 0;
@@ -63,6 +66,7 @@ void init_ops_util(nb::module_& m) {
           D = dim(a, 1);
           rows.push_back(dim(a, 0));
           T += rows.back();
+          keep.push_back(std::move(a));
         }
         Out y = out_f32_uninit(engine, {size_t(T), size_t(D)});
         char* dst = static_cast<char*>(y.ptr);
