@@ -403,6 +403,8 @@ int memra_cuda_attention(MemraCudaCtx* ctx, const MemraAttnParams* p) {
   const int E = p->cache_dtype == 0 ? 4 : 8;  // elements of a 16-byte load
   L.vec = p->hd % E == 0 && memra::cuda::aligned16(p->k_cache) && memra::cuda::aligned16(p->v_cache) &&
           (!device || p->slot_stride % E == 0);
+  // grid.y: one block per K/V head and head group (65535 at most, as a launch allows).
+  if (int64_t(p->Hkv) * L.hgroups > 65535) return memra::kUnsupportedGeometry;
   const unsigned heads = static_cast<unsigned>(p->Hkv * L.hgroups);
   if (!device) {
     return launch_any(ctx, L, dim3(ceil_div(p->T, L.QT), heads, 1));

@@ -185,6 +185,7 @@ int memra_cuda_attn_prep(MemraCudaCtx* ctx, const MemraAttnPrepParams* p) {
   MEMRA_CUDA_RETURN_IF(enter(ctx));
   MEMRA_CUDA_RETURN_IF(memra_attn_prep_check(p));
   if (p->T == 0) return memra::kOk;
+  if (int64_t(p->Hq) + p->Hkv > 65535) return memra::kUnsupportedGeometry;  // grid.y: a head a block
   memra::cuda::launch(ctx, true, attn_prep_kernel, dim3(static_cast<unsigned>(p->T), p->Hq + p->Hkv),
                       dim3(kPrepThreads), 0, *p);
   return launch_status();
@@ -199,7 +200,8 @@ int memra_cuda_attn_prep_append(MemraCudaCtx* ctx, const MemraAttnPrepParams* pr
   const bool fused = app->k == prep->k_out && app->ld_k == int64_t(prep->Hkv) * prep->hd &&
                      app->T == prep->T && app->Hkv == prep->Hkv && app->hd == prep->hd &&
                      app->slots == prep->slots && app->lengths == prep->lengths &&
-                     (app->slots || app->pos0 == prep->pos0);
+                     (app->slots || app->pos0 == prep->pos0) &&
+                     int64_t(prep->Hq) + 2 * int64_t(prep->Hkv) <= 65535;  // its grid.y
   if (!fused) {
     MEMRA_CUDA_RETURN_IF(memra_cuda_attn_prep(ctx, prep));
     return memra_cuda_kv_append(ctx, app);
@@ -221,6 +223,7 @@ int memra_cuda_kv_append(MemraCudaCtx* ctx, const MemraKvAppendParams* p) {
   MEMRA_CUDA_RETURN_IF(memra_kv_append_check(p));
   if (p->T == 0) return memra::kOk;
   const int64_t row = int64_t(p->Hkv) * p->hd;
+  if (ceil_div(row, kPrepThreads) > 65535) return memra::kUnsupportedGeometry;  // grid.y
   const dim3 grid(static_cast<unsigned>(p->T), static_cast<unsigned>(ceil_div(row, kPrepThreads)));
   if (p->cache_dtype == 0) {
     memra::cuda::launch(ctx, true, kv_append_kernel<float>, grid, dim3(kPrepThreads), 0, *p);

@@ -417,6 +417,7 @@ int memra_cuda_rope_interleaved(MemraCudaCtx* ctx, float* x, const int32_t* posi
   for (int j = 0; j < kRopeHostFreqs; ++j) {
     freqs.inv_freq[j] = j < half ? std::pow(static_cast<double>(base), -2.0 * j / d_rope) : 0.0;
   }
+  if (ceil_div(half, 32) > 65535) return memra::kUnsupportedGeometry;  // grid.y
   const dim3 grid(static_cast<unsigned>(T), ceil_div(half, 32));
   memra::cuda::launch(ctx, true, rope_kernel, dim3(grid), dim3(dim3(32, 8)), 0, x, positions, n_vec,
       d_rope, static_cast<double>(base), freqs);

@@ -97,6 +97,7 @@ int sample_greedy(MemraCudaCtx* ctx, const float* logits, int B, int V, int32_t*
         nonfinite);
     return launch_status();
   }
+  if (B > 65535) return memra::kUnsupportedGeometry;  // grid.y of the partial pass
   const int S = static_cast<int>(ceil_div(V, kGreedyChunk));
   const size_t parts = static_cast<size_t>(S) * B;
   // The partial bests, then (with nonfinite) the partial flags [B, S] int.
