@@ -311,3 +311,18 @@ def test_a_repeated_argument_keeps_pythons_type_error():
         with pytest.raises(TypeError) as info:
             call()
         assert not isinstance(info.value, memra.MemraError)
+
+
+def test_extents_past_int32_are_range_errors():
+    """An extent the op takes as an int past int32 is CONTRACT_RANGE naming the argument (a
+    zero-byte [2^31, ..., 0] array reaches it); the cast once wrapped it to a negative count."""
+    big = 2 ** 31
+    w = _core.Weight(f32(4, 4))
+    for call, op, arg in (
+            (lambda: _core.rope_interleaved(np.zeros((big, 1, 0), np.float32), np.zeros(1, np.int32)),
+             "rope_interleaved", "'x'"),
+            (lambda: _core.mla_absorb_q(np.zeros((1, big, 0), np.float32), w, d_v=0), "mla_absorb_q", "'q_nope'"),
+            (lambda: _core.mla_decompress_v(np.zeros((big, 1, 0), np.float32), w, d_nope=0), "mla_decompress_v",
+             "'o_lat'")):
+        e = raises(ContractError, call, op, arg, "past int32")
+        assert e.code == S.CONTRACT_RANGE

@@ -304,6 +304,15 @@ std::string shape_str(const AnyArray& a) {
   return os.str();
 }
 
+int dim32(const AnyArray& a, size_t i, const char* op, const char* name) {
+  const int64_t n = dim(a, i);
+  if (n > std::numeric_limits<int32_t>::max()) {
+    raise_contract(kContractRange, std::string(op) + ": argument '" + name + "' has shape " +
+                                       shape_str(a) + ", an extent past int32");
+  }
+  return static_cast<int>(n);
+}
+
 const int32_t* i32_arg(const AnyArray& a, const char* op, const char* name,
                        std::initializer_list<int64_t> shape) {
   check_array(a, op, name, shape, "int32", has_dtype(a, nb::dlpack::dtype_code::Int, 32),

@@ -33,7 +33,7 @@ void init_graph(nb::module_& m) {
           "set",
           [](DecodeSlots& d, const AnyArray& slots) {
             const int32_t* p = i32_arg(slots, "DecodeSlots.set", "slots", {-1});
-            check(d.set(p, static_cast<int>(dim(slots, 0))));
+            check(d.set(p, dim32(slots, 0, "DecodeSlots.set", "slots")));
           },
           nb::arg("slots"),
           "Rows [0, n) take slots [n] (host int32, distinct, in [0, max_batch)); the other rows "

@@ -94,7 +94,7 @@ void init_ops_basic(nb::module_& m) {
           D = hw->cols();
         }
         const int32_t* id = i32_in(engine, ids, op, "ids", {-1});
-        const int T = static_cast<int>(dim(ids, 0));
+        const int T = dim32(ids, 0, op, "ids");
         const int32_t* host_ids = id;
         std::vector<int32_t> copied;
         if (on_cuda(engine) && check_range && T > 0) {
@@ -277,8 +277,8 @@ void init_ops_basic(nb::module_& m) {
         const char* op = "l2norm_heads";
         check_eps(eps, op);
         const float* xp = f32_in(engine, x, op, "x", {-1, -1, -1});
-        const int T = static_cast<int>(dim(x, 0)), H = static_cast<int>(dim(x, 1)),
-                  d = static_cast<int>(dim(x, 2));
+        const int T = dim32(x, 0, op, "x"), H = dim32(x, 1, op, "x"),
+                  d = dim32(x, 2, op, "x");
         Out y = out_f32(engine, {sz(T), sz(H), sz(d)});
         copy_array(engine, y.ptr, xp, sizeof(float) * sz(T) * sz(H) * sz(d), op);
         run_op(engine, [&] {
@@ -296,8 +296,8 @@ void init_ops_basic(nb::module_& m) {
       [](const AnyArray& x, const AnyArray& positions, float base, const Engine* engine) {
         const char* op = "rope_interleaved";
         const float* xp = f32_in(engine, x, op, "x", {-1, -1, -1});
-        const int T = static_cast<int>(dim(x, 0)), n = static_cast<int>(dim(x, 1)),
-                  d = static_cast<int>(dim(x, 2));
+        const int T = dim32(x, 0, op, "x"), n = dim32(x, 1, op, "x"),
+                  d = dim32(x, 2, op, "x");
         const int32_t* pp = i32_in(engine, positions, op, "positions", {T});
         if (d % 2 != 0) raise_contract(kContractOddRope, odd_rope_message(x));
         check_value(std::isfinite(base) && base > 0.0f, op,

@@ -67,8 +67,8 @@ void check_pool(int pool, const char* op, const char* from) {
 const float* ape_arg(const Engine* engine, const AnyArray& ape, const char* op, int* pool,
                      int* d) {
   const float* ap = f32_in(engine, ape, op, "ape", {-1, -1});
-  *pool = static_cast<int>(dim(ape, 0));
-  *d = static_cast<int>(dim(ape, 1));
+  *pool = dim32(ape, 0, op, "ape");
+  *d = dim32(ape, 1, op, "ape");
   check_pool(*pool, op, "the rows of ape");
   if (*d < 1) {
     raise_contract(kContractShape, std::string(op) + ": ape has shape " + shape_str(ape) +
@@ -83,7 +83,7 @@ void init_ops_dsa(nb::module_& m) {
       [](const AnyArray& k, const AnyArray& gate, const AnyArray& ape, const Engine* engine) {
         const char* op = "kpool_pool_keys";
         const float* ap = f32_in(engine, ape, op, "ape", {-1, -1});
-        const int pool = static_cast<int>(dim(ape, 0)), d = static_cast<int>(dim(ape, 1));
+        const int pool = dim32(ape, 0, op, "ape"), d = dim32(ape, 1, op, "ape");
         check_pool(pool, op, "the rows of ape");
         const float* kp = f32_in(engine, k, op, "k", {-1, d});
         const int64_t n_rows = dim(k, 0);
@@ -220,11 +220,11 @@ void init_ops_dsa(nb::module_& m) {
          const Engine* engine) {
         const char* op = "kpool_score";
         const float* qp = f32_in(engine, q, op, "q", {-1, -1, -1});
-        const int t_q = static_cast<int>(dim(q, 0)), Hi = static_cast<int>(dim(q, 1)),
-                  d = static_cast<int>(dim(q, 2));
+        const int t_q = dim32(q, 0, op, "q"), Hi = dim32(q, 1, op, "q"),
+                  d = dim32(q, 2, op, "q");
         const float* wp = f32_in(engine, w, op, "w", {t_q, Hi});
         const float* kp = f32_in(engine, pool_keys, op, "pool_keys", {-1, d});
-        const int n_pools = static_cast<int>(dim(pool_keys, 0));
+        const int n_pools = dim32(pool_keys, 0, op, "pool_keys");
         check_pool(pool, op);
         check_positions(first_pos, t_q, op);
         check_finite(qk_scale, op, "qk_scale");
@@ -278,8 +278,8 @@ void init_ops_dsa(nb::module_& m) {
          const Engine* engine) {
         const char* op = "kpool_select";
         const float* sp = f32_in(engine, score, op, "score", {-1, -1});
-        const int t_q = static_cast<int>(dim(score, 0)),
-                  n_pools = static_cast<int>(dim(score, 1));
+        const int t_q = dim32(score, 0, op, "score"),
+                  n_pools = dim32(score, 1, op, "score");
         check_pool(pool, op);
         check_positions(first_pos, t_q, op);
         check_nonneg(select_k, op, "select_k");

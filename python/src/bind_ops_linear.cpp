@@ -74,7 +74,7 @@ void init_ops_linear(nb::module_& m) {
         }
         const float* xp = f32_in(engine, x, op, "x", {-1, K});
         const float* bp = bias ? f32_in(engine, *bias, op, "bias", {N}) : nullptr;
-        const int T = static_cast<int>(dim(x, 0));
+        const int T = dim32(x, 0, op, "x");
         Out y = out_f32_uninit(engine, {sz(T), sz(N)});
         MemraLinearParams p = {};
         p.x = xp;

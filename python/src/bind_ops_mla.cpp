@@ -102,12 +102,12 @@ AttnArgs attn_args(const Engine* engine, const AnyArray& q_lat, const AnyArray& 
                    const std::optional<AnyArray>& q_pe, float scale, const char* op) {
   AttnArgs a;
   a.q_lat = f32_in(engine, q_lat, op, "q_lat", {-1, -1, -1});
-  a.t_q = static_cast<int>(dim(q_lat, 0));
-  a.H = static_cast<int>(dim(q_lat, 1));
-  a.R = static_cast<int>(dim(q_lat, 2));
+  a.t_q = dim32(q_lat, 0, op, "q_lat");
+  a.H = dim32(q_lat, 1, op, "q_lat");
+  a.R = dim32(q_lat, 2, op, "q_lat");
   a.cache = cache_arg(engine, cache, op, &a.cache_dtype);
-  a.t_kv = static_cast<int>(dim(cache, 0));
-  a.d_rope = static_cast<int>(dim(cache, 1)) - a.R;
+  a.t_kv = dim32(cache, 0, op, "cache");
+  a.d_rope = dim32(cache, 1, op, "cache") - a.R;
   if (a.d_rope < 0) {
     raise_contract(kContractShape, std::string(op) + ": cache has shape " + shape_str(cache) +
                                        ", expected [t_kv, R + d_rope] with R=" +
@@ -179,8 +179,8 @@ void init_ops_mla(nb::module_& m) {
       [](const AnyArray& q_nope, nb::handle kv_b, int d_v, int arm, const Engine* engine) {
         const char* op = "mla_absorb_q";
         const float* qp = f32_in(engine, q_nope, op, "q_nope", {-1, -1, -1});
-        const int T = static_cast<int>(dim(q_nope, 0)), H = static_cast<int>(dim(q_nope, 1)),
-                  d_nope = static_cast<int>(dim(q_nope, 2));
+        const int T = dim32(q_nope, 0, op, "q_nope"), H = dim32(q_nope, 1, op, "q_nope"),
+                  d_nope = dim32(q_nope, 2, op, "q_nope");
         check_nonneg(d_v, op, "d_v");
         check_arm(arm, op);
         const KvB w = kv_b_arg(engine, kv_b, op);
@@ -217,8 +217,8 @@ void init_ops_mla(nb::module_& m) {
       [](const AnyArray& o_lat, nb::handle kv_b, int d_nope, int arm, const Engine* engine) {
         const char* op = "mla_decompress_v";
         const float* op_ = f32_in(engine, o_lat, op, "o_lat", {-1, -1, -1});
-        const int T = static_cast<int>(dim(o_lat, 0)), H = static_cast<int>(dim(o_lat, 1)),
-                  R = static_cast<int>(dim(o_lat, 2));
+        const int T = dim32(o_lat, 0, op, "o_lat"), H = dim32(o_lat, 1, op, "o_lat"),
+                  R = dim32(o_lat, 2, op, "o_lat");
         check_nonneg(d_nope, op, "d_nope");
         check_arm(arm, op);
         const KvB w = kv_b_arg(engine, kv_b, op);
@@ -271,7 +271,7 @@ void init_ops_mla(nb::module_& m) {
         void* cp = const_cast<void*>(cache_arg(engine, cache, op, &cdt));
         const int64_t max_len = dim(cache, 0), W = dim(cache, 1);
         const float* rp = f32_in(engine, rows, op, "rows", {-1, W});
-        const int T = static_cast<int>(dim(rows, 0));
+        const int T = dim32(rows, 0, op, "rows");
         if (start < 0 || static_cast<int64_t>(start) + T > max_len) {
           raise_contract(kContractRange, std::string(op) + ": rows [" + std::to_string(start) +
                                              ", " + std::to_string(int64_t(start) + T) +
@@ -344,7 +344,7 @@ void init_ops_mla(nb::module_& m) {
         const char* op = "mla_attn_gathered";
         AttnArgs a = attn_args(engine, q_lat, cache, q_pe, scale, op);
         const int32_t* ip = i32_in(engine, idx, op, "idx", {a.t_q, -1});
-        const int width = static_cast<int>(dim(idx, 1));
+        const int width = dim32(idx, 1, op, "idx");
         if (on_cuda(engine)) {
           check_suffix(a, op);
           if (check_range && int64_t(a.t_q) * width > 0) {

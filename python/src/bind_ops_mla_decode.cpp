@@ -165,7 +165,7 @@ void init_ops_mla_decode(nb::module_& m) {
         int width = 0;
         if (idx) {
           ip = i32_in(engine, *idx, op, "idx", {B, -1});
-          width = static_cast<int>(dim(*idx, 1));
+          width = dim32(*idx, 1, op, "idx");
         }
         PerSeq t = per_seq_arg(engine, t_kv, B, op, "t_kv");
         int64_t bound = 0;  // max_t_kv: the host bound the launch is sized from

@@ -93,6 +93,9 @@ void check_array(const AnyArray& a, const char* op, const char* name,
 
 // Extent `dim` of a checked array.
 inline int64_t dim(const AnyArray& a, size_t i) { return static_cast<int64_t>(a.shape(i)); }
+// Extent i of a as the int an op's parameters take: ContractError (CONTRACT_RANGE) naming op and
+// the argument past INT32_MAX (a zero-byte [2^31, 0] array gets there), never a wrapped count.
+int dim32(const AnyArray& a, size_t i, const char* op, const char* name);
 
 // New zero-filled host arrays owned by Python.
 NpF32 new_f32(std::vector<size_t> shape);
