@@ -300,3 +300,47 @@ def test_interleaved_streams_through_graphs(pair) -> None:
         got[0].append(next(a))
         got[1].append(next(b))
     assert got == want
+
+
+def test_many_streams_consumed_in_turn_share_the_readback_slots() -> None:
+    # Twelve streams advanced in turn leave more reads pending than the engine's READ_SLOTS
+    # readback slots; each read once kept its slot until its stream collected it, so the 32nd
+    # later read reused it (ContractError from next(), the stream's tokens lost). The reads now
+    # go through one window per model that waits for the oldest first. Each stream gives its
+    # own generate()'s tokens.
+    m = memra.load(memra.default_checkpoint(), device="cuda", max_batch=12, max_len=64, progress=False)
+    kw = dict(temperature=0.8, top_k=20, top_p=0.9, ignore_eos=True)
+    prompts = [[3 + i, 17, 5 + 2 * i] for i in range(12)]
+    want = [m.generate(p, 8, seed=i, **kw) for i, p in enumerate(prompts)]
+    streams = [m.stream(p, 8, seed=i, **kw) for i, p in enumerate(prompts)]
+    got = [[] for _ in prompts]
+    for _ in range(8):
+        for i, s in enumerate(streams):
+            got[i].append(next(s))
+    assert got == want
+
+
+def test_a_failed_step_leaves_no_chain_to_another_stream() -> None:
+    # Stream a (slot 0) has a chained step in flight; stream b's first decode step on the same
+    # bucket uploads b's slot and ids and then fails (here: its eager step raises). The bucket's
+    # chain used to survive the failure, so a's next chained step decoded b's slot with b's ids.
+    m = memra.load(memra.default_checkpoint(), device="cuda", max_batch=4, max_len=64, progress=False)
+    kw = dict(top_k=20, top_p=0.9, ignore_eos=True)
+    want = m.generate(PROMPTS[0], 10, temperature=0.8, seed=3, **kw)
+    a = m.stream(PROMPTS[0], 10, temperature=0.8, seed=3, **kw)
+    got = [next(a), next(a)]
+    runner = m._runner
+    real = runner._body
+
+    def fail_once(b, sampling):
+        runner._body = real
+        raise KeyboardInterrupt("injected into b's step")
+
+    runner._body = fail_once  # b's sampling (another temperature) has no graph yet: an eager step
+    b = m.stream(PROMPTS[1], 10, temperature=0.5, seed=4, **kw)
+    with pytest.raises(KeyboardInterrupt):
+        next(b)
+        next(b)
+    b.close()
+    got += list(a)
+    assert got == want

@@ -547,3 +547,41 @@ def test_generations_on_threads_take_distinct_slots_and_give_their_tokens() -> N
     finally:
         sys.setswitchinterval(old)
     assert not errors and not wrong
+
+
+def test_pipelined_generations_on_threads_chain_without_errors() -> None:
+    # The pipelined loop (a CUDA engine's; here the CPU stand-in runner) checked can_chain and then
+    # launched: another thread's step on the same bucket in between raised a bare ValueError ("a
+    # row has a step in flight" / "cannot chain"). DecodeBatch.try_chain is one hold of the lock.
+    import sys
+    import threading
+
+    from cpu_runner import CpuRunner
+
+    m = memra.load(memra.default_checkpoint(), max_batch=4, max_len=64, progress=False)
+    m._runner = CpuRunner(m)
+    prompts = [[i + 1, 2 * i + 3, 5] for i in range(3)]
+    want = [m.generate(p, 10, temperature=0.8, seed=i, ignore_eos=True) for i, p in enumerate(prompts)]
+    wrong, errors = [], []
+
+    def work(i):
+        try:
+            for _ in range(8):
+                if m.generate(prompts[i], 10, temperature=0.8, seed=i, ignore_eos=True) != want[i]:
+                    wrong.append(i)
+        except Exception as ex:  # noqa: BLE001
+            errors.append(ex)
+
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        threads = [threading.Thread(target=work, args=(i,)) for i in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(old)
+    assert not errors and not wrong, (errors[:2], wrong)
+    assert m._runner.chained_steps > 0
+    assert all(m.cache.owner(s) == 0 for s in range(4))

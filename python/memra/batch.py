@@ -29,6 +29,7 @@ import numpy as np
 
 from . import _core
 from .decode_graph import Sampling
+from ._interrupts import deferred_interrupts
 from .errors import NON_FINITE, ContractError, NonFiniteError
 
 if TYPE_CHECKING:
@@ -176,6 +177,21 @@ class StepHandle:
         self.results = results  # [int | NonFiniteError] computed at launch (CPU)
 
 
+def _read_async(m: Model, arr) -> _core.HostRead:
+    """Engine.to_host_async through one window of pending reads for the whole model (every
+    DecodeBatch, stream and thread on it): the engine has Engine.READ_SLOTS readback slots and a
+    read's slot is reused by the READ_SLOTS-th read after it, so before that could happen the
+    oldest pending read is waited for (a HostRead keeps its array: its owner's later wait()
+    returns it). Nine streams consumed in turn once outran the slots (ContractError from next()).
+    Call with the model's lock held."""
+    q = m._pending_reads
+    while len(q) >= _core.Engine.READ_SLOTS - 1:
+        q.popleft().wait()
+    r = m.engine.to_host_async(arr)
+    q.append(r)
+    return r
+
+
 def _not_finite(what: str, slot: int, k: int) -> NonFiniteError:
     return NonFiniteError(f"{what}: the logits for new token {k} of the sequence in slot {slot} are "
                           f"not finite (NaN or inf): no token was drawn", NON_FINITE)
@@ -269,13 +285,25 @@ class DecodeBatch:
         the draws of the step in flight) and drawing the next. Every row needs room for one
         more token (CacheFullError otherwise, nothing run) and, unless chained, no step in flight
         (ValueError)."""
+        return self._launch(rows, what, chain_only=False)
+
+    def try_chain(self, rows: list[Row], what: str = "decode") -> StepHandle | None:
+        """:meth:`launch` of a step chained on the one in flight when it can be chained now, else
+        None. The check and the launch are one hold of the model's lock, so no other thread's
+        step on the same bucket comes between them (checking :meth:`can_chain` first, then
+        launching, could raise ValueError when it did)."""
+        return self._launch(rows, what, chain_only=True)
+
+    def _launch(self, rows: list[Row], what: str, chain_only: bool) -> StepHandle | None:
         if not rows:
             raise ValueError("DecodeBatch.launch: no rows")
         m = self.model
-        chained = self.can_chain(rows)
-        if not chained and any(r.inflight for r in rows):
-            raise ValueError("DecodeBatch.launch: a row has a step in flight; collect it first")
         with m._lock:
+            chained = self.can_chain(rows)
+            if chain_only and not chained:
+                return None
+            if not chained and any(r.inflight for r in rows):
+                raise ValueError("DecodeBatch.launch: a row has a step in flight; collect it first")
             slots = np.array([r.slot for r in rows], np.int32)
             m._check_room(m.cache, slots, 1, what)
             if m._runner is None:
@@ -287,24 +315,28 @@ class DecodeBatch:
         return handle
 
     def _launch_host(self, rows: list[Row], slots: np.ndarray, what: str) -> StepHandle:
-        """CPU: the step now; each row checked for finite logits, then sampled on its own."""
+        """CPU: the step now; each row checked for finite logits, then sampled on its own, before
+        the step is committed (a failure in the sampler leaves the cache as it was)."""
         m = self.model
         lasts = np.array([r.last for r in rows], np.int32)
-        logits = m._decode(m.cache, slots, lasts, owners=[r.lease.token for r in rows])
-        finite = np.isfinite(logits).all(axis=1)
         results: list = []
-        for j, r in enumerate(rows):
-            s = r.sampling
-            if not finite[j]:
-                results.append(_not_finite(what, r.slot, r.count))
-            else:
-                results.append(m._pick(logits, j, s.temperature, s.top_k, s.top_p, s.seed, r.count))
+
+        def draw(logits) -> None:
+            finite = np.isfinite(logits).all(axis=1)
+            for j, r in enumerate(rows):
+                s = r.sampling
+                if not finite[j]:
+                    results.append(_not_finite(what, r.slot, r.count))
+                else:
+                    results.append(m._pick(logits, j, s.temperature, s.top_k, s.top_p, s.seed, r.count))
+
+        m._decode(m.cache, slots, lasts, owners=[r.lease.token for r in rows], before_commit=draw)
         return StepHandle(rows, results=results)
 
     def _launch_device(self, rows: list[Row], chained: bool) -> StepHandle:
         """CUDA: one step through the decode runner (a captured graph after its first use)."""
         m = self.model
-        runner, e = m._runner, m.engine
+        runner = m._runner
         keys = {r.sampling.key for r in rows}
         if len(keys) > 1:  # rows of one key next to each other: each key samples a row range
             order = sorted(keys, key=lambda k: (k.temperature, k.top_k, k.top_p))
@@ -319,20 +351,15 @@ class DecodeBatch:
         n = len(rows)
         if len(keys) == 1:
             b = runner.step(slots, ids, next(iter(keys)), counters=counters, seeds=seeds, owners=owners)
-            flags = [(0, n, e.to_host_async(b.nonfinite))] if runner.nonfinite_flags else None
-            return StepHandle(rows, reads=[(0, n, e.to_host_async(b.tokens))], flags=flags)
+            flags = [(0, n, _read_async(m, b.nonfinite))] if runner.nonfinite_flags else None
+            return StepHandle(rows, reads=[(0, n, _read_async(m, b.tokens))], flags=flags)
         b = runner.step(slots, ids, None, owners=owners)
         op_e = m.net.op_engine
         dev = (lambda a: op_e.to_device(a)) if op_e is not None else (lambda a: a)
-        reads, flag_reads, issued, a = [], [], [], 0
-        budget = _core.Engine.READ_SLOTS // 2  # reads left pending (each key: tokens and flags)
+        reads, flag_reads, a = [], [], 0
 
-        def read(arr):  # to_host_async, waiting at once for the oldest beyond the budget, so that
-            r = e.to_host_async(arr)  # many keys in one step never outrun the readback slots
-            issued.append(r)
-            if len(issued) > budget:
-                issued[-budget - 1].wait()  # kept by the HostRead: collect's wait() returns it
-            return r
+        def read(arr):
+            return _read_async(m, arr)
 
         while a < n:
             key = rows[a].sampling.key
@@ -394,11 +421,17 @@ def take_free_slots(model: Model, n: int, what: str) -> list[SlotLease]:
                 f"{what}: {n} free slot(s) of the model's cache needed but only {len(free)} of "
                 f"{cache.max_batch} are free (held by generations in flight: {held}; holding your "
                 f"tokens, never taken: {user}; model.cache.free(slot) gives one back)", 40025)
-        leases = []
-        for s in free[:n]:
-            token = cache.hold(s)
-            cache.free(s, owner=token)
-            leases.append(SlotLease(model, s, token))
+        leases: list[SlotLease] = []
+        try:
+            with deferred_interrupts():
+                for s in free[:n]:
+                    token = cache.hold(s)
+                    leases.append(SlotLease(model, s, token))
+                    cache.free(s, owner=token)
+        except BaseException:
+            for lease in leases:  # nothing is taken on an error: the holds so far go back
+                lease.release()
+            raise
         return leases
 
 

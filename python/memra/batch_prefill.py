@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from . import _core
+from ._interrupts import deferred_interrupts
 from .errors import ContractError, check_token_ids, shown
 
 if TYPE_CHECKING:
@@ -100,8 +101,9 @@ def run(model: Model, cache: _core.Cache, slots: np.ndarray, prompts: list[np.nd
         model._check_room(cache, np.array([s], np.int32), len(p), f"{what}: prompts[{i}]")
     model._check_owner(cache, slots, owners, what)
     held = [cache.length(int(s)) > 0 for s in slots]
-    # A committed piece is visible; what the call appended is undone per slot (an uncommitted
-    # piece changes nothing visible, as in the chunked single prefill).
+    # What the call appended is undone per slot: a slot that held tokens goes back to its
+    # snapshot, committed or not (the DSA indexer writes its tail ring before the commit,
+    # docs/prefill.md); an empty one is freed once a piece of it was committed.
     saved = {j: cache.snapshot(int(s)) for j, s in enumerate(slots) if held[j]}
     committed: set[int] = set()
     e = net.op_engine
@@ -112,14 +114,15 @@ def run(model: Model, cache: _core.Cache, slots: np.ndarray, prompts: list[np.nd
             ids = np.concatenate([prompts[j][a:b] for j, a, b in call])
             h = net.hidden(cache, np.array([slots[j] for j, _, _ in call], np.int32), ids, decode=False,
                            offsets=offsets)
-            for (j, a, b), end in zip(call, offsets[1:]):
-                cache.commit(int(slots[j]), b - a, owner=owners[j])
-                committed.add(j)
-                if b == len(prompts[j]):
-                    last[j] = _core.take_rows(h, int(end) - 1, 1, engine=e)
+            with deferred_interrupts():  # the call's slots committed together
+                for (j, a, b), end in zip(call, offsets[1:]):
+                    committed.add(j)  # before the commit: no interrupt between them skips the undo
+                    cache.commit(int(slots[j]), b - a, owner=owners[j])
+                    if b == len(prompts[j]):
+                        last[j] = _core.take_rows(h, int(end) - 1, 1, engine=e)
         return net.logits_of(_core.concat_rows(last, engine=e))
     except BaseException as e:
-        for j in sorted(committed):
+        for j in sorted(committed | set(saved)):
             slot = int(slots[j])
             try:
                 if j in saved:

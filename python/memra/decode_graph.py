@@ -155,7 +155,11 @@ class DecodeRunner:
             if b.chain != key:
                 raise ValueError(f"DecodeRunner.step: cannot chain slots {list(key)}: the bucket's last "
                                  f"step {'sampled ' + str(list(b.chain)) if b.chain else 'did not sample'}")
-        else:
+        # No chain until this step is enqueued: the uploads below replace the bucket's slots and
+        # ids, so a failure from here on (an allocation, a capture, an interrupt) must leave
+        # nothing a later step could chain from (it would decode the failed step's slots).
+        b.chain = None
+        if ids is not None:
             b.slots.set(slots)
             pad = np.zeros(size, np.int32)
             pad[:n] = ids
@@ -168,7 +172,6 @@ class DecodeRunner:
         graph = b.graphs.get(sampling)
         if graph is None and self.graphs and b.eager_steps.get(sampling, 0) >= 1:
             graph = self._capture(b, sampling)
-        b.chain = None  # until the step is enqueued (a failure leaves nothing to chain from)
         if graph is not None:
             graph.replay()
         else:

@@ -20,7 +20,9 @@ another owner holds (a generation, stream or server request in flight; ``Cache.h
 
 After any of these the Engine stays usable and the Cache is unchanged. A NonFiniteError ends
 the sequence whose logits were not finite (``generate_batch``: the whole call, naming the
-sequence): memra never samples a token from such a row.
+sequence): memra never samples a token from such a row. (The one change it leaves: a decode step
+is committed for all of its rows, the non-finite one included, whose slot then holds the token it
+was fed; generation frees that slot as the sequence ends.)
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from . import _core, batch_prefill
+from ._interrupts import deferred_interrupts
 from .batch import (DecodeBatch, RowSampling, SlotLease, TokenStream, count_arg, generation_args,
                     take_free_slots)
 from .decode_graph import DecodeRunner, Sampling
@@ -99,6 +100,7 @@ class Model:
         # Every use of the engine (enqueues, host reads, slot bookkeeping) holds this lock: the
         # engine's context is not thread-safe, and generations on several threads share it.
         self._lock = threading.RLock()
+        self._pending_reads: deque = deque()  # memra.batch._read_async's window (CUDA)
         # CUDA: decode steps over self.cache through device-resident batches, captured once per
         # batch bucket and replayed (cuda_graphs=False: the same steps run eagerly).
         self._runner = DecodeRunner(net, cache, graphs=cuda_graphs) if engine.is_cuda else None
@@ -165,9 +167,9 @@ class Model:
         A prompt longer than ``prefill_chunk`` runs in chunks, each through every layer and
         committed before the next (a slot holding tokens is continued exactly so). Every check
         that can refuse the prompt (room for all of it, the owner, the token ids) runs before
-        the first chunk; should a chunk fail anyway (out of memory, an interrupt), the slot is
-        put back as it was before the call: freed when it was empty, else restored from a
-        snapshot taken first (Cache.snapshot), and the error goes on."""
+        the first chunk; should a chunk or the logits fail anyway (out of memory, an interrupt),
+        the slot is put back as it was before the call: freed when it was empty, else restored
+        from a snapshot taken first (Cache.snapshot), and the error goes on."""
         with self._lock:
             ids = _ids(token_ids, "prefill")
             self._check_vocab(ids, "prefill: token_ids")
@@ -179,23 +181,21 @@ class Model:
             self._check_room(cache, slots, len(ids), "prefill")
             self._check_owner(cache, slots, [owner], "prefill")
             chunks = self._chunks(len(ids))
-            if len(chunks) == 1:
-                h = self.net.hidden(cache, slots, ids, decode=False)
-                cache.commit(int(slot), len(ids), owner=owner)
-                return self.net.logits_of(self.net.last_row(h))
             slot = int(slot)
-            # Until the first commit an uncommitted chunk leaves the slot as it was; after it
-            # the undo is a free (the slot was empty) or the snapshot.
+            # The undo of a failure: a slot holding tokens goes back to a snapshot taken first
+            # (uncommitted or not: the DSA indexer writes its tail ring before the commit,
+            # docs/prefill.md), an empty one is freed once a chunk was committed. The flag is
+            # set before the commit, so no interrupt between the two skips the undo.
             saved = cache.snapshot(slot) if cache.length(slot) > 0 else None
             committed = False
             try:
                 for a, b in chunks:
                     h = self.net.hidden(cache, slots, ids[a:b], decode=False)
-                    cache.commit(slot, b - a, owner=owner)
                     committed = True
+                    cache.commit(slot, b - a, owner=owner)
                 return self.net.logits_of(self.net.last_row(h))
             except BaseException as e:
-                if committed:
+                if saved is not None or committed:
                     try:
                         if saved is None:
                             cache.free(slot, owner=owner)
@@ -263,9 +263,12 @@ class Model:
             raise ContractError(f"{what}: slot(s) {held} are held by a generation, stream or server request "
                                 f"in flight (Cache.owner); use a free slot or model.new_cache()", SLOT_HELD)
 
-    def _decode(self, cache: _core.Cache, slots, token_ids, owners: list[int] | None = None):
+    def _decode(self, cache: _core.Cache, slots, token_ids, owners: list[int] | None = None,
+                before_commit=None):
         """decode, leaving the logits [B, vocab] on the engine's device; `owners`: the token each
-        slot is held with (None: none held)."""
+        slot is held with (None: none held). Without the decode runner the step is committed
+        after its logits are taken and after ``before_commit(logits)`` returns (an error in
+        either leaves the cache unchanged)."""
         with self._lock:
             slots = _ids(slots, "decode", "slots")
             ids = _ids(token_ids, "decode")
@@ -283,9 +286,14 @@ class Model:
                 b = self._runner.step(slots, ids, owners=owners)  # (under the lock: copied before another step)
                 return _core.take_rows(b.logits, 0, len(slots), engine=self.engine)
             h = self.net.hidden(cache, slots, ids, decode=True)
-            for s, o in zip(slots, owners):
-                cache.commit(int(s), 1, owner=o)
-            return self.net.logits_of(h)
+            logits = self.net.logits_of(h)
+            if before_commit is not None:
+                before_commit(logits)
+            # Every row's commit or none: the logits are taken first, and an interrupt waits.
+            with deferred_interrupts():
+                for s, o in zip(slots, owners):
+                    cache.commit(int(s), 1, owner=o)
+            return logits
 
     def _check_vocab(self, ids: np.ndarray, what: str) -> None:
         check_token_ids(ids, self.config.vocab_size, what)
@@ -526,8 +534,10 @@ class Model:
             # Queue the next step of the same rows first, when every one of them still needs a
             # token after the one in flight (unless that one stops it).
             if len(pending) == 1 and all(not finished[index[id(r)]] and r.count + 2 <= max_new_tokens
-                                         for r in step.rows) and batch.can_chain(step.rows):
-                pending.append(batch.launch(step.rows, what))
+                                         for r in step.rows):
+                nxt = batch.try_chain(step.rows, what)
+                if nxt is not None:
+                    pending.append(nxt)
             pending.popleft()
             for r, res in batch.collect(step, what):
                 i = index[id(r)]

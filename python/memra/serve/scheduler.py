@@ -277,9 +277,10 @@ class Scheduler:
                 not any(r.cancelled for r in self._running)
         same = len(pending.rows) == len(live) and all(id(r) in live for r in pending.rows)
         if (quiet and same and self.batch.pipelined
-                and all(r.row.count + 2 <= r.max_tokens for r in self._running)
-                and self.batch.can_chain(pending.rows)):
-            nxt = self._launch(pending.rows)
+                and all(r.row.count + 2 <= r.max_tokens for r in self._running)):
+            nxt = self.batch.try_chain(pending.rows, "serve")
+            if nxt is not None and self.on_step is not None:
+                self.on_step(len(pending.rows))
         for row, res in self.batch.collect(pending, "serve"):
             req = live.get(id(row))
             if req is None or req.done:
