@@ -200,3 +200,70 @@ def test_take_slots_failing_midway_takes_nothing():
     assert [m.cache.owner(s) for s in range(4)] == [0, 0, other[0], 0]
     m.cache.release(2, other[0])
     assert len(m.generate_batch([[1], [2], [3]], 2)) == 3
+
+
+@pytest.mark.skipif(threading.current_thread() is not threading.main_thread(), reason="signals go to the main thread")
+def test_ctrl_c_during_a_runner_steps_host_commits_waits_for_the_last():
+    # DecodeRunner.step (a CUDA engine's step) commits every row on the device, then on the host
+    # row by row: a Ctrl-C there once left rows 1 and 2 behind the device. Driven on the CPU with
+    # the step's device half stubbed out (the host commits are what is under test).
+    from types import SimpleNamespace
+
+    from memra.decode_graph import DecodeRunner
+
+    m = load()
+    c = m.cache
+    for s in range(3):
+        m.prefill(c, s, [1, 2, 3])
+    r = DecodeRunner(SimpleNamespace(engine=SimpleNamespace(copy_into=lambda d, s: None)), c, graphs=False)
+    bucket = SimpleNamespace(slots=SimpleNamespace(set=lambda s: None, size=4), ids=None, chain=None,
+                             graphs={}, eager_steps={})
+    r._bucket = lambda n: bucket
+    r._body = lambda b, sampling: None
+    at_line(DecodeRunner.step, "self.cache.commit_host(", lambda: signal.raise_signal(signal.SIGINT), nth=2)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            r.step(np.array([0, 1, 2], np.int32), np.array([5, 6, 7], np.int32))
+    finally:
+        sys.settrace(None)
+    assert [c.length(s) for s in range(3)] == [4, 4, 4]
+
+
+@pytest.mark.skipif(threading.current_thread() is not threading.main_thread(), reason="signals go to the main thread")
+@pytest.mark.parametrize("where", ["prefill", "batch"])
+def test_a_second_ctrl_c_during_the_undo_waits_for_it(where):
+    # The first interrupt lands in the LM head after every chunk was committed; a second one in
+    # the undo once stopped it halfway (slot 0 kept the failed prompt's 10 tokens).
+    m = load(4)
+    c = m.new_cache(2, 64)
+    m.prefill(c, 0, [1, 2, 3])
+    real = m.net.logits_of
+    m.net.logits_of = lambda h: (_ for _ in ()).throw(KeyboardInterrupt("first"))
+    func, text = ((model_mod.Model._prefill, "if saved is None:") if where == "prefill"
+                  else (batch_prefill.run, "if j in saved:"))
+    at_line(func, text, lambda: signal.raise_signal(signal.SIGINT))
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            if where == "prefill":
+                m.prefill(c, 0, list(range(10, 20)))
+            else:
+                m.prefill_batch(c, [0, 1], [list(range(10, 20)), [5, 6]])
+    finally:
+        sys.settrace(None)
+        m.net.logits_of = real
+    assert [c.length(0), c.length(1)] == [3, 0]
+
+
+@pytest.mark.skipif(threading.current_thread() is not threading.main_thread(), reason="signals go to the main thread")
+def test_a_ctrl_c_held_back_is_raised_even_when_the_block_fails():
+    from memra._interrupts import deferred_interrupts
+
+    with pytest.raises(KeyboardInterrupt) as ei:
+        with deferred_interrupts():
+            signal.raise_signal(signal.SIGINT)
+            raise Boom("the block's own error")
+    assert isinstance(ei.value.__cause__, Boom)
+    with pytest.raises(Boom):  # no Ctrl-C: the block's error as it is
+        with deferred_interrupts():
+            raise Boom("alone")
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler

@@ -133,3 +133,22 @@ def test_one_new_token_gives_no_rate(capsys):
     err = capsys.readouterr().err
     assert "memra: 1 token: the first" in err and "(prompt 2 tokens)\n" in err, err
     assert "tokens/s" not in err, err
+
+
+def test_an_id_the_tokenizer_makes_past_the_vocabulary_names_the_prompt(capsys, tmp_path):
+    # A tokenizer whose added tokens pass the model's vocabulary (258 + 20 against 272): the ids
+    # come from --prompt, so the message names it, not --prompt-ids (a flag not given).
+    import shutil
+
+    from tokenizers import Tokenizer
+
+    import memra
+
+    ck = tmp_path / "ck"
+    shutil.copytree(memra.default_checkpoint(), ck)
+    tok = Tokenizer.from_file(str(ck / "tokenizer.json"))
+    tok.add_special_tokens([f"<|t{i}|>" for i in range(20)])
+    tok.save(str(ck / "tokenizer.json"))
+    assert cli.main(["generate", str(ck), "--prompt", "hi <|t19|>", "--max-new-tokens", "2"]) == 1
+    err = capsys.readouterr().err
+    assert "generate: --prompt (its token ids): token id 277 is outside [0, 272)" in err, err

@@ -17,10 +17,11 @@ from collections.abc import Iterator
 
 
 @contextlib.contextmanager
-def deferred_interrupts() -> Iterator[None]:
+def deferred_interrupts(active: bool = True) -> Iterator[None]:
     """Run the block with SIGINT recorded rather than raised; KeyboardInterrupt after it when one
-    arrived meanwhile (the block's own exception, if any, wins)."""
-    if threading.current_thread() is not threading.main_thread() or \
+    arrived meanwhile, chained to the block's own exception when it raised one (the Ctrl-C is
+    never lost). active=False runs the block as it is (one call needs no protection)."""
+    if not active or threading.current_thread() is not threading.main_thread() or \
             signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
         yield
         return
@@ -28,7 +29,11 @@ def deferred_interrupts() -> Iterator[None]:
     signal.signal(signal.SIGINT, lambda signum, frame: got.append(signum))
     try:
         yield
-    finally:
+    except BaseException as e:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+        if got and not isinstance(e, KeyboardInterrupt):
+            raise KeyboardInterrupt from e
+        raise
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     if got:
         raise KeyboardInterrupt

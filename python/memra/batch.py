@@ -429,8 +429,9 @@ def take_free_slots(model: Model, n: int, what: str) -> list[SlotLease]:
                     leases.append(SlotLease(model, s, token))
                     cache.free(s, owner=token)
         except BaseException:
-            for lease in leases:  # nothing is taken on an error: the holds so far go back
-                lease.release()
+            with deferred_interrupts():  # nothing is taken on an error: the holds so far go back
+                for lease in leases:
+                    lease.release()
             raise
         return leases
 

@@ -122,13 +122,14 @@ def run(model: Model, cache: _core.Cache, slots: np.ndarray, prompts: list[np.nd
                         last[j] = _core.take_rows(h, int(end) - 1, 1, engine=e)
         return net.logits_of(_core.concat_rows(last, engine=e))
     except BaseException as e:
-        for j in sorted(committed | set(saved)):
-            slot = int(slots[j])
-            try:
-                if j in saved:
-                    cache.restore(saved[j], owner=owners[j])
-                else:
-                    cache.free(slot, owner=owners[j])
-            except Exception as undo:  # noqa: BLE001 - the first error is the one to raise
-                e.add_note(f"{what}: putting slot {slot} back failed too: {undo}")
+        with deferred_interrupts():  # a second Ctrl-C waits for the undo of every slot
+            for j in sorted(committed | set(saved)):
+                slot = int(slots[j])
+                try:
+                    if j in saved:
+                        cache.restore(saved[j], owner=owners[j])
+                    else:
+                        cache.free(slot, owner=owners[j])
+                except Exception as undo:  # noqa: BLE001 - the first error is the one to raise
+                    e.add_note(f"{what}: putting slot {slot} back failed too: {undo}")
         raise

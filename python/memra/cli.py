@@ -51,8 +51,10 @@ def _report(e: MemraError, args: argparse.Namespace) -> int:
     # user typed, nor a file's field ("load: generation_config.json: temperature must").
     for dest in vars(args):
         if dest not in ("command", "path"):
-            msg = re.sub(rf"^(\w+: ){dest}(?=: | (?:must|holds)\b)", rf"\g<1>--{dest.replace('_', '-')}",
-                         msg, count=1)
+            flag = f"--{dest.replace('_', '-')}"
+            if dest == "prompt_ids" and getattr(args, "prompt_ids", None) is None:
+                flag = "--prompt (its token ids)"  # ids the tokenizer made of the text typed
+            msg = re.sub(rf"^(\w+: ){dest}(?=: | (?:must|holds)\b)", rf"\g<1>{flag}", msg, count=1)
     if isinstance(e, CacheFullError):  # "prompt_ids of N tokens + M new tokens ..., beyond max_len L"
         msg = re.sub(r"^(\w+: )prompt_ids of ", r"\g<1>the prompt of ", msg, count=1)
         msg = re.sub(r", beyond max_len (\d+)$", r", beyond --max-len \1", msg, count=1)

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import _core
+from ._interrupts import deferred_interrupts
 from .errors import SLOT_HELD, ContractError
 
 
@@ -172,13 +173,17 @@ class DecodeRunner:
         graph = b.graphs.get(sampling)
         if graph is None and self.graphs and b.eager_steps.get(sampling, 0) >= 1:
             graph = self._capture(b, sampling)
-        if graph is not None:
-            graph.replay()
-        else:
-            self._body(b, sampling)
-            b.eager_steps[sampling] = b.eager_steps.get(sampling, 0) + 1
-        for s, o in zip(slots, owners):
-            self.cache.commit_host(int(s), 1, owner=o)
+        # The device commits every row inside the step: the host's commits follow it with Ctrl-C
+        # held back, so an interrupt never leaves some rows' host lengths behind the device (one
+        # row: a call after the replay; its slot's lease frees it when generation ends).
+        with deferred_interrupts(n > 1):
+            if graph is not None:
+                graph.replay()
+            else:
+                self._body(b, sampling)
+                b.eager_steps[sampling] = b.eager_steps.get(sampling, 0) + 1
+            for s, o in zip(slots, owners):
+                self.cache.commit_host(int(s), 1, owner=o)
         b.chain = key if sampling is not None else None
         return b
 

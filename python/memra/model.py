@@ -197,10 +197,11 @@ class Model:
             except BaseException as e:
                 if saved is not None or committed:
                     try:
-                        if saved is None:
-                            cache.free(slot, owner=owner)
-                        else:
-                            cache.restore(saved, owner=owner)
+                        with deferred_interrupts():  # a second Ctrl-C waits for the undo
+                            if saved is None:
+                                cache.free(slot, owner=owner)
+                            else:
+                                cache.restore(saved, owner=owner)
                     except Exception as undo:  # noqa: BLE001 - the first error is the one to raise
                         e.add_note(f"prefill: putting slot {slot} back failed too: {undo}")
                 raise
@@ -290,7 +291,7 @@ class Model:
             if before_commit is not None:
                 before_commit(logits)
             # Every row's commit or none: the logits are taken first, and an interrupt waits.
-            with deferred_interrupts():
+            with deferred_interrupts(len(slots) > 1):
                 for s, o in zip(slots, owners):
                     cache.commit(int(s), 1, owner=o)
             return logits
