@@ -10,6 +10,7 @@ their slots at once; a full queue refuses.
 from __future__ import annotations
 
 import asyncio
+import sys
 import threading
 import time
 
@@ -401,3 +402,107 @@ def test_a_cancelled_running_request_ends_at_the_next_round() -> None:
 
     req = _run(sched, body)
     assert req.row.count == 2 and m.cache.owner(0) == 0 and m.cache.length(0) == 0
+
+
+def test_a_cancelled_running_request_frees_its_place_for_submit_at_once() -> None:
+    # A request ended by a stop string or a disconnect counted as running until the engine's next
+    # round: with every slot taken and max_waiting 0, the next request got a 429 though nothing
+    # would run.
+    m = _load(1, max_len=512)
+    sched = Scheduler(m, max_waiting=0)
+    gate, inside = _hold_in_decode(sched)
+
+    async def body():
+        a = _request([1, 2, 3], 500, RowSampling(0.0))
+        sched.submit(a)
+        await asyncio.wait_for(a.events.get(), 10)
+        assert await asyncio.to_thread(inside.wait, 10)
+        with pytest.raises(QueueFullError):
+            sched.submit(_request([4], 2, RowSampling(0.0)))
+        sched.cancel(a)
+        b = _request([4], 2, RowSampling(0.0))
+        sched.submit(b)  # refused before
+        gate.set()
+        return await _tokens(b)
+
+    want = _load(1).generate([4], 2)
+    assert _run(sched, body) == want
+    assert m.cache.owner(0) == 0 and sched.running == 0 and sched._n_cancelled == 0
+
+
+def test_a_slot_that_cannot_be_given_back_does_not_stop_the_engine(monkeypatch) -> None:
+    # A failing release inside the engine's error path (a round that failed) killed the engine
+    # thread: the request in flight and every later one were never answered.
+    from memra.batch import SlotLease
+
+    m = _load(2)
+    sched = Scheduler(m)
+    real_release, real_collect = SlotLease.release, sched.batch.collect
+    state = {"fail": False}
+
+    def release(self):
+        if state["fail"]:
+            raise memra.MemraError("cache.free failed")
+        real_release(self)
+
+    def collect(handle, *a):
+        if state["fail"]:
+            raise memra.MemraError("a step failed")
+        return real_collect(handle, *a)
+
+    monkeypatch.setattr(SlotLease, "release", release)
+    sched.batch.collect = collect
+
+    async def body():
+        a = _request([1, 2], 40, RowSampling(0.0))
+        sched.submit(a)
+        await asyncio.wait_for(a.events.get(), 10)
+        state["fail"] = True  # the next round fails, and so does giving a's slot back
+        while True:
+            ev = await asyncio.wait_for(a.events.get(), 10)
+            if isinstance(ev, Exception):
+                break
+        assert "internal error" in str(ev)
+        state["fail"] = False
+        b = _request([3], 2, RowSampling(0.0))
+        sched.submit(b)
+        return await _tokens(b)
+
+    assert len(_run(sched, body)) == 2
+    assert sched._thread is not None and not sched._thread.is_alive()  # stopped by _run, not dead
+
+
+def test_a_failing_last_collect_at_shutdown_still_ends_every_request() -> None:
+    # At shutdown the chained step's collect ran outside any handling: when it raised, the
+    # engine thread ended before it failed the running and queued requests.
+    m = _load(1, max_len=512)
+    m._runner = CpuRunner(m)
+    sched = Scheduler(m)
+    real_collect = sched.batch.collect
+
+    def collect(handle, *a):
+        if sys._getframe(1).f_code is Scheduler._serve.__code__:  # the shutdown path's collect
+            raise memra.MemraError("device error while reading the last step")
+        return real_collect(handle, *a)
+
+    sched.batch.collect = collect
+
+    async def body():
+        a, q = _request([1, 2], 400, RowSampling(0.0)), _request([5], 3, RowSampling(0.0))
+        sched.submit(a)
+        sched.submit(q)
+        for _ in range(10):
+            await asyncio.wait_for(a.events.get(), 10)
+        sched.request_stop()
+        await asyncio.to_thread(sched._thread.join, 10)
+        await asyncio.sleep(0.05)
+        ends = []
+        for r in (a, q):
+            while not r.events.empty():
+                ev = r.events.get_nowait()
+                if isinstance(ev, Exception):
+                    ends.append(str(ev))
+        return ends
+
+    ends = _run(sched, body)
+    assert len(ends) == 2 and all("shutting down" in e for e in ends), ends

@@ -57,6 +57,7 @@ class Request:
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     arrival: float = field(default_factory=time.monotonic)
     cancelled: bool = False
+    cancel_counted: bool = False  # cancelled while it held (or was taking) a slot: a free slot to submit
     done: bool = False  # finished, failed or cancelled (set on the engine thread)
     row: Row | None = None
 
@@ -81,7 +82,9 @@ class Scheduler:
         self._waiting: deque[Request] = deque()
         self._running: list[Request] = []
         self._n_running = 0
+        self._n_cancelled = 0  # of those, cancelled: their slots come back next round
         self._stopping = False
+        self._dead = False  # the engine thread ended (a bug): nothing would answer a request
         self._stalled = False  # admissions blocked by slots held outside the server (logged once)
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -116,7 +119,11 @@ class Scheduler:
         with self._cv:
             if self._stopping:
                 raise ShuttingDownError("the server is shutting down")
-            free = self.max_batch - self._n_running
+            if self._dead:
+                raise ShuttingDownError("the server's engine stopped after an internal error")
+            # A running request already cancelled (a stop string, a disconnect) gives its slot back
+            # at the start of the next round: its slot counts as free here.
+            free = self.max_batch - self._n_running + self._n_cancelled
             if len(self._waiting) >= max(free, 0) + self.max_waiting:
                 # The queue holds requests for the free slots (not yet admitted) plus max_waiting.
                 raise QueueFullError(f"{self._n_running} of {self.max_batch} slots are running requests and "
@@ -137,6 +144,9 @@ class Scheduler:
                 if r is req:
                     del self._waiting[i]
                     break
+            else:  # it holds a slot, or is taking one
+                req.cancel_counted = True
+                self._n_cancelled += 1
             self._cv.notify()
 
     @property
@@ -156,6 +166,25 @@ class Scheduler:
 
     # ------------------------------------------------------------------ engine thread
     def _run(self) -> None:
+        try:
+            self._serve()
+        except BaseException:  # a bug past the rounds' own handling: no request is left unanswered
+            log.exception("memra serve: the engine thread failed")
+            with self._cv:
+                self._dead = True
+            events: list = []
+            gone = MemraError("the server's engine stopped after an internal error")
+            for req in list(self._running):
+                req.done = True
+                events.append((req, gone))
+            self._running.clear()
+            with self._cv:
+                events += [(req, gone) for req in self._waiting]
+                self._waiting.clear()
+            self._deliver(events)
+            raise
+
+    def _serve(self) -> None:
         pending = None  # a chained step in flight (CUDA), launched last round
         while True:
             with self._cv:
@@ -177,7 +206,10 @@ class Scheduler:
                     self._finish(req, events, MemraError(f"internal error: {e}"))
             self._deliver(events)
         if pending is not None:
-            self.batch.collect(pending)
+            try:
+                self.batch.collect(pending)
+            except Exception:  # the requests end below all the same
+                log.exception("memra serve: collecting the last step failed")
         events: list = []
         gone = MemraError("the server is shutting down")
         for req in list(self._running):
@@ -209,7 +241,7 @@ class Scheduler:
                 (lease,) = take_free_slots(self.model, 1, "serve")
             except MemraError as e:  # a slot held outside the server (a user's generation)
                 with self._cv:
-                    self._n_running -= 1
+                    self._uncount(req)
                     self._waiting.appendleft(req)
                 if not self._stalled:  # once per stall, not every round it lasts
                     log.warning("memra serve: no free slot; waiting for one held outside the server: %s", e)
@@ -219,7 +251,7 @@ class Scheduler:
                 return
             except Exception as e:  # noqa: BLE001 - a bug: this request fails, the others go on
                 with self._cv:
-                    self._n_running -= 1
+                    self._uncount(req)
                 self._fail_admission(req, e, events)
                 continue
             self._stalled = False
@@ -228,7 +260,7 @@ class Scheduler:
             except Exception as e:  # noqa: BLE001 - this request fails; the others go on
                 lease.release()
                 with self._cv:
-                    self._n_running -= 1
+                    self._uncount(req)
                 self._fail_admission(req, e, events)
                 continue
             self._running.append(req)
@@ -251,15 +283,27 @@ class Scheduler:
         if reason is not None:
             self._finish(req, events, None)
 
+    def _uncount(self, req: Request) -> None:
+        """`req` no longer takes a slot (call with the condition held)."""
+        self._n_running -= 1
+        if req.cancel_counted:
+            req.cancel_counted = False
+            self._n_cancelled -= 1
+
     def _finish(self, req: Request, events: list, error: MemraError | None) -> None:
-        """Give the request's slot back now; `error` (if any) is its last event."""
+        """Give the request's slot back now; `error` (if any) is its last event. A slot that
+        cannot be given back (its free failed) stays held and is logged; the request ends all
+        the same, so the engine's own error path never fails on it."""
         if req.row is not None:
-            req.row.lease.release()
+            try:
+                req.row.lease.release()
+            except Exception as e:  # noqa: BLE001 - logged; the request and the engine go on
+                log.error("memra serve: giving back slot %d failed: %s", req.row.slot, e)
         req.done = True
         if req in self._running:
             self._running.remove(req)
             with self._cv:
-                self._n_running -= 1
+                self._uncount(req)
         if error is not None:
             events.append((req, error))
 
