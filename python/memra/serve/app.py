@@ -14,7 +14,8 @@ JSON (the position named) or a bad field (named in ``param``), 400 with both num
 prompt plus ``max_tokens`` exceed ``--max-len``, 413 for a body over ``max_request_bytes``
 (read no further), 404 ``model_not_found``, 429 when every slot is
 busy and ``--max-waiting`` requests are queued; an unknown route is a 404 and a wrong method a
-405 in the same format. A 500 means a bug in memra, never bad input. A client that disconnects
+405 in the same format. A 500 means a bug in memra, never bad input; a 503, a server that is
+stopping (or whose engine thread ended after such a bug). A client that disconnects
 before its body is read gets nothing (499 in the access log) and no error is logged.
 """
 

@@ -38,7 +38,8 @@ class QueueFullError(Exception):
 
 
 class ShuttingDownError(Exception):
-    """The server is stopping: no request is taken any more (HTTP 503)."""
+    """The server is stopping, or its engine thread ended after an internal error: no request is
+    taken any more (HTTP 503)."""
 
 
 @dataclass(eq=False)
