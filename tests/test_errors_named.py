@@ -326,3 +326,34 @@ def test_extents_past_int32_are_range_errors():
              "'o_lat'")):
         e = raises(ContractError, call, op, arg, "past int32")
         assert e.code == S.CONTRACT_RANGE
+
+
+def test_a_read_only_dlpack_export_is_not_written():
+    """An argument written in place, given as a DLPack producer without numpy's flags (a
+    read-only memory map behind a thin wrapper, a JAX array): DLPack 1.0 marks the export read-only
+    and the op refuses it (it wrote into it, or crashed on a read-only mapping)."""
+
+    class DL:
+        def __init__(self, a):
+            self.a = a
+
+        def __dlpack__(self, **kw):
+            return self.a.__dlpack__(**kw)
+
+        def __dlpack_device__(self):
+            return self.a.__dlpack_device__()
+
+    logits = np.array([[0.0, np.nan], [1.0, 2.0]], np.float32)
+    flag = np.zeros(2, np.int32)
+    flag.flags.writeable = False
+    raises(ContractError, lambda: _core.sample(logits, np.zeros(2, np.uint64), temperature=0.0, nonfinite=DL(flag)),
+           "sample", "'nonfinite'", "read-only")
+    assert not flag.any()
+    cache = np.zeros((8, 4), np.float32)
+    cache.flags.writeable = False
+    raises(ContractError, lambda: _core.mla_latent_append(np.ones((2, 4), np.float32), DL(cache), start=0),
+           "mla_latent_append", "'cache'", "read-only")
+    assert not cache.any()
+    ok = np.zeros(2, np.int32)  # a writable export is written
+    _core.sample(logits, np.zeros(2, np.uint64), temperature=0.0, nonfinite=DL(ok))
+    np.testing.assert_array_equal(ok, [1, 0])

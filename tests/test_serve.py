@@ -15,6 +15,7 @@ import logging
 import socket
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -356,3 +357,53 @@ def test_non_finite_logits_end_the_request_with_an_error(tmp_path, ref: memra.Mo
         text = wait_idle(server)
         assert metric(text, "memra_requests_total", 'finish_reason="error"') == 2
     shutil.rmtree(folder)
+
+
+def test_a_stopped_server_lets_its_model_go() -> None:
+    # The routes were closures over the server's state, and FastAPI keeps the endpoints it has
+    # analysed in a module-level cache: a stopped server kept its model (on CUDA, its device
+    # memory) alive.
+    import gc
+    import weakref
+
+    model = memra.load(memra.default_checkpoint(), max_batch=1, max_len=64, progress=False)
+    with ServerThread(model, served_model_name=NAME) as s:
+        assert httpx.get(s.url + f"/v1/models/{NAME}", timeout=10).status_code == 200
+        r = post_json(s, "/v1/completions", {"model": NAME, "prompt": "hi", "max_tokens": 2})
+        assert r.status_code == 200, r.text
+    ref = weakref.ref(model)
+    del model, s
+    gc.collect()
+    assert ref() is None
+
+
+def test_exiting_with_a_request_running_does_not_abort(tmp_path) -> None:
+    # The engine thread is a daemon: the interpreter ended it inside a memra call at exit, which
+    # aborted the process ("terminate called without an active exception", SIGABRT). The
+    # scheduler now stops and joins it at exit.
+    import subprocess
+    import sys
+
+    script = tmp_path / "exit.py"
+    script.write_text(
+        "import sys, threading, time\n"
+        f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+        "import httpx, memra\n"
+        "from serve_helpers import ServerThread\n"
+        "m = memra.load(memra.default_checkpoint(), max_batch=2, max_len=4096, progress=False)\n"
+        "s = ServerThread(m)\n"
+        "def client():\n"
+        "    try:\n"
+        "        httpx.post(s.url + '/v1/completions', json={'prompt': [1 + i % 250 for i in range(2000)],\n"
+        "                   'max_tokens': 2000, 'ignore_eos': True}, timeout=60)\n"
+        "    except Exception:\n"
+        "        pass\n"
+        "threading.Thread(target=client, daemon=True).start()\n"
+        "end = time.monotonic() + 30\n"
+        "while m.cache.length(0) == 0 and time.monotonic() < end:\n"
+        "    time.sleep(0.01)\n"
+        "print('exiting with a request running', flush=True)\n")
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, (r.returncode, r.stderr[-2000:])
+    assert "exiting with a request running" in r.stdout
+    assert "terminate called" not in r.stderr

@@ -187,7 +187,21 @@ void require_writable(nb::handle obj, const char* op, const char* name) {
     raise_contract(kContractValue, std::string(op) + ": argument '" + name +
                                        "' is written in place but is a read-only memoryview");
   }
-  if (!nb::hasattr(obj, "flags")) return;  // torch / cupy / memra.DeviceArray: writable
+  if (!nb::hasattr(obj, "flags")) {
+    // A DLPack producer without numpy's flags (a read-only memory map behind a thin wrapper, a
+    // JAX array): DLPack 1.0 marks a read-only export, which nanobind refuses where a writable
+    // array is asked for. memra's own DeviceArray is writable; a capsule is already consumed.
+    if (nb::isinstance<DeviceArray>(obj) || PyCapsule_CheckExact(obj.ptr()) ||
+        !nb::hasattr(obj, "__dlpack__")) {
+      return;
+    }
+    nb::ndarray<> probe;
+    if (!nb::try_cast(obj, probe)) {
+      raise_contract(kContractValue, std::string(op) + ": argument '" + name +
+                                         "' is written in place but its DLPack export is read-only");
+    }
+    return;
+  }
   nb::object flags = obj.attr("flags");
   if (nb::hasattr(flags, "writeable") && !nb::cast<bool>(flags.attr("writeable"))) {
     raise_contract(kContractValue, std::string(op) + ": argument '" + name +

@@ -105,6 +105,56 @@ def default_max_request_bytes(max_len: int) -> int:
     return (1 << 20) + 64 * max_len
 
 
+def _state(request: Request) -> ServerState:
+    return request.app.state.memra
+
+
+@contextlib.asynccontextmanager
+async def _lifespan(app: FastAPI):
+    st: ServerState = app.state.memra
+    st.scheduler.start()
+    log.info("memra serve: %s, %d slots x %d tokens on %s", st.name, st.model.cache.max_batch,
+             st.model.cache.max_len, "cuda" if st.model.engine.is_cuda else "cpu")
+    try:
+        yield
+    finally:
+        st.scheduler.stop()
+
+
+async def _health() -> Response:
+    return Response(status_code=200)
+
+
+def _card(st: ServerState) -> ModelCard:
+    return ModelCard(id=st.name, max_model_len=st.model.cache.max_len)
+
+
+async def _models(request: Request) -> dict:
+    return ModelList(data=[_card(_state(request))]).model_dump()
+
+
+async def _model_card(model_id: str, request: Request) -> dict:
+    st = _state(request)
+    check_model(st, model_id)
+    return _card(st).model_dump()
+
+
+async def _prometheus(request: Request) -> Response:
+    m = _state(request).metrics
+    return Response(m.render(), media_type=m.content_type)
+
+
+async def _completions(request: Request):
+    st = _state(request)
+    return await completion(st, await parse(request, CompletionRequest, st.max_request_bytes), request)
+
+
+async def _chat_completions(request: Request):
+    st = _state(request)
+    return await chat_completion(st, await parse(request, ChatCompletionRequest, st.max_request_bytes),
+                                 request)
+
+
 def create_app(model, served_model_name: str | None = None, *, max_waiting: int = 64,
                prefill_budget: int = 2048, max_request_bytes: int | None = None) -> FastAPI:
     """The server of one loaded memra.Model (its own cache's slots are the batch).
@@ -139,19 +189,9 @@ def create_app(model, served_model_name: str | None = None, *, max_waiting: int 
     scheduler.on_token = metrics.on_token
     scheduler.on_step = metrics.batch_rows.observe
     state = ServerState(model=model, name=name, scheduler=scheduler, metrics=metrics,
-                        template=load_chat_template(model.path))
+                        template=load_chat_template(model.path), max_request_bytes=limit)
 
-    @contextlib.asynccontextmanager
-    async def lifespan(app: FastAPI):
-        scheduler.start()
-        log.info("memra serve: %s, %d slots x %d tokens on %s", name, model.cache.max_batch,
-                 model.cache.max_len, "cuda" if model.engine.is_cuda else "cpu")
-        try:
-            yield
-        finally:
-            scheduler.stop()
-
-    app = FastAPI(title="memra", lifespan=lifespan)
+    app = FastAPI(title="memra", lifespan=_lifespan)
     app.state.memra = state
 
     @app.exception_handler(APIError)
@@ -192,32 +232,13 @@ def create_app(model, served_model_name: str | None = None, *, max_waiting: int 
         log.exception("memra serve: unhandled error")
         return error_json(500, f"internal server error: {type(e).__name__}", "server_error")
 
-    @app.api_route("/health", methods=["GET", "HEAD"])
-    async def health() -> Response:
-        return Response(status_code=200)
-
-    def card() -> ModelCard:
-        return ModelCard(id=name, max_model_len=model.cache.max_len)
-
-    @app.get("/v1/models")
-    async def models() -> dict:
-        return ModelList(data=[card()]).model_dump()
-
-    @app.get("/v1/models/{model_id:path}")
-    async def model_card(model_id: str) -> dict:
-        check_model(state, model_id)
-        return card().model_dump()
-
-    @app.get("/metrics")
-    async def prometheus() -> Response:
-        return Response(metrics.render(), media_type=metrics.content_type)
-
-    @app.post("/v1/completions")
-    async def completions(request: Request):
-        return await completion(state, await parse(request, CompletionRequest, limit), request)
-
-    @app.post("/v1/chat/completions")
-    async def chat_completions(request: Request):
-        return await chat_completion(state, await parse(request, ChatCompletionRequest, limit), request)
-
+    # The routes are module-level functions reading the state from request.app: FastAPI keeps
+    # the endpoints it analysed in a module-level cache, and closures over the state held a
+    # stopped server's model (and on CUDA its device memory) alive.
+    app.add_api_route("/health", _health, methods=["GET", "HEAD"])
+    app.add_api_route("/v1/models", _models, methods=["GET"])
+    app.add_api_route("/v1/models/{model_id:path}", _model_card, methods=["GET"])
+    app.add_api_route("/metrics", _prometheus, methods=["GET"])
+    app.add_api_route("/v1/completions", _completions, methods=["POST"])
+    app.add_api_route("/v1/chat/completions", _chat_completions, methods=["POST"])
     return app

@@ -51,6 +51,7 @@ class ServerState:
     scheduler: object
     metrics: object
     template: object
+    max_request_bytes: int = 1 << 20  # the largest request body taken (413 past it)
 
     def __post_init__(self) -> None:
         # Sampling defaults: the checkpoint's generation_config.json where it sets them (as vLLM

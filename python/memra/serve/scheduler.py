@@ -19,6 +19,7 @@ request's events are ``(token, finish_reason or None)`` tuples and then, for a f
 from __future__ import annotations
 
 import asyncio
+import atexit
 import logging
 import threading
 import time
@@ -98,6 +99,10 @@ class Scheduler:
         self._loop = loop or asyncio.get_running_loop()
         self._thread = threading.Thread(target=self._run, name="memra-engine", daemon=True)
         self._thread.start()
+        # At exit the interpreter ends a daemon thread that is inside a memra call (the call has
+        # released the GIL) by unwinding it through C++, which aborts the process: an app that
+        # exits with a request running would dump core. The thread is stopped and joined first.
+        atexit.register(self.stop)
 
     def request_stop(self) -> None:
         """Ask the engine thread to stop after its current round, without waiting for it: every
@@ -110,8 +115,9 @@ class Scheduler:
     def stop(self) -> None:
         """Stop the engine thread after its current round and wait for it; every request is
         cancelled."""
+        atexit.unregister(self.stop)
         self.request_stop()
-        if self._thread is not None:
+        if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join()
 
     def submit(self, req: Request) -> None:
