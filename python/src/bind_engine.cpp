@@ -245,7 +245,9 @@ void init_engine(nb::module_& m) {
             return g;
           },
           "Finish the recording and return it as a memra._core.CudaGraph (ContractError when not "
-          "recording; a CUDA error when the recording was invalidated).")
+          "recording; a CUDA error when the recording was invalidated). The graph holds the "
+          "device addresses it recorded and no reference to their owners: keep the Cache, the "
+          "arrays, weights and layers the recorded ops used alive for as long as it is replayed.")
       .def(
           "abort_capture",
           [](const Engine& e) {
