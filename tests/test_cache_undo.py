@@ -239,9 +239,7 @@ def test_a_second_ctrl_c_during_the_undo_waits_for_it(where):
     m.prefill(c, 0, [1, 2, 3])
     real = m.net.logits_of
     m.net.logits_of = lambda h: (_ for _ in ()).throw(KeyboardInterrupt("first"))
-    func, text = ((model_mod.Model._prefill, "if saved is None:") if where == "prefill"
-                  else (batch_prefill.run, "if j in saved:"))
-    at_line(func, text, lambda: signal.raise_signal(signal.SIGINT))
+    at_line(batch_prefill.put_back, "if saved is None:", lambda: signal.raise_signal(signal.SIGINT))
     try:
         with pytest.raises(KeyboardInterrupt):
             if where == "prefill":

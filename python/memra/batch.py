@@ -358,9 +358,6 @@ class DecodeBatch:
         dev = (lambda a: op_e.to_device(a)) if op_e is not None else (lambda a: a)
         reads, flag_reads, a = [], [], 0
 
-        def read(arr):
-            return _read_async(m, arr)
-
         while a < n:
             key = rows[a].sampling.key
             k = next((j for j in range(a, n) if rows[j].sampling.key != key), n) - a
@@ -368,9 +365,9 @@ class DecodeBatch:
             tok = _core.sample(_core.take_rows(b.logits, a, k, engine=op_e), dev(counters[a:a + k]),
                                temperature=key.temperature, top_k=key.top_k, top_p=key.top_p,
                                seeds=dev(seeds[a:a + k]), engine=op_e, **flags)
-            reads.append((a, k, read(tok)))
+            reads.append((a, k, _read_async(m, tok)))
             if flags:
-                flag_reads.append((a, k, read(flags["nonfinite"])))
+                flag_reads.append((a, k, _read_async(m, flags["nonfinite"])))
             a += k
         return StepHandle(rows, reads=reads, flags=flag_reads or None)
 

@@ -124,12 +124,18 @@ def run(model: Model, cache: _core.Cache, slots: np.ndarray, prompts: list[np.nd
     except BaseException as e:
         with deferred_interrupts():  # a second Ctrl-C waits for the undo of every slot
             for j in sorted(committed | set(saved)):
-                slot = int(slots[j])
-                try:
-                    if j in saved:
-                        cache.restore(saved[j], owner=owners[j])
-                    else:
-                        cache.free(slot, owner=owners[j])
-                except Exception as undo:  # noqa: BLE001 - the first error is the one to raise
-                    e.add_note(f"{what}: putting slot {slot} back failed too: {undo}")
+                put_back(cache, int(slots[j]), saved.get(j), owners[j], e, what)
         raise
+
+
+def put_back(cache: _core.Cache, slot: int, saved, owner: int, error: BaseException, what: str) -> None:
+    """Undo what a failed prefill appended to `slot`: restore `saved`, the snapshot of a slot that
+    held tokens, or free the slot (it was empty). Should that fail too, it is noted on `error`,
+    the one the caller raises."""
+    try:
+        if saved is None:
+            cache.free(slot, owner=owner)
+        else:
+            cache.restore(saved, owner=owner)
+    except Exception as undo:  # noqa: BLE001 - the first error is the one to raise
+        error.add_note(f"{what}: putting slot {slot} back failed too: {undo}")

@@ -196,14 +196,8 @@ class Model:
                 return self.net.logits_of(self.net.last_row(h))
             except BaseException as e:
                 if saved is not None or committed:
-                    try:
-                        with deferred_interrupts():  # a second Ctrl-C waits for the undo
-                            if saved is None:
-                                cache.free(slot, owner=owner)
-                            else:
-                                cache.restore(saved, owner=owner)
-                    except Exception as undo:  # noqa: BLE001 - the first error is the one to raise
-                        e.add_note(f"prefill: putting slot {slot} back failed too: {undo}")
+                    with deferred_interrupts():  # a second Ctrl-C waits for the undo
+                        batch_prefill.put_back(cache, slot, saved, owner, e, "prefill")
                 raise
 
     def prefill_batch(self, cache: _core.Cache, slots, prompts) -> np.ndarray:

@@ -179,16 +179,7 @@ class Scheduler:
             log.exception("memra serve: the engine thread failed")
             with self._cv:
                 self._dead = True
-            events: list = []
-            gone = MemraError("the server's engine stopped after an internal error")
-            for req in list(self._running):
-                req.done = True
-                events.append((req, gone))
-            self._running.clear()
-            with self._cv:
-                events += [(req, gone) for req in self._waiting]
-                self._waiting.clear()
-            self._deliver(events)
+            self._end_all(MemraError("the server's engine stopped after an internal error"))
             raise
 
     def _serve(self) -> None:
@@ -217,12 +208,15 @@ class Scheduler:
                 self.batch.collect(pending)
             except Exception:  # the requests end below all the same
                 log.exception("memra serve: collecting the last step failed")
+        self._end_all(MemraError("the server is shutting down"))
+
+    def _end_all(self, error: MemraError) -> None:
+        """End every running and queued request with `error` (its last event)."""
         events: list = []
-        gone = MemraError("the server is shutting down")
         for req in list(self._running):
-            self._finish(req, events, gone)
+            self._finish(req, events, error)
         with self._cv:
-            events += [(req, gone) for req in self._waiting]
+            events += [(req, error) for req in self._waiting]
             self._waiting.clear()
         self._deliver(events)
 
