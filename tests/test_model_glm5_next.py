@@ -517,57 +517,19 @@ def test_slots_held_by_a_generation_are_refused_to_prefill_and_decode() -> None:
     m.prefill(m.cache, 0, [4, 5])  # free again after the stream ended
 
 
-def test_generations_on_threads_take_distinct_slots_and_give_their_tokens() -> None:
-    # Model._acquire used to read the free slots and mark them busy in two steps: threads could
-    # share a slot (wrong tokens, or an indexer error). The model's lock makes it one step.
+def _generate_on_threads(m: memra.Model, want: list[list[int]], rounds: int, **kw) -> tuple[list, list]:
+    """Thread i generates for prompt i `rounds` times (with `kw` and seed=i), with the switch
+    interval at 1 us (many thread switches inside each generation) -> (the ids of the threads
+    that got other tokens than want[i], the errors raised)."""
     import sys
     import threading
 
-    m = memra.load(memra.default_checkpoint(), max_batch=4, max_len=64, progress=False)
-    prompts = [[i + 1, 2 * i + 3, 5] for i in range(4)]
-    want = [m.generate(p, 16, ignore_eos=True) for p in prompts]
     wrong, errors = [], []
 
     def work(i):
         try:
-            for _ in range(3):
-                if m.generate(prompts[i], 16, ignore_eos=True) != want[i]:
-                    wrong.append(i)
-        except Exception as ex:  # noqa: BLE001
-            errors.append(ex)
-
-    old = sys.getswitchinterval()
-    sys.setswitchinterval(1e-6)  # many thread switches inside each generation
-    try:
-        threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-    finally:
-        sys.setswitchinterval(old)
-    assert not errors and not wrong
-
-
-def test_pipelined_generations_on_threads_chain_without_errors() -> None:
-    # The pipelined loop (a CUDA engine's; here the CPU stand-in runner) checked can_chain and then
-    # launched: another thread's step on the same bucket in between raised a bare ValueError ("a
-    # row has a step in flight" / "cannot chain"). DecodeBatch.try_chain is one hold of the lock.
-    import sys
-    import threading
-
-    from cpu_runner import CpuRunner
-
-    m = memra.load(memra.default_checkpoint(), max_batch=4, max_len=64, progress=False)
-    m._runner = CpuRunner(m)
-    prompts = [[i + 1, 2 * i + 3, 5] for i in range(3)]
-    want = [m.generate(p, 10, temperature=0.8, seed=i, ignore_eos=True) for i, p in enumerate(prompts)]
-    wrong, errors = [], []
-
-    def work(i):
-        try:
-            for _ in range(8):
-                if m.generate(prompts[i], 10, temperature=0.8, seed=i, ignore_eos=True) != want[i]:
+            for _ in range(rounds):
+                if m.generate(PROMPTS_ON_THREADS[i], len(want[i]), seed=i, **kw) != want[i]:
                     wrong.append(i)
         except Exception as ex:  # noqa: BLE001
             errors.append(ex)
@@ -575,13 +537,39 @@ def test_pipelined_generations_on_threads_chain_without_errors() -> None:
     old = sys.getswitchinterval()
     sys.setswitchinterval(1e-6)
     try:
-        threads = [threading.Thread(target=work, args=(i,)) for i in range(3)]
+        threads = [threading.Thread(target=work, args=(i,)) for i in range(len(want))]
         for t in threads:
             t.start()
         for t in threads:
             t.join()
     finally:
         sys.setswitchinterval(old)
+    return wrong, errors
+
+
+PROMPTS_ON_THREADS = [[i + 1, 2 * i + 3, 5] for i in range(4)]
+
+
+def test_generations_on_threads_take_distinct_slots_and_give_their_tokens() -> None:
+    # Model._acquire used to read the free slots and mark them busy in two steps: threads could
+    # share a slot (wrong tokens, or an indexer error). The model's lock makes it one step.
+    m = memra.load(memra.default_checkpoint(), max_batch=4, max_len=64, progress=False)
+    want = [m.generate(p, 16, ignore_eos=True) for p in PROMPTS_ON_THREADS]
+    wrong, errors = _generate_on_threads(m, want, 3, ignore_eos=True)
+    assert not errors and not wrong
+
+
+def test_pipelined_generations_on_threads_chain_without_errors() -> None:
+    # The pipelined loop (a CUDA engine's; here the CPU stand-in runner) checked can_chain and then
+    # launched: another thread's step on the same bucket in between raised a bare ValueError ("a
+    # row has a step in flight" / "cannot chain"). DecodeBatch.try_chain is one hold of the lock.
+    from cpu_runner import CpuRunner
+
+    m = memra.load(memra.default_checkpoint(), max_batch=4, max_len=64, progress=False)
+    m._runner = CpuRunner(m)
+    kw = dict(temperature=0.8, ignore_eos=True)
+    want = [m.generate(p, 10, seed=i, **kw) for i, p in enumerate(PROMPTS_ON_THREADS[:3])]
+    wrong, errors = _generate_on_threads(m, want, 8, **kw)
     assert not errors and not wrong, (errors[:2], wrong)
     assert m._runner.chained_steps > 0
     assert all(m.cache.owner(s) == 0 for s in range(4))
