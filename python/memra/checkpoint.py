@@ -17,6 +17,7 @@ from .errors import ContractError, UnsupportedError, shown
 from .loader import naming_unreadable, read_generation_config, read_tensors
 from .model import Model
 from .models import DecoderModel
+from .tokenizer import read_tokenizer
 
 log = logging.getLogger("memra")
 
@@ -88,14 +89,7 @@ def load(path, device: str = "cpu", max_batch: int = 8, max_len: int = 4096, *, 
     cache = _core.Cache(engine, specs, max_batch=max_batch, max_len=max_len, latent_dtype=dtype)
     tensors = read_tensors(path, cfg.num_hidden_layers, names=family.names, progress=progress)
     net = DecoderModel(engine, family, cfg, plan, tensors, dtype=dtype)
-    tokenizer = None
-    if (path / "tokenizer.json").exists():
-        from tokenizers import Tokenizer
-
-        try:
-            tokenizer = Tokenizer.from_file(str(path / "tokenizer.json"))
-        except Exception as e:  # the tokenizers library raises a bare Exception
-            raise ContractError(f"load: {path / 'tokenizer.json'} could not be read: {e}", 40025) from None
+    tokenizer = read_tokenizer(path)
     return Model(path, engine, cfg, net, cache, gen.eos_token_ids, tokenizer, cuda_graphs=cuda_graphs,
                  generation_config=gen)
 

@@ -4,9 +4,9 @@
                    [--temperature T] [--top-k K] [--top-p P] [--seed S] [--ignore-eos]
                    [--max-len N] [--device cpu|cuda|cuda:N] [--dtype D]
 
-prints the new text (decoded with the folder's tokenizer.json through the ``tokenizers``
-library) or the new token ids, then on stderr the time to the first token (the prompt's
-prefill) and the decode speed in tokens/s after it. Ctrl-C prints the tokens drawn so far and
+prints the new text (decoded with the folder's tokenizer, memra.tokenizer.read_tokenizer) or the
+new token ids, then on stderr the time to the first token (the prompt's prefill) and the decode
+speed in tokens/s after it. Ctrl-C prints the tokens drawn so far and
 exits with 130.
 
     memra serve [PATH] [--host 127.0.0.1] [--port 8000] [--device cpu|cuda] [--dtype D]
@@ -29,6 +29,7 @@ from . import load
 from .errors import CacheFullError, MemraError
 from .batch import count_arg, generation_args
 from .checkpoint import default_checkpoint
+from .tokenizer import NO_TOKENIZER
 
 DEFAULT_PROMPT = "The quick brown fox"
 
@@ -126,7 +127,7 @@ def _main(argv: list[str] | None) -> int:
         else:
             text = args.prompt if args.prompt is not None else DEFAULT_PROMPT
             if tok is None:
-                print("memra: this checkpoint has no tokenizer.json; use --prompt-ids", file=sys.stderr)
+                print(f"memra: this checkpoint has {NO_TOKENIZER}; use --prompt-ids", file=sys.stderr)
                 return 2
             ids = tok.encode(text, add_special_tokens=False).ids
             if not ids:

@@ -73,7 +73,7 @@ class Model:
     Attributes: ``path`` (the checkpoint folder), ``config`` (parsed), ``engine``,
     ``eos_token_ids``, ``cache`` (the default cache of ``max_batch`` x ``max_len`` used by the
     generate methods), ``tokenizer`` (a ``tokenizers.Tokenizer`` when the folder has
-    ``tokenizer.json``, else None),
+    ``tokenizer.json`` or Kimi's ``tiktoken.model``: memra.tokenizer.read_tokenizer; else None),
     ``generation_config`` (memra.loader.GenerationConfig: generation_config.json's checked EOS
     ids and sampling defaults, which ``memra serve`` uses; generate's own defaults are greedy).
 

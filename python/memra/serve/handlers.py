@@ -25,6 +25,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from ..batch import RowSampling
 from ..errors import ContractError, MemraError, NonFiniteError
+from ..tokenizer import NO_TOKENIZER
 from .protocol import (ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest,
                        ChatCompletionResponse, ChatDelta, ChatMessageOut, CompletionChoice, CompletionRequest,
                        CompletionResponse, ErrorInfo, Usage)
@@ -92,12 +93,17 @@ def _pre_tokenizers(spec: dict | None) -> list[dict]:
     return [spec]
 
 
+def _keeps_text(spec: dict) -> bool:
+    """Whether a pre-tokenizer only cuts the text (a Split that removes no match)."""
+    return spec.get("type") == "Split" and spec.get("behavior") != "Removed"
+
+
 def max_token_chars(tok) -> int | None:
     """The most characters of text one token of `tok` (a ``tokenizers.Tokenizer``) can stand for,
-    where its vocabulary bounds that: a byte-level BPE (a ByteLevel pre-tokenizer alone: every
-    byte of the text becomes one character of the token alphabet, none is dropped) without a
-    normalizer (which could drop or merge characters), an unknown token, or an added token that
-    strips the whitespace around it; then the longest vocabulary entry (an entry's character is
+    where its vocabulary bounds that: a byte-level BPE (a ByteLevel pre-tokenizer, alone or after
+    regex Splits that drop nothing: every byte of the text becomes one character of the token
+    alphabet, none is dropped) without a normalizer (which could drop or merge characters), an
+    unknown token, or an added token that strips the whitespace around it; then the longest vocabulary entry (an entry's character is
     one byte, so at most one character of text). None otherwise (no early refusal)."""
     try:
         spec = json.loads(tok.to_str())
@@ -106,7 +112,8 @@ def max_token_chars(tok) -> int | None:
     model = spec.get("model") or {}
     pre = _pre_tokenizers(spec.get("pre_tokenizer"))
     if (spec.get("normalizer") is not None or model.get("type") != "BPE" or model.get("unk_token") is not None
-            or not pre or any(p.get("type") != "ByteLevel" for p in pre)
+            or not any(p.get("type") == "ByteLevel" for p in pre)
+            or any(p.get("type") != "ByteLevel" and not _keeps_text(p) for p in pre)
             or any(a.get("lstrip") or a.get("rstrip") for a in spec.get("added_tokens") or [])):
         return None
     return max((len(t) for t in tok.get_vocab(with_added_tokens=True)), default=None)
@@ -129,7 +136,7 @@ def _prompt_of_completion(state: ServerState, body: CompletionRequest) -> list[i
         return _check_ids(state, body.prompt, "prompt")
     tok = state.model.tokenizer
     if tok is None:
-        raise APIError(400, "prompt: this model has no tokenizer.json; send the prompt as a list of token ids",
+        raise APIError(400, f"prompt: this model has {NO_TOKENIZER}; send the prompt as a list of token ids",
                        param="prompt")
     _refuse_if_certainly_long(state, body.prompt, "prompt")
     ids = tok.encode(body.prompt).ids  # special tokens added as the tokenizer's post-processor says (vLLM)
@@ -142,7 +149,7 @@ def _prompt_of_chat(state: ServerState, body: ChatCompletionRequest) -> list[int
     tok = state.model.tokenizer
     if state.template is None or tok is None:
         raise APIError(400, "messages: this model has no chat template (tokenizer_config.json's chat_template "
-                            "or chat_template.jinja) and tokenizer.json; use /v1/completions", param="messages")
+                            f"or chat_template.jinja) or {NO_TOKENIZER}; use /v1/completions", param="messages")
     kwargs = dict(body.chat_template_kwargs or {})
     flags = {}
     for key in ("add_generation_prompt", "continue_final_message"):
@@ -178,7 +185,7 @@ def _request(state: ServerState, body, ids: list[int], prompt_param: str) -> Gen
                             f"{len(ids) + max_tokens} tokens ({len(ids)} in the prompt, {max_tokens} for the "
                             f"completion). Please reduce the length of the prompt or max_tokens.", param=param)
     if body.stop and state.model.tokenizer is None:
-        raise APIError(400, "stop: this model has no tokenizer.json to match stop strings on", param="stop")
+        raise APIError(400, f"stop: this model has {NO_TOKENIZER} to match stop strings on", param="stop")
     stop_ids = set(_check_ids(state, body.stop_token_ids, "stop_token_ids"))
     _check_ids(state, [int(k) for k in body.logit_bias or ()], "logit_bias")  # zeros only: no effect
     if not body.ignore_eos:
