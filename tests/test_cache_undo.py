@@ -20,6 +20,7 @@ import inspect
 import signal
 import sys
 import threading
+from collections import OrderedDict
 
 import numpy as np
 import pytest
@@ -217,7 +218,7 @@ def test_ctrl_c_during_a_runner_steps_host_commits_waits_for_the_last():
         m.prefill(c, s, [1, 2, 3])
     r = DecodeRunner(SimpleNamespace(engine=SimpleNamespace(copy_into=lambda d, s: None)), c, graphs=False)
     bucket = SimpleNamespace(slots=SimpleNamespace(set=lambda s: None, size=4), ids=None, chain=None,
-                             graphs={}, eager_steps={})
+                             graphs=OrderedDict(), eager=OrderedDict())
     r._bucket = lambda n: bucket
     r._body = lambda b, sampling: None
     at_line(DecodeRunner.step, "self.cache.commit_host(", lambda: signal.raise_signal(signal.SIGINT), nth=2)

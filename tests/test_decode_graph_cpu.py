@@ -47,3 +47,72 @@ def test_a_sampled_step_keys_off_as_the_sampler_reads_off() -> None:
     assert Sampling.of(0.7, None, None) == Sampling(0.7, 0, 1.0)
     assert Sampling.of(0.7, 5, 0.9) == Sampling(0.7, 5, 0.9)
     assert Sampling.of(0.7, None, None) != Sampling.of(0.8, None, None)
+
+
+def _capturing_runner(max_graphs: int):
+    """A runner whose device half is stubbed: captures return fresh graph objects, replays and
+    eager bodies are counted; the host commits go to a stand-in cache."""
+    from collections import OrderedDict
+
+    log = []
+
+    class Graph:
+        def __init__(self, key):
+            self.key = key
+
+        def replay(self):
+            log.append(("replay", self.key))
+
+    engine = SimpleNamespace(copy_into=lambda d, s: None, begin_capture=lambda: None, abort_capture=lambda: None)
+    cache = SimpleNamespace(max_batch=4, owner=lambda s: 0, commit_host=lambda s, n, owner=0: None)
+    r = DecodeRunner(SimpleNamespace(engine=engine), cache, max_graphs=max_graphs)
+    bucket = SimpleNamespace(slots=SimpleNamespace(set=lambda s: None, size=1), ids=None, counters=None,
+                             seeds=None, chain=None, graphs=OrderedDict(), eager=OrderedDict())
+    r._bucket = lambda n: bucket
+    current = []
+    r._body = lambda b, sampling: log.append(("eager", sampling)) if not current else None
+
+    def end_capture():
+        return Graph(current[-1])
+
+    def capture(b, sampling):
+        current.append(sampling)
+        try:
+            return DecodeRunner._capture(r, b, sampling)
+        finally:
+            current.pop()
+
+    engine.end_capture = end_capture
+    r._capture = capture
+    return r, bucket, log
+
+
+def test_a_bucket_keeps_at_most_max_graphs_dropping_the_least_recently_replayed() -> None:
+    import numpy as np
+
+    r, bucket, log = _capturing_runner(max_graphs=3)
+    keys = [Sampling.of(0.5 + i / 10, None, None) for i in range(6)]
+
+    def step(key):
+        log.clear()
+        r.step(np.array([0], np.int32), np.array([1], np.int32), key, np.zeros(1, np.uint64),
+               np.zeros(1, np.uint64))
+        return log[0][0]
+
+    assert [step(k) for k in keys[:3]] == ["eager"] * 3  # a key's first step runs eagerly
+    assert [step(k) for k in keys[:3]] == ["replay"] * 3  # its second is captured and replayed
+    assert step(keys[0]) == "replay"  # keys[0] is now the most recently replayed
+    assert step(keys[3]) == "eager" and step(keys[3]) == "replay"  # a fourth graph drops keys[1]'s
+    assert list(bucket.graphs) == [keys[2], keys[0], keys[3]]
+    assert step(keys[1]) == "replay" and list(bucket.graphs) == [keys[0], keys[3], keys[1]]  # re-captured
+    for k in keys:
+        step(k)
+    assert len(bucket.graphs) == 3 and len(bucket.eager) <= 12
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2.0, True, None])
+def test_max_graphs_must_be_a_positive_integer(bad) -> None:
+    from memra.errors import ContractError
+
+    with pytest.raises(ContractError, match="max_graphs"):
+        DecodeRunner(SimpleNamespace(engine=None), SimpleNamespace(max_batch=4), max_graphs=bad)

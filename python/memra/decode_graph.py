@@ -21,6 +21,7 @@ while the host reads a token, checks it and launches the next graph.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -56,8 +57,10 @@ class _Bucket:
     logits: object  # device float32 [size, vocab]
     tokens: object  # device int32 [size]: the same array as ids (a step's draws feed the next)
     nonfinite: object  # device int32 [size]: 1 where a sampling step's row of logits was not finite
-    graphs: dict = field(default_factory=dict)  # Sampling | None -> CudaGraph
-    eager_steps: dict = field(default_factory=dict)  # Sampling | None -> steps run eagerly
+    # Sampling | None -> CudaGraph, least recently replayed first (DecodeRunner.max_graphs of them)
+    graphs: OrderedDict = field(default_factory=OrderedDict)
+    # The keys of the last eager steps (the second step of a key captures), oldest first
+    eager: OrderedDict = field(default_factory=OrderedDict)
     # The slots of the last step when it sampled (its tokens are in ids), else None.
     chain: tuple | None = None
 
@@ -69,6 +72,10 @@ class DecodeRunner:
     ``hidden(cache, slots, ids, decode=True)`` and ``logits_of``.
 
     ``graphs=False`` runs every step eagerly (the same kernels, for comparison and debugging).
+    ``max_graphs``: the most graphs a bucket keeps (one per sampling key); capturing another
+    drops the one replayed least recently, so a server whose requests bring ever new
+    temperatures holds a bounded set (a key dropped runs eagerly once more, then is captured
+    again).
     Not thread-safe: its buckets and chains are shared by every caller (memra.Model serializes
     its steps and their readbacks under its engine lock).
 
@@ -82,11 +89,14 @@ class DecodeRunner:
 
     nonfinite_flags = True
 
-    def __init__(self, net, cache: _core.Cache, *, graphs: bool = True) -> None:
+    def __init__(self, net, cache: _core.Cache, *, graphs: bool = True, max_graphs: int = 8) -> None:
+        if isinstance(max_graphs, bool) or not isinstance(max_graphs, int) or max_graphs < 1:
+            raise ContractError(f"DecodeRunner: max_graphs must be a positive integer, got {max_graphs!r}", 40025)
         self.net = net
         self.cache = cache
         self.engine = net.engine
         self.graphs = graphs
+        self.max_graphs = max_graphs
         self._buckets: dict[int, _Bucket] = {}
 
     def bucket_size(self, n: int) -> int:
@@ -171,7 +181,9 @@ class DecodeRunner:
                 row[:n] = src
                 e.copy_into(dst, row)
         graph = b.graphs.get(sampling)
-        if graph is None and self.graphs and b.eager_steps.get(sampling, 0) >= 1:
+        if graph is not None:
+            b.graphs.move_to_end(sampling)
+        elif self.graphs and sampling in b.eager:
             graph = self._capture(b, sampling)
         # The device commits every row inside the step: the host's commits follow it with Ctrl-C
         # held back, so an interrupt never leaves some rows' host lengths behind the device (one
@@ -181,7 +193,10 @@ class DecodeRunner:
                 graph.replay()
             else:
                 self._body(b, sampling)
-                b.eager_steps[sampling] = b.eager_steps.get(sampling, 0) + 1
+                b.eager[sampling] = None
+                b.eager.move_to_end(sampling)
+                while len(b.eager) > 4 * self.max_graphs:
+                    b.eager.popitem(last=False)
             for s, o in zip(slots, owners):
                 self.cache.commit_host(int(s), 1, owner=o)
         b.chain = key if sampling is not None else None
@@ -197,4 +212,6 @@ class DecodeRunner:
             raise
         graph = e.end_capture()
         b.graphs[sampling] = graph
+        while len(b.graphs) > self.max_graphs:
+            b.graphs.popitem(last=False)  # freed once its replays in flight end (cudaGraphExecDestroy)
         return graph
