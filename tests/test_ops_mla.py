@@ -444,6 +444,14 @@ def test_mla_bad_inputs():
         idx_bad = idx.copy()
         idx_bad[1, 2] = bad
         assert _code(gathered, q_lat, cache, idx_bad, q_pe, scale=0.5) == S.CONTRACT_RANGE
+    # Query 0 sits at row 3 of 5: its row 4 is in the future (the reference's causal mask), refused
+    # as CUDA's check_range refuses it; query 1 may list row 4.
+    future = idx.copy()
+    future[0, 1] = 4
+    assert _code(gathered, q_lat, cache, future, q_pe, scale=0.5) == S.CONTRACT_RANGE
+    future[0, 1], future[1, 1] = 3, 4
+    assert gathered(q_lat, cache, future, q_pe, scale=0.5).shape == (2, 3, 4)
+    assert _code(gathered, q_lat, cache[:1], idx[:, :1] * 0, q_pe, scale=0.5) == S.CONTRACT_QUERY_SUFFIX
 
 
 def test_kpool_bad_inputs():

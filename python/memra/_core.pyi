@@ -353,9 +353,9 @@ def mla_attn_gathered(q_lat: Annotated[NDArray, dict(writable=False)], cache: An
     Absorbed MLA attention where query i attends over the cache rows listed in idx[i, :].
 
     q_lat: [t_q, H, R] float32. cache: [t_kv, R + d_rope] float32, or on CUDA also bfloat16 (DLPack bfloat16 or uint16 raw bits). idx: [t_q, width] int32 (entries -1 are padding; the list is a set: order does not matter and a duplicated row counts once). q_pe: [t_q, H, d_rope] float32, required when d_rope > 0. All on the engine's device. Returns o_lat [t_q, H, R] float32; a query whose list is all -1 gets zeros.
-    check_range (CUDA only): copy idx to the host first and refuse an entry outside [-1, t_kv) or after its query's row (t_kv - t_q + i) (one wait on the engine's stream); with False such entries are skipped on the device. CUDA also requires t_q <= t_kv (queries are the cache's last rows).
+    check_range (CUDA only): copy idx to the host first and refuse an entry outside [-1, t_kv) or after its query's row (t_kv - t_q + i) (one wait on the engine's stream); with False such entries are skipped on the device. The CPU always refuses them. Both require t_q <= t_kv (queries are the cache's last rows).
     tensor_cores=True (the arm of bf16 models; CUDA, bf16 cache, R in {128, 256, 512}, d_rope 0 or 64; else ignored): the tensor-core kernels, q_lat / q_pe and the softmax weights rounded to bf16, f32 softmax and accumulation (~1e-2 of max|o| from the CPU).
-    Raises ContractError: CONTRACT_RANGE for an entry >= t_kv or < -1 (CUDA: or after the query row); CONTRACT_QUERY_SUFFIX (CUDA) when t_q > t_kv; CONTRACT_MISSING when q_pe is absent but d_rope > 0; CONTRACT_SHAPE / CONTRACT_DTYPE / CONTRACT_STRIDE / CONTRACT_DEVICE for bad arrays (int64 idx is refused, not narrowed); CONTRACT_VALUE for a non-finite scale.
+    Raises ContractError: CONTRACT_RANGE for an entry >= t_kv or < -1 or after its query's row (nothing written); CONTRACT_QUERY_SUFFIX when t_q > t_kv; CONTRACT_MISSING when q_pe is absent but d_rope > 0; CONTRACT_SHAPE / CONTRACT_DTYPE / CONTRACT_STRIDE / CONTRACT_DEVICE for bad arrays (int64 idx is refused, not narrowed); CONTRACT_VALUE for a non-finite scale.
     Reference: Glm5NextTextAttention.build_attention_mask_from_topk + eager_attention_forward.
     """
 

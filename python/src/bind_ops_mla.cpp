@@ -389,10 +389,10 @@ void init_ops_mla(nb::module_& m) {
       "o_lat [t_q, H, R] float32; a query whose list is all -1 gets zeros.\n"
       "check_range (CUDA only): copy idx to the host first and refuse an entry outside "
       "[-1, t_kv) or after its query's row (t_kv - t_q + i) (one wait on the engine's stream); "
-      "with False such entries are skipped on the device. CUDA also requires t_q <= t_kv "
-      "(queries are the cache's last rows).\n" TC_DOC
-      "Raises ContractError: CONTRACT_RANGE for an entry >= t_kv or < -1 (CUDA: or after the "
-      "query row); CONTRACT_QUERY_SUFFIX (CUDA) when t_q > t_kv; CONTRACT_MISSING when q_pe is "
+      "with False such entries are skipped on the device. The CPU always refuses them. Both "
+      "require t_q <= t_kv (queries are the cache's last rows).\n" TC_DOC
+      "Raises ContractError: CONTRACT_RANGE for an entry >= t_kv or < -1 or after its query's "
+      "row (nothing written); CONTRACT_QUERY_SUFFIX when t_q > t_kv; CONTRACT_MISSING when q_pe is "
       "absent but d_rope > 0; CONTRACT_SHAPE / CONTRACT_DTYPE / CONTRACT_STRIDE / "
       "CONTRACT_DEVICE for bad arrays (int64 idx is refused, not narrowed); CONTRACT_VALUE for a "
       "non-finite scale.\n"

@@ -106,15 +106,24 @@ Status mla_attn_absorbed(const float* q_lat, const float* q_pe, const float* cac
 Status mla_attn_gathered(const float* q_lat, const float* q_pe, const float* cache,
                          const int32_t* idx, int H, int R, int d_rope, int t_q, int t_kv,
                          int width, float scale, float* o_lat) {
-  // Validate every entry before writing anything.
+  if (t_q > t_kv) {
+    return Status(kContractQuerySuffix,
+                  "mla_attn_gathered: the queries must be the last rows of the cache, got t_q=" +
+                      std::to_string(t_q) + " > t_kv=" + std::to_string(t_kv));
+  }
+  // Validate every entry before writing anything. The reference ANDs the list's mask with the
+  // causal one, so a row after the query's own is never attended: refused, as CUDA refuses it.
   for (int64_t e = 0; e < static_cast<int64_t>(t_q) * width; ++e) {
     const int32_t r = idx[e];
-    if (r < -1 || r >= t_kv) {
+    const int64_t row = static_cast<int64_t>(t_kv) - t_q + e / width;  // the query's own row
+    if (r < -1 || r >= t_kv || r > row) {
       return Status(kContractRange, "mla_attn_gathered: index " + std::to_string(r) +
                                         " at query " + std::to_string(e / width) + ", entry " +
                                         std::to_string(e % width) +
-                                        " is outside [0, t_kv=" + std::to_string(t_kv) +
-                                        ") and is not the padding value -1");
+                                        (r > row && r < t_kv
+                                             ? " is after the query's row " + std::to_string(row)
+                                             : " is outside [0, t_kv=" + std::to_string(t_kv) +
+                                                   ") and is not the padding value -1"));
     }
   }
   // transformers turns the list into a mask (build_attention_mask_from_topk), so a row listed

@@ -31,8 +31,9 @@ Status mla_attn_absorbed(const float* q_lat, const float* q_pe, const float* cac
 
 // Gathered attention: query i attends over the cache rows listed in idx[i, :] (entries -1 are
 // skipped; order does not matter). idx [t_q, width]; other arguments as mla_attn_absorbed.
-// A query whose list is all -1 gets o_lat = 0 (finite). Rows must be < t_kv
-// (kContractRange otherwise).
+// A query whose list is all -1 gets o_lat = 0 (finite). Queries are the last t_q rows
+// (kContractQuerySuffix when t_q > t_kv); a listed row must be at most its query's row
+// t_kv - t_q + i (kContractRange otherwise, nothing written).
 Status mla_attn_gathered(const float* q_lat, const float* q_pe, const float* cache,
                          const int32_t* idx, int H, int R, int d_rope, int t_q, int t_kv,
                          int width, float scale, float* o_lat);
