@@ -202,7 +202,10 @@ TEST(Mla, GatheredMatchesExpandedWithListAsMask) {
   const int width = 9;
   std::mt19937 gen(3);
   std::vector<int32_t> idx(sh.t_q * width);
-  for (auto& x : idx) x = static_cast<int32_t>(gen() % (sh.t_kv + 1)) - 1;  // -1 .. t_kv-1
+  for (int e = 0; e < sh.t_q * width; ++e) {  // -1 .. the query's row (later rows are refused)
+    const int row = sh.t_kv - sh.t_q + e / width;
+    idx[e] = static_cast<int32_t>(gen() % (row + 2)) - 1;
+  }
   Status st;
   auto got = p.run(&idx, width, &st);
   ASSERT_TRUE(st.ok()) << st.message;
