@@ -308,11 +308,12 @@ BAD_NAMES = [
      [f"{_L}.2.linear_attn", "in_proj_z.weight"]),
     ("qwen3_next", lambda t: {k: v for k, v in t.items() if k != f"{_L}.0.mlp.gate_proj.weight"},
      [f"{_L}.0.mlp", "gate_proj.weight"]),
-    # a layer past the last is the multi-token-prediction layer (skipped); an unknown name is not
-    ("qwen3_5_moe", lambda t: {**t, "model.language_model.layers.9.mlp.gate.weight":
-                               t["model.language_model.layers.0.mlp.gate.weight"],
-                               "model.language_model.foo": t["lm_head.weight"]},
+    # an unknown name; a layer past config.json's (Qwen's MTP weights are mtp.*, never layers.N)
+    ("qwen3_5_moe", lambda t: {**t, "model.language_model.foo": t["lm_head.weight"]},
      ["model.language_model.foo"]),
+    ("qwen3_5_moe", lambda t: {**t, "model.language_model.layers.9.mlp.gate.weight":
+                               t["model.language_model.layers.0.mlp.gate.weight"]},
+     ["model.language_model.layers.9.mlp.gate.weight", "past config.json's num_hidden_layers=4"]),
 ]
 
 
@@ -321,13 +322,11 @@ def test_bad_names_on_disk_are_named(tmp_path, t, change, needles) -> None:
     _expect_load_error(write_folder(tmp_path / "ckpt", t, change(tensors_of(t))), *needles)
 
 
-def test_conditional_layout_loads_causal_names_and_layers_past_the_end_are_mtp(tmp_path) -> None:
-    # model.layers.* (the causal prefix) in a conditional checkpoint: the same model; a layer at
-    # num_hidden_layers is the multi-token-prediction layer (skipped, as transformers does).
+def test_conditional_layout_loads_causal_names(tmp_path) -> None:
+    # model.layers.* (the causal prefix) in a conditional checkpoint: the same model.
     t = tensors_of("qwen3_5_moe")
     moved = {("model." + k[len("model.language_model."):] if k.startswith("model.language_model.") else k): v
              for k, v in t.items()}
-    moved["model.layers.4.input_layernorm.weight"] = t["model.language_model.norm.weight"]
     other = memra.load(write_folder(tmp_path / "moved", "qwen3_5_moe", moved), max_batch=1, max_len=16,
                        progress=False)
     ids = REF["qwen3_5_moe"]["prompt_b"]

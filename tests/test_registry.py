@@ -123,11 +123,24 @@ def test_lm_head_in_both_layouts(name):
     ("visual.merger.mlp.0.weight", "vision"),
     ("model.multi_modal_projector.linear.weight", "vision"),
     ("model.language_model.layers.6.eh_proj.weight", "mtp"),  # layer num_hidden_layers: the MTP layer
-    ("model.language_model.layers.17.self_attn.q_proj.weight", "mtp"),
     ("model.language_model.layers.6.shared_head.norm.weight", "shared_head"),
 ])
 def test_skipped_names(name, kind):
     assert NAMES.route(name, 6) == ("skip", kind)
+
+
+def test_a_layer_past_the_mtp_layer_is_named():
+    # num_hidden_layers = 6: layer 6 is the MTP layer; layer 17 means config.json says too few
+    with pytest.raises(memra.ContractError, match="belongs to layer 17, past config.json's num_hidden_layers=6"):
+        NAMES.route("model.language_model.layers.17.self_attn.q_proj.weight", 6)
+    with pytest.raises(memra.ContractError, match="layer 7"):
+        NAMES.route("model.language_model.layers.7.input_layernorm.weight", 6)
+
+
+def test_layer_numbers_are_ascii_digits():
+    # re's \d and int() take any Unicode digit: "layers.\u0660." would have loaded as layer 0
+    with pytest.raises(memra.ContractError, match="unexpected tensor"):
+        NAMES.route("model.language_model.layers.\u0660.input_layernorm.weight", 6)
 
 
 @pytest.mark.parametrize("name", [
@@ -146,7 +159,7 @@ def test_an_unknown_tensor_is_named(name):
 
 def test_a_table_of_another_layout():
     # A Qwen-like layout: the first matching prefix is stripped, a family's own MTP names are
-    # skipped like layers past num_hidden_layers, and the group can come from the name.
+    # skipped (and no layers.N is MTP), and the group can come from the name.
     t = NameTable(
         prefixes=("model.language_model.", "model."),
         routes=(Route(r"^layers\.(?P<layer>\d+)\.(?P<g>linear_attn|self_attn)\.(?P<key>.+)$", r"\g<g>"),
@@ -160,3 +173,5 @@ def test_a_table_of_another_layout():
     assert t.route("lm_head.weight", 2) == ("top", "lm_head")
     with pytest.raises(memra.ContractError, match="layers.0.mlp"):
         t.route("model.layers.0.mlp.gate.weight", 2)
+    with pytest.raises(memra.ContractError, match="past config.json's num_hidden_layers=2"):
+        t.route("model.layers.2.self_attn.q_proj.weight", 2)

@@ -1139,7 +1139,7 @@ class MlpLayer:
 
 class MoeLayer:
     """
-    Routed experts + shared expert (references: Glm5NextTextMoE; with scoring='softmax' and shared_gate, Qwen3_5MoeSparseMoeBlock / Qwen3NextSparseMoeBlock). Weights: gate.weight, gate.e_score_correction_bias (sigmoid router only), experts.N.{gate,up,down}_proj.weight, shared_experts.{gate,up,down}_proj.weight, shared_expert_gate.weight [1, hidden] (shared_gate). hidden, n_experts, intermediate and shared_intermediate at most 2^20 (ContractError naming it).
+    Routed experts + shared expert (references: Glm5NextTextMoE; with scoring='softmax' and shared_gate, Qwen3_5MoeSparseMoeBlock / Qwen3NextSparseMoeBlock). Weights: gate.weight, gate.e_score_correction_bias (the sigmoid router: required; the softmax one has none), experts.N.{gate,up,down}_proj.weight, shared_experts.{gate,up,down}_proj.weight, shared_expert_gate.weight [1, hidden] (shared_gate). hidden, n_experts, intermediate and shared_intermediate at most 2^20 (ContractError naming it).
     """
 
     def __init__(self, engine: Engine, weights: Mapping[str, Weight], *, hidden: int, n_experts: int, top_k: int, n_group: int, topk_group: int, intermediate: int, shared_intermediate: int, norm_topk_prob: bool, routed_scaling: float, swiglu_limit: float, scoring: str = 'sigmoid', shared_gate: bool = False, dtype: str = 'bfloat16') -> None:

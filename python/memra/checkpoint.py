@@ -82,6 +82,7 @@ def load(path, device: str = "cpu", max_batch: int = 8, max_len: int = 4096, *, 
     if dtype == "bfloat16" and not engine.is_cuda:
         raise UnsupportedError("load: dtype='bfloat16' needs a CUDA device; the CPU backend computes in "
                                "float32 only (give dtype='float32' or leave it out)", 50000)
+    tokenizer = read_tokenizer(path)  # before the cache and weights: a bad tokenizer costs nothing
     plan = family.layer_plan(cfg)  # decided once: the cache's planes and the blocks
     specs = [p.state for p in plan]
     need = _core.Cache.bytes_needed(max_batch, max_len, specs)
@@ -89,7 +90,6 @@ def load(path, device: str = "cpu", max_batch: int = 8, max_len: int = 4096, *, 
     cache = _core.Cache(engine, specs, max_batch=max_batch, max_len=max_len, latent_dtype=dtype)
     tensors = read_tensors(path, cfg.num_hidden_layers, names=family.names, progress=progress)
     net = DecoderModel(engine, family, cfg, plan, tensors, dtype=dtype)
-    tokenizer = read_tokenizer(path)
     return Model(path, engine, cfg, net, cache, gen.eos_token_ids, tokenizer, cuda_graphs=cuda_graphs,
                  generation_config=gen)
 

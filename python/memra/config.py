@@ -25,6 +25,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
+import stat
 import types
 import typing
 from dataclasses import dataclass
@@ -161,12 +163,15 @@ def _shown(value: Any) -> str:
     return r if len(r) <= 80 else r[:77] + "..."
 
 
-def check_positive(c: dict[str, Any], names: tuple[str, ...], low: int = 1) -> None:
+def check_positive(c: dict[str, Any], names: tuple[str, ...], low: int = 1,
+                   aliases: dict[str, str] | None = None) -> None:
     """Refuse a parsed field of `names` in `c` that is missing (None) or below `low`, as
-    transformers' modules would fail on it later. ContractError (40025) naming the field."""
+    transformers' modules would fail on it later. ContractError (40025) naming the field, and
+    the other name config.json may give it (`aliases`: field -> alias, "num_experts / n_group")."""
     for k in names:
         if c[k] is None or c[k] < low:
-            raise ContractError(f"config: {k} must be an integer >= {low}, got {c[k]!r}", 40025)
+            shown = f"{aliases[k]} / {k}" if aliases and k in aliases else k
+            raise ContractError(f"config: {shown} must be an integer >= {low}, got {c[k]!r}", 40025)
 
 
 def check_size_product(c: dict[str, Any], keys: tuple[str, ...], what: str) -> None:
@@ -230,8 +235,38 @@ def field_defaults(cls: type) -> dict[str, Any]:
             if f.name not in ("model_type", "extra") and f.default is not dataclasses.MISSING}
 
 
+# The largest side file (config, index, tokenizer, template) memra reads whole: 32x the largest
+# real one (a tokenizer.json of ~30 MiB), and far below what reading it would exhaust.
+MAX_SIDE_FILE_BYTES = 1 << 30
+
+
+def side_file(path: Path, what: str, *, limit: int | None = MAX_SIDE_FILE_BYTES) -> Path | None:
+    """`path` when the folder has it, None when it has no such entry. ContractError (40025)
+    naming it for a symbolic link to nothing (it is there, but cannot be read: not the same as
+    absent), anything but a regular file after links (a directory, a FIFO that would block, a
+    device such as /dev/zero that never ends), or a file past `limit` bytes (None: any size)."""
+    if not os.path.lexists(path):
+        return None
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise ContractError(f"{what}: {path} is a symbolic link to nothing", 40025) from None
+    except OSError as e:
+        raise ContractError(f"{what}: {path} could not be read: {e.strerror or e}", 40025) from None
+    if not stat.S_ISREG(st.st_mode):
+        kind = "a directory" if stat.S_ISDIR(st.st_mode) else "not a regular file"
+        raise ContractError(f"{what}: {path} could not be read: it is {kind}", 40025)
+    if limit is not None and st.st_size > limit:
+        raise ContractError(f"{what}: {path} is {st.st_size} bytes, more than the {limit} a side file "
+                            f"may have", 40025)
+    return path
+
+
 def read_json_object(path: Path, what: str) -> dict[str, Any]:
-    """A JSON file that must hold an object (ContractError naming the file otherwise)."""
+    """A JSON file that must hold an object (ContractError naming the file otherwise; see
+    :func:`side_file` for what may stand at the path)."""
+    if side_file(path, what) is None:
+        raise ContractError(f"{what}: no {path.name} in {path.parent}", 40024)
     try:
         raw = json.loads(path.read_text())
     except FileNotFoundError:

@@ -7,10 +7,10 @@ Tensors are read with the ``safetensors`` library (numpy framework; bfloat16 thr
 sharded checkpoint never sits in memory twice.
 
 Names on disk are routed to memra's layer groups by the family's :class:`NameTable` (its text
-prefixes and routes). Vision-tower weights, the multi-token-prediction layer
-``layers.<num_hidden_layers>.*`` (and any other name the table marks as MTP) and
-``*.shared_head.*`` are skipped with one notice each (transformers ignores them too); anything
-else that no route claims is a ContractError naming it, as is a tensor found in two shards.
+prefixes and routes). Vision-tower weights, the multi-token-prediction layer (glm5_next's
+``layers.<num_hidden_layers>.*``, Qwen's ``mtp.*``) and ``*.shared_head.*`` are skipped with one
+notice each (transformers ignores them too); anything else that no route claims is a
+ContractError naming it, as is a layer past the config's, or a tensor found in two shards.
 
 :func:`read_generation_config` reads generation_config.json: the EOS ids and the sampling
 defaults, held at load to the rules Model.generate holds its arguments to. A side file that
@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import re
 from collections import defaultdict
 from collections.abc import Iterator
@@ -35,7 +36,7 @@ from tqdm import tqdm
 
 from . import _core
 from .batch import sampling_problem
-from .config import check_fields, read_json_object
+from .config import check_fields, read_json_object, side_file
 from .errors import ContractError, check_token_ids
 
 log = logging.getLogger("memra")
@@ -45,7 +46,7 @@ _NOTICES = {
     "mtp": "skipping the multi-token-prediction layer (e.g. {name}), as transformers does",
     "shared_head": "skipping shared_head weights (e.g. {name}), as transformers does",
 }
-_LAYER = re.compile(r"^layers\.(\d+)\.")
+_LAYER = re.compile(r"^layers\.([0-9]+)\.")
 
 
 @dataclass(frozen=True)
@@ -72,14 +73,18 @@ class NameTable:
     first that matches is stripped (``model.language_model.`` for conditional generation,
     ``model.`` for a causal LM). routes: :class:`Route` rules, first match wins. vision: a
     pattern on the full name for the vision tower's tensors (skipped). mtp: patterns on the
-    stripped name for multi-token-prediction weights stored outside ``layers.N`` (skipped; the
-    layers ``N >= num_hidden_layers`` are always skipped).
+    stripped name for multi-token-prediction weights stored outside ``layers.N`` (skipped).
+    mtp_layers: how many ``layers.N`` from ``N = num_hidden_layers`` on are the
+    multi-token-prediction layers (skipped; glm5_next's one, as transformers ignores it); a
+    layer past those is a ContractError (a config.json that says fewer layers than the
+    checkpoint holds would otherwise run a truncated model). Patterns match ASCII digits only.
     """
 
     prefixes: tuple[str, ...]
     routes: tuple[Route, ...]
     vision: str = r"^(model\.)?(visual|vision_tower|vision_model|multi_modal_projector)\."
     mtp: tuple[str, ...] = ()
+    mtp_layers: int = 0
 
     def route(self, name: str, num_hidden_layers: int) -> tuple:
         """Where the tensor `name` goes: ``("skip", kind)`` with kind in vision | mtp |
@@ -95,10 +100,15 @@ class NameTable:
         if ".shared_head." in short:
             return ("skip", "shared_head")
         m = _LAYER.match(short)
-        if (m and int(m.group(1)) >= num_hidden_layers) or any(re.match(p, short) for p in self.mtp):
+        n = int(m.group(1)) if m else -1
+        if num_hidden_layers <= n < num_hidden_layers + self.mtp_layers or any(re.match(p, short) for p in self.mtp):
             return ("skip", "mtp")
+        if n >= num_hidden_layers:
+            extra = f" and {self.mtp_layers} multi-token-prediction layer(s)" if self.mtp_layers else ""
+            raise ContractError(f"load: tensor {name!r} belongs to layer {n}, past config.json's "
+                                f"num_hidden_layers={num_hidden_layers}{extra}", 40024)
         for r in self.routes:
-            m = re.match(r.pattern, short)
+            m = re.match(r.pattern, short, re.ASCII)
             if m is None:
                 continue
             group, key = m.expand(r.group), m.expand(r.key)
@@ -139,11 +149,14 @@ def read_json_file(path: Path, what: str = "load") -> dict:
         return read_json_object(path, what)
 
 
-def shard_files(path: Path) -> list[Path]:
-    """The safetensors files of a checkpoint folder, in index order. ContractError if none, or
-    when the index cannot be read or is not one (named)."""
+def shard_files(path: Path) -> tuple[list[Path], dict[str, str] | None]:
+    """The safetensors files of a checkpoint folder, in index order, and the index's
+    weight_map (tensor name -> shard file name; None without an index). ContractError if there
+    are none, when the index cannot be read or is not one, or maps a tensor to anything but a
+    file name in the folder (a path elsewhere, "", ".", ".."), or when a shard is missing or not
+    a regular file (each named)."""
     index = path / "model.safetensors.index.json"
-    if index.exists():
+    if side_file(index, "load") is not None:
         try:
             with naming_unreadable(index):
                 weight_map = json.loads(index.read_text())["weight_map"]
@@ -153,14 +166,18 @@ def shard_files(path: Path) -> list[Path]:
         # RecursionError: nesting deeper than the parser's stack.
         except (ValueError, RecursionError, KeyError, TypeError, UnicodeDecodeError) as e:
             raise ContractError(f"load: {index} is not a safetensors index: {e}", 40025) from None
+        for name, f in weight_map.items():
+            if f in ("", ".", "..") or os.path.basename(f) != f or "\0" in f:
+                raise ContractError(f"load: {index.name} maps tensor {name!r} to {f!r}, which is not the name of "
+                                    f"a file in {path}", 40025)
         files = list(dict.fromkeys(weight_map.values()))
-        missing = [f for f in files if not (path / f).exists()]
+        missing = [f for f in files if side_file(path / f, "load", limit=None) is None]
         if missing:
             raise ContractError(f"load: shard(s) listed in {index.name} are missing: {missing}", 40024)
-        return [path / f for f in files]
+        return [path / f for f in files], weight_map
     single = path / "model.safetensors"
-    if single.exists():
-        return [single]
+    if side_file(single, "load", limit=None) is not None:
+        return [single], None
     raise ContractError(
         f"load: {path} has neither model.safetensors nor model.safetensors.index.json", 40024
     )
@@ -193,7 +210,7 @@ def read_tensors(path: Path, num_hidden_layers: int, *, names: NameTable,
     meant cannot be told) or a dtype memra does not read (each named; the dtype is read from
     the header, so an FP8 / FP4 tensor is named before anything tries to convert it)."""
     out = CheckpointTensors()
-    files = shard_files(path)
+    files, weight_map = shard_files(path)
     notices: dict[str, str] = {}
     shard_of: dict[str, Path] = {}  # tensor name -> the shard it was read from
     name_of: dict[tuple, str] = {}  # destination (route) -> the tensor name read into it
@@ -209,6 +226,10 @@ def read_tensors(path: Path, num_hidden_layers: int, *, names: NameTable,
                     raise ContractError(f"load: tensor {name!r} is in two shards, {shard_of[name].name} and "
                                         f"{file.name}: a checkpoint holds each tensor once", 40025)
                 shard_of[name] = file
+                if weight_map is not None and weight_map.get(name) != file.name:
+                    listed = (f"lists it in {weight_map[name]}" if name in weight_map else "does not list it")
+                    raise ContractError(f"load: tensor {name!r} is in {file.name}, but "
+                                        f"model.safetensors.index.json {listed}", 40025)
                 where = names.route(name, num_hidden_layers)
                 if where[0] == "skip":
                     notices.setdefault(where[1], _NOTICES[where[1]].format(name=name))
@@ -227,6 +248,10 @@ def read_tensors(path: Path, num_hidden_layers: int, *, names: NameTable,
                 else:
                     _, i, group, key = where
                     out.layers[i][group][key] = _to_weight(name, f.get_tensor(name))
+    ghosts = [n for n in weight_map or () if n not in shard_of]
+    if ghosts:
+        raise ContractError(f"load: model.safetensors.index.json lists tensor {ghosts[0]!r} in "
+                            f"{weight_map[ghosts[0]]}, which does not hold it ({len(ghosts)} such)", 40025)
     for msg in notices.values():
         log.warning("memra: %s", msg)
     return out
@@ -249,6 +274,11 @@ class GenerationConfig:
 
 _GENERATION_FIELDS = {"eos_token_id": int | list[int] | None, "temperature": float | None,
                       "top_k": int | None, "top_p": float | None}
+# Sampling defaults transformers and vLLM apply that memra's sampler has no form of, with the value
+# that changes nothing: a file setting another is said at load (vLLM would apply it).
+_UNAPPLIED_SAMPLING = {"repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0,
+                       "min_p": 0.0, "typical_p": 1.0, "no_repeat_ngram_size": 0, "epsilon_cutoff": 0.0,
+                       "eta_cutoff": 0.0}
 
 
 def read_generation_config(path: Path, config) -> GenerationConfig:
@@ -258,10 +288,11 @@ def read_generation_config(path: Path, config) -> GenerationConfig:
     is not a JSON object, a value of the wrong type, an ``eos_token_id`` outside the
     vocabulary, or a sampling default memra's sampler refuses (memra.batch.sampling_problem:
     the rule Model.generate holds its arguments to), so that a default which would fail every
-    request that relies on it is refused once, here.
+    request that relies on it is refused once, here. A default memra has no form of
+    (``repetition_penalty``, ``min_p``, ...; see ``_UNAPPLIED_SAMPLING``) is logged as a warning.
     """
     gen = path / "generation_config.json"
-    data = read_json_file(gen) if gen.exists() else {}
+    data = read_json_file(gen) if side_file(gen, "load") is not None else {}
     what = f"load: {gen.name}"
     check_fields(data, _GENERATION_FIELDS, what=what)
     eos, source = data.get("eos_token_id"), what
@@ -275,5 +306,10 @@ def read_generation_config(path: Path, config) -> GenerationConfig:
         if value is not None and (problem := sampling_problem(name, value)):
             raise ContractError(f"{what}: {name} {problem}", 40025)
         sampling[name] = value if value is None or name == "top_k" else float(value)
+    unapplied = [f"{k}={data[k]!r}" for k, neutral in _UNAPPLIED_SAMPLING.items()
+                 if k in data and data[k] is not None and data[k] != neutral]
+    if unapplied:
+        log.warning("memra: %s sets %s, which memra's sampler does not apply (a request asking for them "
+                    "is refused)", gen.name, ", ".join(unapplied))
     eos_ids = [] if eos is None else [int(eos)] if isinstance(eos, int) else [int(e) for e in eos]
     return GenerationConfig(eos_ids, **sampling)

@@ -29,6 +29,7 @@ import binascii
 import json
 from pathlib import Path
 
+from .config import side_file
 from .errors import ContractError
 
 # tokenization_kimi.TikTokenTokenizer.pat_str (moonshotai/Kimi-Linear-48B-A3B-Instruct), joined.
@@ -168,18 +169,19 @@ def read_tokenizer(path: Path):
     code). ContractError (40025) naming the file that cannot be read or is malformed."""
     from tokenizers import Tokenizer
 
-    if (path / "tokenizer.json").exists():
+    if side_file(path / "tokenizer.json", "load") is not None:
         try:
             return Tokenizer.from_file(str(path / "tokenizer.json"))
         except Exception as e:  # the tokenizers library raises a bare Exception
             raise ContractError(f"load: {path / 'tokenizer.json'} could not be read: {e}", 40025) from None
     model_file, config_file = path / "tiktoken.model", path / "tokenizer_config.json"
-    if not (model_file.exists() and config_file.exists()):
+    if side_file(model_file, "load") is None or side_file(config_file, "load") is None:
         return None
     try:
         config = json.loads(config_file.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise ContractError(f"load: {config_file} could not be read: {e}", 40025) from None
+    # ValueError: json's own and UnicodeDecodeError; RecursionError: nesting past the parser's stack
+    except (OSError, ValueError, RecursionError) as e:
+        raise ContractError(f"load: {config_file} could not be read: {type(e).__name__}: {e}", 40025) from None
     if not isinstance(config, dict) or not _tiktoken_class(config):
         return None
     ranks = read_tiktoken_ranks(model_file)

@@ -342,7 +342,7 @@ void init_layers(nb::module_& m) {
                        "Routed experts + shared expert (references: Glm5NextTextMoE; with "
                        "scoring='softmax' and shared_gate, Qwen3_5MoeSparseMoeBlock / "
                        "Qwen3NextSparseMoeBlock). Weights: gate.weight, "
-                       "gate.e_score_correction_bias (sigmoid router only), "
+                       "gate.e_score_correction_bias (the sigmoid router: required; the softmax one has none), "
                        "experts.N.{gate,up,down}_proj.weight, shared_experts.{gate,up,down}_proj."
                        "weight, shared_expert_gate.weight [1, hidden] (shared_gate). hidden, "
                        "n_experts, intermediate and shared_intermediate at most 2^20 "

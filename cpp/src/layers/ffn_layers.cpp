@@ -102,7 +102,9 @@ Status MoeLayer::create(const MoeConfig& cfg, WeightMap& w, std::unique_ptr<MoeL
   MEMRA_TRY(w.take("gate.weight", {E, D}, &l->router_));
   // Router logits are f32 (MemraMoeRouteParams::gate_w), as in the reference.
   if (l->router_.dtype() != DType::kF32) l->router_ = widened(l->router_);
-  if (cfg.scoring == MEMRA_MOE_SCORE_SIGMOID && w.has("gate.e_score_correction_bias")) {
+  // The sigmoid router's reference registers the bias as a buffer and every release carries it:
+  // a checkpoint without it is broken (zeros would choose other experts), so it is required.
+  if (cfg.scoring == MEMRA_MOE_SCORE_SIGMOID) {
     MEMRA_TRY(w.take_f32("gate.e_score_correction_bias", {E}, &l->corr_bias_));
   }
   l->gate_.resize(E);

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Annotated, Any, TypedDict
 
 from .. import _core
-from ..config import (Range, Size, check_fields, check_grouped_router, check_size_product, field_defaults,
+from ..config import (Range, Size, check_fields, check_positive, check_grouped_router, check_size_product, field_defaults,
                       field_ranges, field_table)
 from ..errors import ContractError, UnsupportedError
 from ..loader import NameTable, Route
@@ -226,6 +226,13 @@ def _validate(c: dict[str, Any]) -> None:
     for i, t in enumerate(c["mlp_layer_types"][:n]):
         if t not in ("dense", "sparse"):
             raise UnsupportedError(f"config: layer {i} has unknown mlp type {t!r}", 50000)
+    # The sizes the layers present use, named here rather than by the C++ layer a 0 reaches.
+    used = set(c["layer_types"][:n]) | set(c["mlp_layer_types"][:n])
+    check_positive(c, ("hc_mult",) + (
+        ("num_attention_heads", "kv_lora_rank", "q_lora_rank", "qk_nope_head_dim", "v_head_dim", "index_topk",
+         "index_head_dim", "index_n_heads") if "deepseek_sparse_attention" in used else ()) + (
+        ("linear_num_heads", "linear_head_dim", "linear_conv_kernel_dim") if "linear_attention" in used else ()) + (
+        ("intermediate_size",) if "dense" in used else ()) + (("moe_intermediate_size",) if "sparse" in used else ()))
     if "sparse" in c["mlp_layer_types"][:n]:
         # The shared experts run as one MLP of this width.
         check_size_product(c, ("moe_intermediate_size", "n_shared_experts"), "the shared expert's width")
@@ -316,6 +323,7 @@ NAMES = NameTable(
         Route(r"^layers\.(?P<layer>\d+)\.hc_(?P<site>attn|ffn)_(?P<key>fn|base|scale)$", r"\g<site>_hc"),
         Route(r"^(?P<key>embed_tokens|norm|lm_head)\.weight$", "top"),
     ),
+    mtp_layers=1,  # layers.<num_hidden_layers>: the multi-token-prediction layer
 )
 
 _GROUPS = {"mixer", "mlp", "input_layernorm", "post_attention_layernorm", "attn_hc", "ffn_hc"}

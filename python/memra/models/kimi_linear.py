@@ -286,9 +286,10 @@ def _validate(c: dict[str, Any]) -> None:
 
 def _validate_moe(c: dict[str, Any]) -> None:
     """The router's geometry (KimiLinearTopkRouter) and the remote-code MoE fields."""
+    named = {field: alias for alias, field in _ALIASES.items()}  # the release's config.json uses the aliases
     check_positive(c, ("num_local_experts", "num_experts_per_tok", "n_group", "topk_group",
-                  "moe_intermediate_size"))
-    check_positive(c, ("n_shared_experts",), low=0)
+                  "moe_intermediate_size"), aliases=named)
+    check_positive(c, ("n_shared_experts",), low=0, aliases=named)
     # The shared experts run as one MLP of this width.
     check_size_product(c, ("moe_intermediate_size", "n_shared_experts"), "the shared expert's width")
     check_grouped_router(c, "num_local_experts", "num_experts")

@@ -29,6 +29,7 @@ from datetime import datetime
 from pathlib import Path
 
 from ..errors import ContractError
+from ..config import side_file
 from ..loader import naming_unreadable, read_json_file
 
 # transformers' PreTrainedTokenizerBase.SPECIAL_TOKENS_ATTRIBUTES.
@@ -195,10 +196,10 @@ def load_chat_template(path: Path) -> ChatTemplate | None:
     type or one that does not compile, or a file that cannot be read (each named)."""
     path = Path(path)
     config_file = path / "tokenizer_config.json"
-    config = read_json_file(config_file, "chat template") if config_file.exists() else {}
+    config = read_json_file(config_file, "chat template") if side_file(config_file, "chat template") else {}
     source = config.get("chat_template")
     jinja = path / "chat_template.jinja"
-    if jinja.exists():
+    if side_file(jinja, "chat template") is not None:
         try:
             with naming_unreadable(jinja, "chat template"):
                 source = jinja.read_text(encoding="utf-8")
