@@ -218,7 +218,8 @@ def test_ctrl_c_during_a_runner_steps_host_commits_waits_for_the_last():
         m.prefill(c, s, [1, 2, 3])
     r = DecodeRunner(SimpleNamespace(engine=SimpleNamespace(copy_into=lambda d, s: None)), c, graphs=False)
     bucket = SimpleNamespace(slots=SimpleNamespace(set=lambda s: None, size=4), ids=None, chain=None,
-                             graphs=OrderedDict(), eager=OrderedDict())
+                             graphs=OrderedDict(), eager=OrderedDict(),
+                             replayed={}, steps=0)
     r._bucket = lambda n: bucket
     r._body = lambda b, sampling: None
     at_line(DecodeRunner.step, "self.cache.commit_host(", lambda: signal.raise_signal(signal.SIGINT), nth=2)

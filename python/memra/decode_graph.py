@@ -59,8 +59,11 @@ class _Bucket:
     nonfinite: object  # device int32 [size]: 1 where a sampling step's row of logits was not finite
     # Sampling | None -> CudaGraph, least recently replayed first (DecodeRunner.max_graphs of them)
     graphs: OrderedDict = field(default_factory=OrderedDict)
-    # The keys of the last eager steps (the second step of a key captures), oldest first
+    # Sampling | None -> the bucket's step count at the graph's last replay (or capture)
+    replayed: dict = field(default_factory=dict)
+    # The keys of the last eager steps not captured since (a second step captures), oldest first
     eager: OrderedDict = field(default_factory=OrderedDict)
+    steps: int = 0  # steps run on the bucket
     # The slots of the last step when it sampled (its tokens are in ids), else None.
     chain: tuple | None = None
 
@@ -72,10 +75,11 @@ class DecodeRunner:
     ``hidden(cache, slots, ids, decode=True)`` and ``logits_of``.
 
     ``graphs=False`` runs every step eagerly (the same kernels, for comparison and debugging).
-    ``max_graphs``: the most graphs a bucket keeps (one per sampling key); capturing another
-    drops the one replayed least recently, so a server whose requests bring ever new
-    temperatures holds a bounded set (a key dropped runs eagerly once more, then is captured
-    again).
+    ``max_graphs``: the most graphs a bucket keeps (one per sampling key), so a server whose
+    requests bring ever new temperatures holds a bounded set. With the bucket full, a new key
+    runs eagerly (the same bytes, slower) unless the graph replayed least recently has been idle
+    for ``4 * max_graphs`` of the bucket's steps: then that one is dropped for it. More keys in
+    turn than ``max_graphs`` thus leave the extra ones eager, instead of capturing at every step.
     Not thread-safe: its buckets and chains are shared by every caller (memra.Model serializes
     its steps and their readbacks under its engine lock).
 
@@ -181,10 +185,12 @@ class DecodeRunner:
                 row[:n] = src
                 e.copy_into(dst, row)
         graph = b.graphs.get(sampling)
+        if graph is None and self.graphs and sampling in b.eager and self._room_for_a_graph(b):
+            graph = self._capture(b, sampling)
         if graph is not None:
             b.graphs.move_to_end(sampling)
-        elif self.graphs and sampling in b.eager:
-            graph = self._capture(b, sampling)
+            b.replayed[sampling] = b.steps
+        b.steps += 1
         # The device commits every row inside the step: the host's commits follow it with Ctrl-C
         # held back, so an interrupt never leaves some rows' host lengths behind the device (one
         # row: a call after the replay; its slot's lease frees it when generation ends).
@@ -212,6 +218,18 @@ class DecodeRunner:
             raise
         graph = e.end_capture()
         b.graphs[sampling] = graph
-        while len(b.graphs) > self.max_graphs:
-            b.graphs.popitem(last=False)  # freed once its replays in flight end (cudaGraphExecDestroy)
+        b.eager.pop(sampling, None)
         return graph
+
+    def _room_for_a_graph(self, b: _Bucket) -> bool:
+        """Whether bucket `b` may capture another graph: it holds fewer than max_graphs, or its
+        least recently replayed one has been idle for 4 * max_graphs steps (dropped here; freed
+        once its replays in flight end, as cudaGraphExecDestroy defers)."""
+        if len(b.graphs) < self.max_graphs:
+            return True
+        oldest = next(iter(b.graphs))
+        if b.steps - b.replayed.get(oldest, 0) < 4 * self.max_graphs:
+            return False
+        del b.graphs[oldest]
+        b.replayed.pop(oldest, None)
+        return True
