@@ -121,17 +121,18 @@ def test_tool_call_arguments_reach_the_template_as_mappings() -> None:
     assert "tool_calls" not in msgs[1] and msgs[1]["content"] == "ok"
 
 
-def test_a_null_content_reaches_the_template_as_none_and_an_absent_one_stays_absent() -> None:
-    # transformers' apply_chat_template hands the messages over as given: a template telling
-    # `content is none` from `content is not defined` renders the two differently.
+def test_a_null_or_absent_content_reaches_the_template_as_an_empty_string() -> None:
+    # vLLM's server renders a null (or absent) content as "" and drops a null name: with the
+    # content as None, "{{ message.content }}" wrote "None" into the prompt (the OpenAI SDK sends
+    # "content": null beside an assistant's tool_calls).
     from memra.serve.protocol import ChatCompletionRequest
 
-    probe = ChatTemplate("{% for m in messages %}[{{ 'none' if m.content is none else 'undefined' "
-                         "if m.content is not defined else m.content }}|{{ m.name is defined }}]{% endfor %}")
+    probe = ChatTemplate("{% for m in messages %}[{{ m.content }}|{{ m.content is string }}|"
+                         "{{ m.name is defined }}]{% endfor %}")
     sent = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": None, "name": None},
-            {"role": "assistant", "tool_calls": None}]
+            {"role": "assistant", "tool_calls": None}, {"role": "user", "content": "x", "name": "bo"}]
     msgs = [m.as_template_dict() for m in ChatCompletionRequest.model_validate({"messages": sent}).messages]
-    assert probe.render(msgs, add_generation_prompt=False) == "[hi|False][none|True][undefined|False]"
+    assert probe.render(msgs, add_generation_prompt=False) == "[hi|True|False][|True|False][|True|False][x|True|True]"
 
 
 def test_tool_call_arguments_that_are_no_json_are_a_400(server) -> None:

@@ -346,11 +346,13 @@ class ChatMessage(BaseModel):
         return self
 
     def as_template_dict(self) -> dict:
-        """The message as the chat template sees it, with the keys the client sent (a null
-        ``content`` stays None, as transformers' apply_chat_template passes it; an absent one
-        stays absent): ``content`` a string when it was a list of parts; an assistant's
-        ``tool_calls`` with each ``function.arguments`` a dict (null or [] calls: no key)."""
-        d = self.model_dump(exclude_unset=True)
+        """The message as the chat template sees it, as vLLM's server builds it: ``content`` a
+        string (a list of parts joined with newlines; null or absent: "", so a template writing
+        ``{{ message.content }}`` puts no "None" in the prompt); keys whose value is null left
+        out (a null ``name`` is no name); an assistant's ``tool_calls`` with each
+        ``function.arguments`` a dict (null or [] calls: no key)."""
+        d = self.model_dump(exclude_none=True)
+        d.setdefault("content", "")
         if isinstance(self.content, list):
             d["content"] = "\n".join(p.text for p in self.content)
         if "tool_calls" in d:
