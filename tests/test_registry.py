@@ -141,6 +141,9 @@ def test_layer_numbers_are_ascii_digits():
     # re's \d and int() take any Unicode digit: "layers.\u0660." would have loaded as layer 0
     with pytest.raises(memra.ContractError, match="unexpected tensor"):
         NAMES.route("model.language_model.layers.\u0660.input_layernorm.weight", 6)
+    for n in ("00", "06", "01"):  # PyTorch's module names have no leading zeros
+        with pytest.raises(memra.ContractError, match="leading zeros"):
+            NAMES.route(f"model.language_model.layers.{n}.input_layernorm.weight", 6)
 
 
 @pytest.mark.parametrize("name", [

@@ -77,7 +77,8 @@ class NameTable:
     mtp_layers: how many ``layers.N`` from ``N = num_hidden_layers`` on are the
     multi-token-prediction layers (skipped; glm5_next's one, as transformers ignores it); a
     layer past those is a ContractError (a config.json that says fewer layers than the
-    checkpoint holds would otherwise run a truncated model). Patterns match ASCII digits only.
+    checkpoint holds would otherwise run a truncated model). Layer numbers are ASCII digits
+    without leading zeros, as PyTorch names its modules.
     """
 
     prefixes: tuple[str, ...]
@@ -101,6 +102,8 @@ class NameTable:
             return ("skip", "shared_head")
         m = _LAYER.match(short)
         n = int(m.group(1)) if m else -1
+        if m and m.group(1) != str(n):  # "layers.00.": no module of the model has that name
+            raise ContractError(f"load: unexpected tensor {name!r} (a layer number with leading zeros)", 40024)
         if num_hidden_layers <= n < num_hidden_layers + self.mtp_layers or any(re.match(p, short) for p in self.mtp):
             return ("skip", "mtp")
         if n >= num_hidden_layers:
@@ -206,8 +209,8 @@ def read_tensors(path: Path, num_hidden_layers: int, *, names: NameTable,
     """Read every tensor of the checkpoint at `path` and route it by the family's `names` (see
     the module docstring). ContractError for an unreadable file, a tensor no route takes, a
     tensor in two shards or two names that route to one weight (``model.layers.0.x`` beside
-    ``model.language_model.layers.0.x``, ``layers.00.`` beside ``layers.0.``: which copy is
-    meant cannot be told) or a dtype memra does not read (each named; the dtype is read from
+    ``model.language_model.layers.0.x``: which copy is meant cannot be told), a layer number
+    with leading zeros, or a dtype memra does not read (each named; the dtype is read from
     the header, so an FP8 / FP4 tensor is named before anything tries to convert it)."""
     out = CheckpointTensors()
     files, weight_map = shard_files(path)

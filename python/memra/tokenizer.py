@@ -18,8 +18,16 @@ The conversion reproduces the release's ``tokenization_kimi.TikTokenTokenizer`` 
   ``<|reserved_token_{id}|>``; matched in the text as the release's ``encode`` does
   (``allowed_special="all"``). No BOS is added: the release's ``encode`` adds none.
 
-The release's ``encode`` also cuts runs of more than 25,000 consecutive (non-)whitespace
-characters before tiktoken (a tiktoken stack limit); a run that long pre-tokenizes differently.
+Known differences, none of which the release's own special tokens meet (printable ASCII
+without spaces, none a prefix of another):
+
+- the release's ``encode`` cuts runs of more than 25,000 consecutive (non-)whitespace
+  characters before tiktoken (a tiktoken stack limit); a run that long pre-tokenizes differently;
+- a special token whose text holds a space or a non-ASCII character decodes through the
+  byte-level decoder like the vocabulary (``decode(..., skip_special_tokens=False)`` then
+  differs from tiktoken's; encoding does not);
+- where one special's text is a prefix of another's, ``tokenizers`` matches the longer one,
+  tiktoken the one its regex lists first.
 """
 
 from __future__ import annotations
