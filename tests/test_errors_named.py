@@ -357,3 +357,17 @@ def test_a_read_only_dlpack_export_is_not_written():
     ok = np.zeros(2, np.int32)  # a writable export is written
     _core.sample(logits, np.zeros(2, np.uint64), temperature=0.0, nonfinite=DL(ok))
     np.testing.assert_array_equal(ok, [1, 0])
+
+
+def test_every_status_code_of_the_runtime_has_its_name_in_core_status():
+    # memra._core.status is how a caller names MemraError.code; a code added to status.h but not
+    # bound (50003, UNSUPPORTED_IN_CAPTURE, once) could only be compared as a bare number.
+    import re
+    from pathlib import Path
+
+    from memra import _core
+
+    header = (Path(__file__).parent.parent / "cpp" / "include" / "memra" / "status.h").read_text()
+    codes = {int(v) for v in re.findall(r"constexpr int k\w+ = (\d+);", header)}
+    bound = {getattr(_core.status, n) for n in dir(_core.status) if n.isupper()}
+    assert codes and codes <= bound, sorted(codes - bound)

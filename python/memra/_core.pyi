@@ -11,7 +11,7 @@ from numpy.typing import NDArray
 
 class status:
     """
-    Status codes of memra's bands (DESIGN.md); memra.MemraError.code holds one of these.
+    Status codes of memra's bands (cpp/include/memra/status.h); memra.MemraError.code holds one of these, or a CUDA_BASE / LIBRARY_BASE band's base plus the library's own status.
     """
 
     OK: int = 0
@@ -53,6 +53,8 @@ class status:
     UNSUPPORTED_NO_CUDA: int = 50001
 
     UNSUPPORTED_GEOMETRY: int = 50002
+
+    UNSUPPORTED_IN_CAPTURE: int = 50003
 
     NON_FINITE: int = 60001
 
@@ -116,7 +118,7 @@ def linear_ex_pair(x: Annotated[NDArray, dict(writable=False)], w0: object, w1: 
 def rms_norm(x: Annotated[NDArray, dict(writable=False)], weight: Annotated[NDArray, dict(writable=False)] | None = None, *, eps: float, engine: Engine | None = None) -> object:
     """
     RMSNorm over the last dim of x [T, D] float32: (weight *) x / sqrt(mean(x^2) + eps); unweighted when weight is None. Arrays on the engine's device (host for the CPU).
-    Raises ContractError (CONTRACT_DTYPE, CONTRACT_SHAPE, CONTRACT_STRIDE, CONTRACT_DEVICE).
+    Raises ContractError (CONTRACT_DTYPE, CONTRACT_SHAPE, CONTRACT_STRIDE, CONTRACT_DEVICE; CONTRACT_VALUE for an eps that is negative or not finite).
     Reference: Glm5NextTextRMSNorm / Glm5NextTextUnweightedRMSNorm.
     """
 
@@ -130,28 +132,28 @@ def add_rms_norm(x: Annotated[NDArray, dict(writable=False)], y: Annotated[NDArr
 def rms_norm_gated(x: Annotated[NDArray, dict(writable=False)], gate: Annotated[NDArray, dict(writable=False)], weight: Annotated[NDArray, dict(writable=False)], *, eps: float, engine: Engine | None = None) -> object:
     """
     weight * rmsnorm(x) * sigmoid(gate); x, gate [T, D], weight [D], float32 on the engine's device.
-    Raises ContractError (CONTRACT_DTYPE, CONTRACT_SHAPE, CONTRACT_STRIDE, CONTRACT_DEVICE).
+    Raises ContractError (CONTRACT_DTYPE, CONTRACT_SHAPE, CONTRACT_STRIDE, CONTRACT_DEVICE; CONTRACT_VALUE for an eps that is negative or not finite).
     Reference: Glm5NextTextRMSNormGated.
     """
 
 def layer_norm(x: Annotated[NDArray, dict(writable=False)], weight: Annotated[NDArray, dict(writable=False)], bias: Annotated[NDArray, dict(writable=False)], *, eps: float, engine: Engine | None = None) -> object:
     """
     LayerNorm with weight and bias over the last dim of x [T, D] float32 (two-pass mean and variance), arrays on the engine's device.
-    Raises ContractError (CONTRACT_DTYPE, CONTRACT_SHAPE, CONTRACT_STRIDE, CONTRACT_DEVICE).
+    Raises ContractError (CONTRACT_DTYPE, CONTRACT_SHAPE, CONTRACT_STRIDE, CONTRACT_DEVICE; CONTRACT_VALUE for an eps that is negative or not finite).
     Reference: nn.LayerNorm.
     """
 
 def norm_rows(x0: Annotated[NDArray, dict(writable=False)], w0: Annotated[NDArray, dict(writable=False)] | None, x1: Annotated[NDArray, dict(writable=False)], w1: Annotated[NDArray, dict(writable=False)] | None, x2: Annotated[NDArray, dict(writable=False)] | None = None, w2: Annotated[NDArray, dict(writable=False)] | None = None, b2: Annotated[NDArray, dict(writable=False)] | None = None, *, eps0: float, eps1: float, eps2: float = 9.999999974752427e-07, engine: Engine | None = None) -> tuple:
     """
     The MLA projections' norms of one decode row in one launch: (rms_norm(x0, w0, eps0), rms_norm(x1, w1, eps1), layer_norm(x2, w2, b2, eps2)) -> (y0 [1, D0], y1 [1, D1], y2 [1, D2]) float32, each the bytes of its own rms_norm / layer_norm call; x_i [1, D_i] float32 on the engine's device, w0 / w1 may be None (unweighted), x2 None: no third row (y2 [1, 0]).
-    Raises ContractError (CONTRACT_MISSING when x2, w2, b2 do not come together, CONTRACT_DTYPE, CONTRACT_SHAPE, CONTRACT_STRIDE, CONTRACT_DEVICE).
+    Raises ContractError (CONTRACT_MISSING when x2, w2, b2 do not come together, CONTRACT_DTYPE, CONTRACT_SHAPE, CONTRACT_STRIDE, CONTRACT_DEVICE; CONTRACT_VALUE for an eps_i that is negative or not finite).
     Reference: Glm5NextTextRMSNorm (q_a_layernorm, kv_a_layernorm) and nn.LayerNorm (the indexer's k_norm).
     """
 
 def l2norm_heads(x: Annotated[NDArray, dict(writable=False)], *, eps: float = 9.999999974752427e-07, engine: Engine | None = None) -> object:
     """
     x [T, H, d] / sqrt(sum(x^2, -1) + eps), float32 on the engine's device (a new array).
-    Raises ContractError (CONTRACT_DTYPE, CONTRACT_SHAPE, CONTRACT_STRIDE, CONTRACT_DEVICE).
+    Raises ContractError (CONTRACT_DTYPE, CONTRACT_SHAPE, CONTRACT_STRIDE, CONTRACT_DEVICE; CONTRACT_VALUE for an eps that is negative or not finite).
     Reference: modeling_glm5_next.l2norm.
     """
 
@@ -239,7 +241,8 @@ def kda_scan(q: Annotated[NDArray, dict(writable=False)], k: Annotated[NDArray, 
     of the scan; the same outputs and state layout. The CPU runs its reference either way.
     Raises ContractError (CONTRACT_DTYPE / CONTRACT_SHAPE / CONTRACT_STRIDE /
     CONTRACT_DEVICE) for a bad argument (CONTRACT_DTYPE also for k, v or g not of q's
-    dtype; CONTRACT_VALUE for another o_dtype; CONTRACT_STRIDE also for a CUDA array (q, k,
+    dtype; CONTRACT_VALUE for another o_dtype or a scale that is not finite; CONTRACT_STRIDE
+    also for a CUDA array (q, k,
     v, g, state) whose data does not start on a 16-byte boundary); UnsupportedError for
     bfloat16 inputs or o on CUDA without chunked=True.
     Reference: modeling_glm5_next.recurrent_kimi_delta_attention (equal in exact arithmetic
@@ -315,7 +318,7 @@ def mla_absorb_q(q_nope: Annotated[NDArray, dict(writable=False)], kv_b: object,
 
     q_nope: [T, H, d_nope] float32, C-contiguous, on the engine's device (host for the CPU). kv_b: [H*(d_nope+d_v), R] (kv_b_proj.weight; head h's rows are d_nope k rows then d_v v rows): a memra.Weight for the CPU, a memra.DeviceWeight (float32 or bfloat16) for CUDA. Returns q_lat [T, H, R] float32 on the same device.
     arm (CUDA only; the CPU ignores it): 0 auto, 1 per-position kernel, 2 streaming kernel (weights of a head's output tile held in shared memory over all positions; bytes equal to arm 1), 3 cuBLASLt bf16 GEMM batched over heads (bf16 kv_b only; q_nope is rounded to bfloat16). Auto takes 3 for bf16 kv_b at T >= 2 (1 when cuBLASLt declines), else 2 (T = 1, or f32 / f16 kv_b below T = 64) or 1. Arms 1/2 do the CPU's operations in its order (n ascending, products and sums rounded separately): the CPU's bytes where the CPU build does not contract into FMAs.
-    Raises ContractError: CONTRACT_DTYPE / CONTRACT_SHAPE / CONTRACT_STRIDE / CONTRACT_DEVICE for a bad q_nope, CONTRACT_SHAPE when kv_b's shape does not match, CONTRACT_DEVICE for a kv_b of the wrong kind, CONTRACT_VALUE for d_v < 0 or an arm outside 0..3; UnsupportedError for arm 3 with float32 kv_b; LibraryError when cuBLASLt declines arm 3.
+    Raises ContractError: CONTRACT_DTYPE / CONTRACT_SHAPE / CONTRACT_STRIDE / CONTRACT_DEVICE for a bad q_nope, CONTRACT_SHAPE when kv_b's shape does not match, CONTRACT_DEVICE for a kv_b of the wrong kind, CONTRACT_VALUE for d_v < 0 or an arm outside 0..3; UnsupportedError (CUDA) for arm 3 with float32 kv_b; LibraryError when cuBLASLt declines arm 3.
     Reference: Glm5NextTextAttention.expand_kv (k_nope = W_uk c), folded into q.
     """
 
@@ -325,7 +328,7 @@ def mla_decompress_v(o_lat: Annotated[NDArray, dict(writable=False)], kv_b: obje
 
     o_lat: [T, H, R] float32 on the engine's device (host for the CPU). kv_b: [H*(d_nope+d_v), R], memra.Weight (CPU) or memra.DeviceWeight (CUDA). Returns out [T, H, d_v] float32 (d_v = kv_b rows / H - d_nope) on the same device.
     arm (CUDA only; the CPU ignores it): as mla_absorb_q (3: o_lat rounded to bfloat16, cuBLASLt over heads). Arms 1/2: one thread per output summing r ascending, products and sums rounded separately (the CPU's bytes where the CPU build does not contract).
-    Raises ContractError: CONTRACT_DTYPE / CONTRACT_SHAPE / CONTRACT_STRIDE / CONTRACT_DEVICE for a bad o_lat, CONTRACT_SHAPE when kv_b does not match, CONTRACT_VALUE for d_nope < 0 or an arm outside 0..3; UnsupportedError for arm 3 with float32 kv_b; LibraryError when cuBLASLt declines arm 3.
+    Raises ContractError: CONTRACT_DTYPE / CONTRACT_SHAPE / CONTRACT_STRIDE / CONTRACT_DEVICE for a bad o_lat, CONTRACT_SHAPE when kv_b does not match, CONTRACT_VALUE for d_nope < 0 or an arm outside 0..3; UnsupportedError (CUDA) for arm 3 with float32 kv_b; LibraryError when cuBLASLt declines arm 3.
     Reference: Glm5NextTextAttention.expand_kv (value_states = W_uv c), folded into the output.
     """
 
@@ -334,7 +337,7 @@ def mla_latent_append(rows: Annotated[NDArray, dict(writable=False)], cache: obj
     Write latent rows into a cache in place: cache[start + t, :] = rows[t, :].
 
     rows: [T, W] float32; cache: [max_len, W], float32 (CPU: a writable host array), or on CUDA float32 or bfloat16 (a DLPack bfloat16 array or uint16 raw bits; the rows are rounded to nearest even). Both on the engine's device. Returns the cache (the same array object; for a single-use DLPack capsule, such as engine.to_device returns, a new capsule viewing the same buffer).
-    Raises ContractError: CONTRACT_RANGE when [start, start + T) does not fit max_len; CONTRACT_VALUE when rows share memory with the cache; CONTRACT_DTYPE / CONTRACT_SHAPE / CONTRACT_STRIDE / CONTRACT_DEVICE for bad arrays. Nothing is written on error.
+    Raises ContractError: CONTRACT_RANGE when [start, start + T) does not fit max_len; CONTRACT_VALUE when rows share memory with the cache or the cache is read-only; CONTRACT_DTYPE / CONTRACT_SHAPE / CONTRACT_STRIDE / CONTRACT_DEVICE for bad arrays. Nothing is written on error.
     Reference: MlaLayer (cpp/src/layers/mla_layer.cpp), the latent rows [normalised latent | k_pe] appended at rows [pos, pos + T).
     """
 
@@ -426,15 +429,15 @@ def sample(logits: Annotated[NDArray, dict(writable=False)], counters: Annotated
     """
     One token per row.
 
-    logits [B, V] float32; counters [B], the per-row draw index; seeds [B] (same dtype rules as counters), when given, the per-row seed replacing `seed`. nonfinite, when given: an int32 [B] array (on the engine's device; host arrays for the CPU) that the same call (on CUDA the same launches, so inside a captured graph) fills with 1 where the row's logits hold a NaN or +-inf and 0 elsewhere; the token drawn for such a row is the one drawn without it (memra.batch ends that row with NonFiniteError). temperature <= 0: argmax (ties to the lower id; a NaN never wins unless it sits at id 0, which then keeps the row: the CPU scan's v[i] > v[best]). Otherwise softmax(logits / temperature) in f32; keep the top_k most likely (0: all), then the shortest prefix in (p desc, id asc) order whose top-k-renormalised mass reaches top_p (>= 1: all); draw by inverse CDF with u = uniform_from_counter(seed, counter) (splitmix64; the exact formula is in ops.h). Every sum (the softmax denominator, the top-k mass, the running top-p mass and CDF) is an f32 sum in ops.h's blocked order: blocks of 512 terms each summed left to right, then the block sums left to right; the running sum at i is the sum of the blocks before i's plus i's block up to i. Returns int32 [B].
+    logits [B, V] float32; counters [B], the per-row draw index; seeds [B] (same dtype rules as counters), when given, the per-row seed replacing `seed`. nonfinite, when given: an int32 [B] array (on the engine's device; host arrays for the CPU) that the same call (on CUDA the same launches, so inside a captured graph) fills with 1 where the row's logits hold a NaN or +-inf and 0 elsewhere; the token drawn for such a row is the one drawn without it (memra.batch ends that row with NonFiniteError). temperature <= 0: argmax (ties to the lower id; a NaN never wins unless it sits at id 0, which then keeps the row: the CPU scan's v[i] > v[best]). Otherwise softmax(logits / temperature) in f32; keep the top_k most likely (0: all), then the shortest prefix in (p desc, id asc) order whose top-k-renormalised mass reaches top_p (>= 1: all); draw by inverse CDF with u = uniform_from_counter(seed, counter) (splitmix64; the exact formula is in cpu/sample.h). Every sum (the softmax denominator, the top-k mass, the running top-p mass and CDF) is an f32 sum in cpu/sample.h's blocked order: blocks of 512 terms each summed left to right, then the block sums left to right; the running sum at i is the sum of the blocks before i's plus i's block up to i. Returns int32 [B].
     engine: None or a CPU Engine: host arrays, counters uint64 or int64 (>= 0). A CUDA Engine: arrays on its device, counters uint64; the same f32 arithmetic as the CPU (glibc's expf reproduced bit for bit, the same blocked sums, the blocks summed in parallel), so the same seed and counter give the same token.
-    Raises ContractError (CONTRACT_DTYPE for counters not int64/uint64 (uint64 on CUDA), logits not float32 or nonfinite not int32, CONTRACT_SHAPE, CONTRACT_STRIDE, CONTRACT_DEVICE, CONTRACT_RANGE for a negative int64 counter, CONTRACT_VALUE for top_p <= 0 or NaN, top_k < 0, a temperature that is not finite or a read-only nonfinite array).
+    Raises ContractError (CONTRACT_DTYPE for counters not int64/uint64 (uint64 on CUDA), logits not float32 or nonfinite not int32, CONTRACT_SHAPE, CONTRACT_STRIDE, CONTRACT_DEVICE, CONTRACT_RANGE for a negative int64 counter or a seed outside [0, 2^64), CONTRACT_VALUE for top_p <= 0 or NaN, top_k < 0, a temperature that is not finite or a read-only nonfinite array).
     Reference: transformers' temperature / TopK / TopP logits warpers followed by multinomial, with a counter-based draw.
     """
 
 def uniform_from_counter(seed: int, counter: int) -> float:
     """
-    The counter-based uniform in [0, 1) that sample draws with (exact formula in ops.h).
+    The counter-based uniform in [0, 1) that sample draws with: seed and counter are uint64 (ContractError CONTRACT_RANGE outside [0, 2^64)); the float32 made of splitmix64(seed, counter)'s top 24 bits times 2^-24 (the exact formula: cpp/include/memra/cpu/sample.h). Returns a float.
     """
 
 def mhc_pre(streams: Annotated[NDArray, dict(writable=False)], fn: object, base: Annotated[NDArray, dict(writable=False)], scale: Annotated[NDArray, dict(writable=False)], *, sinkhorn_iters: int, hc_eps: float, norm_eps: float, rms_weight: Annotated[NDArray, dict(writable=False)] | None = None, rms_eps: float | None = None, engine: Engine | None = None) -> tuple:
@@ -551,13 +554,13 @@ def kpool_select_decode(score: Annotated[NDArray, dict(writable=False)], pos: ob
 
 def rope_inv_freq(theta: float, dim: int) -> NDArray[numpy.float32]:
     """
-    The inverse RoPE frequencies [dim // 2] float32 (host numpy) as transformers computes them (Qwen3_5TextRotaryEmbedding.compute_default_rope_parameters: 1 / base ** (arange(0, dim, 2, float32) / dim) in float32, the power rounded once). dim: the rotated dims, int(head_dim * partial_rotary_factor), even (ContractError CONTRACT_ODD_ROPE otherwise); theta: rope_theta, finite and > 0.
+    The inverse RoPE frequencies [dim // 2] float32 (host numpy) as transformers computes them (Qwen3_5TextRotaryEmbedding.compute_default_rope_parameters: 1 / base ** (arange(0, dim, 2, float32) / dim) in float32, the power rounded once). dim: the rotated dims, int(head_dim * partial_rotary_factor), even (ContractError CONTRACT_ODD_ROPE otherwise) and >= 0; theta: rope_theta, finite and > 0 (ContractError CONTRACT_VALUE for a theta or dim outside those).
     """
 
 def attn_prep(qg: Annotated[NDArray, dict(writable=False)], k: Annotated[NDArray, dict(writable=False)], q_norm: Annotated[NDArray, dict(writable=False)], k_norm: Annotated[NDArray, dict(writable=False)], *, eps: float, rotary_dim: int, inv_freq: Annotated[NDArray, dict(writable=False)] | None = None, pos0: int = 0, slots: Annotated[NDArray, dict(writable=False)] | None = None, lengths: Annotated[NDArray, dict(writable=False)] | None = None, engine: Engine | None = None) -> tuple:
     """
     The gated attention's prologue: qg [T, Hq, 2 * hd] float32 (q_proj's output viewed per head: the query, then the gate), k [T, Hkv, hd] float32 (k_proj's output) -> (q [T, Hq, hd], gate [T, Hq, hd], k [T, Hkv, hd]) float32. q and k are RMS-normed per head and multiplied by q_norm / k_norm [hd] (pass 1 + w for Qwen's zero-centred norm), then their first rotary_dim dims rotated in halves (NeoX) by inv_freq [rotary_dim // 2] (rope_inv_freq; None when rotary_dim is 0) at each row's position: pos0 + t, or with slots [T] int32 (-1 idle: position 0) and lengths [n] int32 the position lengths[slots[t]] (read on the device on CUDA: graph-safe). eps: the norms' epsilon.
-    Raises ContractError (shapes, dtypes, devices; CONTRACT_ODD_ROPE for an odd rotary_dim; CONTRACT_RANGE for a slot outside lengths or a negative pos0, on the CPU), UnsupportedError for hd > 256.
+    Raises ContractError (shapes, dtypes, devices; CONTRACT_ODD_ROPE for an odd rotary_dim; CONTRACT_MISSING for inv_freq None with rotary_dim > 0; CONTRACT_RANGE for a slot outside lengths or a negative pos0, on the CPU), UnsupportedError for hd > 256.
     Reference: Qwen3_5Attention.forward (torch.chunk of the joint projection, Qwen3_5RMSNorm, apply_rotary_pos_emb).
     """
 
@@ -735,7 +738,7 @@ class HostRead:
 
     def wait(self) -> object:
         """
-        The copy as a numpy array (waits for that copy only, not for work enqueued after it; later calls return the same array). ContractError 40025 when the engine has made Engine.READ_SLOTS newer reads since this one (its slot was reused).
+        The copy as a numpy array (waits for that copy only, not for work enqueued after it; later calls return the same array). On a CUDA engine, ContractError 40025 when the engine has made Engine.READ_SLOTS newer reads since this one (its slot was reused); a CPU engine's read is complete when to_host_async returns, so it never fails.
         """
 
 def cuda_available() -> bool:
@@ -750,7 +753,7 @@ def cuda_unavailable_reason() -> str | None:
 
 class Engine:
     """
-    Owns one device: 'cpu' (the C++ reference backend) or 'cuda'. options: the CUDA kernels' arms (memra.KernelOptions; None: the defaults), fixed for the engine's life. Raises UnsupportedError when a CUDA engine cannot be made here, ContractError for an unknown device or options that are not a KernelOptions.
+    Owns one device: 'cpu' (the C++ reference backend) or 'cuda'. options: the CUDA kernels' arms (memra.KernelOptions; None: the defaults), fixed for the engine's life. device: 'cpu' or 'cuda' (the index is device_index; memra.load's 'cuda:N' is its own grammar). Raises UnsupportedError when a CUDA engine cannot be made here, ContractError for an unknown device, a device_index other than 0 on the CPU or out of range (40023), or options that are not a KernelOptions. On a CPU engine copy_into, begin_capture and end_capture raise UnsupportedError (50000): there is no stream to capture.
     """
 
     def __init__(self, device: str = 'cpu', device_index: int = 0, *, options: KernelOptions | None = None) -> None: ...
@@ -921,7 +924,7 @@ class SlotSnapshot:
 
 class Cache:
     """
-    Per-sequence state of a model: max_batch slots, each with its own length, and one plane per layer. OutOfMemoryError before anything is allocated when it does not fit; ContractError for a bad spec.
+    Per-sequence state of a model: max_batch slots, each with its own length, and one plane per layer. OutOfMemoryError before anything is allocated when it does not fit; ContractError for a bad spec, max_batch or max_len below 1 (40025), a latent_dtype but 'float32' / 'bfloat16' (40025) or 'bfloat16' on a CPU engine (40020). The per-slot methods raise ContractError 40023 for a slot outside [0, max_batch) or a layer outside the specs, 40025 for a layer of another kind than the method reads.
     """
 
     def __init__(self, engine: Engine, specs: Sequence[LayerStateSpec], *, max_batch: int, max_len: int, latent_dtype: str = 'float32') -> None:
@@ -1070,12 +1073,20 @@ class KdaLayer:
     Kimi Delta Attention mixer (reference: transformers Glm5NextTextLinearAttention.forward; KimiDeltaAttention with the softplus gate). Weights named as on disk below 'self_attn.' (layers.h). Every size argument is at most 2^20 (ContractError naming it).
     """
 
-    def __init__(self, engine: Engine, weights: Mapping[str, Weight], *, hidden: int, heads: int, head_dim: int, conv_kernel: int, gate: str = 'lower_bound', lower_bound: float = -5.0, rms_eps: float = 9.999999747378752e-06, dtype: str = 'bfloat16') -> None: ...
+    def __init__(self, engine: Engine, weights: Mapping[str, Weight], *, hidden: int, heads: int, head_dim: int, conv_kernel: int, gate: str = 'lower_bound', lower_bound: float = -5.0, rms_eps: float = 9.999999747378752e-06, dtype: str = 'bfloat16') -> None:
+        """
+        engine: where the layer runs; weights: {name below 'self_attn.': Weight}; hidden, heads (linear_num_heads), head_dim (linear_head_dim; dk = dv), conv_kernel (linear_conv_kernel_dim); gate: 'lower_bound' (glm5_next: g = lower_bound * sigmoid(exp(A_log) * (f + dt_bias)), lower_bound < 0 and finite) or 'softplus' (Kimi-Linear: g = -exp(A_log) * softplus(f + dt_bias), lower_bound unused); rms_eps (rms_norm_eps: the gated output norm's epsilon, finite and >= 0); dtype: the projections' compute dtype on CUDA ('float32' or 'bfloat16'). ContractError names a missing or mis-shaped tensor, a bad size, gate, lower_bound, rms_eps or dtype; on CUDA UnsupportedError unless head_dim = 128 and conv_kernel is 2..8.
+        """
 
-    def state_spec(self) -> LayerStateSpec: ...
+    def state_spec(self) -> LayerStateSpec:
+        """
+        The cache plane this layer needs (memra._core.LayerStateSpec: kind 'kda', the conv ring and the recurrent state's sizes), for Cache(...)'s specs.
+        """
 
     def forward(self, x: Annotated[NDArray, dict(writable=False)]) -> object:
-        """x [T, hidden] f32 -> y [T, hidden] from a zero state."""
+        """
+        x [T, hidden] f32 -> y [T, hidden] from a zero state (CPU layers; UnsupportedError on a CUDA layer, which runs against a cache).
+        """
 
     def prefill(self, cache: Cache, layer: int, slot: int, x: Annotated[NDArray, dict(writable=False)]) -> object:
         """
@@ -1099,16 +1110,23 @@ class MlaLayer:
     Multi-head latent attention (absorbed) with the optional DSA k-pool indexer (reference: transformers Glm5NextTextAttention + Glm5NextTextIndexer; KimiLinearAttention). Weights named as on disk below 'self_attn.'. q_lora_rank 0: no query LoRA, q = q_proj(x). rms_eps: the epsilon of q_a_layernorm and kv_a_layernorm. rotate: whether the d_rope columns are rotated (the family decides, never d_rope > 0). CUDA: UnsupportedError for rotated rope columns (rotate with d_rope > 0; the CPU runs them). Every size argument but tail_rows is at most 2^20 (ContractError naming it).
     """
 
-    def __init__(self, engine: Engine, weights: Mapping[str, Weight], *, hidden: int, heads: int, q_lora_rank: int, kv_rank: int, d_nope: int, d_rope: int, d_v: int, rms_eps: float = 9.999999747378752e-06, sparse: bool = False, index_heads: int = 0, index_head_dim: int = 0, kpool: int = 0, topk: int = 0, tail_rows: int = 0, rotate: bool = False, rope_base: float = 10000.0, dtype: str = 'bfloat16') -> None: ...
+    def __init__(self, engine: Engine, weights: Mapping[str, Weight], *, hidden: int, heads: int, q_lora_rank: int, kv_rank: int, d_nope: int, d_rope: int, d_v: int, rms_eps: float = 9.999999747378752e-06, sparse: bool = False, index_heads: int = 0, index_head_dim: int = 0, kpool: int = 0, topk: int = 0, tail_rows: int = 0, rotate: bool = False, rope_base: float = 10000.0, dtype: str = 'bfloat16') -> None:
+        """
+        engine: where the layer runs; weights: {name below 'self_attn.': Weight}; hidden, heads (num_attention_heads), q_lora_rank (0: q_proj), kv_rank (kv_lora_rank), d_nope (qk_nope_head_dim), d_rope (qk_rope_head_dim), d_v (v_head_dim), rms_eps; sparse: whether the layer runs its own DSA indexer (a full DSA layer: weights below 'indexer.'), with index_heads (index_n_heads), index_head_dim, kpool (index_kpool) and topk (index_topk, a multiple of kpool); tail_rows: the incomplete tail rows the indexer's list keeps (its kpool ring; 0 for a dense layer); rotate and rope_base (rope_theta) for rotated rope columns; dtype: the projections' compute dtype on CUDA ('float32' or 'bfloat16'). ContractError names a missing or mis-shaped tensor (40024 / 40000), a bad size, rms_eps, rope_base or dtype (40025).
+        """
 
-    def state_spec(self) -> LayerStateSpec: ...
+    def state_spec(self) -> LayerStateSpec:
+        """
+        The cache plane this layer needs (memra._core.LayerStateSpec: kind 'mla', the latent row width and, with the indexer, the pool keys' and tail ring's), for Cache(...)'s specs.
+        """
 
     @property
     def index_width(self) -> int:
         """index_topk + index_kpool - 1."""
 
     @property
-    def has_indexer(self) -> bool: ...
+    def has_indexer(self) -> bool:
+        """Whether the layer runs its own DSA indexer (sparse=True)."""
 
     def prefill(self, cache: Cache, layer: int, slot: int, x: Annotated[NDArray, dict(writable=False)], topk: Annotated[NDArray, dict(writable=False)] | None = None) -> tuple:
         """
@@ -1132,10 +1150,15 @@ class MlpLayer:
     Dense SwiGLU MLP with the asymmetric clamp (reference: Glm5NextTextMLP). Weights: gate_proj.weight, up_proj.weight, down_proj.weight. hidden and intermediate at most 2^20 (ContractError naming it).
     """
 
-    def __init__(self, engine: Engine, weights: Mapping[str, Weight], *, hidden: int, intermediate: int, swiglu_limit: float, dtype: str = 'bfloat16') -> None: ...
+    def __init__(self, engine: Engine, weights: Mapping[str, Weight], *, hidden: int, intermediate: int, swiglu_limit: float, dtype: str = 'bfloat16') -> None:
+        """
+        engine: where the layer runs; weights: {name below 'mlp.': Weight}; hidden, intermediate (intermediate_size); swiglu_limit (> 0; inf: no clamp); dtype: the compute dtype on CUDA ('float32' or 'bfloat16'). ContractError for a missing (40024) or mis-shaped (40000) tensor, a bad size, a swiglu_limit <= 0 or another dtype (40025).
+        """
 
     def forward(self, x: Annotated[NDArray, dict(writable=False)]) -> object:
-        """x [T, hidden] -> [T, hidden]."""
+        """
+        x [T, hidden] float32 on the layer's device -> [T, hidden] float32. ContractError (CONTRACT_DTYPE / CONTRACT_SHAPE / CONTRACT_STRIDE / CONTRACT_DEVICE) for a bad x.
+        """
 
 class MoeLayer:
     """
@@ -1162,7 +1185,10 @@ class HyperConnection:
     mHC site (reference: Glm5NextTextHyperConnection). Weights: fn, base, scale (hc_attn_* / hc_ffn_* on disk). sinkhorn_iters in [1, 1000] (a bound on the uninterruptible Sinkhorn loop; the checkpoints use 20); hidden and hc_mult at most 2^20.
     """
 
-    def __init__(self, engine: Engine, weights: Mapping[str, Weight], *, hidden: int, hc_mult: int, sinkhorn_iters: int, hc_eps: float, norm_eps: float, dtype: str = 'bfloat16') -> None: ...
+    def __init__(self, engine: Engine, weights: Mapping[str, Weight], *, hidden: int, hc_mult: int, sinkhorn_iters: int, hc_eps: float, norm_eps: float, dtype: str = 'bfloat16') -> None:
+        """
+        engine: where the site runs; weights: {fn, base, scale}; hidden; hc_mult (the residual streams); sinkhorn_iters (hc_sinkhorn_iters); hc_eps (the floor added to pre, comb and each Sinkhorn denominator); norm_eps (rms_norm_eps of the unweighted input norm); dtype: fn's compute dtype on CUDA ('float32' or 'bfloat16'). ContractError for a missing or mis-shaped weight, a bad size, an eps negative or not finite, or another dtype.
+        """
 
     def pre(self, streams: Annotated[NDArray, dict(writable=False)], *, norm: Annotated[NDArray, dict(writable=False)] | None = None, eps: float | None = None) -> tuple:
         """

@@ -9,7 +9,7 @@ new token ids, then on stderr the time to the first token (the prompt's prefill)
 speed in tokens/s after it. Ctrl-C prints the tokens drawn so far and
 exits with 130.
 
-    memra serve [PATH] [--host 127.0.0.1] [--port 8000] [--device cpu|cuda] [--dtype D]
+    memra serve [PATH] [--host 127.0.0.1] [--port 8000] [--device cpu|cuda|cuda:N] [--dtype D]
                 [--max-batch N] [--max-len N] [--max-waiting N] [--max-request-bytes N]
                 [--served-model-name NAME] [--log-level LEVEL]
 
@@ -64,6 +64,11 @@ def _report(e: MemraError, args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run ``memra generate`` or ``memra serve`` with `argv` (None: sys.argv[1:]); returns the
+    exit status: 0 done; 1 a memra error (its class, code and message on stderr); 2 a usage
+    error said before any checkpoint is read (argparse's, an empty PATH, a prompt that is not
+    UTF-8 or encodes to no tokens, a folder without a tokenizer for --prompt, a serve flag the
+    server would refuse); 130 interrupted (Ctrl-C; generate prints the tokens drawn so far)."""
     try:
         return _main(argv)
     except KeyboardInterrupt:  # while loading, or serve's start: no traceback for a Ctrl-C

@@ -1,4 +1,5 @@
-"""memra's exceptions: one class per status band (DESIGN.md "Status codes").
+"""memra's exceptions: one class per status band (the codes: cpp/include/memra/status.h, and
+``memra._core.status`` by name).
 
 Every error carries ``.code``, the integer status the C++ runtime returned (0 is never raised):
 
@@ -10,8 +11,10 @@ class                   band                     meaning
 ``OutOfMemoryError``    30001                    out of device or host memory
 ``CacheFullError``      30002                    a slot's cache is full
 ``ContractError``       40000+                   shape / dtype / device / range violation
-``UnsupportedError``    50000+                   no CUDA, a geometry not instantiated, or a
-                                                 model_type / config / dtype memra cannot run
+``UnsupportedError``    50000+                   no CUDA (50001), a geometry not instantiated
+                                                 (50002), a host copy or wait inside a CUDA
+                                                 graph capture (50003), or a model_type /
+                                                 config / dtype memra cannot run (50000)
 ``NonFiniteError``      60001                    a row of logits holds NaN or +-inf
 ======================  =======================  ==========================================
 

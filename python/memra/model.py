@@ -154,7 +154,9 @@ class Model:
         ``prefill_chunk`` tokens runs in chunks (docs/prefill.md). CacheFullError (nothing
         written) when they do not fit; ContractError: CONTRACT_RANGE for a slot outside [0,
         cache.max_batch), 40026 for a slot of the model's own cache that a generation in flight
-        holds (use new_cache() for slots of your own); on any error the slot is left as it was."""
+        holds (use new_cache() for slots of your own), 40025 for a slot that is not an int, and
+        for the token ids as :meth:`generate` names them; on any error the slot is left as it
+        was."""
         with self._lock:
             _cache_arg(cache, "prefill")
             self._check_not_held(cache, [slot], "prefill")
@@ -399,11 +401,12 @@ class Model:
                ignore_eos: bool = False) -> TokenStream:
         """New tokens one at a time, as an iterator (see :meth:`generate` for the arguments).
 
-        Arguments are checked here, before iteration starts; the slot of the model's cache is
-        taken at the first token and given back with the last one, or at once when the stream is
-        closed (``close()``, or leaving ``with model.stream(...) as s:``), not when it is
-        garbage-collected. NonFiniteError (after the tokens before it) when a row of logits is
-        not finite."""
+        The arguments are checked here, before iteration starts (the errors of :meth:`generate`
+        but the free slot's); the slot of the model's cache is taken at the first ``next()``
+        (ContractError there when none is free) and given back with the last token, or at once
+        when the stream is closed (``close()``, or leaving ``with model.stream(...) as s:``),
+        not when it is garbage-collected. NonFiniteError (after the tokens before it) when a row
+        of logits is not finite."""
         ids = _ids(prompt_ids, "generate", "prompt_ids")
         if len(ids):
             self._check_vocab(ids, "generate: prompt_ids")
@@ -435,10 +438,15 @@ class Model:
         the same tokens on every backend; None is seed 0, so unseeded sampling repeats itself).
         Stops after an EOS id of the checkpoint (included in the output, as transformers does)
         unless `ignore_eos`, or after any of `stop_token_ids` (an id or a sequence of ids).
-        CacheFullError when the prompt (whatever max_new_tokens is) or prompt + new tokens - 1
-        (the last is never fed back) exceed the cache's max_len; NonFiniteError when a row of
+        prompt_ids: a non-empty sequence (or 1-D integer array) of token ids. Returns a list of
+        ints. CacheFullError when the prompt (whatever max_new_tokens is) or prompt + new tokens
+        - 1 (the last is never fed back) exceed the cache's max_len; NonFiniteError when a row of
         logits is not finite (no token is drawn from it); ContractError when no slot of the
-        model's cache is free (memra.batch: generation never takes a slot holding your tokens).
+        model's cache is free (memra.batch: generation never takes a slot holding your tokens),
+        for an empty or non-integer prompt (40000 / 40020), an id outside the vocabulary
+        (40023), or max_new_tokens (an int >= 0), temperature (finite, >= 0), top_k (None or an
+        int >= 0), top_p (None or in (0, 1]), seed (None or in [0, 2^64)), stop_token_ids or
+        ignore_eos of another type or range (40025), each named, before anything runs.
         On a CUDA engine the steps are pipelined (the next one is queued before this one's token
         is read); the tokens are those of one step at a time.
         """
@@ -458,7 +466,10 @@ class Model:
         their rows packed), each first token drawn from its own row of the logits.
         NonFiniteError naming the sequence when a row of one sequence's logits is not finite: the
         call ends there and no sequence's tokens are returned (:meth:`stream` one prompt at a time,
-        or memra.batch.DecodeBatch, keeps the others going)."""
+        or memra.batch.DecodeBatch, keeps the others going). The argument errors of
+        :meth:`generate` (prompt i named as ``prompts[i]``), and ContractError for more prompts
+        than ``cache.max_batch`` or than free slots, or seed + len(prompts) past 2^64;
+        CacheFullError naming the prompt that cannot fit."""
         if isinstance(prompts, (str, bytes)) or not isinstance(prompts, (Sequence, np.ndarray)):
             raise ContractError(f"generate_batch: prompts must be a list of token id lists, got "
                                 f"{shown(prompts)}", 40020)

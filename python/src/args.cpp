@@ -14,7 +14,7 @@ namespace memra::py {
 
 namespace {
 
-// The memra.errors class for a status band (DESIGN.md "Status codes").
+// The memra.errors class for a status band (cpp/include/memra/status.h).
 const char* error_class_for(int code) {
   if (code >= 60000) return "NonFiniteError";
   if (code >= 50000) return "UnsupportedError";

@@ -195,7 +195,11 @@ void init_cache(nb::module_& m) {
   nb::class_<Cache>(m, "Cache",
                     "Per-sequence state of a model: max_batch slots, each with its own length, "
                     "and one plane per layer. OutOfMemoryError before anything is allocated when "
-                    "it does not fit; ContractError for a bad spec.")
+                    "it does not fit; ContractError for a bad spec, max_batch or max_len below 1 "
+                    "(40025), a latent_dtype but 'float32' / 'bfloat16' (40025) or 'bfloat16' on a "
+                    "CPU engine (40020). The per-slot methods raise ContractError 40023 for a slot "
+                    "outside [0, max_batch) or a layer outside the specs, 40025 for a layer of "
+                    "another kind than the method reads.")
       .def(
           "__init__",
           [](Cache* self, const Engine& engine, const std::vector<LayerStateSpec>& specs,

@@ -49,8 +49,9 @@ void init_engine(nb::module_& m) {
             return r.done;
           },
           "The copy as a numpy array (waits for that copy only, not for work enqueued after it; "
-          "later calls return the same array). ContractError 40025 when the engine has made "
-          "Engine.READ_SLOTS newer reads since this one (its slot was reused).");
+          "later calls return the same array). On a CUDA engine, ContractError 40025 when the "
+          "engine has made Engine.READ_SLOTS newer reads since this one (its slot was reused); a "
+          "CPU engine's read is complete when to_host_async returns, so it never fails.");
 
 
   m.def(
@@ -75,9 +76,12 @@ void init_engine(nb::module_& m) {
   nb::class_<Engine>(m, "Engine",
                      "Owns one device: 'cpu' (the C++ reference backend) or 'cuda'. options: the "
                      "CUDA kernels' arms (memra.KernelOptions; None: the defaults), fixed for the "
-                     "engine's life. Raises UnsupportedError when a CUDA engine cannot be made "
-                     "here, ContractError for an unknown device or options that are not a "
-                     "KernelOptions.")
+                     "engine's life. device: 'cpu' or 'cuda' (the index is device_index; "
+                     "memra.load's 'cuda:N' is its own grammar). Raises UnsupportedError when a "
+                     "CUDA engine cannot be made here, ContractError for an unknown device, a "
+                     "device_index other than 0 on the CPU or out of range (40023), or options "
+                     "that are not a KernelOptions. On a CPU engine copy_into, begin_capture and "
+                     "end_capture raise UnsupportedError (50000): there is no stream to capture.")
       .def(
           "__init__",
           [](Engine* self, const std::string& device, int device_index, nb::handle options) {

@@ -24,8 +24,10 @@ void init_errors(nb::module_& m) {
     }
   });
   // A namespace-like class (not a submodule) so the generated stub stays one file.
-  nb::class_<StatusCodes> s(m, "status", "Status codes of memra's bands (DESIGN.md); "
-                                         "memra.MemraError.code holds one of these.");
+  nb::class_<StatusCodes> s(m, "status", "Status codes of memra's bands "
+                                         "(cpp/include/memra/status.h); memra.MemraError.code "
+                                         "holds one of these, or a CUDA_BASE / LIBRARY_BASE "
+                                         "band's base plus the library's own status.");
   s.attr("OK") = kOk;
   s.attr("CUDA_BASE") = kCudaBase;
   s.attr("LIBRARY_BASE") = kLibraryBase;
@@ -46,6 +48,7 @@ void init_errors(nb::module_& m) {
   s.attr("UNSUPPORTED") = kUnsupported;
   s.attr("UNSUPPORTED_NO_CUDA") = kUnsupportedNoCuda;
   s.attr("UNSUPPORTED_GEOMETRY") = kUnsupportedGeometry;
+  s.attr("UNSUPPORTED_IN_CAPTURE") = kUnsupportedInCapture;
   s.attr("NON_FINITE") = kNonFinite;
 }
 

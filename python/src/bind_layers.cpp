@@ -132,15 +132,27 @@ void init_layers(nb::module_& m) {
           },
           nb::arg("engine"), nb::arg("weights"), nb::kw_only(), nb::arg("hidden"), nb::arg("heads"),
           nb::arg("head_dim"), nb::arg("conv_kernel"), nb::arg("gate") = "lower_bound",
-          nb::arg("lower_bound") = -5.0f, nb::arg("rms_eps") = 1e-5f, nb::arg("dtype") = "bfloat16")
-      .def("state_spec", &KdaLayer::state_spec)
+          nb::arg("lower_bound") = -5.0f, nb::arg("rms_eps") = 1e-5f, nb::arg("dtype") = "bfloat16",
+          "engine: where the layer runs; weights: {name below 'self_attn.': Weight}; hidden, "
+          "heads (linear_num_heads), head_dim (linear_head_dim; dk = dv), conv_kernel "
+          "(linear_conv_kernel_dim); gate: 'lower_bound' (glm5_next: g = lower_bound * "
+          "sigmoid(exp(A_log) * (f + dt_bias)), lower_bound < 0 and finite) or 'softplus' "
+          "(Kimi-Linear: g = -exp(A_log) * softplus(f + dt_bias), lower_bound unused); rms_eps "
+          "(rms_norm_eps: the gated output norm's epsilon, finite and >= 0); dtype: the "
+          "projections' compute dtype on CUDA ('float32' or 'bfloat16'). ContractError names a "
+          "missing or mis-shaped tensor, a bad size, gate, lower_bound, rms_eps or dtype; on "
+          "CUDA UnsupportedError unless head_dim = 128 and conv_kernel is 2..8.")
+      .def("state_spec", &KdaLayer::state_spec,
+           "The cache plane this layer needs (memra._core.LayerStateSpec: kind 'kda', the conv "
+           "ring and the recurrent state's sizes), for Cache(...)'s specs.")
       .def(
           "forward",
           [](const KdaLayer& l, const AnyArray& x) {
             return layer_rows(l, x, -1, "KdaLayer.forward",
                               [&](const float* xp, int T, float* y) { return l.forward(xp, T, y); });
           },
-          nb::arg("x"), "x [T, hidden] f32 -> y [T, hidden] from a zero state.")
+          nb::arg("x"), "x [T, hidden] f32 -> y [T, hidden] from a zero state (CPU layers; "
+          "UnsupportedError on a CUDA layer, which runs against a cache).")
       .def(
           "prefill",
           [](const KdaLayer& l, Cache& cache, Index layer, Index slot, const AnyArray& x) {
@@ -223,10 +235,24 @@ void init_layers(nb::module_& m) {
           nb::arg("d_v"), nb::arg("rms_eps") = 1e-5f, nb::arg("sparse") = false,
           nb::arg("index_heads") = 0, nb::arg("index_head_dim") = 0, nb::arg("kpool") = 0,
           nb::arg("topk") = 0, nb::arg("tail_rows") = 0, nb::arg("rotate") = false,
-          nb::arg("rope_base") = 10000.0f, nb::arg("dtype") = "bfloat16")
-      .def("state_spec", &MlaLayer::state_spec)
+          nb::arg("rope_base") = 10000.0f, nb::arg("dtype") = "bfloat16",
+          "engine: where the layer runs; weights: {name below 'self_attn.': Weight}; hidden, "
+          "heads (num_attention_heads), q_lora_rank (0: q_proj), kv_rank (kv_lora_rank), d_nope "
+          "(qk_nope_head_dim), d_rope (qk_rope_head_dim), d_v (v_head_dim), rms_eps; sparse: "
+          "whether the layer runs its own DSA indexer (a full DSA layer: weights below "
+          "'indexer.'), with index_heads (index_n_heads), index_head_dim, kpool (index_kpool) and "
+          "topk (index_topk, a multiple of kpool); tail_rows: the incomplete tail rows the "
+          "indexer's list keeps (its kpool ring; 0 for a dense layer); rotate and rope_base "
+          "(rope_theta) for rotated rope columns; dtype: the projections' compute dtype on CUDA "
+          "('float32' or 'bfloat16'). ContractError names a missing or mis-shaped tensor (40024 "
+          "/ 40000), a bad size, rms_eps, rope_base or dtype (40025).")
+      .def("state_spec", &MlaLayer::state_spec,
+           "The cache plane this layer needs (memra._core.LayerStateSpec: kind 'mla', the latent "
+           "row width and, with the indexer, the pool keys' and tail ring's), for Cache(...)'s "
+           "specs.")
       .def_prop_ro("index_width", &MlaLayer::index_width, "index_topk + index_kpool - 1.")
-      .def_prop_ro("has_indexer", &MlaLayer::has_indexer)
+      .def_prop_ro("has_indexer", &MlaLayer::has_indexer,
+                   "Whether the layer runs its own DSA indexer (sparse=True).")
       .def(
           "prefill",
           [](const MlaLayer& l, Cache& cache, Index layer, Index slot, const AnyArray& x,
@@ -321,7 +347,12 @@ void init_layers(nb::module_& m) {
             new (self) MlpLayer(std::move(*l));
           },
           nb::arg("engine"), nb::arg("weights"), nb::kw_only(), nb::arg("hidden"),
-          nb::arg("intermediate"), nb::arg("swiglu_limit"), nb::arg("dtype") = "bfloat16")
+          nb::arg("intermediate"), nb::arg("swiglu_limit"), nb::arg("dtype") = "bfloat16",
+          "engine: where the layer runs; weights: {name below 'mlp.': Weight}; hidden, "
+          "intermediate (intermediate_size); swiglu_limit (> 0; inf: no clamp); dtype: the "
+          "compute dtype on CUDA ('float32' or 'bfloat16'). ContractError for a missing (40024) "
+          "or mis-shaped (40000) tensor, a bad size, a swiglu_limit <= 0 or another dtype "
+          "(40025).")
       .def(
           "forward",
           [](const MlpLayer& l, const AnyArray& x) {
@@ -336,13 +367,16 @@ void init_layers(nb::module_& m) {
             check(st);
             return y.obj;
           },
-          nb::arg("x"), "x [T, hidden] -> [T, hidden].");
+          nb::arg("x"), "x [T, hidden] float32 on the layer's device -> [T, hidden] float32. "
+          "ContractError (CONTRACT_DTYPE / CONTRACT_SHAPE / CONTRACT_STRIDE / CONTRACT_DEVICE) "
+          "for a bad x.");
 
   nb::class_<MoeLayer>(m, "MoeLayer",
                        "Routed experts + shared expert (references: Glm5NextTextMoE; with "
                        "scoring='softmax' and shared_gate, Qwen3_5MoeSparseMoeBlock / "
                        "Qwen3NextSparseMoeBlock). Weights: gate.weight, "
-                       "gate.e_score_correction_bias (the sigmoid router: required; the softmax one has none), "
+                       "gate.e_score_correction_bias (the sigmoid router: required; the softmax one has "
+                       "none), "
                        "experts.N.{gate,up,down}_proj.weight, shared_experts.{gate,up,down}_proj."
                        "weight, shared_expert_gate.weight [1, hidden] (shared_gate). hidden, "
                        "n_experts, intermediate and shared_intermediate at most 2^20 "
@@ -426,7 +460,14 @@ void init_layers(nb::module_& m) {
             new (self) HyperConnection(std::move(*l));
           },
           nb::arg("engine"), nb::arg("weights"), nb::kw_only(), nb::arg("hidden"),
-          nb::arg("hc_mult"), nb::arg("sinkhorn_iters"), nb::arg("hc_eps"), nb::arg("norm_eps"), nb::arg("dtype") = "bfloat16")
+          nb::arg("hc_mult"), nb::arg("sinkhorn_iters"), nb::arg("hc_eps"), nb::arg("norm_eps"),
+          nb::arg("dtype") = "bfloat16",
+          "engine: where the site runs; weights: {fn, base, scale}; hidden; hc_mult (the "
+          "residual streams); sinkhorn_iters (hc_sinkhorn_iters); hc_eps (the floor added to pre, "
+          "comb and each Sinkhorn denominator); norm_eps (rms_norm_eps of the unweighted input "
+          "norm); dtype: fn's compute dtype on CUDA ('float32' or 'bfloat16'). ContractError for "
+          "a missing or mis-shaped weight, a bad size, an eps negative or not finite, or another "
+          "dtype.")
       .def(
           "pre",
           [](const HyperConnection& l, const AnyArray& streams, std::optional<AnyArray> norm,

@@ -181,8 +181,9 @@ void init_ops_attention(nb::module_& m) {
       "The inverse RoPE frequencies [dim // 2] float32 (host numpy) as transformers computes them "
       "(Qwen3_5TextRotaryEmbedding.compute_default_rope_parameters: 1 / base ** (arange(0, dim, "
       "2, float32) / dim) in float32, the power rounded once). dim: the rotated dims, "
-      "int(head_dim * partial_rotary_factor), even (ContractError CONTRACT_ODD_ROPE otherwise); "
-      "theta: rope_theta, finite and > 0.");
+      "int(head_dim * partial_rotary_factor), even (ContractError CONTRACT_ODD_ROPE otherwise) "
+      "and >= 0; theta: rope_theta, finite and > 0 (ContractError CONTRACT_VALUE for a theta or "
+      "dim outside those).");
 
   m.def(
       "attn_prep",
@@ -253,7 +254,8 @@ void init_ops_attention(nb::module_& m) {
       "slots [T] int32 (-1 idle: position 0) and lengths [n] int32 the position lengths[slots[t]] "
       "(read on the device on CUDA: graph-safe). eps: the norms' epsilon.\n"
       "Raises ContractError (shapes, dtypes, devices; CONTRACT_ODD_ROPE for an odd rotary_dim; "
-      "CONTRACT_RANGE for a slot outside lengths or a negative pos0, on the CPU), "
+      "CONTRACT_MISSING for inv_freq None with rotary_dim > 0; CONTRACT_RANGE for a slot outside "
+      "lengths or a negative pos0, on the CPU), "
       "UnsupportedError for hd > 256.\nReference: Qwen3_5Attention.forward (torch.chunk of the "
       "joint projection, Qwen3_5RMSNorm, apply_rotary_pos_emb).");
 

@@ -154,7 +154,8 @@ void init_ops_basic(nb::module_& m) {
       nb::arg("engine").none() = nb::none(),
       "RMSNorm over the last dim of x [T, D] float32: (weight *) x / sqrt(mean(x^2) + eps); "
       "unweighted when weight is None. Arrays on the engine's device (host for the CPU).\n"
-      "Raises ContractError (CONTRACT_DTYPE, CONTRACT_SHAPE, CONTRACT_STRIDE, CONTRACT_DEVICE).\n"
+      "Raises ContractError (CONTRACT_DTYPE, CONTRACT_SHAPE, CONTRACT_STRIDE, CONTRACT_DEVICE; "
+      "CONTRACT_VALUE for an eps that is negative or not finite).\n"
       "Reference: Glm5NextTextRMSNorm / Glm5NextTextUnweightedRMSNorm.");
 
   m.def(
@@ -205,7 +206,8 @@ void init_ops_basic(nb::module_& m) {
       nb::arg("engine").none() = nb::none(),
       "weight * rmsnorm(x) * sigmoid(gate); x, gate [T, D], weight [D], float32 on the engine's "
       "device.\nRaises ContractError (CONTRACT_DTYPE, CONTRACT_SHAPE, CONTRACT_STRIDE, "
-      "CONTRACT_DEVICE).\nReference: Glm5NextTextRMSNormGated.");
+      "CONTRACT_DEVICE; CONTRACT_VALUE for an eps that is negative or not finite).\nReference: "
+      "Glm5NextTextRMSNormGated.");
 
   m.def(
       "layer_norm",
@@ -227,7 +229,8 @@ void init_ops_basic(nb::module_& m) {
       nb::arg("engine").none() = nb::none(),
       "LayerNorm with weight and bias over the last dim of x [T, D] float32 (two-pass mean and "
       "variance), arrays on the engine's device.\nRaises ContractError (CONTRACT_DTYPE, "
-      "CONTRACT_SHAPE, CONTRACT_STRIDE, CONTRACT_DEVICE).\nReference: nn.LayerNorm.");
+      "CONTRACT_SHAPE, CONTRACT_STRIDE, CONTRACT_DEVICE; CONTRACT_VALUE for an eps that is "
+      "negative or not finite).\nReference: nn.LayerNorm.");
 
   m.def(
       "norm_rows",
@@ -268,7 +271,8 @@ void init_ops_basic(nb::module_& m) {
       "D2]) float32, each the bytes of its own rms_norm / layer_norm call; x_i [1, D_i] float32 on "
       "the engine's device, w0 / w1 may be None (unweighted), x2 None: no third row (y2 [1, 0]).\n"
       "Raises ContractError (CONTRACT_MISSING when x2, w2, b2 do not come together, "
-      "CONTRACT_DTYPE, CONTRACT_SHAPE, CONTRACT_STRIDE, CONTRACT_DEVICE).\nReference: "
+      "CONTRACT_DTYPE, CONTRACT_SHAPE, CONTRACT_STRIDE, CONTRACT_DEVICE; CONTRACT_VALUE for an "
+      "eps_i that is negative or not finite).\nReference: "
       "Glm5NextTextRMSNorm (q_a_layernorm, kv_a_layernorm) and nn.LayerNorm (the indexer's k_norm).");
 
   m.def(
@@ -288,7 +292,8 @@ void init_ops_basic(nb::module_& m) {
       },
       nb::arg("x"), nb::kw_only(), nb::arg("eps") = 1e-6f, nb::arg("engine").none() = nb::none(),
       "x [T, H, d] / sqrt(sum(x^2, -1) + eps), float32 on the engine's device (a new array).\n"
-      "Raises ContractError (CONTRACT_DTYPE, CONTRACT_SHAPE, CONTRACT_STRIDE, CONTRACT_DEVICE).\n"
+      "Raises ContractError (CONTRACT_DTYPE, CONTRACT_SHAPE, CONTRACT_STRIDE, CONTRACT_DEVICE; "
+      "CONTRACT_VALUE for an eps that is negative or not finite).\n"
       "Reference: modeling_glm5_next.l2norm.");
 
   m.def(

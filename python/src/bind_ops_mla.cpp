@@ -209,7 +209,8 @@ void init_ops_mla(nb::module_& m) {
       "Raises ContractError: CONTRACT_DTYPE / CONTRACT_SHAPE / CONTRACT_STRIDE / CONTRACT_DEVICE "
       "for a bad q_nope, CONTRACT_SHAPE when kv_b's shape does not match, CONTRACT_DEVICE for a "
       "kv_b of the wrong kind, CONTRACT_VALUE for d_v < 0 or an arm outside 0..3; "
-      "UnsupportedError for arm 3 with float32 kv_b; LibraryError when cuBLASLt declines arm 3.\n"
+      "UnsupportedError (CUDA) for arm 3 with float32 kv_b; LibraryError when cuBLASLt declines "
+      "arm 3.\n"
       "Reference: Glm5NextTextAttention.expand_kv (k_nope = W_uk c), folded into q.");
 
   m.def(
@@ -252,7 +253,7 @@ void init_ops_mla(nb::module_& m) {
       "sums rounded separately (the CPU's bytes where the CPU build does not contract).\n"
       "Raises ContractError: CONTRACT_DTYPE / CONTRACT_SHAPE / CONTRACT_STRIDE / CONTRACT_DEVICE "
       "for a bad o_lat, CONTRACT_SHAPE when kv_b does not match, CONTRACT_VALUE for d_nope < 0 or "
-      "an arm outside 0..3; UnsupportedError for arm 3 with float32 kv_b; LibraryError when "
+      "an arm outside 0..3; UnsupportedError (CUDA) for arm 3 with float32 kv_b; LibraryError when "
       "cuBLASLt declines arm 3.\n"
       "Reference: Glm5NextTextAttention.expand_kv (value_states = W_uv c), folded into the "
       "output.");
@@ -302,8 +303,10 @@ void init_ops_mla(nb::module_& m) {
       "object; for a single-use DLPack capsule, such as engine.to_device returns, a new capsule "
       "viewing the same buffer).\n"
       "Raises ContractError: CONTRACT_RANGE when [start, start + T) does not fit max_len; "
-      "CONTRACT_VALUE when rows share memory with the cache; CONTRACT_DTYPE / CONTRACT_SHAPE / "
-      "CONTRACT_STRIDE / CONTRACT_DEVICE for bad arrays. Nothing is written on error.\nReference: MlaLayer (cpp/src/layers/mla_layer.cpp), the latent rows "
+      "CONTRACT_VALUE when rows share memory with the cache or the cache is read-only; "
+      "CONTRACT_DTYPE / CONTRACT_SHAPE / CONTRACT_STRIDE / CONTRACT_DEVICE for bad arrays. "
+      "Nothing is written on error.\nReference: MlaLayer (cpp/src/layers/mla_layer.cpp), the "
+      "latent rows "
       "[normalised latent | k_pe] appended at rows [pos, pos + T).");
 
   m.def(

@@ -129,8 +129,9 @@ void init_ops_sample(nb::module_& m) {
       "softmax(logits / temperature) in f32; keep the top_k most likely (0: all), then the "
       "shortest prefix in (p desc, id asc) order whose top-k-renormalised mass reaches top_p "
       "(>= 1: all); draw by inverse CDF with u = uniform_from_counter(seed, counter) (splitmix64; "
-      "the exact formula is in ops.h). Every sum (the softmax denominator, the top-k mass, the "
-      "running top-p mass and CDF) is an f32 sum in ops.h's blocked order: blocks of 512 terms "
+      "the exact formula is in cpu/sample.h). Every sum (the softmax denominator, the top-k "
+      "mass, the running top-p mass and CDF) is an f32 sum in cpu/sample.h's blocked order: "
+      "blocks of 512 terms "
       "each summed left to right, then the block sums left to right; the running sum at i is "
       "the sum of the blocks before i's plus i's block up to i. Returns int32 [B].\n"
       "engine: None or a CPU Engine: host arrays, counters uint64 or int64 (>= 0). A CUDA "
@@ -139,7 +140,8 @@ void init_ops_sample(nb::module_& m) {
       "parallel), so the same seed and counter give the same token.\n"
       "Raises ContractError (CONTRACT_DTYPE for counters not int64/uint64 (uint64 on CUDA), "
       "logits not float32 or nonfinite not int32, CONTRACT_SHAPE, CONTRACT_STRIDE, "
-      "CONTRACT_DEVICE, CONTRACT_RANGE for a negative int64 counter, CONTRACT_VALUE for top_p "
+      "CONTRACT_DEVICE, CONTRACT_RANGE for a negative int64 counter or a seed outside [0, 2^64), "
+      "CONTRACT_VALUE for top_p "
       "<= 0 or NaN, top_k < 0, a temperature that is not finite or a read-only nonfinite "
       "array).\n"
       "Reference: transformers' temperature / TopK / TopP logits warpers followed by "
@@ -149,7 +151,10 @@ void init_ops_sample(nb::module_& m) {
       "uniform_from_counter",
       [](uint64_t seed, uint64_t counter) { return cpu::uniform_from_counter(seed, counter); },
       nb::arg("seed"), nb::arg("counter"),
-      "The counter-based uniform in [0, 1) that sample draws with (exact formula in ops.h).");
+      "The counter-based uniform in [0, 1) that sample draws with: seed and counter are uint64 "
+      "(ContractError CONTRACT_RANGE outside [0, 2^64)); the float32 made of splitmix64(seed, "
+      "counter)'s top 24 bits times 2^-24 (the exact formula: cpp/include/memra/cpu/sample.h). "
+      "Returns a float.");
 }
 
 }  // namespace memra::py

@@ -1,5 +1,5 @@
 // The per-sequence state of a model: max_batch slots, each with its own length, and one plane per
-// layer (DESIGN.md "Runtime objects").
+// layer.
 //
 //   KDA layer   conv ring [3*qkv, K-1] and recurrent state [H, dk, dv] f32, each a ping-pong pair:
 //               a step reads plane cur(slot) and writes plane 1-cur(slot); commit() flips cur.

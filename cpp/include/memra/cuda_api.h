@@ -1,5 +1,5 @@
 // The C ABI between the extension (memra_core, no CUDA types) and the CUDA library
-// (libmemra_cuda.so, dlopened when a CUDA engine is made; DESIGN.md "One backend interface").
+// (libmemra_cuda.so, dlopened when a CUDA engine is made; docs/architecture.md "The CUDA ABI and the op layer").
 //
 // Every entry point is `extern "C" int memra_cuda_<name>(...)` returning a status in memra's
 // bands (0 ok, 10000 + cudaError_t, 20000 + cublasStatus_t, 30001 OOM, 40000+ contract,

@@ -69,7 +69,7 @@ class DeviceBuffer {
   size_t bytes_ = 0;
 };
 
-// A weight on the device, converted once at load to f32 or bf16 (DESIGN.md "Weight formats").
+// A weight on the device, converted once at load to f32 or bf16.
 // Shape conventions as Weight: [rows, cols] with rows = product of the leading dims.
 struct DeviceWeight {
   DType dtype = DType::kF32;

@@ -1,4 +1,4 @@
-// Engine: owns one device (DESIGN.md "Runtime objects"). On the CPU it is the reference backend;
+// Engine: owns one device. On the CPU it is the reference backend;
 // a CUDA engine loads the CUDA library (libmemra_cuda.so, built when MEMRA_CUDA is on) on first
 // use and owns a CUDA context (stream, cuBLAS handles, memory pool), so a process without a
 // driver can still import memra and use the CPU.

@@ -1,6 +1,6 @@
 // Layer objects: each holds its weights and runs one block of a model over the CPU reference
 // ops, statelessly (forward) or against a Cache slot (prefill / decode). Model classes in Python
-// chain them (DESIGN.md "Runtime objects"). Construction goes through create(), which checks
+// chain them. Construction goes through create(), which checks
 // every weight's presence and shape (kContractMissing / kContractShape naming the tensor).
 #pragma once
 

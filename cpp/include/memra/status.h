@@ -1,4 +1,4 @@
-// Status codes in bands (DESIGN.md "Status codes"). Ops and launchers never throw: they return a
+// Status codes in bands (the table of python/memra/errors.py). Ops and launchers never throw: they return a
 // Status, and the binding layer turns a non-zero code into the named Python exception.
 #pragma once
 

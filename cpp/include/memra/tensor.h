@@ -1,6 +1,6 @@
 // Weight storage: one type that holds a row-major matrix or vector in its file dtype (f32, bf16,
 // f16; later Q8_0 and FP8 E4M3 blocks). Ops read rows through row_f32(), so callers never care
-// which dtype is stored (DESIGN.md "Weight formats").
+// which dtype is stored.
 #pragma once
 
 #include <cstdint>

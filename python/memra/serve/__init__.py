@@ -39,7 +39,8 @@ def server(app, config):
 
 
 def run(model, *, host: str = "127.0.0.1", port: int = 8000, served_model_name: str | None = None,
-        max_waiting: int = 64, max_request_bytes: int | None = None, log_level: str | int = "info") -> None:
+        max_waiting: int = 64, prefill_budget: int = 2048, max_request_bytes: int | None = None,
+        log_level: str | int = "info") -> None:
     """Serve `model` with uvicorn until interrupted (Ctrl-C); the options are create_app's.
     log_level: one of uvicorn's names or a logging level number (logging.DEBUG), as uvicorn
     takes. ContractError (40025) for a host that is not a non-empty string, a port outside
@@ -56,7 +57,8 @@ def run(model, *, host: str = "127.0.0.1", port: int = 8000, served_model_name: 
     if not (log_level in levels or (isinstance(log_level, int) and not isinstance(log_level, bool)
                                     and log_level >= 0)):
         raise ContractError(f"serve.run: log_level must be one of {list(levels)}, got {log_level!r}", 40025)
-    app = create_app(model, served_model_name, max_waiting=max_waiting, max_request_bytes=max_request_bytes)
+    app = create_app(model, served_model_name, max_waiting=max_waiting, prefill_budget=prefill_budget,
+                     max_request_bytes=max_request_bytes)
     server(app, uvicorn.Config(app, host=host, port=port, log_level=log_level)).run()
 
 
