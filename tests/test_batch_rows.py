@@ -17,6 +17,7 @@ import pytest
 
 import memra
 from memra.batch import DecodeBatch, RowSampling
+from memra.errors import ContractError
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +45,7 @@ def test_a_lease_is_held_until_released_and_release_is_idempotent(model) -> None
 
 
 def test_launch_refuses_a_row_with_a_step_in_flight_and_runs_nothing(model) -> None:
-    # DecodeBatch.launch: "unless chained, no step in flight (ValueError)". On the CPU no step is
+    # DecodeBatch.launch: "unless chained, no step in flight (ContractError)". On the CPU no step is
     # ever chained, so a second launch before collect must be refused before it decodes: the
     # slot keeps the prompt + the one launched step, and collecting that step still works.
     batch = DecodeBatch(model)
@@ -53,7 +54,7 @@ def test_launch_refuses_a_row_with_a_step_in_flight_and_runs_nothing(model) -> N
         row = batch.start(np.array([1, 2, 3], np.int32), RowSampling(), lease)
         handle = batch.launch([row])
         assert model.cache.length(lease.slot) == 4  # the prompt and the fed first token
-        with pytest.raises(ValueError, match="in flight"):
+        with pytest.raises(ContractError, match="in flight"):
             batch.launch([row])
         assert model.cache.length(lease.slot) == 4 and row.inflight == 1
         ((got_row, tok),) = batch.collect(handle)
@@ -61,6 +62,57 @@ def test_launch_refuses_a_row_with_a_step_in_flight_and_runs_nothing(model) -> N
     finally:
         lease.release()
     assert _free(model)
+
+
+def test_a_released_row_a_second_collect_and_no_rows_are_refused(model) -> None:
+    # A released lease's row once decoded into the freed slot unowned (an ownerless token that
+    # generation then never took back, or one appended to the user's own sequence there); a
+    # second collect of one step advanced the row's RNG counter again and left it at -1 in flight.
+    batch = DecodeBatch(model)
+    (lease,) = model.take_slots(1)
+    row = batch.start(np.array([1, 2, 3], np.int32), RowSampling(), lease)
+    handle = batch.launch([row])
+    batch.collect(handle)
+    with pytest.raises(ContractError, match="collected already"):
+        batch.collect(handle)
+    assert row.count == 2 and row.inflight == 0
+    with pytest.raises(ContractError, match="at least one row"):
+        batch.launch([])
+    lease.release()
+    model.cache.free(lease.slot)
+    model.prefill(model.cache, lease.slot, [5, 6, 7, 8])  # the user's sequence in the freed slot
+    with pytest.raises(ContractError, match="was released"):
+        batch.launch([row])
+    assert model.cache.length(lease.slot) == 4 and model.cache.owner(lease.slot) == 0
+    model.cache.free(lease.slot)
+    assert _free(model)
+
+
+@pytest.mark.parametrize("sampling,words", [
+    (RowSampling(temperature=-1.0), "temperature"),
+    (RowSampling(temperature=0.5, top_k=-5), "top_k"),
+    (RowSampling(temperature=0.5, top_p=0.0), "top_p"),
+    (RowSampling(seed=-1), "seed"),
+])
+def test_start_checks_the_rows_sampling_before_the_prefill(model, sampling, words) -> None:
+    # A negative temperature ran as greedy; a bad top_k was refused by the sampler only after
+    # the prompt was committed, leaving the slot holding it.
+    batch = DecodeBatch(model)
+    (lease,) = model.take_slots(1)
+    try:
+        with pytest.raises(ContractError, match=words):
+            batch.start(np.array([1, 2, 3], np.int32), sampling, lease)
+        assert model.cache.length(lease.slot) == 0
+    finally:
+        lease.release()
+    assert _free(model)
+
+
+@pytest.mark.parametrize("prompt", [np.array([1, 2], "m8[D]"), bytearray(b"\x01\x02"), np.array([1, 2], "M8[D]")])
+def test_a_prompt_of_timedeltas_or_bytes_is_no_token_ids(model, prompt) -> None:
+    # numpy counts timedelta64 among its integers, and a bytearray becomes its bytes
+    with pytest.raises(ContractError, match="prompt_ids"):
+        model.generate(prompt, max_new_tokens=1)
 
 
 def test_stop_token_ids_add_to_the_eos_ids(model) -> None:

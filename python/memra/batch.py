@@ -168,13 +168,14 @@ class StepHandle:
     """A decode step launched by :meth:`DecodeBatch.launch`; :meth:`DecodeBatch.collect` reads
     its tokens. ``rows``: the step's rows in its own row order."""
 
-    __slots__ = ("rows", "reads", "flags", "results")
+    __slots__ = ("rows", "reads", "flags", "results", "collected")
 
     def __init__(self, rows: list[Row], reads=None, flags=None, results=None) -> None:
         self.rows = rows
         self.reads = reads  # [(first row, rows, HostRead of int32 tokens)] (CUDA)
         self.flags = flags  # [(first row, rows, HostRead of int32 non-finite flags)], or None (CUDA)
         self.results = results  # [int | NonFiniteError] computed at launch (CPU)
+        self.collected = False  # collect() takes a step's draws once
 
 
 def _read_async(m: Model, arr) -> _core.HostRead:
@@ -227,8 +228,12 @@ class DecodeBatch:
     def start(self, prompt_ids: np.ndarray, sampling: RowSampling, lease: SlotLease,
               what: str = "generate") -> Row:
         """Prefill `prompt_ids` (int32 [T], checked) into the leased (empty) slot and draw the
-        first new token (counter 0) -> a Row. NonFiniteError when the logits after the prompt are
-        not finite; the lease stays with the caller either way (release it)."""
+        first new token (counter 0) -> a Row. ContractError (40025) for a sampling the sampler
+        refuses or a lease no longer held, before anything runs; NonFiniteError when the logits
+        after the prompt are not finite; the lease stays with the caller either way (release
+        it)."""
+        _check_row_sampling(sampling, what)
+        _check_leases([lease], what)
         m = self.model
         with m._lock:
             logits = m._prefill(m.cache, lease.slot, prompt_ids, owner=lease.token)
@@ -253,6 +258,9 @@ class DecodeBatch:
                 return [self.start(prompts[0], samplings[0], leases[0], what)]
             except NonFiniteError as e:
                 return [e]
+        for s in samplings:
+            _check_row_sampling(s, what)
+        _check_leases(leases, what)
         m = self.model
         out: list[Row | NonFiniteError] = []
         with m._lock:
@@ -283,27 +291,30 @@ class DecodeBatch:
     def launch(self, rows: list[Row], what: str = "decode") -> StepHandle:
         """Enqueue one decode step feeding each row its last token (or, when :meth:`can_chain`,
         the draws of the step in flight) and drawing the next. Every row needs room for one
-        more token (CacheFullError otherwise, nothing run) and, unless chained, no step in flight
-        (ValueError)."""
+        more token (CacheFullError otherwise, nothing run), its lease still held and, unless
+        chained, no step in flight (ContractError 40025 for no rows, a released lease or a step
+        in flight, nothing run)."""
         return self._launch(rows, what, chain_only=False)
 
     def try_chain(self, rows: list[Row], what: str = "decode") -> StepHandle | None:
         """:meth:`launch` of a step chained on the one in flight when it can be chained now, else
         None. The check and the launch are one hold of the model's lock, so no other thread's
         step on the same bucket comes between them (checking :meth:`can_chain` first, then
-        launching, could raise ValueError when it did)."""
+        launching, could raise ContractError when it did)."""
         return self._launch(rows, what, chain_only=True)
 
     def _launch(self, rows: list[Row], what: str, chain_only: bool) -> StepHandle | None:
         if not rows:
-            raise ValueError("DecodeBatch.launch: no rows")
+            raise ContractError(f"{what}: DecodeBatch.launch needs at least one row", 40025)
+        _check_leases([r.lease for r in rows], what)
         m = self.model
         with m._lock:
             chained = self.can_chain(rows)
             if chain_only and not chained:
                 return None
             if not chained and any(r.inflight for r in rows):
-                raise ValueError("DecodeBatch.launch: a row has a step in flight; collect it first")
+                raise ContractError(f"{what}: DecodeBatch.launch: a row has a step in flight; collect it first",
+                                    40025)
             slots = np.array([r.slot for r in rows], np.int32)
             m._check_room(m.cache, slots, 1, what)
             if m._runner is None:
@@ -374,7 +385,10 @@ class DecodeBatch:
     def collect(self, handle: StepHandle, what: str = "decode") -> list[tuple[Row, object]]:
         """Wait for a launched step's draws -> [(row, token or NonFiniteError)] in the step's row
         order. A row that got a token advances (count, last); every row's step is off its
-        in-flight count. The result of a row the caller has finished meanwhile is its to drop."""
+        in-flight count. The result of a row the caller has finished meanwhile is its to drop.
+        ContractError (40025) for a handle already collected (its draws advanced the rows once)."""
+        if handle.collected:
+            raise ContractError(f"{what}: this step was collected already", 40025)
         m = self.model
         rows = handle.rows
         results = handle.results
@@ -389,6 +403,7 @@ class DecodeBatch:
                     flags[a:a + k] = read.wait()[:k]
             results = [_not_finite(what, r.slot, r.count) if flags[j] else int(toks[j])
                        for j, r in enumerate(rows)]
+        handle.collected = True
         out = []
         for r, res in zip(rows, results):
             r.inflight -= 1
@@ -397,6 +412,21 @@ class DecodeBatch:
                 r.last = int(res)
             out.append((r, res))
         return out
+
+
+def _check_row_sampling(s: RowSampling, what: str) -> None:
+    """ContractError (40025) naming the first field of `s` the sampler refuses."""
+    if not isinstance(s, RowSampling):
+        raise ContractError(f"{what}: sampling must be a memra.batch.RowSampling, got {type(s).__name__}", 40025)
+    generation_args(0, s.temperature, s.top_k, s.top_p, s.seed, what)
+
+
+def _check_leases(leases: list[SlotLease], what: str) -> None:
+    """ContractError (40025) for a lease already released: a step on its slot would run unowned,
+    into a slot that generation no longer holds (or that holds the user's own tokens)."""
+    gone = [lease.slot for lease in leases if not lease.held]
+    if gone:
+        raise ContractError(f"{what}: the lease of slot(s) {gone} was released; a released row cannot run", 40025)
 
 
 def take_free_slots(model: Model, n: int, what: str) -> list[SlotLease]:

@@ -25,13 +25,16 @@ log = logging.getLogger("memra")
 
 
 def _is_int(v) -> bool:
-    """A Python or numpy integer, not a bool."""
-    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+    """A Python or numpy integer, not a bool (nor a timedelta64, which numpy counts as one)."""
+    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_, np.timedelta64))
 
 
 def _ids(token_ids, what: str, arg: str = "token_ids") -> np.ndarray:
     """Token ids as a 1-D int32 array (ContractError naming `arg` for an empty, non-integer,
     nested or ragged input, 40023 with the value for an integer outside int32)."""
+    if isinstance(token_ids, (bytes, bytearray)):  # bytes: made into an array of its bytes, or a 0-d string
+        raise ContractError(f"{what}: {arg} must be a non-empty 1-D sequence of ints, got {shown(token_ids)}",
+                            40000)
     try:
         arr = np.asarray(token_ids)
     except (ValueError, TypeError):  # ragged nesting
@@ -39,7 +42,7 @@ def _ids(token_ids, what: str, arg: str = "token_ids") -> np.ndarray:
     # Integers past int64 reach numpy as objects, or with a negative one as float64: their range
     # is checked on the Python values, so they are named too large, not non-integers (and an
     # object array of small ints is ids). Integer arrays, the common case, skip this loop.
-    if arr.ndim == 1 and arr.size and not np.issubdtype(arr.dtype, np.integer) and \
+    if arr.ndim == 1 and arr.size and arr.dtype.kind not in "iu" and \
             all(_is_int(v) for v in token_ids):
         bad = next((int(v) for v in token_ids if not -(2**31) <= int(v) < 2**31), None)
         if bad is not None:
@@ -52,7 +55,7 @@ def _ids(token_ids, what: str, arg: str = "token_ids") -> np.ndarray:
     if isinstance(token_ids, (list, tuple)) and arr.dtype.kind in "iu" and \
             not {bool, np.bool_}.isdisjoint(map(type, token_ids)):
         raise ContractError(f"{what}: {arg} must hold integers, not bools, got {shown(token_ids)}", 40020)
-    if not np.issubdtype(arr.dtype, np.integer):
+    if arr.dtype.kind not in "iu":  # numpy counts timedelta64 among its integer types
         raise ContractError(f"{what}: {arg} must hold integers, got {arr.dtype} ({shown(token_ids)})", 40020)
     if arr.min() < -(2**31) or arr.max() >= 2**31:
         bad = int(arr.max()) if arr.max() >= 2**31 else int(arr.min())
