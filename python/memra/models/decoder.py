@@ -53,6 +53,9 @@ class DecoderModel:
         if "norm" not in top:
             raise ContractError("load: missing tensor 'norm.weight'", 40024)
         self.final_norm = norm_vector("norm", {"weight": top.pop("norm")}, D)
+        # A stored lm_head is used even when tie_word_embeddings is true: transformers 5's
+        # PreTrainedModel.tie_weights ties only where the checkpoint lacks one of the two (or
+        # both hold the same values), and warns that it does not tie them otherwise.
         if "lm_head" in top:
             self.lm_head = top.pop("lm_head")
         elif cfg.tie_word_embeddings:
