@@ -177,7 +177,7 @@ def test_a_tiktoken_model_of_another_class_is_not_read(ranks, tmp_path) -> None:
     ("special_in_vocab", "is also a token of the vocabulary"),
     ("special_twice", "is named twice"),
     ("bad_decoder", "added_tokens_decoder["),
-    ("bad_config", "tokenizer_config.json could not be read"),
+    ("bad_config", "tokenizer_config.json is not valid JSON"),
 ])
 def test_a_malformed_tokenizer_is_named(ranks, tmp_path, case, words) -> None:
     named = kimi_names(len(ranks))

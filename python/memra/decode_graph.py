@@ -151,9 +151,9 @@ class DecodeRunner:
         caller checks): ids [n] int32 in range, or None to chain (the ids are the tokens the
         previous step of these same slots drew, still on the device: ValueError when that step
         had other slots or did not sample); counters / seeds [n] uint64 (the draw index and seed
-        of each row; read when `sampling` has temperature > 0, greedy draws need none); owners [n]: the owner token each slot is
-        held with (Cache.hold; None: the slots must not be held), checked before anything is
-        enqueued (ContractError CONTRACT_SLOT_HELD). Enqueues the step and advances the cache
+        of each row; read when `sampling` has temperature > 0, greedy draws need none); owners
+        [n]: the owner token each slot is held with (Cache.hold; None: the slots must not be
+        held), checked before anything is enqueued (ContractError CONTRACT_SLOT_HELD). Enqueues the step and advances the cache
         (device and host); returns the bucket whose ``logits[:n]`` (and ``tokens[:n]`` when
         sampling) hold the results once the stream reaches them, until the bucket's next step."""
         owners = [0] * len(slots) if owners is None else [int(o) for o in owners]

@@ -34,11 +34,11 @@ from __future__ import annotations
 
 import base64
 import binascii
-import json
 from pathlib import Path
 
 from .config import side_file
 from .errors import ContractError
+from .loader import read_json_file
 
 # tokenization_kimi.TikTokenTokenizer.pat_str (moonshotai/Kimi-Linear-48B-A3B-Instruct), joined.
 KIMI_PATTERN = "|".join([
@@ -118,7 +118,7 @@ def tiktoken_tokenizer(ranks: dict[bytes, int], specials: dict[int, tuple[str, b
         return "".join(alphabet[b] for b in token)
 
     vocab = {text(t): r for t, r in ranks.items()}
-    merges = []  # (merged rank, left rank, right rank, left, right)
+    merges = []  # (merged rank, left rank, right rank)
     for token, rank in ranks.items():
         for i in range(1, len(token)):
             left, right = ranks.get(token[:i]), ranks.get(token[i:])
@@ -185,12 +185,8 @@ def read_tokenizer(path: Path):
     model_file, config_file = path / "tiktoken.model", path / "tokenizer_config.json"
     if side_file(model_file, "load") is None or side_file(config_file, "load") is None:
         return None
-    try:
-        config = json.loads(config_file.read_text(encoding="utf-8"))
-    # ValueError: json's own and UnicodeDecodeError; RecursionError: nesting past the parser's stack
-    except (OSError, ValueError, RecursionError) as e:
-        raise ContractError(f"load: {config_file} could not be read: {type(e).__name__}: {e}", 40025) from None
-    if not isinstance(config, dict) or not _tiktoken_class(config):
+    config = read_json_file(config_file)  # the reader of every JSON side file: each failure named
+    if not _tiktoken_class(config):
         return None
     ranks = read_tiktoken_ranks(model_file)
     return tiktoken_tokenizer(ranks, _kimi_specials(config, len(ranks), config_file), KIMI_PATTERN)
