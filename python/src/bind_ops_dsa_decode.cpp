@@ -223,12 +223,8 @@ void init_ops_dsa_decode(nb::module_& m) {
         const char* op = "kpool_score_decode";
         require_cuda(engine, op);
         const float* qp = f32_in(engine, q, op, "q", {-1, -1, -1});
-        const int64_t B = dim(q, 0), Hi = dim(q, 1), d = dim(q, 2);
+        const int64_t B = dim32(q, 0, op, "q"), Hi = dim32(q, 1, op, "q"), d = dim32(q, 2, op, "q");
         const float* wp = f32_in(engine, w, op, "w", {B, Hi});
-        if (B > INT32_MAX || Hi > INT32_MAX || d > INT32_MAX) {
-          raise_contract(kContractRange, std::string(op) + ": q " + shape_str(q) +
-                                             " has an extent past int32");
-        }
         StateList pk = state_list_arg(engine, pool_keys, B, -1, d, op, "pool_keys", false);
         check_pool(pool, op);
         check_finite(qk_scale, op, "qk_scale");

@@ -148,17 +148,14 @@ void init_ops_mhc(nb::module_& m) {
         const char* op = "mhc_post_head_norm";
         check_eps(eps, op);
         const float* rp = f32_in(engine, residual, op, "residual", {-1, -1, -1});
-        const int64_t T = dim(residual, 0), hc = dim(residual, 1), D = dim(residual, 2);
+        const int64_t T = dim32(residual, 0, op, "residual"), hc = dim32(residual, 1, op, "residual"),
+                      D = dim32(residual, 2, op, "residual");
         check_value(hc >= 1, op, "hc (residual.shape[1]) must be >= 1");
         check_rows(op, "residual", T, {{"y", &y, 2}, {"post", &post, 2}, {"comb", &comb, 3}});
         const float* yp = f32_in(engine, y, op, "y", {T, D});
         const float* pp = f32_in(engine, post, op, "post", {T, hc});
         const float* cp = f32_in(engine, comb, op, "comb", {T, hc, hc});
         const float* wp = weight ? f32_in(engine, *weight, op, "weight", {D}) : nullptr;
-        if (T > INT32_MAX || hc > INT32_MAX || D > INT32_MAX) {
-          raise_contract(kContractRange, std::string(op) + ": residual " + shape_str(residual) +
-                                             " has an extent past int32");
-        }
         Out out = out_f32_uninit(engine, {sz(T), sz(D)});
         MemraMhcParams p = {};
         p.T = int(T);
