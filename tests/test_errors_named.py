@@ -328,6 +328,44 @@ def test_extents_past_int32_are_range_errors():
         assert e.code == S.CONTRACT_RANGE
 
 
+def test_every_array_extent_past_int32_is_refused():
+    """Any array of any op with an extent past int32 is CONTRACT_RANGE naming it, and nothing is
+    written: the bindings passed such extents as int(...), so hc_head_mean over 2^32 + 1 streams
+    averaged one, and kv_append / mla_latent_append into a cache 2^32 + 1 wide wrote the row into
+    the wrong place (a sparse memory map of that shape reached it; zero-byte arrays here)."""
+    big = 2 ** 31
+    k1 = np.ones((1, 1, 1), np.float32)
+    cache = np.zeros((4, 1, 1), np.float32)
+    for call, op, arg in (
+            (lambda: _core.hc_head_mean(np.zeros((1, big, 0), np.float32)), "hc_head_mean", "'streams'"),
+            (lambda: _core.kv_append(k1, k1, np.zeros((0, big, 1), np.float32), cache), "kv_append", "'k_cache'"),
+            (lambda: _core.kv_append(k1, k1, cache, np.zeros((4, big, 0), np.float32)), "kv_append", "'v_cache'"),
+            (lambda: _core.mla_latent_append(np.zeros((1, 0), np.float32), np.zeros((big, 0), np.float32), start=0),
+             "mla_latent_append", "'cache'"),
+            (lambda: _core.linear(np.zeros((big, 0), np.float32), _core.Weight(f32(2, 0))), "linear", "'x'"),
+            (lambda: _core.take_rows(np.zeros((big, 0), np.float32), 0, 1), "take_rows", "'x'")):
+        e = raises(ContractError, call, op, arg, "past int32")
+        assert e.code == S.CONTRACT_RANGE
+    assert not cache.any()
+
+
+def test_bools_are_not_ints_in_per_sequence_lists_or_row_ranges():
+    """t_kv / pos lists and take_rows' start and count refuse True / False (nanobind's int caster
+    read True as 1: t_kv=[True, True] ran as [1, 1]), as every other int argument does."""
+    q = f32(2, 2, 6)
+    caches = [f32(5, 6), f32(4, 6)]
+    raises(ContractError, lambda: _core.mla_attn_decode(q, caches, [True, 1], scale=0.5),
+           "mla_attn_decode", "'t_kv'", "bool")
+    dst = [np.zeros((8, 6), np.float32), np.zeros((8, 6), np.float32)]
+    raises(ContractError, lambda: _core.mla_latent_append_decode(q[:, 0, :].copy(), dst, [True, False]),
+           "mla_latent_append_decode", "'pos'", "bool")
+    assert not dst[0].any() and not dst[1].any()
+    x = np.arange(8, dtype=np.float32).reshape(4, 2)
+    raises(ContractError, lambda: _core.take_rows(x, True, 1), "take_rows", "'start'")
+    raises(ContractError, lambda: _core.take_rows(x, 1, False), "take_rows", "'count'")
+    np.testing.assert_array_equal(_core.take_rows(x, 1, 2), x[1:3])
+
+
 def test_a_read_only_dlpack_export_is_not_written():
     """An argument written in place, given as a DLPack producer without numpy's flags (a
     read-only memory map behind a thin wrapper, a JAX array): DLPack 1.0 marks the export read-only

@@ -233,6 +233,16 @@ void check_array(const AnyArray& a, const char* op, const char* name,
        << " must be C-contiguous (call .contiguous() / np.ascontiguousarray first)";
     raise_contract(kContractStride, os.str());
   }
+  // Every op takes its extents as 32-bit counts (the ABI structs' int fields): an extent past
+  // INT32_MAX would wrap to another geometry and the op would run on it. Refused here, for every
+  // array of every op, so no binding's int(...) of an extent can wrap.
+  for (size_t d = 0; d < a.ndim(); ++d) {
+    if (static_cast<int64_t>(a.shape(d)) > std::numeric_limits<int32_t>::max()) {
+      os << op << ": argument '" << name << "' has shape " << shape_str(a)
+         << ", an extent past int32";
+      raise_contract(kContractRange, os.str());
+    }
+  }
 }
 
 bool has_dtype(const AnyArray& a, nb::dlpack::dtype_code c, int bits) {

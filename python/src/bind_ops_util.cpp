@@ -13,7 +13,8 @@ namespace memra::py {
 void init_ops_util(nb::module_& m) {
   m.def(
       "take_rows",
-      [](const AnyArray& x, int64_t start, int64_t count, const Engine* engine) {
+      [](const AnyArray& x, Index start_i, Index count_i, const Engine* engine) {
+        const int64_t start = start_i, count = count_i;
         const float* xp = f32_in(engine, x, "take_rows", "x", {-1, -1});
         const int64_t T = dim(x, 0), D = dim(x, 1);
         if (start < 0 || count < 0 || start > T || count > T - start) {

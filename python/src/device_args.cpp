@@ -394,6 +394,9 @@ PerSeq per_seq_arg(const Engine* engine, nb::handle h, int64_t B, const char* op
       !nb::isinstance<nb::str>(h)) {
     for (nb::handle x : h) {
       int64_t v = 0;
+      if (PyBool_Check(x.ptr())) {  // nanobind's int caster takes True as 1: a mistake to name
+        raise_contract(kContractDType, arg + " must hold ints, got bool");
+      }
       if (!nb::try_cast(x, v)) {
         if (PyIndex_Check(x.ptr()) && !PyBool_Check(x.ptr())) {  // an int past int64: a range error
           raise_contract(kContractRange, arg + " holds " + nb::repr(x).c_str() +
