@@ -268,6 +268,15 @@ def test_a_client_gone_before_its_body_is_read_logs_no_error(server: ServerThrea
     ("/v1/chat/completions", {"messages": [{"role": "tool", "content": "x"}]}, "messages", "unknown role"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
      "messages.0.content", "content"),
+    # once 500s: int() of a 4301-digit key, json.loads' RecursionError, a template variable
+    # named like render's own `self` (the last renders, as a template variable)
+    ("/v1/completions", {"prompt": "x", "logit_bias": {"1" * 4301: 0}}, "logit_bias", "token ids"),
+    ("/v1/chat/completions", {"messages": [{"role": "assistant", "content": None, "tool_calls": [
+        {"type": "function", "function": {"name": "f", "arguments": "[" * 100000}}]}]},
+     "messages.0", "nests deeper"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x", "name": 5}]}, "messages.0", "name"),
+    ("/v1/chat/completions", {"messages": [{"role": "assistant", "content": "x", "tool_calls": "x"}]},
+     "messages.0", "tool_calls must be a list"),
 ])
 def test_bad_requests_are_400s_naming_the_field(server: ServerThread, path, body, param, words) -> None:
     r = post_json(server, path, body)
@@ -276,6 +285,33 @@ def test_bad_requests_are_400s_naming_the_field(server: ServerThread, path, body
     assert err["type"] == "invalid_request_error"
     assert err["param"] == param or (param and err["param"] and err["param"].startswith(param)), err
     assert words.lower() in err["message"].lower(), err
+
+
+def test_a_template_variable_named_self_renders(server: ServerThread) -> None:
+    r = post_json(server, "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
+                                                   "max_tokens": 2, "chat_template_kwargs": {"self": 1}})
+    assert r.status_code == 200, r.text
+
+
+def test_a_500_keeps_the_connection(server: ServerThread) -> None:
+    """A bug's 500 is an error object and the keep-alive connection serves the next request:
+    Starlette's exception_handler(Exception) answered and re-raised, and uvicorn then closed the
+    connection under the client's next request."""
+    route = next(r for r in server.app.routes if getattr(r, "path", None) == "/v1/models")
+    orig = route.app
+
+    async def broken(scope, receive, send):
+        raise RuntimeError("a bug")
+    route.app = broken
+    try:
+        with httpx.Client(base_url=server.url, timeout=10) as c:
+            r = c.get("/v1/models")
+            assert r.status_code == 500 and r.json()["error"]["type"] == "server_error", r.text
+            assert "RuntimeError" in r.json()["error"]["message"]
+            assert c.get("/health").status_code == 200  # the same connection
+            assert c.get("/health").status_code == 200
+    finally:
+        route.app = orig
 
 
 def test_unknown_model_route_and_method(server: ServerThread) -> None:

@@ -155,6 +155,35 @@ async def _chat_completions(request: Request):
                                  request)
 
 
+class _AnswerBugs:
+    """ASGI middleware: an exception no handler took becomes a 500 error object (logged with its
+    traceback) and the connection stays usable. Once a response has started (a stream) nothing
+    can be answered any more, so the exception goes on to the server, which ends that response."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def send_started(message):
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_started)
+        except Exception as e:
+            if started:
+                raise
+            log.exception("memra serve: unhandled error")
+            await error_json(500, f"internal server error: {type(e).__name__}", "server_error")(
+                scope, receive, send)
+
+
 def create_app(model, served_model_name: str | None = None, *, max_waiting: int = 64,
                prefill_budget: int = 2048, max_request_bytes: int | None = None) -> FastAPI:
     """The server of one loaded memra.Model (its own cache's slots are the batch).
@@ -227,10 +256,10 @@ def create_app(model, served_model_name: str | None = None, *, max_waiting: int 
                   request.method, request.url.path)
         return Response(status_code=499)
 
-    @app.exception_handler(Exception)
-    async def _bug(request: Request, e: Exception) -> JSONResponse:
-        log.exception("memra serve: unhandled error")
-        return error_json(500, f"internal server error: {type(e).__name__}", "server_error")
+    # Not an exception_handler(Exception): Starlette runs that one in its outermost middleware,
+    # which answers and then re-raises, and uvicorn then drops the keep-alive connection under
+    # the client's next request.
+    app.add_middleware(_AnswerBugs)
 
     # The routes are module-level functions reading the state from request.app: FastAPI keeps
     # the endpoints it analysed in a module-level cache, and closures over the state held a

@@ -122,7 +122,7 @@ class ChatTemplate:
         except jinja2.TemplateError as e:
             raise ContractError(f"chat template: does not compile: {e}", 40025) from None
 
-    def render(self, messages: list[dict], *, add_generation_prompt: bool = True,
+    def render(self, messages: list[dict], /, *, add_generation_prompt: bool = True,
                continue_final_message: bool = False, **kwargs) -> str:
         """The conversation as the prompt text transformers' ``apply_chat_template(messages,
         tokenize=False, add_generation_prompt=..., continue_final_message=...)`` gives.
@@ -142,9 +142,12 @@ class ChatTemplate:
         if continue_final_message:
             messages, final = self._mark_final_message(messages, add_generation_prompt)
         try:
-            text = self._template.render(messages=messages, tools=variables.pop("tools", None),
-                                         documents=variables.pop("documents", None),
-                                         add_generation_prompt=add_generation_prompt, **variables)
+            # one mapping, not keywords: a variable named like render's own parameter ("self")
+            # is the template's, not a second value for it
+            text = self._template.render({**variables, "messages": messages,
+                                          "tools": variables.get("tools"),
+                                          "documents": variables.get("documents"),
+                                          "add_generation_prompt": add_generation_prompt})
         except jinja2.TemplateError as e:
             raise ContractError(f"chat template: {e}", 40025) from None
         except (TypeError, ValueError, KeyError, IndexError, AttributeError) as e:

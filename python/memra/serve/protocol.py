@@ -246,7 +246,8 @@ class _SamplingRequest(BaseModel):
         if v and any(b != 0 for b in v.values()):  # biases of 0 ask for nothing
             raise ValueError("logit_bias is not supported by memra (biases of 0 only)")
         for key in v or ():  # the keys are token ids (the handler checks the vocabulary)
-            if not (key.isascii() and key.isdigit()):
+            # at most 19 digits: a token id, and int() of it cannot meet Python's 4300-digit limit
+            if not (key.isascii() and key.isdigit()) or len(key) > 19:
                 raise ValueError(f"logit_bias keys are token ids, got {key[:40]!r}")
         return v
 
@@ -342,7 +343,14 @@ class ChatMessage(BaseModel):
 
     @model_validator(mode="after")
     def _tool_call_arguments(self):
-        _template_tool_calls(self.role, self.model_extra.get("tool_calls"))  # its ValueError: a 400
+        extra = self.model_extra
+        for key in ("name", "tool_call_id"):  # OpenAI's types; a template would print 5 as "5"
+            if extra.get(key) is not None and not isinstance(extra[key], str):
+                raise ValueError(f"{key} must be a string, got {type(extra[key]).__name__}")
+        calls = extra.get("tool_calls")
+        if calls is not None and not isinstance(calls, list):
+            raise ValueError(f"tool_calls must be a list, got {type(calls).__name__}")
+        _template_tool_calls(self.role, calls)  # its ValueError: a 400
         return self
 
     def as_template_dict(self) -> dict:
@@ -385,6 +393,8 @@ def _template_tool_calls(role: str, calls: Any) -> Any:
                     parsed = json.loads(args)
                 except json.JSONDecodeError as e:
                     raise ValueError(f"{where} is not JSON: {e}") from None
+                except RecursionError:  # "[[[..." deeper than json's recursion limit
+                    raise ValueError(f"{where} nests deeper than memra parses") from None
                 if not isinstance(parsed, dict):
                     raise ValueError(f"{where} must be a JSON object, got {type(parsed).__name__}")
             else:

@@ -60,7 +60,7 @@ class Request:
     arrival: float = field(default_factory=time.monotonic)
     cancelled: bool = False
     cancel_counted: bool = False  # cancelled while it held (or was taking) a slot: a free slot to submit
-    done: bool = False  # finished, failed or cancelled (set on the engine thread)
+    done: bool = False  # finished, failed or cancelled (set on the engine thread, under the condition)
     row: Row | None = None
 
 
@@ -143,9 +143,9 @@ class Scheduler:
         """The client is done with `req` (it disconnected, or a stop string ended it): a waiting
         request leaves the queue at once (it no longer counts toward max_waiting); a running one's
         slot is freed at the start of the next round. A finished request is left as it is."""
-        if req.done or req.cancelled:
-            return
-        with self._cv:
+        with self._cv:  # done is set under the condition too: a finish cannot slip in between
+            if req.done or req.cancelled:
+                return
             req.cancelled = True
             for i, r in enumerate(self._waiting):
                 if r is req:
@@ -253,6 +253,7 @@ class Scheduler:
             except Exception as e:  # noqa: BLE001 - a bug: this request fails, the others go on
                 with self._cv:
                     self._uncount(req)
+                    req.done = True
                 self._fail_admission(req, e, events)
                 continue
             self._stalled = False
@@ -262,6 +263,7 @@ class Scheduler:
                 lease.release()
                 with self._cv:
                     self._uncount(req)
+                    req.done = True
                 self._fail_admission(req, e, events)
                 continue
             self._running.append(req)
@@ -270,8 +272,7 @@ class Scheduler:
     def _fail_admission(self, req: Request, e: Exception, events: list) -> None:
         """`req` could not start (its slot already given back): its last event is the error, a
         MemraError as it came (a bad prompt, a full cache) or, for anything else (a bug, logged),
-        an "internal error" MemraError naming it."""
-        req.done = True
+        an "internal error" MemraError naming it (done already set, with its slot's count)."""
         if not isinstance(e, MemraError):
             log.error("memra serve: admitting a request failed", exc_info=e)
             e = MemraError(f"internal error: {e}")
@@ -300,10 +301,10 @@ class Scheduler:
                 req.row.lease.release()
             except Exception as e:  # noqa: BLE001 - logged; the request and the engine go on
                 log.error("memra serve: giving back slot %d failed: %s", req.row.slot, e)
-        req.done = True
-        if req in self._running:
-            self._running.remove(req)
-            with self._cv:
+        with self._cv:
+            req.done = True
+            if req in self._running:
+                self._running.remove(req)
                 self._uncount(req)
         if error is not None:
             events.append((req, error))
