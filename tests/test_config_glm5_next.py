@@ -143,6 +143,15 @@ def test_shared_dsa_via_pattern_after_linear_layer():
         parse_glm5_next(raw)
 
 
+def test_indexed_attention_is_the_dsa_layer():
+    # transformers after 5.17 saves GLM-5.3-Flash's DSA layers as "indexed_attention"
+    # (ALLOWED_LAYER_TYPES maps "deepseek_sparse_attention" onto it); memra refused it by name.
+    a = parse_glm5_next(TINY_RAW)
+    dsa = [i for i, t in enumerate(a.layer_types) if t == "deepseek_sparse_attention"]
+    new = ["indexed_attention" if i in dsa else t for i, t in enumerate(a.layer_types)]
+    assert dsa and parse_glm5_next(_tiny_text(layer_types=new)) == a
+
+
 def test_shared_linear_layer_is_fine():
     # "shared" on a linear-attention layer means nothing (transformers ignores it there).
     cfg = parse_glm5_next(_tiny_text(indexer_types=["shared", "shared", "full", "shared", "shared", "full"]))

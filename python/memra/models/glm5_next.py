@@ -10,7 +10,8 @@ mean over the streams, the final RMSNorm and the LM head.
 :func:`parse_config` reproduces ``Glm5NextTextConfig.__post_init__`` and
 ``Glm5NextConfig.__post_init__``: the nested ``text_config`` and the flat form, the default
 layer and MLP schedules, ``index_topk_pattern`` / ``index_topk_freq`` /
-``index_skip_topk_offset``, ``linear_attn_config``, and ``"full_attention"`` renamed to
+``index_skip_topk_offset``, ``linear_attn_config``, and ``"full_attention"`` (and
+``"indexed_attention"``, later transformers' name for it) renamed to
 ``"deepseek_sparse_attention"``. It is tested against transformers' own parse
 (tests/fixtures/glm5_next_config_cases.json).
 """
@@ -141,8 +142,11 @@ def _post_init(text: dict[str, Any]) -> dict[str, Any]:
         c["layer_types"] = [
             "linear_attention" if i % 4 != 3 else "deepseek_sparse_attention" for i in range(n)
         ]
+    # transformers after 5.17 writes the DSA layers as "indexed_attention" (its
+    # ALLOWED_LAYER_TYPES maps "deepseek_sparse_attention" onto it): the same layer.
     c["layer_types"] = [
-        "deepseek_sparse_attention" if t == "full_attention" else t for t in c["layer_types"]
+        "deepseek_sparse_attention" if t in ("full_attention", "indexed_attention") else t
+        for t in c["layer_types"]
     ]
     if c["indexer_types"] is None:
         pattern = kwargs.get("index_topk_pattern")

@@ -56,6 +56,7 @@ _ALLOWED_ATTN_TYPES = (
     "full_attention", "sliding_attention", "chunked_attention", "window_attention",
     "compressed_sparse_attention", "heavily_compressed_attention", "minimax_m3_sparse", "conv", "moe",
     "hybrid", "hybrid_sliding", "deepseek_sparse_attention", "qwen_sparse_attention", "linear_attention",
+    "indexed_attention",
 )  # fmt: skip
 _DEFAULT_THETA = 10_000.0  # RotaryEmbeddingConfigMixin.default_theta
 
