@@ -192,6 +192,13 @@ def test_non_finite_flags_through_the_cuda_branch(tmp_path) -> None:
             assert handle.flags is not None and len(handle.flags) == 2  # one flag read per key
             res = {id(r): x for r, x in batch.collect(handle)}
             assert isinstance(res[id(a)], memra.NonFiniteError) and res[id(b)] == want[1]
+            # The failed row's step was committed without a token: another would feed its last
+            # token twice. Refused, nothing run; the other row goes on.
+            n = m.cache.length(a.slot)
+            with pytest.raises(memra.ContractError, match="ended with NonFiniteError"):
+                batch.launch([b, a])
+            assert a.failed is res[id(a)] and m.cache.length(a.slot) == n and b.inflight == 0
+            batch.collect(batch.launch([b]))
         finally:
             for lease in leases:
                 lease.release()

@@ -147,9 +147,11 @@ class RowSampling:
 class Row:
     """One sequence of a :class:`DecodeBatch`: its slot (a :class:`SlotLease`), its sampling,
     ``count`` (tokens drawn and collected so far), ``last`` (the last one: the next step feeds
-    it) and ``inflight`` (steps launched for it and not yet collected)."""
+    it), ``inflight`` (steps launched for it and not yet collected) and ``failed`` (the
+    NonFiniteError that ended it, else None: its step was committed without a token, so a
+    further step would feed ``last`` a second time)."""
 
-    __slots__ = ("lease", "sampling", "count", "last", "inflight")
+    __slots__ = ("lease", "sampling", "count", "last", "inflight", "failed")
 
     def __init__(self, lease: SlotLease, sampling: RowSampling, first: int) -> None:
         self.lease = lease
@@ -157,6 +159,7 @@ class Row:
         self.count = 1
         self.last = first
         self.inflight = 0
+        self.failed: NonFiniteError | None = None
 
     @property
     def slot(self) -> int:
@@ -291,9 +294,9 @@ class DecodeBatch:
     def launch(self, rows: list[Row], what: str = "decode") -> StepHandle:
         """Enqueue one decode step feeding each row its last token (or, when :meth:`can_chain`,
         the draws of the step in flight) and drawing the next. Every row needs room for one
-        more token (CacheFullError otherwise, nothing run), its lease still held and, unless
-        chained, no step in flight (ContractError 40025 for no rows, a released lease or a step
-        in flight, nothing run)."""
+        more token (CacheFullError otherwise, nothing run), its lease still held, no
+        NonFiniteError ending it and, unless chained, no step in flight (ContractError 40025 for
+        no rows, a released lease, a failed row or a step in flight, nothing run)."""
         return self._launch(rows, what, chain_only=False)
 
     def try_chain(self, rows: list[Row], what: str = "decode") -> StepHandle | None:
@@ -307,6 +310,10 @@ class DecodeBatch:
         if not rows:
             raise ContractError(f"{what}: DecodeBatch.launch needs at least one row", 40025)
         _check_leases([r.lease for r in rows], what)
+        for r in rows:
+            if r.failed is not None:
+                raise ContractError(f"{what}: DecodeBatch.launch: the row in slot {r.slot} ended with "
+                                    f"NonFiniteError ({r.failed}); release it", 40025)
         m = self.model
         with m._lock:
             chained = self.can_chain(rows)
@@ -410,6 +417,8 @@ class DecodeBatch:
             if not isinstance(res, NonFiniteError):
                 r.count += 1
                 r.last = int(res)
+            else:
+                r.failed = res
             out.append((r, res))
         return out
 
