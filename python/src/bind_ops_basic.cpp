@@ -47,21 +47,6 @@ std::string odd_rope_message(const AnyArray& x) {
 
 }  // namespace
 
-namespace {
-
-// Extent i of a as the int the kernels and the CPU ops index with; a larger one is CONTRACT_SHAPE
-// (a narrowing cast would normalise a prefix of the row and report a wrong shape).
-int int_extent(const AnyArray& a, size_t i, const char* op, const char* name) {
-  const int64_t n = dim(a, i);
-  if (n > INT_MAX) {
-    raise_contract(kContractShape, std::string(op) + ": " + name + " of shape " + shape_str(a) +
-                                       " has an extent past 2^31 - 1");
-  }
-  return static_cast<int>(n);
-}
-
-}  // namespace
-
 void init_ops_linear(nb::module_& m);  // bind_ops_linear.cpp
 
 void init_ops_basic(nb::module_& m) {
@@ -142,7 +127,7 @@ void init_ops_basic(nb::module_& m) {
         const char* op = "rms_norm";
         check_eps(eps, op);
         const float* xp = f32_in(engine, x, op, "x", {-1, -1});
-        const int T = int_extent(x, 0, op, "x"), D = int_extent(x, 1, op, "x");
+        const int T = dim32(x, 0, op, "x"), D = dim32(x, 1, op, "x");
         const float* wp = weight ? f32_in(engine, *weight, op, "weight", {D}) : nullptr;
         Out y = out_f32_uninit(engine, {sz(T), sz(D)});
         run_op(engine, [&] {
@@ -165,7 +150,7 @@ void init_ops_basic(nb::module_& m) {
         const char* op = "add_rms_norm";
         check_eps(eps, op);
         const float* xp = f32_in(engine, x, op, "x", {-1, -1});
-        const int T = int_extent(x, 0, op, "x"), D = int_extent(x, 1, op, "x");
+        const int T = dim32(x, 0, op, "x"), D = dim32(x, 1, op, "x");
         const float* yp = f32_in(engine, y, op, "y", {T, D});
         const float* wp = weight ? f32_in(engine, *weight, op, "weight", {D}) : nullptr;
         Out sum = out_f32_uninit(engine, {sz(T), sz(D)});
@@ -193,7 +178,7 @@ void init_ops_basic(nb::module_& m) {
         const char* op = "rms_norm_gated";
         check_eps(eps, op);
         const float* xp = f32_in(engine, x, op, "x", {-1, -1});
-        const int T = int_extent(x, 0, op, "x"), D = int_extent(x, 1, op, "x");
+        const int T = dim32(x, 0, op, "x"), D = dim32(x, 1, op, "x");
         const float* gp = f32_in(engine, gate, op, "gate", {T, D});
         const float* wp = f32_in(engine, weight, op, "weight", {D});
         Out y = out_f32(engine, {sz(T), sz(D)});
@@ -216,7 +201,7 @@ void init_ops_basic(nb::module_& m) {
         const char* op = "layer_norm";
         check_eps(eps, op);
         const float* xp = f32_in(engine, x, op, "x", {-1, -1});
-        const int T = int_extent(x, 0, op, "x"), D = int_extent(x, 1, op, "x");
+        const int T = dim32(x, 0, op, "x"), D = dim32(x, 1, op, "x");
         const float* wp = f32_in(engine, weight, op, "weight", {D});
         const float* bp = f32_in(engine, bias, op, "bias", {D});
         Out y = out_f32(engine, {sz(T), sz(D)});
@@ -246,11 +231,11 @@ void init_ops_basic(nb::module_& m) {
         }
         const float* p0 = f32_in(engine, x0, op, "x0", {1, -1});
         const float* p1 = f32_in(engine, x1, op, "x1", {1, -1});
-        const int D0 = int_extent(x0, 1, op, "x0"), D1 = int_extent(x1, 1, op, "x1");
+        const int D0 = dim32(x0, 1, op, "x0"), D1 = dim32(x1, 1, op, "x1");
         const float* q0 = w0 ? f32_in(engine, *w0, op, "w0", {D0}) : nullptr;
         const float* q1 = w1 ? f32_in(engine, *w1, op, "w1", {D1}) : nullptr;
         const float* p2 = x2 ? f32_in(engine, *x2, op, "x2", {1, -1}) : nullptr;
-        const int D2 = x2 ? int_extent(*x2, 1, op, "x2") : 0;
+        const int D2 = x2 ? dim32(*x2, 1, op, "x2") : 0;
         const float* q2 = x2 ? f32_in(engine, *w2, op, "w2", {D2}) : nullptr;
         const float* c2 = x2 ? f32_in(engine, *b2, op, "b2", {D2}) : nullptr;
         Out y0 = out_f32(engine, {1, sz(D0)});

@@ -7,7 +7,6 @@
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
 
-#include <climits>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -29,16 +28,6 @@ namespace {
 
 size_t sz(int64_t n) { return static_cast<size_t>(n); }
 
-// Extent i of a as an int (the ops index with int); a larger one is CONTRACT_SHAPE.
-int extent(const AnyArray& a, size_t i, const char* op, const char* name) {
-  const int64_t n = dim(a, i);
-  if (n > INT_MAX) {
-    raise_contract(kContractShape, std::string(op) + ": argument '" + name + "' of shape " +
-                                       shape_str(a) + " has an extent past 2^31 - 1");
-  }
-  return static_cast<int>(n);
-}
-
 // A copy of `bytes` from src into dst on the engine's device (host memcpy on the CPU).
 void copy_on(const Engine* engine, void* dst, const void* src, size_t bytes, const char* op) {
   if (bytes == 0) return;
@@ -59,7 +48,7 @@ void init_ops_gdn(nb::module_& m) {
          const Engine* engine) {
         const char* op = "gdn_gate";
         const float* ap = f32_in(engine, a, op, "a", {-1, -1});
-        const int T = extent(a, 0, op, "a"), H = extent(a, 1, op, "a");
+        const int T = dim32(a, 0, op, "a"), H = dim32(a, 1, op, "a");
         const float* bp = f32_in(engine, b, op, "b", {T, H});
         const float* dp = f32_in(engine, dt_bias, op, "dt_bias", {H});
         const float* lp = f32_in(engine, A_log, op, "A_log", {H});
@@ -88,7 +77,7 @@ void init_ops_gdn(nb::module_& m) {
         const char* op = "gdn_l2norm";
         check_eps(eps, op);
         const float* xp = f32_in(engine, x, op, "x", {-1, -1, -1});
-        const int T = extent(x, 0, op, "x"), H = extent(x, 1, op, "x"), d = extent(x, 2, op, "x");
+        const int T = dim32(x, 0, op, "x"), H = dim32(x, 1, op, "x"), d = dim32(x, 2, op, "x");
         Out y = out_f32_uninit(engine, {sz(T), sz(H), sz(d)});
         copy_on(engine, y.ptr, xp, sizeof(float) * sz(T) * sz(H) * sz(d), op);
         if (int64_t(T) * H * d > 0) {  // an empty array passes through
@@ -115,20 +104,20 @@ void init_ops_gdn(nb::module_& m) {
         const float *qp, *kp, *vp, *gp, *bp, *sp = nullptr;
         if (batch) {
           qp = f32_in(engine, q, op, "q", {-1, -1, -1, -1});
-          B = extent(q, 0, op, "q"), T = extent(q, 1, op, "q"), Hk = extent(q, 2, op, "q"),
-          dk = extent(q, 3, op, "q");
+          B = dim32(q, 0, op, "q"), T = dim32(q, 1, op, "q"), Hk = dim32(q, 2, op, "q"),
+          dk = dim32(q, 3, op, "q");
           kp = f32_in(engine, k, op, "k", {B, T, Hk, dk});
           vp = f32_in(engine, v, op, "v", {B, T, -1, -1});
-          Hv = extent(v, 2, op, "v"), dv = extent(v, 3, op, "v");
+          Hv = dim32(v, 2, op, "v"), dv = dim32(v, 3, op, "v");
           gp = f32_in(engine, g, op, "g", {B, T, Hv});
           bp = f32_in(engine, beta, op, "beta", {B, T, Hv});
           if (state) sp = f32_in(engine, *state, op, "state", {B, Hv, dk, dv});
         } else {
           qp = f32_in(engine, q, op, "q", {-1, -1, -1});
-          T = extent(q, 0, op, "q"), Hk = extent(q, 1, op, "q"), dk = extent(q, 2, op, "q");
+          T = dim32(q, 0, op, "q"), Hk = dim32(q, 1, op, "q"), dk = dim32(q, 2, op, "q");
           kp = f32_in(engine, k, op, "k", {T, Hk, dk});
           vp = f32_in(engine, v, op, "v", {T, -1, -1});
-          Hv = extent(v, 1, op, "v"), dv = extent(v, 2, op, "v");
+          Hv = dim32(v, 1, op, "v"), dv = dim32(v, 2, op, "v");
           gp = f32_in(engine, g, op, "g", {T, Hv});
           bp = f32_in(engine, beta, op, "beta", {T, Hv});
           if (state) sp = f32_in(engine, *state, op, "state", {Hv, dk, dv});
@@ -224,7 +213,7 @@ void init_ops_gdn(nb::module_& m) {
         const char* op = "rms_norm_gated_silu";
         check_eps(eps, op);
         const float* xp = f32_in(engine, x, op, "x", {-1, -1});
-        const int T = extent(x, 0, op, "x"), D = extent(x, 1, op, "x");
+        const int T = dim32(x, 0, op, "x"), D = dim32(x, 1, op, "x");
         const float* gp = f32_in(engine, gate, op, "gate", {T, D});
         const float* wp = f32_in(engine, weight, op, "weight", {D});
         Out y = out_f32_uninit(engine, {sz(T), sz(D)});  // the op writes every element

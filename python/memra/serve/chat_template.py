@@ -144,9 +144,8 @@ class ChatTemplate:
         try:
             # one mapping, not keywords: a variable named like render's own parameter ("self")
             # is the template's, not a second value for it
-            text = self._template.render({**variables, "messages": messages,
-                                          "tools": variables.get("tools"),
-                                          "documents": variables.get("documents"),
+            text = self._template.render({"tools": None, "documents": None, **variables,
+                                          "messages": messages,
                                           "add_generation_prompt": add_generation_prompt})
         except jinja2.TemplateError as e:
             raise ContractError(f"chat template: {e}", 40025) from None
