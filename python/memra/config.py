@@ -237,6 +237,16 @@ def field_defaults(cls: type) -> dict[str, Any]:
 
 # The largest side file (config, index, tokenizer, template) memra reads whole: 32x the largest
 # real one (a tokenizer.json of ~30 MiB), and far below what reading it would exhaust.
+# transformers' ALLOWED_ATTN_LAYER_TYPES (configuration_utils.py): the entries its validator
+# accepts in a config's layer_types. A family refuses by name those it does not run.
+ALLOWED_ATTN_LAYER_TYPES = (
+    "full_attention", "sliding_attention", "chunked_attention", "window_attention",
+    "compressed_sparse_attention", "heavily_compressed_attention", "minimax_m3_sparse", "conv", "moe",
+    "hybrid", "hybrid_sliding", "deepseek_sparse_attention", "qwen_sparse_attention", "linear_attention",
+    "indexed_attention",
+)  # fmt: skip
+
+
 MAX_SIDE_FILE_BYTES = 1 << 30
 
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
 from .. import _core
-from ..config import Size, check_fields, check_grouped_router, check_positive, check_size_product, field_ranges
+from ..config import ALLOWED_ATTN_LAYER_TYPES, Size, check_fields, check_grouped_router, check_positive, check_size_product, field_ranges
 from ..errors import ContractError, UnsupportedError
 from ..loader import NameTable, Route
 from .layers import KdaMixer, MlaMixer, check_groups, located, norm_vector
@@ -45,14 +45,6 @@ LATENT_NORM_EPS = 1e-6
 # unchanged (NaN included) on the CPU and in every CUDA kernel, so inf is "no clamp".
 NO_CLAMP = math.inf
 
-# transformers' ALLOWED_ATTN_LAYER_TYPES (configuration_utils.py): entries it accepts in
-# layer_types; memra runs the two Kimi-Linear builds, the others are refused by name.
-_ALLOWED_ATTN_TYPES = (
-    "full_attention", "sliding_attention", "chunked_attention", "window_attention",
-    "compressed_sparse_attention", "heavily_compressed_attention", "minimax_m3_sparse", "conv", "moe",
-    "hybrid", "hybrid_sliding", "deepseek_sparse_attention", "qwen_sparse_attention", "linear_attention",
-    "indexed_attention",
-)  # fmt: skip
 
 
 @dataclass
@@ -244,7 +236,7 @@ def _validate(c: dict[str, Any]) -> None:
     UnsupportedError for a config memra does not run, also where transformers would silently run
     something else than the config says (the release's remote-code fields it ignores)."""
     n = c["num_hidden_layers"]
-    for name, allowed in (("layer_types", _ALLOWED_ATTN_TYPES), ("mlp_layer_types", ("dense", "sparse"))):
+    for name, allowed in (("layer_types", ALLOWED_ATTN_LAYER_TYPES), ("mlp_layer_types", ("dense", "sparse"))):
         types = c[name]
         if len(types) != n:
             raise ContractError(f"config: {name} has {len(types)} entries for num_hidden_layers = {n}", 40025)

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import Any, TypedDict
 
 from .. import _core
-from ..config import Size, check_fields, check_positive, field_ranges
+from ..config import ALLOWED_ATTN_LAYER_TYPES, Size, check_fields, check_positive, field_ranges
 from ..errors import ContractError, UnsupportedError
 from ..loader import NameTable, Route
 from .layers import AttentionMixer, GdnMixer, check_groups, located, norm_vector
@@ -50,14 +50,8 @@ GDN, ATTN = "linear_attention", "full_attention"
 NO_CLAMP = math.inf
 
 # transformers' _LEGACY_LAYER_TYPE_REMAP (configuration_utils.py), applied by the configs'
-# __post_init__ to a given layer_types, and ALLOWED_ATTN_LAYER_TYPES, which its validator checks.
+# __post_init__ to a given layer_types before its validator checks ALLOWED_ATTN_LAYER_TYPES.
 _LEGACY_LAYER_TYPES = {"conv": GDN, "mamba": GDN, "attention": ATTN}
-_ALLOWED_ATTN_TYPES = (
-    "full_attention", "sliding_attention", "chunked_attention", "window_attention",
-    "compressed_sparse_attention", "heavily_compressed_attention", "minimax_m3_sparse", "conv", "moe",
-    "hybrid", "hybrid_sliding", "deepseek_sparse_attention", "qwen_sparse_attention", "linear_attention",
-    "indexed_attention",
-)  # fmt: skip
 _DEFAULT_THETA = 10_000.0  # RotaryEmbeddingConfigMixin.default_theta
 
 
@@ -253,8 +247,8 @@ def _validate(c: dict[str, Any]) -> None:
     if len(types) != n:
         raise ContractError(f"config: layer_types has {len(types)} entries for num_hidden_layers = {n}", 40025)
     for i, t in enumerate(types):
-        if t not in _ALLOWED_ATTN_TYPES:
-            raise ContractError(f"config: layer_types[{i}] = {t!r} is not one of {list(_ALLOWED_ATTN_TYPES)}", 40025)
+        if t not in ALLOWED_ATTN_LAYER_TYPES:
+            raise ContractError(f"config: layer_types[{i}] = {t!r} is not one of {list(ALLOWED_ATTN_LAYER_TYPES)}", 40025)
         if t not in (GDN, ATTN):
             # transformers builds neither mixer for such a layer and runs its residual around nothing.
             raise UnsupportedError(f"config: layer {i} has layer type {t!r}; Qwen3.5-family layers are "
