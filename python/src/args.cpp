@@ -236,13 +236,7 @@ void check_array(const AnyArray& a, const char* op, const char* name,
   // Every op takes its extents as 32-bit counts (the ABI structs' int fields): an extent past
   // INT32_MAX would wrap to another geometry and the op would run on it. Refused here, for every
   // array of every op, so no binding's int(...) of an extent can wrap.
-  for (size_t d = 0; d < a.ndim(); ++d) {
-    if (static_cast<int64_t>(a.shape(d)) > std::numeric_limits<int32_t>::max()) {
-      os << op << ": argument '" << name << "' has shape " << shape_str(a)
-         << ", an extent past int32";
-      raise_contract(kContractRange, os.str());
-    }
-  }
+  for (size_t d = 0; d < a.ndim(); ++d) dim32(a, d, op, name);
 }
 
 bool has_dtype(const AnyArray& a, nb::dlpack::dtype_code c, int bits) {
