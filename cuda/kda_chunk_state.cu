@@ -343,7 +343,7 @@ int launch_chunk_state(MemraCudaCtx* ctx, const ChunkProblem& p, int nc, const f
   auto* kernel = p.o_bf16 ? chunk_state_kernel<true> : chunk_state_kernel<false>;
   MEMRA_CUDA_RETURN_IF(allow_smem(ctx, kernel, kSmemBytes));
   // Not a programmatic dependent of the intra kernel: launched early, its blocks (a whole SM's
-  // shared memory each) cost the call time (docs/kernels.md, session 16).
+  // shared memory each) cost the call time (docs/kda.md, session 16).
   memra::cuda::launch(ctx, false, kernel, dim3(static_cast<unsigned>(blocks)),
                       dim3(kThreads), kSmemBytes, p, nc, scratch);
   return launch_status();

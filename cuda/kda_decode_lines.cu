@@ -61,7 +61,7 @@ constexpr int line_min_blocks() { return NORM ? 2 : 8; }
 // A lane's float4 of state. The L2::256B prefetch size has the L2 fetch the aligned 256-byte
 // pair of lines, whose other half the neighbouring part reads at about the same time; the
 // streaming policy (ld.global.cs) it replaced left the kernel well short of a copy of the same
-// bytes (benchmarks/kda_decode_forms.cu times the policies; docs/kernels.md has the figures).
+// bytes (benchmarks/kda_decode_forms.cu times the policies; docs/kda.md has the figures).
 // In place (sin == sout) each element is loaded and stored by the same lane, the store's value
 // computed from the load's, so the asm needs no memory clobber.
 __device__ __forceinline__ float4 ld_state_line(const float* p) {

@@ -42,7 +42,7 @@
 // waves = ceil(blocks / (SMs * blocks per SM)) (1 block per SM for the tensor kernel), the
 // overhead of a block being its q read and, when split, its partial write (both HB x R f32, i.e.
 // HB / 32 tiles of a bf16 cache) and the combine reading the partials back. The split counts and
-// the bandwidth budget at the bench shapes: docs/kernels.md "MLA".
+// the bandwidth budget at the bench shapes: docs/mla.md.
 #include <cfloat>
 #include <climits>
 #include <cmath>

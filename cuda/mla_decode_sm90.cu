@@ -45,7 +45,7 @@
 // epilogue's row sums, the block's tensor map and 32 mbarriers: 210.6 KiB with the alignment
 // slack.
 //
-// Why this shape: docs/kernels.md "MLA" (the kernels before it and FlashMLA's, measured).
+// Why this shape: docs/mla.md (the kernels before it and FlashMLA's, measured).
 //
 // Splits are chosen by cuda/mla_decode.cu, how they merge by cuda/mla_decode_sm90_launch.cu
 // (Merge in mla_decode_sm90.cuh: in a cluster, at a grid barrier, or by a combine launch); the

@@ -9,7 +9,7 @@
 // else kMergeGrid where the whole grid is (at most one block an SM and B <= kMlaDecodeSeqs; a
 // cooperative launch, which the driver refuses otherwise); else, or where the cooperative launch
 // is refused, kMergeCombine. Why in-grid merges: the combine launch and its partials' round
-// trip through memory cost 6-8 % of the call at the bench shapes (docs/kernels.md "MLA").
+// trip through memory cost 6-8 % of the call at the bench shapes (docs/mla.md).
 #include <cuda.h>
 #include <cudaTypedefs.h>
 

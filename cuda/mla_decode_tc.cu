@@ -27,7 +27,7 @@
 // Precision: q_lat is rounded to bf16 (2^-9 relative per element) for the QK product; the cache
 // is bf16 already; p is rounded to bf16 for the PV product; scores, the softmax statistics
 // (running max, alpha, sums) and both accumulations are f32 (the error against the f32 CPU op:
-// docs/kernels.md "MLA").
+// docs/mla.md).
 #include <cfloat>
 #include <cstdint>
 

@@ -19,7 +19,7 @@
 //   The cost: per (query, row, head) R + d_rope + R multiply-adds against d_nope + d_rope + d_v
 //   decompressed (1024 vs 512 at GLM-5.3-Flash, 1088 vs 320 at Kimi-Linear), so a long dense
 //   causal prefill (Kimi-Linear has no DSA) does 2-3.4x the tensor-core work of the decompressed
-//   form: the place where a decompressed arm would pay (not built; docs/kernels.md).
+//   form: the place where a decompressed arm would pay (not built; docs/mla.md).
 //
 // Kernel: a prefill query i (row p0 + i, p0 = t_kv - t_q) is a decode row whose sequence holds
 // rows [0, p0 + i] (or its index list): the batched decode's tensor-core kernels

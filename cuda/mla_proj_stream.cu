@@ -12,7 +12,7 @@
 // tile's activations (f32, a few KiB from L2) travel in group 0; later tiles are staged after a
 // barrier. At GLM-5.3-Flash's shapes (H = 64, d_nope = d_v = 128, R = 512, bf16 kv_b) absorb and
 // decompress are each 512 blocks of 128 threads with 16 KiB of weights, all resident at once
-// (docs/kernels.md "MLA").
+// (docs/mla.md).
 //
 // Every output is still one sequential chain computed by one thread, the same operations in
 // the same order as arm 1's absorb_dot / decompress_dot (from 0, reduction index ascending,

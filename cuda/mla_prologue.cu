@@ -3,7 +3,7 @@
 // and plane tables (decode_tables), the latent append and the indexer's k-pool append.
 //
 // Why: at batch 1 those were four launches in a row on the step's critical path, each mostly a
-// launch and a memory round trip (docs/kernels.md "MLA"). Here the latent and ring
+// launch and a memory round trip (docs/mla.md). Here the latent and ring
 // rows are stored from the registers that hold the normalised values, and the slot and length
 // are read before the launch's wait, so the appends add stores, not round trips, to the norm
 // launch.
