@@ -88,6 +88,41 @@ def test_a_released_row_a_second_collect_and_no_rows_are_refused(model) -> None:
     assert _free(model)
 
 
+def test_a_lease_of_another_model_is_refused_before_anything_runs(model) -> None:
+    # DecodeBatch(B) took A's lease: it prefilled and decoded into B's slot of the same index,
+    # which held the user's own tokens and no hold (the owner check let any token through a
+    # free slot), and A's held slot stayed untouched.
+    other = memra.load(memra.default_checkpoint(), max_batch=2, max_len=64, progress=False)
+    model.prefill(model.cache, 0, [9, 9, 9])
+    (lease,) = other.take_slots(1)
+    (own,) = model.take_slots(1)
+    try:
+        assert lease.slot == 0
+        batch = DecodeBatch(model)
+        with pytest.raises(ContractError, match="another model"):
+            batch.start(np.array([1, 2, 3], np.int32), RowSampling(), lease)
+        with pytest.raises(ContractError, match="another model"):
+            batch.start_many([np.array([1, 2], np.int32)] * 2, [RowSampling()] * 2,
+                             [lease, own])
+        row = DecodeBatch(other).start(np.array([1, 2, 3], np.int32), RowSampling(), lease)
+        with pytest.raises(ContractError, match="another model"):
+            batch.launch([row])
+        assert model.cache.length(0) == 3 and other.cache.length(0) == 3
+        # The cache itself refuses a token that holds no slot there (released, or another cache's).
+        for call in (lambda: model.cache.commit(0, 1, owner=lease.token),
+                     lambda: model.cache.free(0, owner=lease.token),
+                     lambda: model.cache.copy_slot(1, 0, owner=lease.token),
+                     lambda: model._prefill(model.cache, 0, [4], owner=lease.token)):
+            with pytest.raises(ContractError, match="not held by"):
+                call()
+        assert model.cache.length(0) == 3
+    finally:
+        lease.release()
+        own.release()
+        model.cache.free(0)
+    assert _free(model) and other.cache.length(0) == 0
+
+
 @pytest.mark.parametrize("sampling,words", [
     (RowSampling(temperature=-1.0), "temperature"),
     (RowSampling(temperature=0.5, top_k=-5), "top_k"),

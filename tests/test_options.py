@@ -1,11 +1,14 @@
 """memra.KernelOptions (cpp/include/memra/options.h, python/src/bind_options.cpp): the typed
 options that choose the CUDA kernels' arms, given once when an Engine is made. These run on the
 CPU: construction, defaults, validation (every bad field or value a ContractError naming both),
-the value semantics (repr, equality, hashing, replace, to_dict) and the plumbing through
+the value semantics (repr, equality, hashing, replace, to_dict, copy and pickle) and the plumbing through
 Engine(options=) and memra.load(kernel_options=). The arms themselves are exercised by the CUDA
 tests (tests/test_cuda_*.py) through engines made with these options."""
 
 from __future__ import annotations
+
+import copy
+import pickle
 
 import numpy as np
 import pytest
@@ -123,6 +126,24 @@ def test_value_semantics() -> None:
     assert r == KernelOptions(mla_split_tiles=5) and k.pdl is False  # k unchanged
     with pytest.raises(AttributeError):
         k.pdl = True  # type: ignore[misc]
+
+
+def test_copy_deepcopy_and_pickle_give_the_same_value() -> None:
+    # They raised TypeError (cannot pickle), so a dataclass holding options could not be copied.
+    k = KernelOptions(gemv_rows=4, pdl=False, prefill_chunk=512)
+    for c in (copy.copy(k), copy.deepcopy({"o": k})["o"], pickle.loads(pickle.dumps(k))):
+        assert type(c) is KernelOptions and c == k and c.to_dict() == k.to_dict()
+    bad = pickle.dumps(k).replace(b"gemv_rows", b"gemv_rowz")  # a state naming no field
+    with pytest.raises(memra.ContractError, match="gemv_rowz"):
+        pickle.loads(bad)
+    with pytest.raises(TypeError), pytest.warns(RuntimeWarning):  # no re-initialising a live value
+        k.__setstate__({"pdl": True})
+    assert k.pdl is False
+
+
+def test_engine_refuses_a_bool_device_index() -> None:
+    with pytest.raises(memra.ContractError, match="device_index"):
+        memra.Engine("cpu", False)  # type: ignore[arg-type]
 
 
 def test_engine_keeps_its_options() -> None:

@@ -236,7 +236,7 @@ class DecodeBatch:
         after the prompt are not finite; the lease stays with the caller either way (release
         it)."""
         _check_row_sampling(sampling, what)
-        _check_leases([lease], what)
+        _check_leases(self.model, [lease], what)
         m = self.model
         with m._lock:
             logits = m._prefill(m.cache, lease.slot, prompt_ids, owner=lease.token)
@@ -263,7 +263,7 @@ class DecodeBatch:
                 return [e]
         for s in samplings:
             _check_row_sampling(s, what)
-        _check_leases(leases, what)
+        _check_leases(self.model, leases, what)
         m = self.model
         out: list[Row | NonFiniteError] = []
         with m._lock:
@@ -309,7 +309,7 @@ class DecodeBatch:
     def _launch(self, rows: list[Row], what: str, chain_only: bool) -> StepHandle | None:
         if not rows:
             raise ContractError(f"{what}: DecodeBatch.launch needs at least one row", 40025)
-        _check_leases([r.lease for r in rows], what)
+        _check_leases(self.model, [r.lease for r in rows], what)
         for r in rows:
             if r.failed is not None:
                 raise ContractError(f"{what}: DecodeBatch.launch: the row in slot {r.slot} ended with "
@@ -430,9 +430,14 @@ def _check_row_sampling(s: RowSampling, what: str) -> None:
     generation_args(0, s.temperature, s.top_k, s.top_p, s.seed, what)
 
 
-def _check_leases(leases: list[SlotLease], what: str) -> None:
-    """ContractError (40025) for a lease already released: a step on its slot would run unowned,
-    into a slot that generation no longer holds (or that holds the user's own tokens)."""
+def _check_leases(model: Model, leases: list[SlotLease], what: str) -> None:
+    """ContractError (40025) for a lease already released or taken on another model: a step on
+    its slot would run unowned, into a slot that generation does not hold (or that holds the
+    user's own tokens)."""
+    foreign = [lease.slot for lease in leases if lease.model is not model]
+    if foreign:
+        raise ContractError(f"{what}: the lease of slot(s) {foreign} was taken on another model "
+                            f"(Model.take_slots of this DecodeBatch's model makes its leases)", 40025)
     gone = [lease.slot for lease in leases if not lease.held]
     if gone:
         raise ContractError(f"{what}: the lease of slot(s) {gone} was released; a released row cannot run", 40025)

@@ -84,7 +84,7 @@ void init_engine(nb::module_& m) {
                      "end_capture raise UnsupportedError (50000): there is no stream to capture.")
       .def(
           "__init__",
-          [](Engine* self, const std::string& device, int device_index, nb::handle options) {
+          [](Engine* self, const std::string& device, Index device_index, nb::handle options) {
             const KernelOptions o = options_arg(options, "Engine", "options");
             std::unique_ptr<Engine> e;
             check(Engine::create(device, device_index, o, &e));

@@ -150,9 +150,10 @@ void set_field(KernelOptions* o, const Field& f, nb::handle v) {
   o->*f.value = static_cast<int>(n);
 }
 
-// `base` with the fields named in kwargs replaced, validated.
-KernelOptions with_fields(KernelOptions base, const nb::kwargs& kwargs) {
-  for (auto [k, v] : kwargs) {
+// `base` with the fields named in `fields` (keyword arguments, or a pickled state) replaced,
+// validated.
+KernelOptions with_fields(KernelOptions base, const nb::dict& fields) {
+  for (auto [k, v] : fields) {
     const std::string name = nb::cast<std::string>(nb::str(k));
     const Field* f = find_field(name);
     if (!f) {
@@ -167,6 +168,12 @@ KernelOptions with_fields(KernelOptions base, const nb::kwargs& kwargs) {
 
 nb::object value_of(const KernelOptions& o, const Field& f) {
   return f.flag ? nb::object(nb::bool_(o.*f.flag)) : nb::object(nb::int_(o.*f.value));
+}
+
+nb::dict fields_dict(const KernelOptions& o) {
+  nb::dict d;
+  for (const Field& f : kFields) d[f.name] = value_of(o, f);
+  return d;
 }
 
 std::string repr(const KernelOptions& o) {
@@ -234,15 +241,20 @@ void init_options(nb::module_& m) {
           nb::sig("def replace(self, **fields: bool | int) -> KernelOptions"),
           "A copy with the named fields replaced (validated as the constructor does).")
       .def(
-          "to_dict",
-          [](const KernelOptions& o) {
-            nb::dict d;
-            for (const Field& f : kFields) d[f.name] = value_of(o, f);
-            return d;
-          },
+          "to_dict", &fields_dict,
           nb::sig("def to_dict(self) -> dict[str, bool | int]"),
           "The fields as a dict, in declaration order (KernelOptions(**d) makes the same value).")
       .def("__repr__", &repr)
+      // Pickling and copy / deepcopy (copyreg's __reduce_ex__): the state is to_dict(), and
+      // nanobind runs __setstate__ only on a new, uninitialized instance, so the value stays
+      // immutable.
+      .def("__getstate__", &fields_dict, nb::sig("def __getstate__(self) -> dict[str, bool | int]"))
+      .def(
+          "__setstate__",
+          [](KernelOptions* self, const nb::dict& state) {
+            new (self) KernelOptions(with_fields(KernelOptions{}, state));
+          },
+          nb::sig("def __setstate__(self, state: dict[str, bool | int], /) -> None"))
       .def(
           "__eq__",
           [](const KernelOptions& a, nb::handle b) -> nb::object {

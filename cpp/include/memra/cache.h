@@ -150,7 +150,8 @@ class Cache {
   // Slot ownership. A slot is free (owner 0) or held by one owner: the nonzero token hold()
   // handed out (memra's generations and server requests hold the slots they run in). The
   // mutations below take the caller's token (`owner`, 0 = none) and refuse a slot held by
-  // another token with kContractSlotHeld before changing anything; reads (length, planes, the
+  // another token, or a nonzero token that holds no slot there, with kContractSlotHeld before
+  // changing anything; reads (length, planes, the
   // source of copy_slot) stay open to everyone.
   uint64_t owner(int slot) const { return owners_[slot]; }
   // Hold a free slot (its contents are left as they are): *token receives a fresh nonzero token,
@@ -158,7 +159,8 @@ class Cache {
   Status hold(int slot, uint64_t* token);
   // Give a held slot back (contents untouched). kContractSlotHeld unless `token` holds it.
   Status release(int slot, uint64_t token);
-  // kContractSlotHeld when `slot` is held by an owner other than `token`.
+  // kContractSlotHeld when `slot` is held by an owner other than `token`, or when a nonzero
+  // `token` does not hold it (a released hold, or a token of another cache).
   Status check_owner(int slot, uint64_t token, const char* op) const;
 
   // Advance slot by n tokens and flip its ping-pong planes (after every layer ran the step).
