@@ -267,3 +267,29 @@ def test_a_ctrl_c_held_back_is_raised_even_when_the_block_fails():
         with deferred_interrupts():
             raise Boom("alone")
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+class _NoNotes(RuntimeError):
+    """An error as Python 3.10 makes them: no add_note (3.11 added it)."""
+
+    def __getattribute__(self, name):
+        if name == "add_note":
+            raise AttributeError(name)
+        return super().__getattribute__(name)
+
+
+def test_an_undo_that_fails_too_is_noted_or_logged(caplog):
+    # put_back called error.add_note, an AttributeError on 3.10 that hid the prefill's own error
+    # (the README names Python >= 3.10; a break-it pass, session 30).
+    class Cache:
+        def free(self, slot, owner):
+            raise ValueError("free failed")
+
+    noted = RuntimeError("prefill failed")
+    batch_prefill.put_back(Cache(), 1, None, 0, noted, "prefill")
+    assert noted.__notes__ == ["prefill: putting slot 1 back failed too: free failed"]
+    old = _NoNotes("prefill failed")
+    assert not hasattr(old, "add_note")
+    with caplog.at_level("ERROR", logger="memra"):
+        batch_prefill.put_back(Cache(), 1, None, 0, old, "prefill")
+    assert "prefill: putting slot 1 back failed too: free failed" in caplog.text

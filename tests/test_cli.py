@@ -75,3 +75,16 @@ def test_a_host_that_does_not_resolve_or_a_taken_port_is_said_before_the_load(mo
         port = taken.getsockname()[1]
         assert cli.main(["serve", "--port", str(port)]) == 2
         assert f"--port {port}: cannot listen there" in capsys.readouterr().err
+
+
+def test_a_broken_chat_template_file_is_named_before_the_load(calls, capsys, tmp_path):
+    # The server loaded every weight and printed "serving ..." before create_app found it.
+    import shutil
+
+    ck = tmp_path / "ck"
+    shutil.copytree(memra.default_checkpoint(), ck)
+    (ck / "tokenizer_config.json").write_text("nope")
+    assert cli.main(["serve", str(ck), "--device", "cpu"]) == 1
+    err = capsys.readouterr().err
+    assert "ContractError (40025): chat template:" in err and "tokenizer_config.json" in err, err
+    assert "serving" not in err and calls == []

@@ -152,3 +152,31 @@ def test_an_id_the_tokenizer_makes_past_the_vocabulary_names_the_prompt(capsys, 
     assert cli.main(["generate", str(ck), "--prompt", "hi <|t19|>", "--max-new-tokens", "2"]) == 1
     err = capsys.readouterr().err
     assert "generate: --prompt (its token ids): token id 277 is outside [0, 272)" in err, err
+
+
+def test_an_empty_prompt_or_no_tokenizer_fail_before_the_load(loads, capsys, tmp_path):
+    # Both were found after the checkpoint loaded and the cache was made (a break-it pass of the
+    # CLI, session 30): with a large model, minutes for a typo.
+    import shutil
+
+    import memra
+
+    assert cli.main(["generate", "--prompt", ""]) == 2
+    assert "--prompt '' encodes to no tokens" in capsys.readouterr().err
+    ck = tmp_path / "ck"
+    shutil.copytree(memra.default_checkpoint(), ck)
+    (ck / "tokenizer.json").unlink()
+    assert cli.main(["generate", str(ck), "--prompt", "hi"]) == 2
+    assert "use --prompt-ids" in capsys.readouterr().err
+    assert loads == []
+
+
+def test_the_text_leaves_out_the_eos_that_ended_it(monkeypatch, capsys):
+    # It printed "Hi<|endoftext|>"; the server's default (skip_special_tokens) gives "Hi".
+    class Model(_Model):
+        def stream(self, ids, n, **kw):
+            yield from (ord("H"), ord("i"), 256)  # the embedded tokenizer: byte ids, EOS 256
+
+    monkeypatch.setattr(cli, "load", lambda path, **kw: Model(False))
+    assert cli.main(["generate", "--prompt", "x"]) == 0
+    assert capsys.readouterr().out == "Hi\n"

@@ -17,6 +17,7 @@ call with the prompts after it, and scratch stays O(prefill_chunk).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -131,11 +132,15 @@ def run(model: Model, cache: _core.Cache, slots: np.ndarray, prompts: list[np.nd
 def put_back(cache: _core.Cache, slot: int, saved, owner: int, error: BaseException, what: str) -> None:
     """Undo what a failed prefill appended to `slot`: restore `saved`, the snapshot of a slot that
     held tokens, or free the slot (it was empty). Should that fail too, it is noted on `error`,
-    the one the caller raises."""
+    the one the caller raises (on Python 3.10, which has no notes, logged on "memra")."""
     try:
         if saved is None:
             cache.free(slot, owner=owner)
         else:
             cache.restore(saved, owner=owner)
     except Exception as undo:  # noqa: BLE001 - the first error is the one to raise
-        error.add_note(f"{what}: putting slot {slot} back failed too: {undo}")
+        note = f"{what}: putting slot {slot} back failed too: {undo}"
+        if hasattr(error, "add_note"):  # Python 3.11+
+            error.add_note(note)
+        else:  # 3.10 has no notes: said on memra's logger instead
+            logging.getLogger("memra").error(note)

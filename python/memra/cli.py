@@ -4,10 +4,10 @@
                    [--temperature T] [--top-k K] [--top-p P] [--seed S] [--ignore-eos]
                    [--max-len N] [--device cpu|cuda|cuda:N] [--dtype D]
 
-prints the new text (decoded with the folder's tokenizer, memra.tokenizer.read_tokenizer) or the
-new token ids, then on stderr the time to the first token (the prompt's prefill) and the decode
-speed in tokens/s after it. Ctrl-C prints the tokens drawn so far and
-exits with 130.
+prints the new text (decoded with the folder's tokenizer, memra.tokenizer.read_tokenizer, special
+tokens such as the EOS that ended it left out, as the server does by default) or the new token
+ids, then on stderr the time to the first token (the prompt's prefill) and the decode speed in
+tokens/s after it. Ctrl-C prints the tokens drawn so far and exits with 130.
 
     memra serve [PATH] [--host 127.0.0.1] [--port 8000] [--device cpu|cuda|cuda:N] [--dtype D]
                 [--max-batch N] [--max-len N] [--max-waiting N] [--max-request-bytes N]
@@ -24,12 +24,13 @@ import re
 import socket
 import sys
 import time
+from pathlib import Path
 
 from . import load
 from .errors import CacheFullError, MemraError
 from .batch import count_arg, generation_args
 from .checkpoint import default_checkpoint
-from .tokenizer import NO_TOKENIZER
+from .tokenizer import NO_TOKENIZER, read_tokenizer
 
 DEFAULT_PROMPT = "The quick brown fox"
 
@@ -122,15 +123,12 @@ def _main(argv: list[str] | None) -> int:
         if 1 <= args.max_len < args.max_new_tokens:  # any prompt takes a row: cannot fit
             raise CacheFullError(f"generate: {args.max_new_tokens} new tokens and a prompt need more than "
                                  f"--max-len {args.max_len} cache rows", 30002)
-        model = load(path, device=args.device, max_batch=1, max_len=args.max_len, dtype=args.dtype,
-                     progress=True)
-        print(f"memra: cache of {model.cache.max_batch} x {model.cache.max_len} tokens takes "
-              f"{model.cache.nbytes / 2**20:.1f} MiB", file=sys.stderr)
-        tok = model.tokenizer
-        if args.prompt_ids is not None:
-            ids = args.prompt_ids
-        else:
+        # The prompt's tokens before the checkpoint too (load reads the same tokenizer); a path
+        # that is no folder is load's to name.
+        tok, ids = None, args.prompt_ids
+        if ids is None and os.path.isdir(path):
             text = args.prompt if args.prompt is not None else DEFAULT_PROMPT
+            tok = read_tokenizer(Path(path))
             if tok is None:
                 print(f"memra: this checkpoint has {NO_TOKENIZER}; use --prompt-ids", file=sys.stderr)
                 return 2
@@ -138,6 +136,10 @@ def _main(argv: list[str] | None) -> int:
             if not ids:
                 print(f"memra: --prompt {text!r} encodes to no tokens; give a non-empty prompt", file=sys.stderr)
                 return 2
+        model = load(path, device=args.device, max_batch=1, max_len=args.max_len, dtype=args.dtype,
+                     progress=True)
+        print(f"memra: cache of {model.cache.max_batch} x {model.cache.max_len} tokens takes "
+              f"{model.cache.nbytes / 2**20:.1f} MiB", file=sys.stderr)
         start = time.perf_counter()
         first = None  # when the first token arrived: the prompt's prefill and one draw
         new: list[int] = []
@@ -171,8 +173,8 @@ def _main(argv: list[str] | None) -> int:
 
 def _print_new(new: list[int], tok, args) -> None:
     """The new tokens on stdout: text through the tokenizer for a text prompt, else the ids."""
-    if tok is not None and args.prompt_ids is None:
-        print(tok.decode(new, skip_special_tokens=False))
+    if tok is not None:  # special tokens (the EOS that ended it) give no text, as the server's default
+        print(tok.decode(new, skip_special_tokens=True))
     else:
         print(",".join(str(t) for t in new))
 
@@ -227,6 +229,7 @@ def _serve(args) -> int:
 
     try:
         from .serve import run
+        from .serve.chat_template import load_chat_template
     except ImportError as e:  # fastapi / uvicorn missing from a hand-made environment
         print(f"memra: memra serve needs fastapi, uvicorn, prometheus-client and jinja2: {e}", file=sys.stderr)
         return 2
@@ -237,6 +240,8 @@ def _serve(args) -> int:
     device = args.device or ("cuda" if cuda_available() else "cpu")
     path = args.path if args.path is not None else default_checkpoint()
     try:
+        if os.path.isdir(path):  # the chat template before the weights (create_app reads it again)
+            load_chat_template(Path(path))
         model = load(path, device=device, max_batch=args.max_batch, max_len=args.max_len, dtype=args.dtype,
                      progress=True)
     except MemraError as e:
