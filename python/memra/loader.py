@@ -29,7 +29,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import ml_dtypes  # noqa: F401  (registers bfloat16 with numpy for safetensors' numpy framework)
 import numpy as np
 from safetensors import safe_open
 from tqdm import tqdm
@@ -194,6 +193,8 @@ _OTHER_DTYPES = {"F64": "float64", "I8": "int8", "I16": "int16", "I32": "int32",
 
 
 def _to_weight(name: str, arr: np.ndarray) -> _core.Weight:
+    import ml_dtypes  # read_tensors imported it first
+
     if arr.dtype == ml_dtypes.bfloat16:
         return _core.Weight(np.ascontiguousarray(arr).view(np.uint16), dtype="bfloat16", name=name)
     if arr.dtype in (np.float32, np.float16):
@@ -212,6 +213,10 @@ def read_tensors(path: Path, num_hidden_layers: int, *, names: NameTable,
     ``model.language_model.layers.0.x``: which copy is meant cannot be told), a layer number
     with leading zeros, or a dtype memra does not read (each named; the dtype is read from
     the header, so an FP8 / FP4 tensor is named before anything tries to convert it)."""
+    # Registers bfloat16 with numpy for safetensors' numpy framework. Imported here, not with
+    # memra: it takes about half a second, which `import memra` for the ops alone need not pay.
+    import ml_dtypes  # noqa: F401
+
     out = CheckpointTensors()
     files, weight_map = shard_files(path)
     notices: dict[str, str] = {}
