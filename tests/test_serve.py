@@ -64,6 +64,21 @@ def test_health_models_and_metrics(server: ServerThread) -> None:
         assert name in text
 
 
+def test_error_responses_are_counted_by_status(server: ServerThread) -> None:
+    # /metrics counted only the requests that reached the scheduler: a storm of 429s or 400s
+    # left no trace there (a break-it pass of the server, session 30).
+    def errors(status: int) -> float:
+        return metric(_metrics(server), "memra_http_errors_total", f'status="{status}"')
+
+    before = {s: errors(s) for s in (400, 404, 405)}
+    assert post_json(server, "/v1/completions", {"prompt": "x", "max_tokens": -1}).status_code == 400
+    assert post_json(server, "/v1/completions", "{not json").status_code == 400
+    assert post_json(server, "/v1/completions", {"model": "other", "prompt": "x"}).status_code == 404
+    assert httpx.get(server.url + "/v1/completions").status_code == 405
+    assert httpx.get(server.url + "/health").status_code == 200  # not an error
+    assert {s: errors(s) - before[s] for s in before} == {400: 2, 404: 1, 405: 1}
+
+
 def test_completion_equals_generate_with_usage(server: ServerThread, ref: memra.Model) -> None:
     tok = ref.tokenizer
     prompt = "The quick brown fox"

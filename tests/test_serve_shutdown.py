@@ -50,9 +50,47 @@ def test_stopping_ends_the_generations_in_flight_at_once() -> None:
     took = time.monotonic() - t0
     assert not s.thread.is_alive() and took < 10, took
     plain_r, stream_r = got["plain"], got["stream"]
-    assert plain_r.status_code == 500 and "shutting down" in plain_r.json()["error"]["message"], plain_r.text
+    assert plain_r.status_code == 503 and "shutting down" in plain_r.json()["error"]["message"], plain_r.text
     events = [e for e in stream_r.text.split("\n") if e]
     assert events[-1] == "data: [DONE]" and "shutting down" in events[-2], events[-3:]
     # a request reaching a stopping scheduler is refused (the handler's 503), not queued for ever
     with pytest.raises(ShuttingDownError):
         s.app.state.memra.scheduler.submit(Request(np.array([1], np.int32), 1, RowSampling(), frozenset()))
+
+
+def test_sigterm_cuts_a_half_sent_request_and_memra_serve_exits_0() -> None:
+    # A client that had sent half its body kept uvicorn "waiting for connections to close" for as
+    # long as it stayed (a second SIGTERM did not help), and a clean stop exited with 143: uvicorn
+    # raises SIGTERM again after its shutdown (a break-it pass of the server, session 30).
+    import queue
+    import re
+    import signal
+    import socket
+    import subprocess
+    import sys
+
+    from memra.serve import SHUTDOWN_TIMEOUT_S
+
+    proc = subprocess.Popen([sys.executable, "-m", "memra", "serve", "--port", "0", "--max-len", "64"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(x) for x in proc.stderr], daemon=True).start()
+    try:
+        deadline, port = time.monotonic() + 120, None
+        while port is None:
+            line = lines.get(timeout=max(0.1, deadline - time.monotonic()))
+            m = re.search(r"Uvicorn running on http://127\.0\.0\.1:(\d+)", line)
+            port = m and int(m.group(1))
+        with socket.create_connection(("127.0.0.1", port)) as client:
+            client.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                           b"Content-Length: 100\r\n\r\n{\"pro")
+            time.sleep(0.3)
+            t0 = time.monotonic()
+            proc.send_signal(signal.SIGTERM)
+            rc = proc.wait(timeout=SHUTDOWN_TIMEOUT_S + 20)
+            took = time.monotonic() - t0
+        assert rc == 0 and took < SHUTDOWN_TIMEOUT_S + 5, (rc, took)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import signal
 import socket
 import sys
 import time
@@ -66,7 +67,7 @@ def _report(e: MemraError, args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Run ``memra generate`` or ``memra serve`` with `argv` (None: sys.argv[1:]); returns the
-    exit status: 0 done; 1 a memra error (its class, code and message on stderr); 2 a usage
+    exit status: 0 done (serve: also stopped by SIGTERM); 1 a memra error (its class, code and message on stderr); 2 a usage
     error said before any checkpoint is read (argparse's, an empty PATH, a prompt that is not
     UTF-8 or encodes to no tokens, a folder without a tokenizer for --prompt, a serve flag the
     server would refuse); 130 interrupted (Ctrl-C; generate prints the tokens drawn so far)."""
@@ -250,12 +251,27 @@ def _serve(args) -> int:
     where = f"http://{host}:{args.port}/v1" if args.port else f"http://{host} on a free port (uvicorn names it)"
     print(f"memra: serving {path} on {device} at {where} ({args.max_batch} slots x {args.max_len} tokens)",
           file=sys.stderr)
+    # uvicorn shuts down cleanly on SIGTERM, then raises the signal again for whoever handled
+    # it before: here that ends the call with status 0 rather than the process with 143.
+    previous = signal.signal(signal.SIGTERM, _terminated)
     try:
         run(model, host=args.host, port=args.port, served_model_name=args.served_model_name,
             max_waiting=args.max_waiting, max_request_bytes=args.max_request_bytes, log_level=args.log_level)
+    except _Terminated:
+        return 0
     except MemraError as e:  # made before serving: a chat template that does not compile, ...
         return _report(e, args)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     return 0
+
+
+class _Terminated(Exception):
+    """SIGTERM reached memra serve (its server has stopped by then)."""
+
+
+def _terminated(signum, frame) -> None:
+    raise _Terminated
 
 
 def _serve_problem(args) -> str | None:

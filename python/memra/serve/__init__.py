@@ -22,13 +22,21 @@ def create_app(model, served_model_name: str | None = None, **kwargs):
     return make(model, served_model_name, **kwargs)
 
 
+SHUTDOWN_TIMEOUT_S = 5.0
+
+
 def server(app, config):
     """A uvicorn.Server for a create_app `app` (config: its uvicorn.Config) whose shutdown first
     stops the app's scheduler: requests in flight end at once with "the server is shutting
-    down" (a stream's last event before [DONE]; 500 otherwise) and new ones get a 503, so their
+    down" (a stream's last event before [DONE]; a 503 otherwise) and new ones get a 503, so their
     connections close and Ctrl-C or SIGTERM stops the server promptly, where uvicorn would wait
-    for every running generation to finish."""
+    for every running generation to finish. A connection that is not closed by then (a client
+    still sending its body) is cut after SHUTDOWN_TIMEOUT_S seconds, unless the config sets its
+    own ``timeout_graceful_shutdown``: uvicorn would wait for it for ever."""
     import uvicorn
+
+    if config.timeout_graceful_shutdown is None:
+        config.timeout_graceful_shutdown = SHUTDOWN_TIMEOUT_S
 
     class _Server(uvicorn.Server):
         async def shutdown(self, sockets=None):
@@ -62,4 +70,4 @@ def run(model, *, host: str = "127.0.0.1", port: int = 8000, served_model_name: 
     server(app, uvicorn.Config(app, host=host, port=port, log_level=log_level)).run()
 
 
-__all__ = ["create_app", "run", "server"]
+__all__ = ["SHUTDOWN_TIMEOUT_S", "create_app", "run", "server"]

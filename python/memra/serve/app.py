@@ -15,7 +15,9 @@ prompt plus ``max_tokens`` exceed ``--max-len``, 413 for a body over ``max_reque
 (read no further), 404 ``model_not_found``, 429 when every slot is
 busy and ``--max-waiting`` requests are queued; an unknown route is a 404 and a wrong method a
 405 in the same format. A 500 means a bug in memra, never bad input; a 503, a server that is
-stopping (or whose engine thread ended after such a bug). A client that disconnects
+stopping (a request running or queued when it stopped, or one that arrives then) or whose
+engine thread ended after such a bug. Each error status is counted in /metrics
+(``memra_http_errors_total{status}``). A client that disconnects
 before its body is read gets nothing (499 in the access log) and no error is logged.
 """
 
@@ -171,7 +173,10 @@ class _AnswerBugs:
 
         async def send_started(message):
             nonlocal started
-            started = started or message["type"] == "http.response.start"
+            if message["type"] == "http.response.start":
+                started = True
+                if message["status"] >= 400:  # refused, or failed before a response started
+                    scope["app"].state.memra.metrics.http_errors.labels(status=str(message["status"])).inc()
             await send(message)
 
         try:
@@ -181,7 +186,7 @@ class _AnswerBugs:
                 raise
             log.exception("memra serve: unhandled error")
             await error_json(500, f"internal server error: {type(e).__name__}", "server_error")(
-                scope, receive, send)
+                scope, receive, send_started)
 
 
 def create_app(model, served_model_name: str | None = None, *, max_waiting: int = 64,

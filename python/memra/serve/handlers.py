@@ -29,7 +29,7 @@ from ..tokenizer import NO_TOKENIZER
 from .protocol import (ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest,
                        ChatCompletionResponse, ChatDelta, ChatMessageOut, CompletionChoice, CompletionRequest,
                        CompletionResponse, ErrorInfo, Usage)
-from .scheduler import QueueFullError, Request as GenRequest, ShuttingDownError
+from .scheduler import QueueFullError, Request as GenRequest, ShuttingDownError, StoppedError
 from .text import TextStream
 
 
@@ -372,7 +372,7 @@ async def _answer(state: ServerState, body, request: Request, ids: list[int], pr
     try:
         got = await _collect(state, req, text, request)
     except MemraError as e:  # the request was fine; the model could not finish it
-        status = 422 if isinstance(e, NonFiniteError) else 500
+        status = 422 if isinstance(e, NonFiniteError) else 503 if isinstance(e, StoppedError) else 500
         return JSONResponse({"error": ErrorInfo(message=f"{type(e).__name__}: {e}", type=_error_type(e),
                                                 code=e.code).model_dump()}, status_code=status)
     if got is None:

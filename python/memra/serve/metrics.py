@@ -13,6 +13,10 @@ prefix:
 ``memra_cache_slots_in_use``                slots of the model's cache held or holding tokens
 ``memra_cache_slots_total``                 slots of the model's cache (--max-batch)
 ``memra_decode_batch_rows``                 histogram: requests decoded together per step
+``memra_http_errors_total{status}``         responses with an error status (400, 404, 413, 429,
+                                            499, 500, 503, ...): refused requests, and failures
+                                            before a response started (an error inside a stream
+                                            is a request ended with finish_reason error)
 ==========================================  =====================================================
 
 Latencies are taken where the tokens reach the request's handler on the event loop.
@@ -50,6 +54,8 @@ class Metrics:
         Gauge("memra_cache_slots_in_use", "Cache slots held or holding tokens", registry=r).set_function(
             scheduler.slots_in_use)
         Gauge("memra_cache_slots_total", "Cache slots (--max-batch)", registry=r).set(scheduler.max_batch)
+        self.http_errors = Counter("memra_http_errors", "Responses with an HTTP error status, by status",
+                                   ["status"], registry=r)
         self.batch_rows = Histogram("memra_decode_batch_rows", "Requests decoded together per decode step",
                                     buckets=tuple(2.0**i for i in range(11)), registry=r)
         self._last: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # request -> its last token's time

@@ -43,6 +43,11 @@ class ShuttingDownError(Exception):
     taken any more (HTTP 503)."""
 
 
+class StoppedError(MemraError):
+    """The last event of a request still running or queued when the server stopped (HTTP 503:
+    the request was fine, and another server may take it)."""
+
+
 @dataclass(eq=False)
 class Request:
     """One generation request as the scheduler runs it.
@@ -208,7 +213,7 @@ class Scheduler:
                 self.batch.collect(pending)
             except Exception:  # the requests end below all the same
                 log.exception("memra serve: collecting the last step failed")
-        self._end_all(MemraError("the server is shutting down"))
+        self._end_all(StoppedError("the server is shutting down"))
 
     def _end_all(self, error: MemraError) -> None:
         """End every running and queued request with `error` (its last event)."""
