@@ -124,3 +124,18 @@ def test_max_graphs_must_be_a_positive_integer(bad) -> None:
 
     with pytest.raises(ContractError, match="max_graphs"):
         DecodeRunner(SimpleNamespace(engine=None), SimpleNamespace(max_batch=4), max_graphs=bad)
+
+
+def test_a_step_with_a_token_that_holds_no_slot_enqueues_nothing() -> None:
+    # The runner's host commit comes after the device step: a token the cache would refuse there
+    # (released, or another cache's) must be refused before anything is enqueued.
+    import numpy as np
+    import pytest
+
+    import memra
+
+    r, bucket, log = _capturing_runner(max_graphs=3)
+    with pytest.raises(memra.ContractError, match="not held by the owner token"):
+        r.step(np.array([0], np.int32), np.array([1], np.int32), Sampling.of(0.5, None, None),
+               np.zeros(1, np.uint64), np.zeros(1, np.uint64), owners=[7])
+    assert log == [] and bucket.steps == 0

@@ -28,7 +28,7 @@ import numpy as np
 
 from . import _core
 from ._interrupts import deferred_interrupts
-from .errors import SLOT_HELD, ContractError
+from .errors import ContractError, check_owners
 
 
 @dataclass(frozen=True)
@@ -153,14 +153,13 @@ class DecodeRunner:
         had other slots or did not sample); counters / seeds [n] uint64 (the draw index and seed
         of each row; read when `sampling` has temperature > 0, greedy draws need none); owners
         [n]: the owner token each slot is held with (Cache.hold; None: the slots must not be
-        held), checked before anything is enqueued (ContractError CONTRACT_SLOT_HELD). Enqueues the step and advances the cache
+        held), checked before anything is enqueued (errors.check_owners: ContractError
+        CONTRACT_SLOT_HELD for a slot held by another token or a token that holds none). Enqueues
+        the step and advances the cache
         (device and host); returns the bucket whose ``logits[:n]`` (and ``tokens[:n]`` when
         sampling) hold the results once the stream reaches them, until the bucket's next step."""
         owners = [0] * len(slots) if owners is None else [int(o) for o in owners]
-        held = [int(s) for s, o in zip(slots, owners) if self.cache.owner(int(s)) not in (0, o)]
-        if held:
-            raise ContractError(f"decode: slot(s) {held} are held by another owner (a generation or "
-                                f"request in flight)", SLOT_HELD)
+        check_owners(self.cache, slots, owners, "decode")
         n = len(slots)
         b = self._bucket(n)
         size = b.slots.size

@@ -17,7 +17,7 @@ from ._interrupts import deferred_interrupts
 from .batch import (DecodeBatch, RowSampling, SlotLease, TokenStream, count_arg, generation_args,
                     take_free_slots)
 from .decode_graph import DecodeRunner, Sampling
-from .errors import NON_FINITE, SLOT_HELD, CacheFullError, ContractError, NonFiniteError, \
+from .errors import NON_FINITE, CacheFullError, ContractError, NonFiniteError, check_owners, \
     check_token_ids, in_sequence, shown
 from .loader import GenerationConfig
 
@@ -258,15 +258,7 @@ class Model:
 
     @staticmethod
     def _check_owner(cache: _core.Cache, slots, owners, what: str) -> None:
-        pairs = [(int(s), int(o)) for s, o in zip(slots, owners)]
-        held = sorted({s for s, o in pairs if cache.owner(s) not in (0, o)})
-        if held:
-            raise ContractError(f"{what}: slot(s) {held} are held by a generation, stream or server request "
-                                f"in flight (Cache.owner); use a free slot or model.new_cache()", SLOT_HELD)
-        stale = sorted({s for s, o in pairs if o and cache.owner(s) == 0})
-        if stale:  # a hold released, or another cache's token: the slot may hold the user's tokens
-            raise ContractError(f"{what}: slot(s) {stale} are not held by the owner token given (released, "
-                                f"or a token of another cache)", SLOT_HELD)
+        check_owners(cache, slots, owners, what)
 
     def _decode(self, cache: _core.Cache, slots, token_ids, owners: list[int] | None = None,
                 before_commit=None):
