@@ -148,7 +148,9 @@ void init_ops_sample(nb::module_& m) {
       "<= 0 or NaN, top_k < 0, a temperature that is not finite or a read-only nonfinite "
       "array).\n"
       "Reference: transformers' temperature / TopK / TopP logits warpers followed by "
-      "multinomial, with a counter-based draw.");
+      "multinomial, with a counter-based draw. One difference, at exact ties only: where "
+      "several tokens share the top_k-th probability, TopKLogitsWarper (and vLLM) keep all of "
+      "them and this keeps exactly top_k, lower ids first.");
 
   m.def(
       "uniform_from_counter",
