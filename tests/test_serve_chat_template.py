@@ -30,6 +30,11 @@ def _folder(tmp_path: Path, name: str) -> Path:
     (folder / "tokenizer_config.json").write_text(json.dumps(spec["tokenizer_config"]))
     if spec["chat_template_jinja"] is not None:
         (folder / "chat_template.jinja").write_text(spec["chat_template_jinja"])
+    if spec["special_tokens_map"] is not None:
+        (folder / "special_tokens_map.json").write_text(json.dumps(spec["special_tokens_map"]))
+    for extra_name, text in (spec["additional_chat_templates"] or {}).items():
+        (folder / "additional_chat_templates").mkdir(exist_ok=True)
+        (folder / "additional_chat_templates" / f"{extra_name}.jinja").write_text(text)
     return folder
 
 
@@ -46,12 +51,14 @@ def test_renderings_equal_transformers(tmp_path: Path, name: str) -> None:
     for case in cases:
         messages = FIXTURE["conversations"][case["conversation"]]
         where = f"{name}/{case['conversation']}/add_generation_prompt={case['add_generation_prompt']}"
+        kw = {"tools": FIXTURE["tools"]} if case.get("tools") else {}
+        where += " with tools" if kw else ""
         if "error" in case:
             with pytest.raises(memra.ContractError) as info:
-                template.render(messages, add_generation_prompt=case["add_generation_prompt"])
+                template.render(messages, add_generation_prompt=case["add_generation_prompt"], **kw)
             assert case["error"] in str(info.value), where
             continue
-        text = template.render(messages, add_generation_prompt=case["add_generation_prompt"])
+        text = template.render(messages, add_generation_prompt=case["add_generation_prompt"], **kw)
         assert text == case["text"], where
         assert tok.encode(text, add_special_tokens=False).ids == case["ids"], where
 

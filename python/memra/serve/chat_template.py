@@ -3,7 +3,8 @@ renders it (transformers 5.17 ``utils/chat_template_utils.py`` and
 ``tokenization_utils_base.py``), so a prompt memra builds is the one transformers would build:
 
 - the template: ``chat_template.jinja`` in the folder, else ``tokenizer_config.json``'s
-  ``chat_template`` (a string, or a list of ``{"name", "template"}`` of which "default" is used);
+  ``chat_template`` (a string, or a list of ``{"name", "template"}`` of which "default" is used,
+  and "tool_use" when ``tools`` are given, as is ``additional_chat_templates/tool_use.jinja``);
 - a jinja2 ``ImmutableSandboxedEnvironment`` with ``trim_blocks`` and ``lstrip_blocks`` on, the
   ``loopcontrols`` extension, a ``{% generation %}`` block tag (rendered as its body), the
   ``tojson`` filter without HTML escaping, and the globals ``raise_exception`` and
@@ -12,7 +13,8 @@ renders it (transformers 5.17 ``utils/chat_template_utils.py`` and
   the tokenizer config's named special tokens as strings (``bos_token``, ``eos_token``,
   ``unk_token``, ``sep_token``, ``pad_token``, ``cls_token``, ``mask_token``, any other
   ``*_token`` key and the entries of ``extra_special_tokens`` / ``model_specific_special_tokens``
-  when they are objects), then any extra keyword arguments (which win);
+  when they are objects; each a string or an AddedToken dict; ``special_tokens_map.json``'s
+  over tokenizer_config.json's), then any extra keyword arguments (which win);
 - with ``continue_final_message``, the text is cut where the last message's content ends
   (transformers' marker appended to that content and cut out after rendering), so the model
   continues that message;
@@ -48,7 +50,8 @@ def _token_text(value) -> str | None:
 
 
 def special_tokens(config: dict) -> dict[str, str]:
-    """The named special tokens transformers hands a chat template, from tokenizer_config.json."""
+    """The named special tokens transformers hands a chat template, from tokenizer_config.json
+    (or special_tokens_map.json): each a string or an AddedToken dict."""
     out: dict[str, str] = {}
     for name in SPECIAL_TOKEN_NAMES:
         text = _token_text(config.get(name))
@@ -56,8 +59,9 @@ def special_tokens(config: dict) -> dict[str, str]:
             out[name] = text
     extra: dict[str, str] = {}
     for key, value in config.items():  # transformers' "auto model-specific" tokens
-        if key.endswith("_token") and key not in SPECIAL_TOKEN_NAMES and isinstance(value, str):
-            extra[key] = value
+        text = _token_text(value) if key.endswith("_token") and key not in SPECIAL_TOKEN_NAMES else None
+        if text is not None:
+            extra[key] = text
     for key in ("extra_special_tokens", "model_specific_special_tokens"):
         if isinstance(config.get(key), dict):
             for name, value in config[key].items():
@@ -105,27 +109,35 @@ def _environment():
     return env
 
 
+def _compile(source: str):
+    import jinja2
+
+    try:
+        return _environment().from_string(source)
+    except jinja2.TemplateError as e:
+        raise ContractError(f"chat template: does not compile: {e}", 40025) from None
+
+
 class ChatTemplate:
     """A compiled chat template and the special tokens it is rendered with.
 
-    ``source``: the template text; ``tokens``: the special tokens (see the module docstring).
-    ContractError when the template does not compile (naming jinja2's message).
+    ``source``: the template text; ``tokens``: the special tokens (see the module docstring);
+    ``tool_use``: the text of a template named "tool_use", which transformers renders instead
+    when ``tools`` are given. ContractError when a template does not compile (naming jinja2's
+    message).
     """
 
-    def __init__(self, source: str, tokens: dict[str, str] | None = None) -> None:
-        import jinja2
-
+    def __init__(self, source: str, tokens: dict[str, str] | None = None, *, tool_use: str | None = None) -> None:
         self.source = source
         self.tokens = dict(tokens or {})
-        try:
-            self._template = _environment().from_string(source)
-        except jinja2.TemplateError as e:
-            raise ContractError(f"chat template: does not compile: {e}", 40025) from None
+        self._template = _compile(source)
+        self._tool_use = None if tool_use is None else _compile(tool_use)
 
     def render(self, messages: list[dict], /, *, add_generation_prompt: bool = True,
                continue_final_message: bool = False, **kwargs) -> str:
         """The conversation as the prompt text transformers' ``apply_chat_template(messages,
-        tokenize=False, add_generation_prompt=..., continue_final_message=...)`` gives.
+        tokenize=False, add_generation_prompt=..., continue_final_message=...)`` gives (with
+        ``tools=`` given, through the "tool_use" template where the checkpoint has one).
         continue_final_message: the prompt ends where the last message's content ends (the
         template's end of that message cut off), so the model continues it; found as transformers
         finds it, by a marker appended to that content and cut out of the rendered text.
@@ -144,7 +156,9 @@ class ChatTemplate:
         try:
             # one mapping, not keywords: a variable named like render's own parameter ("self")
             # is the template's, not a second value for it
-            text = self._template.render({"tools": None, "documents": None, **variables,
+            template = self._tool_use if self._tool_use is not None and kwargs.get("tools") is not None \
+                else self._template
+            text = template.render({"tools": None, "documents": None, **variables,
                                           "messages": messages,
                                           "add_generation_prompt": add_generation_prompt})
         except jinja2.TemplateError as e:
@@ -194,7 +208,8 @@ class ChatTemplate:
 
 def load_chat_template(path: Path) -> ChatTemplate | None:
     """The chat template of a checkpoint folder (None when it has none): chat_template.jinja,
-    else tokenizer_config.json's ``chat_template``. ContractError for a template of the wrong
+    else tokenizer_config.json's ``chat_template``; its special tokens from tokenizer_config.json
+    and special_tokens_map.json (which wins). ContractError for a template of the wrong
     type or one that does not compile, or a file that cannot be read (each named)."""
     path = Path(path)
     config_file = path / "tokenizer_config.json"
@@ -202,20 +217,34 @@ def load_chat_template(path: Path) -> ChatTemplate | None:
     source = config.get("chat_template")
     jinja = path / "chat_template.jinja"
     if side_file(jinja, "chat template") is not None:
-        try:
-            with naming_unreadable(jinja, "chat template"):
-                source = jinja.read_text(encoding="utf-8")
-        except UnicodeDecodeError as e:
-            raise ContractError(f"chat template: {jinja} is not UTF-8 text: {e}", 40025) from None
+        source = _read_text(jinja)
+    tool_use = None
     if isinstance(source, list):  # named templates, as transformers saves several
         named = {t.get("name"): t.get("template") for t in source if isinstance(t, dict)}
-        source = named.get("default")
+        source, tool_use = named.get("default"), named.get("tool_use")
         if source is None:
             raise ContractError(f"chat template: {config_file} has named templates {sorted(map(str, named))} "
                                 f"but no 'default'", 40025)
+    extra = path / "additional_chat_templates" / "tool_use.jinja"  # transformers 5's folder of named ones
+    if side_file(extra, "chat template") is not None:
+        tool_use = _read_text(extra)
     if source is None:
         return None
-    if not isinstance(source, str):
-        raise ContractError(f"chat template: chat_template in {config_file} must be a string, got "
-                            f"{type(source).__name__}", 40025)
-    return ChatTemplate(source, special_tokens(config))
+    for what, text in (("chat_template", source), ("the tool_use template", tool_use)):
+        if text is not None and not isinstance(text, str):
+            raise ContractError(f"chat template: {what} in {config_file} must be a string, got "
+                                f"{type(text).__name__}", 40025)
+    # special_tokens_map.json, where a checkpoint has one, names tokens over tokenizer_config's,
+    # as transformers' from_pretrained reads them.
+    map_file = path / "special_tokens_map.json"
+    token_map = read_json_file(map_file, "chat template") if side_file(map_file, "chat template") else {}
+    return ChatTemplate(source, {**special_tokens(config), **special_tokens(token_map)}, tool_use=tool_use)
+
+
+def _read_text(file: Path) -> str:
+    """A template file's text; ContractError naming it when it cannot be read or is not UTF-8."""
+    try:
+        with naming_unreadable(file, "chat template"):
+            return file.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ContractError(f"chat template: {file} is not UTF-8 text: {e}", 40025) from None
