@@ -24,6 +24,7 @@ import re
 import signal
 import socket
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -67,10 +68,11 @@ def _report(e: MemraError, args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Run ``memra generate`` or ``memra serve`` with `argv` (None: sys.argv[1:]); returns the
-    exit status: 0 done (serve: also stopped by SIGTERM); 1 a memra error (its class, code and message on stderr); 2 a usage
-    error said before any checkpoint is read (argparse's, an empty PATH, a prompt that is not
-    UTF-8 or encodes to no tokens, a folder without a tokenizer for --prompt, a serve flag the
-    server would refuse); 130 interrupted (Ctrl-C; generate prints the tokens drawn so far)."""
+    exit status: 0 done (serve: also stopped by SIGTERM); 1 a memra error (its class, code and
+    message on stderr); 2 a usage error said before any checkpoint is read (argparse's, an empty
+    PATH, a prompt that is not UTF-8 or encodes to no tokens, a folder without a tokenizer for
+    --prompt, a serve flag the server would refuse); 130 interrupted (Ctrl-C; generate prints the
+    tokens drawn so far)."""
     try:
         return _main(argv)
     except KeyboardInterrupt:  # while loading, or serve's start: no traceback for a Ctrl-C
@@ -253,7 +255,8 @@ def _serve(args) -> int:
           file=sys.stderr)
     # uvicorn shuts down cleanly on SIGTERM, then raises the signal again for whoever handled
     # it before: here that ends the call with status 0 rather than the process with 143.
-    previous = signal.signal(signal.SIGTERM, _terminated)
+    main_thread = threading.current_thread() is threading.main_thread()  # signal.signal's rule
+    previous = signal.signal(signal.SIGTERM, _terminated) if main_thread else None
     try:
         run(model, host=args.host, port=args.port, served_model_name=args.served_model_name,
             max_waiting=args.max_waiting, max_request_bytes=args.max_request_bytes, log_level=args.log_level)
@@ -262,7 +265,8 @@ def _serve(args) -> int:
     except MemraError as e:  # made before serving: a chat template that does not compile, ...
         return _report(e, args)
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous)
     return 0
 
 
