@@ -88,3 +88,22 @@ def test_a_broken_chat_template_file_is_named_before_the_load(calls, capsys, tmp
     err = capsys.readouterr().err
     assert "ContractError (40025): chat template:" in err and "tokenizer_config.json" in err, err
     assert "serving" not in err and calls == []
+
+
+def test_sigterm_during_the_load_stops_with_status_0(monkeypatch, capsys, calls):
+    # The handler came after the load: a SIGTERM while loading (the longest phase on a real
+    # checkpoint) ended the process with 143 (a review of session 30's change).
+    import os
+    import signal
+    import time
+
+    def load(path, **kw):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)  # the handler interrupts this
+        raise AssertionError("not interrupted")
+
+    monkeypatch.setattr(cli, "load", load)
+    before = signal.getsignal(signal.SIGTERM)
+    assert cli.main(["serve", "--device", "cpu"]) == 0
+    assert "stopped while loading" in capsys.readouterr().err
+    assert signal.getsignal(signal.SIGTERM) is before and calls == []

@@ -180,3 +180,11 @@ def test_the_text_leaves_out_the_eos_that_ended_it(monkeypatch, capsys):
     monkeypatch.setattr(cli, "load", lambda path, **kw: Model(False))
     assert cli.main(["generate", "--prompt", "x"]) == 0
     assert capsys.readouterr().out == "Hi\n"
+
+
+def test_a_folder_that_is_no_checkpoint_is_named_by_load(capsys, tmp_path):
+    # The pre-load tokenizer check blamed a missing tokenizer for an empty folder; load names
+    # the missing config.json (a review of session 30's change).
+    assert cli.main(["generate", str(tmp_path), "--prompt", "hi"]) == 1
+    err = capsys.readouterr().err
+    assert "config.json" in err and "tokenizer" not in err, err

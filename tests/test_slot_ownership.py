@@ -49,6 +49,21 @@ def test_cache_hold_release_and_owner_checks() -> None:
     assert c.hold(0) != token  # tokens are not reused
 
 
+def test_a_token_of_another_cache_never_holds_a_slot() -> None:
+    # Tokens were counted per cache from 1: the first hold of two caches gave both token 1, and
+    # one cache took the other's token for its own (a review of session 30's owner checks).
+    m = _load()
+    a, b = m.new_cache(2, 16), m.new_cache(2, 16)
+    m.prefill(a, 0, [1, 2, 3])
+    ta, tb = a.hold(0), b.hold(0)
+    assert ta != tb
+    with pytest.raises(memra.ContractError) as info:
+        a.free(0, owner=tb)
+    assert info.value.code == HELD and a.length(0) == 3
+    a.release(0, ta)
+    b.release(0, tb)
+
+
 def test_a_held_slot_survives_outside_calls_and_the_stream_keeps_its_tokens() -> None:
     m = _load()
     want = m.generate([1, 2, 3, 4], 8, temperature=0.7, seed=3, ignore_eos=True)

@@ -337,7 +337,9 @@ Status Cache::commit_decode(const int32_t* slots_d, int B) {
 Status Cache::hold(int slot, uint64_t* token) {
   MEMRA_TRY(check_slot(slot, "Cache.hold"));
   MEMRA_TRY(check_owner(slot, 0, "Cache.hold"));
-  owners_[slot] = next_token_++;
+  // One counter for every cache: a token is never valid in a cache that did not hand it out.
+  static std::atomic<uint64_t> next_token{1};
+  owners_[slot] = next_token.fetch_add(1, std::memory_order_relaxed);
   *token = owners_[slot];
   return Status::Ok();
 }

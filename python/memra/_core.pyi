@@ -985,7 +985,7 @@ class Cache:
 
     def hold(self, slot: int) -> int:
         """
-        Hold `slot` (its contents are left as they are) and return the owner token, a nonzero int unique within this cache. While held, commit / commit_host / free / copy_slot into it refuse with ContractError (CONTRACT_SLOT_HELD) unless given owner=token; reading it stays open; an owner=token that holds no slot there (released, or another cache's) is refused the same way. memra's generations never take a held slot. CONTRACT_SLOT_HELD when another owner holds it already. The layer objects' prefill / decode (the low-level API, which takes no owner) do not check holds: they write a slot's pending planes, which only a commit makes current, so a holder's commit takes what the last layer calls on that slot wrote.
+        Hold `slot` (its contents are left as they are) and return the owner token, a nonzero int unique in the process. While held, commit / commit_host / free / copy_slot into it refuse with ContractError (CONTRACT_SLOT_HELD) unless given owner=token; reading it stays open; an owner=token that holds no slot there (released, or another cache's) is refused the same way. memra's generations never take a held slot. CONTRACT_SLOT_HELD when another owner holds it already. The layer objects' prefill / decode (the low-level API, which takes no owner) do not check holds: they write a slot's pending planes, which only a commit makes current, so a holder's commit takes what the last layer calls on that slot wrote.
         """
 
     def release(self, slot: int, token: int) -> None:

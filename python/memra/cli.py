@@ -127,9 +127,9 @@ def _main(argv: list[str] | None) -> int:
             raise CacheFullError(f"generate: {args.max_new_tokens} new tokens and a prompt need more than "
                                  f"--max-len {args.max_len} cache rows", 30002)
         # The prompt's tokens before the checkpoint too (load reads the same tokenizer); a path
-        # that is no folder is load's to name.
+        # that is no checkpoint folder is load's to name.
         tok, ids = None, args.prompt_ids
-        if ids is None and os.path.isdir(path):
+        if ids is None and os.path.isfile(os.path.join(path, "config.json")):
             text = args.prompt if args.prompt is not None else DEFAULT_PROMPT
             tok = read_tokenizer(Path(path))
             if tok is None:
@@ -242,27 +242,29 @@ def _serve(args) -> int:
         return 2
     device = args.device or ("cuda" if cuda_available() else "cpu")
     path = args.path if args.path is not None else default_checkpoint()
-    try:
-        if os.path.isdir(path):  # the chat template before the weights (create_app reads it again)
-            load_chat_template(Path(path))
-        model = load(path, device=device, max_batch=args.max_batch, max_len=args.max_len, dtype=args.dtype,
-                     progress=True)
-    except MemraError as e:
-        return _report(e, args)
-    host = f"[{args.host}]" if ":" in args.host else args.host  # an IPv6 literal
-    where = f"http://{host}:{args.port}/v1" if args.port else f"http://{host} on a free port (uvicorn names it)"
-    print(f"memra: serving {path} on {device} at {where} ({args.max_batch} slots x {args.max_len} tokens)",
-          file=sys.stderr)
-    # uvicorn shuts down cleanly on SIGTERM, then raises the signal again for whoever handled
-    # it before: here that ends the call with status 0 rather than the process with 143.
+    # SIGTERM stops memra serve with status 0, during the load too. uvicorn shuts down cleanly
+    # on it and then raises it again for whoever handled it before: this handler, not the
+    # default one that would end the process with 143.
     main_thread = threading.current_thread() is threading.main_thread()  # signal.signal's rule
     previous = signal.signal(signal.SIGTERM, _terminated) if main_thread else None
     try:
+        try:
+            if os.path.isdir(path):  # the chat template before the weights (create_app reads it again)
+                load_chat_template(Path(path))
+            model = load(path, device=device, max_batch=args.max_batch, max_len=args.max_len, dtype=args.dtype,
+                         progress=True)
+        except _Terminated:
+            print("memra: stopped while loading", file=sys.stderr)
+            return 0
+        host = f"[{args.host}]" if ":" in args.host else args.host  # an IPv6 literal
+        where = f"http://{host}:{args.port}/v1" if args.port else f"http://{host} on a free port (uvicorn names it)"
+        print(f"memra: serving {path} on {device} at {where} ({args.max_batch} slots x {args.max_len} tokens)",
+              file=sys.stderr)
         run(model, host=args.host, port=args.port, served_model_name=args.served_model_name,
             max_waiting=args.max_waiting, max_request_bytes=args.max_request_bytes, log_level=args.log_level)
     except _Terminated:
         return 0
-    except MemraError as e:  # made before serving: a chat template that does not compile, ...
+    except MemraError as e:  # the load, or made before serving: a chat template that does not compile, ...
         return _report(e, args)
     finally:
         if main_thread:

@@ -286,7 +286,7 @@ void init_cache(nb::module_& m) {
           },
           nb::arg("slot"),
           "Hold `slot` (its contents are left as they are) and return the owner token, a nonzero "
-          "int unique within this cache. While held, commit / commit_host / free / copy_slot into "
+          "int unique in the process. While held, commit / commit_host / free / copy_slot into "
           "it refuse with ContractError (CONTRACT_SLOT_HELD) unless given owner=token; reading it "
           "stays open; an owner=token that holds no slot there (released, or another cache's) "
           "is refused the same way. memra's generations never take a held slot. CONTRACT_SLOT_HELD when "

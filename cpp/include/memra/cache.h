@@ -155,7 +155,8 @@ class Cache {
   // source of copy_slot) stay open to everyone.
   uint64_t owner(int slot) const { return owners_[slot]; }
   // Hold a free slot (its contents are left as they are): *token receives a fresh nonzero token,
-  // unique within this cache. kContractSlotHeld when another owner holds it.
+  // unique in the process (so a token of one cache never holds a slot of another).
+  // kContractSlotHeld when another owner holds it.
   Status hold(int slot, uint64_t* token);
   // Give a held slot back (contents untouched). kContractSlotHeld unless `token` holds it.
   Status release(int slot, uint64_t token);
@@ -220,7 +221,6 @@ class Cache {
   std::vector<int> lengths_;
   std::vector<int> cur_;
   std::vector<uint64_t> owners_;  // [max_batch]: 0 = free, else the holder's token
-  uint64_t next_token_ = 1;
   uint64_t serial_ = 0;  // unique per cache made in this process (snapshots name it)
   // Per slot, what a snapshot needs to know of the rewrites after it: clock_ counts the events
   // that rewrite a slot's rows below its length (free, copy_slot into it, restore), and

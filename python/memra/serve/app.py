@@ -23,6 +23,7 @@ before its body is read gets nothing (499 in the access log) and no error is log
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from pathlib import Path
@@ -181,6 +182,12 @@ class _AnswerBugs:
 
         try:
             await self.app(scope, receive, send_started)
+        except asyncio.CancelledError:
+            # uvicorn cancels what is left SHUTDOWN_TIMEOUT_S into a shutdown (a client still
+            # sending its body): a 503, not uvicorn's 500 and traceback for a bug
+            if started or not scope["app"].state.memra.scheduler.stopping:
+                raise
+            await error_json(503, "the server is shutting down", "server_error")(scope, receive, send_started)
         except Exception as e:
             if started:
                 raise

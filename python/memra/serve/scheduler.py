@@ -117,6 +117,11 @@ class Scheduler:
             self._stopping = True
             self._cv.notify()
 
+    @property
+    def stopping(self) -> bool:
+        """Whether a stop was asked (request_stop or stop)."""
+        return self._stopping
+
     def stop(self) -> None:
         """Stop the engine thread after its current round and wait for it; every request is
         cancelled."""
