@@ -98,12 +98,19 @@ def test_sigterm_during_the_load_stops_with_status_0(monkeypatch, capsys, calls)
     import time
 
     def load(path, **kw):
-        os.kill(os.getpid(), signal.SIGTERM)
-        time.sleep(5)  # the handler interrupts this
+        try:  # as the tokenizer and safetensors readers name their files' errors
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)  # the handler interrupts this
+        except Exception as e:
+            raise memra.ContractError(f"load: could not be read: {e}", 40025) from None
         raise AssertionError("not interrupted")
 
     monkeypatch.setattr(cli, "load", load)
     before = signal.getsignal(signal.SIGTERM)
-    assert cli.main(["serve", "--device", "cpu"]) == 0
-    assert "stopped while loading" in capsys.readouterr().err
-    assert signal.getsignal(signal.SIGTERM) is before and calls == []
+    try:
+        assert cli.main(["serve", "--device", "cpu"]) == 0
+        assert "stopped while loading" in capsys.readouterr().err and calls == []
+        # a second SIGTERM before the process ends changes nothing (it was 143)
+        assert signal.getsignal(signal.SIGTERM) == signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGTERM, before)

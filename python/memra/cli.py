@@ -267,16 +267,21 @@ def _serve(args) -> int:
     except MemraError as e:  # the load, or made before serving: a chat template that does not compile, ...
         return _report(e, args)
     finally:
-        if main_thread:
+        # After a SIGTERM the handler stays what _terminated left (ignore): one more arriving
+        # before the process ends must not kill it with 143.
+        if main_thread and signal.getsignal(signal.SIGTERM) is _terminated:
             signal.signal(signal.SIGTERM, previous)
     return 0
 
 
-class _Terminated(Exception):
-    """SIGTERM reached memra serve (its server has stopped by then)."""
+class _Terminated(BaseException):
+    """SIGTERM reached memra serve (its server has stopped by then, or it was loading). A
+    BaseException, as KeyboardInterrupt is: the load's own ``except Exception`` clauses (a
+    tokenizer or safetensors file that cannot be read) must not take it for their error."""
 
 
 def _terminated(signum, frame) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the stop has begun: later ones change nothing
     raise _Terminated
 
 

@@ -184,10 +184,12 @@ class _AnswerBugs:
             await self.app(scope, receive, send_started)
         except asyncio.CancelledError:
             # uvicorn cancels what is left SHUTDOWN_TIMEOUT_S into a shutdown (a client still
-            # sending its body): a 503, not uvicorn's 500 and traceback for a bug
-            if started or not scope["app"].state.memra.scheduler.stopping:
+            # sending its body, or not reading its stream): a 503 where nothing was answered
+            # yet, else the connection just ends; not uvicorn's 500 and traceback for a bug
+            if not scope["app"].state.memra.scheduler.stopping:
                 raise
-            await error_json(503, "the server is shutting down", "server_error")(scope, receive, send_started)
+            if not started:
+                await error_json(503, "the server is shutting down", "server_error")(scope, receive, send_started)
         except Exception as e:
             if started:
                 raise

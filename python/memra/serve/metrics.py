@@ -14,9 +14,11 @@ prefix:
 ``memra_cache_slots_total``                 slots of the model's cache (--max-batch)
 ``memra_decode_batch_rows``                 histogram: requests decoded together per step
 ``memra_http_errors_total{status}``         responses with an error status (400, 404, 413, 429,
-                                            499, 500, 503, ...): refused requests, and failures
-                                            before a response started (an error inside a stream
-                                            is a request ended with finish_reason error)
+                                            499, 500, 503, ...) the app gave: refused requests,
+                                            and failures before a response started (an error
+                                            inside a stream is a request ended with finish_reason
+                                            error; uvicorn's own answer to malformed HTTP never
+                                            reaches the app)
 ==========================================  =====================================================
 
 Latencies are taken where the tokens reach the request's handler on the event loop.
