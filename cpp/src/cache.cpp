@@ -366,9 +366,9 @@ Status Cache::check_owner(int slot, uint64_t token, const char* op) const {
     if (token == 0) return Status::Ok();
     // A token claims a hold: on a free slot it is stale (released) or another cache's, and the
     // slot may hold a user's tokens that the holder never meant to touch.
-    return Status(kContractSlotHeld, std::string(op) + ": slot " + std::to_string(slot) +
-                                         " is not held by owner token " + std::to_string(token) +
-                                         " (released, or a token of another cache); nothing changed");
+    return Status(kContractSlotHeld,
+                  std::string(op) + ": slot " + std::to_string(slot) + " is not held by owner token " +
+                      std::to_string(token) + " (released, or a token of another cache); nothing changed");
   }
   return Status(kContractSlotHeld,
                 std::string(op) + ": slot " + std::to_string(slot) +

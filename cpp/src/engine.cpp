@@ -15,12 +15,13 @@ Status cuda_probe(std::string* reason, int* device_count) {
   if (rc != kOk) {
     // The runtime's words for a machine without a driver (35) or a GPU (100) name neither plainly.
     const int cuda_rc = rc - kCudaBase;
-    const std::string what = cuda_rc == 35    ? "no NVIDIA driver, or one older than the CUDA 13 runtime memra "
-                                                "was built with, is installed; "
-                             : cuda_rc == 100 ? "no CUDA-capable GPU was found; "
-                                              : "";
-    *reason = what + "cudaGetDeviceCount failed: " + std::string(lib.error_string(cuda_rc)) + " (code " +
-              std::to_string(rc) + ")";
+    const std::string what =
+        cuda_rc == 35 ? "no NVIDIA driver, or one older than the CUDA 13 runtime memra was built with, "
+                        "is installed; "
+        : cuda_rc == 100 ? "no CUDA-capable GPU was found; "
+                         : "";
+    *reason = what + "cudaGetDeviceCount failed: " + std::string(lib.error_string(cuda_rc)) +
+              " (code " + std::to_string(rc) + ")";
     return Status(rc, *reason);
   }
   if (*device_count == 0) {

@@ -25,7 +25,7 @@ import numpy as np
 
 from . import _core
 from ._interrupts import deferred_interrupts
-from .errors import ContractError, check_token_ids, shown
+from .errors import ContractError, check_owners, check_token_ids, shown
 
 if TYPE_CHECKING:
     from .model import Model
@@ -100,7 +100,7 @@ def run(model: Model, cache: _core.Cache, slots: np.ndarray, prompts: list[np.nd
     net = model.net
     for i, (s, p) in enumerate(zip(slots, prompts)):
         model._check_room(cache, np.array([s], np.int32), len(p), f"{what}: prompts[{i}]")
-    model._check_owner(cache, slots, owners, what)
+    check_owners(cache, slots, owners, what)
     held = [cache.length(int(s)) > 0 for s in slots]
     # What the call appended is undone per slot: a slot that held tokens goes back to its
     # snapshot, committed or not (the DSA indexer writes its tail ring before the commit,

@@ -184,7 +184,7 @@ class Model:
                 raise ContractError(f"prefill: slot {int(slot)} is outside [0, {cache.max_batch})", 40023)
             slots = np.array([int(slot)], np.int32)
             self._check_room(cache, slots, len(ids), "prefill")
-            self._check_owner(cache, slots, [owner], "prefill")
+            check_owners(cache, slots, [owner], "prefill")
             chunks = self._chunks(len(ids))
             slot = int(slot)
             # The undo of a failure: a slot holding tokens goes back to a snapshot taken first
@@ -254,11 +254,7 @@ class Model:
             flat = []
         slots = [int(s) for s in flat if isinstance(s, (int, np.integer)) and not isinstance(s, bool)
                  and 0 <= int(s) < cache.max_batch]
-        self._check_owner(cache, slots, [0] * len(slots), what)
-
-    @staticmethod
-    def _check_owner(cache: _core.Cache, slots, owners, what: str) -> None:
-        check_owners(cache, slots, owners, what)
+        check_owners(cache, slots, [0] * len(slots), what)
 
     def _decode(self, cache: _core.Cache, slots, token_ids, owners: list[int] | None = None,
                 before_commit=None):
@@ -278,7 +274,7 @@ class Model:
             self._check_vocab(ids, "decode: token_ids")
             self._check_room(cache, slots, 1, "decode")
             owners = [0] * len(slots) if owners is None else owners
-            self._check_owner(cache, slots, owners, "decode")
+            check_owners(cache, slots, owners, "decode")
             if self._runner is not None and cache is self.cache:
                 b = self._runner.step(slots, ids, owners=owners)  # (under the lock: copied before another step)
                 return _core.take_rows(b.logits, 0, len(slots), engine=self.engine)

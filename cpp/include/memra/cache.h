@@ -151,8 +151,7 @@ class Cache {
   // handed out (memra's generations and server requests hold the slots they run in). The
   // mutations below take the caller's token (`owner`, 0 = none) and refuse a slot held by
   // another token, or a nonzero token that holds no slot there, with kContractSlotHeld before
-  // changing anything; reads (length, planes, the
-  // source of copy_slot) stay open to everyone.
+  // changing anything; reads (length, planes, the source of copy_slot) stay open to everyone.
   uint64_t owner(int slot) const { return owners_[slot]; }
   // Hold a free slot (its contents are left as they are): *token receives a fresh nonzero token,
   // unique in the process (so a token of one cache never holds a slot of another).

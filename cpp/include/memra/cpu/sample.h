@@ -31,7 +31,8 @@ float uniform_from_counter(uint64_t seed, uint64_t counter);
 // (p desc, id asc) and keep the first k (k = top_k, or V when top_k <= 0 or top_k > V);
 // Mk = sum of their p in that order; q_i = p_i / Mk (so top_p is measured within the top-k, as
 // transformers' TopK-then-TopP warpers and vLLM do). Exactly k, by the order above: where
-// tokens tie at the k-th p those warpers keep every tied one (the one place the kept sets differ). Walk the kept entries in that order with
+// tokens tie at the k-th p those warpers keep every tied one (the one place the kept sets
+// differ). Walk the kept entries in that order with
 // the running sum c of q: top_p < 1 keeps entries up to and including the first where
 // c >= top_p. With M = c at the last kept entry, the token is the first kept entry whose
 // c > u * M (u * M rounded once; when rounding leaves none, the last kept entry with q > 0).
