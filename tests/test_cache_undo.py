@@ -47,6 +47,20 @@ class Boom(Exception):
     pass
 
 
+@pytest.fixture(autouse=True)
+def python_sigint():
+    """Python's own SIGINT handler for the test: a process started in the background by a
+    non-interactive shell inherits SIGINT ignored, and then no Ctrl-C reaches memra at all."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
 def failing_mixer(m: memra.Model):
     """Make the mixer of layer DSA_LAYER_AFTER raise Boom on prefill; returns the undo."""
     mixer = m.net.blocks[DSA_LAYER_AFTER].mixer
