@@ -1,5 +1,6 @@
 """MoE test helpers: the float64 reference bound of the routed experts' tensor-core arm
-(cuda/moe_tc.cu), shared by tests/test_cuda_moe.py and tests/test_cuda_moe_tc.py, and
+(cuda/moe_tc.cu), shared by tests/test_cuda_moe.py and tests/test_cuda_moe_tc.py, the float64 MLP of the CPU op
+tests, and
 ExpertRecorder, which the model tests use to read the experts each token chose.
 
 The arm rounds x to bfloat16 (once per token) and h = clamped_swiglu(g, u) to bfloat16 (the down
@@ -26,6 +27,13 @@ def swiglu64(g, u, limit):
     gate = np.minimum(g, limit)
     up = np.clip(u, -limit, limit)
     return gate / (1.0 + np.exp(-gate)) * up
+
+
+def mlp64(x, gw, uw, dw, limit):
+    """Glm5NextTextMLP.forward in float64 (the gate clamped above, up both ways): x [T, D],
+    gw, uw [I, D], dw [D, I] -> [T, D]."""
+    x = np.asarray(x, np.float64)
+    return swiglu64(x @ gw.T.astype(np.float64), x @ uw.T.astype(np.float64), limit) @ dw.T.astype(np.float64)
 
 
 def hidden64(x, idx, g, u, limit):

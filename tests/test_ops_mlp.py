@@ -10,35 +10,10 @@ import pytest
 
 import memra
 from memra import _core
+from cuda_helpers import randn, rng
+from moe_reference import mlp64
 
 S = _core.status
-
-
-def rng(seed):
-    return np.random.default_rng(seed)
-
-
-def randn(r, *shape, scale=1.0):
-    return (r.standard_normal(shape) * scale).astype(np.float32)
-
-
-def sigmoid(x):
-    return 1.0 / (1.0 + np.exp(-x))
-
-
-def silu(x):
-    return x * sigmoid(x)
-
-
-# ---------------------------------------------------------------- references (float64)
-
-
-def mlp_ref(x, gw, uw, dw, limit):
-    """Glm5NextTextMLP.forward: gate clamped above, up clamped both ways."""
-    x = x.astype(np.float64)
-    gate = np.minimum(x @ gw.T.astype(np.float64), limit)
-    up = np.clip(x @ uw.T.astype(np.float64), -limit, limit)
-    return (silu(gate) * up) @ dw.T.astype(np.float64)
 
 
 def weight(a):
@@ -62,7 +37,7 @@ def test_swiglu_mlp_matches_reference_with_clamp(T):
     x = randn(r, T, D)
     gw, uw, dw = randn(r, I, D, scale=0.8), randn(r, I, D, scale=0.8), randn(r, D, I, scale=0.3)
     y = _core.swiglu_mlp(x, weight(gw), weight(uw), weight(dw), limit=limit)
-    ref = mlp_ref(x, gw, uw, dw, limit)
+    ref = mlp64(x, gw, uw, dw, limit)
     assert y.dtype == np.float32 and y.shape == (T, D)
     np.testing.assert_allclose(y, ref, atol=2e-5, rtol=1e-5)
     if T > 1:  # the clamp must be engaged on both sides

@@ -11,35 +11,14 @@ import pytest
 
 import memra
 from memra import _core
+from cuda_helpers import randn, rng
+from moe_reference import mlp64
 
 S = _core.status
 
 
-def rng(seed):
-    return np.random.default_rng(seed)
-
-
-def randn(r, *shape, scale=1.0):
-    return (r.standard_normal(shape) * scale).astype(np.float32)
-
-
 def sigmoid(x):
     return 1.0 / (1.0 + np.exp(-x))
-
-
-def silu(x):
-    return x * sigmoid(x)
-
-
-# ---------------------------------------------------------------- references (float64)
-
-
-def mlp_ref(x, gw, uw, dw, limit):
-    """Glm5NextTextMLP.forward: gate clamped above, up clamped both ways."""
-    x = x.astype(np.float64)
-    gate = np.minimum(x @ gw.T.astype(np.float64), limit)
-    up = np.clip(x @ uw.T.astype(np.float64), -limit, limit)
-    return (silu(gate) * up) @ dw.T.astype(np.float64)
 
 
 def route_ref(x, gw, bias, top_k, n_group, topk_group, norm, scaling):
@@ -177,7 +156,7 @@ def test_moe_forward_matches_reference(T):
     for t in range(T):
         for j in range(k):
             e = idx[t, j]
-            ref[t] += w[t, j] * mlp_ref(x[t : t + 1], g[e], u[e], d[e], limit)[0]
+            ref[t] += w[t, j] * mlp64(x[t : t + 1], g[e], u[e], d[e], limit)[0]
     np.testing.assert_allclose(y, ref, atol=3e-5, rtol=1e-5)
 
 
@@ -314,9 +293,9 @@ def qwen_moe_ref(x, w, E, top_k, norm):
     for t in range(len(x)):
         for j in range(top_k):
             e = idx[t, j]
-            y[t] += wt[t, j] * mlp_ref(x[t:t + 1], w[f"experts.{e}.gate_proj.weight"], w[f"experts.{e}.up_proj.weight"],
+            y[t] += wt[t, j] * mlp64(x[t:t + 1], w[f"experts.{e}.gate_proj.weight"], w[f"experts.{e}.up_proj.weight"],
                                        w[f"experts.{e}.down_proj.weight"], inf)[0]
-    shared = mlp_ref(x, *(w[f"shared_experts.{n}.weight"] for n in ("gate_proj", "up_proj", "down_proj")), inf)
+    shared = mlp64(x, *(w[f"shared_experts.{n}.weight"] for n in ("gate_proj", "up_proj", "down_proj")), inf)
     gate = sigmoid(x.astype(np.float64) @ w["shared_expert_gate.weight"][0].astype(np.float64))
     return y + gate[:, None] * shared, idx
 
