@@ -49,12 +49,33 @@ std::string show(nb::handle v) {
     PyErr_Clear();
     r = "?";
   }
+  // One line: a multi-line repr (torch's sparse and nested tensors) with its runs of blanks cut.
+  std::string line;
+  for (char c : r) {
+    if (c == '\n' || c == ' ') {
+      if (!line.empty() && line.back() != ' ') line += ' ';
+    } else {
+      line += c;
+    }
+  }
+  r = line;
   if (r.size() > 60) r = r.substr(0, 57) + "...";
   return r + " (" + std::string(nb::type_name(v.type()).c_str()) + ")";
 }
 
 // Why `src`, which is no DLPack or buffer-protocol array, cannot be taken as one.
 std::string refusal_of(nb::handle src) {
+  if (is_torch_tensor(src)) {  // torch exports dense, strided tensors in memory only
+    const std::string what = show(src);
+    if (nb::cast<bool>(src.attr("is_meta"))) return what + ": a tensor on torch's meta device has no memory";
+    if (nb::cast<bool>(src.attr("is_quantized"))) return what + ": a quantized tensor (call .dequantize())";
+    const std::string layout = nb::cast<std::string>(nb::repr(src.attr("layout")));
+    if (nb::cast<bool>(src.attr("is_nested"))) return what + ": a nested tensor (DLPack holds dense tensors)";
+    if (layout != "torch.strided") {
+      return what + ": a tensor of layout " + layout + " (DLPack holds dense, strided tensors: call .to_dense())";
+    }
+    return what;
+  }
   if (nb::hasattr(src, "__array_interface__") && nb::hasattr(src, "dtype")) {
     nb::object dt = src.attr("dtype");
     const std::string name = nb::cast<std::string>(dt.attr("name"));
@@ -89,7 +110,46 @@ bool bf16_view(nb::handle src, uint32_t flags, nb::detail::cleanup_list* cleanup
   return true;
 }
 
+// Why an array the DLPack caster took still cannot be used ("" when it can): a null data
+// pointer behind a non-empty shape (a torch tensor whose storage was freed, as FSDP frees
+// parameters: every read would fault), or a torch tensor with its negative bit set (torch
+// exports the memory, which holds the values negated, and the bit is not part of DLPack).
+std::string unusable(nb::handle src, const nb::ndarray<nb::ro>& a) {
+  if (a.data() == nullptr && a.size() > 0) {
+    std::string shape;
+    for (size_t i = 0; i < a.ndim(); ++i) shape += (i ? ", " : "") + std::to_string(a.shape(i));
+    return "a tensor of shape [" + shape + "] with no memory behind it (a null data pointer: "
+           "its storage was freed)";
+  }
+  if (is_torch_tensor(src) && nb::cast<bool>(src.attr("is_neg")())) {
+    return "a torch tensor with its negative bit set, whose memory holds the values negated "
+           "(call .resolve_neg() first)";
+  }
+  return {};
+}
+
 }  // namespace
+
+bool is_torch_tensor(nb::handle obj) {
+  // torch.Tensor, looked up once torch is imported (memra never imports it).
+  static PyObject* tensor_type = nullptr;
+  if (!tensor_type) {
+    PyObject* torch = PyImport_GetModule(nb::str("torch").ptr());
+    if (!torch) {
+      PyErr_Clear();
+      return false;
+    }
+    tensor_type = PyObject_GetAttrString(torch, "Tensor");  // kept for the process
+    Py_DECREF(torch);
+    if (!tensor_type) {
+      PyErr_Clear();
+      return false;
+    }
+  }
+  const int r = PyObject_IsInstance(obj.ptr(), tensor_type);
+  if (r < 0) PyErr_Clear();
+  return r == 1;
+}
 
 std::string dtype_str(const AnyArray& a) {
   const char* kind = "?";
@@ -100,6 +160,9 @@ std::string dtype_str(const AnyArray& a) {
     case nb::dlpack::dtype_code::Bfloat: kind = "bfloat"; break;
     case nb::dlpack::dtype_code::Complex: kind = "complex"; break;
     case nb::dlpack::dtype_code::Bool: kind = "bool"; break;
+    default:  // float8 / float4 and other newer DLPack codes
+      return "DLPack type code " + std::to_string(a.dtype().code) + " of " +
+             std::to_string(a.dtype().bits) + " bits";
   }
   return std::string(kind) + std::to_string(a.dtype().bits);
 }
@@ -108,14 +171,22 @@ bool array_from_python(nb::handle src, uint32_t flags, nb::detail::cleanup_list*
                        AnyArray* out) noexcept {
   try {
     nb::detail::make_caster<nb::ndarray<nb::ro>> strict;
+    const bool convert = flags & uint32_t(nb::detail::cast_flags::convert);
     if (strict.from_python(src, flags, cleanup)) {
-      *out = AnyArray(std::move(strict.value));
+      std::string why = unusable(src, strict.value);
+      if (why.empty()) {
+        *out = AnyArray(std::move(strict.value));
+        return true;
+      }
+      if (!convert) return false;  // as below: refusals come from the converting pass
+      *out = AnyArray();
+      nb::detail::type_caster<AnyArray>::refuse(out, std::move(why));
       return true;
     }
     // nanobind's first pass over an overload set converts nothing: take real arrays only, so
     // that an overload taking the value as it is wins. memra's own objects are never arrays (an
     // overload taking a DecodeSlots gets them in either pass).
-    if (!(flags & uint32_t(nb::detail::cast_flags::convert)) || nb::inst_check(src)) return false;
+    if (!convert || nb::inst_check(src)) return false;
     if (bf16_view(src, flags, cleanup, out)) return true;
     *out = AnyArray();
     nb::detail::type_caster<AnyArray>::refuse(out, refusal_of(src));

@@ -292,16 +292,16 @@ void init_ops_mla(nb::module_& m) {
         p.cache = cp;
         p.start = start;
         run_op(engine, op::mla_latent_append, p);
-        return cache_obj;  // the same array object, written in place
+        return cache_obj;  // the same object, written in place
       },
       nb::arg("rows"), nb::arg("cache"), nb::kw_only(), nb::arg("start"),
       nb::arg("engine").none() = nb::none(),
       "Write latent rows into a cache in place: cache[start + t, :] = rows[t, :].\n\n"
       "rows: [T, W] float32; cache: [max_len, W], float32 (CPU: a writable host array), or on "
       "CUDA float32 or bfloat16 (a DLPack bfloat16 array or uint16 raw bits; the rows are "
-      "rounded to nearest even). Both on the engine's device. Returns the cache (the same array "
-      "object; for a single-use DLPack capsule, such as engine.to_device returns, a new capsule "
-      "viewing the same buffer).\n"
+      "rounded to nearest even). Both on the engine's device. Returns the cache (the same object, "
+      "written in place; a DLPack capsule comes back consumed, as any reader of one leaves it: "
+      "read the rows through the array it was made from).\n"
       "Raises ContractError: CONTRACT_RANGE when [start, start + T) does not fit max_len; "
       "CONTRACT_VALUE when rows share memory with the cache or the cache is read-only; "
       "CONTRACT_DTYPE / CONTRACT_SHAPE / CONTRACT_STRIDE / CONTRACT_DEVICE for bad arrays. "

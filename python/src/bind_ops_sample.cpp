@@ -97,6 +97,12 @@ void init_ops_sample(nb::module_& m) {
           p.seeds = seeds ? row_seeds.data() : nullptr;
         }
         p.nonfinite = nonfinite_arg(engine, nonfinite, op, B);
+        if (p.nonfinite) {  // the flags are written while the rows (and, on CUDA, counters) are read
+          const size_t flags = sz(B) * sizeof(int32_t), ctr_bytes = sz(B) * sizeof(uint64_t);
+          check_disjoint(op, "logits", lp, logits.nbytes(), "nonfinite", p.nonfinite, flags);
+          check_disjoint(op, "counters", counters.data(), ctr_bytes, "nonfinite", p.nonfinite, flags);
+          if (seeds) check_disjoint(op, "seeds", seeds->data(), ctr_bytes, "nonfinite", p.nonfinite, flags);
+        }
         Out out = out_i32(engine, {sz(B)});
         p.logits = lp;
         p.B = int(B);
@@ -145,8 +151,8 @@ void init_ops_sample(nb::module_& m) {
       "logits not float32 or nonfinite not int32, CONTRACT_SHAPE, CONTRACT_STRIDE, "
       "CONTRACT_DEVICE, CONTRACT_RANGE for a negative int64 counter or a seed outside [0, 2^64), "
       "CONTRACT_VALUE for top_p "
-      "<= 0 or NaN, top_k < 0, a temperature that is not finite or a read-only nonfinite "
-      "array).\n"
+      "<= 0 or NaN, top_k < 0, a temperature that is not finite, or a nonfinite array that is "
+      "read-only or shares memory with logits, counters or seeds).\n"
       "Reference: transformers' temperature / TopK / TopP logits warpers followed by "
       "multinomial, with a counter-based draw. One difference, at exact ties only: where "
       "several tokens share the top_k-th probability, TopKLogitsWarper (and vLLM) keep all of "

@@ -113,6 +113,9 @@ struct Index {
   operator int() const { return value; }  // NOLINT: an int in every other respect
 };
 
+// Whether obj is a torch.Tensor (false while torch is not imported; never imports it).
+bool is_torch_tensor(nb::handle obj);
+
 // The AnyArray caster's work (args.cpp): false only for objects of memra's own classes.
 bool array_from_python(nb::handle src, uint32_t flags, nb::detail::cleanup_list* cleanup,
                        AnyArray* out) noexcept;

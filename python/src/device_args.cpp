@@ -183,6 +183,14 @@ void check_weight_2d(const DeviceWeight& w, const char* op, const char* name, in
 }
 
 void require_writable(nb::handle obj, const char* op, const char* name) {
+  // torch's own __dlpack__ refuses such a tensor; nanobind's fallback export does not, and a
+  // write that autograd cannot see (no version bump) would corrupt the gradients silently.
+  if (is_torch_tensor(obj) && nb::cast<bool>(obj.attr("requires_grad"))) {
+    raise_contract(kContractValue, std::string(op) + ": argument '" + name +
+                                       "' is written in place but requires grad, and autograd "
+                                       "would not see the write (pass one made under "
+                                       "torch.no_grad(), or .detach() it)");
+  }
   if (PyMemoryView_Check(obj.ptr()) && PyMemoryView_GET_BUFFER(obj.ptr())->readonly) {
     raise_contract(kContractValue, std::string(op) + ": argument '" + name +
                                        "' is written in place but is a read-only memoryview");
@@ -196,7 +204,8 @@ void require_writable(nb::handle obj, const char* op, const char* name) {
       return;
     }
     nb::ndarray<> probe;
-    if (!nb::try_cast(obj, probe)) {
+    nb::ndarray<nb::ro> any;  // no array at all (a meta or sparse tensor): its own check names it
+    if (!nb::try_cast(obj, probe) && nb::try_cast(obj, any)) {
       raise_contract(kContractValue, std::string(op) + ": argument '" + name +
                                          "' is written in place but its DLPack export is read-only");
     }

@@ -104,7 +104,8 @@ void check_weight_2d(const Weight& w, const char* op, const char* name, int64_t 
 void check_weight_2d(const DeviceWeight& w, const char* op, const char* name, int64_t rows,
                      int64_t cols);
 // ContractError (40025) when `obj` is an array an op would write into but that refuses writes
-// (a numpy array with flags.writeable False, e.g. a read-only memory map).
+// (a numpy array with flags.writeable False, e.g. a read-only memory map) or a torch tensor that
+// requires grad.
 void require_writable(nb::handle obj, const char* op, const char* name);
 // ContractError (`code`, default 40025) unless v >= 0; ContractError (40025) unless v is finite.
 void check_nonneg(int64_t v, const char* op, const char* name, int code = kContractValue);
