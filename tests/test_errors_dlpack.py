@@ -98,6 +98,9 @@ def test_a_null_data_pointer_is_refused_not_read(op, name, call):
 def test_a_null_int_array_is_refused_too():
     refused(lambda: _core.sample(f32(5, 8), null_capsule(5, code=0, bits=64), temperature=0.0),
             "sample", "counters", "no memory behind it")
+    # embedding is an overload set: the capsule, consumed by the first pass, is refused there.
+    refused(lambda: _core.embedding(_core.Weight(f32(10, 4)), null_capsule(3, code=0, bits=32)),
+            "embedding", "'ids'", "no memory behind it")
 
 
 def test_an_empty_array_with_a_null_pointer_is_still_an_array():

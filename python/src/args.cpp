@@ -178,7 +178,8 @@ bool array_from_python(nb::handle src, uint32_t flags, nb::detail::cleanup_list*
         *out = AnyArray(std::move(strict.value));
         return true;
       }
-      if (!convert) return false;  // as below: refusals come from the converting pass
+      // Refused in either pass: no other overload could use it, and a capsule read in the
+      // first pass is consumed, so the second could no longer say why.
       *out = AnyArray();
       nb::detail::type_caster<AnyArray>::refuse(out, std::move(why));
       return true;
