@@ -114,11 +114,9 @@ bool bf16_view(nb::handle src, uint32_t flags, nb::detail::cleanup_list* cleanup
 // pointer behind a non-empty shape (a torch tensor whose storage was freed, as FSDP frees
 // parameters: every read would fault), or a torch tensor with its negative bit set (torch
 // exports the memory, which holds the values negated, and the bit is not part of DLPack).
-std::string unusable(nb::handle src, const nb::ndarray<nb::ro>& a) {
+std::string unusable(nb::handle src, const AnyArray& a) {
   if (a.data() == nullptr && a.size() > 0) {
-    std::string shape;
-    for (size_t i = 0; i < a.ndim(); ++i) shape += (i ? ", " : "") + std::to_string(a.shape(i));
-    return "a tensor of shape [" + shape + "] with no memory behind it (a null data pointer: "
+    return "a tensor of shape " + shape_str(a) + " with no memory behind it (a null data pointer: "
            "its storage was freed)";
   }
   if (is_torch_tensor(src) && nb::cast<bool>(src.attr("is_neg")())) {
@@ -173,9 +171,10 @@ bool array_from_python(nb::handle src, uint32_t flags, nb::detail::cleanup_list*
     nb::detail::make_caster<nb::ndarray<nb::ro>> strict;
     const bool convert = flags & uint32_t(nb::detail::cast_flags::convert);
     if (strict.from_python(src, flags, cleanup)) {
-      std::string why = unusable(src, strict.value);
+      AnyArray a(std::move(strict.value));
+      std::string why = unusable(src, a);
       if (why.empty()) {
-        *out = AnyArray(std::move(strict.value));
+        *out = std::move(a);
         return true;
       }
       // Refused in either pass: no other overload could use it, and a capsule read in the
