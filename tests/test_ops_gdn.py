@@ -15,6 +15,7 @@ import pytest
 
 import memra
 from memra import _core
+from op_contracts import contract_tests, expect_contract
 
 import gdn_reference as R
 
@@ -274,39 +275,8 @@ OPS = {
     "gdn_scan": (scan_args, lambda a: _core.gdn_scan(a["q"], a["k"], a["v"], a["g"], a["beta"], a["state"])),
     "rms_norm_gated_silu": (norm_args, lambda a: _core.rms_norm_gated_silu(a["x"], a["gate"], a["weight"], eps=1e-6)),
 }
-ARGS = [(op, name) for op, (make, _) in OPS.items() for name in make()]
-
-
-def expect_contract(call, code, op):
-    with pytest.raises(memra.ContractError) as ei:
-        call()
-    assert ei.value.code == code
-    assert op in str(ei.value)
-
-
-@pytest.mark.parametrize("op,name", ARGS)
-def test_float64_argument_is_refused(op, name):
-    make, call = OPS[op]
-    a = make()
-    a[name] = a[name].astype(np.float64)
-    expect_contract(lambda: call(a), ST.CONTRACT_DTYPE, op)
-
-
-@pytest.mark.parametrize("op,name", ARGS)
-def test_wrong_rank_is_refused(op, name):
-    make, call = OPS[op]
-    a = make()
-    a[name] = a[name][..., None]
-    expect_contract(lambda: call(a), ST.CONTRACT_SHAPE, op)
-
-
-@pytest.mark.parametrize("op,name", [(op, n) for op, n in ARGS if n not in ("dt_bias", "A_log", "weight")])
-def test_non_contiguous_argument_is_refused(op, name):
-    make, call = OPS[op]
-    a = make()
-    a[name] = np.ascontiguousarray(np.swapaxes(a[name], 0, -1)).swapaxes(0, -1)
-    assert not a[name].flags.c_contiguous
-    expect_contract(lambda: call(a), ST.CONTRACT_STRIDE, op)
+(test_float64_argument_is_refused, test_wrong_rank_is_refused,
+ test_non_contiguous_argument_is_refused) = contract_tests(OPS, contiguous_only_nd=("dt_bias", "A_log", "weight"))
 
 
 @pytest.mark.parametrize(
