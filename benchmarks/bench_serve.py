@@ -23,7 +23,10 @@ graph capture of the buckets), the figures of the last. Per C one JSON line:
   under 0.10, issue 21).
 
     python3 benchmarks/bench_serve.py                         # GPU: bf16, the 8-layer folder
-    python3 benchmarks/bench_serve.py --device cpu --tiny     # smoke test: toy widths, small load
+    python3 benchmarks/bench_serve.py --device cpu            # smoke test: toy widths, small load
+
+--quick (run_all.sh passes its arguments to every bench) keeps the client counts 1 and 32 and 64
+new tokens a request on CUDA; --device cpu means --tiny unless --folder names a checkpoint.
 """
 
 from __future__ import annotations
@@ -174,7 +177,9 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     p.add_argument("--dtype", default=None, choices=["float32", "bfloat16"], help="default: bf16 on CUDA, f32 on CPU")
-    p.add_argument("--tiny", action="store_true", help="toy widths (bench_model_decode's --tiny)")
+    p.add_argument("--tiny", action="store_true",
+                   help="toy widths (bench_model_decode's --tiny); implied by --device cpu without --folder")
+    p.add_argument("--quick", action="store_true", help="CUDA: clients 1,32 and 64 new tokens (shorter run)")
     p.add_argument("--folder", default=None, help="bench checkpoint (default: bench_model_decode's path)")
     p.add_argument("--layers", type=int, default=8)
     p.add_argument("--clients", default=None, help="concurrent clients (default 1,8,32,64; cpu: 1,4)")
@@ -186,9 +191,11 @@ def main() -> int:
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
     cpu = args.device == "cpu"
-    clients = [int(c) for c in (args.clients or ("1,4" if cpu else "1,8,32,64")).split(",")]
+    args.tiny = args.tiny or (cpu and args.folder is None)
+    default_clients = "1,4" if cpu else ("1,32" if args.quick else "1,8,32,64")
+    clients = [int(c) for c in (args.clients or default_clients).split(",")]
     args.prompt_len = args.prompt_len or (64 if cpu else 1024)
-    args.new_tokens = args.new_tokens or (16 if cpu else 128)
+    args.new_tokens = args.new_tokens or (16 if cpu else (64 if args.quick else 128))
     max_len = args.prompt_len + args.new_tokens
     folder = ensure_folder(args)
 
