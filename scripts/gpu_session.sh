@@ -33,6 +33,9 @@
 #   tcarms    tests/test_cuda_tc_arms.py (the 2x rule on 300 tokens; which arms ran)
 #   ab        B = 1 (and 32) generate, interleaved A/B against the tree of 54e2997 that
 #             scripts/make_ab_old.sh put in ./ab_old (built here with gpu_build inside ab_old)
+#   mlaab     bench_mla_decode --variant default, this tree and ./ab_old interleaved 4 times each
+#             (ab_old from `scripts/make_ab_old.sh REV PATH...`: this tree with the kernel's files
+#             of REV), then ab_old's MLA decode tests
 #             the benches of those names (--quick), peers with fla 0.6.0 where carried
 # Carried folders it uses when present: .whl_fla (fla wheels), .whl (serve's wheels),
 # .triton_cache or .triton_cache.tgz (fla's Triton autotune cache from an earlier call, a folder or
@@ -57,6 +60,20 @@ if ls .whl_fla/*.whl >/dev/null 2>&1; then
     >"$OUT/pip_fla.log" 2>&1 && peers=/tmp/fla
 fi
 left() { echo $(( BUDGET_S - ($(date +%s) - t_start) )); }
+# old_build NAME: ./ab_old (scripts/make_ab_old.sh) built with gpu_build inside it -> old_site;
+# false, with a line in the summary, when it is missing, the budget is short or the build fails.
+old_build() {
+  if [ ! -f ab_old/REVISION ]; then
+    echo "$1: skipped (no ./ab_old: run scripts/make_ab_old.sh before the call)" | tee -a "$OUT/summary.txt"
+    return 1
+  fi
+  if [ "$(left)" -lt 200 ]; then echo "$1: skipped (budget)" | tee -a "$OUT/summary.txt"; return 1; fi
+  local t0; t0=$(date +%s)
+  mkdir -p "$OUT/ab_old"
+  old_site=$(cd ab_old && OUT=$OUT/ab_old && gpu_build -DMEMRA_BUILD_TESTS=OFF && echo "$site")
+  echo "ab_build: $(( $(date +%s) - t0 )) s -> ${old_site:-FAILED} ($(cat ab_old/REVISION))" | tee -a "$OUT/summary.txt"
+  [ -n "$old_site" ] || { tail -30 "$OUT/ab_old/build.log"; return 1; }
+}
 # phase NAME LIMIT_S COMMAND...: runs COMMAND with stdout -> $OUT/NAME.out, stderr -> $OUT/NAME.log
 phase() {
   local name=$1 limit=$2; shift 2
@@ -143,20 +160,27 @@ for p in "$@"; do
       tail -1 "$OUT/tcarms.out" | tee -a "$OUT/summary.txt"
       ;;
     ab)
-      if [ ! -f ab_old/REVISION ]; then
-        echo "ab: skipped (no ./ab_old: run scripts/make_ab_old.sh before the call)" | tee -a "$OUT/summary.txt"
-        continue
-      fi
-      if [ "$(left)" -lt 200 ]; then echo "ab: skipped (budget)" | tee -a "$OUT/summary.txt"; continue; fi
-      t0=$(date +%s)
-      mkdir -p "$OUT/ab_old"
-      old_site=$(cd ab_old && OUT=$OUT/ab_old && gpu_build -DMEMRA_BUILD_TESTS=OFF && echo "$site")
-      echo "ab_build: $(( $(date +%s) - t0 )) s -> ${old_site:-FAILED} ($(cat ab_old/REVISION))" | tee -a "$OUT/summary.txt"
-      [ -n "$old_site" ] || { tail -30 "$OUT/ab_old/build.log"; continue; }
+      old_build ab || continue
       phase ab 360 env PYTHONPATH="$site" python3 benchmarks/ab_builds.py --build-folder \
         --build "old=$old_site" --build "new=$site" --batches 1,32 --rounds 16 --steps 128
       grep '"B": 1,' "$OUT/ab.out" | grep -o '"build": "[a-z]*"\|"median_tok_s": [0-9.]*\|"ratio_to_old": [0-9.]*' \
         | paste -sd' ' | sed 's/^/ab B=1: /' | tee -a "$OUT/summary.txt"
+      ;;
+    mlaab)
+      old_build mlaab || continue
+      for i in 1 2 3 4; do
+        phase "mlaab_new_$i" 60 env PYTHONPATH="$site" python3 benchmarks/bench_mla_decode.py --variant default
+        phase "mlaab_old_$i" 60 env PYTHONPATH="$old_site" python3 benchmarks/bench_mla_decode.py --variant default
+      done
+      for f in "$OUT"/mlaab_*.out; do
+        python3 -c "import json, sys
+for l in open(sys.argv[1]):
+    r = json.loads(l); s = r['shape']
+    print(sys.argv[1].rsplit('/', 1)[1], 'B', s['B'], 'L', s['L'], r.get('memra_kernel_us'), r.get('kernel_frac_of_copy'))" "$f"
+      done | tee -a "$OUT/summary.txt"
+      phase mlaab_tests 200 env PYTHONPATH="$old_site" python3 -m pytest -m cuda --require-cuda -q -rf \
+        -p no:cacheprovider -n 4 tests/test_cuda_mla_decode.py tests/test_cuda_mla_decode_sm90.py
+      tail -1 "$OUT/mlaab_tests.out" | tee -a "$OUT/summary.txt"
       ;;
     kdadec) phase kdadec 150 env PYTHONPATH="$site${peers:+:$peers}" python3 benchmarks/bench_kda_decode.py --quick ;;
     mladec) phase mladec 120 env PYTHONPATH="$site" python3 benchmarks/bench_mla_decode.py --quick --variant all ;;
