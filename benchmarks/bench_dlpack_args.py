@@ -16,7 +16,6 @@ Wall clock (time.perf_counter over N calls after one warm-up), microseconds a ca
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import statistics
@@ -25,7 +24,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from common import base_parser  # noqa: E402
+from common import base_parser, emit_record  # noqa: E402
 
 
 def per_call_us(fn, calls: int, rounds: int) -> float:
@@ -57,14 +56,14 @@ def main() -> int:
     torch_us = per_call_us(lambda: _core.rms_norm(tx, tw, eps=1e-6), args.calls, args.rounds)
     export_us = per_call_us(lambda: (tx.__dlpack__(), tw.__dlpack__()), args.calls, args.rounds)
     same = np.array_equal(_core.rms_norm(x, w, eps=1e-6), _core.rms_norm(tx, tw, eps=1e-6))
-    print(json.dumps({
+    emit_record({
         "bench": "dlpack_args", "op": "rms_norm", "shape": {"x": [1, 64], "weight": [64]},
         "numpy_call_us": round(numpy_us, 3), "torch_call_us": round(torch_us, 3),
         "peer": "torch Tensor.__dlpack__ x 2 (export alone)", "peer_us": round(export_us, 3),
         "torch_check_us_per_arg": round((torch_us - numpy_us - export_us) / 2, 3),
         "same_values": bool(same), "torch": torch.__version__, "cpu": platform.processor() or platform.machine(),
         "calls": args.calls, "rounds": args.rounds,
-    }))
+    })
     return 0
 
 

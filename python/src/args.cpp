@@ -69,8 +69,8 @@ std::string refusal_of(nb::handle src) {
     const std::string what = show(src);
     if (nb::cast<bool>(src.attr("is_meta"))) return what + ": a tensor on torch's meta device has no memory";
     if (nb::cast<bool>(src.attr("is_quantized"))) return what + ": a quantized tensor (call .dequantize())";
-    const std::string layout = nb::cast<std::string>(nb::repr(src.attr("layout")));
     if (nb::cast<bool>(src.attr("is_nested"))) return what + ": a nested tensor (DLPack holds dense tensors)";
+    const std::string layout = nb::cast<std::string>(nb::repr(src.attr("layout")));
     if (layout != "torch.strided") {
       return what + ": a tensor of layout " + layout + " (DLPack holds dense, strided tensors: call .to_dense())";
     }
