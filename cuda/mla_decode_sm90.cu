@@ -5,9 +5,9 @@
 // mla_decode_sm90() below when KernelOptions::mla_decode_variant is 1 (the default).
 //
 // Block (split blockIdx.x, sequence blockIdx.y), 256 threads = two warpgroups, FlashMLA's
-// "seesaw" schedule (its docs/20250422-new-kernel-deep-dive.md) at R = 512. The split's 32-row
+// "seesaw" schedule (its docs/20250422-new-kernel-deep-dive.md) at R = 512. The split's 64-row
 // blocks go in pairs (an odd count's last odd block is all masked): warpgroup 0 scores the even
-// block of a pair, warpgroup 1 the odd one, each over all 512 columns (QK: 32 wgmma m64n32k16,
+// block of a pair, warpgroup 1 the odd one, each over all 512 columns (QK: 32 wgmma m64n64k16,
 // the bf16 query and the cache both from shared memory), so a block's softmax runs once, in one
 // warpgroup, and no partial scores cross; each warpgroup holds one 256-column half of O (the
 // left in 0, the right in 1; 128 f32 accumulators a thread) and adds both blocks' P V to it, its
@@ -21,29 +21,23 @@
 //     both factors plus P_odd V_R; P_odd to shared memory;
 //   - warpgroup 0: P_even times the odd block's factor to shared memory (for O_R); O_L by that
 //     factor plus P_odd V_L; warpgroup 1: O_R plus P_even V_R;
-//   - meanwhile each warpgroup requests the 64 x 32 boxes of the pair after next (j + 2) whose
-//     last reader in this pair it was (warpgroup 0 the left halves, 1 the right halves of both
-//     blocks) into the ring buffers this pair frees, and computes the next pair's scores from
-//     the other two buffers, filled a pair ago (one mbarrier a box).
-// Why a ring of four 32-row buffers rather than two 64-row ones in the same bytes: with two,
-// the next pair's boxes could be requested only as this pair's readers released them, so its
-// scores waited on DRAM (session 24's ncu: 35 % of the stall samples on those waits); with
-// four, a pair's 64 KiB are requested a whole pair before they are read.
+//   - meanwhile each warpgroup requests the next pair's 64 x 64 boxes whose last reader it was
+//     (warpgroup 0 the left halves, 1 the right halves of both blocks) and computes the next
+//     pair's scores, box by box as they land (one mbarrier a box).
 // The four hand-overs are named barriers on which one warpgroup arrives and the other waits
 // (1: the even block's m and factor, 2: the odd block's, 3: P_even stored, 4: P_odd stored and
 // read). The two products of a block see the same p except when the odd block moves the max:
 // then O_R takes P_even rounded again after the factor.
 // Loads: one tensor map per block (the template of launch_attention with the block's cache
 // address and row count n put in by tensormap.replace, copied to a global slot with a release
-// fence for the tensor-map proxy); 64 x 32 boxes in the 128-byte swizzle (the wgmma layout of
+// fence for the tensor-map proxy); 64 x 64 boxes in the 128-byte swizzle (the wgmma layout of
 // cuda/mla_sm90.cuh's descriptors) under an L2 evict-first policy (each row is read once);
 // rows past n arrive as zeros (rows past t_kv may hold anything, NaN in the tests; rows of the
 // next split are finite and masked).
 // Shared memory (1024-aligned base): the query bf16 [64 heads][512] (64 KiB, converted from
-// q_lat's f32 by the block), the ring of four blocks (4 x 32 KiB), the two P [64 heads][64]
-// bf16 (2 x 8 KiB, a block's 32 rows in the first half of each row), m, the two factors and the
-// epilogue's row sums, the block's tensor map and 32 mbarriers: 210.6 KiB with the alignment
-// slack.
+// q_lat's f32 by the block), the pair's two blocks (2 x 64 KiB), the two P [64 heads][64 rows]
+// bf16 (2 x 8 KiB), m, the two factors and the epilogue's row sums, the block's tensor map and
+// 16 mbarriers: 210.5 KiB with the alignment slack.
 //
 // Why this shape: docs/mla.md (the kernels before it and FlashMLA's, measured).
 //
@@ -163,7 +157,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (tid < 32) make_map(tmpl, smem + kMapOff, gmap, cache, n);
   if (tid == 0) {
 #pragma unroll
-    for (int i = 0; i < kBufs * 8; ++i) mbar_init(bar_s + 8 * i, 1);
+    for (int i = 0; i < 16; ++i) mbar_init(bar_s + 8 * i, 1);
     // The inits made visible to the async proxy (the TMA unit completes transactions on them).
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
@@ -182,11 +176,10 @@ __global__ void __launch_bounds__(kThreads, 1)
                   policy);
     }
   };
-  // Pairs 0 and 1 (the whole ring): warpgroup g requests boxes [4 g, 4 g + 4) of every block,
-  // as it does in the loop below.
-  for (int p = 0; p < 2 && p < npairs; ++p) {
-    load(2 * p, 2 * p, 4 * wg, 4 * wg + 4);
-    load(2 * p + 1, 2 * p + 1, 4 * wg, 4 * wg + 4);
+  // Pair 0: warpgroup g requests boxes [4 g, 4 g + 4) of both blocks, as in the loop below.
+  if (npairs > 0) {
+    load(0, 0, 4 * wg, 4 * wg + 4);
+    load(1, 1, 4 * wg, 4 * wg + 4);
   }
 
   // The query as bf16 in shared memory, 8 boxes of [64 heads][64 columns] in the 128-byte
@@ -196,7 +189,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int qc = tid + kThreads * i;
     const int r = qc >> 6, cc = qc & 63;
     const float4 v0 = qv[2 * i], v1 = qv[2 * i + 1];
-    st_shared_v4(base + kQOff + (cc >> 3) * kQSub + r * 128 + (((cc & 7) ^ (r & 7)) << 4),
+    st_shared_v4(base + kQOff + (cc >> 3) * kSub + r * 128 + (((cc & 7) ^ (r & 7)) << 4),
                  pack_bf16x2(v0.x, v0.y), pack_bf16x2(v0.z, v0.w), pack_bf16x2(v1.x, v1.y),
                  pack_bf16x2(v1.z, v1.w));
   }
@@ -204,56 +197,52 @@ __global__ void __launch_bounds__(kThreads, 1)
   __syncthreads();
 
   const float sl2 = a.scale * kLog2e;
+  const uint32_t my_buf = base + kK0Off + wg * kBlk;  // the blocks this warpgroup scores
   const uint32_t my_p = base + (wg == 0 ? kP0Off : kP1Off);
   const uint32_t other_p = base + (wg == 0 ? kP1Off : kP0Off);
-  // S = Q C^T over boxes [C0, C1) of ring buffer `buf` (waiting for each box on its barrier with
-  // the buffer's use parity), accumulating into s unless FIRST. Unrolled: a loop around the
-  // products would make the compiler serialise them.
-  auto qk = [&](auto c0_, auto c1_, auto first_, float (&s)[16], int buf, uint32_t parity) {
+  // S = Q C^T over boxes [C0, C1) of buffer `buf` (waiting for each box on barriers bar0 + c),
+  // accumulating into s unless FIRST. Unrolled: a loop around the products would make the
+  // compiler serialise them.
+  auto qk = [&](auto c0_, auto c1_, auto first_, float (&s)[32], uint32_t buf, int bar0,
+                uint32_t parity) {
     constexpr int C0 = decltype(c0_)::value, C1 = decltype(c1_)::value;
     constexpr bool FIRST = decltype(first_)::value;
     // Descriptors of box 0 (start addresses in 16-byte units: adding a box's offset stays
     // inside the 14-bit field below 256 KiB), kept in registers rather than 64 precomputed.
-    uint64_t dq = smem_desc(base + kQOff, 16, 1024);
-    uint64_t dk = smem_desc(base + kK0Off + buf * kBlk, 16, 1024);
+    uint64_t dq = smem_desc(base + kQOff, 16, 1024), dk = smem_desc(buf, 16, 1024);
     asm volatile("" : "+l"(dq), "+l"(dk));
 #pragma unroll
     for (int c = C0; c < C1; ++c) {
-      mbar_wait(bar_s + 8 * (buf * 8 + c), parity);
+      mbar_wait(bar_s + 8 * (bar0 + c), parity);
       wgmma_fence();  // after the wait's branch, as the compiler would otherwise insert it
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk) {
-        const uint64_t oq = static_cast<uint64_t>((c * kQSub + 32 * kk) >> 4);
-        const uint64_t ok = static_cast<uint64_t>((c * kSub + 32 * kk) >> 4);
-        wgmma_ss_n32(s, dq + oq, dk + ok, FIRST && c == C0 && kk == 0 ? 0 : 1);
+        const uint64_t off = static_cast<uint64_t>((c * kSub + 32 * kk) >> 4);
+        wgmma_ss_n64(s, dq + off, dk + off, FIRST && c == C0 && kk == 0 ? 0 : 1);
       }
     }
   };
-  // O_g += P V over the 32 rows of ring buffer `buf` (the columns of warpgroup g), P from
-  // registers.
-  auto pv_local = [&](float (&o)[128], const uint32_t (&pf)[4][2], int buf) {
-    const uint32_t v = base + kK0Off + buf * kBlk + wg * 4 * kSub;
+  // O_g += P V over the 64 rows of buffer `buf` (the columns of warpgroup g), P from registers.
+  auto pv_local = [&](float (&o)[128], const uint32_t (&pf)[8][2], uint32_t buf) {
 #pragma unroll
-    for (int kk = 0; kk < 2; ++kk) {
+    for (int kk = 0; kk < 4; ++kk) {
       const uint32_t af[4] = {pf[2 * kk][0], pf[2 * kk][1], pf[2 * kk + 1][0], pf[2 * kk + 1][1]};
-      wgmma_rs_n256_tb(o, af, smem_desc(v + kk * 2048, kSub, 1024));
+      wgmma_rs_n256_tb(o, af, smem_desc(buf + wg * 4 * kSub + kk * 2048, kSub, 1024));
     }
   };
   // The same with the other warpgroup's P from shared memory.
-  auto pv_remote = [&](float (&o)[128], int buf) {
-    const uint32_t v = base + kK0Off + buf * kBlk + wg * 4 * kSub;
+  auto pv_remote = [&](float (&o)[128], uint32_t buf) {
 #pragma unroll
-    for (int kk = 0; kk < 2; ++kk) {
-      wgmma_ss_n256_tb(o, smem_desc(other_p + 32 * kk, 16, 1024), smem_desc(v + kk * 2048, kSub, 1024),
-                       1);
+    for (int kk = 0; kk < 4; ++kk) {
+      wgmma_ss_n256_tb(o, smem_desc(other_p + 32 * kk, 16, 1024),
+                       smem_desc(buf + wg * 4 * kSub + kk * 2048, kSub, 1024), 1);
     }
   };
-  // pf into this warpgroup's P buffer ([64 heads][64] bf16, the 128-byte swizzle; the 32 rows
-  // of a block in its first 64 bytes).
-  auto store_p = [&](const uint32_t (&pf)[4][2]) {
+  // pf into this warpgroup's P buffer ([64 heads][64 rows] bf16, the 128-byte swizzle).
+  auto store_p = [&](const uint32_t (&pf)[8][2]) {
     const uint32_t row0 = my_p + head0 * 128 + 4 * tq, row1 = row0 + 8 * 128;
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
+    for (int j = 0; j < 8; ++j) {
       const uint32_t off = static_cast<uint32_t>((j ^ (head0 & 7)) << 4);
       st_shared_u32(row0 + off, pf[j][0]);
       st_shared_u32(row1 + off, pf[j][1]);
@@ -265,13 +254,13 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
   for (int i = 0; i < 128; ++i) o[i] = 0.0f;
   float l[2] = {0.0f, 0.0f};  // sums of the rounded p of this warpgroup's blocks (own columns)
-  float s[16];
-  uint32_t pf[4][2];
+  float s[32];
+  uint32_t pf[8][2];
 
-  // Pair 0's scores: warpgroup 0 the even block (buffer 0), warpgroup 1 the odd one (buffer 1).
+  // Pair 0's scores: warpgroup 0 the even block, warpgroup 1 the odd one.
   if (npairs > 0) {
     wgmma_fence();
-    qk(I<0>{}, I<8>{}, B<true>{}, s, wg, 0u);
+    qk(I<0>{}, I<8>{}, B<true>{}, s, my_buf, 8 * wg, 0);
     wgmma_commit();
     wgmma_wait<0>();
     reg_fence(s);
@@ -280,9 +269,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll 1
   for (int j = 0; j < npairs; ++j) {
     const bool more = j + 1 < npairs;
-    const bool refill = j + 2 < npairs;  // pair j + 2 goes into pair j's buffers as they free
-    const int cur = 2 * (j & 1), nxt = cur ^ 2;  // the even buffers of pairs j and j + 1
-    const uint32_t par_next = static_cast<uint32_t>(((j + 1) >> 1) & 1);
+    const uint32_t next = static_cast<uint32_t>((j + 1) & 1);
     const int t0 = 2 * j, t1 = 2 * j + 1;
     float psum[2], sc[2];
     if (wg == 0) {
@@ -293,19 +280,19 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
       for (int r = 0; r < 2; ++r) l[r] = l[r] * sc[r] + psum[r];
       wgmma_fence();
-      pv_local(o, pf, cur);
+      pv_local(o, pf, base + kK0Off);
       wgmma_commit();
       wgmma_wait<0>();
       reg_fence(o);
-      if (refill) load(cur, t0 + 4, 0, 4);  // V_L of the even block read: its next occupant
       // The odd block's softmax (warpgroup 1) has moved the max: P_even to it, for O_R.
       bar_sync(kScale1, kThreads);
+      if (more) load(0, t0 + 2, 0, 4);  // V_L and the first half of the even block read
       float sc1[2];
 #pragma unroll
       for (int r = 0; r < 2; ++r) sc1[r] = ss1[head0 + 8 * r];
       if (sc1[0] != 1.0f || sc1[1] != 1.0f) {
 #pragma unroll
-        for (int c = 0; c < 4; ++c) {
+        for (int c = 0; c < 8; ++c) {
 #pragma unroll
           for (int r = 0; r < 2; ++r) {
             __nv_bfloat162 v;
@@ -322,15 +309,18 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
       for (int r = 0; r < 2; ++r) l[r] *= sc1[r];
       wgmma_fence();
-      pv_remote(o, cur + 1);
+      pv_remote(o, base + kK1Off);
       wgmma_commit();
       if (more) {
-        // The next even block's scores: its buffer was filled a pair ago.
+        // The next even block's scores: the boxes this warpgroup requested first.
         wgmma_fence();
-        qk(I<0>{}, I<8>{}, B<true>{}, s, nxt, par_next);
+        qk(I<0>{}, I<4>{}, B<true>{}, s, my_buf, 0, next);
         wgmma_commit();
         wgmma_wait<1>();  // the odd block's V_L read
-        if (refill) load(cur + 1, t1 + 4, 0, 4);
+        load(1, t1 + 2, 0, 4);
+        wgmma_fence();
+        qk(I<4>{}, I<8>{}, B<false>{}, s, my_buf, 0, next);
+        wgmma_commit();
         wgmma_wait<0>();  // inside the branch: s leaves it complete (else the products serialise)
         reg_fence(s);
       } else {
@@ -350,23 +340,24 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int r = 0; r < 2; ++r) l[r] = l[r] * f[r] + psum[r];
       store_p(pf);  // P_odd for O_L (warpgroup 0)
       wgmma_fence();
-      pv_local(o, pf, cur + 1);
+      pv_local(o, pf, base + kK1Off);
       wgmma_commit();
       // O_R plus the even block's P (at the odd block's max) V_R.
       bar_sync(kP0Ready, kThreads);
       wgmma_fence();
-      pv_remote(o, cur);
+      pv_remote(o, base + kK0Off);
       wgmma_commit();
       bar_arrive(kP1Ready, kThreads);
       wgmma_wait<1>();  // the odd block's V_R read
-      if (refill) load(cur + 1, t1 + 4, 4, 8);
+      if (more) load(1, t1 + 2, 4, 8);
       wgmma_wait<0>();  // the even block's V_R read
       reg_fence(o);
-      if (refill) load(cur, t0 + 4, 4, 8);
       if (more) {
-        // The next odd block's scores: its buffer was filled a pair ago.
+        load(0, t0 + 2, 4, 8);
+        // The next odd block's scores.
         wgmma_fence();
-        qk(I<0>{}, I<8>{}, B<true>{}, s, nxt + 1, par_next);
+        qk(I<4>{}, I<8>{}, B<true>{}, s, my_buf, 8, next);
+        qk(I<0>{}, I<4>{}, B<false>{}, s, my_buf, 8, next);
         wgmma_commit();
         wgmma_wait<0>();
         reg_fence(s);

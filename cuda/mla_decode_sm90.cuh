@@ -40,26 +40,24 @@ struct Sm90Args {
 // splits q in ascending order.
 enum Merge : int { kMergeCombine = 0, kMergeCluster = 1, kMergeGrid = 2 };
 
-constexpr int kTileRows = 32;  // cache rows a block (mla_sm90.cuh's block_softmax<16>)
+constexpr int kTileRows = 64;  // cache rows a block (mla_sm90.cuh's kTile)
 constexpr int kH = 64;
 constexpr int kR = 512;
 constexpr int kThreads = 256;
-constexpr int kBufs = 4;                   // the cache ring: two pairs of blocks
-constexpr int kQSub = kH * 128;            // one 64-column box of the query (8 KiB)
-constexpr int kSub = kTileRows * 128;      // one 64-column box of a block (4 KiB)
-constexpr int kBlk = 8 * kSub;             // a block: 32 rows x 512 columns (32 KiB)
-constexpr int kPBytes = kH * 128;          // a P buffer: bf16 [64 heads][64], 32 columns used
+constexpr int kSub = kTileRows * 128;      // one 64-column box of a block (8 KiB)
+constexpr int kBlk = 8 * kSub;             // a block: 64 rows x 512 columns (64 KiB)
 constexpr int kQOff = 0;                   // the query, bf16, 8 boxes of [64 heads][64]
-constexpr int kK0Off = 8 * kQSub;          // the ring: buffers 2 (j & 1), 2 (j & 1) + 1 hold pair j
-constexpr int kP0Off = kK0Off + kBufs * kBlk;  // P of the even block (bf16 [64 heads][64])
-constexpr int kP1Off = kP0Off + kPBytes;   // P of the odd block
-constexpr int kMOff = kP1Off + kPBytes;    // running max [64] (log2 units)
+constexpr int kK0Off = kBlk;               // the pair's even block
+constexpr int kK1Off = 2 * kBlk;           // the pair's odd block
+constexpr int kP0Off = 3 * kBlk;           // P of the even block (bf16 [64 heads][64 rows])
+constexpr int kP1Off = kP0Off + kSub;      // P of the odd block
+constexpr int kMOff = kP1Off + kSub;       // running max [64] (log2 units)
 constexpr int kS0Off = kMOff + 4 * 64;     // the even block's rescale factors [64]
 constexpr int kS1Off = kS0Off + 4 * 64;    // the odd block's [64]
 constexpr int kLOff = kS1Off + 4 * 64;     // row sums [2 warpgroups][64] (the epilogue)
 constexpr int kMapOff = kLOff + 4 * 128;   // this block's tensor map (128 bytes)
-constexpr int kBarOff = kMapOff + 128;     // mbarriers [kBufs buffers][8 boxes]
-constexpr int kBytes = kBarOff + kBufs * 8 * 8 + 1024;
+constexpr int kBarOff = kMapOff + 128;     // mbarriers [2 buffers][8 boxes]
+constexpr int kBytes = kBarOff + 16 * 8 + 1024;
 constexpr int kOStride = kR + 8;  // a head's row of O in the cluster merge (floats)
 static_assert(kH * kOStride * 4 <= kP0Off, "the cluster merge's O fits below the P buffers");
 constexpr int kMaxClusterSplits = 16;  // the largest (non-portable) cluster
@@ -74,7 +72,7 @@ constexpr int merge_scratch_floats() {
   }
   return most;
 }
-static_assert(4 * merge_scratch_floats() <= 2 * kPBytes, "merge_heads' scratch fits the P buffers");
+static_assert(4 * merge_scratch_floats() <= 2 * kSub, "merge_heads' scratch fits the P buffers");
 
 // The attention kernel in form `merge` (a Merge), defined in cuda/mla_decode_sm90.cu (a
 // __global__ template's instantiations must live in the file that defines it).

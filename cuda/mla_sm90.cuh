@@ -1,7 +1,6 @@
 // sm_90a device helpers of cuda/mla_decode_sm90.cu (the batched MLA decode's wgmma arm): bf16
-// packing, the three wgmma shapes the kernel issues (m64n32 QK, m64n256 PV from registers or
-// shared memory; the fences, waits and descriptors are cuda/wgmma.cuh's), mbarriers, named
-// barriers, the tensor map and its loads, and the
+// packing, the three wgmma shapes the kernel issues (the fences, waits and descriptors are
+// cuda/wgmma.cuh's), mbarriers, named barriers, the tensor map and its loads, and the
 // per-block softmax of the seesaw schedule. In an anonymous namespace, as the kernel that uses
 // them.
 #pragma once
@@ -24,7 +23,7 @@ using memra::cuda::pack_bf16x2;
 using memra::cuda::bf16x2_sum;
 using memra::cuda::smem_u32;
 
-constexpr int kTile = 32;  // cache rows a block
+constexpr int kTile = 64;  // cache rows a block
 constexpr unsigned kFull = 0xffffffffu;
 constexpr float kLazy = 8.0f;  // log2 units the running max may lag a block's max by
 
@@ -43,17 +42,17 @@ __device__ __forceinline__ void wgmma_rs_n256_tb(float (&d)[128], const uint32_t
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
 }
 
-// D[64 x 32] (+)= A[64 x 16] * B[32 x 16]^T, A and B K-major in shared memory (the query and
+// D[64 x 64] (+)= A[64 x 16] * B[64 x 16]^T, A and B K-major in shared memory (the query and
 // the cache rows); scale_d = 0 overwrites D.
-__device__ __forceinline__ void wgmma_ss_n32(float (&d)[16], uint64_t da, uint64_t db,
+__device__ __forceinline__ void wgmma_ss_n64(float (&d)[32], uint64_t da, uint64_t db,
                                              int scale_d) {
   asm volatile(
       "{\n.reg .pred p;\n"
-      "setp.ne.b32 p, %18, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
-      "}, %16, %17, p, 1, 1, 0, 0;\n}\n"
-      : MEMRA_WGMMA_D8(d, 0), MEMRA_WGMMA_D8(d, 8)
+      "setp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
+      MEMRA_WGMMA_R32
+      "}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+      : MEMRA_WGMMA_D32(d, 0)
       : "l"(da), "l"(db), "r"(scale_d));
 }
 
@@ -133,7 +132,7 @@ __device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
                : "memory");
 }
 
-// Box (64 columns from col, kTile rows from row) of the map into shared memory, 128-byte swizzled;
+// Box (64 columns from col, 64 rows from row) of the map into shared memory, 128-byte swizzled;
 // rows past the map's row count arrive as zeros.
 __device__ __forceinline__ void tma_load_2d(uint32_t dst, const void* gmap, uint32_t bar, int col,
                                             int row, uint64_t policy) {
@@ -202,26 +201,26 @@ __device__ __forceinline__ void bar_arrive(int id, int n) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
 }
 
-// The softmax of one 32-row block in the warpgroup that computed its scores s (the m64n32
+// The softmax of one 64-row block in the warpgroup that computed its scores s (the m64n64
 // accumulator layout: heads head0 and head0 + 8, rows 8 (i / 4) + 2 tq + i % 2): scores scaled
 // to log2 units, rows at or past nvalid -inf, the shared running max sm moved to the block's max
 // only when that exceeds it by more than kLazy, p = 2^(s - m) rounded to bf16 into the A-fragment
 // layout pf, their sums into psum, and per head the factor `scale` = 2^(m_old - m_new) by which
 // everything summed at the old max is to be multiplied (1 when the max did not move). The new
 // max and scale are written to shared memory (sm, ss) by the quad's first thread.
-__device__ __forceinline__ void block_softmax(float (&s)[16], int nvalid, float sl2, int tq,
-                                              int head0, float* sm, float* ss, uint32_t (&pf)[4][2],
+__device__ __forceinline__ void block_softmax(float (&s)[32], int nvalid, float sl2, int tq,
+                                              int head0, float* sm, float* ss, uint32_t (&pf)[8][2],
                                               float (&psum)[2], float (&scale)[2]) {
   float mx[2] = {-INFINITY, -INFINITY};
   if (nvalid >= kTile) {
 #pragma unroll
-    for (int i = 0; i < 16; ++i) {
+    for (int i = 0; i < 32; ++i) {
       s[i] *= sl2;
       mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], s[i]);
     }
   } else {
 #pragma unroll
-    for (int i = 0; i < 16; ++i) {
+    for (int i = 0; i < 32; ++i) {
       const int col = 8 * (i >> 2) + 2 * tq + (i & 1);
       s[i] = col < nvalid ? s[i] * sl2 : -INFINITY;
       mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], s[i]);
@@ -246,7 +245,7 @@ __device__ __forceinline__ void block_softmax(float (&s)[16], int nvalid, float 
   }
   psum[0] = psum[1] = 0.0f;
 #pragma unroll
-  for (int c = 0; c < 4; ++c) {
+  for (int c = 0; c < 8; ++c) {
     pf[c][0] = pack_bf16x2(ex2(s[4 * c] - m[0]), ex2(s[4 * c + 1] - m[0]));
     pf[c][1] = pack_bf16x2(ex2(s[4 * c + 2] - m[1]), ex2(s[4 * c + 3] - m[1]));
     psum[0] += bf16x2_sum(pf[c][0]);  // the sums of what the PV products multiply
