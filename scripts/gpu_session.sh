@@ -28,6 +28,7 @@
 #   race_attn racecheck + memcheck over scripts/sanitize_attention_tc.py
 #   ncu_dec   ncu over benchmarks/ncu_decode.py: the KDA decode (B = 64, 256) and MLA decode kernels
 #   kdadec mladec  bench_kda_decode (fla peer) / bench_mla_decode --variant all, --quick
+#             the benches of those names (--quick), peers with fla 0.6.0 where carried
 #   accbench  benchmarks/accuracy_bench_model.py: the 2x rule on the bench model at T = 1K, 8K
 #             against transformers f32 (never with fla on the path)
 #   tcarms    tests/test_cuda_tc_arms.py (the 2x rule on 300 tokens; which arms ran)
@@ -36,7 +37,7 @@
 #   mlaab     bench_mla_decode --variant default, this tree and ./ab_old interleaved 4 times each
 #             (ab_old from `scripts/make_ab_old.sh REV PATH...`: this tree with the kernel's files
 #             of REV), then ab_old's MLA decode tests
-#             the benches of those names (--quick), peers with fla 0.6.0 where carried
+#   kdaab     the same for bench_kda_decode (no peer), then this tree's KDA decode tests
 # Carried folders it uses when present: .whl_fla (fla wheels), .whl (serve's wheels),
 # .triton_cache or .triton_cache.tgz (fla's Triton autotune cache from an earlier call, a folder or
 # the tarball a call returns; the updated cache comes back in $OUT/triton_cache.tgz).
@@ -83,6 +84,21 @@ phase() {
   local t0; t0=$(date +%s)
   timeout "$limit" "$@" >"$OUT/$name.out" 2>"$OUT/$name.log"
   echo "$name: rc=$? $(( $(date +%s) - t0 )) s" | tee -a "$OUT/summary.txt"
+}
+# bench_ab NAME BENCH [ARGS...]: the bench on this tree's build and on old_site, interleaved 4
+# times (NAME_new_i, NAME_old_i), then each run's kernel time and fraction of copy per shape.
+bench_ab() {
+  local name=$1 i f; shift
+  for i in 1 2 3 4; do
+    phase "${name}_new_$i" 60 env PYTHONPATH="$site" python3 "$@"
+    phase "${name}_old_$i" 60 env PYTHONPATH="$old_site" python3 "$@"
+  done
+  for f in "$OUT/${name}"_*.out; do
+    python3 -c "import json, sys
+for l in open(sys.argv[1]):
+    r = json.loads(l)
+    print(sys.argv[1].rsplit('/', 1)[1], r['shape'], r.get('memra_kernel_us'), r.get('kernel_frac_of_copy'))" "$f"
+  done | tee -a "$OUT/summary.txt"
 }
 # The bench model's checkpoint folder (bench_model_decode.py --build-only), as phase NAME.
 bench_folder() { phase "$1" 120 env PYTHONPATH="$site" python3 benchmarks/bench_model_decode.py --quick --build-only; }
@@ -168,19 +184,17 @@ for p in "$@"; do
       ;;
     mlaab)
       old_build mlaab || continue
-      for i in 1 2 3 4; do
-        phase "mlaab_new_$i" 60 env PYTHONPATH="$site" python3 benchmarks/bench_mla_decode.py --variant default
-        phase "mlaab_old_$i" 60 env PYTHONPATH="$old_site" python3 benchmarks/bench_mla_decode.py --variant default
-      done
-      for f in "$OUT"/mlaab_*.out; do
-        python3 -c "import json, sys
-for l in open(sys.argv[1]):
-    r = json.loads(l); s = r['shape']
-    print(sys.argv[1].rsplit('/', 1)[1], 'B', s['B'], 'L', s['L'], r.get('memra_kernel_us'), r.get('kernel_frac_of_copy'))" "$f"
-      done | tee -a "$OUT/summary.txt"
+      bench_ab mlaab benchmarks/bench_mla_decode.py --variant default
       phase mlaab_tests 200 env PYTHONPATH="$old_site" python3 -m pytest -m cuda --require-cuda -q -rf \
         -p no:cacheprovider -n 4 tests/test_cuda_mla_decode.py tests/test_cuda_mla_decode_sm90.py
       tail -1 "$OUT/mlaab_tests.out" | tee -a "$OUT/summary.txt"
+      ;;
+    kdaab)
+      old_build kdaab || continue
+      bench_ab kdaab benchmarks/bench_kda_decode.py
+      phase kdaab_tests 200 env PYTHONPATH="$site" python3 -m pytest -m cuda --require-cuda -q -rf \
+        -p no:cacheprovider -n 4 tests/test_cuda_kda_decode.py
+      tail -1 "$OUT/kdaab_tests.out" | tee -a "$OUT/summary.txt"
       ;;
     kdadec) phase kdadec 150 env PYTHONPATH="$site${peers:+:$peers}" python3 benchmarks/bench_kda_decode.py --quick ;;
     mladec) phase mladec 120 env PYTHONPATH="$site" python3 benchmarks/bench_mla_decode.py --quick --variant all ;;
