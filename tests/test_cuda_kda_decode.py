@@ -1,8 +1,8 @@
 """The KDA decode step's kernel and the planes the kda_scan binding names at T == 1 on CUDA
 (marked cuda).
 
-- scan_decode_lines_kernel (cuda/kda_decode_lines.cu: a block per 32 columns of a head, whole
-  128-byte lines, the column sums across the block's warps through shared memory) does
+- scan_decode_lines_kernel (cuda/kda_decode_lines.cu: a block per 64 columns of a head, 256-byte
+  row segments, the column sums across the block's warps through shared memory) does
   scan_kernel's operations in its fixed order, so chained one step at a time it must give the
   T-step kernel's bytes (``np.array_equal``); against the CPU oracle the scan tolerance of
   tests/test_cuda_kda.py (``rtol=1e-5, atol=1e-6``: 4 chains plus a tree vs one ascending chain,
@@ -11,10 +11,10 @@
 - At T == 1 without ``chunked`` the binding names the states by their stride
   (MEMRA_KDA_PLANES_STRIDED: no pointer table uploaded): a null state reads zeros, every row
   writes its own plane.
-- The census asserts which kernel ran (torch.profiler): one launch, the whole-line kernel.
+- The census asserts which kernel ran (torch.profiler): one launch, the decode kernel.
 
-Shapes: B = 1 (latency form), odd H, B = 64 (the bench's batch), the whole-line blocks' four
-column quarters of a head all written.
+Shapes: B = 1 (latency form), odd H, B = 64 (the bench's batch), both column halves of a head
+(a block each) all written.
 """
 
 from __future__ import annotations
@@ -96,7 +96,7 @@ def test_the_kernel_ran(e, tmp_path):
 
 
 def test_sanitizer_decode_kernels(e):
-    """Small enough for compute-sanitizer (racecheck: the whole-line kernel's three block
+    """Small enough for compute-sanitizer (racecheck: the decode kernel's three block
     barriers over its shared vectors and column partials; memcheck: the STRIDED planes' ends):
     with and without a state."""
     for with_state in (True, False):
