@@ -5,16 +5,18 @@
 //
 // A part of a block owns some columns of one head's plane, all 128 rows; two part shapes
 // (docs/kda.md "The decode step of the scan against a copy" has the runs):
-// - halves (TABLES / STRIDED): 8 warps, 64 columns, each warp instruction 2 rows x 256
-//   contiguous bytes, default-policy loads. A copy in this lane layout streams closer to
-//   cudaMemcpy than one in the quarters' layout, and the step is faster at B >= 64 (it is slower
-//   at B = 1: half the blocks). A block is one part: B * H * 2 blocks of 256 threads, 4 an SM.
-// - quarters (SLOTS): 4 warps, 32 columns (the tiling of fla's fused_recurrent kernel), each
-//   warp instruction 4 rows x 128 contiguous bytes, loaded with ld.global.L2::256B (the L2
-//   fetches the aligned pair of lines, the neighbouring part's half). A block is a whole head, 4
-//   parts (B * H blocks of 512 threads, 2 an SM), each part synchronising on its own named
-//   barrier, and o goes through the gated norm over the head's row at the end. KdaLayer's
-//   decode in halves generated slower at B = 1, so it keeps the quarters.
+// - halves (TABLES / STRIDED from one full wave up): 8 warps, 64 columns, each warp instruction
+//   2 rows x 256 contiguous bytes, default-policy loads. A copy in this lane layout streams
+//   closer to cudaMemcpy than one in the quarters' layout, and the step is faster at B >= 64. A
+//   block is one part: B * H * 2 blocks of 256 threads, 4 an SM.
+// - quarters: 4 warps, 32 columns (the tiling of fla's fused_recurrent kernel), each warp
+//   instruction 4 rows x 128 contiguous bytes, loaded with ld.global.L2::256B (the L2 fetches
+//   the aligned pair of lines, the neighbouring part's half). TABLES / STRIDED below one wave of
+//   halves (B * H * 4 blocks of 128 threads, 8 an SM: twice the blocks on more SMs, which the
+//   B = 1 step measured faster) and SLOTS: a block is a whole head, 4 parts (B * H blocks of
+//   512 threads, 2 an SM), each part synchronising on its own named barrier, and o goes through
+//   the gated norm over the head's row at the end (KdaLayer's decode in halves generated slower
+//   at B = 1).
 // Either way a lane holds 8 float4 of state (32 floats), 64 registers, so 32 warps fit an SM (128
 // KB of state in flight an SM); every state load of a lane is issued before anything waits on
 // memory (with state.early, before the wait for the launch in front); the dk-long column sums
@@ -53,22 +55,20 @@ struct PartShape {
   static_assert(kWarps * kWarpRows == kScanDk, "the warps' rows cover dk");
   static_assert(kHeadParts * kCols == kScanDv, "the parts of a head cover dv");
 };
-// TABLES / STRIDED (!NORM) in halves, SLOTS (NORM) in quarters.
-template <bool NORM>
-using Shape = PartShape<!NORM>;
 constexpr int kChainLen = 4;  // rows of a chain in a group (m)
-static_assert(Shape<false>::kThreads >= kScanDk && Shape<true>::kThreads == kScanDk,
+static_assert(PartShape<true>::kThreads >= kScanDk && PartShape<false>::kThreads == kScanDk,
               "a vector element a thread of the first part");
-static_assert(Shape<true>::kHeadParts * Shape<true>::kThreads == 4 * kScanDv,
+static_assert(PartShape<false>::kHeadParts * PartShape<false>::kThreads == 4 * kScanDv,
               "NORM: the gate and w rows, a thread each of the last two parts");
 
-template <bool NORM>
+// A block: one part, or (NORM, quarters only) a whole head.
+template <bool NORM, bool HALF>
 constexpr int line_threads() {
-  return Shape<NORM>::kThreads * (NORM ? Shape<NORM>::kHeadParts : 1);
+  return PartShape<HALF>::kThreads * (NORM ? PartShape<HALF>::kHeadParts : 1);
 }
-// At most 64 registers: 32 warps an SM either way.
-template <bool NORM>
-constexpr int line_min_blocks() { return NORM ? 2 : 4; }
+// At most 64 registers: 32 warps an SM in any shape.
+template <bool NORM, bool HALF>
+constexpr int line_min_blocks() { return 1024 / line_threads<NORM, HALF>(); }
 
 // A lane's float4 of state. Halves: the default policy (a half warp reads a 256-byte row
 // segment whole). Quarters: the L2::256B prefetch size, whose other line the neighbouring part
@@ -96,7 +96,7 @@ __device__ __forceinline__ float4 ld_state(const float* p) {
 template <bool NORM>
 __device__ __forceinline__ void part_sync(int part) {
   if constexpr (NORM) {
-    static_assert(Shape<true>::kHeadParts == 4 && Shape<true>::kThreads == 128,
+    static_assert(PartShape<false>::kHeadParts == 4 && PartShape<false>::kThreads == 128,
                   "the barrier immediates below");
     switch (part) {
       case 0: asm volatile("bar.sync 1, 128;\n" ::: "memory"); break;
@@ -155,17 +155,19 @@ __device__ __forceinline__ float4 column_sums(const float (*red)[PartShape<HALF>
 }
 
 // q, k, g [B, 1, H, dk]; v, o [B, 1, H, dv]; beta [B, 1, H]; state planes [H, dk, dv] through
-// RowPlanes. TABLES / STRIDED (!RAW, !NORM): grid B * H * 2, block = (b, h, column half). SLOTS
-// (RAW and NORM): grid B * H, block = (b, h), part = warp / 4; g holds f and beta the logits
-// (gate_value / beta_value as loaded); o through the gated norm (gate_o [B, H, dv], w [dv], eps).
-template <bool RAW, bool NORM>
-__global__ void __launch_bounds__(line_threads<NORM>(), line_min_blocks<NORM>())
+// RowPlanes. TABLES / STRIDED (!RAW, !NORM): grid B * H * (2 or 4), block = (b, h, column half
+// or quarter). SLOTS (RAW and NORM, quarters): grid B * H, block = (b, h), part = warp / 4; g
+// holds f and beta the logits (gate_value / beta_value as loaded); o through the gated norm
+// (gate_o [B, H, dv], w [dv], eps).
+template <bool RAW, bool NORM, bool HALF>
+__global__ void __launch_bounds__(line_threads<NORM, HALF>(), line_min_blocks<NORM, HALF>())
     scan_decode_lines_kernel(const float* __restrict__ q, const float* __restrict__ k,
                              const float* __restrict__ v, const float* __restrict__ g,
                              const float* __restrict__ beta, int H, float scale, RowPlanes state,
                              void* __restrict__ o_out, RawGates raw, GatedNorm norm) {
-  using P = Shape<NORM>;
-  constexpr bool kHalf = !NORM;
+  static_assert(!(NORM && HALF), "SLOTS in quarters: the named barriers of part_sync");
+  using P = PartShape<HALF>;
+  constexpr bool kHalf = HALF;
   float* __restrict__ const o = static_cast<float*>(o_out);  // f32 unless NORM with norm.o_bf16
   constexpr int kParts = NORM ? P::kHeadParts : 1;    // parts a block
   constexpr int kCols = kParts * P::kCols;            // the block's columns
@@ -234,7 +236,8 @@ __global__ void __launch_bounds__(line_threads<NORM>(), line_min_blocks<NORM>())
   // the block's columns; NORM: the head's gate row and the norm weight, one value a thread of
   // threads 256 .. 511.
   float kt = 0.0f, qt = 0.0f, gt = 0.0f, dtb = 0.0f, a_log = 0.0f, vt = 0.0f, bt = 0.0f;
-  if (t < kScanDk) {
+  constexpr bool kVecAll = line_threads<NORM, HALF>() == kScanDk;  // every thread has an element
+  if (kVecAll || t < kScanDk) {
     kt = __ldg(k + bh * kScanDk + t);
     qt = __ldg(q + bh * kScanDk + t);
     gt = __ldg(g + bh * kScanDk + t);
@@ -249,7 +252,7 @@ __global__ void __launch_bounds__(line_threads<NORM>(), line_min_blocks<NORM>())
     const int n = t - 2 * kScanDk;  // gate [dv] then w [dv]
     if (n >= 0) nrow[n] = n < kScanDv ? __ldg(norm.gate + bh * kScanDv + n) : __ldg(norm.w + n - kScanDv);
   }
-  if (t < kScanDk) {
+  if (kVecAll || t < kScanDk) {
     if constexpr (RAW) gt = gate_value(gt, dtb, expf(a_log), raw.form, raw.lower_bound);
     vec[0][t] = kt;
     vec[1][t] = __fmul_rn(qt, scale);
@@ -354,14 +357,27 @@ __global__ void __launch_bounds__(line_threads<NORM>(), line_min_blocks<NORM>())
 namespace memra::cuda::kda {
 
 int scan_decode_tables(MemraCudaCtx* ctx, const MemraKdaScanParams& p) {
-  const int64_t blocks = static_cast<int64_t>(p.B) * p.H * Shape<false>::kHeadParts;
-  if (blocks > 0x7fffffffLL) return memra::kContractShape;
-  memra::cuda::launch(ctx, true, scan_decode_lines_kernel<false, false>,
-                      dim3(static_cast<unsigned>(blocks)), dim3(line_threads<false>()), 0,
-                      static_cast<const float*>(p.q), static_cast<const float*>(p.k),
-                      static_cast<const float*>(p.v), static_cast<const float*>(p.g), p.beta,
-                      p.H, p.scale, row_planes(p.state), p.o, RawGates{}, GatedNorm{});
-  return launch_status();
+  // Halves from one full wave of them up (every SM busy, where their layout streams faster);
+  // below it the quarters' twice as many blocks reach more SMs.
+  int sms = 0;
+  MEMRA_CUDA_RETURN_IF(memra::cuda::status_of(
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, ctx->device)));
+  const int64_t heads = static_cast<int64_t>(p.B) * p.H;
+  const bool half = heads * PartShape<true>::kHeadParts >=
+                    static_cast<int64_t>(sms) * line_min_blocks<false, true>();
+  auto go = [&](auto kernel, int parts, int threads) {
+    const int64_t blocks = heads * parts;
+    if (blocks > 0x7fffffffLL) return memra::kContractShape;
+    memra::cuda::launch(ctx, true, kernel, dim3(static_cast<unsigned>(blocks)), dim3(threads), 0,
+                        static_cast<const float*>(p.q), static_cast<const float*>(p.k),
+                        static_cast<const float*>(p.v), static_cast<const float*>(p.g), p.beta,
+                        p.H, p.scale, row_planes(p.state), p.o, RawGates{}, GatedNorm{});
+    return launch_status();
+  };
+  return half ? go(scan_decode_lines_kernel<false, false, true>, PartShape<true>::kHeadParts,
+                   line_threads<false, true>())
+              : go(scan_decode_lines_kernel<false, false, false>, PartShape<false>::kHeadParts,
+                   line_threads<false, false>());
 }
 
 int scan_decode_slots(MemraCudaCtx* ctx, const MemraKdaScanParams& p) {
@@ -396,8 +412,8 @@ int scan_decode_slots(MemraCudaCtx* ctx, const MemraKdaScanParams& p) {
   if (blocks > 0x7fffffffLL) return memra::kContractShape;
   const RawGates gates{p.dt_bias, p.A_log, form, p.lower_bound, beta_ld};
   const GatedNorm norm{p.gate_o, p.o_norm, p.norm_eps, p.o_dtype == 1};
-  memra::cuda::launch(ctx, true, scan_decode_lines_kernel<true, true>,
-                      dim3(static_cast<unsigned>(blocks)), dim3(line_threads<true>()), 0,
+  memra::cuda::launch(ctx, true, scan_decode_lines_kernel<true, true, false>,
+                      dim3(static_cast<unsigned>(blocks)), dim3(line_threads<true, false>()), 0,
                       static_cast<const float*>(p.q), static_cast<const float*>(p.k),
                       static_cast<const float*>(p.v), static_cast<const float*>(p.g), p.beta,
                       p.H, p.scale, row_planes(p.state), p.o, gates, norm);

@@ -2,11 +2,11 @@
 // kda_scan): the GPU twins of cpu::kda_gate / kda_scan (cpp/src/cpu/kda.cpp, the oracle;
 // cuda/kda_common.cuh: rounding). The scan has two kernels: scan_kernel here (any T; a warp per 8
 // columns, the latency-bound prefill) and scan_decode_lines_kernel (cuda/kda_decode_lines.cu;
-// T == 1, a block per 64 columns, shaped for bandwidth). Both perform each element's operations in the same order,
-// including every dk-long sum's fixed order (the geometry comment below), so they agree bit for
-// bit at T = 1, which the tests assert. The per-step arithmetic does not depend on where the
-// state came from (registers or f32 memory hold the same bits), so T chained one-step launches
-// equal one T-step launch, and a sequence in a batch equals it alone.
+// T == 1, a block per 32 or 64 columns, shaped for bandwidth). Both perform each element's
+// operations in the same order, including every dk-long sum's fixed order (the geometry comment
+// below), so they agree bit for bit at T = 1, which the tests assert. The per-step arithmetic
+// does not depend on where the state came from (registers or f32 memory hold the same bits), so
+// T chained one-step launches equal one T-step launch, and a sequence in a batch equals it alone.
 #include <cstdint>
 
 #include "common.cuh"

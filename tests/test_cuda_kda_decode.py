@@ -1,8 +1,9 @@
 """The KDA decode step's kernel and the planes the kda_scan binding names at T == 1 on CUDA
 (marked cuda).
 
-- scan_decode_lines_kernel (cuda/kda_decode_lines.cu: a block per 64 columns of a head, 256-byte
-  row segments, the column sums across the block's warps through shared memory) does
+- scan_decode_lines_kernel (cuda/kda_decode_lines.cu: a block per 64 columns of a head in 256-byte
+  row segments from one full wave of such blocks, else per 32 columns in 128-byte lines; the
+  column sums across the block's warps through shared memory) does
   scan_kernel's operations in its fixed order, so chained one step at a time it must give the
   T-step kernel's bytes (``np.array_equal``); against the CPU oracle the scan tolerance of
   tests/test_cuda_kda.py (``rtol=1e-5, atol=1e-6``: 4 chains plus a tree vs one ascending chain,
@@ -11,10 +12,11 @@
 - At T == 1 without ``chunked`` the binding names the states by their stride
   (MEMRA_KDA_PLANES_STRIDED: no pointer table uploaded): a null state reads zeros, every row
   writes its own plane.
-- The census asserts which kernel ran (torch.profiler): one launch, the decode kernel.
+- The census asserts which kernel ran (torch.profiler): one launch, the decode kernel, in the part
+  shape the grid asks for (halves from 4 blocks an SM on every SM, quarters below).
 
-Shapes: B = 1 (latency form), odd H, B = 64 (the bench's batch), both column halves of a head
-(a block each) all written.
+Shapes: B = 1 (latency form), odd H, B = 64 (the bench's batch) in quarters, B = 96 x 5 heads in
+halves (on up to 240 SMs), every column part of a head written.
 """
 
 from __future__ import annotations
@@ -57,7 +59,7 @@ def scan(eng, arrays, state, **kw):
     return eng.to_host(o), eng.to_host(s)
 
 
-@pytest.mark.parametrize("B,H", [(1, 1), (3, 5), (64, 3)])
+@pytest.mark.parametrize("B,H", [(1, 1), (3, 5), (64, 3), (96, 5)])
 @pytest.mark.parametrize("with_state", [True, False])
 def test_decode_steps_equal_the_t_step_kernel(e, B, H, with_state):
     T = 3
@@ -93,6 +95,32 @@ def test_the_kernel_ran(e, tmp_path):
     joined = " ".join(names)
     assert KERNEL in joined, names
     assert len(names) == 1, names  # one launch: no table kernel, no second pass
+
+
+@pytest.mark.parametrize("big", [False, True])
+def test_the_part_shape_follows_the_grid(e, tmp_path, big):
+    """TABLES / STRIDED at T = 1: the halves (<false, false, true>: 256 threads, 64 columns) once
+    their grid B * H * 2 fills 4 blocks an SM on every SM, the quarters (<false, false, false>: 128
+    threads, 32 columns) below it; the bytes of both against the T-step kernel are
+    test_decode_steps_equal_the_t_step_kernel's."""
+    torch = pytest.importorskip("torch", reason="the SM count and the census read torch")
+    sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    H = 4
+    B = -(-4 * sms // (2 * H)) if big else 1  # the smallest batch of a full wave of halves
+    arrays, state = inputs(B, 1, H, seed=7)
+    dev = [e.to_device(a) for a in arrays]
+    ds = e.to_device(state)
+    names = kernel_names(lambda: (_core.kda_scan(*dev, ds, engine=e, batch=True),
+                                  e.synchronize()), tmp_path / "trace.json")
+    want = KERNEL + ("<false, false, true>" if big else "<false, false, false>")
+    assert len(names) == 1 and want in names[0], names
+    if not big:  # one batch short of the wave stays in quarters
+        arrays, state = inputs(-(-4 * sms // (2 * H)) - 1, 1, H, seed=8)
+        dev = [e.to_device(a) for a in arrays]
+        ds = e.to_device(state)
+        names = kernel_names(lambda: (_core.kda_scan(*dev, ds, engine=e, batch=True),
+                                      e.synchronize()), tmp_path / "trace2.json")
+        assert len(names) == 1 and want in names[0], names
 
 
 def test_sanitizer_decode_kernels(e):
