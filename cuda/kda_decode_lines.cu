@@ -167,7 +167,6 @@ __global__ void __launch_bounds__(line_threads<NORM, HALF>(), line_min_blocks<NO
                              void* __restrict__ o_out, RawGates raw, GatedNorm norm) {
   static_assert(!(NORM && HALF), "SLOTS in quarters: the named barriers of part_sync");
   using P = PartShape<HALF>;
-  constexpr bool kHalf = HALF;
   float* __restrict__ const o = static_cast<float*>(o_out);  // f32 unless NORM with norm.o_bf16
   constexpr int kParts = NORM ? P::kHeadParts : 1;    // parts a block
   constexpr int kCols = kParts * P::kCols;            // the block's columns
@@ -207,7 +206,7 @@ __global__ void __launch_bounds__(line_threads<NORM, HALF>(), line_min_blocks<NO
       for (int i = 0; i < 2; ++i) {
 #pragma unroll
         for (int m = 0; m < kChainLen; ++m) {
-          const float4 f = ld_state<kHalf>(
+          const float4 f = ld_state<HALF>(
               sin + my_off + static_cast<int64_t>(P::kStepI * i + 4 * m) * kScanDv);
           S[i][m][0] = f.x;
           S[i][m][1] = f.y;
@@ -280,14 +279,14 @@ __global__ void __launch_bounds__(line_threads<NORM, HALF>(), line_min_blocks<NO
       }
     }
 #pragma unroll
-    for (int c = 0; c < 4; ++c) Pc[c][i] = chain_partial<kHalf>(ch[c]);
+    for (int c = 0; c < 4; ++c) Pc[c][i] = chain_partial<HALF>(ch[c]);
   }
-  warp_partial<kHalf>(Pc, rd[0], warp, x, cq);
+  warp_partial<HALF>(Pc, rd[0], warp, x, cq);
   part_sync<NORM>(part);
   // d = beta (v - k^T S) of the lane's columns.
   float d[4];
   {
-    const float4 kv = column_sums<kHalf>(rd[0], cq);
+    const float4 kv = column_sums<HALF>(rd[0], cq);
     const float4 vv = *reinterpret_cast<const float4*>(&vcol[j0 - jb]);
     const float bb = beta_s;
     d[0] = __fmul_rn(__fsub_rn(vv.x, kv.x), bb);
@@ -317,12 +316,12 @@ __global__ void __launch_bounds__(line_threads<NORM, HALF>(), line_min_blocks<NO
       }
     }
 #pragma unroll
-    for (int c = 0; c < 4; ++c) Pc[c][i] = chain_partial<kHalf>(ch[c]);
+    for (int c = 0; c < 4; ++c) Pc[c][i] = chain_partial<HALF>(ch[c]);
   }
-  warp_partial<kHalf>(Pc, rd[1], warp, x, cq);
+  warp_partial<HALF>(Pc, rd[1], warp, x, cq);
   part_sync<NORM>(part);
   if (tp < P::kQuads) {  // the part's warp 0, x == 0: lane cq has columns j0 .. j0 + 3
-    const float4 out = column_sums<kHalf>(rd[1], cq);
+    const float4 out = column_sums<HALF>(rd[1], cq);
     if constexpr (NORM) {
       *reinterpret_cast<float4*>(&orow[j0]) = out;
     } else {

@@ -21,6 +21,7 @@
 #             B = 32 with the default head tiling; results/2026-12-02-h200-s4.md)
 #   qwenself  bench_qwen_decode --quick --skip-peer, both models, B = 1 and 32
 #   kimi qwen gdn kdapre mlapre prefill moepre moedec serve
+#             the benches of those names (--quick), peers with fla 0.6.0 where carried
 #   kdarest   bench_kda_prefill's shapes --quick leaves out (KDA 32 heads, B = 8, T = 32K; GDN B = 8)
 #   prefill_long  bench_model_prefill at T = 32K and 128K and 8 prompts of 2K, no peer
 #   prefill_mem   bench_model_prefill at T = 1K and 8K and 8 prompts of 2K (both arms), memra only
@@ -28,7 +29,6 @@
 #   race_attn racecheck + memcheck over scripts/sanitize_attention_tc.py
 #   ncu_dec   ncu over benchmarks/ncu_decode.py: the KDA decode (B = 64, 256) and MLA decode kernels
 #   kdadec mladec  bench_kda_decode (fla peer) / bench_mla_decode --variant all, --quick
-#             the benches of those names (--quick), peers with fla 0.6.0 where carried
 #   accbench  benchmarks/accuracy_bench_model.py: the 2x rule on the bench model at T = 1K, 8K
 #             against transformers f32 (never with fla on the path)
 #   tcarms    tests/test_cuda_tc_arms.py (the 2x rule on 300 tokens; which arms ran)

@@ -86,41 +86,36 @@ def test_one_sequence_form_takes_the_same_kernel(e):
     np.testing.assert_array_equal(e.to_host(s), sb[0])
 
 
-def test_the_kernel_ran(e, tmp_path):
-    arrays, state = inputs(8, 1, 2, seed=99)
+def decode_kernels(e, B, H, seed, trace):
+    """The kernels one kda_scan step of B sequences and H heads launched (kernel_names)."""
+    arrays, state = inputs(B, 1, H, seed=seed)
     dev = [e.to_device(a) for a in arrays]
     ds = e.to_device(state)
-    names = kernel_names(lambda: (_core.kda_scan(*dev, ds, engine=e, batch=True),
-                                  e.synchronize()), tmp_path / "trace.json")
+    return kernel_names(lambda: (_core.kda_scan(*dev, ds, engine=e, batch=True),
+                                 e.synchronize()), trace)
+
+
+def test_the_kernel_ran(e, tmp_path):
+    names = decode_kernels(e, 8, 2, 99, tmp_path / "trace.json")
     joined = " ".join(names)
     assert KERNEL in joined, names
     assert len(names) == 1, names  # one launch: no table kernel, no second pass
 
 
-@pytest.mark.parametrize("big", [False, True])
-def test_the_part_shape_follows_the_grid(e, tmp_path, big):
+# (batch as an offset from the smallest full wave of halves, or 1; the shape that must run)
+@pytest.mark.parametrize("from_wave,half", [(None, False), (-1, False), (0, True)])
+def test_the_part_shape_follows_the_grid(e, tmp_path, from_wave, half):
     """TABLES / STRIDED at T = 1: the halves (<false, false, true>: 256 threads, 64 columns) once
     their grid B * H * 2 fills 4 blocks an SM on every SM, the quarters (<false, false, false>: 128
-    threads, 32 columns) below it; the bytes of both against the T-step kernel are
-    test_decode_steps_equal_the_t_step_kernel's."""
+    threads, 32 columns) below it (B = 1, one batch short of the wave); the bytes of both against
+    the T-step kernel are test_decode_steps_equal_the_t_step_kernel's."""
     torch = pytest.importorskip("torch", reason="the SM count and the census read torch")
     sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
     H = 4
-    B = -(-4 * sms // (2 * H)) if big else 1  # the smallest batch of a full wave of halves
-    arrays, state = inputs(B, 1, H, seed=7)
-    dev = [e.to_device(a) for a in arrays]
-    ds = e.to_device(state)
-    names = kernel_names(lambda: (_core.kda_scan(*dev, ds, engine=e, batch=True),
-                                  e.synchronize()), tmp_path / "trace.json")
-    want = KERNEL + ("<false, false, true>" if big else "<false, false, false>")
+    B = 1 if from_wave is None else -(-4 * sms // (2 * H)) + from_wave
+    names = decode_kernels(e, B, H, 7, tmp_path / "trace.json")
+    want = KERNEL + ("<false, false, true>" if half else "<false, false, false>")
     assert len(names) == 1 and want in names[0], names
-    if not big:  # one batch short of the wave stays in quarters
-        arrays, state = inputs(-(-4 * sms // (2 * H)) - 1, 1, H, seed=8)
-        dev = [e.to_device(a) for a in arrays]
-        ds = e.to_device(state)
-        names = kernel_names(lambda: (_core.kda_scan(*dev, ds, engine=e, batch=True),
-                                      e.synchronize()), tmp_path / "trace2.json")
-        assert len(names) == 1 and want in names[0], names
 
 
 def test_sanitizer_decode_kernels(e):
