@@ -32,7 +32,7 @@ GPU, by name, us per call) and the memory pool's reserved bytes before and at mo
 timed calls (pool_reserved_gib, pool_reserved_peak_gib: a pool that maps new memory for every
 call's output shows a peak far above one call's need).
 
-    python3 benchmarks/bench_kda_decode.py [--quick]
+    python3 benchmarks/bench_kda_decode.py [--quick] [--shapes 32:8,64:4]
 """
 
 from __future__ import annotations
@@ -147,6 +147,18 @@ def pool_gib(engine, key: str):
     return round(m[key] / 2**30, 3) if m else None
 
 
+def parse_shapes(text: str) -> list[tuple[int, int]]:
+    """'32:8,64:4' -> [(32, 8), (64, 4)] (heads H, batch B; both positive)."""
+    import argparse
+    try:
+        shapes = [tuple(int(x) for x in pair.split(":")) for pair in text.split(",")]
+    except ValueError:
+        shapes = []
+    if not shapes or any(len(hb) != 2 or min(hb) < 1 for hb in shapes):
+        raise argparse.ArgumentTypeError(f"--shapes: expected H:B pairs like 32:8,64:4, got {text!r}")
+    return shapes
+
+
 def measure_memra(b, run_memra, run_nopdl) -> dict:
     """memra's figures on b's engine: event time, kernel time (run_nopdl: the same call on an
     Engine without programmatic launch), and where a call's time goes (module docstring)."""
@@ -167,6 +179,9 @@ def measure_memra(b, run_memra, run_nopdl) -> dict:
 
 def main() -> int:
     p = base_parser(__doc__.split("\n\n")[0])
+    p.add_argument("--shapes", type=parse_shapes, default=None,
+                   help="H:B pairs, comma-separated, instead of the default shapes "
+                        "(e.g. 32:8,32:16 around the decode step's part-shape switch)")
     args = p.parse_args()
     b = Bench(args, "kda_decode")
     torch = b.torch
@@ -179,7 +194,7 @@ def main() -> int:
     scale = D ** -0.5
     e_nopdl = (memra.Engine("cuda", args.device_index, options=memra.KernelOptions(pdl=False))
                if b.cuda else None)
-    for H, B in (SHAPES if b.cuda else SMOKE_SHAPES):
+    for H, B in args.shapes or (SHAPES if b.cuda else SMOKE_SHAPES):
         shape = {"H": H, "B": B, "T": 1, "dk": D, "dv": D, "dtype": "float32"}
         nbytes = 2 * B * H * D * D * 4
         extra = {"memra_op": "kda_scan(batch=True)"}

@@ -5,18 +5,18 @@
 //
 // A part of a block owns some columns of one head's plane, all 128 rows; two part shapes
 // (docs/kda.md "The decode step of the scan against a copy" has the runs):
-// - halves (TABLES / STRIDED from one full wave up): 8 warps, 64 columns, each warp instruction
-//   2 rows x 256 contiguous bytes, default-policy loads. A copy in this lane layout streams
-//   closer to cudaMemcpy than one in the quarters' layout, and the step is faster at B >= 64. A
-//   block is one part: B * H * 2 blocks of 256 threads, 4 an SM.
+// - halves (TABLES / STRIDED from kHalfWaves full waves up): 8 warps, 64 columns, each warp
+//   instruction 2 rows x 256 contiguous bytes, default-policy loads. A copy in this lane layout
+//   streams closer to cudaMemcpy than one in the quarters' layout, and the step is faster at
+//   B >= 64. A block is one part: B * H * 2 blocks of 256 threads, 4 an SM.
 // - quarters: 4 warps, 32 columns (the tiling of fla's fused_recurrent kernel), each warp
 //   instruction 4 rows x 128 contiguous bytes, loaded with ld.global.L2::256B (the L2 fetches
-//   the aligned pair of lines, the neighbouring part's half). TABLES / STRIDED below one wave of
-//   halves (B * H * 4 blocks of 128 threads, 8 an SM: twice the blocks on more SMs, which the
-//   B = 1 step measured faster) and SLOTS: a block is a whole head, 4 parts (B * H blocks of
-//   512 threads, 2 an SM), each part synchronising on its own named barrier, and o goes through
-//   the gated norm over the head's row at the end (KdaLayer's decode in halves generated slower
-//   at B = 1).
+//   the aligned pair of lines, the neighbouring part's half). TABLES / STRIDED below kHalfWaves
+//   waves of halves (B * H * 4 blocks of 128 threads, 8 an SM: twice the blocks, smaller, reach
+//   more SMs below one wave and even out the last wave's tail up to about three) and SLOTS: a
+//   block is a whole head, 4 parts (B * H blocks of 512 threads, 2 an SM), each part
+//   synchronising on its own named barrier, and o goes through the gated norm over the head's
+//   row at the end (KdaLayer's decode in halves generated slower at B = 1).
 // Either way a lane holds 8 float4 of state (32 floats), 64 registers, so 32 warps fit an SM (128
 // KB of state in flight an SM); every state load of a lane is issued before anything waits on
 // memory (with state.early, before the wait for the launch in front); the dk-long column sums
@@ -69,6 +69,10 @@ constexpr int line_threads() {
 // At most 64 registers: 32 warps an SM in any shape.
 template <bool NORM, bool HALF>
 constexpr int line_min_blocks() { return 1024 / line_threads<NORM, HALF>(); }
+
+// Full waves of halves (line_min_blocks an SM on every SM) from which the op's T = 1 step takes
+// the halves: below about three the quarters' tail evens out over the SMs and wins.
+constexpr int kHalfWaves = 3;
 
 // A lane's float4 of state. Halves: the default policy (a half warp reads a 256-byte row
 // segment whole). Quarters: the L2::256B prefetch size, whose other line the neighbouring part
@@ -356,14 +360,14 @@ __global__ void __launch_bounds__(line_threads<NORM, HALF>(), line_min_blocks<NO
 namespace memra::cuda::kda {
 
 int scan_decode_tables(MemraCudaCtx* ctx, const MemraKdaScanParams& p) {
-  // Halves from one full wave of them up (every SM busy, where their layout streams faster);
-  // below it the quarters' twice as many blocks reach more SMs.
+  // Halves from kHalfWaves full waves of them up, where their layout's faster streaming outweighs
+  // the quarters' finer tail (docs/kda.md has the A/B either side).
   int sms = 0;
   MEMRA_CUDA_RETURN_IF(memra::cuda::status_of(
       cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, ctx->device)));
   const int64_t heads = static_cast<int64_t>(p.B) * p.H;
   const bool half = heads * PartShape<true>::kHeadParts >=
-                    static_cast<int64_t>(sms) * line_min_blocks<false, true>();
+                    static_cast<int64_t>(kHalfWaves) * sms * line_min_blocks<false, true>();
   auto go = [&](auto kernel, int parts, int threads) {
     const int64_t blocks = heads * parts;
     if (blocks > 0x7fffffffLL) return memra::kContractShape;

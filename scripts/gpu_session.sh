@@ -37,7 +37,8 @@
 #   mlaab     bench_mla_decode --variant default, this tree and ./ab_old interleaved 4 times each
 #             (ab_old from `scripts/make_ab_old.sh REV PATH...`: this tree with the kernel's files
 #             of REV), then ab_old's MLA decode tests
-#   kdaab     the same for bench_kda_decode (no peer), then this tree's KDA decode tests
+#   kdaab     the same for bench_kda_decode (no peer), then this tree's KDA decode tests;
+#             KDA_SHAPES=H:B,... in the environment picks the bench's shapes (its --shapes)
 # Carried folders it uses when present: .whl_fla (fla wheels), .whl (serve's wheels),
 # .triton_cache or .triton_cache.tgz (fla's Triton autotune cache from an earlier call, a folder or
 # the tarball a call returns; the updated cache comes back in $OUT/triton_cache.tgz).
@@ -191,7 +192,7 @@ for p in "$@"; do
       ;;
     kdaab)
       old_build kdaab || continue
-      bench_ab kdaab benchmarks/bench_kda_decode.py
+      bench_ab kdaab benchmarks/bench_kda_decode.py ${KDA_SHAPES:+--shapes "$KDA_SHAPES"}
       phase kdaab_tests 200 env PYTHONPATH="$site" python3 -m pytest -m cuda --require-cuda -q -rf \
         -p no:cacheprovider -n 4 tests/test_cuda_kda_decode.py
       tail -1 "$OUT/kdaab_tests.out" | tee -a "$OUT/summary.txt"

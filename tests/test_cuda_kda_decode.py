@@ -2,7 +2,7 @@
 (marked cuda).
 
 - scan_decode_lines_kernel (cuda/kda_decode_lines.cu: a block per 64 columns of a head in 256-byte
-  row segments from one full wave of such blocks, else per 32 columns in 128-byte lines; the
+  row segments from three full waves of such blocks, else per 32 columns in 128-byte lines; the
   column sums across the block's warps through shared memory) does
   scan_kernel's operations in its fixed order, so chained one step at a time it must give the
   T-step kernel's bytes (``np.array_equal``); against the CPU oracle the scan tolerance of
@@ -13,9 +13,10 @@
   (MEMRA_KDA_PLANES_STRIDED: no pointer table uploaded): a null state reads zeros, every row
   writes its own plane.
 - The census asserts which kernel ran (torch.profiler): one launch, the decode kernel, in the part
-  shape the grid asks for (halves from 4 blocks an SM on every SM, quarters below).
+  shape the grid asks for (halves from three waves of 4 blocks an SM on every SM, quarters
+  below).
 
-Shapes: B = 1 (latency form), odd H, B = 64 (the bench's batch) in quarters, B = 96 x 5 heads in
+Shapes: B = 1 (latency form), odd H, B = 64 (the bench's batch) in quarters, B = 288 x 5 heads in
 halves (on up to 240 SMs), every column part of a head written.
 """
 
@@ -59,7 +60,7 @@ def scan(eng, arrays, state, **kw):
     return eng.to_host(o), eng.to_host(s)
 
 
-@pytest.mark.parametrize("B,H", [(1, 1), (3, 5), (64, 3), (96, 5)])
+@pytest.mark.parametrize("B,H", [(1, 1), (3, 5), (64, 3), (288, 5)])
 @pytest.mark.parametrize("with_state", [True, False])
 def test_decode_steps_equal_the_t_step_kernel(e, B, H, with_state):
     T = 3
@@ -102,17 +103,21 @@ def test_the_kernel_ran(e, tmp_path):
     assert len(names) == 1, names  # one launch: no table kernel, no second pass
 
 
-# (batch as an offset from the smallest full wave of halves, or 1; the shape that must run)
-@pytest.mark.parametrize("from_wave,half", [(None, False), (-1, False), (0, True)])
+# (batch as an offset from the smallest batch whose halves fill three full waves, or 1, or the
+# batch of one full wave; the shape that must run)
+@pytest.mark.parametrize("from_wave,half", [(None, False), ("one", False), (-1, False), (0, True)])
 def test_the_part_shape_follows_the_grid(e, tmp_path, from_wave, half):
     """TABLES / STRIDED at T = 1: the halves (<false, false, true>: 256 threads, 64 columns) once
-    their grid B * H * 2 fills 4 blocks an SM on every SM, the quarters (<false, false, false>: 128
-    threads, 32 columns) below it (B = 1, one batch short of the wave); the bytes of both against
-    the T-step kernel are test_decode_steps_equal_the_t_step_kernel's."""
+    their grid B * H * 2 fills three waves of 4 blocks an SM on every SM, the quarters
+    (<false, false, false>: 128 threads, 32 columns) below it (B = 1, one full wave, one batch
+    short of three); the bytes of both against the T-step kernel are
+    test_decode_steps_equal_the_t_step_kernel's."""
     torch = pytest.importorskip("torch", reason="the SM count and the census read torch")
     sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
     H = 4
-    B = 1 if from_wave is None else -(-4 * sms // (2 * H)) + from_wave
+    wave = -(-4 * sms // (2 * H))  # the smallest batch of one full wave of halves
+    B = (1 if from_wave is None else wave if from_wave == "one"
+         else -(-3 * 4 * sms // (2 * H)) + from_wave)
     names = decode_kernels(e, B, H, 7, tmp_path / "trace.json")
     want = KERNEL + ("<false, false, true>" if half else "<false, false, false>")
     assert len(names) == 1 and want in names[0], names
