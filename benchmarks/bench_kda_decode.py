@@ -37,6 +37,7 @@ call's output shows a peak far above one call's need).
 
 from __future__ import annotations
 
+import argparse
 import os
 import statistics
 import sys
@@ -149,7 +150,6 @@ def pool_gib(engine, key: str):
 
 def parse_shapes(text: str) -> list[tuple[int, int]]:
     """'32:8,64:4' -> [(32, 8), (64, 4)] (heads H, batch B; both positive)."""
-    import argparse
     try:
         shapes = [tuple(int(x) for x in pair.split(":")) for pair in text.split(",")]
     except ValueError:
