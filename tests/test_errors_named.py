@@ -276,6 +276,23 @@ def test_appends_refuse_rows_that_share_the_cache():
     _core.kv_append(f32(2, 1, 1), f32(2, 1, 1), kc, vc, pos0=5)  # the caches still usable
 
 
+def test_batched_latent_append_refuses_caches_that_share_memory():
+    """mla_latent_append_decode writes B caches in one call: two that share memory (the same
+    array twice, or overlapping views) are CONTRACT_VALUE naming both, nothing written (the CPU's
+    last write once won silently; on CUDA the writes would race); disjoint views of one buffer
+    are fine."""
+    rows = np.arange(8, dtype=np.float32).reshape(2, 4)
+    buf = np.zeros((6, 4), np.float32)
+    for caches, pos in (([buf, buf], [1, 1]), ([buf[:4], buf[2:]], [2, 0])):
+        e = raises(ContractError, lambda: _core.mla_latent_append_decode(rows, caches, pos),
+                   "mla_latent_append_decode", "'caches[0]'", "'caches[1]'", "share memory")
+        assert e.code == S.CONTRACT_VALUE
+    assert not buf.any()
+    _core.mla_latent_append_decode(rows, [buf[:3], buf[3:]], [1, 2])
+    np.testing.assert_array_equal(buf[1], rows[0])
+    np.testing.assert_array_equal(buf[5], rows[1])
+
+
 def test_per_sequence_ints_past_int64_are_range_errors():
     """t_kv entries past int64 are CONTRACT_RANGE naming the value (they once read "must hold
     ints, got int"), as entries past int32 already were."""

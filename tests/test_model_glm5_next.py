@@ -282,6 +282,24 @@ def test_layer_refuses_a_cache_of_another_geometry(model: memra.Model) -> None:
                     np.ones((3, model.config.hidden_size), np.float32))
 
 
+def test_model_refuses_a_cache_of_another_layer_count(model: memra.Model) -> None:
+    """A cache with more layers than the model (its own specs twice) is refused by prefill,
+    prefill_batch and decode, naming both counts, and nothing is written (each layer checks its
+    own plane, so the extra layers were once silently left alone); one with fewer fails too."""
+    specs = model.net.state_specs()
+    n = len(specs)
+    for other in (specs + specs, specs[:-1]):
+        cache = memra.Cache(model.engine, other, max_batch=1, max_len=8)
+        for call in (lambda: model.prefill(cache, 0, [1, 2]),
+                     lambda: model.prefill_batch(cache, [0], [[1, 2]]),
+                     lambda: model.decode(cache, [0], [1])):
+            with pytest.raises(memra.ContractError) as e:
+                call()
+            assert f"cache has {len(other)} layers, the model {n}" in str(e.value), e.value
+        assert cache.length(0) == 0
+    assert len(model.generate([1, 2, 3], max_new_tokens=2)) == 2  # the model still usable
+
+
 def test_shared_layer_refuses_an_index_list_row_the_query_cannot_see(model: memra.Model) -> None:
     shared = model.net.blocks[3].mixer.layer  # layer 3 reuses layer 2's list
     cache = model.new_cache(1, 8)

@@ -377,7 +377,7 @@ def mla_latent_append_decode(rows: Annotated[NDArray, dict(writable=False)], cac
     Write one latent row per sequence in place: caches[b][pos[b], :] = rows[b, :].
 
     rows: [B, W] float32. caches: a list of B arrays [L_b, W], all float32 (CPU: writable host arrays) or, on CUDA, all bfloat16 (DLPack bfloat16 or uint16 raw bits; rounded to nearest even); or one writable C-contiguous array [B, L, W] (slice b: sequence b's cache). pos: a host list / int array (checked: pos[b] < L_b) or on CUDA a device int32 [B] array (unchecked); pos[b] < 0 is an idle row: nothing written. One launch on CUDA. Returns None.
-    Raises ContractError: CONTRACT_RANGE for a host pos[b] >= L_b (nothing written); CONTRACT_VALUE when rows share memory with a cache; CONTRACT_SHAPE when len(caches) != B or widths differ; CONTRACT_DTYPE / CONTRACT_STRIDE / CONTRACT_DEVICE for bad arrays.
+    Raises ContractError: CONTRACT_RANGE for a host pos[b] >= L_b (nothing written); CONTRACT_VALUE when rows share memory with a cache or two caches share memory; CONTRACT_SHAPE when len(caches) != B or widths differ; CONTRACT_DTYPE / CONTRACT_STRIDE / CONTRACT_DEVICE for bad arrays.
     Reference: mla_latent_append per sequence with T = 1.
     """
 
@@ -938,7 +938,9 @@ class Cache:
 
     @staticmethod
     def bytes_needed(max_batch: int, max_len: int, specs: Sequence[LayerStateSpec]) -> int:
-        """Bytes the planes of such a cache take (float32 latent rows)."""
+        """
+        Bytes the planes of such a cache take (float32 latent rows); 2**63 - 1 when they pass 2**62 (such a cache never fits: Cache() refuses it with OutOfMemoryError).
+        """
 
     @property
     def max_batch(self) -> int: ...

@@ -63,10 +63,15 @@ def _ids(token_ids, what: str, arg: str = "token_ids") -> np.ndarray:
     return np.ascontiguousarray(arr.astype(np.int32))
 
 
-def _cache_arg(cache, what: str) -> _core.Cache:
-    """`cache` when it is a memra.Cache (ContractError naming it otherwise)."""
+def _cache_arg(cache, what: str, num_layers: int) -> _core.Cache:
+    """`cache` when it is a memra.Cache of `num_layers` layers (ContractError naming it
+    otherwise: a cache of fewer layers fails in the layer past its end, one of more would have
+    its extra layers silently left alone)."""
     if not isinstance(cache, _core.Cache):
         raise ContractError(f"{what}: cache must be a memra.Cache (model.new_cache()), got {shown(cache)}", 40020)
+    if cache.num_layers != num_layers:
+        raise ContractError(f"{what}: cache has {cache.num_layers} layers, the model {num_layers} "
+                            "(make it with model.new_cache())", 40025)
     return cache
 
 
@@ -97,6 +102,7 @@ class Model:
         self.config = config
         self.net = net
         self.cache = cache
+        self._num_layers = len(net.state_specs())  # the layers a cache of this model has
         self.eos_token_ids = eos_token_ids
         self.tokenizer = tokenizer
         self.generation_config = generation_config or GenerationConfig(list(eos_token_ids))
@@ -161,7 +167,7 @@ class Model:
         for the token ids as :meth:`generate` names them; on any error the slot is left as it
         was."""
         with self._lock:
-            _cache_arg(cache, "prefill")
+            _cache_arg(cache, "prefill", self._num_layers)
             self._check_not_held(cache, [slot], "prefill")
             return self.net.to_host(self._prefill(cache, slot, token_ids))[0]
 
@@ -218,7 +224,7 @@ class Model:
         flight: code 40026); CacheFullError (nothing written) when a prompt does not fit its
         slot. On any error every slot is left as it was."""
         with self._lock:
-            _cache_arg(cache, "prefill_batch")
+            _cache_arg(cache, "prefill_batch", self._num_layers)
             slots, ids = batch_prefill.check_args(self, cache, slots, prompts, "prefill_batch")
             self._check_not_held(cache, slots, "prefill_batch")
             if not ids:
@@ -241,7 +247,7 @@ class Model:
         (40026); CacheFullError (30002) when a slot already holds ``cache.max_len`` tokens. On
         any error the cache is unchanged."""
         with self._lock:
-            _cache_arg(cache, "decode")
+            _cache_arg(cache, "decode", self._num_layers)
             self._check_not_held(cache, slots, "decode")
             return self.net.to_host(self._decode(cache, slots, token_ids))
 

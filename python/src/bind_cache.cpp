@@ -228,7 +228,8 @@ void init_cache(nb::module_& m) {
             return Cache::bytes_needed(max_batch, max_len, specs);
           },
           nb::arg("max_batch"), nb::arg("max_len"), nb::arg("specs"),
-          "Bytes the planes of such a cache take (float32 latent rows).")
+          "Bytes the planes of such a cache take (float32 latent rows); 2**63 - 1 when they pass 2**62 "
+          "(such a cache never fits: Cache() refuses it with OutOfMemoryError).")
       .def_prop_ro("max_batch", &Cache::max_batch)
       .def_prop_ro("max_len", &Cache::max_len)
       .def_prop_ro("nbytes", &Cache::nbytes)

@@ -280,11 +280,19 @@ void init_ops_mla_decode(nb::module_& m) {
                                              std::to_string(c.W) + " wide, rows " +
                                              shape_str(rows) + " are " + std::to_string(W));
         }
-        // Before pos (which a host list uploads on CUDA): nothing allocated on a refusal.
-        for (int64_t b = 0; b < B; ++b) {
-          check_disjoint(op, "rows", rp, rows.nbytes(),
-                         ("caches[" + std::to_string(b) + "]").c_str(), c.data[z(b)],
-                         (c.dtype == 0 ? 4 : 2) * z(c.rows[z(b)]) * z(W));
+        // Before pos (which a host list uploads on CUDA): nothing allocated on a refusal. The
+        // caches written are each its own (two sharing memory would have one launch's writes
+        // race, and the CPU's last write win), and apart from the rows read.
+        {
+          std::vector<Span> out;
+          for (int64_t b = 0; b < B; ++b) {
+            out.push_back({"caches[" + std::to_string(b) + "]", c.data[z(b)],
+                           (c.dtype == 0 ? 4 : 2) * z(c.rows[z(b)]) * z(W)});
+          }
+          for (const Span& w : out) {
+            check_disjoint(op, "rows", rp, rows.nbytes(), w.name.c_str(), w.data, w.bytes);
+          }
+          check_all_disjoint(op, std::move(out));
         }
         PerSeq p = per_seq_arg(engine, pos, B, op, "pos");
         if (p.host) {
@@ -325,7 +333,7 @@ void init_ops_mla_decode(nb::module_& m) {
       "int32 [B] array (unchecked); pos[b] < 0 is an idle row: nothing written. One launch on "
       "CUDA. Returns None.\n"
       "Raises ContractError: CONTRACT_RANGE for a host pos[b] >= L_b (nothing written); "
-      "CONTRACT_VALUE when rows share memory with a cache; "
+      "CONTRACT_VALUE when rows share memory with a cache or two caches share memory; "
       "CONTRACT_SHAPE when len(caches) != B or widths differ; CONTRACT_DTYPE / CONTRACT_STRIDE / "
       "CONTRACT_DEVICE for bad arrays.\n"
       "Reference: mla_latent_append per sequence with T = 1.");
