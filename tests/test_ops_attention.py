@@ -356,7 +356,7 @@ def test_attn_prep_refusals_are_named():
         (dict(rotary_dim=18, inv_freq=inv), S.CONTRACT_VALUE, "rotary_dim"),
         (dict(rotary_dim=8), S.CONTRACT_MISSING, "inv_freq"),
         (dict(rotary_dim=8, inv_freq=inv[:3]), S.CONTRACT_SHAPE, "inv_freq"),
-        (dict(rotary_dim=8, inv_freq=inv, pos0=-1), S.CONTRACT_RANGE, "pos0"),
+        (dict(rotary_dim=8, inv_freq=inv, pos0=-1), S.CONTRACT_RANGE, "pos0=-1 must be >= 0"),
         (dict(rotary_dim=8, inv_freq=inv, slots=np.array([0, 1, 2], np.int32), lengths=np.zeros(2, np.int32)),
          S.CONTRACT_RANGE, "slots"),
     ]

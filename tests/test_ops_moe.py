@@ -130,6 +130,9 @@ def test_moe_route_contract_errors():
     expect_contract(S.CONTRACT_VALUE, _core.moe_route, x, gw, **{**kw, "n_group": 3})
     expect_contract(S.CONTRACT_VALUE, _core.moe_route, x, gw, **{**kw, "topk_group": 5})
     expect_contract(S.CONTRACT_VALUE, _core.moe_route, x, gw, **{**kw, "top_k": 5})
+    one = {**kw, "top_k": 1, "n_group": 1, "topk_group": 1}
+    e = expect_contract(S.CONTRACT_VALUE, _core.moe_route, x, weight(np.zeros((0, D), np.float32)), **one)
+    assert "at least one expert" in str(e), str(e)
 
 
 # ---------------------------------------------------------------- routed experts

@@ -93,7 +93,11 @@ Where where_arg(const Engine* engine, int pos0, const std::optional<AnyArray>& s
   Where w;
   if (!slots) {
     if (lengths) raise_contract(kContractValue, std::string(op) + ": lengths is given without slots");
-    if (pos0 < 0 || (max_len > 0 && int64_t(pos0) + T > max_len) || int64_t(pos0) + T > INT_MAX) {
+    if (pos0 < 0) {
+      raise_contract(kContractRange, std::string(op) + ": pos0=" + std::to_string(pos0) +
+                                         " must be >= 0 (the first row's position)");
+    }
+    if ((max_len > 0 && int64_t(pos0) + T > max_len) || int64_t(pos0) + T > INT_MAX) {
       raise_contract(kContractRange, std::string(op) + ": rows [pos0=" + std::to_string(pos0) + ", " +
                                          std::to_string(int64_t(pos0) + T) + ") do not fit " +
                                          (max_len > 0 ? "max_len=" + std::to_string(max_len) : "int32"));

@@ -113,6 +113,7 @@ void init_ops_moe(nb::module_& m) {
           }
           gp = static_cast<const float*>(router.data());
         }
+        check_value(E >= 1, op, "gate_w has 0 rows: the router needs at least one expert");
         const float* bp = corr_bias ? f32_in(engine, *corr_bias, op, "corr_bias", {E}) : nullptr;
         check_value(n_group >= 1 && E % n_group == 0, op,
                     "n_group=" + std::to_string(n_group) + " must divide the " +
