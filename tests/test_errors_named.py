@@ -293,6 +293,19 @@ def test_batched_latent_append_refuses_caches_that_share_memory():
     np.testing.assert_array_equal(buf[5], rows[1])
 
 
+def test_uninitialised_objects_are_named_contract_errors():
+    """A Weight or KernelOptions made with __new__ and never initialised, passed to an op or an
+    Engine, is a ContractError (CONTRACT_DTYPE) saying so, not nanobind's bare RuntimeError
+    "std::bad_cast"; nanobind's own RuntimeWarning names the type."""
+    w = memra.Weight.__new__(memra.Weight)
+    k = memra.KernelOptions.__new__(memra.KernelOptions)
+    for call in (lambda: _core.linear(f32(1, 2), w), lambda: memra.Engine("cpu", options=k)):
+        with pytest.warns(RuntimeWarning, match="uninitialized instance"):
+            e = raises(ContractError, call, "never initialised")
+        assert e.code == S.CONTRACT_DTYPE
+    assert _core.linear(f32(1, 2), memra.Weight(np.ones((3, 2), np.float32))).shape == (1, 3)
+
+
 def test_per_sequence_ints_past_int64_are_range_errors():
     """t_kv entries past int64 are CONTRACT_RANGE naming the value (they once read "must hold
     ints, got int"), as entries past int32 already were."""

@@ -1,5 +1,6 @@
 // Status-code constants, so Python and tests name codes instead of repeating numbers; and the
-// translation of a std::bad_alloc escaping an op into memra.OutOfMemoryError.
+// translation of a std::bad_alloc escaping an op into memra.OutOfMemoryError and of a failed
+// cast inside a binding into memra.ContractError.
 #include <exception>
 #include <new>
 #include <string>
@@ -21,6 +22,13 @@ void init_errors(nb::module_& m) {
     } catch (const std::bad_alloc&) {
       set_status_error(Status(kOutOfMemory, std::string(last_checked_op()) +
                                                 ": a host allocation failed (std::bad_alloc)"));
+    } catch (const nb::cast_error&) {
+      // A binding's own nb::cast of an argument failed after dispatch accepted it: in practice a
+      // memra object made with __new__ and never initialised (nanobind's RuntimeWarning names
+      // its type), which would otherwise surface as a bare RuntimeError "std::bad_cast".
+      set_status_error(Status(kContractDType,
+                              "memra: an argument is a memra object that was never initialised "
+                              "(made with __new__ without __init__?) or of another type"));
     }
   });
   // A namespace-like class (not a submodule) so the generated stub stays one file.
