@@ -297,6 +297,9 @@ def test_model_refuses_a_cache_of_another_layer_count(model: memra.Model) -> Non
                 call()
             assert f"cache has {len(other)} layers, the model {n}" in str(e.value), e.value
         assert cache.length(0) == 0
+    blank = memra.Cache.__new__(memra.Cache)  # never initialised
+    with pytest.warns(RuntimeWarning), pytest.raises(memra.ContractError, match="never initialised"):
+        model.prefill(blank, 0, [1, 2])
     assert len(model.generate([1, 2, 3], max_new_tokens=2)) == 2  # the model still usable
 
 

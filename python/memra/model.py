@@ -69,8 +69,13 @@ def _cache_arg(cache, what: str, num_layers: int) -> _core.Cache:
     its extra layers silently left alone)."""
     if not isinstance(cache, _core.Cache):
         raise ContractError(f"{what}: cache must be a memra.Cache (model.new_cache()), got {shown(cache)}", 40020)
-    if cache.num_layers != num_layers:
-        raise ContractError(f"{what}: cache has {cache.num_layers} layers, the model {num_layers} "
+    try:
+        layers = cache.num_layers
+    except TypeError:  # made with Cache.__new__ and never initialised (nanobind's TypeError)
+        raise ContractError(f"{what}: cache was never initialised (make it with model.new_cache())",
+                            40020) from None
+    if layers != num_layers:
+        raise ContractError(f"{what}: cache has {layers} layers, the model {num_layers} "
                             "(make it with model.new_cache())", 40025)
     return cache
 
