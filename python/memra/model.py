@@ -168,9 +168,10 @@ class Model:
         ``prefill_chunk`` tokens runs in chunks (docs/prefill.md). CacheFullError (nothing
         written) when they do not fit; ContractError: CONTRACT_RANGE for a slot outside [0,
         cache.max_batch), 40026 for a slot of the model's own cache that a generation in flight
-        holds (use new_cache() for slots of your own), 40025 for a slot that is not an int, and
-        for the token ids as :meth:`generate` names them; on any error the slot is left as it
-        was."""
+        holds (use new_cache() for slots of your own), 40025 for a slot that is not an int or a
+        cache of another layer count than the model's (40020: not an initialised memra.Cache),
+        and for the token ids as :meth:`generate` names them; on any error the slot is left as
+        it was."""
         with self._lock:
             _cache_arg(cache, "prefill", self._num_layers)
             self._check_not_held(cache, [slot], "prefill")
@@ -226,8 +227,9 @@ class Model:
         ``prefill_chunk`` rows (memra.batch_prefill, docs/prefill.md). Checked before anything
         runs: ContractError naming prompts[i] (empty, not integers, an id outside the vocabulary)
         or slots (not one per prompt, outside the cache, repeated; held by a generation in
-        flight: code 40026); CacheFullError (nothing written) when a prompt does not fit its
-        slot. On any error every slot is left as it was."""
+        flight: code 40026) or the cache (40025: another layer count than the model's);
+        CacheFullError (nothing written) when a prompt does not fit its slot. On any error every
+        slot is left as it was."""
         with self._lock:
             _cache_arg(cache, "prefill_batch", self._num_layers)
             slots, ids = batch_prefill.check_args(self, cache, slots, prompts, "prefill_batch")
@@ -249,8 +251,9 @@ class Model:
         Checked before any layer runs: ContractError for as many slots as tokens not given
         (40000), a repeated slot (40025), a slot outside [0, cache.max_batch) or a token id
         outside the vocabulary (40023), a slot held by a generation, stream or request in flight
-        (40026); CacheFullError (30002) when a slot already holds ``cache.max_len`` tokens. On
-        any error the cache is unchanged."""
+        (40026), a cache of another layer count than the model's (40025); CacheFullError (30002)
+        when a slot already holds ``cache.max_len`` tokens. On any error the cache is
+        unchanged."""
         with self._lock:
             _cache_arg(cache, "decode", self._num_layers)
             self._check_not_held(cache, slots, "decode")
