@@ -145,7 +145,7 @@ struct GatedNorm {
 namespace memra::cuda::kda {
 
 // cuda/kda_decode_lines.cu: the decode step of kda_scan (T == 1), a block per 64 columns of a
-// head in 256-byte row segments from one full wave of such blocks, else per 32 columns. TABLES
+// head in 256-byte row segments from three full waves of such blocks, else per 32 columns. TABLES
 // or STRIDED: the launch after the entry's checks (q .. o checked 16-byte aligned).
 int scan_decode_tables(MemraCudaCtx* ctx, const MemraKdaScanParams& p);
 // SLOTS with the gates and the norm fused (a whole head a block): the whole of that form (its

@@ -107,7 +107,6 @@ class Model:
         self.config = config
         self.net = net
         self.cache = cache
-        self._num_layers = len(net.state_specs())  # the layers a cache of this model has
         self.eos_token_ids = eos_token_ids
         self.tokenizer = tokenizer
         self.generation_config = generation_config or GenerationConfig(list(eos_token_ids))
@@ -173,7 +172,7 @@ class Model:
         and for the token ids as :meth:`generate` names them; on any error the slot is left as
         it was."""
         with self._lock:
-            _cache_arg(cache, "prefill", self._num_layers)
+            _cache_arg(cache, "prefill", self.cache.num_layers)
             self._check_not_held(cache, [slot], "prefill")
             return self.net.to_host(self._prefill(cache, slot, token_ids))[0]
 
@@ -231,7 +230,7 @@ class Model:
         CacheFullError (nothing written) when a prompt does not fit its slot. On any error every
         slot is left as it was."""
         with self._lock:
-            _cache_arg(cache, "prefill_batch", self._num_layers)
+            _cache_arg(cache, "prefill_batch", self.cache.num_layers)
             slots, ids = batch_prefill.check_args(self, cache, slots, prompts, "prefill_batch")
             self._check_not_held(cache, slots, "prefill_batch")
             if not ids:
@@ -255,7 +254,7 @@ class Model:
         when a slot already holds ``cache.max_len`` tokens. On any error the cache is
         unchanged."""
         with self._lock:
-            _cache_arg(cache, "decode", self._num_layers)
+            _cache_arg(cache, "decode", self.cache.num_layers)
             self._check_not_held(cache, slots, "decode")
             return self.net.to_host(self._decode(cache, slots, token_ids))
 
