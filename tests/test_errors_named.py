@@ -54,6 +54,13 @@ def test_stop_token_ids_outside_the_vocabulary(model, stop):
     assert e.code == S.CONTRACT_RANGE
 
 
+def test_a_two_dimensional_stop_token_ids_array_is_shown_as_one_array(model):
+    # list() of a 2-D array is a list of rows: the message showed "[array([1, 2])]".
+    e = raises(ContractError, lambda: model.generate([1, 2], 2, stop_token_ids=np.array([[1, 2]])),
+               "stop_token_ids", "1-D", "[[1, 2]]")
+    assert "[array(" not in str(e), str(e)
+
+
 # ---------------------------------------------------------------- allocation, arrays, values
 
 

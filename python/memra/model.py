@@ -369,7 +369,9 @@ class Model:
             raise ContractError(f"{what} must be an integer id or a sequence of ids, got "
                                 f"{type(stop_token_ids).__name__}", 40025)
         if len(stop_token_ids) > 0:
-            ids = _ids(list(stop_token_ids), op, "stop_token_ids")
+            # An array goes in whole, so a 2-D one is shown as the array it is.
+            ids = _ids(stop_token_ids if isinstance(stop_token_ids, np.ndarray) else list(stop_token_ids),
+                       op, "stop_token_ids")
             check_token_ids(ids, self.config.vocab_size, what)
             stops |= set(ids.tolist())
         return stops
