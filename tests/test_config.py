@@ -45,7 +45,7 @@ TABLE = {
     {},
     {"i": 3, "f": 1.5, "b": False, "s": "x", "oi": None, "li": [], "ids": [1, 2], "sub": {"n": 1}, "any": [None]},
     {"f": 2, "oi": -7, "ids": 5, "sub": None, "unlisted": "anything"},
-    {"i": 2**31 - 1, "f": -1e300, "sub": {"other": "free"}},
+    {"i": 2**31 - 1, "f": -3.4e38, "sub": {"other": "free"}},
 ])
 def test_values_of_the_right_type_pass(values):
     before = copy.deepcopy(values)
@@ -58,10 +58,14 @@ def test_values_of_the_right_type_pass(values):
     ("i", True, "an integer"),
     ("i", "3", "an integer"),
     ("i", 2**31, "an integer (fitting in int32)"),
-    ("f", True, "a finite number"),
-    ("f", float("nan"), "a finite number"),
-    ("f", float("inf"), "a finite number"),
-    ("f", "0.5", "a finite number"),
+    ("f", True, "a finite number (a float32: magnitude at most 3.4e38)"),
+    ("f", float("nan"), "a finite number (a float32: magnitude at most 3.4e38)"),
+    ("f", float("inf"), "a finite number (a float32: magnitude at most 3.4e38)"),
+    ("f", "0.5", "a finite number (a float32: magnitude at most 3.4e38)"),
+    # memra computes in float32: past its range a value would reach the layers as inf
+    ("f", -1e300, "a finite number (a float32: magnitude at most 3.4e38)"),
+    ("f", 3.5e38, "a finite number (a float32: magnitude at most 3.4e38)"),
+    ("f", 10**400, "a finite number (a float32: magnitude at most 3.4e38)"),  # a JSON integer float() overflows
     ("b", 1, "true or false"),
     ("b", "true", "true or false"),
     ("s", 3, "a string"),

@@ -94,11 +94,12 @@ def test_the_field_table_keeps_the_json_types():
 def test_a_value_past_the_bound_is_refused_by_key(cls, key):
     raw, text, prefix = _raw(cls)
     bound = field_ranges(cls)[key]
-    text[key] = 2**31 - 1
+    past = 2**31 - 1 if bound.high is not None else bound.low - 1  # a lower bound alone: below it
+    text[key] = past
     before = copy.deepcopy(raw)
     with pytest.raises(memra.ContractError) as ei:
         _parse(raw)
-    assert str(ei.value) == f"config: {prefix}{key} must be {bound.words()}, got {2**31 - 1}"
+    assert str(ei.value) == f"config: {prefix}{key} must be {bound.words()}, got {past}"
     assert ei.value.code == 40025
     assert raw == before, "a refused parse must not modify its input"
 
@@ -107,9 +108,12 @@ def test_a_value_past_the_bound_is_refused_by_key(cls, key):
 def test_the_bound_itself_passes_the_check(cls, key):
     bound = field_ranges(cls)[key]
     table = field_table(cls)
-    check_fields({key: bound.high}, table, ranges=field_ranges(cls))
-    with pytest.raises(memra.ContractError, match=rf"^config: {key} must be "):
-        check_fields({key: bound.high + 1}, table, ranges=field_ranges(cls))
+    for end, past in ((bound.high, 1), (bound.low, -1)):
+        if end is None:
+            continue
+        check_fields({key: end}, table, ranges=field_ranges(cls))
+        with pytest.raises(memra.ContractError, match=rf"^config: {key} must be "):
+            check_fields({key: end + past}, table, ranges=field_ranges(cls))
 
 
 @pytest.mark.parametrize("value", [0, -1, 1001, 2**31 - 1])

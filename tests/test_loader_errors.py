@@ -202,6 +202,12 @@ def test_json_past_the_parsers_limits_is_named(tmp_path, text, words, name):
     ({"n_group": 0}, ContractError, "n_group must be a positive integer"),
     ({"linear_lower_bound": 0.5}, ContractError, "linear_lower_bound must be a finite number <= 0"),
     ({"topk_group": 0}, ContractError, "topk_group must be a positive integer"),
+    # Found by a fuzzing pass: -1 shared experts was taken as none, 1e300 reached the layers as a
+    # float32 inf, a negative position count was taken.
+    ({"n_shared_experts": -1}, ContractError, "n_shared_experts must be an integer >= 0, got -1"),
+    ({"rms_norm_eps": 1e300}, ContractError, "rms_norm_eps must be a finite number (a float32"),
+    ({"routed_scaling_factor": 10**400}, ContractError, "routed_scaling_factor must be a finite number"),
+    ({"max_position_embeddings": -1}, ContractError, "max_position_embeddings must be at least 1"),
 ])
 def test_glm_settings_memra_does_not_run_are_refused(tmp_path, edit, error, words):
     # The tiny checkpoint: 8 routed experts. transformers would use these settings (another
@@ -291,3 +297,41 @@ def test_bfloat16_on_the_cpu_names_what_was_asked() -> None:
     with pytest.raises(memra.UnsupportedError, match="dtype='bfloat16' needs a CUDA device") as info:
         memra.load(memra.default_checkpoint(), dtype="bfloat16", progress=False)
     assert "dtype='float32' or leave it out" in str(info.value)
+
+
+@pytest.mark.parametrize("theta", [1e-45, 1e-300, 1e-35])
+def test_a_rope_theta_whose_angles_overflow_float32_is_named(tmp_path, theta):
+    # 1e-45 made every logits row NaN: the largest frequency 1 / theta ** ((d - 2) / d) is inf
+    # in float32, or (1e-35) finite but times a position past float32's range.
+    src = next(p for p in FAMILY_FOLDERS if p.name == "tiny_qwen3_5")
+    dst = tmp_path / "ckpt"
+    shutil.copytree(src, dst)
+    raw = json.loads((dst / "config.json").read_text())
+    (raw.get("text_config") or raw).setdefault("rope_parameters", {})["rope_theta"] = theta
+    (dst / "config.json").write_text(json.dumps(raw))
+    with pytest.raises(ContractError, match=r"rope_theta = .* is too small"):
+        _load(dst)
+    (raw.get("text_config") or raw)["rope_parameters"]["rope_theta"] = 1e-20  # small, but its angles fit
+    (dst / "config.json").write_text(json.dumps(raw))
+    assert np.isfinite(_load(dst).logits([1, 2, 3])).all()
+
+
+def test_a_scalar_tensor_is_named_with_its_own_shape(tmp_path):
+    # np.ascontiguousarray made the 0-d tensor 1-d: the refusal said shape [1].
+    dst = _copy(tmp_path)
+    tensors = load_file(str(dst / "model.safetensors"))
+    name = next(k for k in tensors if k.endswith("embed_tokens.weight"))
+    tensors[name] = np.array(1.0, tensors[name].dtype)
+    save_file(tensors, str(dst / "model.safetensors"))
+    with pytest.raises(ContractError, match=r"embed_tokens\.weight.*got shape \[\]"):
+        _load(dst)
+
+
+@pytest.mark.parametrize("index,words", [({"metadata": {}}, r"got a JSON object without it \(keys \['metadata'\]\)"),
+                                         ([1, 2], "got a JSON list")])
+def test_an_index_without_a_weight_map_says_so(tmp_path, index, words):
+    dst = _copy(tmp_path)
+    (dst / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(ContractError, match=r"is not a safetensors index: it must be a JSON object with a "
+                                            r"\"weight_map\", " + words):
+        _load(dst)

@@ -554,7 +554,7 @@ def kpool_select_decode(score: Annotated[NDArray, dict(writable=False)], pos: ob
 
 def rope_inv_freq(theta: float, dim: int) -> NDArray[numpy.float32]:
     """
-    The inverse RoPE frequencies [dim // 2] float32 (host numpy) as transformers computes them (Qwen3_5TextRotaryEmbedding.compute_default_rope_parameters: 1 / base ** (arange(0, dim, 2, float32) / dim) in float32, the power rounded once). dim: the rotated dims, int(head_dim * partial_rotary_factor), even (ContractError CONTRACT_ODD_ROPE otherwise) and >= 0; theta: rope_theta, finite and > 0 (ContractError CONTRACT_VALUE for a theta or dim outside those).
+    The inverse RoPE frequencies [dim // 2] float32 (host numpy) as transformers computes them (Qwen3_5TextRotaryEmbedding.compute_default_rope_parameters: 1 / base ** (arange(0, dim, 2, float32) / dim) in float32, the power rounded once). dim: the rotated dims, int(head_dim * partial_rotary_factor), even (ContractError CONTRACT_ODD_ROPE otherwise) and >= 0; theta: rope_theta, finite and > 0, and large enough that every frequency is a finite float32 (ContractError CONTRACT_VALUE for a theta or dim outside those).
     """
 
 def attn_prep(qg: Annotated[NDArray, dict(writable=False)], k: Annotated[NDArray, dict(writable=False)], q_norm: Annotated[NDArray, dict(writable=False)], k_norm: Annotated[NDArray, dict(writable=False)], *, eps: float, rotary_dim: int, inv_freq: Annotated[NDArray, dict(writable=False)] | None = None, pos0: int = 0, slots: Annotated[NDArray, dict(writable=False)] | None = None, lengths: Annotated[NDArray, dict(writable=False)] | None = None, engine: Engine | None = None) -> tuple:

@@ -8,7 +8,7 @@ ContractError naming the key (``hidden_size: 64.0``, ``num_hidden_layers: true``
 ``eos_token_id: "x"``), before anything reads it.
 
 The type language of a table is a small part of Python's: ``int`` (a JSON integer that fits in
-int32, never a boolean), ``float`` (a finite JSON number; integers included), ``bool``, ``str``,
+int32, never a boolean), ``float`` (a JSON number finite as a float32; integers included), ``bool``, ``str``,
 ``None``, ``list[T]``, unions ``A | B``, ``Any``, and ``TypedDict`` classes (a JSON object whose
 listed keys, where present, have their types; other keys are free).
 
@@ -43,6 +43,10 @@ _INT32 = (-(2**31), 2**31 - 1)
 # layers refuse the same bound (memra::kMaxLayerSize).
 SIZE_MAX = 2**20
 
+# The largest float32: memra computes with a config's numbers as float32, so a `float` field
+# must be finite as one (rms_norm_eps = 1e300 would reach the layers as inf).
+FLT_MAX = 3.4028234663852886e38
+
 
 @dataclass(frozen=True)
 class Range:
@@ -75,6 +79,10 @@ class Range:
 # the family's own checks: a size that a config does not use may be 0).
 Size = Annotated[int, Range(high=SIZE_MAX, note="memra's bound on a size: 2^20")]
 
+# A count of positions (max_position_embeddings): memra does not bound a prompt by it, but a
+# config that gives 0 or a negative count is not a model's.
+Positions = Annotated[int, Range(low=1, note="a count of positions")]
+
 _PLURAL = {int: "integers", float: "numbers", bool: "booleans", str: "strings"}
 
 
@@ -85,7 +93,7 @@ def describe(tp: Any) -> str:
     if tp is int:
         return "an integer"
     if tp is float:
-        return "a finite number"
+        return "a finite number (a float32: magnitude at most 3.4e38)"
     if tp is bool:
         return "true or false"
     if tp is str:
@@ -111,7 +119,8 @@ def _fits(value: Any, tp: Any, where: str, what: str) -> bool:
     if tp is int:
         return isinstance(value, int) and not isinstance(value, bool) and _INT32[0] <= value <= _INT32[1]
     if tp is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        # abs(), not math.isfinite: a JSON integer of 400 digits is a Python int float() overflows.
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and abs(value) <= FLT_MAX
     if tp is bool:
         return isinstance(value, bool)
     if tp is str:

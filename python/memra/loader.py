@@ -161,12 +161,17 @@ def shard_files(path: Path) -> tuple[list[Path], dict[str, str] | None]:
     if side_file(index, "load") is not None:
         try:
             with naming_unreadable(index):
-                weight_map = json.loads(index.read_text())["weight_map"]
+                raw = json.loads(index.read_text())
+            if not isinstance(raw, dict) or "weight_map" not in raw:
+                got = f"a JSON object without it (keys {sorted(raw)[:8]})" if isinstance(raw, dict) else \
+                    f"a JSON {type(raw).__name__}"
+                raise TypeError(f"it must be a JSON object with a \"weight_map\", got {got}")
+            weight_map = raw["weight_map"]
             if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
                 raise TypeError("weight_map must map tensor names to file names")
         # ValueError: json's own (JSONDecodeError) and an integer past Python's digit limit;
         # RecursionError: nesting deeper than the parser's stack.
-        except (ValueError, RecursionError, KeyError, TypeError, UnicodeDecodeError) as e:
+        except (ValueError, RecursionError, TypeError, UnicodeDecodeError) as e:
             raise ContractError(f"load: {index} is not a safetensors index: {e}", 40025) from None
         for name, f in weight_map.items():
             if f in ("", ".", "..") or os.path.basename(f) != f or "\0" in f:
@@ -195,10 +200,12 @@ _OTHER_DTYPES = {"F64": "float64", "I8": "int8", "I16": "int16", "I32": "int32",
 def _to_weight(name: str, arr: np.ndarray) -> _core.Weight:
     import ml_dtypes  # read_tensors imported it first
 
+    # np.require, not np.ascontiguousarray: that makes a 0-d tensor 1-d, so Weight's rank check
+    # would name shape [1], not the file's [].
     if arr.dtype == ml_dtypes.bfloat16:
-        return _core.Weight(np.ascontiguousarray(arr).view(np.uint16), dtype="bfloat16", name=name)
+        return _core.Weight(np.require(arr, requirements="C").view(np.uint16), dtype="bfloat16", name=name)
     if arr.dtype in (np.float32, np.float16):
-        return _core.Weight(np.ascontiguousarray(arr), name=name)
+        return _core.Weight(np.require(arr, requirements="C"), name=name)
     raise ContractError(
         f"load: tensor {name!r} has dtype {arr.dtype}; memra reads float32, float16 and bfloat16",
         40020,

@@ -19,6 +19,7 @@
 #include "device_args.h"
 #include "memra/cpu/attention.h"
 #include "memra/engine.h"
+#include "memra/msg.h"
 #include "memra/op/attention.h"
 
 namespace memra::py {
@@ -172,13 +173,19 @@ void init_ops_attention(nb::module_& m) {
       [](double theta, int dim) {
         const char* op = "rope_inv_freq";
         check_value(std::isfinite(theta) && theta > 0.0, op,
-                    "theta must be finite and > 0, got " + std::to_string(theta));
+                    (Msg() << "theta must be finite and > 0, got " << theta).str());
         check_nonneg(dim, op, "dim");
         if (dim % 2) {
           raise_contract(kContractOddRope, std::string(op) + ": dim must be even, got " + std::to_string(dim));
         }
         NpF32 out = new_f32({z(dim / 2)});
         cpu::rope_inv_freq(theta, dim, out.data());
+        // A theta far below 1 (or rounding to 0 as a float32) gives an infinite frequency.
+        for (int64_t j = 0; j < dim / 2; ++j) {
+          check_value(std::isfinite(out.data()[j]), op,
+                      (Msg() << "theta=" << theta << " is too small: inv_freq[" << j << "] = 1 / theta ** ("
+                             << 2 * j << " / dim) is not a finite float32").str());
+        }
         return out;
       },
       nb::arg("theta"), nb::arg("dim"),
@@ -186,8 +193,8 @@ void init_ops_attention(nb::module_& m) {
       "(Qwen3_5TextRotaryEmbedding.compute_default_rope_parameters: 1 / base ** (arange(0, dim, "
       "2, float32) / dim) in float32, the power rounded once). dim: the rotated dims, "
       "int(head_dim * partial_rotary_factor), even (ContractError CONTRACT_ODD_ROPE otherwise) "
-      "and >= 0; theta: rope_theta, finite and > 0 (ContractError CONTRACT_VALUE for a theta or "
-      "dim outside those).");
+      "and >= 0; theta: rope_theta, finite and > 0, and large enough that every frequency is a "
+      "finite float32 (ContractError CONTRACT_VALUE for a theta or dim outside those).");
 
   m.def(
       "attn_prep",

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Annotated, Any, TypedDict
 
 from .. import _core
-from ..config import (Range, Size, check_fields, check_positive, check_grouped_router, check_size_product, field_defaults,
+from ..config import (Positions, Range, Size, check_fields, check_positive, check_grouped_router, check_size_product, field_defaults,
                       field_ranges, field_table)
 from ..errors import ContractError, UnsupportedError
 from ..loader import NameTable, Route
@@ -72,7 +72,7 @@ class Glm5NextConfig:
     num_experts_per_tok: Size = 8
     norm_topk_prob: bool = True
     hidden_act: str = "silu"
-    max_position_embeddings: int = 1048576
+    max_position_embeddings: Positions = 1048576
     rms_norm_eps: float = 1e-5
     pad_token_id: int | None = 154820
     bos_token_id: int | None = None
@@ -238,6 +238,7 @@ def _validate(c: dict[str, Any]) -> None:
         ("linear_num_heads", "linear_head_dim", "linear_conv_kernel_dim") if "linear_attention" in used else ()) + (
         ("intermediate_size",) if "dense" in used else ()) + (("moe_intermediate_size",) if "sparse" in used else ()))
     if "sparse" in c["mlp_layer_types"][:n]:
+        check_positive(c, ("n_shared_experts",), low=0)
         # The shared experts run as one MLP of this width.
         check_size_product(c, ("moe_intermediate_size", "n_shared_experts"), "the shared expert's width")
         _validate_routing(c)

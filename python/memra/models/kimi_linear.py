@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
 from .. import _core
-from ..config import ALLOWED_ATTN_LAYER_TYPES, Size, check_fields, check_grouped_router, check_positive, check_size_product, field_ranges
+from ..config import ALLOWED_ATTN_LAYER_TYPES, Positions, Size, check_fields, check_grouped_router, check_positive, check_size_product, field_ranges
 from ..errors import ContractError, UnsupportedError
 from ..loader import NameTable, Route
 from .layers import KdaMixer, MlaMixer, check_groups, located, norm_vector
@@ -86,7 +86,7 @@ class KimiLinearConfig:
     num_experts_per_tok: Size | None = 8
     norm_topk_prob: bool = True
     hidden_act: str = "silu"
-    max_position_embeddings: int = 1048576
+    max_position_embeddings: Positions = 1048576
     initializer_range: float = 0.02
     rms_norm_eps: float = 1e-5
     use_cache: bool = True

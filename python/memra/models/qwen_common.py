@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import Any, TypedDict
 
 from .. import _core
-from ..config import ALLOWED_ATTN_LAYER_TYPES, Size, check_fields, check_positive, field_ranges
+from ..config import ALLOWED_ATTN_LAYER_TYPES, FLT_MAX, Positions, Size, check_fields, check_positive, field_ranges
 from ..errors import ContractError, UnsupportedError
 from ..loader import NameTable, Route
 from .layers import AttentionMixer, GdnMixer, check_groups, located, norm_vector
@@ -107,7 +107,7 @@ class QwenTextConfig:
     num_attention_heads: Size = 16
     num_key_value_heads: Size = 4
     hidden_act: str = "silu"
-    max_position_embeddings: int = 32768
+    max_position_embeddings: Positions = 32768
     initializer_range: float = 0.02
     rms_norm_eps: float = 1e-6
     use_cache: bool = True
@@ -287,6 +287,21 @@ def _validate(c: dict[str, Any]) -> None:
     if ATTN in types and c["rotary_dim"] % 2:
         raise UnsupportedError(f"config: partial_rotary_factor = {factor} rotates an odd {c['rotary_dim']} "
                                "dims (transformers would rotate one more); memra rotates pairs", 50000)
+    if ATTN in types and c["rotary_dim"]:
+        _check_rope_angles(c["rope_theta"], c["rotary_dim"])
+
+
+def _check_rope_angles(theta: float, rotary_dim: int) -> None:
+    """ContractError naming rope_theta when a RoPE angle (position x inv_freq, float32 as in
+    transformers) can overflow for an int32 position: a base far below 1 (1e-45, say) makes the
+    largest frequency huge or infinite, and then every rotated row NaN."""
+    try:
+        top = max(float(f) for f in _core.rope_inv_freq(theta, rotary_dim))
+    except ContractError:  # a frequency that is not a finite float32
+        top = math.inf
+    if not top * 2.0**31 <= FLT_MAX:
+        raise ContractError(f"config: rope_theta = {theta!r} is too small: its largest RoPE frequency ({top:.3g}) "
+                            "times a position overflows float32 (angle = position x inv_freq)", 40025)
 
 
 def parse_config(raw: dict[str, Any], spec: QwenSpec):
