@@ -61,6 +61,35 @@ def test_a_two_dimensional_stop_token_ids_array_is_shown_as_one_array(model):
     assert "[array(" not in str(e), str(e)
 
 
+def test_a_masked_array_of_ids_is_refused(model):
+    # np.asarray drops the mask: the masked id would have been fed as a token.
+    ids = np.ma.array([1, 2, 3], mask=[0, 1, 0])
+    e = raises(ContractError, lambda: model.generate(ids, 2), "generate", "prompt_ids", "masked")
+    assert e.code == 40000
+    raises(ContractError, lambda: model.logits(ids), "logits", "token_ids", "masked")
+
+
+def test_stream_names_itself_and_a_users_hold_is_named_as_one():
+    # stream's errors said "generate:"; a slot the user held with cache.hold() was said to be
+    # held by a generation.
+    m = memra.load(memra.default_checkpoint(), max_batch=1, max_len=16, progress=False)
+    raises(ContractError, lambda: m.stream([1, 2], -1), "stream: max_new_tokens")
+    token = m.cache.hold(0)
+    try:
+        raises(ContractError, lambda: next(iter(m.stream([1, 2], 2))), "stream:", "cache.hold() token: [0]")
+        raises(ContractError, lambda: m.prefill(m.cache, 0, [1, 2]), "prefill", "[0]", "cache.hold() token")
+    finally:
+        m.cache.release(0, token)
+    assert len(m.generate([1, 2], 2)) == 2
+
+
+@pytest.mark.parametrize("theta", [1e-300, 1e-46])
+def test_rope_inv_freq_refuses_a_theta_with_an_infinite_frequency(theta):
+    # 1 / theta ** (2j / dim) past float32's range: the frequencies were returned as inf.
+    raises(ContractError, lambda: _core.rope_inv_freq(theta, 8), "rope_inv_freq", "theta", "too small")
+    assert np.isfinite(_core.rope_inv_freq(1e-20, 8)).all()
+
+
 # ---------------------------------------------------------------- allocation, arrays, values
 
 

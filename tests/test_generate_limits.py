@@ -84,8 +84,8 @@ def test_an_object_array_of_small_ints_is_ids(model):
 
 def test_a_prompt_id_outside_the_vocabulary_names_prompt_ids(model):
     vocab = model.config.vocab_size
-    for call in (lambda: model.generate([1, vocab], 2), lambda: model.stream([vocab], 2)):
-        with pytest.raises(memra.ContractError, match=rf"^generate: prompt_ids: token id {vocab} is outside") as ei:
+    for op, call in (("generate", lambda: model.generate([1, vocab], 2)), ("stream", lambda: model.stream([vocab], 2))):
+        with pytest.raises(memra.ContractError, match=rf"^{op}: prompt_ids: token id {vocab} is outside") as ei:
             call()
         assert ei.value.code == 40023
     assert _free(model)

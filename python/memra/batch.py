@@ -445,7 +445,7 @@ def _check_leases(model: Model, leases: list[SlotLease], what: str) -> None:
 
 def take_free_slots(model: Model, n: int, what: str) -> list[SlotLease]:
     """Hold n free slots of ``model.cache`` (held by nobody and holding no tokens), lowest first;
-    ContractError (CONTRACT_VALUE) naming how many are held by generations and how many hold the
+    ContractError (CONTRACT_VALUE) naming which are held (Cache.owner) and which hold the
     user's tokens when fewer than n are free. Nothing is taken on an error."""
     cache = model.cache
     with model._lock:
@@ -460,7 +460,8 @@ def take_free_slots(model: Model, n: int, what: str) -> list[SlotLease]:
         if len(free) < n:
             raise ContractError(
                 f"{what}: {n} free slot(s) of the model's cache needed but only {len(free)} of "
-                f"{cache.max_batch} are free (held by generations in flight: {held}; holding your "
+                f"{cache.max_batch} are free (held by a generation, stream or server request in flight "
+                f"or by a cache.hold() token: {held}; holding your "
                 f"tokens, never taken: {user}; model.cache.free(slot) gives one back)", 40025)
         leases: list[SlotLease] = []
         try:

@@ -49,8 +49,11 @@ def _report(e: MemraError, args: argparse.Namespace) -> int:
     """Prints `e` as ``memra: Type (code): message`` with the parameters it names as the flags
     that set them (``max_len must`` -> ``--max-len must``, ``prompt_ids holds`` / ``prompt_ids:`` ->
     ``--prompt-ids holds`` / ``--prompt-ids:``: the library speaks of its arguments, the user typed
-    flags); returns the exit status 1."""
+    flags; ``stream:``, the library call ``memra generate`` makes, -> ``generate:``); returns the
+    exit status 1."""
     msg = str(e)
+    if args.command == "generate":
+        msg = re.sub(r"^stream: ", "generate: ", msg, count=1)
     # Only the parameter the message is about ("<op>: <param> must ..."): never a value the
     # user typed, nor a file's field ("load: generation_config.json: temperature must").
     for dest in vars(args):

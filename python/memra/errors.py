@@ -97,15 +97,16 @@ def shown(value) -> str:
 
 def check_owners(cache, slots, owners, what: str) -> None:
     """ContractError (SLOT_HELD) before a cache update of `slots` with the owner tokens `owners`
-    (0: not held): a slot held by another token (a generation, stream or server request), or a
-    nonzero token that holds no slot there (released, or another cache's: the slot may hold the
-    user's own tokens). The Cache's mutations refuse both too; checked here first because a
-    step's device work runs before its host commit."""
+    (0: not held): a slot held by another token (a generation, stream, server request or a
+    cache.hold() of the user's), or a nonzero token that holds no slot there (released, or
+    another cache's: the slot may hold the user's own tokens). The Cache's mutations refuse
+    both too; checked here first because a step's device work runs before its host commit."""
     pairs = [(int(s), int(o)) for s, o in zip(slots, owners)]
     held = sorted({s for s, o in pairs if cache.owner(s) not in (0, o)})
     if held:
-        raise ContractError(f"{what}: slot(s) {held} are held by a generation, stream or server request "
-                            f"in flight (Cache.owner); use a free slot or model.new_cache()", SLOT_HELD)
+        raise ContractError(f"{what}: slot(s) {held} are held by another owner (a generation, stream or server "
+                            f"request in flight, or a cache.hold() token: Cache.owner); use a free slot or "
+                            f"model.new_cache()", SLOT_HELD)
     stale = sorted({s for s, o in pairs if o and cache.owner(s) == 0})
     if stale:
         raise ContractError(f"{what}: slot(s) {stale} are not held by the owner token given (released, "

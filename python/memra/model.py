@@ -35,6 +35,9 @@ def _ids(token_ids, what: str, arg: str = "token_ids") -> np.ndarray:
     if isinstance(token_ids, (bytes, bytearray)):  # bytes: made into an array of its bytes, or a 0-d string
         raise ContractError(f"{what}: {arg} must be a non-empty 1-D sequence of ints, got {shown(token_ids)}",
                             40000)
+    if isinstance(token_ids, np.ma.MaskedArray):  # np.asarray would drop the mask and feed the masked ids
+        raise ContractError(f"{what}: {arg} is a masked array; memra takes every id it is given, so pass "
+                            "the unmasked ids (e.g. arr.compressed())", 40000)
     try:
         arr = np.asarray(token_ids)
     except (ValueError, TypeError):  # ragged nesting
@@ -418,21 +421,28 @@ class Model:
         when the stream is closed (``close()``, or leaving ``with model.stream(...) as s:``),
         not when it is garbage-collected. NonFiniteError (after the tokens before it) when a row
         of logits is not finite."""
-        ids = _ids(prompt_ids, "generate", "prompt_ids")
-        if len(ids):
-            self._check_vocab(ids, "generate: prompt_ids")
-        seed = generation_args(max_new_tokens, temperature, top_k, top_p, seed)
-        self._check_fits(len(ids), max_new_tokens, "generate: prompt_ids")
-        stops = self._stop_ids(stop_token_ids, ignore_eos)
-        rs = RowSampling(float(temperature), top_k, top_p, seed)
-        return TokenStream(self._stream(ids, max_new_tokens, rs, stops))
+        return self._checked_stream("stream", prompt_ids, max_new_tokens, temperature, top_k, top_p, seed,
+                                    stop_token_ids, ignore_eos)
 
-    def _stream(self, ids: np.ndarray, max_new_tokens: int, rs: RowSampling, stops: set[int]) -> Iterator[int]:
+    def _checked_stream(self, op: str, prompt_ids, max_new_tokens, temperature, top_k, top_p, seed,
+                        stop_token_ids, ignore_eos) -> TokenStream:
+        """stream / generate: the arguments checked (errors naming `op`), the stream unstarted."""
+        ids = _ids(prompt_ids, op, "prompt_ids")
+        if len(ids):
+            self._check_vocab(ids, f"{op}: prompt_ids")
+        seed = generation_args(max_new_tokens, temperature, top_k, top_p, seed, op)
+        self._check_fits(len(ids), max_new_tokens, f"{op}: prompt_ids")
+        stops = self._stop_ids(stop_token_ids, ignore_eos, op)
+        rs = RowSampling(float(temperature), top_k, top_p, seed)
+        return TokenStream(self._stream(ids, max_new_tokens, rs, stops, op))
+
+    def _stream(self, ids: np.ndarray, max_new_tokens: int, rs: RowSampling, stops: set[int],
+                op: str) -> Iterator[int]:
         if max_new_tokens == 0:
             return
-        (lease,) = take_free_slots(self, 1, "generate")
+        (lease,) = take_free_slots(self, 1, op)
         try:  # the slot goes back before the last token is yielded
-            for _, tok, last in self._decode_rows([ids], [lease], max_new_tokens, stops, [rs], "generate"):
+            for _, tok, last in self._decode_rows([ids], [lease], max_new_tokens, stops, [rs], op):
                 if last:
                     lease.release()
                 yield tok
@@ -461,8 +471,8 @@ class Model:
         On a CUDA engine the steps are pipelined (the next one is queued before this one's token
         is read); the tokens are those of one step at a time.
         """
-        return list(self.stream(prompt_ids, max_new_tokens, temperature, top_k, top_p, seed,
-                                stop_token_ids, ignore_eos))
+        return list(self._checked_stream("generate", prompt_ids, max_new_tokens, temperature, top_k, top_p, seed,
+                                         stop_token_ids, ignore_eos))
 
     def generate_batch(self, prompts: Sequence, max_new_tokens: int, temperature: float = 0.0,
                        top_k: int | None = None, top_p: float | None = None, seed: int | None = None,

@@ -171,6 +171,12 @@ def _prompt_of_chat(state: ServerState, body: ChatCompletionRequest) -> list[int
     return ids
 
 
+def _returns_ids(state: ServerState, body) -> bool:
+    """Whether the response carries token ids: when asked (return_token_ids, vLLM's extra), and
+    always for a model without a tokenizer, whose text would be empty."""
+    return body.return_token_ids or state.model.tokenizer is None
+
+
 def _request(state: ServerState, body, ids: list[int], prompt_param: str) -> GenRequest:
     """The scheduler request for a checked body and prompt (APIError 400 for a bad limit)."""
     max_len = state.model.cache.max_len
@@ -293,7 +299,7 @@ def _sse(obj: dict) -> str:
 def _stream(state: ServerState, body, req: GenRequest, text: TextStream, chat: bool) -> StreamingResponse:
     rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
     created = int(time.time())
-    ids_out = body.return_token_ids
+    ids_out = _returns_ids(state, body)
 
     # One chunk made through the protocol's models; every later one a copy with its fields set
     # (no validation per token: the chunks of 64 streams are built on the event loop each step).
@@ -379,8 +385,8 @@ async def _answer(state: ServerState, body, request: Request, ids: list[int], pr
         return Response(status_code=499)  # nobody reads it: the client closed the connection
     out, out_ids, finish = got
     usage = Usage(prompt_tokens=len(ids), completion_tokens=len(out_ids), total_tokens=len(ids) + len(out_ids))
-    tids = out_ids if body.return_token_ids else None
-    pids = ids if body.return_token_ids else None
+    tids = out_ids if _returns_ids(state, body) else None
+    pids = ids if _returns_ids(state, body) else None
     rid = uuid.uuid4().hex
     if chat:
         resp = ChatCompletionResponse(id=f"chatcmpl-{rid}", model=state.name, usage=usage, prompt_token_ids=pids,

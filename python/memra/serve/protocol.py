@@ -336,9 +336,16 @@ class ChatMessage(BaseModel):
             raise ValueError(f"content must be a string, a list of text parts or null, got {type(v).__name__}")
         for j, part in enumerate(v):
             if not (isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)):
-                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                if not isinstance(part, dict):
+                    got = f"a {type(part).__name__}"
+                elif part.get("type") != "text":
+                    got = f"type {part.get('type')!r}"
+                elif "text" not in part:
+                    got = "a text part without \"text\""
+                else:
+                    got = f"\"text\" of type {type(part['text']).__name__}"
                 raise ValueError(f"content part {j} must be {{\"type\": \"text\", \"text\": <string>}} "
-                                 f"(memra takes text parts only), got type {kind!r}")
+                                 f"(memra takes text parts only), got {got}")
         return v
 
     @model_validator(mode="after")
