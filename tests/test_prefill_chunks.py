@@ -333,3 +333,37 @@ def test_restore_refuses_a_slot_rewritten_since() -> None:
 def test_memory_is_none_on_the_cpu() -> None:
     assert memra.Engine("cpu").memory() is None
     assert memra.Engine("cpu").memory(reset_peak=True) is None
+
+
+@pytest.mark.parametrize("call", ["prefill", "prefill_batch", "decode"])
+def test_a_free_from_another_thread_mid_call_is_refused_and_changes_nothing(call, monkeypatch):
+    # A user's slot was not held during Model.prefill / prefill_batch / decode: another thread's
+    # Cache.free landing between two chunks (or before the commit) was taken, and the call
+    # returned other logits without an error. The free now stands in for that thread, run from
+    # inside every layer pass: it must be refused (40026) and the result be the undisturbed one.
+    m = load(FIXTURES[0], chunk=3, max_batch=1, max_len=64)
+    p = list(range(1, 12))
+    runs = {"prefill": lambda c: m.prefill(c, 0, p),
+            "prefill_batch": lambda c: m.prefill_batch(c, [0], [p])[0],
+            "decode": lambda c: m.decode(c, [0], [7])[0]}
+    ref_cache, cache = m.new_cache(1, 64), m.new_cache(1, 64)
+    if call == "decode":
+        m.prefill(ref_cache, 0, p)
+        m.prefill(cache, 0, p)
+    ref = runs[call](ref_cache)
+    seen = []
+    hidden = m.net.hidden
+
+    def hidden_with_a_free(*args, **kwargs):
+        try:
+            cache.free(0)
+            seen.append("freed")
+        except memra.ContractError as e:
+            seen.append(e.code)
+        return hidden(*args, **kwargs)
+
+    monkeypatch.setattr(m.net, "hidden", hidden_with_a_free)
+    out = runs[call](cache)
+    assert seen and set(seen) == {40026}, seen
+    np.testing.assert_array_equal(out, ref)
+    assert cache.length(0) == ref_cache.length(0) and cache.owner(0) == 0

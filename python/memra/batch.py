@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -34,6 +35,28 @@ from .errors import NON_FINITE, ContractError, NonFiniteError
 
 if TYPE_CHECKING:
     from .model import Model
+
+
+@contextmanager
+def held_for_call(cache: _core.Cache, slots, owners: list[int]) -> Iterator[list[int]]:
+    """Hold each slot of `slots` whose owner in `owners` is 0 (not held: a public prefill /
+    decode on the user's slot) for the length of one call, and yield the owners with those
+    tokens in; released on the way out. Another thread's ``Cache.free`` / ``commit`` of such a
+    slot mid-call is then refused (40026) instead of interleaving with the call's chunks and
+    commits (silently different logits), and generation cannot take an empty slot being
+    prefilled. The slots are checked (valid, not held by others) by the caller first."""
+    taken: list[tuple[int, int]] = []
+    try:
+        with deferred_interrupts():  # every hold taken is recorded before an interrupt is raised
+            for s, o in zip(slots, owners):
+                if not o:
+                    taken.append((int(s), cache.hold(int(s))))
+        tokens = dict(taken)
+        yield [int(o) or tokens[int(s)] for s, o in zip(slots, owners)]
+    finally:
+        with deferred_interrupts():
+            for s, t in taken:
+                cache.release(s, t)
 
 
 class SlotLease:

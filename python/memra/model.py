@@ -14,7 +14,7 @@ import numpy as np
 
 from . import _core, batch_prefill
 from ._interrupts import deferred_interrupts
-from .batch import (DecodeBatch, RowSampling, SlotLease, TokenStream, count_arg, generation_args,
+from .batch import (DecodeBatch, RowSampling, SlotLease, TokenStream, count_arg, generation_args, held_for_call,
                     take_free_slots)
 from .decode_graph import DecodeRunner, Sampling
 from .errors import NON_FINITE, CacheFullError, ContractError, NonFiniteError, check_owners, \
@@ -173,7 +173,8 @@ class Model:
         holds (use new_cache() for slots of your own), 40025 for a slot that is not an int or a
         cache of another layer count than the model's (40020: not an initialised memra.Cache),
         and for the token ids as :meth:`generate` names them; on any error the slot is left as
-        it was."""
+        it was. The slot is held (Cache.hold) for the call, so another thread's free / commit
+        of it meanwhile is refused (40026)."""
         with self._lock:
             _cache_arg(cache, "prefill", self.cache.num_layers)
             self._check_not_held(cache, [slot], "prefill")
@@ -197,27 +198,31 @@ class Model:
             if not 0 <= int(slot) < cache.max_batch:  # every bad index one range error
                 raise ContractError(f"prefill: slot {int(slot)} is outside [0, {cache.max_batch})", 40023)
             slots = np.array([int(slot)], np.int32)
-            self._check_room(cache, slots, len(ids), "prefill")
             check_owners(cache, slots, [owner], "prefill")
             chunks = self._chunks(len(ids))
             slot = int(slot)
-            # The undo of a failure: a slot holding tokens goes back to a snapshot taken first
-            # (uncommitted or not: the DSA indexer writes its tail ring before the commit,
-            # docs/prefill.md), an empty one is freed once a chunk was committed. The flag is
-            # set before the commit, so no interrupt between the two skips the undo.
-            saved = cache.snapshot(slot) if cache.length(slot) > 0 else None
-            committed = False
-            try:
-                for a, b in chunks:
-                    h = self.net.hidden(cache, slots, ids[a:b], decode=False)
-                    committed = True
-                    cache.commit(slot, b - a, owner=owner)
-                return self.net.logits_of(self.net.last_row(h))
-            except BaseException as e:
-                if saved is not None or committed:
-                    with deferred_interrupts():  # a second Ctrl-C waits for the undo
-                        batch_prefill.put_back(cache, slot, saved, owner, e, "prefill")
-                raise
+            # Held before its length is read: no other thread frees it between the checks and
+            # the chunks.
+            with held_for_call(cache, slots, [owner]) as (owner,):
+                self._check_room(cache, slots, len(ids), "prefill")
+                # The undo of a failure: a slot holding tokens goes back to a snapshot taken
+                # first (uncommitted or not: the DSA indexer writes its tail ring before the
+                # commit, docs/prefill.md), an empty one is freed once a chunk was committed.
+                # The flag is set before the commit, so no interrupt between the two skips the
+                # undo.
+                saved = cache.snapshot(slot) if cache.length(slot) > 0 else None
+                committed = False
+                try:
+                    for a, b in chunks:
+                        h = self.net.hidden(cache, slots, ids[a:b], decode=False)
+                        committed = True
+                        cache.commit(slot, b - a, owner=owner)
+                    return self.net.logits_of(self.net.last_row(h))
+                except BaseException as e:
+                    if saved is not None or committed:
+                        with deferred_interrupts():  # a second Ctrl-C waits for the undo
+                            batch_prefill.put_back(cache, slot, saved, owner, e, "prefill")
+                    raise
 
     def prefill_batch(self, cache: _core.Cache, slots, prompts) -> np.ndarray:
         """Append prompts[j] (token ids [T_j]; lengths may differ) to slots[j] (distinct; each
@@ -231,7 +236,7 @@ class Model:
         or slots (not one per prompt, outside the cache, repeated; held by a generation in
         flight: code 40026) or the cache (40025: another layer count than the model's);
         CacheFullError (nothing written) when a prompt does not fit its slot. On any error every
-        slot is left as it was."""
+        slot is left as it was. The slots are held for the call, as :meth:`prefill`'s."""
         with self._lock:
             _cache_arg(cache, "prefill_batch", self.cache.num_layers)
             slots, ids = batch_prefill.check_args(self, cache, slots, prompts, "prefill_batch")
@@ -246,7 +251,9 @@ class Model:
         engine's device; `owners`: the token each slot is held with (None: none held)."""
         with self._lock:
             owners = [0] * len(slots) if owners is None else [int(o) for o in owners]
-            return batch_prefill.run(self, cache, slots, prompts, owners, "prefill_batch")
+            check_owners(cache, slots, owners, "prefill_batch")
+            with held_for_call(cache, slots, owners) as owners:
+                return batch_prefill.run(self, cache, slots, prompts, owners, "prefill_batch")
 
     def decode(self, cache: _core.Cache, slots, token_ids) -> np.ndarray:
         """One token for each of `slots` (distinct) -> logits [len(slots), vocab] (numpy float32).
@@ -255,7 +262,7 @@ class Model:
         outside the vocabulary (40023), a slot held by a generation, stream or request in flight
         (40026), a cache of another layer count than the model's (40025); CacheFullError (30002)
         when a slot already holds ``cache.max_len`` tokens. On any error the cache is
-        unchanged."""
+        unchanged. The slots are held for the call, as :meth:`prefill`'s."""
         with self._lock:
             _cache_arg(cache, "decode", self.cache.num_layers)
             self._check_not_held(cache, slots, "decode")
@@ -288,21 +295,23 @@ class Model:
                 raise ContractError(f"decode: slots must be distinct (one token per slot a step), but "
                                     f"{values[counts > 1].tolist()} appear more than once", 40025)
             self._check_vocab(ids, "decode: token_ids")
-            self._check_room(cache, slots, 1, "decode")
+            self._check_room(cache, slots, 0, "decode")  # the slots' range (room: once held, below)
             owners = [0] * len(slots) if owners is None else owners
             check_owners(cache, slots, owners, "decode")
-            if self._runner is not None and cache is self.cache:
-                b = self._runner.step(slots, ids, owners=owners)  # (under the lock: copied before another step)
-                return _core.take_rows(b.logits, 0, len(slots), engine=self.engine)
-            h = self.net.hidden(cache, slots, ids, decode=True)
-            logits = self.net.logits_of(h)
-            if before_commit is not None:
-                before_commit(logits)
-            # Every row's commit or none: the logits are taken first, and an interrupt waits.
-            with deferred_interrupts(len(slots) > 1):
-                for s, o in zip(slots, owners):
-                    cache.commit(int(s), 1, owner=o)
-            return logits
+            with held_for_call(cache, slots, owners) as owners:
+                self._check_room(cache, slots, 1, "decode")
+                if self._runner is not None and cache is self.cache:
+                    b = self._runner.step(slots, ids, owners=owners)  # (under the lock: copied before another step)
+                    return _core.take_rows(b.logits, 0, len(slots), engine=self.engine)
+                h = self.net.hidden(cache, slots, ids, decode=True)
+                logits = self.net.logits_of(h)
+                if before_commit is not None:
+                    before_commit(logits)
+                # Every row's commit or none: the logits are taken first, and an interrupt waits.
+                with deferred_interrupts(len(slots) > 1):
+                    for s, o in zip(slots, owners):
+                        cache.commit(int(s), 1, owner=o)
+                return logits
 
     def _check_vocab(self, ids: np.ndarray, what: str) -> None:
         check_token_ids(ids, self.config.vocab_size, what)
