@@ -316,6 +316,9 @@ def test_bad_weights_and_geometry_are_named():
         (dict(heads=3), memra.ContractError, "kv_heads"),
         (dict(rms_eps=-1.0), memra.ContractError, "rms_eps"),
         (dict(rope_theta=0.0), memra.ContractError, "rope_theta"),
+        # frequencies inf, or an int32 position times the largest overflows f32: NaN rows before
+        (dict(rope_theta=1e-50), memra.ContractError, "rope_theta=1e-50 is too small"),
+        (dict(rope_theta=1e-35), memra.ContractError, "rope_theta=1e-35 is too small"),
         (dict(dtype="float16"), memra.ContractError, "dtype"),
         (dict(head_dim=512), memra.UnsupportedError, "head_dim"),
     ]

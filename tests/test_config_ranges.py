@@ -280,3 +280,24 @@ def test_a_layer_refuses_a_size_past_the_bound_by_name(make, arg):
     assert f"{arg} must be at most {SIZE_MAX} (2^20), got {SIZE_MAX + 1}" in str(ei.value), str(ei.value)
     with pytest.raises(memra.ContractError, match="missing tensor"):  # at the bound: on to the weights
         make(engine, SIZE_MAX)
+    # Below 0 too (MlaLayer's index_head_dim = -1 was named by a tensor's shape [-16, 32]).
+    with pytest.raises(memra.ContractError) as ei:
+        make(engine, -1)
+    msg = str(ei.value)  # the layer's own lower bound ("... must be >= 1 (given arg=-1)") or check_sizes'
+    assert "must be >= " in msg and (f"{arg}=-1" in msg or f"{arg} must be >= 0, got -1" in msg), msg
+
+
+def test_a_negative_indexer_size_is_named_not_shown_as_a_shape():
+    # check_sizes bounded sizes from above only: index_head_dim = -1 reached the weights' shape
+    # check as "expected [-16, 32]".
+    with pytest.raises(memra.ContractError, match=r"MlaLayer: index_head_dim must be >= 0, got -1"):
+        _core.MlaLayer(memra.Engine("cpu"), {}, hidden=4, heads=1, q_lora_rank=4, kv_rank=4, d_nope=4, d_rope=0,
+                       d_v=4, sparse=True, index_heads=2, index_head_dim=-1, kpool=4, topk=8, dtype="float32")
+
+
+def test_an_indexer_on_a_dense_mla_layer_is_refused():
+    # sparse=False with index sizes built an indexer whose lists nothing read, took its weights
+    # and reported has_indexer True.
+    with pytest.raises(memra.ContractError, match=r"index_heads=2 builds a DSA indexer, which only a sparse layer"):
+        _core.MlaLayer(memra.Engine("cpu"), {}, hidden=4, heads=1, q_lora_rank=4, kv_rank=4, d_nope=4, d_rope=0,
+                       d_v=4, sparse=False, index_heads=2, index_head_dim=4, kpool=4, topk=8, dtype="float32")

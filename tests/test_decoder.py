@@ -163,6 +163,11 @@ def test_every_ffn_returns_one_array():
     idx, _ = _core.moe_route(x, w["gate.weight"], w["gate.e_score_correction_bias"].to_numpy(), top_k=K,
                              n_group=1, topk_group=1, norm_topk_prob=True, scaling=2.5)
     np.testing.assert_array_equal(experts, idx)
+    # A size below 1 is named by itself: the message was the routing rule's, naming top_k.
+    for key in ("intermediate", "hidden"):
+        for bad in (0, -1):
+            with pytest.raises(memra.ContractError, match=rf"MoeLayer: {key} must be >= 1, got {bad}"):
+                memra.MoeLayer(e, dict(w), **dict(kw, **{key: bad}))
 
 
 # ------------------------------------------------------------------ residual kinds

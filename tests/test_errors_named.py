@@ -69,6 +69,16 @@ def test_a_masked_array_of_ids_is_refused(model):
     raises(ContractError, lambda: model.logits(ids), "logits", "token_ids", "masked")
 
 
+def test_an_owner_token_or_cache_size_given_as_a_bool_is_named(model):
+    # owner=True was token 1, the first hold() of the process; max_batch=True a cache of 1.
+    c = model.new_cache(1, 4)
+    raises(ContractError, lambda: c.free(0, owner=True), "Cache.free", "owner", "bool")
+    raises(ContractError, lambda: c.release(0, True), "Cache.release", "token", "bool")
+    raises(ContractError, lambda: c.commit(0, 1, owner=True), "Cache.commit", "owner", "bool")
+    raises(ContractError, lambda: _core.Cache.bytes_needed(True, 2, []), "bytes_needed", "max_batch", "bool")
+    assert c.length(0) == 0 and c.owner(0) == 0
+
+
 def test_stream_names_itself_and_a_users_hold_is_named_as_one():
     # stream's errors said "generate:"; a slot the user held with cache.hold() was said to be
     # held by a generation.

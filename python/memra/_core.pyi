@@ -1081,7 +1081,7 @@ class KdaLayer:
 
     def __init__(self, engine: Engine, weights: Mapping[str, Weight], *, hidden: int, heads: int, head_dim: int, conv_kernel: int, gate: str = 'lower_bound', lower_bound: float = -5.0, rms_eps: float = 9.999999747378752e-06, dtype: str = 'bfloat16') -> None:
         """
-        engine: where the layer runs; weights: {name below 'self_attn.': Weight}; hidden, heads (linear_num_heads), head_dim (linear_head_dim; dk = dv), conv_kernel (linear_conv_kernel_dim); gate: 'lower_bound' (glm5_next: g = lower_bound * sigmoid(exp(A_log) * (f + dt_bias)), lower_bound < 0 and finite) or 'softplus' (Kimi-Linear: g = -exp(A_log) * softplus(f + dt_bias), lower_bound unused); rms_eps (rms_norm_eps: the gated output norm's epsilon, finite and >= 0); dtype: the projections' compute dtype on CUDA ('float32' or 'bfloat16'). ContractError names a missing or mis-shaped tensor, a bad size, gate, lower_bound, rms_eps or dtype; on CUDA UnsupportedError unless head_dim = 128 and conv_kernel is 2..8.
+        engine: where the layer runs; weights: {name below 'self_attn.': Weight}; hidden, heads (linear_num_heads), head_dim (linear_head_dim; dk = dv), conv_kernel (linear_conv_kernel_dim); gate: 'lower_bound' (glm5_next: g = lower_bound * sigmoid(exp(A_log) * (f + dt_bias)), lower_bound <= 0 and finite) or 'softplus' (Kimi-Linear: g = -exp(A_log) * softplus(f + dt_bias), lower_bound unused); rms_eps (rms_norm_eps: the gated output norm's epsilon, finite and >= 0); dtype: the projections' compute dtype on CUDA ('float32' or 'bfloat16'). ContractError names a missing or mis-shaped tensor, a bad size, gate, lower_bound, rms_eps or dtype; on CUDA UnsupportedError unless head_dim = 128 and conv_kernel is 2..8.
         """
 
     def state_spec(self) -> LayerStateSpec:
@@ -1219,7 +1219,7 @@ class AttentionLayer:
 
     def __init__(self, engine: Engine, weights: Mapping[str, Weight], *, hidden: int, heads: int, kv_heads: int, head_dim: int, rotary_dim: int, rope_theta: float = 10000.0, rms_eps: float = 9.999999974752427e-07, dtype: str = 'bfloat16') -> None:
         """
-        engine: where the layer runs; weights: {name: memra.Weight}; hidden, heads, kv_heads (heads % kv_heads == 0), head_dim (1..256); rotary_dim: int(head_dim * partial_rotary_factor) as transformers computes it (even); rope_theta: rope_parameters['rope_theta']; rms_eps: rms_norm_eps (q_norm / k_norm); dtype: the CUDA weights' compute dtype ('float32' or 'bfloat16'; the CPU keeps the file's).
+        engine: where the layer runs; weights: {name: memra.Weight}; hidden, heads, kv_heads (heads % kv_heads == 0), head_dim (1..256); rotary_dim: int(head_dim * partial_rotary_factor) as transformers computes it (even); rope_theta: rope_parameters['rope_theta'], finite, > 0 and not so small that its largest frequency times an int32 position overflows float32; rms_eps: rms_norm_eps (q_norm / k_norm); dtype: the CUDA weights' compute dtype ('float32' or 'bfloat16'; the CPU keeps the file's).
         Raises ContractError (a missing or mis-shaped tensor named; bad counts; CONTRACT_ODD_ROPE for an odd rotary_dim), UnsupportedError for head_dim > 256.
         """
 

@@ -203,7 +203,7 @@ void init_cache(nb::module_& m) {
       .def(
           "__init__",
           [](Cache* self, const Engine& engine, const std::vector<LayerStateSpec>& specs,
-             int max_batch, int max_len, const std::string& latent_dtype) {
+             Index max_batch, Index max_len, const std::string& latent_dtype) {
             DType ld = DType::kF32;
             if (latent_dtype == "bfloat16") {
               ld = DType::kBF16;
@@ -222,7 +222,7 @@ void init_cache(nb::module_& m) {
           "the attention K/V rows.")
       .def_static(
           "bytes_needed",
-          [](int max_batch, int max_len, const std::vector<LayerStateSpec>& specs) {
+          [](Index max_batch, Index max_len, const std::vector<LayerStateSpec>& specs) {
             check_min(max_batch, 1, "Cache.bytes_needed", "max_batch");
             check_min(max_len, 1, "Cache.bytes_needed", "max_len");
             return Cache::bytes_needed(max_batch, max_len, specs);
@@ -297,13 +297,13 @@ void init_cache(nb::module_& m) {
           "which only a commit makes current, so a holder's commit takes what the last layer "
           "calls on that slot wrote.")
       .def(
-          "release", [](Cache& c, Index slot, uint64_t token) { check(c.release(slot, token)); },
+          "release", [](Cache& c, Index slot, Token token) { check(c.release(slot, token)); },
           nb::arg("slot"), nb::arg("token"),
           "Give back a slot taken with hold() (contents untouched). ContractError "
           "(CONTRACT_SLOT_HELD) unless `token` holds it, naming the holder's token and `token`.")
       .def(
           "commit",
-          [](Cache& c, Index slot, Index n, uint64_t owner) { check(c.commit(slot, n, owner)); },
+          [](Cache& c, Index slot, Index n, Token owner) { check(c.commit(slot, n, owner)); },
           nb::arg("slot"), nb::arg("n"), nb::kw_only(), nb::arg("owner") = 0,
           "Advance `slot` by n tokens after every layer ran the step (flips its ping-pong planes). "
           "ContractError for a slot outside [0, max_batch) (CONTRACT_RANGE), n < 1 "
@@ -323,20 +323,20 @@ void init_cache(nb::module_& m) {
           "a CPU cache.")
       .def(
           "commit_host",
-          [](Cache& c, Index slot, Index n, uint64_t owner) { check(c.commit_host(slot, n, owner)); },
+          [](Cache& c, Index slot, Index n, Token owner) { check(c.commit_host(slot, n, owner)); },
           nb::arg("slot"), nb::arg("n"), nb::kw_only(), nb::arg("owner") = 0,
           "The host half of commit_decode: advance the host's length of `slot` by n and flip its "
           "flag without writing the device (which a device commit already advanced). "
           "CacheFullError and CONTRACT_SLOT_HELD as commit.")
       .def(
-          "free", [](Cache& c, Index slot, uint64_t owner) { check(c.free(slot, owner)); },
+          "free", [](Cache& c, Index slot, Token owner) { check(c.free(slot, owner)); },
           nb::arg("slot"), nb::kw_only(), nb::arg("owner") = 0,
           "Forget `slot` (length 0, recurrent state zeroed) without touching other slots. "
           "ContractError (CONTRACT_SLOT_HELD) for a slot held by an owner other than `owner`; "
           "the slot stays held by its owner.")
       .def(
           "copy_slot",
-          [](Cache& c, Index src, Index dst, uint64_t owner) { check(c.copy_slot(src, dst, owner)); },
+          [](Cache& c, Index src, Index dst, Token owner) { check(c.copy_slot(src, dst, owner)); },
           nb::arg("src"), nb::arg("dst"), nb::kw_only(), nb::arg("owner") = 0,
           "Copy the whole state of `src` into `dst` (prefix reuse). ContractError "
           "(CONTRACT_SLOT_HELD) when `dst` is held by an owner other than `owner` (`src` is only "
@@ -355,7 +355,7 @@ void init_cache(nb::module_& m) {
           "restore() puts them back. OutOfMemoryError when the buffer cannot be had.")
       .def(
           "restore",
-          [](Cache& c, const SlotSnapshot& s, uint64_t owner) { check(c.restore(s, owner)); },
+          [](Cache& c, const SlotSnapshot& s, Token owner) { check(c.restore(s, owner)); },
           nb::arg("snapshot"), nb::kw_only(), nb::arg("owner") = 0,
           "Put a snapshot() of this cache back into its slot: the slot's length and state are "
           "those of the snapshot again, as if the prefills and decodes appended to it since never "

@@ -136,7 +136,7 @@ void init_layers(nb::module_& m) {
           "engine: where the layer runs; weights: {name below 'self_attn.': Weight}; hidden, "
           "heads (linear_num_heads), head_dim (linear_head_dim; dk = dv), conv_kernel "
           "(linear_conv_kernel_dim); gate: 'lower_bound' (glm5_next: g = lower_bound * "
-          "sigmoid(exp(A_log) * (f + dt_bias)), lower_bound < 0 and finite) or 'softplus' "
+          "sigmoid(exp(A_log) * (f + dt_bias)), lower_bound <= 0 and finite) or 'softplus' "
           "(Kimi-Linear: g = -exp(A_log) * softplus(f + dt_bias), lower_bound unused); rms_eps "
           "(rms_norm_eps: the gated output norm's epsilon, finite and >= 0); dtype: the "
           "projections' compute dtype on CUDA ('float32' or 'bfloat16'). ContractError names a "

@@ -79,7 +79,8 @@ void init_layers_attention(nb::module_& m) {
           "engine: where the layer runs; weights: {name: memra.Weight}; hidden, heads, kv_heads "
           "(heads % kv_heads == 0), head_dim (1..256); rotary_dim: "
           "int(head_dim * partial_rotary_factor) as transformers computes it (even); rope_theta: "
-          "rope_parameters['rope_theta']; rms_eps: rms_norm_eps (q_norm / k_norm); dtype: the "
+          "rope_parameters['rope_theta'], finite, > 0 and not so small that its largest frequency "
+          "times an int32 position overflows float32; rms_eps: rms_norm_eps (q_norm / k_norm); dtype: the "
           "CUDA weights' compute dtype ('float32' or 'bfloat16'; the CPU keeps the file's).\n"
           "Raises ContractError (a missing or mis-shaped tensor named; bad counts; "
           "CONTRACT_ODD_ROPE for an odd rotary_dim), UnsupportedError for head_dim > 256.")

@@ -113,6 +113,13 @@ struct Index {
   operator int() const { return value; }  // NOLINT: an int in every other respect
 };
 
+// An owner token (Cache.hold's) that refuses a bool as Index does: owner=True would otherwise be
+// token 1, the first hold() of the process.
+struct Token {
+  uint64_t value;
+  operator uint64_t() const { return value; }  // NOLINT: a uint64 in every other respect
+};
+
 // Whether obj is a torch.Tensor (false while torch is not imported; never imports it).
 bool is_torch_tensor(nb::handle obj);
 
@@ -187,6 +194,22 @@ struct type_caster<memra::py::Index> {
   }
   static handle from_cpp(memra::py::Index i, rv_policy policy, cleanup_list* cleanup) noexcept {
     return make_caster<int>::from_cpp(i.value, policy, cleanup);
+  }
+};
+
+template <>
+struct type_caster<memra::py::Token> {
+  NB_TYPE_CASTER(memra::py::Token, const_name("int"))
+
+  bool from_python(handle src, uint32_t flags, cleanup_list* cleanup) noexcept {
+    if (PyBool_Check(src.ptr())) return false;
+    make_caster<uint64_t> c;
+    if (!c.from_python(src, flags, cleanup)) return false;
+    value.value = c.value;
+    return true;
+  }
+  static handle from_cpp(memra::py::Token t, rv_policy policy, cleanup_list* cleanup) noexcept {
+    return make_caster<uint64_t>::from_cpp(t.value, policy, cleanup);
   }
 };
 

@@ -31,7 +31,8 @@ class Arena;
 constexpr int kMaxLayerSize = 1 << 20;
 
 // kContractValue "<layer>: <name> must be at most 1048576 (2^20), got <value>" for the first of
-// `sizes` above kMaxLayerSize (the layer's own lower bounds are its create()'s).
+// `sizes` above kMaxLayerSize, "... must be >= 0" for one below 0 (the layer's own lower bounds
+// past 0 are its create()'s).
 Status check_sizes(const char* layer, std::initializer_list<std::pair<const char*, int>> sizes);
 
 // Named weights handed to a layer, consumed by name with a shape check.

@@ -1,6 +1,7 @@
 // AttentionLayer (memra/attention_layer.h): the gated full attention of Qwen3.5 / Qwen3-Next,
 // its construction and the CPU chain over memra::op (the CUDA chain: attention_layer_cuda.cpp).
 // Reference: transformers 5.17 Qwen3_5Attention.forward.
+#include <cfloat>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -10,6 +11,7 @@
 #include "host_util.h"
 #include "memra/attention_layer.h"
 #include "memra/cpu/attention.h"
+#include "memra/msg.h"
 #include "memra/op/attention.h"
 #include "memra/ops.h"
 
@@ -46,6 +48,18 @@ Status AttentionLayer::create(const AttentionConfig& cfg, WeightMap& w,
     return Status(kContractValue, "AttentionLayer: rms_eps must be finite and >= 0, got " +
                                       std::to_string(cfg.rms_eps));
   }
+  // The angle is position x inv_freq in f32 (as transformers): a theta far below 1 makes the
+  // largest frequency inf, or so large that an int32 position overflows it, and every rotated
+  // row NaN. The same rule as the Python config check (memra/models/qwen_common.py).
+  std::vector<float> inv_freq(size_t(cfg.rotary_dim / 2));
+  cpu::rope_inv_freq(cfg.rope_theta, cfg.rotary_dim, inv_freq.data());
+  for (float f : inv_freq) {
+    if (!(static_cast<double>(f) * 2147483648.0 <= static_cast<double>(FLT_MAX))) {
+      return Status(kContractValue, (Msg() << "AttentionLayer: rope_theta=" << cfg.rope_theta
+                                           << " is too small: its largest RoPE frequency (" << f
+                                           << ") times a position overflows float32").str());
+    }
+  }
   std::unique_ptr<AttentionLayer> l(new AttentionLayer());
   l->cfg_ = cfg;
   const int64_t D = cfg.hidden, Hq = cfg.heads, Hkv = cfg.kv_heads, hd = cfg.head_dim;
@@ -63,8 +77,7 @@ Status AttentionLayer::create(const AttentionConfig& cfg, WeightMap& w,
   // Qwen3_5RMSNorm: output * (1.0 + self.weight.float()), the sum rounded to f32 once.
   for (float& v : l->q_norm_) v = 1.0f + v;
   for (float& v : l->k_norm_) v = 1.0f + v;
-  l->inv_freq_.resize(size_t(cfg.rotary_dim / 2));
-  cpu::rope_inv_freq(cfg.rope_theta, cfg.rotary_dim, l->inv_freq_.data());
+  l->inv_freq_ = std::move(inv_freq);
   l->scale_ = static_cast<float>(std::pow(static_cast<double>(cfg.head_dim), -0.5));
   *out = std::move(l);
   return Status::Ok();

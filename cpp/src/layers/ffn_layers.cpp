@@ -5,6 +5,8 @@
 // mhc_layer.cpp.
 #include <algorithm>
 #include <cmath>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "memra/layers.h"
@@ -64,9 +66,16 @@ Status MlpLayer::forward_add(const float* x, int T, const float* add, float* y) 
 }
 
 Status MoeLayer::create(const MoeConfig& cfg, WeightMap& w, std::unique_ptr<MoeLayer>* out) {
-  if (cfg.hidden < 1 || cfg.n_experts < 1 || cfg.top_k < 1 || cfg.top_k > cfg.n_experts ||
-      cfg.n_group < 1 || cfg.n_experts % cfg.n_group || cfg.topk_group < 1 ||
-      cfg.topk_group > cfg.n_group || cfg.intermediate < 1) {
+  // The sizes first, each named: the routing message below states only the routing rules.
+  for (const auto& [name, value] : {std::pair<const char*, int>{"hidden", cfg.hidden},
+                                    {"n_experts", cfg.n_experts}, {"intermediate", cfg.intermediate}}) {
+    if (value < 1) {
+      return Status(kContractValue, std::string("MoeLayer: ") + name + " must be >= 1, got " +
+                                        std::to_string(value));
+    }
+  }
+  if (cfg.top_k < 1 || cfg.top_k > cfg.n_experts || cfg.n_group < 1 || cfg.n_experts % cfg.n_group ||
+      cfg.topk_group < 1 || cfg.topk_group > cfg.n_group) {
     return Status(kContractValue,
                   "MoeLayer: need 1 <= top_k <= n_experts (" + std::to_string(cfg.n_experts) +
                       "), n_experts divisible by n_group (" + std::to_string(cfg.n_group) +

@@ -71,6 +71,11 @@ Status MlaLayer::create(const MlaConfig& cfg, WeightMap& w, std::unique_ptr<MlaL
     return Status(kContractOddRope, "MlaLayer: d_rope must be even to rotate, got " +
                                         std::to_string(cfg.d_rope));
   }
+  if (cfg.index_heads > 0 && !cfg.sparse) {  // its indexer's lists would be computed and never read
+    return Status(kContractValue, "MlaLayer: index_heads=" + std::to_string(cfg.index_heads) +
+                                      " builds a DSA indexer, which only a sparse layer runs; pass "
+                                      "sparse=True (a full DSA layer) or index_heads=0 (dense)");
+  }
   if (cfg.index_heads > 0 || cfg.sparse) {
     if (cfg.kpool < 1 || cfg.topk < cfg.kpool || cfg.topk % cfg.kpool) {
       return Status(kContractPool, "MlaLayer: index_topk (" + std::to_string(cfg.topk) +

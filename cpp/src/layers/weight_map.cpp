@@ -8,6 +8,10 @@ namespace memra {
 
 Status check_sizes(const char* layer, std::initializer_list<std::pair<const char*, int>> sizes) {
   for (const auto& [name, value] : sizes) {
+    if (value < 0) {  // no size is negative; a negative one would reach a shape check as [-16, 32]
+      return Status(kContractValue, std::string(layer) + ": " + name + " must be >= 0, got " +
+                                        std::to_string(value));
+    }
     if (value > kMaxLayerSize) {
       return Status(kContractValue, std::string(layer) + ": " + name + " must be at most " +
                                         std::to_string(kMaxLayerSize) + " (2^20), got " +
