@@ -181,36 +181,27 @@ struct type_caster<memra::py::AnyArray> {
   }
 };
 
-template <>
-struct type_caster<memra::py::Index> {
-  NB_TYPE_CASTER(memra::py::Index, const_name("int"))
+// The caster of an integer wrapper W (Index, Token) holding a Raw: Raw's conversion, but a bool
+// is refused.
+template <class W, class Raw>
+struct no_bool_caster {
+  NB_TYPE_CASTER(W, const_name("int"))
 
   bool from_python(handle src, uint32_t flags, cleanup_list* cleanup) noexcept {
     if (PyBool_Check(src.ptr())) return false;
-    make_caster<int> c;
+    make_caster<Raw> c;
     if (!c.from_python(src, flags, cleanup)) return false;
     value.value = c.value;
     return true;
   }
-  static handle from_cpp(memra::py::Index i, rv_policy policy, cleanup_list* cleanup) noexcept {
-    return make_caster<int>::from_cpp(i.value, policy, cleanup);
+  static handle from_cpp(W w, rv_policy policy, cleanup_list* cleanup) noexcept {
+    return make_caster<Raw>::from_cpp(w.value, policy, cleanup);
   }
 };
 
 template <>
-struct type_caster<memra::py::Token> {
-  NB_TYPE_CASTER(memra::py::Token, const_name("int"))
-
-  bool from_python(handle src, uint32_t flags, cleanup_list* cleanup) noexcept {
-    if (PyBool_Check(src.ptr())) return false;
-    make_caster<uint64_t> c;
-    if (!c.from_python(src, flags, cleanup)) return false;
-    value.value = c.value;
-    return true;
-  }
-  static handle from_cpp(memra::py::Token t, rv_policy policy, cleanup_list* cleanup) noexcept {
-    return make_caster<uint64_t>::from_cpp(t.value, policy, cleanup);
-  }
-};
+struct type_caster<memra::py::Index> : no_bool_caster<memra::py::Index, int> {};
+template <>
+struct type_caster<memra::py::Token> : no_bool_caster<memra::py::Token, uint64_t> {};
 
 }  // namespace nanobind::detail
