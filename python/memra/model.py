@@ -150,7 +150,10 @@ class Model:
         """Full prefill of `token_ids` [T] from an empty cache -> logits [T, vocab] float32 (a
         prompt longer than ``prefill_chunk`` runs in chunks, each one's rows copied to the host).
         ContractError for empty or non-integer ids or an id outside the vocabulary (40023);
-        OutOfMemoryError when a cache of T tokens does not fit."""
+        OutOfMemoryError when a cache of T tokens does not fit. The rows are the forward pass's
+        as computed, as transformers' logits are: weights holding NaN or inf give non-finite
+        rows here and from prefill / decode, where generate / stream / the server raise
+        NonFiniteError rather than draw a token from such a row."""
         with self._lock:
             ids = _ids(token_ids, "logits")
             self._check_vocab(ids, "logits: token_ids")
