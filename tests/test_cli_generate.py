@@ -114,6 +114,15 @@ def test_a_prompt_past_the_cache_names_the_flag(capsys):
     assert err.rstrip().endswith("beyond --max-len 3"), err
 
 
+def test_a_path_the_user_typed_is_shown_as_typed(tmp_path, capsys):
+    # The messages' rewrites (stream -> generate, parameters -> flags) touch only the message's
+    # own op and parameter: a folder named "downstream: ckpt" stays as typed.
+    path = tmp_path / "downstream: ckpt"
+    assert cli.main(["generate", str(path), "--prompt-ids", "1,2"]) == 1
+    err = capsys.readouterr().err
+    assert str(path) in err, err
+
+
 def test_a_prompt_id_outside_the_vocabulary_is_named_by_its_flag(capsys):
     assert cli.main(["generate", "--prompt-ids", "1,999"]) == 1
     err = capsys.readouterr().err

@@ -13,6 +13,7 @@ import json
 import shutil
 from typing import Any, TypedDict
 
+import numpy as np
 import pytest
 
 import memra
@@ -180,3 +181,12 @@ def test_a_shared_size_below_one_is_refused(tmp_path, key):
     path = _copy(tmp_path, lambda raw: raw["text_config"].__setitem__(key, 0))
     with pytest.raises(memra.ContractError, match=f"config: {key} must be at least 1, got 0"):
         memra.load(path, max_batch=1, max_len=16, progress=False)
+
+
+def test_the_largest_float32_passes_and_the_next_double_does_not():
+    # "finite as a float32": float32's largest value is one; the double just past it is not.
+    fmax = float(np.finfo(np.float32).max)
+    check_fields({"f": fmax}, TABLE)
+    check_fields({"f": -fmax}, TABLE)
+    with pytest.raises(memra.ContractError, match="a finite number"):
+        check_fields({"f": float(np.nextafter(fmax, np.inf))}, TABLE)

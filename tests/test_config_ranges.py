@@ -59,6 +59,9 @@ MUST_BOUND = {
                       "num_experts", "num_experts_per_tok", "head_dim"},
 }
 
+for _keys in MUST_BOUND.values():  # and from below: a count of positions under 1 is no model's
+    _keys.add("max_position_embeddings")
+
 
 def _raw(cls) -> tuple[dict, dict, str]:
     """(config.json of the family's tiny folder, the dict holding the text fields, their prefix)."""

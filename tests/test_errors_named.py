@@ -67,6 +67,21 @@ def test_a_masked_array_of_ids_is_refused(model):
     e = raises(ContractError, lambda: model.generate(ids, 2), "generate", "prompt_ids", "masked")
     assert e.code == 40000
     raises(ContractError, lambda: model.logits(ids), "logits", "token_ids", "masked")
+    # Any masked array, masked entries or not: what a mask means is the caller's to say.
+    raises(ContractError, lambda: model.generate(np.ma.array([1, 2, 3]), 2), "generate", "masked")
+
+
+def test_a_full_slot_is_named_by_the_public_call_and_changes_nothing():
+    # The room checks run once the slots are held; the layers' own check would name KdaLayer.
+    m = memra.load(memra.default_checkpoint(), max_batch=2, max_len=8, progress=False)
+    c = m.new_cache(2, 8)
+    m.prefill(c, 0, list(range(1, 9)))
+    m.prefill(c, 1, [1, 2, 3])
+    e = raises(memra.CacheFullError, lambda: m.decode(c, [1, 0], [5, 5]), "decode: slot 0 holds 8 of 8 tokens")
+    assert str(e).startswith("decode:"), str(e)
+    e = raises(memra.CacheFullError, lambda: m.prefill(c, 1, list(range(1, 7))), "prefill: slot 1 holds 3 of 8")
+    assert str(e).startswith("prefill:"), str(e)
+    assert (c.length(0), c.length(1), c.owner(0), c.owner(1)) == (8, 3, 0, 0)
 
 
 def test_an_owner_token_or_cache_size_given_as_a_bool_is_named(model):
@@ -84,6 +99,8 @@ def test_stream_names_itself_and_a_users_hold_is_named_as_one():
     # held by a generation.
     m = memra.load(memra.default_checkpoint(), max_batch=1, max_len=16, progress=False)
     raises(ContractError, lambda: m.stream([1, 2], -1), "stream: max_new_tokens")
+    raises(ContractError, lambda: m.stream([1, 2], 2, stop_token_ids=[-1]), "stream: stop_token_ids")
+    raises(ContractError, lambda: m.stream([1, 2], 2, ignore_eos=1), "stream: ignore_eos")
     token = m.cache.hold(0)
     try:
         raises(ContractError, lambda: next(iter(m.stream([1, 2], 2))), "stream:", "cache.hold() token: [0]")

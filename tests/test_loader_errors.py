@@ -25,6 +25,7 @@ from safetensors.numpy import load_file, save_file
 
 import memra
 from memra.errors import ContractError
+from memra.models import family_for
 
 TINY = memra.default_checkpoint()
 SIDE_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json")
@@ -316,19 +317,37 @@ def test_a_rope_theta_whose_angles_overflow_float32_is_named(tmp_path, theta):
     assert np.isfinite(_load(dst).logits([1, 2, 3])).all()
 
 
-def test_a_scalar_tensor_is_named_with_its_own_shape(tmp_path):
+@pytest.mark.parametrize("log2_theta,refused", [(-104, True), (-96, False)])
+def test_the_rope_angle_rule_is_the_int32_positions(tmp_path, log2_theta, refused):
+    # tiny_qwen3_5 rotates 64 dims: the largest frequency is theta ** -(62 / 64), and an angle
+    # overflows float32 (~2^128) at some int32 position iff that frequency * 2^31 does. theta =
+    # 2^-104: 2^(100.75 + 31), refused; 2^-96: 2^(93 + 31), taken.
+    raw = json.loads((next(p for p in FAMILY_FOLDERS if p.name == "tiny_qwen3_5") / "config.json").read_text())
+    raw["text_config"]["rope_parameters"]["rope_theta"] = 2.0 ** log2_theta
+    assert (2.0 ** (-log2_theta * 62 / 64 + 31) > float(np.finfo(np.float32).max)) == refused
+    parse = family_for(raw).parse_config
+    if refused:
+        with pytest.raises(ContractError, match=r"rope_theta = .* is too small"):
+            parse(raw)
+    else:
+        parse(raw)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])  # the loader's two conversion paths
+def test_a_scalar_tensor_is_named_with_its_own_shape(tmp_path, dtype):
     # np.ascontiguousarray made the 0-d tensor 1-d: the refusal said shape [1].
     dst = _copy(tmp_path)
     tensors = load_file(str(dst / "model.safetensors"))
     name = next(k for k in tensors if k.endswith("embed_tokens.weight"))
-    tensors[name] = np.array(1.0, tensors[name].dtype)
+    tensors[name] = np.array(1.0, ml_dtypes.bfloat16 if dtype == "bfloat16" else np.float32)
     save_file(tensors, str(dst / "model.safetensors"))
     with pytest.raises(ContractError, match=r"embed_tokens\.weight.*got shape \[\]"):
         _load(dst)
 
 
 @pytest.mark.parametrize("index,words", [({"metadata": {}}, r"got a JSON object without it \(keys \['metadata'\]\)"),
-                                         ([1, 2], "got a JSON list")])
+                                         ([1, 2], "got a JSON list"), (5, "got a JSON int$"),
+                                         ("weight_map", "got a JSON str$")])
 def test_an_index_without_a_weight_map_says_so(tmp_path, index, words):
     dst = _copy(tmp_path)
     (dst / "model.safetensors.index.json").write_text(json.dumps(index))

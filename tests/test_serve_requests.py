@@ -71,6 +71,7 @@ C, H = "/v1/completions", "/v1/chat/completions"
      'got a text part without "text"'),
     (H, {"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]}, "messages.0.content",
      'got "text" of type int'),
+    (H, {"messages": [{"role": "user", "content": ["hi"]}]}, "messages.0.content", "got a str"),
     (H, {"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "image_url"}]}]},
      "messages.0.content", "part 1 must be"),
     (H, {"messages": [{"role": "user", "content": 5}]}, "messages.0.content", "content must be"),
