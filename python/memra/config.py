@@ -8,9 +8,9 @@ ContractError naming the key (``hidden_size: 64.0``, ``num_hidden_layers: true``
 ``eos_token_id: "x"``), before anything reads it.
 
 The type language of a table is a small part of Python's: ``int`` (a JSON integer that fits in
-int32, never a boolean), ``float`` (a JSON number finite as a float32; integers included), ``bool``, ``str``,
-``None``, ``list[T]``, unions ``A | B``, ``Any``, and ``TypedDict`` classes (a JSON object whose
-listed keys, where present, have their types; other keys are free).
+int32, never a boolean), ``float`` (a JSON number finite as a float32; integers included),
+``bool``, ``str``, ``None``, ``list[T]``, unions ``A | B``, ``Any``, and ``TypedDict`` classes (a
+JSON object whose listed keys, where present, have their types; other keys are free).
 
 A field may also carry a bound: ``Annotated[int, Range(1, 1000)]`` in the dataclass or TypedDict,
 or :data:`Size` (``Annotated[int, Range(high=SIZE_MAX)]``) for every size (hidden, heads, head
