@@ -294,7 +294,8 @@ def _validate(c: dict[str, Any]) -> None:
 def _check_rope_angles(theta: float, rotary_dim: int) -> None:
     """ContractError naming rope_theta when a RoPE angle (position x inv_freq, float32 as in
     transformers) can overflow for an int32 position: a base far below 1 (1e-45, say) makes the
-    largest frequency huge or infinite, and then every rotated row NaN."""
+    largest frequency huge or infinite, and then every rotated row NaN. AttentionLayer::create
+    refuses the same (for direct layer users); here the message names the config key."""
     try:
         top = max(float(f) for f in _core.rope_inv_freq(theta, rotary_dim))
     except ContractError:  # a frequency that is not a finite float32
