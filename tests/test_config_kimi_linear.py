@@ -163,6 +163,7 @@ def test_explicit_head_dims_are_kept_and_unused():
     (dict(moe_layer_freq=0), memra.ContractError, "moe_layer_freq must be >= 1"),
     (dict(hidden_size=64.0), memra.ContractError, "hidden_size must be an integer"),
     (dict(moe_renormalize="yes"), memra.ContractError, "moe_renormalize must be true or false"),
+    (dict(rms_norm_eps=-1e-6), memra.ContractError, "rms_norm_eps must be at least 0"),
     (dict(model_type="kimi_k25"), memra.UnsupportedError, "kimi_linear"),
 ])
 def test_refusals_are_named(changes, cls, text):

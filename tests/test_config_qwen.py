@@ -131,7 +131,7 @@ def _saved(fam: str, name: str = "save_pretrained_causal_fixture") -> dict:
     ("qwen3_5", {"layer_types": None, "full_attention_interval": 0}, memra.ContractError,
      "full_attention_interval must be >= 1"),
     ("qwen3_5", {"num_key_value_heads": 3}, memra.ContractError, "num_attention_heads (4)"),
-    ("qwen3_5", {"rms_norm_eps": 0.0}, memra.ContractError, "rms_norm_eps must be > 0"),
+    ("qwen3_5", {"rms_norm_eps": -1e-6}, memra.ContractError, "rms_norm_eps must be at least 0"),
     ("qwen3_5_moe", {"num_experts_per_tok": 9}, memra.ContractError, "num_experts_per_tok (9) exceeds"),
     ("qwen3_5_moe", {"num_experts": 0}, memra.ContractError, "num_experts must be an integer >= 1"),
     ("qwen3_next", {"decoder_sparse_step": 0}, memra.ContractError, "decoder_sparse_step must be >= 1"),
@@ -143,6 +143,15 @@ def test_bad_values_are_named(fam, change, error, text):
     with pytest.raises(error) as e:
         MODULES[fam].parse_config(raw)
     assert text in str(e.value), str(e.value)
+
+
+@pytest.mark.parametrize("fam", sorted(MODULES))
+def test_a_zero_rms_norm_eps_is_taken_as_transformers_takes_it(fam):
+    # transformers' RMSNorm adds eps to the variance whatever it is; every family takes 0 (the
+    # Qwen parse refused it while glm5_next and Kimi-Linear took it).
+    raw = _saved(fam)
+    raw["rms_norm_eps"] = 0.0
+    assert MODULES[fam].parse_config(raw).rms_norm_eps == 0.0
 
 
 def test_conditional_layout_reads_the_nested_text_config():

@@ -207,6 +207,8 @@ def test_json_past_the_parsers_limits_is_named(tmp_path, text, words, name):
     # float32 inf, a negative position count was taken.
     ({"n_shared_experts": -1}, ContractError, "n_shared_experts must be an integer >= 0, got -1"),
     ({"rms_norm_eps": 1e300}, ContractError, "rms_norm_eps must be a finite number (a float32"),
+    ({"rms_norm_eps": -1.0}, ContractError, "rms_norm_eps must be at least 0"),
+    ({"hc_eps": -1e-6}, ContractError, "hc_eps must be at least 0"),
     ({"routed_scaling_factor": 10**400}, ContractError, "routed_scaling_factor must be a finite number"),
     ({"max_position_embeddings": -1}, ContractError, "max_position_embeddings must be at least 1"),
 ])

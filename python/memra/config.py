@@ -83,6 +83,10 @@ Size = Annotated[int, Range(high=SIZE_MAX, note="memra's bound on a size: 2^20")
 # config that gives 0 or a negative count is not a model's.
 Positions = Annotated[int, Range(low=1, note="a count of positions")]
 
+# An epsilon added to a variance or a sum (rms_norm_eps, hc_eps): 0 is transformers' own
+# arithmetic (every family takes it), a negative one is no model's.
+Eps = Annotated[float, Range(low=0, note="an epsilon added to a variance or a sum")]
+
 _PLURAL = {int: "integers", float: "numbers", bool: "booleans", str: "strings"}
 
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Annotated, Any, TypedDict
 
 from .. import _core
-from ..config import (Positions, Range, Size, check_fields, check_positive, check_grouped_router, check_size_product, field_defaults,
+from ..config import (Eps, Positions, Range, Size, check_fields, check_positive, check_grouped_router, check_size_product, field_defaults,
                       field_ranges, field_table)
 from ..errors import ContractError, UnsupportedError
 from ..loader import NameTable, Route
@@ -73,7 +73,7 @@ class Glm5NextConfig:
     norm_topk_prob: bool = True
     hidden_act: str = "silu"
     max_position_embeddings: Positions = 1048576
-    rms_norm_eps: float = 1e-5
+    rms_norm_eps: Eps = 1e-5
     pad_token_id: int | None = 154820
     bos_token_id: int | None = None
     eos_token_id: int | list[int] | None = None
@@ -91,7 +91,7 @@ class Glm5NextConfig:
     linear_conv_kernel_dim: Size = 4
     linear_lower_bound: float | None = -5.0
     hc_mult: Size = 4
-    hc_eps: float = 1e-6
+    hc_eps: Eps = 1e-6
     hc_sinkhorn_iters: SinkhornIters = 20
     index_kpool: Size = 16
     index_kpool_always_select_tail: bool = True

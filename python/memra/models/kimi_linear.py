@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
 from .. import _core
-from ..config import ALLOWED_ATTN_LAYER_TYPES, Positions, Size, check_fields, check_grouped_router, check_positive, check_size_product, field_ranges
+from ..config import ALLOWED_ATTN_LAYER_TYPES, Eps, Positions, Size, check_fields, check_grouped_router, check_positive, check_size_product, field_ranges
 from ..errors import ContractError, UnsupportedError
 from ..loader import NameTable, Route
 from .layers import KdaMixer, MlaMixer, check_groups, located, norm_vector
@@ -88,7 +88,7 @@ class KimiLinearConfig:
     hidden_act: str = "silu"
     max_position_embeddings: Positions = 1048576
     initializer_range: float = 0.02
-    rms_norm_eps: float = 1e-5
+    rms_norm_eps: Eps = 1e-5
     use_cache: bool = True
     pad_token_id: int | None = 163839
     bos_token_id: int | None = 163584

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import Any, TypedDict
 
 from .. import _core
-from ..config import ALLOWED_ATTN_LAYER_TYPES, FLT_MAX, Positions, Size, check_fields, check_positive, field_ranges
+from ..config import ALLOWED_ATTN_LAYER_TYPES, Eps, FLT_MAX, Positions, Size, check_fields, check_positive, field_ranges
 from ..errors import ContractError, UnsupportedError
 from ..loader import NameTable, Route
 from .layers import AttentionMixer, GdnMixer, check_groups, located, norm_vector
@@ -109,7 +109,7 @@ class QwenTextConfig:
     hidden_act: str = "silu"
     max_position_embeddings: Positions = 32768
     initializer_range: float = 0.02
-    rms_norm_eps: float = 1e-6
+    rms_norm_eps: Eps = 1e-6
     use_cache: bool = True
     tie_word_embeddings: bool = False
     rope_parameters: RopeParameters | None = None
@@ -253,8 +253,6 @@ def _validate(c: dict[str, Any]) -> None:
             # transformers builds neither mixer for such a layer and runs its residual around nothing.
             raise UnsupportedError(f"config: layer {i} has layer type {t!r}; Qwen3.5-family layers are "
                                    f"{GDN!r} (Gated DeltaNet) or {ATTN!r}", 50000)
-    if not c["rms_norm_eps"] > 0:
-        raise ContractError(f"config: rms_norm_eps must be > 0, got {c['rms_norm_eps']}", 40025)
     if c["hidden_act"] not in ("silu", "swish"):  # transformers' ACT2FN: both are nn.SiLU
         raise UnsupportedError(f"config: hidden_act = {c['hidden_act']!r}: memra runs the Qwen short conv "
                                "and MLPs with SiLU", 50000)
