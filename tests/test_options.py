@@ -172,3 +172,12 @@ def test_load_passes_kernel_options_to_its_engine() -> None:
 
 def test_exported() -> None:
     assert "KernelOptions" in memra.__all__ and memra.KernelOptions is memra._core.KernelOptions
+
+
+def test_the_package_namespace_is_its_exports_and_submodules() -> None:
+    # `from __future__ import annotations` in __init__ left a public name `annotations`.
+    import types
+    public = {n for n in dir(memra) if not n.startswith("_")}
+    extra = {n for n in public - set(memra.__all__) if not isinstance(getattr(memra, n), types.ModuleType)}
+    assert extra == set(), extra
+    assert set(memra.__all__) <= public

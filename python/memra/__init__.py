@@ -5,8 +5,6 @@ returns a model that prefills, decodes and generates. Every op is also usable on
 DLPack arrays through :mod:`memra._core` (``memra._core.rms_norm``, ``kda_scan``, ...).
 """
 
-from __future__ import annotations
-
 from . import _core
 from ._core import (
     AttentionLayer,
