@@ -10,6 +10,8 @@ arithmetic except the attention's row order and T=1 vs T>1 code paths).
 
 from __future__ import annotations
 
+import copy
+import pickle
 import subprocess
 import sys
 from pathlib import Path
@@ -352,6 +354,16 @@ def test_stream_checks_prompt_ids_before_iterating(model: memra.Model) -> None:
         with pytest.raises(memra.ContractError):
             model.stream(bad, 4)
     assert model.generate([1, 2], 2) == model.generate([1, 2], 2)  # still usable
+
+
+@pytest.mark.parametrize("how", ["copy", "deepcopy", "pickle"])
+def test_a_model_is_not_copied_or_pickled(model: memra.Model, how: str) -> None:
+    # copy.copy returned a second Model sharing the engine, cache and lock; deepcopy and pickle
+    # failed on the Engine with Python's message.
+    act = {"copy": copy.copy, "deepcopy": copy.deepcopy, "pickle": pickle.dumps}[how]
+    with pytest.raises(memra.UnsupportedError, match="memra.load"):
+        act(model)
+    assert model.generate([1, 2, 3], 2) == model.generate([1, 2, 3], 2)
 
 
 def test_load_refuses_a_dtype_that_is_not_a_string() -> None:

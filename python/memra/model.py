@@ -17,8 +17,8 @@ from ._interrupts import deferred_interrupts
 from .batch import (DecodeBatch, RowSampling, SlotLease, TokenStream, count_arg, generation_args, held_for_call,
                     take_free_slots)
 from .decode_graph import DecodeRunner, Sampling
-from .errors import NON_FINITE, CacheFullError, ContractError, NonFiniteError, check_owners, \
-    check_token_ids, in_sequence, shown
+from .errors import NON_FINITE, CacheFullError, ContractError, NonFiniteError, UnsupportedError, \
+    check_owners, check_token_ids, in_sequence, shown
 from .loader import GenerationConfig
 
 log = logging.getLogger("memra")
@@ -120,6 +120,17 @@ class Model:
         # CUDA: decode steps over self.cache through device-resident batches, captured once per
         # batch bucket and replayed (cuda_graphs=False: the same steps run eagerly).
         self._runner = DecodeRunner(net, cache, graphs=cuda_graphs) if engine.is_cuda else None
+
+    def __copy__(self):
+        raise UnsupportedError("Model: a model is not copied (it owns its engine, weights and cache; a "
+                               "copy would share them): memra.load the folder again for a second one", 50000)
+
+    def __deepcopy__(self, memo):
+        self.__copy__()
+
+    def __reduce__(self):
+        raise UnsupportedError("Model: a model is not pickled (it owns device memory and an engine): "
+                               "pass its path and memra.load it where it is needed", 50000)
 
     # ------------------------------------------------------------------ caches
     def new_cache(self, max_batch: int, max_len: int) -> _core.Cache:
