@@ -100,6 +100,9 @@ class Model:
     (``cache.owner(slot)`` != 0) and nothing else may change it (ContractError 40026); generation
     takes only free slots (held by nobody and holding no tokens), never one holding your tokens
     (memra.batch says the whole rule).
+
+    A Model is neither copied nor pickled (UnsupportedError): it owns its engine, weights and
+    cache; load the folder again for another.
     """
 
     def __init__(self, path: Path, engine: _core.Engine, config, net, cache: _core.Cache,
