@@ -32,9 +32,11 @@ def _stream(tok, ids, stop=()) -> str:
 
 
 def _expected(tok, ids, stop=()) -> str:
+    # The whole decode cut where the first stop string to complete begins: the least end, then
+    # the least beginning (a fixed string's first occurrence is also its first completion).
     text = tok.decode(list(ids), skip_special_tokens=True)
-    hits = [i for i in (text.find(s) for s in stop if s) if i >= 0]
-    return text[: min(hits)] if hits else text
+    hits = [(i + len(s), i) for s in stop if s and (i := text.find(s)) >= 0]
+    return text[: min(hits)[1]] if hits else text
 
 
 def _draws(tok, r, n):
@@ -124,6 +126,24 @@ def test_long_stop_strings_cost_a_token_no_more_than_short_ones() -> None:
         sys.settrace(None)
     assert pieces == ["a"] * 50
     assert lines <= 50 * 64 * 20, lines  # a few lines a stop string, not one per prefix length
+
+
+@pytest.mark.parametrize("folder", FOLDERS, ids=lambda p: p.name)
+def test_overlapping_stops_cut_where_the_first_completed_one_begins(folder) -> None:
+    # "bcd" completes before "abcde" does, so the text ends before "bcd" whether the characters
+    # arrive one a token (the byte-level tokenizer) or several (merges; an incomplete UTF-8
+    # sequence held back): the cut was the earliest beginning among the stops that completed in
+    # one piece, so it hung on how the text was split into pieces.
+    tok = _tokenizer(folder)
+    for text, stop, want in (("xabcdef", ["bcd", "abcde"], "xa"), ("xabcdef", ["abcde", "bcd"], "xa"),
+                             ("\u00e9abcd\u00e9", ["bcd", "\u00e9abcd\u00e9"], "\u00e9a")):
+        ids = tok.encode(text, add_special_tokens=False).ids
+        if tok.decode(ids, skip_special_tokens=True) != text:
+            continue  # the tokenizer does not round-trip this text
+        assert _expected(tok, ids, stop) == want
+        assert _stream(tok, ids, stop) == want, (ids, stop)
+        ts = TextStream(tok, stop)  # the whole text as one piece
+        assert ts._emit("", text) == want and ts.stopped
 
 
 def test_stops_completing_on_one_character_cut_at_the_earliest_beginning() -> None:

@@ -95,12 +95,17 @@ class TextStream:
 
     def _find_stop(self, text: str, start: int) -> int | None:
         """Feed text[start:] to the stop strings' automata; the index in `text` where the first
-        stop string completed in it begins (None: none did). The automata had read text[:start]."""
+        stop string completed in it begins (None: none did). The automata had read text[:start].
+
+        "First completed" is the match whose last character comes first; of stops completing on
+        the same character, the one beginning first (the longer). So the cut is the same however
+        the text arrives (a character at a time, or several tokens' worth at once when an
+        incomplete UTF-8 sequence was held back)."""
         if not self.stop or start >= len(text):
             return None
         if self._fail is None:
             self._fail = [_failure(s) for s in self.stop]
-        cut = None
+        best = None  # (end, begin) of the first completed match
         for j, s in enumerate(self.stop):
             fail, state, m = self._fail[j], self._state[j], len(s)
             for i in range(start, len(text)):
@@ -109,11 +114,11 @@ class TextStream:
                     state = fail[state - 1]
                 if s[state] == c:
                     state += 1
-                if state == m:  # this stop's first match; a later one begins later
-                    cut = i + 1 - m if cut is None else min(cut, i + 1 - m)
+                if state == m:  # this stop's first match; a later one ends later
+                    best = min(best or (i + 1, i + 1 - m), (i + 1, i + 1 - m))
                     break
             self._state[j] = state
-        return cut
+        return None if best is None else best[1]
 
     def _emit(self, held: str, new: str) -> str:
         text = held + new
