@@ -2,7 +2,7 @@
 server: strict JSON types, ``null`` for a defaulted field, the bounds on stop strings and on the
 body, prompts that cannot fit a slot refused before they are tokenized, chat template variables
 that would collide with the request's own fields, and the model routes OpenAI's client uses.
-Every refusal is a 400 (413 for the body) naming the field, and nothing is scheduled.
+Every refusal is a 400 (413 for the body, 415 for a body not declared JSON) naming the field, and nothing is scheduled.
 """
 
 from __future__ import annotations
@@ -193,6 +193,26 @@ def test_a_prompt_too_long_for_any_tokens_is_refused_before_tokenizing(server, m
     r = post_json(server, C, {"prompt": "x" * (per * MAX_LEN), "max_tokens": 1})
     err = r.json()["error"]
     assert r.status_code == 400 and "in the prompt" in err["message"], r.text
+
+
+@pytest.mark.parametrize("ctype,status", [
+    ("text/plain;charset=UTF-8", 415), ("application/x-www-form-urlencoded", 415), ("multipart/form-data", 415),
+    ("text/json", 415), ("application/json", 200), ("application/json; charset=utf-8", 200),
+    ("Application/JSON", 200), ("application/vnd.api+json", 200), (None, 200)])
+@pytest.mark.parametrize("path", [C, H])
+def test_a_body_not_declared_json_is_a_415(server, path, ctype, status) -> None:
+    # A fuzz pass: a text/plain or form POST (what a browser page may send to any host without a
+    # CORS preflight) was parsed as JSON and generated; FastAPI and so vLLM refuse it too. No
+    # Content-Type at all is read as JSON, as FastAPI reads it.
+    body = json.dumps({"prompt": "Hi", "max_tokens": 1} if path == C else {**CHAT, "max_tokens": 1})
+    headers = {} if ctype is None else {"Content-Type": ctype}
+    r = httpx.post(server.url + path, content=body.encode(), headers=headers, timeout=30)
+    assert r.status_code == status, r.text
+    if status == 415:
+        err = r.json()["error"]
+        assert err["code"] == "unsupported_media_type" and "application/json" in err["message"], r.text
+        assert ctype.split(";")[0] in err["message"]
+    wait_idle(server)
 
 
 def test_a_body_over_the_limit_is_a_413_read_no_further(model) -> None:

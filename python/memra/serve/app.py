@@ -87,9 +87,25 @@ async def read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
+def check_content_type(request: Request) -> None:
+    """APIError 415 unless the body is declared JSON (``application/json`` or a ``+json`` type)
+    or not declared at all (then read as JSON, as FastAPI does). A browser page may POST
+    ``text/plain`` or a form to any host without asking first (no CORS preflight); refusing
+    those keeps a local server from generating for pages it never meant to serve."""
+    declared = request.headers.get("content-type")
+    if declared is None:
+        return
+    media = declared.split(";", 1)[0].strip().lower()
+    if media != "application/json" and not (media.startswith("application/") and media.endswith("+json")):
+        raise APIError(415, f"the request body must be JSON (Content-Type: application/json), got "
+                            f"Content-Type: {declared[:80]!r}", code="unsupported_media_type")
+
+
 async def parse(request: Request, cls, limit: int):
     """The body of `request` as pydantic model `cls` (APIError 400 when it is not one, 413 when
-    it is over `limit` bytes); a warning names the fields it ignored (at most 8 of them)."""
+    it is over `limit` bytes, 415 when its Content-Type is not JSON: check_content_type); a
+    warning names the fields it ignored (at most 8 of them)."""
+    check_content_type(request)
     body = await read_body(request, limit)
     try:
         parsed = cls.model_validate_json(body or b"{}")
