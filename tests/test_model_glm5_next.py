@@ -241,6 +241,11 @@ def test_cli_generates_from_the_embedded_checkpoint() -> None:
     assert r.returncode == 0 and "tokens/s" in r.stderr, r.stderr
 
 
+def test_cli_says_its_version() -> None:
+    r = subprocess.run([sys.executable, "-m", "memra", "--version"], capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout.strip() == f"memra {memra.__version__}", (r.stdout, r.stderr)
+
+
 @pytest.mark.parametrize("args, words", [(["--prompt-ids", "1,,2"], "--prompt-ids"),
                                          (["--prompt-ids", "1,2,"], "--prompt-ids"),
                                          (["--prompt", ""], "no tokens")])
@@ -354,6 +359,12 @@ def test_stream_checks_prompt_ids_before_iterating(model: memra.Model) -> None:
         with pytest.raises(memra.ContractError):
             model.stream(bad, 4)
     assert model.generate([1, 2], 2) == model.generate([1, 2], 2)  # still usable
+
+
+def test_repr_says_what_the_model_is(model: memra.Model) -> None:
+    text = repr(model)
+    assert text.startswith("Model('glm5_next', ") and f"dtype='{model.dtype}'" in text, text
+    assert f"cache={model.cache.max_batch} x {model.cache.max_len}" in text and "device='cpu'" in text
 
 
 @pytest.mark.parametrize("how", ["copy", "deepcopy", "pickle"])

@@ -87,7 +87,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str] | None) -> int:
+    from . import __version__
+
     parser = argparse.ArgumentParser(prog="memra", description="memra: hybrid linear-attention inference")
+    parser.add_argument("--version", action="version", version=f"memra {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     g = sub.add_parser("generate", help="generate tokens after a prompt")
     g.add_argument("path", nargs="?", default=None,
@@ -98,8 +101,8 @@ def _main(argv: list[str] | None) -> int:
     g.add_argument("--max-new-tokens", type=int, default=32, help="tokens to generate at most (default: 32)")
     g.add_argument("--temperature", type=float, default=0.0,
                    help="0 = greedy, which ignores --top-k, --top-p and --seed (default: 0)")
-    g.add_argument("--top-k", type=int, default=None, help="keep the k likeliest tokens (0 or none: all)")
-    g.add_argument("--top-p", type=float, default=None, help="nucleus mass kept (1 or none: all)")
+    g.add_argument("--top-k", type=int, default=None, help="keep the k likeliest tokens (0, or the flag left out: all)")
+    g.add_argument("--top-p", type=float, default=None, help="nucleus mass kept (1, or the flag left out: all)")
     g.add_argument("--seed", type=int, default=0, help="the sampler's seed (default: 0)")
     g.add_argument("--ignore-eos", action="store_true", help="do not stop at the end-of-sequence token")
     g.add_argument("--max-len", type=int, default=4096,
@@ -227,7 +230,8 @@ def _serve_parser(sub) -> None:
                    help="largest request body taken, 413 past it (default: 1 MiB + 64 bytes per --max-len token)")
     s.add_argument("--served-model-name", default=None,
                    help="the model id clients name (default: the checkpoint folder's name)")
-    s.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    s.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
+                   help="the server's and uvicorn's logging level (default: info)")
 
 
 def _serve(args) -> int:

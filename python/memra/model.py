@@ -124,6 +124,10 @@ class Model:
         # batch bucket and replayed (cuda_graphs=False: the same steps run eagerly).
         self._runner = DecodeRunner(net, cache, graphs=cuda_graphs) if engine.is_cuda else None
 
+    def __repr__(self) -> str:
+        return (f"Model({self.config.model_type!r}, path={str(self.path)!r}, engine={self.engine!r}, "
+                f"dtype={self.dtype!r}, cache={self.cache.max_batch} x {self.cache.max_len})")
+
     def __copy__(self):
         raise UnsupportedError("Model: a model is not copied (it owns its engine, weights and cache; a "
                                "copy would share them): memra.load the folder again for a second one", 50000)
