@@ -485,7 +485,8 @@ def take_free_slots(model: Model, n: int, what: str) -> list[SlotLease]:
                 f"{what}: {n} free slot(s) of the model's cache needed but only {len(free)} of "
                 f"{cache.max_batch} are free (held by a generation, stream or server request in flight "
                 f"or by a cache.hold() token: {held}; holding your "
-                f"tokens, never taken: {user}; model.cache.free(slot) gives one back)", 40025)
+                f"tokens, never taken: {user}; model.cache.free(slot) empties one of yours; a held one "
+                f"comes back when its generation or stream ends, or with cache.release)", 40025)
         leases: list[SlotLease] = []
         try:
             with deferred_interrupts():

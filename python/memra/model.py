@@ -449,7 +449,8 @@ class Model:
         but the free slot's); the slot of the model's cache is taken at the first ``next()``
         (ContractError there when none is free) and given back with the last token, or at once
         when the stream is closed (``close()``, or leaving ``with model.stream(...) as s:``),
-        not when it is garbage-collected. NonFiniteError (after the tokens before it) when a row
+        without waiting for the garbage collector (which also closes a dropped stream, whenever
+        it runs). NonFiniteError (after the tokens before it) when a row
         of logits is not finite."""
         return self._checked_stream("stream", prompt_ids, max_new_tokens, temperature, top_k, top_p, seed,
                                     stop_token_ids, ignore_eos)
