@@ -7,6 +7,7 @@ first: the requests end at once and their connections close.
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
@@ -53,6 +54,9 @@ def test_stopping_ends_the_generations_in_flight_at_once() -> None:
     assert plain_r.status_code == 503 and "shutting down" in plain_r.json()["error"]["message"], plain_r.text
     events = [e for e in stream_r.text.split("\n") if e]
     assert events[-1] == "data: [DONE]" and "shutting down" in events[-2], events[-3:]
+    # the error's code says why (it was memra's 0, the status of success)
+    assert plain_r.json()["error"]["code"] == "server_shutting_down", plain_r.text
+    assert json.loads(events[-2].removeprefix("data: "))["error"]["code"] == "server_shutting_down"
     # a request reaching a stopping scheduler is refused (the handler's 503), not queued for ever
     with pytest.raises(ShuttingDownError):
         s.app.state.memra.scheduler.submit(Request(np.array([1], np.int32), 1, RowSampling(), frozenset()))

@@ -350,16 +350,19 @@ def _stream(state: ServerState, body, req: GenRequest, text: TextStream, chat: b
                 last["choices"], last["usage"] = [], usage(n)
                 yield _sse(last)
         except MemraError as e:
-            yield _sse({"error": ErrorInfo(message=f"{type(e).__name__}: {e}", type=_error_type(e),
-                                           code=e.code).model_dump()})
+            yield _sse({"error": _error_info(e).model_dump()})
         yield "data: [DONE]\n\n"
 
     return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
 
-def _error_type(e: MemraError) -> str:
-    """The OpenAI error ``type`` of a failure while generating (its ``code`` is memra's)."""
-    return "non_finite_error" if isinstance(e, NonFiniteError) else "server_error"
+def _error_info(e: MemraError) -> ErrorInfo:
+    """The OpenAI error of a failure while generating: ``type`` non_finite_error or
+    server_error, ``code`` memra's status code, or "server_shutting_down" for a request the
+    server's stop ended (StoppedError: no memra status, the request itself was fine)."""
+    code = "server_shutting_down" if isinstance(e, StoppedError) else e.code
+    return ErrorInfo(message=f"{type(e).__name__}: {e}",
+                     type="non_finite_error" if isinstance(e, NonFiniteError) else "server_error", code=code)
 
 
 def check_model(state: ServerState, model: str | None) -> None:
@@ -379,8 +382,7 @@ async def _answer(state: ServerState, body, request: Request, ids: list[int], pr
         got = await _collect(state, req, text, request)
     except MemraError as e:  # the request was fine; the model could not finish it
         status = 422 if isinstance(e, NonFiniteError) else 503 if isinstance(e, StoppedError) else 500
-        return JSONResponse({"error": ErrorInfo(message=f"{type(e).__name__}: {e}", type=_error_type(e),
-                                                code=e.code).model_dump()}, status_code=status)
+        return JSONResponse({"error": _error_info(e).model_dump()}, status_code=status)
     if got is None:
         return Response(status_code=499)  # nobody reads it: the client closed the connection
     out, out_ids, finish = got
