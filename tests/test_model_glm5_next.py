@@ -241,6 +241,13 @@ def test_cli_generates_from_the_embedded_checkpoint() -> None:
     assert r.returncode == 0 and "tokens/s" in r.stderr, r.stderr
 
 
+def test_cli_names_an_unsupported_model_before_the_missing_tokenizer(tmp_path) -> None:
+    # It said "no tokenizer ...; use --prompt-ids", and only with ids did it name the model_type.
+    (tmp_path / "config.json").write_text('{"model_type": "llama"}')
+    r = subprocess.run([sys.executable, "-m", "memra", "generate", str(tmp_path)], capture_output=True, text=True)
+    assert r.returncode == 1 and "model_type 'llama'" in r.stderr and "tokenizer" not in r.stderr, r.stderr
+
+
 def test_cli_says_its_version() -> None:
     r = subprocess.run([sys.executable, "-m", "memra", "--version"], capture_output=True, text=True)
     assert r.returncode == 0 and r.stdout.strip() == f"memra {memra.__version__}", (r.stdout, r.stderr)

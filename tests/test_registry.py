@@ -61,8 +61,9 @@ def test_two_families_cannot_claim_one_type(monkeypatch):
 
 
 @pytest.mark.parametrize("raw,said", [
-    ({"model_type": "llama"}, "'llama'"),
-    ({"model_type": "llava", "text_config": {"model_type": "mistral"}}, "'llava' / 'mistral'"),
+    ({"model_type": "llama"}, "config.json has model_type 'llama', which"),
+    ({"model_type": "llava", "text_config": {"model_type": "mistral"}},
+     "has model_type 'llava' and text_config.model_type 'mistral', which"),
     ({"hidden_size": 64}, "no model_type"),
     ({"text_config": {}}, "no model_type"),
 ])

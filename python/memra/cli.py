@@ -32,6 +32,8 @@ from . import load
 from .errors import CacheFullError, MemraError
 from .batch import count_arg, generation_args
 from .checkpoint import default_checkpoint
+from .config import read_config
+from .loader import naming_unreadable
 from .tokenizer import NO_TOKENIZER, read_tokenizer
 
 DEFAULT_PROMPT = "The quick brown fox"
@@ -136,6 +138,8 @@ def _main(argv: list[str] | None) -> int:
         # that is no checkpoint folder is load's to name.
         tok, ids = None, args.prompt_ids
         if ids is None and os.path.isfile(os.path.join(path, "config.json")):
+            with naming_unreadable(Path(path) / "config.json"):  # a model memra cannot run: said first
+                read_config(Path(path))
             text = args.prompt if args.prompt is not None else DEFAULT_PROMPT
             tok = read_tokenizer(Path(path))
             if tok is None:

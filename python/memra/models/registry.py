@@ -128,8 +128,8 @@ def family_for(raw: dict[str, Any]) -> Family:
     for t in (top, nested):
         if t is not None and t in _BY_TYPE:
             return _BY_TYPE[t]
-    found = [t for t in (top, nested) if t is not None]
-    said = " / ".join(repr(t) for t in found) if found else "no model_type"
+    found = [f"{key} {t!r}" for key, t in (("model_type", top), ("text_config.model_type", nested)) if t is not None]
+    said = " and ".join(found) if found else "no model_type"
     raise UnsupportedError(
         f"load: config.json has {said}, which memra does not support (supported model_types: "
         f"{', '.join(supported_model_types())})", 50000)
