@@ -267,7 +267,14 @@ def test_cli_refuses_empty_prompt_items(args, words) -> None:
 def test_cuda_engine_is_refused_with_a_reason_here() -> None:
     if memra.cuda_available():
         pytest.skip("a CUDA device is usable on this machine")
-    assert isinstance(memra.cuda_unavailable_reason(), str) and memra.cuda_unavailable_reason()
+    reason = memra.cuda_unavailable_reason()
+    assert isinstance(reason, str) and reason
+    try:
+        import ctypes
+        ctypes.CDLL("libcuda.so.1")
+    except OSError:  # no driver: that comes first (a missing cuBLAS was named alone)
+        if "could not be loaded" in reason:
+            assert reason.startswith("no NVIDIA driver is installed here"), reason
     with pytest.raises(memra.UnsupportedError):
         memra.Engine("cuda")
     with pytest.raises(memra.ContractError):

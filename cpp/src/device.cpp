@@ -42,6 +42,13 @@ const CudaLibrary& cuda_library() {
       if (e && std::strstr(e, "libcublas")) {
         l.error += " (cuBLAS comes from the nvidia-cublas wheel: pip install 'memra[cuda]')";
       }
+      // Without a driver, installing cuBLAS would only lead to the next refusal: say that first.
+      if (void* driver = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL)) {
+        dlclose(driver);
+      } else {
+        l.error = "no NVIDIA driver is installed here (libcuda.so.1 cannot be loaded), so no GPU can "
+                  "be used; besides, " + l.error;
+      }
       return l;
     }
     std::string missing;
