@@ -248,6 +248,26 @@ def test_cli_names_an_unsupported_model_before_the_missing_tokenizer(tmp_path) -
     assert r.returncode == 1 and "model_type 'llama'" in r.stderr and "tokenizer" not in r.stderr, r.stderr
 
 
+def test_cli_names_a_config_it_cannot_read(tmp_path, monkeypatch, capsys) -> None:
+    # The CLI's own read of config.json (before the tokenizer) names an unreadable file as load
+    # does (memra.loader.naming_unreadable), not with a traceback. Root reads a chmod 000 file, so
+    # the read is made to fail.
+    import memra.cli
+
+    (tmp_path / "config.json").write_text('{"model_type": "glm5_next"}')
+    real = Path.read_text
+
+    def read_text(self, *a, **k):
+        if self.name == "config.json":
+            raise PermissionError(13, "Permission denied", str(self))
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(Path, "read_text", read_text)
+    assert memra.cli.main(["generate", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("memra: ContractError (40025): load: ") and "could not be read: Permission denied" in err, err
+
+
 def test_cli_says_its_version() -> None:
     r = subprocess.run([sys.executable, "-m", "memra", "--version"], capture_output=True, text=True)
     assert r.returncode == 0 and r.stdout.strip() == f"memra {memra.__version__}", (r.stdout, r.stderr)
@@ -379,6 +399,7 @@ def test_repr_says_what_the_model_is(model: memra.Model) -> None:
     text = repr(model)
     assert text.startswith("Model('glm5_next', ") and f"dtype='{model.dtype}'" in text, text
     assert f"cache={model.cache.max_batch} x {model.cache.max_len}" in text and "device='cpu'" in text
+    assert f"path={str(model.path)!r}" in text, text
 
 
 @pytest.mark.parametrize("how", ["copy", "deepcopy", "pickle"])
@@ -386,8 +407,9 @@ def test_a_model_is_not_copied_or_pickled(model: memra.Model, how: str) -> None:
     # copy.copy returned a second Model sharing the engine, cache and lock; deepcopy and pickle
     # failed on the Engine with Python's message.
     act = {"copy": copy.copy, "deepcopy": copy.deepcopy, "pickle": pickle.dumps}[how]
-    with pytest.raises(memra.UnsupportedError, match="memra.load"):
+    with pytest.raises(memra.UnsupportedError, match="not pickled" if how == "pickle" else "not copied") as e:
         act(model)
+    assert "memra.load" in str(e.value)
     assert model.generate([1, 2, 3], 2) == model.generate([1, 2, 3], 2)
 
 

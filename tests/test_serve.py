@@ -391,7 +391,7 @@ def test_non_finite_logits_end_the_request_with_an_error(tmp_path, ref: memra.Mo
             c.completions.create(model=NAME, prompt=prompt, max_tokens=5, temperature=0,
                                  extra_body={"ignore_eos": True})
         assert info.value.status_code == 422 and info.value.body["code"] == memra.errors.NON_FINITE
-        assert "NonFiniteError" in info.value.body["message"]
+        assert "NonFiniteError" in info.value.body["message"] and info.value.body["type"] == "non_finite_error"
         got = []
         with pytest.raises(openai.APIError) as info:
             for chunk in c.completions.create(model=NAME, prompt=prompt, max_tokens=5, stream=True, temperature=0,
@@ -399,6 +399,7 @@ def test_non_finite_logits_end_the_request_with_an_error(tmp_path, ref: memra.Mo
                 got += chunk.choices[0].token_ids
         assert got == [first]  # the token before the non-finite row, then the error event
         assert "NonFiniteError" in str(info.value)
+        assert info.value.body["type"] == "non_finite_error", info.value.body
         other = [9, 10, 11, 12]  # a request that never feeds `first` still completes
         want = ref.generate(other, 3, ignore_eos=True)
         if first not in want[:2]:

@@ -197,7 +197,8 @@ def test_a_prompt_too_long_for_any_tokens_is_refused_before_tokenizing(server, m
 
 @pytest.mark.parametrize("ctype,status", [
     ("text/plain;charset=UTF-8", 415), ("application/x-www-form-urlencoded", 415), ("multipart/form-data", 415),
-    ("text/json", 415), ("application/json", 200), ("application/json; charset=utf-8", 200),
+    ("text/json", 415), ("text/foo+json", 415), ("application/json-seq", 415), ("application/xjson", 415),
+    ("application/json", 200), ("application/json; charset=utf-8", 200), ("application/json ; charset=utf-8", 200),
     ("Application/JSON", 200), ("application/vnd.api+json", 200), (None, 200)])
 @pytest.mark.parametrize("path", [C, H])
 def test_a_body_not_declared_json_is_a_415(server, path, ctype, status) -> None:
@@ -213,6 +214,14 @@ def test_a_body_not_declared_json_is_a_415(server, path, ctype, status) -> None:
         assert err["code"] == "unsupported_media_type" and "application/json" in err["message"], r.text
         assert ctype.split(";")[0] in err["message"]
     wait_idle(server)
+
+
+def test_the_content_type_is_refused_before_the_body_is_read(model) -> None:
+    # FastAPI's rule (fastapi/routing.py: main type application, subtype json or *+json), and
+    # a body that is not JSON is refused before any of it is read: 415, not the size's 413.
+    with ServerThread(model, served_model_name=NAME, max_request_bytes=4096) as s:
+        r = httpx.post(s.url + C, content=b"y" * 5000, headers={"Content-Type": "text/plain"}, timeout=30)
+        assert r.status_code == 415, r.text
 
 
 def test_a_body_over_the_limit_is_a_413_read_no_further(model) -> None:

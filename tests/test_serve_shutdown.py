@@ -56,7 +56,9 @@ def test_stopping_ends_the_generations_in_flight_at_once() -> None:
     assert events[-1] == "data: [DONE]" and "shutting down" in events[-2], events[-3:]
     # the error's code says why (it was memra's 0, the status of success)
     assert plain_r.json()["error"]["code"] == "server_shutting_down", plain_r.text
-    assert json.loads(events[-2].removeprefix("data: "))["error"]["code"] == "server_shutting_down"
+    assert plain_r.json()["error"]["type"] == "server_error", plain_r.text
+    streamed = json.loads(events[-2].removeprefix("data: "))["error"]
+    assert streamed["code"] == "server_shutting_down" and streamed["type"] == "server_error", streamed
     # a request reaching a stopping scheduler is refused (the handler's 503), not queued for ever
     with pytest.raises(ShuttingDownError):
         s.app.state.memra.scheduler.submit(Request(np.array([1], np.int32), 1, RowSampling(), frozenset()))

@@ -105,8 +105,13 @@ def test_generation_never_takes_or_clears_a_slot_holding_user_tokens() -> None:
     assert m.generate([1, 2], 6, ignore_eos=True) == want
     # An empty slot the user holds is never taken either.
     token = m.cache.hold(1)
-    with pytest.raises(memra.ContractError):
+    with pytest.raises(memra.ContractError) as info:
         m.generate([1, 2], 2)
+    # free() refuses a held slot (40026): the hint names release for those, free for the user's.
+    assert "cache.free(slot) empties one of yours" in str(info.value) and "cache.release" in str(info.value)
+    with pytest.raises(memra.ContractError) as held:
+        m.cache.free(1)
+    assert held.value.code == memra._core.status.CONTRACT_SLOT_HELD
     m.cache.release(1, token)
 
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import email.message
 import logging
 from pathlib import Path
 
@@ -95,8 +96,10 @@ def check_content_type(request: Request) -> None:
     declared = request.headers.get("content-type")
     if declared is None:
         return
-    media = declared.split(";", 1)[0].strip().lower()
-    if media != "application/json" and not (media.startswith("application/") and media.endswith("+json")):
+    header = email.message.Message()  # FastAPI's parse of the header, and its rule below
+    header["content-type"] = declared
+    subtype = header.get_content_subtype()
+    if header.get_content_maintype() != "application" or not (subtype == "json" or subtype.endswith("+json")):
         raise APIError(415, f"the request body must be JSON (Content-Type: application/json), got "
                             f"Content-Type: {declared[:80]!r}", code="unsupported_media_type")
 
