@@ -61,7 +61,8 @@ Status kda_conv(const Backend& b, const MemraKdaConvParams& p) {
     if (direct && ring.out) std::copy_n(ring.in ? ring.in : zeros.data(), plane, ring.out);
     return Status::Ok();
   }
-  if (!p.x || !p.w || !p.y || (direct ? !ring.out : !ring.out_table)) {
+  // At K = 1 the ring has no columns: nothing is written to it, so none need be given.
+  if (!p.x || !p.w || !p.y || (direct ? plane > 0 && !ring.out : !ring.out_table)) {
     return refuse(kContractMissing, op, "x, w, y and the output ring are required");
   }
   std::vector<float> plain(G == C ? 0 : static_cast<size_t>(n * C));

@@ -15,7 +15,8 @@ namespace memra::op {
 // out entry is not written); y's channel groups (G) and the fused L2 norm (cpu::l2norm_heads)
 // as on CUDA, with the same values. The SLOTS planes and the GEMV pair are CUDA-only: refused
 // with kUnsupportedGeometry. At T == 0 the CPU reference passes the ring through (ring.out =
-// ring.in) while the CUDA entry runs nothing (the kda_conv binding copies it there).
+// ring.in) while the CUDA entry runs nothing (the kda_conv binding copies it there). At K == 1
+// the ring has no columns: the CPU takes a null DIRECT ring.out (CUDA runs K 2..8 only).
 // Reference: modeling_glm5_next.causal_conv1d_fn / causal_conv1d_update (activation 'silu'),
 // then l2norm of q and k.
 Status kda_conv(const Backend& b, const MemraKdaConvParams& p);
