@@ -7,8 +7,6 @@ from pathlib import Path
 
 import numpy as np
 
-import memra
-
 README = Path(__file__).resolve().parents[1] / "README.md"
 
 
