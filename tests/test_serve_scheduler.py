@@ -506,3 +506,26 @@ def test_a_failing_last_collect_at_shutdown_still_ends_every_request() -> None:
 
     ends = _run(sched, body)
     assert len(ends) == 2 and all("shutting down" in e for e in ends), ends
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # the bug re-raised
+def test_a_dead_engine_refuses_new_requests_with_its_own_code(monkeypatch) -> None:
+    # The engine thread ended by a bug past the rounds' handling: a request submitted after is a
+    # ShuttingDownError whose code (the 503 body's) says the engine stopped, not a shutdown.
+    from memra.serve.scheduler import ShuttingDownError
+
+    m = _load(1)
+    sched = Scheduler(m)
+
+    def boom():
+        raise SystemError("a bug")
+
+    monkeypatch.setattr(sched, "_serve", boom)
+
+    async def body():
+        sched._thread.join(10)  # the thread logs the bug and ends
+        with pytest.raises(ShuttingDownError) as refused:
+            sched.submit(_request([1, 2], 2, RowSampling(0.0)))
+        assert refused.value.code == "engine_stopped" and "internal error" in str(refused.value)
+
+    _run(sched, body)

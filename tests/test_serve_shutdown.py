@@ -60,8 +60,9 @@ def test_stopping_ends_the_generations_in_flight_at_once() -> None:
     streamed = json.loads(events[-2].removeprefix("data: "))["error"]
     assert streamed["code"] == "server_shutting_down" and streamed["type"] == "server_error", streamed
     # a request reaching a stopping scheduler is refused (the handler's 503), not queued for ever
-    with pytest.raises(ShuttingDownError):
+    with pytest.raises(ShuttingDownError) as refused:
         s.app.state.memra.scheduler.submit(Request(np.array([1], np.int32), 1, RowSampling(), frozenset()))
+    assert refused.value.code == "server_shutting_down"  # the 503's code, as the requests ended above
 
 
 def test_sigterm_cuts_a_half_sent_request_and_memra_serve_exits_0() -> None:
@@ -101,6 +102,7 @@ def test_sigterm_cuts_a_half_sent_request_and_memra_serve_exits_0() -> None:
         assert rc == 0 and took < SHUTDOWN_TIMEOUT_S + 5, (rc, took)
         # memra's 503, not uvicorn's 500 and a logged traceback for the cancelled request
         assert answer.startswith(b"HTTP/1.1 503") and b"shutting down" in answer, answer
+        assert b'"code":"server_shutting_down"' in answer, answer
         reader.join(10)  # stderr read to its end
         log = "".join(lines.queue)
         assert "Traceback" not in log and "Exception in ASGI application" not in log, log

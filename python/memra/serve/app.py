@@ -208,7 +208,8 @@ class _AnswerBugs:
             if not scope["app"].state.memra.scheduler.stopping:
                 raise
             if not started:
-                await error_json(503, "the server is shutting down", "server_error")(scope, receive, send_started)
+                await error_json(503, "the server is shutting down", "server_error",
+                                 code="server_shutting_down")(scope, receive, send_started)
         except Exception as e:
             if started:
                 raise

@@ -212,7 +212,7 @@ def _submit(state: ServerState, req: GenRequest) -> None:
     except QueueFullError as e:
         raise APIError(429, f"the server is busy: {e}", "rate_limit_error", code="rate_limit_exceeded") from None
     except ShuttingDownError as e:
-        raise APIError(503, str(e), "server_error") from None
+        raise APIError(503, str(e), "server_error", code=e.code) from None
 
 
 async def _pieces(state: ServerState, req: GenRequest, text: TextStream) -> AsyncIterator[Piece]:

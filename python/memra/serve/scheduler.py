@@ -40,7 +40,12 @@ class QueueFullError(Exception):
 
 class ShuttingDownError(Exception):
     """The server is stopping, or its engine thread ended after an internal error: no request is
-    taken any more (HTTP 503)."""
+    taken any more (HTTP 503). ``code``: the error body's code, "server_shutting_down" or
+    "engine_stopped"."""
+
+    def __init__(self, message: str, code: str) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 class StoppedError(MemraError):
@@ -135,9 +140,9 @@ class Scheduler:
         ShuttingDownError once the server is stopping)."""
         with self._cv:
             if self._stopping:
-                raise ShuttingDownError("the server is shutting down")
+                raise ShuttingDownError("the server is shutting down", "server_shutting_down")
             if self._dead:
-                raise ShuttingDownError("the server's engine stopped after an internal error")
+                raise ShuttingDownError("the server's engine stopped after an internal error", "engine_stopped")
             # A running request already cancelled (a stop string, a disconnect) gives its slot back
             # at the start of the next round: its slot counts as free here.
             free = self.max_batch - self._n_running + self._n_cancelled
