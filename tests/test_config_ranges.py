@@ -304,3 +304,13 @@ def test_an_indexer_on_a_dense_mla_layer_is_refused():
     with pytest.raises(memra.ContractError, match=r"index_heads=2 builds a DSA indexer, which only a sparse layer"):
         _core.MlaLayer(memra.Engine("cpu"), {}, hidden=4, heads=1, q_lora_rank=4, kv_rank=4, d_nope=4, d_rope=0,
                        d_v=4, sparse=False, index_heads=2, index_head_dim=4, kpool=4, topk=8, dtype="float32")
+
+
+@pytest.mark.parametrize("size", ["index_head_dim", "kpool", "topk", "tail_rows"])
+def test_dsa_sizes_on_a_dense_mla_layer_are_refused(size):
+    # A fuzzing pass: MlaLayer(sparse=False, tail_rows=5) was taken and the size ignored (the
+    # docstring: tail_rows is 0 for a dense layer); so were kpool, topk and index_head_dim.
+    with pytest.raises(memra.ContractError, match=rf"a dense layer \(sparse=False\) takes no DSA sizes.*{size}=4"):
+        _core.MlaLayer(memra.Engine("cpu"), {}, hidden=4, heads=1, q_lora_rank=4, kv_rank=4, d_nope=4, d_rope=0,
+                       d_v=4, sparse=False, dtype="float32", **{size: 4})
+

@@ -46,7 +46,8 @@ def shared_layer(w: World) -> _core.MlaLayer:
 def dense_layer(w: World) -> _core.MlaLayer:
     """Layer 3's weights as a dense MLA layer (no index list at all)."""
     return _core.MlaLayer(w.engine, w.weights(3, "self_attn."),
-                          **{**w.mla_kw, "index_heads": 0, "index_head_dim": 0, "sparse": False})
+                          **{**w.mla_kw, "index_heads": 0, "index_head_dim": 0, "kpool": 0, "topk": 0,
+                             "tail_rows": 0, "sparse": False})
 
 
 def refused(call, w: World, *, match: str, code: str):

@@ -1118,7 +1118,7 @@ class MlaLayer:
 
     def __init__(self, engine: Engine, weights: Mapping[str, Weight], *, hidden: int, heads: int, q_lora_rank: int, kv_rank: int, d_nope: int, d_rope: int, d_v: int, rms_eps: float = 9.999999747378752e-06, sparse: bool = False, index_heads: int = 0, index_head_dim: int = 0, kpool: int = 0, topk: int = 0, tail_rows: int = 0, rotate: bool = False, rope_base: float = 10000.0, dtype: str = 'bfloat16') -> None:
         """
-        engine: where the layer runs; weights: {name below 'self_attn.': Weight}; hidden, heads (num_attention_heads), q_lora_rank (0: q_proj), kv_rank (kv_lora_rank), d_nope (qk_nope_head_dim), d_rope (qk_rope_head_dim), d_v (v_head_dim), rms_eps; sparse: whether the layer runs its own DSA indexer (a full DSA layer: weights below 'indexer.'), with index_heads (index_n_heads), index_head_dim, kpool (index_kpool) and topk (index_topk, a multiple of kpool); tail_rows: the incomplete tail rows the indexer's list keeps (its kpool ring; 0 for a dense layer); rotate and rope_base (rope_theta) for rotated rope columns; dtype: the projections' compute dtype on CUDA ('float32' or 'bfloat16'). ContractError names a missing or mis-shaped tensor (40024 / 40000), a bad size, rms_eps, rope_base or dtype (40025).
+        engine: where the layer runs; weights: {name below 'self_attn.': Weight}; hidden, heads (num_attention_heads), q_lora_rank (0: q_proj), kv_rank (kv_lora_rank), d_nope (qk_nope_head_dim), d_rope (qk_rope_head_dim), d_v (v_head_dim), rms_eps; sparse: whether the layer runs its own DSA indexer (a full DSA layer: weights below 'indexer.'), with index_heads (index_n_heads), index_head_dim, kpool (index_kpool) and topk (index_topk, a multiple of kpool); tail_rows: the incomplete tail rows the indexer's list keeps (its kpool ring); a dense layer (sparse=False) takes none of these sizes (each 0; ContractError otherwise); rotate and rope_base (rope_theta) for rotated rope columns; dtype: the projections' compute dtype on CUDA ('float32' or 'bfloat16'). ContractError names a missing or mis-shaped tensor (40024 / 40000), a bad size, rms_eps, rope_base or dtype (40025).
         """
 
     def state_spec(self) -> LayerStateSpec:
@@ -1128,7 +1128,9 @@ class MlaLayer:
 
     @property
     def index_width(self) -> int:
-        """index_topk + index_kpool - 1."""
+        """
+        The index list's row width: index_topk + index_kpool - 1 on a DSA layer, 0 on a dense one.
+        """
 
     @property
     def has_indexer(self) -> bool:

@@ -242,7 +242,8 @@ void init_layers(nb::module_& m) {
           "whether the layer runs its own DSA indexer (a full DSA layer: weights below "
           "'indexer.'), with index_heads (index_n_heads), index_head_dim, kpool (index_kpool) and "
           "topk (index_topk, a multiple of kpool); tail_rows: the incomplete tail rows the "
-          "indexer's list keeps (its kpool ring; 0 for a dense layer); rotate and rope_base "
+          "indexer's list keeps (its kpool ring); a dense layer (sparse=False) takes none of "
+          "these sizes (each 0; ContractError otherwise); rotate and rope_base "
           "(rope_theta) for rotated rope columns; dtype: the projections' compute dtype on CUDA "
           "('float32' or 'bfloat16'). ContractError names a missing or mis-shaped tensor (40024 "
           "/ 40000), a bad size, rms_eps, rope_base or dtype (40025).")
@@ -250,7 +251,9 @@ void init_layers(nb::module_& m) {
            "The cache plane this layer needs (memra._core.LayerStateSpec: kind 'mla', the latent "
            "row width and, with the indexer, the pool keys' and tail ring's), for Cache(...)'s "
            "specs.")
-      .def_prop_ro("index_width", &MlaLayer::index_width, "index_topk + index_kpool - 1.")
+      .def_prop_ro("index_width", &MlaLayer::index_width,
+                   "The index list's row width: index_topk + index_kpool - 1 on a DSA layer, 0 on a "
+                   "dense one.")
       .def_prop_ro("has_indexer", &MlaLayer::has_indexer,
                    "Whether the layer runs its own DSA indexer (sparse=True).")
       .def(

@@ -147,7 +147,8 @@ class MlaLayer {
   static Status create(const MlaConfig& cfg, WeightMap& w, std::unique_ptr<MlaLayer>* out);
   const MlaConfig& config() const { return cfg_; }
   bool has_indexer() const { return cfg_.index_heads > 0; }
-  int index_width() const { return cfg_.topk + cfg_.kpool - 1; }
+  // The index list's row width: topk + kpool - 1 on a DSA layer; 0 on a dense one (no list).
+  int index_width() const { return cfg_.sparse ? cfg_.topk + cfg_.kpool - 1 : 0; }
   LayerStateSpec state_spec() const;
 
   // Continue `slot` by T tokens. topk_in [T, index_width] is required for a shared DSA layer

@@ -76,6 +76,14 @@ Status MlaLayer::create(const MlaConfig& cfg, WeightMap& w, std::unique_ptr<MlaL
                                       " builds a DSA indexer, which only a sparse layer runs; pass "
                                       "sparse=True (a full DSA layer) or index_heads=0 (dense)");
   }
+  // A dense layer reads no index list: the list's sizes would be taken and never used.
+  if (!cfg.sparse && (cfg.index_head_dim || cfg.kpool || cfg.topk || cfg.tail_rows)) {
+    return Status(kContractValue,
+                  "MlaLayer: a dense layer (sparse=False) takes no DSA sizes; got index_head_dim=" +
+                      std::to_string(cfg.index_head_dim) + ", kpool=" + std::to_string(cfg.kpool) +
+                      ", topk=" + std::to_string(cfg.topk) + ", tail_rows=" +
+                      std::to_string(cfg.tail_rows) + " (each must be 0)");
+  }
   if (cfg.index_heads > 0 || cfg.sparse) {
     if (cfg.kpool < 1 || cfg.topk < cfg.kpool || cfg.topk % cfg.kpool) {
       return Status(kContractPool, "MlaLayer: index_topk (" + std::to_string(cfg.topk) +
