@@ -63,6 +63,10 @@ def test_stopping_ends_the_generations_in_flight_at_once() -> None:
     with pytest.raises(ShuttingDownError) as refused:
         s.app.state.memra.scheduler.submit(Request(np.array([1], np.int32), 1, RowSampling(), frozenset()))
     assert refused.value.code == "server_shutting_down"  # the 503's code, as the requests ended above
+    from memra.serve.handlers import APIError, _submit
+    with pytest.raises(APIError) as answered:  # what the handler answers such a request
+        _submit(s.app.state.memra, Request(np.array([1], np.int32), 1, RowSampling(), frozenset()))
+    assert answered.value.status == 503 and answered.value.code == "server_shutting_down"
 
 
 def test_sigterm_cuts_a_half_sent_request_and_memra_serve_exits_0() -> None:
