@@ -26,9 +26,14 @@ the sequence whose logits were not finite (``generate_batch``: the whole call, n
 sequence): memra never samples a token from such a row. (The one change it leaves: a decode step
 is committed for all of its rows, the non-finite one included, whose slot then holds the token it
 was fed; generation frees that slot as the sequence ends.)
+
+The argument checks the Python API shares live here too, raising these errors: token ids
+(:func:`ids_arg`, :func:`check_token_ids`), slot owners (:func:`check_owners`).
 """
 
 from __future__ import annotations
+
+import numpy as np
 
 
 class MemraError(Exception):
@@ -132,3 +137,45 @@ __all__ = [
     "UnsupportedError",
     "NonFiniteError",
 ]
+
+
+def _is_int(v) -> bool:
+    """A Python or numpy integer, not a bool (nor a timedelta64, which numpy counts as one)."""
+    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_, np.timedelta64))
+
+
+def ids_arg(token_ids, what: str, arg: str = "token_ids") -> np.ndarray:
+    """Token ids as a 1-D int32 array (ContractError naming `arg` for an empty, non-integer,
+    nested or ragged input, 40023 with the value for an integer outside int32)."""
+    if isinstance(token_ids, (bytes, bytearray)):  # bytes: made into an array of its bytes, or a 0-d string
+        raise ContractError(f"{what}: {arg} must be a non-empty 1-D sequence of ints, got {shown(token_ids)}",
+                            40000)
+    if isinstance(token_ids, np.ma.MaskedArray):  # np.asarray would drop the mask and feed the masked ids
+        raise ContractError(f"{what}: {arg} is a masked array; memra takes every id it is given, so pass "
+                            "the unmasked ids (e.g. arr.compressed())", 40000)
+    try:
+        arr = np.asarray(token_ids)
+    except (ValueError, TypeError):  # ragged nesting
+        arr = np.empty((0, 0))
+    # Integers past int64 reach numpy as objects, or with a negative one as float64: their range
+    # is checked on the Python values, so they are named too large, not non-integers (and an
+    # object array of small ints is ids). Integer arrays, the common case, skip this loop.
+    if arr.ndim == 1 and arr.size and arr.dtype.kind not in "iu" and \
+            all(_is_int(v) for v in token_ids):
+        bad = next((int(v) for v in token_ids if not -(2**31) <= int(v) < 2**31), None)
+        if bad is not None:
+            raise ContractError(f"{what}: {arg} holds {bad}, which does not fit in int32", 40023)
+        arr = np.array([int(v) for v in token_ids], dtype=np.int64)
+    if arr.ndim != 1 or arr.size == 0:
+        raise ContractError(f"{what}: {arg} must be a non-empty 1-D sequence of ints, got {shown(token_ids)}",
+                            40000)
+    # numpy makes [True, 5] an int array: a bool among ints is refused as a bool alone is.
+    if isinstance(token_ids, (list, tuple)) and arr.dtype.kind in "iu" and \
+            not {bool, np.bool_}.isdisjoint(map(type, token_ids)):
+        raise ContractError(f"{what}: {arg} must hold integers, not bools, got {shown(token_ids)}", 40020)
+    if arr.dtype.kind not in "iu":  # numpy counts timedelta64 among its integer types
+        raise ContractError(f"{what}: {arg} must hold integers, got {arr.dtype} ({shown(token_ids)})", 40020)
+    if arr.min() < -(2**31) or arr.max() >= 2**31:
+        bad = int(arr.max()) if arr.max() >= 2**31 else int(arr.min())
+        raise ContractError(f"{what}: {arg} holds {bad}, which does not fit in int32", 40023)
+    return np.ascontiguousarray(arr.astype(np.int32))

@@ -18,52 +18,10 @@ from .batch import (DecodeBatch, RowSampling, SlotLease, TokenStream, count_arg,
                     take_free_slots)
 from .decode_graph import DecodeRunner, Sampling
 from .errors import NON_FINITE, CacheFullError, ContractError, NonFiniteError, UnsupportedError, \
-    check_owners, check_token_ids, in_sequence, shown
+    check_owners, check_token_ids, ids_arg, in_sequence, shown
 from .loader import GenerationConfig
 
 log = logging.getLogger("memra")
-
-
-def _is_int(v) -> bool:
-    """A Python or numpy integer, not a bool (nor a timedelta64, which numpy counts as one)."""
-    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_, np.timedelta64))
-
-
-def _ids(token_ids, what: str, arg: str = "token_ids") -> np.ndarray:
-    """Token ids as a 1-D int32 array (ContractError naming `arg` for an empty, non-integer,
-    nested or ragged input, 40023 with the value for an integer outside int32)."""
-    if isinstance(token_ids, (bytes, bytearray)):  # bytes: made into an array of its bytes, or a 0-d string
-        raise ContractError(f"{what}: {arg} must be a non-empty 1-D sequence of ints, got {shown(token_ids)}",
-                            40000)
-    if isinstance(token_ids, np.ma.MaskedArray):  # np.asarray would drop the mask and feed the masked ids
-        raise ContractError(f"{what}: {arg} is a masked array; memra takes every id it is given, so pass "
-                            "the unmasked ids (e.g. arr.compressed())", 40000)
-    try:
-        arr = np.asarray(token_ids)
-    except (ValueError, TypeError):  # ragged nesting
-        arr = np.empty((0, 0))
-    # Integers past int64 reach numpy as objects, or with a negative one as float64: their range
-    # is checked on the Python values, so they are named too large, not non-integers (and an
-    # object array of small ints is ids). Integer arrays, the common case, skip this loop.
-    if arr.ndim == 1 and arr.size and arr.dtype.kind not in "iu" and \
-            all(_is_int(v) for v in token_ids):
-        bad = next((int(v) for v in token_ids if not -(2**31) <= int(v) < 2**31), None)
-        if bad is not None:
-            raise ContractError(f"{what}: {arg} holds {bad}, which does not fit in int32", 40023)
-        arr = np.array([int(v) for v in token_ids], dtype=np.int64)
-    if arr.ndim != 1 or arr.size == 0:
-        raise ContractError(f"{what}: {arg} must be a non-empty 1-D sequence of ints, got {shown(token_ids)}",
-                            40000)
-    # numpy makes [True, 5] an int array: a bool among ints is refused as a bool alone is.
-    if isinstance(token_ids, (list, tuple)) and arr.dtype.kind in "iu" and \
-            not {bool, np.bool_}.isdisjoint(map(type, token_ids)):
-        raise ContractError(f"{what}: {arg} must hold integers, not bools, got {shown(token_ids)}", 40020)
-    if arr.dtype.kind not in "iu":  # numpy counts timedelta64 among its integer types
-        raise ContractError(f"{what}: {arg} must hold integers, got {arr.dtype} ({shown(token_ids)})", 40020)
-    if arr.min() < -(2**31) or arr.max() >= 2**31:
-        bad = int(arr.max()) if arr.max() >= 2**31 else int(arr.min())
-        raise ContractError(f"{what}: {arg} holds {bad}, which does not fit in int32", 40023)
-    return np.ascontiguousarray(arr.astype(np.int32))
 
 
 def _cache_arg(cache, what: str, num_layers: int) -> _core.Cache:
@@ -173,7 +131,7 @@ class Model:
         rows here and from prefill / decode, where generate / stream / the server raise
         NonFiniteError rather than draw a token from such a row."""
         with self._lock:
-            ids = _ids(token_ids, "logits")
+            ids = ids_arg(token_ids, "logits")
             self._check_vocab(ids, "logits: token_ids")
             cache = self.new_cache(1, len(ids))
             chunks = self._chunks(len(ids))
@@ -212,7 +170,7 @@ class Model:
         the slot is put back as it was before the call: freed when it was empty, else restored
         from a snapshot taken first (Cache.snapshot), and the error goes on."""
         with self._lock:
-            ids = _ids(token_ids, "prefill")
+            ids = ids_arg(token_ids, "prefill")
             self._check_vocab(ids, "prefill: token_ids")
             if isinstance(slot, bool) or not isinstance(slot, (int, np.integer)):
                 raise ContractError(f"prefill: slot must be an integer, got {slot!r}", 40025)
@@ -307,8 +265,8 @@ class Model:
         after its logits are taken and after ``before_commit(logits)`` returns (an error in
         either leaves the cache unchanged)."""
         with self._lock:
-            slots = _ids(slots, "decode", "slots")
-            ids = _ids(token_ids, "decode")
+            slots = ids_arg(slots, "decode", "slots")
+            ids = ids_arg(token_ids, "decode")
             if len(slots) != len(ids):
                 raise ContractError(f"decode: {len(slots)} slots but {len(ids)} tokens", 40000)
             values, counts = np.unique(slots, return_counts=True)
@@ -345,8 +303,8 @@ class Model:
         if self._runner is None:
             logits = self._decode(self.cache, slots, toks)
             return [self._pick(logits, j, temperature, top_k, top_p, seeds[j], step) for j in range(len(slots))]
-        slots_a = _ids(slots, "decode", "slots")
-        ids = _ids(toks, "decode")
+        slots_a = ids_arg(slots, "decode", "slots")
+        ids = ids_arg(toks, "decode")
         self._check_room(self.cache, slots_a, 1, "decode")
         self._check_vocab(ids, "decode")
         sampling = Sampling.of(temperature, top_k, top_p)
@@ -361,7 +319,7 @@ class Model:
         prefill of `token_ids` (entries -1 are unused), keyed by layer index (in chunks of
         ``prefill_chunk`` tokens, as the prefill runs)."""
         with self._lock:
-            ids = _ids(token_ids, "index_lists")
+            ids = ids_arg(token_ids, "index_lists")
             self._check_vocab(ids, "index_lists: token_ids")
             cache = self.new_cache(1, len(ids))
             parts: dict[int, list[np.ndarray]] = {}
@@ -403,7 +361,7 @@ class Model:
                                 f"{type(stop_token_ids).__name__}", 40025)
         if len(stop_token_ids) > 0:
             # An array goes in whole, so a 2-D one is shown as the array it is.
-            ids = _ids(stop_token_ids if isinstance(stop_token_ids, np.ndarray) else list(stop_token_ids),
+            ids = ids_arg(stop_token_ids if isinstance(stop_token_ids, np.ndarray) else list(stop_token_ids),
                        op, "stop_token_ids")
             check_token_ids(ids, self.config.vocab_size, what)
             stops |= set(ids.tolist())
@@ -458,7 +416,7 @@ class Model:
     def _checked_stream(self, op: str, prompt_ids, max_new_tokens, temperature, top_k, top_p, seed,
                         stop_token_ids, ignore_eos) -> TokenStream:
         """stream / generate: the arguments checked (errors naming `op`), the stream unstarted."""
-        ids = _ids(prompt_ids, op, "prompt_ids")
+        ids = ids_arg(prompt_ids, op, "prompt_ids")
         if len(ids):
             self._check_vocab(ids, f"{op}: prompt_ids")
         seed = generation_args(max_new_tokens, temperature, top_k, top_p, seed, op)
@@ -525,7 +483,7 @@ class Model:
         if isinstance(prompts, (str, bytes)) or not isinstance(prompts, (Sequence, np.ndarray)):
             raise ContractError(f"generate_batch: prompts must be a list of token id lists, got "
                                 f"{shown(prompts)}", 40020)
-        all_ids = [_ids(p, "generate_batch", f"prompts[{i}]") for i, p in enumerate(prompts)]
+        all_ids = [ids_arg(p, "generate_batch", f"prompts[{i}]") for i, p in enumerate(prompts)]
         n = len(all_ids)
         # Every argument is checked before anything runs, also when there is nothing to do.
         seed = generation_args(max_new_tokens, temperature, top_k, top_p, seed, "generate_batch")
