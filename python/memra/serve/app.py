@@ -42,7 +42,7 @@ from .chat_template import load_chat_template
 from .handlers import APIError, ServerState, chat_completion, check_model, completion
 from .metrics import Metrics
 from .protocol import ChatCompletionRequest, CompletionRequest, ErrorInfo, ErrorResponse, ModelCard, ModelList
-from .scheduler import Scheduler
+from .scheduler import SHUTTING_DOWN, Scheduler
 
 log = logging.getLogger("memra.serve")
 
@@ -209,7 +209,7 @@ class _AnswerBugs:
                 raise
             if not started:
                 await error_json(503, "the server is shutting down", "server_error",
-                                 code="server_shutting_down")(scope, receive, send_started)
+                                 code=SHUTTING_DOWN)(scope, receive, send_started)
         except Exception as e:
             if started:
                 raise

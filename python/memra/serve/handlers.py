@@ -29,7 +29,7 @@ from ..tokenizer import NO_TOKENIZER
 from .protocol import (ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest,
                        ChatCompletionResponse, ChatDelta, ChatMessageOut, CompletionChoice, CompletionRequest,
                        CompletionResponse, ErrorInfo, Usage)
-from .scheduler import QueueFullError, Request as GenRequest, ShuttingDownError, StoppedError
+from .scheduler import SHUTTING_DOWN, QueueFullError, Request as GenRequest, ShuttingDownError, StoppedError
 from .text import TextStream
 
 
@@ -360,7 +360,7 @@ def _error_info(e: MemraError) -> ErrorInfo:
     """The OpenAI error of a failure while generating: ``type`` non_finite_error or
     server_error, ``code`` memra's status code, or "server_shutting_down" for a request the
     server's stop ended (StoppedError: no memra status, the request itself was fine)."""
-    code = "server_shutting_down" if isinstance(e, StoppedError) else e.code
+    code = SHUTTING_DOWN if isinstance(e, StoppedError) else e.code
     return ErrorInfo(message=f"{type(e).__name__}: {e}",
                      type="non_finite_error" if isinstance(e, NonFiniteError) else "server_error", code=code)
 

@@ -38,9 +38,13 @@ class QueueFullError(Exception):
     """Every slot is busy and ``max_waiting`` requests are queued (HTTP 429)."""
 
 
+# The error body's code of a request the server's stop ended or refused (HTTP 503).
+SHUTTING_DOWN = "server_shutting_down"
+
+
 class ShuttingDownError(Exception):
     """The server is stopping, or its engine thread ended after an internal error: no request is
-    taken any more (HTTP 503). ``code``: the error body's code, "server_shutting_down" or
+    taken any more (HTTP 503). ``code``: the error body's code, SHUTTING_DOWN or
     "engine_stopped"."""
 
     def __init__(self, message: str, code: str) -> None:
@@ -140,7 +144,7 @@ class Scheduler:
         ShuttingDownError once the server is stopping)."""
         with self._cv:
             if self._stopping:
-                raise ShuttingDownError("the server is shutting down", "server_shutting_down")
+                raise ShuttingDownError("the server is shutting down", SHUTTING_DOWN)
             if self._dead:
                 raise ShuttingDownError("the server's engine stopped after an internal error", "engine_stopped")
             # A running request already cancelled (a stop string, a disconnect) gives its slot back
