@@ -264,6 +264,12 @@ def test_bad_construction_is_named(eng):
     with pytest.raises(memra.ContractError) as ei:  # a Qwen3.5 tensor beside the Qwen3-Next ones
         make_layer(eng, {**R.interleave(GEO, w), "in_proj_z.weight": w["in_proj_z.weight"]})
     assert "in_proj_z.weight" in str(ei.value)
+    # A per-head vector may carry unit extents ([1, 1, Hv, 1]); the same count in two non-unit
+    # extents is another tensor.
+    make_layer(eng, dict(w, A_log=w["A_log"].reshape(1, 1, -1, 1)))
+    with pytest.raises(memra.ContractError) as ei:
+        make_layer(eng, dict(w, A_log=w["A_log"].reshape(2, -1)))
+    assert "'A_log' has shape [2, 2], expected [4]" in str(ei.value)
     bad = dict(w, **{"conv1d.weight": R.f32(np.zeros((GEO.C, 1, 3)))})
     with pytest.raises(memra.ContractError) as ei:
         make_layer(eng, bad)

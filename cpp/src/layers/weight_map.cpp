@@ -29,6 +29,13 @@ std::string shape_of(const std::vector<int64_t>& s) {
   os << "]";
   return os.str();
 }
+
+// At most one extent differs from 1.
+bool unit_padded(const std::vector<int64_t>& s) {
+  int other = 0;
+  for (int64_t e : s) other += e != 1;
+  return other <= 1;
+}
 }  // namespace
 
 Status WeightMap::take(const std::string& name, const std::vector<int64_t>& shape, Weight* out) {
@@ -37,9 +44,9 @@ Status WeightMap::take(const std::string& name, const std::vector<int64_t>& shap
     return Status(kContractMissing, owner_ + ": missing tensor '" + name + "' (expected shape " +
                                         shape_of(shape) + ")");
   }
-  // A tensor matches when its shape is `shape`, or when `shape` is rank 1 and the element count
-  // agrees (per-head vectors such as A_log are stored as [H] or [1, 1, H, 1] by different
-  // checkpoints).
+  // A tensor matches when its shape is `shape`, or when `shape` is rank 1 and the tensor is that
+  // vector with unit extents around it (per-head vectors such as A_log are stored as [H] or
+  // [1, 1, H, 1] by different checkpoints); [2, 2] for [4] is a different tensor.
   for (int64_t s : shape) {
     if (s > INT_MAX) {
       return Status(kContractValue, owner_ + ": tensor '" + name + "' would have shape " +
@@ -47,7 +54,8 @@ Status WeightMap::take(const std::string& name, const std::vector<int64_t>& shap
     }
   }
   const Weight& w = it->second;
-  const bool same = w.shape() == shape || (shape.size() == 1 && w.numel() == shape[0]);
+  const bool same = w.shape() == shape || (shape.size() == 1 && w.numel() == shape[0] &&
+                                           unit_padded(w.shape()));
   if (!same) {
     return Status(kContractShape, owner_ + ": tensor '" + name + "' has shape " + w.shape_str() +
                                       ", expected " + shape_of(shape));
