@@ -6,6 +6,8 @@ errors keeps Python's TypeError for a wrong number of arguments or an unknown ke
 
 from __future__ import annotations
 
+import ctypes
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -488,6 +490,45 @@ def test_a_read_only_dlpack_export_is_not_written():
     ok = np.zeros(2, np.int32)  # a writable export is written
     _core.sample(logits, np.zeros(2, np.uint64), temperature=0.0, nonfinite=DL(ok))
     np.testing.assert_array_equal(ok, [1, 0])
+    # The capsule itself (DLPack 1.x carries the read-only flag; an unversioned capsule of a
+    # writable array is written), and a buffer exporter that refuses a writable buffer.
+    rows = np.ones((2, 4), np.float32)
+    raises(ContractError, lambda: _core.mla_latent_append(rows, cache.__dlpack__(max_version=(1, 0)), start=0),
+           "mla_latent_append", "'cache'", "read-only DLPack capsule")
+    raises(ContractError, lambda: _core.kv_append(rows.reshape(2, 1, 4), rows.reshape(2, 1, 4),
+                                                  cache.reshape(8, 1, 4).__dlpack__(max_version=(1, 0)),
+                                                  np.zeros((8, 1, 4), np.float32), pos0=0),
+           "kv_append", "read-only DLPack capsule")
+    assert not cache.any()
+    raises(ContractError, lambda: _core.mla_latent_append(rows, bytes(128), start=0),
+           "mla_latent_append", "'cache'", "its buffer is read-only")
+    writable = cache.copy()
+    _core.mla_latent_append(rows, writable.__dlpack__(max_version=(1, 0)), start=0)
+    assert writable[:2].all() and not writable[2:].any()
+
+
+def test_a_ctypes_array_is_an_array():
+    """ctypes exports its buffer without strides; the op reads it through a memoryview (it
+    crashed in nanobind's buffer import, which reads the strides)."""
+    x = (ctypes.c_float * 8)(*range(8))
+    np.testing.assert_allclose(_core.sigmoid(x), 1 / (1 + np.exp(-np.arange(8, dtype=np.float32))), rtol=1e-6)
+    w = memra.Weight((ctypes.c_float * 4 * 2)(*[(ctypes.c_float * 4)(*range(4))] * 2))
+    assert w.shape == [2, 4]
+    raises(ContractError, lambda: _core.rms_norm((ctypes.c_int * 8)(), None, eps=1e-6), "rms_norm", "int32")
+    cache = (ctypes.c_float * 4 * 8)()  # written in place, zero-copy
+    _core.mla_latent_append(np.ones((2, 4), np.float32), cache, start=1)
+    assert [list(r) for r in cache][:4] == [[0] * 4, [1] * 4, [1] * 4, [0] * 4]
+
+
+def test_a_class_is_named_not_an_array():
+    # np.ndarray (the class) has numpy's attributes as descriptors; the probes read them as an
+    # array's and the call fell through to nanobind's overload message.
+    raises(ContractError, lambda: _core.rms_norm(np.ndarray, None, eps=1e-6), "rms_norm", "'x'", "numpy.ndarray")
+
+
+def test_a_weight_extent_past_int32_is_named():
+    raises(ContractError, lambda: memra.Weight(np.empty((0, 2**31 + 3), np.float32), name="table"),
+           "tensor 'table'", "'array'", "extent past int32")
 
 
 def test_every_status_code_of_the_runtime_has_its_name_in_core_status():
@@ -502,3 +543,12 @@ def test_every_status_code_of_the_runtime_has_its_name_in_core_status():
     codes = {int(v) for v in re.findall(r"constexpr int k\w+ = (\d+);", header)}
     bound = {getattr(_core.status, n) for n in dir(_core.status) if n.isupper()}
     assert codes and codes <= bound, sorted(codes - bound)
+
+
+def test_kpool_append_names_pos():
+    f = np.zeros((3, 5), np.float32)
+    kw = dict(ape=np.zeros((4, 5), np.float32), tail_k=np.zeros((8, 5), np.float32),
+              tail_gate=np.zeros((8, 5), np.float32), pool_keys=np.zeros((4, 5), np.float32))
+    e = raises(ContractError, lambda: _core.kpool_append(f, f, pos=-1, **kw), "kpool_append: pos must be >= 0")
+    assert "first_pos" not in str(e)
+    raises(ContractError, lambda: _core.kpool_append(f, f, pos=2**31 - 1, **kw), "pos=2147483647 + T=3 overflows")

@@ -87,6 +87,28 @@ std::string refusal_of(nb::handle src) {
   return show(src);
 }
 
+// `src`, or a memoryview of it where its buffer comes without strides: ctypes arrays export
+// Py_buffer.strides as null even when strides are asked for, and nanobind's buffer import reads
+// them. A memoryview fills them in over the same memory (zero-copy, writable as `src` is).
+nb::object with_strides(nb::handle src) {
+  PyObject* o = src.ptr();
+  if (PyCapsule_CheckExact(o) || PyMemoryView_Check(o) || PyType_Check(o) || !PyObject_CheckBuffer(o) ||
+      nb::hasattr(src, "__dlpack__")) {
+    return nb::borrow(src);
+  }
+  Py_buffer view;
+  if (PyObject_GetBuffer(o, &view, PyBUF_RECORDS_RO) != 0) {
+    PyErr_Clear();
+    return nb::borrow(src);
+  }
+  const bool strideless = view.ndim > 0 && view.strides == nullptr;
+  PyBuffer_Release(&view);
+  if (!strideless) return nb::borrow(src);
+  nb::object mv = nb::steal(PyMemoryView_FromObject(o));
+  if (!mv.is_valid()) PyErr_Clear();
+  return mv.is_valid() ? mv : nb::borrow(src);
+}
+
 // A numpy array of ml_dtypes bfloat16 (which has no DLPack or buffer form) as a DLPack bfloat16
 // view of the same memory: the view keeps the array alive. False for anything else.
 bool bf16_view(nb::handle src, uint32_t flags, nb::detail::cleanup_list* cleanup, AnyArray* out) {
@@ -170,7 +192,7 @@ bool array_from_python(nb::handle src, uint32_t flags, nb::detail::cleanup_list*
   try {
     nb::detail::make_caster<nb::ndarray<nb::ro>> strict;
     const bool convert = flags & uint32_t(nb::detail::cast_flags::convert);
-    if (strict.from_python(src, flags, cleanup)) {
+    if (strict.from_python(with_strides(src), flags, cleanup)) {
       AnyArray a(std::move(strict.value));
       std::string why = unusable(src, a);
       if (why.empty()) {
@@ -187,9 +209,12 @@ bool array_from_python(nb::handle src, uint32_t flags, nb::detail::cleanup_list*
     // that an overload taking the value as it is wins. memra's own objects are never arrays (an
     // overload taking a DecodeSlots gets them in either pass).
     if (!convert || nb::inst_check(src)) return false;
-    if (bf16_view(src, flags, cleanup, out)) return true;
+    // A class (np.ndarray itself) has numpy's attributes as descriptors, which the probes
+    // below would read as an array's.
+    const bool cls = PyType_Check(src.ptr());
+    if (!cls && bf16_view(src, flags, cleanup, out)) return true;
     *out = AnyArray();
-    nb::detail::type_caster<AnyArray>::refuse(out, refusal_of(src));
+    nb::detail::type_caster<AnyArray>::refuse(out, cls ? show(src) : refusal_of(src));
     return true;
   } catch (...) {
     PyErr_Clear();
@@ -447,6 +472,9 @@ Weight weight_from_array(const AnyArray& a, const std::string& dtype, const char
        << dtype_name(dt);
     raise_contract(kContractDType, os.str());
   }
+  // The ops index a weight with 32-bit extents (see check_array), an empty one included.
+  const std::string op = "Weight (tensor '" + std::string(name) + "')";
+  for (size_t d = 0; d < a.ndim(); ++d) dim32(a, d, op.c_str(), "array");
   std::vector<int64_t> shape;
   for (size_t i = 0; i < a.ndim(); ++i) shape.push_back(static_cast<int64_t>(a.shape(i)));
   return Weight(dt, shape, a.data());

@@ -30,11 +30,13 @@ namespace {
 size_t z(int64_t n) { return static_cast<size_t>(n); }
 
 // The absolute positions first_pos .. first_pos + t_q - 1 must fit int32 (index lists are int32).
-void check_positions(int64_t first_pos, int64_t t_q, const char* op) {
-  check_nonneg(first_pos, op, "first_pos");
+// `pos_name` / `t_name`: the op's own names for the first position and the row count.
+void check_positions(int64_t first_pos, int64_t t_q, const char* op, const char* pos_name = "first_pos",
+                     const char* t_name = "t_q") {
+  check_nonneg(first_pos, op, pos_name);
   if (first_pos + t_q > INT32_MAX) {
-    raise_contract(kContractRange, std::string(op) + ": first_pos=" + std::to_string(first_pos) +
-                                       " + t_q=" + std::to_string(t_q) + " overflows int32");
+    raise_contract(kContractRange, std::string(op) + ": " + pos_name + "=" + std::to_string(first_pos) +
+                                       " + " + t_name + "=" + std::to_string(t_q) + " overflows int32");
   }
 }
 
@@ -162,7 +164,7 @@ void init_ops_dsa(nb::module_& m) {
                                             " rows, expected a positive multiple of pool=" +
                                             std::to_string(pool));
         }
-        check_positions(pos, T, op);
+        check_positions(pos, T, op, "pos", "T");
         if ((pos + T) / pool > max_pools) {
           raise_contract(kContractShape,
                          std::string(op) + ": pool_keys has " + std::to_string(max_pools) +

@@ -182,6 +182,50 @@ void check_weight_2d(const DeviceWeight& w, const char* op, const char* name, in
   }
 }
 
+namespace {
+
+// DLPack 1.x's DLManagedTensorVersioned up to its flags (dlpack.h; the DLTensor follows).
+struct ManagedTensorVersionedHead {
+  uint32_t major, minor;
+  void* manager_ctx;
+  void (*deleter)(void*);
+  uint64_t flags;
+};
+constexpr uint64_t kDlpackReadOnly = 1;  // DLPACK_FLAG_BITMASK_READ_ONLY
+
+// Whether a DLPack capsule (consumed or not: nanobind renames it "used_...") marks its tensor
+// read-only. Only a versioned capsule can: an unversioned one has no flags.
+bool capsule_read_only(PyObject* capsule) {
+  const char* cname = PyCapsule_GetName(capsule);
+  if (cname == nullptr) {
+    PyErr_Clear();
+    return false;
+  }
+  const std::string n = cname;
+  if (n != "dltensor_versioned" && n != "used_dltensor_versioned") return false;
+  auto* head = static_cast<ManagedTensorVersionedHead*>(PyCapsule_GetPointer(capsule, cname));
+  if (head == nullptr) {
+    PyErr_Clear();
+    return false;
+  }
+  return (head->flags & kDlpackReadOnly) != 0;
+}
+
+// Whether an object exporting the buffer protocol refuses a writable buffer (bytes, a read-only
+// mmap).
+bool buffer_read_only(PyObject* o) {
+  if (!PyObject_CheckBuffer(o)) return false;
+  Py_buffer view;
+  if (PyObject_GetBuffer(o, &view, PyBUF_WRITABLE) != 0) {
+    PyErr_Clear();
+    return true;
+  }
+  PyBuffer_Release(&view);
+  return false;
+}
+
+}  // namespace
+
 void require_writable(nb::handle obj, const char* op, const char* name) {
   // torch's own __dlpack__ refuses such a tensor; nanobind's fallback export does not, and a
   // write that autograd cannot see (no version bump) would corrupt the gradients silently.
@@ -195,12 +239,23 @@ void require_writable(nb::handle obj, const char* op, const char* name) {
     raise_contract(kContractValue, std::string(op) + ": argument '" + name +
                                        "' is written in place but is a read-only memoryview");
   }
+  if (PyCapsule_CheckExact(obj.ptr())) {
+    if (capsule_read_only(obj.ptr())) {
+      raise_contract(kContractValue, std::string(op) + ": argument '" + name +
+                                         "' is written in place but is a read-only DLPack capsule");
+    }
+    return;
+  }
   if (!nb::hasattr(obj, "flags")) {
     // A DLPack producer without numpy's flags (a read-only memory map behind a thin wrapper, a
     // JAX array): DLPack 1.0 marks a read-only export, which nanobind refuses where a writable
-    // array is asked for. memra's own DeviceArray is writable; a capsule is already consumed.
-    if (nb::isinstance<DeviceArray>(obj) || PyCapsule_CheckExact(obj.ptr()) ||
-        !nb::hasattr(obj, "__dlpack__")) {
+    // array is asked for. memra's own DeviceArray is writable.
+    if (nb::isinstance<DeviceArray>(obj)) return;
+    if (!nb::hasattr(obj, "__dlpack__")) {
+      if (buffer_read_only(obj.ptr())) {
+        raise_contract(kContractValue, std::string(op) + ": argument '" + name +
+                                           "' is written in place but its buffer is read-only");
+      }
       return;
     }
     nb::ndarray<> probe;
