@@ -455,8 +455,9 @@ class Model:
         model's cache is free (memra.batch: generation never takes a slot holding your tokens),
         for an empty or non-integer prompt (40000 / 40020), an id outside the vocabulary
         (40023), or max_new_tokens (an int >= 0), temperature (finite, >= 0), top_k (None or an
-        int >= 0), top_p (None or in (0, 1]), seed (None or in [0, 2^64)), stop_token_ids or
-        ignore_eos of another type or range (40025), each named, before anything runs.
+        int >= 0), top_p (None or in (0, 1]), seed (None or in [0, 2^64)) or ignore_eos of another
+        type or range, or stop_token_ids that is no id or sequence of ids (40025); its ids are held
+        to the prompt's rules (40000 / 40020 / 40023); each named, before anything runs.
         On a CUDA engine the steps are pipelined (the next one is queued before this one's token
         is read); the tokens are those of one step at a time.
         """
