@@ -490,8 +490,8 @@ def test_a_read_only_dlpack_export_is_not_written():
     ok = np.zeros(2, np.int32)  # a writable export is written
     _core.sample(logits, np.zeros(2, np.uint64), temperature=0.0, nonfinite=DL(ok))
     np.testing.assert_array_equal(ok, [1, 0])
-    # The capsule itself (DLPack 1.x carries the read-only flag; an unversioned capsule of a
-    # writable array is written), and a buffer exporter that refuses a writable buffer.
+    # The capsule itself (DLPack 1.x carries the read-only flag; a capsule of a writable array
+    # is written), and a buffer exporter that refuses a writable buffer.
     rows = np.ones((2, 4), np.float32)
     raises(ContractError, lambda: _core.mla_latent_append(rows, cache.__dlpack__(max_version=(1, 0)), start=0),
            "mla_latent_append", "'cache'", "read-only DLPack capsule")

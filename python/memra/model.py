@@ -362,7 +362,7 @@ class Model:
         if len(stop_token_ids) > 0:
             # An array goes in whole, so a 2-D one is shown as the array it is.
             ids = ids_arg(stop_token_ids if isinstance(stop_token_ids, np.ndarray) else list(stop_token_ids),
-                       op, "stop_token_ids")
+                          op, "stop_token_ids")
             check_token_ids(ids, self.config.vocab_size, what)
             stops |= set(ids.tolist())
         return stops

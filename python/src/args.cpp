@@ -474,9 +474,8 @@ Weight weight_from_array(const AnyArray& a, const std::string& dtype, const char
   }
   // The ops index a weight with 32-bit extents (see check_array), an empty one included.
   const std::string op = "Weight (tensor '" + std::string(name) + "')";
-  for (size_t d = 0; d < a.ndim(); ++d) dim32(a, d, op.c_str(), "array");
   std::vector<int64_t> shape;
-  for (size_t i = 0; i < a.ndim(); ++i) shape.push_back(static_cast<int64_t>(a.shape(i)));
+  for (size_t i = 0; i < a.ndim(); ++i) shape.push_back(dim32(a, i, op.c_str(), "array"));
   return Weight(dt, shape, a.data());
 }
 
