@@ -61,6 +61,13 @@ def test_a_two_dimensional_stop_token_ids_array_is_shown_as_one_array(model):
     e = raises(ContractError, lambda: model.generate([1, 2], 2, stop_token_ids=np.array([[1, 2]])),
                "stop_token_ids", "1-D", "[[1, 2]]")
     assert "[array(" not in str(e), str(e)
+    # An empty sequence is taken (no stop ids), so the refusal does not ask for a non-empty one;
+    # an empty 2-D array is no 1-D sequence either.
+    assert "non-empty" not in str(e), str(e)
+    raises(ContractError, lambda: model.generate([1, 2], 2, stop_token_ids=np.zeros((0, 2), np.int64)),
+           "stop_token_ids", "1-D")
+    for empty in ([], (), np.zeros(0, np.int64), set()):
+        assert model.generate([1, 2], 2, stop_token_ids=empty) == model.generate([1, 2], 2)
 
 
 def test_a_masked_array_of_ids_is_refused(model):

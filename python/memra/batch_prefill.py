@@ -69,7 +69,7 @@ def check_args(model: Model, cache: _core.Cache, slots, prompts, what: str) -> t
     ids = [ids_arg(p, what, f"prompts[{i}]") for i, p in enumerate(prompts)]
     if not listed(slots):
         raise ContractError(f"{what}: slots must be a list of slot indices, got {shown(slots)}", 40020)
-    s = ids_arg(slots, what, "slots") if len(slots) else np.zeros(0, np.int32)
+    s = ids_arg(slots, what, "slots", empty_ok=True)
     if len(s) != len(ids):
         raise ContractError(f"{what}: {len(s)} slots for {len(ids)} prompts (one slot per prompt)", 40000)
     for v in s:

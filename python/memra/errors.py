@@ -144,12 +144,13 @@ def _is_int(v) -> bool:
     return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_, np.timedelta64))
 
 
-def ids_arg(token_ids, what: str, arg: str = "token_ids") -> np.ndarray:
-    """Token ids as a 1-D int32 array (ContractError naming `arg` for an empty, non-integer,
-    nested or ragged input, 40023 with the value for an integer outside int32)."""
+def ids_arg(token_ids, what: str, arg: str = "token_ids", empty_ok: bool = False) -> np.ndarray:
+    """Token ids as a 1-D int32 array (ContractError naming `arg` for an empty (unless
+    `empty_ok`), non-integer, nested or ragged input, 40023 with the value for an integer outside
+    int32)."""
+    shape = "a 1-D sequence of ints" if empty_ok else "a non-empty 1-D sequence of ints"
     if isinstance(token_ids, (bytes, bytearray)):  # bytes: made into an array of its bytes, or a 0-d string
-        raise ContractError(f"{what}: {arg} must be a non-empty 1-D sequence of ints, got {shown(token_ids)}",
-                            40000)
+        raise ContractError(f"{what}: {arg} must be {shape}, got {shown(token_ids)}", 40000)
     if isinstance(token_ids, np.ma.MaskedArray):  # np.asarray would drop the mask and feed the masked ids
         raise ContractError(f"{what}: {arg} is a masked array; memra takes every id it is given, so pass "
                             "the unmasked ids (e.g. arr.compressed())", 40000)
@@ -166,9 +167,10 @@ def ids_arg(token_ids, what: str, arg: str = "token_ids") -> np.ndarray:
         if bad is not None:
             raise ContractError(f"{what}: {arg} holds {bad}, which does not fit in int32", 40023)
         arr = np.array([int(v) for v in token_ids], dtype=np.int64)
-    if arr.ndim != 1 or arr.size == 0:
-        raise ContractError(f"{what}: {arg} must be a non-empty 1-D sequence of ints, got {shown(token_ids)}",
-                            40000)
+    if arr.ndim != 1 or (arr.size == 0 and not empty_ok):
+        raise ContractError(f"{what}: {arg} must be {shape}, got {shown(token_ids)}", 40000)
+    if arr.size == 0:
+        return np.zeros(0, np.int32)
     # numpy makes [True, 5] an int array: a bool among ints is refused as a bool alone is.
     if isinstance(token_ids, (list, tuple)) and arr.dtype.kind in "iu" and \
             not {bool, np.bool_}.isdisjoint(map(type, token_ids)):

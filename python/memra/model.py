@@ -359,13 +359,11 @@ class Model:
                 stop_token_ids, (Sequence, set, frozenset, np.ndarray)):
             raise ContractError(f"{what} must be an integer id or a sequence of ids, got "
                                 f"{type(stop_token_ids).__name__}", 40025)
-        if len(stop_token_ids) > 0:
-            # An array goes in whole, so a 2-D one is shown as the array it is.
-            ids = ids_arg(stop_token_ids if isinstance(stop_token_ids, np.ndarray) else list(stop_token_ids),
-                          op, "stop_token_ids")
-            check_token_ids(ids, self.config.vocab_size, what)
-            stops |= set(ids.tolist())
-        return stops
+        # An array goes in whole, so a 2-D one is shown as the array it is.
+        ids = ids_arg(stop_token_ids if isinstance(stop_token_ids, np.ndarray) else list(stop_token_ids),
+                      op, "stop_token_ids", empty_ok=True)
+        check_token_ids(ids, self.config.vocab_size, what)
+        return stops | set(ids.tolist())
 
     def _check_fits(self, n: int, max_new_tokens: int, what: str) -> None:
         """CacheFullError naming the prompt (`what`) unless n + max(max_new_tokens - 1, 0) <=
