@@ -70,6 +70,20 @@ def test_a_two_dimensional_stop_token_ids_array_is_shown_as_one_array(model):
         assert model.generate([1, 2], 2, stop_token_ids=empty) == model.generate([1, 2], 2)
 
 
+def test_a_timedelta64_is_no_integer_argument(model):
+    # numpy counts timedelta64 among its integer types: a slot, a stop id, a count or a sampling
+    # number given as one was taken as its integer value, where an array of them is refused.
+    td = np.timedelta64(1)
+    c = model.new_cache(1, 8)
+    raises(ContractError, lambda: model.prefill(c, td, [1, 2]), "prefill", "slot")
+    assert c.length(0) == 0
+    raises(ContractError, lambda: model.generate([1, 2], 2, stop_token_ids=td), "stop_token_ids")
+    raises(ContractError, lambda: model.generate([1, 2], td), "max_new_tokens")
+    raises(ContractError, lambda: model.generate([1, 2], 2, top_k=td), "top_k")
+    raises(ContractError, lambda: model.generate([1, 2], 2, temperature=td), "temperature")
+    raises(ContractError, lambda: model.generate([1, 2], 2, top_p=td), "top_p")
+
+
 def test_a_masked_array_of_ids_is_refused(model):
     # np.asarray drops the mask: the masked id would have been fed as a token.
     ids = np.ma.array([1, 2, 3], mask=[0, 1, 0])

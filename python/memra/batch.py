@@ -31,7 +31,7 @@ import numpy as np
 from . import _core
 from .decode_graph import Sampling
 from ._interrupts import deferred_interrupts
-from .errors import NON_FINITE, ContractError, NonFiniteError
+from .errors import NON_FINITE, ContractError, NonFiniteError, is_int
 
 if TYPE_CHECKING:
     from .model import Model
@@ -105,11 +105,13 @@ def sampling_problem(name: str, value) -> str | None:
     (memra.serve.protocol) and the sampling defaults of generation_config.json (memra.loader),
     so none of them reaches the sampler with a value it would refuse mid-generation.
     """
-    number = (int, float, np.integer, np.floating)
+    def number(v) -> bool:  # not a bool, nor a timedelta64 (a numpy integer type)
+        return is_int(v) or isinstance(v, (float, np.floating))
+
     if name == "temperature":
         try:  # a Python int beyond float's range overflows float(): not a finite number either
             # A value past float32's range would reach the sampler as inf.
-            ok = not isinstance(value, bool) and isinstance(value, number) and math.isfinite(float(value)) \
+            ok = number(value) and math.isfinite(float(value)) \
                 and 0 <= float(value) <= _F32_MAX
         except OverflowError:
             ok = False
@@ -117,11 +119,11 @@ def sampling_problem(name: str, value) -> str | None:
     if value is None:
         return None
     if name == "top_k":
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        if not is_int(value):
             return f"must be an integer, got {value!r}"
         return None if 0 <= int(value) <= _INT32_MAX else f"must be in [0, {_INT32_MAX}], got {int(value)}"
     if name == "top_p":
-        ok = not isinstance(value, bool) and isinstance(value, number) and 0.0 < value <= 1.0
+        ok = number(value) and 0.0 < value <= 1.0
         if ok and not np.float32(value) > 0:
             return f"must be in (0, 1] as a float32 (the sampler's type), got {value!r}, which rounds to 0"
         return None if ok else f"must be in (0, 1], got {value!r}"
@@ -130,7 +132,7 @@ def sampling_problem(name: str, value) -> str | None:
 
 def count_arg(value, what: str, lo: int, hi: int = 2**31 - 1) -> int:
     """An integer argument in [lo, hi] (ContractError otherwise, never a TypeError)."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+    if not is_int(value):
         raise ContractError(f"{what} must be an integer, got {value!r}", 40025)
     if not lo <= int(value) <= hi:
         raise ContractError(f"{what} must be in [{lo}, {hi}], got {int(value)}", 40025)

@@ -139,7 +139,7 @@ __all__ = [
 ]
 
 
-def _is_int(v) -> bool:
+def is_int(v) -> bool:
     """A Python or numpy integer, not a bool (nor a timedelta64, which numpy counts as one)."""
     return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_, np.timedelta64))
 
@@ -162,7 +162,7 @@ def ids_arg(token_ids, what: str, arg: str = "token_ids", empty_ok: bool = False
     # is checked on the Python values, so they are named too large, not non-integers (and an
     # object array of small ints is ids). Integer arrays, the common case, skip this loop.
     if arr.ndim == 1 and arr.size and arr.dtype.kind not in "iu" and \
-            all(_is_int(v) for v in token_ids):
+            all(is_int(v) for v in token_ids):
         bad = next((int(v) for v in token_ids if not -(2**31) <= int(v) < 2**31), None)
         if bad is not None:
             raise ContractError(f"{what}: {arg} holds {bad}, which does not fit in int32", 40023)

@@ -18,7 +18,7 @@ from .batch import (DecodeBatch, RowSampling, SlotLease, TokenStream, count_arg,
                     take_free_slots)
 from .decode_graph import DecodeRunner, Sampling
 from .errors import NON_FINITE, CacheFullError, ContractError, NonFiniteError, UnsupportedError, \
-    check_owners, check_token_ids, ids_arg, in_sequence, shown
+    check_owners, check_token_ids, ids_arg, in_sequence, is_int, shown
 from .loader import GenerationConfig
 
 log = logging.getLogger("memra")
@@ -172,7 +172,7 @@ class Model:
         with self._lock:
             ids = ids_arg(token_ids, "prefill")
             self._check_vocab(ids, "prefill: token_ids")
-            if isinstance(slot, bool) or not isinstance(slot, (int, np.integer)):
+            if not is_int(slot):
                 raise ContractError(f"prefill: slot must be an integer, got {slot!r}", 40025)
             if not 0 <= int(slot) < cache.max_batch:  # every bad index one range error
                 raise ContractError(f"prefill: slot {int(slot)} is outside [0, {cache.max_batch})", 40023)
@@ -254,8 +254,7 @@ class Model:
             flat = np.atleast_1d(np.asarray(slots, dtype=object)).ravel()
         except (ValueError, TypeError):  # ragged nesting numpy cannot shape even as objects
             flat = []
-        slots = [int(s) for s in flat if isinstance(s, (int, np.integer)) and not isinstance(s, bool)
-                 and 0 <= int(s) < cache.max_batch]
+        slots = [int(s) for s in flat if is_int(s) and 0 <= int(s) < cache.max_batch]
         check_owners(cache, slots, [0] * len(slots), what)
 
     def _decode(self, cache: _core.Cache, slots, token_ids, owners: list[int] | None = None,
@@ -351,7 +350,7 @@ class Model:
         what = f"{op}: stop_token_ids"
         if stop_token_ids is None:
             return stops
-        if isinstance(stop_token_ids, (int, np.integer)) and not isinstance(stop_token_ids, bool):
+        if is_int(stop_token_ids):
             stop_token_ids = [int(stop_token_ids)]
         elif isinstance(stop_token_ids, np.ndarray) and stop_token_ids.ndim == 0:
             stop_token_ids = stop_token_ids.reshape(1)
