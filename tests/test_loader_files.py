@@ -15,6 +15,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from memra.errors import ContractError
 from safetensors.numpy import load_file, save_file
 from test_loader_errors import TINY, _copy, _load, _refused, _sharded
 
@@ -185,3 +186,25 @@ def test_sampling_defaults_memra_does_not_apply_are_said(tmp_path, caplog) -> No
     caplog.clear()
     _load(_copy(tmp_path / "plain"))
     assert not [r for r in caplog.records if "does not apply" in r.getMessage()]
+
+
+def test_a_tokenizer_larger_than_the_vocabulary_is_said(tmp_path, caplog) -> None:
+    # Its ids past vocab_size are refused when a text encodes to them; the load says so once.
+    from tokenizers import AddedToken, Tokenizer
+
+    caplog.set_level(logging.WARNING, logger="memra")
+    folder = _copy(tmp_path)
+    tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    vocab = json.loads((folder / "config.json").read_text())
+    vocab = vocab.get("text_config", vocab)["vocab_size"]
+    extra = [f"<extra_{i}>" for i in range(vocab + 3 - tok.get_vocab_size(True))]
+    tok.add_tokens([AddedToken(t) for t in extra])
+    tok.save(str(folder / "tokenizer.json"))
+    m = _load(folder)
+    said = [r.getMessage() for r in caplog.records if "past the model's vocab_size" in r.getMessage()]
+    assert len(said) == 1 and f"has {vocab + 3} ids" in said[0] and f"vocab_size {vocab}" in said[0], said
+    with pytest.raises(ContractError, match=f"token id {vocab + 2} is outside"):
+        m.generate(m.tokenizer.encode(extra[-1]).ids, 1)
+    caplog.clear()
+    _load(_copy(tmp_path / "plain"))
+    assert not [r for r in caplog.records if "vocab_size" in r.getMessage()]

@@ -46,6 +46,9 @@ def load(path, device: str = "cpu", max_batch: int = 8, max_len: int = 4096, *, 
     (max_batch / max_len not a positive integer, progress / cuda_graphs not a bool,
     kernel_options not a KernelOptions); UnsupportedError for a model_type or config memra
     cannot run, a device it cannot use here (no CUDA: 50001), or "bfloat16" on the CPU.
+    Warnings on the "memra" logger: weights skipped as transformers skips them (multi-token
+    prediction, vision tower), sampling defaults memra does not apply, a tokenizer with ids past
+    vocab_size.
     """
     if not isinstance(cuda_graphs, (bool, np.bool_)):
         raise ContractError(f"load: cuda_graphs must be True or False, got {cuda_graphs!r}", 40025)
@@ -83,6 +86,10 @@ def load(path, device: str = "cpu", max_batch: int = 8, max_len: int = 4096, *, 
         raise UnsupportedError("load: dtype='bfloat16' needs a CUDA device; the CPU backend computes in "
                                "float32 only (give dtype='float32' or leave it out)", 50000)
     tokenizer = read_tokenizer(path)  # before the cache and weights: a bad tokenizer costs nothing
+    n_tok = tokenizer.get_vocab_size(with_added_tokens=True) if tokenizer is not None else 0
+    if n_tok > cfg.vocab_size:  # such ids are refused when fed (check_token_ids); said once here
+        log.warning("memra: the tokenizer of %s has %d ids, past the model's vocab_size %d: a text "
+                    "encoding to an id >= %d is refused", path, n_tok, cfg.vocab_size, cfg.vocab_size)
     plan = family.layer_plan(cfg)  # decided once: the cache's planes and the blocks
     specs = [p.state for p in plan]
     need = _core.Cache.bytes_needed(max_batch, max_len, specs)
