@@ -192,4 +192,8 @@ def test_mhc_contract_errors():
     expect_contract(S.CONTRACT_SHAPE, _core.mhc_post, y, post, comb[:, :3].copy(), st)
     expect_contract(S.CONTRACT_DTYPE, _core.mhc_post, y.astype(np.float64), post, comb, st)
     expect_contract(S.CONTRACT_STRIDE, _core.mhc_post, y, randn(r, T, 2 * hc)[:, ::2], comb, st)
+    # hc = 0 is refused as mhc_pre and mhc_post_head_norm refuse it (it was an empty out).
+    e = expect_contract(S.CONTRACT_VALUE, _core.mhc_post, y, randn(r, T, 0), randn(r, T, 0, 0),
+                        randn(r, T, 0, D))
+    assert "hc" in str(e) and "residual" in str(e), str(e)
     expect_contract(S.CONTRACT_SHAPE, _core.hc_head_mean, y)

@@ -455,7 +455,7 @@ def mhc_post(y: Annotated[NDArray, dict(writable=False)], post: Annotated[NDArra
     mHC expansion after a block: out[t, j] = post[t, j] * y[t] + sum_i comb[t, i, j] * residual[t, i].
 
     y [T, D]; post [T, hc]; comb [T, hc, hc]; residual [T, hc, D]; all float32 on the engine's device. Returns out [T, hc, D] float32 (CUDA: bit-identical to the CPU).
-    Raises ContractError (CONTRACT_DTYPE, CONTRACT_SHAPE, CONTRACT_STRIDE, CONTRACT_DEVICE).
+    Raises ContractError (CONTRACT_DTYPE, CONTRACT_SHAPE, CONTRACT_STRIDE, CONTRACT_DEVICE; CONTRACT_VALUE for hc = 0).
     Reference: transformers Glm5NextTextDecoderLayer.forward (post * h + comb^T @ residual).
     """
 

@@ -113,7 +113,9 @@ void init_ops_mhc(nb::module_& m) {
          const Engine* engine) {
         const char* op = "mhc_post";
         const float* rp = f32_in(engine, residual, op, "residual", {-1, -1, -1});
-        const int64_t T = dim(residual, 0), hc = dim(residual, 1), D = dim(residual, 2);
+        const int64_t T = dim32(residual, 0, op, "residual"), hc = dim32(residual, 1, op, "residual"),
+                      D = dim32(residual, 2, op, "residual");
+        check_value(hc >= 1, op, "hc (residual.shape[1]) must be >= 1");
         check_rows(op, "residual", T, {{"y", &y, 2}, {"post", &post, 2}, {"comb", &comb, 3}});
         const float* yp = f32_in(engine, y, op, "y", {T, D});
         const float* pp = f32_in(engine, post, op, "post", {T, hc});
@@ -138,7 +140,7 @@ void init_ops_mhc(nb::module_& m) {
       "residual[t, i].\n\ny [T, D]; post [T, hc]; comb [T, hc, hc]; residual [T, hc, D]; all "
       "float32 on the engine's device. Returns out [T, hc, D] float32 (CUDA: bit-identical to "
       "the CPU).\nRaises ContractError (CONTRACT_DTYPE, "
-      "CONTRACT_SHAPE, CONTRACT_STRIDE, CONTRACT_DEVICE).\nReference: transformers "
+      "CONTRACT_SHAPE, CONTRACT_STRIDE, CONTRACT_DEVICE; CONTRACT_VALUE for hc = 0).\nReference: transformers "
       "Glm5NextTextDecoderLayer.forward (post * h + comb^T @ residual).");
 
   m.def(
