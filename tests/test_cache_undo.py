@@ -143,6 +143,7 @@ def test_a_sampler_failure_in_a_step_commits_nothing():
 
 def at_line(func, text: str, action, nth: int = 1):
     """Run `action` (from a trace function) the nth time `func` reaches its line holding `text`."""
+    func = inspect.unwrap(func)  # a function memra._interrupts.uninterrupted wraps: its own lines
     src, start = inspect.getsourcelines(func)
     line = start + next(i for i, s in enumerate(src) if text in s)
     hits = [0]
@@ -170,7 +171,7 @@ def test_an_interrupt_at_the_undo_flag_still_undoes(where):
     m = load(4)
     c = m.new_cache(2, 64)
     func, text = ((model_mod.Model._prefill, "committed = True") if where == "chunks"
-                  else (batch_prefill.run, "committed.add(j)"))
+                  else (batch_prefill._commit_pieces, "committed.add(j)"))
     at_line(func, text, interrupt)
     try:
         with pytest.raises(KeyboardInterrupt):
@@ -191,14 +192,15 @@ def test_ctrl_c_between_the_rows_commits_of_a_step_waits_for_the_last():
     c = m.new_cache(3, 64)
     for s in range(3):
         m.prefill(c, s, [1, 2, 3])
-    at_line(model_mod.Model._decode, "cache.commit(int(s), 1", lambda: signal.raise_signal(signal.SIGINT), nth=2)
+    at_line(batch_mod.commit_rows, "cache.commit(int(s), 1", lambda: signal.raise_signal(signal.SIGINT), nth=2)
     try:
         with pytest.raises(KeyboardInterrupt):
             m.decode(c, [0, 1, 2], [5, 6, 7])
     finally:
         sys.settrace(None)
     assert [c.length(s) for s in range(3)] == [4, 4, 4]
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    with pytest.raises(KeyboardInterrupt):  # outside memra's updates a Ctrl-C raises at once
+        signal.raise_signal(signal.SIGINT)
 
 
 def test_take_slots_failing_midway_takes_nothing():
@@ -236,7 +238,8 @@ def test_ctrl_c_during_a_runner_steps_host_commits_waits_for_the_last():
                              replayed={}, steps=0)
     r._bucket = lambda n: bucket
     r._body = lambda b, sampling: None
-    at_line(DecodeRunner.step, "self.cache.commit_host(", lambda: signal.raise_signal(signal.SIGINT), nth=2)
+    at_line(DecodeRunner._run_and_commit, "self.cache.commit_host(", lambda: signal.raise_signal(signal.SIGINT),
+            nth=2)
     try:
         with pytest.raises(KeyboardInterrupt):
             r.step(np.array([0, 1, 2], np.int32), np.array([5, 6, 7], np.int32))
@@ -270,17 +273,18 @@ def test_a_second_ctrl_c_during_the_undo_waits_for_it(where):
 
 @pytest.mark.skipif(threading.current_thread() is not threading.main_thread(), reason="signals go to the main thread")
 def test_a_ctrl_c_held_back_is_raised_even_when_the_block_fails():
-    from memra._interrupts import deferred_interrupts
+    from memra._interrupts import uninterrupted
+
+    @uninterrupted
+    def failing(error):
+        signal.raise_signal(signal.SIGINT)
+        raise error
 
     with pytest.raises(KeyboardInterrupt) as ei:
-        with deferred_interrupts():
-            signal.raise_signal(signal.SIGINT)
-            raise Boom("the block's own error")
+        failing(Boom("the block's own error"))
     assert isinstance(ei.value.__cause__, Boom)
     with pytest.raises(Boom):  # no Ctrl-C: the block's error as it is
-        with deferred_interrupts():
-            raise Boom("alone")
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        uninterrupted(lambda: (_ for _ in ()).throw(Boom("alone")))()
 
 
 class _NoNotes(RuntimeError):

@@ -45,6 +45,10 @@ def test_model_arguments_are_named(model):
     raises(ContractError, lambda: model.logits([[1, 2], [3]]), "logits", "token_ids", "[[1, 2], [3]]")
     raises(ContractError, lambda: model.generate_batch(None, 3), "generate_batch", "prompts", "None")
     raises(ContractError, lambda: model.generate_batch([[1], [2, None]], 3), "prompts[1]")
+    # A 0-d array passed the sequence check and failed on iteration (a raw TypeError).
+    raises(ContractError, lambda: model.generate_batch(np.array(1), 3), "generate_batch", "prompts", "array(1)")
+    # bytes were refused as stop ids and a bytearray was taken as its bytes' values.
+    raises(ContractError, lambda: model.generate([1, 2], 2, stop_token_ids=bytearray(b"\x01")), "stop_token_ids")
     raises(ContractError, lambda: model.decode(model.new_cache(1, 4), [[0]], [1]), "decode", "slots")
     raises(ContractError, lambda: memra.load(None), "load", "path", "None")
     raises(ContractError, lambda: memra.load(memra.default_checkpoint(), progress="yes"), "progress")

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -30,33 +29,45 @@ import numpy as np
 
 from . import _core
 from .decode_graph import Sampling
-from ._interrupts import deferred_interrupts
+from ._interrupts import uninterrupted
 from .errors import NON_FINITE, ContractError, NonFiniteError, is_int
 
 if TYPE_CHECKING:
     from .model import Model
 
 
-@contextmanager
-def held_for_call(cache: _core.Cache, slots, owners: list[int]) -> Iterator[list[int]]:
+@uninterrupted
+def hold_for_call(cache: _core.Cache, slots, owners: list[int], taken: list[tuple[int, int]]) -> list[int]:
     """Hold each slot of `slots` whose owner in `owners` is 0 (not held: a public prefill /
-    decode on the user's slot) for the length of one call, and yield the owners with those
-    tokens in; released on the way out. Another thread's ``Cache.free`` / ``commit`` of such a
-    slot mid-call is then refused (40026) instead of interleaving with the call's chunks and
-    commits (silently different logits), and generation cannot take an empty slot being
-    prefilled. The slots are checked (valid, not held by others) by the caller first."""
-    taken: list[tuple[int, int]] = []
-    try:
-        with deferred_interrupts():  # every hold taken is recorded before an interrupt is raised
-            for s, o in zip(slots, owners):
-                if not o:
-                    taken.append((int(s), cache.hold(int(s))))
-        tokens = dict(taken)
-        yield [int(o) or tokens[int(s)] for s, o in zip(slots, owners)]
-    finally:
-        with deferred_interrupts():
-            for s, t in taken:
-                cache.release(s, t)
+    decode on the user's slot) for the length of one call, and return the owners with those
+    tokens in. Another thread's ``Cache.free`` / ``commit`` of such a slot mid-call is then
+    refused (40026) instead of interleaving with the call's chunks and commits (silently
+    different logits), and generation cannot take an empty slot being prefilled. The slots are
+    checked (valid, not held by others) by the caller first.
+
+    Each hold goes into `taken`, the caller's list, as it is taken, and the caller gives them
+    back with :func:`release_holds` in a ``finally`` around this call: a Ctrl-C (raised as
+    this returns) or an error here never leaves one held."""
+    for s, o in zip(slots, owners):
+        if not o:
+            taken.append((int(s), cache.hold(int(s))))
+    tokens = dict(taken)
+    return [int(o) or tokens[int(s)] for s, o in zip(slots, owners)]
+
+
+@uninterrupted
+def release_holds(cache: _core.Cache, taken: list[tuple[int, int]]) -> None:
+    """Give back the holds :func:`hold_for_call` took (a Ctrl-C waits for the last)."""
+    for s, t in taken:
+        cache.release(s, t)
+
+
+@uninterrupted
+def commit_rows(cache: _core.Cache, slots, owners: list[int]) -> None:
+    """Commit one token to each of `slots` (each with its owner token): a decode step's rows, all
+    of them or, on an error, those before it (a Ctrl-C waits for the last)."""
+    for s, o in zip(slots, owners):
+        cache.commit(int(s), 1, owner=o)
 
 
 class SlotLease:
@@ -79,15 +90,24 @@ class SlotLease:
         """Whether the slot is still held by this lease."""
         return self.token != 0
 
+    @uninterrupted
     def release(self) -> None:
-        """Free the slot (length 0, recurrent state zeroed) and stop holding it."""
+        """Free the slot (length 0, recurrent state zeroed) and stop holding it (a Ctrl-C waits
+        for the three steps)."""
         if not self.token:
             return
         cache = self.model.cache
         with self.model._lock:
             cache.free(self.slot, owner=self.token)
             cache.release(self.slot, self.token)
-        self.token = 0
+            self.token = 0
+
+
+@uninterrupted
+def release_all(leases: list[SlotLease]) -> None:
+    """Release every lease of `leases` (a Ctrl-C waits for the last)."""
+    for lease in leases:
+        lease.release()
 
 
 _F32_MAX = float(np.finfo(np.float32).max)  # the sampler's temperature is a float32
@@ -468,10 +488,13 @@ def _check_leases(model: Model, leases: list[SlotLease], what: str) -> None:
         raise ContractError(f"{what}: the lease of slot(s) {gone} was released; a released row cannot run", 40025)
 
 
-def take_free_slots(model: Model, n: int, what: str) -> list[SlotLease]:
+@uninterrupted
+def take_free_slots(model: Model, n: int, what: str, into: list[SlotLease] | None = None) -> list[SlotLease]:
     """Hold n free slots of ``model.cache`` (held by nobody and holding no tokens), lowest first;
     ContractError (CONTRACT_VALUE) naming which are held (Cache.owner) and which hold the
-    user's tokens when fewer than n are free. Nothing is taken on an error."""
+    user's tokens when fewer than n are free. Nothing is taken on an error. The leases are
+    returned, and appended to `into` before any Ctrl-C that arrived meanwhile is raised: a caller
+    that releases `into` in a ``finally`` around this call never loses one."""
     cache = model.cache
     with model._lock:
         free, held, user = [], [], []
@@ -491,16 +514,15 @@ def take_free_slots(model: Model, n: int, what: str) -> list[SlotLease]:
                 f"comes back when its generation or stream ends, or with cache.release)", 40025)
         leases: list[SlotLease] = []
         try:
-            with deferred_interrupts():
-                for s in free[:n]:
-                    token = cache.hold(s)
-                    leases.append(SlotLease(model, s, token))
-                    cache.free(s, owner=token)
+            for s in free[:n]:
+                token = cache.hold(s)
+                leases.append(SlotLease(model, s, token))
+                cache.free(s, owner=token)
         except BaseException:
-            with deferred_interrupts():  # nothing is taken on an error: the holds so far go back
-                for lease in leases:
-                    lease.release()
+            release_all(leases)  # nothing is taken on an error: the holds so far go back
             raise
+        if into is not None:
+            into.extend(leases)
         return leases
 
 
@@ -510,19 +532,31 @@ class TokenStream(Iterator[int]):
     It holds a slot of the model's cache from its first token until its last; ``close()`` gives
     the slot back at once (later ``next()`` raises StopIteration), and so does leaving a
     ``with model.stream(...) as tokens:`` block, so a stream dropped early never waits for the
-    garbage collector to free its slot. Not for use from several threads at once.
+    garbage collector to free its slot. A stream that ended with an error (no free slot at the
+    first ``next()``, non-finite logits, a Ctrl-C) raises ContractError (40025) naming it at
+    every later ``next()``, not an empty end. Not for use from several threads at once.
     """
 
-    __slots__ = ("_gen",)
+    __slots__ = ("_gen", "_failed")
 
     def __init__(self, gen: Iterator[int]) -> None:
         self._gen = gen
+        self._failed: str | None = None
 
     def __iter__(self) -> TokenStream:
         return self
 
     def __next__(self) -> int:
-        return next(self._gen)
+        if self._failed is not None:
+            raise ContractError(f"stream: this stream ended with {self._failed}; it yields nothing more "
+                                "(start another)", 40025)
+        try:
+            return next(self._gen)
+        except StopIteration:
+            raise
+        except BaseException as e:
+            self._failed = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+            raise
 
     def close(self) -> None:
         """Stop the stream and give its slot back now (idempotent)."""

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from . import _core
-from ._interrupts import deferred_interrupts
+from ._interrupts import uninterrupted
 from .errors import ContractError, check_owners, check_token_ids, ids_arg, shown
 
 if TYPE_CHECKING:
@@ -113,20 +113,34 @@ def run(model: Model, cache: _core.Cache, slots: np.ndarray, prompts: list[np.nd
             ids = np.concatenate([prompts[j][a:b] for j, a, b in call])
             h = net.hidden(cache, np.array([slots[j] for j, _, _ in call], np.int32), ids, decode=False,
                            offsets=offsets)
-            with deferred_interrupts():  # the call's slots committed together
-                for (j, a, b), end in zip(call, offsets[1:]):
-                    committed.add(j)  # before the commit: no interrupt between them skips the undo
-                    cache.commit(int(slots[j]), b - a, owner=owners[j])
-                    if b == len(prompts[j]):
-                        last[j] = _core.take_rows(h, int(end) - 1, 1, engine=e)
+            _commit_pieces(cache, slots, owners, [(j, b - a) for j, a, b in call], committed)
+            for (j, a, b), end in zip(call, offsets[1:]):
+                if b == len(prompts[j]):
+                    last[j] = _core.take_rows(h, int(end) - 1, 1, engine=e)
         return net.logits_of(_core.concat_rows(last, engine=e))
     except BaseException as e:
-        with deferred_interrupts():  # a second Ctrl-C waits for the undo of every slot
-            for j in sorted(committed | set(saved)):
-                put_back(cache, int(slots[j]), saved.get(j), owners[j], e, what)
+        _put_back_all(cache, slots, saved, owners, committed, e, what)
         raise
 
 
+@uninterrupted
+def _commit_pieces(cache: _core.Cache, slots, owners, pieces: list[tuple[int, int]], committed: set[int]) -> None:
+    """Commit one packed call's pieces (j, rows) to slots[j] together (a Ctrl-C waits), each j
+    added to `committed` before its commit (no interrupt between them skips the undo)."""
+    for j, n in pieces:
+        committed.add(j)
+        cache.commit(int(slots[j]), n, owner=owners[j])
+
+
+@uninterrupted
+def _put_back_all(cache: _core.Cache, slots, saved: dict, owners, committed: set[int], error: BaseException,
+                  what: str) -> None:
+    """Undo a failed batched prefill in every slot it touched (a second Ctrl-C waits for all)."""
+    for j in sorted(committed | set(saved)):
+        put_back(cache, int(slots[j]), saved.get(j), owners[j], error, what)
+
+
+@uninterrupted
 def put_back(cache: _core.Cache, slot: int, saved, owner: int, error: BaseException, what: str) -> None:
     """Undo what a failed prefill appended to `slot`: restore `saved`, the snapshot of a slot that
     held tokens, or free the slot (it was empty). Should that fail too, it is noted on `error`,

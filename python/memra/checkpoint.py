@@ -46,6 +46,10 @@ def load(path, device: str = "cpu", max_batch: int = 8, max_len: int = 4096, *, 
     (max_batch / max_len not a positive integer, progress / cuda_graphs not a bool,
     kernel_options not a KernelOptions); UnsupportedError for a model_type or config memra
     cannot run, a device it cannot use here (no CUDA: 50001), or "bfloat16" on the CPU.
+    Ctrl-C: memra holds a SIGINT back while it updates a cache in several steps and raises it
+    as KeyboardInterrupt once the update is whole; for that its handler takes the place of
+    Python's default one on the main thread (one the application installed is kept, and then
+    nothing is held back; memra._interrupts).
     Warnings on the "memra" logger: weights skipped as transformers skips them (multi-token
     prediction, vision tower), sampling defaults memra does not apply, a tokenizer with ids past
     vocab_size.

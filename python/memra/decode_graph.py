@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import _core
-from ._interrupts import deferred_interrupts
+from ._interrupts import uninterrupted
 from .errors import ContractError, check_owners
 
 
@@ -190,22 +190,26 @@ class DecodeRunner:
             b.graphs.move_to_end(sampling)
             b.replayed[sampling] = b.steps
         b.steps += 1
-        # The device commits every row inside the step: the host's commits follow it with Ctrl-C
-        # held back, so an interrupt never leaves some rows' host lengths behind the device (one
-        # row: a call after the replay; its slot's lease frees it when generation ends).
-        with deferred_interrupts(n > 1):
-            if graph is not None:
-                graph.replay()
-            else:
-                self._body(b, sampling)
-                b.eager[sampling] = None
-                b.eager.move_to_end(sampling)
-                while len(b.eager) > 4 * self.max_graphs:
-                    b.eager.popitem(last=False)
-            for s, o in zip(slots, owners):
-                self.cache.commit_host(int(s), 1, owner=o)
+        self._run_and_commit(b, graph, sampling, slots, owners)
         b.chain = key if sampling is not None else None
         return b
+
+    @uninterrupted
+    def _run_and_commit(self, b: _Bucket, graph, sampling: Sampling | None, slots, owners: list[int]) -> None:
+        """Enqueue the step (`graph`'s replay, or the eager body) and commit its rows on the
+        host. The device commits every row inside the step: the host's commits follow it with
+        Ctrl-C held back, so an interrupt never leaves some rows' host lengths behind the
+        device."""
+        if graph is not None:
+            graph.replay()
+        else:
+            self._body(b, sampling)
+            b.eager[sampling] = None
+            b.eager.move_to_end(sampling)
+            while len(b.eager) > 4 * self.max_graphs:
+                b.eager.popitem(last=False)
+        for s, o in zip(slots, owners):
+            self.cache.commit_host(int(s), 1, owner=o)
 
     def _capture(self, b: _Bucket, sampling: Sampling | None):
         e = self.engine

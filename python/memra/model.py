@@ -13,9 +13,8 @@ from pathlib import Path
 import numpy as np
 
 from . import _core, batch_prefill
-from ._interrupts import deferred_interrupts
-from .batch import (DecodeBatch, RowSampling, SlotLease, TokenStream, count_arg, generation_args, held_for_call,
-                    take_free_slots)
+from .batch import (DecodeBatch, RowSampling, SlotLease, TokenStream, commit_rows, count_arg, generation_args,
+                    hold_for_call, release_all, release_holds, take_free_slots)
 from .decode_graph import DecodeRunner, Sampling
 from .errors import NON_FINITE, CacheFullError, ContractError, NonFiniteError, UnsupportedError, \
     check_owners, check_token_ids, ids_arg, in_sequence, is_int, shown
@@ -182,7 +181,9 @@ class Model:
             slot = int(slot)
             # Held before its length is read: no other thread frees it between the checks and
             # the chunks.
-            with held_for_call(cache, slots, [owner]) as (owner,):
+            taken: list[tuple[int, int]] = []
+            try:
+                (owner,) = hold_for_call(cache, slots, [owner], taken)
                 self._check_room(cache, slots, len(ids), "prefill")
                 # The undo of a failure: a slot holding tokens goes back to a snapshot taken
                 # first (uncommitted or not: the DSA indexer writes its tail ring before the
@@ -198,10 +199,11 @@ class Model:
                         cache.commit(slot, b - a, owner=owner)
                     return self.net.logits_of(self.net.last_row(h))
                 except BaseException as e:
-                    if saved is not None or committed:
-                        with deferred_interrupts():  # a second Ctrl-C waits for the undo
-                            batch_prefill.put_back(cache, slot, saved, owner, e, "prefill")
+                    if saved is not None or committed:  # (a second Ctrl-C waits for the undo)
+                        batch_prefill.put_back(cache, slot, saved, owner, e, "prefill")
                     raise
+            finally:
+                release_holds(cache, taken)
 
     def prefill_batch(self, cache: _core.Cache, slots, prompts) -> np.ndarray:
         """Append prompts[j] (token ids [T_j]; lengths may differ) to slots[j] (distinct; each
@@ -231,8 +233,12 @@ class Model:
         with self._lock:
             owners = [0] * len(slots) if owners is None else [int(o) for o in owners]
             check_owners(cache, slots, owners, "prefill_batch")
-            with held_for_call(cache, slots, owners) as owners:
+            taken: list[tuple[int, int]] = []
+            try:
+                owners = hold_for_call(cache, slots, owners, taken)
                 return batch_prefill.run(self, cache, slots, prompts, owners, "prefill_batch")
+            finally:
+                release_holds(cache, taken)
 
     def decode(self, cache: _core.Cache, slots, token_ids) -> np.ndarray:
         """One token for each of `slots` (distinct) -> logits [len(slots), vocab] (numpy float32).
@@ -241,7 +247,9 @@ class Model:
         outside the vocabulary (40023), a slot held by a generation, stream or request in flight
         (40026), a cache of another layer count than the model's (40025); CacheFullError (30002)
         when a slot already holds ``cache.max_len`` tokens. On any error the cache is
-        unchanged. The slots are held for the call, as :meth:`prefill`'s."""
+        unchanged, but for a Ctrl-C that arrives while the step's rows are committed: it is
+        raised once all are, with the step in the cache (docs/prefill.md). The slots are held
+        for the call, as :meth:`prefill`'s."""
         with self._lock:
             _cache_arg(cache, "decode", self.cache.num_layers)
             self._check_not_held(cache, slots, "decode")
@@ -276,7 +284,9 @@ class Model:
             self._check_room(cache, slots, 0, "decode")  # the slots' range (room: once held, below)
             owners = [0] * len(slots) if owners is None else owners
             check_owners(cache, slots, owners, "decode")
-            with held_for_call(cache, slots, owners) as owners:
+            taken: list[tuple[int, int]] = []
+            try:
+                owners = hold_for_call(cache, slots, owners, taken)
                 self._check_room(cache, slots, 1, "decode")
                 if self._runner is not None and cache is self.cache:
                     b = self._runner.step(slots, ids, owners=owners)  # (under the lock: copied before another step)
@@ -286,10 +296,10 @@ class Model:
                 if before_commit is not None:
                     before_commit(logits)
                 # Every row's commit or none: the logits are taken first, and an interrupt waits.
-                with deferred_interrupts(len(slots) > 1):
-                    for s, o in zip(slots, owners):
-                        cache.commit(int(s), 1, owner=o)
+                commit_rows(cache, slots, owners)
                 return logits
+            finally:
+                release_holds(cache, taken)
 
     def _check_vocab(self, ids: np.ndarray, what: str) -> None:
         check_token_ids(ids, self.config.vocab_size, what)
@@ -354,7 +364,7 @@ class Model:
             stop_token_ids = [int(stop_token_ids)]
         elif isinstance(stop_token_ids, np.ndarray) and stop_token_ids.ndim == 0:
             stop_token_ids = stop_token_ids.reshape(1)
-        elif isinstance(stop_token_ids, (bool, float, str, bytes)) or not isinstance(
+        elif isinstance(stop_token_ids, (bool, float, str, bytes, bytearray)) or not isinstance(
                 stop_token_ids, (Sequence, set, frozenset, np.ndarray)):
             raise ContractError(f"{what} must be an integer id or a sequence of ids, got "
                                 f"{type(stop_token_ids).__name__}", 40025)
@@ -426,14 +436,15 @@ class Model:
                 op: str) -> Iterator[int]:
         if max_new_tokens == 0:
             return
-        (lease,) = take_free_slots(self, 1, op)
+        leases: list[SlotLease] = []
         try:  # the slot goes back before the last token is yielded
+            (lease,) = take_free_slots(self, 1, op, into=leases)
             for _, tok, last in self._decode_rows([ids], [lease], max_new_tokens, stops, [rs], op):
                 if last:
                     lease.release()
                 yield tok
         finally:
-            lease.release()
+            release_all(leases)
 
     def generate(self, prompt_ids, max_new_tokens: int, temperature: float = 0.0, top_k: int | None = None,
                  top_p: float | None = None, seed: int | None = None, stop_token_ids=None,
@@ -478,7 +489,8 @@ class Model:
         :meth:`generate` (prompt i named as ``prompts[i]``), and ContractError for more prompts
         than ``cache.max_batch`` or than free slots, or seed + len(prompts) past 2^64;
         CacheFullError naming the prompt that cannot fit."""
-        if isinstance(prompts, (str, bytes)) or not isinstance(prompts, (Sequence, np.ndarray)):
+        if isinstance(prompts, (str, bytes)) or not isinstance(prompts, (Sequence, np.ndarray)) or \
+                getattr(prompts, "ndim", 1) == 0:
             raise ContractError(f"generate_batch: prompts must be a list of token id lists, got "
                                 f"{shown(prompts)}", 40020)
         all_ids = [ids_arg(p, "generate_batch", f"prompts[{i}]") for i, p in enumerate(prompts)]
@@ -500,14 +512,14 @@ class Model:
         if max_new_tokens == 0:
             return [[] for _ in range(n)]
         out: list[list[int]] = [[] for _ in range(n)]
-        leases = take_free_slots(self, n, "generate_batch")
+        leases: list[SlotLease] = []
         try:
+            take_free_slots(self, n, "generate_batch", into=leases)
             rs = [RowSampling(float(temperature), top_k, top_p, seed + i) for i in range(n)]
             for i, tok, _ in self._decode_rows(all_ids, leases, max_new_tokens, stops, rs, "generate_batch"):
                 out[i].append(tok)
         finally:
-            for lease in leases:
-                lease.release()
+            release_all(leases)
         return out
 
     def _decode_rows(self, prompts: list[np.ndarray], leases: list[SlotLease], max_new_tokens: int,
