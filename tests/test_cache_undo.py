@@ -207,7 +207,7 @@ def test_take_slots_failing_midway_takes_nothing():
     m = load()
     other = []
     # Another thread holds slot 2 between the scan for free slots and the third hold.
-    at_line(batch_mod.take_free_slots, "token = cache.hold(s)",
+    at_line(batch_mod._hold_free, "token = cache.hold(s)",
             lambda: other.append(m.cache.hold(2)), nth=3)
     try:
         with pytest.raises(memra.ContractError):

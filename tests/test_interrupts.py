@@ -3,11 +3,16 @@ exact bytecode where a break-it pass (session 38) found slots of a cache left he
 KeyboardInterrupt turned into another error. Each case fails on the tree before the fix:
 
 - generate_batch's ``finally`` releasing its leases one at a time, interrupted as the first began;
-- take_free_slots interrupted as it returned, before the stream held its lease in a ``try``;
+- take_free_slots interrupted as it returned, before the stream held its lease in a ``try``
+  (take_slots too);
 - SlotLease.release interrupted after its cache.release, before it forgot its token (the second
   release then raised ContractError in place of the KeyboardInterrupt);
 - the holds of a public prefill / decode on the user's slots, interrupted as their give-back
-  began (in the handler swap of the old block, before it held anything back).
+  began (in the handler swap of the old block, before it held anything back);
+- then, of the first fix (a handler installed for good): a worker thread's protected call
+  raising the main thread's Ctrl-C, one raised inside ``except KeyboardInterrupt:`` dropped, the
+  wait for the model's lock deaf to Ctrl-C, an application's own handler turning it all off, a
+  closed stream's generator of steps closed by the garbage collector (the Ctrl-C lost there).
 
 After each: the KeyboardInterrupt reaches the caller, every slot is free (or as the call left
 it), and the model generates what a fresh one does. CPU, the embedded glm5_next checkpoint.
@@ -113,16 +118,46 @@ def test_a_ctrl_c_as_generate_batch_gives_its_slots_back_frees_them_all(model):
 
 
 def test_a_ctrl_c_as_the_slots_are_taken_leaves_none_held(model):
-    for op in ("generate", "generate_batch"):
-        sent = sigint_at(inner(batch_mod.take_free_slots), "return")
+    for op in ("generate", "generate_batch", "stream", "take_slots"):
+        sent = sigint_at(inner(batch_mod._hold_free), "return")
         with pytest.raises(KeyboardInterrupt):
             if op == "generate":
                 model.generate([1, 2, 3], 3)
-            else:
+            elif op == "generate_batch":
                 model.generate_batch([[1, 2], [3]], 3)
+            elif op == "stream":
+                next(model.stream([1, 2, 3], 3))
+            else:  # the public call gives its leases back before the interrupt goes on
+                model.take_slots(2)
         sys.settrace(None)
         assert sent, op
         assert free_state(model) == [(0, 0)] * 4, op
+    check_usable(model)
+
+
+def test_a_ctrl_c_ends_the_wait_for_the_models_lock(model):
+    # The wait sat inside the protected holds: Ctrl-C waited for another thread's whole call.
+    held, done = threading.Event(), threading.Event()
+
+    def busy():
+        with model._lock:
+            held.set()
+            done.wait(10)
+
+    t = threading.Thread(target=busy)
+    t.start()
+    held.wait(5)
+    before = signal.signal(signal.SIGALRM, lambda *a: signal.raise_signal(signal.SIGINT))
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.2)
+        with pytest.raises(KeyboardInterrupt):
+            model.generate([1, 2], 2)
+        assert t.is_alive()  # raised while the other thread still held the lock
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, before)
+        done.set()
+        t.join()
     check_usable(model)
 
 
@@ -171,21 +206,89 @@ def test_a_ctrl_c_as_the_holds_of_a_call_go_back_releases_them(model, op, where)
     np.testing.assert_array_equal(model.decode(c, [0, 1], [7, 8]), ref.decode(rc, [0, 1], [7, 8]))
 
 
-def test_outside_memras_updates_a_ctrl_c_raises_at_once(model):
-    model.generate([1, 2], 2)  # memra's handler is in place from here
-    assert signal.getsignal(signal.SIGINT) is _interrupts._on_sigint
+def test_a_ctrl_c_as_a_closed_streams_steps_are_closed_reaches_the_caller(model):
+    # The stream's generator of steps was left to the garbage collector, whose close ran its
+    # first bytecode where Python reports a KeyboardInterrupt as ignored: the Ctrl-C was lost.
+    from memra.model import Model
+
+    s = model.stream([1, 2, 3], 5, ignore_eos=True)
+    next(s)
+    sent = sigint_at(Model._decode_rows.__code__, "call")
+    with pytest.raises(KeyboardInterrupt):
+        s.close()
+    sys.settrace(None)
+    assert sent
+    check_usable(model)
+
+
+def test_between_calls_the_applications_handler_is_in_place(model):
+    model.generate([1, 2], 2)
+    model.decode(model.new_cache(1, 8), [0], [1])
+    list(model.stream([1, 2], 2))
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     with pytest.raises(KeyboardInterrupt):
         signal.raise_signal(signal.SIGINT)
 
 
-def test_a_handler_the_application_installed_is_kept(model):
+def test_the_applications_own_handler_gets_the_ctrl_c_after_the_step(model):
+    # memra's handler stands in front of the application's during a call and passes the Ctrl-C
+    # to it once the rows are committed; before, a handler of the application's own turned the
+    # protection off (asyncio.run installs one).
     got: list[int] = []
-    signal.signal(signal.SIGINT, lambda signum, frame: got.append(signum))
-    model.generate([1, 2], 2)
-    model.decode(model.new_cache(1, 8), [0], [1])
-    assert signal.getsignal(signal.SIGINT) is not _interrupts._on_sigint
-    signal.raise_signal(signal.SIGINT)
-    assert got == [signal.SIGINT]
+
+    def handler(signum, frame):
+        got.append(signum)
+        raise KeyboardInterrupt("the application's")
+
+    signal.signal(signal.SIGINT, handler)
+    c = model.new_cache(2, 8)
+    model.prefill(c, 0, [1, 2])
+    model.prefill(c, 1, [3])
+    sent = sigint_at(inner(batch_mod.commit_rows), "line", "cache.commit(int(s), 1")
+    with pytest.raises(KeyboardInterrupt, match="the application's"):
+        model.decode(c, [0, 1], [5, 6])
+    sys.settrace(None)
+    assert sent and got == [signal.SIGINT]
+    assert [c.length(0), c.length(1)] == [3, 2]  # the whole step, not row 0 alone
+    assert signal.getsignal(signal.SIGINT) is handler
+
+
+def test_a_ctrl_c_held_back_in_the_main_thread_never_reaches_another():
+    # The record was one for the process: a worker's protected call returning raised the main
+    # thread's Ctrl-C in the worker, and the main thread's went missing.
+    got: list[str] = []
+
+    def worker():
+        try:
+            _interrupts.uninterrupted(lambda: None)()
+        except KeyboardInterrupt:
+            got.append("worker")
+
+    @_interrupts.uninterrupted
+    def section():
+        signal.raise_signal(signal.SIGINT)
+        t = threading.Thread(target=worker)
+        t.start()
+        t.join()
+
+    with pytest.raises(KeyboardInterrupt):
+        _interrupts.guarded(section)()
+    assert got == []
+
+
+def test_a_ctrl_c_inside_an_except_keyboardinterrupt_clause_is_raised():
+    # The wrapper read sys.exc_info(), the caller's handled KeyboardInterrupt, as its own error
+    # and dropped the new Ctrl-C.
+    @_interrupts.uninterrupted
+    def section():
+        signal.raise_signal(signal.SIGINT)
+
+    try:
+        raise KeyboardInterrupt("the first")
+    except KeyboardInterrupt:
+        with pytest.raises(KeyboardInterrupt) as ei:
+            _interrupts.guarded(section)()
+        assert str(ei.value) != "the first"
 
 
 def test_a_ctrl_c_held_back_is_raised_once():
@@ -197,7 +300,7 @@ def test_a_ctrl_c_held_back_is_raised_once():
         return 1
 
     with pytest.raises(KeyboardInterrupt):
-        twice()
+        _interrupts.guarded(twice)()
     assert _interrupts.uninterrupted(lambda: 2)() == 2
 
 

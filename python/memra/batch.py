@@ -29,7 +29,7 @@ import numpy as np
 
 from . import _core
 from .decode_graph import Sampling
-from ._interrupts import uninterrupted
+from ._interrupts import guarded, uninterrupted
 from .errors import NON_FINITE, ContractError, NonFiniteError, is_int
 
 if TYPE_CHECKING:
@@ -262,6 +262,10 @@ class DecodeBatch:
 
     A row's tokens do not depend on the other rows of a step: row j's logits are those of its
     slot alone, drawn with its own seed and counter, so they equal ``Model.generate``'s.
+
+    After a KeyboardInterrupt from a call (Ctrl-C), release the rows' leases rather than go on:
+    a step may be in the cache that the rows did not count (its commits are whole; the
+    bookkeeping after them is not held back, docs/prefill.md).
     """
 
     def __init__(self, model: Model) -> None:
@@ -273,6 +277,7 @@ class DecodeBatch:
         return self.model._runner is not None
 
     # ------------------------------------------------------------------ rows in and out
+    @guarded
     def start(self, prompt_ids: np.ndarray, sampling: RowSampling, lease: SlotLease,
               what: str = "generate") -> Row:
         """Prefill `prompt_ids` (int32 [T], checked) into the leased (empty) slot and draw the
@@ -293,6 +298,7 @@ class DecodeBatch:
             tok = m._pick(src, 0, s.temperature, s.top_k, s.top_p, s.seed, 0)
         return Row(lease, sampling, tok)
 
+    @guarded
     def start_many(self, prompts: list[np.ndarray], samplings: list[RowSampling], leases: list[SlotLease],
                    what: str = "generate") -> list[Row | NonFiniteError]:
         """:meth:`start` for several prompts at once: one batched prefill of prompts[j] (int32
@@ -336,6 +342,7 @@ class DecodeBatch:
             return False
         return runner.can_chain(np.array([r.slot for r in rows], np.int32))
 
+    @guarded
     def launch(self, rows: list[Row], what: str = "decode") -> StepHandle:
         """Enqueue one decode step feeding each row its last token (or, when :meth:`can_chain`,
         the draws of the step in flight) and drawing the next. Every row needs room for one
@@ -344,6 +351,7 @@ class DecodeBatch:
         no rows, a released lease, a failed row or a step in flight, nothing run)."""
         return self._launch(rows, what, chain_only=False)
 
+    @guarded
     def try_chain(self, rows: list[Row], what: str = "decode") -> StepHandle | None:
         """:meth:`launch` of a step chained on the one in flight when it can be chained now, else
         None. The check and the launch are one hold of the model's lock, so no other thread's
@@ -434,6 +442,7 @@ class DecodeBatch:
             a += k
         return StepHandle(rows, reads=reads, flags=flag_reads or None)
 
+    @guarded
     def collect(self, handle: StepHandle, what: str = "decode") -> list[tuple[Row, object]]:
         """Wait for a launched step's draws -> [(row, token or NonFiniteError)] in the step's row
         order. A row that got a token advances (count, last); every row's step is off its
@@ -488,15 +497,14 @@ def _check_leases(model: Model, leases: list[SlotLease], what: str) -> None:
         raise ContractError(f"{what}: the lease of slot(s) {gone} was released; a released row cannot run", 40025)
 
 
-@uninterrupted
-def take_free_slots(model: Model, n: int, what: str, into: list[SlotLease] | None = None) -> list[SlotLease]:
-    """Hold n free slots of ``model.cache`` (held by nobody and holding no tokens), lowest first;
-    ContractError (CONTRACT_VALUE) naming which are held (Cache.owner) and which hold the
-    user's tokens when fewer than n are free. Nothing is taken on an error. The leases are
-    returned, and appended to `into` before any Ctrl-C that arrived meanwhile is raised: a caller
-    that releases `into` in a ``finally`` around this call never loses one."""
+def take_free_slots(model: Model, n: int, what: str, into: list[SlotLease]) -> list[SlotLease]:
+    """Hold n free slots of ``model.cache`` (held by nobody and holding no tokens), lowest first,
+    and append their leases to `into` (the caller's list, released in a ``finally`` around this
+    call: a Ctrl-C raised as the holds finish never loses one); returns them too. ContractError
+    (CONTRACT_VALUE) naming which slots are held (Cache.owner) and which hold the user's tokens
+    when fewer than n are free. Nothing is taken on an error."""
     cache = model.cache
-    with model._lock:
+    with model._lock:  # waited for outside the protected holds: a Ctrl-C ends the wait
         free, held, user = [], [], []
         for s in range(cache.max_batch):
             if cache.owner(s):
@@ -512,18 +520,26 @@ def take_free_slots(model: Model, n: int, what: str, into: list[SlotLease] | Non
                 f"or by a cache.hold() token: {held}; holding your "
                 f"tokens, never taken: {user}; model.cache.free(slot) empties one of yours; a held one "
                 f"comes back when its generation or stream ends, or with cache.release)", 40025)
-        leases: list[SlotLease] = []
-        try:
-            for s in free[:n]:
-                token = cache.hold(s)
-                leases.append(SlotLease(model, s, token))
-                cache.free(s, owner=token)
-        except BaseException:
-            release_all(leases)  # nothing is taken on an error: the holds so far go back
-            raise
-        if into is not None:
-            into.extend(leases)
-        return leases
+        k = len(into)
+        _hold_free(model, free[:n], into)
+        return into[k:]
+
+
+@uninterrupted
+def _hold_free(model: Model, slots: list[int], into: list[SlotLease]) -> None:
+    """Hold `slots` (free, under the model's lock) into leases appended to `into`; on an error
+    the holds so far go back."""
+    cache = model.cache
+    leases: list[SlotLease] = []
+    try:
+        for s in slots:
+            token = cache.hold(s)
+            leases.append(SlotLease(model, s, token))
+            cache.free(s, owner=token)
+    except BaseException:
+        release_all(leases)
+        raise
+    into.extend(leases)
 
 
 class TokenStream(Iterator[int]):
@@ -546,6 +562,7 @@ class TokenStream(Iterator[int]):
     def __iter__(self) -> TokenStream:
         return self
 
+    @guarded
     def __next__(self) -> int:
         if self._failed is not None:
             raise ContractError(f"stream: this stream ended with {self._failed}; it yields nothing more "
@@ -558,6 +575,7 @@ class TokenStream(Iterator[int]):
             self._failed = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
             raise
 
+    @guarded
     def close(self) -> None:
         """Stop the stream and give its slot back now (idempotent)."""
         self._gen.close()

@@ -46,10 +46,10 @@ def load(path, device: str = "cpu", max_batch: int = 8, max_len: int = 4096, *, 
     (max_batch / max_len not a positive integer, progress / cuda_graphs not a bool,
     kernel_options not a KernelOptions); UnsupportedError for a model_type or config memra
     cannot run, a device it cannot use here (no CUDA: 50001), or "bfloat16" on the CPU.
-    Ctrl-C: memra holds a SIGINT back while it updates a cache in several steps and raises it
-    as KeyboardInterrupt once the update is whole; for that its handler takes the place of
-    Python's default one on the main thread (one the application installed is kept, and then
-    nothing is held back; memra._interrupts).
+    Ctrl-C: while the model's calls run on the main thread, memra's SIGINT handler stands in
+    front of the application's (Python's default one, asyncio's, its own) and holds a SIGINT
+    back while a cache is updated in several steps, passing it on once the update is whole
+    (docs/prefill.md, memra._interrupts); between calls the application's handler is in place.
     Warnings on the "memra" logger: weights skipped as transformers skips them (multi-token
     prediction, vision tower), sampling defaults memra does not apply, a tokenizer with ids past
     vocab_size.

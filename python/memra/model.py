@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from . import _core, batch_prefill
+from ._interrupts import guarded, uninterrupted
 from .batch import (DecodeBatch, RowSampling, SlotLease, TokenStream, commit_rows, count_arg, generation_args,
                     hold_for_call, release_all, release_holds, take_free_slots)
 from .decode_graph import DecodeRunner, Sampling
@@ -142,6 +143,7 @@ class Model:
                     cache.commit(0, b - a)
             return rows[0] if len(rows) == 1 else np.concatenate(rows)
 
+    @guarded
     def prefill(self, cache: _core.Cache, slot: int, token_ids) -> np.ndarray:
         """Append `token_ids` [T] to `slot` (which may already hold tokens: multi-turn) and return
         the logits of the last one [vocab] (numpy float32). A prompt longer than
@@ -205,6 +207,7 @@ class Model:
             finally:
                 release_holds(cache, taken)
 
+    @guarded
     def prefill_batch(self, cache: _core.Cache, slots, prompts) -> np.ndarray:
         """Append prompts[j] (token ids [T_j]; lengths may differ) to slots[j] (distinct; each
         may already hold tokens) in one batched prefill and return the logits of each prompt's
@@ -240,6 +243,7 @@ class Model:
             finally:
                 release_holds(cache, taken)
 
+    @guarded
     def decode(self, cache: _core.Cache, slots, token_ids) -> np.ndarray:
         """One token for each of `slots` (distinct) -> logits [len(slots), vocab] (numpy float32).
         Checked before any layer runs: ContractError for as many slots as tokens not given
@@ -390,8 +394,17 @@ class Model:
         """Hold n free slots of the model's own cache (held by nobody, holding no tokens) for
         sequences of your own making (memra.batch.DecodeBatch; the server's scheduler): each
         :class:`memra.batch.SlotLease` gives its slot back with ``release()``. ContractError when
-        fewer than n are free; slots holding your tokens are never taken."""
-        return take_free_slots(self, count_arg(n, f"{what}: n", 1), what)
+        fewer than n are free; slots holding your tokens are never taken. A Ctrl-C while the
+        slots are taken gives them back before KeyboardInterrupt goes on; one that arrives after
+        this returns, before your own ``try``, is yours to handle (as with ``open()``)."""
+        n = count_arg(n, f"{what}: n", 1)
+        leases: list[SlotLease] = []
+        try:
+            take_free_slots(self, n, what, leases)
+        except BaseException:  # a Ctrl-C as the holds finished: none is left held
+            release_all(leases)
+            raise
+        return leases
 
     def _pick(self, logits, row: int, temperature: float, top_k, top_p, seed: int, step: int) -> int:
         """Sample row `row` of logits [B, vocab] (on the engine's device) with memra's sampler;
@@ -417,12 +430,14 @@ class Model:
         without waiting for the garbage collector (which also closes a dropped stream, whenever
         it runs). NonFiniteError (after the tokens before it) when a row
         of logits is not finite."""
-        return self._checked_stream("stream", prompt_ids, max_new_tokens, temperature, top_k, top_p, seed,
-                                    stop_token_ids, ignore_eos)
+        return TokenStream(self._checked_stream("stream", prompt_ids, max_new_tokens, temperature, top_k, top_p,
+                                                seed, stop_token_ids, ignore_eos))
 
     def _checked_stream(self, op: str, prompt_ids, max_new_tokens, temperature, top_k, top_p, seed,
-                        stop_token_ids, ignore_eos) -> TokenStream:
-        """stream / generate: the arguments checked (errors naming `op`), the stream unstarted."""
+                        stop_token_ids, ignore_eos) -> Iterator[int]:
+        """stream / generate: the arguments checked (errors naming `op`), the generator of the
+        tokens unstarted (generate runs it bare: a TokenStream's __del__ is Python code where a
+        Ctrl-C at its first bytecode would be lost)."""
         ids = ids_arg(prompt_ids, op, "prompt_ids")
         if len(ids):
             self._check_vocab(ids, f"{op}: prompt_ids")
@@ -430,22 +445,25 @@ class Model:
         self._check_fits(len(ids), max_new_tokens, f"{op}: prompt_ids")
         stops = self._stop_ids(stop_token_ids, ignore_eos, op)
         rs = RowSampling(float(temperature), top_k, top_p, seed)
-        return TokenStream(self._stream(ids, max_new_tokens, rs, stops, op))
+        return self._stream(ids, max_new_tokens, rs, stops, op)
 
     def _stream(self, ids: np.ndarray, max_new_tokens: int, rs: RowSampling, stops: set[int],
                 op: str) -> Iterator[int]:
         if max_new_tokens == 0:
             return
         leases: list[SlotLease] = []
+        rows = None
         try:  # the slot goes back before the last token is yielded
-            (lease,) = take_free_slots(self, 1, op, into=leases)
-            for _, tok, last in self._decode_rows([ids], [lease], max_new_tokens, stops, [rs], op):
+            (lease,) = take_free_slots(self, 1, op, leases)
+            rows = self._decode_rows([ids], [lease], max_new_tokens, stops, [rs], op)
+            for _, tok, last in rows:
                 if last:
                     lease.release()
                 yield tok
         finally:
-            release_all(leases)
+            _close_then_release(rows, leases)
 
+    @guarded
     def generate(self, prompt_ids, max_new_tokens: int, temperature: float = 0.0, top_k: int | None = None,
                  top_p: float | None = None, seed: int | None = None, stop_token_ids=None,
                  ignore_eos: bool = False) -> list[int]:
@@ -472,6 +490,7 @@ class Model:
         return list(self._checked_stream("generate", prompt_ids, max_new_tokens, temperature, top_k, top_p, seed,
                                          stop_token_ids, ignore_eos))
 
+    @guarded
     def generate_batch(self, prompts: Sequence, max_new_tokens: int, temperature: float = 0.0,
                        top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
                        stop_token_ids=None, ignore_eos: bool = False) -> list[list[int]]:
@@ -513,13 +532,15 @@ class Model:
             return [[] for _ in range(n)]
         out: list[list[int]] = [[] for _ in range(n)]
         leases: list[SlotLease] = []
+        rows = None
         try:
-            take_free_slots(self, n, "generate_batch", into=leases)
+            take_free_slots(self, n, "generate_batch", leases)
             rs = [RowSampling(float(temperature), top_k, top_p, seed + i) for i in range(n)]
-            for i, tok, _ in self._decode_rows(all_ids, leases, max_new_tokens, stops, rs, "generate_batch"):
+            rows = self._decode_rows(all_ids, leases, max_new_tokens, stops, rs, "generate_batch")
+            for i, tok, _ in rows:
                 out[i].append(tok)
         finally:
-            release_all(leases)
+            _close_then_release(rows, leases)
         return out
 
     def _decode_rows(self, prompts: list[np.ndarray], leases: list[SlotLease], max_new_tokens: int,
@@ -559,8 +580,10 @@ class Model:
             step = pending[0]
             # Queue the next step of the same rows first, when every one of them still needs a
             # token after the one in flight (unless that one stops it).
-            if len(pending) == 1 and all(not finished[index[id(r)]] and r.count + 2 <= max_new_tokens
-                                         for r in step.rows):
+            # (A list, not a generator: one all() leaves unfinished is closed by the garbage
+            # collector, where a Ctrl-C at its first bytecode would be lost.)
+            if len(pending) == 1 and all([not finished[index[id(r)]] and r.count + 2 <= max_new_tokens
+                                          for r in step.rows]):
                 nxt = batch.try_chain(step.rows, what)
                 if nxt is not None:
                     pending.append(nxt)
@@ -576,3 +599,15 @@ class Model:
                 active = [r for r in step.rows if not finished[index[id(r)]]]
                 if active:
                     pending.append(batch.launch(active, what))
+
+
+@uninterrupted
+def _close_then_release(rows: Iterator | None, leases: list[SlotLease]) -> None:
+    """The way out of a generation (a Ctrl-C waits for it): close its rows' generator here
+    (left to the garbage collector, its way out would run where a Ctrl-C is lost), then give
+    the slots back, also when the close raises."""
+    try:
+        if rows is not None:
+            rows.close()
+    finally:
+        release_all(leases)

@@ -258,7 +258,7 @@ class Scheduler:
                 self._n_running += 1
             budget -= len(req.prompt_ids)
             try:
-                (lease,) = take_free_slots(self.model, 1, "serve")
+                (lease,) = take_free_slots(self.model, 1, "serve", [])
             except MemraError as e:  # a slot held outside the server (a user's generation)
                 with self._cv:
                     self._uncount(req)
