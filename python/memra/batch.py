@@ -110,6 +110,18 @@ def release_all(leases: list[SlotLease]) -> None:
         lease.release()
 
 
+@uninterrupted
+def close_then_release(rows: Iterator | None, leases: list[SlotLease]) -> None:
+    """The way out of a generation (a Ctrl-C waits for it): close its rows' generator here
+    (left to the garbage collector, its way out would run where a Ctrl-C is lost), then give
+    the slots back, also when the close raises."""
+    try:
+        if rows is not None:
+            rows.close()
+    finally:
+        release_all(leases)
+
+
 _F32_MAX = float(np.finfo(np.float32).max)  # the sampler's temperature is a float32
 _INT32_MAX = 2**31 - 1  # the sampler's top_k is an int32
 
@@ -131,8 +143,7 @@ def sampling_problem(name: str, value) -> str | None:
     if name == "temperature":
         try:  # a Python int beyond float's range overflows float(): not a finite number either
             # A value past float32's range would reach the sampler as inf.
-            ok = number(value) and math.isfinite(float(value)) \
-                and 0 <= float(value) <= _F32_MAX
+            ok = number(value) and math.isfinite(float(value)) and 0 <= float(value) <= _F32_MAX
         except OverflowError:
             ok = False
         return None if ok else f"must be a finite float32 number >= 0, got {value!r}"

@@ -13,9 +13,9 @@ from pathlib import Path
 import numpy as np
 
 from . import _core, batch_prefill
-from ._interrupts import guarded, uninterrupted
-from .batch import (DecodeBatch, RowSampling, SlotLease, TokenStream, commit_rows, count_arg, generation_args,
-                    hold_for_call, release_all, release_holds, take_free_slots)
+from ._interrupts import guarded
+from .batch import (DecodeBatch, RowSampling, SlotLease, TokenStream, close_then_release, commit_rows, count_arg,
+                    generation_args, hold_for_call, release_all, release_holds, take_free_slots)
 from .decode_graph import DecodeRunner, Sampling
 from .errors import NON_FINITE, CacheFullError, ContractError, NonFiniteError, UnsupportedError, \
     check_owners, check_token_ids, ids_arg, in_sequence, is_int, shown
@@ -461,7 +461,7 @@ class Model:
                     lease.release()
                 yield tok
         finally:
-            _close_then_release(rows, leases)
+            close_then_release(rows, leases)
 
     @guarded
     def generate(self, prompt_ids, max_new_tokens: int, temperature: float = 0.0, top_k: int | None = None,
@@ -540,7 +540,7 @@ class Model:
             for i, tok, _ in rows:
                 out[i].append(tok)
         finally:
-            _close_then_release(rows, leases)
+            close_then_release(rows, leases)
         return out
 
     def _decode_rows(self, prompts: list[np.ndarray], leases: list[SlotLease], max_new_tokens: int,
@@ -600,14 +600,3 @@ class Model:
                 if active:
                     pending.append(batch.launch(active, what))
 
-
-@uninterrupted
-def _close_then_release(rows: Iterator | None, leases: list[SlotLease]) -> None:
-    """The way out of a generation (a Ctrl-C waits for it): close its rows' generator here
-    (left to the garbage collector, its way out would run where a Ctrl-C is lost), then give
-    the slots back, also when the close raises."""
-    try:
-        if rows is not None:
-            rows.close()
-    finally:
-        release_all(leases)
