@@ -214,10 +214,15 @@ def test_a_ctrl_c_as_a_closed_streams_steps_are_closed_reaches_the_caller(model)
     s = model.stream([1, 2, 3], 5, ignore_eos=True)
     next(s)
     sent = sigint_at(Model._decode_rows.__code__, "call")
-    with pytest.raises(KeyboardInterrupt):
+    try:
         s.close()
+        raised = False
+    except KeyboardInterrupt:
+        raised = True
     sys.settrace(None)
-    assert sent
+    # Python 3.12 closes a generator suspended outside any try without running its frame: no
+    # bytecode of it runs, no SIGINT is sent, none is due.
+    assert raised == bool(sent), (raised, sent)
     check_usable(model)
 
 
