@@ -43,11 +43,9 @@ def hold_for_call(cache: _core.Cache, slots, owners: list[int], taken: list[tupl
     tokens in. Another thread's ``Cache.free`` / ``commit`` of such a slot mid-call is then
     refused (40026) instead of interleaving with the call's chunks and commits (silently
     different logits), and generation cannot take an empty slot being prefilled. The slots are
-    checked (valid, not held by others) by the caller first.
-
-    Each hold goes into `taken`, the caller's list, as it is taken, and the caller gives them
-    back with :func:`release_holds` in a ``finally`` around this call: a Ctrl-C (raised as
-    this returns) or an error here never leaves one held."""
+    checked (valid, not held by others) by the caller first. Each hold goes into `taken` as it
+    is taken: the caller's list, given back by :func:`release_holds` in a ``finally`` around
+    this call, so neither an error nor a Ctrl-C (passed on as this returns) leaves one held."""
     for s, o in zip(slots, owners):
         if not o:
             taken.append((int(s), cache.hold(int(s))))
@@ -112,9 +110,8 @@ def release_all(leases: list[SlotLease]) -> None:
 
 @uninterrupted
 def close_then_release(rows: Iterator | None, leases: list[SlotLease]) -> None:
-    """The way out of a generation (a Ctrl-C waits for it): close its rows' generator here
-    (left to the garbage collector, its way out would run where a Ctrl-C is lost), then give
-    the slots back, also when the close raises."""
+    """The way out of a generation (a Ctrl-C waits for it): close its rows' generator (the
+    garbage collector's close loses a Ctrl-C), then give the slots back, also if that raises."""
     try:
         if rows is not None:
             rows.close()

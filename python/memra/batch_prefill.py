@@ -25,7 +25,7 @@ import numpy as np
 
 from . import _core
 from ._interrupts import uninterrupted
-from .errors import ContractError, check_owners, check_token_ids, ids_arg, shown
+from .errors import ContractError, check_owners, check_token_ids, ids_arg, listed, shown
 
 if TYPE_CHECKING:
     from .model import Model
@@ -60,10 +60,6 @@ def check_args(model: Model, cache: _core.Cache, slots, prompts, what: str) -> t
     """Every check of a batched prefill that needs no slot state -> (slots int32 [P], prompts as
     int32 [T_i]): `prompts` a sequence of non-empty 1-D int sequences, `slots` as many distinct
     slots of `cache`, every token id in the vocabulary. ContractError naming the argument."""
-    def listed(v) -> bool:  # a sequence (numpy: of rank >= 1), not a string
-        return not isinstance(v, (str, bytes)) and (isinstance(v, Sequence) or (
-            isinstance(v, np.ndarray) and v.ndim >= 1))
-
     if not listed(prompts):
         raise ContractError(f"{what}: prompts must be a list of token id lists, got {shown(prompts)}", 40020)
     ids = [ids_arg(p, what, f"prompts[{i}]") for i, p in enumerate(prompts)]

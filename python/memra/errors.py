@@ -33,6 +33,8 @@ The argument checks the Python API shares live here too, raising these errors: t
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 
@@ -142,6 +144,13 @@ __all__ = [
 def is_int(v) -> bool:
     """A Python or numpy integer, not a bool (nor a timedelta64, which numpy counts as one)."""
     return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_, np.timedelta64))
+
+
+def listed(v) -> bool:
+    """A sequence (numpy: an array of rank >= 1), not a string: a list of prompts or slots."""
+    if isinstance(v, np.ndarray):
+        return v.ndim >= 1
+    return isinstance(v, Sequence) and not isinstance(v, (str, bytes))
 
 
 def ids_arg(token_ids, what: str, arg: str = "token_ids", empty_ok: bool = False) -> np.ndarray:

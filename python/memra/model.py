@@ -18,7 +18,7 @@ from .batch import (DecodeBatch, RowSampling, SlotLease, TokenStream, close_then
                     generation_args, hold_for_call, release_all, release_holds, take_free_slots)
 from .decode_graph import DecodeRunner, Sampling
 from .errors import NON_FINITE, CacheFullError, ContractError, NonFiniteError, UnsupportedError, \
-    check_owners, check_token_ids, ids_arg, in_sequence, is_int, shown
+    check_owners, check_token_ids, ids_arg, in_sequence, is_int, listed, shown
 from .loader import GenerationConfig
 
 log = logging.getLogger("memra")
@@ -435,9 +435,8 @@ class Model:
 
     def _checked_stream(self, op: str, prompt_ids, max_new_tokens, temperature, top_k, top_p, seed,
                         stop_token_ids, ignore_eos) -> Iterator[int]:
-        """stream / generate: the arguments checked (errors naming `op`), the generator of the
-        tokens unstarted (generate runs it bare: a TokenStream's __del__ is Python code where a
-        Ctrl-C at its first bytecode would be lost)."""
+        """stream / generate: the arguments checked (errors naming `op`), the tokens' generator
+        unstarted (generate runs it bare: a Ctrl-C in a TokenStream's __del__ is lost)."""
         ids = ids_arg(prompt_ids, op, "prompt_ids")
         if len(ids):
             self._check_vocab(ids, f"{op}: prompt_ids")
@@ -508,8 +507,7 @@ class Model:
         :meth:`generate` (prompt i named as ``prompts[i]``), and ContractError for more prompts
         than ``cache.max_batch`` or than free slots, or seed + len(prompts) past 2^64;
         CacheFullError naming the prompt that cannot fit."""
-        if isinstance(prompts, (str, bytes)) or not isinstance(prompts, (Sequence, np.ndarray)) or \
-                getattr(prompts, "ndim", 1) == 0:
+        if not listed(prompts):
             raise ContractError(f"generate_batch: prompts must be a list of token id lists, got "
                                 f"{shown(prompts)}", 40020)
         all_ids = [ids_arg(p, "generate_batch", f"prompts[{i}]") for i, p in enumerate(prompts)]
