@@ -5,6 +5,8 @@ returns a model that prefills, decodes and generates. Every op is also usable on
 DLPack arrays through :mod:`memra._core` (``memra._core.rms_norm``, ``kda_scan``, ...).
 """
 
+import atexit
+
 from . import _core
 from ._core import (
     AttentionLayer,
@@ -37,6 +39,10 @@ from .errors import (
 
 from .checkpoint import default_checkpoint, load
 from .model import Model
+
+# A thread still inside a native op when the interpreter finalizes would abort the process: the
+# exit first waits for such calls (memra._core._finish_native_calls says why).
+atexit.register(_core._finish_native_calls)
 
 __version__ = "0.1.0"
 

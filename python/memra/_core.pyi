@@ -56,6 +56,8 @@ class status:
 
     UNSUPPORTED_IN_CAPTURE: int = 50003
 
+    UNSUPPORTED_AT_EXIT: int = 50004
+
     NON_FINITE: int = 60001
 
 class Weight:

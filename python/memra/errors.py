@@ -13,8 +13,10 @@ class                   band                     meaning
 ``ContractError``       40000+                   shape / dtype / device / range violation
 ``UnsupportedError``    50000+                   no CUDA (50001), a geometry not instantiated
                                                  (50002), a host copy or wait inside a CUDA
-                                                 graph capture (50003), or a model_type /
-                                                 config / dtype memra cannot run (50000)
+                                                 graph capture (50003), a native call
+                                                 after the interpreter's exit began (50004),
+                                                 or a model_type / config / dtype memra
+                                                 cannot run (50000)
 ``NonFiniteError``      60001                    a row of logits holds NaN or +-inf
 ======================  =======================  ==========================================
 

@@ -57,6 +57,7 @@ void init_errors(nb::module_& m) {
   s.attr("UNSUPPORTED_NO_CUDA") = kUnsupportedNoCuda;
   s.attr("UNSUPPORTED_GEOMETRY") = kUnsupportedGeometry;
   s.attr("UNSUPPORTED_IN_CAPTURE") = kUnsupportedInCapture;
+  s.attr("UNSUPPORTED_AT_EXIT") = kUnsupportedAtExit;
   s.attr("NON_FINITE") = kNonFinite;
 }
 

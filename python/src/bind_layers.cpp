@@ -20,6 +20,7 @@
 #include "memra/decode_step.h"
 #include "memra/engine.h"
 #include "memra/layers.h"
+#include "nogil.h"
 
 namespace memra::py {
 
@@ -53,7 +54,7 @@ std::pair<Out, Out> moe_forward(const MoeLayer& l, const AnyArray& x, const char
   Out idx = out_i32(l.cuda(), {sz(T), sz(l.config().top_k)}, false);
   Status st;
   {
-    nb::gil_scoped_release nogil;
+    ReleasedGil nogil;
     st = l.forward(xp, T, y.data<float>(), idx.data<int32_t>());
   }
   check(st);
@@ -268,7 +269,7 @@ void init_layers(nb::module_& m) {
             Out idx = out_i32(l.cuda(), {sz(T), sz(l.config().sparse ? W : 0)}, false);
             Status st;
             {
-              nb::gil_scoped_release nogil;
+              ReleasedGil nogil;
               st = l.prefill(cache, layer, slot, xp, T, tp, y.data<float>(),
                              l.config().sparse ? idx.data<int32_t>() : nullptr);
             }
@@ -297,7 +298,7 @@ void init_layers(nb::module_& m) {
             Out idx = out_i32(l.cuda(), {sz(B), sz(l.config().sparse ? W : 0)}, false);
             Status st;
             {
-              nb::gil_scoped_release nogil;
+              ReleasedGil nogil;
               st = l.decode(cache, layer, sp, B, xp, tp, y.data<float>(),
                             l.config().sparse ? idx.data<int32_t>() : nullptr);
             }
@@ -364,7 +365,7 @@ void init_layers(nb::module_& m) {
             Out y = out_f32(l.cuda(), {sz(T), sz(l.hidden())}, false);
             Status st;
             {
-              nb::gil_scoped_release nogil;
+              ReleasedGil nogil;
               st = l.forward(xp, T, y.data<float>());
             }
             check(st);
@@ -487,7 +488,7 @@ void init_layers(nb::module_& m) {
             Out collapsed = out_f32(l.cuda(), {sz(T), sz(D)}, false);
             Status st;
             {
-              nb::gil_scoped_release nogil;
+              ReleasedGil nogil;
               st = eps ? l.pre_norm(sp, T, np, *eps, post.data<float>(), comb.data<float>(),
                                     collapsed.data<float>())
                        : l.pre(sp, T, post.data<float>(), comb.data<float>(),
@@ -528,7 +529,7 @@ void init_layers(nb::module_& m) {
             Out h = out_f32(l.cuda(), {sz(T), sz(D)}, false);
             Status st;
             {
-              nb::gil_scoped_release nogil;
+              ReleasedGil nogil;
               st = l.post_pre_norm(yp, pp, cp, rp, int(T), np, eps, st_out.data<float>(),
                                    post.data<float>(), comb.data<float>(), h.data<float>());
             }

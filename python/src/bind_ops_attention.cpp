@@ -21,6 +21,7 @@
 #include "memra/engine.h"
 #include "memra/msg.h"
 #include "memra/op/attention.h"
+#include "nogil.h"
 
 namespace memra::py {
 
@@ -146,7 +147,7 @@ void run(const Engine* engine, Status (*fn)(const op::Backend&, const P&), const
   if (on_cuda(engine)) {
     st = fn(backend(engine), p);
   } else {
-    nb::gil_scoped_release nogil;
+    ReleasedGil nogil;
     st = fn(backend(engine), p);
   }
   check(st);

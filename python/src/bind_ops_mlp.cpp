@@ -13,6 +13,7 @@
 #include "device_args.h"
 #include "memra/engine.h"
 #include "memra/op/mlp.h"
+#include "nogil.h"
 
 namespace memra::py {
 
@@ -79,7 +80,7 @@ void init_ops_mlp(nb::module_& m) {
         p.limit = limit;
         p.y = y.data<float>();
         {
-          std::optional<nb::gil_scoped_release> nogil;
+          std::optional<ReleasedGil> nogil;
           if (!on_cuda(engine)) nogil.emplace();
           check(op::swiglu_mlp(backend(engine), p));
         }

@@ -18,6 +18,7 @@
 #include "memra/engine.h"
 #include "memra/msg.h"
 #include "memra/op/moe.h"
+#include "nogil.h"
 
 namespace memra::py {
 
@@ -147,7 +148,7 @@ void init_ops_moe(nb::module_& m) {
         p.topk_w = w.data<float>();
         p.scoring = score;
         {
-          std::optional<nb::gil_scoped_release> nogil;
+          std::optional<ReleasedGil> nogil;
           if (!on_cuda(engine)) nogil.emplace();
           check(op::moe_route(backend(engine), p));
         }
@@ -198,7 +199,7 @@ void init_ops_moe(nb::module_& m) {
         p.routed = rp;
         p.y = y.data<float>();
         {
-          std::optional<nb::gil_scoped_release> nogil;
+          std::optional<ReleasedGil> nogil;
           if (!on_cuda(engine)) nogil.emplace();
           check(op::moe_shared_gate(backend(engine), p));
         }
@@ -311,7 +312,7 @@ void init_ops_moe(nb::module_& m) {
         p.limit = limit;
         p.y = y.data<float>();
         {
-          std::optional<nb::gil_scoped_release> nogil;
+          std::optional<ReleasedGil> nogil;
           if (!on_cuda(engine)) nogil.emplace();
           check(op::moe_forward(backend(engine), p, on_cuda(engine) ? nullptr : &experts));
         }

@@ -18,6 +18,7 @@
 #include "memra/engine.h"
 #include "memra/msg.h"
 #include "memra/op/sample.h"
+#include "nogil.h"
 
 namespace memra::py {
 
@@ -113,7 +114,7 @@ void init_ops_sample(nb::module_& m) {
         p.seed = seed;
         p.out = out.data<int32_t>();
         {
-          std::optional<nb::gil_scoped_release> nogil;
+          std::optional<ReleasedGil> nogil;
           if (!on_cuda(engine)) nogil.emplace();
           check(op::sample(backend(engine), p));
         }

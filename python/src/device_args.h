@@ -9,7 +9,7 @@
 //     if (on_cuda(engine)) {
 //       const CudaContext& c = cuda_ctx(engine);
 //       check_cuda(engine, c.api().rms_norm(c.ctx(), xp, ..., y.data<float>()), "rms_norm");
-//     } else { nb::gil_scoped_release nogil; cpu::rms_norm(xp, ..., y.data<float>()); }
+//     } else { ReleasedGil nogil; cpu::rms_norm(xp, ..., y.data<float>()); }
 //     return y.obj;
 //   }, ..., nb::kw_only(), nb::arg("engine").none() = nb::none());
 #pragma once

@@ -12,6 +12,7 @@
 #include "device_args.h"
 #include "memra/cache.h"
 #include "memra/decode_step.h"
+#include "nogil.h"
 
 namespace memra::py {
 
@@ -46,7 +47,7 @@ template <typename F>
 void run_layer(F&& f) {
   Status st;
   {
-    nb::gil_scoped_release nogil;
+    ReleasedGil nogil;
     st = f();
   }
   check(st);

@@ -3,6 +3,7 @@
 #include "bind_options.h"
 #include "common.h"
 #include "device_args.h"
+#include "nogil.h"
 
 NB_MODULE(_core, m) {
   m.doc() = "memra's C++ runtime: CPU reference ops, Engine, Cache and layer objects.";
@@ -27,5 +28,6 @@ NB_MODULE(_core, m) {
   memra::py::init_layers(m);
   memra::py::init_layers_attention(m);
   memra::py::init_layers_gdn(m);
+  memra::py::init_nogil(m);
   memra::py::init_arguments(m);  // last: it fronts every function defined above
 }

@@ -7,6 +7,7 @@
 
 #include "common.h"
 #include "device_args.h"
+#include "nogil.h"
 
 namespace memra::py {
 
@@ -15,7 +16,7 @@ template <typename F>
 void run_op(const Engine* engine, F&& op) {
   Status st;
   {
-    std::optional<nb::gil_scoped_release> nogil;
+    std::optional<ReleasedGil> nogil;
     if (!on_cuda(engine)) nogil.emplace();
     st = op();
   }

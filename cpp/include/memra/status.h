@@ -34,6 +34,7 @@ constexpr int kUnsupported = 50000;        // feature or configuration not suppo
 constexpr int kUnsupportedNoCuda = 50001;  // no CUDA build or no usable device
 constexpr int kUnsupportedGeometry = 50002;  // geometry not instantiated by the kernels
 constexpr int kUnsupportedInCapture = 50003;  // a host copy / wait inside a CUDA graph capture
+constexpr int kUnsupportedAtExit = 50004;  // a native call after the interpreter's exit began
 
 // Numeric (60000+): a computed value the next step cannot use.
 constexpr int kNonFinite = 60001;          // a row of logits holds NaN or +-inf
