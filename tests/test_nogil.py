@@ -3,8 +3,12 @@ hook, CPython ended such a thread with pthread_exit when it asked for the GIL ba
 unwind through the binding's C++ frames aborted the process ("terminate called without an active
 exception", exit 134, a core dump). Each case runs a program that exits while a daemon thread
 works in memra and asserts a clean exit: status 0, nothing on stderr but the program's own lines
-(no abort, no traceback of the thread, no nanobind leak report). CPU, the embedded glm5_next
-checkpoint.
+(no abort, no hang, no traceback of the thread, no nanobind leak report). Then the cases a
+break-it pass found against the first hook (each failed on it): a thread's Python code running
+inside a memra call (a sequence's __getitem__, a __dlpack__: aborted), the model's lock held by a
+parked daemon thread (a late atexit callback, a stream's finalizer, a thread joined from a late
+callback: hung), a fork's child (hung), a Ctrl-C during the wait (aborted). CPU, the embedded
+glm5_next checkpoint.
 """
 
 from __future__ import annotations
@@ -58,7 +62,7 @@ print("main exits", flush=True)
 
 def run(source: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", textwrap.dedent(source)], capture_output=True,
-                          text=True, timeout=300)
+                          text=True, timeout=120)
 
 
 def stderr_lines(p: subprocess.CompletedProcess) -> list[str]:
@@ -93,3 +97,157 @@ def test_a_native_call_on_the_exiting_thread_after_the_hook_is_refused():
         """)
     assert p.stdout == "True\nrefused 50004 True\n", p.stderr
     assert p.returncode == 0, p.stderr
+
+
+@pytest.mark.parametrize("arg", ["sequence", "dlpack"])
+def test_exit_with_a_daemon_thread_in_python_code_memra_called(arg):
+    """A slow __getitem__ of concat_rows' sequence / __dlpack__ of rms_norm's x: the thread is in
+    memra's C++ frames while it runs Python code (the GIL taken and dropped)."""
+    p = run("""
+        import threading, time
+        import numpy as np
+        from memra import _core
+
+        part = np.ones((4, 8), np.float32)
+
+        class Parts:
+            def __len__(self):
+                return 3
+
+            def __getitem__(self, i):
+                if i >= 3:
+                    raise IndexError(i)
+                time.sleep(0.05)
+                return part
+
+        class Slow:
+            def __dlpack__(self, **kw):
+                time.sleep(0.05)
+                return part.__dlpack__(**kw)
+
+            def __dlpack_device__(self):
+                return part.__dlpack_device__()
+
+        def work():
+            while True:
+                _core.concat_rows(Parts()) if ARG == "sequence" else _core.rms_norm(Slow(), None, eps=1e-6)
+
+        threading.Thread(target=work, daemon=True).start()
+        time.sleep(0.3)
+        print("main exits", flush=True)
+        """.replace("ARG", repr(arg)))
+    assert p.stdout == "main exits\n"
+    assert stderr_lines(p) == [], p.stderr
+    assert p.returncode == 0, p.stderr
+
+
+DAEMON_GENERATES = """
+def work():
+    while True:
+        busy.set()
+        m.generate([4, 5, 6], 100, ignore_eos=True)
+
+threading.Thread(target=work, daemon=True).start()
+busy.wait()
+time.sleep(0.2)
+"""
+
+
+def test_a_late_atexit_callback_gets_the_model_from_a_daemon_thread():
+    """The daemon thread holds the model's lock across its calls: at its next memra call after the
+    hook it ends (SystemExit) and lets the lock go, so the late callback's generate is refused
+    (50004) instead of waiting for the lock for good."""
+    p = run("""
+import atexit
+
+def late():
+    try:
+        m.generate([1, 2, 3], 3)
+    except memra.UnsupportedError as e:
+        print("late:", e.code, flush=True)
+
+atexit.register(late)
+""" + LOAD + DAEMON_GENERATES + 'print("main exits", flush=True)\n')
+    assert p.stdout == "main exits\nlate: 50004\n", p.stderr
+    assert stderr_lines(p) == [], p.stderr
+    assert p.returncode == 0
+
+
+def test_a_stream_finalized_at_teardown_while_a_daemon_thread_generates():
+    """An unfinished stream in another module, closed by the teardown's garbage collection, gives
+    nothing back then (the lock may be a daemon thread's the interpreter ended)."""
+    p = run(LOAD + """
+import sys, types
+other = sys.modules["other"] = types.ModuleType("other")
+other.s = m.stream([1, 2, 3], 50, ignore_eos=True)
+next(other.s)
+""" + DAEMON_GENERATES + 'print("main exits", flush=True)\n')
+    assert p.stdout == "main exits\n"
+    assert stderr_lines(p) == [], p.stderr
+    assert p.returncode == 0
+
+
+def test_a_thread_joined_by_a_late_atexit_callback_is_refused_not_parked():
+    p = run("""
+        import atexit, threading
+
+        def late():
+            def call():
+                try:
+                    m.generate([1, 2, 3], 3)
+                except memra.UnsupportedError as e:
+                    print("thread:", e.code, flush=True)
+
+            t = threading.Thread(target=call)
+            t.start()
+            t.join()
+
+        atexit.register(late)
+        import memra
+        m = memra.load(memra.default_checkpoint(), max_batch=1, max_len=64, progress=False)
+        """)
+    assert p.stdout == "thread: 50004\n", p.stderr
+    assert p.returncode == 0
+
+
+def test_a_fork_child_exits_while_the_parent_has_a_daemon_thread_in_memra():
+    """The child inherits no thread: its count of calls in progress starts over."""
+    p = run(LOAD + DAEMON_GENERATES + """
+import os, sys
+import numpy as np
+pid = os.fork()
+if pid == 0:  # (not the model: its lock may be the daemon thread's, held at the fork)
+    print("child", memra._core.rms_norm(np.ones((2, 4), np.float32), None, eps=0.0).sum(), flush=True)
+    sys.exit(0)
+print("child status", os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), flush=True)
+""")
+    assert p.stdout == "child 8.0\nchild status 0\n", p.stderr
+    assert stderr_lines(p) == [], p.stderr
+    assert p.returncode == 0
+
+
+def test_ctrl_c_while_the_exit_waits_ends_the_process_with_130():
+    """A SIGINT (here from a timer, with Python's handler) while the hook waits for a daemon
+    thread's long op: finalizing then would abort, so the process ends at once with 130."""
+    p = run("""
+        import signal, threading
+        import numpy as np
+        from memra import _core
+
+        x = np.ones((24000, 4096), np.float32)
+        inside = threading.Event()
+
+        def work():
+            while True:
+                inside.set()
+                _core.rms_norm(x, None, eps=1e-6)
+
+        threading.Thread(target=work, daemon=True).start()
+        inside.wait()
+        signal.signal(signal.SIGALRM, signal.default_int_handler)
+        signal.setitimer(signal.ITIMER_REAL, 0.05)
+        print("main exits", flush=True)
+        """)
+    assert p.stdout == "main exits\n"
+    assert stderr_lines(p) == ["memra: exit interrupted while a thread was inside memra; exiting now"], p.stderr
+    assert p.returncode == 130

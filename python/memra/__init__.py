@@ -6,6 +6,7 @@ DLPack arrays through :mod:`memra._core` (``memra._core.rms_norm``, ``kda_scan``
 """
 
 import atexit
+import os
 
 from . import _core
 from ._core import (
@@ -40,9 +41,11 @@ from .errors import (
 from .checkpoint import default_checkpoint, load
 from .model import Model
 
-# A thread still inside a native op when the interpreter finalizes would abort the process: the
-# exit first waits for such calls (memra._core._finish_native_calls says why).
+# A thread still inside memra when the interpreter finalizes would abort the process: the exit
+# first waits for such calls (memra._core._finish_native_calls says why); a fork's child starts
+# the count over.
 atexit.register(_core._finish_native_calls)
+os.register_at_fork(before=_core._before_fork, after_in_child=_core._after_fork_in_child)
 
 __version__ = "0.1.0"
 

@@ -21,6 +21,7 @@ rows through the sampler's per-row flag inside the captured step (``DecodeRunner
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -90,14 +91,13 @@ class SlotLease:
 
     @uninterrupted
     def release(self) -> None:
-        """Free the slot (length 0, recurrent state zeroed) and stop holding it (a Ctrl-C waits
-        for the three steps)."""
-        if not self.token:
+        """Free the slot (length 0, recurrent state zeroed) and stop holding it (a Ctrl-C waits for
+        the three steps); nothing at the interpreter's teardown (a daemon thread may hold the lock)."""
+        if not self.token or sys.is_finalizing():
             return
-        cache = self.model.cache
         with self.model._lock:
-            cache.free(self.slot, owner=self.token)
-            cache.release(self.slot, self.token)
+            self.model.cache.free(self.slot, owner=self.token)
+            self.model.cache.release(self.slot, self.token)
             self.token = 0
 
 

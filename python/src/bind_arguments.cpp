@@ -10,13 +10,15 @@
 // TypeError, memra._arguments.explain() binds the arguments to the signature (__nb_signature__),
 // finds the one whose value does not fit its type, and the call raises ContractError naming the
 // function, the argument and the value. A wrong number of arguments or an unknown keyword keeps
-// Python's TypeError. The stubs, the signatures and the successful calls are unchanged.
+// Python's TypeError. The stubs, the signatures and the successful calls are unchanged. The same
+// front counts each call for the exit hook (nogil.h).
 #include <nanobind/stl/string.h>
 
 #include <cstring>
 #include <string>
 
 #include "common.h"
+#include "nogil.h"
 
 namespace memra::py {
 
@@ -60,8 +62,10 @@ PyObject* explain(PyObject* self, PyObject* const* args, size_t nargsf, PyObject
 
 template <int I>
 PyObject* checked(PyObject* self, PyObject* const* args, size_t nargsf, PyObject* kwnames) {
+  if (!enter_call()) return nullptr;  // counted for the exit hook (nogil.h)
   PyObject* r = g_dispatch[I](self, args, nargsf, kwnames);
-  if (r == nullptr && PyErr_ExceptionMatches(PyExc_TypeError)) return explain(self, args, nargsf, kwnames);
+  if (r == nullptr && PyErr_ExceptionMatches(PyExc_TypeError)) r = explain(self, args, nargsf, kwnames);
+  leave_call();
   return r;
 }
 

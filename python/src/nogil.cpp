@@ -1,5 +1,7 @@
-// ReleasedGil and the exit hook that waits for the calls it counts (nogil.h says why).
+// The count of memra calls in progress and the exit hook that waits for it (nogil.h says why).
 #include "nogil.h"
+
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -10,11 +12,12 @@
 namespace memra::py {
 namespace {
 
-// Both change only while the changing thread holds the GIL: a call's check of `g_closed` and
-// its count are one step the exit hook cannot come between.
+// All three change only while the changing thread holds the GIL: a call's check of `g_closed`
+// and its count are one step the exit hook cannot come between.
 std::atomic<int> g_running{0};
 std::atomic<bool> g_closed{false};
 std::atomic<unsigned long> g_exit_thread{0};  // the thread that ran the exit hook
+thread_local int t_depth = 0;                 // this thread's part of g_running
 
 // Whether threads other than the caller have a Python thread state (daemon threads still alive).
 bool other_threads_alive() {
@@ -24,21 +27,90 @@ bool other_threads_alive() {
   return n > 1;
 }
 
+bool daemon_thread() {
+  PyObject* threading = PyImport_ImportModule("threading");
+  PyObject* t = threading ? PyObject_CallMethod(threading, "current_thread", nullptr) : nullptr;
+  PyObject* d = t ? PyObject_GetAttrString(t, "daemon") : nullptr;
+  const bool daemon = d && PyObject_IsTrue(d) == 1;
+  Py_XDECREF(d);
+  Py_XDECREF(t);
+  Py_XDECREF(threading);
+  PyErr_Clear();
+  return daemon;
+}
+
+constexpr const char* kAtExit =
+    "the interpreter is exiting: memra runs no call after its exit hook that could leave a "
+    "thread inside memra as the interpreter finalizes";
+
+// Set the refusal of a call made after the hook (`releases`: the call would release the GIL);
+// false when the call may go on.
+bool refused(bool releases) {
+  if (!g_closed.load()) return false;
+  if (PyThread_get_thread_ident() == g_exit_thread.load()) {
+    if (!releases) return false;  // finalizers and late atexit callbacks: on this thread, safe
+    set_status_error(Status(kUnsupportedAtExit, std::string(kAtExit) + " (a call that releases "
+                                                "the GIL, from a later atexit callback or finalizer)"));
+    return true;
+  }
+  if (t_depth > 0) return false;  // inside a call the hook counted and waits for
+  if (daemon_thread()) {
+    // Ends the thread without a traceback (threading ignores SystemExit), its frames unwound.
+    PyErr_SetString(PyExc_SystemExit, "memra: the interpreter is exiting; this daemon thread ends");
+  } else {
+    set_status_error(Status(kUnsupportedAtExit, std::string(kAtExit) + " (a thread started after it)"));
+  }
+  return true;
+}
+
+bool g_fork_with_threads = false;  // os.fork() ran while other threads were alive
+bool g_child_of_threads = false;   // this process is such a fork's child
+
+// A signal handler's exception (Ctrl-C, a SIGTERM handler's sys.exit) ended the wait while
+// another thread is inside memra: finalizing now would abort the process, so it ends here, with
+// the status the exception asks for (130 for a Ctrl-C), its output flushed.
+[[noreturn]] void exit_now() {
+  int status = 1;
+  if (PyErr_ExceptionMatches(PyExc_KeyboardInterrupt)) {
+    status = 130;
+  } else if (PyErr_ExceptionMatches(PyExc_SystemExit)) {
+    PyObject *type, *value, *trace;
+    PyErr_Fetch(&type, &value, &trace);
+    PyErr_NormalizeException(&type, &value, &trace);
+    PyObject* code = value ? PyObject_GetAttrString(value, "code") : nullptr;
+    status = !code || code == Py_None ? 0 : PyLong_Check(code) ? int(PyLong_AsLong(code)) : 1;
+    Py_XDECREF(code);
+    Py_XDECREF(type);
+    Py_XDECREF(value);
+    Py_XDECREF(trace);
+  }
+  PyErr_Clear();
+  PyRun_SimpleString(
+      "import sys\n"
+      "print('memra: exit interrupted while a thread was inside memra; exiting now', file=sys.stderr)\n"
+      "for f in (sys.stdout, sys.stderr):\n"
+      "    try: f.flush()\n"
+      "    except Exception: pass\n");
+  _exit(status);
+}
+
 }  // namespace
 
+bool enter_call() {
+  if (refused(false)) return false;
+  ++t_depth;
+  g_running.fetch_add(1);
+  return true;
+}
+
+void leave_call() {
+  g_running.fetch_sub(1);
+  --t_depth;
+}
+
 ReleasedGil::ReleasedGil() {
-  if (g_closed.load()) {
-    if (PyThread_get_thread_ident() == g_exit_thread.load()) {
-      raise_status(Status(kUnsupportedAtExit,
-                          "the interpreter is exiting: memra runs no native call after its exit "
-                          "hook (a later atexit callback or finalizer called memra)"));
-    }
-    // Any other thread is a daemon thread (the others were joined before atexit): park it with
-    // the GIL released, as Python 3.14 parks daemon threads at exit; the process ends under it.
-    // Raising instead would print its traceback over the interpreter's teardown.
-    PyEval_SaveThread();
-    for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
-  }
+  if (refused(true)) throw nb::python_error();
+  ++t_depth;
   g_running.fetch_add(1);
   state_ = PyEval_SaveThread();
 }
@@ -46,31 +118,48 @@ ReleasedGil::ReleasedGil() {
 ReleasedGil::~ReleasedGil() {
   PyEval_RestoreThread(state_);
   g_running.fetch_sub(1);
+  --t_depth;
 }
 
 void init_nogil(nb::module_& m) {
+  m.def(
+      "_before_fork", [] { g_fork_with_threads = other_threads_alive(); },
+      "os.register_at_fork(before=...) at import: notes whether other threads are alive.");
+  m.def(
+      "_after_fork_in_child",
+      [] {
+        // The parent's count holds its other threads' calls, threads the child does not have.
+        g_running.store(t_depth);
+        g_closed.store(false);
+        g_exit_thread.store(0);
+        g_child_of_threads = g_fork_with_threads;
+      },
+      "os.register_at_fork(after_in_child=...) at import: the count of calls in progress starts "
+      "over in the child, which has no other threads.");
   m.def(
       "_finish_native_calls",
       [] {
         g_exit_thread.store(PyThread_get_thread_ident());
         g_closed.store(true);
-        while (g_running.load() > 0) {
+        while (g_running.load() > t_depth) {
           {
             nb::gil_scoped_release nogil;  // the running calls need it to finish
             std::this_thread::sleep_for(std::chrono::milliseconds(1));
           }
-          if (PyErr_CheckSignals() != 0) throw nb::python_error();  // Ctrl-C ends the wait
+          if (PyErr_CheckSignals() != 0) exit_now();
         }
         // A live daemon thread's frames keep memra objects past the teardown, which nanobind
         // would report as leaks of its bindings (it is the thread, not a reference count).
-        if (other_threads_alive()) nb::set_leak_warnings(false);
+        // So do the frames of the threads a fork's child did not inherit.
+        if (other_threads_alive() || g_child_of_threads) nb::set_leak_warnings(false);
       },
-      "memra's exit hook (atexit, registered at import): waits until every native call running "
-      "with the GIL released on another thread has taken it back, so that no thread is inside "
-      "memra when the interpreter finalizes (CPython ends a thread asking for the GIL then by a "
-      "forced unwind, which would abort the process). After it, a daemon thread's native call "
-      "parks the thread (the process ends under it) and the exiting thread's raises "
-      "UnsupportedError (UNSUPPORTED_AT_EXIT). A Ctrl-C ends the wait.");
+      "memra's exit hook (atexit, registered at import): waits until no other thread is inside a "
+      "memra call, so that none is when the interpreter finalizes (CPython ends a thread asking "
+      "for the GIL then by a forced unwind, which would abort the process). After it a daemon "
+      "thread's next memra call raises SystemExit (the thread ends quietly), another thread's "
+      "UnsupportedError (UNSUPPORTED_AT_EXIT), and on this thread a call that would release the "
+      "GIL. A Ctrl-C or a signal handler's exception during the wait ends the process at once "
+      "(status 130, or the SystemExit's code).");
 }
 
 }  // namespace memra::py
