@@ -7,8 +7,12 @@ works in memra and asserts a clean exit: status 0, nothing on stderr but the pro
 break-it pass found against the first hook (each failed on it): a thread's Python code running
 inside a memra call (a sequence's __getitem__, a __dlpack__: aborted), the model's lock held by a
 parked daemon thread (a late atexit callback, a stream's finalizer, a thread joined from a late
-callback: hung), a fork's child (hung), a Ctrl-C during the wait (aborted). CPU, the embedded
-glm5_next checkpoint.
+callback: hung), a fork's child (hung), a Ctrl-C during the wait (aborted); and those a second
+pass found against the second: Python code memra called blocked for good (the exit hung), a
+stream finalized on a daemon thread after the hook (a traceback), a fork from a daemon thread
+while later atexit callbacks ran (tracebacks; the child's memra closed), a real leak of a memra
+object no longer reported (load's tqdm monitor thread silenced nanobind's leak report). CPU, the
+embedded glm5_next checkpoint.
 """
 
 from __future__ import annotations
@@ -251,3 +255,101 @@ def test_ctrl_c_while_the_exit_waits_ends_the_process_with_130():
     assert p.stdout == "main exits\n"
     assert stderr_lines(p) == ["memra: exit interrupted while a thread was inside memra; exiting now"], p.stderr
     assert p.returncode == 130
+
+
+def test_exit_with_a_daemon_thread_blocked_in_python_code_memra_called():
+    """A __getitem__ waiting on a queue nobody feeds: the exit waits a second for native work,
+    not for that thread."""
+    p = run("""
+        import queue, threading, time
+        import numpy as np
+        from memra import _core
+
+        q = queue.Queue()
+
+        class Rows:
+            def __len__(self):
+                return 2
+
+            def __getitem__(self, i):
+                if i >= 2:
+                    raise IndexError(i)
+                return q.get()
+
+        def work():
+            while True:
+                _core.concat_rows(Rows())
+
+        threading.Thread(target=work, daemon=True).start()
+        for _ in range(3):
+            q.put(np.ones((2, 4), np.float32))  # the second call waits for its second row
+        time.sleep(0.3)
+        print("main exits", flush=True)
+        """)
+    assert p.stdout == "main exits\n"
+    assert stderr_lines(p) == [], p.stderr
+    assert p.returncode == 0
+
+
+def test_streams_dropped_on_a_daemon_thread_after_the_hook():
+    """The daemon thread's next call raises SystemExit; the unwinding drops its other stream,
+    whose finalizer gives nothing back (no 'Exception ignored' traceback)."""
+    p = run(LOAD + """
+def work():
+    while True:
+        a = m.stream([1, 2, 3], 500, ignore_eos=True)
+        b = m.stream([4, 5, 6], 500, ignore_eos=True)
+        for _ in zip(a, b):
+            busy.set()
+
+threading.Thread(target=work, daemon=True).start()
+busy.wait()
+time.sleep(0.3)
+print("main exits", flush=True)
+""")
+    assert p.stdout == "main exits\n"
+    assert stderr_lines(p) == [], p.stderr
+    assert p.returncode == 0
+
+
+def test_a_fork_from_a_daemon_thread_while_later_atexit_callbacks_run():
+    p = run("""
+import atexit, os, sys, threading, time
+atexit.register(time.sleep, 0.3)  # runs after memra's hook
+import numpy as np
+from memra import _core
+
+def work():
+    while True:
+        pid = os.fork()
+        if pid == 0:
+            try:
+                _core.rms_norm(np.ones((2, 4), np.float32), None, eps=0.0)
+                os._exit(0)
+            except BaseException as e:
+                print("child:", type(e).__name__, e, file=sys.stderr, flush=True)
+                os._exit(4)
+        code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+        if code:
+            print("child status", code, file=sys.stderr, flush=True)
+        time.sleep(0.02)
+
+threading.Thread(target=work, daemon=True).start()
+time.sleep(0.3)
+print("main exits", flush=True)
+""")
+    assert p.stdout == "main exits\n"
+    assert stderr_lines(p) == [], p.stderr
+    assert p.returncode == 0
+
+
+def test_a_real_leak_of_a_memra_object_is_still_reported():
+    """Only threads that called memra silence nanobind's leak report at exit (load leaves tqdm's
+    monitor thread alive, which never did)."""
+    p = run("""
+        import ctypes
+        import memra
+        m = memra.load(memra.default_checkpoint(), max_batch=1, max_len=64, progress=False)
+        ctypes.pythonapi.Py_IncRef(ctypes.py_object(m.cache))  # a reference nobody drops
+        """)
+    assert "nanobind: leaked 1 instances!" in p.stderr and 'of type "memra._core.Cache"' in p.stderr, p.stderr

@@ -21,7 +21,6 @@ rows through the sampler's per-row flag inside the captured step (``DecodeRunner
 from __future__ import annotations
 
 import math
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -92,8 +91,8 @@ class SlotLease:
     @uninterrupted
     def release(self) -> None:
         """Free the slot (length 0, recurrent state zeroed) and stop holding it (a Ctrl-C waits for
-        the three steps); nothing at the interpreter's teardown (a daemon thread may hold the lock)."""
-        if not self.token or sys.is_finalizing():
+        the three steps); nothing once the interpreter exits (a daemon thread may hold the lock)."""
+        if not self.token or _core._exit_began():
             return
         with self.model._lock:
             self.model.cache.free(self.slot, owner=self.token)

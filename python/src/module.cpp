@@ -28,6 +28,6 @@ NB_MODULE(_core, m) {
   memra::py::init_layers(m);
   memra::py::init_layers_attention(m);
   memra::py::init_layers_gdn(m);
-  memra::py::init_nogil(m);
-  memra::py::init_arguments(m);  // last: it fronts every function defined above
+  memra::py::init_arguments(m);  // it fronts every function defined above
+  memra::py::init_nogil(m);      // after it: the exit hook's functions are not fronted
 }

@@ -3,28 +3,48 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <mutex>
 #include <thread>
+#include <vector>
 
 #include "common.h"
 
 namespace memra::py {
 namespace {
 
-// All three change only while the changing thread holds the GIL: a call's check of `g_closed`
-// and its count are one step the exit hook cannot come between.
-std::atomic<int> g_running{0};
+// These change only while the changing thread holds the GIL: a call's check of `g_closed` and
+// its count are one step the exit hook cannot come between.
+std::atomic<int> g_running{0};  // memra calls in progress, on all threads
+std::atomic<int> g_native{0};   // of those, the GIL releases (ReleasedGil): native work that ends
 std::atomic<bool> g_closed{false};
 std::atomic<unsigned long> g_exit_thread{0};  // the thread that ran the exit hook
 thread_local int t_depth = 0;                 // this thread's part of g_running
 
-// Whether threads other than the caller have a Python thread state (daemon threads still alive).
-bool other_threads_alive() {
-  PyInterpreterState* interp = PyThreadState_GetInterpreter(PyThreadState_Get());
-  int n = 0;
-  for (PyThreadState* t = PyInterpreterState_ThreadHead(interp); t; t = PyThreadState_Next(t)) ++n;
-  return n > 1;
+// The threads that have called memra (their idents; one may be reused by a later thread, which
+// errs toward silencing nanobind's leak report).
+std::mutex g_users_mutex;
+std::vector<unsigned long> g_users;
+thread_local bool t_user = false;
+
+void note_user() {
+  t_user = true;
+  std::lock_guard<std::mutex> lock(g_users_mutex);
+  g_users.push_back(PyThread_get_thread_ident());
+}
+
+// Whether a thread other than the caller that has called memra is alive: its frames may hold
+// memra objects past the teardown, which nanobind would report as leaks of its bindings.
+bool other_users_alive() {
+  PyThreadState* me = PyThreadState_Get();
+  std::lock_guard<std::mutex> lock(g_users_mutex);
+  for (PyThreadState* t = PyInterpreterState_ThreadHead(PyThreadState_GetInterpreter(me)); t;
+       t = PyThreadState_Next(t)) {
+    if (t != me && std::find(g_users.begin(), g_users.end(), t->thread_id) != g_users.end()) return true;
+  }
+  return false;
 }
 
 bool daemon_thread() {
@@ -63,8 +83,8 @@ bool refused(bool releases) {
   return true;
 }
 
-bool g_fork_with_threads = false;  // os.fork() ran while other threads were alive
-bool g_child_of_threads = false;   // this process is such a fork's child
+bool g_fork_with_users = false;  // os.fork() ran while other threads that called memra were alive
+bool g_child_of_users = false;   // this process is such a fork's child
 
 // A signal handler's exception (Ctrl-C, a SIGTERM handler's sys.exit) ended the wait while
 // another thread is inside memra: finalizing now would abort the process, so it ends here, with
@@ -98,6 +118,7 @@ bool g_child_of_threads = false;   // this process is such a fork's child
 
 bool enter_call() {
   if (refused(false)) return false;
+  if (!t_user) note_user();
   ++t_depth;
   g_running.fetch_add(1);
   return true;
@@ -110,48 +131,69 @@ void leave_call() {
 
 ReleasedGil::ReleasedGil() {
   if (refused(true)) throw nb::python_error();
+  if (!t_user) note_user();
   ++t_depth;
   g_running.fetch_add(1);
+  g_native.fetch_add(1);
   state_ = PyEval_SaveThread();
 }
 
 ReleasedGil::~ReleasedGil() {
   PyEval_RestoreThread(state_);
+  g_native.fetch_sub(1);
   g_running.fetch_sub(1);
   --t_depth;
 }
 
 void init_nogil(nb::module_& m) {
+  // Defined after init_arguments: not fronted, so neither counted nor refused after the hook
+  // (a fork from a daemon thread while later atexit callbacks run, a finalizer's check).
   m.def(
-      "_before_fork", [] { g_fork_with_threads = other_threads_alive(); },
-      "os.register_at_fork(before=...) at import: notes whether other threads are alive.");
+      "_before_fork", [] { g_fork_with_users = other_users_alive(); },
+      "os.register_at_fork(before=...) at import: notes whether other threads that called memra "
+      "are alive.");
   m.def(
       "_after_fork_in_child",
       [] {
-        // The parent's count holds its other threads' calls, threads the child does not have.
+        // The parent's counts hold its other threads' calls, threads the child does not have.
         g_running.store(t_depth);
+        g_native.store(0);
         g_closed.store(false);
         g_exit_thread.store(0);
-        g_child_of_threads = g_fork_with_threads;
+        g_child_of_users = g_fork_with_users;
+        std::lock_guard<std::mutex> lock(g_users_mutex);
+        g_users.clear();
+        if (t_user) g_users.push_back(PyThread_get_thread_ident());
       },
-      "os.register_at_fork(after_in_child=...) at import: the count of calls in progress starts "
+      "os.register_at_fork(after_in_child=...) at import: the counts of calls in progress start "
       "over in the child, which has no other threads.");
+  m.def(
+      "_exit_began", [] { return g_closed.load(); },
+      "Whether memra's exit hook has run (SlotLease.release then gives nothing back).");
   m.def(
       "_finish_native_calls",
       [] {
         g_exit_thread.store(PyThread_get_thread_ident());
         g_closed.store(true);
+        // Native work ends; Python code that memra called (a __getitem__, a __dlpack__) may
+        // block for good (a queue never fed): once no thread has been inside native work for a
+        // second, such a thread is left as CPython leaves any other daemon thread.
+        auto busy = std::chrono::steady_clock::now();
         while (g_running.load() > t_depth) {
+          if (g_native.load() > 0) {
+            busy = std::chrono::steady_clock::now();
+          } else if (std::chrono::steady_clock::now() - busy > std::chrono::seconds(1)) {
+            break;
+          }
           {
             nb::gil_scoped_release nogil;  // the running calls need it to finish
             std::this_thread::sleep_for(std::chrono::milliseconds(1));
           }
           if (PyErr_CheckSignals() != 0) exit_now();
         }
-        // A live daemon thread's frames keep memra objects past the teardown, which nanobind
-        // would report as leaks of its bindings (it is the thread, not a reference count).
-        // So do the frames of the threads a fork's child did not inherit.
-        if (other_threads_alive() || g_child_of_threads) nb::set_leak_warnings(false);
+        // A live thread that used memra, or one a fork's child did not inherit, keeps memra
+        // objects past the teardown: a leak of the thread's, not of a reference count.
+        if (other_users_alive() || g_child_of_users) nb::set_leak_warnings(false);
       },
       "memra's exit hook (atexit, registered at import): waits until no other thread is inside a "
       "memra call, so that none is when the interpreter finalizes (CPython ends a thread asking "
