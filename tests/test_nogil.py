@@ -11,7 +11,8 @@ callback: hung), a fork's child (hung), a Ctrl-C during the wait (aborted); and 
 pass found against the second: Python code memra called blocked for good (the exit hung), a
 stream finalized on a daemon thread after the hook (a traceback), a fork from a daemon thread
 while later atexit callbacks ran (tracebacks; the child's memra closed), a real leak of a memra
-object no longer reported (load's tqdm monitor thread silenced nanobind's leak report). CPU, the
+object no longer reported (load's tqdm monitor thread silenced nanobind's leak report); and from a
+third, a daemon thread holding memra objects without calling memra (a leak report). CPU, the
 embedded glm5_next checkpoint.
 """
 
@@ -355,3 +356,21 @@ def test_a_real_leak_of_a_memra_object_is_still_reported():
         ctypes.pythonapi.Py_IncRef(ctypes.py_object(m.cache))  # a reference nobody drops
         """)
     assert "nanobind: leaked 1 instances!" in p.stderr and 'of type "memra._core.Cache"' in p.stderr, p.stderr
+
+
+def test_a_daemon_thread_holding_memra_objects_gets_no_leak_report():
+    """An idle worker thread with a memra object in its frame (it never called memra): the object
+    outlives the teardown with the thread, which is no leak of memra's bindings."""
+    p = run("""
+        import threading, time
+        import numpy as np
+        from memra import _core
+
+        w = _core.Weight(np.ones((4, 4), np.float32))
+        threading.Thread(target=lambda w=w: time.sleep(30), daemon=True).start()
+        del w
+        print("main exits", flush=True)
+        """)
+    assert p.stdout == "main exits\n"
+    assert stderr_lines(p) == [], p.stderr
+    assert p.returncode == 0

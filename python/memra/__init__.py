@@ -7,6 +7,7 @@ DLPack arrays through :mod:`memra._core` (``memra._core.rms_norm``, ``kda_scan``
 
 import atexit
 import os
+import threading
 
 from . import _core
 from ._core import (
@@ -41,11 +42,18 @@ from .errors import (
 from .checkpoint import default_checkpoint, load
 from .model import Model
 
+
+
+def _quiet_threads() -> list[int]:
+    """Threads that hold no memra object: tqdm's monitor (load's progress bar starts it)."""
+    return [t.ident for t in threading.enumerate() if type(t).__name__ == "TMonitor"]
+
+
 # A thread still inside memra when the interpreter finalizes would abort the process: the exit
 # first waits for such calls (memra._core._finish_native_calls says why); a fork's child starts
 # the count over.
-atexit.register(_core._finish_native_calls)
-os.register_at_fork(before=_core._before_fork, after_in_child=_core._after_fork_in_child)
+atexit.register(lambda: _core._finish_native_calls(_quiet_threads()))
+os.register_at_fork(before=lambda: _core._before_fork(_quiet_threads()), after_in_child=_core._after_fork_in_child)
 
 __version__ = "0.1.0"
 

@@ -6,9 +6,10 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <mutex>
 #include <thread>
 #include <vector>
+
+#include <nanobind/stl/vector.h>
 
 #include "common.h"
 
@@ -22,41 +23,35 @@ std::atomic<int> g_native{0};   // of those, the GIL releases (ReleasedGil): nat
 std::atomic<bool> g_closed{false};
 std::atomic<unsigned long> g_exit_thread{0};  // the thread that ran the exit hook
 thread_local int t_depth = 0;                 // this thread's part of g_running
+thread_local int t_daemon = -1;               // whether this thread is a daemon (-1: not asked yet)
 
-// The threads that have called memra (their idents; one may be reused by a later thread, which
-// errs toward silencing nanobind's leak report).
-std::mutex g_users_mutex;
-std::vector<unsigned long> g_users;
-thread_local bool t_user = false;
+std::atomic<bool> g_hook_done{false};         // the hook stopped waiting
 
-void note_user() {
-  t_user = true;
-  std::lock_guard<std::mutex> lock(g_users_mutex);
-  g_users.push_back(PyThread_get_thread_ident());
-}
-
-// Whether a thread other than the caller that has called memra is alive: its frames may hold
-// memra objects past the teardown, which nanobind would report as leaks of its bindings.
-bool other_users_alive() {
+// Whether a Python thread other than the caller and those of `quiet` is alive: its frames may
+// hold memra objects past the teardown, which nanobind would report as leaks of its bindings.
+bool other_threads_alive(const std::vector<unsigned long>& quiet) {
   PyThreadState* me = PyThreadState_Get();
-  std::lock_guard<std::mutex> lock(g_users_mutex);
   for (PyThreadState* t = PyInterpreterState_ThreadHead(PyThreadState_GetInterpreter(me)); t;
        t = PyThreadState_Next(t)) {
-    if (t != me && std::find(g_users.begin(), g_users.end(), t->thread_id) != g_users.end()) return true;
+    if (t != me && std::find(quiet.begin(), quiet.end(), t->thread_id) == quiet.end()) return true;
   }
   return false;
 }
 
+// Asked at the thread's first memra call: after the hook, running Python code inside memra's
+// frames is what the hook guards against.
 bool daemon_thread() {
-  PyObject* threading = PyImport_ImportModule("threading");
-  PyObject* t = threading ? PyObject_CallMethod(threading, "current_thread", nullptr) : nullptr;
-  PyObject* d = t ? PyObject_GetAttrString(t, "daemon") : nullptr;
-  const bool daemon = d && PyObject_IsTrue(d) == 1;
-  Py_XDECREF(d);
-  Py_XDECREF(t);
-  Py_XDECREF(threading);
-  PyErr_Clear();
-  return daemon;
+  if (t_daemon < 0) {
+    PyObject* threading = PyImport_ImportModule("threading");
+    PyObject* t = threading ? PyObject_CallMethod(threading, "current_thread", nullptr) : nullptr;
+    PyObject* d = t ? PyObject_GetAttrString(t, "daemon") : nullptr;
+    t_daemon = d && PyObject_IsTrue(d) == 1;
+    Py_XDECREF(d);
+    Py_XDECREF(t);
+    Py_XDECREF(threading);
+    PyErr_Clear();
+  }
+  return t_daemon == 1;
 }
 
 constexpr const char* kAtExit =
@@ -73,7 +68,9 @@ bool refused(bool releases) {
                                                 "the GIL, from a later atexit callback or finalizer)"));
     return true;
   }
-  if (t_depth > 0) return false;  // inside a call the hook counted and waits for
+  // Inside a call the hook counted and waits for; once it stopped waiting (only Python code that
+  // memra called was left), no new work starts there either.
+  if (t_depth > 0 && !g_hook_done.load()) return false;
   if (daemon_thread()) {
     // Ends the thread without a traceback (threading ignores SystemExit), its frames unwound.
     PyErr_SetString(PyExc_SystemExit, "memra: the interpreter is exiting; this daemon thread ends");
@@ -83,8 +80,8 @@ bool refused(bool releases) {
   return true;
 }
 
-bool g_fork_with_users = false;  // os.fork() ran while other threads that called memra were alive
-bool g_child_of_users = false;   // this process is such a fork's child
+bool g_fork_with_threads = false;  // os.fork() ran while other threads were alive
+bool g_child_of_threads = false;   // this process is such a fork's child
 
 // A signal handler's exception (Ctrl-C, a SIGTERM handler's sys.exit) ended the wait while
 // another thread is inside memra: finalizing now would abort the process, so it ends here, with
@@ -117,8 +114,8 @@ bool g_child_of_users = false;   // this process is such a fork's child
 }  // namespace
 
 bool enter_call() {
+  if (t_daemon < 0 && !g_closed.load()) daemon_thread();
   if (refused(false)) return false;
-  if (!t_user) note_user();
   ++t_depth;
   g_running.fetch_add(1);
   return true;
@@ -131,7 +128,6 @@ void leave_call() {
 
 ReleasedGil::ReleasedGil() {
   if (refused(true)) throw nb::python_error();
-  if (!t_user) note_user();
   ++t_depth;
   g_running.fetch_add(1);
   g_native.fetch_add(1);
@@ -149,9 +145,11 @@ void init_nogil(nb::module_& m) {
   // Defined after init_arguments: not fronted, so neither counted nor refused after the hook
   // (a fork from a daemon thread while later atexit callbacks run, a finalizer's check).
   m.def(
-      "_before_fork", [] { g_fork_with_users = other_users_alive(); },
-      "os.register_at_fork(before=...) at import: notes whether other threads that called memra "
-      "are alive.");
+      "_before_fork",
+      [](const std::vector<unsigned long>& quiet) { g_fork_with_threads = other_threads_alive(quiet); },
+      nb::arg("quiet"),
+      "os.register_at_fork(before=...) at import: notes whether threads other than this one and "
+      "those of `quiet` (idents) are alive.");
   m.def(
       "_after_fork_in_child",
       [] {
@@ -160,10 +158,8 @@ void init_nogil(nb::module_& m) {
         g_native.store(0);
         g_closed.store(false);
         g_exit_thread.store(0);
-        g_child_of_users = g_fork_with_users;
-        std::lock_guard<std::mutex> lock(g_users_mutex);
-        g_users.clear();
-        if (t_user) g_users.push_back(PyThread_get_thread_ident());
+        g_hook_done.store(false);
+        g_child_of_threads = g_fork_with_threads;
       },
       "os.register_at_fork(after_in_child=...) at import: the counts of calls in progress start "
       "over in the child, which has no other threads.");
@@ -172,7 +168,7 @@ void init_nogil(nb::module_& m) {
       "Whether memra's exit hook has run (SlotLease.release then gives nothing back).");
   m.def(
       "_finish_native_calls",
-      [] {
+      [](const std::vector<unsigned long>& quiet) {
         g_exit_thread.store(PyThread_get_thread_ident());
         g_closed.store(true);
         // Native work ends; Python code that memra called (a __getitem__, a __dlpack__) may
@@ -191,17 +187,20 @@ void init_nogil(nb::module_& m) {
           }
           if (PyErr_CheckSignals() != 0) exit_now();
         }
-        // A live thread that used memra, or one a fork's child did not inherit, keeps memra
-        // objects past the teardown: a leak of the thread's, not of a reference count.
-        if (other_users_alive() || g_child_of_users) nb::set_leak_warnings(false);
+        g_hook_done.store(true);
+        // A live thread, or one a fork's child did not inherit, may keep memra objects past the
+        // teardown: a leak of the thread's, not of a reference count. `quiet` threads hold none.
+        if (other_threads_alive(quiet) || g_child_of_threads) nb::set_leak_warnings(false);
       },
+      nb::arg("quiet"),
       "memra's exit hook (atexit, registered at import): waits until no other thread is inside a "
       "memra call, so that none is when the interpreter finalizes (CPython ends a thread asking "
       "for the GIL then by a forced unwind, which would abort the process). After it a daemon "
       "thread's next memra call raises SystemExit (the thread ends quietly), another thread's "
       "UnsupportedError (UNSUPPORTED_AT_EXIT), and on this thread a call that would release the "
       "GIL. A Ctrl-C or a signal handler's exception during the wait ends the process at once "
-      "(status 130, or the SystemExit's code).");
+      "(status 130, or the SystemExit's code). quiet: idents of threads that hold no memra object "
+      "(nanobind's leak report is silenced where any other thread is alive).");
 }
 
 }  // namespace memra::py

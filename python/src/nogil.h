@@ -9,7 +9,8 @@
 // of the GIL (ReleasedGil); memra's exit hook (_core._finish_native_calls, registered with atexit
 // at import: atexit runs before finalization) waits until the count falls to zero (or, where
 // only Python code that memra called is left running, for at most a second: it may block for
-// good, and such a thread is left as CPython leaves any other). After the
+// good; such a thread still aborts the process if it wakes while the interpreter finalizes, and
+// starts no native work after the wait). After the
 // hook a daemon thread's next memra call raises SystemExit, which ends the thread quietly and
 // unwinds it (its `with` blocks give their locks back); any other thread's raises
 // UnsupportedError (UNSUPPORTED_AT_EXIT), and on the exiting thread only a call that would
