@@ -77,12 +77,17 @@ def stderr_lines(p: subprocess.CompletedProcess) -> list[str]:
             and "is multi-threaded, use of fork()" not in ln]
 
 
+def assert_clean_exit(p: subprocess.CompletedProcess, stdout: str = "main exits\n") -> None:
+    """The program printed `stdout`, nothing on stderr but its own lines, and exited 0."""
+    assert p.stdout == stdout, p.stderr
+    assert stderr_lines(p) == [], p.stderr
+    assert p.returncode == 0, p.stderr
+
+
 @pytest.mark.parametrize("worker", sorted(WORKERS))
 def test_exit_with_a_daemon_thread_inside_memra(worker):
     p = run(LOAD + WORKERS[worker] + EXIT)
-    assert p.stdout == "main exits\n"
-    assert stderr_lines(p) == [], p.stderr
-    assert p.returncode == 0, p.stderr
+    assert_clean_exit(p)
 
 
 def test_a_native_call_on_the_exiting_thread_after_the_hook_is_refused():
@@ -143,9 +148,7 @@ def test_exit_with_a_daemon_thread_in_python_code_memra_called(arg):
         time.sleep(0.3)
         print("main exits", flush=True)
         """.replace("ARG", repr(arg)))
-    assert p.stdout == "main exits\n"
-    assert stderr_lines(p) == [], p.stderr
-    assert p.returncode == 0, p.stderr
+    assert_clean_exit(p)
 
 
 DAEMON_GENERATES = """
@@ -175,9 +178,7 @@ def late():
 
 atexit.register(late)
 """ + LOAD + DAEMON_GENERATES + 'print("main exits", flush=True)\n')
-    assert p.stdout == "main exits\nlate: 50004\n", p.stderr
-    assert stderr_lines(p) == [], p.stderr
-    assert p.returncode == 0
+    assert_clean_exit(p, "main exits\nlate: 50004\n")
 
 
 def test_a_stream_finalized_at_teardown_while_a_daemon_thread_generates():
@@ -189,9 +190,7 @@ other = sys.modules["other"] = types.ModuleType("other")
 other.s = m.stream([1, 2, 3], 50, ignore_eos=True)
 next(other.s)
 """ + DAEMON_GENERATES + 'print("main exits", flush=True)\n')
-    assert p.stdout == "main exits\n"
-    assert stderr_lines(p) == [], p.stderr
-    assert p.returncode == 0
+    assert_clean_exit(p)
 
 
 def test_a_thread_joined_by_a_late_atexit_callback_is_refused_not_parked():
@@ -228,9 +227,7 @@ if pid == 0:  # (not the model: its lock may be the daemon thread's, held at the
     sys.exit(0)
 print("child status", os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), flush=True)
 """)
-    assert p.stdout == "child 8.0\nchild status 0\n", p.stderr
-    assert stderr_lines(p) == [], p.stderr
-    assert p.returncode == 0
+    assert_clean_exit(p, "child 8.0\nchild status 0\n")
 
 
 def test_ctrl_c_while_the_exit_waits_ends_the_process_with_130():
@@ -289,9 +286,7 @@ def test_exit_with_a_daemon_thread_blocked_in_python_code_memra_called():
         time.sleep(0.3)
         print("main exits", flush=True)
         """)
-    assert p.stdout == "main exits\n"
-    assert stderr_lines(p) == [], p.stderr
-    assert p.returncode == 0
+    assert_clean_exit(p)
 
 
 def test_streams_dropped_on_a_daemon_thread_after_the_hook():
@@ -310,9 +305,7 @@ busy.wait()
 time.sleep(0.3)
 print("main exits", flush=True)
 """)
-    assert p.stdout == "main exits\n"
-    assert stderr_lines(p) == [], p.stderr
-    assert p.returncode == 0
+    assert_clean_exit(p)
 
 
 def test_a_fork_from_a_daemon_thread_while_later_atexit_callbacks_run():
@@ -341,9 +334,7 @@ threading.Thread(target=work, daemon=True).start()
 time.sleep(0.3)
 print("main exits", flush=True)
 """)
-    assert p.stdout == "main exits\n"
-    assert stderr_lines(p) == [], p.stderr
-    assert p.returncode == 0
+    assert_clean_exit(p)
 
 
 def test_a_real_leak_of_a_memra_object_is_still_reported():
@@ -371,6 +362,4 @@ def test_a_daemon_thread_holding_memra_objects_gets_no_leak_report():
         del w
         print("main exits", flush=True)
         """)
-    assert p.stdout == "main exits\n"
-    assert stderr_lines(p) == [], p.stderr
-    assert p.returncode == 0
+    assert_clean_exit(p)

@@ -43,7 +43,6 @@ from .checkpoint import default_checkpoint, load
 from .model import Model
 
 
-
 def _quiet_threads() -> list[int]:
     """Threads that hold no memra object: tqdm's monitor (load's progress bar starts it)."""
     return [t.ident for t in threading.enumerate() if type(t).__name__ == "TMonitor"]

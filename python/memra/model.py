@@ -597,4 +597,3 @@ class Model:
                 active = [r for r in step.rows if not finished[index[id(r)]]]
                 if active:
                     pending.append(batch.launch(active, what))
-

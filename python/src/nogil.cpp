@@ -24,8 +24,9 @@ std::atomic<bool> g_closed{false};
 std::atomic<unsigned long> g_exit_thread{0};  // the thread that ran the exit hook
 thread_local int t_depth = 0;                 // this thread's part of g_running
 thread_local int t_daemon = -1;               // whether this thread is a daemon (-1: not asked yet)
-
 std::atomic<bool> g_hook_done{false};         // the hook stopped waiting
+bool g_fork_with_threads = false;  // os.fork() ran while other threads were alive
+bool g_child_of_threads = false;   // this process is such a fork's child
 
 // Whether a Python thread other than the caller and those of `quiet` is alive: its frames may
 // hold memra objects past the teardown, which nanobind would report as leaks of its bindings.
@@ -79,9 +80,6 @@ bool refused(bool releases) {
   }
   return true;
 }
-
-bool g_fork_with_threads = false;  // os.fork() ran while other threads were alive
-bool g_child_of_threads = false;   // this process is such a fork's child
 
 // A signal handler's exception (Ctrl-C, a SIGTERM handler's sys.exit) ended the wait while
 // another thread is inside memra: finalizing now would abort the process, so it ends here, with
@@ -173,7 +171,8 @@ void init_nogil(nb::module_& m) {
         g_closed.store(true);
         // Native work ends; Python code that memra called (a __getitem__, a __dlpack__) may
         // block for good (a queue never fed): once no thread has been inside native work for a
-        // second, such a thread is left as CPython leaves any other daemon thread.
+        // second, the wait stops (such a thread aborts the process only if it wakes while the
+        // interpreter finalizes; nogil.h).
         auto busy = std::chrono::steady_clock::now();
         while (g_running.load() > t_depth) {
           if (g_native.load() > 0) {

@@ -114,7 +114,7 @@ class Scheduler:
         self._thread = threading.Thread(target=self._run, name="memra-engine", daemon=True)
         self._thread.start()
         # At exit the thread is stopped and joined (registered after memra's exit hook, this runs
-        # before it): every request ends with a "shutting down" error, not parked mid-step.
+        # before it): every request ends with a "shutting down" error, not cut by its SystemExit.
         atexit.register(self.stop)
 
     def request_stop(self) -> None:
