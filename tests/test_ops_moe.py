@@ -328,7 +328,8 @@ def test_qwen_moe_layer_refusals():
         _core.MoeLayer(eng, dict(W), **{**kw, "scoring": "relu"})
     with pytest.raises(memra.ContractError, match="no expert groups"):
         _core.MoeLayer(eng, dict(W), **{**kw, "n_group": 2})
-    with pytest.raises(memra.ContractError, match="shared_gate needs a shared expert"):
+    # shared_intermediate 0 is a layer without a shared expert: full-width shared tensors are named
+    with pytest.raises(memra.ContractError, match=r"'shared_experts.gate_proj.weight' has shape \[6, 8\], expected \[0, 8\]"):
         _core.MoeLayer(eng, dict(W), **{**kw, "shared_intermediate": 0})
     with pytest.raises(memra.ContractError, match="shared_expert_gate.weight"):
         _core.MoeLayer(eng, {k: v for k, v in W.items() if k != "shared_expert_gate.weight"}, **kw)

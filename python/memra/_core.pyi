@@ -1177,7 +1177,7 @@ class MoeLayer:
 
     def __init__(self, engine: Engine, weights: Mapping[str, Weight], *, hidden: int, n_experts: int, top_k: int, n_group: int, topk_group: int, intermediate: int, shared_intermediate: int, norm_topk_prob: bool, routed_scaling: float, swiglu_limit: float, scoring: str = 'sigmoid', shared_gate: bool = False, dtype: str = 'bfloat16') -> None:
         """
-        scoring: the router's form, 'sigmoid' (grouped, glm5_next / Kimi-Linear) or 'softmax' (Qwen: softmax over the f32 logits, top_k, renormalised when norm_topk_prob; n_group and topk_group 1). shared_gate: y = routed + sigmoid(x . shared_expert_gate) * shared(x) (Qwen; needs shared_intermediate >= 1). Raises ContractError naming a missing, extra or mis-shaped tensor or a bad count or scoring.
+        scoring: the router's form, 'sigmoid' (grouped, glm5_next / Kimi-Linear) or 'softmax' (Qwen: softmax over the f32 logits, top_k, renormalised when norm_topk_prob; n_group and topk_group 1). shared_gate: y = routed + sigmoid(x . shared_expert_gate) * shared(x) (Qwen). shared_intermediate 0: no shared expert, as transformers' zero-width one adds nothing (the empty shared_experts tensors [0, hidden] / [hidden, 0] its save_pretrained writes, and shared_expert_gate.weight, are taken and dropped). Raises ContractError naming a missing, extra or mis-shaped tensor or a bad count or scoring.
         """
 
     def forward(self, x: Annotated[NDArray, dict(writable=False)]) -> object:

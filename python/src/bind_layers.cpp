@@ -424,7 +424,10 @@ void init_layers(nb::module_& m) {
           "scoring: the router's form, 'sigmoid' (grouped, glm5_next / Kimi-Linear) or 'softmax' "
           "(Qwen: softmax over the f32 logits, top_k, renormalised when norm_topk_prob; n_group "
           "and topk_group 1). shared_gate: y = routed + sigmoid(x . shared_expert_gate) * "
-          "shared(x) (Qwen; needs shared_intermediate >= 1). Raises ContractError naming a "
+          "shared(x) (Qwen). shared_intermediate 0: no shared expert, as transformers' "
+          "zero-width one adds nothing (the empty shared_experts tensors [0, hidden] / [hidden, 0] "
+          "its save_pretrained writes, and shared_expert_gate.weight, are taken and dropped). "
+          "Raises ContractError naming a "
           "missing, extra or mis-shaped tensor or a bad count or scoring.")
       .def(
           "forward",

@@ -286,7 +286,8 @@ struct MoeConfig {
   // MEMRA_MOE_SCORE_SOFTMAX (Qwen: n_group = topk_group = 1, no correction bias).
   int scoring = 0;
   // The shared expert's sigmoid gate (Qwen): y = routed + sigmoid(x . shared_expert_gate) *
-  // shared(x), from the tensor shared_expert_gate.weight [1, hidden]; needs a shared expert.
+  // shared(x), from the tensor shared_expert_gate.weight [1, hidden]; without a shared expert
+  // (shared_intermediate 0) the gate scales nothing and its tensor, if given, is dropped.
   bool shared_gate = false;
 };
 

@@ -100,13 +100,11 @@ Status MoeLayer::create(const MoeConfig& cfg, WeightMap& w, std::unique_ptr<MoeL
     return Status(kContractValue, "MoeLayer: the softmax router takes no expert groups, got n_group=" +
                                       std::to_string(cfg.n_group));
   }
-  if (cfg.shared_gate && cfg.shared_intermediate < 1) {
-    return Status(kContractValue, "MoeLayer: shared_gate needs a shared expert (shared_intermediate "
-                                  ">= 1), got shared_intermediate=" +
-                                      std::to_string(cfg.shared_intermediate));
-  }
   std::unique_ptr<MoeLayer> l(new MoeLayer());
   l->cfg_ = cfg;
+  // A zero-width shared expert adds nothing (its gate scales a zero vector): the layer is one
+  // without a shared expert, gated or not.
+  if (cfg.shared_intermediate == 0) l->cfg_.shared_gate = false;
   const int64_t D = cfg.hidden, E = cfg.n_experts, I = cfg.intermediate;
   MEMRA_TRY(w.take("gate.weight", {E, D}, &l->router_));
   // Router logits are f32 (MemraMoeRouteParams::gate_w), as in the reference.
@@ -139,6 +137,20 @@ Status MoeLayer::create(const MoeConfig& cfg, WeightMap& w, std::unique_ptr<MoeL
     WeightMap sw(std::move(shared), "MoeLayer.shared_experts");
     MEMRA_TRY(MlpLayer::create(cfg.hidden, cfg.shared_intermediate, cfg.swiglu_limit, sw, &l->shared_));
     if (cfg.shared_gate) MEMRA_TRY(w.take_f32("shared_expert_gate.weight", {1, D}, &l->shared_gate_));
+  } else {
+    // transformers builds a zero-width shared MLP for n_shared_experts = 0 /
+    // shared_expert_intermediate_size = 0, and save_pretrained writes its empty tensors (and
+    // Qwen's [1, hidden] gate): taken at their shapes when present, then dropped.
+    Weight empty;
+    for (const char* n : {"gate_proj.weight", "up_proj.weight", "down_proj.weight"}) {
+      const std::string name = std::string("shared_experts.") + n;
+      const bool down = std::string(n) == "down_proj.weight";
+      if (w.has(name)) MEMRA_TRY(w.take(name, down ? std::vector<int64_t>{D, 0} : std::vector<int64_t>{0, D}, &empty));
+    }
+    std::vector<float> gate;
+    if (cfg.shared_gate && w.has("shared_expert_gate.weight")) {
+      MEMRA_TRY(w.take_f32("shared_expert_gate.weight", {1, D}, &gate));
+    }
   }
   MEMRA_TRY(w.finish());
   *out = std::move(l);

@@ -322,7 +322,9 @@ def check_moe(c: dict[str, Any]) -> None:
     """The MoE geometry where some layer is sparse (Qwen3_5MoeSparseMoeBlock / Qwen3NextSparseMoeBlock)."""
     if "sparse" not in c["mlp_layer_types"]:
         return
-    check_positive(c, ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size"))
+    check_positive(c, ("num_experts", "num_experts_per_tok", "moe_intermediate_size"))
+    # 0: transformers builds a zero-width shared expert, which adds nothing (MoeLayer: none).
+    check_positive(c, ("shared_expert_intermediate_size",), low=0)
     if c["num_experts_per_tok"] > c["num_experts"]:
         raise ContractError(f"config: num_experts_per_tok ({c['num_experts_per_tok']}) exceeds num_experts "
                             f"({c['num_experts']})", 40025)
