@@ -3,7 +3,7 @@ memra's C++ runtime: CPU reference ops, Engine, Cache and layer objects.
 """
 
 from collections.abc import Mapping, Sequence
-from typing import Annotated, Final, overload
+from typing import Annotated, Final, NoReturn, overload
 
 import numpy
 from numpy.typing import NDArray
@@ -83,6 +83,12 @@ class Weight:
         """The weight converted to a float32 numpy array."""
 
     def __repr__(self) -> str: ...
+
+    def __copy__(self, *args) -> NoReturn: ...
+
+    def __deepcopy__(self, *args) -> NoReturn: ...
+
+    def __reduce_ex__(self, *args) -> NoReturn: ...
 
 def embedding(table: object, ids: Annotated[NDArray, dict(writable=False)], *, check_range: bool = True, expand: int | None = None, engine: Engine | None = None) -> object:
     """
@@ -614,6 +620,12 @@ class DecodeSlots:
     def slots(self) -> object:
         """A host copy of the rows' slots [size] int32 (-1 = idle)."""
 
+    def __copy__(self, *args) -> NoReturn: ...
+
+    def __deepcopy__(self, *args) -> NoReturn: ...
+
+    def __reduce_ex__(self, *args) -> NoReturn: ...
+
 class CudaGraph:
     """
     A CUDA graph captured from an engine's stream (Engine.begin_capture / end_capture): replay() enqueues the recorded work again, reading whatever the captured device buffers hold at replay time.
@@ -623,6 +635,12 @@ class CudaGraph:
         """
         Enqueue the graph on the engine's stream (asynchronous; Engine.synchronize or a host copy waits for it).
         """
+
+    def __copy__(self, *args) -> NoReturn: ...
+
+    def __deepcopy__(self, *args) -> NoReturn: ...
+
+    def __reduce_ex__(self, *args) -> NoReturn: ...
 
 class KernelOptions:
     """
@@ -747,6 +765,12 @@ class HostRead:
         The copy as a numpy array (waits for that copy only, not for work enqueued after it; later calls return the same array). On a CUDA engine, ContractError 40025 when the engine has made Engine.READ_SLOTS newer reads since this one (its slot was reused); a CPU engine's read is complete when to_host_async returns, so it never fails.
         """
 
+    def __copy__(self, *args) -> NoReturn: ...
+
+    def __deepcopy__(self, *args) -> NoReturn: ...
+
+    def __reduce_ex__(self, *args) -> NoReturn: ...
+
 def cuda_available() -> bool:
     """
     True when memra was built with its CUDA library and a CUDA device is usable here.
@@ -835,6 +859,12 @@ class Engine:
 
     def __repr__(self) -> str: ...
 
+    def __copy__(self, *args) -> NoReturn: ...
+
+    def __deepcopy__(self, *args) -> NoReturn: ...
+
+    def __reduce_ex__(self, *args) -> NoReturn: ...
+
 class DeviceArray:
     """
     A C-contiguous array in a CUDA engine's device memory, as memra's ops return it. Consumed zero-copy through DLPack (torch.from_dlpack, cupy.from_dlpack, or any memra op on the same engine); engine.to_host(a) copies it to numpy. The memory stays alive while any consumer holds a view.
@@ -857,6 +887,12 @@ class DeviceArray:
 
     def __repr__(self) -> str: ...
 
+    def __copy__(self, *args) -> NoReturn: ...
+
+    def __deepcopy__(self, *args) -> NoReturn: ...
+
+    def __reduce_ex__(self, *args) -> NoReturn: ...
+
 class DeviceWeight:
     """
     A weight on a CUDA engine's device, converted once (on the device) to float32 or bfloat16. Used by the CUDA branch of the functional ops.
@@ -874,6 +910,12 @@ class DeviceWeight:
     def shape(self) -> list[int]: ...
 
     def __repr__(self) -> str: ...
+
+    def __copy__(self, *args) -> NoReturn: ...
+
+    def __deepcopy__(self, *args) -> NoReturn: ...
+
+    def __reduce_ex__(self, *args) -> NoReturn: ...
 
 class LayerStateSpec:
     """What one layer keeps per slot in a Cache (see cache.h)."""
@@ -909,6 +951,12 @@ class LayerStateSpec:
     @property
     def kind(self) -> str: ...
 
+    def __copy__(self, *args) -> NoReturn: ...
+
+    def __deepcopy__(self, *args) -> NoReturn: ...
+
+    def __reduce_ex__(self, *args) -> NoReturn: ...
+
 class SlotSnapshot:
     """
     An undo point of one slot of a Cache (Cache.snapshot; Cache.restore puts it back).
@@ -927,6 +975,12 @@ class SlotSnapshot:
         """Bytes of state it holds (on the cache's device)."""
 
     def __repr__(self) -> str: ...
+
+    def __copy__(self, *args) -> NoReturn: ...
+
+    def __deepcopy__(self, *args) -> NoReturn: ...
+
+    def __reduce_ex__(self, *args) -> NoReturn: ...
 
 class Cache:
     """
@@ -1066,6 +1120,12 @@ class Cache:
 
     def __repr__(self) -> str: ...
 
+    def __copy__(self, *args) -> NoReturn: ...
+
+    def __deepcopy__(self, *args) -> NoReturn: ...
+
+    def __reduce_ex__(self, *args) -> NoReturn: ...
+
 def kda_tables(cache: Cache, layer: int, slots: Annotated[NDArray, dict(writable=False)], cur: Annotated[NDArray, dict(writable=False)] | None = None, *, group: int = 0, sink_slot: int | None = None) -> tuple[object, object, object, object]:
     """
     CUDA caches only (UnsupportedError for a CPU cache): the per-sequence pointer tables of KDA layer `layer` computed on the device (cuda/kda_tables.cu), as KdaLayer builds them on the host: returns (ring_in, ring_out, state_in, state_out), uint64 device arrays [B] of addresses. slots: device int32 [B], slots[b] < 0 an idle row (valid slots unchecked: keep them in [0, max_batch)); cur: device int32 [max_batch] ping-pong flags (None: the cache's own device mirror, Cache.device_cur); group: the channel group (q 0, k 1, v 2) whose conv ring offset is added; sink_slot: idle rows point at plane 0 of that slot (None: null entries). Row b with s = slots[b] >= 0 reads plane cur[s] and writes plane 1 - cur[s].
@@ -1113,6 +1173,12 @@ class KdaLayer:
         The same with the rows' slots on the device (memra._core.DecodeSlots of `cache`, CUDA): x [slots.size, hidden]; idle rows touch no state and give meaningless finite rows. Capturable into a CUDA graph (no host round trip).
         """
 
+    def __copy__(self, *args) -> NoReturn: ...
+
+    def __deepcopy__(self, *args) -> NoReturn: ...
+
+    def __reduce_ex__(self, *args) -> NoReturn: ...
+
 class MlaLayer:
     """
     Multi-head latent attention (absorbed) with the optional DSA k-pool indexer (reference: transformers Glm5NextTextAttention + Glm5NextTextIndexer; KimiLinearAttention). Weights named as on disk below 'self_attn.'. q_lora_rank 0: no query LoRA, q = q_proj(x). rms_eps: the epsilon of q_a_layernorm and kv_a_layernorm. rotate: whether the d_rope columns are rotated (the family decides, never d_rope > 0). CUDA: UnsupportedError for rotated rope columns (rotate with d_rope > 0; the CPU runs them). Every size argument but tail_rows is at most 2^20 (ContractError naming it).
@@ -1155,6 +1221,12 @@ class MlaLayer:
         The same with the rows' slots on the device (memra._core.DecodeSlots of `cache`, CUDA): each row's position comes from the cache's device length; an idle row appends nothing, gets a zero attention output and an all -1 index list. `topk` as above (its entries are not read back: the kernel skips those outside [0, the row's position]). Capturable into a CUDA graph.
         """
 
+    def __copy__(self, *args) -> NoReturn: ...
+
+    def __deepcopy__(self, *args) -> NoReturn: ...
+
+    def __reduce_ex__(self, *args) -> NoReturn: ...
+
 class MlpLayer:
     """
     Dense SwiGLU MLP with the asymmetric clamp (reference: Glm5NextTextMLP). Weights: gate_proj.weight, up_proj.weight, down_proj.weight. hidden and intermediate at most 2^20 (ContractError naming it).
@@ -1169,6 +1241,12 @@ class MlpLayer:
         """
         x [T, hidden] float32 on the layer's device -> [T, hidden] float32. ContractError (CONTRACT_DTYPE / CONTRACT_SHAPE / CONTRACT_STRIDE / CONTRACT_DEVICE) for a bad x.
         """
+
+    def __copy__(self, *args) -> NoReturn: ...
+
+    def __deepcopy__(self, *args) -> NoReturn: ...
+
+    def __reduce_ex__(self, *args) -> NoReturn: ...
 
 class MoeLayer:
     """
@@ -1189,6 +1267,12 @@ class MoeLayer:
         """
         x [T, hidden] -> (y [T, hidden] float32, chosen experts [T, top_k] int32): forward's y byte for byte, and the router's choice.
         """
+
+    def __copy__(self, *args) -> NoReturn: ...
+
+    def __deepcopy__(self, *args) -> NoReturn: ...
+
+    def __reduce_ex__(self, *args) -> NoReturn: ...
 
 class HyperConnection:
     """
@@ -1215,6 +1299,12 @@ class HyperConnection:
         Raises ContractError (CONTRACT_SHAPE / DTYPE / DEVICE / STRIDE of any array; CONTRACT_VALUE for an eps that is negative or not finite).
         Reference: Glm5NextTextDecoderLayer.forward (post * h + comb^T @ residual), then Glm5NextTextHyperConnection.forward and Glm5NextTextRMSNorm.
         """
+
+    def __copy__(self, *args) -> NoReturn: ...
+
+    def __deepcopy__(self, *args) -> NoReturn: ...
+
+    def __reduce_ex__(self, *args) -> NoReturn: ...
 
 class AttentionLayer:
     """
@@ -1259,6 +1349,12 @@ class AttentionLayer:
         The same with the rows' slots on the device (memra._core.DecodeSlots of `cache`, CUDA): each row's position is the cache's device length of its slot; an idle row appends nothing and its attention output is zero. Capturable into a CUDA graph.
         """
 
+    def __copy__(self, *args) -> NoReturn: ...
+
+    def __deepcopy__(self, *args) -> NoReturn: ...
+
+    def __reduce_ex__(self, *args) -> NoReturn: ...
+
 class GdnLayer:
     """
     Gated DeltaNet mixer of Qwen3.5 / Qwen3.5-MoE / Qwen3-Next (reference: transformers Qwen3_5GatedDeltaNet.forward, Qwen3NextGatedDeltaNet.forward). Weights named as on disk below 'linear_attn.' (gdn_layer.h): Qwen3.5's in_proj_qkv / in_proj_z / in_proj_b / in_proj_a, or Qwen3-Next's interleaved in_proj_qkvz / in_proj_ba (de-interleaved at load), plus conv1d.weight, A_log, dt_bias, norm.weight, out_proj.weight. Every size argument is at most 2^20 (ContractError naming it).
@@ -1297,3 +1393,9 @@ class GdnLayer:
         """
         The same with the rows' slots on the device (memra._core.DecodeSlots of `cache`, CUDA): x [slots.size, hidden]; idle rows touch no state and give meaningless finite rows. Capturable into a CUDA graph (no host round trip).
         """
+
+    def __copy__(self, *args) -> NoReturn: ...
+
+    def __deepcopy__(self, *args) -> NoReturn: ...
+
+    def __reduce_ex__(self, *args) -> NoReturn: ...

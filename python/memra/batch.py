@@ -30,7 +30,7 @@ import numpy as np
 from . import _core
 from .decode_graph import Sampling
 from ._interrupts import guarded, uninterrupted
-from .errors import NON_FINITE, ContractError, NonFiniteError, is_int
+from .errors import NON_FINITE, ContractError, NonFiniteError, NotCopied, is_int
 
 if TYPE_CHECKING:
     from .model import Model
@@ -68,7 +68,7 @@ def commit_rows(cache: _core.Cache, slots, owners: list[int]) -> None:
         cache.commit(int(s), 1, owner=o)
 
 
-class SlotLease:
+class SlotLease(NotCopied):
     """One slot of a model's own cache held (``Cache.hold``) by one sequence.
 
     ``slot`` and ``token`` (the owner token the library passes to the cache's mutations).
@@ -253,7 +253,7 @@ def _not_finite(what: str, slot: int, k: int) -> NonFiniteError:
                           f"not finite (NaN or inf): no token was drawn", NON_FINITE)
 
 
-class DecodeBatch:
+class DecodeBatch(NotCopied):
     """Decode steps over any subset of a model's sequences, each row sampled with its own
     :class:`RowSampling` (memra.Model's engine lock is held for every call; not for use from
     several threads at once).
@@ -549,7 +549,7 @@ def _hold_free(model: Model, slots: list[int], into: list[SlotLease]) -> None:
     into.extend(leases)
 
 
-class TokenStream(Iterator[int]):
+class TokenStream(NotCopied, Iterator[int]):
     """The iterator :meth:`memra.Model.stream` returns: new token ids one at a time.
 
     It holds a slot of the model's cache from its first token until its last; ``close()`` gives

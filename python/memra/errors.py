@@ -192,3 +192,21 @@ def ids_arg(token_ids, what: str, arg: str = "token_ids", empty_ok: bool = False
         bad = int(arr.max()) if arr.max() >= 2**31 else int(arr.min())
         raise ContractError(f"{what}: {arg} holds {bad}, which does not fit in int32", 40023)
     return np.ascontiguousarray(arr.astype(np.int32))
+
+
+class NotCopied:
+    """A base that refuses ``copy.copy``, ``copy.deepcopy`` and pickling with UnsupportedError
+    (50000) naming the class: for objects that hold a slot of a model's cache, where a copy would
+    hold it twice (memra._core's classes refuse alike)."""
+
+    __slots__ = ()
+
+    def __copy__(self):
+        raise UnsupportedError(f"{type(self).__name__}: not copied or pickled (it holds a slot of its model's "
+                               "cache); make another from the model", 50000)
+
+    def __deepcopy__(self, memo):
+        self.__copy__()
+
+    def __reduce_ex__(self, protocol):
+        self.__copy__()

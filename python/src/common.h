@@ -155,6 +155,7 @@ void init_layers(nb::module_& m);
 void init_ops_attention(nb::module_& m);
 void init_layers_attention(nb::module_& m);
 void init_layers_gdn(nb::module_& m);
+void init_copies(nb::module_& m);
 
 }  // namespace memra::py
 

@@ -30,4 +30,5 @@ NB_MODULE(_core, m) {
   memra::py::init_layers_gdn(m);
   memra::py::init_arguments(m);  // it fronts every function defined above
   memra::py::init_nogil(m);      // after it: the exit hook's functions are not fronted
+  memra::py::init_copies(m);     // copy / pickle refusals: nothing to count
 }
