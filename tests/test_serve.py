@@ -131,6 +131,9 @@ def test_chat_streamed_and_not(server: ServerThread, ref: memra.Model) -> None:
         seen += len((c.choices[0].model_extra or {}).get("token_ids") or [])
         assert c.usage.completion_tokens == seen and c.usage.total_tokens == len(ids) + seen
     assert cont[0].usage.completion_tokens == 0 and seen == 10 and cont[-1].usage.completion_tokens == 10
+    # the prompt's ids once, at the top of the first chunk (vLLM's chat stream)
+    assert [(c.model_extra or {}).get("prompt_token_ids") for c in cont] == [ids] + [None] * (len(cont) - 1)
+    assert [c.choices[0].stop_reason for c in cont if c.choices] == [None] * (len(cont) - 1)  # length: none
     assert "".join(c.choices[0].delta.content or "" for c in cont if c.choices) == r.choices[0].message.content
     # continuous_usage_stats alone asks for usage (vLLM's include_usage defaults to true); an
     # explicit include_usage false turns both off
@@ -165,6 +168,31 @@ def _stop_case(ref: memra.Model):
     pytest.skip("no printable stop string in this continuation")
 
 
+def test_a_stop_ids_text_is_left_out(server: ServerThread, ref: memra.Model) -> None:
+    # vLLM leaves a stop token's text out of the output (its id stays in token_ids) unless
+    # include_stop_str_in_output, which memra refuses; memra emitted it (a break-it pass, session 40).
+    ids = ref.tokenizer.encode("Hello there").ids
+    out = ref.generate(ids, 30, ignore_eos=True)
+    dec = ref.tokenizer.decode
+    k = next((k for k in range(2, len(out)) if out[k] not in out[:k] and dec(out[k:k + 1]).isalnum()
+              and dec(out[:k + 1]) == dec(out[:k]) + dec(out[k:k + 1])), None)
+    if k is None:
+        pytest.skip("no token with text of its own in this continuation")
+    kw = dict(model=NAME, prompt=ids, max_tokens=30, temperature=0,
+              extra_body={"ignore_eos": True, "stop_token_ids": [out[k]], "return_token_ids": True})
+    r = client(server).completions.create(**kw)
+    c = r.choices[0]
+    assert c.finish_reason == "stop" and c.token_ids == out[:k + 1]
+    assert c.text == dec(out[:k], skip_special_tokens=True) != dec(out[:k + 1], skip_special_tokens=True)
+    assert r.usage.completion_tokens == k + 1
+    assert c.stop_reason == out[k]  # vLLM's extra: the stop id
+    chunks = list(client(server).completions.create(stream=True, **kw))
+    assert "".join(ch.choices[0].text for ch in chunks if ch.choices) == c.text
+    assert chunks[-1].choices[0].stop_reason == out[k]
+    assert [t for ch in chunks if ch.choices for t in (ch.choices[0].token_ids or [])] == out[:k + 1]
+    wait_idle(server)
+
+
 def test_stop_strings_are_cut_and_never_emitted(server: ServerThread, ref: memra.Model) -> None:
     ids, out, stop, n_tokens = _stop_case(ref)
     assert len(stop) == 2
@@ -174,6 +202,7 @@ def test_stop_strings_are_cut_and_never_emitted(server: ServerThread, ref: memra
               extra_body={"ignore_eos": True})
     r = client(server).completions.create(**kw)
     assert r.choices[0].text == want and r.choices[0].finish_reason == "stop"
+    assert r.choices[0].stop_reason == stop  # vLLM's extra: the stop string that matched
     # usage counts the tokens generated up to the one completing the stop string
     need = next(j for j in range(1, len(out) + 1) if stop in ref.tokenizer.decode(out[:j], skip_special_tokens=True))
     assert need <= n_tokens and r.usage.completion_tokens == need

@@ -274,6 +274,16 @@ def test_create_app_names_a_bad_model_or_name(model, args, name) -> None:
     assert info.value.code == 40025
 
 
+@pytest.mark.parametrize("given", [".", "./", "data/../data/tiny_glm5_next/."])
+def test_the_default_name_is_the_folders_as_resolved(monkeypatch, given) -> None:
+    # `memra serve .` served the model id "" (Path(".").name): clients naming the folder got 404.
+    folder = memra.default_checkpoint()
+    monkeypatch.chdir(folder if given.startswith(".") else folder.parent.parent)
+    model = memra.load(given, max_batch=1, max_len=32, progress=False)
+    with ServerThread(model) as s:
+        assert [m["id"] for m in httpx.get(s.url + "/v1/models").json()["data"]] == [folder.name]
+
+
 @pytest.mark.parametrize("kwargs,name", [
     (dict(host=1), "host"), (dict(host=""), "host"), (dict(port="x"), "port"),
     (dict(port=-1), "port"), (dict(port=70000), "port"), (dict(log_level="nope"), "log_level"),

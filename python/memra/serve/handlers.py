@@ -226,8 +226,11 @@ async def _pieces(state: ServerState, req: GenRequest, text: TextStream) -> Asyn
                 end = "error"
                 raise ev
             tok, finish = ev
-            piece = text.add(tok)
-            if not text.stopped and finish is not None:
+            # A stop id (EOS or stop_token_ids) ends the request with "stop"; its own text is left
+            # out, as vLLM leaves it out unless include_stop_str_in_output (refused here): only
+            # the text held back (a stop string's possible start) comes out. Its id stays.
+            piece = text.finish() if finish == "stop" else text.add(tok)
+            if not text.stopped and finish is not None and finish != "stop":
                 piece += text.finish()
             if text.stopped:
                 finish = "stop"
@@ -274,8 +277,9 @@ def _dump(model) -> dict:
         if d.get(key) is None and key in d:
             del d[key]
     for c in d.get("choices", []):
-        if c.get("token_ids") is None:
-            c.pop("token_ids", None)
+        for key in ("token_ids", "prompt_token_ids"):
+            if c.get(key) is None:
+                c.pop(key, None)
         if "delta" in c:
             c["delta"] = {k: v for k, v in c["delta"].items() if v is not None}
     return d
@@ -332,16 +336,23 @@ def _stream(state: ServerState, body, req: GenRequest, text: TextStream, chat: b
 
     async def events() -> AsyncIterator[str]:
         n = 0
+        prompt_ids = req.prompt_ids.tolist() if ids_out else None  # on the first chunk (vLLM)
         try:
             if chat:
                 first = chunk("", [] if ids_out else None, None, role=True)
                 if continuous:
                     first["usage"] = usage(0)
+                if prompt_ids is not None:
+                    first["prompt_token_ids"], prompt_ids = prompt_ids, None
                 yield _sse(first)
             async for p in _pieces(state, req, text):
                 n += len(p.ids)
                 if p.text or p.finish or ids_out:
                     c = chunk(p.text if (p.text or not chat) else None, p.ids, p.finish)
+                    if p.finish:
+                        c["choices"][0]["stop_reason"] = _stop_reason(state, body, text, p.finish, p.ids[-1])
+                    if prompt_ids is not None:
+                        c["choices"][0]["prompt_token_ids"], prompt_ids = prompt_ids, None
                     if continuous:
                         c["usage"] = usage(n)
                     yield _sse(c)
@@ -354,6 +365,16 @@ def _stream(state: ServerState, body, req: GenRequest, text: TextStream, chat: b
         yield "data: [DONE]\n\n"
 
     return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+
+def _stop_reason(state: ServerState, body, text: TextStream, finish: str | None, last: int | None):
+    """vLLM's ``stop_reason``: the stop string that matched, or the stop_token_ids id that ended
+    the request; None when it ended otherwise (EOS, which vLLM checks first, or max_tokens)."""
+    if finish != "stop" or last is None:
+        return None
+    if text.matched is not None:
+        return text.matched
+    return None if not body.ignore_eos and last in state.model.eos_token_ids else last
 
 
 def _error_info(e: MemraError) -> ErrorInfo:
@@ -389,14 +410,16 @@ async def _answer(state: ServerState, body, request: Request, ids: list[int], pr
     usage = Usage(prompt_tokens=len(ids), completion_tokens=len(out_ids), total_tokens=len(ids) + len(out_ids))
     tids = out_ids if _returns_ids(state, body) else None
     pids = ids if _returns_ids(state, body) else None
+    reason = _stop_reason(state, body, text, finish, out_ids[-1] if out_ids else None)
     rid = uuid.uuid4().hex
-    if chat:
+    if chat:  # the prompt's ids at the top (vLLM's chat), in the choice (vLLM's completions)
         resp = ChatCompletionResponse(id=f"chatcmpl-{rid}", model=state.name, usage=usage, prompt_token_ids=pids,
                                       choices=[ChatChoice(message=ChatMessageOut(content=out), finish_reason=finish,
-                                                          token_ids=tids)])
+                                                          stop_reason=reason, token_ids=tids)])
     else:
-        resp = CompletionResponse(id=f"cmpl-{rid}", model=state.name, usage=usage, prompt_token_ids=pids,
-                                  choices=[CompletionChoice(text=out, finish_reason=finish, token_ids=tids)])
+        resp = CompletionResponse(id=f"cmpl-{rid}", model=state.name, usage=usage,
+                                  choices=[CompletionChoice(text=out, finish_reason=finish, stop_reason=reason,
+                                                            token_ids=tids, prompt_token_ids=pids)])
     return JSONResponse(_dump(resp))
 
 

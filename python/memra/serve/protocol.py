@@ -78,7 +78,7 @@ UNHONOURED = {
     "min_p": (_number(0), "0"),
     "min_tokens": (_number(0), "0"),
     "use_beam_search": (lambda v: v is False, "false"),
-    "include_stop_str_in_output": (lambda v: v is False, "false: a stop string is never emitted"),
+    "include_stop_str_in_output": (lambda v: v is False, "false: a stop string or a stop id's text is never emitted"),
     "skip_special_tokens": (lambda v: v is True, "true: special tokens give no text"),
     "truncate_prompt_tokens": (_never, "null"),
     "prompt_logprobs": (_never, "null"),
@@ -482,7 +482,11 @@ class CompletionChoice(BaseModel):
     text: str
     logprobs: None = None
     finish_reason: Literal["stop", "length"] | None = None
-    token_ids: list[int] | None = None  # with return_token_ids (vLLM's extra)
+    # vLLM's extras: the stop string or stop_token_ids id that ended it (None: EOS, length); the
+    # ids with return_token_ids (the prompt's on a whole answer and a stream's first chunk)
+    stop_reason: int | str | None = None
+    token_ids: list[int] | None = None
+    prompt_token_ids: list[int] | None = None
 
 
 class CompletionResponse(BaseModel):
@@ -494,7 +498,6 @@ class CompletionResponse(BaseModel):
     model: str
     choices: list[CompletionChoice]
     usage: Usage | None = None
-    prompt_token_ids: list[int] | None = None  # with return_token_ids
 
 
 class ChatMessageOut(BaseModel):
@@ -511,6 +514,7 @@ class ChatChoice(BaseModel):
     message: ChatMessageOut
     logprobs: None = None
     finish_reason: Literal["stop", "length"] | None = None
+    stop_reason: int | str | None = None
     token_ids: list[int] | None = None
 
 
@@ -540,6 +544,7 @@ class ChatChunkChoice(BaseModel):
     delta: ChatDelta
     logprobs: None = None
     finish_reason: Literal["stop", "length"] | None = None
+    stop_reason: int | str | None = None
     token_ids: list[int] | None = None
 
 
@@ -552,6 +557,7 @@ class ChatCompletionChunk(BaseModel):
     model: str
     choices: list[ChatChunkChoice]
     usage: Usage | None = None
+    prompt_token_ids: list[int] | None = None  # the first chunk's, with return_token_ids
 
 
 class ModelCard(BaseModel):

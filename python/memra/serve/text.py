@@ -42,6 +42,7 @@ class TextStream:
         self._read = 0
         self._held = ""  # decoded text not emitted yet (it may start a stop string)
         self.stopped = False
+        self.matched: str | None = None  # the stop string that stopped it
 
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=self.skip) if ids else ""
@@ -115,10 +116,13 @@ class TextStream:
                 if s[state] == c:
                     state += 1
                 if state == m:  # this stop's first match; a later one ends later
-                    best = min(best or (i + 1, i + 1 - m), (i + 1, i + 1 - m))
+                    best = min(best or (i + 1, i + 1 - m, s), (i + 1, i + 1 - m, s))
                     break
             self._state[j] = state
-        return None if best is None else best[1]
+        if best is None:
+            return None
+        self.matched = best[2]
+        return best[1]
 
     def _emit(self, held: str, new: str) -> str:
         text = held + new
