@@ -20,7 +20,7 @@ pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 
 import memra  # noqa: E402
-from serve_helpers import ServerThread, wait_idle  # noqa: E402
+from serve_helpers import ServerThread, post_json, wait_idle  # noqa: E402
 
 MAX_LEN = 64
 BAD = [
@@ -77,6 +77,16 @@ def test_values_generate_takes_are_served(server, fields):
     r = _post(server, False, fields)
     assert r.status_code == 200, r.text
     assert r.json()["usage"]["completion_tokens"] >= 1
+
+
+@pytest.mark.parametrize("seed", [-1, -(2**63)])
+def test_a_negative_seed_is_generates_seed_plus_two_to_the_64(server, model, seed):
+    # vLLM takes int64 seeds; generate takes 0 .. 2^64 - 1, and the README maps one onto the other.
+    r = post_json(server, "/v1/completions", {"prompt": [3, 4, 5], "max_tokens": 6, "temperature": 1.0, "seed": seed,
+                                              "ignore_eos": True, "return_token_ids": True})
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["token_ids"] == model.generate([3, 4, 5], 6, temperature=1.0, seed=seed + 2**64,
+                                                                 ignore_eos=True)
 
 
 def test_the_defaults_are_generation_configs(tmp_path, model):
