@@ -69,21 +69,21 @@ def test_stopping_ends_the_generations_in_flight_at_once() -> None:
     assert answered.value.status == 503 and answered.value.code == "server_shutting_down"
 
 
-def test_sigterm_cuts_a_half_sent_request_and_memra_serve_exits_0() -> None:
-    # A client that had sent half its body kept uvicorn "waiting for connections to close" for as
-    # long as it stayed (a second SIGTERM did not help), and a clean stop exited with 143: uvicorn
-    # raises SIGTERM again after its shutdown (a break-it pass of the server, session 30).
+def _serve_and_signal(signals: list[int]) -> tuple[int, float, bytes, str]:
+    """`memra serve` with a client that sent half its body, then `signals` 0.5 s apart: (exit
+    status, seconds from the first signal to the exit, the client's answer, stderr)."""
     import queue
     import re
-    import signal
     import socket
     import subprocess
     import sys
 
     from memra.serve import SHUTDOWN_TIMEOUT_S
 
+    # start_new_session: SIGINT reaches the server as a terminal's Ctrl-C would, not ignored as
+    # a background job's
     proc = subprocess.Popen([sys.executable, "-m", "memra", "serve", "--port", "0", "--max-len", "64"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
     lines: queue.Queue = queue.Queue()
     reader = threading.Thread(target=lambda: [lines.put(x) for x in proc.stderr], daemon=True)
     reader.start()
@@ -98,19 +98,46 @@ def test_sigterm_cuts_a_half_sent_request_and_memra_serve_exits_0() -> None:
                            b"Content-Length: 100\r\n\r\n{\"pro")
             time.sleep(0.3)
             t0 = time.monotonic()
-            proc.send_signal(signal.SIGTERM)
+            for i, sig in enumerate(signals):
+                if i:
+                    time.sleep(0.5)
+                proc.send_signal(sig)
             rc = proc.wait(timeout=SHUTDOWN_TIMEOUT_S + 20)
             took = time.monotonic() - t0
             client.settimeout(5)
             answer = client.recv(65536)
-        assert rc == 0 and took < SHUTDOWN_TIMEOUT_S + 5, (rc, took)
-        # memra's 503, not uvicorn's 500 and a logged traceback for the cancelled request
-        assert answer.startswith(b"HTTP/1.1 503") and b"shutting down" in answer, answer
-        assert b'"code":"server_shutting_down"' in answer, answer
         reader.join(10)  # stderr read to its end
-        log = "".join(lines.queue)
-        assert "Traceback" not in log and "Exception in ASGI application" not in log, log
+        return rc, took, answer, "".join(lines.queue)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_sigterm_cuts_a_half_sent_request_and_memra_serve_exits_0() -> None:
+    # A client that had sent half its body kept uvicorn "waiting for connections to close" for as
+    # long as it stayed (a second SIGTERM did not help), and a clean stop exited with 143: uvicorn
+    # raises SIGTERM again after its shutdown (a break-it pass of the server, session 30).
+    import signal
+
+    from memra.serve import SHUTDOWN_TIMEOUT_S
+
+    rc, took, answer, log = _serve_and_signal([signal.SIGTERM])
+    assert rc == 0 and took < SHUTDOWN_TIMEOUT_S + 5, (rc, took)
+    # memra's 503, not uvicorn's 500 and a logged traceback for the cancelled request
+    assert answer.startswith(b"HTTP/1.1 503") and b"shutting down" in answer, answer
+    assert b'"code":"server_shutting_down"' in answer, answer
+    assert "Traceback" not in log and "Exception in ASGI application" not in log, log
+
+
+def test_a_second_ctrl_c_forces_the_exit_without_a_traceback() -> None:
+    # uvicorn's forced exit (a second Ctrl-C while it waits for a connection) skipped the app's
+    # lifespan shutdown; the loop's teardown then cancelled the lifespan task and starlette's
+    # traceback of that CancelledError was logged (a break-it pass, session 40).
+    import signal
+
+    rc, took, answer, log = _serve_and_signal([signal.SIGINT, signal.SIGINT])
+    assert rc == 130 and took < 5, (rc, took)
+    assert answer.startswith(b"HTTP/1.1 503"), answer
+    assert "Traceback" not in log and "CancelledError" not in log, log
+    assert log.rstrip().endswith("memra: interrupted"), log

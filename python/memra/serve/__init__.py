@@ -42,6 +42,12 @@ def server(app, config):
         async def shutdown(self, sockets=None):
             app.state.memra.scheduler.request_stop()
             await super().shutdown(sockets)
+            # A second Ctrl-C (force_exit) makes uvicorn skip the app's lifespan shutdown; the
+            # loop's teardown then cancelled the lifespan task, which starlette and uvicorn log
+            # as a traceback. Ending it here costs the scheduler's current round, which the
+            # scheduler's atexit stop waits for anyway.
+            if self.force_exit:
+                await self.lifespan.shutdown()
 
     return _Server(config)
 
