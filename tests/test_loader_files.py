@@ -208,3 +208,83 @@ def test_a_tokenizer_larger_than_the_vocabulary_is_said(tmp_path, caplog) -> Non
     caplog.clear()
     _load(_copy(tmp_path / "plain"))
     assert not [r for r in caplog.records if "vocab_size" in r.getMessage()]
+
+
+def _write_raw(path: Path, header: dict, data: bytes, size: int | None = None) -> None:
+    """A safetensors file of `header` and `data`, extended (sparse) to `size` bytes of data."""
+    import struct
+
+    head = json.dumps(header).encode()
+    head += b" " * (-len(head) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(head)) + head + data)
+        if size is not None:
+            f.truncate(8 + len(head) + size)
+
+
+def _raw_tensors(folder: Path) -> tuple[dict, bytes]:
+    """(header without __metadata__, data) of the folder's model.safetensors."""
+    import struct
+
+    raw = (folder / "model.safetensors").read_bytes()
+    n = struct.unpack("<Q", raw[:8])[0]
+    header = json.loads(raw[8:8 + n])
+    header.pop("__metadata__", None)
+    return header, raw[8 + n:]
+
+
+def test_a_tensor_of_more_dimensions_than_numpy_holds_is_named(tmp_path) -> None:
+    # 65 dimensions of 1 around the norm's 272 values: numpy's bare ValueError before
+    folder = _copy(tmp_path)
+    header, data = _raw_tensors(folder)
+    name = P + "layers.0.input_layernorm.weight"
+    header[name]["shape"] = [1] * 64 + header[name]["shape"]
+    _write_raw(folder / "model.safetensors", header, data)
+    _refused(folder, repr(name), "65 dimensions")
+    _good_load_still_works()
+
+
+def test_a_tensor_the_host_cannot_hold_is_an_out_of_memory_error(tmp_path) -> None:
+    # A [2^26, 64] bf16 embedding (8 GiB, a sparse file) under a 4 GB data limit: safetensors'
+    # Rust code raised PanicException, a BaseException no `except Exception` sees.
+    import subprocess
+    import sys
+
+    folder = _copy(tmp_path)
+    header, data = _raw_tensors(folder)
+    name = P + "embed_tokens.weight"
+    rows = 2**26
+    packed, kept = b"", {}  # the other tensors packed without the embedding's bytes (no gap)
+    for k, v in sorted(header.items(), key=lambda kv: kv[1]["data_offsets"][0]):
+        if k != name:
+            a, b = v["data_offsets"]
+            kept[k] = dict(v, data_offsets=[len(packed), len(packed) + b - a])
+            packed += data[a:b]
+    kept[name] = {"dtype": "BF16", "shape": [rows, 64], "data_offsets": [len(packed), len(packed) + rows * 128]}
+    _write_raw(folder / "model.safetensors", kept, packed, size=len(packed) + rows * 128)
+    code = ("import resource, memra\n"
+            "resource.setrlimit(resource.RLIMIT_DATA, (4 * 10**9, 4 * 10**9))\n"
+            f"try:\n    memra.load({str(folder)!r}, max_batch=1, max_len=16, progress=False)\n"
+            "except memra.OutOfMemoryError as e:\n    print('OOM', e.code, e)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.startswith("OOM 30001") and repr(name) in r.stdout and "[67108864, 64]" in r.stdout, r.stdout
+
+
+def test_a_name_with_a_final_newline_is_no_weights_name(tmp_path) -> None:
+    # re.match's "$" also matches before a final "\n": the tensor was taken as the real weight
+    folder = _copy(tmp_path)
+    header, data = _raw_tensors(folder)
+    name = P + "layers.0.input_layernorm.weight"
+    header[name + "\n"] = header.pop(name)
+    _write_raw(folder / "model.safetensors", header, data)
+    _refused(folder, "unexpected tensor", repr(name + "\n"))
+
+
+def test_an_index_listing_no_tensor_is_named(tmp_path) -> None:
+    folder = _sharded(tmp_path)
+    index = folder / "model.safetensors.index.json"
+    raw = json.loads(index.read_text())
+    raw["weight_map"] = {}
+    index.write_text(json.dumps(raw))
+    _refused(folder, "model.safetensors.index.json", "weight_map lists no tensor")

@@ -34,7 +34,7 @@ from .batch import count_arg, generation_args
 from .checkpoint import default_checkpoint
 from .config import read_config
 from .loader import naming_unreadable
-from .tokenizer import NO_TOKENIZER, read_tokenizer
+from .tokenizer import NO_TOKENIZER, encode_text, read_tokenizer
 
 DEFAULT_PROMPT = "The quick brown fox"
 
@@ -145,7 +145,7 @@ def _main(argv: list[str] | None) -> int:
             if tok is None:
                 print(f"memra: this checkpoint has {NO_TOKENIZER}; use --prompt-ids", file=sys.stderr)
                 return 2
-            ids = tok.encode(text, add_special_tokens=False).ids
+            ids = encode_text(tok, text, "--prompt", add_special_tokens=False)
             if not ids:
                 print(f"memra: --prompt {text!r} encodes to no tokens; give a non-empty prompt", file=sys.stderr)
                 return 2

@@ -36,7 +36,7 @@ from tqdm import tqdm
 from . import _core
 from .batch import sampling_problem
 from .config import check_fields, read_json_object, side_file
-from .errors import ContractError, check_token_ids
+from .errors import ContractError, OutOfMemoryError, check_token_ids
 
 log = logging.getLogger("memra")
 
@@ -110,7 +110,7 @@ class NameTable:
             raise ContractError(f"load: tensor {name!r} belongs to layer {n}, past config.json's "
                                 f"num_hidden_layers={num_hidden_layers}{extra}", 40024)
         for r in self.routes:
-            m = re.match(r.pattern, short, re.ASCII)
+            m = re.fullmatch(r.pattern, short, re.ASCII)  # re.match's $ also takes a final "\n"
             if m is None:
                 continue
             group, key = m.expand(r.group), m.expand(r.key)
@@ -169,6 +169,8 @@ def shard_files(path: Path) -> tuple[list[Path], dict[str, str] | None]:
             weight_map = raw["weight_map"]
             if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
                 raise TypeError("weight_map must map tensor names to file names")
+            if not weight_map:  # else every tensor would be named missing, the index not
+                raise TypeError("its weight_map lists no tensor")
         # ValueError: json's own (JSONDecodeError) and an integer past Python's digit limit;
         # RecursionError: nesting deeper than the parser's stack.
         except (ValueError, RecursionError, TypeError, UnicodeDecodeError) as e:
@@ -195,6 +197,26 @@ _OTHER_DTYPES = {"F64": "float64", "I8": "int8", "I16": "int16", "I32": "int32",
                  "U16": "uint16", "U32": "uint32", "U64": "uint64", "BOOL": "bool", "C64": "complex64",
                  "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2", "F8_E8M0": "float8_e8m0fnu",
                  "F4": "float4_e2m1fn"}
+
+
+def _read_tensor(f, file: Path, name: str, dtype: str) -> np.ndarray:
+    """Tensor `name` of the open shard `f`. OutOfMemoryError (30001) naming it when the host
+    cannot hold it (MemoryError, or the PanicException safetensors' Rust code raises when its
+    buffer's allocation fails: a BaseException, which no `except Exception` would see);
+    ContractError (40025) for a rank numpy cannot hold (over 64) or another failure."""
+    shape = f.get_slice(name).get_shape()
+    if len(shape) > 64:
+        raise ContractError(f"load: tensor {name!r} in {file.name} has {len(shape)} dimensions; no weight has "
+                            "more than 2 (numpy holds at most 64)", 40025)
+    try:
+        return f.get_tensor(name)
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as e:
+        what = f"load: reading tensor {name!r} {list(shape)} {dtype} from {file.name} failed ({type(e).__name__}: {e})"
+        if isinstance(e, MemoryError) or type(e).__name__ == "PanicException":
+            raise OutOfMemoryError(f"{what}: the host memory could not hold it", 30001) from None
+        raise ContractError(what, 40025) from None
 
 
 def _to_weight(name: str, arr: np.ndarray) -> _core.Weight:
@@ -259,10 +281,10 @@ def read_tensors(path: Path, num_hidden_layers: int, *, names: NameTable,
                     raise ContractError(f"load: tensor {name!r} has dtype {_OTHER_DTYPES.get(dtype, dtype)} "
                                         f"({dtype}); memra reads float32, float16 and bfloat16", 40020)
                 if where[0] == "top":
-                    out.top[where[1]] = _to_weight(name, f.get_tensor(name))
+                    out.top[where[1]] = _to_weight(name, _read_tensor(f, file, name, dtype))
                 else:
                     _, i, group, key = where
-                    out.layers[i][group][key] = _to_weight(name, f.get_tensor(name))
+                    out.layers[i][group][key] = _to_weight(name, _read_tensor(f, file, name, dtype))
     ghosts = [n for n in weight_map or () if n not in shard_of]
     if ghosts:
         raise ContractError(f"load: model.safetensors.index.json lists tensor {ghosts[0]!r} in "

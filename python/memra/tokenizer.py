@@ -169,6 +169,19 @@ def _kimi_specials(config: dict, n: int, file: Path) -> dict[int, tuple[str, boo
     return specials
 
 
+def encode_text(tokenizer, text: str, what: str, add_special_tokens: bool = True) -> list[int]:
+    """The ids of `text` through `tokenizer` (a ``tokenizers.Tokenizer``). ContractError (40025)
+    naming `what` when the tokenizer fails on it: the tokenizers library raises a bare Exception,
+    or from its Rust code a PanicException, a BaseException (a pre-tokenizer regex past its
+    backtracking limit, a post-processor's token missing from the vocabulary)."""
+    try:
+        return tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as e:
+        raise ContractError(f"{what}: the tokenizer failed on the text ({type(e).__name__}: {e})", 40025) from None
+
+
 def read_tokenizer(path: Path):
     """The folder's tokenizer (a ``tokenizers.Tokenizer``), or None when it has none memra reads:
     ``tokenizer.json``; else ``tiktoken.model`` with a ``tokenizer_config.json`` naming
@@ -178,10 +191,21 @@ def read_tokenizer(path: Path):
     from tokenizers import Tokenizer
 
     if side_file(path / "tokenizer.json", "load") is not None:
+        file = path / "tokenizer.json"
         try:
-            return Tokenizer.from_file(str(path / "tokenizer.json"))
+            tok = Tokenizer.from_file(str(file))
         except Exception as e:  # the tokenizers library raises a bare Exception
-            raise ContractError(f"load: {path / 'tokenizer.json'} could not be read: {e}", 40025) from None
+            raise ContractError(f"load: {file} could not be read: {e}", 40025) from None
+        # The file's truncation and padding are not applied: transformers' fast tokenizers turn
+        # them off for a call that asks for neither (PreTrainedTokenizerFast.
+        # set_truncation_and_padding), as vLLM's and generate's prompts are, so a prompt is never
+        # cut short or padded (a padding to 2^40 tokens aborted the first encode).
+        tok.no_truncation()
+        tok.no_padding()
+        # One encode now: a post-processor naming a token the vocabulary lacks fails at every
+        # encode (a Rust panic), which would otherwise surface at the first prompt.
+        encode_text(tok, "Hello, world! 123", f"load: {file}")
+        return tok
     model_file, config_file = path / "tiktoken.model", path / "tokenizer_config.json"
     if side_file(model_file, "load") is None or side_file(config_file, "load") is None:
         return None

@@ -25,7 +25,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from ..batch import RowSampling
 from ..errors import ContractError, MemraError, NonFiniteError
-from ..tokenizer import NO_TOKENIZER
+from ..tokenizer import NO_TOKENIZER, encode_text
 from .protocol import (ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest,
                        ChatCompletionResponse, ChatDelta, ChatMessageOut, CompletionChoice, CompletionRequest,
                        CompletionResponse, ErrorInfo, Usage)
@@ -131,6 +131,14 @@ def _refuse_if_certainly_long(state: ServerState, text: str, param: str) -> None
                             f"reduce the length of the prompt.", param=param)
 
 
+def _encode(tok, text: str, param: str, add_special_tokens: bool) -> list[int]:
+    """The ids of a prompt; 400 naming `param` when the tokenizer fails on it."""
+    try:
+        return encode_text(tok, text, param, add_special_tokens)
+    except ContractError as e:
+        raise APIError(400, str(e), param=param) from None
+
+
 def _prompt_of_completion(state: ServerState, body: CompletionRequest) -> list[int]:
     if isinstance(body.prompt, list):
         return _check_ids(state, body.prompt, "prompt")
@@ -139,7 +147,7 @@ def _prompt_of_completion(state: ServerState, body: CompletionRequest) -> list[i
         raise APIError(400, f"prompt: this model has {NO_TOKENIZER}; send the prompt as a list of token ids",
                        param="prompt")
     _refuse_if_certainly_long(state, body.prompt, "prompt")
-    ids = tok.encode(body.prompt).ids  # special tokens added as the tokenizer's post-processor says (vLLM)
+    ids = _encode(tok, body.prompt, "prompt", True)  # special tokens as the post-processor says (vLLM)
     if not ids:
         raise APIError(400, "prompt: the prompt is empty", param="prompt")
     return ids
@@ -165,7 +173,7 @@ def _prompt_of_chat(state: ServerState, body: ChatCompletionRequest) -> list[int
     except ContractError as e:
         raise APIError(400, f"messages: {e}", param="messages") from None
     _refuse_if_certainly_long(state, text, "messages")
-    ids = tok.encode(text, add_special_tokens=False).ids  # the template wrote them (transformers)
+    ids = _encode(tok, text, "messages", False)  # the template wrote the special tokens (transformers)
     if not ids:
         raise APIError(400, "messages: the chat template rendered an empty prompt", param="messages")
     return ids
