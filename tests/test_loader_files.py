@@ -240,8 +240,24 @@ def test_a_tensor_of_more_dimensions_than_numpy_holds_is_named(tmp_path) -> None
     name = P + "layers.0.input_layernorm.weight"
     header[name]["shape"] = [1] * 64 + header[name]["shape"]
     _write_raw(folder / "model.safetensors", header, data)
-    _refused(folder, repr(name), "65 dimensions")
+    _refused(folder, f"reading tensor {name!r}", "ValueError")
     _good_load_still_works()
+
+
+def test_a_signal_during_a_tensor_read_is_no_load_error() -> None:
+    # memra serve's SIGTERM handler raises a BaseException so that the load's error handling
+    # lets it pass: reading a tensor must not turn it into a ContractError.
+    from memra.loader import _read_tensor
+
+    class Stop(BaseException):
+        pass
+
+    class Shard:
+        def get_tensor(self, name):
+            raise Stop()
+
+    with pytest.raises(Stop):
+        _read_tensor(Shard(), Path("model.safetensors"), "w", "F32")
 
 
 def test_a_tensor_the_host_cannot_hold_is_an_out_of_memory_error(tmp_path) -> None:

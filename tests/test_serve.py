@@ -193,6 +193,22 @@ def test_a_stop_ids_text_is_left_out(server: ServerThread, ref: memra.Model) -> 
     wait_idle(server)
 
 
+def test_stop_reason_follows_vllms_order() -> None:
+    # vLLM: a stop string that matched; else None for EOS (checked before stop_token_ids, unless
+    # ignore_eos), the id for a stop_token_ids id; None for length.
+    from types import SimpleNamespace as NS
+
+    from memra.serve.handlers import _stop_reason
+
+    state = NS(model=NS(eos_token_ids=[9]))
+    text, matched = NS(matched=None), NS(matched="ab")
+    assert _stop_reason(state, NS(ignore_eos=False), text, "stop", 9) is None
+    assert _stop_reason(state, NS(ignore_eos=True), text, "stop", 9) == 9  # an EOS listed in stop_token_ids
+    assert _stop_reason(state, NS(ignore_eos=False), text, "stop", 4) == 4
+    assert _stop_reason(state, NS(ignore_eos=False), matched, "stop", 9) == "ab"
+    assert _stop_reason(state, NS(ignore_eos=False), text, "length", 4) is None
+
+
 def test_stop_strings_are_cut_and_never_emitted(server: ServerThread, ref: memra.Model) -> None:
     ids, out, stop, n_tokens = _stop_case(ref)
     assert len(stop) == 2
@@ -206,9 +222,11 @@ def test_stop_strings_are_cut_and_never_emitted(server: ServerThread, ref: memra
     # usage counts the tokens generated up to the one completing the stop string
     need = next(j for j in range(1, len(out) + 1) if stop in ref.tokenizer.decode(out[:j], skip_special_tokens=True))
     assert need <= n_tokens and r.usage.completion_tokens == need
-    pieces = [c.choices[0].text for c in client(server).completions.create(stream=True, **kw)]
+    chunks = list(client(server).completions.create(stream=True, **kw))
+    pieces = [c.choices[0].text for c in chunks]
     assert "".join(pieces) == want
     assert all(stop not in p for p in pieces)
+    assert [c.choices[0].stop_reason for c in chunks] == [None] * (len(chunks) - 1) + [stop]
     wait_idle(server)  # the stop freed the slot
 
 

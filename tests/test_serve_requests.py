@@ -274,14 +274,21 @@ def test_create_app_names_a_bad_model_or_name(model, args, name) -> None:
     assert info.value.code == 40025
 
 
-@pytest.mark.parametrize("given", [".", "./", "data/../data/tiny_glm5_next/."])
-def test_the_default_name_is_the_folders_as_resolved(monkeypatch, given) -> None:
+@pytest.mark.parametrize("given", [".", "./", "data/../data/tiny_glm5_next/.", "link"])
+def test_the_default_name_is_the_folders_as_resolved(tmp_path, monkeypatch, given) -> None:
     # `memra serve .` served the model id "" (Path(".").name): clients naming the folder got 404.
+    # A link keeps the name the user gave.
     folder = memra.default_checkpoint()
-    monkeypatch.chdir(folder if given.startswith(".") else folder.parent.parent)
+    if given == "link":
+        (tmp_path / "my-model").symlink_to(folder)
+        monkeypatch.chdir(tmp_path)
+        given, want = "my-model", "my-model"
+    else:
+        monkeypatch.chdir(folder if given.startswith(".") else folder.parent.parent)
+        want = folder.name
     model = memra.load(given, max_batch=1, max_len=32, progress=False)
     with ServerThread(model) as s:
-        assert [m["id"] for m in httpx.get(s.url + "/v1/models").json()["data"]] == [folder.name]
+        assert [m["id"] for m in httpx.get(s.url + "/v1/models").json()["data"]] == [want]
 
 
 @pytest.mark.parametrize("kwargs,name", [

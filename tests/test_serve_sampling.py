@@ -80,7 +80,7 @@ def test_values_generate_takes_are_served(server, fields):
 
 
 @pytest.mark.parametrize("seed", [-1, -(2**63)])
-def test_a_negative_seed_is_generates_seed_plus_two_to_the_64(server, model, seed):
+def test_a_negative_seed_is_generate_with_the_seed_plus_2_to_the_64(server, model, seed):
     # vLLM takes int64 seeds; generate takes 0 .. 2^64 - 1, and the README maps one onto the other.
     r = post_json(server, "/v1/completions", {"prompt": [3, 4, 5], "max_tokens": 6, "temperature": 1.0, "seed": seed,
                                               "ignore_eos": True, "return_token_ids": True})

@@ -62,6 +62,31 @@ def test_a_tokenizer_that_fails_on_every_text_is_refused_at_load(tmp_path) -> No
     assert _load(TINY).logits([1, 2]).shape[0] == 2  # a good load after it
 
 
+def test_a_closed_vocabulary_without_unk_loads(tmp_path) -> None:
+    # A WordLevel vocabulary of the letters it was made for, no [UNK]: it fails on other text,
+    # and a load-time test encode of a word refused the checkpoint.
+    folder = _with_tokenizer(tmp_path, model={"type": "WordLevel", "vocab": {"A": 0, "C": 1, "G": 2, "T": 3},
+                                              "unk_token": "[UNK]"},
+                             pre_tokenizer={"type": "WhitespaceSplit"}, post_processor=None, decoder=None,
+                             normalizer=None, added_tokens=[])
+    model = _load(folder)
+    assert encode_text(model.tokenizer, "A C G T", "prompt") == [0, 1, 2, 3]
+    with pytest.raises(memra.ContractError, match="prompt: the tokenizer failed"):
+        encode_text(model.tokenizer, "hello", "prompt")
+
+
+def test_a_signal_during_an_encode_passes() -> None:
+    class Stop(BaseException):
+        pass
+
+    class Tok:
+        def encode(self, text, add_special_tokens=True):
+            raise Stop()
+
+    with pytest.raises(Stop):
+        encode_text(Tok(), "x", "prompt")
+
+
 CATASTROPHIC = {"type": "Split", "pattern": {"Regex": "(a+)+$"}, "behavior": "Isolated", "invert": False}
 BAD_TEXT = "a" * 5000 + "b"  # past the regex engine's retry limit: a PanicException (a BaseException)
 

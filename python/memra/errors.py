@@ -203,7 +203,7 @@ class NotCopied:
 
     def __copy__(self):
         raise UnsupportedError(f"{type(self).__name__}: not copied or pickled (it holds a slot of its model's "
-                               "cache); make another from the model", 50000)
+                               "cache; make another from the model)", 50000)
 
     def __deepcopy__(self, memo):
         self.__copy__()

@@ -203,18 +203,17 @@ def _read_tensor(f, file: Path, name: str, dtype: str) -> np.ndarray:
     """Tensor `name` of the open shard `f`. OutOfMemoryError (30001) naming it when the host
     cannot hold it (MemoryError, or the PanicException safetensors' Rust code raises when its
     buffer's allocation fails: a BaseException, which no `except Exception` would see);
-    ContractError (40025) for a rank numpy cannot hold (over 64) or another failure."""
-    shape = f.get_slice(name).get_shape()
-    if len(shape) > 64:
-        raise ContractError(f"load: tensor {name!r} in {file.name} has {len(shape)} dimensions; no weight has "
-                            "more than 2 (numpy holds at most 64)", 40025)
+    ContractError (40025) for another failure (a rank numpy cannot hold). Other BaseExceptions
+    (a Ctrl-C, memra serve's SIGTERM during the load) pass."""
     try:
         return f.get_tensor(name)
-    except (KeyboardInterrupt, SystemExit):
-        raise
     except BaseException as e:
-        what = f"load: reading tensor {name!r} {list(shape)} {dtype} from {file.name} failed ({type(e).__name__}: {e})"
-        if isinstance(e, MemoryError) or type(e).__name__ == "PanicException":
+        panic = type(e).__name__ == "PanicException"
+        if not isinstance(e, Exception) and not panic:
+            raise
+        what = (f"load: reading tensor {name!r} {f.get_slice(name).get_shape()} {dtype} from {file.name} failed "
+                f"({type(e).__name__}: {e})")
+        if isinstance(e, MemoryError) or panic:
             raise OutOfMemoryError(f"{what}: the host memory could not hold it", 30001) from None
         raise ContractError(what, 40025) from None
 

@@ -11,29 +11,29 @@ namespace memra::py {
 void init_copies(nb::module_& m) {
   // Every class of the module but KernelOptions (a value: it pickles) and status (constants).
   static const std::pair<const char*, const char*> kClasses[] = {
-      {"Cache", "copy_slot copies a slot's state within a cache, snapshot / restore keep one"},
-      {"SlotSnapshot", "Cache.restore takes it back"},
-      {"Engine", "make another memra.Engine"},
-      {"DeviceArray", "torch.from_dlpack(a).clone() or Engine.to_host copies its values"},
-      {"HostRead", "wait() gives its host array"},
-      {"DecodeSlots", "make another from the same slots"},
-      {"CudaGraph", "capture another"},
-      {"Weight", "make another from the same array"},
-      {"DeviceWeight", "make another from the host array"},
-      {"LayerStateSpec", "read its fields"},
-      {"KdaLayer", "build another from the same weights"},
-      {"GdnLayer", "build another from the same weights"},
-      {"MlaLayer", "build another from the same weights"},
-      {"AttentionLayer", "build another from the same weights"},
-      {"MlpLayer", "build another from the same weights"},
-      {"MoeLayer", "build another from the same weights"},
-      {"HyperConnection", "build another from the same weights"},
+      {"Cache", "it owns the slots' memory; copy_slot copies a slot's state within a cache, "
+                "snapshot / restore keep one"},
+      {"SlotSnapshot", "it holds a slot's saved state; Cache.restore takes it back"},
+      {"Engine", "it owns a device context and stream; make another memra.Engine"},
+      {"DeviceArray", "it owns device memory; torch.from_dlpack(a).clone() or Engine.to_host copies "
+                      "its values"},
+      {"HostRead", "it waits on a device copy; wait() gives its host array"},
+      {"DecodeSlots", "it owns device memory; make another from the same slots"},
+      {"CudaGraph", "it owns a graph of its engine's buffers; capture another"},
+      {"Weight", "it holds a loaded tensor; make another from the same array"},
+      {"DeviceWeight", "it owns device memory; make another from the host array"},
+      {"LayerStateSpec", "a layer's cache geometry, made by the layer; read its fields"},
+      {"KdaLayer", "it owns its weights; build another from the same weights"},
+      {"GdnLayer", "it owns its weights; build another from the same weights"},
+      {"MlaLayer", "it owns its weights; build another from the same weights"},
+      {"AttentionLayer", "it owns its weights; build another from the same weights"},
+      {"MlpLayer", "it owns its weights; build another from the same weights"},
+      {"MoeLayer", "it owns its weights; build another from the same weights"},
+      {"HyperConnection", "it owns its weights; build another from the same weights"},
   };
   for (const auto& [name, instead] : kClasses) {
     nb::object cls = m.attr(name);
-    const std::string msg = std::string(name) +
-                            ": memra's native objects are not copied or pickled (they own engine, "
-                            "device or cache memory); " + instead;
+    const std::string msg = std::string(name) + ": not copied or pickled (" + instead + ")";
     for (const char* method : {"__copy__", "__deepcopy__", "__reduce_ex__"}) {
       nb::setattr(cls, method,
                   nb::cpp_function([msg](nb::handle, nb::args) { raise_status(Status(kUnsupported, msg)); },

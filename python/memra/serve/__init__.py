@@ -46,7 +46,8 @@ def server(app, config):
             # loop's teardown then cancelled the lifespan task, which starlette and uvicorn log
             # as a traceback. Ending it here costs the scheduler's current round, which the
             # scheduler's atexit stop waits for anyway.
-            if self.force_exit:
+            event = getattr(self.lifespan, "shutdown_event", None)  # set once the app's shutdown ran
+            if self.force_exit and event is not None and not event.is_set():
                 await self.lifespan.shutdown()
 
     return _Server(config)

@@ -27,6 +27,7 @@ import asyncio
 import contextlib
 import email.message
 import logging
+import os
 from pathlib import Path
 
 from fastapi import FastAPI, Request
@@ -246,8 +247,9 @@ def create_app(model, served_model_name: str | None = None, *, max_waiting: int 
     prefill_budget = count_arg(prefill_budget, "create_app: prefill_budget", 1)
     limit = (default_max_request_bytes(model.cache.max_len) if max_request_bytes is None
              else count_arg(max_request_bytes, "create_app: max_request_bytes", 1, 2**63 - 1))
-    # The folder's name as resolved: "memra serve ." serves the current folder's name, not "".
-    name = served_model_name or Path(model.path).resolve().name or str(model.path)
+    # The folder's name with "." and ".." resolved ("memra serve ." served ""), a link's own name
+    # kept (the name the user typed).
+    name = served_model_name or Path(os.path.abspath(model.path)).name or str(model.path)
     scheduler = Scheduler(model, max_waiting=max_waiting, prefill_budget=prefill_budget)
     metrics = Metrics(scheduler)
     scheduler.on_token = metrics.on_token
