@@ -210,3 +210,11 @@ class NotCopied:
 
     def __reduce_ex__(self, protocol):
         self.__copy__()
+
+
+def is_library_failure(e: BaseException) -> bool:
+    """Whether `e`, caught around a call into a Rust library (safetensors, tokenizers), is that
+    library's failure: an Exception, or the PanicException pyo3 raises for a Rust panic (a
+    BaseException, which no ``except Exception`` sees). A signal's exception (Ctrl-C, memra
+    serve's SIGTERM during a load) is not: it passes."""
+    return isinstance(e, Exception) or type(e).__name__ == "PanicException"

@@ -36,7 +36,7 @@ from tqdm import tqdm
 from . import _core
 from .batch import sampling_problem
 from .config import check_fields, read_json_object, side_file
-from .errors import ContractError, OutOfMemoryError, check_token_ids
+from .errors import ContractError, OutOfMemoryError, check_token_ids, is_library_failure
 
 log = logging.getLogger("memra")
 
@@ -208,9 +208,9 @@ def _read_tensor(f, file: Path, name: str, dtype: str) -> np.ndarray:
     try:
         return f.get_tensor(name)
     except BaseException as e:
-        panic = type(e).__name__ == "PanicException"
-        if not isinstance(e, Exception) and not panic:
+        if not is_library_failure(e):
             raise
+        panic = not isinstance(e, Exception)
         what = (f"load: reading tensor {name!r} {f.get_slice(name).get_shape()} {dtype} from {file.name} failed "
                 f"({type(e).__name__}: {e})")
         if isinstance(e, MemoryError) or panic:

@@ -37,7 +37,7 @@ import binascii
 from pathlib import Path
 
 from .config import side_file
-from .errors import ContractError
+from .errors import ContractError, is_library_failure
 from .loader import read_json_file
 
 # tokenization_kimi.TikTokenTokenizer.pat_str (moonshotai/Kimi-Linear-48B-A3B-Instruct), joined.
@@ -176,8 +176,8 @@ def encode_text(tokenizer, text: str, what: str, add_special_tokens: bool = True
     backtracking limit, a post-processor's token missing from the vocabulary)."""
     try:
         return tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
-    except BaseException as e:  # Exception, or the panic; a signal's exception passes
-        if not isinstance(e, Exception) and type(e).__name__ != "PanicException":
+    except BaseException as e:
+        if not is_library_failure(e):
             raise
         raise ContractError(f"{what}: the tokenizer failed on the text ({type(e).__name__}: {e})", 40025) from None
 

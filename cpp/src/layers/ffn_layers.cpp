@@ -123,34 +123,25 @@ Status MoeLayer::create(const MoeConfig& cfg, WeightMap& w, std::unique_ptr<MoeL
     MEMRA_TRY(w.take(p + "up_proj.weight", {I, D}, &l->up_[e]));
     MEMRA_TRY(w.take(p + "down_proj.weight", {D, I}, &l->down_[e]));
   }
-  if (cfg.shared_intermediate > 0) {
-    std::map<std::string, Weight> shared;
-    for (const char* n : {"gate_proj.weight", "up_proj.weight", "down_proj.weight"}) {
-      Weight t;
-      const bool down = std::string(n) == "down_proj.weight";
-      MEMRA_TRY(w.take(std::string("shared_experts.") + n,
-                       down ? std::vector<int64_t>{D, cfg.shared_intermediate}
-                            : std::vector<int64_t>{cfg.shared_intermediate, D},
-                       &t));
-      shared[n] = t;
-    }
+  // The shared expert's tensors at its width S. transformers builds a zero-width shared MLP for
+  // n_shared_experts = 0 / shared_expert_intermediate_size = 0 and save_pretrained writes its
+  // empty tensors (and Qwen's [1, hidden] gate): at S = 0 they are optional, taken at their
+  // shapes when present, then dropped.
+  const int64_t S = cfg.shared_intermediate;
+  std::map<std::string, Weight> shared;
+  for (const char* n : {"gate_proj.weight", "up_proj.weight", "down_proj.weight"}) {
+    const std::string name = std::string("shared_experts.") + n;
+    if (S == 0 && !w.has(name)) continue;
+    const bool down = std::string(n) == "down_proj.weight";
+    MEMRA_TRY(w.take(name, down ? std::vector<int64_t>{D, S} : std::vector<int64_t>{S, D}, &shared[n]));
+  }
+  if (S > 0) {
     WeightMap sw(std::move(shared), "MoeLayer.shared_experts");
     MEMRA_TRY(MlpLayer::create(cfg.hidden, cfg.shared_intermediate, cfg.swiglu_limit, sw, &l->shared_));
-    if (cfg.shared_gate) MEMRA_TRY(w.take_f32("shared_expert_gate.weight", {1, D}, &l->shared_gate_));
-  } else {
-    // transformers builds a zero-width shared MLP for n_shared_experts = 0 /
-    // shared_expert_intermediate_size = 0, and save_pretrained writes its empty tensors (and
-    // Qwen's [1, hidden] gate): taken at their shapes when present, then dropped.
-    Weight empty;
-    for (const char* n : {"gate_proj.weight", "up_proj.weight", "down_proj.weight"}) {
-      const std::string name = std::string("shared_experts.") + n;
-      const bool down = std::string(n) == "down_proj.weight";
-      if (w.has(name)) MEMRA_TRY(w.take(name, down ? std::vector<int64_t>{D, 0} : std::vector<int64_t>{0, D}, &empty));
-    }
-    std::vector<float> gate;
-    if (cfg.shared_gate && w.has("shared_expert_gate.weight")) {
-      MEMRA_TRY(w.take_f32("shared_expert_gate.weight", {1, D}, &gate));
-    }
+  }
+  std::vector<float> dropped_gate;
+  if (cfg.shared_gate && (S > 0 || w.has("shared_expert_gate.weight"))) {
+    MEMRA_TRY(w.take_f32("shared_expert_gate.weight", {1, D}, S > 0 ? &l->shared_gate_ : &dropped_gate));
   }
   MEMRA_TRY(w.finish());
   *out = std::move(l);

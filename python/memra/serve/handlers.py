@@ -237,9 +237,12 @@ async def _pieces(state: ServerState, req: GenRequest, text: TextStream) -> Asyn
             # A stop id (EOS or stop_token_ids) ends the request with "stop"; its own text is left
             # out, as vLLM leaves it out unless include_stop_str_in_output (refused here): only
             # the text held back (a stop string's possible start) comes out. Its id stays.
-            piece = text.finish() if finish == "stop" else text.add(tok)
-            if not text.stopped and finish is not None and finish != "stop":
-                piece += text.finish()
+            if finish == "stop":
+                piece = text.finish()
+            else:
+                piece = text.add(tok)
+                if finish is not None and not text.stopped:
+                    piece += text.finish()
             if text.stopped:
                 finish = "stop"
             if finish is not None:
