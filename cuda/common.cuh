@@ -300,6 +300,12 @@ enum Ticket : int {
 __device__ __forceinline__ void fence_acq_rel_gpu() {
   asm volatile("fence.acq_rel.gpu;\n" ::: "memory");
 }
+// Drops the 128-byte line at p (128-byte aligned) from L2 without writing it back: for scratch
+// (split partials) read for the last time. Left dirty, such lines are written back to DRAM
+// while a later kernel streams its own bytes through L2 (docs/mla.md, session 41).
+__device__ __forceinline__ void discard_l2_line(const void* p) {
+  asm volatile("discard.global.L2 [%0], 128;\n" ::"l"(p) : "memory");
+}
 // last_block(ticket, blocks): the same among `blocks` blocks that share the ticket (a subset of
 // the grid, e.g. one column of it).
 __device__ __forceinline__ bool last_block(unsigned* ticket, unsigned blocks) {

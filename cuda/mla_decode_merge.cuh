@@ -32,6 +32,11 @@ struct GlobalSrc {
   __device__ float4 v4(int q, int h, int c4) const {
     return __ldcg(reinterpret_cast<const float4*>(po + (k0 + q * kH + h) * kR) + c4);
   }
+  // The 128-byte line of float4 c4 (c4 % 8 == 0) of split q's head h, once merged: dropped from
+  // L2 unwritten (each partial line is read by one merging thread's warp, once).
+  __device__ void discard(int q, int h, int c4) const {
+    memra::cuda::discard_l2_line(po + (k0 + q * kH + h) * kR + 4 * c4);
+  }
 };
 
 // merge_heads' sums: out[h0 + hl][c] = (sum_q w[hl][q] O_q[h0 + hl][c]) / L[hl] over the nh
@@ -171,6 +176,10 @@ __device__ __forceinline__ void merge_heads_one_trip(const GlobalSrc& src, int h
     const int i = tid + u * kThreads;
     out4[(h0 + i / (kR / 4)) * (kR / 4) + i % (kR / 4)] =
         make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv);
+    if (i % 8 == 0) {  // the first thread of each 128-byte line its warp read
+#pragma unroll
+      for (int q = 0; q < NSB; ++q) src.discard(q, h0 + i / (kR / 4), i % (kR / 4));
+    }
   }
 }
 

@@ -73,10 +73,14 @@ static_assert(kTile == kTileRows, "one tile size");
 // kMergeGrid: the nsb active blocks of a sequence meet here after writing their partials; t =
 // the sequence's [arrivals, departures]. The block's stores, then thread 0's release fence and
 // arrival (CUTLASS's semaphore pattern, as common.cuh's last_block); it spins on the arrivals
-// with acquire loads (every block of the grid is resident: the launch is cooperative); the
-// last block past the spin sets both counters back to 0 for the next launch.
-__device__ __forceinline__ void seq_barrier(unsigned* t, unsigned nsb) {
+// with acquire loads (every block of the grid is resident: the launch is cooperative), the load
+// that sees them all ordering the merge's reads after the other blocks' stores (for the other
+// threads through the block barrier). Thread 0 then counts the block's departure, and returns
+// its ticket without waiting for it: seq_depart, at the kernel's end, reads it there, so the
+// atomic's round trip runs under the merge instead of before it.
+__device__ __forceinline__ unsigned seq_arrive(unsigned* t, unsigned nsb) {
   __syncthreads();
+  unsigned ticket = 0;
   if (threadIdx.x == 0) {
     memra::cuda::fence_acq_rel_gpu();
     atomicAdd(t, 1u);
@@ -84,15 +88,21 @@ __device__ __forceinline__ void seq_barrier(unsigned* t, unsigned nsb) {
       unsigned v;
       asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(t) : "memory");
       if (v >= nsb) break;
-      __nanosleep(32);
     }
-    memra::cuda::fence_acq_rel_gpu();
-    if (atomicAdd(t + 1, 1u) == nsb - 1) {
-      atomicExch(t, 0u);
-      atomicExch(t + 1, 0u);
-    }
+    // atom.inc wraps the departures back to 0 after the last; unlike an add, ptxas does not
+    // aggregate it over the warp (a shuffle of the result right here, i.e. a wait for it).
+    asm volatile("atom.relaxed.gpu.global.inc.u32 %0, [%1], %2;\n"
+                 : "=r"(ticket)
+                 : "l"(t + 1), "r"(nsb - 1)
+                 : "memory");
   }
   __syncthreads();
+  return ticket;
+}
+// The last block to depart (every block past its spin) sets the arrivals back to 0 for the next
+// launch (its departure already wrapped that counter to 0).
+__device__ __forceinline__ void seq_depart(unsigned* t, unsigned nsb, unsigned ticket) {
+  if (threadIdx.x == 0 && ticket == nsb - 1) atomicExch(t, 0u);
 }
 
 }  // namespace
@@ -435,7 +445,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
     if constexpr (MERGE == kMergeGrid) {
-      seq_barrier(a.seq_tickets + 2 * b, static_cast<unsigned>(nsb));
+      unsigned* t = a.seq_tickets + 2 * b;
+      const unsigned ticket = seq_arrive(t, static_cast<unsigned>(nsb));
       const int h0 = split * kH / nsb, h1 = (split + 1) * kH / nsb;
       const GlobalSrc src{a.po, a.pm, a.pl, static_cast<int64_t>(b) * a.nsplit * kH};
       float* out = a.o_lat + static_cast<int64_t>(b) * kH * kR;
@@ -448,6 +459,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         default:
           merge_heads(src, h0, h1, nsb, reinterpret_cast<float*>(smem + kP0Off), out, tid);
       }
+      seq_depart(t, static_cast<unsigned>(nsb), ticket);
     }
   }
 }
