@@ -29,6 +29,8 @@
 #   race_attn racecheck + memcheck over scripts/sanitize_attention_tc.py
 #   ncu_dec   ncu over benchmarks/ncu_decode.py: the KDA decode (B = 64, 256) and MLA decode kernels
 #   kdadec mladec  bench_kda_decode (fla peer) / bench_mla_decode --variant all, --quick
+#   h200only  ends the call at once unless the card is an H200 (put it right after build)
+#   mla3      bench_mla_decode --variant default three times, then the MLA decode tests
 #   accbench  benchmarks/accuracy_bench_model.py: the 2x rule on the bench model at T = 1K, 8K
 #             against transformers f32 (never with fla on the path)
 #   tcarms    tests/test_cuda_tc_arms.py (the 2x rule on 300 tokens; which arms ran)
@@ -94,7 +96,12 @@ bench_ab() {
     phase "${name}_new_$i" 60 env PYTHONPATH="$site" python3 "$@"
     phase "${name}_old_$i" 60 env PYTHONPATH="$old_site" python3 "$@"
   done
-  for f in "$OUT/${name}"_*.out; do
+  bench_lines "$OUT/${name}"_*.out
+}
+# bench_lines FILE...: each JSON line's shape, kernel time and fraction of copy, into the summary.
+bench_lines() {
+  local f
+  for f in "$@"; do
     python3 -c "import json, sys
 for l in open(sys.argv[1]):
     r = json.loads(l)
@@ -182,6 +189,18 @@ for p in "$@"; do
         --build "old=$old_site" --build "new=$site" --batches 1,32 --rounds 16 --steps 128
       grep '"B": 1,' "$OUT/ab.out" | grep -o '"build": "[a-z]*"\|"median_tok_s": [0-9.]*\|"ratio_to_old": [0-9.]*' \
         | paste -sd' ' | sed 's/^/ab B=1: /' | tee -a "$OUT/summary.txt"
+      ;;
+    h200only)  # ends the call here on any other card (the decode targets are the H200's)
+      nvidia-smi --query-gpu=name --format=csv,noheader | tee -a "$OUT/summary.txt" | grep -q H200 || break
+      ;;
+    mla3)  # the MLA decode target: bench_mla_decode --variant default three times, then its tests
+      for i in 1 2 3; do
+        phase "mla3_$i" 60 env PYTHONPATH="$site" python3 benchmarks/bench_mla_decode.py --variant default
+      done
+      bench_lines "$OUT"/mla3_[123].out
+      phase mla3_tests 200 env PYTHONPATH="$site" python3 -m pytest -m cuda --require-cuda -q -rf \
+        -p no:cacheprovider -n 4 tests/test_cuda_mla_decode.py tests/test_cuda_mla_decode_sm90.py
+      tail -1 "$OUT/mla3_tests.out" | tee -a "$OUT/summary.txt"
       ;;
     mlaab)
       old_build mlaab || continue
