@@ -33,7 +33,8 @@ struct GlobalSrc {
     return __ldcg(reinterpret_cast<const float4*>(po + (k0 + q * kH + h) * kR) + c4);
   }
   // The 128-byte line of float4 c4 (c4 % 8 == 0) of split q's head h, once merged: dropped from
-  // L2 unwritten (each partial line is read by one merging thread's warp, once).
+  // L2 unwritten (each partial line is read by one merging thread's warp, once; po is a pool
+  // allocation, 256-byte aligned, and a head's row 2 KiB, so the line is whole and aligned).
   __device__ void discard(int q, int h, int c4) const {
     memra::cuda::discard_l2_line(po + (k0 + q * kH + h) * kR + 4 * c4);
   }
@@ -176,6 +177,9 @@ __device__ __forceinline__ void merge_heads_one_trip(const GlobalSrc& src, int h
     const int i = tid + u * kThreads;
     out4[(h0 + i / (kR / 4)) * (kR / 4) + i % (kR / 4)] =
         make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv);
+    // discard is a write: the warp barrier orders the other seven lanes' reads of a line
+    // before it (the sums above consume them, but the memory model asks for the ordering).
+    __syncwarp();
     if (i % 8 == 0) {  // the first thread of each 128-byte line its warp read
 #pragma unroll
       for (int q = 0; q < NSB; ++q) src.discard(q, h0 + i / (kR / 4), i % (kR / 4));
