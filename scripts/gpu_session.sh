@@ -108,6 +108,14 @@ for l in open(sys.argv[1]):
     print(sys.argv[1].rsplit('/', 1)[1], r['shape'], r.get('memra_kernel_us'), r.get('kernel_frac_of_copy'))" "$f"
   done | tee -a "$OUT/summary.txt"
 }
+# cuda_files NAME SITE FILE...: those CUDA test files on SITE's build (4 workers) as phase NAME,
+# its last line into the summary.
+cuda_files() {
+  local name=$1 s=$2; shift 2
+  phase "$name" 200 env PYTHONPATH="$s" python3 -m pytest -m cuda --require-cuda -q -rf \
+    -p no:cacheprovider -n 4 "$@"
+  tail -1 "$OUT/$name.out" | tee -a "$OUT/summary.txt"
+}
 # The bench model's checkpoint folder (bench_model_decode.py --build-only), as phase NAME.
 bench_folder() { phase "$1" 120 env PYTHONPATH="$site" python3 benchmarks/bench_model_decode.py --quick --build-only; }
 # ncu of one replayed B = 32 step, kernel by kernel (ncu_model_step.py), as phase NAME.
@@ -198,23 +206,17 @@ for p in "$@"; do
         phase "mla3_$i" 60 env PYTHONPATH="$site" python3 benchmarks/bench_mla_decode.py --variant default
       done
       bench_lines "$OUT"/mla3_[123].out
-      phase mla3_tests 200 env PYTHONPATH="$site" python3 -m pytest -m cuda --require-cuda -q -rf \
-        -p no:cacheprovider -n 4 tests/test_cuda_mla_decode.py tests/test_cuda_mla_decode_sm90.py
-      tail -1 "$OUT/mla3_tests.out" | tee -a "$OUT/summary.txt"
+      cuda_files mla3_tests "$site" tests/test_cuda_mla_decode.py tests/test_cuda_mla_decode_sm90.py
       ;;
     mlaab)
       old_build mlaab || continue
       bench_ab mlaab benchmarks/bench_mla_decode.py --variant default
-      phase mlaab_tests 200 env PYTHONPATH="$old_site" python3 -m pytest -m cuda --require-cuda -q -rf \
-        -p no:cacheprovider -n 4 tests/test_cuda_mla_decode.py tests/test_cuda_mla_decode_sm90.py
-      tail -1 "$OUT/mlaab_tests.out" | tee -a "$OUT/summary.txt"
+      cuda_files mlaab_tests "$old_site" tests/test_cuda_mla_decode.py tests/test_cuda_mla_decode_sm90.py
       ;;
     kdaab)
       old_build kdaab || continue
       bench_ab kdaab benchmarks/bench_kda_decode.py ${KDA_SHAPES:+--shapes "$KDA_SHAPES"}
-      phase kdaab_tests 200 env PYTHONPATH="$site" python3 -m pytest -m cuda --require-cuda -q -rf \
-        -p no:cacheprovider -n 4 tests/test_cuda_kda_decode.py
-      tail -1 "$OUT/kdaab_tests.out" | tee -a "$OUT/summary.txt"
+      cuda_files kdaab_tests "$site" tests/test_cuda_kda_decode.py
       ;;
     kdadec) phase kdadec 150 env PYTHONPATH="$site${peers:+:$peers}" python3 benchmarks/bench_kda_decode.py --quick ;;
     mladec) phase mladec 120 env PYTHONPATH="$site" python3 benchmarks/bench_mla_decode.py --quick --variant all ;;
