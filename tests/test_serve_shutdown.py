@@ -137,7 +137,8 @@ def test_a_second_ctrl_c_forces_the_exit_without_a_traceback() -> None:
     import signal
 
     rc, took, answer, log = _serve_and_signal([signal.SIGINT, signal.SIGINT])
-    assert rc == 130 and took < 5, (rc, took)
+    # the log too: a run on a loaded machine once exited 0 here (session 42), not seen again
+    assert rc == 130 and took < 5, (rc, took, answer, log)
     assert answer.startswith(b"HTTP/1.1 503"), answer
     assert "Traceback" not in log and "CancelledError" not in log, log
     assert log.rstrip().endswith("memra: interrupted"), log
