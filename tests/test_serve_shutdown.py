@@ -80,9 +80,13 @@ def _serve_and_signal(signals: list[int]) -> tuple[int, float, bytes, str]:
 
     from memra.serve import SHUTDOWN_TIMEOUT_S
 
-    # start_new_session: SIGINT reaches the server as a terminal's Ctrl-C would, not ignored as
-    # a background job's
-    proc = subprocess.Popen([sys.executable, "-m", "memra", "serve", "--port", "0", "--max-len", "64"],
+    # The server gets SIGINT as a foreground process gets a terminal's Ctrl-C: in a session of its
+    # own, with Python's SIGINT handler. A child inherits an ignored SIGINT (pytest run as a
+    # background job of a script, `trap '' INT`); uvicorn then stops on it and, re-raising it
+    # into SIG_IGN after the stop, lets memra serve exit 0. `python -m memra` after the reset:
+    start = ("import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+             "sys.argv[0] = 'memra'; runpy.run_module('memra', run_name='__main__', alter_sys=True)")
+    proc = subprocess.Popen([sys.executable, "-c", start, "serve", "--port", "0", "--max-len", "64"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
     lines: queue.Queue = queue.Queue()
     reader = threading.Thread(target=lambda: [lines.put(x) for x in proc.stderr], daemon=True)
