@@ -5,6 +5,8 @@ nothing is written, and no read goes through a null pointer.
 - a null data pointer behind a non-empty shape (a torch tensor whose storage was freed, as FSDP
   frees parameters; here a hand-made DLPack capsule, so the test needs no torch);
 - a written array that shares memory with what the op reads (sample's nonfinite flags);
+- a producer whose __dlpack__ raises: a Ctrl-C, SystemExit or MemoryError passes through as
+  it is, any other error is named in the refusal (nanobind clears it);
 - torch only (skipped without it): the negative bit (the memory holds the values negated),
   requires_grad on a written tensor (autograd would not see the write), the meta device, sparse
   and nested layouts.
@@ -127,6 +129,98 @@ def test_sample_refuses_nonfinite_flags_over_its_logits():
     seeds = np.arange(4, dtype=np.uint64)
     refused(lambda: _core.sample(f32(4, 16), np.arange(4, dtype=np.uint64), temperature=0.0, seeds=seeds,
                                  nonfinite=seeds.view(np.int32)[4:]), "'seeds' overlaps 'nonfinite'")
+
+
+# ---------------------------------------------------------------- a producer's export that raises
+
+
+class Producer:
+    """A DLPack producer whose __dlpack__ runs `export` first (it may raise), then gives `x`'s."""
+
+    def __init__(self, x, export):
+        self.x, self.export = x, export
+
+    def __dlpack__(self, **kw):
+        self.export()
+        return self.x.__dlpack__(**kw)
+
+    def __dlpack_device__(self):
+        return (1, 0)
+
+
+def _raise(error):
+    def export():
+        raise error
+    return export
+
+
+EXPORTS = [
+    ("rms_norm", lambda a: _core.rms_norm(a, None, eps=1e-6)),
+    ("Weight", lambda a: _core.embedding(_core.Weight(a), np.arange(5, dtype=np.int32))),
+    ("embedding", lambda a: _core.embedding(_core.Weight(f32(10, 8)), a)),  # an overload set
+]
+
+
+def _good(op):
+    return np.arange(5, dtype=np.int32) if op == "embedding" else f32(5, 8)
+
+
+@pytest.mark.parametrize("op,call", EXPORTS, ids=[e[0] for e in EXPORTS])
+def test_a_ctrl_c_during_a_producers_export_is_a_keyboard_interrupt(op, call):
+    # nanobind clears what a __dlpack__ raises: a Ctrl-C landing in torch's (Python) __dlpack__
+    # was lost, the call refused with "must be a float32 array".
+    import signal
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # not ignored here
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            call(Producer(_good(op), lambda: signal.raise_signal(signal.SIGINT)))
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    np.testing.assert_array_equal(call(Producer(_good(op), lambda: None)), call(_good(op)))
+
+
+@pytest.mark.parametrize("error", [KeyboardInterrupt(), SystemExit(3), MemoryError("no room")],
+                         ids=lambda e: type(e).__name__)
+def test_a_producers_interrupt_or_out_of_memory_passes_through(error):
+    with pytest.raises(BaseException) as info:
+        _core.rms_norm(Producer(f32(5, 8), _raise(error)), None, eps=1e-6)
+    assert info.value is error
+    np.testing.assert_array_equal(_core.rms_norm(f32(5, 8), None, eps=1e-6),
+                                  _core.rms_norm(f32(5, 8), None, eps=1e-6))
+
+
+@pytest.mark.parametrize("op,call", EXPORTS, ids=[e[0] for e in EXPORTS])
+def test_a_producers_refusal_is_named_with_its_reason(op, call):
+    # It read as a wrong type: "must be a float32 array, got <Producer>".
+    e = refused(lambda: call(Producer(_good(op), _raise(RuntimeError("no export\nof this")))),
+                op, "its __dlpack__() raised RuntimeError: no export of this", code=S.CONTRACT_DTYPE)
+    assert "\n" not in str(e)
+    np.testing.assert_array_equal(call(Producer(_good(op), lambda: None)), call(_good(op)))
+
+
+class Refusing(np.ndarray):
+    """An array whose __dlpack__ refuses (torch's refuses a tensor that requires grad)."""
+
+    def __dlpack__(self, **kw):
+        raise RuntimeError("ask elsewhere")
+
+
+def test_a_refused_export_still_goes_the_other_ways():
+    # nanobind's fallbacks (the buffer protocol here, torch's to_dlpack for a tensor that
+    # requires grad) still take what the producer's __dlpack__ refuses.
+    x = f32(5, 8)
+    np.testing.assert_array_equal(_core.rms_norm(x.view(Refusing), None, eps=1e-6),
+                                  _core.rms_norm(x, None, eps=1e-6))
+
+
+def test_a_read_only_numpy_array_is_exported_with_max_version():
+    # numpy refuses a read-only array's export without max_version (BufferError).
+    x = f32(5, 8)
+    x.flags.writeable = False
+    with pytest.raises(BufferError):
+        x.__dlpack__()
+    np.testing.assert_array_equal(_core.rms_norm(x, None, eps=1e-6), _core.rms_norm(x.copy(), None, eps=1e-6))
 
 
 # ---------------------------------------------------------------- torch's own kinds of tensor

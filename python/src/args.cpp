@@ -40,16 +40,15 @@ bool c_contiguous(const AnyArray& a) {
   return true;
 }
 
-// A short, safe repr of a value for an error message: "[[1, 2], [3]] (list)".
-std::string show(nb::handle v) {
-  std::string r;
+// `text` (a repr, an error message) on one line, with its runs of blanks cut, at most `max`
+// characters.
+std::string one_line(nb::handle text, size_t max) {
+  std::string r = "?";
   try {
-    r = nb::cast<std::string>(nb::repr(v));
+    if (text.is_valid()) r = nb::cast<std::string>(text);
   } catch (...) {
     PyErr_Clear();
-    r = "?";
   }
-  // One line: a multi-line repr (torch's sparse and nested tensors) with its runs of blanks cut.
   std::string line;
   for (char c : r) {
     if (c == '\n' || c == ' ') {
@@ -58,9 +57,22 @@ std::string show(nb::handle v) {
       line += c;
     }
   }
-  r = line;
-  if (r.size() > 60) r = r.substr(0, 57) + "...";
-  return r + " (" + std::string(nb::type_name(v.type()).c_str()) + ")";
+  return line.size() > max ? line.substr(0, max - 3) + "..." : line;
+}
+
+// A short, safe repr of a value for an error message: "[[1, 2], [3]] (list)". A multi-line
+// repr (torch's sparse and nested tensors) comes on one line.
+std::string show(nb::handle v) {
+  nb::object repr = nb::steal(PyObject_Repr(v.ptr()));
+  if (!repr.is_valid()) PyErr_Clear();
+  return one_line(repr, 60) + " (" + std::string(nb::type_name(v.type()).c_str()) + ")";
+}
+
+// An exception as "RuntimeError: its message", on one line.
+std::string show_error(nb::handle e) {
+  nb::object text = nb::steal(PyObject_Str(e.ptr()));
+  if (!text.is_valid()) PyErr_Clear();
+  return std::string(Py_TYPE(e.ptr())->tp_name) + ": " + one_line(text, 200);
 }
 
 // Why `src`, which is no DLPack or buffer-protocol array, cannot be taken as one.
@@ -187,12 +199,72 @@ std::string dtype_str(const AnyArray& a) {
   return std::string(kind) + std::to_string(a.dtype().bits);
 }
 
+const std::string& AnyArray::refusal() const {
+  if (raised_.is_valid()) {
+    PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(raised_.ptr())), raised_.ptr());
+    throw nb::python_error();
+  }
+  return refusal_;
+}
+
+namespace {
+
+// The DLPack capsule of `src`, a producer with __dlpack__ that is not memra's own (DeviceArray
+// is taken by its own overloads): memra asks for it before nanobind does, because nanobind
+// clears the error of an export that raises, and a Ctrl-C inside a Python __dlpack__ (torch's)
+// would be lost, a producer's refusal reported as a wrong type. Asked as nanobind asks: without
+// max_version (memra only reads), with it when the producer refuses that with BufferError (a
+// read-only numpy array) or TypeError. None when the producer gives no capsule (nanobind then
+// tries its own ways) or raises (*raised: the first error).
+nb::object dlpack_capsule(nb::handle src, nb::object* raised) {
+  try {
+    nb::object export_ = src.attr("__dlpack__");
+    nb::object capsule;
+    try {
+      capsule = export_();
+    } catch (nb::python_error& e) {
+      if (!e.matches(PyExc_BufferError) && !e.matches(PyExc_TypeError)) throw;
+      try {
+        capsule = export_(nb::arg("max_version") = nb::make_tuple(nb::dlpack::major_version,
+                                                                 nb::dlpack::minor_version));
+      } catch (nb::python_error&) {
+        throw e;  // the first refusal says why; the retry was nanobind's fallback
+      }
+    }
+    return PyCapsule_CheckExact(capsule.ptr()) ? capsule : nb::object();
+  } catch (nb::python_error& e) {
+    *raised = nb::borrow(e.value());
+    return nb::object();
+  }
+}
+
+// Whether the producer's error is for the caller to see as it is (a Ctrl-C, SystemExit, out of
+// memory) rather than the reason its value is refused.
+bool passes_through(nb::handle error) {
+  return !PyErr_GivenExceptionMatches(error.ptr(), PyExc_Exception) ||
+         PyErr_GivenExceptionMatches(error.ptr(), PyExc_MemoryError);
+}
+
+}  // namespace
+
 bool array_from_python(nb::handle src, uint32_t flags, nb::detail::cleanup_list* cleanup,
                        AnyArray* out) noexcept {
   try {
     nb::detail::make_caster<nb::ndarray<nb::ro>> strict;
     const bool convert = flags & uint32_t(nb::detail::cast_flags::convert);
-    if (strict.from_python(with_strides(src), flags, cleanup)) {
+    nb::object arg = with_strides(src);
+    nb::object raised;  // what the producer's __dlpack__ raised
+    if (!PyCapsule_CheckExact(src.ptr()) && !PyType_Check(src.ptr()) && !nb::inst_check(src) &&
+        nb::hasattr(src, "__dlpack__")) {
+      nb::object capsule = dlpack_capsule(src, &raised);
+      if (raised.is_valid() && passes_through(raised)) {
+        *out = AnyArray();
+        nb::detail::type_caster<AnyArray>::refuse(out, "", std::move(raised));
+        return true;
+      }
+      if (capsule.is_valid()) arg = std::move(capsule);
+    }
+    if (strict.from_python(arg, flags, cleanup)) {
       AnyArray a(std::move(strict.value));
       std::string why = unusable(src, a);
       if (why.empty()) {
@@ -213,8 +285,11 @@ bool array_from_python(nb::handle src, uint32_t flags, nb::detail::cleanup_list*
     // below would read as an array's.
     const bool cls = PyType_Check(src.ptr());
     if (!cls && bf16_view(src, flags, cleanup, out)) return true;
+    std::string why = cls ? show(src) : refusal_of(src);
+    // nanobind's own ways failed too (torch's to_dlpack takes a tensor that requires grad)
+    if (raised.is_valid()) why += " (its __dlpack__() raised " + show_error(raised) + ")";
     *out = AnyArray();
-    nb::detail::type_caster<AnyArray>::refuse(out, cls ? show(src) : refusal_of(src));
+    nb::detail::type_caster<AnyArray>::refuse(out, std::move(why));
     return true;
   } catch (...) {
     PyErr_Clear();

@@ -33,11 +33,14 @@ class AnyArray : public nb::ndarray<nb::ro> {
   AnyArray() = default;
   explicit AnyArray(nb::ndarray<nb::ro> a) : nb::ndarray<nb::ro>(std::move(a)) {}
   // Why the value is not a usable array, as "got ..." continues it (empty when it is one).
-  const std::string& refusal() const { return refusal_; }
+  // Raises instead what the producer's __dlpack__ raised when that was no refusal of the value
+  // (KeyboardInterrupt, MemoryError), so a Ctrl-C during the export is not lost.
+  const std::string& refusal() const;
 
  private:
   friend struct nb::detail::type_caster<AnyArray>;
   std::string refusal_;
+  nb::object raised_;
 };
 // A fresh C-contiguous host array handed back to Python as numpy.
 using NpF32 = nb::ndarray<nb::numpy, float>;
@@ -173,10 +176,12 @@ struct type_caster<memra::py::AnyArray> {
                          cleanup_list* cleanup) noexcept {
     return make_caster<ndarray<ro>>::from_cpp(a, policy, cleanup);
   }
-  // An invalid array reads as rank 0 with zero extents, never through a null shape.
-  static void refuse(memra::py::AnyArray* a, std::string why) {
+  // An invalid array reads as rank 0 with zero extents, never through a null shape. `raised`:
+  // the exception refusal() re-raises (none: it returns `why`).
+  static void refuse(memra::py::AnyArray* a, std::string why, object raised = object()) {
     static const int64_t zeros[8] = {};
     a->refusal_ = std::move(why);
+    a->raised_ = std::move(raised);
     a->m_dltensor.shape = const_cast<int64_t*>(zeros);
     a->m_dltensor.strides = const_cast<int64_t*>(zeros);
   }
