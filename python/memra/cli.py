@@ -301,7 +301,9 @@ def _serve_problem(args) -> str | None:
     path, the counts, the served name, a host that does not resolve, a port taken."""
     if args.path == "":
         return "PATH must name a checkpoint folder (leave it out for the embedded tiny model)"
-    try:  # create_app's bounds, by its own checker
+    try:  # load's and create_app's bounds, by their own checker
+        count_arg(args.max_batch, "--max-batch", 1)
+        count_arg(args.max_len, "--max-len", 1)
         count_arg(args.max_waiting, "--max-waiting", 0)
         if args.max_request_bytes is not None:
             count_arg(args.max_request_bytes, "--max-request-bytes", 1, 2**63 - 1)
