@@ -43,3 +43,19 @@ def e():
     import memra
 
     return memra.Engine("cuda")
+
+
+@pytest.fixture
+def loads(monkeypatch):
+    """The CLI's loader as a stand-in that records the path and fails the test: a flag refused
+    before the load leaves the list empty."""
+    from memra import cli
+
+    seen = []
+
+    def load(path, **kw):
+        seen.append(path)
+        raise AssertionError("loaded")
+
+    monkeypatch.setattr(cli, "load", load)
+    return seen

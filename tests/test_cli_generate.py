@@ -9,18 +9,6 @@ import pytest
 from memra import cli
 
 
-@pytest.fixture
-def loads(monkeypatch):
-    seen = []
-
-    def load(path, **kw):
-        seen.append(path)
-        raise AssertionError("loaded")
-
-    monkeypatch.setattr(cli, "load", load)
-    return seen
-
-
 @pytest.mark.parametrize("flags", [
     ["--temperature", "-1"], ["--temperature", "inf"], ["--top-p", "2"], ["--top-p", "0"],
     ["--top-k", "-3"], ["--max-new-tokens", "-1"], ["--seed", "-1"],

@@ -11,18 +11,6 @@ import pytest
 from memra import cli
 
 
-@pytest.fixture
-def loads(monkeypatch):
-    seen = []
-
-    def load(path, **kw):
-        seen.append(path)
-        raise AssertionError("loaded")
-
-    monkeypatch.setattr(cli, "load", load)
-    return seen
-
-
 def exit_status(argv: list[str]) -> int:
     try:
         return cli.main(argv)
