@@ -209,16 +209,15 @@ const std::string& AnyArray::refusal() const {
 
 namespace {
 
-// The DLPack capsule of `src`, a producer with __dlpack__ that is not memra's own (DeviceArray
-// is taken by its own overloads): memra asks for it before nanobind does, because nanobind
+// The DLPack capsule that `export_` (a producer's bound __dlpack__, not memra's own: DeviceArray
+// is taken by its own overloads) gives: memra asks for it before nanobind does, because nanobind
 // clears the error of an export that raises, and a Ctrl-C inside a Python __dlpack__ (torch's)
 // would be lost, a producer's refusal reported as a wrong type. Asked as nanobind asks: without
 // max_version (memra only reads), with it when the producer refuses that with BufferError (a
 // read-only numpy array) or TypeError. None when the producer gives no capsule (nanobind then
 // tries its own ways) or raises (*raised: the first error).
-nb::object dlpack_capsule(nb::handle src, nb::object* raised) {
+nb::object dlpack_capsule(nb::handle export_, nb::object* raised) {
   try {
-    nb::object export_ = src.attr("__dlpack__");
     nb::object capsule;
     try {
       capsule = export_();
@@ -252,18 +251,18 @@ bool array_from_python(nb::handle src, uint32_t flags, nb::detail::cleanup_list*
   try {
     nb::detail::make_caster<nb::ndarray<nb::ro>> strict;
     const bool convert = flags & uint32_t(nb::detail::cast_flags::convert);
-    nb::object arg = with_strides(src);
+    nb::object arg;     // what nanobind imports: the producer's capsule, else src itself
     nb::object raised;  // what the producer's __dlpack__ raised
-    if (!PyCapsule_CheckExact(src.ptr()) && !PyType_Check(src.ptr()) && !nb::inst_check(src) &&
-        nb::hasattr(src, "__dlpack__")) {
-      nb::object capsule = dlpack_capsule(src, &raised);
+    if (!PyCapsule_CheckExact(src.ptr()) && !PyType_Check(src.ptr()) && !nb::inst_check(src)) {
+      nb::object export_ = nb::getattr(src, "__dlpack__", nb::none());
+      if (!export_.is_none()) arg = dlpack_capsule(export_, &raised);
       if (raised.is_valid() && passes_through(raised)) {
         *out = AnyArray();
         nb::detail::type_caster<AnyArray>::refuse(out, "", std::move(raised));
         return true;
       }
-      if (capsule.is_valid()) arg = std::move(capsule);
     }
+    if (!arg.is_valid()) arg = with_strides(src);
     if (strict.from_python(arg, flags, cleanup)) {
       AnyArray a(std::move(strict.value));
       std::string why = unusable(src, a);
